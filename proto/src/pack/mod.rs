@@ -1,0 +1,62 @@
+//! The pack language: parsing, validation, and the validated model.
+//!
+//! `parse_pack` is the one entry point both ends use; the agent calls it
+//! again on every pack it receives (DESIGN.md principle 2).
+
+mod dag;
+mod decode;
+mod error;
+mod model;
+mod occurrence;
+pub mod schema;
+
+pub use dag::{dependents, upstream};
+pub use decode::{
+    ACTIONS, DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MAX_ATTEMPTS, MAX_ID_LEN, MAX_INSTRUCTIONS,
+    MIN_PERIOD,
+};
+pub use error::{PackError, PackErrors};
+pub use model::*;
+
+use crate::yaml::{self, Limits, Pos};
+
+/// Largest pack source accepted, in bytes.
+pub const MAX_PACK_BYTES: usize = 1024 * 1024;
+
+/// Parse and validate a pack from YAML text.
+///
+/// Returns every problem found, each with its position; never panics and
+/// does bounded work on any input (size, nesting and alias limits).
+pub fn parse_pack(text: &str) -> Result<Pack, PackErrors> {
+    if text.len() > MAX_PACK_BYTES {
+        return Err(PackErrors::single(
+            Pos { line: 1, col: 1 },
+            format!(
+                "pack is too large: {} bytes (at most {MAX_PACK_BYTES} bytes of YAML)",
+                text.len()
+            ),
+        ));
+    }
+    let root = yaml::parse(text, Limits::default())
+        .map_err(|e| PackErrors::single(e.pos, e.message))?;
+    decode::pack(&root)
+}
+
+/// Parse a pack from raw bytes (a file or the wire), refusing non-UTF-8.
+pub fn parse_pack_bytes(bytes: &[u8]) -> Result<Pack, PackErrors> {
+    if bytes.len() > MAX_PACK_BYTES {
+        return parse_pack(&" ".repeat(MAX_PACK_BYTES + 1));
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => parse_pack(text),
+        Err(e) => {
+            let prefix = &bytes[..e.valid_up_to()];
+            let line = 1 + prefix.iter().filter(|&&b| b == b'\n').count();
+            let col = 1 + prefix.iter().rev().take_while(|&&b| b != b'\n').count();
+            Err(PackErrors::single(
+                Pos { line, col },
+                "pack is not valid UTF-8",
+            ))
+        }
+    }
+}

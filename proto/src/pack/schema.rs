@@ -1,0 +1,253 @@
+//! JSON Schema of the pack language, for editors' autocompletion.
+//!
+//! The decoder works on a position-carrying tree (see `decode`), so these
+//! document types exist only to generate the schema. A test checks that
+//! their keys are exactly the keys the decoder accepts, so the two cannot
+//! drift apart silently.
+
+use std::collections::BTreeMap;
+
+use schemars::{JsonSchema, schema_for};
+
+/// A duration literal such as `250us`, `20ms`, `2s`, `1m30s`, `24h`.
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct DurationText(#[schemars(pattern(r"^([0-9]+(d|h|m|s|ms|us|µs|ns))+$"))] String);
+
+/// An id: lowercase letters, digits, `.`, `_`, `-`.
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct Id(#[schemars(pattern(r"^[a-z0-9][a-z0-9._-]{0,127}$"))] String);
+
+/// RFC 3339 (`2026-12-01T10:00:00Z`) or a local time without offset in the
+/// pack's timezone (`2026-12-01T10:00:00`).
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct Instant(String);
+
+/// An instruction pack.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct PackDoc {
+    /// Pack id, unique within the tenant.
+    pack: Id,
+    /// A re-push of the same version is a no-op; a higher one replaces the pack atomically.
+    version: u64,
+    /// Tenant; default "default".
+    tenant: Option<Id>,
+    /// Which agents get the pack.
+    targets: Option<TargetsDoc>,
+    /// IANA time zone of wall times and cron fields; default UTC.
+    timezone: Option<String>,
+    /// Free text.
+    description: Option<String>,
+    /// Settings applied to every instruction.
+    defaults: Option<DefaultsDoc>,
+    /// Actions run on cancel, lease loss, shutdown and give-up.
+    safe_state: Option<Vec<ActionDoc>>,
+    /// What to do, and when.
+    instructions: Vec<InstructionDoc>,
+}
+
+/// Agents by id, or by labels.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct TargetsDoc {
+    /// Agent ids.
+    agents: Option<Vec<String>>,
+    /// Labels every target agent carries.
+    labels: Option<BTreeMap<String, String>>,
+}
+
+/// Defaults for every instruction.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct DefaultsDoc {
+    /// Retry policy.
+    retry: Option<RetryDoc>,
+    /// Per-attempt timeout (default 30s).
+    timeout: Option<DurationText>,
+    /// A firing later than this is skipped and reported (default 1s).
+    max_lateness: Option<DurationText>,
+}
+
+/// Retry policy; an instruction's overrides the defaults field by field.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct RetryDoc {
+    /// Attempts including the first (default 1: no retry).
+    #[schemars(range(min = 1, max = 1000))]
+    max_attempts: Option<u32>,
+    /// Wait before the first retry (default 100ms).
+    backoff: Option<DurationText>,
+    /// Growth per retry (default 2.0).
+    #[schemars(range(min = 1.0))]
+    factor: Option<f64>,
+    /// Cap on the wait (default 5s).
+    max_backoff: Option<DurationText>,
+    /// Random spread, fraction of the wait (default 0).
+    #[schemars(range(min = 0.0, max = 1.0))]
+    jitter: Option<f64>,
+}
+
+/// A line offset or a line name.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum LineDoc {
+    Offset(u32),
+    Name(String),
+}
+
+/// An action and its params.
+#[derive(JsonSchema)]
+#[serde(tag = "action", content = "params", deny_unknown_fields)]
+#[allow(dead_code)]
+enum ActionDoc {
+    /// Drive a line to a level.
+    #[serde(rename = "gpio.write")]
+    GpioWrite {
+        line: LineDoc,
+        #[schemars(range(min = 0, max = 1))]
+        value: u8,
+        chip: Option<String>,
+    },
+    /// Invert a line.
+    #[serde(rename = "gpio.toggle")]
+    GpioToggle { line: LineDoc, chip: Option<String> },
+    /// Drive a line for `width`, then back.
+    #[serde(rename = "gpio.pulse")]
+    GpioPulse {
+        line: LineDoc,
+        width: DurationText,
+        #[schemars(range(min = 0, max = 1))]
+        value: Option<u8>,
+        chip: Option<String>,
+    },
+    /// Sample a line into feedback.
+    #[serde(rename = "gpio.read")]
+    GpioRead { line: LineDoc, chip: Option<String> },
+    /// Run a program on the agent's allowlist.
+    #[serde(rename = "exec")]
+    Exec {
+        program: String,
+        args: Option<Vec<String>>,
+        env: Option<BTreeMap<String, String>>,
+    },
+    /// Do nothing.
+    #[serde(rename = "noop")]
+    Noop,
+}
+
+/// `safe_state` (default) or `continue`.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum OnGiveUpDoc {
+    SafeState,
+    Continue,
+}
+
+/// What to do with occurrences missed during downtime.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum CatchUpDoc {
+    None,
+    Last,
+    All,
+}
+
+/// One instruction: an action and exactly one of `at`, `every`, `cron`, `after`.
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct InstructionDoc {
+    /// Unique within the pack.
+    id: Id,
+    /// Free text.
+    description: Option<String>,
+    #[serde(flatten)]
+    action: ActionDoc,
+    /// One-shot instant.
+    at: Option<Instant>,
+    /// Period of a repeating schedule.
+    every: Option<DurationText>,
+    /// Cron expression (seconds first) or `@hourly`.. `@yearly`, `@every 30s`.
+    cron: Option<String>,
+    /// Run when all of these succeed.
+    after: Option<Vec<Id>>,
+    /// Wait after the upstreams succeed.
+    delay: Option<DurationText>,
+    /// First firing of a repeating schedule.
+    start_at: Option<Instant>,
+    /// End of a repeating schedule (inclusive).
+    until: Option<Instant>,
+    /// Ties at the same instant: higher first.
+    #[schemars(range(min = 0, max = 255))]
+    priority: Option<u8>,
+    /// Overrides the default retry policy field by field.
+    retry: Option<RetryDoc>,
+    /// Per-attempt timeout.
+    timeout: Option<DurationText>,
+    /// Skip a firing later than this.
+    max_lateness: Option<DurationText>,
+    /// Run when this instruction gives up.
+    on_failure: Option<ActionDoc>,
+    /// What giving up does to the rest of the pack.
+    on_give_up: Option<OnGiveUpDoc>,
+    /// Missed occurrences of a repeating schedule after downtime.
+    catch_up: Option<CatchUpDoc>,
+}
+
+/// The schema as pretty JSON.
+pub fn pack_schema_json() -> String {
+    let schema = schema_for!(PackDoc);
+    serde_json::to_string_pretty(&schema).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+/// The schema as a JSON value (for tests and tools).
+pub fn pack_schema() -> serde_json::Value {
+    serde_json::to_value(schema_for!(PackDoc)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut k: Vec<String> = v["properties"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        k.sort();
+        k
+    }
+
+    fn sorted(keys: &[&str]) -> Vec<String> {
+        let mut k: Vec<String> = keys.iter().map(|s| s.to_string()).collect();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn schema_keys_match_the_decoder() {
+        let s = pack_schema();
+        assert_eq!(keys(&s), sorted(super::super::decode::PACK_KEYS));
+        let defs = &s["$defs"];
+        assert_eq!(keys(&defs["RetryDoc"]), sorted(super::super::decode::RETRY_KEYS));
+        assert_eq!(keys(&defs["DefaultsDoc"]), sorted(super::super::decode::DEFAULTS_KEYS));
+        // The instruction's own keys plus the flattened action and params.
+        let mut ins = keys(&defs["InstructionDoc"]);
+        ins.extend(["action".to_string(), "params".to_string()]);
+        ins.sort();
+        assert_eq!(ins, sorted(super::super::decode::INSTRUCTION_KEYS));
+        let text = pack_schema_json();
+        for action in super::super::decode::ACTIONS {
+            assert!(text.contains(&format!("\"{action}\"")), "schema lacks action {action}");
+        }
+    }
+}
