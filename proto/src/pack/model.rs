@@ -93,7 +93,7 @@ pub struct Instruction {
 }
 
 /// When an instruction fires. Exactly one per instruction.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Schedule {
     /// Once, at this instant.
     At(RefTime),

@@ -1,0 +1,158 @@
+//! What the core hands back: commands for the runtime to perform, and
+//! events for feedback. The core never performs anything itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_proto::pack::Action;
+use baton_proto::RefTime;
+
+use crate::id::{ExecutionId, PackKey};
+
+/// Run one attempt of an action now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Firing {
+    /// Deterministic id of this attempt.
+    pub id: ExecutionId,
+    /// What to do.
+    pub action: Arc<Action>,
+    /// The instant it was due (lateness is measured from here).
+    pub scheduled: RefTime,
+    /// If the runtime can only perform it after this instant, it must not:
+    /// it reports [`crate::AttemptResult::Late`] instead.
+    pub not_after: RefTime,
+    /// Per-attempt timeout (the core also enforces it).
+    pub timeout: Duration,
+}
+
+/// Why a pack entered its safe state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SafeReason {
+    /// An instruction gave up (retries exhausted, or a missed one-shot).
+    GiveUp,
+    /// The pack was cancelled.
+    Cancel,
+    /// The controller lease was lost.
+    LeaseLost,
+    /// The agent is stopping.
+    Shutdown,
+}
+
+impl SafeReason {
+    /// Word used in feedback.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SafeReason::GiveUp => "give_up",
+            SafeReason::Cancel => "cancel",
+            SafeReason::LeaseLost => "lease_lost",
+            SafeReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// What happened, for feedback and for `simulate`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventKind {
+    /// An attempt was handed to the runtime.
+    Fire,
+    /// The attempt succeeded (`value`: a `gpio.read` sample).
+    Ok {
+        /// Sampled level, for reads.
+        value: Option<u8>,
+    },
+    /// The attempt failed.
+    Fail {
+        /// Why.
+        reason: String,
+    },
+    /// Another attempt is scheduled.
+    Retry {
+        /// When.
+        at: RefTime,
+    },
+    /// The instruction gave up on this occurrence.
+    GiveUp {
+        /// Why.
+        reason: String,
+    },
+    /// An occurrence did not run.
+    Skip {
+        /// Why.
+        reason: String,
+    },
+    /// The instruction's `on_failure` action was issued.
+    OnFailure,
+    /// The pack's `safe_state` was issued.
+    SafeState {
+        /// Why.
+        reason: SafeReason,
+    },
+    /// An attempt started before a crash and has no result: it is never
+    /// fired again.
+    OutcomeUnknown,
+}
+
+impl EventKind {
+    /// The event's name in feedback and `simulate --json`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Fire => "fire",
+            EventKind::Ok { .. } => "ok",
+            EventKind::Fail { .. } => "fail",
+            EventKind::Retry { .. } => "retry",
+            EventKind::GiveUp { .. } => "give_up",
+            EventKind::Skip { .. } => "skip",
+            EventKind::OnFailure => "on_failure",
+            EventKind::SafeState { .. } => "safe_state",
+            EventKind::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+}
+
+/// One feedback event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// When the core decided it.
+    pub t: RefTime,
+    /// Which pack.
+    pub pack: PackKey,
+    /// Which instruction (none for pack-level events such as `safe_state`).
+    pub instruction: Option<String>,
+    /// The attempt it concerns, if any.
+    pub id: Option<ExecutionId>,
+    /// The occurrence it concerns, if any (set even when no attempt exists,
+    /// e.g. a skipped occurrence).
+    pub occurrence: Option<RefTime>,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// Everything the core asks of the runtime, in order.
+#[derive(Clone, Debug, PartialEq)]
+#[must_use]
+pub enum Output {
+    /// Perform an attempt; report with [`crate::Scheduler::attempt_result`].
+    Fire(Firing),
+    /// An attempt ran out of time: kill it (exec) and ignore its result.
+    Abort(ExecutionId),
+    /// Perform an instruction's `on_failure` action (best effort, no retry).
+    OnFailure {
+        /// The pack.
+        pack: PackKey,
+        /// The instruction that gave up.
+        instruction: String,
+        /// What to do.
+        action: Arc<Action>,
+    },
+    /// Drive the pack's lines to its safe state, now.
+    SafeState {
+        /// The pack.
+        pack: PackKey,
+        /// The pack's `safe_state` actions, in order.
+        actions: Arc<Vec<Action>>,
+        /// Why.
+        reason: SafeReason,
+    },
+    /// Feedback.
+    Event(Event),
+}

@@ -1,0 +1,520 @@
+//! Every scheduling rule, on simulated time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use baton_proto::RefTime;
+use baton_proto::pack::parse_pack;
+use baton_sched::sim::{FailSpec, SimOptions, simulate};
+use baton_sched::{
+    AttemptResult, Config, Event, EventKind, ExecutionId, Output, PackKey, PriorOutcome, SafeReason,
+    Scheduler,
+};
+
+fn t(s: &str) -> RefTime {
+    RefTime::from_timestamp(s.parse().expect("test instant")).expect("in range")
+}
+
+fn pack(yaml: &str) -> baton_proto::Pack {
+    parse_pack(yaml).unwrap_or_else(|e| panic!("test pack invalid:\n{e}"))
+}
+
+fn run(yaml: &str, from: &str, until: &str, fail: &[&str]) -> Vec<Event> {
+    let mut events = Vec::new();
+    let opts = SimOptions {
+        from: t(from),
+        until: t(until),
+        fail: fail.iter().map(|f| f.parse().expect("fail spec")).collect::<Vec<FailSpec>>(),
+        seed: 7,
+        max_events: 100_000,
+    };
+    let done = simulate(pack(yaml), &opts, |e| events.push(e.clone())).expect("simulate");
+    assert!(done, "event cap reached");
+    events
+}
+
+/// `(instant, event name, instruction)` for compact assertions.
+fn brief(events: &[Event]) -> Vec<(String, &'static str, String)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e.t.to_rfc3339(),
+                e.kind.name(),
+                e.instruction.clone().unwrap_or_else(|| "-".into()),
+            )
+        })
+        .collect()
+}
+
+fn names(events: &[Event], ins: &str) -> Vec<&'static str> {
+    events
+        .iter()
+        .filter(|e| e.instruction.as_deref() == Some(ins))
+        .map(|e| e.kind.name())
+        .collect()
+}
+
+fn fires(events: &[Event]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter(|e| e.kind == EventKind::Fire)
+        .map(|e| (e.t.to_rfc3339(), e.instruction.clone().unwrap_or_default()))
+        .collect()
+}
+
+const Z: &str = ".000000000Z";
+
+#[test]
+fn every_fires_from_acceptance_at_exact_period() {
+    let ev = run(
+        "pack: p\nversion: 1\ninstructions:\n  - {id: blink, action: gpio.toggle, params: {line: 12}, every: 500ms}\n",
+        "2026-12-01T10:00:00Z",
+        "2026-12-01T10:00:01.500Z",
+        &[],
+    );
+    let f = fires(&ev);
+    let at: Vec<&str> = f.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        at,
+        [
+            "2026-12-01T10:00:00.000000000Z",
+            "2026-12-01T10:00:00.500000000Z",
+            "2026-12-01T10:00:01.000000000Z",
+            "2026-12-01T10:00:01.500000000Z"
+        ]
+    );
+    // Each fire is followed by its ok, and ids differ by occurrence.
+    assert_eq!(names(&ev, "blink"), ["fire", "ok", "fire", "ok", "fire", "ok", "fire", "ok"]);
+    let ids: Vec<String> = ev.iter().filter_map(|e| e.id.as_ref()).map(|i| i.to_string()).collect();
+    assert!(ids[0].starts_with("default/p/v1/blink/"), "{}", ids[0]);
+    assert_ne!(ids[0], ids[2]);
+}
+
+#[test]
+fn every_with_start_at_and_until_is_bounded() {
+    let ev = run(
+        "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, every: 1s, start_at: 2026-12-01T10:00:05Z, until: 2026-12-01T10:00:07Z}\n",
+        "2026-12-01T10:00:00Z",
+        "2026-12-01T10:01:00Z",
+        &[],
+    );
+    let at: Vec<String> = fires(&ev).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(
+        at,
+        [
+            format!("2026-12-01T10:00:05{Z}"),
+            format!("2026-12-01T10:00:06{Z}"),
+            format!("2026-12-01T10:00:07{Z}")
+        ]
+    );
+}
+
+const PRESS: &str = "pack: press
+version: 1
+defaults:
+  retry: {max_attempts: 3, backoff: 100ms, factor: 2.0, max_backoff: 5s, jitter: 0.25}
+  max_lateness: 50ms
+safe_state:
+  - {action: gpio.write, params: {line: 1, value: 0}}
+instructions:
+  - {id: warmup, action: gpio.write, params: {line: 1, value: 1}, at: 2026-12-01T10:00:00Z}
+  - {id: clamp, action: gpio.write, params: {line: 2, value: 1}, after: [warmup], delay: 1s}
+  - id: press
+    action: gpio.pulse
+    params: {line: 3, width: 20ms}
+    after: [warmup, clamp]
+    delay: 2s
+    on_failure: {action: gpio.write, params: {line: 3, value: 0}}
+  - {id: release, action: gpio.write, params: {line: 2, value: 0}, after: [press], delay: 500ms}
+  - {id: beat, action: noop, every: 1s, start_at: 2026-12-01T10:00:00Z}
+";
+
+#[test]
+fn dag_runs_in_order_with_delays_from_upstream_success() {
+    let ev = run(PRESS, "2026-12-01T09:59:59Z", "2026-12-01T10:00:03.600Z", &[]);
+    let f: Vec<(String, String)> = fires(&ev).into_iter().filter(|(_, i)| i != "beat").collect();
+    assert_eq!(
+        f,
+        [
+            (format!("2026-12-01T10:00:00{Z}"), "warmup".to_string()),
+            (format!("2026-12-01T10:00:01{Z}"), "clamp".to_string()),
+            (format!("2026-12-01T10:00:03{Z}"), "press".to_string()),
+            ("2026-12-01T10:00:03.500000000Z".to_string(), "release".to_string()),
+        ]
+    );
+    // The press execution id names its planned occurrence: clamp's + 2s.
+    let press = ev
+        .iter()
+        .find(|e| e.kind == EventKind::Fire && e.instruction.as_deref() == Some("press"))
+        .and_then(|e| e.id.clone())
+        .expect("press fired");
+    assert_eq!(press.occurrence, t("2026-12-01T10:00:03Z"));
+}
+
+#[test]
+fn retries_back_off_then_give_up_runs_on_failure_then_safe_state() {
+    let ev = run(PRESS, "2026-12-01T09:59:59Z", "2026-12-01T10:00:10Z", &["press"]);
+    let press = names(&ev, "press");
+    assert_eq!(
+        press,
+        ["fire", "fail", "retry", "fire", "fail", "retry", "fire", "fail", "give_up", "on_failure"]
+    );
+    // Retry instants: base 100ms then 200ms, each within ±25% jitter.
+    let retries: Vec<&Event> = ev
+        .iter()
+        .filter(|e| e.instruction.as_deref() == Some("press") && e.kind.name() == "retry")
+        .collect();
+    for (k, r) in retries.iter().enumerate() {
+        let EventKind::Retry { at } = r.kind else { unreachable!() };
+        let wait = at.since(r.t).as_secs_f64();
+        let base = 0.1 * 2f64.powi(k as i32);
+        assert!((base * 0.75..=base * 1.25).contains(&wait), "retry {k} waits {wait}s");
+    }
+    // After give-up: safe state, pending firings skipped, nothing more fires.
+    let give_up = ev.iter().position(|e| e.kind.name() == "give_up").expect("give_up");
+    let safe = ev.iter().position(|e| e.kind.name() == "safe_state").expect("safe_state");
+    assert!(safe > give_up);
+    assert!(ev[give_up..].iter().all(|e| e.kind != EventKind::Fire), "something fired after give-up");
+    let skipped: Vec<String> = ev[give_up..safe]
+        .iter()
+        .filter(|e| e.kind.name() == "skip")
+        .filter_map(|e| e.instruction.clone())
+        .collect();
+    assert!(skipped.contains(&"beat".to_string()), "{skipped:?}");
+    assert!(skipped.contains(&"release".to_string()), "{skipped:?}");
+    assert_eq!(names(&ev, "release"), ["skip"]);
+}
+
+#[test]
+fn a_retry_that_succeeds_releases_dependents() {
+    let ev = run(PRESS, "2026-12-01T09:59:59Z", "2026-12-01T10:00:10Z", &["press:2"]);
+    assert_eq!(
+        names(&ev, "press"),
+        ["fire", "fail", "retry", "fire", "fail", "retry", "fire", "ok"]
+    );
+    assert_eq!(names(&ev, "release"), ["fire", "ok"]);
+    assert!(ev.iter().all(|e| e.kind.name() != "safe_state"));
+}
+
+#[test]
+fn on_give_up_continue_skips_only_dependents() {
+    let yaml = PRESS.replace(
+        "    on_failure: {action: gpio.write, params: {line: 3, value: 0}}\n",
+        "    on_failure: {action: gpio.write, params: {line: 3, value: 0}}\n    on_give_up: continue\n",
+    );
+    let ev = run(&yaml, "2026-12-01T09:59:59Z", "2026-12-01T10:00:10Z", &["press"]);
+    assert_eq!(names(&ev, "release"), ["skip"]);
+    assert!(ev.iter().all(|e| e.kind.name() != "safe_state"));
+    // The periodic instruction keeps firing after the give-up.
+    let last_beat = fires(&ev).into_iter().filter(|(_, i)| i == "beat").last().expect("beats");
+    assert_eq!(last_beat.0, format!("2026-12-01T10:00:10{Z}"));
+}
+
+#[test]
+fn equal_deadlines_fire_by_priority_then_pack_order() {
+    let ev = run(
+        "pack: p\nversion: 1\ninstructions:\n  - {id: low, action: noop, at: 2026-12-01T10:00:00Z}\n  - {id: high, action: noop, at: 2026-12-01T10:00:00Z, priority: 90}\n  - {id: low2, action: noop, at: 2026-12-01T10:00:00Z}\n  - {id: mid, action: noop, at: 2026-12-01T10:00:00Z, priority: 10}\n",
+        "2026-12-01T09:00:00Z",
+        "2026-12-01T11:00:00Z",
+        &[],
+    );
+    let order: Vec<String> = fires(&ev).into_iter().map(|(_, i)| i).collect();
+    assert_eq!(order, ["high", "mid", "low", "low2"]);
+}
+
+#[test]
+fn missed_one_shot_gives_up_and_fails_safe() {
+    // Accepted a minute after its instant, far beyond max_lateness.
+    let ev = run(PRESS, "2026-12-01T10:01:00Z", "2026-12-01T10:01:00Z", &[]);
+    assert_eq!(names(&ev, "warmup"), ["give_up"]);
+    let EventKind::GiveUp { reason } = &ev[0].kind else { panic!("{:?}", ev[0]) };
+    assert!(reason.starts_with("missed: late by 1m"), "{reason}");
+    assert!(ev.iter().any(|e| e.kind.name() == "safe_state"));
+    assert!(ev.iter().all(|e| e.kind != EventKind::Fire));
+}
+
+#[test]
+fn cron_follows_dst_rules() {
+    // Berlin springs forward at 02:00 on 2026-03-29: 02:30 does not exist and
+    // fires once at 03:30 CEST (01:30Z). In October 02:30 repeats; the hour
+    // field is not `*`, so it fires once, on the first pass (00:30Z).
+    let yaml = "pack: p\nversion: 1\ntimezone: Europe/Berlin\ninstructions:\n  - {id: n, action: noop, cron: \"0 30 2 * * *\"}\n";
+    let ev = run(yaml, "2026-03-28T00:00:00Z", "2026-03-31T00:00:00Z", &[]);
+    let at: Vec<String> = fires(&ev).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(
+        at,
+        [
+            format!("2026-03-28T01:30:00{Z}"),
+            format!("2026-03-29T01:30:00{Z}"),
+            format!("2026-03-30T00:30:00{Z}")
+        ]
+    );
+    let ev = run(yaml, "2026-10-24T12:00:00Z", "2026-10-26T12:00:00Z", &[]);
+    let at: Vec<String> = fires(&ev).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(
+        at,
+        [
+            format!("2026-10-25T00:30:00{Z}"),
+            format!("2026-10-26T01:30:00{Z}")
+        ]
+    );
+}
+
+fn drain(core: &mut Scheduler, now: RefTime, out: &mut Vec<Output>, fail: &[&str]) -> Vec<Event> {
+    let mut events = Vec::new();
+    core.tick(now, out);
+    while !out.is_empty() {
+        for o in std::mem::take(out) {
+            match o {
+                Output::Event(e) => events.push(e),
+                Output::Fire(f) => {
+                    let r = if fail.contains(&f.id.instruction.as_str()) {
+                        AttemptResult::Failed("boom".into())
+                    } else {
+                        AttemptResult::Ok { value: None }
+                    };
+                    core.attempt_result(&f.id, r, now, out);
+                }
+                _ => {}
+            }
+        }
+        core.tick(now, out);
+    }
+    events
+}
+
+fn run_until(core: &mut Scheduler, until: RefTime, out: &mut Vec<Output>, fail: &[&str]) -> Vec<Event> {
+    let mut ev = drain(core, RefTime::from_nanos(i64::MIN), out, fail);
+    while let Some(w) = core.next_wake().filter(|w| *w <= until) {
+        ev.extend(drain(core, w, out, fail));
+    }
+    ev
+}
+
+#[test]
+fn version_replacement_mid_run_is_atomic_and_never_refires_one_shots() {
+    let v1 = "pack: p\nversion: 1\ninstructions:\n  - {id: once, action: noop, at: 2026-12-01T10:00:01Z}\n  - {id: tick, action: noop, every: 1s, start_at: 2026-12-01T10:00:00Z}\n  - {id: old, action: noop, every: 1s, start_at: 2026-12-01T10:00:00Z}\n";
+    let v2 = "pack: p\nversion: 2\ninstructions:\n  - {id: once, action: noop, at: 2026-12-01T10:00:01Z}\n  - {id: tick, action: noop, every: 1s, start_at: 2026-12-01T10:00:00Z}\n  - {id: new, action: noop, at: 2026-12-01T10:00:04Z}\n";
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    let accepted = core.accept(pack(v1), t("2026-12-01T10:00:00Z"), &mut out).expect("v1");
+    assert_eq!(accepted, baton_sched::Accepted::New);
+    let mut ev = run_until(&mut core, t("2026-12-01T10:00:02.500Z"), &mut out, &[]);
+    // Same version again: a no-op.
+    assert_eq!(
+        core.accept(pack(v1), t("2026-12-01T10:00:02.500Z"), &mut out),
+        Ok(baton_sched::Accepted::Unchanged)
+    );
+    let r = core.accept(pack(v2), t("2026-12-01T10:00:02.500Z"), &mut out).expect("v2");
+    assert_eq!(r, baton_sched::Accepted::Replaced { from: 1 });
+    // An older version is refused.
+    assert!(core.accept(pack(v1), t("2026-12-01T10:00:02.600Z"), &mut out).is_err());
+    ev.extend(run_until(&mut core, t("2026-12-01T10:00:05Z"), &mut out, &[]));
+    let f = fires(&ev);
+    let count = |id: &str| f.iter().filter(|(_, i)| i == id).count();
+    assert_eq!(count("once"), 1, "{f:?}");
+    assert_eq!(count("new"), 1);
+    // `old` fired at :00, :01, :02 under v1 and never after the replacement.
+    assert_eq!(count("old"), 3);
+    // `tick` keeps its phase: :00..:05, one per second, no gap, no double.
+    let ticks: Vec<&String> = f.iter().filter(|(_, i)| i == "tick").map(|(t, _)| t).collect();
+    assert_eq!(ticks.len(), 6, "{ticks:?}");
+    // v2 firings carry version 2 in their ids.
+    let new_id = ev
+        .iter()
+        .find(|e| e.instruction.as_deref() == Some("new") && e.kind == EventKind::Fire)
+        .and_then(|e| e.id.clone())
+        .expect("new fired");
+    assert_eq!(new_id.version, 2);
+}
+
+#[test]
+fn cancel_mid_dag_enters_safe_state_and_skips_the_rest() {
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    core.accept(pack(PRESS), t("2026-12-01T09:59:59Z"), &mut out).expect("accept");
+    let mut ev = run_until(&mut core, t("2026-12-01T10:00:01.500Z"), &mut out, &[]);
+    let key = PackKey {
+        tenant: "default".into(),
+        pack: "press".into(),
+    };
+    assert!(core.cancel(&key, t("2026-12-01T10:00:01.500Z"), &mut out));
+    let safe = out.iter().any(|o| {
+        matches!(o, Output::SafeState { reason: SafeReason::Cancel, actions, .. } if actions.len() == 1)
+    });
+    assert!(safe, "{out:?}");
+    ev.extend(run_until(&mut core, t("2026-12-01T10:01:00Z"), &mut out, &[]));
+    assert_eq!(names(&ev, "press"), ["skip"]);
+    assert_eq!(names(&ev, "release"), ["skip"]);
+    assert!(fires(&ev).iter().all(|(t, _)| t.as_str() <= "2026-12-01T10:00:01.500000000Z"));
+    assert_eq!(core.next_wake(), None);
+}
+
+#[test]
+fn lease_loss_and_shutdown_run_every_safe_state() {
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    core.accept(pack(PRESS), t("2026-12-01T09:59:59Z"), &mut out).expect("accept");
+    core.accept(
+        pack(&PRESS.replace("pack: press", "pack: other")),
+        t("2026-12-01T09:59:59Z"),
+        &mut out,
+    )
+    .expect("accept");
+    core.lease_lost(t("2026-12-01T09:59:59.5Z"), &mut out);
+    let n = out
+        .iter()
+        .filter(|o| matches!(o, Output::SafeState { reason: SafeReason::LeaseLost, .. }))
+        .count();
+    assert_eq!(n, 2);
+    out.clear();
+    core.shutdown(t("2026-12-01T09:59:59.6Z"), &mut out);
+    // Already safe: not repeated.
+    assert!(out.iter().all(|o| !matches!(o, Output::SafeState { .. })));
+    assert_eq!(core.next_wake(), None);
+}
+
+#[test]
+fn a_timed_out_attempt_is_aborted_and_retried() {
+    let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: x, action: exec, params: {program: /bin/true}, at: 2026-12-01T10:00:00Z, timeout: 2s, retry: {max_attempts: 2, backoff: 1s}}\n";
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    core.accept(pack(yaml), t("2026-12-01T09:00:00Z"), &mut out).expect("accept");
+    core.tick(t("2026-12-01T10:00:00Z"), &mut out);
+    assert!(out.iter().any(|o| matches!(o, Output::Fire(_))));
+    out.clear();
+    assert_eq!(core.next_wake(), Some(t("2026-12-01T10:00:02Z")));
+    core.tick(t("2026-12-01T10:00:02Z"), &mut out);
+    let aborted = out.iter().find_map(|o| match o {
+        Output::Abort(id) => Some(id.clone()),
+        _ => None,
+    });
+    assert_eq!(aborted.map(|i| i.attempt), Some(1));
+    let kinds: Vec<&str> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(e) => Some(e.kind.name()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, ["fail", "retry"]);
+    // A late result for the aborted attempt is ignored.
+    let id = ExecutionId::parse(&format!("default/p/v1/x/{}/a1", t("2026-12-01T10:00:00Z").as_nanos()))
+        .expect("id");
+    let mut late = Vec::new();
+    core.attempt_result(&id, AttemptResult::Ok { value: None }, t("2026-12-01T10:00:02.1Z"), &mut late);
+    assert!(late.is_empty(), "{late:?}");
+}
+
+#[test]
+fn restart_never_refires_and_resolves_from_the_journal() {
+    let occ = t("2026-12-01T10:00:00Z").as_nanos();
+    let mut prior = HashMap::new();
+    prior.insert(format!("default/press/v1/warmup/{occ}/a1"), PriorOutcome::Succeeded);
+    let clamp_occ = t("2026-12-01T10:00:01Z").as_nanos();
+    prior.insert(format!("default/press/v1/clamp/{clamp_occ}/a1"), PriorOutcome::Unknown);
+    let mut core = Scheduler::new(Config::default(), prior);
+    let mut out = Vec::new();
+    // Restarted 0.5 s after warmup ran, clamp had started with no result.
+    core.restore(
+        pack(PRESS),
+        t("2026-12-01T09:59:59Z"),
+        t("2026-12-01T10:00:01Z"),
+        t("2026-12-01T10:00:01.500Z"),
+        &mut out,
+    )
+    .expect("restore");
+    let ev = run_until(&mut core, t("2026-12-01T10:00:10Z"), &mut out, &[]);
+    assert_eq!(names(&ev, "warmup"), ["skip"]);
+    assert_eq!(names(&ev, "clamp"), ["outcome_unknown"]);
+    // press needs clamp to have succeeded: it never runs.
+    assert!(names(&ev, "press").iter().all(|n| *n != "fire"));
+    assert!(fires(&ev).iter().all(|(_, i)| i == "beat"));
+}
+
+#[test]
+fn catch_up_after_downtime() {
+    let base = "pack: p\nversion: 1\ndefaults: {max_lateness: 100ms}\ninstructions:\n  - {id: s, action: noop, every: 1m, start_at: 2026-12-01T10:00:00Z, catch_up: MODE}\n";
+    // Up until 10:00:30, back at 10:05:30: 10:01..10:05 (5 occurrences) missed.
+    let run_mode = |mode: &str| {
+        let mut core = Scheduler::new(Config::default(), HashMap::new());
+        let mut out = Vec::new();
+        core.restore(
+            pack(&base.replace("MODE", mode)),
+            t("2026-12-01T09:00:00Z"),
+            t("2026-12-01T10:00:30Z"),
+            t("2026-12-01T10:05:30Z"),
+            &mut out,
+        )
+        .expect("restore");
+        let mut ev = drain(&mut core, t("2026-12-01T10:05:30Z"), &mut out, &[]);
+        ev.extend(run_until(&mut core, t("2026-12-01T10:06:00Z"), &mut out, &[]));
+        ev
+    };
+    let none = run_mode("none");
+    assert_eq!(
+        brief(&none).iter().map(|(_, n, _)| *n).collect::<Vec<_>>(),
+        ["skip", "fire", "ok"]
+    );
+    let EventKind::Skip { reason } = &none[0].kind else { panic!() };
+    assert!(reason.starts_with("missed 5 occurrence(s)"), "{reason}");
+    assert_eq!(fires(&none), [(format!("2026-12-01T10:06:00{Z}"), "s".to_string())]);
+
+    let last = run_mode("last");
+    let f = fires(&last);
+    assert_eq!(f.len(), 2, "{f:?}");
+    let first = last.iter().find(|e| e.kind == EventKind::Fire).expect("fire");
+    assert_eq!(first.t, t("2026-12-01T10:05:30Z"));
+    assert_eq!(first.occurrence, Some(t("2026-12-01T10:05:00Z")));
+
+    let all = run_mode("all");
+    let caught: Vec<RefTime> = all
+        .iter()
+        .filter(|e| e.kind == EventKind::Fire && e.t == t("2026-12-01T10:05:30Z"))
+        .filter_map(|e| e.occurrence)
+        .collect();
+    assert_eq!(caught.len(), 5);
+    assert_eq!(caught[0], t("2026-12-01T10:01:00Z"));
+}
+
+#[test]
+fn a_clock_step_never_bursts_nor_silences_a_periodic() {
+    let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: b, action: noop, every: 100ms, max_lateness: 10ms}\n";
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    core.accept(pack(yaml), t("2026-12-01T10:00:00Z"), &mut out).expect("accept");
+    let mut ev = drain(&mut core, t("2026-12-01T10:00:00Z"), &mut out, &[]);
+    // The clock jumps an hour forward.
+    ev.extend(drain(&mut core, t("2026-12-01T11:00:00.050Z"), &mut out, &[]));
+    let after_step: Vec<&Event> = ev.iter().filter(|e| e.t == t("2026-12-01T11:00:00.050Z")).collect();
+    assert_eq!(after_step.len(), 1, "one aggregated skip, no burst: {after_step:?}");
+    assert_eq!(after_step[0].kind.name(), "skip");
+    // ...and resumes on its grid right after.
+    assert_eq!(core.next_wake(), Some(t("2026-12-01T11:00:00.100Z")));
+    // A step backwards only delays: nothing fires early, nothing is lost.
+    let before = core.next_wake();
+    let mut none = Vec::new();
+    core.tick(t("2026-12-01T10:30:00Z"), &mut none);
+    assert!(none.is_empty());
+    assert_eq!(core.next_wake(), before);
+}
+
+#[test]
+fn the_same_id_never_fires_twice_even_if_the_pack_is_redelivered_after_a_cancel() {
+    let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: once, action: noop, at: 2026-12-01T10:00:00Z}\n";
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    core.accept(pack(yaml), t("2026-12-01T09:00:00Z"), &mut out).expect("accept");
+    let mut ev = run_until(&mut core, t("2026-12-01T10:00:00Z"), &mut out, &[]);
+    let key = PackKey {
+        tenant: "default".into(),
+        pack: "p".into(),
+    };
+    core.cancel(&key, t("2026-12-01T10:00:00.001Z"), &mut out);
+    core.accept(pack(yaml), t("2026-12-01T10:00:00.002Z"), &mut out).expect("re-accept");
+    ev.extend(run_until(&mut core, t("2026-12-01T10:00:10Z"), &mut out, &[]));
+    assert_eq!(fires(&ev).len(), 1, "{:?}", brief(&ev));
+    assert!(ev.iter().any(|e| matches!(&e.kind, EventKind::Skip { reason } if reason == "already fired")));
+    let _ = Duration::ZERO;
+}
