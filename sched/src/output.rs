@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_proto::pack::Action;
 use baton_proto::RefTime;
+use baton_proto::pack::Action;
 
 use crate::id::{ExecutionId, PackKey};
 

@@ -27,7 +27,12 @@ impl<T> Queue<T> {
         }
     }
 
-    pub(crate) fn insert_with_tiebreak(&mut self, deadline: i64, tiebreak: u64, value: T) -> TimerId {
+    pub(crate) fn insert_with_tiebreak(
+        &mut self,
+        deadline: i64,
+        tiebreak: u64,
+        value: T,
+    ) -> TimerId {
         self.seq += 1;
         self.map.insert((deadline, tiebreak, self.seq), value);
         self.keys.insert(self.seq, (deadline, tiebreak));

@@ -105,8 +105,16 @@ enum Status {
 #[derive(Debug)]
 enum EntryKind {
     Occurrence(RefTime),
-    Retry { occ: RefTime, attempt: u32 },
-    Timeout { occ: RefTime, attempt: u32 },
+    Retry {
+        occ: RefTime,
+        attempt: u32,
+    },
+    Timeout {
+        occ: RefTime,
+        attempt: u32,
+    },
+    /// Timeout of an attempt whose pack version was replaced or stopped.
+    Detached(ExecutionId),
 }
 
 #[derive(Debug)]
@@ -165,6 +173,10 @@ pub struct Scheduler {
     fired: HashSet<String>,
     rng: ChaCha8Rng,
     next_generation: u64,
+    /// Attempts still running for a pack version that is gone (replaced,
+    /// or stopped and pushed again): their results still end their
+    /// occurrence, but nothing follows from them.
+    detached: HashMap<ExecutionId, Option<TimerId>>,
 }
 
 const NS: i64 = 1;
@@ -190,6 +202,7 @@ impl Scheduler {
             prior,
             fired: HashSet::new(),
             next_generation: 1,
+            detached: HashMap::new(),
         }
     }
 
@@ -211,7 +224,12 @@ impl Scheduler {
     }
 
     /// Take a validated pack at `now`.
-    pub fn accept(&mut self, pack: Pack, now: RefTime, out: &mut Vec<Output>) -> Result<Accepted, AcceptError> {
+    pub fn accept(
+        &mut self,
+        pack: Pack,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Result<Accepted, AcceptError> {
         self.install(pack, None, None, now, out)
     }
 
@@ -246,7 +264,10 @@ impl Scheduler {
         if let Some(&slot) = self.by_key.get(&key) {
             if let Some(held) = self.packs[slot].as_ref() {
                 let held_v = held.pack.version;
-                let reinstall_same = matches!(held.status, Status::Stopped(SafeReason::Cancel | SafeReason::LeaseLost));
+                let reinstall_same = matches!(
+                    held.status,
+                    Status::Stopped(SafeReason::Cancel | SafeReason::LeaseLost)
+                );
                 if pack.version < held_v {
                     return Err(AcceptError::Older {
                         key,
@@ -262,7 +283,7 @@ impl Scheduler {
                 }
             }
             old = self.packs[slot].take();
-            if let Some(o) = old.as_mut() {
+            if let Some(o) = old.as_ref() {
                 self.cancel_timers(o);
             }
         }
@@ -285,7 +306,11 @@ impl Scheduler {
             anchor,
             status: Status::Active,
             deps: dependents(&pack.instructions),
-            actions: pack.instructions.iter().map(|i| Arc::new(i.action.clone())).collect(),
+            actions: pack
+                .instructions
+                .iter()
+                .map(|i| Arc::new(i.action.clone()))
+                .collect(),
             on_failure: pack
                 .instructions
                 .iter()
@@ -306,6 +331,7 @@ impl Scheduler {
         // version: a one-shot that already fired does not fire again, an
         // unchanged periodic keeps its next occurrence.
         let mut carried_next: Vec<Option<RefTime>> = vec![None; n];
+        let mut carried_old: HashSet<usize> = HashSet::new();
         if let Some(o) = old.as_ref().filter(|o| o.status == Status::Active) {
             for (i, ins) in ps.pack.instructions.iter().enumerate() {
                 let Some(j) = o.pack.instructions.iter().position(|x| x.id == ins.id) else {
@@ -316,11 +342,68 @@ impl Scheduler {
                     continue;
                 }
                 let st = &o.ins[j];
-                ps.ins[i].done = st.done || (!ins.schedule.is_repeating() && !st.attempts.is_empty());
+                carried_old.insert(j);
+                ps.ins[i].done =
+                    st.done || (!ins.schedule.is_repeating() && !st.attempts.is_empty());
                 ps.ins[i].satisfied = st.satisfied.clone();
                 ps.ins[i].round_occ = st.round_occ;
                 ps.ins[i].attempts = st.attempts.clone();
                 carried_next[i] = st.pending.map(|(_, occ)| occ);
+            }
+        }
+        // Attempts of the old version that were not carried over end under
+        // that version: running ones are detached (their result still
+        // arrives), waiting retries are dropped and reported.
+        if let Some(o) = old.as_ref() {
+            for (j, st) in o.ins.iter().enumerate() {
+                if carried_old.contains(&j) {
+                    continue;
+                }
+                for (occ, a) in &st.attempts {
+                    if a.running {
+                        let timer = self.queue.insert_with_tiebreak(
+                            (now + o.pack.instructions[j].timeout).as_nanos(),
+                            0,
+                            Entry {
+                                slot,
+                                generation: 0,
+                                instr: j,
+                                kind: EntryKind::Detached(a.id.clone()),
+                            },
+                        );
+                        self.detached.insert(a.id.clone(), Some(timer));
+                    } else {
+                        out.push(Output::Event(Event {
+                            t: now,
+                            pack: o.key.clone(),
+                            instruction: Some(o.pack.instructions[j].id.clone()),
+                            id: Some(a.id.clone()),
+                            occurrence: Some(*occ),
+                            kind: EventKind::Skip {
+                                reason: format!(
+                                    "retry dropped: version {} replaced the pack",
+                                    ps.pack.version
+                                ),
+                            },
+                        }));
+                    }
+                }
+            }
+        }
+        // A one-shot that already fired in this run (the pack was cancelled
+        // and pushed again) is finished: it neither fires nor reports again.
+        for i in 0..n {
+            if let Schedule::At(at) = ps.pack.instructions[i].schedule {
+                let first = ExecutionId {
+                    pack: ps.key.clone(),
+                    version: ps.pack.version,
+                    instruction: ps.pack.instructions[i].id.clone(),
+                    occurrence: at,
+                    attempt: 1,
+                };
+                if self.fired.contains(&first.to_string()) {
+                    ps.ins[i].done = true;
+                }
             }
         }
         // First occurrences.
@@ -359,7 +442,10 @@ impl Scheduler {
                 .collect();
             for (occ, attempt, running) in occs {
                 let (at, kind) = if running {
-                    (now + ps.pack.instructions[i].timeout, EntryKind::Timeout { occ, attempt })
+                    (
+                        now + ps.pack.instructions[i].timeout,
+                        EntryKind::Timeout { occ, attempt },
+                    )
                 } else {
                     (now, EntryKind::Retry { occ, attempt })
                 };
@@ -370,11 +456,17 @@ impl Scheduler {
             }
         }
         self.packs[slot] = Some(ps);
-        let _ = out;
         Ok(accepted)
     }
 
-    fn insert(&mut self, ps: &PackState, slot: usize, i: usize, at: RefTime, kind: EntryKind) -> TimerId {
+    fn insert(
+        &mut self,
+        ps: &PackState,
+        slot: usize,
+        i: usize,
+        at: RefTime,
+        kind: EntryKind,
+    ) -> TimerId {
         // Equal deadlines: higher priority first, then pack order.
         let prio = u64::from(255 - ps.pack.instructions[i].priority);
         let tiebreak = (prio << 48) | ((slot as u64 & 0xffff_ffff) << 16) | (i as u64 & 0xffff);
@@ -390,15 +482,15 @@ impl Scheduler {
         )
     }
 
-    fn cancel_timers(&mut self, ps: &mut PackState) {
-        for st in &mut ps.ins {
-            if let Some((id, _)) = st.pending.take() {
+    /// Remove a replaced version's entries from the queue. The state keeps
+    /// which occurrence was next, so unchanged instructions carry it over.
+    fn cancel_timers(&mut self, ps: &PackState) {
+        for st in &ps.ins {
+            if let Some((id, _)) = st.pending {
                 self.queue.cancel(id);
             }
-            for a in st.attempts.values_mut() {
-                if let Some(id) = a.timer.take() {
-                    self.queue.cancel(id);
-                }
+            for id in st.attempts.values().filter_map(|a| a.timer) {
+                self.queue.cancel(id);
             }
         }
     }
@@ -425,7 +517,10 @@ impl Scheduler {
 
     fn all_safe(&mut self, reason: SafeReason, now: RefTime, out: &mut Vec<Output>) {
         for slot in 0..self.packs.len() {
-            if self.packs[slot].as_ref().is_some_and(|p| p.status == Status::Active) {
+            if self.packs[slot]
+                .as_ref()
+                .is_some_and(|p| p.status == Status::Active)
+            {
                 self.fail_safe(slot, reason, now, out);
             }
         }
@@ -438,7 +533,21 @@ impl Scheduler {
         }
     }
 
-    fn handle_entry(&mut self, deadline: RefTime, timer: TimerId, e: Entry, now: RefTime, out: &mut Vec<Output>) {
+    fn handle_entry(
+        &mut self,
+        deadline: RefTime,
+        timer: TimerId,
+        e: Entry,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        if let EntryKind::Detached(id) = e.kind {
+            if self.detached.remove(&id).is_some() {
+                out.push(Output::Abort(id.clone()));
+                self.end_detached(&id, AttemptResult::Failed("timed out".into()), now, out);
+            }
+            return;
+        }
         let Some(ps) = self.packs.get_mut(e.slot).and_then(|p| p.as_mut()) else {
             return;
         };
@@ -457,31 +566,55 @@ impl Scheduler {
                 }
             }
             EntryKind::Retry { occ, attempt } => {
-                let live = st.attempts.get(&occ).is_some_and(|a| a.id.attempt == attempt && !a.running);
+                let live = st
+                    .attempts
+                    .get(&occ)
+                    .is_some_and(|a| a.id.attempt == attempt && !a.running);
                 if live && active {
                     if let Some(a) = st.attempts.get_mut(&occ) {
                         a.timer = None;
                     }
-                    self.attempt_due(e.slot, e.instr, occ, attempt, deadline, now, out);
+                    self.attempt_due(e.slot, e.instr, occ, deadline, now, out);
                 }
             }
+            EntryKind::Detached(_) => {}
             EntryKind::Timeout { occ, attempt } => {
-                let live = st.attempts.get(&occ).is_some_and(|a| a.id.attempt == attempt && a.running);
+                let live = st
+                    .attempts
+                    .get(&occ)
+                    .is_some_and(|a| a.id.attempt == attempt && a.running);
                 if live {
                     let ins = &ps.pack.instructions[e.instr];
                     let reason = format!("timed out after {}", fmt_d(ins.timeout));
                     let id = st.attempts.get(&occ).map(|a| a.id.clone());
                     if let Some(id) = id {
                         out.push(Output::Abort(id.clone()));
-                        self.finish_attempt(e.slot, e.instr, &id, AttemptResult::Failed(reason), now, out);
+                        self.finish_attempt(
+                            e.slot,
+                            e.instr,
+                            &id,
+                            AttemptResult::Failed(reason),
+                            now,
+                            out,
+                        );
                     }
                 }
             }
         }
     }
 
-    fn event(&self, slot: usize, instr: Option<usize>, id: Option<ExecutionId>, occ: Option<RefTime>, kind: EventKind, now: RefTime) -> Output {
-        let ps = self.packs[slot].as_ref().expect("events are only made for held packs");
+    fn event(
+        &self,
+        slot: usize,
+        instr: Option<usize>,
+        id: Option<ExecutionId>,
+        occ: Option<RefTime>,
+        kind: EventKind,
+        now: RefTime,
+    ) -> Output {
+        let ps = self.packs[slot]
+            .as_ref()
+            .expect("events are only made for held packs");
         Output::Event(Event {
             t: now,
             pack: ps.key.clone(),
@@ -493,7 +626,9 @@ impl Scheduler {
     }
 
     fn make_id(&self, slot: usize, i: usize, occ: RefTime, attempt: u32) -> ExecutionId {
-        let ps = self.packs[slot].as_ref().expect("ids are only made for held packs");
+        let ps = self.packs[slot]
+            .as_ref()
+            .expect("ids are only made for held packs");
         ExecutionId {
             pack: ps.key.clone(),
             version: ps.pack.version,
@@ -505,7 +640,10 @@ impl Scheduler {
 
     fn schedule_next(&mut self, slot: usize, i: usize, after: RefTime) -> Option<RefTime> {
         let ps = self.packs[slot].as_ref()?;
-        let next = ps.pack.instructions[i].schedule.next_after(&ps.pack.timezone, ps.anchor, after)?;
+        let next =
+            ps.pack.instructions[i]
+                .schedule
+                .next_after(&ps.pack.timezone, ps.anchor, after)?;
         let ps = self.packs[slot].take()?;
         let id = self.insert(&ps, slot, i, next, EntryKind::Occurrence(next));
         self.packs[slot] = Some(ps);
@@ -515,8 +653,18 @@ impl Scheduler {
         Some(next)
     }
 
-    fn occurrence_due(&mut self, slot: usize, i: usize, occ: RefTime, deadline: RefTime, now: RefTime, out: &mut Vec<Output>) {
-        let Some(ps) = self.packs[slot].as_ref() else { return };
+    fn occurrence_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        deadline: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
         let ins = &ps.pack.instructions[i];
         let lateness = now.since(deadline);
         let max_late = ins.max_lateness;
@@ -529,17 +677,23 @@ impl Scheduler {
                 return;
             }
             if lateness > max_late {
-                let reason = format!("missed: late by {} (max_lateness {})", fmt_d(lateness), fmt_d(max_late));
+                let reason = format!(
+                    "missed: late by {} (max_lateness {})",
+                    fmt_d(lateness),
+                    fmt_d(max_late)
+                );
                 self.give_up(slot, i, occ, None, reason, now, out);
                 return;
             }
-            self.fire(slot, i, occ, 1, deadline, now, out);
+            let id = self.make_id(slot, i, occ, 1);
+            self.fire(slot, i, id, deadline, now, out);
             return;
         }
         if lateness <= max_late {
             self.schedule_next(slot, i, occ);
             if !self.resolve_prior(slot, i, occ, now, out) {
-                self.fire(slot, i, occ, 1, deadline, now, out);
+                let id = self.make_id(slot, i, occ, 1);
+                self.fire(slot, i, id, deadline, now, out);
             }
             return;
         }
@@ -566,7 +720,9 @@ impl Scheduler {
                 first_ok = Some(cur);
                 break;
             }
-            if let (Schedule::Every { period, .. }, true) = (&schedule, count > 0 && catch_up != CatchUp::All) {
+            if let (Schedule::Every { period, .. }, true) =
+                (&schedule, count > 0 && catch_up != CatchUp::All)
+            {
                 let p = ns(*period).max(1);
                 let skip = (bound.as_nanos() - cur.as_nanos()) / p;
                 if skip > 1 {
@@ -618,11 +774,19 @@ impl Scheduler {
                     CatchUp::All => "all",
                 }
             );
-            out.push(self.event(slot, Some(i), None, Some(occ), EventKind::Skip { reason }, now));
+            out.push(self.event(
+                slot,
+                Some(i),
+                None,
+                Some(occ),
+                EventKind::Skip { reason },
+                now,
+            ));
         }
         for m in fire {
             if !self.resolve_prior(slot, i, m, now, out) {
-                self.fire(slot, i, m, 1, m, now, out);
+                let id = self.make_id(slot, i, m, 1);
+                self.fire(slot, i, id, m, now, out);
             }
         }
     }
@@ -630,11 +794,20 @@ impl Scheduler {
     /// Attempts of this occurrence known from before a restart: resolve
     /// the occurrence from them instead of firing again. Returns true when
     /// the occurrence is fully handled.
-    fn resolve_prior(&mut self, slot: usize, i: usize, occ: RefTime, now: RefTime, out: &mut Vec<Output>) -> bool {
+    fn resolve_prior(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> bool {
         if self.prior.is_empty() {
             return false;
         }
-        let max = self.packs[slot].as_ref().map_or(1, |p| p.pack.instructions[i].retry.max_attempts);
+        let max = self.packs[slot]
+            .as_ref()
+            .map_or(1, |p| p.pack.instructions[i].retry.max_attempts);
         let mut attempt = 1;
         loop {
             let id = self.make_id(slot, i, occ, attempt);
@@ -643,7 +816,8 @@ impl Scheduler {
                 None => {
                     // Earlier attempts failed before the restart: go on
                     // with the next one, after its backoff from now.
-                    self.schedule_retry(slot, i, occ, attempt - 1, now, out);
+                    let failed = self.make_id(slot, i, occ, attempt - 1);
+                    self.schedule_retry(slot, i, failed, now, out);
                     return true;
                 }
                 Some(PriorOutcome::Succeeded) => {
@@ -661,7 +835,14 @@ impl Scheduler {
                     return true;
                 }
                 Some(PriorOutcome::Unknown) => {
-                    out.push(self.event(slot, Some(i), Some(id), Some(occ), EventKind::OutcomeUnknown, now));
+                    out.push(self.event(
+                        slot,
+                        Some(i),
+                        Some(id),
+                        Some(occ),
+                        EventKind::OutcomeUnknown,
+                        now,
+                    ));
                     if let Some(ps) = self.packs[slot].as_mut() {
                         if !ps.pack.instructions[i].schedule.is_repeating() {
                             ps.ins[i].done = true;
@@ -670,7 +851,15 @@ impl Scheduler {
                     return true;
                 }
                 Some(PriorOutcome::Failed) if attempt >= max => {
-                    self.give_up(slot, i, occ, None, format!("failed after {attempt} attempt(s) (before the restart)"), now, out);
+                    self.give_up(
+                        slot,
+                        i,
+                        occ,
+                        None,
+                        format!("failed after {attempt} attempt(s) (before the restart)"),
+                        now,
+                        out,
+                    );
                     return true;
                 }
                 Some(PriorOutcome::Failed) => attempt += 1,
@@ -679,33 +868,59 @@ impl Scheduler {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn attempt_due(&mut self, slot: usize, i: usize, occ: RefTime, attempt: u32, deadline: RefTime, now: RefTime, out: &mut Vec<Output>) {
-        let Some(ps) = self.packs[slot].as_ref() else { return };
+    fn attempt_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        deadline: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        // The stored id: a retry keeps the version its occurrence started
+        // under, even across a replacement.
+        let Some(id) = ps.ins[i].attempts.get(&occ).map(|a| a.id.clone()) else {
+            return;
+        };
         let max_late = ps.pack.instructions[i].max_lateness;
         let lateness = now.since(deadline);
         if lateness > max_late {
-            let reason = format!("retry missed: late by {} (max_lateness {})", fmt_d(lateness), fmt_d(max_late));
-            let id = self.make_id(slot, i, occ, attempt);
+            let reason = format!(
+                "retry missed: late by {} (max_lateness {})",
+                fmt_d(lateness),
+                fmt_d(max_late)
+            );
             self.give_up(slot, i, occ, Some(id), reason, now, out);
             return;
         }
-        self.fire(slot, i, occ, attempt, deadline, now, out);
+        self.fire(slot, i, id, deadline, now, out);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn fire(&mut self, slot: usize, i: usize, occ: RefTime, attempt: u32, scheduled: RefTime, now: RefTime, out: &mut Vec<Output>) {
-        let id = self.make_id(slot, i, occ, attempt);
+    fn fire(
+        &mut self,
+        slot: usize,
+        i: usize,
+        id: ExecutionId,
+        scheduled: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let (occ, attempt) = (id.occurrence, id.attempt);
         let text = id.to_string();
         if self.fired.contains(&text) || self.prior.contains_key(&text) {
             // Never twice: a duplicate delivery or a bug upstream must not
-            // reach the device.
+            // reach the device. The note names the occurrence, not the
+            // attempt: that attempt reports its own end.
             out.push(self.event(
                 slot,
                 Some(i),
-                Some(id),
+                None,
                 Some(occ),
                 EventKind::Skip {
-                    reason: "already fired".into(),
+                    reason: format!("already fired as {id}: not fired again"),
                 },
                 now,
             ));
@@ -722,7 +937,13 @@ impl Scheduler {
             not_after: scheduled.max(now) + ins.max_lateness,
             timeout,
         };
-        let timer = self.insert(&ps, slot, i, now + timeout, EntryKind::Timeout { occ, attempt });
+        let timer = self.insert(
+            &ps,
+            slot,
+            i,
+            now + timeout,
+            EntryKind::Timeout { occ, attempt },
+        );
         self.packs[slot] = Some(ps);
         if let Some(ps) = self.packs[slot].as_mut() {
             ps.ins[i].attempts.insert(
@@ -740,22 +961,89 @@ impl Scheduler {
 
     /// Report how an attempt ended. Results for attempts the core no longer
     /// waits for (timed out, replaced version) are ignored.
-    pub fn attempt_result(&mut self, id: &ExecutionId, result: AttemptResult, now: RefTime, out: &mut Vec<Output>) {
-        let Some(&slot) = self.by_key.get(&id.pack) else { return };
-        let Some(ps) = self.packs[slot].as_ref() else { return };
-        let Some(i) = ps.pack.instructions.iter().position(|x| x.id == id.instruction) else {
+    pub fn attempt_result(
+        &mut self,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(timer) = self.detached.remove(id) {
+            if let Some(t) = timer {
+                self.queue.cancel(t);
+            }
+            self.end_detached(id, result, now, out);
+            return;
+        }
+        let Some(&slot) = self.by_key.get(&id.pack) else {
             return;
         };
-        let live = ps.ins[i].attempts.get(&id.occurrence).is_some_and(|a| a.running && a.id == *id);
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let Some(i) = ps
+            .pack
+            .instructions
+            .iter()
+            .position(|x| x.id == id.instruction)
+        else {
+            return;
+        };
+        let live = ps.ins[i]
+            .attempts
+            .get(&id.occurrence)
+            .is_some_and(|a| a.running && a.id == *id);
         if !live {
             return;
         }
         self.finish_attempt(slot, i, id, result, now, out);
     }
 
-    fn finish_attempt(&mut self, slot: usize, i: usize, id: &ExecutionId, result: AttemptResult, now: RefTime, out: &mut Vec<Output>) {
+    /// A detached attempt ended: report it; a failure is not retried.
+    fn end_detached(
+        &mut self,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let ev = |kind| {
+            Output::Event(Event {
+                t: now,
+                pack: id.pack.clone(),
+                instruction: Some(id.instruction.clone()),
+                id: Some(id.clone()),
+                occurrence: Some(id.occurrence),
+                kind,
+            })
+        };
+        match result {
+            AttemptResult::Ok { value } => out.push(ev(EventKind::Ok { value })),
+            AttemptResult::Failed(reason) => {
+                out.push(ev(EventKind::Fail { reason }));
+                out.push(ev(EventKind::Skip {
+                    reason: "no retry: its pack version was replaced or stopped".into(),
+                }));
+            }
+            AttemptResult::Late { .. } => out.push(ev(EventKind::Skip {
+                reason: "not run: late, and its pack version was replaced or stopped".into(),
+            })),
+        }
+    }
+
+    fn finish_attempt(
+        &mut self,
+        slot: usize,
+        i: usize,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
         let occ = id.occurrence;
-        let Some(ps) = self.packs[slot].as_mut() else { return };
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
         if let Some(a) = ps.ins[i].attempts.remove(&occ) {
             if let Some(t) = a.timer {
                 self.queue.cancel(t);
@@ -765,15 +1053,29 @@ impl Scheduler {
         let repeating = ps.pack.instructions[i].schedule.is_repeating();
         match result {
             AttemptResult::Ok { value } => {
-                out.push(self.event(slot, Some(i), Some(id.clone()), Some(occ), EventKind::Ok { value }, now));
+                out.push(self.event(
+                    slot,
+                    Some(i),
+                    Some(id.clone()),
+                    Some(occ),
+                    EventKind::Ok { value },
+                    now,
+                ));
                 if active {
                     self.succeeded(slot, i, occ, now, out);
                 }
             }
             AttemptResult::Failed(reason) => {
-                out.push(self.event(slot, Some(i), Some(id.clone()), Some(occ), EventKind::Fail { reason }, now));
+                out.push(self.event(
+                    slot,
+                    Some(i),
+                    Some(id.clone()),
+                    Some(occ),
+                    EventKind::Fail { reason },
+                    now,
+                ));
                 if active {
-                    self.schedule_retry(slot, i, occ, id.attempt, now, out);
+                    self.schedule_retry(slot, i, id.clone(), now, out);
                 } else {
                     out.push(self.event(
                         slot,
@@ -789,9 +1091,19 @@ impl Scheduler {
             }
             AttemptResult::Late { actual } => {
                 let lateness = actual.since(id.occurrence.max(RefTime::from_nanos(0)));
-                let reason = format!("not run: the runtime reached it {} after it was due", fmt_d(lateness));
+                let reason = format!(
+                    "not run: the runtime reached it {} after it was due",
+                    fmt_d(lateness)
+                );
                 if repeating || !active {
-                    out.push(self.event(slot, Some(i), Some(id.clone()), Some(occ), EventKind::Skip { reason }, now));
+                    out.push(self.event(
+                        slot,
+                        Some(i),
+                        Some(id.clone()),
+                        Some(occ),
+                        EventKind::Skip { reason },
+                        now,
+                    ));
                 } else {
                     self.give_up(slot, i, occ, Some(id.clone()), reason, now, out);
                 }
@@ -800,20 +1112,41 @@ impl Scheduler {
     }
 
     /// After failed attempt number `attempt`: retry with backoff, or give up.
-    fn schedule_retry(&mut self, slot: usize, i: usize, occ: RefTime, attempt: u32, now: RefTime, out: &mut Vec<Output>) {
-        let Some(ps) = self.packs[slot].as_ref() else { return };
+    fn schedule_retry(
+        &mut self,
+        slot: usize,
+        i: usize,
+        failed: ExecutionId,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
         let policy = ps.pack.instructions[i].retry;
+        let (occ, attempt) = (failed.occurrence, failed.attempt);
         if attempt >= policy.max_attempts {
             let reason = format!("failed after {attempt} attempt(s)");
-            let id = self.make_id(slot, i, occ, attempt);
-            self.give_up(slot, i, occ, Some(id), reason, now, out);
+            self.give_up(slot, i, occ, Some(failed), reason, now, out);
             return;
         }
         let unit: f64 = self.rng.random();
         let at = now + policy.delay(attempt, unit);
-        let next_id = self.make_id(slot, i, occ, attempt + 1);
+        let next_id = ExecutionId {
+            attempt: attempt + 1,
+            ..failed.clone()
+        };
         let ps = self.packs[slot].take().expect("held");
-        let timer = self.insert(&ps, slot, i, at, EntryKind::Retry { occ, attempt: attempt + 1 });
+        let timer = self.insert(
+            &ps,
+            slot,
+            i,
+            at,
+            EntryKind::Retry {
+                occ,
+                attempt: attempt + 1,
+            },
+        );
         self.packs[slot] = Some(ps);
         if let Some(ps) = self.packs[slot].as_mut() {
             ps.ins[i].attempts.insert(
@@ -825,19 +1158,36 @@ impl Scheduler {
                 },
             );
         }
-        let id = self.make_id(slot, i, occ, attempt);
-        out.push(self.event(slot, Some(i), Some(id), Some(occ), EventKind::Retry { at }, now));
+        out.push(self.event(
+            slot,
+            Some(i),
+            Some(failed),
+            Some(occ),
+            EventKind::Retry { at },
+            now,
+        ));
     }
 
-    fn succeeded(&mut self, slot: usize, i: usize, occ: RefTime, now: RefTime, out: &mut Vec<Output>) {
-        let Some(ps) = self.packs[slot].as_mut() else { return };
+    fn succeeded(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
         if !ps.pack.instructions[i].schedule.is_repeating() {
             ps.ins[i].done = true;
         }
         let id = ps.pack.instructions[i].id.clone();
         let deps = ps.deps[i].clone();
         for d in deps {
-            let Some(ps) = self.packs[slot].as_mut() else { return };
+            let Some(ps) = self.packs[slot].as_mut() else {
+                return;
+            };
             let ups = upstream(&ps.pack.instructions[d]);
             let st = &mut ps.ins[d];
             for (k, up) in ups.iter().enumerate() {
@@ -873,14 +1223,27 @@ impl Scheduler {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn give_up(&mut self, slot: usize, i: usize, occ: RefTime, id: Option<ExecutionId>, reason: String, now: RefTime, out: &mut Vec<Output>) {
-        let Some(ps) = self.packs[slot].as_mut() else { return };
+    fn give_up(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        id: Option<ExecutionId>,
+        reason: String,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
         if let Some(a) = ps.ins[i].attempts.remove(&occ) {
             if let Some(t) = a.timer {
                 self.queue.cancel(t);
             }
         }
-        let Some(ps) = self.packs[slot].as_mut() else { return };
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
         if !ps.pack.instructions[i].schedule.is_repeating() {
             ps.ins[i].done = true;
         }
@@ -888,7 +1251,14 @@ impl Scheduler {
         let on_failure = ps.on_failure[i].clone();
         let key = ps.key.clone();
         let ins_id = ps.pack.instructions[i].id.clone();
-        out.push(self.event(slot, Some(i), id, Some(occ), EventKind::GiveUp { reason }, now));
+        out.push(self.event(
+            slot,
+            Some(i),
+            id,
+            Some(occ),
+            EventKind::GiveUp { reason },
+            now,
+        ));
         if let Some(action) = on_failure {
             out.push(self.event(slot, Some(i), None, Some(occ), EventKind::OnFailure, now));
             out.push(Output::OnFailure {
@@ -906,7 +1276,9 @@ impl Scheduler {
     /// `on_give_up: continue`: every instruction downstream of `i` misses
     /// this round.
     fn skip_dependents(&mut self, slot: usize, i: usize, now: RefTime, out: &mut Vec<Output>) {
-        let Some(ps) = self.packs[slot].as_ref() else { return };
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
         let from = ps.pack.instructions[i].id.clone();
         let mut seen = HashSet::new();
         let mut queue: VecDeque<usize> = ps.deps[i].iter().copied().collect();
@@ -914,7 +1286,9 @@ impl Scheduler {
             if !seen.insert(d) {
                 continue;
             }
-            let Some(ps) = self.packs[slot].as_mut() else { return };
+            let Some(ps) = self.packs[slot].as_mut() else {
+                return;
+            };
             queue.extend(ps.deps[d].iter().copied());
             let st = &mut ps.ins[d];
             st.satisfied.iter_mut().for_each(|s| *s = false);
@@ -935,7 +1309,9 @@ impl Scheduler {
     /// The pack stops: pending firings are skipped (and reported), running
     /// attempts finish but are not retried, and `safe_state` is issued.
     fn fail_safe(&mut self, slot: usize, reason: SafeReason, now: RefTime, out: &mut Vec<Output>) {
-        let Some(mut ps) = self.packs[slot].take() else { return };
+        let Some(mut ps) = self.packs[slot].take() else {
+            return;
+        };
         if ps.status != Status::Active {
             // Already safe; a cancel of a failed pack still runs safe_state
             // again (idempotent writes) so the operator sees it happen.
@@ -951,7 +1327,13 @@ impl Scheduler {
             if let Some((t, occ)) = st.pending.take() {
                 self.queue.cancel(t);
                 skips.push((i, None, Some(occ)));
-            } else if !st.done && st.attempts.is_empty() && !matches!(ps.pack.instructions[i].schedule, Schedule::Every { .. } | Schedule::Cron { .. }) {
+            } else if !st.done
+                && st.attempts.is_empty()
+                && !matches!(
+                    ps.pack.instructions[i].schedule,
+                    Schedule::Every { .. } | Schedule::Cron { .. }
+                )
+            {
                 // An `after` instruction still waiting on its upstreams.
                 skips.push((i, None, None));
             }
@@ -970,9 +1352,22 @@ impl Scheduler {
         let key = ps.key.clone();
         self.packs[slot] = Some(ps);
         for (i, id, occ) in skips {
-            out.push(self.event(slot, Some(i), id, occ, EventKind::Skip { reason: why.clone() }, now));
+            out.push(self.event(
+                slot,
+                Some(i),
+                id,
+                occ,
+                EventKind::Skip {
+                    reason: why.clone(),
+                },
+                now,
+            ));
         }
         out.push(self.event(slot, None, None, None, EventKind::SafeState { reason }, now));
-        out.push(Output::SafeState { pack: key, actions, reason });
+        out.push(Output::SafeState {
+            pack: key,
+            actions,
+            reason,
+        });
     }
 }

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use baton_proto::pack::Pack;
 use baton_proto::RefTime;
+use baton_proto::pack::Pack;
 
 use crate::{AttemptResult, Config, Event, Output, Scheduler};
 
@@ -56,7 +56,11 @@ pub struct SimOptions {
 
 /// Run the simulation, calling `sink` with each event in time order.
 /// Returns `false` if `max_events` cut it short.
-pub fn simulate(pack: Pack, opts: &SimOptions, mut sink: impl FnMut(&Event)) -> Result<bool, String> {
+pub fn simulate(
+    pack: Pack,
+    opts: &SimOptions,
+    mut sink: impl FnMut(&Event),
+) -> Result<bool, String> {
     let known: Vec<&str> = pack.instructions.iter().map(|i| i.id.as_str()).collect();
     for f in &opts.fail {
         if !known.contains(&f.instruction.as_str()) {
@@ -81,7 +85,8 @@ pub fn simulate(pack: Pack, opts: &SimOptions, mut sink: impl FnMut(&Event)) -> 
         HashMap::new(),
     );
     let mut out = Vec::new();
-    core.accept(pack, opts.from, &mut out).map_err(|e| e.to_string())?;
+    core.accept(pack, opts.from, &mut out)
+        .map_err(|e| e.to_string())?;
     let mut events = 0usize;
     let mut now = opts.from;
     loop {
@@ -110,8 +115,11 @@ pub fn simulate(pack: Pack, opts: &SimOptions, mut sink: impl FnMut(&Event)) -> 
                             AttemptResult::Failed("simulated failure (--fail)".into())
                         } else {
                             AttemptResult::Ok {
-                                value: matches!(*f.action, baton_proto::pack::Action::GpioRead { .. })
-                                    .then_some(0),
+                                value: matches!(
+                                    *f.action,
+                                    baton_proto::pack::Action::GpioRead { .. }
+                                )
+                                .then_some(0),
                             }
                         };
                         core.attempt_result(&f.id, result, now, &mut out);
@@ -131,4 +139,3 @@ pub fn simulate(pack: Pack, opts: &SimOptions, mut sink: impl FnMut(&Event)) -> 
         }
     }
 }
-
