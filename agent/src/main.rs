@@ -5,9 +5,16 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Context;
+use baton_agent::config::{self, Overrides};
+use baton_agent::live::LiveView;
+use baton_agent::runtime::Agent;
 use baton_agent::simulate::{self, FailSpec, SimOptions};
-use baton_proto::pack::parse_pack_bytes;
 use baton_proto::RefTime;
+use baton_proto::pack::parse_pack_bytes;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -19,6 +26,37 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the agent: journal, scheduler core, dispatcher, GPIO.
+    Run {
+        #[command(flatten)]
+        common: CommonFlags,
+        /// Exit (after the safe state) once nothing is left to do.
+        #[arg(long)]
+        exit_when_idle: bool,
+        /// Only notes and summaries, no line per firing.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Check a config file (and the packs it names) without running.
+    CheckConfig {
+        /// Config file (YAML).
+        file: PathBuf,
+    },
+    /// Measure firing lateness: N gpio.write firings on the sim backend.
+    BenchLatency {
+        /// How many firings.
+        #[arg(long, default_value_t = 10_000)]
+        count: u64,
+        /// Interval between firings (e.g. 1ms).
+        #[arg(long, default_value = "1ms")]
+        interval: String,
+        /// CPU to pin the dispatcher to.
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a pack through the scheduler core on simulated time.
     Simulate {
         /// Pack file (YAML).
@@ -44,22 +82,61 @@ enum Command {
     },
 }
 
+/// Flags shared by `run` (each overrides the config file).
+#[derive(clap::Args, Debug)]
+struct CommonFlags {
+    /// Config file (YAML); optional.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Agent id.
+    #[arg(long)]
+    id: Option<String>,
+    /// Journal directory.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// GPIO backend: sim:FILE, cdev or sysfs.
+    #[arg(long)]
+    gpio: Option<String>,
+    /// Load a pack from a file (repeatable).
+    #[arg(long)]
+    pack: Vec<PathBuf>,
+    /// Do not try SCHED_FIFO / mlockall.
+    #[arg(long)]
+    no_rt: bool,
+}
+
 fn instant(flag: &str, text: &str) -> Result<RefTime, String> {
     text.parse::<jiff::Timestamp>()
         .ok()
         .and_then(RefTime::from_timestamp)
-        .ok_or_else(|| format!("{flag} `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)"))
+        .ok_or_else(|| {
+            format!("{flag} `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)")
+        })
 }
 
 fn load(file: &PathBuf) -> Result<baton_proto::Pack, String> {
     let name = file.display().to_string();
-    let bytes = std::fs::read(file).map_err(|e| format!("{name}:1:1: cannot read the file: {e}"))?;
+    let bytes =
+        std::fs::read(file).map_err(|e| format!("{name}:1:1: cannot read the file: {e}"))?;
     parse_pack_bytes(&bytes).map_err(|e| e.render(&name).trim_end().to_string())
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.command {
+        Command::Run {
+            common,
+            exit_when_idle,
+            quiet,
+        } => run_agent(common, exit_when_idle, quiet).map_err(|e| (1, format!("error: {e:#}"))),
+        Command::CheckConfig { file } => check_config(&file).map_err(|e| (1, format!("{e:#}"))),
+        Command::BenchLatency {
+            count,
+            interval,
+            cpu,
+            json,
+        } => baton_agent::bench::latency(count, &interval, cpu, json)
+            .map_err(|e| (1, format!("error: {e:#}"))),
         Command::Simulate {
             file,
             from,
@@ -117,7 +194,70 @@ fn run_simulate(
         }
     }
     if !complete {
-        return Err((1, format!("error: stopped after {max_events} events (--max-events); narrow --from/--until")));
+        return Err((
+            1,
+            format!(
+                "error: stopped after {max_events} events (--max-events); narrow --from/--until"
+            ),
+        ));
     }
+    Ok(())
+}
+
+fn run_agent(f: CommonFlags, exit_when_idle: bool, quiet: bool) -> anyhow::Result<()> {
+    let file = match &f.config {
+        Some(p) => config::read_file(p)?,
+        None => config::ConfigFile::default(),
+    };
+    let cfg = config::resolve(
+        file,
+        Overrides {
+            id: f.id,
+            data_dir: f.data,
+            gpio: f.gpio,
+            packs: f.pack,
+            no_rt: f.no_rt,
+        },
+    )?;
+    // SIGTERM / SIGINT: stop the loop; the agent then enters the safe state,
+    // flushes the journal and exits 0.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let mut view = LiveView::new(quiet);
+    let mut agent = Agent::start(cfg, &mut view)?;
+    agent.run(&stop, exit_when_idle, &mut view)?;
+    println!();
+    println!("summary: {}", baton_agent::live::summary(agent.histogram()));
+    Ok(())
+}
+
+fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
+    let file = config::read_file(path)?;
+    let cfg = config::resolve(file, Overrides::default())?;
+    let mut bad = Vec::new();
+    for p in &cfg.packs {
+        let name = p.display().to_string();
+        match std::fs::read(p) {
+            Ok(bytes) => {
+                if let Err(e) = parse_pack_bytes(&bytes) {
+                    bad.push(e.render(&name).trim_end().to_string());
+                }
+            }
+            Err(e) => bad.push(format!("{name}:1:1: cannot read the file: {e}")),
+        }
+    }
+    if !bad.is_empty() {
+        anyhow::bail!("{}", bad.join("\n"));
+    }
+    println!(
+        "{}: ok (agent {}, gpio {}, {} pack(s), journal in {})",
+        path.display(),
+        cfg.id,
+        cfg.gpio,
+        cfg.packs.len(),
+        cfg.data_dir.display()
+    );
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use baton_sched::{Event, EventKind};
 
-pub use baton_sched::sim::{simulate, FailSpec, SimOptions};
+pub use baton_sched::sim::{FailSpec, SimOptions, simulate};
 
 /// One event as the JSON object `simulate --json` prints.
 pub fn event_json(e: &Event) -> serde_json::Value {
@@ -16,7 +16,9 @@ pub fn event_json(e: &Event) -> serde_json::Value {
         "attempt": e.id.as_ref().map(|i| i.attempt),
         "execution_id": e.id.as_ref().map(|i| i.to_string()),
     });
-    let obj = v.as_object_mut().expect("json! of an object literal is an object");
+    let obj = v
+        .as_object_mut()
+        .expect("json! of an object literal is an object");
     if let Some(occ) = e.occurrence {
         obj.insert("occurrence".into(), occ.to_rfc3339().into());
     }
@@ -42,7 +44,9 @@ pub fn event_json(e: &Event) -> serde_json::Value {
 pub fn event_line(e: &Event) -> String {
     let detail = match &e.kind {
         EventKind::Retry { at } => format!("at {at}"),
-        EventKind::Skip { reason } | EventKind::GiveUp { reason } | EventKind::Fail { reason } => reason.clone(),
+        EventKind::Skip { reason } | EventKind::GiveUp { reason } | EventKind::Fail { reason } => {
+            reason.clone()
+        }
         EventKind::SafeState { reason } => reason.as_str().to_string(),
         EventKind::Ok { value: Some(v) } => format!("value {v}"),
         _ => String::new(),
@@ -52,7 +56,8 @@ pub fn event_line(e: &Event) -> String {
         e.t,
         e.kind.name(),
         e.instruction.as_deref().unwrap_or("-"),
-        e.id.as_ref().map_or("-".to_string(), |i| format!("a{}", i.attempt)),
+        e.id.as_ref()
+            .map_or("-".to_string(), |i| format!("a{}", i.attempt)),
         detail
     )
 }

@@ -183,8 +183,9 @@ impl<'a> Builder<'a> {
                     if root.is_some() {
                         return Err(YamlError {
                             pos: Pos::from_span(&span),
-                            message: "a pack file holds exactly one YAML document; found a second `---`"
-                                .into(),
+                            message:
+                                "a pack file holds exactly one YAML document; found a second `---`"
+                                    .into(),
                         });
                     }
                     root = Some(self.node()?);
@@ -331,7 +332,10 @@ impl<'a> Builder<'a> {
                         if !matches!(done.value, Value::Scalar { .. }) {
                             return Err(YamlError {
                                 pos: done.pos,
-                                message: format!("mapping keys must be scalars, found {}", done.kind()),
+                                message: format!(
+                                    "mapping keys must be scalars, found {}",
+                                    done.kind()
+                                ),
                             });
                         }
                         *key = Some(done);
@@ -405,7 +409,10 @@ mod tests {
     fn duplicate_keys_are_refused() {
         let e = p("a: 1\nb: 2\na: 3\n").expect_err("duplicate");
         assert_eq!(e.pos, Pos { line: 3, col: 1 });
-        assert!(e.message.contains("duplicate key `a` (first at line 1)"), "{e}");
+        assert!(
+            e.message.contains("duplicate key `a` (first at line 1)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -448,12 +455,63 @@ mod tests {
     #[test]
     fn empty_and_multi_document_files_are_refused() {
         assert!(p("").expect_err("empty").message.contains("empty"));
-        assert!(p("a: 1\n---\nb: 2\n").expect_err("two").message.contains("exactly one"));
+        assert!(
+            p("a: 1\n---\nb: 2\n")
+                .expect_err("two")
+                .message
+                .contains("exactly one")
+        );
     }
 
     #[test]
     fn complex_keys_are_refused() {
         let e = p("? [a, b]\n: 1\n").expect_err("complex key");
         assert!(e.message.contains("mapping keys must be scalars"), "{e}");
+    }
+}
+
+/// The tree as JSON, for decoding small documents (the agent's config) with
+/// serde. Plain scalars that read as integers, floats, booleans or null
+/// become those; everything else stays a string.
+pub fn to_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value as J;
+    match &node.value {
+        Value::Scalar { text, plain: false } => J::String(text.clone()),
+        Value::Scalar { text, plain: true } => {
+            if is_null(text) {
+                J::Null
+            } else if let Ok(i) = text.parse::<i64>() {
+                J::from(i)
+            } else if let Ok(b) = text.parse::<bool>() {
+                J::Bool(b)
+            } else if let Some(f) = text.parse::<f64>().ok().filter(|f| f.is_finite()) {
+                J::from(f)
+            } else {
+                J::String(text.clone())
+            }
+        }
+        Value::Seq(items) => J::Array(items.iter().map(to_json).collect()),
+        Value::Map(entries) => J::Object(
+            entries
+                .iter()
+                .map(|(k, v)| (k.as_scalar().unwrap_or_default().to_string(), to_json(v)))
+                .collect(),
+        ),
+    }
+}
+
+/// Position of the first mapping key named `key` anywhere in the tree: to
+/// place serde's "unknown field" errors, which carry no position.
+pub fn find_key(node: &Node, key: &str) -> Option<Pos> {
+    match &node.value {
+        Value::Scalar { .. } => None,
+        Value::Seq(items) => items.iter().find_map(|n| find_key(n, key)),
+        Value::Map(entries) => entries.iter().find_map(|(k, v)| {
+            if k.as_scalar() == Some(key) {
+                Some(k.pos)
+            } else {
+                find_key(v, key)
+            }
+        }),
     }
 }

@@ -1,0 +1,129 @@
+//! `baton-agent bench-latency`: the whole firing path (core, journal,
+//! dispatcher, sim GPIO) driven by a pack of N gpio.write firings, with the
+//! lateness distribution and the CPU it cost. The README compares it with
+//! `cyclictest` run side by side (scripts/bench-latency.sh).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use baton_proto::time::parse_duration;
+use hdrhistogram::Histogram;
+
+use crate::config::{self, ConfigFile, Overrides};
+use crate::runtime::{Agent, FiringRecord, View};
+
+struct Quiet {
+    early: u64,
+    failed: u64,
+}
+
+impl View for Quiet {
+    fn note(&mut self, msg: &str) {
+        if msg.starts_with("warning") {
+            eprintln!("baton-agent: {msg}");
+        }
+    }
+    fn firing(&mut self, rec: &FiringRecord, _h: &Histogram<u64>) {
+        if rec.lateness_ns < 0 {
+            self.early += 1;
+        }
+        if rec.result != "ok" {
+            self.failed += 1;
+        }
+    }
+    fn event(&mut self, _e: &baton_sched::Event) {}
+}
+
+fn cpu_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_PROCESS_CPUTIME_ID always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// Run the benchmark and print the figures.
+pub fn latency(count: u64, interval: &str, cpu: Option<usize>, json: bool) -> anyhow::Result<()> {
+    let period = parse_duration(interval).map_err(|e| anyhow::anyhow!("--interval: {e}"))?;
+    if count == 0 || period < Duration::from_micros(100) {
+        anyhow::bail!("--count must be ≥ 1 and --interval ≥ 100us");
+    }
+    let dir = std::env::temp_dir().join(format!("baton-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let now = jiff::Timestamp::now();
+    let start = now + jiff::SignedDuration::from_millis(300);
+    let until =
+        start + jiff::SignedDuration::from_nanos((period.as_nanos() as i64) * (count as i64 - 1));
+    let pack = format!(
+        "pack: bench-latency\nversion: 1\ninstructions:\n  - {{id: w, action: gpio.write, params: {{line: 0, value: 1}}, every: {interval}, start_at: {start:.9}, until: {until:.9}, max_lateness: 1s}}\n"
+    );
+    let pack_path = dir.join("pack.yaml");
+    std::fs::write(&pack_path, pack).context("writing the bench pack")?;
+    let mut file = ConfigFile {
+        // A wide horizon keeps journal fsyncs off the firing path: this
+        // measures the dispatcher, not the disk.
+        arm_horizon: Some("50ms".into()),
+        ..ConfigFile::default()
+    };
+    file.realtime.cpu = cpu;
+    let cfg = config::resolve(
+        file,
+        Overrides {
+            id: Some("bench".into()),
+            data_dir: Some(dir.join("data")),
+            gpio: Some(format!("sim:{}", dir.join("gpio.jsonl").display())),
+            packs: vec![pack_path],
+            no_rt: false,
+        },
+    )?;
+    let mut view = Quiet {
+        early: 0,
+        failed: 0,
+    };
+    let mut agent = Agent::start(cfg, &mut view)?;
+    let cpu0 = cpu_ns();
+    let wall0 = crate::clock::mono_now().0;
+    let stop = AtomicBool::new(false);
+    agent.run(&stop, true, &mut view)?;
+    let wall = crate::clock::mono_now().0 - wall0;
+    let cpu = cpu_ns() - cpu0;
+    let spin = agent.dispatcher_stats().spin_ns.load(Ordering::Relaxed) as i64;
+    let h = agent.histogram();
+    let _ = std::fs::remove_dir_all(&dir);
+    let q = |p: f64| h.value_at_quantile(p);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "count": h.len(), "interval_ns": period.as_nanos() as u64,
+                "p50_ns": q(0.5), "p99_ns": q(0.99), "p999_ns": q(0.999), "max_ns": h.max(),
+                "early": view.early, "failed": view.failed,
+                "spin_cpu_pct": 100.0 * spin as f64 / wall as f64,
+                "process_cpu_pct": 100.0 * cpu as f64 / wall as f64,
+            })
+        );
+    } else {
+        println!(
+            "firings      {} every {interval} (early: {}, failed: {})",
+            h.len(),
+            view.early,
+            view.failed
+        );
+        println!(
+            "lateness ns  p50 {}  p99 {}  p99.9 {}  max {}",
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            h.max()
+        );
+        println!(
+            "cpu          spinning {:.2}% of one core, whole process {:.2}%",
+            100.0 * spin as f64 / wall as f64,
+            100.0 * cpu as f64 / wall as f64
+        );
+    }
+    Ok(())
+}

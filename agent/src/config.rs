@@ -1,0 +1,297 @@
+//! The agent's configuration: a YAML file (`--config`), every common key
+//! also a flag that overrides it, so a test or a new user needs no file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use baton_proto::time::parse_duration;
+use baton_proto::yaml::{self, Limits};
+use serde::Deserialize;
+
+use crate::gpio::{Allowlist, BackendSpec};
+use crate::rt::RtConfig;
+
+/// The file as written. Keys are kebab-case; unknown keys are errors.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConfigFile {
+    /// Agent id (default: the host name).
+    pub id: Option<String>,
+    /// Directory of the journal (default: ./baton-data).
+    pub data_dir: Option<PathBuf>,
+    /// GPIO backend: `cdev` (default), `sysfs`, or `sim:FILE`.
+    pub gpio: Option<String>,
+    /// Lines packs may touch, e.g. `gpiochip0:17`, `RELAY_MAIN`. Absent:
+    /// every line (only sensible on the sim backend).
+    pub allowed_lines: Option<Vec<String>>,
+    /// Programs `exec` may run (absolute paths).
+    #[serde(default)]
+    pub exec_allowlist: Vec<PathBuf>,
+    /// Packs loaded at start, before any controller link.
+    #[serde(default)]
+    pub packs: Vec<PathBuf>,
+    /// Dispatcher real-time settings.
+    #[serde(default)]
+    pub realtime: RealtimeFile,
+    /// How far ahead firings are journalled and handed to the dispatcher
+    /// (default 5ms). Larger tolerates a slower disk; at most the firings
+    /// armed within it can end `outcome unknown` after a crash.
+    pub arm_horizon: Option<String>,
+    /// Feedback kept for the controller before the oldest is dropped (and
+    /// counted). Default 100 000.
+    pub outbox_cap: Option<usize>,
+    /// Worker threads for `exec` (default 2).
+    pub exec_workers: Option<usize>,
+}
+
+/// `realtime:` section.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RealtimeFile {
+    /// SCHED_FIFO priority, 1..=99 (default 80); 0 disables SCHED_FIFO.
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// CPU to pin the dispatcher to.
+    pub cpu: Option<usize>,
+    /// Lock memory (default true).
+    #[serde(default = "default_true")]
+    pub mlockall: bool,
+}
+
+fn default_priority() -> u8 {
+    80
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Default for RealtimeFile {
+    fn default() -> Self {
+        RealtimeFile {
+            priority: default_priority(),
+            cpu: None,
+            mlockall: true,
+        }
+    }
+}
+
+/// The effective configuration.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Agent id.
+    pub id: String,
+    /// Journal directory.
+    pub data_dir: PathBuf,
+    /// GPIO backend.
+    pub gpio: BackendSpec,
+    /// Lines packs may touch.
+    pub allowed_lines: Allowlist,
+    /// Programs `exec` may run.
+    pub exec_allowlist: Vec<PathBuf>,
+    /// Packs to load at start.
+    pub packs: Vec<PathBuf>,
+    /// Dispatcher real-time settings.
+    pub rt: RtConfig,
+    /// Arming horizon.
+    pub arm_horizon: Duration,
+    /// Outbox cap.
+    pub outbox_cap: usize,
+    /// Exec workers.
+    pub exec_workers: usize,
+}
+
+/// Flags that override the file.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--id`.
+    pub id: Option<String>,
+    /// `--data`.
+    pub data_dir: Option<PathBuf>,
+    /// `--gpio`.
+    pub gpio: Option<String>,
+    /// `--pack` (added to the file's packs).
+    pub packs: Vec<PathBuf>,
+    /// `--no-rt`: do not even try SCHED_FIFO / mlockall.
+    pub no_rt: bool,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Could not read the file.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A problem at a position.
+    #[error("{path}:{line}:{col}: {message}")]
+    At {
+        /// The file.
+        path: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        col: usize,
+        /// What.
+        message: String,
+    },
+    /// A problem with a value (flag or file).
+    #[error("{0}")]
+    Value(String),
+}
+
+/// Read and decode a config file.
+pub fn read_file(path: &Path) -> Result<ConfigFile, ConfigError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: name.clone(),
+        source,
+    })?;
+    parse_file(&name, &text)
+}
+
+/// Decode config text (`name` is for messages).
+pub fn parse_file(name: &str, text: &str) -> Result<ConfigFile, ConfigError> {
+    let root = yaml::parse(text, Limits::default()).map_err(|e| ConfigError::At {
+        path: name.into(),
+        line: e.pos.line,
+        col: e.pos.col,
+        message: e.message,
+    })?;
+    serde_json::from_value(yaml::to_json(&root)).map_err(|e| {
+        let message = e.to_string();
+        // serde names the offending key; find it in the tree for a position.
+        let pos = message
+            .split('`')
+            .nth(1)
+            .and_then(|key| yaml::find_key(&root, key))
+            .unwrap_or(root.pos);
+        ConfigError::At {
+            path: name.into(),
+            line: pos.line,
+            col: pos.col,
+            message,
+        }
+    })
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "agent".into())
+}
+
+/// Merge file and flags into the effective configuration, checking values.
+pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigError> {
+    let gpio_text = o.gpio.or(file.gpio).unwrap_or_else(|| "cdev".into());
+    let gpio: BackendSpec = gpio_text
+        .parse()
+        .map_err(|e| ConfigError::Value(format!("gpio `{gpio_text}`: {e}")))?;
+    let allowed_lines = match &file.allowed_lines {
+        None => Allowlist::all(),
+        Some(list) => list
+            .join(",")
+            .parse()
+            .map_err(|e| ConfigError::Value(format!("allowed-lines: {e}")))?,
+    };
+    for p in &file.exec_allowlist {
+        if !p.is_absolute() {
+            return Err(ConfigError::Value(format!(
+                "exec-allowlist: `{}` must be an absolute path",
+                p.display()
+            )));
+        }
+    }
+    let arm_horizon = match &file.arm_horizon {
+        Some(t) => {
+            parse_duration(t).map_err(|e| ConfigError::Value(format!("arm-horizon: {e}")))?
+        }
+        None => Duration::from_millis(5),
+    };
+    if arm_horizon > Duration::from_secs(1) {
+        return Err(ConfigError::Value(
+            "arm-horizon must be at most 1s: firings armed ahead are the ones a crash can leave `outcome unknown`".into(),
+        ));
+    }
+    let priority = file.realtime.priority;
+    if priority > 99 {
+        return Err(ConfigError::Value(format!(
+            "realtime.priority must be 0..=99, found {priority}"
+        )));
+    }
+    let mut packs = file.packs;
+    packs.extend(o.packs);
+    Ok(AgentConfig {
+        id: o.id.or(file.id).unwrap_or_else(host_name),
+        data_dir: o
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from("baton-data")),
+        gpio,
+        allowed_lines,
+        exec_allowlist: file.exec_allowlist,
+        packs,
+        rt: RtConfig {
+            priority: (priority > 0 && !o.no_rt).then_some(i32::from(priority)),
+            cpu: file.realtime.cpu,
+            mlockall: file.realtime.mlockall && !o.no_rt,
+        },
+        arm_horizon,
+        outbox_cap: file.outbox_cap.unwrap_or(100_000).max(1),
+        exec_workers: file.exec_workers.unwrap_or(2).max(1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file_parses_and_flags_override_it() {
+        let f = parse_file(
+            "agent.yaml",
+            "id: press-01\ndata-dir: /var/lib/baton\ngpio: sim:/tmp/x.jsonl\nallowed-lines: [\"gpiochip0:17\", RELAY_MAIN]\nexec-allowlist: [/usr/sbin/logrotate]\nrealtime: {priority: 70, cpu: 1}\narm-horizon: 2ms\n",
+        )
+        .expect("valid");
+        let c = resolve(
+            f,
+            Overrides {
+                id: Some("other".into()),
+                ..Overrides::default()
+            },
+        )
+        .expect("resolves");
+        assert_eq!(c.id, "other");
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/baton"));
+        assert_eq!(c.rt.priority, Some(70));
+        assert_eq!(c.rt.cpu, Some(1));
+        assert_eq!(c.arm_horizon, Duration::from_millis(2));
+        assert!(!c.allowed_lines.is_unrestricted());
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_position() {
+        let e = parse_file("agent.yaml", "id: a\nrealtime:\n  prio: 3\n").expect_err("unknown");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("agent.yaml:3:3: unknown field `prio`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let f = parse_file("a.yaml", "gpio: gpu\n").expect("syntax ok");
+        let e = resolve(f, Overrides::default()).expect_err("bad backend");
+        assert!(e.to_string().starts_with("gpio `gpu`"), "{e}");
+        let f = parse_file("a.yaml", "exec-allowlist: [bin/true]\n").expect("syntax ok");
+        assert!(resolve(f, Overrides::default()).is_err());
+        let f = parse_file("a.yaml", "arm-horizon: 5 s\n").expect("syntax ok");
+        assert!(resolve(f, Overrides::default()).is_err());
+    }
+}
