@@ -103,6 +103,10 @@ impl View for LiveView {
             | EventKind::Fail { reason } => reason.clone(),
             EventKind::Retry { at } => format!("retry at {at}"),
             EventKind::SafeState { reason } => format!("safe state ({})", reason.as_str()),
+            EventKind::OutcomeUnknown => format!(
+                "{}: started before a crash, no result recorded; never fired again",
+                e.id.as_ref().map(|i| i.to_string()).unwrap_or_default()
+            ),
             _ => String::new(),
         };
         let text = format!(

@@ -1,1 +1,103 @@
-//! Helpers for end-to-end tests live in the test files.
+//! Helpers for the end-to-end tests: find the real binaries, run them with
+//! a timeout, and wait on events (a line in a file, a process exit) with a
+//! deadline — never a bare sleep.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary (`baton-agent`, `baton-controller`), built by
+/// `cargo test --workspace` next to the test executables.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} not built: run the suite with `cargo test --workspace` (it builds every binary)",
+        p.display()
+    );
+    p
+}
+
+/// The workspace root (for `examples/packs`).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace")
+        .to_path_buf()
+}
+
+/// Run to completion with a timeout; kill on timeout and panic.
+pub fn run(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let status = wait_exit(&mut child, timeout)
+        .unwrap_or_else(|| panic!("{cmd:?} did not finish within {timeout:?}"));
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_end(&mut stdout);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_end(&mut stderr);
+    }
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Wait for a child to exit, up to `timeout`; `None` (child killed) if it
+/// did not. Polls `try_wait` every few ms: a process exit has no portable
+/// blocking wait with a timeout.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+}
+
+/// Wait until `cond` holds (checked every few ms), up to `timeout`.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+    cond()
+}
+
+/// Lines of a file (empty if missing).
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Send a signal to a child.
+pub fn signal(child: &Child, sig: i32) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
