@@ -1,0 +1,315 @@
+//! The journal's state survives reopen: every record kind, pack replacement
+//! and removal, the outbox cap and its drop count, seqs, and compaction.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use baton_agent::journal::{Journal, JournalConfig, JournalError, LOG_FILE, StoredPack};
+
+fn cfg(dir: &Path) -> JournalConfig {
+    JournalConfig {
+        outbox_cap: 1000,
+        ..JournalConfig::new(dir)
+    }
+}
+
+fn pack(name: &str, version: u64) -> StoredPack {
+    StoredPack {
+        tenant: "plant-a".into(),
+        pack: name.into(),
+        version,
+        yaml: format!("pack: {name}\nversion: {version}\n"),
+        accepted_ns: 1_000 + version as i64,
+    }
+}
+
+fn set(ids: &[&str]) -> HashSet<String> {
+    ids.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn seqs(outbox: &[(u64, Vec<u8>)]) -> Vec<u64> {
+    outbox.iter().map(|(s, _)| *s).collect()
+}
+
+#[test]
+fn journal_round_trip_of_every_record_kind() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("nested/journal");
+    {
+        let (mut j, rec) = Journal::open(cfg(&dir)).expect("open fresh");
+        assert_eq!(rec, Default::default(), "a fresh journal recovers nothing");
+        j.put_pack(&pack("line3", 1)).expect("put");
+        j.put_pack(&pack("line4", 1)).expect("put");
+        j.put_pack(&pack("line3", 2)).expect("replace");
+        j.put_pack(&pack("gone", 5)).expect("put");
+        j.remove_pack("plant-a", "gone").expect("remove");
+        j.remove_pack("plant-a", "never-there").expect("no-op");
+        j.record_started(&[("ex-a", 10), ("ex-b", 11)])
+            .expect("started");
+        j.record_started(&[("ex-c", 12)]).expect("started");
+        assert_eq!(j.push_feedback(b"{\"r\":1}").expect("push"), 1);
+        assert_eq!(j.push_feedback(b"{\"r\":2}").expect("push"), 2);
+        assert_eq!(j.push_feedback(b"{\"r\":3}").expect("push"), 3);
+        j.record_finished("ex-a").expect("finished");
+        j.ack_feedback(1).expect("ack");
+        j.heartbeat(99).expect("heartbeat");
+        j.heartbeat(100).expect("heartbeat");
+        assert!(j.is_started("ex-b") && !j.is_started("ex-z"));
+        assert!(j.is_finished("ex-a") && !j.is_finished("ex-b"));
+        // No sync(): a clean drop must not be needed for kill -9 safety,
+        // but nothing here is lost by dropping either.
+    }
+    let (mut j, rec) = Journal::open(cfg(&dir)).expect("reopen");
+    assert_eq!(rec.packs, vec![pack("line3", 2), pack("line4", 1)]);
+    assert_eq!(rec.started, set(&["ex-a", "ex-b", "ex-c"]));
+    assert_eq!(rec.finished, set(&["ex-a"]));
+    assert_eq!(
+        rec.outbox,
+        vec![(2, b"{\"r\":2}".to_vec()), (3, b"{\"r\":3}".to_vec())]
+    );
+    assert_eq!(rec.dropped, 0);
+    assert_eq!(rec.last_alive_ns, Some(100));
+    assert_eq!(rec.truncated_bytes, 0);
+    assert_eq!(j.push_feedback(b"{}").expect("push"), 4, "seqs continue");
+    let held: Vec<u64> = j.outbox().map(|(s, _)| s).collect();
+    assert_eq!(held, [2, 3, 4]);
+}
+
+#[test]
+fn journal_outbox_cap_drops_oldest_and_counts_across_reopen() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        outbox_cap: 5,
+        ..JournalConfig::new(tmp.path())
+    };
+    {
+        let (mut j, _) = Journal::open(c.clone()).expect("open");
+        for i in 1..=8u64 {
+            assert_eq!(
+                j.push_feedback(format!("f{i}").as_bytes()).expect("push"),
+                i
+            );
+        }
+        assert_eq!(j.dropped(), 3);
+        assert_eq!(j.outbox_len(), 5);
+    }
+    {
+        let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
+        assert_eq!(rec.dropped, 3, "drop count is persisted");
+        assert_eq!(seqs(&rec.outbox), [4, 5, 6, 7, 8], "the oldest went");
+        assert_eq!(rec.outbox[0].1, b"f4");
+        j.ack_feedback(6).expect("ack");
+        assert_eq!(j.outbox_len(), 2);
+        j.ack_feedback(3).expect("stale ack is harmless");
+        assert_eq!(j.outbox_len(), 2);
+        j.reset_dropped(2).expect("reported 2");
+        assert_eq!(j.dropped(), 1, "only what was reported is subtracted");
+    }
+    {
+        let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
+        assert_eq!(seqs(&rec.outbox), [7, 8]);
+        assert_eq!(rec.dropped, 1);
+        assert_eq!(j.push_feedback(b"f9").expect("push"), 9);
+        j.ack_feedback(1_000).expect("ack beyond the last seq");
+        assert_eq!(j.outbox_len(), 0);
+        assert_eq!(j.push_feedback(b"f10").expect("push"), 10);
+        assert_eq!(j.push_feedback(b"f11").expect("push"), 11);
+    }
+    // A lower cap on the next start drops (and counts) the excess at once.
+    let lower = JournalConfig {
+        outbox_cap: 1,
+        ..c.clone()
+    };
+    {
+        let (j, rec) = Journal::open(lower.clone()).expect("reopen, lower cap");
+        assert_eq!(seqs(&rec.outbox), [11]);
+        assert_eq!(rec.dropped, 2);
+        assert_eq!(j.dropped(), 2);
+    }
+    let (mut j, rec) = Journal::open(c).expect("reopen");
+    assert_eq!((seqs(&rec.outbox), rec.dropped), (vec![11], 2));
+    assert_eq!(j.push_feedback(b"f12").expect("push"), 12);
+}
+
+#[test]
+fn journal_seqs_stay_monotonic_after_everything_is_acked_and_compacted() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    {
+        let (mut j, _) = Journal::open(cfg(tmp.path())).expect("open");
+        for _ in 0..3 {
+            j.push_feedback(b"x").expect("push");
+        }
+        j.ack_feedback(3).expect("ack");
+        j.compact().expect("compact");
+    }
+    let (mut j, rec) = Journal::open(cfg(tmp.path())).expect("reopen");
+    assert!(rec.outbox.is_empty());
+    assert_eq!(j.push_feedback(b"y").expect("push"), 4);
+}
+
+#[test]
+fn journal_compaction_keeps_exactly_the_live_state_and_shrinks_the_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let day = 86_400_000_000_000i64;
+    let c = JournalConfig {
+        outbox_cap: 10,
+        retention_ns: 7 * day,
+        ..JournalConfig::new(tmp.path())
+    };
+    let now = 100 * day;
+    let (before, size_before) = {
+        let (mut j, _) = Journal::open(c.clone()).expect("open");
+        for v in 1..=50 {
+            j.put_pack(&pack("line3", v)).expect("put");
+        }
+        j.put_pack(&pack("temp", 1)).expect("put");
+        j.remove_pack("plant-a", "temp").expect("remove");
+        // Old executions (beyond the horizon) and recent ones.
+        for i in 0..200i64 {
+            let id = format!("old-{i}");
+            j.record_started(&[(&id, now - 8 * day - i)])
+                .expect("started");
+            j.record_finished(&id).expect("finished");
+        }
+        for i in 0..20i64 {
+            let id = format!("new-{i}");
+            j.record_started(&[(&id, now - 6 * day + i)])
+                .expect("started");
+            if i % 2 == 0 {
+                j.record_finished(&id).expect("finished");
+            }
+        }
+        for i in 0..25 {
+            j.push_feedback(format!("fb{i}").as_bytes()).expect("push");
+        }
+        j.ack_feedback(17).expect("ack");
+        j.heartbeat(now).expect("heartbeat");
+        let size_before = j.log_bytes();
+        j.compact().expect("compact");
+        assert!(
+            j.log_bytes() < size_before / 4,
+            "compaction shrank {size_before} only to {}",
+            j.log_bytes()
+        );
+        let on_disk = std::fs::metadata(tmp.path().join(LOG_FILE))
+            .expect("stat")
+            .len();
+        assert_eq!(on_disk, j.log_bytes());
+        assert!(!j.is_started("old-0"), "beyond the horizon: forgotten");
+        assert!(j.is_started("new-0"));
+        // The journal keeps working on the new file.
+        j.record_started(&[("after", now)]).expect("started");
+        (j.outbox().map(|(s, _)| s).collect::<Vec<_>>(), size_before)
+    };
+    assert!(size_before > 0);
+    let (mut j, rec) = Journal::open(c).expect("reopen");
+    assert_eq!(rec.packs, vec![pack("line3", 50)]);
+    let mut want_started: HashSet<String> = (0..20).map(|i| format!("new-{i}")).collect();
+    want_started.insert("after".into());
+    assert_eq!(rec.started, want_started);
+    let want_finished: HashSet<String> = (0..20).step_by(2).map(|i| format!("new-{i}")).collect();
+    assert_eq!(rec.finished, want_finished);
+    assert_eq!(seqs(&rec.outbox), before);
+    assert_eq!(seqs(&rec.outbox), [18, 19, 20, 21, 22, 23, 24, 25]);
+    assert_eq!(rec.outbox[0].1, b"fb17");
+    assert_eq!(rec.dropped, 15, "25 pushed into a cap of 10");
+    assert_eq!(rec.last_alive_ns, Some(now));
+    assert_eq!(j.push_feedback(b"z").expect("push"), 26);
+}
+
+#[test]
+fn journal_compacts_automatically_by_size() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        max_log_bytes: 4096,
+        outbox_cap: 100,
+        ..JournalConfig::new(tmp.path())
+    };
+    let (mut j, _) = Journal::open(c.clone()).expect("open");
+    let mut max_len = 0;
+    for i in 0..2_000i64 {
+        let seq = j
+            .push_feedback(b"{\"result\":\"ok\",\"lateness_ns\":1234}")
+            .expect("push");
+        j.ack_feedback(seq).expect("ack");
+        j.heartbeat(i).expect("heartbeat");
+        max_len = max_len.max(j.log_bytes());
+    }
+    assert!(j.take_compaction_error().is_none());
+    assert!(
+        max_len <= 4096 + 128,
+        "log grew to {max_len} despite automatic compaction"
+    );
+    drop(j);
+    let (mut j, rec) = Journal::open(c).expect("reopen");
+    assert!(rec.outbox.is_empty());
+    assert_eq!(rec.last_alive_ns, Some(1_999));
+    assert_eq!(j.push_feedback(b"next").expect("push"), 2_001);
+}
+
+#[test]
+fn journal_live_state_above_budget_does_not_compact_on_every_append() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        max_log_bytes: 4096,
+        ..JournalConfig::new(tmp.path())
+    };
+    let (mut j, _) = Journal::open(c.clone()).expect("open");
+    // Every compaction renames a new file into place: count inode changes.
+    let inode = || {
+        std::fs::metadata(tmp.path().join(LOG_FILE))
+            .expect("stat")
+            .ino()
+    };
+    let mut compactions = 0;
+    let mut last = inode();
+    // 2 000 retained ids (~80 KB live) against a 4 KiB budget.
+    for i in 0..2_000i64 {
+        let id = format!("pack/7/instr/{i:06}");
+        j.record_finished(&id).expect("finished");
+        if inode() != last {
+            compactions += 1;
+            last = inode();
+        }
+    }
+    assert!(
+        (1..=12).contains(&compactions),
+        "{compactions} compactions for 2000 appends: the trigger must grow with the live state"
+    );
+    drop(j);
+    let (_, rec) = Journal::open(c).expect("reopen");
+    assert_eq!(rec.finished.len(), 2_000);
+}
+
+#[test]
+fn journal_refuses_a_second_writer_and_oversized_records() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (mut j, _) = Journal::open(cfg(tmp.path())).expect("open");
+    let second = Journal::open(cfg(tmp.path()));
+    assert!(
+        matches!(second, Err(JournalError::Locked { .. })),
+        "{second:?}"
+    );
+    let huge = vec![b'x'; 17 << 20];
+    let err = j.push_feedback(&huge).expect_err("too large");
+    assert!(matches!(err, JournalError::TooLarge { .. }), "{err}");
+    // The journal is still usable, and the refused record left no trace.
+    assert_eq!(j.push_feedback(b"ok").expect("push"), 1);
+    drop(j);
+    let (_, rec) = Journal::open(cfg(tmp.path())).expect("lock released on drop");
+    assert_eq!(seqs(&rec.outbox), [1]);
+}
+
+#[test]
+fn journal_rejects_a_config_that_cannot_work() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        outbox_cap: 0,
+        ..JournalConfig::new(tmp.path())
+    };
+    assert!(matches!(
+        Journal::open(c),
+        Err(JournalError::InvalidConfig(_))
+    ));
+}

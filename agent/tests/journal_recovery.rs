@@ -1,0 +1,185 @@
+//! Recovery from damaged logs: a torn tail (crash mid-write) is cut off and
+//! reported, damage in the middle is a clear error naming the offset.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use baton_agent::journal::{Journal, JournalConfig, JournalError, LOG_FILE, StoredPack, TMP_FILE};
+
+fn cfg(dir: &Path) -> JournalConfig {
+    JournalConfig::new(dir)
+}
+
+fn log(dir: &Path) -> PathBuf {
+    dir.join(LOG_FILE)
+}
+
+/// Writes a journal whose last record is `record_started("last")`; returns
+/// the whole log image and the byte range of that last record.
+fn journal_with_last_start(dir: &Path) -> (Vec<u8>, u64, u64) {
+    let (mut j, _) = Journal::open(cfg(dir)).expect("open");
+    j.put_pack(&StoredPack {
+        tenant: "t".into(),
+        pack: "p".into(),
+        version: 3,
+        yaml: "pack: p\n".into(),
+        accepted_ns: 5,
+    })
+    .expect("put");
+    j.record_started(&[("first", 1), ("second", 2)])
+        .expect("started");
+    j.push_feedback(b"{\"ok\":true}").expect("push");
+    j.record_finished("first").expect("finished");
+    let start = j.log_bytes();
+    j.record_started(&[("last", 3)]).expect("started");
+    let end = j.log_bytes();
+    drop(j);
+    (fs::read(log(dir)).expect("read log"), start, end)
+}
+
+fn assert_prefix_recovered(dir: &Path, with_last: bool) -> u64 {
+    let (mut j, rec) = Journal::open(cfg(dir)).expect("reopen after a torn write");
+    assert_eq!(rec.packs.len(), 1);
+    assert!(rec.started.contains("first") && rec.started.contains("second"));
+    assert!(rec.finished.contains("first"));
+    assert_eq!(rec.outbox.len(), 1);
+    assert_eq!(rec.started.contains("last"), with_last);
+    // The truncated log accepts appends that survive the next reopen.
+    j.record_started(&[("again", 4)])
+        .expect("append after recovery");
+    drop(j);
+    let (_, rec2) = Journal::open(cfg(dir)).expect("reopen again");
+    assert!(rec2.started.contains("again"));
+    assert_eq!(rec2.truncated_bytes, 0, "recovery left a clean log");
+    rec.truncated_bytes
+}
+
+#[test]
+fn journal_torn_tail_at_every_byte_of_the_last_record() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (image, start, end) = journal_with_last_start(dir);
+    assert_eq!(image.len() as u64, end);
+    for cut in start..=end {
+        fs::write(log(dir), &image[..cut as usize]).expect("write torn log");
+        let truncated = assert_prefix_recovered(dir, cut == end);
+        let expect = if cut == end { 0 } else { cut - start };
+        assert_eq!(truncated, expect, "cut at byte {cut}");
+    }
+}
+
+#[test]
+fn journal_torn_tail_of_garbage_or_zeros_is_truncated() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (image, start, end) = journal_with_last_start(dir);
+    // The file size was extended but the data never reached the disk.
+    let mut zeros = image.clone();
+    zeros[start as usize..].fill(0);
+    zeros.extend_from_slice(&[0; 4096]);
+    fs::write(log(dir), &zeros).expect("write");
+    assert_eq!(
+        assert_prefix_recovered(dir, false),
+        zeros.len() as u64 - start
+    );
+    // Random bytes after the last intact record.
+    let mut junk = image[..end as usize].to_vec();
+    let mut x = 0x2545_f491_u32;
+    for _ in 0..1000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        junk.push(x as u8);
+    }
+    fs::write(log(dir), &junk).expect("write");
+    assert_eq!(assert_prefix_recovered(dir, true), 1000);
+}
+
+#[test]
+fn journal_flipped_byte_in_the_middle_is_an_error_naming_the_offset() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (mut j, _) = Journal::open(cfg(dir)).expect("open");
+    j.record_started(&[("a", 1)]).expect("started");
+    let middle = j.log_bytes();
+    j.record_started(&[("b", 2)]).expect("started");
+    let after_middle = j.log_bytes();
+    j.record_started(&[("c", 3)]).expect("started");
+    drop(j);
+    let image = fs::read(log(dir)).expect("read");
+    // Every byte of the middle record: its length, checksum and payload.
+    for at in middle..after_middle {
+        let mut bad = image.clone();
+        bad[at as usize] ^= 0x40;
+        fs::write(log(dir), &bad).expect("write");
+        match Journal::open(cfg(dir)) {
+            Err(JournalError::Corrupt { offset, path, .. }) => {
+                assert_eq!(offset, middle, "flip at {at}");
+                assert_eq!(path, log(dir));
+            }
+            other => panic!("flip at {at}: expected Corrupt, got {other:?}"),
+        }
+        assert_eq!(
+            fs::read(log(dir)).expect("read"),
+            bad,
+            "a corrupt log is never rewritten"
+        );
+    }
+    let mut bad = image.clone();
+    bad[middle as usize + 9] ^= 1;
+    fs::write(log(dir), &bad).expect("write");
+    let msg = Journal::open(cfg(dir)).expect_err("corrupt").to_string();
+    assert!(
+        msg.contains(&format!("offset {middle}")) && msg.contains(LOG_FILE),
+        "{msg}"
+    );
+}
+
+#[test]
+fn journal_damaged_header_or_unknown_version_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    drop(Journal::open(cfg(dir)).expect("open"));
+    let image = fs::read(log(dir)).expect("read");
+
+    let mut bad = image.clone();
+    bad[0] = b'X';
+    fs::write(log(dir), &bad).expect("write");
+    assert!(matches!(
+        Journal::open(cfg(dir)),
+        Err(JournalError::Corrupt { offset: 0, .. })
+    ));
+
+    fs::write(log(dir), &image[..7]).expect("write");
+    assert!(matches!(
+        Journal::open(cfg(dir)),
+        Err(JournalError::Corrupt { offset: 0, .. })
+    ));
+
+    // A version from the future, with a valid header checksum.
+    let mut future = image.clone();
+    future[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32fast::hash(&future[..16]);
+    future[16..20].copy_from_slice(&crc.to_le_bytes());
+    fs::write(log(dir), &future).expect("write");
+    assert!(matches!(
+        Journal::open(cfg(dir)),
+        Err(JournalError::UnsupportedVersion { found: 2, .. })
+    ));
+}
+
+#[test]
+fn journal_leftover_tmp_from_an_interrupted_compaction_is_ignored() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    {
+        let (mut j, _) = Journal::open(cfg(dir)).expect("open");
+        j.record_started(&[("kept", 1)]).expect("started");
+    }
+    // A compaction killed before its rename leaves a partial tmp file.
+    fs::write(dir.join(TMP_FILE), b"BATONJNL partial").expect("write tmp");
+    let (mut j, rec) = Journal::open(cfg(dir)).expect("reopen");
+    assert!(rec.started.contains("kept"));
+    assert!(!dir.join(TMP_FILE).exists());
+    j.compact().expect("compact after cleanup");
+}
