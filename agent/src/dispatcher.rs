@@ -96,7 +96,7 @@ pub struct Stats {
 
 /// Queue sizes: the most jobs in flight between the threads. A full inbox
 /// makes `submit` fail loudly instead of allocating.
-pub const QUEUE_CAPACITY: usize = 8192;
+pub const QUEUE_CAPACITY: usize = 1024;
 
 struct Shared {
     inbox: ArrayQueue<Job>,
@@ -149,8 +149,11 @@ impl Dispatcher {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("baton-dispatch".into())
+            // Small and fixed: with mlockall every stack page is resident.
+            .stack_size(256 * 1024)
             .spawn(move || {
                 let status = crate::rt::apply_to_current_thread(&rt);
+                crate::rt::prefault_stack(64 * 1024);
                 let _ = tx.send(status);
                 run(&s, &gpio, &clock, &notify);
             })?;

@@ -53,7 +53,47 @@ impl RtStatus {
     }
 }
 
-/// Apply `cfg` to the calling thread (and, for mlockall, the process).
+/// Touch `bytes` of the calling thread's stack so those pages are resident
+/// (and, under mlockall, locked) before the first deadline.
+#[inline(never)]
+pub fn prefault_stack(bytes: usize) {
+    let mut buf = [0u8; 64 * 1024];
+    let n = bytes.min(buf.len());
+    for i in (0..n).step_by(4096) {
+        // Volatile: the writes must happen even though nothing reads them.
+        // SAFETY: `i < n <= buf.len()`.
+        unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 1) };
+    }
+    std::hint::black_box(&buf);
+}
+
+/// Lock the process's memory: no page of the agent is ever paged out, so
+/// the firing path never waits on the disk. Called once start-up is done
+/// (packs parsed, freed memory returned): locked pages cannot be given
+/// back, so locking earlier would pin the parser's garbage for good.
+pub fn lock_memory(st: &mut RtStatus) {
+    // MCL_ONFAULT: lock pages as they are touched instead of faulting in
+    // every mapping (thread stacks, allocator reservations) up front —
+    // resident memory stays what the agent uses, and no used page is
+    // ever paged out. The dispatcher pre-touches its own stack.
+    // SAFETY: flags only; no pointers.
+    let mut rc =
+        unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
+    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // Kernel older than 4.4: no MCL_ONFAULT.
+        // SAFETY: as above.
+        rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+    }
+    if rc == 0 {
+        st.locked = true;
+    } else {
+        st.refused
+            .push(format!("mlockall: {}", io::Error::last_os_error()));
+    }
+}
+
+/// Apply `cfg` to the calling thread: affinity, timer slack, SCHED_FIFO.
+/// (`cfg.mlockall` is applied later by [`lock_memory`].)
 pub fn apply_to_current_thread(cfg: &RtConfig) -> RtStatus {
     let mut st = RtStatus::default();
     // Timer slack 1 ns: the kernel must not coalesce our wake-ups.
@@ -72,16 +112,6 @@ pub fn apply_to_current_thread(cfg: &RtConfig) -> RtStatus {
         } else {
             st.refused
                 .push(format!("pin to CPU {cpu}: {}", io::Error::last_os_error()));
-        }
-    }
-    if cfg.mlockall {
-        // SAFETY: flags only; no pointers.
-        let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
-        if rc == 0 {
-            st.locked = true;
-        } else {
-            st.refused
-                .push(format!("mlockall: {}", io::Error::last_os_error()));
         }
     }
     if let Some(prio) = cfg.priority {

@@ -145,6 +145,16 @@ fn prior_outcomes(
         .collect()
 }
 
+/// Parsing a large pack builds a YAML tree that is freed right after; give
+/// those pages back to the kernel so the agent's footprint is what it holds,
+/// not what it once parsed (glibc keeps freed heap otherwise).
+fn release_free_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn fmt_ns(ns: i64) -> String {
     let a = ns.unsigned_abs();
     let s = if a < 10_000 {
@@ -179,9 +189,6 @@ impl Agent {
         let dispatcher =
             Dispatcher::start(gpio.clone(), clock.clone(), cfg.rt, std::thread::current())
                 .context("starting the dispatcher thread")?;
-        if let Some(w) = dispatcher.rt_status().warning() {
-            view.note(&format!("warning: {w}"));
-        }
         let (tx, exec_rx) = channel();
         let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx);
         let seed = clock.now().as_nanos() as u64;
@@ -205,7 +212,7 @@ impl Agent {
             tickets: HashMap::new(),
             next_ticket: 1,
             linger: VecDeque::new(),
-            hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).context("histogram bounds")?,
+            hist: Histogram::new_with_bounds(1, 60_000_000_000, 2).context("histogram bounds")?,
             out: Vec::new(),
             last_heartbeat: mono_now(),
             last_view_tick: mono_now(),
@@ -234,6 +241,15 @@ impl Agent {
         }
         for path in agent.cfg.packs.clone() {
             agent.load_file(&path, view)?;
+        }
+        release_free_memory();
+        let mut rt = agent.dispatcher.rt_status().clone();
+        if agent.cfg.rt.mlockall {
+            crate::rt::lock_memory(&mut rt);
+        }
+        // One warning naming everything that was refused; never fatal.
+        if let Some(w) = rt.warning() {
+            view.note(&format!("warning: {w}"));
         }
         Ok(agent)
     }

@@ -13,5 +13,5 @@ pub mod time;
 pub mod wire;
 pub mod yaml;
 
-pub use pack::{parse_pack, Pack, PackError, PackErrors};
+pub use pack::{Pack, PackError, PackErrors, parse_pack};
 pub use time::RefTime;

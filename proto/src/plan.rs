@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::pack::{dependents, upstream, Pack, Schedule};
+use crate::pack::{Pack, Schedule, dependents, upstream};
 use crate::time::RefTime;
 
 /// One planned firing.
@@ -29,7 +29,8 @@ pub fn plan(pack: &Pack, from: RefTime, count: usize) -> Vec<PlannedFiring> {
     let deps = dependents(ins);
     // For each `after` instruction, which of its upstreams have succeeded
     // since it last ran.
-    let mut satisfied: Vec<Vec<bool>> = ins.iter().map(|i| vec![false; upstream(i).len()]).collect();
+    let mut satisfied: Vec<Vec<bool>> =
+        ins.iter().map(|i| vec![false; upstream(i).len()]).collect();
     // Min-heap on (instant, higher priority first, pack order).
     let mut heap = BinaryHeap::new();
     let key = |at: RefTime, i: usize| Reverse((at, Reverse(ins[i].priority), i));
@@ -45,10 +46,14 @@ pub fn plan(pack: &Pack, from: RefTime, count: usize) -> Vec<PlannedFiring> {
     let mut out = Vec::with_capacity(count);
     // Each pop either emits a firing or releases a dependent; bound the
     // walk so a pack of past one-shots cannot spin.
-    let mut budget = count.saturating_mul(ins.len().max(1)).saturating_add(ins.len() * 2);
+    let mut budget = count
+        .saturating_mul(ins.len().max(1))
+        .saturating_add(ins.len() * 2);
     while out.len() < count && budget > 0 {
         budget -= 1;
-        let Some(Reverse((at, _, i))) = heap.pop() else { break };
+        let Some(Reverse((at, _, i))) = heap.pop() else {
+            break;
+        };
         if at > from {
             out.push(PlannedFiring { index: i, at });
         }

@@ -32,7 +32,12 @@ fn cases() -> Vec<Case> {
         Case {
             name: "unknown top-level key with suggestion",
             yaml: "pack: p\nversion: 1\ntimezon: UTC\ninstructions:\n  - {id: a, action: noop, at: 2026-12-01T10:00:00Z}\n",
-            expect: &[(3, 1, None, "unknown key `timezon` in a pack (did you mean `timezone`?)")],
+            expect: &[(
+                3,
+                1,
+                None,
+                "unknown key `timezon` in a pack (did you mean `timezone`?)",
+            )],
         },
         Case {
             name: "missing pack id",
@@ -87,7 +92,12 @@ fn cases() -> Vec<Case> {
         Case {
             name: "duplicate instruction id",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, at: 2026-12-01T10:00:00Z}\n  - {id: a, action: noop, at: 2026-12-01T11:00:00Z}\n",
-            expect: &[(5, 10, None, "duplicate instruction id `a` (first at line 4)")],
+            expect: &[(
+                5,
+                10,
+                None,
+                "duplicate instruction id `a` (first at line 4)",
+            )],
         },
         Case {
             name: "duplicate key",
@@ -107,22 +117,42 @@ fn cases() -> Vec<Case> {
         Case {
             name: "unknown action with suggestion",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: gpio.wrte\n    params: {line: 1, value: 1}\n    at: 2026-12-01T10:00:00Z\n",
-            expect: &[(5, 13, Some("a"), "unknown action `gpio.wrte` (did you mean `gpio.write`?)")],
+            expect: &[(
+                5,
+                13,
+                Some("a"),
+                "unknown action `gpio.wrte` (did you mean `gpio.write`?)",
+            )],
         },
         Case {
             name: "missing params",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: gpio.write\n    at: 2026-12-01T10:00:00Z\n",
-            expect: &[(4, 5, Some("a"), "action `gpio.write` needs `params` with line, value")],
+            expect: &[(
+                4,
+                5,
+                Some("a"),
+                "action `gpio.write` needs `params` with line, value",
+            )],
         },
         Case {
             name: "missing param value",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: gpio.write\n    params: {line: 1}\n    at: 2026-12-01T10:00:00Z\n",
-            expect: &[(6, 13, Some("a"), "params of gpio.write is missing required key `value`")],
+            expect: &[(
+                6,
+                13,
+                Some("a"),
+                "params of gpio.write is missing required key `value`",
+            )],
         },
         Case {
             name: "extra param",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: gpio.toggle\n    params: {line: 1, value: 1}\n    at: 2026-12-01T10:00:00Z\n",
-            expect: &[(6, 23, Some("a"), "unknown key `value` in params of gpio.toggle")],
+            expect: &[(
+                6,
+                23,
+                Some("a"),
+                "unknown key `value` in params of gpio.toggle",
+            )],
         },
         Case {
             name: "noop with params",
@@ -137,12 +167,22 @@ fn cases() -> Vec<Case> {
         Case {
             name: "line wrong type",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: gpio.read\n    params: {line: [1]}\n    at: 2026-12-01T10:00:00Z\n",
-            expect: &[(6, 20, Some("a"), "line must be an offset (`12`) or a line name")],
+            expect: &[(
+                6,
+                20,
+                Some("a"),
+                "line must be an offset (`12`) or a line name",
+            )],
         },
         Case {
             name: "pulse without width",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: gpio.pulse\n    params: {line: 1}\n    at: 2026-12-01T10:00:00Z\n",
-            expect: &[(6, 13, Some("a"), "params of gpio.pulse is missing required key `width`")],
+            expect: &[(
+                6,
+                13,
+                Some("a"),
+                "params of gpio.pulse is missing required key `width`",
+            )],
         },
         Case {
             name: "pulse zero width",
@@ -152,7 +192,12 @@ fn cases() -> Vec<Case> {
         Case {
             name: "exec relative program",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: exec\n    params: {program: logrotate}\n    at: 2026-12-01T10:00:00Z\n",
-            expect: &[(6, 23, Some("a"), "program `logrotate` must be an absolute path")],
+            expect: &[(
+                6,
+                23,
+                Some("a"),
+                "program `logrotate` must be an absolute path",
+            )],
         },
         Case {
             name: "exec args not a list",
@@ -187,7 +232,12 @@ fn cases() -> Vec<Case> {
         Case {
             name: "start_at on a one-shot",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    at: 2026-12-01T10:00:00Z\n    start_at: 2026-12-01T09:00:00Z\n",
-            expect: &[(7, 5, Some("a"), "`start_at` only applies to repeating schedules")],
+            expect: &[(
+                7,
+                5,
+                Some("a"),
+                "`start_at` only applies to repeating schedules",
+            )],
         },
         Case {
             name: "delay without after",
@@ -197,17 +247,32 @@ fn cases() -> Vec<Case> {
         Case {
             name: "catch_up on a one-shot",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    at: 2026-12-01T10:00:00Z\n    catch_up: all\n",
-            expect: &[(7, 15, Some("a"), "catch_up only applies to repeating schedules")],
+            expect: &[(
+                7,
+                15,
+                Some("a"),
+                "catch_up only applies to repeating schedules",
+            )],
         },
         Case {
             name: "bad catch_up value",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    every: 1s\n    catch_up: some\n",
-            expect: &[(7, 15, Some("a"), "catch_up must be `none` (default), `last` or `all`")],
+            expect: &[(
+                7,
+                15,
+                Some("a"),
+                "catch_up must be `none` (default), `last` or `all`",
+            )],
         },
         Case {
             name: "bad on_give_up",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    every: 1s\n    on_give_up: ignore\n",
-            expect: &[(7, 17, Some("a"), "on_give_up must be `safe_state` (default) or `continue`")],
+            expect: &[(
+                7,
+                17,
+                Some("a"),
+                "on_give_up must be `safe_state` (default) or `continue`",
+            )],
         },
         Case {
             name: "priority out of range",
@@ -232,12 +297,22 @@ fn cases() -> Vec<Case> {
         Case {
             name: "backoff above max_backoff in defaults",
             yaml: "pack: p\nversion: 1\ndefaults:\n  retry: {backoff: 10s, max_backoff: 1s}\ninstructions:\n  - {id: a, action: noop, every: 1s}\n",
-            expect: &[(4, 10, None, "retry.backoff (10s) is larger than retry.max_backoff (1s)")],
+            expect: &[(
+                4,
+                10,
+                None,
+                "retry.backoff (10s) is larger than retry.max_backoff (1s)",
+            )],
         },
         Case {
             name: "override makes backoff exceed the default cap",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    every: 1s\n    retry: {backoff: 1m}\n",
-            expect: &[(7, 12, Some("a"), "retry.backoff (1m) is larger than retry.max_backoff (5s)")],
+            expect: &[(
+                7,
+                12,
+                Some("a"),
+                "retry.backoff (1m) is larger than retry.max_backoff (5s)",
+            )],
         },
         Case {
             name: "unknown retry key",
@@ -247,12 +322,22 @@ fn cases() -> Vec<Case> {
         Case {
             name: "after unknown target",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, every: 1s}\n  - {id: b, action: noop, after: [a, zz]}\n",
-            expect: &[(5, 38, Some("b"), "`after` names `zz`, which is not an instruction of this pack")],
+            expect: &[(
+                5,
+                38,
+                Some("b"),
+                "`after` names `zz`, which is not an instruction of this pack",
+            )],
         },
         Case {
             name: "after empty",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, after: []}\n",
-            expect: &[(4, 34, Some("a"), "`after` needs at least one instruction id")],
+            expect: &[(
+                4,
+                34,
+                Some("a"),
+                "`after` needs at least one instruction id",
+            )],
         },
         Case {
             name: "self dependency",
@@ -282,14 +367,24 @@ fn cases() -> Vec<Case> {
         Case {
             name: "targets both",
             yaml: "pack: p\nversion: 1\ntargets: {agents: [x], labels: {a: b}}\ninstructions:\n  - {id: a, action: noop, every: 1s}\n",
-            expect: &[(3, 10, None, "targets takes either `agents` or `labels`, not both")],
+            expect: &[(
+                3,
+                10,
+                None,
+                "targets takes either `agents` or `labels`, not both",
+            )],
         },
         Case {
             name: "several errors all reported in file order",
             yaml: "pack: p\nversion: x\ninstructions:\n  - {id: a, action: nop, every: 1s}\n  - {id: b, action: noop, every: 1q}\n",
             expect: &[
                 (2, 10, None, "version must be a whole number"),
-                (4, 21, Some("a"), "unknown action `nop` (did you mean `noop`?)"),
+                (
+                    4,
+                    21,
+                    Some("a"),
+                    "unknown action `nop` (did you mean `noop`?)",
+                ),
                 (5, 34, Some("b"), "invalid duration `1q`"),
             ],
         },
@@ -315,7 +410,10 @@ fn every_bad_pack_is_refused_with_its_position_and_message() {
                 case.name,
                 case.expect.len(),
                 errs.len(),
-                errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n  ")
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
             ));
             continue;
         }
@@ -332,12 +430,20 @@ fn every_bad_pack_is_refused_with_its_position_and_message() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn limits_are_enforced_with_clear_errors() {
-    let big = format!("{HEAD}  - {{id: a, action: noop, every: 1s}}\n# {}\n", "x".repeat(1 << 20));
+    let big = format!(
+        "{HEAD}  - {{id: a, action: noop, every: 1s}}\n# {}\n",
+        "x".repeat(1 << 20)
+    );
     let e = parse_pack(&big).expect_err("too big");
     assert!(e.0[0].message.contains("pack is too large"), "{e}");
 
@@ -346,6 +452,9 @@ fn limits_are_enforced_with_clear_errors() {
         many.push_str(&format!("  - {{id: i{i}, action: noop, every: 1s}}\n"));
     }
     let e = parse_pack(&many).expect_err("too many");
-    assert!(e.0[0].message.contains("too many instructions: 10001"), "{e}");
+    assert!(
+        e.0[0].message.contains("too many instructions: 10001"),
+        "{e}"
+    );
     assert_eq!((e.0[0].pos.line, e.0[0].pos.col), (4, 3));
 }

@@ -114,7 +114,7 @@ enum EntryKind {
         attempt: u32,
     },
     /// Timeout of an attempt whose pack version was replaced or stopped.
-    Detached(ExecutionId),
+    Detached(Box<ExecutionId>),
 }
 
 #[derive(Debug)]
@@ -156,8 +156,6 @@ struct PackState {
     anchor: RefTime,
     status: Status,
     deps: Vec<Vec<usize>>,
-    actions: Vec<Arc<Action>>,
-    on_failure: Vec<Option<Arc<Action>>>,
     safe: Arc<Vec<Action>>,
     ins: Vec<InstrState>,
 }
@@ -306,16 +304,6 @@ impl Scheduler {
             anchor,
             status: Status::Active,
             deps: dependents(&pack.instructions),
-            actions: pack
-                .instructions
-                .iter()
-                .map(|i| Arc::new(i.action.clone()))
-                .collect(),
-            on_failure: pack
-                .instructions
-                .iter()
-                .map(|i| i.on_failure.clone().map(Arc::new))
-                .collect(),
             safe: Arc::new(pack.safe_state.clone()),
             ins: pack
                 .instructions
@@ -368,7 +356,7 @@ impl Scheduler {
                                 slot,
                                 generation: 0,
                                 instr: j,
-                                kind: EntryKind::Detached(a.id.clone()),
+                                kind: EntryKind::Detached(Box::new(a.id.clone())),
                             },
                         );
                         self.detached.insert(a.id.clone(), Some(timer));
@@ -542,8 +530,8 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         if let EntryKind::Detached(id) = e.kind {
-            if self.detached.remove(&id).is_some() {
-                out.push(Output::Abort(id.clone()));
+            if self.detached.remove(&*id).is_some() {
+                out.push(Output::Abort((*id).clone()));
                 self.end_detached(&id, AttemptResult::Failed("timed out".into()), now, out);
             }
             return;
@@ -932,7 +920,9 @@ impl Scheduler {
         let timeout = ins.timeout;
         let firing = Firing {
             id: id.clone(),
-            action: ps.actions[i].clone(),
+            // Built per firing rather than kept per instruction: memory
+            // stays O(instructions) with a small constant.
+            action: Arc::new(ins.action.clone()),
             scheduled,
             not_after: scheduled.max(now) + ins.max_lateness,
             timeout,
@@ -1248,7 +1238,11 @@ impl Scheduler {
             ps.ins[i].done = true;
         }
         let on_give_up = ps.pack.instructions[i].on_give_up;
-        let on_failure = ps.on_failure[i].clone();
+        let on_failure = ps.pack.instructions[i]
+            .on_failure
+            .as_deref()
+            .cloned()
+            .map(Arc::new);
         let key = ps.key.clone();
         let ins_id = ps.pack.instructions[i].id.clone();
         out.push(self.event(

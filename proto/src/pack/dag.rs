@@ -62,7 +62,9 @@ pub(crate) fn check(
                 errors.push(PackError {
                     pos: pos_of(ins, k),
                     instruction: Some(ins.id.clone()),
-                    message: format!("`after` names `{up}`, which is not an instruction of this pack"),
+                    message: format!(
+                        "`after` names `{up}`, which is not an instruction of this pack"
+                    ),
                 });
             }
         }

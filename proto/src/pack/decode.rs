@@ -5,14 +5,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use baton_cron::CronSchedule;
+use jiff::Timestamp;
 use jiff::civil::DateTime;
 use jiff::tz::{Disambiguation, TimeZone};
-use jiff::Timestamp;
 
 use super::dag;
 use super::error::{PackError, PackErrors};
 use super::model::*;
-use crate::time::{parse_duration, RefTime};
+use crate::time::{RefTime, parse_duration};
 use crate::yaml::{Node, Pos, Value};
 
 /// Most instructions a pack may hold.
@@ -36,7 +36,8 @@ pub(crate) const PACK_KEYS: &[&str] = &[
     "instructions",
 ];
 pub(crate) const DEFAULTS_KEYS: &[&str] = &["retry", "timeout", "max_lateness"];
-pub(crate) const RETRY_KEYS: &[&str] = &["max_attempts", "backoff", "factor", "max_backoff", "jitter"];
+pub(crate) const RETRY_KEYS: &[&str] =
+    &["max_attempts", "backoff", "factor", "max_backoff", "jitter"];
 pub(crate) const INSTRUCTION_KEYS: &[&str] = &[
     "id",
     "description",
@@ -98,7 +99,10 @@ impl<'a> Fields<'a> {
     /// reported with a suggestion when one is close.
     fn new(cx: &mut Ctx, node: &'a Node, what: &str, allowed: &[&str]) -> Option<Self> {
         let Value::Map(list) = &node.value else {
-            cx.err(node.pos, format!("{what} must be a mapping, found {}", node.kind()));
+            cx.err(
+                node.pos,
+                format!("{what} must be a mapping, found {}", node.kind()),
+            );
             return None;
         };
         let mut entries = HashMap::new();
@@ -139,7 +143,10 @@ impl<'a> Fields<'a> {
     fn required(&self, cx: &mut Ctx, key: &str, what: &str) -> Option<&'a Node> {
         let v = self.get(key);
         if v.is_none() {
-            cx.err(self.node.pos, format!("{what} is missing required key `{key}`"));
+            cx.err(
+                self.node.pos,
+                format!("{what} is missing required key `{key}`"),
+            );
         }
         v
     }
@@ -175,7 +182,10 @@ fn string(cx: &mut Ctx, node: &Node, what: &str) -> Option<String> {
     match &node.value {
         Value::Scalar { text, .. } if !node.is_null() => Some(text.clone()),
         _ => {
-            cx.err(node.pos, format!("{what} must be a string, found {}", node.kind()));
+            cx.err(
+                node.pos,
+                format!("{what} must be a string, found {}", node.kind()),
+            );
             None
         }
     }
@@ -220,8 +230,13 @@ fn uint(cx: &mut Ctx, node: &Node, what: &str, max: u64) -> Option<u64> {
             None
         }
         None => {
-            let found = node.as_scalar().map_or(node.kind().to_string(), |t| format!("`{t}`"));
-            cx.err(node.pos, format!("{what} must be a whole number, found {found}"));
+            let found = node
+                .as_scalar()
+                .map_or(node.kind().to_string(), |t| format!("`{t}`"));
+            cx.err(
+                node.pos,
+                format!("{what} must be a whole number, found {found}"),
+            );
             None
         }
     }
@@ -231,7 +246,9 @@ fn float(cx: &mut Ctx, node: &Node, what: &str) -> Option<f64> {
     match plain_scalar(node).and_then(|t| t.parse::<f64>().ok()) {
         Some(v) if v.is_finite() => Some(v),
         _ => {
-            let found = node.as_scalar().map_or(node.kind().to_string(), |t| format!("`{t}`"));
+            let found = node
+                .as_scalar()
+                .map_or(node.kind().to_string(), |t| format!("`{t}`"));
             cx.err(node.pos, format!("{what} must be a number, found {found}"));
             None
         }
@@ -242,7 +259,10 @@ fn duration(cx: &mut Ctx, node: &Node, what: &str) -> Option<Duration> {
     let Some(text) = node.as_scalar().filter(|_| !node.is_null()) else {
         cx.err(
             node.pos,
-            format!("{what} must be a duration like `500ms`, found {}", node.kind()),
+            format!(
+                "{what} must be a duration like `500ms`, found {}",
+                node.kind()
+            ),
         );
         return None;
     };
@@ -271,20 +291,20 @@ fn positive_duration(cx: &mut Ctx, node: &Node, what: &str) -> Option<Duration> 
 /// the gap, a repeated time its first pass — jiff's `Compatible` rule.
 fn instant(cx: &mut Ctx, node: &Node, what: &str) -> Option<RefTime> {
     let Some(text) = node.as_scalar().filter(|_| !node.is_null()) else {
-        cx.err(node.pos, format!("{what} must be a date-time, found {}", node.kind()));
+        cx.err(
+            node.pos,
+            format!("{what} must be a date-time, found {}", node.kind()),
+        );
         return None;
     };
     let ts = match text.parse::<Timestamp>() {
         Ok(ts) => Ok(ts),
-        Err(_) => text
-            .parse::<DateTime>()
-            .map_err(|_| ())
-            .and_then(|dt| {
-                cx.tz
-                    .to_ambiguous_timestamp(dt)
-                    .disambiguate(Disambiguation::Compatible)
-                    .map_err(|_| ())
-            }),
+        Err(_) => text.parse::<DateTime>().map_err(|_| ()).and_then(|dt| {
+            cx.tz
+                .to_ambiguous_timestamp(dt)
+                .disambiguate(Disambiguation::Compatible)
+                .map_err(|_| ())
+        }),
     };
     match ts.ok().and_then(RefTime::from_timestamp) {
         Some(t) => Some(t),
@@ -302,7 +322,10 @@ fn instant(cx: &mut Ctx, node: &Node, what: &str) -> Option<RefTime> {
 
 fn string_list(cx: &mut Ctx, node: &Node, what: &str) -> Option<Vec<(String, Pos)>> {
     let Value::Seq(items) = &node.value else {
-        cx.err(node.pos, format!("{what} must be a list, found {}", node.kind()));
+        cx.err(
+            node.pos,
+            format!("{what} must be a list, found {}", node.kind()),
+        );
         return None;
     };
     let mut out = Vec::with_capacity(items.len());
@@ -318,7 +341,10 @@ fn string_list(cx: &mut Ctx, node: &Node, what: &str) -> Option<Vec<(String, Pos
 
 fn string_map(cx: &mut Ctx, node: &Node, what: &str) -> Option<BTreeMap<String, String>> {
     let Value::Map(entries) = &node.value else {
-        cx.err(node.pos, format!("{what} must be a mapping, found {}", node.kind()));
+        cx.err(
+            node.pos,
+            format!("{what} must be a mapping, found {}", node.kind()),
+        );
         return None;
     };
     let mut out = BTreeMap::new();
@@ -346,7 +372,10 @@ fn line_ref(cx: &mut Ctx, f: &Fields<'_>, action: &str) -> Option<LineRef> {
             match text.parse::<u32>() {
                 Ok(o) if o < 10_000 => Line::Offset(o),
                 _ => {
-                    cx.err(line_node.pos, format!("line offset `{text}` is out of range (0..10000)"));
+                    cx.err(
+                        line_node.pos,
+                        format!("line offset `{text}` is out of range (0..10000)"),
+                    );
                     return None;
                 }
             }
@@ -377,7 +406,9 @@ fn level(cx: &mut Ctx, node: &Node) -> Option<u8> {
         Some("0") => Some(0),
         Some("1") => Some(1),
         _ => {
-            let found = node.as_scalar().map_or(node.kind().to_string(), |t| format!("`{t}`"));
+            let found = node
+                .as_scalar()
+                .map_or(node.kind().to_string(), |t| format!("`{t}`"));
             cx.err(node.pos, format!("value must be 0 or 1, found {found}"));
             None
         }
@@ -400,7 +431,10 @@ fn action(cx: &mut Ctx, owner: &Node, action: &Node, params: Option<&Node>) -> O
                 .unwrap_or_default();
             cx.err(
                 action.pos,
-                format!("unknown action `{other}`{hint}; known: {}", ACTIONS.join(", ")),
+                format!(
+                    "unknown action `{other}`{hint}; known: {}",
+                    ACTIONS.join(", ")
+                ),
             );
             return None;
         }
@@ -416,7 +450,9 @@ fn action(cx: &mut Ctx, owner: &Node, action: &Node, params: Option<&Node>) -> O
         let needed: Vec<&str> = keys
             .iter()
             .copied()
-            .filter(|k| !matches!(*k, "chip" | "args" | "env") && !(name == "gpio.pulse" && *k == "value"))
+            .filter(|k| {
+                !matches!(*k, "chip" | "args" | "env") && !(name == "gpio.pulse" && *k == "value")
+            })
             .collect();
         cx.err(
             owner.pos,
@@ -463,7 +499,9 @@ fn action(cx: &mut Ctx, owner: &Node, action: &Node, params: Option<&Node>) -> O
                 .required(cx, "program", &what)
                 .and_then(|n| string(cx, n, "program").map(|p| (p, n.pos)));
             let args = match f.get("args") {
-                Some(n) => string_list(cx, n, "args").map(|v| v.into_iter().map(|(s, _)| s).collect()),
+                Some(n) => {
+                    string_list(cx, n, "args").map(|v| v.into_iter().map(|(s, _)| s).collect())
+                }
                 None => Some(Vec::new()),
             };
             let env = match f.get("env") {
@@ -524,9 +562,13 @@ fn retry_patch(cx: &mut Ctx, node: &Node) -> Option<RetryPatch> {
     let f = Fields::new(cx, node, "retry", RETRY_KEYS)?;
     let mut p = RetryPatch::default();
     if let Some(n) = f.get("max_attempts") {
-        p.max_attempts = uint(cx, n, "retry.max_attempts", u64::from(MAX_ATTEMPTS)).map(|v| v as u32);
+        p.max_attempts =
+            uint(cx, n, "retry.max_attempts", u64::from(MAX_ATTEMPTS)).map(|v| v as u32);
         if p.max_attempts == Some(0) {
-            cx.err(n.pos, "retry.max_attempts must be at least 1 (it counts the first attempt)");
+            cx.err(
+                n.pos,
+                "retry.max_attempts must be at least 1 (it counts the first attempt)",
+            );
         }
     }
     if let Some(n) = f.get("backoff") {
@@ -535,7 +577,10 @@ fn retry_patch(cx: &mut Ctx, node: &Node) -> Option<RetryPatch> {
     if let Some(n) = f.get("factor") {
         p.factor = float(cx, n, "retry.factor");
         if p.factor.is_some_and(|v| v < 1.0) {
-            cx.err(n.pos, "retry.factor must be at least 1.0 (waits never shrink)");
+            cx.err(
+                n.pos,
+                "retry.factor must be at least 1.0 (waits never shrink)",
+            );
         }
     }
     if let Some(n) = f.get("max_backoff") {
@@ -544,7 +589,10 @@ fn retry_patch(cx: &mut Ctx, node: &Node) -> Option<RetryPatch> {
     if let Some(n) = f.get("jitter") {
         p.jitter = float(cx, n, "retry.jitter");
         if p.jitter.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
-            cx.err(n.pos, "retry.jitter must be between 0 and 1 (a fraction of the wait)");
+            cx.err(
+                n.pos,
+                "retry.jitter must be between 0 and 1 (a fraction of the wait)",
+            );
         }
     }
     Some(p)
@@ -593,10 +641,16 @@ fn defaults(cx: &mut Ctx, node: Option<&Node>) -> Defaults {
             check_retry(cx, n.pos, &d.retry);
         }
     }
-    if let Some(t) = f.get("timeout").and_then(|n| positive_duration(cx, n, "timeout")) {
+    if let Some(t) = f
+        .get("timeout")
+        .and_then(|n| positive_duration(cx, n, "timeout"))
+    {
         d.timeout = t;
     }
-    if let Some(t) = f.get("max_lateness").and_then(|n| duration(cx, n, "max_lateness")) {
+    if let Some(t) = f
+        .get("max_lateness")
+        .and_then(|n| duration(cx, n, "max_lateness"))
+    {
         d.max_lateness = t;
     }
     d
@@ -636,7 +690,10 @@ fn schedule(cx: &mut Ctx, f: &Fields<'_>) -> Option<Schedule> {
     // Keys that belong to other schedules.
     if kind != "after" {
         if delay.is_some() {
-            cx.err(f.key_pos("delay"), "`delay` only applies to `after` schedules");
+            cx.err(
+                f.key_pos("delay"),
+                "`delay` only applies to `after` schedules",
+            );
         }
     }
     if !matches!(kind, "every" | "cron") {
@@ -653,7 +710,10 @@ fn schedule(cx: &mut Ctx, f: &Fields<'_>) -> Option<Schedule> {
     let end = until.and_then(|n| instant(cx, n, "until"));
     if let (Some(s), Some(e), Some(n)) = (start, end, until) {
         if e < s {
-            cx.err(n.pos, "`until` is before `start_at`: the schedule would never fire");
+            cx.err(
+                n.pos,
+                "`until` is before `start_at`: the schedule would never fire",
+            );
         }
     }
     match kind {
@@ -698,7 +758,8 @@ fn schedule(cx: &mut Ctx, f: &Fields<'_>) -> Option<Schedule> {
                     until: end,
                 }),
                 Err(e) => {
-                    let quote = usize::from(!matches!(node.value, Value::Scalar { plain: true, .. }));
+                    let quote =
+                        usize::from(!matches!(node.value, Value::Scalar { plain: true, .. }));
                     let pos = Pos {
                         line: node.pos.line,
                         col: node.pos.col + quote + e.offset,
@@ -736,7 +797,9 @@ fn schedule(cx: &mut Ctx, f: &Fields<'_>) -> Option<Schedule> {
 fn instruction(cx: &mut Ctx, node: &Node, d: &Defaults) -> Option<(Instruction, Vec<Pos>)> {
     cx.instruction = None;
     let f = Fields::new(cx, node, "an instruction", INSTRUCTION_KEYS)?;
-    let id = f.required(cx, "id", "instruction").and_then(|n| ident(cx, n, "instruction id"));
+    let id = f
+        .required(cx, "id", "instruction")
+        .and_then(|n| ident(cx, n, "instruction id"));
     cx.instruction = id.clone();
     let before = cx.errors.len();
     let act = f
@@ -767,7 +830,7 @@ fn instruction(cx: &mut Ctx, node: &Node, d: &Defaults) -> Option<(Instruction, 
         None => Some(d.max_lateness),
     };
     let on_failure = match f.get("on_failure") {
-        Some(n) => action_object(cx, n, "on_failure").map(Some),
+        Some(n) => action_object(cx, n, "on_failure").map(|a| Some(Box::new(a))),
         None => Some(None),
     };
     let on_give_up = match f.get("on_give_up") {
@@ -775,7 +838,10 @@ fn instruction(cx: &mut Ctx, node: &Node, d: &Defaults) -> Option<(Instruction, 
             Some("safe_state") => Some(OnGiveUp::SafeState),
             Some("continue") => Some(OnGiveUp::Continue),
             _ => {
-                cx.err(n.pos, "on_give_up must be `safe_state` (default) or `continue`");
+                cx.err(
+                    n.pos,
+                    "on_give_up must be `safe_state` (default) or `continue`",
+                );
                 None
             }
         },
@@ -802,7 +868,9 @@ fn instruction(cx: &mut Ctx, node: &Node, d: &Defaults) -> Option<(Instruction, 
         }
         None => Some(CatchUp::None),
     };
-    let description = f.get("description").and_then(|n| string(cx, n, "description"));
+    let description = f
+        .get("description")
+        .and_then(|n| string(cx, n, "description"));
     let after_pos = match f.get("after").map(|n| &n.value) {
         Some(Value::Seq(items)) => items.iter().map(|n| n.pos).collect(),
         _ => Vec::new(),
@@ -849,7 +917,10 @@ fn targets(cx: &mut Ctx, node: &Node) -> Option<Targets> {
             Some(Targets::Labels(map))
         }
         (Some(_), Some(_)) => {
-            cx.err(node.pos, "targets takes either `agents` or `labels`, not both");
+            cx.err(
+                node.pos,
+                "targets takes either `agents` or `labels`, not both",
+            );
             None
         }
         (None, None) => {
@@ -885,7 +956,9 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
             }
         }
     }
-    let id = f.required(&mut cx, "pack", "a pack").and_then(|n| ident(&mut cx, n, "pack id"));
+    let id = f
+        .required(&mut cx, "pack", "a pack")
+        .and_then(|n| ident(&mut cx, n, "pack id"));
     let version = f
         .required(&mut cx, "version", "a pack")
         .and_then(|n| uint(&mut cx, n, "version", u64::MAX));
@@ -894,7 +967,9 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
         None => Some("default".to_string()),
     };
     let targets = f.get("targets").and_then(|n| targets(&mut cx, n));
-    let description = f.get("description").and_then(|n| string(&mut cx, n, "description"));
+    let description = f
+        .get("description")
+        .and_then(|n| string(&mut cx, n, "description"));
     let d = defaults(&mut cx, f.get("defaults"));
     let mut safe_state = Vec::new();
     if let Some(n) = f.get("safe_state") {
@@ -904,7 +979,9 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
                     if let Some(a) = action_object(&mut cx, item, "a safe_state entry") {
                         if matches!(
                             a,
-                            Action::GpioToggle { .. } | Action::GpioPulse { .. } | Action::GpioRead { .. }
+                            Action::GpioToggle { .. }
+                                | Action::GpioPulse { .. }
+                                | Action::GpioRead { .. }
                         ) {
                             cx.err(
                                 item.pos,
@@ -921,7 +998,10 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
             }
             _ => cx.err(
                 n.pos,
-                format!("safe_state must be a list of {{action, params}}, found {}", n.kind()),
+                format!(
+                    "safe_state must be a list of {{action, params}}, found {}",
+                    n.kind()
+                ),
             ),
         }
     }

@@ -37,8 +37,8 @@ pub fn parse_pack(text: &str) -> Result<Pack, PackErrors> {
             ),
         ));
     }
-    let root = yaml::parse(text, Limits::default())
-        .map_err(|e| PackErrors::single(e.pos, e.message))?;
+    let root =
+        yaml::parse(text, Limits::default()).map_err(|e| PackErrors::single(e.pos, e.message))?;
     decode::pack(&root)
 }
 

@@ -48,7 +48,7 @@ impl Pack {
             .iter()
             .flat_map(|i| {
                 std::iter::once((Some(i), &i.action))
-                    .chain(i.on_failure.iter().map(move |a| (Some(i), a)))
+                    .chain(i.on_failure.iter().map(move |a| (Some(i), &**a)))
             })
             .chain(self.safe_state.iter().map(|a| (None, a)))
     }
@@ -83,7 +83,9 @@ pub struct Instruction {
     /// A firing later than this is skipped and reported, not run.
     pub max_lateness: Duration,
     /// Run when the instruction gives up (retries exhausted or missed).
-    pub on_failure: Option<Action>,
+    /// Boxed: most instructions have none, and 10 000 instructions should
+    /// not each carry an empty action's worth of bytes.
+    pub on_failure: Option<Box<Action>>,
     /// What giving up does to the rest of the pack.
     pub on_give_up: OnGiveUp,
     /// What to do with occurrences missed during downtime.

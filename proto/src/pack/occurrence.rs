@@ -52,12 +52,21 @@ impl Schedule {
 
     /// The latest firing at or before `at_or_before` (and after `after`),
     /// for `catch_up: last` after downtime.
-    pub fn last_in(&self, tz: &TimeZone, accepted: RefTime, after: RefTime, at_or_before: RefTime) -> Option<RefTime> {
+    pub fn last_in(
+        &self,
+        tz: &TimeZone,
+        accepted: RefTime,
+        after: RefTime,
+        at_or_before: RefTime,
+    ) -> Option<RefTime> {
         let mut cur = self.next_after(tz, accepted, after)?;
         if cur > at_or_before {
             return None;
         }
-        if let Schedule::Every { period, start_at, .. } = self {
+        if let Schedule::Every {
+            period, start_at, ..
+        } = self
+        {
             // Closed form: no walk over every missed period.
             let base = start_at.unwrap_or(accepted);
             let period = i128::try_from(period.as_nanos()).ok()?.max(1);

@@ -238,8 +238,14 @@ mod tests {
         let s = pack_schema();
         assert_eq!(keys(&s), sorted(super::super::decode::PACK_KEYS));
         let defs = &s["$defs"];
-        assert_eq!(keys(&defs["RetryDoc"]), sorted(super::super::decode::RETRY_KEYS));
-        assert_eq!(keys(&defs["DefaultsDoc"]), sorted(super::super::decode::DEFAULTS_KEYS));
+        assert_eq!(
+            keys(&defs["RetryDoc"]),
+            sorted(super::super::decode::RETRY_KEYS)
+        );
+        assert_eq!(
+            keys(&defs["DefaultsDoc"]),
+            sorted(super::super::decode::DEFAULTS_KEYS)
+        );
         // The instruction's own keys plus the flattened action and params.
         let mut ins = keys(&defs["InstructionDoc"]);
         ins.extend(["action".to_string(), "params".to_string()]);
@@ -247,7 +253,10 @@ mod tests {
         assert_eq!(ins, sorted(super::super::decode::INSTRUCTION_KEYS));
         let text = pack_schema_json();
         for action in super::super::decode::ACTIONS {
-            assert!(text.contains(&format!("\"{action}\"")), "schema lacks action {action}");
+            assert!(
+                text.contains(&format!("\"{action}\"")),
+                "schema lacks action {action}"
+            );
         }
     }
 }

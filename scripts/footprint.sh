@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# RSS and idle CPU of `baton-agent run` holding 10 000 pending instructions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${N:-10000}
+cargo build --release -q -p baton-agent
+dir=$(mktemp -d)
+trap 'kill $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
+start=$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)
+{
+  echo "pack: footprint"; echo "version: 1"; echo "instructions:"
+  # The first instant is anchored once and aliased, to stay under 1 MiB.
+  echo "  - {id: i0, action: gpio.write, params: {line: 0, value: 1}, every: 1h, start_at: &s $start}"
+  for i in $(seq 1 $((N-1))); do
+    echo "  - {id: i$i, action: gpio.write, params: {line: $((i % 64)), value: 1}, every: 1h, start_at: *s}"
+  done
+} > "$dir/pack.yaml"
+./target/release/baton-agent run --quiet ${EXTRA:-} --id fp --data "$dir/data" --gpio "sim:$dir/gpio.jsonl" --pack "$dir/pack.yaml" >/dev/null 2>"$dir/err" &
+pid=$!
+# Wait until the pack is accepted (the agent says so on stderr).
+for _ in $(seq 1 600); do grep -q accepted "$dir/err" 2>/dev/null && break; sleep 0.05; done
+sleep 2
+rss_kb=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
+t0=$(awk '{print $14+$15}' /proc/$pid/stat); s0=$(date +%s.%N)
+sleep 10
+t1=$(awk '{print $14+$15}' /proc/$pid/stat); s1=$(date +%s.%N)
+hz=$(getconf CLK_TCK)
+python3 -c "
+rss=$rss_kb/1024; cpu=100*(($t1-$t0)/$hz)/($s1-$s0)
+print(f'instructions $N  RSS {rss:.1f} MiB  idle CPU {cpu:.2f}% of one core')"

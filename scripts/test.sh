@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests need,
+# then runs the same gates as CI (format, lints, tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages some tests use (util-linux for the sysfs mount-namespace
+# test, iproute2 for later netns tests). Installed only if missing.
+need=()
+command -v unshare >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${need[@]}"
+  else
+    echo "test.sh: missing ${need[*]} (install as root)" >&2
+  fi
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
