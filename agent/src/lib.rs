@@ -1,1 +1,13 @@
 //! baton-agent
+pub mod bench;
+pub mod clock;
+pub mod config;
+pub mod dispatcher;
+pub mod exec;
+pub mod gpio;
+pub mod journal;
+pub mod live;
+pub mod rt;
+pub mod runtime;
+pub mod simulate;
+pub mod timing;

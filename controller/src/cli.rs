@@ -4,16 +4,17 @@
 use std::io::Write;
 use std::path::Path;
 
-use baton_proto::pack::{parse_pack_bytes, Pack, PackErrors, MAX_PACK_BYTES};
-use baton_proto::plan::plan;
 use baton_proto::RefTime;
+use baton_proto::pack::{MAX_PACK_BYTES, Pack, PackErrors, parse_pack_bytes};
+use baton_proto::plan::plan;
 use jiff::Timestamp;
 
 /// Read and validate one pack file. Errors come back already rendered as
 /// `FILE:LINE:COL: message` lines.
 pub fn load_pack(path: &Path) -> Result<Pack, String> {
     let name = path.display().to_string();
-    let bytes = read_limited(path).map_err(|e| format!("{name}:1:1: cannot read the file: {e}\n"))?;
+    let bytes =
+        read_limited(path).map_err(|e| format!("{name}:1:1: cannot read the file: {e}\n"))?;
     parse_pack_bytes(&bytes).map_err(|e: PackErrors| e.render(&name))
 }
 
@@ -58,7 +59,9 @@ pub fn parse_from(text: &str) -> Result<RefTime, String> {
     text.parse::<Timestamp>()
         .ok()
         .and_then(RefTime::from_timestamp)
-        .ok_or_else(|| format!("--from `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)"))
+        .ok_or_else(|| {
+            format!("--from `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)")
+        })
 }
 
 /// `plan FILE --from T --count N [--json]`.
@@ -140,7 +143,11 @@ fn write_table(
         .max()
         .unwrap_or(0)
         .max("INSTRUCTION".len());
-    writeln!(out, "{:<36}  {:<41}  {:<width$}  ACTION", "AT (UTC)", "LOCAL", "INSTRUCTION")?;
+    writeln!(
+        out,
+        "{:<36}  {:<41}  {:<width$}  ACTION",
+        "AT (UTC)", "LOCAL", "INSTRUCTION"
+    )?;
     for f in firings {
         let ins = &pack.instructions[f.index];
         writeln!(

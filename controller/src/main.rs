@@ -9,7 +9,11 @@ use baton_controller::cli;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "baton-controller", version, about = "baton controller: validate, plan and (later) push instruction packs")]
+#[command(
+    name = "baton-controller",
+    version,
+    about = "baton controller: validate, plan and (later) push instruction packs"
+)]
 struct Args {
     #[command(subcommand)]
     command: Command,

@@ -41,9 +41,17 @@ fn sigterm_enters_the_safe_state_and_exits_0() {
     // The safe state drove line 12 to 0, and it was the last change.
     assert_eq!(last["line"], 12);
     assert_eq!(last["value"], 0);
-    assert!(last["execution_id"].as_str().is_some_and(|s| s.contains("safe_state (shutdown)")), "{last}");
+    assert!(
+        last["execution_id"]
+            .as_str()
+            .is_some_and(|s| s.contains("safe_state (shutdown)")),
+        "{last}"
+    );
     // Every blink firing is a distinct execution id.
-    let ids: Vec<&str> = log.iter().filter_map(|l| l["execution_id"].as_str()).collect();
+    let ids: Vec<&str> = log
+        .iter()
+        .filter_map(|l| l["execution_id"].as_str())
+        .collect();
     let mut uniq = ids.clone();
     uniq.sort_unstable();
     uniq.dedup();
@@ -63,23 +71,52 @@ fn a_pack_outside_the_allowlists_is_refused_with_a_clear_error() {
         ),
     )
     .expect("write config");
-    let out = run(Command::new(bin("baton-agent")).arg("check-config").arg(&cfg), T);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        Command::new(bin("baton-agent"))
+            .arg("check-config")
+            .arg(&cfg),
+        T,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Line 17 is not allowed.
     let pack = dir.path().join("p.yaml");
     std::fs::write(&pack, "pack: p\nversion: 1\ninstructions:\n  - {id: relay, action: gpio.write, params: {line: 17, value: 1}, every: 1s}\n").expect("write");
-    let out = run(Command::new(bin("baton-agent")).args(["run", "--no-rt", "--config"]).arg(&cfg).arg("--pack").arg(&pack), T);
+    let out = run(
+        Command::new(bin("baton-agent"))
+            .args(["run", "--no-rt", "--config"])
+            .arg(&cfg)
+            .arg("--pack")
+            .arg(&pack),
+        T,
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("instruction `relay`") && err.contains("not on the agent's allowlist"), "{err}");
+    assert!(
+        err.contains("instruction `relay`") && err.contains("not on the agent's allowlist"),
+        "{err}"
+    );
 
     // /bin/sh is not on the exec allowlist.
     std::fs::write(&pack, "pack: p\nversion: 1\ninstructions:\n  - {id: sh, action: exec, params: {program: /bin/sh, args: [-c, 'echo hi']}, every: 1s}\n").expect("write");
-    let out = run(Command::new(bin("baton-agent")).args(["run", "--no-rt", "--config"]).arg(&cfg).arg("--pack").arg(&pack), T);
+    let out = run(
+        Command::new(bin("baton-agent"))
+            .args(["run", "--no-rt", "--config"])
+            .arg(&cfg)
+            .arg("--pack")
+            .arg(&pack),
+        T,
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("program `/bin/sh` is not on this agent's exec allowlist"), "{err}");
+    assert!(
+        err.contains("program `/bin/sh` is not on this agent's exec allowlist"),
+        "{err}"
+    );
     // Nothing touched the device.
     assert!(lines(&dir.path().join("gpio.jsonl")).is_empty());
 }
@@ -89,10 +126,18 @@ fn check_config_refuses_unknown_keys_with_a_position() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = dir.path().join("agent.yaml");
     std::fs::write(&cfg, "id: a\ngpio: sim:/tmp/x\nrealtime:\n  prio: 80\n").expect("write");
-    let out = run(Command::new(bin("baton-agent")).arg("check-config").arg(&cfg), T);
+    let out = run(
+        Command::new(bin("baton-agent"))
+            .arg("check-config")
+            .arg(&cfg),
+        T,
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("agent.yaml:4:3: unknown field `prio`"), "{err}");
+    assert!(
+        err.contains("agent.yaml:4:3: unknown field `prio`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -100,12 +145,24 @@ fn exec_runs_with_its_execution_environment() {
     let dir = tempfile::tempdir().expect("tempdir");
     let script = dir.path().join("record.sh");
     let outfile = dir.path().join("env.txt");
-    std::fs::write(&script, format!("#!/bin/sh\necho \"$BATON_EXECUTION_ID $BATON_ATTEMPT $BATON_SCHEDULED_AT\" >> {}\n", outfile.display())).expect("write");
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$BATON_EXECUTION_ID $BATON_ATTEMPT $BATON_SCHEDULED_AT\" >> {}\n",
+            outfile.display()
+        ),
+    )
+    .expect("write");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
     let cfg = dir.path().join("agent.yaml");
     std::fs::write(
         &cfg,
-        format!("exec-allowlist: [{}]\ngpio: sim:{}\n", script.display(), dir.path().join("g.jsonl").display()),
+        format!(
+            "exec-allowlist: [{}]\ngpio: sim:{}\n",
+            script.display(),
+            dir.path().join("g.jsonl").display()
+        ),
     )
     .expect("write");
     let pack = dir.path().join("p.yaml");
@@ -121,7 +178,11 @@ fn exec_runs_with_its_execution_environment() {
             .arg(&pack),
         T,
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got = std::fs::read_to_string(&outfile).expect("script ran");
     let fields: Vec<&str> = got.split_whitespace().collect();
     assert_eq!(fields.len(), 3, "{got}");

@@ -16,7 +16,10 @@ const SPACING_MS: i64 = 20;
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
     }
 }
@@ -27,7 +30,8 @@ fn kill_9_never_fires_twice_and_loses_only_reported_unknowns() {
     let log = dir.path().join("gpio.jsonl");
     let pack = dir.path().join("shots.yaml");
     let start = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(500);
-    let mut y = String::from("pack: shots\nversion: 1\ndefaults: {max_lateness: 1h}\ninstructions:\n");
+    let mut y =
+        String::from("pack: shots\nversion: 1\ndefaults: {max_lateness: 1h}\ninstructions:\n");
     for i in 0..COUNT {
         let at = start + jiff::SignedDuration::from_millis(i as i64 * SPACING_MS);
         y.push_str(&format!(
@@ -61,7 +65,10 @@ fn kill_9_never_fires_twice_and_loses_only_reported_unknowns() {
             let mut ids = Vec::new();
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if line.contains("outcome_unknown") {
-                    if let Some(id) = line.split_whitespace().find(|w| w.starts_with("default/shots/")) {
+                    if let Some(id) = line
+                        .split_whitespace()
+                        .find(|w| w.starts_with("default/shots/"))
+                    {
                         ids.push(id.trim_end_matches(':').to_string());
                     }
                 }
@@ -87,7 +94,10 @@ fn kill_9_never_fires_twice_and_loses_only_reported_unknowns() {
             }
         }
     }
-    assert!(kills >= 3, "the agent finished before enough kills ({kills}); make the pack longer");
+    assert!(
+        kills >= 3,
+        "the agent finished before enough kills ({kills}); make the pack longer"
+    );
 
     // Every line change in the sim log, by execution id.
     let mut seen: HashMap<String, usize> = HashMap::new();
@@ -98,7 +108,11 @@ fn kill_9_never_fires_twice_and_loses_only_reported_unknowns() {
             *seen.entry(id).or_default() += 1;
         }
     }
-    let twice: Vec<&String> = seen.iter().filter(|(_, n)| **n > 1).map(|(k, _)| k).collect();
+    let twice: Vec<&String> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, _)| k)
+        .collect();
     assert!(twice.is_empty(), "fired twice: {twice:?}");
     let fired: HashSet<String> = seen
         .keys()
