@@ -237,13 +237,16 @@ impl Ord for Queued {
 }
 
 const MIN_MARGIN_NS: i64 = 20_000;
-const MAX_MARGIN_NS: i64 = 2_000_000;
+const MAX_MARGIN_NS: i64 = 500_000;
+/// One wake-up that came very late (a hypervisor hiccup) must not make the
+/// thread spin for milliseconds afterwards: samples are capped here.
+const MAX_SAMPLE_NS: i64 = 250_000;
 
 fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &Thread) {
     let mut heap: BinaryHeap<Queued> = BinaryHeap::with_capacity(QUEUE_CAPACITY * 2);
     let mut seq: u64 = 0;
     // Margin: start generous, then track observed wake latency (EWMA of
-    // the overshoot past the requested wake, times 3, plus a floor).
+    // the capped overshoot past the requested wake, doubled, plus a floor).
     let mut margin: i64 = 200_000;
     let mut ewma: i64 = 50_000;
     loop {
@@ -291,9 +294,9 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
             let woke = mono_now().0;
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
                 // Timed wake: learn the latency.
-                let over = woke - wake_at;
+                let over = (woke - wake_at).min(MAX_SAMPLE_NS);
                 ewma += (over - ewma) / 8;
-                margin = (ewma * 3 + MIN_MARGIN_NS).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
+                margin = (ewma * 2 + MIN_MARGIN_NS).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
                 s.stats.margin_ns.store(margin as u64, Ordering::Relaxed);
             }
             continue;

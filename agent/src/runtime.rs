@@ -372,7 +372,10 @@ impl Agent {
         let horizon = self.cfg.arm_horizon;
         let mut until = now + Duration::from_millis(100);
         if let Some(w) = self.core.next_wake() {
-            until = until.min(w.saturating_sub(horizon));
+            // Arm when half the horizon is left: each arming then covers
+            // about half a horizon of firings with one fsync (group commit),
+            // instead of one fsync per firing.
+            until = until.min(w.saturating_sub(horizon / 2));
         }
         if let Some(e) = self.exec_pending.iter().map(|p| p.at).min() {
             until = until.min(e);
@@ -774,7 +777,12 @@ impl Agent {
             }
             return Ok(());
         };
-        let actual = self.clock.to_ref(done.actual);
+        // Lateness on the dispatcher's own (monotonic) scale: immune to the
+        // estimate moving between arming and firing.
+        let lateness_ns = done.actual.0 - done.deadline.0;
+        let actual_of = |scheduled: RefTime| {
+            RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns))
+        };
         match ticket {
             Ticket::Attempt {
                 id,
@@ -791,7 +799,12 @@ impl Agent {
                         let m = e.to_string();
                         (AttemptResult::Failed(m.clone()), format!("failed: {m}"))
                     }
-                    JobOutcome::Late => (AttemptResult::Late { actual }, "late".to_string()),
+                    JobOutcome::Late => (
+                        AttemptResult::Late {
+                            actual: actual_of(scheduled),
+                        },
+                        "late".to_string(),
+                    ),
                 };
                 self.finish(&id, &result)?;
                 self.record(
@@ -801,12 +814,13 @@ impl Agent {
                         instruction: id.instruction.clone(),
                         action,
                         scheduled,
-                        actual,
-                        lateness_ns: actual.as_nanos() - scheduled.as_nanos(),
+                        actual: actual_of(scheduled),
+                        lateness_ns,
                         result: label,
                     },
                 )?;
-                self.core.attempt_result(&id, result, actual, out);
+                self.core
+                    .attempt_result(&id, result, actual_of(scheduled), out);
             }
             Ticket::Side {
                 what,
@@ -826,8 +840,8 @@ impl Agent {
                         instruction: what,
                         action,
                         scheduled,
-                        actual,
-                        lateness_ns: actual.as_nanos() - scheduled.as_nanos(),
+                        actual: actual_of(scheduled),
+                        lateness_ns,
                         result: label,
                     },
                 )?;
