@@ -125,7 +125,7 @@ impl View for LiveView {
             let mut out = std::io::stdout().lock();
             let _ = write!(out, "\r\x1b[2K\x1b[7m {} \x1b[0m", summary(hist));
             let _ = out.flush();
-        } else if self.ticks % 5 == 0 || self.quiet {
+        } else if self.ticks.is_multiple_of(5) || self.quiet {
             println!("summary: {}", summary(hist));
         }
     }

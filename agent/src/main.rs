@@ -188,10 +188,10 @@ fn run_simulate(
     })
     .map_err(|e| (1, format!("error: {e}")))?;
     let _ = out.flush();
-    if let Some(e) = io_err {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err((1, format!("error: writing output: {e}")));
-        }
+    if let Some(e) = io_err
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        return Err((1, format!("error: writing output: {e}")));
     }
     if !complete {
         return Err((

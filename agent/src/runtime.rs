@@ -268,13 +268,13 @@ impl Agent {
             pack: pack.id.clone(),
         };
         let version = pack.version;
-        if let Some((held, _)) = self.core.held(&key) {
-            if held >= version {
-                view.note(&format!(
-                    "{name}: pack {key} v{version} already held (v{held}): unchanged"
-                ));
-                return Ok(());
-            }
+        if let Some((held, _)) = self.core.held(&key)
+            && held >= version
+        {
+            view.note(&format!(
+                "{name}: pack {key} v{version} already held (v{held}): unchanged"
+            ));
+            return Ok(());
         }
         // Durable before it takes effect: a crash right after acceptance
         // must not lose the pack.
@@ -318,23 +318,23 @@ impl Agent {
                 .with_context(ctx)?;
                 self.handles.insert(line.clone(), h);
             }
-            if let Action::Exec { program, .. } = action {
-                if !self.exec.is_allowed(program) {
-                    bail!(
-                        "{}: program `{program}` is not on this agent's exec allowlist ({})",
-                        ctx(),
-                        if self.cfg.exec_allowlist.is_empty() {
-                            "empty".to_string()
-                        } else {
-                            self.cfg
-                                .exec_allowlist
-                                .iter()
-                                .map(|p| p.display().to_string())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        }
-                    );
-                }
+            if let Action::Exec { program, .. } = action
+                && !self.exec.is_allowed(program)
+            {
+                bail!(
+                    "{}: program `{program}` is not on this agent's exec allowlist ({})",
+                    ctx(),
+                    if self.cfg.exec_allowlist.is_empty() {
+                        "empty".to_string()
+                    } else {
+                        self.cfg
+                            .exec_allowlist
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                );
             }
         }
         Ok(())

@@ -395,17 +395,17 @@ impl Scheduler {
             }
         }
         // First occurrences.
-        for i in 0..n {
+        for (i, carried) in carried_next.iter().copied().enumerate() {
             let ins = &ps.pack.instructions[i];
             let tz = &ps.pack.timezone;
             let first = match &ins.schedule {
                 _ if ps.ins[i].done => None,
                 Schedule::At(t) => Some(*t),
-                Schedule::After { .. } => carried_next[i],
+                Schedule::After { .. } => carried,
                 s @ (Schedule::Every { start_at, .. } | Schedule::Cron { start_at, .. }) => {
                     let start = start_at.unwrap_or(anchor);
                     let mut after = RefTime::from_nanos(start.as_nanos() - NS);
-                    if let Some(occ) = carried_next[i] {
+                    if let Some(occ) = carried {
                         after = after.max(RefTime::from_nanos(occ.as_nanos() - NS));
                     } else if old.is_some() {
                         // A changed instruction of a replaced pack starts
@@ -831,10 +831,10 @@ impl Scheduler {
                         EventKind::OutcomeUnknown,
                         now,
                     ));
-                    if let Some(ps) = self.packs[slot].as_mut() {
-                        if !ps.pack.instructions[i].schedule.is_repeating() {
-                            ps.ins[i].done = true;
-                        }
+                    if let Some(ps) = self.packs[slot].as_mut()
+                        && !ps.pack.instructions[i].schedule.is_repeating()
+                    {
+                        ps.ins[i].done = true;
                     }
                     return true;
                 }
@@ -1034,10 +1034,10 @@ impl Scheduler {
         let Some(ps) = self.packs[slot].as_mut() else {
             return;
         };
-        if let Some(a) = ps.ins[i].attempts.remove(&occ) {
-            if let Some(t) = a.timer {
-                self.queue.cancel(t);
-            }
+        if let Some(a) = ps.ins[i].attempts.remove(&occ)
+            && let Some(t) = a.timer
+        {
+            self.queue.cancel(t);
         }
         let active = ps.status == Status::Active;
         let repeating = ps.pack.instructions[i].schedule.is_repeating();
@@ -1226,10 +1226,10 @@ impl Scheduler {
         let Some(ps) = self.packs[slot].as_mut() else {
             return;
         };
-        if let Some(a) = ps.ins[i].attempts.remove(&occ) {
-            if let Some(t) = a.timer {
-                self.queue.cancel(t);
-            }
+        if let Some(a) = ps.ins[i].attempts.remove(&occ)
+            && let Some(t) = a.timer
+        {
+            self.queue.cancel(t);
         }
         let Some(ps) = self.packs[slot].as_mut() else {
             return;

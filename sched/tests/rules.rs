@@ -272,7 +272,7 @@ fn on_give_up_continue_skips_only_dependents() {
     let last_beat = fires(&ev)
         .into_iter()
         .filter(|(_, i)| i == "beat")
-        .last()
+        .next_back()
         .expect("beats");
     assert_eq!(last_beat.0, format!("2026-12-01T10:00:10{Z}"));
 }
