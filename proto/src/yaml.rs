@@ -375,6 +375,52 @@ fn tree_size(node: &Node) -> usize {
     }
 }
 
+/// The tree as JSON, for decoding small documents (the agent's config) with
+/// serde. Plain scalars that read as integers, floats, booleans or null
+/// become those; everything else stays a string.
+pub fn to_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value as J;
+    match &node.value {
+        Value::Scalar { text, plain: false } => J::String(text.clone()),
+        Value::Scalar { text, plain: true } => {
+            if is_null(text) {
+                J::Null
+            } else if let Ok(i) = text.parse::<i64>() {
+                J::from(i)
+            } else if let Ok(b) = text.parse::<bool>() {
+                J::Bool(b)
+            } else if let Some(f) = text.parse::<f64>().ok().filter(|f| f.is_finite()) {
+                J::from(f)
+            } else {
+                J::String(text.clone())
+            }
+        }
+        Value::Seq(items) => J::Array(items.iter().map(to_json).collect()),
+        Value::Map(entries) => J::Object(
+            entries
+                .iter()
+                .map(|(k, v)| (k.as_scalar().unwrap_or_default().to_string(), to_json(v)))
+                .collect(),
+        ),
+    }
+}
+
+/// Position of the first mapping key named `key` anywhere in the tree: to
+/// place serde's "unknown field" errors, which carry no position.
+pub fn find_key(node: &Node, key: &str) -> Option<Pos> {
+    match &node.value {
+        Value::Scalar { .. } => None,
+        Value::Seq(items) => items.iter().find_map(|n| find_key(n, key)),
+        Value::Map(entries) => entries.iter().find_map(|(k, v)| {
+            if k.as_scalar() == Some(key) {
+                Some(k.pos)
+            } else {
+                find_key(v, key)
+            }
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,51 +513,5 @@ mod tests {
     fn complex_keys_are_refused() {
         let e = p("? [a, b]\n: 1\n").expect_err("complex key");
         assert!(e.message.contains("mapping keys must be scalars"), "{e}");
-    }
-}
-
-/// The tree as JSON, for decoding small documents (the agent's config) with
-/// serde. Plain scalars that read as integers, floats, booleans or null
-/// become those; everything else stays a string.
-pub fn to_json(node: &Node) -> serde_json::Value {
-    use serde_json::Value as J;
-    match &node.value {
-        Value::Scalar { text, plain: false } => J::String(text.clone()),
-        Value::Scalar { text, plain: true } => {
-            if is_null(text) {
-                J::Null
-            } else if let Ok(i) = text.parse::<i64>() {
-                J::from(i)
-            } else if let Ok(b) = text.parse::<bool>() {
-                J::Bool(b)
-            } else if let Some(f) = text.parse::<f64>().ok().filter(|f| f.is_finite()) {
-                J::from(f)
-            } else {
-                J::String(text.clone())
-            }
-        }
-        Value::Seq(items) => J::Array(items.iter().map(to_json).collect()),
-        Value::Map(entries) => J::Object(
-            entries
-                .iter()
-                .map(|(k, v)| (k.as_scalar().unwrap_or_default().to_string(), to_json(v)))
-                .collect(),
-        ),
-    }
-}
-
-/// Position of the first mapping key named `key` anywhere in the tree: to
-/// place serde's "unknown field" errors, which carry no position.
-pub fn find_key(node: &Node, key: &str) -> Option<Pos> {
-    match &node.value {
-        Value::Scalar { .. } => None,
-        Value::Seq(items) => items.iter().find_map(|n| find_key(n, key)),
-        Value::Map(entries) => entries.iter().find_map(|(k, v)| {
-            if k.as_scalar() == Some(key) {
-                Some(k.pos)
-            } else {
-                find_key(v, key)
-            }
-        }),
     }
 }

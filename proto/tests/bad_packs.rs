@@ -357,7 +357,12 @@ fn cases() -> Vec<Case> {
         Case {
             name: "cron never fires",
             yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    cron: \"0 0 0 30 2 *\"\n",
-            expect: &[(6, 18, Some("a"), "cron `0 0 0 30 2 *`: the expression can never fire")],
+            expect: &[(
+                6,
+                18,
+                Some("a"),
+                "cron `0 0 0 30 2 *`: the expression can never fire",
+            )],
         },
         Case {
             name: "safe_state toggle refused",

@@ -64,13 +64,12 @@ fn kill_9_never_fires_twice_and_loses_only_reported_unknowns() {
         let reader = std::thread::spawn(move || {
             let mut ids = Vec::new();
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains("outcome_unknown") {
-                    if let Some(id) = line
+                if line.contains("outcome_unknown")
+                    && let Some(id) = line
                         .split_whitespace()
                         .find(|w| w.starts_with("default/shots/"))
-                    {
-                        ids.push(id.trim_end_matches(':').to_string());
-                    }
+                {
+                    ids.push(id.trim_end_matches(':').to_string());
                 }
             }
             ids

@@ -212,7 +212,7 @@ fn ident(cx: &mut Ctx, node: &Node, what: &str) -> Option<String> {
     Some(s)
 }
 
-fn plain_scalar<'n>(node: &'n Node) -> Option<&'n str> {
+fn plain_scalar(node: &Node) -> Option<&str> {
     match &node.value {
         Value::Scalar { text, plain: true } => Some(text),
         _ => None,
@@ -451,7 +451,7 @@ fn action(cx: &mut Ctx, owner: &Node, action: &Node, params: Option<&Node>) -> O
             .iter()
             .copied()
             .filter(|k| {
-                !matches!(*k, "chip" | "args" | "env") && !(name == "gpio.pulse" && *k == "value")
+                !(matches!(*k, "chip" | "args" | "env") || (name == "gpio.pulse" && *k == "value"))
             })
             .collect();
         cx.err(
@@ -635,11 +635,11 @@ fn defaults(cx: &mut Ctx, node: Option<&Node>) -> Defaults {
     let Some(f) = Fields::new(cx, node, "defaults", DEFAULTS_KEYS) else {
         return d;
     };
-    if let Some(n) = f.get("retry") {
-        if let Some(p) = retry_patch(cx, n) {
-            d.retry = p.apply(d.retry);
-            check_retry(cx, n.pos, &d.retry);
-        }
+    if let Some(n) = f.get("retry")
+        && let Some(p) = retry_patch(cx, n)
+    {
+        d.retry = p.apply(d.retry);
+        check_retry(cx, n.pos, &d.retry);
     }
     if let Some(t) = f
         .get("timeout")
@@ -688,13 +688,11 @@ fn schedule(cx: &mut Ctx, f: &Fields<'_>) -> Option<Schedule> {
     let kind = present[0];
     let node = f.get(kind)?;
     // Keys that belong to other schedules.
-    if kind != "after" {
-        if delay.is_some() {
-            cx.err(
-                f.key_pos("delay"),
-                "`delay` only applies to `after` schedules",
-            );
-        }
+    if kind != "after" && delay.is_some() {
+        cx.err(
+            f.key_pos("delay"),
+            "`delay` only applies to `after` schedules",
+        );
     }
     if !matches!(kind, "every" | "cron") {
         for key in ["start_at", "until"] {
@@ -708,13 +706,13 @@ fn schedule(cx: &mut Ctx, f: &Fields<'_>) -> Option<Schedule> {
     }
     let start = start_at.and_then(|n| instant(cx, n, "start_at"));
     let end = until.and_then(|n| instant(cx, n, "until"));
-    if let (Some(s), Some(e), Some(n)) = (start, end, until) {
-        if e < s {
-            cx.err(
-                n.pos,
-                "`until` is before `start_at`: the schedule would never fire",
-            );
-        }
+    if let (Some(s), Some(e), Some(n)) = (start, end, until)
+        && e < s
+    {
+        cx.err(
+            n.pos,
+            "`until` is before `start_at`: the schedule would never fire",
+        );
     }
     match kind {
         "at" => instant(cx, node, "at").map(Schedule::At),
@@ -942,18 +940,20 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
     };
     // The zone first: local wall times below are read in it.
     let mut tz_name = "UTC".to_string();
-    if let Some(n) = f.get("timezone") {
-        if let Some(name) = string(&mut cx, n, "timezone") {
-            match jiff::tz::db().get(&name) {
-                Ok(tz) => {
-                    cx.tz = tz;
-                    tz_name = name;
-                }
-                Err(_) => cx.err(
-                    n.pos,
-                    format!("unknown timezone `{name}`: use an IANA name such as `Europe/Berlin` or `UTC`"),
-                ),
+    if let Some(n) = f.get("timezone")
+        && let Some(name) = string(&mut cx, n, "timezone")
+    {
+        match jiff::tz::db().get(&name) {
+            Ok(tz) => {
+                cx.tz = tz;
+                tz_name = name;
             }
+            Err(_) => cx.err(
+                n.pos,
+                format!(
+                    "unknown timezone `{name}`: use an IANA name such as `Europe/Berlin` or `UTC`"
+                ),
+            ),
         }
     }
     let id = f
@@ -1025,11 +1025,10 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
                 for item in items {
                     // Report duplicate ids even when the rest of the
                     // instruction has errors.
-                    if let Value::Map(entries) = &item.value {
-                        if let Some((_, idn)) =
+                    if let Value::Map(entries) = &item.value
+                        && let Some((_, idn)) =
                             entries.iter().find(|(k, _)| k.as_scalar() == Some("id"))
-                        {
-                            if let Some(idv) = idn.as_scalar() {
+                            && let Some(idv) = idn.as_scalar() {
                                 if let Some(first) = seen.get(idv) {
                                     cx.instruction = None;
                                     cx.err(
@@ -1043,8 +1042,6 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
                                     seen.insert(idv.to_string(), idn.pos);
                                 }
                             }
-                        }
-                    }
                     if let Some((ins, pos)) = instruction(&mut cx, item, &d) {
                         after_positions.insert(ins.id.clone(), pos);
                         instructions.push(ins);
