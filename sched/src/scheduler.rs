@@ -146,6 +146,24 @@ struct InstrState {
     attempts: BTreeMap<RefTime, Attempt>,
 }
 
+impl InstrState {
+    /// Remove an occurrence's attempt record.
+    fn take_attempt(&mut self, occ: RefTime) -> Option<Attempt> {
+        let a = self.attempts.remove(&occ);
+        self.release_empty();
+        a
+    }
+
+    /// An empty `BTreeMap` keeps its root node allocated (over a kilobyte
+    /// here); with 10 000 instructions that is most of the agent's memory,
+    /// so give it back once the last attempt is gone.
+    fn release_empty(&mut self) {
+        if self.attempts.is_empty() {
+            self.attempts = BTreeMap::new();
+        }
+    }
+}
+
 #[derive(Debug)]
 struct PackState {
     key: PackKey,
@@ -168,7 +186,13 @@ pub struct Scheduler {
     by_key: HashMap<PackKey, usize>,
     queue: Queue<Entry>,
     prior: HashMap<String, PriorOutcome>,
-    fired: HashSet<String>,
+    /// Ids fired in this run, each with the instant after which no path can
+    /// derive it again (its occurrence plus the instruction's
+    /// `max_lateness`, plus a margin): pruned past that, so a long-running
+    /// agent's memory does not grow with every firing.
+    fired: HashMap<String, RefTime>,
+    /// When `fired` and `prior` were last pruned.
+    last_prune: RefTime,
     rng: ChaCha8Rng,
     next_generation: u64,
     /// Attempts still running for a pack version that is gone (replaced,
@@ -178,6 +202,15 @@ pub struct Scheduler {
 }
 
 const NS: i64 = 1;
+
+/// Safety margin past the last instant an id could be derived again.
+const PRUNE_MARGIN: Duration = Duration::from_secs(60);
+/// How often (in reference time) the id records are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+/// Journal records of attempts older than this are dropped from memory once
+/// the agent runs: restored packs resolve their recent occurrences from them
+/// at start-up; older one-shots are settled by `last_alive` (see `restore`).
+const PRIOR_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 fn ns(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
@@ -198,7 +231,8 @@ impl Scheduler {
             by_key: HashMap::new(),
             queue: Queue::new(),
             prior,
-            fired: HashSet::new(),
+            fired: HashMap::new(),
+            last_prune: RefTime::MIN,
             next_generation: 1,
             detached: HashMap::new(),
         }
@@ -213,6 +247,12 @@ impl Scheduler {
     /// instruction, plus retries and timeouts in flight).
     pub fn pending(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Sizes of the internal records (for memory tests and telemetry):
+    /// fired ids remembered, their table's capacity, prior records, queue.
+    pub fn record_counts(&self) -> [usize; 4] {
+        [self.fired.len(), self.fired.capacity(), self.prior.len(), self.queue.len()]
     }
 
     /// Version held for a pack, and whether it is still active.
@@ -389,7 +429,7 @@ impl Scheduler {
                     occurrence: at,
                     attempt: 1,
                 };
-                if self.fired.contains(&first.to_string()) {
+                if self.fired.contains_key(&first.to_string()) {
                     ps.ins[i].done = true;
                 }
             }
@@ -516,6 +556,21 @@ impl Scheduler {
 
     /// Handle everything due at or before `now`.
     pub fn tick(&mut self, now: RefTime, out: &mut Vec<Output>) {
+        if now > self.last_prune + PRUNE_EVERY {
+            self.last_prune = now;
+            self.fired.retain(|_, expiry| *expiry > now);
+            let horizon = now.saturating_sub(PRIOR_KEEP);
+            self.prior.retain(|id, _| {
+                ExecutionId::parse(id).is_none_or(|e| e.occurrence > horizon)
+            });
+            // A burst (catch-up, many packs at once) must not pin its peak.
+            if self.fired.capacity() > 4 * self.fired.len().max(256) {
+                self.fired.shrink_to_fit();
+            }
+            if self.prior.capacity() > 4 * self.prior.len().max(256) {
+                self.prior.shrink_to_fit();
+            }
+        }
         while let Some((deadline, timer, entry)) = self.queue.pop_due(now.as_nanos()) {
             self.handle_entry(RefTime::from_nanos(deadline), timer, entry, now, out);
         }
@@ -898,7 +953,7 @@ impl Scheduler {
     ) {
         let (occ, attempt) = (id.occurrence, id.attempt);
         let text = id.to_string();
-        if self.fired.contains(&text) || self.prior.contains_key(&text) {
+        if self.fired.contains_key(&text) || self.prior.contains_key(&text) {
             // Never twice: a duplicate delivery or a bug upstream must not
             // reach the device. The note names the occurrence, not the
             // attempt: that attempt reports its own end.
@@ -914,7 +969,11 @@ impl Scheduler {
             ));
             return;
         }
-        self.fired.insert(text);
+        let max_lateness = self.packs[slot]
+            .as_ref()
+            .map_or(Duration::ZERO, |p| p.pack.instructions[i].max_lateness);
+        let expiry = occ.max(now) + max_lateness + PRUNE_MARGIN;
+        self.fired.insert(text, expiry);
         let ps = self.packs[slot].take().expect("held");
         let ins = &ps.pack.instructions[i];
         let timeout = ins.timeout;
@@ -1034,7 +1093,7 @@ impl Scheduler {
         let Some(ps) = self.packs[slot].as_mut() else {
             return;
         };
-        if let Some(a) = ps.ins[i].attempts.remove(&occ)
+        if let Some(a) = ps.ins[i].take_attempt(occ)
             && let Some(t) = a.timer
         {
             self.queue.cancel(t);
@@ -1226,7 +1285,7 @@ impl Scheduler {
         let Some(ps) = self.packs[slot].as_mut() else {
             return;
         };
-        if let Some(a) = ps.ins[i].attempts.remove(&occ)
+        if let Some(a) = ps.ins[i].take_attempt(occ)
             && let Some(t) = a.timer
         {
             self.queue.cancel(t);
@@ -1340,6 +1399,7 @@ impl Scheduler {
                 }
             }
             st.attempts.retain(|_, a| a.running);
+            st.release_empty();
             st.done = st.done || !ps.pack.instructions[i].schedule.is_repeating();
         }
         let actions = ps.safe.clone();
