@@ -92,6 +92,9 @@ pub struct Stats {
     pub jobs: AtomicU64,
     /// Current sleep margin, ns.
     pub margin_ns: AtomicU64,
+    /// Jobs that reached this thread already past their deadline: lateness
+    /// caused upstream (arming), not by the dispatcher.
+    pub arrived_late: AtomicU64,
 }
 
 /// Queue sizes: the most jobs in flight between the threads. A full inbox
@@ -245,13 +248,19 @@ const MAX_SAMPLE_NS: i64 = 250_000;
 fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &Thread) {
     let mut heap: BinaryHeap<Queued> = BinaryHeap::with_capacity(QUEUE_CAPACITY * 2);
     let mut seq: u64 = 0;
-    // Margin: start generous, then track observed wake latency (EWMA of
-    // the capped overshoot past the requested wake, doubled, plus a floor).
+    // Margin: start generous, then cover the worst of the recent wake-up
+    // overshoots (a window of the last 32, each capped), plus a floor. A
+    // quantile rather than a mean: the mean would leave every slower than
+    // average wake-up late.
     let mut margin: i64 = 200_000;
-    let mut ewma: i64 = 50_000;
+    let mut recent = [MIN_MARGIN_NS; 32];
+    let mut next_sample = 0usize;
     loop {
         let seen = s.word.load(Ordering::Acquire);
         while let Some(job) = s.inbox.pop() {
+            if job.deadline.0 < mono_now().0 {
+                s.stats.arrived_late.fetch_add(1, Ordering::Relaxed);
+            }
             seq += 1;
             heap.push(Queued {
                 key: Reverse((job.deadline.0, seq)),
@@ -294,9 +303,10 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
             let woke = mono_now().0;
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
                 // Timed wake: learn the latency.
-                let over = (woke - wake_at).min(MAX_SAMPLE_NS);
-                ewma += (over - ewma) / 8;
-                margin = (ewma * 2 + MIN_MARGIN_NS).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
+                recent[next_sample] = (woke - wake_at).min(MAX_SAMPLE_NS);
+                next_sample = (next_sample + 1) % recent.len();
+                let worst = recent.iter().copied().max().unwrap_or(MIN_MARGIN_NS);
+                margin = (worst + MIN_MARGIN_NS / 2).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
                 s.stats.margin_ns.store(margin as u64, Ordering::Relaxed);
             }
             continue;
