@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::id::{ExecutionId, PackKey};
 use crate::output::{Event, EventKind, Firing, Output, SafeReason};
-use crate::queue::{Queue, TimerId};
+use crate::queue::{Queue as TimingWheel, TimerId};
 
 /// Tunables of the core.
 #[derive(Clone, Debug)]
@@ -184,7 +184,7 @@ pub struct Scheduler {
     cfg: Config,
     packs: Vec<Option<PackState>>,
     by_key: HashMap<PackKey, usize>,
-    queue: Queue<Entry>,
+    queue: TimingWheel<Entry>,
     prior: HashMap<String, PriorOutcome>,
     /// Ids fired in this run, each with the instant after which no path can
     /// derive it again (its occurrence plus the instruction's
@@ -229,7 +229,7 @@ impl Scheduler {
             cfg,
             packs: Vec::new(),
             by_key: HashMap::new(),
-            queue: Queue::new(),
+            queue: TimingWheel::new(),
             prior,
             fired: HashMap::new(),
             last_prune: RefTime::MIN,
@@ -252,7 +252,12 @@ impl Scheduler {
     /// Sizes of the internal records (for memory tests and telemetry):
     /// fired ids remembered, their table's capacity, prior records, queue.
     pub fn record_counts(&self) -> [usize; 4] {
-        [self.fired.len(), self.fired.capacity(), self.prior.len(), self.queue.len()]
+        [
+            self.fired.len(),
+            self.fired.capacity(),
+            self.prior.len(),
+            self.queue.len(),
+        ]
     }
 
     /// Version held for a pack, and whether it is still active.
@@ -390,7 +395,7 @@ impl Scheduler {
                 for (occ, a) in &st.attempts {
                     if a.running {
                         let timer = self.queue.insert_with_tiebreak(
-                            (now + o.pack.instructions[j].timeout).as_nanos(),
+                            (now + o.pack.instructions[j].policy.timeout).as_nanos(),
                             0,
                             Entry {
                                 slot,
@@ -471,7 +476,7 @@ impl Scheduler {
             for (occ, attempt, running) in occs {
                 let (at, kind) = if running {
                     (
-                        now + ps.pack.instructions[i].timeout,
+                        now + ps.pack.instructions[i].policy.timeout,
                         EntryKind::Timeout { occ, attempt },
                     )
                 } else {
@@ -560,9 +565,8 @@ impl Scheduler {
             self.last_prune = now;
             self.fired.retain(|_, expiry| *expiry > now);
             let horizon = now.saturating_sub(PRIOR_KEEP);
-            self.prior.retain(|id, _| {
-                ExecutionId::parse(id).is_none_or(|e| e.occurrence > horizon)
-            });
+            self.prior
+                .retain(|id, _| ExecutionId::parse(id).is_none_or(|e| e.occurrence > horizon));
             // A burst (catch-up, many packs at once) must not pin its peak.
             if self.fired.capacity() > 4 * self.fired.len().max(256) {
                 self.fired.shrink_to_fit();
@@ -628,7 +632,7 @@ impl Scheduler {
                     .is_some_and(|a| a.id.attempt == attempt && a.running);
                 if live {
                     let ins = &ps.pack.instructions[e.instr];
-                    let reason = format!("timed out after {}", fmt_d(ins.timeout));
+                    let reason = format!("timed out after {}", fmt_d(ins.policy.timeout));
                     let id = st.attempts.get(&occ).map(|a| a.id.clone());
                     if let Some(id) = id {
                         out.push(Output::Abort(id.clone()));
@@ -710,7 +714,7 @@ impl Scheduler {
         };
         let ins = &ps.pack.instructions[i];
         let lateness = now.since(deadline);
-        let max_late = ins.max_lateness;
+        let max_late = ins.policy.max_lateness;
         if !ins.schedule.is_repeating() {
             // `at` and `after` rounds: one occurrence, fired once.
             if ps.ins[i].done {
@@ -745,7 +749,7 @@ impl Scheduler {
         // silence — `catch_up` decides, and the schedule resumes on time.
         let tz = ps.pack.timezone.clone();
         let schedule = ins.schedule.clone();
-        let catch_up = ins.catch_up;
+        let catch_up = ins.policy.catch_up;
         let anchor = ps.anchor;
         let bound = now.saturating_sub(max_late);
         let mut missed: VecDeque<RefTime> = VecDeque::new();
@@ -850,7 +854,7 @@ impl Scheduler {
         }
         let max = self.packs[slot]
             .as_ref()
-            .map_or(1, |p| p.pack.instructions[i].retry.max_attempts);
+            .map_or(1, |p| p.pack.instructions[i].policy.retry.max_attempts);
         let mut attempt = 1;
         loop {
             let id = self.make_id(slot, i, occ, attempt);
@@ -928,7 +932,7 @@ impl Scheduler {
         let Some(id) = ps.ins[i].attempts.get(&occ).map(|a| a.id.clone()) else {
             return;
         };
-        let max_late = ps.pack.instructions[i].max_lateness;
+        let max_late = ps.pack.instructions[i].policy.max_lateness;
         let lateness = now.since(deadline);
         if lateness > max_late {
             let reason = format!(
@@ -969,21 +973,21 @@ impl Scheduler {
             ));
             return;
         }
-        let max_lateness = self.packs[slot]
-            .as_ref()
-            .map_or(Duration::ZERO, |p| p.pack.instructions[i].max_lateness);
+        let max_lateness = self.packs[slot].as_ref().map_or(Duration::ZERO, |p| {
+            p.pack.instructions[i].policy.max_lateness
+        });
         let expiry = occ.max(now) + max_lateness + PRUNE_MARGIN;
         self.fired.insert(text, expiry);
         let ps = self.packs[slot].take().expect("held");
         let ins = &ps.pack.instructions[i];
-        let timeout = ins.timeout;
+        let timeout = ins.policy.timeout;
         let firing = Firing {
             id: id.clone(),
             // Built per firing rather than kept per instruction: memory
             // stays O(instructions) with a small constant.
             action: Arc::new(ins.action.clone()),
             scheduled,
-            not_after: scheduled.max(now) + ins.max_lateness,
+            not_after: scheduled.max(now) + ins.policy.max_lateness,
             timeout,
         };
         let timer = self.insert(
@@ -1172,7 +1176,7 @@ impl Scheduler {
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
-        let policy = ps.pack.instructions[i].retry;
+        let policy = ps.pack.instructions[i].policy.retry;
         let (occ, attempt) = (failed.occurrence, failed.attempt);
         if attempt >= policy.max_attempts {
             let reason = format!("failed after {attempt} attempt(s)");
@@ -1296,11 +1300,11 @@ impl Scheduler {
         if !ps.pack.instructions[i].schedule.is_repeating() {
             ps.ins[i].done = true;
         }
-        let on_give_up = ps.pack.instructions[i].on_give_up;
+        let on_give_up = ps.pack.instructions[i].policy.on_give_up;
         let on_failure = ps.pack.instructions[i]
+            .policy
             .on_failure
-            .as_deref()
-            .cloned()
+            .clone()
             .map(Arc::new);
         let key = ps.key.clone();
         let ins_id = ps.pack.instructions[i].id.clone();

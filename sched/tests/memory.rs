@@ -96,7 +96,10 @@ fn memory_is_per_instruction_and_does_not_grow_with_occurrences() {
         cycle(&mut core, &mut out);
     }
     let m2 = live() - before;
-    eprintln!("after one cycle: {m1} bytes; after two more ({} firings in all): {m2} bytes", 20 * n);
+    eprintln!(
+        "after one cycle: {m1} bytes; after two more ({} firings in all): {m2} bytes",
+        20 * n
+    );
     assert!(
         (m2 - m1).abs() < (n as isize) * 16,
         "memory grew from {m1} to {m2} bytes with more occurrences"

@@ -156,7 +156,7 @@ impl Checker {
                     let id = e.id.as_ref().expect("retry has an id");
                     let p = &packs[&e.pack];
                     let ins = p.instruction(&id.instruction).expect("known instruction");
-                    let r = ins.retry;
+                    let r = ins.policy.retry;
                     let base = r.base_delay(id.attempt).as_secs_f64();
                     let wait = at.since(e.t).as_secs_f64();
                     let lo = base * (1.0 - r.jitter) - 1e-6;
@@ -171,7 +171,7 @@ impl Checker {
                         .instruction
                         .as_deref()
                         .and_then(|i| packs[&e.pack].instruction(i));
-                    if ins.is_some_and(|i| i.on_give_up == OnGiveUp::SafeState) {
+                    if ins.is_some_and(|i| i.policy.on_give_up == OnGiveUp::SafeState) {
                         self.give_up_pending.insert(e.pack.clone());
                     }
                 }

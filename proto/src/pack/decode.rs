@@ -2,6 +2,7 @@
 //! collecting every error instead of stopping at the first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cron::CronSchedule;
@@ -75,6 +76,8 @@ struct Ctx {
     errors: Vec<PackError>,
     instruction: Option<String>,
     tz: TimeZone,
+    /// Distinct policies seen so far (see `Instruction::policy`).
+    policies: HashMap<Policy, Arc<Policy>>,
 }
 
 impl Ctx {
@@ -828,7 +831,7 @@ fn instruction(cx: &mut Ctx, node: &Node, d: &Defaults) -> Option<(Instruction, 
         None => Some(d.max_lateness),
     };
     let on_failure = match f.get("on_failure") {
-        Some(n) => action_object(cx, n, "on_failure").map(|a| Some(Box::new(a))),
+        Some(n) => action_object(cx, n, "on_failure").map(Some),
         None => Some(None),
     };
     let on_give_up = match f.get("on_give_up") {
@@ -876,6 +879,19 @@ fn instruction(cx: &mut Ctx, node: &Node, d: &Defaults) -> Option<(Instruction, 
     if cx.errors.len() != before {
         return None;
     }
+    let policy = Policy {
+        retry: retry?,
+        timeout: timeout?,
+        max_lateness: max_lateness?,
+        on_failure: on_failure?,
+        on_give_up: on_give_up?,
+        catch_up: catch_up?,
+    };
+    let policy = cx
+        .policies
+        .entry(policy.clone())
+        .or_insert_with(|| Arc::new(policy))
+        .clone();
     Some((
         Instruction {
             id: id?,
@@ -883,13 +899,8 @@ fn instruction(cx: &mut Ctx, node: &Node, d: &Defaults) -> Option<(Instruction, 
             action: act?,
             schedule: sched?,
             priority,
-            retry: retry?,
-            timeout: timeout?,
-            max_lateness: max_lateness?,
-            on_failure: on_failure?,
-            on_give_up: on_give_up?,
-            catch_up: catch_up?,
-            description,
+            policy,
+            description: description.map(String::into_boxed_str),
         },
         after_pos,
     ))
@@ -934,6 +945,7 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
         errors: Vec::new(),
         instruction: None,
         tz: TimeZone::UTC,
+        policies: HashMap::new(),
     };
     let Some(f) = Fields::new(&mut cx, root, "a pack", PACK_KEYS) else {
         return Err(PackErrors(cx.errors));

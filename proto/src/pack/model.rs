@@ -4,6 +4,8 @@
 //! the scheduler never has to ask "was this set?".
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_cron::CronSchedule;
@@ -48,7 +50,7 @@ impl Pack {
             .iter()
             .flat_map(|i| {
                 std::iter::once((Some(i), &i.action))
-                    .chain(i.on_failure.iter().map(move |a| (Some(i), &**a)))
+                    .chain(i.policy.on_failure.iter().map(move |a| (Some(i), a)))
             })
             .chain(self.safe_state.iter().map(|a| (None, a)))
     }
@@ -76,6 +78,17 @@ pub struct Instruction {
     pub schedule: Schedule,
     /// Equal deadlines fire highest priority first, then in pack order.
     pub priority: u8,
+    /// Retry, timeouts and failure handling. Shared: instructions with the
+    /// same settings (most of a pack, through `defaults`) hold one `Arc`,
+    /// which keeps a 10 000-instruction pack small on the agent.
+    pub policy: Arc<Policy>,
+    /// Optional free text.
+    pub description: Option<Box<str>>,
+}
+
+/// How an instruction's attempts are bounded and what failure does.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
     /// How failed attempts are retried.
     pub retry: RetryPolicy,
     /// Per-attempt timeout.
@@ -83,15 +96,11 @@ pub struct Instruction {
     /// A firing later than this is skipped and reported, not run.
     pub max_lateness: Duration,
     /// Run when the instruction gives up (retries exhausted or missed).
-    /// Boxed: most instructions have none, and 10 000 instructions should
-    /// not each carry an empty action's worth of bytes.
-    pub on_failure: Option<Box<Action>>,
+    pub on_failure: Option<Action>,
     /// What giving up does to the rest of the pack.
     pub on_give_up: OnGiveUp,
     /// What to do with occurrences missed during downtime.
     pub catch_up: CatchUp,
-    /// Optional free text.
-    pub description: Option<String>,
 }
 
 /// When an instruction fires. Exactly one per instruction.
@@ -172,6 +181,20 @@ impl Default for RetryPolicy {
     }
 }
 
+// Validation refuses NaN and infinities, so comparing the floats by their
+// bits is a true equivalence: policies can be interned in a hash map.
+impl Eq for RetryPolicy {}
+
+impl Hash for RetryPolicy {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.max_attempts.hash(h);
+        self.backoff.hash(h);
+        self.factor.to_bits().hash(h);
+        self.max_backoff.hash(h);
+        self.jitter.to_bits().hash(h);
+    }
+}
+
 impl RetryPolicy {
     /// The wait before retry number `retry` (1 = first retry) with no
     /// jitter: `backoff * factor^(retry-1)`, capped at `max_backoff`.
@@ -194,7 +217,7 @@ impl RetryPolicy {
 }
 
 /// What giving up on an instruction does to the rest of its pack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum OnGiveUp {
     /// Run `safe_state` and fire nothing more of the pack (the default).
     #[default]
@@ -204,7 +227,7 @@ pub enum OnGiveUp {
 }
 
 /// What to do with repeating occurrences missed while the agent was down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum CatchUp {
     /// Drop them (the default).
     #[default]
@@ -243,7 +266,7 @@ pub struct LineRef {
 }
 
 /// Something the agent does to the device.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     /// Drive a line to a level.
     GpioWrite {
