@@ -6,10 +6,10 @@ cd "$(dirname "$0")/.."
 COUNT=${COUNT:-10000}
 command -v cyclictest >/dev/null || { apt-get update -qq && apt-get install -y -qq rt-tests; }
 cargo build --release -q -p baton-agent
-echo "== baton-agent bench-latency --count $COUNT --interval 1ms"
-./target/release/baton-agent bench-latency --count "$COUNT" --interval 1ms --json | tee /tmp/baton-lat.json
-echo "== cyclictest -m -p 80 -i 1000 -l $COUNT"
-cyclictest -m -p 80 -i 1000 -l "$COUNT" -h 2000 -q > /tmp/cyclic.txt
+echo "== baton-agent bench-latency --count $COUNT --interval 1ms --cpu 1"
+./target/release/baton-agent bench-latency --count "$COUNT" --interval 1ms --cpu 1 --json | tee /tmp/baton-lat.json
+echo "== cyclictest -m -p 80 -a 1 -i 1000 -l $COUNT"
+cyclictest -m -p 80 -a 1 -i 1000 -l "$COUNT" -h 2000 -q > /tmp/cyclic.txt
 python3 - <<'PY'
 import json
 b = json.load(open('/tmp/baton-lat.json'))

@@ -30,6 +30,9 @@ use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult};
 use crate::gpio::{Gpio, LineHandle, open_backend};
 use crate::journal::{Journal, JournalConfig, StoredPack};
 
+/// Packs are refused while the clock estimate is less certain than this.
+pub const MAX_CLOCK_UNCERTAINTY_NS: i64 = 10_000_000;
+
 /// One executed (or late-skipped) attempt, for the live view and feedback.
 #[derive(Clone, Debug)]
 pub struct FiringRecord {
@@ -47,6 +50,8 @@ pub struct FiringRecord {
     pub lateness_ns: i64,
     /// `ok`, `failed: …`, `late`, or `ok value=1`.
     pub result: String,
+    /// The sampled level, for `gpio.read`.
+    pub value: Option<u8>,
 }
 
 /// Where the runtime reports what it does (the terminal live view, a log).
@@ -109,6 +114,9 @@ pub struct Agent {
     out: Vec<Output>,
     last_heartbeat: MonoTime,
     last_view_tick: MonoTime,
+    /// Outbox drops already reported (the journal keeps the count; the
+    /// controller link will carry it in feedback).
+    reported_dropped: u64,
 }
 
 impl std::fmt::Debug for Agent {
@@ -216,6 +224,7 @@ impl Agent {
             out: Vec::new(),
             last_heartbeat: mono_now(),
             last_view_tick: mono_now(),
+            reported_dropped: 0,
             cfg,
         };
         let now = agent.clock.now();
@@ -257,6 +266,16 @@ impl Agent {
     /// Validate a pack file and accept it (journalled first).
     pub fn load_file(&mut self, path: &Path, view: &mut dyn View) -> anyhow::Result<()> {
         let name = path.display().to_string();
+        // DESIGN.md principle 3: no pack is taken while the agent does not
+        // know reference time well enough to honour it.
+        let uncertainty = self.clock.uncertainty_ns();
+        if uncertainty > MAX_CLOCK_UNCERTAINTY_NS {
+            bail!(
+                "{name}: refused: clock uncertainty {} exceeds the agent's limit {}",
+                fmt_ns(uncertainty),
+                fmt_ns(MAX_CLOCK_UNCERTAINTY_NS)
+            );
+        }
         let yaml = std::fs::read_to_string(path).with_context(|| format!("{name}: cannot read"))?;
         let pack =
             parse_pack(&yaml).map_err(|e| anyhow::anyhow!("{}", e.render(&name).trim_end()))?;
@@ -415,6 +434,14 @@ impl Agent {
         if m.0 - self.last_view_tick.0 > 1_000_000_000 {
             view.tick(&self.hist);
             self.last_view_tick = m;
+            let dropped = self.journal.dropped();
+            if dropped > self.reported_dropped {
+                view.note(&format!(
+                    "feedback outbox full (cap {}): {dropped} oldest record(s) dropped so far, unreported to any controller",
+                    self.cfg.outbox_cap
+                ));
+                self.reported_dropped = dropped;
+            }
         }
         Ok(())
     }
@@ -487,6 +514,7 @@ impl Agent {
                                     actual: f.scheduled.max(now),
                                     lateness_ns: now.as_nanos() - f.scheduled.as_nanos(),
                                     result: "ok".into(),
+                                    value: None,
                                 },
                             )?;
                         }
@@ -686,6 +714,7 @@ impl Agent {
             "actual_ns": rec.actual.as_nanos(),
             "lateness_ns": rec.lateness_ns,
             "result": rec.result,
+            "value": rec.value,
         });
         self.journal
             .push_feedback(fb.to_string().as_bytes())
@@ -740,6 +769,7 @@ impl Agent {
                     actual: started,
                     lateness_ns: started.as_nanos() - scheduled.as_nanos(),
                     result: text,
+                    value: None,
                 },
             )?;
             self.core.attempt_result(&id, result, now, &mut out);
@@ -790,6 +820,10 @@ impl Agent {
                 scheduled,
                 action,
             } => {
+                let value = match done.outcome {
+                    JobOutcome::Ok(v) => v,
+                    _ => None,
+                };
                 let (result, label) = match done.outcome {
                     JobOutcome::Ok(v) => (
                         AttemptResult::Ok { value: v },
@@ -817,6 +851,7 @@ impl Agent {
                         actual: actual_of(scheduled),
                         lateness_ns,
                         result: label,
+                        value,
                     },
                 )?;
                 self.core
@@ -843,6 +878,7 @@ impl Agent {
                         actual: actual_of(scheduled),
                         lateness_ns,
                         result: label,
+                        value: None,
                     },
                 )?;
             }
