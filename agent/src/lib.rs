@@ -10,4 +10,3 @@ pub mod live;
 pub mod rt;
 pub mod runtime;
 pub mod simulate;
-pub mod timing;

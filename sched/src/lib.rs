@@ -18,9 +18,9 @@
 
 mod id;
 mod output;
-mod queue;
 mod scheduler;
 pub mod sim;
+pub mod timing;
 
 pub use id::{ExecutionId, PackKey};
 pub use output::{Event, EventKind, Firing, Output, SafeReason};

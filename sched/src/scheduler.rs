@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::id::{ExecutionId, PackKey};
 use crate::output::{Event, EventKind, Firing, Output, SafeReason};
-use crate::queue::{Queue as TimingWheel, TimerId};
+use crate::timing::{TimerId, TimingWheel};
 
 /// Tunables of the core.
 #[derive(Clone, Debug)]
@@ -493,7 +493,7 @@ impl Scheduler {
     }
 
     fn insert(
-        &mut self,
+        &self,
         ps: &PackState,
         slot: usize,
         i: usize,
@@ -517,6 +517,20 @@ impl Scheduler {
 
     /// Remove a replaced version's entries from the queue. The state keeps
     /// which occurrence was next, so unchanged instructions carry it over.
+    /// Queue an entry for instruction `i` of the pack in `slot`.
+    fn arm(&self, slot: usize, i: usize, at: RefTime, kind: EntryKind) -> Option<TimerId> {
+        let ps = self.packs[slot].as_ref()?;
+        Some(self.insert(ps, slot, i, at, kind))
+    }
+
+    /// Make occurrence `occ`, due `at`, the instruction's pending one.
+    fn arm_occurrence(&mut self, slot: usize, i: usize, occ: RefTime, at: RefTime) {
+        let id = self.arm(slot, i, at, EntryKind::Occurrence(occ));
+        if let (Some(id), Some(ps)) = (id, self.packs[slot].as_mut()) {
+            ps.ins[i].pending = Some((id, occ));
+        }
+    }
+
     fn cancel_timers(&mut self, ps: &PackState) {
         for st in &ps.ins {
             if let Some((id, _)) = st.pending {
@@ -691,12 +705,7 @@ impl Scheduler {
             ps.pack.instructions[i]
                 .schedule
                 .next_after(&ps.pack.timezone, ps.anchor, after)?;
-        let ps = self.packs[slot].take()?;
-        let id = self.insert(&ps, slot, i, next, EntryKind::Occurrence(next));
-        self.packs[slot] = Some(ps);
-        if let Some(ps) = self.packs[slot].as_mut() {
-            ps.ins[i].pending = Some((id, next));
-        }
+        self.arm_occurrence(slot, i, next, next);
         Some(next)
     }
 
@@ -790,12 +799,7 @@ impl Scheduler {
             }
         }
         if let Some(next) = first_ok {
-            let ps = self.packs[slot].take().expect("held");
-            let id = self.insert(&ps, slot, i, next, EntryKind::Occurrence(next));
-            self.packs[slot] = Some(ps);
-            if let Some(ps) = self.packs[slot].as_mut() {
-                ps.ins[i].pending = Some((id, next));
-            }
+            self.arm_occurrence(slot, i, next, next);
         }
         let span = format!(
             "between {} and {}",
@@ -978,7 +982,9 @@ impl Scheduler {
         });
         let expiry = occ.max(now) + max_lateness + PRUNE_MARGIN;
         self.fired.insert(text, expiry);
-        let ps = self.packs[slot].take().expect("held");
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
         let ins = &ps.pack.instructions[i];
         let timeout = ins.policy.timeout;
         let firing = Firing {
@@ -991,13 +997,12 @@ impl Scheduler {
             timeout,
         };
         let timer = self.insert(
-            &ps,
+            ps,
             slot,
             i,
             now + timeout,
             EntryKind::Timeout { occ, attempt },
         );
-        self.packs[slot] = Some(ps);
         if let Some(ps) = self.packs[slot].as_mut() {
             ps.ins[i].attempts.insert(
                 occ,
@@ -1189,9 +1194,7 @@ impl Scheduler {
             attempt: attempt + 1,
             ..failed.clone()
         };
-        let ps = self.packs[slot].take().expect("held");
-        let timer = self.insert(
-            &ps,
+        let timer = self.arm(
             slot,
             i,
             at,
@@ -1200,14 +1203,13 @@ impl Scheduler {
                 attempt: attempt + 1,
             },
         );
-        self.packs[slot] = Some(ps);
         if let Some(ps) = self.packs[slot].as_mut() {
             ps.ins[i].attempts.insert(
                 occ,
                 Attempt {
                     id: next_id,
                     running: false,
-                    timer: Some(timer),
+                    timer,
                 },
             );
         }
@@ -1263,12 +1265,7 @@ impl Scheduler {
             }
             let occ_d = round + delay;
             let at = now + delay;
-            let ps = self.packs[slot].take().expect("held");
-            let timer = self.insert(&ps, slot, d, at, EntryKind::Occurrence(occ_d));
-            self.packs[slot] = Some(ps);
-            if let Some(ps) = self.packs[slot].as_mut() {
-                ps.ins[d].pending = Some((timer, occ_d));
-            }
+            self.arm_occurrence(slot, d, occ_d, at);
             // A zero delay is due at once: handled by the caller's tick
             // loop on the next pass, or by the next `tick`.
             let _ = &out;

@@ -101,7 +101,7 @@ fn memory_is_per_instruction_and_does_not_grow_with_occurrences() {
         20 * n
     );
     assert!(
-        (m2 - m1).abs() < (n as isize) * 16,
+        (m2 - m1).abs() < n * 16,
         "memory grew from {m1} to {m2} bytes with more occurrences"
     );
     assert!(m1 / n < 1200, "{} B per instruction", m1 / n);

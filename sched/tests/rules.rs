@@ -271,8 +271,7 @@ fn on_give_up_continue_skips_only_dependents() {
     // The periodic instruction keeps firing after the give-up.
     let last_beat = fires(&ev)
         .into_iter()
-        .filter(|(_, i)| i == "beat")
-        .next_back()
+        .rfind(|(_, i)| i == "beat")
         .expect("beats");
     assert_eq!(last_beat.0, format!("2026-12-01T10:00:10{Z}"));
 }
