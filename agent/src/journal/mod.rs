@@ -103,6 +103,7 @@
 
 mod error;
 mod lock;
+mod packed;
 mod record;
 mod state;
 
@@ -113,6 +114,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 pub use error::JournalError;
+use packed::PackedPack;
 use record::{HEADER_LEN, HeaderError, Ids, MAX_PAYLOAD, Rec};
 use state::State;
 
@@ -345,7 +347,12 @@ impl Journal {
         journal.maybe_compact();
 
         let recovered = Recovered {
-            packs: journal.state.packs.values().cloned().collect(),
+            packs: journal
+                .state
+                .packs
+                .values()
+                .map(PackedPack::to_stored)
+                .collect(),
             started: journal.state.started.keys().cloned().collect(),
             finished: journal.state.finished.keys().cloned().collect(),
             outbox: journal.state.outbox.iter().cloned().collect(),
@@ -774,12 +781,13 @@ fn write_tmp(
     })
     .map_err(io_err("write"))?;
     for p in state.packs.values() {
+        let yaml = p.yaml();
         w.emit(&Rec::PutPack {
             tenant: &p.tenant,
             pack: &p.pack,
             version: p.version,
             accepted_ns: p.accepted_ns,
-            yaml: &p.yaml,
+            yaml: &yaml,
         })
         .map_err(io_err("write"))?;
     }

@@ -5,13 +5,13 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use super::StoredPack;
+use super::packed::PackedPack;
 use super::record::Rec;
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
     /// Keyed by (tenant, pack).
-    pub(crate) packs: BTreeMap<(String, String), StoredPack>,
+    pub(crate) packs: BTreeMap<(String, String), PackedPack>,
     /// Execution id → scheduled reference time.
     pub(crate) started: HashMap<String, i64>,
     /// Execution id → reference time that dates the result.
@@ -62,13 +62,7 @@ impl State {
                 accepted_ns,
                 yaml,
             } => {
-                let p = StoredPack {
-                    tenant: (*tenant).to_owned(),
-                    pack: (*pack).to_owned(),
-                    version: *version,
-                    yaml: (*yaml).to_owned(),
-                    accepted_ns: *accepted_ns,
-                };
+                let p = PackedPack::new(tenant, pack, *version, *accepted_ns, yaml);
                 self.packs.insert((p.tenant.clone(), p.pack.clone()), p);
             }
             Rec::RemovePack { tenant, pack } => {
