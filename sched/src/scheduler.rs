@@ -439,6 +439,26 @@ impl Scheduler {
                 }
             }
         }
+        // After a restart, a one-shot due while the agent was still up was
+        // handled then (fired, or missed and reported). Only the journal's
+        // record of it matters (it may release dependents); without one, it
+        // is settled — never "missed" again on every later restart.
+        if let Some(alive) = resume_after {
+            for i in 0..n {
+                if let Schedule::At(t) = ps.pack.instructions[i].schedule {
+                    let first = ExecutionId {
+                        pack: ps.key.clone(),
+                        version: ps.pack.version,
+                        instruction: ps.pack.instructions[i].id.clone(),
+                        occurrence: t,
+                        attempt: 1,
+                    };
+                    if t <= alive && !self.prior.contains_key(&first.to_string()) {
+                        ps.ins[i].done = true;
+                    }
+                }
+            }
+        }
         // First occurrences.
         for (i, carried) in carried_next.iter().copied().enumerate() {
             let ins = &ps.pack.instructions[i];
@@ -575,6 +595,11 @@ impl Scheduler {
 
     /// Handle everything due at or before `now`.
     pub fn tick(&mut self, now: RefTime, out: &mut Vec<Output>) {
+        while let Some((deadline, timer, entry)) = self.queue.pop_due(now.as_nanos()) {
+            self.handle_entry(RefTime::from_nanos(deadline), timer, entry, now, out);
+        }
+        // After the due entries: a restart's first tick still resolves old
+        // occurrences from the journal's records before any are dropped.
         if now > self.last_prune + PRUNE_EVERY {
             self.last_prune = now;
             self.fired.retain(|_, expiry| *expiry > now);
@@ -588,9 +613,6 @@ impl Scheduler {
             if self.prior.capacity() > 4 * self.prior.len().max(256) {
                 self.prior.shrink_to_fit();
             }
-        }
-        while let Some((deadline, timer, entry)) = self.queue.pop_due(now.as_nanos()) {
-            self.handle_entry(RefTime::from_nanos(deadline), timer, entry, now, out);
         }
     }
 

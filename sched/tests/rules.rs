@@ -673,3 +673,28 @@ fn the_same_id_never_fires_twice_even_if_the_pack_is_redelivered_after_a_cancel(
     // The re-delivered one-shot is known to have fired: nothing is pending.
     assert_eq!(core.next_wake(), None);
 }
+
+#[test]
+fn a_restart_days_later_does_not_miss_one_shots_that_ran_before() {
+    // The journal no longer remembers warmup (retention), but the agent was
+    // up well after it: it was handled then, and must not now count as
+    // missed (which would fail the whole pack safe on every restart).
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    core.restore(
+        pack(PRESS),
+        t("2026-12-01T09:59:59Z"),
+        t("2026-12-03T08:00:00Z"),
+        t("2026-12-03T09:00:00Z"),
+        &mut out,
+    )
+    .expect("restore");
+    let ev = run_until(&mut core, t("2026-12-03T09:00:03Z"), &mut out, &[]);
+    assert!(names(&ev, "warmup").is_empty(), "{:?}", brief(&ev));
+    assert!(
+        ev.iter()
+            .all(|e| e.kind.name() != "safe_state" && e.kind.name() != "give_up")
+    );
+    // The periodic instruction goes on.
+    assert!(fires(&ev).iter().any(|(_, i)| i == "beat"));
+}
