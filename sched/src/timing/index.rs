@@ -47,11 +47,13 @@
 //! four times its length: the tables together stay O(pending firings).
 //!
 //! `HashMap::capacity` cannot tell when to shrink: it is `len + spare room`,
-//! and a removal from a full probe group leaves a tombstone that takes spare
-//! room away until the next rehash. Our dense ids fill groups sequentially, so
-//! this is the common case: once a batch of 2000 is popped, `capacity` reads
-//! 1584 for a table with room for 3584. Each shard therefore remembers the
-//! capacity its table had when it was last (re)built.
+//! and a removal from a full probe group leaves a "deleted" marker (not our
+//! tombstones: the hash table's own) that takes spare room away until the next
+//! rehash. Our dense ids fill groups sequentially, so this is the common case:
+//! once a batch of 2000 is popped, `capacity` reads 1584 for a table with room
+//! for 3584. Each shard therefore remembers the capacity its table had when it
+//! was last (re)built. In the benchmark (1M firings over 60 s, inserted then
+//! popped) the shrinks take about 8 ms of the pops' 140 ms.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

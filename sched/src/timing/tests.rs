@@ -337,10 +337,9 @@ fn churn_of_near_cancels_keeps_memory_bounded() {
     assert_eq!(w.next_deadline(), Some(T0 + 3600 * SEC));
 }
 
-/// Bytes in large allocations made and not yet freed by the current thread.
-///
-/// A counting allocator for this test binary, per thread so that the tests
-/// running alongside do not disturb the count. Only allocations of at least
+/// A counting allocator for this test binary: bytes in large allocations
+/// made and not yet freed, counted per thread so that the tests running
+/// alongside do not disturb the count. Only allocations of at least
 /// [`LARGE`](counting::LARGE) bytes are counted: those are the wheel's hash
 /// tables and key vectors, which only the thread calling into the wheel
 /// allocates and frees. Skiplist nodes and crossbeam-epoch's garbage bags are
@@ -440,14 +439,15 @@ fn periodic_batches_with_timeouts_and_time_jumps_keep_memory_flat() {
                     w.insert(now + 30 * SEC, v)
                 })
                 .collect();
-            for (id, v) in timeouts.into_iter().zip(0..) {
-                assert!(w.cancel(id).is_some(), "timeout {v}");
+            for id in timeouts {
+                assert!(w.cancel(id).is_some());
             }
             now += SEC;
             assert_eq!(w.next_deadline(), Some(now));
         }
         assert_eq!(w.len(), N as usize);
-        assert!(w.tombstones.load(Ordering::Relaxed) <= 2 * N as usize + SWEEP_SLACK);
+        // The cancelled timeouts are swept or drained as they go.
+        assert!(w.tombstones.load(Ordering::Relaxed) <= N as usize + SWEEP_SLACK);
     };
     // The first cycles size the tables and vectors.
     cycle();
