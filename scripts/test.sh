@@ -18,4 +18,7 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The end-to-end tests start the real binaries; cargo only builds a
+# package's binaries for its own integration tests, so build them all first.
+cargo build --workspace --bins --locked
 cargo test --workspace --locked
