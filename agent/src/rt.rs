@@ -133,6 +133,25 @@ pub fn apply_to_current_thread(cfg: &RtConfig) -> RtStatus {
     st
 }
 
+/// Keep the calling thread (and the threads it spawns later) off `cpu`, so
+/// the dispatcher pinned there has it to itself. No-op on a single-CPU box.
+pub fn avoid_cpu(cpu: usize) -> io::Result<()> {
+    let n = std::thread::available_parallelism().map_or(1, usize::from);
+    if n < 2 {
+        return Ok(());
+    }
+    // SAFETY: `set` is a zeroed cpu_set_t; CPU_SET bounds-checks; pid 0 is
+    // the calling thread.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in (0..n).filter(|c| *c != cpu) {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 /// Sleep on a futex word until it differs from `seen`, or until the
 /// absolute `CLOCK_MONOTONIC` deadline (ns), whichever comes first.
 ///

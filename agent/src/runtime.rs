@@ -197,6 +197,13 @@ impl Agent {
         let dispatcher =
             Dispatcher::start(gpio.clone(), clock.clone(), cfg.rt, std::thread::current())
                 .context("starting the dispatcher thread")?;
+        // The dispatcher's CPU is its own: move this thread (and the exec
+        // workers it spawns next) elsewhere.
+        if let Some(cpu) = cfg.rt.cpu
+            && let Err(e) = crate::rt::avoid_cpu(cpu)
+        {
+            view.note(&format!("warning: could not keep the control thread off CPU {cpu}: {e}"));
+        }
         let (tx, exec_rx) = channel();
         let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx);
         let seed = clock.now().as_nanos() as u64;
