@@ -57,6 +57,10 @@ pub struct Job {
     pub op: Op,
     /// Execution id (for the sim log and messages).
     pub id: Arc<str>,
+    /// The pack's "may still fire" flag: cleared by the control thread when
+    /// the pack enters its safe state, so a job armed before that never runs
+    /// after it. `None` for safe-state and on_failure actions themselves.
+    pub live: Option<Arc<AtomicBool>>,
 }
 
 /// How a job ended.
@@ -68,6 +72,8 @@ pub enum JobOutcome {
     Failed(GpioError),
     /// Reached after `not_after`: not run.
     Late,
+    /// Its pack entered its safe state before it was due: not run.
+    Withdrawn,
 }
 
 /// A finished job.
@@ -359,6 +365,24 @@ fn execute(
     now: MonoTime,
 ) {
     let job = q.job;
+    if !q.pulse_end
+        && job
+            .live
+            .as_ref()
+            .is_some_and(|l| !l.load(Ordering::Acquire))
+    {
+        push_done(
+            s,
+            notify,
+            Done {
+                ticket: job.ticket,
+                deadline: job.deadline,
+                actual: now,
+                outcome: JobOutcome::Withdrawn,
+            },
+        );
+        return;
+    }
     if !q.pulse_end && now > job.not_after {
         push_done(
             s,
@@ -401,6 +425,8 @@ fn execute(
                         ticket: 0,
                         op: Op::Write(line, 1 - value.min(1)),
                         id: job.id.clone(),
+                        // A started pulse always ends, safe state or not.
+                        live: None,
                     },
                     pulse_end: true,
                 });

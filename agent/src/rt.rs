@@ -149,7 +149,11 @@ pub fn avoid_cpu(cpu: usize) -> io::Result<()> {
         }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Sleep on a futex word until it differs from `seen`, or until the

@@ -19,7 +19,7 @@ use baton_proto::RefTime;
 use baton_proto::pack::{Action, LineRef, Pack, parse_pack};
 use baton_sched::{
     AttemptResult, Config as CoreConfig, Event, EventKind, ExecutionId, Output, PackKey,
-    PriorOutcome, Scheduler,
+    PriorOutcome, SafeReason, Scheduler,
 };
 use hdrhistogram::Histogram;
 
@@ -107,6 +107,8 @@ pub struct Agent {
     exec_running: HashMap<String, (ExecutionId, RefTime)>,
     tickets: HashMap<u64, Ticket>,
     next_ticket: u64,
+    /// Per pack: may its armed jobs still fire (see `withdraw`).
+    live: HashMap<PackKey, Arc<AtomicBool>>,
     /// Ids the dispatcher may still hold (pulse ends): released later so
     /// the real-time thread never frees memory.
     linger: VecDeque<(MonoTime, Arc<str>)>,
@@ -202,7 +204,9 @@ impl Agent {
         if let Some(cpu) = cfg.rt.cpu
             && let Err(e) = crate::rt::avoid_cpu(cpu)
         {
-            view.note(&format!("warning: could not keep the control thread off CPU {cpu}: {e}"));
+            view.note(&format!(
+                "warning: could not keep the control thread off CPU {cpu}: {e}"
+            ));
         }
         let (tx, exec_rx) = channel();
         let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx);
@@ -226,6 +230,7 @@ impl Agent {
             exec_running: HashMap::new(),
             tickets: HashMap::new(),
             next_ticket: 1,
+            live: HashMap::new(),
             linger: VecDeque::new(),
             hist: Histogram::new_with_bounds(1, 60_000_000_000, 2).context("histogram bounds")?,
             out: Vec::new(),
@@ -242,18 +247,30 @@ impl Agent {
                 .map_err(|e| anyhow::anyhow!("{label}: no longer valid:\n{e}"))?;
             agent.prepare(&pack).with_context(|| label.clone())?;
             let mut out = std::mem::take(&mut agent.out);
-            agent
-                .core
-                .restore(
-                    pack,
-                    RefTime::from_nanos(sp.accepted_ns),
-                    last_alive,
-                    now,
-                    &mut out,
-                )
-                .with_context(|| label.clone())?;
+            let accepted = RefTime::from_nanos(sp.accepted_ns);
+            match sp.stopped.as_deref() {
+                None => agent
+                    .core
+                    .restore(pack, accepted, last_alive, now, &mut out),
+                Some(why) => {
+                    let reason = if why == "cancel" {
+                        SafeReason::Cancel
+                    } else {
+                        SafeReason::GiveUp
+                    };
+                    agent
+                        .core
+                        .restore_stopped(pack, accepted, reason, now, &mut out)
+                }
+            }
+            .with_context(|| label.clone())?;
             agent.out = out;
-            view.note(&format!("restored {label}"));
+            match &sp.stopped {
+                None => view.note(&format!("restored {label}")),
+                Some(why) => view.note(&format!(
+                    "restored {label} in its safe state (stopped by {why} before the restart; push a higher version to run it again)"
+                )),
+            }
         }
         for path in agent.cfg.packs.clone() {
             agent.load_file(&path, view)?;
@@ -311,6 +328,7 @@ impl Agent {
                 version,
                 yaml,
                 accepted_ns: now.as_nanos(),
+                stopped: None,
             })
             .context("journalling the pack")?;
         let mut out = std::mem::take(&mut self.out);
@@ -559,7 +577,8 @@ impl Agent {
                                 scheduled: f.scheduled,
                                 action: action.name(),
                             });
-                            self.submit(ticket, op, f.scheduled, f.not_after, text)?;
+                            let live = self.live_flag(&f.id.pack);
+                            self.submit(ticket, op, f.scheduled, f.not_after, text, Some(live))?;
                         }
                     }
                 }
@@ -584,6 +603,10 @@ impl Agent {
                     actions,
                     reason,
                 } => {
+                    // Nothing of this pack may fire after its safe state:
+                    // withdraw what is already armed, before the safe-state
+                    // writes are queued.
+                    self.withdraw(&pack, now);
                     for a in actions.iter() {
                         self.side_action(
                             &format!("{pack} safe_state ({})", reason.as_str()),
@@ -591,6 +614,16 @@ impl Agent {
                             now,
                             view,
                         )?;
+                    }
+                    // A give-up or cancel is for good: the pack must not
+                    // come back running after a restart. (Shutdown and lease
+                    // loss are not: the pack resumes when the agent does.)
+                    if matches!(reason, SafeReason::GiveUp | SafeReason::Cancel)
+                        && let Some((version, _)) = self.core.held(&pack)
+                    {
+                        self.journal
+                            .stop_pack(&pack.tenant, &pack.pack, version, reason.as_str())
+                            .context("journalling the stopped pack")?;
                     }
                 }
                 Output::Event(e) => self.feedback_event(&e, view)?,
@@ -614,6 +647,7 @@ impl Agent {
         scheduled: RefTime,
         not_after: RefTime,
         text: Arc<str>,
+        live: Option<Arc<AtomicBool>>,
     ) -> anyhow::Result<()> {
         let width = match op {
             Op::Pulse { width_ns, .. } => width_ns,
@@ -636,8 +670,40 @@ impl Agent {
                 ticket,
                 op,
                 id: text,
+                live,
             })
             .context("handing a job to the dispatcher")
+    }
+
+    /// The pack's "may still fire" flag for armed jobs.
+    fn live_flag(&mut self, pack: &PackKey) -> Arc<AtomicBool> {
+        self.live
+            .entry(pack.clone())
+            .or_insert_with(|| Arc::new(AtomicBool::new(true)))
+            .clone()
+    }
+
+    /// The pack entered its safe state: armed GPIO jobs will not run (the
+    /// dispatcher reports them withdrawn) and exec firings not yet started
+    /// are dropped as not run. A later version gets a fresh flag.
+    fn withdraw(&mut self, pack: &PackKey, now: RefTime) {
+        if let Some(flag) = self.live.remove(pack) {
+            flag.store(false, Ordering::Release);
+        }
+        let (gone, keep): (Vec<PendingExec>, Vec<PendingExec>) =
+            std::mem::take(&mut self.exec_pending)
+                .into_iter()
+                .partition(|p| p.id.pack == *pack);
+        self.exec_pending = keep;
+        for p in gone {
+            let _ = self.finish(&p.id, &AttemptResult::Late { actual: now });
+            self.core.attempt_result(
+                &p.id,
+                AttemptResult::Late { actual: now },
+                now,
+                &mut self.out,
+            );
+        }
     }
 
     /// A safe-state or on_failure action: now, best effort, never retried.
@@ -674,7 +740,7 @@ impl Agent {
                         scheduled: now,
                         action: a.name(),
                     });
-                    self.submit(ticket, op, now, RefTime::MAX, text)?;
+                    self.submit(ticket, op, now, RefTime::MAX, text, None)?;
                 }
                 None => view.note(&format!("{what}: {} line was not requested", a.name())),
             },
@@ -710,7 +776,8 @@ impl Agent {
     }
 
     fn record(&mut self, view: &mut dyn View, rec: FiringRecord) -> anyhow::Result<()> {
-        if rec.result != "late" {
+        // Only what touched the device counts towards lateness.
+        if rec.result != "late" && !rec.result.starts_with("withdrawn") {
             let _ = self.hist.record(rec.lateness_ns.max(0) as u64);
         }
         let fb = serde_json::json!({
@@ -846,6 +913,12 @@ impl Agent {
                         },
                         "late".to_string(),
                     ),
+                    JobOutcome::Withdrawn => (
+                        AttemptResult::Late {
+                            actual: actual_of(scheduled),
+                        },
+                        "withdrawn: the pack entered its safe state".to_string(),
+                    ),
                 };
                 self.finish(&id, &result)?;
                 self.record(
@@ -874,6 +947,7 @@ impl Agent {
                     JobOutcome::Ok(_) => "ok".to_string(),
                     JobOutcome::Failed(e) => format!("failed: {e}"),
                     JobOutcome::Late => "late".to_string(),
+                    JobOutcome::Withdrawn => "withdrawn".to_string(),
                 };
                 self.record(
                     view,

@@ -21,6 +21,7 @@ fn pack(name: &str, version: u64) -> StoredPack {
         version,
         yaml: format!("pack: {name}\nversion: {version}\n"),
         accepted_ns: 1_000 + version as i64,
+        stopped: None,
     }
 }
 
@@ -312,4 +313,46 @@ fn journal_rejects_a_config_that_cannot_work() {
         Journal::open(c),
         Err(JournalError::InvalidConfig(_))
     ));
+}
+
+#[test]
+fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = || JournalConfig::new(dir.path());
+    {
+        let (mut j, _) = Journal::open(cfg()).expect("open");
+        j.put_pack(&pack("press", 1)).expect("put");
+        j.put_pack(&pack("other", 1)).expect("put");
+        j.stop_pack("plant-a", "press", 1, "give_up").expect("stop");
+        // A stop for a version that is not stored changes nothing.
+        j.stop_pack("plant-a", "other", 9, "give_up").expect("stop");
+    }
+    let (mut j, rec) = Journal::open(cfg()).expect("reopen");
+    let stopped: Vec<(String, Option<String>)> = rec
+        .packs
+        .iter()
+        .map(|p| (p.pack.clone(), p.stopped.clone()))
+        .collect();
+    assert!(
+        stopped.contains(&("press".into(), Some("give_up".into()))),
+        "{stopped:?}"
+    );
+    assert!(stopped.contains(&("other".into(), None)), "{stopped:?}");
+    j.compact().expect("compact");
+    drop(j);
+    let (mut j, rec) = Journal::open(cfg()).expect("reopen after compaction");
+    assert!(
+        rec.packs
+            .iter()
+            .any(|p| p.pack == "press" && p.stopped.as_deref() == Some("give_up"))
+    );
+    // A higher version replaces it, running.
+    j.put_pack(&pack("press", 2)).expect("put v2");
+    drop(j);
+    let (_, rec) = Journal::open(cfg()).expect("reopen");
+    assert!(
+        rec.packs
+            .iter()
+            .any(|p| p.pack == "press" && p.version == 2 && p.stopped.is_none())
+    );
 }

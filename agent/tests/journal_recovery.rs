@@ -24,6 +24,7 @@ fn journal_with_last_start(dir: &Path) -> (Vec<u8>, u64, u64) {
         version: 3,
         yaml: "pack: p\n".into(),
         accepted_ns: 5,
+        stopped: None,
     })
     .expect("put");
     j.record_started(&[("first", 1), ("second", 2)])

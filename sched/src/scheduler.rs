@@ -290,6 +290,35 @@ impl Scheduler {
         self.install(pack, Some(accepted), Some(last_alive), now, out)
     }
 
+    /// Take back a pack that had entered its safe state for good before the
+    /// restart (give-up, cancel): it is held, stopped, fires nothing, and
+    /// its safe state is asserted again — the device may have lost it. A
+    /// higher version replaces it as usual.
+    pub fn restore_stopped(
+        &mut self,
+        pack: Pack,
+        accepted: RefTime,
+        reason: SafeReason,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Result<Accepted, AcceptError> {
+        let key = PackKey {
+            tenant: pack.tenant.clone(),
+            pack: pack.id.clone(),
+        };
+        let r = self.install(pack, Some(accepted), Some(now), now, out)?;
+        if let Some(&slot) = self.by_key.get(&key) {
+            if let Some(ps) = self.packs[slot].as_mut() {
+                // Nothing of it is pending any more: settle one-shots quietly.
+                for st in &mut ps.ins {
+                    st.done = true;
+                }
+            }
+            self.fail_safe(slot, reason, now, out);
+        }
+        Ok(r)
+    }
+
     fn install(
         &mut self,
         pack: Pack,

@@ -191,3 +191,80 @@ fn exec_runs_with_its_execution_environment() {
     assert_eq!(fields[1], "1");
     assert_eq!(fields[2], format!("{at:.9}"));
 }
+
+#[test]
+fn a_pack_that_failed_safe_stays_stopped_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("gpio.jsonl");
+    let cfg = dir.path().join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "exec-allowlist: [/bin/false]\ngpio: sim:{}\ndata-dir: {}\n",
+            log.display(),
+            dir.path().join("data").display()
+        ),
+    )
+    .expect("write config");
+    let pack = dir.path().join("p.yaml");
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(400);
+    std::fs::write(
+        &pack,
+        format!(
+            "pack: fs\nversion: 1\nsafe_state:\n  - {{action: gpio.write, params: {{line: 3, value: 0}}}}\ninstructions:\n  - {{id: blink, action: gpio.toggle, params: {{line: 3}}, every: 50ms}}\n  - {{id: check, action: exec, params: {{program: /bin/false}}, at: {at:.9}}}\n"
+        ),
+    )
+    .expect("write pack");
+    let run_agent = || {
+        run(
+            Command::new(bin("baton-agent"))
+                .args(["run", "--quiet", "--no-rt", "--exit-when-idle", "--config"])
+                .arg(&cfg)
+                .arg("--pack")
+                .arg(&pack),
+            T,
+        )
+    };
+    // `check` fails (exit 1, one attempt): give-up, safe state, and then
+    // nothing is pending, so the agent exits.
+    let out = run_agent();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = sim_lines(&log);
+    let blinks = |l: &[serde_json::Value]| {
+        l.iter()
+            .filter(|v| {
+                v["execution_id"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("/blink/"))
+            })
+            .count()
+    };
+    let before = blinks(&first);
+    assert!(before > 0, "blink never ran");
+    assert_eq!(first.last().expect("lines")["value"], 0, "safe state last");
+    // Restart with the same pack file: restored stopped, safe state
+    // asserted again, blink never fires again.
+    let out = run_agent();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("in its safe state (stopped by give_up"),
+        "{err}"
+    );
+    let second = sim_lines(&log);
+    assert_eq!(
+        blinks(&second),
+        before,
+        "the failed pack ran again after a restart"
+    );
+    assert!(second.len() > first.len(), "safe state not re-asserted");
+    assert_eq!(second.last().expect("lines")["value"], 0);
+}

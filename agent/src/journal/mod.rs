@@ -207,6 +207,9 @@ pub struct StoredPack {
     pub yaml: String,
     /// Reference time of acceptance, ns.
     pub accepted_ns: i64,
+    /// Set when this version entered its safe state for good (the reason):
+    /// it is restored stopped, never firing again. Ignored by `put_pack`.
+    pub stopped: Option<String>,
 }
 
 /// What [`Journal::open`] found on disk.
@@ -361,6 +364,27 @@ impl Journal {
             truncated_bytes,
         };
         Ok((journal, recovered))
+    }
+
+    /// Records that a stored pack version is stopped for good (give-up,
+    /// cancel): after a restart it is restored in its safe state instead of
+    /// firing again. Durable on return. Ignored if that version is not stored.
+    pub fn stop_pack(
+        &mut self,
+        tenant: &str,
+        pack: &str,
+        version: u64,
+        reason: &str,
+    ) -> Result<(), JournalError> {
+        self.commit(
+            &Rec::StopPack {
+                tenant,
+                pack,
+                version,
+                reason,
+            },
+            true,
+        )
     }
 
     /// Stores an accepted pack, replacing any stored version of it (the
@@ -790,6 +814,15 @@ fn write_tmp(
             yaml: &yaml,
         })
         .map_err(io_err("write"))?;
+        if let Some(reason) = &p.stopped {
+            w.emit(&Rec::StopPack {
+                tenant: &p.tenant,
+                pack: &p.pack,
+                version: p.version,
+                reason,
+            })
+            .map_err(io_err("write"))?;
+        }
     }
     let mut chunk: Vec<(&str, i64)> = Vec::new();
     let mut chunk_bytes = 0;

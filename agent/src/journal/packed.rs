@@ -14,6 +14,8 @@ pub(crate) struct PackedPack {
     pub(crate) pack: String,
     pub(crate) version: u64,
     pub(crate) accepted_ns: i64,
+    /// Why this version stopped for good, if it did.
+    pub(crate) stopped: Option<String>,
     yaml_deflated: Box<[u8]>,
     yaml_len: usize,
 }
@@ -31,6 +33,7 @@ impl PackedPack {
             pack: pack.to_owned(),
             version,
             accepted_ns,
+            stopped: None,
             yaml_deflated: miniz_oxide::deflate::compress_to_vec(yaml.as_bytes(), 6)
                 .into_boxed_slice(),
             yaml_len: yaml.len(),
@@ -52,6 +55,7 @@ impl PackedPack {
             version: self.version,
             yaml: self.yaml(),
             accepted_ns: self.accepted_ns,
+            stopped: self.stopped.clone(),
         }
     }
 }

@@ -37,6 +37,7 @@ const K_ALIVE: u8 = 7;
 const K_DROPPED_REPORTED: u8 = 8;
 const K_META: u8 = 9;
 const K_DROP_OLDEST: u8 = 10;
+const K_STOP_PACK: u8 = 11;
 
 /// Execution ids with their scheduled reference time, either handed in by
 /// the caller (encoding) or read back from a log buffer (decoding).
@@ -69,6 +70,14 @@ pub(crate) enum Rec<'a> {
     },
     /// A pack was removed (cancelled).
     RemovePack { tenant: &'a str, pack: &'a str },
+    /// A pack version entered its safe state for good (give-up, cancel):
+    /// it stays stopped across restarts until a higher version replaces it.
+    StopPack {
+        tenant: &'a str,
+        pack: &'a str,
+        version: u64,
+        reason: &'a str,
+    },
     /// Executions are about to touch the device.
     Started(Ids<'a>),
     /// An execution has a result; `ref_ns` dates it for the retention horizon.
@@ -211,6 +220,18 @@ impl Rec<'_> {
                 put_str(out, tenant);
                 put_str(out, pack);
             }
+            Rec::StopPack {
+                tenant,
+                pack,
+                version,
+                reason,
+            } => {
+                out.push(K_STOP_PACK);
+                put_str(out, tenant);
+                put_str(out, pack);
+                out.extend_from_slice(&version.to_le_bytes());
+                put_str(out, reason);
+            }
             Rec::Started(ids) => {
                 out.push(K_STARTED);
                 let ids = ids.as_slice();
@@ -294,6 +315,12 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
         K_REMOVE_PACK => Rec::RemovePack {
             tenant: r.str()?,
             pack: r.str()?,
+        },
+        K_STOP_PACK => Rec::StopPack {
+            tenant: r.str()?,
+            pack: r.str()?,
+            version: r.u64()?,
+            reason: r.str()?,
         },
         K_STARTED => {
             let n = r.u32()? as usize;

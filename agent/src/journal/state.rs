@@ -65,6 +65,20 @@ impl State {
                 let p = PackedPack::new(tenant, pack, *version, *accepted_ns, yaml);
                 self.packs.insert((p.tenant.clone(), p.pack.clone()), p);
             }
+            Rec::StopPack {
+                tenant,
+                pack,
+                version,
+                reason,
+            } => {
+                if let Some(p) = self
+                    .packs
+                    .get_mut(&((*tenant).to_owned(), (*pack).to_owned()))
+                    .filter(|p| p.version == *version)
+                {
+                    p.stopped = Some((*reason).to_owned());
+                }
+            }
             Rec::RemovePack { tenant, pack } => {
                 self.packs
                     .remove(&((*tenant).to_owned(), (*pack).to_owned()));
