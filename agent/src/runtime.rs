@@ -135,6 +135,12 @@ fn failed_marker(id: &str) -> String {
     format!("{id}#failed")
 }
 
+/// Like [`failed_marker`], for an attempt that was armed but never touched
+/// the device (withdrawn or late): after a restart it may fire again.
+fn not_run_marker(id: &str) -> String {
+    format!("{id}#notrun")
+}
+
 /// Rebuild what the core must know of attempts from before a restart.
 fn prior_outcomes(
     started: &HashSet<String>,
@@ -147,6 +153,8 @@ fn prior_outcomes(
                 PriorOutcome::Unknown
             } else if finished.contains(&failed_marker(id)) {
                 PriorOutcome::Failed
+            } else if finished.contains(&not_run_marker(id)) {
+                PriorOutcome::NotRun
             } else {
                 PriorOutcome::Succeeded
             };
@@ -859,10 +867,16 @@ impl Agent {
 
     fn finish(&mut self, id: &ExecutionId, result: &AttemptResult) -> anyhow::Result<()> {
         let text = id.to_string();
-        if !matches!(result, AttemptResult::Ok { .. }) {
-            self.journal
+        match result {
+            AttemptResult::Ok { .. } => {}
+            AttemptResult::Late { .. } => self
+                .journal
+                .record_finished(&not_run_marker(&text))
+                .context("journalling a result")?,
+            AttemptResult::Failed(_) => self
+                .journal
                 .record_finished(&failed_marker(&text))
-                .context("journalling a result")?;
+                .context("journalling a result")?,
         }
         self.journal
             .record_finished(&text)
@@ -1053,8 +1067,8 @@ mod tests {
 
     #[test]
     fn prior_outcomes_never_read_a_missing_result_as_success() {
-        let started: HashSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-        let finished: HashSet<String> = ["a", "b", "b#failed", "c#failed"]
+        let started: HashSet<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+        let finished: HashSet<String> = ["a", "b", "b#failed", "c#failed", "d", "d#notrun"]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -1063,5 +1077,7 @@ mod tests {
         assert_eq!(p["b"], PriorOutcome::Failed);
         // The failure marker landed but not the result: unknown, not failed.
         assert_eq!(p["c"], PriorOutcome::Unknown);
+        // Armed, never run: may fire again.
+        assert_eq!(p["d"], PriorOutcome::NotRun);
     }
 }

@@ -47,6 +47,9 @@ pub enum PriorOutcome {
     /// It started (durable start record) but has no result: it may or may
     /// not have touched the device, so it is never fired again.
     Unknown,
+    /// It was armed but provably never touched the device (withdrawn at a
+    /// safe state or shutdown, or reached too late): it may fire again.
+    NotRun,
 }
 
 /// How an attempt ended, as the runtime reports it.
@@ -914,8 +917,8 @@ impl Scheduler {
         loop {
             let id = self.make_id(slot, i, occ, attempt);
             match self.prior.get(&id.to_string()).copied() {
-                None if attempt == 1 => return false,
-                None => {
+                None | Some(PriorOutcome::NotRun) if attempt == 1 => return false,
+                None | Some(PriorOutcome::NotRun) => {
                     // Earlier attempts failed before the restart: go on
                     // with the next one, after its backoff from now.
                     let failed = self.make_id(slot, i, occ, attempt - 1);
@@ -1012,7 +1015,11 @@ impl Scheduler {
     ) {
         let (occ, attempt) = (id.occurrence, id.attempt);
         let text = id.to_string();
-        if self.fired.contains_key(&text) || self.prior.contains_key(&text) {
+        let ran_before = self
+            .prior
+            .get(&text)
+            .is_some_and(|o| *o != PriorOutcome::NotRun);
+        if self.fired.contains_key(&text) || ran_before {
             // Never twice: a duplicate delivery or a bug upstream must not
             // reach the device. The note names the occurrence, not the
             // attempt: that attempt reports its own end.

@@ -698,3 +698,27 @@ fn a_restart_days_later_does_not_miss_one_shots_that_ran_before() {
     // The periodic instruction goes on.
     assert!(fires(&ev).iter().any(|(_, i)| i == "beat"));
 }
+
+#[test]
+fn an_attempt_withdrawn_before_a_restart_fires_after_it() {
+    // Armed at SIGTERM, withdrawn before it touched the device: after the
+    // restart the same attempt runs, instead of counting as failed.
+    let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: once, action: noop, at: 2026-12-01T10:00:00Z, max_lateness: 1m}\n";
+    let occ = t("2026-12-01T10:00:00Z").as_nanos();
+    let mut prior = HashMap::new();
+    prior.insert(format!("default/p/v1/once/{occ}/a1"), PriorOutcome::NotRun);
+    let mut core = Scheduler::new(Config::default(), prior);
+    let mut out = Vec::new();
+    core.restore(
+        pack(yaml),
+        t("2026-12-01T09:00:00Z"),
+        t("2026-12-01T09:59:59.999Z"),
+        t("2026-12-01T10:00:05Z"),
+        &mut out,
+    )
+    .expect("restore");
+    let ev = run_until(&mut core, t("2026-12-01T10:01:00Z"), &mut out, &[]);
+    assert_eq!(names(&ev, "once"), ["fire", "ok"], "{:?}", brief(&ev));
+    let id = ev[0].id.clone().expect("id");
+    assert_eq!(id.attempt, 1);
+}
