@@ -365,12 +365,22 @@ fn execute(
     now: MonoTime,
 ) {
     let job = q.job;
-    if !q.pulse_end
-        && job
-            .live
-            .as_ref()
-            .is_some_and(|l| !l.load(Ordering::Acquire))
+    // Not run at all: its pack is in its safe state, or it is past the
+    // instant after which it must not run. (A started pulse always ends.)
+    let not_run = if q.pulse_end {
+        None
+    } else if job
+        .live
+        .as_ref()
+        .is_some_and(|l| !l.load(Ordering::Acquire))
     {
+        Some(JobOutcome::Withdrawn)
+    } else if now > job.not_after {
+        Some(JobOutcome::Late)
+    } else {
+        None
+    };
+    if let Some(outcome) = not_run {
         push_done(
             s,
             notify,
@@ -378,20 +388,7 @@ fn execute(
                 ticket: job.ticket,
                 deadline: job.deadline,
                 actual: now,
-                outcome: JobOutcome::Withdrawn,
-            },
-        );
-        return;
-    }
-    if !q.pulse_end && now > job.not_after {
-        push_done(
-            s,
-            notify,
-            Done {
-                ticket: job.ticket,
-                deadline: job.deadline,
-                actual: now,
-                outcome: JobOutcome::Late,
+                outcome,
             },
         );
         return;

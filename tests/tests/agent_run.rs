@@ -83,36 +83,32 @@ fn a_pack_outside_the_allowlists_is_refused_with_a_clear_error() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // Line 17 is not allowed.
     let pack = dir.path().join("p.yaml");
-    std::fs::write(&pack, "pack: p\nversion: 1\ninstructions:\n  - {id: relay, action: gpio.write, params: {line: 17, value: 1}, every: 1s}\n").expect("write");
-    let out = run(
-        Command::new(bin("baton-agent"))
-            .args(["run", "--no-rt", "--config"])
-            .arg(&cfg)
-            .arg("--pack")
-            .arg(&pack),
-        T,
+    let refused = |yaml: &str| {
+        std::fs::write(&pack, yaml).expect("write");
+        let out = run(
+            Command::new(bin("baton-agent"))
+                .args(["run", "--no-rt", "--config"])
+                .arg(&cfg)
+                .arg("--pack")
+                .arg(&pack),
+            T,
+        );
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    // Line 17 is not allowed.
+    let err = refused(
+        "pack: p\nversion: 1\ninstructions:\n  - {id: relay, action: gpio.write, params: {line: 17, value: 1}, every: 1s}\n",
     );
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("instruction `relay`") && err.contains("not on the agent's allowlist"),
         "{err}"
     );
-
     // /bin/sh is not on the exec allowlist.
-    std::fs::write(&pack, "pack: p\nversion: 1\ninstructions:\n  - {id: sh, action: exec, params: {program: /bin/sh, args: [-c, 'echo hi']}, every: 1s}\n").expect("write");
-    let out = run(
-        Command::new(bin("baton-agent"))
-            .args(["run", "--no-rt", "--config"])
-            .arg(&cfg)
-            .arg("--pack")
-            .arg(&pack),
-        T,
+    let err = refused(
+        "pack: p\nversion: 1\ninstructions:\n  - {id: sh, action: exec, params: {program: /bin/sh, args: [-c, 'echo hi']}, every: 1s}\n",
     );
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("program `/bin/sh` is not on this agent's exec allowlist"),
         "{err}"
