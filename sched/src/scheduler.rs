@@ -167,6 +167,19 @@ impl InstrState {
     }
 }
 
+impl PackState {
+    /// The execution id of an attempt of instruction `i` of this version.
+    fn id(&self, i: usize, occurrence: RefTime, attempt: u32) -> ExecutionId {
+        ExecutionId {
+            pack: self.key.clone(),
+            version: self.pack.version,
+            instruction: self.pack.instructions[i].id.clone(),
+            occurrence,
+            attempt,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct PackState {
     key: PackKey,
@@ -455,40 +468,24 @@ impl Scheduler {
                 }
             }
         }
-        // A one-shot that already fired in this run (the pack was cancelled
-        // and pushed again) is finished: it neither fires nor reports again.
         for i in 0..n {
-            if let Schedule::At(at) = ps.pack.instructions[i].schedule {
-                let first = ExecutionId {
-                    pack: ps.key.clone(),
-                    version: ps.pack.version,
-                    instruction: ps.pack.instructions[i].id.clone(),
-                    occurrence: at,
-                    attempt: 1,
-                };
-                if self.fired.contains_key(&first.to_string()) {
-                    ps.ins[i].done = true;
-                }
-            }
-        }
-        // After a restart, a one-shot due while the agent was still up was
-        // handled then (fired, or missed and reported). Only the journal's
-        // record of it matters (it may release dependents); without one, it
-        // is settled — never "missed" again on every later restart.
-        if let Some(alive) = resume_after {
-            for i in 0..n {
-                if let Schedule::At(t) = ps.pack.instructions[i].schedule {
-                    let first = ExecutionId {
-                        pack: ps.key.clone(),
-                        version: ps.pack.version,
-                        instruction: ps.pack.instructions[i].id.clone(),
-                        occurrence: t,
-                        attempt: 1,
-                    };
-                    if t <= alive && !self.prior.contains_key(&first.to_string()) {
-                        ps.ins[i].done = true;
-                    }
-                }
+            let Schedule::At(at) = ps.pack.instructions[i].schedule else {
+                continue;
+            };
+            let first = ps.id(i, at, 1).to_string();
+            // A one-shot that already fired in this run (the pack was
+            // cancelled and pushed again) is finished: it neither fires nor
+            // reports again.
+            let fired_here = self.fired.contains_key(&first);
+            // After a restart, a one-shot due while the agent was still up
+            // was handled then (fired, or missed and reported). Only the
+            // journal's record of it matters (it may release dependents);
+            // without one it is settled — never "missed" again on every
+            // later restart.
+            let settled =
+                resume_after.is_some_and(|alive| at <= alive) && !self.prior.contains_key(&first);
+            if fired_here || settled {
+                ps.ins[i].done = true;
             }
         }
         // First occurrences.
@@ -741,16 +738,10 @@ impl Scheduler {
     }
 
     fn make_id(&self, slot: usize, i: usize, occ: RefTime, attempt: u32) -> ExecutionId {
-        let ps = self.packs[slot]
+        self.packs[slot]
             .as_ref()
-            .expect("ids are only made for held packs");
-        ExecutionId {
-            pack: ps.key.clone(),
-            version: ps.pack.version,
-            instruction: ps.pack.instructions[i].id.clone(),
-            occurrence: occ,
-            attempt,
-        }
+            .expect("ids are only made for held packs")
+            .id(i, occ, attempt)
     }
 
     fn schedule_next(&mut self, slot: usize, i: usize, after: RefTime) -> Option<RefTime> {
