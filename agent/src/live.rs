@@ -7,7 +7,7 @@
 
 use std::io::{IsTerminal, Write};
 
-use baton_sched::{Event, EventKind};
+use baton_sched::Event;
 use hdrhistogram::Histogram;
 
 use crate::runtime::{FiringRecord, View};
@@ -21,14 +21,22 @@ pub struct LiveView {
     ticks: u64,
 }
 
-fn fmt_ns(ns: u64) -> String {
-    if ns < 10_000 {
-        format!("{ns}ns")
-    } else if ns < 10_000_000 {
-        format!("{:.1}us", ns as f64 / 1e3)
+/// A signed duration in ns, readably (`850ns`, `-12.5us`, `3.2ms`).
+pub(crate) fn fmt_ns(ns: i64) -> String {
+    let a = ns.unsigned_abs();
+    let s = if a < 10_000 {
+        format!("{a}ns")
+    } else if a < 10_000_000 {
+        format!("{:.1}us", a as f64 / 1e3)
     } else {
-        format!("{:.1}ms", ns as f64 / 1e6)
-    }
+        format!("{:.1}ms", a as f64 / 1e6)
+    };
+    if ns < 0 { format!("-{s}") } else { s }
+}
+
+/// A histogram value (ns) for [`fmt_ns`]; values are bounded by 60 s.
+fn hist_ns(v: u64) -> String {
+    fmt_ns(i64::try_from(v).unwrap_or(i64::MAX))
 }
 
 /// `p50 … p99 … max …` of a lateness histogram.
@@ -39,9 +47,9 @@ pub fn summary(h: &Histogram<u64>) -> String {
     format!(
         "{} firings  lateness p50 {}  p99 {}  max {}",
         h.len(),
-        fmt_ns(h.value_at_quantile(0.5)),
-        fmt_ns(h.value_at_quantile(0.99)),
-        fmt_ns(h.max())
+        hist_ns(h.value_at_quantile(0.5)),
+        hist_ns(h.value_at_quantile(0.99)),
+        hist_ns(h.max())
     )
 }
 
@@ -84,11 +92,7 @@ impl View for LiveView {
         if self.quiet {
             return;
         }
-        let late = if r.lateness_ns < 0 {
-            format!("-{}", fmt_ns(r.lateness_ns.unsigned_abs()))
-        } else {
-            fmt_ns(r.lateness_ns as u64)
-        };
+        let late = fmt_ns(r.lateness_ns);
         let text = format!(
             "{}  {:<16} {:<12} late {:>9}  {}",
             r.scheduled, r.instruction, r.action, late, r.result
@@ -97,18 +101,7 @@ impl View for LiveView {
     }
 
     fn event(&mut self, e: &Event) {
-        let detail = match &e.kind {
-            EventKind::Skip { reason }
-            | EventKind::GiveUp { reason }
-            | EventKind::Fail { reason } => reason.clone(),
-            EventKind::Retry { at } => format!("retry at {at}"),
-            EventKind::SafeState { reason } => format!("safe state ({})", reason.as_str()),
-            EventKind::OutcomeUnknown => format!(
-                "{}: started before a crash, no result recorded; never fired again",
-                e.id.as_ref().map(|i| i.to_string()).unwrap_or_default()
-            ),
-            _ => String::new(),
-        };
+        let detail = e.detail();
         let text = format!(
             "{}  {:<16} {:<12} {}",
             e.t,

@@ -29,6 +29,7 @@ use crate::dispatcher::{Dispatcher, Done, Job, JobOutcome, Op};
 use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult};
 use crate::gpio::{Gpio, LineHandle, open_backend};
 use crate::journal::{Journal, JournalConfig, StoredPack};
+use crate::live::fmt_ns;
 
 /// Packs are refused while the clock estimate is less certain than this.
 pub const MAX_CLOCK_UNCERTAINTY_NS: i64 = 10_000_000;
@@ -171,18 +172,6 @@ fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-fn fmt_ns(ns: i64) -> String {
-    let a = ns.unsigned_abs();
-    let s = if a < 10_000 {
-        format!("{a}ns")
-    } else if a < 10_000_000 {
-        format!("{:.1}us", a as f64 / 1e3)
-    } else {
-        format!("{:.1}ms", a as f64 / 1e6)
-    };
-    if ns < 0 { format!("-{s}") } else { s }
 }
 
 impl Agent {

@@ -42,15 +42,7 @@ pub fn event_json(e: &Event) -> serde_json::Value {
 
 /// One event as a readable line.
 pub fn event_line(e: &Event) -> String {
-    let detail = match &e.kind {
-        EventKind::Retry { at } => format!("at {at}"),
-        EventKind::Skip { reason } | EventKind::GiveUp { reason } | EventKind::Fail { reason } => {
-            reason.clone()
-        }
-        EventKind::SafeState { reason } => reason.as_str().to_string(),
-        EventKind::Ok { value: Some(v) } => format!("value {v}"),
-        _ => String::new(),
-    };
+    let detail = e.detail();
     format!(
         "{}  {:<15} {:<20} {:<3} {}",
         e.t,

@@ -127,6 +127,26 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+impl Event {
+    /// The event's particulars in words (reason, retry instant, sampled
+    /// value…), for the views that print events as lines.
+    pub fn detail(&self) -> String {
+        match &self.kind {
+            EventKind::Skip { reason }
+            | EventKind::GiveUp { reason }
+            | EventKind::Fail { reason } => reason.clone(),
+            EventKind::Retry { at } => format!("retry at {at}"),
+            EventKind::SafeState { reason } => format!("safe state ({})", reason.as_str()),
+            EventKind::Ok { value: Some(v) } => format!("value {v}"),
+            EventKind::OutcomeUnknown => format!(
+                "{}: started before a crash, no result recorded; never fired again",
+                self.id.as_ref().map(|i| i.to_string()).unwrap_or_default()
+            ),
+            EventKind::Ok { value: None } | EventKind::Fire | EventKind::OnFailure => String::new(),
+        }
+    }
+}
+
 /// Everything the core asks of the runtime, in order.
 #[derive(Clone, Debug, PartialEq)]
 #[must_use]
