@@ -13,8 +13,8 @@ use baton_agent::config::{self, Overrides};
 use baton_agent::live::LiveView;
 use baton_agent::runtime::Agent;
 use baton_agent::simulate::{self, FailSpec, SimOptions};
-use baton_proto::RefTime;
-use baton_proto::pack::parse_pack_bytes;
+use baton_proto::pack::read_pack_file;
+use baton_proto::time::parse_instant_arg;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -105,22 +105,6 @@ struct CommonFlags {
     no_rt: bool,
 }
 
-fn instant(flag: &str, text: &str) -> Result<RefTime, String> {
-    text.parse::<jiff::Timestamp>()
-        .ok()
-        .and_then(RefTime::from_timestamp)
-        .ok_or_else(|| {
-            format!("{flag} `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)")
-        })
-}
-
-fn load(file: &PathBuf) -> Result<baton_proto::Pack, String> {
-    let name = file.display().to_string();
-    let bytes =
-        std::fs::read(file).map_err(|e| format!("{name}:1:1: cannot read the file: {e}"))?;
-    parse_pack_bytes(&bytes).map_err(|e| e.render(&name).trim_end().to_string())
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.command {
@@ -165,12 +149,12 @@ fn run_simulate(
     json: bool,
     max_events: usize,
 ) -> Result<(), (u8, String)> {
-    let from = instant("--from", from).map_err(|e| (2, format!("error: {e}")))?;
-    let until = instant("--until", until).map_err(|e| (2, format!("error: {e}")))?;
+    let from = parse_instant_arg("--from", from).map_err(|e| (2, format!("error: {e}")))?;
+    let until = parse_instant_arg("--until", until).map_err(|e| (2, format!("error: {e}")))?;
     if until < from {
         return Err((2, "error: --until is before --from".into()));
     }
-    let pack = load(&file).map_err(|e| (1, e))?;
+    let (_, pack) = read_pack_file(&file).map_err(|e| (1, e))?;
     let opts = SimOptions {
         from,
         until,
@@ -238,14 +222,8 @@ fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
     let cfg = config::resolve(file, Overrides::default())?;
     let mut bad = Vec::new();
     for p in &cfg.packs {
-        let name = p.display().to_string();
-        match std::fs::read(p) {
-            Ok(bytes) => {
-                if let Err(e) = parse_pack_bytes(&bytes) {
-                    bad.push(e.render(&name).trim_end().to_string());
-                }
-            }
-            Err(e) => bad.push(format!("{name}:1:1: cannot read the file: {e}")),
+        if let Err(e) = read_pack_file(p) {
+            bad.push(e);
         }
     }
     if !bad.is_empty() {

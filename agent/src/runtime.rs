@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use baton_proto::RefTime;
-use baton_proto::pack::{Action, LineRef, Pack, parse_pack};
+use baton_proto::pack::{Action, LineRef, Pack, parse_pack, read_pack_file};
 use baton_sched::{
     AttemptResult, Config as CoreConfig, Event, EventKind, ExecutionId, Output, PackKey,
     PriorOutcome, SafeReason, Scheduler,
@@ -297,9 +297,7 @@ impl Agent {
                 fmt_ns(MAX_CLOCK_UNCERTAINTY_NS)
             );
         }
-        let yaml = std::fs::read_to_string(path).with_context(|| format!("{name}: cannot read"))?;
-        let pack =
-            parse_pack(&yaml).map_err(|e| anyhow::anyhow!("{}", e.render(&name).trim_end()))?;
+        let (yaml, pack) = read_pack_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
         self.prepare(&pack)
             .with_context(|| format!("{name}: pack `{}` refused", pack.id))?;
         let now = self.clock.now();

@@ -5,28 +5,14 @@ use std::io::Write;
 use std::path::Path;
 
 use baton_proto::RefTime;
-use baton_proto::pack::{MAX_PACK_BYTES, Pack, PackErrors, parse_pack_bytes};
+use baton_proto::pack::{Pack, read_pack_file};
 use baton_proto::plan::plan;
-use jiff::Timestamp;
+use baton_proto::time::parse_instant_arg;
 
 /// Read and validate one pack file. Errors come back already rendered as
 /// `FILE:LINE:COL: message` lines.
 pub fn load_pack(path: &Path) -> Result<Pack, String> {
-    let name = path.display().to_string();
-    let bytes =
-        read_limited(path).map_err(|e| format!("{name}:1:1: cannot read the file: {e}\n"))?;
-    parse_pack_bytes(&bytes).map_err(|e: PackErrors| e.render(&name))
-}
-
-/// Read at most one byte more than a pack may hold, so a huge file is
-/// refused without reading it all.
-fn read_limited(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut buf = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_PACK_BYTES as u64 + 1)
-        .read_to_end(&mut buf)?;
-    Ok(buf)
+    read_pack_file(path).map(|(_, pack)| pack)
 }
 
 /// `validate FILE...`: 0 when every file is valid, 1 otherwise.
@@ -46,22 +32,12 @@ pub fn validate(files: &[std::path::PathBuf], out: &mut dyn Write, err: &mut dyn
                 );
             }
             Err(rendered) => {
-                let _ = err.write_all(rendered.as_bytes());
+                let _ = writeln!(err, "{rendered}");
                 code = 1;
             }
         }
     }
     code
-}
-
-/// Parse an RFC 3339 instant given on the command line.
-pub fn parse_from(text: &str) -> Result<RefTime, String> {
-    text.parse::<Timestamp>()
-        .ok()
-        .and_then(RefTime::from_timestamp)
-        .ok_or_else(|| {
-            format!("--from `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)")
-        })
 }
 
 /// `plan FILE --from T --count N [--json]`.
@@ -73,7 +49,7 @@ pub fn plan_cmd(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
-    let from = match parse_from(from) {
+    let from = match parse_instant_arg("--from", from) {
         Ok(t) => t,
         Err(e) => {
             let _ = writeln!(err, "error: {e}");
@@ -83,7 +59,7 @@ pub fn plan_cmd(
     let pack = match load_pack(file) {
         Ok(p) => p,
         Err(rendered) => {
-            let _ = err.write_all(rendered.as_bytes());
+            let _ = writeln!(err, "{rendered}");
             return 1;
         }
     };

@@ -92,6 +92,17 @@ impl fmt::Display for RefTime {
     }
 }
 
+/// An RFC 3339 instant given on a command line as `flag`; the error names
+/// the flag and shows the expected form.
+pub fn parse_instant_arg(flag: &str, text: &str) -> Result<RefTime, String> {
+    text.parse::<Timestamp>()
+        .ok()
+        .and_then(RefTime::from_timestamp)
+        .ok_or_else(|| {
+            format!("{flag} `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)")
+        })
+}
+
 /// Why a duration literal was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {

@@ -42,6 +42,22 @@ pub fn parse_pack(text: &str) -> Result<Pack, PackErrors> {
     decode::pack(&root)
 }
 
+/// Read and validate a pack file: at most [`MAX_PACK_BYTES`] + 1 bytes are
+/// read, so a huge file is refused without reading it all. Returns the
+/// source text (what gets journalled or pushed) with the pack; errors come
+/// back rendered as `FILE:LINE:COL: message` lines, one per problem.
+pub fn read_pack_file(path: &std::path::Path) -> Result<(String, Pack), String> {
+    use std::io::Read;
+    let name = path.display().to_string();
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PACK_BYTES as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("{name}:1:1: cannot read the file: {e}"))?;
+    let pack = parse_pack_bytes(&bytes).map_err(|e| e.render(&name).trim_end().to_string())?;
+    let text = String::from_utf8(bytes).expect("parse_pack_bytes accepted it, so it is UTF-8");
+    Ok((text, pack))
+}
+
 /// Parse a pack from raw bytes (a file or the wire), refusing non-UTF-8.
 pub fn parse_pack_bytes(bytes: &[u8]) -> Result<Pack, PackErrors> {
     if bytes.len() > MAX_PACK_BYTES {
