@@ -3,46 +3,17 @@
 //! lateness distribution and the CPU it cost. The README compares it with
 //! `cyclictest` run side by side (scripts/bench-latency.sh).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
 use baton_proto::time::parse_duration;
-use hdrhistogram::Histogram;
 
 use crate::config::{self, ConfigFile, Overrides};
-use crate::runtime::{Agent, FiringRecord, View};
-
-struct Quiet {
-    early: u64,
-    failed: u64,
-}
-
-impl View for Quiet {
-    fn note(&mut self, msg: &str) {
-        if msg.starts_with("warning") {
-            eprintln!("baton-agent: {msg}");
-        }
-    }
-    fn firing(&mut self, rec: &FiringRecord, _h: &Histogram<u64>) {
-        if rec.lateness_ns < 0 {
-            self.early += 1;
-        }
-        if rec.result != "ok" {
-            self.failed += 1;
-        }
-    }
-    fn event(&mut self, _e: &baton_sched::Event) {}
-}
+use crate::runtime::{Agent, StopFlag};
 
 fn cpu_ns() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_PROCESS_CPUTIME_ID always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+    crate::clock::clock_ns(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 /// Run the benchmark and print the figures.
@@ -80,25 +51,30 @@ pub fn latency(count: u64, interval: &str, cpu: Option<usize>, json: bool) -> an
             gpio: Some("sim:/dev/null".into()),
             packs: vec![pack_path],
             no_rt: false,
+            reset_journal: false,
         },
     )?;
-    let mut view = Quiet {
-        early: 0,
-        failed: 0,
-    };
-    let mut agent = Agent::start(cfg, &mut view)?;
+    let parts = crate::runtime::real_parts(&cfg)?;
+    let mut agent = Agent::new(cfg, parts)?;
+    if let Err(e) = agent.load_configured() {
+        agent.wind_down();
+        return Err(e);
+    }
     let cpu0 = cpu_ns();
     let wall0 = crate::clock::mono_now().0;
-    let stop = AtomicBool::new(false);
-    agent.run(&stop, true, &mut view)?;
+    let stop = StopFlag::default();
+    if let crate::runtime::StopCause::Fault(e) = agent.run(&stop, true) {
+        return Err(e);
+    }
     let wall = crate::clock::mono_now().0 - wall0;
     let cpu = cpu_ns() - cpu0;
-    let spin = agent.dispatcher_stats().spin_ns.load(Ordering::Relaxed) as i64;
-    let arrived_late = agent
+    let stats = agent
         .dispatcher_stats()
-        .arrived_late
-        .load(Ordering::Relaxed);
-    let h = agent.histogram();
+        .context("the bench runs the real dispatcher")?;
+    let spin = stats.spin_ns.load(Ordering::Relaxed) as i64;
+    let arrived_late = stats.arrived_late.load(Ordering::Relaxed);
+    let tally = agent.tally();
+    let h = &tally.hist;
     let _ = std::fs::remove_dir_all(&dir);
     let q = |p: f64| h.value_at_quantile(p);
     if json {
@@ -107,7 +83,7 @@ pub fn latency(count: u64, interval: &str, cpu: Option<usize>, json: bool) -> an
             serde_json::json!({
                 "count": h.len(), "interval_ns": period.as_nanos() as u64,
                 "p50_ns": q(0.5), "p99_ns": q(0.99), "p999_ns": q(0.999), "max_ns": h.max(),
-                "early": view.early, "failed": view.failed, "arrived_late": arrived_late,
+                "early": tally.early, "failed": tally.failed, "arrived_late": arrived_late,
                 "spin_cpu_pct": 100.0 * spin as f64 / wall as f64,
                 "process_cpu_pct": 100.0 * cpu as f64 / wall as f64,
             })
@@ -116,8 +92,8 @@ pub fn latency(count: u64, interval: &str, cpu: Option<usize>, json: bool) -> an
         println!(
             "firings      {} every {interval} (early: {}, failed: {})",
             h.len(),
-            view.early,
-            view.failed
+            tally.early,
+            tally.failed
         );
         println!(
             "lateness ns  p50 {}  p99 {}  p99.9 {}  max {}",

@@ -9,25 +9,24 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use baton_proto::RefTime;
+use nix::time::{ClockId, clock_gettime};
 
 /// Nanoseconds on `CLOCK_MONOTONIC`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MonoTime(pub i64);
 
-fn clock_ns(clock: libc::clockid_t) -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock ids used here
-    // exist on every Linux kernel this agent supports.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+/// Nanoseconds on `clock`. The clocks read here exist on every Linux this
+/// agent supports, so a failure is a broken system: it is loud.
+pub fn clock_ns(clock: ClockId) -> i64 {
+    match clock_gettime(clock) {
+        Ok(ts) => ts.tv_sec() * 1_000_000_000 + ts.tv_nsec(),
+        Err(e) => panic!("clock_gettime({clock}) failed: {e}"),
+    }
 }
 
 /// The monotonic clock now.
 pub fn mono_now() -> MonoTime {
-    MonoTime(clock_ns(libc::CLOCK_MONOTONIC))
+    MonoTime(clock_ns(ClockId::CLOCK_MONOTONIC))
 }
 
 /// The mapping between reference time and the monotonic clock, shared by
@@ -38,34 +37,47 @@ pub struct ClockEstimate {
     uncertainty_ns: AtomicI64,
 }
 
-/// A step of the estimate larger than this is reported as a clock step.
+/// A change of the offset larger than this (beyond the reading's own
+/// uncertainty) is a step of the system clock.
 pub const STEP_THRESHOLD_NS: i64 = 1_000_000;
 
+/// Reads per resample; the one bracketed most tightly wins, so a thread
+/// preempted between two reads does not look like a clock step.
+const SAMPLES: usize = 3;
+
+/// One reading of `realtime − monotonic`, and how wide its bracket was.
+fn sample_offset() -> (i64, i64) {
+    let mut best = (0, i64::MAX);
+    for _ in 0..SAMPLES {
+        let m0 = clock_ns(ClockId::CLOCK_MONOTONIC);
+        let r = clock_ns(ClockId::CLOCK_REALTIME);
+        let m1 = clock_ns(ClockId::CLOCK_MONOTONIC);
+        let width = (m1 - m0).max(1);
+        if width < best.1 {
+            best = (r - (m0 + (m1 - m0) / 2), width);
+        }
+    }
+    best
+}
+
 impl ClockEstimate {
-    /// Start from the system clock as it is.
+    /// The system clock as it is.
     pub fn from_system() -> Self {
-        let e = ClockEstimate {
-            offset_ns: AtomicI64::new(0),
-            uncertainty_ns: AtomicI64::new(0),
-        };
-        e.resample_system();
-        e
+        let (offset, width) = sample_offset();
+        ClockEstimate {
+            offset_ns: AtomicI64::new(offset),
+            uncertainty_ns: AtomicI64::new(width),
+        }
     }
 
-    /// Re-read the system clock's offset; returns the change in ns, so the
-    /// caller can report a step (the scheduler core treats a step as
-    /// downtime or an early wake, never as a burst).
-    pub fn resample_system(&self) -> i64 {
-        // Bracket the realtime read between two monotonic reads and take the
-        // midpoint: the bracket width bounds the sampling error.
-        let m0 = clock_ns(libc::CLOCK_MONOTONIC);
-        let r = clock_ns(libc::CLOCK_REALTIME);
-        let m1 = clock_ns(libc::CLOCK_MONOTONIC);
-        let offset = r - (m0 + (m1 - m0) / 2);
-        self.uncertainty_ns
-            .store((m1 - m0).max(1), Ordering::Relaxed);
+    /// Re-read the system clock. Returns the step if the offset moved by
+    /// more than [`STEP_THRESHOLD_NS`] plus the reading's uncertainty.
+    pub fn resample_system(&self) -> Option<i64> {
+        let (offset, width) = sample_offset();
+        self.uncertainty_ns.store(width, Ordering::Relaxed);
         let old = self.offset_ns.swap(offset, Ordering::AcqRel);
-        offset - old
+        let d = offset - old;
+        (d.abs() > STEP_THRESHOLD_NS + width).then_some(d)
     }
 
     /// Reference time now.
@@ -78,7 +90,7 @@ impl ClockEstimate {
         RefTime::from_nanos(m.0.saturating_add(self.offset_ns.load(Ordering::Acquire)))
     }
 
-    /// A reference instant on the monotonic scale (what threads sleep on).
+    /// A reference instant on the monotonic scale.
     pub fn to_mono(&self, t: RefTime) -> MonoTime {
         MonoTime(
             t.as_nanos()
@@ -86,12 +98,12 @@ impl ClockEstimate {
         )
     }
 
-    /// Current uncertainty of the estimate, ns.
+    /// How uncertain the mapping is, ns.
     pub fn uncertainty_ns(&self) -> i64 {
         self.uncertainty_ns.load(Ordering::Relaxed)
     }
 
-    /// Current offset (reference − monotonic), ns.
+    /// `reference − monotonic`, ns.
     pub fn offset_ns(&self) -> i64 {
         self.offset_ns.load(Ordering::Relaxed)
     }
@@ -110,8 +122,14 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as i64)
             .unwrap_or_default();
-        // Same clock read twice: within a generous 50 ms on a loaded machine.
         assert!((c.now().as_nanos() - sys).abs() < 50_000_000);
         assert!(c.uncertainty_ns() > 0);
+    }
+
+    #[test]
+    fn an_idle_clock_reports_no_steps() {
+        let c = ClockEstimate::from_system();
+        let steps = (0..2000).filter_map(|_| c.resample_system()).count();
+        assert_eq!(steps, 0, "resampling a steady clock must not report steps");
     }
 }

@@ -98,6 +98,8 @@ pub struct AgentConfig {
     pub outbox_cap: usize,
     /// Exec workers.
     pub exec_workers: usize,
+    /// Start a fresh journal where one existed but its log is missing.
+    pub reset_journal: bool,
 }
 
 /// Flags that override the file.
@@ -113,6 +115,8 @@ pub struct Overrides {
     pub packs: Vec<PathBuf>,
     /// `--no-rt`: do not even try SCHED_FIFO / mlockall.
     pub no_rt: bool,
+    /// `--reset-journal`: start fresh where a journal's log went missing.
+    pub reset_journal: bool,
 }
 
 /// Why a configuration was refused.
@@ -244,6 +248,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         arm_horizon,
         outbox_cap: file.outbox_cap.unwrap_or(100_000).max(1),
         exec_workers: file.exec_workers.unwrap_or(2).max(1),
+        reset_journal: o.reset_journal,
     })
 }
 

@@ -5,22 +5,41 @@
 //! to the wake-up latency it observes, so spinning stays short. An earlier
 //! job arriving wakes it at once (futex wake — no polling).
 //!
-//! After start-up nothing here allocates or blocks on IO: jobs arrive and
-//! results leave through pre-allocated lock-free queues, the local heap is
-//! pre-sized, and execution ids are shared `Arc<str>` whose last reference
-//! stays with the control thread (so no deallocation happens here either).
-//! The one exception is the sim backend, whose log write is a syscall.
+//! # Ownership and queues (why nothing here can deadlock)
+//!
+//! - The thread **owns the GPIO backend**. The control thread never touches
+//!   it: line requests at pack acceptance are messages ([`Dispatcher::request_lines`])
+//!   that this thread serves between firings. So the real-time thread never
+//!   waits on a lock held by a thread doing IO. The backend sits behind a
+//!   mutex only so a panic hook can drive the safe state through it
+//!   ([`EmergencyGpio`]); in normal running that mutex is uncontended.
+//! - Jobs arrive and results leave through pre-allocated lock-free queues.
+//!   The control thread keeps a **credit count** ([`Credits`]): it never has
+//!   more jobs in flight than the result queue can hold, so a result push
+//!   never finds the queue full and this thread never waits for the control
+//!   thread. Only the control thread may wait (for a line request's answer,
+//!   bounded), never the other way round.
+//! - [`Dispatcher::stop`] waits for the thread a bounded time and then lets
+//!   it go: `Drop` never blocks on a thread that may be stuck.
+//!
+//! After start-up nothing here allocates or blocks on IO on the firing path:
+//! the local heap is pre-sized, execution ids are shared `Arc<str>` whose
+//! last reference stays with the control thread. The one exception is the
+//! sim backend, whose log write is a syscall.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
+use std::time::Duration;
 
+use baton_proto::pack::LineRef;
 use crossbeam_queue::ArrayQueue;
 
 use crate::clock::{ClockEstimate, MonoTime, mono_now};
-use crate::gpio::{Gpio, GpioError, LineHandle};
+use crate::gpio::{Direction, Gpio, GpioError, LineHandle};
 use crate::rt::{RtConfig, RtStatus, futex_wait, futex_wake};
 
 /// What to do to a line.
@@ -44,6 +63,35 @@ pub enum Op {
     Read(LineHandle),
 }
 
+impl Op {
+    /// The line this op touches.
+    pub fn line(&self) -> LineHandle {
+        match *self {
+            Op::Write(h, _) | Op::Toggle(h) | Op::Read(h) => h,
+            Op::Pulse { line, .. } => line,
+        }
+    }
+
+    /// Credits this op takes: a pulse yields two results (start and end).
+    pub fn credits(&self) -> usize {
+        match self {
+            Op::Pulse { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// What a job is, by type (the control thread routes its result by this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobKind {
+    /// An attempt of an instruction: may be withdrawn or late.
+    Attempt,
+    /// A safe-state or on_failure write: never withdrawn, never late.
+    Safe,
+    /// The trailing edge of a pulse (made by this thread).
+    PulseEnd,
+}
+
 /// One timed action.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -53,6 +101,8 @@ pub struct Job {
     pub not_after: MonoTime,
     /// The control thread's handle for the result.
     pub ticket: u64,
+    /// What kind of job.
+    pub kind: JobKind,
     /// What.
     pub op: Op,
     /// Execution id (for the sim log and messages).
@@ -63,6 +113,25 @@ pub struct Job {
     pub live: Option<Arc<AtomicBool>>,
 }
 
+impl Job {
+    fn withdrawn(&self) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|l| !l.load(Ordering::Acquire))
+    }
+}
+
+/// Why a job did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotRun {
+    /// Reached after `not_after`.
+    Late,
+    /// Its pack entered its safe state before it was due.
+    Withdrawn,
+    /// The dispatcher stopped before it was due.
+    Stopped,
+}
+
 /// How a job ended.
 #[derive(Debug)]
 pub enum JobOutcome {
@@ -70,17 +139,17 @@ pub enum JobOutcome {
     Ok(Option<u8>),
     /// The backend refused or failed.
     Failed(GpioError),
-    /// Reached after `not_after`: not run.
-    Late,
-    /// Its pack entered its safe state before it was due: not run.
-    Withdrawn,
+    /// Never touched the device.
+    NotRun(NotRun),
 }
 
 /// A finished job.
 #[derive(Debug)]
 pub struct Done {
-    /// From the job.
+    /// From the job (a pulse end carries its pulse's ticket).
     pub ticket: u64,
+    /// From the job.
+    pub kind: JobKind,
     /// When it was due.
     pub deadline: MonoTime,
     /// When the line changed (or the job was given up).
@@ -101,18 +170,103 @@ pub struct Stats {
     /// Jobs that reached this thread already past their deadline: lateness
     /// caused upstream (arming), not by the dispatcher.
     pub arrived_late: AtomicU64,
+    /// Results that found the result queue full (a credit-accounting bug;
+    /// always 0, checked by tests).
+    pub lost_results: AtomicU64,
 }
 
-/// Queue sizes: the most jobs in flight between the threads. A full inbox
-/// makes `submit` fail loudly instead of allocating.
-pub const QUEUE_CAPACITY: usize = 1024;
+/// Most credits in flight (jobs handed over whose results were not yet
+/// taken back). Both queues hold this many, so neither can be full when the
+/// credit rule is kept.
+pub const QUEUE_CAPACITY: usize = 2048;
+/// Credits attempts may use; the rest is kept for safe-state writes, so a
+/// safe state never waits behind a burst of ordinary firings.
+pub const ATTEMPT_CREDITS: usize = 1536;
+
+/// The control thread's count of jobs in flight (see the module docs).
+#[derive(Debug, Default)]
+pub struct Credits {
+    in_flight: usize,
+}
+
+impl Credits {
+    /// Whether a job of `kind` taking `n` credits may be handed over now.
+    pub fn available(&self, kind: JobKind, n: usize) -> bool {
+        let limit = match kind {
+            JobKind::Attempt => ATTEMPT_CREDITS,
+            JobKind::Safe | JobKind::PulseEnd => QUEUE_CAPACITY,
+        };
+        self.in_flight + n <= limit
+    }
+
+    /// Jobs in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    pub(crate) fn take(&mut self, n: usize) {
+        self.in_flight += n;
+    }
+
+    pub(crate) fn give_back(&mut self) {
+        debug_assert!(self.in_flight > 0, "more results than jobs");
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+}
+
+/// Why a job or request could not be handed over.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The caller ignored [`Credits`]: a bug, reported rather than hidden.
+    #[error("no dispatcher credit for the job of {0}: too many jobs in flight")]
+    NoCredit(Arc<str>),
+    /// The dispatcher thread is gone or did not answer in time.
+    #[error("the dispatcher thread did not answer a line request within {0:?}")]
+    NoAnswer(Duration),
+    /// The backend refused a line.
+    #[error(transparent)]
+    Gpio(#[from] GpioError),
+}
+
+/// A line request, served by the dispatcher thread between firings.
+struct Request {
+    lines: Vec<(LineRef, Direction)>,
+    reply: SyncSender<Result<Vec<LineHandle>, GpioError>>,
+}
 
 struct Shared {
     inbox: ArrayQueue<Job>,
     done: ArrayQueue<Done>,
+    requests: ArrayQueue<Request>,
     word: AtomicU32,
     stop: AtomicBool,
     stats: Stats,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("inbox", &self.inbox.len())
+            .field("done", &self.done.len())
+            .finish()
+    }
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.word.fetch_add(1, Ordering::Release);
+        futex_wake(&self.word);
+    }
+}
+
+/// The backend, reachable from a panic hook to drive the safe state when
+/// the process is about to die (see `runtime::safety`).
+pub type EmergencyGpio = Arc<Mutex<Box<dyn Gpio>>>;
+
+/// Lock the backend; a panic while it was held leaves it usable (a write
+/// is a single syscall: no half-updated state to fear).
+pub fn lock_gpio(g: &Mutex<Box<dyn Gpio>>) -> MutexGuard<'_, Box<dyn Gpio>> {
+    g.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Handle to the running dispatcher thread.
@@ -120,58 +274,59 @@ struct Shared {
 pub struct Dispatcher {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread has left its loop.
+    exited: Receiver<()>,
     rt: RtStatus,
+    credits: Credits,
 }
 
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("inbox", &self.inbox.len())
-            .finish()
-    }
-}
-
-/// Why a job could not be handed over.
-#[derive(Debug, thiserror::Error)]
-#[error("dispatcher queue full ({QUEUE_CAPACITY} jobs in flight): the job for {0} was not queued")]
-pub struct QueueFull(pub Arc<str>);
+/// How long [`Drop`] waits for the thread before letting it go.
+const DROP_WAIT: Duration = Duration::from_secs(2);
 
 impl Dispatcher {
-    /// Start the thread. `gpio` is shared with the control thread, which
-    /// requests lines at pack acceptance; the dispatcher locks it only to
-    /// act (uncontended in steady state). `notify` is unparked whenever a
-    /// result is ready.
+    /// Start the thread, which takes ownership of `gpio`. `notify` is
+    /// unparked whenever a result is ready.
     pub fn start(
-        gpio: Arc<Mutex<Box<dyn Gpio>>>,
+        gpio: Box<dyn Gpio>,
         clock: Arc<ClockEstimate>,
         rt: RtConfig,
         notify: Thread,
-    ) -> std::io::Result<Dispatcher> {
+    ) -> std::io::Result<(Dispatcher, EmergencyGpio)> {
         let shared = Arc::new(Shared {
             inbox: ArrayQueue::new(QUEUE_CAPACITY),
             done: ArrayQueue::new(QUEUE_CAPACITY),
+            requests: ArrayQueue::new(4),
             word: AtomicU32::new(0),
             stop: AtomicBool::new(false),
             stats: Stats::default(),
         });
-        let (tx, rx) = std::sync::mpsc::channel();
+        let gpio: EmergencyGpio = Arc::new(Mutex::new(gpio));
+        let (status_tx, status_rx) = sync_channel(1);
+        let (exit_tx, exited) = sync_channel::<()>(0);
         let s = shared.clone();
+        let g = gpio.clone();
         let thread = std::thread::Builder::new()
             .name("baton-dispatch".into())
             // Small and fixed: with mlockall every stack page is resident.
             .stack_size(256 * 1024)
             .spawn(move || {
+                let _exit = exit_tx; // dropped when the thread ends
                 let status = crate::rt::apply_to_current_thread(&rt);
                 crate::rt::prefault_stack(64 * 1024);
-                let _ = tx.send(status);
-                run(&s, &gpio, &clock, &notify);
+                let _ = status_tx.send(status);
+                run(&s, &g, &clock, &notify);
             })?;
-        let rt = rx.recv().unwrap_or_default();
-        Ok(Dispatcher {
-            shared,
-            thread: Some(thread),
-            rt,
-        })
+        let rt = status_rx.recv().unwrap_or_default();
+        Ok((
+            Dispatcher {
+                shared,
+                thread: Some(thread),
+                exited,
+                rt,
+                credits: Credits::default(),
+            },
+            gpio,
+        ))
     }
 
     /// What real-time set-up was granted.
@@ -179,17 +334,57 @@ impl Dispatcher {
         &self.rt
     }
 
+    /// The credit count: check [`Credits::available`] before [`Self::submit`].
+    pub fn credits(&self) -> &Credits {
+        &self.credits
+    }
+
     /// Hand a job over; wakes the thread if it is sleeping.
-    pub fn submit(&self, job: Job) -> Result<(), QueueFull> {
-        self.shared.inbox.push(job).map_err(|j| QueueFull(j.id))?;
-        self.shared.word.fetch_add(1, Ordering::Release);
-        futex_wake(&self.shared.word);
+    pub fn submit(&mut self, job: Job) -> Result<(), DispatchError> {
+        let n = job.op.credits();
+        if !self.credits.available(job.kind, n) {
+            return Err(DispatchError::NoCredit(job.id));
+        }
+        self.shared
+            .inbox
+            .push(job)
+            .map_err(|j| DispatchError::NoCredit(j.id))?;
+        self.credits.take(n);
+        self.shared.bump();
         Ok(())
     }
 
     /// Next finished job, if any.
-    pub fn try_done(&self) -> Option<Done> {
-        self.shared.done.pop()
+    pub fn try_done(&mut self) -> Option<Done> {
+        let d = self.shared.done.pop()?;
+        self.credits.give_back();
+        Some(d)
+    }
+
+    /// Request lines (outputs or inputs) from the backend the thread owns.
+    /// The thread serves it between firings; the caller waits at most
+    /// `timeout` (the only wait in this direction, and bounded).
+    pub fn request_lines(
+        &self,
+        lines: &[(LineRef, Direction)],
+        timeout: Duration,
+    ) -> Result<Vec<LineHandle>, DispatchError> {
+        if lines.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (reply, answer) = sync_channel(1);
+        let req = Request {
+            lines: lines.to_vec(),
+            reply,
+        };
+        if self.shared.requests.push(req).is_err() {
+            return Err(DispatchError::NoAnswer(Duration::ZERO));
+        }
+        self.shared.bump();
+        match answer.recv_timeout(timeout) {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(DispatchError::NoAnswer(timeout)),
+        }
     }
 
     /// Telemetry counters.
@@ -197,26 +392,29 @@ impl Dispatcher {
         &self.shared.stats
     }
 
-    /// Jobs queued and not yet taken by the thread.
-    pub fn inbox_len(&self) -> usize {
-        self.shared.inbox.len()
-    }
-
     /// Stop: jobs already due run, pending pulse ends run at once (no line
-    /// is left mid-pulse), other future jobs are reported `Late` (not run).
-    pub fn stop(&mut self) {
+    /// is left mid-pulse), other future jobs are reported not run. Waits for
+    /// the thread at most `timeout`; returns whether it ended (if not, it
+    /// is left behind, never waited on forever).
+    pub fn stop(&mut self, timeout: Duration) -> bool {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.word.fetch_add(1, Ordering::Release);
-        futex_wake(&self.shared.word);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        self.shared.bump();
+        let Some(t) = self.thread.take() else {
+            return true;
+        };
+        match self.exited.recv_timeout(timeout) {
+            Err(RecvTimeoutError::Disconnected) | Ok(()) => {
+                let _ = t.join();
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => false,
         }
     }
 }
 
 impl Drop for Dispatcher {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(DROP_WAIT);
     }
 }
 
@@ -224,8 +422,6 @@ impl Drop for Dispatcher {
 struct Queued {
     key: Reverse<(i64, u64)>,
     job: Job,
-    /// A pulse end: ignores `not_after` and runs even on stop.
-    pulse_end: bool,
 }
 
 impl PartialEq for Queued {
@@ -250,10 +446,35 @@ const MAX_MARGIN_NS: i64 = 500_000;
 /// One wake-up that came very late (a hypervisor hiccup) must not make the
 /// thread spin for milliseconds afterwards: samples are capped here.
 const MAX_SAMPLE_NS: i64 = 250_000;
+/// A line request is served only when the next firing is at least this far
+/// away (opening a line is a few syscalls)...
+const REQUEST_GUARD_NS: i64 = 2_000_000;
+/// ...or once it has waited this long (a steady 10 kHz load never leaves a
+/// 2 ms gap; the request then costs one firing some lateness, reported).
+const REQUEST_MAX_WAIT_NS: i64 = 50_000_000;
+
+/// The thread's state between iterations.
+struct Local<'a> {
+    s: &'a Shared,
+    gpio: &'a Mutex<Box<dyn Gpio>>,
+    /// Dates the sim backend's log lines on reference time.
+    clock: &'a ClockEstimate,
+    notify: &'a Thread,
+    heap: BinaryHeap<Queued>,
+    seq: u64,
+    request_seen: Option<i64>,
+}
 
 fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &Thread) {
-    let mut heap: BinaryHeap<Queued> = BinaryHeap::with_capacity(QUEUE_CAPACITY * 2);
-    let mut seq: u64 = 0;
+    let mut l = Local {
+        s,
+        gpio,
+        clock,
+        notify,
+        heap: BinaryHeap::with_capacity(QUEUE_CAPACITY),
+        seq: 0,
+        request_seen: None,
+    };
     // Margin: start generous, then cover the worst of the recent wake-up
     // overshoots (a window of the last 32, each capped), plus a floor. A
     // quantile rather than a mean: the mean would leave every slower than
@@ -263,20 +484,11 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
     let mut next_sample = 0usize;
     loop {
         let seen = s.word.load(Ordering::Acquire);
-        while let Some(job) = s.inbox.pop() {
-            if job.deadline.0 < mono_now().0 {
-                s.stats.arrived_late.fetch_add(1, Ordering::Relaxed);
-            }
-            seq += 1;
-            heap.push(Queued {
-                key: Reverse((job.deadline.0, seq)),
-                job,
-                pulse_end: false,
-            });
-        }
-        let stopping = s.stop.load(Ordering::Acquire);
+        l.take_inbox();
         let now = mono_now();
-        let Some(top) = heap.peek() else {
+        l.serve_requests(now);
+        let stopping = s.stop.load(Ordering::Acquire);
+        let Some(top) = l.heap.peek() else {
             if stopping {
                 return;
             }
@@ -286,25 +498,19 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
         let deadline = top.job.deadline.0;
         if stopping {
             // Run what is due and every pulse end; the rest is not run.
-            let q = heap.pop().expect("peeked");
-            if q.pulse_end || deadline <= now.0 {
-                execute(s, gpio, clock, notify, &mut heap, &mut seq, q, now);
+            let Some(q) = l.heap.pop() else { continue };
+            if q.job.kind == JobKind::PulseEnd || deadline <= now.0 {
+                l.execute(q.job, now);
             } else {
-                push_done(
-                    s,
-                    notify,
-                    Done {
-                        ticket: q.job.ticket,
-                        deadline: q.job.deadline,
-                        actual: now,
-                        outcome: JobOutcome::Late,
-                    },
-                );
+                l.not_run(q.job, now, NotRun::Stopped);
             }
             continue;
         }
         if deadline - now.0 > margin {
-            let wake_at = deadline - margin;
+            let mut wake_at = deadline - margin;
+            if l.request_seen.is_some() {
+                wake_at = wake_at.min(deadline - REQUEST_GUARD_NS);
+            }
             futex_wait(&s.word, seen, Some(wake_at));
             let woke = mono_now().0;
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
@@ -333,129 +539,171 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
         if t < deadline {
             continue; // an earlier job may have arrived
         }
-        let q = heap.pop().expect("peeked");
-        execute(s, gpio, clock, notify, &mut heap, &mut seq, q, MonoTime(t));
+        if let Some(q) = l.heap.pop() {
+            l.execute(q.job, MonoTime(t));
+        }
     }
 }
 
-fn push_done(s: &Shared, notify: &Thread, mut d: Done) {
-    // Never drop a result: if the control thread is behind, wait for room.
-    loop {
-        match s.done.push(d) {
-            Ok(()) => break,
-            Err(back) => {
-                d = back;
-                notify.unpark();
-                std::thread::yield_now();
+impl Local<'_> {
+    fn push(&mut self, job: Job) {
+        self.seq += 1;
+        self.heap.push(Queued {
+            key: Reverse((job.deadline.0, self.seq)),
+            job,
+        });
+    }
+
+    fn take_inbox(&mut self) {
+        while let Some(job) = self.s.inbox.pop() {
+            if job.deadline.0 < mono_now().0 {
+                self.s.stats.arrived_late.fetch_add(1, Ordering::Relaxed);
+            }
+            if job.kind == JobKind::Safe {
+                // A safe-state write: pulses of withdrawn packs end first,
+                // so no trailing edge lands after the safe state.
+                self.end_withdrawn_pulses();
+            }
+            self.push(job);
+        }
+    }
+
+    /// Run now every pulse end whose pack was withdrawn. Rare (safe state
+    /// only); reuses the heap's buffer, allocates nothing.
+    fn end_withdrawn_pulses(&mut self) {
+        if !self
+            .heap
+            .iter()
+            .any(|q| q.job.kind == JobKind::PulseEnd && q.job.withdrawn())
+        {
+            return;
+        }
+        let mut v = std::mem::take(&mut self.heap).into_vec();
+        let now = mono_now();
+        let mut i = v.len();
+        while i > 0 {
+            i -= 1;
+            if v[i].job.kind == JobKind::PulseEnd && v[i].job.withdrawn() {
+                let q = v.swap_remove(i);
+                self.execute(q.job, now);
             }
         }
+        self.heap = BinaryHeap::from(v);
     }
-    notify.unpark();
-}
 
-#[allow(clippy::too_many_arguments)]
-fn execute(
-    s: &Shared,
-    gpio: &Mutex<Box<dyn Gpio>>,
-    clock: &ClockEstimate,
-    notify: &Thread,
-    heap: &mut BinaryHeap<Queued>,
-    seq: &mut u64,
-    q: Queued,
-    now: MonoTime,
-) {
-    let job = q.job;
-    // Not run at all: its pack is in its safe state, or it is past the
-    // instant after which it must not run. (A started pulse always ends.)
-    let not_run = if q.pulse_end {
-        None
-    } else if job
-        .live
-        .as_ref()
-        .is_some_and(|l| !l.load(Ordering::Acquire))
-    {
-        Some(JobOutcome::Withdrawn)
-    } else if now > job.not_after {
-        Some(JobOutcome::Late)
-    } else {
-        None
-    };
-    if let Some(outcome) = not_run {
-        push_done(
-            s,
-            notify,
-            Done {
-                ticket: job.ticket,
-                deadline: job.deadline,
-                actual: now,
-                outcome,
-            },
-        );
-        return;
-    }
-    let t_ref = clock.to_ref(now).as_nanos();
-    let mut g = match gpio.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    let outcome = match job.op {
-        Op::Write(h, v) => g.write(h, v, t_ref, &job.id).map(|()| None),
-        Op::Toggle(h) => {
-            let v = 1 - g.level(h).unwrap_or(0).min(1);
-            g.write(h, v, t_ref, &job.id).map(|()| None)
+    fn serve_requests(&mut self, now: MonoTime) {
+        if self.s.requests.is_empty() {
+            self.request_seen = None;
+            return;
         }
-        Op::Read(h) => g.read(h).map(Some),
-        Op::Pulse {
-            line,
-            value,
-            width_ns,
-        } => {
-            let r = g.write(line, value, t_ref, &job.id);
-            if r.is_ok() {
-                *seq += 1;
-                let end = job.deadline.0.saturating_add(width_ns);
-                heap.push(Queued {
-                    key: Reverse((end, *seq)),
-                    job: Job {
-                        deadline: MonoTime(end),
+        let since = *self.request_seen.get_or_insert(now.0);
+        let room = self
+            .heap
+            .peek()
+            .is_none_or(|q| q.job.deadline.0 - now.0 > REQUEST_GUARD_NS);
+        if !room && now.0 - since < REQUEST_MAX_WAIT_NS {
+            return;
+        }
+        while let Some(req) = self.s.requests.pop() {
+            let mut g = lock_gpio(self.gpio);
+            let r: Result<Vec<LineHandle>, GpioError> = req
+                .lines
+                .iter()
+                .map(|(line, dir)| match dir {
+                    Direction::Output => g.request(line),
+                    Direction::Input => g.request_input(line),
+                })
+                .collect();
+            drop(g);
+            // The requester may have given up: nothing waits on this.
+            let _ = req.reply.try_send(r);
+        }
+        self.request_seen = None;
+    }
+
+    fn push_done(&self, d: Done) {
+        // The credit rule makes a full queue impossible; if it ever were,
+        // count the loss rather than wait for the control thread.
+        if self.s.done.push(d).is_err() {
+            self.s.stats.lost_results.fetch_add(1, Ordering::Relaxed);
+        }
+        self.notify.unpark();
+    }
+
+    fn not_run(&self, job: Job, now: MonoTime, why: NotRun) {
+        self.push_done(Done {
+            ticket: job.ticket,
+            kind: job.kind,
+            deadline: job.deadline,
+            actual: now,
+            outcome: JobOutcome::NotRun(why),
+        });
+        if matches!(job.op, Op::Pulse { .. }) {
+            self.give_back_pulse_end(&job, now);
+        }
+    }
+
+    /// A pulse took two credits; when its end will never be queued, the
+    /// second comes back as a not-run pulse end.
+    fn give_back_pulse_end(&self, job: &Job, now: MonoTime) {
+        self.push_done(Done {
+            ticket: job.ticket,
+            kind: JobKind::PulseEnd,
+            deadline: job.deadline,
+            actual: now,
+            outcome: JobOutcome::NotRun(NotRun::Withdrawn),
+        });
+    }
+
+    fn execute(&mut self, job: Job, now: MonoTime) {
+        // Not run at all: its pack is in its safe state, or it is past the
+        // instant after which it must not run. (A started pulse always ends.)
+        if job.kind == JobKind::Attempt {
+            if job.withdrawn() {
+                return self.not_run(job, now, NotRun::Withdrawn);
+            }
+            if now > job.not_after {
+                return self.not_run(job, now, NotRun::Late);
+            }
+        }
+        let t_ref = self.clock.to_ref(now).as_nanos();
+        let mut g = lock_gpio(self.gpio);
+        let mut pulse_end = None;
+        let outcome = match job.op {
+            Op::Write(h, v) => g.write(h, v, t_ref, &job.id).map(|()| None),
+            Op::Toggle(h) => {
+                let v = 1 - g.level(h).unwrap_or(0).min(1);
+                g.write(h, v, t_ref, &job.id).map(|()| None)
+            }
+            Op::Read(h) => g.read(h).map(Some),
+            Op::Pulse {
+                line,
+                value,
+                width_ns,
+            } => {
+                let r = g.write(line, value, t_ref, &job.id);
+                if r.is_ok() {
+                    pulse_end = Some(Job {
+                        deadline: MonoTime(job.deadline.0.saturating_add(width_ns)),
                         not_after: MonoTime(i64::MAX),
-                        ticket: 0,
+                        ticket: job.ticket,
+                        kind: JobKind::PulseEnd,
                         op: Op::Write(line, 1 - value.min(1)),
                         id: job.id.clone(),
-                        // A started pulse always ends, safe state or not.
-                        live: None,
-                    },
-                    pulse_end: true,
-                });
+                        // Its pack's flag: a withdrawn pulse ends early,
+                        // before the safe state (see `take_inbox`).
+                        live: job.live.clone(),
+                    });
+                }
+                r.map(|()| None)
             }
-            r.map(|()| None)
-        }
-    };
-    drop(g);
-    let actual = mono_now();
-    s.stats.jobs.fetch_add(1, Ordering::Relaxed);
-    if q.pulse_end {
-        // A pulse end has no ticket of its own; a failure is still reported
-        // (ticket 0) so the agent logs it.
-        if let Err(e) = outcome {
-            push_done(
-                s,
-                notify,
-                Done {
-                    ticket: 0,
-                    deadline: job.deadline,
-                    actual,
-                    outcome: JobOutcome::Failed(e),
-                },
-            );
-        }
-        return;
-    }
-    push_done(
-        s,
-        notify,
-        Done {
+        };
+        drop(g);
+        self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);
+        let failed_pulse = matches!(job.op, Op::Pulse { .. }) && outcome.is_err();
+        self.push_done(Done {
             ticket: job.ticket,
+            kind: job.kind,
             deadline: job.deadline,
             // The line changed at `now` (the write is a syscall or two after).
             actual: now,
@@ -463,6 +711,12 @@ fn execute(
                 Ok(v) => JobOutcome::Ok(v),
                 Err(e) => JobOutcome::Failed(e),
             },
-        },
-    );
+        });
+        if failed_pulse {
+            self.give_back_pulse_end(&job, now);
+        }
+        if let Some(end) = pulse_end {
+            self.push(end);
+        }
+    }
 }

@@ -6,16 +6,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use baton_agent::config::{self, Overrides};
-use baton_agent::live::LiveView;
-use baton_agent::runtime::Agent;
+use baton_agent::live::{LiveLayer, LiveView};
+use baton_agent::runtime::{Agent, StopCause, StopFlag};
 use baton_agent::simulate::{self, FailSpec, SimOptions};
 use baton_proto::pack::read_pack_file;
 use baton_proto::time::parse_instant_arg;
 use clap::{Parser, Subcommand};
+use signal_hook::iterator::Signals;
 
 #[derive(Parser, Debug)]
 #[command(name = "baton-agent", version, about = "baton edge agent")]
@@ -33,9 +33,13 @@ enum Command {
         /// Exit (after the safe state) once nothing is left to do.
         #[arg(long)]
         exit_when_idle: bool,
-        /// Only notes and summaries, no line per firing.
+        /// Only notes and the final summary, no line per firing.
         #[arg(long)]
         quiet: bool,
+        /// Test hook: panic after this many executed attempts (to test the
+        /// panic hook's safe state). Hidden.
+        #[arg(long, hide = true)]
+        inject_panic_after: Option<u64>,
     },
     /// Check a config file (and the packs it names) without running.
     CheckConfig {
@@ -103,6 +107,10 @@ struct CommonFlags {
     /// Do not try SCHED_FIFO / mlockall.
     #[arg(long)]
     no_rt: bool,
+    /// Start with an empty journal even though the data directory shows
+    /// one existed (its log is missing): accepted packs are forgotten.
+    #[arg(long)]
+    reset_journal: bool,
 }
 
 fn main() -> ExitCode {
@@ -112,7 +120,8 @@ fn main() -> ExitCode {
             common,
             exit_when_idle,
             quiet,
-        } => run_agent(common, exit_when_idle, quiet).map_err(|e| (1, format!("error: {e:#}"))),
+            inject_panic_after,
+        } => run_agent(common, exit_when_idle, quiet, inject_panic_after),
         Command::CheckConfig { file } => check_config(&file).map_err(|e| (1, format!("{e:#}"))),
         Command::BenchLatency {
             count,
@@ -134,7 +143,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
-            eprintln!("{msg}");
+            // A closed stderr must not turn an error exit into a panic.
+            let _ = writeln!(std::io::stderr(), "{msg}");
             ExitCode::from(code)
         }
     }
@@ -188,9 +198,54 @@ fn run_simulate(
     Ok(())
 }
 
-fn run_agent(f: CommonFlags, exit_when_idle: bool, quiet: bool) -> anyhow::Result<()> {
+/// Signals that stop the agent through its one way out (safe state,
+/// journal flushed). None of them kills it without the safe state.
+const STOP_SIGNALS: [i32; 6] = [
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGQUIT,
+    signal_hook::consts::SIGUSR1,
+    signal_hook::consts::SIGUSR2,
+];
+
+/// Logs to stderr through `tracing` (`RUST_LOG` filters; default `info`);
+/// with a live view, firings and core events go to it instead.
+fn init_tracing(live: Option<LiveLayer>) {
+    use tracing_subscriber::prelude::*;
+    let default = if live.is_some() {
+        "info,baton::firing=off,baton::event=off"
+    } else {
+        "info"
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_filter(filter);
+    let live = live.map(|l| {
+        l.with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target("baton::firing", tracing::Level::TRACE)
+                .with_target("baton::event", tracing::Level::TRACE),
+        )
+    });
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(live)
+        .try_init();
+}
+
+fn run_agent(
+    f: CommonFlags,
+    exit_when_idle: bool,
+    quiet: bool,
+    inject_panic: Option<u64>,
+) -> Result<(), (u8, String)> {
+    let fault = |e: anyhow::Error| (1, format!("error: {e:#}"));
     let file = match &f.config {
-        Some(p) => config::read_file(p)?,
+        Some(p) => config::read_file(p).map_err(|e| fault(e.into()))?,
         None => config::ConfigFile::default(),
     };
     let cfg = config::resolve(
@@ -201,35 +256,63 @@ fn run_agent(f: CommonFlags, exit_when_idle: bool, quiet: bool) -> anyhow::Resul
             gpio: f.gpio,
             packs: f.pack,
             no_rt: f.no_rt,
+            reset_journal: f.reset_journal,
         },
-    )?;
-    // SIGTERM / SIGINT: stop the loop; the agent then enters the safe state,
-    // flushes the journal and exits 0.
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    )
+    .map_err(|e| fault(e.into()))?;
+    let view = Arc::new(LiveView::new(quiet));
+    init_tracing(Some(LiveLayer(view.clone())));
+    let stop = Arc::new(StopFlag::default());
+    let control = std::thread::current();
+    let mut signals = Signals::new(STOP_SIGNALS)
+        .context("installing signal handlers")
+        .map_err(fault)?;
+    let sig_stop = stop.clone();
+    std::thread::Builder::new()
+        .name("baton-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tracing::info!(signal = sig, "stop requested by signal");
+                sig_stop.request(sig);
+                control.unpark();
+            }
+        })
+        .context("starting the signal thread")
+        .map_err(fault)?;
+    let mlock = cfg.rt.mlockall;
+    let parts = baton_agent::runtime::real_parts(&cfg).map_err(fault)?;
+    let mut agent = Agent::new(cfg, parts).map_err(fault)?;
+    if let Err(e) = agent.load_configured() {
+        agent.wind_down();
+        return Err(fault(e));
     }
-    let mut view = LiveView::new(quiet);
-    let mut agent = Agent::start(cfg, &mut view)?;
-    agent.run(&stop, exit_when_idle, &mut view)?;
-    println!();
-    println!("summary: {}", baton_agent::live::summary(agent.histogram()));
-    Ok(())
+    if mlock {
+        let mut st = baton_agent::rt::RtStatus::default();
+        baton_agent::rt::lock_memory(&mut st);
+        if let Some(w) = st.warning() {
+            tracing::warn!("{w}");
+        }
+    }
+    if let Some(n) = inject_panic {
+        baton_agent::runtime::inject_panic_after(n);
+    }
+    let cause = agent.run(&stop, exit_when_idle);
+    view.finish();
+    match cause {
+        StopCause::Fault(e) => Err((1, format!("error: {e:#} (safe state entered)"))),
+        _ => Ok(()),
+    }
 }
 
 fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
     let file = config::read_file(path)?;
     let cfg = config::resolve(file, Overrides::default())?;
-    let mut bad = Vec::new();
-    for p in &cfg.packs {
-        if let Err(e) = read_pack_file(p) {
-            bad.push(e);
-        }
-    }
+    let bad = baton_agent::runtime::check::check(&cfg);
     if !bad.is_empty() {
         anyhow::bail!("{}", bad.join("\n"));
     }
-    println!(
+    let _ = writeln!(
+        std::io::stdout(),
         "{}: ok (agent {}, gpio {}, {} pack(s), journal in {})",
         path.display(),
         cfg.id,

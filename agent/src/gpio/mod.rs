@@ -61,7 +61,7 @@ pub const DEFAULT_CHIP: &str = "gpiochip0";
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys/class/gpio";
 
 /// Opaque handle to a requested line; cheap `Copy`, used on the real-time path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LineHandle(pub u32);
 
 /// How a line is used.

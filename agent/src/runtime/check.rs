@@ -1,0 +1,55 @@
+//! `baton-agent check-config`: every check `run` makes before it fires
+//! anything, without running: the GPIO backend opens, every configured
+//! pack parses, passes the exec allowlist (programs and environment keys),
+//! gets every line it touches from the backend under the line allowlist,
+//! and shares no driven line with another pack. Lines are requested and
+//! released again (requesting never moves a line).
+
+use std::sync::Arc;
+
+use baton_proto::RefTime;
+use baton_proto::pack::read_pack_file;
+
+use crate::config::AgentConfig;
+use crate::exec::ExecPool;
+use crate::runtime::admission::{self, Admission};
+use crate::runtime::ports::{DirectDevice, ManualClock};
+
+/// Every problem found, each naming its file and pack; empty when `run`
+/// would start.
+pub fn check(cfg: &AgentConfig) -> Vec<String> {
+    let mut bad = Vec::new();
+    let gpio = match crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone()) {
+        Ok(g) => g,
+        Err(e) => {
+            bad.push(format!("gpio `{}`: {e}", cfg.gpio));
+            return bad;
+        }
+    };
+    let mut device = DirectDevice::new(gpio, Arc::new(ManualClock::new(RefTime::from_nanos(0))));
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let exec = ExecPool::new(1, cfg.exec_allowlist.clone(), tx);
+    let mut adm = Admission::default();
+    for path in &cfg.packs {
+        let name = path.display().to_string();
+        let (yaml, pack) = match read_pack_file(path) {
+            Ok(v) => v,
+            Err(e) => {
+                bad.push(e);
+                continue;
+            }
+        };
+        let key = super::key_of(&pack);
+        let r = adm
+            .check_version(&key, pack.version, admission::digest(&yaml))
+            .and_then(|_| Admission::check_exec(&pack, &|p, env| super::exec_check(&exec, p, env)))
+            .and_then(|()| adm.resolve(&pack, super::shared_lines(&pack), &mut device))
+            .and_then(|res| adm.check_owners(&key, &res).map(|()| res));
+        match r {
+            Ok(res) => adm.commit(key, pack.version, admission::digest(&yaml), res),
+            Err(e) => bad.push(format!("{name}: pack {key} refused: {e}")),
+        }
+    }
+    exec.shutdown();
+    bad
+}

@@ -1,0 +1,143 @@
+//! Feedback: every executed attempt and every core event goes to the
+//! journal's outbox (for the controller link) and out as a `tracing` event
+//! (for the live view and logs). One place decides both, so what an
+//! operator sees on the terminal is what the controller will receive.
+//!
+//! Tracing targets: `baton::firing` (one per executed attempt, DEBUG: no
+//! line per firing at INFO) and `baton::event` (core events: DEBUG for ok,
+//! INFO for skips and retries, WARN for failures, give-ups, safe states and
+//! unknown outcomes).
+
+use baton_sched::{Event, EventKind};
+use hdrhistogram::Histogram;
+
+use crate::journal::{Journal, JournalError};
+use crate::runtime::record::{FiringRecord, FiringResult};
+
+/// Tracing target of executed attempts.
+pub const FIRING_TARGET: &str = "baton::firing";
+/// Tracing target of core events.
+pub const EVENT_TARGET: &str = "baton::event";
+
+/// Lateness and outcome counters of this run.
+#[derive(Debug)]
+pub struct Tally {
+    /// Lateness of what touched the device, ns.
+    pub hist: Histogram<u64>,
+    /// Attempts that ran before their instant.
+    pub early: u64,
+    /// Attempts that failed.
+    pub failed: u64,
+    /// Attempts not run (late, withdrawn, stopped).
+    pub not_run: u64,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            // 1 ns .. 60 s at 2 significant digits: a fixed bound.
+            hist: Histogram::new_with_bounds(1, 60_000_000_000, 2)
+                .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!())),
+            early: 0,
+            failed: 0,
+            not_run: 0,
+        }
+    }
+}
+
+/// Journal and announce one executed attempt.
+pub fn executed(
+    journal: &mut Journal,
+    tally: &mut Tally,
+    rec: &FiringRecord,
+) -> Result<(), JournalError> {
+    if rec.result.ran() {
+        let _ = tally.hist.record(rec.lateness_ns.max(0) as u64);
+        if rec.lateness_ns < 0 {
+            tally.early += 1;
+        }
+    } else {
+        tally.not_run += 1;
+    }
+    if matches!(rec.result, FiringResult::Failed(_)) {
+        tally.failed += 1;
+    }
+    let value = match rec.result {
+        FiringResult::Ok { value } => value,
+        _ => None,
+    };
+    let fb = serde_json::json!({
+        "event": "executed",
+        "execution_id": rec.id,
+        "pack": rec.pack,
+        "instruction": rec.instruction,
+        "action": rec.action,
+        "scheduled_ns": rec.scheduled.as_nanos(),
+        "actual_ns": rec.actual.as_nanos(),
+        "lateness_ns": rec.lateness_ns,
+        "result": rec.result.word(),
+        "detail": rec.result.detail(),
+        "value": value,
+    });
+    let r = journal.push_feedback(fb.to_string().as_bytes()).map(|_| ());
+    tracing::debug!(
+        target: FIRING_TARGET,
+        execution_id = %rec.id,
+        pack = %rec.pack,
+        instruction = %rec.instruction,
+        action = rec.action,
+        scheduled_ns = rec.scheduled.as_nanos(),
+        lateness_ns = rec.lateness_ns,
+        result = rec.result.word(),
+        detail = %rec.result.detail(),
+    );
+    r
+}
+
+/// Journal and announce one core event (a firing itself is reported by
+/// [`executed`] once it has happened).
+pub fn event(journal: &mut Journal, e: &Event) -> Result<(), JournalError> {
+    if e.kind == EventKind::Fire {
+        return Ok(());
+    }
+    let mut rec = serde_json::json!({
+        "event": e.kind.name(),
+        "t_ns": e.t.as_nanos(),
+        "pack": e.pack.to_string(),
+        "instruction": e.instruction,
+        "execution_id": e.id.as_ref().map(|i| i.to_string()),
+        "occurrence_ns": e.occurrence.map(|o| o.as_nanos()),
+    });
+    let detail = e.detail();
+    if !detail.is_empty() {
+        rec["detail"] = detail.clone().into();
+    }
+    let r = journal
+        .push_feedback(rec.to_string().as_bytes())
+        .map(|_| ());
+    announce(e, &detail);
+    r
+}
+
+/// The tracing event of a core event, at a level by its weight.
+pub fn announce(e: &Event, detail: &str) {
+    let pack = e.pack.to_string();
+    let instruction = e.instruction.as_deref().unwrap_or("");
+    let id = e.id.as_ref().map(|i| i.to_string()).unwrap_or_default();
+    let name = e.kind.name();
+    match &e.kind {
+        EventKind::Fire | EventKind::Ok { .. } => {
+            tracing::debug!(target: EVENT_TARGET, event = name, pack, instruction, execution_id = id, detail)
+        }
+        EventKind::Retry { .. } | EventKind::Skip { .. } => {
+            tracing::info!(target: EVENT_TARGET, event = name, pack, instruction, execution_id = id, detail)
+        }
+        EventKind::Fail { .. }
+        | EventKind::GiveUp { .. }
+        | EventKind::OnFailure
+        | EventKind::SafeState { .. }
+        | EventKind::OutcomeUnknown => {
+            tracing::warn!(target: EVENT_TARGET, event = name, pack, instruction, execution_id = id, detail)
+        }
+    }
+}

@@ -1,0 +1,1203 @@
+//! The agent's control thread: the thin IO shell around the scheduler core.
+//!
+//! Parts, each with one job:
+//! - [`admission`]: whether a pack may run here, which lines it owns;
+//! - [`arming`]: core outputs on their way to the device (credits,
+//!   tickets, exec firings waiting for their instant, withdrawal);
+//! - [`feedback`]: every result and event to the journal's outbox and to
+//!   `tracing` (the live view is a tracing layer, `crate::live`);
+//! - [`safety`]: the panic hook's safe state;
+//! - this module: the control loop, a loop over events (core outputs,
+//!   device results, exec results, time) with **one way out**:
+//!   [`Agent::run`] always ends in [`Agent::wind_down`], which drives every
+//!   held pack's safe state through the device before it touches the
+//!   journal, whatever ended the loop (a stop request, a journal error, a
+//!   full disk).
+//!
+//! Firings are *armed* a short horizon ahead: their start records are made
+//! durable in one batch, then they go to the dispatcher, which fires each
+//! at its exact instant. So the start record is always on disk before the
+//! device is touched (DESIGN.md principle 4).
+//!
+//! Clock, journal, device and exec pool are handed in ([`Parts`]), so tests
+//! drive the whole loop on a [`ports::ManualClock`] and an in-memory device.
+
+pub mod admission;
+pub mod arming;
+pub mod check;
+pub mod feedback;
+pub mod ports;
+pub mod record;
+pub mod safety;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_proto::RefTime;
+use baton_proto::pack::{Action, LineRef, Pack, parse_pack, read_pack_file};
+use baton_sched::{
+    AttemptResult, Config as CoreConfig, ExecutionId, Output, PackKey, PriorOutcome, SafeReason,
+    Scheduler,
+};
+
+use crate::config::AgentConfig;
+use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
+use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult};
+use crate::journal::{Journal, JournalError, Recovered, StoredPack};
+use crate::live::fmt_ns;
+use admission::{Admission, AdmissionError, Verdict};
+use arming::{Arming, PendingExec, Ticket};
+use feedback::Tally;
+use ports::{Clock, Device};
+use record::{FiringRecord, FiringResult, Origin};
+use safety::{SafeTable, SharedSafeTable};
+
+/// Packs are refused while the clock estimate is less certain than this.
+pub const MAX_CLOCK_UNCERTAINTY_NS: i64 = 10_000_000;
+
+/// How long the way out waits for safe-state writes to land.
+const SAFE_STATE_WAIT: Duration = Duration::from_secs(2);
+/// How long the way out waits for the dispatcher thread to end.
+const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
+/// Journal heartbeat (last-alive instant, group commit of lazy records).
+const HEARTBEAT: Duration = Duration::from_millis(100);
+/// Longest sleep of an idle loop.
+const MAX_IDLE: Duration = Duration::from_secs(1);
+
+/// Why the control loop stopped.
+#[derive(Debug)]
+pub enum StopCause {
+    /// A stop was requested (the signal number, 0 if not by a signal).
+    Requested(i32),
+    /// `--exit-when-idle` and nothing is left to do.
+    Idle,
+    /// Something failed; the safe state ran on the way out.
+    Fault(anyhow::Error),
+}
+
+impl StopCause {
+    /// Whether the agent should exit non-zero.
+    pub fn is_fault(&self) -> bool {
+        matches!(self, StopCause::Fault(_))
+    }
+}
+
+/// Set (by a signal thread, or a test) to ask the loop to stop; holds the
+/// signal number (or −1 for a plain request).
+#[derive(Debug, Default)]
+pub struct StopFlag(AtomicI32);
+
+impl StopFlag {
+    /// Ask for a stop, naming the signal (0 if none).
+    pub fn request(&self, signal: i32) {
+        let v = if signal == 0 { -1 } else { signal };
+        let _ = self
+            .0
+            .compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The request, if any (the signal number, 0 if not by a signal).
+    pub fn requested(&self) -> Option<i32> {
+        match self.0.load(Ordering::Acquire) {
+            0 => None,
+            -1 => Some(0),
+            s => Some(s),
+        }
+    }
+}
+
+/// What the control loop is built from.
+pub struct Parts {
+    /// Reference time.
+    pub clock: Arc<dyn Clock>,
+    /// The opened journal.
+    pub journal: Journal,
+    /// What the journal recovered.
+    pub recovered: Recovered,
+    /// Where GPIO jobs go.
+    pub device: Box<dyn Device>,
+    /// Exec workers.
+    pub exec: ExecPool,
+    /// Their results.
+    pub exec_rx: Receiver<ExecResult>,
+    /// The safe-state table the panic hook reads.
+    pub safe_table: SharedSafeTable,
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts").finish_non_exhaustive()
+    }
+}
+
+/// A pack as held: what the way out needs even if the core is gone astray.
+#[derive(Debug)]
+struct HeldPack {
+    safe_state: Arc<Vec<Action>>,
+    /// First acceptance: the phase anchor kept across versions/restarts.
+    anchor: RefTime,
+}
+
+/// The running agent (control side).
+pub struct Agent {
+    cfg: AgentConfig,
+    clock: Arc<dyn Clock>,
+    core: Scheduler,
+    journal: Journal,
+    device: Box<dyn Device>,
+    exec: ExecPool,
+    exec_rx: Receiver<ExecResult>,
+    admission: Admission,
+    arming: Arming,
+    held: HashMap<PackKey, HeldPack>,
+    safe_table: SharedSafeTable,
+    /// Packs whose safe state was driven in this run.
+    safe_done: HashSet<PackKey>,
+    tally: Tally,
+    last_heartbeat: RefTime,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("id", &self.cfg.id).finish()
+    }
+}
+
+/// Rebuild what the core must know of attempts from before a restart.
+fn prior_outcomes(rec: &Recovered) -> HashMap<String, PriorOutcome> {
+    rec.started
+        .iter()
+        .map(|id| {
+            let outcome = if !rec.finished.contains(id) {
+                PriorOutcome::Unknown
+            } else if rec.finished.contains(&format!("{id}#failed")) {
+                PriorOutcome::Failed
+            } else if rec.finished.contains(&format!("{id}#notrun")) {
+                PriorOutcome::NotRun
+            } else {
+                PriorOutcome::Succeeded
+            };
+            (id.clone(), outcome)
+        })
+        .collect()
+}
+
+/// Journal an attempt's result (the one place that knows the encoding).
+fn journal_result(
+    journal: &mut Journal,
+    id: &ExecutionId,
+    r: &AttemptResult,
+) -> Result<(), JournalError> {
+    let text = id.to_string();
+    match r {
+        AttemptResult::Ok { .. } => {}
+        AttemptResult::Late { .. } => journal.record_finished(&format!("{text}#notrun"))?,
+        AttemptResult::Failed(_) => journal.record_finished(&format!("{text}#failed"))?,
+    }
+    journal.record_finished(&text)
+}
+
+/// Parsing a large pack builds a YAML tree that is freed right after; give
+/// those pages back to the kernel so the agent's footprint is what it holds.
+/// Only glibc keeps freed heap like this (and only it has `malloc_trim`).
+fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+impl Agent {
+    /// Assemble the loop from its parts, restore the journalled packs (a
+    /// pack that no longer passes this agent's checks is kept stopped in
+    /// its safe state and reported; the others run) and load `cfg.packs`.
+    pub fn new(cfg: AgentConfig, parts: Parts) -> anyhow::Result<Agent> {
+        let Parts {
+            clock,
+            journal,
+            recovered,
+            device,
+            exec,
+            exec_rx,
+            safe_table,
+        } = parts;
+        if recovered.truncated_bytes > 0 {
+            tracing::warn!(
+                bytes = recovered.truncated_bytes,
+                "journal: cut a torn record at the end (a crash mid-write); nothing acknowledged was in it"
+            );
+        }
+        let now = clock.now();
+        let mut agent = Agent {
+            core: Scheduler::new(
+                CoreConfig {
+                    seed: now.as_nanos() as u64,
+                    ..CoreConfig::default()
+                },
+                prior_outcomes(&recovered),
+            ),
+            cfg,
+            clock,
+            journal,
+            device,
+            exec,
+            exec_rx,
+            admission: Admission::default(),
+            arming: Arming::default(),
+            held: HashMap::new(),
+            safe_table,
+            safe_done: HashSet::new(),
+            tally: Tally::default(),
+            last_heartbeat: now,
+        };
+        agent.restore(recovered)?;
+        Ok(agent)
+    }
+
+    /// Load the packs the configuration names. On an error the caller must
+    /// still take the way out ([`Agent::wind_down`]): restored packs may
+    /// already be armed.
+    pub fn load_configured(&mut self) -> anyhow::Result<()> {
+        for path in self.cfg.packs.clone() {
+            self.load_file(&path)?;
+        }
+        release_free_memory();
+        Ok(())
+    }
+
+    fn restore(&mut self, rec: Recovered) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        let last_alive = rec.last_alive_ns.map(RefTime::from_nanos).unwrap_or(now);
+        for sp in rec.packs {
+            let label = format!("journalled pack {}/{} v{}", sp.tenant, sp.pack, sp.version);
+            let pack = match parse_pack(&sp.yaml) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(pack = %label, "no longer valid, not restored:\n{e}");
+                    continue;
+                }
+            };
+            let key = key_of(&pack);
+            let anchor = RefTime::from_nanos(sp.accepted_ns);
+            if let Err(e) = self.admit_checks(&pack, &sp.yaml) {
+                tracing::error!(
+                    pack = %label,
+                    "refused by this agent's checks now ({e}); kept stopped, its safe state driven where its lines allow"
+                );
+                self.drive_refused_safe_state(&pack, now);
+                continue;
+            }
+            self.hold(&pack, anchor);
+            let mut out = Vec::new();
+            let r = match sp.stopped.as_deref() {
+                None => self.core.restore(pack, anchor, last_alive, now, &mut out),
+                Some(why) => {
+                    let reason = if why == "cancel" {
+                        SafeReason::Cancel
+                    } else {
+                        SafeReason::GiveUp
+                    };
+                    self.core
+                        .restore_stopped(pack, anchor, reason, now, &mut out)
+                }
+            };
+            if let Err(e) = r {
+                tracing::error!(pack = %label, "not restored: {e}");
+                continue;
+            }
+            match &sp.stopped {
+                None => tracing::info!(pack = %key, version = sp.version, "restored"),
+                Some(why) => tracing::info!(
+                    pack = %key,
+                    version = sp.version,
+                    "restored in its safe state (stopped by {why} before the restart; push a higher version to run it again)"
+                ),
+            }
+            self.process(out)?;
+        }
+        Ok(())
+    }
+
+    /// A journalled pack this agent now refuses: drive the `gpio.write`s
+    /// of its safe state whose lines can still be requested.
+    fn drive_refused_safe_state(&mut self, pack: &Pack, now: RefTime) {
+        let key = key_of(pack);
+        for a in &pack.safe_state {
+            let Some(line) = a.line() else { continue };
+            let ok = self.admission.handle(line).is_some()
+                || self
+                    .device
+                    .request_lines(&[(line.clone(), crate::gpio::Direction::Output)])
+                    .is_ok();
+            if ok
+                && let Err(e) =
+                    self.side_action(&key, Origin::SafeState(SafeReason::GiveUp), a, now)
+            {
+                tracing::error!(pack = %key, "safe state of a refused pack: {e}");
+            }
+        }
+    }
+
+    /// Read, check and accept a pack file. A refusal names the file, the
+    /// pack and the reason; nothing of a refused pack takes effect.
+    pub fn load_file(&mut self, path: &Path) -> anyhow::Result<()> {
+        let name = path.display().to_string();
+        let (yaml, pack) = read_pack_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let key = key_of(&pack);
+        match self.accept(yaml, pack) {
+            Ok(Verdict::Unchanged) => {
+                tracing::info!(pack = %key, file = %name, "already held with the same content: unchanged");
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(anyhow::anyhow!("{name}: pack {key} refused: {e:#}")),
+        }
+    }
+
+    /// Check and accept a pack (journalled before it takes effect).
+    pub fn accept(&mut self, yaml: String, pack: Pack) -> anyhow::Result<Verdict> {
+        // DESIGN.md principle 3: no pack is taken while the agent does not
+        // know reference time well enough to honour it.
+        let uncertainty = self.clock.uncertainty_ns();
+        if uncertainty > MAX_CLOCK_UNCERTAINTY_NS {
+            anyhow::bail!(
+                "clock uncertainty {} exceeds the agent's limit {}",
+                fmt_ns(uncertainty),
+                fmt_ns(MAX_CLOCK_UNCERTAINTY_NS)
+            );
+        }
+        let verdict = self.admit_checks(&pack, &yaml)?;
+        if verdict == Verdict::Unchanged {
+            return Ok(verdict);
+        }
+        let key = key_of(&pack);
+        let now = self.clock.now();
+        let anchor = self.held.get(&key).map_or(now, |h| h.anchor);
+        // Durable before it takes effect: a crash right after acceptance
+        // must not lose the pack. The anchor is the first acceptance, so a
+        // restart keeps the phase exactly as a live replacement does.
+        self.journal.put_pack(&StoredPack {
+            tenant: key.tenant.clone(),
+            pack: key.pack.clone(),
+            version: pack.version,
+            yaml,
+            accepted_ns: anchor.as_nanos(),
+            stopped: None,
+        })?;
+        let version = pack.version;
+        self.hold(&pack, anchor);
+        let mut out = Vec::new();
+        self.core.accept(pack, now, &mut out)?;
+        self.safe_done.remove(&key);
+        tracing::info!(pack = %key, version, "accepted");
+        self.process(out)?;
+        Ok(verdict)
+    }
+
+    /// Steps 1-4 of admission; on success the pack owns its lines.
+    fn admit_checks(&mut self, pack: &Pack, yaml: &str) -> Result<Verdict, AdmissionError> {
+        let key = key_of(pack);
+        let digest = admission::digest(yaml);
+        let verdict = self.admission.check_version(&key, pack.version, digest)?;
+        if verdict == Verdict::Unchanged {
+            return Ok(verdict);
+        }
+        let exec = &self.exec;
+        Admission::check_exec(pack, &|program, env| exec_check(exec, program, env))?;
+        let resolved = self
+            .admission
+            .resolve(pack, shared_lines(pack), self.device.as_mut())?;
+        self.admission.check_owners(&key, &resolved)?;
+        self.admission.commit(key, pack.version, digest, resolved);
+        Ok(verdict)
+    }
+
+    /// Remember what the way out needs of a held pack.
+    fn hold(&mut self, pack: &Pack, anchor: RefTime) {
+        let key = key_of(pack);
+        let writes = self.admission.safe_writes(&pack.safe_state);
+        self.safe_table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set(key.clone(), writes);
+        self.held.insert(
+            key,
+            HeldPack {
+                safe_state: Arc::new(pack.safe_state.clone()),
+                anchor,
+            },
+        );
+    }
+
+    /// Nothing pending, nothing in flight.
+    pub fn idle(&self) -> bool {
+        self.core.next_wake().is_none() && self.arming.idle()
+    }
+
+    /// Run until `stop` is set or, with `exit_when_idle`, until nothing is
+    /// left to do; then, whatever ended the loop, drive the safe state,
+    /// stop the threads and flush the journal. The one way out.
+    pub fn run(&mut self, stop: &StopFlag, exit_when_idle: bool) -> StopCause {
+        let cause = match self.run_loop(stop, exit_when_idle) {
+            Ok(c) => c,
+            Err(e) => StopCause::Fault(e),
+        };
+        if let StopCause::Fault(e) = &cause {
+            tracing::error!("stopping on a fault: {e:#}");
+        }
+        self.wind_down();
+        cause
+    }
+
+    fn run_loop(&mut self, stop: &StopFlag, exit_when_idle: bool) -> anyhow::Result<StopCause> {
+        loop {
+            if let Some(sig) = stop.requested() {
+                return Ok(StopCause::Requested(sig));
+            }
+            if exit_when_idle && self.idle() {
+                return Ok(StopCause::Idle);
+            }
+            self.step()?;
+            self.wait();
+        }
+    }
+
+    /// Sleep until the next thing to do; results, exec completions and
+    /// stop requests unpark this thread earlier.
+    fn wait(&self) {
+        let now = self.clock.now();
+        let horizon = self.cfg.arm_horizon;
+        let mut until = (now + MAX_IDLE).min(self.last_heartbeat + HEARTBEAT);
+        if let Some(w) = self.core.next_wake() {
+            // Arm when half the horizon is left: each arming then covers
+            // about half a horizon of firings with one fsync (group commit).
+            until = until.min(w.saturating_sub(horizon / 2));
+        }
+        if let Some(e) = self.arming.next_exec() {
+            until = until.min(e);
+        }
+        if self.arming.backlog_len() > 0 || !self.arming.exec_running.is_empty() {
+            // Credits come back with results (which unpark us); exec
+            // results are checked at least this often.
+            until = until.min(now + Duration::from_millis(1));
+        }
+        let d = until.since(now);
+        if !d.is_zero() {
+            std::thread::park_timeout(d);
+        }
+    }
+
+    /// One pass: arm due firings, hand over what credits allow, collect
+    /// results, start due programs, heartbeat.
+    pub fn step(&mut self) -> anyhow::Result<()> {
+        if let Some(step) = self.clock.resample() {
+            tracing::warn!(
+                step = %fmt_ns(step),
+                "clock step detected: schedules stay on reference time (treated as downtime / early wake)"
+            );
+        }
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        self.core.tick(now + self.cfg.arm_horizon, &mut out);
+        self.process(out)?;
+        self.pump()?;
+        self.collect()?;
+        self.start_due_exec()?;
+        if now.since(self.last_heartbeat) >= HEARTBEAT {
+            self.journal.heartbeat(now.as_nanos())?;
+            if let Some(e) = self.journal.take_compaction_error() {
+                tracing::error!("journal compaction failed (will retry): {e}");
+            }
+            self.last_heartbeat = now;
+            self.arming.release_lingering(now);
+        }
+        Ok(())
+    }
+
+    /// Perform the core's outputs in order, and what follows from them, as
+    /// a loop over a work queue. Each batch's firings are journalled in one
+    /// durable record before any of them reaches the device.
+    fn process(&mut self, first: Vec<Output>) -> anyhow::Result<()> {
+        let mut queue: VecDeque<Output> = first.into();
+        while !queue.is_empty() {
+            let batch: Vec<Output> = queue.drain(..).collect();
+            let fires: Vec<(String, i64)> = batch
+                .iter()
+                .filter_map(|o| match o {
+                    Output::Fire(f) => Some((f.id.to_string(), f.scheduled.as_nanos())),
+                    _ => None,
+                })
+                .collect();
+            if !fires.is_empty() {
+                let refs: Vec<(&str, i64)> = fires.iter().map(|(s, t)| (s.as_str(), *t)).collect();
+                // If this fails nothing may fire: the error ends the loop,
+                // whose way out drives the safe state.
+                self.journal.record_started(&refs)?;
+            }
+            let mut more = Vec::new();
+            for o in batch {
+                self.perform(o, &mut more)?;
+            }
+            queue.extend(more);
+        }
+        Ok(())
+    }
+
+    fn perform(&mut self, o: Output, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        match o {
+            Output::Fire(f) => match &*f.action {
+                Action::Noop => {
+                    // Nothing touches the device: done when due.
+                    let actual = f.scheduled.max(now);
+                    self.report(FiringRecord {
+                        id: f.id.to_string(),
+                        pack: f.id.pack.to_string(),
+                        instruction: f.id.instruction.clone(),
+                        origin: Origin::Attempt,
+                        action: "noop",
+                        scheduled: f.scheduled,
+                        actual,
+                        lateness_ns: actual.as_nanos() - f.scheduled.as_nanos(),
+                        result: FiringResult::Ok { value: None },
+                    })?;
+                    self.settle(&f.id, AttemptResult::Ok { value: None }, actual, more)?;
+                }
+                Action::Exec { program, args, env } => {
+                    self.arming.exec_pending.push(PendingExec {
+                        at: f.scheduled,
+                        id: f.id.clone(),
+                        req: ExecRequest {
+                            execution_id: f.id.to_string(),
+                            idempotency_key: f.id.idempotency_key(),
+                            attempt: f.id.attempt,
+                            scheduled_at: f.scheduled.to_rfc3339(),
+                            program: program.clone(),
+                            args: args.clone(),
+                            env: env.clone(),
+                            timeout: f.timeout,
+                        },
+                    });
+                }
+                action => {
+                    let Some(op) = self.admission.op_for(action) else {
+                        let r = AttemptResult::Failed(format!(
+                            "line of {} was not requested",
+                            action.name()
+                        ));
+                        return self.settle(&f.id, r, now, more);
+                    };
+                    let text: Arc<str> = Arc::from(f.id.to_string());
+                    let ticket = self.arming.ticket(Ticket::Attempt {
+                        id: f.id.clone(),
+                        text: text.clone(),
+                        scheduled: f.scheduled,
+                        action: action.name(),
+                    });
+                    let line = op.line();
+                    let flag_line = self
+                        .admission
+                        .shared_of(&f.id.pack)
+                        .contains(&line)
+                        .then_some(line);
+                    let live = self.arming.flag(&f.id.pack, flag_line);
+                    let width = match op {
+                        crate::dispatcher::Op::Pulse { width_ns, .. } => width_ns,
+                        _ => 0,
+                    };
+                    self.arming.enqueue(
+                        Job {
+                            deadline: self.clock.to_mono(f.scheduled),
+                            not_after: self.clock.to_mono(f.not_after),
+                            ticket,
+                            kind: JobKind::Attempt,
+                            op,
+                            id: text,
+                            live: Some(live),
+                        },
+                        linger_until(f.scheduled, width),
+                    );
+                }
+            },
+            Output::Abort(id) => {
+                // Exec attempts are killed by the pool at the same timeout;
+                // a GPIO action cannot hang. Forget the attempt so a late
+                // result is not reported.
+                self.arming.exec_running.remove(&id.to_string());
+            }
+            Output::OnFailure { pack, action, .. } => {
+                self.side_action(&pack, Origin::OnFailure, &action, now)?;
+            }
+            Output::SafeState {
+                pack,
+                actions,
+                reason,
+            } => self.enter_safe_state(&pack, &actions, reason, now, more)?,
+            Output::Event(e) => feedback::event(&mut self.journal, &e)?,
+        }
+        Ok(())
+    }
+
+    /// A pack enters its safe state: withdraw everything of it first, then
+    /// queue the safe-state writes (ahead of any attempt), and only then
+    /// journal — the device never waits on the disk.
+    fn enter_safe_state(
+        &mut self,
+        pack: &PackKey,
+        actions: &[Action],
+        reason: SafeReason,
+        now: RefTime,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
+        let shared: Vec<_> = self
+            .admission
+            .shared_of(pack)
+            .into_iter()
+            .map(|l| (l, self.admission.sharers(pack, l)))
+            .collect();
+        let gone = self.arming.withdraw(pack, &shared);
+        let mut first_err = None;
+        for a in actions {
+            if let Err(e) = self.side_action(pack, Origin::SafeState(reason), a, now) {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.safe_done.insert(pack.clone());
+        self.pump()?;
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        for p in gone {
+            self.settle(&p.id, AttemptResult::Late { actual: now }, now, more)?;
+        }
+        // A give-up or cancel is for good: the pack must not come back
+        // running after a restart. (Shutdown and lease loss are not.)
+        if matches!(reason, SafeReason::GiveUp | SafeReason::Cancel)
+            && let Some((version, _)) = self.core.held(pack)
+        {
+            self.journal
+                .stop_pack(&pack.tenant, &pack.pack, version, reason.as_str())?;
+        }
+        Ok(())
+    }
+
+    /// A safe-state or on_failure action: now, best effort, never retried,
+    /// never waiting on the journal.
+    fn side_action(
+        &mut self,
+        pack: &PackKey,
+        origin: Origin,
+        action: &Action,
+        now: RefTime,
+    ) -> anyhow::Result<()> {
+        let what = match origin {
+            Origin::OnFailure => "on_failure".to_string(),
+            Origin::SafeState(r) => format!("safe_state ({})", r.as_str()),
+            Origin::Attempt => "attempt".to_string(),
+        };
+        let text: Arc<str> = Arc::from(format!("{pack} {what}@{}", now.as_nanos()));
+        match action {
+            Action::Exec { program, args, env } => {
+                let req = ExecRequest {
+                    execution_id: text.to_string(),
+                    idempotency_key: text.to_string(),
+                    attempt: 1,
+                    scheduled_at: now.to_rfc3339(),
+                    program: program.clone(),
+                    args: args.clone(),
+                    env: env.clone(),
+                    timeout: Duration::from_secs(30),
+                };
+                if let Err(e) = self.exec.submit(req) {
+                    tracing::error!(pack = %pack, "{what} exec {program}: {e}");
+                }
+            }
+            Action::Noop => {}
+            a => match self.admission.op_for(a) {
+                Some(op) => {
+                    let ticket = self.arming.ticket(Ticket::Side {
+                        pack: pack.clone(),
+                        origin,
+                        text: text.clone(),
+                        scheduled: now,
+                        action: a.name(),
+                    });
+                    let width = match op {
+                        crate::dispatcher::Op::Pulse { width_ns, .. } => width_ns,
+                        _ => 0,
+                    };
+                    self.arming.enqueue(
+                        Job {
+                            deadline: self.clock.to_mono(now),
+                            not_after: self.clock.to_mono(RefTime::MAX),
+                            ticket,
+                            kind: JobKind::Safe,
+                            op,
+                            id: text,
+                            live: None,
+                        },
+                        linger_until(now, width),
+                    );
+                }
+                None => tracing::error!(
+                    pack = %pack,
+                    "{what}: the line of {} was never requested",
+                    a.name()
+                ),
+            },
+        }
+        Ok(())
+    }
+
+    /// Hand jobs over as credits allow; attempts withdrawn while waiting
+    /// are settled as not run.
+    fn pump(&mut self) -> anyhow::Result<()> {
+        let withheld = self.arming.pump(self.device.as_mut())?;
+        if withheld.is_empty() {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        let mut more = Vec::new();
+        for t in withheld {
+            if let Ticket::Attempt {
+                id,
+                text,
+                scheduled,
+                action,
+            } = t
+            {
+                self.report(FiringRecord {
+                    id: text.to_string(),
+                    pack: id.pack.to_string(),
+                    instruction: id.instruction.clone(),
+                    origin: Origin::Attempt,
+                    action,
+                    scheduled,
+                    actual: now,
+                    lateness_ns: now.as_nanos() - scheduled.as_nanos(),
+                    result: FiringResult::NotRun(NotRun::Withdrawn),
+                })?;
+                self.settle(&id, AttemptResult::Late { actual: now }, now, &mut more)?;
+            }
+        }
+        self.process(more)
+    }
+
+    /// Journal an attempt's result and tell the core.
+    fn settle(
+        &mut self,
+        id: &ExecutionId,
+        r: AttemptResult,
+        at: RefTime,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
+        journal_result(&mut self.journal, id, &r)?;
+        self.core.attempt_result(id, r, at, more);
+        Ok(())
+    }
+
+    fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {
+        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec);
+        panic_hook_test_point();
+        r
+    }
+
+    /// Results from the device and the exec pool, into the core.
+    fn collect(&mut self) -> anyhow::Result<()> {
+        let mut more = Vec::new();
+        while let Some(done) = self.device.try_done() {
+            self.on_done(done, &mut more)?;
+        }
+        while let Ok(r) = self.exec_rx.try_recv() {
+            self.on_exec(r, &mut more)?;
+        }
+        if !more.is_empty() {
+            self.process(more)?;
+            self.pump()?;
+        }
+        Ok(())
+    }
+
+    fn on_exec(&mut self, r: ExecResult, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        let Some((id, scheduled)) = self.arming.exec_running.remove(&r.execution_id) else {
+            return Ok(());
+        };
+        let (result, firing) = exec_result(&r.outcome);
+        let started = self.clock.to_ref(crate::clock::MonoTime(r.started_ns));
+        self.report(FiringRecord {
+            id: id.to_string(),
+            pack: id.pack.to_string(),
+            instruction: id.instruction.clone(),
+            origin: Origin::Attempt,
+            action: "exec",
+            scheduled,
+            actual: started,
+            lateness_ns: started.as_nanos() - scheduled.as_nanos(),
+            result: firing,
+        })?;
+        let at = self.clock.to_ref(crate::clock::MonoTime(r.finished_ns));
+        self.settle(&id, result, at, more)
+    }
+
+    fn on_done(&mut self, done: Done, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        if done.kind == JobKind::PulseEnd {
+            if let JobOutcome::Failed(e) = &done.outcome {
+                tracing::error!("pulse end failed: {e}");
+            }
+            return Ok(());
+        }
+        let Some(ticket) = self.arming.take_ticket(done.ticket) else {
+            return Ok(());
+        };
+        // Lateness on the dispatcher's own (monotonic) scale: immune to the
+        // estimate moving between arming and firing.
+        let lateness_ns = done.actual.0 - done.deadline.0;
+        let (result, firing) = match done.outcome {
+            JobOutcome::Ok(value) => (AttemptResult::Ok { value }, FiringResult::Ok { value }),
+            JobOutcome::Failed(e) => {
+                let m = e.to_string();
+                (AttemptResult::Failed(m.clone()), FiringResult::Failed(m))
+            }
+            JobOutcome::NotRun(why) => (
+                AttemptResult::Late {
+                    actual: RefTime::MIN,
+                },
+                FiringResult::NotRun(why),
+            ),
+        };
+        match ticket {
+            Ticket::Attempt {
+                id,
+                text,
+                scheduled,
+                action,
+            } => {
+                let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
+                let result = match result {
+                    AttemptResult::Late { .. } => AttemptResult::Late { actual },
+                    r => r,
+                };
+                self.report(FiringRecord {
+                    id: text.to_string(),
+                    pack: id.pack.to_string(),
+                    instruction: id.instruction.clone(),
+                    origin: Origin::Attempt,
+                    action,
+                    scheduled,
+                    actual,
+                    lateness_ns,
+                    result: firing,
+                })?;
+                self.settle(&id, result, actual, more)?;
+            }
+            Ticket::Side {
+                pack,
+                origin,
+                text,
+                scheduled,
+                action,
+            } => {
+                let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
+                self.report(FiringRecord {
+                    id: text.to_string(),
+                    pack: pack.to_string(),
+                    instruction: match origin {
+                        Origin::OnFailure => "on_failure".into(),
+                        _ => "safe_state".into(),
+                    },
+                    origin,
+                    action,
+                    scheduled,
+                    actual,
+                    lateness_ns,
+                    result: firing,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Start the exec firings that are due. One still waiting for a worker
+    /// when its window closes is not started (the pool reports it).
+    fn start_due_exec(&mut self) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        let mut more = Vec::new();
+        for p in self.arming.due_exec(now) {
+            let text = p.req.execution_id.clone();
+            match self.exec.submit(p.req) {
+                Ok(()) => {
+                    self.arming.exec_running.insert(text, (p.id, p.at));
+                }
+                Err(e) => {
+                    tracing::error!(execution_id = %p.id, "exec not started: {e}");
+                    self.settle(&p.id, AttemptResult::Failed(e.to_string()), now, &mut more)?;
+                }
+            }
+        }
+        if more.is_empty() {
+            Ok(())
+        } else {
+            self.process(more)
+        }
+    }
+
+    /// The way out. Never fails and never returns early: every held pack's
+    /// safe state reaches the device (first through the core, for its
+    /// events; then, for any pack the core did not cover, from what
+    /// admission kept), the writes are awaited (bounded), the dispatcher
+    /// is stopped (bounded), and the journal is flushed if it still can be.
+    pub fn wind_down(&mut self) {
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        self.core.shutdown(now, &mut out);
+        let mut events = Vec::new();
+        for o in out {
+            match o {
+                Output::SafeState { pack, actions, .. } => {
+                    self.drive_safe_state(&pack, &actions, now);
+                }
+                Output::Event(e) => events.push(e),
+                _ => {}
+            }
+        }
+        let rest: Vec<(PackKey, Arc<Vec<Action>>)> = self
+            .held
+            .iter()
+            .filter(|(k, _)| !self.safe_done.contains(*k))
+            .map(|(k, h)| (k.clone(), h.safe_state.clone()))
+            .collect();
+        for (k, actions) in rest {
+            self.drive_safe_state(&k, &actions, now);
+        }
+        // Wait (bounded) for the safe-state writes to land.
+        let end = crate::clock::mono_now().0 + SAFE_STATE_WAIT.as_nanos() as i64;
+        while self.arming.side_in_flight() && crate::clock::mono_now().0 < end {
+            if let Err(e) = self.arming.pump(self.device.as_mut()) {
+                tracing::error!("safe state: {e}");
+                break;
+            }
+            while let Some(done) = self.device.try_done() {
+                self.wind_down_done(done);
+            }
+            std::thread::park_timeout(Duration::from_millis(1));
+        }
+        if self.arming.side_in_flight() {
+            tracing::error!("safe-state writes did not all land within {SAFE_STATE_WAIT:?}");
+        }
+        // What never reached the device provably did not run: it may fire
+        // after a restart (not "outcome unknown").
+        let (tickets, execs) = self.arming.drain_unsent();
+        let ids = tickets
+            .into_iter()
+            .filter_map(|t| match t {
+                Ticket::Attempt { id, .. } => Some(id),
+                Ticket::Side { .. } => None,
+            })
+            .chain(execs.into_iter().map(|p| p.id));
+        for id in ids {
+            if let Err(e) =
+                journal_result(&mut self.journal, &id, &AttemptResult::Late { actual: now })
+            {
+                tracing::warn!("journal unavailable on the way out: {e}");
+                break;
+            }
+        }
+        if !self.device.stop(DEVICE_STOP_WAIT) {
+            tracing::error!("the dispatcher thread did not stop within {DEVICE_STOP_WAIT:?}");
+        }
+        while let Some(done) = self.device.try_done() {
+            self.wind_down_done(done);
+        }
+        // Best effort from here: the device is safe whatever the disk says.
+        for e in events {
+            if let Err(err) = feedback::event(&mut self.journal, &e) {
+                tracing::warn!("journal unavailable on the way out: {err}");
+                break;
+            }
+        }
+        let unfinished: Vec<String> = self
+            .arming
+            .tickets()
+            .filter_map(|t| match t {
+                Ticket::Attempt { text, .. } => Some(text.to_string()),
+                Ticket::Side { .. } => None,
+            })
+            .collect();
+        for id in unfinished {
+            tracing::warn!(execution_id = %id, "stopped before it ran: its start record stays (reported as outcome unknown after a restart)");
+        }
+        match self.journal.sync() {
+            Ok(()) => tracing::info!("safe state entered, journal flushed"),
+            Err(e) => tracing::error!("safe state entered; the journal could not be flushed: {e}"),
+        }
+    }
+
+    /// Safe-state actions on the way out: the device only.
+    fn drive_safe_state(&mut self, pack: &PackKey, actions: &[Action], now: RefTime) {
+        if self.safe_done.contains(pack) {
+            return;
+        }
+        self.arming.withdraw(pack, &[]);
+        for a in actions {
+            if let Err(e) = self.side_action(pack, Origin::SafeState(SafeReason::Shutdown), a, now)
+            {
+                tracing::error!(pack = %pack, "safe state: {e}");
+            }
+        }
+        self.safe_done.insert(pack.clone());
+    }
+
+    /// A result during the way out: reported and journalled if the journal
+    /// still works; attempts withdrawn are journalled not run, so they may
+    /// fire after a restart.
+    fn wind_down_done(&mut self, done: Done) {
+        let mut more = Vec::new();
+        if let Err(e) = self.on_done(done, &mut more) {
+            tracing::warn!("journal unavailable on the way out: {e}");
+        }
+    }
+
+    /// Lateness histogram and counters so far.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Dispatcher telemetry.
+    pub fn dispatcher_stats(&self) -> Option<&crate::dispatcher::Stats> {
+        self.device.stats()
+    }
+
+    /// Pending entries in the core.
+    pub fn pending(&self) -> usize {
+        self.core.pending()
+    }
+}
+
+/// Attempts left before the test hook panics (0: off).
+static PANIC_AFTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Test hook (`run --inject-panic-after N`, hidden): panic on the control
+/// thread after N executed attempts, to prove the panic hook drives the
+/// safe state. Off unless asked for.
+pub fn inject_panic_after(n: u64) {
+    PANIC_AFTER.store(n, Ordering::Release);
+}
+
+fn panic_hook_test_point() {
+    let left = PANIC_AFTER.load(Ordering::Acquire);
+    if left == 0 {
+        return;
+    }
+    if left == 1 {
+        panic!("injected panic (--inject-panic-after)");
+    }
+    PANIC_AFTER.store(left - 1, Ordering::Release);
+}
+
+/// When the dispatcher surely holds no reference to a job's id any more.
+fn linger_until(scheduled: RefTime, width_ns: i64) -> RefTime {
+    RefTime::from_nanos(
+        scheduled
+            .as_nanos()
+            .saturating_add(width_ns)
+            .saturating_add(1_000_000_000),
+    )
+}
+
+/// The key of a pack.
+fn key_of(pack: &Pack) -> PackKey {
+    PackKey {
+        tenant: pack.tenant.clone(),
+        pack: pack.id.clone(),
+    }
+}
+
+/// Lines a pack declares shared with other packs.
+fn shared_lines(_pack: &Pack) -> &[LineRef] {
+    &[]
+}
+
+/// Whether the exec allowlist lets `program` run with `env`.
+fn exec_check(
+    exec: &ExecPool,
+    program: &str,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    if !exec.is_allowed(program) {
+        return Err(format!(
+            "program `{program}` is not on this agent's exec allowlist"
+        ));
+    }
+    if let Some(k) = env.keys().next() {
+        return Err(format!(
+            "environment key `{k}` for `{program}` is not allowed by this agent's exec allowlist"
+        ));
+    }
+    Ok(())
+}
+
+/// An exec outcome as the core and the feedback say it.
+fn exec_result(o: &ExecOutcome) -> (AttemptResult, FiringResult) {
+    let failed = |m: String| (AttemptResult::Failed(m.clone()), FiringResult::Failed(m));
+    match o {
+        ExecOutcome::Ok => (
+            AttemptResult::Ok { value: None },
+            FiringResult::Ok { value: None },
+        ),
+        ExecOutcome::Failed { code, stderr_tail } => {
+            let code = code.map_or("by signal".to_string(), |c| c.to_string());
+            let tail = stderr_tail.trim();
+            failed(if tail.is_empty() {
+                format!("exit {code}")
+            } else {
+                format!("exit {code}: {tail}")
+            })
+        }
+        ExecOutcome::TimedOut => failed("timed out (killed)".into()),
+        other => failed(format!("{other:?}")),
+    }
+}
+
+/// Build the real parts: journal, GPIO backend in the dispatcher thread,
+/// exec pool, the system clock; and install the panic hook.
+pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
+    use anyhow::Context;
+    let clock = Arc::new(crate::clock::ClockEstimate::from_system());
+    let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
+    jcfg.outbox_cap = cfg.outbox_cap;
+    let (journal, recovered) = Journal::open(jcfg)
+        .with_context(|| format!("opening the journal in {}", cfg.data_dir.display()))?;
+    let gpio = crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
+        .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
+    let (dispatcher, emergency) =
+        crate::dispatcher::Dispatcher::start(gpio, clock.clone(), cfg.rt, std::thread::current())
+            .context("starting the dispatcher thread")?;
+    // The dispatcher's CPU is its own: move this thread (and the exec
+    // workers it spawns next) elsewhere.
+    if let Some(cpu) = cfg.rt.cpu
+        && let Err(e) = crate::rt::avoid_cpu(cpu)
+    {
+        tracing::warn!("could not keep the control thread off CPU {cpu}: {e}");
+    }
+    if let Some(w) = dispatcher.rt_status().warning() {
+        tracing::warn!("{w}");
+    }
+    let safe_table: SharedSafeTable = Arc::new(Mutex::new(SafeTable::default()));
+    safety::install_panic_hook(safe_table.clone(), emergency);
+    let (tx, exec_rx) = std::sync::mpsc::channel();
+    let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx);
+    Ok(Parts {
+        clock,
+        journal,
+        recovered,
+        device: Box::new(dispatcher),
+        exec,
+        exec_rx,
+        safe_table,
+    })
+}

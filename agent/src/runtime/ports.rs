@@ -1,0 +1,292 @@
+//! What the control loop is handed from outside: a clock and a device.
+//! Real implementations wrap the clock estimate and the dispatcher thread;
+//! tests pass a manual clock and an in-memory device, and drive the whole
+//! control loop on simulated time.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use baton_proto::RefTime;
+use baton_proto::pack::LineRef;
+
+use crate::clock::{ClockEstimate, MonoTime};
+use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, Job, Stats};
+use crate::gpio::{Direction, LineHandle};
+
+/// Reference time and its mapping to the local monotonic clock.
+pub trait Clock: Send + Sync {
+    /// Reference time now.
+    fn now(&self) -> RefTime;
+    /// A reference instant on the local monotonic scale.
+    fn to_mono(&self, t: RefTime) -> MonoTime;
+    /// A monotonic instant on the reference scale.
+    fn to_ref(&self, m: MonoTime) -> RefTime;
+    /// Refresh the estimate; returns a step (ns) if one was detected.
+    fn resample(&self) -> Option<i64>;
+    /// How uncertain the mapping is, ns.
+    fn uncertainty_ns(&self) -> i64;
+}
+
+impl Clock for ClockEstimate {
+    fn now(&self) -> RefTime {
+        ClockEstimate::now(self)
+    }
+    fn to_mono(&self, t: RefTime) -> MonoTime {
+        ClockEstimate::to_mono(self, t)
+    }
+    fn to_ref(&self, m: MonoTime) -> RefTime {
+        ClockEstimate::to_ref(self, m)
+    }
+    fn resample(&self) -> Option<i64> {
+        self.resample_system()
+    }
+    fn uncertainty_ns(&self) -> i64 {
+        ClockEstimate::uncertainty_ns(self)
+    }
+}
+
+/// A clock that moves only when told (tests). Reference and monotonic time
+/// coincide.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: AtomicI64,
+}
+
+impl ManualClock {
+    /// Starting at `t`.
+    pub fn new(t: RefTime) -> Self {
+        ManualClock {
+            now: AtomicI64::new(t.as_nanos()),
+        }
+    }
+    /// Move to `t`.
+    pub fn set(&self, t: RefTime) {
+        self.now.store(t.as_nanos(), Ordering::Release);
+    }
+    /// Move forward.
+    pub fn advance(&self, d: Duration) {
+        let ns = i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        self.now.fetch_add(ns, Ordering::AcqRel);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> RefTime {
+        RefTime::from_nanos(self.now.load(Ordering::Acquire))
+    }
+    fn to_mono(&self, t: RefTime) -> MonoTime {
+        MonoTime(t.as_nanos())
+    }
+    fn to_ref(&self, m: MonoTime) -> RefTime {
+        RefTime::from_nanos(m.0)
+    }
+    fn resample(&self) -> Option<i64> {
+        None
+    }
+    fn uncertainty_ns(&self) -> i64 {
+        0
+    }
+}
+
+/// Where timed GPIO jobs go: the dispatcher thread, or a test double.
+pub trait Device: Send {
+    /// The credit count (see `dispatcher::Credits`).
+    fn credits(&self) -> &Credits;
+    /// Hand a job over.
+    fn submit(&mut self, job: Job) -> Result<(), DispatchError>;
+    /// Next result, if any.
+    fn try_done(&mut self) -> Option<Done>;
+    /// Request lines from the backend.
+    fn request_lines(
+        &mut self,
+        lines: &[(LineRef, Direction)],
+    ) -> Result<Vec<LineHandle>, DispatchError>;
+    /// Stop, waiting at most `timeout`; whether the device has stopped.
+    fn stop(&mut self, timeout: Duration) -> bool;
+    /// Telemetry, where there is any.
+    fn stats(&self) -> Option<&Stats> {
+        None
+    }
+}
+
+/// How long acceptance waits for the dispatcher to open lines.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Device for Dispatcher {
+    fn credits(&self) -> &Credits {
+        Dispatcher::credits(self)
+    }
+    fn submit(&mut self, job: Job) -> Result<(), DispatchError> {
+        Dispatcher::submit(self, job)
+    }
+    fn try_done(&mut self) -> Option<Done> {
+        Dispatcher::try_done(self)
+    }
+    fn request_lines(
+        &mut self,
+        lines: &[(LineRef, Direction)],
+    ) -> Result<Vec<LineHandle>, DispatchError> {
+        Dispatcher::request_lines(self, lines, REQUEST_TIMEOUT)
+    }
+    fn stop(&mut self, timeout: Duration) -> bool {
+        Dispatcher::stop(self, timeout)
+    }
+    fn stats(&self) -> Option<&Stats> {
+        Some(Dispatcher::stats(self))
+    }
+}
+
+/// A device without a thread: jobs run when [`Device::try_done`] is called
+/// at or after their deadline on `clock`. Drives a real backend (the sim
+/// backend in tests, any backend for `check-config`'s line requests) on
+/// simulated time; pulses end in the same way, at their own deadline.
+pub struct DirectDevice {
+    gpio: Box<dyn crate::gpio::Gpio>,
+    clock: std::sync::Arc<dyn Clock>,
+    jobs: Vec<(u64, Job)>,
+    seq: u64,
+    credits: Credits,
+    stopped: bool,
+}
+
+impl std::fmt::Debug for DirectDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectDevice")
+            .field("jobs", &self.jobs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DirectDevice {
+    /// Over `gpio`, on `clock`.
+    pub fn new(gpio: Box<dyn crate::gpio::Gpio>, clock: std::sync::Arc<dyn Clock>) -> Self {
+        DirectDevice {
+            gpio,
+            clock,
+            jobs: Vec::new(),
+            seq: 0,
+            credits: Credits::default(),
+            stopped: false,
+        }
+    }
+
+    /// Jobs waiting.
+    pub fn pending(&self) -> usize {
+        self.jobs.len()
+    }
+
+    fn run(&mut self, job: Job, now: MonoTime) -> Done {
+        use crate::dispatcher::{JobKind, JobOutcome, NotRun, Op};
+        let withdrawn = job
+            .live
+            .as_ref()
+            .is_some_and(|l| !l.load(Ordering::Acquire));
+        let not_run = if job.kind != JobKind::Attempt {
+            None
+        } else if withdrawn {
+            Some(NotRun::Withdrawn)
+        } else if self.stopped && job.deadline > now {
+            Some(NotRun::Stopped)
+        } else if now > job.not_after {
+            Some(NotRun::Late)
+        } else {
+            None
+        };
+        let mut done = Done {
+            ticket: job.ticket,
+            kind: job.kind,
+            deadline: job.deadline,
+            actual: now,
+            outcome: JobOutcome::Ok(None),
+        };
+        if let Some(why) = not_run {
+            if matches!(job.op, Op::Pulse { .. }) {
+                // Its second credit: the end that will never come.
+                self.credits.give_back();
+            }
+            done.outcome = JobOutcome::NotRun(why);
+            return done;
+        }
+        let t = self.clock.to_ref(now).as_nanos();
+        let g = &mut self.gpio;
+        let r = match job.op {
+            Op::Write(h, v) => g.write(h, v, t, &job.id).map(|()| None),
+            Op::Toggle(h) => {
+                let v = 1 - g.level(h).unwrap_or(0).min(1);
+                g.write(h, v, t, &job.id).map(|()| None)
+            }
+            Op::Read(h) => g.read(h).map(Some),
+            Op::Pulse {
+                line,
+                value,
+                width_ns,
+            } => {
+                let r = g.write(line, value, t, &job.id);
+                if r.is_ok() {
+                    self.seq += 1;
+                    let end = Job {
+                        deadline: MonoTime(job.deadline.0.saturating_add(width_ns)),
+                        not_after: MonoTime(i64::MAX),
+                        kind: JobKind::PulseEnd,
+                        op: Op::Write(line, 1 - value.min(1)),
+                        ..job.clone()
+                    };
+                    self.jobs.push((self.seq, end));
+                } else {
+                    self.credits.give_back();
+                }
+                r.map(|()| None)
+            }
+        };
+        done.outcome = match r {
+            Ok(v) => JobOutcome::Ok(v),
+            Err(e) => JobOutcome::Failed(e),
+        };
+        done
+    }
+}
+
+impl Device for DirectDevice {
+    fn credits(&self) -> &Credits {
+        &self.credits
+    }
+    fn submit(&mut self, job: Job) -> Result<(), DispatchError> {
+        let n = job.op.credits();
+        if !self.credits.available(job.kind, n) {
+            return Err(DispatchError::NoCredit(job.id));
+        }
+        self.credits.take(n);
+        self.seq += 1;
+        self.jobs.push((self.seq, job));
+        Ok(())
+    }
+    fn try_done(&mut self) -> Option<Done> {
+        let now = self.clock.to_mono(self.clock.now());
+        let (i, _) = self
+            .jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, j))| j.deadline <= now || self.stopped)
+            .min_by_key(|(_, (s, j))| (j.deadline, *s))?;
+        let (_, job) = self.jobs.remove(i);
+        self.credits.give_back();
+        Some(self.run(job, now))
+    }
+    fn request_lines(
+        &mut self,
+        lines: &[(LineRef, Direction)],
+    ) -> Result<Vec<LineHandle>, DispatchError> {
+        lines
+            .iter()
+            .map(|(l, d)| match d {
+                Direction::Output => self.gpio.request(l),
+                Direction::Input => self.gpio.request_input(l),
+            })
+            .collect::<Result<_, _>>()
+            .map_err(DispatchError::from)
+    }
+    fn stop(&mut self, _timeout: Duration) -> bool {
+        self.stopped = true;
+        true
+    }
+}
