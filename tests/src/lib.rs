@@ -7,21 +7,39 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Path of a workspace binary (`baton-agent`, `baton-controller`), built by
-/// `cargo test --workspace` next to the test executables.
+/// Path of a workspace binary (`baton-agent`, `baton-controller`). Cargo
+/// builds a package's binaries only for that package's own tests, so on a
+/// fresh `cargo test --workspace` they may not exist yet, or be older than
+/// the sources: `cargo build --bins` runs once per test process (a no-op
+/// when they are current), with the same cargo and profile.
 pub fn bin(name: &str) -> PathBuf {
+    static BUILD: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>/deps/<test>");
     let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} not built: run the suite with `cargo test --workspace` (it builds every binary)",
-        p.display()
-    );
+    BUILD.call_once(|| build_bins(dir));
+    assert!(p.exists(), "{} could not be built", p.display());
     p
+}
+
+/// `cargo build --bins` for the workspace into the target directory the
+/// tests run from (`dir` is `target/<profile>`).
+fn build_bins(dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target = dir.parent().expect("target/<profile>");
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root())
+        .args(["build", "--workspace", "--bins"])
+        .arg("--target-dir")
+        .arg(target);
+    if dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("running cargo build for the binaries");
+    assert!(status.success(), "building the binaries failed: {status}");
 }
 
 /// The workspace root (for `examples/packs`).

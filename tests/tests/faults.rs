@@ -1,0 +1,314 @@
+//! The agent under faults and load, as a hostile tester runs it: every way
+//! out drives the safe state, nothing hangs, and nothing of a pack touches
+//! a line after its safe state. Each test reads the sim GPIO log (one JSON
+//! line per change, written before the change is reported) for the final
+//! levels.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use baton_e2e::{bin, lines, signal, wait_exit, wait_until};
+
+const T: Duration = Duration::from_secs(30);
+
+fn sim_lines(path: &Path) -> Vec<serde_json::Value> {
+    lines(path)
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// A temp dir with a pack file and paths for the sim log and journal.
+struct Setup {
+    dir: tempfile::TempDir,
+    pack: PathBuf,
+    log: PathBuf,
+    data: PathBuf,
+}
+
+fn setup(pack_yaml: &str) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pack = dir.path().join("pack.yaml");
+    std::fs::write(&pack, pack_yaml).expect("write pack");
+    Setup {
+        log: dir.path().join("gpio.jsonl"),
+        data: dir.path().join("data"),
+        pack,
+        dir,
+    }
+}
+
+fn agent(s: &Setup, extra: &[&str]) -> Command {
+    let mut c = Command::new(bin("baton-agent"));
+    c.args(["run", "--quiet", "--no-rt", "--id", "t"])
+        .arg("--data")
+        .arg(&s.data)
+        .arg("--gpio")
+        .arg(format!("sim:{}", s.log.display()))
+        .arg("--pack")
+        .arg(&s.pack)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    use std::io::Read;
+    let mut s = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+/// Index of the first safe-state write in the log.
+fn first_safe(log: &[serde_json::Value]) -> Option<usize> {
+    log.iter().position(|l| {
+        l["execution_id"]
+            .as_str()
+            .is_some_and(|s| s.contains("safe_state") || s.contains("panic-safe-state"))
+    })
+}
+
+/// The final level of every line in the log.
+fn final_levels(log: &[serde_json::Value]) -> std::collections::BTreeMap<i64, i64> {
+    let mut m = std::collections::BTreeMap::new();
+    for l in log {
+        if let (Some(line), Some(v)) = (l["line"].as_i64(), l["value"].as_i64()) {
+            m.insert(line, v);
+        }
+    }
+    m
+}
+
+/// After the first safe-state write, only safe-state writes.
+fn nothing_after_safe_state(log: &[serde_json::Value]) {
+    let i = first_safe(log).expect("a safe-state write in the log");
+    for l in &log[i..] {
+        let id = l["execution_id"].as_str().unwrap_or("");
+        assert!(
+            id.contains("safe_state") || id.contains("panic-safe-state"),
+            "a write after the safe state: {l}"
+        );
+    }
+}
+
+fn toggling_pack() -> String {
+    "pack: p\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
+     instructions:\n  - {id: t, action: gpio.toggle, params: {line: 5}, every: 20ms}\n"
+        .to_string()
+}
+
+fn wait_first_write(log: &Path) {
+    assert!(
+        wait_until(T, || sim_lines(log).iter().any(|l| l["value"] == 1)),
+        "the pack never fired"
+    );
+}
+
+#[test]
+fn every_stop_signal_enters_the_safe_state_and_exits_0() {
+    for sig in [
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGINT,
+    ] {
+        let s = setup(&toggling_pack());
+        let mut child = agent(&s, &[]).spawn().expect("spawn");
+        wait_first_write(&s.log);
+        signal(&child, sig);
+        let status = wait_exit(&mut child, T).expect("exits after the signal");
+        assert!(status.success(), "signal {sig}: {status:?}");
+        let log = sim_lines(&s.log);
+        nothing_after_safe_state(&log);
+        assert_eq!(final_levels(&log)[&5], 0, "signal {sig}");
+    }
+}
+
+#[test]
+fn thousands_of_firings_due_at_one_instant_all_fire_then_exit() {
+    // 3 000 one-shots at the same instant: more than the dispatcher's
+    // queues hold. They wait for credit on the control side, fire (late if
+    // they must), each reported, and the agent exits when idle.
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(800);
+    let mut y = String::from(
+        "pack: burst\nversion: 1\ndefaults: {max_lateness: 30s}\nsafe_state:\n  - {action: gpio.write, params: {line: 0, value: 0}}\ninstructions:\n",
+    );
+    for i in 0..3000 {
+        y.push_str(&format!(
+            "  - {{id: b{i}, action: gpio.write, params: {{line: {}, value: 1}}, at: {at:.9}}}\n",
+            i % 50
+        ));
+    }
+    let s = setup(&y);
+    let mut child = agent(&s, &["--exit-when-idle"]).spawn().expect("spawn");
+    let status = wait_exit(&mut child, Duration::from_secs(60)).expect("exits when idle");
+    let err = stderr_of(&mut child);
+    assert!(status.success(), "{status:?}\n{err}");
+    let log = sim_lines(&s.log);
+    let fired: std::collections::HashSet<&str> = log
+        .iter()
+        .filter_map(|l| l["execution_id"].as_str())
+        .filter(|id| id.contains("/burst/v1/b"))
+        .collect();
+    assert_eq!(fired.len(), 3000, "every firing ran once");
+    let writes = log
+        .iter()
+        .filter(|l| {
+            l["execution_id"]
+                .as_str()
+                .is_some_and(|id| id.contains("/burst/v1/b"))
+        })
+        .count();
+    assert_eq!(writes, 3000, "no firing ran twice");
+    // The way out (idle) drove the safe state last.
+    assert_eq!(final_levels(&log)[&0], 0);
+}
+
+#[test]
+fn steady_load_with_compactions_never_hangs_and_stops_on_sigterm() {
+    // 100 instructions every 10 ms (10 000 firings/s): the load that used to
+    // hang after a journal compaction. The agent runs, and SIGTERM still
+    // ends it through the safe state.
+    let mut y = String::from(
+        "pack: load\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 0, value: 0}}\ninstructions:\n",
+    );
+    for i in 0..100 {
+        y.push_str(&format!(
+            "  - {{id: l{i}, action: gpio.toggle, params: {{line: {i}}}, every: 10ms}}\n"
+        ));
+    }
+    let s = setup(&y);
+    let mut child = agent(&s, &[]).spawn().expect("spawn");
+    assert!(
+        wait_until(T, || sim_lines(&s.log).len() > 20_000),
+        "the load did not run"
+    );
+    signal(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child, T).expect("exits after SIGTERM under load");
+    let err = stderr_of(&mut child);
+    assert!(status.success(), "{status:?}\n{err}");
+    let log = sim_lines(&s.log);
+    nothing_after_safe_state(&log);
+    assert_eq!(final_levels(&log)[&0], 0);
+}
+
+#[test]
+fn a_closed_stdout_neither_kills_the_agent_nor_skips_the_safe_state() {
+    let s = setup(&toggling_pack());
+    let mut cmd = Command::new(bin("baton-agent"));
+    // Not --quiet: a line per firing to a pipe nobody reads.
+    cmd.args(["run", "--no-rt", "--id", "t"])
+        .arg("--data")
+        .arg(&s.data)
+        .arg("--gpio")
+        .arg(format!("sim:{}", s.log.display()))
+        .arg("--pack")
+        .arg(&s.pack)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn");
+    drop(child.stdout.take());
+    wait_first_write(&s.log);
+    // Several more firings print to the closed pipe.
+    let n = sim_lines(&s.log).len();
+    assert!(wait_until(T, || sim_lines(&s.log).len() > n + 5));
+    assert!(child.try_wait().expect("try_wait").is_none(), "the agent died");
+    signal(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child, T).expect("exits");
+    assert!(status.success(), "{status:?}");
+    let log = sim_lines(&s.log);
+    nothing_after_safe_state(&log);
+    assert_eq!(final_levels(&log)[&5], 0);
+}
+
+#[test]
+fn a_panic_drives_the_safe_state_through_the_backend() {
+    let s = setup(&toggling_pack());
+    let mut child = agent(&s, &["--inject-panic-after", "5"])
+        .spawn()
+        .expect("spawn");
+    let status = wait_exit(&mut child, T).expect("the injected panic ends it");
+    let err = stderr_of(&mut child);
+    assert!(!status.success(), "a panic is a fault: {status:?}");
+    assert!(err.contains("injected panic"), "{err}");
+    let log = sim_lines(&s.log);
+    let last = log.last().expect("writes");
+    assert_eq!(last["execution_id"], "panic-safe-state", "{last}");
+    assert_eq!(final_levels(&log)[&5], 0);
+}
+
+#[test]
+fn a_pulse_in_progress_at_sigterm_ends_before_the_safe_state() {
+    let y = "pack: p\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 9, value: 0}}\n\
+             instructions:\n  - {id: hold, action: gpio.pulse, params: {line: 7, width: 10s}, every: 20s}\n";
+    let s = setup(y);
+    let mut child = agent(&s, &[]).spawn().expect("spawn");
+    wait_first_write(&s.log);
+    signal(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child, T).expect("exits");
+    assert!(status.success(), "{status:?}");
+    let log = sim_lines(&s.log);
+    // The pulse's trailing edge ran at once, before the safe state; no
+    // line was left mid-pulse.
+    let end = log
+        .iter()
+        .position(|l| l["line"] == 7 && l["value"] == 0)
+        .expect("the pulse ended");
+    let safe = first_safe(&log).expect("safe state");
+    assert!(end < safe, "pulse end after the safe state: {log:?}");
+    assert_eq!(final_levels(&log)[&7], 0);
+    assert_eq!(final_levels(&log)[&9], 0);
+}
+
+/// Runs `script` as root in a private mount namespace (`unshare -m`), or
+/// returns false (and says so) where that is not possible.
+fn have_mount_namespaces() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-m", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: needs root and `unshare -m` (private mount namespace)");
+    }
+    ok
+}
+
+#[test]
+fn a_full_disk_enters_the_safe_state_and_exits_non_zero() {
+    if !have_mount_namespaces() {
+        return;
+    }
+    let s = setup(&toggling_pack());
+    let data = s.dir.path().join("small");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    // The journal on a 64 KiB tmpfs that fills up; the sim log elsewhere.
+    let script = format!(
+        "mount -t tmpfs -o size=64k tmpfs {data} && exec {agent} run --quiet --no-rt --id t --data {data}/j --gpio sim:{log} --pack {pack}",
+        data = data.display(),
+        agent = bin("baton-agent").display(),
+        log = s.log.display(),
+        pack = s.pack.display(),
+    );
+    let mut child = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_first_write(&s.log);
+    let status = wait_exit(&mut child, Duration::from_secs(120)).expect("stops when the disk is full");
+    let err = stderr_of(&mut child);
+    assert!(!status.success(), "a full disk is a fault: {status:?}\n{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    let log = sim_lines(&s.log);
+    nothing_after_safe_state(&log);
+    assert_eq!(final_levels(&log)[&5], 0, "{err}");
+}
