@@ -161,27 +161,38 @@ impl Scheduler {
             self.detach_old(slot, o, &carried.old, ps.pack.version, now, out);
         }
         self.settle_one_shots(&mut ps, resume_after);
+        let firsts: Vec<Option<RefTime>> = (0..ps.ins.len())
+            .map(|i| {
+                first_occurrence(
+                    &ps.pack.instructions[i],
+                    &ps.ins[i],
+                    &ps.pack.timezone,
+                    anchor,
+                    carried.next[i],
+                    old.is_some(),
+                    resume_after.is_some(),
+                    now,
+                )
+            })
+            .collect();
         for i in 0..ps.ins.len() {
-            let first = first_occurrence(
-                &ps.pack.instructions[i],
-                &ps.ins[i],
-                &ps.pack.timezone,
-                anchor,
-                carried.next[i],
-                old.is_some(),
-                resume_after.is_some(),
-                now,
-            );
-            if let Some(t) = first {
-                let id = self.insert(&ps, slot, i, t, EntryKind::Occurrence(t));
-                ps.ins[i].pending = Some((id, t));
-            }
             self.rearm(&mut ps, slot, i, now);
         }
+        let n = ps.ins.len();
         self.packs[slot] = Some(ps);
+        // A restart's gaps first: their replays come before on-time
+        // occurrences at the same instant (oldest first).
         if let Some(alive) = resume_after {
-            for i in 0..self.packs[slot].as_ref().map_or(0, |p| p.ins.len()) {
+            for i in 0..n {
                 self.resume_gap(slot, i, alive, now, out);
+            }
+        }
+        let active = self.packs[slot]
+            .as_ref()
+            .is_some_and(|p| p.status == Status::Active);
+        for (i, first) in firsts.into_iter().enumerate() {
+            if let Some(t) = first.filter(|_| active) {
+                self.arm_occurrence(slot, i, t, t);
             }
         }
         Ok(accepted)
