@@ -16,12 +16,21 @@
 //!   `on_give_up: continue` is followed by the pack's safe state, and
 //!   nothing more of that pack fires.
 
+// No unsafe code in the core. The library as built is under `forbid`; its
+// unit tests are under `deny`, with one scoped exception: the counting
+// global allocator of the timing wheel's memory test (`timing/tests.rs`).
+#![cfg_attr(not(test), forbid(unsafe_code))]
+#![cfg_attr(test, deny(unsafe_code))]
+
+mod catchup;
 mod id;
+mod once;
 mod output;
 mod scheduler;
 pub mod sim;
 pub mod timing;
 
 pub use id::{ExecutionId, PackKey};
+pub use once::{OnceKey, OnceKind, Prior, PriorOutcome};
 pub use output::{Event, EventKind, Firing, Output, SafeReason};
-pub use scheduler::{AcceptError, Accepted, AttemptResult, Config, PriorOutcome, Scheduler};
+pub use scheduler::{AcceptError, Accepted, AttemptResult, Config, Scheduler};

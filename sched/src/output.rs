@@ -8,6 +8,7 @@ use baton_proto::RefTime;
 use baton_proto::pack::Action;
 
 use crate::id::{ExecutionId, PackKey};
+use crate::once::OnceKey;
 
 /// Run one attempt of an action now.
 #[derive(Clone, Debug, PartialEq)]
@@ -125,6 +126,10 @@ pub struct Event {
     pub occurrence: Option<RefTime>,
     /// What happened.
     pub kind: EventKind,
+    /// Set on once-only reports (`give_up`, `on_failure`, a give-up's
+    /// `safe_state`, `outcome_unknown`): journal the key before reporting
+    /// (see [`OnceKey`]).
+    pub once: Option<OnceKey>,
 }
 
 impl Event {
@@ -163,6 +168,9 @@ pub enum Output {
         instruction: String,
         /// What to do.
         action: Arc<Action>,
+        /// Journal this key before performing it (the `on_failure` event
+        /// just before carries the same key: one unit).
+        once: OnceKey,
     },
     /// Drive the pack's lines to its safe state, now.
     SafeState {
@@ -172,6 +180,11 @@ pub enum Output {
         actions: Arc<Vec<Action>>,
         /// Why.
         reason: SafeReason,
+        /// Set when the core enters it on its own (a give-up): journal the
+        /// key before performing it (the `safe_state` event just before
+        /// carries the same key). `None` for cancel, lease loss, shutdown and
+        /// the re-assertion of a restored stopped pack: those run every time.
+        once: Option<OnceKey>,
     },
     /// Feedback.
     Event(Event),

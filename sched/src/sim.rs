@@ -103,25 +103,7 @@ pub fn simulate(
                         sink(&e);
                     }
                     Output::Fire(f) => {
-                        let fail = match remaining.get_mut(&f.id.instruction) {
-                            Some(None) => true,
-                            Some(Some(n)) if *n > 0 => {
-                                *n -= 1;
-                                true
-                            }
-                            _ => false,
-                        };
-                        let result = if fail {
-                            AttemptResult::Failed("simulated failure (--fail)".into())
-                        } else {
-                            AttemptResult::Ok {
-                                value: matches!(
-                                    *f.action,
-                                    baton_proto::pack::Action::GpioRead { .. }
-                                )
-                                .then_some(0),
-                            }
-                        };
+                        let result = simulated_result(&f, &mut remaining);
                         core.attempt_result(&f.id, result, now, &mut out);
                     }
                     Output::Abort(_) | Output::OnFailure { .. } | Output::SafeState { .. } => {}
@@ -137,5 +119,27 @@ pub fn simulate(
             }
             _ => return Ok(true),
         }
+    }
+}
+
+/// A simulated action: it fails while its `--fail` budget lasts, else
+/// succeeds at once (a read samples 0).
+fn simulated_result(
+    f: &crate::Firing,
+    remaining: &mut HashMap<String, Option<u32>>,
+) -> AttemptResult {
+    let fail = match remaining.get_mut(&f.id.instruction) {
+        Some(None) => true,
+        Some(Some(n)) if *n > 0 => {
+            *n -= 1;
+            true
+        }
+        _ => false,
+    };
+    if fail {
+        return AttemptResult::Failed("simulated failure (--fail)".into());
+    }
+    AttemptResult::Ok {
+        value: matches!(*f.action, baton_proto::pack::Action::GpioRead { .. }).then_some(0),
     }
 }

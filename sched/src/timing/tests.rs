@@ -345,6 +345,7 @@ fn churn_of_near_cancels_keeps_memory_bounded() {
 /// allocates and frees. Skiplist nodes and crossbeam-epoch's garbage bags are
 /// smaller, and are freed by whichever thread collects the garbage, often
 /// another test's; counting them would make the measure depend on the others.
+#[allow(unsafe_code)]
 mod counting {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::cell::Cell;

@@ -1,0 +1,498 @@
+//! What an occurrence does when its instant comes: fire, fire late, or —
+//! past `max_lateness`, after a restart or a clock step — count as a gap
+//! that `catch_up` decides (see `crate::catchup`); and how journal records
+//! from before a restart resolve an occurrence instead.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use baton_proto::RefTime;
+use baton_proto::pack::CatchUp;
+
+use super::{Attempt, EntryKind, PRUNE_MARGIN, Replay, Scheduler, Status, fmt_d, just_before};
+use crate::catchup::{occurrences_between, plan, releases};
+use crate::id::ExecutionId;
+use crate::once::{OnceKind, PriorOutcome};
+use crate::output::{EventKind, Firing, Output};
+
+fn mode(c: CatchUp) -> &'static str {
+    match c {
+        CatchUp::None => "none",
+        CatchUp::Last => "last",
+        CatchUp::All => "all",
+    }
+}
+
+impl Scheduler {
+    /// Occurrence `occ` of instruction `i` is due (`release`: when it was
+    /// queued for; for `after` rounds possibly later than `occ`).
+    pub(super) fn occurrence_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        release: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        if ps.pack.instructions[i].schedule.is_repeating() {
+            self.repeating_due(slot, i, occ, now, out);
+        } else {
+            self.one_shot_due(slot, i, occ, release, now, out);
+        }
+    }
+
+    /// `at` and `after` rounds: one occurrence, fired once if within
+    /// `max_lateness` of its release, else missed (the failure path).
+    fn one_shot_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        release: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        if ps.ins[i].done || self.resolve_prior(slot, i, occ, now, out) {
+            return;
+        }
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        // After a restart, a round planned while the agent was still up was
+        // handled then; without a journal record it is settled.
+        if ps.resumed.is_some_and(|alive| occ <= alive) {
+            ps.ins[i].done = true;
+            return;
+        }
+        let max_late = ps.pack.instructions[i].policy.max_lateness;
+        if now.since(release) > max_late {
+            let reason = format!(
+                "missed: late by {} (max_lateness {})",
+                fmt_d(now.since(occ)),
+                fmt_d(max_late)
+            );
+            self.give_up(slot, i, occ, None, reason, now, out);
+            return;
+        }
+        let id = self.make_id(slot, i, occ, 1);
+        self.fire(slot, i, id, occ, release, now, out);
+    }
+
+    /// A repeating occurrence: on time or late within `max_lateness`, it
+    /// fires and the next one is queued; later than that, everything up to
+    /// `now - max_lateness` is a gap for `catch_up`.
+    fn repeating_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let ins = &ps.pack.instructions[i];
+        let max_late = ins.policy.max_lateness;
+        let lateness = now.since(occ);
+        if lateness <= max_late {
+            self.schedule_next(slot, i, occ);
+            if !self.resolve_prior(slot, i, occ, now, out) {
+                let id = self.make_id(slot, i, occ, 1);
+                self.fire(slot, i, id, occ, occ, now, out);
+            }
+            return;
+        }
+        let bound = now.saturating_sub(max_late);
+        let next = ins
+            .schedule
+            .next_after(&ps.pack.timezone, ps.anchor, just_before(bound));
+        let covered = next.is_some_and(|n| n <= now);
+        let cause = format!(
+            "late by {}, max_lateness {}",
+            fmt_d(lateness),
+            fmt_d(max_late)
+        );
+        self.catch_up_gap(slot, i, just_before(occ), bound, covered, &cause, now, out);
+        if let Some(n) = next {
+            self.arm_occurrence(slot, i, n, n);
+        }
+    }
+
+    /// Restart: the occurrences of a repeating instruction between
+    /// `alive` and `now` passed while the agent was down.
+    pub(super) fn resume_gap(
+        &mut self,
+        slot: usize,
+        i: usize,
+        alive: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        if ps.status != Status::Active || !ps.pack.instructions[i].schedule.is_repeating() {
+            return;
+        }
+        let cause = "the agent was down";
+        self.catch_up_gap(slot, i, alive, now, false, cause, now, out);
+    }
+
+    /// [`Scheduler::downtime`] for one instruction: its overdue pending
+    /// occurrence and those after it, up to `now`, are a gap.
+    pub(super) fn gap_until(&mut self, slot: usize, i: usize, now: RefTime, out: &mut Vec<Output>) {
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        let ins = &ps.pack.instructions[i];
+        let Some((timer, occ)) = ps.ins[i].pending.filter(|(_, o)| *o < now) else {
+            return;
+        };
+        if !ins.schedule.is_repeating() {
+            return;
+        }
+        let next = ins
+            .schedule
+            .next_after(&ps.pack.timezone, ps.anchor, just_before(now));
+        ps.ins[i].pending = None;
+        self.queue.cancel(timer);
+        let cause = "the core could not act (clock step or stall)";
+        self.catch_up_gap(slot, i, just_before(occ), now, false, cause, now, out);
+        if let Some(n) = next {
+            self.arm_occurrence(slot, i, n, n);
+        }
+    }
+
+    /// Occurrences of instruction `i` that started before a restart,
+    /// strictly between `after` and `before`.
+    fn ran_between(
+        &self,
+        slot: usize,
+        i: usize,
+        after: RefTime,
+        before: RefTime,
+    ) -> BTreeSet<RefTime> {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return BTreeSet::new();
+        };
+        if self.ran.is_empty() || after >= before {
+            return BTreeSet::new();
+        }
+        self.ran
+            .get(&ps.ran_key(i))
+            .map_or_else(BTreeSet::new, |s| {
+                s.range((Bound::Excluded(after), Bound::Excluded(before)))
+                    .copied()
+                    .collect()
+            })
+    }
+
+    /// The occurrences strictly between `after` and `before` were missed:
+    /// resolve those with a journal record, report the dropped ones in one
+    /// event, and queue the replays `catch_up` asks for.
+    #[allow(clippy::too_many_arguments)]
+    fn catch_up_gap(
+        &mut self,
+        slot: usize,
+        i: usize,
+        after: RefTime,
+        before: RefTime,
+        covered: bool,
+        cause: &str,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let ran = self.ran_between(slot, i, after, before);
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let ins = &ps.pack.instructions[i];
+        let catch_up = ins.policy.catch_up;
+        let keep = self.cfg.catch_up_cap.saturating_add(ran.len()).max(1);
+        let gap = occurrences_between(
+            &ins.schedule,
+            &ps.pack.timezone,
+            ps.anchor,
+            after,
+            before,
+            keep,
+        );
+        if gap.count == 0 {
+            return;
+        }
+        let plan = plan(catch_up, &gap, &ran, covered, self.cfg.catch_up_cap);
+        if plan.skipped > 0 {
+            let reason = format!(
+                "missed {} occurrence(s) between {} and {} ({cause}; catch_up {})",
+                plan.skipped,
+                gap.first.unwrap_or(before),
+                gap.last().unwrap_or(before),
+                mode(catch_up)
+            );
+            let ev = EventKind::Skip { reason };
+            out.push(self.event(slot, Some(i), None, gap.first, ev, now));
+        }
+        for occ in ran {
+            self.resolve_prior(slot, i, occ, now, out);
+        }
+        let active = self.packs[slot]
+            .as_ref()
+            .is_some_and(|p| p.status == Status::Active);
+        if active {
+            self.arm_replays(slot, i, &plan.replay, now);
+        }
+    }
+
+    fn arm_replays(&mut self, slot: usize, i: usize, replay: &[RefTime], now: RefTime) {
+        for (occ, release) in replay.iter().copied().zip(releases(replay, now)) {
+            let timer = self.arm(slot, i, release, EntryKind::CatchUp(occ));
+            if let Some(ps) = self.packs[slot].as_mut() {
+                ps.ins[i].catching.push(Replay {
+                    occ,
+                    release,
+                    timer,
+                });
+            }
+        }
+    }
+
+    /// A replayed missed occurrence is released.
+    pub(super) fn replay_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        release: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let max_late = ps.pack.instructions[i].policy.max_lateness;
+        if now.since(release) > max_late {
+            let reason = format!(
+                "catch-up firing reached {} after its release (max_lateness {})",
+                fmt_d(now.since(release)),
+                fmt_d(max_late)
+            );
+            out.push(self.event(
+                slot,
+                Some(i),
+                None,
+                Some(occ),
+                EventKind::Skip { reason },
+                now,
+            ));
+            return;
+        }
+        if !self.resolve_prior(slot, i, occ, now, out) {
+            let id = self.make_id(slot, i, occ, 1);
+            self.fire(slot, i, id, occ, release, now, out);
+        }
+    }
+
+    fn schedule_next(&mut self, slot: usize, i: usize, after: RefTime) -> Option<RefTime> {
+        let ps = self.packs[slot].as_ref()?;
+        let next =
+            ps.pack.instructions[i]
+                .schedule
+                .next_after(&ps.pack.timezone, ps.anchor, after)?;
+        self.arm_occurrence(slot, i, next, next);
+        Some(next)
+    }
+
+    /// Attempts of this occurrence known from before a restart: resolve
+    /// the occurrence from them instead of firing again. Returns true when
+    /// the occurrence is fully handled. A success is settled silently (it
+    /// was reported before the restart); an unknown outcome and a give-up
+    /// are once-only reports.
+    pub(super) fn resolve_prior(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> bool {
+        if self.prior.is_empty() {
+            return false;
+        }
+        let max = self.packs[slot]
+            .as_ref()
+            .map_or(1, |p| p.pack.instructions[i].policy.retry.max_attempts);
+        let mut attempt = 1;
+        loop {
+            let id = self.make_id(slot, i, occ, attempt);
+            match self.prior.get(&id.to_string()).copied() {
+                None | Some(PriorOutcome::NotRun) if attempt == 1 => return false,
+                None | Some(PriorOutcome::NotRun) => {
+                    // Earlier attempts failed before the restart: go on
+                    // with the next one, after its backoff from now.
+                    let failed = self.make_id(slot, i, occ, attempt - 1);
+                    self.schedule_retry(slot, i, failed, now, out);
+                    return true;
+                }
+                Some(PriorOutcome::Succeeded) => {
+                    self.succeeded(slot, i, occ, None, now, out);
+                    return true;
+                }
+                Some(PriorOutcome::Unknown) => {
+                    self.outcome_unknown(slot, i, id, now, out);
+                    return true;
+                }
+                Some(PriorOutcome::Failed) if attempt >= max => {
+                    let reason = format!("failed after {attempt} attempt(s) (before the restart)");
+                    self.give_up(slot, i, occ, None, reason, now, out);
+                    return true;
+                }
+                Some(PriorOutcome::Failed) => attempt += 1,
+            }
+        }
+    }
+
+    fn outcome_unknown(
+        &mut self,
+        slot: usize,
+        i: usize,
+        id: ExecutionId,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        let occ = id.occurrence;
+        if !ps.pack.instructions[i].schedule.is_repeating() {
+            ps.ins[i].done = true;
+        }
+        let key = ps.once(i, occ, OnceKind::OutcomeUnknown);
+        if self.is_done(&key) {
+            return;
+        }
+        let mut ev = self.event(
+            slot,
+            Some(i),
+            Some(id),
+            Some(occ),
+            EventKind::OutcomeUnknown,
+            now,
+        );
+        if let Output::Event(e) = &mut ev {
+            e.once = Some(key);
+        }
+        out.push(ev);
+    }
+
+    pub(super) fn attempt_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        deadline: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        // The stored id: a retry keeps the version its occurrence started
+        // under, even across a replacement.
+        let Some(id) = ps.ins[i].attempts.get(&occ).map(|a| a.id.clone()) else {
+            return;
+        };
+        let max_late = ps.pack.instructions[i].policy.max_lateness;
+        let lateness = now.since(deadline);
+        if lateness > max_late {
+            let reason = format!(
+                "retry missed: late by {} (max_lateness {})",
+                fmt_d(lateness),
+                fmt_d(max_late)
+            );
+            self.give_up(slot, i, occ, Some(id), reason, now, out);
+            return;
+        }
+        self.fire(slot, i, id, deadline, deadline, now, out);
+    }
+
+    /// Hand an attempt to the runtime: `scheduled` is the instant it was
+    /// planned for (lateness is measured from it), `release` when the core
+    /// queued it (the two differ for catch-up replays and late `after`
+    /// rounds); the runtime may start it until `max_lateness` after the
+    /// later of `release` and `now`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fire(
+        &mut self,
+        slot: usize,
+        i: usize,
+        id: ExecutionId,
+        scheduled: RefTime,
+        release: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let (occ, attempt) = (id.occurrence, id.attempt);
+        let text = id.to_string();
+        let ran_before = self
+            .prior
+            .get(&text)
+            .is_some_and(|o| *o != PriorOutcome::NotRun);
+        if self.fired.contains_key(&text) || ran_before {
+            // Never twice: a duplicate delivery or a bug upstream must not
+            // reach the device. The note names the occurrence, not the
+            // attempt: that attempt reports its own end.
+            let reason = format!("already fired as {id}: not fired again");
+            out.push(self.event(
+                slot,
+                Some(i),
+                None,
+                Some(occ),
+                EventKind::Skip { reason },
+                now,
+            ));
+            return;
+        }
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let ins = &ps.pack.instructions[i];
+        let (timeout, max_late) = (ins.policy.timeout, ins.policy.max_lateness);
+        self.fired
+            .insert(text, occ.max(now) + max_late + PRUNE_MARGIN);
+        let firing = Firing {
+            id: id.clone(),
+            // Built per firing rather than kept per instruction: memory
+            // stays O(instructions) with a small constant.
+            action: Arc::new(ins.action.clone()),
+            scheduled,
+            not_after: release.max(now) + max_late,
+            timeout,
+        };
+        let timer = self.insert(
+            ps,
+            slot,
+            i,
+            now + timeout,
+            EntryKind::Timeout { occ, attempt },
+        );
+        if let Some(ps) = self.packs[slot].as_mut() {
+            let a = Attempt {
+                id: id.clone(),
+                running: true,
+                timer: Some(timer),
+            };
+            ps.ins[i].attempts.insert(occ, a);
+        }
+        out.push(self.event(slot, Some(i), Some(id), Some(occ), EventKind::Fire, now));
+        out.push(Output::Fire(firing));
+    }
+}

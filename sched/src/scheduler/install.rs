@@ -1,0 +1,431 @@
+//! Taking a pack: the version decision, carrying state over from the
+//! replaced version, settling one-shots, first occurrences.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use baton_proto::RefTime;
+use baton_proto::pack::{Instruction, Pack, Schedule, dependents, upstream};
+use jiff::tz::TimeZone;
+
+use super::{
+    AcceptError, Accepted, EntryKind, InstrState, PackState, Scheduler, Status, just_before,
+};
+use crate::id::PackKey;
+use crate::output::{Event, EventKind, Output, SafeReason};
+
+/// What to do with an offered version, given what is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Take {
+    /// Older than the held version `.0`: refused.
+    Older(u64),
+    /// Same version, still meaningful: nothing changes.
+    Unchanged,
+    /// Install it.
+    Install(Accepted),
+}
+
+/// Versions only go up; the same version again is a no-op, unless the held
+/// one was stopped by a cancel or a lease loss (then it runs again).
+fn version_decision(held: Option<(u64, Status)>, offered: u64) -> Take {
+    let Some((v, status)) = held else {
+        return Take::Install(Accepted::New);
+    };
+    let reinstall_same = matches!(
+        status,
+        Status::Stopped(SafeReason::Cancel | SafeReason::LeaseLost)
+    );
+    if offered < v {
+        Take::Older(v)
+    } else if offered > v {
+        Take::Install(Accepted::Replaced { from: v })
+    } else if reinstall_same {
+        Take::Install(Accepted::New)
+    } else {
+        Take::Unchanged
+    }
+}
+
+/// What an instruction of the new version takes from the replaced one.
+#[derive(Debug, Default)]
+struct Carried {
+    /// Per new instruction: its next occurrence under the old version.
+    next: Vec<Option<RefTime>>,
+    /// Old instructions whose state moved over.
+    old: HashSet<usize>,
+}
+
+/// Carry the state of unchanged instructions (same id, action and schedule)
+/// over from an active replaced version: a one-shot that already fired
+/// does not fire again, an unchanged periodic keeps its next occurrence,
+/// its retries and its catch-up replays.
+fn carry_over(old: Option<&PackState>, ps: &mut PackState) -> Carried {
+    let mut c = Carried {
+        next: vec![None; ps.ins.len()],
+        old: HashSet::new(),
+    };
+    let Some(o) = old.filter(|o| o.status == Status::Active) else {
+        return c;
+    };
+    for (i, ins) in ps.pack.instructions.iter().enumerate() {
+        let Some(j) = o.pack.instructions.iter().position(|x| x.id == ins.id) else {
+            continue;
+        };
+        let prev = &o.pack.instructions[j];
+        if prev.action != ins.action || prev.schedule != ins.schedule {
+            continue;
+        }
+        let st = &o.ins[j];
+        c.old.insert(j);
+        let new = &mut ps.ins[i];
+        new.done = st.done || (!ins.schedule.is_repeating() && !st.attempts.is_empty());
+        new.satisfied = st.satisfied.clone();
+        new.round_occ = st.round_occ;
+        new.attempts = st.attempts.clone();
+        new.catching = st.catching.clone();
+        c.next[i] = st.pending.map(|(_, occ)| occ);
+    }
+    c
+}
+
+/// The first occurrence an instruction waits for after an install.
+///
+/// `carried`: its next occurrence under a replaced version; `replaced`: a
+/// version was replaced (a changed instruction starts from `now`: nothing
+/// before the replacement is "missed"); `resumed`: a restart — repeating
+/// occurrences before `now` are the gap's business (see `restore`).
+#[allow(clippy::too_many_arguments)]
+fn first_occurrence(
+    ins: &Instruction,
+    st: &InstrState,
+    tz: &TimeZone,
+    anchor: RefTime,
+    carried: Option<RefTime>,
+    replaced: bool,
+    resumed: bool,
+    now: RefTime,
+) -> Option<RefTime> {
+    match &ins.schedule {
+        _ if st.done => None,
+        Schedule::At(t) => Some(*t),
+        Schedule::After { .. } => carried,
+        s @ (Schedule::Every { start_at, .. } | Schedule::Cron { start_at, .. }) => {
+            let mut after = just_before(start_at.unwrap_or(anchor));
+            if let Some(occ) = carried {
+                after = after.max(just_before(occ));
+            } else if replaced {
+                after = after.max(just_before(now));
+            }
+            if resumed {
+                after = after.max(just_before(now));
+            }
+            s.next_after(tz, anchor, after)
+        }
+    }
+}
+
+impl Scheduler {
+    pub(super) fn install(
+        &mut self,
+        pack: Pack,
+        anchor: Option<RefTime>,
+        resume_after: Option<RefTime>,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Result<Accepted, AcceptError> {
+        let key = PackKey {
+            tenant: pack.tenant.clone(),
+            pack: pack.id.clone(),
+        };
+        let held = self
+            .by_key
+            .get(&key)
+            .and_then(|&s| self.packs[s].as_ref())
+            .map(|p| (p.pack.version, p.status));
+        let accepted = match version_decision(held, pack.version) {
+            Take::Older(held) => {
+                return Err(AcceptError::Older {
+                    key,
+                    offered: pack.version,
+                    held,
+                });
+            }
+            Take::Unchanged => return Ok(Accepted::Unchanged),
+            Take::Install(a) => a,
+        };
+        let (slot, old) = self.take_slot(&key);
+        let anchor = anchor.or(old.as_ref().map(|o| o.anchor)).unwrap_or(now);
+        let mut ps = self.new_state(key, pack, anchor, resume_after);
+        let carried = carry_over(old.as_ref(), &mut ps);
+        if let Some(o) = old.as_ref() {
+            self.detach_old(slot, o, &carried.old, ps.pack.version, now, out);
+        }
+        self.settle_one_shots(&mut ps, resume_after);
+        let firsts: Vec<Option<RefTime>> = (0..ps.ins.len())
+            .map(|i| {
+                first_occurrence(
+                    &ps.pack.instructions[i],
+                    &ps.ins[i],
+                    &ps.pack.timezone,
+                    anchor,
+                    carried.next[i],
+                    old.is_some(),
+                    resume_after.is_some(),
+                    now,
+                )
+            })
+            .collect();
+        for i in 0..ps.ins.len() {
+            self.rearm(&mut ps, slot, i, now);
+        }
+        let n = ps.ins.len();
+        self.packs[slot] = Some(ps);
+        // A restart's gaps first: their replays come before on-time
+        // occurrences at the same instant (oldest first).
+        if let Some(alive) = resume_after {
+            for i in 0..n {
+                self.resume_gap(slot, i, alive, now, out);
+            }
+        }
+        let active = self.packs[slot]
+            .as_ref()
+            .is_some_and(|p| p.status == Status::Active);
+        for (i, first) in firsts.into_iter().enumerate() {
+            if let Some(t) = first.filter(|_| active) {
+                self.arm_occurrence(slot, i, t, t);
+            }
+        }
+        Ok(accepted)
+    }
+
+    /// The pack's slot (a new one at first acceptance: slots give pack
+    /// order), and the state it held, its timers cancelled.
+    fn take_slot(&mut self, key: &PackKey) -> (usize, Option<PackState>) {
+        if let Some(&slot) = self.by_key.get(key) {
+            let old = self.packs[slot].take();
+            if let Some(o) = old.as_ref() {
+                self.cancel_timers(o);
+            }
+            return (slot, old);
+        }
+        self.packs.push(None);
+        let slot = self.packs.len() - 1;
+        self.by_key.insert(key.clone(), slot);
+        (slot, None)
+    }
+
+    fn new_state(
+        &mut self,
+        key: PackKey,
+        pack: Pack,
+        anchor: RefTime,
+        resumed: Option<RefTime>,
+    ) -> PackState {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        PackState {
+            key,
+            generation,
+            anchor,
+            status: Status::Active,
+            deps: dependents(&pack.instructions),
+            safe: Arc::new(pack.safe_state.clone()),
+            ins: pack
+                .instructions
+                .iter()
+                .map(|i| InstrState {
+                    satisfied: vec![false; upstream(i).len()],
+                    ..InstrState::default()
+                })
+                .collect(),
+            pack: Arc::new(pack),
+            resumed,
+        }
+    }
+
+    /// Attempts of the old version that were not carried over end under
+    /// that version: running ones are detached (their result still
+    /// arrives), waiting retries are dropped and reported.
+    fn detach_old(
+        &mut self,
+        slot: usize,
+        o: &PackState,
+        carried_old: &HashSet<usize>,
+        new_version: u64,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        for (j, st) in o.ins.iter().enumerate() {
+            if carried_old.contains(&j) {
+                continue;
+            }
+            for (occ, a) in &st.attempts {
+                if a.running {
+                    let timer = self.queue.insert_with_tiebreak(
+                        (now + o.pack.instructions[j].policy.timeout).as_nanos(),
+                        0,
+                        super::Entry {
+                            slot,
+                            generation: 0,
+                            instr: j,
+                            kind: EntryKind::Detached(Box::new(a.id.clone())),
+                        },
+                    );
+                    self.detached.insert(a.id.clone(), Some(timer));
+                    continue;
+                }
+                out.push(Output::Event(Event {
+                    t: now,
+                    pack: o.key.clone(),
+                    instruction: Some(o.pack.instructions[j].id.clone()),
+                    id: Some(a.id.clone()),
+                    occurrence: Some(*occ),
+                    kind: EventKind::Skip {
+                        reason: format!("retry dropped: version {new_version} replaced the pack"),
+                    },
+                    once: None,
+                }));
+            }
+        }
+    }
+
+    /// One-shots that are finished before they are armed.
+    fn settle_one_shots(&self, ps: &mut PackState, resume_after: Option<RefTime>) {
+        for i in 0..ps.ins.len() {
+            let Schedule::At(at) = ps.pack.instructions[i].schedule else {
+                continue;
+            };
+            let first = ps.id(i, at, 1).to_string();
+            // A one-shot that already fired in this run (the pack was
+            // cancelled and pushed again) is finished: it neither fires nor
+            // reports again.
+            let fired_here = self.fired.contains_key(&first);
+            // After a restart, a one-shot due while the agent was still up
+            // was handled then (fired, or missed and reported). Only the
+            // journal's record of it matters (it may release dependents);
+            // without one it is settled — never "missed" again on every
+            // later restart.
+            let settled =
+                resume_after.is_some_and(|alive| at <= alive) && !self.prior.contains_key(&first);
+            if fired_here || settled {
+                ps.ins[i].done = true;
+            }
+        }
+    }
+
+    /// Re-arm carried retries, timeouts and catch-up replays under the new
+    /// generation.
+    fn rearm(&self, ps: &mut PackState, slot: usize, i: usize, now: RefTime) {
+        let occs: Vec<(RefTime, u32, bool)> = ps.ins[i]
+            .attempts
+            .iter()
+            .map(|(occ, a)| (*occ, a.id.attempt, a.running))
+            .collect();
+        for (occ, attempt, running) in occs {
+            let (at, kind) = if running {
+                (
+                    now + ps.pack.instructions[i].policy.timeout,
+                    EntryKind::Timeout { occ, attempt },
+                )
+            } else {
+                (now, EntryKind::Retry { occ, attempt })
+            };
+            let id = self.insert(ps, slot, i, at, kind);
+            if let Some(a) = ps.ins[i].attempts.get_mut(&occ) {
+                a.timer = Some(id);
+            }
+        }
+        let mut replays = std::mem::take(&mut ps.ins[i].catching);
+        for r in &mut replays {
+            r.timer = Some(self.insert(ps, slot, i, r.release, EntryKind::CatchUp(r.occ)));
+        }
+        ps.ins[i].catching = replays;
+    }
+
+    /// A restored pack that was stopped before the restart: everything
+    /// armed is dropped without a report, and its safe state is asserted
+    /// again (no event: it is not a new give-up).
+    pub(super) fn stop_quietly(&mut self, slot: usize, reason: SafeReason, out: &mut Vec<Output>) {
+        let Some(mut ps) = self.packs[slot].take() else {
+            return;
+        };
+        self.cancel_timers(&ps);
+        for st in &mut ps.ins {
+            st.pending = None;
+            st.done = true;
+            st.attempts.clear();
+            st.catching.clear();
+            st.release_empty();
+        }
+        ps.status = Status::Stopped(reason);
+        out.push(Output::SafeState {
+            pack: ps.key.clone(),
+            actions: ps.safe.clone(),
+            reason,
+            once: None,
+        });
+        self.packs[slot] = Some(ps);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use baton_proto::pack::parse_pack;
+
+    use super::*;
+
+    #[test]
+    fn versions_only_go_up_and_a_cancelled_one_runs_again() {
+        assert_eq!(version_decision(None, 3), Take::Install(Accepted::New));
+        let active = Some((3, Status::Active));
+        assert_eq!(version_decision(active, 2), Take::Older(3));
+        assert_eq!(version_decision(active, 3), Take::Unchanged);
+        assert_eq!(
+            version_decision(active, 4),
+            Take::Install(Accepted::Replaced { from: 3 })
+        );
+        let cancelled = Some((3, Status::Stopped(SafeReason::Cancel)));
+        assert_eq!(version_decision(cancelled, 3), Take::Install(Accepted::New));
+        let gave_up = Some((3, Status::Stopped(SafeReason::GiveUp)));
+        assert_eq!(version_decision(gave_up, 3), Take::Unchanged);
+    }
+
+    fn t(s: i64) -> RefTime {
+        RefTime::from_nanos(s * 1_000_000_000)
+    }
+
+    #[test]
+    fn first_occurrences_keep_the_phase_and_skip_the_restart_gap() {
+        let p = parse_pack(
+            "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, every: 10s}\n  - {id: b, action: noop, at: 1970-01-01T00:00:05Z}\n",
+        )
+        .expect("pack");
+        let st = InstrState::default();
+        let tz = TimeZone::UTC;
+        let every = &p.instructions[0];
+        let first = |carried, replaced, resumed, now| {
+            first_occurrence(every, &st, &tz, t(3), carried, replaced, resumed, now)
+        };
+        // Anchored at the first acceptance (3 s), whatever `now` is.
+        assert_eq!(first(None, false, false, t(3)), Some(t(3)));
+        assert_eq!(first(None, true, false, t(27)), Some(t(33)));
+        // A carried occurrence stays.
+        assert_eq!(first(Some(t(23)), true, false, t(27)), Some(t(23)));
+        // A restart: the first one at or after `now`, on the anchor's grid.
+        assert_eq!(first(None, false, true, t(43)), Some(t(43)));
+        assert_eq!(first(None, false, true, t(44)), Some(t(53)));
+        let at = &p.instructions[1];
+        assert_eq!(
+            first_occurrence(at, &st, &tz, t(0), None, false, true, t(9)),
+            Some(t(5))
+        );
+        let done = InstrState {
+            done: true,
+            ..InstrState::default()
+        };
+        assert_eq!(
+            first_occurrence(at, &done, &tz, t(0), None, false, false, t(0)),
+            None
+        );
+    }
+}

@@ -1,0 +1,666 @@
+//! The scheduler state machine.
+//!
+//! Inputs: packs, `now`, attempt results, lease loss, shutdown, downtime.
+//! Outputs: [`Output`]s in the order the runtime must act on them. It never
+//! reads a clock or touches a device, so tests drive it on simulated time
+//! and every run with the same inputs and seed gives the same outputs.
+//!
+//! The pieces: `install` (taking a pack: version decision, carry-over from
+//! the replaced version, first occurrences), `due` (what an occurrence does
+//! when its instant comes: fire, late, gap and `catch_up`, journal records),
+//! `outcome` (results, retries, dependents, give-up, safe state).
+
+mod due;
+mod install;
+mod outcome;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_proto::RefTime;
+use baton_proto::pack::{Action, Pack};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::id::{ExecutionId, PackKey};
+use crate::once::{OnceKey, OnceKind, Prior, PriorOutcome};
+use crate::output::{Event, EventKind, Output, SafeReason};
+use crate::timing::{TimerId, TimingWheel};
+
+/// Tunables of the core.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Seed of the jitter RNG: the same seed gives the same retry instants.
+    pub seed: u64,
+    /// `catch_up: all` fires at most this many missed occurrences per
+    /// gap (the most recent ones); the rest are skipped and the count
+    /// reported.
+    pub catch_up_cap: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            seed: 0,
+            catch_up_cap: 100,
+        }
+    }
+}
+
+/// How an attempt ended, as the runtime reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttemptResult {
+    /// Done (`value`: a `gpio.read` sample).
+    Ok {
+        /// Sampled level.
+        value: Option<u8>,
+    },
+    /// Failed, with a reason.
+    Failed(String),
+    /// The runtime could not start it before `not_after`: it did not run.
+    Late {
+        /// When the runtime got to it.
+        actual: RefTime,
+    },
+}
+
+/// How a pack was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accepted {
+    /// A pack this agent did not hold.
+    New,
+    /// A higher version replaced the held one atomically.
+    Replaced {
+        /// The version it replaced.
+        from: u64,
+    },
+    /// Same version again: nothing changed.
+    Unchanged,
+}
+
+/// Why a pack was refused by the core (validation happens before).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AcceptError {
+    /// Versions only go up.
+    #[error("pack {key} version {offered} is older than version {held} held by this agent")]
+    Older {
+        /// The pack.
+        key: PackKey,
+        /// What was offered.
+        offered: u64,
+        /// What is held.
+        held: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Active,
+    /// In its safe state; fires nothing more until replaced.
+    Stopped(SafeReason),
+}
+
+#[derive(Debug)]
+enum EntryKind {
+    /// The instruction's pending occurrence (for `after`, due at its
+    /// release: the planned instant, or the upstream's success if later).
+    Occurrence(RefTime),
+    /// A missed occurrence replayed by `catch_up: all` / `last`.
+    CatchUp(RefTime),
+    Retry {
+        occ: RefTime,
+        attempt: u32,
+    },
+    Timeout {
+        occ: RefTime,
+        attempt: u32,
+    },
+    /// Timeout of an attempt whose pack version was replaced or stopped.
+    Detached(Box<ExecutionId>),
+}
+
+#[derive(Debug)]
+struct Entry {
+    slot: usize,
+    generation: u64,
+    instr: usize,
+    kind: EntryKind,
+}
+
+#[derive(Clone, Debug)]
+struct Attempt {
+    id: ExecutionId,
+    running: bool,
+    timer: Option<TimerId>,
+}
+
+/// A missed occurrence waiting to be replayed.
+#[derive(Clone, Copy, Debug)]
+struct Replay {
+    occ: RefTime,
+    release: RefTime,
+    timer: Option<TimerId>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct InstrState {
+    /// The next occurrence waiting in the queue.
+    pending: Option<(TimerId, RefTime)>,
+    /// A one-shot (`at` / `after` round) that has finished for good.
+    done: bool,
+    /// `after` instructions: which upstreams succeeded this round.
+    satisfied: Vec<bool>,
+    /// `after` instructions: latest upstream occurrence this round.
+    round_occ: Option<RefTime>,
+    /// Occurrences with an attempt running or a retry waiting.
+    attempts: BTreeMap<RefTime, Attempt>,
+    /// Missed occurrences waiting to be replayed (catch-up), oldest first.
+    catching: Vec<Replay>,
+}
+
+impl InstrState {
+    /// Remove an occurrence's attempt record.
+    fn take_attempt(&mut self, occ: RefTime) -> Option<Attempt> {
+        let a = self.attempts.remove(&occ);
+        self.release_empty();
+        a
+    }
+
+    /// An empty `BTreeMap` keeps its root node allocated (over a kilobyte
+    /// here); with 10 000 instructions that is most of the agent's memory,
+    /// so give it back once the last attempt is gone.
+    fn release_empty(&mut self) {
+        if self.attempts.is_empty() {
+            self.attempts = BTreeMap::new();
+        }
+        if self.catching.is_empty() && self.catching.capacity() > 0 {
+            self.catching = Vec::new();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct PackState {
+    key: PackKey,
+    pack: Arc<Pack>,
+    generation: u64,
+    /// First acceptance: the anchor of `every` schedules without `start_at`,
+    /// kept across versions and restarts so neither shifts the phase.
+    anchor: RefTime,
+    status: Status,
+    deps: Vec<Vec<usize>>,
+    safe: Arc<Vec<Action>>,
+    ins: Vec<InstrState>,
+    /// Restored after a restart: the agent was up until this instant.
+    /// One-shots due before it were handled then.
+    resumed: Option<RefTime>,
+}
+
+impl PackState {
+    /// The execution id of an attempt of instruction `i` of this version.
+    fn id(&self, i: usize, occurrence: RefTime, attempt: u32) -> ExecutionId {
+        ExecutionId {
+            pack: self.key.clone(),
+            version: self.pack.version,
+            instruction: self.pack.instructions[i].id.clone(),
+            occurrence,
+            attempt,
+        }
+    }
+
+    /// The once-only key of an output about occurrence `occ` of `i`.
+    fn once(&self, i: usize, occurrence: RefTime, kind: OnceKind) -> OnceKey {
+        OnceKey {
+            pack: self.key.clone(),
+            version: self.pack.version,
+            instruction: self.pack.instructions[i].id.clone(),
+            occurrence,
+            kind,
+        }
+    }
+
+    /// Key of the journal-record index for instruction `i`.
+    fn ran_key(&self, i: usize) -> String {
+        ran_key(&self.key, self.pack.version, &self.pack.instructions[i].id)
+    }
+}
+
+fn ran_key(pack: &PackKey, version: u64, instruction: &str) -> String {
+    format!("{}/{}/v{version}/{instruction}", pack.tenant, pack.pack)
+}
+
+/// The scheduler core.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: Config,
+    packs: Vec<Option<PackState>>,
+    by_key: HashMap<PackKey, usize>,
+    queue: TimingWheel<Entry>,
+    prior: HashMap<String, PriorOutcome>,
+    /// Occurrences that started before a restart (any attempt not
+    /// `NotRun`), per instruction: never counted as missed.
+    ran: HashMap<String, BTreeSet<RefTime>>,
+    /// Once-only outputs already journalled: not emitted again.
+    done: HashSet<String>,
+    /// Ids fired in this run, each with the instant after which no path can
+    /// derive it again (its occurrence plus the instruction's
+    /// `max_lateness`, plus a margin): pruned past that, so a long-running
+    /// agent's memory does not grow with every firing.
+    fired: HashMap<String, RefTime>,
+    /// When `fired` and `prior` were last pruned.
+    last_prune: RefTime,
+    rng: ChaCha8Rng,
+    next_generation: u64,
+    /// Attempts still running for a pack version that is gone (replaced,
+    /// or stopped and pushed again): their results still end their
+    /// occurrence, but nothing follows from them.
+    detached: HashMap<ExecutionId, Option<TimerId>>,
+}
+
+const NS: i64 = 1;
+
+/// Safety margin past the last instant an id could be derived again.
+const PRUNE_MARGIN: Duration = Duration::from_secs(60);
+/// How often (in reference time) the id records are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+/// Journal records of attempts older than this are dropped from memory once
+/// the agent runs: restored packs resolve their recent occurrences from them
+/// at start-up; older one-shots are settled by `last_alive` (see `restore`).
+const PRIOR_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+fn fmt_d(d: Duration) -> String {
+    baton_proto::time::format_duration(d)
+}
+
+fn just_before(t: RefTime) -> RefTime {
+    RefTime::from_nanos(t.as_nanos().saturating_sub(NS))
+}
+
+/// Index the journal's records: which occurrences started, per instruction.
+fn index_ran(attempts: &HashMap<String, PriorOutcome>) -> HashMap<String, BTreeSet<RefTime>> {
+    let mut ran: HashMap<String, BTreeSet<RefTime>> = HashMap::new();
+    for (text, outcome) in attempts {
+        if *outcome == PriorOutcome::NotRun {
+            continue;
+        }
+        if let Some(id) = ExecutionId::parse(text) {
+            ran.entry(ran_key(&id.pack, id.version, &id.instruction))
+                .or_default()
+                .insert(id.occurrence);
+        }
+    }
+    ran
+}
+
+impl Scheduler {
+    /// A core that knows what happened before a restart (from the journal):
+    /// it never fires any of those attempts again, and never emits a
+    /// once-only output whose key is in [`Prior::done`]. A plain
+    /// `HashMap<String, PriorOutcome>` converts into a [`Prior`] with no
+    /// done keys.
+    pub fn new(cfg: Config, prior: impl Into<Prior>) -> Self {
+        let prior = prior.into();
+        Scheduler {
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            packs: Vec::new(),
+            by_key: HashMap::new(),
+            queue: TimingWheel::new(),
+            ran: index_ran(&prior.attempts),
+            prior: prior.attempts,
+            done: prior.done,
+            fired: HashMap::new(),
+            last_prune: RefTime::MIN,
+            next_generation: 1,
+            detached: HashMap::new(),
+        }
+    }
+
+    /// The earliest instant at which [`Scheduler::tick`] has work.
+    pub fn next_wake(&self) -> Option<RefTime> {
+        self.queue.next_deadline().map(RefTime::from_nanos)
+    }
+
+    /// Entries waiting in the timing structure (one per repeating
+    /// instruction, plus retries, timeouts and catch-up replays in flight).
+    pub fn pending(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Sizes of the internal records (for memory tests and telemetry):
+    /// fired ids remembered, their table's capacity, prior records, queue.
+    pub fn record_counts(&self) -> [usize; 4] {
+        [
+            self.fired.len(),
+            self.fired.capacity(),
+            self.prior.len(),
+            self.queue.len(),
+        ]
+    }
+
+    /// Version held for a pack, and whether it is still active.
+    pub fn held(&self, key: &PackKey) -> Option<(u64, bool)> {
+        let ps = self.packs[*self.by_key.get(key)?].as_ref()?;
+        Some((ps.pack.version, ps.status == Status::Active))
+    }
+
+    /// The pack's anchor: its *first* acceptance, kept across versions. It
+    /// is the phase of `every` schedules without `start_at`; the runtime
+    /// journals it (not the latest version's acceptance) and passes it back
+    /// to [`Scheduler::restore`].
+    pub fn anchor(&self, key: &PackKey) -> Option<RefTime> {
+        Some(self.packs[*self.by_key.get(key)?].as_ref()?.anchor)
+    }
+
+    /// Take a validated pack at `now`.
+    pub fn accept(
+        &mut self,
+        pack: Pack,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Result<Accepted, AcceptError> {
+        self.install(pack, None, None, now, out)
+    }
+
+    /// Take a pack back after a restart: `anchor` is what
+    /// [`Scheduler::anchor`] said before (its first acceptance), and the
+    /// agent was up until at least `last_alive`.
+    ///
+    /// Repeating occurrences whose instant passed while the agent was down
+    /// (after `last_alive`, before `now`) follow `catch_up` (see
+    /// `catchup`): `none` drops them, `last` fires the latest one not past
+    /// `until`, `all` replays them at the schedule's own pace; `max_lateness`
+    /// plays no part. The next occurrence at or after `now` fires on time.
+    /// Occurrences with a journal record are resolved from it, never counted
+    /// as missed. Missed one-shots (`at`, and `after` rounds whose planned
+    /// instant passed) fire once if still within `max_lateness`, else are
+    /// reported missed and the failure path runs.
+    pub fn restore(
+        &mut self,
+        pack: Pack,
+        anchor: RefTime,
+        last_alive: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Result<Accepted, AcceptError> {
+        self.install(pack, Some(anchor), Some(last_alive), now, out)
+    }
+
+    /// Take back a pack that had entered its safe state for good before the
+    /// restart (give-up, cancel): it is held, stopped, fires nothing, and
+    /// its safe state is asserted again — the device may have lost it — as
+    /// one [`Output::SafeState`] with `once: None` and no feedback event (it
+    /// is not a new give-up). A higher version replaces it as usual.
+    pub fn restore_stopped(
+        &mut self,
+        pack: Pack,
+        anchor: RefTime,
+        reason: SafeReason,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Result<Accepted, AcceptError> {
+        let key = PackKey {
+            tenant: pack.tenant.clone(),
+            pack: pack.id.clone(),
+        };
+        let r = self.install(pack, Some(anchor), Some(now), now, out)?;
+        if let Some(&slot) = self.by_key.get(&key) {
+            self.stop_quietly(slot, reason, out);
+        }
+        Ok(r)
+    }
+
+    /// The core could not act until `now` (a forward clock step, a suspend,
+    /// a stalled runtime): every repeating occurrence now overdue is treated
+    /// as missed during downtime and follows `catch_up`, exactly as at a
+    /// restart — no burst, no silence; the schedule resumes on time.
+    /// Without this call, `tick` treats an occurrence later than its
+    /// `max_lateness` the same way (and fires the in-bound ones late).
+    pub fn downtime(&mut self, now: RefTime, out: &mut Vec<Output>) {
+        for slot in 0..self.packs.len() {
+            let n = match self.packs[slot].as_ref() {
+                Some(ps) if ps.status == Status::Active => ps.ins.len(),
+                _ => continue,
+            };
+            for i in 0..n {
+                self.gap_until(slot, i, now, out);
+            }
+        }
+    }
+
+    /// Remove a pack: its safe state runs and its pending firings are
+    /// reported as skipped.
+    pub fn cancel(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
+        let Some(&slot) = self.by_key.get(key) else {
+            return false;
+        };
+        self.fail_safe(slot, SafeReason::Cancel, None, now, out);
+        true
+    }
+
+    /// The controller lease is gone: every active pack goes to its safe state.
+    pub fn lease_lost(&mut self, now: RefTime, out: &mut Vec<Output>) {
+        self.all_safe(SafeReason::LeaseLost, now, out);
+    }
+
+    /// The agent is stopping: every active pack goes to its safe state.
+    pub fn shutdown(&mut self, now: RefTime, out: &mut Vec<Output>) {
+        self.all_safe(SafeReason::Shutdown, now, out);
+    }
+
+    fn all_safe(&mut self, reason: SafeReason, now: RefTime, out: &mut Vec<Output>) {
+        for slot in 0..self.packs.len() {
+            if self.packs[slot]
+                .as_ref()
+                .is_some_and(|p| p.status == Status::Active)
+            {
+                self.fail_safe(slot, reason, None, now, out);
+            }
+        }
+    }
+
+    /// Handle everything due at or before `now`, in one order whatever
+    /// span the call covers: due instant (for a catch-up replay, its
+    /// release), then priority (higher first), then pack order (first
+    /// acceptance), then instruction order in the pack.
+    pub fn tick(&mut self, now: RefTime, out: &mut Vec<Output>) {
+        while let Some((deadline, timer, entry)) = self.queue.pop_due(now.as_nanos()) {
+            self.handle_entry(RefTime::from_nanos(deadline), timer, entry, now, out);
+        }
+        if now > self.last_prune + PRUNE_EVERY {
+            self.last_prune = now;
+            self.prune(now);
+        }
+    }
+
+    fn prune(&mut self, now: RefTime) {
+        self.fired.retain(|_, expiry| *expiry > now);
+        let horizon = now.saturating_sub(PRIOR_KEEP);
+        self.prior
+            .retain(|id, _| ExecutionId::parse(id).is_none_or(|e| e.occurrence > horizon));
+        self.ran.retain(|_, occs| {
+            occs.retain(|o| *o > horizon);
+            !occs.is_empty()
+        });
+        // A burst (catch-up, many packs at once) must not pin its peak.
+        if self.fired.capacity() > 4 * self.fired.len().max(256) {
+            self.fired.shrink_to_fit();
+        }
+        if self.prior.capacity() > 4 * self.prior.len().max(256) {
+            self.prior.shrink_to_fit();
+        }
+    }
+
+    fn handle_entry(
+        &mut self,
+        deadline: RefTime,
+        timer: TimerId,
+        e: Entry,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        if let EntryKind::Detached(id) = e.kind {
+            if self.detached.remove(&*id).is_some() {
+                out.push(Output::Abort((*id).clone()));
+                self.end_detached(&id, AttemptResult::Failed("timed out".into()), now, out);
+            }
+            return;
+        }
+        let Some(ps) = self.packs.get_mut(e.slot).and_then(|p| p.as_mut()) else {
+            return;
+        };
+        if ps.generation != e.generation {
+            return;
+        }
+        let active = ps.status == Status::Active;
+        let st = &mut ps.ins[e.instr];
+        match e.kind {
+            EntryKind::Occurrence(occ) => {
+                if st.pending.is_some_and(|(t, _)| t == timer) {
+                    st.pending = None;
+                }
+                if active {
+                    self.occurrence_due(e.slot, e.instr, occ, deadline, now, out);
+                }
+            }
+            EntryKind::CatchUp(occ) => {
+                st.catching.retain(|r| r.timer != Some(timer));
+                st.release_empty();
+                if active {
+                    self.replay_due(e.slot, e.instr, occ, deadline, now, out);
+                }
+            }
+            EntryKind::Retry { occ, attempt } => {
+                let live = st
+                    .attempts
+                    .get(&occ)
+                    .is_some_and(|a| a.id.attempt == attempt && !a.running);
+                if live && active {
+                    if let Some(a) = st.attempts.get_mut(&occ) {
+                        a.timer = None;
+                    }
+                    self.attempt_due(e.slot, e.instr, occ, deadline, now, out);
+                }
+            }
+            EntryKind::Detached(_) => {}
+            EntryKind::Timeout { occ, attempt } => {
+                self.timeout_due(e.slot, e.instr, occ, attempt, now, out);
+            }
+        }
+    }
+
+    fn timeout_due(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        attempt: u32,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let Some(a) = ps.ins[i].attempts.get(&occ) else {
+            return;
+        };
+        if a.id.attempt != attempt || !a.running {
+            return;
+        }
+        let id = a.id.clone();
+        let timeout = ps.pack.instructions[i].policy.timeout;
+        let reason = format!("timed out after {}", fmt_d(timeout));
+        out.push(Output::Abort(id.clone()));
+        self.finish_attempt(slot, i, &id, AttemptResult::Failed(reason), now, out);
+    }
+
+    fn event(
+        &self,
+        slot: usize,
+        instr: Option<usize>,
+        id: Option<ExecutionId>,
+        occ: Option<RefTime>,
+        kind: EventKind,
+        now: RefTime,
+    ) -> Output {
+        let ps = self.packs[slot]
+            .as_ref()
+            .expect("events are only made for held packs");
+        Output::Event(Event {
+            t: now,
+            pack: ps.key.clone(),
+            instruction: instr.map(|i| ps.pack.instructions[i].id.clone()),
+            id,
+            occurrence: occ,
+            kind,
+            once: None,
+        })
+    }
+
+    /// Whether a once-only output was journalled before a restart.
+    fn is_done(&self, key: &OnceKey) -> bool {
+        !self.done.is_empty() && self.done.contains(&key.to_string())
+    }
+
+    fn make_id(&self, slot: usize, i: usize, occ: RefTime, attempt: u32) -> ExecutionId {
+        self.packs[slot]
+            .as_ref()
+            .expect("ids are only made for held packs")
+            .id(i, occ, attempt)
+    }
+
+    fn insert(
+        &self,
+        ps: &PackState,
+        slot: usize,
+        i: usize,
+        at: RefTime,
+        kind: EntryKind,
+    ) -> TimerId {
+        // Equal deadlines: higher priority first, then pack order (slots
+        // are handed out at first acceptance), then instruction order.
+        let prio = u64::from(255 - ps.pack.instructions[i].priority);
+        let tiebreak = (prio << 48) | ((slot as u64 & 0xffff_ffff) << 16) | (i as u64 & 0xffff);
+        self.queue.insert_with_tiebreak(
+            at.as_nanos(),
+            tiebreak,
+            Entry {
+                slot,
+                generation: ps.generation,
+                instr: i,
+                kind,
+            },
+        )
+    }
+
+    /// Queue an entry for instruction `i` of the pack in `slot`.
+    fn arm(&self, slot: usize, i: usize, at: RefTime, kind: EntryKind) -> Option<TimerId> {
+        let ps = self.packs[slot].as_ref()?;
+        Some(self.insert(ps, slot, i, at, kind))
+    }
+
+    /// Make occurrence `occ`, due `at`, the instruction's pending one.
+    fn arm_occurrence(&mut self, slot: usize, i: usize, occ: RefTime, at: RefTime) {
+        let id = self.arm(slot, i, at, EntryKind::Occurrence(occ));
+        if let (Some(id), Some(ps)) = (id, self.packs[slot].as_mut()) {
+            ps.ins[i].pending = Some((id, occ));
+        }
+    }
+
+    /// Remove a pack version's entries from the queue. The state keeps
+    /// which occurrence was next, so unchanged instructions carry it over.
+    fn cancel_timers(&mut self, ps: &PackState) {
+        for st in &ps.ins {
+            if let Some((id, _)) = st.pending {
+                self.queue.cancel(id);
+            }
+            for id in st.attempts.values().filter_map(|a| a.timer) {
+                self.queue.cancel(id);
+            }
+            for id in st.catching.iter().filter_map(|r| r.timer) {
+                self.queue.cancel(id);
+            }
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! How attempts end and what follows: retries, dependents released,
+//! give-ups (with their once-only outputs), skipped dependents, the safe
+//! state.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use baton_proto::RefTime;
+use baton_proto::pack::{OnGiveUp, Schedule, upstream};
+use rand::Rng;
+
+use super::{Attempt, AttemptResult, EntryKind, PackState, Scheduler, Status, fmt_d};
+use crate::id::ExecutionId;
+use crate::once::{OnceKey, OnceKind};
+use crate::output::{Event, EventKind, Output, SafeReason};
+
+impl Scheduler {
+    /// Report how an attempt ended. Results for attempts the core no longer
+    /// waits for (timed out, replaced version) are ignored.
+    pub fn attempt_result(
+        &mut self,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(timer) = self.detached.remove(id) {
+            if let Some(t) = timer {
+                self.queue.cancel(t);
+            }
+            self.end_detached(id, result, now, out);
+            return;
+        }
+        let Some(&slot) = self.by_key.get(&id.pack) else {
+            return;
+        };
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let Some(i) = ps
+            .pack
+            .instructions
+            .iter()
+            .position(|x| x.id == id.instruction)
+        else {
+            return;
+        };
+        let live = ps.ins[i]
+            .attempts
+            .get(&id.occurrence)
+            .is_some_and(|a| a.running && a.id == *id);
+        if !live {
+            return;
+        }
+        self.finish_attempt(slot, i, id, result, now, out);
+    }
+
+    /// A detached attempt ended: report it; a failure is not retried.
+    pub(super) fn end_detached(
+        &mut self,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let ev = |kind| {
+            Output::Event(Event {
+                t: now,
+                pack: id.pack.clone(),
+                instruction: Some(id.instruction.clone()),
+                id: Some(id.clone()),
+                occurrence: Some(id.occurrence),
+                kind,
+                once: None,
+            })
+        };
+        match result {
+            AttemptResult::Ok { value } => out.push(ev(EventKind::Ok { value })),
+            AttemptResult::Failed(reason) => {
+                out.push(ev(EventKind::Fail { reason }));
+                out.push(ev(EventKind::Skip {
+                    reason: "no retry: its pack version was replaced or stopped".into(),
+                }));
+            }
+            AttemptResult::Late { .. } => out.push(ev(EventKind::Skip {
+                reason: "not run: late, and its pack version was replaced or stopped".into(),
+            })),
+        }
+    }
+
+    pub(super) fn finish_attempt(
+        &mut self,
+        slot: usize,
+        i: usize,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let occ = id.occurrence;
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        if let Some(a) = ps.ins[i].take_attempt(occ)
+            && let Some(t) = a.timer
+        {
+            self.queue.cancel(t);
+        }
+        let active = ps.status == Status::Active;
+        let repeating = ps.pack.instructions[i].schedule.is_repeating();
+        match result {
+            AttemptResult::Ok { value } => {
+                out.push(self.event(
+                    slot,
+                    Some(i),
+                    Some(id.clone()),
+                    Some(occ),
+                    EventKind::Ok { value },
+                    now,
+                ));
+                if active {
+                    self.succeeded(slot, i, occ, Some(now), now, out);
+                }
+            }
+            AttemptResult::Failed(reason) => {
+                out.push(self.event(
+                    slot,
+                    Some(i),
+                    Some(id.clone()),
+                    Some(occ),
+                    EventKind::Fail { reason },
+                    now,
+                ));
+                if active {
+                    self.schedule_retry(slot, i, id.clone(), now, out);
+                } else {
+                    out.push(self.event(
+                        slot,
+                        Some(i),
+                        Some(id.clone()),
+                        Some(occ),
+                        EventKind::Skip {
+                            reason: "no retry: the pack is in its safe state".into(),
+                        },
+                        now,
+                    ));
+                }
+            }
+            AttemptResult::Late { actual } => {
+                let lateness = actual.since(id.occurrence.max(RefTime::from_nanos(0)));
+                let reason = format!(
+                    "not run: the runtime reached it {} after it was due",
+                    fmt_d(lateness)
+                );
+                if repeating || !active {
+                    out.push(self.event(
+                        slot,
+                        Some(i),
+                        Some(id.clone()),
+                        Some(occ),
+                        EventKind::Skip { reason },
+                        now,
+                    ));
+                } else {
+                    self.give_up(slot, i, occ, Some(id.clone()), reason, now, out);
+                }
+            }
+        }
+    }
+
+    /// After failed attempt number `attempt`: retry with backoff, or give up.
+    pub(super) fn schedule_retry(
+        &mut self,
+        slot: usize,
+        i: usize,
+        failed: ExecutionId,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let policy = ps.pack.instructions[i].policy.retry;
+        let (occ, attempt) = (failed.occurrence, failed.attempt);
+        if attempt >= policy.max_attempts {
+            let reason = format!("failed after {attempt} attempt(s)");
+            self.give_up(slot, i, occ, Some(failed), reason, now, out);
+            return;
+        }
+        let unit: f64 = self.rng.random();
+        let at = now + policy.delay(attempt, unit);
+        let next_id = ExecutionId {
+            attempt: attempt + 1,
+            ..failed.clone()
+        };
+        let timer = self.arm(
+            slot,
+            i,
+            at,
+            EntryKind::Retry {
+                occ,
+                attempt: attempt + 1,
+            },
+        );
+        if let Some(ps) = self.packs[slot].as_mut() {
+            ps.ins[i].attempts.insert(
+                occ,
+                Attempt {
+                    id: next_id,
+                    running: false,
+                    timer,
+                },
+            );
+        }
+        out.push(self.event(
+            slot,
+            Some(i),
+            Some(failed),
+            Some(occ),
+            EventKind::Retry { at },
+            now,
+        ));
+    }
+
+    /// Occurrence `occ` of `i` succeeded (at `success`; `None`: known
+    /// from the journal, time unknown): release dependents whose upstreams
+    /// have all succeeded. A dependent's occurrence is its planned instant,
+    /// the latest upstream occurrence plus its delay; it is queued for that
+    /// instant, or for the success if that came later (a slow action, a
+    /// retried upstream), so its `max_lateness` never counts time the
+    /// upstream spent — while its reported `scheduled` stays the plan.
+    pub(super) fn succeeded(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        success: Option<RefTime>,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let _ = (now, &out);
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        if !ps.pack.instructions[i].schedule.is_repeating() {
+            ps.ins[i].done = true;
+        }
+        let id = ps.pack.instructions[i].id.clone();
+        let deps = ps.deps[i].clone();
+        for d in deps {
+            let Some(ps) = self.packs[slot].as_mut() else {
+                return;
+            };
+            let ups = upstream(&ps.pack.instructions[d]);
+            let st = &mut ps.ins[d];
+            for (k, up) in ups.iter().enumerate() {
+                if *up == id {
+                    st.satisfied[k] = true;
+                }
+            }
+            st.round_occ = Some(st.round_occ.map_or(occ, |r| r.max(occ)));
+            if !st.satisfied.iter().all(|s| *s) || st.done {
+                continue;
+            }
+            st.satisfied.iter_mut().for_each(|s| *s = false);
+            let round = st.round_occ.take().unwrap_or(occ);
+            let Schedule::After { delay, .. } = ps.pack.instructions[d].schedule else {
+                continue;
+            };
+            if st.pending.is_some() {
+                // The previous round has not fired yet: coalesce.
+                continue;
+            }
+            let planned = round + delay;
+            let release = success.map_or(planned, |s| s.max(planned));
+            // Due at once (zero delay, or late): handled by the caller's
+            // tick loop on the next pass, or by the next `tick`.
+            self.arm_occurrence(slot, d, planned, release);
+        }
+    }
+
+    /// Occurrence `occ` of `i` gives up: the report, `on_failure`, then
+    /// its dependents are skipped (`on_give_up: continue`) or the pack
+    /// fails safe. Each once-only output carries its [`OnceKey`]; when the
+    /// give-up was journalled before a restart, nothing of it is reported
+    /// again (outputs whose own keys are not journalled yet still come),
+    /// but the state follows as though it happened.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn give_up(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        id: Option<ExecutionId>,
+        reason: String,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        if let Some(a) = ps.ins[i].take_attempt(occ)
+            && let Some(t) = a.timer
+        {
+            self.queue.cancel(t);
+        }
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        if !ps.pack.instructions[i].schedule.is_repeating() {
+            ps.ins[i].done = true;
+        }
+        let ps = &*ps;
+        let policy = ps.pack.instructions[i].policy.clone();
+        let keys = [OnceKind::GiveUp, OnceKind::OnFailure, OnceKind::SafeState]
+            .map(|k| ps.once(i, occ, k));
+        let [gave_up, on_failure, safe] = keys;
+        let (pack, instruction) = (ps.key.clone(), ps.pack.instructions[i].id.clone());
+        let mark = out.len();
+        let muted = self.is_done(&gave_up);
+        let ev = self.event(
+            slot,
+            Some(i),
+            id,
+            Some(occ),
+            EventKind::GiveUp { reason },
+            now,
+        );
+        out.push(with_once(ev, gave_up));
+        if let Some(action) = policy.on_failure.clone()
+            && !self.is_done(&on_failure)
+        {
+            let ev = self.event(slot, Some(i), None, Some(occ), EventKind::OnFailure, now);
+            out.push(with_once(ev, on_failure.clone()));
+            out.push(Output::OnFailure {
+                pack,
+                instruction,
+                action: Arc::new(action),
+                once: on_failure,
+            });
+        }
+        match policy.on_give_up {
+            OnGiveUp::Continue => self.skip_dependents(slot, i, now, out),
+            OnGiveUp::SafeState => self.fail_safe(slot, SafeReason::GiveUp, Some(safe), now, out),
+        }
+        if muted {
+            // Reported before the restart: keep only what carries a key
+            // of its own that is not journalled yet.
+            let tail = out.split_off(mark);
+            out.extend(tail.into_iter().filter(|o| match o {
+                Output::Event(e) => e.once.as_ref().is_some_and(|k| !self.is_done(k)),
+                _ => true,
+            }));
+        }
+    }
+
+    /// `on_give_up: continue`: every instruction downstream of `i` misses
+    /// this round.
+    fn skip_dependents(&mut self, slot: usize, i: usize, now: RefTime, out: &mut Vec<Output>) {
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let from = ps.pack.instructions[i].id.clone();
+        let mut seen = HashSet::new();
+        let mut queue: VecDeque<usize> = ps.deps[i].iter().copied().collect();
+        while let Some(d) = queue.pop_front() {
+            if !seen.insert(d) {
+                continue;
+            }
+            let Some(ps) = self.packs[slot].as_mut() else {
+                return;
+            };
+            queue.extend(ps.deps[d].iter().copied());
+            let st = &mut ps.ins[d];
+            st.satisfied.iter_mut().for_each(|s| *s = false);
+            st.round_occ = None;
+            out.push(self.event(
+                slot,
+                Some(d),
+                None,
+                None,
+                EventKind::Skip {
+                    reason: format!("upstream `{from}` gave up"),
+                },
+                now,
+            ));
+        }
+    }
+
+    /// The pack stops: pending firings are skipped (and reported), running
+    /// attempts finish but are not retried, and `safe_state` is issued.
+    /// `once`: the key of a safe state the core enters on its own (a
+    /// give-up); when it was journalled before a restart the state still
+    /// stops, but the safe state is not asked for again.
+    pub(super) fn fail_safe(
+        &mut self,
+        slot: usize,
+        reason: SafeReason,
+        once: Option<OnceKey>,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(mut ps) = self.packs[slot].take() else {
+            return;
+        };
+        if ps.status != Status::Active {
+            // Already safe; a cancel of a failed pack still runs safe_state
+            // again (idempotent writes) so the operator sees it happen.
+            if reason != SafeReason::Cancel {
+                self.packs[slot] = Some(ps);
+                return;
+            }
+        }
+        ps.status = Status::Stopped(reason);
+        let why = format!("pack entered its safe state ({})", reason.as_str());
+        let skips = self.withdraw(&mut ps);
+        let actions = ps.safe.clone();
+        let key = ps.key.clone();
+        self.packs[slot] = Some(ps);
+        for (i, id, occ) in skips {
+            out.push(self.event(
+                slot,
+                Some(i),
+                id,
+                occ,
+                EventKind::Skip {
+                    reason: why.clone(),
+                },
+                now,
+            ));
+        }
+        if once.as_ref().is_some_and(|k| self.is_done(k)) {
+            return;
+        }
+        let ev = self.event(slot, None, None, None, EventKind::SafeState { reason }, now);
+        out.push(match once.clone() {
+            Some(k) => with_once(ev, k),
+            None => ev,
+        });
+        out.push(Output::SafeState {
+            pack: key,
+            actions,
+            reason,
+            once,
+        });
+    }
+}
+
+impl Scheduler {
+    /// A stopping pack's waiting work is withdrawn: pending occurrences,
+    /// catch-up replays, retries, `after` rounds still waiting on their
+    /// upstreams. Running attempts finish (not retried). Returns what to
+    /// report skipped.
+    fn withdraw(
+        &mut self,
+        ps: &mut PackState,
+    ) -> Vec<(usize, Option<ExecutionId>, Option<RefTime>)> {
+        let mut skips = Vec::new();
+        for (i, st) in ps.ins.iter_mut().enumerate() {
+            let repeating = ps.pack.instructions[i].schedule.is_repeating();
+            if let Some((t, occ)) = st.pending.take() {
+                self.queue.cancel(t);
+                skips.push((i, None, Some(occ)));
+            } else if !st.done && st.attempts.is_empty() && !repeating {
+                // An `after` instruction still waiting on its upstreams.
+                skips.push((i, None, None));
+            }
+            for r in st.catching.drain(..) {
+                if let Some(t) = r.timer {
+                    self.queue.cancel(t);
+                }
+                skips.push((i, None, Some(r.occ)));
+            }
+            for (occ, a) in st.attempts.iter_mut() {
+                if !a.running {
+                    if let Some(t) = a.timer.take() {
+                        self.queue.cancel(t);
+                    }
+                    skips.push((i, Some(a.id.clone()), Some(*occ)));
+                }
+            }
+            st.attempts.retain(|_, a| a.running);
+            st.release_empty();
+            st.done = st.done || !repeating;
+        }
+        skips
+    }
+}
+
+/// Mark an event output as once-only.
+fn with_once(mut o: Output, key: OnceKey) -> Output {
+    if let Output::Event(e) = &mut o {
+        e.once = Some(key);
+    }
+    o
+}
