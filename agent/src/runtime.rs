@@ -206,7 +206,13 @@ impl Agent {
             ));
         }
         let (tx, exec_rx) = channel();
-        let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx);
+        let control = std::thread::current();
+        let exec = ExecPool::new(
+            cfg.exec_workers,
+            cfg.exec_allowlist.clone(),
+            tx,
+            Arc::new(move || control.unpark()),
+        );
         let seed = clock.now().as_nanos() as u64;
         let mut agent = Agent {
             core: Scheduler::new(
@@ -357,9 +363,14 @@ impl Agent {
                 .with_context(ctx)?;
                 self.handles.insert(line.clone(), h);
             }
-            if let Action::Exec { program, .. } = action
-                && !self.exec.is_allowed(program)
-            {
+            if let Action::Exec { program, args, env } = action {
+                if self.exec.is_allowed(program) {
+                    self.exec
+                        .policy()
+                        .check(program, args, env)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", ctx()))?;
+                    continue;
+                }
                 bail!(
                     "{}: program `{program}` is not on this agent's exec allowlist ({})",
                     ctx(),
@@ -368,8 +379,8 @@ impl Agent {
                     } else {
                         self.cfg
                             .exec_allowlist
-                            .iter()
-                            .map(|p| p.display().to_string())
+                            .programs()
+                            .map(|(p, _)| p)
                             .collect::<Vec<_>>()
                             .join(", ")
                     }
@@ -551,6 +562,8 @@ impl Agent {
                                     args: args.clone(),
                                     env: env.clone(),
                                     timeout: f.timeout,
+                                    not_after: None,
+                                    live: None,
                                 },
                             });
                         }
@@ -721,6 +734,8 @@ impl Agent {
                     args: args.clone(),
                     env: env.clone(),
                     timeout: Duration::from_secs(30),
+                    not_after: None,
+                    live: None,
                 };
                 if let Err(e) = self.exec.submit(req) {
                     view.note(&format!("{what}: {e}"));
@@ -827,7 +842,7 @@ impl Agent {
                 ),
             };
             self.finish(&id, &result)?;
-            let started = self.clock.to_ref(MonoTime(r.started_ns));
+            let started = self.clock.to_ref(r.started.unwrap_or(r.finished));
             self.record(
                 view,
                 FiringRecord {
