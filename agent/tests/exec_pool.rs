@@ -7,9 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_agent::clock::MonoTime;
@@ -588,9 +588,8 @@ fn timestamps_are_on_clock_monotonic() {
 fn notify_fires_once_per_result_after_it_is_sent() {
     let (tx, rx) = mpsc::channel();
     let (ntx, nrx) = mpsc::channel::<()>();
-    let ntx = Mutex::new(ntx);
     let notify = Arc::new(move || {
-        let _ = ntx.lock().map(|t| t.send(()));
+        let _ = ntx.send(());
     });
     let p = ExecPool::new(2, policy(&[SH]), tx, notify);
     for id in ["a", "b", "c"] {

@@ -97,7 +97,8 @@ pub const CHILD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 pub type Clock = Arc<dyn Fn() -> MonoTime + Send + Sync>;
 
 /// Called by a worker after each result is sent (the runtime unparks its
-/// control thread). Runs on the worker thread: keep it short, never block.
+/// control thread), so results wake the control loop at once. Runs on the
+/// worker thread: keep it short; it must not block or panic.
 pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
 /// One `exec` firing.
