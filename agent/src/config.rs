@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use baton_proto::time::parse_duration;
 use baton_proto::yaml::{self, Limits};
-use serde::Deserialize;
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
+use crate::exec::ExecPolicy;
 use crate::gpio::{Allowlist, BackendSpec};
 use crate::rt::RtConfig;
 
@@ -24,9 +26,11 @@ pub struct ConfigFile {
     /// Lines packs may touch, e.g. `gpiochip0:17`, `RELAY_MAIN`. Absent:
     /// every line (only sensible on the sim backend).
     pub allowed_lines: Option<Vec<String>>,
-    /// Programs `exec` may run (absolute paths).
+    /// Programs `exec` may run (absolute paths), each a plain path or
+    /// `{program: PATH, env: [KEY, ...]}` with the environment keys a pack
+    /// may set for it (none otherwise).
     #[serde(default)]
-    pub exec_allowlist: Vec<PathBuf>,
+    pub exec_allowlist: Vec<ExecAllowEntry>,
     /// Packs loaded at start, before any controller link.
     #[serde(default)]
     pub packs: Vec<PathBuf>,
@@ -42,6 +46,57 @@ pub struct ConfigFile {
     pub outbox_cap: Option<usize>,
     /// Worker threads for `exec` (default 2).
     pub exec_workers: Option<usize>,
+}
+
+/// One `exec-allowlist` entry: `/usr/bin/x`, or
+/// `{program: /usr/bin/x, env: [KEY1, KEY2]}`.
+///
+/// A key listed in `env` lets a pack choose its value for that program:
+/// never list keys that name code to run (`PATH`, `BASH_ENV`, `ENV`,
+/// `PYTHONPATH`, `PERL5OPT`, `NODE_OPTIONS`, ...). `LD_*` and `BATON_*` keys
+/// are refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecAllowEntry {
+    /// Absolute path, matched byte for byte.
+    pub program: String,
+    /// Environment keys a pack may set for it.
+    pub env: Vec<String>,
+}
+
+/// The map form of [`ExecAllowEntry`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ExecAllowMap {
+    program: String,
+    #[serde(default)]
+    env: Vec<String>,
+}
+
+impl<'de> Deserialize<'de> for ExecAllowEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = ExecAllowEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a program path, or {program: PATH, env: [KEY, ...]}")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(ExecAllowEntry {
+                    program: s.to_owned(),
+                    env: Vec::new(),
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                // Derived, so unknown keys are refused by name.
+                let m = ExecAllowMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(ExecAllowEntry {
+                    program: m.program,
+                    env: m.env,
+                })
+            }
+        }
+        d.deserialize_any(EntryVisitor)
+    }
 }
 
 /// `realtime:` section.
@@ -86,8 +141,9 @@ pub struct AgentConfig {
     pub gpio: BackendSpec,
     /// Lines packs may touch.
     pub allowed_lines: Allowlist,
-    /// Programs `exec` may run.
-    pub exec_allowlist: Vec<PathBuf>,
+    /// Programs `exec` may run, and the environment keys packs may set for
+    /// each (from `exec-allowlist`).
+    pub exec_allowlist: ExecPolicy,
     /// Packs to load at start.
     pub packs: Vec<PathBuf>,
     /// Dispatcher real-time settings.
@@ -203,13 +259,11 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             .parse()
             .map_err(|e| ConfigError::Value(format!("allowed-lines: {e}")))?,
     };
-    for p in &file.exec_allowlist {
-        if !p.is_absolute() {
-            return Err(ConfigError::Value(format!(
-                "exec-allowlist: `{}` must be an absolute path",
-                p.display()
-            )));
-        }
+    let mut exec_allowlist = ExecPolicy::new();
+    for e in file.exec_allowlist {
+        exec_allowlist
+            .allow(e.program, e.env)
+            .map_err(|e| ConfigError::Value(format!("exec-allowlist: {e}")))?;
     }
     let arm_horizon = match &file.arm_horizon {
         Some(t) => {
@@ -238,7 +292,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             .unwrap_or_else(|| PathBuf::from("baton-data")),
         gpio,
         allowed_lines,
-        exec_allowlist: file.exec_allowlist,
+        exec_allowlist,
         packs,
         rt: RtConfig {
             priority: (priority > 0 && !o.no_rt).then_some(i32::from(priority)),
@@ -295,8 +349,91 @@ mod tests {
         let e = resolve(f, Overrides::default()).expect_err("bad backend");
         assert!(e.to_string().starts_with("gpio `gpu`"), "{e}");
         let f = parse_file("a.yaml", "exec-allowlist: [bin/true]\n").expect("syntax ok");
-        assert!(resolve(f, Overrides::default()).is_err());
+        let e = resolve(f, Overrides::default()).expect_err("relative");
+        assert_eq!(
+            e.to_string(),
+            "exec-allowlist: `bin/true`: not an absolute path"
+        );
         let f = parse_file("a.yaml", "arm-horizon: 5 s\n").expect("syntax ok");
         assert!(resolve(f, Overrides::default()).is_err());
+    }
+
+    #[test]
+    fn exec_allowlist_entries_are_paths_or_programs_with_env_keys() {
+        let f = parse_file(
+            "agent.yaml",
+            "exec-allowlist:\n  - /usr/sbin/logrotate\n  - {program: /opt/plant/flush.sh, env: [MODE, LANG]}\n  - program: /usr/bin/true\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            f.exec_allowlist,
+            [
+                ExecAllowEntry {
+                    program: "/usr/sbin/logrotate".into(),
+                    env: vec![]
+                },
+                ExecAllowEntry {
+                    program: "/opt/plant/flush.sh".into(),
+                    env: vec!["MODE".into(), "LANG".into()]
+                },
+                ExecAllowEntry {
+                    program: "/usr/bin/true".into(),
+                    env: vec![]
+                },
+            ]
+        );
+        let c = resolve(f, Overrides::default()).expect("resolves");
+        let p = &c.exec_allowlist;
+        assert!(p.is_allowed("/usr/sbin/logrotate"));
+        assert_eq!(
+            p.allowed_env("/opt/plant/flush.sh")
+                .map(|k| k.iter().map(String::as_str).collect::<Vec<_>>()),
+            Some(vec!["LANG", "MODE"])
+        );
+        assert_eq!(
+            p.allowed_env("/usr/sbin/logrotate").map(|k| k.len()),
+            Some(0)
+        );
+        assert_eq!(p.allowed_env("/bin/sh"), None);
+    }
+
+    #[test]
+    fn bad_exec_allowlist_entries_are_refused() {
+        let e = parse_file(
+            "agent.yaml",
+            "exec-allowlist:\n  - {program: /bin/sh, envs: [A]}\n",
+        )
+        .expect_err("unknown key");
+        assert!(
+            e.to_string()
+                .starts_with("agent.yaml:2:24: unknown field `envs`, expected `program` or `env`"),
+            "{e}"
+        );
+        let e = parse_file("agent.yaml", "exec-allowlist: [{env: [A]}]\n").expect_err("no program");
+        assert!(e.to_string().contains("missing field `program`"), "{e}");
+        let e = parse_file("agent.yaml", "exec-allowlist: [[/bin/sh]]\n").expect_err("a list");
+        assert!(
+            e.to_string()
+                .contains("expected a program path, or {program: PATH, env: [KEY, ...]}"),
+            "{e}"
+        );
+        for (text, msg) in [
+            (
+                "exec-allowlist: [{program: /bin/sh, env: [LD_PRELOAD]}]\n",
+                "exec-allowlist: `/bin/sh`: environment key \"LD_PRELOAD\" is a dynamic-loader variable",
+            ),
+            (
+                "exec-allowlist: [{program: /bin/sh, env: [BATON_ATTEMPT]}]\n",
+                "exec-allowlist: `/bin/sh`: environment key \"BATON_ATTEMPT\" is reserved for the agent",
+            ),
+            (
+                "exec-allowlist: [/bin/sh, {program: /bin/sh, env: [A]}]\n",
+                "exec-allowlist: `/bin/sh` is listed twice",
+            ),
+        ] {
+            let f = parse_file("a.yaml", text).expect("syntax ok");
+            let e = resolve(f, Overrides::default()).expect_err(text);
+            assert!(e.to_string().starts_with(msg), "{e}");
+        }
     }
 }

@@ -1,23 +1,37 @@
 //! The exec pool against real child processes (`/bin/sh`).
 //!
-//! No test sleeps to wait: results arrive on a channel (`recv_timeout`), and
-//! a grandchild's death is observed through a pidfd, which polls readable
+//! No test sleeps to wait: results arrive on a channel (`recv_timeout`), a
+//! child's "I am running" arrives on a FIFO read with a deadline, and a
+//! grandchild's death is observed through a pidfd, which polls readable
 //! when the process exits.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use baton_agent::exec::{ExecError, ExecOutcome, ExecPool, ExecRequest, ExecResult};
+use baton_agent::clock::MonoTime;
+use baton_agent::exec::{
+    ExecError, ExecOutcome, ExecPolicy, ExecPool, ExecRequest, ExecResult, NotStartedReason,
+};
 
 const SH: &str = "/bin/sh";
 const LONG: Duration = Duration::from_secs(20);
 
-fn pool(workers: usize, allow: &[&str]) -> (ExecPool, Receiver<ExecResult>) {
+fn policy(allow: &[&str]) -> ExecPolicy {
+    ExecPolicy::from_programs(allow.iter().copied()).expect("valid allowlist")
+}
+
+fn pool_with(workers: usize, policy: ExecPolicy) -> (ExecPool, Receiver<ExecResult>) {
     let (tx, rx) = mpsc::channel();
-    let pool = ExecPool::new(workers, allow.iter().map(PathBuf::from).collect(), tx);
+    let pool = ExecPool::new(workers, policy, tx, Arc::new(|| {}));
     (pool, rx)
+}
+
+fn pool(workers: usize, allow: &[&str]) -> (ExecPool, Receiver<ExecResult>) {
+    pool_with(workers, policy(allow))
 }
 
 fn sh(id: &str, script: &str, timeout: Duration) -> ExecRequest {
@@ -30,6 +44,8 @@ fn sh(id: &str, script: &str, timeout: Duration) -> ExecRequest {
         args: vec!["-c".into(), script.into()],
         env: BTreeMap::new(),
         timeout,
+        not_after: None,
+        live: None,
     }
 }
 
@@ -38,6 +54,18 @@ fn recv(rx: &Receiver<ExecResult>) -> ExecResult {
         Ok(r) => r,
         Err(e) => panic!("no exec result within {LONG:?}: {e}"),
     }
+}
+
+/// `CLOCK_MONOTONIC` read directly, independent of the agent's helpers.
+fn clock_monotonic() -> MonoTime {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable timespec.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(r, 0, "clock_gettime");
+    MonoTime(ts.tv_sec * 1_000_000_000 + ts.tv_nsec)
 }
 
 fn read_pid(path: &Path) -> libc::pid_t {
@@ -106,7 +134,7 @@ fn timed_out_program_is_killed_with_its_process_group() {
     assert_eq!(r.execution_id, "slow");
     assert_eq!(r.outcome, ExecOutcome::TimedOut);
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert!(r.finished_ns >= r.started_ns);
+    assert!(r.started.is_some_and(|s| r.finished >= s));
 
     let text = std::fs::read_to_string(&pids).expect("script wrote its pids");
     let mut it = text.split_whitespace().map(|s| s.parse::<libc::pid_t>());
@@ -135,7 +163,9 @@ fn timed_out_program_is_killed_with_its_process_group() {
 fn baton_env_and_request_env_are_passed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("env");
-    let (p, rx) = pool(1, &[SH]);
+    let mut pol = ExecPolicy::new();
+    pol.allow(SH, ["MODE"]).expect("valid");
+    let (p, rx) = pool_with(1, pol);
     let mut r = sh(
         "exec-42",
         &format!(
@@ -296,8 +326,20 @@ impl Fifo {
     }
 }
 
+/// A running child that reported its pid on `started` and then waits 30 s:
+/// it holds a worker until the test kills it (or the pool does).
+fn blocker(started: &Fifo) -> ExecRequest {
+    let script = format!("echo $$ > {}; exec sleep 30", started.path.display());
+    sh("blocker", &script, LONG)
+}
+
+fn kill(pid: libc::pid_t) {
+    // SAFETY: plain integers.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
+}
+
 #[test]
-fn shutdown_kills_running_and_cancels_queued() {
+fn shutdown_kills_running_and_reports_queued_as_not_started() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut started = Fifo::new(dir.path(), "started");
     let (p, rx) = pool(1, &[SH]);
@@ -318,7 +360,12 @@ fn shutdown_kills_running_and_cancels_queued() {
     assert_eq!(
         got,
         [
-            ("queued".to_string(), ExecOutcome::Cancelled),
+            (
+                "queued".to_string(),
+                ExecOutcome::NotStarted {
+                    reason: NotStartedReason::PoolStopped
+                }
+            ),
             ("running".to_string(), ExecOutcome::Cancelled)
         ]
     );
@@ -353,4 +400,235 @@ fn workers_run_in_parallel() {
     assert_eq!(recv(&rx).outcome, ExecOutcome::Ok);
     assert_eq!(recv(&rx).outcome, ExecOutcome::Ok);
     p.shutdown();
+}
+
+#[test]
+fn a_request_that_waits_past_not_after_is_not_started() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut started = Fifo::new(dir.path(), "started");
+    let marker = dir.path().join("ran");
+    let (p, rx) = pool(1, &[SH]);
+    p.submit(blocker(&started)).expect("submitted");
+    let pid: libc::pid_t = started.line(LONG).parse().expect("a pid");
+    // The only worker is busy: this one waits, and its limit is now.
+    let mut late = sh("late", &format!("touch {}", marker.display()), LONG);
+    let not_after = clock_monotonic();
+    late.not_after = Some(not_after);
+    p.submit(late).expect("submitted");
+    kill(pid);
+    let r = recv(&rx);
+    assert_eq!(r.execution_id, "blocker");
+    let r = recv(&rx);
+    assert_eq!(r.execution_id, "late");
+    match r.outcome {
+        ExecOutcome::NotStarted {
+            reason:
+                NotStartedReason::Expired {
+                    not_after: n,
+                    picked_up,
+                },
+        } => {
+            assert_eq!(n, not_after);
+            assert!(picked_up > not_after);
+            assert!(r.finished >= picked_up);
+        }
+        other => panic!("expected NotStarted(Expired), got {other:?}"),
+    }
+    assert_eq!(r.started, None);
+    p.shutdown();
+    assert!(!marker.exists(), "the late program ran");
+}
+
+#[test]
+fn the_timeout_counts_from_the_spawn_not_from_the_submit() {
+    let (p, rx) = pool(1, &[SH]);
+    let t0 = clock_monotonic();
+    // Holds the only worker for 300 ms (its own timeout), while the next
+    // request, whose timeout is 100 ms, waits in the queue.
+    p.submit(sh("blocker", "exec sleep 30", Duration::from_millis(300)))
+        .expect("submitted");
+    p.submit(sh("quick", "exit 0", Duration::from_millis(100)))
+        .expect("submitted");
+    assert_eq!(recv(&rx).outcome, ExecOutcome::TimedOut);
+    let r = recv(&rx);
+    assert_eq!(r.execution_id, "quick");
+    assert_eq!(r.outcome, ExecOutcome::Ok);
+    let waited = r.started.expect("started").0 - t0.0;
+    assert!(waited >= 300_000_000, "started after {waited} ns");
+    p.shutdown();
+}
+
+#[test]
+fn a_withdrawn_request_never_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut started = Fifo::new(dir.path(), "started");
+    let marker = dir.path().join("ran");
+    let (p, rx) = pool(1, &[SH]);
+    p.submit(blocker(&started)).expect("submitted");
+    let live = Arc::new(AtomicBool::new(true));
+    let mut queued = sh("queued", &format!("touch {}", marker.display()), LONG);
+    queued.live = Some(live.clone());
+    p.submit(queued).expect("submitted");
+    let pid: libc::pid_t = started.line(LONG).parse().expect("a pid");
+    // The pack entered its safe state while the request waited.
+    live.store(false, Ordering::Release);
+    kill(pid);
+    assert_eq!(recv(&rx).execution_id, "blocker");
+    let r = recv(&rx);
+    assert_eq!(
+        (r.execution_id.as_str(), &r.outcome, r.started),
+        (
+            "queued",
+            &ExecOutcome::NotStarted {
+                reason: NotStartedReason::Withdrawn
+            },
+            None
+        )
+    );
+    assert_eq!(
+        r.outcome.to_string(),
+        "not run: withdrawn (its pack entered its safe state)"
+    );
+    p.shutdown();
+    assert!(!marker.exists(), "the withdrawn program ran");
+}
+
+#[test]
+fn env_keys_are_refused_unless_allowed_and_allowed_ones_reach_the_child() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("env");
+    let mut pol = ExecPolicy::new();
+    pol.allow(SH, ["MODE", "PATH"]).expect("valid");
+    pol.allow("/bin/true", std::iter::empty::<String>())
+        .expect("valid");
+    let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+
+    // At acceptance: a pure check with a message that says what to change.
+    let e = pol
+        .check(SH, &[], &env(&[("MODE", "a"), ("BASH_ENV", "/tmp/evil")]))
+        .expect_err("BASH_ENV is not allowed");
+    assert_eq!(
+        e.to_string(),
+        "exec of \"/bin/sh\" refused: environment variable BASH_ENV is not allowed for this \
+         program by the agent's exec-allowlist (allowed: MODE, PATH)"
+    );
+    let e = pol
+        .check(
+            "/bin/true",
+            &[],
+            &env(&[("PERL5OPT", "-d"), ("PYTHONPATH", "/tmp")]),
+        )
+        .expect_err("nothing is allowed for /bin/true");
+    assert_eq!(
+        e,
+        ExecError::EnvNotAllowed {
+            program: "/bin/true".into(),
+            refused: vec!["PERL5OPT".into(), "PYTHONPATH".into()],
+            allowed: vec![],
+        }
+    );
+    assert!(pol.check(SH, &[], &env(&[("MODE", "a")])).is_ok());
+
+    // At submit, again: refused, nothing queued, no result.
+    let (p, rx) = pool_with(1, pol);
+    let mut r = sh("evil", "exit 0", LONG);
+    r.env = env(&[("BASH_ENV", "/tmp/evil")]);
+    assert!(matches!(p.submit(r), Err(ExecError::EnvNotAllowed { .. })));
+    assert!(rx.try_recv().is_err());
+
+    // Allowed keys reach the child; PATH only because it is allowed here.
+    let mut r = sh(
+        "ok",
+        &format!(
+            "{{ echo \"mode=$MODE\"; echo \"path=$PATH\"; }} > {}",
+            out.display()
+        ),
+        LONG,
+    );
+    r.env = env(&[
+        ("MODE", "night shift"),
+        ("PATH", "/opt/plant/bin:/usr/bin:/bin"),
+    ]);
+    p.submit(r).expect("submitted");
+    assert_eq!(recv(&rx).outcome, ExecOutcome::Ok);
+    let text = std::fs::read_to_string(&out).expect("script wrote env");
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        ["mode=night shift", "path=/opt/plant/bin:/usr/bin:/bin"]
+    );
+    p.shutdown();
+}
+
+#[test]
+fn timestamps_are_on_clock_monotonic() {
+    let (p, rx) = pool(1, &["/bin/true"]);
+    let mut r = sh("t", "", LONG);
+    r.program = "/bin/true".into();
+    r.args.clear();
+    let before = clock_monotonic();
+    p.submit(r).expect("submitted");
+    let res = recv(&rx);
+    let after = clock_monotonic();
+    assert_eq!(res.outcome, ExecOutcome::Ok);
+    let started = res.started.expect("started");
+    assert!(
+        before <= started && started <= res.finished && res.finished <= after,
+        "{before:?} <= {started:?} <= {:?} <= {after:?}",
+        res.finished
+    );
+    p.shutdown();
+}
+
+#[test]
+fn notify_fires_once_per_result_after_it_is_sent() {
+    let (tx, rx) = mpsc::channel();
+    let (ntx, nrx) = mpsc::channel::<()>();
+    let notify = Arc::new(move || {
+        let _ = ntx.send(());
+    });
+    let p = ExecPool::new(2, policy(&[SH]), tx, notify);
+    for id in ["a", "b", "c"] {
+        p.submit(sh(id, "exit 0", LONG)).expect("submitted");
+    }
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        nrx.recv_timeout(LONG).expect("a notification");
+        // Sent before the notification: already waiting.
+        let r = rx.try_recv().expect("a result before its notification");
+        ids.push(r.execution_id);
+    }
+    p.shutdown();
+    ids.sort();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert!(nrx.try_recv().is_err(), "one notification per result");
+}
+
+#[test]
+fn a_full_queue_refuses_at_submit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut started = Fifo::new(dir.path(), "started");
+    let (p, rx) = pool(1, &[SH]);
+    p.submit(blocker(&started)).expect("submitted");
+    started.line(LONG);
+    let capacity = p.capacity();
+    assert_eq!(capacity, baton_agent::exec::QUEUE_PER_WORKER);
+    for i in 0..capacity {
+        p.submit(sh(&format!("q{i}"), "exit 0", LONG))
+            .expect("room in the queue");
+    }
+    let e = p.submit(sh("one-too-many", "exit 0", LONG));
+    assert_eq!(e, Err(ExecError::QueueFull { capacity }));
+    assert_eq!(
+        e.map_err(|e| e.to_string()),
+        Err("exec queue full (16 waiting): programs finish slower than they are scheduled".into())
+    );
+    p.shutdown();
+    let got: Vec<ExecOutcome> = rx.try_iter().map(|r| r.outcome).collect();
+    assert_eq!(got.len(), capacity + 1, "one result per accepted request");
+    assert_eq!(got[0], ExecOutcome::Cancelled);
 }

@@ -2,20 +2,26 @@
 //!
 //! The dispatcher thread must never block on a child process, so `exec`
 //! actions are handed to a small pool of worker threads ([`ExecPool::submit`]
-//! only validates and enqueues) and their results come back on a channel.
+//! only validates and enqueues) and their results come back on a channel;
+//! after each result is sent the pool calls the `notify` hook it was built
+//! with, so the control loop can wait on events instead of polling.
+//!
+//! # What may run
+//!
+//! [`ExecPolicy`] (the agent's `exec-allowlist`): programs matched byte for
+//! byte, and per program the environment keys a pack may set. The runtime
+//! checks every `exec` action of a pack with [`ExecPolicy::check`] when it
+//! accepts the pack; [`ExecPool::submit`] checks again (defence in depth).
 //!
 //! # What a child gets
 //!
-//! - Only allowlisted programs: an absolute path, without `..`, equal byte
-//!   for byte to an allowlist entry. No canonicalisation (which would follow
-//!   symlinks an attacker may control); what the operator wrote is what runs.
-//! - A clean environment: `PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`,
-//!   the request's `env`, then `BATON_EXECUTION_ID`, `BATON_IDEMPOTENCY_KEY`,
-//!   `BATON_ATTEMPT` and `BATON_SCHEDULED_AT` (set last, so a pack cannot
-//!   forge them). The agent's own environment is not inherited: it may hold
-//!   credentials, and a pack's behaviour must not depend on how the agent was
-//!   started. `LD_*` variables are refused: they would let a pack run code
-//!   other than the allowlisted program (principle 2).
+//! - A clean environment: `PATH=`[`CHILD_PATH`], the request's `env` (only
+//!   keys the policy allows for the program; `PATH` is replaced only if the
+//!   policy allows it), then `BATON_EXECUTION_ID`, `BATON_IDEMPOTENCY_KEY`,
+//!   `BATON_ATTEMPT` and `BATON_SCHEDULED_AT` (set last, and refused in a
+//!   request, so a pack cannot forge them). The agent's own environment is
+//!   not inherited: it may hold credentials, and a pack's behaviour must not
+//!   depend on how the agent was started.
 //! - stdin `/dev/null`, stdout discarded, the last [`STDERR_TAIL`] bytes of
 //!   stderr kept for the failure report.
 //! - Its own process group. On timeout the whole group is `SIGKILL`ed and
@@ -26,6 +32,21 @@
 //!   unrelated process. Descendants that leave the group (`setsid`, double
 //!   fork into a new group) are out of reach; that is what an allowlist of
 //!   trusted programs is for.
+//!
+//! # Waiting for a worker is not running
+//!
+//! A request may wait in the queue while every worker is busy. Its
+//! `timeout` counts from the spawn, never from the submit. A worker that
+//! picks it up after its `not_after`, or finds its `live` flag cleared (the
+//! pack entered its safe state), does not start it and reports
+//! [`ExecOutcome::NotStarted`]: the program certainly did not run.
+//!
+//! # Time
+//!
+//! `not_after`, `started` and `finished` are on the pool's clock:
+//! `CLOCK_MONOTONIC` nanoseconds ([`crate::clock::mono_now`], the agent's
+//! [`MonoTime`] scale) unless a test injects another with
+//! [`ExecPool::with_clock`].
 //!
 //! The agent must not set `SIGCHLD` to `SIG_IGN` (children would be reaped
 //! by the kernel and their exit status lost) and must not `waitpid(-1)`.
@@ -38,19 +59,25 @@
 //! the exit is checked every [`FALLBACK_SLICE`] instead — no event exists
 //! there short of a process-wide `SIGCHLD` handler.
 
+mod policy;
 mod sys;
+
+pub use policy::{ExecPolicy, ExecPolicyError};
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
+
+use nix::unistd::Pid;
+
+use crate::clock::{MonoTime, mono_now};
 
 /// How much of a child's stderr is kept (the end of it, where errors are).
 pub const STDERR_TAIL: usize = 4096;
@@ -61,15 +88,21 @@ pub const FALLBACK_SLICE: Duration = Duration::from_millis(20);
 /// Queued (not yet running) requests per worker before `submit` says no.
 pub const QUEUE_PER_WORKER: usize = 16;
 
-/// `PATH` given to children (they do not inherit the agent's environment).
+/// `PATH` given to children (they do not inherit the agent's environment),
+/// unless the policy lets a pack set `PATH` for the program and it does.
 pub const CHILD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Time source for `started_ns` / `finished_ns` (the agent passes its
-/// reference clock; the default is `CLOCK_MONOTONIC`).
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+/// The pool's clock, for `not_after`, `started` and `finished`. The default
+/// is [`mono_now`] (`CLOCK_MONOTONIC`); tests inject fakes.
+pub type Clock = Arc<dyn Fn() -> MonoTime + Send + Sync>;
+
+/// Called by a worker after each result is sent (the runtime unparks its
+/// control thread), so results wake the control loop at once. Runs on the
+/// worker thread: keep it short; it must not block or panic.
+pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
 /// One `exec` firing.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ExecRequest {
     /// Deterministic execution id (`BATON_EXECUTION_ID`).
     pub execution_id: String,
@@ -83,10 +116,53 @@ pub struct ExecRequest {
     pub program: String,
     /// Arguments.
     pub args: Vec<String>,
-    /// Extra environment.
+    /// Extra environment: only keys the policy allows for `program`.
     pub env: BTreeMap<String, String>,
-    /// Killed (with its process group) after this long.
+    /// Killed (with its process group) this long after it was spawned.
+    /// Time spent queued does not count.
     pub timeout: Duration,
+    /// Not started if no worker picked it up by this instant (pool clock);
+    /// reported as [`NotStartedReason::Expired`]. `None`: no limit.
+    pub not_after: Option<MonoTime>,
+    /// Not started if this is `false` when a worker is about to spawn it
+    /// (checked right before the spawn); reported as
+    /// [`NotStartedReason::Withdrawn`]. `None`: always live.
+    pub live: Option<Arc<AtomicBool>>,
+}
+
+/// Why a request was never started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotStartedReason {
+    /// A worker was free only after the request's `not_after`.
+    Expired {
+        /// The request's limit.
+        not_after: MonoTime,
+        /// When a worker picked it up.
+        picked_up: MonoTime,
+    },
+    /// Its `live` flag was cleared before a worker could start it.
+    Withdrawn,
+    /// The pool shut down while it was queued.
+    PoolStopped,
+}
+
+impl std::fmt::Display for NotStartedReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotStartedReason::Expired {
+                not_after,
+                picked_up,
+            } => write!(
+                f,
+                "no exec worker was free in time ({} past its start limit)",
+                crate::live::fmt_ns(picked_up.0.saturating_sub(not_after.0))
+            ),
+            NotStartedReason::Withdrawn => {
+                f.write_str("withdrawn (its pack entered its safe state)")
+            }
+            NotStartedReason::PoolStopped => f.write_str("the exec pool stopped first"),
+        }
+    }
 }
 
 /// How an execution ended.
@@ -101,17 +177,42 @@ pub enum ExecOutcome {
         /// The last [`STDERR_TAIL`] bytes of stderr (lossy UTF-8).
         stderr_tail: String,
     },
-    /// Ran past its timeout; the process group was killed.
+    /// Ran past its timeout (counted from the spawn); the process group was
+    /// killed.
     TimedOut,
-    /// The program is not on the allowlist. [`ExecPool::submit`] refuses
-    /// such requests synchronously and never sends this; it exists so the
-    /// caller can report a refused submission through the same feedback path.
-    NotAllowed,
-    /// Could not be started (missing, not executable, bad argument).
+    /// Not run: no process was started, the action had no effect.
+    NotStarted {
+        /// Why.
+        reason: NotStartedReason,
+    },
+    /// Could not be started (missing, not executable): the action had no
+    /// effect.
     SpawnError(String),
-    /// The pool shut down first: the child was killed (or never started).
-    /// The action may or may not have had its effect.
+    /// The pool shut down while it ran: the process group was killed. The
+    /// action may or may not have had its effect.
     Cancelled,
+}
+
+impl std::fmt::Display for ExecOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecOutcome::Ok => f.write_str("ok"),
+            ExecOutcome::Failed { code, stderr_tail } => {
+                match code {
+                    Some(c) => write!(f, "exit {c}")?,
+                    None => f.write_str("killed by a signal")?,
+                }
+                match stderr_tail.trim() {
+                    "" => Ok(()),
+                    tail => write!(f, ": {tail}"),
+                }
+            }
+            ExecOutcome::TimedOut => f.write_str("timed out (process group killed)"),
+            ExecOutcome::NotStarted { reason } => write!(f, "not run: {reason}"),
+            ExecOutcome::SpawnError(e) => write!(f, "could not start: {e}"),
+            ExecOutcome::Cancelled => f.write_str("killed: the exec pool stopped"),
+        }
+    }
 }
 
 /// What the pool sends back for every accepted request, exactly once.
@@ -121,24 +222,39 @@ pub struct ExecResult {
     pub execution_id: String,
     /// How it ended.
     pub outcome: ExecOutcome,
-    /// Clock just before spawning.
-    pub started_ns: i64,
-    /// Clock after the child was reaped.
-    pub finished_ns: i64,
+    /// Pool clock just before the spawn; `None` if no process was started
+    /// ([`ExecOutcome::NotStarted`], [`ExecOutcome::SpawnError`]).
+    pub started: Option<MonoTime>,
+    /// Pool clock once the outcome was known (the child reaped, or the
+    /// decision not to start it taken).
+    pub finished: MonoTime,
 }
 
-/// Why [`ExecPool::submit`] refused a request (nothing was started).
-#[derive(Debug, thiserror::Error)]
+/// Why a request was refused (by [`ExecPolicy::check`] or
+/// [`ExecPool::submit`]; nothing was started).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
-    /// Not runnable under the allowlist rules.
+    /// The program may not run on this agent.
     #[error("exec of {program:?} refused: {reason}")]
     NotAllowed {
         /// The program as requested.
         program: String,
         /// Which rule it broke.
-        reason: &'static str,
+        reason: String,
     },
-    /// An environment entry that cannot or must not be passed.
+    /// Environment keys the agent's exec allowlist does not allow for the
+    /// program.
+    #[error("{}", env_not_allowed(.program, .refused, .allowed))]
+    EnvNotAllowed {
+        /// The program.
+        program: String,
+        /// The refused keys, sorted.
+        refused: Vec<String>,
+        /// The keys allowed for the program, sorted.
+        allowed: Vec<String>,
+    },
+    /// An environment entry that can never be passed (malformed, or
+    /// `BATON_*`, which the agent sets itself).
     #[error("exec of {program:?} refused: environment variable {key:?} {reason}")]
     BadEnv {
         /// The program.
@@ -168,12 +284,31 @@ pub enum ExecError {
     Unavailable(String),
 }
 
+fn env_not_allowed(program: &str, refused: &[String], allowed: &[String]) -> String {
+    let (s, are) = if refused.len() == 1 {
+        ("", "is")
+    } else {
+        ("s", "are")
+    };
+    format!(
+        "exec of {program:?} refused: environment variable{s} {} {are} not allowed for this \
+         program by the agent's exec-allowlist (allowed: {})",
+        refused.join(", "),
+        if allowed.is_empty() {
+            "none".to_owned()
+        } else {
+            allowed.join(", ")
+        }
+    )
+}
+
 struct Job {
     req: ExecRequest,
 }
 
 struct Shared {
     results: Sender<ExecResult>,
+    notify: Notify,
     clock: Clock,
     stopping: AtomicBool,
     /// Read end of the stop pipe; readable (EOF) once the pool stops.
@@ -184,7 +319,8 @@ struct Shared {
 
 /// A fixed set of worker threads running allowlisted programs.
 pub struct ExecPool {
-    allowlist: Vec<PathBuf>,
+    policy: ExecPolicy,
+    /// Bounded: at most `capacity` requests wait; `submit` only `try_send`s.
     tx: Option<SyncSender<Job>>,
     capacity: usize,
     workers: Vec<JoinHandle<()>>,
@@ -198,7 +334,7 @@ pub struct ExecPool {
 impl std::fmt::Debug for ExecPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecPool")
-            .field("allowlist", &self.allowlist)
+            .field("policy", &self.policy)
             .field("workers", &self.workers.len())
             .field("capacity", &self.capacity)
             .field("broken", &self.broken)
@@ -206,44 +342,46 @@ impl std::fmt::Debug for ExecPool {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds.
-pub fn monotonic_ns() -> i64 {
-    // Instant is CLOCK_MONOTONIC on Linux; measure from a process-wide origin.
-    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(Instant::now);
-    i64::try_from(origin.elapsed().as_nanos()).unwrap_or(i64::MAX)
-}
-
 impl ExecPool {
-    /// `workers` threads (at least 1), timestamps from [`monotonic_ns`].
-    pub fn new(workers: usize, allowlist: Vec<PathBuf>, results: Sender<ExecResult>) -> Self {
-        Self::with_clock(workers, allowlist, results, Arc::new(monotonic_ns))
-    }
-
-    /// As [`ExecPool::new`], with the clock for `started_ns` / `finished_ns`.
+    /// `workers` threads (at least 1) running what `policy` allows; results
+    /// on `results`, each followed by a call of `notify`; timestamps from
+    /// [`mono_now`] (`CLOCK_MONOTONIC`).
     ///
     /// Never fails: if the OS refuses a thread or the stop pipe, the pool is
     /// built broken and every [`submit`](Self::submit) says why.
+    pub fn new(
+        workers: usize,
+        policy: ExecPolicy,
+        results: Sender<ExecResult>,
+        notify: Notify,
+    ) -> Self {
+        Self::with_clock(workers, policy, results, notify, Arc::new(mono_now))
+    }
+
+    /// As [`ExecPool::new`], with another clock for `not_after`, `started`
+    /// and `finished` (tests).
     pub fn with_clock(
         workers: usize,
-        allowlist: Vec<PathBuf>,
+        policy: ExecPolicy,
         results: Sender<ExecResult>,
+        notify: Notify,
         clock: Clock,
     ) -> Self {
-        Self::build(workers, allowlist, results, clock, true)
+        Self::build(workers, policy, results, notify, clock, true)
     }
 
     fn build(
         workers: usize,
-        allowlist: Vec<PathBuf>,
+        policy: ExecPolicy,
         results: Sender<ExecResult>,
+        notify: Notify,
         clock: Clock,
         use_pidfd: bool,
     ) -> Self {
         let n = workers.max(1);
         let capacity = n * QUEUE_PER_WORKER;
         let mut pool = ExecPool {
-            allowlist,
+            policy,
             tx: None,
             capacity,
             workers: Vec::new(),
@@ -260,6 +398,7 @@ impl ExecPool {
         };
         let shared = Arc::new(Shared {
             results,
+            notify,
             clock,
             stopping: AtomicBool::new(false),
             stop_rx,
@@ -289,68 +428,27 @@ impl ExecPool {
         pool
     }
 
-    /// Whether `program` may run: absolute, no `..` component, and exactly
-    /// (byte for byte) an allowlist entry.
+    /// What may run.
+    pub fn policy(&self) -> &ExecPolicy {
+        &self.policy
+    }
+
+    /// Whether `program` may run (see [`ExecPolicy::is_allowed`]).
     pub fn is_allowed(&self, program: &str) -> bool {
-        self.check_program(program).is_ok()
+        self.policy.is_allowed(program)
     }
 
-    fn check_program(&self, program: &str) -> Result<(), &'static str> {
-        if !program.starts_with('/') {
-            return Err("not an absolute path");
-        }
-        if program.split('/').any(|c| c == "..") {
-            return Err("path contains '..'");
-        }
-        if !self
-            .allowlist
-            .iter()
-            .any(|a| a.as_os_str() == std::ffi::OsStr::new(program))
-        {
-            return Err("not on the agent's exec allowlist");
-        }
-        Ok(())
+    /// Requests that may wait for a worker before [`submit`](Self::submit)
+    /// answers [`ExecError::QueueFull`].
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
-    /// Validate and enqueue; the result arrives on the results channel.
-    /// An `Err` means nothing was started and no result will be sent.
+    /// Check against the policy and enqueue, without blocking; the result
+    /// arrives on the results channel. An `Err` means nothing was queued and
+    /// no result will be sent.
     pub fn submit(&self, req: ExecRequest) -> Result<(), ExecError> {
-        if let Err(reason) = self.check_program(&req.program) {
-            return Err(ExecError::NotAllowed {
-                program: req.program,
-                reason,
-            });
-        }
-        for (key, value) in &req.env {
-            let reason = if key.is_empty() {
-                Some("has an empty name")
-            } else if key.contains(['=', '\0']) {
-                Some("has '=' or NUL in its name")
-            } else if value.contains('\0') {
-                Some("has a NUL byte in its value")
-            } else if key.starts_with("LD_") {
-                Some(
-                    "is a dynamic-loader variable (it could run code other than the allowlisted program)",
-                )
-            } else if key.starts_with("BATON_") {
-                Some("is reserved for the agent")
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                return Err(ExecError::BadEnv {
-                    program: req.program.clone(),
-                    key: key.clone(),
-                    reason,
-                });
-            }
-        }
-        if let Some(index) = req.args.iter().position(|a| a.contains('\0')) {
-            return Err(ExecError::BadArg {
-                program: req.program,
-                index,
-            });
-        }
+        self.policy.check(&req.program, &req.args, &req.env)?;
         if let Some(why) = &self.broken {
             return Err(ExecError::Unavailable(why.clone()));
         }
@@ -368,8 +466,9 @@ impl ExecPool {
         }
     }
 
-    /// Kill running children (whole process groups), report them and every
-    /// queued request as [`ExecOutcome::Cancelled`], and join the workers.
+    /// Kill running children (whole process groups) and report them as
+    /// [`ExecOutcome::Cancelled`], report every queued request as
+    /// [`NotStartedReason::PoolStopped`], and join the workers.
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -408,20 +507,12 @@ fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>) {
         let Ok(Job { req }) = job else {
             return; // queue closed and drained: the pool is stopping
         };
-        let result = if shared.stopping.load(Ordering::SeqCst) {
-            let now = (shared.clock)();
-            ExecResult {
-                execution_id: req.execution_id,
-                outcome: ExecOutcome::Cancelled,
-                started_ns: now,
-                finished_ns: now,
-            }
-        } else {
-            run(&req, shared)
-        };
+        let result = run(&req, shared);
         // The receiver is gone only when the agent is going down; there is
         // no one left to tell.
-        let _ = shared.results.send(result);
+        if shared.results.send(result).is_ok() {
+            (shared.notify)();
+        }
     }
 }
 
@@ -431,8 +522,36 @@ enum End {
     Cancelled,
 }
 
-/// Run one request to completion: spawn, supervise, kill the group, reap.
+/// Why a request picked up now must not start, if it must not.
+fn must_not_start(req: &ExecRequest, shared: &Shared, now: MonoTime) -> Option<NotStartedReason> {
+    if shared.stopping.load(Ordering::SeqCst) {
+        return Some(NotStartedReason::PoolStopped);
+    }
+    if req
+        .live
+        .as_ref()
+        .is_some_and(|l| !l.load(Ordering::Acquire))
+    {
+        return Some(NotStartedReason::Withdrawn);
+    }
+    match req.not_after {
+        Some(not_after) if now > not_after => Some(NotStartedReason::Expired {
+            not_after,
+            picked_up: now,
+        }),
+        _ => None,
+    }
+}
+
+/// Run one request to completion: last checks, spawn, supervise, kill the
+/// group, reap.
 fn run(req: &ExecRequest, shared: &Shared) -> ExecResult {
+    let result = |outcome, started| ExecResult {
+        execution_id: req.execution_id.clone(),
+        outcome,
+        started,
+        finished: (shared.clock)(),
+    };
     let mut cmd = Command::new(&req.program);
     cmd.args(&req.args)
         .env_clear()
@@ -446,16 +565,21 @@ fn run(req: &ExecRequest, shared: &Shared) -> ExecResult {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .process_group(0);
-    let started_ns = (shared.clock)();
-    let done = |outcome| ExecResult {
-        execution_id: req.execution_id.clone(),
-        outcome,
-        started_ns,
-        finished_ns: (shared.clock)(),
-    };
+    // Last checks right before the spawn: a flag cleared while we were
+    // building the command still stops it.
+    let now = (shared.clock)();
+    if let Some(reason) = must_not_start(req, shared, now) {
+        return result(ExecOutcome::NotStarted { reason }, None);
+    }
+    let started = Some(now);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return done(ExecOutcome::SpawnError(format!("{}: {e}", req.program))),
+        Err(e) => {
+            return result(
+                ExecOutcome::SpawnError(format!("{}: {e}", req.program)),
+                None,
+            );
+        }
     };
     let (end, status, tail) = supervise(&mut child, req.timeout, shared);
     let outcome = match (end, status) {
@@ -471,7 +595,7 @@ fn run(req: &ExecRequest, shared: &Shared) -> ExecResult {
             stderr_tail: format!("{tail}[baton: exit status lost: {e}]"),
         },
     };
-    done(outcome)
+    result(outcome, started)
 }
 
 /// Wait for exit, timeout or stop; then kill the group, reap, drain stderr.
@@ -482,7 +606,7 @@ fn supervise(
 ) -> (End, io::Result<ExitStatus>, String) {
     // std's pids fit pid_t; a failure here is impossible in practice, and
     // 0 would make killpg target our own group, so refuse it outright.
-    let pid = libc::pid_t::try_from(child.id()).unwrap_or(-1);
+    let pid = Pid::from_raw(libc::pid_t::try_from(child.id()).unwrap_or(-1));
     // `None`: a timeout too large to represent, i.e. no deadline.
     let deadline = Instant::now().checked_add(timeout);
     let mut tail = Tail::default();
@@ -519,16 +643,16 @@ fn supervise(
             stderr.as_ref().map(|s| s.as_fd()),
             pidfd.as_ref().map(|p| p.as_fd()),
         ];
-        let Ok(revents) = sys::poll(&fds, wait) else {
+        let Ok(ready) = sys::poll(&fds, wait) else {
             // poll itself failed (ENOMEM): pause one slice, then re-check
             // exit and deadline, rather than spin.
             thread::sleep(FALLBACK_SLICE);
             continue;
         };
-        if revents[0] & sys::READY != 0 {
+        if ready[0] {
             break End::Cancelled;
         }
-        if revents[1] & sys::READY != 0 && !tail.drain(&mut stderr) {
+        if ready[1] && !tail.drain(&mut stderr) {
             stderr = None; // EOF or error: stop polling it
         }
     };
@@ -536,12 +660,27 @@ fn supervise(
     // Kill the group while the leader is unreaped: its pid, and so the group
     // id, cannot have been reused. After a normal exit this cleans up
     // background stragglers; after a timeout or stop it is the kill.
-    if pid > 0 {
-        let _ = sys::kill_group(pid);
+    // A failure other than "already gone" (ESRCH) should not happen for our
+    // own child's group (EPERM needs a program that changed its real uid);
+    // if it does, kill at least the leader and say so in the tail.
+    let mut kill_error = None;
+    if pid.as_raw() > 0
+        && let Err(e) = sys::kill_group(pid)
+    {
+        kill_error = Some(e);
+        if !matches!(end, End::Exited) {
+            // Best effort: if this fails too, `wait` reaps the leader
+            // whenever it ends on its own.
+            let _ = child.kill();
+        }
     }
     let status = child.wait();
     tail.drain(&mut stderr);
-    (end, status, tail.into_string())
+    let mut tail = tail.into_string();
+    if let Some(e) = kill_error {
+        tail.push_str(&format!("[baton: could not kill the process group: {e}]"));
+    }
+    (end, status, tail)
 }
 
 /// The last [`STDERR_TAIL`] bytes seen.
@@ -589,12 +728,14 @@ impl Tail {
 mod tests {
     use super::*;
 
+    fn no_notify() -> Notify {
+        Arc::new(|| {})
+    }
+
     fn pool(allow: &[&str]) -> (ExecPool, Receiver<ExecResult>) {
         let (tx, rx) = mpsc::channel();
-        (
-            ExecPool::new(1, allow.iter().map(PathBuf::from).collect(), tx),
-            rx,
-        )
+        let policy = ExecPolicy::from_programs(allow.iter().copied()).expect("valid allowlist");
+        (ExecPool::new(1, policy, tx, no_notify()), rx)
     }
 
     fn req(program: &str) -> ExecRequest {
@@ -607,37 +748,28 @@ mod tests {
             args: vec![],
             env: BTreeMap::new(),
             timeout: Duration::from_secs(10),
+            not_after: None,
+            live: None,
         }
     }
 
     #[test]
-    fn allowlist_is_exact_and_absolute() {
-        let (p, _rx) = pool(&["/bin/true", "/usr/bin/logrotate", "bin/rel"]);
+    fn submit_checks_the_policy_again() {
+        let (p, rx) = pool(&["/bin/true"]);
         assert!(p.is_allowed("/bin/true"));
-        assert!(p.is_allowed("/usr/bin/logrotate"));
-        assert!(!p.is_allowed("/bin/false"));
-        assert!(!p.is_allowed("true"));
-        assert!(!p.is_allowed("bin/rel"), "relative paths never run");
-        assert!(!p.is_allowed("/usr/bin/../bin/logrotate"));
-        assert!(!p.is_allowed("/usr/bin/./logrotate"), "no normalisation");
-        assert!(!p.is_allowed("/usr//bin/logrotate"), "no normalisation");
-        assert!(!p.is_allowed("/bin/true/"));
-        let e = p.submit(req("/bin/false")).err().map(|e| e.to_string());
-        assert_eq!(
-            e.as_deref(),
-            Some("exec of \"/bin/false\" refused: not on the agent's exec allowlist")
-        );
-        let e = p.submit(req("/usr/bin/../x")).err().map(|e| e.to_string());
-        assert_eq!(
-            e.as_deref(),
-            Some("exec of \"/usr/bin/../x\" refused: path contains '..'")
-        );
-    }
-
-    #[test]
-    fn env_and_args_are_checked_at_submit() {
-        let (p, _rx) = pool(&["/bin/true"]);
-        for key in ["LD_PRELOAD", "BATON_ATTEMPT", "A=B", ""] {
+        assert!(matches!(
+            p.submit(req("/bin/false")),
+            Err(ExecError::NotAllowed { .. })
+        ));
+        for key in ["LD_PRELOAD", "BASH_ENV", "PATH"] {
+            let mut r = req("/bin/true");
+            r.env.insert(key.into(), "x".into());
+            assert!(
+                matches!(p.submit(r), Err(ExecError::EnvNotAllowed { .. })),
+                "{key:?}"
+            );
+        }
+        for key in ["BATON_ATTEMPT", "A=B", ""] {
             let mut r = req("/bin/true");
             r.env.insert(key.into(), "x".into());
             assert!(
@@ -651,6 +783,8 @@ mod tests {
             p.submit(r),
             Err(ExecError::BadArg { index: 1, .. })
         ));
+        p.shutdown();
+        assert!(rx.try_recv().is_err(), "a refused request sends no result");
     }
 
     #[test]
@@ -668,7 +802,8 @@ mod tests {
     #[test]
     fn without_pidfd_exit_and_timeout_still_work() {
         let (tx, rx) = mpsc::channel();
-        let p = ExecPool::build(1, vec!["/bin/sh".into()], tx, Arc::new(monotonic_ns), false);
+        let policy = ExecPolicy::from_programs(["/bin/sh"]).expect("valid");
+        let p = ExecPool::build(1, policy, tx, no_notify(), Arc::new(mono_now), false);
         let mut fail = req("/bin/sh");
         fail.args = vec!["-c".into(), "echo oops >&2; exit 7".into()];
         let mut slow = req("/bin/sh");
@@ -695,20 +830,48 @@ mod tests {
         p.shutdown();
     }
 
+    /// With a fake clock standing at 42: `not_after` 42 still starts (the
+    /// limit is inclusive), 41 does not; timestamps come from the clock.
     #[test]
-    fn clock_is_injected() {
+    fn clock_is_injected_and_not_after_is_inclusive() {
         let (tx, rx) = mpsc::channel();
-        let p = ExecPool::with_clock(1, vec!["/bin/true".into()], tx, Arc::new(|| 42));
-        assert!(p.submit(req("/bin/true")).is_ok());
-        let r = rx.recv_timeout(Duration::from_secs(10));
+        let policy = ExecPolicy::from_programs(["/bin/true"]).expect("valid");
+        let p = ExecPool::with_clock(1, policy, tx, no_notify(), Arc::new(|| MonoTime(42)));
+        let mut on_time = req("/bin/true");
+        on_time.not_after = Some(MonoTime(42));
+        let mut late = req("/bin/true");
+        late.execution_id = "e2".into();
+        late.not_after = Some(MonoTime(41));
+        assert!(p.submit(on_time).is_ok());
+        assert!(p.submit(late).is_ok());
+        let got: Vec<_> = (0..2)
+            .filter_map(|_| rx.recv_timeout(Duration::from_secs(10)).ok())
+            .collect();
         assert_eq!(
-            r.ok(),
-            Some(ExecResult {
-                execution_id: "e1".into(),
-                outcome: ExecOutcome::Ok,
-                started_ns: 42,
-                finished_ns: 42
-            })
+            got,
+            [
+                ExecResult {
+                    execution_id: "e1".into(),
+                    outcome: ExecOutcome::Ok,
+                    started: Some(MonoTime(42)),
+                    finished: MonoTime(42)
+                },
+                ExecResult {
+                    execution_id: "e2".into(),
+                    outcome: ExecOutcome::NotStarted {
+                        reason: NotStartedReason::Expired {
+                            not_after: MonoTime(41),
+                            picked_up: MonoTime(42)
+                        }
+                    },
+                    started: None,
+                    finished: MonoTime(42)
+                }
+            ]
+        );
+        assert_eq!(
+            got[1].outcome.to_string(),
+            "not run: no exec worker was free in time (1ns past its start limit)"
         );
     }
 }

@@ -1,134 +1,111 @@
-//! The few raw system calls the exec pool needs, and all of its `unsafe`.
+//! The system calls the exec pool needs beyond std, and all of its `unsafe`.
 //!
 //! std's `Child` spawns, sets the process group and reaps; what it lacks is
 //! "wait for exit *without* reaping" (so the process-group id cannot be
 //! recycled before we `killpg` it), a pollable exit event (pidfd), and
-//! `killpg` itself.
+//! `killpg` itself. Everything `nix` covers goes through `nix`; the one call
+//! it lacks (`pidfd_open`, a bare syscall) is here, with its `unsafe`.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::unistd::Pid;
 
 /// `pidfd_open(2)`: a descriptor that polls readable when `pid` exits.
 ///
 /// `ENOSYS` on kernels before 5.3 (old vendor kernels on edge boxes); the
-/// caller then falls back to short poll slices.
-pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
-    // or -1; no memory is passed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+/// caller then falls back to short poll slices. nix 0.30 has no wrapper.
+pub(crate) fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and a flags word and returns a new
+    // descriptor or -1 with errno set; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     let fd = RawFd::try_from(fd).map_err(|_| io::Error::other("pidfd out of range"))?;
-    // SAFETY: the kernel just returned this descriptor to us; we own it.
+    // SAFETY: the kernel just returned this descriptor to us and nothing
+    // else holds it: we are its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// True once `pid` (our child) has exited, without reaping it: the zombie
 /// keeps the pid — and so the process-group id — reserved until we `wait`.
 /// `ECHILD` (someone else reaped it, e.g. `SIGCHLD` ignored) counts as exited.
-pub(crate) fn exited_nowait(pid: libc::pid_t) -> io::Result<bool> {
+pub(crate) fn exited_nowait(pid: Pid) -> io::Result<bool> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
     loop {
-        // SAFETY: all-zero is a valid siginfo_t (plain C struct).
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is a valid, writable siginfo_t for the call.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
+        return match waitid(Id::Pid(pid), flags) {
+            Ok(WaitStatus::StillAlive) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(Errno::EINTR) => continue,
+            Err(Errno::ECHILD) => Ok(true),
+            Err(e) => Err(e.into()),
         };
-        if r == 0 {
-            // SAFETY: waitid filled `info` (or left it zeroed: no change).
-            return Ok(unsafe { info.si_pid() } != 0);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::ECHILD) => return Ok(true),
-            _ => return Err(e),
-        }
     }
 }
 
 /// `killpg(pgid, SIGKILL)`; a group already gone is not an error.
-pub(crate) fn kill_group(pgid: libc::pid_t) -> io::Result<()> {
-    // SAFETY: killpg takes plain integers.
-    if unsafe { libc::killpg(pgid, libc::SIGKILL) } == 0 {
-        return Ok(());
+pub(crate) fn kill_group(pgid: Pid) -> io::Result<()> {
+    match killpg(pgid, Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ESRCH) {
-        return Ok(());
-    }
-    Err(e)
 }
 
 /// Put `fd` in non-blocking mode so draining it never hangs on a writer
 /// that escaped the process group and keeps the pipe open.
 pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let raw = fd.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we hold a borrow of.
-    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
     Ok(())
 }
 
 /// A close-on-exec pipe `(read, write)`; the pool's stop signal: closing the
 /// write end makes the read end poll readable (EOF) for every worker at once.
 pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded; both descriptors are new and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
 }
 
-/// Readiness of each descriptor passed to [`poll`].
-pub(crate) const READY: libc::c_short = libc::POLLIN | libc::POLLHUP | libc::POLLERR;
-
 /// `poll(2)` on up to three descriptors for reading, at most `timeout`
-/// (`None`: forever). Returns each descriptor's `revents`, in order; all
-/// zero on timeout or `EINTR` (the caller re-checks and polls again).
+/// (`None`: forever). Returns, in order, whether each descriptor is ready
+/// (readable, hung up or in error); all false on timeout or `EINTR` (the
+/// caller re-checks and polls again) and for the `None` slots.
 pub(crate) fn poll(
     fds: &[Option<BorrowedFd<'_>>; 3],
     timeout: Option<Duration>,
-) -> io::Result<[libc::c_short; 3]> {
-    let mut pfds = [libc::pollfd {
-        fd: -1,
-        events: 0,
-        revents: 0,
-    }; 3];
-    for (p, fd) in pfds.iter_mut().zip(fds) {
-        if let Some(fd) = fd {
-            p.fd = fd.as_raw_fd();
-            p.events = libc::POLLIN;
-        }
-    }
-    let ms = match timeout {
-        None => -1,
+) -> io::Result<[bool; 3]> {
+    let timeout = match timeout {
+        None => PollTimeout::NONE,
         // Round up: waking a millisecond early would just spin once more.
-        Some(t) => i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX),
-    };
-    // SAFETY: `pfds` is a valid array of 3 pollfd; negative fds are ignored.
-    let r = unsafe { libc::poll(pfds.as_mut_ptr(), 3, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EINTR) {
-            return Ok([0; 3]);
+        Some(t) => {
+            let ms = i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
         }
-        return Err(e);
+    };
+    // Only the present descriptors are polled; `slot` maps them back.
+    let mut pfds = Vec::with_capacity(3);
+    let mut slot = [0usize; 3];
+    for (i, fd) in fds.iter().enumerate() {
+        if let Some(fd) = fd {
+            slot[pfds.len()] = i;
+            pfds.push(PollFd::new(*fd, PollFlags::POLLIN));
+        }
     }
-    Ok([pfds[0].revents, pfds[1].revents, pfds[2].revents])
+    let mut ready = [false; 3];
+    match nix::poll::poll(&mut pfds, timeout) {
+        Ok(_) => {}
+        Err(Errno::EINTR) => return Ok(ready),
+        Err(e) => return Err(e.into()),
+    }
+    let any = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+    for (p, &i) in pfds.iter().zip(&slot) {
+        ready[i] = p.revents().is_some_and(|r| r.intersects(any));
+    }
+    Ok(ready)
 }
