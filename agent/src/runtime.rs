@@ -7,7 +7,7 @@
 //! disk before the device is touched (DESIGN.md principle 4), and a crash
 //! can leave at most the firings armed within the horizon `outcome unknown`.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, channel};
@@ -28,7 +28,7 @@ use crate::config::AgentConfig;
 use crate::dispatcher::{Dispatcher, Done, Job, JobOutcome, Op};
 use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult};
 use crate::gpio::{Gpio, LineHandle, open_backend};
-use crate::journal::{Journal, JournalConfig, StoredPack};
+use crate::journal::{Journal, JournalConfig, Outcome, StopReason, StoredPack};
 use crate::live::fmt_ns;
 
 /// Packs are refused while the clock estimate is less certain than this.
@@ -128,36 +128,16 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-/// A finished attempt's outcome as the journal keeps it: a failure is
-/// marked with a second record written *before* the "finished" one, so a
-/// crash between the two reads as "no result" (outcome unknown), never as
-/// a success.
-fn failed_marker(id: &str) -> String {
-    format!("{id}#failed")
-}
-
-/// Like [`failed_marker`], for an attempt that was armed but never touched
-/// the device (withdrawn or late): after a restart it may fire again.
-fn not_run_marker(id: &str) -> String {
-    format!("{id}#notrun")
-}
-
 /// Rebuild what the core must know of attempts from before a restart.
-fn prior_outcomes(
-    started: &HashSet<String>,
-    finished: &HashSet<String>,
-) -> HashMap<String, PriorOutcome> {
-    started
+fn prior_outcomes(attempts: &HashMap<String, Option<Outcome>>) -> HashMap<String, PriorOutcome> {
+    attempts
         .iter()
-        .map(|id| {
-            let outcome = if !finished.contains(id) {
-                PriorOutcome::Unknown
-            } else if finished.contains(&failed_marker(id)) {
-                PriorOutcome::Failed
-            } else if finished.contains(&not_run_marker(id)) {
-                PriorOutcome::NotRun
-            } else {
-                PriorOutcome::Succeeded
+        .map(|(id, outcome)| {
+            let outcome = match outcome {
+                None => PriorOutcome::Unknown,
+                Some(Outcome::Failed) => PriorOutcome::Failed,
+                Some(Outcome::NotRun) => PriorOutcome::NotRun,
+                Some(Outcome::Succeeded) => PriorOutcome::Succeeded,
             };
             (id.clone(), outcome)
         })
@@ -189,7 +169,7 @@ impl Agent {
                 rec.truncated_bytes
             ));
         }
-        let prior = prior_outcomes(&rec.started, &rec.finished);
+        let prior = prior_outcomes(&rec.attempts);
         let gpio = open_backend(&cfg.gpio, cfg.allowed_lines.clone())
             .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
         let gpio = Arc::new(Mutex::new(gpio));
@@ -245,15 +225,14 @@ impl Agent {
             agent.prepare(&pack).with_context(|| label.clone())?;
             let mut out = std::mem::take(&mut agent.out);
             let accepted = RefTime::from_nanos(sp.accepted_ns);
-            match sp.stopped.as_deref() {
+            match sp.stopped {
                 None => agent
                     .core
                     .restore(pack, accepted, last_alive, now, &mut out),
                 Some(why) => {
-                    let reason = if why == "cancel" {
-                        SafeReason::Cancel
-                    } else {
-                        SafeReason::GiveUp
+                    let reason = match why {
+                        StopReason::Cancel => SafeReason::Cancel,
+                        StopReason::GiveUp => SafeReason::GiveUp,
                     };
                     agent
                         .core
@@ -443,9 +422,13 @@ impl Agent {
         self.submit_due_exec(view)?;
         let m = mono_now();
         if m.0 - self.last_heartbeat.0 > 100_000_000 {
-            self.journal
+            let beat = self
+                .journal
                 .heartbeat(now.as_nanos())
                 .context("journal heartbeat")?;
+            if let Some(e) = beat.compaction_error {
+                view.note(&format!("warning: journal compaction failed: {e}"));
+            }
             self.last_heartbeat = m;
             while self.linger.front().is_some_and(|(t, _)| t.0 < m.0) {
                 self.linger.pop_front();
@@ -613,11 +596,16 @@ impl Agent {
                     // A give-up or cancel is for good: the pack must not
                     // come back running after a restart. (Shutdown and lease
                     // loss are not: the pack resumes when the agent does.)
-                    if matches!(reason, SafeReason::GiveUp | SafeReason::Cancel)
+                    let stop = match reason {
+                        SafeReason::GiveUp => Some(StopReason::GiveUp),
+                        SafeReason::Cancel => Some(StopReason::Cancel),
+                        _ => None,
+                    };
+                    if let Some(stop) = stop
                         && let Some((version, _)) = self.core.held(&pack)
                     {
                         self.journal
-                            .stop_pack(&pack.tenant, &pack.pack, version, reason.as_str())
+                            .stop_pack(&pack.tenant, &pack.pack, version, stop)
                             .context("journalling the stopped pack")?;
                     }
                 }
@@ -853,20 +841,13 @@ impl Agent {
     }
 
     fn finish(&mut self, id: &ExecutionId, result: &AttemptResult) -> anyhow::Result<()> {
-        let text = id.to_string();
-        match result {
-            AttemptResult::Ok { .. } => {}
-            AttemptResult::Late { .. } => self
-                .journal
-                .record_finished(&not_run_marker(&text))
-                .context("journalling a result")?,
-            AttemptResult::Failed(_) => self
-                .journal
-                .record_finished(&failed_marker(&text))
-                .context("journalling a result")?,
-        }
+        let outcome = match result {
+            AttemptResult::Ok { .. } => Outcome::Succeeded,
+            AttemptResult::Late { .. } => Outcome::NotRun,
+            AttemptResult::Failed(_) => Outcome::Failed,
+        };
         self.journal
-            .record_finished(&text)
+            .record_finished(&id.to_string(), outcome)
             .context("journalling a result")
     }
 
@@ -1054,15 +1035,19 @@ mod tests {
 
     #[test]
     fn prior_outcomes_never_read_a_missing_result_as_success() {
-        let started: HashSet<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
-        let finished: HashSet<String> = ["a", "b", "b#failed", "c#failed", "d", "d#notrun"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let p = prior_outcomes(&started, &finished);
+        let attempts: HashMap<String, Option<Outcome>> = [
+            ("a", Some(Outcome::Succeeded)),
+            ("b", Some(Outcome::Failed)),
+            ("c", None),
+            ("d", Some(Outcome::NotRun)),
+        ]
+        .into_iter()
+        .map(|(id, o)| (id.to_string(), o))
+        .collect();
+        let p = prior_outcomes(&attempts);
         assert_eq!(p["a"], PriorOutcome::Succeeded);
         assert_eq!(p["b"], PriorOutcome::Failed);
-        // The failure marker landed but not the result: unknown, not failed.
+        // Started, no result: unknown, never a success.
         assert_eq!(p["c"], PriorOutcome::Unknown);
         // Armed, never run: may fire again.
         assert_eq!(p["d"], PriorOutcome::NotRun);

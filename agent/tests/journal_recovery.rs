@@ -4,7 +4,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use baton_agent::journal::{Journal, JournalConfig, JournalError, LOG_FILE, StoredPack, TMP_FILE};
+use baton_agent::journal::{
+    Journal, JournalConfig, JournalError, LOG_FILE, Outcome, StoredPack, TMP_FILE,
+};
 
 fn cfg(dir: &Path) -> JournalConfig {
     JournalConfig::new(dir)
@@ -30,7 +32,8 @@ fn journal_with_last_start(dir: &Path) -> (Vec<u8>, u64, u64) {
     j.record_started(&[("first", 1), ("second", 2)])
         .expect("started");
     j.push_feedback(b"{\"ok\":true}").expect("push");
-    j.record_finished("first").expect("finished");
+    j.record_finished("first", Outcome::Failed)
+        .expect("finished");
     let start = j.log_bytes();
     j.record_started(&[("last", 3)]).expect("started");
     let end = j.log_bytes();
@@ -41,16 +44,20 @@ fn journal_with_last_start(dir: &Path) -> (Vec<u8>, u64, u64) {
 fn assert_prefix_recovered(dir: &Path, with_last: bool) -> u64 {
     let (mut j, rec) = Journal::open(cfg(dir)).expect("reopen after a torn write");
     assert_eq!(rec.packs.len(), 1);
-    assert!(rec.started.contains("first") && rec.started.contains("second"));
-    assert!(rec.finished.contains("first"));
-    assert_eq!(rec.outbox.len(), 1);
-    assert_eq!(rec.started.contains("last"), with_last);
+    assert_eq!(rec.attempts.get("first"), Some(&Some(Outcome::Failed)));
+    assert_eq!(rec.attempts.get("second"), Some(&None));
+    assert_eq!(rec.outbox_len, 1);
+    assert_eq!(
+        j.outbox_page(0, 10).expect("page"),
+        [(1, b"{\"ok\":true}".to_vec())]
+    );
+    assert_eq!(rec.attempts.contains_key("last"), with_last);
     // The truncated log accepts appends that survive the next reopen.
     j.record_started(&[("again", 4)])
         .expect("append after recovery");
     drop(j);
     let (_, rec2) = Journal::open(cfg(dir)).expect("reopen again");
-    assert!(rec2.started.contains("again"));
+    assert!(rec2.attempts.contains_key("again"));
     assert_eq!(rec2.truncated_bytes, 0, "recovery left a clean log");
     rec.truncated_bytes
 }
@@ -157,16 +164,28 @@ fn journal_damaged_header_or_unknown_version_is_refused() {
         Err(JournalError::Corrupt { offset: 0, .. })
     ));
 
-    // A version from the future, with a valid header checksum.
-    let mut future = image.clone();
-    future[8..12].copy_from_slice(&2u32.to_le_bytes());
-    let crc = crc32fast::hash(&future[..16]);
-    future[16..20].copy_from_slice(&crc.to_le_bytes());
-    fs::write(log(dir), &future).expect("write");
-    assert!(matches!(
-        Journal::open(cfg(dir)),
-        Err(JournalError::UnsupportedVersion { found: 2, .. })
-    ));
+    // A version from the future, and version 1 (the untyped format of
+    // before `Outcome`), each with a valid header checksum: refused, and
+    // the file is left as it was.
+    for version in [3u32, 1] {
+        let mut other = image.clone();
+        other[8..12].copy_from_slice(&version.to_le_bytes());
+        let crc = crc32fast::hash(&other[..16]);
+        other[16..20].copy_from_slice(&crc.to_le_bytes());
+        fs::write(log(dir), &other).expect("write");
+        match Journal::open(cfg(dir)) {
+            Err(e @ JournalError::UnsupportedVersion { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&format!("format version {version}"))
+                        && msg.contains("reads version 2"),
+                    "{msg}"
+                );
+            }
+            other => panic!("version {version}: expected UnsupportedVersion, got {other:?}"),
+        }
+        assert_eq!(fs::read(log(dir)).expect("read"), other);
+    }
 }
 
 #[test]
@@ -180,7 +199,7 @@ fn journal_leftover_tmp_from_an_interrupted_compaction_is_ignored() {
     // A compaction killed before its rename leaves a partial tmp file.
     fs::write(dir.join(TMP_FILE), b"BATONJNL partial").expect("write tmp");
     let (mut j, rec) = Journal::open(cfg(dir)).expect("reopen");
-    assert!(rec.started.contains("kept"));
+    assert!(rec.attempts.contains_key("kept"));
     assert!(!dir.join(TMP_FILE).exists());
     j.compact().expect("compact after cleanup");
 }
