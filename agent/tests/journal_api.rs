@@ -408,3 +408,124 @@ fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
             .any(|p| p.pack == "press" && p.version == 2 && p.stopped.is_none())
     );
 }
+
+#[test]
+fn journal_compaction_trigger_survives_a_restart() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        max_log_bytes: 4096,
+        ..JournalConfig::new(tmp.path())
+    };
+    let inode = || {
+        std::fs::metadata(tmp.path().join(LOG_FILE))
+            .expect("stat")
+            .ino()
+    };
+    let live = {
+        let (mut j, _) = Journal::open(c.clone()).expect("open");
+        // ~40 KB of live ids against a 4 KiB budget (batched: fewer fsyncs).
+        let ids: Vec<String> = (0..1_000).map(|i| format!("pack/7/instr/{i:06}")).collect();
+        for chunk in ids.chunks(50) {
+            let batch: Vec<(&str, i64)> = chunk.iter().map(|s| (s.as_str(), 1)).collect();
+            j.record_started(&batch).expect("started");
+        }
+        j.compact().expect("compact");
+        j.log_bytes()
+    };
+    assert!(
+        live > 4 * 4096,
+        "live state {live} B must exceed the budget"
+    );
+    for restart in 0..3 {
+        let before = inode();
+        let (mut j, _) = Journal::open(c.clone()).expect("reopen");
+        j.record_started(&[(&format!("after-{restart}"), 2_000)])
+            .expect("started");
+        assert_eq!(
+            inode(),
+            before,
+            "restart {restart}: compacted again although the log is far below 2 x live"
+        );
+    }
+    // The trigger is still 2 x live: growing past it compacts.
+    let (mut j, _) = Journal::open(c).expect("reopen");
+    let before = inode();
+    let mut i = 0;
+    while inode() == before {
+        let ids: Vec<String> = (0..20).map(|k| format!("grow-{i:06}-{k:02}")).collect();
+        let batch: Vec<(&str, i64)> = ids.iter().map(|s| (s.as_str(), 3_000)).collect();
+        j.record_started(&batch).expect("started");
+        i += 1;
+        assert!(
+            j.log_bytes() <= 2 * live + 64,
+            "no compaction past 2 x live"
+        );
+    }
+}
+
+#[test]
+fn journal_small_retention_forgets_ids_in_memory_on_heartbeats() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let sec = 1_000_000_000i64;
+    let c = JournalConfig {
+        retention_ns: 2 * sec,
+        max_log_bytes: u64::MAX,
+        ..JournalConfig::new(tmp.path())
+    };
+    let (mut j, _) = Journal::open(c.clone()).expect("open");
+    let mut peak = 0;
+    // 100 firings and 10 once keys per second of reference time, 30 s.
+    for t in 0..300i64 {
+        let now = t * sec / 10;
+        let ids: Vec<String> = (0..10).map(|k| format!("ex-{t}-{k}")).collect();
+        let batch: Vec<(&str, i64)> = ids.iter().map(|s| (s.as_str(), now)).collect();
+        j.record_started(&batch).expect("started");
+        for id in &ids {
+            j.record_finished(id, Outcome::Succeeded).expect("finished");
+        }
+        j.record_once(&format!("report-{t}"), now).expect("once");
+        let _ = j.heartbeat(now).expect("heartbeat");
+        let held = j.held();
+        peak = peak.max(held.attempts + held.once);
+    }
+    // Within 2 s retention plus at most a quarter of it more: 2.5 s of ids.
+    assert!(
+        peak <= 25 * 11 + 11,
+        "held {peak} ids and keys with a 2 s retention"
+    );
+    assert!(!j.is_started("ex-0-0") && !j.is_once_recorded("report-0"));
+    assert!(j.is_started("ex-299-9") && j.is_once_recorded("report-299"));
+    let bytes = j.log_bytes();
+    drop(j);
+    // Replay prunes too: a restart does not bring back a minute of ids.
+    let (j, rec) = Journal::open(c).expect("reopen");
+    assert_eq!(j.log_bytes(), bytes, "no compaction was needed for that");
+    assert!(rec.attempts.len() <= 25 * 10 + 10, "{}", rec.attempts.len());
+    assert!(rec.once.len() <= 25 + 1, "{}", rec.once.len());
+}
+
+#[test]
+fn journal_failed_automatic_compaction_is_reported_by_the_next_heartbeat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        max_log_bytes: 4096,
+        ..JournalConfig::new(tmp.path())
+    };
+    let (mut j, _) = Journal::open(c).expect("open");
+    // A directory where the snapshot file must go: every compaction fails.
+    std::fs::create_dir(tmp.path().join(baton_agent::journal::TMP_FILE)).expect("mkdir");
+    let mut i = 0;
+    let err = loop {
+        j.record_started(&[(&format!("id-{i:06}"), i)])
+            .expect("appends still work");
+        let beat = j.heartbeat(i).expect("heartbeat still works");
+        if let Some(e) = beat.compaction_error {
+            break e;
+        }
+        i += 1;
+        assert!(i < 1_000, "no compaction error surfaced");
+    };
+    assert!(err.to_string().contains("journal.log.tmp"), "{err}");
+    assert!(j.take_compaction_error().is_none(), "handed out once");
+    assert!(j.is_started("id-000000"));
+}
