@@ -174,6 +174,9 @@ pub const TMP_FILE: &str = "journal.log.tmp";
 pub const LOCK_FILE: &str = "journal.lock";
 /// Where [`JournalConfig::reset`] moves the previous log.
 pub const DISCARDED_FILE: &str = "journal.log.discarded";
+/// The log format version this code writes and reads (any other is
+/// refused with [`JournalError::UnsupportedVersion`]).
+pub const FORMAT_VERSION: u32 = record::FORMAT_VERSION;
 
 /// Written into the lock file once the directory's first log is in place.
 const CREATED_MARKER: &[u8] =
