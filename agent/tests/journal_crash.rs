@@ -5,9 +5,12 @@
 //! `journal_crash_child`, which plays a scheduler replaying the same plan
 //! after every restart: for each execution id not yet started it calls
 //! `record_started` and only then "fires" it by printing `FIRED <id>`; after
-//! `record_finished` returns it prints `FINISHED <id>`. For every fifth id
-//! it also claims a once-only report with `record_once` and prints
-//! `ONCE <key>` only if the claim was new. The parent kills it
+//! `record_finished` returns it prints `FINISHED <id>`. Like the agent, it
+//! reports an id found started without a result (a kill landed between
+//! start and result) as `outcome unknown` at most once: it claims
+//! `unknown/<id>` with `record_once` and prints `ONCE <key>` only if the
+//! claim was new; it also claims `report/<id>` for every fifth id it
+//! finishes. The parent kills it
 //! with SIGKILL after a seeded random number of firings, reopens the journal
 //! and checks every printed id, then starts the next round on the same
 //! directory. A small `max_log_bytes` makes compactions frequent, so kills
@@ -45,10 +48,18 @@ fn journal_crash_child() {
     while i < PLAN_LEN {
         // Firings due together: 1 to 3 ids under one durable record.
         let step = 1 + i % 3;
-        let ids: Vec<String> = (i..(i + step).min(PLAN_LEN))
+        let planned: Vec<String> = (i..(i + step).min(PLAN_LEN))
             .map(|k| format!("ex-{k:06}"))
-            .filter(|id| !j.is_started(id))
             .collect();
+        for id in &planned {
+            if j.is_started(id) && j.outcome(id).is_none() {
+                let key = format!("unknown/{id}");
+                if j.record_once(&key, i as i64).expect("child: once") {
+                    writeln!(out, "ONCE {key}").expect("child: stdout");
+                }
+            }
+        }
+        let ids: Vec<String> = planned.into_iter().filter(|id| !j.is_started(id)).collect();
         i += step;
         if ids.is_empty() {
             continue;
@@ -179,4 +190,9 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
     // Informational: SIGKILL keeps the page cache, so a torn record needs
     // the kill to land inside write(2) itself; zero is a valid outcome.
     eprintln!("torn tails seen: {torn_rounds} of 6 rounds");
+    let unknown = once.iter().filter(|k| k.starts_with("unknown/")).count();
+    eprintln!(
+        "once-only claims seen: {} ({unknown} outcome-unknown reports)",
+        once.len()
+    );
 }

@@ -705,8 +705,8 @@ impl Journal {
     /// durable feedback. A later call for the same id replaces the outcome.
     pub fn record_finished(&mut self, id: &str, outcome: Outcome) -> Result<(), JournalError> {
         // Date the result by its start if known, else by the journal's
-        // "now"; with no time known at all it is kept until a compaction
-        // after a time is known re-dates it.
+        // "now"; with no reference time known at all (no heartbeat, no
+        // start yet) it is dated in the far future: kept, never forgotten.
         let ref_ns = self
             .state
             .attempts
