@@ -119,9 +119,10 @@
 //!
 //! With `R` = execution ids and once keys dated within the retention
 //! horizon:
-//! * **ids in RAM**: one map entry per id (≈ 40 bytes of table plus the id's
-//!   own heap allocation; ~110 bytes for a 45-byte id), both for started
-//!   and finished ids (one entry holds start and outcome). Besides
+//! * **ids in RAM**: one map entry per id (≈ 35 bytes of table plus the id's
+//!   own heap allocation: ~80 bytes for a 44-byte id, measured by
+//!   `tests/journal_memory.rs`, plus the allocator's overhead), whether
+//!   started, finished or both (one entry holds start and outcome). Besides
 //!   compaction, a heartbeat forgets ids older than the horizon once every
 //!   quarter of `retention_ns` (a scan of the map, amortised over the ids
 //!   that arrived since), so at most ~`1.25 × R` ids are held whatever the
@@ -132,9 +133,10 @@
 //!   only once firing it again is refused on lateness alone.
 //! * **outbox**: ≤ `outbox_cap` entries (each ≤ 16 MiB; typically a few
 //!   hundred bytes); past the cap the oldest are dropped and *counted*. RAM
-//!   holds 8 bytes per entry (its offset in the log), not the payload:
-//!   [`Journal::outbox_page`] reads pages back from the log to re-send.
-//!   10 000 entries: 80 KB.
+//!   holds 8 bytes per entry (its offset in the log; the index grows by
+//!   doubling), not the payload: [`Journal::outbox_page`] reads pages back
+//!   from the log to re-send. 10 000 undelivered records of ~200 bytes
+//!   cost ~155 KB of RAM (measured), not their 2 MB.
 //! * **packs**: every stored pack, YAML deflated (`packed.rs`).
 //! * **the log** ≤ `max(max_log_bytes, 2 × live)` plus one record.
 //!   [`Journal::open`] reads it whole, so that is also its peak extra memory

@@ -500,6 +500,65 @@ mod tests {
     }
 
     #[test]
+    fn typed_records_round_trip_and_unknown_tags_are_refused() {
+        for outcome in [Outcome::Succeeded, Outcome::Failed, Outcome::NotRun] {
+            let mut buf = Vec::new();
+            let rec = Rec::Finished {
+                id: "p/1/i/0/0/1",
+                ref_ns: -5,
+                outcome,
+            };
+            frame(&mut buf, 3, &rec).expect("small record");
+            let (payload, _) = read_frame(&buf, 0, 3).expect("intact");
+            match decode(payload).expect("decodes") {
+                Rec::Finished {
+                    id,
+                    ref_ns,
+                    outcome: got,
+                } => assert_eq!((id, ref_ns, got), ("p/1/i/0/0/1", -5, outcome)),
+                other => panic!("wrong record {other:?}"),
+            }
+            // The outcome is the last byte: an unknown tag is an error.
+            let mut bad = payload.to_vec();
+            *bad.last_mut().expect("non-empty") = 9;
+            assert!(decode(&bad).is_err());
+        }
+        for reason in [StopReason::GiveUp, StopReason::Cancel] {
+            let mut buf = Vec::new();
+            let rec = Rec::StopPack {
+                tenant: "t",
+                pack: "p",
+                version: 4,
+                reason,
+            };
+            frame(&mut buf, 0, &rec).expect("small record");
+            let (payload, _) = read_frame(&buf, 0, 0).expect("intact");
+            assert!(matches!(
+                decode(payload),
+                Ok(Rec::StopPack { reason: r, version: 4, .. }) if r == reason
+            ));
+        }
+        let mut buf = Vec::new();
+        frame(
+            &mut buf,
+            0,
+            &Rec::Once {
+                key: "k",
+                ref_ns: 7,
+            },
+        )
+        .expect("small record");
+        let (payload, _) = read_frame(&buf, 0, 0).expect("intact");
+        assert!(matches!(
+            decode(payload),
+            Ok(Rec::Once {
+                key: "k",
+                ref_ns: 7
+            })
+        ));
+    }
+
+    #[test]
     fn header_round_trip_and_damage() {
         let h = encode_header(42);
         assert_eq!(decode_header(&h).ok(), Some(42));
