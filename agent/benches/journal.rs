@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use baton_agent::journal::{Journal, JournalConfig};
+use baton_agent::journal::{Journal, JournalConfig, Outcome};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 /// An id of the length the lead's deterministic ids will roughly have.
@@ -86,7 +86,9 @@ impl Pair {
         journal.record_started(&[(&id(0), 0)]).expect("started");
         let started_len = (journal.log_bytes() - before) as usize;
         let before = journal.log_bytes();
-        journal.record_finished(&id(0)).expect("finished");
+        journal
+            .record_finished(&id(0), Outcome::Succeeded)
+            .expect("finished");
         let finished_len = (journal.log_bytes() - before) as usize;
         eprintln!("frame sizes: record_started {started_len} B, record_finished {finished_len} B");
         let raw = OpenOptions::new()
@@ -144,7 +146,9 @@ impl Pair {
             let id = id(self.m);
             self.m += 1;
             let t = Instant::now();
-            self.journal.record_finished(&id).expect("finished");
+            self.journal
+                .record_finished(&id, Outcome::Succeeded)
+                .expect("finished");
             let pj = t.elapsed();
             let t = Instant::now();
             self.raw

@@ -1,11 +1,14 @@
-//! The journal's state survives reopen: every record kind, pack replacement
-//! and removal, the outbox cap and its drop count, seqs, and compaction.
+//! The journal's state survives reopen: every record kind, typed outcomes
+//! and stop reasons, once-only keys, pack replacement and removal, the
+//! outbox cap and its drop count, seqs, compaction and its trigger.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use baton_agent::journal::{Journal, JournalConfig, JournalError, LOG_FILE, StoredPack};
+use baton_agent::journal::{
+    Journal, JournalConfig, JournalError, LOG_FILE, Origin, Outcome, StopReason, StoredPack,
+};
 
 fn cfg(dir: &Path) -> JournalConfig {
     JournalConfig {
@@ -27,6 +30,15 @@ fn pack(name: &str, version: u64) -> StoredPack {
 
 fn set(ids: &[&str]) -> HashSet<String> {
     ids.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn attempts(ids: &[(&str, Option<Outcome>)]) -> HashMap<String, Option<Outcome>> {
+    ids.iter().map(|(s, o)| ((*s).to_owned(), *o)).collect()
+}
+
+/// The whole outbox, read back from disk.
+fn outbox(j: &Journal) -> Vec<(u64, Vec<u8>)> {
+    j.outbox_page(0, usize::MAX).expect("outbox page")
 }
 
 fn seqs(outbox: &[(u64, Vec<u8>)]) -> Vec<u64> {
@@ -52,29 +64,55 @@ fn journal_round_trip_of_every_record_kind() {
         assert_eq!(j.push_feedback(b"{\"r\":1}").expect("push"), 1);
         assert_eq!(j.push_feedback(b"{\"r\":2}").expect("push"), 2);
         assert_eq!(j.push_feedback(b"{\"r\":3}").expect("push"), 3);
-        j.record_finished("ex-a").expect("finished");
+        j.record_finished("ex-a", Outcome::Succeeded)
+            .expect("finished");
+        j.record_finished("ex-b", Outcome::Failed)
+            .expect("finished");
+        j.record_started(&[("ex-d", 13)]).expect("started");
+        j.record_finished("ex-d", Outcome::NotRun)
+            .expect("finished");
+        assert!(j.record_once("on_failure/ex-b", 11).expect("once"));
+        assert!(!j.record_once("on_failure/ex-b", 11).expect("once again"));
         j.ack_feedback(1).expect("ack");
-        j.heartbeat(99).expect("heartbeat");
-        j.heartbeat(100).expect("heartbeat");
+        let _ = j.heartbeat(99).expect("heartbeat");
+        let _ = j.heartbeat(100).expect("heartbeat");
         assert!(j.is_started("ex-b") && !j.is_started("ex-z"));
-        assert!(j.is_finished("ex-a") && !j.is_finished("ex-b"));
+        assert_eq!(j.outcome("ex-a"), Some(Outcome::Succeeded));
+        assert_eq!(j.outcome("ex-c"), None);
+        assert!(j.is_once_recorded("on_failure/ex-b"));
         // No sync(): a clean drop must not be needed for kill -9 safety,
         // but nothing here is lost by dropping either.
     }
     let (mut j, rec) = Journal::open(cfg(&dir)).expect("reopen");
     assert_eq!(rec.packs, vec![pack("line3", 2), pack("line4", 1)]);
-    assert_eq!(rec.started, set(&["ex-a", "ex-b", "ex-c"]));
-    assert_eq!(rec.finished, set(&["ex-a"]));
     assert_eq!(
-        rec.outbox,
+        rec.attempts,
+        attempts(&[
+            ("ex-a", Some(Outcome::Succeeded)),
+            ("ex-b", Some(Outcome::Failed)),
+            ("ex-c", None),
+            ("ex-d", Some(Outcome::NotRun)),
+        ])
+    );
+    assert_eq!(rec.once, set(&["on_failure/ex-b"]));
+    assert_eq!(rec.outbox_len, 2);
+    assert_eq!(
+        outbox(&j),
         vec![(2, b"{\"r\":2}".to_vec()), (3, b"{\"r\":3}".to_vec())]
     );
     assert_eq!(rec.dropped, 0);
     assert_eq!(rec.last_alive_ns, Some(100));
     assert_eq!(rec.truncated_bytes, 0);
+    assert_eq!(rec.origin, Origin::Existing);
+    assert!(
+        !j.record_once("on_failure/ex-b", 11).expect("once"),
+        "a once key survives a restart"
+    );
     assert_eq!(j.push_feedback(b"{}").expect("push"), 4, "seqs continue");
-    let held: Vec<u64> = j.outbox().map(|(s, _)| s).collect();
-    assert_eq!(held, [2, 3, 4]);
+    assert_eq!(seqs(&outbox(&j)), [2, 3, 4]);
+    assert_eq!(j.outbox_range(), Some((2, 4)));
+    assert_eq!(seqs(&j.outbox_page(3, 1).expect("page")), [3]);
+    assert_eq!(seqs(&j.outbox_page(5, 10).expect("page")), [0u64; 0]);
 }
 
 #[test]
@@ -98,8 +136,9 @@ fn journal_outbox_cap_drops_oldest_and_counts_across_reopen() {
     {
         let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
         assert_eq!(rec.dropped, 3, "drop count is persisted");
-        assert_eq!(seqs(&rec.outbox), [4, 5, 6, 7, 8], "the oldest went");
-        assert_eq!(rec.outbox[0].1, b"f4");
+        let held = outbox(&j);
+        assert_eq!(seqs(&held), [4, 5, 6, 7, 8], "the oldest went");
+        assert_eq!(held[0].1, b"f4");
         j.ack_feedback(6).expect("ack");
         assert_eq!(j.outbox_len(), 2);
         j.ack_feedback(3).expect("stale ack is harmless");
@@ -109,7 +148,7 @@ fn journal_outbox_cap_drops_oldest_and_counts_across_reopen() {
     }
     {
         let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
-        assert_eq!(seqs(&rec.outbox), [7, 8]);
+        assert_eq!(seqs(&outbox(&j)), [7, 8]);
         assert_eq!(rec.dropped, 1);
         assert_eq!(j.push_feedback(b"f9").expect("push"), 9);
         j.ack_feedback(1_000).expect("ack beyond the last seq");
@@ -124,12 +163,12 @@ fn journal_outbox_cap_drops_oldest_and_counts_across_reopen() {
     };
     {
         let (j, rec) = Journal::open(lower.clone()).expect("reopen, lower cap");
-        assert_eq!(seqs(&rec.outbox), [11]);
+        assert_eq!(seqs(&outbox(&j)), [11]);
         assert_eq!(rec.dropped, 2);
         assert_eq!(j.dropped(), 2);
     }
     let (mut j, rec) = Journal::open(c).expect("reopen");
-    assert_eq!((seqs(&rec.outbox), rec.dropped), (vec![11], 2));
+    assert_eq!((seqs(&outbox(&j)), rec.dropped), (vec![11], 2));
     assert_eq!(j.push_feedback(b"f12").expect("push"), 12);
 }
 
@@ -145,7 +184,7 @@ fn journal_seqs_stay_monotonic_after_everything_is_acked_and_compacted() {
         j.compact().expect("compact");
     }
     let (mut j, rec) = Journal::open(cfg(tmp.path())).expect("reopen");
-    assert!(rec.outbox.is_empty());
+    assert_eq!(rec.outbox_len, 0);
     assert_eq!(j.push_feedback(b"y").expect("push"), 4);
 }
 
@@ -171,21 +210,25 @@ fn journal_compaction_keeps_exactly_the_live_state_and_shrinks_the_file() {
             let id = format!("old-{i}");
             j.record_started(&[(&id, now - 8 * day - i)])
                 .expect("started");
-            j.record_finished(&id).expect("finished");
+            j.record_finished(&id, Outcome::Succeeded)
+                .expect("finished");
+            j.record_once(&format!("once-{id}"), now - 8 * day)
+                .expect("once");
         }
         for i in 0..20i64 {
             let id = format!("new-{i}");
             j.record_started(&[(&id, now - 6 * day + i)])
                 .expect("started");
             if i % 2 == 0 {
-                j.record_finished(&id).expect("finished");
+                j.record_finished(&id, Outcome::Failed).expect("finished");
             }
         }
         for i in 0..25 {
             j.push_feedback(format!("fb{i}").as_bytes()).expect("push");
         }
         j.ack_feedback(17).expect("ack");
-        j.heartbeat(now).expect("heartbeat");
+        j.record_once("give_up/new", now - day).expect("once");
+        let _ = j.heartbeat(now).expect("heartbeat");
         let size_before = j.log_bytes();
         j.compact().expect("compact");
         assert!(
@@ -201,19 +244,24 @@ fn journal_compaction_keeps_exactly_the_live_state_and_shrinks_the_file() {
         assert!(j.is_started("new-0"));
         // The journal keeps working on the new file.
         j.record_started(&[("after", now)]).expect("started");
-        (j.outbox().map(|(s, _)| s).collect::<Vec<_>>(), size_before)
+        (seqs(&outbox(&j)), size_before)
     };
     assert!(size_before > 0);
     let (mut j, rec) = Journal::open(c).expect("reopen");
     assert_eq!(rec.packs, vec![pack("line3", 50)]);
-    let mut want_started: HashSet<String> = (0..20).map(|i| format!("new-{i}")).collect();
-    want_started.insert("after".into());
-    assert_eq!(rec.started, want_started);
-    let want_finished: HashSet<String> = (0..20).step_by(2).map(|i| format!("new-{i}")).collect();
-    assert_eq!(rec.finished, want_finished);
-    assert_eq!(seqs(&rec.outbox), before);
-    assert_eq!(seqs(&rec.outbox), [18, 19, 20, 21, 22, 23, 24, 25]);
-    assert_eq!(rec.outbox[0].1, b"fb17");
+    let mut want: HashMap<String, Option<Outcome>> = (0..20)
+        .map(|i| {
+            let o = (i % 2 == 0).then_some(Outcome::Failed);
+            (format!("new-{i}"), o)
+        })
+        .collect();
+    want.insert("after".into(), None);
+    assert_eq!(rec.attempts, want);
+    assert_eq!(rec.once, set(&["give_up/new"]));
+    let held = outbox(&j);
+    assert_eq!(seqs(&held), before);
+    assert_eq!(seqs(&held), [18, 19, 20, 21, 22, 23, 24, 25]);
+    assert_eq!(held[0].1, b"fb17");
     assert_eq!(rec.dropped, 15, "25 pushed into a cap of 10");
     assert_eq!(rec.last_alive_ns, Some(now));
     assert_eq!(j.push_feedback(b"z").expect("push"), 26);
@@ -234,7 +282,8 @@ fn journal_compacts_automatically_by_size() {
             .push_feedback(b"{\"result\":\"ok\",\"lateness_ns\":1234}")
             .expect("push");
         j.ack_feedback(seq).expect("ack");
-        j.heartbeat(i).expect("heartbeat");
+        let beat = j.heartbeat(i).expect("heartbeat");
+        assert!(beat.compaction_error.is_none());
         max_len = max_len.max(j.log_bytes());
     }
     assert!(j.take_compaction_error().is_none());
@@ -244,7 +293,7 @@ fn journal_compacts_automatically_by_size() {
     );
     drop(j);
     let (mut j, rec) = Journal::open(c).expect("reopen");
-    assert!(rec.outbox.is_empty());
+    assert_eq!(rec.outbox_len, 0);
     assert_eq!(rec.last_alive_ns, Some(1_999));
     assert_eq!(j.push_feedback(b"next").expect("push"), 2_001);
 }
@@ -268,7 +317,8 @@ fn journal_live_state_above_budget_does_not_compact_on_every_append() {
     // 2 000 retained ids (~80 KB live) against a 4 KiB budget.
     for i in 0..2_000i64 {
         let id = format!("pack/7/instr/{i:06}");
-        j.record_finished(&id).expect("finished");
+        j.record_finished(&id, Outcome::Succeeded)
+            .expect("finished");
         if inode() != last {
             compactions += 1;
             last = inode();
@@ -280,7 +330,7 @@ fn journal_live_state_above_budget_does_not_compact_on_every_append() {
     );
     drop(j);
     let (_, rec) = Journal::open(c).expect("reopen");
-    assert_eq!(rec.finished.len(), 2_000);
+    assert_eq!(rec.attempts.len(), 2_000);
 }
 
 #[test]
@@ -298,8 +348,8 @@ fn journal_refuses_a_second_writer_and_oversized_records() {
     // The journal is still usable, and the refused record left no trace.
     assert_eq!(j.push_feedback(b"ok").expect("push"), 1);
     drop(j);
-    let (_, rec) = Journal::open(cfg(tmp.path())).expect("lock released on drop");
-    assert_eq!(seqs(&rec.outbox), [1]);
+    let (j, _) = Journal::open(cfg(tmp.path())).expect("lock released on drop");
+    assert_eq!(seqs(&outbox(&j)), [1]);
 }
 
 #[test]
@@ -323,18 +373,20 @@ fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
         let (mut j, _) = Journal::open(cfg()).expect("open");
         j.put_pack(&pack("press", 1)).expect("put");
         j.put_pack(&pack("other", 1)).expect("put");
-        j.stop_pack("plant-a", "press", 1, "give_up").expect("stop");
+        j.stop_pack("plant-a", "press", 1, StopReason::GiveUp)
+            .expect("stop");
         // A stop for a version that is not stored changes nothing.
-        j.stop_pack("plant-a", "other", 9, "give_up").expect("stop");
+        j.stop_pack("plant-a", "other", 9, StopReason::Cancel)
+            .expect("stop");
     }
     let (mut j, rec) = Journal::open(cfg()).expect("reopen");
-    let stopped: Vec<(String, Option<String>)> = rec
+    let stopped: Vec<(String, Option<StopReason>)> = rec
         .packs
         .iter()
-        .map(|p| (p.pack.clone(), p.stopped.clone()))
+        .map(|p| (p.pack.clone(), p.stopped))
         .collect();
     assert!(
-        stopped.contains(&("press".into(), Some("give_up".into()))),
+        stopped.contains(&("press".into(), Some(StopReason::GiveUp))),
         "{stopped:?}"
     );
     assert!(stopped.contains(&("other".into(), None)), "{stopped:?}");
@@ -344,7 +396,7 @@ fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
     assert!(
         rec.packs
             .iter()
-            .any(|p| p.pack == "press" && p.stopped.as_deref() == Some("give_up"))
+            .any(|p| p.pack == "press" && p.stopped == Some(StopReason::GiveUp))
     );
     // A higher version replaces it, running.
     j.put_pack(&pack("press", 2)).expect("put v2");
@@ -355,4 +407,125 @@ fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
             .iter()
             .any(|p| p.pack == "press" && p.version == 2 && p.stopped.is_none())
     );
+}
+
+#[test]
+fn journal_compaction_trigger_survives_a_restart() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        max_log_bytes: 4096,
+        ..JournalConfig::new(tmp.path())
+    };
+    let inode = || {
+        std::fs::metadata(tmp.path().join(LOG_FILE))
+            .expect("stat")
+            .ino()
+    };
+    let live = {
+        let (mut j, _) = Journal::open(c.clone()).expect("open");
+        // ~40 KB of live ids against a 4 KiB budget (batched: fewer fsyncs).
+        let ids: Vec<String> = (0..1_000).map(|i| format!("pack/7/instr/{i:06}")).collect();
+        for chunk in ids.chunks(50) {
+            let batch: Vec<(&str, i64)> = chunk.iter().map(|s| (s.as_str(), 1)).collect();
+            j.record_started(&batch).expect("started");
+        }
+        j.compact().expect("compact");
+        j.log_bytes()
+    };
+    assert!(
+        live > 4 * 4096,
+        "live state {live} B must exceed the budget"
+    );
+    for restart in 0..3 {
+        let before = inode();
+        let (mut j, _) = Journal::open(c.clone()).expect("reopen");
+        j.record_started(&[(&format!("after-{restart}"), 2_000)])
+            .expect("started");
+        assert_eq!(
+            inode(),
+            before,
+            "restart {restart}: compacted again although the log is far below 2 x live"
+        );
+    }
+    // The trigger is still 2 x live: growing past it compacts.
+    let (mut j, _) = Journal::open(c).expect("reopen");
+    let before = inode();
+    let mut i = 0;
+    while inode() == before {
+        let ids: Vec<String> = (0..20).map(|k| format!("grow-{i:06}-{k:02}")).collect();
+        let batch: Vec<(&str, i64)> = ids.iter().map(|s| (s.as_str(), 3_000)).collect();
+        j.record_started(&batch).expect("started");
+        i += 1;
+        assert!(
+            j.log_bytes() <= 2 * live + 64,
+            "no compaction past 2 x live"
+        );
+    }
+}
+
+#[test]
+fn journal_small_retention_forgets_ids_in_memory_on_heartbeats() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let sec = 1_000_000_000i64;
+    let c = JournalConfig {
+        retention_ns: 2 * sec,
+        max_log_bytes: u64::MAX,
+        ..JournalConfig::new(tmp.path())
+    };
+    let (mut j, _) = Journal::open(c.clone()).expect("open");
+    let mut peak = 0;
+    // 100 firings and 10 once keys per second of reference time, 30 s.
+    for t in 0..300i64 {
+        let now = t * sec / 10;
+        let ids: Vec<String> = (0..10).map(|k| format!("ex-{t}-{k}")).collect();
+        let batch: Vec<(&str, i64)> = ids.iter().map(|s| (s.as_str(), now)).collect();
+        j.record_started(&batch).expect("started");
+        for id in &ids {
+            j.record_finished(id, Outcome::Succeeded).expect("finished");
+        }
+        j.record_once(&format!("report-{t}"), now).expect("once");
+        let _ = j.heartbeat(now).expect("heartbeat");
+        let held = j.held();
+        peak = peak.max(held.attempts + held.once);
+    }
+    // Within 2 s retention plus at most a quarter of it more: 2.5 s of ids.
+    assert!(
+        peak <= 25 * 11 + 11,
+        "held {peak} ids and keys with a 2 s retention"
+    );
+    assert!(!j.is_started("ex-0-0") && !j.is_once_recorded("report-0"));
+    assert!(j.is_started("ex-299-9") && j.is_once_recorded("report-299"));
+    let bytes = j.log_bytes();
+    drop(j);
+    // Replay prunes too: a restart does not bring back a minute of ids.
+    let (j, rec) = Journal::open(c).expect("reopen");
+    assert_eq!(j.log_bytes(), bytes, "no compaction was needed for that");
+    assert!(rec.attempts.len() <= 25 * 10 + 10, "{}", rec.attempts.len());
+    assert!(rec.once.len() <= 25 + 1, "{}", rec.once.len());
+}
+
+#[test]
+fn journal_failed_automatic_compaction_is_reported_by_the_next_heartbeat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        max_log_bytes: 4096,
+        ..JournalConfig::new(tmp.path())
+    };
+    let (mut j, _) = Journal::open(c).expect("open");
+    // A directory where the snapshot file must go: every compaction fails.
+    std::fs::create_dir(tmp.path().join(baton_agent::journal::TMP_FILE)).expect("mkdir");
+    let mut i = 0;
+    let err = loop {
+        j.record_started(&[(&format!("id-{i:06}"), i)])
+            .expect("appends still work");
+        let beat = j.heartbeat(i).expect("heartbeat still works");
+        if let Some(e) = beat.compaction_error {
+            break e;
+        }
+        i += 1;
+        assert!(i < 1_000, "no compaction error surfaced");
+    };
+    assert!(err.to_string().contains("journal.log.tmp"), "{err}");
+    assert!(j.take_compaction_error().is_none(), "handed out once");
+    assert!(j.is_started("id-000000"));
 }

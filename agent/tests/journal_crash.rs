@@ -5,7 +5,12 @@
 //! `journal_crash_child`, which plays a scheduler replaying the same plan
 //! after every restart: for each execution id not yet started it calls
 //! `record_started` and only then "fires" it by printing `FIRED <id>`; after
-//! `record_finished` returns it prints `FINISHED <id>`. The parent kills it
+//! `record_finished` returns it prints `FINISHED <id>`. Like the agent, it
+//! reports an id found started without a result (a kill landed between
+//! start and result) as `outcome unknown` at most once: it claims
+//! `unknown/<id>` with `record_once` and prints `ONCE <key>` only if the
+//! claim was new; it also claims `report/<id>` for every fifth id it
+//! finishes. The parent kills it
 //! with SIGKILL after a seeded random number of firings, reopens the journal
 //! and checks every printed id, then starts the next round on the same
 //! directory. A small `max_log_bytes` makes compactions frequent, so kills
@@ -16,7 +21,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use baton_agent::journal::{Journal, JournalConfig};
+use baton_agent::journal::{Journal, JournalConfig, Outcome};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -43,10 +48,18 @@ fn journal_crash_child() {
     while i < PLAN_LEN {
         // Firings due together: 1 to 3 ids under one durable record.
         let step = 1 + i % 3;
-        let ids: Vec<String> = (i..(i + step).min(PLAN_LEN))
+        let planned: Vec<String> = (i..(i + step).min(PLAN_LEN))
             .map(|k| format!("ex-{k:06}"))
-            .filter(|id| !j.is_started(id))
             .collect();
+        for id in &planned {
+            if j.is_started(id) && j.outcome(id).is_none() {
+                let key = format!("unknown/{id}");
+                if j.record_once(&key, i as i64).expect("child: once") {
+                    writeln!(out, "ONCE {key}").expect("child: stdout");
+                }
+            }
+        }
+        let ids: Vec<String> = planned.into_iter().filter(|id| !j.is_started(id)).collect();
         i += step;
         if ids.is_empty() {
             continue;
@@ -61,14 +74,22 @@ fn journal_crash_child() {
             let seq = j
                 .push_feedback(format!("{{\"id\":\"{id}\",\"result\":\"ok\"}}").as_bytes())
                 .expect("child: push");
-            j.record_finished(id).expect("child: finished");
+            j.record_finished(id, Outcome::Succeeded)
+                .expect("child: finished");
             writeln!(out, "FINISHED {id}").expect("child: stdout");
+            if id.ends_with(['0', '5']) {
+                let key = format!("report/{id}");
+                if j.record_once(&key, i as i64).expect("child: once") {
+                    writeln!(out, "ONCE {key}").expect("child: stdout");
+                }
+            }
             if seq.is_multiple_of(7) {
                 j.ack_feedback(seq - 3).expect("child: ack");
             }
         }
         out.flush().expect("child: flush");
-        j.heartbeat(i as i64).expect("child: heartbeat");
+        let beat = j.heartbeat(i as i64).expect("child: heartbeat");
+        assert!(beat.compaction_error.is_none(), "child: compaction");
     }
 }
 
@@ -82,6 +103,7 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
     let mut rng = ChaCha8Rng::seed_from_u64(0xBA70_0009);
     let mut fired: HashSet<String> = HashSet::new();
     let mut finished: HashSet<String> = HashSet::new();
+    let mut once: HashSet<String> = HashSet::new();
     let mut torn_rounds = 0;
     for round in 0..6 {
         let kill_after = rng.random_range(1..=120);
@@ -113,6 +135,11 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
                 }
             } else if let Some(id) = line.strip_prefix("FINISHED ") {
                 finished.insert(id.to_owned());
+            } else if let Some(key) = line.strip_prefix("ONCE ") {
+                assert!(
+                    once.insert(key.to_owned()),
+                    "round {round}: once-only {key} taken twice"
+                );
             }
         }
         // Child::kill sends SIGKILL: no destructor, no flush, no sync runs.
@@ -123,25 +150,49 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
             "round {round}: child ended early: {status}"
         );
 
-        let (_, rec) = Journal::open(cfg(tmp.path())).expect("reopen after kill -9");
+        let (j, rec) = Journal::open(cfg(tmp.path())).expect("reopen after kill -9");
         torn_rounds += usize::from(rec.truncated_bytes > 0);
-        let lost: Vec<_> = fired.difference(&rec.started).collect();
+        let lost: Vec<_> = fired
+            .iter()
+            .filter(|id| !rec.attempts.contains_key(*id))
+            .collect();
         assert!(
             lost.is_empty(),
             "round {round}: fired but not started: {lost:?}"
         );
-        let lost: Vec<_> = finished.difference(&rec.finished).collect();
+        let lost: Vec<_> = finished
+            .iter()
+            .filter(|id| rec.attempts.get(*id) != Some(&Some(Outcome::Succeeded)))
+            .collect();
         assert!(
             lost.is_empty(),
             "round {round}: finished but lost: {lost:?}"
         );
-        assert!(rec.outbox.len() <= 50, "outbox cap holds");
+        let lost: Vec<_> = once.difference(&rec.once).collect();
         assert!(
-            rec.outbox.windows(2).all(|w| w[0].0 < w[1].0),
-            "outbox in seq order"
+            lost.is_empty(),
+            "round {round}: once-only key taken but lost: {lost:?}"
         );
+        assert!(rec.outbox_len <= 50, "outbox cap holds");
+        let held = j.outbox_page(0, usize::MAX).expect("outbox page");
+        assert_eq!(held.len(), rec.outbox_len);
+        assert!(
+            held.windows(2).all(|w| w[0].0 + 1 == w[1].0),
+            "outbox in seq order, contiguous"
+        );
+        assert!(
+            held.iter()
+                .all(|(_, r)| r.starts_with(b"{\"id\":\"ex-") && r.ends_with(b"}")),
+            "outbox records read back intact"
+        );
+        drop(j);
     }
     // Informational: SIGKILL keeps the page cache, so a torn record needs
     // the kill to land inside write(2) itself; zero is a valid outcome.
     eprintln!("torn tails seen: {torn_rounds} of 6 rounds");
+    let unknown = once.iter().filter(|k| k.starts_with("unknown/")).count();
+    eprintln!(
+        "once-only claims seen: {} ({unknown} outcome-unknown reports)",
+        once.len()
+    );
 }

@@ -71,6 +71,23 @@ pub enum JournalError {
         /// The log file.
         path: PathBuf,
     },
+    /// The log is missing although this directory held a journal (its lock
+    /// file records that a log was created): someone deleted it, or the
+    /// wrong directory is mounted. Starting empty would silently forget
+    /// accepted packs and start records (a one-shot could fire twice), so
+    /// the journal refuses; an operator who means it starts fresh with
+    /// [`crate::journal::JournalConfig::reset`] (`--reset-journal`).
+    #[error(
+        "journal {path} is missing, but {lock} shows a journal was created in this directory: \
+         accepted packs and start records would be lost without a word. Restore the file, or \
+         start a fresh journal deliberately with --reset-journal (JournalConfig::reset)"
+    )]
+    LogMissing {
+        /// The missing log file.
+        path: PathBuf,
+        /// The lock file that records the log's creation.
+        lock: PathBuf,
+    },
     /// The configuration cannot work.
     #[error("journal: invalid configuration: {0}")]
     InvalidConfig(String),

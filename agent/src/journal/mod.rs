@@ -1,7 +1,8 @@
 //! The agent's durable journal: accepted packs, the record of fired
-//! executions, and the outbox of feedback the controller has not yet
-//! acknowledged. It is what makes DESIGN.md principle 4 ("nothing is lost,
-//! nothing runs twice") survive `kill -9` and power loss.
+//! executions and their outcomes, once-only actions, and the outbox of
+//! feedback the controller has not yet acknowledged. It is what makes
+//! DESIGN.md principle 4 ("nothing is lost, nothing runs twice") survive
+//! `kill -9` and power loss.
 //!
 //! # Design: an append-only, checksummed log, not an embedded database
 //!
@@ -9,11 +10,13 @@
 //! with a CRC-32 (format in `record.rs`), plus a fold of those records kept
 //! in memory. We chose this over an embedded store such as redb because:
 //!
-//! * **The state is small, bounded and needed in memory anyway.** The agent
-//!   asks "has this id started?" before every firing, so the set lives in
-//!   RAM whatever the store. What the disk must give is only an ordered,
-//!   durable, verifiable record of *changes* — exactly a log. A B-tree on
-//!   disk would duplicate the RAM copy and buy nothing.
+//! * **The state the agent asks about is small, bounded and needed in
+//!   memory anyway.** The agent asks "has this id started?" before every
+//!   firing, so the set lives in RAM whatever the store. What the disk must
+//!   give is only an ordered, durable, verifiable record of *changes* —
+//!   exactly a log. A B-tree on disk would duplicate the RAM copy and buy
+//!   nothing. (Feedback payloads are the exception: they are only re-read
+//!   to re-send, so they stay in the log and RAM holds their offsets.)
 //! * **The hot durable path is one `write` + one `fdatasync`** of a few
 //!   dozen bytes. A redb commit rewrites copy-on-write B-tree pages and a
 //!   commit slot before syncing: more bytes and more flash wear per firing
@@ -30,6 +33,11 @@
 //!   which matters for code that decides whether a press fires twice. The
 //!   only new dependency is `crc32fast`.
 //!
+//! Records are typed (STYLE.md habit 14): an execution's result is ONE
+//! record carrying its [`Outcome`], a stop carries its [`StopReason`];
+//! never two records or a string suffix, so no crash can leave half an
+//! outcome.
+//!
 //! # Durability, call by call
 //!
 //! Every call hands its record to the kernel (`write(2)`) before returning,
@@ -38,7 +46,7 @@
 //!
 //! | call | on return |
 //! | --- | --- |
-//! | [`Journal::record_started`], [`Journal::put_pack`], [`Journal::remove_pack`] | fdatasync'd: survives power loss |
+//! | [`Journal::record_started`], [`Journal::record_once`], [`Journal::put_pack`], [`Journal::stop_pack`], [`Journal::remove_pack`] | fdatasync'd: survives power loss |
 //! | [`Journal::record_finished`], [`Journal::push_feedback`], [`Journal::ack_feedback`], [`Journal::reset_dropped`], [`Journal::heartbeat`] | written; synced by the next durable call, [`Journal::sync`], or a heartbeat once [`JournalConfig::lazy_sync_interval_ns`] has passed (group commit) |
 //!
 //! Why lazy is safe for these: a lost `record_finished` turns into "started,
@@ -46,8 +54,11 @@
 //! feedback push (always pushed *before* its `record_finished`, see the
 //! prefix property) is covered the same way; a lost ack only re-sends
 //! feedback the controller already has (it dedups by seq); a lost
-//! `reset_dropped` re-reports a drop count. `remove_pack` is durable because
-//! a cancelled pack must not come back from the dead after a power cut.
+//! `reset_dropped` re-reports a drop count. `stop_pack` and `remove_pack`
+//! are durable because a stopped or cancelled pack must not come back
+//! running after a power cut; `record_once` because its action (an
+//! `on_failure`, a give-up or `outcome unknown` report) must be taken at
+//! most once: the agent records the key *before* acting.
 //!
 //! After a failed write or sync the journal is *poisoned*: every later call
 //! fails with [`JournalError::Poisoned`] until it is reopened. A partial
@@ -67,39 +78,76 @@
 //! guess (the agent then stays stopped, the safe choice). This assumes the
 //! file system persists appended data in order, as ext4 `data=ordered` (the
 //! default) does. A flipped bit inside the very last record is
-//! indistinguishable from a torn write and is treated as one.
+//! indistinguishable from a torn write and is treated as one. A log of
+//! another format version is refused with
+//! [`JournalError::UnsupportedVersion`] (no migration).
 //!
-//! # Compaction and bounds
+//! **A lost log is refused, not silently replaced.** Once a journal's first
+//! log is in place, `open` writes a line into `journal.lock`. If that line
+//! is there but `journal.log` is not, `open` fails with
+//! [`JournalError::LogMissing`] — unless an interrupted compaction left a
+//! *complete* snapshot in `journal.log.tmp` (one that replays cleanly up to
+//! its closing `Meta` record), which is then moved into place
+//! ([`Origin::CompletedCompaction`]). To start over deliberately, set
+//! [`JournalConfig::reset`] (`--reset-journal`): any log is moved aside to
+//! `journal.log.discarded` and a fresh journal starts
+//! ([`Origin::Reset`]). An empty or new directory, or a first creation that
+//! never finished, gives a fresh journal ([`Origin::Created`]).
+//!
+//! [`check_log_bytes`] runs the same replay on a byte image without touching
+//! any file (for fuzzing and offline checks).
+//!
+//! # Compaction
 //!
 //! [`Journal::compact`] writes the live state as a fresh log to
 //! `journal.log.tmp`, fsyncs it, renames it over `journal.log` and fsyncs
 //! the directory: at every instant one complete log exists. It runs by
 //! itself when the log exceeds `max(max_log_bytes, 2 × live size after the
 //! last compaction)`, so a live state larger than the budget cannot make
-//! every append compact. It keeps: stored packs, the unacknowledged outbox,
-//! the next seq, the dropped count, the last heartbeat, and started /
-//! finished ids whose reference time is within
-//! [`JournalConfig::retention_ns`] (default 7 days) of the journal's "now"
-//! (the last heartbeat, else the latest started id).
+//! every append compact. The live size is where the snapshot's closing
+//! `Meta` record ends, so the trigger is the same after a restart. It
+//! keeps: stored packs (with their stop reason), the unacknowledged outbox
+//! (copied record by record from the old log), the next seq, the dropped
+//! count, the last heartbeat, and execution ids and once keys whose
+//! reference time is within [`JournalConfig::retention_ns`] (default 7 days)
+//! of the journal's "now" (the last heartbeat, else the latest started id).
+//! A failed automatic compaction does not fail the call that triggered it;
+//! the next [`Journal::heartbeat`] returns its error in
+//! [`Heartbeat::compaction_error`] (or [`Journal::take_compaction_error`]).
 //!
-//! Bounds, with `R` = executions started within the retention horizon:
-//! * outbox ≤ `outbox_cap` entries (each ≤ 16 MiB; typically a few hundred
-//!   bytes); past the cap the oldest are dropped and *counted*;
-//! * started + finished ≈ `R × (id length + ~24 bytes)` on disk, about twice
-//!   that in RAM. Ids are opaque, so ids of removed packs are forgotten by
-//!   the horizon too, not at removal. The horizon must exceed the longest
-//!   window in which the scheduler would still fire an execution
-//!   (`max_lateness`, catch-up): an id is forgotten only once firing it
-//!   again is refused on lateness alone;
-//! * the log ≤ `max(max_log_bytes, 2 × live)` plus one record.
-//!   [`Journal::open`] reads it whole, so that is also its peak extra memory.
+//! # Bounds
+//!
+//! With `R` = execution ids and once keys dated within the retention
+//! horizon:
+//! * **ids in RAM**: one map entry per id (≈ 35 bytes of table plus the id's
+//!   own heap allocation: ~80 bytes for a 44-byte id, measured by
+//!   `tests/journal_memory.rs`, plus the allocator's overhead), whether
+//!   started, finished or both (one entry holds start and outcome). Besides
+//!   compaction, a heartbeat forgets ids older than the horizon once every
+//!   quarter of `retention_ns` (a scan of the map, amortised over the ids
+//!   that arrived since), so at most ~`1.25 × R` ids are held whatever the
+//!   log size, and a retention of seconds works. Ids are opaque, so ids of
+//!   removed packs are forgotten by the horizon too, not at removal. The
+//!   horizon must exceed the longest window in which the scheduler would
+//!   still fire an execution (`max_lateness`, catch-up): an id is forgotten
+//!   only once firing it again is refused on lateness alone.
+//! * **outbox**: ≤ `outbox_cap` entries (each ≤ 16 MiB; typically a few
+//!   hundred bytes); past the cap the oldest are dropped and *counted*. RAM
+//!   holds 8 bytes per entry (its offset in the log; the index grows by
+//!   doubling), not the payload: [`Journal::outbox_page`] reads pages back
+//!   from the log to re-send. 10 000 undelivered records of ~200 bytes
+//!   cost ~155 KB of RAM (measured), not their 2 MB.
+//! * **packs**: every stored pack, YAML deflated (`packed.rs`).
+//! * **the log** ≤ `max(max_log_bytes, 2 × live)` plus one record.
+//!   [`Journal::open`] reads it whole, so that is also its peak extra memory
+//!   (released before it returns).
 //!
 //! # Single writer
 //!
 //! One control thread owns the journal (`&mut self`); an exclusive `flock`
 //! on `journal.lock` keeps a second process out. The journal never reads a
-//! clock: reference times come in through [`Journal::heartbeat`] and
-//! [`Journal::record_started`].
+//! clock: reference times come in through [`Journal::heartbeat`],
+//! [`Journal::record_started`] and [`Journal::record_once`].
 
 mod error;
 mod lock;
@@ -107,29 +155,76 @@ mod packed;
 mod record;
 mod state;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 pub use error::JournalError;
 use packed::PackedPack;
-use record::{HEADER_LEN, HeaderError, Ids, MAX_PAYLOAD, Rec};
+use record::{FRAME_LEN, HEADER_LEN, HeaderError, Ids, MAX_PAYLOAD, Rec};
 use state::State;
 
 /// The log file's name inside [`JournalConfig::dir`].
 pub const LOG_FILE: &str = "journal.log";
 /// Where a compaction writes the next log before renaming it into place.
 pub const TMP_FILE: &str = "journal.log.tmp";
-/// The lock file that keeps a second process out.
+/// The lock file that keeps a second process out, and records that a log
+/// was created in this directory (see the recovery policy).
 pub const LOCK_FILE: &str = "journal.lock";
+/// Where [`JournalConfig::reset`] moves the previous log.
+pub const DISCARDED_FILE: &str = "journal.log.discarded";
+/// The log format version this code writes and reads (any other is
+/// refused with [`JournalError::UnsupportedVersion`]).
+pub const FORMAT_VERSION: u32 = record::FORMAT_VERSION;
 
+/// Written into the lock file once the directory's first log is in place.
+const CREATED_MARKER: &[u8] =
+    b"baton journal: journal.log was created here; if it goes missing the agent refuses to start (see --reset-journal)\n";
 /// Started ids per snapshot record, by encoded bytes: keeps each record far
 /// below the frame limit whatever the id lengths.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// A reusable frame buffer larger than this (after a big pack) is released.
 const KEEP_BUF_BYTES: usize = 1 << 20;
+
+/// The result of one execution attempt, as the journal keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// It ran and succeeded.
+    Succeeded,
+    /// It ran (or was tried) and failed.
+    Failed,
+    /// It was started (journalled) but never touched the device (withdrawn,
+    /// or too late): after a restart it may fire again.
+    NotRun,
+}
+
+/// Why a stored pack version stopped for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    /// An instruction gave up (retries exhausted, or a missed one-shot).
+    GiveUp,
+    /// The pack was cancelled.
+    Cancel,
+}
+
+impl StopReason {
+    /// The word used in logs and feedback: `give_up` or `cancel`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::GiveUp => "give_up",
+            StopReason::Cancel => "cancel",
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Where the journal lives and how large it may grow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,12 +237,20 @@ pub struct JournalConfig {
     /// Log size that triggers an automatic compaction (see the module docs
     /// for why the real trigger may be higher).
     pub max_log_bytes: u64,
-    /// How long (reference-time ns) started / finished ids are remembered.
+    /// How long (reference-time ns) execution ids and once keys are
+    /// remembered. Must exceed the longest window in which an execution
+    /// could still fire.
     pub retention_ns: i64,
     /// Group-commit window: a heartbeat fdatasyncs pending lazy records
     /// when at least this much reference time passed since the last time it
     /// did. 0 syncs on every heartbeat.
     pub lazy_sync_interval_ns: i64,
+    /// Start a fresh journal, deliberately: any existing log is moved aside
+    /// to [`DISCARDED_FILE`] (replacing an older one) and
+    /// [`Recovered::origin`] says so. The agent's `--reset-journal`. Without
+    /// it, a missing log in a directory that had one is refused
+    /// ([`JournalError::LogMissing`]).
+    pub reset: bool,
 }
 
 impl JournalConfig {
@@ -160,7 +263,8 @@ impl JournalConfig {
     /// Default [`JournalConfig::lazy_sync_interval_ns`]: 1 s.
     pub const DEFAULT_LAZY_SYNC_INTERVAL_NS: i64 = 1_000_000_000;
 
-    /// A configuration for `dir` with every other field at its default.
+    /// A configuration for `dir` with every other field at its default
+    /// (`reset` off).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         JournalConfig {
             dir: dir.into(),
@@ -168,6 +272,7 @@ impl JournalConfig {
             max_log_bytes: Self::DEFAULT_MAX_LOG_BYTES,
             retention_ns: Self::DEFAULT_RETENTION_NS,
             lazy_sync_interval_ns: Self::DEFAULT_LAZY_SYNC_INTERVAL_NS,
+            reset: false,
         }
     }
 
@@ -207,9 +312,28 @@ pub struct StoredPack {
     pub yaml: String,
     /// Reference time of acceptance, ns.
     pub accepted_ns: i64,
-    /// Set when this version entered its safe state for good (the reason):
-    /// it is restored stopped, never firing again. Ignored by `put_pack`.
-    pub stopped: Option<String>,
+    /// Set when this version entered its safe state for good: it is
+    /// restored stopped, never firing again. Ignored by `put_pack`.
+    pub stopped: Option<StopReason>,
+}
+
+/// How [`Journal::open`] came by the journal it opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Origin {
+    /// An existing log was replayed.
+    Existing,
+    /// No journal was here (a new or empty directory, or a first creation
+    /// that never finished): a fresh, empty one was created.
+    #[default]
+    Created,
+    /// The log was missing, but an interrupted compaction had left its
+    /// complete, fsynced snapshot; it was moved into place and replayed.
+    CompletedCompaction,
+    /// [`JournalConfig::reset`]: a fresh journal was started on purpose.
+    Reset {
+        /// Where the previous log was moved, if there was one.
+        previous: Option<PathBuf>,
+    },
 }
 
 /// What [`Journal::open`] found on disk.
@@ -217,13 +341,16 @@ pub struct StoredPack {
 pub struct Recovered {
     /// Latest accepted version of each stored pack, ordered by (tenant, pack).
     pub packs: Vec<StoredPack>,
-    /// Execution ids with a durable start record.
-    pub started: HashSet<String>,
-    /// Execution ids with a result record. `started - finished` are the
-    /// executions to report as `outcome unknown` and never fire again.
-    pub finished: HashSet<String>,
-    /// Unacknowledged feedback `(seq, record)`, in seq order.
-    pub outbox: Vec<(u64, Vec<u8>)>,
+    /// Every execution id with a start or result record (within the
+    /// retention horizon) and its outcome. `None`: started, no result —
+    /// report it as `outcome unknown` and never fire it again.
+    pub attempts: HashMap<String, Option<Outcome>>,
+    /// Once-only action keys already recorded: those actions were (or may
+    /// have been) taken; never take them again.
+    pub once: HashSet<String>,
+    /// Unacknowledged feedback records held (read them with
+    /// [`Journal::outbox_page`]).
+    pub outbox_len: usize,
     /// Outbox entries dropped because of the cap and not yet reported.
     pub dropped: u64,
     /// Last heartbeat: the agent was up until at least then (reference ns).
@@ -231,6 +358,86 @@ pub struct Recovered {
     /// Bytes of a torn tail cut off the log (a crash mid-write); 0 if the
     /// log ended cleanly. Worth a warning in the agent's log.
     pub truncated_bytes: u64,
+    /// Whether the log was replayed, created, completed from a compaction
+    /// or reset. Anything but [`Origin::Existing`] is worth a line in the
+    /// agent's log; [`Origin::Reset`] is worth a warning.
+    pub origin: Origin,
+}
+
+/// What a heartbeat has to report besides success. Not an error: the
+/// journal keeps working.
+#[derive(Debug, Default)]
+#[must_use = "a compaction error must reach the agent's log"]
+#[non_exhaustive]
+pub struct Heartbeat {
+    /// An automatic compaction failed since the last heartbeat (its record
+    /// is safely in the log; the log keeps growing until one succeeds).
+    pub compaction_error: Option<JournalError>,
+    /// Execution ids and once keys this heartbeat forgot (retention).
+    pub pruned: usize,
+}
+
+/// How much state the journal holds in memory (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Held {
+    /// Stored packs.
+    pub packs: usize,
+    /// Execution ids (started and/or finished).
+    pub attempts: usize,
+    /// Once-only keys.
+    pub once: usize,
+    /// Unacknowledged feedback records (on disk; 8 bytes each in memory).
+    pub outbox: usize,
+    /// Heap bytes of the outbox index.
+    pub outbox_index_bytes: usize,
+}
+
+/// What [`check_log_bytes`] found in a log image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LogSummary {
+    /// Stored packs.
+    pub packs: usize,
+    /// Execution ids with a start or result record.
+    pub attempts: usize,
+    /// Of those, started without a result.
+    pub unfinished: usize,
+    /// Once-only keys.
+    pub once: usize,
+    /// Unacknowledged feedback records.
+    pub outbox_len: usize,
+    /// The seq the next feedback record would get.
+    pub next_seq: u64,
+    /// Last heartbeat.
+    pub last_alive_ns: Option<i64>,
+    /// Bytes of intact records (with the header): where a torn tail starts.
+    pub valid_bytes: u64,
+    /// Bytes after them that `open` would cut off as a torn tail.
+    pub truncated_bytes: u64,
+}
+
+/// Replays a journal log image as [`Journal::open`] would, without any
+/// file: what it holds, or why `open` would refuse it. Never panics, on any
+/// input (fuzzed: `fuzz/fuzz_targets/journal_replay.rs`).
+pub fn check_log_bytes(bytes: &[u8]) -> Result<LogSummary, JournalError> {
+    let r = replay(bytes, Path::new("<log image>"))?;
+    Ok(LogSummary {
+        packs: r.state.packs.len(),
+        attempts: r.state.attempts.len(),
+        unfinished: r
+            .state
+            .attempts
+            .values()
+            .filter(|a| a.outcome.is_none())
+            .count(),
+        once: r.state.once.len(),
+        outbox_len: r.state.outbox.len(),
+        next_seq: r.state.next_seq,
+        last_alive_ns: r.state.last_alive_ns,
+        valid_bytes: r.valid_end as u64,
+        truncated_bytes: (bytes.len() - r.valid_end) as u64,
+    })
 }
 
 /// The durable journal. See the module docs for the design and guarantees.
@@ -238,6 +445,7 @@ pub struct Journal {
     cfg: JournalConfig,
     log_path: PathBuf,
     tmp_path: PathBuf,
+    /// The log, open for appending and for reading feedback back.
     file: File,
     /// Held for the journal's lifetime; dropping it releases the `flock`.
     _lock: File,
@@ -253,6 +461,8 @@ pub struct Journal {
     compact_trigger: u64,
     /// Reference time of the last group commit done by a heartbeat.
     last_group_sync_ns: Option<i64>,
+    /// Reference time of the last in-memory prune done by a heartbeat.
+    last_prune_ns: Option<i64>,
     poisoned: bool,
     compaction_error: Option<JournalError>,
 }
@@ -264,9 +474,10 @@ impl fmt::Debug for Journal {
             .field("log_path", &self.log_path)
             .field("len", &self.len)
             .field("synced_len", &self.synced_len)
+            .field("compact_trigger", &self.compact_trigger)
             .field("packs", &self.state.packs.len())
-            .field("started", &self.state.started.len())
-            .field("finished", &self.state.finished.len())
+            .field("attempts", &self.state.attempts.len())
+            .field("once", &self.state.once.len())
             .field("outbox", &self.state.outbox.len())
             .field("dropped", &self.state.dropped)
             .field("poisoned", &self.poisoned)
@@ -277,37 +488,80 @@ impl fmt::Debug for Journal {
 impl Journal {
     /// Opens (creating if needed) the journal in `cfg.dir` and recovers its
     /// state: a torn tail is truncated and reported, damage in the middle is
-    /// an error naming its offset (see the module docs).
+    /// an error naming its offset, a missing log where one existed is
+    /// refused unless `cfg.reset` (see the module docs).
     pub fn open(cfg: JournalConfig) -> Result<(Journal, Recovered), JournalError> {
         cfg.validate()?;
         fs::create_dir_all(&cfg.dir)
             .map_err(|e| JournalError::io("create directory", &cfg.dir, e))?;
-        let lock = lock::lock_exclusive(&cfg.dir.join(LOCK_FILE))?;
+        let lock_path = cfg.dir.join(LOCK_FILE);
+        let lock = lock::lock_exclusive(&lock_path)?;
         let log_path = cfg.dir.join(LOG_FILE);
         let tmp_path = cfg.dir.join(TMP_FILE);
+        let created_here = lock
+            .metadata()
+            .map_err(|e| JournalError::io("stat", &lock_path, e))?
+            .len()
+            > 0;
 
+        let mut origin = Origin::Existing;
+        if cfg.reset {
+            let previous = if exists(&log_path)? {
+                let aside = cfg.dir.join(DISCARDED_FILE);
+                fs::rename(&log_path, &aside)
+                    .map_err(|e| JournalError::io("move aside (reset)", &log_path, e))?;
+                Some(aside)
+            } else {
+                None
+            };
+            origin = Origin::Reset { previous };
+        } else if !exists(&log_path)? {
+            if complete_snapshot(&tmp_path)? {
+                fs::rename(&tmp_path, &log_path)
+                    .map_err(|e| JournalError::io("rename complete snapshot to", &log_path, e))?;
+                sync_dir(&cfg.dir)?;
+                origin = Origin::CompletedCompaction;
+            } else if created_here {
+                return Err(JournalError::LogMissing {
+                    path: log_path,
+                    lock: lock_path,
+                });
+            }
+        }
         // A leftover tmp file is a compaction (or first creation) that did
         // not reach its rename: the log, if any, is still the truth.
         remove_if_exists(&tmp_path)?;
-        let exists = match fs::metadata(&log_path) {
-            Ok(_) => true,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-            Err(e) => return Err(JournalError::io("stat", &log_path, e)),
-        };
-        if !exists {
-            let (_, _, _) = write_snapshot(&cfg.dir, &tmp_path, &log_path, &State::new(), None)?;
+        if !exists(&log_path)? {
+            write_snapshot(&cfg.dir, &tmp_path, &log_path, &State::new(), None, None)?;
             // The directory may be new too: make its entry durable, best
             // effort (the parent may not be readable to us).
             if let Some(parent) = cfg.dir.parent() {
                 let _ = sync_dir(parent);
             }
+            if origin == Origin::Existing {
+                origin = Origin::Created;
+            }
+        }
+        if !created_here {
+            // From now on a missing log is refused. Written after the log's
+            // directory entry is durable, so a crash before this line leaves
+            // a directory that may start fresh (nothing was accepted yet).
+            lock.write_all_at(CREATED_MARKER, 0)
+                .and_then(|()| lock.sync_data())
+                .map_err(|e| JournalError::io("write", &lock_path, e))?;
         }
 
         let bytes = fs::read(&log_path).map_err(|e| JournalError::io("read", &log_path, e))?;
-        let (state, salt, valid_end) = replay(&bytes, &log_path)?;
+        let Replayed {
+            mut state,
+            salt,
+            valid_end,
+            snapshot_end,
+        } = replay(&bytes, &log_path)?;
         let total = bytes.len();
         drop(bytes);
         let file = OpenOptions::new()
+            .read(true)
             .append(true)
             .open(&log_path)
             .map_err(|e| JournalError::io("open", &log_path, e))?;
@@ -317,6 +571,12 @@ impl Journal {
                 .map_err(|e| JournalError::io("truncate torn tail of", &log_path, e))?;
             file.sync_all()
                 .map_err(|e| JournalError::io("fsync", &log_path, e))?;
+        }
+        // What compaction would forget, forget now: replay re-read ids of
+        // the whole log, and memory must not depend on when we compacted.
+        let now = state.reference_now();
+        if let Some(now) = now {
+            state.prune(now.saturating_sub(cfg.retention_ns));
         }
 
         let mut journal = Journal {
@@ -329,8 +589,11 @@ impl Journal {
             synced_len: valid_end as u64,
             state,
             buf: Vec::with_capacity(256),
-            compact_trigger: cfg.max_log_bytes,
+            // The live size at the last compaction is where its snapshot
+            // ends: the trigger survives restarts.
+            compact_trigger: trigger(cfg.max_log_bytes, snapshot_end.map_or(0, |e| e as u64)),
             last_group_sync_ns: None,
+            last_prune_ns: now,
             poisoned: false,
             compaction_error: None,
             cfg,
@@ -339,7 +602,10 @@ impl Journal {
         // The cap may have been lowered since the last run.
         let len = journal.state.outbox.len();
         if len > journal.cfg.outbox_cap {
-            let through = journal.state.outbox[len - journal.cfg.outbox_cap - 1].0;
+            let through = journal
+                .state
+                .outbox
+                .seq_at(len - journal.cfg.outbox_cap - 1);
             journal.commit(
                 &Rec::DropOldest {
                     through_seq: through,
@@ -356,25 +622,31 @@ impl Journal {
                 .values()
                 .map(PackedPack::to_stored)
                 .collect(),
-            started: journal.state.started.keys().cloned().collect(),
-            finished: journal.state.finished.keys().cloned().collect(),
-            outbox: journal.state.outbox.iter().cloned().collect(),
+            attempts: journal
+                .state
+                .attempts
+                .iter()
+                .map(|(id, a)| (id.to_string(), a.outcome))
+                .collect(),
+            once: journal.state.once.keys().map(|k| k.to_string()).collect(),
+            outbox_len: journal.state.outbox.len(),
             dropped: journal.state.dropped,
             last_alive_ns: journal.state.last_alive_ns,
             truncated_bytes,
+            origin,
         };
         Ok((journal, recovered))
     }
 
-    /// Records that a stored pack version is stopped for good (give-up,
-    /// cancel): after a restart it is restored in its safe state instead of
-    /// firing again. Durable on return. Ignored if that version is not stored.
+    /// Records that a stored pack version is stopped for good: after a
+    /// restart it is restored in its safe state instead of firing again.
+    /// Durable on return. Ignored if that version is not stored.
     pub fn stop_pack(
         &mut self,
         tenant: &str,
         pack: &str,
         version: u64,
-        reason: &str,
+        reason: StopReason,
     ) -> Result<(), JournalError> {
         self.commit(
             &Rec::StopPack {
@@ -428,32 +700,58 @@ impl Journal {
         self.commit(&Rec::Started(Ids::Borrowed(ids)), true)
     }
 
-    /// Records that an execution has a result. Lazily synced (group commit,
-    /// see the module docs). Push the result's feedback *before* calling
-    /// this, so that a durable "finished" implies durable feedback.
-    pub fn record_finished(&mut self, id: &str) -> Result<(), JournalError> {
+    /// Records an execution's result: one record, so a crash leaves either
+    /// no result (outcome unknown) or this one, never half of it. Lazily
+    /// synced (group commit, see the module docs). Push the result's
+    /// feedback *before* calling this, so that a durable result implies
+    /// durable feedback. A later call for the same id replaces the outcome.
+    pub fn record_finished(&mut self, id: &str, outcome: Outcome) -> Result<(), JournalError> {
         // Date the result by its start if known, else by the journal's
-        // "now"; with no time known at all it is kept until one is.
+        // "now"; with no reference time known at all (no heartbeat, no
+        // start yet) it is dated in the far future: kept, never forgotten.
         let ref_ns = self
             .state
-            .started
+            .attempts
             .get(id)
-            .copied()
+            .map(|a| a.ref_ns)
             .or_else(|| self.state.reference_now())
             .unwrap_or(i64::MAX);
-        self.commit(&Rec::Finished { id, ref_ns }, false)
+        self.commit(
+            &Rec::Finished {
+                id,
+                ref_ns,
+                outcome,
+            },
+            false,
+        )
+    }
+
+    /// Claims a once-only action (an `on_failure`, a give-up report, an
+    /// `outcome unknown` report...) by its key, dated `ref_ns` (reference
+    /// ns) for the retention horizon. Returns `true` if the key is new: it
+    /// is then durable (fdatasync'd) on return and the caller takes the
+    /// action now. Returns `false`, writing nothing, if the key was already
+    /// recorded (before a restart, say): the action was or may have been
+    /// taken, and must not be taken again. Call it BEFORE acting.
+    pub fn record_once(&mut self, key: &str, ref_ns: i64) -> Result<bool, JournalError> {
+        self.check_poisoned()?;
+        if self.state.once.contains_key(key) {
+            return Ok(false);
+        }
+        self.commit(&Rec::Once { key, ref_ns }, true)?;
+        Ok(true)
     }
 
     /// Appends a feedback record (opaque bytes, JSON by convention) to the
     /// outbox and returns its seq (1, 2, ...; monotonic across restarts).
     /// If the outbox is full, the oldest entries are dropped and counted in
-    /// [`Journal::dropped`]. Lazily synced.
+    /// [`Journal::dropped`]. Lazily synced. The payload stays on disk only.
     pub fn push_feedback(&mut self, record: &[u8]) -> Result<u64, JournalError> {
         let seq = self.state.next_seq;
         let len = self.state.outbox.len();
         let cap = self.cfg.outbox_cap;
         let dropped_through = if len >= cap {
-            self.state.outbox[len - cap].0
+            self.state.outbox.seq_at(len - cap)
         } else {
             0
         };
@@ -471,12 +769,7 @@ impl Journal {
     /// Removes feedback with seq <= `up_to_seq` from the outbox: the
     /// controller has it. Lazily synced (a lost ack means a re-send).
     pub fn ack_feedback(&mut self, up_to_seq: u64) -> Result<(), JournalError> {
-        if self
-            .state
-            .outbox
-            .front()
-            .is_none_or(|(s, _)| *s > up_to_seq)
-        {
+        if self.state.outbox.front_seq().is_none_or(|s| s > up_to_seq) {
             return self.check_poisoned();
         }
         self.commit(&Rec::Ack { up_to_seq }, false)
@@ -484,9 +777,12 @@ impl Journal {
 
     /// Notes that the agent is up at reference time `now_ns`. Cheap: written
     /// every call, fdatasync'd (together with any pending lazy records) only
-    /// once per [`JournalConfig::lazy_sync_interval_ns`]; this is the group
-    /// commit of lazy records.
-    pub fn heartbeat(&mut self, now_ns: i64) -> Result<(), JournalError> {
+    /// once per [`JournalConfig::lazy_sync_interval_ns`] (the group commit
+    /// of lazy records); once per quarter of
+    /// [`JournalConfig::retention_ns`] it also forgets ids and once keys
+    /// past the horizon. Call it regularly (the agent: every ~100 ms) and
+    /// log what the returned [`Heartbeat`] reports.
+    pub fn heartbeat(&mut self, now_ns: i64) -> Result<Heartbeat, JournalError> {
         self.commit(&Rec::Alive { ns: now_ns }, false)?;
         let interval = self.cfg.lazy_sync_interval_ns;
         // A clock that went backwards also syncs: better early than never.
@@ -497,7 +793,21 @@ impl Journal {
             self.sync()?;
             self.last_group_sync_ns = Some(now_ns);
         }
-        Ok(())
+        let every = self.cfg.retention_ns / 4;
+        let prune_due = self
+            .last_prune_ns
+            .is_none_or(|t| now_ns < t || now_ns.saturating_sub(t) >= every);
+        let mut pruned = 0;
+        if prune_due {
+            self.last_prune_ns = Some(now_ns);
+            pruned = self
+                .state
+                .prune(now_ns.saturating_sub(self.cfg.retention_ns));
+        }
+        Ok(Heartbeat {
+            compaction_error: self.compaction_error.take(),
+            pruned,
+        })
     }
 
     /// Outbox entries dropped because of the cap and not yet reported.
@@ -521,19 +831,59 @@ impl Journal {
         self.state.outbox.len()
     }
 
-    /// Unacknowledged feedback, in seq order (to re-send after reconnecting).
-    pub fn outbox(&self) -> impl ExactSizeIterator<Item = (u64, &[u8])> {
-        self.state.outbox.iter().map(|(s, r)| (*s, r.as_slice()))
+    /// The first and last seq of unacknowledged feedback, if any (seqs in
+    /// between are all held: the outbox is contiguous).
+    pub fn outbox_range(&self) -> Option<(u64, u64)> {
+        Some((
+            self.state.outbox.front_seq()?,
+            self.state.outbox.back_seq()?,
+        ))
     }
 
-    /// Whether `id` has a start record (it must never fire again).
+    /// Up to `max` unacknowledged feedback records with seq >= `from_seq`,
+    /// in seq order, read back from the log (to re-send after reconnecting:
+    /// page through with `from_seq = last seq + 1`). Each record's checksum
+    /// is verified again; a mismatch is [`JournalError::Corrupt`].
+    pub fn outbox_page(
+        &self,
+        from_seq: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, JournalError> {
+        self.check_poisoned()?;
+        let mut out = Vec::with_capacity(max.min(self.state.outbox.len()).min(1024));
+        let mut buf = Vec::new();
+        for (seq, offset) in self.state.outbox.page(from_seq, max) {
+            let record = read_push(&self.file, &self.log_path, self.salt, offset, seq, &mut buf)?;
+            out.push((seq, record.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Whether `id` has a start (or result) record: it must never fire
+    /// again, unless its outcome is [`Outcome::NotRun`].
     pub fn is_started(&self, id: &str) -> bool {
-        self.state.started.contains_key(id)
+        self.state.attempts.contains_key(id)
     }
 
-    /// Whether `id` has a result record.
-    pub fn is_finished(&self, id: &str) -> bool {
-        self.state.finished.contains_key(id)
+    /// The result recorded for `id`, if any.
+    pub fn outcome(&self, id: &str) -> Option<Outcome> {
+        self.state.attempts.get(id).and_then(|a| a.outcome)
+    }
+
+    /// Whether the once-only action `key` was recorded.
+    pub fn is_once_recorded(&self, key: &str) -> bool {
+        self.state.once.contains_key(key)
+    }
+
+    /// How much the journal holds in memory now.
+    pub fn held(&self) -> Held {
+        Held {
+            packs: self.state.packs.len(),
+            attempts: self.state.attempts.len(),
+            once: self.state.once.len(),
+            outbox: self.state.outbox.len(),
+            outbox_index_bytes: self.state.outbox.heap_bytes(),
+        }
     }
 
     /// Bytes in the log file now.
@@ -542,9 +892,10 @@ impl Journal {
     }
 
     /// The error of the last failed automatic compaction, if any, cleared
-    /// by this call. An automatic compaction failure does not fail the call
-    /// that triggered it (its record is safely in the log); the journal
-    /// retries after the log grew by another quarter of `max_log_bytes`.
+    /// by this call (the next [`Journal::heartbeat`] also hands it out). An
+    /// automatic compaction failure does not fail the call that triggered
+    /// it (its record is safely in the log); the journal retries after the
+    /// log grew by another quarter of `max_log_bytes`.
     pub fn take_compaction_error(&mut self) -> Option<JournalError> {
         self.compaction_error.take()
     }
@@ -559,9 +910,9 @@ impl Journal {
     }
 
     /// Rewrites the log as a snapshot of the live state, forgetting ids
-    /// older than the retention horizon (see the module docs). Atomic: a
-    /// crash at any point leaves either the old or the new log. Also runs
-    /// by itself when the log grows past its trigger.
+    /// and once keys older than the retention horizon (see the module
+    /// docs). Atomic: a crash at any point leaves either the old or the new
+    /// log. Also runs by itself when the log grows past its trigger.
     pub fn compact(&mut self) -> Result<(), JournalError> {
         self.check_poisoned()?;
         let horizon = self
@@ -574,8 +925,13 @@ impl Journal {
             &self.log_path,
             &self.state,
             horizon,
+            Some(OldLog {
+                file: &self.file,
+                path: &self.log_path,
+                salt: self.salt,
+            }),
         );
-        let (file, salt, len) = match snapshot {
+        let (file, salt, len, offsets) = match snapshot {
             Ok(v) => v,
             Err(SnapshotError::BeforeRename(e)) => return Err(e),
             Err(SnapshotError::AfterRename(e)) => {
@@ -589,11 +945,11 @@ impl Journal {
         self.salt = salt;
         self.len = len;
         self.synced_len = len;
+        self.state.outbox.set_offsets(offsets);
         if let Some(h) = horizon {
-            self.state.started.retain(|_, ns| *ns >= h);
-            self.state.finished.retain(|_, ns| *ns >= h);
+            self.state.prune(h);
         }
-        self.compact_trigger = self.cfg.max_log_bytes.max(len.saturating_mul(2));
+        self.compact_trigger = trigger(self.cfg.max_log_bytes, len);
         Ok(())
     }
 
@@ -626,11 +982,12 @@ impl Journal {
             self.poisoned = true;
             return Err(JournalError::io("append to", &self.log_path, e));
         }
+        let offset = self.len;
         self.len += n;
         if durable {
             self.sync_data()?;
         }
-        self.state.apply(rec);
+        self.state.apply(rec, offset);
         self.maybe_compact();
         Ok(())
     }
@@ -658,6 +1015,11 @@ impl Journal {
     }
 }
 
+/// The log size past which a log whose live part is `live` bytes compacts.
+fn trigger(max_log_bytes: u64, live: u64) -> u64 {
+    max_log_bytes.max(live.saturating_mul(2))
+}
+
 impl Drop for Journal {
     /// Best-effort flush on a clean drop; a crash relies on the durable
     /// calls instead, and errors here have nowhere to go.
@@ -675,15 +1037,47 @@ impl Rec<'_> {
             Rec::PutPack { .. } => "pack",
             Rec::Started(_) => "batch of execution ids",
             Rec::Finished { .. } => "execution id",
+            Rec::Once { .. } => "once key",
             Rec::Push { .. } => "feedback record",
             _ => "record",
         }
     }
 }
 
-/// Replays a log image: its state, its salt, and where its intact records
-/// end (the rest is a torn tail).
-fn replay(buf: &[u8], path: &Path) -> Result<(State, u32, usize), JournalError> {
+fn exists(path: &Path) -> Result<bool, JournalError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(JournalError::io("stat", path, e)),
+    }
+}
+
+/// Whether `tmp` holds a complete snapshot: it replays cleanly, with no
+/// torn tail, up to its closing `Meta` record (written last, then fsynced
+/// before any rename).
+fn complete_snapshot(tmp: &Path) -> Result<bool, JournalError> {
+    let bytes = match fs::read(tmp) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(JournalError::io("read", tmp, e)),
+    };
+    Ok(replay(&bytes, tmp)
+        .is_ok_and(|r| r.valid_end == bytes.len() && r.snapshot_end == Some(bytes.len())))
+}
+
+/// A replayed log image.
+struct Replayed {
+    state: State,
+    salt: u32,
+    /// Where its intact records end (the rest is a torn tail).
+    valid_end: usize,
+    /// Where the last `Meta` record ends: the live size at the last
+    /// compaction (every log starts as a snapshot).
+    snapshot_end: Option<usize>,
+}
+
+/// Replays a log image.
+fn replay(buf: &[u8], path: &Path) -> Result<Replayed, JournalError> {
     let corrupt = |offset: usize, reason: String| JournalError::Corrupt {
         path: path.to_owned(),
         offset: offset as u64,
@@ -706,11 +1100,16 @@ fn replay(buf: &[u8], path: &Path) -> Result<(State, u32, usize), JournalError> 
         HeaderError::Checksum => corrupt(0, "header checksum mismatch".into()),
     })?;
     let mut state = State::new();
+    let mut snapshot_end = None;
     let mut pos = HEADER_LEN;
     while pos < buf.len() {
         if let Some((payload, next)) = record::read_frame(buf, pos, salt) {
             let rec = record::decode(payload).map_err(|reason| corrupt(pos, reason))?;
-            state.apply(&rec);
+            state.check(&rec).map_err(|reason| corrupt(pos, reason))?;
+            state.apply(&rec, pos as u64);
+            if matches!(rec, Rec::Meta { .. }) {
+                snapshot_end = Some(next);
+            }
             pos = next;
         } else if let Some(intact) = record::any_frame_from(buf, pos + 1, salt) {
             return Err(corrupt(
@@ -724,7 +1123,57 @@ fn replay(buf: &[u8], path: &Path) -> Result<(State, u32, usize), JournalError> 
             break;
         }
     }
-    Ok((state, salt, pos))
+    Ok(Replayed {
+        state,
+        salt,
+        valid_end: pos,
+        snapshot_end,
+    })
+}
+
+/// Reads back the `Push` frame of feedback `seq` at `offset` of `file`,
+/// verifying its checksum again. Returns the record (borrowed from `buf`).
+fn read_push<'b>(
+    file: &File,
+    path: &Path,
+    salt: u32,
+    offset: u64,
+    seq: u64,
+    buf: &'b mut Vec<u8>,
+) -> Result<&'b [u8], JournalError> {
+    let corrupt = |reason: String| JournalError::Corrupt {
+        path: path.to_owned(),
+        offset,
+        reason,
+    };
+    let mut head = [0u8; FRAME_LEN];
+    file.read_exact_at(&mut head, offset)
+        .map_err(|e| JournalError::io("read feedback from", path, e))?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len == 0 || len > MAX_PAYLOAD {
+        return Err(corrupt(format!(
+            "feedback seq {seq}: implausible record length {len} on re-read"
+        )));
+    }
+    buf.clear();
+    buf.resize(FRAME_LEN + len, 0);
+    buf[..FRAME_LEN].copy_from_slice(&head);
+    file.read_exact_at(&mut buf[FRAME_LEN..], offset + FRAME_LEN as u64)
+        .map_err(|e| JournalError::io("read feedback from", path, e))?;
+    let Some((payload, _)) = record::read_frame(buf, 0, salt) else {
+        return Err(corrupt(format!(
+            "feedback seq {seq} fails its checksum on re-read"
+        )));
+    };
+    match record::decode(payload) {
+        Ok(Rec::Push {
+            seq: found, record, ..
+        }) if found == seq => Ok(record),
+        Ok(_) => Err(corrupt(format!(
+            "expected the record of feedback seq {seq} here"
+        ))),
+        Err(reason) => Err(corrupt(reason)),
+    }
 }
 
 /// A snapshot failed before its rename (the old log is untouched) or after
@@ -742,19 +1191,28 @@ impl From<SnapshotError> for JournalError {
     }
 }
 
+/// The log a snapshot copies feedback payloads from.
+struct OldLog<'a> {
+    file: &'a File,
+    path: &'a Path,
+    salt: u32,
+}
+
 /// Writes `state` (ids older than `horizon` left out) as a complete new log
 /// at `tmp`, fsyncs it, renames it over `log` and fsyncs `dir`. Returns the
-/// new log open for appending, its salt and its length.
+/// new log open for appending (and reading), its salt, its length and the
+/// new offsets of the outbox's records (copied from `old`).
 fn write_snapshot(
     dir: &Path,
     tmp: &Path,
     log: &Path,
     state: &State,
     horizon: Option<i64>,
-) -> Result<(File, u32, u64), SnapshotError> {
+    old: Option<OldLog<'_>>,
+) -> Result<(File, u32, u64, VecDeque<u64>), SnapshotError> {
     let salt: u32 = rand::random();
-    let result = write_tmp(tmp, state, horizon, salt);
-    let (file, len) = match result {
+    let result = write_tmp(tmp, state, horizon, salt, old);
+    let (file, len, offsets) = match result {
         Ok(v) => v,
         Err(e) => {
             let _ = fs::remove_file(tmp);
@@ -770,7 +1228,7 @@ fn write_snapshot(
         )));
     }
     sync_dir(dir).map_err(SnapshotError::AfterRename)?;
-    Ok((file, salt, len))
+    Ok((file, salt, len, offsets))
 }
 
 fn write_tmp(
@@ -778,10 +1236,12 @@ fn write_tmp(
     state: &State,
     horizon: Option<i64>,
     salt: u32,
-) -> Result<(File, u64), JournalError> {
+    old: Option<OldLog<'_>>,
+) -> Result<(File, u64, VecDeque<u64>), JournalError> {
     let io_err = |op| move |e| JournalError::io(op, tmp, e);
     remove_if_exists(tmp)?;
     let file = OpenOptions::new()
+        .read(true)
         .append(true)
         .create_new(true)
         .open(tmp)
@@ -798,12 +1258,6 @@ fn write_tmp(
     w.len += HEADER_LEN as u64;
     let keep = |ns: i64| horizon.is_none_or(|h| ns >= h);
 
-    w.emit(&Rec::Meta {
-        next_seq: state.next_seq,
-        dropped: state.dropped,
-        last_alive_ns: state.last_alive_ns,
-    })
-    .map_err(io_err("write"))?;
     for p in state.packs.values() {
         let yaml = p.yaml();
         w.emit(&Rec::PutPack {
@@ -814,7 +1268,7 @@ fn write_tmp(
             yaml: &yaml,
         })
         .map_err(io_err("write"))?;
-        if let Some(reason) = &p.stopped {
+        if let Some(reason) = p.stopped {
             w.emit(&Rec::StopPack {
                 tenant: &p.tenant,
                 pack: &p.pack,
@@ -824,10 +1278,16 @@ fn write_tmp(
             .map_err(io_err("write"))?;
         }
     }
+    // Started-only ids in batches; ids with a result as one `Finished`
+    // record each (which implies the start).
     let mut chunk: Vec<(&str, i64)> = Vec::new();
     let mut chunk_bytes = 0;
-    for (id, ns) in state.started.iter().filter(|(_, ns)| keep(**ns)) {
-        chunk.push((id, *ns));
+    for (id, a) in state
+        .attempts
+        .iter()
+        .filter(|(_, a)| a.outcome.is_none() && keep(a.ref_ns))
+    {
+        chunk.push((id, a.ref_ns));
         chunk_bytes += id.len() + 12;
         if chunk_bytes >= SNAPSHOT_CHUNK_BYTES {
             w.emit(&Rec::Started(Ids::Borrowed(&chunk)))
@@ -840,25 +1300,53 @@ fn write_tmp(
         w.emit(&Rec::Started(Ids::Borrowed(&chunk)))
             .map_err(io_err("write"))?;
     }
-    for (id, ns) in state.finished.iter().filter(|(_, ns)| keep(**ns)) {
-        w.emit(&Rec::Finished { id, ref_ns: *ns })
+    drop(chunk);
+    for (id, a) in state.attempts.iter().filter(|(_, a)| keep(a.ref_ns)) {
+        if let Some(outcome) = a.outcome {
+            w.emit(&Rec::Finished {
+                id,
+                ref_ns: a.ref_ns,
+                outcome,
+            })
+            .map_err(io_err("write"))?;
+        }
+    }
+    for (key, ns) in state.once.iter().filter(|(_, ns)| keep(**ns)) {
+        w.emit(&Rec::Once { key, ref_ns: *ns })
             .map_err(io_err("write"))?;
     }
-    for (seq, record) in &state.outbox {
-        w.emit(&Rec::Push {
-            seq: *seq,
-            dropped_through: 0,
-            record,
-        })
-        .map_err(io_err("write"))?;
+    let mut offsets = VecDeque::with_capacity(state.outbox.len());
+    if let Some(old) = old {
+        let mut rbuf = Vec::new();
+        for (seq, offset) in state.outbox.page(0, usize::MAX) {
+            let record = read_push(old.file, old.path, old.salt, offset, seq, &mut rbuf)?;
+            offsets.push_back(w.len);
+            w.emit(&Rec::Push {
+                seq,
+                dropped_through: 0,
+                record,
+            })
+            .map_err(io_err("write"))?;
+            if rbuf.capacity() > KEEP_BUF_BYTES {
+                rbuf = Vec::new();
+            }
+        }
     }
+    debug_assert_eq!(offsets.len(), state.outbox.len(), "outbox copied whole");
+    // Last: its end marks the snapshot complete and measures the live size.
+    w.emit(&Rec::Meta {
+        next_seq: state.next_seq,
+        dropped: state.dropped,
+        last_alive_ns: state.last_alive_ns,
+    })
+    .map_err(io_err("write"))?;
     let len = w.len;
     let file = w
         .out
         .into_inner()
         .map_err(|e| JournalError::io("write", tmp, e.into_error()))?;
     file.sync_all().map_err(io_err("fsync"))?;
-    Ok((file, len))
+    Ok((file, len, offsets))
 }
 
 /// Buffered writer of framed records for a snapshot.

@@ -5,7 +5,7 @@
 //! (~90 bytes per instruction, highly repetitive). Deflated it is a few
 //! bytes per instruction; it is inflated only at start-up and compaction.
 
-use super::StoredPack;
+use super::{StopReason, StoredPack};
 
 /// A stored pack with its YAML deflated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,7 +15,7 @@ pub(crate) struct PackedPack {
     pub(crate) version: u64,
     pub(crate) accepted_ns: i64,
     /// Why this version stopped for good, if it did.
-    pub(crate) stopped: Option<String>,
+    pub(crate) stopped: Option<StopReason>,
     yaml_deflated: Box<[u8]>,
     yaml_len: usize,
 }
@@ -55,7 +55,7 @@ impl PackedPack {
             version: self.version,
             yaml: self.yaml(),
             accepted_ns: self.accepted_ns,
-            stopped: self.stopped.clone(),
+            stopped: self.stopped,
         }
     }
 }

@@ -4,8 +4,15 @@
 //! header  = magic "BATONJNL" | version u32 | salt u32 | crc32(magic..salt) u32   (20 bytes)
 //! record  = len u32 | crc u32 | payload[len]
 //!           crc = CRC-32 (IEEE), started from `salt`, over the len bytes then the payload
-//! payload = kind u8 | fields (little-endian integers; str/bytes = u32 length + bytes)
+//! payload = kind u8 | fields (little-endian integers; str/bytes = u32 length + bytes;
+//!           enums = one u8 tag, see `Outcome` / `StopReason` below)
 //! ```
+//!
+//! Version 2 (this one) made outcomes typed: a result is ONE `Finished`
+//! record carrying its [`Outcome`], a stop carries a [`StopReason`], and
+//! `Once` records exist. A snapshot (a compacted log) ends with its `Meta`
+//! record, so the offset just past the last `Meta` is the live size at the
+//! last compaction (the compaction trigger is recomputed from it at open).
 //!
 //! The checksum covers the length, so a torn or flipped length never sends
 //! the reader to a wrong place unnoticed. Seeding it with a per-file random
@@ -15,10 +22,12 @@
 
 use crc32fast::Hasher;
 
+use super::{Outcome, StopReason};
+
 /// First bytes of every journal file.
 pub(crate) const MAGIC: &[u8; 8] = b"BATONJNL";
 /// The format this code writes and reads.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 /// Bytes in the file header.
 pub(crate) const HEADER_LEN: usize = 20;
 /// Bytes in front of each record's payload (length and checksum).
@@ -38,6 +47,28 @@ const K_DROPPED_REPORTED: u8 = 8;
 const K_META: u8 = 9;
 const K_DROP_OLDEST: u8 = 10;
 const K_STOP_PACK: u8 = 11;
+const K_ONCE: u8 = 12;
+
+const OUTCOME_SUCCEEDED: u8 = 1;
+const OUTCOME_FAILED: u8 = 2;
+const OUTCOME_NOT_RUN: u8 = 3;
+const STOP_GIVE_UP: u8 = 1;
+const STOP_CANCEL: u8 = 2;
+
+fn outcome_tag(o: Outcome) -> u8 {
+    match o {
+        Outcome::Succeeded => OUTCOME_SUCCEEDED,
+        Outcome::Failed => OUTCOME_FAILED,
+        Outcome::NotRun => OUTCOME_NOT_RUN,
+    }
+}
+
+fn stop_tag(r: StopReason) -> u8 {
+    match r {
+        StopReason::GiveUp => STOP_GIVE_UP,
+        StopReason::Cancel => STOP_CANCEL,
+    }
+}
 
 /// Execution ids with their scheduled reference time, either handed in by
 /// the caller (encoding) or read back from a log buffer (decoding).
@@ -76,12 +107,21 @@ pub(crate) enum Rec<'a> {
         tenant: &'a str,
         pack: &'a str,
         version: u64,
-        reason: &'a str,
+        reason: StopReason,
     },
     /// Executions are about to touch the device.
     Started(Ids<'a>),
-    /// An execution has a result; `ref_ns` dates it for the retention horizon.
-    Finished { id: &'a str, ref_ns: i64 },
+    /// An execution has a result, in one record (never two records or a
+    /// suffix: the outcome is atomic); `ref_ns` dates it for the retention
+    /// horizon.
+    Finished {
+        id: &'a str,
+        ref_ns: i64,
+        outcome: Outcome,
+    },
+    /// An at-most-once action (keyed by the agent) is about to be taken;
+    /// `ref_ns` dates it for the retention horizon.
+    Once { key: &'a str, ref_ns: i64 },
     /// A feedback record joined the outbox; entries with a seq up to
     /// `dropped_through` were dropped to make room (0: none).
     Push {
@@ -96,6 +136,7 @@ pub(crate) enum Rec<'a> {
     /// This many drops were reported upstream; subtract them.
     DroppedReported { count: u64 },
     /// Counters a snapshot must carry even when nothing else refers to them.
+    /// Written last in a snapshot: the offset past it is the live size.
     Meta {
         next_seq: u64,
         dropped: u64,
@@ -230,7 +271,7 @@ impl Rec<'_> {
                 put_str(out, tenant);
                 put_str(out, pack);
                 out.extend_from_slice(&version.to_le_bytes());
-                put_str(out, reason);
+                out.push(stop_tag(*reason));
             }
             Rec::Started(ids) => {
                 out.push(K_STARTED);
@@ -243,9 +284,19 @@ impl Rec<'_> {
                     out.extend_from_slice(&ns.to_le_bytes());
                 }
             }
-            Rec::Finished { id, ref_ns } => {
+            Rec::Finished {
+                id,
+                ref_ns,
+                outcome,
+            } => {
                 out.push(K_FINISHED);
                 put_str(out, id);
+                out.extend_from_slice(&ref_ns.to_le_bytes());
+                out.push(outcome_tag(*outcome));
+            }
+            Rec::Once { key, ref_ns } => {
+                out.push(K_ONCE);
+                put_str(out, key);
                 out.extend_from_slice(&ref_ns.to_le_bytes());
             }
             Rec::Push {
@@ -320,7 +371,11 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
             tenant: r.str()?,
             pack: r.str()?,
             version: r.u64()?,
-            reason: r.str()?,
+            reason: match r.u8()? {
+                STOP_GIVE_UP => StopReason::GiveUp,
+                STOP_CANCEL => StopReason::Cancel,
+                t => return Err(format!("unknown stop reason {t}")),
+            },
         },
         K_STARTED => {
             let n = r.u32()? as usize;
@@ -333,6 +388,16 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
         }
         K_FINISHED => Rec::Finished {
             id: r.str()?,
+            ref_ns: r.i64()?,
+            outcome: match r.u8()? {
+                OUTCOME_SUCCEEDED => Outcome::Succeeded,
+                OUTCOME_FAILED => Outcome::Failed,
+                OUTCOME_NOT_RUN => Outcome::NotRun,
+                t => return Err(format!("unknown outcome {t}")),
+            },
+        },
+        K_ONCE => Rec::Once {
+            key: r.str()?,
             ref_ns: r.i64()?,
         },
         K_PUSH => Rec::Push {
@@ -432,6 +497,65 @@ mod tests {
             other => panic!("wrong record {other:?}"),
         }
         assert!(read_frame(&buf, 0, 8).is_none(), "another file's salt");
+    }
+
+    #[test]
+    fn typed_records_round_trip_and_unknown_tags_are_refused() {
+        for outcome in [Outcome::Succeeded, Outcome::Failed, Outcome::NotRun] {
+            let mut buf = Vec::new();
+            let rec = Rec::Finished {
+                id: "p/1/i/0/0/1",
+                ref_ns: -5,
+                outcome,
+            };
+            frame(&mut buf, 3, &rec).expect("small record");
+            let (payload, _) = read_frame(&buf, 0, 3).expect("intact");
+            match decode(payload).expect("decodes") {
+                Rec::Finished {
+                    id,
+                    ref_ns,
+                    outcome: got,
+                } => assert_eq!((id, ref_ns, got), ("p/1/i/0/0/1", -5, outcome)),
+                other => panic!("wrong record {other:?}"),
+            }
+            // The outcome is the last byte: an unknown tag is an error.
+            let mut bad = payload.to_vec();
+            *bad.last_mut().expect("non-empty") = 9;
+            assert!(decode(&bad).is_err());
+        }
+        for reason in [StopReason::GiveUp, StopReason::Cancel] {
+            let mut buf = Vec::new();
+            let rec = Rec::StopPack {
+                tenant: "t",
+                pack: "p",
+                version: 4,
+                reason,
+            };
+            frame(&mut buf, 0, &rec).expect("small record");
+            let (payload, _) = read_frame(&buf, 0, 0).expect("intact");
+            assert!(matches!(
+                decode(payload),
+                Ok(Rec::StopPack { reason: r, version: 4, .. }) if r == reason
+            ));
+        }
+        let mut buf = Vec::new();
+        frame(
+            &mut buf,
+            0,
+            &Rec::Once {
+                key: "k",
+                ref_ns: 7,
+            },
+        )
+        .expect("small record");
+        let (payload, _) = read_frame(&buf, 0, 0).expect("intact");
+        assert!(matches!(
+            decode(payload),
+            Ok(Rec::Once {
+                key: "k",
+                ref_ns: 7
+            })
+        ));
     }
 
     #[test]

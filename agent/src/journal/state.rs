@@ -1,23 +1,112 @@
 //! The journal's live state: what replaying the log yields. The log is the
 //! truth; this is its fold, kept in memory because the agent asks it on
 //! every firing ("has this id started?") and it is bounded (see the module
-//! docs of [`crate::journal`]).
+//! docs of [`crate::journal`]). Feedback payloads are NOT held: the outbox
+//! is an index of where each unacknowledged record sits in the log.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use super::Outcome;
 use super::packed::PackedPack;
 use super::record::Rec;
+
+/// What the journal knows of one execution id: 16 bytes beside its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    /// Scheduled reference time (ns) of its start, else the time that
+    /// dated its result: what the retention horizon compares.
+    pub(crate) ref_ns: i64,
+    /// `None`: started, no result (yet).
+    pub(crate) outcome: Option<Outcome>,
+}
+
+/// Unacknowledged feedback: seqs `first_seq ..= first_seq + len - 1`
+/// (contiguous: pushes take the next seq, acks and drops cut the front),
+/// each with the offset of its `Push` frame in the current log. 8 bytes per
+/// entry; the payloads stay on disk.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    first_seq: u64,
+    offsets: VecDeque<u64>,
+}
+
+impl Outbox {
+    pub(crate) fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    pub(crate) fn front_seq(&self) -> Option<u64> {
+        (!self.offsets.is_empty()).then_some(self.first_seq)
+    }
+
+    pub(crate) fn back_seq(&self) -> Option<u64> {
+        (!self.offsets.is_empty()).then(|| self.first_seq + self.offsets.len() as u64 - 1)
+    }
+
+    /// The seq of the entry at `index` from the front.
+    pub(crate) fn seq_at(&self, index: usize) -> u64 {
+        self.first_seq + index as u64
+    }
+
+    fn push(&mut self, seq: u64, offset: u64) {
+        if self.offsets.is_empty() {
+            self.first_seq = seq;
+        }
+        debug_assert_eq!(seq, self.first_seq + self.offsets.len() as u64);
+        self.offsets.push_back(offset);
+    }
+
+    /// Removes entries with seq <= `through`; returns how many.
+    fn pop_through(&mut self, through: u64) -> u64 {
+        let Some(front) = self.front_seq() else {
+            return 0;
+        };
+        if through < front {
+            return 0;
+        }
+        let n = (through - front + 1).min(self.offsets.len() as u64);
+        self.offsets.drain(..n as usize);
+        self.first_seq += n;
+        if self.offsets.is_empty() {
+            self.offsets.shrink_to(1024);
+        }
+        n
+    }
+
+    /// `(seq, frame offset)` from `from_seq` on, at most `max` of them.
+    pub(crate) fn page(&self, from_seq: u64, max: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let skip = from_seq.saturating_sub(self.first_seq);
+        let skip = usize::try_from(skip).unwrap_or(usize::MAX);
+        self.offsets
+            .iter()
+            .enumerate()
+            .skip(skip)
+            .take(max)
+            .map(|(i, off)| (self.first_seq + i as u64, *off))
+    }
+
+    /// Replaces the offsets (after a compaction moved every record).
+    pub(crate) fn set_offsets(&mut self, offsets: VecDeque<u64>) {
+        debug_assert_eq!(offsets.len(), self.offsets.len());
+        self.offsets = offsets;
+    }
+
+    /// Bytes of heap this index holds.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.offsets.capacity() * 8
+    }
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
     /// Keyed by (tenant, pack).
     pub(crate) packs: BTreeMap<(String, String), PackedPack>,
-    /// Execution id → scheduled reference time.
-    pub(crate) started: HashMap<String, i64>,
-    /// Execution id → reference time that dates the result.
-    pub(crate) finished: HashMap<String, i64>,
-    /// Unacknowledged feedback, in seq order.
-    pub(crate) outbox: VecDeque<(u64, Vec<u8>)>,
+    /// Execution id → what is known of it (start and/or result).
+    pub(crate) attempts: HashMap<Box<str>, Attempt>,
+    /// Once-only action key → reference time that dates it.
+    pub(crate) once: HashMap<Box<str>, i64>,
+    /// Unacknowledged feedback, in seq order (offsets into the log).
+    pub(crate) outbox: Outbox,
     /// The seq the next pushed feedback gets; seqs start at 1 so that 0 can
     /// mean "nothing acknowledged yet" on the wire.
     pub(crate) next_seq: u64,
@@ -45,15 +134,45 @@ impl State {
         self.last_alive_ns.or(self.max_started_ns)
     }
 
-    /// Drops outbox entries with seq <= `through`, counting them as dropped.
-    fn drop_through(&mut self, through: u64) {
-        while self.outbox.front().is_some_and(|(s, _)| *s <= through) {
-            self.outbox.pop_front();
-            self.dropped = self.dropped.saturating_add(1);
-        }
+    /// Forgets ids and once keys dated before `horizon`; returns how many.
+    /// Releases map capacity once most of it is unused, so memory follows
+    /// the retained set down, not only up.
+    pub(crate) fn prune(&mut self, horizon: i64) -> usize {
+        let before = self.attempts.len() + self.once.len();
+        self.attempts.retain(|_, a| a.ref_ns >= horizon);
+        self.once.retain(|_, ns| *ns >= horizon);
+        shrink_if_sparse(&mut self.attempts);
+        shrink_if_sparse(&mut self.once);
+        before - self.attempts.len() - self.once.len()
     }
 
-    pub(crate) fn apply(&mut self, rec: &Rec<'_>) {
+    /// Checks what replay must not accept although its checksum matched:
+    /// feedback seqs that are not strictly increasing and contiguous (the
+    /// outbox index relies on it).
+    pub(crate) fn check(&self, rec: &Rec<'_>) -> Result<(), String> {
+        if let Rec::Push { seq, .. } = rec {
+            let expect = self.outbox.back_seq().map(|b| b.saturating_add(1));
+            let ok = *seq >= self.next_seq && *seq < u64::MAX && expect.is_none_or(|e| *seq == e);
+            if !ok {
+                return Err(format!(
+                    "feedback seq {seq} out of order (next seq {}, last held {:?})",
+                    self.next_seq,
+                    self.outbox.back_seq()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops outbox entries with seq <= `through`, counting them as dropped.
+    fn drop_through(&mut self, through: u64) {
+        let n = self.outbox.pop_through(through);
+        self.dropped = self.dropped.saturating_add(n);
+    }
+
+    /// Applies `rec`, whose frame starts at `offset` in the log (the outbox
+    /// index keeps it for `Push`).
+    pub(crate) fn apply(&mut self, rec: &Rec<'_>, offset: u64) {
         match rec {
             Rec::PutPack {
                 tenant,
@@ -76,7 +195,7 @@ impl State {
                     .get_mut(&((*tenant).to_owned(), (*pack).to_owned()))
                     .filter(|p| p.version == *version)
                 {
-                    p.stopped = Some((*reason).to_owned());
+                    p.stopped = Some(*reason);
                 }
             }
             Rec::RemovePack { tenant, pack } => {
@@ -85,26 +204,53 @@ impl State {
             }
             Rec::Started(ids) => {
                 for (id, ns) in ids.as_slice() {
-                    self.started.insert((*id).to_owned(), *ns);
+                    match self.attempts.get_mut(*id) {
+                        // A start after a result (a caller's mistake)
+                        // keeps the result: an outcome is never un-known.
+                        Some(a) => a.ref_ns = *ns,
+                        None => {
+                            self.attempts.insert(
+                                (*id).into(),
+                                Attempt {
+                                    ref_ns: *ns,
+                                    outcome: None,
+                                },
+                            );
+                        }
+                    }
                     self.max_started_ns = Some(self.max_started_ns.map_or(*ns, |m| m.max(*ns)));
                 }
             }
-            Rec::Finished { id, ref_ns } => {
-                self.finished.insert((*id).to_owned(), *ref_ns);
+            Rec::Finished {
+                id,
+                ref_ns,
+                outcome,
+            } => match self.attempts.get_mut(*id) {
+                Some(a) => a.outcome = Some(*outcome),
+                None => {
+                    self.attempts.insert(
+                        (*id).into(),
+                        Attempt {
+                            ref_ns: *ref_ns,
+                            outcome: Some(*outcome),
+                        },
+                    );
+                }
+            },
+            Rec::Once { key, ref_ns } => {
+                self.once.insert((*key).into(), *ref_ns);
             }
             Rec::Push {
                 seq,
                 dropped_through,
-                record,
+                ..
             } => {
                 self.drop_through(*dropped_through);
-                self.outbox.push_back((*seq, record.to_vec()));
+                self.outbox.push(*seq, offset);
                 self.next_seq = self.next_seq.max(seq.saturating_add(1));
             }
             Rec::Ack { up_to_seq } => {
-                while self.outbox.front().is_some_and(|(s, _)| s <= up_to_seq) {
-                    self.outbox.pop_front();
-                }
+                self.outbox.pop_through(*up_to_seq);
             }
             Rec::Alive { ns } => self.last_alive_ns = Some(*ns),
             Rec::DroppedReported { count } => self.dropped = self.dropped.saturating_sub(*count),
@@ -119,5 +265,11 @@ impl State {
             }
             Rec::DropOldest { through_seq } => self.drop_through(*through_seq),
         }
+    }
+}
+
+fn shrink_if_sparse<V>(m: &mut HashMap<Box<str>, V>) {
+    if m.capacity() > 4 * m.len().max(256) {
+        m.shrink_to(2 * m.len());
     }
 }
