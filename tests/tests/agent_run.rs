@@ -110,7 +110,17 @@ fn a_pack_outside_the_allowlists_is_refused_with_a_clear_error() {
         "pack: p\nversion: 1\ninstructions:\n  - {id: sh, action: exec, params: {program: /bin/sh, args: [-c, 'echo hi']}, every: 1s}\n",
     );
     assert!(
-        err.contains("program `/bin/sh` is not on this agent's exec allowlist"),
+        err.contains("instruction `sh`")
+            && err.contains("\"/bin/sh\" refused: not on the agent's exec allowlist"),
+        "{err}"
+    );
+    // An allowed program with an environment key the allowlist does not
+    // grant it (BASH_ENV would run arbitrary code): refused at acceptance.
+    let err = refused(
+        "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: exec, params: {program: /usr/bin/true, env: {BASH_ENV: /tmp/evil}}, every: 1s}\n",
+    );
+    assert!(
+        err.contains("instruction `t`") && err.contains("BASH_ENV is not allowed"),
         "{err}"
     );
     // Nothing touched the device.

@@ -77,7 +77,8 @@ pub enum AdmissionError {
 }
 
 /// Whether a program may run with an environment (the exec allowlist).
-pub type ExecCheck<'a> = dyn Fn(&str, &BTreeMap<String, String>) -> Result<(), String> + 'a;
+pub type ExecCheck<'a> =
+    dyn Fn(&str, &[String], &BTreeMap<String, String>) -> Result<(), String> + 'a;
 
 /// What the version check decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,8 +184,8 @@ impl Admission {
         allowed: &ExecCheck<'_>,
     ) -> Result<(), AdmissionError> {
         for (ins, action) in pack.all_actions() {
-            if let Action::Exec { program, env, .. } = action {
-                allowed(program, env).map_err(|reason| AdmissionError::Exec {
+            if let Action::Exec { program, args, env } = action {
+                allowed(program, args, env).map_err(|reason| AdmissionError::Exec {
                     place: place(ins),
                     reason,
                 })?;

@@ -28,7 +28,7 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
     };
     let mut device = DirectDevice::new(gpio, Arc::new(ManualClock::new(RefTime::from_nanos(0))));
     let (tx, _rx) = std::sync::mpsc::channel();
-    let exec = ExecPool::new(1, cfg.exec_allowlist.clone(), tx);
+    let exec = ExecPool::new(1, cfg.exec_allowlist.clone(), tx, Arc::new(|| {}));
     let mut adm = Admission::default();
     for path in &cfg.packs {
         let name = path.display().to_string();
@@ -42,7 +42,11 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
         let key = super::key_of(&pack);
         let r = adm
             .check_version(&key, pack.version, admission::digest(&yaml))
-            .and_then(|_| Admission::check_exec(&pack, &|p, env| super::exec_check(&exec, p, env)))
+            .and_then(|_| {
+                Admission::check_exec(&pack, &|p, args, env| {
+                    super::exec_check(&exec, p, args, env)
+                })
+            })
             .and_then(|()| adm.resolve(&pack, super::shared_lines(&pack), &mut device))
             .and_then(|res| adm.check_owners(&key, &res).map(|()| res));
         match r {

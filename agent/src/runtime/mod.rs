@@ -40,14 +40,14 @@ use std::time::Duration;
 use baton_proto::RefTime;
 use baton_proto::pack::{Action, LineRef, Pack, parse_pack, read_pack_file};
 use baton_sched::{
-    AttemptResult, Config as CoreConfig, ExecutionId, Output, PackKey, PriorOutcome, SafeReason,
-    Scheduler,
+    AttemptResult, Config as CoreConfig, Event, ExecutionId, OnceKey, Output, PackKey, Prior,
+    PriorOutcome, SafeReason, Scheduler,
 };
 
 use crate::config::AgentConfig;
 use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
-use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult};
-use crate::journal::{Journal, JournalError, Recovered, StoredPack};
+use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult, NotStartedReason};
+use crate::journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
 use crate::live::fmt_ns;
 use admission::{Admission, AdmissionError, Verdict};
 use arming::{Arming, PendingExec, Ticket};
@@ -65,6 +65,14 @@ const SAFE_STATE_WAIT: Duration = Duration::from_secs(2);
 const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
+/// How long the journal remembers attempts and once-only keys, by their
+/// occurrence instant. After a restart the core consults the journal only
+/// for occurrences after the last heartbeat (earlier ones are settled as
+/// handled), so this must cover the heartbeat and its lazy sync with room
+/// to spare — not days: at 10 000 firings/s memory is proportional to it.
+const JOURNAL_RETENTION: Duration = Duration::from_secs(120);
+/// Jobs waiting for dispatcher credit above which no more are armed.
+const MAX_BACKLOG: usize = 4096;
 /// Longest sleep of an idle loop.
 const MAX_IDLE: Duration = Duration::from_secs(1);
 
@@ -167,38 +175,47 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-/// Rebuild what the core must know of attempts from before a restart.
-fn prior_outcomes(rec: &Recovered) -> HashMap<String, PriorOutcome> {
-    rec.started
-        .iter()
-        .map(|id| {
-            let outcome = if !rec.finished.contains(id) {
-                PriorOutcome::Unknown
-            } else if rec.finished.contains(&format!("{id}#failed")) {
-                PriorOutcome::Failed
-            } else if rec.finished.contains(&format!("{id}#notrun")) {
-                PriorOutcome::NotRun
-            } else {
-                PriorOutcome::Succeeded
-            };
-            (id.clone(), outcome)
-        })
-        .collect()
+/// Rebuild what the core must know from before a restart: each started
+/// attempt's outcome (none recorded: unknown) and the once-only actions
+/// already taken.
+fn prior_of(rec: &Recovered) -> Prior {
+    Prior {
+        attempts: rec
+            .attempts
+            .iter()
+            .map(|(id, o)| {
+                let p = match o {
+                    None => PriorOutcome::Unknown,
+                    Some(Outcome::Succeeded) => PriorOutcome::Succeeded,
+                    Some(Outcome::Failed) => PriorOutcome::Failed,
+                    Some(Outcome::NotRun) => PriorOutcome::NotRun,
+                };
+                (id.clone(), p)
+            })
+            .collect(),
+        done: rec.once.clone(),
+    }
 }
 
-/// Journal an attempt's result (the one place that knows the encoding).
+/// Journal an attempt's result: one typed record.
 fn journal_result(
     journal: &mut Journal,
     id: &ExecutionId,
     r: &AttemptResult,
 ) -> Result<(), JournalError> {
-    let text = id.to_string();
-    match r {
-        AttemptResult::Ok { .. } => {}
-        AttemptResult::Late { .. } => journal.record_finished(&format!("{text}#notrun"))?,
-        AttemptResult::Failed(_) => journal.record_finished(&format!("{text}#failed"))?,
-    }
-    journal.record_finished(&text)
+    let outcome = match r {
+        AttemptResult::Ok { .. } => Outcome::Succeeded,
+        AttemptResult::Late { .. } => Outcome::NotRun,
+        AttemptResult::Failed(_) => Outcome::Failed,
+    };
+    journal.record_finished(&id.to_string(), outcome)
+}
+
+/// Journal a once-only action's key (durable) before it is taken.
+fn journal_once(journal: &mut Journal, key: &OnceKey) -> Result<(), JournalError> {
+    journal
+        .record_once(&key.to_string(), key.occurrence.as_nanos())
+        .map(|_| ())
 }
 
 /// Parsing a large pack builds a YAML tree that is freed right after; give
@@ -226,6 +243,7 @@ impl Agent {
             exec_rx,
             safe_table,
         } = parts;
+        tracing::info!(origin = ?recovered.origin, packs = recovered.packs.len(), "journal opened");
         if recovered.truncated_bytes > 0 {
             tracing::warn!(
                 bytes = recovered.truncated_bytes,
@@ -239,7 +257,7 @@ impl Agent {
                     seed: now.as_nanos() as u64,
                     ..CoreConfig::default()
                 },
-                prior_outcomes(&recovered),
+                prior_of(&recovered),
             ),
             cfg,
             clock,
@@ -294,13 +312,12 @@ impl Agent {
             }
             self.hold(&pack, anchor);
             let mut out = Vec::new();
-            let r = match sp.stopped.as_deref() {
+            let r = match sp.stopped {
                 None => self.core.restore(pack, anchor, last_alive, now, &mut out),
                 Some(why) => {
-                    let reason = if why == "cancel" {
-                        SafeReason::Cancel
-                    } else {
-                        SafeReason::GiveUp
+                    let reason = match why {
+                        StopReason::Cancel => SafeReason::Cancel,
+                        StopReason::GiveUp => SafeReason::GiveUp,
                     };
                     self.core
                         .restore_stopped(pack, anchor, reason, now, &mut out)
@@ -315,7 +332,8 @@ impl Agent {
                 Some(why) => tracing::info!(
                     pack = %key,
                     version = sp.version,
-                    "restored in its safe state (stopped by {why} before the restart; push a higher version to run it again)"
+                    "restored in its safe state (stopped by {} before the restart; push a higher version to run it again)",
+                    why.as_str()
                 ),
             }
             self.process(out)?;
@@ -408,7 +426,9 @@ impl Agent {
             return Ok(verdict);
         }
         let exec = &self.exec;
-        Admission::check_exec(pack, &|program, env| exec_check(exec, program, env))?;
+        Admission::check_exec(pack, &|program, args, env| {
+            exec_check(exec, program, args, env)
+        })?;
         let resolved = self
             .admission
             .resolve(pack, shared_lines(pack), self.device.as_mut())?;
@@ -495,22 +515,33 @@ impl Agent {
     /// One pass: arm due firings, hand over what credits allow, collect
     /// results, start due programs, heartbeat.
     pub fn step(&mut self) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        let mut out = Vec::new();
         if let Some(step) = self.clock.resample() {
             tracing::warn!(
                 step = %fmt_ns(step),
                 "clock step detected: schedules stay on reference time (treated as downtime / early wake)"
             );
+            if step > 0 {
+                // Forward: the skipped span is downtime, handled by catch_up
+                // (never a burst). Backward needs nothing: nothing fires early.
+                self.core.downtime(self.clock.now(), &mut out);
+            }
         }
-        let now = self.clock.now();
-        let mut out = Vec::new();
-        self.core.tick(now + self.cfg.arm_horizon, &mut out);
+        // Back-pressure: while the device has a backlog, the core is not
+        // asked for more. What falls behind stays in the core, which then
+        // fires it late within max_lateness or reports it skipped; memory
+        // stays bounded however far the load exceeds what the box can do.
+        if self.arming.backlog_len() < MAX_BACKLOG {
+            self.core.tick(now + self.cfg.arm_horizon, &mut out);
+        }
         self.process(out)?;
         self.pump()?;
         self.collect()?;
         self.start_due_exec()?;
         if now.since(self.last_heartbeat) >= HEARTBEAT {
-            self.journal.heartbeat(now.as_nanos())?;
-            if let Some(e) = self.journal.take_compaction_error() {
+            let hb = self.journal.heartbeat(now.as_nanos())?;
+            if let Some(e) = hb.compaction_error {
                 tracing::error!("journal compaction failed (will retry): {e}");
             }
             self.last_heartbeat = now;
@@ -569,6 +600,7 @@ impl Agent {
                     self.settle(&f.id, AttemptResult::Ok { value: None }, actual, more)?;
                 }
                 Action::Exec { program, args, env } => {
+                    let live = self.arming.flag(&f.id.pack, None);
                     self.arming.exec_pending.push(PendingExec {
                         at: f.scheduled,
                         id: f.id.clone(),
@@ -581,6 +613,10 @@ impl Agent {
                             args: args.clone(),
                             env: env.clone(),
                             timeout: f.timeout,
+                            // Waiting for a worker is not a run: past its
+                            // window it is not started at all.
+                            not_after: Some(self.clock.to_mono(f.not_after)),
+                            live: Some(live),
                         },
                     });
                 }
@@ -630,15 +666,28 @@ impl Agent {
                 // result is not reported.
                 self.arming.exec_running.remove(&id.to_string());
             }
-            Output::OnFailure { pack, action, .. } => {
+            Output::OnFailure {
+                pack, action, once, ..
+            } => {
+                // Once means once across restarts: journalled before it runs
+                // (a program may not be idempotent).
+                journal_once(&mut self.journal, &once)?;
                 self.side_action(&pack, Origin::OnFailure, &action, now)?;
             }
             Output::SafeState {
                 pack,
                 actions,
                 reason,
-            } => self.enter_safe_state(&pack, &actions, reason, now, more)?,
-            Output::Event(e) => feedback::event(&mut self.journal, &e)?,
+                once,
+            } => {
+                self.enter_safe_state(&pack, &actions, reason, now, more)?;
+                // After the device: a safe state never waits on the disk
+                // (driving it twice is harmless; late is not).
+                if let Some(k) = once {
+                    journal_once(&mut self.journal, &k)?;
+                }
+            }
+            Output::Event(e) => self.event(&e)?,
         }
         Ok(())
     }
@@ -677,11 +726,16 @@ impl Agent {
         }
         // A give-up or cancel is for good: the pack must not come back
         // running after a restart. (Shutdown and lease loss are not.)
-        if matches!(reason, SafeReason::GiveUp | SafeReason::Cancel)
+        let stop = match reason {
+            SafeReason::GiveUp => Some(StopReason::GiveUp),
+            SafeReason::Cancel => Some(StopReason::Cancel),
+            SafeReason::LeaseLost | SafeReason::Shutdown => None,
+        };
+        if let Some(stop) = stop
             && let Some((version, _)) = self.core.held(pack)
         {
             self.journal
-                .stop_pack(&pack.tenant, &pack.pack, version, reason.as_str())?;
+                .stop_pack(&pack.tenant, &pack.pack, version, stop)?;
         }
         Ok(())
     }
@@ -712,6 +766,8 @@ impl Agent {
                     args: args.clone(),
                     env: env.clone(),
                     timeout: Duration::from_secs(30),
+                    not_after: None,
+                    live: None,
                 };
                 if let Err(e) = self.exec.submit(req) {
                     tracing::error!(pack = %pack, "{what} exec {program}: {e}");
@@ -801,6 +857,15 @@ impl Agent {
         Ok(())
     }
 
+    /// A core event to feedback; a once-only one is journalled first so a
+    /// restart does not report it again.
+    fn event(&mut self, e: &Event) -> Result<(), JournalError> {
+        if let Some(k) = &e.once {
+            journal_once(&mut self.journal, k)?;
+        }
+        feedback::event(&mut self.journal, e)
+    }
+
     fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {
         let r = feedback::executed(&mut self.journal, &mut self.tally, &rec);
         panic_hook_test_point();
@@ -828,7 +893,7 @@ impl Agent {
             return Ok(());
         };
         let (result, firing) = exec_result(&r.outcome);
-        let started = self.clock.to_ref(crate::clock::MonoTime(r.started_ns));
+        let started = self.clock.to_ref(r.started.unwrap_or(r.finished));
         self.report(FiringRecord {
             id: id.to_string(),
             pack: id.pack.to_string(),
@@ -840,7 +905,11 @@ impl Agent {
             lateness_ns: started.as_nanos() - scheduled.as_nanos(),
             result: firing,
         })?;
-        let at = self.clock.to_ref(crate::clock::MonoTime(r.finished_ns));
+        let at = self.clock.to_ref(r.finished);
+        let result = match result {
+            AttemptResult::Late { .. } => AttemptResult::Late { actual: at },
+            r => r,
+        };
         self.settle(&id, result, at, more)
     }
 
@@ -1015,7 +1084,7 @@ impl Agent {
         }
         // Best effort from here: the device is safe whatever the disk says.
         for e in events {
-            if let Err(err) = feedback::event(&mut self.journal, &e) {
+            if let Err(err) = self.event(&e) {
                 tracing::warn!("journal unavailable on the way out: {err}");
                 break;
             }
@@ -1122,23 +1191,16 @@ fn shared_lines(_pack: &Pack) -> &[LineRef] {
     &[]
 }
 
-/// Whether the exec allowlist lets `program` run with `env`.
+/// Whether the exec allowlist lets `program` run with `args` and `env`.
 fn exec_check(
     exec: &ExecPool,
     program: &str,
+    args: &[String],
     env: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), String> {
-    if !exec.is_allowed(program) {
-        return Err(format!(
-            "program `{program}` is not on this agent's exec allowlist"
-        ));
-    }
-    if let Some(k) = env.keys().next() {
-        return Err(format!(
-            "environment key `{k}` for `{program}` is not allowed by this agent's exec allowlist"
-        ));
-    }
-    Ok(())
+    exec.policy()
+        .check(program, args, env)
+        .map_err(|e| e.to_string())
 }
 
 /// An exec outcome as the core and the feedback say it.
@@ -1159,7 +1221,20 @@ fn exec_result(o: &ExecOutcome) -> (AttemptResult, FiringResult) {
             })
         }
         ExecOutcome::TimedOut => failed("timed out (killed)".into()),
-        other => failed(format!("{other:?}")),
+        ExecOutcome::NotStarted { reason } => {
+            let why = match reason {
+                NotStartedReason::Expired { .. } => NotRun::Late,
+                NotStartedReason::Withdrawn => NotRun::Withdrawn,
+                NotStartedReason::PoolStopped => NotRun::Stopped,
+            };
+            (
+                AttemptResult::Late {
+                    actual: RefTime::MIN,
+                },
+                FiringResult::NotRun(why),
+            )
+        }
+        other => failed(other.to_string()),
     }
 }
 
@@ -1170,6 +1245,8 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     let clock = Arc::new(crate::clock::ClockEstimate::from_system());
     let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;
+    jcfg.reset = cfg.reset_journal;
+    jcfg.retention_ns = JOURNAL_RETENTION.as_nanos() as i64;
     let (journal, recovered) = Journal::open(jcfg)
         .with_context(|| format!("opening the journal in {}", cfg.data_dir.display()))?;
     let gpio = crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
@@ -1190,7 +1267,10 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     let safe_table: SharedSafeTable = Arc::new(Mutex::new(SafeTable::default()));
     safety::install_panic_hook(safe_table.clone(), emergency);
     let (tx, exec_rx) = std::sync::mpsc::channel();
-    let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx);
+    // Each result wakes the control loop at once (no polling interval).
+    let control = std::thread::current();
+    let notify: crate::exec::Notify = Arc::new(move || control.unpark());
+    let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx, notify);
     Ok(Parts {
         clock,
         journal,

@@ -260,10 +260,14 @@ pub struct Scheduler {
 
 const NS: i64 = 1;
 
-/// Safety margin past the last instant an id could be derived again.
-const PRUNE_MARGIN: Duration = Duration::from_secs(60);
+/// Safety margin past the last instant an id could be derived again. The
+/// core never moves an instruction's next occurrence backwards (a clock
+/// step back only delays it), so an id cannot come back after its
+/// `max_lateness`; the margin only absorbs rounding. Small, because the
+/// record is proportional to it: 10 000 firings/s × 60 s was 600 000 ids.
+const PRUNE_MARGIN: Duration = Duration::from_secs(2);
 /// How often (in reference time) the id records are pruned.
-const PRUNE_EVERY: Duration = Duration::from_secs(10);
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// Journal records of attempts older than this are dropped from memory once
 /// the agent runs: restored packs resolve their recent occurrences from them
 /// at start-up; older one-shots are settled by `last_alive` (see `restore`).

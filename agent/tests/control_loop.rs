@@ -1,0 +1,315 @@
+//! The whole control loop on simulated time: a manual clock, the in-memory
+//! device over the sim GPIO backend, a real journal in a temp dir and a real
+//! exec pool. No thread sleeps: each step is driven by the test.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_agent::config::{self, ConfigFile, Overrides};
+use baton_agent::exec::ExecPool;
+use baton_agent::gpio::Allowlist;
+use baton_agent::gpio::sim::SimGpio;
+use baton_agent::journal::{Journal, JournalConfig};
+use baton_agent::runtime::admission::Verdict;
+use baton_agent::runtime::ports::{Clock, DirectDevice, ManualClock};
+use baton_agent::runtime::safety::SafeTable;
+use baton_agent::runtime::{Agent, Parts, StopCause, StopFlag};
+use baton_proto::{RefTime, parse_pack};
+
+const T0: i64 = 1_796_000_000_000_000_000;
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    log: PathBuf,
+    clock: Arc<ManualClock>,
+    agent: Agent,
+}
+
+fn t(ms: i64) -> RefTime {
+    RefTime::from_nanos(T0 + ms * 1_000_000)
+}
+
+fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
+    let data = dir.join("data");
+    let log = dir.join("gpio.jsonl");
+    let cfg = config::resolve(
+        ConfigFile::default(),
+        Overrides {
+            id: Some("t".into()),
+            data_dir: Some(data.clone()),
+            gpio: Some(format!("sim:{}", log.display())),
+            no_rt: true,
+            ..Overrides::default()
+        },
+    )
+    .expect("config");
+    let (journal, recovered) = Journal::open(JournalConfig::new(&data)).expect("journal");
+    let gpio = SimGpio::open(&log, Allowlist::all()).expect("sim");
+    let device = DirectDevice::new(Box::new(gpio), clock.clone());
+    let (tx, exec_rx) = std::sync::mpsc::channel();
+    let exec = ExecPool::new(1, cfg.exec_allowlist.clone(), tx, Arc::new(|| {}));
+    Agent::new(
+        cfg,
+        Parts {
+            clock,
+            journal,
+            recovered,
+            device: Box::new(device),
+            exec,
+            exec_rx,
+            safe_table: Arc::new(Mutex::new(SafeTable::default())),
+        },
+    )
+    .expect("agent")
+}
+
+fn rig() -> Rig {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    let agent = build(dir.path(), clock.clone());
+    Rig {
+        data: dir.path().join("data"),
+        log: dir.path().join("gpio.jsonl"),
+        _dir: dir,
+        clock,
+        agent,
+    }
+}
+
+impl Rig {
+    fn accept(&mut self, yaml: &str) -> anyhow::Result<Verdict> {
+        let pack = parse_pack(yaml).map_err(|e| anyhow::anyhow!("{}", e.render("pack")))?;
+        self.agent.accept(yaml.to_string(), pack)
+    }
+
+    /// Step every `every` until `until` (simulated).
+    fn run_until(&mut self, until: RefTime, every: Duration) {
+        while self.clock.now() < until {
+            self.agent.step().expect("step");
+            self.clock.advance(every);
+        }
+        self.agent.step().expect("step");
+    }
+
+    fn writes(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect()
+    }
+
+    fn level(&self, line: i64) -> Option<i64> {
+        self.writes()
+            .iter()
+            .rev()
+            .find(|w| w["line"] == line)
+            .and_then(|w| w["value"].as_i64())
+    }
+}
+
+fn pack(id: &str, version: u64, body: &str) -> String {
+    format!("pack: {id}\nversion: {version}\n{body}")
+}
+
+#[test]
+fn periodic_firings_run_on_simulated_time_each_once() {
+    let mut r = rig();
+    r.accept(&pack(
+        "blink",
+        1,
+        "safe_state:\n  - {action: gpio.write, params: {line: 3, value: 0}}\ninstructions:\n  - {id: b, action: gpio.toggle, params: {line: 3}, every: 100ms}\n",
+    ))
+    .expect("accepted");
+    r.run_until(t(1_050), Duration::from_millis(1));
+    let w = r.writes();
+    // 0, 100, ..., 1000 ms: eleven toggles, each a distinct id, on time.
+    assert_eq!(w.len(), 11, "{w:?}");
+    let mut ids: Vec<&str> = w.iter().filter_map(|x| x["execution_id"].as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 11);
+    let late = r.agent.tally().hist.max();
+    assert!(late < 1_000_000, "lateness on simulated time: {late} ns");
+}
+
+#[test]
+fn a_burst_far_beyond_the_dispatcher_credits_fires_everything_once() {
+    let mut r = rig();
+    let mut body = String::from("defaults: {max_lateness: 1h}\ninstructions:\n");
+    for i in 0..5000 {
+        body.push_str(&format!(
+            "  - {{id: s{i}, action: gpio.write, params: {{line: {}, value: 1}}, at: {}}}\n",
+            i % 64,
+            t(100)
+        ));
+    }
+    r.accept(&pack("burst", 1, &body)).expect("accepted");
+    r.run_until(t(500), Duration::from_millis(1));
+    let w = r.writes();
+    assert_eq!(w.len(), 5000);
+    let ids: std::collections::HashSet<&str> =
+        w.iter().filter_map(|x| x["execution_id"].as_str()).collect();
+    assert_eq!(ids.len(), 5000, "each exactly once");
+    assert_eq!(r.agent.tally().hist.len(), 5000, "each reported");
+}
+
+#[test]
+fn the_way_out_drives_every_held_pack_safe_state_and_nothing_after() {
+    let mut r = rig();
+    for (id, line) in [("a", 1), ("b", 2)] {
+        r.accept(&pack(
+            id,
+            1,
+            &format!(
+                "safe_state:\n  - {{action: gpio.write, params: {{line: {line}, value: 0}}}}\ninstructions:\n  - {{id: t, action: gpio.toggle, params: {{line: {line}}}, every: 30ms}}\n"
+            ),
+        ))
+        .expect("accepted");
+    }
+    r.run_until(t(95), Duration::from_millis(1));
+    assert_eq!(r.level(1), Some(0), "four toggles: back to 0");
+    r.run_until(t(125), Duration::from_millis(1));
+    assert_eq!(r.level(1), Some(1));
+    let stop = StopFlag::default();
+    stop.request(15);
+    let cause = r.agent.run(&stop, false);
+    assert!(matches!(cause, StopCause::Requested(15)), "{cause:?}");
+    assert_eq!(r.level(1), Some(0));
+    assert_eq!(r.level(2), Some(0));
+    let w = r.writes();
+    let first_safe = w
+        .iter()
+        .position(|x| x["execution_id"].as_str().is_some_and(|s| s.contains("safe_state")))
+        .expect("safe state written");
+    assert!(
+        w[first_safe..]
+            .iter()
+            .all(|x| x["execution_id"].as_str().is_some_and(|s| s.contains("safe_state"))),
+        "nothing after the safe state: {w:?}"
+    );
+}
+
+#[test]
+fn two_packs_driving_one_line_are_refused_unless_both_share_it() {
+    let mut r = rig();
+    r.accept(&pack(
+        "a",
+        1,
+        "instructions:\n  - {id: t, action: gpio.toggle, params: {line: 5}, every: 1s}\n",
+    ))
+    .expect("a");
+    let err = r
+        .accept(&pack(
+            "b",
+            1,
+            "safe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\ninstructions:\n  - {id: n, action: noop, every: 1s}\n",
+        ))
+        .expect_err("b drives line 5 in its safe state");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("line 5") && msg.contains("default/a"), "{msg}");
+    // Reading a line another pack drives is fine.
+    r.accept(&pack(
+        "c",
+        1,
+        "instructions:\n  - {id: r, action: gpio.read, params: {line: 5}, every: 1s}\n",
+    ))
+    .expect("a reader does not drive");
+}
+
+#[test]
+fn versions_only_go_up_and_a_version_is_one_text() {
+    let mut r = rig();
+    let v2 = pack(
+        "p",
+        2,
+        "instructions:\n  - {id: n, action: noop, every: 1s}\n",
+    );
+    assert_eq!(r.accept(&v2).expect("v2"), Verdict::New);
+    assert_eq!(r.accept(&v2).expect("again"), Verdict::Unchanged);
+    let older = r
+        .accept(&pack(
+            "p",
+            1,
+            "instructions:\n  - {id: n, action: noop, every: 1s}\n",
+        ))
+        .expect_err("older");
+    assert!(format!("{older:#}").contains("older than version 2"), "{older:#}");
+    let edited = r
+        .accept(&pack(
+            "p",
+            2,
+            "instructions:\n  - {id: n, action: noop, every: 2s}\n",
+        ))
+        .expect_err("same version, other text");
+    assert!(format!("{edited:#}").contains("different content"), "{edited:#}");
+    let v3 = pack(
+        "p",
+        3,
+        "instructions:\n  - {id: n, action: noop, every: 2s}\n",
+    );
+    assert_eq!(r.accept(&v3).expect("v3"), Verdict::Replace { from: 2 });
+}
+
+#[test]
+fn a_restart_keeps_the_phase_of_a_replaced_pack() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    let body = |v: u64, line: u32| {
+        pack(
+            "beat",
+            v,
+            &format!("instructions:\n  - {{id: b, action: gpio.toggle, params: {{line: {line}}}, every: 1s}}\n"),
+        )
+    };
+    let times = |log: &Path| -> Vec<i64> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|w| w["t"].as_i64())
+            .collect()
+    };
+    {
+        let mut a = build(dir.path(), clock.clone());
+        let y = body(1, 1);
+        a.accept(y.clone(), parse_pack(&y).expect("v1")).expect("v1");
+        while clock.now() < t(1_310) {
+            a.step().expect("step");
+            clock.advance(Duration::from_millis(1));
+        }
+        // v2 replaces v1 live, 310 ms into the second period: phase kept.
+        let y = body(2, 1);
+        a.accept(y.clone(), parse_pack(&y).expect("v2")).expect("v2");
+        while clock.now() < t(2_500) {
+            a.step().expect("step");
+            clock.advance(Duration::from_millis(1));
+        }
+        a.wind_down();
+    }
+    // Restart: the beat stays on whole seconds from the first acceptance.
+    let mut a = build(dir.path(), clock.clone());
+    while clock.now() < t(4_500) {
+        a.step().expect("step");
+        clock.advance(Duration::from_millis(1));
+    }
+    a.wind_down();
+    let ts = times(&dir.path().join("gpio.jsonl"));
+    assert!(ts.len() >= 4, "{ts:?}");
+    for x in ts {
+        let ms_into_second = ((x - T0) / 1_000_000) % 1000;
+        assert!(ms_into_second < 5, "a beat off the phase: {} ms", (x - T0) / 1_000_000);
+    }
+}
+
+#[test]
+fn a_journal_left_behind_without_its_log_is_refused() {
+    let r = rig();
+    let data = r.data.clone();
+    drop(r.agent);
+    std::fs::remove_file(data.join("journal.log")).expect("rm log");
+    let err = Journal::open(JournalConfig::new(&data)).expect_err("refused");
+    assert!(err.to_string().contains("journal.log"), "{err}");
+}
