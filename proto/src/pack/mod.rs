@@ -6,14 +6,17 @@
 mod dag;
 mod decode;
 mod error;
+mod lines;
+mod live;
 mod model;
 mod occurrence;
+#[cfg(feature = "schema")]
 pub mod schema;
 
 pub use dag::{dependents, upstream};
 pub use decode::{
     ACTIONS, DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MAX_ATTEMPTS, MAX_ID_LEN, MAX_INSTRUCTIONS,
-    MIN_PERIOD,
+    MIN_MAX_LATENESS, MIN_PERIOD,
 };
 pub use error::{PackError, PackErrors};
 pub use model::*;
