@@ -50,11 +50,16 @@ impl Pack {
                 (from - Duration::from_nanos(1)).to_timestamp(),
             );
             if next.is_none() {
+                let since = if from > now {
+                    format!("its start_at ({from})")
+                } else {
+                    format!("now ({now})")
+                };
                 errors.push(PackError {
                     pos: ins.schedule_pos,
                     instruction: Some(ins.id.clone()),
                     message: format!(
-                        "cron `{expr}` can never fire again: it has no firing at or after {from} (now: {now}); check its year field"
+                        "cron `{expr}` can never fire again: it has no firing at or after {since}; check its year field"
                     ),
                 });
             }
