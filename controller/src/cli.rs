@@ -15,11 +15,29 @@ pub fn load_pack(path: &Path) -> Result<Pack, String> {
     read_pack_file(path).map(|(_, pack)| pack)
 }
 
-/// `validate FILE...`: 0 when every file is valid, 1 otherwise.
+/// `validate FILE...`: 0 when every file is valid, 1 otherwise. Reads the
+/// wall clock once, here at the CLI edge, for [`Pack::check_live`].
 pub fn validate(files: &[std::path::PathBuf], out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let now = RefTime::from_timestamp(jiff::Timestamp::now()).unwrap_or(RefTime::MAX);
+    validate_at(files, now, out, err)
+}
+
+/// `validate` as of `now`: the parse errors and the live checks (crons
+/// that can never fire again) of each file, all rendered as
+/// `FILE:LINE:COL: message`.
+pub fn validate_at(
+    files: &[std::path::PathBuf],
+    now: RefTime,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
     let mut code = 0;
     for f in files {
-        match load_pack(f) {
+        let checked = load_pack(f).and_then(|p| match p.check_live(now) {
+            Ok(()) => Ok(p),
+            Err(e) => Err(e.render(&f.display().to_string()).trim_end().to_string()),
+        });
+        match checked {
             Ok(p) => {
                 let _ = writeln!(
                     out,
@@ -136,4 +154,49 @@ fn write_table(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate_text(text: &str, now: &str) -> (i32, String, String) {
+        let dir = std::env::temp_dir().join(format!(
+            "baton-controller-validate-{}-{}",
+            std::process::id(),
+            text.len()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("p.yaml");
+        std::fs::write(&file, text).expect("write");
+        let now = baton_proto::time::parse_instant_arg("now", now).expect("instant");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = validate_at(&[file], now, &mut out, &mut err);
+        let _ = std::fs::remove_dir_all(&dir);
+        (
+            code,
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        )
+    }
+
+    #[test]
+    fn validate_refuses_a_cron_of_past_years_as_of_now() {
+        let text = "pack: p\nversion: 1\ninstructions:\n  - {id: old, action: noop, cron: \"* * * * * * 2020\"}\n  - {id: gone, action: noop, at: 2021-01-01T00:00:00Z}\n";
+        let (code, _, err) = validate_text(text, "2026-12-01T00:00:00Z");
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("p.yaml:4:35: instruction `old`: cron `* * * * * * 2020` can never fire again: it has no firing at or after now (2026-12-01T00:00:00"),
+            "{err}"
+        );
+        // A past one-shot is not refused: it is reported as missed at runtime.
+        assert!(!err.contains("gone"), "{err}");
+        // The same pack in 2020 is fine.
+        let (code, out, err) = validate_text(text, "2020-06-01T00:00:00Z");
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains("ok (pack p version 1, 2 instructions)"),
+            "{out}"
+        );
+    }
 }

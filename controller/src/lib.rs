@@ -5,4 +5,6 @@
 //! store and agent registry come with the controller-link work and will
 //! live beside these modules.
 
+#![forbid(unsafe_code)]
+
 pub mod cli;

@@ -1,6 +1,8 @@
 //! `baton-controller`: operator commands. Exit codes: 0 success, 1 invalid
 //! input (errors on stderr as `FILE:LINE:COL: message`), 2 usage errors.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -48,6 +48,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod civil;
 mod matcher;
@@ -142,6 +143,11 @@ impl CronSchedule {
     /// out-of-range values, reversed ranges, step 0, empty list items,
     /// wrong field count, misplaced `?` / `L` / `#`, unsupported `W`, and
     /// expressions that can never fire.
+    ///
+    /// Parsing reads no clock, so an expression whose years are all in the
+    /// past (`* * * * * * 2020`) parses: it has firings, just none left.
+    /// Whoever knows "now" decides (baton-proto's `Pack::check_live`
+    /// refuses it: [`CronSchedule::next_after`] from now is `None`).
     pub fn parse(expr: &str) -> Result<CronSchedule, CronError> {
         parse::parse(expr)
     }

@@ -95,12 +95,18 @@ impl fmt::Display for RefTime {
 /// An RFC 3339 instant given on a command line as `flag`; the error names
 /// the flag and shows the expected form.
 pub fn parse_instant_arg(flag: &str, text: &str) -> Result<RefTime, String> {
-    text.parse::<Timestamp>()
-        .ok()
-        .and_then(RefTime::from_timestamp)
-        .ok_or_else(|| {
-            format!("{flag} `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)")
-        })
+    match text.parse::<Timestamp>() {
+        Ok(ts) => RefTime::from_timestamp(ts).ok_or_else(|| {
+            format!(
+                "{flag} `{text}` is outside the supported range of instants: {} to {}",
+                RefTime::MIN,
+                RefTime::MAX
+            )
+        }),
+        Err(_) => Err(format!(
+            "{flag} `{text}` is not an RFC 3339 instant (e.g. 2026-12-01T10:00:00Z)"
+        )),
+    }
 }
 
 /// Why a duration literal was refused.
@@ -258,6 +264,17 @@ mod tests {
             assert_eq!(parse_duration(&format_duration(d)), Ok(d));
         }
         assert_eq!(format_duration(Duration::from_millis(90_000)), "1m30s");
+    }
+
+    #[test]
+    fn instant_args_name_the_range() {
+        let e = parse_instant_arg("--from", "2300-01-01T00:00:00Z").expect_err("range");
+        assert!(
+            e.contains("outside the supported range of instants: 1677-09-21"),
+            "{e}"
+        );
+        let e = parse_instant_arg("--from", "soon").expect_err("syntax");
+        assert!(e.contains("is not an RFC 3339 instant"), "{e}");
     }
 
     #[test]

@@ -393,6 +393,135 @@ fn cases() -> Vec<Case> {
                 (5, 34, Some("b"), "invalid duration `1q`"),
             ],
         },
+        Case {
+            name: "max_lateness zero in defaults",
+            yaml: "pack: p\nversion: 1\ndefaults: {max_lateness: 0s}\ninstructions:\n  - {id: a, action: noop, every: 1s}\n",
+            expect: &[(3, 26, None, "max_lateness must be at least 1ms, found 0s")],
+        },
+        Case {
+            name: "max_lateness below the minimum on an instruction",
+            yaml: "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, every: 1s, max_lateness: 500us}\n",
+            expect: &[(
+                4,
+                52,
+                Some("a"),
+                "max_lateness must be at least 1ms, found 500us",
+            )],
+        },
+        Case {
+            name: "at past the end of the supported range",
+            yaml: "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, at: 9999-12-31T23:59:59Z}\n",
+            expect: &[(
+                4,
+                31,
+                Some("a"),
+                "at: `9999-12-31T23:59:59Z` is outside the supported range of instants: 1677-09-21T00:12:43.145224192Z to 2262-04-11T23:47:16.854775807Z",
+            )],
+        },
+        Case {
+            name: "start_at and until outside the range",
+            yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    every: 1s\n    start_at: 1600-01-01T00:00:00Z\n    until: 2300-01-01T00:00:00\n",
+            expect: &[
+                (
+                    7,
+                    15,
+                    Some("a"),
+                    "start_at: `1600-01-01T00:00:00Z` is outside the supported range",
+                ),
+                (
+                    8,
+                    12,
+                    Some("a"),
+                    "until: `2300-01-01T00:00:00` is outside the supported range",
+                ),
+            ],
+        },
+        Case {
+            name: "cron with no firing after its start_at",
+            yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    cron: \"0 0 0 1 1 * 2027\"\n    start_at: 2028-01-01T00:00:00Z\n",
+            expect: &[(
+                6,
+                11,
+                Some("a"),
+                "cron `0 0 0 1 1 * 2027` can never fire: it has no firing at or after start_at",
+            )],
+        },
+        Case {
+            name: "cron with no firing before its until",
+            yaml: "pack: p\nversion: 1\ninstructions:\n  - id: a\n    action: noop\n    cron: \"0 0 0 1 1 * 2030\"\n    until: 2029-01-01T00:00:00Z\n",
+            expect: &[(6, 11, Some("a"), "its first firing is 2030-01-01T00:00:00")],
+        },
+        Case {
+            name: "shared_lines: a line the pack only reads, a duplicate, a bad entry",
+            yaml: "pack: p\nversion: 1\nshared_lines: [5, RELAY, \"gpiochip1:7\", RELAY, [1], \":3\"]\nsafe_state:\n  - {action: gpio.write, params: {line: RELAY, value: 0}}\ninstructions:\n  - {id: a, action: gpio.read, params: {line: 5}, every: 1s}\n  - {id: b, action: gpio.pulse, params: {line: 7, chip: gpiochip1, width: 1ms}, every: 1s}\n",
+            expect: &[
+                (
+                    3,
+                    16,
+                    None,
+                    "shared_lines names 5, which no gpio.write, gpio.toggle or gpio.pulse of this pack drives (write the line as its actions do); the pack drives: RELAY, gpiochip1:7",
+                ),
+                (
+                    3,
+                    41,
+                    None,
+                    "shared_lines lists RELAY twice (first at line 3)",
+                ),
+                (3, 48, None, "a shared_lines entry must be a line"),
+                (
+                    3,
+                    53,
+                    None,
+                    "shared_lines entry: `:3`: empty chip before `:`",
+                ),
+            ],
+        },
+        Case {
+            name: "shared_lines not a list",
+            yaml: "pack: p\nversion: 1\nshared_lines: 5\ninstructions:\n  - {id: a, action: gpio.write, params: {line: 5, value: 1}, every: 1s}\n",
+            expect: &[(3, 15, None, "shared_lines must be a list of lines")],
+        },
+        Case {
+            name: "every pass at once: header, actions, schedules, after targets, cycles",
+            yaml: "pack: P\nversion: 1\ninstructions:\n  - {id: a, action: noop, after: [c], priority: 300}\n  - {id: b, action: noop, at: tomorrow}\n  - {id: c, action: nop, after: [a, zz]}\n  - {id: d, action: noop, cron: \"0 61 * * * *\", max_lateness: 0s}\n",
+            expect: &[
+                (1, 7, None, "invalid pack id `P`"),
+                (4, 49, Some("a"), "priority must be at most 255, found 300"),
+                (5, 31, Some("b"), "invalid date-time `tomorrow`"),
+                (6, 21, Some("c"), "unknown action `nop`"),
+                (6, 34, Some("c"), "`after` forms a cycle: c -> a -> c"),
+                (
+                    6,
+                    37,
+                    Some("c"),
+                    "`after` names `zz`, which is not an instruction of this pack",
+                ),
+                (7, 36, Some("d"), "cron `0 61 * * * *`"),
+                (7, 63, Some("d"), "max_lateness must be at least 1ms"),
+            ],
+        },
+        Case {
+            name: "every pass at once: a broken instruction still closes a cycle and names unknown targets",
+            yaml: "pack: p\nversion: 1\ndefaults: {max_lateness: 0s}\ninstructions:\n  - id: x\n    action: gpio.write\n    params: {line: 1}\n    after: [y, ghost]\n  - id: y\n    action: noop\n    after: [x]\n    retry: {factor: 0.5}\n  - {id: y, action: noop, every: 1s}\n",
+            expect: &[
+                (3, 26, None, "max_lateness must be at least 1ms"),
+                (
+                    7,
+                    13,
+                    Some("x"),
+                    "params of gpio.write is missing required key `value`",
+                ),
+                (8, 16, Some("x"), "`after` names `ghost`"),
+                (11, 13, Some("y"), "`after` forms a cycle: y -> x -> y"),
+                (12, 21, Some("y"), "retry.factor must be at least 1.0"),
+                (
+                    13,
+                    10,
+                    None,
+                    "duplicate instruction id `y` (first at line 9)",
+                ),
+            ],
+        },
     ]
 }
 

@@ -34,34 +34,35 @@ pub fn dependents(instructions: &[Instruction]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Report unknown `after` targets and every cycle (as a path `a -> b -> a`).
+/// An instruction as the `after` graph sees it: built from the tree, so
+/// instructions with other errors take part too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GraphNode {
+    /// The id as written.
+    pub(crate) id: String,
+    /// Where the instruction starts.
+    pub(crate) pos: Pos,
+    /// Each `after` entry with its position.
+    pub(crate) upstream: Vec<(String, Pos)>,
+}
+
+/// Unknown `after` targets and every cycle (as a path `a -> b -> a`).
 ///
-/// `after_pos[id]` holds the position of each entry of that instruction's
-/// `after` list; `all_ids` is every id in the pack, including instructions
-/// that failed to decode.
-pub(crate) fn check(
-    instructions: &[Instruction],
-    after_pos: &HashMap<String, Vec<Pos>>,
-    all_ids: &HashSet<String>,
-    errors: &mut Vec<PackError>,
-) {
-    let index: HashMap<&str, usize> = instructions
-        .iter()
-        .enumerate()
-        .map(|(i, ins)| (ins.id.as_str(), i))
-        .collect();
-    let pos_of = |ins: &Instruction, k: usize| {
-        after_pos
-            .get(&ins.id)
-            .and_then(|v| v.get(k).copied())
-            .unwrap_or(ins.pos)
-    };
-    for ins in instructions {
-        for (k, up) in upstream(ins).iter().enumerate() {
-            if !all_ids.contains(up) {
+/// An `after` target counts as known if any instruction carries that id, so
+/// one bad instruction does not cascade into "unknown target" errors; with
+/// duplicate ids, the first instruction carrying one stands for it.
+pub(crate) fn check(nodes: &[GraphNode]) -> Vec<PackError> {
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(nodes.len());
+    for (i, n) in nodes.iter().enumerate() {
+        index.entry(n.id.as_str()).or_insert(i);
+    }
+    let mut errors = Vec::new();
+    for n in nodes {
+        for (up, pos) in &n.upstream {
+            if !index.contains_key(up.as_str()) {
                 errors.push(PackError {
-                    pos: pos_of(ins, k),
-                    instruction: Some(ins.id.clone()),
+                    pos: *pos,
+                    instruction: Some(n.id.clone()),
                     message: format!(
                         "`after` names `{up}`, which is not an instruction of this pack"
                     ),
@@ -69,17 +70,22 @@ pub(crate) fn check(
             }
         }
     }
-    // Iterative DFS with colours; each back edge closes a cycle, reported
-    // once at the instruction where the walk entered it.
+    cycles(nodes, &index, &mut errors);
+    errors
+}
+
+/// Iterative DFS with colours; each back edge closes a cycle, reported once
+/// at the instruction where the walk entered it.
+fn cycles(nodes: &[GraphNode], index: &HashMap<&str, usize>, errors: &mut Vec<PackError>) {
     #[derive(Clone, Copy, PartialEq)]
     enum Colour {
         White,
         Grey,
         Black,
     }
-    let mut colour = vec![Colour::White; instructions.len()];
+    let mut colour = vec![Colour::White; nodes.len()];
     let mut reported: HashSet<Vec<usize>> = HashSet::new();
-    for start in 0..instructions.len() {
+    for start in 0..nodes.len() {
         if colour[start] != Colour::White {
             continue;
         }
@@ -87,7 +93,7 @@ pub(crate) fn check(
         let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
         colour[start] = Colour::Grey;
         while let Some(&mut (node, ref mut next)) = stack.last_mut() {
-            let ups = upstream(&instructions[node]);
+            let ups = &nodes[node].upstream;
             if *next >= ups.len() {
                 colour[node] = Colour::Black;
                 stack.pop();
@@ -95,7 +101,7 @@ pub(crate) fn check(
             }
             let k = *next;
             *next += 1;
-            let Some(&up) = index.get(ups[k].as_str()) else {
+            let Some(&up) = index.get(ups[k].0.as_str()) else {
                 continue;
             };
             match colour[up] {
@@ -114,12 +120,11 @@ pub(crate) fn check(
                     key.sort_unstable();
                     if reported.insert(key) {
                         let mut path: Vec<&str> =
-                            cycle.iter().map(|&i| instructions[i].id.as_str()).collect();
+                            cycle.iter().map(|&i| nodes[i].id.as_str()).collect();
                         path.push(path[0]);
-                        let ins = &instructions[node];
                         errors.push(PackError {
-                            pos: pos_of(ins, k),
-                            instruction: Some(ins.id.clone()),
+                            pos: ups[k].1,
+                            instruction: Some(nodes[node].id.clone()),
                             message: format!("`after` forms a cycle: {}", path.join(" -> ")),
                         });
                     }
@@ -127,5 +132,33 @@ pub(crate) fn check(
                 Colour::Black => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, ups: &[&str]) -> GraphNode {
+        let pos = Pos { line: 1, col: 1 };
+        GraphNode {
+            id: id.into(),
+            pos,
+            upstream: ups.iter().map(|u| (u.to_string(), pos)).collect(),
+        }
+    }
+
+    #[test]
+    fn unknown_targets_and_cycles() {
+        let e = check(&[
+            node("a", &["c"]),
+            node("b", &["a", "zz"]),
+            node("c", &["b"]),
+        ]);
+        let m: Vec<&str> = e.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert!(m[0].contains("`zz`"));
+        assert!(m[1].contains("cycle: b -> c -> a -> b"), "{m:?}");
+        assert!(check(&[node("a", &[]), node("b", &["a"])]).is_empty());
     }
 }

@@ -2,18 +2,52 @@
 //!
 //! `parse_pack` is the one entry point both ends use; the agent calls it
 //! again on every pack it receives (DESIGN.md principle 2).
+//!
+//! # Errors
+//!
+//! A refused pack comes back with *every* problem found, in file order,
+//! each with its line, column and (inside an instruction) the instruction
+//! id as written. The pack-wide checks — duplicate ids, `after` targets and
+//! cycles, `shared_lines` — also look at instructions that have other
+//! errors, so fixing one batch never uncovers another. Only a YAML syntax
+//! error, or a document that is not a mapping, stops at one error.
+//!
+//! # Rules worth knowing
+//!
+//! - **`max_lateness`** is at least [`MIN_MAX_LATENESS`] (1ms): every
+//!   firing is a little late, so a smaller bound (`0s`!) would skip
+//!   firings at random or always.
+//! - **Instants** (`at`, `start_at`, `until`) lie in [`crate::RefTime`]'s
+//!   range, 1677-09-21 to 2262-04-11 (i64 nanoseconds since 1970); a
+//!   date outside it is refused with that range, not as bad syntax.
+//! - **Schedules that can never fire** are refused: at parse time a cron
+//!   that matches no date, or none between its `start_at` and `until`;
+//!   against a clock, with [`Pack::check_live`], a cron with no firing
+//!   left at or after `now` (a year field in the past). A one-shot `at` or
+//!   an `until` that is merely in the past is *not* refused: it was
+//!   missed, and missed firings are reported at runtime.
+//! - **`shared_lines`** (pack level, optional): the GPIO lines this pack
+//!   agrees to share with other packs on the same agent. Two packs may
+//!   drive (`gpio.write`, `gpio.toggle`, `gpio.pulse`; reads do not count)
+//!   the same line only if both list it. Each entry must be a line the
+//!   pack drives, written as its actions write it (`5`, `RELAY_MAIN`,
+//!   `"gpiochip1:7"` or `{line, chip}`), and appear once. See
+//!   [`Pack::driven_lines`] and [`Pack::line_conflicts`].
 
 mod dag;
 mod decode;
 mod error;
+mod lines;
+mod live;
 mod model;
 mod occurrence;
+#[cfg(feature = "schema")]
 pub mod schema;
 
 pub use dag::{dependents, upstream};
 pub use decode::{
     ACTIONS, DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MAX_ATTEMPTS, MAX_ID_LEN, MAX_INSTRUCTIONS,
-    MIN_PERIOD,
+    MIN_MAX_LATENESS, MIN_PERIOD,
 };
 pub use error::{PackError, PackErrors};
 pub use model::*;
@@ -26,7 +60,9 @@ pub const MAX_PACK_BYTES: usize = 1024 * 1024;
 /// Parse and validate a pack from YAML text.
 ///
 /// Returns every problem found, each with its position; never panics and
-/// does bounded work on any input (size, nesting and alias limits).
+/// does bounded work on any input (size, nesting and alias limits). Pure:
+/// it reads no clock, so what depends on "now" is left to
+/// [`Pack::check_live`], which callers run next with their clock.
 pub fn parse_pack(text: &str) -> Result<Pack, PackErrors> {
     if text.len() > MAX_PACK_BYTES {
         return Err(PackErrors::single(

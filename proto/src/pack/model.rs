@@ -33,6 +33,10 @@ pub struct Pack {
     pub description: Option<String>,
     /// Actions that drive the device to a safe state.
     pub safe_state: Vec<Action>,
+    /// Lines this pack agrees to share with other packs that declare them
+    /// shared too, normalised ([`LineRef::normalized`]). Each is a line the
+    /// pack drives; see [`Pack::driven_lines`] and [`Pack::line_conflicts`].
+    pub shared_lines: Vec<LineRef>,
     /// Instructions in pack order (the order breaks priority ties).
     pub instructions: Vec<Instruction>,
 }
@@ -72,6 +76,8 @@ pub struct Instruction {
     pub id: String,
     /// Where the instruction starts in the pack file.
     pub pos: Pos,
+    /// Where its schedule's value (`at`, `every`, `cron` or `after`) starts.
+    pub schedule_pos: Pos,
     /// What it does.
     pub action: Action,
     /// When it does it.

@@ -46,6 +46,9 @@ struct PackDoc {
     defaults: Option<DefaultsDoc>,
     /// Actions run on cancel, lease loss, shutdown and give-up.
     safe_state: Option<Vec<ActionDoc>>,
+    /// Lines this pack agrees to share with other packs that list them too;
+    /// each must be a line the pack drives (gpio.write/toggle/pulse).
+    shared_lines: Option<Vec<SharedLineDoc>>,
     /// What to do, and when.
     instructions: Vec<InstructionDoc>,
 }
@@ -101,6 +104,17 @@ struct RetryDoc {
 enum LineDoc {
     Offset(u32),
     Name(String),
+}
+
+/// A line in `shared_lines`: an offset (`5`), a name (`RELAY_MAIN`),
+/// `"CHIP:LINE"` (`"gpiochip1:7"`), or `{line, chip}` as in action params.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum SharedLineDoc {
+    Offset(u32),
+    Text(String),
+    Params { line: LineDoc, chip: Option<String> },
 }
 
 /// An action and its params.
