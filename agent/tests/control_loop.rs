@@ -127,7 +127,10 @@ fn periodic_firings_run_on_simulated_time_each_once() {
     let w = r.writes();
     // 0, 100, ..., 1000 ms: eleven toggles, each a distinct id, on time.
     assert_eq!(w.len(), 11, "{w:?}");
-    let mut ids: Vec<&str> = w.iter().filter_map(|x| x["execution_id"].as_str()).collect();
+    let mut ids: Vec<&str> = w
+        .iter()
+        .filter_map(|x| x["execution_id"].as_str())
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 11);
@@ -150,8 +153,10 @@ fn a_burst_far_beyond_the_dispatcher_credits_fires_everything_once() {
     r.run_until(t(500), Duration::from_millis(1));
     let w = r.writes();
     assert_eq!(w.len(), 5000);
-    let ids: std::collections::HashSet<&str> =
-        w.iter().filter_map(|x| x["execution_id"].as_str()).collect();
+    let ids: std::collections::HashSet<&str> = w
+        .iter()
+        .filter_map(|x| x["execution_id"].as_str())
+        .collect();
     assert_eq!(ids.len(), 5000, "each exactly once");
     assert_eq!(r.agent.tally().hist.len(), 5000, "each reported");
 }
@@ -182,12 +187,16 @@ fn the_way_out_drives_every_held_pack_safe_state_and_nothing_after() {
     let w = r.writes();
     let first_safe = w
         .iter()
-        .position(|x| x["execution_id"].as_str().is_some_and(|s| s.contains("safe_state")))
+        .position(|x| {
+            x["execution_id"]
+                .as_str()
+                .is_some_and(|s| s.contains("safe_state"))
+        })
         .expect("safe state written");
     assert!(
-        w[first_safe..]
-            .iter()
-            .all(|x| x["execution_id"].as_str().is_some_and(|s| s.contains("safe_state"))),
+        w[first_safe..].iter().all(|x| x["execution_id"]
+            .as_str()
+            .is_some_and(|s| s.contains("safe_state"))),
         "nothing after the safe state: {w:?}"
     );
 }
@@ -236,7 +245,10 @@ fn versions_only_go_up_and_a_version_is_one_text() {
             "instructions:\n  - {id: n, action: noop, every: 1s}\n",
         ))
         .expect_err("older");
-    assert!(format!("{older:#}").contains("older than version 2"), "{older:#}");
+    assert!(
+        format!("{older:#}").contains("older than version 2"),
+        "{older:#}"
+    );
     let edited = r
         .accept(&pack(
             "p",
@@ -244,7 +256,10 @@ fn versions_only_go_up_and_a_version_is_one_text() {
             "instructions:\n  - {id: n, action: noop, every: 2s}\n",
         ))
         .expect_err("same version, other text");
-    assert!(format!("{edited:#}").contains("different content"), "{edited:#}");
+    assert!(
+        format!("{edited:#}").contains("different content"),
+        "{edited:#}"
+    );
     let v3 = pack(
         "p",
         3,
@@ -261,7 +276,9 @@ fn a_restart_keeps_the_phase_of_a_replaced_pack() {
         pack(
             "beat",
             v,
-            &format!("instructions:\n  - {{id: b, action: gpio.toggle, params: {{line: {line}}}, every: 1s}}\n"),
+            &format!(
+                "instructions:\n  - {{id: b, action: gpio.toggle, params: {{line: {line}}}, every: 1s}}\n"
+            ),
         )
     };
     let times = |log: &Path| -> Vec<i64> {
@@ -275,14 +292,16 @@ fn a_restart_keeps_the_phase_of_a_replaced_pack() {
     {
         let mut a = build(dir.path(), clock.clone());
         let y = body(1, 1);
-        a.accept(y.clone(), parse_pack(&y).expect("v1")).expect("v1");
+        a.accept(y.clone(), parse_pack(&y).expect("v1"))
+            .expect("v1");
         while clock.now() < t(1_310) {
             a.step().expect("step");
             clock.advance(Duration::from_millis(1));
         }
         // v2 replaces v1 live, 310 ms into the second period: phase kept.
         let y = body(2, 1);
-        a.accept(y.clone(), parse_pack(&y).expect("v2")).expect("v2");
+        a.accept(y.clone(), parse_pack(&y).expect("v2"))
+            .expect("v2");
         while clock.now() < t(2_500) {
             a.step().expect("step");
             clock.advance(Duration::from_millis(1));
@@ -300,7 +319,11 @@ fn a_restart_keeps_the_phase_of_a_replaced_pack() {
     assert!(ts.len() >= 4, "{ts:?}");
     for x in ts {
         let ms_into_second = ((x - T0) / 1_000_000) % 1000;
-        assert!(ms_into_second < 5, "a beat off the phase: {} ms", (x - T0) / 1_000_000);
+        assert!(
+            ms_into_second < 5,
+            "a beat off the phase: {} ms",
+            (x - T0) / 1_000_000
+        );
     }
 }
 

@@ -219,7 +219,10 @@ fn a_closed_stdout_neither_kills_the_agent_nor_skips_the_safe_state() {
     // Several more firings print to the closed pipe.
     let n = sim_lines(&s.log).len();
     assert!(wait_until(T, || sim_lines(&s.log).len() > n + 5));
-    assert!(child.try_wait().expect("try_wait").is_none(), "the agent died");
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the agent died"
+    );
     signal(&child, libc::SIGTERM);
     let status = wait_exit(&mut child, T).expect("exits");
     assert!(status.success(), "{status:?}");
@@ -304,9 +307,13 @@ fn a_full_disk_enters_the_safe_state_and_exits_non_zero() {
         .spawn()
         .expect("spawn");
     wait_first_write(&s.log);
-    let status = wait_exit(&mut child, Duration::from_secs(120)).expect("stops when the disk is full");
+    let status =
+        wait_exit(&mut child, Duration::from_secs(120)).expect("stops when the disk is full");
     let err = stderr_of(&mut child);
-    assert!(!status.success(), "a full disk is a fault: {status:?}\n{err}");
+    assert!(
+        !status.success(),
+        "a full disk is a fault: {status:?}\n{err}"
+    );
     assert!(err.contains("No space left on device"), "{err}");
     let log = sim_lines(&s.log);
     nothing_after_safe_state(&log);

@@ -179,10 +179,7 @@ impl Admission {
     }
 
     /// Step 2: every program (and its environment) passes `allowed`.
-    pub fn check_exec(
-        pack: &Pack,
-        allowed: &ExecCheck<'_>,
-    ) -> Result<(), AdmissionError> {
+    pub fn check_exec(pack: &Pack, allowed: &ExecCheck<'_>) -> Result<(), AdmissionError> {
         for (ins, action) in pack.all_actions() {
             if let Action::Exec { program, args, env } = action {
                 allowed(program, args, env).map_err(|reason| AdmissionError::Exec {
@@ -236,9 +233,22 @@ impl Admission {
             }
         }
         for line in shared_lines {
-            if let Some((_, h)) = r.handles.iter().find(|(l, _)| l == line) {
-                r.shared.insert(*h);
-            }
+            // The backend gives one handle per physical line, however the
+            // entry spells it (validation made sure the pack drives it).
+            let h = match self.handles.get(line) {
+                Some(h) => *h,
+                None => {
+                    let hs = device
+                        .request_lines(&[(line.clone(), Direction::Output)])
+                        .map_err(|source| AdmissionError::Line {
+                            place: "shared_lines".into(),
+                            source,
+                        })?;
+                    let Some(&h) = hs.first() else { continue };
+                    h
+                }
+            };
+            r.shared.insert(h);
         }
         Ok(r)
     }

@@ -389,12 +389,15 @@ impl Agent {
                 fmt_ns(MAX_CLOCK_UNCERTAINTY_NS)
             );
         }
+        let now = self.clock.now();
+        // A cron of past years only, say: it could never fire again.
+        pack.check_live(now)
+            .map_err(|e| anyhow::anyhow!("{}", e.render("pack").trim_end()))?;
         let verdict = self.admit_checks(&pack, &yaml)?;
         if verdict == Verdict::Unchanged {
             return Ok(verdict);
         }
         let key = key_of(&pack);
-        let now = self.clock.now();
         let anchor = self.held.get(&key).map_or(now, |h| h.anchor);
         // Durable before it takes effect: a crash right after acceptance
         // must not lose the pack. The anchor is the first acceptance, so a
@@ -1186,9 +1189,9 @@ fn key_of(pack: &Pack) -> PackKey {
     }
 }
 
-/// Lines a pack declares shared with other packs.
-fn shared_lines(_pack: &Pack) -> &[LineRef] {
-    &[]
+/// Lines a pack declares shared with other packs (`shared_lines`).
+fn shared_lines(pack: &Pack) -> &[LineRef] {
+    &pack.shared_lines
 }
 
 /// Whether the exec allowlist lets `program` run with `args` and `env`.
