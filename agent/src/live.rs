@@ -144,10 +144,15 @@ impl LiveView {
         }
     }
 
-    /// The summary line at exit.
-    pub fn finish(&self) {
+    /// Whether firings are left out.
+    pub fn quiet(&self) -> bool {
+        self.quiet
+    }
+
+    /// The summary line at exit, from the run's own lateness histogram.
+    pub fn finish(&self, hist: &Histogram<u64>) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let text = format!("summary: {}", summary(&st.hist));
+        let text = format!("summary: {}", summary(hist));
         if self.tty {
             let _ = write!(std::io::stdout(), "\r\x1b[2K");
         }

@@ -1,7 +1,7 @@
 //! `baton-agent`: the edge agent. Exit codes: 0 success, 1 invalid input or
 //! runtime failure (with a message naming the file / instruction), 2 usage.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -223,11 +223,18 @@ fn init_tracing(live: Option<LiveLayer>) {
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_filter(filter);
     let live = live.map(|l| {
+        // Quiet: not even subscribed to firings, so they cost nothing.
+        let firings = if l.0.quiet() {
+            tracing_subscriber::filter::LevelFilter::OFF
+        } else {
+            tracing_subscriber::filter::LevelFilter::TRACE
+        };
         l.with_filter(
             tracing_subscriber::filter::Targets::new()
-                .with_target("baton::firing", tracing::Level::TRACE)
+                .with_target("baton::firing", firings)
                 .with_target("baton::event", tracing::Level::TRACE),
         )
     });
@@ -297,7 +304,7 @@ fn run_agent(
         baton_agent::runtime::inject_panic_after(n);
     }
     let cause = agent.run(&stop, exit_when_idle);
-    view.finish();
+    view.finish(&agent.tally().hist);
     match cause {
         StopCause::Fault(e) => Err((1, format!("error: {e:#} (safe state entered)"))),
         _ => Ok(()),

@@ -37,7 +37,7 @@ fn attempts(ids: &[(&str, Option<Outcome>)]) -> HashMap<String, Option<Outcome>>
 }
 
 /// The whole outbox, read back from disk.
-fn outbox(j: &Journal) -> Vec<(u64, Vec<u8>)> {
+fn outbox(j: &mut Journal) -> Vec<(u64, Vec<u8>)> {
     j.outbox_page(0, usize::MAX).expect("outbox page")
 }
 
@@ -97,7 +97,7 @@ fn journal_round_trip_of_every_record_kind() {
     assert_eq!(rec.once, set(&["on_failure/ex-b"]));
     assert_eq!(rec.outbox_len, 2);
     assert_eq!(
-        outbox(&j),
+        outbox(&mut j),
         vec![(2, b"{\"r\":2}".to_vec()), (3, b"{\"r\":3}".to_vec())]
     );
     assert_eq!(rec.dropped, 0);
@@ -109,7 +109,7 @@ fn journal_round_trip_of_every_record_kind() {
         "a once key survives a restart"
     );
     assert_eq!(j.push_feedback(b"{}").expect("push"), 4, "seqs continue");
-    assert_eq!(seqs(&outbox(&j)), [2, 3, 4]);
+    assert_eq!(seqs(&outbox(&mut j)), [2, 3, 4]);
     assert_eq!(j.outbox_range(), Some((2, 4)));
     assert_eq!(seqs(&j.outbox_page(3, 1).expect("page")), [3]);
     assert_eq!(seqs(&j.outbox_page(5, 10).expect("page")), [0u64; 0]);
@@ -136,7 +136,7 @@ fn journal_outbox_cap_drops_oldest_and_counts_across_reopen() {
     {
         let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
         assert_eq!(rec.dropped, 3, "drop count is persisted");
-        let held = outbox(&j);
+        let held = outbox(&mut j);
         assert_eq!(seqs(&held), [4, 5, 6, 7, 8], "the oldest went");
         assert_eq!(held[0].1, b"f4");
         j.ack_feedback(6).expect("ack");
@@ -148,7 +148,7 @@ fn journal_outbox_cap_drops_oldest_and_counts_across_reopen() {
     }
     {
         let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
-        assert_eq!(seqs(&outbox(&j)), [7, 8]);
+        assert_eq!(seqs(&outbox(&mut j)), [7, 8]);
         assert_eq!(rec.dropped, 1);
         assert_eq!(j.push_feedback(b"f9").expect("push"), 9);
         j.ack_feedback(1_000).expect("ack beyond the last seq");
@@ -162,13 +162,13 @@ fn journal_outbox_cap_drops_oldest_and_counts_across_reopen() {
         ..c.clone()
     };
     {
-        let (j, rec) = Journal::open(lower.clone()).expect("reopen, lower cap");
-        assert_eq!(seqs(&outbox(&j)), [11]);
+        let (mut j, rec) = Journal::open(lower.clone()).expect("reopen, lower cap");
+        assert_eq!(seqs(&outbox(&mut j)), [11]);
         assert_eq!(rec.dropped, 2);
         assert_eq!(j.dropped(), 2);
     }
     let (mut j, rec) = Journal::open(c).expect("reopen");
-    assert_eq!((seqs(&outbox(&j)), rec.dropped), (vec![11], 2));
+    assert_eq!((seqs(&outbox(&mut j)), rec.dropped), (vec![11], 2));
     assert_eq!(j.push_feedback(b"f12").expect("push"), 12);
 }
 
@@ -244,7 +244,7 @@ fn journal_compaction_keeps_exactly_the_live_state_and_shrinks_the_file() {
         assert!(j.is_started("new-0"));
         // The journal keeps working on the new file.
         j.record_started(&[("after", now)]).expect("started");
-        (seqs(&outbox(&j)), size_before)
+        (seqs(&outbox(&mut j)), size_before)
     };
     assert!(size_before > 0);
     let (mut j, rec) = Journal::open(c).expect("reopen");
@@ -258,7 +258,7 @@ fn journal_compaction_keeps_exactly_the_live_state_and_shrinks_the_file() {
     want.insert("after".into(), None);
     assert_eq!(rec.attempts, want);
     assert_eq!(rec.once, set(&["give_up/new"]));
-    let held = outbox(&j);
+    let held = outbox(&mut j);
     assert_eq!(seqs(&held), before);
     assert_eq!(seqs(&held), [18, 19, 20, 21, 22, 23, 24, 25]);
     assert_eq!(held[0].1, b"fb17");
@@ -348,8 +348,8 @@ fn journal_refuses_a_second_writer_and_oversized_records() {
     // The journal is still usable, and the refused record left no trace.
     assert_eq!(j.push_feedback(b"ok").expect("push"), 1);
     drop(j);
-    let (j, _) = Journal::open(cfg(tmp.path())).expect("lock released on drop");
-    assert_eq!(seqs(&outbox(&j)), [1]);
+    let (mut j, _) = Journal::open(cfg(tmp.path())).expect("lock released on drop");
+    assert_eq!(seqs(&outbox(&mut j)), [1]);
 }
 
 #[test]

@@ -150,7 +150,7 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
             "round {round}: child ended early: {status}"
         );
 
-        let (j, rec) = Journal::open(cfg(tmp.path())).expect("reopen after kill -9");
+        let (mut j, rec) = Journal::open(cfg(tmp.path())).expect("reopen after kill -9");
         torn_rounds += usize::from(rec.truncated_bytes > 0);
         let lost: Vec<_> = fired
             .iter()

@@ -30,6 +30,8 @@ pub struct Tally {
     pub failed: u64,
     /// Attempts not run (late, withdrawn, stopped).
     pub not_run: u64,
+    /// Reused for encoding feedback records.
+    buf: Vec<u8>,
 }
 
 impl Default for Tally {
@@ -41,15 +43,39 @@ impl Default for Tally {
             early: 0,
             failed: 0,
             not_run: 0,
+            buf: Vec::with_capacity(512),
         }
     }
+}
+
+/// The feedback record of one executed attempt, as the controller will
+/// receive it (JSON, encoded without intermediate values).
+#[derive(serde::Serialize)]
+struct Executed<'a> {
+    event: &'static str,
+    execution_id: &'a str,
+    #[serde(serialize_with = "as_display")]
+    pack: &'a baton_sched::PackKey,
+    instruction: &'a str,
+    action: &'static str,
+    scheduled_ns: i64,
+    actual_ns: i64,
+    lateness_ns: i64,
+    result: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    detail: &'a str,
+    value: Option<u8>,
+}
+
+fn as_display<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 /// Journal and announce one executed attempt.
 pub fn executed(
     journal: &mut Journal,
     tally: &mut Tally,
-    rec: &FiringRecord,
+    rec: &FiringRecord<'_>,
 ) -> Result<(), JournalError> {
     if rec.result.ran() {
         let _ = tally.hist.record(rec.lateness_ns.max(0) as u64);
@@ -59,45 +85,51 @@ pub fn executed(
     } else {
         tally.not_run += 1;
     }
+    let (value, detail) = match &rec.result {
+        FiringResult::Ok { value } => (*value, std::borrow::Cow::Borrowed("")),
+        FiringResult::Failed(m) => (None, std::borrow::Cow::Borrowed(m.as_str())),
+        r => (None, std::borrow::Cow::Owned(r.detail())),
+    };
     if matches!(rec.result, FiringResult::Failed(_)) {
         tally.failed += 1;
     }
-    let value = match rec.result {
-        FiringResult::Ok { value } => value,
-        _ => None,
+    tally.buf.clear();
+    let fb = Executed {
+        event: "executed",
+        execution_id: rec.id,
+        pack: rec.pack,
+        instruction: rec.instruction,
+        action: rec.action,
+        scheduled_ns: rec.scheduled.as_nanos(),
+        actual_ns: rec.actual.as_nanos(),
+        lateness_ns: rec.lateness_ns,
+        result: rec.result.word(),
+        detail: &detail,
+        value,
     };
-    let fb = serde_json::json!({
-        "event": "executed",
-        "execution_id": rec.id,
-        "pack": rec.pack,
-        "instruction": rec.instruction,
-        "action": rec.action,
-        "scheduled_ns": rec.scheduled.as_nanos(),
-        "actual_ns": rec.actual.as_nanos(),
-        "lateness_ns": rec.lateness_ns,
-        "result": rec.result.word(),
-        "detail": rec.result.detail(),
-        "value": value,
-    });
-    let r = journal.push_feedback(fb.to_string().as_bytes()).map(|_| ());
+    // Encoding plain fields into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut tally.buf, &fb);
+    let r = journal.push_feedback(&tally.buf).map(|_| ());
     tracing::debug!(
         target: FIRING_TARGET,
-        execution_id = %rec.id,
+        execution_id = rec.id,
         pack = %rec.pack,
-        instruction = %rec.instruction,
+        instruction = rec.instruction,
         action = rec.action,
         scheduled_ns = rec.scheduled.as_nanos(),
         lateness_ns = rec.lateness_ns,
         result = rec.result.word(),
-        detail = %rec.result.detail(),
+        detail = %detail,
     );
     r
 }
 
-/// Journal and announce one core event (a firing itself is reported by
-/// [`executed`] once it has happened).
+/// Journal and announce one core event (a firing and its success are
+/// reported by [`executed`] once it has happened: not journalled twice).
 pub fn event(journal: &mut Journal, e: &Event) -> Result<(), JournalError> {
-    if e.kind == EventKind::Fire {
+    if matches!(e.kind, EventKind::Fire | EventKind::Ok { .. }) {
+        // The executed record already says it fired and how it ended.
+        announce(e, "");
         return Ok(());
     }
     let mut rec = serde_json::json!({

@@ -67,10 +67,11 @@ const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
 /// occurrence instant. After a restart the core consults the journal only
-/// for occurrences after the last heartbeat (earlier ones are settled as
-/// handled), so this must cover the heartbeat and its lazy sync with room
-/// to spare — not days: at 10 000 firings/s memory is proportional to it.
-const JOURNAL_RETENTION: Duration = Duration::from_secs(120);
+/// for occurrences after the last durable heartbeat (earlier ones are
+/// settled as handled), which is at most the heartbeat period plus the
+/// journal's lazy sync interval (1 s) old: five times that is room to
+/// spare. Not days: at 10 000 firings/s memory is proportional to it.
+const JOURNAL_RETENTION: Duration = Duration::from_secs(5);
 /// Jobs waiting for dispatcher credit above which no more are armed.
 const MAX_BACKLOG: usize = 4096;
 /// Longest sleep of an idle loop.
@@ -542,6 +543,8 @@ impl Agent {
         self.pump()?;
         self.collect()?;
         self.start_due_exec()?;
+        // This pass's lazy records (results, feedback) in one write.
+        self.journal.flush()?;
         if now.since(self.last_heartbeat) >= HEARTBEAT {
             let hb = self.journal.heartbeat(now.as_nanos())?;
             if let Some(e) = hb.compaction_error {
@@ -590,9 +593,9 @@ impl Agent {
                     // Nothing touches the device: done when due.
                     let actual = f.scheduled.max(now);
                     self.report(FiringRecord {
-                        id: f.id.to_string(),
-                        pack: f.id.pack.to_string(),
-                        instruction: f.id.instruction.clone(),
+                        id: &f.id.to_string(),
+                        pack: &f.id.pack,
+                        instruction: &f.id.instruction,
                         origin: Origin::Attempt,
                         action: "noop",
                         scheduled: f.scheduled,
@@ -831,9 +834,9 @@ impl Agent {
             } = t
             {
                 self.report(FiringRecord {
-                    id: text.to_string(),
-                    pack: id.pack.to_string(),
-                    instruction: id.instruction.clone(),
+                    id: &text,
+                    pack: &id.pack,
+                    instruction: &id.instruction,
                     origin: Origin::Attempt,
                     action,
                     scheduled,
@@ -898,9 +901,9 @@ impl Agent {
         let (result, firing) = exec_result(&r.outcome);
         let started = self.clock.to_ref(r.started.unwrap_or(r.finished));
         self.report(FiringRecord {
-            id: id.to_string(),
-            pack: id.pack.to_string(),
-            instruction: id.instruction.clone(),
+            id: &id.to_string(),
+            pack: &id.pack,
+            instruction: &id.instruction,
             origin: Origin::Attempt,
             action: "exec",
             scheduled,
@@ -955,9 +958,9 @@ impl Agent {
                     r => r,
                 };
                 self.report(FiringRecord {
-                    id: text.to_string(),
-                    pack: id.pack.to_string(),
-                    instruction: id.instruction.clone(),
+                    id: &text,
+                    pack: &id.pack,
+                    instruction: &id.instruction,
                     origin: Origin::Attempt,
                     action,
                     scheduled,
@@ -976,11 +979,11 @@ impl Agent {
             } => {
                 let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
                 self.report(FiringRecord {
-                    id: text.to_string(),
-                    pack: pack.to_string(),
+                    id: &text,
+                    pack: &pack,
                     instruction: match origin {
-                        Origin::OnFailure => "on_failure".into(),
-                        _ => "safe_state".into(),
+                        Origin::OnFailure => "on_failure",
+                        _ => "safe_state",
                     },
                     origin,
                     action,

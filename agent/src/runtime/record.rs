@@ -60,14 +60,15 @@ pub enum Origin {
 }
 
 /// One executed (or withheld) action, for the live view and feedback.
+/// Borrowed: reporting a firing allocates nothing of its own.
 #[derive(Clone, Debug)]
-pub struct FiringRecord {
-    /// The execution id (or `<pack> safe_state@<ns>` for side actions).
-    pub id: String,
-    /// Pack key, `tenant/pack`.
-    pub pack: String,
+pub struct FiringRecord<'a> {
+    /// The execution id (or `<pack> safe_state (reason)@<ns>` for side actions).
+    pub id: &'a str,
+    /// The pack.
+    pub pack: &'a baton_sched::PackKey,
     /// Instruction id (or `safe_state` / `on_failure`).
-    pub instruction: String,
+    pub instruction: &'a str,
     /// Who asked.
     pub origin: Origin,
     /// Action name.
