@@ -41,6 +41,24 @@ enum Command {
         #[arg(long, hide = true)]
         inject_panic_after: Option<u64>,
     },
+    /// Remove a pack from this agent after driving its safe state, whether
+    /// the agent is running (it is asked through its data directory) or not.
+    Cancel {
+        /// Pack id.
+        pack: String,
+        /// Tenant of the pack.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Config file (YAML); optional.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Journal directory.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// GPIO backend (used when no agent is running): sim:FILE, cdev or sysfs.
+        #[arg(long)]
+        gpio: Option<String>,
+    },
     /// Check a config file (and the packs it names) without running.
     CheckConfig {
         /// Config file (YAML).
@@ -122,6 +140,15 @@ fn main() -> ExitCode {
             quiet,
             inject_panic_after,
         } => run_agent(common, exit_when_idle, quiet, inject_panic_after),
+        Command::Cancel {
+            pack,
+            tenant,
+            config,
+            data,
+            gpio,
+        } => {
+            cancel_pack(pack, tenant, config, data, gpio).map_err(|e| (1, format!("error: {e:#}")))
+        }
         Command::CheckConfig { file } => check_config(&file).map_err(|e| (1, format!("{e:#}"))),
         Command::BenchLatency {
             count,
@@ -309,6 +336,33 @@ fn run_agent(
         StopCause::Fault(e) => Err((1, format!("error: {e:#} (safe state entered)"))),
         _ => Ok(()),
     }
+}
+
+fn cancel_pack(
+    pack: String,
+    tenant: String,
+    config_file: Option<PathBuf>,
+    data: Option<PathBuf>,
+    gpio: Option<String>,
+) -> anyhow::Result<()> {
+    init_tracing(None);
+    let file = match &config_file {
+        Some(p) => config::read_file(p)?,
+        None => config::ConfigFile::default(),
+    };
+    let cfg = config::resolve(
+        file,
+        Overrides {
+            data_dir: data,
+            gpio,
+            no_rt: true,
+            ..Overrides::default()
+        },
+    )?;
+    let key = baton_sched::PackKey { tenant, pack };
+    let msg = baton_agent::runtime::cancel::cancel(&cfg, &key, std::time::Duration::from_secs(10))?;
+    let _ = writeln!(std::io::stdout(), "{msg}");
+    Ok(())
 }
 
 fn check_config(path: &std::path::Path) -> anyhow::Result<()> {

@@ -119,3 +119,30 @@ pub fn signal(child: &Child, sig: i32) {
         libc::kill(child.id() as i32, sig);
     }
 }
+
+/// A child process killed when dropped, so a failing test never leaves an
+/// agent running.
+#[derive(Debug)]
+pub struct Running(pub Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}

@@ -24,6 +24,7 @@
 
 pub mod admission;
 pub mod arming;
+pub mod cancel;
 pub mod check;
 pub mod feedback;
 pub mod ports;
@@ -552,6 +553,7 @@ impl Agent {
             }
             self.last_heartbeat = now;
             self.arming.release_lingering(now);
+            self.serve_cancel_requests()?;
         }
         Ok(())
     }
@@ -1135,6 +1137,55 @@ impl Agent {
         if let Err(e) = self.on_done(done, &mut more) {
             tracing::warn!("journal unavailable on the way out: {e}");
         }
+    }
+
+    /// `baton-agent cancel` requests dropped in the data directory.
+    fn serve_cancel_requests(&mut self) -> anyhow::Result<()> {
+        let dir = cancel::request_dir(&self.cfg.data_dir);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let keys: Vec<PackKey> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| cancel::parse_request(&e.file_name().to_string_lossy()))
+            .collect();
+        for key in keys {
+            let r = self.cancel_local(&key);
+            let answer = r.as_ref().map(String::clone).map_err(|e| format!("{e:#}"));
+            cancel::answer(&self.cfg.data_dir, &key, &answer);
+            // A journal failure is the loop's fault; a refusal is the
+            // requester's answer.
+            if let Err(e) = r
+                && e.downcast_ref::<JournalError>().is_some()
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancel a held pack locally: its safe state first (as any cancel),
+    /// then it is removed from the journal and frees its lines.
+    pub fn cancel_local(&mut self, key: &PackKey) -> anyhow::Result<String> {
+        let Some((version, _)) = self.core.held(key) else {
+            anyhow::bail!("pack {key} is not held by this agent");
+        };
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        self.core.cancel(key, now, &mut out);
+        self.process(out)?;
+        self.pump()?;
+        self.journal.remove_pack(&key.tenant, &key.pack)?;
+        self.admission.release(key);
+        self.held.remove(key);
+        self.safe_table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        tracing::info!(pack = %key, version, "cancelled locally and removed");
+        Ok(format!(
+            "pack {key} v{version} cancelled: safe state driven, removed from the journal"
+        ))
     }
 
     /// Lateness histogram and counters so far.
