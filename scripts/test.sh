@@ -21,4 +21,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests start the real binaries; cargo only builds a
 # package's binaries for its own integration tests, so build them all first.
 cargo build --workspace --bins --locked
-cargo test --workspace --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$log"
+# A short fuzzing run per target (pack parser, journal replay).
+scripts/fuzz.sh 15
+# One closing line for the whole suite (cargo prints one per test binary).
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
