@@ -160,3 +160,56 @@ fn online(data: &Path, key: &PackKey, wait: Duration) -> anyhow::Result<String> 
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+use super::Agent;
+
+impl Agent {
+    /// `baton-agent cancel` requests dropped in the data directory.
+    pub(super) fn serve_cancel_requests(&mut self) -> anyhow::Result<()> {
+        let dir = request_dir(&self.cfg.data_dir);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let keys: Vec<PackKey> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| parse_request(&e.file_name().to_string_lossy()))
+            .collect();
+        for key in keys {
+            let r = self.cancel_local(&key);
+            let reply = r.as_ref().map(String::clone).map_err(|e| format!("{e:#}"));
+            answer(&self.cfg.data_dir, &key, &reply);
+            // A journal failure is the loop's fault; a refusal is the
+            // requester's answer.
+            if let Err(e) = r
+                && e.downcast_ref::<JournalError>().is_some()
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancel a held pack locally: its safe state first (as any cancel),
+    /// then it is removed from the journal and frees its lines.
+    pub fn cancel_local(&mut self, key: &PackKey) -> anyhow::Result<String> {
+        let Some((version, _)) = self.core.held(key) else {
+            anyhow::bail!("pack {key} is not held by this agent");
+        };
+        let now = self.clock.now();
+        let mut out = Vec::new();
+        self.core.cancel(key, now, &mut out);
+        self.process(out)?;
+        self.pump()?;
+        self.journal.remove_pack(&key.tenant, &key.pack)?;
+        self.admission.release(key);
+        self.held.remove(key);
+        self.safe_table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        tracing::info!(pack = %key, version, "cancelled locally and removed");
+        Ok(format!(
+            "pack {key} v{version} cancelled: safe state driven, removed from the journal"
+        ))
+    }
+}

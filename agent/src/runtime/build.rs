@@ -1,0 +1,47 @@
+//! The real parts of a running agent.
+
+use super::*;
+
+/// Build the real parts: journal, GPIO backend in the dispatcher thread,
+/// exec pool, the system clock; and install the panic hook.
+pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
+    use anyhow::Context;
+    let clock = Arc::new(crate::clock::ClockEstimate::from_system());
+    let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
+    jcfg.outbox_cap = cfg.outbox_cap;
+    jcfg.reset = cfg.reset_journal;
+    jcfg.retention_ns = JOURNAL_RETENTION.as_nanos() as i64;
+    let (journal, recovered) = Journal::open(jcfg)
+        .with_context(|| format!("opening the journal in {}", cfg.data_dir.display()))?;
+    let gpio = crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
+        .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
+    let (dispatcher, emergency) =
+        crate::dispatcher::Dispatcher::start(gpio, clock.clone(), cfg.rt, std::thread::current())
+            .context("starting the dispatcher thread")?;
+    // The dispatcher's CPU is its own: move this thread (and the exec
+    // workers it spawns next) elsewhere.
+    if let Some(cpu) = cfg.rt.cpu
+        && let Err(e) = crate::rt::avoid_cpu(cpu)
+    {
+        tracing::warn!("could not keep the control thread off CPU {cpu}: {e}");
+    }
+    if let Some(w) = dispatcher.rt_status().warning() {
+        tracing::warn!("{w}");
+    }
+    let safe_table: SharedSafeTable = Arc::new(Mutex::new(SafeTable::default()));
+    safety::install_panic_hook(safe_table.clone(), emergency);
+    let (tx, exec_rx) = std::sync::mpsc::channel();
+    // Each result wakes the control loop at once (no polling interval).
+    let control = std::thread::current();
+    let notify: crate::exec::Notify = Arc::new(move || control.unpark());
+    let exec = ExecPool::new(cfg.exec_workers, cfg.exec_allowlist.clone(), tx, notify);
+    Ok(Parts {
+        clock,
+        journal,
+        recovered,
+        device: Box::new(dispatcher),
+        exec,
+        exec_rx,
+        safe_table,
+    })
+}

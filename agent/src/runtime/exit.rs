@@ -1,0 +1,135 @@
+//! The one way out of the control loop (see the module docs of `runtime`).
+
+use super::*;
+
+impl Agent {
+    /// The way out. Never fails and never returns early: every held pack's
+    /// safe state reaches the device (first through the core, for its
+    /// events; then, for any pack the core did not cover, from what
+    /// admission kept), the writes are awaited (bounded), the dispatcher
+    /// is stopped (bounded), and the journal is flushed if it still can be.
+    pub fn wind_down(&mut self) {
+        let now = self.clock.now();
+        let events = self.drive_all_safe_states(now);
+        self.await_safe_writes();
+        self.journal_unsent(now);
+        if !self.device.stop(DEVICE_STOP_WAIT) {
+            tracing::error!("the dispatcher thread did not stop within {DEVICE_STOP_WAIT:?}");
+        }
+        while let Some(done) = self.device.try_done() {
+            self.wind_down_done(done);
+        }
+        self.close_journal(events);
+    }
+
+    /// Every held pack's safe state to the device: the core's shutdown
+    /// first (its events are returned, journalled last), then any held pack
+    /// the core did not cover (say, one it stopped while the loop failed).
+    fn drive_all_safe_states(&mut self, now: RefTime) -> Vec<Event> {
+        let mut out = Vec::new();
+        self.core.shutdown(now, &mut out);
+        let mut events = Vec::new();
+        for o in out {
+            match o {
+                Output::SafeState { pack, actions, .. } => {
+                    self.drive_safe_state(&pack, &actions, now);
+                }
+                Output::Event(e) => events.push(e),
+                _ => {}
+            }
+        }
+        let rest: Vec<(PackKey, Arc<Vec<Action>>)> = self
+            .held
+            .iter()
+            .filter(|(k, _)| !self.safe_done.contains(*k))
+            .map(|(k, h)| (k.clone(), h.safe_state.clone()))
+            .collect();
+        for (k, actions) in rest {
+            self.drive_safe_state(&k, &actions, now);
+        }
+        events
+    }
+
+    /// Wait (bounded) for the safe-state writes to land.
+    fn await_safe_writes(&mut self) {
+        let end = crate::clock::mono_now().0 + SAFE_STATE_WAIT.as_nanos() as i64;
+        while self.arming.side_in_flight() && crate::clock::mono_now().0 < end {
+            if let Err(e) = self.arming.pump(self.device.as_mut()) {
+                tracing::error!("safe state: {e}");
+                break;
+            }
+            while let Some(done) = self.device.try_done() {
+                self.wind_down_done(done);
+            }
+            std::thread::park_timeout(Duration::from_millis(1));
+        }
+        if self.arming.side_in_flight() {
+            tracing::error!("safe-state writes did not all land within {SAFE_STATE_WAIT:?}");
+        }
+    }
+
+    /// What never reached the device provably did not run: journalled not
+    /// run, it may fire after a restart (not "outcome unknown").
+    fn journal_unsent(&mut self, now: RefTime) {
+        let (tickets, execs) = self.arming.drain_unsent();
+        let ids = tickets
+            .into_iter()
+            .filter_map(|t| match t {
+                Ticket::Attempt { id, .. } => Some(id),
+                Ticket::Side { .. } => None,
+            })
+            .chain(execs.into_iter().map(|p| p.id));
+        for id in ids {
+            if let Err(e) =
+                journal_result(&mut self.journal, &id, &AttemptResult::Late { actual: now })
+            {
+                tracing::warn!("journal unavailable on the way out: {e}");
+                break;
+            }
+        }
+    }
+
+    /// Best effort from here: the device is safe whatever the disk says.
+    fn close_journal(&mut self, events: Vec<Event>) {
+        for e in events {
+            if let Err(err) = self.event(&e) {
+                tracing::warn!("journal unavailable on the way out: {err}");
+                break;
+            }
+        }
+        for t in self.arming.tickets() {
+            if let Ticket::Attempt { text, .. } = t {
+                tracing::warn!(execution_id = %text, "stopped before it ran: its start record stays (reported as outcome unknown after a restart)");
+            }
+        }
+        match self.journal.sync() {
+            Ok(()) => tracing::info!("safe state entered, journal flushed"),
+            Err(e) => tracing::error!("safe state entered; the journal could not be flushed: {e}"),
+        }
+    }
+
+    /// Safe-state actions on the way out: the device only.
+    pub(super) fn drive_safe_state(&mut self, pack: &PackKey, actions: &[Action], now: RefTime) {
+        if self.safe_done.contains(pack) {
+            return;
+        }
+        self.arming.withdraw(pack, &[]);
+        for a in actions {
+            if let Err(e) = self.side_action(pack, Origin::SafeState(SafeReason::Shutdown), a, now)
+            {
+                tracing::error!(pack = %pack, "safe state: {e}");
+            }
+        }
+        self.safe_done.insert(pack.clone());
+    }
+
+    /// A result during the way out: reported and journalled if the journal
+    /// still works; attempts withdrawn are journalled not run, so they may
+    /// fire after a restart.
+    pub(super) fn wind_down_done(&mut self, done: Done) {
+        let mut more = Vec::new();
+        if let Err(e) = self.on_done(done, &mut more) {
+            tracing::warn!("journal unavailable on the way out: {e}");
+        }
+    }
+}

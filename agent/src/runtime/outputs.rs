@@ -1,0 +1,346 @@
+//! Performing the core's outputs: firings armed (journalled, then queued
+//! for the device or the exec pool), side actions, safe states, feedback.
+
+use baton_sched::Firing;
+
+use super::*;
+
+impl Agent {
+    /// Perform the core's outputs in order, and what follows from them, as
+    /// a loop over a work queue. Each batch's firings are journalled in one
+    /// durable record before any of them reaches the device.
+    pub(super) fn process(&mut self, first: Vec<Output>) -> anyhow::Result<()> {
+        let mut queue: VecDeque<Output> = first.into();
+        while !queue.is_empty() {
+            let batch: Vec<Output> = queue.drain(..).collect();
+            let fires: Vec<(String, i64)> = batch
+                .iter()
+                .filter_map(|o| match o {
+                    Output::Fire(f) => Some((f.id.to_string(), f.scheduled.as_nanos())),
+                    _ => None,
+                })
+                .collect();
+            if !fires.is_empty() {
+                let refs: Vec<(&str, i64)> = fires.iter().map(|(s, t)| (s.as_str(), *t)).collect();
+                // If this fails nothing may fire: the error ends the loop,
+                // whose way out drives the safe state.
+                self.journal.record_started(&refs)?;
+            }
+            let mut more = Vec::new();
+            for o in batch {
+                self.perform(o, &mut more)?;
+            }
+            queue.extend(more);
+        }
+        Ok(())
+    }
+
+    pub(super) fn perform(&mut self, o: Output, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        match o {
+            Output::Fire(f) => match &*f.action {
+                Action::Noop => self.fire_noop(&f, now, more)?,
+                Action::Exec { .. } => self.queue_exec(&f),
+                action => self.arm_gpio(&f, action, now, more)?,
+            },
+            Output::Abort(id) => {
+                // Exec attempts are killed by the pool at the same timeout;
+                // a GPIO action cannot hang. Forget the attempt so a late
+                // result is not reported.
+                self.arming.exec_running.remove(&id.to_string());
+            }
+            Output::OnFailure {
+                pack, action, once, ..
+            } => {
+                // Once means once across restarts: journalled before it runs
+                // (a program may not be idempotent).
+                journal_once(&mut self.journal, &once)?;
+                self.side_action(&pack, Origin::OnFailure, &action, now)?;
+            }
+            Output::SafeState {
+                pack,
+                actions,
+                reason,
+                once,
+            } => {
+                self.enter_safe_state(&pack, &actions, reason, now, more)?;
+                // After the device: a safe state never waits on the disk
+                // (driving it twice is harmless; late is not).
+                if let Some(k) = once {
+                    journal_once(&mut self.journal, &k)?;
+                }
+            }
+            Output::Event(e) => self.event(&e)?,
+        }
+        Ok(())
+    }
+
+    /// A `noop` touches nothing: done when due.
+    fn fire_noop(
+        &mut self,
+        f: &Firing,
+        now: RefTime,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
+        let actual = f.scheduled.max(now);
+        self.report(FiringRecord {
+            id: &f.id.to_string(),
+            pack: &f.id.pack,
+            instruction: &f.id.instruction,
+            origin: Origin::Attempt,
+            action: "noop",
+            scheduled: f.scheduled,
+            actual,
+            lateness_ns: actual.as_nanos() - f.scheduled.as_nanos(),
+            result: FiringResult::Ok { value: None },
+        })?;
+        self.settle(&f.id, AttemptResult::Ok { value: None }, actual, more)
+    }
+
+    /// An `exec` waits here for its instant, then goes to the pool with a
+    /// window: waiting for a worker past it is not a run.
+    fn queue_exec(&mut self, f: &Firing) {
+        let Action::Exec { program, args, env } = &*f.action else {
+            return;
+        };
+        let live = self.arming.flag(&f.id.pack, None);
+        self.arming.exec_pending.push(PendingExec {
+            at: f.scheduled,
+            id: f.id.clone(),
+            req: ExecRequest {
+                execution_id: f.id.to_string(),
+                idempotency_key: f.id.idempotency_key(),
+                attempt: f.id.attempt,
+                scheduled_at: f.scheduled.to_rfc3339(),
+                program: program.clone(),
+                args: args.clone(),
+                env: env.clone(),
+                timeout: f.timeout,
+                not_after: Some(self.clock.to_mono(f.not_after)),
+                live: Some(live),
+            },
+        });
+    }
+
+    /// A GPIO attempt becomes a dispatcher job carrying its pack's flag (or
+    /// the pack's flag for that line, if the pack shares it).
+    fn arm_gpio(
+        &mut self,
+        f: &Firing,
+        action: &Action,
+        now: RefTime,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
+        let Some(op) = self.admission.op_for(action) else {
+            let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
+            return self.settle(&f.id, r, now, more);
+        };
+        let text: Arc<str> = Arc::from(f.id.to_string());
+        let ticket = self.arming.ticket(Ticket::Attempt {
+            id: f.id.clone(),
+            text: text.clone(),
+            scheduled: f.scheduled,
+            action: action.name(),
+        });
+        let line = op.line();
+        let flag_line = self.admission.is_shared(&f.id.pack, line).then_some(line);
+        let live = self.arming.flag(&f.id.pack, flag_line);
+        let width = match op {
+            crate::dispatcher::Op::Pulse { width_ns, .. } => width_ns,
+            _ => 0,
+        };
+        self.arming.enqueue(
+            Job {
+                deadline: self.clock.to_mono(f.scheduled),
+                not_after: self.clock.to_mono(f.not_after),
+                ticket,
+                kind: JobKind::Attempt,
+                op,
+                id: text,
+                live: Some(live),
+            },
+            linger_until(f.scheduled, width),
+        );
+        Ok(())
+    }
+
+    /// A pack enters its safe state: withdraw everything of it first, then
+    /// queue the safe-state writes (ahead of any attempt), and only then
+    /// journal — the device never waits on the disk.
+    pub(super) fn enter_safe_state(
+        &mut self,
+        pack: &PackKey,
+        actions: &[Action],
+        reason: SafeReason,
+        now: RefTime,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
+        let shared: Vec<_> = self
+            .admission
+            .shared_of(pack)
+            .into_iter()
+            .map(|l| (l, self.admission.sharers(pack, l)))
+            .collect();
+        let gone = self.arming.withdraw(pack, &shared);
+        let mut first_err = None;
+        for a in actions {
+            if let Err(e) = self.side_action(pack, Origin::SafeState(reason), a, now) {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.safe_done.insert(pack.clone());
+        self.pump()?;
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        for p in gone {
+            self.settle(&p.id, AttemptResult::Late { actual: now }, now, more)?;
+        }
+        // A give-up or cancel is for good: the pack must not come back
+        // running after a restart. (Shutdown and lease loss are not.)
+        let stop = match reason {
+            SafeReason::GiveUp => Some(StopReason::GiveUp),
+            SafeReason::Cancel => Some(StopReason::Cancel),
+            SafeReason::LeaseLost | SafeReason::Shutdown => None,
+        };
+        if let Some(stop) = stop
+            && let Some((version, _)) = self.core.held(pack)
+        {
+            self.journal
+                .stop_pack(&pack.tenant, &pack.pack, version, stop)?;
+        }
+        Ok(())
+    }
+
+    /// A safe-state or on_failure action: now, best effort, never retried,
+    /// never waiting on the journal.
+    pub(super) fn side_action(
+        &mut self,
+        pack: &PackKey,
+        origin: Origin,
+        action: &Action,
+        now: RefTime,
+    ) -> anyhow::Result<()> {
+        let what = match origin {
+            Origin::OnFailure => "on_failure".to_string(),
+            Origin::SafeState(r) => format!("safe_state ({})", r.as_str()),
+            Origin::Attempt => "attempt".to_string(),
+        };
+        let text: Arc<str> = Arc::from(format!("{pack} {what}@{}", now.as_nanos()));
+        match action {
+            Action::Exec { program, args, env } => {
+                let req = ExecRequest {
+                    execution_id: text.to_string(),
+                    idempotency_key: text.to_string(),
+                    attempt: 1,
+                    scheduled_at: now.to_rfc3339(),
+                    program: program.clone(),
+                    args: args.clone(),
+                    env: env.clone(),
+                    timeout: Duration::from_secs(30),
+                    not_after: None,
+                    live: None,
+                };
+                if let Err(e) = self.exec.submit(req) {
+                    tracing::error!(pack = %pack, "{what} exec {program}: {e}");
+                }
+            }
+            Action::Noop => {}
+            a => match self.admission.op_for(a) {
+                Some(op) => {
+                    let ticket = self.arming.ticket(Ticket::Side {
+                        pack: pack.clone(),
+                        origin,
+                        text: text.clone(),
+                        scheduled: now,
+                        action: a.name(),
+                    });
+                    let width = match op {
+                        crate::dispatcher::Op::Pulse { width_ns, .. } => width_ns,
+                        _ => 0,
+                    };
+                    self.arming.enqueue(
+                        Job {
+                            deadline: self.clock.to_mono(now),
+                            not_after: self.clock.to_mono(RefTime::MAX),
+                            ticket,
+                            kind: JobKind::Safe,
+                            op,
+                            id: text,
+                            live: None,
+                        },
+                        linger_until(now, width),
+                    );
+                }
+                None => tracing::error!(
+                    pack = %pack,
+                    "{what}: the line of {} was never requested",
+                    a.name()
+                ),
+            },
+        }
+        Ok(())
+    }
+
+    /// Hand jobs over as credits allow; attempts withdrawn while waiting
+    /// are settled as not run.
+    pub(super) fn pump(&mut self) -> anyhow::Result<()> {
+        let withheld = self.arming.pump(self.device.as_mut())?;
+        if withheld.is_empty() {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        let mut more = Vec::new();
+        for t in withheld {
+            if let Ticket::Attempt {
+                id,
+                text,
+                scheduled,
+                action,
+            } = t
+            {
+                self.report(FiringRecord {
+                    id: &text,
+                    pack: &id.pack,
+                    instruction: &id.instruction,
+                    origin: Origin::Attempt,
+                    action,
+                    scheduled,
+                    actual: now,
+                    lateness_ns: now.as_nanos() - scheduled.as_nanos(),
+                    result: FiringResult::NotRun(NotRun::Withdrawn),
+                })?;
+                self.settle(&id, AttemptResult::Late { actual: now }, now, &mut more)?;
+            }
+        }
+        self.process(more)
+    }
+
+    /// Journal an attempt's result and tell the core.
+    pub(super) fn settle(
+        &mut self,
+        id: &ExecutionId,
+        r: AttemptResult,
+        at: RefTime,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
+        journal_result(&mut self.journal, id, &r)?;
+        self.core.attempt_result(id, r, at, more);
+        Ok(())
+    }
+
+    /// A core event to feedback; a once-only one is journalled first so a
+    /// restart does not report it again.
+    pub(super) fn event(&mut self, e: &Event) -> Result<(), JournalError> {
+        if let Some(k) = &e.once {
+            journal_once(&mut self.journal, k)?;
+        }
+        feedback::event(&mut self.journal, e)
+    }
+
+    pub(super) fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {
+        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec);
+        panic_hook_test_point();
+        r
+    }
+}

@@ -1,0 +1,184 @@
+//! Results back into the core: device results, exec results, and exec
+//! firings started when due.
+
+use super::*;
+
+impl Agent {
+    /// Results from the device and the exec pool, into the core.
+    pub(super) fn collect(&mut self) -> anyhow::Result<()> {
+        let mut more = Vec::new();
+        while let Some(done) = self.device.try_done() {
+            self.on_done(done, &mut more)?;
+        }
+        while let Ok(r) = self.exec_rx.try_recv() {
+            self.on_exec(r, &mut more)?;
+        }
+        if !more.is_empty() {
+            self.process(more)?;
+            self.pump()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_exec(&mut self, r: ExecResult, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        let Some((id, scheduled)) = self.arming.exec_running.remove(&r.execution_id) else {
+            return Ok(());
+        };
+        let (result, firing) = exec_result(&r.outcome);
+        let started = self.clock.to_ref(r.started.unwrap_or(r.finished));
+        self.report(FiringRecord {
+            id: &id.to_string(),
+            pack: &id.pack,
+            instruction: &id.instruction,
+            origin: Origin::Attempt,
+            action: "exec",
+            scheduled,
+            actual: started,
+            lateness_ns: started.as_nanos() - scheduled.as_nanos(),
+            result: firing,
+        })?;
+        let at = self.clock.to_ref(r.finished);
+        let result = match result {
+            AttemptResult::Late { .. } => AttemptResult::Late { actual: at },
+            r => r,
+        };
+        self.settle(&id, result, at, more)
+    }
+
+    pub(super) fn on_done(&mut self, done: Done, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        if done.kind == JobKind::PulseEnd {
+            if let JobOutcome::Failed(e) = &done.outcome {
+                tracing::error!("pulse end failed: {e}");
+            }
+            return Ok(());
+        }
+        let Some(ticket) = self.arming.take_ticket(done.ticket) else {
+            return Ok(());
+        };
+        // Lateness on the dispatcher's own (monotonic) scale: immune to the
+        // estimate moving between arming and firing.
+        let lateness_ns = done.actual.0 - done.deadline.0;
+        let (result, firing) = match done.outcome {
+            JobOutcome::Ok(value) => (AttemptResult::Ok { value }, FiringResult::Ok { value }),
+            JobOutcome::Failed(e) => {
+                let m = e.to_string();
+                (AttemptResult::Failed(m.clone()), FiringResult::Failed(m))
+            }
+            JobOutcome::NotRun(why) => (
+                AttemptResult::Late {
+                    actual: RefTime::MIN,
+                },
+                FiringResult::NotRun(why),
+            ),
+        };
+        match ticket {
+            Ticket::Attempt {
+                id,
+                text,
+                scheduled,
+                action,
+            } => {
+                let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
+                let result = match result {
+                    AttemptResult::Late { .. } => AttemptResult::Late { actual },
+                    r => r,
+                };
+                self.report(FiringRecord {
+                    id: &text,
+                    pack: &id.pack,
+                    instruction: &id.instruction,
+                    origin: Origin::Attempt,
+                    action,
+                    scheduled,
+                    actual,
+                    lateness_ns,
+                    result: firing,
+                })?;
+                self.settle(&id, result, actual, more)?;
+            }
+            Ticket::Side {
+                pack,
+                origin,
+                text,
+                scheduled,
+                action,
+            } => {
+                let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
+                self.report(FiringRecord {
+                    id: &text,
+                    pack: &pack,
+                    instruction: match origin {
+                        Origin::OnFailure => "on_failure",
+                        _ => "safe_state",
+                    },
+                    origin,
+                    action,
+                    scheduled,
+                    actual,
+                    lateness_ns,
+                    result: firing,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Start the exec firings that are due. One still waiting for a worker
+    /// when its window closes is not started (the pool reports it).
+    pub(super) fn start_due_exec(&mut self) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        let mut more = Vec::new();
+        for p in self.arming.due_exec(now) {
+            let text = p.req.execution_id.clone();
+            match self.exec.submit(p.req) {
+                Ok(()) => {
+                    self.arming.exec_running.insert(text, (p.id, p.at));
+                }
+                Err(e) => {
+                    tracing::error!(execution_id = %p.id, "exec not started: {e}");
+                    self.settle(&p.id, AttemptResult::Failed(e.to_string()), now, &mut more)?;
+                }
+            }
+        }
+        if more.is_empty() {
+            Ok(())
+        } else {
+            self.process(more)
+        }
+    }
+}
+
+/// An exec outcome as the core and the feedback say it.
+pub(super) fn exec_result(o: &ExecOutcome) -> (AttemptResult, FiringResult) {
+    let failed = |m: String| (AttemptResult::Failed(m.clone()), FiringResult::Failed(m));
+    match o {
+        ExecOutcome::Ok => (
+            AttemptResult::Ok { value: None },
+            FiringResult::Ok { value: None },
+        ),
+        ExecOutcome::Failed { code, stderr_tail } => {
+            let code = code.map_or("by signal".to_string(), |c| c.to_string());
+            let tail = stderr_tail.trim();
+            failed(if tail.is_empty() {
+                format!("exit {code}")
+            } else {
+                format!("exit {code}: {tail}")
+            })
+        }
+        ExecOutcome::TimedOut => failed("timed out (killed)".into()),
+        ExecOutcome::NotStarted { reason } => {
+            let why = match reason {
+                NotStartedReason::Expired { .. } => NotRun::Late,
+                NotStartedReason::Withdrawn => NotRun::Withdrawn,
+                NotStartedReason::PoolStopped => NotRun::Stopped,
+            };
+            (
+                AttemptResult::Late {
+                    actual: RefTime::MIN,
+                },
+                FiringResult::NotRun(why),
+            )
+        }
+        other => failed(other.to_string()),
+    }
+}
