@@ -336,3 +336,51 @@ fn a_journal_left_behind_without_its_log_is_refused() {
     let err = Journal::open(JournalConfig::new(&data)).expect_err("refused");
     assert!(err.to_string().contains("journal.log"), "{err}");
 }
+
+#[test]
+fn a_sharers_safe_state_withdraws_the_others_armed_writes_to_the_shared_line() {
+    let mut r = rig();
+    r.accept(&pack(
+        "a",
+        1,
+        "shared_lines: [5]\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 5}, every: 100ms}\n",
+    ))
+    .expect("a");
+    r.accept(&pack(
+        "b",
+        1,
+        "shared_lines: [5]\nsafe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\ninstructions:\n  - {id: n, action: noop, every: 1s}\n",
+    ))
+    .expect("b shares line 5 with a");
+    // a's toggle due at 100 ms is armed (horizon 5 ms) at 97 ms...
+    r.run_until(t(97), Duration::from_millis(1));
+    let before = r.writes().len();
+    // ...when b is cancelled: b's safe state drives line 5 low and a's
+    // armed write to it is withdrawn.
+    r.agent
+        .cancel_local(&baton_sched::PackKey {
+            tenant: "default".into(),
+            pack: "b".into(),
+        })
+        .expect("cancel b");
+    r.run_until(t(150), Duration::from_millis(1));
+    let w = r.writes();
+    let after: Vec<&serde_json::Value> = w[before..].iter().collect();
+    assert_eq!(after.len(), 1, "only b's safe-state write: {after:?}");
+    assert!(
+        after[0]["execution_id"]
+            .as_str()
+            .is_some_and(|s| s.contains("default/b safe_state (cancel)"))
+    );
+    // a goes on with its next occurrence.
+    r.run_until(t(250), Duration::from_millis(1));
+    assert!(
+        r.writes()
+            .iter()
+            .any(|x| x["execution_id"]
+                .as_str()
+                .is_some_and(|s| s.contains("default/a/v1/t/")
+                    && s.contains(&format!("/{}/", T0 + 200_000_000)))),
+        "a's toggle at 200 ms ran"
+    );
+}

@@ -321,3 +321,82 @@ fn a_full_disk_enters_the_safe_state_and_exits_non_zero() {
     nothing_after_safe_state(&log);
     assert_eq!(final_levels(&log)[&5], 0, "{err}");
 }
+
+#[test]
+fn a_program_queued_behind_a_busy_worker_never_starts_after_the_safe_state() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let marker = dir.join("ran");
+    let at = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1500);
+    let later = at + jiff::SignedDuration::from_millis(100);
+    let pack = dir.join("p.yaml");
+    std::fs::write(
+        &pack,
+        format!(
+            "pack: ex\nversion: 1\ndefaults: {{max_lateness: 1h, timeout: 1h}}\nsafe_state:\n  - {{action: gpio.write, params: {{line: 2, value: 0}}}}\ninstructions:\n  - {{id: slow, action: exec, params: {{program: /bin/sleep, args: ['2']}}, at: {at:.9}}}\n  - {{id: touch, action: exec, params: {{program: /usr/bin/touch, args: [{}]}}, at: {later:.9}}}\n",
+            marker.display()
+        ),
+    )
+    .expect("pack");
+    let cfg = dir.join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        "exec-allowlist: [/bin/sleep, /usr/bin/touch]\nexec-workers: 1\n",
+    )
+    .expect("config");
+    let mut child = Running(
+        Command::new(bin("baton-agent"))
+            .args(["run", "--quiet", "--no-rt", "--config"])
+            .arg(&cfg)
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--gpio")
+            .arg(format!("sim:{}", dir.join("g.jsonl").display()))
+            .arg("--pack")
+            .arg(&pack)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn"),
+    );
+    // `slow` holds the only worker; `touch` waits behind it in the pool.
+    // A child of any of the agent's threads (the exec worker spawns it).
+    let children = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+            tasks.filter_map(|t| t.ok()).any(|t| {
+                std::fs::read_to_string(t.path().join("children"))
+                    .is_ok_and(|c| !c.trim().is_empty())
+            })
+        })
+    };
+    assert!(
+        wait_until(T, || children(child.id())),
+        "sleep never started"
+    );
+    assert!(wait_until(T, || jiff::Timestamp::now() > later));
+    // Cancel the pack while `touch` waits: its safe state runs now; when
+    // `sleep` ends, the worker must not start `touch`.
+    let out = baton_e2e::run(
+        Command::new(bin("baton-agent"))
+            .args(["cancel", "ex", "--data"])
+            .arg(dir.join("data")),
+        T,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(wait_until(T, || !children(child.id())), "sleep never ended");
+    // The worker is free: had `touch` been started, it would have run by
+    // the time the agent has stopped.
+    signal(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child, T).expect("exits");
+    let err = stderr_of(&mut child);
+    assert!(status.success(), "{status:?}\n{err}");
+    assert!(
+        !marker.exists(),
+        "a queued program ran after the safe state\n{err}"
+    );
+}
