@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# RSS and idle CPU of `baton-agent run` holding 10 000 pending instructions.
+# RSS and idle CPU of `baton-agent run` holding 10 000 pending instructions
+# and 10 000 undelivered feedback entries (a second pack whose one
+# instruction fired N times, every millisecond, before the measurement: no
+# controller takes their feedback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10000}
@@ -15,11 +18,18 @@ start=$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)
     echo "  - {id: i$i, action: gpio.write, params: {line: $((i % 64)), value: 1}, every: 1h, start_at: *s}"
   done
 } > "$dir/pack.yaml"
-./target/release/baton-agent run --quiet ${EXTRA:-} --id fp --data "$dir/data" --gpio "sim:$dir/gpio.jsonl" --pack "$dir/pack.yaml" >/dev/null 2>"$dir/err" &
+soon=$(date -u -d '+2 seconds' +%Y-%m-%dT%H:%M:%S)
+until=$(date -u -d "$soon UTC + $((N / 1000)) seconds" +%Y-%m-%dT%H:%M:%S)
+{
+  echo "pack: feedback"; echo "version: 1"; echo "instructions:"
+  echo "  - {id: f, action: noop, every: 1ms, start_at: ${soon}.000Z, until: ${until}.000Z}"
+} > "$dir/feedback.yaml"
+./target/release/baton-agent run --quiet ${EXTRA:-} --id fp --data "$dir/data" --gpio "sim:$dir/gpio.jsonl" --pack "$dir/pack.yaml" --pack "$dir/feedback.yaml" >/dev/null 2>"$dir/err" &
 pid=$!
-# Wait until the pack is accepted (the agent says so on stderr).
-for _ in $(seq 1 600); do grep -q accepted "$dir/err" 2>/dev/null && break; sleep 0.05; done
-sleep 2
+# Wait until both packs are accepted (the agent says so on stderr), then
+# until the feedback pack has fired N times.
+for _ in $(seq 1 600); do [ "$(grep -c accepted "$dir/err" 2>/dev/null)" = 2 ] && break; sleep 0.05; done
+sleep $((N / 1000 + 10))
 rss_kb=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
 t0=$(awk '{print $14+$15}' /proc/$pid/stat); s0=$(date +%s.%N)
 sleep 10
@@ -27,4 +37,4 @@ t1=$(awk '{print $14+$15}' /proc/$pid/stat); s1=$(date +%s.%N)
 hz=$(getconf CLK_TCK)
 python3 -c "
 rss=$rss_kb/1024; cpu=100*(($t1-$t0)/$hz)/($s1-$s0)
-print(f'instructions $N  RSS {rss:.1f} MiB  idle CPU {cpu:.2f}% of one core')"
+print(f'instructions $N + feedback $N  RSS {rss:.1f} MiB ({rss*1.048576:.1f} MB)  idle CPU {cpu:.2f}% of one core')"

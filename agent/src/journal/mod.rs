@@ -194,8 +194,9 @@ const CREATED_MARKER: &[u8] =
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Buffered lazy records are written once they reach this size.
 const LAZY_FLUSH_BYTES: usize = 64 << 10;
-/// A reusable frame buffer larger than this (after a big pack) is released.
-const KEEP_BUF_BYTES: usize = 1 << 20;
+/// A reusable frame buffer larger than this (after a pack, a big batch of
+/// start records) is released: kept, a 1 MB pack's frame stayed resident.
+const KEEP_BUF_BYTES: usize = 64 << 10;
 
 /// The result of one execution attempt, as the journal keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -10,9 +10,8 @@ impl Agent {
     /// a loop over a work queue. Each batch's firings are journalled in one
     /// durable record before any of them reaches the device.
     pub(super) fn process(&mut self, first: Vec<Output>) -> anyhow::Result<()> {
-        let mut queue: VecDeque<Output> = first.into();
-        while !queue.is_empty() {
-            let batch: Vec<Output> = queue.drain(..).collect();
+        let mut batch = first;
+        while !batch.is_empty() {
             let fires: Vec<(String, i64)> = batch
                 .iter()
                 .filter_map(|o| match o {
@@ -26,11 +25,14 @@ impl Agent {
                 // whose way out drives the safe state.
                 self.journal.record_started(&refs)?;
             }
+            drop(fires);
             let mut more = Vec::new();
-            for o in batch {
+            // Consumed in place: a burst of thousands of outputs is never
+            // copied.
+            for o in batch.drain(..) {
                 self.perform(o, &mut more)?;
             }
-            queue.extend(more);
+            batch = more;
         }
         Ok(())
     }

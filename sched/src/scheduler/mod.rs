@@ -10,11 +10,14 @@
 //! when its instant comes: fire, late, gap and `catch_up`, journal records),
 //! `outcome` (results, retries, dependents, give-up, safe state).
 
+mod attempts;
 mod due;
 mod install;
 mod outcome;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use attempts::Attempts;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -154,7 +157,7 @@ struct InstrState {
     /// `after` instructions: latest upstream occurrence this round.
     round_occ: Option<RefTime>,
     /// Occurrences with an attempt running or a retry waiting.
-    attempts: BTreeMap<RefTime, Attempt>,
+    attempts: Attempts,
     /// Missed occurrences waiting to be replayed (catch-up), oldest first.
     catching: Vec<Replay>,
 }
@@ -167,13 +170,9 @@ impl InstrState {
         a
     }
 
-    /// An empty `BTreeMap` keeps its root node allocated (over a kilobyte
-    /// here); with 10 000 instructions that is most of the agent's memory,
-    /// so give it back once the last attempt is gone.
+    /// Give buffers back once empty: with 10 000 instructions their
+    /// capacity would be most of the agent's memory.
     fn release_empty(&mut self) {
-        if self.attempts.is_empty() {
-            self.attempts = BTreeMap::new();
-        }
         if self.catching.is_empty() && self.catching.capacity() > 0 {
             self.catching = Vec::new();
         }
