@@ -63,7 +63,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         (
             0usize..4,
             0u32..2000,
-            0u32..500,
+            1u32..500,
             0u8..3,
             1u32..3,
             any::<bool>(),
