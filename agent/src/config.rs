@@ -282,6 +282,15 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             "realtime.priority must be 0..=99, found {priority}"
         )));
     }
+    if let Some(cpu) = file.realtime.cpu {
+        let n = std::thread::available_parallelism().map_or(1, usize::from);
+        if cpu >= n {
+            return Err(ConfigError::Value(format!(
+                "realtime.cpu {cpu}: this machine has CPUs 0..={} only",
+                n - 1
+            )));
+        }
+    }
     let mut packs = file.packs;
     packs.extend(o.packs);
     Ok(AgentConfig {

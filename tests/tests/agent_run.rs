@@ -276,3 +276,63 @@ fn a_pack_that_failed_safe_stays_stopped_after_a_restart() {
     assert!(second.len() > first.len(), "safe state not re-asserted");
     assert_eq!(second.last().expect("lines")["value"], 0);
 }
+
+#[test]
+fn check_config_refuses_what_run_refuses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pack = dir.path().join("p.yaml");
+    let cfg = dir.path().join("agent.yaml");
+    let write_cfg = |packs: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "data-dir: {}\ngpio: sim:{}\nallowed-lines: [\"gpiochip0:12\"]\nexec-allowlist: [/usr/bin/true]\npacks: [{packs}]\n",
+                dir.path().join("data").display(),
+                dir.path().join("gpio.jsonl").display()
+            ),
+        )
+        .expect("write config");
+    };
+    let check = || {
+        run(
+            Command::new(bin("baton-agent"))
+                .arg("check-config")
+                .arg(&cfg),
+            T,
+        )
+    };
+    write_cfg(&pack.display().to_string());
+    for (yaml, expect) in [
+        (
+            "pack: p\nversion: 1\ninstructions:\n  - {id: relay, action: gpio.write, params: {line: 17, value: 1}, every: 1s}\n",
+            "not on the agent's allowlist",
+        ),
+        (
+            "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: exec, params: {program: /usr/bin/true, env: {PATH: /tmp}}, every: 1s}\n",
+            "PATH is not allowed",
+        ),
+        (
+            "pack: p\nversion: 1\ninstructions:\n  - {id: c, action: gpio.write, params: {line: 12, value: 1}, cron: '* * * * * * 2020'}\n",
+            "2020",
+        ),
+    ] {
+        std::fs::write(&pack, yaml).expect("pack");
+        let out = check();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{yaml}: {err}");
+        assert!(err.contains(expect), "{yaml}: {err}");
+    }
+    // Two packs driving one line: refused by both.
+    let other = dir.path().join("q.yaml");
+    std::fs::write(&pack, "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: gpio.toggle, params: {line: 12}, every: 1s}\n").expect("p");
+    std::fs::write(&other, "pack: q\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 12, value: 0}}\ninstructions:\n  - {id: n, action: noop, every: 1s}\n").expect("q");
+    write_cfg(&format!("{}, {}", pack.display(), other.display()));
+    let out = check();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("line gpiochip0:12") || err.contains("line 12"),
+        "{err}"
+    );
+    assert!(err.contains("default/p"), "{err}");
+}

@@ -19,6 +19,9 @@ use crate::runtime::ports::{DirectDevice, ManualClock};
 /// would start.
 pub fn check(cfg: &AgentConfig) -> Vec<String> {
     let mut bad = Vec::new();
+    if let Err(e) = check_journal(&cfg.data_dir) {
+        bad.push(e);
+    }
     let gpio = match crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone()) {
         Ok(g) => g,
         Err(e) => {
@@ -40,6 +43,11 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
             }
         };
         let key = super::key_of(&pack);
+        let now = RefTime::from_nanos(crate::clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME));
+        if let Err(e) = pack.check_live(now) {
+            bad.push(e.render(&name).trim_end().to_string());
+            continue;
+        }
         let r = adm
             .check_version(&key, pack.version, admission::digest(&yaml))
             .and_then(|_| {
@@ -56,4 +64,32 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
     }
     exec.shutdown();
     bad
+}
+
+/// The journal `run` would open: an existing log must replay (read only,
+/// without the lock: a running agent is not disturbed); a log that went
+/// missing beside the lock of an earlier journal is refused, as `run`
+/// refuses it.
+fn check_journal(dir: &std::path::Path) -> Result<(), String> {
+    use crate::journal::{LOCK_FILE, LOG_FILE, check_log_bytes};
+    let log = dir.join(LOG_FILE);
+    match std::fs::read(&log) {
+        Ok(bytes) => check_log_bytes(&bytes)
+            .map(|_| ())
+            .map_err(|e| format!("journal {}: {e}", log.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let lock = dir.join(LOCK_FILE);
+            let used = std::fs::metadata(&lock).is_ok_and(|m| m.len() > 0);
+            if used {
+                Err(format!(
+                    "journal {}: missing beside {} (a journal existed here); `run --reset-journal` starts fresh deliberately",
+                    log.display(),
+                    lock.display()
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        Err(e) => Err(format!("journal {}: {e}", log.display())),
+    }
 }
