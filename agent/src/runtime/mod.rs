@@ -563,7 +563,7 @@ impl Agent {
         // fires it late within max_lateness or reports it skipped; memory
         // stays bounded however far the load exceeds what the box can do.
         if self.arming.backlog_len() < MAX_BACKLOG {
-            self.core.tick(now + self.cfg.arm_horizon, &mut out);
+            self.core.tick_ahead(now, self.cfg.arm_horizon, &mut out);
         }
         self.process(out)?;
         self.pump()?;

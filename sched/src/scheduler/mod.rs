@@ -477,6 +477,27 @@ impl Scheduler {
         }
     }
 
+    /// [`Scheduler::tick`] for a runtime that arms firings ahead: handle
+    /// what is due by `now`, and also what falls due within `horizon` after
+    /// it, each decided as of its own instant — a firing armed 5 ms early
+    /// is on time, not 5 ms late (ticking at `now + horizon` made every
+    /// occurrence look late by up to the horizon, and a `max_lateness`
+    /// below it skipped them all). A timeout in that window expires at its
+    /// own instant too, so an attempt may be declared timed out up to
+    /// `horizon` before the runtime reaches that instant; a result arriving
+    /// in between is ignored, as any result after a timeout.
+    pub fn tick_ahead(&mut self, now: RefTime, horizon: Duration, out: &mut Vec<Output>) {
+        let limit = now + horizon;
+        while let Some((deadline, timer, entry)) = self.queue.pop_due(limit.as_nanos()) {
+            let at = RefTime::from_nanos(deadline);
+            self.handle_entry(at, timer, entry, now.max(at), out);
+        }
+        if now > self.last_prune + PRUNE_EVERY {
+            self.last_prune = now;
+            self.prune(now);
+        }
+    }
+
     fn prune(&mut self, now: RefTime) {
         self.fired.retain(|_, expiry| *expiry > now);
         let horizon = now.saturating_sub(PRIOR_KEEP);
