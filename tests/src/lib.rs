@@ -119,3 +119,30 @@ pub fn signal(child: &Child, sig: i32) {
         libc::kill(child.id() as i32, sig);
     }
 }
+
+/// A child process that is killed (SIGKILL) and reaped when dropped, so a
+/// test that fails half-way never leaves a process behind. Derefs to the
+/// [`Child`].
+#[derive(Debug)]
+pub struct KillOnDrop(pub Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Already exited and reaped: both fail harmlessly.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
