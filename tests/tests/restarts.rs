@@ -364,12 +364,21 @@ fn a_dependent_missed_in_downtime_is_reported_with_its_true_lateness() {
     let pack = s.file(
         "p.yaml",
         &format!(
-            "pack: d\nversion: 1\nsafe_state:\n  - {{action: gpio.write, params: {{line: 6, value: 0}}}}\ninstructions:\n  - {{id: up, action: gpio.write, params: {{line: 5, value: 1}}, at: {}}}\n  - {{id: down, action: gpio.write, params: {{line: 5, value: 0}}, after: [up], delay: 3s, max_lateness: 200ms}}\n",
-            in_ms(600)
+            "pack: d\nversion: 1\nsafe_state:\n  - {{action: gpio.write, params: {{line: 6, value: 0}}}}\ninstructions:\n  - {{id: up, action: gpio.write, params: {{line: 5, value: 1}}, at: {}}}\n  - {{id: down, action: gpio.write, params: {{line: 5, value: 0}}, after: [up], delay: 3s, max_lateness: 200ms}}\n  - {{id: mark, action: gpio.write, params: {{line: 7, value: 1}}, at: {}}}\n",
+            in_ms(600),
+            in_ms(700)
         ),
     );
     let mut a = s.start(&["--quiet", "--pack", path_str(&pack)]);
-    assert!(wait_until(T, || count(&s.log, "up") == 1), "{}", a.stderr());
+    // `mark` fires 100 ms after `up`: by then `up`'s result is in the
+    // journal file (arming `mark` wrote the journal), so the restart knows
+    // `up` succeeded. (Killed right after `up`, its outcome would be unknown
+    // and `down` would never be released: not what this test is about.)
+    assert!(
+        wait_until(T, || count(&s.log, "mark") == 1),
+        "{}",
+        a.stderr()
+    );
     a.kill9();
     let up_occ = writes(&s.log)
         .iter()
@@ -390,6 +399,11 @@ fn a_dependent_missed_in_downtime_is_reported_with_its_true_lateness() {
     let mut b = s.start(&["--exit-when-idle"]);
     let status = wait_exit(&mut b.child, T).expect("exits when idle");
     assert!(status.success(), "{status:?}\n{}", b.stderr());
+    let out = b.stdout();
+    assert!(
+        !out.contains("outcome_unknown"),
+        "`up`'s result was not journalled 100 ms after it ran:\n{out}"
+    );
     let downs: Vec<Write> = writes(&s.log)
         .into_iter()
         .filter(|w| w.is("down"))
@@ -408,7 +422,6 @@ fn a_dependent_missed_in_downtime_is_reported_with_its_true_lateness() {
         downs.first().map_or(0, |w| (w.t - due) / MS)
     );
     // Reported, with the lateness measured from its true instant.
-    let out = b.stdout();
     let report = out
         .lines()
         .find(|l| l.starts_with("down") && (l.contains("give_up") || l.contains("skip")))
