@@ -286,13 +286,23 @@ fn short_restart_does_not_burst(stop: Stop) {
         last_before
     );
     // No burst: the first 50 ms after resuming hold at most the schedule's
-    // own 6 firings.
+    // own firings — 6 when the first one is on time; if a loaded machine
+    // made it late, the occurrences between it and the window's end.
     let t0 = after[0].t;
+    let first_occ = after[0].occurrence().expect("occurrence");
+    let allowed = usize::try_from((t0 + 50 * MS - first_occ) / (10 * MS) + 1).expect("count");
     let burst = after.iter().filter(|w| w.t - t0 <= 50 * MS).count();
     assert!(
-        burst <= 6,
-        "{burst} writes in the first 50 ms after the restart: {:?}",
+        burst <= allowed.max(6),
+        "{burst} writes in the first 50 ms after the restart (schedule: {allowed}): {:?}",
         &after[..burst]
+    );
+    // None early.
+    assert!(
+        after
+            .iter()
+            .all(|w| w.occurrence().is_some_and(|o| w.t >= o)),
+        "{after:?}"
     );
     // Each occurrence once, on the original 10 ms grid.
     let occ: Vec<i64> = after.iter().filter_map(Write::occurrence).collect();
