@@ -51,6 +51,8 @@ fn both(
     fail: &[&str],
     config: &str,
 ) -> Runs {
+    // Built (or found current) before the instants are computed.
+    let agent = bin("baton-agent");
     let dir = tempfile::tempdir().expect("tempdir");
     let from = jiff::Timestamp::now();
     let t0 = from + jiff::SignedDuration::from_millis(1500);
@@ -61,7 +63,7 @@ fn both(
     std::fs::write(&cfg, config).expect("write config");
 
     // The prediction.
-    let mut sim = Command::new(bin("baton-agent"));
+    let mut sim = Command::new(&agent);
     sim.arg("simulate").arg(&pack).args([
         "--json",
         "--from",
@@ -85,7 +87,7 @@ fn both(
 
     // The device.
     let log = dir.path().join("gpio.jsonl");
-    let mut live = Command::new(bin("baton-agent"));
+    let mut live = Command::new(&agent);
     live.args(["run", "--quiet", "--no-rt", "--exit-when-idle", "--id", "d"]);
     if !config.is_empty() {
         live.arg("--config").arg(&cfg);
