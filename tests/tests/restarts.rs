@@ -831,3 +831,101 @@ fn the_summary_counts_every_firing_even_one_later_than_a_minute() {
         "{fired} firings touched the device: {summary}"
     );
 }
+
+/// Every occurrence of a 10 ms toggle between the last firing before a stop
+/// and the first after the restart is reported exactly once: skipped at
+/// shutdown, `outcome unknown`, or counted in the restart's "missed N".
+fn missed_occurrences_are_reported_once(stop: Stop) {
+    let s = Setup::new();
+    let pack = s.file(
+        "p.yaml",
+        "pack: m\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 1, value: 0}}\n\
+         instructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 10ms}\n",
+    );
+    let mut a = s.start(&["--pack", path_str(&pack)]);
+    assert!(wait_until(T, || count(&s.log, "t") >= 20), "{}", a.stderr());
+    match stop {
+        Stop::Kill9 => a.kill9(),
+        Stop::Term => a.term(),
+    }
+    let n = writes(&s.log).len();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut b = s.start(&[]);
+    assert!(
+        wait_until(T, || writes(&s.log)[n..].iter().any(|w| w.is("t"))),
+        "{}",
+        b.stderr()
+    );
+    b.term();
+    let log = writes(&s.log);
+    let last_before = log[..n]
+        .iter()
+        .filter_map(Write::occurrence)
+        .max()
+        .expect("fired before");
+    let first_after = log[n..]
+        .iter()
+        .filter_map(Write::occurrence)
+        .min()
+        .expect("fired after");
+    let gap = (first_after - last_before) / (10 * MS) - 1;
+    // What run 1 reported not run on its way out (skipped, withdrawn,
+    // stopped), and what run 2 reported of the gap.
+    let first = a.stdout();
+    let not_run_1 = first
+        .lines()
+        .filter(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            match w.as_slice() {
+                ["t", "skip", ..] => true,
+                [_, "t", "gpio.toggle", "late", _, result, ..] => {
+                    ["late", "withdrawn", "stopped"].contains(result)
+                }
+                _ => false,
+            }
+        })
+        .count();
+    let second = b.stdout();
+    let unknown_2 = second
+        .lines()
+        .filter(|l| l.contains("outcome_unknown"))
+        .filter_map(|l| l.split_whitespace().find(|w| w.contains("/t/")))
+        .filter_map(|id| id.split('/').nth(4)?.parse::<i64>().ok())
+        // One that touched the device before the kill is not in the gap.
+        .filter(|occ| *occ > last_before)
+        .count();
+    let missed_2: u64 = second
+        .lines()
+        .filter_map(|l| l.split("missed ").nth(1))
+        .filter_map(|r| r.split_whitespace().next())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum();
+    let reported = not_run_1 as i64 + unknown_2 as i64 + missed_2 as i64;
+    assert_eq!(
+        reported,
+        gap,
+        "{gap} occurrences never fired, {reported} reports ({not_run_1} on the way out, \
+         {unknown_2} outcome unknown, {missed_2} missed)\nrun 1:\n{}\nrun 2:\n{}",
+        first
+            .lines()
+            .filter(|l| !l.contains("gpio.toggle  late") && !l.contains(" fire "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        second
+            .lines()
+            .filter(|l| !l.contains("gpio.toggle  late") && !l.contains(" fire "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+}
+
+#[test]
+fn missed_occurrences_are_reported_once_across_a_kill_9() {
+    missed_occurrences_are_reported_once(Stop::Kill9);
+}
+
+#[test]
+#[ignore = "agent bug: the occurrence skipped at shutdown (SIGTERM) is counted again in the restart's `missed N occurrence(s)`: 31 never fired, 32 reported"]
+fn missed_occurrences_are_reported_once_across_a_sigterm() {
+    missed_occurrences_are_reported_once(Stop::Term);
+}
