@@ -185,7 +185,7 @@ impl LiveView {
             let result = f.get("result");
             let ran = !matches!(result, "late" | "withdrawn" | "stopped");
             if ran {
-                let _ = st.hist.record(late.max(0) as u64);
+                st.hist.saturating_record(late.max(0) as u64);
             }
             if self.quiet {
                 return;

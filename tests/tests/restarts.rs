@@ -792,7 +792,6 @@ fn a_completed_one_shot_is_not_reported_again_after_a_restart() {
 }
 
 #[test]
-#[ignore = "agent bug: the summary's lateness histogram (bounded at 60 s) drops a firing later than 60 s: 6 firings, `summary: 5 firings`"]
 fn the_summary_counts_every_firing_even_one_later_than_a_minute() {
     // A catch-up that fires an occurrence of 30 minutes ago, plus five
     // on-time writes: six firings touched the device.
@@ -925,7 +924,6 @@ fn missed_occurrences_are_reported_once_across_a_kill_9() {
 }
 
 #[test]
-#[ignore = "agent bug: the occurrence skipped at shutdown (SIGTERM) is counted again in the restart's `missed N occurrence(s)`: 31 never fired, 32 reported"]
 fn missed_occurrences_are_reported_once_across_a_sigterm() {
     missed_occurrences_are_reported_once(Stop::Term);
 }

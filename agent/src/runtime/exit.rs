@@ -91,6 +91,11 @@ impl Agent {
 
     /// Best effort from here: the device is safe whatever the disk says.
     fn close_journal(&mut self, events: Vec<Event>) {
+        // The last instant the agent was up: a restart counts what it missed
+        // from here, so nothing reported on the way out is counted again.
+        if let Err(e) = self.journal.heartbeat(self.clock.now().as_nanos()) {
+            tracing::warn!("journal unavailable on the way out: {e}");
+        }
         for e in events {
             if let Err(err) = self.event(&e) {
                 tracing::warn!("journal unavailable on the way out: {err}");

@@ -78,7 +78,9 @@ pub fn executed(
     rec: &FiringRecord<'_>,
 ) -> Result<(), JournalError> {
     if rec.result.ran() {
-        let _ = tally.hist.record(rec.lateness_ns.max(0) as u64);
+        // Saturating: a catch-up firing an hour late still counts (at the
+        // histogram's 60 s bound) instead of vanishing from the summary.
+        tally.hist.saturating_record(rec.lateness_ns.max(0) as u64);
         if rec.lateness_ns < 0 {
             tally.early += 1;
         }

@@ -418,6 +418,12 @@ impl Scheduler {
         let key = ps.key.clone();
         self.packs[slot] = Some(ps);
         for (i, id, occ) in skips {
+            // At shutdown an occurrence not yet due is not missed yet: if the
+            // agent stays down past it, the restart reports it as missed
+            // during the downtime. Reporting it here too counted it twice.
+            if reason == SafeReason::Shutdown && id.is_none() && occ.is_some_and(|o| o > now) {
+                continue;
+            }
             out.push(self.event(
                 slot,
                 Some(i),
