@@ -128,7 +128,8 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     match sched_setaffinity(this_thread(), &set) {
         Ok(()) => Ok(()),
         // The kernel's answer for a CPU that is offline, absent, or outside
-        // this process's cpuset: say which, not just "Invalid argument".
+        // this process's cpuset: list the allowed ones, not just "Invalid
+        // argument".
         Err(Errno::EINVAL) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
