@@ -395,16 +395,21 @@ impl Dispatcher {
     /// Stop: jobs already due run, pending pulse ends run at once (no line
     /// is left mid-pulse), other future jobs are reported not run. Waits for
     /// the thread at most `timeout`; returns whether it ended (if not, it
-    /// is left behind, never waited on forever).
+    /// is left behind, never waited on forever). Calling it again after a
+    /// `false` asks again (and waits again at most its own timeout).
     pub fn stop(&mut self, timeout: Duration) -> bool {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.bump();
-        let Some(t) = self.thread.take() else {
+        // The handle is kept until the thread has ended: a second call after
+        // one that timed out must not report a stuck thread as ended.
+        if self.thread.is_none() {
             return true;
-        };
+        }
         match self.exited.recv_timeout(timeout) {
             Err(RecvTimeoutError::Disconnected) | Ok(()) => {
-                let _ = t.join();
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
                 true
             }
             Err(RecvTimeoutError::Timeout) => false,
@@ -414,7 +419,13 @@ impl Dispatcher {
 
 impl Drop for Dispatcher {
     fn drop(&mut self) {
-        self.stop(DROP_WAIT);
+        // After a `stop` that gave up on the thread, do not wait again.
+        let wait = if self.shared.stop.load(Ordering::Acquire) {
+            Duration::ZERO
+        } else {
+            DROP_WAIT
+        };
+        self.stop(wait);
     }
 }
 
@@ -490,7 +501,15 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
         let stopping = s.stop.load(Ordering::Acquire);
         let Some(top) = l.heap.peek() else {
             if stopping {
-                return;
+                // A job handed over just before `stop` may have reached the
+                // inbox after `take_inbox` above (e.g. while a line request
+                // was served); having seen the flag, it is visible now. It
+                // must get its result like any other, not vanish.
+                l.take_inbox();
+                if l.heap.is_empty() {
+                    return;
+                }
+                continue;
             }
             futex_wait(&s.word, seen, None);
             continue;

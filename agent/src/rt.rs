@@ -6,6 +6,15 @@
 //! was refused and runs at normal priority. It never refuses to start.
 
 use std::io;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::sys::mman::{MlockAllFlags, mlockall};
+use nix::sys::prctl::set_timerslack;
+use nix::sys::time::TimeSpec;
+use nix::unistd::Pid;
 
 /// What the dispatcher asks for.
 #[derive(Clone, Copy, Debug)]
@@ -61,10 +70,20 @@ pub fn prefault_stack(bytes: usize) {
     let n = bytes.min(buf.len());
     for i in (0..n).step_by(4096) {
         // Volatile: the writes must happen even though nothing reads them.
-        // SAFETY: `i < n <= buf.len()`.
+        // SAFETY: `i < n <= buf.len()`, so the pointer stays inside `buf`,
+        // which this function owns; a `u8` needs no alignment.
         unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 1) };
     }
     std::hint::black_box(&buf);
+}
+
+/// How many CPUs a CPU set can name (1024 with glibc): a CPU number at or
+/// beyond this is an error, never an index out of bounds.
+pub const CPU_SET_CAPACITY: usize = CpuSet::count();
+
+/// The calling thread, for the `sched_*` calls.
+fn this_thread() -> Pid {
+    Pid::from_raw(0)
 }
 
 /// Lock the process's memory: no page of the agent is ever paged out, so
@@ -76,20 +95,83 @@ pub fn lock_memory(st: &mut RtStatus) {
     // every mapping (thread stacks, allocator reservations) up front —
     // resident memory stays what the agent uses, and no used page is
     // ever paged out. The dispatcher pre-touches its own stack.
-    // SAFETY: flags only; no pointers.
-    let mut rc =
-        unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
-    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+    // (nix 0.30 names no MCL_ONFAULT: the bit comes from libc.)
+    let base = MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE;
+    let on_fault = MlockAllFlags::from_bits_retain(libc::MCL_ONFAULT);
+    let r = match mlockall(base | on_fault) {
         // Kernel older than 4.4: no MCL_ONFAULT.
-        // SAFETY: as above.
-        rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+        Err(Errno::EINVAL) => mlockall(base),
+        r => r,
+    };
+    match r {
+        Ok(()) => st.locked = true,
+        Err(e) => st.refused.push(format!("mlockall: {}", io::Error::from(e))),
     }
-    if rc == 0 {
-        st.locked = true;
-    } else {
-        st.refused
-            .push(format!("mlockall: {}", io::Error::last_os_error()));
+}
+
+/// The set holding only `cpu`; a number a CPU set cannot hold is a clear
+/// error (libc's `CPU_SET` would panic on it).
+fn only_cpu(cpu: usize) -> io::Result<CpuSet> {
+    let mut set = CpuSet::new();
+    set.set(cpu).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no such CPU: a CPU set holds CPUs 0..{CPU_SET_CAPACITY}"),
+        )
+    })?;
+    Ok(set)
+}
+
+/// Pin the calling thread to `cpu`.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    let set = only_cpu(cpu)?;
+    match sched_setaffinity(this_thread(), &set) {
+        Ok(()) => Ok(()),
+        // The kernel's answer for a CPU that is offline, absent, or outside
+        // this process's cpuset: list the allowed ones, not just "Invalid
+        // argument".
+        Err(Errno::EINVAL) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "CPU {cpu} is not one this thread may run on (allowed: {})",
+                allowed_cpus().map_or_else(|e| format!("unknown: {e}"), |s| describe(&s))
+            ),
+        )),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// The CPUs the calling thread may run on (its affinity mask, which a
+/// container's cpuset already narrows). Unlike
+/// `std::thread::available_parallelism`, these are CPU numbers, not a
+/// count (and a cgroup CPU quota does not shrink them).
+pub fn allowed_cpus() -> io::Result<CpuSet> {
+    Ok(sched_getaffinity(this_thread())?)
+}
+
+/// `0,2-3` for messages.
+fn describe(set: &CpuSet) -> String {
+    let cpus: Vec<usize> = (0..CPU_SET_CAPACITY)
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if j == i {
+            out.push_str(&cpus[i].to_string());
+        } else {
+            out.push_str(&format!("{}-{}", cpus[i], cpus[j]));
+        }
+        i = j + 1;
+    }
+    if out.is_empty() { "none".into() } else { out }
 }
 
 /// Apply `cfg` to the calling thread: affinity, timer slack, SCHED_FIFO.
@@ -97,28 +179,24 @@ pub fn lock_memory(st: &mut RtStatus) {
 pub fn apply_to_current_thread(cfg: &RtConfig) -> RtStatus {
     let mut st = RtStatus::default();
     // Timer slack 1 ns: the kernel must not coalesce our wake-ups.
-    // SAFETY: PR_SET_TIMERSLACK takes an unsigned long and no pointers.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    if let Err(e) = set_timerslack(1) {
+        st.refused
+            .push(format!("timer slack 1 ns: {}", io::Error::from(e)));
+    }
     if let Some(cpu) = cfg.cpu {
-        // SAFETY: `set` is a zeroed, valid cpu_set_t; CPU_SET bounds-checks
-        // against its size; pid 0 is the calling thread.
-        let rc = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-        };
-        if rc == 0 {
-            st.pinned = true;
-        } else {
-            st.refused
-                .push(format!("pin to CPU {cpu}: {}", io::Error::last_os_error()));
+        match pin_to_cpu(cpu) {
+            Ok(()) => st.pinned = true,
+            Err(e) => st.refused.push(format!("pin to CPU {cpu}: {e}")),
         }
     }
     if let Some(prio) = cfg.priority {
+        // nix 0.30 has no sched_setscheduler: raw libc.
         let param = libc::sched_param {
             sched_priority: prio.clamp(1, 99),
         };
-        // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
+        // SAFETY: `param` is a live, initialised sched_param that the kernel
+        // only reads during the call; pid 0 names the calling thread. The
+        // return value is checked below.
         let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
         if rc == 0 {
             st.fifo = true;
@@ -134,45 +212,66 @@ pub fn apply_to_current_thread(cfg: &RtConfig) -> RtStatus {
 }
 
 /// Keep the calling thread (and the threads it spawns later) off `cpu`, so
-/// the dispatcher pinned there has it to itself. No-op on a single-CPU box.
+/// the dispatcher pinned there has it to itself. The thread keeps every
+/// other CPU it was allowed; if `cpu` is not among them (or is no CPU at
+/// all: the dispatcher's pin reports that) there is nothing to do, and if
+/// it is the only one, the thread stays there (a single-CPU box).
 pub fn avoid_cpu(cpu: usize) -> io::Result<()> {
-    let n = std::thread::available_parallelism().map_or(1, usize::from);
-    if n < 2 {
+    let mut set = allowed_cpus()?;
+    if !set.is_set(cpu).unwrap_or(false) {
         return Ok(());
     }
-    // SAFETY: `set` is a zeroed cpu_set_t; CPU_SET bounds-checks; pid 0 is
-    // the calling thread.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for c in (0..n).filter(|c| *c != cpu) {
-            libc::CPU_SET(c, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+    set.unset(cpu)?;
+    if (0..CPU_SET_CAPACITY).all(|c| !set.is_set(c).unwrap_or(false)) {
+        return Ok(());
+    }
+    Ok(sched_setaffinity(this_thread(), &set)?)
+}
+
+/// Futex calls that failed for a reason other than the expected ones (the
+/// word had already changed, the deadline passed, a signal). Such a failure
+/// cannot happen with the arguments built here; if it ever does, the
+/// dispatcher's loop degrades to spinning (correct, but it burns its CPU),
+/// so it is counted for telemetry and tests rather than ignored.
+static FUTEX_ERRORS: AtomicU64 = AtomicU64::new(0);
+/// The errno of the last such failure (0: none yet).
+static FUTEX_LAST_ERRNO: AtomicI32 = AtomicI32::new(0);
+
+/// How many futex calls failed unexpectedly, and the last errno, if any.
+pub fn futex_errors() -> (u64, Option<Errno>) {
+    let n = FUTEX_ERRORS.load(Ordering::Relaxed);
+    let e = FUTEX_LAST_ERRNO.load(Ordering::Relaxed);
+    (n, (e != 0).then(|| Errno::from_raw(e)))
+}
+
+fn count_futex_error(expected: &[Errno]) {
+    let e = Errno::last();
+    if !expected.contains(&e) {
+        FUTEX_LAST_ERRNO.store(e as i32, Ordering::Relaxed);
+        FUTEX_ERRORS.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 /// Sleep on a futex word until it differs from `seen`, or until the
-/// absolute `CLOCK_MONOTONIC` deadline (ns), whichever comes first.
+/// absolute `CLOCK_MONOTONIC` deadline (ns), whichever comes first. A
+/// deadline before the clock's epoch is a past deadline.
 ///
 /// Why a futex and not `clock_nanosleep(TIMER_ABSTIME)`: both sleep to an
 /// absolute monotonic deadline, but only the futex can be woken early
-/// without signals when an earlier firing arrives.
-pub fn futex_wait(word: &std::sync::atomic::AtomicU32, seen: u32, deadline_ns: Option<i64>) {
-    let ts = deadline_ns.map(|d| libc::timespec {
-        tv_sec: d.div_euclid(1_000_000_000),
-        tv_nsec: d.rem_euclid(1_000_000_000),
-    });
+/// without signals when an earlier firing arrives. nix 0.30 has no futex
+/// wrapper: raw libc.
+pub fn futex_wait(word: &AtomicU32, seen: u32, deadline_ns: Option<i64>) {
+    let ts = deadline_ns
+        .map(|d| TimeSpec::from_duration(Duration::from_nanos(u64::try_from(d).unwrap_or(0))));
     let ts_ptr = ts
         .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` outlives the call; FUTEX_WAIT_BITSET reads it and the
-    // optional absolute timeout (CLOCK_MONOTONIC without FUTEX_CLOCK_REALTIME).
-    unsafe {
+        .map_or(std::ptr::null(), |t| t.as_ref() as *const libc::timespec);
+    // SAFETY: `word.as_ptr()` points to a live, aligned u32 (borrowed for
+    // the whole call) that the kernel only reads; `ts_ptr` is null or points
+    // to `ts`, alive until the end of this function; the `uaddr2` argument
+    // is unused by FUTEX_WAIT_BITSET (null). Without FUTEX_CLOCK_REALTIME the
+    // timeout is absolute on CLOCK_MONOTONIC. Nothing is written to memory.
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
@@ -181,20 +280,30 @@ pub fn futex_wait(word: &std::sync::atomic::AtomicU32, seen: u32, deadline_ns: O
             ts_ptr,
             std::ptr::null::<u32>(),
             libc::FUTEX_BITSET_MATCH_ANY,
-        );
+        )
+    };
+    if rc != 0 {
+        // EAGAIN: the word had changed; ETIMEDOUT: the deadline passed;
+        // EINTR: a signal. All mean "look again", as the caller does.
+        count_futex_error(&[Errno::EAGAIN, Errno::ETIMEDOUT, Errno::EINTR]);
     }
 }
 
 /// Wake every waiter on a futex word (after changing it).
-pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
-    // SAFETY: `word` is valid; FUTEX_WAKE takes no other pointers.
-    unsafe {
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word.as_ptr()` points to a live, aligned u32 borrowed for the
+    // whole call; FUTEX_WAKE only uses it as a key (no read or write of our
+    // memory) and takes no other pointer.
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
             i32::MAX,
-        );
+        )
+    };
+    if rc < 0 {
+        count_futex_error(&[]);
     }
 }
 
@@ -222,6 +331,72 @@ mod tests {
             }
         });
         assert_eq!(w.load(Ordering::Acquire), 1);
+        // EAGAIN and ETIMEDOUT above are expected, not errors.
+        assert_eq!(futex_errors(), (0, None));
+    }
+
+    /// Runs `f` on a fresh thread, so affinity changes stay there.
+    fn on_own_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| s.spawn(f).join().expect("thread panicked"))
+    }
+
+    #[test]
+    fn a_cpu_beyond_the_set_is_a_refusal_not_a_panic() {
+        for cpu in [CPU_SET_CAPACITY, CPU_SET_CAPACITY + 1, usize::MAX] {
+            let st = on_own_thread(|| {
+                apply_to_current_thread(&RtConfig {
+                    priority: None,
+                    cpu: Some(cpu),
+                    mlockall: false,
+                })
+            });
+            assert!(!st.pinned);
+            let w = st.warning().expect("a warning");
+            assert!(w.contains(&format!("pin to CPU {cpu}: no such CPU")), "{w}");
+            // The control thread has nothing to avoid.
+            on_own_thread(|| avoid_cpu(cpu)).expect("no-op");
+        }
+    }
+
+    #[test]
+    fn pinning_and_avoiding_an_allowed_cpu() {
+        let allowed = allowed_cpus().expect("sched_getaffinity");
+        let cpus: Vec<usize> = (0..CPU_SET_CAPACITY)
+            .filter(|&c| allowed.is_set(c).unwrap_or(false))
+            .collect();
+        let first = cpus[0];
+        let st = on_own_thread(|| {
+            let st = apply_to_current_thread(&RtConfig {
+                priority: None,
+                cpu: Some(first),
+                mlockall: false,
+            });
+            let now = allowed_cpus().expect("sched_getaffinity");
+            assert_eq!(describe(&now), first.to_string());
+            st
+        });
+        assert!(st.pinned, "{:?}", st.refused);
+        on_own_thread(|| {
+            avoid_cpu(first).expect("avoid");
+            let now = allowed_cpus().expect("sched_getaffinity");
+            if cpus.len() > 1 {
+                assert!(!now.is_set(first).expect("in range"));
+                assert!(cpus[1..].iter().all(|&c| now.is_set(c).unwrap_or(false)));
+            } else {
+                // The only CPU: the thread stays on it.
+                assert!(now.is_set(first).expect("in range"));
+            }
+        });
+    }
+
+    #[test]
+    fn cpu_sets_are_described_as_ranges() {
+        let mut s = CpuSet::new();
+        assert_eq!(describe(&s), "none");
+        for c in [0, 2, 3, 4, 7] {
+            s.set(c).expect("in range");
+        }
+        assert_eq!(describe(&s), "0,2-4,7");
     }
 
     #[test]

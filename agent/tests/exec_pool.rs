@@ -370,8 +370,8 @@ fn shutdown_kills_running_and_reports_queued_as_not_started() {
         ]
     );
     // Killed and reaped before shutdown returned.
-    // SAFETY: existence check only.
     assert_eq!(
+        // SAFETY: signal 0 only checks that `pid` exists; no memory passed.
         unsafe { libc::kill(pid, 0) },
         -1,
         "child {pid} still exists"
