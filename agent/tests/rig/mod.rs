@@ -1,0 +1,115 @@
+//! The control loop's test rig: a manual clock, the in-memory device over
+//! the sim GPIO backend, a real journal in a temp dir and a real exec pool.
+#![allow(dead_code)] // each test binary uses its own part of the rig
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_agent::config::{self, ConfigFile, Overrides};
+use baton_agent::exec::ExecPool;
+use baton_agent::gpio::Allowlist;
+use baton_agent::gpio::sim::SimGpio;
+use baton_agent::journal::{Journal, JournalConfig};
+use baton_agent::runtime::admission::Verdict;
+use baton_agent::runtime::ports::{Clock, DirectDevice, ManualClock};
+use baton_agent::runtime::safety::SafeTable;
+use baton_agent::runtime::{Agent, Parts};
+use baton_proto::{RefTime, parse_pack};
+
+pub const T0: i64 = 1_796_000_000_000_000_000;
+
+pub struct Rig {
+    pub _dir: tempfile::TempDir,
+    pub data: PathBuf,
+    pub log: PathBuf,
+    pub clock: Arc<ManualClock>,
+    pub agent: Agent,
+}
+
+pub fn t(ms: i64) -> RefTime {
+    RefTime::from_nanos(T0 + ms * 1_000_000)
+}
+
+pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
+    let data = dir.join("data");
+    let log = dir.join("gpio.jsonl");
+    let cfg = config::resolve(
+        ConfigFile::default(),
+        Overrides {
+            id: Some("t".into()),
+            data_dir: Some(data.clone()),
+            gpio: Some(format!("sim:{}", log.display())),
+            no_rt: true,
+            ..Overrides::default()
+        },
+    )
+    .expect("config");
+    let (journal, recovered) = Journal::open(JournalConfig::new(&data)).expect("journal");
+    let gpio = SimGpio::open(&log, Allowlist::all()).expect("sim");
+    let device = DirectDevice::new(Box::new(gpio), clock.clone());
+    let (tx, exec_rx) = std::sync::mpsc::channel();
+    let exec = ExecPool::new(1, cfg.exec_allowlist.clone(), tx, Arc::new(|| {}));
+    Agent::new(
+        cfg,
+        Parts {
+            clock,
+            journal,
+            recovered,
+            device: Box::new(device),
+            exec,
+            exec_rx,
+            safe_table: Arc::new(Mutex::new(SafeTable::default())),
+        },
+    )
+    .expect("agent")
+}
+
+pub fn rig() -> Rig {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    let agent = build(dir.path(), clock.clone());
+    Rig {
+        data: dir.path().join("data"),
+        log: dir.path().join("gpio.jsonl"),
+        _dir: dir,
+        clock,
+        agent,
+    }
+}
+
+impl Rig {
+    pub fn accept(&mut self, yaml: &str) -> anyhow::Result<Verdict> {
+        let pack = parse_pack(yaml).map_err(|e| anyhow::anyhow!("{}", e.render("pack")))?;
+        self.agent.accept(yaml.to_string(), pack)
+    }
+
+    /// Step every `every` until `until` (simulated).
+    pub fn run_until(&mut self, until: RefTime, every: Duration) {
+        while self.clock.now() < until {
+            self.agent.step().expect("step");
+            self.clock.advance(every);
+        }
+        self.agent.step().expect("step");
+    }
+
+    pub fn writes(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect()
+    }
+
+    pub fn level(&self, line: i64) -> Option<i64> {
+        self.writes()
+            .iter()
+            .rev()
+            .find(|w| w["line"] == line)
+            .and_then(|w| w["value"].as_i64())
+    }
+}
+
+pub fn pack(id: &str, version: u64, body: &str) -> String {
+    format!("pack: {id}\nversion: {version}\n{body}")
+}
