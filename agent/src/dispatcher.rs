@@ -429,6 +429,48 @@ impl Drop for Dispatcher {
     }
 }
 
+/// Perform a job's op on the backend, dated `t_ref` (reference ns, for the
+/// sim log): its result, and for a pulse whose leading edge was written, its
+/// trailing edge as a job of its own (never a sleep). Shared by the
+/// dispatcher thread and the threadless `runtime::ports::DirectDevice`.
+pub fn apply(
+    g: &mut dyn Gpio,
+    job: &Job,
+    t_ref: i64,
+) -> (Result<Option<u8>, GpioError>, Option<Job>) {
+    let mut pulse_end = None;
+    let outcome = match job.op {
+        Op::Write(h, v) => g.write(h, v, t_ref, &job.id).map(|()| None),
+        Op::Toggle(h) => {
+            let v = 1 - g.level(h).unwrap_or(0).min(1);
+            g.write(h, v, t_ref, &job.id).map(|()| None)
+        }
+        Op::Read(h) => g.read(h).map(Some),
+        Op::Pulse {
+            line,
+            value,
+            width_ns,
+        } => {
+            let r = g.write(line, value, t_ref, &job.id);
+            if r.is_ok() {
+                pulse_end = Some(Job {
+                    deadline: MonoTime(job.deadline.0.saturating_add(width_ns)),
+                    not_after: MonoTime(i64::MAX),
+                    ticket: job.ticket,
+                    kind: JobKind::PulseEnd,
+                    op: Op::Write(line, 1 - value.min(1)),
+                    id: job.id.clone(),
+                    // Its pack's flag: a withdrawn pulse ends early, before
+                    // the safe state (see `Local::take_inbox`).
+                    live: job.live.clone(),
+                });
+            }
+            r.map(|()| None)
+        }
+    };
+    (outcome, pulse_end)
+}
+
 /// Heap entry: min-order by (deadline, arrival sequence).
 struct Queued {
     key: Reverse<(i64, u64)>,
@@ -687,36 +729,7 @@ impl Local<'_> {
         }
         let t_ref = self.clock.to_ref(now).as_nanos();
         let mut g = lock_gpio(self.gpio);
-        let mut pulse_end = None;
-        let outcome = match job.op {
-            Op::Write(h, v) => g.write(h, v, t_ref, &job.id).map(|()| None),
-            Op::Toggle(h) => {
-                let v = 1 - g.level(h).unwrap_or(0).min(1);
-                g.write(h, v, t_ref, &job.id).map(|()| None)
-            }
-            Op::Read(h) => g.read(h).map(Some),
-            Op::Pulse {
-                line,
-                value,
-                width_ns,
-            } => {
-                let r = g.write(line, value, t_ref, &job.id);
-                if r.is_ok() {
-                    pulse_end = Some(Job {
-                        deadline: MonoTime(job.deadline.0.saturating_add(width_ns)),
-                        not_after: MonoTime(i64::MAX),
-                        ticket: job.ticket,
-                        kind: JobKind::PulseEnd,
-                        op: Op::Write(line, 1 - value.min(1)),
-                        id: job.id.clone(),
-                        // Its pack's flag: a withdrawn pulse ends early,
-                        // before the safe state (see `take_inbox`).
-                        live: job.live.clone(),
-                    });
-                }
-                r.map(|()| None)
-            }
-        };
+        let (outcome, pulse_end) = apply(&mut **g, &job, t_ref);
         drop(g);
         self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);
         let failed_pulse = matches!(job.op, Op::Pulse { .. }) && outcome.is_err();

@@ -146,3 +146,19 @@ impl Drop for Running {
         }
     }
 }
+
+/// A small deterministic generator: a test's random moments come from a
+/// fixed seed, never from the environment.
+#[derive(Debug)]
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// The next value in `0..n`.
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}

@@ -7,22 +7,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_e2e::{bin, lines, wait_exit};
+use baton_e2e::{Lcg, bin, lines, wait_exit};
 
 const COUNT: usize = 200;
 const SPACING_MS: i64 = 20;
-
-/// Small deterministic generator (the test must not depend on a seed source).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
 
 #[test]
 fn kill_9_never_fires_twice_and_loses_only_reported_unknowns() {

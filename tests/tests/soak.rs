@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_e2e::{Running, bin, lines, signal, wait_exit, wait_until};
+use baton_e2e::{Lcg, Running, bin, lines, signal, wait_exit, wait_until};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -33,17 +33,6 @@ fn rss_kb(pid: u32) -> Option<u64> {
         .nth(1)?
         .parse()
         .ok()
-}
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
 }
 
 fn agent_bin() -> PathBuf {

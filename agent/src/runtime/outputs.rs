@@ -85,17 +85,15 @@ impl Agent {
         more: &mut Vec<Output>,
     ) -> anyhow::Result<()> {
         let actual = f.scheduled.max(now);
-        self.report(FiringRecord {
-            id: &f.id.to_string(),
-            pack: &f.id.pack,
-            instruction: &f.id.instruction,
-            origin: Origin::Attempt,
-            action: "noop",
-            scheduled: f.scheduled,
+        let text = f.id.to_string();
+        self.report(FiringRecord::attempt(
+            &f.id,
+            &text,
+            "noop",
+            f.scheduled,
             actual,
-            lateness_ns: actual.as_nanos() - f.scheduled.as_nanos(),
-            result: FiringResult::Ok { value: None },
-        })?;
+            FiringResult::Ok { value: None },
+        ))?;
         self.settle(&f.id, AttemptResult::Ok { value: None }, actual, more)
     }
 
@@ -301,17 +299,14 @@ impl Agent {
                 action,
             } = t
             {
-                self.report(FiringRecord {
-                    id: &text,
-                    pack: &id.pack,
-                    instruction: &id.instruction,
-                    origin: Origin::Attempt,
+                self.report(FiringRecord::attempt(
+                    &id,
+                    &text,
                     action,
                     scheduled,
-                    actual: now,
-                    lateness_ns: now.as_nanos() - scheduled.as_nanos(),
-                    result: FiringResult::NotRun(NotRun::Withdrawn),
-                })?;
+                    now,
+                    FiringResult::NotRun(NotRun::Withdrawn),
+                ))?;
                 self.settle(&id, AttemptResult::Late { actual: now }, now, &mut more)?;
             }
         }

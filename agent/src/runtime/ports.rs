@@ -208,36 +208,16 @@ impl DirectDevice {
             return done;
         }
         let t = self.clock.to_ref(now).as_nanos();
-        let g = &mut self.gpio;
-        let r = match job.op {
-            Op::Write(h, v) => g.write(h, v, t, &job.id).map(|()| None),
-            Op::Toggle(h) => {
-                let v = 1 - g.level(h).unwrap_or(0).min(1);
-                g.write(h, v, t, &job.id).map(|()| None)
+        let (r, pulse_end) = crate::dispatcher::apply(&mut *self.gpio, &job, t);
+        match pulse_end {
+            Some(end) => {
+                self.seq += 1;
+                self.jobs.push((self.seq, end));
             }
-            Op::Read(h) => g.read(h).map(Some),
-            Op::Pulse {
-                line,
-                value,
-                width_ns,
-            } => {
-                let r = g.write(line, value, t, &job.id);
-                if r.is_ok() {
-                    self.seq += 1;
-                    let end = Job {
-                        deadline: MonoTime(job.deadline.0.saturating_add(width_ns)),
-                        not_after: MonoTime(i64::MAX),
-                        kind: JobKind::PulseEnd,
-                        op: Op::Write(line, 1 - value.min(1)),
-                        ..job.clone()
-                    };
-                    self.jobs.push((self.seq, end));
-                } else {
-                    self.credits.give_back();
-                }
-                r.map(|()| None)
-            }
-        };
+            // A pulse whose leading edge failed: its second credit back.
+            None if matches!(job.op, Op::Pulse { .. }) => self.credits.give_back(),
+            None => {}
+        }
         done.outcome = match r {
             Ok(v) => JobOutcome::Ok(v),
             Err(e) => JobOutcome::Failed(e),

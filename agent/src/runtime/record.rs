@@ -82,3 +82,27 @@ pub struct FiringRecord<'a> {
     /// How it ended.
     pub result: FiringResult,
 }
+
+impl<'a> FiringRecord<'a> {
+    /// An attempt of an instruction; lateness is `actual − scheduled`.
+    pub fn attempt(
+        id: &'a baton_sched::ExecutionId,
+        text: &'a str,
+        action: &'static str,
+        scheduled: RefTime,
+        actual: RefTime,
+        result: FiringResult,
+    ) -> Self {
+        FiringRecord {
+            id: text,
+            pack: &id.pack,
+            instruction: &id.instruction,
+            origin: Origin::Attempt,
+            action,
+            scheduled,
+            actual,
+            lateness_ns: actual.as_nanos().saturating_sub(scheduled.as_nanos()),
+            result,
+        }
+    }
+}

@@ -26,17 +26,10 @@ impl Agent {
         };
         let (result, firing) = exec_result(&r.outcome);
         let started = self.clock.to_ref(r.started.unwrap_or(r.finished));
-        self.report(FiringRecord {
-            id: &id.to_string(),
-            pack: &id.pack,
-            instruction: &id.instruction,
-            origin: Origin::Attempt,
-            action: "exec",
-            scheduled,
-            actual: started,
-            lateness_ns: started.as_nanos() - scheduled.as_nanos(),
-            result: firing,
-        })?;
+        let text = id.to_string();
+        self.report(FiringRecord::attempt(
+            &id, &text, "exec", scheduled, started, firing,
+        ))?;
         let at = self.clock.to_ref(r.finished);
         let result = match result {
             AttemptResult::Late { .. } => AttemptResult::Late { actual: at },
@@ -83,17 +76,9 @@ impl Agent {
                     AttemptResult::Late { .. } => AttemptResult::Late { actual },
                     r => r,
                 };
-                self.report(FiringRecord {
-                    id: &text,
-                    pack: &id.pack,
-                    instruction: &id.instruction,
-                    origin: Origin::Attempt,
-                    action,
-                    scheduled,
-                    actual,
-                    lateness_ns,
-                    result: firing,
-                })?;
+                self.report(FiringRecord::attempt(
+                    &id, &text, action, scheduled, actual, firing,
+                ))?;
                 self.settle(&id, result, actual, more)?;
             }
             Ticket::Side {
