@@ -150,6 +150,14 @@ impl std::fmt::Debug for Parts {
     }
 }
 
+/// A pack that passed admission, not yet committed.
+#[derive(Debug)]
+struct Admitted {
+    verdict: Verdict,
+    digest: u64,
+    resolved: Option<admission::Resolved>,
+}
+
 /// A pack as held: what the way out needs even if the core is gone astray.
 #[derive(Debug)]
 struct HeldPack {
@@ -329,13 +337,16 @@ impl Agent {
             };
             let key = key_of(&pack);
             let anchor = RefTime::from_nanos(sp.accepted_ns);
-            if let Err(e) = self.admit_checks(&pack, &sp.yaml) {
-                tracing::error!(
-                    pack = %label,
-                    "refused by this agent's checks now ({e}); kept stopped, its safe state driven where its lines allow"
-                );
-                self.drive_refused_safe_state(&pack, now);
-                continue;
+            match self.admit_checks(&pack, &sp.yaml) {
+                Ok(admitted) => self.commit_admission(&pack, admitted),
+                Err(e) => {
+                    tracing::error!(
+                        pack = %label,
+                        "refused by this agent's checks now ({e}); kept stopped, its safe state driven where its lines allow"
+                    );
+                    self.drive_refused_safe_state(&pack, now);
+                    continue;
+                }
             }
             self.hold(&pack, anchor);
             let mut out = Vec::new();
@@ -420,7 +431,8 @@ impl Agent {
         // A cron of past years only, say: it could never fire again.
         pack.check_live(now)
             .map_err(|e| anyhow::anyhow!("{}", e.render("pack").trim_end()))?;
-        let verdict = self.admit_checks(&pack, &yaml)?;
+        let admitted = self.admit_checks(&pack, &yaml)?;
+        let verdict = admitted.verdict;
         if verdict == Verdict::Unchanged {
             return Ok(verdict);
         }
@@ -438,6 +450,7 @@ impl Agent {
             stopped: None,
         })?;
         let version = pack.version;
+        self.commit_admission(&pack, admitted);
         self.hold(&pack, anchor);
         let mut out = Vec::new();
         self.core.accept(pack, now, &mut out)?;
@@ -447,13 +460,19 @@ impl Agent {
         Ok(verdict)
     }
 
-    /// Steps 1-4 of admission; on success the pack owns its lines.
-    fn admit_checks(&mut self, pack: &Pack, yaml: &str) -> Result<Verdict, AdmissionError> {
+    /// Steps 1-4 of admission. Nothing is committed: the caller commits
+    /// (the pack then owns its lines) once the pack is journalled, so a
+    /// refusal or a failed journal write leaves no trace.
+    fn admit_checks(&mut self, pack: &Pack, yaml: &str) -> Result<Admitted, AdmissionError> {
         let key = key_of(pack);
         let digest = admission::digest(yaml);
         let verdict = self.admission.check_version(&key, pack.version, digest)?;
         if verdict == Verdict::Unchanged {
-            return Ok(verdict);
+            return Ok(Admitted {
+                verdict,
+                digest,
+                resolved: None,
+            });
         }
         let exec = &self.exec;
         Admission::check_exec(pack, &|program, args, env| {
@@ -463,8 +482,19 @@ impl Agent {
             .admission
             .resolve(pack, shared_lines(pack), self.device.as_mut())?;
         self.admission.check_owners(&key, &resolved)?;
-        self.admission.commit(key, pack.version, digest, resolved);
-        Ok(verdict)
+        Ok(Admitted {
+            verdict,
+            digest,
+            resolved: Some(resolved),
+        })
+    }
+
+    /// The pack is journalled: it owns its lines now.
+    fn commit_admission(&mut self, pack: &Pack, admitted: Admitted) {
+        if let Some(resolved) = admitted.resolved {
+            self.admission
+                .commit(key_of(pack), pack.version, admitted.digest, resolved);
+        }
     }
 
     /// Remember what the way out needs of a held pack.
