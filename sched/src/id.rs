@@ -15,6 +15,16 @@ pub struct PackKey {
     pub pack: String,
 }
 
+impl PackKey {
+    /// The key of a pack: its tenant and id.
+    pub fn of(pack: &baton_proto::Pack) -> PackKey {
+        PackKey {
+            tenant: pack.tenant.clone(),
+            pack: pack.id.clone(),
+        }
+    }
+}
+
 impl fmt::Display for PackKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.tenant, self.pack)

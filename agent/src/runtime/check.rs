@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use baton_proto::RefTime;
 use baton_proto::pack::read_pack_file;
+use baton_sched::PackKey;
 
 use crate::config::AgentConfig;
 use crate::exec::ExecPool;
@@ -42,7 +43,7 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
                 continue;
             }
         };
-        let key = super::key_of(&pack);
+        let key = PackKey::of(&pack);
         let now = RefTime::from_nanos(crate::clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME));
         if let Err(e) = pack.check_live(now) {
             bad.push(e.render(&name).trim_end().to_string());

@@ -335,7 +335,7 @@ impl Agent {
                     continue;
                 }
             };
-            let key = key_of(&pack);
+            let key = PackKey::of(&pack);
             let anchor = RefTime::from_nanos(sp.accepted_ns);
             match self.admit_checks(&pack, &sp.yaml) {
                 Ok(admitted) => self.commit_admission(&pack, admitted),
@@ -382,7 +382,7 @@ impl Agent {
     /// A journalled pack this agent now refuses: drive the `gpio.write`s
     /// of its safe state whose lines can still be requested.
     fn drive_refused_safe_state(&mut self, pack: &Pack, now: RefTime) {
-        let key = key_of(pack);
+        let key = PackKey::of(pack);
         for a in &pack.safe_state {
             let Some(line) = a.line() else { continue };
             let ok = self.admission.handle(line).is_some()
@@ -404,7 +404,7 @@ impl Agent {
     pub fn load_file(&mut self, path: &Path) -> anyhow::Result<()> {
         let name = path.display().to_string();
         let (yaml, pack) = read_pack_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let key = key_of(&pack);
+        let key = PackKey::of(&pack);
         match self.accept(yaml, pack) {
             Ok(Verdict::Unchanged) => {
                 tracing::info!(pack = %key, file = %name, "already held with the same content: unchanged");
@@ -436,7 +436,7 @@ impl Agent {
         if verdict == Verdict::Unchanged {
             return Ok(verdict);
         }
-        let key = key_of(&pack);
+        let key = PackKey::of(&pack);
         let anchor = self.held.get(&key).map_or(now, |h| h.anchor);
         // Durable before it takes effect: a crash right after acceptance
         // must not lose the pack. The anchor is the first acceptance, so a
@@ -464,7 +464,7 @@ impl Agent {
     /// (the pack then owns its lines) once the pack is journalled, so a
     /// refusal or a failed journal write leaves no trace.
     fn admit_checks(&mut self, pack: &Pack, yaml: &str) -> Result<Admitted, AdmissionError> {
-        let key = key_of(pack);
+        let key = PackKey::of(pack);
         let digest = admission::digest(yaml);
         let verdict = self.admission.check_version(&key, pack.version, digest)?;
         if verdict == Verdict::Unchanged {
@@ -493,13 +493,13 @@ impl Agent {
     fn commit_admission(&mut self, pack: &Pack, admitted: Admitted) {
         if let Some(resolved) = admitted.resolved {
             self.admission
-                .commit(key_of(pack), pack.version, admitted.digest, resolved);
+                .commit(PackKey::of(pack), pack.version, admitted.digest, resolved);
         }
     }
 
     /// Remember what the way out needs of a held pack.
     fn hold(&mut self, pack: &Pack, anchor: RefTime) {
-        let key = key_of(pack);
+        let key = PackKey::of(pack);
         let writes = self.admission.safe_writes(&pack.safe_state);
         self.safe_table
             .lock()
@@ -658,14 +658,6 @@ fn linger_until(scheduled: RefTime, width_ns: i64) -> RefTime {
             .saturating_add(width_ns)
             .saturating_add(1_000_000_000),
     )
-}
-
-/// The key of a pack.
-fn key_of(pack: &Pack) -> PackKey {
-    PackKey {
-        tenant: pack.tenant.clone(),
-        pack: pack.id.clone(),
-    }
 }
 
 /// Lines a pack declares shared with other packs (`shared_lines`).

@@ -133,10 +133,7 @@ impl Scheduler {
         now: RefTime,
         out: &mut Vec<Output>,
     ) -> Result<Accepted, AcceptError> {
-        let key = PackKey {
-            tenant: pack.tenant.clone(),
-            pack: pack.id.clone(),
-        };
+        let key = PackKey::of(&pack);
         let held = self
             .by_key
             .get(&key)

@@ -403,10 +403,7 @@ impl Scheduler {
         now: RefTime,
         out: &mut Vec<Output>,
     ) -> Result<Accepted, AcceptError> {
-        let key = PackKey {
-            tenant: pack.tenant.clone(),
-            pack: pack.id.clone(),
-        };
+        let key = PackKey::of(&pack);
         let r = self.install(pack, Some(anchor), Some(now), now, out)?;
         if let Some(&slot) = self.by_key.get(&key) {
             self.stop_quietly(slot, reason, out);
