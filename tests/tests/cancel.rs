@@ -18,22 +18,6 @@ fn writes(log: &Path) -> Vec<serde_json::Value> {
 
 const PACK: &str = "pack: p\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 4, value: 0}}\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 4}, every: 20ms}\n";
 
-fn agent(dir: &Path, with_pack: bool) -> Command {
-    let mut c = Command::new(bin("baton-agent"));
-    c.args(["run", "--quiet", "--no-rt"])
-        .arg("--data")
-        .arg(dir.join("data"))
-        .arg("--gpio")
-        .arg(format!("sim:{}", dir.join("gpio.jsonl").display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    if with_pack {
-        c.arg("--pack").arg(dir.join("p.yaml"));
-    }
-    c
-}
-
 fn cancel(dir: &Path) -> std::process::Output {
     run(
         Command::new(bin("baton-agent"))
@@ -45,14 +29,34 @@ fn cancel(dir: &Path) -> std::process::Output {
     )
 }
 
+/// An agent running the pack, past its first toggles.
+fn started(dir: &Path) -> Running {
+    std::fs::write(dir.join("p.yaml"), PACK).expect("pack");
+    let child = Running(
+        Command::new(bin("baton-agent"))
+            .args(["run", "--quiet", "--no-rt"])
+            .arg("--data")
+            .arg(dir.join("data"))
+            .arg("--gpio")
+            .arg(format!("sim:{}", dir.join("gpio.jsonl").display()))
+            .arg("--pack")
+            .arg(dir.join("p.yaml"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    assert!(wait_until(T, || writes(&dir.join("gpio.jsonl")).len() > 3));
+    child
+}
+
 #[test]
 fn cancel_with_the_agent_running_drives_the_safe_state_and_removes_the_pack() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    std::fs::write(dir.join("p.yaml"), PACK).expect("pack");
     let log = dir.join("gpio.jsonl");
-    let mut child = Running(agent(dir, true).spawn().expect("spawn"));
-    assert!(wait_until(T, || writes(&log).len() > 3));
+    let mut child = started(dir);
     let out = cancel(dir);
     assert!(
         out.status.success(),
@@ -92,10 +96,8 @@ fn cancel_with_the_agent_running_drives_the_safe_state_and_removes_the_pack() {
 fn cancel_without_a_running_agent_drives_the_safe_state_and_removes_the_pack() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    std::fs::write(dir.join("p.yaml"), PACK).expect("pack");
     let log = dir.join("gpio.jsonl");
-    let mut child = Running(agent(dir, true).spawn().expect("spawn"));
-    assert!(wait_until(T, || writes(&log).len() > 3));
+    let mut child = started(dir);
     // kill -9: the line is left wherever it was.
     child.kill().expect("kill");
     let _ = child.wait();

@@ -39,15 +39,23 @@ fn setup(pack_yaml: &str) -> Setup {
     }
 }
 
-fn agent(s: &Setup, extra: &[&str]) -> Command {
+/// `baton-agent run` on the setup's pack, sim log and journal.
+fn base(s: &Setup) -> Command {
     let mut c = Command::new(bin("baton-agent"));
-    c.args(["run", "--quiet", "--no-rt", "--id", "t"])
+    c.args(["run", "--no-rt", "--id", "t"])
         .arg("--data")
         .arg(&s.data)
         .arg("--gpio")
         .arg(format!("sim:{}", s.log.display()))
         .arg("--pack")
-        .arg(&s.pack)
+        .arg(&s.pack);
+    c
+}
+
+/// [`base`], quiet, stderr kept for the assertions' messages.
+fn agent(s: &Setup, extra: &[&str]) -> Command {
+    let mut c = base(s);
+    c.arg("--quiet")
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -203,16 +211,9 @@ fn steady_load_with_compactions_never_hangs_and_stops_on_sigterm() {
 #[test]
 fn a_closed_stdout_neither_kills_the_agent_nor_skips_the_safe_state() {
     let s = setup(&toggling_pack());
-    let mut cmd = Command::new(bin("baton-agent"));
+    let mut cmd = base(&s);
     // Not --quiet: a line per firing to a pipe nobody reads.
-    cmd.args(["run", "--no-rt", "--id", "t"])
-        .arg("--data")
-        .arg(&s.data)
-        .arg("--gpio")
-        .arg(format!("sim:{}", s.log.display()))
-        .arg("--pack")
-        .arg(&s.pack)
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut child = Running(cmd.spawn().expect("spawn"));
