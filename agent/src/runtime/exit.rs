@@ -75,10 +75,10 @@ impl Agent {
         let ids = tickets
             .into_iter()
             .filter_map(|t| match t {
-                Ticket::Attempt { id, .. } => Some(id),
+                Ticket::Attempt { text, .. } => Some(text.to_string()),
                 Ticket::Side { .. } => None,
             })
-            .chain(execs.into_iter().map(|p| p.id));
+            .chain(execs.into_iter().map(|p| p.req.execution_id));
         for id in ids {
             if let Err(e) =
                 journal_result(&mut self.journal, &id, &AttemptResult::Late { actual: now })

@@ -214,17 +214,13 @@ fn prior_of(rec: &Recovered) -> Prior {
 }
 
 /// Journal an attempt's result: one typed record.
-fn journal_result(
-    journal: &mut Journal,
-    id: &ExecutionId,
-    r: &AttemptResult,
-) -> Result<(), JournalError> {
+fn journal_result(journal: &mut Journal, id: &str, r: &AttemptResult) -> Result<(), JournalError> {
     let outcome = match r {
         AttemptResult::Ok { .. } => Outcome::Succeeded,
         AttemptResult::Late { .. } => Outcome::NotRun,
         AttemptResult::Failed(_) => Outcome::Failed,
     };
-    journal.record_finished(&id.to_string(), outcome)
+    journal.record_finished(id, outcome)
 }
 
 /// Journal a once-only action's key (durable) before it is taken.

@@ -12,39 +12,67 @@ impl Agent {
     pub(super) fn process(&mut self, first: Vec<Output>) -> anyhow::Result<()> {
         let mut batch = first;
         while !batch.is_empty() {
-            let fires: Vec<(String, i64)> = batch
+            // Each firing's id as text, made once: journalled here, then
+            // shared with the dispatcher, the feedback and the result.
+            let texts: Vec<Arc<str>> = batch
                 .iter()
                 .filter_map(|o| match o {
-                    Output::Fire(f) => Some((f.id.to_string(), f.scheduled.as_nanos())),
+                    Output::Fire(f) => Some(Arc::from(f.id.to_string())),
                     _ => None,
                 })
                 .collect();
-            if !fires.is_empty() {
-                let refs: Vec<(&str, i64)> = fires.iter().map(|(s, t)| (s.as_str(), *t)).collect();
+            if !texts.is_empty() {
+                let refs: Vec<(&str, i64)> = batch
+                    .iter()
+                    .filter_map(|o| match o {
+                        Output::Fire(f) => Some(f.scheduled.as_nanos()),
+                        _ => None,
+                    })
+                    .zip(&texts)
+                    .map(|(t, s)| (&**s, t))
+                    .collect();
                 // If this fails nothing may fire: the error ends the loop,
                 // whose way out drives the safe state.
                 self.journal.record_started(&refs)?;
             }
-            drop(fires);
+            let mut texts = texts.into_iter();
             let mut more = Vec::new();
             // Consumed in place: a burst of thousands of outputs is never
             // copied.
             for o in batch.drain(..) {
-                self.perform(o, &mut more)?;
+                self.perform(o, &mut texts, &mut more)?;
             }
             batch = more;
         }
         Ok(())
     }
 
-    pub(super) fn perform(&mut self, o: Output, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    /// One attempt, its id already journalled as `text`.
+    fn fire(&mut self, f: &Firing, text: Arc<str>, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        match &*f.action {
+            Action::Noop => self.fire_noop(f, &text, now, more),
+            Action::Exec { .. } => {
+                self.queue_exec(f, &text);
+                Ok(())
+            }
+            action => self.arm_gpio(f, text, action, now, more),
+        }
+    }
+
+    /// One output; a firing takes the next of `texts`, its journalled id.
+    fn perform(
+        &mut self,
+        o: Output,
+        texts: &mut impl Iterator<Item = Arc<str>>,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
         let now = self.clock.now();
         match o {
-            Output::Fire(f) => match &*f.action {
-                Action::Noop => self.fire_noop(&f, now, more)?,
-                Action::Exec { .. } => self.queue_exec(&f),
-                action => self.arm_gpio(&f, action, now, more)?,
-            },
+            Output::Fire(f) => {
+                let text = texts.next().unwrap_or_else(|| Arc::from(f.id.to_string()));
+                self.fire(&f, text, more)?;
+            }
             Output::Abort(id) => {
                 // Exec attempts are killed by the pool at the same timeout;
                 // a GPIO action cannot hang. Forget the attempt so a late
@@ -81,25 +109,25 @@ impl Agent {
     fn fire_noop(
         &mut self,
         f: &Firing,
+        text: &str,
         now: RefTime,
         more: &mut Vec<Output>,
     ) -> anyhow::Result<()> {
         let actual = f.scheduled.max(now);
-        let text = f.id.to_string();
         self.report(FiringRecord::attempt(
             &f.id,
-            &text,
+            text,
             "noop",
             f.scheduled,
             actual,
             FiringResult::Ok { value: None },
         ))?;
-        self.settle(&f.id, AttemptResult::Ok { value: None }, actual, more)
+        self.settle(&f.id, text, AttemptResult::Ok { value: None }, actual, more)
     }
 
     /// An `exec` waits here for its instant, then goes to the pool with a
     /// window: waiting for a worker past it is not a run.
-    fn queue_exec(&mut self, f: &Firing) {
+    fn queue_exec(&mut self, f: &Firing, text: &str) {
         let Action::Exec { program, args, env } = &*f.action else {
             return;
         };
@@ -108,7 +136,7 @@ impl Agent {
             at: f.scheduled,
             id: f.id.clone(),
             req: ExecRequest {
-                execution_id: f.id.to_string(),
+                execution_id: text.to_string(),
                 idempotency_key: f.id.idempotency_key(),
                 attempt: f.id.attempt,
                 scheduled_at: f.scheduled.to_rfc3339(),
@@ -127,15 +155,15 @@ impl Agent {
     fn arm_gpio(
         &mut self,
         f: &Firing,
+        text: Arc<str>,
         action: &Action,
         now: RefTime,
         more: &mut Vec<Output>,
     ) -> anyhow::Result<()> {
         let Some(op) = self.admission.op_for(action) else {
             let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
-            return self.settle(&f.id, r, now, more);
+            return self.settle(&f.id, &text, r, now, more);
         };
-        let text: Arc<str> = Arc::from(f.id.to_string());
         let ticket = self.arming.ticket(Ticket::Attempt {
             id: f.id.clone(),
             text: text.clone(),
@@ -194,7 +222,13 @@ impl Agent {
             return Err(e);
         }
         for p in gone {
-            self.settle(&p.id, AttemptResult::Late { actual: now }, now, more)?;
+            self.settle(
+                &p.id,
+                &p.req.execution_id,
+                AttemptResult::Late { actual: now },
+                now,
+                more,
+            )?;
         }
         // A give-up or cancel is for good: the pack must not come back
         // running after a restart. (Shutdown and lease loss are not.)
@@ -307,21 +341,30 @@ impl Agent {
                     now,
                     FiringResult::NotRun(NotRun::Withdrawn),
                 ))?;
-                self.settle(&id, AttemptResult::Late { actual: now }, now, &mut more)?;
+                self.settle(
+                    &id,
+                    &text,
+                    AttemptResult::Late { actual: now },
+                    now,
+                    &mut more,
+                )?;
             }
         }
         self.process(more)
     }
 
     /// Journal an attempt's result and tell the core.
+    /// Journal an attempt's result (`text`: its id as journalled) and
+    /// tell the core.
     pub(super) fn settle(
         &mut self,
         id: &ExecutionId,
+        text: &str,
         r: AttemptResult,
         at: RefTime,
         more: &mut Vec<Output>,
     ) -> anyhow::Result<()> {
-        journal_result(&mut self.journal, id, &r)?;
+        journal_result(&mut self.journal, text, &r)?;
         self.core.attempt_result(id, r, at, more);
         Ok(())
     }

@@ -26,16 +26,20 @@ impl Agent {
         };
         let (result, firing) = exec_result(&r.outcome);
         let started = self.clock.to_ref(r.started.unwrap_or(r.finished));
-        let text = id.to_string();
         self.report(FiringRecord::attempt(
-            &id, &text, "exec", scheduled, started, firing,
+            &id,
+            &r.execution_id,
+            "exec",
+            scheduled,
+            started,
+            firing,
         ))?;
         let at = self.clock.to_ref(r.finished);
         let result = match result {
             AttemptResult::Late { .. } => AttemptResult::Late { actual: at },
             r => r,
         };
-        self.settle(&id, result, at, more)
+        self.settle(&id, &r.execution_id, result, at, more)
     }
 
     pub(super) fn on_done(&mut self, done: Done, more: &mut Vec<Output>) -> anyhow::Result<()> {
@@ -79,7 +83,7 @@ impl Agent {
                 self.report(FiringRecord::attempt(
                     &id, &text, action, scheduled, actual, firing,
                 ))?;
-                self.settle(&id, result, actual, more)?;
+                self.settle(&id, &text, result, actual, more)?;
             }
             Ticket::Side {
                 pack,
@@ -120,8 +124,9 @@ impl Agent {
                     self.arming.exec_running.insert(text, (p.id, p.at));
                 }
                 Err(e) => {
-                    tracing::error!(execution_id = %p.id, "exec not started: {e}");
-                    self.settle(&p.id, AttemptResult::Failed(e.to_string()), now, &mut more)?;
+                    tracing::error!(execution_id = %text, "exec not started: {e}");
+                    let r = AttemptResult::Failed(e.to_string());
+                    self.settle(&p.id, &text, r, now, &mut more)?;
                 }
             }
         }
