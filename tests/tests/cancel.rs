@@ -118,3 +118,26 @@ fn cancel_without_a_running_agent_drives_the_safe_state_and_removes_the_pack() {
     assert_eq!(again.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("not held"));
 }
+
+#[test]
+fn cancel_refuses_an_id_that_is_not_one() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for bad in ["../../etc/x", "Upper", ""] {
+        let out = run(
+            Command::new(bin("baton-agent"))
+                .args(["cancel", bad, "--data"])
+                .arg(tmp.path().join("data")),
+            T,
+        );
+        assert_eq!(out.status.code(), Some(1), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("pack id") && err.contains("not valid"),
+            "{bad:?}: {err}"
+        );
+    }
+    assert!(
+        !tmp.path().join("data").exists(),
+        "nothing written for a bad id"
+    );
+}

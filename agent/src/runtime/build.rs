@@ -6,6 +6,8 @@ use super::*;
 /// exec pool, the system clock; and install the panic hook.
 pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     use anyhow::Context;
+    // A process-wide allocator tunable: once, for the real agent.
+    keep_large_allocations_returnable();
     let clock = Arc::new(crate::clock::ClockEstimate::from_system());
     let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;

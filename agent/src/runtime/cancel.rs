@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use baton_proto::pack::{Action, parse_pack};
+use baton_proto::pack::{Action, is_ident, parse_pack};
 use baton_sched::PackKey;
 
 use crate::config::AgentConfig;
@@ -39,12 +39,7 @@ fn file_name(key: &PackKey) -> String {
 pub fn parse_request(name: &str) -> Option<PackKey> {
     let stem = name.strip_suffix(".req")?;
     let (tenant, pack) = stem.split_once("__")?;
-    let ok = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-    };
-    (ok(tenant) && ok(pack)).then(|| PackKey {
+    (is_ident(tenant) && is_ident(pack)).then(|| PackKey {
         tenant: tenant.to_string(),
         pack: pack.to_string(),
     })
@@ -71,6 +66,13 @@ pub fn answer(data: &Path, key: &PackKey, result: &Result<String, String>) {
 /// Cancel `key` on the agent whose data directory `cfg.data_dir` is.
 /// Returns what was done, in words.
 pub fn cancel(cfg: &AgentConfig, key: &PackKey, wait: Duration) -> anyhow::Result<String> {
+    // The ids name a request file: the pack language's rule keeps them one
+    // plain file name (no `/`, no `..`).
+    for (what, id) in [("tenant", &key.tenant), ("pack", &key.pack)] {
+        if !is_ident(id) {
+            anyhow::bail!("{what} id {id:?} is not valid: ids are [a-z0-9][a-z0-9._-]*");
+        }
+    }
     let mut jcfg = JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;
     match Journal::open(jcfg) {

@@ -280,7 +280,6 @@ impl Agent {
                 "journal: cut a torn record at the end (a crash mid-write); nothing acknowledged was in it"
             );
         }
-        keep_large_allocations_returnable();
         let now = clock.now();
         let mut agent = Agent {
             core: Scheduler::new(

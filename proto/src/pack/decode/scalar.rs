@@ -26,8 +26,10 @@ pub(super) fn string(cx: &mut Ctx, node: &Node, what: &str) -> Option<String> {
     }
 }
 
-/// True for an id: `[a-z0-9][a-z0-9._-]*`, at most [`MAX_ID_LEN`] bytes.
-pub(super) fn is_ident(s: &str) -> bool {
+/// True for a pack, tenant or instruction id: `[a-z0-9][a-z0-9._-]*`, at
+/// most [`MAX_ID_LEN`] bytes. Public so that tools naming a pack (the
+/// agent's `cancel`) check ids by the same rule.
+pub fn is_ident(s: &str) -> bool {
     let ok_first = s
         .chars()
         .next()
