@@ -8,3 +8,4 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod store;

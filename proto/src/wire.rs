@@ -12,3 +12,8 @@ mod generated {
 }
 
 pub use generated::*;
+
+/// The encoded `FileDescriptorSet` of the protocol: what gRPC server
+/// reflection serves, so `grpcurl` and other tools need no `.proto` file.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/baton_descriptor.bin"));
