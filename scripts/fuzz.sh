@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A short fuzzing run per target (pack parser, journal replay) with
+# A short fuzzing run per target (pack parser, journal replay, wire decode) with
 # cargo-fuzz on the stable toolchain (RUSTC_BOOTSTRAP lets it use the
 # sanitizer-coverage flags; `--sanitizer none` skips ASan, whose runtime
 # needs nightly). Any crash fails the run and leaves its input in
@@ -10,7 +10,7 @@ secs=${1:-15}
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build --sanitizer none
-for t in pack_parse journal_replay; do
+for t in pack_parse journal_replay wire_decode; do
   mkdir -p "corpus/$t"
   log=$(mktemp)
   if ! cargo fuzz run --sanitizer none "$t" "corpus/$t" -- \

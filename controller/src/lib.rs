@@ -9,3 +9,5 @@
 
 pub mod cli;
 pub mod store;
+pub mod server;
+pub mod ops;

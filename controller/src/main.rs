@@ -1,5 +1,7 @@
-//! `baton-controller`: operator commands. Exit codes: 0 success, 1 invalid
-//! input (errors on stderr as `FILE:LINE:COL: message`), 2 usage errors.
+//! `baton-controller`: the server (`serve`) and the operator commands.
+//! Exit codes: 0 success, 1 invalid input or refused (errors on stderr as
+//! `FILE:LINE:COL: message` where they have a position), 2 usage errors,
+//! 3 `push` still pending after its wait.
 
 #![forbid(unsafe_code)]
 
@@ -7,14 +9,16 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use baton_controller::cli;
+use baton_controller::{cli, ops};
 use clap::{Parser, Subcommand};
+
+mod serve;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "baton-controller",
     version,
-    about = "baton controller: validate, plan and (later) push instruction packs"
+    about = "baton controller: serve agents, push instruction packs, watch feedback"
 )]
 struct Args {
     #[command(subcommand)]
@@ -45,6 +49,129 @@ enum Command {
     },
     /// Print the JSON Schema of the pack language (for editors).
     Schema,
+    /// Run the controller: the agents' link, the operators' API, the store.
+    Serve {
+        /// Address to listen on (port 0: any free port; the bound address is
+        /// written to DATA/listen.addr).
+        #[arg(long, default_value = "127.0.0.1:7411")]
+        listen: std::net::SocketAddr,
+        /// Directory of the store.
+        #[arg(long, default_value = "baton-controller-data")]
+        data: PathBuf,
+        /// Serve plaintext (required until TLS lands).
+        #[arg(long)]
+        insecure: bool,
+        /// Pushes per second to agents (token bucket rate).
+        #[arg(long, default_value_t = 3000.0)]
+        push_rate: f64,
+        /// Pushes that may go out at once (token bucket burst).
+        #[arg(long, default_value_t = 6000.0)]
+        push_burst: f64,
+        /// How often agent streams are pinged (three silent intervals end one).
+        #[arg(long, default_value = "10s")]
+        ping_interval: String,
+    },
+    /// Push pack files to their targets: validated here first, stored by the
+    /// controller, then delivered; waits for each agent's answer.
+    Push {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Pack files (YAML).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Return once stored, without waiting for agents.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for agents' answers.
+        #[arg(long, default_value = "30s")]
+        wait: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Withdraw a pack: every agent holding it enters its safe state.
+    Cancel {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Pack id.
+        pack: String,
+        /// Tenant.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+    },
+    /// List packs (latest version) with their delivery counts.
+    Packs {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List agents: connection, clock, packs, lateness.
+    Agents {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// One JSON object per line (`id` is the agent's id).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Live feedback, deliveries and agent events until interrupted.
+    Watch {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Only this tenant.
+        #[arg(long, default_value = "")]
+        tenant: String,
+        /// Only this pack.
+        #[arg(long, default_value = "")]
+        pack: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stored feedback of a pack.
+    Feedback {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Pack id.
+        #[arg(long)]
+        pack: String,
+        /// Tenant.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Only this agent.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only feedback received at or after this RFC 3339 instant.
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Where the controller is.
+#[derive(clap::Args, Debug)]
+struct ConnArgs {
+    /// Controller URL.
+    #[arg(long, env = "BATON_CONTROLLER", default_value = baton_controller::ops::DEFAULT_URL)]
+    controller: String,
+    /// Talk plaintext (required until TLS lands).
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl ConnArgs {
+    fn conn(&self) -> ops::Conn {
+        ops::Conn {
+            url: self.controller.clone(),
+            insecure: self.insecure,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -52,6 +179,93 @@ fn main() -> ExitCode {
     let mut out = std::io::stdout().lock();
     let mut err = std::io::stderr().lock();
     let code = match args.command {
+        Command::Serve {
+            listen,
+            data,
+            insecure,
+            push_rate,
+            push_burst,
+            ping_interval,
+        } => serve::run(serve::Opts {
+            listen,
+            data,
+            insecure,
+            push_rate,
+            push_burst,
+            ping_interval,
+        }),
+        Command::Push {
+            conn,
+            files,
+            no_wait,
+            wait,
+            json,
+        } => match baton_proto::time::parse_duration(&wait) {
+            Ok(wait) => operator(&mut err, async move {
+                ops::push(
+                    &conn.conn(),
+                    &files,
+                    &ops::PushOpts { no_wait, wait, json },
+                    &mut std::io::stdout(),
+                )
+                .await
+            }),
+            Err(e) => {
+                let _ = writeln!(err, "error: --wait {wait}: {e}");
+                2
+            }
+        },
+        Command::Cancel { conn, pack, tenant } => operator(&mut err, async move {
+            ops::cancel(&conn.conn(), &tenant, &pack, &mut std::io::stdout()).await
+        }),
+        Command::Packs { conn, json } => {
+            operator(&mut err, async move { ops::packs(&conn.conn(), json, &mut std::io::stdout()).await })
+        }
+        Command::Agents { conn, json } => {
+            operator(&mut err, async move { ops::agents(&conn.conn(), json, &mut std::io::stdout()).await })
+        }
+        Command::Watch {
+            conn,
+            tenant,
+            pack,
+            json,
+        } => operator(&mut err, async move {
+            ops::watch(&conn.conn(), &tenant, &pack, json, &mut std::io::stdout()).await
+        }),
+        Command::Feedback {
+            conn,
+            pack,
+            tenant,
+            agent,
+            since,
+            limit,
+            json,
+        } => {
+            let since_ns = match since.as_deref().map(|s| baton_proto::time::parse_instant_arg("--since", s)) {
+                None => Ok(0),
+                Some(Ok(t)) => Ok(t.as_nanos()),
+                Some(Err(e)) => Err(e),
+            };
+            match since_ns {
+                Ok(since_ns) => operator(&mut err, async move {
+                    ops::feedback(
+                        &conn.conn(),
+                        &tenant,
+                        &pack,
+                        agent.as_deref(),
+                        since_ns,
+                        limit,
+                        json,
+                        &mut std::io::stdout(),
+                    )
+                    .await
+                }),
+                Err(e) => {
+                    let _ = writeln!(err, "error: {e}");
+                    2
+                }
+            }
+        }
         Command::Validate { files } => cli::validate(&files, &mut out, &mut err),
         Command::Plan {
             file,
@@ -66,4 +280,30 @@ fn main() -> ExitCode {
     };
     let _ = out.flush();
     ExitCode::from(code as u8)
+}
+
+/// Run an operator command on a small runtime; its error goes to stderr.
+fn operator(
+    err: &mut dyn Write,
+    f: impl std::future::Future<Output = Result<(), ops::OpError>>,
+) -> i32 {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(err, "error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match rt.block_on(f) {
+        Ok(()) => 0,
+        Err(e) => {
+            if !e.message.is_empty() {
+                let _ = writeln!(err, "error: {}", e.message);
+            }
+            i32::from(e.code)
+        }
+    }
 }

@@ -2,6 +2,8 @@
 //! a timeout, and wait on events (a line in a file, a process exit) with a
 //! deadline — never a bare sleep.
 
+pub mod fleet;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};

@@ -1,0 +1,194 @@
+//! Tables and JSON lines for operator output.
+
+use baton_proto::wire;
+
+/// ns since the epoch as RFC 3339 (UTC, ms), or `-` for 0.
+pub fn instant(ns: i64) -> String {
+    if ns == 0 {
+        return "-".into();
+    }
+    match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
+        Ok(t) => t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        Err(_) => ns.to_string(),
+    }
+}
+
+/// A signed duration in ns, short (`1.2ms`, `-350µs`, `3.0s`).
+pub fn span(ns: i64) -> String {
+    let a = ns.unsigned_abs() as f64;
+    let sign = if ns < 0 { "-" } else { "" };
+    if a < 1_000.0 {
+        format!("{ns}ns")
+    } else if a < 1_000_000.0 {
+        format!("{sign}{:.1}µs", a / 1e3)
+    } else if a < 1_000_000_000.0 {
+        format!("{sign}{:.1}ms", a / 1e6)
+    } else {
+        format!("{sign}{:.2}s", a / 1e9)
+    }
+}
+
+/// `tenant/pack v3`.
+pub fn pack_ref(r: Option<&wire::PackRef>) -> String {
+    r.map_or_else(
+        || "-".into(),
+        |r| format!("{}/{} v{}", r.tenant, r.pack, r.version),
+    )
+}
+
+/// Columns padded to the widest cell; the last column is not padded.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let n = header.len();
+    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(n) {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, c) in cells.enumerate() {
+            if i + 1 < n {
+                l.push_str(c);
+                l.push_str(&" ".repeat(w[i] - c.chars().count() + 2));
+            } else {
+                l.push_str(c);
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
+    }
+    out
+}
+
+/// Clock source and state words.
+pub fn clock(c: Option<&wire::ClockReport>) -> (String, String, String) {
+    let Some(c) = c else {
+        return ("-".into(), "-".into(), "-".into());
+    };
+    let source = wire::ClockSource::try_from(c.source)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("CLOCK_SOURCE_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| "?".into());
+    let state = wire::ClockState::try_from(c.state)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("CLOCK_STATE_")
+                .to_lowercase()
+                .replace('_', "-")
+        })
+        .unwrap_or_else(|_| "?".into());
+    (source, state, span(c.offset_ns))
+}
+
+/// The operator's word for an outcome.
+pub fn outcome(o: i32) -> &'static str {
+    wire::Outcome::try_from(o)
+        .map(crate::server::convert::outcome_word)
+        .unwrap_or("unspecified")
+}
+
+/// The operator's word for a delivery state.
+pub fn delivery_state(s: i32) -> &'static str {
+    match wire::DeliveryState::try_from(s) {
+        Ok(wire::DeliveryState::Pending) => "pending",
+        Ok(wire::DeliveryState::Acked) => "acked",
+        Ok(wire::DeliveryState::Nacked) => "nacked",
+        Ok(wire::DeliveryState::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+/// One feedback record as a JSON object (the keys `feedback --json`
+/// documents).
+pub fn feedback_json(r: &wire::FeedbackRecord) -> serde_json::Value {
+    let e = r.entry.clone().unwrap_or_default();
+    let p = e.pack.clone().unwrap_or_default();
+    serde_json::json!({
+        "execution_id": e.execution_id,
+        "agent": r.agent_id,
+        "tenant": p.tenant,
+        "pack": p.pack,
+        "version": p.version,
+        "instruction": e.instruction,
+        "attempt": e.attempt,
+        "scheduled": instant(e.scheduled_ns),
+        "actual": instant(e.actual_ns),
+        "scheduled_ns": e.scheduled_ns,
+        "actual_ns": e.actual_ns,
+        "lateness_ns": e.lateness_ns,
+        "outcome": outcome(e.outcome),
+        "event": e.event,
+        "detail": e.detail,
+        "value": e.value,
+        "seq": e.seq,
+        "received": instant(r.received_ns),
+    })
+}
+
+/// One feedback record as a table row.
+pub fn feedback_row(r: &wire::FeedbackRecord) -> Vec<String> {
+    let e = r.entry.clone().unwrap_or_default();
+    vec![
+        instant(e.scheduled_ns),
+        r.agent_id.clone(),
+        pack_ref(e.pack.as_ref()),
+        if e.instruction.is_empty() {
+            "-".into()
+        } else {
+            e.instruction.clone()
+        },
+        e.attempt.to_string(),
+        if e.actual_ns == 0 {
+            "-".into()
+        } else {
+            span(e.lateness_ns)
+        },
+        outcome(e.outcome).into(),
+        e.detail.clone(),
+    ]
+}
+
+/// Header of [`feedback_row`].
+pub const FEEDBACK_HEADER: [&str; 8] = [
+    "SCHEDULED",
+    "AGENT",
+    "PACK",
+    "INSTRUCTION",
+    "ATTEMPT",
+    "LATENESS",
+    "OUTCOME",
+    "DETAIL",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_and_instants() {
+        assert_eq!(span(250), "250ns");
+        assert_eq!(span(-1_500), "-1.5µs");
+        assert_eq!(span(2_340_000), "2.3ms");
+        assert_eq!(span(3_000_000_000), "3.00s");
+        assert_eq!(instant(0), "-");
+        assert_eq!(instant(1_000_000_001_000_000), "2001-09-09T01:46:40.001Z");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["A", "BB", "C"],
+            &[vec!["xxx".into(), "y".into(), "z".into()]],
+        );
+        assert_eq!(t, "A    BB  C\nxxx  y   z\n");
+    }
+}

@@ -1,0 +1,338 @@
+//! `cancel`, `packs`, `agents`, `watch`, `feedback`.
+
+use std::io::Write;
+
+use baton_proto::wire::{self, watch_event::Body as Ev};
+
+use super::format::{self, table};
+use super::{Conn, OpError, client};
+
+fn line(out: &mut dyn Write, s: &str) -> Result<(), OpError> {
+    // A closed stdout (a pager quit) ends the command quietly.
+    out.write_all(s.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(|_| OpError {
+            message: String::new(),
+            code: 0,
+        })
+}
+
+/// `cancel PACK [--tenant T]`.
+pub async fn cancel(
+    conn: &Conn,
+    tenant: &str,
+    pack: &str,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .cancel(wire::CancelRequest {
+            tenant: tenant.into(),
+            pack: pack.into(),
+        })
+        .await?
+        .into_inner();
+    line(
+        out,
+        &format!(
+            "{} cancelled; {} agent{} told: {}\n",
+            format::pack_ref(r.pack.as_ref()),
+            r.agents.len(),
+            if r.agents.len() == 1 { "" } else { "s" },
+            r.agents.join(", ")
+        ),
+    )
+}
+
+/// `packs [--json]`.
+pub async fn packs(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .list_packs(wire::ListPacksRequest::default())
+        .await?
+        .into_inner();
+    if json {
+        for p in &r.packs {
+            let pr = p.pack.clone().unwrap_or_default();
+            line(
+                out,
+                &format!(
+                    "{}\n",
+                    serde_json::json!({
+                        "tenant": pr.tenant, "pack": pr.pack, "version": pr.version,
+                        "targets": p.targets, "pushed": format::instant(p.pushed_ns),
+                        "cancelled": p.cancelled, "acked": p.acked, "nacked": p.nacked,
+                        "pending": p.pending,
+                    })
+                ),
+            )?;
+        }
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = r
+        .packs
+        .iter()
+        .map(|p| {
+            vec![
+                format::pack_ref(p.pack.as_ref()),
+                if p.cancelled { "cancelled" } else { "live" }.into(),
+                format!("{}/{}/{}", p.acked, p.nacked, p.pending),
+                format::instant(p.pushed_ns),
+                p.targets.clone(),
+            ]
+        })
+        .collect();
+    line(
+        out,
+        &table(
+            &["PACK", "STATE", "ACKED/NACKED/PENDING", "PUSHED", "TARGETS"],
+            &rows,
+        ),
+    )
+}
+
+/// `agents [--json]`.
+pub async fn agents(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .list_agents(wire::ListAgentsRequest::default())
+        .await?
+        .into_inner();
+    if json {
+        for a in &r.agents {
+            let (source, state, _) = format::clock(a.clock.as_ref());
+            let labels: std::collections::BTreeMap<_, _> = a.labels.iter().collect();
+            let packs: Vec<serde_json::Value> = a
+                .packs
+                .iter()
+                .map(|h| {
+                    let p = h.pack.clone().unwrap_or_default();
+                    serde_json::json!({"tenant": p.tenant, "pack": p.pack,
+                        "version": p.version, "stopped": h.stopped})
+                })
+                .collect();
+            line(
+                out,
+                &format!(
+                    "{}\n",
+                    serde_json::json!({
+                        "id": a.id, "labels": labels, "version": a.agent_version,
+                        "connected": a.connected, "last_seen": format::instant(a.last_seen_ns),
+                        "clock_source": source, "clock_state": state,
+                        "clock_offset_ns": a.clock.as_ref().map(|c| c.offset_ns),
+                        "clock_uncertainty_ns": a.clock.as_ref().map(|c| c.uncertainty_ns),
+                        "packs": packs, "lateness_p99_ns": a.lateness_p99_ns,
+                    })
+                ),
+            )?;
+        }
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = r
+        .agents
+        .iter()
+        .map(|a| {
+            let (source, state, offset) = format::clock(a.clock.as_ref());
+            let mut labels: Vec<String> = a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            labels.sort();
+            let packs: Vec<String> = a
+                .packs
+                .iter()
+                .map(|h| {
+                    let p = h.pack.clone().unwrap_or_default();
+                    format!(
+                        "{}/{} v{}{}",
+                        p.tenant,
+                        p.pack,
+                        p.version,
+                        if h.stopped { " (stopped)" } else { "" }
+                    )
+                })
+                .collect();
+            vec![
+                a.id.clone(),
+                if a.connected { "yes" } else { "no" }.into(),
+                format::instant(a.last_seen_ns),
+                format!("{source}/{state}"),
+                offset,
+                if a.lateness_p99_ns == 0 {
+                    "-".into()
+                } else {
+                    format::span(a.lateness_p99_ns)
+                },
+                if labels.is_empty() {
+                    "-".into()
+                } else {
+                    labels.join(",")
+                },
+                if packs.is_empty() {
+                    "-".into()
+                } else {
+                    packs.join(", ")
+                },
+            ]
+        })
+        .collect();
+    line(
+        out,
+        &table(
+            &[
+                "ID",
+                "CONNECTED",
+                "LAST SEEN",
+                "CLOCK",
+                "OFFSET",
+                "LATENESS P99",
+                "LABELS",
+                "PACKS",
+            ],
+            &rows,
+        ),
+    )
+}
+
+/// `feedback --pack P [--tenant T] [--agent A] [--since T] [--json]`.
+#[allow(clippy::too_many_arguments)]
+pub async fn feedback(
+    conn: &Conn,
+    tenant: &str,
+    pack: &str,
+    agent: Option<&str>,
+    since_ns: i64,
+    limit: u32,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let mut s = c
+        .query_feedback(wire::FeedbackQuery {
+            tenant: tenant.into(),
+            pack: pack.into(),
+            agent_id: agent.unwrap_or_default().into(),
+            since_ns,
+            limit,
+        })
+        .await?
+        .into_inner();
+    let mut rows = Vec::new();
+    while let Some(r) = s.message().await? {
+        if json {
+            line(out, &format!("{}\n", format::feedback_json(&r)))?;
+        } else {
+            rows.push(format::feedback_row(&r));
+        }
+    }
+    if !json {
+        line(out, &table(&format::FEEDBACK_HEADER, &rows))?;
+    }
+    Ok(())
+}
+
+/// `watch [--tenant T] [--pack P] [--json]`: live until interrupted.
+pub async fn watch(
+    conn: &Conn,
+    tenant: &str,
+    pack: &str,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let mut s = c
+        .watch(wire::WatchRequest {
+            tenant: tenant.into(),
+            pack: pack.into(),
+        })
+        .await?
+        .into_inner();
+    while let Some(ev) = s.message().await? {
+        let text = match ev.body {
+            Some(Ev::Feedback(r)) if json => format!("{}\n", format::feedback_json(&r)),
+            Some(Ev::Feedback(r)) => {
+                let row = format::feedback_row(&r);
+                format!(
+                    "{}  {:<12} {:<24} {:<14} a{} {:>9}  {}{}\n",
+                    row[0],
+                    row[1],
+                    row[2],
+                    row[3],
+                    row[4],
+                    row[5],
+                    row[6],
+                    if row[7].is_empty() {
+                        String::new()
+                    } else {
+                        format!("  {}", row[7])
+                    }
+                )
+            }
+            Some(Ev::Agent(a)) => agent_line(&a, json),
+            Some(Ev::Delivery(d)) if json => format!(
+                "{}\n",
+                serde_json::json!({"event": "delivery", "agent": d.agent_id,
+                    "pack": format::pack_ref(d.pack.as_ref()),
+                    "state": format::delivery_state(d.state), "reason": d.reason})
+            ),
+            Some(Ev::Delivery(d)) => format!(
+                "{}  {:<12} {} {}{}\n",
+                format::instant(d.updated_ns),
+                d.agent_id,
+                format::pack_ref(d.pack.as_ref()),
+                format::delivery_state(d.state),
+                if d.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", d.reason)
+                }
+            ),
+            Some(Ev::Lagged(n)) if json => {
+                format!("{}\n", serde_json::json!({"event": "lagged", "missed": n}))
+            }
+            Some(Ev::Lagged(n)) => format!("… {n} events not shown (this watcher fell behind)\n"),
+            None => continue,
+        };
+        line(out, &text)?;
+    }
+    Ok(())
+}
+
+fn agent_line(a: &wire::AgentEvent, json: bool) -> String {
+    let kind = match wire::AgentEventKind::try_from(a.kind) {
+        Ok(wire::AgentEventKind::Connected) => "connected",
+        Ok(wire::AgentEventKind::Disconnected) => "disconnected",
+        Ok(wire::AgentEventKind::Clock) => "clock",
+        _ => "event",
+    };
+    let (source, state, offset) = format::clock(a.clock.as_ref());
+    if json {
+        return format!(
+            "{}\n",
+            serde_json::json!({"event": kind, "agent": a.agent_id, "at": format::instant(a.at_ns),
+                "clock_source": source, "clock_state": state,
+                "clock_offset_ns": a.clock.as_ref().map(|c| c.offset_ns),
+                "clock_uncertainty_ns": a.clock.as_ref().map(|c| c.uncertainty_ns),
+                "detail": a.detail})
+        );
+    }
+    if kind == "clock" {
+        let unc = a
+            .clock
+            .as_ref()
+            .map_or_else(|| "-".into(), |c| format::span(c.uncertainty_ns));
+        format!(
+            "{}  {:<12} clock {source}/{state} offset {offset} ±{unc}\n",
+            format::instant(a.at_ns),
+            a.agent_id
+        )
+    } else {
+        format!(
+            "{}  {:<12} {kind}{}\n",
+            format::instant(a.at_ns),
+            a.agent_id,
+            if a.detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", a.detail)
+            }
+        )
+    }
+}

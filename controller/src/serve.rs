@@ -1,0 +1,96 @@
+//! `baton-controller serve`: logging, the runtime, signals, the store.
+
+use std::path::PathBuf;
+
+use baton_controller::server::{self, ServerConfig, bucket::Pace};
+use baton_controller::store::sqlite::SqliteStore;
+
+/// `serve` flags.
+#[derive(Debug)]
+pub struct Opts {
+    pub listen: std::net::SocketAddr,
+    pub data: PathBuf,
+    pub insecure: bool,
+    pub push_rate: f64,
+    pub push_burst: f64,
+    pub ping_interval: String,
+}
+
+/// Run until SIGTERM / SIGINT; exit code.
+pub fn run(o: Opts) -> i32 {
+    init_logging();
+    match serve(o) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            1
+        }
+    }
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn serve(o: Opts) -> anyhow::Result<()> {
+    if !o.insecure {
+        anyhow::bail!(
+            "TLS is not available yet: pass --insecure to serve plaintext (scripts that pass it keep working when TLS becomes the default)"
+        );
+    }
+    if !(o.push_rate > 0.0 && o.push_rate.is_finite() && o.push_burst >= 1.0) {
+        anyhow::bail!("--push-rate must be > 0 and --push-burst >= 1");
+    }
+    let ping_interval = baton_proto::time::parse_duration(&o.ping_interval)
+        .map_err(|e| anyhow::anyhow!("--ping-interval {}: {e}", o.ping_interval))?;
+    if ping_interval.is_zero() {
+        anyhow::bail!("--ping-interval must be > 0");
+    }
+    std::fs::create_dir_all(&o.data)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", o.data.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("baton-ctl")
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let store = SqliteStore::open(&o.data)
+            .map_err(|e| anyhow::anyhow!("store in {}: {e}", o.data.display()))?;
+        let mut cfg = ServerConfig::new(o.listen, o.data.clone());
+        cfg.pace = Pace {
+            rate: o.push_rate,
+            burst: o.push_burst,
+        };
+        cfg.ping_interval = ping_interval;
+        server::serve(std::sync::Arc::new(store), cfg, stop_signal()).await
+    })
+}
+
+/// SIGTERM, SIGINT or SIGHUP: stop cleanly (the store is consistent at every
+/// commit; streams are closed so agents reconnect later).
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(mut term), Ok(mut int), Ok(mut hup)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = hup.recv() => {}
+            }
+        }
+        _ => {
+            tracing::warn!("cannot watch SIGTERM/SIGHUP; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

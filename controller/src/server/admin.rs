@@ -1,0 +1,345 @@
+//! The operators' API. A push is validated with the agent's own code,
+//! stored, then delivered; the answer comes only once it is stored, so an
+//! operator who saw "pushed" can rely on it surviving a controller crash.
+//!
+//! Today every caller acts for every tenant; tenants and roles come with
+//! the security work and will be checked here, at the top of each call.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use baton_proto::RefTime;
+use baton_proto::pack::parse_pack;
+use baton_proto::wire::{self, watch_event::Body as Ev};
+use tokio::sync::broadcast;
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::hub::SessionCmd;
+use super::session::holders;
+use super::{Shared, now_ns};
+use crate::store::{
+    DeliveryRow, DeliveryState, FeedbackFilter, PackVersionRow, PutPack, StoreError,
+};
+
+/// The Admin service.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    shared: Arc<Shared>,
+}
+
+impl AdminService {
+    /// Serve over the controller's shared state.
+    pub fn new(shared: Arc<Shared>) -> AdminService {
+        AdminService { shared }
+    }
+}
+
+fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::VersionTaken { .. } | StoreError::VersionOlder { .. } => {
+            Status::failed_precondition(e.to_string())
+        }
+        StoreError::NoSuchPack { .. } => Status::not_found(e.to_string()),
+        StoreError::Backend(_) | StoreError::Closed => Status::unavailable(e.to_string()),
+    }
+}
+
+fn nonempty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl wire::admin_server::Admin for AdminService {
+    async fn push(
+        &self,
+        request: Request<wire::PushRequest>,
+    ) -> Result<Response<wire::PushReply>, Status> {
+        let req = request.into_inner();
+        let source = if req.source_name.is_empty() {
+            "pack".to_string()
+        } else {
+            req.source_name.clone()
+        };
+        let pack = parse_pack(&req.yaml)
+            .map_err(|e| Status::invalid_argument(e.render(&source).trim_end().to_string()))?;
+        let now = RefTime::from_nanos(now_ns());
+        pack.check_live(now)
+            .map_err(|e| Status::invalid_argument(e.render(&source).trim_end().to_string()))?;
+        let row = PackVersionRow {
+            tenant: pack.tenant.clone(),
+            pack: pack.id.clone(),
+            version: pack.version,
+            yaml: req.yaml,
+            targets: convert::targets(&pack),
+            pushed_ns: now.as_nanos(),
+        };
+        let store = &self.shared.store;
+        let put = store.put_pack(row.clone()).await.map_err(store_status)?;
+        let agents = store.agents().await.map_err(store_status)?;
+        let mut targeted = Vec::new();
+        let mut writes = tokio::task::JoinSet::new();
+        let existing = store
+            .deliveries_of_pack(&row.tenant, &row.pack, row.version)
+            .await
+            .map_err(store_status)?;
+        for a in &agents {
+            if row.targets.matches(&a.id, &a.labels) {
+                targeted.push(a.id.clone());
+                let known = existing.iter().any(|d| d.agent_id == a.id);
+                if put == PutPack::Unchanged && known {
+                    continue;
+                }
+                let connected = self.shared.hub.is_connected(&a.id);
+                let d = DeliveryRow {
+                    agent_id: a.id.clone(),
+                    tenant: row.tenant.clone(),
+                    pack: row.pack.clone(),
+                    version: row.version,
+                    state: DeliveryState::Pending,
+                    reason: if connected {
+                        "sending".into()
+                    } else {
+                        "agent not connected".into()
+                    },
+                    errors: Vec::new(),
+                    updated_ns: now.as_nanos(),
+                    attempts: 0,
+                };
+                // Concurrent: the store's writer commits them in a few
+                // batches instead of one transaction per agent.
+                let store = store.clone();
+                writes.spawn(async move { store.put_delivery(d).await });
+            } else if a
+                .held
+                .iter()
+                .any(|h| h.tenant == row.tenant && h.pack == row.pack)
+            {
+                // A new version no longer for this agent: withdraw its copy.
+                self.shared.hub.send(
+                    &a.id,
+                    SessionCmd::Cancel {
+                        tenant: row.tenant.clone(),
+                        pack: row.pack.clone(),
+                        version: row.version,
+                    },
+                );
+            }
+        }
+        while let Some(r) = writes.join_next().await {
+            r.map_err(|e| Status::internal(e.to_string()))?
+                .map_err(store_status)?;
+        }
+        for id in &targeted {
+            self.shared.hub.send(id, SessionCmd::Deliver(row.clone()));
+        }
+        tracing::info!(
+            pack = %format!("{}/{}", row.tenant, row.pack),
+            version = row.version,
+            agents = targeted.len(),
+            unchanged = put == PutPack::Unchanged,
+            "pushed"
+        );
+        Ok(Response::new(wire::PushReply {
+            pack: Some(convert::wire_ref(&row.tenant, &row.pack, row.version)),
+            unchanged: put == PutPack::Unchanged,
+            agents: targeted,
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<wire::CancelRequest>,
+    ) -> Result<Response<wire::CancelReply>, Status> {
+        let req = request.into_inner();
+        let tenant = if req.tenant.is_empty() {
+            "default".to_string()
+        } else {
+            req.tenant
+        };
+        let store = &self.shared.store;
+        let p = store
+            .cancel_pack(&tenant, &req.pack, now_ns())
+            .await
+            .map_err(store_status)?;
+        let agents = store.agents().await.map_err(store_status)?;
+        let mut told = holders(&agents, &tenant, &req.pack);
+        for a in &agents {
+            if p.latest.targets.matches(&a.id, &a.labels) {
+                told.insert(a.id.clone());
+            }
+        }
+        let mut told: Vec<String> = told.into_iter().collect();
+        told.sort();
+        for id in &told {
+            self.shared.hub.send(
+                id,
+                SessionCmd::Cancel {
+                    tenant: tenant.clone(),
+                    pack: req.pack.clone(),
+                    version: p.latest.version,
+                },
+            );
+        }
+        tracing::info!(pack = %format!("{tenant}/{}", req.pack), agents = told.len(), "cancelled");
+        Ok(Response::new(wire::CancelReply {
+            pack: Some(convert::wire_ref(&tenant, &req.pack, p.latest.version)),
+            agents: told,
+        }))
+    }
+
+    async fn list_packs(
+        &self,
+        request: Request<wire::ListPacksRequest>,
+    ) -> Result<Response<wire::ListPacksReply>, Status> {
+        let req = request.into_inner();
+        let store = &self.shared.store;
+        let packs = store
+            .packs(nonempty(&req.tenant).as_deref())
+            .await
+            .map_err(store_status)?;
+        let mut out = Vec::with_capacity(packs.len());
+        for p in packs {
+            let l = &p.latest;
+            let ds = store
+                .deliveries_of_pack(&l.tenant, &l.pack, l.version)
+                .await
+                .map_err(store_status)?;
+            let count = |s: DeliveryState| ds.iter().filter(|d| d.state == s).count() as u32;
+            out.push(wire::PackSummary {
+                pack: Some(convert::wire_ref(&l.tenant, &l.pack, l.version)),
+                targets: l.targets.to_string(),
+                pushed_ns: l.pushed_ns,
+                cancelled: p.cancelled_ns.is_some(),
+                acked: count(DeliveryState::Acked),
+                nacked: count(DeliveryState::Nacked),
+                pending: count(DeliveryState::Pending),
+            });
+        }
+        Ok(Response::new(wire::ListPacksReply { packs: out }))
+    }
+
+    async fn list_agents(
+        &self,
+        _request: Request<wire::ListAgentsRequest>,
+    ) -> Result<Response<wire::ListAgentsReply>, Status> {
+        let agents = self.shared.store.agents().await.map_err(store_status)?;
+        let agents = agents
+            .into_iter()
+            .map(|a| wire::AgentSummary {
+                connected: self.shared.hub.is_connected(&a.id),
+                lateness_p99_ns: self.shared.lateness_p99(&a.id),
+                labels: a.labels.into_iter().collect(),
+                agent_version: a.agent_version,
+                last_seen_ns: a.last_seen_ns,
+                clock: a.clock.as_ref().map(convert::clock_to_wire),
+                packs: convert::held_to_wire(&a.held),
+                id: a.id,
+            })
+            .collect();
+        Ok(Response::new(wire::ListAgentsReply { agents }))
+    }
+
+    async fn deliveries(
+        &self,
+        request: Request<wire::DeliveriesRequest>,
+    ) -> Result<Response<wire::DeliveriesReply>, Status> {
+        let req = request.into_inner();
+        let tenant = nonempty(&req.tenant).unwrap_or_else(|| "default".into());
+        let store = &self.shared.store;
+        let version = if req.version == 0 {
+            store
+                .pack_version(&tenant, &req.pack, None)
+                .await
+                .map_err(store_status)?
+                .ok_or_else(|| Status::not_found(format!("no pack {tenant}/{}", req.pack)))?
+                .version
+        } else {
+            req.version
+        };
+        let ds = store
+            .deliveries_of_pack(&tenant, &req.pack, version)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(wire::DeliveriesReply {
+            pack: Some(convert::wire_ref(&tenant, &req.pack, version)),
+            deliveries: ds.iter().map(convert::delivery_to_wire).collect(),
+        }))
+    }
+
+    type QueryFeedbackStream = BoxStream<wire::FeedbackRecord>;
+
+    async fn query_feedback(
+        &self,
+        request: Request<wire::FeedbackQuery>,
+    ) -> Result<Response<Self::QueryFeedbackStream>, Status> {
+        let req = request.into_inner();
+        let rows = self
+            .shared
+            .store
+            .feedback(FeedbackFilter {
+                tenant: nonempty(&req.tenant),
+                pack: nonempty(&req.pack),
+                agent_id: nonempty(&req.agent_id),
+                since_ns: (req.since_ns != 0).then_some(req.since_ns),
+                limit: (req.limit != 0).then_some(req.limit),
+            })
+            .await
+            .map_err(store_status)?;
+        let it = rows.into_iter().map(|r| Ok(convert::feedback_to_wire(&r)));
+        Ok(Response::new(Box::pin(tokio_stream::iter(it))))
+    }
+
+    type WatchStream = BoxStream<wire::WatchEvent>;
+
+    async fn watch(
+        &self,
+        request: Request<wire::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let req = request.into_inner();
+        let tenant = nonempty(&req.tenant);
+        let pack = nonempty(&req.pack);
+        let mut rx = self.shared.events.subscribe();
+        let mut shutdown = self.shared.shutdown.clone();
+        let (tx, out) = tokio::sync::mpsc::channel(256);
+        // One task per watcher: forwards what it may see until the watcher
+        // goes away or the controller stops. A watcher slower than the
+        // events is told how many it missed, never blocks the streams.
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    r = rx.recv() => match r {
+                        Ok(ev) if visible(&ev, tenant.as_deref(), pack.as_deref()) => ev,
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(n)) => wire::WatchEvent {
+                            body: Some(Ev::Lagged(n)),
+                        },
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    _ = shutdown.changed() => return,
+                    _ = tx.closed() => return,
+                };
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let stream = ReceiverStream::new(out);
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Whether a watcher filtering on tenant / pack sees this event (agent
+/// events are always shown).
+fn visible(ev: &wire::WatchEvent, tenant: Option<&str>, pack: Option<&str>) -> bool {
+    let r = match &ev.body {
+        Some(Ev::Feedback(f)) => f.entry.as_ref().and_then(|e| e.pack.as_ref()),
+        Some(Ev::Delivery(d)) => d.pack.as_ref(),
+        _ => return true,
+    };
+    let Some(r) = r else { return false };
+    tenant.is_none_or(|t| r.tenant == t) && pack.is_none_or(|p| r.pack == p)
+}

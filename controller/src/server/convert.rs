@@ -1,0 +1,447 @@
+//! Between wire messages and store rows. Everything that arrives from an
+//! agent is checked here (ids, sizes, enum values) so the rest of the server
+//! handles only well-formed values; a bad value is an error that closes the
+//! offending stream, never a panic.
+
+use std::collections::BTreeMap;
+
+use baton_proto::pack::{Pack, PackErrors, Targets};
+use baton_proto::wire;
+
+use crate::store::{
+    AgentRow, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow,
+    TargetsRow,
+};
+
+/// Longest label key or value, and most labels.
+const MAX_LABEL_LEN: usize = 256;
+const MAX_LABELS: usize = 64;
+/// Most packs a hello may list.
+const MAX_HELD: usize = 100_000;
+/// Longest free text kept from an agent (detail, event words).
+const MAX_TEXT: usize = 4096;
+
+/// Why a message from an agent is refused.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadMessage(pub String);
+
+fn bad(msg: impl Into<String>) -> BadMessage {
+    BadMessage(msg.into())
+}
+
+/// An id as the pack language spells them (agent, tenant, pack, instruction).
+pub fn check_ident(what: &str, s: &str) -> Result<(), BadMessage> {
+    if baton_proto::pack::is_ident(s) {
+        Ok(())
+    } else {
+        Err(bad(format!(
+            "{what} {:?} is not an id ([a-z0-9][a-z0-9._-]*, at most 64 characters)",
+            truncate(s, 80)
+        )))
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+fn clean_text(s: &str) -> String {
+    truncate(s, MAX_TEXT)
+}
+
+/// Labels from a hello: bounded, printable.
+pub fn labels(l: &std::collections::HashMap<String, String>) -> Result<BTreeMap<String, String>, BadMessage> {
+    if l.len() > MAX_LABELS {
+        return Err(bad(format!("{} labels (at most {MAX_LABELS})", l.len())));
+    }
+    let mut out = BTreeMap::new();
+    for (k, v) in l {
+        if k.is_empty() {
+            return Err(bad("a label with an empty key"));
+        }
+        for s in [k, v] {
+            if s.len() > MAX_LABEL_LEN || s.chars().any(char::is_control) {
+                return Err(bad(format!(
+                    "label {:?}: longer than {MAX_LABEL_LEN} bytes or has control characters",
+                    truncate(k, 40)
+                )));
+            }
+        }
+        out.insert(k.clone(), v.clone());
+    }
+    Ok(out)
+}
+
+/// A pack reference from an agent.
+pub fn pack_ref(r: Option<&wire::PackRef>) -> Result<(String, String, u64), BadMessage> {
+    let r = r.ok_or_else(|| bad("pack reference missing"))?;
+    check_ident("tenant", &r.tenant)?;
+    check_ident("pack", &r.pack)?;
+    Ok((r.tenant.clone(), r.pack.clone(), r.version))
+}
+
+/// Packs held, from a hello or a held update.
+pub fn held(packs: &[wire::HeldPack]) -> Result<Vec<HeldPackRow>, BadMessage> {
+    if packs.len() > MAX_HELD {
+        return Err(bad(format!("{} held packs (at most {MAX_HELD})", packs.len())));
+    }
+    packs
+        .iter()
+        .map(|h| {
+            let (tenant, pack, version) = pack_ref(h.pack.as_ref())?;
+            Ok(HeldPackRow {
+                tenant,
+                pack,
+                version,
+                stopped: h.stopped,
+            })
+        })
+        .collect()
+}
+
+/// Held packs back to the wire.
+pub fn held_to_wire(rows: &[HeldPackRow]) -> Vec<wire::HeldPack> {
+    rows.iter()
+        .map(|h| wire::HeldPack {
+            pack: Some(wire_ref(&h.tenant, &h.pack, h.version)),
+            stopped: h.stopped,
+        })
+        .collect()
+}
+
+/// A pack reference for the wire.
+pub fn wire_ref(tenant: &str, pack: &str, version: u64) -> wire::PackRef {
+    wire::PackRef {
+        tenant: tenant.to_string(),
+        pack: pack.to_string(),
+        version,
+    }
+}
+
+/// The agent row of a hello.
+pub fn hello(h: &wire::Hello, now_ns: i64) -> Result<AgentRow, BadMessage> {
+    check_ident("agent id", &h.agent_id)?;
+    if h.journal_id.is_empty() || h.journal_id.len() > 128 {
+        return Err(bad("journal_id missing or longer than 128 bytes"));
+    }
+    if h.feedback_first_seq > h.feedback_last_seq {
+        return Err(bad(format!(
+            "feedback range {}..{} is backwards",
+            h.feedback_first_seq, h.feedback_last_seq
+        )));
+    }
+    Ok(AgentRow {
+        id: h.agent_id.clone(),
+        labels: labels(&h.labels)?,
+        agent_version: truncate(&h.agent_version, 64),
+        journal_id: h.journal_id.clone(),
+        connected: true,
+        last_seen_ns: now_ns,
+        held: held(&h.packs)?,
+        clock: None,
+    })
+}
+
+/// A clock report, with its enum values checked.
+pub fn clock(c: &wire::ClockReport) -> Result<ClockRow, BadMessage> {
+    let source = wire::ClockSource::try_from(c.source)
+        .map_err(|_| bad(format!("clock source {} unknown", c.source)))?;
+    let state = wire::ClockState::try_from(c.state)
+        .map_err(|_| bad(format!("clock state {} unknown", c.state)))?;
+    if !c.frequency_ppm.is_finite() {
+        return Err(bad("clock frequency is not a finite number"));
+    }
+    Ok(ClockRow {
+        source: source_word(source).into(),
+        state: state_word(state).into(),
+        offset_ns: c.offset_ns,
+        jitter_ns: c.jitter_ns,
+        uncertainty_ns: c.uncertainty_ns,
+        frequency_ppm: c.frequency_ppm,
+        at_ns: c.at_ns,
+    })
+}
+
+fn source_word(s: wire::ClockSource) -> &'static str {
+    match s {
+        wire::ClockSource::Unspecified => "unknown",
+        wire::ClockSource::Ptp => "ptp",
+        wire::ClockSource::Ntp => "ntp",
+        wire::ClockSource::Link => "link",
+        wire::ClockSource::System => "system",
+    }
+}
+
+fn state_word(s: wire::ClockState) -> &'static str {
+    match s {
+        wire::ClockState::Unspecified => "unknown",
+        wire::ClockState::Syncing => "syncing",
+        wire::ClockState::Locked => "locked",
+        wire::ClockState::Holdover => "holdover",
+        wire::ClockState::FreeRunning => "free-running",
+    }
+}
+
+/// A stored clock row back to the wire.
+pub fn clock_to_wire(c: &ClockRow) -> wire::ClockReport {
+    let source = match c.source.as_str() {
+        "ptp" => wire::ClockSource::Ptp,
+        "ntp" => wire::ClockSource::Ntp,
+        "link" => wire::ClockSource::Link,
+        "system" => wire::ClockSource::System,
+        _ => wire::ClockSource::Unspecified,
+    };
+    let state = match c.state.as_str() {
+        "syncing" => wire::ClockState::Syncing,
+        "locked" => wire::ClockState::Locked,
+        "holdover" => wire::ClockState::Holdover,
+        "free-running" => wire::ClockState::FreeRunning,
+        _ => wire::ClockState::Unspecified,
+    };
+    wire::ClockReport {
+        source: source as i32,
+        state: state as i32,
+        offset_ns: c.offset_ns,
+        jitter_ns: c.jitter_ns,
+        uncertainty_ns: c.uncertainty_ns,
+        frequency_ppm: c.frequency_ppm,
+        at_ns: c.at_ns,
+    }
+}
+
+/// The operator's word for an outcome.
+pub fn outcome_word(o: wire::Outcome) -> &'static str {
+    match o {
+        wire::Outcome::Unspecified => "unspecified",
+        wire::Outcome::Ok => "ok",
+        wire::Outcome::Failed => "failed",
+        wire::Outcome::Retry => "retry",
+        wire::Outcome::GiveUp => "give_up",
+        wire::Outcome::Skipped => "skipped",
+        wire::Outcome::Unknown => "unknown",
+        wire::Outcome::SafeState => "safe_state",
+    }
+}
+
+fn outcome_of_word(w: &str) -> wire::Outcome {
+    match w {
+        "ok" => wire::Outcome::Ok,
+        "failed" => wire::Outcome::Failed,
+        "retry" => wire::Outcome::Retry,
+        "give_up" => wire::Outcome::GiveUp,
+        "skipped" => wire::Outcome::Skipped,
+        "unknown" => wire::Outcome::Unknown,
+        "safe_state" => wire::Outcome::SafeState,
+        _ => wire::Outcome::Unspecified,
+    }
+}
+
+/// One feedback entry from `agent` (journal `journal`), received now.
+pub fn feedback(
+    agent: &str,
+    journal: &str,
+    f: &wire::Feedback,
+    received_ns: i64,
+) -> Result<FeedbackRow, BadMessage> {
+    if f.seq == 0 || f.seq > i64::MAX as u64 {
+        return Err(bad(format!("feedback seq {} out of range", f.seq)));
+    }
+    let (tenant, pack, version) = pack_ref(f.pack.as_ref())?;
+    let outcome = wire::Outcome::try_from(f.outcome)
+        .map_err(|_| bad(format!("feedback seq {}: outcome {} unknown", f.seq, f.outcome)))?;
+    if version > i64::MAX as u64 {
+        return Err(bad(format!("feedback seq {}: version out of range", f.seq)));
+    }
+    Ok(FeedbackRow {
+        agent_id: agent.to_string(),
+        journal_id: journal.to_string(),
+        seq: f.seq,
+        execution_id: truncate(&f.execution_id, 512),
+        tenant,
+        pack,
+        version,
+        instruction: truncate(&f.instruction, 128),
+        attempt: f.attempt,
+        scheduled_ns: f.scheduled_ns,
+        actual_ns: f.actual_ns,
+        lateness_ns: f.lateness_ns,
+        outcome: outcome_word(outcome).into(),
+        event: truncate(&f.event, 64),
+        action: truncate(&f.action, 64),
+        detail: clean_text(&f.detail),
+        value: f.value,
+        dropped_before: f.dropped_before,
+        uncertainty_ns: f.uncertainty_ns,
+        received_ns,
+    })
+}
+
+/// A stored feedback row for an operator.
+pub fn feedback_to_wire(r: &FeedbackRow) -> wire::FeedbackRecord {
+    wire::FeedbackRecord {
+        agent_id: r.agent_id.clone(),
+        received_ns: r.received_ns,
+        entry: Some(wire::Feedback {
+            seq: r.seq,
+            execution_id: r.execution_id.clone(),
+            pack: Some(wire_ref(&r.tenant, &r.pack, r.version)),
+            instruction: r.instruction.clone(),
+            attempt: r.attempt,
+            scheduled_ns: r.scheduled_ns,
+            actual_ns: r.actual_ns,
+            lateness_ns: r.lateness_ns,
+            outcome: outcome_of_word(&r.outcome) as i32,
+            detail: r.detail.clone(),
+            value: r.value,
+            dropped_before: r.dropped_before,
+            event: r.event.clone(),
+            action: r.action.clone(),
+            uncertainty_ns: r.uncertainty_ns,
+        }),
+    }
+}
+
+/// Errors of a nack from an agent.
+pub fn nack_errors(errors: &[wire::PackError]) -> Vec<ErrorRow> {
+    errors
+        .iter()
+        .take(1000)
+        .map(|e| ErrorRow {
+            line: e.line,
+            column: e.column,
+            instruction: truncate(&e.instruction, 128),
+            message: clean_text(&e.message),
+        })
+        .collect()
+}
+
+/// Validation errors as wire errors.
+pub fn pack_errors(errors: &PackErrors) -> Vec<wire::PackError> {
+    errors
+        .0
+        .iter()
+        .map(|e| wire::PackError {
+            line: e.pos.line as u32,
+            column: e.pos.col as u32,
+            instruction: e.instruction.clone().unwrap_or_default(),
+            message: e.message.clone(),
+        })
+        .collect()
+}
+
+/// A delivery for an operator.
+pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
+    let state = match d.state {
+        DeliveryState::Pending => wire::DeliveryState::Pending,
+        DeliveryState::Acked => wire::DeliveryState::Acked,
+        DeliveryState::Nacked => wire::DeliveryState::Nacked,
+        DeliveryState::Cancelled => wire::DeliveryState::Cancelled,
+    };
+    wire::Delivery {
+        agent_id: d.agent_id.clone(),
+        pack: Some(wire_ref(&d.tenant, &d.pack, d.version)),
+        state: state as i32,
+        reason: d.reason.clone(),
+        errors: d
+            .errors
+            .iter()
+            .map(|e| wire::PackError {
+                line: e.line,
+                column: e.column,
+                instruction: e.instruction.clone(),
+                message: e.message.clone(),
+            })
+            .collect(),
+        updated_ns: d.updated_ns,
+        attempts: d.attempts,
+    }
+}
+
+/// A pack's targets as stored.
+pub fn targets(p: &Pack) -> TargetsRow {
+    match &p.targets {
+        None => TargetsRow::Nobody,
+        Some(Targets::Agents(a)) => TargetsRow::Agents(a.clone()),
+        Some(Targets::Labels(l)) => TargetsRow::Labels(l.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64, outcome: i32) -> wire::Feedback {
+        wire::Feedback {
+            seq,
+            execution_id: "default/p/v1/a/5/a1".into(),
+            pack: Some(wire_ref("default", "p", 1)),
+            instruction: "a".into(),
+            attempt: 1,
+            outcome,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn feedback_is_checked_and_round_trips() {
+        let row = feedback("ag", "j1", &entry(7, wire::Outcome::Unknown as i32), 99).expect("valid");
+        assert_eq!(row.outcome, "unknown");
+        assert_eq!((row.seq, row.received_ns), (7, 99));
+        let back = feedback_to_wire(&row);
+        assert_eq!(back.entry.expect("entry").outcome, wire::Outcome::Unknown as i32);
+
+        assert!(feedback("ag", "j1", &entry(0, 1), 0).is_err(), "seq 0");
+        assert!(feedback("ag", "j1", &entry(1, 42), 0).is_err(), "unknown outcome");
+        let mut e = entry(1, 1);
+        e.pack = Some(wire_ref("Default!", "p", 1));
+        assert!(feedback("ag", "j1", &e, 0).is_err(), "bad tenant");
+        e.pack = None;
+        assert!(feedback("ag", "j1", &e, 0).is_err(), "no pack");
+    }
+
+    #[test]
+    fn hello_is_checked() {
+        let mut h = wire::Hello {
+            agent_id: "press-01".into(),
+            journal_id: "j".into(),
+            ..Default::default()
+        };
+        h.labels.insert("line".into(), "3".into());
+        let row = hello(&h, 5).expect("valid");
+        assert_eq!(row.labels.get("line").map(String::as_str), Some("3"));
+        h.agent_id = "../etc".into();
+        assert!(hello(&h, 5).is_err());
+        h.agent_id = "a".into();
+        h.labels.insert("x".into(), "bad\nvalue".into());
+        assert!(hello(&h, 5).is_err());
+        h.labels.clear();
+        h.labels.insert(String::new(), "v".into());
+        assert!(hello(&h, 5).is_err(), "empty key");
+        h.labels.clear();
+        h.journal_id.clear();
+        assert!(hello(&h, 5).is_err(), "no journal id");
+    }
+
+    #[test]
+    fn clock_enums_are_checked() {
+        let c = wire::ClockReport {
+            source: wire::ClockSource::Ptp as i32,
+            state: wire::ClockState::Holdover as i32,
+            offset_ns: -3,
+            ..Default::default()
+        };
+        let row = clock(&c).expect("valid");
+        assert_eq!((row.source.as_str(), row.state.as_str()), ("ptp", "holdover"));
+        assert_eq!(clock_to_wire(&row), c);
+        assert!(clock(&wire::ClockReport { source: 99, ..c }).is_err());
+        assert!(clock(&wire::ClockReport { frequency_ppm: f64::NAN, ..c }).is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! `baton-controller serve`: the Link service agents dial, the Admin
+//! service operators call, gRPC health and reflection, over one store.
+//!
+//! Parts, each with one job:
+//! - [`session`]: one agent's stream (hello, reconcile, acks, feedback);
+//! - [`hub`]: which agents have a live stream (one per agent);
+//! - [`reconcile`]: desired against held, as a pure function;
+//! - [`bucket`]: pacing of pushes (token bucket, sans-IO);
+//! - [`admin`]: the operators' API;
+//! - [`convert`]: wire messages to store rows, with every check.
+
+pub mod admin;
+pub mod bucket;
+pub mod convert;
+pub mod hub;
+pub mod reconcile;
+pub mod session;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_proto::wire::{self, watch_event::Body as Ev};
+use hdrhistogram::Histogram;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::store::{DeliveryRow, FeedbackRow, Store};
+use bucket::{Pace, TokenBucket};
+use hub::Hub;
+
+/// Largest message either side accepts (a pack of 10 000 instructions is
+/// about 1 MB of YAML; feedback comes in batches of a few hundred).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Where to listen (port 0: any free port, written to `DATA/listen.addr`).
+    pub listen: SocketAddr,
+    /// Directory of the store and `listen.addr`.
+    pub data_dir: PathBuf,
+    /// Pacing of pushes.
+    pub pace: Pace,
+    /// How often each stream is pinged; three silent intervals end it.
+    pub ping_interval: Duration,
+    /// How long a new stream may take to say hello.
+    pub hello_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults for `listen` and `data_dir`.
+    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> ServerConfig {
+        ServerConfig {
+            listen,
+            data_dir,
+            pace: Pace::default(),
+            ping_interval: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What every stream and call shares.
+pub struct Shared {
+    /// The durable state.
+    pub store: Arc<dyn Store>,
+    /// Live streams.
+    pub hub: Hub,
+    /// Live events for `watch` (bounded: a slow watcher lags, and is told).
+    pub events: broadcast::Sender<wire::WatchEvent>,
+    /// Set once to stop.
+    pub shutdown: watch::Receiver<bool>,
+    /// Configuration.
+    pub cfg: ServerConfig,
+    bucket: tokio::sync::Mutex<TokenBucket>,
+    lateness: Mutex<HashMap<String, Histogram<u64>>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("connected", &self.hub.connected())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Now, ns since the Unix epoch (the controller's clock is reference time).
+pub fn now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+impl Shared {
+    /// Shared state over `store`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        cfg: ServerConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> Arc<Shared> {
+        let (events, _) = broadcast::channel(4096);
+        Arc::new(Shared {
+            store,
+            hub: Hub::default(),
+            events,
+            shutdown,
+            bucket: tokio::sync::Mutex::new(TokenBucket::new(cfg.pace, Instant::now())),
+            cfg,
+            lateness: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Wait for a push token.
+    pub async fn pace(&self) {
+        loop {
+            let wait = {
+                let mut b = self.bucket.lock().await;
+                match b.take(Instant::now()) {
+                    Ok(()) => return,
+                    Err(w) => w,
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    fn publish(&self, body: Ev) {
+        // No watcher: nothing to do.
+        let _ = self.events.send(wire::WatchEvent { body: Some(body) });
+    }
+
+    /// Announce an agent event to watchers.
+    pub fn agent_event(
+        &self,
+        agent: &str,
+        kind: wire::AgentEventKind,
+        clock: Option<wire::ClockReport>,
+        detail: &str,
+    ) {
+        self.publish(Ev::Agent(wire::AgentEvent {
+            agent_id: agent.to_string(),
+            kind: kind as i32,
+            clock,
+            detail: detail.to_string(),
+            at_ns: now_ns(),
+        }));
+    }
+
+    /// Announce a delivery change to watchers.
+    pub fn delivery_event(&self, d: &DeliveryRow) {
+        self.publish(Ev::Delivery(convert::delivery_to_wire(d)));
+    }
+
+    /// Stored feedback: to watchers, and into the agent's lateness figures.
+    pub fn feedback_stored(&self, rows: &[FeedbackRow]) {
+        if let Some(first) = rows.first() {
+            let mut l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
+            let h = l.entry(first.agent_id.clone()).or_insert_with(|| {
+                Histogram::new_with_bounds(1, 3_600_000_000_000, 2)
+                    .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!()))
+            });
+            for r in rows.iter().filter(|r| r.event == "executed") {
+                h.saturating_record(r.lateness_ns.max(0) as u64);
+            }
+        }
+        if self.events.receiver_count() > 0 {
+            for r in rows {
+                self.publish(Ev::Feedback(convert::feedback_to_wire(r)));
+            }
+        }
+    }
+
+    /// Start lateness p99 of an agent's feedback since start (0: none).
+    pub fn lateness_p99(&self, agent: &str) -> i64 {
+        let l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
+        l.get(agent)
+            .filter(|h| !h.is_empty())
+            .map_or(0, |h| h.value_at_quantile(0.99) as i64)
+    }
+}
+
+/// The Link service.
+#[derive(Debug, Clone)]
+pub struct LinkService {
+    shared: Arc<Shared>,
+}
+
+impl LinkService {
+    /// Serve over the controller's shared state.
+    pub fn new(shared: Arc<Shared>) -> LinkService {
+        LinkService { shared }
+    }
+}
+
+#[tonic::async_trait]
+impl wire::link_server::Link for LinkService {
+    type ConnectStream = ReceiverStream<Result<wire::ControllerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<wire::AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(session::run(self.shared.clone(), inbound, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Bind, serve until `shutdown` resolves, then close every stream. Writes
+/// the bound address to `DATA/listen.addr` (tests and scripts read it when
+/// listening on port 0).
+pub async fn serve(
+    store: Arc<dyn Store>,
+    cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    write_addr(&cfg.data_dir, addr)?;
+    store.all_disconnected(now_ns()).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let shared = Shared::new(store, cfg, stop_rx);
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<wire::link_server::LinkServer<LinkService>>()
+        .await;
+    health
+        .set_serving::<wire::admin_server::AdminServer<admin::AdminService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(baton_proto::wire::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| anyhow::anyhow!("reflection: {e}"))?;
+
+    let link = wire::link_server::LinkServer::new(LinkService::new(shared.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let admin = wire::admin_server::AdminServer::new(admin::AdminService::new(shared.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    tracing::info!(%addr, "controller listening (plaintext)");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(30)));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(link)
+        .add_service(admin)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = done_rx.await;
+        });
+    let server = tokio::spawn(server);
+    shutdown.await;
+    tracing::info!("stopping: closing agent streams and watchers");
+    let _ = stop_tx.send(true);
+    let _ = done_tx.send(());
+    // Streams end on the stop signal; a peer that does not read gets a
+    // bounded wait, not a hang.
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(r)) => r.map_err(|e| anyhow::anyhow!("server: {e}"))?,
+        Ok(Err(e)) => anyhow::bail!("server task: {e}"),
+        Err(_) => tracing::warn!("streams still open after 5 s; stopping anyway"),
+    }
+    Ok(())
+}
+
+fn write_addr(dir: &std::path::Path, addr: SocketAddr) -> anyhow::Result<()> {
+    let tmp = dir.join("listen.addr.tmp");
+    std::fs::write(&tmp, format!("{addr}\n"))?;
+    std::fs::rename(&tmp, dir.join("listen.addr"))?;
+    Ok(())
+}

@@ -1,0 +1,614 @@
+//! One agent's stream: hello, reconcile, then pushes, acks, feedback and
+//! clock reports until the stream ends. Every way out of [`run`] ends in
+//! the same place: the agent is marked disconnected and unregistered.
+//!
+//! Feedback is acknowledged only once stored, with a cumulative ack (the
+//! highest seq of the stored batch), so an agent's outbox never loses an
+//! entry the controller does not have. A batch re-sent after a lost ack is
+//! stored once (the store is idempotent on agent, journal and seq).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_proto::wire::{self, agent_message::Body as In, controller_message::Body as Out};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use super::convert::{self, BadMessage};
+use super::hub::SessionCmd;
+use super::reconcile::{self, Action, Refused};
+use super::{Shared, now_ns};
+use crate::store::{
+    AgentRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, PackVersionRow, StoreError,
+};
+
+/// Outbound queue of one stream.
+pub type Outbound = mpsc::Sender<Result<wire::ControllerMessage, Status>>;
+
+/// How long a send to a slow agent may take before its stream is closed.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often desired state is reconciled again on a live stream (catches a
+/// command lost to a full queue, and re-sends pushes never answered).
+const RESYNC: Duration = Duration::from_secs(30);
+/// A push without an answer this long is sent again at the next resync.
+const UNANSWERED: Duration = Duration::from_secs(60);
+/// Retry of a push the agent refused for now (at capacity, clock, disk).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+/// How often last-seen is written to the store while connected.
+const SEEN_EVERY: Duration = Duration::from_secs(10);
+
+/// Why a stream ended (for the log and the agent).
+enum End {
+    /// The agent closed it.
+    Closed,
+    /// A transport error (reset, keep-alive timeout).
+    Transport(Status),
+    /// The agent sent something invalid.
+    Bad(String),
+    /// Silent for too long.
+    Dead(Duration),
+    /// A newer stream for the same agent.
+    Replaced,
+    /// The store failed: the agent will re-send.
+    Store(StoreError),
+    /// The controller is stopping.
+    Shutdown,
+    /// The agent stopped reading.
+    Stuck,
+}
+
+impl End {
+    fn status(&self) -> Option<Status> {
+        Some(match self {
+            End::Closed | End::Transport(_) => return None,
+            End::Bad(m) => Status::invalid_argument(m.clone()),
+            End::Dead(d) => Status::unavailable(format!("nothing received for {d:?}")),
+            End::Replaced => {
+                Status::aborted("a newer stream for the same agent replaced this one")
+            }
+            End::Store(e) => Status::unavailable(format!("controller store: {e}")),
+            End::Shutdown => Status::unavailable("controller shutting down"),
+            End::Stuck => Status::unavailable("agent not reading its stream"),
+        })
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            End::Closed => "closed by the agent".into(),
+            End::Transport(s) => format!("transport: {}", s.message()),
+            End::Bad(m) => format!("invalid message: {m}"),
+            End::Dead(d) => format!("silent for {d:?}"),
+            End::Replaced => "replaced by a newer stream".into(),
+            End::Store(e) => format!("store: {e}"),
+            End::Shutdown => "controller shutting down".into(),
+            End::Stuck => "agent not reading".into(),
+        }
+    }
+}
+
+impl From<BadMessage> for End {
+    fn from(e: BadMessage) -> End {
+        End::Bad(e.0)
+    }
+}
+
+impl From<StoreError> for End {
+    fn from(e: StoreError) -> End {
+        End::Store(e)
+    }
+}
+
+/// A push sent and not yet answered, or waiting to be retried.
+#[derive(Debug)]
+struct InFlight {
+    sent: Instant,
+    retries: u32,
+    retry_at: Option<Instant>,
+    row: PackVersionRow,
+}
+
+/// The state of one live stream.
+struct Session {
+    shared: Arc<Shared>,
+    out: Outbound,
+    agent: AgentRow,
+    /// Deliveries to this agent by (tenant, pack, version).
+    deliveries: HashMap<(String, String, u64), DeliveryRow>,
+    in_flight: HashMap<(String, String, u64), InFlight>,
+    /// Highest feedback seq received on this stream.
+    last_seq: u64,
+    last_heard: Instant,
+    next_ping: u64,
+}
+
+/// Serve one stream to its end.
+pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<wire::AgentMessage>, out: Outbound) {
+    let hello = match first_hello(&shared, &mut inbound).await {
+        Ok(h) => h,
+        Err(end) => {
+            tracing::warn!("link stream refused before hello: {}", end.describe());
+            if let Some(s) = end.status() {
+                let _ = out.send(Err(s)).await;
+            }
+            return;
+        }
+    };
+    let agent_id = hello.id.clone();
+    let (cmd_tx, cmd_rx) = mpsc::channel(64);
+    let generation = shared.hub.register(&agent_id, cmd_tx);
+    let mut session = Session {
+        shared: shared.clone(),
+        out: out.clone(),
+        agent: hello,
+        deliveries: HashMap::new(),
+        in_flight: HashMap::new(),
+        last_seq: 0,
+        last_heard: Instant::now(),
+        next_ping: 1,
+    };
+    let end = match session.start().await {
+        Ok(()) => session.serve(inbound, cmd_rx).await,
+        Err(e) => e,
+    };
+    let reason = end.describe();
+    if let Some(s) = end.status() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), out.send(Err(s))).await;
+    }
+    let still_current = shared.hub.unregister(&agent_id, generation);
+    if still_current {
+        if let Err(e) = shared.store.agent_seen(&agent_id, false, now_ns()).await {
+            tracing::error!(agent = %agent_id, "store: marking disconnected: {e}");
+        }
+        shared.agent_event(&agent_id, wire::AgentEventKind::Disconnected, None, &reason);
+    }
+    match end {
+        End::Closed | End::Replaced | End::Shutdown => {
+            tracing::info!(agent = %agent_id, "link stream ended: {reason}")
+        }
+        _ => tracing::warn!(agent = %agent_id, "link stream ended: {reason}"),
+    }
+}
+
+/// The first message must be a valid hello, within the hello timeout.
+async fn first_hello(
+    shared: &Shared,
+    inbound: &mut Streaming<wire::AgentMessage>,
+) -> Result<AgentRow, End> {
+    let first = tokio::time::timeout(shared.cfg.hello_timeout, inbound.message())
+        .await
+        .map_err(|_| End::Bad(format!("no hello within {:?}", shared.cfg.hello_timeout)))?;
+    let msg = match first {
+        Ok(Some(m)) => m,
+        Ok(None) => return Err(End::Closed),
+        Err(s) => return Err(End::Transport(s)),
+    };
+    match msg.body {
+        Some(In::Hello(h)) => {
+            let row = convert::hello(&h, now_ns())?;
+            Ok(row)
+        }
+        _ => Err(End::Bad("the first message on a link stream must be hello".into())),
+    }
+}
+
+impl Session {
+    /// Store the hello, welcome the agent, reconcile.
+    async fn start(&mut self) -> Result<(), End> {
+        let store = &self.shared.store;
+        store.agent_hello(self.agent.clone()).await?;
+        let acked = store
+            .feedback_acked(&self.agent.id, &self.agent.journal_id)
+            .await?;
+        self.last_seq = acked;
+        for d in store.deliveries_of_agent(&self.agent.id).await? {
+            self.deliveries
+                .insert((d.tenant.clone(), d.pack.clone(), d.version), d);
+        }
+        tracing::info!(
+            agent = %self.agent.id,
+            held = self.agent.held.len(),
+            feedback_acked = acked,
+            "agent connected"
+        );
+        self.send(Out::Welcome(wire::Welcome {
+            agent_id: self.agent.id.clone(),
+            feedback_acked_seq: acked,
+            controller_time_ns: now_ns(),
+            ping_interval_ms: self.shared.cfg.ping_interval.as_millis() as u32,
+        }))
+        .await?;
+        self.shared.agent_event(
+            &self.agent.id,
+            wire::AgentEventKind::Connected,
+            None,
+            &format!("agent {}", self.agent.agent_version),
+        );
+        self.reconcile().await
+    }
+
+    /// Desired against held: push, cancel, or record as acked.
+    async fn reconcile(&mut self) -> Result<(), End> {
+        let packs = self.shared.store.packs(None).await?;
+        let refused: Refused = self
+            .deliveries
+            .values()
+            .filter(|d| d.state == DeliveryState::Nacked)
+            .map(|d| (d.tenant.clone(), d.pack.clone(), d.version))
+            .collect();
+        let actions = reconcile::reconcile(
+            &self.agent.id,
+            &self.agent.labels,
+            &self.agent.held,
+            &packs,
+            &refused,
+        );
+        for a in actions {
+            match a {
+                Action::Push(row) => {
+                    let key = (row.tenant.clone(), row.pack.clone(), row.version);
+                    let recent = self
+                        .in_flight
+                        .get(&key)
+                        .is_some_and(|f| f.retry_at.is_some() || f.sent.elapsed() < UNANSWERED);
+                    if !recent {
+                        self.push(row, 0).await?;
+                    }
+                }
+                Action::Cancel {
+                    tenant,
+                    pack,
+                    version,
+                } => self.cancel(tenant, pack, version).await?,
+                Action::Acked {
+                    tenant,
+                    pack,
+                    version,
+                } => {
+                    let key = (tenant.clone(), pack.clone(), version);
+                    self.in_flight.remove(&key);
+                    if self
+                        .deliveries
+                        .get(&key)
+                        .is_none_or(|d| d.state != DeliveryState::Acked)
+                    {
+                        self.set_delivery(key, DeliveryState::Acked, String::new(), Vec::new(), 0)
+                            .await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn serve(
+        &mut self,
+        mut inbound: Streaming<wire::AgentMessage>,
+        mut cmds: mpsc::Receiver<SessionCmd>,
+    ) -> End {
+        let mut shutdown = self.shared.shutdown.clone();
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let ping_every = self.shared.cfg.ping_interval;
+        let mut next_ping = Instant::now() + ping_every;
+        let mut next_resync = Instant::now() + RESYNC;
+        let mut next_seen = Instant::now() + SEEN_EVERY;
+        loop {
+            let r = tokio::select! {
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => {
+                        self.last_heard = Instant::now();
+                        self.on_message(m).await
+                    }
+                    Ok(None) => Err(End::Closed),
+                    Err(s) => Err(End::Transport(s)),
+                },
+                c = cmds.recv() => match c {
+                    Some(c) => self.on_command(c).await,
+                    None => Err(End::Shutdown),
+                },
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    let silent = now.saturating_duration_since(self.last_heard);
+                    if silent >= ping_every * 3 {
+                        Err(End::Dead(silent))
+                    } else {
+                        let mut r = Ok(());
+                        if now >= next_ping {
+                            next_ping = now + ping_every;
+                            let id = self.next_ping;
+                            self.next_ping += 1;
+                            r = self.send(Out::Ping(wire::Ping { id })).await;
+                        }
+                        if r.is_ok() && now >= next_seen {
+                            next_seen = now + SEEN_EVERY;
+                            r = self.shared.store.agent_seen(&self.agent.id, true, now_ns()).await.map_err(End::from);
+                        }
+                        if r.is_ok() {
+                            r = self.retry_due(now).await;
+                        }
+                        if r.is_ok() && now >= next_resync {
+                            next_resync = now + RESYNC;
+                            r = self.reconcile().await;
+                        }
+                        r
+                    }
+                },
+                _ = shutdown.changed() => Err(End::Shutdown),
+            };
+            if let Err(end) = r {
+                return end;
+            }
+        }
+    }
+
+    async fn on_command(&mut self, c: SessionCmd) -> Result<(), End> {
+        match c {
+            SessionCmd::Deliver(row) => {
+                // The agent may hold it already (a push racing a hello).
+                if self.agent.held.iter().any(|h| {
+                    h.tenant == row.tenant && h.pack == row.pack && h.version >= row.version
+                }) {
+                    return Ok(());
+                }
+                self.push(row, 0).await
+            }
+            SessionCmd::Cancel {
+                tenant,
+                pack,
+                version,
+            } => self.cancel(tenant, pack, version).await,
+            SessionCmd::Replaced => Err(End::Replaced),
+        }
+    }
+
+    async fn on_message(&mut self, m: wire::AgentMessage) -> Result<(), End> {
+        match m.body {
+            None => Err(End::Bad("empty message".into())),
+            Some(In::Hello(_)) => Err(End::Bad("a second hello on the same stream".into())),
+            Some(In::PackAck(a)) => {
+                let key = convert::pack_ref(a.pack.as_ref())?;
+                self.in_flight.remove(&key);
+                let reason = if a.unchanged { "already held" } else { "" };
+                self.set_delivery(key, DeliveryState::Acked, reason.into(), Vec::new(), 0)
+                    .await
+            }
+            Some(In::PackNack(n)) => self.on_nack(n).await,
+            Some(In::Feedback(batch)) => self.on_feedback(batch).await,
+            Some(In::ClockReport(c)) => {
+                let row = convert::clock(&c)?;
+                self.shared.store.record_clock(&self.agent.id, row).await?;
+                self.shared.agent_event(
+                    &self.agent.id,
+                    wire::AgentEventKind::Clock,
+                    Some(c),
+                    "",
+                );
+                Ok(())
+            }
+            Some(In::Held(h)) => {
+                let held = convert::held(&h.packs)?;
+                self.shared
+                    .store
+                    .agent_held(&self.agent.id, held.clone())
+                    .await?;
+                self.agent.held = held;
+                Ok(())
+            }
+            Some(In::TimeExchangeReply(_)) | Some(In::Pong(_)) => Ok(()),
+        }
+    }
+
+    async fn on_nack(&mut self, n: wire::PackNack) -> Result<(), End> {
+        let key = convert::pack_ref(n.pack.as_ref())?;
+        let errors = convert::nack_errors(&n.errors);
+        let reason = wire::NackReason::try_from(n.reason).unwrap_or(wire::NackReason::Unspecified);
+        let message = if n.message.is_empty() {
+            reason.as_str_name().to_string()
+        } else {
+            n.message.chars().take(1000).collect()
+        };
+        let retryable = matches!(
+            reason,
+            wire::NackReason::ResourceExhausted
+                | wire::NackReason::Clock
+                | wire::NackReason::Unavailable
+        );
+        if retryable {
+            // Kept pending with the reason; pushed again with backoff.
+            let retries = self.in_flight.get(&key).map_or(0, |f| f.retries) + 1;
+            let wait = RETRY_FIRST
+                .saturating_mul(1 << retries.min(6))
+                .min(RETRY_MAX);
+            tracing::info!(
+                agent = %self.agent.id,
+                pack = %format!("{}/{} v{}", key.0, key.1, key.2),
+                "agent refused for now ({message}); retry in {wait:?}"
+            );
+            if let Some(row) = self
+                .in_flight
+                .get(&key)
+                .map(|f| f.row.clone())
+                .or(self.pack_row(&key).await?)
+            {
+                self.in_flight.insert(
+                    key.clone(),
+                    InFlight {
+                        sent: Instant::now(),
+                        retries,
+                        retry_at: Some(Instant::now() + wait),
+                        row,
+                    },
+                );
+            }
+            self.set_delivery(
+                key,
+                DeliveryState::Pending,
+                format!("{message} (retrying)"),
+                errors,
+                0,
+            )
+            .await
+        } else {
+            self.in_flight.remove(&key);
+            tracing::warn!(
+                agent = %self.agent.id,
+                pack = %format!("{}/{} v{}", key.0, key.1, key.2),
+                "agent refused the pack: {message}"
+            );
+            self.set_delivery(key, DeliveryState::Nacked, message, errors, 0)
+                .await
+        }
+    }
+
+    async fn pack_row(&self, key: &(String, String, u64)) -> Result<Option<PackVersionRow>, End> {
+        Ok(self
+            .shared
+            .store
+            .pack_version(&key.0, &key.1, Some(key.2))
+            .await?)
+    }
+
+    async fn on_feedback(&mut self, batch: wire::FeedbackBatch) -> Result<(), End> {
+        if batch.entries.is_empty() {
+            return Ok(());
+        }
+        let now = now_ns();
+        let mut rows: Vec<FeedbackRow> = Vec::with_capacity(batch.entries.len());
+        let mut prev = self.last_seq;
+        let mut first_new = None;
+        for e in &batch.entries {
+            let row = convert::feedback(&self.agent.id, &self.agent.journal_id, e, now)?;
+            if row.seq <= prev {
+                // A re-send of what is stored is fine only as a prefix of
+                // the stream (before anything new); within the new part
+                // every seq must grow.
+                if first_new.is_some() {
+                    return Err(End::Bad(format!(
+                        "feedback seq {} after {prev}: out of order",
+                        row.seq
+                    )));
+                }
+                continue;
+            }
+            first_new.get_or_insert(row.seq);
+            prev = row.seq;
+            rows.push(row);
+        }
+        let high = prev;
+        if !rows.is_empty() {
+            let stored = self.shared.store.put_feedback(rows.clone()).await?;
+            if stored.duplicates > 0 {
+                tracing::debug!(agent = %self.agent.id, duplicates = stored.duplicates, "feedback re-sent");
+            }
+            self.shared.feedback_stored(&rows);
+        }
+        self.last_seq = high;
+        self.send(Out::FeedbackAck(wire::FeedbackAck { seq: high }))
+            .await
+    }
+
+    async fn retry_due(&mut self, now: Instant) -> Result<(), End> {
+        let due: Vec<(String, String, u64)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.retry_at.is_some_and(|t| t <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            if let Some(f) = self.in_flight.remove(&key) {
+                self.push(f.row, f.retries).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Send a pack version, paced by the controller-wide token bucket.
+    async fn push(&mut self, row: PackVersionRow, retries: u32) -> Result<(), End> {
+        let key = (row.tenant.clone(), row.pack.clone(), row.version);
+        self.shared.pace().await;
+        let attempts = self.deliveries.get(&key).map_or(0, |d| d.attempts) + 1;
+        let reason = if retries > 0 {
+            format!("sent again (try {attempts})")
+        } else {
+            "sent, waiting for the agent".to_string()
+        };
+        self.set_delivery(key.clone(), DeliveryState::Pending, reason, Vec::new(), 1)
+            .await?;
+        self.send(Out::PackPush(wire::PackPush {
+            pack: Some(convert::wire_ref(&row.tenant, &row.pack, row.version)),
+            yaml: row.yaml.clone(),
+        }))
+        .await?;
+        self.in_flight.insert(
+            key,
+            InFlight {
+                sent: Instant::now(),
+                retries,
+                retry_at: None,
+                row,
+            },
+        );
+        Ok(())
+    }
+
+    async fn cancel(&mut self, tenant: String, pack: String, version: u64) -> Result<(), End> {
+        self.in_flight
+            .retain(|k, _| !(k.0 == tenant && k.1 == pack));
+        self.send(Out::PackCancel(wire::PackCancel {
+            pack: Some(convert::wire_ref(&tenant, &pack, version)),
+        }))
+        .await
+    }
+
+    /// Record a delivery state (and `add_attempts` sends).
+    async fn set_delivery(
+        &mut self,
+        key: (String, String, u64),
+        state: DeliveryState,
+        reason: String,
+        errors: Vec<ErrorRow>,
+        add_attempts: u32,
+    ) -> Result<(), End> {
+        let attempts = self.deliveries.get(&key).map_or(0, |d| d.attempts) + add_attempts;
+        let row = DeliveryRow {
+            agent_id: self.agent.id.clone(),
+            tenant: key.0.clone(),
+            pack: key.1.clone(),
+            version: key.2,
+            state,
+            reason,
+            errors,
+            updated_ns: now_ns(),
+            attempts,
+        };
+        self.shared.store.put_delivery(row.clone()).await?;
+        self.shared.delivery_event(&row);
+        self.deliveries.insert(key, row);
+        Ok(())
+    }
+
+    async fn send(&self, body: Out) -> Result<(), End> {
+        match tokio::time::timeout(
+            SEND_TIMEOUT,
+            self.out.send(Ok(wire::ControllerMessage { body: Some(body) })),
+        )
+        .await
+        {
+            Ok(Ok(())) => Ok(()),
+            // The response stream was dropped: the agent is gone.
+            Ok(Err(_)) => Err(End::Closed),
+            Err(_) => Err(End::Stuck),
+        }
+    }
+}
+
+/// Packs held by an agent that a cancel must reach (for [`super::admin`]).
+pub fn holders(agents: &[AgentRow], tenant: &str, pack: &str) -> HashSet<String> {
+    agents
+        .iter()
+        .filter(|a| a.held.iter().any(|h| h.tenant == tenant && h.pack == pack))
+        .map(|a| a.id.clone())
+        .collect()
+}
