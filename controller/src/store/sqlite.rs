@@ -22,7 +22,10 @@
 //!
 //! The SQL lives in this file and in `migrations/`; it is plain SQL that
 //! PostgreSQL also accepts (`ON CONFLICT`, `COALESCE`, `SAVEPOINT`), apart
-//! from the `?N` placeholders, which a PostgreSQL driver spells `$N`.
+//! from the `?N` placeholders, which a PostgreSQL driver spells `$N`, and
+//! the connection set-up (`PRAGMA`s, `BEGIN IMMEDIATE`). Text ordering
+//! (`agents()`, `packs()`) is SQLite's byte order; a PostgreSQL backend
+//! wants `COLLATE "C"` to list in the same order.
 
 use std::collections::BTreeMap;
 use std::fmt;
