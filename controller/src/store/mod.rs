@@ -7,12 +7,13 @@
 //! pack is stored before the operator gets an answer, and feedback is
 //! stored before it is acknowledged to the agent.
 //!
-//! `sqlite::SqliteStore` is the embedded default. The schema and queries
+//! [`sqlite::SqliteStore`] is the embedded default. The schema and queries
 //! are plain SQL that also runs on PostgreSQL (BIGINT, TEXT, DOUBLE
 //! PRECISION, `ON CONFLICT`), so a later backend for controller replicas
 //! is another impl of [`Store`], not another design.
 
-
+mod migrations;
+pub mod sqlite;
 
 use std::collections::BTreeMap;
 

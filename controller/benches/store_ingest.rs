@@ -1,0 +1,227 @@
+//! Feedback ingest: rows stored per second through `Store::put_feedback`
+//! from 1 000 concurrent agents, beside bare batched SQLite inserts of the
+//! same rows into the same schema with the same durability settings.
+//!
+//! Why both: the bare figure is what the disk and SQLite allow (one
+//! connection, a prepared statement, one transaction per 512 rows); the
+//! ratio is what the store's shape (channel, savepoints, group commit,
+//! answers) costs or gains against it.
+//!
+//! `cargo bench -p baton-controller --bench store_ingest`; set
+//! `STORE_INGEST_BATCHES` (batches per agent, default 4) and
+//! `STORE_INGEST_ROUNDS` (default 3) to change the load.
+
+use std::error::Error;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use baton_controller::store::sqlite::{DB_FILE, SqliteStore};
+use baton_controller::store::{FeedbackRow, Store};
+
+/// Concurrent agents.
+const AGENTS: usize = 1_000;
+/// Rows per `put_feedback` call (an agent's feedback batch).
+const ROWS_PER_BATCH: usize = 64;
+/// Rows per transaction in the bare baseline.
+const BARE_TX_ROWS: usize = 512;
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+fn env_or(name: &str, default: usize) -> Res<usize> {
+    match std::env::var(name) {
+        Ok(v) => Ok(v.parse()?),
+        Err(_) => Ok(default),
+    }
+}
+
+fn row(agent: usize, seq: u64) -> FeedbackRow {
+    FeedbackRow {
+        agent_id: format!("agent-{agent:04}"),
+        journal_id: "journal-1".into(),
+        seq,
+        execution_id: format!("blink@{seq}"),
+        tenant: "acme".into(),
+        pack: "blink".into(),
+        version: 3,
+        instruction: "led-on".into(),
+        attempt: 1,
+        scheduled_ns: 1_700_000_000_000_000_000 + i64::try_from(seq).unwrap_or(0) * 1_000_000,
+        actual_ns: 1_700_000_000_000_020_000,
+        lateness_ns: 20_000,
+        outcome: "ok".into(),
+        event: "executed".into(),
+        action: "gpio.write".into(),
+        detail: String::new(),
+        value: None,
+        dropped_before: 0,
+        uncertainty_ns: 1_500,
+        received_ns: 1_700_000_000_100_000_000,
+    }
+}
+
+/// Per agent, its batches in sending order.
+fn workload(batches: usize) -> Vec<Vec<Vec<FeedbackRow>>> {
+    (0..AGENTS)
+        .map(|a| {
+            (0..batches)
+                .map(|b| {
+                    (0..ROWS_PER_BATCH)
+                        .map(|i| row(a, (b * ROWS_PER_BATCH + i + 1) as u64))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn count(dir: &Path) -> Res<i64> {
+    let conn = rusqlite::Connection::open(dir.join(DB_FILE))?;
+    Ok(conn.query_row("SELECT COUNT(*) FROM feedback", [], |r| r.get(0))?)
+}
+
+/// Every agent a task sending its batches one after another, each once
+/// the previous one is stored (as an agent waits for its ack).
+async fn through_store(dir: &Path, work: Vec<Vec<Vec<FeedbackRow>>>) -> Res<(Duration, String)> {
+    let store = SqliteStore::open(dir)?;
+    let start = Instant::now();
+    let tasks: Vec<_> = work
+        .into_iter()
+        .map(|batches| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut inserted = 0;
+                for batch in batches {
+                    inserted += store.put_feedback(batch).await?.inserted;
+                }
+                Ok::<_, baton_controller::store::StoreError>(inserted)
+            })
+        })
+        .collect();
+    let mut inserted = 0;
+    for t in tasks {
+        inserted += t.await??;
+    }
+    let took = start.elapsed();
+    let stats = store.stats();
+    let note = format!(
+        "{} commits, {:.0} calls/commit, {:.0} rows/commit",
+        stats.batches,
+        stats.commands as f64 / stats.batches.max(1) as f64,
+        inserted as f64 / stats.batches.max(1) as f64,
+    );
+    Ok((took, note))
+}
+
+/// The same rows, in the order the agents' first, second, ... batches
+/// would arrive, through one connection and one transaction per 512 rows.
+fn bare(dir: &Path, work: &[Vec<Vec<FeedbackRow>>]) -> Res<Duration> {
+    // The store's schema, then nothing of the store.
+    drop(SqliteStore::open(dir)?);
+    let mut conn = rusqlite::Connection::open(dir.join(DB_FILE))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let batches = work.first().map_or(0, Vec::len);
+    let rows = (0..batches).flat_map(|b| work.iter().flat_map(move |agent| agent[b].iter()));
+
+    let start = Instant::now();
+    let mut id: i64 = 0;
+    let mut pending: Vec<&FeedbackRow> = Vec::with_capacity(BARE_TX_ROWS);
+    let mut flush = |pending: &mut Vec<&FeedbackRow>, id: &mut i64| -> Res<()> {
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO feedback (id, agent_id, journal_id, seq, execution_id, tenant, \
+                 pack, version, instruction, attempt, scheduled_ns, actual_ns, lateness_ns, \
+                 outcome, event, action, detail, value, dropped_before, uncertainty_ns, \
+                 received_ns) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+                 ?17, ?18, ?19, ?20, ?21) \
+                 ON CONFLICT (agent_id, journal_id, seq) DO NOTHING",
+            )?;
+            for r in pending.drain(..) {
+                *id += 1;
+                stmt.execute(rusqlite::params![
+                    *id,
+                    r.agent_id,
+                    r.journal_id,
+                    i64::try_from(r.seq)?,
+                    r.execution_id,
+                    r.tenant,
+                    r.pack,
+                    i64::try_from(r.version)?,
+                    r.instruction,
+                    i64::from(r.attempt),
+                    r.scheduled_ns,
+                    r.actual_ns,
+                    r.lateness_ns,
+                    r.outcome,
+                    r.event,
+                    r.action,
+                    r.detail,
+                    r.value.map(i64::from),
+                    i64::try_from(r.dropped_before)?,
+                    r.uncertainty_ns,
+                    r.received_ns
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    };
+    for r in rows {
+        pending.push(r);
+        if pending.len() == BARE_TX_ROWS {
+            flush(&mut pending, &mut id)?;
+        }
+    }
+    if !pending.is_empty() {
+        flush(&mut pending, &mut id)?;
+    }
+    Ok(start.elapsed())
+}
+
+fn main() -> Res<()> {
+    let batches = env_or("STORE_INGEST_BATCHES", 4)?;
+    let rounds = env_or("STORE_INGEST_ROUNDS", 3)?;
+    let total = AGENTS * batches * ROWS_PER_BATCH;
+    let work = workload(batches);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // On the target's disk, not a tmpfs: fsync has to cost what it costs.
+    let base = env!("CARGO_TARGET_TMPDIR");
+    println!(
+        "store_ingest: {AGENTS} agents x {batches} batches x {ROWS_PER_BATCH} rows = {total} rows/round, \
+         synchronous=FULL, files under {base}"
+    );
+    let per_s = |d: Duration| total as f64 / d.as_secs_f64();
+    let (mut best_store, mut best_bare) = (0f64, 0f64);
+    for round in 1..=rounds {
+        let dir = tempfile::tempdir_in(base)?;
+        let bare_took = bare(dir.path(), &work)?;
+        if count(dir.path())? != total as i64 {
+            return Err("bare run lost rows".into());
+        }
+        drop(dir);
+
+        let dir = tempfile::tempdir_in(base)?;
+        let (store_took, note) = rt.block_on(through_store(dir.path(), work.clone()))?;
+        if count(dir.path())? != total as i64 {
+            return Err("store run lost rows".into());
+        }
+        drop(dir);
+
+        let (s, b) = (per_s(store_took), per_s(bare_took));
+        best_store = best_store.max(s);
+        best_bare = best_bare.max(b);
+        println!(
+            "round {round}: store {s:>9.0} rows/s ({note}) | bare sqlite {b:>9.0} rows/s | store/bare {:.2}",
+            s / b
+        );
+    }
+    println!(
+        "best: store {best_store:.0} rows/s | bare sqlite {best_bare:.0} rows/s | store/bare {:.2}",
+        best_store / best_bare
+    );
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! The store's schema, as an ordered list of migrations.
+//!
+//! Every backend applies the same list, in order, recording each applied
+//! version in `schema_migrations (version BIGINT PRIMARY KEY)`; a database
+//! is therefore at one well-defined schema version whatever engine holds
+//! it. A migration, once released, is never edited: a change is a new
+//! entry at the end.
+
+/// One schema step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Migration {
+    /// Its number; strictly increasing along [`MIGRATIONS`].
+    pub version: i64,
+    /// SQL statements, separated by `;`, run in one transaction.
+    pub sql: &'static str,
+}
+
+/// Creates the bookkeeping table itself (run before anything else, and
+/// harmless when it exists).
+pub(crate) const CREATE_SCHEMA_MIGRATIONS: &str =
+    "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT NOT NULL PRIMARY KEY)";
+
+/// All migrations, oldest first.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: include_str!("migrations/0001_initial.sql"),
+}];
