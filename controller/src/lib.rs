@@ -8,6 +8,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
-pub mod store;
-pub mod server;
 pub mod ops;
+pub mod server;
+pub mod store;

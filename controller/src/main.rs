@@ -176,8 +176,10 @@ impl ConnArgs {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let mut out = std::io::stdout().lock();
-    let mut err = std::io::stderr().lock();
+    let mut out = std::io::stdout();
+    // Not locked for the whole run: `serve` logs to stderr from its worker
+    // threads, which would wait forever on a lock held by this thread.
+    let mut err = std::io::stderr();
     let code = match args.command {
         Command::Serve {
             listen,
@@ -205,7 +207,11 @@ fn main() -> ExitCode {
                 ops::push(
                     &conn.conn(),
                     &files,
-                    &ops::PushOpts { no_wait, wait, json },
+                    &ops::PushOpts {
+                        no_wait,
+                        wait,
+                        json,
+                    },
                     &mut std::io::stdout(),
                 )
                 .await
@@ -218,12 +224,12 @@ fn main() -> ExitCode {
         Command::Cancel { conn, pack, tenant } => operator(&mut err, async move {
             ops::cancel(&conn.conn(), &tenant, &pack, &mut std::io::stdout()).await
         }),
-        Command::Packs { conn, json } => {
-            operator(&mut err, async move { ops::packs(&conn.conn(), json, &mut std::io::stdout()).await })
-        }
-        Command::Agents { conn, json } => {
-            operator(&mut err, async move { ops::agents(&conn.conn(), json, &mut std::io::stdout()).await })
-        }
+        Command::Packs { conn, json } => operator(&mut err, async move {
+            ops::packs(&conn.conn(), json, &mut std::io::stdout()).await
+        }),
+        Command::Agents { conn, json } => operator(&mut err, async move {
+            ops::agents(&conn.conn(), json, &mut std::io::stdout()).await
+        }),
         Command::Watch {
             conn,
             tenant,
@@ -241,7 +247,10 @@ fn main() -> ExitCode {
             limit,
             json,
         } => {
-            let since_ns = match since.as_deref().map(|s| baton_proto::time::parse_instant_arg("--since", s)) {
+            let since_ns = match since
+                .as_deref()
+                .map(|s| baton_proto::time::parse_instant_arg("--since", s))
+            {
                 None => Ok(0),
                 Some(Ok(t)) => Ok(t.as_nanos()),
                 Some(Err(e)) => Err(e),

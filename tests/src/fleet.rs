@@ -29,10 +29,20 @@ pub fn start_controller(data: &Path, listen: &str) -> Controller {
     let _ = std::fs::remove_file(&addr_file);
     let log = std::fs::File::create(data.join("controller.log")).expect("log file");
     let proc = Command::new(bin("baton-controller"))
-        .args(["serve", "--insecure", "--ping-interval", "1s", "--listen", listen])
+        .args([
+            "serve",
+            "--insecure",
+            "--ping-interval",
+            "1s",
+            "--listen",
+            listen,
+        ])
         .arg("--data")
         .arg(data)
-        .env("RUST_LOG", "info")
+        .env(
+            "RUST_LOG",
+            std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -88,14 +98,22 @@ impl Controller {
     /// `feedback --pack P --json` as parsed objects.
     pub fn feedback(&self, pack: &str) -> Vec<serde_json::Value> {
         let o = self.ctl(&["feedback", "--pack", pack, "--json"]);
-        assert!(o.status.success(), "feedback: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "feedback: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         json_lines(&o.stdout)
     }
 
     /// `agents --json` as parsed objects.
     pub fn agents(&self) -> Vec<serde_json::Value> {
         let o = self.ctl(&["agents", "--json"]);
-        assert!(o.status.success(), "agents: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "agents: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         json_lines(&o.stdout)
     }
 
@@ -150,11 +168,19 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String]) -> Agent {
         .open(dir.join("agent.log"))
         .expect("agent log");
     let mut cmd = Command::new(bin("baton-agent"));
-    cmd.args(["run", "--no-rt", "--insecure", "--id", id, "--controller", url])
-        .arg("--data")
-        .arg(&data)
-        .arg("--gpio")
-        .arg(format!("sim:{}", gpio.display()));
+    cmd.args([
+        "run",
+        "--no-rt",
+        "--insecure",
+        "--id",
+        id,
+        "--controller",
+        url,
+    ])
+    .arg("--data")
+    .arg(&data)
+    .arg("--gpio")
+    .arg(format!("sim:{}", gpio.display()));
     for l in labels {
         cmd.args(["--label", l]);
     }

@@ -46,7 +46,11 @@ fn kills_and_a_frozen_link_lose_nothing_and_repeat_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
     let mut a = start_agent(&dir.path().join("c1"), "c1", &c.url, &[]);
-    assert!(wait_until(Duration::from_secs(30), || c.connected("c1")), "{}", a.log());
+    assert!(
+        wait_until(Duration::from_secs(30), || c.connected("c1")),
+        "{}",
+        a.log()
+    );
 
     let start = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3);
     let file = dir.path().join("chaos.yaml");
@@ -60,9 +64,10 @@ fn kills_and_a_frozen_link_lose_nothing_and_repeat_nothing() {
     );
 
     // The firings run from +3 s for 9 s; the faults land among them.
-    let t0 = Instant::now() + Duration::from_millis(
-        u64::try_from((start - jiff::Timestamp::now()).as_millis()).unwrap_or(0),
-    );
+    let t0 = Instant::now()
+        + Duration::from_millis(
+            u64::try_from((start - jiff::Timestamp::now()).as_millis()).unwrap_or(0),
+        );
     at(t0 + Duration::from_millis(1000));
     a.restart(); // kill -9 + start
     at(t0 + Duration::from_millis(2500));

@@ -60,11 +60,20 @@ fn push_ack_feedback_and_cancel() {
     let pack = write(dir.path(), "p.yaml", &blink("p", 1, "{agents: [a1]}", 5));
     let o = c.ctl(&["push", pack.to_str().expect("utf-8")]);
     assert!(o.status.success(), "push: {}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("a1") && stdout(&o).contains("acked"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("a1") && stdout(&o).contains("acked"),
+        "{}",
+        stdout(&o)
+    );
 
     // Feedback of executed firings reaches the store, once each.
     assert!(
-        wait_until(WAIT, || c.feedback("p").iter().filter(|f| f["outcome"] == "ok").count() >= 5),
+        wait_until(WAIT, || c
+            .feedback("p")
+            .iter()
+            .filter(|f| f["outcome"] == "ok")
+            .count()
+            >= 5),
         "no feedback; agent log:\n{}",
         a.log()
     );
@@ -113,7 +122,11 @@ fn invalid_packs_are_refused_with_positions_and_nothing_is_stored() {
         "bad.yaml",
         "pack: bad\nversion: 1\ninstructions:\n  - id: x\n    action: gpio.toggle\n    params: {line: 1}\n    every: 0ms\n",
     );
-    let good = write(dir.path(), "good.yaml", &blink("good", 1, "{agents: [a1]}", 1));
+    let good = write(
+        dir.path(),
+        "good.yaml",
+        &blink("good", 1, "{agents: [a1]}", 1),
+    );
     let o = c.ctl(&[
         "push",
         good.to_str().expect("utf-8"),
@@ -149,7 +162,10 @@ fn an_agent_refusal_is_a_nack_with_its_reason() {
         .expect("delivery line");
     assert_eq!(d["state"], "nacked");
     assert!(
-        d["reason"].as_str().unwrap_or_default().contains("/bin/true"),
+        d["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/bin/true"),
         "{d}"
     );
     assert!(held(&c, "a1").is_empty());
@@ -167,7 +183,11 @@ fn labels_target_agents_including_one_that_joins_later() {
         a1.log(),
         a2.log()
     );
-    let pack = write(dir.path(), "l.yaml", &blink("l", 1, "{labels: {line: \"3\"}}", 2));
+    let pack = write(
+        dir.path(),
+        "l.yaml",
+        &blink("l", 1, "{labels: {line: \"3\"}}", 2),
+    );
     let o = c.ctl(&["push", pack.to_str().expect("utf-8")]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(held(&c, "a1"), [("l".to_string(), 1, false)]);
@@ -189,7 +209,11 @@ fn reconciliation_after_restarts_of_either_side() {
     let mut a = start_agent(&dir.path().join("a1"), "a1", &c.url, &[]);
     assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
     let v1 = write(dir.path(), "v1.yaml", &blink("r", 1, "{agents: [a1]}", 3));
-    assert!(c.ctl(&["push", v1.to_str().expect("utf-8")]).status.success());
+    assert!(
+        c.ctl(&["push", v1.to_str().expect("utf-8")])
+            .status
+            .success()
+    );
 
     // Agent offline: v2 is stored and stays pending, with the reason.
     a.kill9();
@@ -242,7 +266,13 @@ fn plaintext_needs_insecure_everywhere() {
     assert!(stderr(&o).contains("--insecure"), "{}", stderr(&o));
     let o = baton_e2e::run(
         std::process::Command::new(baton_e2e::bin("baton-agent"))
-            .args(["run", "--no-rt", "--controller", "http://127.0.0.1:1", "--gpio"])
+            .args([
+                "run",
+                "--no-rt",
+                "--controller",
+                "http://127.0.0.1:1",
+                "--gpio",
+            ])
             .arg(format!("sim:{}", dir.path().join("g").display()))
             .arg("--data")
             .arg(dir.path().join("d")),

@@ -143,10 +143,9 @@ async fn violations_close_only_the_offending_stream() {
     let (mut p, _) = welcomed(&c.url, "big").await;
     let mut e = entry(1);
     e.detail = "x".repeat(17 * 1024 * 1024);
-    let _ = p
-        .tx
-        .send(msg(In::Feedback(wire::FeedbackBatch { entries: vec![e] })))
-        .await;
+    let _ =
+        p.tx.send(msg(In::Feedback(wire::FeedbackBatch { entries: vec![e] })))
+            .await;
     let code = code_of(next(&mut p).await);
     assert!(
         matches!(
@@ -169,6 +168,7 @@ async fn violations_close_only_the_offending_stream() {
 #[tokio::test(flavor = "current_thread")]
 async fn resent_feedback_is_stored_once_and_a_new_stream_replaces_the_old() {
     let dir = tempfile::tempdir().expect("tempdir");
+
     let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
     let (mut p, _) = welcomed(&c.url, "r1").await;
     p.tx.send(batch(&[1, 2])).await.expect("send");

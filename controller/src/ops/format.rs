@@ -180,7 +180,10 @@ mod tests {
         assert_eq!(span(2_340_000), "2.3ms");
         assert_eq!(span(3_000_000_000), "3.00s");
         assert_eq!(instant(0), "-");
-        assert_eq!(instant(1_000_000_001_000_000), "2001-09-09T01:46:40.001Z");
+        assert_eq!(
+            instant(1_000_000_000_001_000_000),
+            "2001-09-09T01:46:40.001Z"
+        );
     }
 
     #[test]

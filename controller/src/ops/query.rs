@@ -133,7 +133,8 @@ pub async fn agents(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), 
         .iter()
         .map(|a| {
             let (source, state, offset) = format::clock(a.clock.as_ref());
-            let mut labels: Vec<String> = a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let mut labels: Vec<String> =
+                a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             labels.sort();
             let packs: Vec<String> = a
                 .packs

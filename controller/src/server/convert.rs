@@ -9,8 +9,7 @@ use baton_proto::pack::{Pack, PackErrors, Targets};
 use baton_proto::wire;
 
 use crate::store::{
-    AgentRow, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow,
-    TargetsRow,
+    AgentRow, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow, TargetsRow,
 };
 
 /// Longest label key or value, and most labels.
@@ -58,7 +57,9 @@ fn clean_text(s: &str) -> String {
 }
 
 /// Labels from a hello: bounded, printable.
-pub fn labels(l: &std::collections::HashMap<String, String>) -> Result<BTreeMap<String, String>, BadMessage> {
+pub fn labels(
+    l: &std::collections::HashMap<String, String>,
+) -> Result<BTreeMap<String, String>, BadMessage> {
     if l.len() > MAX_LABELS {
         return Err(bad(format!("{} labels (at most {MAX_LABELS})", l.len())));
     }
@@ -91,7 +92,10 @@ pub fn pack_ref(r: Option<&wire::PackRef>) -> Result<(String, String, u64), BadM
 /// Packs held, from a hello or a held update.
 pub fn held(packs: &[wire::HeldPack]) -> Result<Vec<HeldPackRow>, BadMessage> {
     if packs.len() > MAX_HELD {
-        return Err(bad(format!("{} held packs (at most {MAX_HELD})", packs.len())));
+        return Err(bad(format!(
+            "{} held packs (at most {MAX_HELD})",
+            packs.len()
+        )));
     }
     packs
         .iter()
@@ -255,8 +259,12 @@ pub fn feedback(
         return Err(bad(format!("feedback seq {} out of range", f.seq)));
     }
     let (tenant, pack, version) = pack_ref(f.pack.as_ref())?;
-    let outcome = wire::Outcome::try_from(f.outcome)
-        .map_err(|_| bad(format!("feedback seq {}: outcome {} unknown", f.seq, f.outcome)))?;
+    let outcome = wire::Outcome::try_from(f.outcome).map_err(|_| {
+        bad(format!(
+            "feedback seq {}: outcome {} unknown",
+            f.seq, f.outcome
+        ))
+    })?;
     if version > i64::MAX as u64 {
         return Err(bad(format!("feedback seq {}: version out of range", f.seq)));
     }
@@ -392,14 +400,21 @@ mod tests {
 
     #[test]
     fn feedback_is_checked_and_round_trips() {
-        let row = feedback("ag", "j1", &entry(7, wire::Outcome::Unknown as i32), 99).expect("valid");
+        let row =
+            feedback("ag", "j1", &entry(7, wire::Outcome::Unknown as i32), 99).expect("valid");
         assert_eq!(row.outcome, "unknown");
         assert_eq!((row.seq, row.received_ns), (7, 99));
         let back = feedback_to_wire(&row);
-        assert_eq!(back.entry.expect("entry").outcome, wire::Outcome::Unknown as i32);
+        assert_eq!(
+            back.entry.expect("entry").outcome,
+            wire::Outcome::Unknown as i32
+        );
 
         assert!(feedback("ag", "j1", &entry(0, 1), 0).is_err(), "seq 0");
-        assert!(feedback("ag", "j1", &entry(1, 42), 0).is_err(), "unknown outcome");
+        assert!(
+            feedback("ag", "j1", &entry(1, 42), 0).is_err(),
+            "unknown outcome"
+        );
         let mut e = entry(1, 1);
         e.pack = Some(wire_ref("Default!", "p", 1));
         assert!(feedback("ag", "j1", &e, 0).is_err(), "bad tenant");
@@ -439,9 +454,18 @@ mod tests {
             ..Default::default()
         };
         let row = clock(&c).expect("valid");
-        assert_eq!((row.source.as_str(), row.state.as_str()), ("ptp", "holdover"));
+        assert_eq!(
+            (row.source.as_str(), row.state.as_str()),
+            ("ptp", "holdover")
+        );
         assert_eq!(clock_to_wire(&row), c);
         assert!(clock(&wire::ClockReport { source: 99, ..c }).is_err());
-        assert!(clock(&wire::ClockReport { frequency_ppm: f64::NAN, ..c }).is_err());
+        assert!(
+            clock(&wire::ClockReport {
+                frequency_ppm: f64::NAN,
+                ..c
+            })
+            .is_err()
+        );
     }
 }

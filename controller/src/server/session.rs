@@ -62,12 +62,13 @@ enum End {
 impl End {
     fn status(&self) -> Option<Status> {
         Some(match self {
-            End::Closed | End::Transport(_) => return None,
+            End::Closed => return None,
+            // A message that could not be decoded (too large, garbage) is
+            // the peer's to know about; on a dead connection this is moot.
+            End::Transport(s) => s.clone(),
             End::Bad(m) => Status::invalid_argument(m.clone()),
             End::Dead(d) => Status::unavailable(format!("nothing received for {d:?}")),
-            End::Replaced => {
-                Status::aborted("a newer stream for the same agent replaced this one")
-            }
+            End::Replaced => Status::aborted("a newer stream for the same agent replaced this one"),
             End::Store(e) => Status::unavailable(format!("controller store: {e}")),
             End::Shutdown => Status::unavailable("controller shutting down"),
             End::Stuck => Status::unavailable("agent not reading its stream"),
@@ -189,7 +190,9 @@ async fn first_hello(
             let row = convert::hello(&h, now_ns())?;
             Ok(row)
         }
-        _ => Err(End::Bad("the first message on a link stream must be hello".into())),
+        _ => Err(End::Bad(
+            "the first message on a link stream must be hello".into(),
+        )),
     }
 }
 
@@ -379,12 +382,8 @@ impl Session {
             Some(In::ClockReport(c)) => {
                 let row = convert::clock(&c)?;
                 self.shared.store.record_clock(&self.agent.id, row).await?;
-                self.shared.agent_event(
-                    &self.agent.id,
-                    wire::AgentEventKind::Clock,
-                    Some(c),
-                    "",
-                );
+                self.shared
+                    .agent_event(&self.agent.id, wire::AgentEventKind::Clock, Some(c), "");
                 Ok(())
             }
             Some(In::Held(h)) => {
@@ -592,7 +591,8 @@ impl Session {
     async fn send(&self, body: Out) -> Result<(), End> {
         match tokio::time::timeout(
             SEND_TIMEOUT,
-            self.out.send(Ok(wire::ControllerMessage { body: Some(body) })),
+            self.out
+                .send(Ok(wire::ControllerMessage { body: Some(body) })),
         )
         .await
         {
