@@ -1,9 +1,11 @@
-//! baton-controller: the operator's side.
+//! baton-controller: the fleet's side.
 //!
-//! Today: the commands that make the pack language usable before any device
-//! is involved (`validate`, `plan`, `schema`). The agent link server, pack
-//! store and agent registry come with the controller-link work and will
-//! live beside these modules.
+//! - [`server`]: the Link service agents dial, the Admin service operators
+//!   call, gRPC health and reflection;
+//! - [`store`]: everything durable, behind the [`store::Store`] trait
+//!   (SQLite embedded by default);
+//! - [`ops`]: operator subcommands that talk to a running controller;
+//! - [`cli`]: offline commands (`validate`, `plan`, `schema`).
 
 #![forbid(unsafe_code)]
 
