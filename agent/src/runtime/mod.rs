@@ -351,6 +351,7 @@ impl Agent {
                     let reason = match why {
                         StopReason::Cancel => SafeReason::Cancel,
                         StopReason::GiveUp => SafeReason::GiveUp,
+                        StopReason::LeaseLost => SafeReason::LeaseLost,
                     };
                     self.core
                         .restore_stopped(pack, anchor, reason, now, &mut out)

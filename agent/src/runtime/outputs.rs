@@ -230,12 +230,14 @@ impl Agent {
                 more,
             )?;
         }
-        // A give-up or cancel is for good: the pack must not come back
-        // running after a restart. (Shutdown and lease loss are not.)
+        // A give-up, cancel or lease loss is for good: the pack must not
+        // come back running after a restart (only a higher version brings
+        // it back). A shutdown is not.
         let stop = match reason {
             SafeReason::GiveUp => Some(StopReason::GiveUp),
             SafeReason::Cancel => Some(StopReason::Cancel),
-            SafeReason::LeaseLost | SafeReason::Shutdown => None,
+            SafeReason::LeaseLost => Some(StopReason::LeaseLost),
+            SafeReason::Shutdown => None,
         };
         if let Some(stop) = stop
             && let Some((version, _)) = self.core.held(pack)
