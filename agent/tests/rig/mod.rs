@@ -81,7 +81,7 @@ pub fn rig() -> Rig {
 impl Rig {
     pub fn accept(&mut self, yaml: &str) -> anyhow::Result<Verdict> {
         let pack = parse_pack(yaml).map_err(|e| anyhow::anyhow!("{}", e.render("pack")))?;
-        self.agent.accept(yaml.to_string(), pack)
+        Ok(self.agent.accept(yaml.to_string(), pack)?)
     }
 
     /// Step every `every` until `until` (simulated).
