@@ -664,3 +664,63 @@ fn a_silent_controller_is_dropped_within_three_ping_intervals() {
         _ => None,
     });
 }
+
+#[test]
+fn pings_and_time_exchanges_are_answered_and_keep_a_quiet_session_alive() {
+    let mut h = harness();
+    h.connected();
+    // A 100 ms ping interval: silence past 300 ms would drop the stream.
+    h.send(welcome(0, 100));
+    let end = Instant::now() + Duration::from_millis(900);
+    let mut id = 0;
+    while Instant::now() < end {
+        id += 1;
+        h.send(msg(C::Ping(wire::Ping { id })));
+        // On the same stream, or this times out: no reconnect happened.
+        let pong = h.expect("pong", |b| match b {
+            A::Pong(p) => Some(p.id),
+            _ => None,
+        });
+        assert_eq!(pong, id);
+    }
+    h.send(msg(C::TimeExchangeRequest(wire::TimeExchangeRequest {
+        id: 3,
+        t1_ns: 5,
+    })));
+    let r = h.expect("time exchange reply", |b| match b {
+        A::TimeExchangeReply(r) => Some(r.clone()),
+        _ => None,
+    });
+    let now = h.r.clock.now().as_nanos();
+    assert_eq!((r.id, r.t1_ns, r.t2_ns, r.t3_ns), (3, 5, now, now));
+}
+
+#[test]
+fn an_ack_beyond_what_the_journal_wrote_does_not_swallow_later_feedback() {
+    let mut h = harness();
+    h.connected();
+    // A confused controller claims feedback this journal never wrote.
+    h.send(welcome(1000, 0));
+    let beat = "instructions:\n  - {id: n, action: noop, every: 100ms}\n";
+    h.send(push("beat", 1, &pack("beat", 1, beat)));
+    h.ack();
+    h.run_for(Duration::from_millis(250), Duration::from_millis(5));
+    let got = feedback(&mut h, 3);
+    let seqs: Vec<u64> = got.iter().map(|f| f.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    h.send(msg(C::FeedbackAck(wire::FeedbackAck { seq: 5000 })));
+    // Taken as "up to 3" (all there is): the outbox empties.
+    let end = Instant::now() + PATIENCE;
+    while h.r.agent.journal().outbox_range().is_some() {
+        assert!(
+            Instant::now() < end,
+            "{:?}",
+            h.r.agent.journal().outbox_range()
+        );
+        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
+        h.r.agent.step().expect("step");
+    }
+    h.run_for(Duration::from_millis(100), Duration::from_millis(5));
+    let got = feedback(&mut h, 1);
+    assert_eq!(got[0].seq, 4, "the next record is still sent");
+}

@@ -876,6 +876,13 @@ impl Journal {
         self.commit(&Rec::DroppedReported { count }, false)
     }
 
+    /// The seq the next feedback record will get (1 in a new journal):
+    /// every seq below it was handed out. An acknowledgement beyond
+    /// `next_seq() - 1` names feedback that does not exist yet.
+    pub fn next_seq(&self) -> u64 {
+        self.state.next_seq
+    }
+
     /// Unacknowledged feedback records held.
     pub fn outbox_len(&self) -> usize {
         self.state.outbox.len()

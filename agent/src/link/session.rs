@@ -313,6 +313,9 @@ impl Session {
                 self.alive()
             }
             Some(In::TimeExchangeRequest(r)) => {
+                // t3 is taken as the reply is queued: the time it then
+                // waits for the stream counts as path delay, which the
+                // controller's exchange filtering is there to reject.
                 let t2 = self.clock.now().as_nanos();
                 self.reply(Out::TimeExchangeReply(wire::TimeExchangeReply {
                     id: r.id,

@@ -300,6 +300,7 @@ impl Agent {
                 if up.session != Some(session) {
                     return Ok(());
                 }
+                let acked_seq = self.known_seq(acked_seq);
                 self.journal.ack_feedback(acked_seq)?;
                 let front = self
                     .journal
@@ -335,6 +336,7 @@ impl Agent {
             FromLink::FeedbackAck { session, seq } => {
                 up.lease.contact(now);
                 // An entry leaves the journal only once acknowledged.
+                let seq = self.known_seq(seq);
                 self.journal.ack_feedback(seq)?;
                 if up.session == Some(session) {
                     up.window.acked(seq);
@@ -352,6 +354,22 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// An acknowledged seq, at most the last this journal handed out: an
+    /// ack beyond it (a confused controller) must not swallow feedback
+    /// that does not exist yet.
+    fn known_seq(&self, seq: u64) -> u64 {
+        let last = self.journal.next_seq().saturating_sub(1);
+        if seq > last {
+            tracing::warn!(
+                acked = seq,
+                last,
+                journal_id = %self.journal.id(),
+                "the controller acknowledged feedback this journal never wrote; taken as up to the last written"
+            );
+        }
+        seq.min(last)
     }
 
     /// The Hello of a new session.
