@@ -51,7 +51,7 @@ pub fn latency(count: u64, interval: &str, cpu: Option<usize>, json: bool) -> an
             gpio: Some("sim:/dev/null".into()),
             packs: vec![pack_path],
             no_rt: false,
-            reset_journal: false,
+            ..Overrides::default()
         },
     )?;
     let parts = crate::runtime::real_parts(&cfg)?;

@@ -1,6 +1,7 @@
 //! The agent's configuration: a YAML file (`--config`), every common key
 //! also a flag that overrides it, so a test or a new user needs no file.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -46,6 +47,19 @@ pub struct ConfigFile {
     pub outbox_cap: Option<usize>,
     /// Worker threads for `exec` (default 2).
     pub exec_workers: Option<usize>,
+    /// The controller to dial, `http://HOST:PORT` (plaintext, so only with
+    /// `insecure: true` until TLS lands). Absent: no link; the agent runs
+    /// the packs it has on its own.
+    pub controller: Option<String>,
+    /// Allow a plaintext (`http://`) controller link. Default false.
+    pub insecure: Option<bool>,
+    /// Labels the controller picks agents by (`targets: {labels: ..}`).
+    /// Values may be written unquoted (`line: 3`); they are kept as text.
+    #[serde(default)]
+    pub labels: BTreeMap<String, serde_json::Value>,
+    /// Most packs held at once; a push beyond it is refused as "resource
+    /// exhausted" (the controller retries later). Default 256.
+    pub max_packs: Option<usize>,
 }
 
 /// One `exec-allowlist` entry: `/usr/bin/x`, or
@@ -156,7 +170,21 @@ pub struct AgentConfig {
     pub exec_workers: usize,
     /// Start a fresh journal where one existed but its log is missing.
     pub reset_journal: bool,
+    /// The controller's URL (`http://HOST:PORT`, checked); `None`: no link,
+    /// and nothing of the link runs (no thread, no lease).
+    pub controller: Option<String>,
+    /// A plaintext link was allowed (`--insecure`); required for `http://`.
+    pub insecure: bool,
+    /// Labels sent in the link's hello (keys and values checked).
+    pub labels: BTreeMap<String, String>,
+    /// Most packs held at once (pushes beyond: resource exhausted).
+    pub max_packs: usize,
 }
+
+/// Default [`AgentConfig::max_packs`].
+pub const DEFAULT_MAX_PACKS: usize = 256;
+/// Longest label key or value, bytes.
+pub const MAX_LABEL_LEN: usize = 256;
 
 /// Flags that override the file.
 #[derive(Clone, Debug, Default)]
@@ -173,6 +201,12 @@ pub struct Overrides {
     pub no_rt: bool,
     /// `--reset-journal`: start fresh where a journal's log went missing.
     pub reset_journal: bool,
+    /// `--controller URL`.
+    pub controller: Option<String>,
+    /// `--insecure`: allow a plaintext link.
+    pub insecure: bool,
+    /// `--label KEY=VALUE` (repeatable): set or override a label.
+    pub labels: Vec<(String, String)>,
 }
 
 /// Why a configuration was refused.
@@ -293,6 +327,38 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
     }
     let mut packs = file.packs;
     packs.extend(o.packs);
+    let insecure = o.insecure || file.insecure.unwrap_or(false);
+    let controller = match o.controller.or(file.controller) {
+        Some(url) => Some(check_controller_url(&url, insecure)?),
+        None => None,
+    };
+    let mut labels = BTreeMap::new();
+    for (k, v) in file.labels {
+        let v = match v {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => n.to_string(),
+            serde_json::Value::Bool(b) => b.to_string(),
+            other => {
+                return Err(ConfigError::Value(format!(
+                    "labels.{k} must be a string, found {}",
+                    match other {
+                        serde_json::Value::Null => "nothing",
+                        serde_json::Value::Array(_) => "a list",
+                        _ => "a mapping",
+                    }
+                )));
+            }
+        };
+        labels.insert(k, v);
+    }
+    labels.extend(o.labels);
+    for (k, v) in &labels {
+        check_label(k, v)?;
+    }
+    let max_packs = file.max_packs.unwrap_or(DEFAULT_MAX_PACKS);
+    if max_packs == 0 {
+        return Err(ConfigError::Value("max-packs must be at least 1".into()));
+    }
     Ok(AgentConfig {
         id: o.id.or(file.id).unwrap_or_else(host_name),
         data_dir: o
@@ -312,7 +378,79 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         outbox_cap: file.outbox_cap.unwrap_or(100_000).max(1),
         exec_workers: file.exec_workers.unwrap_or(2).max(1),
         reset_journal: o.reset_journal,
+        controller,
+        insecure,
+        labels,
+        max_packs,
     })
+}
+
+/// A controller URL the link can dial today: `http://HOST[:PORT]` with
+/// `insecure` (TLS is not built yet, so `https://` is refused rather than
+/// silently downgraded). Returns it without a trailing `/`.
+pub fn check_controller_url(url: &str, insecure: bool) -> Result<String, ConfigError> {
+    let bad = |why: &str| ConfigError::Value(format!("controller `{url}`: {why}"));
+    let uri: tonic::transport::Uri = url
+        .parse()
+        .map_err(|e| bad(&format!("not a URL ({e}); write http://HOST:PORT")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(bad(
+                "https is not supported yet (TLS arrives with the security work); on a trusted network use http:// with --insecure",
+            ));
+        }
+        Some(other) => {
+            return Err(bad(&format!(
+                "unknown scheme `{other}`; write http://HOST:PORT"
+            )));
+        }
+        None => return Err(bad("no scheme; write http://HOST:PORT")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad("no host; write http://HOST:PORT"));
+    }
+    if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
+        return Err(bad("a controller URL has no path; write http://HOST:PORT"));
+    }
+    if !insecure {
+        return Err(bad(
+            "plaintext link needs --insecure (TLS arrives with the security work)",
+        ));
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+/// A label as the controller will match it: key and value non-empty, at
+/// most [`MAX_LABEL_LEN`] bytes, no control characters (they would corrupt
+/// logs and the operators' listings).
+pub fn check_label(key: &str, value: &str) -> Result<(), ConfigError> {
+    for (what, text) in [("key", key), ("value", value)] {
+        let why = if text.is_empty() {
+            Some("is empty".to_string())
+        } else if text.len() > MAX_LABEL_LEN {
+            Some(format!("is longer than {MAX_LABEL_LEN} bytes"))
+        } else if text.chars().any(char::is_control) {
+            Some("contains a control character".to_string())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(ConfigError::Value(format!(
+                "label {key:?}: its {what} {why}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parse a `--label KEY=VALUE` argument (checked again by [`resolve`]).
+pub fn parse_label_arg(arg: &str) -> Result<(String, String), String> {
+    let (k, v) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("`{arg}`: write KEY=VALUE"))?;
+    check_label(k, v).map_err(|e| e.to_string())?;
+    Ok((k.to_string(), v.to_string()))
 }
 
 #[cfg(test)]
@@ -365,6 +503,112 @@ mod tests {
         );
         let f = parse_file("a.yaml", "arm-horizon: 5 s\n").expect("syntax ok");
         assert!(resolve(f, Overrides::default()).is_err());
+    }
+
+    #[test]
+    fn the_controller_link_is_plaintext_only_with_insecure_and_never_https() {
+        let f = parse_file(
+            "a.yaml",
+            "controller: http://ctl.plant:7700\ninsecure: true\nlabels: {line: 3, site: plant-a, edge: true}\nmax-packs: 10\n",
+        )
+        .expect("valid");
+        let c = resolve(f, Overrides::default()).expect("resolves");
+        assert_eq!(c.controller.as_deref(), Some("http://ctl.plant:7700"));
+        assert!(c.insecure);
+        assert_eq!(c.max_packs, 10);
+        let labels: Vec<(&str, &str)> = c
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [("edge", "true"), ("line", "3"), ("site", "plant-a")]
+        );
+
+        // Without a controller: no link, default limits.
+        let c = resolve(ConfigFile::default(), Overrides::default()).expect("resolves");
+        assert_eq!(c.controller, None);
+        assert_eq!(c.max_packs, DEFAULT_MAX_PACKS);
+
+        let plain = |url: &str, insecure: bool| {
+            resolve(
+                ConfigFile::default(),
+                Overrides {
+                    controller: Some(url.into()),
+                    insecure,
+                    ..Overrides::default()
+                },
+            )
+            .map(|c| c.controller)
+            .map_err(|e| e.to_string())
+        };
+        let e = plain("http://127.0.0.1:7700", false).expect_err("needs --insecure");
+        assert_eq!(
+            e,
+            "controller `http://127.0.0.1:7700`: plaintext link needs --insecure (TLS arrives with the security work)"
+        );
+        assert_eq!(
+            plain("http://127.0.0.1:7700/", true).expect("ok"),
+            Some("http://127.0.0.1:7700".into())
+        );
+        let e = plain("https://ctl:7700", true).expect_err("no TLS yet");
+        assert!(e.contains("https is not supported yet"), "{e}");
+        for bad in [
+            "ctl:7700",
+            "ftp://ctl",
+            "http://ctl/x",
+            "http://",
+            "not a url",
+        ] {
+            assert!(plain(bad, true).is_err(), "{bad}");
+        }
+        // The flag alone turns insecure on; a file setting it is enough too.
+        let f = parse_file("a.yaml", "controller: http://c:1\n").expect("valid");
+        let e = resolve(f, Overrides::default()).expect_err("needs insecure");
+        assert!(e.to_string().contains("needs --insecure"), "{e}");
+    }
+
+    #[test]
+    fn labels_are_checked_and_flags_override_the_file() {
+        let f = parse_file("a.yaml", "labels: {line: \"3\", site: a}\n").expect("valid");
+        let c = resolve(
+            f,
+            Overrides {
+                labels: vec![("line".into(), "4".into())],
+                ..Overrides::default()
+            },
+        )
+        .expect("resolves");
+        assert_eq!(c.labels.get("line").map(String::as_str), Some("4"));
+        assert_eq!(c.labels.get("site").map(String::as_str), Some("a"));
+        assert_eq!(parse_label_arg("a=b=c"), Ok(("a".into(), "b=c".into())));
+        assert!(parse_label_arg("novalue").is_err());
+        assert!(
+            parse_label_arg("=v")
+                .expect_err("empty key")
+                .contains("its key is empty")
+        );
+        assert!(
+            parse_label_arg("k=")
+                .expect_err("empty value")
+                .contains("its value is empty")
+        );
+        assert!(
+            parse_label_arg("k=a\u{7}b")
+                .expect_err("bell")
+                .contains("control character")
+        );
+        for text in [
+            "labels: {\"\": x}\n",
+            "labels: {k: \"a\\nb\"}\n",
+            "labels: {k: [1]}\n",
+            "labels: {k: }\n",
+            "max-packs: 0\n",
+        ] {
+            let f = parse_file("a.yaml", text).expect(text);
+            assert!(resolve(f, Overrides::default()).is_err(), "{text}");
+        }
     }
 
     #[test]

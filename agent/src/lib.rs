@@ -6,6 +6,7 @@ pub mod dispatcher;
 pub mod exec;
 pub mod gpio;
 pub mod journal;
+pub mod link;
 pub mod live;
 pub mod rt;
 pub mod runtime;

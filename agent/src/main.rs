@@ -129,6 +129,17 @@ struct CommonFlags {
     /// one existed (its log is missing): accepted packs are forgotten.
     #[arg(long)]
     reset_journal: bool,
+    /// The controller to dial, http://HOST:PORT. Plaintext: needs
+    /// --insecure (TLS arrives with the security work).
+    #[arg(long, value_name = "URL")]
+    controller: Option<String>,
+    /// Allow a plaintext (http://) controller link.
+    #[arg(long)]
+    insecure: bool,
+    /// A label the controller picks agents by (repeatable; overrides the
+    /// config file's label of the same key).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = config::parse_label_arg)]
+    labels: Vec<(String, String)>,
 }
 
 fn main() -> ExitCode {
@@ -291,6 +302,9 @@ fn run_agent(
             packs: f.pack,
             no_rt: f.no_rt,
             reset_journal: f.reset_journal,
+            controller: f.controller,
+            insecure: f.insecure,
+            labels: f.labels,
         },
     )
     .map_err(|e| fault(e.into()))?;
@@ -372,9 +386,13 @@ fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
     if !bad.is_empty() {
         anyhow::bail!("{}", bad.join("\n"));
     }
+    let link = match &cfg.controller {
+        Some(url) => format!("controller {url} (plaintext)"),
+        None => "no controller".to_string(),
+    };
     let _ = writeln!(
         std::io::stdout(),
-        "{}: ok (agent {}, gpio {}, {} pack(s), journal in {})",
+        "{}: ok (agent {}, gpio {}, {} pack(s), journal in {}, {link})",
         path.display(),
         cfg.id,
         cfg.gpio,

@@ -373,7 +373,10 @@ fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
         let (mut j, _) = Journal::open(cfg()).expect("open");
         j.put_pack(&pack("press", 1)).expect("put");
         j.put_pack(&pack("other", 1)).expect("put");
+        j.put_pack(&pack("leased", 3)).expect("put");
         j.stop_pack("plant-a", "press", 1, StopReason::GiveUp)
+            .expect("stop");
+        j.stop_pack("plant-a", "leased", 3, StopReason::LeaseLost)
             .expect("stop");
         // A stop for a version that is not stored changes nothing.
         j.stop_pack("plant-a", "other", 9, StopReason::Cancel)
@@ -390,6 +393,10 @@ fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
         "{stopped:?}"
     );
     assert!(stopped.contains(&("other".into(), None)), "{stopped:?}");
+    assert!(
+        stopped.contains(&("leased".into(), Some(StopReason::LeaseLost))),
+        "{stopped:?}"
+    );
     j.compact().expect("compact");
     drop(j);
     let (mut j, rec) = Journal::open(cfg()).expect("reopen after compaction");
@@ -397,6 +404,11 @@ fn a_stopped_pack_stays_stopped_across_reopen_and_compaction_until_replaced() {
         rec.packs
             .iter()
             .any(|p| p.pack == "press" && p.stopped == Some(StopReason::GiveUp))
+    );
+    assert!(
+        rec.packs
+            .iter()
+            .any(|p| p.pack == "leased" && p.stopped == Some(StopReason::LeaseLost))
     );
     // A higher version replaces it, running.
     j.put_pack(&pack("press", 2)).expect("put v2");
@@ -528,4 +540,48 @@ fn journal_failed_automatic_compaction_is_reported_by_the_next_heartbeat() {
     assert!(err.to_string().contains("journal.log.tmp"), "{err}");
     assert!(j.take_compaction_error().is_none(), "handed out once");
     assert!(j.is_started("id-000000"));
+}
+
+#[test]
+fn journal_id_survives_reopen_and_compaction_and_is_new_after_a_reset_or_a_wipe() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("j");
+    let id = {
+        let (mut j, _) = Journal::open(cfg(&dir)).expect("open fresh");
+        let id = j.id().to_string();
+        assert_eq!(id.len(), 32, "128 bits in hex: {id}");
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+        j.push_feedback(b"a").expect("push");
+        j.compact().expect("compact");
+        assert_eq!(j.id(), id, "a compaction renews the salt, not the id");
+        id
+    };
+    {
+        let (mut j, _) = Journal::open(cfg(&dir)).expect("reopen after compaction");
+        assert_eq!(j.id(), id);
+        j.push_feedback(b"b").expect("push");
+    }
+    let bytes = std::fs::read(dir.join(LOG_FILE)).expect("read log");
+    let summary = baton_agent::journal::check_log_bytes(&bytes).expect("replays");
+    assert_eq!(summary.journal_id.as_deref(), Some(id.as_str()));
+    let (j, _) = Journal::open(cfg(&dir)).expect("reopen");
+    assert_eq!(j.id(), id, "kept across restarts");
+    drop(j);
+
+    // --reset-journal: a new journal, a new id.
+    let reset = JournalConfig {
+        reset: true,
+        ..cfg(&dir)
+    };
+    let (j, _) = Journal::open(reset).expect("reset");
+    let after_reset = j.id().to_string();
+    assert_ne!(after_reset, id);
+    assert_eq!(after_reset.len(), 32);
+    drop(j);
+
+    // A wiped data directory: a new id too.
+    std::fs::remove_dir_all(&dir).expect("wipe");
+    let (j, _) = Journal::open(cfg(&dir)).expect("open wiped");
+    assert_ne!(j.id(), id);
+    assert_ne!(j.id(), after_reset);
 }

@@ -394,6 +394,26 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "lease of zero",
+            yaml: "pack: p\nversion: 1\nlease: 0s\ninstructions:\n  - {id: a, action: noop, every: 1s}\n",
+            expect: &[(3, 8, None, "lease must be greater than zero")],
+        },
+        Case {
+            name: "lease that is not a duration",
+            yaml: "pack: p\nversion: 1\nlease: [5m]\ninstructions:\n  - {id: a, action: noop, every: 1s}\n",
+            expect: &[(
+                3,
+                8,
+                None,
+                "lease must be a duration like `500ms`, found a list",
+            )],
+        },
+        Case {
+            name: "lease with a bad unit",
+            yaml: "pack: p\nversion: 1\nlease: 5 minutes\ninstructions:\n  - {id: a, action: noop, every: 1s}\n",
+            expect: &[(3, 8, None, "lease: ")],
+        },
+        Case {
             name: "max_lateness zero in defaults",
             yaml: "pack: p\nversion: 1\ndefaults: {max_lateness: 0s}\ninstructions:\n  - {id: a, action: noop, every: 1s}\n",
             expect: &[(3, 26, None, "max_lateness must be at least 1ms, found 0s")],

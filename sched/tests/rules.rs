@@ -483,6 +483,101 @@ fn lease_loss_and_shutdown_run_every_safe_state() {
 }
 
 #[test]
+fn lease_loss_of_one_pack_stops_that_pack_only_until_a_higher_version() {
+    let blink = |id: &str, version: u64| {
+        pack(&format!(
+            "pack: {id}\nversion: {version}\nsafe_state:\n  - {{action: gpio.write, params: {{line: 1, value: 0}}}}\ninstructions:\n  - {{id: b, action: gpio.toggle, params: {{line: 1}}, every: 1s, start_at: 2026-12-01T10:00:00Z}}\n"
+        ))
+    };
+    let key = |id: &str| PackKey {
+        tenant: "default".into(),
+        pack: id.into(),
+    };
+    let fired = |out: &[Output]| -> Vec<String> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Fire(f) => Some(f.id.pack.pack.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    core.accept(blink("leased", 1), t("2026-12-01T09:59:59Z"), &mut out)
+        .expect("accept");
+    core.accept(blink("free", 1), t("2026-12-01T09:59:59Z"), &mut out)
+        .expect("accept");
+    core.tick(t("2026-12-01T10:00:00Z"), &mut out);
+    assert_eq!(fired(&out), ["leased", "free"]);
+    for o in &out {
+        if let Output::Fire(f) = o {
+            let mut more = Vec::new();
+            core.attempt_result(
+                &f.id,
+                AttemptResult::Ok { value: None },
+                t("2026-12-01T10:00:00Z"),
+                &mut more,
+            );
+        }
+    }
+    out.clear();
+
+    assert!(core.lease_lost_pack(&key("leased"), t("2026-12-01T10:00:00.5Z"), &mut out));
+    let safe: Vec<(String, SafeReason)> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::SafeState {
+                pack, reason, once, ..
+            } => {
+                assert!(once.is_none(), "a lease loss runs every time it happens");
+                Some((pack.pack.clone(), *reason))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(safe, [("leased".to_string(), SafeReason::LeaseLost)]);
+    let ev: Vec<&str> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(e) if e.pack.pack == "leased" => Some(e.kind.name()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ev,
+        ["skip", "safe_state"],
+        "the pending occurrence is reported skipped"
+    );
+    assert_eq!(core.held(&key("leased")), Some((1, false)));
+    assert_eq!(core.held(&key("free")), Some((1, true)));
+
+    // Again: already safe, nothing output. Unknown packs: nothing.
+    out.clear();
+    assert!(!core.lease_lost_pack(&key("leased"), t("2026-12-01T10:00:00.6Z"), &mut out));
+    assert!(!core.lease_lost_pack(&key("ghost"), t("2026-12-01T10:00:00.6Z"), &mut out));
+    assert!(out.is_empty(), "{out:?}");
+
+    // The other pack keeps firing; the stopped one does not.
+    core.tick(t("2026-12-01T10:00:03Z"), &mut out);
+    assert!(!fired(&out).is_empty());
+    assert!(fired(&out).iter().all(|p| p == "free"), "{:?}", fired(&out));
+
+    // A new version runs again (the agent passes the core only higher
+    // versions: a same-text re-push is `unchanged` at admission).
+    out.clear();
+    core.accept(blink("leased", 2), t("2026-12-01T10:00:03.5Z"), &mut out)
+        .expect("higher version");
+    assert_eq!(core.held(&key("leased")), Some((2, true)));
+    out.clear();
+    core.tick(t("2026-12-01T10:00:04Z"), &mut out);
+    assert!(
+        fired(&out).contains(&"leased".to_string()),
+        "{:?}",
+        fired(&out)
+    );
+}
+
+#[test]
 fn a_timed_out_attempt_is_aborted_and_retried() {
     let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: x, action: exec, params: {program: /bin/true}, at: 2026-12-01T10:00:00Z, timeout: 2s, retry: {max_attempts: 2, backoff: 1s}}\n";
     let mut core = Scheduler::new(Config::default(), HashMap::new());

@@ -112,9 +112,9 @@
 //! last compaction)`, so a live state larger than the budget cannot make
 //! every append compact. The live size is where the snapshot's closing
 //! `Meta` record ends, so the trigger is the same after a restart. It
-//! keeps: stored packs (with their stop reason), the unacknowledged outbox
-//! (copied record by record from the old log), the next seq, the dropped
-//! count, the last heartbeat, and execution ids and once keys whose
+//! keeps: the journal's id ([`Journal::id`]), stored packs (with their stop
+//! reason), the unacknowledged outbox (copied record by record from the old
+//! log), the next seq, the dropped count, the last heartbeat, and execution ids and once keys whose
 //! reference time is within [`JournalConfig::retention_ns`] (default 7 days)
 //! of the journal's "now" (the last heartbeat, else the latest started id).
 //! A failed automatic compaction does not fail the call that triggered it;
@@ -217,14 +217,20 @@ pub enum StopReason {
     GiveUp,
     /// The pack was cancelled.
     Cancel,
+    /// The pack's controller lease ran out (`lease` in the pack): it stays
+    /// stopped across restarts until a higher version arrives, so that a
+    /// reboot does not revive a pack its controller could not reach.
+    LeaseLost,
 }
 
 impl StopReason {
-    /// The word used in logs and feedback: `give_up` or `cancel`.
+    /// The word used in logs and feedback: `give_up`, `cancel` or
+    /// `lease_lost`.
     pub fn as_str(self) -> &'static str {
         match self {
             StopReason::GiveUp => "give_up",
             StopReason::Cancel => "cancel",
+            StopReason::LeaseLost => "lease_lost",
         }
     }
 }
@@ -420,6 +426,9 @@ pub struct LogSummary {
     pub next_seq: u64,
     /// Last heartbeat.
     pub last_alive_ns: Option<i64>,
+    /// The journal's id, if the log records one (every log this agent
+    /// writes does; older logs get one at their next open).
+    pub journal_id: Option<String>,
     /// Bytes of intact records (with the header): where a torn tail starts.
     pub valid_bytes: u64,
     /// Bytes after them that `open` would cut off as a torn tail.
@@ -444,6 +453,7 @@ pub fn check_log_bytes(bytes: &[u8]) -> Result<LogSummary, JournalError> {
         outbox_len: r.state.outbox.len(),
         next_seq: r.state.next_seq,
         last_alive_ns: r.state.last_alive_ns,
+        journal_id: r.state.journal_id.as_deref().map(str::to_string),
         valid_bytes: r.valid_end as u64,
         truncated_bytes: (bytes.len() - r.valid_end) as u64,
     })
@@ -544,7 +554,12 @@ impl Journal {
         // not reach its rename: the log, if any, is still the truth.
         remove_if_exists(&tmp_path)?;
         if !exists(&log_path)? {
-            write_snapshot(&cfg.dir, &tmp_path, &log_path, &State::new(), None, None)?;
+            // A new journal gets its identity in its very first snapshot.
+            let fresh = State {
+                journal_id: Some(new_journal_id()),
+                ..State::new()
+            };
+            write_snapshot(&cfg.dir, &tmp_path, &log_path, &fresh, None, None)?;
             // The directory may be new too: make its entry durable, best
             // effort (the parent may not be readable to us).
             if let Some(parent) = cfg.dir.parent() {
@@ -611,6 +626,18 @@ impl Journal {
             compaction_error: None,
             cfg,
         };
+
+        // A log from before journal ids: it gets one now, durably, before
+        // anything is reported under it (kept by every later snapshot).
+        if journal
+            .state
+            .journal_id
+            .as_deref()
+            .is_none_or(str::is_empty)
+        {
+            let id = new_journal_id();
+            journal.commit(&Rec::JournalId { id: &id }, true)?;
+        }
 
         // The cap may have been lowered since the last run.
         let len = journal.state.outbox.len();
@@ -823,6 +850,16 @@ impl Journal {
         })
     }
 
+    /// The journal's identity: 128 random bits as 32 lowercase hex digits,
+    /// made when the journal is created and kept by every compaction and
+    /// restart (unlike the header's salt, which each compaction renews). A
+    /// new journal (`--reset-journal`, a wiped data directory) has a new id,
+    /// so the controller can tell its feedback seqs, which start again at
+    /// 1, from a re-send of the old ones.
+    pub fn id(&self) -> &str {
+        self.state.journal_id.as_deref().unwrap_or_default()
+    }
+
     /// Outbox entries dropped because of the cap and not yet reported.
     pub fn dropped(&self) -> u64 {
         self.state.dropped
@@ -837,6 +874,13 @@ impl Journal {
             return self.check_poisoned();
         }
         self.commit(&Rec::DroppedReported { count }, false)
+    }
+
+    /// The seq the next feedback record will get (1 in a new journal):
+    /// every seq below it was handed out. An acknowledgement beyond
+    /// `next_seq() - 1` names feedback that does not exist yet.
+    pub fn next_seq(&self) -> u64 {
+        self.state.next_seq
     }
 
     /// Unacknowledged feedback records held.
@@ -1100,6 +1144,11 @@ impl Rec<'_> {
     }
 }
 
+/// A fresh journal id: 128 random bits, 32 lowercase hex digits.
+fn new_journal_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 fn exists(path: &Path) -> Result<bool, JournalError> {
     match fs::symlink_metadata(path) {
         Ok(_) => Ok(true),
@@ -1314,6 +1363,9 @@ fn write_tmp(
     w.len += HEADER_LEN as u64;
     let keep = |ns: i64| horizon.is_none_or(|h| ns >= h);
 
+    if let Some(id) = &state.journal_id {
+        w.emit(&Rec::JournalId { id }).map_err(io_err("write"))?;
+    }
     for p in state.packs.values() {
         let yaml = p.yaml();
         w.emit(&Rec::PutPack {
@@ -1443,4 +1495,47 @@ fn sync_dir(dir: &Path) -> Result<(), JournalError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| JournalError::io("fsync directory", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log written before journal ids existed (a snapshot without the
+    /// record) gets an id at open, durably, and keeps it.
+    #[test]
+    fn a_log_without_an_id_gets_one_at_open_and_keeps_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        let log = dir.join(LOG_FILE);
+        let mut old = State::new();
+        old.next_seq = 7;
+        write_snapshot(dir, &dir.join(TMP_FILE), &log, &old, None, None)
+            .map_err(JournalError::from)
+            .expect("old-style log");
+        let bytes = fs::read(&log).expect("read");
+        assert_eq!(check_log_bytes(&bytes).expect("replays").journal_id, None);
+
+        let (mut j, rec) = Journal::open(JournalConfig::new(dir)).expect("open old log");
+        assert_eq!(rec.origin, Origin::Existing);
+        let id = j.id().to_string();
+        assert_eq!(id.len(), 32);
+        assert_eq!(
+            j.push_feedback(b"x").expect("push"),
+            7,
+            "the rest is as it was"
+        );
+        drop(j);
+        let bytes = fs::read(&log).expect("read");
+        assert_eq!(
+            check_log_bytes(&bytes)
+                .expect("replays")
+                .journal_id
+                .as_deref(),
+            Some(id.as_str()),
+            "recorded in the log"
+        );
+        let (j, _) = Journal::open(JournalConfig::new(dir)).expect("reopen");
+        assert_eq!(j.id(), id);
+    }
 }

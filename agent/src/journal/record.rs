@@ -10,7 +10,12 @@
 //!
 //! Version 2 (this one) made outcomes typed: a result is ONE `Finished`
 //! record carrying its [`Outcome`], a stop carries a [`StopReason`], and
-//! `Once` records exist. A snapshot (a compacted log) ends with its `Meta`
+//! `Once` records exist. Later additions within version 2, each a new tag
+//! an older agent refuses by name ("unknown record kind", "unknown stop
+//! reason") rather than misreads: the `JournalId` record (kind 13) and the
+//! `lease_lost` stop reason (3). A journal written by this agent is
+//! therefore not readable by an agent built before them (no downgrade);
+//! every older log reads here unchanged. A snapshot (a compacted log) ends with its `Meta`
 //! record, so the offset just past the last `Meta` is the live size at the
 //! last compaction (the compaction trigger is recomputed from it at open).
 //!
@@ -48,12 +53,14 @@ const K_META: u8 = 9;
 const K_DROP_OLDEST: u8 = 10;
 const K_STOP_PACK: u8 = 11;
 const K_ONCE: u8 = 12;
+const K_JOURNAL_ID: u8 = 13;
 
 const OUTCOME_SUCCEEDED: u8 = 1;
 const OUTCOME_FAILED: u8 = 2;
 const OUTCOME_NOT_RUN: u8 = 3;
 const STOP_GIVE_UP: u8 = 1;
 const STOP_CANCEL: u8 = 2;
+const STOP_LEASE_LOST: u8 = 3;
 
 fn outcome_tag(o: Outcome) -> u8 {
     match o {
@@ -67,6 +74,7 @@ fn stop_tag(r: StopReason) -> u8 {
     match r {
         StopReason::GiveUp => STOP_GIVE_UP,
         StopReason::Cancel => STOP_CANCEL,
+        StopReason::LeaseLost => STOP_LEASE_LOST,
     }
 }
 
@@ -144,6 +152,9 @@ pub(crate) enum Rec<'a> {
     },
     /// Outbox entries up to this seq were dropped (cap lowered at open).
     DropOldest { through_seq: u64 },
+    /// The journal's identity (see `Journal::id`): written once, first in
+    /// every snapshot, and appended at open to a log that has none.
+    JournalId { id: &'a str },
 }
 
 /// The record would not fit in one frame.
@@ -336,6 +347,10 @@ impl Rec<'_> {
                 out.push(K_DROP_OLDEST);
                 out.extend_from_slice(&through_seq.to_le_bytes());
             }
+            Rec::JournalId { id } => {
+                out.push(K_JOURNAL_ID);
+                put_str(out, id);
+            }
         }
     }
 }
@@ -374,6 +389,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
             reason: match r.u8()? {
                 STOP_GIVE_UP => StopReason::GiveUp,
                 STOP_CANCEL => StopReason::Cancel,
+                STOP_LEASE_LOST => StopReason::LeaseLost,
                 t => return Err(format!("unknown stop reason {t}")),
             },
         },
@@ -424,6 +440,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
         K_DROP_OLDEST => Rec::DropOldest {
             through_seq: r.u64()?,
         },
+        K_JOURNAL_ID => Rec::JournalId { id: r.str()? },
         k => {
             return Err(format!(
                 "unknown record kind {k} (written by a newer agent?)"
@@ -523,7 +540,11 @@ mod tests {
             *bad.last_mut().expect("non-empty") = 9;
             assert!(decode(&bad).is_err());
         }
-        for reason in [StopReason::GiveUp, StopReason::Cancel] {
+        for reason in [
+            StopReason::GiveUp,
+            StopReason::Cancel,
+            StopReason::LeaseLost,
+        ] {
             let mut buf = Vec::new();
             let rec = Rec::StopPack {
                 tenant: "t",
@@ -556,6 +577,14 @@ mod tests {
                 ref_ns: 7
             })
         ));
+    }
+
+    #[test]
+    fn journal_id_round_trips() {
+        let mut buf = Vec::new();
+        frame(&mut buf, 5, &Rec::JournalId { id: "00ff" }).expect("small record");
+        let (payload, _) = read_frame(&buf, 0, 5).expect("intact");
+        assert!(matches!(decode(payload), Ok(Rec::JournalId { id: "00ff" })));
     }
 
     #[test]

@@ -116,6 +116,8 @@ pub(crate) struct State {
     /// Latest scheduled time among started ids (fallback clock, see
     /// [`State::reference_now`]).
     pub(crate) max_started_ns: Option<i64>,
+    /// The journal's identity (`Journal::id`).
+    pub(crate) journal_id: Option<String>,
 }
 
 impl State {
@@ -264,6 +266,7 @@ impl State {
                 self.last_alive_ns = *last_alive_ns;
             }
             Rec::DropOldest { through_seq } => self.drop_through(*through_seq),
+            Rec::JournalId { id } => self.journal_id = Some((*id).to_owned()),
         }
     }
 }

@@ -205,6 +205,7 @@ impl Agent {
         self.journal.remove_pack(&key.tenant, &key.pack)?;
         self.admission.release(key);
         self.held.remove(key);
+        self.held_changed = true;
         self.safe_table
             .lock()
             .unwrap_or_else(|p| p.into_inner())

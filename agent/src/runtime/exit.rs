@@ -7,7 +7,8 @@ impl Agent {
     /// safe state reaches the device (first through the core, for its
     /// events; then, for any pack the core did not cover, from what
     /// admission kept), the writes are awaited (bounded), the dispatcher
-    /// is stopped (bounded), and the journal is flushed if it still can be.
+    /// is stopped (bounded), the journal is flushed if it still can be, and
+    /// the controller link's thread is stopped (bounded).
     pub fn wind_down(&mut self) {
         let now = self.clock.now();
         let events = self.drive_all_safe_states(now);
@@ -20,6 +21,10 @@ impl Agent {
             self.wind_down_done(done);
         }
         self.close_journal(events);
+        // Last and bounded (1 s): the device is safe and the journal
+        // flushed whatever the link does; unsent feedback stays in the
+        // outbox for the next run.
+        self.stop_uplink();
     }
 
     /// Every held pack's safe state to the device: the core's shutdown

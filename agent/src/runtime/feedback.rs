@@ -49,13 +49,18 @@ impl Default for Tally {
 }
 
 /// The feedback record of one executed attempt, as the controller will
-/// receive it (JSON, encoded without intermediate values).
+/// receive it (JSON, encoded without intermediate values; the link turns it
+/// into a `wire::Feedback`, `crate::link::convert`).
 #[derive(serde::Serialize)]
 struct Executed<'a> {
     event: &'static str,
     execution_id: &'a str,
     #[serde(serialize_with = "as_display")]
     pack: &'a baton_sched::PackKey,
+    /// The pack version, for side actions (safe state, on_failure) whose
+    /// id does not carry it; an attempt's execution id does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<u64>,
     instruction: &'a str,
     action: &'static str,
     scheduled_ns: i64,
@@ -71,11 +76,13 @@ fn as_display<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result
     s.collect_str(v)
 }
 
-/// Journal and announce one executed attempt.
+/// Journal and announce one executed attempt (`version`: the pack's
+/// version, recorded when the record's id does not carry it).
 pub fn executed(
     journal: &mut Journal,
     tally: &mut Tally,
     rec: &FiringRecord<'_>,
+    version: Option<u64>,
 ) -> Result<(), JournalError> {
     if rec.result.ran() {
         // Saturating: a catch-up firing an hour late still counts (at the
@@ -100,6 +107,7 @@ pub fn executed(
         event: "executed",
         execution_id: rec.id,
         pack: rec.pack,
+        version,
         instruction: rec.instruction,
         action: rec.action,
         scheduled_ns: rec.scheduled.as_nanos(),
@@ -128,7 +136,9 @@ pub fn executed(
 
 /// Journal and announce one core event (a firing and its success are
 /// reported by [`executed`] once it has happened: not journalled twice).
-pub fn event(journal: &mut Journal, e: &Event) -> Result<(), JournalError> {
+/// `version`: the pack's version held, for pack-wide events (a safe state)
+/// whose record has no execution id to carry it.
+pub fn event(journal: &mut Journal, e: &Event, version: Option<u64>) -> Result<(), JournalError> {
     if matches!(e.kind, EventKind::Fire | EventKind::Ok { .. }) {
         // The executed record already says it fired and how it ended.
         announce(e, "");
@@ -138,6 +148,7 @@ pub fn event(journal: &mut Journal, e: &Event) -> Result<(), JournalError> {
         "event": e.kind.name(),
         "t_ns": e.t.as_nanos(),
         "pack": e.pack.to_string(),
+        "version": e.id.as_ref().map(|i| i.version).or(version),
         "instruction": e.instruction,
         "execution_id": e.id.as_ref().map(|i| i.to_string()),
         "occurrence_ns": e.occurrence.map(|o| o.as_nanos()),

@@ -7,6 +7,9 @@
 //! - [`feedback`]: every result and event to the journal's outbox and to
 //!   `tracing` (the live view is a tracing layer, `crate::live`);
 //! - [`safety`]: the panic hook's safe state;
+//! - `uplink`: the control side of the controller link (hello, pushes,
+//!   cancels, feedback, clock reports, pack leases), when a controller is
+//!   configured; the link's IO runs on its own thread (`crate::link`);
 //! - this module: the control loop, a loop over events (core outputs,
 //!   device results, exec results, time) with **one way out**:
 //!   [`Agent::run`] always ends in [`Agent::wind_down`], which drives every
@@ -34,6 +37,7 @@ pub mod ports;
 pub mod record;
 mod results;
 pub mod safety;
+mod uplink;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -83,6 +87,54 @@ const JOURNAL_RETENTION: Duration = Duration::from_secs(5);
 const MAX_BACKLOG: usize = 4096;
 /// Longest sleep of an idle loop.
 const MAX_IDLE: Duration = Duration::from_secs(1);
+
+/// Why a pack was not taken by [`Agent::accept`]. The variants say who
+/// must act: the sender (`Refused`, `NotLive`, `Core`), time (`Clock`:
+/// retry once the clock is known), or the agent itself (`Journal`,
+/// `Fault`: the control loop cannot go on, see [`AcceptError::is_fault`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// The clock is not known well enough to honour the pack (DESIGN.md
+    /// principle 3).
+    #[error(
+        "clock uncertainty {} exceeds the agent's limit {}",
+        fmt_ns(*uncertainty_ns),
+        fmt_ns(*limit_ns)
+    )]
+    Clock {
+        /// The clock's uncertainty now, ns.
+        uncertainty_ns: i64,
+        /// [`MAX_CLOCK_UNCERTAINTY_NS`].
+        limit_ns: i64,
+    },
+    /// The pack can never fire again (a cron of past years, say); each
+    /// problem with its position.
+    #[error("{}", .0.render("pack").trim_end())]
+    NotLive(baton_proto::PackErrors),
+    /// This agent's own checks refuse it: versions, exec allowlist, lines,
+    /// line owners.
+    #[error(transparent)]
+    Refused(#[from] AdmissionError),
+    /// The core refuses it (an older version than held).
+    #[error(transparent)]
+    Core(#[from] baton_sched::AcceptError),
+    /// The pack could not be made durable: nothing of it took effect, and
+    /// the journal is broken (the loop's fault).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The pack was taken, but performing its first outputs failed (a
+    /// journal or device error): the loop's fault.
+    #[error(transparent)]
+    Fault(anyhow::Error),
+}
+
+impl AcceptError {
+    /// Whether the control loop must stop on it (through its one way out),
+    /// as on any journal failure: not the pack's fault.
+    pub fn is_fault(&self) -> bool {
+        matches!(self, AcceptError::Journal(_) | AcceptError::Fault(_))
+    }
+}
 
 /// Why the control loop stopped.
 #[derive(Debug)]
@@ -164,6 +216,11 @@ struct HeldPack {
     safe_state: Arc<Vec<Action>>,
     /// First acceptance: the phase anchor kept across versions/restarts.
     anchor: RefTime,
+    /// The pack's `lease` (enforced only with a controller configured).
+    lease: Option<Duration>,
+    /// When this version was taken in this run (a lease runs from here at
+    /// the earliest).
+    since: crate::clock::MonoTime,
 }
 
 /// The running agent (control side).
@@ -183,6 +240,11 @@ pub struct Agent {
     safe_done: HashSet<PackKey>,
     tally: Tally,
     last_heartbeat: RefTime,
+    /// The controller link's control side; `None` without a controller.
+    uplink: Option<uplink::Uplink>,
+    /// The held set (or a pack's stopped flag) changed since the last
+    /// `Held` was sent.
+    held_changed: bool,
 }
 
 impl std::fmt::Debug for Agent {
@@ -302,7 +364,12 @@ impl Agent {
             safe_done: HashSet::new(),
             tally: Tally::default(),
             last_heartbeat: now,
+            uplink: None,
+            held_changed: false,
         };
+        // Before anything is restored (and so armed): a failure here leaves
+        // nothing that would need the way out.
+        agent.start_uplink()?;
         agent.restore(recovered)?;
         Ok(agent)
     }
@@ -351,6 +418,7 @@ impl Agent {
                     let reason = match why {
                         StopReason::Cancel => SafeReason::Cancel,
                         StopReason::GiveUp => SafeReason::GiveUp,
+                        StopReason::LeaseLost => SafeReason::LeaseLost,
                     };
                     self.core
                         .restore_stopped(pack, anchor, reason, now, &mut out)
@@ -410,22 +478,22 @@ impl Agent {
         }
     }
 
-    /// Check and accept a pack (journalled before it takes effect).
-    pub fn accept(&mut self, yaml: String, pack: Pack) -> anyhow::Result<Verdict> {
+    /// Check and accept a pack (journalled before it takes effect). An
+    /// error says who must act ([`AcceptError`]); one that
+    /// [`AcceptError::is_fault`] must end the loop like any journal error.
+    pub fn accept(&mut self, yaml: String, pack: Pack) -> Result<Verdict, AcceptError> {
         // DESIGN.md principle 3: no pack is taken while the agent does not
         // know reference time well enough to honour it.
         let uncertainty = self.clock.uncertainty_ns();
         if uncertainty > MAX_CLOCK_UNCERTAINTY_NS {
-            anyhow::bail!(
-                "clock uncertainty {} exceeds the agent's limit {}",
-                fmt_ns(uncertainty),
-                fmt_ns(MAX_CLOCK_UNCERTAINTY_NS)
-            );
+            return Err(AcceptError::Clock {
+                uncertainty_ns: uncertainty,
+                limit_ns: MAX_CLOCK_UNCERTAINTY_NS,
+            });
         }
         let now = self.clock.now();
         // A cron of past years only, say: it could never fire again.
-        pack.check_live(now)
-            .map_err(|e| anyhow::anyhow!("{}", e.render("pack").trim_end()))?;
+        pack.check_live(now).map_err(AcceptError::NotLive)?;
         let admitted = self.admit_checks(&pack, &yaml)?;
         let verdict = admitted.verdict;
         if verdict == Verdict::Unchanged {
@@ -451,7 +519,7 @@ impl Agent {
         self.core.accept(pack, now, &mut out)?;
         self.safe_done.remove(&key);
         tracing::info!(pack = %key, version, "accepted");
-        self.process(out)?;
+        self.process(out).map_err(AcceptError::Fault)?;
         Ok(verdict)
     }
 
@@ -505,8 +573,11 @@ impl Agent {
             HeldPack {
                 safe_state: Arc::new(pack.safe_state.clone()),
                 anchor,
+                lease: pack.lease,
+                since: self.clock.to_mono(self.clock.now()),
             },
         );
+        self.held_changed = true;
     }
 
     /// Nothing pending, nothing in flight.
@@ -556,6 +627,9 @@ impl Agent {
         if let Some(e) = self.arming.next_exec() {
             until = until.min(e);
         }
+        if let Some(l) = self.uplink_wake(now) {
+            until = until.min(l);
+        }
         if self.arming.backlog_len() > 0 || !self.arming.exec_running.is_empty() {
             // Credits come back with results (which unpark us); exec
             // results are checked at least this often.
@@ -594,6 +668,8 @@ impl Agent {
         self.pump()?;
         self.collect()?;
         self.start_due_exec()?;
+        // The controller link: its events, leases, feedback (bounded).
+        self.uplink_step()?;
         // This pass's lazy records (results, feedback) in one write.
         self.journal.flush()?;
         if now.since(self.last_heartbeat) >= HEARTBEAT {
@@ -621,6 +697,11 @@ impl Agent {
     /// Pending entries in the core.
     pub fn pending(&self) -> usize {
         self.core.pending()
+    }
+
+    /// The journal, read-only (outbox, id): for tests and telemetry.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
     }
 }
 

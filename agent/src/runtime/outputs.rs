@@ -217,6 +217,10 @@ impl Agent {
             }
         }
         self.safe_done.insert(pack.clone());
+        if reason != SafeReason::Shutdown {
+            // Stopped for good: the controller hears it in the next `Held`.
+            self.held_changed = true;
+        }
         self.pump()?;
         if let Some(e) = first_err {
             return Err(e);
@@ -230,12 +234,14 @@ impl Agent {
                 more,
             )?;
         }
-        // A give-up or cancel is for good: the pack must not come back
-        // running after a restart. (Shutdown and lease loss are not.)
+        // A give-up, cancel or lease loss is for good: the pack must not
+        // come back running after a restart (only a higher version brings
+        // it back). A shutdown is not.
         let stop = match reason {
             SafeReason::GiveUp => Some(StopReason::GiveUp),
             SafeReason::Cancel => Some(StopReason::Cancel),
-            SafeReason::LeaseLost | SafeReason::Shutdown => None,
+            SafeReason::LeaseLost => Some(StopReason::LeaseLost),
+            SafeReason::Shutdown => None,
         };
         if let Some(stop) = stop
             && let Some((version, _)) = self.core.held(pack)
@@ -375,11 +381,21 @@ impl Agent {
         if let Some(k) = &e.once {
             journal_once(&mut self.journal, k)?;
         }
-        feedback::event(&mut self.journal, e)
+        // Pack-wide events have no id to carry the version: look it up.
+        let version = match e.id {
+            Some(_) => None,
+            None => self.core.held(&e.pack).map(|(v, _)| v),
+        };
+        feedback::event(&mut self.journal, e, version)
     }
 
     pub(super) fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {
-        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec);
+        // An attempt's id carries its version; a side action's does not.
+        let version = match rec.origin {
+            Origin::Attempt => None,
+            _ => self.core.held(rec.pack).map(|(v, _)| v),
+        };
+        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec, version);
         panic_hook_test_point();
         r
     }

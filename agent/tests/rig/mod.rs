@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_agent::config::{self, ConfigFile, Overrides};
+use baton_agent::config::{self, AgentConfig, ConfigFile, Overrides};
 use baton_agent::exec::ExecPool;
 use baton_agent::gpio::Allowlist;
 use baton_agent::gpio::sim::SimGpio;
@@ -31,20 +31,34 @@ pub fn t(ms: i64) -> RefTime {
     RefTime::from_nanos(T0 + ms * 1_000_000)
 }
 
-pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
-    let data = dir.join("data");
-    let log = dir.join("gpio.jsonl");
-    let cfg = config::resolve(
-        ConfigFile::default(),
+/// The rig's configuration (agent `t`, journal in `dir/data`, sim GPIO
+/// logging to `dir/gpio.jsonl`), over `file` and `o`.
+pub fn config(dir: &Path, file: ConfigFile, o: Overrides) -> AgentConfig {
+    config::resolve(
+        file,
         Overrides {
             id: Some("t".into()),
-            data_dir: Some(data.clone()),
-            gpio: Some(format!("sim:{}", log.display())),
+            data_dir: Some(dir.join("data")),
+            gpio: Some(format!("sim:{}", dir.join("gpio.jsonl").display())),
             no_rt: true,
-            ..Overrides::default()
+            ..o
         },
     )
-    .expect("config");
+    .expect("config")
+}
+
+pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
+    build_with(
+        dir,
+        clock,
+        config(dir, ConfigFile::default(), Overrides::default()),
+    )
+}
+
+/// An agent of `cfg` (see [`config`]) on `clock`.
+pub fn build_with(dir: &Path, clock: Arc<ManualClock>, cfg: AgentConfig) -> Agent {
+    let data = dir.join("data");
+    let log = dir.join("gpio.jsonl");
     let (journal, recovered) = Journal::open(JournalConfig::new(&data)).expect("journal");
     let gpio = SimGpio::open(&log, Allowlist::all()).expect("sim");
     let device = DirectDevice::new(Box::new(gpio), clock.clone());
@@ -66,9 +80,15 @@ pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
 }
 
 pub fn rig() -> Rig {
+    rig_with(ConfigFile::default(), Overrides::default())
+}
+
+/// A rig whose agent's configuration adds `file` and `o`.
+pub fn rig_with(file: ConfigFile, o: Overrides) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(t(0)));
-    let agent = build(dir.path(), clock.clone());
+    let cfg = config(dir.path(), file, o);
+    let agent = build_with(dir.path(), clock.clone(), cfg);
     Rig {
         data: dir.path().join("data"),
         log: dir.path().join("gpio.jsonl"),
@@ -81,7 +101,7 @@ pub fn rig() -> Rig {
 impl Rig {
     pub fn accept(&mut self, yaml: &str) -> anyhow::Result<Verdict> {
         let pack = parse_pack(yaml).map_err(|e| anyhow::anyhow!("{}", e.render("pack")))?;
-        self.agent.accept(yaml.to_string(), pack)
+        Ok(self.agent.accept(yaml.to_string(), pack)?)
     }
 
     /// Step every `every` until `until` (simulated).

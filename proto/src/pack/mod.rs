@@ -26,6 +26,12 @@
 //!   left at or after `now` (a year field in the past). A one-shot `at` or
 //!   an `until` that is merely in the past is *not* refused: it was
 //!   missed, and missed firings are reported at runtime.
+//! - **`lease`** (pack level, optional, a duration greater than zero): how
+//!   long the pack keeps running while the agent has no contact with its
+//!   controller. Past it the agent drives the pack's safe state (reason
+//!   `lease_lost`) and the pack stays stopped until a higher version
+//!   arrives. Without `lease` a pack runs its schedule offline. Only an
+//!   agent with a controller configured enforces it.
 //! - **`shared_lines`** (pack level, optional): the GPIO lines this pack
 //!   agrees to share with other packs on the same agent. Two packs may
 //!   drive (`gpio.write`, `gpio.toggle`, `gpio.pulse`; reads do not count)

@@ -31,6 +31,12 @@ pub struct Pack {
     pub timezone: TimeZone,
     /// Optional free text.
     pub description: Option<String>,
+    /// `lease`: how long the pack keeps running without contact with the
+    /// controller. Past it the agent drives the pack's safe state (reason
+    /// `lease_lost`) and keeps it stopped until a higher version arrives.
+    /// `None` (no `lease` key): the pack runs its schedule offline for as
+    /// long as the agent is up. Always greater than zero.
+    pub lease: Option<Duration>,
     /// Actions that drive the device to a safe state.
     pub safe_state: Vec<Action>,
     /// Lines this pack agrees to share with other packs that declare them

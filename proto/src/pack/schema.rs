@@ -42,6 +42,11 @@ struct PackDoc {
     timezone: Option<String>,
     /// Free text.
     description: Option<String>,
+    /// How long the pack keeps running without contact with the
+    /// controller (greater than zero). Past it the agent drives the pack's
+    /// safe state (`lease_lost`) and keeps it stopped until a higher version
+    /// arrives. Absent: the pack keeps running its schedule offline.
+    lease: Option<DurationText>,
     /// Settings applied to every instruction.
     defaults: Option<DefaultsDoc>,
     /// Actions run on cancel, lease loss, shutdown and give-up.

@@ -444,6 +444,29 @@ impl Scheduler {
         self.all_safe(SafeReason::LeaseLost, now, out);
     }
 
+    /// The controller lease of one pack ran out (its `lease` passed without
+    /// contact with the controller): that pack alone goes to its safe state
+    /// (reason [`SafeReason::LeaseLost`]), its pending firings reported as
+    /// skipped; every other pack keeps running. The pack stays held,
+    /// stopped, until it is accepted again (as after a cancel, even the same
+    /// version reinstalls it here; the agent's admission only passes a
+    /// higher version, so on an agent that is what brings it back). Returns
+    /// whether the pack
+    /// was active (false: not held, or already in its safe state — then
+    /// nothing is output, so calling it again is harmless).
+    pub fn lease_lost_pack(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
+        let Some(&slot) = self.by_key.get(key) else {
+            return false;
+        };
+        let active = self.packs[slot]
+            .as_ref()
+            .is_some_and(|p| p.status == Status::Active);
+        if active {
+            self.fail_safe(slot, SafeReason::LeaseLost, None, now, out);
+        }
+        active
+    }
+
     /// The agent is stopping: every active pack goes to its safe state.
     pub fn shutdown(&mut self, now: RefTime, out: &mut Vec<Output>) {
         self.all_safe(SafeReason::Shutdown, now, out);

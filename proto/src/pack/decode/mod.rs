@@ -22,7 +22,7 @@ use self::instruction::instruction;
 pub use self::policy::{DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MIN_MAX_LATENESS};
 use self::policy::{Defaults, defaults};
 pub use self::scalar::is_ident;
-use self::scalar::{ident, string, string_list, string_map, uint};
+use self::scalar::{ident, positive_duration, string, string_list, string_map, uint};
 use super::dag::{self, GraphNode};
 use super::error::{PackError, PackErrors};
 use super::lines::driven_by;
@@ -45,6 +45,7 @@ pub(crate) const PACK_KEYS: &[&str] = &[
     "targets",
     "timezone",
     "description",
+    "lease",
     "defaults",
     "safe_state",
     "shared_lines",
@@ -94,6 +95,9 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
     // The zone first: local wall times below are read in it.
     let timezone_name = timezone(&mut cx, f.get("timezone"));
     let header = header(&mut cx, &f);
+    let lease = f
+        .get("lease")
+        .and_then(|n| positive_duration(&mut cx, n, "lease"));
     let d = defaults(&mut cx, f.get("defaults"));
     let safe_state = safe_state(&mut cx, f.get("safe_state"));
     let body = f
@@ -122,6 +126,7 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
         timezone_name,
         timezone: cx.tz,
         description: header.description,
+        lease,
         safe_state,
         shared_lines,
         instructions: body.instructions,
@@ -424,6 +429,24 @@ mod tests {
 
     fn messages(cx: &Ctx) -> Vec<String> {
         cx.errors.iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn lease_is_optional_positive_and_kept_as_a_duration() {
+        let body = "instructions:\n  - {id: a, action: noop, every: 1s}\n";
+        let p = crate::pack::parse_pack(&format!("pack: p\nversion: 1\n{body}")).expect("valid");
+        assert_eq!(p.lease, None, "no lease: the pack runs offline");
+        let p = crate::pack::parse_pack(&format!("pack: p\nversion: 1\nlease: 1m30s\n{body}"))
+            .expect("valid");
+        assert_eq!(p.lease, Some(Duration::from_secs(90)));
+        // Zero is refused where it is written; other errors still come.
+        let e = crate::pack::parse_pack(&format!(
+            "pack: p\nversion: 1\nlease: 0ms\ntimezone: Mars/x\n{body}"
+        ))
+        .expect_err("zero lease");
+        let m: Vec<String> = e.0.iter().map(|e| e.to_string()).collect();
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert_eq!(m[0], "3:8: lease must be greater than zero");
     }
 
     #[test]

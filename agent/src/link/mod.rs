@@ -1,0 +1,301 @@
+//! The controller link: the agent's one bidirectional gRPC stream to its
+//! controller (`baton.v1.Link/Connect`), on a thread of its own.
+//!
+//! # Threads and channels
+//!
+//! The link runs on its own OS thread, `baton-link`, inside a tokio
+//! *current-thread* runtime: nothing async ever runs on the control or
+//! dispatcher threads (STYLE.md habit 15). Two bounded channels join it
+//! to the control thread, and neither side can block the other for good:
+//!
+//! - **link → control**: a `std::sync::mpsc::sync_channel` of [`FromLink`]
+//!   (depth [`FROM_LINK_DEPTH`]), each send followed by an unpark of the
+//!   control thread. When it is full the link waits (on tokio's blocking
+//!   pool, never blocking its runtime) and stops reading the stream:
+//!   back-pressure reaches the controller through HTTP/2 flow control.
+//!   Nothing is dropped.
+//! - **control → link**: a tokio `mpsc` of [`Outgoing`] (depth
+//!   [`TO_LINK_DEPTH`]) that the control thread only `try_send`s; what does
+//!   not fit waits in the control thread's own small queue
+//!   (`runtime::uplink`).
+//!
+//! # Sessions
+//!
+//! Each connection is a *session*, numbered from 1. The link says
+//! [`FromLink::Connected`] once the transport is up; the control thread
+//! answers with [`ToLink::Hello`], which opens the stream (Hello is the
+//! first message on every stream). Everything the control thread sends is
+//! tagged with the session it answers; messages for a session that ended
+//! are dropped by the link, never sent on a later stream (the next Hello
+//! tells the controller the state instead). The session ends with
+//! [`FromLink::Disconnected`], then the link reconnects forever with
+//! exponential backoff and full jitter ([`backoff`]).
+//!
+//! # What the link does on its own
+//!
+//! Answers pings (Pong) and time-exchange requests (t2/t3 from the agent's
+//! clock), detects a dead peer ([`watchdog`]: three ping intervals without
+//! a message), and turns outbox records into `wire::Feedback`
+//! ([`convert`]). Everything that touches the agent's state (packs, the
+//! journal, leases) happens on the control thread (`runtime::uplink`).
+
+pub mod backoff;
+pub mod convert;
+mod relay;
+mod session;
+pub mod watchdog;
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use baton_proto::wire;
+use tokio::sync::{mpsc, watch};
+
+use crate::runtime::ports::Clock;
+
+/// Depth of the link → control channel.
+pub const FROM_LINK_DEPTH: usize = 256;
+/// Depth of the control → link channel.
+pub const TO_LINK_DEPTH: usize = 64;
+/// Connection attempts give up after this long (TCP and HTTP/2 handshake).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 keep-alive ping interval (also while idle)...
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// ...and how long a keep-alive ping may go unanswered.
+pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest message either way: a pack is at most 1 MiB of YAML, a
+/// feedback batch 256 records.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// What the link tells the control thread. Every variant names the session
+/// it belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FromLink {
+    /// A transport to the controller is up: send [`ToLink::Hello`] for this
+    /// session. Not yet contact: the controller has not answered.
+    Connected {
+        /// The new session.
+        session: u64,
+    },
+    /// The controller's answer to Hello.
+    Welcome {
+        /// Session.
+        session: u64,
+        /// Feedback up to this seq is stored by the controller.
+        acked_seq: u64,
+        /// How often the controller pings (as the link honours it).
+        ping_interval: Duration,
+    },
+    /// A pack pushed (its YAML, validated by the control thread).
+    Push {
+        /// Session.
+        session: u64,
+        /// What the controller says it is (empty if it said nothing).
+        pack: wire::PackRef,
+        /// The pack's YAML source.
+        yaml: String,
+    },
+    /// A pack withdrawn.
+    Cancel {
+        /// Session.
+        session: u64,
+        /// Which pack (version as the controller knows it).
+        pack: wire::PackRef,
+    },
+    /// Feedback up to `seq` is stored by the controller.
+    FeedbackAck {
+        /// Session.
+        session: u64,
+        /// Cumulative.
+        seq: u64,
+    },
+    /// The controller is there (a ping or time exchange; at most one per
+    /// second): renews leases like any other message.
+    Alive {
+        /// Session.
+        session: u64,
+    },
+    /// The session ended (stream closed, refused, dead peer...). Sent once
+    /// per session that was [`FromLink::Connected`].
+    Disconnected {
+        /// Session.
+        session: u64,
+        /// In words, for the log.
+        reason: String,
+    },
+}
+
+impl FromLink {
+    /// The session the message belongs to.
+    pub fn session(&self) -> u64 {
+        match self {
+            FromLink::Connected { session }
+            | FromLink::Welcome { session, .. }
+            | FromLink::Push { session, .. }
+            | FromLink::Cancel { session, .. }
+            | FromLink::FeedbackAck { session, .. }
+            | FromLink::Alive { session }
+            | FromLink::Disconnected { session, .. } => *session,
+        }
+    }
+}
+
+/// What the control thread sends to the controller.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToLink {
+    /// The first message of a session.
+    Hello(Box<wire::Hello>),
+    /// A pushed pack was accepted.
+    Ack(wire::PackAck),
+    /// A pushed pack was refused.
+    Nack(wire::PackNack),
+    /// The packs held now (after any change).
+    Held(Vec<wire::HeldPack>),
+    /// Outbox records `(seq, JSON)` in seq order; the link converts them
+    /// ([`convert::feedback`]).
+    Feedback(Vec<(u64, Vec<u8>)>),
+    /// The clock's state.
+    ClockReport(wire::ClockReport),
+}
+
+/// A [`ToLink`] for one session (dropped if that session is over).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    /// The session it answers.
+    pub session: u64,
+    /// The message.
+    pub msg: ToLink,
+}
+
+/// Where and how to dial.
+#[derive(Clone, Debug)]
+pub struct LinkConfig {
+    /// `http://HOST:PORT` (checked by `config::check_controller_url`).
+    pub url: String,
+    /// This agent's id, for the log (the controller learns it from Hello).
+    pub agent_id: String,
+    /// Reconnect delays.
+    pub backoff: backoff::BackoffConfig,
+}
+
+impl LinkConfig {
+    /// Dial `url` with the default backoff.
+    pub fn new(url: impl Into<String>, agent_id: impl Into<String>) -> Self {
+        LinkConfig {
+            url: url.into(),
+            agent_id: agent_id.into(),
+            backoff: backoff::BackoffConfig::default(),
+        }
+    }
+}
+
+/// Why [`Link::try_send`] did not take a message.
+#[derive(Debug)]
+pub enum SendError {
+    /// The channel is full: keep it and try again later.
+    Full(Outgoing),
+    /// The link thread is gone.
+    Closed(Outgoing),
+}
+
+/// The control thread's handle on the link thread. Dropping it asks the
+/// thread to stop without waiting for it (a `Drop` never blocks); call
+/// [`Link::stop`] to wait, bounded.
+#[derive(Debug)]
+pub struct Link {
+    to_link: mpsc::Sender<Outgoing>,
+    from_link: Receiver<FromLink>,
+    stop: watch::Sender<bool>,
+    done: Receiver<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Link {
+    /// Start the `baton-link` thread dialling `cfg.url`. `control` is the
+    /// control thread, unparked whenever a [`FromLink`] arrives; `clock`
+    /// stamps time-exchange replies.
+    pub fn start(
+        cfg: LinkConfig,
+        clock: Arc<dyn Clock>,
+        control: std::thread::Thread,
+    ) -> std::io::Result<Link> {
+        let (to_link, to_rx) = mpsc::channel(TO_LINK_DEPTH);
+        let (from_tx, from_link) = std::sync::mpsc::sync_channel(FROM_LINK_DEPTH);
+        let (stop, stop_rx) = watch::channel(false);
+        let (done_tx, done) = std::sync::mpsc::sync_channel(1);
+        let relay = relay::Relay::new(from_tx, control);
+        let thread = std::thread::Builder::new()
+            .name("baton-link".into())
+            .spawn(move || thread_main(cfg, clock, to_rx, relay, stop_rx, done_tx))?;
+        Ok(Link {
+            to_link,
+            from_link,
+            stop,
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queue a message for the controller; never blocks.
+    pub fn try_send(&self, msg: Outgoing) -> Result<(), SendError> {
+        self.to_link.try_send(msg).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(m) => SendError::Full(m),
+            mpsc::error::TrySendError::Closed(m) => SendError::Closed(m),
+        })
+    }
+
+    /// The next message from the link, if any; never blocks.
+    pub fn try_recv(&self) -> Option<FromLink> {
+        self.from_link.try_recv().ok()
+    }
+
+    /// Stop the link thread, waiting at most `wait` for it to end. Returns
+    /// whether it ended (if not, it is left behind; it holds nothing the
+    /// agent needs).
+    pub fn stop(&mut self, wait: Duration) -> bool {
+        let _ = self.stop.send(true);
+        let Some(thread) = self.thread.take() else {
+            return true;
+        };
+        match self.done.recv_timeout(wait) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                let _ = thread.join();
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => false,
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+fn thread_main(
+    cfg: LinkConfig,
+    clock: Arc<dyn Clock>,
+    to_rx: mpsc::Receiver<Outgoing>,
+    relay: relay::Relay,
+    stop: watch::Receiver<bool>,
+    done: SyncSender<()>,
+) {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => {
+            rt.block_on(session::run(cfg, clock, to_rx, relay, stop));
+            // A relay still waiting for room on the blocking pool ends when
+            // the control side drops its receiver; do not wait for it here.
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
+        Err(e) => tracing::error!(
+            "controller link: cannot start its runtime ({e}); the agent runs without a controller"
+        ),
+    }
+    let _ = done.send(());
+}

@@ -1,0 +1,374 @@
+//! The link's async side: connect, run one stream, reconnect.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_proto::wire;
+use baton_proto::wire::agent_message::Body as Out;
+use baton_proto::wire::controller_message::Body as In;
+use baton_proto::wire::link_client::LinkClient;
+use rand::SeedableRng;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use super::backoff::Backoff;
+use super::relay::{Relay, RelayClosed};
+use super::watchdog::Silence;
+use super::{
+    CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig,
+    MAX_MESSAGE_BYTES, Outgoing, ToLink, convert,
+};
+use crate::runtime::ports::Clock;
+
+/// Messages waiting to enter the request stream (the stream's own channel
+/// is small: a full one means HTTP/2 flow control is holding us back).
+const OUT_QUEUE: usize = 8;
+/// Depth of the request stream's channel.
+const STREAM_DEPTH: usize = 4;
+/// Replies the link makes itself (pongs) beyond which more are dropped
+/// while the stream cannot take them: a flood of pings must not grow memory.
+const MAX_OWN_REPLIES: usize = 64;
+/// At most one [`FromLink::Alive`] per this long.
+const ALIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// How a session ended.
+enum End {
+    /// A stop was requested, or the control side is gone: leave.
+    Stop,
+    /// The session is over; reconnect. `up`: when the stream was open.
+    Lost { reason: String, up: Option<Instant> },
+}
+
+/// Connect, run, reconnect with backoff, until stopped.
+pub(super) async fn run(
+    cfg: LinkConfig,
+    clock: Arc<dyn Clock>,
+    mut to_link: mpsc::Receiver<Outgoing>,
+    relay: Relay,
+    mut stop: watch::Receiver<bool>,
+) {
+    let epoch = Instant::now();
+    let mut backoff = Backoff::new(cfg.backoff);
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut session = 0u64;
+    tracing::info!(controller = %cfg.url, agent = %cfg.agent_id, "controller link starting");
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        session += 1;
+        let end = one(&cfg, &clock, session, &mut to_link, &relay, &mut stop).await;
+        let (reason, up) = match end {
+            End::Stop => return,
+            End::Lost { reason, up } => (reason, up),
+        };
+        if let Some(up) = up {
+            backoff.up(up - epoch);
+        }
+        let delay = backoff.next_delay(Instant::now() - epoch, &mut rng);
+        tracing::warn!(
+            controller = %cfg.url,
+            session,
+            "controller link: {reason}; next attempt in {}",
+            baton_proto::time::format_duration(delay)
+        );
+        // Wait, dropping whatever the control thread still sends for the
+        // session that ended.
+        let until = Instant::now() + delay;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => break,
+                _ = stop.wait_for(|s| *s) => return,
+                m = to_link.recv() => if m.is_none() { return },
+            }
+        }
+    }
+}
+
+/// The transport to the controller, with the link's limits.
+async fn connect(url: &str) -> Result<LinkClient<tonic::transport::Channel>, String> {
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("bad controller URL {url}: {e}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true);
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+        .await
+        .map_err(|_| format!("connect to {url} timed out after {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| format!("connect to {url} failed: {}", error_chain(&e)))?;
+    Ok(LinkClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// `e: cause: cause`, for transport errors whose top line says little.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The next message on the stream once it is open; pending before.
+async fn next_in(
+    inbound: &mut Option<tonic::Streaming<wire::ControllerMessage>>,
+) -> Result<Option<wire::ControllerMessage>, tonic::Status> {
+    match inbound {
+        Some(s) => s.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One session: connect, hand the stream to the control thread, pump it
+/// until it ends.
+async fn one(
+    cfg: &LinkConfig,
+    clock: &Arc<dyn Clock>,
+    session: u64,
+    to_link: &mut mpsc::Receiver<Outgoing>,
+    relay: &Relay,
+    stop: &mut watch::Receiver<bool>,
+) -> End {
+    let client = tokio::select! {
+        c = connect(&cfg.url) => c,
+        _ = stop.wait_for(|s| *s) => return End::Stop,
+    };
+    let mut client = match client {
+        Ok(c) => c,
+        Err(reason) => return End::Lost { reason, up: None },
+    };
+    let mut s = Session {
+        id: session,
+        epoch: Instant::now(),
+        clock: clock.clone(),
+        relay: relay.clone(),
+        silence: Silence::new(Duration::ZERO),
+        last_alive: None,
+        outq: VecDeque::new(),
+    };
+    if let Err(e) = s.tell(FromLink::Connected { session }, stop).await {
+        return e;
+    }
+    // The request stream is fed from a channel, so Hello flows as soon as
+    // the control thread sends it, even before the controller's response
+    // headers arrive (a controller may wait for Hello before answering).
+    let (out_tx, out_rx) = mpsc::channel::<wire::AgentMessage>(STREAM_DEPTH);
+    let mut call = Box::pin(client.connect(ReceiverStream::new(out_rx)));
+    let mut inbound = None;
+    let mut up = None;
+    // Watched here; `stop` itself goes to the handlers' relay sends.
+    let mut stopping = stop.clone();
+    let end = loop {
+        let deadline = s.epoch + s.silence.deadline();
+        tokio::select! {
+            biased;
+            _ = stopping.wait_for(|s| *s) => break End::Stop,
+            r = &mut call, if inbound.is_none() => match r {
+                Ok(resp) => {
+                    inbound = Some(resp.into_inner());
+                    up = Some(Instant::now());
+                    s.silence.heard(s.now());
+                }
+                Err(status) => break End::Lost {
+                    reason: format!("the controller refused the stream: {}", status_text(&status)),
+                    up: None,
+                },
+            },
+            m = next_in(&mut inbound) => match m {
+                Ok(Some(msg)) => {
+                    s.silence.heard(s.now());
+                    if let Err(e) = s.inbound(msg, stop).await {
+                        break e;
+                    }
+                }
+                Ok(None) => break End::Lost { reason: "the controller closed the stream".into(), up },
+                Err(status) => break End::Lost { reason: format!("stream error: {}", status_text(&status)), up },
+            },
+            o = to_link.recv(), if s.outq.len() < OUT_QUEUE => match o {
+                None => break End::Stop,
+                Some(o) if o.session == session => s.outq.push_back(encode(o.msg)),
+                // For a session that is over: the next Hello covers it.
+                Some(_) => {}
+            },
+            permit = out_tx.reserve(), if !s.outq.is_empty() => match permit {
+                Ok(p) => {
+                    if let Some(m) = s.outq.pop_front() {
+                        p.send(m);
+                    }
+                }
+                Err(_) => break End::Lost { reason: "the request stream closed".into(), up },
+            },
+            _ = tokio::time::sleep_until(deadline) => break End::Lost {
+                reason: format!(
+                    "no message from the controller for {} (three ping intervals): dead peer",
+                    baton_proto::time::format_duration(s.silence.limit())
+                ),
+                up,
+            },
+        }
+    };
+    if let End::Lost { reason, .. } = &end {
+        // Best effort: the control side may be gone already.
+        let _ = s
+            .tell(
+                FromLink::Disconnected {
+                    session,
+                    reason: reason.clone(),
+                },
+                stop,
+            )
+            .await;
+    }
+    end
+}
+
+fn status_text(s: &tonic::Status) -> String {
+    if s.message().is_empty() {
+        format!("{:?}", s.code())
+    } else {
+        format!("{:?}: {}", s.code(), s.message())
+    }
+}
+
+/// One stream's state on the link side.
+struct Session {
+    id: u64,
+    epoch: Instant,
+    clock: Arc<dyn Clock>,
+    relay: Relay,
+    silence: Silence,
+    last_alive: Option<Instant>,
+    /// Encoded messages waiting for room in the request stream.
+    outq: VecDeque<wire::AgentMessage>,
+}
+
+impl Session {
+    fn now(&self) -> Duration {
+        Instant::now() - self.epoch
+    }
+
+    /// Hand a message to the control thread. Time spent waiting for room
+    /// is not silence of the peer (nobody was listening).
+    async fn tell(&mut self, msg: FromLink, stop: &mut watch::Receiver<bool>) -> Result<(), End> {
+        match self.relay.send(msg, stop).await {
+            Ok(waited) => {
+                if waited {
+                    self.silence.heard(self.now());
+                }
+                Ok(())
+            }
+            Err(RelayClosed::Gone | RelayClosed::Stopping) => Err(End::Stop),
+        }
+    }
+
+    /// A message from the controller.
+    async fn inbound(
+        &mut self,
+        msg: wire::ControllerMessage,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), End> {
+        let session = self.id;
+        let to_control = match msg.body {
+            Some(In::Welcome(w)) => {
+                let ping_interval = self.silence.set_interval_ms(w.ping_interval_ms);
+                tracing::info!(
+                    session,
+                    controller_agent_id = %w.agent_id,
+                    acked_seq = w.feedback_acked_seq,
+                    ping_interval = %baton_proto::time::format_duration(ping_interval),
+                    "controller link: welcomed"
+                );
+                Some(FromLink::Welcome {
+                    session,
+                    acked_seq: w.feedback_acked_seq,
+                    ping_interval,
+                })
+            }
+            // A push or cancel without a pack reference still reaches the
+            // control thread, which answers it (never a silent drop).
+            Some(In::PackPush(p)) => Some(FromLink::Push {
+                session,
+                pack: p.pack.unwrap_or_default(),
+                yaml: p.yaml,
+            }),
+            Some(In::PackCancel(c)) => Some(FromLink::Cancel {
+                session,
+                pack: c.pack.unwrap_or_default(),
+            }),
+            Some(In::FeedbackAck(a)) => Some(FromLink::FeedbackAck {
+                session,
+                seq: a.seq,
+            }),
+            Some(In::Ping(p)) => {
+                self.reply(Out::Pong(wire::Pong { id: p.id }));
+                self.alive()
+            }
+            Some(In::TimeExchangeRequest(r)) => {
+                // t3 is taken as the reply is queued: the time it then
+                // waits for the stream counts as path delay, which the
+                // controller's exchange filtering is there to reject.
+                let t2 = self.clock.now().as_nanos();
+                self.reply(Out::TimeExchangeReply(wire::TimeExchangeReply {
+                    id: r.id,
+                    t1_ns: r.t1_ns,
+                    t2_ns: t2,
+                    t3_ns: self.clock.now().as_nanos(),
+                }));
+                self.alive()
+            }
+            None => self.alive(),
+        };
+        match to_control {
+            Some(m) => self.tell(m, stop).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A reply the link makes itself; dropped (logged) past a bound while
+    /// the stream cannot take them.
+    fn reply(&mut self, body: Out) {
+        if self.outq.len() < MAX_OWN_REPLIES {
+            self.outq.push_back(wire::AgentMessage { body: Some(body) });
+        } else {
+            tracing::debug!("controller link: reply dropped, the stream is not draining");
+        }
+    }
+
+    /// Contact for the lease, at most once per [`ALIVE_EVERY`].
+    fn alive(&mut self) -> Option<FromLink> {
+        let now = Instant::now();
+        if self.last_alive.is_some_and(|t| now - t < ALIVE_EVERY) {
+            return None;
+        }
+        self.last_alive = Some(now);
+        Some(FromLink::Alive { session: self.id })
+    }
+}
+
+/// A control-thread message in its wire form (feedback records converted
+/// here, off the control thread).
+fn encode(msg: ToLink) -> wire::AgentMessage {
+    let body = match msg {
+        ToLink::Hello(h) => Out::Hello(*h),
+        ToLink::Ack(a) => Out::PackAck(a),
+        ToLink::Nack(n) => Out::PackNack(n),
+        ToLink::Held(packs) => Out::Held(wire::Held { packs }),
+        ToLink::Feedback(records) => Out::Feedback(wire::FeedbackBatch {
+            entries: records
+                .iter()
+                .map(|(seq, r)| convert::feedback(*seq, r))
+                .collect(),
+        }),
+        ToLink::ClockReport(r) => Out::ClockReport(r),
+    };
+    wire::AgentMessage { body: Some(body) }
+}

@@ -1,0 +1,588 @@
+//! The control thread's side of the controller link (`crate::link`):
+//! hello, pushes, cancels, feedback, clock reports and pack leases. Called
+//! from [`Agent::step`] with bounded work per call; nothing here blocks or
+//! awaits (the link thread does the IO).
+//!
+//! # A session
+//!
+//! `Connected` → Hello (agent id, labels, version, capabilities, the held
+//! packs with their `stopped` flags, the journal id, the outbox's first and
+//! last seq, `max-packs`). `Welcome` → the outbox is acknowledged up to the
+//! controller's `feedback_acked_seq`, the send window opens at the outbox
+//! front, a clock report goes out. From then on feedback flows in seq
+//! order, [`window::PAGE`] records per batch, at most
+//! [`window::MAX_IN_FLIGHT`] unacknowledged; an entry leaves the journal
+//! only when a `FeedbackAck` covers it. Every reconnect starts again at
+//! the outbox front: whatever was in flight is sent again (the controller
+//! de-duplicates by seq within the journal id).
+//!
+//! # Pushes
+//!
+//! A pushed YAML is validated again (`parse_pack`), must be the pack its
+//! `PackRef` names, must fit in `max-packs`, and goes through
+//! [`Agent::accept`] like a pack file. The answer: `PackAck` (`unchanged`
+//! for the same version and text), or `PackNack` with a reason —
+//! `INVALID` (every error with its line, column and instruction),
+//! `RESOURCE_EXHAUSTED`, `CLOCK`, `UNAVAILABLE` (the journal failed: the
+//! control loop then ends through its one way out, as on any journal
+//! error) or `REFUSED` (this agent's own checks: lines, programs, owners,
+//! versions). After any change of the held set a `Held` goes out.
+//!
+//! # Leases
+//!
+//! A pack with `lease: L` whose `L` has passed without contact with the
+//! controller enters its safe state (`lease_lost`, reported in feedback
+//! like every safe state) — that pack only. It is journalled stopped, so
+//! it stays stopped across restarts; **a higher version of the pack brings
+//! it back** (a re-push of the same version is `unchanged` and leaves it
+//! stopped). See [`lease`] for what counts as contact. Only an agent with
+//! a controller configured enforces leases.
+
+mod lease;
+mod window;
+
+use std::collections::VecDeque;
+
+use baton_proto::wire;
+
+use super::*;
+use crate::clock::MonoTime;
+use crate::link::{FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
+use lease::{LeaseClock, Leased};
+use window::SendWindow;
+
+/// What the agent tells the controller it can do.
+pub const CAPABILITIES: &[&str] = &["gpio", "exec", "lease"];
+/// Link events handled per step, at most (and at most one push or cancel:
+/// parsing a large pack takes a while, and firings are armed in between).
+const EVENTS_PER_STEP: usize = 32;
+/// Messages waiting for room in the link's channel beyond which no more
+/// link events are taken (back-pressure to the link).
+const PENDING_CAP: usize = 32;
+/// Feedback pages read from the journal per step, at most.
+const PAGES_PER_STEP: usize = 4;
+/// Clock reports, this often (and after every Welcome).
+const CLOCK_REPORT_EVERY: Duration = Duration::from_secs(5);
+/// How long the way out waits for the link thread.
+const LINK_STOP_WAIT: Duration = Duration::from_secs(1);
+/// Retry interval while the link's channel is full.
+const RETRY_FULL: Duration = Duration::from_millis(5);
+
+/// The control thread's link state.
+#[derive(Debug)]
+pub(super) struct Uplink {
+    link: Link,
+    /// The session Hello was sent on, while it lasts.
+    session: Option<u64>,
+    /// The current session was welcomed: feedback and clock reports flow.
+    welcomed: bool,
+    window: SendWindow,
+    /// Messages the link's channel had no room for, in order.
+    pending: VecDeque<Outgoing>,
+    lease: LeaseClock,
+    next_clock_report: MonoTime,
+    /// The last step left link events waiting: step again at once.
+    backlog: bool,
+    /// The link thread is gone (logged once).
+    closed: bool,
+}
+
+impl Uplink {
+    fn queue(&mut self, session: u64, msg: ToLink) {
+        self.pending.push_back(Outgoing { session, msg });
+    }
+
+    /// Hand queued messages to the link, in order, as far as it has room.
+    fn flush(&mut self) {
+        while let Some(o) = self.pending.pop_front() {
+            match self.link.try_send(o) {
+                Ok(()) => {}
+                Err(SendError::Full(o)) => {
+                    self.pending.push_front(o);
+                    break;
+                }
+                Err(SendError::Closed(_)) => {
+                    if !self.closed {
+                        tracing::error!(
+                            "the controller link thread ended: running without a controller (leases will run out)"
+                        );
+                        self.closed = true;
+                    }
+                    self.pending.clear();
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A nack for `pack`.
+fn nack(
+    pack: &wire::PackRef,
+    reason: wire::NackReason,
+    message: String,
+    errors: Vec<wire::PackError>,
+) -> ToLink {
+    ToLink::Nack(wire::PackNack {
+        pack: Some(pack.clone()),
+        errors,
+        reason: reason as i32,
+        message,
+    })
+}
+
+/// Pack errors with their positions, as the wire carries them.
+fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
+    errs.0
+        .iter()
+        .map(|e| wire::PackError {
+            line: u32::try_from(e.pos.line).unwrap_or(u32::MAX),
+            column: u32::try_from(e.pos.col).unwrap_or(u32::MAX),
+            instruction: e.instruction.clone().unwrap_or_default(),
+            message: e.message.clone(),
+        })
+        .collect()
+}
+
+impl Agent {
+    /// Start the link thread if a controller is configured.
+    pub(super) fn start_uplink(&mut self) -> anyhow::Result<()> {
+        let Some(url) = self.cfg.controller.clone() else {
+            return Ok(());
+        };
+        let link = Link::start(
+            LinkConfig::new(url, self.cfg.id.clone()),
+            self.clock.clone(),
+            std::thread::current(),
+        )
+        .map_err(|e| anyhow::anyhow!("starting the controller link thread: {e}"))?;
+        let now = self.mono_now();
+        self.uplink = Some(Uplink {
+            link,
+            session: None,
+            welcomed: false,
+            window: SendWindow::default(),
+            pending: VecDeque::new(),
+            lease: LeaseClock::new(now),
+            next_clock_report: now,
+            backlog: false,
+            closed: false,
+        });
+        Ok(())
+    }
+
+    /// Stop the link thread (the way out), waiting at most a second.
+    pub(super) fn stop_uplink(&mut self) {
+        if let Some(up) = &mut self.uplink
+            && !up.link.stop(LINK_STOP_WAIT)
+        {
+            tracing::warn!("the controller link thread did not stop within {LINK_STOP_WAIT:?}");
+        }
+    }
+
+    /// Now on the monotonic scale (leases, report intervals).
+    fn mono_now(&self) -> MonoTime {
+        self.clock.to_mono(self.clock.now())
+    }
+
+    /// One pass of the link's control side: link events (bounded), leases,
+    /// `Held` after changes, clock reports, feedback pages (bounded).
+    pub(super) fn uplink_step(&mut self) -> anyhow::Result<()> {
+        let Some(mut up) = self.uplink.take() else {
+            return Ok(());
+        };
+        let r = self.uplink_pass(&mut up);
+        up.flush();
+        self.uplink = Some(up);
+        r
+    }
+
+    fn uplink_pass(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+        up.flush();
+        up.backlog = false;
+        let mut taken = 0;
+        while up.pending.len() < PENDING_CAP {
+            if taken == EVENTS_PER_STEP {
+                up.backlog = true;
+                break;
+            }
+            let Some(ev) = up.link.try_recv() else { break };
+            taken += 1;
+            let heavy = matches!(ev, FromLink::Push { .. } | FromLink::Cancel { .. });
+            self.on_link(up, ev)?;
+            up.flush();
+            if heavy {
+                up.backlog = true;
+                break;
+            }
+        }
+        self.check_leases(up)?;
+        if let Some(session) = up.session
+            && self.held_changed
+        {
+            self.held_changed = false;
+            up.queue(session, ToLink::Held(self.held_list()));
+        }
+        let now = self.mono_now();
+        if let Some(session) = up.session
+            && up.welcomed
+            && now >= up.next_clock_report
+        {
+            up.queue(session, ToLink::ClockReport(self.clock_report()));
+            up.next_clock_report =
+                MonoTime(now.0.saturating_add(CLOCK_REPORT_EVERY.as_nanos() as i64));
+        }
+        up.flush();
+        self.send_feedback(up)
+    }
+
+    /// The earliest instant the link side has work (for the loop's sleep).
+    pub(super) fn uplink_wake(&self, now: RefTime) -> Option<RefTime> {
+        let up = self.uplink.as_ref()?;
+        if up.backlog {
+            return Some(now);
+        }
+        if !up.pending.is_empty() {
+            return Some(now + RETRY_FULL);
+        }
+        let back = self.journal.outbox_range().map(|(_, b)| b);
+        if up
+            .window
+            .next_page(None)
+            .is_some_and(|(from, _)| back.is_some_and(|b| b >= from))
+        {
+            return Some(now);
+        }
+        let mut at: Option<MonoTime> = None;
+        if up.welcomed {
+            at = Some(up.next_clock_report);
+        }
+        for (key, h) in &self.held {
+            let Some(lease) = h.lease else { continue };
+            if !self.core.held(key).is_some_and(|(_, active)| active) {
+                continue;
+            }
+            let t = up.lease.expiry(&Leased {
+                lease,
+                since: h.since,
+            });
+            at = Some(at.map_or(t, |a| a.min(t)));
+        }
+        at.map(|m| self.clock.to_ref(m))
+    }
+
+    fn on_link(&mut self, up: &mut Uplink, ev: FromLink) -> anyhow::Result<()> {
+        let now = self.mono_now();
+        match ev {
+            FromLink::Connected { session } => {
+                up.session = Some(session);
+                up.welcomed = false;
+                up.window.close();
+                // Whatever waited for an earlier session is moot: Hello
+                // says where things stand.
+                up.pending.retain(|o| o.session == session);
+                let hello = self.hello();
+                tracing::info!(
+                    session,
+                    packs = hello.packs.len(),
+                    journal_id = %hello.journal_id,
+                    feedback_first_seq = hello.feedback_first_seq,
+                    feedback_last_seq = hello.feedback_last_seq,
+                    "controller link: connected, hello sent"
+                );
+                up.queue(session, ToLink::Hello(Box::new(hello)));
+                self.held_changed = false;
+            }
+            FromLink::Welcome {
+                session, acked_seq, ..
+            } => {
+                up.lease.contact(now);
+                if up.session != Some(session) {
+                    return Ok(());
+                }
+                let acked_seq = self.known_seq(acked_seq);
+                self.journal.ack_feedback(acked_seq)?;
+                let front = self
+                    .journal
+                    .outbox_range()
+                    .map_or(acked_seq.saturating_add(1), |(f, _)| f);
+                up.window.open(front, acked_seq);
+                up.welcomed = true;
+                up.queue(session, ToLink::ClockReport(self.clock_report()));
+                up.next_clock_report =
+                    MonoTime(now.0.saturating_add(CLOCK_REPORT_EVERY.as_nanos() as i64));
+            }
+            FromLink::Push {
+                session,
+                pack,
+                yaml,
+            } => {
+                up.lease.contact(now);
+                let (reply, fault) = self.on_push(&pack, yaml);
+                if up.session == Some(session) {
+                    up.queue(session, reply);
+                }
+                if let Some(e) = fault {
+                    return Err(e);
+                }
+            }
+            FromLink::Cancel { pack, .. } => {
+                up.lease.contact(now);
+                self.on_cancel(pack)?;
+                // Held again even when nothing changed: it is how the
+                // controller learns that the cancel took effect.
+                self.held_changed = true;
+            }
+            FromLink::FeedbackAck { session, seq } => {
+                up.lease.contact(now);
+                // An entry leaves the journal only once acknowledged.
+                let seq = self.known_seq(seq);
+                self.journal.ack_feedback(seq)?;
+                if up.session == Some(session) {
+                    up.window.acked(seq);
+                }
+            }
+            FromLink::Alive { .. } => up.lease.contact(now),
+            FromLink::Disconnected { session, reason } => {
+                if up.session == Some(session) {
+                    up.session = None;
+                    up.welcomed = false;
+                    up.window.close();
+                    up.pending.clear();
+                    tracing::info!(session, "controller link: disconnected ({reason})");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An acknowledged seq, at most the last this journal handed out: an
+    /// ack beyond it (a confused controller) must not swallow feedback
+    /// that does not exist yet.
+    fn known_seq(&self, seq: u64) -> u64 {
+        let last = self.journal.next_seq().saturating_sub(1);
+        if seq > last {
+            tracing::warn!(
+                acked = seq,
+                last,
+                journal_id = %self.journal.id(),
+                "the controller acknowledged feedback this journal never wrote; taken as up to the last written"
+            );
+        }
+        seq.min(last)
+    }
+
+    /// The Hello of a new session.
+    fn hello(&self) -> wire::Hello {
+        let (first, last) = self.journal.outbox_range().unwrap_or((0, 0));
+        wire::Hello {
+            agent_id: self.cfg.id.clone(),
+            labels: self
+                .cfg
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            capabilities: CAPABILITIES.iter().map(|c| (*c).to_string()).collect(),
+            packs: self.held_list(),
+            journal_id: self.journal.id().to_string(),
+            feedback_first_seq: first,
+            feedback_last_seq: last,
+            max_packs: u32::try_from(self.cfg.max_packs).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Every held pack, its version, and whether it is stopped in its safe
+    /// state; in (tenant, pack) order.
+    fn held_list(&self) -> Vec<wire::HeldPack> {
+        let mut keys: Vec<&PackKey> = self.held.keys().collect();
+        keys.sort();
+        keys.into_iter()
+            .filter_map(|k| {
+                let (version, active) = self.core.held(k)?;
+                Some(wire::HeldPack {
+                    pack: Some(wire::PackRef {
+                        tenant: k.tenant.clone(),
+                        pack: k.pack.clone(),
+                        version,
+                    }),
+                    stopped: !active,
+                })
+            })
+            .collect()
+    }
+
+    /// The clock as it is: the system clock, locked while its uncertainty
+    /// is within the limit packs need.
+    fn clock_report(&self) -> wire::ClockReport {
+        let uncertainty = self.clock.uncertainty_ns();
+        let state = if uncertainty <= MAX_CLOCK_UNCERTAINTY_NS {
+            wire::ClockState::Locked
+        } else {
+            wire::ClockState::FreeRunning
+        };
+        wire::ClockReport {
+            source: wire::ClockSource::System as i32,
+            state: state as i32,
+            offset_ns: 0,
+            jitter_ns: 0,
+            uncertainty_ns: uncertainty,
+            frequency_ppm: 0.0,
+            at_ns: self.clock.now().as_nanos(),
+        }
+    }
+
+    /// A pushed pack: the answer, and a fault that must end the loop.
+    fn on_push(&mut self, r: &wire::PackRef, yaml: String) -> (ToLink, Option<anyhow::Error>) {
+        use wire::NackReason as R;
+        let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
+        let pack = match parse_pack(&yaml) {
+            Ok(p) => p,
+            Err(errs) => {
+                tracing::warn!(pack = %label, "pushed pack is invalid:\n{}", errs.render("push").trim_end());
+                let first = errs.0.first().map(|e| e.to_string()).unwrap_or_default();
+                let message = format!(
+                    "pack {label} is invalid: {} error(s), the first at {first}",
+                    errs.0.len()
+                );
+                return (nack(r, R::Invalid, message, wire_errors(&errs)), None);
+            }
+        };
+        if pack.tenant != r.tenant || pack.id != r.pack || pack.version != r.version {
+            let message = format!(
+                "the push names pack {label} but its YAML is pack {}/{} v{}",
+                pack.tenant, pack.id, pack.version
+            );
+            tracing::warn!(pack = %label, "pushed pack refused: {message}");
+            return (nack(r, R::Invalid, message, Vec::new()), None);
+        }
+        let key = PackKey::of(&pack);
+        if !self.held.contains_key(&key) && self.held.len() >= self.cfg.max_packs {
+            let message = format!(
+                "this agent holds {} packs, its limit (max-packs): retry once one is cancelled",
+                self.held.len()
+            );
+            tracing::warn!(pack = %label, "pushed pack refused: {message}");
+            return (nack(r, R::ResourceExhausted, message, Vec::new()), None);
+        }
+        let result = self.accept(yaml, pack);
+        release_free_memory();
+        match result {
+            Ok(verdict) => {
+                let unchanged = verdict == Verdict::Unchanged;
+                if unchanged {
+                    tracing::info!(pack = %label, "pushed again with the same content: unchanged");
+                } else {
+                    self.held_changed = true;
+                }
+                (
+                    ToLink::Ack(wire::PackAck {
+                        pack: Some(r.clone()),
+                        unchanged,
+                    }),
+                    None,
+                )
+            }
+            Err(e) => {
+                let (reason, errors) = match &e {
+                    AcceptError::Clock { .. } => (R::Clock, Vec::new()),
+                    AcceptError::NotLive(errs) => (R::Invalid, wire_errors(errs)),
+                    AcceptError::Journal(_) | AcceptError::Fault(_) => (R::Unavailable, Vec::new()),
+                    AcceptError::Refused(_) | AcceptError::Core(_) => (R::Refused, Vec::new()),
+                };
+                let message = format!("pack {label}: {e}");
+                tracing::warn!(pack = %label, reason = reason.as_str_name(), "pushed pack refused: {e}");
+                let fault = e.is_fault().then(|| anyhow::Error::from(e));
+                (nack(r, reason, message, errors), fault)
+            }
+        }
+    }
+
+    /// A pack withdrawn by the controller: its safe state, then it is
+    /// removed (as `baton-agent cancel`). Not held: nothing to do.
+    fn on_cancel(&mut self, r: wire::PackRef) -> anyhow::Result<()> {
+        let key = PackKey {
+            tenant: r.tenant,
+            pack: r.pack,
+        };
+        if self.core.held(&key).is_none() {
+            tracing::info!(pack = %key, "controller cancel of a pack not held: nothing to do");
+            return Ok(());
+        }
+        match self.cancel_local(&key) {
+            Ok(msg) => {
+                tracing::info!(pack = %key, "controller cancel: {msg}");
+                Ok(())
+            }
+            // A journal failure is the loop's fault, as everywhere.
+            Err(e) if e.downcast_ref::<JournalError>().is_some() => Err(e),
+            Err(e) => {
+                tracing::error!(pack = %key, "controller cancel: {e:#}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Packs whose lease ran out: their safe state (that pack only).
+    fn check_leases(&mut self, up: &Uplink) -> anyhow::Result<()> {
+        let now = self.mono_now();
+        let expired: Vec<(PackKey, Duration)> = self
+            .held
+            .iter()
+            .filter_map(|(k, h)| {
+                let lease = h.lease?;
+                let p = Leased {
+                    lease,
+                    since: h.since,
+                };
+                up.lease.expired(&p, now).then(|| (k.clone(), lease))
+            })
+            .filter(|(k, _)| self.core.held(k).is_some_and(|(_, active)| active))
+            .collect();
+        for (key, lease) in expired {
+            let mut out = Vec::new();
+            if self.core.lease_lost_pack(&key, self.clock.now(), &mut out) {
+                tracing::warn!(
+                    pack = %key,
+                    "no contact with the controller for its lease ({}): safe state driven; a higher version brings the pack back",
+                    baton_proto::time::format_duration(lease)
+                );
+                self.process(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Feedback pages to the link, as the window allows (bounded per step).
+    fn send_feedback(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+        let Some(session) = up.session else {
+            return Ok(());
+        };
+        for _ in 0..PAGES_PER_STEP {
+            if !up.pending.is_empty() {
+                // The link is not keeping up: no more reading from disk.
+                break;
+            }
+            let Some((front, back)) = self.journal.outbox_range() else {
+                break;
+            };
+            let Some((from, n)) = up.window.next_page(Some(front)) else {
+                break;
+            };
+            if from > back {
+                break;
+            }
+            let page = self
+                .journal
+                .outbox_page(from, usize::try_from(n).unwrap_or(usize::MAX))?;
+            let Some(&(last, _)) = page.last() else {
+                break;
+            };
+            up.window.sent_through(last);
+            up.queue(session, ToLink::Feedback(page));
+            up.flush();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,726 @@
+//! The controller link, in process: a fake controller (a tonic
+//! `LinkServer` on 127.0.0.1:0, on a runtime of its own, driven by the test
+//! through channels) and an agent built from parts (a manual clock, the sim
+//! GPIO backend behind the in-memory device, a real journal).
+//!
+//! The agent's own time is the manual clock; the link runs in real time.
+//! The test steps the agent while it waits for what the fake controller
+//! reports, each wait bounded by a timeout: nothing sleeps to wait.
+
+mod rig;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use baton_agent::config::{ConfigFile, Overrides};
+use baton_agent::runtime::StopFlag;
+use baton_agent::runtime::ports::Clock;
+use baton_proto::wire::agent_message::Body as A;
+use baton_proto::wire::controller_message::Body as C;
+use baton_proto::wire::link_server::{Link, LinkServer};
+use baton_proto::wire::{self, AgentMessage, ControllerMessage};
+use rig::*;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The longest any single wait may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+type ToAgent = tokio::sync::mpsc::Sender<Result<ControllerMessage, Status>>;
+
+/// What the fake controller saw.
+enum Ev {
+    /// An agent opened stream `stream`; `tx` talks to it (drop it to close
+    /// the stream from the controller's side).
+    Opened { stream: u64, tx: ToAgent },
+    /// A message on a stream.
+    Msg { stream: u64, msg: AgentMessage },
+    /// The agent's side of a stream ended.
+    Closed { stream: u64 },
+}
+
+struct Svc {
+    events: Sender<Ev>,
+    refuse: Arc<AtomicBool>,
+    next: AtomicU64,
+}
+
+#[tonic::async_trait]
+impl Link for Svc {
+    type ConnectStream = ReceiverStream<Result<ControllerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        if self.refuse.load(Ordering::Acquire) {
+            return Err(Status::unavailable("test: refusing streams"));
+        }
+        let stream = self.next.fetch_add(1, Ordering::AcqRel) + 1;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let _ = self.events.send(Ev::Opened { stream, tx });
+        let mut inbound = req.into_inner();
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(msg)) = inbound.message().await {
+                let _ = events.send(Ev::Msg { stream, msg });
+            }
+            let _ = events.send(Ev::Closed { stream });
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// The fake controller: a server on its own runtime.
+struct Fake {
+    addr: SocketAddr,
+    events: Receiver<Ev>,
+    refuse: Arc<AtomicBool>,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn fake() -> Fake {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, events) = std::sync::mpsc::channel();
+    let refuse = Arc::new(AtomicBool::new(false));
+    let svc = Svc {
+        events: tx,
+        refuse: refuse.clone(),
+        next: AtomicU64::new(0),
+    };
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(LinkServer::new(svc))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    Fake {
+        addr,
+        events,
+        refuse,
+        _rt: rt,
+    }
+}
+
+/// An agent linked to a fake controller.
+struct H {
+    r: Rig,
+    fake: Fake,
+    /// The controller side of the current stream.
+    tx: Option<ToAgent>,
+    stream: u64,
+}
+
+fn harness() -> H {
+    harness_with(ConfigFile::default())
+}
+
+fn harness_with(file: ConfigFile) -> H {
+    let fake = fake();
+    let r = rig_with(
+        file,
+        Overrides {
+            controller: Some(format!("http://{}", fake.addr)),
+            insecure: true,
+            labels: vec![("site".into(), "test".into())],
+            ..Overrides::default()
+        },
+    );
+    H {
+        r,
+        fake,
+        tx: None,
+        stream: 0,
+    }
+}
+
+fn msg(body: C) -> ControllerMessage {
+    ControllerMessage { body: Some(body) }
+}
+
+fn welcome(acked: u64, ping_ms: u32) -> ControllerMessage {
+    msg(C::Welcome(wire::Welcome {
+        agent_id: "t".into(),
+        feedback_acked_seq: acked,
+        controller_time_ns: 0,
+        ping_interval_ms: ping_ms,
+    }))
+}
+
+fn pack_ref(pack: &str, version: u64) -> wire::PackRef {
+    wire::PackRef {
+        tenant: "default".into(),
+        pack: pack.into(),
+        version,
+    }
+}
+
+fn push(pack: &str, version: u64, yaml: &str) -> ControllerMessage {
+    msg(C::PackPush(wire::PackPush {
+        pack: Some(pack_ref(pack, version)),
+        yaml: yaml.into(),
+    }))
+}
+
+/// `(pack, version, stopped)` of each held pack.
+fn held(packs: &[wire::HeldPack]) -> Vec<(String, u64, bool)> {
+    packs
+        .iter()
+        .map(|h| {
+            let p = h.pack.clone().unwrap_or_default();
+            (p.pack, p.version, h.stopped)
+        })
+        .collect()
+}
+
+impl H {
+    /// The next thing the fake controller saw, stepping the agent (on its
+    /// manual clock, which does not move) while waiting.
+    fn event(&mut self) -> Ev {
+        let end = Instant::now() + PATIENCE;
+        loop {
+            self.r.agent.step().expect("step");
+            match self.fake.events.recv_timeout(Duration::from_millis(2)) {
+                Ok(e) => return e,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => panic!("the fake controller is gone"),
+            }
+            assert!(
+                Instant::now() < end,
+                "nothing from the agent within {PATIENCE:?}"
+            );
+        }
+    }
+
+    /// Wait for the agent's next stream and its Hello.
+    fn connected(&mut self) -> wire::Hello {
+        loop {
+            match self.event() {
+                Ev::Opened { stream, tx } => {
+                    self.stream = stream;
+                    self.tx = Some(tx);
+                }
+                Ev::Msg { stream, msg } if stream == self.stream => match msg.body {
+                    Some(A::Hello(h)) => return h,
+                    other => panic!("the first message must be Hello, got {other:?}"),
+                },
+                _ => {}
+            }
+        }
+    }
+
+    /// Connect and welcome (acked 0, default ping interval).
+    fn session(&mut self) -> wire::Hello {
+        let h = self.connected();
+        self.send(welcome(0, 0));
+        h
+    }
+
+    fn send(&mut self, m: ControllerMessage) {
+        self.tx
+            .as_ref()
+            .expect("a stream")
+            .try_send(Ok(m))
+            .expect("room towards the agent");
+    }
+
+    /// The next message on the current stream for which `f` says
+    /// something, skipping the others (clock reports, feedback...).
+    fn expect<T>(&mut self, what: &str, mut f: impl FnMut(&A) -> Option<T>) -> T {
+        let end = Instant::now() + PATIENCE;
+        loop {
+            assert!(Instant::now() < end, "no {what} within {PATIENCE:?}");
+            if let Ev::Msg { stream, msg } = self.event()
+                && stream == self.stream
+                && let Some(t) = msg.body.as_ref().and_then(&mut f)
+            {
+                return t;
+            }
+        }
+    }
+
+    fn ack(&mut self) -> wire::PackAck {
+        self.expect("ack or nack", |b| match b {
+            A::PackAck(a) => Some(a.clone()),
+            A::PackNack(n) => panic!("nacked: {n:?}"),
+            _ => None,
+        })
+    }
+
+    fn nack(&mut self) -> wire::PackNack {
+        self.expect("ack or nack", |b| match b {
+            A::PackNack(n) => Some(n.clone()),
+            A::PackAck(a) => panic!("acked: {a:?}"),
+            _ => None,
+        })
+    }
+
+    fn held(&mut self) -> Vec<(String, u64, bool)> {
+        self.expect("held", |b| match b {
+            A::Held(h) => Some(held(&h.packs)),
+            _ => None,
+        })
+    }
+
+    /// Close the current stream from the controller's side and wait for
+    /// the agent's side to end.
+    fn drop_stream(&mut self) {
+        self.tx = None;
+        let s = self.stream;
+        while !matches!(self.event(), Ev::Closed { stream } if stream == s) {}
+    }
+
+    /// Advance the agent's clock by `d` in `every` steps (firings happen).
+    fn run_for(&mut self, d: Duration, every: Duration) {
+        let until = self.r.clock.now() + d;
+        self.r.run_until(until, every);
+    }
+}
+
+const BLINK: &str = "safe_state:\n  - {action: gpio.write, params: {line: 7, value: 0}}\ninstructions:\n  - {id: on, action: gpio.write, params: {line: 7, value: 1}, every: 100ms}\n";
+
+#[test]
+fn hello_names_the_agent_its_packs_its_journal_and_its_outbox() {
+    let mut h = harness();
+    let first = h.connected();
+    assert_eq!(first.agent_id, "t");
+    assert_eq!(first.agent_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(first.labels.get("site").map(String::as_str), Some("test"));
+    for c in ["gpio", "exec", "lease"] {
+        assert!(first.capabilities.iter().any(|x| x == c), "{c}");
+    }
+    assert_eq!(first.max_packs, 256);
+    assert!(first.packs.is_empty());
+    assert_eq!(first.journal_id, h.r.agent.journal().id());
+    assert_eq!(first.journal_id.len(), 32);
+    assert_eq!((first.feedback_first_seq, first.feedback_last_seq), (0, 0));
+
+    // A pack and some feedback, never welcomed (nothing is sent), then a
+    // new stream: Hello tells it all.
+    h.r.accept(&pack("blink", 3, BLINK)).expect("accepted");
+    h.run_for(Duration::from_millis(350), Duration::from_millis(5));
+    let (front, back) = h.r.agent.journal().outbox_range().expect("feedback held");
+    h.drop_stream();
+    let second = h.connected();
+    assert_eq!(held(&second.packs), [("blink".to_string(), 3, false)]);
+    assert_eq!(second.journal_id, first.journal_id);
+    assert_eq!(
+        (second.feedback_first_seq, second.feedback_last_seq),
+        (front, back)
+    );
+    assert!(back >= front + 3, "four firings reported: {front}..={back}");
+
+    // The way out stops the link thread, bounded.
+    let stop = StopFlag::default();
+    stop.request(0);
+    let t0 = Instant::now();
+    let _ = h.r.agent.run(&stop, false);
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(h.r.level(7), Some(0), "safe state on the way out");
+    let s = h.stream;
+    loop {
+        match h.fake.events.recv_timeout(PATIENCE) {
+            Ok(Ev::Closed { stream }) if stream == s => break,
+            Ok(_) => {}
+            Err(e) => panic!("the link did not close its stream: {e}"),
+        }
+    }
+}
+
+#[test]
+fn pushes_are_acked_then_held_and_the_same_version_again_is_unchanged() {
+    let mut h = harness();
+    h.session();
+    let yaml = pack("blink", 1, BLINK);
+    h.send(push("blink", 1, &yaml));
+    let a = h.ack();
+    assert_eq!(a.pack, Some(pack_ref("blink", 1)));
+    assert!(!a.unchanged);
+    assert_eq!(h.held(), [("blink".to_string(), 1, false)]);
+    // It runs.
+    h.run_for(Duration::from_millis(50), Duration::from_millis(5));
+    assert_eq!(h.r.level(7), Some(1));
+    // Again: unchanged.
+    h.send(push("blink", 1, &yaml));
+    assert!(h.ack().unchanged);
+    // A higher version replaces it.
+    h.send(push("blink", 2, &pack("blink", 2, BLINK)));
+    assert!(!h.ack().unchanged);
+    assert_eq!(h.held(), [("blink".to_string(), 2, false)]);
+}
+
+#[test]
+fn an_invalid_push_is_nacked_with_every_error_and_its_position() {
+    let mut h = harness();
+    h.session();
+    let yaml = "pack: bad\nversion: 1\nlease: 0s\ninstructions:\n  - {id: a, action: nop, every: 1s}\n  - {id: b, action: noop, every: 0s}\n";
+    h.send(push("bad", 1, yaml));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::Invalid);
+    assert_eq!(n.pack, Some(pack_ref("bad", 1)));
+    let errors: Vec<(u32, u32, &str)> = n
+        .errors
+        .iter()
+        .map(|e| (e.line, e.column, e.instruction.as_str()))
+        .collect();
+    assert_eq!(errors, [(3, 8, ""), (5, 21, "a"), (6, 34, "b")], "{n:?}");
+    assert!(
+        n.errors[0]
+            .message
+            .contains("lease must be greater than zero")
+    );
+    assert!(n.message.contains("3 error(s)"), "{}", n.message);
+
+    // A YAML that is not the pack its reference names.
+    h.send(push("other", 1, &pack("blink", 1, BLINK)));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::Invalid);
+    assert!(
+        n.message.contains("names pack default/other v1") && n.message.contains("default/blink v1"),
+        "{}",
+        n.message
+    );
+    // A push without any reference is answered too.
+    h.send(msg(C::PackPush(wire::PackPush {
+        pack: None,
+        yaml: pack("blink", 1, BLINK),
+    })));
+    assert_eq!(h.nack().reason(), wire::NackReason::Invalid);
+}
+
+#[test]
+fn a_push_this_agent_does_not_allow_is_refused_and_capacity_is_resource_exhausted() {
+    let mut h = harness_with(ConfigFile {
+        max_packs: Some(2),
+        ..ConfigFile::default()
+    });
+    h.session();
+    // An exec of a program not on this agent's allowlist.
+    let exec =
+        "instructions:\n  - {id: x, action: exec, params: {program: /usr/bin/true}, every: 1s}\n";
+    h.send(push("runner", 1, &pack("runner", 1, exec)));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::Refused, "{n:?}");
+    assert!(n.message.contains("/usr/bin/true"), "{}", n.message);
+    assert!(n.errors.is_empty());
+
+    // Versions only go up.
+    h.send(push("blink", 2, &pack("blink", 2, BLINK)));
+    h.ack();
+    h.send(push("blink", 1, &pack("blink", 1, BLINK)));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::Refused);
+    assert!(n.message.contains("older"), "{}", n.message);
+
+    // Two packs held: a third is refused for now, the held ones still pass.
+    let noop = "instructions:\n  - {id: n, action: noop, every: 1s}\n";
+    h.send(push("second", 1, &pack("second", 1, noop)));
+    h.ack();
+    h.send(push("third", 1, &pack("third", 1, noop)));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::ResourceExhausted, "{n:?}");
+    h.send(push("blink", 3, &pack("blink", 3, BLINK)));
+    assert!(!h.ack().unchanged, "a held pack's new version still fits");
+}
+
+/// Feedback entries of FeedbackBatch messages on the current stream until
+/// `n` have arrived.
+fn feedback(h: &mut H, n: usize) -> Vec<wire::Feedback> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let mut batch = h.expect("feedback", |b| match b {
+            A::Feedback(f) => Some(f.entries.clone()),
+            _ => None,
+        });
+        got.append(&mut batch);
+    }
+    got
+}
+
+#[test]
+fn feedback_flows_in_seq_order_stays_until_acked_and_is_sent_again_after_a_reconnect() {
+    let mut h = harness();
+    h.session();
+    let beat = "instructions:\n  - {id: n, action: noop, every: 100ms}\n";
+    h.send(push("beat", 1, &pack("beat", 1, beat)));
+    h.ack();
+    h.run_for(Duration::from_millis(950), Duration::from_millis(5));
+    // Ten firings (0, 100, ..., 900 ms).
+    let got = feedback(&mut h, 10);
+    let seqs: Vec<u64> = got.iter().map(|f| f.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "in order, none missing"
+    );
+    for f in &got {
+        assert_eq!(f.outcome(), wire::Outcome::Ok);
+        assert_eq!((f.event.as_str(), f.action.as_str()), ("executed", "noop"));
+        assert_eq!(f.pack, Some(pack_ref("beat", 1)));
+        assert_eq!(f.attempt, 1);
+        assert!(
+            f.execution_id.starts_with("default/beat/v1/n/"),
+            "{}",
+            f.execution_id
+        );
+    }
+    // Nothing acknowledged: all still in the journal.
+    let last = *seqs.last().expect("entries");
+    assert_eq!(h.r.agent.journal().outbox_range(), Some((1, last)));
+    // Acknowledge some: they leave the journal, the rest stays.
+    h.send(msg(C::FeedbackAck(wire::FeedbackAck { seq: 4 })));
+    let end = Instant::now() + PATIENCE;
+    while h.r.agent.journal().outbox_range() != Some((5, last)) {
+        assert!(
+            Instant::now() < end,
+            "{:?}",
+            h.r.agent.journal().outbox_range()
+        );
+        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
+        h.r.agent.step().expect("step");
+    }
+
+    // The stream dies; the next one starts from what the controller says
+    // it has (acked 6 here: it stored two more before the cut).
+    h.drop_stream();
+    let hello = h.connected();
+    assert_eq!(
+        (hello.feedback_first_seq, hello.feedback_last_seq),
+        (5, last)
+    );
+    h.send(welcome(6, 0));
+    let again = feedback(&mut h, (last - 6) as usize);
+    let seqs: Vec<u64> = again.iter().map(|f| f.seq).collect();
+    assert_eq!(seqs, (7..=last).collect::<Vec<_>>());
+    assert_eq!(h.r.agent.journal().outbox_range(), Some((7, last)));
+    h.send(msg(C::FeedbackAck(wire::FeedbackAck { seq: last })));
+    let end = Instant::now() + PATIENCE;
+    while h.r.agent.journal().outbox_range().is_some() {
+        assert!(
+            Instant::now() < end,
+            "{:?}",
+            h.r.agent.journal().outbox_range()
+        );
+        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
+        h.r.agent.step().expect("step");
+    }
+}
+
+#[test]
+fn a_cancel_drives_the_safe_state_and_held_no_longer_lists_the_pack() {
+    let mut h = harness();
+    h.session();
+    h.send(push("blink", 1, &pack("blink", 1, BLINK)));
+    h.ack();
+    assert_eq!(h.held(), [("blink".to_string(), 1, false)]);
+    h.run_for(Duration::from_millis(50), Duration::from_millis(5));
+    assert_eq!(h.r.level(7), Some(1));
+    h.send(msg(C::PackCancel(wire::PackCancel {
+        pack: Some(pack_ref("blink", 1)),
+    })));
+    assert_eq!(h.held(), []);
+    // The safe state is reported (right after the Held).
+    let safe = h.expect("safe state feedback", |b| match b {
+        A::Feedback(f) => f
+            .entries
+            .iter()
+            .find(|e| e.outcome() == wire::Outcome::SafeState)
+            .cloned(),
+        _ => None,
+    });
+    assert_eq!(safe.event, "safe_state");
+    assert_eq!(safe.pack, Some(pack_ref("blink", 1)));
+    assert!(safe.detail.contains("cancel"), "{}", safe.detail);
+    h.run_for(Duration::from_millis(300), Duration::from_millis(5));
+    assert_eq!(h.r.level(7), Some(0), "safe state, and nothing after it");
+    // Again, or a pack never held: just Held.
+    h.send(msg(C::PackCancel(wire::PackCancel {
+        pack: Some(pack_ref("blink", 1)),
+    })));
+    assert_eq!(h.held(), []);
+    h.send(msg(C::PackCancel(wire::PackCancel { pack: None })));
+    assert_eq!(h.held(), []);
+}
+
+#[test]
+fn a_lease_lost_while_disconnected_stops_that_pack_only_until_a_higher_version() {
+    let mut h = harness();
+    h.session();
+    let leased = "lease: 2s\nsafe_state:\n  - {action: gpio.write, params: {line: 1, value: 0}}\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 100ms}\n";
+    let free = "safe_state:\n  - {action: gpio.write, params: {line: 2, value: 0}}\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 2}, every: 100ms}\n";
+    h.send(push("leased", 1, &pack("leased", 1, leased)));
+    h.ack();
+    h.send(push("free", 1, &pack("free", 1, free)));
+    h.ack();
+    h.run_for(Duration::from_millis(500), Duration::from_millis(10));
+
+    // The controller goes away and stays away.
+    h.fake.refuse.store(true, Ordering::Release);
+    h.drop_stream();
+    let writes = |h: &H, line: i64| h.r.writes().iter().filter(|w| w["line"] == line).count();
+    let before = (writes(&h, 1), writes(&h, 2));
+    // Well within the lease: both run.
+    h.run_for(Duration::from_millis(1000), Duration::from_millis(10));
+    assert!(writes(&h, 1) > before.0 && writes(&h, 2) > before.1);
+    // Past it: the leased pack's safe state; the other keeps running.
+    h.run_for(Duration::from_millis(1500), Duration::from_millis(10));
+    assert_eq!(h.r.level(1), Some(0));
+    let stopped_at = (writes(&h, 1), writes(&h, 2));
+    h.run_for(Duration::from_millis(1000), Duration::from_millis(10));
+    assert_eq!(
+        writes(&h, 1),
+        stopped_at.0,
+        "nothing of the leased pack after its safe state"
+    );
+    assert!(
+        writes(&h, 2) >= stopped_at.1 + 9,
+        "the pack without a lease runs on"
+    );
+
+    // The controller is back: Hello shows it stopped, feedback says why.
+    h.fake.refuse.store(false, Ordering::Release);
+    let hello = h.connected();
+    assert_eq!(
+        held(&hello.packs),
+        [
+            ("free".to_string(), 1, false),
+            ("leased".to_string(), 1, true)
+        ]
+    );
+    h.send(welcome(0, 0));
+    let safe = h.expect("lease_lost feedback", |b| match b {
+        A::Feedback(f) => f
+            .entries
+            .iter()
+            .find(|e| e.outcome() == wire::Outcome::SafeState)
+            .cloned(),
+        _ => None,
+    });
+    assert_eq!(safe.pack, Some(pack_ref("leased", 1)));
+    assert!(safe.detail.contains("lease_lost"), "{}", safe.detail);
+
+    // The same version again does not revive it; a higher one does.
+    h.send(push("leased", 1, &pack("leased", 1, leased)));
+    assert!(h.ack().unchanged);
+    h.run_for(Duration::from_millis(300), Duration::from_millis(10));
+    assert_eq!(writes(&h, 1), stopped_at.0);
+    h.send(push("leased", 2, &pack("leased", 2, leased)));
+    assert!(!h.ack().unchanged);
+    assert_eq!(
+        h.held(),
+        [
+            ("free".to_string(), 1, false),
+            ("leased".to_string(), 2, false)
+        ]
+    );
+    h.run_for(Duration::from_millis(300), Duration::from_millis(10));
+    assert!(writes(&h, 1) > stopped_at.0, "v2 runs");
+}
+
+#[test]
+fn a_silent_controller_is_dropped_within_three_ping_intervals() {
+    let mut h = harness();
+    h.connected();
+    let first = h.stream;
+    // Welcome with a 100 ms ping interval, then silence on an open stream
+    // (HTTP/2 keeps answering its own pings: only the agent's watchdog can
+    // tell).
+    h.send(welcome(0, 100));
+    let t0 = Instant::now();
+    let mut closed = None;
+    let reopened = loop {
+        match h.event() {
+            Ev::Closed { stream } if stream == first => closed = Some(t0.elapsed()),
+            Ev::Opened { stream, tx } => {
+                h.stream = stream;
+                h.tx = Some(tx);
+                break t0.elapsed();
+            }
+            _ => {}
+        }
+    };
+    let closed = closed.expect("the silent stream was closed first");
+    assert!(
+        closed >= Duration::from_millis(250) && closed < Duration::from_millis(1500),
+        "dropped after {closed:?} (3 × 100 ms)"
+    );
+    // Then a new stream after the backoff (at most 0.5 s the first time).
+    assert!(
+        reopened < closed + Duration::from_millis(1500),
+        "{reopened:?}"
+    );
+    h.expect("hello", |b| match b {
+        A::Hello(_) => Some(()),
+        _ => None,
+    });
+}
+
+#[test]
+fn pings_and_time_exchanges_are_answered_and_keep_a_quiet_session_alive() {
+    let mut h = harness();
+    h.connected();
+    // A 100 ms ping interval: silence past 300 ms would drop the stream.
+    h.send(welcome(0, 100));
+    let end = Instant::now() + Duration::from_millis(900);
+    let mut id = 0;
+    while Instant::now() < end {
+        id += 1;
+        h.send(msg(C::Ping(wire::Ping { id })));
+        // On the same stream, or this times out: no reconnect happened.
+        let pong = h.expect("pong", |b| match b {
+            A::Pong(p) => Some(p.id),
+            _ => None,
+        });
+        assert_eq!(pong, id);
+    }
+    h.send(msg(C::TimeExchangeRequest(wire::TimeExchangeRequest {
+        id: 3,
+        t1_ns: 5,
+    })));
+    let r = h.expect("time exchange reply", |b| match b {
+        A::TimeExchangeReply(r) => Some(r.clone()),
+        _ => None,
+    });
+    let now = h.r.clock.now().as_nanos();
+    assert_eq!((r.id, r.t1_ns, r.t2_ns, r.t3_ns), (3, 5, now, now));
+}
+
+#[test]
+fn an_ack_beyond_what_the_journal_wrote_does_not_swallow_later_feedback() {
+    let mut h = harness();
+    h.connected();
+    // A confused controller claims feedback this journal never wrote.
+    h.send(welcome(1000, 0));
+    let beat = "instructions:\n  - {id: n, action: noop, every: 100ms}\n";
+    h.send(push("beat", 1, &pack("beat", 1, beat)));
+    h.ack();
+    h.run_for(Duration::from_millis(250), Duration::from_millis(5));
+    let got = feedback(&mut h, 3);
+    let seqs: Vec<u64> = got.iter().map(|f| f.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    h.send(msg(C::FeedbackAck(wire::FeedbackAck { seq: 5000 })));
+    // Taken as "up to 3" (all there is): the outbox empties.
+    let end = Instant::now() + PATIENCE;
+    while h.r.agent.journal().outbox_range().is_some() {
+        assert!(
+            Instant::now() < end,
+            "{:?}",
+            h.r.agent.journal().outbox_range()
+        );
+        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
+        h.r.agent.step().expect("step");
+    }
+    h.run_for(Duration::from_millis(100), Duration::from_millis(5));
+    let got = feedback(&mut h, 1);
+    assert_eq!(got[0].seq, 4, "the next record is still sent");
+}
