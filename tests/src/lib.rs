@@ -52,7 +52,9 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Run to completion with a timeout; kill on timeout and panic.
+/// Run to completion with a timeout; kill on timeout and panic. Output is
+/// read while the child runs (a child writing more than a pipe holds would
+/// otherwise block forever on a full pipe).
 pub fn run(cmd: &mut Command, timeout: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
@@ -60,20 +62,33 @@ pub fn run(cmd: &mut Command, timeout: Duration) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let status = wait_exit(&mut child, timeout)
         .unwrap_or_else(|| panic!("{cmd:?} did not finish within {timeout:?}"));
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_end(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_end(&mut stderr);
-    }
     Output {
         status,
-        stdout,
-        stderr,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
     }
 }
 
