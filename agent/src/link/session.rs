@@ -110,6 +110,7 @@ pub(super) async fn run(
         }
     }
 }
+
 /// The transport to the controller, with the link's limits.
 async fn connect(url: &str) -> Result<LinkClient<tonic::transport::Channel>, String> {
     let endpoint = Endpoint::from_shared(url.to_string())
@@ -212,8 +213,9 @@ async fn one(
             return End::Stop;
         }
         let deadline = s.epoch + s.silence.deadline();
+        // Unbiased: no branch (a flood of pushes, a stream of feedback)
+        // starves another.
         tokio::select! {
-            biased;
             _ = stop.wait_for(|s| *s) => return End::Stop,
             r = &mut call, if inbound.is_none() => match r {
                 Ok(resp) => {
