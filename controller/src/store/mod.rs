@@ -12,6 +12,8 @@
 //! PRECISION, `ON CONFLICT`), so a later backend for controller replicas
 //! is another impl of [`Store`], not another design.
 
+
+
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
