@@ -10,10 +10,13 @@
 //!
 //! - **link → control**: a `std::sync::mpsc::sync_channel` of [`FromLink`]
 //!   (depth [`FROM_LINK_DEPTH`]), each send followed by an unpark of the
-//!   control thread. When it is full the link waits (on tokio's blocking
-//!   pool, never blocking its runtime) and stops reading the stream:
-//!   back-pressure reaches the controller through HTTP/2 flow control.
-//!   Nothing is dropped.
+//!   control thread. When it is full the link hands the next message to a
+//!   blocking send on tokio's blocking pool (never blocking its runtime),
+//!   keeps later ones in order in a short queue, and stops reading the
+//!   stream while that queue is long: back-pressure reaches the controller
+//!   through HTTP/2 flow control. It keeps draining the control thread's
+//!   messages meanwhile, so the two can never wait on each other. Nothing
+//!   is dropped.
 //! - **control → link**: a tokio `mpsc` of [`Outgoing`] (depth
 //!   [`TO_LINK_DEPTH`]) that the control thread only `try_send`s; what does
 //!   not fit waits in the control thread's own small queue

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::backoff::Backoff;
-use super::relay::{Relay, RelayClosed};
+use super::relay::Relay;
 use super::watchdog::Silence;
 use super::{
     CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig,
@@ -34,12 +34,22 @@ const MAX_OWN_REPLIES: usize = 64;
 /// At most one [`FromLink::Alive`] per this long.
 const ALIVE_EVERY: Duration = Duration::from_secs(1);
 
+/// Link events waiting for the control thread beyond which the stream is
+/// not read (and no new session starts).
+const RELAY_BACKLOG: usize = 16;
+
 /// How a session ended.
 enum End {
     /// A stop was requested, or the control side is gone: leave.
     Stop,
     /// The session is over; reconnect. `up`: when the stream was open.
-    Lost { reason: String, up: Option<Instant> },
+    Lost {
+        reason: String,
+        up: Option<Instant>,
+        /// The control thread was told `Connected` (it must hear
+        /// `Disconnected` too).
+        connected: bool,
+    },
 }
 
 /// Connect, run, reconnect with backoff, until stopped.
@@ -47,7 +57,7 @@ pub(super) async fn run(
     cfg: LinkConfig,
     clock: Arc<dyn Clock>,
     mut to_link: mpsc::Receiver<Outgoing>,
-    relay: Relay,
+    mut relay: Relay,
     mut stop: watch::Receiver<bool>,
 ) {
     let epoch = Instant::now();
@@ -56,15 +66,22 @@ pub(super) async fn run(
     let mut session = 0u64;
     tracing::info!(controller = %cfg.url, agent = %cfg.agent_id, "controller link starting");
     loop {
-        if *stop.borrow() {
-            return;
-        }
         session += 1;
-        let end = one(&cfg, &clock, session, &mut to_link, &relay, &mut stop).await;
-        let (reason, up) = match end {
+        let end = one(&cfg, &clock, session, &mut to_link, &mut relay, &mut stop).await;
+        let (reason, up, connected) = match end {
             End::Stop => return,
-            End::Lost { reason, up } => (reason, up),
+            End::Lost {
+                reason,
+                up,
+                connected,
+            } => (reason, up, connected),
         };
+        if connected {
+            relay.push(FromLink::Disconnected {
+                session,
+                reason: reason.clone(),
+            });
+        }
         if let Some(up) = up {
             backoff.up(up - epoch);
         }
@@ -73,15 +90,21 @@ pub(super) async fn run(
             controller = %cfg.url,
             session,
             "controller link: {reason}; next attempt in {}",
-            baton_proto::time::format_duration(delay)
+            baton_proto::time::format_duration(Duration::from_millis(delay.as_millis() as u64))
         );
-        // Wait, dropping whatever the control thread still sends for the
+        // Wait out the delay (and until the control thread has taken most
+        // of what waits for it), dropping whatever it still sends for the
         // session that ended.
         let until = Instant::now() + delay;
-        loop {
+        let mut slept = false;
+        while !slept || relay.len() >= RELAY_BACKLOG {
+            if relay.is_gone() {
+                return;
+            }
             tokio::select! {
-                _ = tokio::time::sleep_until(until) => break,
+                _ = tokio::time::sleep_until(until), if !slept => slept = true,
                 _ = stop.wait_for(|s| *s) => return,
+                sent = relay.wait(), if relay.is_blocked() => relay.done(sent),
                 m = to_link.recv() => if m.is_none() { return },
             }
         }
@@ -106,13 +129,17 @@ async fn connect(url: &str) -> Result<LinkClient<tonic::transport::Channel>, Str
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
-/// `e: cause: cause`, for transport errors whose top line says little.
+/// `e: cause: cause`, for transport errors whose top line says little
+/// (a cause the text already shows is not repeated).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         cur = c.source();
     }
     s
@@ -128,36 +155,47 @@ async fn next_in(
     }
 }
 
-/// One session: connect, hand the stream to the control thread, pump it
-/// until it ends.
+/// One session: connect, tell the control thread, pump the stream until it
+/// ends.
 async fn one(
     cfg: &LinkConfig,
     clock: &Arc<dyn Clock>,
     session: u64,
     to_link: &mut mpsc::Receiver<Outgoing>,
-    relay: &Relay,
+    relay: &mut Relay,
     stop: &mut watch::Receiver<bool>,
 ) -> End {
-    let client = tokio::select! {
-        c = connect(&cfg.url) => c,
-        _ = stop.wait_for(|s| *s) => return End::Stop,
+    let lost = |reason: String| End::Lost {
+        reason,
+        up: None,
+        connected: false,
+    };
+    let mut connecting = Box::pin(connect(&cfg.url));
+    let client = loop {
+        if relay.is_gone() {
+            return End::Stop;
+        }
+        tokio::select! {
+            c = &mut connecting => break c,
+            _ = stop.wait_for(|s| *s) => return End::Stop,
+            sent = relay.wait(), if relay.is_blocked() => relay.done(sent),
+            // Nothing can be for this session yet.
+            m = to_link.recv() => if m.is_none() { return End::Stop },
+        }
     };
     let mut client = match client {
         Ok(c) => c,
-        Err(reason) => return End::Lost { reason, up: None },
+        Err(reason) => return lost(reason),
     };
     let mut s = Session {
         id: session,
         epoch: Instant::now(),
         clock: clock.clone(),
-        relay: relay.clone(),
         silence: Silence::new(Duration::ZERO),
         last_alive: None,
         outq: VecDeque::new(),
     };
-    if let Err(e) = s.tell(FromLink::Connected { session }, stop).await {
-        return e;
-    }
+    relay.push(FromLink::Connected { session });
     // The request stream is fed from a channel, so Hello flows as soon as
     // the control thread sends it, even before the controller's response
     // headers arrive (a controller may wait for Hello before answering).
@@ -165,36 +203,51 @@ async fn one(
     let mut call = Box::pin(client.connect(ReceiverStream::new(out_rx)));
     let mut inbound = None;
     let mut up = None;
-    // Watched here; `stop` itself goes to the handlers' relay sends.
-    let mut stopping = stop.clone();
-    let end = loop {
+    let lost = |reason: String, up: Option<Instant>| End::Lost {
+        reason,
+        up,
+        connected: true,
+    };
+    loop {
+        if relay.is_gone() {
+            return End::Stop;
+        }
         let deadline = s.epoch + s.silence.deadline();
+        // Unbiased: no branch (a flood of pushes, a stream of feedback)
+        // starves another.
         tokio::select! {
-            biased;
-            _ = stopping.wait_for(|s| *s) => break End::Stop,
+            _ = stop.wait_for(|s| *s) => return End::Stop,
             r = &mut call, if inbound.is_none() => match r {
                 Ok(resp) => {
                     inbound = Some(resp.into_inner());
                     up = Some(Instant::now());
                     s.silence.heard(s.now());
                 }
-                Err(status) => break End::Lost {
-                    reason: format!("the controller refused the stream: {}", status_text(&status)),
-                    up: None,
-                },
+                Err(status) => return lost(
+                    format!("the controller refused the stream: {}", status_text(&status)),
+                    None,
+                ),
             },
-            m = next_in(&mut inbound) => match m {
+            sent = relay.wait(), if relay.is_blocked() => {
+                relay.done(sent);
+                // Not read meanwhile: that silence was ours.
+                s.silence.heard(s.now());
+            }
+            // Read only while the control thread keeps up.
+            m = next_in(&mut inbound), if relay.len() < RELAY_BACKLOG => match m {
                 Ok(Some(msg)) => {
                     s.silence.heard(s.now());
-                    if let Err(e) = s.inbound(msg, stop).await {
-                        break e;
+                    if let Some(ev) = s.inbound(msg) {
+                        relay.push(ev);
                     }
                 }
-                Ok(None) => break End::Lost { reason: "the controller closed the stream".into(), up },
-                Err(status) => break End::Lost { reason: format!("stream error: {}", status_text(&status)), up },
+                Ok(None) => return lost("the controller closed the stream".into(), up),
+                Err(status) => return lost(format!("stream error: {}", status_text(&status)), up),
             },
+            // Always drained while the stream takes messages, whatever the
+            // relay's state: the control thread may be waiting for room.
             o = to_link.recv(), if s.outq.len() < OUT_QUEUE => match o {
-                None => break End::Stop,
+                None => return End::Stop,
                 Some(o) if o.session == session => s.outq.push_back(encode(o.msg)),
                 // For a session that is over: the next Hello covers it.
                 Some(_) => {}
@@ -205,30 +258,17 @@ async fn one(
                         p.send(m);
                     }
                 }
-                Err(_) => break End::Lost { reason: "the request stream closed".into(), up },
+                Err(_) => return lost("the request stream closed".into(), up),
             },
-            _ = tokio::time::sleep_until(deadline) => break End::Lost {
-                reason: format!(
+            _ = tokio::time::sleep_until(deadline) => return lost(
+                format!(
                     "no message from the controller for {} (three ping intervals): dead peer",
                     baton_proto::time::format_duration(s.silence.limit())
                 ),
                 up,
-            },
+            ),
         }
-    };
-    if let End::Lost { reason, .. } = &end {
-        // Best effort: the control side may be gone already.
-        let _ = s
-            .tell(
-                FromLink::Disconnected {
-                    session,
-                    reason: reason.clone(),
-                },
-                stop,
-            )
-            .await;
     }
-    end
 }
 
 fn status_text(s: &tonic::Status) -> String {
@@ -244,7 +284,6 @@ struct Session {
     id: u64,
     epoch: Instant,
     clock: Arc<dyn Clock>,
-    relay: Relay,
     silence: Silence,
     last_alive: Option<Instant>,
     /// Encoded messages waiting for room in the request stream.
@@ -256,28 +295,11 @@ impl Session {
         Instant::now() - self.epoch
     }
 
-    /// Hand a message to the control thread. Time spent waiting for room
-    /// is not silence of the peer (nobody was listening).
-    async fn tell(&mut self, msg: FromLink, stop: &mut watch::Receiver<bool>) -> Result<(), End> {
-        match self.relay.send(msg, stop).await {
-            Ok(waited) => {
-                if waited {
-                    self.silence.heard(self.now());
-                }
-                Ok(())
-            }
-            Err(RelayClosed::Gone | RelayClosed::Stopping) => Err(End::Stop),
-        }
-    }
-
-    /// A message from the controller.
-    async fn inbound(
-        &mut self,
-        msg: wire::ControllerMessage,
-        stop: &mut watch::Receiver<bool>,
-    ) -> Result<(), End> {
+    /// A message from the controller: what the control thread must hear
+    /// of it, if anything (pings and time exchanges are answered here).
+    fn inbound(&mut self, msg: wire::ControllerMessage) -> Option<FromLink> {
         let session = self.id;
-        let to_control = match msg.body {
+        match msg.body {
             Some(In::Welcome(w)) => {
                 let ping_interval = self.silence.set_interval_ms(w.ping_interval_ms);
                 tracing::info!(
@@ -326,10 +348,6 @@ impl Session {
                 self.alive()
             }
             None => self.alive(),
-        };
-        match to_control {
-            Some(m) => self.tell(m, stop).await,
-            None => Ok(()),
         }
     }
 

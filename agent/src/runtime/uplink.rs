@@ -440,7 +440,14 @@ impl Agent {
         let pack = match parse_pack(&yaml) {
             Ok(p) => p,
             Err(errs) => {
-                tracing::warn!(pack = %label, "pushed pack is invalid:\n{}", errs.render("push").trim_end());
+                // The log gets the first few; the controller gets them all.
+                let shown: Vec<String> = errs.0.iter().take(10).map(|e| e.to_string()).collect();
+                tracing::warn!(
+                    pack = %label,
+                    errors = errs.0.len(),
+                    "pushed pack is invalid:\n{}",
+                    shown.join("\n")
+                );
                 let first = errs.0.first().map(|e| e.to_string()).unwrap_or_default();
                 let message = format!(
                     "pack {label} is invalid: {} error(s), the first at {first}",
