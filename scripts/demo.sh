@@ -22,6 +22,9 @@ stop() {
   echo "stopping: agents first (each drives its pack's safe state), then the controller"
   for p in "${pids[@]:1}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]:1}"; do wait "$p" 2>/dev/null || true; done
+  for v in "$dir"/*.view; do
+    [ -e "$v" ] && echo "$(basename "$v" .view): $(grep '^summary' "$v" | tail -n1)"
+  done
   kill -TERM "${pids[0]}" 2>/dev/null || true
   wait "${pids[0]}" 2>/dev/null || true
   echo "logs and sim GPIO writes are in $dir/"
@@ -41,7 +44,7 @@ for i in $(seq -w 1 "$n"); do
   id="demo-$(printf %02d "$((10#$i))")"
   setsid "$bin/baton-agent" run --no-rt --quiet --insecure --controller "$url" \
     --id "$id" --label site=demo --data "$dir/$id/data" \
-    --gpio "sim:$dir/$id/gpio.jsonl" 2>"$dir/$id.log" &
+    --gpio "sim:$dir/$id/gpio.jsonl" >"$dir/$id.view" 2>"$dir/$id.log" &
   pids+=($!)
 done
 
