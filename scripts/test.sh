@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages some tests use (util-linux for the sysfs mount-namespace
-# test, iproute2 for later netns tests). Installed only if missing.
+# test, iproute2 for later netns tests, python3-venv for the Python venv
+# below). Installed only if missing.
 need=()
 command -v unshare >/dev/null || need+=(util-linux)
+python3 -c 'import ensurepip' 2>/dev/null || need+=(python3 python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"
@@ -15,6 +17,19 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "test.sh: missing ${need[*]} (install as root)" >&2
   fi
 fi
+
+# Python for the protocol interop test (tests/interop/agent.py, a client
+# generated from the .proto): a venv with grpcio and grpcio-tools from PyPI
+# (Debian's python3-grpc-tools is too old for proto3 `optional`). Made once.
+# Without it that test fails and says why; the rest of the suite runs.
+pyenv=target/pyenv
+if ! "$pyenv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
+  python3 -m venv --clear "$pyenv" &&
+    "$pyenv/bin/python" -m pip install -q --disable-pip-version-check \
+      'grpcio==1.*' 'grpcio-tools==1.*' ||
+    echo "test.sh: could not set up $pyenv (python3, python3-venv, pip)" >&2
+fi
+export BATON_TEST_PYTHON="$PWD/$pyenv/bin/python"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
