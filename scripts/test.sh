@@ -39,7 +39,7 @@ cargo build --workspace --bins --locked
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$log"
-# A short fuzzing run per target (pack parser, journal replay).
+# A short fuzzing run per target (pack parser, journal replay, wire decode).
 scripts/fuzz.sh 15
 # One closing line for the whole suite (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 }

@@ -20,7 +20,8 @@ use super::hub::SessionCmd;
 use super::reconcile::{self, Action, Refused};
 use super::{Shared, now_ns};
 use crate::store::{
-    AgentRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, PackVersionRow, StoreError,
+    AgentRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow, PackVersionRow,
+    StoreError,
 };
 
 /// Outbound queue of one stream.
@@ -373,6 +374,10 @@ impl Session {
             Some(In::PackAck(a)) => {
                 let key = convert::pack_ref(a.pack.as_ref())?;
                 self.in_flight.remove(&key);
+                // An ack means the agent holds that version now, whether or
+                // not a `Held` update follows (a resync must not push it
+                // again).
+                self.note_held(&key).await?;
                 let reason = if a.unchanged { "already held" } else { "" };
                 self.set_delivery(key, DeliveryState::Acked, reason.into(), Vec::new(), 0)
                     .await
@@ -459,6 +464,32 @@ impl Session {
             self.set_delivery(key, DeliveryState::Nacked, message, errors, 0)
                 .await
         }
+    }
+
+    /// Record that the agent holds this version (running).
+    async fn note_held(&mut self, key: &(String, String, u64)) -> Result<(), End> {
+        let held = &mut self.agent.held;
+        match held
+            .iter_mut()
+            .find(|h| h.tenant == key.0 && h.pack == key.1)
+        {
+            Some(h) if h.version == key.2 => return Ok(()),
+            Some(h) => {
+                h.version = key.2;
+                h.stopped = false;
+            }
+            None => held.push(HeldPackRow {
+                tenant: key.0.clone(),
+                pack: key.1.clone(),
+                version: key.2,
+                stopped: false,
+            }),
+        }
+        self.shared
+            .store
+            .agent_held(&self.agent.id, self.agent.held.clone())
+            .await?;
+        Ok(())
     }
 
     async fn pack_row(&self, key: &(String, String, u64)) -> Result<Option<PackVersionRow>, End> {
