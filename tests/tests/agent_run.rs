@@ -214,7 +214,9 @@ fn a_pack_that_failed_safe_stays_stopped_after_a_restart() {
     .expect("write config");
     let pack = dir.path().join("p.yaml");
     // Far enough ahead that a slow start (debug build, busy machine) does
-    // not make it a one-shot missed at acceptance.
+    // not make it a one-shot missed at acceptance; the binary is built
+    // (when it has to be) before the instant is taken, not after.
+    let agent = bin("baton-agent");
     let at = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1500);
     std::fs::write(
         &pack,
@@ -225,7 +227,7 @@ fn a_pack_that_failed_safe_stays_stopped_after_a_restart() {
     .expect("write pack");
     let run_agent = || {
         run(
-            Command::new(bin("baton-agent"))
+            Command::new(&agent)
                 .args(["run", "--quiet", "--no-rt", "--exit-when-idle", "--config"])
                 .arg(&cfg)
                 .arg("--pack")
