@@ -15,17 +15,18 @@ use std::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use baton_controller::store::sqlite::{DB_FILE, SqliteStore};
+use baton_controller::store::sqlite::SqliteStore;
 use baton_controller::store::{FeedbackRow, Store};
+use common::count;
+
+mod common;
 
 /// Concurrent agents.
 const AGENTS: usize = 1_000;
 /// Rows per `put_feedback` call (an agent's feedback batch).
 const ROWS_PER_BATCH: usize = 64;
-/// Rows per transaction in the bare baseline.
-const BARE_TX_ROWS: usize = 512;
 
-type Res<T> = Result<T, Box<dyn Error>>;
+type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
 fn env_or(name: &str, default: usize) -> Res<usize> {
     match std::env::var(name) {
@@ -74,11 +75,6 @@ fn workload(batches: usize) -> Vec<Vec<Vec<FeedbackRow>>> {
         .collect()
 }
 
-fn count(dir: &Path) -> Res<i64> {
-    let conn = rusqlite::Connection::open(dir.join(DB_FILE))?;
-    Ok(conn.query_row("SELECT COUNT(*) FROM feedback", [], |r| r.get(0))?)
-}
-
 /// Every agent a task sending its batches one after another, each once
 /// the previous one is stored (as an agent waits for its ack).
 async fn through_store(dir: &Path, work: Vec<Vec<Vec<FeedbackRow>>>) -> Res<(Duration, String)> {
@@ -115,69 +111,9 @@ async fn through_store(dir: &Path, work: Vec<Vec<Vec<FeedbackRow>>>) -> Res<(Dur
 /// The same rows, in the order the agents' first, second, ... batches
 /// would arrive, through one connection and one transaction per 512 rows.
 fn bare(dir: &Path, work: &[Vec<Vec<FeedbackRow>>]) -> Res<Duration> {
-    // The store's schema, then nothing of the store.
-    drop(SqliteStore::open(dir)?);
-    let mut conn = rusqlite::Connection::open(dir.join(DB_FILE))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
     let batches = work.first().map_or(0, Vec::len);
     let rows = (0..batches).flat_map(|b| work.iter().flat_map(move |agent| agent[b].iter()));
-
-    let start = Instant::now();
-    let mut id: i64 = 0;
-    let mut pending: Vec<&FeedbackRow> = Vec::with_capacity(BARE_TX_ROWS);
-    let mut flush = |pending: &mut Vec<&FeedbackRow>, id: &mut i64| -> Res<()> {
-        let tx = conn.transaction()?;
-        {
-            let mut stmt = tx.prepare_cached(
-                "INSERT INTO feedback (id, agent_id, journal_id, seq, execution_id, tenant, \
-                 pack, version, instruction, attempt, scheduled_ns, actual_ns, lateness_ns, \
-                 outcome, event, action, detail, value, dropped_before, uncertainty_ns, \
-                 received_ns) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-                 ?17, ?18, ?19, ?20, ?21) \
-                 ON CONFLICT (agent_id, journal_id, seq) DO NOTHING",
-            )?;
-            for r in pending.drain(..) {
-                *id += 1;
-                stmt.execute(rusqlite::params![
-                    *id,
-                    r.agent_id,
-                    r.journal_id,
-                    i64::try_from(r.seq)?,
-                    r.execution_id,
-                    r.tenant,
-                    r.pack,
-                    i64::try_from(r.version)?,
-                    r.instruction,
-                    i64::from(r.attempt),
-                    r.scheduled_ns,
-                    r.actual_ns,
-                    r.lateness_ns,
-                    r.outcome,
-                    r.event,
-                    r.action,
-                    r.detail,
-                    r.value.map(i64::from),
-                    i64::try_from(r.dropped_before)?,
-                    r.uncertainty_ns,
-                    r.received_ns
-                ])?;
-            }
-        }
-        tx.commit()?;
-        Ok(())
-    };
-    for r in rows {
-        pending.push(r);
-        if pending.len() == BARE_TX_ROWS {
-            flush(&mut pending, &mut id)?;
-        }
-    }
-    if !pending.is_empty() {
-        flush(&mut pending, &mut id)?;
-    }
-    Ok(start.elapsed())
+    common::Bare::open(dir)?.insert(rows)
 }
 
 fn main() -> Res<()> {
