@@ -77,7 +77,9 @@ pub struct Shared {
     /// Configuration.
     pub cfg: ServerConfig,
     bucket: tokio::sync::Mutex<TokenBucket>,
-    lateness: Mutex<HashMap<String, Histogram<u64>>>,
+    /// Per agent: 1 µs .. 60 s at 2 digits, u32 counts (~11 KB each; the
+    /// u64 / 1 h version was 37 KB per agent ever seen).
+    lateness: Mutex<HashMap<String, Histogram<u32>>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -156,22 +158,28 @@ impl Shared {
         self.publish(Ev::Delivery(convert::delivery_to_wire(d)));
     }
 
-    /// Stored feedback: to watchers, and into the agent's lateness figures.
-    pub fn feedback_stored(&self, rows: &[FeedbackRow]) {
-        if let Some(first) = rows.first() {
-            let mut l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
-            let h = l.entry(first.agent_id.clone()).or_insert_with(|| {
-                Histogram::new_with_bounds(1, 3_600_000_000_000, 2)
-                    .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!()))
-            });
-            for r in rows.iter().filter(|r| r.event == "executed") {
-                h.saturating_record(r.lateness_ns.max(0) as u64);
-            }
+    /// Feedback of one agent into its lateness figures.
+    pub fn record_lateness(&self, rows: &[FeedbackRow]) {
+        let Some(first) = rows.first() else { return };
+        let mut l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
+        let h = l.entry(first.agent_id.clone()).or_insert_with(|| {
+            Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
+                .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!()))
+        });
+        for r in rows.iter().filter(|r| r.event == "executed") {
+            h.saturating_record(r.lateness_ns.clamp(1_000, 60_000_000_000) as u64);
         }
-        if self.events.receiver_count() > 0 {
-            for r in rows {
-                self.publish(Ev::Feedback(convert::feedback_to_wire(r)));
-            }
+    }
+
+    /// Whether anyone watches live events.
+    pub fn watched(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
+
+    /// Stored feedback to watchers.
+    pub fn publish_feedback(&self, rows: &[FeedbackRow]) {
+        for r in rows {
+            self.publish(Ev::Feedback(convert::feedback_to_wire(r)));
         }
     }
 

@@ -528,11 +528,17 @@ impl Session {
         }
         let high = prev;
         if !rows.is_empty() {
-            let stored = self.shared.store.put_feedback(rows.clone()).await?;
+            self.shared.record_lateness(&rows);
+            // Watchers see only what is stored; the batch is copied for
+            // them only when someone watches.
+            let watched = self.shared.watched().then(|| rows.clone());
+            let stored = self.shared.store.put_feedback(rows).await?;
             if stored.duplicates > 0 {
                 tracing::debug!(agent = %self.agent.id, duplicates = stored.duplicates, "feedback re-sent");
             }
-            self.shared.feedback_stored(&rows);
+            if let Some(rows) = watched {
+                self.shared.publish_feedback(&rows);
+            }
         }
         self.last_seq = high;
         self.send(Out::FeedbackAck(wire::FeedbackAck { seq: high }))
