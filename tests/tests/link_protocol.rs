@@ -187,3 +187,54 @@ async fn resent_feedback_is_stored_once_and_a_new_stream_replaces_the_old() {
     let seqs: Vec<u64> = rows.iter().filter_map(|r| r["seq"].as_u64()).collect();
     assert_eq!(seqs, [1, 2, 3], "{rows:?}");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn health_and_reflection_are_served() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let channel = tonic::transport::Endpoint::from_shared(c.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["baton.v1.Link", "baton.v1.Admin"] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .expect("health check")
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service}");
+    }
+    let mut reflection = ServerReflectionClient::new(channel);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let r = answers
+        .message()
+        .await
+        .expect("answer")
+        .expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = r.message_response else {
+        panic!("expected a service list, got {r:?}");
+    };
+    let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
+    for want in ["baton.v1.Link", "baton.v1.Admin"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+}
