@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use baton_controller::{cli, ops};
 use clap::{Parser, Subcommand};
 
+mod ca_cmd;
 mod serve;
 
 #[derive(Parser, Debug)]
@@ -58,9 +59,20 @@ enum Command {
         /// Directory of the store.
         #[arg(long, default_value = "baton-controller-data")]
         data: PathBuf,
-        /// Serve plaintext (required until TLS lands).
+        /// mTLS with the certificates of this CA directory (server.pem,
+        /// server-key.pem, ca.pem for clients, revoked.txt), made by
+        /// `ca init`; re-read when they change.
+        #[arg(long)]
+        tls_dir: Option<PathBuf>,
+        /// Serve plaintext instead (loopback only, unless --insecure-any).
         #[arg(long)]
         insecure: bool,
+        /// Allow --insecure on a non-loopback address.
+        #[arg(long)]
+        insecure_any: bool,
+        /// A TLS handshake not done by then is dropped.
+        #[arg(long, default_value = "10s", hide = true)]
+        tls_handshake_timeout: String,
         /// Pushes per second to agents (token bucket rate).
         #[arg(long, default_value_t = 3000.0)]
         push_rate: f64,
@@ -70,6 +82,11 @@ enum Command {
         /// How often agent streams are pinged (three silent intervals end one).
         #[arg(long, default_value = "10s")]
         ping_interval: String,
+    },
+    /// The fleet's certificate authority: PEM files in one directory.
+    Ca {
+        #[command(subcommand)]
+        cmd: ca_cmd::CaCmd,
     },
     /// Push pack files to their targets: validated here first, stored by the
     /// controller, then delivered; waits for each agent's answer.
@@ -160,9 +177,18 @@ struct ConnArgs {
     /// Controller URL.
     #[arg(long, env = "BATON_CONTROLLER", default_value = baton_controller::ops::DEFAULT_URL)]
     controller: String,
-    /// Talk plaintext (required until TLS lands).
+    /// Talk plaintext to an http:// controller.
     #[arg(long)]
     insecure: bool,
+    /// This operator's certificate (made by `ca issue-operator`).
+    #[arg(long, env = "BATON_CERT")]
+    cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, env = "BATON_KEY")]
+    key: Option<PathBuf>,
+    /// The fleet's CA certificate (DIR/ca.pem).
+    #[arg(long, env = "BATON_CA")]
+    ca: Option<PathBuf>,
 }
 
 impl ConnArgs {
@@ -170,6 +196,11 @@ impl ConnArgs {
         ops::Conn {
             url: self.controller.clone(),
             insecure: self.insecure,
+            tls: ops::ClientTls {
+                cert: self.cert.clone(),
+                key: self.key.clone(),
+                ca: self.ca.clone(),
+            },
         }
     }
 }
@@ -184,7 +215,10 @@ fn main() -> ExitCode {
         Command::Serve {
             listen,
             data,
+            tls_dir,
             insecure,
+            insecure_any,
+            tls_handshake_timeout,
             push_rate,
             push_burst,
             ping_interval,
@@ -192,6 +226,9 @@ fn main() -> ExitCode {
             listen,
             data,
             insecure,
+            insecure_any,
+            tls_dir,
+            tls_handshake_timeout,
             push_rate,
             push_burst,
             ping_interval,
@@ -275,6 +312,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Ca { cmd } => ca_cmd::run(cmd, &mut out, &mut err),
         Command::Validate { files } => cli::validate(&files, &mut out, &mut err),
         Command::Plan {
             file,
