@@ -229,8 +229,13 @@ pub fn init(ca: &CaDir, hosts: &[String], now: OffsetDateTime) -> Result<Vec<Pat
     let key = KeyPair::generate().map_err(cert_err(&ca_path))?;
     let mut p = CertificateParams::default();
     p.distinguished_name = rcgen::DistinguishedName::new();
-    p.distinguished_name
-        .push(DnType::CommonName, "baton fleet CA");
+    // A CA of its own name: a certificate of another baton CA is then
+    // refused as "unknown issuer", not as a bad signature.
+    let tag: [u8; 4] = rand::random();
+    p.distinguished_name.push(
+        DnType::CommonName,
+        format!("baton fleet CA {}", identity::hex(&tag)),
+    );
     p.distinguished_name.push(DnType::OrganizationName, "baton");
     p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     p.key_usages = vec![

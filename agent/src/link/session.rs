@@ -281,11 +281,21 @@ async fn one(
 }
 
 fn status_text(s: &tonic::Status) -> String {
-    if s.message().is_empty() {
+    let mut text = if s.message().is_empty() {
         format!("{:?}", s.code())
     } else {
         format!("{:?}: {}", s.code(), s.message())
+    };
+    // A transport error says why only in its causes (a TLS alert: an
+    // unknown, expired or revoked certificate).
+    if let Some(src) = std::error::Error::source(s) {
+        let chain = error_chain(src);
+        if !text.contains(&chain) {
+            text.push_str(": ");
+            text.push_str(&chain);
+        }
     }
+    text
 }
 
 /// One stream's state on the link side.
