@@ -335,6 +335,61 @@ fn a_revoked_agent_is_cut_off_within_seconds_and_refused_after() {
 }
 
 #[test]
+fn a_revoked_operator_is_refused_and_its_watch_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, c) = fleet(dir.path(), &[]);
+    let out = dir.path().join("watch.out");
+    let err = dir.path().join("watch.err");
+    let tls = c.tls.clone().expect("tls");
+    let mut watch = baton_e2e::Running(
+        Command::new(bin("baton-controller"))
+            .args(["watch", "--json", "--controller", &c.url, "--cert"])
+            .arg(&tls.operator.0)
+            .arg("--key")
+            .arg(&tls.operator.1)
+            .arg("--ca")
+            .arg(ca.ca_pem())
+            .stdout(std::fs::File::create(&out).expect("out"))
+            .stderr(std::fs::File::create(&err).expect("err"))
+            .spawn()
+            .expect("spawn watch"),
+    );
+    // The watch is live once it shows an agent connecting.
+    let a = start_agent_tls(
+        &dir.path().join("a1"),
+        "a1",
+        &c.url,
+        &[],
+        agent_tls(&ca, ca.agent("a1", &[])),
+    );
+    assert!(
+        wait_until(WAIT, || std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .contains("a1")),
+        "watch saw nothing; agent log:\n{}",
+        a.log()
+    );
+    ca.revoke("ann");
+    let status = baton_e2e::wait_exit(&mut watch, Duration::from_secs(10));
+    let text = std::fs::read_to_string(&err).unwrap_or_default();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "watch still running 10 s after revocation; {text}"
+    );
+    assert!(text.contains("is revoked"), "{text}");
+    let o = c.ctl(&["agents"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("PermissionDenied")
+            && stderr(&o).contains("(operator ann (tenant default, role admin)) is revoked"),
+        "{}",
+        stderr(&o)
+    );
+    // The agent's stream is not the operator's: it stays up.
+    assert!(!a.log().contains("session=2"), "{}", a.log());
+}
+
+#[test]
 fn plaintext_garbage_and_half_open_handshakes_do_not_disturb_a_live_stream() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, c) = fleet(dir.path(), &["--tls-handshake-timeout", "1s"]);

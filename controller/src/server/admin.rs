@@ -308,11 +308,14 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let _who = self.shared.operator(request.extensions())?;
+        let (_who, serial) = self.shared.operator(request.extensions())?;
         let req = request.into_inner();
         let tenant = nonempty(&req.tenant);
         let pack = nonempty(&req.pack);
         let mut rx = self.shared.events.subscribe();
+        // A watcher whose certificate is revoked is cut off within seconds.
+        let mut revoked = self.shared.revoked.subscribe();
+        revoked.mark_changed();
         let mut shutdown = self.shared.shutdown.clone();
         let (tx, out) = tokio::sync::mpsc::channel(256);
         // One task per watcher: forwards what it may see until the watcher
@@ -331,6 +334,26 @@ impl wire::admin_server::Admin for AdminService {
                     },
                     _ = shutdown.changed() => return,
                     _ = tx.closed() => return,
+                    r = revoked.changed(), if serial.is_some() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        let hit = serial
+                            .as_ref()
+                            .filter(|s| revoked.borrow_and_update().contains(*s));
+                        match hit {
+                            Some(s) => {
+                                tracing::warn!(serial = %s, "watch of a revoked certificate closed");
+                                let _ = tx
+                                    .send(Err(Status::permission_denied(format!(
+                                        "certificate {s} is revoked"
+                                    ))))
+                                    .await;
+                                return;
+                            }
+                            None => continue,
+                        }
+                    }
                 };
                 if tx.send(Ok(ev)).await.is_err() {
                     return;

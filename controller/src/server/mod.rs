@@ -212,11 +212,12 @@ impl Shared {
         Ok((cert.identity.clone(), Some(cert.serial.clone())))
     }
 
-    /// The caller must be an operator (or anyone, without TLS).
-    pub fn operator(&self, ext: &tonic::Extensions) -> Result<Identity, Status> {
-        let (who, _) = self.peer(ext)?;
+    /// The caller must be an operator (or anyone, without TLS); with its
+    /// certificate's serial.
+    pub fn operator(&self, ext: &tonic::Extensions) -> Result<(Identity, Option<String>), Status> {
+        let (who, serial) = self.peer(ext)?;
         match who {
-            Identity::Operator { .. } | Identity::Insecure => Ok(who),
+            Identity::Operator { .. } | Identity::Insecure => Ok((who, serial)),
             Identity::Agent { .. } => {
                 tracing::warn!("refused: {who} called the operators' API");
                 Err(Status::permission_denied(format!(

@@ -368,3 +368,52 @@ pub fn incoming(
     });
     (ReceiverStream::new(rx), task)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changed_files_are_re_read_and_a_broken_change_keeps_the_previous_state() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let now = time::OffsetDateTime::now_utc();
+        let ca = CaDir::new(tmp.path().join("ca"));
+        ca::init(&ca, &[], now).expect("init");
+        let other = CaDir::new(tmp.path().join("other"));
+        ca::init(&other, &["ctl.example".into()], now).expect("init other");
+        let (tx, rx) = watch::channel(Arc::new(HashSet::new()));
+        let state = TlsState::load(ca.clone(), tx).expect("load");
+        let first = state.current();
+        state.reload_changed();
+        assert!(Arc::ptr_eq(&first, &state.current()), "nothing changed");
+
+        // A renewed server certificate: new handshakes use it.
+        for (from, to) in [
+            (other.server_cert(), ca.server_cert()),
+            (other.server_key(), ca.server_key()),
+        ] {
+            std::fs::copy(from, to).expect("copy");
+        }
+        state.reload_changed();
+        let second = state.current();
+        assert!(!Arc::ptr_eq(&first, &second), "not re-read");
+
+        // A broken key: logged, the previous configuration stays.
+        std::fs::write(ca.server_key(), "not a key").expect("write");
+        state.reload_changed();
+        assert!(Arc::ptr_eq(&second, &state.current()));
+
+        // A revocation is published.
+        let serial = "0abc".to_string();
+        std::fs::write(ca.revoked(), format!("{serial} agent a1\n")).expect("write");
+        state.reload_changed();
+        assert!(rx.borrow().contains(&serial));
+    }
+
+    #[test]
+    fn missing_files_are_named() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let e = load_config(&CaDir::new(tmp.path())).expect_err("empty dir");
+        assert!(e.to_string().contains("ca.pem"), "{e}");
+    }
+}
