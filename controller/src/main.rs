@@ -174,9 +174,10 @@ enum Command {
 /// Where the controller is.
 #[derive(clap::Args, Debug)]
 struct ConnArgs {
-    /// Controller URL.
-    #[arg(long, env = "BATON_CONTROLLER", default_value = baton_controller::ops::DEFAULT_URL)]
-    controller: String,
+    /// Controller URL (default: the profile's, else
+    /// http://127.0.0.1:7411).
+    #[arg(long, env = "BATON_CONTROLLER")]
+    controller: Option<String>,
     /// Talk plaintext to an http:// controller.
     #[arg(long)]
     insecure: bool,
@@ -192,16 +193,23 @@ struct ConnArgs {
 }
 
 impl ConnArgs {
-    fn conn(&self) -> ops::Conn {
-        ops::Conn {
-            url: self.controller.clone(),
+    /// Flags and `BATON_*` variables, then the profile
+    /// (`BATON_PROFILE` or `~/.config/baton/profile.yaml`), then defaults.
+    fn conn(&self) -> Result<ops::Conn, ops::OpError> {
+        let p = ops::profile::load().map_err(ops::OpError::usage)?;
+        Ok(ops::Conn {
+            url: self
+                .controller
+                .clone()
+                .or(p.controller)
+                .unwrap_or_else(|| baton_controller::ops::DEFAULT_URL.to_string()),
             insecure: self.insecure,
             tls: ops::ClientTls {
-                cert: self.cert.clone(),
-                key: self.key.clone(),
-                ca: self.ca.clone(),
+                cert: self.cert.clone().or(p.cert),
+                key: self.key.clone().or(p.key),
+                ca: self.ca.clone().or(p.ca),
             },
-        }
+        })
     }
 }
 
@@ -242,7 +250,7 @@ fn main() -> ExitCode {
         } => match baton_proto::time::parse_duration(&wait) {
             Ok(wait) => operator(&mut err, async move {
                 ops::push(
-                    &conn.conn(),
+                    &conn.conn()?,
                     &files,
                     &ops::PushOpts {
                         no_wait,
@@ -259,13 +267,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Cancel { conn, pack, tenant } => operator(&mut err, async move {
-            ops::cancel(&conn.conn(), &tenant, &pack, &mut std::io::stdout()).await
+            ops::cancel(&conn.conn()?, &tenant, &pack, &mut std::io::stdout()).await
         }),
         Command::Packs { conn, json } => operator(&mut err, async move {
-            ops::packs(&conn.conn(), json, &mut std::io::stdout()).await
+            ops::packs(&conn.conn()?, json, &mut std::io::stdout()).await
         }),
         Command::Agents { conn, json } => operator(&mut err, async move {
-            ops::agents(&conn.conn(), json, &mut std::io::stdout()).await
+            ops::agents(&conn.conn()?, json, &mut std::io::stdout()).await
         }),
         Command::Watch {
             conn,
@@ -273,7 +281,7 @@ fn main() -> ExitCode {
             pack,
             json,
         } => operator(&mut err, async move {
-            ops::watch(&conn.conn(), &tenant, &pack, json, &mut std::io::stdout()).await
+            ops::watch(&conn.conn()?, &tenant, &pack, json, &mut std::io::stdout()).await
         }),
         Command::Feedback {
             conn,
@@ -295,7 +303,7 @@ fn main() -> ExitCode {
             match since_ns {
                 Ok(since_ns) => operator(&mut err, async move {
                     ops::feedback(
-                        &conn.conn(),
+                        &conn.conn()?,
                         &tenant,
                         &pack,
                         agent.as_deref(),

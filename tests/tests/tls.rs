@@ -278,6 +278,37 @@ fn an_agent_certificate_cannot_call_the_operators_api() {
         WAIT,
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    // Or a profile file (paths relative to it); flags still win.
+    let profile = ca.dir.join("profile.yaml");
+    std::fs::write(
+        &profile,
+        format!(
+            "controller: {}\ncert: operators/ann.pem\nkey: operators/ann-key.pem\nca: ca.pem\n",
+            c.url
+        ),
+    )
+    .expect("profile");
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args(["agents", "--json"])
+            .env("BATON_PROFILE", &profile),
+        WAIT,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args(["agents", "--cert"])
+            .arg(&cert)
+            .arg("--key")
+            .arg(&key)
+            .env("BATON_PROFILE", &profile),
+        WAIT,
+    );
+    assert!(
+        stderr(&o).contains("an agent certificate cannot use the operators' API"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

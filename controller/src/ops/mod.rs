@@ -3,10 +3,11 @@
 //! default; `--json` prints one object per line.
 //!
 //! The controller is reached over mTLS (`https://`, with `--cert`,
-//! `--key`, `--ca`, or `BATON_CERT`, `BATON_KEY`, `BATON_CA`), or in
-//! plaintext (`http://`) only with `--insecure`.
+//! `--key`, `--ca`, or `BATON_CERT`, `BATON_KEY`, `BATON_CA`, or a
+//! [`profile`]), or in plaintext (`http://`) only with `--insecure`.
 
 mod format;
+pub mod profile;
 mod push;
 mod query;
 
