@@ -47,12 +47,20 @@ pub struct ConfigFile {
     pub outbox_cap: Option<usize>,
     /// Worker threads for `exec` (default 2).
     pub exec_workers: Option<usize>,
-    /// The controller to dial, `http://HOST:PORT` (plaintext, so only with
-    /// `insecure: true` until TLS lands). Absent: no link; the agent runs
-    /// the packs it has on its own.
+    /// The controller to dial: `https://HOST:PORT` (mTLS, with `cert`,
+    /// `key` and `ca`), or `http://HOST:PORT` (plaintext, only with
+    /// `insecure: true`). Absent: no link; the agent runs the packs it has
+    /// on its own.
     pub controller: Option<String>,
     /// Allow a plaintext (`http://`) controller link. Default false.
     pub insecure: Option<bool>,
+    /// This agent's certificate (PEM, made by `baton-controller ca
+    /// issue-agent`); its name is the agent's identity on the link.
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub key: Option<PathBuf>,
+    /// The fleet's CA certificate (PEM), which signed the controller's.
+    pub ca: Option<PathBuf>,
     /// Labels the controller picks agents by (`targets: {labels: ..}`).
     /// Values may be written unquoted (`line: 3`); they are kept as text.
     #[serde(default)]
@@ -175,6 +183,8 @@ pub struct AgentConfig {
     pub controller: Option<String>,
     /// A plaintext link was allowed (`--insecure`); required for `http://`.
     pub insecure: bool,
+    /// The certificate files of an `https://` link.
+    pub tls: Option<crate::link::TlsFiles>,
     /// Labels sent in the link's hello (keys and values checked).
     pub labels: BTreeMap<String, String>,
     /// Most packs held at once (pushes beyond: resource exhausted).
@@ -205,6 +215,12 @@ pub struct Overrides {
     pub controller: Option<String>,
     /// `--insecure`: allow a plaintext link.
     pub insecure: bool,
+    /// `--cert FILE`.
+    pub cert: Option<PathBuf>,
+    /// `--key FILE`.
+    pub key: Option<PathBuf>,
+    /// `--ca FILE`.
+    pub ca: Option<PathBuf>,
     /// `--label KEY=VALUE` (repeatable): set or override a label.
     pub labels: Vec<(String, String)>,
 }
@@ -332,6 +348,12 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         Some(url) => Some(check_controller_url(&url, insecure)?),
         None => None,
     };
+    let tls = check_tls(
+        controller.as_deref(),
+        o.cert.or(file.cert),
+        o.key.or(file.key),
+        o.ca.or(file.ca),
+    )?;
     let mut labels = BTreeMap::new();
     for (k, v) in file.labels {
         let v = match v {
@@ -380,45 +402,78 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         reset_journal: o.reset_journal,
         controller,
         insecure,
+        tls,
         labels,
         max_packs,
     })
 }
 
-/// A controller URL the link can dial today: `http://HOST[:PORT]` with
-/// `insecure` (TLS is not built yet, so `https://` is refused rather than
-/// silently downgraded). Returns it without a trailing `/`.
+/// A controller URL the link can dial: `https://HOST[:PORT]` (mTLS; the
+/// certificate files are checked by [`check_tls`]), or `http://HOST[:PORT]`
+/// with `insecure`. Returns it without a trailing `/`.
 pub fn check_controller_url(url: &str, insecure: bool) -> Result<String, ConfigError> {
     let bad = |why: &str| ConfigError::Value(format!("controller `{url}`: {why}"));
     let uri: tonic::transport::Uri = url
         .parse()
-        .map_err(|e| bad(&format!("not a URL ({e}); write http://HOST:PORT")))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(bad(
-                "https is not supported yet (TLS arrives with the security work); on a trusted network use http:// with --insecure",
-            ));
-        }
+        .map_err(|e| bad(&format!("not a URL ({e}); write https://HOST:PORT")))?;
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
         Some(other) => {
             return Err(bad(&format!(
-                "unknown scheme `{other}`; write http://HOST:PORT"
+                "unknown scheme `{other}`; write https://HOST:PORT"
             )));
         }
-        None => return Err(bad("no scheme; write http://HOST:PORT")),
-    }
+        None => return Err(bad("no scheme; write https://HOST:PORT")),
+    };
     if uri.host().is_none_or(str::is_empty) {
-        return Err(bad("no host; write http://HOST:PORT"));
+        return Err(bad("no host; write https://HOST:PORT"));
     }
     if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
-        return Err(bad("a controller URL has no path; write http://HOST:PORT"));
+        return Err(bad("a controller URL has no path; write https://HOST:PORT"));
     }
-    if !insecure {
+    if !https && !insecure {
         return Err(bad(
-            "plaintext link needs --insecure (TLS arrives with the security work)",
+            "plaintext link needs --insecure (or use https:// with --cert, --key and --ca)",
         ));
     }
     Ok(url.trim_end_matches('/').to_string())
+}
+
+/// The certificate files of the link: all three for an `https://`
+/// controller (each readable now; the link reads them again at every
+/// connection, so a renewed certificate is used without a restart), none
+/// for `http://` (never a silent downgrade of a configured certificate).
+pub fn check_tls(
+    controller: Option<&str>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+) -> Result<Option<crate::link::TlsFiles>, ConfigError> {
+    let given = cert.is_some() || key.is_some() || ca.is_some();
+    let Some(url) = controller.filter(|u| u.starts_with("https://")) else {
+        return match (controller, given) {
+            (Some(url), true) => Err(ConfigError::Value(format!(
+                "cert, key and ca are for an https:// controller, not `{url}`"
+            ))),
+            (None, true) => Err(ConfigError::Value(
+                "cert, key and ca given without a controller".into(),
+            )),
+            (_, false) => Ok(None),
+        };
+    };
+    let (Some(cert), Some(key), Some(ca)) = (cert, key, ca) else {
+        return Err(ConfigError::Value(format!(
+            "controller `{url}`: mTLS needs cert, key and ca (--cert, --key, --ca or the config keys)"
+        )));
+    };
+    for p in [&cert, &key, &ca] {
+        std::fs::metadata(p).map_err(|e| ConfigError::Read {
+            path: p.display().to_string(),
+            source: e,
+        })?;
+    }
+    Ok(Some(crate::link::TlsFiles { cert, key, ca }))
 }
 
 /// A label as the controller will match it: key and value non-empty, at
@@ -506,7 +561,7 @@ mod tests {
     }
 
     #[test]
-    fn the_controller_link_is_plaintext_only_with_insecure_and_never_https() {
+    fn the_controller_link_is_plaintext_only_with_insecure() {
         let f = parse_file(
             "a.yaml",
             "controller: http://ctl.plant:7700\ninsecure: true\nlabels: {line: 3, site: plant-a, edge: true}\nmax-packs: 10\n",
@@ -546,14 +601,14 @@ mod tests {
         let e = plain("http://127.0.0.1:7700", false).expect_err("needs --insecure");
         assert_eq!(
             e,
-            "controller `http://127.0.0.1:7700`: plaintext link needs --insecure (TLS arrives with the security work)"
+            "controller `http://127.0.0.1:7700`: plaintext link needs --insecure (or use https:// with --cert, --key and --ca)"
         );
         assert_eq!(
             plain("http://127.0.0.1:7700/", true).expect("ok"),
             Some("http://127.0.0.1:7700".into())
         );
-        let e = plain("https://ctl:7700", true).expect_err("no TLS yet");
-        assert!(e.contains("https is not supported yet"), "{e}");
+        let e = plain("https://ctl:7700", true).expect_err("no certificate");
+        assert!(e.contains("mTLS needs cert, key and ca"), "{e}");
         for bad in [
             "ctl:7700",
             "ftp://ctl",
@@ -567,6 +622,50 @@ mod tests {
         let f = parse_file("a.yaml", "controller: http://c:1\n").expect("valid");
         let e = resolve(f, Overrides::default()).expect_err("needs insecure");
         assert!(e.to_string().contains("needs --insecure"), "{e}");
+    }
+
+    #[test]
+    fn an_https_link_needs_all_three_certificate_files_and_http_none() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let [cert, key, ca] = ["a.pem", "a-key.pem", "ca.pem"].map(|n| {
+            let p = tmp.path().join(n);
+            std::fs::write(&p, "x").expect("write");
+            p
+        });
+        let file = format!(
+            "controller: https://ctl:7700\ncert: {}\nkey: {}\nca: {}\n",
+            cert.display(),
+            key.display(),
+            ca.display()
+        );
+        let c = resolve(
+            parse_file("a.yaml", &file).expect("valid"),
+            Overrides::default(),
+        )
+        .expect("resolves");
+        assert_eq!(c.controller.as_deref(), Some("https://ctl:7700"));
+        let tls = c.tls.expect("tls");
+        assert_eq!((tls.cert, tls.key, tls.ca), (cert.clone(), key.clone(), ca));
+        // A missing file is named.
+        let with = |url: &str, key: PathBuf| {
+            resolve(
+                ConfigFile::default(),
+                Overrides {
+                    controller: Some(url.into()),
+                    insecure: true,
+                    cert: Some(cert.clone()),
+                    key: Some(key),
+                    ca: Some(cert.clone()),
+                    ..Overrides::default()
+                },
+            )
+            .map_err(|e| e.to_string())
+        };
+        let e = with("https://ctl:1", tmp.path().join("nope.pem")).expect_err("missing");
+        assert!(e.contains("nope.pem: cannot read"), "{e}");
+        // Certificates with a plaintext URL: refused, never a silent downgrade.
+        let e = with("http://ctl:1", key.clone()).expect_err("http");
+        assert!(e.contains("for an https:// controller"), "{e}");
     }
 
     #[test]

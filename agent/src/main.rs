@@ -129,13 +129,22 @@ struct CommonFlags {
     /// one existed (its log is missing): accepted packs are forgotten.
     #[arg(long)]
     reset_journal: bool,
-    /// The controller to dial, http://HOST:PORT. Plaintext: needs
-    /// --insecure (TLS arrives with the security work).
+    /// The controller to dial: https://HOST:PORT (mTLS, with --cert,
+    /// --key, --ca), or http://HOST:PORT with --insecure.
     #[arg(long, value_name = "URL")]
     controller: Option<String>,
     /// Allow a plaintext (http://) controller link.
     #[arg(long)]
     insecure: bool,
+    /// This agent's certificate (made by `baton-controller ca issue-agent`).
+    #[arg(long, value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// The fleet's CA certificate.
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
     /// A label the controller picks agents by (repeatable; overrides the
     /// config file's label of the same key).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = config::parse_label_arg)]
@@ -304,6 +313,9 @@ fn run_agent(
             reset_journal: f.reset_journal,
             controller: f.controller,
             insecure: f.insecure,
+            cert: f.cert,
+            key: f.key,
+            ca: f.ca,
             labels: f.labels,
         },
     )
@@ -387,6 +399,7 @@ fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
         anyhow::bail!("{}", bad.join("\n"));
     }
     let link = match &cfg.controller {
+        Some(url) if cfg.tls.is_some() => format!("controller {url} (mTLS)"),
         Some(url) => format!("controller {url} (plaintext)"),
         None => "no controller".to_string(),
     };

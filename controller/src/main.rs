@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use baton_controller::{cli, ops};
 use clap::{Parser, Subcommand};
 
+mod ca_cmd;
 mod serve;
 
 #[derive(Parser, Debug)]
@@ -58,9 +59,20 @@ enum Command {
         /// Directory of the store.
         #[arg(long, default_value = "baton-controller-data")]
         data: PathBuf,
-        /// Serve plaintext (required until TLS lands).
+        /// mTLS with the certificates of this CA directory (server.pem,
+        /// server-key.pem, ca.pem for clients, revoked.txt), made by
+        /// `ca init`; re-read when they change.
+        #[arg(long)]
+        tls_dir: Option<PathBuf>,
+        /// Serve plaintext instead (loopback only, unless --insecure-any).
         #[arg(long)]
         insecure: bool,
+        /// Allow --insecure on a non-loopback address.
+        #[arg(long)]
+        insecure_any: bool,
+        /// A TLS handshake not done by then is dropped.
+        #[arg(long, default_value = "10s", hide = true)]
+        tls_handshake_timeout: String,
         /// Pushes per second to agents (token bucket rate).
         #[arg(long, default_value_t = 3000.0)]
         push_rate: f64,
@@ -70,6 +82,11 @@ enum Command {
         /// How often agent streams are pinged (three silent intervals end one).
         #[arg(long, default_value = "10s")]
         ping_interval: String,
+    },
+    /// The fleet's certificate authority: PEM files in one directory.
+    Ca {
+        #[command(subcommand)]
+        cmd: ca_cmd::CaCmd,
     },
     /// Push pack files to their targets: validated here first, stored by the
     /// controller, then delivered; waits for each agent's answer.
@@ -157,20 +174,42 @@ enum Command {
 /// Where the controller is.
 #[derive(clap::Args, Debug)]
 struct ConnArgs {
-    /// Controller URL.
-    #[arg(long, env = "BATON_CONTROLLER", default_value = baton_controller::ops::DEFAULT_URL)]
-    controller: String,
-    /// Talk plaintext (required until TLS lands).
+    /// Controller URL (default: the profile's, else
+    /// http://127.0.0.1:7411).
+    #[arg(long, env = "BATON_CONTROLLER")]
+    controller: Option<String>,
+    /// Talk plaintext to an http:// controller.
     #[arg(long)]
     insecure: bool,
+    /// This operator's certificate (made by `ca issue-operator`).
+    #[arg(long, env = "BATON_CERT")]
+    cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, env = "BATON_KEY")]
+    key: Option<PathBuf>,
+    /// The fleet's CA certificate (DIR/ca.pem).
+    #[arg(long, env = "BATON_CA")]
+    ca: Option<PathBuf>,
 }
 
 impl ConnArgs {
-    fn conn(&self) -> ops::Conn {
-        ops::Conn {
-            url: self.controller.clone(),
+    /// Flags and `BATON_*` variables, then the profile
+    /// (`BATON_PROFILE` or `~/.config/baton/profile.yaml`), then defaults.
+    fn conn(&self) -> Result<ops::Conn, ops::OpError> {
+        let p = ops::profile::load().map_err(ops::OpError::usage)?;
+        Ok(ops::Conn {
+            url: self
+                .controller
+                .clone()
+                .or(p.controller)
+                .unwrap_or_else(|| baton_controller::ops::DEFAULT_URL.to_string()),
             insecure: self.insecure,
-        }
+            tls: ops::ClientTls {
+                cert: self.cert.clone().or(p.cert),
+                key: self.key.clone().or(p.key),
+                ca: self.ca.clone().or(p.ca),
+            },
+        })
     }
 }
 
@@ -184,7 +223,10 @@ fn main() -> ExitCode {
         Command::Serve {
             listen,
             data,
+            tls_dir,
             insecure,
+            insecure_any,
+            tls_handshake_timeout,
             push_rate,
             push_burst,
             ping_interval,
@@ -192,6 +234,9 @@ fn main() -> ExitCode {
             listen,
             data,
             insecure,
+            insecure_any,
+            tls_dir,
+            tls_handshake_timeout,
             push_rate,
             push_burst,
             ping_interval,
@@ -205,7 +250,7 @@ fn main() -> ExitCode {
         } => match baton_proto::time::parse_duration(&wait) {
             Ok(wait) => operator(&mut err, async move {
                 ops::push(
-                    &conn.conn(),
+                    &conn.conn()?,
                     &files,
                     &ops::PushOpts {
                         no_wait,
@@ -222,13 +267,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Cancel { conn, pack, tenant } => operator(&mut err, async move {
-            ops::cancel(&conn.conn(), &tenant, &pack, &mut std::io::stdout()).await
+            ops::cancel(&conn.conn()?, &tenant, &pack, &mut std::io::stdout()).await
         }),
         Command::Packs { conn, json } => operator(&mut err, async move {
-            ops::packs(&conn.conn(), json, &mut std::io::stdout()).await
+            ops::packs(&conn.conn()?, json, &mut std::io::stdout()).await
         }),
         Command::Agents { conn, json } => operator(&mut err, async move {
-            ops::agents(&conn.conn(), json, &mut std::io::stdout()).await
+            ops::agents(&conn.conn()?, json, &mut std::io::stdout()).await
         }),
         Command::Watch {
             conn,
@@ -236,7 +281,7 @@ fn main() -> ExitCode {
             pack,
             json,
         } => operator(&mut err, async move {
-            ops::watch(&conn.conn(), &tenant, &pack, json, &mut std::io::stdout()).await
+            ops::watch(&conn.conn()?, &tenant, &pack, json, &mut std::io::stdout()).await
         }),
         Command::Feedback {
             conn,
@@ -258,7 +303,7 @@ fn main() -> ExitCode {
             match since_ns {
                 Ok(since_ns) => operator(&mut err, async move {
                     ops::feedback(
-                        &conn.conn(),
+                        &conn.conn()?,
                         &tenant,
                         &pack,
                         agent.as_deref(),
@@ -275,6 +320,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Ca { cmd } => ca_cmd::run(cmd, &mut out, &mut err),
         Command::Validate { files } => cli::validate(&files, &mut out, &mut err),
         Command::Plan {
             file,

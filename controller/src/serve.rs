@@ -11,6 +11,9 @@ pub struct Opts {
     pub listen: std::net::SocketAddr,
     pub data: PathBuf,
     pub insecure: bool,
+    pub insecure_any: bool,
+    pub tls_dir: Option<PathBuf>,
+    pub tls_handshake_timeout: String,
     pub push_rate: f64,
     pub push_burst: f64,
     pub ping_interval: String,
@@ -40,10 +43,11 @@ fn init_logging() {
 }
 
 fn serve(o: Opts) -> anyhow::Result<()> {
-    if !o.insecure {
-        anyhow::bail!(
-            "TLS is not available yet: pass --insecure to serve plaintext (scripts that pass it keep working when TLS becomes the default)"
-        );
+    check_transport(&o)?;
+    let handshake_timeout = baton_proto::time::parse_duration(&o.tls_handshake_timeout)
+        .map_err(|e| anyhow::anyhow!("--tls-handshake-timeout {}: {e}", o.tls_handshake_timeout))?;
+    if handshake_timeout.is_zero() {
+        anyhow::bail!("--tls-handshake-timeout must be > 0");
     }
     if !(o.push_rate > 0.0 && o.push_rate.is_finite() && o.push_burst >= 1.0) {
         anyhow::bail!("--push-rate must be > 0 and --push-burst >= 1");
@@ -69,8 +73,40 @@ fn serve(o: Opts) -> anyhow::Result<()> {
             burst: o.push_burst,
         };
         cfg.ping_interval = ping_interval;
+        cfg.tls = o.tls_dir.as_ref().map(|d| {
+            let mut t = server::tls::TlsOptions::new(d.clone());
+            t.handshake_timeout = handshake_timeout;
+            t
+        });
         server::serve(std::sync::Arc::new(store), cfg, stop_signal()).await
     })
+}
+
+/// mTLS with `--tls-dir`, or plaintext with `--insecure`, and plaintext
+/// only on loopback unless `--insecure-any` says so too.
+fn check_transport(o: &Opts) -> anyhow::Result<()> {
+    match (&o.tls_dir, o.insecure) {
+        (Some(d), true) => anyhow::bail!(
+            "--tls-dir {} and --insecure: choose one (mTLS or plaintext)",
+            d.display()
+        ),
+        (None, false) => anyhow::bail!(
+            "no transport: pass --tls-dir DIR (certificates made by `baton-controller ca init --dir DIR`) for mTLS, or --insecure for plaintext on loopback"
+        ),
+        (Some(_), false) => {}
+        (None, true) => {
+            if !o.listen.ip().is_loopback() && !o.insecure_any {
+                anyhow::bail!(
+                    "--insecure on {}: plaintext is refused on a non-loopback address, because anyone who reaches it could push to agents, read their feedback or speak as one; use --tls-dir DIR, or add --insecure-any to accept that on a network you trust",
+                    o.listen
+                );
+            }
+        }
+    }
+    if o.insecure_any && !o.insecure {
+        anyhow::bail!("--insecure-any only makes sense with --insecure");
+    }
+    Ok(())
 }
 
 /// SIGTERM, SIGINT or SIGHUP: stop cleanly (the store is consistent at every

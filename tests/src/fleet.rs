@@ -1,5 +1,7 @@
 //! A controller and agents as real processes on loopback, for the fleet's
 //! end-to-end tests: start, kill, restart, and run operator commands.
+//! Plaintext (`--insecure`) by default; the `_tls` variants use
+//! certificates made by `baton-controller ca` ([`Ca`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -18,25 +20,123 @@ pub struct Controller {
     pub url: String,
     /// The address it listens on (kept across restarts).
     pub addr: String,
+    /// mTLS: the CA directory it serves and the operator credentials
+    /// `ctl` uses (`None`: plaintext).
+    pub tls: Option<ControllerTls>,
+}
+
+/// How a TLS controller is run and called.
+#[derive(Debug, Clone)]
+pub struct ControllerTls {
+    /// `serve --tls-dir`.
+    pub dir: PathBuf,
+    /// Operator certificate and key for [`Controller::ctl`].
+    pub operator: (PathBuf, PathBuf),
+    /// Extra `serve` flags (e.g. `--tls-handshake-timeout 1s`).
+    pub serve_args: Vec<String>,
+}
+
+/// A CA directory made by `baton-controller ca`.
+#[derive(Debug, Clone)]
+pub struct Ca {
+    /// The directory.
+    pub dir: PathBuf,
+}
+
+fn ca_cmd(args: &[&str]) -> Output {
+    let o = run(
+        Command::new(bin("baton-controller")).arg("ca").args(args),
+        Duration::from_secs(30),
+    );
+    assert!(
+        o.status.success(),
+        "ca {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+impl Ca {
+    /// `ca init --dir DIR` (hosts localhost, 127.0.0.1).
+    pub fn init(dir: &Path) -> Ca {
+        ca_cmd(&["init", "--dir", &dir.display().to_string()]);
+        Ca {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// `DIR/ca.pem`.
+    pub fn ca_pem(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// `ca issue-agent NAME` with `extra` flags; (cert, key).
+    pub fn agent(&self, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
+        let mut args = vec!["issue-agent", name, "--dir"];
+        let dir = self.dir.display().to_string();
+        args.push(&dir);
+        args.extend_from_slice(extra);
+        ca_cmd(&args);
+        (
+            self.dir.join("agents").join(format!("{name}.pem")),
+            self.dir.join("agents").join(format!("{name}-key.pem")),
+        )
+    }
+
+    /// `ca issue-operator NAME --tenant T --role R`; (cert, key).
+    pub fn operator(&self, name: &str, tenant: &str, role: &str) -> (PathBuf, PathBuf) {
+        let dir = self.dir.display().to_string();
+        ca_cmd(&[
+            "issue-operator",
+            name,
+            "--tenant",
+            tenant,
+            "--role",
+            role,
+            "--dir",
+            &dir,
+        ]);
+        (
+            self.dir.join("operators").join(format!("{name}.pem")),
+            self.dir.join("operators").join(format!("{name}-key.pem")),
+        )
+    }
+
+    /// `ca revoke NAME`.
+    pub fn revoke(&self, name: &str) -> Output {
+        ca_cmd(&["revoke", name, "--dir", &self.dir.display().to_string()])
+    }
 }
 
 /// Start a controller on `listen` (`127.0.0.1:0` for any port) with its
 /// store in `data`; wait until it listens. Ping interval 1 s, so dead
 /// links are noticed within seconds in tests.
 pub fn start_controller(data: &Path, listen: &str) -> Controller {
+    start_controller_with(data, listen, None)
+}
+
+/// [`start_controller`] with mTLS: `serve --tls-dir`, and `ctl` calls it
+/// over `https://` with the given operator credentials.
+pub fn start_controller_tls(data: &Path, listen: &str, tls: ControllerTls) -> Controller {
+    start_controller_with(data, listen, Some(tls))
+}
+
+fn start_controller_with(data: &Path, listen: &str, tls: Option<ControllerTls>) -> Controller {
     std::fs::create_dir_all(data).expect("controller data dir");
     let addr_file = data.join("listen.addr");
     let _ = std::fs::remove_file(&addr_file);
     let log = std::fs::File::create(data.join("controller.log")).expect("log file");
-    let proc = Command::new(bin("baton-controller"))
-        .args([
-            "serve",
-            "--insecure",
-            "--ping-interval",
-            "1s",
-            "--listen",
-            listen,
-        ])
+    let mut cmd = Command::new(bin("baton-controller"));
+    cmd.args(["serve", "--ping-interval", "1s", "--listen", listen]);
+    match &tls {
+        None => {
+            cmd.arg("--insecure");
+        }
+        Some(t) => {
+            cmd.arg("--tls-dir").arg(&t.dir).args(&t.serve_args);
+        }
+    }
+    let proc = cmd
         .arg("--data")
         .arg(data)
         .env(
@@ -63,8 +163,9 @@ pub fn start_controller(data: &Path, listen: &str) -> Controller {
     Controller {
         proc,
         data: data.to_path_buf(),
-        url: format!("http://{addr}"),
+        url: format!("{}://{addr}", if tls.is_some() { "https" } else { "http" }),
         addr,
+        tls,
     }
 }
 
@@ -72,8 +173,20 @@ impl Controller {
     /// Run an operator subcommand against this controller.
     pub fn ctl(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(bin("baton-controller"));
-        cmd.args(args)
-            .args(["--controller", &self.url, "--insecure"]);
+        cmd.args(args).args(["--controller", &self.url]);
+        match &self.tls {
+            None => {
+                cmd.arg("--insecure");
+            }
+            Some(t) => {
+                cmd.arg("--cert")
+                    .arg(&t.operator.0)
+                    .arg("--key")
+                    .arg(&t.operator.1)
+                    .arg("--ca")
+                    .arg(t.dir.join("ca.pem"));
+            }
+        }
         run(&mut cmd, Duration::from_secs(60))
     }
 
@@ -86,7 +199,7 @@ impl Controller {
     /// Start again on the same address and store.
     pub fn restart(&mut self) {
         self.kill9();
-        let next = start_controller(&self.data, &self.addr);
+        let next = start_controller_with(&self.data, &self.addr, self.tls.clone());
         *self = next;
     }
 
@@ -148,6 +261,18 @@ pub struct Agent {
     /// Where it dials.
     pub url: String,
     labels: Vec<String>,
+    tls: Option<AgentTls>,
+}
+
+/// An agent's certificate, key and CA (`--cert`, `--key`, `--ca`).
+#[derive(Debug, Clone)]
+pub struct AgentTls {
+    /// Certificate.
+    pub cert: PathBuf,
+    /// Key.
+    pub key: PathBuf,
+    /// CA.
+    pub ca: PathBuf,
 }
 
 /// Start agent `id` in `dir` (journal in `dir/data`, sim GPIO log
@@ -155,10 +280,16 @@ pub struct Agent {
 /// as `k=v`.
 pub fn start_agent(dir: &Path, id: &str, url: &str, labels: &[&str]) -> Agent {
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    spawn_agent(dir, id, url, &labels)
+    spawn_agent(dir, id, url, &labels, None)
 }
 
-fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String]) -> Agent {
+/// [`start_agent`] over mTLS (`url` is `https://`).
+pub fn start_agent_tls(dir: &Path, id: &str, url: &str, labels: &[&str], tls: AgentTls) -> Agent {
+    let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+    spawn_agent(dir, id, url, &labels, Some(tls))
+}
+
+fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<AgentTls>) -> Agent {
     std::fs::create_dir_all(dir).expect("agent dir");
     let data = dir.join("data");
     let gpio = dir.join("gpio.jsonl");
@@ -168,19 +299,24 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String]) -> Agent {
         .open(dir.join("agent.log"))
         .expect("agent log");
     let mut cmd = Command::new(bin("baton-agent"));
-    cmd.args([
-        "run",
-        "--no-rt",
-        "--insecure",
-        "--id",
-        id,
-        "--controller",
-        url,
-    ])
-    .arg("--data")
-    .arg(&data)
-    .arg("--gpio")
-    .arg(format!("sim:{}", gpio.display()));
+    cmd.args(["run", "--no-rt", "--id", id, "--controller", url]);
+    match &tls {
+        None => {
+            cmd.arg("--insecure");
+        }
+        Some(t) => {
+            cmd.arg("--cert")
+                .arg(&t.cert)
+                .arg("--key")
+                .arg(&t.key)
+                .arg("--ca")
+                .arg(&t.ca);
+        }
+    }
+    cmd.arg("--data")
+        .arg(&data)
+        .arg("--gpio")
+        .arg(format!("sim:{}", gpio.display()));
     for l in labels {
         cmd.args(["--label", l]);
     }
@@ -198,6 +334,7 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String]) -> Agent {
         gpio,
         url: url.to_string(),
         labels: labels.to_vec(),
+        tls,
     }
 }
 
@@ -212,7 +349,7 @@ impl Agent {
     pub fn restart(&mut self) {
         self.kill9();
         let dir = self.data.parent().expect("agent dir").to_path_buf();
-        let next = spawn_agent(&dir, &self.id, &self.url, &self.labels);
+        let next = spawn_agent(&dir, &self.id, &self.url, &self.labels, self.tls.clone());
         *self = next;
     }
 

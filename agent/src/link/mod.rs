@@ -175,8 +175,11 @@ pub struct Outgoing {
 /// Where and how to dial.
 #[derive(Clone, Debug)]
 pub struct LinkConfig {
-    /// `http://HOST:PORT` (checked by `config::check_controller_url`).
+    /// `https://HOST:PORT` or `http://HOST:PORT` (checked by
+    /// `config::check_controller_url`).
     pub url: String,
+    /// Certificate files for `https://` (read at every connection).
+    pub tls: Option<TlsFiles>,
     /// This agent's id, for the log (the controller learns it from Hello).
     pub agent_id: String,
     /// Reconnect delays.
@@ -187,10 +190,36 @@ impl LinkConfig {
     /// Dial `url` with the default backoff.
     pub fn new(url: impl Into<String>, agent_id: impl Into<String>) -> Self {
         LinkConfig {
+            tls: None,
             url: url.into(),
             agent_id: agent_id.into(),
             backoff: backoff::BackoffConfig::default(),
         }
+    }
+}
+
+/// The PEM files of an mTLS link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This agent's certificate.
+    pub cert: std::path::PathBuf,
+    /// Its private key.
+    pub key: std::path::PathBuf,
+    /// The CA that signed the controller's certificate.
+    pub ca: std::path::PathBuf,
+}
+
+impl TlsFiles {
+    /// tonic's client configuration, from the files as they are now.
+    pub fn client_config(&self) -> Result<tonic::transport::ClientTlsConfig, String> {
+        let read =
+            |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        Ok(tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read(&self.ca)?))
+            .identity(tonic::transport::Identity::from_pem(
+                read(&self.cert)?,
+                read(&self.key)?,
+            )))
     }
 }
 

@@ -112,9 +112,18 @@ pub(super) async fn run(
 }
 
 /// The transport to the controller, with the link's limits.
-async fn connect(url: &str) -> Result<LinkClient<tonic::transport::Channel>, String> {
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad controller URL {url}: {e}"))?
+async fn connect(
+    url: &str,
+    tls: Option<&super::TlsFiles>,
+) -> Result<LinkClient<tonic::transport::Channel>, String> {
+    let mut endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("bad controller URL {url}: {e}"))?;
+    if let Some(t) = tls {
+        endpoint = endpoint
+            .tls_config(t.client_config()?)
+            .map_err(|e| format!("TLS for {url}: {}", error_chain(&e)))?;
+    }
+    let endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
@@ -170,7 +179,7 @@ async fn one(
         up: None,
         connected: false,
     };
-    let mut connecting = Box::pin(connect(&cfg.url));
+    let mut connecting = Box::pin(connect(&cfg.url, cfg.tls.as_ref()));
     let client = loop {
         if relay.is_gone() {
             return End::Stop;
@@ -272,11 +281,21 @@ async fn one(
 }
 
 fn status_text(s: &tonic::Status) -> String {
-    if s.message().is_empty() {
+    let mut text = if s.message().is_empty() {
         format!("{:?}", s.code())
     } else {
         format!("{:?}: {}", s.code(), s.message())
+    };
+    // A transport error says why only in its causes (a TLS alert: an
+    // unknown, expired or revoked certificate).
+    if let Some(src) = std::error::Error::source(s) {
+        let chain = error_chain(src);
+        if !text.contains(&chain) {
+            text.push_str(": ");
+            text.push_str(&chain);
+        }
     }
+    text
 }
 
 /// One stream's state on the link side.

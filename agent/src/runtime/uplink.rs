@@ -150,12 +150,10 @@ impl Agent {
         let Some(url) = self.cfg.controller.clone() else {
             return Ok(());
         };
-        let link = Link::start(
-            LinkConfig::new(url, self.cfg.id.clone()),
-            self.clock.clone(),
-            std::thread::current(),
-        )
-        .map_err(|e| anyhow::anyhow!("starting the controller link thread: {e}"))?;
+        let mut link_cfg = LinkConfig::new(url, self.cfg.id.clone());
+        link_cfg.tls = self.cfg.tls.clone();
+        let link = Link::start(link_cfg, self.clock.clone(), std::thread::current())
+            .map_err(|e| anyhow::anyhow!("starting the controller link thread: {e}"))?;
         let now = self.mono_now();
         self.uplink = Some(Uplink {
             link,

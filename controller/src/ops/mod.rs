@@ -2,17 +2,21 @@
 //! `cancel`, `packs`, `agents`, `watch`, `feedback`. Readable tables by
 //! default; `--json` prints one object per line.
 //!
-//! Plaintext is spelled `--insecure` from the start so scripts keep
-//! working when TLS becomes the default.
+//! The controller is reached over mTLS (`https://`, with `--cert`,
+//! `--key`, `--ca`, or `BATON_CERT`, `BATON_KEY`, `BATON_CA`, or a
+//! [`profile`]), or in plaintext (`http://`) only with `--insecure`.
 
 mod format;
+pub mod profile;
 mod push;
 mod query;
 
 use std::time::Duration;
 
 use baton_proto::wire::admin_client::AdminClient;
-use tonic::transport::{Channel, Endpoint};
+use std::path::PathBuf;
+
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use push::{PushOpts, push};
 pub use query::{agents, cancel, feedback, packs, watch};
@@ -29,6 +33,36 @@ pub struct Conn {
     pub url: String,
     /// Plaintext allowed.
     pub insecure: bool,
+    /// The operator's certificate, key and the fleet's CA (for `https://`).
+    pub tls: ClientTls,
+}
+
+/// PEM files of a TLS client (each may be missing; `https://` needs all).
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    /// This client's certificate.
+    pub cert: Option<PathBuf>,
+    /// Its private key.
+    pub key: Option<PathBuf>,
+    /// The CA that signed the controller's certificate.
+    pub ca: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// tonic's configuration from the three files (read now).
+    pub fn config(&self) -> Result<ClientTlsConfig, OpError> {
+        let (Some(cert), Some(key), Some(ca)) = (&self.cert, &self.key, &self.ca) else {
+            return Err(OpError::usage(
+                "https:// needs --cert, --key and --ca (or BATON_CERT, BATON_KEY, BATON_CA)",
+            ));
+        };
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| OpError::fail(format!("{}: {e}", p.display())))
+        };
+        Ok(ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(ca)?))
+            .identity(Identity::from_pem(read(cert)?, read(key)?)))
+    }
 }
 
 /// A failure of an operator command: message, exit code.
@@ -73,43 +107,64 @@ pub fn describe_status(s: &tonic::Status) -> String {
     }
 }
 
-/// Check that the URL may be used: plaintext only with `--insecure`
-/// (TLS arrives with the security work).
+/// Check that the URL may be used: `https://` with the client's
+/// certificate, plaintext only with `--insecure`.
 pub fn endpoint(conn: &Conn) -> Result<Endpoint, OpError> {
-    if let Some(rest) = conn.url.strip_prefix("https://") {
+    let tls = if conn.url.starts_with("https://") {
+        Some(conn.tls.config()?)
+    } else if conn.url.starts_with("http://") {
+        if !conn.insecure {
+            return Err(OpError::usage(format!(
+                "{} is plaintext: use https:// with --cert, --key and --ca, or pass --insecure",
+                conn.url
+            )));
+        }
+        None
+    } else {
         return Err(OpError::usage(format!(
-            "https://{rest}: TLS is not available yet; use http:// with --insecure"
-        )));
-    }
-    if !conn.url.starts_with("http://") {
-        return Err(OpError::usage(format!(
-            "--controller {}: expected http://HOST:PORT",
+            "--controller {}: expected https://HOST:PORT (or http:// with --insecure)",
             conn.url
         )));
-    }
-    if !conn.insecure {
-        return Err(OpError::usage(format!(
-            "{} is plaintext: pass --insecure (TLS arrives with the security work)",
-            conn.url
-        )));
-    }
-    Endpoint::from_shared(conn.url.clone())
-        .map(|e| {
-            e.connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(Duration::from_secs(10))
-        })
-        .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))
+    };
+    let e = Endpoint::from_shared(conn.url.clone())
+        .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))?;
+    let e = match tls {
+        Some(t) => e
+            .tls_config(t)
+            .map_err(|e| OpError::usage(format!("--controller {}: TLS: {e}", conn.url)))?,
+        None => e,
+    };
+    Ok(e.connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10)))
 }
 
 /// An Admin client.
 pub async fn client(conn: &Conn) -> Result<AdminClient<Channel>, OpError> {
-    let ch = endpoint(conn)?
-        .connect()
-        .await
-        .map_err(|e| OpError::fail(format!("cannot reach the controller at {}: {e}", conn.url)))?;
+    let ch = endpoint(conn)?.connect().await.map_err(|e| {
+        OpError::fail(format!(
+            "cannot reach the controller at {}: {}",
+            conn.url,
+            error_chain(&e)
+        ))
+    })?;
     Ok(AdminClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// `e: cause: cause` (a TLS refusal is only in the causes).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = c.source();
+    }
+    s
 }

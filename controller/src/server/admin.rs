@@ -52,12 +52,16 @@ fn nonempty(s: &str) -> Option<String> {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// Every call first checks that the caller is an operator (an agent
+/// certificate is refused); roles and tenants are enforced by the next
+/// part of the security work.
 #[tonic::async_trait]
 impl wire::admin_server::Admin for AdminService {
     async fn push(
         &self,
         request: Request<wire::PushRequest>,
     ) -> Result<Response<wire::PushReply>, Status> {
+        let _who = self.shared.operator(request.extensions())?;
         let req = request.into_inner();
         let source = if req.source_name.is_empty() {
             "pack".to_string()
@@ -154,6 +158,7 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::CancelRequest>,
     ) -> Result<Response<wire::CancelReply>, Status> {
+        let _who = self.shared.operator(request.extensions())?;
         let req = request.into_inner();
         let tenant = if req.tenant.is_empty() {
             "default".to_string()
@@ -195,6 +200,7 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::ListPacksRequest>,
     ) -> Result<Response<wire::ListPacksReply>, Status> {
+        let _who = self.shared.operator(request.extensions())?;
         let req = request.into_inner();
         let store = &self.shared.store;
         let packs = store
@@ -224,8 +230,9 @@ impl wire::admin_server::Admin for AdminService {
 
     async fn list_agents(
         &self,
-        _request: Request<wire::ListAgentsRequest>,
+        request: Request<wire::ListAgentsRequest>,
     ) -> Result<Response<wire::ListAgentsReply>, Status> {
+        let _who = self.shared.operator(request.extensions())?;
         let agents = self.shared.store.agents().await.map_err(store_status)?;
         let agents = agents
             .into_iter()
@@ -247,6 +254,7 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::DeliveriesRequest>,
     ) -> Result<Response<wire::DeliveriesReply>, Status> {
+        let _who = self.shared.operator(request.extensions())?;
         let req = request.into_inner();
         let tenant = nonempty(&req.tenant).unwrap_or_else(|| "default".into());
         let store = &self.shared.store;
@@ -276,6 +284,7 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::FeedbackQuery>,
     ) -> Result<Response<Self::QueryFeedbackStream>, Status> {
+        let _who = self.shared.operator(request.extensions())?;
         let req = request.into_inner();
         let rows = self
             .shared
@@ -299,10 +308,14 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let (_who, serial) = self.shared.operator(request.extensions())?;
         let req = request.into_inner();
         let tenant = nonempty(&req.tenant);
         let pack = nonempty(&req.pack);
         let mut rx = self.shared.events.subscribe();
+        // A watcher whose certificate is revoked is cut off within seconds.
+        let mut revoked = self.shared.revoked.subscribe();
+        revoked.mark_changed();
         let mut shutdown = self.shared.shutdown.clone();
         let (tx, out) = tokio::sync::mpsc::channel(256);
         // One task per watcher: forwards what it may see until the watcher
@@ -321,6 +334,26 @@ impl wire::admin_server::Admin for AdminService {
                     },
                     _ = shutdown.changed() => return,
                     _ = tx.closed() => return,
+                    r = revoked.changed(), if serial.is_some() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        let hit = serial
+                            .as_ref()
+                            .filter(|s| revoked.borrow_and_update().contains(*s));
+                        match hit {
+                            Some(s) => {
+                                tracing::warn!(serial = %s, "watch of a revoked certificate closed");
+                                let _ = tx
+                                    .send(Err(Status::permission_denied(format!(
+                                        "certificate {s} is revoked"
+                                    ))))
+                                    .await;
+                                return;
+                            }
+                            None => continue,
+                        }
+                    }
                 };
                 if tx.send(Ok(ev)).await.is_err() {
                     return;

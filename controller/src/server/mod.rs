@@ -15,8 +15,9 @@ pub mod convert;
 pub mod hub;
 pub mod reconcile;
 pub mod session;
+pub mod tls;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::identity::Identity;
 use crate::store::{DeliveryRow, FeedbackRow, Store};
 use bucket::{Pace, TokenBucket};
 use hub::Hub;
@@ -49,6 +51,8 @@ pub struct ServerConfig {
     pub ping_interval: Duration,
     /// How long a new stream may take to say hello.
     pub hello_timeout: Duration,
+    /// mTLS (`None`: plaintext, `--insecure`).
+    pub tls: Option<tls::TlsOptions>,
 }
 
 impl ServerConfig {
@@ -60,6 +64,7 @@ impl ServerConfig {
             pace: Pace::default(),
             ping_interval: Duration::from_secs(10),
             hello_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -76,6 +81,8 @@ pub struct Shared {
     pub shutdown: watch::Receiver<bool>,
     /// Configuration.
     pub cfg: ServerConfig,
+    /// Serials of revoked certificates (empty without TLS).
+    pub revoked: watch::Sender<Arc<HashSet<String>>>,
     bucket: tokio::sync::Mutex<TokenBucket>,
     /// Per agent: 1 µs .. 60 s at 2 digits, u32 counts (~11 KB each; the
     /// u64 / 1 h version was 37 KB per agent ever seen).
@@ -111,6 +118,7 @@ impl Shared {
             hub: Hub::default(),
             events,
             shutdown,
+            revoked: watch::Sender::new(Arc::new(HashSet::new())),
             bucket: tokio::sync::Mutex::new(TokenBucket::new(cfg.pace, Instant::now())),
             cfg,
             lateness: Mutex::new(HashMap::new()),
@@ -183,6 +191,50 @@ impl Shared {
         }
     }
 
+    /// Who is calling: [`Identity::Insecure`] on a plaintext controller;
+    /// on a TLS one, the identity of the peer's certificate, refused if it
+    /// has none or is revoked. Returns the certificate's serial too.
+    pub fn peer(&self, ext: &tonic::Extensions) -> Result<(Identity, Option<String>), Status> {
+        if self.cfg.tls.is_none() {
+            return Ok((Identity::Insecure, None));
+        }
+        let Some(peer) = ext.get::<tls::Peer>() else {
+            return Err(Status::unauthenticated("no client certificate"));
+        };
+        let cert = match &peer.cert {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(remote = %peer.remote, "refused: {e}");
+                return Err(Status::permission_denied(format!(
+                    "client certificate refused: {e}"
+                )));
+            }
+        };
+        if self.revoked.borrow().contains(&cert.serial) {
+            tracing::warn!(remote = %peer.remote, serial = %cert.serial, "refused: revoked certificate of {}", cert.identity);
+            return Err(Status::permission_denied(format!(
+                "certificate {} ({}) is revoked",
+                cert.serial, cert.identity
+            )));
+        }
+        Ok((cert.identity.clone(), Some(cert.serial.clone())))
+    }
+
+    /// The caller must be an operator (or anyone, without TLS); with its
+    /// certificate's serial.
+    pub fn operator(&self, ext: &tonic::Extensions) -> Result<(Identity, Option<String>), Status> {
+        let (who, serial) = self.peer(ext)?;
+        match who {
+            Identity::Operator { .. } | Identity::Insecure => Ok((who, serial)),
+            Identity::Agent { .. } => {
+                tracing::warn!("refused: {who} called the operators' API");
+                Err(Status::permission_denied(format!(
+                    "{who}: an agent certificate cannot use the operators' API"
+                )))
+            }
+        }
+    }
+
     /// Start lateness p99 of an agent's feedback since start (0: none).
     pub fn lateness_p99(&self, agent: &str) -> i64 {
         let l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
@@ -213,9 +265,23 @@ impl wire::link_server::Link for LinkService {
         &self,
         request: Request<Streaming<wire::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        let (who, serial) = self.shared.peer(request.extensions())?;
+        let peer = match who {
+            Identity::Agent { id } => session::LinkPeer {
+                agent_id: Some(id),
+                serial,
+            },
+            Identity::Insecure => session::LinkPeer::default(),
+            Identity::Operator { .. } => {
+                tracing::warn!("refused: {who} opened a link stream");
+                return Err(Status::permission_denied(format!(
+                    "{who}: an operator certificate cannot open a link stream"
+                )));
+            }
+        };
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(session::run(self.shared.clone(), inbound, tx));
+        tokio::spawn(session::run(self.shared.clone(), inbound, tx, peer));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -235,7 +301,14 @@ pub async fn serve(
     write_addr(&cfg.data_dir, addr)?;
     store.all_disconnected(now_ns()).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let shared = Shared::new(store, cfg, stop_rx);
+    let shared = Shared::new(store, cfg, stop_rx.clone());
+    let tls_state = match &shared.cfg.tls {
+        Some(t) => {
+            let state = tls::TlsState::load(crate::ca::CaDir::new(&t.dir), shared.revoked.clone())?;
+            Some((Arc::new(state), t.clone()))
+        }
+        None => None,
+    };
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -256,23 +329,38 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
-    tracing::info!(%addr, "controller listening (plaintext)");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(30)));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(link)
-        .add_service(admin)
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = done_rx.await;
-        });
-    let server = tokio::spawn(server);
+        .add_service(admin);
+    let done = async move {
+        let _ = done_rx.await;
+    };
+    let mut accept_task = None;
+    let server = match tls_state {
+        None => {
+            tracing::info!(%addr, "controller listening (plaintext, --insecure)");
+            let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(Duration::from_secs(30)));
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
+        }
+        Some((state, opts)) => {
+            tracing::info!(%addr, dir = %opts.dir.display(), "controller listening (mTLS)");
+            tokio::spawn(tls::watch_files(state.clone(), opts.reload_every, stop_rx));
+            let (incoming, task) = tls::incoming(listener, state, opts.handshake_timeout);
+            accept_task = Some(task);
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
+        }
+    };
     shutdown.await;
+    if let Some(t) = accept_task {
+        t.abort();
+    }
     tracing::info!("stopping: closing agent streams and watchers");
     let _ = stop_tx.send(true);
     let _ = done_tx.send(());

@@ -58,6 +58,10 @@ enum End {
     Shutdown,
     /// The agent stopped reading.
     Stuck,
+    /// Not allowed (a Hello for another identity than the certificate's).
+    Denied(String),
+    /// The stream's certificate was revoked.
+    Revoked(String),
 }
 
 impl End {
@@ -73,6 +77,10 @@ impl End {
             End::Store(e) => Status::unavailable(format!("controller store: {e}")),
             End::Shutdown => Status::unavailable("controller shutting down"),
             End::Stuck => Status::unavailable("agent not reading its stream"),
+            End::Denied(m) => Status::permission_denied(m.clone()),
+            End::Revoked(serial) => {
+                Status::permission_denied(format!("certificate {serial} is revoked"))
+            }
         })
     }
 
@@ -86,6 +94,8 @@ impl End {
             End::Store(e) => format!("store: {e}"),
             End::Shutdown => "controller shutting down".into(),
             End::Stuck => "agent not reading".into(),
+            End::Denied(m) => format!("refused: {m}"),
+            End::Revoked(serial) => format!("certificate {serial} revoked"),
         }
     }
 }
@@ -125,9 +135,24 @@ struct Session {
     next_ping: u64,
 }
 
+/// Who opened a link stream, as its TLS certificate says (nothing on a
+/// plaintext controller).
+#[derive(Clone, Debug, Default)]
+pub struct LinkPeer {
+    /// The agent id of the certificate: the Hello must say the same.
+    pub agent_id: Option<String>,
+    /// The certificate's serial: the stream ends when it is revoked.
+    pub serial: Option<String>,
+}
+
 /// Serve one stream to its end.
-pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<wire::AgentMessage>, out: Outbound) {
-    let hello = match first_hello(&shared, &mut inbound).await {
+pub async fn run(
+    shared: Arc<Shared>,
+    mut inbound: Streaming<wire::AgentMessage>,
+    out: Outbound,
+    peer: LinkPeer,
+) {
+    let hello = match first_hello(&shared, &mut inbound, &peer).await {
         Ok(h) => h,
         Err(end) => {
             tracing::warn!("link stream refused before hello: {}", end.describe());
@@ -151,7 +176,7 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<wire::AgentMessage>
         next_ping: 1,
     };
     let end = match session.start().await {
-        Ok(()) => session.serve(inbound, cmd_rx).await,
+        Ok(()) => session.serve(inbound, cmd_rx, peer.serial).await,
         Err(e) => e,
     };
     let reason = end.describe();
@@ -177,6 +202,7 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<wire::AgentMessage>
 async fn first_hello(
     shared: &Shared,
     inbound: &mut Streaming<wire::AgentMessage>,
+    peer: &LinkPeer,
 ) -> Result<AgentRow, End> {
     let first = tokio::time::timeout(shared.cfg.hello_timeout, inbound.message())
         .await
@@ -188,6 +214,14 @@ async fn first_hello(
     };
     match msg.body {
         Some(In::Hello(h)) => {
+            if let Some(id) = &peer.agent_id
+                && h.agent_id != *id
+            {
+                return Err(End::Denied(format!(
+                    "hello as agent `{}` on a certificate of agent `{id}`",
+                    h.agent_id
+                )));
+            }
             let row = convert::hello(&h, now_ns())?;
             Ok(row)
         }
@@ -290,8 +324,15 @@ impl Session {
         &mut self,
         mut inbound: Streaming<wire::AgentMessage>,
         mut cmds: mpsc::Receiver<SessionCmd>,
+        serial: Option<String>,
     ) -> End {
         let mut shutdown = self.shared.shutdown.clone();
+        let mut revoked = self.shared.revoked.subscribe();
+        if let Some(s) = &serial
+            && revoked.borrow_and_update().contains(s)
+        {
+            return End::Revoked(s.clone());
+        }
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let ping_every = self.shared.cfg.ping_interval;
@@ -340,6 +381,14 @@ impl Session {
                     }
                 },
                 _ = shutdown.changed() => Err(End::Shutdown),
+                r = revoked.changed(), if serial.is_some() => match (r, &serial) {
+                    (Ok(()), Some(s)) if revoked.borrow_and_update().contains(s) => {
+                        Err(End::Revoked(s.clone()))
+                    }
+                    // The sender lives as long as the shared state.
+                    (Err(_), _) => Err(End::Shutdown),
+                    _ => Ok(()),
+                },
             };
             if let Err(end) = r {
                 return end;

@@ -1,0 +1,173 @@
+//! `baton-controller ca ...`: the fleet's certificate authority.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use baton_controller::ca::{self, CaDir, Kind, Validity};
+use baton_controller::identity::{Identity, Role};
+use clap::Subcommand;
+
+/// `ca` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum CaCmd {
+    /// A new CA (DIR/ca.pem, DIR/ca-key.pem) and the controller's
+    /// certificate (DIR/server.pem, DIR/server-key.pem); never overwrites a
+    /// CA.
+    Init {
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Host names or IP addresses the controller is reached by
+        /// (repeatable; default localhost and 127.0.0.1).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+    },
+    /// An agent's certificate: DIR/agents/NAME.pem and NAME-key.pem; the
+    /// agent's id on the link is NAME.
+    IssueAgent {
+        /// The agent id.
+        name: String,
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Valid for this many days.
+        #[arg(long, default_value_t = ca::LEAF_DAYS)]
+        valid_days: i64,
+        /// Valid until this RFC 3339 instant (tests: a past one makes an
+        /// expired certificate).
+        #[arg(long, hide = true)]
+        not_after: Option<String>,
+    },
+    /// An operator's certificate: DIR/operators/NAME.pem and NAME-key.pem,
+    /// carrying its tenant and role.
+    IssueOperator {
+        /// The operator's name.
+        name: String,
+        /// The tenant it acts in.
+        #[arg(long)]
+        tenant: String,
+        /// viewer, operator or admin.
+        #[arg(long)]
+        role: String,
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Valid for this many days.
+        #[arg(long, default_value_t = ca::LEAF_DAYS)]
+        valid_days: i64,
+        /// Valid until this RFC 3339 instant.
+        #[arg(long, hide = true)]
+        not_after: Option<String>,
+    },
+    /// Revoke the current certificate of NAME (listed in DIR/revoked.txt;
+    /// a controller serving DIR refuses it within seconds, live streams
+    /// included).
+    Revoke {
+        /// The agent or operator name.
+        name: String,
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Which, when an agent and an operator share the name.
+        #[arg(long, value_enum)]
+        kind: Option<Kind>,
+    },
+}
+
+fn validity(days: i64, not_after: Option<&str>) -> Result<Validity, String> {
+    let now = time::OffsetDateTime::now_utc();
+    match not_after {
+        Some(t) => {
+            let ts: jiff::Timestamp = t
+                .parse()
+                .map_err(|e| format!("--not-after {t}: expected an RFC 3339 instant ({e})"))?;
+            let at = time::OffsetDateTime::from_unix_timestamp(ts.as_second())
+                .map_err(|e| format!("--not-after {t}: {e}"))?;
+            Ok(Validity::until(now, at))
+        }
+        None if (1..=36_500).contains(&days) => Ok(Validity::days(now, days)),
+        None => Err(format!("--valid-days {days}: expected 1..=36500")),
+    }
+}
+
+/// Run one `ca` command; exit code (1 refused, 2 usage).
+pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let result = match cmd {
+        CaCmd::Init { dir, hosts } => {
+            ca::init(&CaDir::new(dir), &hosts, time::OffsetDateTime::now_utc()).map(|files| {
+                for f in files {
+                    let _ = writeln!(out, "wrote {}", f.display());
+                }
+            })
+        }
+        CaCmd::IssueAgent {
+            name,
+            dir,
+            valid_days,
+            not_after,
+        } => {
+            let v = match validity(valid_days, not_after.as_deref()) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = writeln!(err, "error: {e}");
+                    return 2;
+                }
+            };
+            ca::issue(&CaDir::new(dir), &Identity::Agent { id: name }, v).map(|(c, k)| {
+                let _ = writeln!(out, "wrote {}\nwrote {}", c.display(), k.display());
+            })
+        }
+        CaCmd::IssueOperator {
+            name,
+            tenant,
+            role,
+            dir,
+            valid_days,
+            not_after,
+        } => {
+            let parsed = role
+                .parse::<Role>()
+                .map_err(|e| e.to_string())
+                .and_then(|role| Ok((role, validity(valid_days, not_after.as_deref())?)));
+            let (role, v) = match parsed {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = writeln!(err, "error: {e}");
+                    return 2;
+                }
+            };
+            let who = Identity::Operator { name, tenant, role };
+            ca::issue(&CaDir::new(dir), &who, v).map(|(c, k)| {
+                let _ = writeln!(out, "wrote {}\nwrote {}", c.display(), k.display());
+            })
+        }
+        CaCmd::Revoke { name, dir, kind } => {
+            let ca = CaDir::new(dir);
+            ca::revoke(&ca, &name, kind).map(|r| {
+                let _ = if r.already {
+                    writeln!(
+                        out,
+                        "{} (serial {}) was revoked already",
+                        r.cert.display(),
+                        r.serial
+                    )
+                } else {
+                    writeln!(
+                        out,
+                        "revoked {} (serial {}) in {}",
+                        r.cert.display(),
+                        r.serial,
+                        ca.revoked().display()
+                    )
+                };
+            })
+        }
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            1
+        }
+    }
+}
