@@ -112,8 +112,8 @@ enum Command {
         conn: ConnArgs,
         /// Pack id.
         pack: String,
-        /// Tenant.
-        #[arg(long, default_value = "default")]
+        /// Tenant (default: the operator certificate's, or `default`).
+        #[arg(long, default_value = "")]
         tenant: String,
     },
     /// List packs (latest version) with their delivery counts.
@@ -153,8 +153,8 @@ enum Command {
         /// Pack id.
         #[arg(long)]
         pack: String,
-        /// Tenant.
-        #[arg(long, default_value = "default")]
+        /// Tenant (default: the operator certificate's, or `default`).
+        #[arg(long, default_value = "")]
         tenant: String,
         /// Only this agent.
         #[arg(long)]
@@ -163,6 +163,20 @@ enum Command {
         #[arg(long)]
         since: Option<String>,
         /// At most this many entries.
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The audit log (admins): every push and cancel, refused ones included.
+    Audit {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Only records at or after this RFC 3339 instant.
+        #[arg(long)]
+        since: Option<String>,
+        /// The newest N records only.
         #[arg(long, default_value_t = 0)]
         limit: u32,
         /// One JSON object per line.
@@ -320,6 +334,25 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Audit {
+            conn,
+            since,
+            limit,
+            json,
+        } => match since
+            .as_deref()
+            .map(|s| baton_proto::time::parse_instant_arg("--since", s))
+            .transpose()
+        {
+            Ok(since) => operator(&mut err, async move {
+                let since_ns = since.map_or(0, |t| t.as_nanos());
+                ops::audit(&conn.conn()?, since_ns, limit, json, &mut std::io::stdout()).await
+            }),
+            Err(e) => {
+                let _ = writeln!(err, "error: {e}");
+                2
+            }
+        },
         Command::Ca { cmd } => ca_cmd::run(cmd, &mut out, &mut err),
         Command::Validate { files } => cli::validate(&files, &mut out, &mut err),
         Command::Plan {

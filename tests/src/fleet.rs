@@ -170,6 +170,22 @@ fn start_controller_with(data: &Path, listen: &str, tls: Option<ControllerTls>) 
 }
 
 impl Controller {
+    /// Run an operator subcommand as another operator (cert, key) of the
+    /// controller's CA.
+    pub fn ctl_as(&self, operator: &(PathBuf, PathBuf), args: &[&str]) -> Output {
+        let t = self.tls.as_ref().expect("ctl_as needs a TLS controller");
+        let mut cmd = Command::new(bin("baton-controller"));
+        cmd.args(args)
+            .args(["--controller", &self.url])
+            .arg("--cert")
+            .arg(&operator.0)
+            .arg("--key")
+            .arg(&operator.1)
+            .arg("--ca")
+            .arg(t.dir.join("ca.pem"));
+        run(&mut cmd, Duration::from_secs(60))
+    }
+
     /// Run an operator subcommand against this controller.
     pub fn ctl(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(bin("baton-controller"));

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use push::{PushOpts, push};
-pub use query::{agents, cancel, feedback, packs, watch};
+pub use query::{agents, audit, cancel, feedback, packs, watch};
 
 use crate::server::MAX_MESSAGE_BYTES;
 

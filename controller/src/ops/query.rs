@@ -337,3 +337,56 @@ fn agent_line(a: &wire::AgentEvent, json: bool) -> String {
         )
     }
 }
+
+/// `audit [--since T] [--limit N] [--json]`.
+pub async fn audit(
+    conn: &Conn,
+    since_ns: i64,
+    limit: u32,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .audit(wire::AuditQuery { since_ns, limit })
+        .await?
+        .into_inner();
+    if json {
+        for a in &r.records {
+            line(
+                out,
+                &format!(
+                    "{}\n",
+                    serde_json::json!({
+                        "at": format::instant(a.at_ns), "at_ns": a.at_ns, "who": a.who,
+                        "tenant": a.tenant, "role": a.role, "action": a.action,
+                        "target": a.target, "result": a.result,
+                    })
+                ),
+            )?;
+        }
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = r
+        .records
+        .iter()
+        .map(|a| {
+            vec![
+                format::instant(a.at_ns),
+                a.who.clone(),
+                a.tenant.clone(),
+                a.role.clone(),
+                a.action.clone(),
+                a.target.clone(),
+                a.result.clone(),
+            ]
+        })
+        .collect();
+    line(
+        out,
+        &table(
+            &["AT", "WHO", "TENANT", "ROLE", "ACTION", "TARGET", "RESULT"],
+            &rows,
+        ),
+    )
+}

@@ -2,8 +2,9 @@
 //! stored, then delivered; the answer comes only once it is stored, so an
 //! operator who saw "pushed" can rely on it surviving a controller crash.
 //!
-//! Today every caller acts for every tenant; tenants and roles come with
-//! the security work and will be checked here, at the top of each call.
+//! Every call starts with the caller ([`Caller`]): its tenant confines what
+//! it sees, its role what it may change; pushes and cancels, refused ones
+//! included, go to the audit log before the answer.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,12 +16,13 @@ use tokio::sync::broadcast;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
+use super::access::Caller;
 use super::convert;
 use super::hub::SessionCmd;
 use super::session::holders;
 use super::{Shared, now_ns};
 use crate::store::{
-    DeliveryRow, DeliveryState, FeedbackFilter, PackVersionRow, PutPack, StoreError,
+    AuditRow, DeliveryRow, DeliveryState, FeedbackFilter, PackVersionRow, PutPack, StoreError,
 };
 
 /// The Admin service.
@@ -34,35 +36,49 @@ impl AdminService {
     pub fn new(shared: Arc<Shared>) -> AdminService {
         AdminService { shared }
     }
-}
 
-fn store_status(e: StoreError) -> Status {
-    match e {
-        StoreError::VersionTaken { .. } | StoreError::VersionOlder { .. } => {
-            Status::failed_precondition(e.to_string())
-        }
-        StoreError::NoSuchPack { .. } => Status::not_found(e.to_string()),
-        StoreError::Backend(_) | StoreError::Closed => Status::unavailable(e.to_string()),
+    fn caller(&self, ext: &tonic::Extensions) -> Result<(Caller, Option<String>), Status> {
+        let (who, serial) = self.shared.operator(ext)?;
+        Ok((Caller { who }, serial))
     }
-}
 
-fn nonempty(s: &str) -> Option<String> {
-    (!s.is_empty()).then(|| s.to_string())
-}
-
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// Every call first checks that the caller is an operator (an agent
-/// certificate is refused); roles and tenants are enforced by the next
-/// part of the security work.
-#[tonic::async_trait]
-impl wire::admin_server::Admin for AdminService {
-    async fn push(
+    /// Record an action and its result; a failed audit write fails the
+    /// call (an action that cannot be audited is not answered as done).
+    async fn record<T>(
         &self,
-        request: Request<wire::PushRequest>,
-    ) -> Result<Response<wire::PushReply>, Status> {
-        let _who = self.shared.operator(request.extensions())?;
-        let req = request.into_inner();
+        caller: &Caller,
+        tenant: &str,
+        action: &str,
+        target: &str,
+        result: Result<T, Status>,
+    ) -> Result<T, Status> {
+        let (who, tenant, role) = caller.audit_fields(tenant);
+        let row = AuditRow {
+            at_ns: now_ns(),
+            who,
+            tenant,
+            role,
+            action: action.into(),
+            target: target.into(),
+            result: match &result {
+                Ok(_) => "ok".into(),
+                Err(s) => format!("{:?}: {}", s.code(), s.message()),
+            },
+        };
+        self.shared
+            .store
+            .put_audit(row)
+            .await
+            .map_err(store_status)?;
+        result
+    }
+
+    async fn do_push(
+        &self,
+        caller: &Caller,
+        req: wire::PushRequest,
+    ) -> Result<wire::PushReply, Status> {
+        caller.may_change()?;
         let source = if req.source_name.is_empty() {
             "pack".to_string()
         } else {
@@ -70,6 +86,12 @@ impl wire::admin_server::Admin for AdminService {
         };
         let pack = parse_pack(&req.yaml)
             .map_err(|e| Status::invalid_argument(e.render(&source).trim_end().to_string()))?;
+        if !caller.sees(&pack.tenant) {
+            return Err(Status::permission_denied(format!(
+                "{}: pack {} is of tenant {}, not the caller's",
+                caller.who, pack.id, pack.tenant
+            )));
+        }
         let now = RefTime::from_nanos(now_ns());
         pack.check_live(now)
             .map_err(|e| Status::invalid_argument(e.render(&source).trim_end().to_string()))?;
@@ -81,6 +103,52 @@ impl wire::admin_server::Admin for AdminService {
             targets: convert::targets(&pack),
             pushed_ns: now.as_nanos(),
         };
+        self.deliver(row, now).await
+    }
+
+    async fn do_cancel(
+        &self,
+        caller: &Caller,
+        req: wire::CancelRequest,
+    ) -> Result<wire::CancelReply, Status> {
+        caller.may_change()?;
+        // Another tenant's pack is "not found", like one that does not exist.
+        let tenant = caller
+            .tenant_of(&req.tenant)
+            .ok_or_else(|| Status::not_found(format!("no pack {}/{}", req.tenant, req.pack)))?;
+        let store = &self.shared.store;
+        let p = store
+            .cancel_pack(&tenant, &req.pack, now_ns())
+            .await
+            .map_err(store_status)?;
+        let agents = store.agents().await.map_err(store_status)?;
+        let mut told = holders(&agents, &tenant, &req.pack);
+        for a in &agents {
+            if p.latest.targets.matches(&a.id, &a.labels) {
+                told.insert(a.id.clone());
+            }
+        }
+        let mut told: Vec<String> = told.into_iter().collect();
+        told.sort();
+        for id in &told {
+            self.shared.hub.send(
+                id,
+                SessionCmd::Cancel {
+                    tenant: tenant.clone(),
+                    pack: req.pack.clone(),
+                    version: p.latest.version,
+                },
+            );
+        }
+        tracing::info!(pack = %format!("{tenant}/{}", req.pack), agents = told.len(), "cancelled");
+        Ok(wire::CancelReply {
+            pack: Some(convert::wire_ref(&tenant, &req.pack, p.latest.version)),
+            agents: told,
+        })
+    }
+
+    /// Store a pack version, then its deliveries, then send it.
+    async fn deliver(&self, row: PackVersionRow, now: RefTime) -> Result<wire::PushReply, Status> {
         let store = &self.shared.store;
         let put = store.put_pack(row.clone()).await.map_err(store_status)?;
         let agents = store.agents().await.map_err(store_status)?;
@@ -147,66 +215,95 @@ impl wire::admin_server::Admin for AdminService {
             unchanged = put == PutPack::Unchanged,
             "pushed"
         );
-        Ok(Response::new(wire::PushReply {
+        Ok(wire::PushReply {
             pack: Some(convert::wire_ref(&row.tenant, &row.pack, row.version)),
             unchanged: put == PutPack::Unchanged,
             agents: targeted,
-        }))
+        })
+    }
+}
+
+fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::VersionTaken { .. } | StoreError::VersionOlder { .. } => {
+            Status::failed_precondition(e.to_string())
+        }
+        StoreError::NoSuchPack { .. } => Status::not_found(e.to_string()),
+        StoreError::Backend(_) | StoreError::Closed => Status::unavailable(e.to_string()),
+    }
+}
+
+fn nonempty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Every call first takes its caller (an agent certificate is refused),
+/// then confines it to its tenant and role.
+#[tonic::async_trait]
+impl wire::admin_server::Admin for AdminService {
+    async fn push(
+        &self,
+        request: Request<wire::PushRequest>,
+    ) -> Result<Response<wire::PushReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let req = request.into_inner();
+        let target = if req.source_name.is_empty() {
+            "pack".to_string()
+        } else {
+            req.source_name.clone()
+        };
+        let tenant = caller.tenant().unwrap_or("").to_string();
+        let r = self.do_push(&caller, req).await;
+        let target = match &r {
+            Ok(reply) => reply.pack.as_ref().map_or(target, |p| {
+                format!("{}/{} v{}", p.tenant, p.pack, p.version)
+            }),
+            Err(_) => target,
+        };
+        let tenant = match &r {
+            Ok(reply) => reply.pack.as_ref().map_or(tenant, |p| p.tenant.clone()),
+            Err(_) => tenant,
+        };
+        self.record(&caller, &tenant, "push", &target, r)
+            .await
+            .map(Response::new)
     }
 
     async fn cancel(
         &self,
         request: Request<wire::CancelRequest>,
     ) -> Result<Response<wire::CancelReply>, Status> {
-        let _who = self.shared.operator(request.extensions())?;
+        let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
-        let tenant = if req.tenant.is_empty() {
-            "default".to_string()
+        let named = if req.tenant.is_empty() {
+            caller.tenant().unwrap_or("default").to_string()
         } else {
-            req.tenant
+            req.tenant.clone()
         };
-        let store = &self.shared.store;
-        let p = store
-            .cancel_pack(&tenant, &req.pack, now_ns())
+        let target = format!("{named}/{}", req.pack);
+        let r = self.do_cancel(&caller, req).await;
+        self.record(&caller, &named, "cancel", &target, r)
             .await
-            .map_err(store_status)?;
-        let agents = store.agents().await.map_err(store_status)?;
-        let mut told = holders(&agents, &tenant, &req.pack);
-        for a in &agents {
-            if p.latest.targets.matches(&a.id, &a.labels) {
-                told.insert(a.id.clone());
-            }
-        }
-        let mut told: Vec<String> = told.into_iter().collect();
-        told.sort();
-        for id in &told {
-            self.shared.hub.send(
-                id,
-                SessionCmd::Cancel {
-                    tenant: tenant.clone(),
-                    pack: req.pack.clone(),
-                    version: p.latest.version,
-                },
-            );
-        }
-        tracing::info!(pack = %format!("{tenant}/{}", req.pack), agents = told.len(), "cancelled");
-        Ok(Response::new(wire::CancelReply {
-            pack: Some(convert::wire_ref(&tenant, &req.pack, p.latest.version)),
-            agents: told,
-        }))
+            .map(Response::new)
     }
 
     async fn list_packs(
         &self,
         request: Request<wire::ListPacksRequest>,
     ) -> Result<Response<wire::ListPacksReply>, Status> {
-        let _who = self.shared.operator(request.extensions())?;
+        let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
         let store = &self.shared.store;
-        let packs = store
-            .packs(nonempty(&req.tenant).as_deref())
-            .await
-            .map_err(store_status)?;
+        let tenant = match (caller.tenant(), nonempty(&req.tenant)) {
+            (None, t) => t,
+            (Some(own), Some(t)) if t != own => {
+                return Ok(Response::new(wire::ListPacksReply { packs: Vec::new() }));
+            }
+            (Some(own), _) => Some(own.to_string()),
+        };
+        let packs = store.packs(tenant.as_deref()).await.map_err(store_status)?;
         let mut out = Vec::with_capacity(packs.len());
         for p in packs {
             let l = &p.latest;
@@ -232,10 +329,26 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::ListAgentsRequest>,
     ) -> Result<Response<wire::ListAgentsReply>, Status> {
-        let _who = self.shared.operator(request.extensions())?;
+        let (caller, _) = self.caller(request.extensions())?;
         let agents = self.shared.store.agents().await.map_err(store_status)?;
+        let packs = match caller.tenant() {
+            Some(t) => self
+                .shared
+                .store
+                .packs(Some(t))
+                .await
+                .map_err(store_status)?,
+            None => Vec::new(),
+        };
+        let visible = caller.visible_agents(&agents, &packs);
         let agents = agents
             .into_iter()
+            .filter(|a| visible.contains(&a.id))
+            .map(|mut a| {
+                // Only the caller's tenant's packs are listed.
+                a.held.retain(|h| caller.sees(&h.tenant));
+                a
+            })
             .map(|a| wire::AgentSummary {
                 connected: self.shared.hub.is_connected(&a.id),
                 lateness_p99_ns: self.shared.lateness_p99(&a.id),
@@ -254,9 +367,11 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::DeliveriesRequest>,
     ) -> Result<Response<wire::DeliveriesReply>, Status> {
-        let _who = self.shared.operator(request.extensions())?;
+        let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
-        let tenant = nonempty(&req.tenant).unwrap_or_else(|| "default".into());
+        let tenant = caller
+            .tenant_of(&req.tenant)
+            .ok_or_else(|| Status::not_found(format!("no pack {}/{}", req.tenant, req.pack)))?;
         let store = &self.shared.store;
         let version = if req.version == 0 {
             store
@@ -284,13 +399,17 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::FeedbackQuery>,
     ) -> Result<Response<Self::QueryFeedbackStream>, Status> {
-        let _who = self.shared.operator(request.extensions())?;
+        let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
+        // Another tenant's feedback: as if there were none.
+        let Some(tenant) = caller.tenant_of(&req.tenant) else {
+            return Ok(Response::new(Box::pin(tokio_stream::iter(Vec::new()))));
+        };
         let rows = self
             .shared
             .store
             .feedback(FeedbackFilter {
-                tenant: nonempty(&req.tenant),
+                tenant: Some(tenant),
                 pack: nonempty(&req.pack),
                 agent_id: nonempty(&req.agent_id),
                 since_ns: (req.since_ns != 0).then_some(req.since_ns),
@@ -308,10 +427,25 @@ impl wire::admin_server::Admin for AdminService {
         &self,
         request: Request<wire::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let (_who, serial) = self.shared.operator(request.extensions())?;
+        let (caller, serial) = self.caller(request.extensions())?;
         let req = request.into_inner();
-        let tenant = nonempty(&req.tenant);
         let pack = nonempty(&req.pack);
+        let (tenant, agents) = match caller.tenant() {
+            None => (nonempty(&req.tenant), None),
+            Some(own) => {
+                if !req.tenant.is_empty() && req.tenant != own {
+                    return Err(Status::not_found(format!("no tenant {}", req.tenant)));
+                }
+                // Agent events of the agents visible now.
+                let store = &self.shared.store;
+                let all = store.agents().await.map_err(store_status)?;
+                let packs = store.packs(Some(own)).await.map_err(store_status)?;
+                (
+                    Some(own.to_string()),
+                    Some(caller.visible_agents(&all, &packs)),
+                )
+            }
+        };
         let mut rx = self.shared.events.subscribe();
         // A watcher whose certificate is revoked is cut off within seconds.
         let mut revoked = self.shared.revoked.subscribe();
@@ -325,7 +459,7 @@ impl wire::admin_server::Admin for AdminService {
             loop {
                 let ev = tokio::select! {
                     r = rx.recv() => match r {
-                        Ok(ev) if visible(&ev, tenant.as_deref(), pack.as_deref()) => ev,
+                        Ok(ev) if visible(&ev, tenant.as_deref(), pack.as_deref(), agents.as_ref()) => ev,
                         Ok(_) => continue,
                         Err(broadcast::error::RecvError::Lagged(n)) => wire::WatchEvent {
                             body: Some(Ev::Lagged(n)),
@@ -363,14 +497,53 @@ impl wire::admin_server::Admin for AdminService {
         let stream = ReceiverStream::new(out);
         Ok(Response::new(Box::pin(stream)))
     }
+
+    async fn audit(
+        &self,
+        request: Request<wire::AuditQuery>,
+    ) -> Result<Response<wire::AuditReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        caller.may_audit()?;
+        let req = request.into_inner();
+        let rows = self
+            .shared
+            .store
+            .audit(
+                caller.tenant(),
+                req.since_ns,
+                (req.limit != 0).then_some(req.limit),
+            )
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(wire::AuditReply {
+            records: rows
+                .into_iter()
+                .map(|r| wire::AuditRecord {
+                    at_ns: r.at_ns,
+                    who: r.who,
+                    tenant: r.tenant,
+                    role: r.role,
+                    action: r.action,
+                    target: r.target,
+                    result: r.result,
+                })
+                .collect(),
+        }))
+    }
 }
 
 /// Whether a watcher filtering on tenant / pack sees this event (agent
-/// events are always shown).
-fn visible(ev: &wire::WatchEvent, tenant: Option<&str>, pack: Option<&str>) -> bool {
+/// events: those of `agents`, all when `None`).
+fn visible(
+    ev: &wire::WatchEvent,
+    tenant: Option<&str>,
+    pack: Option<&str>,
+    agents: Option<&std::collections::HashSet<String>>,
+) -> bool {
     let r = match &ev.body {
         Some(Ev::Feedback(f)) => f.entry.as_ref().and_then(|e| e.pack.as_ref()),
         Some(Ev::Delivery(d)) => d.pack.as_ref(),
+        Some(Ev::Agent(a)) => return agents.is_none_or(|s| s.contains(&a.agent_id)),
         _ => return true,
     };
     let Some(r) = r else { return false };

@@ -9,6 +9,7 @@
 //! - [`admin`]: the operators' API;
 //! - [`convert`]: wire messages to store rows, with every check.
 
+pub mod access;
 pub mod admin;
 pub mod bucket;
 pub mod convert;

@@ -332,6 +332,25 @@ pub struct FeedbackFilter {
     pub limit: Option<u32>,
 }
 
+/// One audited operator action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRow {
+    /// When (ns since the epoch).
+    pub at_ns: i64,
+    /// The operator's name (certificate), `insecure`, or `ca`.
+    pub who: String,
+    /// The tenant it acted in.
+    pub tenant: String,
+    /// Its role.
+    pub role: String,
+    /// `push`, `cancel`, `revoke`.
+    pub action: String,
+    /// What it acted on.
+    pub target: String,
+    /// `ok`, or why it was refused.
+    pub result: String,
+}
+
 /// The controller's durable state. Every method is a complete, atomic
 /// operation: when it returns `Ok`, the change survives `kill -9` of the
 /// controller.
@@ -392,4 +411,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64>;
     /// Stored feedback.
     async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>>;
+
+    /// Record an operator action (stored before the action's answer).
+    async fn put_audit(&self, row: AuditRow) -> StoreResult<()>;
+    /// Audit records at or after `since_ns` (of one tenant, or all), oldest
+    /// first; with a limit, the newest `limit` of them.
+    async fn audit(
+        &self,
+        tenant: Option<&str>,
+        since_ns: i64,
+        limit: Option<u32>,
+    ) -> StoreResult<Vec<AuditRow>>;
 }

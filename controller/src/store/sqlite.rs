@@ -44,9 +44,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, MIGRATIONS};
 use super::{
-    AgentRow, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackFilter, FeedbackRow,
-    FeedbackStored, HeldPackRow, PackRow, PackVersionRow, PutPack, Store, StoreError, StoreResult,
-    TargetsRow,
+    AgentRow, AuditRow, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackFilter,
+    FeedbackRow, FeedbackStored, HeldPackRow, PackRow, PackVersionRow, PutPack, Store, StoreError,
+    StoreResult, TargetsRow,
 };
 
 /// The database file's name inside the data directory.
@@ -1404,6 +1404,52 @@ impl Store for SqliteStore {
                 rusqlite::params_from_iter(args),
                 decode_feedback,
             )
+        })
+        .await
+    }
+
+    /// Ids are assigned by the single writer (max + 1 in its transaction).
+    async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {
+        self.write(move |conn, _| {
+            conn.prepare_cached(
+                "INSERT INTO audit (id, at_ns, who, tenant, role, action, target, result) \
+                 SELECT COALESCE(MAX(id), 0) + 1, ?1, ?2, ?3, ?4, ?5, ?6, ?7 FROM audit",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    row.at_ns, row.who, row.tenant, row.role, row.action, row.target, row.result
+                ])
+            })
+            .ctx("write an audit record")?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn audit(
+        &self,
+        tenant: Option<&str>,
+        since_ns: i64,
+        limit: Option<u32>,
+    ) -> StoreResult<Vec<AuditRow>> {
+        let tenant = tenant.map(str::to_owned);
+        self.read(move |conn| {
+            // The newest `limit` rows, returned oldest first.
+            let limit = limit.map_or(i64::MAX, i64::from);
+            let sql = "SELECT at_ns, who, tenant, role, action, target, result FROM (\
+                 SELECT * FROM audit WHERE at_ns >= ?1 AND (?2 IS NULL OR tenant = ?2) \
+                 ORDER BY id DESC LIMIT ?3) AS newest ORDER BY at_ns, who";
+            query_all(conn, sql, params![since_ns, tenant, limit], |r| {
+                Ok(AuditRow {
+                    at_ns: r.get(0).ctx("audit at_ns")?,
+                    who: r.get(1).ctx("audit who")?,
+                    tenant: r.get(2).ctx("audit tenant")?,
+                    role: r.get(3).ctx("audit role")?,
+                    action: r.get(4).ctx("audit action")?,
+                    target: r.get(5).ctx("audit target")?,
+                    result: r.get(6).ctx("audit result")?,
+                })
+            })
         })
         .await
     }
