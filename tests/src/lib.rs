@@ -33,6 +33,24 @@ fn build_bins(dir: &Path) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let target = dir.parent().expect("target/<profile>");
     let mut cmd = Command::new(cargo);
+    // The variables cargo sets for this test process describe this
+    // package; a build script that declares them `rerun-if-env-changed`
+    // (ring's does: CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...) would be
+    // re-run here and again by the next `cargo test`, rebuilding
+    // everything above it each time. Build as from the shell.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_BIN_")
+            || k.starts_with("CARGO_MANIFEST_")
+            || matches!(
+                &*k,
+                "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR"
+            )
+        {
+            cmd.env_remove(&*k);
+        }
+    }
     cmd.current_dir(root())
         .args(["build", "--workspace", "--bins"])
         .arg("--target-dir")
