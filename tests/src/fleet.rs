@@ -246,8 +246,21 @@ impl Controller {
         json_lines(&o.stdout)
     }
 
-    /// Whether agent `id` is connected now.
+    /// Whether agent `id` is connected now. Over TLS the operator sees
+    /// only agents of its tenant's packs, so this reads the controller's
+    /// log (its last line about the agent's stream).
     pub fn connected(&self, id: &str) -> bool {
+        if self.tls.is_some() {
+            let needle = format!("agent={id}");
+            return self
+                .log()
+                .lines()
+                .rfind(|l| {
+                    l.contains(&needle)
+                        && (l.contains("agent connected") || l.contains("link stream ended"))
+                })
+                .is_some_and(|l| l.contains("agent connected"));
+        }
         self.agents()
             .iter()
             .any(|a| a["id"] == id && a["connected"] == true)

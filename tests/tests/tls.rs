@@ -369,6 +369,12 @@ fn a_revoked_agent_is_cut_off_within_seconds_and_refused_after() {
 fn a_revoked_operator_is_refused_and_its_watch_closed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, c) = fleet(dir.path(), &[]);
+    // A pack of the operator's tenant for a1 first: an operator sees only
+    // the agents of its tenant's packs (events of others are not shown).
+    let pack = dir.path().join("p.yaml");
+    std::fs::write(&pack, blink("p", "{agents: [a1]}", 5)).expect("write");
+    let o = c.ctl(&["push", "--no-wait", pack.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "push: {}", stderr(&o));
     let out = dir.path().join("watch.out");
     let err = dir.path().join("watch.err");
     let tls = c.tls.clone().expect("tls");
