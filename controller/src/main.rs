@@ -305,47 +305,32 @@ fn main() -> ExitCode {
             since,
             limit,
             json,
-        } => {
-            let since_ns = match since
-                .as_deref()
-                .map(|s| baton_proto::time::parse_instant_arg("--since", s))
-            {
-                None => Ok(0),
-                Some(Ok(t)) => Ok(t.as_nanos()),
-                Some(Err(e)) => Err(e),
-            };
-            match since_ns {
-                Ok(since_ns) => operator(&mut err, async move {
-                    ops::feedback(
-                        &conn.conn()?,
-                        &tenant,
-                        &pack,
-                        agent.as_deref(),
-                        since_ns,
-                        limit,
-                        json,
-                        &mut std::io::stdout(),
-                    )
-                    .await
-                }),
-                Err(e) => {
-                    let _ = writeln!(err, "error: {e}");
-                    2
-                }
+        } => match since_ns(since.as_deref()) {
+            Ok(since_ns) => operator(&mut err, async move {
+                ops::feedback(
+                    &conn.conn()?,
+                    &tenant,
+                    &pack,
+                    agent.as_deref(),
+                    since_ns,
+                    limit,
+                    json,
+                    &mut std::io::stdout(),
+                )
+                .await
+            }),
+            Err(e) => {
+                let _ = writeln!(err, "error: {e}");
+                2
             }
-        }
+        },
         Command::Audit {
             conn,
             since,
             limit,
             json,
-        } => match since
-            .as_deref()
-            .map(|s| baton_proto::time::parse_instant_arg("--since", s))
-            .transpose()
-        {
-            Ok(since) => operator(&mut err, async move {
-                let since_ns = since.map_or(0, |t| t.as_nanos());
+        } => match since_ns(since.as_deref()) {
+            Ok(since_ns) => operator(&mut err, async move {
                 ops::audit(&conn.conn()?, since_ns, limit, json, &mut std::io::stdout()).await
             }),
             Err(e) => {
@@ -368,6 +353,15 @@ fn main() -> ExitCode {
     };
     let _ = out.flush();
     ExitCode::from(code as u8)
+}
+
+/// `--since T` as ns since the epoch (0 without it).
+fn since_ns(since: Option<&str>) -> Result<i64, String> {
+    since.map_or(Ok(0), |s| {
+        baton_proto::time::parse_instant_arg("--since", s)
+            .map(|t| t.as_nanos())
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// Run an operator command on a small runtime; its error goes to stderr.
