@@ -191,7 +191,12 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
             })
             .await
             .unwrap();
-        assert_eq!(versions, vec![1]);
+        let all: Vec<i64> = crate::store::migrations::MIGRATIONS
+            .iter()
+            .map(|m| m.version)
+            .collect();
+        assert_eq!(versions, all);
+        assert!(all.len() >= 2, "the audit migration is there");
     }
 }
 
@@ -1105,4 +1110,40 @@ async fn a_row_that_does_not_decode_is_an_error() {
     assert!(is_backend(&r, "agent a1"), "{r:?}");
     let r = store.feedback(FeedbackFilter::default()).await;
     assert!(is_backend(&r, "feedback a1/j1#1: stored attempt"), "{r:?}");
+}
+
+#[tokio::test]
+async fn audit_records_are_kept_filtered_by_tenant_and_limited_to_the_newest() {
+    let (dir, store) = open();
+    let row = |at: i64, tenant: &str, result: &str| AuditRow {
+        at_ns: at,
+        who: "ann".into(),
+        tenant: tenant.into(),
+        role: "operator".into(),
+        action: "push".into(),
+        target: format!("{tenant}/p v1"),
+        result: result.into(),
+    };
+    for (at, t, r) in [
+        (1, "a", "ok"),
+        (2, "b", "ok"),
+        (3, "a", "PermissionDenied: no"),
+        (4, "a", "ok"),
+    ] {
+        store.put_audit(row(at, t, r)).await.unwrap();
+    }
+    let all = store.audit(None, 0, None).await.unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.at_ns).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    let a = store.audit(Some("a"), 2, None).await.unwrap();
+    assert_eq!(a.iter().map(|r| r.at_ns).collect::<Vec<_>>(), [3, 4]);
+    assert_eq!(a[0].result, "PermissionDenied: no");
+    let newest = store.audit(Some("a"), 0, Some(2)).await.unwrap();
+    assert_eq!(newest.iter().map(|r| r.at_ns).collect::<Vec<_>>(), [3, 4]);
+    // Durable across a reopen.
+    drop(store);
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.audit(None, 0, None).await.unwrap().len(), 4);
 }
