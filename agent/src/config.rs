@@ -54,6 +54,8 @@ pub struct ConfigFile {
     pub controller: Option<String>,
     /// Allow a plaintext (`http://`) controller link. Default false.
     pub insecure: Option<bool>,
+    /// Allow that plaintext link toward a non-loopback controller too.
+    pub insecure_any: Option<bool>,
     /// This agent's certificate (PEM, made by `baton-controller ca
     /// issue-agent`); its name is the agent's identity on the link.
     pub cert: Option<PathBuf>,
@@ -215,6 +217,8 @@ pub struct Overrides {
     pub controller: Option<String>,
     /// `--insecure`: allow a plaintext link.
     pub insecure: bool,
+    /// `--insecure-any`: allow it toward a non-loopback controller.
+    pub insecure_any: bool,
     /// `--cert FILE`.
     pub cert: Option<PathBuf>,
     /// `--key FILE`.
@@ -344,8 +348,9 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
     let mut packs = file.packs;
     packs.extend(o.packs);
     let insecure = o.insecure || file.insecure.unwrap_or(false);
+    let insecure_any = o.insecure_any || file.insecure_any.unwrap_or(false);
     let controller = match o.controller.or(file.controller) {
-        Some(url) => Some(check_controller_url(&url, insecure)?),
+        Some(url) => Some(check_controller_url(&url, insecure, insecure_any)?),
         None => None,
     };
     let tls = check_tls(
@@ -411,7 +416,11 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
 /// A controller URL the link can dial: `https://HOST[:PORT]` (mTLS; the
 /// certificate files are checked by [`check_tls`]), or `http://HOST[:PORT]`
 /// with `insecure`. Returns it without a trailing `/`.
-pub fn check_controller_url(url: &str, insecure: bool) -> Result<String, ConfigError> {
+pub fn check_controller_url(
+    url: &str,
+    insecure: bool,
+    insecure_any: bool,
+) -> Result<String, ConfigError> {
     let bad = |why: &str| ConfigError::Value(format!("controller `{url}`: {why}"));
     let uri: tonic::transport::Uri = url
         .parse()
@@ -435,6 +444,11 @@ pub fn check_controller_url(url: &str, insecure: bool) -> Result<String, ConfigE
     if !https && !insecure {
         return Err(bad(
             "plaintext link needs --insecure (or use https:// with --cert, --key and --ca)",
+        ));
+    }
+    if !https && !insecure_any && !uri.host().is_some_and(baton_proto::wire::is_loopback_host) {
+        return Err(bad(
+            "plaintext toward a non-loopback controller: anyone on the path could push to this agent or read its feedback; use https:// with --cert, --key and --ca, or add --insecure-any on a network you trust",
         ));
     }
     Ok(url.trim_end_matches('/').to_string())
@@ -564,7 +578,7 @@ mod tests {
     fn the_controller_link_is_plaintext_only_with_insecure() {
         let f = parse_file(
             "a.yaml",
-            "controller: http://ctl.plant:7700\ninsecure: true\nlabels: {line: 3, site: plant-a, edge: true}\nmax-packs: 10\n",
+            "controller: http://ctl.plant:7700\ninsecure: true\ninsecure-any: true\nlabels: {line: 3, site: plant-a, edge: true}\nmax-packs: 10\n",
         )
         .expect("valid");
         let c = resolve(f, Overrides::default()).expect("resolves");
@@ -598,6 +612,27 @@ mod tests {
             .map(|c| c.controller)
             .map_err(|e| e.to_string())
         };
+        let far = resolve(
+            ConfigFile::default(),
+            Overrides {
+                controller: Some("http://10.0.0.5:7700".into()),
+                insecure: true,
+                ..Overrides::default()
+            },
+        )
+        .expect_err("plaintext off loopback needs --insecure-any");
+        assert!(far.to_string().contains("--insecure-any"), "{far}");
+        let far = resolve(
+            ConfigFile::default(),
+            Overrides {
+                controller: Some("http://10.0.0.5:7700".into()),
+                insecure: true,
+                insecure_any: true,
+                ..Overrides::default()
+            },
+        )
+        .expect("allowed with --insecure-any");
+        assert_eq!(far.controller.as_deref(), Some("http://10.0.0.5:7700"));
         let e = plain("http://127.0.0.1:7700", false).expect_err("needs --insecure");
         assert_eq!(
             e,
@@ -664,7 +699,7 @@ mod tests {
         let e = with("https://ctl:1", tmp.path().join("nope.pem")).expect_err("missing");
         assert!(e.contains("nope.pem: cannot read"), "{e}");
         // Certificates with a plaintext URL: refused, never a silent downgrade.
-        let e = with("http://ctl:1", key.clone()).expect_err("http");
+        let e = with("http://127.0.0.1:1", key.clone()).expect_err("http");
         assert!(e.contains("for an https:// controller"), "{e}");
     }
 

@@ -133,9 +133,13 @@ struct CommonFlags {
     /// --key, --ca), or http://HOST:PORT with --insecure.
     #[arg(long, value_name = "URL")]
     controller: Option<String>,
-    /// Allow a plaintext (http://) controller link.
+    /// Allow a plaintext (http://) controller link (loopback only, unless
+    /// --insecure-any).
     #[arg(long)]
     insecure: bool,
+    /// Allow --insecure toward a non-loopback controller.
+    #[arg(long)]
+    insecure_any: bool,
     /// This agent's certificate (made by `baton-controller ca issue-agent`).
     #[arg(long, value_name = "FILE")]
     cert: Option<PathBuf>,
@@ -313,6 +317,7 @@ fn run_agent(
             reset_journal: f.reset_journal,
             controller: f.controller,
             insecure: f.insecure,
+            insecure_any: f.insecure_any,
             cert: f.cert,
             key: f.key,
             ca: f.ca,

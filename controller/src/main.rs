@@ -192,9 +192,13 @@ struct ConnArgs {
     /// http://127.0.0.1:7411).
     #[arg(long, env = "BATON_CONTROLLER")]
     controller: Option<String>,
-    /// Talk plaintext to an http:// controller.
+    /// Talk plaintext to an http:// controller (loopback only, unless
+    /// --insecure-any).
     #[arg(long)]
     insecure: bool,
+    /// Allow --insecure toward a non-loopback controller.
+    #[arg(long)]
+    insecure_any: bool,
     /// This operator's certificate (made by `ca issue-operator`).
     #[arg(long, env = "BATON_CERT")]
     cert: Option<PathBuf>,
@@ -218,6 +222,7 @@ impl ConnArgs {
                 .or(p.controller)
                 .unwrap_or_else(|| baton_controller::ops::DEFAULT_URL.to_string()),
             insecure: self.insecure,
+            insecure_any: self.insecure_any,
             tls: ops::ClientTls {
                 cert: self.cert.clone().or(p.cert),
                 key: self.key.clone().or(p.key),

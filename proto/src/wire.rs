@@ -17,3 +17,42 @@ pub use generated::*;
 /// reflection serves, so `grpcurl` and other tools need no `.proto` file.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/baton_descriptor.bin"));
+
+/// Whether `host` (from a URL: a name, an IPv4 address, or an IPv6 address
+/// in brackets) is this machine's loopback. Plaintext is refused toward
+/// anything else unless the operator says `--insecure-any`: a name that is
+/// not `localhost` may resolve anywhere.
+pub fn is_loopback_host(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_host;
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "127.0.0.1",
+            "127.1.2.3",
+            "[::1]",
+            "::1",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "10.0.0.5",
+            "ctl.example",
+            "0.0.0.0",
+            "[2001:db8::1]",
+            "localhost.evil",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+    }
+}

@@ -280,4 +280,35 @@ fn plaintext_needs_insecure_everywhere() {
     );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--insecure"), "{}", stderr(&o));
+
+    // Plaintext toward a non-loopback address needs --insecure-any too, on
+    // operators and agents alike (refused before any connection is tried).
+    let o = baton_e2e::run(
+        std::process::Command::new(&bin).args([
+            "packs",
+            "--insecure",
+            "--controller",
+            "http://192.0.2.7:7411",
+        ]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--insecure-any"), "{}", stderr(&o));
+    let o = baton_e2e::run(
+        std::process::Command::new(baton_e2e::bin("baton-agent"))
+            .args([
+                "run",
+                "--no-rt",
+                "--insecure",
+                "--controller",
+                "http://192.0.2.7:7411",
+                "--gpio",
+            ])
+            .arg(format!("sim:{}", dir.path().join("g").display()))
+            .arg("--data")
+            .arg(dir.path().join("d2")),
+        Duration::from_secs(10),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--insecure-any"), "{}", stderr(&o));
 }

@@ -31,8 +31,10 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:7411";
 pub struct Conn {
     /// `http://HOST:PORT`.
     pub url: String,
-    /// Plaintext allowed.
+    /// Plaintext allowed (toward loopback).
     pub insecure: bool,
+    /// Plaintext allowed toward any address.
+    pub insecure_any: bool,
     /// The operator's certificate, key and the fleet's CA (for `https://`).
     pub tls: ClientTls,
 }
@@ -116,6 +118,18 @@ pub fn endpoint(conn: &Conn) -> Result<Endpoint, OpError> {
         if !conn.insecure {
             return Err(OpError::usage(format!(
                 "{} is plaintext: use https:// with --cert, --key and --ca, or pass --insecure",
+                conn.url
+            )));
+        }
+        let host = conn
+            .url
+            .parse::<tonic::transport::Uri>()
+            .ok()
+            .and_then(|u| u.host().map(str::to_string))
+            .unwrap_or_default();
+        if !conn.insecure_any && !baton_proto::wire::is_loopback_host(&host) {
+            return Err(OpError::usage(format!(
+                "{}: plaintext toward a non-loopback controller would send this operator's actions in the clear; use https:// with --cert, --key and --ca, or add --insecure-any on a network you trust",
                 conn.url
             )));
         }
