@@ -9,7 +9,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use baton_e2e::fleet::{start_agent, start_controller};
+use baton_e2e::fleet::{
+    AgentTls, Ca, ControllerTls, start_agent, start_agent_tls, start_controller,
+    start_controller_tls,
+};
 use baton_e2e::{signal, wait_until};
 
 const SHOTS: usize = 300;
@@ -43,9 +46,43 @@ fn at(t: Instant) {
 
 #[test]
 fn kills_and_a_frozen_link_lose_nothing_and_repeat_nothing() {
+    chaos(false);
+}
+
+/// The same over mTLS: every reconnect is a full TLS handshake with
+/// certificates made by `baton-controller ca`.
+#[test]
+fn kills_and_a_frozen_link_lose_nothing_and_repeat_nothing_over_mtls() {
+    chaos(true);
+}
+
+fn chaos(tls: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
-    let mut a = start_agent(&dir.path().join("c1"), "c1", &c.url, &[]);
+    let (mut c, mut a) = if tls {
+        let ca = Ca::init(&dir.path().join("ca"));
+        let operator = ca.operator("ops", "default", "admin");
+        let c = start_controller_tls(
+            &dir.path().join("ctl"),
+            "127.0.0.1:0",
+            ControllerTls {
+                dir: ca.dir.clone(),
+                operator,
+                serve_args: Vec::new(),
+            },
+        );
+        let (cert, key) = ca.agent("c1", &[]);
+        let agent_tls = AgentTls {
+            cert,
+            key,
+            ca: ca.ca_pem(),
+        };
+        let a = start_agent_tls(&dir.path().join("c1"), "c1", &c.url, &[], agent_tls);
+        (c, a)
+    } else {
+        let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+        let a = start_agent(&dir.path().join("c1"), "c1", &c.url, &[]);
+        (c, a)
+    };
     assert!(
         wait_until(Duration::from_secs(30), || c.connected("c1")),
         "{}",
