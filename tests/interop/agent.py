@@ -229,11 +229,23 @@ def feedback_for(pb, push, instructions, base_ns):
     return entries
 
 
-def run(pb, rpc, address, agent_id, timeout):
-    deadline = time.monotonic() + timeout
-    summary = {"agent_id": agent_id}
+def open_channel(address, tls):
+    """Plaintext, or mTLS with (cert, key, ca) PEM paths."""
     # Loopback only: never through an http_proxy from the environment.
-    with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:
+    options = [("grpc.enable_http_proxy", 0)]
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    cert, key, ca = (open(p, "rb").read() for p in tls)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+    return grpc.secure_channel(address, creds, options=options)
+
+
+def run(pb, rpc, address, agent_id, timeout, tls=None):
+    deadline = time.monotonic() + timeout
+    summary = {"agent_id": agent_id, "tls": tls is not None}
+    with open_channel(address, tls) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=max(deadline - time.monotonic(), 0))
         except grpc.FutureTimeoutError:
@@ -298,13 +310,21 @@ def main():
     ap.add_argument("agent_id")
     ap.add_argument("output", help="where the JSON summary goes")
     ap.add_argument("--timeout", type=float, default=30.0, help="overall, in seconds")
+    ap.add_argument("--cert", help="mTLS: this agent's certificate (PEM)")
+    ap.add_argument("--key", help="mTLS: its private key (PEM)")
+    ap.add_argument("--ca", help="mTLS: the fleet's CA (PEM)")
     args = ap.parse_args()
+    given = [args.cert, args.key, args.ca]
+    if any(given) and not all(given):
+        print("agent.py: --cert, --key and --ca go together", file=sys.stderr)
+        return 2
+    tls = tuple(given) if all(given) else None
     address = re.sub(r"^https?://", "", args.address)
 
     with tempfile.TemporaryDirectory(prefix="baton-interop-") as gen:
         try:
             pb, rpc = generate(gen)
-            summary = run(pb, rpc, address, args.agent_id, args.timeout)
+            summary = run(pb, rpc, address, args.agent_id, args.timeout, tls)
         except Deviation as e:
             print(f"agent.py: {args.agent_id}: {e}", file=sys.stderr)
             return 1

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_e2e::fleet::start_controller;
+use baton_e2e::fleet::{Ca, ControllerTls, start_controller, start_controller_tls};
 use baton_e2e::{Running, root, run, wait_exit, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -50,10 +50,41 @@ fn python() -> PathBuf {
 
 #[test]
 fn a_python_agent_generated_from_the_proto_speaks_the_link_protocol() {
+    interop(false);
+}
+
+/// The same with mTLS: grpcio's own TLS stack, certificates from `ca`.
+#[test]
+fn a_python_agent_speaks_the_link_protocol_over_mtls() {
+    interop(true);
+}
+
+fn interop(tls: bool) {
     let started = Instant::now();
     let py = python();
     let dir = tempfile::tempdir().expect("tempdir");
-    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let mut tls_args: Vec<std::ffi::OsString> = Vec::new();
+    let c = if tls {
+        let ca = Ca::init(&dir.path().join("ca"));
+        let operator = ca.operator("ops", "default", "admin");
+        let c = start_controller_tls(
+            &dir.path().join("ctl"),
+            "127.0.0.1:0",
+            ControllerTls {
+                dir: ca.dir.clone(),
+                operator,
+                serve_args: Vec::new(),
+            },
+        );
+        let (cert, key) = ca.agent(AGENT, &[]);
+        for (flag, path) in [("--cert", cert), ("--key", key), ("--ca", ca.ca_pem())] {
+            tls_args.push(flag.into());
+            tls_args.push(path.into());
+        }
+        c
+    } else {
+        start_controller(&dir.path().join("ctl"), "127.0.0.1:0")
+    };
 
     let summary = dir.path().join("summary.json");
     let log = dir.path().join("agent.log");
@@ -65,6 +96,7 @@ fn a_python_agent_generated_from_the_proto_speaks_the_link_protocol() {
             .arg(AGENT)
             .arg(&summary)
             .args(["--timeout", "30"])
+            .args(&tls_args)
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("agent log"))
             .stderr(out)
@@ -73,12 +105,10 @@ fn a_python_agent_generated_from_the_proto_speaks_the_link_protocol() {
     );
     let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
 
-    // Connected, with the label from its hello.
+    // Connected (its label is checked once a pack makes it visible to a
+    // tenant's operator, below).
     let connected = wait_until(WAIT, || {
-        matches!(agent.try_wait(), Ok(Some(_)))
-            || c.agents().iter().any(|a| {
-                a["id"] == AGENT && a["connected"] == true && a["labels"]["lang"] == "python"
-            })
+        matches!(agent.try_wait(), Ok(Some(_))) || c.connected(AGENT)
     });
     assert!(
         connected && matches!(agent.try_wait(), Ok(None)),
@@ -159,6 +189,7 @@ fn a_python_agent_generated_from_the_proto_speaks_the_link_protocol() {
         &std::fs::read_to_string(&summary).expect("the Python agent's summary"),
     )
     .expect("summary is JSON");
+    assert_eq!(s["tls"], tls, "{s:#}");
     assert_eq!(s["welcome"]["agent_id"], AGENT, "{s:#}");
     assert_eq!(s["welcome"]["feedback_acked_seq"], 0, "{s:#}");
     assert_eq!(s["welcome"]["ping_interval_ms"], 1000, "{s:#}");
@@ -178,9 +209,16 @@ fn a_python_agent_generated_from_the_proto_speaks_the_link_protocol() {
     assert_eq!(s["feedback_ack"], 3, "{s:#}");
     assert_eq!(s["end"], "OK", "{s:#}");
 
-    // The pack it reported holding (Held after the ack).
-    let held: Vec<serde_json::Value> = c
-        .agents()
+    // With the label from its hello, and the pack it reported holding (Held
+    // after the ack).
+    let agents = c.agents();
+    assert!(
+        agents
+            .iter()
+            .any(|a| a["id"] == AGENT && a["labels"]["lang"] == "python"),
+        "{agents:?}"
+    );
+    let held: Vec<serde_json::Value> = agents
         .iter()
         .filter(|a| a["id"] == AGENT)
         .flat_map(|a| a["packs"].as_array().cloned().unwrap_or_default())
