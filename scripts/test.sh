@@ -38,7 +38,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$log"
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # A short fuzzing run per target (pack parser, journal replay, wire decode).
 scripts/fuzz.sh 15
 # One closing line for the whole suite (cargo prints one per test binary).
