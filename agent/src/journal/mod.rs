@@ -1535,7 +1535,18 @@ mod tests {
             Some(id.as_str()),
             "recorded in the log"
         );
-        let (j, _) = Journal::open(JournalConfig::new(dir)).expect("reopen");
+        // Another test of this binary may be forking a child right now:
+        // between its fork and exec the child holds a copy of every open
+        // fd, the lock's included, for a moment. Retry briefly.
+        let mut reopened = Journal::open(JournalConfig::new(dir));
+        for _ in 0..200 {
+            if !matches!(reopened, Err(JournalError::Locked { .. })) {
+                break;
+            }
+            std::thread::park_timeout(std::time::Duration::from_millis(10));
+            reopened = Journal::open(JournalConfig::new(dir));
+        }
+        let (j, _) = reopened.expect("reopen");
         assert_eq!(j.id(), id);
     }
 }
