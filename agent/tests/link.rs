@@ -298,6 +298,21 @@ impl H {
         while !matches!(self.event(), Ev::Closed { stream } if stream == s) {}
     }
 
+    /// Step the agent (on link events) until its outbox is empty: every
+    /// entry acknowledged; fails after `PATIENCE`.
+    fn until_outbox_empty(&mut self) {
+        let end = Instant::now() + PATIENCE;
+        while self.r.agent.journal().outbox_range().is_some() {
+            assert!(
+                Instant::now() < end,
+                "{:?}",
+                self.r.agent.journal().outbox_range()
+            );
+            let _ = self.fake.events.recv_timeout(Duration::from_millis(2));
+            self.r.agent.step().expect("step");
+        }
+    }
+
     /// Advance the agent's clock by `d` in `every` steps (firings happen).
     fn run_for(&mut self, d: Duration, every: Duration) {
         let until = self.r.clock.now() + d;
@@ -522,16 +537,7 @@ fn feedback_flows_in_seq_order_stays_until_acked_and_is_sent_again_after_a_recon
     assert_eq!(seqs, (7..=last).collect::<Vec<_>>());
     assert_eq!(h.r.agent.journal().outbox_range(), Some((7, last)));
     h.send(msg(C::FeedbackAck(wire::FeedbackAck { seq: last })));
-    let end = Instant::now() + PATIENCE;
-    while h.r.agent.journal().outbox_range().is_some() {
-        assert!(
-            Instant::now() < end,
-            "{:?}",
-            h.r.agent.journal().outbox_range()
-        );
-        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
-        h.r.agent.step().expect("step");
-    }
+    h.until_outbox_empty();
 }
 
 #[test]
@@ -728,16 +734,7 @@ fn an_ack_beyond_what_the_journal_wrote_does_not_swallow_later_feedback() {
     assert_eq!(seqs, [1, 2, 3]);
     h.send(msg(C::FeedbackAck(wire::FeedbackAck { seq: 5000 })));
     // Taken as "up to 3" (all there is): the outbox empties.
-    let end = Instant::now() + PATIENCE;
-    while h.r.agent.journal().outbox_range().is_some() {
-        assert!(
-            Instant::now() < end,
-            "{:?}",
-            h.r.agent.journal().outbox_range()
-        );
-        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
-        h.r.agent.step().expect("step");
-    }
+    h.until_outbox_empty();
     h.run_for(Duration::from_millis(100), Duration::from_millis(5));
     let got = feedback(&mut h, 1);
     assert_eq!(got[0].seq, 4, "the next record is still sent");

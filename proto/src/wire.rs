@@ -18,6 +18,28 @@ pub use generated::*;
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/baton_descriptor.bin"));
 
+/// Largest message either end accepts, the same on both so neither sends
+/// what the other refuses: a pack is at most 1 MiB of YAML, a feedback
+/// batch a few hundred records.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// `e: cause: cause`, for transport errors whose top line says little (a
+/// TLS refusal, say, is only in the causes); a cause the text already
+/// shows is not repeated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 /// Whether `host` (from a URL: a name, an IPv4 address, or an IPv6 address
 /// in brackets) is this machine's loopback. Plaintext is refused toward
 /// anything else unless the operator says `--insecure-any`: a name that is

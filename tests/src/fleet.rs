@@ -102,6 +102,15 @@ impl Ca {
         )
     }
 
+    /// Agent-side TLS files from a (cert, key) pair this CA issued.
+    pub fn agent_tls(&self, cert: (PathBuf, PathBuf)) -> AgentTls {
+        AgentTls {
+            cert: cert.0,
+            key: cert.1,
+            ca: self.ca_pem(),
+        }
+    }
+
     /// `ca revoke NAME`.
     pub fn revoke(&self, name: &str) -> Output {
         ca_cmd(&["revoke", name, "--dir", &self.dir.display().to_string()])
@@ -119,6 +128,24 @@ pub fn start_controller(data: &Path, listen: &str) -> Controller {
 /// over `https://` with the given operator credentials.
 pub fn start_controller_tls(data: &Path, listen: &str, tls: ControllerTls) -> Controller {
     start_controller_with(data, listen, Some(tls))
+}
+
+/// A new CA in `dir/ca`, an operator `admin` (tenant `default`, role
+/// admin) whose credentials `ctl` uses, and a controller in `dir/ctl`
+/// serving that CA over mTLS with `serve_args` added.
+pub fn start_mtls(dir: &Path, admin: &str, serve_args: &[&str]) -> (Ca, Controller) {
+    let ca = Ca::init(&dir.join("ca"));
+    let operator = ca.operator(admin, "default", "admin");
+    let c = start_controller_tls(
+        &dir.join("ctl"),
+        "127.0.0.1:0",
+        ControllerTls {
+            dir: ca.dir.clone(),
+            operator,
+            serve_args: serve_args.iter().map(|s| s.to_string()).collect(),
+        },
+    );
+    (ca, c)
 }
 
 fn start_controller_with(data: &Path, listen: &str, tls: Option<ControllerTls>) -> Controller {
@@ -186,23 +213,15 @@ impl Controller {
         run(&mut cmd, Duration::from_secs(60))
     }
 
-    /// Run an operator subcommand against this controller.
+    /// Run an operator subcommand against this controller (over mTLS as
+    /// its admin operator, or plaintext).
     pub fn ctl(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(bin("baton-controller"));
-        cmd.args(args).args(["--controller", &self.url]);
-        match &self.tls {
-            None => {
-                cmd.arg("--insecure");
-            }
-            Some(t) => {
-                cmd.arg("--cert")
-                    .arg(&t.operator.0)
-                    .arg("--key")
-                    .arg(&t.operator.1)
-                    .arg("--ca")
-                    .arg(t.dir.join("ca.pem"));
-            }
+        if let Some(t) = &self.tls {
+            return self.ctl_as(&t.operator, args);
         }
+        let mut cmd = Command::new(bin("baton-controller"));
+        cmd.args(args)
+            .args(["--controller", &self.url, "--insecure"]);
         run(&mut cmd, Duration::from_secs(60))
     }
 

@@ -9,10 +9,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use baton_e2e::fleet::{
-    AgentTls, Ca, ControllerTls, start_agent, start_agent_tls, start_controller,
-    start_controller_tls,
-};
+use baton_e2e::fleet::{start_agent, start_agent_tls, start_controller, start_mtls};
 use baton_e2e::{signal, wait_until};
 
 const SHOTS: usize = 300;
@@ -59,23 +56,8 @@ fn kills_and_a_frozen_link_lose_nothing_and_repeat_nothing_over_mtls() {
 fn chaos(tls: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut c, mut a) = if tls {
-        let ca = Ca::init(&dir.path().join("ca"));
-        let operator = ca.operator("ops", "default", "admin");
-        let c = start_controller_tls(
-            &dir.path().join("ctl"),
-            "127.0.0.1:0",
-            ControllerTls {
-                dir: ca.dir.clone(),
-                operator,
-                serve_args: Vec::new(),
-            },
-        );
-        let (cert, key) = ca.agent("c1", &[]);
-        let agent_tls = AgentTls {
-            cert,
-            key,
-            ca: ca.ca_pem(),
-        };
+        let (ca, c) = start_mtls(dir.path(), "ops", &[]);
+        let agent_tls = ca.agent_tls(ca.agent("c1", &[]));
         let a = start_agent_tls(&dir.path().join("c1"), "c1", &c.url, &[], agent_tls);
         (c, a)
     } else {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_e2e::fleet::{Ca, ControllerTls, start_controller, start_controller_tls};
+use baton_e2e::fleet::{start_controller, start_mtls};
 use baton_e2e::{Running, root, run, wait_exit, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -65,17 +65,7 @@ fn interop(tls: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut tls_args: Vec<std::ffi::OsString> = Vec::new();
     let c = if tls {
-        let ca = Ca::init(&dir.path().join("ca"));
-        let operator = ca.operator("ops", "default", "admin");
-        let c = start_controller_tls(
-            &dir.path().join("ctl"),
-            "127.0.0.1:0",
-            ControllerTls {
-                dir: ca.dir.clone(),
-                operator,
-                serve_args: Vec::new(),
-            },
-        );
+        let (ca, c) = start_mtls(dir.path(), "ops", &[]);
         let (cert, key) = ca.agent(AGENT, &[]);
         for (flag, path) in [("--cert", cert), ("--key", key), ("--ca", ca.ca_pem())] {
             tls_args.push(flag.into());

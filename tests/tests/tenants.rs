@@ -8,9 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use baton_e2e::fleet::{
-    AgentTls, Ca, ControllerTls, json_lines, start_agent_tls, start_controller_tls,
-};
+use baton_e2e::fleet::{Ca, ControllerTls, json_lines, start_agent_tls, start_controller_tls};
 use baton_e2e::wait_until;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -54,14 +52,7 @@ fn tenants_see_only_their_own_and_roles_gate_changes() {
             serve_args: Vec::new(),
         },
     );
-    let tls = |name: &str| {
-        let (cert, key) = ca.agent(name, &[]);
-        AgentTls {
-            cert,
-            key,
-            ca: ca.ca_pem(),
-        }
-    };
+    let tls = |name: &str| ca.agent_tls(ca.agent(name, &[]));
     let a1 = start_agent_tls(&dir.path().join("a1"), "a1", &c.url, &[], tls("a1"));
     let b1 = start_agent_tls(&dir.path().join("b1"), "b1", &c.url, &[], tls("b1"));
     // Agents are visible to an operator only through its tenant's packs:

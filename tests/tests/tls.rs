@@ -7,13 +7,10 @@
 //! on a non-loopback address refused at start.
 
 use std::io::{Read, Write};
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use baton_e2e::fleet::{
-    AgentTls, Ca, Controller, ControllerTls, start_agent_tls, start_controller_tls,
-};
+use baton_e2e::fleet::{AgentTls, Ca, Controller, start_agent_tls, start_mtls};
 use baton_e2e::{bin, run, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -34,30 +31,6 @@ fn blink(name: &str, targets: &str, line: u32) -> String {
     )
 }
 
-/// A CA, an admin operator, and a controller serving the CA over mTLS.
-fn fleet(dir: &Path, serve_args: &[&str]) -> (Ca, Controller) {
-    let ca = Ca::init(&dir.join("ca"));
-    let operator = ca.operator("ann", "default", "admin");
-    let c = start_controller_tls(
-        &dir.join("ctl"),
-        "127.0.0.1:0",
-        ControllerTls {
-            dir: ca.dir.clone(),
-            operator,
-            serve_args: serve_args.iter().map(|s| s.to_string()).collect(),
-        },
-    );
-    (ca, c)
-}
-
-fn agent_tls(ca: &Ca, cert: (std::path::PathBuf, std::path::PathBuf)) -> AgentTls {
-    AgentTls {
-        cert: cert.0,
-        key: cert.1,
-        ca: ca.ca_pem(),
-    }
-}
-
 fn known(c: &Controller, id: &str) -> bool {
     c.agents().iter().any(|a| a["id"] == id)
 }
@@ -65,14 +38,14 @@ fn known(c: &Controller, id: &str) -> bool {
 #[test]
 fn push_ack_and_feedback_over_mtls() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, c) = fleet(dir.path(), &[]);
+    let (ca, c) = start_mtls(dir.path(), "ann", &[]);
     assert!(c.url.starts_with("https://"), "{}", c.url);
     let a = start_agent_tls(
         &dir.path().join("a1"),
         "a1",
         &c.url,
         &[],
-        agent_tls(&ca, ca.agent("a1", &[])),
+        ca.agent_tls(ca.agent("a1", &[])),
     );
     assert!(
         wait_until(WAIT, || c.connected("a1")),
@@ -116,7 +89,7 @@ fn push_ack_and_feedback_over_mtls() {
 #[test]
 fn refused_agent_credentials_deliver_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, c) = fleet(dir.path(), &[]);
+    let (ca, c) = start_mtls(dir.path(), "ann", &[]);
     // Every agent here is targeted: a refused one must receive nothing.
     let pack = dir.path().join("p.yaml");
     std::fs::write(
@@ -136,7 +109,7 @@ fn refused_agent_credentials_deliver_nothing() {
         &[],
         AgentTls {
             ca: ca.ca_pem(),
-            ..agent_tls(&other, other.agent("other-ca", &[]))
+            ..other.agent_tls(other.agent("other-ca", &[]))
         },
     );
     // An expired one.
@@ -146,7 +119,7 @@ fn refused_agent_credentials_deliver_nothing() {
         "expired",
         &c.url,
         &[],
-        agent_tls(&ca, expired),
+        ca.agent_tls(expired),
     );
     // Agent a2's certificate, saying hello as a3.
     let mut liar = start_agent_tls(
@@ -154,7 +127,7 @@ fn refused_agent_credentials_deliver_nothing() {
         "a3",
         &c.url,
         &[],
-        agent_tls(&ca, ca.agent("a2", &[])),
+        ca.agent_tls(ca.agent("a2", &[])),
     );
     // An operator's certificate on the agents' link.
     let mut op_agent = start_agent_tls(
@@ -162,7 +135,7 @@ fn refused_agent_credentials_deliver_nothing() {
         "ann",
         &c.url,
         &[],
-        agent_tls(&ca, ca.operator("ann2", "default", "admin")),
+        ca.agent_tls(ca.operator("ann2", "default", "admin")),
     );
     let log_has = |what: &str| wait_until(WAIT, || c.log().contains(what));
     assert!(
@@ -241,7 +214,7 @@ fn refused_agent_credentials_deliver_nothing() {
 #[test]
 fn an_agent_certificate_cannot_call_the_operators_api() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, c) = fleet(dir.path(), &[]);
+    let (ca, c) = start_mtls(dir.path(), "ann", &[]);
     let (cert, key) = ca.agent("a1", &[]);
     let o = run(
         Command::new(bin("baton-controller"))
@@ -314,13 +287,13 @@ fn an_agent_certificate_cannot_call_the_operators_api() {
 #[test]
 fn a_revoked_agent_is_cut_off_within_seconds_and_refused_after() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, c) = fleet(dir.path(), &[]);
+    let (ca, c) = start_mtls(dir.path(), "ann", &[]);
     let a = start_agent_tls(
         &dir.path().join("a1"),
         "a1",
         &c.url,
         &[],
-        agent_tls(&ca, ca.agent("a1", &[])),
+        ca.agent_tls(ca.agent("a1", &[])),
     );
     assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
     let o = ca.revoke("a1");
@@ -368,7 +341,7 @@ fn a_revoked_agent_is_cut_off_within_seconds_and_refused_after() {
 #[test]
 fn a_revoked_operator_is_refused_and_its_watch_closed() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, c) = fleet(dir.path(), &[]);
+    let (ca, c) = start_mtls(dir.path(), "ann", &[]);
     // A pack of the operator's tenant for a1 first: an operator sees only
     // the agents of its tenant's packs (events of others are not shown).
     let pack = dir.path().join("p.yaml");
@@ -397,7 +370,7 @@ fn a_revoked_operator_is_refused_and_its_watch_closed() {
         "a1",
         &c.url,
         &[],
-        agent_tls(&ca, ca.agent("a1", &[])),
+        ca.agent_tls(ca.agent("a1", &[])),
     );
     assert!(
         wait_until(WAIT, || std::fs::read_to_string(&out)
@@ -429,13 +402,13 @@ fn a_revoked_operator_is_refused_and_its_watch_closed() {
 #[test]
 fn plaintext_garbage_and_half_open_handshakes_do_not_disturb_a_live_stream() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, c) = fleet(dir.path(), &["--tls-handshake-timeout", "1s"]);
+    let (ca, c) = start_mtls(dir.path(), "ann", &["--tls-handshake-timeout", "1s"]);
     let a = start_agent_tls(
         &dir.path().join("a1"),
         "a1",
         &c.url,
         &[],
-        agent_tls(&ca, ca.agent("a1", &[])),
+        ca.agent_tls(ca.agent("a1", &[])),
     );
     assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
 

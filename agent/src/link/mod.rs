@@ -68,9 +68,6 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// ...and how long a keep-alive ping may go unanswered.
 pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest message either way: a pack is at most 1 MiB of YAML, a
-/// feedback batch 256 records.
-pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 /// What the link tells the control thread. Every variant names the session
 /// it belongs to.

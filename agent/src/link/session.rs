@@ -18,10 +18,11 @@ use super::backoff::Backoff;
 use super::relay::Relay;
 use super::watchdog::Silence;
 use super::{
-    CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig,
-    MAX_MESSAGE_BYTES, Outgoing, ToLink, convert,
+    CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig, Outgoing,
+    ToLink, convert,
 };
 use crate::runtime::ports::Clock;
+use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 
 /// Messages waiting to enter the request stream (the stream's own channel
 /// is small: a full one means HTTP/2 flow control is holding us back).
@@ -136,22 +137,6 @@ async fn connect(
     Ok(LinkClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
-}
-
-/// `e: cause: cause`, for transport errors whose top line says little
-/// (a cause the text already shows is not repeated).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let text = c.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// The next message on the stream once it is open; pending before.

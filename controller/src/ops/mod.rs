@@ -21,7 +21,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 pub use push::{PushOpts, push};
 pub use query::{agents, audit, cancel, feedback, packs, watch};
 
-use crate::server::MAX_MESSAGE_BYTES;
+use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 
 /// Default controller address for operators and agents.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7411";
@@ -166,19 +166,4 @@ pub async fn client(conn: &Conn) -> Result<AdminClient<Channel>, OpError> {
     Ok(AdminClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
-}
-
-/// `e: cause: cause` (a TLS refusal is only in the causes).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let text = c.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        cur = c.source();
-    }
-    s
 }

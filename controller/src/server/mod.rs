@@ -35,9 +35,7 @@ use crate::store::{DeliveryRow, FeedbackRow, Store};
 use bucket::{Pace, TokenBucket};
 use hub::Hub;
 
-/// Largest message either side accepts (a pack of 10 000 instructions is
-/// about 1 MB of YAML; feedback comes in batches of a few hundred).
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+pub use baton_proto::wire::MAX_MESSAGE_BYTES;
 
 /// How the server runs.
 #[derive(Clone, Debug)]
