@@ -70,6 +70,47 @@ pub struct ConfigFile {
     /// Most packs held at once; a push beyond it is refused as "resource
     /// exhausted" (the controller retries later). Default 256.
     pub max_packs: Option<usize>,
+    /// Clock sources and the admission limit.
+    #[serde(default)]
+    pub clock: ClockFile,
+}
+
+/// `clock:` section (DESIGN.md "Clock sources, best first").
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ClockFile {
+    /// Largest uncertainty at which packs that need absolute time (`at`,
+    /// `cron`) are accepted (default 10ms).
+    pub limit: Option<String>,
+    /// `kernel` (default): the system clock is a source whose quality the
+    /// kernel reports (`adjtimex`: synchronised by chrony, ptp4l + phc2sys,
+    /// timesyncd... or not). `reference`: the operator asserts the system
+    /// clock *is* reference time (a box whose clock is disciplined by means
+    /// the kernel does not know of, a test rig).
+    pub system: Option<String>,
+    /// PTP slave (statime).
+    pub ptp: Option<PtpFile>,
+    /// NTP servers, `HOST[:PORT]`.
+    #[serde(default)]
+    pub ntp_servers: Vec<String>,
+    /// Time exchange with the controller over the link (default true when
+    /// a controller is set).
+    pub link: Option<bool>,
+}
+
+/// `clock.ptp:` section.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PtpFile {
+    /// Network interface to listen on.
+    pub interface: String,
+    /// PTP domain (default 0).
+    #[serde(default)]
+    pub domain: u8,
+    /// Steer the system clock too (needs CAP_SYS_TIME). Default false: a
+    /// virtual clock, the system clock untouched.
+    #[serde(default)]
+    pub discipline_system_clock: bool,
 }
 
 /// One `exec-allowlist` entry: `/usr/bin/x`, or
@@ -191,6 +232,59 @@ pub struct AgentConfig {
     pub labels: BTreeMap<String, String>,
     /// Most packs held at once (pushes beyond: resource exhausted).
     pub max_packs: usize,
+    /// Clock sources and the admission limit.
+    pub clock: ClockConfig,
+}
+
+/// How the agent learns reference time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClockConfig {
+    /// Admission limit: packs that need absolute time are refused while the
+    /// uncertainty exceeds it.
+    pub limit: Duration,
+    /// What the system clock is.
+    pub system: SystemClock,
+    /// PTP slave, if configured.
+    pub ptp: Option<PtpConfig>,
+    /// NTP servers (`HOST[:PORT]`, checked for shape).
+    pub ntp_servers: Vec<String>,
+    /// Time exchange over the controller link.
+    pub link: bool,
+}
+
+/// Default [`ClockConfig::limit`] (DESIGN.md principle 3).
+pub const DEFAULT_CLOCK_LIMIT: Duration = Duration::from_millis(10);
+
+impl Default for ClockConfig {
+    fn default() -> Self {
+        ClockConfig {
+            limit: DEFAULT_CLOCK_LIMIT,
+            system: SystemClock::Kernel,
+            ptp: None,
+            ntp_servers: Vec::new(),
+            link: true,
+        }
+    }
+}
+
+/// What the system clock (`CLOCK_REALTIME`) is worth as a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SystemClock {
+    /// As good as the kernel says (`adjtimex`).
+    Kernel,
+    /// Reference time by the operator's word.
+    Reference,
+}
+
+/// The PTP slave's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PtpConfig {
+    /// Interface.
+    pub interface: String,
+    /// Domain.
+    pub domain: u8,
+    /// Steer the system clock instead of a virtual one.
+    pub discipline_system_clock: bool,
 }
 
 /// Default [`AgentConfig::max_packs`].
@@ -227,6 +321,15 @@ pub struct Overrides {
     pub ca: Option<PathBuf>,
     /// `--label KEY=VALUE` (repeatable): set or override a label.
     pub labels: Vec<(String, String)>,
+    /// `--ptp-interface IFACE`: be a PTP slave on it (domain from the file,
+    /// else 0).
+    pub ptp_interface: Option<String>,
+    /// `--ntp-server HOST[:PORT]` (repeatable; replaces the file's list).
+    pub ntp_servers: Vec<String>,
+    /// `--clock-limit DURATION`.
+    pub clock_limit: Option<String>,
+    /// `--system-clock kernel|reference`.
+    pub system_clock: Option<String>,
 }
 
 /// Why a configuration was refused.
@@ -386,6 +489,15 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
     if max_packs == 0 {
         return Err(ConfigError::Value("max-packs must be at least 1".into()));
     }
+    let clock = resolve_clock(
+        file.clock,
+        ClockOverrides {
+            ptp_interface: o.ptp_interface,
+            ntp_servers: o.ntp_servers,
+            limit: o.clock_limit,
+            system: o.system_clock,
+        },
+    )?;
     Ok(AgentConfig {
         id: o.id.or(file.id).unwrap_or_else(host_name),
         data_dir: o
@@ -410,7 +522,131 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         tls,
         labels,
         max_packs,
+        clock,
     })
+}
+
+/// The clock flags, split out of [`Overrides`] for [`resolve_clock`].
+struct ClockOverrides {
+    ptp_interface: Option<String>,
+    ntp_servers: Vec<String>,
+    limit: Option<String>,
+    system: Option<String>,
+}
+
+/// Longest admission limit: beyond it "absolute time" means nothing.
+const MAX_CLOCK_LIMIT: Duration = Duration::from_secs(3600);
+
+fn resolve_clock(file: ClockFile, o: ClockOverrides) -> Result<ClockConfig, ConfigError> {
+    let limit = match o.limit.or(file.limit) {
+        Some(t) => {
+            let d =
+                parse_duration(&t).map_err(|e| ConfigError::Value(format!("clock limit: {e}")))?;
+            if d.is_zero() || d > MAX_CLOCK_LIMIT {
+                return Err(ConfigError::Value(format!(
+                    "clock limit `{t}` must be more than 0 and at most 1h"
+                )));
+            }
+            d
+        }
+        None => DEFAULT_CLOCK_LIMIT,
+    };
+    let system = match o.system.or(file.system).as_deref() {
+        None | Some("kernel") => SystemClock::Kernel,
+        Some("reference") => SystemClock::Reference,
+        Some(other) => {
+            return Err(ConfigError::Value(format!(
+                "clock.system `{other}`: expected `kernel` or `reference`"
+            )));
+        }
+    };
+    let mut ptp = file.ptp.map(|p| PtpConfig {
+        interface: p.interface,
+        domain: p.domain,
+        discipline_system_clock: p.discipline_system_clock,
+    });
+    if let Some(iface) = o.ptp_interface {
+        match &mut ptp {
+            Some(p) => p.interface = iface,
+            None => {
+                ptp = Some(PtpConfig {
+                    interface: iface,
+                    domain: 0,
+                    discipline_system_clock: false,
+                })
+            }
+        }
+    }
+    if let Some(p) = &ptp {
+        check_interface_name(&p.interface)?;
+        if p.domain > 127 {
+            return Err(ConfigError::Value(format!(
+                "clock.ptp.domain {} : PTP domains are 0..=127",
+                p.domain
+            )));
+        }
+    }
+    let ntp_servers = if o.ntp_servers.is_empty() {
+        file.ntp_servers
+    } else {
+        o.ntp_servers
+    };
+    for s in &ntp_servers {
+        check_host_port(s).map_err(|e| ConfigError::Value(format!("ntp server `{s}`: {e}")))?;
+    }
+    Ok(ClockConfig {
+        limit,
+        system,
+        ptp,
+        ntp_servers,
+        link: file.link.unwrap_or(true),
+    })
+}
+
+/// A Linux interface name: 1..=15 bytes, no `/`, no whitespace.
+fn check_interface_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 15
+        && name != "."
+        && name != ".."
+        && !name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0);
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Value(format!(
+            "ptp interface `{name}` is not a network interface name (1 to 15 characters, no `/`, `:` or spaces)"
+        )))
+    }
+}
+
+/// `HOST[:PORT]` or `[V6]:PORT`, shape only (resolution happens at use).
+fn check_host_port(s: &str) -> Result<(), String> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, tail) = rest.split_once(']').ok_or("missing `]`")?;
+        let port = match tail {
+            "" => None,
+            t => Some(t.strip_prefix(':').ok_or("expected `:PORT` after `]`")?),
+        };
+        (h, port)
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h, Some(p)),
+            Some(_) => return Err("an IPv6 address needs brackets: `[ADDR]:PORT`".into()),
+            None => (s, None),
+        }
+    };
+    if host.is_empty() || host.bytes().any(|b| b.is_ascii_whitespace() || b == b'/') {
+        return Err("expected HOST[:PORT]".into());
+    }
+    if let Some(p) = port {
+        match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(format!("port `{p}` must be 1..=65535")),
+            Ok(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// A controller URL the link can dial: `https://HOST[:PORT]` (mTLS; the

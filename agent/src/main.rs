@@ -153,6 +153,20 @@ struct CommonFlags {
     /// config file's label of the same key).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = config::parse_label_arg)]
     labels: Vec<(String, String)>,
+    /// Be a PTP slave (statime) on this interface.
+    #[arg(long, value_name = "IFACE")]
+    ptp_interface: Option<String>,
+    /// An NTP server (repeatable; replaces the config file's list).
+    #[arg(long = "ntp-server", value_name = "HOST[:PORT]")]
+    ntp_servers: Vec<String>,
+    /// Refuse packs that need absolute time while the clock's uncertainty
+    /// exceeds this (default 10ms).
+    #[arg(long, value_name = "DURATION")]
+    clock_limit: Option<String>,
+    /// `kernel` (default): trust the system clock as far as the kernel
+    /// says it is synchronised; `reference`: it is reference time.
+    #[arg(long, value_name = "kernel|reference")]
+    system_clock: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -322,6 +336,10 @@ fn run_agent(
             key: f.key,
             ca: f.ca,
             labels: f.labels,
+            ptp_interface: f.ptp_interface,
+            ntp_servers: f.ntp_servers,
+            clock_limit: f.clock_limit,
+            system_clock: f.system_clock,
         },
     )
     .map_err(|e| fault(e.into()))?;
