@@ -6,13 +6,19 @@ cd "$(dirname "$0")/.."
 
 # Debian packages some tests use (util-linux for the sysfs mount-namespace
 # test, iproute2 for later netns tests, python3-venv for the Python venv
-# below). Installed only if missing.
+# below, chrony and linuxptp for the clock tests). Installed only if
+# missing.
 need=()
 command -v unshare >/dev/null || need+=(util-linux)
+command -v ip >/dev/null || need+=(iproute2)
+# Clock tests: chronyd as an NTP server on loopback, ptp4l as a PTP
+# grandmaster (and reference slave) in network namespaces.
+command -v chronyd >/dev/null || need+=(chrony)
+command -v ptp4l >/dev/null || need+=(linuxptp)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3 python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq "${need[@]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   else
     echo "test.sh: missing ${need[*]} (install as root)" >&2
   fi
