@@ -86,7 +86,8 @@ pub struct ClockFile {
     /// kernel reports (`adjtimex`: synchronised by chrony, ptp4l + phc2sys,
     /// timesyncd... or not). `reference`: the operator asserts the system
     /// clock *is* reference time (a box whose clock is disciplined by means
-    /// the kernel does not know of, a test rig).
+    /// the kernel does not know of, a test rig). `untrusted`: never a
+    /// source, only PTP, NTP or the link count.
     pub system: Option<String>,
     /// PTP slave (statime).
     pub ptp: Option<PtpFile>,
@@ -274,6 +275,10 @@ pub enum SystemClock {
     Kernel,
     /// Reference time by the operator's word.
     Reference,
+    /// Never a source, whatever the kernel says: only PTP, NTP or the link
+    /// count (a box whose clock another tenant sets; tests that must see
+    /// the agent sync).
+    Untrusted,
 }
 
 /// The PTP slave's settings.
@@ -554,9 +559,10 @@ fn resolve_clock(file: ClockFile, o: ClockOverrides) -> Result<ClockConfig, Conf
     let system = match o.system.or(file.system).as_deref() {
         None | Some("kernel") => SystemClock::Kernel,
         Some("reference") => SystemClock::Reference,
+        Some("untrusted") => SystemClock::Untrusted,
         Some(other) => {
             return Err(ConfigError::Value(format!(
-                "clock.system `{other}`: expected `kernel` or `reference`"
+                "clock.system `{other}`: expected `kernel`, `reference` or `untrusted`"
             )));
         }
     };

@@ -29,7 +29,7 @@ enum Command {
     /// Run the agent: journal, scheduler core, dispatcher, GPIO.
     Run {
         #[command(flatten)]
-        common: CommonFlags,
+        common: Box<CommonFlags>,
         /// Exit (after the safe state) once nothing is left to do.
         #[arg(long)]
         exit_when_idle: bool,
@@ -165,7 +165,8 @@ struct CommonFlags {
     clock_limit: Option<String>,
     /// `kernel` (default): trust the system clock as far as the kernel
     /// says it is synchronised; `reference`: it is reference time.
-    #[arg(long, value_name = "kernel|reference")]
+    /// `untrusted`: never a source.
+    #[arg(long, value_name = "kernel|reference|untrusted")]
     system_clock: Option<String>,
 }
 
@@ -177,7 +178,7 @@ fn main() -> ExitCode {
             exit_when_idle,
             quiet,
             inject_panic_after,
-        } => run_agent(common, exit_when_idle, quiet, inject_panic_after),
+        } => run_agent(*common, exit_when_idle, quiet, inject_panic_after),
         Command::Cancel {
             pack,
             tenant,

@@ -638,6 +638,7 @@ async fn agent(
                         }
                     }
                     Some(Out::Welcome(_)) => bail!("a second welcome"),
+                    Some(Out::TimeReply(r)) => bail!("a time reply {r:?} to no request"),
                     Some(Out::PackCancel(c)) => bail!("unexpected cancel {c:?}"),
                     Some(Out::TimeExchangeRequest(t)) => {
                         let now = now_ns();

@@ -35,6 +35,9 @@ pub enum SafeReason {
     Cancel,
     /// The controller lease was lost.
     LeaseLost,
+    /// The agent's clock lost sync past its limit, and the pack needs
+    /// absolute time with `on_clock_loss: safe_state`.
+    ClockLost,
     /// The agent is stopping.
     Shutdown,
 }
@@ -46,6 +49,7 @@ impl SafeReason {
             SafeReason::GiveUp => "give_up",
             SafeReason::Cancel => "cancel",
             SafeReason::LeaseLost => "lease_lost",
+            SafeReason::ClockLost => "clock_lost",
             SafeReason::Shutdown => "shutdown",
         }
     }

@@ -347,7 +347,10 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<A
         .open(dir.join("agent.log"))
         .expect("agent log");
     let mut cmd = Command::new(bin("baton-agent"));
+    // One host: its clock is the controller's, reference time. The clock
+    // tests start agents that must sync (`--system-clock untrusted`).
     cmd.args(["run", "--no-rt", "--id", id, "--controller", url]);
+    cmd.args(["--system-clock", "reference"]);
     match &tls {
         None => {
             cmd.arg("--insecure");

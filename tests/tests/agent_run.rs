@@ -19,7 +19,14 @@ fn sigterm_enters_the_safe_state_and_exits_0() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("gpio.jsonl");
     let mut child = Command::new(bin("baton-agent"))
-        .args(["run", "--quiet", "--id", "t1"])
+        .args([
+            "run",
+            "--system-clock",
+            "reference",
+            "--quiet",
+            "--id",
+            "t1",
+        ])
         .arg("--data")
         .arg(dir.path().join("data"))
         .arg("--gpio")
@@ -88,7 +95,7 @@ fn a_pack_outside_the_allowlists_is_refused_with_a_clear_error() {
         std::fs::write(&pack, yaml).expect("write");
         let out = run(
             Command::new(bin("baton-agent"))
-                .args(["run", "--no-rt", "--config"])
+                .args(["run", "--system-clock", "reference", "--no-rt", "--config"])
                 .arg(&cfg)
                 .arg("--pack")
                 .arg(&pack),
@@ -176,7 +183,15 @@ fn exec_runs_with_its_execution_environment() {
     std::fs::write(&pack, format!("pack: ex\nversion: 1\ninstructions:\n  - {{id: job, action: exec, params: {{program: {}}}, at: {at:.9}}}\n", script.display())).expect("write");
     let out = run(
         Command::new(bin("baton-agent"))
-            .args(["run", "--quiet", "--no-rt", "--exit-when-idle", "--config"])
+            .args([
+                "run",
+                "--system-clock",
+                "reference",
+                "--quiet",
+                "--no-rt",
+                "--exit-when-idle",
+                "--config",
+            ])
             .arg(&cfg)
             .arg("--data")
             .arg(dir.path().join("data"))
@@ -228,7 +243,15 @@ fn a_pack_that_failed_safe_stays_stopped_after_a_restart() {
     let run_agent = || {
         run(
             Command::new(&agent)
-                .args(["run", "--quiet", "--no-rt", "--exit-when-idle", "--config"])
+                .args([
+                    "run",
+                    "--system-clock",
+                    "reference",
+                    "--quiet",
+                    "--no-rt",
+                    "--exit-when-idle",
+                    "--config",
+                ])
                 .arg(&cfg)
                 .arg("--pack")
                 .arg(&pack),

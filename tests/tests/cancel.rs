@@ -34,7 +34,7 @@ fn started(dir: &Path) -> Running {
     std::fs::write(dir.join("p.yaml"), PACK).expect("pack");
     let child = Running(
         Command::new(bin("baton-agent"))
-            .args(["run", "--quiet", "--no-rt"])
+            .args(["run", "--system-clock", "reference", "--quiet", "--no-rt"])
             .arg("--data")
             .arg(dir.join("data"))
             .arg("--gpio")

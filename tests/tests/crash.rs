@@ -36,7 +36,14 @@ fn kill_9_never_fires_twice_and_loses_only_reported_unknowns() {
     loop {
         assert!(Instant::now() < deadline, "did not finish in time");
         let mut child = Command::new(bin("baton-agent"))
-            .args(["run", "--exit-when-idle", "--id", "crash"])
+            .args([
+                "run",
+                "--system-clock",
+                "reference",
+                "--exit-when-idle",
+                "--id",
+                "crash",
+            ])
             .arg("--data")
             .arg(dir.path().join("data"))
             .arg("--gpio")

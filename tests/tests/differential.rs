@@ -88,7 +88,18 @@ fn both(
     // The device.
     let log = dir.path().join("gpio.jsonl");
     let mut live = Command::new(&agent);
-    live.args(["run", "--quiet", "--no-rt", "--exit-when-idle", "--id", "d"]);
+    live.args([
+        "run",
+        "--system-clock",
+        "reference",
+        "--system-clock",
+        "reference",
+        "--quiet",
+        "--no-rt",
+        "--exit-when-idle",
+        "--id",
+        "d",
+    ]);
     if !config.is_empty() {
         live.arg("--config").arg(&cfg);
     }

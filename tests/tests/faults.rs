@@ -42,13 +42,22 @@ fn setup(pack_yaml: &str) -> Setup {
 /// `baton-agent run` on the setup's pack, sim log and journal.
 fn base(s: &Setup) -> Command {
     let mut c = Command::new(bin("baton-agent"));
-    c.args(["run", "--no-rt", "--id", "t"])
-        .arg("--data")
-        .arg(&s.data)
-        .arg("--gpio")
-        .arg(format!("sim:{}", s.log.display()))
-        .arg("--pack")
-        .arg(&s.pack);
+    c.args([
+        "run",
+        "--system-clock",
+        "reference",
+        "--system-clock",
+        "reference",
+        "--no-rt",
+        "--id",
+        "t",
+    ])
+    .arg("--data")
+    .arg(&s.data)
+    .arg("--gpio")
+    .arg(format!("sim:{}", s.log.display()))
+    .arg("--pack")
+    .arg(&s.pack);
     c
 }
 
@@ -347,7 +356,14 @@ fn a_program_queued_behind_a_busy_worker_never_starts_after_the_safe_state() {
     .expect("config");
     let mut child = Running(
         Command::new(bin("baton-agent"))
-            .args(["run", "--quiet", "--no-rt", "--config"])
+            .args([
+                "run",
+                "--system-clock",
+                "reference",
+                "--quiet",
+                "--no-rt",
+                "--config",
+            ])
             .arg(&cfg)
             .arg("--data")
             .arg(dir.join("data"))

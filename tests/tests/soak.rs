@@ -44,7 +44,7 @@ fn agent_bin() -> PathBuf {
 fn start(dir: &Path, pack: &Path) -> Running {
     Running(
         Command::new(agent_bin())
-            .args(["run", "--quiet", "--no-rt"])
+            .args(["run", "--system-clock", "reference", "--quiet", "--no-rt"])
             .arg("--data")
             .arg(dir.join("data"))
             .arg("--gpio")

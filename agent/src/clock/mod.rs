@@ -2,11 +2,15 @@
 //!
 //! Packs are written on reference time; threads sleep on `CLOCK_MONOTONIC`,
 //! which never steps. The estimator holds `offset = reference − monotonic`
-//! with an uncertainty. Today the only source is the system clock as it is
-//! (`CLOCK_REALTIME`); PTP (statime), NTP and the controller link will feed
-//! the same estimate (DESIGN.md "Clock sources").
+//! with an uncertainty, published here ([`ClockEstimate`], lock-free for the
+//! dispatcher) by the control thread's [`driver`], which feeds the sources'
+//! samples to the sans-IO [`estimator`] (DESIGN.md "Clock sources").
 
+pub mod driver;
+pub mod estimator;
+pub mod exchange;
 pub mod sample;
+pub mod system;
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -39,47 +43,22 @@ pub struct ClockEstimate {
     uncertainty_ns: AtomicI64,
 }
 
-/// A change of the offset larger than this (beyond the reading's own
-/// uncertainty) is a step of the system clock.
-pub const STEP_THRESHOLD_NS: i64 = 1_000_000;
-
-/// Reads per resample; the one bracketed most tightly wins, so a thread
-/// preempted between two reads does not look like a clock step.
-const SAMPLES: usize = 3;
-
-/// One reading of `realtime − monotonic`, and how wide its bracket was.
-fn sample_offset() -> (i64, i64) {
-    let mut best = (0, i64::MAX);
-    for _ in 0..SAMPLES {
-        let m0 = clock_ns(ClockId::CLOCK_MONOTONIC);
-        let r = clock_ns(ClockId::CLOCK_REALTIME);
-        let m1 = clock_ns(ClockId::CLOCK_MONOTONIC);
-        let width = (m1 - m0).max(1);
-        if width < best.1 {
-            best = (r - (m0 + (m1 - m0) / 2), width);
-        }
-    }
-    best
-}
-
 impl ClockEstimate {
-    /// The system clock as it is.
+    /// The system clock as it is, until the estimator says better.
     pub fn from_system() -> Self {
-        let (offset, width) = sample_offset();
+        let (_, offset, width) = system::read_offset();
         ClockEstimate {
             offset_ns: AtomicI64::new(offset),
             uncertainty_ns: AtomicI64::new(width),
         }
     }
 
-    /// Re-read the system clock. Returns the step if the offset moved by
-    /// more than [`STEP_THRESHOLD_NS`] plus the reading's uncertainty.
-    pub fn resample_system(&self) -> Option<i64> {
-        let (offset, width) = sample_offset();
-        self.uncertainty_ns.store(width, Ordering::Relaxed);
-        let old = self.offset_ns.swap(offset, Ordering::AcqRel);
-        let d = offset - old;
-        (d.abs() > STEP_THRESHOLD_NS + width).then_some(d)
+    /// Publish a new mapping (the control thread, after each estimator
+    /// tick). Two stores: a reader between them pairs the new offset with
+    /// the old uncertainty for one read, which only a report could see.
+    pub fn set(&self, offset_ns: i64, uncertainty_ns: i64) {
+        self.offset_ns.store(offset_ns, Ordering::Release);
+        self.uncertainty_ns.store(uncertainty_ns, Ordering::Relaxed);
     }
 
     /// Reference time now.
@@ -126,12 +105,8 @@ mod tests {
             .unwrap_or_default();
         assert!((c.now().as_nanos() - sys).abs() < 50_000_000);
         assert!(c.uncertainty_ns() > 0);
-    }
-
-    #[test]
-    fn an_idle_clock_reports_no_steps() {
-        let c = ClockEstimate::from_system();
-        let steps = (0..2000).filter_map(|_| c.resample_system()).count();
-        assert_eq!(steps, 0, "resampling a steady clock must not report steps");
+        c.set(c.offset_ns() + 1_000, 7);
+        assert_eq!(c.to_ref(m).as_nanos() - m.0, c.offset_ns());
+        assert_eq!(c.uncertainty_ns(), 7);
     }
 }

@@ -221,6 +221,10 @@ pub enum StopReason {
     /// stopped across restarts until a higher version arrives, so that a
     /// reboot does not revive a pack its controller could not reach.
     LeaseLost,
+    /// The clock lost sync past the agent's limit and the pack asked for
+    /// its safe state then (`on_clock_loss: safe_state`); durable for the
+    /// same reason as a lease loss.
+    ClockLost,
 }
 
 impl StopReason {
@@ -231,6 +235,7 @@ impl StopReason {
             StopReason::GiveUp => "give_up",
             StopReason::Cancel => "cancel",
             StopReason::LeaseLost => "lease_lost",
+            StopReason::ClockLost => "clock_lost",
         }
     }
 }

@@ -61,6 +61,7 @@ const OUTCOME_NOT_RUN: u8 = 3;
 const STOP_GIVE_UP: u8 = 1;
 const STOP_CANCEL: u8 = 2;
 const STOP_LEASE_LOST: u8 = 3;
+const STOP_CLOCK_LOST: u8 = 4;
 
 fn outcome_tag(o: Outcome) -> u8 {
     match o {
@@ -75,6 +76,7 @@ fn stop_tag(r: StopReason) -> u8 {
         StopReason::GiveUp => STOP_GIVE_UP,
         StopReason::Cancel => STOP_CANCEL,
         StopReason::LeaseLost => STOP_LEASE_LOST,
+        StopReason::ClockLost => STOP_CLOCK_LOST,
     }
 }
 
@@ -390,6 +392,7 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
                 STOP_GIVE_UP => StopReason::GiveUp,
                 STOP_CANCEL => StopReason::Cancel,
                 STOP_LEASE_LOST => StopReason::LeaseLost,
+                STOP_CLOCK_LOST => StopReason::ClockLost,
                 t => return Err(format!("unknown stop reason {t}")),
             },
         },
@@ -544,6 +547,7 @@ mod tests {
             StopReason::GiveUp,
             StopReason::Cancel,
             StopReason::LeaseLost,
+            StopReason::ClockLost,
         ] {
             let mut buf = Vec::new();
             let rec = Rec::StopPack {

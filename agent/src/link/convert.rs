@@ -132,7 +132,7 @@ fn from_fields(seq: u64, v: &Value) -> wire::Feedback {
         dropped_before: 0,
         event: event.to_string(),
         action: text(v, "action").to_string(),
-        uncertainty_ns: 0,
+        uncertainty_ns: int(v, "uncertainty_ns"),
     }
 }
 
@@ -193,7 +193,14 @@ mod tests {
             lateness_ns: 120_000,
             result,
         };
-        executed(&mut j, &mut Tally::default(), &rec, side.then_some(7)).expect("push");
+        executed(
+            &mut j,
+            &mut Tally::default(),
+            &rec,
+            side.then_some(7),
+            2_500,
+        )
+        .expect("push");
         last(&mut j)
     }
 
@@ -232,6 +239,7 @@ mod tests {
         assert_eq!(f.lateness_ns, 120_000);
         assert_eq!(f.value, Some(1));
         assert_eq!(f.detail, "");
+        assert_eq!(f.uncertainty_ns, 2_500, "the clock's uncertainty at firing");
 
         let f = executed_one(FiringResult::Failed("EBUSY".into()), Origin::Attempt);
         assert_eq!(

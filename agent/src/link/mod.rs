@@ -181,6 +181,9 @@ pub struct LinkConfig {
     pub agent_id: String,
     /// Reconnect delays.
     pub backoff: backoff::BackoffConfig,
+    /// Ask the controller for its time (`clock.link`), feeding the clock
+    /// estimator's link source.
+    pub time_exchange: bool,
 }
 
 impl LinkConfig {
@@ -191,6 +194,7 @@ impl LinkConfig {
             url: url.into(),
             agent_id: agent_id.into(),
             backoff: backoff::BackoffConfig::default(),
+            time_exchange: true,
         }
     }
 }

@@ -21,6 +21,9 @@ use super::{
     CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig, Outgoing,
     ToLink, convert,
 };
+use crate::clock::exchange::Exchange;
+use crate::clock::sample::SampleSender;
+use crate::clock::{MonoTime, mono_now};
 use crate::runtime::ports::Clock;
 use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 
@@ -188,6 +191,11 @@ async fn one(
         silence: Silence::new(Duration::ZERO),
         last_alive: None,
         outq: VecDeque::new(),
+        exchange: if cfg.time_exchange {
+            clock.samples().map(|tx| (Exchange::new(), tx))
+        } else {
+            None
+        },
     };
     relay.push(FromLink::Connected { session });
     // The request stream is fed from a channel, so Hello flows as soon as
@@ -207,6 +215,7 @@ async fn one(
             return End::Stop;
         }
         let deadline = s.epoch + s.silence.deadline();
+        let exchange_due = s.exchange_due();
         // Unbiased: no branch (a flood of pushes, a stream of feedback)
         // starves another.
         tokio::select! {
@@ -230,8 +239,10 @@ async fn one(
             // Read only while the control thread keeps up.
             m = next_in(&mut inbound), if relay.len() < RELAY_BACKLOG => match m {
                 Ok(Some(msg)) => {
+                    // t4 of a time exchange: before anything else.
+                    let t4 = mono_now();
                     s.silence.heard(s.now());
-                    if let Some(ev) = s.inbound(msg) {
+                    if let Some(ev) = s.inbound(msg, t4) {
                         relay.push(ev);
                     }
                 }
@@ -248,12 +259,16 @@ async fn one(
             },
             permit = out_tx.reserve(), if !s.outq.is_empty() => match permit {
                 Ok(p) => {
-                    if let Some(m) = s.outq.pop_front() {
+                    if let Some(mut m) = s.outq.pop_front() {
+                        s.stamp_t1(&mut m);
                         p.send(m);
                     }
                 }
                 Err(_) => return lost("the request stream closed".into(), up),
             },
+            _ = tokio::time::sleep_until(exchange_due.unwrap_or(deadline)), if exchange_due.is_some() && inbound.is_some() => {
+                s.ask_time();
+            }
             _ = tokio::time::sleep_until(deadline) => return lost(
                 format!(
                     "no message from the controller for {} (three ping intervals): dead peer",
@@ -292,6 +307,9 @@ struct Session {
     last_alive: Option<Instant>,
     /// Encoded messages waiting for room in the request stream.
     outq: VecDeque<wire::AgentMessage>,
+    /// Time exchange with the controller, and where its samples go (none
+    /// when disabled, `clock.link: false`).
+    exchange: Option<(Exchange, SampleSender)>,
 }
 
 impl Session {
@@ -299,9 +317,41 @@ impl Session {
         Instant::now() - self.epoch
     }
 
+    /// When the next time request is due, on tokio's clock (both are
+    /// `CLOCK_MONOTONIC`).
+    fn exchange_due(&self) -> Option<Instant> {
+        let (x, _) = self.exchange.as_ref()?;
+        let wait = x.next_due().0.saturating_sub(mono_now().0).max(0);
+        Some(Instant::now() + Duration::from_nanos(wait as u64))
+    }
+
+    /// Queue a time request ahead of everything else: time in our queue
+    /// would count as path delay one way only.
+    fn ask_time(&mut self) {
+        let Some((x, _)) = self.exchange.as_mut() else {
+            return;
+        };
+        if let Some(r) = x.poll(mono_now()) {
+            let body = Out::TimeRequest(wire::TimeExchangeRequest { id: r.id, t1_ns: 0 });
+            self.outq
+                .push_front(wire::AgentMessage { body: Some(body) });
+        }
+    }
+
+    /// A time request's t1 is the instant it leaves for the stream.
+    fn stamp_t1(&mut self, m: &mut wire::AgentMessage) {
+        if let Some(Out::TimeRequest(r)) = &mut m.body
+            && let Some((x, _)) = self.exchange.as_mut()
+        {
+            let t1 = mono_now();
+            r.t1_ns = t1.0;
+            x.sent(r.id, t1);
+        }
+    }
+
     /// A message from the controller: what the control thread must hear
     /// of it, if anything (pings and time exchanges are answered here).
-    fn inbound(&mut self, msg: wire::ControllerMessage) -> Option<FromLink> {
+    fn inbound(&mut self, msg: wire::ControllerMessage, t4: MonoTime) -> Option<FromLink> {
         let session = self.id;
         match msg.body {
             Some(In::Welcome(w)) => {
@@ -336,6 +386,14 @@ impl Session {
             }),
             Some(In::Ping(p)) => {
                 self.reply(Out::Pong(wire::Pong { id: p.id }));
+                self.alive()
+            }
+            Some(In::TimeReply(r)) => {
+                if let Some((x, tx)) = self.exchange.as_mut()
+                    && let Some(sample) = x.on_reply(r.id, r.t1_ns, r.t2_ns, r.t3_ns, t4)
+                {
+                    tx.send(sample);
+                }
                 self.alive()
             }
             Some(In::TimeExchangeRequest(r)) => {

@@ -8,7 +8,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     use anyhow::Context;
     // A process-wide allocator tunable: once, for the real agent.
     keep_large_allocations_returnable();
-    let clock = Arc::new(crate::clock::ClockEstimate::from_system());
+    let clock = Arc::new(crate::clock::driver::EstimatedClock::new(&cfg.clock));
     let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;
     jcfg.reset = cfg.reset_journal;
@@ -18,7 +18,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     let gpio = crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
         .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
     let (dispatcher, emergency) =
-        crate::dispatcher::Dispatcher::start(gpio, clock.clone(), cfg.rt, std::thread::current())
+        crate::dispatcher::Dispatcher::start(gpio, clock.shared(), cfg.rt, std::thread::current())
             .context("starting the dispatcher thread")?;
     // The dispatcher's CPU is its own: move this thread (and the exec
     // workers it spawns next) elsewhere.

@@ -70,6 +70,9 @@ struct Executed<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     detail: &'a str,
     value: Option<u8>,
+    /// The clock's uncertainty when the result was taken (microseconds to
+    /// milliseconds after the firing: the estimate moves far slower), ns.
+    uncertainty_ns: i64,
 }
 
 fn as_display<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -83,6 +86,7 @@ pub fn executed(
     tally: &mut Tally,
     rec: &FiringRecord<'_>,
     version: Option<u64>,
+    uncertainty_ns: i64,
 ) -> Result<(), JournalError> {
     if rec.result.ran() {
         // Saturating: a catch-up firing an hour late still counts (at the
@@ -116,6 +120,7 @@ pub fn executed(
         result: rec.result.word(),
         detail: &detail,
         value,
+        uncertainty_ns,
     };
     // Encoding plain fields into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut tally.buf, &fb);

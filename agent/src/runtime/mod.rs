@@ -30,6 +30,7 @@ pub mod arming;
 mod build;
 pub mod cancel;
 pub mod check;
+mod clock_loss;
 mod exit;
 pub mod feedback;
 mod outputs;
@@ -67,9 +68,6 @@ use safety::{SafeTable, SharedSafeTable};
 
 pub use build::real_parts;
 
-/// Packs are refused while the clock estimate is less certain than this.
-pub const MAX_CLOCK_UNCERTAINTY_NS: i64 = 10_000_000;
-
 /// How long the way out waits for safe-state writes to land.
 const SAFE_STATE_WAIT: Duration = Duration::from_secs(2);
 /// How long the way out waits for the dispatcher thread to end.
@@ -97,15 +95,18 @@ pub enum AcceptError {
     /// The clock is not known well enough to honour the pack (DESIGN.md
     /// principle 3).
     #[error(
-        "clock uncertainty {} exceeds the agent's limit {}",
+        "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
         fmt_ns(*uncertainty_ns),
-        fmt_ns(*limit_ns)
+        fmt_ns(*limit_ns),
+        clock
     )]
     Clock {
         /// The clock's uncertainty now, ns.
         uncertainty_ns: i64,
-        /// [`MAX_CLOCK_UNCERTAINTY_NS`].
+        /// The agent's limit (`clock.limit`), ns.
         limit_ns: i64,
+        /// Which source, in which state (`system clock, free-running`).
+        clock: String,
     },
     /// The pack can never fire again (a cron of past years, say); each
     /// problem with its position.
@@ -218,6 +219,9 @@ struct HeldPack {
     anchor: RefTime,
     /// The pack's `lease` (enforced only with a controller configured).
     lease: Option<Duration>,
+    /// What it does when the clock loses sync; `None` when it needs no
+    /// absolute time (then a clock loss does not concern it).
+    clock_loss: Option<baton_proto::pack::ClockLoss>,
     /// When this version was taken in this run (a lease runs from here at
     /// the earliest).
     since: crate::clock::MonoTime,
@@ -245,6 +249,8 @@ pub struct Agent {
     /// The held set (or a pack's stopped flag) changed since the last
     /// `Held` was sent.
     held_changed: bool,
+    /// The clock's uncertainty was past the limit at the last check.
+    clock_lost: bool,
 }
 
 impl std::fmt::Debug for Agent {
@@ -366,6 +372,7 @@ impl Agent {
             last_heartbeat: now,
             uplink: None,
             held_changed: false,
+            clock_lost: false,
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
@@ -419,6 +426,7 @@ impl Agent {
                         StopReason::Cancel => SafeReason::Cancel,
                         StopReason::GiveUp => SafeReason::GiveUp,
                         StopReason::LeaseLost => SafeReason::LeaseLost,
+                        StopReason::ClockLost => SafeReason::ClockLost,
                     };
                     self.core
                         .restore_stopped(pack, anchor, reason, now, &mut out)
@@ -484,11 +492,14 @@ impl Agent {
     pub fn accept(&mut self, yaml: String, pack: Pack) -> Result<Verdict, AcceptError> {
         // DESIGN.md principle 3: no pack is taken while the agent does not
         // know reference time well enough to honour it.
+        // Packs of plain intervals run on any clock.
         let uncertainty = self.clock.uncertainty_ns();
-        if uncertainty > MAX_CLOCK_UNCERTAINTY_NS {
+        let limit = self.clock_limit_ns();
+        if pack.needs_absolute_time() && uncertainty > limit {
             return Err(AcceptError::Clock {
                 uncertainty_ns: uncertainty,
-                limit_ns: MAX_CLOCK_UNCERTAINTY_NS,
+                limit_ns: limit,
+                clock: clock_loss::describe(self.clock.status()),
             });
         }
         let now = self.clock.now();
@@ -574,6 +585,7 @@ impl Agent {
                 safe_state: Arc::new(pack.safe_state.clone()),
                 anchor,
                 lease: pack.lease,
+                clock_loss: pack.needs_absolute_time().then_some(pack.on_clock_loss),
                 since: self.clock.to_mono(self.clock.now()),
             },
         );
@@ -680,6 +692,7 @@ impl Agent {
             self.last_heartbeat = now;
             self.arming.release_lingering(now);
             self.serve_cancel_requests()?;
+            self.check_clock_loss()?;
         }
         Ok(())
     }

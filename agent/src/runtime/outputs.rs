@@ -241,6 +241,7 @@ impl Agent {
             SafeReason::GiveUp => Some(StopReason::GiveUp),
             SafeReason::Cancel => Some(StopReason::Cancel),
             SafeReason::LeaseLost => Some(StopReason::LeaseLost),
+            SafeReason::ClockLost => Some(StopReason::ClockLost),
             SafeReason::Shutdown => None,
         };
         if let Some(stop) = stop
@@ -395,7 +396,8 @@ impl Agent {
             Origin::Attempt => None,
             _ => self.core.held(rec.pack).map(|(v, _)| v),
         };
-        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec, version);
+        let u = self.clock.uncertainty_ns();
+        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec, version, u);
         panic_hook_test_point();
         r
     }

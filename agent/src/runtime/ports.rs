@@ -9,7 +9,10 @@ use std::time::Duration;
 use baton_proto::RefTime;
 use baton_proto::pack::LineRef;
 
-use crate::clock::{ClockEstimate, MonoTime};
+use crate::clock::MonoTime;
+use crate::clock::driver::EstimatedClock;
+use crate::clock::estimator::Estimate;
+use crate::clock::sample::SampleSender;
 use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, Job, Stats};
 use crate::gpio::{Direction, LineHandle};
 
@@ -25,23 +28,38 @@ pub trait Clock: Send + Sync {
     fn resample(&self) -> Option<i64>;
     /// How uncertain the mapping is, ns.
     fn uncertainty_ns(&self) -> i64;
+    /// The estimate in full (source, state, jitter...), for reports; `None`
+    /// for a clock that is reference time by construction (tests).
+    fn status(&self) -> Option<Estimate> {
+        None
+    }
+    /// Where clock sources (the link's time exchange) send samples.
+    fn samples(&self) -> Option<SampleSender> {
+        None
+    }
 }
 
-impl Clock for ClockEstimate {
+impl Clock for EstimatedClock {
     fn now(&self) -> RefTime {
-        ClockEstimate::now(self)
+        self.shared_ref().now()
     }
     fn to_mono(&self, t: RefTime) -> MonoTime {
-        ClockEstimate::to_mono(self, t)
+        self.shared_ref().to_mono(t)
     }
     fn to_ref(&self, m: MonoTime) -> RefTime {
-        ClockEstimate::to_ref(self, m)
+        self.shared_ref().to_ref(m)
     }
     fn resample(&self) -> Option<i64> {
-        self.resample_system()
+        self.update()
     }
     fn uncertainty_ns(&self) -> i64 {
-        ClockEstimate::uncertainty_ns(self)
+        self.shared_ref().uncertainty_ns()
+    }
+    fn status(&self) -> Option<Estimate> {
+        EstimatedClock::status(self)
+    }
+    fn samples(&self) -> Option<SampleSender> {
+        Some(self.sender())
     }
 }
 

@@ -47,6 +47,8 @@ use baton_proto::wire;
 
 use super::*;
 use crate::clock::MonoTime;
+use crate::clock::estimator::ClockState;
+use crate::clock::sample::SourceKind;
 use crate::link::{FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
 use lease::{LeaseClock, Leased};
 use window::SendWindow;
@@ -81,6 +83,8 @@ pub(super) struct Uplink {
     pending: VecDeque<Outgoing>,
     lease: LeaseClock,
     next_clock_report: MonoTime,
+    /// Source and state of the last clock report.
+    last_clock: Option<(SourceKind, ClockState)>,
     /// The last step left link events waiting: step again at once.
     backlog: bool,
     /// The link thread is gone (logged once).
@@ -151,6 +155,7 @@ impl Agent {
             return Ok(());
         };
         let mut link_cfg = LinkConfig::new(url, self.cfg.id.clone());
+        link_cfg.time_exchange = self.cfg.clock.link;
         link_cfg.tls = self.cfg.tls.clone();
         let link = Link::start(link_cfg, self.clock.clone(), std::thread::current())
             .map_err(|e| anyhow::anyhow!("starting the controller link thread: {e}"))?;
@@ -163,6 +168,7 @@ impl Agent {
             pending: VecDeque::new(),
             lease: LeaseClock::new(now),
             next_clock_report: now,
+            last_clock: None,
             backlog: false,
             closed: false,
         });
@@ -222,10 +228,13 @@ impl Agent {
             up.queue(session, ToLink::Held(self.held_list()));
         }
         let now = self.mono_now();
+        // Every few seconds, and at once when the source or state changes.
+        let clock_now = self.clock.status().map(|e| (e.source, e.state));
         if let Some(session) = up.session
             && up.welcomed
-            && now >= up.next_clock_report
+            && (now >= up.next_clock_report || clock_now != up.last_clock)
         {
+            up.last_clock = clock_now;
             up.queue(session, ToLink::ClockReport(self.clock_report()));
             up.next_clock_report =
                 MonoTime(now.0.saturating_add(CLOCK_REPORT_EVERY.as_nanos() as i64));
@@ -411,22 +420,40 @@ impl Agent {
             .collect()
     }
 
-    /// The clock as it is: the system clock, locked while its uncertainty
-    /// is within the limit packs need.
+    /// The clock's estimate as the controller shows it. `offset_ns` is
+    /// reference time minus this box's system clock (`CLOCK_REALTIME`): what
+    /// an operator compares across agents; zero where the system clock is
+    /// the source.
     fn clock_report(&self) -> wire::ClockReport {
-        let uncertainty = self.clock.uncertainty_ns();
-        let state = if uncertainty <= MAX_CLOCK_UNCERTAINTY_NS {
-            wire::ClockState::Locked
-        } else {
-            wire::ClockState::FreeRunning
+        let Some(e) = self.clock.status() else {
+            return wire::ClockReport {
+                source: wire::ClockSource::System as i32,
+                state: wire::ClockState::Locked as i32,
+                offset_ns: 0,
+                jitter_ns: 0,
+                uncertainty_ns: self.clock.uncertainty_ns(),
+                frequency_ppm: 0.0,
+                at_ns: self.clock.now().as_nanos(),
+            };
         };
+        let (_, system_offset, _) = crate::clock::system::read_offset();
         wire::ClockReport {
-            source: wire::ClockSource::System as i32,
-            state: state as i32,
-            offset_ns: 0,
-            jitter_ns: 0,
-            uncertainty_ns: uncertainty,
-            frequency_ppm: 0.0,
+            source: match e.source {
+                SourceKind::Ptp => wire::ClockSource::Ptp,
+                SourceKind::Ntp => wire::ClockSource::Ntp,
+                SourceKind::Link => wire::ClockSource::Link,
+                SourceKind::System => wire::ClockSource::System,
+            } as i32,
+            state: match e.state {
+                ClockState::Syncing => wire::ClockState::Syncing,
+                ClockState::Locked => wire::ClockState::Locked,
+                ClockState::Holdover => wire::ClockState::Holdover,
+                ClockState::FreeRunning => wire::ClockState::FreeRunning,
+            } as i32,
+            offset_ns: e.target_ns.saturating_sub(system_offset),
+            jitter_ns: e.jitter_ns,
+            uncertainty_ns: e.uncertainty_ns,
+            frequency_ppm: e.frequency_ppm,
             at_ns: self.clock.now().as_nanos(),
         }
     }

@@ -449,6 +449,18 @@ impl Session {
                 self.agent.held = held;
                 Ok(())
             }
+            Some(In::TimeRequest(r)) => {
+                // t2 as soon as the request is seen, t3 as the reply leaves:
+                // the controller's clock is reference time.
+                let t2 = super::now_ns();
+                self.send(Out::TimeReply(wire::TimeExchangeReply {
+                    id: r.id,
+                    t1_ns: r.t1_ns,
+                    t2_ns: t2,
+                    t3_ns: super::now_ns(),
+                }))
+                .await
+            }
             Some(In::TimeExchangeReply(_)) | Some(In::Pong(_)) => Ok(()),
         }
     }

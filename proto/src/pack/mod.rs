@@ -32,6 +32,13 @@
 //!   `lease_lost`) and the pack stays stopped until a higher version
 //!   arrives. Without `lease` a pack runs its schedule offline. Only an
 //!   agent with a controller configured enforces it.
+//! - **`on_clock_loss`** (pack level, optional): `continue` (default) or
+//!   `safe_state`. A pack that needs absolute time
+//!   ([`Pack::needs_absolute_time`]) is accepted only while the agent's
+//!   clock is within its limit; if sync is later lost past the limit,
+//!   `continue` keeps firing (each firing's feedback carries its
+//!   uncertainty) and `safe_state` drives the safe state (`clock_lost`)
+//!   until a higher version arrives.
 //! - **`shared_lines`** (pack level, optional): the GPIO lines this pack
 //!   agrees to share with other packs on the same agent. Two packs may
 //!   drive (`gpio.write`, `gpio.toggle`, `gpio.pulse`; reads do not count)

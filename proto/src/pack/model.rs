@@ -37,6 +37,9 @@ pub struct Pack {
     /// `None` (no `lease` key): the pack runs its schedule offline for as
     /// long as the agent is up. Always greater than zero.
     pub lease: Option<Duration>,
+    /// `on_clock_loss`: what a running pack that needs absolute time does
+    /// when the agent's clock uncertainty rises past its limit.
+    pub on_clock_loss: ClockLoss,
     /// Actions that drive the device to a safe state.
     pub safe_state: Vec<Action>,
     /// Lines this pack agrees to share with other packs that declare them
@@ -48,6 +51,21 @@ pub struct Pack {
 }
 
 impl Pack {
+    /// Whether any instruction is placed on absolute reference time: an
+    /// `at`, a `cron` calendar, or an `every` with `start_at` / `until`.
+    /// Such a pack is refused while the agent's clock is less certain than
+    /// its limit (DESIGN.md principle 3); a pack of plain `every` and
+    /// `after` only runs on intervals, which an unsynchronised clock keeps.
+    pub fn needs_absolute_time(&self) -> bool {
+        self.instructions.iter().any(|i| match &i.schedule {
+            Schedule::At(_) | Schedule::Cron { .. } => true,
+            Schedule::Every {
+                start_at, until, ..
+            } => start_at.is_some() || until.is_some(),
+            Schedule::After { .. } => false,
+        })
+    }
+
     /// The instruction with this id.
     pub fn instruction(&self, id: &str) -> Option<&Instruction> {
         self.instructions.iter().find(|i| i.id == id)
@@ -236,6 +254,19 @@ pub enum OnGiveUp {
     SafeState,
     /// Skip only this instruction's dependents.
     Continue,
+}
+
+/// What a pack that needs absolute time ([`Pack::needs_absolute_time`])
+/// does when the agent loses sync past its limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ClockLoss {
+    /// Keep firing; every firing's feedback carries the uncertainty it
+    /// fired with (the default).
+    #[default]
+    Continue,
+    /// Drive the safe state (reason `clock_lost`) and stay stopped until a
+    /// higher version is accepted.
+    SafeState,
 }
 
 /// What to do with repeating occurrences missed while the agent was down.

@@ -47,6 +47,11 @@ struct PackDoc {
     /// safe state (`lease_lost`) and keeps it stopped until a higher version
     /// arrives. Absent: the pack keeps running its schedule offline.
     lease: Option<DurationText>,
+    /// What a pack that needs absolute time (`at`, `cron`, `every` with
+    /// `start_at`/`until`) does when the agent loses clock sync past its
+    /// limit: `continue` (default; feedback carries the uncertainty) or
+    /// `safe_state` (stopped until a higher version).
+    on_clock_loss: Option<ClockLossDoc>,
     /// Settings applied to every instruction.
     defaults: Option<DefaultsDoc>,
     /// Actions run on cancel, lease loss, shutdown and give-up.
@@ -169,6 +174,15 @@ enum ActionDoc {
 enum OnGiveUpDoc {
     SafeState,
     Continue,
+}
+
+/// What a pack does when the agent loses clock sync.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum ClockLossDoc {
+    Continue,
+    SafeState,
 }
 
 /// What to do with occurrences missed during downtime.

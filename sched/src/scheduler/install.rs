@@ -33,7 +33,7 @@ fn version_decision(held: Option<(u64, Status)>, offered: u64) -> Take {
     };
     let reinstall_same = matches!(
         status,
-        Status::Stopped(SafeReason::Cancel | SafeReason::LeaseLost)
+        Status::Stopped(SafeReason::Cancel | SafeReason::LeaseLost | SafeReason::ClockLost)
     );
     if offered < v {
         Take::Older(v)

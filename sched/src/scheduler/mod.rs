@@ -455,6 +455,23 @@ impl Scheduler {
     /// was active (false: not held, or already in its safe state — then
     /// nothing is output, so calling it again is harmless).
     pub fn lease_lost_pack(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
+        self.stop_pack(key, SafeReason::LeaseLost, now, out)
+    }
+
+    /// The agent's clock lost sync past its limit and this pack asked for
+    /// its safe state then (`on_clock_loss: safe_state`): as
+    /// [`Scheduler::lease_lost_pack`], with reason [`SafeReason::ClockLost`].
+    pub fn clock_lost_pack(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
+        self.stop_pack(key, SafeReason::ClockLost, now, out)
+    }
+
+    fn stop_pack(
+        &mut self,
+        key: &PackKey,
+        reason: SafeReason,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> bool {
         let Some(&slot) = self.by_key.get(key) else {
             return false;
         };
@@ -462,7 +479,7 @@ impl Scheduler {
             .as_ref()
             .is_some_and(|p| p.status == Status::Active);
         if active {
-            self.fail_safe(slot, SafeReason::LeaseLost, None, now, out);
+            self.fail_safe(slot, reason, None, now, out);
         }
         active
     }

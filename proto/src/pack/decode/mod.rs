@@ -46,6 +46,7 @@ pub(crate) const PACK_KEYS: &[&str] = &[
     "timezone",
     "description",
     "lease",
+    "on_clock_loss",
     "defaults",
     "safe_state",
     "shared_lines",
@@ -98,6 +99,11 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
     let lease = f
         .get("lease")
         .and_then(|n| positive_duration(&mut cx, n, "lease"));
+    let on_clock_loss = f
+        .get("on_clock_loss")
+        .map_or(Some(ClockLoss::Continue), |n| {
+            policy::on_clock_loss(&mut cx, n)
+        });
     let d = defaults(&mut cx, f.get("defaults"));
     let safe_state = safe_state(&mut cx, f.get("safe_state"));
     let body = f
@@ -127,6 +133,7 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
         timezone: cx.tz,
         description: header.description,
         lease,
+        on_clock_loss: on_clock_loss.unwrap_or_default(),
         safe_state,
         shared_lines,
         instructions: body.instructions,
@@ -447,6 +454,39 @@ mod tests {
         let m: Vec<String> = e.0.iter().map(|e| e.to_string()).collect();
         assert_eq!(m.len(), 2, "{m:?}");
         assert_eq!(m[0], "3:8: lease must be greater than zero");
+    }
+
+    #[test]
+    fn on_clock_loss_and_what_needs_absolute_time() {
+        let parse = |head: &str, instr: &str| {
+            crate::pack::parse_pack(&format!(
+                "pack: p\nversion: 1\n{head}instructions:\n  - {{id: a, action: noop, {instr}}}\n"
+            ))
+        };
+        let p = parse("", "every: 1s").expect("valid");
+        assert_eq!(p.on_clock_loss, ClockLoss::Continue);
+        assert!(
+            !p.needs_absolute_time(),
+            "plain intervals need no absolute time"
+        );
+        let p = parse("on_clock_loss: safe_state\n", "at: 2030-01-01T00:00:00Z").expect("valid");
+        assert_eq!(p.on_clock_loss, ClockLoss::SafeState);
+        assert!(p.needs_absolute_time());
+        assert!(
+            parse("", "cron: '0 0 * * * *'")
+                .expect("valid")
+                .needs_absolute_time()
+        );
+        assert!(
+            parse("", "every: 1s, start_at: 2030-01-01T00:00:00Z")
+                .expect("valid")
+                .needs_absolute_time()
+        );
+        let e = parse("on_clock_loss: panic\n", "every: 1s").expect_err("bad value");
+        assert_eq!(
+            e.0[0].to_string(),
+            "3:16: on_clock_loss must be `continue` (default) or `safe_state`"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::fields::{Ctx, Fields};
 use super::scalar::{duration, duration_at_least, float, positive_duration, uint};
 use super::{DEFAULTS_KEYS, MAX_ATTEMPTS, RETRY_KEYS};
-use crate::pack::model::{CatchUp, OnGiveUp, RetryPolicy};
+use crate::pack::model::{CatchUp, ClockLoss, OnGiveUp, RetryPolicy};
 use crate::time::format_duration;
 use crate::yaml::{Node, Pos};
 
@@ -168,6 +168,21 @@ pub(super) fn on_give_up(cx: &mut Ctx, node: &Node) -> Option<OnGiveUp> {
             cx.err(
                 node.pos,
                 "on_give_up must be `safe_state` (default) or `continue`",
+            );
+            None
+        }
+    }
+}
+
+/// `on_clock_loss` (pack level).
+pub(super) fn on_clock_loss(cx: &mut Ctx, node: &Node) -> Option<ClockLoss> {
+    match node.as_scalar() {
+        Some("continue") => Some(ClockLoss::Continue),
+        Some("safe_state") => Some(ClockLoss::SafeState),
+        _ => {
+            cx.err(
+                node.pos,
+                "on_clock_loss must be `continue` (default) or `safe_state`",
             );
             None
         }

@@ -1,0 +1,86 @@
+//! What the runtime does with the clock's quality: the admission limit, the
+//! packs' `on_clock_loss` policy when sync is lost past it, and the
+//! description messages and reports use.
+
+use baton_proto::pack::ClockLoss;
+use baton_sched::PackKey;
+
+use super::Agent;
+use crate::clock::estimator::{ClockState, Estimate};
+use crate::clock::sample::SourceKind;
+
+/// "system clock, free-running": which source, in which state.
+pub fn describe(status: Option<Estimate>) -> String {
+    match status {
+        None => "reference time by construction".into(),
+        Some(e) => {
+            let source = match e.source {
+                SourceKind::Ptp => "PTP",
+                SourceKind::Ntp => "NTP",
+                SourceKind::Link => "time exchange with the controller",
+                SourceKind::System => "system clock",
+            };
+            let hint = match (e.source, e.state) {
+                (SourceKind::System, ClockState::FreeRunning) => {
+                    ": nothing synchronises it; configure clock.ptp, clock.ntp-servers or a controller, or clock.system: reference"
+                }
+                _ => "",
+            };
+            format!("{source}, {}{hint}", e.state.name())
+        }
+    }
+}
+
+impl Agent {
+    /// The admission limit, ns.
+    pub(super) fn clock_limit_ns(&self) -> i64 {
+        i64::try_from(self.cfg.clock.limit.as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    /// Sync lost past the limit: packs that need absolute time and asked
+    /// for it (`on_clock_loss: safe_state`) enter their safe state, for
+    /// good (until a higher version). `continue` packs keep firing; their
+    /// feedback carries the uncertainty of each firing.
+    pub(super) fn check_clock_loss(&mut self) -> anyhow::Result<()> {
+        let uncertainty = self.clock.uncertainty_ns();
+        let limit = self.clock_limit_ns();
+        let lost = uncertainty > limit;
+        if lost != self.clock_lost {
+            self.clock_lost = lost;
+            if lost {
+                tracing::warn!(
+                    "clock sync lost: uncertainty {} exceeds the limit {} ({}); packs with on_clock_loss: safe_state stop, others continue with their feedback flagged by its uncertainty",
+                    crate::live::fmt_ns(uncertainty),
+                    crate::live::fmt_ns(limit),
+                    describe(self.clock.status())
+                );
+            } else {
+                tracing::info!(
+                    "clock back within the limit: uncertainty {}",
+                    crate::live::fmt_ns(uncertainty)
+                );
+            }
+        }
+        if !lost {
+            return Ok(());
+        }
+        let stop: Vec<PackKey> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.clock_loss == Some(ClockLoss::SafeState))
+            .map(|(k, _)| k.clone())
+            .filter(|k| self.core.held(k).is_some_and(|(_, active)| active))
+            .collect();
+        for key in stop {
+            let mut out = Vec::new();
+            if self.core.clock_lost_pack(&key, self.clock.now(), &mut out) {
+                tracing::warn!(
+                    pack = %key,
+                    "clock sync lost (on_clock_loss: safe_state): safe state driven; a higher version brings the pack back"
+                );
+                self.process(out)?;
+            }
+        }
+        Ok(())
+    }
+}
