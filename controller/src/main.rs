@@ -169,6 +169,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// An agent's clock history: source, state, offset (reference time
+    /// minus the agent's system clock), jitter, uncertainty, frequency.
+    Clock {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The agent.
+        agent: String,
+        /// Only reports at or after this RFC 3339 instant.
+        #[arg(long)]
+        since: Option<String>,
+        /// The newest N reports only.
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// The audit log (admins): every push and cancel, refused ones included.
     Audit {
         #[command(flatten)]
@@ -323,6 +340,22 @@ fn main() -> ExitCode {
                     &mut std::io::stdout(),
                 )
                 .await
+            }),
+            Err(e) => {
+                let _ = writeln!(err, "error: {e}");
+                2
+            }
+        },
+        Command::Clock {
+            conn,
+            agent,
+            since,
+            limit,
+            json,
+        } => match since_ns(since.as_deref()) {
+            Ok(since_ns) => operator(&mut err, async move {
+                ops::clock(&conn.conn()?, &agent, since_ns, limit, json, &mut std::io::stdout())
+                    .await
             }),
             Err(e) => {
                 let _ = writeln!(err, "error: {e}");

@@ -310,6 +310,7 @@ pub struct Agent {
     pub url: String,
     labels: Vec<String>,
     tls: Option<AgentTls>,
+    clock_args: Vec<String>,
 }
 
 /// An agent's certificate, key and CA (`--cert`, `--key`, `--ca`).
@@ -328,16 +329,31 @@ pub struct AgentTls {
 /// as `k=v`.
 pub fn start_agent(dir: &Path, id: &str, url: &str, labels: &[&str]) -> Agent {
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    spawn_agent(dir, id, url, &labels, None)
+    spawn_agent(dir, id, url, &labels, None, &[])
+}
+
+/// [`start_agent`] (plaintext) with these clock flags instead of the
+/// default `--system-clock reference` (e.g. `--system-clock untrusted`:
+/// the agent must sync through the link, NTP or PTP).
+pub fn start_agent_clock(dir: &Path, id: &str, url: &str, clock_args: &[&str]) -> Agent {
+    let args: Vec<String> = clock_args.iter().map(|s| s.to_string()).collect();
+    spawn_agent(dir, id, url, &[], None, &args)
 }
 
 /// [`start_agent`] over mTLS (`url` is `https://`).
 pub fn start_agent_tls(dir: &Path, id: &str, url: &str, labels: &[&str], tls: AgentTls) -> Agent {
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    spawn_agent(dir, id, url, &labels, Some(tls))
+    spawn_agent(dir, id, url, &labels, Some(tls), &[])
 }
 
-fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<AgentTls>) -> Agent {
+fn spawn_agent(
+    dir: &Path,
+    id: &str,
+    url: &str,
+    labels: &[String],
+    tls: Option<AgentTls>,
+    clock_args: &[String],
+) -> Agent {
     std::fs::create_dir_all(dir).expect("agent dir");
     let data = dir.join("data");
     let gpio = dir.join("gpio.jsonl");
@@ -350,7 +366,11 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<A
     // One host: its clock is the controller's, reference time. The clock
     // tests start agents that must sync (`--system-clock untrusted`).
     cmd.args(["run", "--no-rt", "--id", id, "--controller", url]);
-    cmd.args(["--system-clock", "reference"]);
+    if clock_args.is_empty() {
+        cmd.args(["--system-clock", "reference"]);
+    } else {
+        cmd.args(clock_args);
+    }
     match &tls {
         None => {
             cmd.arg("--insecure");
@@ -386,6 +406,7 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<A
         url: url.to_string(),
         labels: labels.to_vec(),
         tls,
+        clock_args: clock_args.to_vec(),
     }
 }
 
@@ -400,7 +421,14 @@ impl Agent {
     pub fn restart(&mut self) {
         self.kill9();
         let dir = self.data.parent().expect("agent dir").to_path_buf();
-        let next = spawn_agent(&dir, &self.id, &self.url, &self.labels, self.tls.clone());
+        let next = spawn_agent(
+            &dir,
+            &self.id,
+            &self.url,
+            &self.labels,
+            self.tls.clone(),
+            &self.clock_args,
+        );
         *self = next;
     }
 

@@ -92,8 +92,6 @@ fn both(
         "run",
         "--system-clock",
         "reference",
-        "--system-clock",
-        "reference",
         "--quiet",
         "--no-rt",
         "--exit-when-idle",

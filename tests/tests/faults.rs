@@ -42,22 +42,13 @@ fn setup(pack_yaml: &str) -> Setup {
 /// `baton-agent run` on the setup's pack, sim log and journal.
 fn base(s: &Setup) -> Command {
     let mut c = Command::new(bin("baton-agent"));
-    c.args([
-        "run",
-        "--system-clock",
-        "reference",
-        "--system-clock",
-        "reference",
-        "--no-rt",
-        "--id",
-        "t",
-    ])
-    .arg("--data")
-    .arg(&s.data)
-    .arg("--gpio")
-    .arg(format!("sim:{}", s.log.display()))
-    .arg("--pack")
-    .arg(&s.pack);
+    c.args(["run", "--system-clock", "reference", "--no-rt", "--id", "t"])
+        .arg("--data")
+        .arg(&s.data)
+        .arg("--gpio")
+        .arg(format!("sim:{}", s.log.display()))
+        .arg("--pack")
+        .arg(&s.pack);
     c
 }
 

@@ -157,22 +157,13 @@ impl Setup {
 
     fn command(&self, extra: &[&str]) -> Command {
         let mut c = Command::new(bin("baton-agent"));
-        c.args([
-            "run",
-            "--system-clock",
-            "reference",
-            "--system-clock",
-            "reference",
-            "--no-rt",
-            "--id",
-            "t",
-        ])
-        .arg("--data")
-        .arg(&self.data)
-        .arg("--gpio")
-        .arg(format!("sim:{}", self.log.display()))
-        .args(extra)
-        .stdin(Stdio::null());
+        c.args(["run", "--system-clock", "reference", "--no-rt", "--id", "t"])
+            .arg("--data")
+            .arg(&self.data)
+            .arg("--gpio")
+            .arg(format!("sim:{}", self.log.display()))
+            .args(extra)
+            .stdin(Stdio::null());
         c
     }
 

@@ -97,7 +97,7 @@ pub enum AcceptError {
     #[error(
         "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
         fmt_ns(*uncertainty_ns),
-        fmt_ns(*limit_ns),
+        baton_proto::time::format_duration(std::time::Duration::from_nanos((*limit_ns).max(0) as u64)),
         clock
     )]
     Clock {

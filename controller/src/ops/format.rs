@@ -129,6 +129,7 @@ pub fn feedback_json(r: &wire::FeedbackRecord) -> serde_json::Value {
         "event": e.event,
         "detail": e.detail,
         "value": e.value,
+        "uncertainty_ns": e.uncertainty_ns,
         "seq": e.seq,
         "received": instant(r.received_ns),
     })

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use push::{PushOpts, push};
-pub use query::{agents, audit, cancel, feedback, packs, watch};
+pub use query::{agents, audit, cancel, clock, feedback, packs, watch};
 
 use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 

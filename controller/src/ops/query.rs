@@ -390,3 +390,65 @@ pub async fn audit(
         ),
     )
 }
+
+/// One agent's clock history: `clock AGENT`.
+pub async fn clock(
+    conn: &Conn,
+    agent: &str,
+    since_ns: i64,
+    limit: u32,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .clock_history(wire::ClockHistoryRequest {
+            agent: agent.to_string(),
+            since_ns,
+            limit,
+        })
+        .await?
+        .into_inner();
+    if json {
+        for c in &r.reports {
+            let (source, state, _) = format::clock(Some(c));
+            line(
+                out,
+                &format!(
+                    "{}\n",
+                    serde_json::json!({
+                        "at": format::instant(c.at_ns), "at_ns": c.at_ns,
+                        "source": source, "state": state,
+                        "offset_ns": c.offset_ns, "jitter_ns": c.jitter_ns,
+                        "uncertainty_ns": c.uncertainty_ns,
+                        "frequency_ppm": c.frequency_ppm,
+                    })
+                ),
+            )?;
+        }
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = r
+        .reports
+        .iter()
+        .map(|c| {
+            let (source, state, offset) = format::clock(Some(c));
+            vec![
+                format::instant(c.at_ns),
+                source,
+                state,
+                offset,
+                format::span(c.jitter_ns),
+                format::span(c.uncertainty_ns),
+                format!("{:+.3}", c.frequency_ppm),
+            ]
+        })
+        .collect();
+    line(
+        out,
+        &table(
+            &["AT", "SOURCE", "STATE", "OFFSET", "JITTER", "UNCERTAINTY", "FREQ PPM"],
+            &rows,
+        ),
+    )
+}

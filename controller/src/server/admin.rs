@@ -31,6 +31,10 @@ pub struct AdminService {
     shared: Arc<Shared>,
 }
 
+/// Most clock reports one answer carries (a report every 5 s: about 14
+/// hours of one agent).
+const CLOCK_HISTORY_CAP: usize = 10_000;
+
 impl AdminService {
     /// Serve over the controller's shared state.
     pub fn new(shared: Arc<Shared>) -> AdminService {
@@ -496,6 +500,45 @@ impl wire::admin_server::Admin for AdminService {
         });
         let stream = ReceiverStream::new(out);
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn clock_history(
+        &self,
+        request: Request<wire::ClockHistoryRequest>,
+    ) -> Result<Response<wire::ClockHistoryReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let req = request.into_inner();
+        let agents = self.shared.store.agents().await.map_err(store_status)?;
+        let packs = match caller.tenant() {
+            Some(t) => self
+                .shared
+                .store
+                .packs(Some(t))
+                .await
+                .map_err(store_status)?,
+            None => Vec::new(),
+        };
+        // The same answer for an agent that does not exist and one another
+        // tenant's packs alone reach: nothing leaks.
+        if !caller.visible_agents(&agents, &packs).contains(&req.agent) {
+            return Err(Status::not_found(format!("no agent {}", req.agent)));
+        }
+        let mut rows = self
+            .shared
+            .store
+            .clock_history(&req.agent, req.since_ns)
+            .await
+            .map_err(store_status)?;
+        let cap = match req.limit {
+            0 => CLOCK_HISTORY_CAP,
+            n => (n as usize).min(CLOCK_HISTORY_CAP),
+        };
+        if rows.len() > cap {
+            rows.drain(..rows.len() - cap);
+        }
+        Ok(Response::new(wire::ClockHistoryReply {
+            reports: rows.iter().map(convert::clock_to_wire).collect(),
+        }))
     }
 
     async fn audit(
