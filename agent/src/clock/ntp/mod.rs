@@ -73,6 +73,16 @@ impl NtpHandle {
     pub fn is_finished(&self) -> bool {
         self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
+
+    /// Wait up to `timeout` for the thread to end on its own; whether it
+    /// has. For a caller that wants to know the source gave up (its sink
+    /// closed, every server refused) without polling.
+    pub fn wait_finished(&self, timeout: Duration) -> bool {
+        match self.done.recv_timeout(timeout) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
+            Err(mpsc::RecvTimeoutError::Timeout) => false,
+        }
+    }
 }
 
 impl Drop for NtpHandle {
