@@ -9,6 +9,7 @@
 pub mod driver;
 pub mod estimator;
 pub mod exchange;
+pub mod ntp;
 pub mod sample;
 pub mod system;
 
