@@ -285,3 +285,73 @@ fn a_sharers_safe_state_withdraws_the_others_armed_writes_to_the_shared_line() {
         "a's toggle at 200 ms ran"
     );
 }
+
+#[test]
+fn absolute_packs_wait_for_the_clock_and_on_clock_loss_is_honoured() {
+    let mut r = rig();
+    let at = t(10_000);
+    let absolute = |id: &str, version: u64, policy: &str, line: u32| {
+        pack(
+            id,
+            version,
+            &format!(
+                "on_clock_loss: {policy}\nsafe_state:\n  - {{action: gpio.write, params: {{line: {line}, value: 0}}}}\n\
+                 instructions:\n  - {{id: tick, action: gpio.toggle, params: {{line: {line}}}, every: 100ms, until: {at}}}\n"
+            ),
+        )
+    };
+    // 50 ms uncertain, limit 10 ms: what needs absolute time is refused
+    // with both figures; plain intervals are taken.
+    r.clock.set_uncertainty(50_000_000);
+    let e = r
+        .accept(&absolute("strict", 1, "safe_state", 1))
+        .expect_err("refused while unsynchronised");
+    let m = format!("{e:#}");
+    assert!(m.contains("needs absolute time"), "{m}");
+    assert!(m.contains("50.0ms") && m.contains("limit 10ms"), "{m}");
+    r.accept(&pack(
+        "plain",
+        1,
+        "instructions:\n  - {id: t, action: gpio.toggle, params: {line: 3}, every: 100ms}\n",
+    ))
+    .expect("intervals need no absolute time");
+
+    // Synchronised: both absolute packs are taken and run.
+    r.clock.set_uncertainty(20_000);
+    r.accept(&absolute("strict", 1, "safe_state", 1))
+        .expect("taken once synchronised");
+    r.accept(&absolute("lenient", 1, "continue", 2))
+        .expect("taken once synchronised");
+    r.run_until(t(1_050), Duration::from_millis(5));
+    let toggles = |r: &Rig, line: i64| r.writes().iter().filter(|w| w["line"] == line).count();
+    assert_eq!(toggles(&r, 1), 11);
+    assert_eq!(toggles(&r, 2), 11);
+
+    // Sync lost: `safe_state` drives its safe state and stays stopped;
+    // `continue` and the plain pack keep firing.
+    r.clock.set_uncertainty(80_000_000);
+    r.run_until(t(2_050), Duration::from_millis(5));
+    assert_eq!(r.level(1), Some(0), "the strict pack's safe state ran");
+    let strict_after = toggles(&r, 1);
+    assert_eq!(toggles(&r, 2), 21, "the lenient pack kept its schedule");
+    // Back in sync: the strict pack does not come back by itself.
+    r.clock.set_uncertainty(20_000);
+    r.run_until(t(3_050), Duration::from_millis(5));
+    assert_eq!(toggles(&r, 1), strict_after, "stopped until a new version");
+    // The same version again does not revive it; a higher one does.
+    let same = r.accept(&absolute("strict", 1, "safe_state", 1));
+    assert!(
+        matches!(same, Ok(Verdict::Unchanged)) || same.is_err(),
+        "{same:?}"
+    );
+    r.run_until(t(3_250), Duration::from_millis(5));
+    assert_eq!(
+        toggles(&r, 1),
+        strict_after,
+        "the same version stays stopped"
+    );
+    r.accept(&absolute("strict", 2, "safe_state", 1))
+        .expect("a higher version brings it back");
+    r.run_until(t(3_750), Duration::from_millis(5));
+    assert!(toggles(&r, 1) > strict_after + 3);
+}

@@ -354,8 +354,15 @@ fn main() -> ExitCode {
             json,
         } => match since_ns(since.as_deref()) {
             Ok(since_ns) => operator(&mut err, async move {
-                ops::clock(&conn.conn()?, &agent, since_ns, limit, json, &mut std::io::stdout())
-                    .await
+                ops::clock(
+                    &conn.conn()?,
+                    &agent,
+                    since_ns,
+                    limit,
+                    json,
+                    &mut std::io::stdout(),
+                )
+                .await
             }),
             Err(e) => {
                 let _ = writeln!(err, "error: {e}");

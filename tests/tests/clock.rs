@@ -101,7 +101,9 @@ fn the_link_exchange_locks_the_agent_to_the_controller_and_admits_absolute_packs
     assert!(o.status.success(), "clock: {}", stderr(&o));
     let reports = baton_e2e::fleet::json_lines(&o.stdout);
     assert!(
-        reports.iter().any(|r| r["source"] == "link" && r["state"] == "locked"),
+        reports
+            .iter()
+            .any(|r| r["source"] == "link" && r["state"] == "locked"),
         "{reports:?}"
     );
     let at: Vec<i64> = reports.iter().filter_map(|r| r["at_ns"].as_i64()).collect();

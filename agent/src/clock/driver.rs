@@ -30,6 +30,9 @@ pub struct EstimatedClock {
     inner: Mutex<Inner>,
     status: Mutex<Option<Estimate>>,
     sender: SampleSender,
+    /// The sources' handles (NTP, PTP threads): they stop when the clock
+    /// is dropped with the agent.
+    sources: Mutex<Vec<Box<dyn std::fmt::Debug + Send>>>,
 }
 
 #[derive(Debug)]
@@ -55,6 +58,7 @@ impl EstimatedClock {
             }),
             status: Mutex::new(None),
             sender,
+            sources: Mutex::new(Vec::new()),
         };
         clock.update();
         clock
@@ -73,6 +77,14 @@ impl EstimatedClock {
     /// Where sources send samples.
     pub fn sender(&self) -> SampleSender {
         self.sender.clone()
+    }
+
+    /// Keep a source's handle for as long as the clock lives.
+    pub fn keep_source(&self, handle: Box<dyn std::fmt::Debug + Send>) {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(handle);
     }
 
     /// The last estimate (for reports).

@@ -550,6 +550,22 @@ mod tests {
     }
 
     #[test]
+    fn a_system_clock_step_does_not_move_an_estimate_on_another_source() {
+        let mut e = Estimator::new(cfg());
+        for i in 0..20 {
+            let t = i * S;
+            // Someone sets the system clock one second ahead at 10 s.
+            let sys = if i < 10 { 0 } else { S };
+            e.on_sample(sample(SourceKind::System, t, sys, US));
+            e.on_sample(sample(SourceKind::Ptp, t, 0, US));
+            let tick = e.tick(MonoTime(t)).expect("tick");
+            assert_eq!(tick.step_ns, None, "at {i} s");
+            assert_eq!(tick.estimate.source, SourceKind::Ptp);
+            assert_eq!(tick.estimate.offset_ns, 0);
+        }
+    }
+
+    #[test]
     fn first_lock_of_a_real_source_steps_onto_it() {
         let mut e = Estimator::new(cfg());
         // An unsynchronised system clock, 16 s max error: free-running.

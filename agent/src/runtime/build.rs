@@ -9,6 +9,11 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     // A process-wide allocator tunable: once, for the real agent.
     keep_large_allocations_returnable();
     let clock = Arc::new(crate::clock::driver::EstimatedClock::new(&cfg.clock));
+    if !cfg.clock.ntp_servers.is_empty() {
+        let ntp = crate::clock::ntp::spawn(&cfg.clock.ntp_servers, clock.sender())
+            .context("starting the NTP client")?;
+        clock.keep_source(Box::new(ntp));
+    }
     let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;
     jcfg.reset = cfg.reset_journal;

@@ -47,9 +47,14 @@ impl Agent {
         let lost = uncertainty > limit;
         if lost != self.clock_lost {
             self.clock_lost = lost;
+            let what = if self.clock_was_good {
+                "clock sync lost"
+            } else {
+                "clock not synchronised"
+            };
             if lost {
                 tracing::warn!(
-                    "clock sync lost: uncertainty {} exceeds the limit {} ({}); packs with on_clock_loss: safe_state stop, others continue with their feedback flagged by its uncertainty",
+                    "{what}: uncertainty {} exceeds the limit {} ({}); packs that need absolute time are refused, running ones with on_clock_loss: safe_state stop, others continue with each firing's uncertainty in its feedback",
                     crate::live::fmt_ns(uncertainty),
                     crate::live::fmt_ns(limit),
                     describe(self.clock.status())
@@ -62,6 +67,7 @@ impl Agent {
             }
         }
         if !lost {
+            self.clock_was_good = true;
             return Ok(());
         }
         let stop: Vec<PackKey> = self

@@ -251,6 +251,8 @@ pub struct Agent {
     held_changed: bool,
     /// The clock's uncertainty was past the limit at the last check.
     clock_lost: bool,
+    /// It has been within the limit at some check of this run.
+    clock_was_good: bool,
 }
 
 impl std::fmt::Debug for Agent {
@@ -373,6 +375,7 @@ impl Agent {
             uplink: None,
             held_changed: false,
             clock_lost: false,
+            clock_was_good: false,
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.

@@ -64,10 +64,11 @@ impl Clock for EstimatedClock {
 }
 
 /// A clock that moves only when told (tests). Reference and monotonic time
-/// coincide.
+/// coincide; its uncertainty is whatever the test sets (0 at first).
 #[derive(Debug, Default)]
 pub struct ManualClock {
     now: AtomicI64,
+    uncertainty: AtomicI64,
 }
 
 impl ManualClock {
@@ -75,7 +76,12 @@ impl ManualClock {
     pub fn new(t: RefTime) -> Self {
         ManualClock {
             now: AtomicI64::new(t.as_nanos()),
+            uncertainty: AtomicI64::new(0),
         }
+    }
+    /// Claim this uncertainty from now on (a lost or regained sync).
+    pub fn set_uncertainty(&self, ns: i64) {
+        self.uncertainty.store(ns, Ordering::Release);
     }
     /// Move to `t`.
     pub fn set(&self, t: RefTime) {
@@ -102,7 +108,7 @@ impl Clock for ManualClock {
         None
     }
     fn uncertainty_ns(&self) -> i64 {
-        0
+        self.uncertainty.load(Ordering::Acquire)
     }
 }
 

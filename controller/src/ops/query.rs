@@ -447,7 +447,15 @@ pub async fn clock(
     line(
         out,
         &table(
-            &["AT", "SOURCE", "STATE", "OFFSET", "JITTER", "UNCERTAINTY", "FREQ PPM"],
+            &[
+                "AT",
+                "SOURCE",
+                "STATE",
+                "OFFSET",
+                "JITTER",
+                "UNCERTAINTY",
+                "FREQ PPM",
+            ],
             &rows,
         ),
     )
