@@ -209,6 +209,20 @@ impl Track {
             if sxx > 0.0 {
                 // A rate error beyond 1000 ppm is no oscillator: noise.
                 freq = (sxy / sxx).clamp(-1e-3, 1e-3);
+                // Not significant against the spread of the samples (a
+                // noisy path over a short span): carrying it forward
+                // would only add error, so the offset is held instead.
+                let mut sq = 0.0;
+                for s in &self.samples {
+                    let dx = (s.at.0 - t0) as f64 - mx;
+                    let r = (s.offset_ns - last.offset_ns) as f64 - my - freq * dx;
+                    sq += w(s) * r * r;
+                }
+                let n = self.samples.len() as f64;
+                let stderr = (sq / sw).sqrt() / (n * sxx / sw).sqrt();
+                if freq.abs() < 2.0 * stderr {
+                    freq = 0.0;
+                }
             }
         }
         let at_x = |x: f64| my + freq * (x - mx);
@@ -457,6 +471,21 @@ mod tests {
             est.uncertainty_ns >= 50 * US && est.uncertainty_ns < MS,
             "{est:?}"
         );
+    }
+
+    #[test]
+    fn noise_on_a_short_span_is_not_taken_for_a_frequency() {
+        let mut e = Estimator::new(cfg());
+        let mut est = None;
+        for i in 0..16 {
+            let t = i * S;
+            // ±300 µs of path noise, no true rate error.
+            e.on_sample(sample(SourceKind::Link, t, noise(i, 300 * US), 300 * US));
+            est = Some(e_tick(&mut e, t));
+        }
+        let est = est.expect("estimate");
+        assert_eq!(est.frequency_ppm, 0.0, "{est:?}");
+        assert!(est.offset_ns.abs() < 300 * US, "{est:?}");
     }
 
     #[test]
