@@ -355,3 +355,77 @@ fn absolute_packs_wait_for_the_clock_and_on_clock_loss_is_honoured() {
     r.run_until(t(3_750), Duration::from_millis(5));
     assert!(toggles(&r, 1) > strict_after + 3);
 }
+
+#[test]
+fn after_a_restart_clock_sources_get_a_grace_before_a_loss_counts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    let o = baton_agent::config::Overrides {
+        ntp_servers: vec!["127.0.0.1:9".into()],
+        ..Default::default()
+    };
+    let cfg = config(dir.path(), baton_agent::config::ConfigFile::default(), o);
+    let strict = pack(
+        "strict",
+        1,
+        &format!(
+            "on_clock_loss: safe_state\nsafe_state:\n  - {{action: gpio.write, params: {{line: 1, value: 0}}}}\n\
+             instructions:\n  - {{id: tick, action: gpio.toggle, params: {{line: 1}}, every: 1s, until: {}}}\n",
+            t(3_600_000)
+        ),
+    );
+    let writes = || {
+        std::fs::read_to_string(dir.path().join("gpio.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"toggle\"") || l.contains("\"line\":1"))
+            .count()
+    };
+    {
+        let mut a = build_with(dir.path(), clock.clone(), cfg.clone());
+        a.accept(strict.clone(), parse_pack(&strict).expect("pack"))
+            .expect("synchronised: taken");
+        while clock.now() < t(2_500) {
+            a.step().expect("step");
+            clock.advance(Duration::from_millis(10));
+        }
+        a.wind_down();
+    }
+    // Restarted with its NTP source not locked yet: the pack runs on
+    // through the grace...
+    clock.set_uncertainty(40_000_000);
+    let mut a = build_with(dir.path(), clock.clone(), cfg);
+    let before = writes();
+    let until = clock.now().as_nanos() + 20_000_000_000;
+    while clock.now().as_nanos() < until {
+        a.step().expect("step");
+        clock.advance(Duration::from_millis(10));
+    }
+    let during = writes();
+    assert!(
+        during >= before + 19,
+        "kept firing in the grace: {before} -> {during}"
+    );
+    // ...and a clock still unknown after it is a loss: the safe state.
+    let until = clock.now().as_nanos() + 20_000_000_000;
+    while clock.now().as_nanos() < until {
+        a.step().expect("step");
+        clock.advance(Duration::from_millis(10));
+    }
+    let last: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("gpio.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let after = writes();
+    assert!(
+        after < during + 15,
+        "stopped once the grace ran out: {during} -> {after}"
+    );
+    assert_eq!(
+        last.last().and_then(|w| w["value"].as_i64()),
+        Some(0),
+        "safe state last"
+    );
+    a.wind_down();
+}

@@ -6,6 +6,11 @@ use baton_proto::pack::ClockLoss;
 use baton_sched::PackKey;
 
 use super::Agent;
+
+/// How long configured clock sources get to lock after a start before a
+/// clock still past the limit counts as lost (NTP locks in ~10 s, PTP and
+/// the link in a few).
+pub const CLOCK_START_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 use crate::clock::estimator::{ClockState, Estimate};
 use crate::clock::sample::SourceKind;
 
@@ -35,6 +40,17 @@ impl Agent {
     /// The admission limit, ns.
     pub(super) fn clock_limit_ns(&self) -> i64 {
         i64::try_from(self.cfg.clock.limit.as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    /// Whether this run is still within the grace its configured sources
+    /// get to lock at start ([`CLOCK_START_GRACE`]).
+    fn clock_grace_left(&self) -> bool {
+        let c = &self.cfg.clock;
+        let waiting_for_source = c.ptp.is_some()
+            || !c.ntp_servers.is_empty()
+            || (c.link && self.cfg.controller.is_some());
+        waiting_for_source
+            && self.mono_now().0 - self.started.0 < CLOCK_START_GRACE.as_nanos() as i64
     }
 
     /// Sync lost past the limit: packs that need absolute time and asked
@@ -68,6 +84,13 @@ impl Agent {
         }
         if !lost {
             self.clock_was_good = true;
+            return Ok(());
+        }
+        // Just started with sources that need a moment to lock (NTP's
+        // first polls, PTP's first syncs, the link's exchange): not a loss
+        // yet. Without this grace a restart would stop, for good, every
+        // `safe_state` pack before its clock had a chance.
+        if !self.clock_was_good && self.clock_grace_left() {
             return Ok(());
         }
         let stop: Vec<PackKey> = self

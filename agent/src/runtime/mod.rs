@@ -253,6 +253,8 @@ pub struct Agent {
     clock_lost: bool,
     /// It has been within the limit at some check of this run.
     clock_was_good: bool,
+    /// When this run started (the clock sources' grace runs from here).
+    started: crate::clock::MonoTime,
 }
 
 impl std::fmt::Debug for Agent {
@@ -334,6 +336,7 @@ impl Agent {
     /// pack that no longer passes this agent's checks is kept stopped in
     /// its safe state and reported; the others run) and load `cfg.packs`.
     pub fn new(cfg: AgentConfig, parts: Parts) -> anyhow::Result<Agent> {
+        let started = parts.clock.to_mono(parts.clock.now());
         let Parts {
             clock,
             journal,
@@ -376,6 +379,7 @@ impl Agent {
             held_changed: false,
             clock_lost: false,
             clock_was_good: false,
+            started,
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.

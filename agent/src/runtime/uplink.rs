@@ -185,7 +185,7 @@ impl Agent {
     }
 
     /// Now on the monotonic scale (leases, report intervals).
-    fn mono_now(&self) -> MonoTime {
+    pub(super) fn mono_now(&self) -> MonoTime {
         self.clock.to_mono(self.clock.now())
     }
 
