@@ -216,7 +216,7 @@ mod tests {
             kind,
             once: None,
         };
-        event(&mut j, &e, Some(7)).expect("push");
+        event(&mut j, &e, Some(7), 3_000).expect("push");
         last(&mut j)
     }
 
@@ -326,6 +326,7 @@ mod tests {
             (f.outcome(), f.event.as_str()),
             (O::SafeState, "safe_state")
         );
+        assert_eq!(f.uncertainty_ns, 3_000, "events carry the uncertainty too");
         assert_eq!((f.execution_id.as_str(), f.instruction.as_str()), ("", ""));
         assert_eq!(
             f.pack.map(|p| (p.pack, p.version)),

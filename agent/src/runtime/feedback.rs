@@ -143,7 +143,12 @@ pub fn executed(
 /// reported by [`executed`] once it has happened: not journalled twice).
 /// `version`: the pack's version held, for pack-wide events (a safe state)
 /// whose record has no execution id to carry it.
-pub fn event(journal: &mut Journal, e: &Event, version: Option<u64>) -> Result<(), JournalError> {
+pub fn event(
+    journal: &mut Journal,
+    e: &Event,
+    version: Option<u64>,
+    uncertainty_ns: i64,
+) -> Result<(), JournalError> {
     if matches!(e.kind, EventKind::Fire | EventKind::Ok { .. }) {
         // The executed record already says it fired and how it ended.
         announce(e, "");
@@ -157,6 +162,7 @@ pub fn event(journal: &mut Journal, e: &Event, version: Option<u64>) -> Result<(
         "instruction": e.instruction,
         "execution_id": e.id.as_ref().map(|i| i.to_string()),
         "occurrence_ns": e.occurrence.map(|o| o.as_nanos()),
+        "uncertainty_ns": uncertainty_ns,
     });
     let detail = e.detail();
     if !detail.is_empty() {

@@ -387,7 +387,7 @@ impl Agent {
             Some(_) => None,
             None => self.core.held(&e.pack).map(|(v, _)| v),
         };
-        feedback::event(&mut self.journal, e, version)
+        feedback::event(&mut self.journal, e, version, self.clock.uncertainty_ns())
     }
 
     pub(super) fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {
