@@ -429,3 +429,50 @@ fn after_a_restart_clock_sources_get_a_grace_before_a_loss_counts() {
     );
     a.wind_down();
 }
+
+#[test]
+fn a_local_pack_on_absolute_time_waits_for_the_clock_instead_of_failing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        pack(
+            "local",
+            1,
+            &format!(
+                "instructions:\n  - {{id: once, action: gpio.write, params: {{line: 7, value: 1}}, at: {}}}\n",
+                t(2_000)
+            ),
+        ),
+    )
+    .expect("write");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    clock.set_uncertainty(1_000_000_000);
+    let o = baton_agent::config::Overrides {
+        packs: vec![file],
+        ..Default::default()
+    };
+    let cfg = config(dir.path(), baton_agent::config::ConfigFile::default(), o);
+    let mut a = build_with(dir.path(), clock.clone(), cfg);
+    a.load_configured().expect("waits instead of failing");
+    assert!(!a.idle(), "a waiting pack is work to come");
+    let step_to = |a: &mut baton_agent::runtime::Agent, ms: i64| {
+        while clock.now() < t(ms) {
+            a.step().expect("step");
+            clock.advance(Duration::from_millis(5));
+        }
+    };
+    step_to(&mut a, 1_000);
+    let log = dir.path().join("gpio.jsonl");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        "",
+        "nothing before the clock is known"
+    );
+    // The clock locks: the pack is taken and fires on time.
+    clock.set_uncertainty(50_000);
+    step_to(&mut a, 2_100);
+    let fired = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(fired.lines().count(), 1, "{fired}");
+    a.wind_down();
+}

@@ -42,6 +42,27 @@ impl Agent {
         i64::try_from(self.cfg.clock.limit.as_nanos()).unwrap_or(i64::MAX)
     }
 
+    /// Local packs that waited for the clock: taken once it is known.
+    pub(super) fn retry_clock_wait(&mut self) -> anyhow::Result<()> {
+        if self.clock_wait.is_empty() || self.clock.uncertainty_ns() > self.clock_limit_ns() {
+            return Ok(());
+        }
+        for (name, yaml) in std::mem::take(&mut self.clock_wait) {
+            let pack = baton_proto::parse_pack(&yaml)
+                .map_err(|e| anyhow::anyhow!("{}", e.render(&name)))?;
+            let key = PackKey::of(&pack);
+            match self.accept(yaml.clone(), pack) {
+                Ok(_) => tracing::info!(pack = %key, file = %name, "clock known: pack taken"),
+                Err(super::AcceptError::Clock { .. }) => self.clock_wait.push((name, yaml)),
+                Err(e) if e.is_fault() => return Err(anyhow::anyhow!("{name}: {e:#}")),
+                // Refused for another reason now (a cron whose last firing
+                // passed while waiting, say): said once, not fatal.
+                Err(e) => tracing::error!(pack = %key, file = %name, "refused: {e:#}"),
+            }
+        }
+        Ok(())
+    }
+
     /// Whether this run is still within the grace its configured sources
     /// get to lock at start ([`CLOCK_START_GRACE`]).
     fn clock_grace_left(&self) -> bool {

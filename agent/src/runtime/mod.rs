@@ -255,6 +255,8 @@ pub struct Agent {
     clock_was_good: bool,
     /// When this run started (the clock sources' grace runs from here).
     started: crate::clock::MonoTime,
+    /// Local packs (file name, text) waiting for the clock to be known.
+    clock_wait: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -380,6 +382,7 @@ impl Agent {
             clock_lost: false,
             clock_was_good: false,
             started,
+            clock_wait: Vec::new(),
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
@@ -483,12 +486,20 @@ impl Agent {
         let name = path.display().to_string();
         let (yaml, pack) = read_pack_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
         let key = PackKey::of(&pack);
-        match self.accept(yaml, pack) {
+        match self.accept(yaml.clone(), pack) {
             Ok(Verdict::Unchanged) => {
                 tracing::info!(pack = %key, file = %name, "already held with the same content: unchanged");
                 Ok(())
             }
             Ok(_) => Ok(()),
+            // A box that just booted has not locked its clock yet: the pack
+            // waits for it (an exit would restart the agent before its
+            // sources could ever lock).
+            Err(e @ AcceptError::Clock { .. }) => {
+                tracing::warn!(pack = %key, file = %name, "waiting for the clock: {e}");
+                self.clock_wait.push((name, yaml));
+                Ok(())
+            }
             Err(e) => Err(anyhow::anyhow!("{name}: pack {key} refused: {e:#}")),
         }
     }
@@ -601,7 +612,7 @@ impl Agent {
 
     /// Nothing pending, nothing in flight.
     pub fn idle(&self) -> bool {
-        self.core.next_wake().is_none() && self.arming.idle()
+        self.core.next_wake().is_none() && self.arming.idle() && self.clock_wait.is_empty()
     }
 
     /// Run until `stop` is set or, with `exit_when_idle`, until nothing is
@@ -700,6 +711,7 @@ impl Agent {
             self.arming.release_lingering(now);
             self.serve_cancel_requests()?;
             self.check_clock_loss()?;
+            self.retry_clock_wait()?;
         }
         Ok(())
     }
