@@ -315,7 +315,9 @@ fn init_tracing(live: Option<LiveLayer>, format: LogFormat) {
     let events_to_live = out == baton_service::log::Output::Text;
     let default = match (&live, events_to_live) {
         (Some(_), true) => "info,baton::firing=off,baton::event=off",
-        (Some(_), false) => "info,baton::firing=off",
+        // Retries and skips (info) can come once per firing under
+        // overload: not for the journal; feedback carries each of them.
+        (Some(_), false) => "info,baton::firing=off,baton::event=warn",
         (None, _) => "info",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -114,24 +114,31 @@ fn check_transport(o: &Opts) -> anyhow::Result<()> {
 }
 
 /// SIGTERM, SIGINT or SIGHUP: stop cleanly (the store is consistent at every
-/// commit; streams are closed so agents reconnect later).
-async fn stop_signal() {
+/// commit; streams are closed so agents reconnect later). The handlers are
+/// installed by this call, not when the future is first polled: the server
+/// says READY to systemd before it awaits the future, and a stop that comes
+/// right after must still be a clean one (not the default action of
+/// SIGTERM). Must be called within the runtime.
+fn stop_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
-    ) {
-        (Ok(mut term), Ok(mut int), Ok(mut hup)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-                _ = hup.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int), Ok(mut hup)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                    _ = hup.recv() => {}
+                }
             }
-        }
-        _ => {
-            tracing::warn!("cannot watch SIGTERM/SIGHUP; stopping on Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
+            _ => {
+                tracing::warn!("cannot watch SIGTERM/SIGHUP; stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

@@ -233,13 +233,19 @@ fn agent_notifies_ready_pings_the_watchdog_and_says_stopping() {
             .unwrap_or_else(|| panic!("pings stopped; got:\n{}", m.history()));
         pings.push(Instant::now());
     }
-    for w in pings.windows(2) {
-        let gap = w[1] - w[0];
-        assert!(
-            gap < Duration::from_millis(400),
-            "a ping gap of {gap:?} would let a 400 ms watchdog fire"
-        );
-    }
+    // About every half period; the bound on the largest gap leaves room
+    // for a loaded test machine (a real watchdog is seconds, not 400 ms).
+    let mut gaps: Vec<Duration> = pings.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort();
+    let median = gaps[gaps.len() / 2];
+    assert!(
+        median >= Duration::from_millis(100) && median <= Duration::from_millis(300),
+        "ping gaps {gaps:?}: not about half of 400 ms"
+    );
+    assert!(
+        gaps.iter().all(|g| *g < Duration::from_secs(1)),
+        "ping gaps {gaps:?}"
+    );
     signal(&child, libc::SIGTERM);
     let stopping = m
         .until("STOPPING=1", T)
@@ -395,4 +401,52 @@ fn an_unknown_log_format_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("syslog"), "{err}");
+}
+
+#[test]
+fn controller_notifies_ready_once_listening_and_logs_for_journald() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut m = Manager::bind(dir.path());
+    let data = dir.path().join("data");
+    let err = dir.path().join("stderr.log");
+    let file = std::fs::File::create(&err).expect("stderr file");
+    let meta = file.metadata().expect("stat");
+    let mut child = Running(
+        Command::new(bin("baton-controller"))
+            .args(["serve", "--insecure", "--listen", "127.0.0.1:0", "--data"])
+            .arg(&data)
+            .env("NOTIFY_SOCKET", &m.path)
+            .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn"),
+    );
+    let ready = m
+        .until("READY=1", T)
+        .unwrap_or_else(|| panic!("no READY=1; got:\n{}", m.history()));
+    // Bound before READY: the address it names is the one it listens on.
+    let addr = std::fs::read_to_string(data.join("listen.addr")).expect("listen.addr");
+    assert!(
+        ready.contains(&format!("STATUS=listening on {}", addr.trim())),
+        "{ready}"
+    );
+    std::net::TcpStream::connect(addr.trim()).expect("listening when READY");
+    signal(&child, libc::SIGTERM);
+    m.until("STOPPING=1", T)
+        .unwrap_or_else(|| panic!("no STOPPING=1; got:\n{}", m.history()));
+    assert!(wait_exit(&mut child, T).is_some_and(|s| s.success()));
+    let out = lines(&err);
+    assert!(
+        !out.is_empty() && out.iter().all(|l| l.starts_with('<')),
+        "{out:#?}"
+    );
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with("<6>") && l.contains("controller listening")),
+        "{out:#?}"
+    );
 }
