@@ -25,6 +25,11 @@
 //! A thread woken from a long wait bumps the counter as it wakes, so one
 //! that slept through a whole interval and is now busy for a moment is not
 //! taken for stuck.
+//!
+//! What this does not see: a worker parked with no deadline that misses
+//! its wake-up. The futex protocol rules that out (the word is changed
+//! before the wake, and the wait refuses to sleep on a changed word), and
+//! the jobs it would then never run come back as lateness in feedback.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
