@@ -73,6 +73,10 @@ pub struct ConfigFile {
     /// Clock sources and the admission limit.
     #[serde(default)]
     pub clock: ClockFile,
+    /// Log output on stderr: `auto` (default: `journald` when stderr is
+    /// the journal, else `text`), `text`, `json` (one object per line) or
+    /// `journald` (plain lines with a `<N>` priority prefix).
+    pub log_format: Option<String>,
 }
 
 /// `clock:` section (DESIGN.md "Clock sources, best first").
@@ -235,6 +239,8 @@ pub struct AgentConfig {
     pub max_packs: usize,
     /// Clock sources and the admission limit.
     pub clock: ClockConfig,
+    /// Log output on stderr.
+    pub log_format: baton_service::log::LogFormat,
 }
 
 /// How the agent learns reference time.
@@ -335,6 +341,8 @@ pub struct Overrides {
     pub clock_limit: Option<String>,
     /// `--system-clock kernel|reference`.
     pub system_clock: Option<String>,
+    /// `--log-format auto|text|json|journald`.
+    pub log_format: Option<String>,
 }
 
 /// Why a configuration was refused.
@@ -503,7 +511,14 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             system: o.system_clock,
         },
     )?;
+    let log_format = match o.log_format.or(file.log_format) {
+        Some(f) => f
+            .parse()
+            .map_err(|e: baton_service::log::UnknownLogFormat| ConfigError::Value(e.to_string()))?,
+        None => baton_service::log::LogFormat::Auto,
+    };
     Ok(AgentConfig {
+        log_format,
         id: o.id.or(file.id).unwrap_or_else(host_name),
         data_dir: o
             .data_dir
@@ -767,6 +782,24 @@ pub fn parse_label_arg(arg: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_format_from_the_file_or_the_flag() {
+        use baton_service::log::LogFormat;
+        let f = parse_file("agent.yaml", "log-format: json\n").expect("valid");
+        let c = resolve(f.clone(), Overrides::default()).expect("resolves");
+        assert_eq!(c.log_format, LogFormat::Json);
+        let o = Overrides {
+            log_format: Some("journald".into()),
+            ..Overrides::default()
+        };
+        assert_eq!(resolve(f, o).expect("ok").log_format, LogFormat::Journald);
+        let d = resolve(ConfigFile::default(), Overrides::default()).expect("ok");
+        assert_eq!(d.log_format, LogFormat::Auto);
+        let bad = parse_file("agent.yaml", "log-format: syslog\n").expect("a string");
+        let e = resolve(bad, Overrides::default()).expect_err("refused");
+        assert!(e.to_string().contains("syslog"), "{e}");
+    }
 
     #[test]
     fn a_full_file_parses_and_flags_override_it() {

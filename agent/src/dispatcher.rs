@@ -38,6 +38,8 @@ use std::time::Duration;
 use baton_proto::pack::LineRef;
 use crossbeam_queue::ArrayQueue;
 
+use baton_service::watchdog::Heartbeat;
+
 use crate::clock::{ClockEstimate, MonoTime, mono_now};
 use crate::gpio::{Direction, Gpio, GpioError, LineHandle};
 use crate::rt::{RtConfig, RtStatus, futex_wait, futex_wake};
@@ -173,6 +175,13 @@ pub struct Stats {
     /// Results that found the result queue full (a credit-accounting bug;
     /// always 0, checked by tests).
     pub lost_results: AtomicU64,
+    /// Progress for the systemd watchdog: bumped on every result and on
+    /// every futex wait entered and left, with the wait's deadline noted.
+    /// The control loop pings only while it moves or the thread waits
+    /// legitimately (`baton_service::watchdog` says why that catches a
+    /// thread stuck in a GPIO call or spinning without progress, but not an
+    /// idle one).
+    pub heartbeat: Heartbeat,
 }
 
 /// Most credits in flight (jobs handed over whose results were not yet
@@ -553,7 +562,9 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
                 }
                 continue;
             }
+            s.stats.heartbeat.waiting(None);
             futex_wait(&s.word, seen, None);
+            s.stats.heartbeat.awake();
             continue;
         };
         let deadline = top.job.deadline.0;
@@ -572,7 +583,9 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
             if l.request_seen.is_some() {
                 wake_at = wake_at.min(deadline - REQUEST_GUARD_NS);
             }
+            s.stats.heartbeat.waiting(Some(wake_at));
             futex_wait(&s.word, seen, Some(wake_at));
+            s.stats.heartbeat.awake();
             let woke = mono_now().0;
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
                 // Timed wake: learn the latency.
@@ -688,6 +701,7 @@ impl Local<'_> {
         if self.s.done.push(d).is_err() {
             self.s.stats.lost_results.fetch_add(1, Ordering::Relaxed);
         }
+        self.s.stats.heartbeat.progress();
         self.notify.unpark();
     }
 
@@ -750,5 +764,31 @@ impl Local<'_> {
         if let Some(end) = pulse_end {
             self.push(end);
         }
+        stall_test_point();
+    }
+}
+
+/// Executed jobs left before the test hook stalls this thread (0: off).
+static STALL_AFTER: AtomicU64 = AtomicU64::new(0);
+
+/// Test hook (`run --inject-dispatcher-stall-after N`, hidden): after N
+/// executed jobs the dispatcher thread hangs for good, as in a GPIO call
+/// that never returns, to prove the systemd watchdog pings stop. Off
+/// unless asked for; it holds no lock while hung.
+pub fn inject_stall_after(n: u64) {
+    STALL_AFTER.store(n, Ordering::Release);
+}
+
+fn stall_test_point() {
+    let left = STALL_AFTER.load(Ordering::Acquire);
+    if left == 0 {
+        return;
+    }
+    if left > 1 {
+        STALL_AFTER.store(left - 1, Ordering::Release);
+        return;
+    }
+    loop {
+        std::thread::park();
     }
 }

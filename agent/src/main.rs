@@ -14,6 +14,7 @@ use baton_agent::runtime::{Agent, StopCause, StopFlag};
 use baton_agent::simulate::{self, FailSpec, SimOptions};
 use baton_proto::pack::read_pack_file;
 use baton_proto::time::parse_instant_arg;
+use baton_service::log::LogFormat;
 use clap::{Parser, Subcommand};
 use signal_hook::iterator::Signals;
 
@@ -40,6 +41,11 @@ enum Command {
         /// panic hook's safe state). Hidden.
         #[arg(long, hide = true)]
         inject_panic_after: Option<u64>,
+        /// Test hook: the dispatcher thread hangs for good after this many
+        /// executed jobs (to test that the systemd watchdog pings stop).
+        /// Hidden.
+        #[arg(long, hide = true)]
+        inject_dispatcher_stall_after: Option<u64>,
     },
     /// Remove a pack from this agent after driving its safe state, whether
     /// the agent is running (it is asked through its data directory) or not.
@@ -168,6 +174,11 @@ struct CommonFlags {
     /// `untrusted`: never a source.
     #[arg(long, value_name = "kernel|reference|untrusted")]
     system_clock: Option<String>,
+    /// Log output on stderr: `auto` (journald's format when stderr is the
+    /// journal, else text), `text`, `json` (one object per line) or
+    /// `journald` (`<N>`-prefixed plain lines).
+    #[arg(long, value_name = "auto|text|json|journald")]
+    log_format: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -178,7 +189,16 @@ fn main() -> ExitCode {
             exit_when_idle,
             quiet,
             inject_panic_after,
-        } => run_agent(*common, exit_when_idle, quiet, inject_panic_after),
+            inject_dispatcher_stall_after,
+        } => run_agent(
+            *common,
+            exit_when_idle,
+            quiet,
+            Hooks {
+                panic_after: inject_panic_after,
+                dispatcher_stall_after: inject_dispatcher_stall_after,
+            },
+        ),
         Command::Cancel {
             pack,
             tenant,
@@ -209,8 +229,17 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
-            // A closed stderr must not turn an error exit into a panic.
-            let _ = writeln!(std::io::stderr(), "{msg}");
+            // Under journald each line is an entry: mark them errors.
+            let prefix = if baton_service::log::stderr_is_journal() {
+                "<3>"
+            } else {
+                ""
+            };
+            let mut err = std::io::stderr().lock();
+            for line in msg.lines() {
+                // A closed stderr must not turn an error exit into a panic.
+                let _ = writeln!(err, "{prefix}{line}");
+            }
             ExitCode::from(code)
         }
     }
@@ -275,22 +304,25 @@ const STOP_SIGNALS: [i32; 6] = [
     signal_hook::consts::SIGUSR2,
 ];
 
-/// Logs to stderr through `tracing` (`RUST_LOG` filters; default `info`);
-/// with a live view, firings and core events go to it instead.
-fn init_tracing(live: Option<LiveLayer>) {
+/// Logs to stderr through `tracing` (`RUST_LOG` filters; default `info`)
+/// in `format` (`baton_service::log`); with a live view, firings go to it
+/// instead, and so do core events when the log is text for a person. For
+/// journald or JSON, core events stay log lines: their levels (a safe
+/// state is a warning) then reach the journal, and stdout stays quiet.
+fn init_tracing(live: Option<LiveLayer>, format: LogFormat) {
     use tracing_subscriber::prelude::*;
-    let default = if live.is_some() {
-        "info,baton::firing=off,baton::event=off"
-    } else {
-        "info"
+    let out = format.resolve(baton_service::log::stderr_is_journal());
+    let events_to_live = out == baton_service::log::Output::Text;
+    let default = match (&live, events_to_live) {
+        (Some(_), true) => "info,baton::firing=off,baton::event=off",
+        // Retries and skips (info) can come once per firing under
+        // overload: not for the journal; feedback carries each of them.
+        (Some(_), false) => "info,baton::firing=off,baton::event=warn",
+        (None, _) => "info",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(filter);
+    let fmt = baton_service::log::layer(out, std::io::stderr().is_terminal()).with_filter(filter);
     let live = live.map(|l| {
         // Quiet: not even subscribed to firings, so they cost nothing.
         let firings = if l.0.quiet() {
@@ -298,10 +330,15 @@ fn init_tracing(live: Option<LiveLayer>) {
         } else {
             tracing_subscriber::filter::LevelFilter::TRACE
         };
+        let events = if events_to_live {
+            tracing_subscriber::filter::LevelFilter::TRACE
+        } else {
+            tracing_subscriber::filter::LevelFilter::OFF
+        };
         l.with_filter(
             tracing_subscriber::filter::Targets::new()
                 .with_target("baton::firing", firings)
-                .with_target("baton::event", tracing::Level::TRACE),
+                .with_target("baton::event", events),
         )
     });
     let _ = tracing_subscriber::registry()
@@ -310,11 +347,18 @@ fn init_tracing(live: Option<LiveLayer>) {
         .try_init();
 }
 
+/// The hidden test hooks of `run`.
+#[derive(Debug)]
+struct Hooks {
+    panic_after: Option<u64>,
+    dispatcher_stall_after: Option<u64>,
+}
+
 fn run_agent(
     f: CommonFlags,
     exit_when_idle: bool,
     quiet: bool,
-    inject_panic: Option<u64>,
+    hooks: Hooks,
 ) -> Result<(), (u8, String)> {
     let fault = |e: anyhow::Error| (1, format!("error: {e:#}"));
     let file = match &f.config {
@@ -341,11 +385,12 @@ fn run_agent(
             ntp_servers: f.ntp_servers,
             clock_limit: f.clock_limit,
             system_clock: f.system_clock,
+            log_format: f.log_format,
         },
     )
     .map_err(|e| fault(e.into()))?;
     let view = Arc::new(LiveView::new(quiet));
-    init_tracing(Some(LiveLayer(view.clone())));
+    init_tracing(Some(LiveLayer(view.clone())), cfg.log_format);
     let stop = Arc::new(StopFlag::default());
     let control = std::thread::current();
     let mut signals = Signals::new(STOP_SIGNALS)
@@ -365,7 +410,16 @@ fn run_agent(
         .map_err(fault)?;
     let mlock = cfg.rt.mlockall;
     let parts = baton_agent::runtime::real_parts(&cfg).map_err(fault)?;
+    if let Some(n) = hooks.dispatcher_stall_after {
+        baton_agent::dispatcher::inject_stall_after(n);
+    }
     let mut agent = Agent::new(cfg, parts).map_err(fault)?;
+    // READY=1 once the loop runs, WATCHDOG=1 while it and the dispatcher
+    // do, STOPPING=1 on the way out; nothing without NOTIFY_SOCKET.
+    agent.notify_systemd(
+        baton_service::notify::Notifier::from_env(),
+        baton_service::watchdog::period_from_env(),
+    );
     if let Err(e) = agent.load_configured() {
         agent.wind_down();
         return Err(fault(e));
@@ -377,7 +431,7 @@ fn run_agent(
             tracing::warn!("{w}");
         }
     }
-    if let Some(n) = inject_panic {
+    if let Some(n) = hooks.panic_after {
         baton_agent::runtime::inject_panic_after(n);
     }
     let cause = agent.run(&stop, exit_when_idle);
@@ -395,7 +449,7 @@ fn cancel_pack(
     data: Option<PathBuf>,
     gpio: Option<String>,
 ) -> anyhow::Result<()> {
-    init_tracing(None);
+    init_tracing(None, LogFormat::Auto);
     let file = match &config_file {
         Some(p) => config::read_file(p)?,
         None => config::ConfigFile::default(),

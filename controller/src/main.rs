@@ -82,6 +82,10 @@ enum Command {
         /// How often agent streams are pinged (three silent intervals end one).
         #[arg(long, default_value = "10s")]
         ping_interval: String,
+        /// Log output on stderr: auto (journald's format when stderr is
+        /// the journal, else text), text, json or journald.
+        #[arg(long, default_value = "auto", value_name = "auto|text|json|journald")]
+        log_format: baton_service::log::LogFormat,
     },
     /// The fleet's certificate authority: PEM files in one directory.
     Ca {
@@ -266,6 +270,7 @@ fn main() -> ExitCode {
             push_rate,
             push_burst,
             ping_interval,
+            log_format,
         } => serve::run(serve::Opts {
             listen,
             data,
@@ -276,6 +281,7 @@ fn main() -> ExitCode {
             push_rate,
             push_burst,
             ping_interval,
+            log_format,
         }),
         Command::Push {
             conn,

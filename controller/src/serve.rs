@@ -17,11 +17,12 @@ pub struct Opts {
     pub push_rate: f64,
     pub push_burst: f64,
     pub ping_interval: String,
+    pub log_format: baton_service::log::LogFormat,
 }
 
 /// Run until SIGTERM / SIGINT; exit code.
 pub fn run(o: Opts) -> i32 {
-    init_logging();
+    init_logging(o.log_format);
     match serve(o) {
         Ok(()) => 0,
         Err(e) => {
@@ -31,14 +32,17 @@ pub fn run(o: Opts) -> i32 {
     }
 }
 
-fn init_logging() {
+/// Logs to stderr (`RUST_LOG` filters; default `info`) in `format`: the
+/// same choice as the agent's (`baton_service::log`; `auto` is journald's
+/// format when stderr is the journal).
+fn init_logging(format: baton_service::log::LogFormat) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    let out = format.resolve(baton_service::log::stderr_is_journal());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::registry()
+        .with(baton_service::log::layer(out, ansi).with_filter(filter))
         .try_init();
 }
 
@@ -110,24 +114,31 @@ fn check_transport(o: &Opts) -> anyhow::Result<()> {
 }
 
 /// SIGTERM, SIGINT or SIGHUP: stop cleanly (the store is consistent at every
-/// commit; streams are closed so agents reconnect later).
-async fn stop_signal() {
+/// commit; streams are closed so agents reconnect later). The handlers are
+/// installed by this call, not when the future is first polled: the server
+/// says READY to systemd before it awaits the future, and a stop that comes
+/// right after must still be a clean one (not the default action of
+/// SIGTERM). Must be called within the runtime.
+fn stop_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
-    ) {
-        (Ok(mut term), Ok(mut int), Ok(mut hup)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-                _ = hup.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int), Ok(mut hup)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                    _ = hup.recv() => {}
+                }
             }
-        }
-        _ => {
-            tracing::warn!("cannot watch SIGTERM/SIGHUP; stopping on Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
+            _ => {
+                tracing::warn!("cannot watch SIGTERM/SIGHUP; stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

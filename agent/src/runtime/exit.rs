@@ -10,6 +10,7 @@ impl Agent {
     /// is stopped (bounded), the journal is flushed if it still can be, and
     /// the controller link's thread is stopped (bounded).
     pub fn wind_down(&mut self) {
+        self.systemd_stopping();
         let now = self.clock.now();
         let events = self.drive_all_safe_states(now);
         self.await_safe_writes();

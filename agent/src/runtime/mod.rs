@@ -38,6 +38,7 @@ pub mod ports;
 pub mod record;
 mod results;
 pub mod safety;
+mod systemd;
 mod uplink;
 
 use std::collections::{HashMap, HashSet};
@@ -257,6 +258,9 @@ pub struct Agent {
     started: crate::clock::MonoTime,
     /// Local packs (file name, text) waiting for the clock to be known.
     clock_wait: Vec<(String, String)>,
+    /// READY / WATCHDOG / STOPPING to systemd (off unless
+    /// [`Agent::notify_systemd`] is called).
+    systemd: systemd::Systemd,
 }
 
 impl std::fmt::Debug for Agent {
@@ -383,6 +387,7 @@ impl Agent {
             clock_was_good: false,
             started,
             clock_wait: Vec::new(),
+            systemd: systemd::Systemd::default(),
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
@@ -631,6 +636,8 @@ impl Agent {
     }
 
     fn run_loop(&mut self, stop: &StopFlag, exit_when_idle: bool) -> anyhow::Result<StopCause> {
+        // The journal is open and the packs restored and loaded.
+        self.systemd_ready();
         loop {
             if let Some(sig) = stop.requested() {
                 return Ok(StopCause::Requested(sig));
@@ -639,6 +646,7 @@ impl Agent {
                 return Ok(StopCause::Idle);
             }
             self.step()?;
+            self.systemd_tick();
             self.wait();
         }
     }
@@ -659,6 +667,9 @@ impl Agent {
         }
         if let Some(l) = self.uplink_wake(now) {
             until = until.min(l);
+        }
+        if let Some(w) = self.systemd_wake(now) {
+            until = until.min(w);
         }
         if self.arming.backlog_len() > 0 || !self.arming.exec_running.is_empty() {
             // Credits come back with results (which unpark us); exec

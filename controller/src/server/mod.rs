@@ -356,7 +356,19 @@ pub async fn serve(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
         }
     };
+    // systemd (`Type=notify`): the listener is bound and the store open.
+    // Nothing is sent without NOTIFY_SOCKET; nothing here blocks.
+    let notifier = baton_service::notify::Notifier::from_env();
+    let status = format!("listening on {addr}");
+    notifier.notify(&[
+        baton_service::notify::State::Ready,
+        baton_service::notify::State::Status(&status),
+    ]);
     shutdown.await;
+    notifier.notify(&[
+        baton_service::notify::State::Stopping,
+        baton_service::notify::State::Status("stopping: closing agent streams"),
+    ]);
     if let Some(t) = accept_task {
         t.abort();
     }

@@ -486,11 +486,23 @@ impl Session {
             let wait = RETRY_FIRST
                 .saturating_mul(1 << retries.min(6))
                 .min(RETRY_MAX);
-            tracing::info!(
-                agent = %self.agent.id,
-                pack = %format!("{}/{} v{}", key.0, key.1, key.2),
-                "agent refused for now ({message}); retry in {wait:?}"
-            );
+            // The first refusal is news; the retries that follow (every
+            // RETRY_MAX at most, for as long as the agent refuses) are not
+            // worth a periodic line at info.
+            if retries == 1 {
+                tracing::info!(
+                    agent = %self.agent.id,
+                    pack = %format!("{}/{} v{}", key.0, key.1, key.2),
+                    "agent refused for now ({message}); retry in {wait:?}"
+                );
+            } else {
+                tracing::debug!(
+                    agent = %self.agent.id,
+                    pack = %format!("{}/{} v{}", key.0, key.1, key.2),
+                    retries,
+                    "agent refused for now ({message}); retry in {wait:?}"
+                );
+            }
             if let Some(row) = self
                 .in_flight
                 .get(&key)
