@@ -3,8 +3,8 @@
 //! operator who saw "pushed" can rely on it surviving a controller crash.
 //!
 //! Every call starts with the caller ([`Caller`]): its tenant confines what
-//! it sees, its role what it may change; pushes and cancels, refused ones
-//! included, go to the audit log before the answer.
+//! it sees, its role what it may change; pushes, cancels, label changes and
+//! forgets, refused ones included, go to the audit log before the answer.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,13 +16,14 @@ use tokio::sync::broadcast;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::access::Caller;
+use super::access::{Caller, used_by_other_tenant};
 use super::convert;
 use super::hub::SessionCmd;
 use super::session::holders;
 use super::{Shared, now_ns};
 use crate::store::{
-    AuditRow, DeliveryRow, DeliveryState, FeedbackFilter, PackVersionRow, PutPack, StoreError,
+    AgentRow, AuditRow, DeliveryRow, DeliveryState, FeedbackFilter, LabelOverrides, PackVersionRow,
+    PutPack, StoreError,
 };
 
 /// The Admin service.
@@ -124,7 +125,7 @@ impl AdminService {
         let agents = store.agents().await.map_err(store_status)?;
         let mut told = holders(&agents, &tenant, &req.pack);
         for a in &agents {
-            if p.latest.targets.matches(&a.id, &a.labels) {
+            if a.targeted_by(&p.latest) {
                 told.insert(a.id.clone());
             }
         }
@@ -147,6 +148,132 @@ impl AdminService {
         })
     }
 
+    /// The agent `id` if the caller sees it through `tenant` (every agent
+    /// without identities); otherwise "no agent", word for word like one
+    /// that does not exist.
+    async fn visible_agent(
+        &self,
+        caller: &Caller,
+        tenant: Option<&str>,
+        id: &str,
+    ) -> Result<AgentRow, Status> {
+        let store = &self.shared.store;
+        let missing = || Status::not_found(format!("no agent {id}"));
+        let agent = store
+            .agent(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(missing)?;
+        let Some(t) = tenant.filter(|_| caller.tenant().is_some()) else {
+            return Ok(agent);
+        };
+        let packs = store.packs(Some(t)).await.map_err(store_status)?;
+        if caller
+            .visible_agents(std::slice::from_ref(&agent), &packs)
+            .contains(id)
+        {
+            Ok(agent)
+        } else {
+            Err(missing())
+        }
+    }
+
+    async fn do_label(
+        &self,
+        caller: &Caller,
+        req: wire::LabelAgentRequest,
+    ) -> Result<wire::LabelAgentReply, Status> {
+        caller.may_manage_agents()?;
+        let id = &req.agent_id;
+        let tenant = caller
+            .tenant_of(&req.tenant)
+            .ok_or_else(|| Status::not_found(format!("no agent {id}")))?;
+        convert::check_ident("agent id", id).map_err(|e| Status::invalid_argument(e.0))?;
+        let mut set: LabelOverrides = convert::labels(&req.set)
+            .map_err(|e| Status::invalid_argument(e.0))?
+            .into_iter()
+            .map(|(k, v)| (k, Some(v)))
+            .collect();
+        for k in req.remove.iter().chain(&req.reset) {
+            convert::label_key(k).map_err(|e| Status::invalid_argument(e.0))?;
+            if set.contains_key(k) {
+                return Err(Status::invalid_argument(format!(
+                    "label {k:?} is both set and removed or reset"
+                )));
+            }
+        }
+        for k in &req.remove {
+            set.insert(k.clone(), None);
+        }
+        if set.is_empty() && req.reset.is_empty() {
+            return Err(Status::invalid_argument(
+                "nothing to change: give labels to set (k=v), remove or reset",
+            ));
+        }
+        self.visible_agent(caller, Some(&tenant), id).await?;
+        let a = self
+            .shared
+            .store
+            .label_agent(id, &tenant, set, req.reset.clone())
+            .await
+            .map_err(store_status)?;
+        // The agent's stream re-reads its labels and reconciles (a pack may
+        // now target it, or no longer); offline, its next hello does.
+        self.shared.hub.send(id, SessionCmd::Relabelled);
+        tracing::info!(agent = %id, tenant = %tenant, "agent labels changed");
+        Ok(wire::LabelAgentReply {
+            agent_id: id.clone(),
+            labels: a.labels_for(&tenant).into_owned().into_iter().collect(),
+            agent_labels: a.labels.into_iter().collect(),
+            tenant,
+        })
+    }
+
+    async fn do_forget(
+        &self,
+        caller: &Caller,
+        req: wire::ForgetAgentRequest,
+    ) -> Result<wire::ForgetAgentReply, Status> {
+        caller.may_manage_agents()?;
+        let id = &req.agent_id;
+        // Without identities and without a tenant named: the whole fleet's.
+        let tenant = match (caller.tenant(), req.tenant.as_str()) {
+            (None, "") => None,
+            _ => Some(
+                caller
+                    .tenant_of(&req.tenant)
+                    .ok_or_else(|| Status::not_found(format!("no agent {id}")))?,
+            ),
+        };
+        let agent = self.visible_agent(caller, tenant.as_deref(), id).await?;
+        let store = &self.shared.store;
+        let whole = match &tenant {
+            None => true,
+            Some(t) => {
+                let packs = store.packs(None).await.map_err(store_status)?;
+                !used_by_other_tenant(&agent, &packs, t)
+            }
+        };
+        let mut disconnected = false;
+        if whole {
+            // Close the stream first, so that it writes nothing after.
+            disconnected = self.shared.hub.send(id, SessionCmd::Forgotten);
+            store.forget_agent(id, None).await.map_err(store_status)?;
+        } else {
+            store
+                .forget_agent(id, tenant.as_deref())
+                .await
+                .map_err(store_status)?;
+            self.shared.hub.send(id, SessionCmd::Relabelled);
+        }
+        tracing::info!(agent = %id, whole, disconnected, "agent forgotten");
+        Ok(wire::ForgetAgentReply {
+            agent_id: id.clone(),
+            record_deleted: whole,
+            disconnected,
+        })
+    }
+
     /// Store a pack version, then its deliveries, then send it.
     async fn deliver(&self, row: PackVersionRow, now: RefTime) -> Result<wire::PushReply, Status> {
         let store = &self.shared.store;
@@ -159,7 +286,7 @@ impl AdminService {
             .await
             .map_err(store_status)?;
         for a in &agents {
-            if row.targets.matches(&a.id, &a.labels) {
+            if a.targeted_by(&row) {
                 targeted.push(a.id.clone());
                 let known = existing.iter().any(|d| d.agent_id == a.id);
                 if put == PutPack::Unchanged && known {
@@ -228,7 +355,9 @@ fn store_status(e: StoreError) -> Status {
         StoreError::VersionTaken { .. } | StoreError::VersionOlder { .. } => {
             Status::failed_precondition(e.to_string())
         }
-        StoreError::NoSuchPack { .. } => Status::not_found(e.to_string()),
+        StoreError::NoSuchPack { .. } | StoreError::NoSuchAgent { .. } => {
+            Status::not_found(e.to_string())
+        }
         StoreError::Backend(_) | StoreError::Closed => Status::unavailable(e.to_string()),
     }
 }
@@ -352,7 +481,12 @@ impl wire::admin_server::Admin for AdminService {
             .map(|a| wire::AgentSummary {
                 connected: self.shared.hub.is_connected(&a.id),
                 lateness_p99_ns: self.shared.lateness_p99(&a.id),
-                labels: a.labels.into_iter().collect(),
+                // As the caller's tenant's packs target on them.
+                labels: a
+                    .labels_for(caller.tenant().unwrap_or("default"))
+                    .into_owned()
+                    .into_iter()
+                    .collect(),
                 agent_version: a.agent_version,
                 last_seen_ns: a.last_seen_ns,
                 clock: a.clock.as_ref().map(convert::clock_to_wire),
@@ -529,6 +663,55 @@ impl wire::admin_server::Admin for AdminService {
                 })
                 .collect(),
         }))
+    }
+
+    async fn label_agent(
+        &self,
+        request: Request<wire::LabelAgentRequest>,
+    ) -> Result<Response<wire::LabelAgentReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let req = request.into_inner();
+        let named = audit_tenant(&caller, &req.tenant);
+        let mut what: Vec<String> = req.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        what.sort();
+        what.extend(req.remove.iter().map(|k| format!("-{k}")));
+        what.extend(req.reset.iter().map(|k| format!("reset {k}")));
+        let target = format!("agent {}: {}", req.agent_id, what.join(" "));
+        let r = self.do_label(&caller, req).await;
+        self.record(&caller, &named, "label", &target, r)
+            .await
+            .map(Response::new)
+    }
+
+    async fn forget_agent(
+        &self,
+        request: Request<wire::ForgetAgentRequest>,
+    ) -> Result<Response<wire::ForgetAgentReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let req = request.into_inner();
+        let named = audit_tenant(&caller, &req.tenant);
+        let id = req.agent_id.clone();
+        let r = self.do_forget(&caller, req).await;
+        let target = match &r {
+            Ok(f) if f.record_deleted => format!("agent {id} (whole record)"),
+            Ok(_) => format!("agent {id} (this tenant's deliveries and labels)"),
+            Err(_) => format!("agent {id}"),
+        };
+        self.record(&caller, &named, "forget", &target, r)
+            .await
+            .map(Response::new)
+    }
+}
+
+/// The tenant an audit record of a request names: the one asked for, else
+/// the caller's (`default` without identities). A tenant operator naming
+/// another tenant is recorded under its own (the other name is not its to
+/// read back).
+fn audit_tenant(caller: &Caller, requested: &str) -> String {
+    match (caller.tenant(), requested) {
+        (Some(own), _) => own.to_string(),
+        (None, "") => "default".to_string(),
+        (None, r) => r.to_string(),
     }
 }
 
