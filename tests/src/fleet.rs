@@ -310,6 +310,7 @@ pub struct Agent {
     pub url: String,
     labels: Vec<String>,
     tls: Option<AgentTls>,
+    extra: Vec<String>,
 }
 
 /// An agent's certificate, key and CA (`--cert`, `--key`, `--ca`).
@@ -328,16 +329,36 @@ pub struct AgentTls {
 /// as `k=v`.
 pub fn start_agent(dir: &Path, id: &str, url: &str, labels: &[&str]) -> Agent {
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    spawn_agent(dir, id, url, &labels, None)
+    spawn_agent(dir, id, url, &labels, None, &[])
 }
 
 /// [`start_agent`] over mTLS (`url` is `https://`).
 pub fn start_agent_tls(dir: &Path, id: &str, url: &str, labels: &[&str], tls: AgentTls) -> Agent {
-    let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    spawn_agent(dir, id, url, &labels, Some(tls))
+    start_agent_tls_with(dir, id, url, labels, tls, &[])
 }
 
-fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<AgentTls>) -> Agent {
+/// [`start_agent_tls`] with more `baton-agent run` flags (e.g. `--config`).
+pub fn start_agent_tls_with(
+    dir: &Path,
+    id: &str,
+    url: &str,
+    labels: &[&str],
+    tls: AgentTls,
+    extra: &[&str],
+) -> Agent {
+    let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    spawn_agent(dir, id, url, &labels, Some(tls), &extra)
+}
+
+fn spawn_agent(
+    dir: &Path,
+    id: &str,
+    url: &str,
+    labels: &[String],
+    tls: Option<AgentTls>,
+    extra: &[String],
+) -> Agent {
     std::fs::create_dir_all(dir).expect("agent dir");
     let data = dir.join("data");
     let gpio = dir.join("gpio.jsonl");
@@ -368,6 +389,7 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<A
     for l in labels {
         cmd.args(["--label", l]);
     }
+    cmd.args(extra);
     let proc = cmd
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -383,6 +405,7 @@ fn spawn_agent(dir: &Path, id: &str, url: &str, labels: &[String], tls: Option<A
         url: url.to_string(),
         labels: labels.to_vec(),
         tls,
+        extra: extra.to_vec(),
     }
 }
 
@@ -397,7 +420,14 @@ impl Agent {
     pub fn restart(&mut self) {
         self.kill9();
         let dir = self.data.parent().expect("agent dir").to_path_buf();
-        let next = spawn_agent(&dir, &self.id, &self.url, &self.labels, self.tls.clone());
+        let next = spawn_agent(
+            &dir,
+            &self.id,
+            &self.url,
+            &self.labels,
+            self.tls.clone(),
+            &self.extra,
+        );
         *self = next;
     }
 
