@@ -564,22 +564,25 @@ impl wire::admin_server::Admin for AdminService {
         let (caller, serial) = self.caller(request.extensions())?;
         let req = request.into_inner();
         let pack = nonempty(&req.pack);
-        let (tenant, agents) = match caller.tenant() {
+        let (tenant, mut agents) = match caller.tenant() {
             None => (nonempty(&req.tenant), None),
             Some(own) => {
                 if !req.tenant.is_empty() && req.tenant != own {
                     return Err(Status::not_found(format!("no tenant {}", req.tenant)));
                 }
-                // Agent events of the agents visible now.
-                let store = &self.shared.store;
-                let all = store.agents().await.map_err(store_status)?;
-                let packs = store.packs(Some(own)).await.map_err(store_status)?;
+                // Agent events of the agents visible now; the set follows
+                // deliveries of the tenant's packs to other agents at once,
+                // and is read again from the store every WATCH_REFRESH.
                 (
                     Some(own.to_string()),
-                    Some(caller.visible_agents(&all, &packs)),
+                    Some(visible_now(&self.shared, &caller, own).await?),
                 )
             }
         };
+        let shared = self.shared.clone();
+        let mut refresh =
+            tokio::time::interval_at(tokio::time::Instant::now() + WATCH_REFRESH, WATCH_REFRESH);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rx = self.shared.events.subscribe();
         // A watcher whose certificate is revoked is cut off within seconds.
         let mut revoked = self.shared.revoked.subscribe();
@@ -593,8 +596,13 @@ impl wire::admin_server::Admin for AdminService {
             loop {
                 let ev = tokio::select! {
                     r = rx.recv() => match r {
-                        Ok(ev) if visible(&ev, tenant.as_deref(), pack.as_deref(), agents.as_ref()) => ev,
-                        Ok(_) => continue,
+                        Ok(ev) => {
+                            learn(&mut agents, &ev, tenant.as_deref());
+                            if !visible(&ev, tenant.as_deref(), pack.as_deref(), agents.as_ref()) {
+                                continue;
+                            }
+                            ev
+                        }
                         Err(broadcast::error::RecvError::Lagged(n)) => wire::WatchEvent {
                             body: Some(Ev::Lagged(n)),
                         },
@@ -602,6 +610,15 @@ impl wire::admin_server::Admin for AdminService {
                     },
                     _ = shutdown.changed() => return,
                     _ = tx.closed() => return,
+                    _ = refresh.tick(), if agents.is_some() => {
+                        if let Some(t) = tenant.as_deref() {
+                            match visible_now(&shared, &caller, t).await {
+                                Ok(now) => agents = Some(now),
+                                Err(e) => tracing::warn!("watch: agents not re-read: {}", e.message()),
+                            }
+                        }
+                        continue;
+                    }
                     r = revoked.changed(), if serial.is_some() => {
                         if r.is_err() {
                             return;
@@ -715,6 +732,35 @@ fn audit_tenant(caller: &Caller, requested: &str) -> String {
     }
 }
 
+/// How often a tenant's watcher reads again which agents it sees.
+const WATCH_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The agents `caller` sees through tenant `t`'s packs, now.
+async fn visible_now(
+    shared: &Shared,
+    caller: &Caller,
+    t: &str,
+) -> Result<std::collections::HashSet<String>, Status> {
+    let all = shared.store.agents().await.map_err(store_status)?;
+    let packs = shared.store.packs(Some(t)).await.map_err(store_status)?;
+    Ok(caller.visible_agents(&all, &packs))
+}
+
+/// A delivery of the watcher's tenant to an agent makes that agent visible
+/// to it (its pack targets it now).
+fn learn(
+    agents: &mut Option<std::collections::HashSet<String>>,
+    ev: &wire::WatchEvent,
+    tenant: Option<&str>,
+) {
+    if let (Some(set), Some(Ev::Delivery(d)), Some(t)) = (agents.as_mut(), &ev.body, tenant)
+        && d.pack.as_ref().is_some_and(|p| p.tenant == t)
+        && !set.contains(&d.agent_id)
+    {
+        set.insert(d.agent_id.clone());
+    }
+}
+
 /// Whether a watcher filtering on tenant / pack sees this event (agent
 /// events: those of `agents`, all when `None`).
 fn visible(
@@ -731,4 +777,40 @@ fn visible(
     };
     let Some(r) = r else { return false };
     tenant.is_none_or(|t| r.tenant == t) && pack.is_none_or(|p| r.pack == p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_watch_learns_agents_its_packs_reach() {
+        let delivery = |tenant: &str, agent: &str| wire::WatchEvent {
+            body: Some(Ev::Delivery(wire::Delivery {
+                agent_id: agent.into(),
+                pack: Some(convert::wire_ref(tenant, "p", 1)),
+                ..Default::default()
+            })),
+        };
+        let agent_ev = |agent: &str| wire::WatchEvent {
+            body: Some(Ev::Agent(wire::AgentEvent {
+                agent_id: agent.into(),
+                ..Default::default()
+            })),
+        };
+        let mut seen = Some(std::collections::HashSet::from(["a1".to_string()]));
+        let t = Some("plant-a");
+        assert!(!visible(&agent_ev("a2"), t, None, seen.as_ref()));
+        // Another tenant's delivery to a2 teaches nothing (and is not shown).
+        learn(&mut seen, &delivery("plant-b", "a2"), t);
+        assert!(!visible(&delivery("plant-b", "a2"), t, None, seen.as_ref()));
+        assert!(!visible(&agent_ev("a2"), t, None, seen.as_ref()));
+        // Its own pack reaching a2: a2's events are shown from now on.
+        learn(&mut seen, &delivery("plant-a", "a2"), t);
+        assert!(visible(&agent_ev("a2"), t, None, seen.as_ref()));
+        // Without a tenant every agent is visible; nothing to learn.
+        let mut all = None;
+        learn(&mut all, &delivery("plant-a", "a2"), None);
+        assert!(all.is_none() && visible(&agent_ev("zz"), None, None, None));
+    }
 }
