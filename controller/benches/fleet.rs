@@ -27,7 +27,11 @@
 //! controller binary, or a wrapper script that `exec`s one, to use instead
 //! of building one: for experiments and profilers), `FLEET_HOLD_S` (after
 //! the rounds, keep every agent connected this long and print the
-//! controller's pid: time to attach gdb, perf or a heap profiler).
+//! controller's pid: time to attach gdb, perf or a heap profiler),
+//! `FLEET_MODES` (`plain,tls`: the whole bench once per mode, in this
+//! order, each with a fresh controller; `tls` is mTLS with certificates
+//! from the controller's own CA code, one per agent, and a table of the
+//! cost of mTLS at the end).
 //!
 //! The agents answer pings, ack every push and then send `Held` (as the
 //! protocol asks of an agent whose held set changed; without it the
@@ -49,7 +53,7 @@ use baton_proto::wire::{
 };
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 mod common;
 
@@ -109,6 +113,7 @@ fn run() -> Result<()> {
         window: env_or("FLEET_WINDOW", WINDOW)?.max(1),
         rounds: env_or("FLEET_ROUNDS", ROUNDS)?.max(1),
     };
+    let modes = modes()?;
     let exe = match std::env::var_os("FLEET_CONTROLLER") {
         Some(p) => PathBuf::from(p),
         None => build_controller()?,
@@ -116,12 +121,80 @@ fn run() -> Result<()> {
     // On the target's disk, not a tmpfs: fsync has to cost what it costs.
     let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(base)?;
+    let ca_dir = tempfile::tempdir_in(base)?;
+    let tls = if modes.contains(&Mode::Tls) {
+        let t0 = Instant::now();
+        let t = Arc::new(Tls::make(ca_dir.path(), k.agents)?);
+        println!(
+            "mTLS: a CA and {} agent certificates in {:.1} s",
+            k.agents,
+            t0.elapsed().as_secs_f64()
+        );
+        Some(t)
+    } else {
+        None
+    };
+    let mut done = Vec::new();
+    for mode in modes {
+        let tls = match mode {
+            Mode::Plain => None,
+            Mode::Tls => tls.clone(),
+        };
+        let (report, summary) = run_mode(k, &exe, base, tls)?;
+        println!("{report}");
+        done.push((mode, summary));
+    }
+    if done.len() > 1 {
+        println!("{}", compare(k, &done));
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Tls,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plaintext",
+            Mode::Tls => "mTLS",
+        }
+    }
+}
+
+fn modes() -> Result<Vec<Mode>> {
+    let v = std::env::var("FLEET_MODES").unwrap_or_else(|_| "plain,tls".into());
+    v.split(',')
+        .map(|m| match m.trim() {
+            "plain" => Ok(Mode::Plain),
+            "tls" => Ok(Mode::Tls),
+            other => bail!("FLEET_MODES: `{other}` is not plain or tls"),
+        })
+        .collect()
+}
+
+/// One mode's figures for the comparison.
+#[derive(Clone, Copy, Debug)]
+struct Summary {
+    p99: (f64, f64),
+    p50: (f64, f64),
+    rows: (f64, f64),
+    rss_per_agent: f64,
+    connect_s: f64,
+}
+
+/// The bench against a fresh controller, plaintext or mTLS.
+fn run_mode(k: Knobs, exe: &Path, base: &Path, tls: Option<Arc<Tls>>) -> Result<(String, Summary)> {
     // Spawned from this (the main) thread: the child's parent-death signal
     // follows the thread that forked it.
-    let controller = Controller::start(&exe, base)?;
+    let controller = Controller::start(exe, base, tls.as_deref())?;
     let bare_dir = tempfile::tempdir_in(base)?;
     println!(
-        "fleet: {} agents, controller {} (pid {}), data under {}, load {}",
+        "fleet ({}): {} agents, controller {} (pid {}), data under {}, load {}",
+        if tls.is_some() { "mTLS" } else { "plaintext" },
         k.agents,
         exe.display(),
         controller.pid,
@@ -135,7 +208,7 @@ fn run() -> Result<()> {
         .build()?;
     let r = rt.block_on(async {
         tokio::select! {
-            r = bench(k, &controller, bare_dir.path()) => r,
+            r = bench(k, &controller, bare_dir.path(), tls) => r,
             _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
         }
     });
@@ -160,8 +233,110 @@ fn run() -> Result<()> {
             .map(|l| format!("\n  {l}"))
             .collect::<String>()
     );
-    println!("{report}");
-    Ok(())
+    Ok(report)
+}
+
+/// The fleet's certificates (made once, used by every mTLS run): the
+/// controller's CA directory, an admin operator, one agent each.
+struct Tls {
+    dir: PathBuf,
+    ca_pem: Vec<u8>,
+    admin: (Vec<u8>, Vec<u8>),
+    agents: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Tls {
+    fn make(dir: &Path, agents: usize) -> Result<Tls> {
+        use baton_controller::ca::{self, CaDir, Validity};
+        let ca = CaDir::new(dir);
+        let now = time::OffsetDateTime::now_utc();
+        ca::init(&ca, &[], now)?;
+        let read = |(c, k): (PathBuf, PathBuf)| -> Result<(Vec<u8>, Vec<u8>)> {
+            Ok((std::fs::read(c)?, std::fs::read(k)?))
+        };
+        let valid = Validity::days(now, 1);
+        let admin = read(ca::issue(
+            &ca,
+            &baton_controller::identity::Identity::Operator {
+                name: "bench".into(),
+                tenant: "default".into(),
+                role: baton_controller::identity::Role::Admin,
+            },
+            valid,
+        )?)?;
+        let agents = (0..agents)
+            .map(|ix| {
+                read(ca::issue(
+                    &ca,
+                    &baton_controller::identity::Identity::Agent { id: agent_id(ix) },
+                    valid,
+                )?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tls {
+            dir: dir.to_path_buf(),
+            ca_pem: std::fs::read(ca.ca_cert())?,
+            admin,
+            agents,
+        })
+    }
+
+    fn client(&self, (cert, key): &(Vec<u8>, Vec<u8>)) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(Identity::from_pem(cert, key))
+    }
+}
+
+/// An endpoint to the controller, over mTLS as `who` when given.
+fn endpoint(url: &str, tls: Option<ClientTlsConfig>) -> Result<Endpoint> {
+    let e = Endpoint::from_shared(url.to_string())?;
+    Ok(match tls {
+        Some(t) => e.tls_config(t)?,
+        None => e,
+    })
+}
+
+/// Plaintext against mTLS, as a Markdown table.
+fn compare(k: Knobs, done: &[(Mode, Summary)]) -> String {
+    let mut s = format!(
+        "\n### cost of mTLS: {} agents, {} rounds per mode, modes in this order: {}\n\n| mode | push → acked p50 (best / median) | p99 (best / median) | feedback rows/s (best / median) | RSS per agent | connect all |\n|---|---|---|---|---|---|\n",
+        k.agents,
+        k.rounds,
+        done.iter()
+            .map(|(m, _)| m.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (m, x) in done {
+        s.push_str(&format!(
+            "| {} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.0} / {:.0} | {:.1} KB | {:.2} s |\n",
+            m.name(),
+            x.p50.0,
+            x.p50.1,
+            x.p99.0,
+            x.p99.1,
+            x.rows.0,
+            x.rows.1,
+            x.rss_per_agent,
+            x.connect_s
+        ));
+    }
+    let json: Vec<serde_json::Value> = done
+        .iter()
+        .map(|(m, x)| {
+            serde_json::json!({
+                "mode": m.name(), "p50_ms": [x.p50.0, x.p50.1], "p99_ms": [x.p99.0, x.p99.1],
+                "rows_s": [x.rows.0.round(), x.rows.1.round()],
+                "rss_per_agent_kb": x.rss_per_agent, "connect_s": x.connect_s,
+            })
+        })
+        .collect();
+    s.push_str(&format!(
+        "\n{}",
+        serde_json::json!({"bench": "fleet-mtls", "modes": json})
+    ));
+    s
 }
 
 // ---------------------------------------------------------------------------
@@ -216,11 +391,17 @@ struct Controller {
 }
 
 impl Controller {
-    fn start(exe: &Path, base: &Path) -> Result<Controller> {
+    fn start(exe: &Path, base: &Path, tls: Option<&Tls>) -> Result<Controller> {
         let data = tempfile::tempdir_in(base)?;
         let log = std::fs::File::create(data.path().join("controller.log"))?;
         let mut cmd = Command::new(exe);
-        cmd.args(["serve", "--insecure", "--listen", "127.0.0.1:0", "--data"])
+        cmd.arg("serve");
+        match tls {
+            Some(t) => cmd.arg("--tls-dir").arg(&t.dir),
+            None => cmd.arg("--insecure"),
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        cmd.args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -257,7 +438,7 @@ impl Controller {
             if let Ok(s) = std::fs::read_to_string(&addr_file)
                 && !s.trim().is_empty()
             {
-                c.url = format!("http://{}", s.trim());
+                c.url = format!("{scheme}://{}", s.trim());
                 return Ok(c);
             }
             if let Some(status) = c.child.try_wait()? {
@@ -525,8 +706,8 @@ impl Link {
 }
 
 /// Dial (a connection of its own), hello, wait for the welcome.
-async fn connect(ix: usize, url: &str) -> Result<Link> {
-    let channel = Endpoint::from_shared(url.to_string())?
+async fn connect(ix: usize, url: &str, tls: Option<&Tls>) -> Result<Link> {
+    let channel = endpoint(url, tls.map(|t| t.client(&t.agents[ix])))?
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .connect()
@@ -697,7 +878,7 @@ struct Fleet {
 impl Fleet {
     /// Connect every agent (at most [`CONNECTING`] at once) and wait for
     /// every welcome.
-    async fn connect(url: &str, agents: usize) -> Result<Fleet> {
+    async fn connect(url: &str, agents: usize, tls: Option<Arc<Tls>>) -> Result<Fleet> {
         let gate = Arc::new(Semaphore::new(CONNECTING));
         let (ev_tx, events) = mpsc::unbounded_channel();
         let mut cmds = Vec::with_capacity(agents);
@@ -709,12 +890,13 @@ impl Fleet {
             cmds.push(cmd_tx);
             welcomed.push(w_rx);
             let (gate, url, ev_tx) = (gate.clone(), url.to_string(), ev_tx.clone());
+            let tls = tls.clone();
             tasks.push(tokio::spawn(async move {
                 let link = {
                     let Ok(_permit) = gate.acquire().await else {
                         return;
                     };
-                    match connect(ix, &url).await {
+                    match connect(ix, &url, tls.as_deref()).await {
                         Ok(l) => l,
                         Err(e) => {
                             let _ = w_tx.send(Err(e.context(agent_id(ix))));
@@ -1019,8 +1201,13 @@ struct Memory {
     connect_s: f64,
 }
 
-async fn bench(k: Knobs, ctl: &Controller, bare_dir: &Path) -> Result<String> {
-    let admin_ch = Endpoint::from_shared(ctl.url.clone())?
+async fn bench(
+    k: Knobs,
+    ctl: &Controller,
+    bare_dir: &Path,
+    tls: Option<Arc<Tls>>,
+) -> Result<(String, Summary)> {
+    let admin_ch = endpoint(&ctl.url, tls.as_ref().map(|t| t.client(&t.admin)))?
         .connect()
         .await
         .context("admin connection")?;
@@ -1038,7 +1225,7 @@ async fn bench(k: Knobs, ctl: &Controller, bare_dir: &Path) -> Result<String> {
     };
 
     let t0 = Instant::now();
-    let mut fleet = Fleet::connect(&ctl.url, k.agents).await?;
+    let mut fleet = Fleet::connect(&ctl.url, k.agents, tls).await?;
     mem.connect_s = t0.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(1)).await;
     fleet.check()?;
@@ -1126,7 +1313,15 @@ async fn bench(k: Knobs, ctl: &Controller, bare_dir: &Path) -> Result<String> {
     if stored != (k.rounds * total) as i64 {
         bail!("bare baseline stored {stored} rows");
     }
-    Ok(report(k, &mem, &pushes, &ingests))
+    let p = |f: fn(&PushFig) -> f64| best_median(pushes.iter().map(f), true);
+    let summary = Summary {
+        p50: p(|x| x.p50),
+        p99: p(|x| x.p99),
+        rows: best_median(ingests.iter().map(|x| x.rows_s), false),
+        rss_per_agent: (mem.rss_settled_kb as f64 - mem.rss_before_kb as f64) / k.agents as f64,
+        connect_s: mem.connect_s,
+    };
+    Ok((report(k, &mem, &pushes, &ingests), summary))
 }
 
 // ---------------------------------------------------------------------------

@@ -400,6 +400,41 @@ pub fn revoke(ca: &CaDir, name: &str, kind: Option<Kind>) -> Result<Revoked, CaE
     })
 }
 
+/// One line of `revoked.txt`: `SERIAL KIND NAME` (kind and name empty
+/// when the line has only a serial).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevokedEntry {
+    /// Serial, lowercase hex.
+    pub serial: String,
+    /// `agent` or `operator`.
+    pub kind: String,
+    /// The certificate's name.
+    pub name: String,
+}
+
+/// The lines of a `revoked.txt`, in file order (none if it does not
+/// exist); a serial listed twice comes once.
+pub fn read_revoked_entries(path: &Path) -> Result<Vec<RevokedEntry>, CaError> {
+    let serials = read_revoked(path)?;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut w = line.split('#').next().unwrap_or("").split_whitespace();
+        let Some(serial) = w.next().map(str::to_ascii_lowercase) else {
+            continue;
+        };
+        if serials.contains(&serial) && seen.insert(serial.clone()) {
+            out.push(RevokedEntry {
+                serial,
+                kind: w.next().unwrap_or("").to_string(),
+                name: w.next().unwrap_or("").to_string(),
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// The serials listed in a `revoked.txt` (none if it does not exist).
 pub fn read_revoked(path: &Path) -> Result<HashSet<String>, CaError> {
     let text = match std::fs::read_to_string(path) {
@@ -484,6 +519,12 @@ mod tests {
         assert!(!r.already);
         assert!(revoke(&ca, "press-01", None).expect("again").already);
         let listed = read_revoked(&ca.revoked()).expect("list");
+        let entries = read_revoked_entries(&ca.revoked()).expect("entries");
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            (entries[0].kind.as_str(), entries[0].name.as_str()),
+            ("agent", "press-01")
+        );
         assert_eq!(listed.len(), 1);
         assert!(listed.contains(&a.serial));
         let e = revoke(&ca, "nobody", None).expect_err("unknown");

@@ -128,13 +128,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List agents: connection, clock, packs, lateness.
+    /// List agents: connection, clock, packs, lateness; `label` and
+    /// `forget` manage them (admins).
+    #[command(args_conflicts_with_subcommands = true)]
     Agents {
         #[command(flatten)]
         conn: ConnArgs,
         /// One JSON object per line (`id` is the agent's id).
         #[arg(long)]
         json: bool,
+        #[command(subcommand)]
+        cmd: Option<AgentsCmd>,
     },
     /// Live feedback, deliveries and agent events until interrupted.
     Watch {
@@ -190,7 +194,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The audit log (admins): every push and cancel, refused ones included.
+    /// The audit log (admins): every push, cancel, label change and forget,
+    /// refused ones included, and revocations the controller picked up.
     Audit {
         #[command(flatten)]
         conn: ConnArgs,
@@ -203,6 +208,49 @@ enum Command {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// Agent management (role admin).
+#[derive(Subcommand, Debug)]
+enum AgentsCmd {
+    /// Operator labels on an agent, for your tenant's packs only: set
+    /// KEY=VALUE over the agent's own labels, hide a key (--remove), or go
+    /// back to the agent's own value (--reset). Kept across reconnects;
+    /// the agent's packs are retargeted at once.
+    Label {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Agent id.
+        agent: String,
+        /// Labels to set.
+        #[arg(value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        /// Hide this key (even the agent's own).
+        #[arg(long, value_name = "KEY")]
+        remove: Vec<String>,
+        /// Back to the agent's own value of this key.
+        #[arg(long, value_name = "KEY")]
+        reset: Vec<String>,
+        /// Tenant (default: the operator certificate's, or `default`).
+        #[arg(long, default_value = "")]
+        tenant: String,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget an agent: your tenant's deliveries to it and labels on it;
+    /// its whole record when no other tenant uses it (a connected agent is
+    /// disconnected and comes back as new). Packs are not withdrawn.
+    Forget {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Agent id.
+        agent: String,
+        /// Tenant (default: the operator certificate's; without identities,
+        /// the whole fleet's).
+        #[arg(long, default_value = "")]
+        tenant: String,
     },
 }
 
@@ -314,8 +362,47 @@ fn main() -> ExitCode {
         Command::Packs { conn, json } => operator(&mut err, async move {
             ops::packs(&conn.conn()?, json, &mut std::io::stdout()).await
         }),
-        Command::Agents { conn, json } => operator(&mut err, async move {
+        Command::Agents {
+            conn,
+            json,
+            cmd: None,
+        } => operator(&mut err, async move {
             ops::agents(&conn.conn()?, json, &mut std::io::stdout()).await
+        }),
+        Command::Agents {
+            cmd:
+                Some(AgentsCmd::Label {
+                    conn,
+                    agent,
+                    labels,
+                    remove,
+                    reset,
+                    tenant,
+                    json,
+                }),
+            ..
+        } => operator(&mut err, async move {
+            let change = ops::LabelChange::parse(&labels, &remove, &reset)?;
+            ops::label_agent(
+                &conn.conn()?,
+                &agent,
+                &tenant,
+                change,
+                json,
+                &mut std::io::stdout(),
+            )
+            .await
+        }),
+        Command::Agents {
+            cmd:
+                Some(AgentsCmd::Forget {
+                    conn,
+                    agent,
+                    tenant,
+                }),
+            ..
+        } => operator(&mut err, async move {
+            ops::forget_agent(&conn.conn()?, &agent, &tenant, &mut std::io::stdout()).await
         }),
         Command::Watch {
             conn,

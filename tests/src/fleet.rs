@@ -310,7 +310,7 @@ pub struct Agent {
     pub url: String,
     labels: Vec<String>,
     tls: Option<AgentTls>,
-    clock_args: Vec<String>,
+    extra: Vec<String>,
 }
 
 /// An agent's certificate, key and CA (`--cert`, `--key`, `--ca`).
@@ -332,9 +332,9 @@ pub fn start_agent(dir: &Path, id: &str, url: &str, labels: &[&str]) -> Agent {
     spawn_agent(dir, id, url, &labels, None, &[])
 }
 
-/// [`start_agent`] (plaintext) with these clock flags instead of the
-/// default `--system-clock reference` (e.g. `--system-clock untrusted`:
-/// the agent must sync through the link, NTP or PTP).
+/// [`start_agent`] (plaintext) with more `run` flags; with
+/// `--system-clock` among them (e.g. `untrusted`: the agent must sync
+/// through the link, NTP or PTP) instead of the default `reference`.
 pub fn start_agent_clock(dir: &Path, id: &str, url: &str, clock_args: &[&str]) -> Agent {
     let args: Vec<String> = clock_args.iter().map(|s| s.to_string()).collect();
     spawn_agent(dir, id, url, &[], None, &args)
@@ -342,8 +342,21 @@ pub fn start_agent_clock(dir: &Path, id: &str, url: &str, clock_args: &[&str]) -
 
 /// [`start_agent`] over mTLS (`url` is `https://`).
 pub fn start_agent_tls(dir: &Path, id: &str, url: &str, labels: &[&str], tls: AgentTls) -> Agent {
+    start_agent_tls_with(dir, id, url, labels, tls, &[])
+}
+
+/// [`start_agent_tls`] with more `baton-agent run` flags (e.g. `--config`).
+pub fn start_agent_tls_with(
+    dir: &Path,
+    id: &str,
+    url: &str,
+    labels: &[&str],
+    tls: AgentTls,
+    extra: &[&str],
+) -> Agent {
     let labels: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
-    spawn_agent(dir, id, url, &labels, Some(tls), &[])
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    spawn_agent(dir, id, url, &labels, Some(tls), &extra)
 }
 
 fn spawn_agent(
@@ -352,7 +365,7 @@ fn spawn_agent(
     url: &str,
     labels: &[String],
     tls: Option<AgentTls>,
-    clock_args: &[String],
+    extra: &[String],
 ) -> Agent {
     std::fs::create_dir_all(dir).expect("agent dir");
     let data = dir.join("data");
@@ -366,10 +379,8 @@ fn spawn_agent(
     // One host: its clock is the controller's, reference time. The clock
     // tests start agents that must sync (`--system-clock untrusted`).
     cmd.args(["run", "--no-rt", "--id", id, "--controller", url]);
-    if clock_args.is_empty() {
+    if !extra.iter().any(|a| a == "--system-clock") {
         cmd.args(["--system-clock", "reference"]);
-    } else {
-        cmd.args(clock_args);
     }
     match &tls {
         None => {
@@ -391,6 +402,7 @@ fn spawn_agent(
     for l in labels {
         cmd.args(["--label", l]);
     }
+    cmd.args(extra);
     let proc = cmd
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -406,7 +418,7 @@ fn spawn_agent(
         url: url.to_string(),
         labels: labels.to_vec(),
         tls,
-        clock_args: clock_args.to_vec(),
+        extra: extra.to_vec(),
     }
 }
 
@@ -427,7 +439,7 @@ impl Agent {
             &self.url,
             &self.labels,
             self.tls.clone(),
-            &self.clock_args,
+            &self.extra,
         );
         *self = next;
     }

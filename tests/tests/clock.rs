@@ -119,12 +119,17 @@ fn with_no_clock_source_absolute_packs_wait_and_interval_packs_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
     let cfg = dir.path().join("agent.yaml");
-    std::fs::write(&cfg, "clock:\n  system: untrusted\n  link: false\n").expect("config");
+    std::fs::write(&cfg, "clock:\n  link: false\n").expect("config");
     let mut a = start_agent_clock(
         &dir.path().join("a1"),
         "a1",
         &c.url,
-        &["--config", cfg.to_str().expect("utf-8")],
+        &[
+            "--system-clock",
+            "untrusted",
+            "--config",
+            cfg.to_str().expect("utf-8"),
+        ],
     );
     assert!(
         wait_until(WAIT, || agent_clock(&c, "a1").is_some_and(|a| {
@@ -163,7 +168,7 @@ fn with_no_clock_source_absolute_packs_wait_and_interval_packs_run() {
     // The same agent with the link's time exchange: once locked, the
     // pending pack is delivered by the controller's retries.
     a.kill9();
-    std::fs::write(&cfg, "clock:\n  system: untrusted\n").expect("config");
+    std::fs::write(&cfg, "clock:\n  link: true\n").expect("config");
     a.restart();
     assert!(
         wait_until(WAIT, || c

@@ -168,3 +168,178 @@ fn tenants_see_only_their_own_and_roles_gate_changes() {
     // plant-a's admin does not see plant-b's records.
     assert!(log.iter().all(|r| r["tenant"] == "plant-a"), "{log:?}");
 }
+
+fn pack_to(dir: &Path, tenant: &str, name: &str, targets: &str, line: u32) -> PathBuf {
+    let p = dir.join(format!("{tenant}-{name}.yaml"));
+    std::fs::write(
+        &p,
+        format!(
+            "pack: {name}\nversion: 1\ntenant: {tenant}\ntargets: {targets}\n\
+             safe_state:\n  - {{action: gpio.write, params: {{line: {line}, value: 0}}}}\n\
+             instructions:\n  - {{id: tick, action: gpio.toggle, params: {{line: {line}}}, every: 200ms}}\n"
+        ),
+    )
+    .expect("write pack");
+    p
+}
+
+/// Packs (tenant, pack) agent `id` holds, as `who` sees them.
+fn held(
+    c: &baton_e2e::fleet::Controller,
+    who: &(PathBuf, PathBuf),
+    id: &str,
+) -> Vec<(String, String)> {
+    let o = c.ctl_as(who, &["agents", "--json"]);
+    json_lines(&o.stdout)
+        .iter()
+        .filter(|a| a["id"] == id)
+        .flat_map(|a| a["packs"].as_array().cloned().unwrap_or_default())
+        .filter(|p| p["stopped"] == false)
+        .map(|p| {
+            (
+                p["tenant"].as_str().unwrap_or("").to_string(),
+                p["pack"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn admins_label_and_forget_agents_of_their_tenant_and_revocations_are_audited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::init(&dir.path().join("ca"));
+    let ada = ca.operator("ada", "plant-a", "admin");
+    let ann = ca.operator("ann", "plant-a", "operator");
+    let bea = ca.operator("bea", "plant-b", "admin");
+    let c = start_controller_tls(
+        &dir.path().join("ctl"),
+        "127.0.0.1:0",
+        ControllerTls {
+            dir: ca.dir.clone(),
+            operator: ada.clone(),
+            serve_args: Vec::new(),
+        },
+    );
+    let tls = |name: &str| ca.agent_tls(ca.agent(name, &[]));
+    let a1 = start_agent_tls(&dir.path().join("a1"), "a1", &c.url, &["line=3"], tls("a1"));
+    let b1 = start_agent_tls(&dir.path().join("b1"), "b1", &c.url, &["line=3"], tls("b1"));
+    let connects = |id: &str| {
+        c.log()
+            .lines()
+            .filter(|l| l.contains("agent connected") && l.contains(&format!("agent={id}")))
+            .count()
+    };
+    assert!(
+        wait_until(WAIT, || connects("a1") == 1 && connects("b1") == 1),
+        "{}\n{}",
+        a1.log(),
+        b1.log()
+    );
+    let path = |p: PathBuf| p.to_str().expect("utf-8").to_string();
+    let base = path(pack_to(dir.path(), "plant-a", "base", "{agents: [a1]}", 1));
+    let press = path(pack_to(
+        dir.path(),
+        "plant-a",
+        "press",
+        "{labels: {line: \"4\"}}",
+        2,
+    ));
+    let other = path(pack_to(dir.path(), "plant-b", "other", "{agents: [b1]}", 1));
+    for (who, p) in [(&ada, &base), (&ada, &press), (&bea, &other)] {
+        let o = c.ctl_as(who, &["push", "--no-wait", p]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let a = |p: &str| ("plant-a".to_string(), p.to_string());
+    assert!(wait_until(WAIT, || held(&c, &ada, "a1") == [a("base")]));
+
+    // Only admins label; an agent the tenant does not see is "no agent",
+    // word for word like one that does not exist.
+    let o = c.ctl_as(&ann, &["agents", "label", "a1", "line=4"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("PermissionDenied"), "{}", text(&o));
+    let o = c.ctl_as(&ada, &["agents", "label", "b1", "line=4"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let hidden = text(&o);
+    let o = c.ctl_as(&ada, &["agents", "label", "zz", "line=4"]);
+    assert_eq!(hidden.replace("b1", "X"), text(&o).replace("zz", "X"));
+    assert!(!hidden.contains("plant-b"), "{hidden}");
+    let o = c.ctl_as(&ada, &["agents", "forget", "b1"]);
+    assert!(
+        !o.status.success() && text(&o).contains("no agent b1"),
+        "{}",
+        text(&o)
+    );
+
+    // line=4 for plant-a's packs: `press` now targets a1 and is delivered.
+    let o = c.ctl_as(&ada, &["agents", "label", "a1", "line=4", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = &json_lines(&o.stdout)[0];
+    assert_eq!(r["labels"]["line"], "4", "{r}");
+    assert_eq!(r["agent_labels"]["line"], "3", "{r}");
+    assert!(
+        wait_until(WAIT, || held(&c, &ada, "a1") == [a("base"), a("press")]),
+        "{:?}\n{}",
+        held(&c, &ada, "a1"),
+        c.log()
+    );
+    // `agents` shows the labels plant-a's packs target on.
+    let o = c.ctl_as(&ada, &["agents", "--json"]);
+    let ours = json_lines(&o.stdout);
+    assert_eq!(ours[0]["labels"]["line"], "4");
+    // Hiding the key untargets `press`: the agent drops it.
+    let o = c.ctl_as(&ada, &["agents", "label", "a1", "--remove", "line"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        wait_until(WAIT, || held(&c, &ada, "a1") == [a("base")]),
+        "{:?}",
+        held(&c, &ada, "a1")
+    );
+
+    // Forget a1 (only plant-a uses it): its record goes, its stream is
+    // closed, and it comes back with a new hello.
+    let o = c.ctl_as(&ada, &["agents", "forget", "a1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("stream was closed"), "{}", text(&o));
+    assert!(wait_until(WAIT, || connects("a1") == 2), "{}", c.log());
+    // Its labels went with it: line=3 again, and `base` still targets it.
+    assert!(wait_until(WAIT, || held(&c, &ada, "a1") == [a("base")]));
+    let o = c.ctl_as(&ada, &["agents", "--json"]);
+    assert_eq!(json_lines(&o.stdout)[0]["labels"]["line"], "3");
+
+    // A revocation made with `ca revoke` shows in the audit log once the
+    // controller picks it up: in plant-b's (b1 holds its pack), not
+    // plant-a's.
+    ca.revoke("b1");
+    let revoked = |who: &(PathBuf, PathBuf)| {
+        let o = c.ctl_as(who, &["audit", "--json"]);
+        json_lines(&o.stdout).into_iter().any(|r| {
+            r["action"] == "revoke"
+                && r["who"] == "ca"
+                && r["target"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("agent b1 (serial "))
+        })
+    };
+    assert!(wait_until(WAIT, || revoked(&bea)), "{}", c.log());
+    assert!(!revoked(&ada));
+
+    // Every label and forget, refused ones too, is audited for plant-a.
+    let o = c.ctl_as(&ada, &["audit", "--json"]);
+    let log = json_lines(&o.stdout);
+    let has = |who: &str, action: &str, ok: bool| {
+        log.iter()
+            .any(|r| r["who"] == who && r["action"] == action && (r["result"] == "ok") == ok)
+    };
+    assert!(has("ann", "label", false), "{log:?}");
+    assert!(has("ada", "label", false), "{log:?}");
+    assert!(has("ada", "label", true), "{log:?}");
+    assert!(has("ada", "forget", false), "{log:?}");
+    assert!(has("ada", "forget", true), "{log:?}");
+    assert!(log.iter().all(|r| r["tenant"] == "plant-a"), "{log:?}");
+    assert!(
+        !o.stdout.is_empty() && !text(&o).contains("plant-b"),
+        "{log:?}"
+    );
+}

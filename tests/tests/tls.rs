@@ -10,7 +10,9 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use baton_e2e::fleet::{AgentTls, Ca, Controller, start_agent_tls, start_mtls};
+use baton_e2e::fleet::{
+    AgentTls, Ca, Controller, json_lines, start_agent_tls, start_agent_tls_with, start_mtls,
+};
 use baton_e2e::{bin, run, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -84,6 +86,113 @@ fn push_ack_and_feedback_over_mtls() {
     );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--insecure"), "{}", stderr(&o));
+}
+
+/// Defence in depth: whatever the controller sends, the agent checks its
+/// own GPIO line and exec allowlists. A pack pushed through the controller
+/// over mTLS naming a line or a program outside them is nacked by the agent
+/// (refused, with its message), nothing of it fires, and the
+/// controller shows the nack; an allowed pack on the same agent runs.
+#[test]
+fn the_agent_re_checks_its_allowlists_on_pushed_packs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, c) = start_mtls(dir.path(), "ann", &[]);
+    let cfg = dir.path().join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        "allowed-lines: [\"gpiochip0:12\"]\nexec-allowlist: [/usr/bin/true]\n",
+    )
+    .expect("write config");
+    let a = start_agent_tls_with(
+        &dir.path().join("g1"),
+        "g1",
+        &c.url,
+        &[],
+        ca.agent_tls(ca.agent("g1", &[])),
+        &["--config", cfg.to_str().expect("utf-8")],
+    );
+    assert!(
+        wait_until(WAIT, || c.connected("g1")),
+        "agent never connected; agent log:\n{}\ncontroller log:\n{}",
+        a.log(),
+        c.log()
+    );
+    let marker = dir.path().join("ran");
+    let write = |name: &str, yaml: String| {
+        let p = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&p, yaml).expect("write pack");
+        p.to_str().expect("utf-8").to_string()
+    };
+    let relay = write("relay", blink("relay", "{agents: [g1]}", 17));
+    let touch = write(
+        "touch",
+        format!(
+            "pack: touch\nversion: 1\ntargets: {{agents: [g1]}}\ninstructions:\n  - {{id: mark, action: exec, params: {{program: /usr/bin/touch, args: [{}]}}, every: 200ms}}\n",
+            marker.display()
+        ),
+    );
+    for (file, instruction, message) in [
+        (&relay, "tick", "not on the agent's allowlist"),
+        (
+            &touch,
+            "mark",
+            "\"/usr/bin/touch\" refused: not on the agent's exec allowlist",
+        ),
+    ] {
+        // The controller's own checks pass: only the agent can refuse.
+        let o = c.ctl(&["push", "--json", file]);
+        assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+        let events = json_lines(&o.stdout);
+        let d = events
+            .iter()
+            .find(|e| e["event"] == "delivery" && e["agent"] == "g1")
+            .unwrap_or_else(|| panic!("no delivery: {}", stdout(&o)));
+        assert_eq!(d["state"], "nacked", "{d}");
+        // A refusal at admission (not a parse error): the agent's message,
+        // naming the instruction, is the delivery's reason.
+        let reason = d["reason"].as_str().unwrap_or("");
+        assert!(
+            reason.contains(&format!("instruction `{instruction}`")) && reason.contains(message),
+            "{d}"
+        );
+    }
+    // `packs` counts both nacks.
+    let packs = json_lines(&c.ctl(&["packs", "--json"]).stdout);
+    for name in ["relay", "touch"] {
+        let p = packs
+            .iter()
+            .find(|p| p["pack"] == name)
+            .unwrap_or_else(|| panic!("{name} not listed: {packs:?}"));
+        assert_eq!(
+            (p["nacked"].as_u64(), p["acked"].as_u64()),
+            (Some(1), Some(0)),
+            "{p}"
+        );
+    }
+    // An allowed pack runs on the same agent; the refused ones never did.
+    let ok = write("ok", blink("ok", "{agents: [g1]}", 12));
+    let o = c.ctl(&["push", &ok]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        wait_until(WAIT, || a
+            .writes()
+            .iter()
+            .filter(|w| w["line"] == 12)
+            .count()
+            >= 3),
+        "allowed pack never fired; agent log:\n{}",
+        a.log()
+    );
+    assert!(
+        a.writes().iter().all(|w| w["line"] == 12),
+        "{:?}",
+        a.writes()
+    );
+    assert!(!marker.exists(), "the refused program ran");
+    assert!(
+        c.feedback("relay").is_empty() && c.feedback("touch").is_empty(),
+        "feedback of refused packs"
+    );
 }
 
 #[test]

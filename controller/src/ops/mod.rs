@@ -1,5 +1,6 @@
 //! Operator subcommands that talk to a running controller: `push`,
-//! `cancel`, `packs`, `agents`, `watch`, `feedback`. Readable tables by
+//! `cancel`, `packs`, `agents` (and `agents label`, `agents forget`),
+//! `watch`, `feedback`, `audit`. Readable tables by
 //! default; `--json` prints one object per line.
 //!
 //! The controller is reached over mTLS (`https://`, with `--cert`,
@@ -19,7 +20,9 @@ use std::path::PathBuf;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use push::{PushOpts, push};
-pub use query::{agents, audit, cancel, clock, feedback, packs, watch};
+pub use query::{
+    LabelChange, agents, audit, cancel, clock, feedback, forget_agent, label_agent, packs, watch,
+};
 
 use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 

@@ -1,4 +1,5 @@
-//! `cancel`, `packs`, `agents`, `watch`, `feedback`.
+//! `cancel`, `packs`, `agents` (`label`, `forget`), `watch`, `feedback`,
+//! `audit`.
 
 use std::io::Write;
 
@@ -389,6 +390,124 @@ pub async fn audit(
             &rows,
         ),
     )
+}
+
+/// What `agents label` changes.
+#[derive(Clone, Debug, Default)]
+pub struct LabelChange {
+    /// `k=v` to set.
+    pub set: Vec<(String, String)>,
+    /// Keys to hide.
+    pub remove: Vec<String>,
+    /// Keys back to the agent's own.
+    pub reset: Vec<String>,
+}
+
+impl LabelChange {
+    /// From the command line: `k=v` words, `--remove k`, `--reset k`.
+    pub fn parse(set: &[String], remove: &[String], reset: &[String]) -> Result<Self, OpError> {
+        let set = set
+            .iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+                _ => Err(OpError::usage(format!(
+                    "label {kv:?}: expected KEY=VALUE (hide a key with --remove KEY)"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if set.is_empty() && remove.is_empty() && reset.is_empty() {
+            return Err(OpError::usage(
+                "nothing to change: give KEY=VALUE, --remove KEY or --reset KEY",
+            ));
+        }
+        Ok(LabelChange {
+            set,
+            remove: remove.to_vec(),
+            reset: reset.to_vec(),
+        })
+    }
+}
+
+fn kv_list(m: &std::collections::HashMap<String, String>) -> String {
+    let mut kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    kv.sort();
+    if kv.is_empty() {
+        "(none)".into()
+    } else {
+        kv.join(", ")
+    }
+}
+
+/// `agents label AGENT k=v... [--remove k] [--reset k] [--tenant T]`.
+pub async fn label_agent(
+    conn: &Conn,
+    agent: &str,
+    tenant: &str,
+    change: LabelChange,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .label_agent(wire::LabelAgentRequest {
+            agent_id: agent.into(),
+            tenant: tenant.into(),
+            set: change.set.into_iter().collect(),
+            remove: change.remove,
+            reset: change.reset,
+        })
+        .await?
+        .into_inner();
+    if json {
+        return line(
+            out,
+            &format!(
+                "{}\n",
+                serde_json::json!({
+                    "id": r.agent_id, "tenant": r.tenant,
+                    "labels": r.labels, "agent_labels": r.agent_labels,
+                })
+            ),
+        );
+    }
+    line(
+        out,
+        &format!(
+            "agent {}: packs of tenant {} now target on {} (the agent's own: {})\n",
+            r.agent_id,
+            r.tenant,
+            kv_list(&r.labels),
+            kv_list(&r.agent_labels)
+        ),
+    )
+}
+
+/// `agents forget AGENT [--tenant T]`.
+pub async fn forget_agent(
+    conn: &Conn,
+    agent: &str,
+    tenant: &str,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .forget_agent(wire::ForgetAgentRequest {
+            agent_id: agent.into(),
+            tenant: tenant.into(),
+        })
+        .await?
+        .into_inner();
+    let what = if r.record_deleted {
+        "forgotten (its record, deliveries and labels)"
+    } else {
+        "forgotten by this tenant (its deliveries and labels; other tenants still use it)"
+    };
+    let conn_note = if r.disconnected {
+        "; its stream was closed"
+    } else {
+        ""
+    };
+    line(out, &format!("agent {}: {what}{conn_note}\n", r.agent_id))
 }
 
 /// One agent's clock history: `clock AGENT`.

@@ -2,8 +2,9 @@
 //!
 //! An operator acts in one tenant (from its certificate): it sees only that
 //! tenant's packs, deliveries and feedback, and only the agents that hold
-//! or are targeted by that tenant's packs. `viewer` reads; `operator` also
-//! pushes and cancels; `admin` also reads the audit log. A plaintext
+//! or are targeted by that tenant's packs (or carry its operator labels).
+//! `viewer` reads; `operator` also pushes and cancels; `admin` also reads
+//! the audit log and manages agents (labels, forget). A plaintext
 //! controller (`--insecure`) has no identities: every caller acts for every
 //! tenant. Refusals never name another tenant's packs or agents: a pack of
 //! another tenant is "not found", exactly like one that does not exist.
@@ -78,6 +79,18 @@ impl Caller {
         }
     }
 
+    /// Labelling and forgetting agents needs role `admin`.
+    pub fn may_manage_agents(&self) -> Result<(), Status> {
+        match self.role() {
+            Role::Admin => Ok(()),
+            r => Err(Status::permission_denied(format!(
+                "{}: role {} may not label or forget agents (role admin may)",
+                self.who,
+                r.as_str()
+            ))),
+        }
+    }
+
     /// Who, tenant and role as the audit log records them.
     pub fn audit_fields(&self, tenant: &str) -> (String, String, String) {
         match &self.who {
@@ -90,7 +103,8 @@ impl Caller {
     }
 
     /// The agents the caller may see: every agent without a tenant;
-    /// otherwise those holding or targeted by a live pack of its tenant.
+    /// otherwise those holding or targeted by a live pack of its tenant,
+    /// or carrying its operator labels.
     pub fn visible_agents(&self, agents: &[AgentRow], packs: &[PackRow]) -> HashSet<String> {
         let Some(t) = self.tenant() else {
             return agents.iter().map(|a| a.id.clone()).collect();
@@ -99,15 +113,25 @@ impl Caller {
             .iter()
             .filter(|a| {
                 a.held.iter().any(|h| h.tenant == t)
+                    || a.overrides.contains_key(t)
                     || packs.iter().any(|p| {
-                        p.latest.tenant == t
-                            && p.cancelled_ns.is_none()
-                            && p.latest.targets.matches(&a.id, &a.labels)
+                        p.latest.tenant == t && p.cancelled_ns.is_none() && a.targeted_by(&p.latest)
                     })
             })
             .map(|a| a.id.clone())
             .collect()
     }
+}
+
+/// Whether a tenant other than `tenant` uses the agent: holds one of its
+/// packs on it, targets it with a live pack, or has labels on it. Such an
+/// agent's record is not `tenant`'s alone to forget.
+pub fn used_by_other_tenant(agent: &AgentRow, packs: &[PackRow], tenant: &str) -> bool {
+    agent.held.iter().any(|h| h.tenant != tenant)
+        || agent.overrides.keys().any(|t| t != tenant)
+        || packs.iter().any(|p| {
+            p.latest.tenant != tenant && p.cancelled_ns.is_none() && agent.targeted_by(&p.latest)
+        })
 }
 
 #[cfg(test)]
@@ -139,6 +163,8 @@ mod tests {
         assert!(op("plant-a", Role::Operator).may_change().is_ok());
         assert!(op("plant-a", Role::Operator).may_audit().is_err());
         assert!(op("plant-a", Role::Admin).may_audit().is_ok());
+        assert!(op("plant-a", Role::Operator).may_manage_agents().is_err());
+        assert!(op("plant-a", Role::Admin).may_manage_agents().is_ok());
         let open = Caller {
             who: Identity::Insecure,
         };
@@ -166,6 +192,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             clock: None,
+            overrides: Default::default(),
         };
         let agents = [
             agent("x", Some("plant-a")),
@@ -191,5 +218,16 @@ mod tests {
         assert_eq!(seen, ["x", "y"]);
         let seen = op("plant-b", Role::Viewer).visible_agents(&agents, &packs);
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["z"]);
+        // x holds only plant-a's packs, y is targeted only by them.
+        assert!(!used_by_other_tenant(&agents[0], &packs, "plant-a"));
+        assert!(!used_by_other_tenant(&agents[1], &packs, "plant-a"));
+        assert!(used_by_other_tenant(&agents[1], &packs, "plant-b"));
+        assert!(used_by_other_tenant(&agents[2], &packs, "plant-a"));
+        // Labels of plant-b on y make it visible to plant-b, and used by it.
+        let mut y = agents[1].clone();
+        y.overrides.insert("plant-b".into(), Default::default());
+        assert!(used_by_other_tenant(&y, &[], "plant-a"));
+        let seen = op("plant-b", Role::Viewer).visible_agents(&[y], &packs);
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["y"]);
     }
 }

@@ -3,8 +3,8 @@
 //! operator who saw "pushed" can rely on it surviving a controller crash.
 //!
 //! Every call starts with the caller ([`Caller`]): its tenant confines what
-//! it sees, its role what it may change; pushes and cancels, refused ones
-//! included, go to the audit log before the answer.
+//! it sees, its role what it may change; pushes, cancels, label changes and
+//! forgets, refused ones included, go to the audit log before the answer.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,13 +16,14 @@ use tokio::sync::broadcast;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::access::Caller;
+use super::access::{Caller, used_by_other_tenant};
 use super::convert;
 use super::hub::SessionCmd;
 use super::session::holders;
 use super::{Shared, now_ns};
 use crate::store::{
-    AuditRow, DeliveryRow, DeliveryState, FeedbackFilter, PackVersionRow, PutPack, StoreError,
+    AgentRow, AuditRow, DeliveryRow, DeliveryState, FeedbackFilter, LabelOverrides, PackVersionRow,
+    PutPack, StoreError,
 };
 
 /// The Admin service.
@@ -128,7 +129,7 @@ impl AdminService {
         let agents = store.agents().await.map_err(store_status)?;
         let mut told = holders(&agents, &tenant, &req.pack);
         for a in &agents {
-            if p.latest.targets.matches(&a.id, &a.labels) {
+            if a.targeted_by(&p.latest) {
                 told.insert(a.id.clone());
             }
         }
@@ -151,6 +152,132 @@ impl AdminService {
         })
     }
 
+    /// The agent `id` if the caller sees it through `tenant` (every agent
+    /// without identities); otherwise "no agent", word for word like one
+    /// that does not exist.
+    async fn visible_agent(
+        &self,
+        caller: &Caller,
+        tenant: Option<&str>,
+        id: &str,
+    ) -> Result<AgentRow, Status> {
+        let store = &self.shared.store;
+        let missing = || Status::not_found(format!("no agent {id}"));
+        let agent = store
+            .agent(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(missing)?;
+        let Some(t) = tenant.filter(|_| caller.tenant().is_some()) else {
+            return Ok(agent);
+        };
+        let packs = store.packs(Some(t)).await.map_err(store_status)?;
+        if caller
+            .visible_agents(std::slice::from_ref(&agent), &packs)
+            .contains(id)
+        {
+            Ok(agent)
+        } else {
+            Err(missing())
+        }
+    }
+
+    async fn do_label(
+        &self,
+        caller: &Caller,
+        req: wire::LabelAgentRequest,
+    ) -> Result<wire::LabelAgentReply, Status> {
+        caller.may_manage_agents()?;
+        let id = &req.agent_id;
+        let tenant = caller
+            .tenant_of(&req.tenant)
+            .ok_or_else(|| Status::not_found(format!("no agent {id}")))?;
+        convert::check_ident("agent id", id).map_err(|e| Status::invalid_argument(e.0))?;
+        let mut set: LabelOverrides = convert::labels(&req.set)
+            .map_err(|e| Status::invalid_argument(e.0))?
+            .into_iter()
+            .map(|(k, v)| (k, Some(v)))
+            .collect();
+        for k in req.remove.iter().chain(&req.reset) {
+            convert::label_key(k).map_err(|e| Status::invalid_argument(e.0))?;
+            if set.contains_key(k) {
+                return Err(Status::invalid_argument(format!(
+                    "label {k:?} is both set and removed or reset"
+                )));
+            }
+        }
+        for k in &req.remove {
+            set.insert(k.clone(), None);
+        }
+        if set.is_empty() && req.reset.is_empty() {
+            return Err(Status::invalid_argument(
+                "nothing to change: give labels to set (k=v), remove or reset",
+            ));
+        }
+        self.visible_agent(caller, Some(&tenant), id).await?;
+        let a = self
+            .shared
+            .store
+            .label_agent(id, &tenant, set, req.reset.clone())
+            .await
+            .map_err(store_status)?;
+        // The agent's stream re-reads its labels and reconciles (a pack may
+        // now target it, or no longer); offline, its next hello does.
+        self.shared.hub.send(id, SessionCmd::Relabelled);
+        tracing::info!(agent = %id, tenant = %tenant, "agent labels changed");
+        Ok(wire::LabelAgentReply {
+            agent_id: id.clone(),
+            labels: a.labels_for(&tenant).into_owned().into_iter().collect(),
+            agent_labels: a.labels.into_iter().collect(),
+            tenant,
+        })
+    }
+
+    async fn do_forget(
+        &self,
+        caller: &Caller,
+        req: wire::ForgetAgentRequest,
+    ) -> Result<wire::ForgetAgentReply, Status> {
+        caller.may_manage_agents()?;
+        let id = &req.agent_id;
+        // Without identities and without a tenant named: the whole fleet's.
+        let tenant = match (caller.tenant(), req.tenant.as_str()) {
+            (None, "") => None,
+            _ => Some(
+                caller
+                    .tenant_of(&req.tenant)
+                    .ok_or_else(|| Status::not_found(format!("no agent {id}")))?,
+            ),
+        };
+        let agent = self.visible_agent(caller, tenant.as_deref(), id).await?;
+        let store = &self.shared.store;
+        let whole = match &tenant {
+            None => true,
+            Some(t) => {
+                let packs = store.packs(None).await.map_err(store_status)?;
+                !used_by_other_tenant(&agent, &packs, t)
+            }
+        };
+        let mut disconnected = false;
+        if whole {
+            // Close the stream first, so that it writes nothing after.
+            disconnected = self.shared.hub.send(id, SessionCmd::Forgotten);
+            store.forget_agent(id, None).await.map_err(store_status)?;
+        } else {
+            store
+                .forget_agent(id, tenant.as_deref())
+                .await
+                .map_err(store_status)?;
+            self.shared.hub.send(id, SessionCmd::Relabelled);
+        }
+        tracing::info!(agent = %id, whole, disconnected, "agent forgotten");
+        Ok(wire::ForgetAgentReply {
+            agent_id: id.clone(),
+            record_deleted: whole,
+            disconnected,
+        })
+    }
+
     /// Store a pack version, then its deliveries, then send it.
     async fn deliver(&self, row: PackVersionRow, now: RefTime) -> Result<wire::PushReply, Status> {
         let store = &self.shared.store;
@@ -163,7 +290,7 @@ impl AdminService {
             .await
             .map_err(store_status)?;
         for a in &agents {
-            if row.targets.matches(&a.id, &a.labels) {
+            if a.targeted_by(&row) {
                 targeted.push(a.id.clone());
                 let known = existing.iter().any(|d| d.agent_id == a.id);
                 if put == PutPack::Unchanged && known {
@@ -232,7 +359,9 @@ fn store_status(e: StoreError) -> Status {
         StoreError::VersionTaken { .. } | StoreError::VersionOlder { .. } => {
             Status::failed_precondition(e.to_string())
         }
-        StoreError::NoSuchPack { .. } => Status::not_found(e.to_string()),
+        StoreError::NoSuchPack { .. } | StoreError::NoSuchAgent { .. } => {
+            Status::not_found(e.to_string())
+        }
         StoreError::Backend(_) | StoreError::Closed => Status::unavailable(e.to_string()),
     }
 }
@@ -356,7 +485,12 @@ impl wire::admin_server::Admin for AdminService {
             .map(|a| wire::AgentSummary {
                 connected: self.shared.hub.is_connected(&a.id),
                 lateness_p99_ns: self.shared.lateness_p99(&a.id),
-                labels: a.labels.into_iter().collect(),
+                // As the caller's tenant's packs target on them.
+                labels: a
+                    .labels_for(caller.tenant().unwrap_or("default"))
+                    .into_owned()
+                    .into_iter()
+                    .collect(),
                 agent_version: a.agent_version,
                 last_seen_ns: a.last_seen_ns,
                 clock: a.clock.as_ref().map(convert::clock_to_wire),
@@ -434,22 +568,25 @@ impl wire::admin_server::Admin for AdminService {
         let (caller, serial) = self.caller(request.extensions())?;
         let req = request.into_inner();
         let pack = nonempty(&req.pack);
-        let (tenant, agents) = match caller.tenant() {
+        let (tenant, mut agents) = match caller.tenant() {
             None => (nonempty(&req.tenant), None),
             Some(own) => {
                 if !req.tenant.is_empty() && req.tenant != own {
                     return Err(Status::not_found(format!("no tenant {}", req.tenant)));
                 }
-                // Agent events of the agents visible now.
-                let store = &self.shared.store;
-                let all = store.agents().await.map_err(store_status)?;
-                let packs = store.packs(Some(own)).await.map_err(store_status)?;
+                // Agent events of the agents visible now; the set follows
+                // deliveries of the tenant's packs to other agents at once,
+                // and is read again from the store every WATCH_REFRESH.
                 (
                     Some(own.to_string()),
-                    Some(caller.visible_agents(&all, &packs)),
+                    Some(visible_now(&self.shared, &caller, own).await?),
                 )
             }
         };
+        let shared = self.shared.clone();
+        let mut refresh =
+            tokio::time::interval_at(tokio::time::Instant::now() + WATCH_REFRESH, WATCH_REFRESH);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rx = self.shared.events.subscribe();
         // A watcher whose certificate is revoked is cut off within seconds.
         let mut revoked = self.shared.revoked.subscribe();
@@ -463,8 +600,13 @@ impl wire::admin_server::Admin for AdminService {
             loop {
                 let ev = tokio::select! {
                     r = rx.recv() => match r {
-                        Ok(ev) if visible(&ev, tenant.as_deref(), pack.as_deref(), agents.as_ref()) => ev,
-                        Ok(_) => continue,
+                        Ok(ev) => {
+                            learn(&mut agents, &ev, tenant.as_deref());
+                            if !visible(&ev, tenant.as_deref(), pack.as_deref(), agents.as_ref()) {
+                                continue;
+                            }
+                            ev
+                        }
                         Err(broadcast::error::RecvError::Lagged(n)) => wire::WatchEvent {
                             body: Some(Ev::Lagged(n)),
                         },
@@ -472,6 +614,15 @@ impl wire::admin_server::Admin for AdminService {
                     },
                     _ = shutdown.changed() => return,
                     _ = tx.closed() => return,
+                    _ = refresh.tick(), if agents.is_some() => {
+                        if let Some(t) = tenant.as_deref() {
+                            match visible_now(&shared, &caller, t).await {
+                                Ok(now) => agents = Some(now),
+                                Err(e) => tracing::warn!("watch: agents not re-read: {}", e.message()),
+                            }
+                        }
+                        continue;
+                    }
                     r = revoked.changed(), if serial.is_some() => {
                         if r.is_err() {
                             return;
@@ -573,6 +724,84 @@ impl wire::admin_server::Admin for AdminService {
                 .collect(),
         }))
     }
+
+    async fn label_agent(
+        &self,
+        request: Request<wire::LabelAgentRequest>,
+    ) -> Result<Response<wire::LabelAgentReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let req = request.into_inner();
+        let named = audit_tenant(&caller, &req.tenant);
+        let mut what: Vec<String> = req.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        what.sort();
+        what.extend(req.remove.iter().map(|k| format!("-{k}")));
+        what.extend(req.reset.iter().map(|k| format!("reset {k}")));
+        let target = format!("agent {}: {}", req.agent_id, what.join(" "));
+        let r = self.do_label(&caller, req).await;
+        self.record(&caller, &named, "label", &target, r)
+            .await
+            .map(Response::new)
+    }
+
+    async fn forget_agent(
+        &self,
+        request: Request<wire::ForgetAgentRequest>,
+    ) -> Result<Response<wire::ForgetAgentReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let req = request.into_inner();
+        let named = audit_tenant(&caller, &req.tenant);
+        let id = req.agent_id.clone();
+        let r = self.do_forget(&caller, req).await;
+        let target = match &r {
+            Ok(f) if f.record_deleted => format!("agent {id} (whole record)"),
+            Ok(_) => format!("agent {id} (this tenant's deliveries and labels)"),
+            Err(_) => format!("agent {id}"),
+        };
+        self.record(&caller, &named, "forget", &target, r)
+            .await
+            .map(Response::new)
+    }
+}
+
+/// The tenant an audit record of a request names: the one asked for, else
+/// the caller's (`default` without identities). A tenant operator naming
+/// another tenant is recorded under its own (the other name is not its to
+/// read back).
+fn audit_tenant(caller: &Caller, requested: &str) -> String {
+    match (caller.tenant(), requested) {
+        (Some(own), _) => own.to_string(),
+        (None, "") => "default".to_string(),
+        (None, r) => r.to_string(),
+    }
+}
+
+/// How often a tenant's watcher reads again which agents it sees.
+const WATCH_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The agents `caller` sees through tenant `t`'s packs, now.
+async fn visible_now(
+    shared: &Shared,
+    caller: &Caller,
+    t: &str,
+) -> Result<std::collections::HashSet<String>, Status> {
+    let all = shared.store.agents().await.map_err(store_status)?;
+    let packs = shared.store.packs(Some(t)).await.map_err(store_status)?;
+    Ok(caller.visible_agents(&all, &packs))
+}
+
+/// A delivery of the watcher's tenant to an agent makes that agent visible
+/// to it (its pack targets it now).
+fn learn(
+    agents: &mut Option<std::collections::HashSet<String>>,
+    ev: &wire::WatchEvent,
+    tenant: Option<&str>,
+) {
+    if let (Some(set), Some(Ev::Delivery(d)), Some(t)) = (agents.as_mut(), &ev.body, tenant)
+        && d.pack.as_ref().is_some_and(|p| p.tenant == t)
+        && !set.contains(&d.agent_id)
+    {
+        set.insert(d.agent_id.clone());
+    }
 }
 
 /// Whether a watcher filtering on tenant / pack sees this event (agent
@@ -591,4 +820,40 @@ fn visible(
     };
     let Some(r) = r else { return false };
     tenant.is_none_or(|t| r.tenant == t) && pack.is_none_or(|p| r.pack == p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_watch_learns_agents_its_packs_reach() {
+        let delivery = |tenant: &str, agent: &str| wire::WatchEvent {
+            body: Some(Ev::Delivery(wire::Delivery {
+                agent_id: agent.into(),
+                pack: Some(convert::wire_ref(tenant, "p", 1)),
+                ..Default::default()
+            })),
+        };
+        let agent_ev = |agent: &str| wire::WatchEvent {
+            body: Some(Ev::Agent(wire::AgentEvent {
+                agent_id: agent.into(),
+                ..Default::default()
+            })),
+        };
+        let mut seen = Some(std::collections::HashSet::from(["a1".to_string()]));
+        let t = Some("plant-a");
+        assert!(!visible(&agent_ev("a2"), t, None, seen.as_ref()));
+        // Another tenant's delivery to a2 teaches nothing (and is not shown).
+        learn(&mut seen, &delivery("plant-b", "a2"), t);
+        assert!(!visible(&delivery("plant-b", "a2"), t, None, seen.as_ref()));
+        assert!(!visible(&agent_ev("a2"), t, None, seen.as_ref()));
+        // Its own pack reaching a2: a2's events are shown from now on.
+        learn(&mut seen, &delivery("plant-a", "a2"), t);
+        assert!(visible(&agent_ev("a2"), t, None, seen.as_ref()));
+        // Without a tenant every agent is visible; nothing to learn.
+        let mut all = None;
+        learn(&mut all, &delivery("plant-a", "a2"), None);
+        assert!(all.is_none() && visible(&agent_ev("zz"), None, None, None));
+    }
 }

@@ -56,6 +56,20 @@ fn clean_text(s: &str) -> String {
     truncate(s, MAX_TEXT)
 }
 
+/// A label key an operator names: non-empty, bounded, printable.
+pub fn label_key(k: &str) -> Result<(), BadMessage> {
+    if k.is_empty() {
+        return Err(bad("a label with an empty key"));
+    }
+    if k.len() > MAX_LABEL_LEN || k.chars().any(char::is_control) {
+        return Err(bad(format!(
+            "label {:?}: longer than {MAX_LABEL_LEN} bytes or has control characters",
+            truncate(k, 40)
+        )));
+    }
+    Ok(())
+}
+
 /// Labels from a hello: bounded, printable.
 pub fn labels(
     l: &std::collections::HashMap<String, String>,
@@ -151,6 +165,7 @@ pub fn hello(h: &wire::Hello, now_ns: i64) -> Result<AgentRow, BadMessage> {
         last_seen_ns: now_ns,
         held: held(&h.packs)?,
         clock: None,
+        overrides: Default::default(),
     })
 }
 

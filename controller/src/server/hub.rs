@@ -25,6 +25,11 @@ pub enum SessionCmd {
     },
     /// A newer stream for the same agent took over: close this one.
     Replaced,
+    /// An admin changed the agent's labels: re-read them, reconcile.
+    Relabelled,
+    /// An admin forgot the agent: close the stream (it may say hello
+    /// again, as a new agent).
+    Forgotten,
 }
 
 #[derive(Debug)]

@@ -7,6 +7,7 @@
 //! - [`reconcile`]: desired against held, as a pure function;
 //! - [`bucket`]: pacing of pushes (token bucket, sans-IO);
 //! - [`admin`]: the operators' API;
+//! - [`revocations`]: revocations the controller picks up, into the audit log;
 //! - [`convert`]: wire messages to store rows, with every check.
 
 pub mod access;
@@ -15,6 +16,7 @@ pub mod bucket;
 pub mod convert;
 pub mod hub;
 pub mod reconcile;
+pub mod revocations;
 pub mod session;
 pub mod tls;
 
@@ -351,6 +353,10 @@ pub async fn serve(
         Some((state, opts)) => {
             tracing::info!(%addr, dir = %opts.dir.display(), "controller listening (mTLS)");
             tokio::spawn(tls::watch_files(state.clone(), opts.reload_every, stop_rx));
+            tokio::spawn(revocations::audit_revocations(
+                shared.clone(),
+                crate::ca::CaDir::new(&opts.dir),
+            ));
             let (incoming, task) = tls::incoming(listener, state, opts.handshake_timeout);
             accept_task = Some(task);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))

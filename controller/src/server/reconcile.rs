@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::store::{HeldPackRow, PackRow, PackVersionRow};
+use crate::store::{HeldPackRow, LabelOverrides, PackRow, PackVersionRow, labels_for};
 
 /// One thing to do for the agent.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,10 +46,12 @@ pub enum Action {
 /// A (tenant, pack, version) an agent refused for good.
 pub type Refused = HashSet<(String, String, u64)>;
 
-/// The actions for agent `id` with `labels` that holds `held`.
+/// The actions for agent `id` with `labels` (its own) and operator labels
+/// `overrides` (per tenant, for that tenant's packs) that holds `held`.
 pub fn reconcile(
     id: &str,
     labels: &BTreeMap<String, String>,
+    overrides: &BTreeMap<String, LabelOverrides>,
     held: &[HeldPackRow],
     packs: &[PackRow],
     refused: &Refused,
@@ -60,7 +62,10 @@ pub fn reconcile(
         let h = held
             .iter()
             .find(|h| h.tenant == latest.tenant && h.pack == latest.pack);
-        let wanted = p.cancelled_ns.is_none() && latest.targets.matches(id, labels);
+        let wanted = p.cancelled_ns.is_none()
+            && latest
+                .targets
+                .matches(id, &labels_for(labels, overrides, &latest.tenant));
         match (wanted, h) {
             (false, Some(h)) => out.push(Action::Cancel {
                 tenant: h.tenant.clone(),
@@ -140,6 +145,7 @@ mod tests {
         let got = reconcile(
             "x",
             &BTreeMap::new(),
+            &BTreeMap::new(),
             &[held("a", 1), held("b", 3)],
             &packs,
             &Refused::new(),
@@ -160,11 +166,49 @@ mod tests {
         let got = reconcile(
             "x",
             &labels,
+            &BTreeMap::new(),
             &[held("gone", 1), held("moved", 1), held("local", 9)],
             &packs,
             &Refused::new(),
         );
         assert_eq!(names(&got), ["cancel gone v1", "cancel moved v1"]);
+    }
+
+    #[test]
+    fn operator_labels_retarget_for_their_tenant_only() {
+        let mut own = BTreeMap::new();
+        own.insert("line".to_string(), "3".to_string());
+        let want: BTreeMap<String, String> = [("line".to_string(), "4".to_string())].into();
+        let packs = [
+            pack("moved", 1, TargetsRow::Labels(want), false),
+            pack("here", 1, TargetsRow::Labels(own.clone()), false),
+        ];
+        // The default tenant's admin says line=4: `moved` now targets x.
+        let mut o: BTreeMap<String, LabelOverrides> = BTreeMap::new();
+        o.entry("default".into())
+            .or_default()
+            .insert("line".into(), Some("4".into()));
+        let got = reconcile("x", &own, &o, &[held("here", 1)], &packs, &Refused::new());
+        assert_eq!(names(&got), ["push moved v1", "cancel here v1"]);
+        // Hiding the agent's own key untargets both.
+        o.insert("default".into(), [("line".to_string(), None)].into());
+        let got = reconcile("x", &own, &o, &[held("here", 1)], &packs, &Refused::new());
+        assert_eq!(names(&got), ["cancel here v1"]);
+        // Another tenant's labels change nothing for these packs.
+        let mut other: BTreeMap<String, LabelOverrides> = BTreeMap::new();
+        other
+            .entry("plant-b".into())
+            .or_default()
+            .insert("line".into(), Some("4".into()));
+        let got = reconcile(
+            "x",
+            &own,
+            &other,
+            &[held("here", 1)],
+            &packs,
+            &Refused::new(),
+        );
+        assert_eq!(names(&got), ["acked here v1"]);
     }
 
     #[test]
@@ -175,10 +219,24 @@ mod tests {
             pack("n", 1, TargetsRow::Nobody, false),
         ];
         let refused: Refused = [("default".to_string(), "a".to_string(), 2)].into();
-        let got = reconcile("x", &BTreeMap::new(), &[held("b", 5)], &packs, &refused);
+        let got = reconcile(
+            "x",
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &[held("b", 5)],
+            &packs,
+            &refused,
+        );
         assert!(got.is_empty(), "{got:?}");
         // Another agent is not targeted at all.
-        let got = reconcile("y", &BTreeMap::new(), &[], &packs, &Refused::new());
+        let got = reconcile(
+            "y",
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &[],
+            &packs,
+            &Refused::new(),
+        );
         assert!(got.is_empty(), "{got:?}");
     }
 }

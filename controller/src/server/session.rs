@@ -62,6 +62,8 @@ enum End {
     Denied(String),
     /// The stream's certificate was revoked.
     Revoked(String),
+    /// An admin forgot the agent.
+    Forgotten,
 }
 
 impl End {
@@ -81,6 +83,7 @@ impl End {
             End::Revoked(serial) => {
                 Status::permission_denied(format!("certificate {serial} is revoked"))
             }
+            End::Forgotten => Status::aborted("an admin made the controller forget this agent"),
         })
     }
 
@@ -96,6 +99,7 @@ impl End {
             End::Stuck => "agent not reading".into(),
             End::Denied(m) => format!("refused: {m}"),
             End::Revoked(serial) => format!("certificate {serial} revoked"),
+            End::Forgotten => "forgotten by an admin".into(),
         }
     }
 }
@@ -184,14 +188,15 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(1), out.send(Err(s))).await;
     }
     let still_current = shared.hub.unregister(&agent_id, generation);
-    if still_current {
+    // A forgotten agent has no record left to mark.
+    if still_current && !matches!(end, End::Forgotten) {
         if let Err(e) = shared.store.agent_seen(&agent_id, false, now_ns()).await {
             tracing::error!(agent = %agent_id, "store: marking disconnected: {e}");
         }
         shared.agent_event(&agent_id, wire::AgentEventKind::Disconnected, None, &reason);
     }
     match end {
-        End::Closed | End::Replaced | End::Shutdown => {
+        End::Closed | End::Replaced | End::Shutdown | End::Forgotten => {
             tracing::info!(agent = %agent_id, "link stream ended: {reason}")
         }
         _ => tracing::warn!(agent = %agent_id, "link stream ended: {reason}"),
@@ -234,8 +239,9 @@ async fn first_hello(
 impl Session {
     /// Store the hello, welcome the agent, reconcile.
     async fn start(&mut self) -> Result<(), End> {
+        self.shared.store.agent_hello(self.agent.clone()).await?;
+        self.reload_labels().await?;
         let store = &self.shared.store;
-        store.agent_hello(self.agent.clone()).await?;
         let acked = store
             .feedback_acked(&self.agent.id, &self.agent.journal_id)
             .await?;
@@ -278,6 +284,7 @@ impl Session {
         let actions = reconcile::reconcile(
             &self.agent.id,
             &self.agent.labels,
+            &self.agent.overrides,
             &self.agent.held,
             &packs,
             &refused,
@@ -413,6 +420,22 @@ impl Session {
                 version,
             } => self.cancel(tenant, pack, version).await,
             SessionCmd::Replaced => Err(End::Replaced),
+            SessionCmd::Relabelled => {
+                self.reload_labels().await?;
+                self.reconcile().await
+            }
+            SessionCmd::Forgotten => Err(End::Forgotten),
+        }
+    }
+
+    /// The operator labels stored for this agent (they outlive hellos).
+    async fn reload_labels(&mut self) -> Result<(), End> {
+        match self.shared.store.agent(&self.agent.id).await? {
+            Some(a) => {
+                self.agent.overrides = a.overrides;
+                Ok(())
+            }
+            None => Err(End::Forgotten),
         }
     }
 

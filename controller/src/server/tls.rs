@@ -4,7 +4,9 @@
 //!
 //! - a handshake that does not finish within a timeout is dropped (a
 //!   half-open handshake cannot hold a slot), and at most
-//!   [`MAX_HANDSHAKES`] run at once;
+//!   [`MAX_HANDSHAKES`] run at once, [`MAX_HANDSHAKES_PER_SOURCE`] of them
+//!   from one IP address (one noisy or hostile host cannot take every
+//!   slot from the rest of the fleet);
 //! - every connection carries its peer's [`Peer`] (identity and serial,
 //!   read once from the verified client certificate) into each request's
 //!   extensions, through tonic's [`Connected`];
@@ -17,8 +19,8 @@
 //! Revocation (`DIR/revoked.txt`) is checked per request by the services,
 //! and on live link streams whenever the list changes.
 
-use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
@@ -36,8 +38,68 @@ use tonic::transport::server::Connected;
 use crate::ca::{self, CaDir};
 use crate::identity::{self, PeerCert};
 
-/// Handshakes in progress at once; more connections wait in the backlog.
+/// Handshakes in progress at once; more connections are dropped (agents
+/// reconnect with backoff).
 pub const MAX_HANDSHAKES: usize = 256;
+/// Handshakes in progress at once from one IP address.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 64;
+
+/// Handshakes in progress per source address, bounded (sans IO: no
+/// sockets, no clock).
+#[derive(Debug)]
+pub struct PerSource {
+    limit: usize,
+    counts: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One handshake's place in [`PerSource`]; given back when dropped.
+#[derive(Debug)]
+pub struct SourceSlot {
+    owner: Arc<PerSource>,
+    ip: IpAddr,
+}
+
+impl PerSource {
+    /// At most `limit` at once per address.
+    pub fn new(limit: usize) -> Arc<PerSource> {
+        Arc::new(PerSource {
+            limit,
+            counts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot for a handshake from `ip`, unless it has `limit` already.
+    pub fn try_enter(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = c.entry(ip).or_insert(0);
+        if *n >= self.limit {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            owner: self.clone(),
+            ip,
+        })
+    }
+
+    /// Handshakes in progress from `ip`.
+    pub fn in_progress(&self, ip: IpAddr) -> usize {
+        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.get(&ip).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut c = self.owner.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = c.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// How the listener does TLS.
 #[derive(Clone, Debug)]
@@ -314,6 +376,7 @@ pub fn incoming(
 ) {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let per_source = PerSource::new(MAX_HANDSHAKES_PER_SOURCE);
     let task = tokio::spawn(async move {
         loop {
             let (tcp, remote) = match listener.accept().await {
@@ -329,6 +392,10 @@ pub fn incoming(
             if tx.is_closed() {
                 return;
             }
+            let Some(source_slot) = per_source.try_enter(remote.ip()) else {
+                tracing::warn!(%remote, "{MAX_HANDSHAKES_PER_SOURCE} TLS handshakes in progress from this address; connection dropped");
+                continue;
+            };
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 tracing::warn!(%remote, "{MAX_HANDSHAKES} TLS handshakes in progress; connection dropped");
                 continue;
@@ -339,6 +406,7 @@ pub fn incoming(
             tokio::spawn(async move {
                 let done = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
                 drop(permit);
+                drop(source_slot);
                 let io = match done {
                     Ok(Ok(io)) => io,
                     Ok(Err(e)) => {
@@ -372,6 +440,22 @@ pub fn incoming(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handshakes_are_bounded_per_source_address() {
+        let p = PerSource::new(2);
+        let a: IpAddr = "10.0.0.1".parse().expect("ip");
+        let b: IpAddr = "10.0.0.2".parse().expect("ip");
+        let s1 = p.try_enter(a).expect("first");
+        let _s2 = p.try_enter(a).expect("second");
+        assert!(p.try_enter(a).is_none(), "a third from the same address");
+        // Another address is not affected.
+        let _t = p.try_enter(b).expect("other address");
+        drop(s1);
+        assert_eq!(p.in_progress(a), 1);
+        let _s3 = p.try_enter(a).expect("a slot came back");
+        assert!(p.try_enter(a).is_none());
+    }
 
     #[test]
     fn changed_files_are_re_read_and_a_broken_change_keeps_the_previous_state() {

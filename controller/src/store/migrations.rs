@@ -30,4 +30,9 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 2,
         sql: include_str!("migrations/0002_audit.sql"),
     },
+    // 3 is taken by another branch; the list stays in version order.
+    Migration {
+        version: 4,
+        sql: include_str!("migrations/0004_agent_admin.sql"),
+    },
 ];

@@ -15,6 +15,7 @@
 mod migrations;
 pub mod sqlite;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
@@ -53,6 +54,12 @@ pub enum StoreError {
         tenant: String,
         /// Pack id.
         pack: String,
+    },
+    /// No such agent (it never said hello, or was forgotten).
+    #[error("no agent {id}")]
+    NoSuchAgent {
+        /// Agent id.
+        id: String,
     },
     /// The database refused or failed (disk full, corrupt file, ...).
     #[error("store: {0}")]
@@ -117,6 +124,48 @@ pub struct AgentRow {
     pub held: Vec<HeldPackRow>,
     /// Its last clock report.
     pub clock: Option<ClockRow>,
+    /// Operator labels, per tenant (set by that tenant's admins): they
+    /// apply to that tenant's packs only. See [`AgentRow::labels_for`].
+    pub overrides: BTreeMap<String, LabelOverrides>,
+}
+
+/// One tenant's operator labels on an agent: `Some(v)` sets the key (over
+/// the agent's own value), `None` hides the agent's own key.
+pub type LabelOverrides = BTreeMap<String, Option<String>>;
+
+/// The labels the packs of `tenant` target on: `own` (an agent's hello
+/// labels) with that tenant's operator labels applied over them.
+pub fn labels_for<'a>(
+    own: &'a BTreeMap<String, String>,
+    overrides: &BTreeMap<String, LabelOverrides>,
+    tenant: &str,
+) -> Cow<'a, BTreeMap<String, String>> {
+    let Some(o) = overrides.get(tenant).filter(|o| !o.is_empty()) else {
+        return Cow::Borrowed(own);
+    };
+    let mut l = own.clone();
+    for (k, v) in o {
+        match v {
+            Some(v) => l.insert(k.clone(), v.clone()),
+            None => l.remove(k),
+        };
+    }
+    Cow::Owned(l)
+}
+
+impl AgentRow {
+    /// The labels the packs of `tenant` target on: the agent's own (its
+    /// hello), with that tenant's operator labels applied over them.
+    pub fn labels_for(&self, tenant: &str) -> Cow<'_, BTreeMap<String, String>> {
+        labels_for(&self.labels, &self.overrides, tenant)
+    }
+
+    /// Whether this pack version targets the agent (its id, or the labels
+    /// its tenant sees).
+    pub fn targeted_by(&self, pack: &PackVersionRow) -> bool {
+        pack.targets
+            .matches(&self.id, &self.labels_for(&pack.tenant))
+    }
 }
 
 /// Which agents a pack is for, as stored.
@@ -343,7 +392,7 @@ pub struct AuditRow {
     pub tenant: String,
     /// Its role.
     pub role: String,
-    /// `push`, `cancel`, `revoke`.
+    /// `push`, `cancel`, `label`, `forget`, `revoke`.
     pub action: String,
     /// What it acted on.
     pub target: String,
@@ -373,6 +422,22 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn agents(&self) -> StoreResult<Vec<AgentRow>>;
     /// One agent.
     async fn agent(&self, id: &str) -> StoreResult<Option<AgentRow>>;
+    /// Change one tenant's operator labels on an agent: `set` (a value, or
+    /// `None` to hide the agent's own key), then `reset` (forget the
+    /// tenant's say on these keys). Returns the agent as it is now;
+    /// [`StoreError::NoSuchAgent`] when it is not known.
+    async fn label_agent(
+        &self,
+        id: &str,
+        tenant: &str,
+        set: LabelOverrides,
+        reset: Vec<String>,
+    ) -> StoreResult<AgentRow>;
+    /// Forget an agent. With a tenant: only that tenant's deliveries to it
+    /// and labels on it. Without: everything of it (its record, clock
+    /// history, deliveries, labels); its feedback stays. Whether its
+    /// record existed.
+    async fn forget_agent(&self, id: &str, tenant: Option<&str>) -> StoreResult<bool>;
 
     /// Store a pack version. Refused when the version is lower than the
     /// newest stored, or equal with other YAML. Pushing a version of a

@@ -45,8 +45,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, MIGRATIONS};
 use super::{
     AgentRow, AuditRow, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackFilter,
-    FeedbackRow, FeedbackStored, HeldPackRow, PackRow, PackVersionRow, PutPack, Store, StoreError,
-    StoreResult, TargetsRow,
+    FeedbackRow, FeedbackStored, HeldPackRow, LabelOverrides, PackRow, PackVersionRow, PutPack,
+    Store, StoreError, StoreResult, TargetsRow,
 };
 
 /// The database file's name inside the data directory.
@@ -685,9 +685,106 @@ fn decode_agent(row: &Row<'_>) -> StoreResult<AgentRow> {
                 })
                 .collect(),
             clock,
+            overrides: BTreeMap::new(),
         })
     })();
     with_row(format_args!("agent {id}"), r)
+}
+
+/// Read the operator labels of `agents` (of one agent with `only`).
+fn attach_overrides(
+    conn: &Connection,
+    agents: &mut [AgentRow],
+    only: Option<&str>,
+) -> StoreResult<()> {
+    let rows = query_all(
+        conn,
+        "SELECT agent_id, tenant, key, value FROM agent_labels \
+         WHERE ?1 IS NULL OR agent_id = ?1 ORDER BY agent_id, tenant, key",
+        params![only],
+        |r| {
+            Ok((
+                col::<String>(r, "agent_id")?,
+                col::<String>(r, "tenant")?,
+                col::<String>(r, "key")?,
+                col::<Option<String>>(r, "value")?,
+            ))
+        },
+    )?;
+    for (agent, tenant, key, value) in rows {
+        if let Ok(i) = agents.binary_search_by(|a| a.id.as_str().cmp(&agent)) {
+            agents[i]
+                .overrides
+                .entry(tenant)
+                .or_default()
+                .insert(key, value);
+        }
+    }
+    Ok(())
+}
+
+fn read_agent(conn: &Connection, id: &str) -> StoreResult<Option<AgentRow>> {
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
+    let mut rows = query_all(conn, &sql, [id], decode_agent)?;
+    attach_overrides(conn, &mut rows, Some(id))?;
+    Ok(rows.pop())
+}
+
+fn write_label_agent(
+    conn: &Connection,
+    id: &str,
+    tenant: &str,
+    set: &LabelOverrides,
+    reset: &[String],
+) -> StoreResult<AgentRow> {
+    if !agent_exists(conn, id)? {
+        return Err(StoreError::NoSuchAgent { id: id.to_string() });
+    }
+    for (k, v) in set {
+        conn.prepare_cached(
+            "INSERT INTO agent_labels (agent_id, tenant, key, value) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (agent_id, tenant, key) DO UPDATE SET value = excluded.value",
+        )
+        .and_then(|mut st| st.execute(params![id, tenant, k, v]))
+        .ctx("store an agent label")?;
+    }
+    for k in reset {
+        conn.prepare_cached(
+            "DELETE FROM agent_labels WHERE agent_id = ?1 AND tenant = ?2 AND key = ?3",
+        )
+        .and_then(|mut st| st.execute(params![id, tenant, k]))
+        .ctx("reset an agent label")?;
+    }
+    read_agent(conn, id)?.ok_or_else(|| StoreError::NoSuchAgent { id: id.to_string() })
+}
+
+fn write_forget_agent(conn: &Connection, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+    let existed = agent_exists(conn, id)?;
+    let run = |sql: &str, what: &str| -> StoreResult<()> {
+        conn.prepare_cached(sql)
+            .and_then(|mut st| st.execute(params![id, tenant]))
+            .ctx(what)?;
+        Ok(())
+    };
+    run(
+        "DELETE FROM agent_labels WHERE agent_id = ?1 AND (?2 IS NULL OR tenant = ?2)",
+        "forget an agent's labels",
+    )?;
+    run(
+        "DELETE FROM deliveries WHERE agent_id = ?1 AND (?2 IS NULL OR tenant = ?2)",
+        "forget an agent's deliveries",
+    )?;
+    if tenant.is_none() {
+        run(
+            "DELETE FROM clock_reports WHERE agent_id = ?1 AND ?2 IS NULL",
+            "forget an agent's clock history",
+        )?;
+        run(
+            "DELETE FROM agents WHERE id = ?1 AND ?2 IS NULL",
+            "forget an agent",
+        )?;
+    }
+    Ok(existed)
 }
 
 const CLOCK_COLUMNS: &str =
@@ -1216,18 +1313,34 @@ impl Store for SqliteStore {
     async fn agents(&self) -> StoreResult<Vec<AgentRow>> {
         self.read(|conn| {
             let sql = format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY id");
-            query_all(conn, &sql, [], decode_agent)
+            let mut rows = query_all(conn, &sql, [], decode_agent)?;
+            attach_overrides(conn, &mut rows, None)?;
+            Ok(rows)
         })
         .await
     }
 
     async fn agent(&self, id: &str) -> StoreResult<Option<AgentRow>> {
         let id = id.to_owned();
-        self.read(move |conn| {
-            let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
-            Ok(query_all(conn, &sql, [id], decode_agent)?.pop())
-        })
-        .await
+        self.read(move |conn| read_agent(conn, &id)).await
+    }
+
+    async fn label_agent(
+        &self,
+        id: &str,
+        tenant: &str,
+        set: LabelOverrides,
+        reset: Vec<String>,
+    ) -> StoreResult<AgentRow> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        self.write(move |conn, _| write_label_agent(conn, &id, &tenant, &set, &reset))
+            .await
+    }
+
+    async fn forget_agent(&self, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+        let (id, tenant) = (id.to_owned(), tenant.map(str::to_owned));
+        self.write(move |conn, _| write_forget_agent(conn, &id, tenant.as_deref()))
+            .await
     }
 
     async fn put_pack(&self, pack: PackVersionRow) -> StoreResult<PutPack> {

@@ -52,6 +52,7 @@ fn agent(id: &str) -> AgentRow {
             stopped: false,
         }],
         clock: None,
+        overrides: Default::default(),
     }
 }
 
@@ -315,6 +316,83 @@ async fn updates_to_an_unknown_agent_are_refused() {
     assert!(is_backend(&r, "no agent ghost"), "{r:?}");
     assert!(store.agents().await.unwrap().is_empty());
     assert!(store.clock_history("ghost", 0).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn operator_labels_outlive_hellos_and_forget_removes_the_agent() {
+    let (_dir, store) = open();
+    let r = store
+        .label_agent("ghost", "t", BTreeMap::new(), Vec::new())
+        .await;
+    assert!(matches!(r, Err(StoreError::NoSuchAgent { .. })), "{r:?}");
+    store.agent_hello(agent("a1")).await.unwrap();
+    store.agent_hello(agent("b2")).await.unwrap();
+    let set: LabelOverrides = [
+        ("site".to_string(), Some("south".to_string())),
+        ("role".to_string(), None),
+        ("line".to_string(), Some("4".to_string())),
+    ]
+    .into();
+    let a = store.label_agent("a1", "t", set, Vec::new()).await.unwrap();
+    assert_eq!(
+        *a.labels_for("t"),
+        labels(&[("site", "south"), ("line", "4")])
+    );
+    // Another tenant sees the agent's own labels.
+    assert_eq!(
+        *a.labels_for("u"),
+        labels(&[("site", "north"), ("role", "pump")])
+    );
+    // Kept across a hello; reset goes back to the agent's own.
+    store.agent_hello(agent("a1")).await.unwrap();
+    let a = store
+        .label_agent("a1", "t", BTreeMap::new(), vec!["site".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        *a.labels_for("t"),
+        labels(&[("site", "north"), ("line", "4")])
+    );
+    let listed = store.agents().await.unwrap();
+    assert_eq!(listed[0].overrides, a.overrides);
+    assert!(listed[1].overrides.is_empty());
+    store
+        .label_agent(
+            "a1",
+            "u",
+            [("x".to_string(), Some("1".to_string()))].into(),
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+
+    // A tenant's forget: its deliveries and labels only.
+    store.put_pack(pv("t", "p", 1, "pack: p")).await.unwrap();
+    store
+        .put_delivery(delivery("a1", "p", 1, DeliveryState::Acked))
+        .await
+        .unwrap();
+    store.record_clock("a1", clock(5)).await.unwrap();
+    assert!(store.forget_agent("a1", Some("t")).await.unwrap());
+    let a = store.agent("a1").await.unwrap().unwrap();
+    assert_eq!(a.overrides.keys().collect::<Vec<_>>(), ["u"]);
+    assert!(store.deliveries_of_agent("a1").await.unwrap().is_empty());
+    // The whole record.
+    assert!(store.forget_agent("a1", None).await.unwrap());
+    assert_eq!(store.agent("a1").await.unwrap(), None);
+    assert!(store.clock_history("a1", 0).await.unwrap().is_empty());
+    assert!(!store.forget_agent("a1", None).await.unwrap());
+    // It may say hello again, as new.
+    store.agent_hello(agent("a1")).await.unwrap();
+    assert!(
+        store
+            .agent("a1")
+            .await
+            .unwrap()
+            .unwrap()
+            .overrides
+            .is_empty()
+    );
 }
 
 #[tokio::test]

@@ -1,0 +1,225 @@
+//! Revocations into the audit log. `ca revoke` only writes `revoked.txt`
+//! in the CA directory (it works without a running controller); the
+//! controller re-reads that file when it changes ([`super::tls`]) and here
+//! records each serial it sees listed for the first time as one audit
+//! record: who `ca`, action `revoke`, target `KIND NAME (serial S)`, result
+//! `ok`, at the instant the controller picked it up (at start too, for
+//! revocations made while it was down). Already-audited serials are read
+//! back from the log, so a restart records nothing twice.
+//!
+//! Tenants: an operator certificate's revocation is recorded in its
+//! tenant (read from `DIR/operators/NAME.pem`); an agent's in every tenant
+//! that sees the agent (its packs on it, targeting it, or its labels), or
+//! with an empty tenant (fleet-wide: plaintext-era admins and `audit`
+//! without a tenant) when none does. No tenant reads another's record.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::ca::{self, CaDir, RevokedEntry};
+use crate::identity::Identity;
+use crate::store::{AgentRow, AuditRow, PackRow, StoreError};
+
+use super::{Shared, now_ns};
+
+/// The audit target of a revoked certificate.
+pub fn target(e: &RevokedEntry) -> String {
+    let kind = if e.kind.is_empty() {
+        "certificate"
+    } else {
+        &e.kind
+    };
+    format!("{kind} {} (serial {})", e.name, e.serial).replace("  ", " ")
+}
+
+/// The serial a `revoke` audit target names.
+fn serial_of(target: &str) -> Option<&str> {
+    target.rsplit_once("(serial ")?.1.strip_suffix(')')
+}
+
+/// The tenants that see agent `name` (empty: none, or unknown).
+pub fn agent_tenants(name: &str, agents: &[AgentRow], packs: &[PackRow]) -> Vec<String> {
+    let Some(a) = agents.iter().find(|a| a.id == name) else {
+        return Vec::new();
+    };
+    let mut t: Vec<String> = a
+        .held
+        .iter()
+        .map(|h| h.tenant.clone())
+        .chain(a.overrides.keys().cloned())
+        .chain(
+            packs
+                .iter()
+                .filter(|p| p.cancelled_ns.is_none() && a.targeted_by(&p.latest))
+                .map(|p| p.latest.tenant.clone()),
+        )
+        .collect();
+    t.sort();
+    t.dedup();
+    t
+}
+
+/// The audit records for `entries` not yet in `audited` (serials); one per
+/// tenant of [`tenants`](agent_tenants), or one with an empty tenant.
+pub fn new_records(
+    entries: &[RevokedEntry],
+    audited: &HashSet<String>,
+    tenants: impl Fn(&RevokedEntry) -> Vec<String>,
+    at_ns: i64,
+) -> Vec<AuditRow> {
+    let mut out = Vec::new();
+    for e in entries.iter().filter(|e| !audited.contains(&e.serial)) {
+        let mut ts = tenants(e);
+        if ts.is_empty() {
+            ts.push(String::new());
+        }
+        for tenant in ts {
+            out.push(AuditRow {
+                at_ns,
+                who: "ca".into(),
+                tenant,
+                role: "ca".into(),
+                action: "revoke".into(),
+                target: target(e),
+                result: "ok".into(),
+            });
+        }
+    }
+    out
+}
+
+/// Record the revocations listed now that the log does not have yet.
+async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
+    let path = dir.revoked();
+    let read = tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || ca::read_revoked_entries(&path)
+    })
+    .await;
+    let entries = match read {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => {
+            // The TLS side logs it too and keeps the previous list.
+            tracing::warn!("revocations not audited: {e}");
+            return Ok(0);
+        }
+        Err(e) => {
+            return Err(StoreError::Backend(format!(
+                "reading {}: {e}",
+                path.display()
+            )));
+        }
+    };
+    if entries.is_empty() {
+        return Ok(0);
+    }
+    let store = &shared.store;
+    let audited: HashSet<String> = store
+        .audit(None, 0, None)
+        .await?
+        .iter()
+        .filter(|r| r.action == "revoke" && r.who == "ca")
+        .filter_map(|r| serial_of(&r.target).map(str::to_string))
+        .collect();
+    if entries.iter().all(|e| audited.contains(&e.serial)) {
+        return Ok(0);
+    }
+    let agents = store.agents().await?;
+    let packs = store.packs(None).await?;
+    let operator_tenant = |name: &str| {
+        ca::read_cert(&dir.leaf_cert(ca::Kind::Operator, name))
+            .ok()
+            .and_then(|c| match c.identity {
+                Identity::Operator { tenant, .. } => Some(tenant),
+                _ => None,
+            })
+    };
+    let rows = new_records(
+        &entries,
+        &audited,
+        |e| match e.kind.as_str() {
+            "agent" => agent_tenants(&e.name, &agents, &packs),
+            "operator" => operator_tenant(&e.name).into_iter().collect(),
+            _ => Vec::new(),
+        },
+        now_ns(),
+    );
+    let n = rows.len();
+    for r in rows {
+        tracing::info!(target = %r.target, tenant = %r.tenant, "revocation audited");
+        store.put_audit(r).await?;
+    }
+    Ok(n)
+}
+
+/// Until the controller stops: every time the revocation list is (re)read,
+/// audit what is new in it.
+pub async fn audit_revocations(shared: Arc<Shared>, dir: CaDir) {
+    let mut revoked = shared.revoked.subscribe();
+    revoked.mark_changed();
+    let mut stop = shared.shutdown.clone();
+    loop {
+        tokio::select! {
+            r = revoked.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                revoked.borrow_and_update();
+                if let Err(e) = record_new(&shared, &dir).await {
+                    // Tried again at the next change of the list.
+                    tracing::error!("revocations not audited: {e}");
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(serial: &str, kind: &str, name: &str) -> RevokedEntry {
+        RevokedEntry {
+            serial: serial.into(),
+            kind: kind.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn each_serial_is_audited_once_in_the_tenants_that_see_it() {
+        let entries = [
+            entry("0a", "agent", "press-01"),
+            entry("0b", "operator", "ann"),
+            entry("0c", "", ""),
+        ];
+        let audited: HashSet<String> = ["0b".to_string()].into();
+        let rows = new_records(
+            &entries,
+            &audited,
+            |e| match e.name.as_str() {
+                "press-01" => vec!["plant-a".into(), "plant-b".into()],
+                _ => vec![],
+            },
+            7,
+        );
+        let got: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| (r.tenant.clone(), r.target.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("plant-a".into(), "agent press-01 (serial 0a)".into()),
+                ("plant-b".into(), "agent press-01 (serial 0a)".into()),
+                (String::new(), "certificate (serial 0c)".into()),
+            ]
+        );
+        assert!(rows.iter().all(|r| r.who == "ca" && r.action == "revoke"));
+        for r in &rows {
+            assert!(serial_of(&r.target).is_some());
+        }
+        assert_eq!(serial_of("agent press-01 (serial 0a)"), Some("0a"));
+    }
+}
