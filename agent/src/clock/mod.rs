@@ -6,6 +6,7 @@
 //! (`CLOCK_REALTIME`); PTP (statime), NTP and the controller link will feed
 //! the same estimate (DESIGN.md "Clock sources").
 
+pub mod ptp;
 pub mod sample;
 
 use std::sync::atomic::{AtomicI64, Ordering};
