@@ -102,6 +102,19 @@ fn slave_converges_on_a_ptp4l_grandmaster() {
         let _ = rx.recv_timeout(Duration::from_millis(500));
     }
     assert_eq!(handle.state(), PtpPortState::Slave);
+
+    // The grandmaster goes away: the port falls back to listening (a
+    // slave-only instance never makes itself master), the thread lives on,
+    // and no more samples come.
+    rig.stop_ptp4l();
+    let until = Instant::now() + Duration::from_secs(15);
+    while handle.state() != PtpPortState::Listening && Instant::now() < until {
+        let _ = rx.recv_timeout(Duration::from_millis(200));
+    }
+    assert_eq!(handle.state(), PtpPortState::Listening);
+    while rx.try_recv().is_ok() {}
+    assert!(rx.recv_timeout(Duration::from_secs(2)).is_err());
+    assert_eq!(handle.state(), PtpPortState::Listening);
     let t = Instant::now();
     drop(handle);
     assert!(

@@ -144,13 +144,19 @@ impl Rig {
     }
 }
 
-impl Drop for Rig {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            // Only the processes this rig started, by their own pid.
+impl Rig {
+    /// Stop every ptp4l this rig started (only those, by their own pid).
+    pub fn stop_ptp4l(&mut self) {
+        for mut c in self.children.drain(..) {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop_ptp4l();
         let _ = ip(&["netns", "del", &self.gm]);
         let _ = ip(&["netns", "del", &self.slave]);
         let _ = std::fs::remove_dir_all(&self.dir);

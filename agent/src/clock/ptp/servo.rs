@@ -2,6 +2,13 @@
 //! filter is also noted here, so the shell knows when to emit a sample,
 //! how large the last measured offset and the path delay were (the
 //! sample's error), and whether the servo is locked.
+//!
+//! One correction to statime 0.4's behaviour: after the servo steps the
+//! clock, it keeps its state, built while the clock was far off, and
+//! measurements timestamped on both sides of the step still arrive. The
+//! delay estimate carries that transient for minutes (µs of bias after a
+//! 25 ms step, decaying slowly). So after a step the servo starts afresh
+//! and measurements from the next [`STEP_QUARANTINE_NS`] are dropped.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -9,6 +16,9 @@ use std::rc::Rc;
 use statime::Clock;
 use statime::filters::{Filter, FilterEstimate, FilterUpdate, KalmanConfiguration, KalmanFilter};
 use statime::port::Measurement;
+
+use super::virtual_clock::VirtualClock;
+use crate::clock::mono_now;
 
 /// A measured offset below this counts towards lock, ns. Software
 /// timestamps on a LAN are good to tens of µs.
@@ -18,6 +28,10 @@ pub const LOCK_RUN: u32 = 3;
 /// A measured offset above this loses lock, ns: it is where statime's servo
 /// steps instead of slewing (its `step_threshold`).
 pub const UNLOCK_OFFSET_NS: i64 = 1_000_000;
+
+/// Measurements made this soon after a step are dropped (one may straddle
+/// it: a Sync before, its Follow_Up after), ns.
+pub const STEP_QUARANTINE_NS: i64 = 1_000_000_000;
 
 /// What the servo has seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,18 +86,20 @@ pub struct ObservedConfig {
     pub kalman: KalmanConfiguration,
     /// Where measurements are noted.
     pub obs: SharedObs,
+    /// The clock the servo steers (read for its steps).
+    pub clock: Rc<RefCell<VirtualClock>>,
 }
 
 /// statime's [`KalmanFilter`] plus notes in a [`SharedObs`].
 pub struct ObservedFilter {
     inner: KalmanFilter,
-    obs: SharedObs,
+    config: ObservedConfig,
 }
 
 impl std::fmt::Debug for ObservedFilter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObservedFilter")
-            .field("obs", &self.obs)
+            .field("obs", &self.config.obs)
             .finish_non_exhaustive()
     }
 }
@@ -98,13 +114,24 @@ impl Filter for ObservedFilter {
     fn new(config: Self::Config) -> Self {
         ObservedFilter {
             inner: KalmanFilter::new(config.kalman),
-            obs: config.obs,
+            config,
         }
     }
 
     fn measurement<C: Clock>(&mut self, m: Measurement, clock: &mut C) -> FilterUpdate {
+        let before = self.config.clock.borrow().last_step();
+        if before.is_some_and(|s| mono_now().0 - s < STEP_QUARANTINE_NS) {
+            return FilterUpdate::default();
+        }
         let update = self.inner.measurement(m, clock);
-        let mut o = self.obs.borrow_mut();
+        if self.config.clock.borrow().last_step() != before {
+            self.inner = KalmanFilter::new(self.config.kalman);
+            let mut o = self.config.obs.borrow_mut();
+            o.good_run = 0;
+            o.last_offset_ns = None;
+            return update;
+        }
+        let mut o = self.config.obs.borrow_mut();
         o.measurements += 1;
         if let Some(off) = m.offset {
             o.note_offset(ns(off));
@@ -121,7 +148,7 @@ impl Filter for ObservedFilter {
 
     fn demobilize<C: Clock>(self, clock: &mut C) {
         {
-            let mut o = self.obs.borrow_mut();
+            let mut o = self.config.obs.borrow_mut();
             o.good_run = 0;
             o.last_offset_ns = None;
         }

@@ -283,6 +283,7 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
         ObservedConfig {
             kalman: KalmanConfiguration::default(),
             obs: obs.clone(),
+            clock: vclock.clone(),
         },
         MonoVirtualClock(vclock.clone()),
         StdRng::seed_from_u64(rand::random()),

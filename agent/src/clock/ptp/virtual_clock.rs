@@ -34,6 +34,8 @@ pub struct VirtualClock {
     base_virt: i128,
     /// Frequency correction, parts per million.
     ppm: f64,
+    /// Monotonic instant of the last step, ns.
+    last_step: Option<i64>,
 }
 
 impl VirtualClock {
@@ -43,6 +45,7 @@ impl VirtualClock {
             base_mono: mono_ns,
             base_virt: i128::from(virt_ns) * ONE_NS,
             ppm: 0.0,
+            last_step: None,
         }
     }
 
@@ -80,6 +83,12 @@ impl VirtualClock {
     pub fn step(&mut self, mono_ns: i64, offset: i128) {
         self.rebase(mono_ns);
         self.base_virt += offset;
+        self.last_step = Some(mono_ns);
+    }
+
+    /// Monotonic instant of the last step, ns.
+    pub fn last_step(&self) -> Option<i64> {
+        self.last_step
     }
 
     /// Run at `1 + ppm·10⁻⁶` of the monotonic rate from `mono_ns` on. Like
@@ -177,6 +186,7 @@ mod tests {
         let before = c.at_ns(3 * S);
         c.step(3 * S, -250 * ONE_NS);
         assert_eq!(c.at_ns(3 * S), before - 250);
+        assert_eq!(c.last_step(), Some(3 * S));
         // The frequency survives the step: +10 ppm over the next second.
         assert_eq!(c.at_ns(4 * S) - c.at_ns(3 * S), i128::from(S) + 10_000);
         // Sub-nanosecond steps are kept, not rounded away.
