@@ -6,7 +6,8 @@
 //! zero: our error is a sample's offset minus a bracketed `realtime −
 //! monotonic` reading; ptp4l's (run with `free_running 1`, so it measures
 //! without steering the shared clock) is its `master offset`. After both
-//! have locked, `PTP_SECS` seconds (default 30) of each are summarised.
+//! have locked and then run locked for `PTP_SETTLE_SECS` (default 30),
+//! `PTP_SECS` seconds (default 30) of each are summarised.
 //!
 //! Run as root: `cargo bench -p baton-agent --bench ptp_vs_ptp4l`.
 //! `PTP_START_ERROR_NS` (default 25 ms) is where our virtual clock starts.
@@ -67,6 +68,7 @@ fn main() {
         return;
     }
     let secs = env_u64("PTP_SECS", 30);
+    let settle = env_u64("PTP_SETTLE_SECS", 30);
     let debug = std::env::var_os("PTP_DEBUG").is_some();
     let start_error = env_u64("PTP_START_ERROR_NS", 25_000_000) as i64;
     let mut rig = ptp_netns::Rig::new("bn").expect("network namespaces");
@@ -157,7 +159,12 @@ time_stamping software
             last_line = line;
         }
     }
-    // Drain both, then measure.
+    // Let both settle while locked, drain, then measure.
+    let settle_end = Instant::now() + Duration::from_secs(settle);
+    while Instant::now() < settle_end {
+        let _ = rx.recv_timeout(Duration::from_millis(50));
+        while theirs.try_recv().is_ok() {}
+    }
     while rx.try_recv().is_ok() {}
     while theirs.try_recv().is_ok() {}
     let mut ours = Vec::new();
@@ -194,7 +201,7 @@ time_stamping software
         .filter(|(c, e)| e.abs() <= **c)
         .count();
     println!(
-        "PTP slave vs ptp4l slave, one ptp4l grandmaster, veth, software timestamps, {secs} s after lock"
+        "PTP slave vs ptp4l slave, one ptp4l grandmaster, veth, software timestamps, {secs} s measured after {settle} s locked"
     );
     println!("| slave | samples | mean error | std dev | rms | max abs | time to locked¹ |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
