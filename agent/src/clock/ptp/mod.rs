@@ -25,6 +25,7 @@
 pub mod servo;
 pub mod shell;
 pub mod timescale;
+pub mod txsock;
 pub mod virtual_clock;
 
 use std::sync::Arc;

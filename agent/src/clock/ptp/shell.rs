@@ -1,5 +1,6 @@
-//! The Linux shell around statime's port: two UDP/IPv4 sockets (event 319
-//! with software timestamps, general 320), five timers and the BMCA tick,
+//! The Linux shell around statime's port: UDP/IPv4 sockets (event 319 with
+//! software receive timestamps, general 320, and a blocking socket that
+//! sends event messages, see [`super::txsock`]), five timers and the BMCA tick,
 //! all on the `baton-ptp` thread's current-thread runtime. statime decides;
 //! this performs its `PortAction`s and turns the servo's state into
 //! [`Sample`]s.
@@ -32,6 +33,7 @@ use tokio::time::Instant;
 
 use super::servo::{ObservedConfig, ObservedFilter, ServoObs};
 use super::timescale::utc_correction_ns;
+use super::txsock::TxSocket;
 use super::virtual_clock::{MonoVirtualClock, VirtualClock, fixed_from_duration, time_from_fixed};
 use super::{PtpError, PtpPortState};
 use crate::clock::sample::{Sample, SampleSender, SourceKind};
@@ -48,6 +50,7 @@ pub const GENERAL_PORT: u16 = 320;
 pub struct Io {
     event: Socket<SocketAddrV4, Open>,
     general: Socket<SocketAddrV4, Open>,
+    tx: TxSocket,
 }
 
 impl std::fmt::Debug for Io {
@@ -55,6 +58,7 @@ impl std::fmt::Debug for Io {
         f.debug_struct("Io")
             .field("event", &self.event.local_addr())
             .field("general", &self.general.local_addr())
+            .field("tx", &self.tx)
             .finish()
     }
 }
@@ -88,9 +92,15 @@ pub fn open(iface: InterfaceName) -> Result<Io, PtpError> {
         }
         Ok(s)
     };
+    let tx = TxSocket::open(iface.as_str()).map_err(|source| PtpError::Socket {
+        interface: iface.to_string(),
+        port: EVENT_PORT,
+        source,
+    })?;
     Ok(Io {
-        event: bind(EVENT_PORT, InterfaceTimestampMode::SoftwareAll)?,
+        event: bind(EVENT_PORT, InterfaceTimestampMode::SoftwareRecv)?,
         general: bind(GENERAL_PORT, InterfaceTimestampMode::None)?,
+        tx,
     })
 }
 
@@ -178,12 +188,11 @@ async fn perform(
         let now = Instant::now();
         match action {
             PortAction::SendEvent { context, data, .. } => {
+                // Blocks this thread ≤ TX_TIMESTAMP_WAIT (see txsock).
                 let to = SocketAddrV4::new(PRIMARY_MULTICAST, EVENT_PORT);
-                match io.event.send_to(data, to).await {
-                    Ok(ts) => match ts.selected_timestamp() {
-                        Some(ts) => pending = Some((context, packet_time(clock, ts))),
-                        None => tracing::warn!("ptp: no send timestamp for an event message"),
-                    },
+                match io.tx.send(data, to) {
+                    Ok(Some(ts)) => pending = Some((context, packet_time(clock, ts))),
+                    Ok(None) => tracing::warn!("ptp: no send timestamp for an event message"),
                     Err(e) => tracing::warn!("ptp: sending an event message: {e}"),
                 }
             }
