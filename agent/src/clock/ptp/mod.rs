@@ -14,7 +14,9 @@
 //! last measured offset plus the mean path delay.
 //!
 //! Timestamps are the kernel's software ones (`SO_TIMESTAMPING`, on
-//! `CLOCK_REALTIME`, converted to monotonic when they arrive). Hardware
+//! `CLOCK_REALTIME`, converted to monotonic when they arrive); event
+//! messages leave from a plain socket, not tokio's, so no epoll wake-up
+//! lands between their TX timestamp and the wire ([`txsock`]). Hardware
 //! timestamps are not used yet: they are on the NIC's PHC, which would need
 //! its own PHC↔monotonic mapping (`PTP_SYS_OFFSET_PRECISE`) — the gap to
 //! close for sub-µs work. `discipline_system_clock` (steering
