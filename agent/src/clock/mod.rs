@@ -10,6 +10,7 @@ pub mod driver;
 pub mod estimator;
 pub mod exchange;
 pub mod ntp;
+pub mod ptp;
 pub mod sample;
 pub mod system;
 

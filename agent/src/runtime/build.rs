@@ -14,6 +14,11 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
             .context("starting the NTP client")?;
         clock.keep_source(Box::new(ntp));
     }
+    if let Some(ptp) = &cfg.clock.ptp {
+        let h = crate::clock::ptp::spawn(ptp, clock.sender())
+            .with_context(|| format!("starting the PTP slave on {}", ptp.interface))?;
+        clock.keep_source(Box::new(h));
+    }
     let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;
     jcfg.reset = cfg.reset_journal;
