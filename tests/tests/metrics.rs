@@ -256,6 +256,11 @@ fn both_expositions_pass_promtool_and_move() {
         .is_some_and(|v| v >= 1.0),
         "{ct}"
     );
+    assert_eq!(
+        value(&ct, "baton_controller_deliveries{state=\"acked\"}"),
+        Some(1.0),
+        "{ct}"
+    );
     assert!(
         wait_until(WAIT, || value(
             &scrape(&cm),

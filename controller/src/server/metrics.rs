@@ -121,8 +121,9 @@ impl Metrics {
             .remove(agent);
     }
 
-    /// The exposition, with `connected` agents.
-    pub fn render(&self, connected: usize) -> String {
+    /// The exposition, with `connected` agents and the stored deliveries
+    /// by state (`None`: the store could not say; the family is left out).
+    pub fn render(&self, connected: usize, deliveries: Option<&[(DeliveryState, u64)]>) -> String {
         let mut e = Encoder::new();
         e.family(
             "baton_controller_info",
@@ -171,6 +172,25 @@ impl Metrics {
                 &[("state", s.as_str())],
                 n as f64,
             );
+        }
+        if let Some(d) = deliveries {
+            e.family(
+                "baton_controller_deliveries",
+                Kind::Gauge,
+                "Deliveries (one pack version on one agent) in the store, by state.",
+            );
+            for s in DELIVERY_STATES {
+                let n = d
+                    .iter()
+                    .filter(|(x, _)| *x == s)
+                    .map(|(_, n)| *n)
+                    .sum::<u64>();
+                e.sample(
+                    "baton_controller_deliveries",
+                    &[("state", s.as_str())],
+                    n as f64,
+                );
+            }
         }
         e.single(
             "baton_controller_feedback_ingested_total",
@@ -261,7 +281,24 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: std::sync::Arc<Sha
                         }
                     }
                 };
-                let out = response(&req, || shared.metrics.render(shared.hub.connected()));
+                // The store is asked only for a scrape (not for a 404).
+                let deliveries = match &req {
+                    Request::Get { path, .. } if path == "/metrics" => {
+                        match shared.store.delivery_counts().await {
+                            Ok(d) => Some(d),
+                            Err(e) => {
+                                tracing::warn!("metrics: deliveries by state: {e}");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let out = response(&req, || {
+                    shared
+                        .metrics
+                        .render(shared.hub.connected(), deliveries.as_deref())
+                });
                 let _ = s.write_all(&out).await;
                 let _ = s.shutdown().await;
             })
@@ -299,7 +336,7 @@ mod tests {
                 locked: true,
             },
         );
-        let t = m.render(3);
+        let t = m.render(3, Some(&[(DeliveryState::Acked, 4)]));
         for line in [
             "baton_controller_agents_connected 3",
             "# TYPE baton_controller_pushes_total counter",
@@ -309,6 +346,8 @@ mod tests {
             "baton_controller_push_results_total{result=\"nacked\"} 0",
             "baton_controller_delivery_updates_total{state=\"pending\"} 1",
             "baton_controller_delivery_updates_total{state=\"cancelled\"} 0",
+            "baton_controller_deliveries{state=\"acked\"} 4",
+            "baton_controller_deliveries{state=\"pending\"} 0",
             "baton_controller_feedback_ingested_total 5",
             "baton_controller_feedback_duplicates_total 2",
             "baton_controller_agent_clock_offset_seconds{agent=\"edge \\\"7\\\"\"} -0.0000015",
@@ -318,6 +357,7 @@ mod tests {
             assert!(t.lines().any(|l| l == line), "{line} in\n{t}");
         }
         m.forget("edge \"7\"");
-        assert!(!m.render(0).contains("{agent="));
+        let t = m.render(0, None);
+        assert!(!t.contains("{agent=") && !t.contains("baton_controller_deliveries{"));
     }
 }
