@@ -283,6 +283,31 @@ fn both_expositions_pass_promtool_and_move() {
     );
     promtool(&ct, "controller");
 
+    // A cancel: the agent counts a safe-state entry, the controller's
+    // deliveries move to cancelled.
+    let o = c.ctl(&["cancel", "p"]);
+    assert!(
+        o.status.success(),
+        "cancel: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut t = String::new();
+    assert!(
+        wait_until(WAIT, || {
+            t = scrape(&am);
+            value(&t, "baton_safe_state_entries_total{reason=\"cancel\"}") == Some(1.0)
+        }),
+        "no safe-state entry counted:\n{t}"
+    );
+    assert!(
+        wait_until(WAIT, || {
+            ct = scrape(&cm);
+            value(&ct, "baton_controller_deliveries{state=\"cancelled\"}") == Some(1.0)
+        }),
+        "delivery not cancelled:\n{ct}"
+    );
+    promtool(&t, "agent");
+
     // Only /metrics is served.
     let (status, _) = get(&am, "/");
     assert!(status.starts_with("HTTP/1.1 404"), "{status}");
