@@ -17,6 +17,8 @@ command -v chronyd >/dev/null || need+=(chrony)
 command -v ptp4l >/dev/null || need+=(linuxptp)
 # tests/tests/systemd.rs: `systemd-analyze verify` on the units.
 command -v systemd-analyze >/dev/null || need+=(systemd)
+# tests/tests/metrics.rs: `promtool check metrics` on both expositions.
+command -v promtool >/dev/null || need+=(prometheus)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3 python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -77,6 +77,9 @@ pub struct ConfigFile {
     /// the journal, else `text`), `text`, `json` (one object per line) or
     /// `journald` (plain lines with a `<N>` priority prefix).
     pub log_format: Option<String>,
+    /// Serve Prometheus metrics on `HOST:PORT` (`/metrics`, plaintext and
+    /// unauthenticated; read-only). Default: none.
+    pub metrics: Option<String>,
 }
 
 /// `clock:` section (DESIGN.md "Clock sources, best first").
@@ -241,6 +244,8 @@ pub struct AgentConfig {
     pub clock: ClockConfig,
     /// Log output on stderr.
     pub log_format: baton_service::log::LogFormat,
+    /// Where `/metrics` is served (`None`: not served).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// How the agent learns reference time.
@@ -343,6 +348,8 @@ pub struct Overrides {
     pub system_clock: Option<String>,
     /// `--log-format auto|text|json|journald`.
     pub log_format: Option<String>,
+    /// `--metrics ADDR`.
+    pub metrics: Option<String>,
 }
 
 /// Why a configuration was refused.
@@ -517,8 +524,17 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             .map_err(|e: baton_service::log::UnknownLogFormat| ConfigError::Value(e.to_string()))?,
         None => baton_service::log::LogFormat::Auto,
     };
+    let metrics = match o.metrics.or(file.metrics) {
+        Some(a) => Some(a.parse::<std::net::SocketAddr>().map_err(|e| {
+            ConfigError::Value(format!(
+                "metrics: {a:?} is not an address to listen on (IP:PORT, e.g. 127.0.0.1:9187): {e}"
+            ))
+        })?),
+        None => None,
+    };
     Ok(AgentConfig {
         log_format,
+        metrics,
         id: o.id.or(file.id).unwrap_or_else(host_name),
         data_dir: o
             .data_dir
@@ -782,6 +798,26 @@ pub fn parse_label_arg(arg: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_address_from_the_file_or_the_flag() {
+        let f = parse_file("agent.yaml", "metrics: 127.0.0.1:9187\n").expect("valid");
+        let c = resolve(f.clone(), Overrides::default()).expect("resolves");
+        assert_eq!(c.metrics, Some("127.0.0.1:9187".parse().expect("addr")));
+        let o = Overrides {
+            metrics: Some("[::1]:9000".into()),
+            ..Overrides::default()
+        };
+        assert_eq!(
+            resolve(f, o).expect("ok").metrics,
+            Some("[::1]:9000".parse().expect("addr"))
+        );
+        let d = resolve(ConfigFile::default(), Overrides::default()).expect("ok");
+        assert_eq!(d.metrics, None);
+        let bad = parse_file("agent.yaml", "metrics: localhost\n").expect("a string");
+        let e = resolve(bad, Overrides::default()).expect_err("refused");
+        assert!(e.to_string().contains("metrics"), "{e}");
+    }
 
     #[test]
     fn log_format_from_the_file_or_the_flag() {

@@ -8,6 +8,7 @@ pub mod gpio;
 pub mod journal;
 pub mod link;
 pub mod live;
+pub mod metrics;
 pub mod rt;
 pub mod runtime;
 pub mod simulate;

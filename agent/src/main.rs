@@ -179,6 +179,10 @@ struct CommonFlags {
     /// `journald` (`<N>`-prefixed plain lines).
     #[arg(long, value_name = "auto|text|json|journald")]
     log_format: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (IP:PORT; plaintext
+    /// and unauthenticated, read-only).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -386,11 +390,24 @@ fn run_agent(
             clock_limit: f.clock_limit,
             system_clock: f.system_clock,
             log_format: f.log_format,
+            metrics: f.metrics,
         },
     )
     .map_err(|e| fault(e.into()))?;
     let view = Arc::new(LiveView::new(quiet));
     init_tracing(Some(LiveLayer(view.clone())), cfg.log_format);
+    // Bound before anything is armed: a busy or bad address is an error
+    // with nothing to undo.
+    let metrics = match cfg.metrics {
+        Some(addr) => {
+            let (published, bound) = baton_agent::metrics::serve(addr)
+                .with_context(|| format!("metrics: cannot listen on {addr}"))
+                .map_err(fault)?;
+            tracing::info!("metrics on http://{bound}/metrics");
+            Some(published)
+        }
+        None => None,
+    };
     let stop = Arc::new(StopFlag::default());
     let control = std::thread::current();
     let mut signals = Signals::new(STOP_SIGNALS)
@@ -414,6 +431,9 @@ fn run_agent(
         baton_agent::dispatcher::inject_stall_after(n);
     }
     let mut agent = Agent::new(cfg, parts).map_err(fault)?;
+    if let Some(p) = metrics {
+        agent.publish_metrics_to(p);
+    }
     // READY=1 once the loop runs, WATCHDOG=1 while it and the dispatcher
     // do, STOPPING=1 on the way out; nothing without NOTIFY_SOCKET.
     agent.notify_systemd(

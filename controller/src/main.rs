@@ -86,6 +86,11 @@ enum Command {
         /// the journal, else text), text, json or journald.
         #[arg(long, default_value = "auto", value_name = "auto|text|json|journald")]
         log_format: baton_service::log::LogFormat,
+        /// Serve Prometheus metrics at http://ADDR/metrics (IP:PORT;
+        /// plaintext and unauthenticated, read-only; port 0: any free
+        /// port, written to DATA/metrics.addr).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// The fleet's certificate authority: PEM files in one directory.
     Ca {
@@ -319,6 +324,7 @@ fn main() -> ExitCode {
             push_burst,
             ping_interval,
             log_format,
+            metrics,
         } => serve::run(serve::Opts {
             listen,
             data,
@@ -330,6 +336,7 @@ fn main() -> ExitCode {
             push_burst,
             ping_interval,
             log_format,
+            metrics,
         }),
         Command::Push {
             conn,

@@ -18,6 +18,7 @@ pub struct Opts {
     pub push_burst: f64,
     pub ping_interval: String,
     pub log_format: baton_service::log::LogFormat,
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Run until SIGTERM / SIGINT; exit code.
@@ -77,6 +78,7 @@ fn serve(o: Opts) -> anyhow::Result<()> {
             burst: o.push_burst,
         };
         cfg.ping_interval = ping_interval;
+        cfg.metrics = o.metrics;
         cfg.tls = o.tls_dir.as_ref().map(|d| {
             let mut t = server::tls::TlsOptions::new(d.clone());
             t.handshake_timeout = handshake_timeout;

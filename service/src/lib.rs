@@ -8,6 +8,9 @@
 //!   reads them, and a sans-IO schedule that decides each ping from a
 //!   worker thread's [`watchdog::Heartbeat`] (ping only while it makes
 //!   progress or waits legitimately).
+//! - [`metrics`]: the Prometheus text exposition format and the one HTTP
+//!   request a scraper makes (a blocking one-at-a-time server for the
+//!   agent's metrics thread).
 //! - [`log`]: the log output: today's text, JSON lines, or plain lines with
 //!   a `<N>` syslog priority prefix when stderr is journald.
 //!
@@ -19,5 +22,6 @@
 #![deny(missing_docs)]
 
 pub mod log;
+pub mod metrics;
 pub mod notify;
 pub mod watchdog;

@@ -216,7 +216,7 @@ mod tests {
             kind,
             once: None,
         };
-        event(&mut j, &e, Some(7), 3_000).expect("push");
+        event(&mut j, &mut Tally::default(), &e, Some(7), 3_000).expect("push");
         last(&mut j)
     }
 

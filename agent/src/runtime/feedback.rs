@@ -8,7 +8,9 @@
 //! INFO for skips and retries, WARN for failures, give-ups, safe states and
 //! unknown outcomes).
 
-use baton_sched::{Event, EventKind};
+use std::collections::HashMap;
+
+use baton_sched::{Event, EventKind, PackKey};
 use hdrhistogram::Histogram;
 
 use crate::journal::{Journal, JournalError};
@@ -30,8 +32,49 @@ pub struct Tally {
     pub failed: u64,
     /// Attempts not run (late, withdrawn, stopped).
     pub not_run: u64,
+    /// For `/metrics` (`crate::metrics`): executions by pack and result
+    /// word (a pack's map is made once, at its first execution).
+    pub executions: HashMap<PackKey, Vec<(&'static str, u64)>>,
+    /// For `/metrics`: start lateness in the exposition's buckets.
+    pub lateness: crate::metrics::Lateness,
+    /// Retries scheduled.
+    pub retries: u64,
+    /// Occurrences skipped.
+    pub skips: u64,
+    /// Occurrences given up on.
+    pub give_ups: u64,
+    /// Safe-state entries by reason (`SafeReason::as_str`).
+    pub safe_states: HashMap<&'static str, u64>,
     /// Reused for encoding feedback records.
     buf: Vec<u8>,
+}
+
+impl Tally {
+    /// Count one execution of `pack` ending in `result` (no allocation
+    /// after a pack's first executions).
+    fn count_execution(&mut self, pack: &PackKey, result: &'static str) {
+        let by = match self.executions.get_mut(pack) {
+            Some(by) => by,
+            None => self.executions.entry(pack.clone()).or_default(),
+        };
+        match by.iter_mut().find(|(r, _)| *r == result) {
+            Some((_, n)) => *n += 1,
+            None => by.push((result, 1)),
+        }
+    }
+
+    /// Count a core event for `/metrics`.
+    fn count_event(&mut self, kind: &EventKind) {
+        match kind {
+            EventKind::Retry { .. } => self.retries += 1,
+            EventKind::Skip { .. } => self.skips += 1,
+            EventKind::GiveUp { .. } => self.give_ups += 1,
+            EventKind::SafeState { reason } => {
+                *self.safe_states.entry(reason.as_str()).or_default() += 1
+            }
+            _ => {}
+        }
+    }
 }
 
 impl Default for Tally {
@@ -43,6 +86,12 @@ impl Default for Tally {
             early: 0,
             failed: 0,
             not_run: 0,
+            executions: HashMap::new(),
+            lateness: crate::metrics::Lateness::default(),
+            retries: 0,
+            skips: 0,
+            give_ups: 0,
+            safe_states: HashMap::new(),
             buf: Vec::with_capacity(512),
         }
     }
@@ -92,6 +141,7 @@ pub fn executed(
         // Saturating: a catch-up firing an hour late still counts (at the
         // histogram's 60 s bound) instead of vanishing from the summary.
         tally.hist.saturating_record(rec.lateness_ns.max(0) as u64);
+        tally.lateness.observe(rec.lateness_ns);
         if rec.lateness_ns < 0 {
             tally.early += 1;
         }
@@ -106,6 +156,7 @@ pub fn executed(
     if matches!(rec.result, FiringResult::Failed(_)) {
         tally.failed += 1;
     }
+    tally.count_execution(rec.pack, rec.result.word());
     tally.buf.clear();
     let fb = Executed {
         event: "executed",
@@ -145,10 +196,12 @@ pub fn executed(
 /// whose record has no execution id to carry it.
 pub fn event(
     journal: &mut Journal,
+    tally: &mut Tally,
     e: &Event,
     version: Option<u64>,
     uncertainty_ns: i64,
 ) -> Result<(), JournalError> {
+    tally.count_event(&e.kind);
     if matches!(e.kind, EventKind::Fire | EventKind::Ok { .. }) {
         // The executed record already says it fired and how it ended.
         announce(e, "");

@@ -33,6 +33,7 @@ pub mod check;
 mod clock_loss;
 mod exit;
 pub mod feedback;
+mod metrics;
 mod outputs;
 pub mod ports;
 pub mod record;
@@ -261,6 +262,8 @@ pub struct Agent {
     /// READY / WATCHDOG / STOPPING to systemd (off unless
     /// [`Agent::notify_systemd`] is called).
     systemd: systemd::Systemd,
+    /// Where `/metrics` snapshots go (`None` without `--metrics`).
+    metrics: Option<Arc<crate::metrics::Published>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -388,6 +391,7 @@ impl Agent {
             started,
             clock_wait: Vec::new(),
             systemd: systemd::Systemd::default(),
+            metrics: None,
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
@@ -723,6 +727,7 @@ impl Agent {
             self.serve_cancel_requests()?;
             self.check_clock_loss()?;
             self.retry_clock_wait()?;
+            self.publish_metrics();
         }
         Ok(())
     }

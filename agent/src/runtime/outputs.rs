@@ -387,7 +387,8 @@ impl Agent {
             Some(_) => None,
             None => self.core.held(&e.pack).map(|(v, _)| v),
         };
-        feedback::event(&mut self.journal, e, version, self.clock.uncertainty_ns())
+        let u = self.clock.uncertainty_ns();
+        feedback::event(&mut self.journal, &mut self.tally, e, version, u)
     }
 
     pub(super) fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {

@@ -175,6 +175,13 @@ impl Agent {
         Ok(())
     }
 
+    /// For `/metrics`: whether the session is established (welcomed), and
+    /// the messages waiting for the link; `None` without a controller.
+    pub(super) fn link_metrics(&self) -> Option<(bool, usize)> {
+        let up = self.uplink.as_ref()?;
+        Some((up.welcomed && !up.closed, up.pending.len()))
+    }
+
     /// Stop the link thread (the way out), waiting at most a second.
     pub(super) fn stop_uplink(&mut self) {
         if let Some(up) = &mut self.uplink

@@ -315,6 +315,7 @@ impl AdminService {
                 // Concurrent: the store's writer commits them in a few
                 // batches instead of one transaction per agent.
                 let store = store.clone();
+                self.shared.metrics.delivery(d.state);
                 writes.spawn(async move { store.put_delivery(d).await });
             } else if a
                 .held

@@ -15,6 +15,7 @@ pub mod admin;
 pub mod bucket;
 pub mod convert;
 pub mod hub;
+pub mod metrics;
 pub mod reconcile;
 pub mod revocations;
 pub mod session;
@@ -54,6 +55,9 @@ pub struct ServerConfig {
     pub hello_timeout: Duration,
     /// mTLS (`None`: plaintext, `--insecure`).
     pub tls: Option<tls::TlsOptions>,
+    /// Where `/metrics` is served (`None`: not served; port 0: any free
+    /// port, written to `DATA/metrics.addr`).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -66,6 +70,7 @@ impl ServerConfig {
             ping_interval: Duration::from_secs(10),
             hello_timeout: Duration::from_secs(10),
             tls: None,
+            metrics: None,
         }
     }
 }
@@ -84,6 +89,8 @@ pub struct Shared {
     pub cfg: ServerConfig,
     /// Serials of revoked certificates (empty without TLS).
     pub revoked: watch::Sender<Arc<HashSet<String>>>,
+    /// Counters for `/metrics`.
+    pub metrics: metrics::Metrics,
     bucket: tokio::sync::Mutex<TokenBucket>,
     /// Per agent: 1 µs .. 60 s at 2 digits, u32 counts (~11 KB each; the
     /// u64 / 1 h version was 37 KB per agent ever seen).
@@ -122,6 +129,7 @@ impl Shared {
             revoked: watch::Sender::new(Arc::new(HashSet::new())),
             bucket: tokio::sync::Mutex::new(TokenBucket::new(cfg.pace, Instant::now())),
             cfg,
+            metrics: metrics::Metrics::default(),
             lateness: Mutex::new(HashMap::new()),
         })
     }
@@ -164,6 +172,7 @@ impl Shared {
 
     /// Announce a delivery change to watchers.
     pub fn delivery_event(&self, d: &DeliveryRow) {
+        self.metrics.delivery(d.state);
         self.publish(Ev::Delivery(convert::delivery_to_wire(d)));
     }
 
@@ -300,6 +309,16 @@ pub async fn serve(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
     write_addr(&cfg.data_dir, addr)?;
+    let metrics_listener = match cfg.metrics {
+        Some(a) => {
+            let l = metrics::bind(a).await?;
+            let bound = l.local_addr()?;
+            write_file_atomic(&cfg.data_dir, "metrics.addr", &format!("{bound}\n"))?;
+            tracing::info!("metrics on http://{bound}/metrics");
+            Some(l)
+        }
+        None => None,
+    };
     store.all_disconnected(now_ns()).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared::new(store, cfg, stop_rx.clone());
@@ -362,6 +381,7 @@ pub async fn serve(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
         }
     };
+    let metrics_task = metrics_listener.map(|l| tokio::spawn(metrics::serve(l, shared.clone())));
     // systemd (`Type=notify`): the listener is bound and the store open.
     // Nothing is sent without NOTIFY_SOCKET; nothing here blocks.
     let notifier = baton_service::notify::Notifier::from_env();
@@ -378,6 +398,9 @@ pub async fn serve(
     if let Some(t) = accept_task {
         t.abort();
     }
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     tracing::info!("stopping: closing agent streams and watchers");
     let _ = stop_tx.send(true);
     let _ = done_tx.send(());
@@ -392,8 +415,12 @@ pub async fn serve(
 }
 
 fn write_addr(dir: &std::path::Path, addr: SocketAddr) -> anyhow::Result<()> {
-    let tmp = dir.join("listen.addr.tmp");
-    std::fs::write(&tmp, format!("{addr}\n"))?;
-    std::fs::rename(&tmp, dir.join("listen.addr"))?;
+    write_file_atomic(dir, "listen.addr", &format!("{addr}\n"))
+}
+
+fn write_file_atomic(dir: &std::path::Path, name: &str, text: &str) -> anyhow::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, dir.join(name))?;
     Ok(())
 }

@@ -17,6 +17,7 @@ use tonic::{Status, Streaming};
 
 use super::convert::{self, BadMessage};
 use super::hub::SessionCmd;
+use super::metrics::{AgentClock, PushResult};
 use super::reconcile::{self, Action, Refused};
 use super::{Shared, now_ns};
 use crate::store::{
@@ -188,6 +189,9 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(1), out.send(Err(s))).await;
     }
     let still_current = shared.hub.unregister(&agent_id, generation);
+    if still_current {
+        shared.metrics.forget(&agent_id);
+    }
     // A forgotten agent has no record left to mark.
     if still_current && !matches!(end, End::Forgotten) {
         if let Err(e) = shared.store.agent_seen(&agent_id, false, now_ns()).await {
@@ -450,6 +454,11 @@ impl Session {
                 // not a `Held` update follows (a resync must not push it
                 // again).
                 self.note_held(&key).await?;
+                self.shared.metrics.push_result(if a.unchanged {
+                    PushResult::Unchanged
+                } else {
+                    PushResult::Acked
+                });
                 let reason = if a.unchanged { "already held" } else { "" };
                 self.set_delivery(key, DeliveryState::Acked, reason.into(), Vec::new(), 0)
                     .await
@@ -458,6 +467,14 @@ impl Session {
             Some(In::Feedback(batch)) => self.on_feedback(batch).await,
             Some(In::ClockReport(c)) => {
                 let row = convert::clock(&c)?;
+                self.shared.metrics.clock(
+                    &self.agent.id,
+                    AgentClock {
+                        offset_ns: row.offset_ns,
+                        uncertainty_ns: row.uncertainty_ns,
+                        locked: row.state == "locked",
+                    },
+                );
                 self.shared.store.record_clock(&self.agent.id, row).await?;
                 self.shared
                     .agent_event(&self.agent.id, wire::AgentEventKind::Clock, Some(c), "");
@@ -503,6 +520,11 @@ impl Session {
                 | wire::NackReason::Clock
                 | wire::NackReason::Unavailable
         );
+        self.shared.metrics.push_result(if retryable {
+            PushResult::Retry
+        } else {
+            PushResult::Nacked
+        });
         if retryable {
             // Kept pending with the reason; pushed again with backoff.
             let retries = self.in_flight.get(&key).map_or(0, |f| f.retries) + 1;
@@ -629,6 +651,9 @@ impl Session {
             // them only when someone watches.
             let watched = self.shared.watched().then(|| rows.clone());
             let stored = self.shared.store.put_feedback(rows).await?;
+            self.shared
+                .metrics
+                .feedback(stored.inserted, stored.duplicates);
             if stored.duplicates > 0 {
                 tracing::debug!(agent = %self.agent.id, duplicates = stored.duplicates, "feedback re-sent");
             }
@@ -668,6 +693,7 @@ impl Session {
         };
         self.set_delivery(key.clone(), DeliveryState::Pending, reason, Vec::new(), 1)
             .await?;
+        self.shared.metrics.push_sent();
         self.send(Out::PackPush(wire::PackPush {
             pack: Some(convert::wire_ref(&row.tenant, &row.pack, row.version)),
             yaml: row.yaml.clone(),

@@ -459,6 +459,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Create or replace the delivery of (agent, tenant, pack, version).
     async fn put_delivery(&self, delivery: DeliveryRow) -> StoreResult<()>;
+    /// How many deliveries are stored in each state (for `/metrics`; a
+    /// state with none is left out).
+    async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>>;
     /// Deliveries of one pack version, by agent.
     async fn deliveries_of_pack(
         &self,

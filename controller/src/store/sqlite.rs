@@ -1444,6 +1444,26 @@ impl Store for SqliteStore {
     }
 
     /// By tenant, pack, version.
+    /// One scan of `deliveries` (a few hundred thousand rows for a large
+    /// fleet: milliseconds, once per scrape, on the read pool).
+    async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>> {
+        self.read(|conn| {
+            query_all(
+                conn,
+                "SELECT state, COUNT(*) AS n FROM deliveries GROUP BY state",
+                [],
+                |row| {
+                    let state: String = col(row, "state")?;
+                    let n: i64 = col(row, "n")?;
+                    let state = DeliveryState::parse(&state)
+                        .ok_or_else(|| StoreError::Backend(format!("unknown state {state:?}")))?;
+                    Ok((state, u64_from_db(n, "count")?))
+                },
+            )
+        })
+        .await
+    }
+
     async fn deliveries_of_agent(&self, agent_id: &str) -> StoreResult<Vec<DeliveryRow>> {
         let agent_id = agent_id.to_owned();
         self.read(move |conn| {
