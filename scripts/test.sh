@@ -22,7 +22,7 @@ command -v promtool >/dev/null || need+=(prometheus)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3 python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
   else
     echo "test.sh: missing ${need[*]} (install as root)" >&2
   fi
