@@ -103,10 +103,7 @@ impl Drop for FakeServer {
 }
 
 fn realtime_minus_monotonic() -> i64 {
-    let m0 = clock_ns(ClockId::CLOCK_MONOTONIC);
-    let r = clock_ns(ClockId::CLOCK_REALTIME);
-    let m1 = clock_ns(ClockId::CLOCK_MONOTONIC);
-    r - (m0 + (m1 - m0) / 2)
+    baton_agent::clock::system::read_offset().1
 }
 
 #[test]

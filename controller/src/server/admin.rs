@@ -660,21 +660,10 @@ impl wire::admin_server::Admin for AdminService {
     ) -> Result<Response<wire::ClockHistoryReply>, Status> {
         let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
-        let agents = self.shared.store.agents().await.map_err(store_status)?;
-        let packs = match caller.tenant() {
-            Some(t) => self
-                .shared
-                .store
-                .packs(Some(t))
-                .await
-                .map_err(store_status)?,
-            None => Vec::new(),
-        };
         // The same answer for an agent that does not exist and one another
         // tenant's packs alone reach: nothing leaks.
-        if !caller.visible_agents(&agents, &packs).contains(&req.agent) {
-            return Err(Status::not_found(format!("no agent {}", req.agent)));
-        }
+        self.visible_agent(&caller, caller.tenant(), &req.agent)
+            .await?;
         let mut rows = self
             .shared
             .store

@@ -11,7 +11,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use nix::time::ClockId;
 use rand08::SeedableRng;
 use rand08::rngs::StdRng;
 use statime::PtpInstance;
@@ -36,8 +35,8 @@ use super::timescale::utc_correction_ns;
 use super::txsock::TxSocket;
 use super::virtual_clock::{MonoVirtualClock, VirtualClock, fixed_from_duration, time_from_fixed};
 use super::{PtpError, PtpPortState};
+use crate::clock::MonoTime;
 use crate::clock::sample::{Sample, SampleSender, SourceKind};
-use crate::clock::{MonoTime, clock_ns};
 
 const PRIMARY_MULTICAST: Ipv4Addr = Ipv4Addr::new(224, 0, 1, 129);
 const PDELAY_MULTICAST: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 107);
@@ -107,16 +106,7 @@ pub fn open(iface: InterfaceName) -> Result<Io, PtpError> {
 /// `CLOCK_REALTIME − CLOCK_MONOTONIC` now, ns: the tightest of three
 /// bracketed reads (software timestamps are on `CLOCK_REALTIME`).
 pub fn realtime_minus_mono() -> i64 {
-    let mut best = (0, i64::MAX);
-    for _ in 0..3 {
-        let m0 = clock_ns(ClockId::CLOCK_MONOTONIC);
-        let r = clock_ns(ClockId::CLOCK_REALTIME);
-        let m1 = clock_ns(ClockId::CLOCK_MONOTONIC);
-        if m1 - m0 < best.1 {
-            best = (r - (m0 + (m1 - m0) / 2), m1 - m0);
-        }
-    }
-    best.0
+    crate::clock::system::read_offset().1
 }
 
 /// A kernel software timestamp (`CLOCK_REALTIME`) on the virtual clock: to
