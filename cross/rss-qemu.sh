@@ -26,7 +26,9 @@ measure() { # NAME PACK...
   shift
   work=$(mktemp -d)
   for p in "$@"; do packs+=(--pack "$p"); done
-  "${qemu[@]}" "$bin" run --no-rt --quiet --system-clock reference \
+  # maintenance-exec.yaml runs logrotate: allow it (as agent.yaml would).
+  printf 'exec-allowlist: [/usr/sbin/logrotate, {program: /usr/bin/true, env: [CHECK_LEVEL]}]\n' >"$work/agent.yaml"
+  "${qemu[@]}" "$bin" run --no-rt --quiet --system-clock reference --config "$work/agent.yaml" \
     --gpio "sim:$work/gpio" --data "$work/d" "${packs[@]}" >"$work/out" 2>&1 &
   local pid=$! hwm=0 rss=0
   sleep "$secs"
