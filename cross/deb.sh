@@ -30,7 +30,7 @@ for t in "${targets[@]}"; do
   for p in baton-agent baton-controller; do
     # --no-build: the binaries cross/build.sh made; cargo-deb strips them
     # with the target's strip and computes $auto's libc dependency.
-    cargo deb --locked --no-build -p "$p" --target "$t" -o "$out/" >/dev/null
+    cargo deb --locked --no-build --strip -p "$p" --target "$t" -o "$out/" >/dev/null
   done
 done
 ls -l "$out"/*.deb
