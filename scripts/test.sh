@@ -49,6 +49,10 @@ cargo build --workspace --bins --locked
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+# The agent's unit tests built for aarch64 and run under qemu-user
+# (installs the rust target, Debian's cross gcc and qemu-user-static if
+# missing; its own target directory, dev profile: ~5 min from scratch).
+cross/test-aarch64.sh 2>&1 | tee -a "$log"
 # A short fuzzing run per target (pack parser, journal replay, wire decode).
 scripts/fuzz.sh 15
 # One closing line for the whole suite (cargo prints one per test binary).

@@ -65,7 +65,8 @@ fn clock_monotonic() -> MonoTime {
     // SAFETY: a valid, writable timespec.
     let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     assert_eq!(r, 0, "clock_gettime");
-    MonoTime(ts.tv_sec * 1_000_000_000 + ts.tv_nsec)
+    // `time_t` and `c_long` are 32 bits on armv7: widen first.
+    MonoTime((ts.tv_sec as i64) * 1_000_000_000 + ts.tv_nsec as i64)
 }
 
 fn read_pid(path: &Path) -> libc::pid_t {

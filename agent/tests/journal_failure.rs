@@ -35,7 +35,8 @@ fn a_journal_write_failure_drives_the_safe_state_and_is_a_fault() {
     // then returns EFBIG instead of killing the test process.
     unsafe { signal(Signal::SIGXFSZ, SigHandler::SigIgn) }.expect("ignore SIGXFSZ");
     let (_, hard) = getrlimit(Resource::RLIMIT_FSIZE).expect("getrlimit");
-    setrlimit(Resource::RLIMIT_FSIZE, journal, hard).expect("setrlimit");
+    // `rlim_t` is 32 bits on armv7; the journal is a few KB.
+    setrlimit(Resource::RLIMIT_FSIZE, journal as libc::rlim_t, hard).expect("setrlimit");
     // The next firing is due: its start record cannot be written.
     r.clock.advance(Duration::from_millis(10));
     let cause = r.agent.run(&StopFlag::default(), false);

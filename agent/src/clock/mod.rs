@@ -27,7 +27,9 @@ pub struct MonoTime(pub i64);
 /// agent supports, so a failure is a broken system: it is loud.
 pub fn clock_ns(clock: ClockId) -> i64 {
     match clock_gettime(clock) {
-        Ok(ts) => ts.tv_sec() * 1_000_000_000 + ts.tv_nsec(),
+        // `time_t` and `c_long` are 32 bits on armv7 (gnueabihf): widen
+        // before multiplying (`as`, not `from`: a no-op on 64-bit targets).
+        Ok(ts) => (ts.tv_sec() as i64) * 1_000_000_000 + ts.tv_nsec() as i64,
         Err(e) => panic!("clock_gettime({clock}) failed: {e}"),
     }
 }
