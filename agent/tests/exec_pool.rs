@@ -57,6 +57,10 @@ fn recv(rx: &Receiver<ExecResult>) -> ExecResult {
 }
 
 /// `CLOCK_MONOTONIC` read directly, independent of the agent's helpers.
+#[allow(
+    clippy::useless_conversion,
+    reason = "`time_t` and `c_long` are i32 on armv7 gnueabihf, i64 here"
+)]
 fn clock_monotonic() -> MonoTime {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -66,7 +70,7 @@ fn clock_monotonic() -> MonoTime {
     let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     assert_eq!(r, 0, "clock_gettime");
     // `time_t` and `c_long` are 32 bits on armv7: widen first.
-    MonoTime((ts.tv_sec as i64) * 1_000_000_000 + ts.tv_nsec as i64)
+    MonoTime(i64::from(ts.tv_sec) * 1_000_000_000 + i64::from(ts.tv_nsec))
 }
 
 fn read_pid(path: &Path) -> libc::pid_t {

@@ -25,11 +25,15 @@ pub struct MonoTime(pub i64);
 
 /// Nanoseconds on `clock`. The clocks read here exist on every Linux this
 /// agent supports, so a failure is a broken system: it is loud.
+#[allow(
+    clippy::useless_conversion,
+    reason = "`time_t` and `c_long` are i32 on armv7 gnueabihf, i64 here"
+)]
 pub fn clock_ns(clock: ClockId) -> i64 {
     match clock_gettime(clock) {
         // `time_t` and `c_long` are 32 bits on armv7 (gnueabihf): widen
-        // before multiplying (`as`, not `from`: a no-op on 64-bit targets).
-        Ok(ts) => (ts.tv_sec() as i64) * 1_000_000_000 + ts.tv_nsec() as i64,
+        // before multiplying (`from` is the identity on 64-bit targets).
+        Ok(ts) => i64::from(ts.tv_sec()) * 1_000_000_000 + i64::from(ts.tv_nsec()),
         Err(e) => panic!("clock_gettime({clock}) failed: {e}"),
     }
 }
