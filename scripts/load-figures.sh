@@ -38,7 +38,7 @@ ticks() { # PID [dispatch|rest]
 rss() { awk '/VmRSS/ {print $2}' /proc/$1/status; }
 
 printf "%-8s %10s %10s %14s %14s %10s\n" load rss_start rss_end dispatch_cpu other_cpu firings
-for p in idle k1 k10; do
+for p in ${LOADS:-idle k1 k10}; do
   rm -rf "$tmp/data-$p"
   "$bin" run --quiet --data "$tmp/data-$p" --gpio sim:/dev/null --pack "$tmp/$p.yaml" >"$tmp/$p.out" 2>"$tmp/$p.err" &
   pid=$!

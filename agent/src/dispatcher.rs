@@ -248,6 +248,12 @@ struct Shared {
     done: ArrayQueue<Done>,
     requests: ArrayQueue<Request>,
     word: AtomicU32,
+    /// Set while the thread is in (or about to enter) `futex_wait`: a
+    /// submit only makes the wake-up syscall then. Both sides use SeqCst
+    /// (a store-load pair, as in Dekker's algorithm): either the submitter
+    /// sees the flag and wakes the thread, or the thread's wait sees the
+    /// bumped word and returns at once.
+    sleeping: AtomicBool,
     stop: AtomicBool,
     stats: Stats,
 }
@@ -263,8 +269,21 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     fn bump(&self) {
-        self.word.fetch_add(1, Ordering::Release);
-        futex_wake(&self.word);
+        self.word.fetch_add(1, Ordering::SeqCst);
+        // A thread spinning or running sees the new word by itself; only a
+        // sleeping one needs the syscall (one per firing before this).
+        if self.sleeping.load(Ordering::SeqCst) {
+            futex_wake(&self.word);
+        }
+    }
+
+    /// Sleep until the word moves from `seen` or `deadline_ns` passes.
+    fn sleep(&self, seen: u32, deadline_ns: Option<i64>) {
+        self.sleeping.store(true, Ordering::SeqCst);
+        if self.word.load(Ordering::SeqCst) == seen {
+            futex_wait(&self.word, seen, deadline_ns);
+        }
+        self.sleeping.store(false, Ordering::SeqCst);
     }
 }
 
@@ -287,6 +306,8 @@ pub struct Dispatcher {
     exited: Receiver<()>,
     rt: RtStatus,
     credits: Credits,
+    /// Jobs were submitted that the thread has not been woken for.
+    unseen: bool,
 }
 
 /// How long [`Drop`] waits for the thread before letting it go.
@@ -306,6 +327,7 @@ impl Dispatcher {
             done: ArrayQueue::new(QUEUE_CAPACITY),
             requests: ArrayQueue::new(4),
             word: AtomicU32::new(0),
+            sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             stats: Stats::default(),
         });
@@ -333,6 +355,7 @@ impl Dispatcher {
                 exited,
                 rt,
                 credits: Credits::default(),
+                unseen: false,
             },
             gpio,
         ))
@@ -350,6 +373,14 @@ impl Dispatcher {
 
     /// Hand a job over; wakes the thread if it is sleeping.
     pub fn submit(&mut self, job: Job) -> Result<(), DispatchError> {
+        self.submit_unseen(job)?;
+        self.wake();
+        Ok(())
+    }
+
+    /// Hand a job over without waking the thread: [`Self::wake`] after a
+    /// batch. Until then the thread may not see it (if it sleeps).
+    pub fn submit_unseen(&mut self, job: Job) -> Result<(), DispatchError> {
         let n = job.op.credits();
         if !self.credits.available(job.kind, n) {
             return Err(DispatchError::NoCredit(job.id));
@@ -359,8 +390,15 @@ impl Dispatcher {
             .push(job)
             .map_err(|j| DispatchError::NoCredit(j.id))?;
         self.credits.take(n);
-        self.shared.bump();
+        self.unseen = true;
         Ok(())
+    }
+
+    /// Make the jobs submitted so far seen (one wake-up, if it sleeps).
+    pub fn wake(&mut self) {
+        if std::mem::take(&mut self.unseen) {
+            self.shared.bump();
+        }
     }
 
     /// Next finished job, if any.
@@ -408,6 +446,7 @@ impl Dispatcher {
     /// `false` asks again (and waits again at most its own timeout).
     pub fn stop(&mut self, timeout: Duration) -> bool {
         self.shared.stop.store(true, Ordering::Release);
+        self.unseen = false;
         self.shared.bump();
         // The handle is kept until the thread has ended: a second call after
         // one that timed out must not report a stuck thread as ended.
@@ -503,6 +542,9 @@ impl Ord for Queued {
     }
 }
 
+/// Results after which a long run of due jobs unparks the control thread
+/// anyway (a sixth of the attempt credits: credits keep coming back).
+const NOTIFY_BATCH: usize = 256;
 const MIN_MARGIN_NS: i64 = 20_000;
 const MAX_MARGIN_NS: i64 = 500_000;
 /// One wake-up that came very late (a hypervisor hiccup) must not make the
@@ -525,6 +567,8 @@ struct Local<'a> {
     heap: BinaryHeap<Queued>,
     seq: u64,
     request_seen: Option<i64>,
+    /// Results pushed since the control thread was last unparked.
+    unnotified: std::cell::Cell<usize>,
 }
 
 fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &Thread) {
@@ -536,6 +580,7 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
         heap: BinaryHeap::with_capacity(QUEUE_CAPACITY),
         seq: 0,
         request_seen: None,
+        unnotified: std::cell::Cell::new(0),
     };
     // Margin: start generous, then cover the worst of the recent wake-up
     // overshoots (a window of the last 32, each capped), plus a floor. A
@@ -558,12 +603,14 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
                 // must get its result like any other, not vanish.
                 l.take_inbox();
                 if l.heap.is_empty() {
+                    l.notify_results();
                     return;
                 }
                 continue;
             }
+            l.notify_results();
             s.stats.heartbeat.waiting(None);
-            futex_wait(&s.word, seen, None);
+            s.sleep(seen, None);
             s.stats.heartbeat.awake();
             continue;
         };
@@ -583,8 +630,9 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
             if l.request_seen.is_some() {
                 wake_at = wake_at.min(deadline - REQUEST_GUARD_NS);
             }
+            l.notify_results();
             s.stats.heartbeat.waiting(Some(wake_at));
-            futex_wait(&s.word, seen, Some(wake_at));
+            s.sleep(seen, Some(wake_at));
             s.stats.heartbeat.awake();
             let woke = mono_now().0;
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
@@ -598,6 +646,9 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
             continue;
         }
         // Spin to the deadline, still watching for an earlier job.
+        if deadline > now.0 {
+            l.notify_results();
+        }
         let spin_start = now.0;
         let mut t = now.0;
         while t < deadline {
@@ -702,7 +753,23 @@ impl Local<'_> {
             self.s.stats.lost_results.fetch_add(1, Ordering::Relaxed);
         }
         self.s.stats.heartbeat.progress();
-        self.notify.unpark();
+        // The control thread is woken once per run of due jobs (before this
+        // thread waits or spins), not once per result: ten firings due at
+        // one instant cost it one pass and one journal write, not ten. A
+        // long burst still hands results (and so credits) back every
+        // NOTIFY_BATCH results, so it keeps flowing.
+        let n = self.unnotified.get() + 1;
+        self.unnotified.set(n);
+        if n >= NOTIFY_BATCH {
+            self.notify_results();
+        }
+    }
+
+    /// Unpark the control thread if results wait for it.
+    fn notify_results(&self) {
+        if self.unnotified.replace(0) > 0 {
+            self.notify.unpark();
+        }
     }
 
     fn not_run(&self, job: Job, now: MonoTime, why: NotRun) {

@@ -334,7 +334,11 @@ fn init_tracing(live: Option<LiveLayer>, format: LogFormat) {
         } else {
             tracing_subscriber::filter::LevelFilter::TRACE
         };
-        let events = if events_to_live {
+        let events = if events_to_live && l.0.quiet() {
+            // Quiet: retries, skips, failures and safe states; not the
+            // `fire` of every attempt (a write per firing otherwise).
+            tracing_subscriber::filter::LevelFilter::INFO
+        } else if events_to_live {
             tracing_subscriber::filter::LevelFilter::TRACE
         } else {
             tracing_subscriber::filter::LevelFilter::OFF

@@ -139,6 +139,13 @@ impl Arming {
     /// Hand over what credits allow: safe writes first. Attempts withdrawn
     /// while they waited come back as tickets to report not run.
     pub fn pump(&mut self, device: &mut dyn Device) -> Result<Vec<Ticket>, DispatchError> {
+        let r = self.hand_over(device);
+        // One wake-up for the whole batch, whichever way it ended.
+        device.wake();
+        r
+    }
+
+    fn hand_over(&mut self, device: &mut dyn Device) -> Result<Vec<Ticket>, DispatchError> {
         while let Some(job) = self.safe_backlog.front() {
             if !device.credits().available(job.kind, job.op.credits()) {
                 break;

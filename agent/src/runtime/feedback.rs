@@ -230,6 +230,12 @@ pub fn event(
 
 /// The tracing event of a core event, at a level by its weight.
 pub fn announce(e: &Event, detail: &str) {
+    if matches!(e.kind, EventKind::Fire | EventKind::Ok { .. })
+        && !tracing::enabled!(target: EVENT_TARGET, tracing::Level::DEBUG)
+    {
+        // Two per firing: not even formatted when nobody listens.
+        return;
+    }
     let pack = e.pack.to_string();
     let instruction = e.instruction.as_deref().unwrap_or("");
     let id = e.id.as_ref().map(|i| i.to_string()).unwrap_or_default();

@@ -116,8 +116,11 @@ impl Clock for ManualClock {
 pub trait Device: Send {
     /// The credit count (see `dispatcher::Credits`).
     fn credits(&self) -> &Credits;
-    /// Hand a job over.
+    /// Hand a job over. It may wait, unseen, until [`Device::wake`]:
+    /// a batch of jobs then costs the device one wake-up, not one each.
     fn submit(&mut self, job: Job) -> Result<(), DispatchError>;
+    /// Make everything submitted so far seen.
+    fn wake(&mut self) {}
     /// Next result, if any.
     fn try_done(&mut self) -> Option<Done>;
     /// Request lines from the backend.
@@ -141,7 +144,10 @@ impl Device for Dispatcher {
         Dispatcher::credits(self)
     }
     fn submit(&mut self, job: Job) -> Result<(), DispatchError> {
-        Dispatcher::submit(self, job)
+        Dispatcher::submit_unseen(self, job)
+    }
+    fn wake(&mut self) {
+        Dispatcher::wake(self)
     }
     fn try_done(&mut self) -> Option<Done> {
         Dispatcher::try_done(self)
