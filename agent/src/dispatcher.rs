@@ -308,6 +308,8 @@ pub struct Dispatcher {
     credits: Credits,
     /// Jobs were submitted that the thread has not been woken for.
     unseen: bool,
+    /// The backend, for the way out when this thread is stuck.
+    emergency: EmergencyGpio,
 }
 
 /// How long [`Drop`] waits for the thread before letting it go.
@@ -356,6 +358,7 @@ impl Dispatcher {
                 rt,
                 credits: Credits::default(),
                 unseen: false,
+                emergency: gpio.clone(),
             },
             gpio,
         ))
@@ -392,6 +395,12 @@ impl Dispatcher {
         self.credits.take(n);
         self.unseen = true;
         Ok(())
+    }
+
+    /// The backend the thread drives, for the way out when the thread is
+    /// stuck (its writes would never land).
+    pub fn emergency(&self) -> &EmergencyGpio {
+        &self.emergency
     }
 
     /// Make the jobs submitted so far seen (one wake-up, if it sleeps).

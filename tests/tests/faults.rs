@@ -77,7 +77,7 @@ fn first_safe(log: &[serde_json::Value]) -> Option<usize> {
     log.iter().position(|l| {
         l["execution_id"]
             .as_str()
-            .is_some_and(|s| s.contains("safe_state") || s.contains("panic-safe-state"))
+            .is_some_and(|s| s.contains("safe_state") || s.contains("-safe-state"))
     })
 }
 
@@ -98,7 +98,7 @@ fn nothing_after_safe_state(log: &[serde_json::Value]) {
     for l in &log[i..] {
         let id = l["execution_id"].as_str().unwrap_or("");
         assert!(
-            id.contains("safe_state") || id.contains("panic-safe-state"),
+            id.contains("safe_state") || id.contains("-safe-state"),
             "a write after the safe state: {l}"
         );
     }
@@ -248,6 +248,44 @@ fn a_panic_drives_the_safe_state_through_the_backend() {
     let last = log.last().expect("writes");
     assert_eq!(last["execution_id"], "panic-safe-state", "{last}");
     assert_eq!(final_levels(&log)[&5], 0);
+}
+
+#[test]
+fn a_stuck_dispatcher_still_gets_the_safe_state_written_and_exits_non_zero() {
+    // After 3 toggles (line 5: 1, 0, 1) the dispatcher hangs for good, as
+    // in a GPIO call that never returns: the safe state it is handed on
+    // SIGTERM could never land through it.
+    let s = setup(&toggling_pack());
+    let mut child = Running(
+        agent(&s, &["--inject-dispatcher-stall-after", "3"])
+            .spawn()
+            .expect("spawn"),
+    );
+    assert!(
+        wait_until(T, || sim_lines(&s.log).len() >= 3),
+        "the pack never fired 3 times"
+    );
+    assert_eq!(
+        final_levels(&sim_lines(&s.log))[&5],
+        1,
+        "stalled with the line high"
+    );
+    signal(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child, T).expect("exits despite the stuck dispatcher");
+    let err = stderr_of(&mut child.0);
+    assert!(
+        !status.success(),
+        "a stuck dispatcher is a fault: {status:?}\n{err}"
+    );
+    assert!(err.contains("dispatcher stuck"), "{err}");
+    let log = sim_lines(&s.log);
+    nothing_after_safe_state(&log);
+    let last = log.last().expect("writes");
+    assert_eq!(
+        last["execution_id"], "stuck-dispatcher-safe-state",
+        "{last}"
+    );
+    assert_eq!(final_levels(&log)[&5], 0, "{err}");
 }
 
 #[test]

@@ -13,7 +13,9 @@ impl Agent {
         self.systemd_stopping();
         let now = self.clock.now();
         let events = self.drive_all_safe_states(now);
-        self.await_safe_writes();
+        if !self.await_safe_writes() {
+            self.drive_safe_states_directly();
+        }
         self.journal_unsent(now);
         if !self.device.stop(DEVICE_STOP_WAIT) {
             tracing::error!("the dispatcher thread did not stop within {DEVICE_STOP_WAIT:?}");
@@ -56,9 +58,14 @@ impl Agent {
         events
     }
 
-    /// Wait (bounded) for the safe-state writes to land.
-    fn await_safe_writes(&mut self) {
-        let end = crate::clock::mono_now().0 + SAFE_STATE_WAIT.as_nanos() as i64;
+    /// Wait (bounded) for the safe-state writes to land; whether they all
+    /// did. Gives up early on a dispatcher that is stuck: busy with no
+    /// progress for [`STALL_GRACE`] (a GPIO call that never returns, say).
+    fn await_safe_writes(&mut self) -> bool {
+        let start = crate::clock::mono_now().0;
+        let end = start + SAFE_STATE_WAIT.as_nanos() as i64;
+        let grace = STALL_GRACE.as_nanos() as i64;
+        let mut last: Option<(u64, i64)> = None;
         while self.arming.side_in_flight() && crate::clock::mono_now().0 < end {
             if let Err(e) = self.arming.pump(self.device.as_mut()) {
                 tracing::error!("safe state: {e}");
@@ -67,11 +74,62 @@ impl Agent {
             while let Some(done) = self.device.try_done() {
                 self.wind_down_done(done);
             }
+            if let Some(stats) = self.device.stats() {
+                let pulse = stats.heartbeat.pulse();
+                let now = crate::clock::mono_now().0;
+                match last {
+                    Some((beat, since)) if beat == pulse.beat => {
+                        if now - since > grace
+                            && !baton_service::watchdog::alive(Some(beat), pulse, now, grace)
+                        {
+                            tracing::error!(
+                                "the dispatcher thread has made no progress for {STALL_GRACE:?}: its safe-state writes cannot land"
+                            );
+                            break;
+                        }
+                    }
+                    _ => last = Some((pulse.beat, now)),
+                }
+            }
             std::thread::park_timeout(Duration::from_millis(1));
         }
         if self.arming.side_in_flight() {
             tracing::error!("safe-state writes did not all land within {SAFE_STATE_WAIT:?}");
+            return false;
         }
+        true
+    }
+
+    /// The last resort of the way out, as the panic hook does: the
+    /// safe-state levels of every held pack written straight through the
+    /// backend, bypassing the stuck dispatcher. The stop is then a fault
+    /// (exit non-zero), whatever asked for it.
+    fn drive_safe_states_directly(&mut self) {
+        let Some(gpio) = self.device.emergency() else {
+            return;
+        };
+        let (ok, failed) =
+            super::safety::drive_now(&self.safe_table, &gpio, "stuck-dispatcher-safe-state");
+        if failed.is_empty() {
+            tracing::error!(
+                writes = ok,
+                "safe state driven straight through the backend (dispatcher stuck)"
+            );
+        } else {
+            tracing::error!(
+                writes = ok,
+                failures = ?failed,
+                "safe state driven straight through the backend (dispatcher stuck); some writes failed"
+            );
+        }
+        self.degraded_exit = Some(if failed.is_empty() {
+            "the dispatcher thread was stuck: the safe state was written directly".to_string()
+        } else {
+            format!(
+                "the dispatcher thread was stuck and the direct safe-state writes failed: {}",
+                failed.join("; ")
+            )
+        });
     }
 
     /// What never reached the device provably did not run: journalled not

@@ -74,6 +74,8 @@ pub use build::real_parts;
 const SAFE_STATE_WAIT: Duration = Duration::from_secs(2);
 /// How long the way out waits for the dispatcher thread to end.
 const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
+/// On the way out, a dispatcher busy this long without progress is stuck.
+const STALL_GRACE: Duration = Duration::from_millis(250);
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
@@ -242,6 +244,9 @@ pub struct Agent {
     arming: Arming,
     held: HashMap<PackKey, HeldPack>,
     safe_table: SharedSafeTable,
+    /// Set when the way out had to bypass a stuck dispatcher: the stop is
+    /// then a fault whatever asked for it.
+    degraded_exit: Option<String>,
     /// Packs whose safe state was driven in this run.
     safe_done: HashSet<PackKey>,
     tally: Tally,
@@ -381,6 +386,7 @@ impl Agent {
             arming: Arming::default(),
             held: HashMap::new(),
             safe_table,
+            degraded_exit: None,
             safe_done: HashSet::new(),
             tally: Tally::default(),
             last_heartbeat: now,
@@ -636,7 +642,12 @@ impl Agent {
             tracing::error!("stopping on a fault: {e:#}");
         }
         self.wind_down();
-        cause
+        match (self.degraded_exit.take(), cause) {
+            (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
+                StopCause::Fault(anyhow::anyhow!(why))
+            }
+            (_, cause) => cause,
+        }
     }
 
     fn run_loop(&mut self, stop: &StopFlag, exit_when_idle: bool) -> anyhow::Result<StopCause> {

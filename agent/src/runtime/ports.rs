@@ -13,7 +13,7 @@ use crate::clock::MonoTime;
 use crate::clock::driver::EstimatedClock;
 use crate::clock::estimator::Estimate;
 use crate::clock::sample::SampleSender;
-use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, Job, Stats};
+use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, EmergencyGpio, Job, Stats};
 use crate::gpio::{Direction, LineHandle};
 
 /// Reference time and its mapping to the local monotonic clock.
@@ -121,6 +121,11 @@ pub trait Device: Send {
     fn submit(&mut self, job: Job) -> Result<(), DispatchError>;
     /// Make everything submitted so far seen.
     fn wake(&mut self) {}
+    /// The backend itself, for the way out when the device's thread is
+    /// stuck; none where there is no such thread.
+    fn emergency(&self) -> Option<EmergencyGpio> {
+        None
+    }
     /// Next result, if any.
     fn try_done(&mut self) -> Option<Done>;
     /// Request lines from the backend.
@@ -148,6 +153,9 @@ impl Device for Dispatcher {
     }
     fn wake(&mut self) {
         Dispatcher::wake(self)
+    }
+    fn emergency(&self) -> Option<EmergencyGpio> {
+        Some(Dispatcher::emergency(self).clone())
     }
     fn try_done(&mut self) -> Option<Done> {
         Dispatcher::try_done(self)

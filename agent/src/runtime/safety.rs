@@ -8,6 +8,10 @@
 //! (`exec`) or time pulses: it writes levels, which is what a safe state
 //! should be made of. If the dispatcher thread itself panicked while
 //! holding the backend, the hook cannot take it and says so.
+//!
+//! The way out uses the same direct writes when the dispatcher thread is
+//! stuck (a GPIO call that never returns, say): its queued safe-state
+//! writes would never land.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -49,9 +53,14 @@ impl SafeTable {
 /// How long the hook tries to take the backend before giving up.
 const HOOK_WAIT: Duration = Duration::from_millis(200);
 
-/// Drive every safe-state write now, straight through the backend. Returns
+/// Drive every safe-state write now, straight through the backend, each
+/// labelled `label` (the sim backend logs it as the execution id). Returns
 /// how many writes succeeded and what failed.
-pub fn drive_now(table: &Mutex<SafeTable>, gpio: &EmergencyGpio) -> (usize, Vec<String>) {
+pub fn drive_now(
+    table: &Mutex<SafeTable>,
+    gpio: &EmergencyGpio,
+    label: &str,
+) -> (usize, Vec<String>) {
     let start = Instant::now();
     let table = loop {
         match table.try_lock() {
@@ -81,7 +90,7 @@ pub fn drive_now(table: &Mutex<SafeTable>, gpio: &EmergencyGpio) -> (usize, Vec<
     let mut ok = 0;
     let mut failed = Vec::new();
     for (pack, h, v) in table.writes() {
-        match g.write(h, v, now_ns, "panic-safe-state") {
+        match g.write(h, v, now_ns, label) {
             Ok(()) => ok += 1,
             Err(e) => failed.push(format!("{pack}: {e}")),
         }
@@ -94,7 +103,7 @@ pub fn drive_now(table: &Mutex<SafeTable>, gpio: &EmergencyGpio) -> (usize, Vec<
 pub fn install_panic_hook(table: SharedSafeTable, gpio: EmergencyGpio) {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let (ok, failed) = drive_now(&table, &gpio);
+        let (ok, failed) = drive_now(&table, &gpio, "panic-safe-state");
         tracing::error!(
             writes = ok,
             failures = ?failed,
