@@ -24,7 +24,7 @@ until=$(date -u -d "$soon UTC + $((N / 1000)) seconds" +%Y-%m-%dT%H:%M:%S)
   echo "pack: feedback"; echo "version: 1"; echo "instructions:"
   echo "  - {id: f, action: noop, every: 1ms, start_at: ${soon}.000Z, until: ${until}.000Z}"
 } > "$dir/feedback.yaml"
-./target/release/baton-agent run --quiet ${EXTRA:-} --id fp --data "$dir/data" --gpio "sim:$dir/gpio.jsonl" --pack "$dir/pack.yaml" --pack "$dir/feedback.yaml" >/dev/null 2>"$dir/err" &
+./target/release/baton-agent run --quiet --system-clock reference ${EXTRA:-} --id fp --data "$dir/data" --gpio "sim:$dir/gpio.jsonl" --pack "$dir/pack.yaml" --pack "$dir/feedback.yaml" >/dev/null 2>"$dir/err" &
 pid=$!
 # Wait until both packs are accepted (the agent says so on stderr), then
 # until the feedback pack has fired N times.
