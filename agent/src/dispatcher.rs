@@ -29,7 +29,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
@@ -113,6 +113,10 @@ pub struct Job {
     /// the pack enters its safe state, so a job armed before that never runs
     /// after it. `None` for safe-state and on_failure actions themselves.
     pub live: Option<Arc<AtomicBool>>,
+    /// The control thread needs the result at once (an instruction of the
+    /// pack waits on this one with `after:`). Other successful results may
+    /// wait for its next pass, at most [`RESULT_DEFER_NS`] away.
+    pub prompt: bool,
 }
 
 impl Job {
@@ -254,6 +258,10 @@ struct Shared {
     /// sees the flag and wakes the thread, or the thread's wait sees the
     /// bumped word and returns at once.
     sleeping: AtomicBool,
+    /// When the control thread wakes by itself (monotonic ns), while it is
+    /// parked; [`CONTROL_AWAKE`] while it runs. A successful result is not
+    /// worth a wake-up of its own when that pass comes soon anyway.
+    control_wake: AtomicI64,
     stop: AtomicBool,
     stats: Stats,
 }
@@ -330,6 +338,7 @@ impl Dispatcher {
             requests: ArrayQueue::new(4),
             word: AtomicU32::new(0),
             sleeping: AtomicBool::new(false),
+            control_wake: AtomicI64::new(CONTROL_AWAKE),
             stop: AtomicBool::new(false),
             stats: Stats::default(),
         });
@@ -401,6 +410,17 @@ impl Dispatcher {
     /// stuck (its writes would never land).
     pub fn emergency(&self) -> &EmergencyGpio {
         &self.emergency
+    }
+
+    /// The control thread is about to park until `wake` (monotonic ns;
+    /// `None`: it runs again). Returns whether results already wait, in
+    /// which case it must not park past [`RESULT_DEFER_NS`]: the thread
+    /// may have seen the old wake-up time and left them for this pass.
+    pub fn plan_control_wake(&self, wake: Option<MonoTime>) -> bool {
+        let w = wake.map_or(CONTROL_AWAKE, |w| w.0.max(CONTROL_AWAKE + 1));
+        self.shared.control_wake.store(w, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        !self.shared.done.is_empty()
     }
 
     /// Make the jobs submitted so far seen (one wake-up, if it sleeps).
@@ -520,6 +540,7 @@ pub fn apply(
                     // Its pack's flag: a withdrawn pulse ends early, before
                     // the safe state (see `Local::take_inbox`).
                     live: job.live.clone(),
+                    prompt: job.prompt,
                 });
             }
             r.map(|()| None)
@@ -551,6 +572,22 @@ impl Ord for Queued {
     }
 }
 
+/// [`Shared::control_wake`] while the control thread runs.
+const CONTROL_AWAKE: i64 = i64::MIN;
+
+/// How long a successful result may wait for the control thread's next
+/// pass instead of waking it (10 ms: at 100 firing instants a second and
+/// more, results ride the next arming pass, one wake-up and one journal
+/// write per instant instead of two). Feedback and the journal's result
+/// records come that much later; nothing acts on a success sooner.
+pub const RESULT_DEFER_NS: i64 = 10_000_000;
+
+/// Whether results pushed now should wake the control thread, given
+/// whether one is urgent and when it wakes by itself.
+fn results_now(urgent: bool, control_wake: i64, now: i64) -> bool {
+    urgent || control_wake == CONTROL_AWAKE || control_wake.saturating_sub(now) > RESULT_DEFER_NS
+}
+
 /// Results after which a long run of due jobs unparks the control thread
 /// anyway (a sixth of the attempt credits: credits keep coming back).
 const NOTIFY_BATCH: usize = 256;
@@ -578,6 +615,8 @@ struct Local<'a> {
     request_seen: Option<i64>,
     /// Results pushed since the control thread was last unparked.
     unnotified: std::cell::Cell<usize>,
+    /// One of them must be seen at once.
+    urgent: std::cell::Cell<bool>,
 }
 
 fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &Thread) {
@@ -590,6 +629,7 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
         seq: 0,
         request_seen: None,
         unnotified: std::cell::Cell::new(0),
+        urgent: std::cell::Cell::new(false),
     };
     // Margin: start generous, then cover the worst of the recent wake-up
     // overshoots (a window of the last 32, each capped), plus a floor. A
@@ -755,7 +795,10 @@ impl Local<'_> {
         self.request_seen = None;
     }
 
-    fn push_done(&self, d: Done) {
+    fn push_done(&self, d: Done, prompt: bool) {
+        // Failures, safe-state writes and not-run jobs are rare and acted on
+        // (retries, reports): never deferred.
+        let prompt = prompt || d.kind == JobKind::Safe || !matches!(d.outcome, JobOutcome::Ok(_));
         // The credit rule makes a full queue impossible; if it ever were,
         // count the loss rather than wait for the control thread.
         if self.s.done.push(d).is_err() {
@@ -769,26 +812,41 @@ impl Local<'_> {
         // NOTIFY_BATCH results, so it keeps flowing.
         let n = self.unnotified.get() + 1;
         self.unnotified.set(n);
+        self.urgent.set(self.urgent.get() || prompt);
         if n >= NOTIFY_BATCH {
+            self.urgent.set(true);
             self.notify_results();
         }
     }
 
-    /// Unpark the control thread if results wait for it.
+    /// Unpark the control thread if results wait for it and it should see
+    /// them now (see [`results_now`]); otherwise its next pass takes them.
     fn notify_results(&self) {
-        if self.unnotified.replace(0) > 0 {
+        if self.unnotified.replace(0) == 0 {
+            return;
+        }
+        let urgent = self.urgent.replace(false);
+        // Pairs with the fence in `Dispatcher::plan_control_wake`: either
+        // the control thread sees the results queued before it parks, or
+        // this sees the wake-up time it published.
+        fence(Ordering::SeqCst);
+        let wake = self.s.control_wake.load(Ordering::SeqCst);
+        if results_now(urgent, wake, mono_now().0) {
             self.notify.unpark();
         }
     }
 
     fn not_run(&self, job: Job, now: MonoTime, why: NotRun) {
-        self.push_done(Done {
-            ticket: job.ticket,
-            kind: job.kind,
-            deadline: job.deadline,
-            actual: now,
-            outcome: JobOutcome::NotRun(why),
-        });
+        self.push_done(
+            Done {
+                ticket: job.ticket,
+                kind: job.kind,
+                deadline: job.deadline,
+                actual: now,
+                outcome: JobOutcome::NotRun(why),
+            },
+            job.prompt,
+        );
         if matches!(job.op, Op::Pulse { .. }) {
             self.give_back_pulse_end(&job, now);
         }
@@ -797,13 +855,16 @@ impl Local<'_> {
     /// A pulse took two credits; when its end will never be queued, the
     /// second comes back as a not-run pulse end.
     fn give_back_pulse_end(&self, job: &Job, now: MonoTime) {
-        self.push_done(Done {
-            ticket: job.ticket,
-            kind: JobKind::PulseEnd,
-            deadline: job.deadline,
-            actual: now,
-            outcome: JobOutcome::NotRun(NotRun::Withdrawn),
-        });
+        self.push_done(
+            Done {
+                ticket: job.ticket,
+                kind: JobKind::PulseEnd,
+                deadline: job.deadline,
+                actual: now,
+                outcome: JobOutcome::NotRun(NotRun::Withdrawn),
+            },
+            job.prompt,
+        );
     }
 
     fn execute(&mut self, job: Job, now: MonoTime) {
@@ -823,17 +884,20 @@ impl Local<'_> {
         drop(g);
         self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);
         let failed_pulse = matches!(job.op, Op::Pulse { .. }) && outcome.is_err();
-        self.push_done(Done {
-            ticket: job.ticket,
-            kind: job.kind,
-            deadline: job.deadline,
-            // The line changed at `now` (the write is a syscall or two after).
-            actual: now,
-            outcome: match outcome {
-                Ok(v) => JobOutcome::Ok(v),
-                Err(e) => JobOutcome::Failed(e),
+        self.push_done(
+            Done {
+                ticket: job.ticket,
+                kind: job.kind,
+                deadline: job.deadline,
+                // The line changed at `now` (the write is a syscall or two after).
+                actual: now,
+                outcome: match outcome {
+                    Ok(v) => JobOutcome::Ok(v),
+                    Err(e) => JobOutcome::Failed(e),
+                },
             },
-        });
+            job.prompt,
+        );
         if failed_pulse {
             self.give_back_pulse_end(&job, now);
         }

@@ -57,6 +57,7 @@ fn job(ticket: u64, kind: JobKind, op: Op, deadline: MonoTime) -> Job {
         op,
         id: Arc::from(format!("job-{ticket}")),
         live: None,
+        prompt: false,
     }
 }
 
@@ -652,4 +653,92 @@ fn stop_returns_within_its_timeout() {
     // Unstuck: it finishes the write and ends.
     release_tx.send(()).expect("release");
     assert!(d.stop(WAIT), "ended once unstuck");
+}
+
+/// Wait (bounded) until the thread has finished `jobs` jobs and gone back
+/// to waiting: by then it has decided whether to unpark this thread.
+fn wait_idle_after(r: &Rig, jobs: u64) {
+    use baton_service::watchdog::Activity;
+    let until = Instant::now() + WAIT;
+    while r.d.stats().jobs.load(Ordering::Relaxed) < jobs
+        || r.d.stats().heartbeat.pulse().activity == Activity::Busy
+    {
+        assert!(Instant::now() < until, "the thread never went idle");
+        std::thread::yield_now();
+    }
+}
+
+/// Whether this thread holds an unpark token: parking returns at once
+/// with one, after `probe` without.
+fn unparked_within(probe: Duration) -> bool {
+    let t = Instant::now();
+    std::thread::park_timeout(probe);
+    t.elapsed() < probe
+}
+
+/// A success is left for the control thread's next pass when that pass is
+/// near (one wake-up per firing instant, not two); a failure, or a job
+/// whose result an `after:` waits on, wakes it at once.
+#[test]
+fn successes_wait_for_a_near_control_pass_failures_and_prompt_jobs_do_not() {
+    let mut r = Rig::start();
+    let [a] = r.outputs(&["5"])[..] else {
+        panic!("one line")
+    };
+    let probe = Duration::from_millis(300);
+    // The control thread (this one) will run again in 5 ms by itself.
+    let near = || Some(MonoTime(mono_now().0 + 5 * MS));
+
+    // A plain success: no wake-up.
+    assert!(!r.d.plan_control_wake(near()), "no result waits yet");
+    std::thread::park_timeout(Duration::ZERO); // drop an old token
+    r.submit(job(1, JobKind::Attempt, Op::Write(a, 1), in_ms(20)));
+    wait_idle_after(&r, 1);
+    assert!(!unparked_within(probe), "a success woke the control thread");
+    // Its next pass finds it; and a pass about to park is told it waits.
+    assert!(
+        r.d.plan_control_wake(near()),
+        "the waiting result is reported"
+    );
+    assert_ok(&r.d.try_done().expect("the result is there"));
+
+    // A failure (an unknown line handle): at once.
+    std::thread::park_timeout(Duration::ZERO);
+    r.submit(job(
+        2,
+        JobKind::Attempt,
+        Op::Write(LineHandle(999), 1),
+        in_ms(20),
+    ));
+    assert!(
+        unparked_within(WAIT),
+        "a failure must wake the control thread"
+    );
+    wait_idle_after(&r, 2);
+    assert!(matches!(
+        r.d.try_done().expect("the failure").outcome,
+        JobOutcome::Failed(_)
+    ));
+
+    // A prompt success: at once.
+    std::thread::park_timeout(Duration::ZERO);
+    let mut j = job(3, JobKind::Attempt, Op::Write(a, 0), in_ms(20));
+    j.prompt = true;
+    r.submit(j);
+    assert!(
+        unparked_within(WAIT),
+        "a prompt job must wake the control thread"
+    );
+    wait_idle_after(&r, 3);
+    assert_ok(&r.d.try_done().expect("the prompt result"));
+
+    // A far pass (or none planned): every result wakes it, as before.
+    r.d.plan_control_wake(Some(MonoTime(mono_now().0 + 1_000 * MS)));
+    std::thread::park_timeout(Duration::ZERO);
+    r.submit(job(4, JobKind::Attempt, Op::Write(a, 1), in_ms(20)));
+    assert!(unparked_within(WAIT), "a far pass must not delay results");
+    wait_idle_after(&r, 4);
+    assert_ok(&r.d.try_done().expect("the result"));
+    r.d.plan_control_wake(None);
+    r.assert_settled();
 }

@@ -229,6 +229,9 @@ struct HeldPack {
     /// When this version was taken in this run (a lease runs from here at
     /// the earliest).
     since: crate::clock::MonoTime,
+    /// Some instruction waits on another (`after:`): its results are
+    /// needed at once, never left for a later pass.
+    chained: bool,
 }
 
 /// The running agent (control side).
@@ -620,6 +623,10 @@ impl Agent {
                 lease: pack.lease,
                 clock_loss: pack.needs_absolute_time().then_some(pack.on_clock_loss),
                 since: self.clock.to_mono(self.clock.now()),
+                chained: pack
+                    .instructions
+                    .iter()
+                    .any(|i| matches!(i.schedule, baton_proto::pack::Schedule::After { .. })),
             },
         );
         self.held_changed = true;
@@ -692,9 +699,18 @@ impl Agent {
             until = until.min(now + Duration::from_millis(1));
         }
         let d = until.since(now);
-        if !d.is_zero() {
-            std::thread::park_timeout(d);
+        if d.is_zero() {
+            return;
         }
+        // Successful results may be left for the pass at `until` (see
+        // `dispatcher::RESULT_DEFER_NS`); any that came since this pass
+        // collected make it run again at once.
+        if self.device.plan_wake(Some(self.clock.to_mono(until))) {
+            self.device.plan_wake(None);
+            return;
+        }
+        std::thread::park_timeout(d);
+        self.device.plan_wake(None);
     }
 
     /// One pass: arm due firings, hand over what credits allow, collect

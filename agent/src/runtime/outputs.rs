@@ -186,6 +186,7 @@ impl Agent {
                 op,
                 id: text,
                 live: Some(live),
+                prompt: self.held.get(&f.id.pack).is_none_or(|h| h.chained),
             },
             linger_until(f.scheduled, width),
         );
@@ -309,6 +310,7 @@ impl Agent {
                             op,
                             id: text,
                             live: None,
+                            prompt: true,
                         },
                         linger_until(now, width),
                     );

@@ -121,6 +121,12 @@ pub trait Device: Send {
     fn submit(&mut self, job: Job) -> Result<(), DispatchError>;
     /// Make everything submitted so far seen.
     fn wake(&mut self) {}
+    /// The control thread is about to park until `wake` (`None`: it runs
+    /// again); whether results already wait (then it must not park long).
+    /// A device that never defers a result returns false.
+    fn plan_wake(&self, _wake: Option<MonoTime>) -> bool {
+        false
+    }
     /// The backend itself, for the way out when the device's thread is
     /// stuck; none where there is no such thread.
     fn emergency(&self) -> Option<EmergencyGpio> {
@@ -153,6 +159,9 @@ impl Device for Dispatcher {
     }
     fn wake(&mut self) {
         Dispatcher::wake(self)
+    }
+    fn plan_wake(&self, wake: Option<MonoTime>) -> bool {
+        Dispatcher::plan_control_wake(self, wake)
     }
     fn emergency(&self) -> Option<EmergencyGpio> {
         Some(Dispatcher::emergency(self).clone())
