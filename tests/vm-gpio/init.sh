@@ -176,6 +176,29 @@ instructions:
 EOF
 }
 
+busy_refused() { # $1: backend of the second agent, $2: its chip name, $3: the first agent's pid
+  local name=$1-on-held-line-refused d=/tmp/second-$1 rc before after
+  mkdir -p "$d"
+  write_pack "$2" "$d/pack.yaml"
+  before="$(level 0 baton-agent)/$(level 1 baton-agent)"
+  # (busybox timeout exits with the command's status: a hang shows as 0,
+  # the agent's exit after SIGTERM.)
+  timeout 60 baton-agent run --no-rt --system-clock reference --gpio "$1" \
+    --data "$d/data" --pack "$d/pack.yaml" --exit-when-idle >"$d/stdout" 2>"$d/stderr"
+  rc=$?
+  after="$(level 0 baton-agent)/$(level 1 baton-agent)"
+  echo "vm-gpio: second agent ($1): exit $rc; $(grep -i 'busy\|refused\|error' "$d/stderr" | head -n 3)"
+  if [ $rc = 0 ]; then
+    fail "$name" "the second agent exited 0 (expected a refusal)"
+  elif ! grep -qi 'busy' "$d/stderr"; then
+    fail "$name" "no 'busy' in the second agent's errors: $(tail -n 3 "$d/stderr")"
+  elif [ "$before" != "out 1/out 0" ] || [ "$after" != "$before" ] || ! kill -0 "$3" 2>/dev/null; then
+    fail "$name" "offsets 0/1 were '$before', then '$after'; first agent alive: $(kill -0 "$3" 2>/dev/null && echo yes || echo no)"
+  else
+    pass "$name"
+  fi
+}
+
 scenario() { # $1: check name prefix, $2: backend (cdev | sysfs), $3: chip name for the pack
   local b=$1 backend=$2 chip=$3 d=/tmp/agent-$1 consumer pid i s rc hi2 lo2 hi4 lo4 ok before after
   mkdir -p "$d"
@@ -230,24 +253,13 @@ EOF
   fi
   check_pin3 "$b-running"
 
-  # cdev only: a second agent wanting the same lines gets EBUSY from the
-  # kernel, refuses the pack, and moves nothing of the first one's.
+  # cdev only: a second agent wanting the same lines, on either backend,
+  # gets EBUSY from the kernel (cdev: the line request; sysfs: the export,
+  # with no gpioN directory, unlike a line we exported ourselves), refuses
+  # the pack, and moves nothing of the first one's.
   if [ "$b" = cdev ]; then
-    before="$(level 0 $consumer)/$(level 1 $consumer)"
-    timeout 60 baton-agent run --no-rt --system-clock reference --gpio cdev \
-      --data "$d/data2" --pack "$d/pack.yaml" --exit-when-idle >"$d/stdout2" 2>"$d/stderr2"
-    rc=$?
-    after="$(level 0 $consumer)/$(level 1 $consumer)"
-    echo "vm-gpio: second agent: exit $rc; $(grep -i 'busy\|refused\|error' "$d/stderr2" | head -n 3)"
-    if [ $rc = 0 ] || [ $rc = 124 ]; then
-      fail cdev-busy-line-refused "the second agent exited $rc (expected a refusal)"
-    elif ! grep -qi 'busy' "$d/stderr2"; then
-      fail cdev-busy-line-refused "no 'busy' in the second agent's errors: $(tail -n 3 "$d/stderr2")"
-    elif [ "$before" != "out 1/out 0" ] || [ "$after" != "$before" ] || ! kill -0 $pid 2>/dev/null; then
-      fail cdev-busy-line-refused "offsets 0/1 were '$before', then '$after'; first agent alive: $(kill -0 $pid 2>/dev/null && echo yes || echo no)"
-    else
-      pass cdev-busy-line-refused
-    fi
+    busy_refused cdev "$chip" $pid
+    busy_refused sysfs "$CHIP_SYSFS" $pid
   fi
 
   # Stop: SIGTERM, the agent drives the safe state and exits 0.
