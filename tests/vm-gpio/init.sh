@@ -232,16 +232,19 @@ EOF
     fail "$b-running-levels" "offset 0: '$(level 0 $consumer)', offset 1: '$(level 1 $consumer)' (want out 1 / out 0 held by $consumer); agent alive: $(kill -0 $pid 2>/dev/null && echo yes || echo no)"
   fi
 
-  # The toggle and the pulse move: sample both views 24 times (~8 s under
-  # TCG, where each sample forks a dozen processes); each sample
-  # also checks that gpiolib and the registers agree.
+  # The toggle and the pulse move: sample both views (each sample also
+  # checks that gpiolib and the registers agree) at least 12 times, and on
+  # until both lines were seen high and low, at most 100 times (a sample
+  # forks a dozen processes: ~0.3 s under TCG). The sleep varies so that
+  # the sampling cannot lock onto the 300 ms toggle and see one level only.
   hi2=0 lo2=0 hi4=0 lo4=0 ok=1
-  for i in $(seq 1 24); do
+  for i in $(seq 1 100); do
     s=$(level 2 $consumer) || { ok="offset 2: $s"; break; }
     case $s in "out 1") hi2=$((hi2 + 1)) ;; "out 0") lo2=$((lo2 + 1)) ;; esac
     s=$(level 4 $consumer) || { ok="offset 4: $s"; break; }
     case $s in "out 1") hi4=$((hi4 + 1)) ;; "out 0") lo4=$((lo4 + 1)) ;; esac
-    usleep 100000
+    [ $i -ge 12 ] && [ $hi2 != 0 ] && [ $lo2 != 0 ] && [ $hi4 != 0 ] && [ $lo4 != 0 ] && break
+    usleep $((20000 + i * 37000 % 130000))
   done
   echo "vm-gpio: $b samples: offset 2 hi=$hi2 lo=$lo2, offset 4 hi=$hi4 lo=$lo4"
   if [ "$ok" != 1 ]; then
