@@ -95,9 +95,9 @@ fetch_deb() { # PKG DIR
   rm -rf "$cache/dl"
   touch "$2/.done"
 }
-# The running kernel is whatever the metapackage points to today; the cache
-# holds the last one fetched (a stale kernel is still a real PL061 driver,
-# and re-resolving would need the network on every run).
+# The kernel is the one the linux-image-arm64 metapackage pointed to when
+# the cache was filled (an older one is still a real PL061 driver, and
+# re-resolving would need the network on every run).
 if [ -e "$cache/kernel/.done" ]; then
   kpkg=$(cat "$cache/kernel/.pkg")
 else
@@ -115,8 +115,9 @@ vmlinuz=$(ls "$cache"/kernel/boot/vmlinuz-* | head -n1)
 kconfig=$(ls "$cache"/kernel/boot/config-* | head -n1)
 echo "vm-gpio: kernel $kpkg (${vmlinuz##*/})" >&2
 
-# The kernel must have the driver and both user interfaces built in. (Were
-# PL061 a module, /init would have to insmod it; Debian builds it in.)
+# The kernel must have the driver and both user interfaces built in. A
+# modular PL061 would need an insmod in /init, not written since Debian
+# builds it in: should that change, this check says so.
 for opt in CONFIG_GPIO_PL061 CONFIG_GPIO_CDEV CONFIG_GPIO_SYSFS CONFIG_DEBUG_FS CONFIG_DEVMEM CONFIG_BLK_DEV_INITRD; do
   if ! grep -qx "$opt=y" "$kconfig"; then
     echo "vm-gpio: $kpkg lacks $opt=y ($(grep "^$opt=\|# $opt " "$kconfig" || echo unset))" >&2
@@ -164,7 +165,7 @@ copy_needed "$libtests"
 interp=$(aarch64-linux-gnu-readelf -l "$agent" | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p')
 [ "$interp" = /lib/ld-linux-aarch64.so.1 ] || { echo "vm-gpio: unexpected interpreter $interp" >&2; exit 1; }
 cp -L "$sysroot/ld-linux-aarch64.so.1" "$root/lib/"
-# cpio copies, not the cache: a build between runs changes the binaries.
+# Packed on every run: the binaries may have been rebuilt since the last.
 (cd "$root" && find . | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) | gzip -1 >"$cache/initramfs.cpio.gz"
 echo "vm-gpio: initramfs $(du -h "$cache/initramfs.cpio.gz" | cut -f1), ready in $(($(date +%s) - start)) s" >&2
 
