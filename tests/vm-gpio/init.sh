@@ -1,4 +1,6 @@
 #!/bin/busybox sh
+# shellcheck shell=dash
+# (busybox ash; dash is shellcheck's nearest dialect, `local` included.)
 # /init of the test VM (busybox sh, PID 1). Runs baton-agent's cdev and
 # sysfs backends against the kernel's PL061 driver and prints one
 # `VMTEST PASS <name>` or `VMTEST FAIL <name>: <reason>` line per check on
@@ -95,6 +97,7 @@ dbg() {
         c=${c%%)*}
         c=${c%"${c##*[! ]}"}
         r=${line##*) }
+        # shellcheck disable=SC2086 # split "out hi [flags]" into words
         set -- $r
         echo "$c $1 $2"
         ;;
@@ -108,8 +111,8 @@ dbg() {
 # did not move counts; status 2 (inconclusive) after 10 tries that all saw
 # a move.
 level() {
-  local h h2 d want_consumer=${2-} try
-  for try in 1 2 3 4 5 6 7 8 9 10; do
+  local h h2 d want_consumer=${2-}
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
     h=$(hw "$1") || {
       echo "devmem failed"
       return 1
