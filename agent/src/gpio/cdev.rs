@@ -19,12 +19,15 @@
 //! input→output upgrades and error messages are unit-tested against a fake.
 //! [`SystemChips`], the thin `gpiocdev` implementation of the seam, is only
 //! tested for its "no such chip" error: this machine and CI have no GPIO chip
-//! and no `gpio-sim` kernel module. **Untested here**: the real request
-//! (as-is → read → reconfigure to output), `set_lone_value`/`lone_value`
-//! against a kernel, `EBUSY` from a line held by another consumer, and line
-//! info from a real chip. To close the gap on a box that has a chip (or
-//! `gpio-sim`: `modprobe gpio-sim` plus a configfs bank), run the ignored
-//! test `gpio::cdev::tests::hardware_round_trip` with
+//! and no `gpio-sim` kernel module. **Untested by `cargo test`**: the real
+//! request (as-is → read → reconfigure to output), `set_lone_value`/
+//! `lone_value` against a kernel, `EBUSY` from a line held by another
+//! consumer, and line info from a real chip. `tests/vm-gpio/run.sh` covers
+//! all but line names against a real driver (qemu's PL061 under Debian's
+//! arm64 kernel, whose lines have no names), this ignored test included.
+//! On a box that has a chip (or `gpio-sim`: `modprobe gpio-sim` plus a
+//! configfs bank), run the ignored test
+//! `gpio::cdev::tests::hardware_round_trip` with
 //! `BATON_TEST_GPIO_LINE=gpiochipN:OFFSET` naming a line that is safe to
 //! toggle.
 
