@@ -53,8 +53,13 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # (installs the rust target, Debian's cross gcc and qemu-user-static if
 # missing; its own target directory, dev profile: ~5 min from scratch).
 cross/test-aarch64.sh 2>&1 | tee -a "$log"
+# The cdev and sysfs backends against a real kernel GPIO driver (PL061 in a
+# qemu aarch64 VM with Debian's kernel; reuses the aarch64 build above,
+# ~2 min). See tests/vm-gpio/README.md.
+tests/vm-gpio/run.sh 2>&1 | tee -a "$log"
 # A short fuzzing run per target (pack parser, journal replay, wire decode).
 scripts/fuzz.sh 15
 # One closing line for the whole suite (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     /^vm-gpio checks:/ { p += $3; f += $5 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"

@@ -191,15 +191,20 @@ vm_time=$(($(date +%s) - vm_start))
 echo
 echo "vm-gpio: summary (qemu exit $qemu_rc, VM ${vm_time} s, total $(($(date +%s) - start)) s; console in $log)"
 failed=0
+npass=0
+nfail=0
 for name in "${expected[@]}"; do
   if grep -qx "VMTEST PASS $name" "$log"; then
     echo "  PASS $name"
+    npass=$((npass + 1))
   elif line=$(grep -m1 "^VMTEST FAIL $name:" "$log"); then
     echo "  FAIL ${line#VMTEST FAIL }"
     failed=1
+    nfail=$((nfail + 1))
   else
     echo "  MISSING $name"
     failed=1
+    nfail=$((nfail + 1))
   fi
 done
 # A FAIL under a name not expected (an abort) fails too.
@@ -213,6 +218,8 @@ if [ "$qemu_rc" != 0 ]; then
   echo "  qemu exited $qemu_rc"
   failed=1
 fi
+# Counted into scripts/test.sh's closing line.
+echo "vm-gpio checks: $npass passed, $nfail failed"
 if [ $failed = 0 ]; then
   echo "vm-gpio: all ${#expected[@]} checks passed"
 else
