@@ -171,7 +171,7 @@ fn cases() -> Vec<Case> {
                 6,
                 20,
                 Some("a"),
-                "line must be an offset (`12`) or a line name",
+                "line must be an offset (`12`), a line name (`RELAY_MAIN`) or `CHIP:LINE`",
             )],
         },
         Case {

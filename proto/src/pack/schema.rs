@@ -107,7 +107,8 @@ struct RetryDoc {
     jitter: Option<f64>,
 }
 
-/// A line offset or a line name.
+/// A line offset (`5`), a line name (`RELAY_MAIN`), or, without `chip`,
+/// `"CHIP:LINE"` (`"gpiochip0:17"`) as in `allowed-lines`.
 #[derive(JsonSchema)]
 #[serde(untagged)]
 #[allow(dead_code)]

@@ -53,27 +53,42 @@ pub(super) fn line_ref_text(text: &str, plain: bool) -> Result<LineRef, String> 
 }
 
 /// `line` (required) and `chip` (optional) from a params-like mapping.
+/// Without `chip`, `line` may also be written `CHIP:LINE`, as in
+/// `allowed-lines` and `shared_lines` (`"gpiochip0:17"` is the chip's line
+/// 17, never a line named so: the same text must mean the same line
+/// everywhere in a config and its packs).
 pub(super) fn line_ref(cx: &mut Ctx, f: &Fields<'_>, what: &str) -> Option<LineRef> {
     let line_node = f.required(cx, "line", what)?;
-    let line = match &line_node.value {
-        Value::Scalar { text, plain } if !line_node.is_null() => line_text(text, *plain),
+    let chip_node = f.get("chip");
+    let r = match &line_node.value {
+        Value::Scalar { text, .. } if chip_node.is_some() && text.contains(':') => Err(format!(
+            "line `{text}` names a chip and `chip` names one too: write `line: {}` with \
+             `chip`, or `line: \"{text}\"` alone",
+            text.split_once(':').map_or("", |(_, l)| l)
+        )),
+        Value::Scalar { text, plain } if !line_node.is_null() && text.contains(':') => {
+            line_ref_text(text, *plain)
+        }
+        Value::Scalar { text, plain } if !line_node.is_null() => {
+            line_text(text, *plain).map(|line| LineRef { chip: None, line })
+        }
         _ => Err(format!(
-            "line must be an offset (`12`) or a line name (`RELAY_MAIN`), found {}",
+            "line must be an offset (`12`), a line name (`RELAY_MAIN`) or `CHIP:LINE` \
+             (`\"gpiochip0:12\"`), found {}",
             line_node.kind()
         )),
     };
-    let line = match line {
-        Ok(l) => l,
+    let mut r = match r {
+        Ok(r) => r,
         Err(e) => {
             cx.err(line_node.pos, e);
             return None;
         }
     };
-    let chip = match f.get("chip") {
-        Some(n) => Some(string(cx, n, "chip")?),
-        None => None,
-    };
-    Some(LineRef { chip, line })
+    if let Some(n) = chip_node {
+        r.chip = Some(string(cx, n, "chip")?);
+    }
+    Some(r)
 }
 
 fn level(cx: &mut Ctx, node: &Node) -> Option<u8> {
@@ -283,6 +298,39 @@ mod tests {
         );
         assert!(line_ref_text(":5", false).is_err());
         assert!(line_ref_text("gpiochip0:", false).is_err());
+    }
+
+    #[test]
+    fn a_line_param_may_name_its_chip_as_allowed_lines_do() {
+        let pack = |params: &str| {
+            format!(
+                "pack: p\nversion: 1\ninstructions:\n  - {{id: a, action: gpio.write, params: {params}, every: 1s}}\n"
+            )
+        };
+        let p = crate::pack::parse_pack(&pack("{line: \"gpiochip0:17\", value: 1}"))
+            .expect("CHIP:LINE is a line reference");
+        assert_eq!(
+            p.instructions[0].action,
+            Action::GpioWrite {
+                line: LineRef {
+                    chip: Some("gpiochip0".into()),
+                    line: Line::Offset(17)
+                },
+                value: 1
+            }
+        );
+        let e =
+            crate::pack::parse_pack(&pack("{line: \"gpiochip0:17\", chip: gpiochip1, value: 1}"))
+                .expect_err("two chips");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("names a chip and `chip` names one too"),
+            "{msg}"
+        );
+        assert!(msg.contains("line: 17"), "{msg}");
+        let e = crate::pack::parse_pack(&pack("{line: \"gpiochip0:\", value: 1}"))
+            .expect_err("no line after the colon");
+        assert!(e.to_string().contains("gpiochip0:"), "{e}");
     }
 
     #[test]
