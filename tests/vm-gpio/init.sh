@@ -371,6 +371,27 @@ if [ "$ok" = 1 ]; then pass sysfs-safe-state-gpiolib; else fail sysfs-safe-state
 # backend must accept) and are outputs at the safe state.
 scenario sysfs-again sysfs "$CHIP_SYSFS"
 
+# Those lines stay exported (the sysfs backend never unexports): a cdev
+# agent on them is refused, and its error names the sysfs interface as the
+# holder (the kernel itself only says EBUSY).
+sysfs_holder_named() {
+  local name=cdev-on-sysfs-exported-line-names-sysfs d=/tmp/cdev-after-sysfs rc
+  mkdir -p "$d"
+  write_pack "$CHIP_CDEV" "$d/pack.yaml"
+  timeout 60 baton-agent run --no-rt --system-clock reference --gpio cdev \
+    --data "$d/data" --pack "$d/pack.yaml" --exit-when-idle >"$d/stdout" 2>"$d/stderr"
+  rc=$?
+  echo "vm-gpio: cdev on sysfs-exported lines: exit $rc; $(grep -i 'held by' "$d/stderr" | head -n 1)"
+  if [ $rc = 0 ]; then
+    fail "$name" "the agent exited 0 (expected a refusal)"
+  elif ! grep -q 'held by the sysfs interface' "$d/stderr"; then
+    fail "$name" "the error does not name sysfs: $(tail -n 3 "$d/stderr")"
+  else
+    pass "$name"
+  fi
+}
+sysfs_holder_named
+
 # --- 3. Requesting a line does not move it. -------------------------------
 # A pack whose only instructions are far in the future: the agent requests
 # its lines at acceptance (as-is, read, then output at the level read) and

@@ -34,7 +34,7 @@ expected=(
   sysfs-safe-state-gpiolib
   sysfs-again-running-levels sysfs-again-toggle-and-pulse sysfs-again-running-pin3-untouched
   sysfs-again-exit-0 sysfs-again-agent-reports-safe-state sysfs-again-safe-state-registers
-  sysfs-again-after-pin3-untouched
+  sysfs-again-after-pin3-untouched cdev-on-sysfs-exported-line-names-sysfs
   sysfs-request-does-not-move cdev-request-does-not-move
 )
 

@@ -408,6 +408,30 @@ fn cdev_io(e: gpiocdev::Error) -> io::Error {
     io::Error::other(e)
 }
 
+impl SystemChips {
+    /// The consumer label of a line in use, if it is.
+    fn holder(&self, chip: &str, offset: u32) -> Option<String> {
+        let info = gpiocdev::Chip::from_path(self.path(chip))
+            .ok()?
+            .line_info(offset)
+            .ok()?;
+        info.used.then_some(info.consumer)
+    }
+}
+
+/// Who holds a line, for a refused request: the legacy sysfs interface
+/// (a line exported there stays held until unexported, e.g. by an agent
+/// run earlier with `gpio: sysfs`), or another program or driver.
+fn describe_holder(consumer: &str) -> String {
+    match consumer {
+        "sysfs" => "the sysfs interface (exported in /sys/class/gpio, e.g. by an agent run \
+                    with `gpio: sysfs`: write its number to /sys/class/gpio/unexport)"
+            .to_owned(),
+        "" => "another consumer (unnamed: a driver or another program)".to_owned(),
+        c => format!("consumer {c:?} (another program or a driver)"),
+    }
+}
+
 impl ChipSet for SystemChips {
     fn chip_names(&self) -> Result<Vec<String>, GpioError> {
         if self.dev != Path::new("/dev") {
@@ -453,7 +477,16 @@ impl ChipSet for SystemChips {
             Direction::Output => b.as_is(),
             Direction::Input => b.as_input(),
         };
-        let req = b.with_line(offset).request().map_err(cdev_io)?;
+        let req = b.with_line(offset).request().map_err(|e| {
+            // The kernel only says EBUSY; who holds the line is in its info.
+            match self.holder(chip, offset) {
+                Some(consumer) => io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!("{e}: the line is held by {}", describe_holder(&consumer)),
+                ),
+                None => cdev_io(e),
+            }
+        })?;
         let mut line = SystemLine { req, offset };
         if dir == Direction::Output {
             line.make_output()?;
@@ -504,6 +537,16 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    #[test]
+    fn a_busy_line_names_its_holder() {
+        assert!(describe_holder("sysfs").contains("/sys/class/gpio/unexport"));
+        assert_eq!(
+            describe_holder("baton-agent"),
+            "consumer \"baton-agent\" (another program or a driver)"
+        );
+        assert!(describe_holder("").starts_with("another consumer"));
+    }
 
     /// (chip, offset) -> (is_output, level), shared by the fake and its lines.
     type Board = Arc<Mutex<HashMap<(String, u32), (bool, u8)>>>;
