@@ -89,8 +89,12 @@ fn this_thread() -> Pid {
 /// Lock the process's memory: no page of the agent is ever paged out, so
 /// the firing path never waits on the disk. Called once start-up is done
 /// (packs parsed, freed memory returned): locked pages cannot be given
-/// back, so locking earlier would pin the parser's garbage for good.
+/// back, so locking earlier would pin the parser's garbage for good. The
+/// code start-up ran is paged out first (see [`drop_start_up_code`]): 2.5
+/// of the 5.7 MB of code and libraries a 10 000-instruction agent had
+/// resident were start-up's alone.
 pub fn lock_memory(st: &mut RtStatus) {
+    drop_start_up_code();
     // MCL_ONFAULT: lock pages as they are touched instead of faulting in
     // every mapping (thread stacks, allocator reservations) up front —
     // resident memory stays what the agent uses, and no used page is
@@ -106,6 +110,41 @@ pub fn lock_memory(st: &mut RtStatus) {
     match r {
         Ok(()) => st.locked = true,
         Err(e) => st.refused.push(format!("mlockall: {}", io::Error::from(e))),
+    }
+}
+
+/// Page out the code mapped so far (the agent's and its libraries'): what
+/// start-up alone ran (argument and config parsing, the pack parser, the
+/// journal's replay) would otherwise stay resident, and locked, for good.
+/// What the running agent uses comes back on its first use, from the page
+/// cache (a minor fault, microseconds), and is locked from then on; a
+/// page evicted from the page cache in between would cost one disk read,
+/// once, on its first use (the firing reports its lateness).
+fn drop_start_up_code() {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let path = f.nth(3).unwrap_or("");
+        if !perms.contains('x') || !path.starts_with('/') {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        // SAFETY: advice only: MADV_PAGEOUT drops clean file-backed pages
+        // of a mapping that stays mapped (they fault back in on use); no
+        // memory is written, freed or unmapped.
+        unsafe {
+            libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_PAGEOUT);
+        }
     }
 }
 
