@@ -90,11 +90,11 @@ fn this_thread() -> Pid {
 /// the firing path never waits on the disk. Called once start-up is done
 /// (packs parsed, freed memory returned): locked pages cannot be given
 /// back, so locking earlier would pin the parser's garbage for good. The
-/// code start-up ran is paged out first (see [`drop_start_up_code`]): 2.5
+/// code start-up ran is paged out first (see [`page_out_code`]): 2.5
 /// of the 5.7 MB of code and libraries a 10 000-instruction agent had
 /// resident were start-up's alone.
 pub fn lock_memory(st: &mut RtStatus) {
-    drop_start_up_code();
+    page_out_code();
     // MCL_ONFAULT: lock pages as they are touched instead of faulting in
     // every mapping (thread stacks, allocator reservations) up front —
     // resident memory stays what the agent uses, and no used page is
@@ -120,7 +120,7 @@ pub fn lock_memory(st: &mut RtStatus) {
 /// cache (a minor fault, microseconds), and is locked from then on; a
 /// page evicted from the page cache in between would cost one disk read,
 /// once, on its first use (the firing reports its lateness).
-fn drop_start_up_code() {
+pub fn page_out_code() {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return;
     };
