@@ -263,6 +263,9 @@ struct Shared {
     /// worth a wake-up of its own when that pass comes soon anyway.
     control_wake: AtomicI64,
     stop: AtomicBool,
+    /// Set by [`Dispatcher::fence`]: no job touches a line any more (checked
+    /// under the backend's lock, so the way out's direct writes are last).
+    fenced: AtomicBool,
     stats: Stats,
 }
 
@@ -339,6 +342,7 @@ impl Dispatcher {
             word: AtomicU32::new(0),
             sleeping: AtomicBool::new(false),
             control_wake: AtomicI64::new(CONTROL_AWAKE),
+            fenced: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             stats: Stats::default(),
         });
@@ -421,6 +425,15 @@ impl Dispatcher {
         self.shared.control_wake.store(w, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         !self.shared.done.is_empty()
+    }
+
+    /// Stop, and let no job touch a line from now on (one in progress
+    /// finishes): the way out then writes the safe state through the
+    /// backend itself, and nothing of this thread may follow it.
+    pub fn fence(&mut self) {
+        self.shared.fenced.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.bump();
     }
 
     /// Make the jobs submitted so far seen (one wake-up, if it sleeps).
@@ -880,6 +893,10 @@ impl Local<'_> {
         }
         let t_ref = self.clock.to_ref(now).as_nanos();
         let mut g = lock_gpio(self.gpio);
+        if self.s.fenced.load(Ordering::Acquire) {
+            drop(g);
+            return self.not_run(job, now, NotRun::Stopped);
+        }
         let (outcome, pulse_end) = apply(&mut **g, &job, t_ref);
         drop(g);
         self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);

@@ -90,9 +90,9 @@ fn this_thread() -> Pid {
 /// the firing path never waits on the disk. Called once start-up is done
 /// (packs parsed, freed memory returned): locked pages cannot be given
 /// back, so locking earlier would pin the parser's garbage for good. The
-/// code start-up ran is paged out first (see [`page_out_code`]): 2.5
-/// of the 5.7 MB of code and libraries a 10 000-instruction agent had
-/// resident were start-up's alone.
+/// code start-up ran is dropped from the resident set first (see
+/// [`page_out_code`]): 2.5 of the 5.7 MB of code and libraries a
+/// 10 000-instruction agent had resident were start-up's alone.
 pub fn lock_memory(st: &mut RtStatus) {
     page_out_code();
     // MCL_ONFAULT: lock pages as they are touched instead of faulting in
@@ -113,39 +113,66 @@ pub fn lock_memory(st: &mut RtStatus) {
     }
 }
 
-/// Page out the code mapped so far (the agent's and its libraries'): what
-/// start-up alone ran (argument and config parsing, the pack parser, the
-/// journal's replay) would otherwise stay resident, and locked, for good.
-/// What the running agent uses comes back on its first use, from the page
-/// cache (a minor fault, microseconds), and is locked from then on; a
-/// page evicted from the page cache in between would cost one disk read,
-/// once, on its first use (the firing reports its lateness).
+/// Drop the code mapped so far (the agent's and its libraries') from the
+/// resident set: what start-up alone ran (argument and config parsing, the
+/// pack parser, the journal's replay) would otherwise stay resident, and
+/// locked, for good. `MADV_DONTNEED` only unmaps the pages: they stay in
+/// the page cache, so what the running agent uses comes back on first use
+/// as a minor fault (microseconds, no disk) and is locked from then on.
+/// Only unmodified file-backed executable mappings are touched: a mapping
+/// with private copies of pages (`Anonymous` in smaps, e.g. text
+/// relocations) would lose them, so it is left alone.
 pub fn page_out_code() {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return;
     };
-    for line in maps.lines() {
+    for (range, anonymous_kb) in clean_code_mappings(&smaps) {
+        if anonymous_kb != 0 {
+            continue;
+        }
+        let (a, b) = range;
+        // SAFETY: the range is a whole mapping of this process, file-backed,
+        // executable and without private copies (checked above): dropping
+        // its pages loses nothing, they are read back from the file (the
+        // page cache) on the next access. Nothing is unmapped or written.
+        unsafe {
+            libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED);
+        }
+    }
+}
+
+/// The executable file-backed mappings in `/proc/self/smaps` text, with
+/// their `Anonymous` size (kB).
+fn clean_code_mappings(smaps: &str) -> Vec<((usize, usize), u64)> {
+    let mut out = Vec::new();
+    let mut current: Option<(usize, usize)> = None;
+    for line in smaps.lines() {
+        if let Some(kb) = line.strip_prefix("Anonymous:") {
+            if let Some(r) = current.take() {
+                let kb = kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .unwrap_or(u64::MAX);
+                out.push((r, kb));
+            }
+            continue;
+        }
         let mut f = line.split_whitespace();
         let (Some(range), Some(perms)) = (f.next(), f.next()) else {
             continue;
         };
-        let path = f.nth(3).unwrap_or("");
-        if !perms.contains('x') || !path.starts_with('/') {
-            continue;
-        }
         let Some((a, b)) = range.split_once('-') else {
             continue;
         };
         let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-            continue;
+            continue; // a field line ("Rss: 4 kB"), not a mapping's header
         };
-        // SAFETY: advice only: MADV_PAGEOUT drops clean file-backed pages
-        // of a mapping that stays mapped (they fault back in on use); no
-        // memory is written, freed or unmapped.
-        unsafe {
-            libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_PAGEOUT);
-        }
+        let path = f.nth(3).unwrap_or("");
+        current = (perms.starts_with("r-x") && path.starts_with('/')).then_some((a, b));
     }
+    out
 }
 
 /// The set holding only `cpu`; a number a CPU set cannot hold is a clear
@@ -349,6 +376,31 @@ pub fn futex_wake(word: &AtomicU32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_file_backed_code_mappings_are_picked_with_their_private_copies() {
+        let smaps = "\
+55d000000000-55d000100000 r--p 00000000 fe:01 123 /usr/bin/baton-agent
+Rss:                 400 kB
+Anonymous:             0 kB
+55d000100000-55d000600000 r-xp 00100000 fe:01 123 /usr/bin/baton-agent
+Rss:                2976 kB
+Anonymous:             0 kB
+7f0000000000-7f0000100000 r-xp 00000000 fe:01 456 /usr/lib/x86_64-linux-gnu/with space.so
+Anonymous:             8 kB
+7f0000200000-7f0000300000 rw-p 00000000 00:00 0 
+Anonymous:          1024 kB
+7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]
+Anonymous:             0 kB
+";
+        assert_eq!(
+            clean_code_mappings(smaps),
+            [
+                ((0x55d0_0010_0000, 0x55d0_0060_0000), 0),
+                ((0x7f00_0000_0000, 0x7f00_0010_0000), 8),
+            ]
+        );
+    }
     use std::sync::atomic::{AtomicU32, Ordering};
 
     #[test]

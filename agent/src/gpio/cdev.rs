@@ -478,12 +478,13 @@ impl ChipSet for SystemChips {
             Direction::Input => b.as_input(),
         };
         let req = b.with_line(offset).request().map_err(|e| {
-            // The kernel only says EBUSY; who holds the line is in its info.
+            // The kernel only says EBUSY; who holds the line is in its
+            // info (looked up on this error path only).
             match self.holder(chip, offset) {
-                Some(consumer) => io::Error::new(
-                    io::ErrorKind::ResourceBusy,
-                    format!("{e}: the line is held by {}", describe_holder(&consumer)),
-                ),
+                Some(consumer) => io::Error::other(format!(
+                    "{e}: the line is held by {}",
+                    describe_holder(&consumer)
+                )),
                 None => cdev_io(e),
             }
         })?;

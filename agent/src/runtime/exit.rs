@@ -14,6 +14,10 @@ impl Agent {
         let now = self.clock.now();
         let events = self.drive_all_safe_states(now);
         if !self.await_safe_writes() {
+            // Fenced first: whatever the dispatcher still holds (a pulse
+            // end, an on_failure write) can no longer land after the
+            // direct writes below.
+            self.device.fence();
             self.drive_safe_states_directly();
         }
         self.journal_unsent(now);
@@ -60,7 +64,8 @@ impl Agent {
 
     /// Wait (bounded) for the safe-state writes to land; whether they all
     /// did. Gives up early on a dispatcher that is stuck: busy with no
-    /// progress for [`STALL_GRACE`] (a GPIO call that never returns, say).
+    /// progress for [`STALL_GRACE`] (starved of CPU by a higher real-time
+    /// priority, say, or hung in the injected test stall).
     fn await_safe_writes(&mut self) -> bool {
         let start = crate::clock::mono_now().0;
         let end = start + SAFE_STATE_WAIT.as_nanos() as i64;
@@ -102,8 +107,11 @@ impl Agent {
 
     /// The last resort of the way out, as the panic hook does: the
     /// safe-state levels of every held pack written straight through the
-    /// backend, bypassing the stuck dispatcher. The stop is then a fault
-    /// (exit non-zero), whatever asked for it.
+    /// backend, bypassing the dispatcher (fenced by then), whose writes did
+    /// not land. The stop is then a fault (exit non-zero), whatever asked
+    /// for it. A dispatcher hung *inside* a GPIO call holds the backend:
+    /// then nothing in this process can write, and the failure says so
+    /// ("the GPIO backend stayed locked").
     fn drive_safe_states_directly(&mut self) {
         let Some(gpio) = self.device.emergency() else {
             return;
@@ -113,20 +121,21 @@ impl Agent {
         if failed.is_empty() {
             tracing::error!(
                 writes = ok,
-                "safe state driven straight through the backend (dispatcher stuck)"
+                "safe state driven straight through the backend (the dispatcher's writes did not land)"
             );
         } else {
             tracing::error!(
                 writes = ok,
                 failures = ?failed,
-                "safe state driven straight through the backend (dispatcher stuck); some writes failed"
+                "safe state driven straight through the backend (the dispatcher's writes did not land); some writes failed"
             );
         }
         self.degraded_exit = Some(if failed.is_empty() {
-            "the dispatcher thread was stuck: the safe state was written directly".to_string()
+            "the dispatcher's safe-state writes did not land: the safe state was written directly"
+                .to_string()
         } else {
             format!(
-                "the dispatcher thread was stuck and the direct safe-state writes failed: {}",
+                "the dispatcher's safe-state writes did not land and the direct ones failed: {}",
                 failed.join("; ")
             )
         });

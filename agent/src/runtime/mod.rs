@@ -74,7 +74,8 @@ pub use build::real_parts;
 const SAFE_STATE_WAIT: Duration = Duration::from_secs(2);
 /// How long the way out waits for the dispatcher thread to end.
 const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
-/// On the way out, a dispatcher busy this long without progress is stuck.
+/// On the way out, a dispatcher busy this long without progress is stalled
+/// (its safe-state writes are then written directly, see `exit.rs`).
 const STALL_GRACE: Duration = Duration::from_millis(250);
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -653,7 +654,8 @@ impl Agent {
             (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
                 StopCause::Fault(anyhow::anyhow!(why))
             }
-            (_, cause) => cause,
+            (Some(why), StopCause::Fault(e)) => StopCause::Fault(e.context(why)),
+            (None, cause) => cause,
         }
     }
 

@@ -127,6 +127,9 @@ pub trait Device: Send {
     fn plan_wake(&self, _wake: Option<MonoTime>) -> bool {
         false
     }
+    /// Let nothing more of the device's thread touch a line (the way out
+    /// is about to write the safe state directly).
+    fn fence(&mut self) {}
     /// The backend itself, for the way out when the device's thread is
     /// stuck; none where there is no such thread.
     fn emergency(&self) -> Option<EmergencyGpio> {
@@ -165,6 +168,9 @@ impl Device for Dispatcher {
     }
     fn emergency(&self) -> Option<EmergencyGpio> {
         Some(Dispatcher::emergency(self).clone())
+    }
+    fn fence(&mut self) {
+        Dispatcher::fence(self)
     }
     fn try_done(&mut self) -> Option<Done> {
         Dispatcher::try_done(self)

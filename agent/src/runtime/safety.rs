@@ -9,9 +9,10 @@
 //! should be made of. If the dispatcher thread itself panicked while
 //! holding the backend, the hook cannot take it and says so.
 //!
-//! The way out uses the same direct writes when the dispatcher thread is
-//! stuck (a GPIO call that never returns, say): its queued safe-state
-//! writes would never land.
+//! The way out uses the same direct writes when the dispatcher's own
+//! safe-state writes did not land (it is stalled or starved), after
+//! fencing it so nothing it still holds lands afterwards. A dispatcher
+//! hung inside a GPIO call holds the backend: nothing can write then.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
