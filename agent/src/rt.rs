@@ -256,14 +256,24 @@ pub fn apply_to_current_thread(cfg: &RtConfig) -> RtStatus {
         }
     }
     if let Some(prio) = cfg.priority {
-        // nix 0.30 has no sched_setscheduler: raw libc.
-        let param = libc::sched_param {
-            sched_priority: prio.clamp(1, 99),
-        };
+        // nix 0.30 has no sched_setscheduler, and musl's libc function is a
+        // stub that always fails (ENOSYS: POSIX means the process, Linux
+        // the thread): the system call itself, as glibc makes it.
+        // SAFETY: sched_param is plain integers (musl adds a few more
+        // fields than glibc), for which all-zero bytes are a valid value.
+        let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+        param.sched_priority = prio.clamp(1, 99);
         // SAFETY: `param` is a live, initialised sched_param that the kernel
         // only reads during the call; pid 0 names the calling thread. The
         // return value is checked below.
-        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_sched_setscheduler,
+                0,
+                libc::SCHED_FIFO,
+                &param as *const libc::sched_param,
+            )
+        };
         if rc == 0 {
             st.fifo = true;
         } else {
@@ -376,6 +386,43 @@ pub fn futex_wake(word: &AtomicU32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sched_fifo_is_in_force_when_granted_and_named_when_refused() {
+        let st = std::thread::spawn(|| {
+            let st = apply_to_current_thread(&RtConfig {
+                priority: Some(10),
+                cpu: None,
+                mlockall: false,
+            });
+            // The policy as the kernel has it (musl's libc wrapper is a
+            // stub, so the system call here too).
+            // SAFETY: no arguments but pid 0 (the calling thread).
+            let policy = unsafe { libc::syscall(libc::SYS_sched_getscheduler, 0) };
+            (st, policy)
+        })
+        .join()
+        .expect("thread");
+        let (st, policy) = st;
+        if st.fifo {
+            assert_eq!(policy, libc::SCHED_FIFO as libc::c_long);
+        } else {
+            assert_ne!(policy, libc::SCHED_FIFO as libc::c_long);
+            assert!(
+                st.refused
+                    .iter()
+                    .any(|r| r.starts_with("SCHED_FIFO priority 10")),
+                "{:?}",
+                st.refused
+            );
+        }
+        // As root (CI, and this dev machine) it must be granted: a wrapper
+        // that never works (musl's) would otherwise pass as "refused".
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            assert!(st.fifo, "root is granted SCHED_FIFO: {:?}", st.refused);
+        }
+    }
 
     #[test]
     fn only_file_backed_code_mappings_are_picked_with_their_private_copies() {
