@@ -808,10 +808,19 @@ impl Local<'_> {
         self.request_seen = None;
     }
 
-    fn push_done(&self, d: Done, prompt: bool) {
+    /// `job`'s result (as `kind`: a pulse's end reports under its pulse's
+    /// ticket), reached at `now`.
+    fn push_done(&self, job: &Job, kind: JobKind, now: MonoTime, outcome: JobOutcome) {
         // Failures, safe-state writes and not-run jobs are rare and acted on
         // (retries, reports): never deferred.
-        let prompt = prompt || d.kind == JobKind::Safe || !matches!(d.outcome, JobOutcome::Ok(_));
+        let prompt = job.prompt || kind == JobKind::Safe || !matches!(outcome, JobOutcome::Ok(_));
+        let d = Done {
+            ticket: job.ticket,
+            kind,
+            deadline: job.deadline,
+            actual: now,
+            outcome,
+        };
         // The credit rule makes a full queue impossible; if it ever were,
         // count the loss rather than wait for the control thread.
         if self.s.done.push(d).is_err() {
@@ -850,16 +859,7 @@ impl Local<'_> {
     }
 
     fn not_run(&self, job: Job, now: MonoTime, why: NotRun) {
-        self.push_done(
-            Done {
-                ticket: job.ticket,
-                kind: job.kind,
-                deadline: job.deadline,
-                actual: now,
-                outcome: JobOutcome::NotRun(why),
-            },
-            job.prompt,
-        );
+        self.push_done(&job, job.kind, now, JobOutcome::NotRun(why));
         if matches!(job.op, Op::Pulse { .. }) {
             self.give_back_pulse_end(&job, now);
         }
@@ -869,14 +869,10 @@ impl Local<'_> {
     /// second comes back as a not-run pulse end.
     fn give_back_pulse_end(&self, job: &Job, now: MonoTime) {
         self.push_done(
-            Done {
-                ticket: job.ticket,
-                kind: JobKind::PulseEnd,
-                deadline: job.deadline,
-                actual: now,
-                outcome: JobOutcome::NotRun(NotRun::Withdrawn),
-            },
-            job.prompt,
+            job,
+            JobKind::PulseEnd,
+            now,
+            JobOutcome::NotRun(NotRun::Withdrawn),
         );
     }
 
@@ -901,20 +897,12 @@ impl Local<'_> {
         drop(g);
         self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);
         let failed_pulse = matches!(job.op, Op::Pulse { .. }) && outcome.is_err();
-        self.push_done(
-            Done {
-                ticket: job.ticket,
-                kind: job.kind,
-                deadline: job.deadline,
-                // The line changed at `now` (the write is a syscall or two after).
-                actual: now,
-                outcome: match outcome {
-                    Ok(v) => JobOutcome::Ok(v),
-                    Err(e) => JobOutcome::Failed(e),
-                },
-            },
-            job.prompt,
-        );
+        // The line changed at `now` (the write is a syscall or two after).
+        let outcome = match outcome {
+            Ok(v) => JobOutcome::Ok(v),
+            Err(e) => JobOutcome::Failed(e),
+        };
+        self.push_done(&job, job.kind, now, outcome);
         if failed_pulse {
             self.give_back_pulse_end(&job, now);
         }
@@ -929,9 +917,10 @@ impl Local<'_> {
 static STALL_AFTER: AtomicU64 = AtomicU64::new(0);
 
 /// Test hook (`run --inject-dispatcher-stall-after N`, hidden): after N
-/// executed jobs the dispatcher thread hangs for good, as in a GPIO call
-/// that never returns, to prove the systemd watchdog pings stop. Off
-/// unless asked for; it holds no lock while hung.
+/// executed jobs the dispatcher thread hangs for good, to prove the
+/// systemd watchdog pings stop and the way out writes the safe state
+/// itself. Off unless asked for; it holds no lock while hung (a GPIO call
+/// hung in the kernel would keep the backend's, see `runtime/exit.rs`).
 pub fn inject_stall_after(n: u64) {
     STALL_AFTER.store(n, Ordering::Release);
 }

@@ -118,18 +118,11 @@ impl Agent {
         };
         let (ok, failed) =
             super::safety::drive_now(&self.safe_table, &gpio, "stuck-dispatcher-safe-state");
-        if failed.is_empty() {
-            tracing::error!(
-                writes = ok,
-                "safe state driven straight through the backend (the dispatcher's writes did not land)"
-            );
-        } else {
-            tracing::error!(
-                writes = ok,
-                failures = ?failed,
-                "safe state driven straight through the backend (the dispatcher's writes did not land); some writes failed"
-            );
-        }
+        tracing::error!(
+            writes = ok,
+            failures = ?failed,
+            "safe state driven straight through the backend (the dispatcher's writes did not land)"
+        );
         self.degraded_exit = Some(if failed.is_empty() {
             "the dispatcher's safe-state writes did not land: the safe state was written directly"
                 .to_string()
