@@ -23,6 +23,8 @@ pub struct Controller {
     /// mTLS: the CA directory it serves and the operator credentials
     /// `ctl` uses (`None`: plaintext).
     pub tls: Option<ControllerTls>,
+    /// Extra `serve` flags (kept across restarts).
+    pub serve_args: Vec<String>,
 }
 
 /// How a TLS controller is run and called.
@@ -121,13 +123,18 @@ impl Ca {
 /// store in `data`; wait until it listens. Ping interval 1 s, so dead
 /// links are noticed within seconds in tests.
 pub fn start_controller(data: &Path, listen: &str) -> Controller {
-    start_controller_with(data, listen, None)
+    start_controller_with(data, listen, None, &[])
+}
+
+/// [`start_controller`] (plaintext) with `serve_args` added.
+pub fn start_controller_args(data: &Path, listen: &str, serve_args: &[&str]) -> Controller {
+    start_controller_with(data, listen, None, serve_args)
 }
 
 /// [`start_controller`] with mTLS: `serve --tls-dir`, and `ctl` calls it
 /// over `https://` with the given operator credentials.
 pub fn start_controller_tls(data: &Path, listen: &str, tls: ControllerTls) -> Controller {
-    start_controller_with(data, listen, Some(tls))
+    start_controller_with(data, listen, Some(tls), &[])
 }
 
 /// A new CA in `dir/ca`, an operator `admin` (tenant `default`, role
@@ -148,7 +155,12 @@ pub fn start_mtls(dir: &Path, admin: &str, serve_args: &[&str]) -> (Ca, Controll
     (ca, c)
 }
 
-fn start_controller_with(data: &Path, listen: &str, tls: Option<ControllerTls>) -> Controller {
+fn start_controller_with(
+    data: &Path,
+    listen: &str,
+    tls: Option<ControllerTls>,
+    serve_args: &[&str],
+) -> Controller {
     std::fs::create_dir_all(data).expect("controller data dir");
     let addr_file = data.join("listen.addr");
     let _ = std::fs::remove_file(&addr_file);
@@ -163,6 +175,7 @@ fn start_controller_with(data: &Path, listen: &str, tls: Option<ControllerTls>) 
             cmd.arg("--tls-dir").arg(&t.dir).args(&t.serve_args);
         }
     }
+    cmd.args(serve_args);
     let proc = cmd
         .arg("--data")
         .arg(data)
@@ -193,6 +206,7 @@ fn start_controller_with(data: &Path, listen: &str, tls: Option<ControllerTls>) 
         url: format!("{}://{addr}", if tls.is_some() { "https" } else { "http" }),
         addr,
         tls,
+        serve_args: serve_args.iter().map(|s| s.to_string()).collect(),
     }
 }
 
@@ -234,7 +248,8 @@ impl Controller {
     /// Start again on the same address and store.
     pub fn restart(&mut self) {
         self.kill9();
-        let next = start_controller_with(&self.data, &self.addr, self.tls.clone());
+        let args: Vec<&str> = self.serve_args.iter().map(String::as_str).collect();
+        let next = start_controller_with(&self.data, &self.addr, self.tls.clone(), &args);
         *self = next;
     }
 

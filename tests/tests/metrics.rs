@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use baton_e2e::fleet::{Controller, start_agent_clock};
-use baton_e2e::{Running, bin, wait_until};
+use baton_e2e::fleet::{Controller, start_agent_clock, start_controller_args};
+use baton_e2e::{bin, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -86,42 +86,19 @@ fn promtool(text: &str, what: &str) -> bool {
 
 /// A controller serving metrics on any free port (`DATA/metrics.addr`).
 fn controller_with_metrics(data: &Path) -> (Controller, String) {
-    std::fs::create_dir_all(data).expect("controller dir");
-    let log = std::fs::File::create(data.join("controller.log")).expect("log");
-    let proc = Command::new(bin("baton-controller"))
-        .args(["serve", "--insecure", "--ping-interval", "1s"])
-        .args(["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
-        .arg("--data")
-        .arg(data)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn controller");
-    let mut proc = Running(proc);
-    let read = |f: &str| {
-        std::fs::read_to_string(data.join(f))
+    let c = start_controller_args(data, "127.0.0.1:0", &["--metrics", "127.0.0.1:0"]);
+    let read = || {
+        std::fs::read_to_string(data.join("metrics.addr"))
             .map(|s| s.trim().to_string())
             .unwrap_or_default()
     };
-    let up = wait_until(WAIT, || {
-        !read("listen.addr").is_empty() && !read("metrics.addr").is_empty()
-            || matches!(proc.try_wait(), Ok(Some(_)))
-    });
-    let (addr, metrics) = (read("listen.addr"), read("metrics.addr"));
+    let up = wait_until(WAIT, || !read().is_empty());
+    let metrics = read();
     assert!(
-        up && !addr.is_empty() && !metrics.is_empty(),
-        "controller did not start; log:\n{}",
+        up && !metrics.is_empty(),
+        "the controller wrote no metrics.addr; log:\n{}",
         std::fs::read_to_string(data.join("controller.log")).unwrap_or_default()
     );
-    let c = Controller {
-        proc,
-        data: data.to_path_buf(),
-        url: format!("http://{addr}"),
-        addr,
-        tls: None,
-    };
     (c, metrics)
 }
 
