@@ -41,10 +41,19 @@ if ! "$pyenv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
 fi
 export BATON_TEST_PYTHON="$PWD/$pyenv/bin/python"
 
+# Incremental state roughly doubles a target directory and buys nothing in
+# a from-scratch run; disk is what a CI machine may lack (a run died of
+# ENOSPC in the aarch64 build). The free space is printed before each
+# build stage so a full disk is obvious from the log.
+export CARGO_INCREMENTAL=0
+disk() { echo "test.sh: before $1: $(df -h --output=avail . | tail -n1 | tr -d ' ') free, build dirs $(du -sch target fuzz/target 2>/dev/null | tail -n1 | cut -f1)" >&2; }
+
+disk clippy
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests start the real binaries; cargo only builds a
 # package's binaries for its own integration tests, so build them all first.
+disk build
 cargo build --workspace --bins --locked
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -52,13 +61,16 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # The agent's unit tests built for aarch64 and run under qemu-user
 # (installs the rust target, Debian's cross gcc and qemu-user-static if
 # missing; its own target directory, dev profile: ~5 min from scratch).
+disk aarch64
 cross/test-aarch64.sh 2>&1 | tee -a "$log"
 # The cdev and sysfs backends against a real kernel GPIO driver (PL061 in a
 # qemu aarch64 VM with Debian's kernel; reuses the aarch64 build above,
 # ~2 min). See tests/vm-gpio/README.md.
 tests/vm-gpio/run.sh 2>&1 | tee -a "$log"
 # A short fuzzing run per target (pack parser, journal replay, wire decode).
+disk fuzz
 scripts/fuzz.sh 15
+disk end
 # One closing line for the whole suite (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 }
      /^vm-gpio checks:/ { p += $3; f += $5 }
