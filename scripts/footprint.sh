@@ -30,7 +30,9 @@ pid=$!
 # until the feedback pack has fired N times.
 for _ in $(seq 1 600); do [ "$(grep -c accepted "$dir/err" 2>/dev/null)" = 2 ] && break; sleep 0.05; done
 sleep $((N / 1000 + 10))
+[ -n "${MSTATS:-}" ] && { gdb -p $pid -batch -ex "call (void)malloc_stats()" >/dev/null 2>&1; tail -n 30 "$dir/err" >&2; }
 rss_kb=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
+[ -n "${SMAPS:-}" ] && { cat /proc/$pid/smaps_rollup; awk '/^[0-9a-f]+-/ {name=$6} /^Rss:/ {r[name]+=$2} END {for (n in r) if (r[n] > 100) print r[n], n; } /^[0-9a-f]+-/ {m=$1" "$2" "$6} /^Rss:/ && $2 > 200 {print "  map", m, $2; }; END {}' /proc/$pid/smaps | sort -rn; } >&2
 t0=$(awk '{print $14+$15}' /proc/$pid/stat); s0=$(date +%s.%N)
 sleep 10
 t1=$(awk '{print $14+$15}' /proc/$pid/stat); s1=$(date +%s.%N)

@@ -369,9 +369,9 @@ pub enum ConfigError {
         /// The file.
         path: String,
         /// 1-based line.
-        line: usize,
+        line: u32,
         /// 1-based column.
-        col: usize,
+        col: u32,
         /// What.
         message: String,
     },

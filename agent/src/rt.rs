@@ -6,7 +6,7 @@
 //! was refused and runs at normal priority. It never refuses to start.
 
 use std::io;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -90,11 +90,13 @@ fn this_thread() -> Pid {
 /// the firing path never waits on the disk. Called once start-up is done
 /// (packs parsed, freed memory returned): locked pages cannot be given
 /// back, so locking earlier would pin the parser's garbage for good. The
-/// code start-up ran is dropped from the resident set first (see
-/// [`page_out_code`]): 2.5 of the 5.7 MB of code and libraries a
-/// 10 000-instruction agent had resident were start-up's alone.
+/// code and read-only data start-up used are dropped from the resident
+/// set first (see [`page_out_file_pages`]): 2.5 of the 5.7 MB of code and
+/// libraries a 10 000-instruction agent had resident were start-up's
+/// alone, and most of the binary's resident read-only data (messages,
+/// tables of the parsers and of the time-zone database) too.
 pub fn lock_memory(st: &mut RtStatus) {
-    page_out_code();
+    page_out_file_pages();
     // MCL_ONFAULT: lock pages as they are touched instead of faulting in
     // every mapping (thread stacks, allocator reservations) up front —
     // resident memory stays what the agent uses, and no used page is
@@ -108,25 +110,99 @@ pub fn lock_memory(st: &mut RtStatus) {
         r => r,
     };
     match r {
-        Ok(()) => st.locked = true,
+        Ok(()) => {
+            st.locked = true;
+            MEMORY_LOCKED.store(true, Ordering::Release);
+        }
         Err(e) => st.refused.push(format!("mlockall: {}", io::Error::from(e))),
     }
 }
 
-/// Drop the code mapped so far (the agent's and its libraries') from the
-/// resident set: what start-up alone ran (argument and config parsing, the
-/// pack parser, the journal's replay) would otherwise stay resident, and
+/// Set once [`lock_memory`] locked the process's memory: then
+/// [`return_free_heap`] must unlock the heap to trim it, and lock it again.
+static MEMORY_LOCKED: AtomicBool = AtomicBool::new(false);
+
+/// Give the allocator's free heap pages back to the kernel, even once
+/// memory is locked. glibc's `malloc_trim` does it with `MADV_DONTNEED`,
+/// which the kernel refuses on locked pages, so after [`lock_memory`] a
+/// burst's or a pushed pack's freed memory would stay resident (and
+/// locked) for good. The main heap (`[heap]`, the control thread's arena,
+/// where parsing and firing allocate) is unlocked, trimmed, and locked
+/// again on fault: what is in use stays resident, only free pages go.
+///
+/// For a moment the heap is not locked: with swap, a page could be paged
+/// out and fault back in later. Call it only when nothing is due soon.
+/// It also holds glibc's main-arena lock while it walks the free lists
+/// (about a millisecond for tens of MB), so another thread's `free` of a
+/// chunk from that arena waits that long. Returns the heap's range, or
+/// `None` where there is nothing to do (no glibc, or no `[heap]`).
+pub fn return_free_heap() -> Option<(usize, usize)> {
+    #[cfg(target_env = "gnu")]
+    {
+        let locked = MEMORY_LOCKED.load(Ordering::Acquire);
+        let heap = if locked { heap_range() } else { None };
+        if let Some((a, b)) = heap {
+            // SAFETY: munlock only clears the lock flag of a range of our
+            // own mapping; no memory is touched or unmapped.
+            unsafe {
+                libc::munlock(a as *const libc::c_void, b - a);
+            }
+        }
+        // SAFETY: malloc_trim only walks the allocator's own free lists and
+        // drops pages no allocation uses.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        if let Some((a, b)) = heap {
+            // SAFETY: as munlock: sets the lock flag again; MLOCK_ONFAULT
+            // locks resident pages now and others when first touched, as
+            // `mlockall(MCL_ONFAULT)` did, without faulting any in.
+            unsafe {
+                libc::mlock2(a as *const libc::c_void, b - a, libc::MLOCK_ONFAULT);
+            }
+        }
+        heap
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
+}
+
+/// The `[heap]` mapping of this process, from `/proc/self/maps`.
+#[cfg(target_env = "gnu")]
+fn heap_range() -> Option<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    heap_in_maps(&maps)
+}
+
+#[cfg_attr(
+    not(target_env = "gnu"),
+    allow(dead_code, reason = "only glibc is trimmed")
+)]
+fn heap_in_maps(maps: &str) -> Option<(usize, usize)> {
+    let line = maps.lines().find(|l| l.trim_end().ends_with("[heap]"))?;
+    let (a, b) = line.split_whitespace().next()?.split_once('-')?;
+    Some((
+        usize::from_str_radix(a, 16).ok()?,
+        usize::from_str_radix(b, 16).ok()?,
+    ))
+}
+
+/// Drop the code and read-only data mapped so far (the agent's and its
+/// libraries') from the resident set: what start-up alone used (argument
+/// and config parsing, the pack parser, the journal's replay, and their
+/// constant tables and messages) would otherwise stay resident, and
 /// locked, for good. `MADV_DONTNEED` only unmaps the pages: they stay in
 /// the page cache, so what the running agent uses comes back on first use
 /// as a minor fault (microseconds, no disk) and is locked from then on.
-/// Only unmodified file-backed executable mappings are touched: a mapping
-/// with private copies of pages (`Anonymous` in smaps, e.g. text
-/// relocations) would lose them, so it is left alone.
-pub fn page_out_code() {
+/// Only unmodified file-backed mappings that cannot be written (`r-x`,
+/// `r--`) are touched: a mapping with private copies of pages (`Anonymous`
+/// in smaps: text relocations, RELRO data written before it was made
+/// read-only) would lose them, so it is left alone.
+pub fn page_out_file_pages() {
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return;
     };
-    for (range, anonymous_kb) in clean_code_mappings(&smaps) {
+    for (range, anonymous_kb) in clean_read_only_file_mappings(&smaps) {
         if anonymous_kb != 0 {
             continue;
         }
@@ -141,9 +217,9 @@ pub fn page_out_code() {
     }
 }
 
-/// The executable file-backed mappings in `/proc/self/smaps` text, with
-/// their `Anonymous` size (kB).
-fn clean_code_mappings(smaps: &str) -> Vec<((usize, usize), u64)> {
+/// The file-backed mappings in `/proc/self/smaps` text that the process
+/// cannot write (`r-x` or `r--`), with their `Anonymous` size (kB).
+fn clean_read_only_file_mappings(smaps: &str) -> Vec<((usize, usize), u64)> {
     let mut out = Vec::new();
     let mut current: Option<(usize, usize)> = None;
     for line in smaps.lines() {
@@ -170,7 +246,8 @@ fn clean_code_mappings(smaps: &str) -> Vec<((usize, usize), u64)> {
             continue; // a field line ("Rss: 4 kB"), not a mapping's header
         };
         let path = f.nth(3).unwrap_or("");
-        current = (perms.starts_with("r-x") && path.starts_with('/')).then_some((a, b));
+        let read_only = perms.starts_with("r-x") || perms.starts_with("r--");
+        current = (read_only && path.starts_with('/')).then_some((a, b));
     }
     out
 }
@@ -425,7 +502,7 @@ mod tests {
     }
 
     #[test]
-    fn only_file_backed_code_mappings_are_picked_with_their_private_copies() {
+    fn only_read_only_file_mappings_are_picked_with_their_private_copies() {
         let smaps = "\
 55d000000000-55d000100000 r--p 00000000 fe:01 123 /usr/bin/baton-agent
 Rss:                 400 kB
@@ -437,17 +514,37 @@ Anonymous:             0 kB
 Anonymous:             8 kB
 7f0000200000-7f0000300000 rw-p 00000000 00:00 0 
 Anonymous:          1024 kB
+7f0000300000-7f0000301000 rw-p 00003000 fe:01 456 /usr/lib/x86_64-linux-gnu/with space.so
+Anonymous:             4 kB
+7f0000400000-7f0000410000 r--p 00000000 fe:01 789 /usr/lib/locale/C.utf8/LC_CTYPE
+Anonymous:             0 kB
 7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]
 Anonymous:             0 kB
 ";
         assert_eq!(
-            clean_code_mappings(smaps),
+            clean_read_only_file_mappings(smaps),
             [
+                ((0x55d0_0000_0000, 0x55d0_0010_0000), 0),
                 ((0x55d0_0010_0000, 0x55d0_0060_0000), 0),
                 ((0x7f00_0000_0000, 0x7f00_0010_0000), 8),
+                ((0x7f00_0040_0000, 0x7f00_0041_0000), 0),
             ]
         );
     }
+    #[test]
+    fn the_heap_is_found_in_proc_maps() {
+        let maps = "\
+55d000000000-55d000100000 r--p 00000000 fe:01 123 /usr/bin/baton-agent
+55d001000000-55d001c00000 rw-p 00000000 00:00 0                          [heap]
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+";
+        assert_eq!(
+            heap_in_maps(maps),
+            Some((0x55d0_0100_0000, 0x55d0_01c0_0000))
+        );
+        assert_eq!(heap_in_maps("7ffd0-7ffd1 rw-p 0 00:00 0 [stack]\n"), None);
+    }
+
     use std::sync::atomic::{AtomicU32, Ordering};
 
     #[test]

@@ -18,20 +18,29 @@ use std::fmt;
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
 /// A 1-based line and column in the source text, as editors show them.
+/// `u32`, not `usize`: every parsed instruction keeps two (for messages),
+/// and a pack is at most a few MiB, so this halves them for nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Pos {
     /// 1-based line.
-    pub line: usize,
+    pub line: u32,
     /// 1-based column (in characters).
-    pub col: usize,
+    pub col: u32,
 }
 
 impl Pos {
-    fn from_span(span: &Span) -> Self {
+    /// From 1-based counts as the parsers give them (`usize`), saturating
+    /// (a pack is far smaller than `u32::MAX` lines or columns).
+    pub fn new(line: usize, col: usize) -> Self {
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Pos {
-            line: span.start.line(),
-            col: span.start.col() + 1,
+            line: clamp(line),
+            col: clamp(col),
         }
+    }
+
+    fn from_span(span: &Span) -> Self {
+        Pos::new(span.start.line(), span.start.col().saturating_add(1))
     }
 }
 
@@ -160,10 +169,7 @@ impl<'a> Builder<'a> {
         match self.parser.next_event() {
             Some(Ok(ev)) => Ok(ev),
             Some(Err(e)) => Err(YamlError {
-                pos: Pos {
-                    line: e.marker().line(),
-                    col: e.marker().col() + 1,
-                },
+                pos: Pos::new(e.marker().line(), e.marker().col().saturating_add(1)),
                 message: format!("invalid YAML: {}", e.info()),
             }),
             None => Err(YamlError {

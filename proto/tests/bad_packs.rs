@@ -7,7 +7,7 @@ struct Case {
     name: &'static str,
     yaml: &'static str,
     /// (line, col, instruction, message fragment) for each expected error.
-    expect: &'static [(usize, usize, Option<&'static str>, &'static str)],
+    expect: &'static [(u32, u32, Option<&'static str>, &'static str)],
 }
 
 const HEAD: &str = "pack: p\nversion: 1\ninstructions:\n";

@@ -33,6 +33,7 @@ pub mod check;
 mod clock_loss;
 mod exit;
 pub mod feedback;
+mod heap_trim;
 mod metrics;
 mod outputs;
 pub mod ports;
@@ -254,6 +255,8 @@ pub struct Agent {
     /// Packs whose safe state was driven in this run.
     safe_done: HashSet<PackKey>,
     tally: Tally,
+    /// When freed heap goes back to the kernel.
+    heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
     /// The controller link's control side; `None` without a controller.
     uplink: Option<uplink::Uplink>,
@@ -320,17 +323,6 @@ fn journal_once(journal: &mut Journal, key: &OnceKey) -> Result<(), JournalError
         .map(|_| ())
 }
 
-/// Parsing a large pack builds a YAML tree that is freed right after; give
-/// those pages back to the kernel so the agent's footprint is what it holds.
-/// Only glibc keeps freed heap like this (and only it has `malloc_trim`).
-fn release_free_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// Large buffers (a burst's outputs, a big journal record) come from
 /// `mmap` and go back to the kernel when freed. glibc otherwise raises its
 /// mmap threshold after the first such free (up to 32 MiB), and later
@@ -393,6 +385,7 @@ impl Agent {
             degraded_exit: None,
             safe_done: HashSet::new(),
             tally: Tally::default(),
+            heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
             uplink: None,
             held_changed: false,
@@ -417,7 +410,10 @@ impl Agent {
         for path in self.cfg.packs.clone() {
             self.load_file(&path)?;
         }
-        release_free_memory();
+        // Parsing a large pack builds a YAML tree that is freed right
+        // after: give those pages back before memory is locked, so the
+        // footprint is what the agent holds.
+        crate::rt::return_free_heap();
         Ok(())
     }
 
@@ -757,8 +753,25 @@ impl Agent {
             self.check_clock_loss()?;
             self.retry_clock_wait()?;
             self.publish_metrics();
+            self.maybe_return_free_heap(now);
         }
         Ok(())
+    }
+
+    /// After a burst or a parsed pack, once nothing is due soon: see
+    /// `heap_trim`.
+    fn maybe_return_free_heap(&mut self, now: RefTime) {
+        let ended = self.tally.hist.len() + self.tally.not_run + self.tally.failed;
+        let next_due = [self.core.next_wake(), self.arming.next_exec()]
+            .into_iter()
+            .flatten()
+            .min();
+        if self.heap_trim.due(now, ended, next_due, self.arming.idle()) {
+            let t0 = std::time::Instant::now();
+            let heap = crate::rt::return_free_heap();
+            tracing::debug!(?heap, took = ?t0.elapsed(), "free heap returned to the kernel");
+            self.heap_trim.done(now, ended);
+        }
     }
 
     /// Lateness histogram and counters so far.

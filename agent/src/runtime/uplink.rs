@@ -140,8 +140,8 @@ fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
     errs.0
         .iter()
         .map(|e| wire::PackError {
-            line: u32::try_from(e.pos.line).unwrap_or(u32::MAX),
-            column: u32::try_from(e.pos.col).unwrap_or(u32::MAX),
+            line: e.pos.line,
+            column: e.pos.col,
             instruction: e.instruction.clone().unwrap_or_default(),
             message: e.message.clone(),
         })
@@ -506,7 +506,7 @@ impl Agent {
             return (nack(r, R::ResourceExhausted, message, Vec::new()), None);
         }
         let result = self.accept(yaml, pack);
-        release_free_memory();
+        self.heap_trim.parsed();
         match result {
             Ok(verdict) => {
                 let unchanged = verdict == Verdict::Unchanged;

@@ -352,8 +352,8 @@ pub fn pack_errors(errors: &PackErrors) -> Vec<wire::PackError> {
         .0
         .iter()
         .map(|e| wire::PackError {
-            line: e.pos.line as u32,
-            column: e.pos.col as u32,
+            line: e.pos.line,
+            column: e.pos.col,
             instruction: e.instruction.clone().unwrap_or_default(),
             message: e.message.clone(),
         })

@@ -119,7 +119,7 @@ pub fn parse_pack_bytes(bytes: &[u8]) -> Result<Pack, PackErrors> {
             let line = 1 + prefix.iter().filter(|&&b| b == b'\n').count();
             let col = 1 + prefix.iter().rev().take_while(|&&b| b != b'\n').count();
             Err(PackErrors::single(
-                Pos { line, col },
+                Pos::new(line, col),
                 "pack is not valid UTF-8",
             ))
         }

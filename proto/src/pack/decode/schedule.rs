@@ -158,10 +158,11 @@ fn cron(
     let cron = match CronSchedule::parse(&expr) {
         Ok(c) => c,
         Err(e) => {
-            let quote = usize::from(!matches!(node.value, Value::Scalar { plain: true, .. }));
+            let quote = u32::from(!matches!(node.value, Value::Scalar { plain: true, .. }));
+            let offset = u32::try_from(e.offset).unwrap_or(u32::MAX);
             let pos = Pos {
                 line: node.pos.line,
-                col: node.pos.col + quote + e.offset,
+                col: node.pos.col.saturating_add(quote).saturating_add(offset),
             };
             cx.err(pos, format!("cron `{expr}`: {}", e.message));
             return None;
