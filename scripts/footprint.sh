@@ -3,6 +3,11 @@
 # and 10 000 undelivered feedback entries (a second pack whose one
 # instruction fired N times, every millisecond, before the measurement: no
 # controller takes their feedback).
+#
+#   SMAPS=1  also print the resident set by mapping (what is heap, code,
+#            read-only data) from /proc/PID/smaps
+#   MSTATS=1 also print glibc's malloc_stats() (in use against held, per
+#            arena) through gdb: what the heap holds beyond what is in use
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10000}
@@ -30,9 +35,17 @@ pid=$!
 # until the feedback pack has fired N times.
 for _ in $(seq 1 600); do [ "$(grep -c accepted "$dir/err" 2>/dev/null)" = 2 ] && break; sleep 0.05; done
 sleep $((N / 1000 + 10))
-[ -n "${MSTATS:-}" ] && { gdb -p $pid -batch -ex "call (void)malloc_stats()" >/dev/null 2>&1; tail -n 30 "$dir/err" >&2; }
+if [ -n "${MSTATS:-}" ]; then
+  gdb -p $pid -batch -ex "call (void)malloc_stats()" >/dev/null 2>&1
+  sed -n '/^Arena 0:/,$p' "$dir/err" >&2
+fi
 rss_kb=$(awk '/VmRSS/ {print $2}' /proc/$pid/status)
-[ -n "${SMAPS:-}" ] && { cat /proc/$pid/smaps_rollup; awk '/^[0-9a-f]+-/ {name=$6} /^Rss:/ {r[name]+=$2} END {for (n in r) if (r[n] > 100) print r[n], n; } /^[0-9a-f]+-/ {m=$1" "$2" "$6} /^Rss:/ && $2 > 200 {print "  map", m, $2; }; END {}' /proc/$pid/smaps | sort -rn; } >&2
+if [ -n "${SMAPS:-}" ]; then
+  grep -E '^(Rss|Anonymous|Locked):' /proc/$pid/smaps_rollup >&2
+  # Resident kB per mapping of more than 200 kB: range, permissions, file.
+  awk '/^[0-9a-f]+-[0-9a-f]+ / {m = $1 " " $2 " " $6}
+       /^Rss:/ && $2 > 200 {print "  " $2 " kB  " m}' /proc/$pid/smaps >&2
+fi
 t0=$(awk '{print $14+$15}' /proc/$pid/stat); s0=$(date +%s.%N)
 sleep 10
 t1=$(awk '{print $14+$15}' /proc/$pid/stat); s1=$(date +%s.%N)

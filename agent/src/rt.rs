@@ -154,6 +154,8 @@ pub fn return_free_heap() -> Option<(usize, usize)> {
             libc::malloc_trim(0);
         }
         if let Some((a, b)) = heap {
+            // (libc: nix 0.30 has no mlock2, and plain mlock would fault the
+            // whole heap in, free pages included.)
             // SAFETY: as munlock: sets the lock flag again; MLOCK_ONFAULT
             // locks resident pages now and others when first touched, as
             // `mlockall(MCL_ONFAULT)` did, without faulting any in.

@@ -93,7 +93,18 @@ impl fmt::Display for ExecutionId {
     /// `tenant/pack/v7/instruction/occurrence_ns/a1`: ids never contain `/`
     /// (the pack language forbids it), so the form parses back unambiguously.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/a{}", self.idempotency_key(), self.attempt)
+        // Written out rather than through `idempotency_key`: made once per
+        // firing, and that would build an intermediate string.
+        write!(
+            f,
+            "{}/{}/v{}/{}/{}/a{}",
+            self.pack.tenant,
+            self.pack.pack,
+            self.version,
+            self.instruction,
+            self.occurrence.as_nanos(),
+            self.attempt
+        )
     }
 }
 

@@ -15,6 +15,10 @@ use crate::once::OnceKey;
 pub struct Firing {
     /// Deterministic id of this attempt.
     pub id: ExecutionId,
+    /// The id as text (`id.to_string()`), made once by the core, which
+    /// keys its record of fired ids by it: the runtime journals it, hands
+    /// it to the dispatcher and reports under it without formatting again.
+    pub text: Arc<str>,
     /// What to do.
     pub action: Arc<Action>,
     /// The instant it was due (lateness is measured from here).

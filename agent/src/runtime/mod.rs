@@ -78,6 +78,9 @@ const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 /// On the way out, a dispatcher busy this long without progress is stalled
 /// (its safe-state writes are then written directly, see `exit.rs`).
 const STALL_GRACE: Duration = Duration::from_millis(250);
+/// Outputs a pass's reused buffer may hold room for; a burst's larger
+/// buffer is freed instead of kept.
+const KEEP_OUTPUTS: usize = 1024;
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
@@ -255,6 +258,8 @@ pub struct Agent {
     /// Packs whose safe state was driven in this run.
     safe_done: HashSet<PackKey>,
     tally: Tally,
+    /// The core's outputs of a pass, reused (see `process_in`).
+    outputs: Vec<Output>,
     /// When freed heap goes back to the kernel.
     heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
@@ -385,6 +390,7 @@ impl Agent {
             degraded_exit: None,
             safe_done: HashSet::new(),
             tally: Tally::default(),
+            outputs: Vec::new(),
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
             uplink: None,
@@ -715,7 +721,7 @@ impl Agent {
     /// results, start due programs, heartbeat.
     pub fn step(&mut self) -> anyhow::Result<()> {
         let now = self.clock.now();
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.outputs);
         if let Some(step) = self.clock.resample() {
             tracing::warn!(
                 step = %fmt_ns(step),
@@ -734,7 +740,11 @@ impl Agent {
         if self.arming.backlog_len() < MAX_BACKLOG {
             self.core.tick_ahead(now, self.cfg.arm_horizon, &mut out);
         }
-        self.process(out)?;
+        self.process_in(&mut out)?;
+        // Kept for the next pass, unless a burst made it large.
+        if out.capacity() <= KEEP_OUTPUTS {
+            self.outputs = out;
+        }
         self.pump()?;
         self.collect()?;
         self.start_due_exec()?;

@@ -11,38 +11,37 @@ impl Agent {
     /// durable record before any of them reaches the device.
     pub(super) fn process(&mut self, first: Vec<Output>) -> anyhow::Result<()> {
         let mut batch = first;
+        self.process_in(&mut batch)
+    }
+
+    /// [`Agent::process`] on a buffer the caller keeps: it is left empty,
+    /// with its capacity, so the loop's every pass does not grow a new one
+    /// (a firing instant's outputs were a handful of reallocations).
+    pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> anyhow::Result<()> {
+        let mut more = Vec::new();
         while !batch.is_empty() {
-            // Each firing's id as text, made once: journalled here, then
-            // shared with the dispatcher, the feedback and the result.
-            let texts: Vec<Arc<str>> = batch
+            // Each firing's id as text, made once by the core: journalled
+            // here, then shared with the dispatcher, the feedback and the
+            // result.
+            let refs: Vec<(&str, i64)> = batch
                 .iter()
                 .filter_map(|o| match o {
-                    Output::Fire(f) => Some(Arc::from(f.id.to_string())),
+                    Output::Fire(f) => Some((&*f.text, f.scheduled.as_nanos())),
                     _ => None,
                 })
                 .collect();
-            if !texts.is_empty() {
-                let refs: Vec<(&str, i64)> = batch
-                    .iter()
-                    .filter_map(|o| match o {
-                        Output::Fire(f) => Some(f.scheduled.as_nanos()),
-                        _ => None,
-                    })
-                    .zip(&texts)
-                    .map(|(t, s)| (&**s, t))
-                    .collect();
+            if !refs.is_empty() {
                 // If this fails nothing may fire: the error ends the loop,
                 // whose way out drives the safe state.
                 self.journal.record_started(&refs)?;
             }
-            let mut texts = texts.into_iter();
-            let mut more = Vec::new();
+            drop(refs);
             // Consumed in place: a burst of thousands of outputs is never
             // copied.
             for o in batch.drain(..) {
-                self.perform(o, &mut texts, &mut more)?;
+                self.perform(o, &mut more)?;
             }
-            batch = more;
+            std::mem::swap(batch, &mut more);
         }
         Ok(())
     }
@@ -60,17 +59,12 @@ impl Agent {
         }
     }
 
-    /// One output; a firing takes the next of `texts`, its journalled id.
-    fn perform(
-        &mut self,
-        o: Output,
-        texts: &mut impl Iterator<Item = Arc<str>>,
-        more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    /// One output (a firing's id is already journalled).
+    fn perform(&mut self, o: Output, more: &mut Vec<Output>) -> anyhow::Result<()> {
         let now = self.clock.now();
         match o {
             Output::Fire(f) => {
-                let text = texts.next().unwrap_or_else(|| Arc::from(f.id.to_string()));
+                let text = f.text.clone();
                 self.fire(&f, text, more)?;
             }
             Output::Abort(id) => {

@@ -441,12 +441,12 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         let (occ, attempt) = (id.occurrence, id.attempt);
-        let text = id.to_string();
+        let text: Arc<str> = Arc::from(id.to_string());
         let ran_before = self
             .prior
-            .get(&text)
+            .get(&*text)
             .is_some_and(|o| *o != PriorOutcome::NotRun);
-        if self.fired.contains_key(&text) || ran_before {
+        if self.fired.contains_key(&*text) || ran_before {
             // Never twice: a duplicate delivery or a bug upstream must not
             // reach the device. The note names the occurrence, not the
             // attempt: that attempt reports its own end.
@@ -467,9 +467,10 @@ impl Scheduler {
         let ins = &ps.pack.instructions[i];
         let (timeout, max_late) = (ins.policy.timeout, ins.policy.max_lateness);
         self.fired
-            .insert(text, occ.max(now) + max_late + PRUNE_MARGIN);
+            .insert(text.clone(), occ.max(now) + max_late + PRUNE_MARGIN);
         let firing = Firing {
             id: id.clone(),
+            text,
             // Built per firing rather than kept per instruction: memory
             // stays O(instructions) with a small constant.
             action: Arc::new(ins.action.clone()),

@@ -246,7 +246,7 @@ pub struct Scheduler {
     /// derive it again (its occurrence plus the instruction's
     /// `max_lateness`, plus a margin): pruned past that, so a long-running
     /// agent's memory does not grow with every firing.
-    fired: HashMap<String, RefTime>,
+    fired: HashMap<Arc<str>, RefTime>,
     /// When `fired` and `prior` were last pruned.
     last_prune: RefTime,
     rng: ChaCha8Rng,
