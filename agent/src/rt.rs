@@ -6,7 +6,7 @@
 //! was refused and runs at normal priority. It never refuses to start.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -104,69 +104,109 @@ pub fn lock_memory(st: &mut RtStatus) {
     // (nix 0.30 names no MCL_ONFAULT: the bit comes from libc.)
     let base = MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE;
     let on_fault = MlockAllFlags::from_bits_retain(libc::MCL_ONFAULT);
-    let r = match mlockall(base | on_fault) {
+    let (r, mode) = match mlockall(base | on_fault) {
         // Kernel older than 4.4: no MCL_ONFAULT.
-        Err(Errno::EINVAL) => mlockall(base),
-        r => r,
+        Err(Errno::EINVAL) => (mlockall(base), LOCKED_FULLY),
+        r => (r, LOCKED_ON_FAULT),
     };
     match r {
         Ok(()) => {
             st.locked = true;
-            MEMORY_LOCKED.store(true, Ordering::Release);
+            LOCK_MODE.store(mode, Ordering::Release);
         }
         Err(e) => st.refused.push(format!("mlockall: {}", io::Error::from(e))),
     }
 }
 
-/// Set once [`lock_memory`] locked the process's memory: then
-/// [`return_free_heap`] must unlock the heap to trim it, and lock it again.
-static MEMORY_LOCKED: AtomicBool = AtomicBool::new(false);
+/// How [`lock_memory`] locked memory, for [`return_free_heap`]: not at all,
+/// pages locked as they are touched (`MCL_ONFAULT`), or everything up
+/// front (kernels before 4.4).
+static LOCK_MODE: AtomicU8 = AtomicU8::new(NOT_LOCKED);
+const NOT_LOCKED: u8 = 0;
+const LOCKED_ON_FAULT: u8 = 1;
+const LOCKED_FULLY: u8 = 2;
 
 /// Give the allocator's free heap pages back to the kernel, even once
-/// memory is locked. glibc's `malloc_trim` does it with `MADV_DONTNEED`,
-/// which the kernel refuses on locked pages, so after [`lock_memory`] a
-/// burst's or a pushed pack's freed memory would stay resident (and
-/// locked) for good. The main heap (`[heap]`, the control thread's arena,
-/// where parsing and firing allocate) is unlocked, trimmed, and locked
-/// again on fault: what is in use stays resident, only free pages go.
+/// memory is locked. glibc's `malloc_trim` gives back free pages inside
+/// the heap with `MADV_DONTNEED`, which the kernel refuses on locked
+/// pages, so after [`lock_memory`] the free middle of the heap (a burst's
+/// garbage, a pushed pack's parse tree) would stay resident, and locked,
+/// for good; only its top could still shrink. The main heap (`[heap]`,
+/// the control thread's arena, where parsing and firing allocate) is
+/// unlocked, trimmed, and locked again on fault: what is in use stays
+/// resident, only free pages go.
 ///
-/// For a moment the heap is not locked: with swap, a page could be paged
-/// out and fault back in later. Call it only when nothing is due soon.
-/// It also holds glibc's main-arena lock while it walks the free lists
-/// (about a millisecond for tens of MB), so another thread's `free` of a
-/// chunk from that arena waits that long. Returns the heap's range, or
-/// `None` where there is nothing to do (no glibc, or no `[heap]`).
-pub fn return_free_heap() -> Option<(usize, usize)> {
+/// For a moment the heap is not locked: with swap, an in-use page could be
+/// paged out then. `MADV_WILLNEED` afterwards starts reading any such page
+/// back, so the dispatcher does not take the fault later; still, call it
+/// only when nothing is due soon. `malloc_trim` also holds each arena's
+/// lock while it walks that arena's free lists (about a millisecond for
+/// tens of MB), so another thread's `malloc` or `free` there waits that
+/// long.
+///
+/// Returns the heap's range when the locked heap was trimmed; `Ok(None)`
+/// when there was nothing to unlock (memory not locked: a plain trim;
+/// locked fully, on an old kernel: no trim, as locking again would fault
+/// every free page back in; no glibc; the heap changed under the unlock,
+/// so nothing was trimmed this time). An error means the heap could not
+/// be locked again on fault: it was then locked fully (which faults its
+/// free pages back in) if even that was possible.
+pub fn return_free_heap() -> io::Result<Option<(usize, usize)>> {
     #[cfg(target_env = "gnu")]
     {
-        let locked = MEMORY_LOCKED.load(Ordering::Acquire);
-        let heap = if locked { heap_range() } else { None };
-        if let Some((a, b)) = heap {
-            // SAFETY: munlock only clears the lock flag of a range of our
-            // own mapping; no memory is touched or unmapped.
+        let trim = || {
+            // SAFETY: malloc_trim only walks the allocator's own free lists
+            // and drops pages no allocation uses.
             unsafe {
-                libc::munlock(a as *const libc::c_void, b - a);
+                libc::malloc_trim(0);
+            }
+        };
+        match LOCK_MODE.load(Ordering::Acquire) {
+            LOCKED_ON_FAULT => {}
+            LOCKED_FULLY => return Ok(None),
+            _ => {
+                trim();
+                return Ok(None);
             }
         }
-        // SAFETY: malloc_trim only walks the allocator's own free lists and
-        // drops pages no allocation uses.
+        let Some((a, b)) = heap_range() else {
+            return Ok(None);
+        };
+        // SAFETY: munlock only clears the lock flag of a range of our own
+        // mapping; no memory is touched or unmapped.
+        let unlocked = unsafe { libc::munlock(a as *const libc::c_void, b - a) } == 0;
+        // A failure means part of the range went away meanwhile (another
+        // thread's allocation shrank the heap): no trim then, but what
+        // was unlocked is locked again below.
+        if unlocked {
+            trim();
+        }
+        // The trim may have shrunk the heap from its top: lock what is
+        // mapped now (a range past the end would fail with ENOMEM).
+        let (a, b) = heap_range().unwrap_or((a, b));
+        let (ptr, len) = (a as *mut libc::c_void, b - a);
+        // (libc: nix 0.30 has no mlock2, and plain mlock would fault the
+        // whole heap in, free pages included.)
+        // SAFETY: as munlock: sets the lock flag again; MLOCK_ONFAULT locks
+        // resident pages now and others when first touched, as
+        // `mlockall(MCL_ONFAULT)` did, without faulting any in.
+        if unsafe { libc::mlock2(ptr, len, libc::MLOCK_ONFAULT) } != 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: as above; locks (and faults in) the whole range.
+            unsafe {
+                libc::mlock(ptr, len);
+            }
+            return Err(e);
+        }
+        // SAFETY: advice only: starts reading back swapped-out pages of our
+        // own anonymous mapping; pages never touched stay untouched.
         unsafe {
-            libc::malloc_trim(0);
+            libc::madvise(ptr, len, libc::MADV_WILLNEED);
         }
-        if let Some((a, b)) = heap {
-            // (libc: nix 0.30 has no mlock2, and plain mlock would fault the
-            // whole heap in, free pages included.)
-            // SAFETY: as munlock: sets the lock flag again; MLOCK_ONFAULT
-            // locks resident pages now and others when first touched, as
-            // `mlockall(MCL_ONFAULT)` did, without faulting any in.
-            unsafe {
-                libc::mlock2(a as *const libc::c_void, b - a, libc::MLOCK_ONFAULT);
-            }
-        }
-        heap
+        Ok(unlocked.then_some((a, b)))
     }
     #[cfg(not(target_env = "gnu"))]
-    None
+    Ok(None)
 }
 
 /// The `[heap]` mapping of this process, from `/proc/self/maps`.
@@ -197,22 +237,24 @@ fn heap_in_maps(maps: &str) -> Option<(usize, usize)> {
 /// the page cache, so what the running agent uses comes back on first use
 /// as a minor fault (microseconds, no disk) and is locked from then on.
 /// Only unmodified file-backed mappings that cannot be written (`r-x`,
-/// `r--`) are touched: a mapping with private copies of pages (`Anonymous`
-/// in smaps: text relocations, RELRO data written before it was made
-/// read-only) would lose them, so it is left alone.
+/// `r--`) are touched: a mapping with private copies of pages (text
+/// relocations, RELRO data written before it was made read-only), resident
+/// (`Anonymous` in smaps) or swapped out (`Swap`), would lose them, so it
+/// is left alone.
 pub fn page_out_file_pages() {
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return;
     };
-    for (range, anonymous_kb) in clean_read_only_file_mappings(&smaps) {
-        if anonymous_kb != 0 {
+    for (range, private_kb) in read_only_file_mappings(&smaps) {
+        if private_kb != 0 {
             continue;
         }
         let (a, b) = range;
         // SAFETY: the range is a whole mapping of this process, file-backed,
-        // executable and without private copies (checked above): dropping
-        // its pages loses nothing, they are read back from the file (the
-        // page cache) on the next access. Nothing is unmapped or written.
+        // read-only and without private copies, resident or swapped
+        // (checked above): dropping its pages loses nothing, they are read
+        // back from the file (the page cache) on the next access. Nothing
+        // is unmapped or written.
         unsafe {
             libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED);
         }
@@ -220,20 +262,34 @@ pub fn page_out_file_pages() {
 }
 
 /// The file-backed mappings in `/proc/self/smaps` text that the process
-/// cannot write (`r-x` or `r--`), with their `Anonymous` size (kB).
-fn clean_read_only_file_mappings(smaps: &str) -> Vec<((usize, usize), u64)> {
+/// cannot write (`r-x` or `r--`), each with the kB of private copies of
+/// its pages, resident (`Anonymous`) or swapped out (`Swap`). A mapping
+/// whose fields are missing or unreadable counts as holding copies.
+fn read_only_file_mappings(smaps: &str) -> Vec<((usize, usize), u64)> {
+    // (range, Anonymous, Swap) of the mapping being read.
+    type Reading = ((usize, usize), Option<u64>, Option<u64>);
+    fn finish(out: &mut Vec<((usize, usize), u64)>, m: Option<Reading>) {
+        if let Some((r, anon, swap)) = m {
+            let private = match (anon, swap) {
+                (Some(a), Some(s)) => a.saturating_add(s),
+                _ => u64::MAX,
+            };
+            out.push((r, private));
+        }
+    }
+    let kb = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
     let mut out = Vec::new();
-    let mut current: Option<(usize, usize)> = None;
+    let mut current: Option<Reading> = None;
     for line in smaps.lines() {
-        if let Some(kb) = line.strip_prefix("Anonymous:") {
-            if let Some(r) = current.take() {
-                let kb = kb
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse()
-                    .unwrap_or(u64::MAX);
-                out.push((r, kb));
+        if let Some(v) = line.strip_prefix("Anonymous:") {
+            if let Some(m) = current.as_mut() {
+                m.1 = Some(kb(v).unwrap_or(u64::MAX));
+            }
+            continue;
+        }
+        if let Some(v) = line.strip_prefix("Swap:") {
+            if let Some(m) = current.as_mut() {
+                m.2 = Some(kb(v).unwrap_or(u64::MAX));
             }
             continue;
         }
@@ -247,10 +303,13 @@ fn clean_read_only_file_mappings(smaps: &str) -> Vec<((usize, usize), u64)> {
         let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
             continue; // a field line ("Rss: 4 kB"), not a mapping's header
         };
+        // A new mapping: the previous one is complete.
+        finish(&mut out, current.take());
         let path = f.nth(3).unwrap_or("");
         let read_only = perms.starts_with("r-x") || perms.starts_with("r--");
-        current = (read_only && path.starts_with('/')).then_some((a, b));
+        current = (read_only && path.starts_with('/')).then_some(((a, b), None, None));
     }
+    finish(&mut out, current);
     out
 }
 
@@ -509,27 +568,39 @@ mod tests {
 55d000000000-55d000100000 r--p 00000000 fe:01 123 /usr/bin/baton-agent
 Rss:                 400 kB
 Anonymous:             0 kB
+Swap:                  0 kB
 55d000100000-55d000600000 r-xp 00100000 fe:01 123 /usr/bin/baton-agent
 Rss:                2976 kB
 Anonymous:             0 kB
+Swap:                  0 kB
 7f0000000000-7f0000100000 r-xp 00000000 fe:01 456 /usr/lib/x86_64-linux-gnu/with space.so
 Anonymous:             8 kB
+Swap:                  0 kB
+7f0000100000-7f0000101000 r--p 00100000 fe:01 456 /usr/lib/x86_64-linux-gnu/with space.so
+Anonymous:             0 kB
+Swap:                  4 kB
 7f0000200000-7f0000300000 rw-p 00000000 00:00 0 
 Anonymous:          1024 kB
+Swap:                  0 kB
 7f0000300000-7f0000301000 rw-p 00003000 fe:01 456 /usr/lib/x86_64-linux-gnu/with space.so
 Anonymous:             4 kB
+Swap:                  0 kB
 7f0000400000-7f0000410000 r--p 00000000 fe:01 789 /usr/lib/locale/C.utf8/LC_CTYPE
 Anonymous:             0 kB
 7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]
 Anonymous:             0 kB
+Swap:                  0 kB
 ";
         assert_eq!(
-            clean_read_only_file_mappings(smaps),
+            read_only_file_mappings(smaps),
             [
                 ((0x55d0_0000_0000, 0x55d0_0010_0000), 0),
                 ((0x55d0_0010_0000, 0x55d0_0060_0000), 0),
                 ((0x7f00_0000_0000, 0x7f00_0010_0000), 8),
-                ((0x7f00_0040_0000, 0x7f00_0041_0000), 0),
+                // A relocated page swapped out is a private copy too.
+                ((0x7f00_0010_0000, 0x7f00_0010_1000), 4),
+                // No `Swap:` line read: not known to be clean.
+                ((0x7f00_0040_0000, 0x7f00_0041_0000), u64::MAX),
             ]
         );
     }

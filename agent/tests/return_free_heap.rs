@@ -41,6 +41,13 @@ fn heap_lock() -> (u64, bool) {
 }
 
 fn main() {
+    if !cfg!(target_env = "gnu") {
+        // Only glibc's heap is trimmed (musl's allocator returns memory
+        // itself).
+        println!("return_free_heap: not glibc; skipped");
+        println!("test result: ok. 0 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out");
+        return;
+    }
     let mut st = baton_agent::rt::RtStatus::default();
     baton_agent::rt::lock_memory(&mut st);
     if !st.locked {
@@ -60,7 +67,7 @@ fn main() {
     let keep: Vec<Box<[u8; 4000]>> = blocks
         .into_iter()
         .enumerate()
-        .filter_map(|(i, b)| (i % 64 == 63 || i == 7_999).then_some(b))
+        .filter_map(|(i, b)| (i % 64 == 63).then_some(b))
         .collect();
     let before = status_kb("RssAnon:");
     assert!(
@@ -68,11 +75,11 @@ fn main() {
         "the burst's pages are locked: {:?}",
         heap_lock()
     );
-    let heap = baton_agent::rt::return_free_heap();
+    let heap = baton_agent::rt::return_free_heap().expect("the heap is locked again on fault");
     let after = status_kb("RssAnon:");
     assert!(
         heap.is_some(),
-        "glibc with memory locked: the heap is found"
+        "glibc with memory locked on fault: the heap is trimmed"
     );
     assert!(
         after + 20_000 < before,
@@ -82,11 +89,16 @@ fn main() {
     assert!(flagged, "the heap is locked again (on fault)");
     assert!(locked_kb > 0, "what is in use stays locked");
     // What was kept is intact, and the heap still serves allocations.
-    assert!(
-        keep.iter()
-            .enumerate()
-            .all(|(i, b)| b[0] == b[3999] && (i + 1) * 64 - 1 <= 8_000)
-    );
+    // Block i of `keep` is block 64·i + 63 of the burst, filled with that
+    // number's low byte: a page wrongly dropped would read back as zeros.
+    assert_eq!(keep.len(), 125);
+    for (i, b) in keep.iter().enumerate() {
+        let n = 64 * i + 63;
+        assert!(
+            b.iter().all(|&x| x == n as u8),
+            "kept block {i} (burst block {n}) changed"
+        );
+    }
     let more: Vec<Box<[u8; 4000]>> = (0..1_000).map(|_| Box::new([7; 4000])).collect();
     assert!(more.iter().all(|b| b[123] == 7));
     println!(

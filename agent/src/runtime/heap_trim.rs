@@ -33,7 +33,7 @@ pub(crate) struct HeapTrim {
 }
 
 impl HeapTrim {
-    /// A pack was parsed (pushed, cancelled, restored): its tree was freed.
+    /// A pushed pack was parsed (valid or not): its tree was freed.
     pub(crate) fn parsed(&mut self) {
         self.parsed = true;
     }

@@ -80,7 +80,7 @@ const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 const STALL_GRACE: Duration = Duration::from_millis(250);
 /// Outputs a pass's reused buffer may hold room for; a burst's larger
 /// buffer is freed instead of kept.
-const KEEP_OUTPUTS: usize = 1024;
+const KEEP_OUTPUTS: usize = 128;
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
@@ -419,7 +419,9 @@ impl Agent {
         // Parsing a large pack builds a YAML tree that is freed right
         // after: give those pages back before memory is locked, so the
         // footprint is what the agent holds.
-        crate::rt::return_free_heap();
+        if let Err(e) = crate::rt::return_free_heap() {
+            tracing::warn!("returning freed memory after loading packs: {e}");
+        }
         Ok(())
     }
 
@@ -763,14 +765,16 @@ impl Agent {
             self.check_clock_loss()?;
             self.retry_clock_wait()?;
             self.publish_metrics();
-            self.maybe_return_free_heap(now);
+            self.maybe_return_free_heap();
         }
         Ok(())
     }
 
     /// After a burst or a parsed pack, once nothing is due soon: see
     /// `heap_trim`.
-    fn maybe_return_free_heap(&mut self, now: RefTime) {
+    fn maybe_return_free_heap(&mut self) {
+        // Now, not the pass's start: the pass may have compacted the journal.
+        let now = self.clock.now();
         let ended = self.tally.hist.len() + self.tally.not_run + self.tally.failed;
         let next_due = [self.core.next_wake(), self.arming.next_exec()]
             .into_iter()
@@ -778,8 +782,14 @@ impl Agent {
             .min();
         if self.heap_trim.due(now, ended, next_due, self.arming.idle()) {
             let t0 = std::time::Instant::now();
-            let heap = crate::rt::return_free_heap();
-            tracing::debug!(?heap, took = ?t0.elapsed(), "free heap returned to the kernel");
+            match crate::rt::return_free_heap() {
+                Ok(heap) => {
+                    tracing::debug!(?heap, took = ?t0.elapsed(), "free heap returned to the kernel");
+                }
+                Err(e) => tracing::error!(
+                    "could not lock the heap again on fault after trimming it ({e}): it is locked whole, or not at all"
+                ),
+            }
             self.heap_trim.done(now, ended);
         }
     }

@@ -469,6 +469,8 @@ impl Agent {
     fn on_push(&mut self, r: &wire::PackRef, yaml: String) -> (ToLink, Option<anyhow::Error>) {
         use wire::NackReason as R;
         let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
+        // Valid or not, the parse tree is garbage now.
+        self.heap_trim.parsed();
         let pack = match parse_pack(&yaml) {
             Ok(p) => p,
             Err(errs) => {
@@ -506,7 +508,6 @@ impl Agent {
             return (nack(r, R::ResourceExhausted, message, Vec::new()), None);
         }
         let result = self.accept(yaml, pack);
-        self.heap_trim.parsed();
         match result {
             Ok(verdict) => {
                 let unchanged = verdict == Verdict::Unchanged;
