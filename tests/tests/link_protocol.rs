@@ -2,7 +2,9 @@
 //! broken or hostile peer sends (no hello, a second hello, feedback out of
 //! order, an oversized message, raw garbage on the port) closes that
 //! stream with a clear status, and the controller keeps serving the
-//! others. Feedback re-sent after a lost ack is stored once.
+//! others. Feedback re-sent after a lost ack is stored once. A flood of
+//! time requests and clock reports is answered and stored only at an
+//! agent's rate.
 
 use std::io::Write;
 use std::time::Duration;
@@ -237,4 +239,72 @@ async fn health_and_reflection_are_served() {
     for want in ["baton.v1.Link", "baton.v1.Admin"] {
         assert!(names.contains(&want), "{names:?}");
     }
+}
+
+/// A hostile agent's flood of time requests and clock reports: the
+/// controller answers and stores only what an agent could send (a burst,
+/// then a rate), drops the rest, and keeps serving that stream.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_of_time_requests_and_clock_reports_is_limited_and_the_stream_lives_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let (mut p, _) = welcomed(&c.url, "flood").await;
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as i64;
+    let t0 = std::time::Instant::now();
+    for i in 0..200 {
+        let r = wire::TimeExchangeRequest { id: i, t1_ns: 1 };
+        p.tx.send(msg(In::TimeRequest(r))).await.expect("send");
+    }
+    for i in 0..50 {
+        let r = wire::ClockReport {
+            source: wire::ClockSource::Link as i32,
+            state: wire::ClockState::Locked as i32,
+            offset_ns: i,
+            uncertainty_ns: 1_000,
+            at_ns: now_ns + i,
+            ..Default::default()
+        };
+        p.tx.send(msg(In::ClockReport(r))).await.expect("send");
+    }
+    // Handled in order: every reply the flood earns comes before this ack.
+    p.tx.send(batch(&[1])).await.expect("send");
+    let mut replies = 0;
+    loop {
+        match next(&mut p).await {
+            Ok(Some(Out::TimeReply(_))) => replies += 1,
+            Ok(Some(Out::FeedbackAck(a))) => {
+                assert_eq!(a.seq, 1);
+                break;
+            }
+            other => panic!("expected time replies then an ack, got {other:?}"),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Burst 16, then 8 a second (controller/src/server/session.rs).
+    assert!(
+        replies >= 16 && f64::from(replies) <= 17.0 + 8.0 * secs,
+        "{replies} of 200 time requests answered in {secs:.2} s"
+    );
+    // Burst 4, then one every 2 s: the rest were not stored.
+    let o = c.ctl(&["clock", "flood", "--json"]);
+    assert!(
+        o.status.success(),
+        "clock: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stored = baton_e2e::fleet::json_lines(&o.stdout).len();
+    assert!(
+        (4..=5 + (secs / 2.0) as usize).contains(&stored),
+        "{stored} of 50 clock reports stored in {secs:.2} s"
+    );
+    // The stream still serves.
+    p.tx.send(batch(&[2])).await.expect("send");
+    assert_eq!(acked(&mut p).await, 2);
+    assert!(
+        c.log().contains("faster than an agent does"),
+        "the drop is logged"
+    );
 }

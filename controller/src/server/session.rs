@@ -15,6 +15,7 @@ use baton_proto::wire::{self, agent_message::Body as In, controller_message::Bod
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
+use super::bucket::{Pace, TokenBucket};
 use super::convert::{self, BadMessage};
 use super::hub::SessionCmd;
 use super::metrics::{AgentClock, PushResult};
@@ -138,6 +139,60 @@ struct Session {
     last_seq: u64,
     last_heard: Instant,
     next_ping: u64,
+    /// What a hostile or broken agent may make the controller do per
+    /// stream: answer time requests, store clock reports (each a row of
+    /// history).
+    time_requests: Limited,
+    clock_reports: Limited,
+}
+
+/// Time requests an agent's stream may have answered: its exchange asks at
+/// most 4 a second, in a burst of six, then one every 4 s; twice that.
+const TIME_REQUESTS: Pace = Pace {
+    rate: 8.0,
+    burst: 16.0,
+};
+/// Clock reports an agent's stream may have stored: it sends one on each
+/// welcome and one every 5 s.
+const CLOCK_REPORTS: Pace = Pace {
+    rate: 0.5,
+    burst: 4.0,
+};
+
+/// A per-stream rate limit on one kind of message: past it the message is
+/// dropped (a time request goes unanswered, and the agent's exchange asks
+/// again later; a clock report is not stored), and the first drop is
+/// logged.
+struct Limited {
+    what: &'static str,
+    bucket: TokenBucket,
+    dropped: u64,
+}
+
+impl Limited {
+    fn new(what: &'static str, pace: Pace, now: Instant) -> Limited {
+        Limited {
+            what,
+            bucket: TokenBucket::new(pace, now),
+            dropped: 0,
+        }
+    }
+
+    /// Whether this message may be acted on.
+    fn allow(&mut self, agent: &str, now: Instant) -> bool {
+        if self.bucket.take(now).is_ok() {
+            return true;
+        }
+        self.dropped += 1;
+        if self.dropped == 1 {
+            tracing::warn!(
+                agent,
+                "agent sends {} faster than an agent does: the excess is dropped",
+                self.what
+            );
+        }
+        false
+    }
 }
 
 /// Who opened a link stream, as its TLS certificate says (nothing on a
@@ -179,12 +234,19 @@ pub async fn run(
         last_seq: 0,
         last_heard: Instant::now(),
         next_ping: 1,
+        time_requests: Limited::new("time requests", TIME_REQUESTS, Instant::now()),
+        clock_reports: Limited::new("clock reports", CLOCK_REPORTS, Instant::now()),
     };
     let end = match session.start().await {
         Ok(()) => session.serve(inbound, cmd_rx, peer.serial).await,
         Err(e) => e,
     };
     let reason = end.describe();
+    for l in [&session.time_requests, &session.clock_reports] {
+        if l.dropped > 0 {
+            tracing::warn!(agent = %agent_id, "{} {} over the limit dropped on this stream", l.dropped, l.what);
+        }
+    }
     if let Some(s) = end.status() {
         let _ = tokio::time::timeout(Duration::from_secs(1), out.send(Err(s))).await;
     }
@@ -467,6 +529,9 @@ impl Session {
             Some(In::Feedback(batch)) => self.on_feedback(batch).await,
             Some(In::ClockReport(c)) => {
                 let row = convert::clock(&c)?;
+                if !self.clock_reports.allow(&self.agent.id, Instant::now()) {
+                    return Ok(());
+                }
                 self.shared.metrics.clock(
                     &self.agent.id,
                     AgentClock {
@@ -493,6 +558,9 @@ impl Session {
                 // t2 as soon as the request is seen, t3 as the reply leaves:
                 // the controller's clock is reference time.
                 let t2 = super::now_ns();
+                if !self.time_requests.allow(&self.agent.id, Instant::now()) {
+                    return Ok(());
+                }
                 self.send(Out::TimeReply(wire::TimeExchangeReply {
                     id: r.id,
                     t1_ns: r.t1_ns,
