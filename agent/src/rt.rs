@@ -604,6 +604,7 @@ Swap:                  0 kB
             ]
         );
     }
+
     #[test]
     fn the_heap_is_found_in_proc_maps() {
         let maps = "\

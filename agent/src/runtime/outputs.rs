@@ -9,9 +9,8 @@ impl Agent {
     /// Perform the core's outputs in order, and what follows from them, as
     /// a loop over a work queue. Each batch's firings are journalled in one
     /// durable record before any of them reaches the device.
-    pub(super) fn process(&mut self, first: Vec<Output>) -> anyhow::Result<()> {
-        let mut batch = first;
-        self.process_in(&mut batch)
+    pub(super) fn process(&mut self, mut first: Vec<Output>) -> anyhow::Result<()> {
+        self.process_in(&mut first)
     }
 
     /// [`Agent::process`] on a buffer the caller keeps: it is left empty,
@@ -46,16 +45,16 @@ impl Agent {
         Ok(())
     }
 
-    /// One attempt, its id already journalled as `text`.
-    fn fire(&mut self, f: &Firing, text: Arc<str>, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    /// One attempt, its id (`f.text`) already journalled.
+    fn fire(&mut self, f: &Firing, more: &mut Vec<Output>) -> anyhow::Result<()> {
         let now = self.clock.now();
         match &*f.action {
-            Action::Noop => self.fire_noop(f, &text, now, more),
+            Action::Noop => self.fire_noop(f, &f.text, now, more),
             Action::Exec { .. } => {
-                self.queue_exec(f, &text);
+                self.queue_exec(f, &f.text);
                 Ok(())
             }
-            action => self.arm_gpio(f, text, action, now, more),
+            action => self.arm_gpio(f, f.text.clone(), action, now, more),
         }
     }
 
@@ -63,10 +62,7 @@ impl Agent {
     fn perform(&mut self, o: Output, more: &mut Vec<Output>) -> anyhow::Result<()> {
         let now = self.clock.now();
         match o {
-            Output::Fire(f) => {
-                let text = f.text.clone();
-                self.fire(&f, text, more)?;
-            }
+            Output::Fire(f) => self.fire(&f, more)?,
             Output::Abort(id) => {
                 // Exec attempts are killed by the pool at the same timeout;
                 // a GPIO action cannot hang. Forget the attempt so a late
