@@ -211,6 +211,7 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
         Config {
             seed,
             catch_up_cap: 5,
+            ..Config::default()
         },
         HashMap::new(),
     );

@@ -293,6 +293,7 @@ fn run_case(specs: &[Spec], seed: u64, downs: &[(u32, u32, u32)]) -> Vec<String>
     let cfg = Config {
         seed,
         catch_up_cap: 4,
+        ..Config::default()
     };
     let mut runs: Vec<Run> = Vec::new();
     let mut prior = Prior::default();

@@ -417,6 +417,104 @@ fn version_replacement_mid_run_is_atomic_and_never_refires_one_shots() {
     assert_eq!(new_id.version, 2);
 }
 
+/// A changed periodic instruction whose old version has occurrences armed
+/// ahead (fired, results not back) when the replacement arrives: those end
+/// under the old version, and the new one starts after the last of them.
+/// Before, both versions fired those instants: a toggle twice is none.
+#[test]
+fn a_changed_periodic_starts_after_what_its_old_version_armed_ahead() {
+    let v1 = "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 10ms, start_at: 2026-12-01T10:00:00Z}\n";
+    let v2 = "pack: p\nversion: 2\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 2}, every: 10ms, start_at: 2026-12-01T10:00:00Z}\n";
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    let t0 = t("2026-12-01T10:00:00Z");
+    core.accept(pack(v1), t0, &mut out).expect("v1");
+    // Armed 50 ms ahead: 0, 10, .., 50 ms fire now, their results pending.
+    out.clear();
+    core.tick_ahead(t0, std::time::Duration::from_millis(50), &mut out);
+    let armed: Vec<i64> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Fire(f) => Some(f.id.occurrence.since(t0).as_millis() as i64),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(armed, [0, 10, 20, 30, 40, 50]);
+    let old: Vec<ExecutionId> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Fire(f) => Some(f.id.clone()),
+            _ => None,
+        })
+        .collect();
+    out.clear();
+    let at = t0 + std::time::Duration::from_millis(5);
+    core.accept(pack(v2), at, &mut out).expect("v2");
+    // The old attempts' results arrive, under the old version.
+    for id in &old {
+        core.attempt_result(id, AttemptResult::Ok { value: None }, at, &mut out);
+    }
+    out.clear();
+    let until = t0 + std::time::Duration::from_millis(100);
+    let ev = run_until(&mut core, until, &mut out, &[]);
+    let v2_fires: Vec<i64> = ev
+        .iter()
+        .filter(|e| e.kind == EventKind::Fire)
+        .filter_map(|e| e.id.as_ref())
+        .map(|id| {
+            assert_eq!(id.version, 2, "{id}");
+            id.occurrence.since(t0).as_millis() as i64
+        })
+        .collect();
+    assert_eq!(v2_fires, [60, 70, 80, 90, 100]);
+}
+
+/// Armed ahead, an attempt's timeout is not: a pass 50 ms ahead of a
+/// firing with a 20 ms timeout arms it and leaves the timeout for its own
+/// instant (taken ahead, it aborted the attempt before it could run and
+/// armed the retry beside it: the occurrence fired twice).
+#[test]
+fn a_timeout_is_never_taken_ahead_of_now() {
+    let p = "pack: p\nversion: 1\ninstructions:\n  - {id: w, action: gpio.write, params: {line: 1, value: 1}, every: 1s, start_at: 2026-12-01T10:00:00Z, timeout: 20ms, retry: {max_attempts: 3, backoff: 1ms}}\n";
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    let t0 = t("2026-12-01T10:00:00Z");
+    let before = t0 - std::time::Duration::from_millis(2);
+    core.accept(pack(p), before, &mut out).expect("accepted");
+    out.clear();
+    core.tick_ahead(before, std::time::Duration::from_millis(50), &mut out);
+    let kinds: Vec<String> = out
+        .iter()
+        .map(|o| match o {
+            Output::Fire(f) => format!("fire {}", f.id.attempt),
+            Output::Abort(_) => "abort".into(),
+            Output::Event(e) => e.kind.name().to_string(),
+            _ => "other".into(),
+        })
+        .collect();
+    assert_eq!(kinds, ["fire", "fire 1"], "{kinds:?}");
+    let id = match &out[1] {
+        Output::Fire(f) => f.id.clone(),
+        _ => unreachable!(),
+    };
+    out.clear();
+    // Its success arrives after the timeout's instant has passed (it was
+    // left for a pass): it still counts, nothing is retried.
+    let late = t0 + std::time::Duration::from_millis(30);
+    core.attempt_result(&id, AttemptResult::Ok { value: None }, late, &mut out);
+    core.tick_ahead(late, std::time::Duration::from_millis(50), &mut out);
+    let names: Vec<&str> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(e) => Some(e.kind.name()),
+            Output::Fire(_) => Some("FIRE"),
+            Output::Abort(_) => Some("ABORT"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, ["ok"], "{names:?}");
+}
+
 #[test]
 fn cancel_mid_dag_enters_safe_state_and_skips_the_rest() {
     let mut core = Scheduler::new(Config::default(), HashMap::new());
@@ -844,4 +942,40 @@ fn an_attempt_withdrawn_before_a_restart_fires_after_it() {
     assert_eq!(names(&ev, "once"), ["fire", "ok"], "{:?}", brief(&ev));
     let id = ev[0].id.clone().expect("id");
     assert_eq!(id.attempt, 1);
+}
+
+/// An occurrence reported not run on the way out (armed, then withdrawn by
+/// the shutdown) and then part of the restart's gap is reported once: the
+/// gap's "missed N" does not count it again (`catch_up: none`).
+#[test]
+fn an_occurrence_reported_not_run_before_a_restart_is_not_reported_missed_again() {
+    let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: noop, every: 1s, start_at: 2026-12-01T10:00:00Z, catch_up: none}\n";
+    let occ = t("2026-12-01T10:00:03Z").as_nanos();
+    let mut prior = HashMap::new();
+    prior.insert(format!("default/p/v1/t/{occ}/a1"), PriorOutcome::NotRun);
+    let mut core = Scheduler::new(Config::default(), prior);
+    let mut out = Vec::new();
+    // Alive until 10:00:02.5, back at 10:00:07.5: 3, 4, 5, 6 and 7 s were
+    // missed, of which 3 s was already reported not run.
+    core.restore(
+        pack(yaml),
+        t("2026-12-01T10:00:00Z"),
+        t("2026-12-01T10:00:02.500Z"),
+        t("2026-12-01T10:00:07.500Z"),
+        &mut out,
+    )
+    .expect("restore");
+    let ev = run_until(&mut core, t("2026-12-01T10:00:07.600Z"), &mut out, &[]);
+    let missed: Vec<String> = ev
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Skip { reason } if reason.starts_with("missed") => Some(reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(missed.len(), 1, "{missed:?}");
+    assert!(
+        missed[0].starts_with("missed 4 occurrence(s)"),
+        "{missed:?}"
+    );
 }

@@ -181,19 +181,30 @@ impl Scheduler {
         after: RefTime,
         before: RefTime,
     ) -> BTreeSet<RefTime> {
+        self.between(&self.ran, slot, i, after, before)
+    }
+
+    /// Occurrences of instruction `i` in `by`, strictly between `after`
+    /// and `before`.
+    fn between(
+        &self,
+        by: &super::OccurrencesBy,
+        slot: usize,
+        i: usize,
+        after: RefTime,
+        before: RefTime,
+    ) -> BTreeSet<RefTime> {
         let Some(ps) = self.packs[slot].as_ref() else {
             return BTreeSet::new();
         };
-        if self.ran.is_empty() || after >= before {
+        if by.is_empty() || after >= before {
             return BTreeSet::new();
         }
-        self.ran
-            .get(&ps.ran_key(i))
-            .map_or_else(BTreeSet::new, |s| {
-                s.range((Bound::Excluded(after), Bound::Excluded(before)))
-                    .copied()
-                    .collect()
-            })
+        by.get(&ps.ran_key(i)).map_or_else(BTreeSet::new, |s| {
+            s.range((Bound::Excluded(after), Bound::Excluded(before)))
+                .copied()
+                .collect()
+        })
     }
 
     /// The occurrences strictly between `after` and `before` were missed:
@@ -229,7 +240,15 @@ impl Scheduler {
         if gap.count == 0 {
             return;
         }
-        let plan = plan(catch_up, &gap, &ran, covered, self.cfg.catch_up_cap);
+        let mut plan = plan(catch_up, &gap, &ran, covered, self.cfg.catch_up_cap);
+        // Those reported not run before the restart and not replayed now
+        // were reported once already.
+        let reported = self
+            .between(&self.not_run, slot, i, after, before)
+            .into_iter()
+            .filter(|o| !ran.contains(o) && !plan.replay.contains(o))
+            .count() as u64;
+        plan.skipped = plan.skipped.saturating_sub(reported);
         if plan.skipped > 0 {
             let reason = format!(
                 "missed {} occurrence(s) between {} and {} ({cause}; catch_up {})",
@@ -441,7 +460,11 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         let (occ, attempt) = (id.occurrence, id.attempt);
-        let text: Arc<str> = Arc::from(id.to_string());
+        // Formatted into a kept buffer, then copied once into the shared
+        // text (`to_string` grew a fresh string a few times per firing).
+        self.id_buf.clear();
+        let _ = std::fmt::Write::write_fmt(&mut self.id_buf, format_args!("{id}"));
+        let text: Arc<str> = Arc::from(self.id_buf.as_str());
         let ran_before = self
             .prior
             .get(&*text)
@@ -468,16 +491,9 @@ impl Scheduler {
         let (timeout, max_late) = (ins.policy.timeout, ins.policy.max_lateness);
         self.fired
             .insert(text.clone(), occ.max(now) + max_late + PRUNE_MARGIN);
-        let firing = Firing {
-            id: id.clone(),
-            text,
-            // Built per firing rather than kept per instruction: memory
-            // stays O(instructions) with a small constant.
-            action: Arc::new(ins.action.clone()),
-            scheduled,
-            not_after: release.max(now) + max_late,
-            timeout,
-        };
+        // Built per firing rather than kept per instruction: memory stays
+        // O(instructions) with a small constant.
+        let action = Arc::new(ins.action.clone());
         let timer = self.insert(
             ps,
             slot,
@@ -493,7 +509,24 @@ impl Scheduler {
             };
             ps.ins[i].attempts.insert(occ, a);
         }
-        out.push(self.event(slot, Some(i), Some(id), Some(occ), EventKind::Fire, now));
-        out.push(Output::Fire(firing));
+        if self.cfg.routine_events {
+            let e = self.event(
+                slot,
+                Some(i),
+                Some(id.clone()),
+                Some(occ),
+                EventKind::Fire,
+                now,
+            );
+            out.push(e);
+        }
+        out.push(Output::Fire(Firing {
+            id,
+            text,
+            action,
+            scheduled,
+            not_after: release.max(now) + max_late,
+            timeout,
+        }));
     }
 }

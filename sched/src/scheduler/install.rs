@@ -51,6 +51,10 @@ fn version_decision(held: Option<(u64, Status)>, offered: u64) -> Take {
 struct Carried {
     /// Per new instruction: its next occurrence under the old version.
     next: Vec<Option<RefTime>>,
+    /// Per new instruction that changed: the last occurrence the old
+    /// version has in flight (armed ahead, its result not back). The new
+    /// version starts after it, so no instant fires under both.
+    floor: Vec<Option<RefTime>>,
     /// Old instructions whose state moved over.
     old: HashSet<usize>,
 }
@@ -62,6 +66,7 @@ struct Carried {
 fn carry_over(old: Option<&PackState>, ps: &mut PackState) -> Carried {
     let mut c = Carried {
         next: vec![None; ps.ins.len()],
+        floor: vec![None; ps.ins.len()],
         old: HashSet::new(),
     };
     let Some(o) = old.filter(|o| o.status == Status::Active) else {
@@ -73,6 +78,14 @@ fn carry_over(old: Option<&PackState>, ps: &mut PackState) -> Carried {
         };
         let prev = &o.pack.instructions[j];
         if prev.action != ins.action || prev.schedule != ins.schedule {
+            // Its old attempts end under the old version (`detach_old`):
+            // those armed ahead still fire.
+            c.floor[i] = o.ins[j]
+                .attempts
+                .iter()
+                .filter(|(_, a)| a.running)
+                .map(|(occ, _)| *occ)
+                .max();
             continue;
         }
         let st = &o.ins[j];
@@ -92,8 +105,11 @@ fn carry_over(old: Option<&PackState>, ps: &mut PackState) -> Carried {
 ///
 /// `carried`: its next occurrence under a replaced version; `replaced`: a
 /// version was replaced (a changed instruction starts from `now`: nothing
-/// before the replacement is "missed"); `resumed`: a restart — repeating
-/// occurrences before `now` are the gap's business (see `restore`).
+/// before the replacement is "missed"), and `replaced_floor` the last
+/// occurrence its old version still has in flight (a repeating one starts
+/// after it: a toggle armed under both versions at one instant would
+/// cancel itself); `resumed`: a restart — repeating occurrences before
+/// `now` are the gap's business (see `restore`).
 #[allow(clippy::too_many_arguments)]
 fn first_occurrence(
     ins: &Instruction,
@@ -102,6 +118,7 @@ fn first_occurrence(
     anchor: RefTime,
     carried: Option<RefTime>,
     replaced: bool,
+    replaced_floor: Option<RefTime>,
     resumed: bool,
     now: RefTime,
 ) -> Option<RefTime> {
@@ -115,6 +132,9 @@ fn first_occurrence(
                 after = after.max(just_before(occ));
             } else if replaced {
                 after = after.max(just_before(now));
+                if let Some(f) = replaced_floor {
+                    after = after.max(f);
+                }
             }
             if resumed {
                 after = after.max(just_before(now));
@@ -167,6 +187,7 @@ impl Scheduler {
                     anchor,
                     carried.next[i],
                     old.is_some(),
+                    carried.floor[i],
                     resume_after.is_some(),
                     now,
                 )
@@ -401,19 +422,25 @@ mod tests {
         let tz = TimeZone::UTC;
         let every = &p.instructions[0];
         let first = |carried, replaced, resumed, now| {
-            first_occurrence(every, &st, &tz, t(3), carried, replaced, resumed, now)
+            first_occurrence(every, &st, &tz, t(3), carried, replaced, None, resumed, now)
         };
         // Anchored at the first acceptance (3 s), whatever `now` is.
         assert_eq!(first(None, false, false, t(3)), Some(t(3)));
         assert_eq!(first(None, true, false, t(27)), Some(t(33)));
         // A carried occurrence stays.
         assert_eq!(first(Some(t(23)), true, false, t(27)), Some(t(23)));
+        // A changed instruction whose old version has 33 s and 43 s in
+        // flight at 27 s starts after them.
+        assert_eq!(
+            first_occurrence(every, &st, &tz, t(3), None, true, Some(t(43)), false, t(27)),
+            Some(t(53))
+        );
         // A restart: the first one at or after `now`, on the anchor's grid.
         assert_eq!(first(None, false, true, t(43)), Some(t(43)));
         assert_eq!(first(None, false, true, t(44)), Some(t(53)));
         let at = &p.instructions[1];
         assert_eq!(
-            first_occurrence(at, &st, &tz, t(0), None, false, true, t(9)),
+            first_occurrence(at, &st, &tz, t(0), None, false, None, true, t(9)),
             Some(t(5))
         );
         let done = InstrState {
@@ -421,7 +448,7 @@ mod tests {
             ..InstrState::default()
         };
         assert_eq!(
-            first_occurrence(at, &done, &tz, t(0), None, false, false, t(0)),
+            first_occurrence(at, &done, &tz, t(0), None, false, None, false, t(0)),
             None
         );
     }

@@ -40,6 +40,11 @@ pub struct Config {
     /// gap (the most recent ones); the rest are skipped and the count
     /// reported.
     pub catch_up_cap: usize,
+    /// Emit the routine events, `Fire` and `Ok` (default: yes). A runtime
+    /// whose own records say that every attempt started and how it ended,
+    /// and that does not log these, turns them off: two events per firing,
+    /// each a handful of allocations, were a tenth of its CPU.
+    pub routine_events: bool,
 }
 
 impl Default for Config {
@@ -47,6 +52,7 @@ impl Default for Config {
         Config {
             seed: 0,
             catch_up_cap: 100,
+            routine_events: true,
         }
     }
 }
@@ -240,13 +246,19 @@ pub struct Scheduler {
     /// Occurrences that started before a restart (any attempt not
     /// `NotRun`), per instruction: never counted as missed.
     ran: HashMap<String, BTreeSet<RefTime>>,
+    /// Occurrences reported not run before a restart (withdrawn, stopped,
+    /// too late), per instruction: `catch_up` may still replay them, but a
+    /// gap does not report them missed a second time.
+    not_run: HashMap<String, BTreeSet<RefTime>>,
     /// Once-only outputs already journalled: not emitted again.
     done: HashSet<String>,
     /// Ids fired in this run, each with the instant after which no path can
     /// derive it again (its occurrence plus the instruction's
     /// `max_lateness`, plus a margin): pruned past that, so a long-running
     /// agent's memory does not grow with every firing.
-    fired: HashMap<Arc<str>, RefTime>,
+    fired: HashMap<Arc<str>, RefTime, foldhash::fast::RandomState>,
+    /// Where a firing's id is formatted (see `fire`).
+    id_buf: String,
     /// When `fired` and `prior` were last pruned.
     last_prune: RefTime,
     rng: ChaCha8Rng,
@@ -280,20 +292,35 @@ fn just_before(t: RefTime) -> RefTime {
     RefTime::from_nanos(t.as_nanos().saturating_sub(NS))
 }
 
-/// Index the journal's records: which occurrences started, per instruction.
-fn index_ran(attempts: &HashMap<String, PriorOutcome>) -> HashMap<String, BTreeSet<RefTime>> {
-    let mut ran: HashMap<String, BTreeSet<RefTime>> = HashMap::new();
+/// The queue's order among equal deadlines: higher priority first, then
+/// pack order (slots are handed out at first acceptance), then instruction
+/// order.
+fn tiebreak(ps: &PackState, slot: usize, i: usize) -> u64 {
+    let priority = ps.pack.instructions.get(i).map_or(0, |ins| ins.priority);
+    let prio = u64::from(255 - priority);
+    (prio << 48) | ((slot as u64 & 0xffff_ffff) << 16) | (i as u64 & 0xffff)
+}
+
+/// Occurrences per instruction ([`ran_key`]).
+type OccurrencesBy = HashMap<String, BTreeSet<RefTime>>;
+
+/// Index the journal's records, per instruction: which occurrences started,
+/// and which were only reported not run.
+fn index_prior(attempts: &HashMap<String, PriorOutcome>) -> (OccurrencesBy, OccurrencesBy) {
+    let (mut ran, mut not_run) = (OccurrencesBy::new(), OccurrencesBy::new());
     for (text, outcome) in attempts {
-        if *outcome == PriorOutcome::NotRun {
-            continue;
-        }
         if let Some(id) = ExecutionId::parse(text) {
-            ran.entry(ran_key(&id.pack, id.version, &id.instruction))
+            let into = if *outcome == PriorOutcome::NotRun {
+                &mut not_run
+            } else {
+                &mut ran
+            };
+            into.entry(ran_key(&id.pack, id.version, &id.instruction))
                 .or_default()
                 .insert(id.occurrence);
         }
     }
-    ran
+    (ran, not_run)
 }
 
 impl Scheduler {
@@ -304,16 +331,19 @@ impl Scheduler {
     /// done keys.
     pub fn new(cfg: Config, prior: impl Into<Prior>) -> Self {
         let prior = prior.into();
+        let (ran, not_run) = index_prior(&prior.attempts);
         Scheduler {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             cfg,
             packs: Vec::new(),
             by_key: HashMap::new(),
             queue: TimingWheel::new(),
-            ran: index_ran(&prior.attempts),
+            ran,
+            not_run,
             prior: prior.attempts,
             done: prior.done,
-            fired: HashMap::new(),
+            fired: HashMap::default(),
+            id_buf: String::new(),
             last_prune: RefTime::MIN,
             next_generation: 1,
             detached: HashMap::new(),
@@ -515,19 +545,32 @@ impl Scheduler {
     }
 
     /// [`Scheduler::tick`] for a runtime that arms firings ahead: handle
-    /// what is due by `now`, and also what falls due within `horizon` after
-    /// it, each decided as of its own instant — a firing armed 5 ms early
-    /// is on time, not 5 ms late (ticking at `now + horizon` made every
-    /// occurrence look late by up to the horizon, and a `max_lateness`
-    /// below it skipped them all). A timeout in that window expires at its
-    /// own instant too, so an attempt may be declared timed out up to
-    /// `horizon` before the runtime reaches that instant; a result arriving
-    /// in between is ignored, as any result after a timeout.
+    /// what is due by `now`, and also the firings that fall due within
+    /// `horizon` after it, each decided as of its own instant — a firing
+    /// armed 50 ms early is on time, not 50 ms late (ticking at `now +
+    /// horizon` made every occurrence look late by up to the horizon, and a
+    /// `max_lateness` below it skipped them all). Timeouts are not taken
+    /// ahead: one expires only once `now` reaches it, so an attempt is never
+    /// declared timed out (and retried beside itself) before its result
+    /// could have arrived.
     pub fn tick_ahead(&mut self, now: RefTime, horizon: Duration, out: &mut Vec<Output>) {
         let limit = now + horizon;
+        let mut later = Vec::new();
         while let Some((deadline, timer, entry)) = self.queue.pop_due(limit.as_nanos()) {
             let at = RefTime::from_nanos(deadline);
+            if at > now
+                && matches!(
+                    entry.kind,
+                    EntryKind::Timeout { .. } | EntryKind::Detached(_)
+                )
+            {
+                later.push((deadline, entry));
+                continue;
+            }
             self.handle_entry(at, timer, entry, now.max(at), out);
+        }
+        for (deadline, entry) in later {
+            self.requeue_timeout(deadline, entry);
         }
         if now > self.last_prune + PRUNE_EVERY {
             self.last_prune = now;
@@ -540,10 +583,12 @@ impl Scheduler {
         let horizon = now.saturating_sub(PRIOR_KEEP);
         self.prior
             .retain(|id, _| ExecutionId::parse(id).is_none_or(|e| e.occurrence > horizon));
-        self.ran.retain(|_, occs| {
-            occs.retain(|o| *o > horizon);
-            !occs.is_empty()
-        });
+        for by in [&mut self.ran, &mut self.not_run] {
+            by.retain(|_, occs| {
+                occs.retain(|o| *o > horizon);
+                !occs.is_empty()
+            });
+        }
         // A burst (catch-up, many packs at once) must not pin its peak.
         if self.fired.capacity() > 4 * self.fired.len().max(256) {
             self.fired.shrink_to_fit();
@@ -608,6 +653,38 @@ impl Scheduler {
             EntryKind::Timeout { occ, attempt } => {
                 self.timeout_due(e.slot, e.instr, occ, attempt, now, out);
             }
+        }
+    }
+
+    /// Put back a timeout [`Scheduler::tick_ahead`] took early, and point
+    /// its attempt at the new timer (so a result still cancels it).
+    fn requeue_timeout(&mut self, deadline: i64, e: Entry) {
+        let (slot, instr) = (e.slot, e.instr);
+        match &e.kind {
+            EntryKind::Detached(id) => {
+                let id = (**id).clone();
+                let timer = self.queue.insert_with_tiebreak(deadline, 0, e);
+                if let Some(t) = self.detached.get_mut(&id) {
+                    *t = Some(timer);
+                }
+            }
+            EntryKind::Timeout { occ, attempt } => {
+                let (occ, attempt) = (*occ, *attempt);
+                let Some(ps) = self.packs.get(slot).and_then(|p| p.as_ref()) else {
+                    return;
+                };
+                let timer = self
+                    .queue
+                    .insert_with_tiebreak(deadline, tiebreak(ps, slot, instr), e);
+                if let Some(a) = self.packs[slot]
+                    .as_mut()
+                    .and_then(|ps| ps.ins[instr].attempts.get_mut(&occ))
+                    .filter(|a| a.id.attempt == attempt)
+                {
+                    a.timer = Some(timer);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -679,13 +756,9 @@ impl Scheduler {
         at: RefTime,
         kind: EntryKind,
     ) -> TimerId {
-        // Equal deadlines: higher priority first, then pack order (slots
-        // are handed out at first acceptance), then instruction order.
-        let prio = u64::from(255 - ps.pack.instructions[i].priority);
-        let tiebreak = (prio << 48) | ((slot as u64 & 0xffff_ffff) << 16) | (i as u64 & 0xffff);
         self.queue.insert_with_tiebreak(
             at.as_nanos(),
-            tiebreak,
+            tiebreak(ps, slot, i),
             Entry {
                 slot,
                 generation: ps.generation,

@@ -75,7 +75,11 @@ impl Scheduler {
             })
         };
         match result {
-            AttemptResult::Ok { value } => out.push(ev(EventKind::Ok { value })),
+            AttemptResult::Ok { value } => {
+                if self.cfg.routine_events {
+                    out.push(ev(EventKind::Ok { value }));
+                }
+            }
             AttemptResult::Failed(reason) => {
                 out.push(ev(EventKind::Fail { reason }));
                 out.push(ev(EventKind::Skip {
@@ -110,14 +114,16 @@ impl Scheduler {
         let repeating = ps.pack.instructions[i].schedule.is_repeating();
         match result {
             AttemptResult::Ok { value } => {
-                out.push(self.event(
-                    slot,
-                    Some(i),
-                    Some(id.clone()),
-                    Some(occ),
-                    EventKind::Ok { value },
-                    now,
-                ));
+                if self.cfg.routine_events {
+                    out.push(self.event(
+                        slot,
+                        Some(i),
+                        Some(id.clone()),
+                        Some(occ),
+                        EventKind::Ok { value },
+                        now,
+                    ));
+                }
                 if active {
                     self.succeeded(slot, i, occ, Some(now), now, out);
                 }
