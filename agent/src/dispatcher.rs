@@ -63,14 +63,19 @@ pub enum Op {
     },
     /// Sample.
     Read(LineHandle),
+    /// Touch nothing: a `noop` is done at its instant like any firing (not
+    /// when armed, up to an arming horizon earlier), and withdrawn by a
+    /// safe state like one.
+    Noop,
 }
 
 impl Op {
-    /// The line this op touches.
-    pub fn line(&self) -> LineHandle {
+    /// The line this op touches (none for a noop).
+    pub fn line(&self) -> Option<LineHandle> {
         match *self {
-            Op::Write(h, _) | Op::Toggle(h) | Op::Read(h) => h,
-            Op::Pulse { line, .. } => line,
+            Op::Write(h, _) | Op::Toggle(h) | Op::Read(h) => Some(h),
+            Op::Pulse { line, .. } => Some(line),
+            Op::Noop => None,
         }
     }
 
@@ -115,7 +120,8 @@ pub struct Job {
     pub live: Option<Arc<AtomicBool>>,
     /// The control thread needs the result at once (an instruction of the
     /// pack waits on this one with `after:`). Other successful results may
-    /// wait for its next pass, at most [`RESULT_DEFER_NS`] away.
+    /// wait for its next pass, when that is at most the deferral window
+    /// away ([`Dispatcher::defer_results_within`]).
     pub prompt: bool,
 }
 
@@ -262,10 +268,14 @@ struct Shared {
     /// parked; [`CONTROL_AWAKE`] while it runs. A successful result is not
     /// worth a wake-up of its own when that pass comes soon anyway.
     control_wake: AtomicI64,
+    /// How far away that wake may be for a success to wait for it (ns):
+    /// see [`Dispatcher::defer_results_within`].
+    result_defer_ns: AtomicI64,
     stop: AtomicBool,
-    /// Set by [`Dispatcher::fence`]: no job touches a line any more (checked
-    /// under the backend's lock, so the way out's direct writes are last).
-    fenced: AtomicBool,
+    /// Set by [`Dispatcher::fence`] or the panic hook ([`Fence`]): no job
+    /// touches a line any more (checked under the backend's lock, so the
+    /// way out's direct writes are last).
+    fenced: Arc<AtomicBool>,
     stats: Stats,
 }
 
@@ -308,6 +318,18 @@ pub fn lock_gpio(g: &Mutex<Box<dyn Gpio>>) -> MutexGuard<'_, Box<dyn Gpio>> {
     g.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Lets no job of the dispatcher touch a line any more, from any thread
+/// (see [`Dispatcher::fence_handle`]).
+#[derive(Debug, Clone)]
+pub struct Fence(Arc<AtomicBool>);
+
+impl Fence {
+    /// From now on, jobs end not run (`stopped`).
+    pub fn close(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// Handle to the running dispatcher thread.
 #[derive(Debug)]
 pub struct Dispatcher {
@@ -342,7 +364,8 @@ impl Dispatcher {
             word: AtomicU32::new(0),
             sleeping: AtomicBool::new(false),
             control_wake: AtomicI64::new(CONTROL_AWAKE),
-            fenced: AtomicBool::new(false),
+            result_defer_ns: AtomicI64::new(RESULT_DEFER_NS),
+            fenced: Arc::new(AtomicBool::new(false)),
             stop: AtomicBool::new(false),
             stats: Stats::default(),
         });
@@ -418,13 +441,32 @@ impl Dispatcher {
 
     /// The control thread is about to park until `wake` (monotonic ns;
     /// `None`: it runs again). Returns whether results already wait, in
-    /// which case it must not park past [`RESULT_DEFER_NS`]: the thread
-    /// may have seen the old wake-up time and left them for this pass.
+    /// which case it must not park at all: the thread may have seen the
+    /// old wake-up time and left them for this pass.
     pub fn plan_control_wake(&self, wake: Option<MonoTime>) -> bool {
         let w = wake.map_or(CONTROL_AWAKE, |w| w.0.max(CONTROL_AWAKE + 1));
         self.shared.control_wake.store(w, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         !self.shared.done.is_empty()
+    }
+
+    /// Successful results wait for the control thread's next pass when it
+    /// is at most `window` away (never less than [`RESULT_DEFER_NS`]). The
+    /// control thread sets its arming window here: its passes are that far
+    /// apart under a dense load, and results then ride them instead of
+    /// waking it once per firing instant.
+    pub fn defer_results_within(&self, window: Duration) {
+        let ns = i64::try_from(window.as_nanos()).unwrap_or(i64::MAX);
+        self.shared
+            .result_defer_ns
+            .store(ns.max(RESULT_DEFER_NS), Ordering::Relaxed);
+    }
+
+    /// The fence alone, for the panic hook: set before it drives the safe
+    /// state, so no job armed ahead lands after its writes while the
+    /// process dies.
+    pub fn fence_handle(&self) -> Fence {
+        Fence(self.shared.fenced.clone())
     }
 
     /// Stop, and let no job touch a line from now on (one in progress
@@ -536,6 +578,7 @@ pub fn apply(
             g.write(h, v, t_ref, &job.id).map(|()| None)
         }
         Op::Read(h) => g.read(h).map(Some),
+        Op::Noop => Ok(None),
         Op::Pulse {
             line,
             value,
@@ -589,16 +632,18 @@ impl Ord for Queued {
 const CONTROL_AWAKE: i64 = i64::MIN;
 
 /// How long a successful result may wait for the control thread's next
-/// pass instead of waking it (10 ms: at 100 firing instants a second and
-/// more, results ride the next arming pass, one wake-up and one journal
-/// write per instant instead of two). Feedback and the journal's result
-/// records come that much later; nothing acts on a success sooner.
+/// pass instead of waking it, at least (10 ms; more with a wider arming
+/// window, [`Dispatcher::defer_results_within`]): under a dense load
+/// results ride the next arming pass, one wake-up and one journal write per
+/// pass instead of per instant. Feedback and the journal's result records
+/// come that much later; nothing acts on a success sooner.
 pub const RESULT_DEFER_NS: i64 = 10_000_000;
 
 /// Whether results pushed now should wake the control thread, given
-/// whether one is urgent and when it wakes by itself.
-fn results_now(urgent: bool, control_wake: i64, now: i64) -> bool {
-    urgent || control_wake == CONTROL_AWAKE || control_wake.saturating_sub(now) > RESULT_DEFER_NS
+/// whether one is urgent, when it wakes by itself, and how long a success
+/// may wait.
+fn results_now(urgent: bool, control_wake: i64, now: i64, defer_ns: i64) -> bool {
+    urgent || control_wake == CONTROL_AWAKE || control_wake.saturating_sub(now) > defer_ns
 }
 
 /// Results after which a long run of due jobs unparks the control thread
@@ -853,7 +898,8 @@ impl Local<'_> {
         // this sees the wake-up time it published.
         fence(Ordering::SeqCst);
         let wake = self.s.control_wake.load(Ordering::SeqCst);
-        if results_now(urgent, wake, mono_now().0) {
+        let defer = self.s.result_defer_ns.load(Ordering::Relaxed);
+        if results_now(urgent, wake, mono_now().0, defer) {
             self.notify.unpark();
         }
     }

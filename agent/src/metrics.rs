@@ -132,6 +132,8 @@ pub struct Snapshot {
     pub outbox_dropped: u64,
     /// Size of the journal file, bytes.
     pub journal_bytes: u64,
+    /// fdatasync calls on the journal's log since start.
+    pub journal_syncs: u64,
     /// Jobs waiting for dispatcher credit.
     pub dispatch_backlog: usize,
     /// The dispatcher's counters (`None`: no dispatcher thread).
@@ -299,6 +301,12 @@ pub fn render(s: &Snapshot) -> String {
         Kind::Gauge,
         "Size of the journal file.",
         s.journal_bytes as f64,
+    );
+    e.single(
+        "baton_agent_journal_syncs_total",
+        Kind::Counter,
+        "fdatasync calls on the journal's log since the agent started (each writes to flash; arm-horizon sets how many firings share one).",
+        s.journal_syncs as f64,
     );
     e.single(
         "baton_dispatcher_backlog_jobs",

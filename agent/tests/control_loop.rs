@@ -253,7 +253,7 @@ fn a_sharers_safe_state_withdraws_the_others_armed_writes_to_the_shared_line() {
         "shared_lines: [5]\nsafe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\ninstructions:\n  - {id: n, action: noop, every: 1s}\n",
     ))
     .expect("b shares line 5 with a");
-    // a's toggle due at 100 ms is armed (horizon 5 ms) at 97 ms...
+    // a's toggle due at 100 ms is armed (within the horizon) by 97 ms...
     r.run_until(t(97), Duration::from_millis(1));
     let before = r.writes().len();
     // ...when b is cancelled: b's safe state drives line 5 low and a's

@@ -321,7 +321,11 @@ fn an_exec_that_fails_retries_gives_up_and_fails_safe_as_simulated() {
         },
         1500,
         &["job"],
-        "exec-allowlist: [/bin/false]\n",
+        // Armed 50 ms ahead (the default), the probe is armed (a `fire`
+        // event) before the give-up 48 ms earlier withdraws it (`skip`,
+        // never on the device); simulate does not model arming. Arming
+        // 5 ms ahead keeps the event sequences comparable.
+        "exec-allowlist: [/bin/false]\narm-horizon: 5ms\n",
     );
     r.assert_agree(&["pre", "probe"]);
     let sim = sim_events(&r.sim);

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use baton_e2e::fleet::{Controller, start_agent_clock, start_controller_args};
-use baton_e2e::{bin, wait_until};
+use baton_e2e::{bin, signal, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -313,4 +313,101 @@ fn a_busy_metrics_address_is_refused_at_start() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("metrics") && err.contains(&addr), "{err}");
+}
+
+/// Group commit, seen from outside: under a dense load (1 000 firings/s, ten
+/// every 10 ms) one journal fdatasync covers a whole `arm-horizon` (50 ms by
+/// default) of firings, not one firing instant. With `arm-horizon: 5ms` a
+/// sync covers one instant (ten firings) and this fails.
+#[test]
+fn one_journal_sync_covers_a_horizon_of_firings_under_a_dense_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pack = dir.path().join("dense.yaml");
+    let mut y = String::from("pack: dense\nversion: 1\ninstructions:\n");
+    for i in 0..10 {
+        y.push_str(&format!(
+            "  - {{id: t{i}, action: gpio.toggle, params: {{line: {i}}}, every: 10ms}}\n"
+        ));
+    }
+    std::fs::write(&pack, y).expect("write pack");
+    let err_path = dir.path().join("agent.err");
+    let mut child = Command::new(bin("baton-agent"))
+        .args(["run", "--quiet", "--no-rt", "--system-clock", "reference"])
+        .args(["--id", "dense", "--metrics", "127.0.0.1:0"])
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .arg("--gpio")
+        .arg("sim:/dev/null")
+        .arg("--pack")
+        .arg(&pack)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("spawn agent");
+    let log = || std::fs::read_to_string(&err_path).unwrap_or_default();
+    let mut addr = String::new();
+    let found = wait_until(WAIT, || {
+        addr = log()
+            .lines()
+            .find_map(|l| {
+                Some(
+                    l.split("metrics on http://")
+                        .nth(1)?
+                        .split('/')
+                        .next()?
+                        .to_string(),
+                )
+            })
+            .unwrap_or_default();
+        !addr.is_empty()
+    });
+    assert!(
+        found,
+        "the agent never said where it serves metrics:\n{}",
+        log()
+    );
+    let ok = "baton_executions_total{tenant=\"default\",pack=\"dense\",result=\"ok\"}";
+    let syncs = "baton_agent_journal_syncs_total";
+    let read = || {
+        let t = scrape(&addr);
+        (value(&t, ok).unwrap_or(0.0), value(&t, syncs))
+    };
+    // After the start-up's records: a steady stretch of 2 000 firings.
+    let mut first = (0.0, None);
+    assert!(
+        wait_until(WAIT, || {
+            first = read();
+            first.0 >= 500.0
+        }),
+        "the pack never got going:\n{}",
+        log()
+    );
+    let mut last = first;
+    assert!(
+        wait_until(WAIT, || {
+            last = read();
+            last.0 >= first.0 + 2_000.0
+        }),
+        "the pack stopped firing:\n{}",
+        log()
+    );
+    signal(&child, libc::SIGTERM);
+    let status = baton_e2e::wait_exit(&mut child, WAIT).expect("agent exits on SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", log());
+    let (Some(s0), Some(s1)) = (first.1, last.1) else {
+        panic!("no {syncs} in the exposition");
+    };
+    let (firings, synced) = (last.0 - first.0, s1 - s0);
+    assert!(synced > 0.0, "no journal sync in {firings} firings");
+    eprintln!(
+        "{synced} journal syncs for {firings} firings: {:.1} firings per sync",
+        firings / synced
+    );
+    // ~20 passes a second at 1 000 firings/s, plus heartbeat syncs: about
+    // 45 firings per sync. One sync per instant would be 10.
+    assert!(
+        firings / synced >= 20.0,
+        "{synced} journal syncs for {firings} firings: {:.1} firings per sync",
+        firings / synced
+    );
 }

@@ -97,14 +97,18 @@ impl Outbox {
     }
 }
 
+/// Keyed by execution id (or once-only key): touched per firing, so hashed
+/// with foldhash.
+pub(crate) type IdMap<V> = HashMap<Box<str>, V, foldhash::fast::RandomState>;
+
 #[derive(Debug, Default)]
 pub(crate) struct State {
     /// Keyed by (tenant, pack).
     pub(crate) packs: BTreeMap<(String, String), PackedPack>,
     /// Execution id → what is known of it (start and/or result).
-    pub(crate) attempts: HashMap<Box<str>, Attempt>,
+    pub(crate) attempts: IdMap<Attempt>,
     /// Once-only action key → reference time that dates it.
-    pub(crate) once: HashMap<Box<str>, i64>,
+    pub(crate) once: IdMap<i64>,
     /// Unacknowledged feedback, in seq order (offsets into the log).
     pub(crate) outbox: Outbox,
     /// The seq the next pushed feedback gets; seqs start at 1 so that 0 can
@@ -271,7 +275,7 @@ impl State {
     }
 }
 
-fn shrink_if_sparse<V>(m: &mut HashMap<Box<str>, V>) {
+fn shrink_if_sparse<V>(m: &mut IdMap<V>) {
     if m.capacity() > 4 * m.len().max(256) {
         m.shrink_to(2 * m.len());
     }

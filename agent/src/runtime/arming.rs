@@ -59,14 +59,18 @@ pub struct PendingExec {
     pub req: ExecRequest,
 }
 
-/// Key of a "may still fire" flag: a pack, or a pack's writes to one
-/// shared line (withdrawn when any sharer enters its safe state).
-type FlagKey = (PackKey, Option<LineHandle>);
+/// A pack's "may still fire" flags: its own (`None`), and one per shared
+/// line it writes (withdrawn when any sharer enters its safe state). Looked
+/// up per firing by reference: no key is built (a pack key is two strings).
+type PackFlags = Vec<(Option<LineHandle>, Arc<AtomicBool>)>;
+
+/// Looked up per firing: hashed with foldhash.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The bookkeeping between the core and the device.
 #[derive(Debug, Default)]
 pub struct Arming {
-    tickets: HashMap<u64, Ticket>,
+    tickets: FastMap<u64, Ticket>,
     next_ticket: u64,
     /// Safe-state and on_failure writes waiting for credit: served first.
     safe_backlog: VecDeque<Job>,
@@ -76,7 +80,7 @@ pub struct Arming {
     pub exec_pending: Vec<PendingExec>,
     /// Exec attempts running: execution id → (attempt, scheduled).
     pub exec_running: HashMap<String, (ExecutionId, RefTime)>,
-    flags: HashMap<FlagKey, Arc<AtomicBool>>,
+    flags: FastMap<PackKey, PackFlags>,
     /// Ids the dispatcher may still hold: released later so the real-time
     /// thread never frees memory.
     linger: VecDeque<(RefTime, Arc<str>)>,
@@ -121,10 +125,16 @@ impl Arming {
     /// The flag a job of `pack` on `line` carries (`shared`: the pack
     /// declared that line shared).
     pub fn flag(&mut self, pack: &PackKey, line: Option<LineHandle>) -> Arc<AtomicBool> {
-        self.flags
-            .entry((pack.clone(), line))
-            .or_insert_with(|| Arc::new(AtomicBool::new(true)))
-            .clone()
+        let flags = match self.flags.get_mut(pack) {
+            Some(f) => f,
+            None => self.flags.entry(pack.clone()).or_default(),
+        };
+        if let Some((_, f)) = flags.iter().find(|(l, _)| *l == line) {
+            return f.clone();
+        }
+        let f = Arc::new(AtomicBool::new(true));
+        flags.push((line, f.clone()));
+        f
     }
 
     /// Queue a job; it reaches the device as credits allow ([`Self::pump`]).
@@ -204,21 +214,21 @@ impl Arming {
         pack: &PackKey,
         shared: &[(LineHandle, Vec<PackKey>)],
     ) -> Vec<PendingExec> {
-        let mut clear: Vec<FlagKey> = self
-            .flags
-            .keys()
-            .filter(|(p, _)| p == pack)
-            .cloned()
-            .collect();
+        // Removed, so the next job of a sharer gets a fresh flag.
+        for (_, f) in self.flags.remove(pack).unwrap_or_default() {
+            f.store(false, Ordering::Release);
+        }
         for (line, sharers) in shared {
             for other in sharers {
-                clear.push((other.clone(), Some(*line)));
-            }
-        }
-        for k in clear {
-            // Removed, so the next job of a sharer gets a fresh flag.
-            if let Some(f) = self.flags.remove(&k) {
-                f.store(false, Ordering::Release);
+                if let Some(flags) = self.flags.get_mut(other) {
+                    flags.retain(|(l, f)| {
+                        let keep = *l != Some(*line);
+                        if !keep {
+                            f.store(false, Ordering::Release);
+                        }
+                        keep
+                    });
+                }
             }
         }
         let (gone, keep) = std::mem::take(&mut self.exec_pending)

@@ -30,6 +30,9 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     let (dispatcher, emergency) =
         crate::dispatcher::Dispatcher::start(gpio, clock.shared(), cfg.rt, std::thread::current())
             .context("starting the dispatcher thread")?;
+    // Under a dense load the arming passes are about a horizon apart:
+    // successes wait for them rather than waking the loop per instant.
+    dispatcher.defer_results_within(cfg.arm_horizon);
     // The dispatcher's CPU is its own: move this thread (and the exec
     // workers it spawns next) elsewhere.
     if let Some(cpu) = cfg.rt.cpu
@@ -41,7 +44,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
         tracing::warn!("{w}");
     }
     let safe_table: SharedSafeTable = Arc::new(Mutex::new(SafeTable::default()));
-    safety::install_panic_hook(safe_table.clone(), emergency);
+    safety::install_panic_hook(safe_table.clone(), emergency, dispatcher.fence_handle());
     let (tx, exec_rx) = std::sync::mpsc::channel();
     // Each result wakes the control loop at once (no polling interval).
     let control = std::thread::current();

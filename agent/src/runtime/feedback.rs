@@ -34,7 +34,7 @@ pub struct Tally {
     pub not_run: u64,
     /// For `/metrics` (`crate::metrics`): executions by pack and result
     /// word (a pack's map is made once, at its first execution).
-    pub executions: HashMap<PackKey, Vec<(&'static str, u64)>>,
+    pub executions: HashMap<PackKey, Vec<(&'static str, u64)>, foldhash::fast::RandomState>,
     /// For `/metrics`: start lateness in the exposition's buckets.
     pub lateness: crate::metrics::Lateness,
     /// Retries scheduled.
@@ -86,7 +86,7 @@ impl Default for Tally {
             early: 0,
             failed: 0,
             not_run: 0,
-            executions: HashMap::new(),
+            executions: HashMap::default(),
             lateness: crate::metrics::Lateness::default(),
             retries: 0,
             skips: 0,

@@ -59,6 +59,7 @@ impl Agent {
             outbox_depth: self.journal.outbox_len(),
             outbox_dropped: self.journal.dropped(),
             journal_bytes: self.journal.log_bytes(),
+            journal_syncs: self.journal.syncs(),
             dispatch_backlog: self.arming.backlog_len(),
             dispatch,
             clock: Some(self.clock_snap()),

@@ -78,9 +78,12 @@ const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 /// On the way out, a dispatcher busy this long without progress is stalled
 /// (its safe-state writes are then written directly, see `exit.rs`).
 const STALL_GRACE: Duration = Duration::from_millis(250);
-/// Outputs a pass's reused buffer may hold room for; a burst's larger
-/// buffer is freed instead of kept.
+/// Outputs a reused buffer may hold room for; a burst's larger buffer is
+/// freed instead of kept.
 const KEEP_OUTPUTS: usize = 128;
+/// Buffers kept: a pass nests at most a few (its outputs, what their
+/// results lead to, what those lead to).
+const SPARE_OUTPUTS: usize = 4;
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
@@ -250,7 +253,8 @@ pub struct Agent {
     exec_rx: Receiver<ExecResult>,
     admission: Admission,
     arming: Arming,
-    held: HashMap<PackKey, HeldPack>,
+    /// Looked up per firing: hashed with foldhash.
+    held: HashMap<PackKey, HeldPack, foldhash::fast::RandomState>,
     safe_table: SharedSafeTable,
     /// Set when the way out had to bypass a stuck dispatcher: the stop is
     /// then a fault whatever asked for it.
@@ -258,8 +262,10 @@ pub struct Agent {
     /// Packs whose safe state was driven in this run.
     safe_done: HashSet<PackKey>,
     tally: Tally,
-    /// The core's outputs of a pass, reused (see `process_in`).
-    outputs: Vec<Output>,
+    /// The entry a pass last ran for inside its lead (see `wait`).
+    lead_pass_for: std::cell::Cell<Option<RefTime>>,
+    /// Output buffers, reused pass after pass (see [`Agent::output_buf`]).
+    spare_outputs: Vec<Vec<Output>>,
     /// When freed heap goes back to the kernel.
     heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
@@ -373,6 +379,12 @@ impl Agent {
             core: Scheduler::new(
                 CoreConfig {
                     seed: now.as_nanos() as u64,
+                    // Fire and Ok events only feed the debug log here
+                    // (`feedback::announce`): the executed record says both.
+                    routine_events: tracing::enabled!(
+                        target: feedback::EVENT_TARGET,
+                        tracing::Level::DEBUG
+                    ),
                     ..CoreConfig::default()
                 },
                 prior_of(&recovered),
@@ -385,12 +397,13 @@ impl Agent {
             exec_rx,
             admission: Admission::default(),
             arming: Arming::default(),
-            held: HashMap::new(),
+            held: HashMap::default(),
             safe_table,
             degraded_exit: None,
             safe_done: HashSet::new(),
             tally: Tally::default(),
-            outputs: Vec::new(),
+            spare_outputs: Vec::new(),
+            lead_pass_for: std::cell::Cell::new(None),
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
             uplink: None,
@@ -683,12 +696,24 @@ impl Agent {
     /// stop requests unpark this thread earlier.
     fn wait(&self) {
         let now = self.clock.now();
-        let horizon = self.cfg.arm_horizon;
-        let mut until = (now + MAX_IDLE).min(self.last_heartbeat + HEARTBEAT);
+        let mut until = now + MAX_IDLE;
         if let Some(w) = self.core.next_wake() {
-            // Arm when half the horizon is left: each arming then covers
-            // about half a horizon of firings with one fsync (group commit).
-            until = until.min(w.saturating_sub(horizon / 2));
+            // A pass starts a lead before the first firing it arms (room
+            // for its fsync) and arms a whole horizon from there: under a
+            // dense load one fsync covers a horizon of firings (group
+            // commit). An entry already within its lead gets a pass now
+            // (one queued since the last pass: a retry, a new pack); if
+            // one such pass left it, it is a timeout (those are not taken
+            // ahead): wake when it is due rather than spin through the lead.
+            let lead_start = w.saturating_sub(self.cfg.arm_lead);
+            if lead_start > now {
+                until = until.min(lead_start);
+            } else if self.lead_pass_for.get() == Some(w) {
+                until = until.min(w);
+            } else {
+                self.lead_pass_for.set(Some(w));
+                return;
+            }
         }
         if let Some(e) = self.arming.next_exec() {
             until = until.min(e);
@@ -704,13 +729,20 @@ impl Agent {
             // results are checked at least this often.
             until = until.min(now + Duration::from_millis(1));
         }
+        // The heartbeat rides a pass that comes anyway within half its
+        // period after it is due (under a dense load, always the next
+        // arming pass): a wake-up of its own only when none does.
+        let heartbeat = self.last_heartbeat + HEARTBEAT;
+        if until > heartbeat + HEARTBEAT / 2 {
+            until = heartbeat;
+        }
         let d = until.since(now);
         if d.is_zero() {
             return;
         }
         // Successful results may be left for the pass at `until` (see
-        // `dispatcher::RESULT_DEFER_NS`); any that came since this pass
-        // collected make it run again at once.
+        // `Dispatcher::defer_results_within`); any that came since this
+        // pass collected make it run again at once.
         if self.device.plan_wake(Some(self.clock.to_mono(until))) {
             self.device.plan_wake(None);
             return;
@@ -722,8 +754,12 @@ impl Agent {
     /// One pass: arm due firings, hand over what credits allow, collect
     /// results, start due programs, heartbeat.
     pub fn step(&mut self) -> anyhow::Result<()> {
+        // Results first: a success left for this pass (see
+        // `Dispatcher::defer_results_within`) must settle its attempt
+        // before the core sees that attempt's timeout come due.
+        self.collect()?;
         let now = self.clock.now();
-        let mut out = std::mem::take(&mut self.outputs);
+        let mut out = self.output_buf();
         if let Some(step) = self.clock.resample() {
             tracing::warn!(
                 step = %fmt_ns(step),
@@ -743,10 +779,7 @@ impl Agent {
             self.core.tick_ahead(now, self.cfg.arm_horizon, &mut out);
         }
         self.process_in(&mut out)?;
-        // Kept for the next pass, unless a burst made it large.
-        if out.capacity() <= KEEP_OUTPUTS {
-            self.outputs = out;
-        }
+        self.return_output_buf(out);
         self.pump()?;
         self.collect()?;
         self.start_due_exec()?;
@@ -768,6 +801,21 @@ impl Agent {
             self.maybe_return_free_heap();
         }
         Ok(())
+    }
+
+    /// An empty output buffer, from those kept: a pass's outputs (an
+    /// instant's firings and their events, a few hundred bytes each) no
+    /// longer grow a new vector a handful of reallocations at a time.
+    pub(super) fn output_buf(&mut self) -> Vec<Output> {
+        self.spare_outputs.pop().unwrap_or_default()
+    }
+
+    /// Keep an emptied buffer for later, unless a burst made it large.
+    pub(super) fn return_output_buf(&mut self, mut buf: Vec<Output>) {
+        buf.clear();
+        if buf.capacity() <= KEEP_OUTPUTS && self.spare_outputs.len() < SPARE_OUTPUTS {
+            self.spare_outputs.push(buf);
+        }
     }
 
     /// After a burst or a parsed pack, once nothing is due soon: see

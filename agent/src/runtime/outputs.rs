@@ -3,6 +3,8 @@
 
 use baton_sched::Firing;
 
+use crate::dispatcher::Op;
+
 use super::*;
 
 impl Agent {
@@ -10,14 +12,16 @@ impl Agent {
     /// a loop over a work queue. Each batch's firings are journalled in one
     /// durable record before any of them reaches the device.
     pub(super) fn process(&mut self, mut first: Vec<Output>) -> anyhow::Result<()> {
-        self.process_in(&mut first)
+        self.process_in(&mut first)?;
+        self.return_output_buf(first);
+        Ok(())
     }
 
     /// [`Agent::process`] on a buffer the caller keeps: it is left empty,
     /// with its capacity, so the loop's every pass does not grow a new one
     /// (a firing instant's outputs were a handful of reallocations).
     pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> anyhow::Result<()> {
-        let mut more = Vec::new();
+        let mut more = self.output_buf();
         while !batch.is_empty() {
             // Each firing's id as text, made once by the core: journalled
             // here, then shared with the dispatcher, the feedback and the
@@ -42,19 +46,24 @@ impl Agent {
             }
             std::mem::swap(batch, &mut more);
         }
+        self.return_output_buf(more);
         Ok(())
     }
 
     /// One attempt, its id (`f.text`) already journalled.
-    fn fire(&mut self, f: &Firing, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    fn fire(&mut self, f: Firing, more: &mut Vec<Output>) -> anyhow::Result<()> {
         let now = self.clock.now();
-        match &*f.action {
-            Action::Noop => self.fire_noop(f, &f.text, now, more),
-            Action::Exec { .. } => {
-                self.queue_exec(f, &f.text);
+        let action = f.action.clone();
+        match &*action {
+            Action::Noop => {
+                self.arm(f, Op::Noop, "noop");
                 Ok(())
             }
-            action => self.arm_gpio(f, f.text.clone(), action, now, more),
+            Action::Exec { .. } => {
+                self.queue_exec(&f, &f.text);
+                Ok(())
+            }
+            action => self.arm_gpio(f, action, now, more),
         }
     }
 
@@ -62,7 +71,7 @@ impl Agent {
     fn perform(&mut self, o: Output, more: &mut Vec<Output>) -> anyhow::Result<()> {
         let now = self.clock.now();
         match o {
-            Output::Fire(f) => self.fire(&f, more)?,
+            Output::Fire(f) => self.fire(f, more)?,
             Output::Abort(id) => {
                 // Exec attempts are killed by the pool at the same timeout;
                 // a GPIO action cannot hang. Forget the attempt so a late
@@ -95,26 +104,6 @@ impl Agent {
         Ok(())
     }
 
-    /// A `noop` touches nothing: done when due.
-    fn fire_noop(
-        &mut self,
-        f: &Firing,
-        text: &str,
-        now: RefTime,
-        more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
-        let actual = f.scheduled.max(now);
-        self.report(FiringRecord::attempt(
-            &f.id,
-            text,
-            "noop",
-            f.scheduled,
-            actual,
-            FiringResult::Ok { value: None },
-        ))?;
-        self.settle(&f.id, text, AttemptResult::Ok { value: None }, actual, more)
-    }
-
     /// An `exec` waits here for its instant, then goes to the pool with a
     /// window: waiting for a worker past it is not a run.
     fn queue_exec(&mut self, f: &Firing, text: &str) {
@@ -144,43 +133,58 @@ impl Agent {
     /// the pack's flag for that line, if the pack shares it).
     fn arm_gpio(
         &mut self,
-        f: &Firing,
-        text: Arc<str>,
+        f: Firing,
         action: &Action,
         now: RefTime,
         more: &mut Vec<Output>,
     ) -> anyhow::Result<()> {
         let Some(op) = self.admission.op_for(action) else {
             let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
-            return self.settle(&f.id, &text, r, now, more);
+            return self.settle(&f.id, &f.text, r, now, more);
         };
-        let ticket = self.arming.ticket(Ticket::Attempt {
-            id: f.id.clone(),
-            text: text.clone(),
-            scheduled: f.scheduled,
-            action: action.name(),
-        });
-        let line = op.line();
-        let flag_line = self.admission.is_shared(&f.id.pack, line).then_some(line);
+        self.arm(f, op, action.name());
+        Ok(())
+    }
+
+    /// An attempt becomes a dispatcher job carrying its pack's flag (or the
+    /// pack's flag for its line, if the pack shares that line).
+    fn arm(&mut self, f: Firing, op: Op, action: &'static str) {
+        let flag_line = op
+            .line()
+            .filter(|&line| self.admission.is_shared(&f.id.pack, line));
         let live = self.arming.flag(&f.id.pack, flag_line);
+        let prompt = self.held.get(&f.id.pack).is_none_or(|h| h.chained);
+        let Firing {
+            id,
+            text,
+            scheduled,
+            not_after,
+            ..
+        } = f;
+        // The id moves into the ticket: no copy of its strings per firing.
+        let ticket = self.arming.ticket(Ticket::Attempt {
+            id,
+            text: text.clone(),
+            scheduled,
+            action,
+        });
         let width = match op {
-            crate::dispatcher::Op::Pulse { width_ns, .. } => width_ns,
+            Op::Pulse { width_ns, .. } => width_ns,
             _ => 0,
         };
         self.arming.enqueue(
             Job {
-                deadline: self.clock.to_mono(f.scheduled),
-                not_after: self.clock.to_mono(f.not_after),
+                deadline: self.clock.to_mono(scheduled),
+                not_after: self.clock.to_mono(not_after),
                 ticket,
                 kind: JobKind::Attempt,
                 op,
                 id: text,
                 live: Some(live),
-                prompt: self.held.get(&f.id.pack).is_none_or(|h| h.chained),
+                prompt,
             },
-            linger_until(f.scheduled, width),
+            linger_until(scheduled, width),
         );
-        Ok(())
     }
 
     /// A pack enters its safe state: withdraw everything of it first, then

@@ -6,15 +6,17 @@ use super::*;
 impl Agent {
     /// Results from the device and the exec pool, into the core.
     pub(super) fn collect(&mut self) -> anyhow::Result<()> {
-        let mut more = Vec::new();
+        let mut more = self.output_buf();
         while let Some(done) = self.device.try_done() {
             self.on_done(done, &mut more)?;
         }
         while let Ok(r) = self.exec_rx.try_recv() {
             self.on_exec(r, &mut more)?;
         }
-        if !more.is_empty() {
-            self.process(more)?;
+        let any = !more.is_empty();
+        self.process_in(&mut more)?;
+        self.return_output_buf(more);
+        if any {
             self.pump()?;
         }
         Ok(())

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use baton_sched::PackKey;
 
-use crate::dispatcher::EmergencyGpio;
+use crate::dispatcher::{EmergencyGpio, Fence};
 use crate::gpio::LineHandle;
 
 /// Per held pack: the levels its safe state writes, in order.
@@ -99,11 +99,13 @@ pub fn drive_now(
     (ok, failed)
 }
 
-/// Install a panic hook that drives the safe state first, then reports the
+/// Install a panic hook that fences the dispatcher (jobs armed ahead never
+/// land after the safe state), drives the safe state, then reports the
 /// panic as the previous hook would.
-pub fn install_panic_hook(table: SharedSafeTable, gpio: EmergencyGpio) {
+pub fn install_panic_hook(table: SharedSafeTable, gpio: EmergencyGpio, fence: Fence) {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
+        fence.close();
         let (ok, failed) = drive_now(&table, &gpio, "panic-safe-state");
         tracing::error!(
             writes = ok,
