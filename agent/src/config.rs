@@ -45,9 +45,9 @@ pub struct ConfigFile {
     pub arm_horizon: Option<String>,
     /// How long before a firing the pass that arms it starts (default
     /// 2.5ms, or half the horizon if less; at most the horizon): its
-    /// journal write and fsync must fit
-    /// in it. A disk whose fdatasync takes longer (an SD card) needs more,
-    /// or the first firing of each pass arrives late.
+    /// journal write and fsync must fit in it. A disk whose fdatasync takes
+    /// longer (an SD card) needs more, or the first firing of each pass
+    /// arrives late.
     pub arm_lead: Option<String>,
     /// Feedback kept for the controller before the oldest is dropped (and
     /// counted). Default 100 000.
@@ -315,9 +315,9 @@ pub struct PtpConfig {
 /// Default [`AgentConfig::arm_horizon`]. The cost of a firing pass is
 /// mostly its fdatasync: at 1 000 firings/s, arming 5 ms ahead meant ~100
 /// passes a second and ~4 % of a core outside the dispatcher; 50 ms means
-/// ~20 and ~1.5 % (README, "The agent under load"). The price is what one
-/// crash can leave `outcome unknown`: the firings of about one horizon (one
-/// at a time for firings further apart than that).
+/// ~20 and 1.65–1.90 % (README, "The agent under load"). The price is what
+/// one crash can leave `outcome unknown`: the firings due within about a
+/// horizon either side of it (README, "Guarantees").
 pub const DEFAULT_ARM_HORIZON: Duration = Duration::from_millis(50);
 
 /// Default [`AgentConfig::arm_lead`] (half the horizon if that is less).
@@ -462,21 +462,21 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             .allow(e.program, e.env)
             .map_err(|e| ConfigError::Value(format!("exec-allowlist: {e}")))?;
     }
-    let arm_horizon = match &file.arm_horizon {
-        Some(t) => {
-            parse_duration(t).map_err(|e| ConfigError::Value(format!("arm-horizon: {e}")))?
-        }
-        None => DEFAULT_ARM_HORIZON,
-    };
+    let arm_horizon = duration_or(
+        "arm-horizon",
+        file.arm_horizon.as_deref(),
+        DEFAULT_ARM_HORIZON,
+    )?;
     if arm_horizon > Duration::from_secs(1) {
         return Err(ConfigError::Value(
             "arm-horizon must be at most 1s: firings armed ahead are the ones a crash can leave `outcome unknown`".into(),
         ));
     }
-    let arm_lead = match &file.arm_lead {
-        Some(t) => parse_duration(t).map_err(|e| ConfigError::Value(format!("arm-lead: {e}")))?,
-        None => DEFAULT_ARM_LEAD.min(arm_horizon / 2),
-    };
+    let arm_lead = duration_or(
+        "arm-lead",
+        file.arm_lead.as_deref(),
+        DEFAULT_ARM_LEAD.min(arm_horizon / 2),
+    )?;
     if arm_lead > arm_horizon {
         return Err(ConfigError::Value(format!(
             "arm-lead ({arm_lead:?}) must be at most arm-horizon ({arm_horizon:?}): a pass arms what is due within the horizon"
@@ -598,6 +598,14 @@ struct ClockOverrides {
     ntp_servers: Vec<String>,
     limit: Option<String>,
     system: Option<String>,
+}
+
+/// The duration setting `key` if given (an error names the key), else
+/// `default`.
+fn duration_or(key: &str, value: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+    value.map_or(Ok(default), |t| {
+        parse_duration(t).map_err(|e| ConfigError::Value(format!("{key}: {e}")))
+    })
 }
 
 /// Longest admission limit: beyond it "absolute time" means nothing.

@@ -4,7 +4,7 @@
 //! docs of [`crate::journal`]). Feedback payloads are NOT held: the outbox
 //! is an index of where each unacknowledged record sits in the log.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use super::Outcome;
 use super::packed::PackedPack;
@@ -97,9 +97,8 @@ impl Outbox {
     }
 }
 
-/// Keyed by execution id (or once-only key): touched per firing, so hashed
-/// with foldhash.
-pub(crate) type IdMap<V> = HashMap<Box<str>, V, foldhash::fast::RandomState>;
+/// Keyed by execution id (or once-only key): touched per firing.
+pub(crate) type IdMap<V> = crate::FastMap<Box<str>, V>;
 
 #[derive(Debug, Default)]
 pub(crate) struct State {

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use baton_proto::RefTime;
 use baton_sched::{ExecutionId, PackKey};
 
+use crate::FastMap;
 use crate::dispatcher::{DispatchError, Job, JobKind};
 use crate::exec::ExecRequest;
 use crate::gpio::LineHandle;
@@ -63,9 +64,6 @@ pub struct PendingExec {
 /// line it writes (withdrawn when any sharer enters its safe state). Looked
 /// up per firing by reference: no key is built (a pack key is two strings).
 type PackFlags = Vec<(Option<LineHandle>, Arc<AtomicBool>)>;
-
-/// Looked up per firing: hashed with foldhash.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The bookkeeping between the core and the device.
 #[derive(Debug, Default)]

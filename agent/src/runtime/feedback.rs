@@ -34,7 +34,7 @@ pub struct Tally {
     pub not_run: u64,
     /// For `/metrics` (`crate::metrics`): executions by pack and result
     /// word (a pack's map is made once, at its first execution).
-    pub executions: HashMap<PackKey, Vec<(&'static str, u64)>, foldhash::fast::RandomState>,
+    pub executions: crate::FastMap<PackKey, Vec<(&'static str, u64)>>,
     /// For `/metrics`: start lateness in the exposition's buckets.
     pub lateness: crate::metrics::Lateness,
     /// Retries scheduled.

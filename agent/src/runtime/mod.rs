@@ -253,8 +253,8 @@ pub struct Agent {
     exec_rx: Receiver<ExecResult>,
     admission: Admission,
     arming: Arming,
-    /// Looked up per firing: hashed with foldhash.
-    held: HashMap<PackKey, HeldPack, foldhash::fast::RandomState>,
+    /// Looked up per firing.
+    held: crate::FastMap<PackKey, HeldPack>,
     safe_table: SharedSafeTable,
     /// Set when the way out had to bypass a stuck dispatcher: the stop is
     /// then a fault whatever asked for it.
@@ -263,7 +263,7 @@ pub struct Agent {
     safe_done: HashSet<PackKey>,
     tally: Tally,
     /// The entry a pass last ran for inside its lead (see `wait`).
-    lead_pass_for: std::cell::Cell<Option<RefTime>>,
+    lead_pass_for: Option<RefTime>,
     /// Output buffers, reused pass after pass (see [`Agent::output_buf`]).
     spare_outputs: Vec<Vec<Output>>,
     /// When freed heap goes back to the kernel.
@@ -403,7 +403,7 @@ impl Agent {
             safe_done: HashSet::new(),
             tally: Tally::default(),
             spare_outputs: Vec::new(),
-            lead_pass_for: std::cell::Cell::new(None),
+            lead_pass_for: None,
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
             uplink: None,
@@ -694,7 +694,7 @@ impl Agent {
 
     /// Sleep until the next thing to do; results, exec completions and
     /// stop requests unpark this thread earlier.
-    fn wait(&self) {
+    fn wait(&mut self) {
         let now = self.clock.now();
         let mut until = now + MAX_IDLE;
         if let Some(w) = self.core.next_wake() {
@@ -708,10 +708,10 @@ impl Agent {
             let lead_start = w.saturating_sub(self.cfg.arm_lead);
             if lead_start > now {
                 until = until.min(lead_start);
-            } else if self.lead_pass_for.get() == Some(w) {
+            } else if self.lead_pass_for == Some(w) {
                 until = until.min(w);
             } else {
-                self.lead_pass_for.set(Some(w));
+                self.lead_pass_for = Some(w);
                 return;
             }
         }

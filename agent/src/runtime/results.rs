@@ -13,10 +13,10 @@ impl Agent {
         while let Ok(r) = self.exec_rx.try_recv() {
             self.on_exec(r, &mut more)?;
         }
-        let any = !more.is_empty();
-        self.process_in(&mut more)?;
-        self.return_output_buf(more);
-        if any {
+        if more.is_empty() {
+            self.return_output_buf(more);
+        } else {
+            self.process(more)?;
             self.pump()?;
         }
         Ok(())

@@ -172,20 +172,9 @@ impl Scheduler {
         }
     }
 
-    /// Occurrences of instruction `i` that started before a restart,
-    /// strictly between `after` and `before`.
-    fn ran_between(
-        &self,
-        slot: usize,
-        i: usize,
-        after: RefTime,
-        before: RefTime,
-    ) -> BTreeSet<RefTime> {
-        self.between(&self.ran, slot, i, after, before)
-    }
-
-    /// Occurrences of instruction `i` in `by`, strictly between `after`
-    /// and `before`.
+    /// Occurrences of instruction `i` in `by` (`ran`: those that started
+    /// before a restart; `not_run`: those reported not run), strictly
+    /// between `after` and `before`.
     fn between(
         &self,
         by: &super::OccurrencesBy,
@@ -222,7 +211,7 @@ impl Scheduler {
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
-        let ran = self.ran_between(slot, i, after, before);
+        let ran = self.between(&self.ran, slot, i, after, before);
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };

@@ -245,11 +245,11 @@ pub struct Scheduler {
     prior: HashMap<String, PriorOutcome>,
     /// Occurrences that started before a restart (any attempt not
     /// `NotRun`), per instruction: never counted as missed.
-    ran: HashMap<String, BTreeSet<RefTime>>,
+    ran: OccurrencesBy,
     /// Occurrences reported not run before a restart (withdrawn, stopped,
     /// too late), per instruction: `catch_up` may still replay them, but a
     /// gap does not report them missed a second time.
-    not_run: HashMap<String, BTreeSet<RefTime>>,
+    not_run: OccurrencesBy,
     /// Once-only outputs already journalled: not emitted again.
     done: HashSet<String>,
     /// Ids fired in this run, each with the instant after which no path can
