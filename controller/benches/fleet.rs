@@ -636,6 +636,7 @@ fn entry(ix: usize, seq: u64, version: u64) -> wire::Feedback {
         event: "executed".into(),
         action: "gpio.toggle".into(),
         uncertainty_ns: 1_500,
+        ..Default::default()
     }
 }
 

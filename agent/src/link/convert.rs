@@ -133,6 +133,7 @@ fn from_fields(seq: u64, v: &Value) -> wire::Feedback {
         event: event.to_string(),
         action: text(v, "action").to_string(),
         uncertainty_ns: int(v, "uncertainty_ns"),
+        ..Default::default()
     }
 }
 

@@ -328,6 +328,7 @@ pub fn feedback_to_wire(r: &FeedbackRow) -> wire::FeedbackRecord {
             event: r.event.clone(),
             action: r.action.clone(),
             uncertainty_ns: r.uncertainty_ns,
+            ..Default::default()
         }),
     }
 }
