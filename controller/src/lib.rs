@@ -1,9 +1,11 @@
 //! baton-controller: the fleet's side.
 //!
+//! - [`model`]: the records the controller keeps and speaks about;
+//! - [`planner`]: which version of which pack each agent should hold (pure);
+//! - [`store`]: everything durable, behind the [`store::Store`] trait
+//!   (SQLite embedded by default, in memory for tests);
 //! - [`server`]: the Link service agents dial, the Admin service operators
 //!   call, gRPC health and reflection;
-//! - [`store`]: everything durable, behind the [`store::Store`] trait
-//!   (SQLite embedded by default);
 //! - [`ops`]: operator subcommands that talk to a running controller;
 //! - [`cli`]: offline commands (`validate`, `plan`, `schema`);
 //! - [`ca`]: the fleet's certificate authority (`ca` subcommands);
@@ -14,6 +16,10 @@
 pub mod ca;
 pub mod cli;
 pub mod identity;
+pub mod model;
+#[cfg(any())]
 pub mod ops;
+pub mod planner;
+#[cfg(any())]
 pub mod server;
 pub mod store;

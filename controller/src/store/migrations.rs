@@ -11,8 +11,27 @@
 pub(crate) struct Migration {
     /// Its number; strictly increasing along [`MIGRATIONS`].
     pub version: i64,
-    /// SQL statements, separated by `;`, run in one transaction.
+    /// SQL statements, separated by `;`, run in one transaction. `{ID}`
+    /// stands for the engine's auto-numbered key (see [`Dialect`]).
     pub sql: &'static str,
+}
+
+/// The few words the engines spell differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// SQLite.
+    Sqlite,
+}
+
+impl Migration {
+    /// The statements as `dialect` spells them.
+    pub fn sql_for(&self, dialect: Dialect) -> String {
+        let id = match dialect {
+            // The rowid: assigned by SQLite, one past the largest in use.
+            Dialect::Sqlite => "INTEGER PRIMARY KEY",
+        };
+        self.sql.replace("{ID}", id)
+    }
 }
 
 /// Creates the bookkeeping table itself (run before anything else, and
@@ -34,5 +53,9 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 4,
         sql: include_str!("migrations/0004_agent_admin.sql"),
+    },
+    Migration {
+        version: 5,
+        sql: include_str!("migrations/0005_desired_state.sql"),
     },
 ];

@@ -1,24 +1,38 @@
 //! The controller's durable state behind one interface.
 //!
 //! Everything the controller must not forget lives here: agents (labels,
-//! last seen, clock), packs and all their versions, deliveries per agent
-//! and version (the desired state and how far it got), and all feedback.
-//! The server never keeps the only copy of anything in memory: a pushed
-//! pack is stored before the operator gets an answer, and feedback is
-//! stored before it is acknowledged to the agent.
+//! tenants, last seen, clock), packs and all their versions, the desired
+//! state per (agent, pack) and how far it got, feedback, clock history and
+//! the audit log. The server never keeps the only copy of anything in
+//! memory: a pushed pack is stored before the operator gets an answer, and
+//! feedback is stored before it is acknowledged to the agent.
 //!
-//! [`sqlite::SqliteStore`] is the embedded default. The schema and queries
-//! are plain SQL that also runs on PostgreSQL (BIGINT, TEXT, DOUBLE
-//! PRECISION, `ON CONFLICT`), so a later backend for controller replicas
-//! is another impl of [`Store`], not another design.
+//! Two implementations pass one contract suite (`contract.rs`, run by
+//! each backend's tests): [`sqlite::SqliteStore`], the embedded default,
+//! and [`memory::MemoryStore`], for unit tests of the layers above (on
+//! tokio's paused time). The SQL is plain SQL that also runs on
+//! PostgreSQL (BIGINT, TEXT, `ON CONFLICT`, `RETURNING`); ids and sequence
+//! numbers come from the database.
+//!
+//! **Decisions are store commands.** What each agent should hold is
+//! decided by [`crate::planner`], but run by the store, inside its own
+//! serialization point (the writer's transaction), for exactly the (agent,
+//! pack) pairs a change can affect: a push, a cancel, a hello, a label
+//! change, a grant, an agent's answer. So two decisions racing (a push
+//! and a hello, a cancel and an ack) never overwrite each other: the later
+//! one sees the earlier one's rows. Each returns the rows it changed, for
+//! the sessions to act on and the watchers to see.
 
+pub mod memory;
 mod migrations;
 pub mod sqlite;
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
+#[cfg(test)]
+pub(crate) mod contract;
 
 use async_trait::async_trait;
+
+pub use crate::model::*;
 
 /// What a store operation can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -73,300 +87,50 @@ pub enum StoreError {
 /// Shorthand.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// A pack an agent holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeldPackRow {
-    /// Tenant.
-    pub tenant: String,
-    /// Pack id.
-    pub pack: String,
-    /// Version held.
-    pub version: u64,
-    /// Stopped in its safe state (cancelled, given up, lease lost).
-    pub stopped: bool,
-}
+/// Most rows one page of a list query returns, whatever is asked: a
+/// request can never make the store (or the controller) hold more.
+pub const MAX_PAGE: u32 = 1000;
 
-/// An agent's last clock report.
+/// An agent's hello, as the store records it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ClockRow {
-    /// `ptp`, `ntp`, `link`, `system`.
-    pub source: String,
-    /// `syncing`, `locked`, `holdover`, `free-running`.
-    pub state: String,
-    /// Offset from reference time, ns.
-    pub offset_ns: i64,
-    /// Jitter, ns.
-    pub jitter_ns: i64,
-    /// Uncertainty, ns.
-    pub uncertainty_ns: i64,
-    /// Frequency correction, ppm.
-    pub frequency_ppm: f64,
-    /// When the agent measured it (ns since the epoch).
+pub struct HelloRow {
+    /// Agent id.
+    pub id: String,
+    /// Its own labels.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Agent software version.
+    pub agent_version: String,
+    /// Its journal's id.
+    pub journal_id: String,
+    /// The tenants its certificate names (`None`: no certificate, leave
+    /// what is stored).
+    pub cert_tenants: Option<Vec<String>>,
+    /// The packs it says it holds (already filtered to its tenants).
+    pub held: Vec<HeldPackRow>,
+    /// When (ns since the epoch).
     pub at_ns: i64,
 }
 
-/// An agent as the controller knows it.
+/// An agent's answer to the push of a version.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AgentRow {
-    /// Agent id (its identity; the certificate's name once TLS lands).
-    pub id: String,
-    /// Labels from its hello (targets match on them).
-    pub labels: BTreeMap<String, String>,
-    /// Agent software version.
-    pub agent_version: String,
-    /// Its journal's id (feedback sequence numbers count within it).
-    pub journal_id: String,
-    /// A stream is open now.
-    pub connected: bool,
-    /// Last message received (ns since the epoch).
-    pub last_seen_ns: i64,
-    /// Packs it holds, as it last said.
-    pub held: Vec<HeldPackRow>,
-    /// Its last clock report.
-    pub clock: Option<ClockRow>,
-    /// Operator labels, per tenant (set by that tenant's admins): they
-    /// apply to that tenant's packs only. See [`AgentRow::labels_for`].
-    pub overrides: BTreeMap<String, LabelOverrides>,
-}
-
-/// One tenant's operator labels on an agent: `Some(v)` sets the key (over
-/// the agent's own value), `None` hides the agent's own key.
-pub type LabelOverrides = BTreeMap<String, Option<String>>;
-
-/// The labels the packs of `tenant` target on: `own` (an agent's hello
-/// labels) with that tenant's operator labels applied over them.
-pub fn labels_for<'a>(
-    own: &'a BTreeMap<String, String>,
-    overrides: &BTreeMap<String, LabelOverrides>,
-    tenant: &str,
-) -> Cow<'a, BTreeMap<String, String>> {
-    let Some(o) = overrides.get(tenant).filter(|o| !o.is_empty()) else {
-        return Cow::Borrowed(own);
-    };
-    let mut l = own.clone();
-    for (k, v) in o {
-        match v {
-            Some(v) => l.insert(k.clone(), v.clone()),
-            None => l.remove(k),
-        };
-    }
-    Cow::Owned(l)
-}
-
-impl AgentRow {
-    /// The labels the packs of `tenant` target on: the agent's own (its
-    /// hello), with that tenant's operator labels applied over them.
-    pub fn labels_for(&self, tenant: &str) -> Cow<'_, BTreeMap<String, String>> {
-        labels_for(&self.labels, &self.overrides, tenant)
-    }
-
-    /// Whether this pack version targets the agent (its id, or the labels
-    /// its tenant sees).
-    pub fn targeted_by(&self, pack: &PackVersionRow) -> bool {
-        pack.targets
-            .matches(&self.id, &self.labels_for(&pack.tenant))
-    }
-}
-
-/// Which agents a pack is for, as stored.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub enum TargetsRow {
-    /// No `targets`: nobody (the pack is stored but delivered to no agent).
-    #[default]
-    Nobody,
-    /// These agent ids.
-    Agents(Vec<String>),
-    /// Every agent carrying all these labels.
-    Labels(BTreeMap<String, String>),
-}
-
-impl TargetsRow {
-    /// Whether an agent with this id and these labels is targeted.
-    pub fn matches(&self, id: &str, labels: &BTreeMap<String, String>) -> bool {
-        match self {
-            TargetsRow::Nobody => false,
-            TargetsRow::Agents(ids) => ids.iter().any(|a| a == id),
-            TargetsRow::Labels(want) => want.iter().all(|(k, v)| labels.get(k) == Some(v)),
-        }
-    }
-}
-
-impl std::fmt::Display for TargetsRow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TargetsRow::Nobody => f.write_str("none"),
-            TargetsRow::Agents(ids) => write!(f, "agents: {}", ids.join(", ")),
-            TargetsRow::Labels(l) => {
-                let kv: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                write!(f, "labels: {}", kv.join(", "))
-            }
-        }
-    }
-}
-
-/// One stored pack version.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PackVersionRow {
-    /// Tenant.
-    pub tenant: String,
-    /// Pack id.
-    pub pack: String,
-    /// Version.
-    pub version: u64,
-    /// The YAML source, as pushed.
-    pub yaml: String,
-    /// Its targets.
-    pub targets: TargetsRow,
-    /// When it was pushed (ns since the epoch).
-    pub pushed_ns: i64,
-}
-
-/// A pack: its latest version, and whether it was withdrawn.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PackRow {
-    /// The latest version (with its YAML).
-    pub latest: PackVersionRow,
-    /// When it was cancelled, if it was (ns since the epoch).
-    pub cancelled_ns: Option<i64>,
-}
-
-/// What [`Store::put_pack`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PutPack {
-    /// A new version was stored (a cancelled pack is live again).
-    Stored,
-    /// This exact version and content was stored already.
-    Unchanged,
-}
-
-/// Where one pack version stands on one agent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeliveryState {
-    /// Not yet acknowledged (agent offline, in flight, or retrying).
-    Pending,
-    /// The agent accepted it.
-    Acked,
-    /// The agent refused it (final).
-    Nacked,
-    /// Withdrawn by a cancel.
-    Cancelled,
-}
-
-impl DeliveryState {
-    /// Stored word.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeliveryState::Pending => "pending",
-            DeliveryState::Acked => "acked",
-            DeliveryState::Nacked => "nacked",
-            DeliveryState::Cancelled => "cancelled",
-        }
-    }
-
-    /// From the stored word.
-    pub fn parse(s: &str) -> Option<DeliveryState> {
-        Some(match s {
-            "pending" => DeliveryState::Pending,
-            "acked" => DeliveryState::Acked,
-            "nacked" => DeliveryState::Nacked,
-            "cancelled" => DeliveryState::Cancelled,
-            _ => return None,
-        })
-    }
-}
-
-/// A validation error as the agent (or the controller) reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ErrorRow {
-    /// 1-based line (0: not positioned).
-    pub line: u32,
-    /// 1-based column.
-    pub column: u32,
-    /// Instruction id, if any.
-    pub instruction: String,
-    /// The message.
-    pub message: String,
-}
-
-/// One pack version's delivery to one agent.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DeliveryRow {
+pub struct AnswerRow {
     /// Agent.
     pub agent_id: String,
-    /// Tenant.
-    pub tenant: String,
-    /// Pack id.
-    pub pack: String,
-    /// Version.
+    /// Pack.
+    pub key: PackKey,
+    /// The version it answers about.
     pub version: u64,
-    /// State.
-    pub state: DeliveryState,
-    /// Why pending or nacked.
-    pub reason: String,
-    /// Validation errors of a nack.
-    pub errors: Vec<ErrorRow>,
-    /// Last change (ns since the epoch).
-    pub updated_ns: i64,
-    /// Times sent.
+    /// What it said.
+    pub answer: Answer,
+    /// Times the version was sent to it.
     pub attempts: u32,
+    /// When (ns since the epoch).
+    pub at_ns: i64,
 }
 
-/// One feedback entry, as stored.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FeedbackRow {
-    /// Agent that sent it.
-    pub agent_id: String,
-    /// Journal it was numbered in.
-    pub journal_id: String,
-    /// Sequence number within that journal.
-    pub seq: u64,
-    /// Execution id (empty for pack-wide events).
-    pub execution_id: String,
-    /// Tenant.
-    pub tenant: String,
-    /// Pack id.
-    pub pack: String,
-    /// Pack version.
-    pub version: u64,
-    /// Instruction id (empty for pack-wide events).
-    pub instruction: String,
-    /// Attempt number (0 when not an attempt).
-    pub attempt: u32,
-    /// Scheduled instant, ns since the epoch.
-    pub scheduled_ns: i64,
-    /// Actual instant, ns since the epoch.
-    pub actual_ns: i64,
-    /// Start lateness, ns.
-    pub lateness_ns: i64,
-    /// `ok`, `failed`, `retry`, `give_up`, `skipped`, `unknown`, `safe_state`.
-    pub outcome: String,
-    /// The agent's word for the entry (`executed`, `retry`, ...).
-    pub event: String,
-    /// Action, for executed entries.
-    pub action: String,
-    /// Free text.
-    pub detail: String,
-    /// `gpio.read` value.
-    pub value: Option<u32>,
-    /// Entries the agent dropped before this one (outbox full).
-    pub dropped_before: u64,
-    /// Clock uncertainty at firing, ns.
-    pub uncertainty_ns: i64,
-    /// When the controller stored it (ns since the epoch).
-    pub received_ns: i64,
-}
 
-/// What [`Store::put_feedback`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FeedbackStored {
-    /// Rows stored now.
-    pub inserted: usize,
-    /// Rows already stored (a re-send after a lost ack): not stored again.
-    pub duplicates: usize,
-}
-
-/// Which stored feedback to read. Results are in storage order (the order
-/// entries were stored), which for one agent is its sequence order.
+/// Which stored feedback to read, one page at a time. Rows come in storage
+/// order (which for one agent is its sequence order).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FeedbackFilter {
     /// Only this tenant.
@@ -377,54 +141,59 @@ pub struct FeedbackFilter {
     pub agent_id: Option<String>,
     /// Stored at or after (ns since the epoch).
     pub since_ns: Option<i64>,
-    /// At most this many.
-    pub limit: Option<u32>,
+    /// Only rows stored after this one (its [`FeedbackRow::id`]): the
+    /// next page.
+    pub after_id: u64,
+    /// At most this many (capped at [`MAX_PAGE`]).
+    pub limit: u32,
 }
 
-/// One audited operator action.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AuditRow {
-    /// When (ns since the epoch).
-    pub at_ns: i64,
-    /// The operator's name (certificate), `insecure`, or `ca`.
-    pub who: String,
-    /// The tenant it acted in.
-    pub tenant: String,
-    /// Its role.
-    pub role: String,
-    /// `push`, `cancel`, `label`, `forget`, `revoke`.
-    pub action: String,
-    /// What it acted on.
-    pub target: String,
-    /// `ok`, or why it was refused.
-    pub result: String,
+/// Which agents to list, one page at a time, by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentFilter {
+    /// Only agents serving this tenant (see [`Binding`]; with
+    /// [`Binding::Open`], every agent).
+    pub tenant: Option<String>,
+    /// Only ids after this one: the next page.
+    pub after_id: Option<String>,
+    /// At most this many (capped at [`MAX_PAGE`]).
+    pub limit: u32,
 }
 
 /// The controller's durable state. Every method is a complete, atomic
 /// operation: when it returns `Ok`, the change survives `kill -9` of the
-/// controller.
+/// controller. Methods that decide (hello, labels, grants, `reconcile_pack`,
+/// `cancel_pack`, `agent_held`, `answer`) run [`crate::planner::plan`]
+/// under the [`Binding`] the store was opened with, inside the store's
+/// serialization point, and return the delivery rows they changed.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    // ---- agents
+
     /// An agent said hello: create or update it (labels, version, journal,
-    /// held packs), connected, seen now.
-    async fn agent_hello(&self, agent: AgentRow) -> StoreResult<()>;
+    /// certificate tenants), connected, seen now; its held packs recorded
+    /// and every pack of its tenants planned for it. Returns the agent and
+    /// all its delivery rows.
+    async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)>;
     /// Connection state and last-seen instant.
     async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()>;
-    /// The packs an agent holds changed.
-    async fn agent_held(&self, id: &str, held: Vec<HeldPackRow>) -> StoreResult<()>;
-    /// At start-up: nobody is connected to a controller that just started.
-    async fn all_disconnected(&self, at_ns: i64) -> StoreResult<()>;
+    /// At start-up of a single controller: nobody is connected to it.
+    async fn all_disconnected(&self) -> StoreResult<()>;
     /// Store a clock report: the agent's latest, and its history.
     async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()>;
-    /// Clock history of one agent, oldest first.
-    async fn clock_history(&self, id: &str, since_ns: i64) -> StoreResult<Vec<ClockRow>>;
-    /// Every agent, by id.
-    async fn agents(&self) -> StoreResult<Vec<AgentRow>>;
+    /// Clock history of one agent at or after `since_ns`, oldest first;
+    /// the newest `limit` (capped at [`MAX_PAGE`] × 10) when there are
+    /// more.
+    async fn clock_history(&self, id: &str, since_ns: i64, limit: u32)
+    -> StoreResult<Vec<ClockRow>>;
+    /// One page of agents, by id.
+    async fn agents(&self, filter: AgentFilter) -> StoreResult<Vec<AgentRow>>;
     /// One agent.
     async fn agent(&self, id: &str) -> StoreResult<Option<AgentRow>>;
     /// Change one tenant's operator labels on an agent: `set` (a value, or
     /// `None` to hide the agent's own key), then `reset` (forget the
-    /// tenant's say on these keys). Returns the agent as it is now;
+    /// tenant's say on these keys); then re-plan the agent. Returns the
+    /// agent as it is now and the rows that changed;
     /// [`StoreError::NoSuchAgent`] when it is not known.
     async fn label_agent(
         &self,
@@ -432,62 +201,127 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         tenant: &str,
         set: LabelOverrides,
         reset: Vec<String>,
-    ) -> StoreResult<AgentRow>;
-    /// Forget an agent. With a tenant: only that tenant's deliveries to it
-    /// and labels on it. Without: everything of it (its record, clock
-    /// history, deliveries, labels); its feedback stays. Whether its
-    /// record existed.
+        at_ns: i64,
+    ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)>;
+    /// An admin grants (or takes back) a tenant on an agent, known or not
+    /// yet; the agent is re-planned. Returns the rows that changed.
+    async fn grant(
+        &self,
+        id: &str,
+        tenant: &str,
+        granted: bool,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>>;
+    /// Forget an agent. With a tenant: only that tenant's deliveries to it,
+    /// labels on it and grant. Without: everything of it (its record,
+    /// clock history, deliveries, labels, grants); its feedback stays.
+    /// Whether its record existed.
     async fn forget_agent(&self, id: &str, tenant: Option<&str>) -> StoreResult<bool>;
+
+    // ---- packs
 
     /// Store a pack version. Refused when the version is lower than the
     /// newest stored, or equal with other YAML. Pushing a version of a
-    /// cancelled pack makes it live again.
+    /// cancelled pack makes it live again. Does not plan: call
+    /// [`Store::reconcile_pack`].
     async fn put_pack(&self, pack: PackVersionRow) -> StoreResult<PutPack>;
-    /// Withdraw a pack (its latest version); its pending and acked
-    /// deliveries become cancelled. Returns the pack as it is now.
-    async fn cancel_pack(&self, tenant: &str, pack: &str, at_ns: i64) -> StoreResult<PackRow>;
-    /// The latest version of every pack (of one tenant, or all), cancelled
-    /// ones included, by tenant then id.
-    async fn packs(&self, tenant: Option<&str>) -> StoreResult<Vec<PackRow>>;
+    /// Withdraw a pack. A pack the store does not know is withdrawn from
+    /// the agents that report holding it (a store restored from an older
+    /// copy must still be able to stop it); [`StoreError::NoSuchPack`]
+    /// only when nobody holds it either. Returns the rows that changed
+    /// (every holder's).
+    async fn cancel_pack(
+        &self,
+        key: &PackKey,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>>;
+    /// Plan a pack for every agent it may concern: those its targets
+    /// match (among the tenant's agents) and those with a row for it.
+    /// Returns the rows that changed.
+    async fn reconcile_pack(
+        &self,
+        key: &PackKey,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>>;
+    /// Every pack (of one tenant, or all) with its delivery counts, by
+    /// tenant then id, without YAML.
+    async fn packs(&self, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>>;
     /// One version of a pack (`None`: the latest).
     async fn pack_version(
         &self,
-        tenant: &str,
-        pack: &str,
+        key: &PackKey,
         version: Option<u64>,
     ) -> StoreResult<Option<PackVersionRow>>;
 
-    /// Create or replace the delivery of (agent, tenant, pack, version).
-    async fn put_delivery(&self, delivery: DeliveryRow) -> StoreResult<()>;
-    /// How many deliveries are stored in each state (for `/metrics`; a
-    /// state with none is left out).
-    async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>>;
-    /// Deliveries of one pack version, by agent.
+    // ---- deliveries
+
+    /// The agent's held set is now `held` (already filtered to its
+    /// tenants); every pack it names or held before is re-planned. Returns
+    /// the rows that changed.
+    async fn agent_held(
+        &self,
+        id: &str,
+        held: Vec<HeldPackRow>,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>>;
+    /// The agent answered a push. Returns its row as it is now (`None`: no
+    /// such row, e.g. forgotten).
+    async fn answer(&self, answer: AnswerRow) -> StoreResult<Option<DeliveryRow>>;
+    /// Deliveries of one agent, by tenant and pack.
+    async fn deliveries_of_agent(&self, id: &str) -> StoreResult<Vec<DeliveryRow>>;
+    /// One page of the deliveries of one pack about `version` (`None`: any
+    /// version), by agent, after `after_agent`.
     async fn deliveries_of_pack(
         &self,
-        tenant: &str,
-        pack: &str,
-        version: u64,
+        key: &PackKey,
+        version: Option<u64>,
+        after_agent: Option<&str>,
+        limit: u32,
     ) -> StoreResult<Vec<DeliveryRow>>;
-    /// Deliveries to one agent (every pack, every version).
-    async fn deliveries_of_agent(&self, agent_id: &str) -> StoreResult<Vec<DeliveryRow>>;
+    /// How many deliveries are stored in each state (for `/metrics`; a
+    /// state with none is left out; local packs are not deliveries).
+    async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>>;
 
-    /// Store feedback, once: rows whose (agent, journal, seq) is stored
-    /// already are counted as duplicates and left as they are.
+    // ---- feedback
+
+    /// Store feedback of one journal, once: rows whose (agent, journal,
+    /// seq) is stored already are counted as duplicates and left as they
+    /// are. Ids come from the store.
     async fn put_feedback(&self, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored>;
-    /// Highest seq stored for this agent and journal (0: none).
+    /// Highest seq ever stored for this agent and journal (0: none); kept
+    /// when retention deletes the rows.
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64>;
-    /// Stored feedback.
+    /// One page of stored feedback.
     async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>>;
+    /// Delete at most `max` feedback rows stored before `before_ns`, oldest
+    /// first; how many went. Retention calls it in small batches.
+    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    /// Delete at most `max` clock history rows measured before
+    /// `before_ns` (an agent's latest report is kept on its record).
+    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    /// Delete at most `max` audit records before `before_ns`.
+    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+
+    // ---- audit
 
     /// Record an operator action (stored before the action's answer).
     async fn put_audit(&self, row: AuditRow) -> StoreResult<()>;
     /// Audit records at or after `since_ns` (of one tenant, or all), oldest
-    /// first; with a limit, the newest `limit` of them.
+    /// first; the newest `limit` (capped at [`MAX_PAGE`] × 10) of them.
     async fn audit(
         &self,
         tenant: Option<&str>,
         since_ns: i64,
-        limit: Option<u32>,
+        limit: u32,
     ) -> StoreResult<Vec<AuditRow>>;
+}
+
+/// A page size within bounds: 0 (unset) and anything over `max` mean
+/// `max`.
+pub fn page(limit: u32, max: u32) -> u32 {
+    if limit == 0 || limit > max {
+        max
+    } else {
+        limit
+    }
 }

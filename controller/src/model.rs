@@ -1,0 +1,529 @@
+//! The controller's records: what the store keeps and the planner, the
+//! application and the transports speak about. Plain data with the rules
+//! that belong to the data itself (label precedence, target matching); no
+//! IO, no wire types except the typed feedback enums shared with agents.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+
+use baton_proto::wire;
+
+/// A pack of a tenant: `(tenant, pack)`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PackKey {
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+}
+
+impl PackKey {
+    /// `tenant/pack`.
+    pub fn new(tenant: impl Into<String>, pack: impl Into<String>) -> PackKey {
+        PackKey {
+            tenant: tenant.into(),
+            pack: pack.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for PackKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.pack)
+    }
+}
+
+/// A pack an agent holds, as it says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldPackRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+    /// Version held.
+    pub version: u64,
+    /// Stopped in its safe state (cancelled, given up, lease lost).
+    pub stopped: bool,
+}
+
+/// An agent's clock report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClockRow {
+    /// `ptp`, `ntp`, `link`, `system`.
+    pub source: String,
+    /// `syncing`, `locked`, `holdover`, `free-running`.
+    pub state: String,
+    /// Offset from reference time, ns.
+    pub offset_ns: i64,
+    /// Jitter, ns.
+    pub jitter_ns: i64,
+    /// Uncertainty, ns.
+    pub uncertainty_ns: i64,
+    /// Frequency correction, ppm.
+    pub frequency_ppm: f64,
+    /// When the agent measured it (ns since the epoch).
+    pub at_ns: i64,
+}
+
+/// One tenant's operator labels on an agent: `Some(v)` sets the key (over
+/// the agent's own value), `None` hides the agent's own key.
+pub type LabelOverrides = BTreeMap<String, Option<String>>;
+
+/// The labels the packs of `tenant` target on: `own` (an agent's hello
+/// labels) with that tenant's operator labels applied over them.
+pub fn labels_for<'a>(
+    own: &'a BTreeMap<String, String>,
+    overrides: &BTreeMap<String, LabelOverrides>,
+    tenant: &str,
+) -> Cow<'a, BTreeMap<String, String>> {
+    let Some(o) = overrides.get(tenant).filter(|o| !o.is_empty()) else {
+        return Cow::Borrowed(own);
+    };
+    let mut l = own.clone();
+    for (k, v) in o {
+        match v {
+            Some(v) => l.insert(k.clone(), v.clone()),
+            None => l.remove(k),
+        };
+    }
+    Cow::Owned(l)
+}
+
+/// An agent as the controller knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentRow {
+    /// Agent id (its certificate's name under mTLS).
+    pub id: String,
+    /// Labels from its hello.
+    pub labels: BTreeMap<String, String>,
+    /// Agent software version.
+    pub agent_version: String,
+    /// Its journal's id (feedback sequence numbers count within it).
+    pub journal_id: String,
+    /// A stream was open at the last word from it.
+    pub connected: bool,
+    /// Last message received (ns since the epoch).
+    pub last_seen_ns: i64,
+    /// Its last clock report.
+    pub clock: Option<ClockRow>,
+    /// Operator labels, per tenant (set by that tenant's admins): they
+    /// apply to that tenant's packs only. See [`AgentRow::labels_for`].
+    pub overrides: BTreeMap<String, LabelOverrides>,
+    /// The tenants it serves: from its certificate and from admins'
+    /// grants. Only their packs may target it, only their operators see
+    /// it (on a controller that binds agents to tenants, see
+    /// [`Binding`]).
+    pub tenants: BTreeSet<String>,
+}
+
+impl AgentRow {
+    /// A new agent with no labels, clock, overrides or tenants.
+    pub fn new(id: impl Into<String>, journal_id: impl Into<String>) -> AgentRow {
+        AgentRow {
+            id: id.into(),
+            labels: BTreeMap::new(),
+            agent_version: String::new(),
+            journal_id: journal_id.into(),
+            connected: false,
+            last_seen_ns: 0,
+            clock: None,
+            overrides: BTreeMap::new(),
+            tenants: BTreeSet::new(),
+        }
+    }
+
+    /// The labels the packs of `tenant` target on: the agent's own (its
+    /// hello), with that tenant's operator labels applied over them.
+    pub fn labels_for(&self, tenant: &str) -> Cow<'_, BTreeMap<String, String>> {
+        labels_for(&self.labels, &self.overrides, tenant)
+    }
+
+    /// Whether the packs of `tenant` may reach this agent at all.
+    pub fn serves(&self, tenant: &str, binding: Binding) -> bool {
+        match binding {
+            Binding::Open => true,
+            Binding::Tenants => self.tenants.contains(tenant),
+        }
+    }
+}
+
+/// Whether agents belong to tenants.
+///
+/// With mTLS every agent has an identity, and the tenants it serves come
+/// from its certificate and from admins' grants: a pack reaches only its
+/// tenant's agents, and an operator sees only those. A plaintext
+/// controller (`--insecure`) has no identities to bind: every agent
+/// serves every tenant, as before tenants existed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binding {
+    /// Every agent serves every tenant.
+    Open,
+    /// An agent serves the tenants of its certificate and grants.
+    Tenants,
+}
+
+/// Which agents a pack is for, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum TargetsRow {
+    /// No `targets`: nobody (the pack is stored but delivered to no agent).
+    #[default]
+    Nobody,
+    /// These agent ids.
+    Agents(Vec<String>),
+    /// Every agent carrying all these labels.
+    Labels(BTreeMap<String, String>),
+}
+
+impl TargetsRow {
+    /// Whether an agent with this id and these labels is targeted.
+    pub fn matches(&self, id: &str, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            TargetsRow::Nobody => false,
+            TargetsRow::Agents(ids) => ids.iter().any(|a| a == id),
+            TargetsRow::Labels(want) => want.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        }
+    }
+}
+
+impl std::fmt::Display for TargetsRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetsRow::Nobody => f.write_str("none"),
+            TargetsRow::Agents(ids) => write!(f, "agents: {}", ids.join(", ")),
+            TargetsRow::Labels(l) => {
+                let kv: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                write!(f, "labels: {}", kv.join(", "))
+            }
+        }
+    }
+}
+
+/// One stored pack version.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackVersionRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+    /// Version.
+    pub version: u64,
+    /// The YAML source, as pushed.
+    pub yaml: String,
+    /// Its targets.
+    pub targets: TargetsRow,
+    /// When it was pushed (ns since the epoch).
+    pub pushed_ns: i64,
+}
+
+impl PackVersionRow {
+    /// Its pack.
+    pub fn key(&self) -> PackKey {
+        PackKey::new(&self.tenant, &self.pack)
+    }
+}
+
+/// What the planner needs of a pack: its latest version and targets, and
+/// whether it is withdrawn. No YAML: deciding who gets what never reads
+/// a pack's text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackTargets {
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+    /// The latest version.
+    pub latest: u64,
+    /// The latest version's targets.
+    pub targets: TargetsRow,
+    /// Cancelled (ns since the epoch): nobody should hold it.
+    pub cancelled_ns: Option<i64>,
+}
+
+/// A pack as `packs` lists it: the latest version and how its deliveries
+/// stand.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackSummaryRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+    /// The latest version.
+    pub latest: u64,
+    /// Its targets.
+    pub targets: TargetsRow,
+    /// When it was pushed (ns since the epoch).
+    pub pushed_ns: i64,
+    /// When it was cancelled (ns since the epoch), if it was.
+    pub cancelled_ns: Option<i64>,
+    /// Deliveries of the latest version by state.
+    pub acked: u32,
+    /// Refused for good.
+    pub nacked: u32,
+    /// Not yet acknowledged.
+    pub pending: u32,
+    /// Agents holding a version the store does not know (newer than the
+    /// latest: a store restored from an older backup).
+    pub ahead: u32,
+}
+
+/// What [`crate::store::Store::put_pack`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutPack {
+    /// A new version was stored (a cancelled pack is live again).
+    Stored,
+    /// This exact version and content was stored already.
+    Unchanged,
+}
+
+/// What the controller wants of an agent for one pack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Intent {
+    /// Hold the row's version.
+    Hold,
+    /// Do not hold the pack (cancelled, or no longer targeted): the row's
+    /// version is the one withdrawn.
+    Withdraw,
+    /// The controller has no say: a pack the agent reports holding that
+    /// the store does not know (loaded from the agent's own files).
+    Local,
+}
+
+impl Intent {
+    /// Stored word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Intent::Hold => "hold",
+            Intent::Withdraw => "withdraw",
+            Intent::Local => "local",
+        }
+    }
+
+    /// From the stored word.
+    pub fn parse(s: &str) -> Option<Intent> {
+        Some(match s {
+            "hold" => Intent::Hold,
+            "withdraw" => Intent::Withdraw,
+            "local" => Intent::Local,
+            _ => return None,
+        })
+    }
+}
+
+/// Where one pack stands on one agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeliveryState {
+    /// Not yet acknowledged (agent offline, in flight, or retrying).
+    Pending,
+    /// The agent holds the wanted version.
+    Acked,
+    /// The agent refused it for good, or holds a newer version than the
+    /// wanted one (it would refuse it).
+    Nacked,
+    /// Withdrawn by a cancel or a change of targets.
+    Cancelled,
+    /// A pack of the agent's own (the controller has no say).
+    Local,
+}
+
+impl DeliveryState {
+    /// Stored word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Pending => "pending",
+            DeliveryState::Acked => "acked",
+            DeliveryState::Nacked => "nacked",
+            DeliveryState::Cancelled => "cancelled",
+            DeliveryState::Local => "local",
+        }
+    }
+
+    /// From the stored word.
+    pub fn parse(s: &str) -> Option<DeliveryState> {
+        Some(match s {
+            "pending" => DeliveryState::Pending,
+            "acked" => DeliveryState::Acked,
+            "nacked" => DeliveryState::Nacked,
+            "cancelled" => DeliveryState::Cancelled,
+            "local" => DeliveryState::Local,
+            _ => return None,
+        })
+    }
+}
+
+/// A validation error as the agent (or the controller) reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorRow {
+    /// 1-based line (0: not positioned).
+    pub line: u32,
+    /// 1-based column.
+    pub column: u32,
+    /// Instruction id, if any.
+    pub instruction: String,
+    /// The message.
+    pub message: String,
+}
+
+/// The agent's last refusal of a version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The version refused.
+    pub version: u64,
+    /// `false`: refused for now (capacity, clock, disk), retried.
+    pub last: bool,
+    /// Its message.
+    pub message: String,
+    /// Validation errors (positions in the YAML).
+    pub errors: Vec<ErrorRow>,
+}
+
+/// What an agent said of a pushed version.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// It holds the version now.
+    Acked,
+    /// It refused the version (`last`: for good; else retried later).
+    Refused(Refusal),
+}
+
+/// The version an agent reports holding, and whether it is stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Version.
+    pub version: u64,
+    /// Stopped in its safe state.
+    pub stopped: bool,
+}
+
+/// The desired state of one pack on one agent and how far it got: one row
+/// per (agent, tenant, pack), written when the decision or the agent's
+/// answer changes. The planner alone computes `intent`, `version`,
+/// `state` and `reason` (see [`crate::planner`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeliveryRow {
+    /// Agent.
+    pub agent_id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+    /// The version this row is about: the one wanted, withdrawn, or (for
+    /// a local pack) held.
+    pub version: u64,
+    /// What the controller wants.
+    pub intent: Intent,
+    /// What the agent last said it holds.
+    pub held: Option<Held>,
+    /// Its last refusal, while it concerns `version`.
+    pub refusal: Option<Refusal>,
+    /// Derived from the above by the planner.
+    pub state: DeliveryState,
+    /// Why pending or nacked, in words (derived).
+    pub reason: String,
+    /// Times the wanted version was sent.
+    pub attempts: u32,
+    /// Last change (ns since the epoch).
+    pub updated_ns: i64,
+}
+
+impl DeliveryRow {
+    /// Its pack.
+    pub fn key(&self) -> PackKey {
+        PackKey::new(&self.tenant, &self.pack)
+    }
+
+    /// Validation errors of the refusal that made it nacked (none else).
+    pub fn errors(&self) -> &[ErrorRow] {
+        match (&self.refusal, self.state) {
+            (Some(r), DeliveryState::Nacked | DeliveryState::Pending) if r.version == self.version => {
+                &r.errors
+            }
+            _ => &[],
+        }
+    }
+}
+
+/// One feedback entry, as stored: the typed record the agent sent, with
+/// who sent it and when it was stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FeedbackRow {
+    /// Storage order, assigned by the store (0 before it is stored).
+    pub id: u64,
+    /// Agent that sent it.
+    pub agent_id: String,
+    /// Journal it was numbered in.
+    pub journal_id: String,
+    /// Sequence number within that journal.
+    pub seq: u64,
+    /// Execution id (empty for pack-wide events).
+    pub execution_id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+    /// Pack version.
+    pub version: u64,
+    /// Instruction id (empty for pack-wide events).
+    pub instruction: String,
+    /// The occurrence it is about (ns since the epoch), if any.
+    pub occurrence_ns: Option<i64>,
+    /// Attempt number (0 when not an attempt).
+    pub attempt: u32,
+    /// Scheduled instant, ns since the epoch.
+    pub scheduled_ns: i64,
+    /// Actual instant, ns since the epoch.
+    pub actual_ns: i64,
+    /// Start lateness, ns.
+    pub lateness_ns: i64,
+    /// What became of it.
+    pub outcome: wire::Outcome,
+    /// Why (skipped: why not run; safe state: its trigger).
+    pub reason: wire::Reason,
+    /// The agent's word for the entry (`executed`, `retry`, ...).
+    pub event: String,
+    /// Action, for executed entries.
+    pub action: String,
+    /// Free text.
+    pub detail: String,
+    /// `gpio.read` value.
+    pub value: Option<u32>,
+    /// Entries the agent dropped just before this one (outbox full).
+    pub dropped_before: u64,
+    /// Clock uncertainty at firing, ns.
+    pub uncertainty_ns: i64,
+    /// The agent's clock source when it was taken.
+    pub clock_source: wire::ClockSource,
+    /// Its state.
+    pub clock_state: wire::ClockState,
+    /// When the controller stored it (ns since the epoch).
+    pub received_ns: i64,
+}
+
+/// What [`crate::store::Store::put_feedback`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeedbackStored {
+    /// Rows stored now.
+    pub inserted: usize,
+    /// Rows already stored (a re-send after a lost ack): not stored again.
+    pub duplicates: usize,
+    /// The highest seq stored for the journal now.
+    pub acked_seq: u64,
+}
+
+/// One audited operator action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRow {
+    /// When (ns since the epoch).
+    pub at_ns: i64,
+    /// The operator's name (certificate), `insecure`, or `ca`.
+    pub who: String,
+    /// The tenant it acted in.
+    pub tenant: String,
+    /// Its role.
+    pub role: String,
+    /// `push`, `cancel`, `label`, `forget`, `grant`, `revoke`.
+    pub action: String,
+    /// What it acted on.
+    pub target: String,
+    /// `ok`, or why it was refused.
+    pub result: String,
+}

@@ -1,0 +1,192 @@
+//! The one place that decides which version of which pack each agent
+//! should hold, and what to tell it. Pure: a function of the pack (its
+//! latest version, targets, cancellation), the agent (id, labels, operator
+//! labels, tenants) and the stored row (what the agent holds, its last
+//! refusal). The store runs it inside its own serialization point for
+//! every (agent, pack) a change can affect, so two decisions never
+//! overwrite each other; the sessions run [`action`] on the rows to know
+//! what to send.
+//!
+//! Rules:
+//! - a live pack that targets an agent serving its tenant is wanted at its
+//!   latest version; the agent is sent that version unless it holds it,
+//!   refused it for good, or holds a newer one (then the row is nacked
+//!   with the reason: the agent refuses lower versions, and a push never
+//!   waits for ever);
+//! - a pack the store knows that the agent holds but should not (cancelled,
+//!   retargeted, another tenant's) is withdrawn: cancelled on the agent;
+//! - a pack the store does not know is the agent's own (`local`) and left
+//!   alone, unless an operator cancelled it by name (the row is then
+//!   `withdraw`, so every holder is told, even after a store was lost);
+//! - a refusal counts only for the version it refused: a newer version is
+//!   sent again.
+//!
+//! Rollouts (a version per cohort) will enter through [`wanted`].
+
+use crate::model::{
+    AgentRow, Answer, Binding, DeliveryRow, DeliveryState, Held, Intent, PackKey, PackTargets,
+    Refusal,
+};
+
+/// The version `agent` should hold of `pack`, or `None`.
+pub fn wanted(agent: &AgentRow, pack: &PackTargets, binding: Binding) -> Option<u64> {
+    let live = pack.cancelled_ns.is_none();
+    (live
+        && agent.serves(&pack.tenant, binding)
+        && pack
+            .targets
+            .matches(&agent.id, &agent.labels_for(&pack.tenant)))
+    .then_some(pack.latest)
+}
+
+/// The row (agent, `key`) should have now, from the pack as stored
+/// (`None`: the store does not know it), the agent, the row as it was
+/// (`None`: no row yet; its refusal and attempts are kept while they
+/// concern the same version) and what the agent holds. `None`: no row is
+/// needed. `updated_ns` is kept when nothing else changed, so re-planning
+/// an unchanged row changes nothing.
+pub fn plan(
+    agent: &AgentRow,
+    key: &PackKey,
+    pack: Option<&PackTargets>,
+    row: Option<&DeliveryRow>,
+    held: Option<Held>,
+    binding: Binding,
+    now_ns: i64,
+) -> Option<DeliveryRow> {
+    let (intent, version) = match pack {
+        Some(p) => match wanted(agent, p, binding) {
+            Some(v) => (Intent::Hold, v),
+            None => match (row, held) {
+                // Held but not wanted: withdrawn at the version held. Once
+                // decided, a withdrawal stays on record.
+                (_, Some(h)) => (Intent::Withdraw, h.version),
+                (Some(r), None) if r.intent != Intent::Local => (Intent::Withdraw, r.version),
+                _ => return None,
+            },
+        },
+        None => match (row, held) {
+            (Some(r), _) if r.intent == Intent::Withdraw => (Intent::Withdraw, r.version),
+            (_, Some(h)) => (Intent::Local, h.version),
+            _ => return None,
+        },
+    };
+    let refusal = row
+        .and_then(|r| r.refusal.clone())
+        .filter(|f| intent == Intent::Hold && f.version == version);
+    let (state, reason) = state_of(intent, version, held, refusal.as_ref());
+    let attempts = match row {
+        Some(r) if r.version == version && r.intent == intent => r.attempts,
+        _ => 0,
+    };
+    let mut next = DeliveryRow {
+        agent_id: agent.id.clone(),
+        tenant: key.tenant.clone(),
+        pack: key.pack.clone(),
+        version,
+        intent,
+        held,
+        refusal,
+        state,
+        reason,
+        attempts,
+        updated_ns: now_ns,
+    };
+    if let Some(r) = row {
+        next.updated_ns = r.updated_ns;
+        if *r != next {
+            next.updated_ns = now_ns;
+        }
+    }
+    Some(next)
+}
+
+/// State and reason from the decision and the agent's answers.
+fn state_of(
+    intent: Intent,
+    version: u64,
+    held: Option<Held>,
+    refusal: Option<&Refusal>,
+) -> (DeliveryState, String) {
+    match intent {
+        Intent::Local => (DeliveryState::Local, String::new()),
+        Intent::Withdraw => (DeliveryState::Cancelled, String::new()),
+        Intent::Hold => match (held, refusal) {
+            (Some(h), _) if h.version == version => (DeliveryState::Acked, String::new()),
+            (Some(h), _) if h.version > version => (
+                DeliveryState::Nacked,
+                format!(
+                    "the agent holds v{}, newer than v{version} (the store may have been restored from an older copy): push v{} or higher",
+                    h.version,
+                    h.version + 1
+                ),
+            ),
+            (_, Some(f)) if f.last => (DeliveryState::Nacked, f.message.clone()),
+            (_, Some(f)) => (DeliveryState::Pending, format!("{} (retrying)", f.message)),
+            _ => (DeliveryState::Pending, String::new()),
+        },
+    }
+}
+
+/// Re-plans a row after the agent answered the push of `version`: an ack
+/// means it holds that version now; a refusal counts for the row's version
+/// only (an answer about an older push changes nothing else). `updated_ns`
+/// moves only when the row changed.
+#[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
+pub fn answered(
+    agent: &AgentRow,
+    pack: Option<&PackTargets>,
+    row: &DeliveryRow,
+    version: u64,
+    answer: &Answer,
+    attempts: u32,
+    binding: Binding,
+    now_ns: i64,
+) -> Option<DeliveryRow> {
+    let mut r = row.clone();
+    if r.version == version {
+        r.attempts = r.attempts.max(attempts);
+    }
+    let held = match answer {
+        Answer::Acked => Some(Held {
+            version,
+            stopped: false,
+        }),
+        Answer::Refused(f) => {
+            if r.version == version {
+                r.refusal = Some(f.clone());
+            }
+            r.held
+        }
+    };
+    let mut next = plan(agent, &row.key(), pack, Some(&r), held, binding, now_ns)?;
+    next.updated_ns = row.updated_ns;
+    if next != *row {
+        next.updated_ns = now_ns;
+    }
+    Some(next)
+}
+
+/// What to tell an agent about one pack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send this version of the row's pack.
+    Push(u64),
+    /// Cancel the agent's copy (the version it holds).
+    Cancel(u64),
+}
+
+/// What the row asks of the agent now, if anything. Never a version
+/// lower than or equal to what it holds.
+pub fn action(row: &DeliveryRow) -> Option<Action> {
+    match (row.intent, row.state, row.held) {
+        (Intent::Hold, DeliveryState::Pending, h) if h.is_none_or(|h| h.version < row.version) => {
+            Some(Action::Push(row.version))
+        }
+        (Intent::Withdraw, _, Some(h)) => Some(Action::Cancel(h.version)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,769 @@
+//! A [`Store`] in memory: the reference implementation of the contract,
+//! written to be obviously right rather than fast (every decision looks at
+//! every agent), and the store of the unit tests of the layers above, which
+//! run on tokio's paused time with no disk.
+//!
+//! One mutex over plain maps; every method is one critical section, so
+//! each is atomic like a transaction. [`MemoryStore::fail_writes`] makes
+//! every later write fail, as a full disk would.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use async_trait::async_trait;
+
+use super::{
+    AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow,
+    DeliveryState, FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow,
+    LabelOverrides, MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store,
+    StoreError, StoreResult, TargetsRow, page,
+};
+use crate::planner;
+
+/// The in-memory [`Store`].
+#[derive(Debug)]
+pub struct MemoryStore {
+    binding: Binding,
+    state: Mutex<State>,
+    fail: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    agents: BTreeMap<String, AgentRow>,
+    /// Tenants from certificates and from grants, by agent (grants may
+    /// come before the agent's first hello).
+    cert_tenants: BTreeMap<String, BTreeSet<String>>,
+    grants: BTreeMap<String, BTreeSet<String>>,
+    clock: BTreeMap<(String, i64), ClockRow>,
+    packs: BTreeMap<PackKey, PackRec>,
+    versions: BTreeMap<(PackKey, u64), PackVersionRow>,
+    deliveries: BTreeMap<(String, PackKey), DeliveryRow>,
+    journals: BTreeMap<(String, String), u64>,
+    feedback: BTreeMap<u64, FeedbackRow>,
+    feedback_keys: BTreeSet<(String, String, u64)>,
+    next_feedback_id: u64,
+    audit: Vec<(u64, AuditRow)>,
+}
+
+#[derive(Clone, Debug)]
+struct PackRec {
+    latest: u64,
+    targets: TargetsRow,
+    pushed_ns: i64,
+    cancelled_ns: Option<i64>,
+}
+
+impl MemoryStore {
+    /// An empty store deciding under `binding`.
+    pub fn new(binding: Binding) -> MemoryStore {
+        MemoryStore {
+            binding,
+            state: Mutex::new(State::default()),
+            fail: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on every write fails (`true`), as on a full disk; reads
+    /// keep working.
+    pub fn fail_writes(&self, fail: bool) {
+        self.fail.store(fail, Ordering::SeqCst);
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&State) -> StoreResult<T>) -> StoreResult<T> {
+        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&s)
+    }
+
+    fn write<T>(&self, f: impl FnOnce(&mut State) -> StoreResult<T>) -> StoreResult<T> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("writes fail (test)".into()));
+        }
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        // All or nothing, like a transaction: every closure below checks
+        // what can fail before it changes anything.
+        f(&mut s)
+    }
+}
+
+impl State {
+    fn agent(&self, id: &str) -> Option<AgentRow> {
+        let mut a = self.agents.get(id)?.clone();
+        a.tenants = self.tenants_of(id);
+        Some(a)
+    }
+
+    fn tenants_of(&self, id: &str) -> BTreeSet<String> {
+        let mut t = self.cert_tenants.get(id).cloned().unwrap_or_default();
+        t.extend(self.grants.get(id).into_iter().flatten().cloned());
+        t
+    }
+
+    fn pack_targets(&self, key: &PackKey) -> Option<PackTargets> {
+        self.packs.get(key).map(|p| PackTargets {
+            tenant: key.tenant.clone(),
+            pack: key.pack.clone(),
+            latest: p.latest,
+            targets: p.targets.clone(),
+            cancelled_ns: p.cancelled_ns,
+        })
+    }
+
+    /// Re-plans (agent, key) with `held`; stores and returns the row when
+    /// it changed.
+    fn replan(
+        &mut self,
+        agent: &AgentRow,
+        key: &PackKey,
+        held: Option<Held>,
+        binding: Binding,
+        at_ns: i64,
+        changed: &mut Vec<DeliveryRow>,
+    ) {
+        let k = (agent.id.clone(), key.clone());
+        let pack = self.pack_targets(key);
+        let row = self.deliveries.get(&k);
+        let next = planner::plan(agent, key, pack.as_ref(), row, held, binding, at_ns);
+        match next {
+            Some(n) => {
+                if row != Some(&n) {
+                    changed.push(n.clone());
+                    self.deliveries.insert(k, n);
+                }
+            }
+            None => {
+                self.deliveries.remove(&k);
+            }
+        }
+    }
+
+    /// Re-plans every pack that may concern `id`: its tenants' packs and
+    /// its rows.
+    fn replan_agent(&mut self, id: &str, binding: Binding, at_ns: i64) -> Vec<DeliveryRow> {
+        let Some(agent) = self.agent(id) else {
+            return Vec::new();
+        };
+        let mut keys: BTreeSet<PackKey> = self
+            .packs
+            .keys()
+            .filter(|k| agent.serves(&k.tenant, binding))
+            .cloned()
+            .collect();
+        keys.extend(
+            self.deliveries
+                .keys()
+                .filter(|(a, _)| a == id)
+                .map(|(_, k)| k.clone()),
+        );
+        let mut changed = Vec::new();
+        for key in keys {
+            let held = self
+                .deliveries
+                .get(&(id.to_string(), key.clone()))
+                .and_then(|r| r.held);
+            self.replan(&agent, &key, held, binding, at_ns, &mut changed);
+        }
+        changed
+    }
+
+    fn rows_of(&self, id: &str) -> Vec<DeliveryRow> {
+        self.deliveries
+            .iter()
+            .filter(|((a, _), _)| a == id)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn agent_hello(&self, h: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+        let binding = self.binding;
+        self.write(|s| {
+            let prev = s.agents.get(&h.id).cloned();
+            let mut a = prev.unwrap_or_else(|| AgentRow::new(&h.id, &h.journal_id));
+            a.labels = h.labels.clone();
+            a.agent_version = h.agent_version.clone();
+            a.journal_id = h.journal_id.clone();
+            a.connected = true;
+            a.last_seen_ns = h.at_ns;
+            s.agents.insert(h.id.clone(), a);
+            if let Some(t) = &h.cert_tenants {
+                s.cert_tenants
+                    .insert(h.id.clone(), t.iter().cloned().collect());
+            }
+            apply_held(s, &h.id, &h.held, binding, h.at_ns);
+            s.replan_agent(&h.id, binding, h.at_ns);
+            let agent = s.agent(&h.id).ok_or_else(|| no_agent(&h.id))?;
+            Ok((agent, s.rows_of(&h.id)))
+        })
+    }
+
+    async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()> {
+        self.write(|s| {
+            let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
+            a.connected = connected;
+            a.last_seen_ns = at_ns;
+            Ok(())
+        })
+    }
+
+    async fn all_disconnected(&self) -> StoreResult<()> {
+        self.write(|s| {
+            for a in s.agents.values_mut() {
+                a.connected = false;
+            }
+            Ok(())
+        })
+    }
+
+    async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
+        self.write(|s| {
+            let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
+            if a.clock.as_ref().is_none_or(|c| c.at_ns <= clock.at_ns) {
+                a.clock = Some(clock.clone());
+            }
+            s.clock.entry((id.to_string(), clock.at_ns)).or_insert(clock);
+            Ok(())
+        })
+    }
+
+    async fn clock_history(
+        &self,
+        id: &str,
+        since_ns: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<ClockRow>> {
+        let limit = page(limit, MAX_PAGE * 10) as usize;
+        self.read(|s| {
+            let rows: Vec<ClockRow> = s
+                .clock
+                .range((id.to_string(), since_ns)..=(id.to_string(), i64::MAX))
+                .map(|(_, c)| c.clone())
+                .collect();
+            let skip = rows.len().saturating_sub(limit);
+            Ok(rows.into_iter().skip(skip).collect())
+        })
+    }
+
+    async fn agents(&self, f: AgentFilter) -> StoreResult<Vec<AgentRow>> {
+        let binding = self.binding;
+        let limit = page(f.limit, MAX_PAGE) as usize;
+        self.read(|s| {
+            Ok(s.agents
+                .keys()
+                .filter(|id| f.after_id.as_ref().is_none_or(|a| *id > a))
+                .filter_map(|id| s.agent(id))
+                .filter(|a| f.tenant.as_ref().is_none_or(|t| a.serves(t, binding)))
+                .take(limit)
+                .collect())
+        })
+    }
+
+    async fn agent(&self, id: &str) -> StoreResult<Option<AgentRow>> {
+        self.read(|s| Ok(s.agent(id)))
+    }
+
+    async fn label_agent(
+        &self,
+        id: &str,
+        tenant: &str,
+        set: LabelOverrides,
+        reset: Vec<String>,
+        at_ns: i64,
+    ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+        let binding = self.binding;
+        self.write(|s| {
+            let a = s.agents.get_mut(id).ok_or_else(|| StoreError::NoSuchAgent {
+                id: id.to_string(),
+            })?;
+            let o = a.overrides.entry(tenant.to_string()).or_default();
+            o.extend(set);
+            for k in &reset {
+                o.remove(k);
+            }
+            if o.is_empty() {
+                a.overrides.remove(tenant);
+            }
+            let changed = s.replan_agent(id, binding, at_ns);
+            Ok((s.agent(id).ok_or_else(|| no_agent(id))?, changed))
+        })
+    }
+
+    async fn grant(
+        &self,
+        id: &str,
+        tenant: &str,
+        granted: bool,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let binding = self.binding;
+        self.write(|s| {
+            let g = s.grants.entry(id.to_string()).or_default();
+            if granted {
+                g.insert(tenant.to_string());
+            } else {
+                g.remove(tenant);
+            }
+            if g.is_empty() {
+                s.grants.remove(id);
+            }
+            Ok(s.replan_agent(id, binding, at_ns))
+        })
+    }
+
+    async fn forget_agent(&self, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+        self.write(|s| {
+            let existed = s.agents.contains_key(id);
+            s.deliveries
+                .retain(|(a, k), _| !(a == id && tenant.is_none_or(|t| k.tenant == t)));
+            match tenant {
+                Some(t) => {
+                    if let Some(a) = s.agents.get_mut(id) {
+                        a.overrides.remove(t);
+                    }
+                    if let Some(g) = s.grants.get_mut(id) {
+                        g.remove(t);
+                    }
+                }
+                None => {
+                    s.agents.remove(id);
+                    s.cert_tenants.remove(id);
+                    s.grants.remove(id);
+                    s.clock.retain(|(a, _), _| a != id);
+                }
+            }
+            Ok(existed)
+        })
+    }
+
+    async fn put_pack(&self, p: PackVersionRow) -> StoreResult<PutPack> {
+        self.write(|s| {
+            let key = p.key();
+            if let Some(rec) = s.packs.get(&key) {
+                if rec.latest > p.version {
+                    return Err(StoreError::VersionOlder {
+                        tenant: p.tenant.clone(),
+                        pack: p.pack.clone(),
+                        version: p.version,
+                        latest: rec.latest,
+                    });
+                }
+                if rec.latest == p.version {
+                    match s.versions.get(&(key.clone(), p.version)) {
+                        Some(v) if v.yaml == p.yaml => return Ok(PutPack::Unchanged),
+                        Some(_) => {
+                            return Err(StoreError::VersionTaken {
+                                tenant: p.tenant.clone(),
+                                pack: p.pack.clone(),
+                                version: p.version,
+                            });
+                        }
+                        // A withdrawn pack the store had lost: its
+                        // version can be stored again.
+                        None => {}
+                    }
+                }
+            }
+            s.packs.insert(
+                key.clone(),
+                PackRec {
+                    latest: p.version,
+                    targets: p.targets.clone(),
+                    pushed_ns: p.pushed_ns,
+                    cancelled_ns: None,
+                },
+            );
+            s.versions.insert((key, p.version), p);
+            Ok(PutPack::Stored)
+        })
+    }
+
+    async fn cancel_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>> {
+        let binding = self.binding;
+        self.write(|s| {
+            match s.packs.get_mut(key) {
+                Some(p) => {
+                    p.cancelled_ns.get_or_insert(at_ns);
+                }
+                None => {
+                    let held = s
+                        .deliveries
+                        .iter()
+                        .filter(|((_, k), _)| k == key)
+                        .filter_map(|(_, r)| r.held.map(|h| h.version))
+                        .max()
+                        .ok_or_else(|| StoreError::NoSuchPack {
+                            tenant: key.tenant.clone(),
+                            pack: key.pack.clone(),
+                        })?;
+                    s.packs.insert(
+                        key.clone(),
+                        PackRec {
+                            latest: held,
+                            targets: TargetsRow::Nobody,
+                            pushed_ns: at_ns,
+                            cancelled_ns: Some(at_ns),
+                        },
+                    );
+                }
+            }
+            Ok(replan_pack(s, key, binding, at_ns))
+        })
+    }
+
+    async fn reconcile_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>> {
+        let binding = self.binding;
+        self.write(|s| Ok(replan_pack(s, key, binding, at_ns)))
+    }
+
+    async fn packs(&self, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>> {
+        self.read(|s| {
+            Ok(s.packs
+                .iter()
+                .filter(|(k, _)| tenant.is_none_or(|t| k.tenant == t))
+                .map(|(k, p)| {
+                    let mut row = PackSummaryRow {
+                        tenant: k.tenant.clone(),
+                        pack: k.pack.clone(),
+                        latest: p.latest,
+                        targets: p.targets.clone(),
+                        pushed_ns: p.pushed_ns,
+                        cancelled_ns: p.cancelled_ns,
+                        acked: 0,
+                        nacked: 0,
+                        pending: 0,
+                        ahead: 0,
+                    };
+                    for ((_, rk), d) in &s.deliveries {
+                        if rk != k {
+                            continue;
+                        }
+                        if d.held.is_some_and(|h| h.version > p.latest) {
+                            row.ahead += 1;
+                        }
+                        if d.version != p.latest {
+                            continue;
+                        }
+                        match d.state {
+                            DeliveryState::Acked => row.acked += 1,
+                            DeliveryState::Nacked => row.nacked += 1,
+                            DeliveryState::Pending => row.pending += 1,
+                            DeliveryState::Cancelled | DeliveryState::Local => {}
+                        }
+                    }
+                    row
+                })
+                .collect())
+        })
+    }
+
+    async fn pack_version(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+    ) -> StoreResult<Option<PackVersionRow>> {
+        self.read(|s| {
+            let v = match version {
+                Some(v) => v,
+                None => match s.packs.get(key) {
+                    Some(p) => p.latest,
+                    None => return Ok(None),
+                },
+            };
+            Ok(s.versions.get(&(key.clone(), v)).cloned())
+        })
+    }
+
+    async fn agent_held(
+        &self,
+        id: &str,
+        held: Vec<HeldPackRow>,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let binding = self.binding;
+        self.write(|s| {
+            if !s.agents.contains_key(id) {
+                return Err(unknown(id));
+            }
+            Ok(apply_held(s, id, &held, binding, at_ns))
+        })
+    }
+
+    async fn answer(&self, a: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
+        let binding = self.binding;
+        self.write(|s| {
+            let k = (a.agent_id.clone(), a.key.clone());
+            let (Some(agent), Some(row)) = (s.agent(&a.agent_id), s.deliveries.get(&k)) else {
+                return Ok(None);
+            };
+            let pack = s.pack_targets(&a.key);
+            let next = planner::answered(
+                &agent,
+                pack.as_ref(),
+                row,
+                a.version,
+                &a.answer,
+                a.attempts,
+                binding,
+                a.at_ns,
+            );
+            match &next {
+                Some(n) => s.deliveries.insert(k, n.clone()),
+                None => s.deliveries.remove(&k),
+            };
+            Ok(next)
+        })
+    }
+
+    async fn deliveries_of_agent(&self, id: &str) -> StoreResult<Vec<DeliveryRow>> {
+        self.read(|s| Ok(s.rows_of(id)))
+    }
+
+    async fn deliveries_of_pack(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+        after_agent: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let limit = page(limit, MAX_PAGE) as usize;
+        self.read(|s| {
+            let mut rows: Vec<DeliveryRow> = s
+                .deliveries
+                .iter()
+                .filter(|((a, k), r)| {
+                    k == key
+                        && r.state != DeliveryState::Local
+                        && version.is_none_or(|v| r.version == v)
+                        && after_agent.is_none_or(|after| a.as_str() > after)
+                })
+                .map(|(_, r)| r.clone())
+                .collect();
+            rows.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+            rows.truncate(limit);
+            Ok(rows)
+        })
+    }
+
+    async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>> {
+        self.read(|s| {
+            let mut n: BTreeMap<DeliveryState, u64> = BTreeMap::new();
+            for r in s.deliveries.values() {
+                if r.state != DeliveryState::Local {
+                    *n.entry(r.state).or_default() += 1;
+                }
+            }
+            Ok(n.into_iter().collect())
+        })
+    }
+
+    async fn put_feedback(&self, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
+        self.write(|s| {
+            let mut out = FeedbackStored::default();
+            let Some(first) = rows.first() else {
+                return Ok(out);
+            };
+            let jkey = (first.agent_id.clone(), first.journal_id.clone());
+            for r in &rows {
+                if (r.agent_id.as_str(), r.journal_id.as_str())
+                    != (jkey.0.as_str(), jkey.1.as_str())
+                {
+                    return Err(StoreError::Backend(
+                        "one put_feedback call takes one journal's rows".into(),
+                    ));
+                }
+                i64::try_from(r.seq).map_err(|_| past_i64("feedback seq"))?;
+                i64::try_from(r.version).map_err(|_| past_i64("feedback pack version"))?;
+                i64::try_from(r.dropped_before).map_err(|_| past_i64("dropped_before"))?;
+            }
+            let mut acked = s.journals.get(&jkey).copied().unwrap_or(0);
+            for r in rows {
+                acked = acked.max(r.seq);
+                let k = (r.agent_id.clone(), r.journal_id.clone(), r.seq);
+                if !s.feedback_keys.insert(k) {
+                    out.duplicates += 1;
+                    continue;
+                }
+                s.next_feedback_id += 1;
+                let id = s.next_feedback_id;
+                s.feedback.insert(id, FeedbackRow { id, ..r });
+                out.inserted += 1;
+            }
+            s.journals.insert(jkey, acked);
+            out.acked_seq = acked;
+            Ok(out)
+        })
+    }
+
+    async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64> {
+        self.read(|s| {
+            Ok(s.journals
+                .get(&(agent_id.to_string(), journal_id.to_string()))
+                .copied()
+                .unwrap_or(0))
+        })
+    }
+
+    async fn feedback(&self, f: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>> {
+        let limit = page(f.limit, MAX_PAGE) as usize;
+        self.read(|s| {
+            Ok(s.feedback
+                .range(f.after_id.saturating_add(1)..)
+                .map(|(_, r)| r)
+                .filter(|r| {
+                    f.tenant.as_ref().is_none_or(|t| &r.tenant == t)
+                        && f.pack.as_ref().is_none_or(|p| &r.pack == p)
+                        && f.agent_id.as_ref().is_none_or(|a| &r.agent_id == a)
+                        && f.since_ns.is_none_or(|t| r.received_ns >= t)
+                })
+                .take(limit)
+                .cloned()
+                .collect())
+        })
+    }
+
+    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write(|s| {
+            let ids: Vec<u64> = s
+                .feedback
+                .iter()
+                .filter(|(_, r)| r.received_ns < before_ns)
+                .map(|(id, _)| *id)
+                .take(max as usize)
+                .collect();
+            for id in &ids {
+                if let Some(r) = s.feedback.remove(id) {
+                    s.feedback_keys.remove(&(r.agent_id, r.journal_id, r.seq));
+                }
+            }
+            Ok(ids.len() as u64)
+        })
+    }
+
+    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write(|s| {
+            let keys: Vec<(String, i64)> = s
+                .clock
+                .keys()
+                .filter(|(_, at)| *at < before_ns)
+                .take(max as usize)
+                .cloned()
+                .collect();
+            for k in &keys {
+                s.clock.remove(k);
+            }
+            Ok(keys.len() as u64)
+        })
+    }
+
+    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write(|s| {
+            let before = s.audit.len();
+            let mut left = max as usize;
+            s.audit.retain(|(_, r)| {
+                if left > 0 && r.at_ns < before_ns {
+                    left -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            Ok((before - s.audit.len()) as u64)
+        })
+    }
+
+    async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {
+        self.write(|s| {
+            let id = s.audit.last().map_or(1, |(id, _)| id + 1);
+            s.audit.push((id, row));
+            Ok(())
+        })
+    }
+
+    async fn audit(
+        &self,
+        tenant: Option<&str>,
+        since_ns: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<AuditRow>> {
+        let limit = page(limit, MAX_PAGE * 10) as usize;
+        self.read(|s| {
+            let rows: Vec<&(u64, AuditRow)> = s
+                .audit
+                .iter()
+                .filter(|(_, r)| r.at_ns >= since_ns && tenant.is_none_or(|t| r.tenant == t))
+                .collect();
+            let skip = rows.len().saturating_sub(limit);
+            let mut out: Vec<AuditRow> = rows.into_iter().skip(skip).map(|(_, r)| r.clone()).collect();
+            out.sort_by(|a, b| (a.at_ns, &a.who).cmp(&(b.at_ns, &b.who)));
+            Ok(out)
+        })
+    }
+}
+
+/// Records the agent's held set and re-plans what it names or held.
+fn apply_held(
+    s: &mut State,
+    id: &str,
+    held: &[HeldPackRow],
+    binding: Binding,
+    at_ns: i64,
+) -> Vec<DeliveryRow> {
+    let Some(agent) = s.agent(id) else {
+        return Vec::new();
+    };
+    let now: BTreeMap<PackKey, Held> = held
+        .iter()
+        .map(|h| {
+            (
+                PackKey::new(&h.tenant, &h.pack),
+                Held {
+                    version: h.version,
+                    stopped: h.stopped,
+                },
+            )
+        })
+        .collect();
+    let mut keys: BTreeSet<PackKey> = now.keys().cloned().collect();
+    keys.extend(
+        s.deliveries
+            .keys()
+            .filter(|(a, _)| a == id)
+            .map(|(_, k)| k.clone()),
+    );
+    let mut changed = Vec::new();
+    for key in keys {
+        let h = now.get(&key).copied();
+        s.replan(&agent, &key, h, binding, at_ns, &mut changed);
+    }
+    changed
+}
+
+/// Re-plans `key` for every agent: the reference does not need an index.
+fn replan_pack(s: &mut State, key: &PackKey, binding: Binding, at_ns: i64) -> Vec<DeliveryRow> {
+    let ids: Vec<String> = s.agents.keys().cloned().collect();
+    let mut changed = Vec::new();
+    for id in ids {
+        let Some(agent) = s.agent(&id) else { continue };
+        let held = s
+            .deliveries
+            .get(&(id.clone(), key.clone()))
+            .and_then(|r| r.held);
+        s.replan(&agent, key, held, binding, at_ns, &mut changed);
+    }
+    changed
+}
+
+fn unknown(id: &str) -> StoreError {
+    StoreError::Backend(format!("no agent {id}: it must say hello first"))
+}
+
+fn no_agent(id: &str) -> StoreError {
+    StoreError::NoSuchAgent { id: id.to_string() }
+}
+
+fn past_i64(what: &str) -> StoreError {
+    StoreError::Backend(format!("{what} is past i64::MAX: cannot be stored"))
+}

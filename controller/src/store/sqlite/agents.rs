@@ -1,0 +1,347 @@
+//! Agents: their records, own labels, operator labels, tenants and clock.
+
+use std::collections::BTreeSet;
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::codec::{
+    CLOCK_COLUMNS, Context, col, decode_clock, from_json, query_all, to_json, with_row,
+};
+use crate::store::{
+    AgentFilter, AgentRow, ClockRow, HelloRow, LabelOverrides, MAX_PAGE, StoreError, StoreResult,
+    page,
+};
+
+const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
+     clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
+     clock_frequency_ppm, clock_at_ns";
+
+fn decode_agent(row: &Row<'_>) -> StoreResult<AgentRow> {
+    let id: String = col(row, "id")?;
+    let r = (|| {
+        let labels: String = col(row, "labels")?;
+        let clock = match col::<Option<i64>>(row, "clock_at_ns")? {
+            None => None,
+            Some(at_ns) => Some(ClockRow {
+                source: col(row, "clock_source")?,
+                state: col(row, "clock_state")?,
+                offset_ns: col(row, "clock_offset_ns")?,
+                jitter_ns: col(row, "clock_jitter_ns")?,
+                uncertainty_ns: col(row, "clock_uncertainty_ns")?,
+                frequency_ppm: col(row, "clock_frequency_ppm")?,
+                at_ns,
+            }),
+        };
+        let mut a = AgentRow::new(id.clone(), col::<String>(row, "journal_id")?);
+        a.labels = from_json(&labels, "labels")?;
+        a.agent_version = col(row, "agent_version")?;
+        a.connected = col::<i64>(row, "connected")? != 0;
+        a.last_seen_ns = col(row, "last_seen_ns")?;
+        a.clock = clock;
+        Ok(a)
+    })();
+    with_row(format_args!("agent {id}"), r)
+}
+
+/// Operator labels and tenants of the agents with ids in `[first, last]`
+/// (one page), attached to `agents` (sorted by id).
+fn attach(conn: &Connection, agents: &mut [AgentRow]) -> StoreResult<()> {
+    let (Some(first), Some(last)) = (agents.first(), agents.last()) else {
+        return Ok(());
+    };
+    let (first, last) = (first.id.clone(), last.id.clone());
+    let labels = query_all(
+        conn,
+        "SELECT agent_id, tenant, key, value FROM agent_labels \
+         WHERE agent_id >= ?1 AND agent_id <= ?2 ORDER BY agent_id, tenant, key",
+        params![first, last],
+        |r| {
+            Ok((
+                col::<String>(r, "agent_id")?,
+                col::<String>(r, "tenant")?,
+                col::<String>(r, "key")?,
+                col::<Option<String>>(r, "value")?,
+            ))
+        },
+    )?;
+    for (agent, tenant, key, value) in labels {
+        if let Ok(i) = agents.binary_search_by(|a| a.id.as_str().cmp(&agent)) {
+            agents[i]
+                .overrides
+                .entry(tenant)
+                .or_default()
+                .insert(key, value);
+        }
+    }
+    let tenants = query_all(
+        conn,
+        "SELECT agent_id, tenant FROM agent_tenants \
+         WHERE agent_id >= ?1 AND agent_id <= ?2",
+        params![first, last],
+        |r| Ok((col::<String>(r, "agent_id")?, col::<String>(r, "tenant")?)),
+    )?;
+    for (agent, tenant) in tenants {
+        if let Ok(i) = agents.binary_search_by(|a| a.id.as_str().cmp(&agent)) {
+            agents[i].tenants.insert(tenant);
+        }
+    }
+    Ok(())
+}
+
+/// One agent with its operator labels and tenants.
+pub(super) fn load_agent(conn: &Connection, id: &str) -> StoreResult<Option<AgentRow>> {
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
+    let mut rows = query_all(conn, &sql, [id], decode_agent)?;
+    attach(conn, &mut rows)?;
+    Ok(rows.pop())
+}
+
+/// One page of agents.
+pub(super) fn agents_page(conn: &Connection, f: &AgentFilter) -> StoreResult<Vec<AgentRow>> {
+    let limit = i64::from(page(f.limit, MAX_PAGE));
+    let sql = format!(
+        "SELECT {AGENT_COLUMNS} FROM agents \
+         WHERE (?1 IS NULL OR id > ?1) \
+         AND (?2 IS NULL OR id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?2)) \
+         ORDER BY id LIMIT ?3"
+    );
+    let mut rows = query_all(
+        conn,
+        &sql,
+        params![f.after_id, f.tenant, limit],
+        decode_agent,
+    )?;
+    attach(conn, &mut rows)?;
+    Ok(rows)
+}
+
+pub(super) fn agent_exists(conn: &Connection, id: &str) -> StoreResult<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM agents WHERE id = ?1")
+        .and_then(|mut s| s.query_row([id], |_| Ok(())).optional())
+        .ctx("look up an agent")?
+        .is_some())
+}
+
+pub(super) fn unknown_agent(id: &str) -> StoreError {
+    StoreError::Backend(format!("no agent {id}: it must say hello first"))
+}
+
+/// The agent record, its own labels (one row each, for targeting) and its
+/// certificate's tenants.
+pub(super) fn write_hello(conn: &Connection, h: &HelloRow) -> StoreResult<()> {
+    let labels = to_json(&h.labels, "labels")?;
+    conn.prepare_cached(
+        "INSERT INTO agents (id, labels, agent_version, journal_id, connected, last_seen_ns) \
+         VALUES (?1, ?2, ?3, ?4, 1, ?5) \
+         ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
+         agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
+         connected = excluded.connected, last_seen_ns = excluded.last_seen_ns",
+    )
+    .and_then(|mut s| s.execute(params![h.id, labels, h.agent_version, h.journal_id, h.at_ns]))
+    .ctx("store an agent")?;
+    conn.prepare_cached("DELETE FROM agent_own_labels WHERE agent_id = ?1")
+        .and_then(|mut s| s.execute([&h.id]))
+        .ctx("replace an agent's labels")?;
+    for (k, v) in &h.labels {
+        conn.prepare_cached("INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)")
+            .and_then(|mut s| s.execute(params![h.id, k, v]))
+            .ctx("store an agent's label")?;
+    }
+    if let Some(tenants) = &h.cert_tenants {
+        conn.prepare_cached(
+            "DELETE FROM agent_tenants WHERE agent_id = ?1 AND source = 'certificate'",
+        )
+        .and_then(|mut s| s.execute([&h.id]))
+        .ctx("replace an agent's certificate tenants")?;
+        for t in tenants.iter().collect::<BTreeSet<_>>() {
+            conn.prepare_cached(
+                "INSERT INTO agent_tenants (agent_id, tenant, source, at_ns) \
+                 VALUES (?1, ?2, 'certificate', ?3)",
+            )
+            .and_then(|mut s| s.execute(params![h.id, t, h.at_ns]))
+            .ctx("store an agent's tenant")?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs an `UPDATE agents ... WHERE id = ?1`; an unknown agent is an error
+/// (the server only updates agents that said hello).
+pub(super) fn update_agent(
+    conn: &Connection,
+    id: &str,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> StoreResult<()> {
+    let n = conn
+        .prepare_cached(sql)
+        .and_then(|mut s| s.execute(params))
+        .ctx("update an agent")?;
+    if n == 0 {
+        return Err(unknown_agent(id));
+    }
+    Ok(())
+}
+
+pub(super) fn write_labels(
+    conn: &Connection,
+    id: &str,
+    tenant: &str,
+    set: &LabelOverrides,
+    reset: &[String],
+) -> StoreResult<()> {
+    if !agent_exists(conn, id)? {
+        return Err(StoreError::NoSuchAgent { id: id.to_string() });
+    }
+    for (k, v) in set {
+        conn.prepare_cached(
+            "INSERT INTO agent_labels (agent_id, tenant, key, value) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (agent_id, tenant, key) DO UPDATE SET value = excluded.value",
+        )
+        .and_then(|mut st| st.execute(params![id, tenant, k, v]))
+        .ctx("store an agent label")?;
+    }
+    for k in reset {
+        conn.prepare_cached(
+            "DELETE FROM agent_labels WHERE agent_id = ?1 AND tenant = ?2 AND key = ?3",
+        )
+        .and_then(|mut st| st.execute(params![id, tenant, k]))
+        .ctx("reset an agent label")?;
+    }
+    Ok(())
+}
+
+pub(super) fn write_grant(
+    conn: &Connection,
+    id: &str,
+    tenant: &str,
+    granted: bool,
+    at_ns: i64,
+) -> StoreResult<()> {
+    let done = if granted {
+        conn.prepare_cached(
+            "INSERT INTO agent_tenants (agent_id, tenant, source, at_ns) \
+             VALUES (?1, ?2, 'grant', ?3) ON CONFLICT (agent_id, tenant, source) DO NOTHING",
+        )
+        .and_then(|mut st| st.execute(params![id, tenant, at_ns]))
+    } else {
+        conn.prepare_cached(
+            "DELETE FROM agent_tenants WHERE agent_id = ?1 AND tenant = ?2 AND source = 'grant'",
+        )
+        .and_then(|mut st| st.execute(params![id, tenant]))
+    };
+    done.ctx("store a grant")?;
+    Ok(())
+}
+
+pub(super) fn write_forget(conn: &Connection, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+    let existed = agent_exists(conn, id)?;
+    let run = |sql: &str, what: &str| -> StoreResult<()> {
+        conn.prepare_cached(sql)
+            .and_then(|mut st| st.execute(params![id, tenant]))
+            .ctx(what)?;
+        Ok(())
+    };
+    run(
+        "DELETE FROM agent_labels WHERE agent_id = ?1 AND (?2 IS NULL OR tenant = ?2)",
+        "forget an agent's labels",
+    )?;
+    run(
+        "DELETE FROM deliveries WHERE agent_id = ?1 AND (?2 IS NULL OR tenant = ?2)",
+        "forget an agent's deliveries",
+    )?;
+    match tenant {
+        Some(_) => run(
+            "DELETE FROM agent_tenants WHERE agent_id = ?1 AND tenant = ?2 AND source = 'grant'",
+            "forget an agent's grant",
+        )?,
+        None => {
+            for (sql, what) in [
+                (
+                    "DELETE FROM agent_tenants WHERE agent_id = ?1 AND ?2 IS NULL",
+                    "forget an agent's tenants",
+                ),
+                (
+                    "DELETE FROM agent_own_labels WHERE agent_id = ?1 AND ?2 IS NULL",
+                    "forget an agent's own labels",
+                ),
+                (
+                    "DELETE FROM clock_reports WHERE agent_id = ?1 AND ?2 IS NULL",
+                    "forget an agent's clock history",
+                ),
+                ("DELETE FROM agents WHERE id = ?1 AND ?2 IS NULL", "forget an agent"),
+            ] {
+                run(sql, what)?;
+            }
+        }
+    }
+    Ok(existed)
+}
+
+/// The latest-clock columns and the history row; a report older than the
+/// stored latest goes to history only.
+pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreResult<()> {
+    if !agent_exists(conn, id)? {
+        return Err(unknown_agent(id));
+    }
+    conn.prepare_cached(
+        "INSERT INTO clock_reports \
+         (agent_id, at_ns, source, state, offset_ns, jitter_ns, uncertainty_ns, frequency_ppm) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT (agent_id, at_ns) DO NOTHING",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            id,
+            c.at_ns,
+            c.source,
+            c.state,
+            c.offset_ns,
+            c.jitter_ns,
+            c.uncertainty_ns,
+            c.frequency_ppm
+        ])
+    })
+    .ctx("store a clock report")?;
+    conn.prepare_cached(
+        "UPDATE agents SET clock_source = ?2, clock_state = ?3, clock_offset_ns = ?4, \
+         clock_jitter_ns = ?5, clock_uncertainty_ns = ?6, clock_frequency_ppm = ?7, \
+         clock_at_ns = ?8 \
+         WHERE id = ?1 AND (clock_at_ns IS NULL OR clock_at_ns <= ?8)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            id,
+            c.source,
+            c.state,
+            c.offset_ns,
+            c.jitter_ns,
+            c.uncertainty_ns,
+            c.frequency_ppm,
+            c.at_ns
+        ])
+    })
+    .ctx("store an agent's latest clock")?;
+    Ok(())
+}
+
+/// The newest `limit` reports at or after `since_ns`, oldest first.
+pub(super) fn clock_history(
+    conn: &Connection,
+    id: &str,
+    since_ns: i64,
+    limit: u32,
+) -> StoreResult<Vec<ClockRow>> {
+    let sql = format!(
+        "SELECT {CLOCK_COLUMNS} FROM (SELECT {CLOCK_COLUMNS} FROM clock_reports \
+         WHERE agent_id = ?1 AND at_ns >= ?2 ORDER BY at_ns DESC LIMIT ?3) AS newest \
+         ORDER BY at_ns"
+    );
+    query_all(
+        conn,
+        &sql,
+        params![id, since_ns, i64::from(page(limit, MAX_PAGE * 10))],
+        |row| with_row(format_args!("clock report of {id}"), decode_clock(row)),
+    )
+}

@@ -1,0 +1,177 @@
+//! Packs and their versions.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::codec::{
+    Context, col, decode_pack_version, query_all, targets_from_json, targets_json, to_db,
+    u32_from_db, u64_from_db, with_row,
+};
+use crate::store::{PackKey, PackSummaryRow, PackVersionRow, PutPack, StoreError, StoreResult};
+
+/// Stores a version: one conditional upsert of the pack row decides
+/// whether it is the newest (and locks the pack row in engines that lock
+/// rows); only then is its text compared with what is stored.
+pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<PutPack> {
+    let version = to_db(p.version, "pack version")?;
+    let targets = targets_json(&p.targets)?;
+    let newest: Option<i64> = conn
+        .prepare_cached(
+            "INSERT INTO packs (tenant, pack, latest_version, cancelled_ns, targets, pushed_ns) \
+             VALUES (?1, ?2, ?3, NULL, ?4, ?5) \
+             ON CONFLICT (tenant, pack) DO UPDATE SET latest_version = excluded.latest_version, \
+             cancelled_ns = NULL, targets = excluded.targets, pushed_ns = excluded.pushed_ns \
+             WHERE packs.latest_version < excluded.latest_version \
+             RETURNING latest_version",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![p.tenant, p.pack, version, targets, p.pushed_ns], |r| {
+                r.get(0)
+            })
+            .optional()
+        })
+        .ctx("store a pack")?;
+    let insert_version = || -> StoreResult<()> {
+        conn.prepare_cached(
+            "INSERT INTO pack_versions (tenant, pack, version, yaml, targets, pushed_ns) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .and_then(|mut s| s.execute(params![p.tenant, p.pack, version, p.yaml, targets, p.pushed_ns]))
+        .ctx("store a pack version")?;
+        Ok(())
+    };
+    if newest.is_some() {
+        insert_version()?;
+        return Ok(PutPack::Stored);
+    }
+    let latest: i64 = conn
+        .prepare_cached("SELECT latest_version FROM packs WHERE tenant = ?1 AND pack = ?2")
+        .and_then(|mut s| s.query_row(params![p.tenant, p.pack], |r| r.get(0)))
+        .ctx("look up a pack")?;
+    if latest > version {
+        return Err(StoreError::VersionOlder {
+            tenant: p.tenant.clone(),
+            pack: p.pack.clone(),
+            version: p.version,
+            latest: u64_from_db(latest, "latest version")?,
+        });
+    }
+    let yaml: Option<String> = conn
+        .prepare_cached(
+            "SELECT yaml FROM pack_versions WHERE tenant = ?1 AND pack = ?2 AND version = ?3",
+        )
+        .and_then(|mut s| s.query_row(params![p.tenant, p.pack, version], |r| r.get(0)).optional())
+        .ctx("look up a pack version")?;
+    match yaml {
+        Some(y) if y == p.yaml => Ok(PutPack::Unchanged),
+        Some(_) => Err(StoreError::VersionTaken {
+            tenant: p.tenant.clone(),
+            pack: p.pack.clone(),
+            version: p.version,
+        }),
+        // A withdrawn pack the store had lost: its version can be stored.
+        None => {
+            conn.prepare_cached(
+                "UPDATE packs SET cancelled_ns = NULL, targets = ?3, pushed_ns = ?4 \
+                 WHERE tenant = ?1 AND pack = ?2",
+            )
+            .and_then(|mut s| s.execute(params![p.tenant, p.pack, targets, p.pushed_ns]))
+            .ctx("store a pack")?;
+            insert_version()?;
+            Ok(PutPack::Stored)
+        }
+    }
+}
+
+/// Marks a pack cancelled (the first instant stays). A pack the store
+/// does not know but agents hold gets a row with no version, withdrawn
+/// at the newest version held. `false`: neither known nor held.
+pub(super) fn write_cancel(conn: &Connection, key: &PackKey, at_ns: i64) -> StoreResult<bool> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE packs SET cancelled_ns = COALESCE(cancelled_ns, ?3) \
+             WHERE tenant = ?1 AND pack = ?2",
+        )
+        .and_then(|mut s| s.execute(params![key.tenant, key.pack, at_ns]))
+        .ctx("cancel a pack")?;
+    if n > 0 {
+        return Ok(true);
+    }
+    let held: Option<i64> = conn
+        .prepare_cached(
+            "SELECT MAX(held_version) FROM deliveries WHERE tenant = ?1 AND pack = ?2",
+        )
+        .and_then(|mut s| s.query_row(params![key.tenant, key.pack], |r| r.get(0)))
+        .ctx("look up who holds a pack")?;
+    let Some(held) = held else {
+        return Ok(false);
+    };
+    conn.prepare_cached(
+        "INSERT INTO packs (tenant, pack, latest_version, cancelled_ns, targets, pushed_ns) \
+         VALUES (?1, ?2, ?3, ?4, '{\"kind\":\"nobody\"}', ?4)",
+    )
+    .and_then(|mut s| s.execute(params![key.tenant, key.pack, held, at_ns]))
+    .ctx("withdraw a pack the store did not know")?;
+    Ok(true)
+}
+
+/// Every pack (of one tenant, or all) with its delivery counts: one query.
+pub(super) fn packs(conn: &Connection, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>> {
+    query_all(
+        conn,
+        "SELECT p.tenant, p.pack, p.latest_version, p.targets, p.pushed_ns, p.cancelled_ns, \
+         COALESCE(SUM(CASE WHEN d.version = p.latest_version AND d.state = 'acked' THEN 1 ELSE 0 END), 0) AS acked, \
+         COALESCE(SUM(CASE WHEN d.version = p.latest_version AND d.state = 'nacked' THEN 1 ELSE 0 END), 0) AS nacked, \
+         COALESCE(SUM(CASE WHEN d.version = p.latest_version AND d.state = 'pending' THEN 1 ELSE 0 END), 0) AS pending, \
+         COALESCE(SUM(CASE WHEN d.held_version > p.latest_version THEN 1 ELSE 0 END), 0) AS ahead \
+         FROM packs p LEFT JOIN deliveries d ON d.tenant = p.tenant AND d.pack = p.pack \
+         WHERE ?1 IS NULL OR p.tenant = ?1 \
+         GROUP BY p.tenant, p.pack, p.latest_version, p.targets, p.pushed_ns, p.cancelled_ns \
+         ORDER BY p.tenant, p.pack",
+        [tenant],
+        |row| {
+            let tenant: String = col(row, "tenant")?;
+            let pack: String = col(row, "pack")?;
+            let r = (|| {
+                Ok(PackSummaryRow {
+                    tenant: tenant.clone(),
+                    pack: pack.clone(),
+                    latest: u64_from_db(col(row, "latest_version")?, "latest version")?,
+                    targets: targets_from_json(&col::<String>(row, "targets")?)?,
+                    pushed_ns: col(row, "pushed_ns")?,
+                    cancelled_ns: col(row, "cancelled_ns")?,
+                    acked: u32_from_db(col(row, "acked")?, "count")?,
+                    nacked: u32_from_db(col(row, "nacked")?, "count")?,
+                    pending: u32_from_db(col(row, "pending")?, "count")?,
+                    ahead: u32_from_db(col(row, "ahead")?, "count")?,
+                })
+            })();
+            with_row(format_args!("pack {tenant}/{pack}"), r)
+        },
+    )
+}
+
+pub(super) fn pack_version(
+    conn: &Connection,
+    key: &PackKey,
+    version: Option<i64>,
+) -> StoreResult<Option<PackVersionRow>> {
+    let rows = match version {
+        Some(v) => query_all(
+            conn,
+            "SELECT tenant, pack, version, yaml, targets, pushed_ns FROM pack_versions \
+             WHERE tenant = ?1 AND pack = ?2 AND version = ?3",
+            params![key.tenant, key.pack, v],
+            decode_pack_version,
+        ),
+        None => query_all(
+            conn,
+            "SELECT v.tenant, v.pack, v.version, v.yaml, v.targets, v.pushed_ns \
+             FROM packs p JOIN pack_versions v \
+             ON v.tenant = p.tenant AND v.pack = p.pack AND v.version = p.latest_version \
+             WHERE p.tenant = ?1 AND p.pack = ?2",
+            params![key.tenant, key.pack],
+            decode_pack_version,
+        ),
+    };
+    Ok(rows?.pop())
+}

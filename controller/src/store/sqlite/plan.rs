@@ -1,0 +1,321 @@
+//! Decisions, run on the writer inside its transaction: find the (agent,
+//! pack) pairs a change can affect, run [`planner::plan`] on each, write
+//! the rows that changed. The candidate queries may return more agents
+//! than a pack targets (only the first label is looked up in the index);
+//! the planner decides exactly.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::agents::load_agent;
+use super::codec::{
+    Context, DELIVERY_COLUMNS, col, decode_delivery, errors_json, query_all, targets_from_json,
+    to_db, u64_from_db, with_row,
+};
+use crate::planner;
+use crate::store::{
+    AgentRow, AnswerRow, Binding, DeliveryRow, Held, HeldPackRow, PackKey, PackTargets,
+    StoreResult, TargetsRow,
+};
+
+const PACK_TARGET_COLUMNS: &str = "tenant, pack, latest_version, targets, cancelled_ns";
+
+fn decode_targets(row: &rusqlite::Row<'_>) -> StoreResult<PackTargets> {
+    let tenant: String = col(row, "tenant")?;
+    let pack: String = col(row, "pack")?;
+    let r = (|| {
+        Ok(PackTargets {
+            tenant: tenant.clone(),
+            pack: pack.clone(),
+            latest: u64_from_db(col(row, "latest_version")?, "latest version")?,
+            targets: targets_from_json(&col::<String>(row, "targets")?)?,
+            cancelled_ns: col(row, "cancelled_ns")?,
+        })
+    })();
+    with_row(format_args!("pack {tenant}/{pack}"), r)
+}
+
+pub(super) fn load_pack_targets(conn: &Connection, key: &PackKey) -> StoreResult<Option<PackTargets>> {
+    let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND pack = ?2");
+    Ok(query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop())
+}
+
+/// Every pack an agent may serve: all, or those of its tenants.
+fn packs_for(conn: &Connection, agent: &AgentRow, binding: Binding) -> StoreResult<Vec<PackTargets>> {
+    let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs");
+    let all = query_all(conn, &sql, [], decode_targets)?;
+    Ok(all
+        .into_iter()
+        .filter(|p| agent.serves(&p.tenant, binding))
+        .collect())
+}
+
+pub(super) fn rows_of_agent(conn: &Connection, id: &str) -> StoreResult<Vec<DeliveryRow>> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 ORDER BY tenant, pack"
+    );
+    query_all(conn, &sql, [id], decode_delivery)
+}
+
+fn load_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3"
+    );
+    Ok(query_all(conn, &sql, params![id, key.tenant, key.pack], decode_delivery)?.pop())
+}
+
+pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
+    let refused_errors = match &d.refusal {
+        Some(r) => Some(errors_json(&r.errors)?),
+        None => None,
+    };
+    let held_version = d.held.map(|h| to_db(h.version, "held version")).transpose()?;
+    let refused_version = d
+        .refusal
+        .as_ref()
+        .map(|r| to_db(r.version, "refused version"))
+        .transpose()?;
+    let version = to_db(d.version, "version")?;
+    conn.prepare_cached(
+        "INSERT INTO deliveries (agent_id, tenant, pack, version, intent, held_version, \
+         held_stopped, refused_version, refused_last, refused_message, refused_errors, state, \
+         reason, attempts, updated_ns) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+         ON CONFLICT (agent_id, tenant, pack) DO UPDATE SET version = excluded.version, \
+         intent = excluded.intent, held_version = excluded.held_version, \
+         held_stopped = excluded.held_stopped, refused_version = excluded.refused_version, \
+         refused_last = excluded.refused_last, refused_message = excluded.refused_message, \
+         refused_errors = excluded.refused_errors, state = excluded.state, \
+         reason = excluded.reason, attempts = excluded.attempts, updated_ns = excluded.updated_ns",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            d.agent_id,
+            d.tenant,
+            d.pack,
+            version,
+            d.intent.as_str(),
+            held_version,
+            d.held.map(|h| i64::from(h.stopped)),
+            refused_version,
+            d.refusal.as_ref().map(|r| i64::from(r.last)),
+            d.refusal.as_ref().map(|r| r.message.as_str()),
+            refused_errors,
+            d.state.as_str(),
+            d.reason,
+            i64::from(d.attempts),
+            d.updated_ns
+        ])
+    })
+    .ctx("store a delivery")?;
+    Ok(())
+}
+
+fn delete_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<()> {
+    conn.prepare_cached("DELETE FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3")
+        .and_then(|mut s| s.execute(params![id, key.tenant, key.pack]))
+        .ctx("delete a delivery")?;
+    Ok(())
+}
+
+/// Plans (agent, key) from `row` and `held`; writes and collects the row
+/// when it changed.
+#[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
+fn replan(
+    conn: &Connection,
+    agent: &AgentRow,
+    key: &PackKey,
+    pack: Option<&PackTargets>,
+    row: Option<&DeliveryRow>,
+    held: Option<Held>,
+    binding: Binding,
+    at_ns: i64,
+    changed: &mut Vec<DeliveryRow>,
+) -> StoreResult<()> {
+    match planner::plan(agent, key, pack, row, held, binding, at_ns) {
+        Some(next) => {
+            if row != Some(&next) {
+                store_row(conn, &next)?;
+                changed.push(next);
+            }
+        }
+        None => {
+            if row.is_some() {
+                delete_row(conn, &agent.id, key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Re-plans every pack that may concern agent `id` (its tenants' packs and
+/// its rows), with `held` as its held set when given. Returns the rows
+/// that changed.
+pub(super) fn replan_agent(
+    conn: &Connection,
+    id: &str,
+    held: Option<&[HeldPackRow]>,
+    binding: Binding,
+    at_ns: i64,
+) -> StoreResult<Vec<DeliveryRow>> {
+    let Some(agent) = load_agent(conn, id)? else {
+        return Ok(Vec::new());
+    };
+    let packs: BTreeMap<PackKey, PackTargets> = packs_for(conn, &agent, binding)?
+        .into_iter()
+        .map(|p| (PackKey::new(&p.tenant, &p.pack), p))
+        .collect();
+    let rows: BTreeMap<PackKey, DeliveryRow> = rows_of_agent(conn, id)?
+        .into_iter()
+        .map(|r| (r.key(), r))
+        .collect();
+    let held: Option<BTreeMap<PackKey, Held>> = held.map(|h| {
+        h.iter()
+            .map(|h| {
+                (
+                    PackKey::new(&h.tenant, &h.pack),
+                    Held {
+                        version: h.version,
+                        stopped: h.stopped,
+                    },
+                )
+            })
+            .collect()
+    });
+    let mut keys: BTreeSet<&PackKey> = packs.keys().chain(rows.keys()).collect();
+    if let Some(h) = &held {
+        keys.extend(h.keys());
+    }
+    let mut changed = Vec::new();
+    for key in keys {
+        let row = rows.get(key);
+        let h = match &held {
+            Some(h) => h.get(key).copied(),
+            None => row.and_then(|r| r.held),
+        };
+        let pack = match packs.get(key) {
+            Some(p) => Some(p.clone()),
+            // Another tenant's pack (held, or withdrawn): its targets
+            // still say it is not this agent's.
+            None => load_pack_targets(conn, key)?,
+        };
+        replan(
+            conn,
+            &agent,
+            key,
+            pack.as_ref(),
+            row,
+            h,
+            binding,
+            at_ns,
+            &mut changed,
+        )?;
+    }
+    Ok(changed)
+}
+
+/// Agents a pack's targets may match (a superset; only agents the store
+/// knows).
+fn candidates(conn: &Connection, key: &PackKey, targets: &TargetsRow) -> StoreResult<Vec<String>> {
+    let ids = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> StoreResult<Vec<String>> {
+        query_all(conn, sql, p, |r| col::<String>(r, "agent_id"))
+    };
+    match targets {
+        TargetsRow::Nobody => Ok(Vec::new()),
+        TargetsRow::Agents(want) => {
+            let mut out = Vec::new();
+            for id in want {
+                let found = conn
+                    .prepare_cached("SELECT id FROM agents WHERE id = ?1")
+                    .and_then(|mut s| s.query_row([id], |r| r.get::<_, String>(0)).optional())
+                    .ctx("look up an agent")?;
+                out.extend(found);
+            }
+            Ok(out)
+        }
+        TargetsRow::Labels(labels) => match labels.iter().next() {
+            None => ids("SELECT id AS agent_id FROM agents", &[]),
+            Some((k, v)) => ids(
+                "SELECT agent_id FROM agent_own_labels WHERE key = ?1 AND value = ?2 \
+                 UNION SELECT agent_id FROM agent_labels \
+                 WHERE tenant = ?3 AND key = ?1 AND value = ?2",
+                &[k, v, &key.tenant],
+            ),
+        },
+    }
+}
+
+/// Re-plans pack `key` for every agent it may concern: its targets'
+/// candidates and the agents with a row for it.
+pub(super) fn replan_pack(
+    conn: &Connection,
+    key: &PackKey,
+    binding: Binding,
+    at_ns: i64,
+) -> StoreResult<Vec<DeliveryRow>> {
+    let pack = load_pack_targets(conn, key)?;
+    let sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE tenant = ?1 AND pack = ?2");
+    let rows: BTreeMap<String, DeliveryRow> =
+        query_all(conn, &sql, params![key.tenant, key.pack], decode_delivery)?
+            .into_iter()
+            .map(|r| (r.agent_id.clone(), r))
+            .collect();
+    let mut ids: BTreeSet<String> = rows.keys().cloned().collect();
+    if let Some(p) = &pack
+        && p.cancelled_ns.is_none()
+    {
+        ids.extend(candidates(conn, key, &p.targets)?);
+    }
+    let mut changed = Vec::new();
+    for id in ids {
+        let Some(agent) = load_agent(conn, &id)? else {
+            continue;
+        };
+        let row = rows.get(&id);
+        let held = row.and_then(|r| r.held);
+        replan(
+            conn,
+            &agent,
+            key,
+            pack.as_ref(),
+            row,
+            held,
+            binding,
+            at_ns,
+            &mut changed,
+        )?;
+    }
+    Ok(changed)
+}
+
+/// Re-plans one (agent, pack) after the agent's answer.
+pub(super) fn replan_answer(
+    conn: &Connection,
+    a: &AnswerRow,
+    binding: Binding,
+) -> StoreResult<Option<DeliveryRow>> {
+    let (Some(agent), Some(row)) = (
+        load_agent(conn, &a.agent_id)?,
+        load_row(conn, &a.agent_id, &a.key)?,
+    ) else {
+        return Ok(None);
+    };
+    let pack = load_pack_targets(conn, &a.key)?;
+    let next = planner::answered(
+        &agent,
+        pack.as_ref(),
+        &row,
+        a.version,
+        &a.answer,
+        a.attempts,
+        binding,
+        a.at_ns,
+    );
+    match &next {
+        Some(n) if *n != row => store_row(conn, n)?,
+        Some(_) => {}
+        None => delete_row(conn, &a.agent_id, &a.key)?,
+    }
+    Ok(next)
+}

@@ -1,0 +1,309 @@
+//! [`Store`] for [`SqliteStore`]: each method one read on the pool or one
+//! command on the writer.
+
+use async_trait::async_trait;
+use rusqlite::params;
+
+use super::agents::{self, agent_exists, unknown_agent, update_agent};
+use super::codec::{Context, DELIVERY_COLUMNS, col, decode_delivery, query_all, u64_from_db};
+use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
+use super::{SqliteStore, audit, packs, plan};
+use crate::store::{
+    AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState,
+    FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides,
+    MAX_PAGE, PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult,
+    page,
+};
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+        let binding = self.binding;
+        self.write(move |conn| {
+            agents::write_hello(conn, &hello)?;
+            plan::replan_agent(conn, &hello.id, Some(&hello.held), binding, hello.at_ns)?;
+            let agent = agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
+            Ok((agent, plan::rows_of_agent(conn, &hello.id)?))
+        })
+        .await
+    }
+
+    /// Unknown agent: [`StoreError::Backend`].
+    async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()> {
+        let id = id.to_owned();
+        self.write(move |conn| {
+            update_agent(
+                conn,
+                &id,
+                "UPDATE agents SET connected = ?2, last_seen_ns = ?3 WHERE id = ?1",
+                params![id, i64::from(connected), at_ns],
+            )
+        })
+        .await
+    }
+
+    /// `last_seen_ns` is left as it was: it stays the last message
+    /// actually received.
+    async fn all_disconnected(&self) -> StoreResult<()> {
+        self.write(|conn| {
+            conn.prepare_cached("UPDATE agents SET connected = 0 WHERE connected <> 0")
+                .and_then(|mut s| s.execute([]))
+                .ctx("mark agents disconnected")?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Idempotent on (agent, `at_ns`); a report older than the stored
+    /// latest only joins the history. Unknown agent: [`StoreError::Backend`].
+    async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
+        let id = id.to_owned();
+        self.write(move |conn| agents::write_clock(conn, &id, &clock))
+            .await
+    }
+
+    async fn clock_history(
+        &self,
+        id: &str,
+        since_ns: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<ClockRow>> {
+        let id = id.to_owned();
+        self.read(move |conn| agents::clock_history(conn, &id, since_ns, limit))
+            .await
+    }
+
+    async fn agents(&self, filter: AgentFilter) -> StoreResult<Vec<AgentRow>> {
+        let mut filter = filter;
+        if self.binding == crate::store::Binding::Open {
+            // Every agent serves every tenant.
+            filter.tenant = None;
+        }
+        self.read(move |conn| agents::agents_page(conn, &filter))
+            .await
+    }
+
+    async fn agent(&self, id: &str) -> StoreResult<Option<AgentRow>> {
+        let id = id.to_owned();
+        self.read(move |conn| agents::load_agent(conn, &id)).await
+    }
+
+    async fn label_agent(
+        &self,
+        id: &str,
+        tenant: &str,
+        set: LabelOverrides,
+        reset: Vec<String>,
+        at_ns: i64,
+    ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        let binding = self.binding;
+        self.write(move |conn| {
+            agents::write_labels(conn, &id, &tenant, &set, &reset)?;
+            let changed = plan::replan_agent(conn, &id, None, binding, at_ns)?;
+            let agent = agents::load_agent(conn, &id)?
+                .ok_or_else(|| StoreError::NoSuchAgent { id: id.clone() })?;
+            Ok((agent, changed))
+        })
+        .await
+    }
+
+    async fn grant(
+        &self,
+        id: &str,
+        tenant: &str,
+        granted: bool,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        let binding = self.binding;
+        self.write(move |conn| {
+            agents::write_grant(conn, &id, &tenant, granted, at_ns)?;
+            plan::replan_agent(conn, &id, None, binding, at_ns)
+        })
+        .await
+    }
+
+    async fn forget_agent(&self, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+        let (id, tenant) = (id.to_owned(), tenant.map(str::to_owned));
+        self.write(move |conn| agents::write_forget(conn, &id, tenant.as_deref()))
+            .await
+    }
+
+    async fn put_pack(&self, pack: PackVersionRow) -> StoreResult<PutPack> {
+        self.write(move |conn| packs::write_pack(conn, &pack)).await
+    }
+
+    async fn cancel_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>> {
+        let key = key.clone();
+        let binding = self.binding;
+        self.write(move |conn| {
+            if !packs::write_cancel(conn, &key, at_ns)? {
+                return Err(StoreError::NoSuchPack {
+                    tenant: key.tenant.clone(),
+                    pack: key.pack.clone(),
+                });
+            }
+            plan::replan_pack(conn, &key, binding, at_ns)
+        })
+        .await
+    }
+
+    async fn reconcile_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>> {
+        let key = key.clone();
+        let binding = self.binding;
+        self.write(move |conn| plan::replan_pack(conn, &key, binding, at_ns))
+            .await
+    }
+
+    async fn packs(&self, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>> {
+        let tenant = tenant.map(str::to_owned);
+        self.read(move |conn| packs::packs(conn, tenant.as_deref()))
+            .await
+    }
+
+    async fn pack_version(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+    ) -> StoreResult<Option<PackVersionRow>> {
+        let key = key.clone();
+        // A version past i64::MAX cannot have been stored.
+        let version = match version.map(i64::try_from).transpose() {
+            Ok(v) => v,
+            Err(_) => return Ok(None),
+        };
+        self.read(move |conn| packs::pack_version(conn, &key, version))
+            .await
+    }
+
+    async fn agent_held(
+        &self,
+        id: &str,
+        held: Vec<HeldPackRow>,
+        at_ns: i64,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let id = id.to_owned();
+        let binding = self.binding;
+        self.write(move |conn| {
+            if !agent_exists(conn, &id)? {
+                return Err(unknown_agent(&id));
+            }
+            plan::replan_agent(conn, &id, Some(&held), binding, at_ns)
+        })
+        .await
+    }
+
+    async fn answer(&self, a: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
+        let binding = self.binding;
+        self.write(move |conn| plan::replan_answer(conn, &a, binding))
+            .await
+    }
+
+    async fn deliveries_of_agent(&self, id: &str) -> StoreResult<Vec<DeliveryRow>> {
+        let id = id.to_owned();
+        self.read(move |conn| plan::rows_of_agent(conn, &id)).await
+    }
+
+    async fn deliveries_of_pack(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+        after_agent: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let key = key.clone();
+        let Ok(version) = version.map(i64::try_from).transpose() else {
+            return Ok(Vec::new());
+        };
+        let after = after_agent.map(str::to_owned);
+        let limit = i64::from(page(limit, MAX_PAGE));
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {DELIVERY_COLUMNS} FROM deliveries \
+                 WHERE tenant = ?1 AND pack = ?2 AND state <> 'local' \
+                 AND (?3 IS NULL OR version = ?3) AND (?4 IS NULL OR agent_id > ?4) \
+                 ORDER BY agent_id LIMIT ?5"
+            );
+            query_all(
+                conn,
+                &sql,
+                params![key.tenant, key.pack, version, after, limit],
+                decode_delivery,
+            )
+        })
+        .await
+    }
+
+    /// One scan of the state index (a few hundred thousand rows for a
+    /// large fleet: milliseconds, once per scrape, on the read pool).
+    async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>> {
+        self.read(|conn| {
+            query_all(
+                conn,
+                "SELECT state, COUNT(*) AS n FROM deliveries WHERE state <> 'local' \
+                 GROUP BY state ORDER BY state",
+                [],
+                |row| {
+                    let state: String = col(row, "state")?;
+                    let n: i64 = col(row, "n")?;
+                    let state = DeliveryState::parse(&state)
+                        .ok_or_else(|| StoreError::Backend(format!("unknown state {state:?}")))?;
+                    Ok((state, u64_from_db(n, "count")?))
+                },
+            )
+        })
+        .await
+    }
+
+    /// All or nothing: a row that cannot be stored (a value past
+    /// `i64::MAX`) fails the whole call and stores none of it.
+    async fn put_feedback(&self, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
+        if rows.is_empty() {
+            return Ok(FeedbackStored::default());
+        }
+        self.write(move |conn| feedback::write_feedback(conn, &rows))
+            .await
+    }
+
+    async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64> {
+        let (agent_id, journal_id) = (agent_id.to_owned(), journal_id.to_owned());
+        self.read(move |conn| feedback::feedback_acked(conn, &agent_id, &journal_id))
+            .await
+    }
+
+    async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>> {
+        self.read(move |conn| feedback::feedback_page(conn, filter))
+            .await
+    }
+
+    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write(move |conn| delete_oldest(conn, DELETE_FEEDBACK, before_ns, max))
+            .await
+    }
+
+    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write(move |conn| delete_oldest(conn, DELETE_CLOCK, before_ns, max))
+            .await
+    }
+
+    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write(move |conn| delete_oldest(conn, DELETE_AUDIT, before_ns, max))
+            .await
+    }
+
+    async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {
+        self.write(move |conn| audit::put_audit(conn, &row)).await
+    }
+
+    async fn audit(
+        &self,
+        tenant: Option<&str>,
+        since_ns: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<AuditRow>> {
+        let tenant = tenant.map(str::to_owned);
+        self.read(move |conn| audit::audit(conn, tenant.as_deref(), since_ns, limit))
+            .await
+    }
+}
