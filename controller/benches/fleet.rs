@@ -268,7 +268,10 @@ impl Tls {
             .map(|ix| {
                 read(ca::issue(
                     &ca,
-                    &baton_controller::identity::Identity::Agent { id: agent_id(ix) },
+                    &baton_controller::identity::Identity::Agent {
+                        id: agent_id(ix),
+                        tenants: Vec::new(),
+                    },
                     valid,
                 )?)
             })

@@ -281,8 +281,11 @@ pub fn issue(
     validity: Validity,
 ) -> Result<(PathBuf, PathBuf), CaError> {
     let (kind, name) = match identity {
-        Identity::Agent { id } => {
+        Identity::Agent { id, tenants } => {
             identity::check_name("agent", id)?;
+            for t in tenants {
+                identity::check_name("tenant", t)?;
+            }
             (Kind::Agent, id)
         }
         Identity::Operator { name, tenant, .. } => {
@@ -487,6 +490,7 @@ mod tests {
 
         let agent = Identity::Agent {
             id: "press-01".into(),
+            tenants: vec!["plant-a".into()],
         };
         let (cert, key) = issue(&ca, &agent, Validity::days(now(), LEAF_DAYS)).expect("agent");
         assert!(cert.ends_with("agents/press-01.pem"));
@@ -507,6 +511,7 @@ mod tests {
             &ca,
             &Identity::Agent {
                 id: "Bad/Name".into(),
+                tenants: Vec::new(),
             },
             Validity::days(now(), 1),
         )
@@ -535,7 +540,10 @@ mod tests {
         // An agent and an operator of the same name: say which.
         issue(
             &ca,
-            &Identity::Agent { id: "ann".into() },
+            &Identity::Agent {
+                id: "ann".into(),
+                tenants: Vec::new(),
+            },
             Validity::days(now(), 1),
         )
         .expect("agent ann");

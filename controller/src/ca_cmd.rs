@@ -27,6 +27,10 @@ pub enum CaCmd {
     IssueAgent {
         /// The agent id.
         name: String,
+        /// A tenant the agent serves (repeatable; none: `default`): only
+        /// these tenants' packs may target it and their operators see it.
+        #[arg(long = "tenant", value_name = "TENANT")]
+        tenants: Vec<String>,
         /// The CA directory.
         #[arg(long)]
         dir: PathBuf,
@@ -102,6 +106,7 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         }
         CaCmd::IssueAgent {
             name,
+            tenants,
             dir,
             valid_days,
             not_after,
@@ -113,7 +118,7 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                     return 2;
                 }
             };
-            ca::issue(&CaDir::new(dir), &Identity::Agent { id: name }, v).map(|(c, k)| {
+            ca::issue(&CaDir::new(dir), &Identity::Agent { id: name, tenants }, v).map(|(c, k)| {
                 let _ = writeln!(out, "wrote {}\nwrote {}", c.display(), k.display());
             })
         }

@@ -5,7 +5,8 @@
 //! `baton-controller ca`: exactly one subject alternative name URI of the
 //! `baton:` scheme says who it is.
 //!
-//! - an agent: `baton:agent:NAME`;
+//! - an agent: `baton:agent:NAME`, or `baton:agent:NAME?tenant=A&tenant=B`
+//!   for an agent that serves those tenants (none named: `default`);
 //! - an operator: `baton:operator:NAME?tenant=TENANT&role=ROLE`, ROLE one
 //!   of `viewer`, `operator`, `admin`.
 //!
@@ -75,6 +76,9 @@ pub enum Identity {
     Agent {
         /// The agent id.
         id: String,
+        /// The tenants it serves, as its certificate names them (empty:
+        /// none named, which means `default`).
+        tenants: Vec<String>,
     },
     /// An operator of one tenant.
     Operator {
@@ -93,7 +97,7 @@ pub enum Identity {
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Identity::Agent { id } => write!(f, "agent {id}"),
+            Identity::Agent { id, .. } => write!(f, "agent {id}"),
             Identity::Operator { name, tenant, role } => {
                 write!(f, "operator {name} (tenant {tenant}, role {role})")
             }
@@ -111,14 +115,28 @@ fn bad(m: impl Into<String>) -> IdentityError {
     IdentityError(m.into())
 }
 
-/// Check a name (agent, operator, tenant) against the id rule.
+/// Check a name (agent, operator, tenant) against the id rule (the pack
+/// language's, with its message).
 pub fn check_name(what: &str, name: &str) -> Result<(), IdentityError> {
-    if is_ident(name) {
-        Ok(())
-    } else {
-        Err(bad(format!(
-            "{what} `{name}`: expected [a-z0-9][a-z0-9._-]* (at most 64 characters)"
-        )))
+    debug_assert_eq!(
+        is_ident(name),
+        baton_proto::pack::check_ident(what, name).is_ok()
+    );
+    baton_proto::pack::check_ident(what, name).map_err(IdentityError)
+}
+
+/// The tenant an agent certificate naming none serves.
+pub const DEFAULT_TENANT: &str = "default";
+
+impl Identity {
+    /// An agent's tenants as the controller binds them: those its
+    /// certificate names, or `default` when it names none.
+    pub fn agent_tenants(tenants: &[String]) -> Vec<String> {
+        if tenants.is_empty() {
+            vec![DEFAULT_TENANT.to_string()]
+        } else {
+            tenants.to_vec()
+        }
     }
 }
 
@@ -127,7 +145,13 @@ impl Identity {
     /// [`Identity::Insecure`]).
     pub fn to_uri(&self) -> Option<String> {
         match self {
-            Identity::Agent { id } => Some(format!("{AGENT_PREFIX}{id}")),
+            Identity::Agent { id, tenants } if tenants.is_empty() => {
+                Some(format!("{AGENT_PREFIX}{id}"))
+            }
+            Identity::Agent { id, tenants } => {
+                let q: Vec<String> = tenants.iter().map(|t| format!("tenant={t}")).collect();
+                Some(format!("{AGENT_PREFIX}{id}?{}", q.join("&")))
+            }
             Identity::Operator { name, tenant, role } => Some(format!(
                 "{OPERATOR_PREFIX}{name}?tenant={tenant}&role={role}"
             )),
@@ -137,9 +161,28 @@ impl Identity {
 
     /// Read a `baton:` URI (see the module docs).
     pub fn from_uri(uri: &str) -> Result<Identity, IdentityError> {
-        if let Some(id) = uri.strip_prefix(AGENT_PREFIX) {
+        if let Some(rest) = uri.strip_prefix(AGENT_PREFIX) {
+            let (id, query) = match rest.split_once('?') {
+                Some((id, q)) => (id, Some(q)),
+                None => (rest, None),
+            };
             check_name("agent", id)?;
-            return Ok(Identity::Agent { id: id.to_string() });
+            let mut tenants = Vec::new();
+            for kv in query.into_iter().flat_map(|q| q.split('&')) {
+                match kv.split_once('=') {
+                    Some(("tenant", t)) => {
+                        check_name("tenant", t)?;
+                        if !tenants.iter().any(|x| x == t) {
+                            tenants.push(t.to_string());
+                        }
+                    }
+                    _ => return Err(bad(format!("`{uri}`: unexpected `{kv}`"))),
+                }
+            }
+            return Ok(Identity::Agent {
+                id: id.to_string(),
+                tenants,
+            });
         }
         if let Some(rest) = uri.strip_prefix(OPERATOR_PREFIX) {
             let (name, query) = rest
@@ -229,9 +272,19 @@ mod tests {
     fn uris_round_trip_and_kinds_cannot_be_confused() {
         let a = Identity::Agent {
             id: "press-01".into(),
+            tenants: Vec::new(),
         };
         assert_eq!(a.to_uri().as_deref(), Some("baton:agent:press-01"));
         assert_eq!(Identity::from_uri("baton:agent:press-01"), Ok(a));
+        // An agent of two tenants.
+        let a = Identity::Agent {
+            id: "press-01".into(),
+            tenants: vec!["plant-a".into(), "plant-b".into()],
+        };
+        let uri = a.to_uri().expect("uri");
+        assert_eq!(uri, "baton:agent:press-01?tenant=plant-a&tenant=plant-b");
+        assert_eq!(Identity::from_uri(&uri), Ok(a));
+        assert_eq!(Identity::agent_tenants(&[]), ["default"]);
         let o = Identity::Operator {
             name: "ann".into(),
             tenant: "plant-a".into(),
@@ -256,7 +309,11 @@ mod tests {
         for (uri, why) in [
             ("baton:agent:", "agent ``"),
             ("baton:agent:Press", "agent `Press`"),
-            ("baton:agent:a?tenant=t&role=admin", "agent `a?tenant"),
+            (
+                "baton:agent:a?tenant=t&role=admin",
+                "unexpected `role=admin`",
+            ),
+            ("baton:agent:a?tenant=T", "tenant `T`"),
             ("baton:operator:ann", "needs ?tenant"),
             ("baton:operator:ann?tenant=t", "no role"),
             ("baton:operator:ann?role=admin", "no tenant"),

@@ -1,6 +1,8 @@
 //! baton-controller: the fleet's side.
 //!
 //! - [`model`]: the records the controller keeps and speaks about;
+//! - [`app`]: what operators and agents can make it do, apart from any
+//!   transport;
 //! - [`planner`]: which version of which pack each agent should hold (pure);
 //! - [`store`]: everything durable, behind the [`store::Store`] trait
 //!   (SQLite embedded by default, in memory for tests);
@@ -13,13 +15,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod ca;
 pub mod cli;
 pub mod identity;
 pub mod model;
-#[cfg(any())]
 pub mod ops;
 pub mod planner;
-#[cfg(any())]
 pub mod server;
 pub mod store;

@@ -1,7 +1,8 @@
 //! `baton-controller`: the server (`serve`) and the operator commands.
 //! Exit codes: 0 success, 1 invalid input or refused (errors on stderr as
 //! `FILE:LINE:COL: message` where they have a position), 2 usage errors,
-//! 3 `push` still pending after its wait.
+//! 3 `push` still pending after its wait, 4 `push` stored a pack that
+//! targets no agent.
 
 #![forbid(unsafe_code)]
 
@@ -91,6 +92,20 @@ enum Command {
         /// port, written to DATA/metrics.addr).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Keep feedback this long (a duration, or `forever`); older rows
+        /// are deleted in small batches.
+        #[arg(long, default_value = "30d", value_parser = retention_arg, allow_hyphen_values = true)]
+        retain_feedback: Keep,
+        /// Keep clock history this long (a duration, or `forever`).
+        #[arg(long, default_value = "7d", value_parser = retention_arg, allow_hyphen_values = true)]
+        retain_clock: Keep,
+        /// Keep the audit log this long (a duration, or `forever`).
+        #[arg(long, default_value = "forever", value_parser = retention_arg, allow_hyphen_values = true)]
+        retain_audit: Keep,
+        /// Most packs an agent's hello or held update may list (its own
+        /// max-packs is the tighter bound when smaller); more is refused.
+        #[arg(long, default_value_t = 1024, value_parser = count_arg, allow_hyphen_values = true)]
+        max_held_packs: u32,
     },
     /// The fleet's certificate authority: PEM files in one directory.
     Ca {
@@ -109,8 +124,8 @@ enum Command {
         #[arg(long)]
         no_wait: bool,
         /// How long to wait for agents' answers.
-        #[arg(long, default_value = "30s")]
-        wait: String,
+        #[arg(long, default_value = "30s", value_parser = duration_arg, allow_hyphen_values = true)]
+        wait: std::time::Duration,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -175,8 +190,8 @@ enum Command {
         /// Only feedback received at or after this RFC 3339 instant.
         #[arg(long)]
         since: Option<String>,
-        /// At most this many entries.
-        #[arg(long, default_value_t = 0)]
+        /// At most this many entries (0: all).
+        #[arg(long, default_value_t = 0, value_parser = count_arg, allow_hyphen_values = true)]
         limit: u32,
         /// One JSON object per line.
         #[arg(long)]
@@ -192,8 +207,8 @@ enum Command {
         /// Only reports at or after this RFC 3339 instant.
         #[arg(long)]
         since: Option<String>,
-        /// The newest N reports only.
-        #[arg(long, default_value_t = 0)]
+        /// The newest N reports only (0: the server's cap).
+        #[arg(long, default_value_t = 0, value_parser = count_arg, allow_hyphen_values = true)]
         limit: u32,
         /// One JSON object per line.
         #[arg(long)]
@@ -207,8 +222,8 @@ enum Command {
         /// Only records at or after this RFC 3339 instant.
         #[arg(long)]
         since: Option<String>,
-        /// The newest N records only.
-        #[arg(long, default_value_t = 0)]
+        /// The newest N records only (0: the server's cap).
+        #[arg(long, default_value_t = 0, value_parser = count_arg, allow_hyphen_values = true)]
         limit: u32,
         /// One JSON object per line.
         #[arg(long)]
@@ -243,6 +258,20 @@ enum AgentsCmd {
         /// One JSON object.
         #[arg(long)]
         json: bool,
+    },
+    /// Grant an agent to a tenant (or take the grant back with --revoke):
+    /// that tenant's packs may then target it and its operators see it.
+    /// Admins of a tenant the agent serves.
+    Grant {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Agent id.
+        agent: String,
+        /// The tenant to grant it to.
+        tenant: String,
+        /// Take the grant back instead.
+        #[arg(long)]
+        revoke: bool,
     },
     /// Forget an agent: your tenant's deliveries to it and labels on it;
     /// its whole record when no other tenant uses it (a connected agent is
@@ -325,6 +354,10 @@ fn main() -> ExitCode {
             ping_interval,
             log_format,
             metrics,
+            retain_feedback,
+            retain_clock,
+            retain_audit,
+            max_held_packs,
         } => serve::run(serve::Opts {
             listen,
             data,
@@ -337,6 +370,13 @@ fn main() -> ExitCode {
             ping_interval,
             log_format,
             metrics,
+            retention: baton_controller::app::retention::Retention {
+                feedback: retain_feedback.0,
+                clock: retain_clock.0,
+                audit: retain_audit.0,
+                ..Default::default()
+            },
+            max_held: max_held_packs as usize,
         }),
         Command::Push {
             conn,
@@ -344,25 +384,19 @@ fn main() -> ExitCode {
             no_wait,
             wait,
             json,
-        } => match baton_proto::time::parse_duration(&wait) {
-            Ok(wait) => operator(&mut err, async move {
-                ops::push(
-                    &conn.conn()?,
-                    &files,
-                    &ops::PushOpts {
-                        no_wait,
-                        wait,
-                        json,
-                    },
-                    &mut std::io::stdout(),
-                )
-                .await
-            }),
-            Err(e) => {
-                let _ = writeln!(err, "error: --wait {wait}: {e}");
-                2
-            }
-        },
+        } => operator(&mut err, async move {
+            ops::push(
+                &conn.conn()?,
+                &files,
+                &ops::PushOpts {
+                    no_wait,
+                    wait,
+                    json,
+                },
+                &mut std::io::stdout(),
+            )
+            .await
+        }),
         Command::Cancel { conn, pack, tenant } => operator(&mut err, async move {
             ops::cancel(&conn.conn()?, &tenant, &pack, &mut std::io::stdout()).await
         }),
@@ -396,6 +430,25 @@ fn main() -> ExitCode {
                 &tenant,
                 change,
                 json,
+                &mut std::io::stdout(),
+            )
+            .await
+        }),
+        Command::Agents {
+            cmd:
+                Some(AgentsCmd::Grant {
+                    conn,
+                    agent,
+                    tenant,
+                    revoke,
+                }),
+            ..
+        } => operator(&mut err, async move {
+            ops::grant_agent(
+                &conn.conn()?,
+                &agent,
+                &tenant,
+                revoke,
                 &mut std::io::stdout(),
             )
             .await
@@ -498,6 +551,45 @@ fn main() -> ExitCode {
     };
     let _ = out.flush();
     ExitCode::from(code as u8)
+}
+
+/// A duration flag, with the words the pack language uses for durations.
+fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    if s.trim_start().starts_with('-') {
+        return Err(format!(
+            "{s}: a duration cannot be negative (write it like 30s, 5m, 24h, 7d)"
+        ));
+    }
+    baton_proto::time::parse_duration(s).map_err(|e| format!("{s}: {e}"))
+}
+
+/// How long rows are kept (`None`: for ever).
+#[derive(Clone, Copy, Debug)]
+struct Keep(Option<std::time::Duration>);
+
+/// A retention flag: a duration, or `forever` (never deleted).
+fn retention_arg(s: &str) -> Result<Keep, String> {
+    if matches!(s, "forever" | "off" | "never") {
+        return Ok(Keep(None));
+    }
+    let d = duration_arg(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s}: a retention of zero would delete everything; write `forever` to keep everything"
+        ));
+    }
+    Ok(Keep(Some(d)))
+}
+
+/// A count flag: a whole number, not negative.
+fn count_arg(s: &str) -> Result<u32, String> {
+    if s.trim_start().starts_with('-') {
+        return Err(format!(
+            "{s}: a count cannot be negative (0 means no limit)"
+        ));
+    }
+    s.parse::<u32>()
+        .map_err(|_| format!("{s}: expected a whole number from 0 to {}", u32::MAX))
 }
 
 /// `--since T` as ns since the epoch (0 without it).

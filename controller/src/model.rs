@@ -434,7 +434,9 @@ impl DeliveryRow {
     /// Validation errors of the refusal that made it nacked (none else).
     pub fn errors(&self) -> &[ErrorRow] {
         match (&self.refusal, self.state) {
-            (Some(r), DeliveryState::Nacked | DeliveryState::Pending) if r.version == self.version => {
+            (Some(r), DeliveryState::Nacked | DeliveryState::Pending)
+                if r.version == self.version =>
+            {
                 &r.errors
             }
             _ => &[],

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use baton_controller::server::{self, ServerConfig, bucket::Pace};
+use baton_controller::app::pace::Pace;
+use baton_controller::server::{self, ServerConfig};
 use baton_controller::store::sqlite::SqliteStore;
 
 /// `serve` flags.
@@ -19,6 +20,8 @@ pub struct Opts {
     pub ping_interval: String,
     pub log_format: baton_service::log::LogFormat,
     pub metrics: Option<std::net::SocketAddr>,
+    pub retention: baton_controller::app::retention::Retention,
+    pub max_held: usize,
 }
 
 /// Run until SIGTERM / SIGINT; exit code.
@@ -70,20 +73,22 @@ fn serve(o: Opts) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let store = SqliteStore::open(&o.data)
+        let mut cfg =
+            ServerConfig::new(o.listen, o.data.clone()).with_tls(o.tls_dir.as_ref().map(|d| {
+                let mut t = server::tls::TlsOptions::new(d.clone());
+                t.handshake_timeout = handshake_timeout;
+                t
+            }));
+        let store = SqliteStore::open(&o.data, cfg.binding())
             .map_err(|e| anyhow::anyhow!("store in {}: {e}", o.data.display()))?;
-        let mut cfg = ServerConfig::new(o.listen, o.data.clone());
         cfg.pace = Pace {
             rate: o.push_rate,
             burst: o.push_burst,
         };
         cfg.ping_interval = ping_interval;
         cfg.metrics = o.metrics;
-        cfg.tls = o.tls_dir.as_ref().map(|d| {
-            let mut t = server::tls::TlsOptions::new(d.clone());
-            t.handshake_timeout = handshake_timeout;
-            t
-        });
+        cfg.retention = o.retention;
+        cfg.max_held = o.max_held;
         server::serve(std::sync::Arc::new(store), cfg, stop_signal()).await
     })
 }

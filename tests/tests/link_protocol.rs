@@ -42,11 +42,21 @@ fn msg(body: In) -> wire::AgentMessage {
     wire::AgentMessage { body: Some(body) }
 }
 
+/// A hello that declares the pack its feedback is about (an agent's
+/// feedback is stored only for packs it holds or was sent).
 fn hello(id: &str) -> wire::AgentMessage {
     msg(In::Hello(wire::Hello {
         agent_id: id.into(),
         journal_id: format!("journal-of-{id}"),
         agent_version: "test".into(),
+        packs: vec![wire::HeldPack {
+            pack: Some(wire::PackRef {
+                tenant: "default".into(),
+                pack: "p".into(),
+                version: 1,
+            }),
+            stopped: false,
+        }],
         ..Default::default()
     }))
 }

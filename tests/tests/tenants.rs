@@ -52,9 +52,22 @@ fn tenants_see_only_their_own_and_roles_gate_changes() {
             serve_args: Vec::new(),
         },
     );
-    let tls = |name: &str| ca.agent_tls(ca.agent(name, &[]));
-    let a1 = start_agent_tls(&dir.path().join("a1"), "a1", &c.url, &[], tls("a1"));
-    let b1 = start_agent_tls(&dir.path().join("b1"), "b1", &c.url, &[], tls("b1"));
+    // Each agent serves one tenant (its certificate says which).
+    let tls = |name: &str, t: &str| ca.agent_tls(ca.agent(name, &["--tenant", t]));
+    let a1 = start_agent_tls(
+        &dir.path().join("a1"),
+        "a1",
+        &c.url,
+        &[],
+        tls("a1", "plant-a"),
+    );
+    let b1 = start_agent_tls(
+        &dir.path().join("b1"),
+        "b1",
+        &c.url,
+        &[],
+        tls("b1", "plant-b"),
+    );
     // Agents are visible to an operator only through its tenant's packs:
     // wait on the controller's own log.
     let up = |id: &str| {
@@ -222,9 +235,21 @@ fn admins_label_and_forget_agents_of_their_tenant_and_revocations_are_audited() 
             serve_args: Vec::new(),
         },
     );
-    let tls = |name: &str| ca.agent_tls(ca.agent(name, &[]));
-    let a1 = start_agent_tls(&dir.path().join("a1"), "a1", &c.url, &["line=3"], tls("a1"));
-    let b1 = start_agent_tls(&dir.path().join("b1"), "b1", &c.url, &["line=3"], tls("b1"));
+    let tls = |name: &str, t: &str| ca.agent_tls(ca.agent(name, &["--tenant", t]));
+    let a1 = start_agent_tls(
+        &dir.path().join("a1"),
+        "a1",
+        &c.url,
+        &["line=3"],
+        tls("a1", "plant-a"),
+    );
+    let b1 = start_agent_tls(
+        &dir.path().join("b1"),
+        "b1",
+        &c.url,
+        &["line=3"],
+        tls("b1", "plant-b"),
+    );
     let connects = |id: &str| {
         c.log()
             .lines()
@@ -247,9 +272,10 @@ fn admins_label_and_forget_agents_of_their_tenant_and_revocations_are_audited() 
         2,
     ));
     let other = path(pack_to(dir.path(), "plant-b", "other", "{agents: [b1]}", 1));
-    for (who, p) in [(&ada, &base), (&ada, &press), (&bea, &other)] {
+    // `press` targets line=4, which no agent has yet: stored, exit 4.
+    for (who, p, code) in [(&ada, &base, 0), (&ada, &press, 4), (&bea, &other, 0)] {
         let o = c.ctl_as(who, &["push", "--no-wait", p]);
-        assert!(o.status.success(), "{}", text(&o));
+        assert_eq!(o.status.code(), Some(code), "{}", text(&o));
     }
     let a = |p: &str| ("plant-a".to_string(), p.to_string());
     assert!(wait_until(WAIT, || held(&c, &ada, "a1") == [a("base")]));

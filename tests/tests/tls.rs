@@ -206,8 +206,11 @@ fn refused_agent_credentials_deliver_nothing() {
         blink("p", "{agents: [other-ca, expired, a3, ann, victim]}", 5),
     )
     .expect("write");
+    // None of them has connected yet: stored, and said to target no agent
+    // now (exit 4), as a typo would be.
     let o = c.ctl(&["push", "--no-wait", pack.to_str().expect("utf-8")]);
-    assert!(o.status.success(), "push: {}", stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "push: {}", stderr(&o));
+    assert!(stderr(&o).contains("targets no agent"), "{}", stderr(&o));
 
     // A certificate of another CA.
     let other = Ca::init(&dir.path().join("other-ca"));
@@ -456,7 +459,8 @@ fn a_revoked_operator_is_refused_and_its_watch_closed() {
     let pack = dir.path().join("p.yaml");
     std::fs::write(&pack, blink("p", "{agents: [a1]}", 5)).expect("write");
     let o = c.ctl(&["push", "--no-wait", pack.to_str().expect("utf-8")]);
-    assert!(o.status.success(), "push: {}", stderr(&o));
+    // a1 connects later: stored, targeting no agent yet (exit 4).
+    assert_eq!(o.status.code(), Some(4), "push: {}", stderr(&o));
     let out = dir.path().join("watch.out");
     let err = dir.path().join("watch.err");
     let tls = c.tls.clone().expect("tls");

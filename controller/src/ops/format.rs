@@ -126,12 +126,50 @@ pub fn feedback_json(r: &wire::FeedbackRecord) -> serde_json::Value {
         "actual_ns": e.actual_ns,
         "lateness_ns": e.lateness_ns,
         "outcome": outcome(e.outcome),
+        "reason": reason(e.reason),
         "event": e.event,
         "detail": e.detail,
         "value": e.value,
         "uncertainty_ns": e.uncertainty_ns,
+        "clock_source": enum_word(wire::ClockSource::try_from(e.clock_source).map(|s| s.as_str_name())),
+        "clock_state": enum_word(wire::ClockState::try_from(e.clock_state).map(|s| s.as_str_name())),
+        "occurrence": if e.occurrence_ns == 0 { serde_json::Value::Null } else { instant(e.occurrence_ns).into() },
+        "dropped_before": e.dropped_before,
         "seq": e.seq,
         "received": instant(r.received_ns),
+    })
+}
+
+/// The operator's word for a reason (`null` for none).
+pub fn reason(r: i32) -> Option<&'static str> {
+    wire::Reason::try_from(r)
+        .ok()
+        .map(crate::server::convert::reason_word)
+        .filter(|w| !w.is_empty())
+}
+
+/// `CLOCK_SOURCE_PTP` → `ptp`; unknown or unspecified → `null`.
+fn enum_word(name: Result<&'static str, prost::UnknownEnumValue>) -> Option<String> {
+    let name = name.ok()?;
+    let word = name
+        .split_once("_SOURCE_")
+        .or(name.split_once("_STATE_"))?
+        .1;
+    (word != "UNSPECIFIED").then(|| word.to_lowercase().replace('_', "-"))
+}
+
+/// The line a gap in an agent's feedback gets (entries it dropped because
+/// its outbox was full), if the entry follows one.
+pub fn gap_line(r: &wire::FeedbackRecord) -> Option<String> {
+    let e = r.entry.as_ref()?;
+    (e.dropped_before > 0).then(|| {
+        format!(
+            "{} entries dropped at the agent {} (outbox full) between seq {} and {}",
+            e.dropped_before,
+            r.agent_id,
+            e.seq.saturating_sub(e.dropped_before + 1),
+            e.seq
+        )
     })
 }
 
@@ -153,7 +191,10 @@ pub fn feedback_row(r: &wire::FeedbackRecord) -> Vec<String> {
         } else {
             span(e.lateness_ns)
         },
-        outcome(e.outcome).into(),
+        match reason(e.reason) {
+            Some(why) => format!("{} ({why})", outcome(e.outcome)),
+            None => outcome(e.outcome).into(),
+        },
         e.detail.clone(),
     ]
 }

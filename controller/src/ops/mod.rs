@@ -21,7 +21,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 pub use push::{PushOpts, push};
 pub use query::{
-    LabelChange, agents, audit, cancel, clock, feedback, forget_agent, label_agent, packs, watch,
+    LabelChange, agents, audit, cancel, clock, feedback, forget_agent, grant_agent, label_agent,
+    packs, watch,
 };
 
 use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};

@@ -1,5 +1,8 @@
 //! `push FILE...`: validate every file locally first (nothing is sent if
-//! any is invalid), push each, then wait for each targeted agent's answer.
+//! any is invalid), push each, then wait for each targeted agent's answer
+//! on the controller's live event stream (opened before the push, so no
+//! answer is missed; read again from the store if the stream lags or
+//! drops).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,7 +27,8 @@ pub struct PushOpts {
 
 /// Push `files`. Exit 0 when every targeted agent acked, 1 when one
 /// refused (or the push itself was refused), 3 when some are still
-/// pending after the wait.
+/// pending after the wait, 4 when a pack was stored but targets no agent
+/// (a typo in `targets` looks exactly like that).
 pub async fn push(
     conn: &Conn,
     files: &[PathBuf],
@@ -54,8 +58,23 @@ pub async fn push(
         )));
     }
     let mut c = client(conn).await?;
-    let mut pushed = Vec::new();
+    let deadline = Instant::now() + opts.wait;
+    let mut outcome = Outcome::default();
     for (name, yaml) in packs {
+        let pack =
+            baton_proto::pack::parse_pack(&yaml).map_err(|e| OpError::fail(e.render(&name)))?;
+        // Watch first: every delivery change after the push is seen.
+        let watch = if opts.no_wait {
+            None
+        } else {
+            c.watch(wire::WatchRequest {
+                tenant: pack.tenant.clone(),
+                pack: pack.id.clone(),
+            })
+            .await
+            .ok()
+            .map(|r| r.into_inner())
+        };
         let reply = c
             .push(wire::PushRequest {
                 yaml,
@@ -83,88 +102,214 @@ pub async fn push(
                 if reply.agents.len() == 1 { "" } else { "s" }
             );
         }
-        pushed.push((name, r));
-    }
-    if opts.no_wait {
-        return Ok(());
-    }
-    let deadline = Instant::now() + opts.wait;
-    let mut worst = 0u8;
-    for (name, r) in pushed {
-        let ds = loop {
-            let ds = c
-                .deliveries(wire::DeliveriesRequest {
-                    tenant: r.tenant.clone(),
-                    pack: r.pack.clone(),
-                    version: r.version,
-                })
-                .await?
-                .into_inner()
-                .deliveries;
-            let pending = ds
-                .iter()
-                .any(|d| d.state == wire::DeliveryState::Pending as i32);
-            if !pending || Instant::now() >= deadline {
-                break ds;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        for d in &ds {
-            let state = format::delivery_state(d.state);
-            match state {
-                "nacked" => worst = worst.max(1),
-                "pending" => worst = worst.max(3),
-                _ => {}
-            }
-            if opts.json {
-                let errs: Vec<serde_json::Value> = d
-                    .errors
-                    .iter()
-                    .map(|e| {
-                        serde_json::json!({"line": e.line, "column": e.column,
-                        "instruction": e.instruction, "message": e.message})
-                    })
-                    .collect();
-                let _ = writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({
-                        "event": "delivery", "file": name, "agent": d.agent_id,
-                        "tenant": r.tenant, "pack": r.pack, "version": r.version,
-                        "state": state, "reason": d.reason, "errors": errs,
-                    })
-                );
-            } else {
-                let reason = if d.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", d.reason)
-                };
-                let _ = writeln!(out, "  {:<20} {state}{reason}", d.agent_id);
-                for e in &d.errors {
-                    let instr = if e.instruction.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (instruction {})", e.instruction)
-                    };
-                    let _ = writeln!(
-                        out,
-                        "    {name}:{}:{}: {}{instr}",
-                        e.line, e.column, e.message
-                    );
-                }
-            }
+        if reply.agents.is_empty() {
+            outcome.no_agent = true;
+            eprintln!(
+                "warning: {name}: {} targets no agent ({}): check its `targets` (agent ids, labels, and that the agents serve tenant {})",
+                format::pack_ref(reply.pack.as_ref()),
+                targets_words(&pack),
+                r.tenant
+            );
+            continue;
         }
+        if opts.no_wait {
+            continue;
+        }
+        let ds = wait_for(&mut c, watch, &r, &reply.agents, deadline).await?;
+        report(out, opts.json, &name, &r, &ds, &mut outcome);
     }
-    match worst {
-        0 => Ok(()),
-        1 => Err(OpError::fail("refused by at least one agent")),
-        _ => Err(OpError {
+    if outcome.refused {
+        return Err(OpError::fail("refused by at least one agent"));
+    }
+    if outcome.pending {
+        return Err(OpError {
             message: format!(
                 "still pending after {:?} (agents offline or busy; the controller keeps delivering)",
                 opts.wait
             ),
             code: 3,
-        }),
+        });
+    }
+    if outcome.no_agent {
+        return Err(OpError {
+            message: "stored, but at least one pack targets no agent".into(),
+            code: 4,
+        });
+    }
+    Ok(())
+}
+
+/// What the pushes came to, worst first.
+#[derive(Debug, Default)]
+struct Outcome {
+    refused: bool,
+    pending: bool,
+    no_agent: bool,
+}
+
+fn targets_words(p: &baton_proto::pack::Pack) -> String {
+    use baton_proto::pack::Targets;
+    match &p.targets {
+        None => "no `targets`".into(),
+        Some(Targets::Agents(a)) => format!("agents: {}", a.join(", ")),
+        Some(Targets::Labels(l)) => {
+            let kv: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("labels: {}", kv.join(", "))
+        }
+    }
+}
+
+type Admin = baton_proto::wire::admin_client::AdminClient<tonic::transport::Channel>;
+
+/// The deliveries of one pushed version, every page.
+async fn deliveries(c: &mut Admin, r: &wire::PackRef) -> Result<Vec<wire::Delivery>, OpError> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = c
+            .deliveries(wire::DeliveriesRequest {
+                tenant: r.tenant.clone(),
+                pack: r.pack.clone(),
+                version: r.version,
+                after: after.clone(),
+                limit: 0,
+            })
+            .await?
+            .into_inner();
+        out.extend(page.deliveries);
+        if page.next.is_empty() || page.next == after {
+            return Ok(out);
+        }
+        after = page.next;
+    }
+}
+
+fn pending(d: &wire::Delivery) -> bool {
+    d.state == wire::DeliveryState::Pending as i32
+}
+
+/// Waits until no targeted agent is pending, or the deadline: the state
+/// read once from the store, then followed on the watch stream; read
+/// again when the stream lags or ends.
+async fn wait_for(
+    c: &mut Admin,
+    mut watch: Option<tonic::Streaming<wire::WatchEvent>>,
+    r: &wire::PackRef,
+    agents: &[String],
+    deadline: Instant,
+) -> Result<Vec<wire::Delivery>, OpError> {
+    use std::collections::BTreeMap;
+    let mut state: BTreeMap<String, wire::Delivery> = deliveries(c, r)
+        .await?
+        .into_iter()
+        .filter(|d| agents.contains(&d.agent_id))
+        .map(|d| (d.agent_id.clone(), d))
+        .collect();
+    loop {
+        if !state.values().any(pending) {
+            break;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let ev = match watch.as_mut() {
+            Some(w) => tokio::time::timeout(left, w.message()).await,
+            None => {
+                // No live stream: poll the store now and then.
+                tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+                Ok(Ok(None))
+            }
+        };
+        match ev {
+            Err(_) => break, // the deadline
+            Ok(Ok(Some(wire::WatchEvent {
+                body: Some(wire::watch_event::Body::Delivery(d)),
+            }))) => {
+                let about = d.pack.as_ref().map(|p| p.version) == Some(r.version);
+                if about && state.contains_key(&d.agent_id) {
+                    state.insert(d.agent_id.clone(), d);
+                }
+            }
+            Ok(Ok(Some(wire::WatchEvent {
+                body: Some(wire::watch_event::Body::Lagged(_)),
+            }))) => reread(c, r, &mut state).await?,
+            Ok(Ok(Some(_))) => {}
+            // Closed or broken (or no stream): poll the store from now on.
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                watch = None;
+                reread(c, r, &mut state).await?;
+            }
+        }
+    }
+    Ok(state.into_values().collect())
+}
+
+async fn reread(
+    c: &mut Admin,
+    r: &wire::PackRef,
+    state: &mut std::collections::BTreeMap<String, wire::Delivery>,
+) -> Result<(), OpError> {
+    for d in deliveries(c, r).await? {
+        if let Some(s) = state.get_mut(&d.agent_id) {
+            *s = d;
+        }
+    }
+    Ok(())
+}
+
+fn report(
+    out: &mut dyn Write,
+    json: bool,
+    name: &str,
+    r: &wire::PackRef,
+    ds: &[wire::Delivery],
+    outcome: &mut Outcome,
+) {
+    for d in ds {
+        let state = format::delivery_state(d.state);
+        match state {
+            "nacked" => outcome.refused = true,
+            "pending" => outcome.pending = true,
+            _ => {}
+        }
+        if json {
+            let errs: Vec<serde_json::Value> = d
+                .errors
+                .iter()
+                .map(|e| {
+                    serde_json::json!({"line": e.line, "column": e.column,
+                    "instruction": e.instruction, "message": e.message})
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::json!({
+                    "event": "delivery", "file": name, "agent": d.agent_id,
+                    "tenant": r.tenant, "pack": r.pack, "version": r.version,
+                    "state": state, "reason": d.reason, "errors": errs,
+                })
+            );
+        } else {
+            let reason = if d.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", d.reason)
+            };
+            let _ = writeln!(out, "  {:<20} {state}{reason}", d.agent_id);
+            for e in &d.errors {
+                let instr = if e.instruction.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (instruction {})", e.instruction)
+                };
+                let _ = writeln!(
+                    out,
+                    "    {name}:{}:{}: {}{instr}",
+                    e.line, e.column, e.message
+                );
+            }
+        }
     }
 }

@@ -63,7 +63,7 @@ pub async fn packs(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), O
                         "tenant": pr.tenant, "pack": pr.pack, "version": pr.version,
                         "targets": p.targets, "pushed": format::instant(p.pushed_ns),
                         "cancelled": p.cancelled, "acked": p.acked, "nacked": p.nacked,
-                        "pending": p.pending,
+                        "pending": p.pending, "ahead": p.ahead,
                     })
                 ),
             )?;
@@ -76,7 +76,12 @@ pub async fn packs(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), O
         .map(|p| {
             vec![
                 format::pack_ref(p.pack.as_ref()),
-                if p.cancelled { "cancelled" } else { "live" }.into(),
+                match (p.cancelled, p.ahead) {
+                    (true, _) => "cancelled".into(),
+                    (false, 0) => "live".into(),
+                    // Agents run a version this store does not know.
+                    (false, n) => format!("live, {n} agent{} ahead", if n == 1 { "" } else { "s" }),
+                },
                 format!("{}/{}/{}", p.acked, p.nacked, p.pending),
                 format::instant(p.pushed_ns),
                 p.targets.clone(),
@@ -92,13 +97,33 @@ pub async fn packs(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), O
     )
 }
 
+/// Every agent, page by page.
+async fn all_agents(conn: &Conn) -> Result<Vec<wire::AgentSummary>, OpError> {
+    let mut c = client(conn).await?;
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let r = c
+            .list_agents(wire::ListAgentsRequest {
+                after: after.clone(),
+                limit: 0,
+            })
+            .await?
+            .into_inner();
+        out.extend(r.agents);
+        if r.next.is_empty() || r.next == after {
+            return Ok(out);
+        }
+        after = r.next;
+    }
+}
+
 /// `agents [--json]`.
 pub async fn agents(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), OpError> {
-    let mut c = client(conn).await?;
-    let r = c
-        .list_agents(wire::ListAgentsRequest::default())
-        .await?
-        .into_inner();
+    let r = wire::ListAgentsReply {
+        agents: all_agents(conn).await?,
+        next: String::new(),
+    };
     if json {
         for a in &r.agents {
             let (source, state, _) = format::clock(a.clock.as_ref());
@@ -123,6 +148,13 @@ pub async fn agents(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), 
                         "clock_offset_ns": a.clock.as_ref().map(|c| c.offset_ns),
                         "clock_uncertainty_ns": a.clock.as_ref().map(|c| c.uncertainty_ns),
                         "packs": packs, "lateness_p99_ns": a.lateness_p99_ns,
+                        "tenants": a.tenants,
+                        "conflict": if a.conflict.is_empty() { None } else { Some(&a.conflict) },
+                        "deliveries": a.deliveries.iter().map(|d| serde_json::json!({
+                            "pack": format::pack_ref(d.pack.as_ref()),
+                            "state": format::delivery_state(d.state),
+                            "reason": d.reason,
+                        })).collect::<Vec<_>>(),
                     })
                 ),
             )?;
@@ -153,7 +185,16 @@ pub async fn agents(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), 
                 .collect();
             vec![
                 a.id.clone(),
-                if a.connected { "yes" } else { "no" }.into(),
+                match (a.connected, a.conflict.is_empty()) {
+                    (true, true) => "yes".into(),
+                    (false, true) => "no".into(),
+                    // Two machines under one id: say so where it is seen.
+                    (c, false) => format!(
+                        "{} (DUPLICATE ID: {})",
+                        if c { "yes" } else { "no" },
+                        a.conflict
+                    ),
+                },
                 format::instant(a.last_seen_ns),
                 format!("{source}/{state}"),
                 offset,
@@ -221,6 +262,13 @@ pub async fn feedback(
         if json {
             line(out, &format!("{}\n", format::feedback_json(&r)))?;
         } else {
+            if let Some(gap) = format::gap_line(&r) {
+                let mut g = vec![String::from("…"); format::FEEDBACK_HEADER.len()];
+                if let Some(last) = g.last_mut() {
+                    *last = gap;
+                }
+                rows.push(g);
+            }
             rows.push(format::feedback_row(&r));
         }
     }
@@ -230,7 +278,9 @@ pub async fn feedback(
     Ok(())
 }
 
-/// `watch [--tenant T] [--pack P] [--json]`: live until interrupted.
+/// `watch [--tenant T] [--pack P] [--json]`: live until interrupted. A
+/// lost controller (a restart) is reconnected to with backoff, and said
+/// so; events while away are not replayed (`feedback` has them).
 pub async fn watch(
     conn: &Conn,
     tenant: &str,
@@ -238,15 +288,96 @@ pub async fn watch(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), OpError> {
-    let mut c = client(conn).await?;
+    let mut backoff = std::time::Duration::from_millis(250);
+    let mut connected_once = false;
+    loop {
+        let lost = match watch_once(conn, tenant, pack, json, out, &mut connected_once).await {
+            // The controller closed the stream (it stops): come back.
+            Ok(()) if connected_once => "the controller closed the stream".to_string(),
+            Ok(()) => return Ok(()),
+            Err(Watch::Lost(why)) if connected_once => why,
+            Err(Watch::Lost(why)) => return Err(OpError::fail(why)),
+            // Refused (revoked, not allowed, a closed stdout): final.
+            Err(Watch::Fatal(e)) => return Err(e),
+        };
+        let note = if json {
+            format!(
+                "{}\n",
+                serde_json::json!({"event": "reconnecting", "error": lost,
+                    "in_ms": backoff.as_millis() as u64})
+            )
+        } else {
+            format!(
+                "… controller lost ({lost}); reconnecting in {:.1}s\n",
+                backoff.as_secs_f64()
+            )
+        };
+        line(out, &note)?;
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(10));
+    }
+}
+
+/// Why a watch stream ended.
+enum Watch {
+    /// The controller went away (restart, network): try again.
+    Lost(String),
+    /// Refused, or the output closed: stop.
+    Fatal(OpError),
+}
+
+impl From<OpError> for Watch {
+    fn from(e: OpError) -> Watch {
+        Watch::Fatal(e)
+    }
+}
+
+/// A stream error: the controller gone (retry) or a refusal (final).
+fn watch_status(s: tonic::Status) -> Watch {
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+            Watch::Lost(super::describe_status(&s))
+        }
+        _ => Watch::Fatal(OpError::from(s)),
+    }
+}
+
+/// One watch stream until it ends (`Ok`: the controller closed it).
+async fn watch_once(
+    conn: &Conn,
+    tenant: &str,
+    pack: &str,
+    json: bool,
+    out: &mut dyn Write,
+    connected_once: &mut bool,
+) -> Result<(), Watch> {
+    let mut c = client(conn).await.map_err(|e| {
+        if *connected_once {
+            Watch::Lost(e.message)
+        } else {
+            Watch::Fatal(e)
+        }
+    })?;
     let mut s = c
         .watch(wire::WatchRequest {
             tenant: tenant.into(),
             pack: pack.into(),
         })
-        .await?
+        .await
+        .map_err(watch_status)?
         .into_inner();
-    while let Some(ev) = s.message().await? {
+    if *connected_once {
+        line(
+            out,
+            if json {
+                "{\"event\":\"reconnected\"}\n"
+            } else {
+                "… reconnected\n"
+            },
+        )?;
+    }
+    *connected_once = true;
+    while let Some(ev) = s.message().await.map_err(watch_status)? {
         let text = match ev.body {
             Some(Ev::Feedback(r)) if json => format!("{}\n", format::feedback_json(&r)),
             Some(Ev::Feedback(r)) => {
@@ -302,6 +433,7 @@ fn agent_line(a: &wire::AgentEvent, json: bool) -> String {
         Ok(wire::AgentEventKind::Connected) => "connected",
         Ok(wire::AgentEventKind::Disconnected) => "disconnected",
         Ok(wire::AgentEventKind::Clock) => "clock",
+        Ok(wire::AgentEventKind::Conflict) => "conflict",
         _ => "event",
     };
     let (source, state, offset) = format::clock(a.clock.as_ref());
@@ -508,6 +640,42 @@ pub async fn forget_agent(
         ""
     };
     line(out, &format!("agent {}: {what}{conn_note}\n", r.agent_id))
+}
+
+/// `agents grant AGENT TENANT [--revoke]`.
+pub async fn grant_agent(
+    conn: &Conn,
+    agent: &str,
+    tenant: &str,
+    revoke: bool,
+    out: &mut dyn Write,
+) -> Result<(), OpError> {
+    let mut c = client(conn).await?;
+    let r = c
+        .grant_agent(wire::GrantAgentRequest {
+            agent_id: agent.into(),
+            tenant: tenant.into(),
+            revoke,
+        })
+        .await?
+        .into_inner();
+    line(
+        out,
+        &format!(
+            "agent {}: {} tenant {tenant}; it serves {}\n",
+            r.agent_id,
+            if revoke {
+                "grant taken back from"
+            } else {
+                "granted to"
+            },
+            if r.tenants.is_empty() {
+                "no tenant".to_string()
+            } else {
+                r.tenants.join(", ")
+            }
+        ),
+    )
 }
 
 /// One agent's clock history: `clock AGENT`.

@@ -16,8 +16,10 @@
 //! - a pack the store knows that the agent holds but should not (cancelled,
 //!   retargeted, another tenant's) is withdrawn: cancelled on the agent;
 //! - a pack the store does not know is the agent's own (`local`) and left
-//!   alone, unless an operator cancelled it by name (the row is then
-//!   `withdraw`, so every holder is told, even after a store was lost);
+//!   alone (its row stays after the agent drops it, so late feedback of
+//!   it is still the agent's), unless an operator cancelled it by name
+//!   (the row is then `withdraw`, so every holder is told, even after a
+//!   store was lost);
 //! - a refusal counts only for the version it refused: a newer version is
 //!   sent again.
 //!
@@ -68,6 +70,9 @@ pub fn plan(
         None => match (row, held) {
             (Some(r), _) if r.intent == Intent::Withdraw => (Intent::Withdraw, r.version),
             (_, Some(h)) => (Intent::Local, h.version),
+            // No longer held: the row stays, so feedback of the pack's
+            // last moments (its safe state) is still the agent's own.
+            (Some(r), None) => (Intent::Local, r.version),
             _ => return None,
         },
     };

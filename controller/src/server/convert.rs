@@ -5,18 +5,15 @@
 
 use std::collections::BTreeMap;
 
-use baton_proto::pack::{Pack, PackErrors, Targets};
+use baton_proto::pack::PackErrors;
 use baton_proto::wire;
 
-use crate::store::{
-    AgentRow, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow, TargetsRow,
-};
+use crate::model::{ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow};
+use crate::store::HelloRow;
 
 /// Longest label key or value, and most labels.
 const MAX_LABEL_LEN: usize = 256;
 const MAX_LABELS: usize = 64;
-/// Most packs a hello may list.
-const MAX_HELD: usize = 100_000;
 /// Longest free text kept from an agent (detail, event words).
 const MAX_TEXT: usize = 4096;
 
@@ -29,16 +26,10 @@ fn bad(msg: impl Into<String>) -> BadMessage {
     BadMessage(msg.into())
 }
 
-/// An id as the pack language spells them (agent, tenant, pack, instruction).
+/// An id as the pack language spells them (agent, tenant, pack,
+/// instruction), with the pack language's own message.
 pub fn check_ident(what: &str, s: &str) -> Result<(), BadMessage> {
-    if baton_proto::pack::is_ident(s) {
-        Ok(())
-    } else {
-        Err(bad(format!(
-            "{what} {:?} is not an id ([a-z0-9][a-z0-9._-]*, at most 64 characters)",
-            truncate(s, 80)
-        )))
-    }
+    baton_proto::pack::check_ident(what, s).map_err(BadMessage)
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -103,11 +94,11 @@ pub fn pack_ref(r: Option<&wire::PackRef>) -> Result<(String, String, u64), BadM
     Ok((r.tenant.clone(), r.pack.clone(), r.version))
 }
 
-/// Packs held, from a hello or a held update.
-pub fn held(packs: &[wire::HeldPack]) -> Result<Vec<HeldPackRow>, BadMessage> {
-    if packs.len() > MAX_HELD {
+/// Packs held, from a hello or a held update: at most `max`.
+pub fn held(packs: &[wire::HeldPack], max: usize) -> Result<Vec<HeldPackRow>, BadMessage> {
+    if packs.len() > max {
         return Err(bad(format!(
-            "{} held packs (at most {MAX_HELD})",
+            "{} held packs: more than the {max} this agent may hold (its max-packs, at most the controller's --max-held-packs)",
             packs.len()
         )));
     }
@@ -144,8 +135,18 @@ pub fn wire_ref(tenant: &str, pack: &str, version: u64) -> wire::PackRef {
     }
 }
 
-/// The agent row of a hello.
-pub fn hello(h: &wire::Hello, now_ns: i64) -> Result<AgentRow, BadMessage> {
+/// Most packs a hello may list: the agent's own `max-packs` when it says
+/// one, never more than the controller's `max`.
+pub fn held_cap(h: &wire::Hello, max: usize) -> usize {
+    match h.max_packs {
+        0 => max,
+        n => (n as usize).min(max),
+    }
+}
+
+/// The store's record of a hello (held packs not yet filtered to the
+/// agent's tenants), checked.
+pub fn hello(h: &wire::Hello, max_held: usize, now_ns: i64) -> Result<HelloRow, BadMessage> {
     check_ident("agent id", &h.agent_id)?;
     if h.journal_id.is_empty() || h.journal_id.len() > 128 {
         return Err(bad("journal_id missing or longer than 128 bytes"));
@@ -156,16 +157,14 @@ pub fn hello(h: &wire::Hello, now_ns: i64) -> Result<AgentRow, BadMessage> {
             h.feedback_first_seq, h.feedback_last_seq
         )));
     }
-    Ok(AgentRow {
+    Ok(HelloRow {
         id: h.agent_id.clone(),
         labels: labels(&h.labels)?,
         agent_version: truncate(&h.agent_version, 64),
         journal_id: h.journal_id.clone(),
-        connected: true,
-        last_seen_ns: now_ns,
-        held: held(&h.packs)?,
-        clock: None,
-        overrides: Default::default(),
+        cert_tenants: None,
+        held: held(&h.packs, held_cap(h, max_held))?,
+        at_ns: now_ns,
     })
 }
 
@@ -250,17 +249,34 @@ pub fn outcome_word(o: wire::Outcome) -> &'static str {
     }
 }
 
-fn outcome_of_word(w: &str) -> wire::Outcome {
-    match w {
-        "ok" => wire::Outcome::Ok,
-        "failed" => wire::Outcome::Failed,
-        "retry" => wire::Outcome::Retry,
-        "give_up" => wire::Outcome::GiveUp,
-        "skipped" => wire::Outcome::Skipped,
-        "unknown" => wire::Outcome::Unknown,
-        "safe_state" => wire::Outcome::SafeState,
-        _ => wire::Outcome::Unspecified,
+/// The operator's word for a reason (`""` for none).
+pub fn reason_word(r: wire::Reason) -> &'static str {
+    match r {
+        wire::Reason::Unspecified => "",
+        wire::Reason::Late => "late",
+        wire::Reason::Withdrawn => "withdrawn",
+        wire::Reason::Stopped => "stopped",
+        wire::Reason::Clock => "clock",
+        wire::Reason::Lease => "lease",
+        wire::Reason::Cancel => "cancel",
+        wire::Reason::GiveUp => "give_up",
+        wire::Reason::Shutdown => "shutdown",
+        wire::Reason::Replaced => "replaced",
+        wire::Reason::UpstreamFailed => "upstream_failed",
+        wire::Reason::UpstreamUnknown => "upstream_unknown",
+        wire::Reason::CatchUp => "catch_up",
+        wire::Reason::Crash => "crash",
     }
+}
+
+/// The occurrence an execution id names (`tenant/pack/vV/instr/OCC/aA`),
+/// for agents that send the id but not the occurrence.
+fn occurrence_of(execution_id: &str) -> Option<i64> {
+    let mut parts = execution_id.rsplitn(3, '/');
+    let attempt = parts.next()?;
+    let occ = parts.next()?;
+    attempt.strip_prefix('a')?.parse::<u32>().ok()?;
+    occ.parse().ok()
 }
 
 /// One feedback entry from `agent` (journal `journal`), received now.
@@ -280,10 +296,18 @@ pub fn feedback(
             f.seq, f.outcome
         ))
     })?;
-    if version > i64::MAX as u64 {
-        return Err(bad(format!("feedback seq {}: version out of range", f.seq)));
+    if version > i64::MAX as u64 || f.dropped_before > i64::MAX as u64 {
+        return Err(bad(format!(
+            "feedback seq {}: version or dropped_before out of range",
+            f.seq
+        )));
     }
+    let occurrence_ns = match f.occurrence_ns {
+        0 => occurrence_of(&f.execution_id),
+        n => Some(n),
+    };
     Ok(FeedbackRow {
+        id: 0,
         agent_id: agent.to_string(),
         journal_id: journal.to_string(),
         seq: f.seq,
@@ -292,17 +316,24 @@ pub fn feedback(
         pack,
         version,
         instruction: truncate(&f.instruction, 128),
+        occurrence_ns,
         attempt: f.attempt,
         scheduled_ns: f.scheduled_ns,
         actual_ns: f.actual_ns,
         lateness_ns: f.lateness_ns,
-        outcome: outcome_word(outcome).into(),
+        outcome,
+        // A newer agent's reason this build does not know: unspecified.
+        reason: wire::Reason::try_from(f.reason).unwrap_or(wire::Reason::Unspecified),
         event: truncate(&f.event, 64),
         action: truncate(&f.action, 64),
         detail: clean_text(&f.detail),
         value: f.value,
         dropped_before: f.dropped_before,
         uncertainty_ns: f.uncertainty_ns,
+        clock_source: wire::ClockSource::try_from(f.clock_source)
+            .unwrap_or(wire::ClockSource::Unspecified),
+        clock_state: wire::ClockState::try_from(f.clock_state)
+            .unwrap_or(wire::ClockState::Unspecified),
         received_ns,
     })
 }
@@ -321,14 +352,17 @@ pub fn feedback_to_wire(r: &FeedbackRow) -> wire::FeedbackRecord {
             scheduled_ns: r.scheduled_ns,
             actual_ns: r.actual_ns,
             lateness_ns: r.lateness_ns,
-            outcome: outcome_of_word(&r.outcome) as i32,
+            outcome: r.outcome as i32,
             detail: r.detail.clone(),
             value: r.value,
             dropped_before: r.dropped_before,
             event: r.event.clone(),
             action: r.action.clone(),
             uncertainty_ns: r.uncertainty_ns,
-            ..Default::default()
+            reason: r.reason as i32,
+            clock_source: r.clock_source as i32,
+            clock_state: r.clock_state as i32,
+            occurrence_ns: r.occurrence_ns.unwrap_or(0),
         }),
     }
 }
@@ -368,6 +402,8 @@ pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
         DeliveryState::Acked => wire::DeliveryState::Acked,
         DeliveryState::Nacked => wire::DeliveryState::Nacked,
         DeliveryState::Cancelled => wire::DeliveryState::Cancelled,
+        // Not a delivery: never listed as one.
+        DeliveryState::Local => wire::DeliveryState::Unspecified,
     };
     wire::Delivery {
         agent_id: d.agent_id.clone(),
@@ -375,7 +411,7 @@ pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
         state: state as i32,
         reason: d.reason.clone(),
         errors: d
-            .errors
+            .errors()
             .iter()
             .map(|e| wire::PackError {
                 line: e.line,
@@ -386,15 +422,6 @@ pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
             .collect(),
         updated_ns: d.updated_ns,
         attempts: d.attempts,
-    }
-}
-
-/// A pack's targets as stored.
-pub fn targets(p: &Pack) -> TargetsRow {
-    match &p.targets {
-        None => TargetsRow::Nobody,
-        Some(Targets::Agents(a)) => TargetsRow::Agents(a.clone()),
-        Some(Targets::Labels(l)) => TargetsRow::Labels(l.clone()),
     }
 }
 
@@ -418,12 +445,30 @@ mod tests {
     fn feedback_is_checked_and_round_trips() {
         let row =
             feedback("ag", "j1", &entry(7, wire::Outcome::Unknown as i32), 99).expect("valid");
-        assert_eq!(row.outcome, "unknown");
+        assert_eq!(row.outcome, wire::Outcome::Unknown);
         assert_eq!((row.seq, row.received_ns), (7, 99));
+        // An agent that sends no occurrence: read from its execution id.
+        assert_eq!(row.occurrence_ns, Some(5));
         let back = feedback_to_wire(&row);
         assert_eq!(
             back.entry.expect("entry").outcome,
             wire::Outcome::Unknown as i32
+        );
+        // A reason this build does not know reads as unspecified.
+        let mut e = entry(8, wire::Outcome::Skipped as i32);
+        e.reason = 999;
+        e.occurrence_ns = 6;
+        let row = feedback("ag", "j1", &e, 0).expect("valid");
+        assert_eq!(
+            (row.reason, row.occurrence_ns),
+            (wire::Reason::Unspecified, Some(6))
+        );
+        e.reason = wire::Reason::Late as i32;
+        let row = feedback("ag", "j1", &e, 0).expect("valid");
+        assert_eq!(reason_word(row.reason), "late");
+        assert_eq!(
+            feedback_to_wire(&row).entry.map(|e| e.reason),
+            Some(wire::Reason::Late as i32)
         );
 
         assert!(feedback("ag", "j1", &entry(0, 1), 0).is_err(), "seq 0");
@@ -446,19 +491,39 @@ mod tests {
             ..Default::default()
         };
         h.labels.insert("line".into(), "3".into());
-        let row = hello(&h, 5).expect("valid");
+        let row = hello(&h, 8, 5).expect("valid");
         assert_eq!(row.labels.get("line").map(String::as_str), Some("3"));
+        // Held packs: at most the agent's own max-packs, at most the
+        // controller's cap.
+        let held = |n: usize| {
+            (0..n)
+                .map(|i| wire::HeldPack {
+                    pack: Some(wire_ref("default", &format!("p{i}"), 1)),
+                    stopped: false,
+                })
+                .collect::<Vec<_>>()
+        };
+        h.packs = held(8);
+        assert!(hello(&h, 8, 5).is_ok());
+        h.max_packs = 4;
+        let e = hello(&h, 8, 5).expect_err("over the agent's max-packs");
+        assert!(e.0.contains("8 held packs: more than the 4"), "{e}");
+        h.max_packs = 0;
+        h.packs = held(9);
+        assert!(hello(&h, 8, 5).is_err(), "over the controller's cap");
+        h.packs.clear();
         h.agent_id = "../etc".into();
-        assert!(hello(&h, 5).is_err());
+        let e = hello(&h, 8, 5).expect_err("bad id");
+        assert!(e.0.contains("at most 128 characters"), "one id rule: {e}");
         h.agent_id = "a".into();
         h.labels.insert("x".into(), "bad\nvalue".into());
-        assert!(hello(&h, 5).is_err());
+        assert!(hello(&h, 8, 5).is_err());
         h.labels.clear();
         h.labels.insert(String::new(), "v".into());
-        assert!(hello(&h, 5).is_err(), "empty key");
+        assert!(hello(&h, 8, 5).is_err(), "empty key");
         h.labels.clear();
         h.journal_id.clear();
-        assert!(hello(&h, 5).is_err(), "no journal id");
+        assert!(hello(&h, 8, 5).is_err(), "no journal id");
     }
 
     #[test]

@@ -1,43 +1,40 @@
-//! `baton-controller serve`: the Link service agents dial, the Admin
-//! service operators call, gRPC health and reflection, over one store.
+//! `baton-controller serve`: the gRPC adapters over the application
+//! ([`crate::app`]): the Link service agents dial, the Admin service
+//! operators call, gRPC health and reflection; mTLS, revocations and
+//! `/metrics` around them.
 //!
 //! Parts, each with one job:
-//! - [`session`]: one agent's stream (hello, reconcile, acks, feedback);
-//! - [`hub`]: which agents have a live stream (one per agent);
-//! - [`reconcile`]: desired against held, as a pure function;
-//! - [`bucket`]: pacing of pushes (token bucket, sans-IO);
-//! - [`admin`]: the operators' API;
+//! - [`session`]: one agent's stream (hello, acks, feedback, clock);
+//! - [`admin`]: the operators' API, a thin mapping onto [`crate::app`];
+//! - [`convert`]: wire messages to records and back, with every check;
+//! - [`tls`]: our own accept loop (handshakes bounded, identities read);
 //! - [`revocations`]: revocations the controller picks up, into the audit log;
-//! - [`convert`]: wire messages to store rows, with every check.
+//! - [`metrics`]: `/metrics` over HTTP.
 
-pub mod access;
 pub mod admin;
-pub mod bucket;
 pub mod convert;
-pub mod hub;
 pub mod metrics;
-pub mod reconcile;
 pub mod revocations;
 pub mod session;
 pub mod tls;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use baton_proto::wire::{self, watch_event::Body as Ev};
-use hdrhistogram::Histogram;
-use tokio::sync::{broadcast, mpsc, watch};
+use baton_proto::wire;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::app::{App, AppConfig, pace::Pace, retention::Retention};
 use crate::identity::Identity;
-use crate::store::{DeliveryRow, FeedbackRow, Store};
-use bucket::{Pace, TokenBucket};
-use hub::Hub;
+use crate::model::Binding;
+use crate::store::Store;
 
+pub use crate::app::now_ns;
 pub use baton_proto::wire::MAX_MESSAGE_BYTES;
 
 /// How the server runs.
@@ -58,6 +55,13 @@ pub struct ServerConfig {
     /// Where `/metrics` is served (`None`: not served; port 0: any free
     /// port, written to `DATA/metrics.addr`).
     pub metrics: Option<SocketAddr>,
+    /// Most packs an agent's Hello or Held may list.
+    pub max_held: usize,
+    /// What is deleted when, and how.
+    pub retention: Retention,
+    /// Whether agents belong to tenants: set with `tls` by
+    /// [`ServerConfig::with_tls`] (identities make tenants bindable).
+    pub binding: Binding,
 }
 
 impl ServerConfig {
@@ -71,46 +75,40 @@ impl ServerConfig {
             hello_timeout: Duration::from_secs(10),
             tls: None,
             metrics: None,
+            max_held: 1024,
+            retention: Retention::default(),
+            binding: Binding::Open,
         }
+    }
+
+    /// mTLS: agents have identities, and so belong to tenants.
+    pub fn with_tls(mut self, tls: Option<tls::TlsOptions>) -> ServerConfig {
+        self.binding = if tls.is_some() {
+            Binding::Tenants
+        } else {
+            Binding::Open
+        };
+        self.tls = tls;
+        self
+    }
+
+    /// Whether agents belong to tenants.
+    pub fn binding(&self) -> Binding {
+        self.binding
     }
 }
 
 /// What every stream and call shares.
+#[derive(Debug)]
 pub struct Shared {
-    /// The durable state.
-    pub store: Arc<dyn Store>,
-    /// Live streams.
-    pub hub: Hub,
-    /// Live events for `watch` (bounded: a slow watcher lags, and is told).
-    pub events: broadcast::Sender<wire::WatchEvent>,
+    /// The application.
+    pub app: Arc<App>,
     /// Set once to stop.
     pub shutdown: watch::Receiver<bool>,
     /// Configuration.
     pub cfg: ServerConfig,
     /// Serials of revoked certificates (empty without TLS).
     pub revoked: watch::Sender<Arc<HashSet<String>>>,
-    /// Counters for `/metrics`.
-    pub metrics: metrics::Metrics,
-    bucket: tokio::sync::Mutex<TokenBucket>,
-    /// Per agent: 1 µs .. 60 s at 2 digits, u32 counts (~11 KB each; the
-    /// u64 / 1 h version was 37 KB per agent ever seen).
-    lateness: Mutex<HashMap<String, Histogram<u32>>>,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("connected", &self.hub.connected())
-            .finish_non_exhaustive()
-    }
-}
-
-/// Now, ns since the Unix epoch (the controller's clock is reference time).
-pub fn now_ns() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
 impl Shared {
@@ -120,85 +118,15 @@ impl Shared {
         cfg: ServerConfig,
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Shared> {
-        let (events, _) = broadcast::channel(4096);
+        let mut app_cfg = AppConfig::new(cfg.binding());
+        app_cfg.pace = cfg.pace;
+        app_cfg.max_held = cfg.max_held;
         Arc::new(Shared {
-            store,
-            hub: Hub::default(),
-            events,
+            app: App::new(store, app_cfg),
             shutdown,
             revoked: watch::Sender::new(Arc::new(HashSet::new())),
-            bucket: tokio::sync::Mutex::new(TokenBucket::new(cfg.pace, Instant::now())),
             cfg,
-            metrics: metrics::Metrics::default(),
-            lateness: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// Wait for a push token.
-    pub async fn pace(&self) {
-        loop {
-            let wait = {
-                let mut b = self.bucket.lock().await;
-                match b.take(Instant::now()) {
-                    Ok(()) => return,
-                    Err(w) => w,
-                }
-            };
-            tokio::time::sleep(wait).await;
-        }
-    }
-
-    fn publish(&self, body: Ev) {
-        // No watcher: nothing to do.
-        let _ = self.events.send(wire::WatchEvent { body: Some(body) });
-    }
-
-    /// Announce an agent event to watchers.
-    pub fn agent_event(
-        &self,
-        agent: &str,
-        kind: wire::AgentEventKind,
-        clock: Option<wire::ClockReport>,
-        detail: &str,
-    ) {
-        self.publish(Ev::Agent(wire::AgentEvent {
-            agent_id: agent.to_string(),
-            kind: kind as i32,
-            clock,
-            detail: detail.to_string(),
-            at_ns: now_ns(),
-        }));
-    }
-
-    /// Announce a delivery change to watchers.
-    pub fn delivery_event(&self, d: &DeliveryRow) {
-        self.metrics.delivery(d.state);
-        self.publish(Ev::Delivery(convert::delivery_to_wire(d)));
-    }
-
-    /// Feedback of one agent into its lateness figures.
-    pub fn record_lateness(&self, rows: &[FeedbackRow]) {
-        let Some(first) = rows.first() else { return };
-        let mut l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
-        let h = l.entry(first.agent_id.clone()).or_insert_with(|| {
-            Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
-                .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!()))
-        });
-        for r in rows.iter().filter(|r| r.event == "executed") {
-            h.saturating_record(r.lateness_ns.clamp(1_000, 60_000_000_000) as u64);
-        }
-    }
-
-    /// Whether anyone watches live events.
-    pub fn watched(&self) -> bool {
-        self.events.receiver_count() > 0
-    }
-
-    /// Stored feedback to watchers.
-    pub fn publish_feedback(&self, rows: &[FeedbackRow]) {
-        for r in rows {
-            self.publish(Ev::Feedback(convert::feedback_to_wire(r)));
-        }
     }
 
     /// Who is calling: [`Identity::Insecure`] on a plaintext controller;
@@ -244,14 +172,6 @@ impl Shared {
             }
         }
     }
-
-    /// Start lateness p99 of an agent's feedback since start (0: none).
-    pub fn lateness_p99(&self, agent: &str) -> i64 {
-        let l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
-        l.get(agent)
-            .filter(|h| !h.is_empty())
-            .map_or(0, |h| h.value_at_quantile(0.99) as i64)
-    }
 }
 
 /// The Link service.
@@ -277,9 +197,10 @@ impl wire::link_server::Link for LinkService {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let (who, serial) = self.shared.peer(request.extensions())?;
         let peer = match who {
-            Identity::Agent { id } => session::LinkPeer {
+            Identity::Agent { id, tenants } => session::LinkPeer {
                 agent_id: Some(id),
                 serial,
+                tenants: Some(Identity::agent_tenants(&tenants)),
             },
             Identity::Insecure => session::LinkPeer::default(),
             Identity::Operator { .. } => {
@@ -319,9 +240,14 @@ pub async fn serve(
         }
         None => None,
     };
-    store.all_disconnected(now_ns()).await?;
+    store.all_disconnected().await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared::new(store, cfg, stop_rx.clone());
+    let retention = tokio::spawn(crate::app::retention::run(
+        shared.app.clone(),
+        shared.cfg.retention.clone(),
+        stop_rx.clone(),
+    ));
     let tls_state = match &shared.cfg.tls {
         Some(t) => {
             let state = tls::TlsState::load(crate::ca::CaDir::new(&t.dir), shared.revoked.clone())?;
@@ -381,7 +307,8 @@ pub async fn serve(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
         }
     };
-    let metrics_task = metrics_listener.map(|l| tokio::spawn(metrics::serve(l, shared.clone())));
+    let metrics_task =
+        metrics_listener.map(|l| tokio::spawn(metrics::serve(l, shared.app.clone())));
     // systemd (`Type=notify`): the listener is bound and the store open.
     // Nothing is sent without NOTIFY_SOCKET; nothing here blocks.
     let notifier = baton_service::notify::Notifier::from_env();
@@ -411,6 +338,7 @@ pub async fn serve(
         Ok(Err(e)) => anyhow::bail!("server task: {e}"),
         Err(_) => tracing::warn!("streams still open after 5 s; stopping anyway"),
     }
+    retention.abort();
     Ok(())
 }
 

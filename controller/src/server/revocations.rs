@@ -9,16 +9,18 @@
 //!
 //! Tenants: an operator certificate's revocation is recorded in its
 //! tenant (read from `DIR/operators/NAME.pem`); an agent's in every tenant
-//! that sees the agent (its packs on it, targeting it, or its labels), or
-//! with an empty tenant (fleet-wide: plaintext-era admins and `audit`
-//! without a tenant) when none does. No tenant reads another's record.
+//! that sees the agent (the tenants it serves, and those with a delivery
+//! to it), or with an empty tenant (fleet-wide: plaintext-era admins and
+//! `audit` without a tenant) when none does. No tenant reads another's
+//! record.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use crate::ca::{self, CaDir, RevokedEntry};
 use crate::identity::Identity;
-use crate::store::{AgentRow, AuditRow, PackRow, StoreError};
+use crate::model::{AgentRow, AuditRow, DeliveryRow};
+use crate::store::{MAX_PAGE, StoreError};
 
 use super::{Shared, now_ns};
 
@@ -37,26 +39,17 @@ fn serial_of(target: &str) -> Option<&str> {
     target.rsplit_once("(serial ")?.1.strip_suffix(')')
 }
 
-/// The tenants that see agent `name` (empty: none, or unknown).
-pub fn agent_tenants(name: &str, agents: &[AgentRow], packs: &[PackRow]) -> Vec<String> {
-    let Some(a) = agents.iter().find(|a| a.id == name) else {
-        return Vec::new();
-    };
-    let mut t: Vec<String> = a
-        .held
+/// The tenants that see an agent: those it serves, those with a delivery
+/// row on it, those with labels on it.
+pub fn agent_tenants(a: &AgentRow, rows: &[DeliveryRow]) -> Vec<String> {
+    let t: BTreeSet<String> = a
+        .tenants
         .iter()
-        .map(|h| h.tenant.clone())
+        .cloned()
+        .chain(rows.iter().map(|r| r.tenant.clone()))
         .chain(a.overrides.keys().cloned())
-        .chain(
-            packs
-                .iter()
-                .filter(|p| p.cancelled_ns.is_none() && a.targeted_by(&p.latest))
-                .map(|p| p.latest.tenant.clone()),
-        )
         .collect();
-    t.sort();
-    t.dedup();
-    t
+    t.into_iter().collect()
 }
 
 /// The audit records for `entries` not yet in `audited` (serials); one per
@@ -113,9 +106,12 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
     if entries.is_empty() {
         return Ok(0);
     }
-    let store = &shared.store;
+    let store = &shared.app.store;
+    // The newest records are where a revocation re-read since the last
+    // start would be found; the audit log keeps revocations for ever
+    // (retention of the audit log is off by default).
     let audited: HashSet<String> = store
-        .audit(None, 0, None)
+        .audit(None, 0, MAX_PAGE * 10)
         .await?
         .iter()
         .filter(|r| r.action == "revoke" && r.who == "ca")
@@ -124,8 +120,13 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
     if entries.iter().all(|e| audited.contains(&e.serial)) {
         return Ok(0);
     }
-    let agents = store.agents().await?;
-    let packs = store.packs(None).await?;
+    let mut agent_seen = std::collections::HashMap::new();
+    for e in entries.iter().filter(|e| e.kind == "agent") {
+        if let Some(a) = store.agent(&e.name).await? {
+            let rows = store.deliveries_of_agent(&e.name).await?;
+            agent_seen.insert(e.name.clone(), agent_tenants(&a, &rows));
+        }
+    }
     let operator_tenant = |name: &str| {
         ca::read_cert(&dir.leaf_cert(ca::Kind::Operator, name))
             .ok()
@@ -138,7 +139,7 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
         &entries,
         &audited,
         |e| match e.kind.as_str() {
-            "agent" => agent_tenants(&e.name, &agents, &packs),
+            "agent" => agent_seen.get(&e.name).cloned().unwrap_or_default(),
             "operator" => operator_tenant(&e.name).into_iter().collect(),
             _ => Vec::new(),
         },

@@ -1,37 +1,50 @@
-//! One agent's stream: hello, reconcile, then pushes, acks, feedback and
-//! clock reports until the stream ends. Every way out of [`run`] ends in
-//! the same place: the agent is marked disconnected and unregistered.
+//! One agent's stream: hello, then pushes, acks, feedback and clock
+//! reports until the stream ends. Every way out of [`run`] ends in the
+//! same place: the agent is marked disconnected and unregistered.
+//!
+//! What the agent should hold is not decided here: the store decides it
+//! (the planner, at hello, on every answer and held update, and on every
+//! push, cancel or label change elsewhere) and hands this stream the
+//! rows; the stream sends what [`planner::action`] asks for each row,
+//! paced, with retries for refusals that are only for now.
 //!
 //! Feedback is acknowledged only once stored, with a cumulative ack (the
 //! highest seq of the stored batch), so an agent's outbox never loses an
 //! entry the controller does not have. A batch re-sent after a lost ack is
 //! stored once (the store is idempotent on agent, journal and seq).
+//! Feedback and held entries for what is not the agent's (another
+//! tenant's pack, a pack never delivered to it) are dropped and counted.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use baton_proto::wire::{self, agent_message::Body as In, controller_message::Body as Out};
 use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
 
-use super::bucket::{Pace, TokenBucket};
+use super::Shared;
 use super::convert::{self, BadMessage};
-use super::hub::SessionCmd;
-use super::metrics::{AgentClock, PushResult};
-use super::reconcile::{self, Action, Refused};
-use super::{Shared, now_ns};
-use crate::store::{
-    AgentRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow, PackVersionRow,
-    StoreError,
+use crate::app::events::{AgentEvent, AgentEventKind, Event};
+use crate::app::hub::SessionCmd;
+use crate::app::metrics::{AgentClock, PushResult};
+use crate::app::pace::{Pace, TokenBucket};
+use crate::app::{App, now_ns};
+use crate::model::{
+    AgentRow, Answer, Binding, DeliveryRow, HeldPackRow, PackKey, PackVersionRow, Refusal,
 };
+use crate::planner::{self, Action};
+use crate::store::{AnswerRow, StoreError};
 
 /// Outbound queue of one stream.
 pub type Outbound = mpsc::Sender<Result<wire::ControllerMessage, Status>>;
 
 /// How long a send to a slow agent may take before its stream is closed.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often desired state is reconciled again on a live stream (catches a
+/// How often the agent's rows are read again on a live stream (catches a
 /// command lost to a full queue, and re-sends pushes never answered).
 const RESYNC: Duration = Duration::from_secs(30);
 /// A push without an answer this long is sent again at the next resync.
@@ -66,6 +79,8 @@ enum End {
     Revoked(String),
     /// An admin forgot the agent.
     Forgotten,
+    /// Another machine's stream holds the id.
+    Duplicate(String),
 }
 
 impl End {
@@ -86,6 +101,7 @@ impl End {
                 Status::permission_denied(format!("certificate {serial} is revoked"))
             }
             End::Forgotten => Status::aborted("an admin made the controller forget this agent"),
+            End::Duplicate(m) => Status::already_exists(m.clone()),
         })
     }
 
@@ -102,6 +118,7 @@ impl End {
             End::Denied(m) => format!("refused: {m}"),
             End::Revoked(serial) => format!("certificate {serial} revoked"),
             End::Forgotten => "forgotten by an admin".into(),
+            End::Duplicate(m) => format!("refused: {m}"),
         }
     }
 }
@@ -121,43 +138,23 @@ impl From<StoreError> for End {
 /// A push sent and not yet answered, or waiting to be retried.
 #[derive(Debug)]
 struct InFlight {
+    version: u64,
     sent: Instant,
     retries: u32,
     retry_at: Option<Instant>,
-    row: PackVersionRow,
 }
 
-/// The state of one live stream.
-struct Session {
-    shared: Arc<Shared>,
-    out: Outbound,
-    agent: AgentRow,
-    /// Deliveries to this agent by (tenant, pack, version).
-    deliveries: HashMap<(String, String, u64), DeliveryRow>,
-    in_flight: HashMap<(String, String, u64), InFlight>,
-    /// Highest feedback seq received on this stream.
-    last_seq: u64,
-    last_heard: Instant,
-    next_ping: u64,
-    /// What a hostile or broken agent may make the controller do per
-    /// stream: answer time requests, store clock reports (each a row of
-    /// history).
-    time_requests: Limited,
-    clock_reports: Limited,
+/// Who opened a link stream, as its TLS certificate says (nothing on a
+/// plaintext controller).
+#[derive(Clone, Debug, Default)]
+pub struct LinkPeer {
+    /// The agent id of the certificate: the Hello must say the same.
+    pub agent_id: Option<String>,
+    /// The certificate's serial: the stream ends when it is revoked.
+    pub serial: Option<String>,
+    /// The tenants the certificate names (`None`: none named).
+    pub tenants: Option<Vec<String>>,
 }
-
-/// Time requests an agent's stream may have answered: its exchange asks at
-/// most 4 a second, in a burst of six, then one every 4 s; twice that.
-const TIME_REQUESTS: Pace = Pace {
-    rate: 8.0,
-    burst: 16.0,
-};
-/// Clock reports an agent's stream may have stored: it sends one on each
-/// welcome and one every 5 s.
-const CLOCK_REPORTS: Pace = Pace {
-    rate: 0.5,
-    burst: 4.0,
-};
 
 /// A per-stream rate limit on one kind of message: past it the message is
 /// dropped (a time request goes unanswered, and the agent's exchange asks
@@ -173,14 +170,14 @@ impl Limited {
     fn new(what: &'static str, pace: Pace, now: Instant) -> Limited {
         Limited {
             what,
-            bucket: TokenBucket::new(pace, now),
+            bucket: TokenBucket::new(pace, now.into_std()),
             dropped: 0,
         }
     }
 
     /// Whether this message may be acted on.
     fn allow(&mut self, agent: &str, now: Instant) -> bool {
-        if self.bucket.take(now).is_ok() {
+        if self.bucket.take(now.into_std()).is_ok() {
             return true;
         }
         self.dropped += 1;
@@ -195,23 +192,56 @@ impl Limited {
     }
 }
 
-/// Who opened a link stream, as its TLS certificate says (nothing on a
-/// plaintext controller).
-#[derive(Clone, Debug, Default)]
-pub struct LinkPeer {
-    /// The agent id of the certificate: the Hello must say the same.
-    pub agent_id: Option<String>,
-    /// The certificate's serial: the stream ends when it is revoked.
-    pub serial: Option<String>,
+/// Time requests an agent's stream may have answered: its exchange asks at
+/// most 4 a second, in a burst of six, then one every 4 s; twice that.
+const TIME_REQUESTS: Pace = Pace {
+    rate: 8.0,
+    burst: 16.0,
+};
+/// Clock reports an agent's stream may have stored: it sends one on each
+/// welcome and one every 5 s.
+const CLOCK_REPORTS: Pace = Pace {
+    rate: 0.5,
+    burst: 4.0,
+};
+
+/// The state of one live stream.
+struct Session {
+    shared: Arc<Shared>,
+    app: Arc<App>,
+    out: Outbound,
+    agent: AgentRow,
+    /// Certificate tenants (kept over regrants).
+    cert_tenants: Option<Vec<String>>,
+    /// The tenants as events carry them.
+    tenants: Arc<BTreeSet<String>>,
+    /// The agent's delivery rows, by pack, as the store last said.
+    rows: BTreeMap<PackKey, DeliveryRow>,
+    /// The pack texts pushed to it recently (a push command carries one).
+    texts: HashMap<PackKey, Arc<PackVersionRow>>,
+    in_flight: HashMap<PackKey, InFlight>,
+    /// Highest feedback seq received on this stream.
+    last_seq: u64,
+    /// Highest seq the store had acknowledged at hello, and the first seq
+    /// the agent then held: entries between them were dropped by the
+    /// agent (its first entry's `dropped_before` says how many) or lost.
+    gap: Option<(u64, u64)>,
+    last_heard: Instant,
+    next_ping: u64,
+    time_requests: Limited,
+    clock_reports: Limited,
+    /// Entries dropped for naming what is not the agent's.
+    foreign: u64,
+    /// Most packs its Held may list (its max-packs, at most the
+    /// controller's).
+    held_cap: usize,
 }
 
 /// Serve one stream to its end.
-pub async fn run(
-    shared: Arc<Shared>,
-    mut inbound: Streaming<wire::AgentMessage>,
-    out: Outbound,
-    peer: LinkPeer,
-) {
+pub async fn run<S>(shared: Arc<Shared>, mut inbound: S, out: Outbound, peer: LinkPeer)
+where
+    S: Stream<Item = Result<wire::AgentMessage, Status>> + Unpin + Send,
+{
     let hello = match first_hello(&shared, &mut inbound, &peer).await {
         Ok(h) => h,
         Err(end) => {
@@ -222,22 +252,65 @@ pub async fn run(
             return;
         }
     };
-    let agent_id = hello.id.clone();
+    let agent_id = hello.agent_id.clone();
+    let app = shared.app.clone();
     let (cmd_tx, cmd_rx) = mpsc::channel(64);
-    let generation = shared.hub.register(&agent_id, cmd_tx);
+    let generation = match app
+        .hub
+        .register(&agent_id, &hello.journal_id, cmd_tx, now_ns())
+    {
+        Ok(g) => g,
+        Err(c) => {
+            app.metrics.duplicate_stream();
+            let msg = format!(
+                "agent id {agent_id} is connected from another journal ({}): two machines under one identity; this stream (journal {}) is refused",
+                c.holder_journal, c.refused_journal
+            );
+            tracing::warn!(agent = %agent_id, refused = c.refused, "{msg}");
+            let tenants = app
+                .store
+                .agent(&agent_id)
+                .await
+                .ok()
+                .flatten()
+                .map(|a| a.tenants)
+                .unwrap_or_default();
+            app.publish(Event::Agent(AgentEvent {
+                agent_id: agent_id.clone(),
+                tenants: Arc::new(tenants),
+                kind: AgentEventKind::Conflict,
+                clock: None,
+                detail: msg.clone(),
+                at_ns: now_ns(),
+            }));
+            let _ = out
+                .send(Err(End::Duplicate(msg)
+                    .status()
+                    .unwrap_or_else(|| Status::already_exists(""))))
+                .await;
+            return;
+        }
+    };
     let mut session = Session {
         shared: shared.clone(),
+        app: app.clone(),
         out: out.clone(),
-        agent: hello,
-        deliveries: HashMap::new(),
+        agent: AgentRow::new(&agent_id, &hello.journal_id),
+        cert_tenants: peer.tenants.clone(),
+        tenants: Arc::default(),
+        rows: BTreeMap::new(),
+        texts: HashMap::new(),
         in_flight: HashMap::new(),
         last_seq: 0,
+        gap: None,
         last_heard: Instant::now(),
         next_ping: 1,
         time_requests: Limited::new("time requests", TIME_REQUESTS, Instant::now()),
         clock_reports: Limited::new("clock reports", CLOCK_REPORTS, Instant::now()),
+        foreign: 0,
+        held_cap: convert::held_cap(&hello, app.cfg.max_held),
     };
-    let end = match session.start().await {
+    let end = match session.start(&hello).await {
         Ok(()) => session.serve(inbound, cmd_rx, peer.serial).await,
         Err(e) => e,
     };
@@ -247,19 +320,22 @@ pub async fn run(
             tracing::warn!(agent = %agent_id, "{} {} over the limit dropped on this stream", l.dropped, l.what);
         }
     }
+    if session.foreign > 0 {
+        tracing::warn!(agent = %agent_id, "{} entries for packs not the agent's dropped on this stream", session.foreign);
+    }
     if let Some(s) = end.status() {
         let _ = tokio::time::timeout(Duration::from_secs(1), out.send(Err(s))).await;
     }
-    let still_current = shared.hub.unregister(&agent_id, generation);
+    let still_current = app.hub.unregister(&agent_id, generation);
     if still_current {
-        shared.metrics.forget(&agent_id);
+        app.agent_gone(&agent_id);
     }
     // A forgotten agent has no record left to mark.
     if still_current && !matches!(end, End::Forgotten) {
-        if let Err(e) = shared.store.agent_seen(&agent_id, false, now_ns()).await {
+        if let Err(e) = app.store.agent_seen(&agent_id, false, now_ns()).await {
             tracing::error!(agent = %agent_id, "store: marking disconnected: {e}");
         }
-        shared.agent_event(&agent_id, wire::AgentEventKind::Disconnected, None, &reason);
+        session.agent_event(AgentEventKind::Disconnected, None, reason.clone());
     }
     match end {
         End::Closed | End::Replaced | End::Shutdown | End::Forgotten => {
@@ -270,18 +346,21 @@ pub async fn run(
 }
 
 /// The first message must be a valid hello, within the hello timeout.
-async fn first_hello(
+async fn first_hello<S>(
     shared: &Shared,
-    inbound: &mut Streaming<wire::AgentMessage>,
+    inbound: &mut S,
     peer: &LinkPeer,
-) -> Result<AgentRow, End> {
-    let first = tokio::time::timeout(shared.cfg.hello_timeout, inbound.message())
+) -> Result<wire::Hello, End>
+where
+    S: Stream<Item = Result<wire::AgentMessage, Status>> + Unpin + Send,
+{
+    let first = tokio::time::timeout(shared.cfg.hello_timeout, inbound.next())
         .await
         .map_err(|_| End::Bad(format!("no hello within {:?}", shared.cfg.hello_timeout)))?;
     let msg = match first {
-        Ok(Some(m)) => m,
-        Ok(None) => return Err(End::Closed),
-        Err(s) => return Err(End::Transport(s)),
+        Some(Ok(m)) => m,
+        None => return Err(End::Closed),
+        Some(Err(s)) => return Err(End::Transport(s)),
     };
     match msg.body {
         Some(In::Hello(h)) => {
@@ -293,8 +372,9 @@ async fn first_hello(
                     h.agent_id
                 )));
             }
-            let row = convert::hello(&h, now_ns())?;
-            Ok(row)
+            // Checked here so a bad hello never registers a stream.
+            convert::hello(&h, shared.app.cfg.max_held, now_ns())?;
+            Ok(h)
         }
         _ => Err(End::Bad(
             "the first message on a link stream must be hello".into(),
@@ -303,22 +383,83 @@ async fn first_hello(
 }
 
 impl Session {
-    /// Store the hello, welcome the agent, reconcile.
-    async fn start(&mut self) -> Result<(), End> {
-        self.shared.store.agent_hello(self.agent.clone()).await?;
-        self.reload_labels().await?;
-        let store = &self.shared.store;
-        let acked = store
+    fn binding(&self) -> Binding {
+        self.app.cfg.binding
+    }
+
+    /// The agent's entries for tenants it serves; the rest dropped and
+    /// counted.
+    fn own_held(&mut self, held: Vec<HeldPackRow>) -> Vec<HeldPackRow> {
+        let before = held.len();
+        let binding = self.binding();
+        let agent = &self.agent;
+        let kept: Vec<HeldPackRow> = held
+            .into_iter()
+            .filter(|h| agent.serves(&h.tenant, binding))
+            .collect();
+        self.drop_foreign((before - kept.len()) as u64, "held");
+        kept
+    }
+
+    fn drop_foreign(&mut self, n: u64, what: &str) {
+        if n == 0 {
+            return;
+        }
+        if self.foreign == 0 {
+            tracing::warn!(
+                agent = %self.agent.id,
+                "agent sent {what} entries for packs of tenants it does not serve, or never delivered to it: dropped"
+            );
+        }
+        self.foreign += n;
+        self.app.metrics.foreign(n);
+    }
+
+    fn agent_event(
+        &self,
+        kind: AgentEventKind,
+        clock: Option<crate::model::ClockRow>,
+        detail: String,
+    ) {
+        self.app.publish(Event::Agent(AgentEvent {
+            agent_id: self.agent.id.clone(),
+            tenants: self.tenants.clone(),
+            kind,
+            clock,
+            detail,
+            at_ns: now_ns(),
+        }));
+    }
+
+    /// Store the hello (the store plans every pack for the agent), welcome
+    /// the agent, act on its rows.
+    async fn start(&mut self, h: &wire::Hello) -> Result<(), End> {
+        let app = self.app.clone();
+        let mut row = convert::hello(h, app.cfg.max_held, now_ns())?;
+        row.cert_tenants = self.cert_tenants.clone();
+        // Its tenants before its held set is taken: grants are stored,
+        // the certificate's come with this hello.
+        if let Some(a) = app.store.agent(&row.id).await? {
+            self.agent.tenants = a.tenants;
+        }
+        if let Some(t) = &self.cert_tenants {
+            self.agent.tenants.extend(t.iter().cloned());
+        }
+        row.held = self.own_held(row.held);
+        let (agent, rows) = app.store.agent_hello(row).await?;
+        self.set_agent(agent);
+        self.rows = rows.into_iter().map(|r| (r.key(), r)).collect();
+        let acked = app
+            .store
             .feedback_acked(&self.agent.id, &self.agent.journal_id)
             .await?;
         self.last_seq = acked;
-        for d in store.deliveries_of_agent(&self.agent.id).await? {
-            self.deliveries
-                .insert((d.tenant.clone(), d.pack.clone(), d.version), d);
+        if h.feedback_first_seq > acked + 1 {
+            self.gap = Some((acked, h.feedback_first_seq));
         }
         tracing::info!(
             agent = %self.agent.id,
-            held = self.agent.held.len(),
+            held = h.packs.len(),
             feedback_acked = acked,
             "agent connected"
         );
@@ -329,76 +470,28 @@ impl Session {
             ping_interval_ms: self.shared.cfg.ping_interval.as_millis() as u32,
         }))
         .await?;
-        self.shared.agent_event(
-            &self.agent.id,
-            wire::AgentEventKind::Connected,
+        self.agent_event(
+            AgentEventKind::Connected,
             None,
-            &format!("agent {}", self.agent.agent_version),
+            format!("agent {}", self.agent.agent_version),
         );
-        self.reconcile().await
+        self.act_all().await
     }
 
-    /// Desired against held: push, cancel, or record as acked.
-    async fn reconcile(&mut self) -> Result<(), End> {
-        let packs = self.shared.store.packs(None).await?;
-        let refused: Refused = self
-            .deliveries
-            .values()
-            .filter(|d| d.state == DeliveryState::Nacked)
-            .map(|d| (d.tenant.clone(), d.pack.clone(), d.version))
-            .collect();
-        let actions = reconcile::reconcile(
-            &self.agent.id,
-            &self.agent.labels,
-            &self.agent.overrides,
-            &self.agent.held,
-            &packs,
-            &refused,
-        );
-        for a in actions {
-            match a {
-                Action::Push(row) => {
-                    let key = (row.tenant.clone(), row.pack.clone(), row.version);
-                    let recent = self
-                        .in_flight
-                        .get(&key)
-                        .is_some_and(|f| f.retry_at.is_some() || f.sent.elapsed() < UNANSWERED);
-                    if !recent {
-                        self.push(row, 0).await?;
-                    }
-                }
-                Action::Cancel {
-                    tenant,
-                    pack,
-                    version,
-                } => self.cancel(tenant, pack, version).await?,
-                Action::Acked {
-                    tenant,
-                    pack,
-                    version,
-                } => {
-                    let key = (tenant.clone(), pack.clone(), version);
-                    self.in_flight.remove(&key);
-                    if self
-                        .deliveries
-                        .get(&key)
-                        .is_none_or(|d| d.state != DeliveryState::Acked)
-                    {
-                        self.set_delivery(key, DeliveryState::Acked, String::new(), Vec::new(), 0)
-                            .await?;
-                    }
-                }
-            }
-        }
-        Ok(())
+    fn set_agent(&mut self, a: AgentRow) {
+        self.tenants = Arc::new(a.tenants.clone());
+        self.agent = a;
     }
 
-    async fn serve(
+    async fn serve<S>(
         &mut self,
-        mut inbound: Streaming<wire::AgentMessage>,
+        mut inbound: S,
         mut cmds: mpsc::Receiver<SessionCmd>,
         serial: Option<String>,
-    ) -> End {
+    ) -> End
+    where
+        S: Stream<Item = Result<wire::AgentMessage, Status>> + Unpin + Send,
+    {
         let mut shutdown = self.shared.shutdown.clone();
         let mut revoked = self.shared.revoked.subscribe();
         if let Some(s) = &serial
@@ -414,13 +507,13 @@ impl Session {
         let mut next_seen = Instant::now() + SEEN_EVERY;
         loop {
             let r = tokio::select! {
-                m = inbound.message() => match m {
-                    Ok(Some(m)) => {
+                m = inbound.next() => match m {
+                    Some(Ok(m)) => {
                         self.last_heard = Instant::now();
                         self.on_message(m).await
                     }
-                    Ok(None) => Err(End::Closed),
-                    Err(s) => Err(End::Transport(s)),
+                    None => Err(End::Closed),
+                    Some(Err(s)) => Err(End::Transport(s)),
                 },
                 c = cmds.recv() => match c {
                     Some(c) => self.on_command(c).await,
@@ -441,14 +534,14 @@ impl Session {
                         }
                         if r.is_ok() && now >= next_seen {
                             next_seen = now + SEEN_EVERY;
-                            r = self.shared.store.agent_seen(&self.agent.id, true, now_ns()).await.map_err(End::from);
+                            r = self.app.store.agent_seen(&self.agent.id, true, now_ns()).await.map_err(End::from);
                         }
                         if r.is_ok() {
                             r = self.retry_due(now).await;
                         }
                         if r.is_ok() && now >= next_resync {
                             next_resync = now + RESYNC;
-                            r = self.reconcile().await;
+                            r = self.resync().await;
                         }
                         r
                     }
@@ -471,38 +564,159 @@ impl Session {
 
     async fn on_command(&mut self, c: SessionCmd) -> Result<(), End> {
         match c {
-            SessionCmd::Deliver(row) => {
-                // The agent may hold it already (a push racing a hello).
-                if self.agent.held.iter().any(|h| {
-                    h.tenant == row.tenant && h.pack == row.pack && h.version >= row.version
-                }) {
-                    return Ok(());
+            SessionCmd::Rows { rows, pack } => {
+                if let Some(p) = pack {
+                    self.texts.insert(p.key(), p);
                 }
-                self.push(row, 0).await
+                for r in rows {
+                    let key = r.key();
+                    self.rows.insert(key.clone(), r);
+                    self.act(&key).await?;
+                }
+                Ok(())
             }
-            SessionCmd::Cancel {
-                tenant,
-                pack,
-                version,
-            } => self.cancel(tenant, pack, version).await,
             SessionCmd::Replaced => Err(End::Replaced),
-            SessionCmd::Relabelled => {
-                self.reload_labels().await?;
-                self.reconcile().await
-            }
             SessionCmd::Forgotten => Err(End::Forgotten),
+            SessionCmd::Regranted => {
+                if let Some(a) = self.app.store.agent(&self.agent.id).await? {
+                    self.set_agent(a);
+                }
+                Ok(())
+            }
         }
     }
 
-    /// The operator labels stored for this agent (they outlive hellos).
-    async fn reload_labels(&mut self) -> Result<(), End> {
-        match self.shared.store.agent(&self.agent.id).await? {
-            Some(a) => {
-                self.agent.overrides = a.overrides;
+    /// Every row read again from the store, and acted on.
+    async fn resync(&mut self) -> Result<(), End> {
+        let rows = self.app.store.deliveries_of_agent(&self.agent.id).await?;
+        self.rows = rows.into_iter().map(|r| (r.key(), r)).collect();
+        self.texts.clear();
+        self.act_all().await
+    }
+
+    async fn act_all(&mut self) -> Result<(), End> {
+        let keys: Vec<PackKey> = self.rows.keys().cloned().collect();
+        for k in keys {
+            self.act(&k).await?;
+        }
+        Ok(())
+    }
+
+    /// What the row asks of the agent, unless it was just done.
+    async fn act(&mut self, key: &PackKey) -> Result<(), End> {
+        let Some(row) = self.rows.get(key) else {
+            return Ok(());
+        };
+        match planner::action(row) {
+            Some(Action::Push(version)) => {
+                let recent = self.in_flight.get(key).is_some_and(|f| {
+                    f.version == version && (f.retry_at.is_some() || f.sent.elapsed() < UNANSWERED)
+                });
+                if !recent {
+                    self.push(key, version, 0).await?;
+                }
                 Ok(())
             }
-            None => Err(End::Forgotten),
+            Some(Action::Cancel(version)) => {
+                self.in_flight.remove(key);
+                self.send(Out::PackCancel(wire::PackCancel {
+                    pack: Some(convert::wire_ref(&key.tenant, &key.pack, version)),
+                }))
+                .await
+            }
+            None => {
+                if self
+                    .in_flight
+                    .get(key)
+                    .is_some_and(|f| f.retry_at.is_none())
+                {
+                    self.in_flight.remove(key);
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// Send a pack version, paced by the controller-wide token bucket.
+    async fn push(&mut self, key: &PackKey, version: u64, retries: u32) -> Result<(), End> {
+        let text = match self.texts.get(key).filter(|t| t.version == version) {
+            Some(t) => t.clone(),
+            None => match self.app.store.pack_version(key, Some(version)).await? {
+                Some(t) => {
+                    let t = Arc::new(t);
+                    self.texts.insert(key.clone(), t.clone());
+                    t
+                }
+                // Gone from the store (a withdrawn pack it lost): nothing
+                // to send.
+                None => return Ok(()),
+            },
+        };
+        self.app.pace().await;
+        self.app.metrics.push_sent();
+        self.send(Out::PackPush(wire::PackPush {
+            pack: Some(convert::wire_ref(&key.tenant, &key.pack, version)),
+            yaml: text.yaml.clone(),
+        }))
+        .await?;
+        self.in_flight.insert(
+            key.clone(),
+            InFlight {
+                version,
+                sent: Instant::now(),
+                retries,
+                retry_at: None,
+            },
+        );
+        Ok(())
+    }
+
+    async fn retry_due(&mut self, now: Instant) -> Result<(), End> {
+        let due: Vec<(PackKey, u64, u32)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.retry_at.is_some_and(|t| t <= now))
+            .map(|(k, f)| (k.clone(), f.version, f.retries))
+            .collect();
+        for (key, version, retries) in due {
+            self.in_flight.remove(&key);
+            let still = self
+                .rows
+                .get(&key)
+                .is_some_and(|r| planner::action(r) == Some(Action::Push(version)));
+            if still {
+                self.push(&key, version, retries).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent answered a push: the store re-plans the row.
+    async fn answered(&mut self, key: PackKey, version: u64, answer: Answer) -> Result<(), End> {
+        let attempts = self.in_flight.get(&key).map_or(1, |f| f.retries + 1);
+        let row = self
+            .app
+            .store
+            .answer(AnswerRow {
+                agent_id: self.agent.id.clone(),
+                key: key.clone(),
+                version,
+                answer,
+                attempts,
+                at_ns: now_ns(),
+            })
+            .await?;
+        if let Some(r) = row {
+            let changed = self.rows.get(&key) != Some(&r);
+            self.rows.insert(key.clone(), r.clone());
+            if changed {
+                self.app.metrics.delivery(r.state);
+                if self.app.watched() {
+                    self.app.publish(Event::Delivery(self.app.decorate(r)));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn on_message(&mut self, m: wire::AgentMessage) -> Result<(), End> {
@@ -510,20 +724,20 @@ impl Session {
             None => Err(End::Bad("empty message".into())),
             Some(In::Hello(_)) => Err(End::Bad("a second hello on the same stream".into())),
             Some(In::PackAck(a)) => {
-                let key = convert::pack_ref(a.pack.as_ref())?;
-                self.in_flight.remove(&key);
-                // An ack means the agent holds that version now, whether or
-                // not a `Held` update follows (a resync must not push it
-                // again).
-                self.note_held(&key).await?;
-                self.shared.metrics.push_result(if a.unchanged {
+                let (tenant, pack, version) = convert::pack_ref(a.pack.as_ref())?;
+                let key = PackKey::new(tenant, pack);
+                if !self.rows.contains_key(&key) {
+                    self.drop_foreign(1, "ack");
+                    return Ok(());
+                }
+                self.app.metrics.push_result(if a.unchanged {
                     PushResult::Unchanged
                 } else {
                     PushResult::Acked
                 });
-                let reason = if a.unchanged { "already held" } else { "" };
-                self.set_delivery(key, DeliveryState::Acked, reason.into(), Vec::new(), 0)
-                    .await
+                self.answered(key.clone(), version, Answer::Acked).await?;
+                self.in_flight.remove(&key);
+                Ok(())
             }
             Some(In::PackNack(n)) => self.on_nack(n).await,
             Some(In::Feedback(batch)) => self.on_feedback(batch).await,
@@ -532,7 +746,7 @@ impl Session {
                 if !self.clock_reports.allow(&self.agent.id, Instant::now()) {
                     return Ok(());
                 }
-                self.shared.metrics.clock(
+                self.app.metrics.clock(
                     &self.agent.id,
                     AgentClock {
                         offset_ns: row.offset_ns,
@@ -540,24 +754,37 @@ impl Session {
                         locked: row.state == "locked",
                     },
                 );
-                self.shared.store.record_clock(&self.agent.id, row).await?;
-                self.shared
-                    .agent_event(&self.agent.id, wire::AgentEventKind::Clock, Some(c), "");
+                self.app
+                    .store
+                    .record_clock(&self.agent.id, row.clone())
+                    .await?;
+                self.agent_event(AgentEventKind::Clock, Some(row), String::new());
                 Ok(())
             }
             Some(In::Held(h)) => {
-                let held = convert::held(&h.packs)?;
-                self.shared
+                let held = convert::held(&h.packs, self.held_cap)?;
+                let held = self.own_held(held);
+                let changed = self
+                    .app
                     .store
-                    .agent_held(&self.agent.id, held.clone())
+                    .agent_held(&self.agent.id, held, now_ns())
                     .await?;
-                self.agent.held = held;
+                for r in changed {
+                    let key = r.key();
+                    self.app.metrics.delivery(r.state);
+                    if self.app.watched() {
+                        self.app
+                            .publish(Event::Delivery(self.app.decorate(r.clone())));
+                    }
+                    self.rows.insert(key.clone(), r);
+                    self.act(&key).await?;
+                }
                 Ok(())
             }
             Some(In::TimeRequest(r)) => {
                 // t2 as soon as the request is seen, t3 as the reply leaves:
                 // the controller's clock is reference time.
-                let t2 = super::now_ns();
+                let t2 = now_ns();
                 if !self.time_requests.allow(&self.agent.id, Instant::now()) {
                     return Ok(());
                 }
@@ -565,7 +792,7 @@ impl Session {
                     id: r.id,
                     t1_ns: r.t1_ns,
                     t2_ns: t2,
-                    t3_ns: super::now_ns(),
+                    t3_ns: now_ns(),
                 }))
                 .await
             }
@@ -574,7 +801,12 @@ impl Session {
     }
 
     async fn on_nack(&mut self, n: wire::PackNack) -> Result<(), End> {
-        let key = convert::pack_ref(n.pack.as_ref())?;
+        let (tenant, pack, version) = convert::pack_ref(n.pack.as_ref())?;
+        let key = PackKey::new(tenant, pack);
+        if !self.rows.contains_key(&key) {
+            self.drop_foreign(1, "nack");
+            return Ok(());
+        }
         let errors = convert::nack_errors(&n.errors);
         let reason = wire::NackReason::try_from(n.reason).unwrap_or(wire::NackReason::Unspecified);
         let message = if n.message.is_empty() {
@@ -588,11 +820,12 @@ impl Session {
                 | wire::NackReason::Clock
                 | wire::NackReason::Unavailable
         );
-        self.shared.metrics.push_result(if retryable {
+        self.app.metrics.push_result(if retryable {
             PushResult::Retry
         } else {
             PushResult::Nacked
         });
+        let pack_name = format!("{key} v{version}");
         if retryable {
             // Kept pending with the reason; pushed again with backoff.
             let retries = self.in_flight.get(&key).map_or(0, |f| f.retries) + 1;
@@ -603,87 +836,43 @@ impl Session {
             // RETRY_MAX at most, for as long as the agent refuses) are not
             // worth a periodic line at info.
             if retries == 1 {
-                tracing::info!(
-                    agent = %self.agent.id,
-                    pack = %format!("{}/{} v{}", key.0, key.1, key.2),
-                    "agent refused for now ({message}); retry in {wait:?}"
-                );
+                tracing::info!(agent = %self.agent.id, pack = %pack_name, "agent refused for now ({message}); retry in {wait:?}");
             } else {
-                tracing::debug!(
-                    agent = %self.agent.id,
-                    pack = %format!("{}/{} v{}", key.0, key.1, key.2),
+                tracing::debug!(agent = %self.agent.id, pack = %pack_name, retries, "agent refused for now ({message}); retry in {wait:?}");
+            }
+            self.in_flight.insert(
+                key.clone(),
+                InFlight {
+                    version,
+                    sent: Instant::now(),
                     retries,
-                    "agent refused for now ({message}); retry in {wait:?}"
-                );
-            }
-            if let Some(row) = self
-                .in_flight
-                .get(&key)
-                .map(|f| f.row.clone())
-                .or(self.pack_row(&key).await?)
-            {
-                self.in_flight.insert(
-                    key.clone(),
-                    InFlight {
-                        sent: Instant::now(),
-                        retries,
-                        retry_at: Some(Instant::now() + wait),
-                        row,
-                    },
-                );
-            }
-            self.set_delivery(
-                key,
-                DeliveryState::Pending,
-                format!("{message} (retrying)"),
-                errors,
-                0,
-            )
-            .await
-        } else {
-            self.in_flight.remove(&key);
-            tracing::warn!(
-                agent = %self.agent.id,
-                pack = %format!("{}/{} v{}", key.0, key.1, key.2),
-                "agent refused the pack: {message}"
+                    retry_at: Some(Instant::now() + wait),
+                },
             );
-            self.set_delivery(key, DeliveryState::Nacked, message, errors, 0)
-                .await
+        } else {
+            tracing::warn!(agent = %self.agent.id, pack = %pack_name, "agent refused the pack: {message}");
         }
-    }
-
-    /// Record that the agent holds this version (running).
-    async fn note_held(&mut self, key: &(String, String, u64)) -> Result<(), End> {
-        let held = &mut self.agent.held;
-        match held
-            .iter_mut()
-            .find(|h| h.tenant == key.0 && h.pack == key.1)
-        {
-            Some(h) if h.version == key.2 => return Ok(()),
-            Some(h) => {
-                h.version = key.2;
-                h.stopped = false;
-            }
-            None => held.push(HeldPackRow {
-                tenant: key.0.clone(),
-                pack: key.1.clone(),
-                version: key.2,
-                stopped: false,
-            }),
-        }
-        self.shared
-            .store
-            .agent_held(&self.agent.id, self.agent.held.clone())
+        let refusal = Refusal {
+            version,
+            last: !retryable,
+            message,
+            errors,
+        };
+        self.answered(key.clone(), version, Answer::Refused(refusal))
             .await?;
+        if !retryable {
+            self.in_flight.remove(&key);
+        }
         Ok(())
     }
 
-    async fn pack_row(&self, key: &(String, String, u64)) -> Result<Option<PackVersionRow>, End> {
-        Ok(self
-            .shared
-            .store
-            .pack_version(&key.0, &key.1, Some(key.2))
-            .await?)
+    /// Whether a feedback entry is the agent's to send: a pack of a tenant
+    /// it serves, delivered to it or declared by it (held).
+    fn owns(&self, tenant: &str, pack: &str) -> bool {
+        self.agent.serves(tenant, self.binding())
+            && self
+                .rows
+                .contains_key(&PackKey::new(tenant.to_string(), pack.to_string()))
     }
 
     async fn on_feedback(&mut self, batch: wire::FeedbackBatch) -> Result<(), End> {
@@ -691,9 +880,11 @@ impl Session {
             return Ok(());
         }
         let now = now_ns();
-        let mut rows: Vec<FeedbackRow> = Vec::with_capacity(batch.entries.len());
+        let mut rows = Vec::with_capacity(batch.entries.len());
         let mut prev = self.last_seq;
         let mut first_new = None;
+        let mut foreign = 0;
+        let mut dropped_at_agent = 0;
         for e in &batch.entries {
             let row = convert::feedback(&self.agent.id, &self.agent.journal_id, e, now)?;
             if row.seq <= prev {
@@ -710,23 +901,49 @@ impl Session {
             }
             first_new.get_or_insert(row.seq);
             prev = row.seq;
+            if !self.owns(&row.tenant, &row.pack) {
+                // Not stored; still acknowledged (the agent must not keep
+                // re-sending it).
+                foreign += 1;
+                continue;
+            }
+            if row.dropped_before > 0 {
+                dropped_at_agent += row.dropped_before;
+                tracing::warn!(
+                    agent = %self.agent.id,
+                    "{} feedback entries dropped at the agent (outbox full) before seq {}",
+                    row.dropped_before,
+                    row.seq
+                );
+            }
             rows.push(row);
+        }
+        self.drop_foreign(foreign, "feedback");
+        if dropped_at_agent > 0 {
+            self.app.metrics.dropped_at_agent(dropped_at_agent);
+        }
+        if let (Some((acked, first)), Some(first_new)) = (self.gap.take(), first_new) {
+            self.account_gap(acked, first.min(first_new), &rows);
         }
         let high = prev;
         if !rows.is_empty() {
-            self.shared.record_lateness(&rows);
-            // Watchers see only what is stored; the batch is copied for
-            // them only when someone watches.
-            let watched = self.shared.watched().then(|| rows.clone());
-            let stored = self.shared.store.put_feedback(rows).await?;
-            self.shared
+            self.app.record_lateness(
+                &self.agent.id,
+                rows.iter()
+                    .filter(|r| r.event == "executed")
+                    .map(|r| r.lateness_ns),
+            );
+            let stored = self.app.store.put_feedback(rows.clone()).await?;
+            self.app
                 .metrics
                 .feedback(stored.inserted, stored.duplicates);
             if stored.duplicates > 0 {
                 tracing::debug!(agent = %self.agent.id, duplicates = stored.duplicates, "feedback re-sent");
             }
-            if let Some(rows) = watched {
-                self.shared.publish_feedback(&rows);
+            if self.app.watched() {
+                for r in rows {
+                    self.app.publish(Event::Feedback(Arc::new(r)));
+                }
             }
         }
         self.last_seq = high;
@@ -734,85 +951,29 @@ impl Session {
             .await
     }
 
-    async fn retry_due(&mut self, now: Instant) -> Result<(), End> {
-        let due: Vec<(String, String, u64)> = self
-            .in_flight
-            .iter()
-            .filter(|(_, f)| f.retry_at.is_some_and(|t| t <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in due {
-            if let Some(f) = self.in_flight.remove(&key) {
-                self.push(f.row, f.retries).await?;
-            }
+    /// Entries between what the store acknowledged and the agent's first
+    /// held one are either dropped by the agent (the first entry's
+    /// `dropped_before` counts them) or were acknowledged by a store that
+    /// was since rolled back: those are lost, and said so.
+    fn account_gap(&self, acked: u64, first: u64, rows: &[crate::model::FeedbackRow]) {
+        let missing = first.saturating_sub(acked + 1);
+        let dropped = rows
+            .first()
+            .filter(|r| r.seq == first)
+            .map_or(0, |r| r.dropped_before);
+        let lost = missing.saturating_sub(dropped);
+        if lost == 0 {
+            return;
         }
-        Ok(())
-    }
-
-    /// Send a pack version, paced by the controller-wide token bucket.
-    async fn push(&mut self, row: PackVersionRow, retries: u32) -> Result<(), End> {
-        let key = (row.tenant.clone(), row.pack.clone(), row.version);
-        self.shared.pace().await;
-        let attempts = self.deliveries.get(&key).map_or(0, |d| d.attempts) + 1;
-        let reason = if retries > 0 {
-            format!("sent again (try {attempts})")
-        } else {
-            "sent, waiting for the agent".to_string()
-        };
-        self.set_delivery(key.clone(), DeliveryState::Pending, reason, Vec::new(), 1)
-            .await?;
-        self.shared.metrics.push_sent();
-        self.send(Out::PackPush(wire::PackPush {
-            pack: Some(convert::wire_ref(&row.tenant, &row.pack, row.version)),
-            yaml: row.yaml.clone(),
-        }))
-        .await?;
-        self.in_flight.insert(
-            key,
-            InFlight {
-                sent: Instant::now(),
-                retries,
-                retry_at: None,
-                row,
-            },
+        let msg = format!(
+            "feedback seq {}..={} of journal {} was acknowledged by a store since rolled back (restored from an older copy): {lost} entries lost",
+            acked + 1,
+            first - 1,
+            self.agent.journal_id
         );
-        Ok(())
-    }
-
-    async fn cancel(&mut self, tenant: String, pack: String, version: u64) -> Result<(), End> {
-        self.in_flight
-            .retain(|k, _| !(k.0 == tenant && k.1 == pack));
-        self.send(Out::PackCancel(wire::PackCancel {
-            pack: Some(convert::wire_ref(&tenant, &pack, version)),
-        }))
-        .await
-    }
-
-    /// Record a delivery state (and `add_attempts` sends).
-    async fn set_delivery(
-        &mut self,
-        key: (String, String, u64),
-        state: DeliveryState,
-        reason: String,
-        errors: Vec<ErrorRow>,
-        add_attempts: u32,
-    ) -> Result<(), End> {
-        let attempts = self.deliveries.get(&key).map_or(0, |d| d.attempts) + add_attempts;
-        let row = DeliveryRow {
-            agent_id: self.agent.id.clone(),
-            tenant: key.0.clone(),
-            pack: key.1.clone(),
-            version: key.2,
-            state,
-            reason,
-            errors,
-            updated_ns: now_ns(),
-            attempts,
-        };
-        self.shared.store.put_delivery(row.clone()).await?;
-        self.shared.delivery_event(&row);
-        self.deliveries.insert(key, row);
-        Ok(())
+        tracing::warn!(agent = %self.agent.id, "{msg}");
+        self.app.metrics.feedback_lost(lost);
+        self.agent_event(AgentEventKind::Conflict, None, msg);
     }
 
     async fn send(&self, body: Out) -> Result<(), End> {
@@ -831,11 +992,5 @@ impl Session {
     }
 }
 
-/// Packs held by an agent that a cancel must reach (for [`super::admin`]).
-pub fn holders(agents: &[AgentRow], tenant: &str, pack: &str) -> HashSet<String> {
-    agents
-        .iter()
-        .filter(|a| a.held.iter().any(|h| h.tenant == tenant && h.pack == pack))
-        .map(|a| a.id.clone())
-        .collect()
-}
+#[cfg(test)]
+mod tests;

@@ -14,10 +14,10 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 
 use super::{
-    AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow,
-    DeliveryState, FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow,
-    LabelOverrides, MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store,
-    StoreError, StoreResult, TargetsRow, page,
+    AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
+    FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow, LabelOverrides,
+    MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store, StoreError,
+    StoreResult, TargetsRow, page,
 };
 use crate::planner;
 
@@ -224,7 +224,9 @@ impl Store for MemoryStore {
             if a.clock.as_ref().is_none_or(|c| c.at_ns <= clock.at_ns) {
                 a.clock = Some(clock.clone());
             }
-            s.clock.entry((id.to_string(), clock.at_ns)).or_insert(clock);
+            s.clock
+                .entry((id.to_string(), clock.at_ns))
+                .or_insert(clock);
             Ok(())
         })
     }
@@ -275,9 +277,10 @@ impl Store for MemoryStore {
     ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let binding = self.binding;
         self.write(|s| {
-            let a = s.agents.get_mut(id).ok_or_else(|| StoreError::NoSuchAgent {
-                id: id.to_string(),
-            })?;
+            let a = s
+                .agents
+                .get_mut(id)
+                .ok_or_else(|| StoreError::NoSuchAgent { id: id.to_string() })?;
             let o = a.overrides.entry(tenant.to_string()).or_default();
             o.extend(set);
             for k in &reset {
@@ -696,7 +699,11 @@ impl Store for MemoryStore {
                 .filter(|(_, r)| r.at_ns >= since_ns && tenant.is_none_or(|t| r.tenant == t))
                 .collect();
             let skip = rows.len().saturating_sub(limit);
-            let mut out: Vec<AuditRow> = rows.into_iter().skip(skip).map(|(_, r)| r.clone()).collect();
+            let mut out: Vec<AuditRow> = rows
+                .into_iter()
+                .skip(skip)
+                .map(|(_, r)| r.clone())
+                .collect();
             out.sort_by(|a, b| (a.at_ns, &a.who).cmp(&(b.at_ns, &b.who)));
             Ok(out)
         })

@@ -128,7 +128,6 @@ pub struct AnswerRow {
     pub at_ns: i64,
 }
 
-
 /// Which stored feedback to read, one page at a time. Rows come in storage
 /// order (which for one agent is its sequence order).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -184,8 +183,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Clock history of one agent at or after `since_ns`, oldest first;
     /// the newest `limit` (capped at [`MAX_PAGE`] × 10) when there are
     /// more.
-    async fn clock_history(&self, id: &str, since_ns: i64, limit: u32)
-    -> StoreResult<Vec<ClockRow>>;
+    async fn clock_history(
+        &self,
+        id: &str,
+        since_ns: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<ClockRow>>;
     /// One page of agents, by id.
     async fn agents(&self, filter: AgentFilter) -> StoreResult<Vec<AgentRow>>;
     /// One agent.
@@ -230,19 +233,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// copy must still be able to stop it); [`StoreError::NoSuchPack`]
     /// only when nobody holds it either. Returns the rows that changed
     /// (every holder's).
-    async fn cancel_pack(
-        &self,
-        key: &PackKey,
-        at_ns: i64,
-    ) -> StoreResult<Vec<DeliveryRow>>;
+    async fn cancel_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>>;
     /// Plan a pack for every agent it may concern: those its targets
     /// match (among the tenant's agents) and those with a row for it.
     /// Returns the rows that changed.
-    async fn reconcile_pack(
-        &self,
-        key: &PackKey,
-        at_ns: i64,
-    ) -> StoreResult<Vec<DeliveryRow>>;
+    async fn reconcile_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>>;
     /// Every pack (of one tenant, or all) with its delivery counts, by
     /// tenant then id, without YAML.
     async fn packs(&self, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>>;

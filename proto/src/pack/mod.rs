@@ -60,7 +60,7 @@ pub mod schema;
 pub use dag::{dependents, upstream};
 pub use decode::{
     ACTIONS, DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MAX_ATTEMPTS, MAX_ID_LEN, MAX_INSTRUCTIONS,
-    MIN_MAX_LATENESS, MIN_PERIOD, is_ident,
+    MIN_MAX_LATENESS, MIN_PERIOD, check_ident, is_ident,
 };
 pub use error::{PackError, PackErrors};
 pub use model::*;

@@ -138,15 +138,25 @@ pub(super) fn write_hello(conn: &Connection, h: &HelloRow) -> StoreResult<()> {
          agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
          connected = excluded.connected, last_seen_ns = excluded.last_seen_ns",
     )
-    .and_then(|mut s| s.execute(params![h.id, labels, h.agent_version, h.journal_id, h.at_ns]))
+    .and_then(|mut s| {
+        s.execute(params![
+            h.id,
+            labels,
+            h.agent_version,
+            h.journal_id,
+            h.at_ns
+        ])
+    })
     .ctx("store an agent")?;
     conn.prepare_cached("DELETE FROM agent_own_labels WHERE agent_id = ?1")
         .and_then(|mut s| s.execute([&h.id]))
         .ctx("replace an agent's labels")?;
     for (k, v) in &h.labels {
-        conn.prepare_cached("INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)")
-            .and_then(|mut s| s.execute(params![h.id, k, v]))
-            .ctx("store an agent's label")?;
+        conn.prepare_cached(
+            "INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)",
+        )
+        .and_then(|mut s| s.execute(params![h.id, k, v]))
+        .ctx("store an agent's label")?;
     }
     if let Some(tenants) = &h.cert_tenants {
         conn.prepare_cached(
@@ -270,7 +280,10 @@ pub(super) fn write_forget(conn: &Connection, id: &str, tenant: Option<&str>) ->
                     "DELETE FROM clock_reports WHERE agent_id = ?1 AND ?2 IS NULL",
                     "forget an agent's clock history",
                 ),
-                ("DELETE FROM agents WHERE id = ?1 AND ?2 IS NULL", "forget an agent"),
+                (
+                    "DELETE FROM agents WHERE id = ?1 AND ?2 IS NULL",
+                    "forget an agent",
+                ),
             ] {
                 run(sql, what)?;
             }

@@ -5,8 +5,8 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, params};
 
 use super::codec::{
-    Context, FEEDBACK_COLUMNS, backend, canonical_execution_id, decode_feedback, query_all,
-    to_db, u64_from_db,
+    Context, FEEDBACK_COLUMNS, backend, canonical_execution_id, decode_feedback, query_all, to_db,
+    u64_from_db,
 };
 use crate::store::{
     FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
@@ -15,7 +15,10 @@ use crate::store::{
 /// Stores one journal's rows; every value is checked before anything is
 /// written, so a row that cannot be stored fails the call with nothing of
 /// it stored.
-pub(super) fn write_feedback(conn: &Connection, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored> {
+pub(super) fn write_feedback(
+    conn: &Connection,
+    rows: &[FeedbackRow],
+) -> StoreResult<FeedbackStored> {
     let mut out = FeedbackStored::default();
     let Some(first) = rows.first() else {
         return Ok(out);
@@ -40,7 +43,9 @@ pub(super) fn write_feedback(conn: &Connection, rows: &[FeedbackRow]) -> StoreRe
     .and_then(|mut s| s.execute(params![first.agent_id, first.journal_id]))
     .ctx("store a journal")?;
     let (journal, acked): (i64, i64) = conn
-        .prepare_cached("SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2")
+        .prepare_cached(
+            "SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2",
+        )
         .and_then(|mut s| {
             s.query_row(params![first.agent_id, first.journal_id], |r| {
                 Ok((r.get(0)?, r.get(1)?))
@@ -113,9 +118,15 @@ pub(super) fn write_feedback(conn: &Connection, rows: &[FeedbackRow]) -> StoreRe
     Ok(out)
 }
 
-pub(super) fn feedback_acked(conn: &Connection, agent_id: &str, journal_id: &str) -> StoreResult<u64> {
+pub(super) fn feedback_acked(
+    conn: &Connection,
+    agent_id: &str,
+    journal_id: &str,
+) -> StoreResult<u64> {
     let v: Option<i64> = conn
-        .prepare_cached("SELECT MAX(acked_seq) FROM journals WHERE agent_id = ?1 AND journal_id = ?2")
+        .prepare_cached(
+            "SELECT MAX(acked_seq) FROM journals WHERE agent_id = ?1 AND journal_id = ?2",
+        )
         .and_then(|mut s| s.query_row(params![agent_id, journal_id], |r| r.get(0)))
         .ctx("read the acked feedback seq")?;
     u64_from_db(v.unwrap_or(0), "acked seq")
@@ -152,12 +163,22 @@ pub(super) fn feedback_page(conn: &Connection, f: FeedbackFilter) -> StoreResult
         clauses.join(" AND "),
         args.len()
     );
-    query_all(conn, &sql, rusqlite::params_from_iter(args), decode_feedback)
+    query_all(
+        conn,
+        &sql,
+        rusqlite::params_from_iter(args),
+        decode_feedback,
+    )
 }
 
 /// Deletes up to `max` rows matching `pick` (a subquery naming key
 /// columns, oldest first); how many went.
-pub(super) fn delete_oldest(conn: &Connection, sql: &str, before_ns: i64, max: u32) -> StoreResult<u64> {
+pub(super) fn delete_oldest(
+    conn: &Connection,
+    sql: &str,
+    before_ns: i64,
+    max: u32,
+) -> StoreResult<u64> {
     let n = conn
         .prepare_cached(sql)
         .and_then(|mut s| s.execute(params![before_ns, i64::from(max)]))

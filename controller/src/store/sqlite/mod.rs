@@ -299,11 +299,7 @@ where
     }
 }
 
-fn writer_loop(
-    conn: Connection,
-    mut rx: mpsc::Receiver<Msg>,
-    stats: &Stats,
-) {
+fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Msg>, stats: &Stats) {
     let mut msgs: Vec<Msg> = Vec::with_capacity(MAX_BATCH);
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     let mut closing: Option<oneshot::Sender<()>> = None;
@@ -337,11 +333,7 @@ fn writer_loop(
 
 /// Commits one batch and answers its callers. Returns whether the writer
 /// can go on (`false`: the connection is in a state it cannot recover).
-fn run_batch(
-    conn: &Connection,
-    batch: &mut Vec<Box<dyn Job>>,
-    stats: &Stats,
-) -> bool {
+fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, stats: &Stats) -> bool {
     let outcome = execute_batch(conn, batch);
     let mut alive = true;
     match &outcome {
@@ -368,10 +360,7 @@ fn run_batch(
     alive
 }
 
-fn execute_batch(
-    conn: &Connection,
-    batch: &mut [Box<dyn Job>],
-) -> Result<(), String> {
+fn execute_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), String> {
     let step = |sql: &str| -> Result<(), String> {
         conn.prepare_cached(sql)
             .and_then(|mut s| s.execute([]))

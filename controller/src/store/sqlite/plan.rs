@@ -36,13 +36,20 @@ fn decode_targets(row: &rusqlite::Row<'_>) -> StoreResult<PackTargets> {
     with_row(format_args!("pack {tenant}/{pack}"), r)
 }
 
-pub(super) fn load_pack_targets(conn: &Connection, key: &PackKey) -> StoreResult<Option<PackTargets>> {
+pub(super) fn load_pack_targets(
+    conn: &Connection,
+    key: &PackKey,
+) -> StoreResult<Option<PackTargets>> {
     let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND pack = ?2");
     Ok(query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop())
 }
 
 /// Every pack an agent may serve: all, or those of its tenants.
-fn packs_for(conn: &Connection, agent: &AgentRow, binding: Binding) -> StoreResult<Vec<PackTargets>> {
+fn packs_for(
+    conn: &Connection,
+    agent: &AgentRow,
+    binding: Binding,
+) -> StoreResult<Vec<PackTargets>> {
     let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs");
     let all = query_all(conn, &sql, [], decode_targets)?;
     Ok(all
@@ -62,7 +69,13 @@ fn load_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<Option<De
     let sql = format!(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3"
     );
-    Ok(query_all(conn, &sql, params![id, key.tenant, key.pack], decode_delivery)?.pop())
+    Ok(query_all(
+        conn,
+        &sql,
+        params![id, key.tenant, key.pack],
+        decode_delivery,
+    )?
+    .pop())
 }
 
 pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
@@ -70,7 +83,10 @@ pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
         Some(r) => Some(errors_json(&r.errors)?),
         None => None,
     };
-    let held_version = d.held.map(|h| to_db(h.version, "held version")).transpose()?;
+    let held_version = d
+        .held
+        .map(|h| to_db(h.version, "held version"))
+        .transpose()?;
     let refused_version = d
         .refusal
         .as_ref()

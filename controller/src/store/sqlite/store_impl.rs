@@ -10,9 +10,8 @@ use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_
 use super::{SqliteStore, audit, packs, plan};
 use crate::store::{
     AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState,
-    FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides,
-    MAX_PAGE, PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult,
-    page,
+    FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, MAX_PAGE,
+    PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult, page,
 };
 
 #[async_trait]
@@ -22,7 +21,8 @@ impl Store for SqliteStore {
         self.write(move |conn| {
             agents::write_hello(conn, &hello)?;
             plan::replan_agent(conn, &hello.id, Some(&hello.held), binding, hello.at_ns)?;
-            let agent = agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
+            let agent =
+                agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
             Ok((agent, plan::rows_of_agent(conn, &hello.id)?))
         })
         .await

@@ -21,7 +21,7 @@ use self::fields::{Ctx, Fields};
 use self::instruction::instruction;
 pub use self::policy::{DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MIN_MAX_LATENESS};
 use self::policy::{Defaults, defaults};
-pub use self::scalar::is_ident;
+pub use self::scalar::{check_ident, is_ident};
 use self::scalar::{ident, positive_duration, string, string_list, string_map, uint};
 use super::dag::{self, GraphNode};
 use super::error::{PackError, PackErrors};

@@ -40,15 +40,24 @@ pub fn is_ident(s: &str) -> bool {
     ok_first && ok_rest && s.len() <= MAX_ID_LEN
 }
 
+/// [`is_ident`] with the one message every part of baton gives for a bad
+/// id (`what`: "pack id", "agent id", ...); a long `s` is cut in the
+/// message.
+pub fn check_ident(what: &str, s: &str) -> Result<(), String> {
+    if is_ident(s) {
+        return Ok(());
+    }
+    let shown: String = s.chars().take(80).collect();
+    let more = if shown.len() < s.len() { "…" } else { "" };
+    Err(format!(
+        "invalid {what} `{shown}{more}`: use lowercase letters, digits, `.`, `_`, `-`, starting with a letter or digit, at most {MAX_ID_LEN} characters"
+    ))
+}
+
 pub(super) fn ident(cx: &mut Ctx, node: &Node, what: &str) -> Option<String> {
     let s = string(cx, node, what)?;
-    if !is_ident(&s) {
-        cx.err(
-            node.pos,
-            format!(
-                "invalid {what} `{s}`: use lowercase letters, digits, `.`, `_`, `-`, starting with a letter or digit, at most {MAX_ID_LEN} characters"
-            ),
-        );
+    if let Err(m) = check_ident(what, &s) {
+        cx.err(node.pos, m);
         return None;
     }
     Some(s)

@@ -1,0 +1,263 @@
+//! The controller's application: what operators and agents can make it do,
+//! as domain operations with domain types and typed errors, apart from any
+//! transport. gRPC (`server::admin`, `server::session`) and, later, HTTP
+//! map their requests onto these and [`AppError`] onto their own errors;
+//! no rule lives in a handler.
+//!
+//! Parts, each with one job:
+//! - [`caller`]: who may see and do what (tenants, roles);
+//! - [`packs`]: push, cancel, the packs list and deliveries;
+//! - [`agents`]: the agents list, labels, grants, forget, clock history;
+//! - [`feedback`]: stored feedback, paged; lateness figures;
+//! - [`audit`]: the audit log;
+//! - [`events`]: what watchers are told, and who may see it;
+//! - [`hub`]: the live agent streams and what the rest asks of them;
+//! - [`pace`]: pacing of pushes (token bucket, sans-IO);
+//! - [`metrics`]: the counters behind `/metrics`;
+//! - [`retention`]: what grows is deleted when it is old enough.
+
+pub mod agents;
+pub mod audit;
+pub mod caller;
+pub mod events;
+pub mod feedback;
+pub mod hub;
+pub mod metrics;
+pub mod pace;
+pub mod packs;
+pub mod retention;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use hdrhistogram::Histogram;
+use tokio::sync::broadcast;
+
+use crate::model::{Binding, DeliveryRow, DeliveryState, PackVersionRow};
+use crate::store::{Store, StoreError};
+use events::Event;
+use hub::{Hub, SessionCmd};
+
+pub use caller::Caller;
+
+/// What an operation can fail with; each transport maps it to its own
+/// error (gRPC status, HTTP code). Messages never name what the caller
+/// may not see.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The request is malformed or the pack does not validate.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such object, or not the caller's to see (the same words).
+    #[error("{0}")]
+    NotFound(String),
+    /// The caller's role or tenant does not allow it.
+    #[error("{0}")]
+    Denied(String),
+    /// It conflicts with what is stored (a version taken or older).
+    #[error("{0}")]
+    Conflict(String),
+    /// Over a limit (sizes, counts).
+    #[error("{0}")]
+    Limit(String),
+    /// The store failed or is closed: try again.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<StoreError> for AppError {
+    fn from(e: StoreError) -> AppError {
+        match e {
+            StoreError::VersionTaken { .. } | StoreError::VersionOlder { .. } => {
+                AppError::Conflict(e.to_string())
+            }
+            StoreError::NoSuchPack { .. } | StoreError::NoSuchAgent { .. } => {
+                AppError::NotFound(e.to_string())
+            }
+            StoreError::Backend(_) | StoreError::Closed => AppError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// Shorthand.
+pub type AppResult<T> = Result<T, AppError>;
+
+/// Settings of the application.
+#[derive(Clone, Debug)]
+pub struct AppConfig {
+    /// Whether agents belong to tenants (mTLS) or serve all (plaintext).
+    pub binding: Binding,
+    /// Most packs an agent's Hello or Held may list (its own advertised
+    /// `max-packs` is the tighter bound when smaller).
+    pub max_held: usize,
+    /// Pacing of pushes to agents.
+    pub pace: pace::Pace,
+}
+
+impl AppConfig {
+    /// Defaults under `binding`.
+    pub fn new(binding: Binding) -> AppConfig {
+        AppConfig {
+            binding,
+            max_held: 1024,
+            pace: pace::Pace::default(),
+        }
+    }
+}
+
+/// Now, ns since the Unix epoch (the controller's clock is reference time).
+pub fn now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// The application: the store, the live streams, the watchers.
+pub struct App {
+    /// The durable state.
+    pub store: Arc<dyn Store>,
+    /// Live agent streams.
+    pub hub: Hub,
+    /// Settings.
+    pub cfg: AppConfig,
+    /// Counters for `/metrics`.
+    pub metrics: metrics::Metrics,
+    events: broadcast::Sender<Event>,
+    bucket: tokio::sync::Mutex<pace::TokenBucket>,
+    /// Per connected agent: start lateness, 1 µs .. 60 s at 2 digits, u32
+    /// counts (~11 KB each); dropped when its stream ends.
+    lateness: Mutex<HashMap<String, Histogram<u32>>>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("store", &self.store)
+            .field("connected", &self.hub.connected())
+            .finish_non_exhaustive()
+    }
+}
+
+impl App {
+    /// The application over `store`.
+    pub fn new(store: Arc<dyn Store>, cfg: AppConfig) -> Arc<App> {
+        let (events, _) = broadcast::channel(4096);
+        Arc::new(App {
+            store,
+            hub: Hub::default(),
+            bucket: tokio::sync::Mutex::new(pace::TokenBucket::new(
+                cfg.pace,
+                tokio::time::Instant::now().into_std(),
+            )),
+            cfg,
+            metrics: metrics::Metrics::default(),
+            events,
+            lateness: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Wait for a push token (all streams share one pace).
+    pub async fn pace(&self) {
+        loop {
+            let wait = {
+                let mut b = self.bucket.lock().await;
+                // tokio's clock, so paused-time tests pace too.
+                match b.take(tokio::time::Instant::now().into_std()) {
+                    Ok(()) => return,
+                    Err(w) => w,
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Tell watchers.
+    pub fn publish(&self, e: Event) {
+        // No watcher: nothing to do.
+        let _ = self.events.send(e);
+    }
+
+    /// Whether anyone watches.
+    pub fn watched(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
+
+    /// A new watcher's receiver.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Delivery rows changed by a decision: watchers see them, and each
+    /// agent's stream acts on its own (with `pack` for the pushes it
+    /// makes, so a push to a thousand agents reads the pack once).
+    pub fn delivered(&self, rows: &[DeliveryRow], pack: Option<&Arc<PackVersionRow>>) {
+        let mut by_agent: HashMap<&str, Vec<DeliveryRow>> = HashMap::new();
+        for r in rows {
+            self.metrics.delivery(r.state);
+            by_agent.entry(&r.agent_id).or_default().push(r.clone());
+            if self.watched() {
+                self.publish(Event::Delivery(self.decorate(r.clone())));
+            }
+        }
+        for (agent, rows) in by_agent {
+            self.hub.send(
+                agent,
+                SessionCmd::Rows {
+                    rows,
+                    pack: pack.cloned(),
+                },
+            );
+        }
+    }
+
+    /// A pending row's reason as an operator reads it: why it is still
+    /// pending when the planner left no reason.
+    pub fn decorate(&self, mut r: DeliveryRow) -> DeliveryRow {
+        if r.state == DeliveryState::Pending && r.reason.is_empty() {
+            r.reason = if self.hub.is_connected(&r.agent_id) {
+                "sent, waiting for the agent".into()
+            } else {
+                "agent not connected".into()
+            };
+        }
+        r
+    }
+
+    /// Record start lateness of executed entries of `agent`.
+    pub fn record_lateness(&self, agent: &str, lateness_ns: impl Iterator<Item = i64>) {
+        let mut l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
+        let h = match l.get_mut(agent) {
+            Some(h) => h,
+            None => l.entry(agent.to_string()).or_insert_with(|| {
+                Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
+                    .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!()))
+            }),
+        };
+        for ns in lateness_ns {
+            h.saturating_record(ns.clamp(1_000, 60_000_000_000) as u64);
+        }
+    }
+
+    /// Start lateness p99 of an agent's feedback on its current stream
+    /// (0: none).
+    pub fn lateness_p99(&self, agent: &str) -> i64 {
+        let l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
+        l.get(agent)
+            .filter(|h| !h.is_empty())
+            .map_or(0, |h| h.value_at_quantile(0.99) as i64)
+    }
+
+    /// An agent's stream ended for good (not replaced): what the
+    /// controller held in memory for it goes.
+    pub fn agent_gone(&self, agent: &str) {
+        self.lateness
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(agent);
+        self.metrics.forget(agent);
+    }
+}
+
+#[cfg(test)]
+mod tests;
