@@ -1047,16 +1047,26 @@ async fn push_round(
     }
     // Every agent has sent its ack: wait until the controller stored them.
     let (ds, all_stored) = loop {
-        let ds = admin
-            .deliveries(wire::DeliveriesRequest {
-                tenant: "default".into(),
-                pack: "bench".into(),
-                version,
-            })
-            .await
-            .context("Admin.Deliveries")?
-            .into_inner()
-            .deliveries;
+        let mut ds = Vec::with_capacity(agents);
+        let mut after = String::new();
+        loop {
+            let page = admin
+                .deliveries(wire::DeliveriesRequest {
+                    tenant: "default".into(),
+                    pack: "bench".into(),
+                    version,
+                    after: after.clone(),
+                    limit: 0,
+                })
+                .await
+                .context("Admin.Deliveries")?
+                .into_inner();
+            ds.extend(page.deliveries);
+            if page.next.is_empty() {
+                break;
+            }
+            after = page.next;
+        }
         let acked = ds
             .iter()
             .filter(|d| d.state == wire::DeliveryState::Acked as i32)
@@ -1219,7 +1229,7 @@ async fn bench(
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     admin
-        .list_agents(wire::ListAgentsRequest {})
+        .list_agents(wire::ListAgentsRequest::default())
         .await
         .context("Admin.ListAgents")?;
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -7,6 +7,11 @@
 //! ratio is what the store's shape (channel, savepoints, group commit,
 //! answers) costs or gains against it.
 //!
+//! A third figure is retention's cost: the same ingest into a store that
+//! already holds a round of old rows, once with the retention sweeper
+//! deleting those rows (`app::retention::sweep`, batches of 500) all the
+//! while, once without; the ratio is what sweeping costs ingest.
+//!
 //! `cargo bench -p baton-controller --bench store_ingest`; set
 //! `STORE_INGEST_BATCHES` (batches per agent, default 4) and
 //! `STORE_INGEST_ROUNDS` (default 3) to change the load.
@@ -15,8 +20,10 @@ use std::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use baton_controller::model::Binding;
 use baton_controller::store::sqlite::SqliteStore;
 use baton_controller::store::{FeedbackRow, Store};
+use baton_proto::wire;
 use common::count;
 
 mod common;
@@ -35,27 +42,45 @@ fn env_or(name: &str, default: usize) -> Res<usize> {
     }
 }
 
+/// Rows older than any retention window: what a sweep deletes.
+fn old_rows(n: usize) -> Vec<FeedbackRow> {
+    (0..n)
+        .map(|i| {
+            let mut r = row(i % AGENTS, (i / AGENTS + 1) as u64);
+            r.journal_id = "journal-0".into();
+            r.received_ns = 1_600_000_000_000_000_000;
+            r
+        })
+        .collect()
+}
+
 fn row(agent: usize, seq: u64) -> FeedbackRow {
+    let occurrence = 1_700_000_000_000_000_000 + i64::try_from(seq).unwrap_or(0) * 1_000_000;
     FeedbackRow {
+        id: 0,
         agent_id: format!("agent-{agent:04}"),
         journal_id: "journal-1".into(),
         seq,
-        execution_id: format!("blink@{seq}"),
+        execution_id: format!("acme/blink/v3/led-on/{occurrence}/a1"),
         tenant: "acme".into(),
         pack: "blink".into(),
         version: 3,
         instruction: "led-on".into(),
+        occurrence_ns: Some(occurrence),
         attempt: 1,
-        scheduled_ns: 1_700_000_000_000_000_000 + i64::try_from(seq).unwrap_or(0) * 1_000_000,
-        actual_ns: 1_700_000_000_000_020_000,
+        scheduled_ns: occurrence,
+        actual_ns: occurrence + 20_000,
         lateness_ns: 20_000,
-        outcome: "ok".into(),
+        outcome: wire::Outcome::Ok,
+        reason: wire::Reason::Unspecified,
         event: "executed".into(),
         action: "gpio.write".into(),
         detail: String::new(),
         value: None,
         dropped_before: 0,
         uncertainty_ns: 1_500,
+        clock_source: wire::ClockSource::Ptp,
+        clock_state: wire::ClockState::Locked,
         received_ns: 1_700_000_000_100_000_000,
     }
 }
@@ -76,9 +101,43 @@ fn workload(batches: usize) -> Vec<Vec<Vec<FeedbackRow>>> {
 }
 
 /// Every agent a task sending its batches one after another, each once
-/// the previous one is stored (as an agent waits for its ack).
-async fn through_store(dir: &Path, work: Vec<Vec<Vec<FeedbackRow>>>) -> Res<(Duration, String)> {
-    let store = SqliteStore::open(dir)?;
+/// the previous one is stored (as an agent waits for its ack); with
+/// `sweep`, the retention sweeper deletes rows older than a day all the
+/// while (how many, in the note).
+async fn through_store(
+    dir: &Path,
+    work: Vec<Vec<Vec<FeedbackRow>>>,
+    sweep: bool,
+) -> Res<(Duration, String)> {
+    let store = SqliteStore::open(dir, Binding::Open)?;
+    let app = baton_controller::app::App::new(
+        std::sync::Arc::new(store.clone()),
+        baton_controller::app::AppConfig::new(Binding::Open),
+    );
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sweeper = sweep.then(|| {
+        let (app, done) = (app.clone(), done.clone());
+        tokio::spawn(async move {
+            let cutoff = 1_650_000_000_000_000_000;
+            let mut deleted = 0;
+            // Until the old rows are gone (or the ingest is done): the
+            // real sweeper stops when a sweep finds nothing, too.
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = baton_controller::app::retention::sweep(
+                    &app,
+                    baton_controller::app::metrics::Retained::Feedback,
+                    cutoff,
+                    500,
+                )
+                .await?;
+                deleted += n;
+                if n == 0 {
+                    break;
+                }
+            }
+            Ok::<_, baton_controller::store::StoreError>(deleted)
+        })
+    });
     let start = Instant::now();
     let tasks: Vec<_> = work
         .into_iter()
@@ -98,9 +157,14 @@ async fn through_store(dir: &Path, work: Vec<Vec<Vec<FeedbackRow>>>) -> Res<(Dur
         inserted += t.await??;
     }
     let took = start.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swept = match sweeper {
+        Some(t) => format!(", {} old rows swept meanwhile", t.await??),
+        None => String::new(),
+    };
     let stats = store.stats();
     let note = format!(
-        "{} commits, {:.0} calls/commit, {:.0} rows/commit",
+        "{} commits, {:.0} calls/commit, {:.0} rows/commit{swept}",
         stats.batches,
         stats.commands as f64 / stats.batches.max(1) as f64,
         inserted as f64 / stats.batches.max(1) as f64,
@@ -131,7 +195,7 @@ fn main() -> Res<()> {
          synchronous=FULL, files under {base}"
     );
     let per_s = |d: Duration| total as f64 / d.as_secs_f64();
-    let (mut best_store, mut best_bare) = (0f64, 0f64);
+    let (mut best_store, mut best_bare, mut best_sweep) = (0f64, 0f64, 0f64);
     for round in 1..=rounds {
         let dir = tempfile::tempdir_in(base)?;
         let bare_took = bare(dir.path(), &work)?;
@@ -141,22 +205,46 @@ fn main() -> Res<()> {
         drop(dir);
 
         let dir = tempfile::tempdir_in(base)?;
-        let (store_took, note) = rt.block_on(through_store(dir.path(), work.clone()))?;
+        let (store_took, note) = rt.block_on(through_store(dir.path(), work.clone(), false))?;
         if count(dir.path())? != total as i64 {
             return Err("store run lost rows".into());
         }
         drop(dir);
 
+        // Retention: a round of old rows first, then the same ingest
+        // with and without the sweeper deleting them.
+        let old = old_rows(total);
+        let mut kept = [0f64; 2];
+        let mut notes = [String::new(), String::new()];
+        for (i, sweep) in [(0, false), (1, true)] {
+            let dir = tempfile::tempdir_in(base)?;
+            common::Bare::open(dir.path())?.insert(old.iter())?;
+            let (took, note) = rt.block_on(through_store(dir.path(), work.clone(), sweep))?;
+            let left = count(dir.path())?;
+            let want = if sweep { total } else { 2 * total } as i64;
+            if (sweep && left < want) || (!sweep && left != want) {
+                return Err(format!("retention run: {left} rows left, expected {want}").into());
+            }
+            kept[i] = per_s(took);
+            notes[i] = note;
+            drop(dir);
+        }
+
         let (s, b) = (per_s(store_took), per_s(bare_took));
         best_store = best_store.max(s);
         best_bare = best_bare.max(b);
+        best_sweep = best_sweep.max(kept[1] / kept[0]);
         println!(
             "round {round}: store {s:>9.0} rows/s ({note}) | bare sqlite {b:>9.0} rows/s | store/bare {:.2}",
             s / b
         );
+        println!(
+            "         retention: {:>9.0} rows/s without the sweeper ({}) | {:>9.0} rows/s with it ({}) | with/without {:.2}",
+            kept[0], notes[0], kept[1], notes[1], kept[1] / kept[0]
+        );
     }
     println!(
-        "best: store {best_store:.0} rows/s | bare sqlite {best_bare:.0} rows/s | store/bare {:.2}",
+        "best: store {best_store:.0} rows/s | bare sqlite {best_bare:.0} rows/s | store/bare {:.2} | retention sweeping with/without {best_sweep:.2}",
         best_store / best_bare
     );
     Ok(())

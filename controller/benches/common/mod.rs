@@ -1,14 +1,19 @@
 //! Shared by the benches: the bare-SQLite baseline for feedback ingest.
 //!
 //! What the disk and SQLite allow with none of the store's shape: one
-//! connection, WAL, `synchronous=FULL`, one prepared statement, one
+//! connection, WAL, `synchronous=FULL`, prepared statements, one
 //! transaction per [`BARE_TX_ROWS`] rows, into the store's own schema
-//! (same table, same indexes, same conflict clause).
+//! (same tables, same indexes, same conflict clause, the same columns
+//! written: a journal row per agent journal, its acknowledged seq moved
+//! once per transaction, execution ids not stored when they are their
+//! row's canonical form).
 
+use std::collections::HashMap;
 use std::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use baton_controller::model::Binding;
 use baton_controller::store::FeedbackRow;
 use baton_controller::store::sqlite::{DB_FILE, SqliteStore};
 
@@ -18,35 +23,32 @@ pub const BARE_TX_ROWS: usize = 512;
 /// Errors of the baseline (`Send + Sync`: `anyhow!` takes them too).
 pub type BareResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
-const INSERT: &str = "INSERT INTO feedback (id, agent_id, journal_id, seq, execution_id, tenant, \
-     pack, version, instruction, attempt, scheduled_ns, actual_ns, lateness_ns, \
-     outcome, event, action, detail, value, dropped_before, uncertainty_ns, \
-     received_ns) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-     ?17, ?18, ?19, ?20, ?21) \
-     ON CONFLICT (agent_id, journal_id, seq) DO NOTHING";
+const INSERT: &str = "INSERT INTO feedback (journal, seq, tenant, pack, version, instruction, \
+     execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, outcome, \
+     reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
+     clock_state, received_ns) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+     ?18, ?19, ?20, ?21, ?22, ?23) \
+     ON CONFLICT (journal, seq) DO NOTHING";
 
-/// One connection to a database with the store's schema, and the next
-/// storage id (kept across calls, so several rounds may fill one file).
+/// One connection to a database with the store's schema, and the journal
+/// ids it made (kept across calls, so several rounds may fill one file).
 pub struct Bare {
     conn: rusqlite::Connection,
-    next_id: i64,
+    journals: HashMap<(String, String), i64>,
 }
 
 impl Bare {
     /// Opens `dir/controller.db`, creating the store's schema first (the
     /// store is opened and dropped: nothing of it runs during inserts).
     pub fn open(dir: &Path) -> BareResult<Bare> {
-        drop(SqliteStore::open(dir)?);
+        drop(SqliteStore::open(dir, Binding::Open)?);
         let conn = rusqlite::Connection::open(dir.join(DB_FILE))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        let max: i64 = conn.query_row("SELECT COALESCE(MAX(id), 0) FROM feedback", [], |r| {
-            r.get(0)
-        })?;
         Ok(Bare {
             conn,
-            next_id: max + 1,
+            journals: HashMap::new(),
         })
     }
 
@@ -73,32 +75,63 @@ impl Bare {
     fn flush(&mut self, pending: &mut Vec<&FeedbackRow>) -> BareResult<()> {
         let tx = self.conn.transaction()?;
         {
-            let mut stmt = tx.prepare_cached(INSERT)?;
+            let mut high: HashMap<i64, i64> = HashMap::new();
             for r in pending.drain(..) {
-                stmt.execute(rusqlite::params![
-                    self.next_id,
-                    r.agent_id,
-                    r.journal_id,
-                    i64::try_from(r.seq)?,
-                    r.execution_id,
+                let key = (r.agent_id.clone(), r.journal_id.clone());
+                let journal = match self.journals.get(&key) {
+                    Some(j) => *j,
+                    None => {
+                        tx.prepare_cached(
+                            "INSERT INTO journals (agent_id, journal_id, acked_seq) VALUES (?1, ?2, 0)",
+                        )?
+                        .execute(rusqlite::params![r.agent_id, r.journal_id])?;
+                        let j = tx.last_insert_rowid();
+                        self.journals.insert(key, j);
+                        j
+                    }
+                };
+                let seq = i64::try_from(r.seq)?;
+                let canonical = r.occurrence_ns.map(|o| {
+                    format!(
+                        "{}/{}/v{}/{}/{o}/a{}",
+                        r.tenant, r.pack, r.version, r.instruction, r.attempt
+                    )
+                });
+                let execution_id = (canonical.as_deref() != Some(r.execution_id.as_str()))
+                    .then_some(r.execution_id.as_str());
+                tx.prepare_cached(INSERT)?.execute(rusqlite::params![
+                    journal,
+                    seq,
                     r.tenant,
                     r.pack,
                     i64::try_from(r.version)?,
                     r.instruction,
+                    execution_id,
+                    r.occurrence_ns,
                     i64::from(r.attempt),
                     r.scheduled_ns,
                     r.actual_ns,
                     r.lateness_ns,
-                    r.outcome,
+                    r.outcome as i32,
+                    r.reason as i32,
                     r.event,
                     r.action,
                     r.detail,
                     r.value.map(i64::from),
                     i64::try_from(r.dropped_before)?,
                     r.uncertainty_ns,
+                    r.clock_source as i32,
+                    r.clock_state as i32,
                     r.received_ns
                 ])?;
-                self.next_id += 1;
+                let h = high.entry(journal).or_default();
+                *h = (*h).max(seq);
+            }
+            for (journal, seq) in high {
+                tx.prepare_cached(
+                    "UPDATE journals SET acked_seq = ?2 WHERE id = ?1 AND acked_seq < ?2",
+                )?
+                .execute(rusqlite::params![journal, seq])?;
             }
         }
         tx.commit()?;
