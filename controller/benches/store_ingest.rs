@@ -42,6 +42,63 @@ fn env_or(name: &str, default: usize) -> Res<usize> {
     }
 }
 
+/// The store's file after a full checkpoint, bytes (the store is opened,
+/// so an empty directory gets the schema first).
+fn weigh(dir: &Path) -> Res<u64> {
+    drop(SqliteStore::open(dir, Binding::Open)?);
+    let db = dir.join(baton_controller::store::sqlite::DB_FILE);
+    let c = rusqlite::Connection::open(&db)?;
+    c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    Ok(std::fs::metadata(&db)?.len())
+}
+
+/// Bytes per clock report: 100 000 reports of 1 000 agents, weighed.
+async fn clock_weight(base: &str) -> Res<f64> {
+    let dir = tempfile::tempdir_in(base)?;
+    let store = SqliteStore::open(dir.path(), Binding::Open)?;
+    for a in 0..AGENTS {
+        store
+            .agent_hello(baton_controller::store::HelloRow {
+                id: format!("agent-{a:04}"),
+                labels: Default::default(),
+                agent_version: "bench".into(),
+                journal_id: "journal-1".into(),
+                cert_tenants: None,
+                held: Vec::new(),
+                at_ns: 1,
+            })
+            .await?;
+    }
+    let empty = weigh(dir.path())?;
+    const REPORTS: usize = 100;
+    let tasks: Vec<_> = (0..AGENTS)
+        .map(|a| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..REPORTS {
+                    let row = baton_controller::model::ClockRow {
+                        source: "ptp".into(),
+                        state: "locked".into(),
+                        offset_ns: 1_234 + i as i64,
+                        jitter_ns: 310,
+                        uncertainty_ns: 2_000,
+                        frequency_ppm: -3.25,
+                        at_ns: 1_764_000_000_000_000_000 + i as i64 * 5_000_000_000,
+                    };
+                    store.record_clock(&format!("agent-{a:04}"), row).await?;
+                }
+                Ok::<_, baton_controller::store::StoreError>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    drop(store);
+    let full = weigh(dir.path())?;
+    Ok((full - empty) as f64 / (AGENTS * REPORTS) as f64)
+}
+
 /// Rows older than any retention window: what a sweep deletes.
 fn old_rows(n: usize) -> Vec<FeedbackRow> {
     (0..n)
@@ -205,9 +262,19 @@ fn main() -> Res<()> {
         drop(dir);
 
         let dir = tempfile::tempdir_in(base)?;
+        let empty = weigh(dir.path())?;
         let (store_took, note) = rt.block_on(through_store(dir.path(), work.clone(), false))?;
         if count(dir.path())? != total as i64 {
             return Err("store run lost rows".into());
+        }
+        if round == 1 {
+            let full = weigh(dir.path())?;
+            println!(
+                "on disk: {:.0} B per feedback row ({total} rows, {full} B after a checkpoint, {empty} B empty)",
+                (full - empty) as f64 / total as f64
+            );
+            let per_clock = rt.block_on(clock_weight(base))?;
+            println!("on disk: {per_clock:.0} B per clock report (history row and index)");
         }
         drop(dir);
 
