@@ -307,7 +307,11 @@ fn main() -> Res<()> {
         );
         println!(
             "         retention: {:>9.0} rows/s without the sweeper ({}) | {:>9.0} rows/s with it ({}) | with/without {:.2}",
-            kept[0], notes[0], kept[1], notes[1], kept[1] / kept[0]
+            kept[0],
+            notes[0],
+            kept[1],
+            notes[1],
+            kept[1] / kept[0]
         );
     }
     println!(

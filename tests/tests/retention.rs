@@ -19,7 +19,8 @@ const SLACK: Duration = Duration::from_millis(2500);
 /// and truncated), in bytes.
 fn weigh(db: &std::path::Path) -> u64 {
     let c = rusqlite::Connection::open(db).expect("open the controller's database");
-    c.busy_timeout(Duration::from_secs(10)).expect("busy timeout");
+    c.busy_timeout(Duration::from_secs(10))
+        .expect("busy timeout");
     // A checkpoint gives way to the controller's own writes and reads
     // (busy = 1): asked again until it completes.
     let done = wait_until(Duration::from_secs(20), || {
@@ -38,7 +39,11 @@ fn feedback_older_than_its_window_goes_and_the_file_stops_growing() {
     let data = dir.path().join("ctl");
     let c = start_controller_args(&data, "127.0.0.1:0", &["--retain-feedback", "10s"]);
     let a = start_agent(&dir.path().join("a1"), "a1", &c.url, &[]);
-    assert!(wait_until(Duration::from_secs(30), || c.connected("a1")), "{}", a.log());
+    assert!(
+        wait_until(Duration::from_secs(30), || c.connected("a1")),
+        "{}",
+        a.log()
+    );
     let pack = dir.path().join("steady.yaml");
     std::fs::write(
         &pack,
@@ -57,13 +62,20 @@ fn feedback_older_than_its_window_goes_and_the_file_stops_growing() {
         // Paced by the commands' own duration (each a process start and a
         // query); a check every few seconds.
         let oldest = c.ctl(&["feedback", "--pack", "steady", "--json", "--limit", "1"]);
-        assert!(oldest.status.success(), "{}", String::from_utf8_lossy(&oldest.stderr));
+        assert!(
+            oldest.status.success(),
+            "{}",
+            String::from_utf8_lossy(&oldest.stderr)
+        );
         let rows = json_lines(&oldest.stdout);
         if start.elapsed() > WINDOW + SWEEP + SLACK
             && let Some(r) = rows.first()
         {
-            let received: jiff::Timestamp =
-                r["received"].as_str().expect("received").parse().expect("instant");
+            let received: jiff::Timestamp = r["received"]
+                .as_str()
+                .expect("received")
+                .parse()
+                .expect("instant");
             let age = jiff::Timestamp::now().duration_since(received);
             let limit = WINDOW + SWEEP + SLACK;
             assert!(
