@@ -305,7 +305,7 @@ async fn a_query_over_400_000_rows_holds_a_page_at_a_time() {
     while let Some(r) = stream.message().await.expect("row") {
         lines += 1;
         assert_eq!(r.entry.map(|e| e.seq), Some(lines), "in order");
-        if lines % 5_000 == 0 {
+        if lines.is_multiple_of(5_000) {
             peak = peak.max(rss_kb(pid));
             assert!(
                 t0.elapsed() < Duration::from_secs(300),
