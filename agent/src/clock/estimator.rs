@@ -70,6 +70,18 @@ pub enum ClockState {
     FreeRunning,
 }
 
+impl From<ClockState> for baton_proto::feedback::ClockState {
+    fn from(s: ClockState) -> Self {
+        use baton_proto::feedback::ClockState as C;
+        match s {
+            ClockState::Syncing => C::Syncing,
+            ClockState::Locked => C::Locked,
+            ClockState::Holdover => C::Holdover,
+            ClockState::FreeRunning => C::FreeRunning,
+        }
+    }
+}
+
 impl ClockState {
     /// Lower-case name, as reports and logs spell it.
     pub fn name(self) -> &'static str {

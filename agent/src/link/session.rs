@@ -445,7 +445,7 @@ fn encode(msg: ToLink) -> wire::AgentMessage {
         ToLink::Feedback(records) => Out::Feedback(wire::FeedbackBatch {
             entries: records
                 .iter()
-                .map(|(seq, r)| convert::feedback(*seq, r))
+                .map(|(seq, r)| convert::feedback(*seq, r, 0))
                 .collect(),
         }),
         ToLink::ClockReport(r) => Out::ClockReport(r),

@@ -445,18 +445,8 @@ impl Agent {
         };
         let (_, system_offset, _) = crate::clock::system::read_offset();
         wire::ClockReport {
-            source: match e.source {
-                SourceKind::Ptp => wire::ClockSource::Ptp,
-                SourceKind::Ntp => wire::ClockSource::Ntp,
-                SourceKind::Link => wire::ClockSource::Link,
-                SourceKind::System => wire::ClockSource::System,
-            } as i32,
-            state: match e.state {
-                ClockState::Syncing => wire::ClockState::Syncing,
-                ClockState::Locked => wire::ClockState::Locked,
-                ClockState::Holdover => wire::ClockState::Holdover,
-                ClockState::FreeRunning => wire::ClockState::FreeRunning,
-            } as i32,
+            source: baton_proto::feedback::ClockSource::from(e.source).code(),
+            state: baton_proto::feedback::ClockState::from(e.state).code(),
             offset_ns: e.target_ns.saturating_sub(system_offset),
             jitter_ns: e.jitter_ns,
             uncertainty_ns: e.uncertainty_ns,

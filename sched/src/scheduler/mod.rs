@@ -28,7 +28,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::id::{ExecutionId, PackKey};
 use crate::once::{OnceKey, OnceKind, Prior, PriorOutcome};
-use crate::output::{Event, EventKind, Output, SafeReason};
+use crate::output::{Event, EventKind, Output, Reason, SafeReason};
 use crate::timing::{TimerId, TimingWheel};
 
 /// Tunables of the core.
@@ -166,6 +166,12 @@ struct InstrState {
     attempts: Attempts,
     /// Missed occurrences waiting to be replayed (catch-up), oldest first.
     catching: Vec<Replay>,
+    /// A one-shot (`at`) was handed to the runtime under this state. Kept
+    /// while its pack is stopped, so that the same version installed again
+    /// after a cancel (the core allows it; the agent's admission does
+    /// not), however long after, neither fires it again nor reports it
+    /// missed: its give-up would name an execution that ran.
+    fired: bool,
 }
 
 impl InstrState {
@@ -609,7 +615,8 @@ impl Scheduler {
         if let EntryKind::Detached(id) = e.kind {
             if self.detached.remove(&*id).is_some() {
                 out.push(Output::Abort((*id).clone()));
-                self.end_detached(&id, AttemptResult::Failed("timed out".into()), now, out);
+                let timed_out = AttemptResult::Failed("timed out".into());
+                self.end_detached(&id, timed_out, Some(Reason::Timeout), now, out);
             }
             return;
         }
@@ -710,7 +717,8 @@ impl Scheduler {
         let timeout = ps.pack.instructions[i].policy.timeout;
         let reason = format!("timed out after {}", fmt_d(timeout));
         out.push(Output::Abort(id.clone()));
-        self.finish_attempt(slot, i, &id, AttemptResult::Failed(reason), now, out);
+        let (result, fail) = (AttemptResult::Failed(reason), Some(Reason::Timeout));
+        self.finish_attempt(slot, i, &id, result, fail, now, out);
     }
 
     fn event(
