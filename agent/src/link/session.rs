@@ -442,10 +442,17 @@ fn encode(msg: ToLink) -> wire::AgentMessage {
         ToLink::Ack(a) => Out::PackAck(a),
         ToLink::Nack(n) => Out::PackNack(n),
         ToLink::Held(packs) => Out::Held(wire::Held { packs }),
-        ToLink::Feedback(records) => Out::Feedback(wire::FeedbackBatch {
-            entries: records
+        ToLink::Feedback(page) => Out::Feedback(wire::FeedbackBatch {
+            entries: page
+                .records
                 .iter()
-                .map(|(seq, r)| convert::feedback(*seq, r, 0))
+                .map(|(seq, r)| {
+                    let dropped = match page.carried {
+                        Some((s, n)) if s == *seq => n,
+                        _ => 0,
+                    };
+                    convert::feedback(*seq, r, dropped)
+                })
                 .collect(),
         }),
         ToLink::ClockReport(r) => Out::ClockReport(r),
