@@ -144,8 +144,12 @@ fn harness() -> H {
 }
 
 fn harness_with(file: ConfigFile) -> H {
+    harness_on(file, baton_agent::runtime::ports::ManualClock::new(t(0)))
+}
+
+fn harness_on(file: ConfigFile, clock: baton_agent::runtime::ports::ManualClock) -> H {
     let fake = fake();
-    let r = rig_with(
+    let r = rig_with_clock(
         file,
         Overrides {
             controller: Some(format!("http://{}", fake.addr)),
@@ -153,6 +157,7 @@ fn harness_with(file: ConfigFile) -> H {
             labels: vec![("site".into(), "test".into())],
             ..Overrides::default()
         },
+        clock,
     );
     H {
         r,
@@ -812,4 +817,54 @@ fn a_controller_that_stops_reading_for_a_while_holds_the_agent_back_and_loses_no
         seqs.first(),
         seqs.last()
     );
+}
+
+/// Issue 26.11: Hello is the first message on every stream, even when the
+/// control thread is slow to hand it over and the link has something of
+/// its own to say first (a time request, due at once, once the response
+/// headers arrive). The control thread is held back by not stepping the
+/// agent until the stream is open and the link's time request is due.
+#[test]
+fn hello_is_first_even_when_the_control_thread_is_slow_to_hand_it_over() {
+    let clock = baton_agent::runtime::ports::ManualClock::new(t(0)).taking_samples();
+    let mut h = harness_on(ConfigFile::default(), clock);
+    // Not stepping the agent: the control thread has not seen Connected,
+    // so no Hello is queued. Wait for the stream (its headers went back at
+    // once) without stepping.
+    let end = Instant::now() + PATIENCE;
+    let stream = loop {
+        match h.fake.events.recv_timeout(PATIENCE) {
+            Ok(Ev::Opened { stream, tx }) => {
+                h.tx = Some(tx);
+                break stream;
+            }
+            Ok(Ev::Msg { msg, .. }) => panic!("a message before the stream opened: {msg:?}"),
+            Ok(Ev::Closed { .. }) => panic!("closed"),
+            Err(e) => panic!("no stream within {PATIENCE:?}: {e:?}"),
+        }
+    };
+    h.stream = stream;
+    assert!(Instant::now() < end);
+    // The link's exchange is due at once and the headers are in: before
+    // the fix its time request left now, ahead of any Hello. Give it the
+    // time to (a bounded wait for an event that must not come).
+    match h.fake.events.recv_timeout(Duration::from_millis(300)) {
+        Err(RecvTimeoutError::Timeout) => {}
+        Ok(Ev::Msg { msg, .. }) => panic!("sent before the Hello: {msg:?}"),
+        Ok(_) => panic!("the stream changed"),
+        Err(e) => panic!("{e:?}"),
+    }
+    // Now the control thread runs: the first message is the Hello...
+    let first = h.expect("the first message", |b| Some(b.clone()));
+    assert!(
+        matches!(first, A::Hello(_)),
+        "first on the stream: {first:?}"
+    );
+    // ...and the time request follows it.
+    h.send(welcome(0, 0));
+    let r = h.expect("a time request", |b| match b {
+        A::TimeRequest(r) => Some(r.clone()),
+        _ => None,
+    });
+    assert!(r.id >= 1);
 }

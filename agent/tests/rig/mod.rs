@@ -85,8 +85,14 @@ pub fn rig() -> Rig {
 
 /// A rig whose agent's configuration adds `file` and `o`.
 pub fn rig_with(file: ConfigFile, o: Overrides) -> Rig {
+    rig_with_clock(file, o, ManualClock::new(t(0)))
+}
+
+/// [`rig_with`] on a clock of the test's making.
+#[allow(dead_code)]
+pub fn rig_with_clock(file: ConfigFile, o: Overrides, clock: ManualClock) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
-    let clock = Arc::new(ManualClock::new(t(0)));
+    let clock = Arc::new(clock);
     let cfg = config(dir.path(), file, o);
     let agent = build_with(dir.path(), clock.clone(), cfg);
     Rig {
