@@ -18,7 +18,9 @@
 //! - the execution id is not stored: it is rebuilt from its parts;
 //! - times are deltas (scheduled from the occurrence, actual from
 //!   scheduled, lateness from actual − scheduled), mostly 0 or a few bytes;
-//! - words (event, outcome, reason, clock, action) are small numbers.
+//! - words (event, outcome, reason, clock, action) are small numbers,
+//!   packed into one varint;
+//! - the tenant `default` (the pack language's default) is left out.
 //!
 //! Nothing is ever dropped: a record [`decode`] cannot read comes back as
 //! [`Decoded::Unreadable`] with its text, which the link still sends.
@@ -43,9 +45,22 @@ const ACTIONS: [&str; 6] = [
     "noop",
 ];
 
+/// The tenant a pack has without a `tenant` key: stored as nothing (an
+/// empty tenant is no valid id, so nothing is ambiguous).
+const DEFAULT_TENANT: &str = "default";
+
+/// Bit positions of the small numbers packed into [`Stored::codes`].
+const OUTCOME_BITS: u32 = 0;
+const EVENT_BITS: u32 = 4;
+const SOURCE_BITS: u32 = 8;
+const STATE_BITS: u32 = 11;
+const ACTION_BITS: u32 = 14;
+const REASON_BITS: u32 = 18;
+
 /// Binary v1, field by field (all optional on the wire: zero is left out).
 #[derive(Clone, PartialEq, Message)]
 struct Stored {
+    /// Empty for [`DEFAULT_TENANT`].
     #[prost(string, tag = "1")]
     tenant: String,
     #[prost(string, tag = "2")]
@@ -70,24 +85,22 @@ struct Stored {
     lateness: i64,
     #[prost(sint64, tag = "10")]
     uncertainty_ns: i64,
-    /// `event code << 4 | outcome code`.
+    /// Outcome, event, clock source and state, action (index + 1 into
+    /// [`ACTIONS`]; 0: none, or the name in `action_name`) and reason
+    /// codes, 0 for none, at the `*_BITS` positions: one varint of 3 bytes.
     #[prost(uint32, tag = "11")]
-    kind: u32,
-    /// `source code << 4 | state code` (0: neither known).
-    #[prost(uint32, tag = "12")]
-    clock: u32,
-    /// Reason code (0: none).
-    #[prost(uint32, tag = "13")]
-    reason: u32,
-    #[prost(string, tag = "14")]
+    codes: u32,
+    #[prost(string, tag = "12")]
     detail: String,
-    #[prost(uint32, optional, tag = "15")]
+    #[prost(uint32, optional, tag = "13")]
     value: Option<u32>,
-    /// Index + 1 into [`ACTIONS`] (0: none, or the name in `action_name`).
-    #[prost(uint32, tag = "16")]
-    action: u32,
-    #[prost(string, tag = "17")]
+    #[prost(string, tag = "14")]
     action_name: String,
+}
+
+/// The number at `bits` of `codes` (4 bits; 3 for clock, 5 for reasons).
+fn field(codes: u32, bits: u32, width: u32) -> i32 {
+    ((codes >> bits) & ((1 << width) - 1)) as i32
 }
 
 /// Appends `r`'s binary v1 form to `out`.
@@ -99,8 +112,20 @@ pub fn encode(r: &Record, out: &mut Vec<u8>) {
         Some(i) => (i as u32 + 1, String::new()),
         None => (0, r.action.clone()),
     };
+    let code = |c: i32| c as u32;
+    let codes = code(r.outcome.code()) << OUTCOME_BITS
+        | code(r.event.code()) << EVENT_BITS
+        | code(r.clock_source.map_or(0, ClockSource::code)) << SOURCE_BITS
+        | code(r.clock_state.map_or(0, ClockState::code)) << STATE_BITS
+        | action << ACTION_BITS
+        | code(r.reason.map_or(0, Reason::code)) << REASON_BITS;
+    let tenant = if r.tenant == DEFAULT_TENANT {
+        String::new()
+    } else {
+        r.tenant.clone()
+    };
     let s = Stored {
-        tenant: r.tenant.clone(),
+        tenant,
         pack: r.pack.clone(),
         version: r.version,
         instruction: r.instruction.clone(),
@@ -110,13 +135,9 @@ pub fn encode(r: &Record, out: &mut Vec<u8>) {
         actual,
         lateness: r.lateness_ns.wrapping_sub(actual),
         uncertainty_ns: r.uncertainty_ns,
-        kind: (r.event.code() as u32) << 4 | r.outcome.code() as u32,
-        clock: (r.clock_source.map_or(0, ClockSource::code) as u32) << 4
-            | r.clock_state.map_or(0, ClockState::code) as u32,
-        reason: r.reason.map_or(0, Reason::code) as u32,
+        codes,
         detail: r.detail.clone(),
         value: r.value,
-        action,
         action_name,
     };
     out.reserve(1 + s.encoded_len());
@@ -166,17 +187,26 @@ fn unreadable_text(bytes: &[u8]) -> String {
 
 fn decode_binary(bytes: &[u8]) -> Option<Record> {
     let s = Stored::decode(bytes).ok()?;
-    let event = Event::from_code((s.kind >> 4) as i32)?;
-    let outcome = Outcome::from_code((s.kind & 0xf) as i32)?;
+    let event = Event::from_code(field(s.codes, EVENT_BITS, 4))?;
+    let outcome = Outcome::from_code(field(s.codes, OUTCOME_BITS, 4))?;
     let occurrence = s.occurrence.map(RefTime::from_nanos);
     let scheduled = s.scheduled.wrapping_add(s.occurrence.unwrap_or(0));
     let actual = scheduled.wrapping_add(s.actual);
-    let action = match s.action {
+    let action = match field(s.codes, ACTION_BITS, 4) {
         0 => s.action_name,
         n => ACTIONS.get(n as usize - 1)?.to_string(),
     };
+    let reason = match field(s.codes, REASON_BITS, 5) {
+        0 => None,
+        // A reason this build does not know reads as none (the wire's rule).
+        n => Reason::from_code(n),
+    };
     Some(Record {
-        tenant: s.tenant,
+        tenant: if s.tenant.is_empty() {
+            DEFAULT_TENANT.to_string()
+        } else {
+            s.tenant
+        },
         pack: s.pack,
         version: s.version,
         instruction: s.instruction,
@@ -186,11 +216,11 @@ fn decode_binary(bytes: &[u8]) -> Option<Record> {
         actual: RefTime::from_nanos(actual),
         lateness_ns: s.lateness.wrapping_add(s.actual),
         uncertainty_ns: s.uncertainty_ns,
-        clock_source: ClockSource::from_code((s.clock >> 4) as i32),
-        clock_state: ClockState::from_code((s.clock & 0xf) as i32),
+        clock_source: ClockSource::from_code(field(s.codes, SOURCE_BITS, 3)),
+        clock_state: ClockState::from_code(field(s.codes, STATE_BITS, 3)),
         event,
         outcome,
-        reason: Reason::from_code(s.reason as i32),
+        reason,
         detail: s.detail,
         value: s.value,
         action,
@@ -344,6 +374,17 @@ mod tests {
         let mut buf = Vec::new();
         encode(&sample(), &mut buf);
         assert!(buf.len() <= 60, "a firing's record is {} bytes", buf.len());
+        // The default tenant costs nothing and comes back.
+        let mut r = sample();
+        r.tenant = "default".into();
+        let mut small = Vec::new();
+        encode(&r, &mut small);
+        assert_eq!(
+            small.len() + 2 + "plant-a".len(),
+            buf.len(),
+            "tag, length, text"
+        );
+        assert_eq!(decode(&small), Decoded::Record(r));
     }
 
     #[test]
@@ -371,6 +412,7 @@ mod tests {
         };
         assert!(t.starts_with("hex:b1"), "{t}");
         let unknown = [BINARY_V1, 11 << 3, 0x7f];
+        // (event 7, outcome 15: no outcome has that code)
         assert!(matches!(decode(&unknown), Decoded::Unreadable(_)));
     }
 }

@@ -500,8 +500,11 @@ pub struct Journal {
     /// [`Journal::flush`] instead of one per record (see the module docs).
     lazy: Vec<u8>,
     compact_trigger: u64,
-    /// Reference time of the last group commit done by a heartbeat.
+    /// Reference time of the last group commit (by a heartbeat, or a
+    /// durable call seen by the next heartbeat).
     last_group_sync_ns: Option<i64>,
+    /// [`Journal::syncs`] at the last heartbeat.
+    syncs_at_heartbeat: u64,
     /// Reference time of the last in-memory prune done by a heartbeat.
     last_prune_ns: Option<i64>,
     poisoned: bool,
@@ -645,6 +648,7 @@ impl Journal {
             // ends: the trigger survives restarts.
             compact_trigger: trigger(cfg.max_log_bytes, snapshot_end.map_or(0, |e| e as u64)),
             last_group_sync_ns: None,
+            syncs_at_heartbeat: 0,
             last_prune_ns: now,
             poisoned: false,
             compaction_error: None,
@@ -892,7 +896,18 @@ impl Journal {
     /// past the horizon. Call it regularly (the agent: every ~100 ms) and
     /// log what the returned [`Heartbeat`] reports.
     pub fn heartbeat(&mut self, now_ns: i64) -> Result<Heartbeat, JournalError> {
+        let prev = self.state.last_alive_ns;
         self.commit(&Rec::Alive { ns: now_ns }, false)?;
+        if self.syncs != self.syncs_at_heartbeat
+            && let Some(p) = prev.filter(|p| *p <= now_ns)
+        {
+            // A durable call since the last heartbeat synced everything
+            // written before it: a group commit already (dated, to be safe,
+            // at that heartbeat). Under load the firings' own syncs keep the
+            // lazy records durable; a sync of its own here would rewrite
+            // the log's last page once more for nothing.
+            self.last_group_sync_ns = Some(self.last_group_sync_ns.map_or(p, |t| t.max(p)));
+        }
         let interval = self.cfg.lazy_sync_interval_ns;
         // A clock that went backwards also syncs: better early than never.
         let due = self
@@ -902,6 +917,7 @@ impl Journal {
             self.sync()?;
             self.last_group_sync_ns = Some(now_ns);
         }
+        self.syncs_at_heartbeat = self.syncs;
         let every = self.cfg.retention_ns / 4;
         let prune_due = self
             .last_prune_ns
