@@ -59,7 +59,11 @@ pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
 pub fn build_with(dir: &Path, clock: Arc<ManualClock>, cfg: AgentConfig) -> Agent {
     let data = dir.join("data");
     let log = dir.join("gpio.jsonl");
-    let (journal, recovered) = Journal::open(JournalConfig::new(&data)).expect("journal");
+    let jcfg = JournalConfig {
+        outbox_cap: cfg.outbox_cap,
+        ..JournalConfig::new(&data)
+    };
+    let (journal, recovered) = Journal::open(jcfg).expect("journal");
     let gpio = SimGpio::open(&log, Allowlist::all()).expect("sim");
     let device = DirectDevice::new(Box::new(gpio), clock.clone());
     let (tx, exec_rx) = std::sync::mpsc::channel();
