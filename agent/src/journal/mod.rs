@@ -53,7 +53,7 @@
 //! | call | on return |
 //! | --- | --- |
 //! | [`Journal::record_started`], [`Journal::record_once`], [`Journal::put_pack`], [`Journal::stop_pack`], [`Journal::remove_pack`] | fdatasync'd: survives power loss |
-//! | [`Journal::record_finished`], [`Journal::push_feedback`], [`Journal::ack_feedback`], [`Journal::reset_dropped`], [`Journal::heartbeat`] | buffered; written by the next flush, synced by the next durable call, [`Journal::sync`], or a heartbeat once [`JournalConfig::lazy_sync_interval_ns`] has passed (group commit) |
+//! | [`Journal::record_finished`], [`Journal::push_feedback`], [`Journal::ack_feedback`], [`Journal::reset_dropped`], [`Journal::heartbeat`] | buffered; written by the next flush, synced by the next durable call, [`Journal::sync`], or a heartbeat once [`JournalConfig::lazy_sync_interval_ns`] has passed since the last sync (group commit) |
 //!
 //! Why lazy is safe for these: a lost `record_finished` turns into "started,
 //! no result" → reported `outcome unknown`, never a second firing; a lost
