@@ -5,7 +5,19 @@
 # CPU is split: the dispatcher thread (it spins before deadlines by design)
 # and everything else (control loop, journal, exec workers, signals).
 #
+# Also what the agent writes: the journal's growth over the window
+# (journal_B/f: bytes appended to journal.log per firing; no compaction
+# happens in 20 s at these loads) and the process's write_bytes from
+# /proc/PID/io (wb_B/f and KB/s: what reached the block layer, page
+# rewrites by each fdatasync included: the flash-wear figure; on tmpfs
+# write_bytes stays 0, then read the journal column). wchar is not used: it
+# counts the sim GPIO log's writes to /dev/null too.
+#
 #   scripts/load-figures.sh [SECONDS]     (default 20 per load)
+#   BASE=/path/to/old/baton-agent scripts/load-figures.sh 20
+#                                          (each load run by both builds,
+#                                          the old one first: before/after
+#                                          in one run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
@@ -36,18 +48,32 @@ ticks() { # PID [dispatch|rest]
   echo $sum
 }
 rss() { awk '/VmRSS/ {print $2}' /proc/$1/status; }
+wbytes() { awk '/^write_bytes/ {print $2}' /proc/$1/io; }
+jsize() { stat -c %s "$1/journal.log"; }
+rate() { case $1 in idle) echo 0 ;; k1) echo 1000 ;; k10) echo 10000 ;; *) echo 0 ;; esac; }
 
-printf "%-8s %10s %10s %14s %14s %10s\n" load rss_start rss_end dispatch_cpu other_cpu firings
+builds="new"
+[ -n "${BASE:-}" ] && builds="base new"
+printf "%-5s %-8s %10s %10s %14s %14s %10s %10s %9s %9s\n" build load rss_start rss_end dispatch_cpu other_cpu firings journal_B/f wb_B/f wb_KB/s
 for p in ${LOADS:-idle k1 k10}; do
-  rm -rf "$tmp/data-$p"
-  "$bin" run --quiet --data "$tmp/data-$p" --gpio sim:/dev/null --pack "$tmp/$p.yaml" >"$tmp/$p.out" 2>"$tmp/$p.err" &
+ for b in $builds; do
+  exe=$bin; [ "$b" = base ] && exe=$BASE
+  d="$tmp/data-$p-$b"
+  rm -rf "$d"
+  "$exe" run --quiet --data "$d" --gpio sim:/dev/null --pack "$tmp/$p.yaml" >"$tmp/$p.out" 2>"$tmp/$p.err" &
   pid=$!
   sleep 3   # warm-up: start-up, first compaction
   r0=$(rss $pid); d0=$(ticks $pid dispatch); o0=$(ticks $pid rest)
+  w0=$(wbytes $pid); j0=$(jsize "$d")
   sleep "$secs"
   r1=$(rss $pid); d1=$(ticks $pid dispatch); o1=$(ticks $pid rest)
+  w1=$(wbytes $pid); j1=$(jsize "$d")
   kill -TERM $pid; wait $pid || true
   n=$(grep -o "summary: [0-9]*" "$tmp/$p.out" | awk '{print $2}' || true)
-  printf "%-8s %8s kB %8s kB %12.2f %% %12.2f %% %10s\n" "$p" "$r0" "$r1" \
-    "$(echo "100*($d1-$d0)/$tck/$secs" | bc -l)" "$(echo "100*($o1-$o0)/$tck/$secs" | bc -l)" "${n:-?}"
+  f=$(( $(rate $p) * secs ))
+  per() { if [ "$f" -gt 0 ]; then echo "scale=1; $1/$f" | bc -l; else echo -; fi; }
+  printf "%-5s %-8s %8s kB %8s kB %12.2f %% %12.2f %% %10s %10s %9s %9.1f\n" "$b" "$p" "$r0" "$r1" \
+    "$(echo "100*($d1-$d0)/$tck/$secs" | bc -l)" "$(echo "100*($o1-$o0)/$tck/$secs" | bc -l)" "${n:-?}" \
+    "$(per $((j1 - j0)))" "$(per $((w1 - w0)))" "$(echo "($w1-$w0)/1000/$secs" | bc -l)"
+ done
 done

@@ -16,6 +16,7 @@ pub mod journal;
 pub mod link;
 pub mod live;
 pub mod metrics;
+pub mod outbox;
 pub mod rt;
 pub mod runtime;
 pub mod simulate;

@@ -26,8 +26,12 @@ pub fn event_json(e: &Event) -> serde_json::Value {
         EventKind::Retry { at } => {
             obj.insert("at".into(), at.to_rfc3339().into());
         }
-        EventKind::Skip { reason } | EventKind::GiveUp { reason } | EventKind::Fail { reason } => {
-            obj.insert("reason".into(), reason.clone().into());
+        // `reason` stays the words it always was; the typed reason, as
+        // feedback carries it, is `reason_code`.
+        EventKind::Skip { detail, .. }
+        | EventKind::GiveUp { detail, .. }
+        | EventKind::Fail { detail, .. } => {
+            obj.insert("reason".into(), detail.clone().into());
         }
         EventKind::SafeState { reason } => {
             obj.insert("reason".into(), reason.as_str().into());
@@ -36,6 +40,9 @@ pub fn event_json(e: &Event) -> serde_json::Value {
             obj.insert("value".into(), (*v).into());
         }
         _ => {}
+    }
+    if let Some(code) = e.kind.reason() {
+        obj.insert("reason_code".into(), code.as_str().into());
     }
     v
 }

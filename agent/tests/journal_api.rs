@@ -585,3 +585,62 @@ fn journal_id_survives_reopen_and_compaction_and_is_new_after_a_reset_or_a_wipe(
     assert_ne!(j.id(), id);
     assert_ne!(j.id(), after_reset);
 }
+
+/// Issue 26.8: drops at the outbox cap reach the controller as one count
+/// on one entry, survive restarts, and are reported once that entry is
+/// acknowledged; drops that happen later ride on a later entry.
+#[test]
+fn journal_drop_count_rides_on_one_entry_until_acknowledged() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = JournalConfig {
+        outbox_cap: 3,
+        ..JournalConfig::new(tmp.path())
+    };
+    {
+        let (mut j, _) = Journal::open(c.clone()).expect("open");
+        for i in 1..=5u64 {
+            j.push_feedback(format!("f{i}").as_bytes()).expect("push");
+        }
+        assert_eq!((j.dropped(), j.outbox_range()), (2, Some((3, 5))));
+        assert_eq!(j.dropped_before(3), 0, "nothing sent yet");
+        assert_eq!(j.carry_drops(3).expect("carry"), 2, "the first entry sent");
+        assert_eq!(j.carry_drops(3).expect("again"), 2, "the same on a re-send");
+        assert_eq!(j.carry_drops(4).expect("other"), 0, "one carrier only");
+        assert_eq!(j.dropped_before(4), 0);
+    }
+    {
+        // A restart: the same entry carries the same count.
+        let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
+        assert_eq!(rec.dropped, 2);
+        assert_eq!(j.dropped_before(3), 2);
+        assert_eq!(j.carry_drops(3).expect("carry"), 2);
+        // An acknowledgement below the carrier reports nothing.
+        j.ack_feedback(2).expect("stale ack");
+        assert_eq!(j.dropped(), 2);
+        // Acknowledged: reported, never sent again.
+        j.ack_feedback(3).expect("ack");
+        assert_eq!((j.dropped(), j.dropped_before(3)), (0, 0));
+        assert_eq!(j.carry_drops(4).expect("nothing left"), 0);
+    }
+    {
+        let (mut j, rec) = Journal::open(c.clone()).expect("reopen");
+        assert_eq!(rec.dropped, 0, "the report survives a restart");
+        assert_eq!(j.carry_drops(4).expect("carry"), 0);
+        // More drops; the carrier itself is dropped before it is
+        // acknowledged: its count rides on a later entry, with the new drops.
+        for i in 6..=7u64 {
+            j.push_feedback(format!("f{i}").as_bytes()).expect("push");
+        }
+        assert_eq!((j.dropped(), j.outbox_range()), (1, Some((5, 7))));
+        assert_eq!(j.carry_drops(5).expect("carry"), 1);
+        j.push_feedback(b"f8").expect("push");
+        assert_eq!(j.outbox_range(), Some((6, 8)), "the carrier went");
+        assert_eq!((j.dropped(), j.dropped_before(5)), (2, 0));
+        j.compact().expect("compact");
+        assert_eq!(j.carry_drops(6).expect("carry"), 2, "both drops, once");
+        j.compact().expect("the carrier survives compaction");
+        assert_eq!(j.dropped_before(6), 2);
+        j.ack_feedback(8).expect("ack");
+        assert_eq!(j.dropped(), 0);
+    }
+}

@@ -144,8 +144,12 @@ fn harness() -> H {
 }
 
 fn harness_with(file: ConfigFile) -> H {
+    harness_on(file, baton_agent::runtime::ports::ManualClock::new(t(0)))
+}
+
+fn harness_on(file: ConfigFile, clock: baton_agent::runtime::ports::ManualClock) -> H {
     let fake = fake();
-    let r = rig_with(
+    let r = rig_with_clock(
         file,
         Overrides {
             controller: Some(format!("http://{}", fake.addr)),
@@ -153,6 +157,7 @@ fn harness_with(file: ConfigFile) -> H {
             labels: vec![("site".into(), "test".into())],
             ..Overrides::default()
         },
+        clock,
     );
     H {
         r,
@@ -812,4 +817,110 @@ fn a_controller_that_stops_reading_for_a_while_holds_the_agent_back_and_loses_no
         seqs.first(),
         seqs.last()
     );
+}
+
+/// Issue 26.11: Hello is the first message on every stream, even when the
+/// control thread is slow to hand it over and the link has something of
+/// its own to say first (a time request, due at once, once the response
+/// headers arrive). The control thread is held back by not stepping the
+/// agent until the stream is open and the link's time request is due.
+#[test]
+fn hello_is_first_even_when_the_control_thread_is_slow_to_hand_it_over() {
+    let clock = baton_agent::runtime::ports::ManualClock::new(t(0)).taking_samples();
+    let mut h = harness_on(ConfigFile::default(), clock);
+    // Not stepping the agent: the control thread has not seen Connected,
+    // so no Hello is queued. Wait for the stream (its headers went back at
+    // once) without stepping.
+    let stream = match h.fake.events.recv_timeout(PATIENCE) {
+        Ok(Ev::Opened { stream, tx }) => {
+            h.tx = Some(tx);
+            stream
+        }
+        Ok(Ev::Msg { msg, .. }) => panic!("a message before the stream opened: {msg:?}"),
+        Ok(Ev::Closed { .. }) => panic!("closed"),
+        Err(e) => panic!("no stream within {PATIENCE:?}: {e:?}"),
+    };
+    h.stream = stream;
+    // The link's exchange is due at once and the headers are in: before
+    // the fix its time request left now, ahead of any Hello. Give it the
+    // time to (a bounded wait for an event that must not come).
+    match h.fake.events.recv_timeout(Duration::from_millis(300)) {
+        Err(RecvTimeoutError::Timeout) => {}
+        Ok(Ev::Msg { msg, .. }) => panic!("sent before the Hello: {msg:?}"),
+        Ok(_) => panic!("the stream changed"),
+        Err(e) => panic!("{e:?}"),
+    }
+    // Now the control thread runs: the first message is the Hello...
+    let first = h.expect("the first message", |b| Some(b.clone()));
+    assert!(
+        matches!(first, A::Hello(_)),
+        "first on the stream: {first:?}"
+    );
+    // ...and the time request follows it.
+    h.send(welcome(0, 0));
+    let r = h.expect("a time request", |b| match b {
+        A::TimeRequest(r) => Some(*r),
+        _ => None,
+    });
+    assert!(r.id >= 1);
+}
+
+/// Issue 26.8: entries dropped at the outbox cap while the controller was
+/// away are not silent: the first entry sent after them carries their
+/// count as `dropped_before`, on every re-send until it is acknowledged,
+/// and never again after.
+#[test]
+fn outbox_drops_reach_the_controller_once_on_one_entry() {
+    let mut h = harness_with(ConfigFile {
+        outbox_cap: Some(4),
+        ..ConfigFile::default()
+    });
+    h.session();
+    let beat = "instructions:\n  - {id: n, action: noop, every: 100ms}\n";
+    h.send(push("beat", 1, &pack("beat", 1, beat)));
+    h.ack();
+    // The controller goes away; ten firings into an outbox of four.
+    h.fake
+        .refuse
+        .store(true, std::sync::atomic::Ordering::Release);
+    h.drop_stream();
+    h.run_for(Duration::from_millis(950), Duration::from_millis(5));
+    let j = h.r.agent.journal();
+    let (front, last) = j.outbox_range().expect("held");
+    assert_eq!(last - front + 1, 4);
+    let dropped = j.dropped();
+    assert_eq!(
+        dropped,
+        front - 1,
+        "everything before the front was dropped"
+    );
+    // Back: the first entry sent carries the count.
+    h.fake
+        .refuse
+        .store(false, std::sync::atomic::Ordering::Release);
+    h.connected();
+    h.send(welcome(0, 0));
+    let got = feedback(&mut h, 4);
+    assert_eq!(got[0].seq, front);
+    assert_eq!(got[0].dropped_before, dropped, "{:?}", got[0]);
+    assert!(got[1..].iter().all(|f| f.dropped_before == 0));
+    // Not acknowledged, the stream dies: the re-send carries it again.
+    h.drop_stream();
+    h.connected();
+    h.send(welcome(0, 0));
+    let again = feedback(&mut h, 4);
+    assert_eq!((again[0].seq, again[0].dropped_before), (front, dropped));
+    // Acknowledged: reported, never sent again.
+    h.send(msg(C::FeedbackAck(wire::FeedbackAck { seq: front })));
+    let end = Instant::now() + PATIENCE;
+    while h.r.agent.journal().dropped() != 0 {
+        assert!(Instant::now() < end, "the count stays unreported");
+        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
+        h.r.agent.step().expect("step");
+    }
+    h.drop_stream();
+    h.connected();
+    h.send(welcome(front, 0));
+    let after = feedback(&mut h, 3);
+    assert!(after.iter().all(|f| f.dropped_before == 0), "{after:?}");
 }

@@ -5,6 +5,8 @@
 //! - [`plan`]: the next firings of a pack, for operators.
 //! - [`time`]: reference-time types and duration literals.
 //! - [`yaml`]: the position-carrying YAML tree under the pack decoder.
+//! - [`feedback`]: the typed feedback record (outcome, reason, event,
+//!   clock) the agent journals and the controller stores.
 //! - [`wire`]: the gRPC protocol between agent and controller.
 //!
 //! # Features
@@ -21,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod feedback;
 pub mod pack;
 pub mod plan;
 pub mod time;

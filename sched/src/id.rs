@@ -66,25 +66,16 @@ impl ExecutionId {
 
     /// Parse the text form back (the journal stores ids as text).
     pub fn parse(text: &str) -> Option<ExecutionId> {
-        let mut parts = text.split('/');
-        let tenant = parts.next()?;
-        let pack = parts.next()?;
-        let version = parts.next()?.strip_prefix('v')?.parse().ok()?;
-        let instruction = parts.next()?;
-        let occurrence = RefTime::from_nanos(parts.next()?.parse().ok()?);
-        let attempt = parts.next()?.strip_prefix('a')?.parse().ok()?;
-        if parts.next().is_some() {
-            return None;
-        }
+        let p = baton_proto::feedback::parse_execution_id(text)?;
         Some(ExecutionId {
             pack: PackKey {
-                tenant: tenant.into(),
-                pack: pack.into(),
+                tenant: p.tenant.into(),
+                pack: p.pack.into(),
             },
-            version,
-            instruction: instruction.into(),
-            occurrence,
-            attempt,
+            version: p.version,
+            instruction: p.instruction.into(),
+            occurrence: p.occurrence,
+            attempt: p.attempt,
         })
     }
 }

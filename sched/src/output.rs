@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_proto::RefTime;
+pub use baton_proto::feedback::Reason;
 use baton_proto::pack::Action;
 
 use crate::id::{ExecutionId, PackKey};
@@ -57,6 +58,17 @@ impl SafeReason {
             SafeReason::Shutdown => "shutdown",
         }
     }
+
+    /// The typed reason feedback carries for it (and for what it skips).
+    pub fn reason(self) -> Reason {
+        match self {
+            SafeReason::GiveUp => Reason::GiveUp,
+            SafeReason::Cancel => Reason::Cancel,
+            SafeReason::LeaseLost => Reason::Lease,
+            SafeReason::ClockLost => Reason::Clock,
+            SafeReason::Shutdown => Reason::Shutdown,
+        }
+    }
 }
 
 /// What happened, for feedback and for `simulate`.
@@ -71,8 +83,10 @@ pub enum EventKind {
     },
     /// The attempt failed.
     Fail {
-        /// Why.
-        reason: String,
+        /// The class of cause, when there is one (a timeout).
+        reason: Option<Reason>,
+        /// What failed, in words (the device's or program's error).
+        detail: String,
     },
     /// Another attempt is scheduled.
     Retry {
@@ -81,13 +95,17 @@ pub enum EventKind {
     },
     /// The instruction gave up on this occurrence.
     GiveUp {
-        /// Why.
-        reason: String,
+        /// Why (late, failed, timeout).
+        reason: Reason,
+        /// Particulars in words.
+        detail: String,
     },
     /// An occurrence did not run.
     Skip {
         /// Why.
-        reason: String,
+        reason: Reason,
+        /// Particulars in words (how late, how many missed...).
+        detail: String,
     },
     /// The instruction's `on_failure` action was issued.
     OnFailure,
@@ -114,6 +132,36 @@ impl EventKind {
             EventKind::OnFailure => "on_failure",
             EventKind::SafeState { .. } => "safe_state",
             EventKind::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+
+    /// The feedback record's event word; `None` for the routine `Fire`
+    /// and `Ok`, which an agent reports through its execution records.
+    pub fn feedback_event(&self) -> Option<baton_proto::feedback::Event> {
+        use baton_proto::feedback::Event as E;
+        Some(match self {
+            EventKind::Fire | EventKind::Ok { .. } => return None,
+            EventKind::Fail { .. } => E::Fail,
+            EventKind::Retry { .. } => E::Retry,
+            EventKind::GiveUp { .. } => E::GiveUp,
+            EventKind::Skip { .. } => E::Skip,
+            EventKind::OnFailure => E::OnFailure,
+            EventKind::SafeState { .. } => E::SafeState,
+            EventKind::OutcomeUnknown => E::OutcomeUnknown,
+        })
+    }
+
+    /// The typed reason, when the event has one.
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            EventKind::Fail { reason, .. } => *reason,
+            EventKind::GiveUp { reason, .. } | EventKind::Skip { reason, .. } => Some(*reason),
+            EventKind::SafeState { reason } => Some(reason.reason()),
+            EventKind::OutcomeUnknown => Some(Reason::Crash),
+            EventKind::Fire
+            | EventKind::Ok { .. }
+            | EventKind::Retry { .. }
+            | EventKind::OnFailure => None,
         }
     }
 }
@@ -145,9 +193,9 @@ impl Event {
     /// value…), for the views that print events as lines.
     pub fn detail(&self) -> String {
         match &self.kind {
-            EventKind::Skip { reason }
-            | EventKind::GiveUp { reason }
-            | EventKind::Fail { reason } => reason.clone(),
+            EventKind::Skip { detail, .. }
+            | EventKind::GiveUp { detail, .. }
+            | EventKind::Fail { detail, .. } => detail.clone(),
             EventKind::Retry { at } => format!("retry at {at}"),
             EventKind::SafeState { reason } => format!("safe state ({})", reason.as_str()),
             EventKind::Ok { value: Some(v) } => format!("value {v}"),

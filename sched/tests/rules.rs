@@ -6,7 +6,7 @@ use baton_proto::RefTime;
 use baton_proto::pack::parse_pack;
 use baton_sched::sim::{FailSpec, SimOptions, simulate};
 use baton_sched::{
-    AttemptResult, Config, Event, EventKind, ExecutionId, Output, PackKey, PriorOutcome,
+    AttemptResult, Config, Event, EventKind, ExecutionId, Output, PackKey, PriorOutcome, Reason,
     SafeReason, Scheduler,
 };
 
@@ -293,10 +293,18 @@ fn missed_one_shot_gives_up_and_fails_safe() {
     // Accepted a minute after its instant, far beyond max_lateness.
     let ev = run(PRESS, "2026-12-01T10:01:00Z", "2026-12-01T10:01:00Z", &[]);
     assert_eq!(names(&ev, "warmup"), ["give_up"]);
-    let EventKind::GiveUp { reason } = &ev[0].kind else {
+    let EventKind::GiveUp { reason, detail } = &ev[0].kind else {
         panic!("{:?}", ev[0])
     };
-    assert!(reason.starts_with("missed: late by 1m"), "{reason}");
+    assert!(detail.starts_with("missed: late by 1m"), "{detail}");
+    assert_eq!(*reason, Reason::Late);
+    // The give-up names the attempt that would have run, and its occurrence.
+    let id = ev[0]
+        .id
+        .as_ref()
+        .expect("a missed one-shot's give-up has an id");
+    assert_eq!((id.instruction.as_str(), id.attempt), ("warmup", 1));
+    assert_eq!(ev[0].occurrence, Some(id.occurrence));
     assert!(ev.iter().any(|e| e.kind.name() == "safe_state"));
     assert!(ev.iter().all(|e| e.kind != EventKind::Fire));
 }
@@ -778,10 +786,10 @@ fn catch_up_after_downtime() {
         brief(&none).iter().map(|(_, n, _)| *n).collect::<Vec<_>>(),
         ["skip", "fire", "ok"]
     );
-    let EventKind::Skip { reason } = &none[0].kind else {
+    let EventKind::Skip { detail, .. } = &none[0].kind else {
         panic!()
     };
-    assert!(reason.starts_with("missed 5 occurrence(s)"), "{reason}");
+    assert!(detail.starts_with("missed 5 occurrence(s)"), "{detail}");
     assert_eq!(
         fires(&none),
         [(format!("2026-12-01T10:06:00{Z}"), "s".to_string())]
@@ -969,7 +977,10 @@ fn an_occurrence_reported_not_run_before_a_restart_is_not_reported_missed_again(
     let missed: Vec<String> = ev
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::Skip { reason } if reason.starts_with("missed") => Some(reason.clone()),
+            EventKind::Skip { reason, detail } if detail.starts_with("missed") => {
+                assert_eq!(*reason, Reason::CatchUp, "missed while down");
+                Some(detail.clone())
+            }
             _ => None,
         })
         .collect();

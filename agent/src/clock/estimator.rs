@@ -70,6 +70,18 @@ pub enum ClockState {
     FreeRunning,
 }
 
+impl From<ClockState> for baton_proto::feedback::ClockState {
+    fn from(s: ClockState) -> Self {
+        use baton_proto::feedback::ClockState as C;
+        match s {
+            ClockState::Syncing => C::Syncing,
+            ClockState::Locked => C::Locked,
+            ClockState::Holdover => C::Holdover,
+            ClockState::FreeRunning => C::FreeRunning,
+        }
+    }
+}
+
 impl ClockState {
     /// Lower-case name, as reports and logs spell it.
     pub fn name(self) -> &'static str {
@@ -277,6 +289,8 @@ struct Applied {
     freq: f64,
     source: SourceKind,
     state: ClockState,
+    /// The uncertainty published with it.
+    uncertainty_ns: i64,
 }
 
 /// The estimator.
@@ -387,7 +401,13 @@ impl Estimator {
             }
         };
         let offset = target.saturating_add(transition);
+        let uncertainty = fit.uncertainty_ns.saturating_add(transition.abs());
         let prev = self.applied;
+        // The followed source's fit moving within the uncertainty it had
+        // (a source still syncing averaging noisy samples: a slow link) is
+        // not the clock stepping; only its own step, a first lock, a
+        // switch, or a move beyond that uncertainty is reported.
+        let own_move = prev.is_some_and(|a| a.source == source) && !stepped && !first_lock;
         self.applied = Some(Applied {
             at: now,
             offset_ns: offset,
@@ -395,11 +415,13 @@ impl Estimator {
             freq: fit.freq,
             source,
             state,
+            uncertainty_ns: uncertainty,
         });
         let step_ns = prev.and_then(|p| {
             let drift = clamp_i64((now.0 - p.at.0).max(0) as f64 * fit.freq.abs());
+            let noise = if own_move { p.uncertainty_ns } else { 0 };
             let d = offset - p.offset_ns;
-            (d.abs() > STEP_REPORT_NS + drift).then_some(d)
+            (d.abs() > STEP_REPORT_NS.saturating_add(drift).saturating_add(noise)).then_some(d)
         });
         let changed = prev.is_none_or(|p| p.source != source || p.state != state);
         Some(Tick {
@@ -408,7 +430,7 @@ impl Estimator {
                 state,
                 offset_ns: offset,
                 target_ns: target,
-                uncertainty_ns: fit.uncertainty_ns.saturating_add(transition.abs()),
+                uncertainty_ns: uncertainty,
                 jitter_ns: fit.jitter_ns,
                 frequency_ppm: fit.freq * 1e6,
             },

@@ -7,9 +7,13 @@
 //! `reference − monotonic = ((t2 − t1) + (t3 − t4)) / 2`, off by at most
 //! half the round trip `(t4 − t1) − (t3 − t2)`, which becomes the sample's
 //! error. A gRPC stream is a busier path than a UDP socket (HTTP/2 frames,
-//! the controller's other work on the stream), so replies whose round trip
-//! is far above the recent minimum are dropped, as NTP's clock filter does;
-//! the estimator weighs the rest by their error.
+//! the controller's other work on the stream, a link that stalls), so only
+//! replies whose round trip is close to the recent minimum are kept, as
+//! NTP's clock filter keeps the lowest-delay sample of its last eight: a
+//! stall on one leg of a slow path (0.5 s, say) moves the offset by half
+//! the stall, tens of milliseconds, and looked like the clock stepping
+//! while the link source was still syncing. The estimator weighs the rest
+//! by their error.
 
 use std::collections::VecDeque;
 
@@ -23,10 +27,13 @@ const BURST_EVERY_NS: i64 = 250_000_000;
 const STEADY_EVERY_NS: i64 = 4_000_000_000;
 /// A request unanswered this long is forgotten (the next one goes out).
 const REPLY_TIMEOUT_NS: i64 = 5_000_000_000;
-/// Round trips remembered for the minimum.
+/// Round trips remembered for the minimum (NTP's filter register).
 const DELAYS_KEPT: usize = 8;
-/// A round trip above `FACTOR × minimum + SLACK` is an outlier.
-const OUTLIER_FACTOR: i64 = 3;
+/// A round trip above `minimum + max(minimum / DIVISOR, SLACK)` is an
+/// outlier: its offset may be off by half the excess, which a path's
+/// jitter at its fastest (a few % of the round trip, or 50 µs on a LAN)
+/// does not explain.
+const OUTLIER_DIVISOR: i64 = 16;
 const OUTLIER_SLACK_NS: i64 = 50_000;
 /// Timestamp resolution and processing on the controller, beyond the round
 /// trip: added to every sample's error.
@@ -120,7 +127,7 @@ impl Exchange {
         }
         self.delays.push_back(delay);
         let min = self.delays.iter().copied().min().unwrap_or(delay);
-        if delay > OUTLIER_FACTOR * min + OUTLIER_SLACK_NS {
+        if delay > min.saturating_add((min / OUTLIER_DIVISOR).max(OUTLIER_SLACK_NS)) {
             return None;
         }
         let offset = ((t2_ns as i128 - t1.0 as i128) + (t3_ns as i128 - t4.0 as i128)) / 2;
@@ -221,5 +228,60 @@ mod tests {
             e.poll(MonoTime(t + STEADY_EVERY_NS + REPLY_TIMEOUT_NS))
                 .is_some()
         );
+    }
+
+    /// Issue 26.12: a 0.5 s path whose legs stall now and then (one leg at
+    /// a time: the offset is off by half the stall). Replies delayed by a
+    /// stall are dropped; what is kept is within a few ms of the truth,
+    /// and the estimator fed with it never reports a step of the link
+    /// source.
+    #[test]
+    fn a_slow_stalling_path_keeps_only_replies_near_its_fastest() {
+        use crate::clock::estimator::{Estimator, EstimatorConfig};
+        let mut e = Exchange::new();
+        let mut est = Estimator::new(EstimatorConfig::with_limit(10 * MS));
+        let offset = 7_000 * MS;
+        let mut x = 0x9e37_79b9_u32;
+        let mut rand = move |n: i64| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            i64::from(x).rem_euclid(n)
+        };
+        let (mut kept, mut stalled_kept, mut t) = (0, 0, 0i64);
+        let mut steps = Vec::new();
+        for i in 0..200 {
+            t += 750 * MS;
+            // 250 ms each way, up to 2 ms of jitter; a third of the rounds
+            // (at random) one leg stalls 40..200 ms.
+            let (mut up, mut down) = (250 * MS + rand(2 * MS), 250 * MS + rand(2 * MS));
+            let stalled = rand(3) == 0;
+            if stalled {
+                if rand(2) == 0 {
+                    up += 40 * MS + rand(160 * MS);
+                } else {
+                    down += 40 * MS + rand(160 * MS);
+                }
+            }
+            let Some(s) = round(&mut e, t, offset, up, down) else {
+                continue;
+            };
+            kept += 1;
+            stalled_kept += i32::from(stalled);
+            assert!((s.offset_ns - offset).abs() <= 20 * MS, "kept {s:?} at {i}");
+            assert!((s.offset_ns - offset).abs() <= s.error_ns, "{s:?}");
+            est.on_sample(s);
+            if let Some(tick) = est.tick(MonoTime(t + 600 * MS))
+                && tick.estimate.source == SourceKind::Link
+                && let Some(step) = tick.step_ns
+            {
+                steps.push((i, step));
+            }
+        }
+        assert!(kept >= 25, "the unstalled rounds are kept: {kept}");
+        assert_eq!(stalled_kept, 0, "no stalled round is kept");
+        // The first sample moves the estimate from nothing; after it, the
+        // link source never steps.
+        assert!(steps.len() <= 1, "{steps:?}");
     }
 }

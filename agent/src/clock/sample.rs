@@ -78,3 +78,15 @@ impl SampleSender {
         }
     }
 }
+
+impl From<SourceKind> for baton_proto::feedback::ClockSource {
+    fn from(k: SourceKind) -> Self {
+        use baton_proto::feedback::ClockSource as C;
+        match k {
+            SourceKind::Ptp => C::Ptp,
+            SourceKind::Ntp => C::Ntp,
+            SourceKind::Link => C::Link,
+            SourceKind::System => C::System,
+        }
+    }
+}

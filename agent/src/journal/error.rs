@@ -37,14 +37,18 @@ pub enum JournalError {
     },
     /// The log was written in a format version this agent does not know
     /// (an older agent after a downgrade).
-    #[error("journal {path} has format version {found}, this agent reads version {supported}")]
+    #[error(
+        "journal {path} has format version {found}, this agent reads versions {oldest} to {supported}"
+    )]
     UnsupportedVersion {
         /// The log file.
         path: PathBuf,
         /// The version in the file's header.
         found: u32,
-        /// The version this code writes and reads.
+        /// The version this code writes (and the newest it reads).
         supported: u32,
+        /// The oldest version it reads.
+        oldest: u32,
     },
     /// Another process holds the journal directory's lock: two agents on
     /// one journal would break "nothing runs twice".

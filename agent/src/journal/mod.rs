@@ -53,7 +53,7 @@
 //! | call | on return |
 //! | --- | --- |
 //! | [`Journal::record_started`], [`Journal::record_once`], [`Journal::put_pack`], [`Journal::stop_pack`], [`Journal::remove_pack`] | fdatasync'd: survives power loss |
-//! | [`Journal::record_finished`], [`Journal::push_feedback`], [`Journal::ack_feedback`], [`Journal::reset_dropped`], [`Journal::heartbeat`] | buffered; written by the next flush, synced by the next durable call, [`Journal::sync`], or a heartbeat once [`JournalConfig::lazy_sync_interval_ns`] has passed (group commit) |
+//! | [`Journal::record_finished`], [`Journal::push_feedback`], [`Journal::ack_feedback`], [`Journal::reset_dropped`], [`Journal::heartbeat`] | buffered; written by the next flush, synced by the next durable call, [`Journal::sync`], or a heartbeat once [`JournalConfig::lazy_sync_interval_ns`] has passed since the last sync (group commit) |
 //!
 //! Why lazy is safe for these: a lost `record_finished` turns into "started,
 //! no result" → reported `outcome unknown`, never a second firing; a lost
@@ -86,7 +86,8 @@
 //! default) does. A flipped bit inside the very last record is
 //! indistinguishable from a torn write and is treated as one. A log of
 //! another format version is refused with
-//! [`JournalError::UnsupportedVersion`] (no migration).
+//! [`JournalError::UnsupportedVersion`]; a log of an older version this
+//! code still reads (2) is rewritten in the current format at open.
 //!
 //! **A lost log is refused, not silently replaced.** Once a journal's first
 //! log is in place, `open` writes a line into `journal.lock`. If that line
@@ -170,7 +171,7 @@ use std::path::{Path, PathBuf};
 
 pub use error::JournalError;
 use packed::PackedPack;
-use record::{FRAME_LEN, HEADER_LEN, HeaderError, Ids, MAX_PAYLOAD, Rec};
+use record::{FRAME_LEN, FinishedBatch, HEADER_LEN, HeaderError, Ids, MAX_PAYLOAD, Rec};
 use state::State;
 
 /// The log file's name inside [`JournalConfig::dir`].
@@ -182,9 +183,13 @@ pub const TMP_FILE: &str = "journal.log.tmp";
 pub const LOCK_FILE: &str = "journal.lock";
 /// Where [`JournalConfig::reset`] moves the previous log.
 pub const DISCARDED_FILE: &str = "journal.log.discarded";
-/// The log format version this code writes and reads (any other is
-/// refused with [`JournalError::UnsupportedVersion`]).
+/// The log format version this code writes. It reads this one and
+/// [`OLDEST_READABLE_VERSION`] up (an older log is rewritten in this
+/// format at open); any other is refused with
+/// [`JournalError::UnsupportedVersion`].
 pub const FORMAT_VERSION: u32 = record::FORMAT_VERSION;
+/// The oldest log format version this code reads.
+pub const OLDEST_READABLE_VERSION: u32 = record::OLDEST_READABLE;
 
 /// Written into the lock file once the directory's first log is in place.
 const CREATED_MARKER: &[u8] =
@@ -475,6 +480,12 @@ pub struct Journal {
     _lock: File,
     /// This log's record checksum seed.
     salt: u32,
+    /// This log's format version (an older one only until the compaction
+    /// that rewrites it at open).
+    version: u32,
+    /// Results of this pass, written as one `Finished` record with the
+    /// next flush (see `record::FinishedBatch`).
+    fin: FinishedBatch,
     /// Bytes in the log.
     len: u64,
     /// Bytes known to be on stable storage.
@@ -489,8 +500,11 @@ pub struct Journal {
     /// [`Journal::flush`] instead of one per record (see the module docs).
     lazy: Vec<u8>,
     compact_trigger: u64,
-    /// Reference time of the last group commit done by a heartbeat.
+    /// Reference time of the last group commit (by a heartbeat, or a
+    /// durable call seen by the next heartbeat).
     last_group_sync_ns: Option<i64>,
+    /// [`Journal::syncs`] at the last heartbeat.
+    syncs_at_heartbeat: u64,
     /// Reference time of the last in-memory prune done by a heartbeat.
     last_prune_ns: Option<i64>,
     poisoned: bool,
@@ -590,9 +604,11 @@ impl Journal {
         let Replayed {
             mut state,
             salt,
+            version,
             valid_end,
             snapshot_end,
         } = replay(&bytes, &log_path)?;
+
         let total = bytes.len();
         drop(bytes);
         let file = OpenOptions::new()
@@ -620,6 +636,8 @@ impl Journal {
             file,
             _lock: lock,
             salt,
+            version,
+            fin: FinishedBatch::default(),
             len: valid_end as u64,
             synced_len: valid_end as u64,
             syncs: 0,
@@ -630,11 +648,19 @@ impl Journal {
             // ends: the trigger survives restarts.
             compact_trigger: trigger(cfg.max_log_bytes, snapshot_end.map_or(0, |e| e as u64)),
             last_group_sync_ns: None,
+            syncs_at_heartbeat: 0,
             last_prune_ns: now,
             poisoned: false,
             compaction_error: None,
             cfg,
         };
+
+        // An older format is rewritten in this one before anything is
+        // appended (a compaction: atomic, the old log stays until the
+        // rename; its outbox records are copied byte for byte).
+        if journal.version < FORMAT_VERSION {
+            journal.compact()?;
+        }
 
         // A log from before journal ids: it gets one now, durably, before
         // anything is reported under it (kept by every later snapshot).
@@ -758,6 +784,7 @@ impl Journal {
         // Date the result by its start if known, else by the journal's
         // "now"; with no reference time known at all (no heartbeat, no
         // start yet) it is dated in the far future: kept, never forgotten.
+        self.check_poisoned()?;
         let ref_ns = self
             .state
             .attempts
@@ -765,14 +792,15 @@ impl Journal {
             .map(|a| a.ref_ns)
             .or_else(|| self.state.reference_now())
             .unwrap_or(i64::MAX);
-        self.commit(
-            &Rec::Finished {
-                id,
-                ref_ns,
-                outcome,
-            },
-            false,
-        )
+        // Lazy like the others, and batched: one record per flush holds
+        // every result since the last (a few bytes each, not a frame each).
+        self.fin.push(id, ref_ns, outcome);
+        self.state.finish(id, ref_ns, outcome);
+        if self.fin.frame_len() >= LAZY_FLUSH_BYTES / 2 {
+            self.flush()?;
+            self.maybe_compact();
+        }
+        Ok(())
     }
 
     /// Claims a once-only action (an `on_failure`, a give-up report, an
@@ -816,12 +844,48 @@ impl Journal {
     }
 
     /// Removes feedback with seq <= `up_to_seq` from the outbox: the
-    /// controller has it. Lazily synced (a lost ack means a re-send).
+    /// controller has it. Lazily synced (a lost ack means a re-send). When
+    /// it covers the entry that carried the drop count
+    /// ([`Journal::carry_drops`]), the count is reported: [`Journal::dropped`]
+    /// decreases by it, in the same record.
     pub fn ack_feedback(&mut self, up_to_seq: u64) -> Result<(), JournalError> {
         if self.state.outbox.front_seq().is_none_or(|s| s > up_to_seq) {
             return self.check_poisoned();
         }
         self.commit(&Rec::Ack { up_to_seq }, false)
+    }
+
+    /// The drop count to send with feedback `seq` as `dropped_before`.
+    /// Call it for the first entry of every page sent: when drops are
+    /// unreported and no entry carries them yet, `seq` becomes their
+    /// carrier (a lazy `DropsSent` record) and gets the count. The carrier
+    /// gets the same count on every re-send, across restarts, until the
+    /// controller acknowledges it (then the count is reported, see
+    /// [`Journal::ack_feedback`]) or it is dropped itself (then the count
+    /// rides on a later entry). Any other entry gets 0. So a count reaches
+    /// the controller on exactly one seq, and is never lost.
+    ///
+    /// The carrier follows the drops directly when the drops happened
+    /// while nothing was in flight (an outage: the usual case): its
+    /// `dropped_before` entries are the seqs just before it. Drops of
+    /// entries already sent (a controller slower than the cap allows) are
+    /// counted on the next page sent.
+    pub fn carry_drops(&mut self, seq: u64) -> Result<u64, JournalError> {
+        if self.state.carrier.is_none()
+            && self.state.dropped > 0
+            && self.state.outbox.front_seq().is_some_and(|f| f <= seq)
+            && self.state.outbox.back_seq().is_some_and(|b| seq <= b)
+        {
+            let count = self.state.dropped;
+            self.commit(&Rec::DropsSent { seq, count }, false)?;
+        }
+        Ok(self.state.dropped_before(seq))
+    }
+
+    /// The drop count entry `seq` carries (see [`Journal::carry_drops`]);
+    /// 0 for any entry but the carrier.
+    pub fn dropped_before(&self, seq: u64) -> u64 {
+        self.state.dropped_before(seq)
     }
 
     /// Notes that the agent is up at reference time `now_ns`. Cheap: written
@@ -832,7 +896,18 @@ impl Journal {
     /// past the horizon. Call it regularly (the agent: every ~100 ms) and
     /// log what the returned [`Heartbeat`] reports.
     pub fn heartbeat(&mut self, now_ns: i64) -> Result<Heartbeat, JournalError> {
+        let prev = self.state.last_alive_ns;
         self.commit(&Rec::Alive { ns: now_ns }, false)?;
+        if self.syncs != self.syncs_at_heartbeat
+            && let Some(p) = prev.filter(|p| *p <= now_ns)
+        {
+            // A durable call since the last heartbeat synced everything
+            // written before it: a group commit already (dated, to be safe,
+            // at that heartbeat). Under load the firings' own syncs keep the
+            // lazy records durable; a sync of its own here would rewrite
+            // the log's last page once more for nothing.
+            self.last_group_sync_ns = Some(self.last_group_sync_ns.map_or(p, |t| t.max(p)));
+        }
         let interval = self.cfg.lazy_sync_interval_ns;
         // A clock that went backwards also syncs: better early than never.
         let due = self
@@ -842,6 +917,7 @@ impl Journal {
             self.sync()?;
             self.last_group_sync_ns = Some(now_ns);
         }
+        self.syncs_at_heartbeat = self.syncs;
         let every = self.cfg.retention_ns / 4;
         let prune_due = self
             .last_prune_ns
@@ -920,7 +996,13 @@ impl Journal {
         let mut out = Vec::with_capacity(max.min(self.state.outbox.len()).min(1024));
         let mut buf = Vec::new();
         for (seq, offset) in self.state.outbox.page(from_seq, max) {
-            let record = read_push(&self.file, &self.log_path, self.salt, offset, seq, &mut buf)?;
+            let log = OldLog {
+                file: &self.file,
+                path: &self.log_path,
+                salt: self.salt,
+                version: self.version,
+            };
+            let record = read_push(&log, offset, seq, &mut buf)?;
             out.push((seq, record.to_vec()));
         }
         Ok(out)
@@ -953,9 +1035,16 @@ impl Journal {
         }
     }
 
-    /// Bytes in the log file now.
+    /// Bytes in the log: what the file holds after the next flush (the
+    /// results of this pass included, which are written as one record
+    /// then, after everything else this pass appended).
     pub fn log_bytes(&self) -> u64 {
-        self.len
+        let pending = if self.fin.is_empty() {
+            0
+        } else {
+            self.fin.frame_len() as u64
+        };
+        self.len + pending
     }
 
     /// fdatasync calls on the log since it was opened.
@@ -1003,6 +1092,7 @@ impl Journal {
                 file: &self.file,
                 path: &self.log_path,
                 salt: self.salt,
+                version: self.version,
             }),
         );
         let (file, salt, len, offsets) = match snapshot {
@@ -1017,6 +1107,7 @@ impl Journal {
         };
         self.file = file;
         self.salt = salt;
+        self.version = FORMAT_VERSION;
         self.len = len;
         self.synced_len = len;
         self.state.outbox.set_offsets(offsets);
@@ -1044,6 +1135,19 @@ impl Journal {
     /// compaction call it first, so the log keeps the records' order.
     pub fn flush(&mut self) -> Result<(), JournalError> {
         self.check_poisoned()?;
+        if !self.fin.is_empty() {
+            let start = self.lazy.len();
+            // Bounded far below the frame limit (sealed at half the lazy
+            // buffer's size).
+            self.fin
+                .seal(&mut self.lazy, self.salt)
+                .map_err(|e| JournalError::TooLarge {
+                    what: "batch of results",
+                    len: e.len,
+                    limit: MAX_PAYLOAD,
+                })?;
+            self.len += (self.lazy.len() - start) as u64;
+        }
         if self.lazy.is_empty() {
             return Ok(());
         }
@@ -1138,7 +1242,7 @@ impl Drop for Journal {
     /// Best-effort flush on a clean drop; a crash relies on the durable
     /// calls instead, and errors here have nowhere to go.
     fn drop(&mut self) {
-        if !self.poisoned && self.synced_len < self.len {
+        if !self.poisoned && (self.synced_len < self.len || !self.fin.is_empty()) {
             let _ = self.flush();
             let _ = self.file.sync_data();
         }
@@ -1151,7 +1255,7 @@ impl Rec<'_> {
         match self {
             Rec::PutPack { .. } => "pack",
             Rec::Started(_) => "batch of execution ids",
-            Rec::Finished { .. } => "execution id",
+            Rec::Finished(_) => "batch of results",
             Rec::Once { .. } => "once key",
             Rec::Push { .. } => "feedback record",
             _ => "record",
@@ -1189,6 +1293,7 @@ fn complete_snapshot(tmp: &Path) -> Result<bool, JournalError> {
 struct Replayed {
     state: State,
     salt: u32,
+    version: u32,
     /// Where its intact records end (the rest is a torn tail).
     valid_end: usize,
     /// Where the last `Meta` record ends: the live size at the last
@@ -1203,11 +1308,12 @@ fn replay(buf: &[u8], path: &Path) -> Result<Replayed, JournalError> {
         offset: offset as u64,
         reason,
     };
-    let salt = record::decode_header(buf).map_err(|e| match e {
+    let (salt, version) = record::decode_header(buf).map_err(|e| match e {
         HeaderError::Version(found) => JournalError::UnsupportedVersion {
             path: path.to_owned(),
             found,
             supported: record::FORMAT_VERSION,
+            oldest: record::OLDEST_READABLE,
         },
         HeaderError::Short => corrupt(
             0,
@@ -1224,7 +1330,7 @@ fn replay(buf: &[u8], path: &Path) -> Result<Replayed, JournalError> {
     let mut pos = HEADER_LEN;
     while pos < buf.len() {
         if let Some((payload, next)) = record::read_frame(buf, pos, salt) {
-            let rec = record::decode(payload).map_err(|reason| corrupt(pos, reason))?;
+            let rec = record::decode(payload, version).map_err(|reason| corrupt(pos, reason))?;
             state.check(&rec).map_err(|reason| corrupt(pos, reason))?;
             state.apply(&rec, pos as u64);
             if matches!(rec, Rec::Meta { .. }) {
@@ -1246,21 +1352,21 @@ fn replay(buf: &[u8], path: &Path) -> Result<Replayed, JournalError> {
     Ok(Replayed {
         state,
         salt,
+        version,
         valid_end: pos,
         snapshot_end,
     })
 }
 
-/// Reads back the `Push` frame of feedback `seq` at `offset` of `file`,
+/// Reads back the `Push` frame of feedback `seq` at `offset` of `log`,
 /// verifying its checksum again. Returns the record (borrowed from `buf`).
 fn read_push<'b>(
-    file: &File,
-    path: &Path,
-    salt: u32,
+    log: &OldLog<'_>,
     offset: u64,
     seq: u64,
     buf: &'b mut Vec<u8>,
 ) -> Result<&'b [u8], JournalError> {
+    let (file, path, salt) = (log.file, log.path, log.salt);
     let corrupt = |reason: String| JournalError::Corrupt {
         path: path.to_owned(),
         offset,
@@ -1285,7 +1391,7 @@ fn read_push<'b>(
             "feedback seq {seq} fails its checksum on re-read"
         )));
     };
-    match record::decode(payload) {
+    match record::decode(payload, log.version) {
         Ok(Rec::Push {
             seq: found, record, ..
         }) if found == seq => Ok(record),
@@ -1311,11 +1417,13 @@ impl From<SnapshotError> for JournalError {
     }
 }
 
-/// The log a snapshot copies feedback payloads from.
+/// A log feedback payloads are read back from (the current one, or the
+/// one a snapshot copies from).
 struct OldLog<'a> {
     file: &'a File,
     path: &'a Path,
     salt: u32,
+    version: u32,
 }
 
 /// Writes `state` (ids older than `horizon` left out) as a complete new log
@@ -1413,6 +1521,9 @@ fn write_tmp(
         chunk.push((id, a.ref_ns));
         chunk_bytes += id.len() + 12;
         if chunk_bytes >= SNAPSHOT_CHUNK_BYTES {
+            // In time order: the compact form stores times as deltas (the
+            // map's order would cost a byte or more per id).
+            chunk.sort_unstable_by_key(|(_, ns)| *ns);
             w.emit(&Rec::Started(Ids::Borrowed(&chunk)))
                 .map_err(io_err("write"))?;
             chunk.clear();
@@ -1420,19 +1531,28 @@ fn write_tmp(
         }
     }
     if !chunk.is_empty() {
+        chunk.sort_unstable_by_key(|(_, ns)| *ns);
         w.emit(&Rec::Started(Ids::Borrowed(&chunk)))
             .map_err(io_err("write"))?;
     }
     drop(chunk);
+    let mut results: Vec<record::Result1<'_>> = Vec::new();
+    let mut results_bytes = 0;
     for (id, a) in state.attempts.iter().filter(|(_, a)| keep(a.ref_ns)) {
         if let Some(outcome) = a.outcome {
-            w.emit(&Rec::Finished {
-                id,
-                ref_ns: a.ref_ns,
-                outcome,
-            })
-            .map_err(io_err("write"))?;
+            results.push((std::borrow::Cow::Borrowed(&**id), a.ref_ns, outcome));
+            results_bytes += id.len() + 13;
+            if results_bytes >= SNAPSHOT_CHUNK_BYTES {
+                results.sort_unstable_by_key(|r| r.1);
+                w.emit(&Rec::Finished(std::mem::take(&mut results)))
+                    .map_err(io_err("write"))?;
+                results_bytes = 0;
+            }
         }
+    }
+    if !results.is_empty() {
+        results.sort_unstable_by_key(|r| r.1);
+        w.emit(&Rec::Finished(results)).map_err(io_err("write"))?;
     }
     for (key, ns) in state.once.iter().filter(|(_, ns)| keep(**ns)) {
         w.emit(&Rec::Once { key, ref_ns: *ns })
@@ -1442,7 +1562,7 @@ fn write_tmp(
     if let Some(old) = old {
         let mut rbuf = Vec::new();
         for (seq, offset) in state.outbox.page(0, usize::MAX) {
-            let record = read_push(old.file, old.path, old.salt, offset, seq, &mut rbuf)?;
+            let record = read_push(&old, offset, seq, &mut rbuf)?;
             offsets.push_back(w.len);
             w.emit(&Rec::Push {
                 seq,
@@ -1461,6 +1581,7 @@ fn write_tmp(
         next_seq: state.next_seq,
         dropped: state.dropped,
         last_alive_ns: state.last_alive_ns,
+        carrier: state.carrier,
     })
     .map_err(io_err("write"))?;
     let len = w.len;

@@ -4,18 +4,37 @@
 //! header  = magic "BATONJNL" | version u32 | salt u32 | crc32(magic..salt) u32   (20 bytes)
 //! record  = len u32 | crc u32 | payload[len]
 //!           crc = CRC-32 (IEEE), started from `salt`, over the len bytes then the payload
-//! payload = kind u8 | fields (little-endian integers; str/bytes = u32 length + bytes;
-//!           enums = one u8 tag, see `Outcome` / `StopReason` below)
+//! payload = kind u8 | fields
 //! ```
 //!
-//! Version 2 (this one) made outcomes typed: a result is ONE `Finished`
-//! record carrying its [`Outcome`], a stop carries a [`StopReason`], and
-//! `Once` records exist. Later additions within version 2, each a new tag
-//! an older agent refuses by name ("unknown record kind", "unknown stop
-//! reason") rather than misreads: the `JournalId` record (kind 13) and the
-//! `lease_lost` stop reason (3). A journal written by this agent is
-//! therefore not readable by an agent built before them (no downgrade);
-//! every older log reads here unchanged. A snapshot (a compacted log) ends with its `Meta`
+//! Fields: little-endian fixed integers and `u32`-length strings in
+//! version 2; version 3 (this one) keeps those for the rare records (packs,
+//! stops, once keys) and writes the per-firing ones compactly:
+//!
+//! | record | version 3 fields |
+//! |---|---|
+//! | `Started` | id table, then per id: [`put_id`] + scheduled (delta from the occurrence) |
+//! | `Finished` | id table, then per id: [`put_id`] + dating ns (delta) + outcome u8; one record per loop pass (a batch) |
+//! | `Push` | seq, dropped-through (varints), then the feedback bytes to the end |
+//! | `Ack` | seq (varint) |
+//! | `Meta` | next seq, dropped (varints), alive flag u8 + i64, acked-through (varint) |
+//!
+//! An execution id `tenant/pack/vV/instruction/occ_ns/aA` is stored as an
+//! index into the record's table of prefixes (`tenant/pack/vV/instruction`,
+//! each once per record), the occurrence as a zigzag varint delta from the
+//! previous id's in the record (firings of one pass are close together:
+//! ~3 bytes), and the attempt; any other id (a once key's shape, anything
+//! not in that form) is stored as text. A started firing went from ~60
+//! bytes to ~6, a result from ~70 (with its frame) to ~7 in a pass's batch.
+//!
+//! Version 2 made outcomes typed: a result is ONE `Finished` record
+//! carrying its [`Outcome`], a stop carries a [`StopReason`], and `Once`
+//! records exist; later additions within version 2 (each a new tag an older
+//! agent refuses by name): the `JournalId` record (kind 13) and the
+//! `lease_lost` stop reason (3). A version-2 log is read here and rewritten
+//! as version 3 at open (a compaction; its outbox records are copied byte
+//! for byte, whatever their format); a version-3 log is not readable by an
+//! agent built before it (no downgrade). A snapshot (a compacted log) ends with its `Meta`
 //! record, so the offset just past the last `Meta` is the live size at the
 //! last compaction (the compaction trigger is recomputed from it at open).
 //!
@@ -25,14 +44,19 @@
 //! bytes of an older, compacted-away log that a file system might expose
 //! after a crash are rejected like any other garbage.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
 use crc32fast::Hasher;
 
 use super::{Outcome, StopReason};
 
 /// First bytes of every journal file.
 pub(crate) const MAGIC: &[u8; 8] = b"BATONJNL";
-/// The format this code writes and reads.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The format this code writes.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The oldest format this code reads (and rewrites at open).
+pub(crate) const OLDEST_READABLE: u32 = 2;
 /// Bytes in the file header.
 pub(crate) const HEADER_LEN: usize = 20;
 /// Bytes in front of each record's payload (length and checksum).
@@ -54,6 +78,7 @@ const K_DROP_OLDEST: u8 = 10;
 const K_STOP_PACK: u8 = 11;
 const K_ONCE: u8 = 12;
 const K_JOURNAL_ID: u8 = 13;
+const K_DROPS_SENT: u8 = 14;
 
 const OUTCOME_SUCCEEDED: u8 = 1;
 const OUTCOME_FAILED: u8 = 2;
@@ -81,21 +106,27 @@ fn stop_tag(r: StopReason) -> u8 {
 }
 
 /// Execution ids with their scheduled reference time, either handed in by
-/// the caller (encoding) or read back from a log buffer (decoding).
+/// the caller (encoding) or read back from a log buffer (decoding: rebuilt
+/// from their compact form in version 3).
 #[derive(Debug)]
 pub(crate) enum Ids<'a> {
     Borrowed(&'a [(&'a str, i64)]),
-    Decoded(Vec<(&'a str, i64)>),
+    Decoded(Vec<(Cow<'a, str>, i64)>),
 }
 
-impl<'a> Ids<'a> {
-    pub(crate) fn as_slice(&self) -> &[(&'a str, i64)] {
-        match self {
-            Ids::Borrowed(s) => s,
-            Ids::Decoded(v) => v,
-        }
+impl Ids<'_> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
+        let (b, d) = match self {
+            Ids::Borrowed(s) => (Some(s.iter().map(|(id, ns)| (*id, *ns))), None),
+            Ids::Decoded(v) => (None, Some(v.iter().map(|(id, ns)| (&**id, *ns)))),
+        };
+        b.into_iter().flatten().chain(d.into_iter().flatten())
     }
 }
+
+/// One execution's result as a `Finished` record holds it: its id, the
+/// reference time that dates it, and its outcome.
+pub(crate) type Result1<'a> = (Cow<'a, str>, i64, Outcome);
 
 /// One change to the journal's state. Borrowed, so that encoding on the
 /// hot path (`record_started`) and decoding at recovery copy nothing.
@@ -121,14 +152,10 @@ pub(crate) enum Rec<'a> {
     },
     /// Executions are about to touch the device.
     Started(Ids<'a>),
-    /// An execution has a result, in one record (never two records or a
-    /// suffix: the outcome is atomic); `ref_ns` dates it for the retention
-    /// horizon.
-    Finished {
-        id: &'a str,
-        ref_ns: i64,
-        outcome: Outcome,
-    },
+    /// Executions have results: each one entry (never two records or a
+    /// suffix: an outcome is atomic); `ref_ns` dates it for the retention
+    /// horizon. Version 2 wrote one per record, version 3 a pass's worth.
+    Finished(Vec<Result1<'a>>),
     /// An at-most-once action (keyed by the agent) is about to be taken;
     /// `ref_ns` dates it for the retention horizon.
     Once { key: &'a str, ref_ns: i64 },
@@ -147,11 +174,18 @@ pub(crate) enum Rec<'a> {
     DroppedReported { count: u64 },
     /// Counters a snapshot must carry even when nothing else refers to them.
     /// Written last in a snapshot: the offset past it is the live size.
+    /// `carrier`: the entry carrying the unreported drop count, and the
+    /// count (version 3; none in version 2).
     Meta {
         next_seq: u64,
         dropped: u64,
         last_alive_ns: Option<i64>,
+        carrier: Option<(u64, u64)>,
     },
+    /// The unreported drop count (`count`, at most `dropped`) went to the
+    /// controller on feedback `seq` (its `dropped_before`); once the
+    /// controller acknowledges `seq` the count is reported. Version 3.
+    DropsSent { seq: u64, count: u64 },
     /// Outbox entries up to this seq were dropped (cap lowered at open).
     DropOldest { through_seq: u64 },
     /// The journal's identity (see `Journal::id`): written once, first in
@@ -185,8 +219,9 @@ pub(crate) enum HeaderError {
     Version(u32),
 }
 
-/// Reads the header, returning the salt.
-pub(crate) fn decode_header(buf: &[u8]) -> Result<u32, HeaderError> {
+/// Reads the header, returning the salt and the format version (one this
+/// code reads).
+pub(crate) fn decode_header(buf: &[u8]) -> Result<(u32, u32), HeaderError> {
     let h = buf.get(..HEADER_LEN).ok_or(HeaderError::Short)?;
     if &h[..8] != MAGIC {
         return Err(HeaderError::Magic);
@@ -195,10 +230,10 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<u32, HeaderError> {
         return Err(HeaderError::Checksum);
     }
     let version = le_u32(&h[8..12]);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READABLE..=FORMAT_VERSION).contains(&version) {
         return Err(HeaderError::Version(version));
     }
-    Ok(le_u32(&h[12..16]))
+    Ok((le_u32(&h[12..16]), version))
 }
 
 fn le_u32(b: &[u8]) -> u32 {
@@ -219,6 +254,12 @@ pub(crate) fn frame(out: &mut Vec<u8>, salt: u32, rec: &Rec<'_>) -> Result<(), T
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_LEN]);
     rec.encode(out);
+    finish_frame(out, start, salt)
+}
+
+/// Fills in the frame header of the payload written after `start +
+/// FRAME_LEN`. On error `out` is cut back to `start`.
+fn finish_frame(out: &mut Vec<u8>, start: usize, salt: u32) -> Result<(), TooLarge> {
     let len = out.len() - start - FRAME_LEN;
     if len > MAX_PAYLOAD {
         out.truncate(start);
@@ -288,24 +329,24 @@ impl Rec<'_> {
             }
             Rec::Started(ids) => {
                 out.push(K_STARTED);
-                let ids = ids.as_slice();
-                // A count above u32::MAX would be far past MAX_PAYLOAD, which
-                // `frame` then refuses; saturate instead of wrapping.
-                out.extend_from_slice(&u32::try_from(ids.len()).unwrap_or(u32::MAX).to_le_bytes());
-                for (id, ns) in ids {
-                    put_str(out, id);
-                    out.extend_from_slice(&ns.to_le_bytes());
+                let mut table = IdTable::default();
+                let mut entries = Vec::new();
+                let mut prev = 0;
+                let mut n = 0u64;
+                for (id, ns) in ids.iter() {
+                    table.put(&mut entries, id, ns, &mut prev);
+                    n += 1;
                 }
+                table.write(out);
+                put_varint(out, n);
+                out.extend_from_slice(&entries);
             }
-            Rec::Finished {
-                id,
-                ref_ns,
-                outcome,
-            } => {
-                out.push(K_FINISHED);
-                put_str(out, id);
-                out.extend_from_slice(&ref_ns.to_le_bytes());
-                out.push(outcome_tag(*outcome));
+            Rec::Finished(results) => {
+                let mut b = FinishedBatch::default();
+                for (id, ns, outcome) in results {
+                    b.push(id, *ns, *outcome);
+                }
+                b.payload(out);
             }
             Rec::Once { key, ref_ns } => {
                 out.push(K_ONCE);
@@ -318,13 +359,13 @@ impl Rec<'_> {
                 record,
             } => {
                 out.push(K_PUSH);
-                out.extend_from_slice(&seq.to_le_bytes());
-                out.extend_from_slice(&dropped_through.to_le_bytes());
-                put_bytes(out, record);
+                put_varint(out, *seq);
+                put_varint(out, *dropped_through);
+                out.extend_from_slice(record);
             }
             Rec::Ack { up_to_seq } => {
                 out.push(K_ACK);
-                out.extend_from_slice(&up_to_seq.to_le_bytes());
+                put_varint(out, *up_to_seq);
             }
             Rec::Alive { ns } => {
                 out.push(K_ALIVE);
@@ -338,12 +379,22 @@ impl Rec<'_> {
                 next_seq,
                 dropped,
                 last_alive_ns,
+                carrier,
             } => {
                 out.push(K_META);
-                out.extend_from_slice(&next_seq.to_le_bytes());
-                out.extend_from_slice(&dropped.to_le_bytes());
+                put_varint(out, *next_seq);
+                put_varint(out, *dropped);
                 out.push(u8::from(last_alive_ns.is_some()));
                 out.extend_from_slice(&last_alive_ns.unwrap_or(0).to_le_bytes());
+                // Seqs start at 1: 0 is "no carrier".
+                let (seq, count) = carrier.unwrap_or((0, 0));
+                put_varint(out, seq);
+                put_varint(out, count);
+            }
+            Rec::DropsSent { seq, count } => {
+                out.push(K_DROPS_SENT);
+                put_varint(out, *seq);
+                put_varint(out, *count);
             }
             Rec::DropOldest { through_seq } => {
                 out.push(K_DROP_OLDEST);
@@ -367,11 +418,166 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     put_bytes(out, s.as_bytes());
 }
 
-/// Decodes a payload whose checksum matched. An error here is not a torn
-/// write but a record this code cannot understand.
-pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Bytes `put_varint` takes for `v`.
+fn varint_len(v: u64) -> usize {
+    (64 - v.max(1).leading_zeros() as usize).div_ceil(7)
+}
+
+fn put_zigzag(out: &mut Vec<u8>, v: i64) {
+    put_varint(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+/// An execution id's compact parts: `prefix/occ/aATTEMPT` where the text
+/// is exactly what formatting them back gives (so the id is rebuilt byte
+/// for byte); `None` for anything else (stored as text).
+fn split_id(id: &str) -> Option<(&str, i64, u32)> {
+    let (rest, attempt) = id.rsplit_once('/')?;
+    let attempt = attempt.strip_prefix('a')?;
+    let (prefix, occ) = rest.rsplit_once('/')?;
+    let canonical = |t: &str| {
+        let digits = t.strip_prefix('-').unwrap_or(t);
+        !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'))
+            && t != "-0"
+    };
+    if prefix.is_empty() || !canonical(occ) || !canonical(attempt) || attempt.starts_with('-') {
+        return None;
+    }
+    Some((prefix, occ.parse().ok()?, attempt.parse().ok()?))
+}
+
+/// The prefixes of one record's ids, each written once (see the module
+/// docs), and the entries that refer to them.
+#[derive(Debug, Default)]
+pub(crate) struct IdTable {
+    prefixes: Vec<String>,
+    index: HashMap<String, u64>,
+    /// Bytes of the prefixes as written (lengths included).
+    bytes: usize,
+}
+
+impl IdTable {
+    /// Appends one id (and its ns, as a delta) to `entries`; `prev`: the
+    /// previous entry's occurrence, updated.
+    fn put(&mut self, entries: &mut Vec<u8>, id: &str, ns: i64, prev: &mut i64) {
+        match split_id(id) {
+            Some((prefix, occ, attempt)) => {
+                let i = match self.index.get(prefix) {
+                    Some(i) => *i,
+                    None => {
+                        let i = self.prefixes.len() as u64;
+                        self.prefixes.push(prefix.to_string());
+                        self.index.insert(prefix.to_string(), i);
+                        self.bytes += varint_len(prefix.len() as u64) + prefix.len();
+                        i
+                    }
+                };
+                put_varint(entries, i + 1);
+                put_zigzag(entries, occ.wrapping_sub(*prev));
+                put_varint(entries, u64::from(attempt));
+                put_zigzag(entries, ns.wrapping_sub(occ));
+                *prev = occ;
+            }
+            None => {
+                put_varint(entries, 0);
+                put_varint(entries, id.len() as u64);
+                entries.extend_from_slice(id.as_bytes());
+                put_zigzag(entries, ns.wrapping_sub(*prev));
+                *prev = ns;
+            }
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        put_varint(out, self.prefixes.len() as u64);
+        for p in &self.prefixes {
+            put_varint(out, p.len() as u64);
+            out.extend_from_slice(p.as_bytes());
+        }
+    }
+
+    fn clear(&mut self) {
+        self.prefixes.clear();
+        self.index.clear();
+        self.bytes = 0;
+    }
+}
+
+/// Results gathered for one `Finished` record (the journal keeps one per
+/// loop pass): encoded as they come, so a result costs no allocation of
+/// its own (a prefix is copied once per pass).
+#[derive(Debug, Default)]
+pub(crate) struct FinishedBatch {
+    table: IdTable,
+    entries: Vec<u8>,
+    n: u64,
+    prev: i64,
+}
+
+impl FinishedBatch {
+    pub(crate) fn push(&mut self, id: &str, ref_ns: i64, outcome: Outcome) {
+        self.table
+            .put(&mut self.entries, id, ref_ns, &mut self.prev);
+        self.entries.push(outcome_tag(outcome));
+        self.n += 1;
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Bytes the sealed record will take in the log, frame included.
+    pub(crate) fn frame_len(&self) -> usize {
+        FRAME_LEN
+            + 1
+            + varint_len(self.table.prefixes.len() as u64)
+            + self.table.bytes
+            + varint_len(self.n)
+            + self.entries.len()
+    }
+
+    /// The record's payload, appended to `out`.
+    fn payload(&self, out: &mut Vec<u8>) {
+        out.push(K_FINISHED);
+        self.table.write(out);
+        put_varint(out, self.n);
+        out.extend_from_slice(&self.entries);
+    }
+
+    /// Frames the batch into `out` and empties it.
+    pub(crate) fn seal(&mut self, out: &mut Vec<u8>, salt: u32) -> Result<(), TooLarge> {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; FRAME_LEN]);
+        self.payload(out);
+        let r = finish_frame(out, start, salt);
+        self.table.clear();
+        self.n = 0;
+        self.prev = 0;
+        if self.entries.capacity() > 64 << 10 {
+            self.entries = Vec::new();
+        } else {
+            self.entries.clear();
+        }
+        r
+    }
+}
+
+/// Decodes a payload whose checksum matched, in a log of format
+/// `version` ([`decode_header`]). An error here is not a torn write but a
+/// record this code cannot understand.
+pub(crate) fn decode(payload: &[u8], version: u32) -> Result<Rec<'_>, String> {
     let mut r = Reader { buf: payload };
     let kind = r.u8()?;
+    let v3 = version >= 3;
     let rec = match kind {
         K_PUT_PACK => Rec::PutPack {
             tenant: r.str()?,
@@ -396,28 +602,46 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
                 t => return Err(format!("unknown stop reason {t}")),
             },
         },
+        K_STARTED if v3 => {
+            let table = r.table()?;
+            let n = r.varint()?;
+            // Each entry takes at least 4 bytes: never trust `n` for capacity.
+            let mut ids = Vec::with_capacity((n as usize).min(r.buf.len() / 4));
+            let mut prev = 0;
+            for _ in 0..n {
+                ids.push(r.id(&table, &mut prev)?);
+            }
+            Rec::Started(Ids::Decoded(ids))
+        }
         K_STARTED => {
             let n = r.u32()? as usize;
             // Each entry takes at least 12 bytes: never trust `n` for capacity.
             let mut ids = Vec::with_capacity(n.min(r.buf.len() / 12));
             for _ in 0..n {
-                ids.push((r.str()?, r.i64()?));
+                ids.push((Cow::Borrowed(r.str()?), r.i64()?));
             }
             Rec::Started(Ids::Decoded(ids))
         }
-        K_FINISHED => Rec::Finished {
-            id: r.str()?,
-            ref_ns: r.i64()?,
-            outcome: match r.u8()? {
-                OUTCOME_SUCCEEDED => Outcome::Succeeded,
-                OUTCOME_FAILED => Outcome::Failed,
-                OUTCOME_NOT_RUN => Outcome::NotRun,
-                t => return Err(format!("unknown outcome {t}")),
-            },
-        },
+        K_FINISHED if v3 => {
+            let table = r.table()?;
+            let n = r.varint()?;
+            let mut results = Vec::with_capacity((n as usize).min(r.buf.len() / 5));
+            let mut prev = 0;
+            for _ in 0..n {
+                let (id, ns) = r.id(&table, &mut prev)?;
+                results.push((id, ns, r.outcome()?));
+            }
+            Rec::Finished(results)
+        }
+        K_FINISHED => Rec::Finished(vec![(Cow::Borrowed(r.str()?), r.i64()?, r.outcome()?)]),
         K_ONCE => Rec::Once {
             key: r.str()?,
             ref_ns: r.i64()?,
+        },
+        K_PUSH if v3 => Rec::Push {
+            seq: r.varint()?,
+            dropped_through: r.varint()?,
+            record: std::mem::take(&mut r.buf),
         },
         K_PUSH => Rec::Push {
             seq: r.u64()?,
@@ -425,10 +649,23 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
             record: r.bytes()?,
         },
         K_ACK => Rec::Ack {
-            up_to_seq: r.u64()?,
+            up_to_seq: if v3 { r.varint()? } else { r.u64()? },
         },
         K_ALIVE => Rec::Alive { ns: r.i64()? },
         K_DROPPED_REPORTED => Rec::DroppedReported { count: r.u64()? },
+        K_META if v3 => {
+            let next_seq = r.varint()?;
+            let dropped = r.varint()?;
+            let has_alive = r.u8()?;
+            let alive = r.i64()?;
+            let (seq, count) = (r.varint()?, r.varint()?);
+            Rec::Meta {
+                next_seq,
+                dropped,
+                last_alive_ns: (has_alive != 0).then_some(alive),
+                carrier: (seq != 0).then_some((seq, count)),
+            }
+        }
         K_META => {
             let next_seq = r.u64()?;
             let dropped = r.u64()?;
@@ -438,12 +675,17 @@ pub(crate) fn decode(payload: &[u8]) -> Result<Rec<'_>, String> {
                 next_seq,
                 dropped,
                 last_alive_ns: (has_alive != 0).then_some(alive),
+                carrier: None,
             }
         }
         K_DROP_OLDEST => Rec::DropOldest {
             through_seq: r.u64()?,
         },
         K_JOURNAL_ID => Rec::JournalId { id: r.str()? },
+        K_DROPS_SENT if v3 => Rec::DropsSent {
+            seq: r.varint()?,
+            count: r.varint()?,
+        },
         k => {
             return Err(format!(
                 "unknown record kind {k} (written by a newer agent?)"
@@ -497,13 +739,82 @@ impl<'a> Reader<'a> {
         self.take(n)
     }
     fn str(&mut self) -> Result<&'a str, String> {
-        std::str::from_utf8(self.bytes()?).map_err(|e| format!("string is not UTF-8: {e}"))
+        utf8(self.bytes()?)
     }
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                if shift == 63 && b > 1 {
+                    break;
+                }
+                return Ok(v);
+            }
+        }
+        Err("varint longer than 64 bits".into())
+    }
+    fn zigzag(&mut self) -> Result<i64, String> {
+        let v = self.varint()?;
+        Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
+    }
+    fn outcome(&mut self) -> Result<Outcome, String> {
+        match self.u8()? {
+            OUTCOME_SUCCEEDED => Ok(Outcome::Succeeded),
+            OUTCOME_FAILED => Ok(Outcome::Failed),
+            OUTCOME_NOT_RUN => Ok(Outcome::NotRun),
+            t => Err(format!("unknown outcome {t}")),
+        }
+    }
+    /// A version-3 id table.
+    fn table(&mut self) -> Result<Vec<&'a str>, String> {
+        let n = self.varint()?;
+        let mut t = Vec::with_capacity((n as usize).min(self.buf.len()));
+        for _ in 0..n {
+            let len = usize::try_from(self.varint()?).map_err(|_| "length over usize")?;
+            t.push(utf8(self.take(len)?)?);
+        }
+        Ok(t)
+    }
+    /// A version-3 id and its ns (see `IdTable::put`).
+    fn id(&mut self, table: &[&str], prev: &mut i64) -> Result<(Cow<'a, str>, i64), String> {
+        match self.varint()? {
+            0 => {
+                let len = usize::try_from(self.varint()?).map_err(|_| "length over usize")?;
+                let id = utf8(self.take(len)?)?;
+                let ns = prev.wrapping_add(self.zigzag()?);
+                *prev = ns;
+                Ok((Cow::Borrowed(id), ns))
+            }
+            i => {
+                let prefix = usize::try_from(i - 1)
+                    .ok()
+                    .and_then(|i| table.get(i))
+                    .ok_or_else(|| format!("id prefix {i} beyond the table of {}", table.len()))?;
+                let occ = prev.wrapping_add(self.zigzag()?);
+                let attempt =
+                    u32::try_from(self.varint()?).map_err(|_| "attempt over u32".to_string())?;
+                let ns = occ.wrapping_add(self.zigzag()?);
+                *prev = occ;
+                Ok((Cow::Owned(format!("{prefix}/{occ}/a{attempt}")), ns))
+            }
+        }
+    }
+}
+
+fn utf8(b: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(b).map_err(|e| format!("string is not UTF-8: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one(buf: &[u8], salt: u32) -> Rec<'_> {
+        let (payload, _) = read_frame(buf, 0, salt).expect("intact");
+        decode(payload, FORMAT_VERSION).expect("decodes")
+    }
 
     #[test]
     fn frame_round_trip_and_salt_binds_records_to_their_file() {
@@ -512,36 +823,175 @@ mod tests {
         frame(&mut buf, 7, &Rec::Started(Ids::Borrowed(&ids))).expect("small record");
         let (payload, next) = read_frame(&buf, 0, 7).expect("intact");
         assert_eq!(next, buf.len());
-        match decode(payload).expect("decodes") {
-            Rec::Started(got) => assert_eq!(got.as_slice(), &ids),
+        match decode(payload, FORMAT_VERSION).expect("decodes") {
+            Rec::Started(got) => assert_eq!(got.iter().collect::<Vec<_>>(), ids),
             other => panic!("wrong record {other:?}"),
         }
         assert!(read_frame(&buf, 0, 8).is_none(), "another file's salt");
+    }
+
+    /// Ids in the execution-id form are stored by their parts and come back
+    /// byte for byte; any other text comes back as it was.
+    #[test]
+    fn ids_round_trip_compact_or_as_text() {
+        let ids = [
+            (
+                "plant-a/press/v7/stamp/1796000000000000000/a1",
+                1_796_000_000_000_000_000i64,
+            ),
+            (
+                "plant-a/press/v7/stamp/1796000000001000000/a1",
+                1_796_000_000_001_000_000,
+            ),
+            (
+                "plant-a/press/v7/stamp/1796000000000000000/a2",
+                1_796_000_000_300_000_000,
+            ),
+            ("plant-a/press/v7/other/-5/a3", -5),
+            ("t/p/v1/i/0/a1", 0),
+            // Not canonical: kept as text.
+            ("t/p/v1/i/007/a1", 7),
+            ("t/p/v1/i/7/a01", 7),
+            ("t/p/v1/i/-0/a1", 0),
+            ("t/p/v1/i/7/b1", 7),
+            ("on_failure/t/p/i/5", 5),
+            ("/5/a1", 5),
+            ("", i64::MIN),
+            ("t/p/v1/i/9223372036854775807/a4294967295", i64::MAX),
+        ];
+        let mut buf = Vec::new();
+        frame(&mut buf, 1, &Rec::Started(Ids::Borrowed(&ids))).expect("small record");
+        match one(&buf, 1) {
+            Rec::Started(got) => assert_eq!(got.iter().collect::<Vec<_>>(), ids),
+            other => panic!("wrong record {other:?}"),
+        }
+        let results: Vec<Result1<'_>> = ids
+            .iter()
+            .zip(
+                [Outcome::Succeeded, Outcome::Failed, Outcome::NotRun]
+                    .iter()
+                    .cycle(),
+            )
+            .map(|((id, ns), o)| (Cow::Borrowed(*id), *ns, *o))
+            .collect();
+        let mut buf = Vec::new();
+        frame(&mut buf, 1, &Rec::Finished(results.clone())).expect("small record");
+        match one(&buf, 1) {
+            Rec::Finished(got) => assert_eq!(got, results),
+            other => panic!("wrong record {other:?}"),
+        }
+    }
+
+    /// What a firing costs in the log: its start among a pass's batch,
+    /// its result in the pass's `Finished` batch.
+    #[test]
+    fn a_pass_of_firings_is_a_few_bytes_each() {
+        let ids: Vec<String> = (0..50)
+            .map(|k| {
+                format!(
+                    "default/k1/v1/i{}/{}/a1",
+                    k % 10,
+                    1_796_000_000_000_000_000i64 + k * 1_000_000
+                )
+            })
+            .collect();
+        let started: Vec<(&str, i64)> = ids
+            .iter()
+            .enumerate()
+            .map(|(k, id)| {
+                (
+                    id.as_str(),
+                    1_796_000_000_000_000_000i64 + k as i64 * 1_000_000,
+                )
+            })
+            .collect();
+        let mut buf = Vec::new();
+        frame(&mut buf, 1, &Rec::Started(Ids::Borrowed(&started))).expect("small record");
+        assert!(buf.len() / 50 <= 10, "{} bytes per start", buf.len() / 50);
+        let mut b = FinishedBatch::default();
+        for (id, ns) in &started {
+            b.push(id, *ns, Outcome::Succeeded);
+        }
+        let expect = b.frame_len();
+        let mut buf = Vec::new();
+        b.seal(&mut buf, 1).expect("small");
+        assert_eq!(buf.len(), expect, "frame_len is exact");
+        assert!(b.is_empty(), "sealed");
+        assert!(buf.len() / 50 <= 10, "{} bytes per result", buf.len() / 50);
+        match one(&buf, 1) {
+            Rec::Finished(got) => assert_eq!(got.len(), 50),
+            other => panic!("wrong record {other:?}"),
+        }
+    }
+
+    /// Version-2 records (fixed-width fields, one result per record) still
+    /// decode: an old log is read, then rewritten.
+    #[test]
+    fn version_2_records_decode() {
+        let mut started = vec![K_STARTED];
+        started.extend_from_slice(&1u32.to_le_bytes());
+        started.extend_from_slice(&3u32.to_le_bytes());
+        started.extend_from_slice(b"a/b");
+        started.extend_from_slice(&(-2i64).to_le_bytes());
+        assert!(matches!(
+            decode(&started, 2),
+            Ok(Rec::Started(ids)) if ids.iter().collect::<Vec<_>>() == [("a/b", -2)]
+        ));
+        let mut fin = vec![K_FINISHED];
+        fin.extend_from_slice(&3u32.to_le_bytes());
+        fin.extend_from_slice(b"a/b");
+        fin.extend_from_slice(&9i64.to_le_bytes());
+        fin.push(OUTCOME_NOT_RUN);
+        assert!(matches!(
+            decode(&fin, 2),
+            Ok(Rec::Finished(r)) if r == [(Cow::Borrowed("a/b"), 9, Outcome::NotRun)]
+        ));
+        let mut push = vec![K_PUSH];
+        push.extend_from_slice(&4u64.to_le_bytes());
+        push.extend_from_slice(&2u64.to_le_bytes());
+        push.extend_from_slice(&2u32.to_le_bytes());
+        push.extend_from_slice(b"{}");
+        assert!(matches!(
+            decode(&push, 2),
+            Ok(Rec::Push {
+                seq: 4,
+                dropped_through: 2,
+                record: b"{}"
+            })
+        ));
+        let mut meta = vec![K_META];
+        meta.extend_from_slice(&7u64.to_le_bytes());
+        meta.extend_from_slice(&1u64.to_le_bytes());
+        meta.push(1);
+        meta.extend_from_slice(&5i64.to_le_bytes());
+        assert!(matches!(
+            decode(&meta, 2),
+            Ok(Rec::Meta {
+                next_seq: 7,
+                dropped: 1,
+                last_alive_ns: Some(5),
+                carrier: None
+            })
+        ));
     }
 
     #[test]
     fn typed_records_round_trip_and_unknown_tags_are_refused() {
         for outcome in [Outcome::Succeeded, Outcome::Failed, Outcome::NotRun] {
             let mut buf = Vec::new();
-            let rec = Rec::Finished {
-                id: "p/1/i/0/0/1",
-                ref_ns: -5,
-                outcome,
-            };
+            let rec = Rec::Finished(vec![(Cow::Borrowed("p/1/i/0/0/1"), -5, outcome)]);
             frame(&mut buf, 3, &rec).expect("small record");
             let (payload, _) = read_frame(&buf, 0, 3).expect("intact");
-            match decode(payload).expect("decodes") {
-                Rec::Finished {
-                    id,
-                    ref_ns,
-                    outcome: got,
-                } => assert_eq!((id, ref_ns, got), ("p/1/i/0/0/1", -5, outcome)),
+            match decode(payload, FORMAT_VERSION).expect("decodes") {
+                Rec::Finished(got) => {
+                    assert_eq!(got, [(Cow::Borrowed("p/1/i/0/0/1"), -5, outcome)])
+                }
                 other => panic!("wrong record {other:?}"),
             }
             // The outcome is the last byte: an unknown tag is an error.
             let mut bad = payload.to_vec();
             *bad.last_mut().expect("non-empty") = 9;
-            assert!(decode(&bad).is_err());
+            assert!(decode(&bad, FORMAT_VERSION).is_err());
         }
         for reason in [
             StopReason::GiveUp,
@@ -557,10 +1007,9 @@ mod tests {
                 reason,
             };
             frame(&mut buf, 0, &rec).expect("small record");
-            let (payload, _) = read_frame(&buf, 0, 0).expect("intact");
             assert!(matches!(
-                decode(payload),
-                Ok(Rec::StopPack { reason: r, version: 4, .. }) if r == reason
+                one(&buf, 0),
+                Rec::StopPack { reason: r, version: 4, .. } if r == reason
             ));
         }
         let mut buf = Vec::new();
@@ -573,28 +1022,45 @@ mod tests {
             },
         )
         .expect("small record");
-        let (payload, _) = read_frame(&buf, 0, 0).expect("intact");
         assert!(matches!(
-            decode(payload),
-            Ok(Rec::Once {
+            one(&buf, 0),
+            Rec::Once {
                 key: "k",
                 ref_ns: 7
-            })
+            }
         ));
+        for rec in [
+            Rec::Push {
+                seq: 300,
+                dropped_through: 2,
+                record: b"\xb1xyz",
+            },
+            Rec::Ack { up_to_seq: 1 << 40 },
+            Rec::Meta {
+                next_seq: 9,
+                dropped: 3,
+                last_alive_ns: Some(-1),
+                carrier: Some((5, 2)),
+            },
+            Rec::DropsSent { seq: 5, count: 2 },
+        ] {
+            let mut buf = Vec::new();
+            frame(&mut buf, 0, &rec).expect("small record");
+            assert_eq!(format!("{:?}", one(&buf, 0)), format!("{rec:?}"));
+        }
     }
 
     #[test]
     fn journal_id_round_trips() {
         let mut buf = Vec::new();
         frame(&mut buf, 5, &Rec::JournalId { id: "00ff" }).expect("small record");
-        let (payload, _) = read_frame(&buf, 0, 5).expect("intact");
-        assert!(matches!(decode(payload), Ok(Rec::JournalId { id: "00ff" })));
+        assert!(matches!(one(&buf, 5), Rec::JournalId { id: "00ff" }));
     }
 
     #[test]
     fn header_round_trip_and_damage() {
         let h = encode_header(42);
-        assert_eq!(decode_header(&h).ok(), Some(42));
+        assert_eq!(decode_header(&h).ok(), Some((42, FORMAT_VERSION)));
         let mut bad = h;
         bad[13] ^= 1;
         assert!(matches!(decode_header(&bad), Err(HeaderError::Checksum)));

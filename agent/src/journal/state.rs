@@ -115,6 +115,11 @@ pub(crate) struct State {
     pub(crate) next_seq: u64,
     /// Outbox entries dropped because of the cap and not yet reported.
     pub(crate) dropped: u64,
+    /// The outbox entry that carries the unreported drop count to the
+    /// controller, and the count: `(seq, count)` (see `Rec::DropsSent`).
+    /// Cleared when that entry is acknowledged (the count is then
+    /// reported: subtracted from `dropped`) or dropped itself.
+    pub(crate) carrier: Option<(u64, u64)>,
     pub(crate) last_alive_ns: Option<i64>,
     /// Latest scheduled time among started ids (fallback clock, see
     /// [`State::reference_now`]).
@@ -169,10 +174,39 @@ impl State {
         Ok(())
     }
 
+    /// The drop count entry `seq` carries (0 unless it is the carrier).
+    pub(crate) fn dropped_before(&self, seq: u64) -> u64 {
+        match self.carrier {
+            Some((s, c)) if s == seq => c,
+            _ => 0,
+        }
+    }
+
+    /// An execution's result (see `Rec::Finished`).
+    pub(crate) fn finish(&mut self, id: &str, ref_ns: i64, outcome: super::Outcome) {
+        match self.attempts.get_mut(id) {
+            Some(a) => a.outcome = Some(outcome),
+            None => {
+                self.attempts.insert(
+                    id.into(),
+                    Attempt {
+                        ref_ns,
+                        outcome: Some(outcome),
+                    },
+                );
+            }
+        }
+    }
+
     /// Drops outbox entries with seq <= `through`, counting them as dropped.
     fn drop_through(&mut self, through: u64) {
         let n = self.outbox.pop_through(through);
         self.dropped = self.dropped.saturating_add(n);
+        // The entry carrying a count went unacknowledged: the count (still
+        // in `dropped`) rides on a later entry.
+        if self.carrier.is_some_and(|(s, _)| s <= through) {
+            self.carrier = None;
+        }
     }
 
     /// Applies `rec`, whose frame starts at `offset` in the log (the outbox
@@ -208,14 +242,15 @@ impl State {
                     .remove(&((*tenant).to_owned(), (*pack).to_owned()));
             }
             Rec::Started(ids) => {
-                for (id, ns) in ids.as_slice() {
-                    match self.attempts.get_mut(*id) {
+                for (id, ns) in ids.iter() {
+                    let ns = &ns;
+                    match self.attempts.get_mut(id) {
                         // A start after a result (a caller's mistake)
                         // keeps the result: an outcome is never un-known.
                         Some(a) => a.ref_ns = *ns,
                         None => {
                             self.attempts.insert(
-                                (*id).into(),
+                                id.into(),
                                 Attempt {
                                     ref_ns: *ns,
                                     outcome: None,
@@ -226,22 +261,11 @@ impl State {
                     self.max_started_ns = Some(self.max_started_ns.map_or(*ns, |m| m.max(*ns)));
                 }
             }
-            Rec::Finished {
-                id,
-                ref_ns,
-                outcome,
-            } => match self.attempts.get_mut(*id) {
-                Some(a) => a.outcome = Some(*outcome),
-                None => {
-                    self.attempts.insert(
-                        (*id).into(),
-                        Attempt {
-                            ref_ns: *ref_ns,
-                            outcome: Some(*outcome),
-                        },
-                    );
+            Rec::Finished(results) => {
+                for (id, ref_ns, outcome) in results {
+                    self.finish(id, *ref_ns, *outcome);
                 }
-            },
+            }
             Rec::Once { key, ref_ns } => {
                 self.once.insert((*key).into(), *ref_ns);
             }
@@ -256,17 +280,34 @@ impl State {
             }
             Rec::Ack { up_to_seq } => {
                 self.outbox.pop_through(*up_to_seq);
+                // The controller stored the entry carrying the count:
+                // reported, never sent again.
+                if let Some((s, c)) = self.carrier.filter(|(s, _)| *s <= *up_to_seq) {
+                    let _ = s;
+                    self.dropped = self.dropped.saturating_sub(c);
+                    self.carrier = None;
+                }
+            }
+            Rec::DropsSent { seq, count } => {
+                self.carrier = Some((*seq, (*count).min(self.dropped)));
             }
             Rec::Alive { ns } => self.last_alive_ns = Some(*ns),
-            Rec::DroppedReported { count } => self.dropped = self.dropped.saturating_sub(*count),
+            Rec::DroppedReported { count } => {
+                self.dropped = self.dropped.saturating_sub(*count);
+                if let Some((_, c)) = &mut self.carrier {
+                    *c = (*c).min(self.dropped);
+                }
+            }
             Rec::Meta {
                 next_seq,
                 dropped,
                 last_alive_ns,
+                carrier,
             } => {
                 self.next_seq = self.next_seq.max(*next_seq);
                 self.dropped = *dropped;
                 self.last_alive_ns = *last_alive_ns;
+                self.carrier = *carrier;
             }
             Rec::DropOldest { through_seq } => self.drop_through(*through_seq),
             Rec::JournalId { id } => self.journal_id = Some((*id).to_owned()),

@@ -1,139 +1,33 @@
-//! Outbox records (the JSON that `runtime::feedback` journals) into
-//! `wire::Feedback`, on the link thread: the control thread only reads
-//! pages of bytes from the journal, never encodes for the wire.
+//! Outbox records into `wire::Feedback`, on the link thread: the control
+//! thread only reads pages of bytes from the journal, never encodes for
+//! the wire.
 //!
-//! | record | `outcome` |
-//! |---|---|
-//! | `executed`, result `ok` | `OK` |
-//! | `executed`, result `failed` | `FAILED` |
-//! | `executed`, result `late` / `withdrawn` / `stopped` (not run) | `SKIPPED` (the word leads `detail`) |
-//! | `retry` | `RETRY` |
-//! | `skip` | `SKIPPED` |
-//! | `fail` | `FAILED` |
-//! | `give_up` | `GIVE_UP` |
-//! | `on_failure` (issued only on a give-up) | `GIVE_UP` |
-//! | `safe_state` | `SAFE_STATE` |
-//! | `outcome_unknown` | `UNKNOWN` |
-//! | anything unreadable or unknown | `UNSPECIFIED`, `detail` = the raw record |
-//!
-//! `event` always carries the agent's own word, so a controller can tell
-//! an `on_failure` from the `give_up` before it. The attempt and version
-//! come from the execution id (`tenant/pack/vN/instr/occ_ns/aK`) when there
-//! is one, else from the record's `version`. Nothing is ever dropped: a
-//! record that cannot be read is still sent, with its text.
+//! A record is read by `crate::outbox` (binary, or the JSON of agents
+//! before it) into the typed `baton_proto::feedback::Record`, which
+//! `Record::to_wire` carries without folding: the outcome from the fixed
+//! set, the typed reason beside a free `detail`, the clock's source and
+//! state, the occurrence, the agent's own event word. Late, withdrawn and
+//! stopped attempts are `SKIPPED` with reason `LATE` / `WITHDRAWN` /
+//! `SHUTDOWN`; an `on_failure` is `GIVE_UP` (its event word tells it from
+//! the give-up before it). Nothing is ever dropped: a record that cannot be
+//! read is still sent, `UNSPECIFIED` with its text in `detail`.
 
 use baton_proto::wire;
-use baton_sched::ExecutionId;
-use serde_json::Value;
 
-/// The wire form of outbox record `seq` (its JSON bytes as journalled).
-pub fn feedback(seq: u64, record: &[u8]) -> wire::Feedback {
-    match serde_json::from_slice::<Value>(record) {
-        Ok(Value::Object(m)) if m.get("event").is_some_and(Value::is_string) => {
-            from_fields(seq, &Value::Object(m))
-        }
-        _ => unreadable(seq, record),
-    }
-}
+use crate::outbox::{self, Decoded};
 
-/// A record this code cannot read: still sent, its text in `detail`.
-fn unreadable(seq: u64, record: &[u8]) -> wire::Feedback {
-    wire::Feedback {
-        seq,
-        outcome: wire::Outcome::Unspecified as i32,
-        detail: String::from_utf8_lossy(record).into_owned(),
-        ..wire::Feedback::default()
-    }
-}
-
-fn text<'a>(v: &'a Value, key: &str) -> &'a str {
-    v.get(key).and_then(Value::as_str).unwrap_or_default()
-}
-
-fn int(v: &Value, key: &str) -> i64 {
-    v.get(key).and_then(Value::as_i64).unwrap_or_default()
-}
-
-fn from_fields(seq: u64, v: &Value) -> wire::Feedback {
-    use wire::Outcome as O;
-    let event = text(v, "event");
-    let id_text = text(v, "execution_id");
-    // Side actions carry a descriptive id that is not an execution id
-    // (`tenant/pack safe_state (cancel)@ns`): only a real one is sent.
-    let id = ExecutionId::parse(id_text);
-    let (tenant, pack) = text(v, "pack").split_once('/').unwrap_or(("", ""));
-    let version = id
-        .as_ref()
-        .map(|i| i.version)
-        .or_else(|| v.get("version").and_then(Value::as_u64))
-        .unwrap_or_default();
-    let mut detail = text(v, "detail").to_string();
-    let (outcome, scheduled_ns, actual_ns, lateness_ns) = if event == "executed" {
-        let result = text(v, "result");
-        let outcome = match result {
-            "ok" => O::Ok,
-            "failed" => O::Failed,
-            "late" | "withdrawn" | "stopped" => {
-                detail = if detail.is_empty() {
-                    result.to_string()
-                } else {
-                    format!("{result}: {detail}")
-                };
-                O::Skipped
-            }
-            _ => O::Unspecified,
-        };
-        (
-            outcome,
-            int(v, "scheduled_ns"),
-            int(v, "actual_ns"),
-            int(v, "lateness_ns"),
-        )
-    } else {
-        let outcome = match event {
-            "retry" => O::Retry,
-            "skip" => O::Skipped,
-            "fail" => O::Failed,
-            "give_up" | "on_failure" => O::GiveUp,
-            "safe_state" => O::SafeState,
-            "outcome_unknown" => O::Unknown,
-            "ok" => O::Ok,
-            _ => O::Unspecified,
-        };
-        // A core event: when it was decided, about which occurrence.
-        (outcome, int(v, "occurrence_ns"), int(v, "t_ns"), 0)
-    };
-    if outcome == O::Unspecified {
-        return unreadable(seq, v.to_string().as_bytes());
-    }
-    wire::Feedback {
-        seq,
-        execution_id: if id.is_some() {
-            id_text.to_string()
-        } else {
-            String::new()
+/// The wire form of outbox record `seq` (its bytes as journalled);
+/// `dropped_before`: entries the agent dropped just before it.
+pub fn feedback(seq: u64, record: &[u8], dropped_before: u64) -> wire::Feedback {
+    match outbox::decode(record) {
+        Decoded::Record(r) => r.to_wire(seq, dropped_before),
+        Decoded::Unreadable(text) => wire::Feedback {
+            seq,
+            outcome: wire::Outcome::Unspecified as i32,
+            detail: text,
+            dropped_before,
+            ..wire::Feedback::default()
         },
-        pack: Some(wire::PackRef {
-            tenant: tenant.to_string(),
-            pack: pack.to_string(),
-            version,
-        }),
-        instruction: text(v, "instruction").to_string(),
-        attempt: id.as_ref().map(|i| i.attempt).unwrap_or_default(),
-        scheduled_ns,
-        actual_ns,
-        lateness_ns,
-        outcome: outcome as i32,
-        detail,
-        value: v
-            .get("value")
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok()),
-        dropped_before: 0,
-        event: event.to_string(),
-        action: text(v, "action").to_string(),
-        uncertainty_ns: int(v, "uncertainty_ns"),
-        ..Default::default()
     }
 }
 
@@ -145,11 +39,18 @@ mod tests {
     use super::*;
     use crate::dispatcher::NotRun;
     use crate::journal::{Journal, JournalConfig};
-    use crate::runtime::feedback::{Tally, event, executed};
+    use crate::runtime::feedback::{ClockStamp, Tally, event, executed};
     use crate::runtime::record::{FiringRecord, FiringResult, Origin};
     use baton_proto::RefTime;
-    use baton_sched::{Event, EventKind, PackKey, SafeReason};
+    use baton_proto::feedback::{ClockSource, ClockState, Reason};
+    use baton_sched::{Event, EventKind, ExecutionId, PackKey, SafeReason};
     use wire::Outcome as O;
+
+    const CLOCK: ClockStamp = ClockStamp {
+        uncertainty_ns: 2_500,
+        source: Some(ClockSource::Ntp),
+        state: Some(ClockState::Locked),
+    };
 
     const ID: &str = "plant-a/press/v7/stamp/1796000000000000000/a2";
 
@@ -172,14 +73,16 @@ mod tests {
             .expect("page")
             .pop()
             .expect("a record");
-        feedback(seq, &rec)
+        feedback(seq, &rec, 0)
     }
 
     fn executed_one(result: FiringResult, origin: Origin) -> wire::Feedback {
         let (_d, mut j) = journal();
         let k = key();
         let side = origin != Origin::Attempt;
+        let exec = ExecutionId::parse(ID).expect("id");
         let rec = FiringRecord {
+            execution: (!side).then_some(&exec),
             id: if side {
                 "plant-a/press safe_state (cancel)@5"
             } else {
@@ -199,7 +102,7 @@ mod tests {
             &mut Tally::default(),
             &rec,
             side.then_some(7),
-            2_500,
+            CLOCK,
         )
         .expect("push");
         last(&mut j)
@@ -217,7 +120,11 @@ mod tests {
             kind,
             once: None,
         };
-        event(&mut j, &mut Tally::default(), &e, Some(7), 3_000).expect("push");
+        let clock = ClockStamp {
+            uncertainty_ns: 3_000,
+            ..CLOCK
+        };
+        event(&mut j, &mut Tally::default(), &e, Some(7), clock).expect("push");
         last(&mut j)
     }
 
@@ -241,6 +148,12 @@ mod tests {
         assert_eq!(f.value, Some(1));
         assert_eq!(f.detail, "");
         assert_eq!(f.uncertainty_ns, 2_500, "the clock's uncertainty at firing");
+        assert_eq!(
+            (f.clock_source(), f.clock_state()),
+            (wire::ClockSource::Ntp, wire::ClockState::Locked)
+        );
+        assert_eq!(f.occurrence_ns, 1_796_000_000_000_000_000);
+        assert_eq!(f.reason(), wire::Reason::Unspecified);
 
         let f = executed_one(FiringResult::Failed("EBUSY".into()), Origin::Attempt);
         assert_eq!(
@@ -248,14 +161,16 @@ mod tests {
             (O::Failed, "EBUSY", None)
         );
 
-        for (why, word) in [
-            (NotRun::Late, "late"),
-            (NotRun::Withdrawn, "withdrawn"),
-            (NotRun::Stopped, "stopped"),
+        // Not run: SKIPPED with a typed reason; no word folded into detail.
+        for (why, reason) in [
+            (NotRun::Late, wire::Reason::Late),
+            (NotRun::Withdrawn, wire::Reason::Withdrawn),
+            (NotRun::Stopped, wire::Reason::Shutdown),
         ] {
             let f = executed_one(FiringResult::NotRun(why), Origin::Attempt);
-            assert_eq!(f.outcome(), O::Skipped, "{word}");
-            assert!(f.detail.starts_with(&format!("{word}: ")), "{}", f.detail);
+            assert_eq!((f.outcome(), f.reason()), (O::Skipped, reason));
+            assert_eq!(f.detail, FiringResult::NotRun(why).detail());
+            assert_eq!(f.execution_id, ID);
         }
     }
 
@@ -269,7 +184,9 @@ mod tests {
         assert_eq!(f.execution_id, "");
         assert_eq!(f.attempt, 0);
         assert_eq!(f.instruction, "safe_state");
-        assert_eq!(f.pack.map(|p| p.version), Some(7));
+        assert_eq!(f.pack.as_ref().map(|p| p.version), Some(7));
+        assert_eq!(f.reason(), wire::Reason::Cancel, "what called for it");
+        assert_eq!(f.occurrence_ns, 0);
     }
 
     #[test]
@@ -284,21 +201,24 @@ mod tests {
             ),
             (
                 EventKind::Skip {
-                    reason: "late".into(),
+                    reason: Reason::Late,
+                    detail: "late by 3s".into(),
                 },
                 O::Skipped,
                 "skip",
             ),
             (
                 EventKind::Fail {
-                    reason: "EIO".into(),
+                    reason: None,
+                    detail: "EIO".into(),
                 },
                 O::Failed,
                 "fail",
             ),
             (
                 EventKind::GiveUp {
-                    reason: "3 attempts".into(),
+                    reason: Reason::Failed,
+                    detail: "3 attempts".into(),
                 },
                 O::GiveUp,
                 "give_up",
@@ -307,8 +227,20 @@ mod tests {
             (EventKind::OutcomeUnknown, O::Unknown, "outcome_unknown"),
         ];
         for (kind, outcome, name) in cases {
+            let reason = kind.reason().map_or(0, Reason::code);
+            let detail = match &kind {
+                EventKind::Skip { detail, .. }
+                | EventKind::Fail { detail, .. }
+                | EventKind::GiveUp { detail, .. } => detail.clone(),
+                _ => String::new(),
+            };
             let f = event_one(kind, true);
             assert_eq!((f.outcome(), f.event.as_str()), (outcome, name));
+            assert_eq!(f.reason, reason, "{name}: typed reason beside the detail");
+            if !detail.is_empty() {
+                assert_eq!(f.detail, detail, "{name}: the words, unprefixed");
+            }
+            assert_eq!(f.occurrence_ns, 1_796_000_000_000_000_000, "{name}");
             assert_eq!(f.execution_id, ID, "{name}");
             assert_eq!(f.attempt, 2, "{name}");
             assert_eq!(f.instruction, "stamp");
@@ -330,10 +262,11 @@ mod tests {
         assert_eq!(f.uncertainty_ns, 3_000, "events carry the uncertainty too");
         assert_eq!((f.execution_id.as_str(), f.instruction.as_str()), ("", ""));
         assert_eq!(
-            f.pack.map(|p| (p.pack, p.version)),
+            f.pack.clone().map(|p| (p.pack, p.version)),
             Some(("press".into(), 7))
         );
         assert_eq!(f.detail, "safe state (lease_lost)");
+        assert_eq!(f.reason(), wire::Reason::Lease);
     }
 
     #[test]
@@ -345,13 +278,88 @@ mod tests {
             b"{\"event\": \"dance\"}",
             b"\xff\xfe",
         ] {
-            let f = feedback(9, raw);
+            let f = feedback(9, raw, 2);
             assert_eq!((f.seq, f.outcome()), (9, O::Unspecified));
+            assert_eq!(
+                f.dropped_before, 2,
+                "a gap is reported even on an unreadable entry"
+            );
             assert!(!f.detail.is_empty());
         }
-        assert_eq!(feedback(1, b"not json").detail, "not json");
-        let f = feedback(2, b"{\"event\":\"executed\",\"result\":\"exploded\"}");
+        assert_eq!(feedback(1, b"not json", 0).detail, "not json");
+        let f = feedback(2, b"{\"event\":\"executed\",\"result\":\"exploded\"}", 0);
         assert_eq!(f.outcome(), O::Unspecified);
         assert!(f.detail.contains("exploded"), "{}", f.detail);
+    }
+
+    /// Records as agents before the binary outbox wrote them (the JSON of
+    /// `runtime/feedback.rs` at 8065a4c, byte for byte), pushed into a real
+    /// journal and drained by this code: an outbox survives the upgrade.
+    #[test]
+    fn json_records_of_older_agents_still_drain() {
+        let old: [&[u8]; 5] = [
+            br#"{"event":"executed","execution_id":"plant-a/press/v7/stamp/1796000000000000000/a2","pack":"plant-a/press","instruction":"stamp","action":"gpio.write","scheduled_ns":1796000000000000000,"actual_ns":1796000000000120000,"lateness_ns":120000,"result":"ok","value":1,"uncertainty_ns":2500}"#,
+            br#"{"event":"executed","execution_id":"plant-a/press/v7/stamp/1796000000000000000/a1","pack":"plant-a/press","instruction":"stamp","action":"gpio.write","scheduled_ns":1796000000000000000,"actual_ns":1796000000900000000,"lateness_ns":900000000,"result":"late","detail":"reached after its max_lateness","value":null,"uncertainty_ns":2500}"#,
+            br#"{"event":"executed","execution_id":"plant-a/press safe_state (cancel)@5","pack":"plant-a/press","version":7,"instruction":"safe_state","action":"gpio.write","scheduled_ns":5,"actual_ns":6,"lateness_ns":1,"result":"ok","value":null,"uncertainty_ns":0}"#,
+            br#"{"event":"give_up","t_ns":1796000000500000000,"pack":"plant-a/press","version":7,"instruction":"stamp","execution_id":null,"occurrence_ns":1796000000000000000,"uncertainty_ns":3000,"detail":"missed: late by 500ms (max_lateness 50ms)"}"#,
+            br#"{"event":"safe_state","t_ns":1796000000500000000,"pack":"plant-a/press","version":7,"instruction":null,"execution_id":null,"occurrence_ns":null,"uncertainty_ns":3000,"detail":"safe state (lease_lost)"}"#,
+        ];
+        let (_d, mut j) = journal();
+        for r in old {
+            j.push_feedback(r).expect("push");
+        }
+        let page = j.outbox_page(0, usize::MAX).expect("page");
+        let got: Vec<wire::Feedback> = page.iter().map(|(s, r)| feedback(*s, r, 0)).collect();
+        assert_eq!(got.len(), 5);
+        assert!(got.iter().all(|f| f.outcome() != O::Unspecified), "{got:?}");
+
+        let ok = &got[0];
+        assert_eq!((ok.outcome(), ok.event.as_str()), (O::Ok, "executed"));
+        assert_eq!(
+            ok.execution_id,
+            "plant-a/press/v7/stamp/1796000000000000000/a2"
+        );
+        assert_eq!(
+            (ok.attempt, ok.value, ok.lateness_ns),
+            (2, Some(1), 120_000)
+        );
+        assert_eq!(ok.occurrence_ns, 1_796_000_000_000_000_000);
+        assert_eq!(ok.pack.as_ref().map(|p| p.version), Some(7));
+
+        let late = &got[1];
+        assert_eq!(
+            (late.outcome(), late.reason()),
+            (O::Skipped, wire::Reason::Late)
+        );
+        assert_eq!(
+            late.detail, "reached after its max_lateness",
+            "no word folded in"
+        );
+
+        let side = &got[2];
+        assert_eq!((side.execution_id.as_str(), side.attempt), ("", 0));
+        assert_eq!(side.pack.as_ref().map(|p| p.version), Some(7));
+
+        let give_up = &got[3];
+        assert_eq!(
+            (give_up.outcome(), give_up.event.as_str()),
+            (O::GiveUp, "give_up")
+        );
+        assert_eq!(give_up.scheduled_ns, 1_796_000_000_000_000_000);
+        assert_eq!(give_up.occurrence_ns, 1_796_000_000_000_000_000);
+        assert_eq!(give_up.actual_ns, 1_796_000_000_500_000_000);
+        assert!(give_up.detail.starts_with("missed: late by"));
+
+        let safe = &got[4];
+        assert_eq!(
+            (safe.outcome(), safe.reason()),
+            (O::SafeState, wire::Reason::Lease)
+        );
+        assert_eq!(safe.instruction, "");
+
+        // And the typed record reads back from the wire as the agent meant it.
+        for f in &got {
+            baton_proto::feedback::Record::from_wire(f).expect("typed");
+        }
     }
 }

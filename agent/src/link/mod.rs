@@ -153,11 +153,22 @@ pub enum ToLink {
     Nack(wire::PackNack),
     /// The packs held now (after any change).
     Held(Vec<wire::HeldPack>),
-    /// Outbox records `(seq, JSON)` in seq order; the link converts them
+    /// Outbox records in seq order; the link converts them
     /// ([`convert::feedback`]).
-    Feedback(Vec<(u64, Vec<u8>)>),
+    Feedback(FeedbackPage),
     /// The clock's state.
     ClockReport(wire::ClockReport),
+}
+
+/// A page of outbox records for the controller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeedbackPage {
+    /// `(seq, record bytes)` in seq order (`crate::outbox` formats).
+    pub records: Vec<(u64, Vec<u8>)>,
+    /// `(seq, count)`: the record that carries the count of entries
+    /// dropped at the outbox cap (`Journal::carry_drops`), sent on it as
+    /// `dropped_before`.
+    pub carried: Option<(u64, u64)>,
 }
 
 /// A [`ToLink`] for one session (dropped if that session is over).

@@ -190,6 +190,7 @@ async fn one(
         clock: clock.clone(),
         silence: Silence::new(Duration::ZERO),
         last_alive: None,
+        hello_sent: false,
         outq: VecDeque::new(),
         exchange: if cfg.time_exchange {
             clock.samples().map(|tx| (Exchange::new(), tx))
@@ -257,16 +258,16 @@ async fn one(
                 // For a session that is over: the next Hello covers it.
                 Some(_) => {}
             },
-            permit = out_tx.reserve(), if !s.outq.is_empty() => match permit {
+            permit = out_tx.reserve(), if s.can_send() => match permit {
                 Ok(p) => {
-                    if let Some(mut m) = s.outq.pop_front() {
+                    if let Some(mut m) = s.next_out() {
                         s.stamp_t1(&mut m);
                         p.send(m);
                     }
                 }
                 Err(_) => return lost("the request stream closed".into(), up),
             },
-            _ = tokio::time::sleep_until(exchange_due.unwrap_or(deadline)), if exchange_due.is_some() && inbound.is_some() => {
+            _ = tokio::time::sleep_until(exchange_due.unwrap_or(deadline)), if exchange_due.is_some() && inbound.is_some() && s.hello_sent => {
                 s.ask_time();
             }
             _ = tokio::time::sleep_until(deadline) => return lost(
@@ -305,6 +306,13 @@ struct Session {
     clock: Arc<dyn Clock>,
     silence: Silence,
     last_alive: Option<Instant>,
+    /// The Hello went into the request stream. Until then nothing else may
+    /// ([`Session::next_out`]): a controller refuses a stream whose first
+    /// message is anything else, and the agent would back off for up to
+    /// 30 s (issue 26.11: a time request, queued ahead of everything once
+    /// the response headers came, overtook a Hello the busy control thread
+    /// had not handed over yet).
+    hello_sent: bool,
     /// Encoded messages waiting for room in the request stream.
     outq: VecDeque<wire::AgentMessage>,
     /// Time exchange with the controller, and where its samples go (none
@@ -325,8 +333,29 @@ impl Session {
         Some(Instant::now() + Duration::from_nanos(wait as u64))
     }
 
-    /// Queue a time request ahead of everything else: time in our queue
-    /// would count as path delay one way only.
+    /// Whether a message may go into the request stream now: any once the
+    /// Hello went, else only the Hello.
+    fn can_send(&self) -> bool {
+        if self.hello_sent {
+            !self.outq.is_empty()
+        } else {
+            self.outq.iter().any(is_hello)
+        }
+    }
+
+    /// The next message for the request stream: the Hello first, whatever
+    /// was queued before it (a pong, a time request); then in order.
+    fn next_out(&mut self) -> Option<wire::AgentMessage> {
+        if self.hello_sent {
+            return self.outq.pop_front();
+        }
+        let i = self.outq.iter().position(is_hello)?;
+        self.hello_sent = true;
+        self.outq.remove(i)
+    }
+
+    /// Queue a time request ahead of everything else (but a Hello not yet
+    /// sent): time in our queue would count as path delay one way only.
     fn ask_time(&mut self) {
         let Some((x, _)) = self.exchange.as_mut() else {
             return;
@@ -434,6 +463,10 @@ impl Session {
     }
 }
 
+fn is_hello(m: &wire::AgentMessage) -> bool {
+    matches!(m.body, Some(Out::Hello(_)))
+}
+
 /// A control-thread message in its wire form (feedback records converted
 /// here, off the control thread).
 fn encode(msg: ToLink) -> wire::AgentMessage {
@@ -442,10 +475,17 @@ fn encode(msg: ToLink) -> wire::AgentMessage {
         ToLink::Ack(a) => Out::PackAck(a),
         ToLink::Nack(n) => Out::PackNack(n),
         ToLink::Held(packs) => Out::Held(wire::Held { packs }),
-        ToLink::Feedback(records) => Out::Feedback(wire::FeedbackBatch {
-            entries: records
+        ToLink::Feedback(page) => Out::Feedback(wire::FeedbackBatch {
+            entries: page
+                .records
                 .iter()
-                .map(|(seq, r)| convert::feedback(*seq, r))
+                .map(|(seq, r)| {
+                    let dropped = match page.carried {
+                        Some((s, n)) if s == *seq => n,
+                        _ => 0,
+                    };
+                    convert::feedback(*seq, r, dropped)
+                })
                 .collect(),
         }),
         ToLink::ClockReport(r) => Out::ClockReport(r),

@@ -10,11 +10,17 @@
 
 use std::collections::HashMap;
 
+use baton_proto::RefTime;
+use baton_proto::feedback::{
+    ClockSource, ClockState, Event as FeedbackEvent, Outcome, Reason, Record,
+};
 use baton_sched::{Event, EventKind, PackKey};
 use hdrhistogram::Histogram;
 
+use crate::dispatcher::NotRun;
 use crate::journal::{Journal, JournalError};
-use crate::runtime::record::{FiringRecord, FiringResult};
+use crate::outbox;
+use crate::runtime::record::{FiringRecord, FiringResult, Origin};
 
 /// Tracing target of executed attempts.
 pub const FIRING_TARGET: &str = "baton::firing";
@@ -97,35 +103,16 @@ impl Default for Tally {
     }
 }
 
-/// The feedback record of one executed attempt, as the controller will
-/// receive it (JSON, encoded without intermediate values; the link turns it
-/// into a `wire::Feedback`, `crate::link::convert`).
-#[derive(serde::Serialize)]
-struct Executed<'a> {
-    event: &'static str,
-    execution_id: &'a str,
-    #[serde(serialize_with = "as_display")]
-    pack: &'a baton_sched::PackKey,
-    /// The pack version, for side actions (safe state, on_failure) whose
-    /// id does not carry it; an attempt's execution id does.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<u64>,
-    instruction: &'a str,
-    action: &'static str,
-    scheduled_ns: i64,
-    actual_ns: i64,
-    lateness_ns: i64,
-    result: &'static str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    detail: &'a str,
-    value: Option<u8>,
-    /// The clock's uncertainty when the result was taken (microseconds to
+/// The clock as a feedback record states it: taken once per report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClockStamp {
+    /// The uncertainty when the result was taken (microseconds to
     /// milliseconds after the firing: the estimate moves far slower), ns.
-    uncertainty_ns: i64,
-}
-
-fn as_display<S: serde::Serializer, T: std::fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(v)
+    pub uncertainty_ns: i64,
+    /// The source followed then, if known.
+    pub source: Option<ClockSource>,
+    /// Its state then, if known.
+    pub state: Option<ClockState>,
 }
 
 /// Journal and announce one executed attempt (`version`: the pack's
@@ -135,7 +122,7 @@ pub fn executed(
     tally: &mut Tally,
     rec: &FiringRecord<'_>,
     version: Option<u64>,
-    uncertainty_ns: i64,
+    clock: ClockStamp,
 ) -> Result<(), JournalError> {
     if rec.result.ran() {
         // Saturating: a catch-up firing an hour late still counts (at the
@@ -148,34 +135,47 @@ pub fn executed(
     } else {
         tally.not_run += 1;
     }
-    let (value, detail) = match &rec.result {
-        FiringResult::Ok { value } => (*value, std::borrow::Cow::Borrowed("")),
-        FiringResult::Failed(m) => (None, std::borrow::Cow::Borrowed(m.as_str())),
-        r => (None, std::borrow::Cow::Owned(r.detail())),
-    };
     if matches!(rec.result, FiringResult::Failed(_)) {
         tally.failed += 1;
     }
     tally.count_execution(rec.pack, rec.result.word());
-    tally.buf.clear();
-    let fb = Executed {
-        event: "executed",
-        execution_id: rec.id,
-        pack: rec.pack,
-        version,
-        instruction: rec.instruction,
-        action: rec.action,
-        scheduled_ns: rec.scheduled.as_nanos(),
-        actual_ns: rec.actual.as_nanos(),
-        lateness_ns: rec.lateness_ns,
-        result: rec.result.word(),
-        detail: &detail,
-        value,
-        uncertainty_ns,
+    let (outcome, reason, value) = match &rec.result {
+        FiringResult::Ok { value } => (Outcome::Ok, None, value.map(u32::from)),
+        FiringResult::Failed(_) => (Outcome::Failed, None, None),
+        FiringResult::NotRun(why) => (Outcome::Skipped, Some(not_run_reason(*why)), None),
     };
-    // Encoding plain fields into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut tally.buf, &fb);
-    let r = journal.push_feedback(&tally.buf).map(|_| ());
+    let detail = match &rec.result {
+        FiringResult::Ok { .. } => String::new(),
+        r => r.detail(),
+    };
+    let reason = match rec.origin {
+        // A side action says what called for it.
+        Origin::SafeState(why) => reason.or(Some(why.reason())),
+        Origin::OnFailure => reason.or(Some(Reason::GiveUp)),
+        Origin::Attempt => reason,
+    };
+    let id = rec.execution;
+    let fb = Record {
+        tenant: rec.pack.tenant.clone(),
+        pack: rec.pack.pack.clone(),
+        version: id.map(|i| i.version).or(version).unwrap_or_default(),
+        instruction: rec.instruction.to_string(),
+        attempt: id.map_or(0, |i| i.attempt),
+        occurrence: id.map(|i| i.occurrence),
+        scheduled: rec.scheduled,
+        actual: rec.actual,
+        lateness_ns: rec.lateness_ns,
+        uncertainty_ns: clock.uncertainty_ns,
+        clock_source: clock.source,
+        clock_state: clock.state,
+        event: FeedbackEvent::Executed,
+        outcome,
+        reason,
+        detail,
+        value,
+        action: rec.action.to_string(),
+    };
+    let r = push(journal, tally, &fb);
     tracing::debug!(
         target: FIRING_TARGET,
         execution_id = rec.id,
@@ -185,9 +185,28 @@ pub fn executed(
         scheduled_ns = rec.scheduled.as_nanos(),
         lateness_ns = rec.lateness_ns,
         result = rec.result.word(),
-        detail = %detail,
+        detail = %fb.detail,
     );
     r
+}
+
+/// The typed reason of an attempt the device never ran.
+pub fn not_run_reason(why: NotRun) -> Reason {
+    match why {
+        NotRun::Late => Reason::Late,
+        NotRun::Withdrawn => Reason::Withdrawn,
+        // The dispatcher (or the exec pool) stopped first: the agent was
+        // stopping.
+        NotRun::Stopped => Reason::Shutdown,
+    }
+}
+
+/// Encodes `fb` (binary, `crate::outbox`) into the tally's kept buffer and
+/// pushes it to the outbox.
+fn push(journal: &mut Journal, tally: &mut Tally, fb: &Record) -> Result<(), JournalError> {
+    tally.buf.clear();
+    outbox::encode(fb, &mut tally.buf);
+    journal.push_feedback(&tally.buf).map(|_| ())
 }
 
 /// Journal and announce one core event (a firing and its success are
@@ -199,32 +218,44 @@ pub fn event(
     tally: &mut Tally,
     e: &Event,
     version: Option<u64>,
-    uncertainty_ns: i64,
+    clock: ClockStamp,
 ) -> Result<(), JournalError> {
     tally.count_event(&e.kind);
-    if matches!(e.kind, EventKind::Fire | EventKind::Ok { .. }) {
+    let Some(word) = e.kind.feedback_event() else {
         // The executed record already says it fired and how it ended.
         announce(e, "");
         return Ok(());
-    }
-    let mut rec = serde_json::json!({
-        "event": e.kind.name(),
-        "t_ns": e.t.as_nanos(),
-        "pack": e.pack.to_string(),
-        "version": e.id.as_ref().map(|i| i.version).or(version),
-        "instruction": e.instruction,
-        "execution_id": e.id.as_ref().map(|i| i.to_string()),
-        "occurrence_ns": e.occurrence.map(|o| o.as_nanos()),
-        "uncertainty_ns": uncertainty_ns,
-    });
-    let detail = e.detail();
-    if !detail.is_empty() {
-        rec["detail"] = detail.clone().into();
-    }
-    let r = journal
-        .push_feedback(rec.to_string().as_bytes())
-        .map(|_| ());
-    announce(e, &detail);
+    };
+    let occurrence = e.occurrence.or(e.id.as_ref().map(|i| i.occurrence));
+    let fb = Record {
+        tenant: e.pack.tenant.clone(),
+        pack: e.pack.pack.clone(),
+        version: e
+            .id
+            .as_ref()
+            .map(|i| i.version)
+            .or(version)
+            .unwrap_or_default(),
+        instruction: e.instruction.clone().unwrap_or_default(),
+        attempt: e.id.as_ref().map_or(0, |i| i.attempt),
+        occurrence,
+        // A core event: about which occurrence, decided when.
+        scheduled: occurrence.unwrap_or(RefTime::from_nanos(0)),
+        actual: e.t,
+        lateness_ns: 0,
+        uncertainty_ns: clock.uncertainty_ns,
+        clock_source: clock.source,
+        clock_state: clock.state,
+        event: word,
+        // Every event but `executed` has its outcome.
+        outcome: word.outcome().unwrap_or(Outcome::Ok),
+        reason: e.kind.reason(),
+        detail: e.detail(),
+        value: None,
+        action: String::new(),
+    };
+    let r = push(journal, tally, &fb);
+    announce(e, &fb.detail);
     r
 }
 

@@ -763,13 +763,13 @@ impl Agent {
         if let Some(step) = self.clock.resample() {
             tracing::warn!(
                 step = %fmt_ns(step),
-                "clock step detected: schedules stay on reference time (treated as downtime / early wake)"
+                "clock step detected: packs on absolute time stay on reference time (a forward step is downtime, a backward one an early wake); packs of intervals follow the local clock"
             );
-            if step > 0 {
-                // Forward: the skipped span is downtime, handled by catch_up
-                // (never a burst). Backward needs nothing: nothing fires early.
-                self.core.downtime(self.clock.now(), &mut out);
-            }
+            // Forward: the skipped span is downtime for packs on absolute
+            // time, handled by catch_up (never a burst); backward needs
+            // nothing (nothing fires early). Packs of intervals move with
+            // the step: they never skip for it (`Scheduler::clock_stepped`).
+            self.core.clock_stepped(step, self.clock.now(), &mut out);
         }
         // Back-pressure: while the device has a backlog, the core is not
         // asked for more. What falls behind stays in the core, which then

@@ -383,8 +383,8 @@ impl Agent {
             Some(_) => None,
             None => self.core.held(&e.pack).map(|(v, _)| v),
         };
-        let u = self.clock.uncertainty_ns();
-        feedback::event(&mut self.journal, &mut self.tally, e, version, u)
+        let c = self.clock_stamp();
+        feedback::event(&mut self.journal, &mut self.tally, e, version, c)
     }
 
     pub(super) fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {
@@ -393,9 +393,19 @@ impl Agent {
             Origin::Attempt => None,
             _ => self.core.held(rec.pack).map(|(v, _)| v),
         };
-        let u = self.clock.uncertainty_ns();
-        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec, version, u);
+        let c = self.clock_stamp();
+        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec, version, c);
         panic_hook_test_point();
         r
+    }
+
+    /// The clock as a feedback record states it.
+    fn clock_stamp(&self) -> feedback::ClockStamp {
+        let status = self.clock.status();
+        feedback::ClockStamp {
+            uncertainty_ns: self.clock.uncertainty_ns(),
+            source: status.map(|e| e.source.into()),
+            state: status.map(|e| e.state.into()),
+        }
     }
 }

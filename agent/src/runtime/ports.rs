@@ -69,6 +69,12 @@ impl Clock for EstimatedClock {
 pub struct ManualClock {
     now: AtomicI64,
     uncertainty: AtomicI64,
+    /// Where sources (the link's time exchange) send samples, when asked
+    /// for ([`ManualClock::taking_samples`]); they are kept, unused.
+    samples: Option<(
+        SampleSender,
+        std::sync::Mutex<std::sync::mpsc::Receiver<crate::clock::sample::Sample>>,
+    )>,
 }
 
 impl ManualClock {
@@ -77,8 +83,17 @@ impl ManualClock {
         ManualClock {
             now: AtomicI64::new(t.as_nanos()),
             uncertainty: AtomicI64::new(0),
+            samples: None,
         }
     }
+    /// Offers a sample channel, so clock sources run (the link asks the
+    /// controller for time); the samples do not move this clock.
+    pub fn taking_samples(mut self) -> Self {
+        let (tx, rx) = crate::clock::sample::sample_channel();
+        self.samples = Some((tx, std::sync::Mutex::new(rx)));
+        self
+    }
+
     /// Claim this uncertainty from now on (a lost or regained sync).
     pub fn set_uncertainty(&self, ns: i64) {
         self.uncertainty.store(ns, Ordering::Release);
@@ -109,6 +124,9 @@ impl Clock for ManualClock {
     }
     fn uncertainty_ns(&self) -> i64 {
         self.uncertainty.load(Ordering::Acquire)
+    }
+    fn samples(&self) -> Option<SampleSender> {
+        self.samples.as_ref().map(|(tx, _)| tx.clone())
     }
 }
 

@@ -65,6 +65,9 @@ pub enum Origin {
 pub struct FiringRecord<'a> {
     /// The execution id (or `<pack> safe_state (reason)@<ns>` for side actions).
     pub id: &'a str,
+    /// The attempt, for attempts (its parts go to feedback; the text is
+    /// not parsed back).
+    pub execution: Option<&'a baton_sched::ExecutionId>,
     /// The pack.
     pub pack: &'a baton_sched::PackKey,
     /// Instruction id (or `safe_state` / `on_failure`).
@@ -95,6 +98,7 @@ impl<'a> FiringRecord<'a> {
     ) -> Self {
         FiringRecord {
             id: text,
+            execution: Some(id),
             pack: &id.pack,
             instruction: &id.instruction,
             origin: Origin::Attempt,

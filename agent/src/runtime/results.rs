@@ -97,6 +97,7 @@ impl Agent {
                 let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
                 self.report(FiringRecord {
                     id: &text,
+                    execution: None,
                     pack: &pack,
                     instruction: match origin {
                         Origin::OnFailure => "on_failure",

@@ -49,7 +49,7 @@ use super::*;
 use crate::clock::MonoTime;
 use crate::clock::estimator::ClockState;
 use crate::clock::sample::SourceKind;
-use crate::link::{FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
+use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
 use lease::{LeaseClock, Leased};
 use window::SendWindow;
 
@@ -315,7 +315,7 @@ impl Agent {
                     return Ok(());
                 }
                 let acked_seq = self.known_seq(acked_seq);
-                self.journal.ack_feedback(acked_seq)?;
+                self.ack(acked_seq)?;
                 let front = self
                     .journal
                     .outbox_range()
@@ -351,7 +351,7 @@ impl Agent {
                 up.lease.contact(now);
                 // An entry leaves the journal only once acknowledged.
                 let seq = self.known_seq(seq);
-                self.journal.ack_feedback(seq)?;
+                self.ack(seq)?;
                 if up.session == Some(session) {
                     up.window.acked(seq);
                 }
@@ -366,6 +366,22 @@ impl Agent {
                     tracing::info!(session, "controller link: disconnected ({reason})");
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The controller has feedback up to `seq`: it leaves the journal, and
+    /// a drop count the acknowledged front carried is never sent again.
+    fn ack(&mut self, seq: u64) -> Result<(), JournalError> {
+        let before = self.journal.dropped();
+        self.journal.ack_feedback(seq)?;
+        let reported = before.saturating_sub(self.journal.dropped());
+        if reported > 0 {
+            tracing::info!(
+                dropped = reported,
+                acked = seq,
+                "controller link: outbox drops acknowledged by the controller"
+            );
         }
         Ok(())
     }
@@ -445,18 +461,8 @@ impl Agent {
         };
         let (_, system_offset, _) = crate::clock::system::read_offset();
         wire::ClockReport {
-            source: match e.source {
-                SourceKind::Ptp => wire::ClockSource::Ptp,
-                SourceKind::Ntp => wire::ClockSource::Ntp,
-                SourceKind::Link => wire::ClockSource::Link,
-                SourceKind::System => wire::ClockSource::System,
-            } as i32,
-            state: match e.state {
-                ClockState::Syncing => wire::ClockState::Syncing,
-                ClockState::Locked => wire::ClockState::Locked,
-                ClockState::Holdover => wire::ClockState::Holdover,
-                ClockState::FreeRunning => wire::ClockState::FreeRunning,
-            } as i32,
+            source: baton_proto::feedback::ClockSource::from(e.source).code(),
+            state: baton_proto::feedback::ClockState::from(e.state).code(),
             offset_ns: e.target_ns.saturating_sub(system_offset),
             jitter_ns: e.jitter_ns,
             uncertainty_ns: e.uncertainty_ns,
@@ -619,8 +625,28 @@ impl Agent {
             let Some(&(last, _)) = page.last() else {
                 break;
             };
+            // Drops not yet reported ride on one entry (see `carry_drops`):
+            // this page's first, or the one that carried them before.
+            self.journal.carry_drops(from)?;
+            let carried = page.iter().find_map(|(seq, _)| {
+                let n = self.journal.dropped_before(*seq);
+                (n > 0).then_some((*seq, n))
+            });
+            if let Some((seq, dropped)) = carried {
+                tracing::warn!(
+                    seq,
+                    dropped,
+                    "controller link: feedback entries dropped at the outbox cap (outbox-cap); the controller is told on this entry"
+                );
+            }
             up.window.sent_through(last);
-            up.queue(session, ToLink::Feedback(page));
+            up.queue(
+                session,
+                ToLink::Feedback(FeedbackPage {
+                    records: page,
+                    carried,
+                }),
+            );
             up.flush();
         }
         Ok(())

@@ -59,7 +59,11 @@ pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
 pub fn build_with(dir: &Path, clock: Arc<ManualClock>, cfg: AgentConfig) -> Agent {
     let data = dir.join("data");
     let log = dir.join("gpio.jsonl");
-    let (journal, recovered) = Journal::open(JournalConfig::new(&data)).expect("journal");
+    let jcfg = JournalConfig {
+        outbox_cap: cfg.outbox_cap,
+        ..JournalConfig::new(&data)
+    };
+    let (journal, recovered) = Journal::open(jcfg).expect("journal");
     let gpio = SimGpio::open(&log, Allowlist::all()).expect("sim");
     let device = DirectDevice::new(Box::new(gpio), clock.clone());
     let (tx, exec_rx) = std::sync::mpsc::channel();
@@ -85,8 +89,14 @@ pub fn rig() -> Rig {
 
 /// A rig whose agent's configuration adds `file` and `o`.
 pub fn rig_with(file: ConfigFile, o: Overrides) -> Rig {
+    rig_with_clock(file, o, ManualClock::new(t(0)))
+}
+
+/// [`rig_with`] on a clock of the test's making.
+#[allow(dead_code)]
+pub fn rig_with_clock(file: ConfigFile, o: Overrides, clock: ManualClock) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
-    let clock = Arc::new(ManualClock::new(t(0)));
+    let clock = Arc::new(clock);
     let cfg = config(dir.path(), file, o);
     let agent = build_with(dir.path(), clock.clone(), cfg);
     Rig {

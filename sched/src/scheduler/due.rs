@@ -8,13 +8,13 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use baton_proto::RefTime;
-use baton_proto::pack::CatchUp;
+use baton_proto::pack::{CatchUp, Schedule};
 
 use super::{Attempt, EntryKind, PRUNE_MARGIN, Replay, Scheduler, Status, fmt_d, just_before};
 use crate::catchup::{occurrences_between, plan, releases};
 use crate::id::ExecutionId;
 use crate::once::{OnceKind, PriorOutcome};
-use crate::output::{EventKind, Firing, Output};
+use crate::output::{EventKind, Firing, Output, Reason};
 
 fn mode(c: CatchUp) -> &'static str {
     match c {
@@ -74,12 +74,15 @@ impl Scheduler {
         }
         let max_late = ps.pack.instructions[i].policy.max_lateness;
         if now.since(release) > max_late {
-            let reason = format!(
+            let detail = format!(
                 "missed: late by {} (max_lateness {})",
                 fmt_d(now.since(occ)),
                 fmt_d(max_late)
             );
-            self.give_up(slot, i, occ, None, reason, now, out);
+            // Named by the attempt that would have run: the report carries
+            // an execution id and its occurrence like any other give-up.
+            let id = Some(self.make_id(slot, i, occ, 1));
+            self.give_up(slot, i, occ, id, Reason::Late, detail, now, out);
             return;
         }
         let id = self.make_id(slot, i, occ, 1);
@@ -121,7 +124,8 @@ impl Scheduler {
             fmt_d(lateness),
             fmt_d(max_late)
         );
-        self.catch_up_gap(slot, i, just_before(occ), bound, covered, &cause, now, out);
+        let cause = (Reason::Late, cause.as_str());
+        self.catch_up_gap(slot, i, just_before(occ), bound, covered, cause, now, out);
         if let Some(n) = next {
             self.arm_occurrence(slot, i, n, n);
         }
@@ -143,7 +147,7 @@ impl Scheduler {
         if ps.status != Status::Active || !ps.pack.instructions[i].schedule.is_repeating() {
             return;
         }
-        let cause = "the agent was down";
+        let cause = (Reason::CatchUp, "the agent was down");
         self.catch_up_gap(slot, i, alive, now, false, cause, now, out);
     }
 
@@ -165,7 +169,10 @@ impl Scheduler {
             .next_after(&ps.pack.timezone, ps.anchor, just_before(now));
         ps.ins[i].pending = None;
         self.queue.cancel(timer);
-        let cause = "the core could not act (clock step or stall)";
+        let cause = (
+            Reason::Clock,
+            "the core could not act (clock step or stall)",
+        );
         self.catch_up_gap(slot, i, just_before(occ), now, false, cause, now, out);
         if let Some(n) = next {
             self.arm_occurrence(slot, i, n, n);
@@ -207,7 +214,7 @@ impl Scheduler {
         after: RefTime,
         before: RefTime,
         covered: bool,
-        cause: &str,
+        (why, cause): (Reason, &str),
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
@@ -239,14 +246,17 @@ impl Scheduler {
             .count() as u64;
         plan.skipped = plan.skipped.saturating_sub(reported);
         if plan.skipped > 0 {
-            let reason = format!(
+            let detail = format!(
                 "missed {} occurrence(s) between {} and {} ({cause}; catch_up {})",
                 plan.skipped,
                 gap.first.unwrap_or(before),
                 gap.last().unwrap_or(before),
                 mode(catch_up)
             );
-            let ev = EventKind::Skip { reason };
+            let ev = EventKind::Skip {
+                reason: why,
+                detail,
+            };
             out.push(self.event(slot, Some(i), None, gap.first, ev, now));
         }
         for occ in ran {
@@ -288,7 +298,7 @@ impl Scheduler {
         };
         let max_late = ps.pack.instructions[i].policy.max_lateness;
         if now.since(release) > max_late {
-            let reason = format!(
+            let detail = format!(
                 "catch-up firing reached {} after its release (max_lateness {})",
                 fmt_d(now.since(release)),
                 fmt_d(max_late)
@@ -298,7 +308,10 @@ impl Scheduler {
                 Some(i),
                 None,
                 Some(occ),
-                EventKind::Skip { reason },
+                EventKind::Skip {
+                    reason: Reason::Late,
+                    detail,
+                },
                 now,
             ));
             return;
@@ -347,7 +360,7 @@ impl Scheduler {
                     // Earlier attempts failed before the restart: go on
                     // with the next one, after its backoff from now.
                     let failed = self.make_id(slot, i, occ, attempt - 1);
-                    self.schedule_retry(slot, i, failed, now, out);
+                    self.schedule_retry(slot, i, failed, Reason::Failed, now, out);
                     return true;
                 }
                 Some(PriorOutcome::Succeeded) => {
@@ -359,8 +372,10 @@ impl Scheduler {
                     return true;
                 }
                 Some(PriorOutcome::Failed) if attempt >= max => {
-                    let reason = format!("failed after {attempt} attempt(s) (before the restart)");
-                    self.give_up(slot, i, occ, None, reason, now, out);
+                    let detail = format!("failed after {attempt} attempt(s) (before the restart)");
+                    // Named by its last attempt, like a give-up in one run.
+                    let id = Some(id);
+                    self.give_up(slot, i, occ, id, Reason::Failed, detail, now, out);
                     return true;
                 }
                 Some(PriorOutcome::Failed) => attempt += 1,
@@ -421,12 +436,12 @@ impl Scheduler {
         let max_late = ps.pack.instructions[i].policy.max_lateness;
         let lateness = now.since(deadline);
         if lateness > max_late {
-            let reason = format!(
+            let detail = format!(
                 "retry missed: late by {} (max_lateness {})",
                 fmt_d(lateness),
                 fmt_d(max_late)
             );
-            self.give_up(slot, i, occ, Some(id), reason, now, out);
+            self.give_up(slot, i, occ, Some(id), Reason::Late, detail, now, out);
             return;
         }
         self.fire(slot, i, id, deadline, deadline, now, out);
@@ -462,13 +477,16 @@ impl Scheduler {
             // Never twice: a duplicate delivery or a bug upstream must not
             // reach the device. The note names the occurrence, not the
             // attempt: that attempt reports its own end.
-            let reason = format!("already fired as {id}: not fired again");
+            let detail = format!("already fired as {id}: not fired again");
             out.push(self.event(
                 slot,
                 Some(i),
                 None,
                 Some(occ),
-                EventKind::Skip { reason },
+                EventKind::Skip {
+                    reason: Reason::Duplicate,
+                    detail,
+                },
                 now,
             ));
             return;
@@ -497,6 +515,9 @@ impl Scheduler {
                 timer: Some(timer),
             };
             ps.ins[i].attempts.insert(occ, a);
+            if matches!(ps.pack.instructions[i].schedule, Schedule::At(_)) {
+                ps.ins[i].fired = true;
+            }
         }
         if self.cfg.routine_events {
             let e = self.event(

@@ -177,7 +177,7 @@ impl Scheduler {
         if let Some(o) = old.as_ref() {
             self.detach_old(slot, o, &carried.old, ps.pack.version, now, out);
         }
-        self.settle_one_shots(&mut ps, resume_after);
+        self.settle_one_shots(&mut ps, resume_after, old.as_ref());
         let firsts: Vec<Option<RefTime>> = (0..ps.ins.len())
             .map(|i| {
                 first_occurrence(
@@ -299,7 +299,8 @@ impl Scheduler {
                     id: Some(a.id.clone()),
                     occurrence: Some(*occ),
                     kind: EventKind::Skip {
-                        reason: format!("retry dropped: version {new_version} replaced the pack"),
+                        reason: crate::output::Reason::Replaced,
+                        detail: format!("retry dropped: version {new_version} replaced the pack"),
                     },
                     once: None,
                 }));
@@ -308,11 +309,32 @@ impl Scheduler {
     }
 
     /// One-shots that are finished before they are armed.
-    fn settle_one_shots(&self, ps: &mut PackState, resume_after: Option<RefTime>) {
+    fn settle_one_shots(
+        &self,
+        ps: &mut PackState,
+        resume_after: Option<RefTime>,
+        old: Option<&PackState>,
+    ) {
         for i in 0..ps.ins.len() {
             let Schedule::At(at) = ps.pack.instructions[i].schedule else {
                 continue;
             };
+            // The same version again (after a cancel): a one-shot it fired
+            // is finished, whenever that was.
+            let ins = &ps.pack.instructions[i];
+            let fired_before = old.is_some_and(|o| {
+                o.pack.version == ps.pack.version
+                    && o.pack
+                        .instructions
+                        .iter()
+                        .zip(&o.ins)
+                        .any(|(x, s)| s.fired && x.id == ins.id && x.schedule == ins.schedule)
+            });
+            if fired_before {
+                ps.ins[i].done = true;
+                ps.ins[i].fired = true;
+                continue;
+            }
             let first = ps.id(i, at, 1).to_string();
             // A one-shot that already fired in this run (the pack was
             // cancelled and pushed again) is finished: it neither fires nor

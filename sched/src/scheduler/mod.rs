@@ -28,7 +28,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::id::{ExecutionId, PackKey};
 use crate::once::{OnceKey, OnceKind, Prior, PriorOutcome};
-use crate::output::{Event, EventKind, Output, SafeReason};
+use crate::output::{Event, EventKind, Output, Reason, SafeReason};
 use crate::timing::{TimerId, TimingWheel};
 
 /// Tunables of the core.
@@ -166,6 +166,12 @@ struct InstrState {
     attempts: Attempts,
     /// Missed occurrences waiting to be replayed (catch-up), oldest first.
     catching: Vec<Replay>,
+    /// A one-shot (`at`) was handed to the runtime under this state. Kept
+    /// while its pack is stopped, so that the same version installed again
+    /// after a cancel (the core allows it; the agent's admission does
+    /// not), however long after, neither fires it again nor reports it
+    /// missed: its give-up would name an execution that ran.
+    fired: bool,
 }
 
 impl InstrState {
@@ -459,6 +465,64 @@ impl Scheduler {
         }
     }
 
+    /// The reference clock (the agent's estimate of it) stepped by
+    /// `step_ns` (`reference − monotonic` after minus before), seen at
+    /// `now` (after the step). What a step means depends on the pack:
+    ///
+    /// - a pack placed on absolute time (`at`, `cron`, `start_at`,
+    ///   `until`: [`Pack::needs_absolute_time`]) keeps its instants: a
+    ///   forward step is downtime for it ([`Scheduler::downtime`]:
+    ///   `catch_up`, reason `clock`), a backward one an early wake
+    ///   (nothing fires early);
+    /// - a pack of intervals only (`every` without `start_at`/`until`,
+    ///   `after`) runs on the local clock, which did not step: its schedule
+    ///   moves with the step (its phase anchor and next occurrences), so
+    ///   its next firing comes when it would have come. Nothing of it is
+    ///   skipped, nothing fires twice: a jittery reference (a link clock
+    ///   still syncing) cannot make a plain `every` miss a beat.
+    ///
+    /// Retries and catch-up replays keep their instants.
+    pub fn clock_stepped(&mut self, step_ns: i64, now: RefTime, out: &mut Vec<Output>) {
+        for slot in 0..self.packs.len() {
+            let (n, absolute) = match self.packs[slot].as_ref() {
+                Some(ps) if ps.status == Status::Active => {
+                    (ps.ins.len(), ps.pack.needs_absolute_time())
+                }
+                _ => continue,
+            };
+            if absolute {
+                if step_ns > 0 {
+                    for i in 0..n {
+                        self.gap_until(slot, i, now, out);
+                    }
+                }
+            } else {
+                self.shift(slot, step_ns);
+            }
+        }
+    }
+
+    /// Moves a pack's schedule by `step_ns` on the reference scale (see
+    /// [`Scheduler::clock_stepped`]).
+    fn shift(&mut self, slot: usize, step_ns: i64) {
+        let by = |t: RefTime| RefTime::from_nanos(t.as_nanos().saturating_add(step_ns));
+        let Some(ps) = self.packs[slot].as_mut() else {
+            return;
+        };
+        ps.anchor = by(ps.anchor);
+        let mut moved = Vec::new();
+        for (i, st) in ps.ins.iter_mut().enumerate() {
+            st.round_occ = st.round_occ.map(by);
+            if let Some((timer, occ)) = st.pending.take() {
+                moved.push((i, timer, by(occ)));
+            }
+        }
+        for (i, timer, occ) in moved {
+            self.queue.cancel(timer);
+            self.arm_occurrence(slot, i, occ, occ);
+        }
+    }
+
     /// Remove a pack: its safe state runs and its pending firings are
     /// reported as skipped.
     pub fn cancel(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
@@ -609,7 +673,8 @@ impl Scheduler {
         if let EntryKind::Detached(id) = e.kind {
             if self.detached.remove(&*id).is_some() {
                 out.push(Output::Abort((*id).clone()));
-                self.end_detached(&id, AttemptResult::Failed("timed out".into()), now, out);
+                let timed_out = AttemptResult::Failed("timed out".into());
+                self.end_detached(&id, timed_out, Some(Reason::Timeout), now, out);
             }
             return;
         }
@@ -710,7 +775,8 @@ impl Scheduler {
         let timeout = ps.pack.instructions[i].policy.timeout;
         let reason = format!("timed out after {}", fmt_d(timeout));
         out.push(Output::Abort(id.clone()));
-        self.finish_attempt(slot, i, &id, AttemptResult::Failed(reason), now, out);
+        let (result, fail) = (AttemptResult::Failed(reason), Some(Reason::Timeout));
+        self.finish_attempt(slot, i, &id, result, fail, now, out);
     }
 
     fn event(

@@ -12,7 +12,7 @@ use rand::Rng;
 use super::{Attempt, AttemptResult, EntryKind, PackState, Scheduler, Status, fmt_d};
 use crate::id::ExecutionId;
 use crate::once::{OnceKey, OnceKind};
-use crate::output::{Event, EventKind, Output, SafeReason};
+use crate::output::{Event, EventKind, Output, Reason, SafeReason};
 
 impl Scheduler {
     /// Report how an attempt ended. Results for attempts the core no longer
@@ -28,7 +28,7 @@ impl Scheduler {
             if let Some(t) = timer {
                 self.queue.cancel(t);
             }
-            self.end_detached(id, result, now, out);
+            self.end_detached(id, result, None, now, out);
             return;
         }
         let Some(&slot) = self.by_key.get(&id.pack) else {
@@ -52,14 +52,16 @@ impl Scheduler {
         if !live {
             return;
         }
-        self.finish_attempt(slot, i, id, result, now, out);
+        self.finish_attempt(slot, i, id, result, None, now, out);
     }
 
     /// A detached attempt ended: report it; a failure is not retried.
+    /// `fail`: the class of a failure the core itself declared (a timeout).
     pub(super) fn end_detached(
         &mut self,
         id: &ExecutionId,
         result: AttemptResult,
+        fail: Option<Reason>,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
@@ -80,24 +82,32 @@ impl Scheduler {
                     out.push(ev(EventKind::Ok { value }));
                 }
             }
-            AttemptResult::Failed(reason) => {
-                out.push(ev(EventKind::Fail { reason }));
+            AttemptResult::Failed(detail) => {
+                out.push(ev(EventKind::Fail {
+                    reason: fail,
+                    detail,
+                }));
                 out.push(ev(EventKind::Skip {
-                    reason: "no retry: its pack version was replaced or stopped".into(),
+                    reason: Reason::Replaced,
+                    detail: "no retry: its pack version was replaced or stopped".into(),
                 }));
             }
             AttemptResult::Late { .. } => out.push(ev(EventKind::Skip {
-                reason: "not run: late, and its pack version was replaced or stopped".into(),
+                reason: Reason::Late,
+                detail: "not run: late, and its pack version was replaced or stopped".into(),
             })),
         }
     }
 
+    /// `fail`: the class of a failure the core itself declared (a timeout).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn finish_attempt(
         &mut self,
         slot: usize,
         i: usize,
         id: &ExecutionId,
         result: AttemptResult,
+        fail: Option<Reason>,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
@@ -128,17 +138,21 @@ impl Scheduler {
                     self.succeeded(slot, i, occ, Some(now), now, out);
                 }
             }
-            AttemptResult::Failed(reason) => {
+            AttemptResult::Failed(detail) => {
                 out.push(self.event(
                     slot,
                     Some(i),
                     Some(id.clone()),
                     Some(occ),
-                    EventKind::Fail { reason },
+                    EventKind::Fail {
+                        reason: fail,
+                        detail,
+                    },
                     now,
                 ));
                 if active {
-                    self.schedule_retry(slot, i, id.clone(), now, out);
+                    let cause = fail.unwrap_or(Reason::Failed);
+                    self.schedule_retry(slot, i, id.clone(), cause, now, out);
                 } else {
                     out.push(self.event(
                         slot,
@@ -146,7 +160,8 @@ impl Scheduler {
                         Some(id.clone()),
                         Some(occ),
                         EventKind::Skip {
-                            reason: "no retry: the pack is in its safe state".into(),
+                            reason: Reason::Stopped,
+                            detail: "no retry: the pack is in its safe state".into(),
                         },
                         now,
                     ));
@@ -154,7 +169,7 @@ impl Scheduler {
             }
             AttemptResult::Late { actual } => {
                 let lateness = actual.since(id.occurrence.max(RefTime::from_nanos(0)));
-                let reason = format!(
+                let detail = format!(
                     "not run: the runtime reached it {} after it was due",
                     fmt_d(lateness)
                 );
@@ -164,22 +179,28 @@ impl Scheduler {
                         Some(i),
                         Some(id.clone()),
                         Some(occ),
-                        EventKind::Skip { reason },
+                        EventKind::Skip {
+                            reason: Reason::Late,
+                            detail,
+                        },
                         now,
                     ));
                 } else {
-                    self.give_up(slot, i, occ, Some(id.clone()), reason, now, out);
+                    let id = Some(id.clone());
+                    self.give_up(slot, i, occ, id, Reason::Late, detail, now, out);
                 }
             }
         }
     }
 
-    /// After failed attempt number `attempt`: retry with backoff, or give up.
+    /// After failed attempt number `attempt`: retry with backoff, or give up
+    /// (`cause`: the class of the last failure, what a give-up reports).
     pub(super) fn schedule_retry(
         &mut self,
         slot: usize,
         i: usize,
         failed: ExecutionId,
+        cause: Reason,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
@@ -189,8 +210,8 @@ impl Scheduler {
         let policy = ps.pack.instructions[i].policy.retry;
         let (occ, attempt) = (failed.occurrence, failed.attempt);
         if attempt >= policy.max_attempts {
-            let reason = format!("failed after {attempt} attempt(s)");
-            self.give_up(slot, i, occ, Some(failed), reason, now, out);
+            let detail = format!("failed after {attempt} attempt(s)");
+            self.give_up(slot, i, occ, Some(failed), cause, detail, now, out);
             return;
         }
         let unit: f64 = self.rng.random();
@@ -298,7 +319,8 @@ impl Scheduler {
         i: usize,
         occ: RefTime,
         id: Option<ExecutionId>,
-        reason: String,
+        reason: Reason,
+        detail: String,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
@@ -329,7 +351,7 @@ impl Scheduler {
             Some(i),
             id,
             Some(occ),
-            EventKind::GiveUp { reason },
+            EventKind::GiveUp { reason, detail },
             now,
         );
         out.push(with_once(ev, gave_up));
@@ -386,7 +408,8 @@ impl Scheduler {
                 None,
                 None,
                 EventKind::Skip {
-                    reason: format!("upstream `{from}` gave up"),
+                    reason: Reason::UpstreamFailed,
+                    detail: format!("upstream `{from}` gave up"),
                 },
                 now,
             ));
@@ -436,7 +459,8 @@ impl Scheduler {
                 id,
                 occ,
                 EventKind::Skip {
-                    reason: why.clone(),
+                    reason: reason.reason(),
+                    detail: why.clone(),
                 },
                 now,
             ));
