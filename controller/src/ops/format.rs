@@ -131,8 +131,8 @@ pub fn feedback_json(r: &wire::FeedbackRecord) -> serde_json::Value {
         "detail": e.detail,
         "value": e.value,
         "uncertainty_ns": e.uncertainty_ns,
-        "clock_source": enum_word(wire::ClockSource::try_from(e.clock_source).map(|s| s.as_str_name())),
-        "clock_state": enum_word(wire::ClockState::try_from(e.clock_state).map(|s| s.as_str_name())),
+        "clock_source": baton_proto::feedback::ClockSource::from_code(e.clock_source).map(|s| s.as_str()),
+        "clock_state": baton_proto::feedback::ClockState::from_code(e.clock_state).map(|s| s.as_str()),
         "occurrence": if e.occurrence_ns == 0 { serde_json::Value::Null } else { instant(e.occurrence_ns).into() },
         "dropped_before": e.dropped_before,
         "seq": e.seq,
@@ -146,16 +146,6 @@ pub fn reason(r: i32) -> Option<&'static str> {
         .ok()
         .map(crate::server::convert::reason_word)
         .filter(|w| !w.is_empty())
-}
-
-/// `CLOCK_SOURCE_PTP` → `ptp`; unknown or unspecified → `null`.
-fn enum_word(name: Result<&'static str, prost::UnknownEnumValue>) -> Option<String> {
-    let name = name.ok()?;
-    let word = name
-        .split_once("_SOURCE_")
-        .or(name.split_once("_STATE_"))?
-        .1;
-    (word != "UNSPECIFIED").then(|| word.to_lowercase().replace('_', "-"))
 }
 
 /// The line a gap in an agent's feedback gets (entries it dropped because

@@ -235,38 +235,14 @@ pub fn clock_to_wire(c: &ClockRow) -> wire::ClockReport {
     }
 }
 
-/// The operator's word for an outcome.
+/// The operator's word for an outcome (the shared feedback record's).
 pub fn outcome_word(o: wire::Outcome) -> &'static str {
-    match o {
-        wire::Outcome::Unspecified => "unspecified",
-        wire::Outcome::Ok => "ok",
-        wire::Outcome::Failed => "failed",
-        wire::Outcome::Retry => "retry",
-        wire::Outcome::GiveUp => "give_up",
-        wire::Outcome::Skipped => "skipped",
-        wire::Outcome::Unknown => "unknown",
-        wire::Outcome::SafeState => "safe_state",
-    }
+    baton_proto::feedback::Outcome::from_code(o as i32).map_or("unspecified", |o| o.as_str())
 }
 
 /// The operator's word for a reason (`""` for none).
 pub fn reason_word(r: wire::Reason) -> &'static str {
-    match r {
-        wire::Reason::Unspecified => "",
-        wire::Reason::Late => "late",
-        wire::Reason::Withdrawn => "withdrawn",
-        wire::Reason::Stopped => "stopped",
-        wire::Reason::Clock => "clock",
-        wire::Reason::Lease => "lease",
-        wire::Reason::Cancel => "cancel",
-        wire::Reason::GiveUp => "give_up",
-        wire::Reason::Shutdown => "shutdown",
-        wire::Reason::Replaced => "replaced",
-        wire::Reason::UpstreamFailed => "upstream_failed",
-        wire::Reason::UpstreamUnknown => "upstream_unknown",
-        wire::Reason::CatchUp => "catch_up",
-        wire::Reason::Crash => "crash",
-    }
+    baton_proto::feedback::Reason::from_code(r as i32).map_or("", |r| r.as_str())
 }
 
 /// The occurrence an execution id names (`tenant/pack/vV/instr/OCC/aA`),

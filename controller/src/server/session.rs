@@ -885,6 +885,7 @@ impl Session {
         let mut first_new = None;
         let mut foreign = 0;
         let mut dropped_at_agent = 0;
+        let mut carriers = Vec::new();
         for e in &batch.entries {
             let row = convert::feedback(&self.agent.id, &self.agent.journal_id, e, now)?;
             if row.seq <= prev {
@@ -896,6 +897,11 @@ impl Session {
                         "feedback seq {} after {prev}: out of order",
                         row.seq
                     )));
+                }
+                // A stored entry may come back carrying a count of drops
+                // made since it was first sent: the store keeps the count.
+                if row.dropped_before > 0 && self.owns(&row.tenant, &row.pack) {
+                    carriers.push(row);
                 }
                 continue;
             }
@@ -945,6 +951,9 @@ impl Session {
                     self.app.publish(Event::Feedback(Arc::new(r)));
                 }
             }
+        }
+        if !carriers.is_empty() {
+            self.app.store.put_feedback(carriers).await?;
         }
         self.last_seq = high;
         self.send(Out::FeedbackAck(wire::FeedbackAck { seq: high }))
