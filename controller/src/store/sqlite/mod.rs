@@ -299,11 +299,7 @@ where
     }
 }
 
-fn writer_loop(
-    conn: Connection,
-    mut rx: mpsc::Receiver<Msg>,
-    stats: &Stats,
-) {
+fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Msg>, stats: &Stats) {
     let mut msgs: Vec<Msg> = Vec::with_capacity(MAX_BATCH);
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     let mut closing: Option<oneshot::Sender<()>> = None;
@@ -337,11 +333,7 @@ fn writer_loop(
 
 /// Commits one batch and answers its callers. Returns whether the writer
 /// can go on (`false`: the connection is in a state it cannot recover).
-fn run_batch(
-    conn: &Connection,
-    batch: &mut Vec<Box<dyn Job>>,
-    stats: &Stats,
-) -> bool {
+fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, stats: &Stats) -> bool {
     let outcome = execute_batch(conn, batch);
     let mut alive = true;
     match &outcome {
@@ -368,10 +360,7 @@ fn run_batch(
     alive
 }
 
-fn execute_batch(
-    conn: &Connection,
-    batch: &mut [Box<dyn Job>],
-) -> Result<(), String> {
+fn execute_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), String> {
     let step = |sql: &str| -> Result<(), String> {
         conn.prepare_cached(sql)
             .and_then(|mut s| s.execute([]))
@@ -466,6 +455,12 @@ impl ReadPool {
 /// transaction (re-checked inside it, so two processes opening one file
 /// at once do not both apply one).
 fn migrate(conn: &mut Connection) -> StoreResult<()> {
+    migrate_to(conn, i64::MAX)
+}
+
+/// [`migrate`], stopping after schema version `last` (tests build an
+/// older database with it).
+fn migrate_to(conn: &mut Connection, last: i64) -> StoreResult<()> {
     conn.execute_batch(CREATE_SCHEMA_MIGRATIONS)
         .ctx("create schema_migrations")?;
     let newest: i64 = conn
@@ -481,7 +476,7 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
             "the database's schema is v{newest}, newer than this controller's v{known}; run a newer controller"
         )));
     }
-    for m in MIGRATIONS {
+    for m in MIGRATIONS.iter().filter(|m| m.version <= last) {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .ctx("begin a migration")?;
@@ -497,6 +492,7 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
         if !applied {
             tx.execute_batch(&m.sql_for(Dialect::Sqlite))
                 .map_err(|e| backend(&format!("apply migration v{}", m.version), e))?;
+            after_migration(&tx, m.version)?;
             tx.execute(
                 "INSERT INTO schema_migrations (version) VALUES (?1)",
                 [m.version],
@@ -505,6 +501,35 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
             tracing::info!(version = m.version, "store: schema migrated");
         }
         tx.commit().ctx("commit a migration")?;
+    }
+    Ok(())
+}
+
+/// What a migration needs beyond its SQL, in its transaction.
+fn after_migration(conn: &Connection, version: i64) -> StoreResult<()> {
+    if version == 5 {
+        // The agents stored before v5 have their own labels in `labels`
+        // only: without their `agent_own_labels` rows a push by label
+        // would not find them until their next hello.
+        let agents = codec::query_all(conn, "SELECT id, labels FROM agents", [], |r| {
+            Ok((
+                codec::col::<String>(r, "id")?,
+                codec::col::<String>(r, "labels")?,
+            ))
+        })?;
+        for (id, labels) in agents {
+            let labels: std::collections::BTreeMap<String, String> = codec::with_row(
+                format_args!("agent {id}"),
+                codec::from_json(&labels, "labels"),
+            )?;
+            for (k, v) in &labels {
+                conn.execute(
+                    "INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)",
+                    rusqlite::params![id, k, v],
+                )
+                .ctx("fill an agent's own labels")?;
+            }
+        }
     }
     Ok(())
 }
