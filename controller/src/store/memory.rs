@@ -5,7 +5,9 @@
 //!
 //! One mutex over plain maps; every method is one critical section, so
 //! each is atomic like a transaction. [`MemoryStore::fail_writes`] makes
-//! every later write fail, as a full disk would.
+//! every later write fail, as a full disk would. Like a database column,
+//! it refuses values past `i64::MAX` (versions, seqs) instead of keeping
+//! what the SQL stores could not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,10 +16,10 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 
 use super::{
-    AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow,
-    DeliveryState, FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow,
-    LabelOverrides, MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store,
-    StoreError, StoreResult, TargetsRow, page,
+    AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
+    FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow, LabelOverrides,
+    MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store, StoreError,
+    StoreResult, TargetsRow, page,
 };
 use crate::planner;
 
@@ -44,7 +46,9 @@ struct State {
     feedback: BTreeMap<u64, FeedbackRow>,
     feedback_keys: BTreeSet<(String, String, u64)>,
     next_feedback_id: u64,
-    audit: Vec<(u64, AuditRow)>,
+    /// By id: storage order.
+    audit: BTreeMap<u64, AuditRow>,
+    next_audit_id: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -181,6 +185,7 @@ impl Store for MemoryStore {
     async fn agent_hello(&self, h: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let binding = self.binding;
         self.write(|s| {
+            fits_held(&h.held)?;
             let prev = s.agents.get(&h.id).cloned();
             let mut a = prev.unwrap_or_else(|| AgentRow::new(&h.id, &h.journal_id));
             a.labels = h.labels.clone();
@@ -221,10 +226,12 @@ impl Store for MemoryStore {
     async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
         self.write(|s| {
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
-            if a.clock.as_ref().is_none_or(|c| c.at_ns <= clock.at_ns) {
+            if a.clock.as_ref().is_none_or(|c| c.at_ns < clock.at_ns) {
                 a.clock = Some(clock.clone());
             }
-            s.clock.entry((id.to_string(), clock.at_ns)).or_insert(clock);
+            s.clock
+                .entry((id.to_string(), clock.at_ns))
+                .or_insert(clock);
             Ok(())
         })
     }
@@ -275,9 +282,10 @@ impl Store for MemoryStore {
     ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let binding = self.binding;
         self.write(|s| {
-            let a = s.agents.get_mut(id).ok_or_else(|| StoreError::NoSuchAgent {
-                id: id.to_string(),
-            })?;
+            let a = s
+                .agents
+                .get_mut(id)
+                .ok_or_else(|| StoreError::NoSuchAgent { id: id.to_string() })?;
             let o = a.overrides.entry(tenant.to_string()).or_default();
             o.extend(set);
             for k in &reset {
@@ -340,6 +348,7 @@ impl Store for MemoryStore {
 
     async fn put_pack(&self, p: PackVersionRow) -> StoreResult<PutPack> {
         self.write(|s| {
+            fits(p.version, "pack version")?;
             let key = p.key();
             if let Some(rec) = s.packs.get(&key) {
                 if rec.latest > p.version {
@@ -487,6 +496,7 @@ impl Store for MemoryStore {
             if !s.agents.contains_key(id) {
                 return Err(unknown(id));
             }
+            fits_held(&held)?;
             Ok(apply_held(s, id, &held, binding, at_ns))
         })
     }
@@ -510,7 +520,10 @@ impl Store for MemoryStore {
                 a.at_ns,
             );
             match &next {
-                Some(n) => s.deliveries.insert(k, n.clone()),
+                Some(n) => {
+                    fits_row(n)?;
+                    s.deliveries.insert(k, n.clone())
+                }
                 None => s.deliveries.remove(&k),
             };
             Ok(next)
@@ -574,15 +587,18 @@ impl Store for MemoryStore {
                         "one put_feedback call takes one journal's rows".into(),
                     ));
                 }
-                i64::try_from(r.seq).map_err(|_| past_i64("feedback seq"))?;
-                i64::try_from(r.version).map_err(|_| past_i64("feedback pack version"))?;
-                i64::try_from(r.dropped_before).map_err(|_| past_i64("dropped_before"))?;
+                fits(r.seq, "feedback seq")?;
+                fits(r.version, "feedback pack version")?;
+                fits(r.dropped_before, "dropped_before")?;
             }
-            let mut acked = s.journals.get(&jkey).copied().unwrap_or(0);
+            let before = s.journals.get(&jkey).copied().unwrap_or(0);
+            let mut acked = before;
             for r in rows {
                 acked = acked.max(r.seq);
                 let k = (r.agent_id.clone(), r.journal_id.clone(), r.seq);
-                if !s.feedback_keys.insert(k) {
+                // At or below the acked seq: stored once, maybe deleted by
+                // retention since.
+                if r.seq <= before || !s.feedback_keys.insert(k) {
                     out.duplicates += 1;
                     continue;
                 }
@@ -626,12 +642,17 @@ impl Store for MemoryStore {
 
     async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let ids: Vec<u64> = s
+            let mut old: Vec<(i64, u64)> = s
                 .feedback
                 .iter()
                 .filter(|(_, r)| r.received_ns < before_ns)
-                .map(|(id, _)| *id)
+                .map(|(id, r)| (r.received_ns, *id))
+                .collect();
+            old.sort_unstable();
+            let ids: Vec<u64> = old
+                .into_iter()
                 .take(max as usize)
+                .map(|(_, id)| id)
                 .collect();
             for id in &ids {
                 if let Some(r) = s.feedback.remove(id) {
@@ -644,12 +665,17 @@ impl Store for MemoryStore {
 
     async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let keys: Vec<(String, i64)> = s
+            let mut old: Vec<(i64, String)> = s
                 .clock
                 .keys()
                 .filter(|(_, at)| *at < before_ns)
+                .map(|(a, at)| (*at, a.clone()))
+                .collect();
+            old.sort_unstable();
+            let keys: Vec<(String, i64)> = old
+                .into_iter()
                 .take(max as usize)
-                .cloned()
+                .map(|(at, a)| (a, at))
                 .collect();
             for k in &keys {
                 s.clock.remove(k);
@@ -660,24 +686,25 @@ impl Store for MemoryStore {
 
     async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let before = s.audit.len();
-            let mut left = max as usize;
-            s.audit.retain(|(_, r)| {
-                if left > 0 && r.at_ns < before_ns {
-                    left -= 1;
-                    false
-                } else {
-                    true
-                }
-            });
-            Ok((before - s.audit.len()) as u64)
+            let mut old: Vec<(i64, u64)> = s
+                .audit
+                .iter()
+                .filter(|(_, r)| r.at_ns < before_ns)
+                .map(|(id, r)| (r.at_ns, *id))
+                .collect();
+            old.sort_unstable();
+            old.truncate(max as usize);
+            for (_, id) in &old {
+                s.audit.remove(id);
+            }
+            Ok(old.len() as u64)
         })
     }
 
     async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {
         self.write(|s| {
-            let id = s.audit.last().map_or(1, |(id, _)| id + 1);
-            s.audit.push((id, row));
+            s.next_audit_id += 1;
+            s.audit.insert(s.next_audit_id, row);
             Ok(())
         })
     }
@@ -690,15 +717,19 @@ impl Store for MemoryStore {
     ) -> StoreResult<Vec<AuditRow>> {
         let limit = page(limit, MAX_PAGE * 10) as usize;
         self.read(|s| {
-            let rows: Vec<&(u64, AuditRow)> = s
+            let mut rows: Vec<(i64, u64, &AuditRow)> = s
                 .audit
                 .iter()
                 .filter(|(_, r)| r.at_ns >= since_ns && tenant.is_none_or(|t| r.tenant == t))
+                .map(|(id, r)| (r.at_ns, *id, r))
                 .collect();
+            rows.sort_unstable_by_key(|(at, id, _)| (*at, *id));
             let skip = rows.len().saturating_sub(limit);
-            let mut out: Vec<AuditRow> = rows.into_iter().skip(skip).map(|(_, r)| r.clone()).collect();
-            out.sort_by(|a, b| (a.at_ns, &a.who).cmp(&(b.at_ns, &b.who)));
-            Ok(out)
+            Ok(rows
+                .into_iter()
+                .skip(skip)
+                .map(|(_, _, r)| r.clone())
+                .collect())
         })
     }
 }
@@ -764,6 +795,29 @@ fn no_agent(id: &str) -> StoreError {
     StoreError::NoSuchAgent { id: id.to_string() }
 }
 
-fn past_i64(what: &str) -> StoreError {
-    StoreError::Backend(format!("{what} is past i64::MAX: cannot be stored"))
+/// Refuses what a BIGINT column could not hold, as the SQL stores do.
+fn fits(v: u64, what: &str) -> StoreResult<()> {
+    match i64::try_from(v) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(StoreError::Backend(format!(
+            "{what} {v} is larger than {} and cannot be stored",
+            i64::MAX
+        ))),
+    }
+}
+
+fn fits_held(held: &[HeldPackRow]) -> StoreResult<()> {
+    held.iter()
+        .try_for_each(|h| fits(h.version, "held version"))
+}
+
+fn fits_row(r: &DeliveryRow) -> StoreResult<()> {
+    fits(r.version, "version")?;
+    if let Some(h) = r.held {
+        fits(h.version, "held version")?;
+    }
+    if let Some(f) = &r.refusal {
+        fits(f.version, "refused version")?;
+    }
+    Ok(())
 }

@@ -138,15 +138,25 @@ pub(super) fn write_hello(conn: &Connection, h: &HelloRow) -> StoreResult<()> {
          agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
          connected = excluded.connected, last_seen_ns = excluded.last_seen_ns",
     )
-    .and_then(|mut s| s.execute(params![h.id, labels, h.agent_version, h.journal_id, h.at_ns]))
+    .and_then(|mut s| {
+        s.execute(params![
+            h.id,
+            labels,
+            h.agent_version,
+            h.journal_id,
+            h.at_ns
+        ])
+    })
     .ctx("store an agent")?;
     conn.prepare_cached("DELETE FROM agent_own_labels WHERE agent_id = ?1")
         .and_then(|mut s| s.execute([&h.id]))
         .ctx("replace an agent's labels")?;
     for (k, v) in &h.labels {
-        conn.prepare_cached("INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)")
-            .and_then(|mut s| s.execute(params![h.id, k, v]))
-            .ctx("store an agent's label")?;
+        conn.prepare_cached(
+            "INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)",
+        )
+        .and_then(|mut s| s.execute(params![h.id, k, v]))
+        .ctx("store an agent's label")?;
     }
     if let Some(tenants) = &h.cert_tenants {
         conn.prepare_cached(
@@ -270,7 +280,10 @@ pub(super) fn write_forget(conn: &Connection, id: &str, tenant: Option<&str>) ->
                     "DELETE FROM clock_reports WHERE agent_id = ?1 AND ?2 IS NULL",
                     "forget an agent's clock history",
                 ),
-                ("DELETE FROM agents WHERE id = ?1 AND ?2 IS NULL", "forget an agent"),
+                (
+                    "DELETE FROM agents WHERE id = ?1 AND ?2 IS NULL",
+                    "forget an agent",
+                ),
             ] {
                 run(sql, what)?;
             }
@@ -279,8 +292,8 @@ pub(super) fn write_forget(conn: &Connection, id: &str, tenant: Option<&str>) ->
     Ok(existed)
 }
 
-/// The latest-clock columns and the history row; a report older than the
-/// stored latest goes to history only.
+/// The latest-clock columns and the history row; a report not newer than
+/// the stored latest goes to history only (a re-sent one not even there).
 pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreResult<()> {
     if !agent_exists(conn, id)? {
         return Err(unknown_agent(id));
@@ -308,7 +321,7 @@ pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreRes
         "UPDATE agents SET clock_source = ?2, clock_state = ?3, clock_offset_ns = ?4, \
          clock_jitter_ns = ?5, clock_uncertainty_ns = ?6, clock_frequency_ppm = ?7, \
          clock_at_ns = ?8 \
-         WHERE id = ?1 AND (clock_at_ns IS NULL OR clock_at_ns <= ?8)",
+         WHERE id = ?1 AND (clock_at_ns IS NULL OR clock_at_ns < ?8)",
     )
     .and_then(|mut s| {
         s.execute(params![

@@ -5,8 +5,8 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, params};
 
 use super::codec::{
-    Context, FEEDBACK_COLUMNS, backend, canonical_execution_id, decode_feedback, query_all,
-    to_db, u64_from_db,
+    Context, FEEDBACK_COLUMNS, backend, canonical_execution_id, decode_feedback, query_all, to_db,
+    u64_from_db,
 };
 use crate::store::{
     FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
@@ -14,8 +14,12 @@ use crate::store::{
 
 /// Stores one journal's rows; every value is checked before anything is
 /// written, so a row that cannot be stored fails the call with nothing of
-/// it stored.
-pub(super) fn write_feedback(conn: &Connection, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored> {
+/// it stored. Rows at or below the journal's acked seq (as it was before
+/// the call) are duplicates without a look: they were stored once.
+pub(super) fn write_feedback(
+    conn: &Connection,
+    rows: &[FeedbackRow],
+) -> StoreResult<FeedbackStored> {
     let mut out = FeedbackStored::default();
     let Some(first) = rows.first() else {
         return Ok(out);
@@ -40,7 +44,9 @@ pub(super) fn write_feedback(conn: &Connection, rows: &[FeedbackRow]) -> StoreRe
     .and_then(|mut s| s.execute(params![first.agent_id, first.journal_id]))
     .ctx("store a journal")?;
     let (journal, acked): (i64, i64) = conn
-        .prepare_cached("SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2")
+        .prepare_cached(
+            "SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2",
+        )
         .and_then(|mut s| {
             s.query_row(params![first.agent_id, first.journal_id], |r| {
                 Ok((r.get(0)?, r.get(1)?))
@@ -60,6 +66,12 @@ pub(super) fn write_feedback(conn: &Connection, rows: &[FeedbackRow]) -> StoreRe
         .ctx("prepare the feedback insert")?;
     let mut high = acked;
     for (r, (seq, version, dropped_before)) in rows.iter().zip(checked) {
+        if seq <= acked {
+            // Stored before (retention may have deleted it since): an
+            // agent's seqs only grow, so this is a re-send.
+            out.duplicates += 1;
+            continue;
+        }
         // Most ids are their row's canonical form: not stored twice.
         let execution_id = match canonical_execution_id(r) {
             Some(c) if c == r.execution_id => None,
@@ -113,9 +125,15 @@ pub(super) fn write_feedback(conn: &Connection, rows: &[FeedbackRow]) -> StoreRe
     Ok(out)
 }
 
-pub(super) fn feedback_acked(conn: &Connection, agent_id: &str, journal_id: &str) -> StoreResult<u64> {
+pub(super) fn feedback_acked(
+    conn: &Connection,
+    agent_id: &str,
+    journal_id: &str,
+) -> StoreResult<u64> {
     let v: Option<i64> = conn
-        .prepare_cached("SELECT MAX(acked_seq) FROM journals WHERE agent_id = ?1 AND journal_id = ?2")
+        .prepare_cached(
+            "SELECT MAX(acked_seq) FROM journals WHERE agent_id = ?1 AND journal_id = ?2",
+        )
         .and_then(|mut s| s.query_row(params![agent_id, journal_id], |r| r.get(0)))
         .ctx("read the acked feedback seq")?;
     u64_from_db(v.unwrap_or(0), "acked seq")
@@ -129,7 +147,11 @@ pub(super) fn feedback_page(conn: &Connection, f: FeedbackFilter) -> StoreResult
         args.push(v);
         clauses.push(clause.replace('?', &format!("?{}", args.len())));
     };
-    add("f.id > ?", Value::Integer(to_db(f.after_id, "after id")?));
+    // No id is past i64::MAX: nothing comes after such a cursor.
+    let Ok(after_id) = i64::try_from(f.after_id) else {
+        return Ok(Vec::new());
+    };
+    add("f.id > ?", Value::Integer(after_id));
     if let Some(t) = f.tenant {
         add("f.tenant = ?", Value::Text(t));
     }
@@ -152,12 +174,22 @@ pub(super) fn feedback_page(conn: &Connection, f: FeedbackFilter) -> StoreResult
         clauses.join(" AND "),
         args.len()
     );
-    query_all(conn, &sql, rusqlite::params_from_iter(args), decode_feedback)
+    query_all(
+        conn,
+        &sql,
+        rusqlite::params_from_iter(args),
+        decode_feedback,
+    )
 }
 
 /// Deletes up to `max` rows matching `pick` (a subquery naming key
 /// columns, oldest first); how many went.
-pub(super) fn delete_oldest(conn: &Connection, sql: &str, before_ns: i64, max: u32) -> StoreResult<u64> {
+pub(super) fn delete_oldest(
+    conn: &Connection,
+    sql: &str,
+    before_ns: i64,
+    max: u32,
+) -> StoreResult<u64> {
     let n = conn
         .prepare_cached(sql)
         .and_then(|mut s| s.execute(params![before_ns, i64::from(max)]))
@@ -167,10 +199,12 @@ pub(super) fn delete_oldest(conn: &Connection, sql: &str, before_ns: i64, max: u
 
 /// Retention's statements: each deletes the oldest `?2` rows older than
 /// `?1` through the index on their instant, so a sweep never scans what it
-/// keeps.
+/// keeps. Ties are broken by the rest of the index's key (the id, the
+/// agent), so which rows go is defined, as in every store.
 pub(super) const DELETE_FEEDBACK: &str = "DELETE FROM feedback WHERE id IN \
-     (SELECT id FROM feedback WHERE received_ns < ?1 ORDER BY received_ns LIMIT ?2)";
+     (SELECT id FROM feedback WHERE received_ns < ?1 ORDER BY received_ns, id LIMIT ?2)";
 pub(super) const DELETE_CLOCK: &str = "DELETE FROM clock_reports WHERE (agent_id, at_ns) IN \
-     (SELECT agent_id, at_ns FROM clock_reports WHERE at_ns < ?1 ORDER BY at_ns LIMIT ?2)";
+     (SELECT agent_id, at_ns FROM clock_reports WHERE at_ns < ?1 \
+     ORDER BY at_ns, agent_id LIMIT ?2)";
 pub(super) const DELETE_AUDIT: &str = "DELETE FROM audit WHERE id IN \
-     (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns LIMIT ?2)";
+     (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns, id LIMIT ?2)";

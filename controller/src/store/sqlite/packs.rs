@@ -24,9 +24,10 @@ pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<P
              RETURNING latest_version",
         )
         .and_then(|mut s| {
-            s.query_row(params![p.tenant, p.pack, version, targets, p.pushed_ns], |r| {
-                r.get(0)
-            })
+            s.query_row(
+                params![p.tenant, p.pack, version, targets, p.pushed_ns],
+                |r| r.get(0),
+            )
             .optional()
         })
         .ctx("store a pack")?;
@@ -35,7 +36,16 @@ pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<P
             "INSERT INTO pack_versions (tenant, pack, version, yaml, targets, pushed_ns) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
-        .and_then(|mut s| s.execute(params![p.tenant, p.pack, version, p.yaml, targets, p.pushed_ns]))
+        .and_then(|mut s| {
+            s.execute(params![
+                p.tenant,
+                p.pack,
+                version,
+                p.yaml,
+                targets,
+                p.pushed_ns
+            ])
+        })
         .ctx("store a pack version")?;
         Ok(())
     };
@@ -59,7 +69,10 @@ pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<P
         .prepare_cached(
             "SELECT yaml FROM pack_versions WHERE tenant = ?1 AND pack = ?2 AND version = ?3",
         )
-        .and_then(|mut s| s.query_row(params![p.tenant, p.pack, version], |r| r.get(0)).optional())
+        .and_then(|mut s| {
+            s.query_row(params![p.tenant, p.pack, version], |r| r.get(0))
+                .optional()
+        })
         .ctx("look up a pack version")?;
     match yaml {
         Some(y) if y == p.yaml => Ok(PutPack::Unchanged),
@@ -97,9 +110,7 @@ pub(super) fn write_cancel(conn: &Connection, key: &PackKey, at_ns: i64) -> Stor
         return Ok(true);
     }
     let held: Option<i64> = conn
-        .prepare_cached(
-            "SELECT MAX(held_version) FROM deliveries WHERE tenant = ?1 AND pack = ?2",
-        )
+        .prepare_cached("SELECT MAX(held_version) FROM deliveries WHERE tenant = ?1 AND pack = ?2")
         .and_then(|mut s| s.query_row(params![key.tenant, key.pack], |r| r.get(0)))
         .ctx("look up who holds a pack")?;
     let Some(held) = held else {

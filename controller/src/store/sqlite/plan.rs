@@ -36,19 +36,38 @@ fn decode_targets(row: &rusqlite::Row<'_>) -> StoreResult<PackTargets> {
     with_row(format_args!("pack {tenant}/{pack}"), r)
 }
 
-pub(super) fn load_pack_targets(conn: &Connection, key: &PackKey) -> StoreResult<Option<PackTargets>> {
+pub(super) fn load_pack_targets(
+    conn: &Connection,
+    key: &PackKey,
+) -> StoreResult<Option<PackTargets>> {
     let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND pack = ?2");
     Ok(query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop())
 }
 
-/// Every pack an agent may serve: all, or those of its tenants.
-fn packs_for(conn: &Connection, agent: &AgentRow, binding: Binding) -> StoreResult<Vec<PackTargets>> {
-    let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs");
-    let all = query_all(conn, &sql, [], decode_targets)?;
-    Ok(all
-        .into_iter()
-        .filter(|p| agent.serves(&p.tenant, binding))
-        .collect())
+/// Every live pack that may target an agent: all, or those of its
+/// tenants. A cancelled pack is wanted by nobody: it concerns the agent
+/// only through a row or a held copy, which the callers plan anyway.
+fn packs_for(
+    conn: &Connection,
+    agent: &AgentRow,
+    binding: Binding,
+) -> StoreResult<Vec<PackTargets>> {
+    match binding {
+        Binding::Open => {
+            let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE cancelled_ns IS NULL");
+            query_all(conn, &sql, [], decode_targets)
+        }
+        Binding::Tenants => {
+            let sql = format!(
+                "SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND cancelled_ns IS NULL"
+            );
+            let mut out = Vec::new();
+            for t in &agent.tenants {
+                out.extend(query_all(conn, &sql, [t], decode_targets)?);
+            }
+            Ok(out)
+        }
+    }
 }
 
 pub(super) fn rows_of_agent(conn: &Connection, id: &str) -> StoreResult<Vec<DeliveryRow>> {
@@ -62,7 +81,13 @@ fn load_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<Option<De
     let sql = format!(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3"
     );
-    Ok(query_all(conn, &sql, params![id, key.tenant, key.pack], decode_delivery)?.pop())
+    Ok(query_all(
+        conn,
+        &sql,
+        params![id, key.tenant, key.pack],
+        decode_delivery,
+    )?
+    .pop())
 }
 
 pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
@@ -70,7 +95,10 @@ pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
         Some(r) => Some(errors_json(&r.errors)?),
         None => None,
     };
-    let held_version = d.held.map(|h| to_db(h.version, "held version")).transpose()?;
+    let held_version = d
+        .held
+        .map(|h| to_db(h.version, "held version"))
+        .transpose()?;
     let refused_version = d
         .refusal
         .as_ref()

@@ -10,9 +10,8 @@ use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_
 use super::{SqliteStore, audit, packs, plan};
 use crate::store::{
     AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState,
-    FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides,
-    MAX_PAGE, PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult,
-    page,
+    FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, MAX_PAGE,
+    PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult, page,
 };
 
 #[async_trait]
@@ -22,13 +21,13 @@ impl Store for SqliteStore {
         self.write(move |conn| {
             agents::write_hello(conn, &hello)?;
             plan::replan_agent(conn, &hello.id, Some(&hello.held), binding, hello.at_ns)?;
-            let agent = agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
+            let agent =
+                agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
             Ok((agent, plan::rows_of_agent(conn, &hello.id)?))
         })
         .await
     }
 
-    /// Unknown agent: [`StoreError::Backend`].
     async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()> {
         let id = id.to_owned();
         self.write(move |conn| {
@@ -54,8 +53,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    /// Idempotent on (agent, `at_ns`); a report older than the stored
-    /// latest only joins the history. Unknown agent: [`StoreError::Backend`].
     async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
         let id = id.to_owned();
         self.write(move |conn| agents::write_clock(conn, &id, &clock))
@@ -252,6 +249,11 @@ impl Store for SqliteStore {
                     Ok((state, u64_from_db(n, "count")?))
                 },
             )
+            .map(|mut counts| {
+                // The words sort otherwise than the states.
+                counts.sort_by_key(|(state, _)| *state);
+                counts
+            })
         })
         .await
     }
