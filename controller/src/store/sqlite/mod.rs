@@ -40,6 +40,8 @@ mod feedback;
 mod packs;
 mod plan;
 mod store_impl;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
