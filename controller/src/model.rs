@@ -505,7 +505,8 @@ pub struct FeedbackRow {
 pub struct FeedbackStored {
     /// Rows stored now.
     pub inserted: usize,
-    /// Rows already stored (a re-send after a lost ack): not stored again.
+    /// Rows already stored (a re-send after a lost ack), or at or below
+    /// the journal's acked seq: not stored again.
     pub duplicates: usize,
     /// The highest seq stored for the journal now.
     pub acked_seq: u64,

@@ -21,7 +21,7 @@
 //!   (the row is then `withdraw`, so every holder is told, even after a
 //!   store was lost);
 //! - a refusal counts only for the version it refused: a newer version is
-//!   sent again.
+//!   sent again; and only until the agent holds that version.
 //!
 //! Rollouts (a version per cohort) will enter through [`wanted`].
 
@@ -76,9 +76,12 @@ pub fn plan(
             _ => return None,
         },
     };
-    let refusal = row
-        .and_then(|r| r.refusal.clone())
-        .filter(|f| intent == Intent::Hold && f.version == version);
+    // A refusal is over once the agent holds the version it refused (it
+    // took it after all): kept, it would make a later drop of that
+    // version nacked or "retrying" for a reason that no longer holds.
+    let refusal = row.and_then(|r| r.refusal.clone()).filter(|f| {
+        intent == Intent::Hold && f.version == version && held.is_none_or(|h| h.version != version)
+    });
     let (state, reason) = state_of(intent, version, held, refusal.as_ref());
     let attempts = match row {
         Some(r) if r.version == version && r.intent == intent => r.attempts,

@@ -5,7 +5,9 @@
 //!
 //! One mutex over plain maps; every method is one critical section, so
 //! each is atomic like a transaction. [`MemoryStore::fail_writes`] makes
-//! every later write fail, as a full disk would.
+//! every later write fail, as a full disk would. Like a database column,
+//! it refuses values past `i64::MAX` (versions, seqs) instead of keeping
+//! what the SQL stores could not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,7 +46,9 @@ struct State {
     feedback: BTreeMap<u64, FeedbackRow>,
     feedback_keys: BTreeSet<(String, String, u64)>,
     next_feedback_id: u64,
-    audit: Vec<(u64, AuditRow)>,
+    /// By id: storage order.
+    audit: BTreeMap<u64, AuditRow>,
+    next_audit_id: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -181,6 +185,7 @@ impl Store for MemoryStore {
     async fn agent_hello(&self, h: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let binding = self.binding;
         self.write(|s| {
+            fits_held(&h.held)?;
             let prev = s.agents.get(&h.id).cloned();
             let mut a = prev.unwrap_or_else(|| AgentRow::new(&h.id, &h.journal_id));
             a.labels = h.labels.clone();
@@ -221,7 +226,7 @@ impl Store for MemoryStore {
     async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
         self.write(|s| {
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
-            if a.clock.as_ref().is_none_or(|c| c.at_ns <= clock.at_ns) {
+            if a.clock.as_ref().is_none_or(|c| c.at_ns < clock.at_ns) {
                 a.clock = Some(clock.clone());
             }
             s.clock
@@ -343,6 +348,7 @@ impl Store for MemoryStore {
 
     async fn put_pack(&self, p: PackVersionRow) -> StoreResult<PutPack> {
         self.write(|s| {
+            fits(p.version, "pack version")?;
             let key = p.key();
             if let Some(rec) = s.packs.get(&key) {
                 if rec.latest > p.version {
@@ -490,6 +496,7 @@ impl Store for MemoryStore {
             if !s.agents.contains_key(id) {
                 return Err(unknown(id));
             }
+            fits_held(&held)?;
             Ok(apply_held(s, id, &held, binding, at_ns))
         })
     }
@@ -513,7 +520,10 @@ impl Store for MemoryStore {
                 a.at_ns,
             );
             match &next {
-                Some(n) => s.deliveries.insert(k, n.clone()),
+                Some(n) => {
+                    fits_row(n)?;
+                    s.deliveries.insert(k, n.clone())
+                }
                 None => s.deliveries.remove(&k),
             };
             Ok(next)
@@ -577,16 +587,30 @@ impl Store for MemoryStore {
                         "one put_feedback call takes one journal's rows".into(),
                     ));
                 }
-                i64::try_from(r.seq).map_err(|_| past_i64("feedback seq"))?;
-                i64::try_from(r.version).map_err(|_| past_i64("feedback pack version"))?;
-                i64::try_from(r.dropped_before).map_err(|_| past_i64("dropped_before"))?;
+                fits(r.seq, "feedback seq")?;
+                fits(r.version, "feedback pack version")?;
+                fits(r.dropped_before, "dropped_before")?;
             }
-            let mut acked = s.journals.get(&jkey).copied().unwrap_or(0);
+            let before = s.journals.get(&jkey).copied().unwrap_or(0);
+            let mut acked = before;
             for r in rows {
                 acked = acked.max(r.seq);
                 let k = (r.agent_id.clone(), r.journal_id.clone(), r.seq);
-                if !s.feedback_keys.insert(k) {
+                // At or below the acked seq: stored once, maybe deleted by
+                // retention since.
+                if r.seq <= before || !s.feedback_keys.insert(k) {
                     out.duplicates += 1;
+                    // A re-sent entry now carrying a count of drops: the
+                    // stored row keeps the count.
+                    if r.dropped_before > 0
+                        && let Some(stored) = s.feedback.values_mut().find(|f| {
+                            f.agent_id == r.agent_id
+                                && f.journal_id == r.journal_id
+                                && f.seq == r.seq
+                        })
+                    {
+                        stored.dropped_before = stored.dropped_before.max(r.dropped_before);
+                    }
                     continue;
                 }
                 s.next_feedback_id += 1;
@@ -629,12 +653,17 @@ impl Store for MemoryStore {
 
     async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let ids: Vec<u64> = s
+            let mut old: Vec<(i64, u64)> = s
                 .feedback
                 .iter()
                 .filter(|(_, r)| r.received_ns < before_ns)
-                .map(|(id, _)| *id)
+                .map(|(id, r)| (r.received_ns, *id))
+                .collect();
+            old.sort_unstable();
+            let ids: Vec<u64> = old
+                .into_iter()
                 .take(max as usize)
+                .map(|(_, id)| id)
                 .collect();
             for id in &ids {
                 if let Some(r) = s.feedback.remove(id) {
@@ -647,12 +676,17 @@ impl Store for MemoryStore {
 
     async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let keys: Vec<(String, i64)> = s
+            let mut old: Vec<(i64, String)> = s
                 .clock
                 .keys()
                 .filter(|(_, at)| *at < before_ns)
+                .map(|(a, at)| (*at, a.clone()))
+                .collect();
+            old.sort_unstable();
+            let keys: Vec<(String, i64)> = old
+                .into_iter()
                 .take(max as usize)
-                .cloned()
+                .map(|(at, a)| (a, at))
                 .collect();
             for k in &keys {
                 s.clock.remove(k);
@@ -663,24 +697,25 @@ impl Store for MemoryStore {
 
     async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let before = s.audit.len();
-            let mut left = max as usize;
-            s.audit.retain(|(_, r)| {
-                if left > 0 && r.at_ns < before_ns {
-                    left -= 1;
-                    false
-                } else {
-                    true
-                }
-            });
-            Ok((before - s.audit.len()) as u64)
+            let mut old: Vec<(i64, u64)> = s
+                .audit
+                .iter()
+                .filter(|(_, r)| r.at_ns < before_ns)
+                .map(|(id, r)| (r.at_ns, *id))
+                .collect();
+            old.sort_unstable();
+            old.truncate(max as usize);
+            for (_, id) in &old {
+                s.audit.remove(id);
+            }
+            Ok(old.len() as u64)
         })
     }
 
     async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {
         self.write(|s| {
-            let id = s.audit.last().map_or(1, |(id, _)| id + 1);
-            s.audit.push((id, row));
+            s.next_audit_id += 1;
+            s.audit.insert(s.next_audit_id, row);
             Ok(())
         })
     }
@@ -693,19 +728,19 @@ impl Store for MemoryStore {
     ) -> StoreResult<Vec<AuditRow>> {
         let limit = page(limit, MAX_PAGE * 10) as usize;
         self.read(|s| {
-            let rows: Vec<&(u64, AuditRow)> = s
+            let mut rows: Vec<(i64, u64, &AuditRow)> = s
                 .audit
                 .iter()
                 .filter(|(_, r)| r.at_ns >= since_ns && tenant.is_none_or(|t| r.tenant == t))
+                .map(|(id, r)| (r.at_ns, *id, r))
                 .collect();
+            rows.sort_unstable_by_key(|(at, id, _)| (*at, *id));
             let skip = rows.len().saturating_sub(limit);
-            let mut out: Vec<AuditRow> = rows
+            Ok(rows
                 .into_iter()
                 .skip(skip)
-                .map(|(_, r)| r.clone())
-                .collect();
-            out.sort_by(|a, b| (a.at_ns, &a.who).cmp(&(b.at_ns, &b.who)));
-            Ok(out)
+                .map(|(_, _, r)| r.clone())
+                .collect())
         })
     }
 }
@@ -771,6 +806,109 @@ fn no_agent(id: &str) -> StoreError {
     StoreError::NoSuchAgent { id: id.to_string() }
 }
 
-fn past_i64(what: &str) -> StoreError {
-    StoreError::Backend(format!("{what} is past i64::MAX: cannot be stored"))
+/// Refuses what a BIGINT column could not hold, as the SQL stores do.
+fn fits(v: u64, what: &str) -> StoreResult<()> {
+    match i64::try_from(v) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(StoreError::Backend(format!(
+            "{what} {v} is larger than {} and cannot be stored",
+            i64::MAX
+        ))),
+    }
+}
+
+fn fits_held(held: &[HeldPackRow]) -> StoreResult<()> {
+    held.iter()
+        .try_for_each(|h| fits(h.version, "held version"))
+}
+
+fn fits_row(r: &DeliveryRow) -> StoreResult<()> {
+    fits(r.version, "version")?;
+    if let Some(h) = r.held {
+        fits(h.version, "held version")?;
+    }
+    if let Some(f) = &r.refusal {
+        fits(f.version, "refused version")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+    use super::*;
+    use crate::store::contract::{
+        ack, audit_row, clock, fb, hello_in, key, pack, push, refusal, refuse, to_ids,
+    };
+
+    fn open(binding: Binding) -> (MemoryStore, ()) {
+        (MemoryStore::new(binding), ())
+    }
+
+    crate::store::contract::contract_suite!(open);
+
+    /// A failing disk: every write refused, nothing changed, reads go on;
+    /// back to normal when it heals.
+    #[tokio::test]
+    async fn failing_writes_change_nothing() {
+        let s = MemoryStore::new(Binding::Tenants);
+        let k = key("t", "p");
+        s.agent_hello(hello_in("a1", &["t"], &[("line", "3")], 1))
+            .await
+            .unwrap();
+        push(&s, pack("t", "p", 1, to_ids(&["a1"])), 2).await;
+        s.put_feedback(vec![fb("a1", "j1", 1, 3)]).await.unwrap();
+        let rows = s.deliveries_of_agent("a1").await.unwrap();
+        let agent = s.agent("a1").await.unwrap();
+
+        s.fail_writes(true);
+        let failed =
+            |r: StoreResult<()>| assert!(matches!(r, Err(StoreError::Backend(_))), "{r:?}");
+        failed(
+            s.agent_hello(hello_in("a2", &["t"], &[], 4))
+                .await
+                .map(drop),
+        );
+        failed(s.agent_seen("a1", false, 4).await);
+        failed(s.all_disconnected().await);
+        failed(s.record_clock("a1", clock(4)).await);
+        failed(
+            s.label_agent("a1", "t", LabelOverrides::new(), vec!["line".into()], 4)
+                .await
+                .map(drop),
+        );
+        failed(s.grant("a1", "u", true, 4).await.map(drop));
+        failed(s.forget_agent("a1", None).await.map(drop));
+        failed(
+            s.put_pack(pack("t", "p", 2, to_ids(&["a1"])))
+                .await
+                .map(drop),
+        );
+        failed(s.cancel_pack(&k, 4).await.map(drop));
+        failed(s.reconcile_pack(&k, 4).await.map(drop));
+        failed(s.agent_held("a1", Vec::new(), 4).await.map(drop));
+        failed(s.answer(ack("a1", &k, 1, 4)).await.map(drop));
+        failed(
+            s.answer(refuse("a1", &k, refusal(1, true, "no"), 4))
+                .await
+                .map(drop),
+        );
+        failed(s.put_feedback(vec![fb("a1", "j1", 2, 4)]).await.map(drop));
+        failed(s.delete_feedback_before(i64::MAX, 10).await.map(drop));
+        failed(s.delete_clock_before(i64::MAX, 10).await.map(drop));
+        failed(s.delete_audit_before(i64::MAX, 10).await.map(drop));
+        failed(s.put_audit(audit_row(4, "t", "p")).await);
+
+        assert_eq!(s.deliveries_of_agent("a1").await.unwrap(), rows);
+        assert_eq!(s.agent("a1").await.unwrap(), agent);
+        assert_eq!(s.agent("a2").await.unwrap(), None);
+        assert_eq!(s.packs(None).await.unwrap()[0].latest, 1);
+        assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 1);
+        assert_eq!(s.audit(None, 0, 0).await.unwrap(), []);
+
+        s.fail_writes(false);
+        s.put_feedback(vec![fb("a1", "j1", 2, 5)]).await.unwrap();
+        assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 2);
+    }
 }

@@ -27,8 +27,12 @@ impl Migration {
     /// The statements as `dialect` spells them.
     pub fn sql_for(&self, dialect: Dialect) -> String {
         let id = match dialect {
-            // The rowid: assigned by SQLite, one past the largest in use.
-            Dialect::Sqlite => "INTEGER PRIMARY KEY",
+            // The rowid, never handed out twice: without AUTOINCREMENT
+            // SQLite numbers one past the largest *in use*, so once
+            // retention had deleted every row (a quiet week) ids would
+            // start again at 1, behind a reader's `after_id` cursor, and
+            // the rows stored next would never be read as new.
+            Dialect::Sqlite => "INTEGER PRIMARY KEY AUTOINCREMENT",
         };
         self.sql.replace("{ID}", id)
     }

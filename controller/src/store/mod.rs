@@ -174,11 +174,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// and every pack of its tenants planned for it. Returns the agent and
     /// all its delivery rows.
     async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)>;
-    /// Connection state and last-seen instant.
+    /// Connection state and last-seen instant. An agent that never said
+    /// hello is an error ([`StoreError::Backend`]): nothing is created.
     async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()>;
     /// At start-up of a single controller: nobody is connected to it.
     async fn all_disconnected(&self) -> StoreResult<()>;
-    /// Store a clock report: the agent's latest, and its history.
+    /// Store a clock report: the agent's latest (unless a report as new
+    /// or newer is stored), and its history. Idempotent on the report's
+    /// `at_ns`: a re-sent report changes nothing. An agent that never said
+    /// hello is an error ([`StoreError::Backend`]).
     async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()>;
     /// Clock history of one agent at or after `since_ns`, oldest first;
     /// the newest `limit` (capped at [`MAX_PAGE`] × 10) when there are
@@ -252,7 +256,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// The agent's held set is now `held` (already filtered to its
     /// tenants); every pack it names or held before is re-planned. Returns
-    /// the rows that changed.
+    /// the rows that changed. An agent that never said hello is an error
+    /// ([`StoreError::Backend`]).
     async fn agent_held(
         &self,
         id: &str,
@@ -274,14 +279,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         limit: u32,
     ) -> StoreResult<Vec<DeliveryRow>>;
     /// How many deliveries are stored in each state (for `/metrics`; a
-    /// state with none is left out; local packs are not deliveries).
+    /// state with none is left out; local packs are not deliveries), in
+    /// [`DeliveryState`] order.
     async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>>;
 
     // ---- feedback
 
     /// Store feedback of one journal, once: rows whose (agent, journal,
-    /// seq) is stored already are counted as duplicates and left as they
-    /// are. Ids come from the store.
+    /// seq) is stored already, or at or below the journal's acked seq as it
+    /// was before the call (stored once, maybe deleted by retention since),
+    /// are counted as duplicates and left as they are. Ids come from the
+    /// store, in storage order, and are never handed out twice (not even
+    /// after retention deleted every row). All or nothing: a row that
+    /// cannot be stored (a value past `i64::MAX`), or rows of more than one
+    /// journal, fail the call with nothing stored.
     async fn put_feedback(&self, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored>;
     /// Highest seq ever stored for this agent and journal (0: none); kept
     /// when retention deletes the rows.
@@ -289,12 +300,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// One page of stored feedback.
     async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>>;
     /// Delete at most `max` feedback rows stored before `before_ns`, oldest
-    /// first; how many went. Retention calls it in small batches.
+    /// first (by `received_ns`, then id); how many went. Retention calls
+    /// it in small batches.
     async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
     /// Delete at most `max` clock history rows measured before
-    /// `before_ns` (an agent's latest report is kept on its record).
+    /// `before_ns`, oldest first (by `at_ns`, then agent); an agent's
+    /// latest report is kept on its record.
     async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
-    /// Delete at most `max` audit records before `before_ns`.
+    /// Delete at most `max` audit records before `before_ns`, oldest first
+    /// (by `at_ns`, then storage order).
     async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
 
     // ---- audit
@@ -302,7 +316,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Record an operator action (stored before the action's answer).
     async fn put_audit(&self, row: AuditRow) -> StoreResult<()>;
     /// Audit records at or after `since_ns` (of one tenant, or all), oldest
-    /// first; the newest `limit` (capped at [`MAX_PAGE`] × 10) of them.
+    /// first (by `at_ns`, then storage order); the newest `limit` (capped
+    /// at [`MAX_PAGE`] × 10) of them in that order.
     async fn audit(
         &self,
         tenant: Option<&str>,

@@ -292,8 +292,8 @@ pub(super) fn write_forget(conn: &Connection, id: &str, tenant: Option<&str>) ->
     Ok(existed)
 }
 
-/// The latest-clock columns and the history row; a report older than the
-/// stored latest goes to history only.
+/// The latest-clock columns and the history row; a report not newer than
+/// the stored latest goes to history only (a re-sent one not even there).
 pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreResult<()> {
     if !agent_exists(conn, id)? {
         return Err(unknown_agent(id));
@@ -321,7 +321,7 @@ pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreRes
         "UPDATE agents SET clock_source = ?2, clock_state = ?3, clock_offset_ns = ?4, \
          clock_jitter_ns = ?5, clock_uncertainty_ns = ?6, clock_frequency_ppm = ?7, \
          clock_at_ns = ?8 \
-         WHERE id = ?1 AND (clock_at_ns IS NULL OR clock_at_ns <= ?8)",
+         WHERE id = ?1 AND (clock_at_ns IS NULL OR clock_at_ns < ?8)",
     )
     .and_then(|mut s| {
         s.execute(params![

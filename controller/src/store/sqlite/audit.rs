@@ -19,7 +19,9 @@ pub(super) fn put_audit(conn: &Connection, row: &AuditRow) -> StoreResult<()> {
     Ok(())
 }
 
-/// The newest `limit` records at or after `since_ns`, oldest first.
+/// The newest `limit` records at or after `since_ns`, oldest first: by
+/// instant, then in the order they were stored (one order for both, so
+/// the newest `limit` are the last `limit` of the full list).
 pub(super) fn audit(
     conn: &Connection,
     tenant: Option<&str>,
@@ -29,7 +31,7 @@ pub(super) fn audit(
     let limit = i64::from(page(limit, MAX_PAGE * 10));
     let sql = "SELECT at_ns, who, tenant, role, action, target, result FROM (\
          SELECT * FROM audit WHERE at_ns >= ?1 AND (?2 IS NULL OR tenant = ?2) \
-         ORDER BY id DESC LIMIT ?3) AS newest ORDER BY at_ns, who";
+         ORDER BY at_ns DESC, id DESC LIMIT ?3) AS newest ORDER BY at_ns, id";
     query_all(conn, sql, params![since_ns, tenant, limit], |r| {
         Ok(AuditRow {
             at_ns: r.get(0).ctx("audit at_ns")?,

@@ -14,7 +14,11 @@ use crate::store::{
 
 /// Stores one journal's rows; every value is checked before anything is
 /// written, so a row that cannot be stored fails the call with nothing of
-/// it stored.
+/// it stored. Rows at or below the journal's acked seq (as it was before
+/// the call) are duplicates without a look: they were stored once; only a
+/// count of drops a re-sent entry now carries (the agent attaches the
+/// count to the first entry it sends after the drops, which may be one
+/// already sent) is kept on the stored row.
 pub(super) fn write_feedback(
     conn: &Connection,
     rows: &[FeedbackRow],
@@ -65,6 +69,20 @@ pub(super) fn write_feedback(
         .ctx("prepare the feedback insert")?;
     let mut high = acked;
     for (r, (seq, version, dropped_before)) in rows.iter().zip(checked) {
+        if seq <= acked {
+            // Stored before (retention may have deleted it since): an
+            // agent's seqs only grow, so this is a re-send.
+            out.duplicates += 1;
+            if dropped_before > 0 {
+                conn.prepare_cached(
+                    "UPDATE feedback SET dropped_before = ?3 \
+                     WHERE journal = ?1 AND seq = ?2 AND dropped_before < ?3",
+                )
+                .and_then(|mut s| s.execute(params![journal, seq, dropped_before]))
+                .ctx("keep a re-sent entry's count of drops")?;
+            }
+            continue;
+        }
         // Most ids are their row's canonical form: not stored twice.
         let execution_id = match canonical_execution_id(r) {
             Some(c) if c == r.execution_id => None,
@@ -140,7 +158,11 @@ pub(super) fn feedback_page(conn: &Connection, f: FeedbackFilter) -> StoreResult
         args.push(v);
         clauses.push(clause.replace('?', &format!("?{}", args.len())));
     };
-    add("f.id > ?", Value::Integer(to_db(f.after_id, "after id")?));
+    // No id is past i64::MAX: nothing comes after such a cursor.
+    let Ok(after_id) = i64::try_from(f.after_id) else {
+        return Ok(Vec::new());
+    };
+    add("f.id > ?", Value::Integer(after_id));
     if let Some(t) = f.tenant {
         add("f.tenant = ?", Value::Text(t));
     }
@@ -188,10 +210,12 @@ pub(super) fn delete_oldest(
 
 /// Retention's statements: each deletes the oldest `?2` rows older than
 /// `?1` through the index on their instant, so a sweep never scans what it
-/// keeps.
+/// keeps. Ties are broken by the rest of the index's key (the id, the
+/// agent), so which rows go is defined, as in every store.
 pub(super) const DELETE_FEEDBACK: &str = "DELETE FROM feedback WHERE id IN \
-     (SELECT id FROM feedback WHERE received_ns < ?1 ORDER BY received_ns LIMIT ?2)";
+     (SELECT id FROM feedback WHERE received_ns < ?1 ORDER BY received_ns, id LIMIT ?2)";
 pub(super) const DELETE_CLOCK: &str = "DELETE FROM clock_reports WHERE (agent_id, at_ns) IN \
-     (SELECT agent_id, at_ns FROM clock_reports WHERE at_ns < ?1 ORDER BY at_ns LIMIT ?2)";
+     (SELECT agent_id, at_ns FROM clock_reports WHERE at_ns < ?1 \
+     ORDER BY at_ns, agent_id LIMIT ?2)";
 pub(super) const DELETE_AUDIT: &str = "DELETE FROM audit WHERE id IN \
-     (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns LIMIT ?2)";
+     (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns, id LIMIT ?2)";

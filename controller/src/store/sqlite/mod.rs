@@ -40,6 +40,8 @@ mod feedback;
 mod packs;
 mod plan;
 mod store_impl;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -455,6 +457,12 @@ impl ReadPool {
 /// transaction (re-checked inside it, so two processes opening one file
 /// at once do not both apply one).
 fn migrate(conn: &mut Connection) -> StoreResult<()> {
+    migrate_to(conn, i64::MAX)
+}
+
+/// [`migrate`], stopping after schema version `last` (tests build an
+/// older database with it).
+fn migrate_to(conn: &mut Connection, last: i64) -> StoreResult<()> {
     conn.execute_batch(CREATE_SCHEMA_MIGRATIONS)
         .ctx("create schema_migrations")?;
     let newest: i64 = conn
@@ -470,7 +478,7 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
             "the database's schema is v{newest}, newer than this controller's v{known}; run a newer controller"
         )));
     }
-    for m in MIGRATIONS {
+    for m in MIGRATIONS.iter().filter(|m| m.version <= last) {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .ctx("begin a migration")?;
@@ -486,6 +494,7 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
         if !applied {
             tx.execute_batch(&m.sql_for(Dialect::Sqlite))
                 .map_err(|e| backend(&format!("apply migration v{}", m.version), e))?;
+            after_migration(&tx, m.version)?;
             tx.execute(
                 "INSERT INTO schema_migrations (version) VALUES (?1)",
                 [m.version],
@@ -494,6 +503,35 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
             tracing::info!(version = m.version, "store: schema migrated");
         }
         tx.commit().ctx("commit a migration")?;
+    }
+    Ok(())
+}
+
+/// What a migration needs beyond its SQL, in its transaction.
+fn after_migration(conn: &Connection, version: i64) -> StoreResult<()> {
+    if version == 5 {
+        // The agents stored before v5 have their own labels in `labels`
+        // only: without their `agent_own_labels` rows a push by label
+        // would not find them until their next hello.
+        let agents = codec::query_all(conn, "SELECT id, labels FROM agents", [], |r| {
+            Ok((
+                codec::col::<String>(r, "id")?,
+                codec::col::<String>(r, "labels")?,
+            ))
+        })?;
+        for (id, labels) in agents {
+            let labels: std::collections::BTreeMap<String, String> = codec::with_row(
+                format_args!("agent {id}"),
+                codec::from_json(&labels, "labels"),
+            )?;
+            for (k, v) in &labels {
+                conn.execute(
+                    "INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)",
+                    rusqlite::params![id, k, v],
+                )
+                .ctx("fill an agent's own labels")?;
+            }
+        }
     }
     Ok(())
 }

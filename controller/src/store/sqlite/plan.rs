@@ -44,18 +44,30 @@ pub(super) fn load_pack_targets(
     Ok(query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop())
 }
 
-/// Every pack an agent may serve: all, or those of its tenants.
+/// Every live pack that may target an agent: all, or those of its
+/// tenants. A cancelled pack is wanted by nobody: it concerns the agent
+/// only through a row or a held copy, which the callers plan anyway.
 fn packs_for(
     conn: &Connection,
     agent: &AgentRow,
     binding: Binding,
 ) -> StoreResult<Vec<PackTargets>> {
-    let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs");
-    let all = query_all(conn, &sql, [], decode_targets)?;
-    Ok(all
-        .into_iter()
-        .filter(|p| agent.serves(&p.tenant, binding))
-        .collect())
+    match binding {
+        Binding::Open => {
+            let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE cancelled_ns IS NULL");
+            query_all(conn, &sql, [], decode_targets)
+        }
+        Binding::Tenants => {
+            let sql = format!(
+                "SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND cancelled_ns IS NULL"
+            );
+            let mut out = Vec::new();
+            for t in &agent.tenants {
+                out.extend(query_all(conn, &sql, [t], decode_targets)?);
+            }
+            Ok(out)
+        }
+    }
 }
 
 pub(super) fn rows_of_agent(conn: &Connection, id: &str) -> StoreResult<Vec<DeliveryRow>> {

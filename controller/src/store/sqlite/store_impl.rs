@@ -28,7 +28,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    /// Unknown agent: [`StoreError::Backend`].
     async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()> {
         let id = id.to_owned();
         self.write(move |conn| {
@@ -54,8 +53,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    /// Idempotent on (agent, `at_ns`); a report older than the stored
-    /// latest only joins the history. Unknown agent: [`StoreError::Backend`].
     async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
         let id = id.to_owned();
         self.write(move |conn| agents::write_clock(conn, &id, &clock))
@@ -252,6 +249,11 @@ impl Store for SqliteStore {
                     Ok((state, u64_from_db(n, "count")?))
                 },
             )
+            .map(|mut counts| {
+                // The words sort otherwise than the states.
+                counts.sort_by_key(|(state, _)| *state);
+                counts
+            })
         })
         .await
     }
