@@ -43,6 +43,7 @@ mod store_impl;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,6 +64,10 @@ pub const DB_FILE: &str = "controller.db";
 /// Commands that may wait for the writer. Past this, senders wait
 /// (back-pressure) rather than queue without bound.
 const QUEUE_DEPTH: usize = 1024;
+
+/// How long background work (retention) waits for other writes to share
+/// a commit with before it runs alone.
+pub const BACKGROUND_WAIT: Duration = Duration::from_millis(50);
 
 /// Commands per transaction at most: bounds the time one commit holds
 /// the write lock and the work lost to one failed commit.
@@ -193,6 +198,28 @@ impl SqliteStore {
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
+    /// [`SqliteStore::write`] for work that may wait: it joins the next
+    /// batch of other writes (at most one such command per batch), or
+    /// runs alone after [`BACKGROUND_WAIT`] without any. So retention's
+    /// deletes never add a commit, an fsync, to a busy store.
+    async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let tx = self.writer.tx.as_ref().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Call {
+            f: Some(f),
+            out: None,
+            reply,
+        });
+        tx.send(Msg::Background(job))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
     /// Runs `f` on a pooled read connection off the async runtime.
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -252,6 +279,9 @@ struct Stats {
 
 enum Msg {
     Job(Box<dyn Job>),
+    /// Work that need not be fast (retention): it rides the next commit of
+    /// other writes instead of costing a commit (an fsync) of its own.
+    Background(Box<dyn Job>),
     /// Stop after the commands queued before this one; answer when done.
     Close(oneshot::Sender<()>),
 }
@@ -304,19 +334,37 @@ where
 fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Msg>, stats: &Stats) {
     let mut msgs: Vec<Msg> = Vec::with_capacity(MAX_BATCH);
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    let mut parked: VecDeque<Box<dyn Job>> = VecDeque::new();
     let mut closing: Option<oneshot::Sender<()>> = None;
     let mut alive = true;
     while alive && closing.is_none() {
-        if rx.blocking_recv_many(&mut msgs, MAX_BATCH) == 0 {
+        let waited = !parked.is_empty();
+        let got = if parked.is_empty() {
+            rx.blocking_recv_many(&mut msgs, MAX_BATCH)
+        } else {
+            recv_within(&mut rx, &mut msgs, BACKGROUND_WAIT)
+        };
+        if got == 0 && parked.is_empty() {
             break; // every handle is gone and the queue is empty
         }
+        // Nothing else came within the wait: a background command runs
+        // alone.
+        let alone = waited && got == 0;
         for msg in msgs.drain(..) {
             match msg {
                 Msg::Job(job) if closing.is_none() => batch.push(job),
+                Msg::Background(job) if closing.is_none() => parked.push_back(job),
                 // Queued after a close: dropped, its caller gets `Closed`.
-                Msg::Job(_) => {}
+                Msg::Job(_) | Msg::Background(_) => {}
                 Msg::Close(reply) => closing = closing.or(Some(reply)),
             }
+        }
+        // One background command rides each commit of other writes, or
+        // runs alone once nothing else came within the wait.
+        if (!batch.is_empty() || alone)
+            && let Some(job) = parked.pop_front()
+        {
+            batch.push(job);
         }
         if !batch.is_empty() {
             alive = run_batch(&conn, &mut batch, stats);
@@ -324,12 +372,41 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Msg>, stats: &Stats) {
     }
     // Refuse what is still queued (its callers see `Closed`) and anything
     // sent later.
+    drop(parked);
     drop(rx);
     if let Err((_, e)) = conn.close() {
         tracing::warn!(error = %e, "store: closing the write connection");
     }
     if let Some(reply) = closing {
         let _ = reply.send(());
+    }
+}
+
+/// Like `blocking_recv_many`, but gives up after `wait` (0: nothing came,
+/// or every sender is gone). Polls: it runs only while background work
+/// waits for company, never on an idle store.
+fn recv_within(rx: &mut mpsc::Receiver<Msg>, msgs: &mut Vec<Msg>, wait: Duration) -> usize {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match rx.try_recv() {
+            Ok(m) => {
+                msgs.push(m);
+                while msgs.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(m) => msgs.push(m),
+                        Err(_) => break,
+                    }
+                }
+                return msgs.len();
+            }
+            Err(mpsc::error::TryRecvError::Disconnected) => return 0,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                if std::time::Instant::now() >= deadline {
+                    return 0;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
     }
 }
 

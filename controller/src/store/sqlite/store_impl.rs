@@ -280,17 +280,17 @@ impl Store for SqliteStore {
     }
 
     async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(move |conn| delete_oldest(conn, DELETE_FEEDBACK, before_ns, max))
+        self.write_background(move |conn| delete_oldest(conn, DELETE_FEEDBACK, before_ns, max))
             .await
     }
 
     async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(move |conn| delete_oldest(conn, DELETE_CLOCK, before_ns, max))
+        self.write_background(move |conn| delete_oldest(conn, DELETE_CLOCK, before_ns, max))
             .await
     }
 
     async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(move |conn| delete_oldest(conn, DELETE_AUDIT, before_ns, max))
+        self.write_background(move |conn| delete_oldest(conn, DELETE_AUDIT, before_ns, max))
             .await
     }
 

@@ -244,6 +244,45 @@ async fn concurrent_writers_are_all_committed() {
     assert!(stats.batches >= 1 && stats.batches <= 100, "{stats:?}");
 }
 
+/// Retention's deletes ride the commits of other writes: queued beside
+/// ingest they add no commit (no fsync); alone they run after a short
+/// wait.
+#[tokio::test]
+async fn background_deletes_ride_other_commits() {
+    let (_dir, store) = open();
+    let old: Vec<_> = (1..=10).map(|q| fb("old", "j", q, 5)).collect();
+    store.put_feedback(old).await.unwrap();
+    let before = store.stats();
+    let (release, holding) = hold_writer(&store).await;
+    let sweep = {
+        let store = store.clone();
+        tokio::spawn(async move { store.delete_feedback_before(100, 500).await })
+    };
+    let writes: Vec<_> = (0..5)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.put_feedback(fbs(&format!("a{i}"), 1..=2)).await })
+        })
+        .collect();
+    until_queued(&store, 6).await;
+    release.send(()).unwrap();
+    holding.await.unwrap().unwrap();
+    assert_eq!(sweep.await.unwrap().unwrap(), 10);
+    for w in writes {
+        w.await.unwrap().unwrap();
+    }
+    let after = store.stats();
+    assert_eq!(
+        after.batches - before.batches,
+        2,
+        "the hold, then the five writes with the delete among them"
+    );
+    // Alone, it does not wait for company for ever.
+    let t0 = std::time::Instant::now();
+    assert_eq!(store.delete_feedback_before(0, 500).await.unwrap(), 0);
+    assert!(t0.elapsed() >= BACKGROUND_WAIT, "{:?}", t0.elapsed());
+}
+
 #[tokio::test]
 async fn queued_writes_share_one_transaction() {
     let (_dir, store) = open();
