@@ -74,6 +74,10 @@ const ALERT_LINGER: Duration = Duration::from_secs(1);
 /// Backoff after failed accepts: first wait, and the most.
 const BACKOFF_FIRST: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// TCP keepalive on accepted connections: a peer that vanished (power
+/// lost) before its first HTTP/2 ping is found out (tonic's own listener
+/// set the same).
+const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 /// Repeated refusals are logged once per this interval, with a count.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -351,6 +355,9 @@ async fn accept_loop<F>(
         };
         match accepted {
             Ok((tcp, remote)) => {
+                let _ = tcp.set_nodelay(true);
+                let _ = socket2::SockRef::from(&tcp)
+                    .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE));
                 if let Some(e) = backoff.accepted(std::time::Instant::now()) {
                     tracing::info!(
                         "accepting connections again after {} failed accepts over {:.1} s",
@@ -433,28 +440,25 @@ pub fn plaintext(
         listener,
         shell.clone(),
         async move { closer.closed().await },
-        move |tcp, remote| {
-            let _ = tcp.set_nodelay(true);
-            match shell.admit(remote) {
-                Some(Admission::Slot(slot)) => {
-                    let info = TcpConnectInfo {
-                        local_addr: tcp.local_addr().ok(),
-                        remote_addr: Some(remote),
-                    };
-                    deliver(
-                        &tx,
-                        Conn {
-                            io: Io::Plain(tcp),
-                            info,
-                            _slot: slot,
-                        },
-                    );
-                }
-                Some(Admission::Refuse(permit)) => {
-                    tokio::spawn(serve_refusal(tcp, shell.over_limit_status(), permit));
-                }
-                None => {}
+        move |tcp, remote| match shell.admit(remote) {
+            Some(Admission::Slot(slot)) => {
+                let info = TcpConnectInfo {
+                    local_addr: tcp.local_addr().ok(),
+                    remote_addr: Some(remote),
+                };
+                deliver(
+                    &tx,
+                    Conn {
+                        io: Io::Plain(tcp),
+                        info,
+                        _slot: slot,
+                    },
+                );
             }
+            Some(Admission::Refuse(permit)) => {
+                tokio::spawn(serve_refusal(tcp, shell.over_limit_status(), permit));
+            }
+            None => {}
         },
     ));
     (ReceiverStream::new(rx), task)
@@ -534,7 +538,6 @@ pub fn tls(
         shell.clone(),
         async move { closer.closed().await },
         move |tcp, remote| {
-            let _ = tcp.set_nodelay(true);
             let Some(admission) = shell.admit(remote) else {
                 return;
             };
