@@ -400,7 +400,12 @@ impl Controller {
         let mut cmd = Command::new(exe);
         cmd.arg("serve");
         match tls {
-            Some(t) => cmd.arg("--tls-dir").arg(&t.dir),
+            // Every simulated agent dials from 127.0.0.1, CONNECTING at
+            // once: one source, where a real fleet is many.
+            Some(t) => cmd
+                .arg("--tls-dir")
+                .arg(&t.dir)
+                .args(["--max-handshakes-per-source", &CONNECTING.to_string()]),
             None => cmd.arg("--insecure"),
         };
         let scheme = if tls.is_some() { "https" } else { "http" };

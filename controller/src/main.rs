@@ -72,8 +72,26 @@ enum Command {
         #[arg(long)]
         insecure_any: bool,
         /// A TLS handshake not done by then is dropped.
-        #[arg(long, default_value = "10s", hide = true)]
+        #[arg(long, default_value = "10s")]
         tls_handshake_timeout: String,
+        /// The same while the handshake budget is crowded (three quarters
+        /// of --max-handshakes in progress), for every handshake in
+        /// progress.
+        #[arg(long, default_value = "3s")]
+        tls_handshake_timeout_crowded: String,
+        /// Live connections at most (TLS handshakes in progress included);
+        /// a connection over it is answered RESOURCE_EXHAUSTED on every
+        /// call. Needs about as many file descriptors (LimitNOFILE).
+        #[arg(long, default_value_t = baton_controller::server::accept::DEFAULT_MAX_CONNECTIONS as u32, value_parser = count_arg, allow_hyphen_values = true)]
+        max_connections: u32,
+        /// TLS handshakes in progress at once; more are refused with a TLS
+        /// alert the CLI reads as "at its limit".
+        #[arg(long, default_value_t = 256, value_parser = count_arg, allow_hyphen_values = true)]
+        max_handshakes: u32,
+        /// TLS handshakes in progress at once from one IPv4 address or one
+        /// IPv6 /64.
+        #[arg(long, default_value_t = 16, value_parser = count_arg, allow_hyphen_values = true)]
+        max_handshakes_per_source: u32,
         /// Pushes per second to agents (token bucket rate).
         #[arg(long, default_value_t = 3000.0)]
         push_rate: f64,
@@ -349,6 +367,10 @@ fn main() -> ExitCode {
             insecure,
             insecure_any,
             tls_handshake_timeout,
+            tls_handshake_timeout_crowded,
+            max_connections,
+            max_handshakes,
+            max_handshakes_per_source,
             push_rate,
             push_burst,
             ping_interval,
@@ -365,6 +387,10 @@ fn main() -> ExitCode {
             insecure_any,
             tls_dir,
             tls_handshake_timeout,
+            tls_handshake_timeout_crowded,
+            max_connections: max_connections as usize,
+            max_handshakes: max_handshakes as usize,
+            max_handshakes_per_source: max_handshakes_per_source as usize,
             push_rate,
             push_burst,
             ping_interval,

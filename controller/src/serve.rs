@@ -15,6 +15,10 @@ pub struct Opts {
     pub insecure_any: bool,
     pub tls_dir: Option<PathBuf>,
     pub tls_handshake_timeout: String,
+    pub tls_handshake_timeout_crowded: String,
+    pub max_connections: usize,
+    pub max_handshakes: usize,
+    pub max_handshakes_per_source: usize,
     pub push_rate: f64,
     pub push_burst: f64,
     pub ping_interval: String,
@@ -52,11 +56,23 @@ fn init_logging(format: baton_service::log::LogFormat) {
 
 fn serve(o: Opts) -> anyhow::Result<()> {
     check_transport(&o)?;
-    let handshake_timeout = baton_proto::time::parse_duration(&o.tls_handshake_timeout)
-        .map_err(|e| anyhow::anyhow!("--tls-handshake-timeout {}: {e}", o.tls_handshake_timeout))?;
-    if handshake_timeout.is_zero() {
-        anyhow::bail!("--tls-handshake-timeout must be > 0");
+    let duration = |flag: &str, v: &str| {
+        baton_proto::time::parse_duration(v).map_err(|e| anyhow::anyhow!("{flag} {v}: {e}"))
+    };
+    let handshakes = server::accept::limits::HandshakeLimits {
+        total: o.max_handshakes,
+        per_source: o.max_handshakes_per_source,
+        timeout: duration("--tls-handshake-timeout", &o.tls_handshake_timeout)?,
+        crowded_timeout: duration(
+            "--tls-handshake-timeout-crowded",
+            &o.tls_handshake_timeout_crowded,
+        )?,
+    };
+    handshakes.check().map_err(anyhow::Error::msg)?;
+    if o.max_connections == 0 {
+        anyhow::bail!("--max-connections must be at least 1");
     }
+    check_nofile(o.max_connections);
     if !(o.push_rate > 0.0 && o.push_rate.is_finite() && o.push_burst >= 1.0) {
         anyhow::bail!("--push-rate must be > 0 and --push-burst >= 1");
     }
@@ -73,12 +89,11 @@ fn serve(o: Opts) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let mut cfg =
-            ServerConfig::new(o.listen, o.data.clone()).with_tls(o.tls_dir.as_ref().map(|d| {
-                let mut t = server::tls::TlsOptions::new(d.clone());
-                t.handshake_timeout = handshake_timeout;
-                t
-            }));
+        let mut cfg = ServerConfig::new(o.listen, o.data.clone()).with_tls(
+            o.tls_dir
+                .as_ref()
+                .map(|d| server::tls::TlsOptions::new(d.clone())),
+        );
         let store = SqliteStore::open(&o.data, cfg.binding())
             .map_err(|e| anyhow::anyhow!("store in {}: {e}", o.data.display()))?;
         cfg.pace = Pace {
@@ -89,8 +104,43 @@ fn serve(o: Opts) -> anyhow::Result<()> {
         cfg.metrics = o.metrics;
         cfg.retention = o.retention;
         cfg.max_held = o.max_held;
+        cfg.accept = server::accept::AcceptOptions {
+            max_connections: o.max_connections,
+            handshakes,
+        };
         server::serve(std::sync::Arc::new(store), cfg, stop_signal()).await
     })
+}
+
+/// Warn when the process may run out of file descriptors before
+/// `--max-connections` (one per connection, plus refusals being served and
+/// the store's and runtime's own): accepts then fail with EMFILE and wait
+/// in the backlog instead of being told the controller is full. Read from
+/// /proc (no unsafe code here); nothing said if it cannot be read.
+fn check_nofile(max_connections: usize) {
+    let Some(soft) = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| nofile_soft(&t))
+    else {
+        return;
+    };
+    let needed = max_connections + server::accept::MAX_REFUSALS + 64;
+    if soft < needed as u64 {
+        tracing::warn!(
+            "RLIMIT_NOFILE is {soft} but --max-connections {max_connections} needs about {needed} file descriptors: once they run out, accepts fail (EMFILE) and new clients wait unanswered instead of being told the controller is full; raise LimitNOFILE (the unit sets 65536) or lower --max-connections"
+        );
+    }
+}
+
+/// The soft limit on open files from `/proc/self/limits` (`None`:
+/// unlimited or unreadable).
+fn nofile_soft(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// mTLS with `--tls-dir`, or plaintext with `--insecure`, and plaintext
@@ -147,5 +197,23 @@ fn stop_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_open_files_limit_is_read_from_proc() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max processes             63432                63432                processes \n\
+                    Max open files            1024                 524288               files     \n";
+        assert_eq!(super::nofile_soft(text), Some(1024));
+        assert_eq!(
+            super::nofile_soft(
+                "Max open files            unlimited            unlimited            files\n"
+            ),
+            None
+        );
+        assert_eq!(super::nofile_soft(""), None);
     }
 }

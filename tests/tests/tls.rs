@@ -559,7 +559,13 @@ fn plaintext_garbage_and_half_open_handshakes_do_not_disturb_a_live_stream() {
     g.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     let _ = g.read(&mut buf);
-    // A plaintext gRPC client.
+    assert!(
+        wait_until(WAIT, || c.log().contains("TLS handshake refused")),
+        "{}",
+        c.log()
+    );
+    // A plaintext gRPC client: told, in HTTP/2 it can read, that the port
+    // speaks mTLS.
     let o = run(
         Command::new(bin("baton-controller")).args([
             "agents",
@@ -571,8 +577,14 @@ fn plaintext_garbage_and_half_open_handshakes_do_not_disturb_a_live_stream() {
     );
     assert!(!o.status.success(), "plaintext accepted: {}", stdout(&o));
     assert!(
-        wait_until(WAIT, || c.log().matches("TLS handshake refused").count()
-            >= 2),
+        stderr(&o).contains("Unauthenticated: this controller's port speaks mTLS"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        wait_until(WAIT, || c
+            .log()
+            .contains("plaintext HTTP/2 on the mTLS port")),
         "{}",
         c.log()
     );
@@ -581,6 +593,127 @@ fn plaintext_garbage_and_half_open_handshakes_do_not_disturb_a_live_stream() {
     assert!(c.connected("a1"));
     assert!(a.log().contains("welcomed session=1"), "{}", a.log());
     assert!(!a.log().contains("session=2"), "{}", a.log());
+}
+
+/// What `baton-controller <cmd>` says for each way mTLS can fail (issue
+/// 26.13): before, an expired certificate read "Cancelled: operation was
+/// canceled", another CA's "Unknown: transport error", plaintext to the
+/// TLS port "h2 protocol error".
+#[test]
+fn tls_failures_at_the_cli_say_what_failed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, c) = start_mtls(dir.path(), "ann", &[]);
+    let ann = c.tls.clone().expect("tls").operator;
+    let cli =
+        |cert: &std::path::Path, key: &std::path::Path, ca_pem: &std::path::Path, url: &str| {
+            run(
+                Command::new(bin("baton-controller"))
+                    .args(["packs", "--controller", url, "--cert"])
+                    .arg(cert)
+                    .arg("--key")
+                    .arg(key)
+                    .arg("--ca")
+                    .arg(ca_pem),
+                WAIT,
+            )
+        };
+    let says = |o: &std::process::Output, what: &[&str]| {
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(o));
+        for w in what {
+            assert!(stderr(o).contains(w), "wanted {w:?} in: {}", stderr(o));
+        }
+    };
+
+    // An expired operator certificate: which one, and when.
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args([
+                "ca",
+                "issue-operator",
+                "old",
+                "--tenant",
+                "default",
+                "--role",
+                "admin",
+                "--not-after",
+                "2024-01-01T00:00:00Z",
+                "--dir",
+            ])
+            .arg(&ca.dir),
+        WAIT,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let old = (
+        ca.dir.join("operators/old.pem"),
+        ca.dir.join("operators/old-key.pem"),
+    );
+    says(
+        &cli(&old.0, &old.1, &ca.ca_pem(), &c.url),
+        &[
+            "the operator certificate --cert",
+            "old.pem (operator old (tenant default, role admin)) expired at 2024-01-01T00:00:00Z",
+        ],
+    );
+
+    // A certificate of another CA: the controller refused it, and why.
+    let other = Ca::init(&dir.path().join("other-ca"));
+    let eve = other.operator("eve", "default", "admin");
+    says(
+        &cli(&eve.0, &eve.1, &ca.ca_pem(), &c.url),
+        &[
+            "the controller refused the operator certificate --cert",
+            "(operator eve (tenant default, role admin)): not signed by the CA it trusts (it was issued by `baton fleet CA ",
+        ],
+    );
+    // --ca of another CA: the controller's certificate is not signed by it.
+    says(
+        &cli(&ann.0, &ann.1, &other.ca_pem(), &c.url),
+        &[
+            "the controller's certificate is not signed by the CA in --ca",
+            "other-ca/ca.pem (`baton fleet CA ",
+            "pass the ca.pem of the CA directory the controller serves",
+        ],
+    );
+    // One operator's certificate with another's key: found before dialling.
+    let bob = ca.operator("bob", "default", "viewer");
+    says(
+        &cli(&ann.0, &bob.1, &ca.ca_pem(), &c.url),
+        &[
+            "bob-key.pem does not belong to --cert",
+            "ann.pem (operator ann",
+        ],
+    );
+    assert!(!c.log().contains("bob"), "{}", c.log());
+    // https:// toward a plaintext controller.
+    let plain = baton_e2e::fleet::start_controller(&dir.path().join("plain"), "127.0.0.1:0");
+    says(
+        &cli(
+            &ann.0,
+            &ann.1,
+            &ca.ca_pem(),
+            &plain.url.replace("http://", "https://"),
+        ),
+        &["did not answer in TLS: the controller there serves plaintext (`serve --insecure`)"],
+    );
+    // http:// toward the TLS controller.
+    let o = run(
+        Command::new(bin("baton-controller")).args([
+            "packs",
+            "--insecure",
+            "--controller",
+            &c.url.replace("https://", "http://"),
+        ]),
+        WAIT,
+    );
+    says(&o, &["this controller's port speaks mTLS", "dial https://"]);
+    // A missing file is named.
+    says(
+        &cli(&dir.path().join("nope.pem"), &ann.1, &ca.ca_pem(), &c.url),
+        &["--cert ", "nope.pem: No such file"],
+    );
+    // And the right files still work.
+    let o = cli(&ann.0, &ann.1, &ca.ca_pem(), &c.url);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

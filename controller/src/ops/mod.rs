@@ -5,8 +5,11 @@
 //!
 //! The controller is reached over mTLS (`https://`, with `--cert`,
 //! `--key`, `--ca`, or `BATON_CERT`, `BATON_KEY`, `BATON_CA`, or a
-//! [`profile`]), or in plaintext (`http://`) only with `--insecure`.
+//! [`profile`]), or in plaintext (`http://`) only with `--insecure`. The
+//! TLS files are checked before dialling and a failed handshake is
+//! explained ([`dial`]).
 
+pub mod dial;
 mod format;
 pub mod profile;
 mod push;
@@ -17,7 +20,7 @@ use std::time::Duration;
 use baton_proto::wire::admin_client::AdminClient;
 use std::path::PathBuf;
 
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 
 pub use push::{PushOpts, push};
 pub use query::{
@@ -54,23 +57,6 @@ pub struct ClientTls {
     pub ca: Option<PathBuf>,
 }
 
-impl ClientTls {
-    /// tonic's configuration from the three files (read now).
-    pub fn config(&self) -> Result<ClientTlsConfig, OpError> {
-        let (Some(cert), Some(key), Some(ca)) = (&self.cert, &self.key, &self.ca) else {
-            return Err(OpError::usage(
-                "https:// needs --cert, --key and --ca (or BATON_CERT, BATON_KEY, BATON_CA)",
-            ));
-        };
-        let read = |p: &PathBuf| {
-            std::fs::read(p).map_err(|e| OpError::fail(format!("{}: {e}", p.display())))
-        };
-        Ok(ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read(ca)?))
-            .identity(Identity::from_pem(read(cert)?, read(key)?)))
-    }
-}
-
 /// A failure of an operator command: message, exit code.
 #[derive(Debug)]
 pub struct OpError {
@@ -104,20 +90,46 @@ impl From<tonic::Status> for OpError {
     }
 }
 
-/// A status as an operator reads it.
+/// A status as an operator reads it: a failed dial's own explanation when
+/// the status carries one (a reconnection that failed mid-command).
 pub fn describe_status(s: &tonic::Status) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = cur {
+        if let Some(d) = e.downcast_ref::<dial::DialError>() {
+            return d.to_string();
+        }
+        cur = e.source();
+    }
     match s.code() {
         tonic::Code::Unavailable => format!("controller unavailable: {}", s.message()),
         tonic::Code::InvalidArgument => s.message().to_string(),
+        // A refusal of the connection (over the controller's limit), or of
+        // the call: the controller's words.
+        tonic::Code::ResourceExhausted => format!("refused: {}", s.message()),
+        tonic::Code::Internal if s.message().contains("h2 protocol error") => format!(
+            "{:?}: {} (an HTTP/2 protocol error on a plaintext http:// connection usually means the port speaks TLS: dial https:// with --cert, --key and --ca)",
+            s.code(),
+            s.message()
+        ),
         _ => format!("{:?}: {}", s.code(), s.message()),
     }
 }
 
-/// Check that the URL may be used: `https://` with the client's
-/// certificate, plaintext only with `--insecure`.
-pub fn endpoint(conn: &Conn) -> Result<Endpoint, OpError> {
-    let tls = if conn.url.starts_with("https://") {
-        Some(conn.tls.config()?)
+/// How a command reaches the controller.
+#[derive(Debug)]
+pub enum Transport {
+    /// `http://` (with `--insecure`): tonic's own connector.
+    Plain(Endpoint),
+    /// `https://`: the files checked, dialled by [`dial::Dialer`].
+    Tls(Endpoint, dial::Dialer),
+}
+
+/// Check that the URL may be used (`https://` with the client's
+/// certificate, read and checked now; plaintext only with `--insecure`)
+/// and how it is dialled.
+pub fn transport(conn: &Conn) -> Result<Transport, OpError> {
+    let plain = if conn.url.starts_with("https://") {
+        false
     } else if conn.url.starts_with("http://") {
         if !conn.insecure {
             return Err(OpError::usage(format!(
@@ -137,36 +149,70 @@ pub fn endpoint(conn: &Conn) -> Result<Endpoint, OpError> {
                 conn.url
             )));
         }
-        None
+        true
     } else {
         return Err(OpError::usage(format!(
             "--controller {}: expected https://HOST:PORT (or http:// with --insecure)",
             conn.url
         )));
     };
-    let e = Endpoint::from_shared(conn.url.clone())
-        .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))?;
-    let e = match tls {
-        Some(t) => e
-            .tls_config(t)
-            .map_err(|e| OpError::usage(format!("--controller {}: TLS: {e}", conn.url)))?,
-        None => e,
+    let tune = |e: Endpoint| {
+        e.tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10))
     };
-    Ok(e.connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(10)))
+    if plain {
+        let e = Endpoint::from_shared(conn.url.clone())
+            .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))?;
+        return Ok(Transport::Plain(tune(
+            e.connect_timeout(Duration::from_secs(5)),
+        )));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let files = dial::Files::read(&conn.tls, now)?;
+    let dialer = dial::Dialer::new(&conn.url, &files)?;
+    // tonic would dial TLS itself for an https:// URI; the dialer does
+    // (each of its steps has its own timeout), and requests still say
+    // `https` and the controller's authority.
+    let origin: tonic::transport::Uri = conn
+        .url
+        .parse()
+        .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))?;
+    let authority = origin
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let e = Endpoint::from_shared(format!("http://{authority}"))
+        .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))?
+        .origin(origin);
+    Ok(Transport::Tls(tune(e), dialer))
 }
 
 /// An Admin client.
 pub async fn client(conn: &Conn) -> Result<AdminClient<Channel>, OpError> {
-    let ch = endpoint(conn)?.connect().await.map_err(|e| {
-        OpError::fail(format!(
-            "cannot reach the controller at {}: {}",
-            conn.url,
-            error_chain(&e)
-        ))
-    })?;
+    let ch = match transport(conn)? {
+        Transport::Plain(e) => e.connect().await.map_err(|e| {
+            OpError::fail(format!(
+                "cannot reach the controller at {}: {}",
+                conn.url,
+                error_chain(&e)
+            ))
+        })?,
+        Transport::Tls(e, dialer) => {
+            e.connect_with_connector(dialer.clone())
+                .await
+                .map_err(|e| match dialer.failure() {
+                    Some(d) => OpError::fail(d.0),
+                    None => OpError::fail(format!(
+                        "cannot reach the controller at {}: {}",
+                        conn.url,
+                        error_chain(&e)
+                    )),
+                })?
+        }
+    };
     Ok(AdminClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))

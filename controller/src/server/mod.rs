@@ -7,10 +7,15 @@
 //! - [`session`]: one agent's stream (hello, acks, feedback, clock);
 //! - [`admin`]: the operators' API, a thin mapping onto [`crate::app`];
 //! - [`convert`]: wire messages to records and back, with every check;
-//! - [`tls`]: our own accept loop (handshakes bounded, identities read);
+//! - [`accept`]: one accept loop, plaintext or mTLS (failed accepts back
+//!   off, connections capped with a refusal clients read, TLS handshakes
+//!   budgeted per source);
+//! - [`tls`]: the TLS configuration, re-read on change, and the peer's
+//!   identity;
 //! - [`revocations`]: revocations the controller picks up, into the audit log;
 //! - [`metrics`]: `/metrics` over HTTP.
 
+pub mod accept;
 pub mod admin;
 pub mod convert;
 pub mod metrics;
@@ -59,6 +64,8 @@ pub struct ServerConfig {
     pub max_held: usize,
     /// What is deleted when, and how.
     pub retention: Retention,
+    /// Live connections and TLS handshakes at most.
+    pub accept: accept::AcceptOptions,
     /// Whether agents belong to tenants: set with `tls` by
     /// [`ServerConfig::with_tls`] (identities make tenants bindable).
     pub binding: Binding,
@@ -77,6 +84,7 @@ impl ServerConfig {
             metrics: None,
             max_held: 1024,
             retention: Retention::default(),
+            accept: accept::AcceptOptions::default(),
             binding: Binding::Open,
         }
     }
@@ -286,24 +294,32 @@ pub async fn serve(
     let done = async move {
         let _ = done_rx.await;
     };
-    let mut accept_task = None;
+    let accept_opts = shared.cfg.accept;
+    let accept_task;
     let server = match tls_state {
         None => {
-            tracing::info!(%addr, "controller listening (plaintext, --insecure)");
-            let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(Duration::from_secs(30)));
+            tracing::info!(%addr, max_connections = accept_opts.max_connections, "controller listening (plaintext, --insecure)");
+            let (incoming, task) = accept::plaintext(listener, accept_opts, shared.app.clone());
+            accept_task = task;
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
         }
         Some((state, opts)) => {
-            tracing::info!(%addr, dir = %opts.dir.display(), "controller listening (mTLS)");
+            let h = accept_opts.handshakes;
+            tracing::info!(
+                %addr,
+                dir = %opts.dir.display(),
+                max_connections = accept_opts.max_connections,
+                max_handshakes = h.total,
+                per_source = h.per_source,
+                "controller listening (mTLS)"
+            );
             tokio::spawn(tls::watch_files(state.clone(), opts.reload_every, stop_rx));
             tokio::spawn(revocations::audit_revocations(
                 shared.clone(),
                 crate::ca::CaDir::new(&opts.dir),
             ));
-            let (incoming, task) = tls::incoming(listener, state, opts.handshake_timeout);
-            accept_task = Some(task);
+            let (incoming, task) = accept::tls(listener, state, accept_opts, shared.app.clone());
+            accept_task = task;
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
         }
     };
@@ -322,9 +338,7 @@ pub async fn serve(
         baton_service::notify::State::Stopping,
         baton_service::notify::State::Status("stopping: closing agent streams"),
     ]);
-    if let Some(t) = accept_task {
-        t.abort();
-    }
+    accept_task.abort();
     if let Some(t) = metrics_task {
         t.abort();
     }
