@@ -128,7 +128,16 @@ pub struct App {
     /// Per connected agent: start lateness, 1 µs .. 60 s at 2 digits, u32
     /// counts (~11 KB each); dropped when its stream ends.
     lateness: Mutex<HashMap<String, Histogram<u32>>>,
+    /// Feedback batches being converted and stored at once (see
+    /// [`App::ingest_permit`]).
+    ingest: tokio::sync::Semaphore,
 }
+
+/// Feedback batches converted and held at once, controller-wide: enough
+/// for the store's group commit to fill its batches (it takes up to 512
+/// commands per commit), few enough that a thousand agents sending at
+/// once do not each hold a decoded batch in memory.
+pub const INGEST_AT_ONCE: usize = 256;
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -154,7 +163,15 @@ impl App {
             metrics: metrics::Metrics::default(),
             events,
             lateness: Mutex::new(HashMap::new()),
+            ingest: tokio::sync::Semaphore::new(INGEST_AT_ONCE),
         })
+    }
+
+    /// A place among the feedback batches being converted and stored
+    /// (see [`INGEST_AT_ONCE`]); held until the batch is stored.
+    pub async fn ingest_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        // The semaphore is never closed.
+        self.ingest.acquire().await.ok()
     }
 
     /// Wait for a push token (all streams share one pace).

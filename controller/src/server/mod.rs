@@ -287,6 +287,12 @@ pub async fn serve(
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        // What a peer may send that the controller has not read yet: 256 KB
+        // per stream, 512 KB per connection (hyper's default is 1 MB each).
+        // An agent's outbox page is ~15 KB; a message is at most 16 MB and
+        // still arrives (flow control paces it, it does not refuse it).
+        .initial_stream_window_size(Some(256 * 1024))
+        .initial_connection_window_size(Some(512 * 1024))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(link)

@@ -886,8 +886,15 @@ impl Session {
         let mut foreign = 0;
         let mut dropped_at_agent = 0;
         let mut carriers = Vec::new();
-        for e in &batch.entries {
-            let row = convert::feedback(&self.agent.id, &self.agent.journal_id, e, now)?;
+        // Few batches converted at once across the controller's busiest
+        // moments is what memory can take: the permit bounds how many
+        // streams hold converted rows at once (the rest wait with their
+        // bytes in HTTP/2's flow control, compact), and is kept until the
+        // rows are stored.
+        let app = self.app.clone();
+        let _permit = app.ingest_permit().await;
+        for e in batch.entries {
+            let row = convert::feedback_owned(&self.agent.id, &self.agent.journal_id, e, now)?;
             if row.seq <= prev {
                 // A re-send of what is stored is fine only as a prefix of
                 // the stream (before anything new); within the new part
@@ -939,17 +946,18 @@ impl Session {
                     .filter(|r| r.event == "executed")
                     .map(|r| r.lateness_ns),
             );
-            let stored = self.app.store.put_feedback(rows.clone()).await?;
+            // Watchers see only what is stored; the batch is copied for
+            // them only when someone watches.
+            let watched = self.app.watched().then(|| rows.clone());
+            let stored = self.app.store.put_feedback(rows).await?;
             self.app
                 .metrics
                 .feedback(stored.inserted, stored.duplicates);
             if stored.duplicates > 0 {
                 tracing::debug!(agent = %self.agent.id, duplicates = stored.duplicates, "feedback re-sent");
             }
-            if self.app.watched() {
-                for r in rows {
-                    self.app.publish(Event::Feedback(Arc::new(r)));
-                }
+            for r in watched.into_iter().flatten() {
+                self.app.publish(Event::Feedback(Arc::new(r)));
             }
         }
         if !carriers.is_empty() {
