@@ -1305,7 +1305,13 @@ async fn bench(
         ingests.push(i);
     }
     fleet.check()?;
+    let (rss_hot, _, _) = proc_status(ctl.pid)?;
+    // Settled, as A is: past the controller's quiet moment after a burst
+    // (it gives freed heap back then) and the runtime's thread keep-alive.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    fleet.check()?;
     let (rss, hwm, _) = proc_status(ctl.pid)?;
+    println!("after the rounds: controller RSS {rss_hot} kB at once, {rss} kB settled (+13 s)");
     mem.rss_end_kb = rss;
     mem.hwm_end_kb = hwm;
     if let Ok(h) = std::env::var("FLEET_HOLD_S") {

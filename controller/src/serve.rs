@@ -85,6 +85,10 @@ fn serve(o: Opts) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", o.data.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // The store's reads run here (`spawn_blocking`): a few at once is
+        // what SQLite and two cores can use; more threads would each get
+        // an allocator arena and a stack for a thousand agents' hellos.
+        .max_blocking_threads(16)
         .thread_name("baton-ctl")
         .enable_all()
         .build()?;

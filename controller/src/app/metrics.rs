@@ -138,6 +138,14 @@ impl Metrics {
             .fetch_add(duplicates as u64, Ordering::Relaxed);
     }
 
+    /// Feedback batches stored and pushes sent so far.
+    pub fn activity(&self) -> (u64, u64) {
+        (
+            self.feedback_batches.load(Ordering::Relaxed),
+            self.pushes_sent.load(Ordering::Relaxed),
+        )
+    }
+
     /// An agent reported `n` entries dropped from its outbox.
     pub fn dropped_at_agent(&self, n: u64) {
         self.feedback_dropped_at_agent

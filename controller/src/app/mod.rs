@@ -11,6 +11,7 @@
 //! - [`feedback`]: stored feedback, paged; lateness figures;
 //! - [`audit`]: the audit log;
 //! - [`events`]: what watchers are told, and who may see it;
+//! - [`heap`]: freed memory given back after a burst;
 //! - [`hub`]: the live agent streams and what the rest asks of them;
 //! - [`pace`]: pacing of pushes (token bucket, sans-IO);
 //! - [`metrics`]: the counters behind `/metrics`;
@@ -21,6 +22,7 @@ pub mod audit;
 pub mod caller;
 pub mod events;
 pub mod feedback;
+pub mod heap;
 pub mod hub;
 pub mod metrics;
 pub mod pace;
@@ -263,6 +265,13 @@ impl App {
         l.get(agent)
             .filter(|h| !h.is_empty())
             .map_or(0, |h| h.value_at_quantile(0.99) as i64)
+    }
+
+    /// What changes when the controller works: feedback batches stored,
+    /// pushes sent, streams open (see [`heap`]).
+    pub fn activity(&self) -> (u64, u64, usize) {
+        let (batches, pushes) = self.metrics.activity();
+        (batches, pushes, self.hub.connected())
     }
 
     /// An agent's stream ended for good (not replaced): what the

@@ -256,6 +256,10 @@ pub async fn serve(
         shared.cfg.retention.clone(),
         stop_rx.clone(),
     ));
+    let heap = tokio::spawn(crate::app::heap::release_after_bursts(
+        shared.app.clone(),
+        stop_rx.clone(),
+    ));
     let tls_state = match &shared.cfg.tls {
         Some(t) => {
             let state = tls::TlsState::load(crate::ca::CaDir::new(&t.dir), shared.revoked.clone())?;
@@ -359,6 +363,7 @@ pub async fn serve(
         Err(_) => tracing::warn!("streams still open after 5 s; stopping anyway"),
     }
     retention.abort();
+    heap.abort();
     Ok(())
 }
 
