@@ -32,7 +32,6 @@ pub mod retention;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use hdrhistogram::Histogram;
 use tokio::sync::broadcast;
 
 use crate::model::{Binding, DeliveryRow, DeliveryState, PackVersionRow};
@@ -107,6 +106,44 @@ impl AppConfig {
     }
 }
 
+/// The start lateness of an agent's latest [`Recent::LEN`] executions, in
+/// µs: what `agents` shows as its p99. A window of recent values rather
+/// than a histogram since the stream began: 1 KB per agent instead of
+/// ~11 KB (a thousand agents' histograms were a tenth of the controller's
+/// memory), and it says how the agent fires now, not an hour ago.
+#[derive(Debug, Default)]
+pub struct Recent {
+    us: Vec<u32>,
+    next: usize,
+}
+
+impl Recent {
+    /// Values kept.
+    pub const LEN: usize = 256;
+
+    /// One more execution's lateness (ns; negative: early, as 0).
+    pub fn push(&mut self, ns: i64) {
+        let us = u32::try_from(ns.max(0) / 1_000).unwrap_or(u32::MAX);
+        if self.us.len() < Self::LEN {
+            self.us.push(us);
+        } else {
+            self.us[self.next] = us;
+        }
+        self.next = (self.next + 1) % Self::LEN;
+    }
+
+    /// The 99th percentile, ns (0: nothing recorded).
+    pub fn p99(&self) -> i64 {
+        if self.us.is_empty() {
+            return 0;
+        }
+        let mut v = self.us.clone();
+        let i = (v.len() * 99).div_ceil(100) - 1;
+        let (_, p, _) = v.select_nth_unstable(i);
+        i64::from(*p) * 1_000
+    }
+}
+
 /// Now, ns since the Unix epoch (the controller's clock is reference time).
 pub fn now_ns() -> i64 {
     let d = std::time::SystemTime::now()
@@ -127,9 +164,9 @@ pub struct App {
     pub metrics: metrics::Metrics,
     events: broadcast::Sender<Event>,
     bucket: tokio::sync::Mutex<pace::TokenBucket>,
-    /// Per connected agent: start lateness, 1 µs .. 60 s at 2 digits, u32
-    /// counts (~11 KB each); dropped when its stream ends.
-    lateness: Mutex<HashMap<String, Histogram<u32>>>,
+    /// Per connected agent: the start lateness of its latest executions;
+    /// dropped when its stream ends.
+    lateness: Mutex<HashMap<String, Recent>>,
     /// Feedback batches being converted and stored at once (see
     /// [`App::ingest_permit`]).
     ingest: tokio::sync::Semaphore,
@@ -246,25 +283,20 @@ impl App {
     /// Record start lateness of executed entries of `agent`.
     pub fn record_lateness(&self, agent: &str, lateness_ns: impl Iterator<Item = i64>) {
         let mut l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
-        let h = match l.get_mut(agent) {
-            Some(h) => h,
-            None => l.entry(agent.to_string()).or_insert_with(|| {
-                Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
-                    .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!()))
-            }),
+        let r = match l.get_mut(agent) {
+            Some(r) => r,
+            None => l.entry(agent.to_string()).or_default(),
         };
         for ns in lateness_ns {
-            h.saturating_record(ns.clamp(1_000, 60_000_000_000) as u64);
+            r.push(ns);
         }
     }
 
-    /// Start lateness p99 of an agent's feedback on its current stream
-    /// (0: none).
+    /// Start lateness p99 of an agent's latest executions on its current
+    /// stream (0: none).
     pub fn lateness_p99(&self, agent: &str) -> i64 {
         let l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
-        l.get(agent)
-            .filter(|h| !h.is_empty())
-            .map_or(0, |h| h.value_at_quantile(0.99) as i64)
+        l.get(agent).map_or(0, Recent::p99)
     }
 
     /// What changes when the controller works: feedback batches stored,

@@ -207,6 +207,23 @@ async fn a_pack_the_store_lost_can_still_be_cancelled_on_its_holders() {
     assert_eq!(p.agents, ["a1"]);
 }
 
+#[test]
+fn lateness_p99_is_of_the_latest_executions() {
+    let mut r = super::Recent::default();
+    assert_eq!(r.p99(), 0);
+    for i in 1..=100 {
+        r.push(i * 1_000_000);
+    }
+    assert_eq!(r.p99(), 99_000_000, "the 99th of 1..=100 ms");
+    // A window: old values leave.
+    for _ in 0..super::Recent::LEN {
+        r.push(2_000);
+    }
+    assert_eq!(r.p99(), 2_000);
+    r.push(-5);
+    assert_eq!(r.p99(), 2_000, "early counts as 0, not below");
+}
+
 fn fb(seq: u64, pack: &str) -> FeedbackRow {
     FeedbackRow {
         id: 0,
