@@ -49,6 +49,13 @@ pub struct ConfigFile {
     /// longer (an SD card) needs more, or the first firing of each pass
     /// arrives late.
     pub arm_lead: Option<String>,
+    /// Where the dispatch ledger lives: the file the dispatcher marks each
+    /// armed firing in as it runs it, so that after a `kill -9` every
+    /// armed firing is known to have run or not. Default: in `/dev/shm`
+    /// (named after the data directory), else in the data directory. Keep
+    /// it on a tmpfs: stores into a mapped disk file can fault and wait on
+    /// the disk on the real-time path.
+    pub ledger: Option<PathBuf>,
     /// Feedback kept for the controller before the oldest is dropped (and
     /// counted). Default 100 000.
     pub outbox_cap: Option<usize>,
@@ -232,6 +239,8 @@ pub struct AgentConfig {
     pub arm_horizon: Duration,
     /// Arming lead (see `ConfigFile::arm_lead`), at most the horizon.
     pub arm_lead: Duration,
+    /// The dispatch ledger's file (see `ConfigFile::ledger`).
+    pub ledger: PathBuf,
     /// Outbox cap.
     pub outbox_cap: usize,
     /// Exec workers.
@@ -561,14 +570,17 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         })?),
         None => None,
     };
+    let data_dir = o
+        .data_dir
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from("baton-data"));
+    let ledger = file.ledger.unwrap_or_else(|| default_ledger(&data_dir));
     Ok(AgentConfig {
         log_format,
         metrics,
         id: o.id.or(file.id).unwrap_or_else(host_name),
-        data_dir: o
-            .data_dir
-            .or(file.data_dir)
-            .unwrap_or_else(|| PathBuf::from("baton-data")),
+        ledger,
+        data_dir,
         gpio,
         allowed_lines,
         exec_allowlist,
@@ -590,6 +602,20 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         max_packs,
         clock,
     })
+}
+
+/// Where the dispatch ledger of the journal in `data_dir` goes by default:
+/// `/dev/shm` (a tmpfs: the real-time thread's stores never wait on a
+/// disk), named after the data directory, else the data directory itself.
+pub fn default_ledger(data_dir: &std::path::Path) -> PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        let abs = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+        let print = crate::ledger::fingerprint(&abs.to_string_lossy());
+        shm.join(format!("baton-{print:016x}.ledger"))
+    } else {
+        data_dir.join("dispatch.ledger")
+    }
 }
 
 /// The clock flags, split out of [`Overrides`] for [`resolve_clock`].

@@ -42,6 +42,7 @@ use baton_service::watchdog::Heartbeat;
 
 use crate::clock::{ClockEstimate, MonoTime, mono_now};
 use crate::gpio::{Direction, Gpio, GpioError, LineHandle};
+use crate::ledger::Slot;
 use crate::rt::{RtConfig, RtStatus, futex_wait, futex_wake};
 
 /// What to do to a line.
@@ -114,10 +115,13 @@ pub struct Job {
     pub op: Op,
     /// Execution id (for the sim log and messages).
     pub id: Arc<str>,
-    /// The pack's "may still fire" flag: cleared by the control thread when
-    /// the pack enters its safe state, so a job armed before that never runs
-    /// after it. `None` for safe-state and on_failure actions themselves.
-    pub live: Option<Arc<AtomicBool>>,
+    /// The attempt's slot in the dispatch ledger (`crate::ledger`): claimed
+    /// right before the device call, so an attempt the control thread
+    /// withdrew (a newer version, a timeout, its pack's safe state) never
+    /// runs, and marked done right after (what a restart after `kill -9`
+    /// reads). `None` for safe-state and on_failure actions; a pulse's end
+    /// carries its pulse's slot (withdrawn: it ends at once).
+    pub live: Option<Slot>,
     /// The control thread needs the result at once (an instruction of the
     /// pack waits on this one with `after:`). Other successful results may
     /// wait for its next pass, when that is at most the deferral window
@@ -127,9 +131,7 @@ pub struct Job {
 
 impl Job {
     fn withdrawn(&self) -> bool {
-        self.live
-            .as_ref()
-            .is_some_and(|l| !l.load(Ordering::Acquire))
+        self.live.as_ref().is_some_and(Slot::withdrawn)
     }
 }
 
@@ -142,6 +144,12 @@ pub enum NotRun {
     Withdrawn,
     /// The dispatcher stopped before it was due.
     Stopped,
+    /// Withdrawn by the control thread before it started: a newer version
+    /// of its pack does not keep it (never made by this thread).
+    Replaced,
+    /// Withdrawn by the control thread at its timeout, before it could
+    /// start (never made by this thread).
+    TimedOut,
 }
 
 /// How a job ended.
@@ -923,9 +931,11 @@ impl Local<'_> {
     }
 
     fn execute(&mut self, job: Job, now: MonoTime) {
-        // Not run at all: its pack is in its safe state, or it is past the
-        // instant after which it must not run. (A started pulse always ends.)
-        if job.kind == JobKind::Attempt {
+        // Not run at all: withdrawn (a newer version, a timeout, its pack's
+        // safe state), or past the instant after which it must not run.
+        // (A started pulse always ends.)
+        let attempt = job.kind == JobKind::Attempt;
+        if attempt {
             if job.withdrawn() {
                 return self.not_run(job, now, NotRun::Withdrawn);
             }
@@ -939,8 +949,17 @@ impl Local<'_> {
             drop(g);
             return self.not_run(job, now, NotRun::Stopped);
         }
+        // The one moment the attempt is taken: a withdrawal that came
+        // first wins, one that comes later is too late.
+        if attempt && job.live.as_ref().is_some_and(|s| !s.claim()) {
+            drop(g);
+            return self.not_run(job, now, NotRun::Withdrawn);
+        }
         let (outcome, pulse_end) = apply(&mut **g, &job, t_ref);
         drop(g);
+        if attempt && let Some(s) = &job.live {
+            s.finish(outcome.is_ok());
+        }
         self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);
         let failed_pulse = matches!(job.op, Op::Pulse { .. }) && outcome.is_err();
         // The line changed at `now` (the write is a syscall or two after).

@@ -58,5 +58,6 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
         exec,
         exec_rx,
         safe_table,
+        ledger: Some(cfg.ledger.clone()),
     })
 }

@@ -142,7 +142,7 @@ impl Agent {
             .into_iter()
             .filter_map(|t| match t {
                 Ticket::Attempt { text, .. } => Some(text.to_string()),
-                Ticket::Side { .. } => None,
+                Ticket::Side { .. } | Ticket::Settled { .. } | Ticket::PulseEnd { .. } => None,
             })
             .chain(execs.into_iter().map(|p| p.req.execution_id));
         for id in ids {
@@ -170,11 +170,14 @@ impl Agent {
         }
         for t in self.arming.tickets() {
             if let Ticket::Attempt { text, .. } = t {
-                tracing::warn!(execution_id = %text, "stopped before it ran: its start record stays (reported as outcome unknown after a restart)");
+                tracing::warn!(execution_id = %text, "no result from the dispatcher: its ledger slot says after a restart whether it ran");
             }
         }
         match self.journal.sync() {
-            Ok(()) => tracing::info!("safe state entered, journal flushed"),
+            Ok(()) => {
+                self.arming.remove_ledger_if_settled();
+                tracing::info!("safe state entered, journal flushed");
+            }
             Err(e) => tracing::error!("safe state entered; the journal could not be flushed: {e}"),
         }
     }

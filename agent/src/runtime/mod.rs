@@ -207,6 +207,9 @@ pub struct Parts {
     pub exec_rx: Receiver<ExecResult>,
     /// The safe-state table the panic hook reads.
     pub safe_table: SharedSafeTable,
+    /// Where the dispatch ledger lives (`crate::ledger`); `None`: in
+    /// anonymous memory (nothing survives the process).
+    pub ledger: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -266,6 +269,11 @@ pub struct Agent {
     lead_pass_for: Option<RefTime>,
     /// Output buffers, reused pass after pass (see [`Agent::output_buf`]).
     spare_outputs: Vec<Vec<Output>>,
+    /// Ledger slots armed for a batch's firings before their start record,
+    /// taken in order as the firings are performed.
+    batch_slots: std::collections::VecDeque<crate::ledger::Slot>,
+    /// Attempts the core asked back in the batch being performed.
+    asked_back: Vec<(ExecutionId, baton_sched::Reason)>,
     /// When freed heap goes back to the kernel.
     heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
@@ -317,6 +325,98 @@ fn prior_of(rec: &Recovered) -> Prior {
     }
 }
 
+/// Before the core is built: every attempt the journal says started
+/// without a result is resolved from the dispatch ledger the previous run
+/// left at `path` (if it is trusted: same boot, same journal) — it ran (its
+/// outcome is journalled and reported) or it never touched the device
+/// (journalled not run: `catch_up` and `max_lateness` decide as for any
+/// missed occurrence); one that was inside its device call when the
+/// process died stays `outcome unknown`. The resolutions are written to the
+/// kernel before a fresh ledger replaces the old one.
+fn resolve_armed(
+    path: &Path,
+    journal: &mut Journal,
+    recovered: &mut Recovered,
+    tally: &mut Tally,
+) -> anyhow::Result<crate::ledger::Slots> {
+    use crate::ledger::{Fate, Ledger};
+    let prev = Ledger::previous(path, journal.id());
+    let open: Vec<String> = recovered
+        .attempts
+        .iter()
+        .filter(|(_, o)| o.is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
+    let (mut ran, mut not_run, mut unknown) = (0, 0, 0);
+    for text in open {
+        let fate = prev.fate(&text);
+        let outcome = match fate {
+            Some(Fate::NotRun) => Outcome::NotRun,
+            Some(Fate::Succeeded) => Outcome::Succeeded,
+            Some(Fate::Failed) => Outcome::Failed,
+            Some(Fate::Interrupted) => {
+                tracing::warn!(
+                    execution_id = %text,
+                    "it was inside its device call (or its program had started) when the agent died: outcome unknown"
+                );
+                unknown += 1;
+                continue;
+            }
+            None => {
+                unknown += 1;
+                continue;
+            }
+        };
+        journal.record_finished(&text, outcome)?;
+        let result = match outcome {
+            Outcome::NotRun => {
+                not_run += 1;
+                // For the core it never started: a missed occurrence like
+                // any other (fired late within `max_lateness`, or per
+                // `catch_up`), reported by the core.
+                recovered.attempts.remove(&text);
+                continue;
+            }
+            Outcome::Succeeded => {
+                recovered.attempts.insert(text.clone(), Some(outcome));
+                FiringResult::Ok { value: None }
+            }
+            Outcome::Failed => {
+                recovered.attempts.insert(text.clone(), Some(outcome));
+                FiringResult::Failed(
+                    "the device call failed (found after a restart; its error was not kept)".into(),
+                )
+            }
+        };
+        ran += 1;
+        if let Some(id) = ExecutionId::parse(&text) {
+            // Its time was not kept: reported at its instant.
+            let rec = FiringRecord::attempt(&id, &text, "", id.occurrence, id.occurrence, result);
+            feedback::executed(journal, tally, &rec, None, feedback::ClockStamp::default())?;
+        }
+    }
+    if ran + not_run + unknown > 0 {
+        match &prev.distrust {
+            None => tracing::info!(
+                ran,
+                not_run,
+                unknown,
+                "attempts armed when the agent stopped, resolved from the dispatch ledger"
+            ),
+            Some(why) => tracing::warn!(
+                unknown,
+                "the dispatch ledger at {} is not used ({why}): attempts armed when the agent stopped are `outcome unknown`",
+                path.display()
+            ),
+        }
+    }
+    // In the kernel before the old ledger is replaced.
+    journal.flush()?;
+    let ledger = Ledger::create(path, journal.id(), crate::ledger::DEFAULT_SLOTS)
+        .map_err(|e| anyhow::anyhow!("creating the dispatch ledger {}: {e}", path.display()))?;
+    Ok(crate::ledger::Slots::new(Arc::new(ledger)))
+}
+
 /// Journal an attempt's result: one typed record.
 fn journal_result(journal: &mut Journal, id: &str, r: &AttemptResult) -> Result<(), JournalError> {
     let outcome = match r {
@@ -366,7 +466,15 @@ impl Agent {
             exec,
             exec_rx,
             safe_table,
+            ledger,
         } = parts;
+        let mut journal = journal;
+        let mut recovered = recovered;
+        let mut tally = Tally::default();
+        let slots = match &ledger {
+            Some(path) => resolve_armed(path, &mut journal, &mut recovered, &mut tally)?,
+            None => crate::ledger::Slots::anonymous(),
+        };
         tracing::info!(origin = ?recovered.origin, packs = recovered.packs.len(), "journal opened");
         if recovered.truncated_bytes > 0 {
             tracing::warn!(
@@ -396,13 +504,15 @@ impl Agent {
             exec,
             exec_rx,
             admission: Admission::default(),
-            arming: Arming::default(),
+            arming: Arming::new(slots),
             held: HashMap::default(),
             safe_table,
             degraded_exit: None,
             safe_done: HashSet::new(),
-            tally: Tally::default(),
+            tally,
             spare_outputs: Vec::new(),
+            batch_slots: std::collections::VecDeque::new(),
+            asked_back: Vec::new(),
             lead_pass_for: None,
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
@@ -785,8 +895,10 @@ impl Agent {
         self.start_due_exec()?;
         // The controller link: its events, leases, feedback (bounded).
         self.uplink_step()?;
-        // This pass's lazy records (results, feedback) in one write.
+        // This pass's lazy records (results, feedback) in one write; the
+        // ledger slots of attempts whose results it holds may be reused.
         self.journal.flush()?;
+        self.arming.journal_written();
         if now.since(self.last_heartbeat) >= HEARTBEAT {
             let hb = self.journal.heartbeat(now.as_nanos())?;
             if let Some(e) = hb.compaction_error {

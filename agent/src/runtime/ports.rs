@@ -248,11 +248,9 @@ impl DirectDevice {
 
     fn run(&mut self, job: Job, now: MonoTime) -> Done {
         use crate::dispatcher::{JobKind, JobOutcome, NotRun, Op};
-        let withdrawn = job
-            .live
-            .as_ref()
-            .is_some_and(|l| !l.load(Ordering::Acquire));
-        let not_run = if job.kind != JobKind::Attempt {
+        let attempt = job.kind == JobKind::Attempt;
+        let withdrawn = job.live.as_ref().is_some_and(|s| s.withdrawn());
+        let mut not_run = if !attempt {
             None
         } else if withdrawn {
             Some(NotRun::Withdrawn)
@@ -263,6 +261,9 @@ impl DirectDevice {
         } else {
             None
         };
+        if not_run.is_none() && attempt && job.live.as_ref().is_some_and(|s| !s.claim()) {
+            not_run = Some(NotRun::Withdrawn);
+        }
         let mut done = Done {
             ticket: job.ticket,
             kind: job.kind,
@@ -280,6 +281,9 @@ impl DirectDevice {
         }
         let t = self.clock.to_ref(now).as_nanos();
         let (r, pulse_end) = crate::dispatcher::apply(&mut *self.gpio, &job, t);
+        if attempt && let Some(s) = &job.live {
+            s.finish(r.is_ok());
+        }
         match pulse_end {
             Some(end) => {
                 self.seq += 1;

@@ -354,7 +354,17 @@ impl Scheduler {
         let mut attempt = 1;
         loop {
             let id = self.make_id(slot, i, occ, attempt);
-            match self.prior.get(&id.to_string()).copied() {
+            let outcome = self.prior.get(&id.to_string()).copied();
+            if outcome == Some(PriorOutcome::NotRun) && attempt < max {
+                // Withdrawn at its timeout, and a retry followed: that
+                // retry's record says what happened next.
+                let next = self.make_id(slot, i, occ, attempt + 1).to_string();
+                if self.prior.contains_key(&next) {
+                    attempt += 1;
+                    continue;
+                }
+            }
+            match outcome {
                 None | Some(PriorOutcome::NotRun) if attempt == 1 => return false,
                 None | Some(PriorOutcome::NotRun) => {
                     // Earlier attempts failed before the restart: go on
@@ -464,6 +474,15 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         let (occ, attempt) = (id.occurrence, id.attempt);
+        if attempt == 1 && self.claimed_by_older(slot, i, occ, now, out) {
+            if let Some(ps) = self.packs[slot].as_mut()
+                && !ps.pack.instructions[i].schedule.is_repeating()
+            {
+                ps.ins[i].done = true;
+                ps.ins[i].fired = true;
+            }
+            return;
+        }
         // Formatted into a kept buffer, then copied once into the shared
         // text (`to_string` grew a fresh string a few times per firing).
         self.id_buf.clear();
@@ -513,6 +532,7 @@ impl Scheduler {
                 id: id.clone(),
                 running: true,
                 timer: Some(timer),
+                deadline: now + timeout,
             };
             ps.ins[i].attempts.insert(occ, a);
             if matches!(ps.pack.instructions[i].schedule, Schedule::At(_)) {
