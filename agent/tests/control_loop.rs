@@ -129,6 +129,50 @@ fn two_packs_driving_one_line_are_refused_unless_both_share_it() {
     .expect("a reader does not drive");
 }
 
+/// A line a newer version no longer drives stays its pack's until every
+/// firing armed on it has run or been withdrawn: here a pulse that started
+/// under v1 keeps line 5 until its end has run, and pack b, which wants
+/// the line, is refused meanwhile (retried later: transient), then taken.
+#[test]
+fn a_line_dropped_by_a_newer_version_is_released_once_its_armed_firings_ran() {
+    let mut r = rig();
+    r.accept(&pack(
+        "a",
+        1,
+        &format!(
+            "instructions:\n  - {{id: p, action: gpio.pulse, params: {{line: 5, width: 200ms}}, at: {}}}\n",
+            t(100)
+        ),
+    ))
+    .expect("a v1");
+    r.run_until(t(150), Duration::from_millis(5));
+    assert_eq!(r.level(5), Some(1), "the pulse started");
+    r.accept(&pack(
+        "a",
+        2,
+        "instructions:\n  - {id: q, action: gpio.toggle, params: {line: 6}, every: 1s}\n",
+    ))
+    .expect("a v2 drops line 5");
+    let b = pack(
+        "b",
+        1,
+        "instructions:\n  - {id: w, action: gpio.write, params: {line: 5, value: 1}, every: 1s}\n",
+    );
+    let err = r
+        .accept(&b)
+        .expect_err("line 5 is still pulsing under a v1");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("still in use by pack default/a"), "{msg}");
+    assert!(matches!(
+        err.downcast_ref::<baton_agent::runtime::AcceptError>(),
+        Some(baton_agent::runtime::AcceptError::Refused(a)) if a.is_transient()
+    ));
+    r.run_until(t(350), Duration::from_millis(5));
+    assert_eq!(r.level(5), Some(0), "the pulse ended");
+    r.accept(&b)
+        .expect("line 5 is free once the pulse has ended");
+}
+
 #[test]
 fn versions_only_go_up_and_a_version_is_one_text() {
     let mut r = rig();

@@ -45,6 +45,8 @@ pub enum Ticket {
     Side {
         /// The pack.
         pack: PackKey,
+        /// The line it drives.
+        line: Option<LineHandle>,
         /// Who asked.
         origin: Origin,
         /// Its label.
@@ -458,13 +460,18 @@ impl Arming {
         out
     }
 
-    /// Lines of `pack` that an armed attempt (or a pulse's end) may still
-    /// drive.
+    /// Lines of `pack` that an armed attempt, a pulse's end or a safe
+    /// write may still drive.
     pub fn busy_lines(&self, pack: &PackKey) -> Vec<LineHandle> {
         let mut lines: Vec<LineHandle> = self
             .tickets
             .values()
-            .filter_map(|t| t.pack_line())
+            .filter_map(|t| match t {
+                Ticket::Side { pack, line, .. } => Some((pack, *line)),
+                // Withdrawn: it never touches its line.
+                Ticket::Settled { .. } => None,
+                t => t.pack_line(),
+            })
             .filter(|(p, _)| *p == pack)
             .filter_map(|(_, l)| l)
             .collect();

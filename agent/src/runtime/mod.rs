@@ -895,6 +895,11 @@ impl Agent {
         self.start_due_exec()?;
         // The controller link: its events, leases, feedback (bounded).
         self.uplink_step()?;
+        // Lines let go of are free once nothing armed may touch them.
+        if self.admission.has_lingering() {
+            let arming = &self.arming;
+            self.admission.settle_lingering(|p| arming.busy_lines(p));
+        }
         // This pass's lazy records (results, feedback) in one write; the
         // ledger slots of attempts whose results it holds may be reused.
         self.journal.flush()?;

@@ -346,6 +346,7 @@ impl Agent {
                 Some(op) => {
                     let ticket = self.arming.ticket(Ticket::Side {
                         pack: pack.clone(),
+                        line: op.line(),
                         origin,
                         text: text.clone(),
                         scheduled: now,

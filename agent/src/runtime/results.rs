@@ -120,6 +120,7 @@ impl Agent {
                 text,
                 scheduled,
                 action,
+                ..
             } => {
                 let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
                 self.report(FiringRecord {
