@@ -10,9 +10,13 @@
 //! - The thread **owns the GPIO backend**. The control thread never touches
 //!   it: line requests at pack acceptance are messages ([`Dispatcher::request_lines`])
 //!   that this thread serves between firings. So the real-time thread never
-//!   waits on a lock held by a thread doing IO. The backend sits behind a
-//!   mutex only so a panic hook can drive the safe state through it
-//!   ([`EmergencyGpio`]); in normal running that mutex is uncontended.
+//!   waits on a lock held by a thread doing IO, and the backend has no lock
+//!   at all. The safe state's last resort (the way out when this thread is
+//!   stuck, the panic hook) reaches the lines another way: each output line's
+//!   [`crate::gpio::DirectLine`] (its own handle on the kernel's line),
+//!   registered in [`DirectLines`] as lines are requested; the [`Fence`]
+//!   keeps this thread's jobs off the lines from then on, and says whether a
+//!   device call of this thread is still in progress.
 //! - Jobs arrive and results leave through pre-allocated lock-free queues.
 //!   The control thread keeps a **credit count** ([`Credits`]): it never has
 //!   more jobs in flight than the result queue can hold, so a result push
@@ -29,9 +33,9 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
@@ -41,7 +45,7 @@ use crossbeam_queue::ArrayQueue;
 use baton_service::watchdog::Heartbeat;
 
 use crate::clock::{ClockEstimate, MonoTime, mono_now};
-use crate::gpio::{Direction, Gpio, GpioError, LineHandle};
+use crate::gpio::{DirectLines, Direction, Gpio, GpioError, LineHandle};
 use crate::ledger::Slot;
 use crate::rt::{RtConfig, RtStatus, futex_wait, futex_wake};
 
@@ -281,9 +285,11 @@ struct Shared {
     result_defer_ns: AtomicI64,
     stop: AtomicBool,
     /// Set by [`Dispatcher::fence`] or the panic hook ([`Fence`]): no job
-    /// touches a line any more (checked under the backend's lock, so the
-    /// way out's direct writes are last).
-    fenced: Arc<AtomicBool>,
+    /// touches a line any more; and whether this thread is inside a device
+    /// call (so the safe state's direct writes come after it).
+    fence: Arc<FenceState>,
+    /// Each requested output line's direct writer.
+    direct: Arc<DirectLines>,
     stats: Stats,
 }
 
@@ -316,25 +322,43 @@ impl Shared {
     }
 }
 
-/// The backend, reachable from a panic hook to drive the safe state when
-/// the process is about to die (see `runtime::safety`).
-pub type EmergencyGpio = Arc<Mutex<Box<dyn Gpio>>>;
-
-/// Lock the backend; a panic while it was held leaves it usable (a write
-/// is a single syscall: no half-updated state to fear).
-pub fn lock_gpio(g: &Mutex<Box<dyn Gpio>>) -> MutexGuard<'_, Box<dyn Gpio>> {
-    g.lock().unwrap_or_else(|p| p.into_inner())
+/// The fence between this thread's jobs and the safe state's direct
+/// writes: a store-load pair on both sides (SeqCst), as in Dekker's
+/// algorithm. The thread raises `in_call` and then reads `fenced` before
+/// each device call; the fencer raises `fenced` and then reads `in_call`:
+/// either the thread sees the fence and does not call, or the fencer sees
+/// the call in progress (and waits for it, bounded).
+#[derive(Debug, Default)]
+pub struct FenceState {
+    fenced: AtomicBool,
+    in_call: AtomicBool,
 }
 
 /// Lets no job of the dispatcher touch a line any more, from any thread
 /// (see [`Dispatcher::fence_handle`]).
 #[derive(Debug, Clone)]
-pub struct Fence(Arc<AtomicBool>);
+pub struct Fence(Arc<FenceState>);
 
 impl Fence {
     /// From now on, jobs end not run (`stopped`).
     pub fn close(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.fenced.store(true, Ordering::SeqCst);
+    }
+
+    /// After [`Fence::close`]: wait (bounded, spinning politely) until no
+    /// device call of the dispatcher is in progress; whether none is. A
+    /// call that never returns (a hung driver) makes this false.
+    pub fn quiet_within(&self, timeout: Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if !self.0.in_call.load(Ordering::SeqCst) {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -349,8 +373,9 @@ pub struct Dispatcher {
     credits: Credits,
     /// Jobs were submitted that the thread has not been woken for.
     unseen: bool,
-    /// The backend, for the way out when this thread is stuck.
-    emergency: EmergencyGpio,
+    /// The lines' direct writers, for the way out when this thread is
+    /// stuck.
+    direct: Arc<DirectLines>,
 }
 
 /// How long [`Drop`] waits for the thread before letting it go.
@@ -364,7 +389,7 @@ impl Dispatcher {
         clock: Arc<ClockEstimate>,
         rt: RtConfig,
         notify: Thread,
-    ) -> std::io::Result<(Dispatcher, EmergencyGpio)> {
+    ) -> std::io::Result<(Dispatcher, Arc<DirectLines>)> {
         let shared = Arc::new(Shared {
             inbox: ArrayQueue::new(QUEUE_CAPACITY),
             done: ArrayQueue::new(QUEUE_CAPACITY),
@@ -373,15 +398,15 @@ impl Dispatcher {
             sleeping: AtomicBool::new(false),
             control_wake: AtomicI64::new(CONTROL_AWAKE),
             result_defer_ns: AtomicI64::new(RESULT_DEFER_NS),
-            fenced: Arc::new(AtomicBool::new(false)),
+            fence: Arc::new(FenceState::default()),
+            direct: Arc::new(DirectLines::default()),
             stop: AtomicBool::new(false),
             stats: Stats::default(),
         });
-        let gpio: EmergencyGpio = Arc::new(Mutex::new(gpio));
         let (status_tx, status_rx) = sync_channel(1);
         let (exit_tx, exited) = sync_channel::<()>(0);
         let s = shared.clone();
-        let g = gpio.clone();
+        let direct = shared.direct.clone();
         let thread = std::thread::Builder::new()
             .name("baton-dispatch".into())
             // Small and fixed: with mlockall every stack page is resident.
@@ -391,7 +416,7 @@ impl Dispatcher {
                 let status = crate::rt::apply_to_current_thread(&rt);
                 crate::rt::prefault_stack(64 * 1024);
                 let _ = status_tx.send(status);
-                run(&s, &g, &clock, &notify);
+                run(&s, gpio, &clock, &notify);
             })?;
         let rt = status_rx.recv().unwrap_or_default();
         Ok((
@@ -402,9 +427,9 @@ impl Dispatcher {
                 rt,
                 credits: Credits::default(),
                 unseen: false,
-                emergency: gpio.clone(),
+                direct: direct.clone(),
             },
-            gpio,
+            direct,
         ))
     }
 
@@ -441,10 +466,10 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// The backend the thread drives, for the way out when the thread is
-    /// stuck (its writes would never land).
-    pub fn emergency(&self) -> &EmergencyGpio {
-        &self.emergency
+    /// The lines' direct writers, for the way out when the thread is stuck
+    /// (its writes would never land).
+    pub fn direct_lines(&self) -> &Arc<DirectLines> {
+        &self.direct
     }
 
     /// The control thread is about to park until `wake` (monotonic ns;
@@ -474,14 +499,14 @@ impl Dispatcher {
     /// state, so no job armed ahead lands after its writes while the
     /// process dies.
     pub fn fence_handle(&self) -> Fence {
-        Fence(self.shared.fenced.clone())
+        Fence(self.shared.fence.clone())
     }
 
     /// Stop, and let no job touch a line from now on (one in progress
     /// finishes): the way out then writes the safe state through the
     /// backend itself, and nothing of this thread may follow it.
     pub fn fence(&mut self) {
-        self.shared.fenced.store(true, Ordering::Release);
+        self.shared.fence.fenced.store(true, Ordering::SeqCst);
         self.shared.stop.store(true, Ordering::Release);
         self.shared.bump();
     }
@@ -672,7 +697,7 @@ const REQUEST_MAX_WAIT_NS: i64 = 50_000_000;
 /// The thread's state between iterations.
 struct Local<'a> {
     s: &'a Shared,
-    gpio: &'a Mutex<Box<dyn Gpio>>,
+    gpio: Box<dyn Gpio>,
     /// Dates the sim backend's log lines on reference time.
     clock: &'a ClockEstimate,
     notify: &'a Thread,
@@ -685,7 +710,7 @@ struct Local<'a> {
     urgent: std::cell::Cell<bool>,
 }
 
-fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &Thread) {
+fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) {
     let mut l = Local {
         s,
         gpio,
@@ -845,7 +870,7 @@ impl Local<'_> {
             return;
         }
         while let Some(req) = self.s.requests.pop() {
-            let mut g = lock_gpio(self.gpio);
+            let g = &mut self.gpio;
             let r: Result<Vec<LineHandle>, GpioError> = req
                 .lines
                 .iter()
@@ -854,7 +879,11 @@ impl Local<'_> {
                     Direction::Input => g.request_input(line),
                 })
                 .collect();
-            drop(g);
+            if let Ok(handles) = &r {
+                for h in handles {
+                    self.s.direct.learn(&**g, *h);
+                }
+            }
             // The requester may have given up: nothing waits on this.
             let _ = req.reply.try_send(r);
         }
@@ -944,22 +973,23 @@ impl Local<'_> {
             }
         }
         let t_ref = self.clock.to_ref(now).as_nanos();
-        let mut g = lock_gpio(self.gpio);
-        if self.s.fenced.load(Ordering::Acquire) {
-            drop(g);
+        let fence = &self.s.fence;
+        fence.in_call.store(true, Ordering::SeqCst);
+        if fence.fenced.load(Ordering::SeqCst) {
+            fence.in_call.store(false, Ordering::SeqCst);
             return self.not_run(job, now, NotRun::Stopped);
         }
         // The one moment the attempt is taken: a withdrawal that came
         // first wins, one that comes later is too late.
         if attempt && job.live.as_ref().is_some_and(|s| !s.claim()) {
-            drop(g);
+            fence.in_call.store(false, Ordering::SeqCst);
             return self.not_run(job, now, NotRun::Withdrawn);
         }
-        let (outcome, pulse_end) = apply(&mut **g, &job, t_ref);
-        drop(g);
+        let (outcome, pulse_end) = apply(&mut *self.gpio, &job, t_ref);
         if attempt && let Some(s) = &job.live {
             s.finish(outcome.is_ok());
         }
+        self.s.fence.in_call.store(false, Ordering::SeqCst);
         self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);
         let failed_pulse = matches!(job.op, Op::Pulse { .. }) && outcome.is_err();
         // The line changed at `now` (the write is a syscall or two after).

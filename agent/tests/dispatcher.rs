@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use baton_agent::clock::{ClockEstimate, MonoTime, mono_now};
 use baton_agent::dispatcher::{
-    ATTEMPT_CREDITS, DispatchError, Dispatcher, Done, EmergencyGpio, Job, JobKind, JobOutcome,
-    NotRun, Op, QUEUE_CAPACITY,
+    ATTEMPT_CREDITS, DispatchError, Dispatcher, Done, Job, JobKind, JobOutcome, NotRun, Op,
+    QUEUE_CAPACITY,
 };
 use baton_agent::gpio::sim::SimGpio;
 use baton_agent::gpio::{Allowlist, Direction, Gpio, GpioError, LineHandle, parse_line_ref};
@@ -78,7 +78,7 @@ struct Change {
 
 struct Rig {
     d: Dispatcher,
-    _emergency: EmergencyGpio,
+    _direct: Arc<baton_agent::gpio::DirectLines>,
     clock: Arc<ClockEstimate>,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -90,7 +90,7 @@ impl Rig {
         let log = dir.path().join("gpio.jsonl");
         let gpio = SimGpio::open(&log, Allowlist::all()).expect("sim backend");
         let clock = Arc::new(ClockEstimate::from_system());
-        let (d, emergency) = Dispatcher::start(
+        let (d, direct) = Dispatcher::start(
             Box::new(gpio),
             clock.clone(),
             no_rt(),
@@ -99,7 +99,7 @@ impl Rig {
         .expect("dispatcher thread");
         Rig {
             d,
-            _emergency: emergency,
+            _direct: direct,
             clock,
             log,
             _dir: dir,

@@ -210,6 +210,9 @@ pub struct Parts {
     /// Where the dispatch ledger lives (`crate::ledger`); `None`: in
     /// anonymous memory (nothing survives the process).
     pub ledger: Option<std::path::PathBuf>,
+    /// Writes the safe state without the device's thread (`safety`);
+    /// `None` where the device has no thread to be stuck.
+    pub safe_driver: Option<Arc<safety::SafeDriver>>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -262,6 +265,10 @@ pub struct Agent {
     /// Set when the way out had to bypass a stuck dispatcher: the stop is
     /// then a fault whatever asked for it.
     degraded_exit: Option<String>,
+    /// Writes the safe state without the dispatcher (the last resort).
+    safe_driver: Option<Arc<safety::SafeDriver>>,
+    /// The direct writes did not land either: the chip is hung.
+    gpio_hung: bool,
     /// Packs whose safe state was driven in this run.
     safe_done: HashSet<PackKey>,
     tally: Tally,
@@ -467,6 +474,7 @@ impl Agent {
             exec_rx,
             safe_table,
             ledger,
+            safe_driver,
         } = parts;
         let mut journal = journal;
         let mut recovered = recovered;
@@ -508,6 +516,8 @@ impl Agent {
             held: HashMap::default(),
             safe_table,
             degraded_exit: None,
+            safe_driver,
+            gpio_hung: false,
             safe_done: HashSet::new(),
             tally,
             spare_outputs: Vec::new(),
@@ -528,6 +538,9 @@ impl Agent {
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
         agent.start_uplink()?;
+        if safety::marker(&agent.cfg.data_dir).exists() {
+            agent.drive_owed_safe_states(&recovered)?;
+        }
         agent.restore(recovered)?;
         Ok(agent)
     }
@@ -777,6 +790,10 @@ impl Agent {
             tracing::error!("stopping on a fault: {e:#}");
         }
         self.wind_down();
+        if self.gpio_hung {
+            let why = self.degraded_exit.take().unwrap_or_default();
+            return StopCause::Fault(anyhow::Error::new(safety::GpioHung).context(why));
+        }
         match (self.degraded_exit.take(), cause) {
             (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
                 StopCause::Fault(anyhow::anyhow!(why))
