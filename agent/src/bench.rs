@@ -24,12 +24,13 @@ pub fn latency(count: u64, interval: &str, cpu: Option<usize>, json: bool) -> an
     }
     let dir = std::env::temp_dir().join(format!("baton-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let now = jiff::Timestamp::now();
-    let start = now + jiff::SignedDuration::from_millis(300);
-    let until =
-        start + jiff::SignedDuration::from_nanos((period.as_nanos() as i64) * (count as i64 - 1));
+    // Intervals only (no `start_at`, no `until`): a pack of plain `every`
+    // runs on any clock, so a box whose clock nothing synchronises yet (the
+    // first thing one tries on a new box) measures at once instead of
+    // waiting for absolute time. Lateness is measured on the monotonic
+    // clock; the run ends after `count` firings.
     let pack = format!(
-        "pack: bench-latency\nversion: 1\ninstructions:\n  - {{id: w, action: gpio.write, params: {{line: 0, value: 1}}, every: {interval}, start_at: {start:.9}, until: {until:.9}, max_lateness: 1s}}\n"
+        "pack: bench-latency\nversion: 1\ninstructions:\n  - {{id: w, action: gpio.write, params: {{line: 0, value: 1}}, every: {interval}, max_lateness: 1s}}\n"
     );
     let pack_path = dir.join("pack.yaml");
     std::fs::write(&pack_path, pack).context("writing the bench pack")?;
@@ -60,12 +61,35 @@ pub fn latency(count: u64, interval: &str, cpu: Option<usize>, json: bool) -> an
         agent.wind_down();
         return Err(e);
     }
+    agent.exit_after(count);
+    // Never a silent wait: if the run takes far longer than it should,
+    // say so (and what it is waiting for, as far as the bench can tell).
+    let expected = period.saturating_mul(u32::try_from(count).unwrap_or(u32::MAX));
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = finished.clone();
+    std::thread::spawn(move || {
+        let mut waited = Duration::ZERO;
+        let step = expected + Duration::from_secs(5);
+        while !watch.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(200));
+            waited += Duration::from_millis(200);
+            if waited >= step && !watch.load(Ordering::Acquire) {
+                eprintln!(
+                    "bench-latency: still running after {:.1}s (expected ~{:.1}s): the firings are not keeping up; see the agent's log lines above",
+                    waited.as_secs_f64(),
+                    expected.as_secs_f64()
+                );
+                waited = Duration::ZERO;
+            }
+        }
+    });
     let cpu0 = cpu_ns();
     let wall0 = crate::clock::mono_now().0;
     let stop = StopFlag::default();
     if let crate::runtime::StopCause::Fault(e) = agent.run(&stop, true) {
         return Err(e);
     }
+    finished.store(true, Ordering::Release);
     let wall = crate::clock::mono_now().0 - wall0;
     let cpu = cpu_ns() - cpu0;
     let stats = agent

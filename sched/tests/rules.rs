@@ -835,9 +835,68 @@ fn restart_never_refires_and_resolves_from_the_journal() {
     // warmup's success was reported before the crash: settled silently.
     assert!(names(&ev, "warmup").is_empty(), "{:?}", brief(&ev));
     assert_eq!(names(&ev, "clamp"), ["outcome_unknown"]);
-    // press needs clamp to have succeeded: it never runs.
-    assert!(names(&ev, "press").iter().all(|n| *n != "fire"));
+    // press needs clamp to have succeeded: it never runs, and says so once
+    // (upstream_unknown), with nothing more at shutdown.
+    assert_eq!(names(&ev, "press"), ["skip"], "{:?}", brief(&ev));
+    let skip = ev
+        .iter()
+        .find(|e| e.instruction.as_deref() == Some("press"))
+        .expect("press reported");
+    assert_eq!(skip.kind.reason(), Some(Reason::UpstreamUnknown));
     assert!(fires(&ev).iter().all(|(_, i)| i == "beat"));
+    let mut end = Vec::new();
+    core.shutdown(t("2026-12-01T10:00:10Z"), &mut end);
+    let again = end
+        .iter()
+        .any(|o| matches!(o, Output::Event(e) if e.instruction.as_deref() == Some("press")));
+    assert!(!again, "press reported again at shutdown: {end:?}");
+}
+
+/// A second restart after the unknown was reported: nothing of it or its
+/// dependents is reported again.
+#[test]
+fn dependents_of_an_unknown_outcome_are_reported_once_across_restarts() {
+    let clamp_occ = t("2026-12-01T10:00:01Z");
+    let warmup_occ = t("2026-12-01T10:00:00Z").as_nanos();
+    let mut prior = baton_sched::Prior::from(HashMap::from([
+        (
+            format!("default/press/v1/warmup/{warmup_occ}/a1"),
+            PriorOutcome::Succeeded,
+        ),
+        (
+            format!("default/press/v1/clamp/{}/a1", clamp_occ.as_nanos()),
+            PriorOutcome::Unknown,
+        ),
+    ]));
+    let p = pack(PRESS);
+    let key = baton_sched::OnceKey {
+        pack: PackKey::of(&p),
+        version: 1,
+        instruction: "clamp".into(),
+        occurrence: clamp_occ,
+        kind: baton_sched::OnceKind::OutcomeUnknown,
+    };
+    prior.done.insert(key.to_string());
+    let mut core = Scheduler::new(Config::default(), prior);
+    let mut out = Vec::new();
+    core.restore(
+        p,
+        t("2026-12-01T09:59:59Z"),
+        t("2026-12-01T10:00:01Z"),
+        t("2026-12-01T10:00:01.500Z"),
+        &mut out,
+    )
+    .expect("restore");
+    let ev = run_until(&mut core, t("2026-12-01T10:00:10Z"), &mut out, &[]);
+    assert!(names(&ev, "clamp").is_empty(), "{:?}", brief(&ev));
+    assert!(names(&ev, "press").is_empty(), "{:?}", brief(&ev));
+    let mut end = Vec::new();
+    core.shutdown(t("2026-12-01T10:00:10Z"), &mut end);
+    assert!(
+        !end.iter()
+            .any(|o| matches!(o, Output::Event(e) if e.instruction.as_deref() == Some("press"))),
+        "{end:?}"
+    );
 }
 
 #[test]

@@ -269,6 +269,10 @@ pub struct Agent {
     safe_driver: Option<Arc<safety::SafeDriver>>,
     /// The direct writes did not land either: the chip is hung.
     gpio_hung: bool,
+    /// Stop (as `--exit-when-idle` does) once this many attempts ended
+    /// (ran or not): `bench-latency`'s pack runs on any clock, without
+    /// `until`.
+    exit_after: Option<u64>,
     /// Packs whose safe state was driven in this run.
     safe_done: HashSet<PackKey>,
     tally: Tally,
@@ -518,6 +522,7 @@ impl Agent {
             degraded_exit: None,
             safe_driver,
             gpio_hung: false,
+            exit_after: None,
             safe_done: HashSet::new(),
             tally,
             spare_outputs: Vec::new(),
@@ -813,6 +818,12 @@ impl Agent {
             if exit_when_idle && self.idle() {
                 return Ok(StopCause::Idle);
             }
+            if self
+                .exit_after
+                .is_some_and(|n| (self.tally.hist.len() + self.tally.not_run) >= n)
+            {
+                return Ok(StopCause::Idle);
+            }
             self.step()?;
             self.systemd_tick();
             self.wait();
@@ -822,9 +833,38 @@ impl Agent {
     /// Sleep until the next thing to do; results, exec completions and
     /// stop requests unpark this thread earlier.
     fn wait(&mut self) {
+        let Some(until) = self.next_pass() else {
+            return;
+        };
+        let d = until.since(self.clock.now());
+        if d.is_zero() {
+            return;
+        }
+        // Successful results may be left for the pass at `until` (see
+        // `Dispatcher::defer_results_within`); any that came since this
+        // pass collected make it run again at once. With a backlog waiting
+        // for credits, every result wakes the loop (its credit is needed).
+        let wake = (self.arming.backlog_len() == 0).then(|| self.clock.to_mono(until));
+        if self.device.plan_wake(wake) {
+            self.device.plan_wake(None);
+            return;
+        }
+        std::thread::park_timeout(d);
+        self.device.plan_wake(None);
+    }
+
+    /// When the loop's next pass is due: `None` at once, else the instant
+    /// it parks until (results, exec completions and stop requests unpark
+    /// it earlier).
+    pub fn next_pass(&mut self) -> Option<RefTime> {
         let now = self.clock.now();
         let mut until = now + MAX_IDLE;
-        if let Some(w) = self.core.next_wake() {
+        // While the device's backlog is full the core is not ticked (see
+        // `step`): its overdue entries wait for credits, which come back
+        // with results (and unpark the loop), not for a pass that could do
+        // nothing but spin.
+        let throttled = self.arming.backlog_len() >= MAX_BACKLOG;
+        if let Some(w) = self.core.next_wake().filter(|_| !throttled) {
             // A pass starts a lead before the first firing it arms (room
             // for its fsync) and arms a whole horizon from there: under a
             // dense load one fsync covers a horizon of firings (group
@@ -839,7 +879,7 @@ impl Agent {
                 until = until.min(w);
             } else {
                 self.lead_pass_for = Some(w);
-                return;
+                return None;
             }
         }
         if let Some(e) = self.arming.next_exec() {
@@ -851,11 +891,6 @@ impl Agent {
         if let Some(w) = self.systemd_wake(now) {
             until = until.min(w);
         }
-        if self.arming.backlog_len() > 0 || !self.arming.exec_running.is_empty() {
-            // Credits come back with results (which unpark us); exec
-            // results are checked at least this often.
-            until = until.min(now + Duration::from_millis(1));
-        }
         // The heartbeat rides a pass that comes anyway within half its
         // period after it is due (under a dense load, always the next
         // arming pass): a wake-up of its own only when none does.
@@ -863,19 +898,7 @@ impl Agent {
         if until > heartbeat + HEARTBEAT / 2 {
             until = heartbeat;
         }
-        let d = until.since(now);
-        if d.is_zero() {
-            return;
-        }
-        // Successful results may be left for the pass at `until` (see
-        // `Dispatcher::defer_results_within`); any that came since this
-        // pass collected make it run again at once.
-        if self.device.plan_wake(Some(self.clock.to_mono(until))) {
-            self.device.plan_wake(None);
-            return;
-        }
-        std::thread::park_timeout(d);
-        self.device.plan_wake(None);
+        (until > now).then_some(until)
     }
 
     /// One pass: arm due firings, hand over what credits allow, collect
@@ -974,6 +997,12 @@ impl Agent {
             }
             self.heap_trim.done(now, ended);
         }
+    }
+
+    /// Stop once `n` attempts have ended, ran or not (a benchmark's pack
+    /// that has no end of its own).
+    pub fn exit_after(&mut self, n: u64) {
+        self.exit_after = Some(n);
     }
 
     /// Lateness histogram and counters so far.

@@ -409,21 +409,30 @@ impl Scheduler {
             ps.ins[i].done = true;
         }
         let key = ps.once(i, occ, OnceKind::OutcomeUnknown);
-        if self.is_done(&key) {
-            return;
+        let name = ps.pack.instructions[i].id.clone();
+        // Reported once: after a later restart the state follows, silently.
+        let report = !self.is_done(&key);
+        if report {
+            let mut ev = self.event(
+                slot,
+                Some(i),
+                Some(id),
+                Some(occ),
+                EventKind::OutcomeUnknown,
+                now,
+            );
+            if let Output::Event(e) = &mut ev {
+                e.once = Some(key);
+            }
+            out.push(ev);
         }
-        let mut ev = self.event(
-            slot,
-            Some(i),
-            Some(id),
-            Some(occ),
-            EventKind::OutcomeUnknown,
-            now,
+        // Its dependents cannot know whether their upstream succeeded: they
+        // miss this round (DESIGN.md's rule), reported once with it.
+        let why = (
+            Reason::UpstreamUnknown,
+            format!("upstream `{name}` started before a crash and its outcome is unknown"),
         );
-        if let Output::Event(e) = &mut ev {
-            e.once = Some(key);
-        }
-        out.push(ev);
+        self.skip_dependents(slot, i, why, report, now, out);
     }
 
     pub(super) fn attempt_due(

@@ -463,7 +463,14 @@ impl Scheduler {
             });
         }
         match policy.on_give_up {
-            OnGiveUp::Continue => self.skip_dependents(slot, i, now, out),
+            OnGiveUp::Continue => {
+                let from = &self.packs[slot]
+                    .as_ref()
+                    .map(|p| p.pack.instructions[i].id.clone())
+                    .unwrap_or_default();
+                let why = (Reason::UpstreamFailed, format!("upstream `{from}` gave up"));
+                self.skip_dependents(slot, i, why, true, now, out)
+            }
             OnGiveUp::SafeState => self.fail_safe(slot, SafeReason::GiveUp, Some(safe), now, out),
         }
         if muted {
@@ -477,13 +484,25 @@ impl Scheduler {
         }
     }
 
-    /// `on_give_up: continue`: every instruction downstream of `i` misses
-    /// this round.
-    fn skip_dependents(&mut self, slot: usize, i: usize, now: RefTime, out: &mut Vec<Output>) {
+    /// Every instruction downstream of `i` misses this round (`i` gave up
+    /// with `on_give_up: continue`, or its outcome is unknown after a
+    /// crash), each reported once with `why` (`report`: false when the
+    /// report was made before a restart). Downstream of a one-shot there
+    /// is no later round: they are finished (not reported again as still
+    /// waiting when the pack stops).
+    pub(super) fn skip_dependents(
+        &mut self,
+        slot: usize,
+        i: usize,
+        (reason, detail): (Reason, String),
+        report: bool,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
-        let from = ps.pack.instructions[i].id.clone();
+        let last_round = !ps.pack.instructions[i].schedule.is_repeating();
         let mut seen = HashSet::new();
         let mut queue: VecDeque<usize> = ps.deps[i].iter().copied().collect();
         while let Some(d) = queue.pop_front() {
@@ -497,17 +516,22 @@ impl Scheduler {
             let st = &mut ps.ins[d];
             st.satisfied.iter_mut().for_each(|s| *s = false);
             st.round_occ = None;
-            out.push(self.event(
-                slot,
-                Some(d),
-                None,
-                None,
-                EventKind::Skip {
-                    reason: Reason::UpstreamFailed,
-                    detail: format!("upstream `{from}` gave up"),
-                },
-                now,
-            ));
+            if last_round {
+                st.done = true;
+            }
+            if report {
+                out.push(self.event(
+                    slot,
+                    Some(d),
+                    None,
+                    None,
+                    EventKind::Skip {
+                        reason,
+                        detail: detail.clone(),
+                    },
+                    now,
+                ));
+            }
         }
     }
 
