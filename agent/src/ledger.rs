@@ -537,6 +537,13 @@ impl Slots {
             .retain(|(l, f)| std::mem::take(&mut first) || f.len() < l.len() as usize);
     }
 
+    /// Give back the room a burst left in the list of freed slots.
+    pub fn shrink(&mut self) {
+        if self.freed.capacity() > 4 * self.freed.len().max(256) {
+            self.freed.shrink_to_fit();
+        }
+    }
+
     /// Slots in use (armed, or freed and not yet reusable).
     pub fn in_use(&self) -> usize {
         self.ledgers

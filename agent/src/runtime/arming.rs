@@ -480,11 +480,33 @@ impl Arming {
         lines
     }
 
-    /// Release ids the dispatcher can no longer hold.
+    /// Release ids the dispatcher can no longer hold, and the room a
+    /// burst left in the queues and maps (a burst of 10 000 firings grew
+    /// them to hold all of it at once: megabytes that a steady load never
+    /// needs again).
     pub fn release_lingering(&mut self, now: RefTime) {
         while self.linger.front().is_some_and(|(t, _)| *t < now) {
             self.linger.pop_front();
         }
+        fn roomy(len: usize, cap: usize) -> bool {
+            cap > 4 * len.max(256)
+        }
+        if roomy(self.tickets.len(), self.tickets.capacity()) {
+            self.tickets.shrink_to_fit();
+        }
+        if roomy(self.backlog.len(), self.backlog.capacity()) {
+            self.backlog.shrink_to_fit();
+        }
+        if roomy(self.safe_backlog.len(), self.safe_backlog.capacity()) {
+            self.safe_backlog.shrink_to_fit();
+        }
+        if roomy(self.linger.len(), self.linger.capacity()) {
+            self.linger.shrink_to_fit();
+        }
+        if roomy(self.exec_pending.len(), self.exec_pending.capacity()) {
+            self.exec_pending.shrink_to_fit();
+        }
+        self.slots.shrink();
     }
 
     /// Exec firings due by `now`, in instant order.

@@ -87,12 +87,14 @@ const SPARE_OUTPUTS: usize = 4;
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
-/// occurrence instant. After a restart the core consults the journal only
+/// reference instant. After a restart the core consults the journal only
 /// for occurrences after the last durable heartbeat (earlier ones are
 /// settled as handled), which is at most the heartbeat period plus the
-/// journal's lazy sync interval (1 s) old: five times that is room to
-/// spare. Not days: at 10 000 firings/s memory is proportional to it.
-const JOURNAL_RETENTION: Duration = Duration::from_secs(5);
+/// journal's lazy sync interval (1 s) old; the attempts the dispatch
+/// ledger resolves were armed within a horizon (at most 1 s) of the stop.
+/// Twice the first is room to spare. Not longer: at 10 000 firings/s
+/// memory is proportional to it (5 s held ~60 000 ids, ~5 MB).
+const JOURNAL_RETENTION: Duration = Duration::from_millis(2500);
 /// Jobs waiting for dispatcher credit above which no more are armed.
 const MAX_BACKLOG: usize = 4096;
 /// Longest sleep of an idle loop.

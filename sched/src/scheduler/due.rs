@@ -501,7 +501,8 @@ impl Scheduler {
             .prior
             .get(&*text)
             .is_some_and(|o| *o != PriorOutcome::NotRun);
-        if self.fired.contains_key(&*text) || ran_before {
+        let fingerprint = super::print(&text);
+        if self.fired.contains_key(&fingerprint) || ran_before {
             // Never twice: a duplicate delivery or a bug upstream must not
             // reach the device. The note names the occurrence, not the
             // attempt: that attempt reports its own end.
@@ -525,7 +526,7 @@ impl Scheduler {
         let ins = &ps.pack.instructions[i];
         let (timeout, max_late) = (ins.policy.timeout, ins.policy.max_lateness);
         self.fired
-            .insert(text.clone(), occ.max(now) + max_late + PRUNE_MARGIN);
+            .insert(fingerprint, occ.max(now) + max_late + PRUNE_MARGIN);
         // Built per firing rather than kept per instruction: memory stays
         // O(instructions) with a small constant.
         let action = Arc::new(ins.action.clone());

@@ -400,7 +400,7 @@ impl Scheduler {
             // A one-shot that already fired in this run (the pack was
             // cancelled and pushed again) is finished: it neither fires nor
             // reports again.
-            let fired_here = self.fired.contains_key(first.as_str());
+            let fired_here = self.fired.contains_key(&super::print(&first));
             // After a restart, a one-shot due while the agent was still up
             // was handled then (fired, or missed and reported). Only the
             // journal's record of it matters (it may release dependents);

@@ -263,11 +263,17 @@ pub struct Scheduler {
     not_run: OccurrencesBy,
     /// Once-only outputs already journalled: not emitted again.
     done: HashSet<String>,
-    /// Ids fired in this run, each with the instant after which no path can
-    /// derive it again (its occurrence plus the instruction's
-    /// `max_lateness`, plus a margin): pruned past that, so a long-running
-    /// agent's memory does not grow with every firing.
-    fired: HashMap<Arc<str>, RefTime, foldhash::fast::RandomState>,
+    /// Ids fired in this run, by a 64-bit fingerprint of their text
+    /// ([`print`]), each with the instant after which no path can derive
+    /// it again (its occurrence plus the instruction's `max_lateness`,
+    /// plus a margin): pruned past that, so a long-running agent's memory
+    /// does not grow with every firing. A fingerprint, not the text: 16
+    /// bytes an entry and no allocation of its own (holding the text kept
+    /// every firing's id alive, scattered over the heap, for that window:
+    /// megabytes at 10 000 firings/s, which no trim could give back). Two
+    /// ids of one fingerprint (odds of 2^-64 a pair) would only keep the
+    /// second from firing, reported.
+    fired: HashMap<u64, RefTime, foldhash::fast::RandomState>,
     /// Where a firing's id is formatted (see `fire`).
     id_buf: String,
     /// When `fired` and `prior` were last pruned.
@@ -323,6 +329,16 @@ fn tiebreak(ps: &PackState, slot: usize, i: usize) -> u64 {
     let priority = ps.pack.instructions.get(i).map_or(0, |ins| ins.priority);
     let prio = u64::from(255 - priority);
     (prio << 48) | ((slot as u64 & 0xffff_ffff) << 16) | (i as u64 & 0xffff)
+}
+
+/// The fingerprint [`Scheduler`] keeps of a fired id (FNV-1a, 64 bits).
+fn print(id: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// Occurrences per instruction ([`ran_key`]).
