@@ -198,6 +198,14 @@ pub struct RealtimeFile {
     /// Lock memory (default true).
     #[serde(default = "default_true")]
     pub mlockall: bool,
+    /// How much of a core the dispatcher may spend spinning just before
+    /// deadlines, e.g. `1%` (the default) or `0.5%`: it sleeps until a
+    /// margin before each firing and spins the rest, and the margin it
+    /// learns from its wake-up latencies is the largest that keeps the
+    /// spinning within this at the rate firings come. More: more firings
+    /// exactly on their instant; `0%`: no spinning (each firing as late as
+    /// its wake-up).
+    pub spin_budget: Option<String>,
 }
 
 fn default_priority() -> u8 {
@@ -213,6 +221,7 @@ impl Default for RealtimeFile {
             priority: default_priority(),
             cpu: None,
             mlockall: true,
+            spin_budget: None,
         }
     }
 }
@@ -570,6 +579,14 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         })?),
         None => None,
     };
+    let spin_budget_ppm = match file.realtime.spin_budget.as_deref() {
+        None => crate::rt::DEFAULT_SPIN_BUDGET_PPM,
+        Some(t) => parse_share(t).ok_or_else(|| {
+            ConfigError::Value(format!(
+                "realtime.spin-budget: {t:?} is not a share of a core between 0% and 50% (e.g. 1%)"
+            ))
+        })?,
+    };
     let data_dir = o
         .data_dir
         .or(file.data_dir)
@@ -589,6 +606,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             priority: (priority > 0 && !o.no_rt).then_some(i32::from(priority)),
             cpu: file.realtime.cpu,
             mlockall: file.realtime.mlockall && !o.no_rt,
+            spin_budget_ppm,
         },
         arm_horizon,
         arm_lead,
@@ -602,6 +620,14 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         max_packs,
         clock,
     })
+}
+
+/// `1%`, `0.5%`: a share of a core in millionths (at most 50 %).
+fn parse_share(t: &str) -> Option<u32> {
+    let v: f64 = t.trim().strip_suffix('%')?.trim().parse().ok()?;
+    (0.0..=50.0)
+        .contains(&v)
+        .then(|| (v * 10_000.0).round() as u32)
 }
 
 /// Where the dispatch ledger of the journal in `data_dir` goes by default:
@@ -862,6 +888,20 @@ pub fn parse_label_arg(arg: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spin_budget_is_a_share_of_a_core() {
+        assert_eq!(parse_share("1%"), Some(10_000));
+        assert_eq!(parse_share("0.5 %"), Some(5_000));
+        assert_eq!(parse_share("0%"), Some(0));
+        assert_eq!(parse_share("60%"), None);
+        assert_eq!(parse_share("1"), None);
+        let f = parse_file("a.yaml", "realtime: {spin-budget: 2%}\n").expect("syntax ok");
+        let c = resolve(f, Overrides::default()).expect("valid");
+        assert_eq!(c.rt.spin_budget_ppm, 20_000);
+        let f = parse_file("a.yaml", "realtime: {spin-budget: lots}\n").expect("syntax ok");
+        assert!(resolve(f, Overrides::default()).is_err());
+    }
 
     #[test]
     fn metrics_address_from_the_file_or_the_flag() {

@@ -1,9 +1,14 @@
 //! The dispatcher: one thread that drives GPIO at exact instants.
 //!
 //! It sleeps on a futex with an absolute `CLOCK_MONOTONIC` deadline until a
-//! margin before the next job, then spins to the deadline. The margin adapts
-//! to the wake-up latency it observes, so spinning stays short. An earlier
-//! job arriving wakes it at once (futex wake — no polling).
+//! margin before the next job, then spins to the deadline. The margin is
+//! learned from the wake-up latencies it observes, within a CPU budget
+//! ([`margin_within`]: by default spinning may take 1 % of a core, so at
+//! 1 000 firings a second a firing spins about 10 µs, at 100 a second
+//! about 100 µs): a firing whose wake-up came later than the margin is
+//! that much late, never later than the wake-up itself (what `cyclictest`
+//! measures). An earlier job arriving wakes it at once (futex wake — no
+//! polling).
 //!
 //! # Ownership and queues (why nothing here can deadlock)
 //!
@@ -284,6 +289,8 @@ struct Shared {
     /// see [`Dispatcher::defer_results_within`].
     result_defer_ns: AtomicI64,
     stop: AtomicBool,
+    /// How much of a core spinning before deadlines may take (millionths).
+    spin_budget_ppm: u32,
     /// Set by [`Dispatcher::fence`] or the panic hook ([`Fence`]): no job
     /// touches a line any more; and whether this thread is inside a device
     /// call (so the safe state's direct writes come after it).
@@ -401,6 +408,7 @@ impl Dispatcher {
             fence: Arc::new(FenceState::default()),
             direct: Arc::new(DirectLines::default()),
             stop: AtomicBool::new(false),
+            spin_budget_ppm: rt.spin_budget_ppm,
             stats: Stats::default(),
         });
         let (status_tx, status_rx) = sync_channel(1);
@@ -682,8 +690,44 @@ fn results_now(urgent: bool, control_wake: i64, now: i64, defer_ns: i64) -> bool
 /// Results after which a long run of due jobs unparks the control thread
 /// anyway (a sixth of the attempt credits: credits keep coming back).
 const NOTIFY_BATCH: usize = 256;
-const MIN_MARGIN_NS: i64 = 20_000;
+const MIN_MARGIN_NS: i64 = 2_000;
 const MAX_MARGIN_NS: i64 = 500_000;
+/// Wake-up latencies the margin is learned from.
+const SAMPLES: usize = 32;
+
+/// The sleep margin: the largest one (within [`MIN_MARGIN_NS`],
+/// [`MAX_MARGIN_NS`]) whose expected spin per firing, judged on the recent
+/// wake-up latencies `samples` (ns), keeps spinning within `budget_ppm`
+/// millionths of a core when firings come `interval_ns` apart. A firing
+/// whose wake-up takes `L` spins `max(0, margin − L)` and is late by
+/// `max(0, L − margin)`: the more the budget allows, the more firings land
+/// on their instant exactly; none is ever later than its wake-up.
+pub fn margin_within(samples: &[i64], interval_ns: i64, budget_ppm: i64) -> i64 {
+    let mut sorted = [0i64; SAMPLES];
+    let n = samples.len().min(SAMPLES);
+    if n == 0 {
+        return MIN_MARGIN_NS;
+    }
+    sorted[..n].copy_from_slice(&samples[..n]);
+    let sorted = &mut sorted[..n];
+    sorted.sort_unstable();
+    // Spin allowed per firing, ns, summed over the n samples.
+    let budget = (interval_ns.max(0) as i128 * budget_ppm.max(0) as i128 / 1_000_000) * n as i128;
+    // spin(m) · n = Σ_{s < m} (m − s): piecewise linear, increasing. With
+    // the k smallest below m (sum p), it reaches the budget at
+    // m = (budget + p) / k, valid while m ≤ the next sample.
+    let mut p: i128 = 0;
+    let mut m = i128::from(sorted[0]);
+    for k in 1..=n {
+        p += i128::from(sorted[k - 1]);
+        let at = (budget + p) / k as i128;
+        if k == n || at <= i128::from(sorted[k]) {
+            m = at.max(i128::from(sorted[k - 1]));
+            break;
+        }
+    }
+    (m.min(i128::from(MAX_MARGIN_NS)) as i64).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS)
+}
 /// One wake-up that came very late (a hypervisor hiccup) must not make the
 /// thread spin for milliseconds afterwards: samples are capped here.
 const MAX_SAMPLE_NS: i64 = 250_000;
@@ -722,13 +766,17 @@ fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) 
         unnotified: std::cell::Cell::new(0),
         urgent: std::cell::Cell::new(false),
     };
-    // Margin: start generous, then cover the worst of the recent wake-up
-    // overshoots (a window of the last 32, each capped), plus a floor. A
-    // quantile rather than a mean: the mean would leave every slower than
-    // average wake-up late.
+    // Margin: start generous, then learn it from the recent wake-up
+    // latencies (the last 32, each capped) within the spin budget, at the
+    // rate firings come (a moving average of the gaps between timed
+    // wake-ups' deadlines).
     let mut margin: i64 = 200_000;
-    let mut recent = [MIN_MARGIN_NS; 32];
+    let mut recent = [0i64; SAMPLES];
+    let mut filled = 0usize;
     let mut next_sample = 0usize;
+    let mut interval_ns: i64 = 1_000_000_000;
+    let mut last_deadline: i64 = 0;
+    let budget_ppm = i64::from(s.spin_budget_ppm);
     loop {
         let seen = s.word.load(Ordering::Acquire);
         l.take_inbox();
@@ -776,11 +824,16 @@ fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) 
             s.stats.heartbeat.awake();
             let woke = mono_now().0;
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
-                // Timed wake: learn the latency.
+                // Timed wake: learn the latency, and the pace.
                 recent[next_sample] = (woke - wake_at).min(MAX_SAMPLE_NS);
-                next_sample = (next_sample + 1) % recent.len();
-                let worst = recent.iter().copied().max().unwrap_or(MIN_MARGIN_NS);
-                margin = (worst + MIN_MARGIN_NS / 2).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
+                next_sample = (next_sample + 1) % SAMPLES;
+                filled = (filled + 1).min(SAMPLES);
+                if deadline > last_deadline && last_deadline > 0 {
+                    let gap = (deadline - last_deadline).min(1_000_000_000);
+                    interval_ns += (gap - interval_ns) / 8;
+                }
+                last_deadline = deadline;
+                margin = margin_within(&recent[..filled], interval_ns, budget_ppm);
                 s.stats.margin_ns.store(margin as u64, Ordering::Relaxed);
             }
             continue;
@@ -1031,5 +1084,47 @@ fn stall_test_point() {
     }
     loop {
         std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Wake-ups of 20..=51 µs (1 µs apart), firings 1 ms apart.
+    fn latencies() -> Vec<i64> {
+        (20..52).map(|us| us * 1_000).collect()
+    }
+
+    /// Mean spin per firing at margin `m` over `samples`.
+    fn spin(samples: &[i64], m: i64) -> f64 {
+        samples.iter().map(|s| (m - s).max(0) as f64).sum::<f64>() / samples.len() as f64
+    }
+
+    #[test]
+    fn the_margin_spends_the_spin_budget_and_no_more() {
+        let l = latencies();
+        // 1 % of a core at 1 000 firings/s: 10 µs of spin per firing.
+        let m = margin_within(&l, 1_000_000, 10_000);
+        assert!(
+            (spin(&l, m) - 10_000.0).abs() < 1_000.0,
+            "{m} spins {}",
+            spin(&l, m)
+        );
+        // A tenth of the rate affords ten times the spin: every wake-up
+        // covered (the margin past the slowest).
+        let slow = margin_within(&l, 10_000_000, 10_000);
+        assert!(slow > *l.last().expect("samples"), "{slow}");
+        // No budget: no spin at all (at most the floor).
+        assert!(margin_within(&l, 1_000_000, 0) <= 20_000);
+        // More budget, more margin (never less).
+        let mut prev = 0;
+        for ppm in [0, 1_000, 5_000, 10_000, 50_000, 500_000] {
+            let m = margin_within(&l, 1_000_000, ppm);
+            assert!(m >= prev, "{ppm}: {m} < {prev}");
+            prev = m;
+        }
+        assert_eq!(margin_within(&l, 1_000_000_000, 500_000), MAX_MARGIN_NS);
+        assert_eq!(margin_within(&[], 1_000_000, 10_000), MIN_MARGIN_NS);
     }
 }

@@ -89,6 +89,10 @@ enum Command {
         /// CPU to pin the dispatcher to.
         #[arg(long)]
         cpu: Option<usize>,
+        /// The dispatcher's spin budget (as `realtime.spin-budget`, e.g.
+        /// `0.5%`); default the agent's default.
+        #[arg(long)]
+        spin_budget: Option<String>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -228,8 +232,9 @@ fn main() -> ExitCode {
             count,
             interval,
             cpu,
+            spin_budget,
             json,
-        } => baton_agent::bench::latency(count, &interval, cpu, json)
+        } => baton_agent::bench::latency(count, &interval, cpu, spin_budget, json)
             .map_err(|e| (1, format!("error: {e:#}"))),
         Command::Simulate {
             file,

@@ -35,6 +35,7 @@ fn no_rt() -> RtConfig {
         priority: None,
         cpu: None,
         mlockall: false,
+        spin_budget_ppm: baton_agent::rt::DEFAULT_SPIN_BUDGET_PPM,
     }
 }
 
