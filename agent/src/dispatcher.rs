@@ -726,8 +726,14 @@ pub fn margin_within(samples: &[i64], interval_ns: i64, budget_ppm: i64) -> i64 
             break;
         }
     }
-    (m.min(i128::from(MAX_MARGIN_NS)) as i64).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS)
+    // No more than covers the slowest recent wake-up (and a little): at a
+    // low rate the budget would allow more spin than anything needs.
+    let enough = i128::from(sorted[n - 1]) + i128::from(COVER_NS);
+    (m.min(enough).min(i128::from(MAX_MARGIN_NS)) as i64).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS)
 }
+
+/// Past the slowest recent wake-up, what the margin adds at most.
+const COVER_NS: i64 = 10_000;
 /// One wake-up that came very late (a hypervisor hiccup) must not make the
 /// thread spin for milliseconds afterwards: samples are capped here.
 const MAX_SAMPLE_NS: i64 = 250_000;
@@ -1112,9 +1118,10 @@ mod tests {
             spin(&l, m)
         );
         // A tenth of the rate affords ten times the spin: every wake-up
-        // covered (the margin past the slowest).
+        // covered (the margin past the slowest), and no more than that.
         let slow = margin_within(&l, 10_000_000, 10_000);
         assert!(slow > *l.last().expect("samples"), "{slow}");
+        assert_eq!(slow, l.last().expect("samples") + COVER_NS);
         // No budget: no spin at all (at most the floor).
         assert!(margin_within(&l, 1_000_000, 0) <= 20_000);
         // More budget, more margin (never less).
@@ -1124,7 +1131,10 @@ mod tests {
             assert!(m >= prev, "{ppm}: {m} < {prev}");
             prev = m;
         }
-        assert_eq!(margin_within(&l, 1_000_000_000, 500_000), MAX_MARGIN_NS);
+        assert_eq!(
+            margin_within(&[600_000], 1_000_000_000, 500_000),
+            MAX_MARGIN_NS
+        );
         assert_eq!(margin_within(&[], 1_000_000, 10_000), MIN_MARGIN_NS);
     }
 }

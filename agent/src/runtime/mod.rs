@@ -425,9 +425,18 @@ fn resolve_armed(
     }
     // In the kernel before the old ledger is replaced.
     journal.flush()?;
-    let ledger = Ledger::create(path, journal.id(), crate::ledger::DEFAULT_SLOTS)
-        .map_err(|e| anyhow::anyhow!("creating the dispatch ledger {}: {e}", path.display()))?;
-    Ok(crate::ledger::Slots::new(Arc::new(ledger)))
+    match Ledger::create(path, journal.id(), crate::ledger::DEFAULT_SLOTS) {
+        Ok(ledger) => Ok(crate::ledger::Slots::new(Arc::new(ledger))),
+        Err(e) => {
+            // Firing is not the ledger's to stop: without it a crash
+            // leaves the journal's bound of unknowns, as a power cut does.
+            tracing::error!(
+                "the dispatch ledger {} cannot be created ({e}): firings armed when the agent dies will be `outcome unknown` (set `ledger:` to a writable tmpfs path)",
+                path.display()
+            );
+            Ok(crate::ledger::Slots::anonymous())
+        }
+    }
 }
 
 /// Journal an attempt's result: one typed record.
