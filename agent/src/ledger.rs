@@ -54,6 +54,7 @@ use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::num::NonZeroUsize;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -61,8 +62,16 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// First bytes of a ledger file.
 const MAGIC: [u8; 8] = *b"BATONLG1";
+/// The layout's version (bytes 8..12).
+const VERSION: u32 = 2;
 /// Header size; slots start here (cache-line aligned).
-const HEADER: usize = 64;
+const HEADER: usize = 512;
+/// Offset of the owner's data directory in the header (length u16, then
+/// the path's bytes): a starting agent removes ledgers in its directory
+/// whose owner is gone ([`Ledger::collect_orphans`]).
+const OWNER_AT: usize = 64;
+/// Longest owner path kept.
+const OWNER_MAX: usize = HEADER - OWNER_AT - 2;
 /// Bytes per slot: fingerprint (u64), state (u32), padding.
 const SLOT: usize = 16;
 /// Offset of the boot id in the header (36 ASCII bytes, padded to 40).
@@ -207,6 +216,9 @@ impl Ledger {
             b.copy_from_slice(&bytes[o..o + 8]);
             u64::from_ne_bytes(b)
         };
+        if u32_at(8) != VERSION {
+            return distrust("it is of another layout (an older agent's)");
+        }
         if bytes[BOOT_AT..BOOT_AT + 40] != boot_id() {
             return distrust(
                 "it was written before the last boot (its page cache may have been lost)",
@@ -248,10 +260,29 @@ impl Ledger {
     /// [`Ledger::previous`]). Every page is written now, so none faults
     /// on the real-time path.
     pub fn create(path: &Path, journal_id: &str, slots: u32) -> io::Result<Ledger> {
+        Self::create_for(path, journal_id, slots, None)
+    }
+
+    /// [`Ledger::create`], naming the data directory that owns it (so that
+    /// a ledger whose owner is gone — a test's temporary directory, a
+    /// removed agent — can be collected; see [`Ledger::collect_orphans`]).
+    pub fn create_for(
+        path: &Path,
+        journal_id: &str,
+        slots: u32,
+        owner: Option<&Path>,
+    ) -> io::Result<Ledger> {
         let len = HEADER + slots as usize * SLOT;
         let mut header = [0u8; HEADER];
+        if let Some(o) = owner {
+            let o = o.as_os_str().as_encoded_bytes();
+            if o.len() <= OWNER_MAX {
+                header[OWNER_AT..OWNER_AT + 2].copy_from_slice(&(o.len() as u16).to_ne_bytes());
+                header[OWNER_AT + 2..OWNER_AT + 2 + o.len()].copy_from_slice(o);
+            }
+        }
         header[..8].copy_from_slice(&MAGIC);
-        header[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        header[8..12].copy_from_slice(&VERSION.to_ne_bytes());
         header[12..16].copy_from_slice(&slots.to_ne_bytes());
         header[BOOT_AT..BOOT_AT + 40].copy_from_slice(&boot_id());
         header[JOURNAL_AT..JOURNAL_AT + 8]
@@ -368,6 +399,40 @@ impl Ledger {
                     .add(HEADER + i as usize * SLOT + 8)
                     .cast(),
             )
+        }
+    }
+
+    /// Remove the ledgers `baton-*.ledger` in `dir` (other than `keep`)
+    /// whose owner's data directory no longer exists: left behind by an
+    /// agent killed for good (a test's temporary directory, a removed
+    /// installation). A tmpfs file is memory: nothing else would free it
+    /// before the next boot. Best effort.
+    pub fn collect_orphans(dir: &Path, keep: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if p == keep || !name.starts_with("baton-") || !name.ends_with(".ledger") {
+                continue;
+            }
+            let mut head = [0u8; HEADER];
+            let read = std::fs::File::open(&p)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head));
+            let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
+            if read.is_err() || head[..8] != MAGIC || version != VERSION {
+                continue;
+            }
+            let n = usize::from(u16::from_ne_bytes([head[OWNER_AT], head[OWNER_AT + 1]]));
+            if n == 0 || n > OWNER_MAX {
+                continue;
+            }
+            let owner = std::ffi::OsStr::from_bytes(&head[OWNER_AT + 2..OWNER_AT + 2 + n]);
+            if !Path::new(owner).exists() {
+                let _ = std::fs::remove_file(&p);
+            }
         }
     }
 
@@ -601,6 +666,24 @@ mod tests {
         slots.journal_written();
         assert_eq!(slots.in_use(), before - 1);
         assert_eq!(Ledger::previous(&path, "j1").fate("a/ran"), None);
+    }
+
+    #[test]
+    fn a_ledger_whose_owner_is_gone_is_collected() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let owner = dir.path().join("data");
+        std::fs::create_dir(&owner).expect("owner");
+        let mine = dir.path().join("baton-1.ledger");
+        let theirs = dir.path().join("baton-2.ledger");
+        let kept = dir.path().join("baton-3.ledger");
+        let gone = dir.path().join("gone");
+        drop(Ledger::create_for(&mine, "j", 4, Some(&gone)).expect("mine"));
+        drop(Ledger::create_for(&theirs, "j", 4, Some(&gone)).expect("theirs"));
+        drop(Ledger::create_for(&kept, "j", 4, Some(&owner)).expect("kept"));
+        Ledger::collect_orphans(dir.path(), &mine);
+        assert!(mine.exists(), "its own is kept");
+        assert!(!theirs.exists(), "an orphan goes");
+        assert!(kept.exists(), "one whose owner exists stays");
     }
 
     #[test]

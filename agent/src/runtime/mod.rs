@@ -348,6 +348,7 @@ fn prior_of(rec: &Recovered) -> Prior {
 /// kernel before a fresh ledger replaces the old one.
 fn resolve_armed(
     path: &Path,
+    data_dir: &Path,
     journal: &mut Journal,
     recovered: &mut Recovered,
     tally: &mut Tally,
@@ -425,8 +426,19 @@ fn resolve_armed(
     }
     // In the kernel before the old ledger is replaced.
     journal.flush()?;
-    match Ledger::create(path, journal.id(), crate::ledger::DEFAULT_SLOTS) {
-        Ok(ledger) => Ok(crate::ledger::Slots::new(Arc::new(ledger))),
+    let owner = std::path::absolute(data_dir).ok();
+    match Ledger::create_for(
+        path,
+        journal.id(),
+        crate::ledger::DEFAULT_SLOTS,
+        owner.as_deref(),
+    ) {
+        Ok(ledger) => {
+            if let Some(dir) = path.parent() {
+                Ledger::collect_orphans(dir, path);
+            }
+            Ok(crate::ledger::Slots::new(Arc::new(ledger)))
+        }
         Err(e) => {
             // Firing is not the ledger's to stop: without it a crash
             // leaves the journal's bound of unknowns, as a power cut does.
@@ -495,7 +507,13 @@ impl Agent {
         let mut recovered = recovered;
         let mut tally = Tally::default();
         let slots = match &ledger {
-            Some(path) => resolve_armed(path, &mut journal, &mut recovered, &mut tally)?,
+            Some(path) => resolve_armed(
+                path,
+                &cfg.data_dir,
+                &mut journal,
+                &mut recovered,
+                &mut tally,
+            )?,
             None => crate::ledger::Slots::anonymous(),
         };
         tracing::info!(origin = ?recovered.origin, packs = recovered.packs.len(), "journal opened");
