@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # RSS and CPU of a running agent (release build, sim GPIO logging to
-# /dev/null) at idle, 1 000 and 10 000 firings/s, in one run, so the loads
-# are compared with the agent's own idle figures on the same machine.
+# /dev/null) at idle, 1 000 instants/s (i1k: one `every: 1ms` toggle), 1 000
+# and 10 000 firings/s (k1, k10: 10 and 100 toggles every 10 ms), in one
+# run, so the loads are compared with the agent's own idle figures on the
+# same machine (LOADS="i1k k1" picks some).
 # CPU is split: the dispatcher thread (it spins before deadlines by design)
 # and everything else (control loop, journal, exec workers, signals).
 #
@@ -34,6 +36,7 @@ pack() { # NAME COUNT PERIOD
       echo "  - {id: i$i, action: gpio.toggle, params: {line: $i}, every: $3}"; done; } > "$tmp/$1.yaml"
 }
 pack idle 1 1h
+pack i1k 1 1ms
 pack k1 10 10ms
 pack k10 100 10ms
 
@@ -50,11 +53,11 @@ ticks() { # PID [dispatch|rest]
 rss() { awk '/VmRSS/ {print $2}' /proc/$1/status; }
 wbytes() { awk '/^write_bytes/ {print $2}' /proc/$1/io; }
 jsize() { stat -c %s "$1/journal.log"; }
-rate() { case $1 in idle) echo 0 ;; k1) echo 1000 ;; k10) echo 10000 ;; *) echo 0 ;; esac; }
+rate() { case $1 in idle) echo 0 ;; i1k|k1) echo 1000 ;; k10) echo 10000 ;; *) echo 0 ;; esac; }
 
 builds="new"
 [ -n "${BASE:-}" ] && builds="base new"
-printf "%-5s %-8s %10s %10s %14s %14s %10s %10s %9s %9s\n" build load rss_start rss_end dispatch_cpu other_cpu firings journal_B/f wb_B/f wb_KB/s
+printf "%-5s %-8s %10s %10s %14s %14s %10s %10s %10s %9s %9s\n" build load rss_start rss_end dispatch_cpu other_cpu total_cpu firings journal_B/f wb_B/f wb_KB/s
 for p in ${LOADS:-idle k1 k10}; do
  for b in $builds; do
   exe=$bin; [ "$b" = base ] && exe=$BASE
@@ -72,8 +75,9 @@ for p in ${LOADS:-idle k1 k10}; do
   n=$(grep -o "summary: [0-9]*" "$tmp/$p.out" | awk '{print $2}' || true)
   f=$(( $(rate $p) * secs ))
   per() { if [ "$f" -gt 0 ]; then echo "scale=1; $1/$f" | bc -l; else echo -; fi; }
-  printf "%-5s %-8s %8s kB %8s kB %12.2f %% %12.2f %% %10s %10s %9s %9.1f\n" "$b" "$p" "$r0" "$r1" \
-    "$(echo "100*($d1-$d0)/$tck/$secs" | bc -l)" "$(echo "100*($o1-$o0)/$tck/$secs" | bc -l)" "${n:-?}" \
+  printf "%-5s %-8s %8s kB %8s kB %12.2f %% %12.2f %% %8.2f %% %10s %10s %9s %9.1f\n" "$b" "$p" "$r0" "$r1" \
+    "$(echo "100*($d1-$d0)/$tck/$secs" | bc -l)" "$(echo "100*($o1-$o0)/$tck/$secs" | bc -l)" \
+    "$(echo "100*($d1-$d0+$o1-$o0)/$tck/$secs" | bc -l)" "${n:-?}" \
     "$(per $((j1 - j0)))" "$(per $((w1 - w0)))" "$(echo "($w1-$w0)/1000/$secs" | bc -l)"
  done
 done

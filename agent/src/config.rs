@@ -49,6 +49,13 @@ pub struct ConfigFile {
     /// longer (an SD card) needs more, or the first firing of each pass
     /// arrives late.
     pub arm_lead: Option<String>,
+    /// Where the dispatch ledger lives: the file the dispatcher marks each
+    /// armed firing in as it runs it, so that after a `kill -9` every
+    /// armed firing is known to have run or not. Default: in `/dev/shm`
+    /// (named after the data directory), else in the data directory. Keep
+    /// it on a tmpfs: stores into a mapped disk file can fault and wait on
+    /// the disk on the real-time path.
+    pub ledger: Option<PathBuf>,
     /// Feedback kept for the controller before the oldest is dropped (and
     /// counted). Default 100 000.
     pub outbox_cap: Option<usize>,
@@ -191,6 +198,14 @@ pub struct RealtimeFile {
     /// Lock memory (default true).
     #[serde(default = "default_true")]
     pub mlockall: bool,
+    /// How much of a core the dispatcher may spend spinning just before
+    /// deadlines, e.g. `1%` (the default) or `0.5%`: it sleeps until a
+    /// margin before each firing and spins the rest, and the margin it
+    /// learns from its wake-up latencies is the largest that keeps the
+    /// spinning within this at the rate firings come. More: more firings
+    /// exactly on their instant; `0%`: no spinning (each firing as late as
+    /// its wake-up).
+    pub spin_budget: Option<String>,
 }
 
 fn default_priority() -> u8 {
@@ -206,6 +221,7 @@ impl Default for RealtimeFile {
             priority: default_priority(),
             cpu: None,
             mlockall: true,
+            spin_budget: None,
         }
     }
 }
@@ -232,6 +248,8 @@ pub struct AgentConfig {
     pub arm_horizon: Duration,
     /// Arming lead (see `ConfigFile::arm_lead`), at most the horizon.
     pub arm_lead: Duration,
+    /// The dispatch ledger's file (see `ConfigFile::ledger`).
+    pub ledger: PathBuf,
     /// Outbox cap.
     pub outbox_cap: usize,
     /// Exec workers.
@@ -561,14 +579,25 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         })?),
         None => None,
     };
+    let spin_budget_ppm = match file.realtime.spin_budget.as_deref() {
+        None => crate::rt::DEFAULT_SPIN_BUDGET_PPM,
+        Some(t) => parse_share(t).ok_or_else(|| {
+            ConfigError::Value(format!(
+                "realtime.spin-budget: {t:?} is not a share of a core between 0% and 50% (e.g. 1%)"
+            ))
+        })?,
+    };
+    let data_dir = o
+        .data_dir
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from("baton-data"));
+    let ledger = file.ledger.unwrap_or_else(|| default_ledger(&data_dir));
     Ok(AgentConfig {
         log_format,
         metrics,
         id: o.id.or(file.id).unwrap_or_else(host_name),
-        data_dir: o
-            .data_dir
-            .or(file.data_dir)
-            .unwrap_or_else(|| PathBuf::from("baton-data")),
+        ledger,
+        data_dir,
         gpio,
         allowed_lines,
         exec_allowlist,
@@ -577,6 +606,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             priority: (priority > 0 && !o.no_rt).then_some(i32::from(priority)),
             cpu: file.realtime.cpu,
             mlockall: file.realtime.mlockall && !o.no_rt,
+            spin_budget_ppm,
         },
         arm_horizon,
         arm_lead,
@@ -590,6 +620,28 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         max_packs,
         clock,
     })
+}
+
+/// `1%`, `0.5%`: a share of a core in millionths (at most 50 %).
+fn parse_share(t: &str) -> Option<u32> {
+    let v: f64 = t.trim().strip_suffix('%')?.trim().parse().ok()?;
+    (0.0..=50.0)
+        .contains(&v)
+        .then(|| (v * 10_000.0).round() as u32)
+}
+
+/// Where the dispatch ledger of the journal in `data_dir` goes by default:
+/// `/dev/shm` (a tmpfs: the real-time thread's stores never wait on a
+/// disk), named after the data directory, else the data directory itself.
+pub fn default_ledger(data_dir: &std::path::Path) -> PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        let abs = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+        let print = crate::ledger::fingerprint(&abs.to_string_lossy());
+        shm.join(format!("baton-{print:016x}.ledger"))
+    } else {
+        data_dir.join("dispatch.ledger")
+    }
 }
 
 /// The clock flags, split out of [`Overrides`] for [`resolve_clock`].
@@ -836,6 +888,20 @@ pub fn parse_label_arg(arg: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spin_budget_is_a_share_of_a_core() {
+        assert_eq!(parse_share("1%"), Some(10_000));
+        assert_eq!(parse_share("0.5 %"), Some(5_000));
+        assert_eq!(parse_share("0%"), Some(0));
+        assert_eq!(parse_share("60%"), None);
+        assert_eq!(parse_share("1"), None);
+        let f = parse_file("a.yaml", "realtime: {spin-budget: 2%}\n").expect("syntax ok");
+        let c = resolve(f, Overrides::default()).expect("valid");
+        assert_eq!(c.rt.spin_budget_ppm, 20_000);
+        let f = parse_file("a.yaml", "realtime: {spin-budget: lots}\n").expect("syntax ok");
+        assert!(resolve(f, Overrides::default()).is_err());
+    }
 
     #[test]
     fn metrics_address_from_the_file_or_the_flag() {

@@ -1,18 +1,27 @@
 //! The dispatcher: one thread that drives GPIO at exact instants.
 //!
 //! It sleeps on a futex with an absolute `CLOCK_MONOTONIC` deadline until a
-//! margin before the next job, then spins to the deadline. The margin adapts
-//! to the wake-up latency it observes, so spinning stays short. An earlier
-//! job arriving wakes it at once (futex wake — no polling).
+//! margin before the next job, then spins to the deadline. The margin is
+//! learned from the wake-up latencies it observes, within a CPU budget
+//! ([`margin_within`]: by default spinning may take 1 % of a core, so at
+//! 1 000 firings a second a firing spins about 10 µs, at 100 a second
+//! about 100 µs): a firing whose wake-up came later than the margin is
+//! that much late, never later than the wake-up itself (what `cyclictest`
+//! measures). An earlier job arriving wakes it at once (futex wake — no
+//! polling).
 //!
 //! # Ownership and queues (why nothing here can deadlock)
 //!
 //! - The thread **owns the GPIO backend**. The control thread never touches
 //!   it: line requests at pack acceptance are messages ([`Dispatcher::request_lines`])
 //!   that this thread serves between firings. So the real-time thread never
-//!   waits on a lock held by a thread doing IO. The backend sits behind a
-//!   mutex only so a panic hook can drive the safe state through it
-//!   ([`EmergencyGpio`]); in normal running that mutex is uncontended.
+//!   waits on a lock held by a thread doing IO, and the backend has no lock
+//!   at all. The safe state's last resort (the way out when this thread is
+//!   stuck, the panic hook) reaches the lines another way: each output line's
+//!   [`crate::gpio::DirectLine`] (its own handle on the kernel's line),
+//!   registered in [`DirectLines`] as lines are requested; the [`Fence`]
+//!   keeps this thread's jobs off the lines from then on, and says whether a
+//!   device call of this thread is still in progress.
 //! - Jobs arrive and results leave through pre-allocated lock-free queues.
 //!   The control thread keeps a **credit count** ([`Credits`]): it never has
 //!   more jobs in flight than the result queue can hold, so a result push
@@ -29,9 +38,9 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
@@ -41,7 +50,8 @@ use crossbeam_queue::ArrayQueue;
 use baton_service::watchdog::Heartbeat;
 
 use crate::clock::{ClockEstimate, MonoTime, mono_now};
-use crate::gpio::{Direction, Gpio, GpioError, LineHandle};
+use crate::gpio::{DirectLines, Direction, Gpio, GpioError, LineHandle};
+use crate::ledger::Slot;
 use crate::rt::{RtConfig, RtStatus, futex_wait, futex_wake};
 
 /// What to do to a line.
@@ -114,10 +124,13 @@ pub struct Job {
     pub op: Op,
     /// Execution id (for the sim log and messages).
     pub id: Arc<str>,
-    /// The pack's "may still fire" flag: cleared by the control thread when
-    /// the pack enters its safe state, so a job armed before that never runs
-    /// after it. `None` for safe-state and on_failure actions themselves.
-    pub live: Option<Arc<AtomicBool>>,
+    /// The attempt's slot in the dispatch ledger (`crate::ledger`): claimed
+    /// right before the device call, so an attempt the control thread
+    /// withdrew (a newer version, a timeout, its pack's safe state) never
+    /// runs, and marked done right after (what a restart after `kill -9`
+    /// reads). `None` for safe-state and on_failure actions; a pulse's end
+    /// carries its pulse's slot (withdrawn: it ends at once).
+    pub live: Option<Slot>,
     /// The control thread needs the result at once (an instruction of the
     /// pack waits on this one with `after:`). Other successful results may
     /// wait for its next pass, when that is at most the deferral window
@@ -127,9 +140,7 @@ pub struct Job {
 
 impl Job {
     fn withdrawn(&self) -> bool {
-        self.live
-            .as_ref()
-            .is_some_and(|l| !l.load(Ordering::Acquire))
+        self.live.as_ref().is_some_and(Slot::withdrawn)
     }
 }
 
@@ -142,6 +153,12 @@ pub enum NotRun {
     Withdrawn,
     /// The dispatcher stopped before it was due.
     Stopped,
+    /// Withdrawn by the control thread before it started: a newer version
+    /// of its pack does not keep it (never made by this thread).
+    Replaced,
+    /// Withdrawn by the control thread at its timeout, before it could
+    /// start (never made by this thread).
+    TimedOut,
 }
 
 /// How a job ended.
@@ -272,10 +289,14 @@ struct Shared {
     /// see [`Dispatcher::defer_results_within`].
     result_defer_ns: AtomicI64,
     stop: AtomicBool,
+    /// How much of a core spinning before deadlines may take (millionths).
+    spin_budget_ppm: u32,
     /// Set by [`Dispatcher::fence`] or the panic hook ([`Fence`]): no job
-    /// touches a line any more (checked under the backend's lock, so the
-    /// way out's direct writes are last).
-    fenced: Arc<AtomicBool>,
+    /// touches a line any more; and whether this thread is inside a device
+    /// call (so the safe state's direct writes come after it).
+    fence: Arc<FenceState>,
+    /// Each requested output line's direct writer.
+    direct: Arc<DirectLines>,
     stats: Stats,
 }
 
@@ -308,25 +329,43 @@ impl Shared {
     }
 }
 
-/// The backend, reachable from a panic hook to drive the safe state when
-/// the process is about to die (see `runtime::safety`).
-pub type EmergencyGpio = Arc<Mutex<Box<dyn Gpio>>>;
-
-/// Lock the backend; a panic while it was held leaves it usable (a write
-/// is a single syscall: no half-updated state to fear).
-pub fn lock_gpio(g: &Mutex<Box<dyn Gpio>>) -> MutexGuard<'_, Box<dyn Gpio>> {
-    g.lock().unwrap_or_else(|p| p.into_inner())
+/// The fence between this thread's jobs and the safe state's direct
+/// writes: a store-load pair on both sides (SeqCst), as in Dekker's
+/// algorithm. The thread raises `in_call` and then reads `fenced` before
+/// each device call; the fencer raises `fenced` and then reads `in_call`:
+/// either the thread sees the fence and does not call, or the fencer sees
+/// the call in progress (and waits for it, bounded).
+#[derive(Debug, Default)]
+pub struct FenceState {
+    fenced: AtomicBool,
+    in_call: AtomicBool,
 }
 
 /// Lets no job of the dispatcher touch a line any more, from any thread
 /// (see [`Dispatcher::fence_handle`]).
 #[derive(Debug, Clone)]
-pub struct Fence(Arc<AtomicBool>);
+pub struct Fence(Arc<FenceState>);
 
 impl Fence {
     /// From now on, jobs end not run (`stopped`).
     pub fn close(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.fenced.store(true, Ordering::SeqCst);
+    }
+
+    /// After [`Fence::close`]: wait (bounded, spinning politely) until no
+    /// device call of the dispatcher is in progress; whether none is. A
+    /// call that never returns (a hung driver) makes this false.
+    pub fn quiet_within(&self, timeout: Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if !self.0.in_call.load(Ordering::SeqCst) {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
@@ -341,8 +380,9 @@ pub struct Dispatcher {
     credits: Credits,
     /// Jobs were submitted that the thread has not been woken for.
     unseen: bool,
-    /// The backend, for the way out when this thread is stuck.
-    emergency: EmergencyGpio,
+    /// The lines' direct writers, for the way out when this thread is
+    /// stuck.
+    direct: Arc<DirectLines>,
 }
 
 /// How long [`Drop`] waits for the thread before letting it go.
@@ -356,7 +396,7 @@ impl Dispatcher {
         clock: Arc<ClockEstimate>,
         rt: RtConfig,
         notify: Thread,
-    ) -> std::io::Result<(Dispatcher, EmergencyGpio)> {
+    ) -> std::io::Result<(Dispatcher, Arc<DirectLines>)> {
         let shared = Arc::new(Shared {
             inbox: ArrayQueue::new(QUEUE_CAPACITY),
             done: ArrayQueue::new(QUEUE_CAPACITY),
@@ -365,15 +405,16 @@ impl Dispatcher {
             sleeping: AtomicBool::new(false),
             control_wake: AtomicI64::new(CONTROL_AWAKE),
             result_defer_ns: AtomicI64::new(RESULT_DEFER_NS),
-            fenced: Arc::new(AtomicBool::new(false)),
+            fence: Arc::new(FenceState::default()),
+            direct: Arc::new(DirectLines::default()),
             stop: AtomicBool::new(false),
+            spin_budget_ppm: rt.spin_budget_ppm,
             stats: Stats::default(),
         });
-        let gpio: EmergencyGpio = Arc::new(Mutex::new(gpio));
         let (status_tx, status_rx) = sync_channel(1);
         let (exit_tx, exited) = sync_channel::<()>(0);
         let s = shared.clone();
-        let g = gpio.clone();
+        let direct = shared.direct.clone();
         let thread = std::thread::Builder::new()
             .name("baton-dispatch".into())
             // Small and fixed: with mlockall every stack page is resident.
@@ -383,7 +424,7 @@ impl Dispatcher {
                 let status = crate::rt::apply_to_current_thread(&rt);
                 crate::rt::prefault_stack(64 * 1024);
                 let _ = status_tx.send(status);
-                run(&s, &g, &clock, &notify);
+                run(&s, gpio, &clock, &notify);
             })?;
         let rt = status_rx.recv().unwrap_or_default();
         Ok((
@@ -394,9 +435,9 @@ impl Dispatcher {
                 rt,
                 credits: Credits::default(),
                 unseen: false,
-                emergency: gpio.clone(),
+                direct: direct.clone(),
             },
-            gpio,
+            direct,
         ))
     }
 
@@ -433,10 +474,10 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// The backend the thread drives, for the way out when the thread is
-    /// stuck (its writes would never land).
-    pub fn emergency(&self) -> &EmergencyGpio {
-        &self.emergency
+    /// The lines' direct writers, for the way out when the thread is stuck
+    /// (its writes would never land).
+    pub fn direct_lines(&self) -> &Arc<DirectLines> {
+        &self.direct
     }
 
     /// The control thread is about to park until `wake` (monotonic ns;
@@ -466,14 +507,14 @@ impl Dispatcher {
     /// state, so no job armed ahead lands after its writes while the
     /// process dies.
     pub fn fence_handle(&self) -> Fence {
-        Fence(self.shared.fenced.clone())
+        Fence(self.shared.fence.clone())
     }
 
     /// Stop, and let no job touch a line from now on (one in progress
     /// finishes): the way out then writes the safe state through the
     /// backend itself, and nothing of this thread may follow it.
     pub fn fence(&mut self) {
-        self.shared.fenced.store(true, Ordering::Release);
+        self.shared.fence.fenced.store(true, Ordering::SeqCst);
         self.shared.stop.store(true, Ordering::Release);
         self.shared.bump();
     }
@@ -649,8 +690,50 @@ fn results_now(urgent: bool, control_wake: i64, now: i64, defer_ns: i64) -> bool
 /// Results after which a long run of due jobs unparks the control thread
 /// anyway (a sixth of the attempt credits: credits keep coming back).
 const NOTIFY_BATCH: usize = 256;
-const MIN_MARGIN_NS: i64 = 20_000;
+const MIN_MARGIN_NS: i64 = 2_000;
 const MAX_MARGIN_NS: i64 = 500_000;
+/// Wake-up latencies the margin is learned from.
+const SAMPLES: usize = 32;
+
+/// The sleep margin: the largest one (within [`MIN_MARGIN_NS`],
+/// [`MAX_MARGIN_NS`]) whose expected spin per firing, judged on the recent
+/// wake-up latencies `samples` (ns), keeps spinning within `budget_ppm`
+/// millionths of a core when firings come `interval_ns` apart. A firing
+/// whose wake-up takes `L` spins `max(0, margin − L)` and is late by
+/// `max(0, L − margin)`: the more the budget allows, the more firings land
+/// on their instant exactly; none is ever later than its wake-up.
+pub fn margin_within(samples: &[i64], interval_ns: i64, budget_ppm: i64) -> i64 {
+    let mut sorted = [0i64; SAMPLES];
+    let n = samples.len().min(SAMPLES);
+    if n == 0 {
+        return MIN_MARGIN_NS;
+    }
+    sorted[..n].copy_from_slice(&samples[..n]);
+    let sorted = &mut sorted[..n];
+    sorted.sort_unstable();
+    // Spin allowed per firing, ns, summed over the n samples.
+    let budget = (interval_ns.max(0) as i128 * budget_ppm.max(0) as i128 / 1_000_000) * n as i128;
+    // spin(m) · n = Σ_{s < m} (m − s): piecewise linear, increasing. With
+    // the k smallest below m (sum p), it reaches the budget at
+    // m = (budget + p) / k, valid while m ≤ the next sample.
+    let mut p: i128 = 0;
+    let mut m = i128::from(sorted[0]);
+    for k in 1..=n {
+        p += i128::from(sorted[k - 1]);
+        let at = (budget + p) / k as i128;
+        if k == n || at <= i128::from(sorted[k]) {
+            m = at.max(i128::from(sorted[k - 1]));
+            break;
+        }
+    }
+    // No more than covers the slowest recent wake-up (and a little): at a
+    // low rate the budget would allow more spin than anything needs.
+    let enough = i128::from(sorted[n - 1]) + i128::from(COVER_NS);
+    (m.min(enough).min(i128::from(MAX_MARGIN_NS)) as i64).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS)
+}
+
+/// Past the slowest recent wake-up, what the margin adds at most.
+const COVER_NS: i64 = 10_000;
 /// One wake-up that came very late (a hypervisor hiccup) must not make the
 /// thread spin for milliseconds afterwards: samples are capped here.
 const MAX_SAMPLE_NS: i64 = 250_000;
@@ -664,7 +747,7 @@ const REQUEST_MAX_WAIT_NS: i64 = 50_000_000;
 /// The thread's state between iterations.
 struct Local<'a> {
     s: &'a Shared,
-    gpio: &'a Mutex<Box<dyn Gpio>>,
+    gpio: Box<dyn Gpio>,
     /// Dates the sim backend's log lines on reference time.
     clock: &'a ClockEstimate,
     notify: &'a Thread,
@@ -677,7 +760,7 @@ struct Local<'a> {
     urgent: std::cell::Cell<bool>,
 }
 
-fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &Thread) {
+fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) {
     let mut l = Local {
         s,
         gpio,
@@ -689,13 +772,17 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
         unnotified: std::cell::Cell::new(0),
         urgent: std::cell::Cell::new(false),
     };
-    // Margin: start generous, then cover the worst of the recent wake-up
-    // overshoots (a window of the last 32, each capped), plus a floor. A
-    // quantile rather than a mean: the mean would leave every slower than
-    // average wake-up late.
+    // Margin: start generous, then learn it from the recent wake-up
+    // latencies (the last 32, each capped) within the spin budget, at the
+    // rate firings come (a moving average of the gaps between timed
+    // wake-ups' deadlines).
     let mut margin: i64 = 200_000;
-    let mut recent = [MIN_MARGIN_NS; 32];
+    let mut recent = [0i64; SAMPLES];
+    let mut filled = 0usize;
     let mut next_sample = 0usize;
+    let mut interval_ns: i64 = 1_000_000_000;
+    let mut last_deadline: i64 = 0;
+    let budget_ppm = i64::from(s.spin_budget_ppm);
     loop {
         let seen = s.word.load(Ordering::Acquire);
         l.take_inbox();
@@ -743,11 +830,16 @@ fn run(s: &Shared, gpio: &Mutex<Box<dyn Gpio>>, clock: &ClockEstimate, notify: &
             s.stats.heartbeat.awake();
             let woke = mono_now().0;
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
-                // Timed wake: learn the latency.
+                // Timed wake: learn the latency, and the pace.
                 recent[next_sample] = (woke - wake_at).min(MAX_SAMPLE_NS);
-                next_sample = (next_sample + 1) % recent.len();
-                let worst = recent.iter().copied().max().unwrap_or(MIN_MARGIN_NS);
-                margin = (worst + MIN_MARGIN_NS / 2).clamp(MIN_MARGIN_NS, MAX_MARGIN_NS);
+                next_sample = (next_sample + 1) % SAMPLES;
+                filled = (filled + 1).min(SAMPLES);
+                if deadline > last_deadline && last_deadline > 0 {
+                    let gap = (deadline - last_deadline).min(1_000_000_000);
+                    interval_ns += (gap - interval_ns) / 8;
+                }
+                last_deadline = deadline;
+                margin = margin_within(&recent[..filled], interval_ns, budget_ppm);
                 s.stats.margin_ns.store(margin as u64, Ordering::Relaxed);
             }
             continue;
@@ -837,7 +929,7 @@ impl Local<'_> {
             return;
         }
         while let Some(req) = self.s.requests.pop() {
-            let mut g = lock_gpio(self.gpio);
+            let g = &mut self.gpio;
             let r: Result<Vec<LineHandle>, GpioError> = req
                 .lines
                 .iter()
@@ -846,7 +938,11 @@ impl Local<'_> {
                     Direction::Input => g.request_input(line),
                 })
                 .collect();
-            drop(g);
+            if let Ok(handles) = &r {
+                for h in handles {
+                    self.s.direct.learn(&**g, *h);
+                }
+            }
             // The requester may have given up: nothing waits on this.
             let _ = req.reply.try_send(r);
         }
@@ -923,9 +1019,11 @@ impl Local<'_> {
     }
 
     fn execute(&mut self, job: Job, now: MonoTime) {
-        // Not run at all: its pack is in its safe state, or it is past the
-        // instant after which it must not run. (A started pulse always ends.)
-        if job.kind == JobKind::Attempt {
+        // Not run at all: withdrawn (a newer version, a timeout, its pack's
+        // safe state), or past the instant after which it must not run.
+        // (A started pulse always ends.)
+        let attempt = job.kind == JobKind::Attempt;
+        if attempt {
             if job.withdrawn() {
                 return self.not_run(job, now, NotRun::Withdrawn);
             }
@@ -934,13 +1032,23 @@ impl Local<'_> {
             }
         }
         let t_ref = self.clock.to_ref(now).as_nanos();
-        let mut g = lock_gpio(self.gpio);
-        if self.s.fenced.load(Ordering::Acquire) {
-            drop(g);
+        let fence = &self.s.fence;
+        fence.in_call.store(true, Ordering::SeqCst);
+        if fence.fenced.load(Ordering::SeqCst) {
+            fence.in_call.store(false, Ordering::SeqCst);
             return self.not_run(job, now, NotRun::Stopped);
         }
-        let (outcome, pulse_end) = apply(&mut **g, &job, t_ref);
-        drop(g);
+        // The one moment the attempt is taken: a withdrawal that came
+        // first wins, one that comes later is too late.
+        if attempt && job.live.as_ref().is_some_and(|s| !s.claim()) {
+            fence.in_call.store(false, Ordering::SeqCst);
+            return self.not_run(job, now, NotRun::Withdrawn);
+        }
+        let (outcome, pulse_end) = apply(&mut *self.gpio, &job, t_ref);
+        if attempt && let Some(s) = &job.live {
+            s.finish(outcome.is_ok());
+        }
+        self.s.fence.in_call.store(false, Ordering::SeqCst);
         self.s.stats.jobs.fetch_add(1, Ordering::Relaxed);
         let failed_pulse = matches!(job.op, Op::Pulse { .. }) && outcome.is_err();
         // The line changed at `now` (the write is a syscall or two after).
@@ -982,5 +1090,51 @@ fn stall_test_point() {
     }
     loop {
         std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Wake-ups of 20..=51 µs (1 µs apart), firings 1 ms apart.
+    fn latencies() -> Vec<i64> {
+        (20..52).map(|us| us * 1_000).collect()
+    }
+
+    /// Mean spin per firing at margin `m` over `samples`.
+    fn spin(samples: &[i64], m: i64) -> f64 {
+        samples.iter().map(|s| (m - s).max(0) as f64).sum::<f64>() / samples.len() as f64
+    }
+
+    #[test]
+    fn the_margin_spends_the_spin_budget_and_no_more() {
+        let l = latencies();
+        // 1 % of a core at 1 000 firings/s: 10 µs of spin per firing.
+        let m = margin_within(&l, 1_000_000, 10_000);
+        assert!(
+            (spin(&l, m) - 10_000.0).abs() < 1_000.0,
+            "{m} spins {}",
+            spin(&l, m)
+        );
+        // A tenth of the rate affords ten times the spin: every wake-up
+        // covered (the margin past the slowest), and no more than that.
+        let slow = margin_within(&l, 10_000_000, 10_000);
+        assert!(slow > *l.last().expect("samples"), "{slow}");
+        assert_eq!(slow, l.last().expect("samples") + COVER_NS);
+        // No budget: no spin at all (at most the floor).
+        assert!(margin_within(&l, 1_000_000, 0) <= 20_000);
+        // More budget, more margin (never less).
+        let mut prev = 0;
+        for ppm in [0, 1_000, 5_000, 10_000, 50_000, 500_000] {
+            let m = margin_within(&l, 1_000_000, ppm);
+            assert!(m >= prev, "{ppm}: {m} < {prev}");
+            prev = m;
+        }
+        assert_eq!(
+            margin_within(&[600_000], 1_000_000_000, 500_000),
+            MAX_MARGIN_NS
+        );
+        assert_eq!(margin_within(&[], 1_000_000, 10_000), MIN_MARGIN_NS);
     }
 }

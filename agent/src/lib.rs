@@ -13,6 +13,7 @@ pub mod dispatcher;
 pub mod exec;
 pub mod gpio;
 pub mod journal;
+pub mod ledger;
 pub mod link;
 pub mod live;
 pub mod metrics;

@@ -46,6 +46,14 @@ enum Command {
         /// Hidden.
         #[arg(long, hide = true)]
         inject_dispatcher_stall_after: Option<u64>,
+        /// Test hook (sim backend): after this many writes the next one
+        /// never returns, inside the dispatcher's GPIO call. Hidden.
+        #[arg(long, hide = true)]
+        inject_gpio_hang_after: Option<u64>,
+        /// Test hook: with `--inject-gpio-hang-after`, the direct writes of
+        /// the safe state hang too (the chip itself is hung). Hidden.
+        #[arg(long, hide = true)]
+        inject_gpio_hang_all: bool,
     },
     /// Remove a pack from this agent after driving its safe state, whether
     /// the agent is running (it is asked through its data directory) or not.
@@ -81,6 +89,10 @@ enum Command {
         /// CPU to pin the dispatcher to.
         #[arg(long)]
         cpu: Option<usize>,
+        /// The dispatcher's spin budget (as `realtime.spin-budget`, e.g.
+        /// `0.5%`); default the agent's default.
+        #[arg(long)]
+        spin_budget: Option<String>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -194,6 +206,8 @@ fn main() -> ExitCode {
             quiet,
             inject_panic_after,
             inject_dispatcher_stall_after,
+            inject_gpio_hang_after,
+            inject_gpio_hang_all,
         } => run_agent(
             *common,
             exit_when_idle,
@@ -201,6 +215,7 @@ fn main() -> ExitCode {
             Hooks {
                 panic_after: inject_panic_after,
                 dispatcher_stall_after: inject_dispatcher_stall_after,
+                gpio_hang: inject_gpio_hang_after.map(|n| (n, inject_gpio_hang_all)),
             },
         ),
         Command::Cancel {
@@ -217,8 +232,9 @@ fn main() -> ExitCode {
             count,
             interval,
             cpu,
+            spin_budget,
             json,
-        } => baton_agent::bench::latency(count, &interval, cpu, json)
+        } => baton_agent::bench::latency(count, &interval, cpu, spin_budget, json)
             .map_err(|e| (1, format!("error: {e:#}"))),
         Command::Simulate {
             file,
@@ -360,6 +376,7 @@ fn init_tracing(live: Option<LiveLayer>, format: LogFormat) {
 struct Hooks {
     panic_after: Option<u64>,
     dispatcher_stall_after: Option<u64>,
+    gpio_hang: Option<(u64, bool)>,
 }
 
 fn run_agent(
@@ -368,7 +385,19 @@ fn run_agent(
     quiet: bool,
     hooks: Hooks,
 ) -> Result<(), (u8, String)> {
-    let fault = |e: anyhow::Error| (1, format!("error: {e:#}"));
+    // A hung GPIO chip has its own status: systemd restarts the agent,
+    // which then drives the safe states first.
+    let fault = |e: anyhow::Error| {
+        let code = if e
+            .downcast_ref::<baton_agent::runtime::safety::GpioHung>()
+            .is_some()
+        {
+            baton_agent::runtime::safety::EXIT_GPIO_HUNG
+        } else {
+            1
+        };
+        (code, format!("error: {e:#}"))
+    };
     let file = match &f.config {
         Some(p) => config::read_file(p).map_err(|e| fault(e.into()))?,
         None => config::ConfigFile::default(),
@@ -434,6 +463,9 @@ fn run_agent(
     if let Some(n) = hooks.dispatcher_stall_after {
         baton_agent::dispatcher::inject_stall_after(n);
     }
+    if let Some((n, all)) = hooks.gpio_hang {
+        baton_agent::gpio::sim::inject_hang(n, all);
+    }
     let mut agent = Agent::new(cfg, parts).map_err(fault)?;
     if let Some(p) = metrics {
         agent.publish_metrics_to(p);
@@ -461,6 +493,12 @@ fn run_agent(
     let cause = agent.run(&stop, exit_when_idle);
     view.finish(&agent.tally().hist);
     match cause {
+        StopCause::Fault(e)
+            if e.downcast_ref::<baton_agent::runtime::safety::GpioHung>()
+                .is_some() =>
+        {
+            Err(fault(e))
+        }
         StopCause::Fault(e) => Err((1, format!("error: {e:#} (safe state entered)"))),
         _ => Ok(()),
     }

@@ -25,7 +25,13 @@ pub struct RtConfig {
     pub cpu: Option<usize>,
     /// Lock all memory (no page faults on the firing path).
     pub mlockall: bool,
+    /// How much of a core the dispatcher may spend spinning before
+    /// deadlines, in millionths (default 10 000: 1 %).
+    pub spin_budget_ppm: u32,
 }
+
+/// Default [`RtConfig::spin_budget_ppm`]: 1 % of a core.
+pub const DEFAULT_SPIN_BUDGET_PPM: u32 = 10_000;
 
 impl Default for RtConfig {
     fn default() -> Self {
@@ -33,6 +39,7 @@ impl Default for RtConfig {
             priority: Some(80),
             cpu: None,
             mlockall: true,
+            spin_budget_ppm: DEFAULT_SPIN_BUDGET_PPM,
         }
     }
 }
@@ -532,6 +539,7 @@ mod tests {
                 priority: Some(10),
                 cpu: None,
                 mlockall: false,
+                spin_budget_ppm: crate::rt::DEFAULT_SPIN_BUDGET_PPM,
             });
             // The policy as the kernel has it (musl's libc wrapper is a
             // stub, so the system call here too).
@@ -657,6 +665,7 @@ Swap:                  0 kB
                     priority: None,
                     cpu: Some(cpu),
                     mlockall: false,
+                    spin_budget_ppm: crate::rt::DEFAULT_SPIN_BUDGET_PPM,
                 })
             });
             assert!(!st.pinned);
@@ -679,6 +688,7 @@ Swap:                  0 kB
                 priority: None,
                 cpu: Some(first),
                 mlockall: false,
+                spin_budget_ppm: crate::rt::DEFAULT_SPIN_BUDGET_PPM,
             });
             let now = allowed_cpus().expect("sched_getaffinity");
             assert_eq!(describe(&now), first.to_string());

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton_agent::config::{ConfigFile, Overrides};
 use baton_agent::journal::{Journal, JournalConfig};
 use baton_agent::runtime::admission::Verdict;
 use baton_agent::runtime::ports::{Clock, ManualClock};
@@ -60,6 +61,53 @@ fn a_burst_far_beyond_the_dispatcher_credits_fires_everything_once() {
         .collect();
     assert_eq!(ids.len(), 5000, "each exactly once");
     assert_eq!(r.agent.tally().hist.len(), 5000, "each reported");
+}
+
+/// A backlog at its limit with an overdue entry (issue 24: it spun the
+/// control thread): the loop does not pass again until results bring
+/// credits back; then it does, and everything fires once.
+#[test]
+fn a_full_backlog_with_an_overdue_entry_waits_for_credits_instead_of_spinning() {
+    let mut r = rig_with(
+        ConfigFile {
+            arm_horizon: Some("10ms".into()),
+            ..ConfigFile::default()
+        },
+        Overrides::default(),
+    );
+    let mut body = String::from(
+        "defaults: {max_lateness: 1h}\ninstructions:\n  - {id: beat, action: noop, every: 1ms}\n",
+    );
+    for i in 0..7000 {
+        body.push_str(&format!(
+            "  - {{id: s{i}, action: gpio.write, params: {{line: {}, value: 1}}, at: {}}}\n",
+            i % 64,
+            t(105)
+        ));
+    }
+    r.accept(&pack("burst", 1, &body)).expect("accepted");
+    // Armed ahead (with a heartbeat): 1 536 handed over, the rest wait for
+    // credit.
+    r.clock.set(t(100));
+    r.agent.step().expect("step");
+    // Later, before any result was taken: beats are overdue and the
+    // backlog is full. No pass is due before results come (they unpark the
+    // loop); a pass now would do nothing, again and again.
+    r.clock.set(t(115));
+    for _ in 0..2 {
+        let next = r.agent.next_pass();
+        assert!(
+            next.is_some_and(|w| w > r.clock.now()),
+            "a pass at once would spin: {next:?}"
+        );
+    }
+    r.run_until(t(600), Duration::from_millis(1));
+    let ids: std::collections::HashSet<String> = r
+        .writes()
+        .iter()
+        .filter_map(|x| x["execution_id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(ids.len(), 7000, "each exactly once");
 }
 
 #[test]
@@ -127,6 +175,50 @@ fn two_packs_driving_one_line_are_refused_unless_both_share_it() {
         "instructions:\n  - {id: r, action: gpio.read, params: {line: 5}, every: 1s}\n",
     ))
     .expect("a reader does not drive");
+}
+
+/// A line a newer version no longer drives stays its pack's until every
+/// firing armed on it has run or been withdrawn: here a pulse that started
+/// under v1 keeps line 5 until its end has run, and pack b, which wants
+/// the line, is refused meanwhile (retried later: transient), then taken.
+#[test]
+fn a_line_dropped_by_a_newer_version_is_released_once_its_armed_firings_ran() {
+    let mut r = rig();
+    r.accept(&pack(
+        "a",
+        1,
+        &format!(
+            "instructions:\n  - {{id: p, action: gpio.pulse, params: {{line: 5, width: 200ms}}, at: {}}}\n",
+            t(100)
+        ),
+    ))
+    .expect("a v1");
+    r.run_until(t(150), Duration::from_millis(5));
+    assert_eq!(r.level(5), Some(1), "the pulse started");
+    r.accept(&pack(
+        "a",
+        2,
+        "instructions:\n  - {id: q, action: gpio.toggle, params: {line: 6}, every: 1s}\n",
+    ))
+    .expect("a v2 drops line 5");
+    let b = pack(
+        "b",
+        1,
+        "instructions:\n  - {id: w, action: gpio.write, params: {line: 5, value: 1}, every: 1s}\n",
+    );
+    let err = r
+        .accept(&b)
+        .expect_err("line 5 is still pulsing under a v1");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("still in use by pack default/a"), "{msg}");
+    assert!(matches!(
+        err.downcast_ref::<baton_agent::runtime::AcceptError>(),
+        Some(baton_agent::runtime::AcceptError::Refused(a)) if a.is_transient()
+    ));
+    r.run_until(t(350), Duration::from_millis(5));
+    assert_eq!(r.level(5), Some(0), "the pulse ended");
+    r.accept(&b)
+        .expect("line 5 is free once the pulse has ended");
 }
 
 #[test]

@@ -10,17 +10,18 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
 use baton_agent::clock::{ClockEstimate, MonoTime, mono_now};
 use baton_agent::dispatcher::{
-    ATTEMPT_CREDITS, DispatchError, Dispatcher, Done, EmergencyGpio, Job, JobKind, JobOutcome,
-    NotRun, Op, QUEUE_CAPACITY,
+    ATTEMPT_CREDITS, DispatchError, Dispatcher, Done, Job, JobKind, JobOutcome, NotRun, Op,
+    QUEUE_CAPACITY,
 };
 use baton_agent::gpio::sim::SimGpio;
 use baton_agent::gpio::{Allowlist, Direction, Gpio, GpioError, LineHandle, parse_line_ref};
+use baton_agent::ledger::Slot;
 use baton_agent::rt::RtConfig;
 use baton_proto::pack::LineRef;
 
@@ -34,6 +35,7 @@ fn no_rt() -> RtConfig {
         priority: None,
         cpu: None,
         mlockall: false,
+        spin_budget_ppm: baton_agent::rt::DEFAULT_SPIN_BUDGET_PPM,
     }
 }
 
@@ -61,8 +63,9 @@ fn job(ticket: u64, kind: JobKind, op: Op, deadline: MonoTime) -> Job {
     }
 }
 
-fn live_flag() -> Arc<AtomicBool> {
-    Arc::new(AtomicBool::new(true))
+/// A job's own ledger slot (its withdrawal flag).
+fn live_flag() -> Slot {
+    Slot::standalone()
 }
 
 /// One line of the sim log.
@@ -76,7 +79,7 @@ struct Change {
 
 struct Rig {
     d: Dispatcher,
-    _emergency: EmergencyGpio,
+    _direct: Arc<baton_agent::gpio::DirectLines>,
     clock: Arc<ClockEstimate>,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -88,7 +91,7 @@ impl Rig {
         let log = dir.path().join("gpio.jsonl");
         let gpio = SimGpio::open(&log, Allowlist::all()).expect("sim backend");
         let clock = Arc::new(ClockEstimate::from_system());
-        let (d, emergency) = Dispatcher::start(
+        let (d, direct) = Dispatcher::start(
             Box::new(gpio),
             clock.clone(),
             no_rt(),
@@ -97,7 +100,7 @@ impl Rig {
         .expect("dispatcher thread");
         Rig {
             d,
-            _emergency: emergency,
+            _direct: direct,
             clock,
             log,
             _dir: dir,
@@ -218,16 +221,16 @@ fn a_job_fires_at_its_deadline_never_before() {
     r.assert_settled();
 }
 
-/// (b) A job of a withdrawn pack never touches its line.
+/// (b) A withdrawn job never touches its line.
 #[test]
 fn a_withdrawn_job_is_not_run_and_never_touches_the_line() {
     let mut r = Rig::start();
     let [a] = r.outputs(&["7"])[..] else {
         panic!("one line")
     };
-    let live = live_flag();
+    let slots = [live_flag(), live_flag()];
     let deadline = in_ms(40);
-    for (ticket, op) in [
+    for (live, (ticket, op)) in slots.iter().zip([
         (1, Op::Write(a, 1)),
         (
             2,
@@ -237,14 +240,16 @@ fn a_withdrawn_job_is_not_run_and_never_touches_the_line() {
                 width_ns: MS,
             },
         ),
-    ] {
+    ]) {
         let mut j = job(ticket, JobKind::Attempt, op, deadline);
         j.live = Some(live.clone());
         r.submit(j);
     }
-    // Another pack's job after them: it runs, so the two were reached.
+    // Another job after them: it runs, so the two were reached.
     r.submit(job(3, JobKind::Attempt, Op::Write(a, 0), in_ms(50)));
-    live.store(false, Ordering::Release);
+    for live in &slots {
+        assert!(live.withdraw(), "withdrawn before its instant");
+    }
     let done = r.wait(4);
     assert_eq!(
         done.iter().map(|d| (d.ticket, d.kind)).collect::<Vec<_>>(),
@@ -404,8 +409,9 @@ fn a_withdrawn_pulse_ends_before_a_later_safe_write() {
     r.submit(p);
     let start = r.wait(1);
     assert_ok(&start[0]);
-    // The pack enters its safe state: withdrawn, then its safe write.
-    live.store(false, Ordering::Release);
+    // The pack enters its safe state: withdrawn (too late for the
+    // leading edge, which ran), then its safe write.
+    assert!(!live.withdraw());
     let safe_at = in_ms(10);
     r.submit(job(2, JobKind::Safe, Op::Write(a, 0), safe_at));
     let done = r.wait(2);

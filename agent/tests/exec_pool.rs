@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
@@ -470,13 +469,13 @@ fn a_withdrawn_request_never_starts() {
     let marker = dir.path().join("ran");
     let (p, rx) = pool(1, &[SH]);
     p.submit(blocker(&started)).expect("submitted");
-    let live = Arc::new(AtomicBool::new(true));
+    let live = baton_agent::ledger::Slot::standalone();
     let mut queued = sh("queued", &format!("touch {}", marker.display()), LONG);
     queued.live = Some(live.clone());
     p.submit(queued).expect("submitted");
     let pid: libc::pid_t = started.line(LONG).parse().expect("a pid");
     // The pack entered its safe state while the request waited.
-    live.store(false, Ordering::Release);
+    assert!(live.withdraw());
     kill(pid);
     assert_eq!(recv(&rx).execution_id, "blocker");
     let r = recv(&rx);

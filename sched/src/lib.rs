@@ -32,5 +32,5 @@ pub mod timing;
 
 pub use id::{ExecutionId, PackKey};
 pub use once::{OnceKey, OnceKind, Prior, PriorOutcome};
-pub use output::{Event, EventKind, Firing, Output, Reason, SafeReason};
+pub use output::{Event, EventKind, Firing, Output, Reason, SafeReason, Withdrawal};
 pub use scheduler::{AcceptError, Accepted, AttemptResult, Config, Scheduler};

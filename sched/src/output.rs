@@ -31,6 +31,15 @@ pub struct Firing {
     pub timeout: Duration,
 }
 
+/// The runtime's answer to an [`Output::Withdraw`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// It never touched the device and never will.
+    Withdrawn,
+    /// It had started (or run): its result comes as usual.
+    TooLate,
+}
+
 /// Why a pack entered its safe state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SafeReason {
@@ -216,6 +225,21 @@ pub enum Output {
     Fire(Firing),
     /// An attempt ran out of time: kill it (exec) and ignore its result.
     Abort(ExecutionId),
+    /// Keep an attempt handed out earlier (armed ahead) from the device:
+    /// a newer version of its pack does not keep it, or it timed out before
+    /// it could start. The runtime answers with
+    /// [`crate::Scheduler::withdrawal`] before its next `tick`:
+    /// [`Withdrawal::Withdrawn`] if the attempt never touched the device and
+    /// never will (then no result of it comes), [`Withdrawal::TooLate`] if
+    /// it has started or run (then its result comes as usual, and it is the
+    /// occurrence's one execution).
+    Withdraw {
+        /// The attempt.
+        id: ExecutionId,
+        /// Why: [`Reason::Replaced`] or [`Reason::Timeout`] (what the
+        /// runtime reports the withdrawn attempt not run with).
+        reason: Reason,
+    },
     /// Perform an instruction's `on_failure` action (best effort, no retry).
     OnFailure {
         /// The pack.

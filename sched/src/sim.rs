@@ -106,6 +106,11 @@ pub fn simulate(
                         let result = simulated_result(&f, &mut remaining);
                         core.attempt_result(&f.id, result, now, &mut out);
                     }
+                    // A simulated attempt has ended the instant it fired:
+                    // anything asked back has run.
+                    Output::Withdraw { id, .. } => {
+                        core.withdrawal(&id, crate::Withdrawal::TooLate, now, &mut out);
+                    }
                     Output::Abort(_) | Output::OnFailure { .. } | Output::SafeState { .. } => {}
                 }
             }

@@ -12,7 +12,9 @@ use std::collections::{HashMap, HashSet};
 
 use baton_proto::RefTime;
 use baton_proto::pack::{OnGiveUp, Pack, parse_pack};
-use baton_sched::{AttemptResult, Config, EventKind, Firing, Output, PackKey, Scheduler};
+use baton_sched::{
+    AttemptResult, Config, EventKind, Firing, Output, PackKey, Reason, Scheduler, Withdrawal,
+};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -239,13 +241,22 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
     };
     accept(&mut core, &mut packs, &mut checker, version, now, &mut out);
     let p_fail: f64 = rng.random_range(0.0..0.6);
+    // Results the harness dropped: those attempts never ran (a withdrawal
+    // of one succeeds).
+    let mut lost: Vec<Firing> = Vec::new();
+    let mut started: HashSet<baton_sched::ExecutionId> = HashSet::new();
     for _ in 0..steps {
-        for o in out.drain(..) {
-            checker.see(&o, &packs);
-            if let Output::Fire(f) = o {
-                inflight.push(f);
-            }
-        }
+        drain(
+            &mut core,
+            &mut out,
+            &mut checker,
+            &packs,
+            &mut inflight,
+            &mut lost,
+            &mut started,
+            &mut rng,
+            now,
+        );
         match rng.random_range(0..100) {
             // Deliver a random in-flight result (random order).
             0..=44 if !inflight.is_empty() => {
@@ -259,8 +270,11 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                 checker
                     .trace
                     .push(format!("RESULT {} {r:?} at {now:?}", f.id));
-                if rng.random_range(0..20) != 0 {
+                // (Not one found started by a withdrawal: that one ran.)
+                if rng.random_range(0..20) != 0 || started.contains(&f.id) {
                     core.attempt_result(&f.id, r, now, &mut out);
+                } else {
+                    lost.push(f);
                 }
             }
             // Advance to the next wake (or a little past it).
@@ -306,12 +320,17 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
     // Stop, then let every running attempt end (results or timeouts).
     core.shutdown(now, &mut out);
     for _ in 0..10_000 {
-        for o in out.drain(..) {
-            checker.see(&o, &packs);
-            if let Output::Fire(f) = o {
-                inflight.push(f);
-            }
-        }
+        drain(
+            &mut core,
+            &mut out,
+            &mut checker,
+            &packs,
+            &mut inflight,
+            &mut lost,
+            &mut started,
+            &mut rng,
+            now,
+        );
         if let Some(f) = inflight.pop() {
             core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now, &mut out);
         } else if let Some(w) = core.next_wake() {
@@ -325,6 +344,60 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
         checker.see(&o, &packs);
     }
     checker.finish()
+}
+
+/// See every output; fires go in flight; a withdrawal is answered as a
+/// runtime would: an attempt whose result was lost never ran (withdrawn),
+/// one in flight is withdrawn or found started at random, one whose
+/// result came had run (too late). A withdrawn replaced attempt is
+/// reported by the runtime: it ends its occurrence.
+#[allow(clippy::too_many_arguments)]
+fn drain(
+    core: &mut Scheduler,
+    out: &mut Vec<Output>,
+    checker: &mut Checker,
+    packs: &HashMap<PackKey, Pack>,
+    inflight: &mut Vec<Firing>,
+    lost: &mut Vec<Firing>,
+    started: &mut HashSet<baton_sched::ExecutionId>,
+    rng: &mut ChaCha8Rng,
+    now: RefTime,
+) {
+    while !out.is_empty() {
+        let batch = std::mem::take(out);
+        for o in batch {
+            checker.see(&o, packs);
+            match o {
+                Output::Fire(f) => inflight.push(f),
+                Output::Withdraw { id, reason } => {
+                    let in_lost = lost.iter().position(|f| f.id == id);
+                    let in_flight = inflight.iter().position(|f| f.id == id);
+                    let answer = match (in_lost, in_flight) {
+                        (Some(k), _) => {
+                            lost.swap_remove(k);
+                            Withdrawal::Withdrawn
+                        }
+                        (None, Some(k)) if rng.random_bool(0.5) => {
+                            inflight.swap_remove(k);
+                            Withdrawal::Withdrawn
+                        }
+                        _ => {
+                            started.insert(id.clone());
+                            Withdrawal::TooLate
+                        }
+                    };
+                    checker
+                        .trace
+                        .push(format!("WITHDRAW {id} {reason:?}: {answer:?}"));
+                    if answer == Withdrawal::Withdrawn && reason == Reason::Replaced {
+                        *checker.terminal.entry(id.idempotency_key()).or_default() += 1;
+                    }
+                    core.withdrawal(&id, answer, now, out);
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 proptest! {

@@ -7,7 +7,7 @@ use baton_proto::pack::parse_pack;
 use baton_sched::sim::{FailSpec, SimOptions, simulate};
 use baton_sched::{
     AttemptResult, Config, Event, EventKind, ExecutionId, Output, PackKey, PriorOutcome, Reason,
-    SafeReason, Scheduler,
+    SafeReason, Scheduler, Withdrawal,
 };
 
 fn t(s: &str) -> RefTime {
@@ -426,18 +426,20 @@ fn version_replacement_mid_run_is_atomic_and_never_refires_one_shots() {
 }
 
 /// A changed periodic instruction whose old version has occurrences armed
-/// ahead (fired, results not back) when the replacement arrives: those end
-/// under the old version, and the new one starts after the last of them.
-/// Before, both versions fired those instants: a toggle twice is none.
+/// ahead (handed out, results not back) when the replacement arrives: the
+/// old version is asked to give them back. Those it gives back (not yet
+/// started) fire under the new version; the one that had started (0 ms)
+/// stays the old version's, and the new one never fires it. Before, both
+/// versions fired those instants: a toggle done twice is none.
 #[test]
-fn a_changed_periodic_starts_after_what_its_old_version_armed_ahead() {
+fn a_changed_periodic_takes_back_what_its_old_version_armed_ahead() {
     let v1 = "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 10ms, start_at: 2026-12-01T10:00:00Z}\n";
     let v2 = "pack: p\nversion: 2\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 2}, every: 10ms, start_at: 2026-12-01T10:00:00Z}\n";
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
     let t0 = t("2026-12-01T10:00:00Z");
     core.accept(pack(v1), t0, &mut out).expect("v1");
-    // Armed 50 ms ahead: 0, 10, .., 50 ms fire now, their results pending.
+    // Armed 50 ms ahead: 0, 10, .., 50 ms are handed out now.
     out.clear();
     core.tick_ahead(t0, std::time::Duration::from_millis(50), &mut out);
     let armed: Vec<i64> = out
@@ -448,20 +450,29 @@ fn a_changed_periodic_starts_after_what_its_old_version_armed_ahead() {
         })
         .collect();
     assert_eq!(armed, [0, 10, 20, 30, 40, 50]);
-    let old: Vec<ExecutionId> = out
-        .iter()
-        .filter_map(|o| match o {
-            Output::Fire(f) => Some(f.id.clone()),
-            _ => None,
-        })
-        .collect();
     out.clear();
     let at = t0 + std::time::Duration::from_millis(5);
     core.accept(pack(v2), at, &mut out).expect("v2");
-    // The old attempts' results arrive, under the old version.
-    for id in &old {
-        core.attempt_result(id, AttemptResult::Ok { value: None }, at, &mut out);
+    let asked: Vec<ExecutionId> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Withdraw { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked.len(), 6, "every attempt handed out is asked back");
+    out.clear();
+    // The runtime: 0 ms had run; the others were still armed.
+    for id in &asked {
+        let answer = if id.occurrence == t0 {
+            Withdrawal::TooLate
+        } else {
+            Withdrawal::Withdrawn
+        };
+        core.withdrawal(id, answer, at, &mut out);
     }
+    let first = asked.iter().find(|i| i.occurrence == t0).expect("0 ms");
+    core.attempt_result(first, AttemptResult::Ok { value: None }, at, &mut out);
     out.clear();
     let until = t0 + std::time::Duration::from_millis(100);
     let ev = run_until(&mut core, until, &mut out, &[]);
@@ -474,7 +485,79 @@ fn a_changed_periodic_starts_after_what_its_old_version_armed_ahead() {
             id.occurrence.since(t0).as_millis() as i64
         })
         .collect();
-    assert_eq!(v2_fires, [60, 70, 80, 90, 100]);
+    assert_eq!(v2_fires, [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]);
+}
+
+/// A device attempt that times out before it could start (the dispatcher
+/// behind, say) is withdrawn, and only then retried; one that had started
+/// is never retried beside itself: its own result decides.
+#[test]
+fn a_timed_out_device_attempt_is_retried_only_once_withdrawn() {
+    let p = "pack: p\nversion: 1\ninstructions:\n  - {id: w, action: gpio.write, params: {line: 1, value: 1}, at: 2026-12-01T10:00:00Z, timeout: 20ms, retry: {max_attempts: 2, backoff: 1ms}}\n";
+    for started in [false, true] {
+        let mut core = Scheduler::new(Config::default(), HashMap::new());
+        let mut out = Vec::new();
+        let t0 = t("2026-12-01T10:00:00Z");
+        core.accept(pack(p), t0, &mut out).expect("accepted");
+        out.clear();
+        core.tick(t0, &mut out);
+        let id = out
+            .iter()
+            .find_map(|o| match o {
+                Output::Fire(f) => Some(f.id.clone()),
+                _ => None,
+            })
+            .expect("fired");
+        out.clear();
+        let late = t0 + std::time::Duration::from_millis(20);
+        core.tick(late, &mut out);
+        let asked: Vec<&Output> = out
+            .iter()
+            .filter(|o| matches!(o, Output::Withdraw { .. }))
+            .collect();
+        assert_eq!(
+            asked,
+            [&Output::Withdraw {
+                id: id.clone(),
+                reason: baton_sched::Reason::Timeout
+            }],
+            "{out:?}"
+        );
+        assert!(!out.iter().any(|o| matches!(o, Output::Abort(_))));
+        out.clear();
+        let answer = if started {
+            Withdrawal::TooLate
+        } else {
+            Withdrawal::Withdrawn
+        };
+        core.withdrawal(&id, answer, late, &mut out);
+        let names: Vec<&str> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Event(e) => Some(e.kind.name()),
+                _ => None,
+            })
+            .collect();
+        if started {
+            assert!(names.is_empty(), "{names:?}");
+            // Its result, however late, ends the occurrence.
+            core.attempt_result(&id, AttemptResult::Ok { value: None }, late, &mut out);
+            assert!(
+                out.iter()
+                    .any(|o| matches!(o, Output::Event(e) if e.kind.name() == "ok"))
+            );
+            out.clear();
+            core.tick(late + std::time::Duration::from_secs(1), &mut out);
+            assert!(!out.iter().any(|o| matches!(o, Output::Fire(_))), "{out:?}");
+        } else {
+            assert_eq!(names, ["fail", "retry"]);
+            core.tick(late + std::time::Duration::from_millis(5), &mut out);
+            let retried = out
+                .iter()
+                .any(|o| matches!(o, Output::Fire(f) if f.id.attempt == 2));
+            assert!(retried, "{out:?}");
+        }
+    }
 }
 
 /// Armed ahead, an attempt's timeout is not: a pass 50 ms ahead of a
@@ -752,9 +835,68 @@ fn restart_never_refires_and_resolves_from_the_journal() {
     // warmup's success was reported before the crash: settled silently.
     assert!(names(&ev, "warmup").is_empty(), "{:?}", brief(&ev));
     assert_eq!(names(&ev, "clamp"), ["outcome_unknown"]);
-    // press needs clamp to have succeeded: it never runs.
-    assert!(names(&ev, "press").iter().all(|n| *n != "fire"));
+    // press needs clamp to have succeeded: it never runs, and says so once
+    // (upstream_unknown), with nothing more at shutdown.
+    assert_eq!(names(&ev, "press"), ["skip"], "{:?}", brief(&ev));
+    let skip = ev
+        .iter()
+        .find(|e| e.instruction.as_deref() == Some("press"))
+        .expect("press reported");
+    assert_eq!(skip.kind.reason(), Some(Reason::UpstreamUnknown));
     assert!(fires(&ev).iter().all(|(_, i)| i == "beat"));
+    let mut end = Vec::new();
+    core.shutdown(t("2026-12-01T10:00:10Z"), &mut end);
+    let again = end
+        .iter()
+        .any(|o| matches!(o, Output::Event(e) if e.instruction.as_deref() == Some("press")));
+    assert!(!again, "press reported again at shutdown: {end:?}");
+}
+
+/// A second restart after the unknown was reported: nothing of it or its
+/// dependents is reported again.
+#[test]
+fn dependents_of_an_unknown_outcome_are_reported_once_across_restarts() {
+    let clamp_occ = t("2026-12-01T10:00:01Z");
+    let warmup_occ = t("2026-12-01T10:00:00Z").as_nanos();
+    let mut prior = baton_sched::Prior::from(HashMap::from([
+        (
+            format!("default/press/v1/warmup/{warmup_occ}/a1"),
+            PriorOutcome::Succeeded,
+        ),
+        (
+            format!("default/press/v1/clamp/{}/a1", clamp_occ.as_nanos()),
+            PriorOutcome::Unknown,
+        ),
+    ]));
+    let p = pack(PRESS);
+    let key = baton_sched::OnceKey {
+        pack: PackKey::of(&p),
+        version: 1,
+        instruction: "clamp".into(),
+        occurrence: clamp_occ,
+        kind: baton_sched::OnceKind::OutcomeUnknown,
+    };
+    prior.done.insert(key.to_string());
+    let mut core = Scheduler::new(Config::default(), prior);
+    let mut out = Vec::new();
+    core.restore(
+        p,
+        t("2026-12-01T09:59:59Z"),
+        t("2026-12-01T10:00:01Z"),
+        t("2026-12-01T10:00:01.500Z"),
+        &mut out,
+    )
+    .expect("restore");
+    let ev = run_until(&mut core, t("2026-12-01T10:00:10Z"), &mut out, &[]);
+    assert!(names(&ev, "clamp").is_empty(), "{:?}", brief(&ev));
+    assert!(names(&ev, "press").is_empty(), "{:?}", brief(&ev));
+    let mut end = Vec::new();
+    core.shutdown(t("2026-12-01T10:00:10Z"), &mut end);
+    assert!(
+        !end.iter()
+            .any(|o| matches!(o, Output::Event(e) if e.instruction.as_deref() == Some("press"))),
+        "{end:?}"
+    );
 }
 
 #[test]

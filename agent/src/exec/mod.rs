@@ -37,8 +37,8 @@
 //!
 //! A request may wait in the queue while every worker is busy. Its
 //! `timeout` counts from the spawn, never from the submit. A worker that
-//! picks it up after its `not_after`, or finds its `live` flag cleared (the
-//! pack entered its safe state), does not start it and reports
+//! picks it up after its `not_after`, or finds its ledger slot withdrawn
+//! (its pack entered its safe state, a newer version replaced it), does not start it and reports
 //! [`ExecOutcome::NotStarted`]: the program certainly did not run.
 //!
 //! # Time
@@ -124,10 +124,10 @@ pub struct ExecRequest {
     /// Not started if no worker picked it up by this instant (pool clock);
     /// reported as [`NotStartedReason::Expired`]. `None`: no limit.
     pub not_after: Option<MonoTime>,
-    /// Not started if this is `false` when a worker is about to spawn it
-    /// (checked right before the spawn); reported as
-    /// [`NotStartedReason::Withdrawn`]. `None`: always live.
-    pub live: Option<Arc<AtomicBool>>,
+    /// The attempt's slot in the dispatch ledger: claimed right before the
+    /// spawn; withdrawn before that, the request is not started and is
+    /// reported as [`NotStartedReason::Withdrawn`]. `None`: always live.
+    pub live: Option<crate::ledger::Slot>,
 }
 
 /// Why a request was never started.
@@ -527,11 +527,7 @@ fn must_not_start(req: &ExecRequest, shared: &Shared, now: MonoTime) -> Option<N
     if shared.stopping.load(Ordering::SeqCst) {
         return Some(NotStartedReason::PoolStopped);
     }
-    if req
-        .live
-        .as_ref()
-        .is_some_and(|l| !l.load(Ordering::Acquire))
-    {
+    if req.live.as_ref().is_some_and(|l| l.withdrawn()) {
         return Some(NotStartedReason::Withdrawn);
     }
     match req.not_after {
@@ -569,6 +565,12 @@ fn run(req: &ExecRequest, shared: &Shared) -> ExecResult {
     // building the command still stops it.
     let now = (shared.clock)();
     if let Some(reason) = must_not_start(req, shared, now) {
+        return result(ExecOutcome::NotStarted { reason }, None);
+    }
+    // Taken now: a withdrawal from here on is too late (the program is
+    // about to run; a crash from here leaves it `outcome unknown`).
+    if req.live.as_ref().is_some_and(|l| !l.claim()) {
+        let reason = NotStartedReason::Withdrawn;
         return result(ExecOutcome::NotStarted { reason }, None);
     }
     let started = Some(now);

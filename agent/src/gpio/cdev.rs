@@ -39,7 +39,10 @@ use baton_proto::pack::{Line, LineRef};
 use gpiocdev::line::Value;
 
 use super::allow::Target;
-use super::{Allowlist, Direction, Gpio, GpioError, LineHandle, check_value, describe_ref};
+use super::{
+    Allowlist, DirectLine, Direction, Gpio, GpioError, LineHandle, check_value, describe_ref,
+};
+use std::sync::Arc;
 
 /// Consumer label the kernel shows for our lines (`gpioinfo`).
 pub const CONSUMER: &str = "baton-agent";
@@ -67,6 +70,11 @@ pub trait CdevLine: Send + std::fmt::Debug {
     fn get(&self) -> io::Result<u8>;
     /// Turn an input into an output at its current level; returns the level.
     fn make_output(&mut self) -> io::Result<u8>;
+    /// A writer of the same line that does not go through this object (the
+    /// same kernel line request), for [`Gpio::direct`].
+    fn direct(&self) -> Option<Arc<dyn Fn(u8) -> io::Result<()> + Send + Sync>> {
+        None
+    }
 }
 
 /// Where a [`LineRef`] resolved to.
@@ -354,6 +362,40 @@ impl<C: ChipSet> Gpio for CdevGpio<C> {
             None => format!("<unknown line handle {}>", h.0),
         }
     }
+
+    fn direct(&self, h: LineHandle) -> Option<Arc<dyn DirectLine>> {
+        let e = self.lines.get(h.0 as usize).filter(|e| e.output)?;
+        Some(Arc::new(CdevDirect {
+            set: e.line.direct()?,
+            label: e.label.clone(),
+        }))
+    }
+}
+
+/// A cdev line driven directly: `GPIO_V2_LINE_SET_VALUES_IOCTL` on the
+/// same line request (the kernel serialises it with the backend's).
+struct CdevDirect {
+    set: Arc<dyn Fn(u8) -> io::Result<()> + Send + Sync>,
+    label: String,
+}
+
+impl std::fmt::Debug for CdevDirect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CdevDirect")
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl DirectLine for CdevDirect {
+    fn write(&self, value: u8, _t_ns: i64, _label: &str) -> Result<(), GpioError> {
+        check_value(value, || self.label.clone())?;
+        (self.set)(value).map_err(|source| GpioError::Io {
+            op: "set value",
+            line: self.label.clone(),
+            source,
+        })
+    }
 }
 
 /// The real [`ChipSet`]: character devices under a directory (`/dev`).
@@ -488,7 +530,10 @@ impl ChipSet for SystemChips {
                 None => cdev_io(e),
             }
         })?;
-        let mut line = SystemLine { req, offset };
+        let mut line = SystemLine {
+            req: Arc::new(req),
+            offset,
+        };
         if dir == Direction::Output {
             line.make_output()?;
         }
@@ -498,7 +543,9 @@ impl ChipSet for SystemChips {
 
 #[derive(Debug)]
 struct SystemLine {
-    req: gpiocdev::Request,
+    /// Shared with the line's direct writer: `set_lone_value` takes
+    /// `&self` and is one ioctl on the request's descriptor.
+    req: Arc<gpiocdev::Request>,
     offset: u32,
 }
 
@@ -530,6 +577,18 @@ impl CdevLine for SystemLine {
         cfg.with_line(self.offset).as_output(v);
         self.req.reconfigure(&cfg).map_err(cdev_io)?;
         Ok(level)
+    }
+
+    fn direct(&self) -> Option<Arc<dyn Fn(u8) -> io::Result<()> + Send + Sync>> {
+        let req = self.req.clone();
+        Some(Arc::new(move |value| {
+            let v = if value == 0 {
+                Value::Inactive
+            } else {
+                Value::Active
+            };
+            req.set_lone_value(v).map_err(cdev_io)
+        }))
     }
 }
 

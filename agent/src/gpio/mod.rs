@@ -43,6 +43,7 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
 use baton_proto::pack::{Line, LineRef};
 
@@ -111,6 +112,58 @@ pub trait Gpio: Send + std::fmt::Debug {
 
     /// The line for messages, e.g. `gpiochip0:12`.
     fn describe(&self, h: LineHandle) -> String;
+
+    /// A second way to drive output line `h` that does not go through
+    /// this object (its own handle on the kernel's line: cdev the line
+    /// request's descriptor, sysfs the value file, sim the log file), for
+    /// the safe state when the thread that owns this object is stuck
+    /// inside a call. `None`: the line is not an output, or the backend
+    /// has no such way.
+    fn direct(&self, _h: LineHandle) -> Option<Arc<dyn DirectLine>> {
+        None
+    }
+}
+
+/// One output line, driven without the backend object ([`Gpio::direct`]):
+/// the kernel serialises it with the backend's own writes to the line, so
+/// a write here waits for one in progress (bounded by its caller, the
+/// safe-state driver), and nothing of the process it would wait on.
+pub trait DirectLine: Send + Sync + std::fmt::Debug {
+    /// Drive the line to `value` (`t_ns`, `label`: for the sim log).
+    fn write(&self, value: u8, t_ns: i64, label: &str) -> Result<(), GpioError>;
+}
+
+/// Every output line's [`DirectLine`], by handle, filled as lines are
+/// requested (by the thread that owns the backend). Its lock is held only
+/// to add or look up an entry, never across a device call.
+#[derive(Debug, Default)]
+pub struct DirectLines {
+    lines: Mutex<Vec<Option<Arc<dyn DirectLine>>>>,
+}
+
+impl DirectLines {
+    /// Line `h` is driven directly through `d`.
+    pub fn set(&self, h: LineHandle, d: Arc<dyn DirectLine>) {
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let i = h.0 as usize;
+        if lines.len() <= i {
+            lines.resize(i + 1, None);
+        }
+        lines[i] = Some(d);
+    }
+
+    /// Register what `gpio` offers for `h` (nothing if it offers nothing).
+    pub fn learn(&self, gpio: &dyn Gpio, h: LineHandle) {
+        if let Some(d) = gpio.direct(h) {
+            self.set(h, d);
+        }
+    }
+
+    /// The direct way to line `h`, if there is one.
+    pub fn get(&self, h: LineHandle) -> Option<Arc<dyn DirectLine>> {
+        let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        lines.get(h.0 as usize).cloned().flatten()
+    }
 }
 
 /// Why a GPIO operation failed. Every message names the chip and line.

@@ -24,7 +24,11 @@ use baton_proto::pack::{Line, LineRef};
 use serde::Serialize;
 
 use super::allow::Target;
-use super::{Allowlist, DEFAULT_CHIP, Direction, Gpio, GpioError, LineHandle, check_value};
+use super::{
+    Allowlist, DEFAULT_CHIP, DirectLine, Direction, Gpio, GpioError, LineHandle, check_value,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// In-memory lines plus an append-only change log.
 #[derive(Debug)]
@@ -146,6 +150,7 @@ impl Gpio for SimGpio {
         t_ns: i64,
         execution_id: &str,
     ) -> Result<(), GpioError> {
+        hang_point();
         // Field access, not `self.line(h)`: `l` must not borrow all of `self`
         // while the write buffer is borrowed mutably below.
         let l = self
@@ -210,6 +215,90 @@ impl Gpio for SimGpio {
             Some(l) => format!("{}:{}", l.chip, l.line),
             None => format!("<unknown line handle {}>", h.0),
         }
+    }
+
+    fn direct(&self, h: LineHandle) -> Option<Arc<dyn DirectLine>> {
+        let l = self.lines.get(h.0 as usize).filter(|l| l.output)?;
+        let log = self.log.try_clone().ok()?;
+        Some(Arc::new(SimDirect {
+            log,
+            chip: l.chip.clone(),
+            line: l.line.clone(),
+        }))
+    }
+}
+
+/// A sim line driven directly: its own descriptor on the log (`dup`),
+/// one `write(2)` per change, as the backend's.
+#[derive(Debug)]
+struct SimDirect {
+    log: File,
+    chip: String,
+    line: Line,
+}
+
+impl DirectLine for SimDirect {
+    fn write(&self, value: u8, t_ns: i64, label: &str) -> Result<(), GpioError> {
+        if HANG_ALL.load(Ordering::Acquire) && HUNG.load(Ordering::Acquire) {
+            hang();
+        }
+        check_value(value, || format!("{}:{}", self.chip, self.line))?;
+        let rec = Record {
+            t: t_ns,
+            chip: &self.chip,
+            line: match &self.line {
+                Line::Offset(o) => LineJson::Offset(*o),
+                Line::Name(n) => LineJson::Name(n),
+            },
+            value,
+            execution_id: label,
+        };
+        let mut buf = serde_json::to_vec(&rec).map_err(|e| GpioError::Io {
+            op: "append to sim log",
+            line: format!("{}:{}", self.chip, self.line),
+            source: e.into(),
+        })?;
+        buf.push(b'\n');
+        (&self.log).write_all(&buf).map_err(|source| GpioError::Io {
+            op: "append to sim log",
+            line: format!("{}:{}", self.chip, self.line),
+            source,
+        })
+    }
+}
+
+/// Writes through the backend left before the injected hang (0: off).
+static HANG_AFTER: AtomicU64 = AtomicU64::new(0);
+/// The injected hang has begun.
+static HUNG: AtomicBool = AtomicBool::new(false);
+/// The hang takes the direct writes too (a hung chip, not a hung call).
+static HANG_ALL: AtomicBool = AtomicBool::new(false);
+
+/// Test hook (`run --inject-gpio-hang-after N [--inject-gpio-hang-all]`,
+/// hidden): after N writes through the backend, its next write never
+/// returns (the dispatcher thread stays inside the call), like a driver
+/// wedged on a dead I²C expander. With `all`, the direct writes
+/// ([`Gpio::direct`]) hang too, from then on: the chip itself is hung.
+pub fn inject_hang(after: u64, all: bool) {
+    HANG_ALL.store(all, Ordering::Release);
+    HANG_AFTER.store(after.saturating_add(1), Ordering::Release);
+}
+
+fn hang_point() {
+    let left = HANG_AFTER.load(Ordering::Acquire);
+    match left {
+        0 => {}
+        1 => {
+            HUNG.store(true, Ordering::Release);
+            hang();
+        }
+        n => HANG_AFTER.store(n - 1, Ordering::Release),
+    }
+}
+
+fn hang() -> ! {
+    loop {
+        std::thread::park();
     }
 }
 

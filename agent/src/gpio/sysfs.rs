@@ -39,7 +39,9 @@ use std::path::{Path, PathBuf};
 use baton_proto::pack::{Line, LineRef};
 
 use super::allow::Target;
-use super::{Allowlist, Direction, Gpio, GpioError, LineHandle, check_value, describe_ref};
+use super::{
+    Allowlist, DirectLine, Direction, Gpio, GpioError, LineHandle, check_value, describe_ref,
+};
 
 /// Lines exported through a sysfs GPIO tree rooted at `root`.
 #[derive(Debug)]
@@ -56,8 +58,9 @@ struct SysfsLine {
     number: u32,
     /// `chip:offset` as requested, when a chip was given (for messages).
     label: Option<String>,
-    /// `gpioN/value`, open read-write for the life of the backend.
-    value: File,
+    /// `gpioN/value`, open read-write for the life of the backend (shared
+    /// with the line's direct writer).
+    value: std::sync::Arc<File>,
     output: bool,
     level: u8,
 }
@@ -165,6 +168,7 @@ impl SysfsGpio {
                     what: "request more than 2^32 lines".to_owned(),
                 })?,
             );
+        let value = std::sync::Arc::new(value);
         self.lines.push(SysfsLine {
             number,
             label,
@@ -347,6 +351,42 @@ impl Gpio for SysfsGpio {
             }) => format!("{l} (gpio{number})"),
             Some(l) => format!("gpio{}", l.number),
             None => format!("<unknown line handle {}>", h.0),
+        }
+    }
+
+    fn direct(&self, h: LineHandle) -> Option<std::sync::Arc<dyn DirectLine>> {
+        let l = self.lines.get(h.0 as usize).filter(|l| l.output)?;
+        Some(std::sync::Arc::new(SysfsDirect {
+            value: l.value.clone(),
+            label: self.describe(h),
+        }))
+    }
+}
+
+/// A sysfs line driven directly: a `pwrite` on its value file (the
+/// kernel's to serialise with the backend's).
+#[derive(Debug)]
+struct SysfsDirect {
+    value: std::sync::Arc<File>,
+    label: String,
+}
+
+impl DirectLine for SysfsDirect {
+    fn write(&self, value: u8, _t_ns: i64, _label: &str) -> Result<(), GpioError> {
+        check_value(value, || self.label.clone())?;
+        let byte: &[u8; 1] = if value == 1 { b"1" } else { b"0" };
+        match self.value.write_at(byte, 0) {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(GpioError::Io {
+                op: "write value",
+                line: self.label.clone(),
+                source: io::ErrorKind::WriteZero.into(),
+            }),
+            Err(source) => Err(GpioError::Io {
+                op: "write value",
+                line: self.label.clone(),
+                source,
+            }),
         }
     }
 }

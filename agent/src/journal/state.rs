@@ -245,8 +245,16 @@ impl State {
                 for (id, ns) in ids.iter() {
                     let ns = &ns;
                     match self.attempts.get_mut(id) {
-                        // A start after a result (a caller's mistake)
-                        // keeps the result: an outcome is never un-known.
+                        // Started again after it did not run (withdrawn,
+                        // too late, armed at a crash): unknown again until
+                        // this start's result.
+                        Some(a) if a.outcome == Some(super::Outcome::NotRun) => {
+                            a.ref_ns = *ns;
+                            a.outcome = None;
+                        }
+                        // A start after a result it ran with (a caller's
+                        // mistake) keeps the result: an outcome is never
+                        // un-known.
                         Some(a) => a.ref_ns = *ns,
                         None => {
                             self.attempts.insert(

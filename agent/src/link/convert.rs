@@ -166,6 +166,8 @@ mod tests {
             (NotRun::Late, wire::Reason::Late),
             (NotRun::Withdrawn, wire::Reason::Withdrawn),
             (NotRun::Stopped, wire::Reason::Shutdown),
+            (NotRun::Replaced, wire::Reason::Replaced),
+            (NotRun::TimedOut, wire::Reason::Timeout),
         ] {
             let f = executed_one(FiringResult::NotRun(why), Origin::Attempt);
             assert_eq!((f.outcome(), f.reason()), (O::Skipped, reason));

@@ -74,6 +74,26 @@ pub enum AdmissionError {
         /// The pack that holds it.
         other: PackKey,
     },
+    /// A line another pack let go of (a newer version dropped it, or the
+    /// pack was cancelled) while firings it had armed on the line have not
+    /// all run or been withdrawn yet: free in a moment.
+    #[error(
+        "line {line} is still in use by pack {other}: firings it armed on the line have not all run or been withdrawn yet (free in a moment: retry)"
+    )]
+    LineReleasing {
+        /// The line, as this pack names it.
+        line: String,
+        /// The pack that let go of it.
+        other: PackKey,
+    },
+}
+
+impl AdmissionError {
+    /// Whether the same pack may be taken a moment later (the controller
+    /// retries it: `RESOURCE_EXHAUSTED`).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, AdmissionError::LineReleasing { .. })
+    }
 }
 
 /// Whether a program may run with an environment (the exec allowlist).
@@ -149,6 +169,10 @@ pub struct Admission {
     /// Lines requested as inputs only.
     inputs: HashMap<LineRef, LineHandle>,
     held: HashMap<PackKey, Held>,
+    /// Lines a pack no longer drives (a newer version dropped them, or it
+    /// was cancelled) that firings it armed may still touch: no other pack
+    /// takes them until [`Admission::settle_lingering`] finds them free.
+    lingering: HashMap<PackKey, BTreeSet<LineHandle>>,
 }
 
 impl Admission {
@@ -256,6 +280,14 @@ impl Admission {
     /// Step 4: no line is driven by two packs unless both share it.
     pub fn check_owners(&self, key: &PackKey, r: &Resolved) -> Result<(), AdmissionError> {
         for (h, name) in &r.driven {
+            for (other, lines) in &self.lingering {
+                if other != key && lines.contains(h) {
+                    return Err(AdmissionError::LineReleasing {
+                        line: name.clone(),
+                        other: other.clone(),
+                    });
+                }
+            }
             for (other, held) in &self.held {
                 if other == key || !held.driven.contains(h) {
                     continue;
@@ -271,22 +303,69 @@ impl Admission {
         Ok(())
     }
 
-    /// The pack is accepted: it owns its lines now.
+    /// The pack is accepted: it owns its lines now. Lines its previous
+    /// version drove and this one does not linger (see
+    /// [`Admission::settle_lingering`]).
     pub fn commit(&mut self, key: PackKey, version: u64, digest: u64, r: Resolved) {
+        let driven: Vec<LineHandle> = r.driven.into_keys().collect();
+        if let Some(old) = self.held.get(&key) {
+            let dropped: Vec<LineHandle> = old
+                .driven
+                .iter()
+                .filter(|h| !driven.contains(h))
+                .copied()
+                .collect();
+            if !dropped.is_empty() {
+                self.lingering
+                    .entry(key.clone())
+                    .or_default()
+                    .extend(dropped);
+            }
+        }
+        if let Some(l) = self.lingering.get_mut(&key) {
+            l.retain(|h| !driven.contains(h));
+            if l.is_empty() {
+                self.lingering.remove(&key);
+            }
+        }
         self.held.insert(
             key,
             Held {
                 version,
                 digest,
-                driven: r.driven.into_keys().collect(),
+                driven,
                 shared: r.shared,
             },
         );
     }
 
-    /// The pack is gone (cancelled locally): its lines are free.
+    /// The pack is gone (cancelled locally): its lines are free once no
+    /// firing it armed may touch them ([`Admission::settle_lingering`]).
     pub fn release(&mut self, key: &PackKey) {
-        self.held.remove(key);
+        if let Some(h) = self.held.remove(key)
+            && !h.driven.is_empty()
+        {
+            self.lingering
+                .entry(key.clone())
+                .or_default()
+                .extend(h.driven);
+        }
+    }
+
+    /// Whether some pack's lines linger.
+    pub fn has_lingering(&self) -> bool {
+        !self.lingering.is_empty()
+    }
+
+    /// Free the lingering lines no firing may touch any more (`busy`: the
+    /// lines a pack's armed firings, pulse ends and safe writes may still
+    /// drive).
+    pub fn settle_lingering(&mut self, busy: impl Fn(&PackKey) -> Vec<LineHandle>) {
+        self.lingering.retain(|pack, lines| {
+            let b = busy(pack);
+            lines.retain(|h| b.contains(h));
+            !lines.is_empty()
+        });
     }
 
     /// Other packs that share `line` with `key`.

@@ -2,21 +2,24 @@
 //!
 //! Jobs wait here for dispatcher credits (a burst of thousands of firings
 //! due at one instant queues here, never in a bounded queue that could
-//! block), tickets map dispatcher results back to attempts, exec firings
-//! wait for their instant, and each pack has "may still fire" flags that a
-//! safe state clears (see [`Arming::withdraw`]).
+//! block), tickets map dispatcher results back to attempts, and exec
+//! firings wait for their instant. Every attempt armed has its own slot in
+//! the dispatch ledger (`crate::ledger`): the per-attempt flag the thread
+//! that runs it claims at its instant, and that the control thread sets to
+//! withdraw it — one attempt ([`Arming::take_back`]: a newer version, a
+//! timeout) or all of a pack's ([`Arming::withdraw`]: a safe state).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use baton_proto::RefTime;
-use baton_sched::{ExecutionId, PackKey};
+use baton_sched::{ExecutionId, PackKey, Withdrawal};
 
 use crate::FastMap;
 use crate::dispatcher::{DispatchError, Job, JobKind};
 use crate::exec::ExecRequest;
 use crate::gpio::LineHandle;
+use crate::ledger::{Slot, Slots};
 use crate::runtime::ports::Device;
 use crate::runtime::record::Origin;
 
@@ -33,11 +36,17 @@ pub enum Ticket {
         scheduled: RefTime,
         /// Action name.
         action: &'static str,
+        /// Its ledger slot.
+        slot: Slot,
+        /// The line it touches, if any.
+        line: Option<LineHandle>,
     },
     /// A safe-state or on_failure action: best effort, never retried.
     Side {
         /// The pack.
         pack: PackKey,
+        /// The line it drives.
+        line: Option<LineHandle>,
         /// Who asked.
         origin: Origin,
         /// Its label.
@@ -47,6 +56,47 @@ pub enum Ticket {
         /// Action name.
         action: &'static str,
     },
+    /// An attempt the control thread withdrew and settled already: its
+    /// job's result is awaited only to free its slot (and its line).
+    Settled {
+        /// The attempt.
+        id: ExecutionId,
+        /// Its slot.
+        slot: Slot,
+        /// Its line.
+        line: Option<LineHandle>,
+    },
+    /// A pulse whose leading edge ran: its trailing edge is still to come.
+    PulseEnd {
+        /// The attempt.
+        id: ExecutionId,
+        /// Its slot (withdrawn: the pulse ends at once).
+        slot: Slot,
+        /// Its line.
+        line: LineHandle,
+    },
+}
+
+impl Ticket {
+    /// The attempt's pack and line, for a ticket of an attempt.
+    fn pack_line(&self) -> Option<(&PackKey, Option<LineHandle>)> {
+        match self {
+            Ticket::Attempt { id, line, .. } | Ticket::Settled { id, line, .. } => {
+                Some((&id.pack, *line))
+            }
+            Ticket::PulseEnd { id, line, .. } => Some((&id.pack, Some(*line))),
+            Ticket::Side { .. } => None,
+        }
+    }
+
+    fn slot(&self) -> Option<&Slot> {
+        match self {
+            Ticket::Attempt { slot, .. }
+            | Ticket::Settled { slot, .. }
+            | Ticket::PulseEnd { slot, .. } => Some(slot),
+            Ticket::Side { .. } => None,
+        }
+    }
 }
 
 /// An exec firing waiting for its instant.
@@ -56,17 +106,41 @@ pub struct PendingExec {
     pub at: RefTime,
     /// The attempt.
     pub id: ExecutionId,
-    /// What to run.
+    /// What to run (`req.live`: its ledger slot).
     pub req: ExecRequest,
 }
 
-/// A pack's "may still fire" flags: its own (`None`), and one per shared
-/// line it writes (withdrawn when any sharer enters its safe state). Looked
-/// up per firing by reference: no key is built (a pack key is two strings).
-type PackFlags = Vec<(Option<LineHandle>, Arc<AtomicBool>)>;
+/// An exec attempt handed to the pool.
+#[derive(Debug)]
+pub struct RunningExec {
+    /// The attempt.
+    pub id: ExecutionId,
+    /// When it was due.
+    pub scheduled: RefTime,
+    /// Its ledger slot.
+    pub slot: Option<Slot>,
+    /// Withdrawn and settled before a worker started it: its result (not
+    /// started) only frees the slot.
+    pub settled: bool,
+}
+
+/// An attempt [`Arming::take_back`] was asked for, and what became of it.
+#[derive(Debug)]
+pub struct TakenBack {
+    /// The attempt.
+    pub id: ExecutionId,
+    /// Its id as text.
+    pub text: Arc<str>,
+    /// When it was due.
+    pub scheduled: RefTime,
+    /// Action name.
+    pub action: &'static str,
+    /// Withdrawn (it never touches the device) or too late.
+    pub answer: Withdrawal,
+}
 
 /// The bookkeeping between the core and the device.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Arming {
     tickets: FastMap<u64, Ticket>,
     next_ticket: u64,
@@ -76,15 +150,65 @@ pub struct Arming {
     backlog: VecDeque<Job>,
     /// Exec firings waiting for their instant.
     pub exec_pending: Vec<PendingExec>,
-    /// Exec attempts running: execution id → (attempt, scheduled).
-    pub exec_running: HashMap<String, (ExecutionId, RefTime)>,
-    flags: FastMap<PackKey, PackFlags>,
+    /// Exec attempts handed to the pool, by execution id.
+    pub exec_running: HashMap<String, RunningExec>,
+    /// The ledger's slots.
+    slots: Slots,
     /// Ids the dispatcher may still hold: released later so the real-time
     /// thread never frees memory.
     linger: VecDeque<(RefTime, Arc<str>)>,
 }
 
+impl Default for Arming {
+    /// Over an anonymous ledger (tests, tools).
+    fn default() -> Self {
+        Arming::new(Slots::anonymous())
+    }
+}
+
 impl Arming {
+    /// Arming over the ledger's `slots`.
+    pub fn new(slots: Slots) -> Self {
+        Arming {
+            tickets: FastMap::default(),
+            next_ticket: 0,
+            safe_backlog: VecDeque::new(),
+            backlog: VecDeque::new(),
+            exec_pending: Vec::new(),
+            exec_running: HashMap::new(),
+            slots,
+            linger: VecDeque::new(),
+        }
+    }
+
+    /// A ledger slot for the attempt `id`, armed (before its start record
+    /// is made durable).
+    pub fn arm_slot(&mut self, id: &str) -> Slot {
+        self.slots.arm(id)
+    }
+
+    /// The attempt of `slot` is over (see `Slots::free`).
+    pub fn free_slot(&mut self, slot: Slot) {
+        self.slots.free(slot);
+    }
+
+    /// The journal wrote what was buffered: freed slots may be reused.
+    pub fn journal_written(&mut self) {
+        self.slots.journal_written();
+    }
+
+    /// After a clean stop whose journal was synced: if no attempt is left
+    /// without a result, the ledger has nothing to tell a restart and its
+    /// file goes (a tmpfs file is memory).
+    pub fn remove_ledger_if_settled(&self) {
+        let open = self.tickets.values().any(|t| t.slot().is_some())
+            || !self.exec_running.is_empty()
+            || !self.backlog.is_empty();
+        if !open {
+            self.slots.ledger().remove_file();
+        }
+    }
+
     /// Register a ticket.
     pub fn ticket(&mut self, t: Ticket) -> u64 {
         self.next_ticket += 1;
@@ -95,6 +219,11 @@ impl Arming {
     /// Take a ticket back (its result arrived).
     pub fn take_ticket(&mut self, n: u64) -> Option<Ticket> {
         self.tickets.remove(&n)
+    }
+
+    /// Put a ticket back under its number (a pulse's end still to come).
+    pub fn keep_ticket(&mut self, n: u64, t: Ticket) {
+        self.tickets.insert(n, t);
     }
 
     /// Tickets whose result has not arrived.
@@ -120,21 +249,6 @@ impl Arming {
             && self.exec_running.is_empty()
     }
 
-    /// The flag a job of `pack` on `line` carries (`shared`: the pack
-    /// declared that line shared).
-    pub fn flag(&mut self, pack: &PackKey, line: Option<LineHandle>) -> Arc<AtomicBool> {
-        let flags = match self.flags.get_mut(pack) {
-            Some(f) => f,
-            None => self.flags.entry(pack.clone()).or_default(),
-        };
-        if let Some((_, f)) = flags.iter().find(|(l, _)| *l == line) {
-            return f.clone();
-        }
-        let f = Arc::new(AtomicBool::new(true));
-        flags.push((line, f.clone()));
-        f
-    }
-
     /// Queue a job; it reaches the device as credits allow ([`Self::pump`]).
     pub fn enqueue(&mut self, job: Job, scheduled_until: RefTime) {
         self.linger.push_back((scheduled_until, job.id.clone()));
@@ -145,7 +259,8 @@ impl Arming {
     }
 
     /// Hand over what credits allow: safe writes first. Attempts withdrawn
-    /// while they waited come back as tickets to report not run.
+    /// while they waited come back as tickets to report not run (those
+    /// settled already are dropped, their slots freed).
     pub fn pump(&mut self, device: &mut dyn Device) -> Result<Vec<Ticket>, DispatchError> {
         let r = self.hand_over(device);
         // One wake-up for the whole batch, whichever way it ended.
@@ -164,15 +279,15 @@ impl Arming {
         }
         let mut withheld = Vec::new();
         while let Some(job) = self.backlog.front() {
-            let withdrawn = job
-                .live
-                .as_ref()
-                .is_some_and(|l| !l.load(Ordering::Acquire));
+            let withdrawn = job.live.as_ref().is_some_and(Slot::withdrawn);
             if withdrawn {
                 if let Some(job) = self.backlog.pop_front()
                     && let Some(t) = self.tickets.remove(&job.ticket)
                 {
-                    withheld.push(t);
+                    match t {
+                        Ticket::Settled { slot, .. } => self.slots.free(slot),
+                        t => withheld.push(t),
+                    }
                 }
                 continue;
             }
@@ -203,44 +318,195 @@ impl Arming {
     }
 
     /// A pack enters its safe state: nothing of it may reach the device
-    /// any more. Its flags are cleared (armed jobs report withdrawn), and
-    /// so are other packs' flags for the lines it shares with them
-    /// (`shared`: those lines; `sharers`: the packs that share them).
-    /// Returns its exec firings not yet started.
+    /// any more. Every attempt of it armed is withdrawn (armed jobs report
+    /// withdrawn at their instant, a pulse in progress ends at once), and
+    /// so are other packs' attempts on the lines it shares with them
+    /// (`shared`: those lines; with the packs that share them). Returns its
+    /// exec firings not yet started (their slots withdrawn).
     pub fn withdraw(
         &mut self,
         pack: &PackKey,
         shared: &[(LineHandle, Vec<PackKey>)],
     ) -> Vec<PendingExec> {
-        // Removed, so the next job of a sharer gets a fresh flag.
-        for (_, f) in self.flags.remove(pack).unwrap_or_default() {
-            f.store(false, Ordering::Release);
+        for t in self.tickets.values() {
+            let Some((p, line)) = t.pack_line() else {
+                continue;
+            };
+            let sharer = line.is_some_and(|l| {
+                shared
+                    .iter()
+                    .any(|(s, packs)| *s == l && packs.iter().any(|k| k == p))
+            });
+            if (p == pack || sharer)
+                && let Some(s) = t.slot()
+            {
+                s.withdraw();
+            }
         }
-        for (line, sharers) in shared {
-            for other in sharers {
-                if let Some(flags) = self.flags.get_mut(other) {
-                    flags.retain(|(l, f)| {
-                        let keep = *l != Some(*line);
-                        if !keep {
-                            f.store(false, Ordering::Release);
-                        }
-                        keep
-                    });
-                }
+        for r in self.exec_running.values().filter(|r| r.id.pack == *pack) {
+            if let Some(s) = &r.slot {
+                // Not started yet: the pool will not start it.
+                s.withdraw();
             }
         }
         let (gone, keep) = std::mem::take(&mut self.exec_pending)
             .into_iter()
             .partition(|p| p.id.pack == *pack);
         self.exec_pending = keep;
+        for p in &gone {
+            if let Some(s) = &p.req.live {
+                s.withdraw();
+            }
+        }
         gone
     }
 
-    /// Release ids the dispatcher can no longer hold.
+    /// The core asks these attempts back (`Output::Withdraw`): each one
+    /// not yet started is withdrawn (it never touches the device) and
+    /// settled here; one started is too late. An attempt not found had
+    /// ended already (too late).
+    pub fn take_back(&mut self, asked: &HashMap<String, ExecutionId>) -> Vec<TakenBack> {
+        let mut out = Vec::new();
+        if asked.is_empty() {
+            return out;
+        }
+        let mut settled = Vec::new();
+        for (n, t) in self.tickets.iter() {
+            let Ticket::Attempt {
+                id,
+                text,
+                scheduled,
+                action,
+                slot,
+                ..
+            } = t
+            else {
+                continue;
+            };
+            if !asked.contains_key(&**text) {
+                continue;
+            }
+            let answer = if slot.withdraw() {
+                settled.push(*n);
+                Withdrawal::Withdrawn
+            } else {
+                Withdrawal::TooLate
+            };
+            out.push(TakenBack {
+                id: id.clone(),
+                text: text.clone(),
+                scheduled: *scheduled,
+                action,
+                answer,
+            });
+        }
+        for n in settled {
+            if let Some(Ticket::Attempt { id, slot, line, .. }) = self.tickets.remove(&n) {
+                self.tickets.insert(n, Ticket::Settled { id, slot, line });
+            }
+        }
+        let (gone, keep): (Vec<PendingExec>, Vec<PendingExec>) =
+            std::mem::take(&mut self.exec_pending)
+                .into_iter()
+                .partition(|p| asked.contains_key(&p.req.execution_id));
+        self.exec_pending = keep;
+        for p in gone {
+            let answer = match &p.req.live {
+                Some(s) if !s.withdraw() => Withdrawal::TooLate,
+                _ => Withdrawal::Withdrawn,
+            };
+            if let Some(s) = p.req.live {
+                self.slots.free(s);
+            }
+            out.push(TakenBack {
+                text: Arc::from(p.req.execution_id.as_str()),
+                id: p.id,
+                scheduled: p.at,
+                action: "exec",
+                answer,
+            });
+        }
+        for (text, r) in self.exec_running.iter_mut() {
+            if !asked.contains_key(text) || r.settled {
+                continue;
+            }
+            let answer = match &r.slot {
+                Some(s) if s.withdraw() => {
+                    r.settled = true;
+                    Withdrawal::Withdrawn
+                }
+                _ => Withdrawal::TooLate,
+            };
+            out.push(TakenBack {
+                id: r.id.clone(),
+                text: Arc::from(text.as_str()),
+                scheduled: r.scheduled,
+                action: "exec",
+                answer,
+            });
+        }
+        let found: HashSet<Arc<str>> = out.iter().map(|t| t.text.clone()).collect();
+        for (text, id) in asked {
+            if !found.contains(text.as_str()) {
+                out.push(TakenBack {
+                    text: Arc::from(text.as_str()),
+                    scheduled: id.occurrence,
+                    id: id.clone(),
+                    action: "",
+                    answer: Withdrawal::TooLate,
+                });
+            }
+        }
+        out
+    }
+
+    /// Lines of `pack` that an armed attempt, a pulse's end or a safe
+    /// write may still drive.
+    pub fn busy_lines(&self, pack: &PackKey) -> Vec<LineHandle> {
+        let mut lines: Vec<LineHandle> = self
+            .tickets
+            .values()
+            .filter_map(|t| match t {
+                Ticket::Side { pack, line, .. } => Some((pack, *line)),
+                // Withdrawn: it never touches its line.
+                Ticket::Settled { .. } => None,
+                t => t.pack_line(),
+            })
+            .filter(|(p, _)| *p == pack)
+            .filter_map(|(_, l)| l)
+            .collect();
+        lines.sort_unstable();
+        lines.dedup();
+        lines
+    }
+
+    /// Release ids the dispatcher can no longer hold, and the room a
+    /// burst left in the queues and maps (a burst of 10 000 firings grew
+    /// them to hold all of it at once: megabytes that a steady load never
+    /// needs again).
     pub fn release_lingering(&mut self, now: RefTime) {
         while self.linger.front().is_some_and(|(t, _)| *t < now) {
             self.linger.pop_front();
         }
+        fn roomy(len: usize, cap: usize) -> bool {
+            cap > 4 * len.max(256)
+        }
+        if roomy(self.tickets.len(), self.tickets.capacity()) {
+            self.tickets.shrink_to_fit();
+        }
+        if roomy(self.backlog.len(), self.backlog.capacity()) {
+            self.backlog.shrink_to_fit();
+        }
+        if roomy(self.safe_backlog.len(), self.safe_backlog.capacity()) {
+            self.safe_backlog.shrink_to_fit();
+        }
+        if roomy(self.linger.len(), self.linger.capacity()) {
+            self.linger.shrink_to_fit();
+        }
+        if roomy(self.exec_pending.len(), self.exec_pending.capacity()) {
+            self.exec_pending.shrink_to_fit();
+        }
+        self.slots.shrink();
     }
 
     /// Exec firings due by `now`, in instant order.

@@ -27,7 +27,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
         .with_context(|| format!("opening the journal in {}", cfg.data_dir.display()))?;
     let gpio = crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
         .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
-    let (dispatcher, emergency) =
+    let (dispatcher, direct) =
         crate::dispatcher::Dispatcher::start(gpio, clock.shared(), cfg.rt, std::thread::current())
             .context("starting the dispatcher thread")?;
     // Under a dense load the arming passes are about a horizon apart:
@@ -44,7 +44,15 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
         tracing::warn!("{w}");
     }
     let safe_table: SharedSafeTable = Arc::new(Mutex::new(SafeTable::default()));
-    safety::install_panic_hook(safe_table.clone(), emergency, dispatcher.fence_handle());
+    let safe_driver = Arc::new(
+        safety::SafeDriver::start(safe_table.clone(), direct)
+            .context("starting the safe-state driver thread")?,
+    );
+    safety::install_panic_hook(
+        safe_driver.clone(),
+        dispatcher.fence_handle(),
+        cfg.data_dir.clone(),
+    );
     let (tx, exec_rx) = std::sync::mpsc::channel();
     // Each result wakes the control loop at once (no polling interval).
     let control = std::thread::current();
@@ -58,5 +66,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
         exec,
         exec_rx,
         safe_table,
+        safe_driver: Some(safe_driver),
+        ledger: Some(cfg.ledger.clone()),
     })
 }

@@ -106,32 +106,86 @@ impl Agent {
     }
 
     /// The last resort of the way out, as the panic hook does: the
-    /// safe-state levels of every held pack written straight through the
-    /// backend, bypassing the dispatcher (fenced by then), whose writes did
-    /// not land. The stop is then a fault (exit non-zero), whatever asked
-    /// for it. A dispatcher hung *inside* a GPIO call holds the backend:
-    /// then nothing in this process can write, and the failure says so
-    /// ("the GPIO backend stayed locked").
+    /// safe-state levels of every held pack written directly (`safety`),
+    /// bypassing the dispatcher (fenced by then), whose writes did not
+    /// land. The stop is then a fault (exit non-zero), whatever asked for
+    /// it. If the direct writes do not complete either, the chip itself is
+    /// hung: the marker is left and the agent exits with
+    /// [`safety::EXIT_GPIO_HUNG`].
     fn drive_safe_states_directly(&mut self) {
-        let Some(gpio) = self.device.emergency() else {
+        let Some(driver) = self.safe_driver.clone() else {
             return;
         };
-        let (ok, failed) =
-            super::safety::drive_now(&self.safe_table, &gpio, "stuck-dispatcher-safe-state");
-        tracing::error!(
-            writes = ok,
-            failures = ?failed,
-            "safe state driven straight through the backend (the dispatcher's writes did not land)"
+        let quiet = self.device.quiet_within(safety::QUIET_WAIT);
+        let label = "stuck-dispatcher-safe-state";
+        match safety::last_resort(quiet, &driver, label, &self.cfg.data_dir) {
+            safety::Driven::Done { ok, failed } => {
+                tracing::error!(
+                    writes = ok,
+                    failures = ?failed,
+                    "safe state driven directly (the dispatcher's writes did not land)"
+                );
+                self.degraded_exit = Some(if failed.is_empty() {
+                    "the dispatcher's safe-state writes did not land: the safe state was written directly"
+                        .to_string()
+                } else {
+                    format!(
+                        "the dispatcher's safe-state writes did not land and direct ones failed: {}",
+                        failed.join("; ")
+                    )
+                });
+            }
+            safety::Driven::Hung => {
+                tracing::error!(
+                    "the GPIO chip is hung: neither the dispatcher's nor the direct safe-state writes completed (within {:?}); exiting {} so that the service restarts, and the next start drives every journalled pack's safe state first",
+                    safety::DIRECT_WAIT,
+                    safety::EXIT_GPIO_HUNG
+                );
+                self.gpio_hung = true;
+                self.degraded_exit = Some(
+                    "the dispatcher's safe-state writes did not land, and the direct ones did not complete".into(),
+                );
+            }
+        }
+    }
+
+    /// The previous run could not reach the lines (the chip was hung; it
+    /// left the marker): before anything is restored and armed, every
+    /// journalled pack's safe-state writes are driven and awaited. If they
+    /// do not land, the chip is still hung: the start fails with
+    /// [`safety::GpioHung`] (exit [`safety::EXIT_GPIO_HUNG`]; the marker
+    /// stays).
+    pub(super) fn drive_owed_safe_states(&mut self, rec: &Recovered) -> anyhow::Result<()> {
+        tracing::warn!(
+            "the previous run could not write the safe state (the GPIO chip was hung): driving every journalled pack's safe state before anything else"
         );
-        self.degraded_exit = Some(if failed.is_empty() {
-            "the dispatcher's safe-state writes did not land: the safe state was written directly"
-                .to_string()
-        } else {
-            format!(
-                "the dispatcher's safe-state writes did not land and the direct ones failed: {}",
-                failed.join("; ")
-            )
-        });
+        let now = self.clock.now();
+        for sp in &rec.packs {
+            let Ok(pack) = parse_pack(&sp.yaml) else {
+                continue;
+            };
+            let key = PackKey::of(&pack);
+            if let Err(e) = self
+                .admission
+                .resolve(&pack, shared_lines(&pack), self.device.as_mut())
+            {
+                tracing::error!(pack = %key, "owed safe state: {e}");
+                return Err(anyhow::Error::new(safety::GpioHung).context(e.to_string()));
+            }
+            for a in &pack.safe_state {
+                self.side_action(&key, Origin::SafeState(SafeReason::Shutdown), a, now)?;
+            }
+        }
+        self.pump()?;
+        if !self.await_safe_writes() {
+            return Err(anyhow::Error::new(safety::GpioHung)
+                .context("the safe-state writes owed since the last run did not land"));
+        }
+        if let Err(e) = std::fs::remove_file(safety::marker(&self.cfg.data_dir)) {
+            tracing::warn!("could not remove the safe-state marker: {e}");
+        }
+        tracing::info!("owed safe states driven; restoring the packs");
+        Ok(())
     }
 
     /// What never reached the device provably did not run: journalled not
@@ -142,7 +196,7 @@ impl Agent {
             .into_iter()
             .filter_map(|t| match t {
                 Ticket::Attempt { text, .. } => Some(text.to_string()),
-                Ticket::Side { .. } => None,
+                Ticket::Side { .. } | Ticket::Settled { .. } | Ticket::PulseEnd { .. } => None,
             })
             .chain(execs.into_iter().map(|p| p.req.execution_id));
         for id in ids {
@@ -170,11 +224,14 @@ impl Agent {
         }
         for t in self.arming.tickets() {
             if let Ticket::Attempt { text, .. } = t {
-                tracing::warn!(execution_id = %text, "stopped before it ran: its start record stays (reported as outcome unknown after a restart)");
+                tracing::warn!(execution_id = %text, "no result from the dispatcher: its ledger slot says after a restart whether it ran");
             }
         }
         match self.journal.sync() {
-            Ok(()) => tracing::info!("safe state entered, journal flushed"),
+            Ok(()) => {
+                self.arming.remove_ledger_if_settled();
+                tracing::info!("safe state entered, journal flushed");
+            }
             Err(e) => tracing::error!("safe state entered; the journal could not be flushed: {e}"),
         }
     }

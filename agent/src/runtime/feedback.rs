@@ -195,6 +195,8 @@ pub fn not_run_reason(why: NotRun) -> Reason {
     match why {
         NotRun::Late => Reason::Late,
         NotRun::Withdrawn => Reason::Withdrawn,
+        NotRun::Replaced => Reason::Replaced,
+        NotRun::TimedOut => Reason::Timeout,
         // The dispatcher (or the exec pool) stopped first: the agent was
         // stopping.
         NotRun::Stopped => Reason::Shutdown,

@@ -20,6 +20,11 @@ const BURST: u64 = 1_000;
 const MIN_INTERVAL: Duration = Duration::from_secs(5);
 /// Nothing may be due within this when trimming.
 const QUIET: Duration = Duration::from_millis(100);
+/// After a burst's trim, one more this much later: the records the burst
+/// left (the journal's 5 s window of ids, the core's fired ids, kept until
+/// `max_lateness` plus 2 s past their instant) have aged out and been
+/// freed by then, and would otherwise stay resident until the next burst.
+const FOLLOW_UP: Duration = Duration::from_secs(10);
 
 /// The trim policy's memory.
 #[derive(Debug, Default)]
@@ -30,6 +35,8 @@ pub(crate) struct HeapTrim {
     last: Option<RefTime>,
     /// A pack was parsed since (its YAML tree is garbage now).
     parsed: bool,
+    /// One more trim is worth it from this instant (see [`FOLLOW_UP`]).
+    follow_up: Option<RefTime>,
 }
 
 impl HeapTrim {
@@ -48,7 +55,9 @@ impl HeapTrim {
         next_due: Option<RefTime>,
         idle: bool,
     ) -> bool {
-        let worth = self.parsed || ended.saturating_sub(self.ended_at_last) >= BURST;
+        let worth = self.parsed
+            || ended.saturating_sub(self.ended_at_last) >= BURST
+            || self.follow_up.is_some_and(|t| now >= t);
         let rested = self.last.is_none_or(|l| now.since(l) >= MIN_INTERVAL);
         let quiet = idle && next_due.is_none_or(|d| d.since(now) >= QUIET);
         worth && rested && quiet
@@ -56,6 +65,8 @@ impl HeapTrim {
 
     /// A trim ran at `now`, with `ended` attempts ended so far.
     pub(crate) fn done(&mut self, now: RefTime, ended: u64) {
+        let burst = ended.saturating_sub(self.ended_at_last) >= BURST;
+        self.follow_up = burst.then(|| now + FOLLOW_UP);
         self.ended_at_last = ended;
         self.last = Some(now);
         self.parsed = false;
@@ -85,6 +96,17 @@ mod tests {
         assert!(!h.due(t(6_000), 1_999, None, true));
         assert!(!h.due(t(4_999), 2_000, None, true));
         assert!(h.due(t(5_000), 2_000, None, true));
+    }
+
+    #[test]
+    fn a_burst_gets_one_more_trim_once_its_records_aged_out() {
+        let mut h = HeapTrim::default();
+        h.done(t(0), 1_000);
+        assert!(!h.due(t(9_999), 1_000, None, true));
+        assert!(h.due(t(10_000), 1_000, None, true));
+        h.done(t(10_000), 1_000);
+        // Once only.
+        assert!(!h.due(t(30_000), 1_000, None, true));
     }
 
     #[test]

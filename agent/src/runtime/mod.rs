@@ -87,12 +87,14 @@ const SPARE_OUTPUTS: usize = 4;
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
-/// occurrence instant. After a restart the core consults the journal only
+/// reference instant. After a restart the core consults the journal only
 /// for occurrences after the last durable heartbeat (earlier ones are
 /// settled as handled), which is at most the heartbeat period plus the
-/// journal's lazy sync interval (1 s) old: five times that is room to
-/// spare. Not days: at 10 000 firings/s memory is proportional to it.
-const JOURNAL_RETENTION: Duration = Duration::from_secs(5);
+/// journal's lazy sync interval (1 s) old; the attempts the dispatch
+/// ledger resolves were armed within a horizon (at most 1 s) of the stop.
+/// Twice the first is room to spare. Not longer: at 10 000 firings/s
+/// memory is proportional to it (5 s held ~60 000 ids, ~5 MB).
+const JOURNAL_RETENTION: Duration = Duration::from_millis(2500);
 /// Jobs waiting for dispatcher credit above which no more are armed.
 const MAX_BACKLOG: usize = 4096;
 /// Longest sleep of an idle loop.
@@ -207,6 +209,12 @@ pub struct Parts {
     pub exec_rx: Receiver<ExecResult>,
     /// The safe-state table the panic hook reads.
     pub safe_table: SharedSafeTable,
+    /// Where the dispatch ledger lives (`crate::ledger`); `None`: in
+    /// anonymous memory (nothing survives the process).
+    pub ledger: Option<std::path::PathBuf>,
+    /// Writes the safe state without the device's thread (`safety`);
+    /// `None` where the device has no thread to be stuck.
+    pub safe_driver: Option<Arc<safety::SafeDriver>>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -259,6 +267,14 @@ pub struct Agent {
     /// Set when the way out had to bypass a stuck dispatcher: the stop is
     /// then a fault whatever asked for it.
     degraded_exit: Option<String>,
+    /// Writes the safe state without the dispatcher (the last resort).
+    safe_driver: Option<Arc<safety::SafeDriver>>,
+    /// The direct writes did not land either: the chip is hung.
+    gpio_hung: bool,
+    /// Stop (as `--exit-when-idle` does) once this many attempts ended
+    /// (ran or not): `bench-latency`'s pack runs on any clock, without
+    /// `until`.
+    exit_after: Option<u64>,
     /// Packs whose safe state was driven in this run.
     safe_done: HashSet<PackKey>,
     tally: Tally,
@@ -266,6 +282,11 @@ pub struct Agent {
     lead_pass_for: Option<RefTime>,
     /// Output buffers, reused pass after pass (see [`Agent::output_buf`]).
     spare_outputs: Vec<Vec<Output>>,
+    /// Ledger slots armed for a batch's firings before their start record,
+    /// taken in order as the firings are performed.
+    batch_slots: std::collections::VecDeque<crate::ledger::Slot>,
+    /// Attempts the core asked back in the batch being performed.
+    asked_back: Vec<(ExecutionId, baton_sched::Reason)>,
     /// When freed heap goes back to the kernel.
     heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
@@ -314,6 +335,119 @@ fn prior_of(rec: &Recovered) -> Prior {
             })
             .collect(),
         done: rec.once.clone(),
+    }
+}
+
+/// Before the core is built: every attempt the journal says started
+/// without a result is resolved from the dispatch ledger the previous run
+/// left at `path` (if it is trusted: same boot, same journal) — it ran (its
+/// outcome is journalled and reported) or it never touched the device
+/// (journalled not run: `catch_up` and `max_lateness` decide as for any
+/// missed occurrence); one that was inside its device call when the
+/// process died stays `outcome unknown`. The resolutions are written to the
+/// kernel before a fresh ledger replaces the old one.
+fn resolve_armed(
+    path: &Path,
+    data_dir: &Path,
+    journal: &mut Journal,
+    recovered: &mut Recovered,
+    tally: &mut Tally,
+) -> anyhow::Result<crate::ledger::Slots> {
+    use crate::ledger::{Fate, Ledger};
+    let prev = Ledger::previous(path, journal.id());
+    let open: Vec<String> = recovered
+        .attempts
+        .iter()
+        .filter(|(_, o)| o.is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
+    let (mut ran, mut not_run, mut unknown) = (0, 0, 0);
+    for text in open {
+        let fate = prev.fate(&text);
+        let outcome = match fate {
+            Some(Fate::NotRun) => Outcome::NotRun,
+            Some(Fate::Succeeded) => Outcome::Succeeded,
+            Some(Fate::Failed) => Outcome::Failed,
+            Some(Fate::Interrupted) => {
+                tracing::warn!(
+                    execution_id = %text,
+                    "it was inside its device call (or its program had started) when the agent died: outcome unknown"
+                );
+                unknown += 1;
+                continue;
+            }
+            None => {
+                unknown += 1;
+                continue;
+            }
+        };
+        journal.record_finished(&text, outcome)?;
+        let result = match outcome {
+            Outcome::NotRun => {
+                not_run += 1;
+                // For the core it never started: a missed occurrence like
+                // any other (fired late within `max_lateness`, or per
+                // `catch_up`), reported by the core.
+                recovered.attempts.remove(&text);
+                continue;
+            }
+            Outcome::Succeeded => {
+                recovered.attempts.insert(text.clone(), Some(outcome));
+                FiringResult::Ok { value: None }
+            }
+            Outcome::Failed => {
+                recovered.attempts.insert(text.clone(), Some(outcome));
+                FiringResult::Failed(
+                    "the device call failed (found after a restart; its error was not kept)".into(),
+                )
+            }
+        };
+        ran += 1;
+        if let Some(id) = ExecutionId::parse(&text) {
+            // Its time was not kept: reported at its instant.
+            let rec = FiringRecord::attempt(&id, &text, "", id.occurrence, id.occurrence, result);
+            feedback::executed(journal, tally, &rec, None, feedback::ClockStamp::default())?;
+        }
+    }
+    if ran + not_run + unknown > 0 {
+        match &prev.distrust {
+            None => tracing::info!(
+                ran,
+                not_run,
+                unknown,
+                "attempts armed when the agent stopped, resolved from the dispatch ledger"
+            ),
+            Some(why) => tracing::warn!(
+                unknown,
+                "the dispatch ledger at {} is not used ({why}): attempts armed when the agent stopped are `outcome unknown`",
+                path.display()
+            ),
+        }
+    }
+    // In the kernel before the old ledger is replaced.
+    journal.flush()?;
+    let owner = std::path::absolute(data_dir).ok();
+    match Ledger::create_for(
+        path,
+        journal.id(),
+        crate::ledger::DEFAULT_SLOTS,
+        owner.as_deref(),
+    ) {
+        Ok(ledger) => {
+            if let Some(dir) = path.parent() {
+                Ledger::collect_orphans(dir, path);
+            }
+            Ok(crate::ledger::Slots::new(Arc::new(ledger)))
+        }
+        Err(e) => {
+            // Firing is not the ledger's to stop: without it a crash
+            // leaves the journal's bound of unknowns, as a power cut does.
+            tracing::error!(
+                "the dispatch ledger {} cannot be created ({e}): firings armed when the agent dies will be `outcome unknown` (set `ledger:` to a writable tmpfs path)",
+                path.display()
+            );
+            Ok(crate::ledger::Slots::anonymous())
+        }
     }
 }
 
@@ -366,7 +500,22 @@ impl Agent {
             exec,
             exec_rx,
             safe_table,
+            ledger,
+            safe_driver,
         } = parts;
+        let mut journal = journal;
+        let mut recovered = recovered;
+        let mut tally = Tally::default();
+        let slots = match &ledger {
+            Some(path) => resolve_armed(
+                path,
+                &cfg.data_dir,
+                &mut journal,
+                &mut recovered,
+                &mut tally,
+            )?,
+            None => crate::ledger::Slots::anonymous(),
+        };
         tracing::info!(origin = ?recovered.origin, packs = recovered.packs.len(), "journal opened");
         if recovered.truncated_bytes > 0 {
             tracing::warn!(
@@ -396,13 +545,18 @@ impl Agent {
             exec,
             exec_rx,
             admission: Admission::default(),
-            arming: Arming::default(),
+            arming: Arming::new(slots),
             held: HashMap::default(),
             safe_table,
             degraded_exit: None,
+            safe_driver,
+            gpio_hung: false,
+            exit_after: None,
             safe_done: HashSet::new(),
-            tally: Tally::default(),
+            tally,
             spare_outputs: Vec::new(),
+            batch_slots: std::collections::VecDeque::new(),
+            asked_back: Vec::new(),
             lead_pass_for: None,
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
@@ -418,6 +572,9 @@ impl Agent {
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
         agent.start_uplink()?;
+        if safety::marker(&agent.cfg.data_dir).exists() {
+            agent.drive_owed_safe_states(&recovered)?;
+        }
         agent.restore(recovered)?;
         Ok(agent)
     }
@@ -667,6 +824,10 @@ impl Agent {
             tracing::error!("stopping on a fault: {e:#}");
         }
         self.wind_down();
+        if self.gpio_hung {
+            let why = self.degraded_exit.take().unwrap_or_default();
+            return StopCause::Fault(anyhow::Error::new(safety::GpioHung).context(why));
+        }
         match (self.degraded_exit.take(), cause) {
             (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
                 StopCause::Fault(anyhow::anyhow!(why))
@@ -686,6 +847,12 @@ impl Agent {
             if exit_when_idle && self.idle() {
                 return Ok(StopCause::Idle);
             }
+            if self
+                .exit_after
+                .is_some_and(|n| (self.tally.hist.len() + self.tally.not_run) >= n)
+            {
+                return Ok(StopCause::Idle);
+            }
             self.step()?;
             self.systemd_tick();
             self.wait();
@@ -695,9 +862,38 @@ impl Agent {
     /// Sleep until the next thing to do; results, exec completions and
     /// stop requests unpark this thread earlier.
     fn wait(&mut self) {
+        let Some(until) = self.next_pass() else {
+            return;
+        };
+        let d = until.since(self.clock.now());
+        if d.is_zero() {
+            return;
+        }
+        // Successful results may be left for the pass at `until` (see
+        // `Dispatcher::defer_results_within`); any that came since this
+        // pass collected make it run again at once. With a backlog waiting
+        // for credits, every result wakes the loop (its credit is needed).
+        let wake = (self.arming.backlog_len() == 0).then(|| self.clock.to_mono(until));
+        if self.device.plan_wake(wake) {
+            self.device.plan_wake(None);
+            return;
+        }
+        std::thread::park_timeout(d);
+        self.device.plan_wake(None);
+    }
+
+    /// When the loop's next pass is due: `None` at once, else the instant
+    /// it parks until (results, exec completions and stop requests unpark
+    /// it earlier).
+    pub fn next_pass(&mut self) -> Option<RefTime> {
         let now = self.clock.now();
         let mut until = now + MAX_IDLE;
-        if let Some(w) = self.core.next_wake() {
+        // While the device's backlog is full the core is not ticked (see
+        // `step`): its overdue entries wait for credits, which come back
+        // with results (and unpark the loop), not for a pass that could do
+        // nothing but spin.
+        let throttled = self.arming.backlog_len() >= MAX_BACKLOG;
+        if let Some(w) = self.core.next_wake().filter(|_| !throttled) {
             // A pass starts a lead before the first firing it arms (room
             // for its fsync) and arms a whole horizon from there: under a
             // dense load one fsync covers a horizon of firings (group
@@ -712,7 +908,7 @@ impl Agent {
                 until = until.min(w);
             } else {
                 self.lead_pass_for = Some(w);
-                return;
+                return None;
             }
         }
         if let Some(e) = self.arming.next_exec() {
@@ -724,11 +920,6 @@ impl Agent {
         if let Some(w) = self.systemd_wake(now) {
             until = until.min(w);
         }
-        if self.arming.backlog_len() > 0 || !self.arming.exec_running.is_empty() {
-            // Credits come back with results (which unpark us); exec
-            // results are checked at least this often.
-            until = until.min(now + Duration::from_millis(1));
-        }
         // The heartbeat rides a pass that comes anyway within half its
         // period after it is due (under a dense load, always the next
         // arming pass): a wake-up of its own only when none does.
@@ -736,19 +927,7 @@ impl Agent {
         if until > heartbeat + HEARTBEAT / 2 {
             until = heartbeat;
         }
-        let d = until.since(now);
-        if d.is_zero() {
-            return;
-        }
-        // Successful results may be left for the pass at `until` (see
-        // `Dispatcher::defer_results_within`); any that came since this
-        // pass collected make it run again at once.
-        if self.device.plan_wake(Some(self.clock.to_mono(until))) {
-            self.device.plan_wake(None);
-            return;
-        }
-        std::thread::park_timeout(d);
-        self.device.plan_wake(None);
+        (until > now).then_some(until)
     }
 
     /// One pass: arm due firings, hand over what credits allow, collect
@@ -785,8 +964,15 @@ impl Agent {
         self.start_due_exec()?;
         // The controller link: its events, leases, feedback (bounded).
         self.uplink_step()?;
-        // This pass's lazy records (results, feedback) in one write.
+        // Lines let go of are free once nothing armed may touch them.
+        if self.admission.has_lingering() {
+            let arming = &self.arming;
+            self.admission.settle_lingering(|p| arming.busy_lines(p));
+        }
+        // This pass's lazy records (results, feedback) in one write; the
+        // ledger slots of attempts whose results it holds may be reused.
         self.journal.flush()?;
+        self.arming.journal_written();
         if now.since(self.last_heartbeat) >= HEARTBEAT {
             let hb = self.journal.heartbeat(now.as_nanos())?;
             if let Some(e) = hb.compaction_error {
@@ -840,6 +1026,12 @@ impl Agent {
             }
             self.heap_trim.done(now, ended);
         }
+    }
+
+    /// Stop once `n` attempts have ended, ran or not (a benchmark's pack
+    /// that has no end of its own).
+    pub fn exit_after(&mut self, n: u64) {
+        self.exit_after = Some(n);
     }
 
     /// Lateness histogram and counters so far.

@@ -1,9 +1,10 @@
 //! Performing the core's outputs: firings armed (journalled, then queued
 //! for the device or the exec pool), side actions, safe states, feedback.
 
-use baton_sched::Firing;
+use baton_sched::{Firing, Reason, Withdrawal};
 
 use crate::dispatcher::Op;
+use crate::ledger::Slot;
 
 use super::*;
 
@@ -34,6 +35,13 @@ impl Agent {
                 })
                 .collect();
             if !refs.is_empty() {
+                // Each attempt's ledger slot first: after a crash the slot
+                // says whether an attempt whose start record is durable
+                // ever touched the device.
+                for (text, _) in &refs {
+                    let slot = self.arming.arm_slot(text);
+                    self.batch_slots.push_back(slot);
+                }
                 // If this fails nothing may fire: the error ends the loop,
                 // whose way out drives the safe state.
                 self.journal.record_started(&refs)?;
@@ -44,27 +52,74 @@ impl Agent {
             for o in batch.drain(..) {
                 self.perform(o, &mut more)?;
             }
+            // The core asks answers before its next tick: all of this
+            // batch's in one pass over what is armed.
+            self.answer_withdrawals(&mut more)?;
             std::mem::swap(batch, &mut more);
         }
         self.return_output_buf(more);
         Ok(())
     }
 
-    /// One attempt, its id (`f.text`) already journalled.
+    /// One attempt, its id (`f.text`) already journalled and its ledger
+    /// slot armed (the next of `batch_slots`).
     fn fire(&mut self, f: Firing, more: &mut Vec<Output>) -> anyhow::Result<()> {
         let now = self.clock.now();
+        let slot = match self.batch_slots.pop_front() {
+            Some(s) => s,
+            None => self.arming.arm_slot(&f.text),
+        };
         let action = f.action.clone();
         match &*action {
             Action::Noop => {
-                self.arm(f, Op::Noop, "noop");
+                self.arm(f, Op::Noop, "noop", slot);
                 Ok(())
             }
             Action::Exec { .. } => {
-                self.queue_exec(&f, &f.text);
+                self.queue_exec(&f, &f.text, slot);
                 Ok(())
             }
-            action => self.arm_gpio(f, action, now, more),
+            action => self.arm_gpio(f, action, now, slot, more),
         }
+    }
+
+    /// Answer the core's withdrawals asked in this batch: each attempt not
+    /// yet started is withdrawn (reported not run, journalled), the others
+    /// are too late (their results come as usual).
+    fn answer_withdrawals(&mut self, more: &mut Vec<Output>) -> anyhow::Result<()> {
+        if self.asked_back.is_empty() {
+            return Ok(());
+        }
+        let asked = std::mem::take(&mut self.asked_back);
+        let ids: HashMap<String, ExecutionId> = asked
+            .iter()
+            .map(|(id, _)| (id.to_string(), id.clone()))
+            .collect();
+        let why: HashMap<String, Reason> = asked
+            .into_iter()
+            .map(|(id, r)| (id.to_string(), r))
+            .collect();
+        let now = self.clock.now();
+        for t in self.arming.take_back(&ids) {
+            if t.answer == Withdrawal::Withdrawn {
+                let not_run = match why.get(&*t.text) {
+                    Some(Reason::Timeout) => NotRun::TimedOut,
+                    _ => NotRun::Replaced,
+                };
+                self.report(FiringRecord::attempt(
+                    &t.id,
+                    &t.text,
+                    t.action,
+                    t.scheduled,
+                    now,
+                    FiringResult::NotRun(not_run),
+                ))?;
+                let r = AttemptResult::Late { actual: now };
+                journal_result(&mut self.journal, &t.text, &r)?;
+            }
+            self.core.withdrawal(&t.id, t.answer, now, more);
+        }
+        Ok(())
     }
 
     /// One output (a firing's id is already journalled).
@@ -73,11 +128,14 @@ impl Agent {
         match o {
             Output::Fire(f) => self.fire(f, more)?,
             Output::Abort(id) => {
-                // Exec attempts are killed by the pool at the same timeout;
-                // a GPIO action cannot hang. Forget the attempt so a late
-                // result is not reported.
-                self.arming.exec_running.remove(&id.to_string());
+                // Exec attempts are killed by the pool at the same timeout.
+                // Its result, when it comes, is not reported (it only frees
+                // the attempt's slot).
+                if let Some(r) = self.arming.exec_running.get_mut(&id.to_string()) {
+                    r.settled = true;
+                }
             }
+            Output::Withdraw { id, reason } => self.asked_back.push((id, reason)),
             Output::OnFailure {
                 pack, action, once, ..
             } => {
@@ -106,11 +164,10 @@ impl Agent {
 
     /// An `exec` waits here for its instant, then goes to the pool with a
     /// window: waiting for a worker past it is not a run.
-    fn queue_exec(&mut self, f: &Firing, text: &str) {
+    fn queue_exec(&mut self, f: &Firing, text: &str, live: Slot) {
         let Action::Exec { program, args, env } = &*f.action else {
             return;
         };
-        let live = self.arming.flag(&f.id.pack, None);
         self.arming.exec_pending.push(PendingExec {
             at: f.scheduled,
             id: f.id.clone(),
@@ -136,23 +193,21 @@ impl Agent {
         f: Firing,
         action: &Action,
         now: RefTime,
+        slot: Slot,
         more: &mut Vec<Output>,
     ) -> anyhow::Result<()> {
         let Some(op) = self.admission.op_for(action) else {
+            self.arming.free_slot(slot);
             let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
             return self.settle(&f.id, &f.text, r, now, more);
         };
-        self.arm(f, op, action.name());
+        self.arm(f, op, action.name(), slot);
         Ok(())
     }
 
-    /// An attempt becomes a dispatcher job carrying its pack's flag (or the
-    /// pack's flag for its line, if the pack shares that line).
-    fn arm(&mut self, f: Firing, op: Op, action: &'static str) {
-        let flag_line = op
-            .line()
-            .filter(|&line| self.admission.is_shared(&f.id.pack, line));
-        let live = self.arming.flag(&f.id.pack, flag_line);
+    /// An attempt becomes a dispatcher job carrying its ledger slot (its
+    /// own flag: claimed at its instant, withdrawn by the control thread).
+    fn arm(&mut self, f: Firing, op: Op, action: &'static str, live: Slot) {
         let prompt = self.held.get(&f.id.pack).is_none_or(|h| h.chained);
         let Firing {
             id,
@@ -167,6 +222,8 @@ impl Agent {
             text: text.clone(),
             scheduled,
             action,
+            slot: live.clone(),
+            line: op.line(),
         });
         let width = match op {
             Op::Pulse { width_ns, .. } => width_ns,
@@ -221,6 +278,9 @@ impl Agent {
             return Err(e);
         }
         for p in gone {
+            if let Some(s) = p.req.live.clone() {
+                self.arming.free_slot(s);
+            }
             self.settle(
                 &p.id,
                 &p.req.execution_id,
@@ -286,6 +346,7 @@ impl Agent {
                 Some(op) => {
                     let ticket = self.arming.ticket(Ticket::Side {
                         pack: pack.clone(),
+                        line: op.line(),
                         origin,
                         text: text.clone(),
                         scheduled: now,
@@ -334,8 +395,11 @@ impl Agent {
                 text,
                 scheduled,
                 action,
+                slot,
+                ..
             } = t
             {
+                self.arming.free_slot(slot);
                 self.report(FiringRecord::attempt(
                     &id,
                     &text,

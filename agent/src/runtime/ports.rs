@@ -13,8 +13,8 @@ use crate::clock::MonoTime;
 use crate::clock::driver::EstimatedClock;
 use crate::clock::estimator::Estimate;
 use crate::clock::sample::SampleSender;
-use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, EmergencyGpio, Job, Stats};
-use crate::gpio::{Direction, LineHandle};
+use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, Job, Stats};
+use crate::gpio::{DirectLines, Direction, LineHandle};
 
 /// Reference time and its mapping to the local monotonic clock.
 pub trait Clock: Send + Sync {
@@ -148,9 +148,15 @@ pub trait Device: Send {
     /// Let nothing more of the device's thread touch a line (the way out
     /// is about to write the safe state directly).
     fn fence(&mut self) {}
-    /// The backend itself, for the way out when the device's thread is
-    /// stuck; none where there is no such thread.
-    fn emergency(&self) -> Option<EmergencyGpio> {
+    /// After [`Device::fence`]: wait at most `timeout` for a device call in
+    /// progress to return; whether none is left (a call that never returns
+    /// keeps it false).
+    fn quiet_within(&self, _timeout: Duration) -> bool {
+        true
+    }
+    /// Every output line's direct writer (`crate::gpio::DirectLine`), for
+    /// the safe state when the device's thread is stuck.
+    fn direct_lines(&self) -> Option<std::sync::Arc<DirectLines>> {
         None
     }
     /// Next result, if any.
@@ -184,11 +190,14 @@ impl Device for Dispatcher {
     fn plan_wake(&self, wake: Option<MonoTime>) -> bool {
         Dispatcher::plan_control_wake(self, wake)
     }
-    fn emergency(&self) -> Option<EmergencyGpio> {
-        Some(Dispatcher::emergency(self).clone())
+    fn direct_lines(&self) -> Option<std::sync::Arc<DirectLines>> {
+        Some(Dispatcher::direct_lines(self).clone())
     }
     fn fence(&mut self) {
         Dispatcher::fence(self)
+    }
+    fn quiet_within(&self, timeout: Duration) -> bool {
+        self.fence_handle().quiet_within(timeout)
     }
     fn try_done(&mut self) -> Option<Done> {
         Dispatcher::try_done(self)
@@ -218,6 +227,7 @@ pub struct DirectDevice {
     seq: u64,
     credits: Credits,
     stopped: bool,
+    direct: std::sync::Arc<DirectLines>,
 }
 
 impl std::fmt::Debug for DirectDevice {
@@ -238,6 +248,7 @@ impl DirectDevice {
             seq: 0,
             credits: Credits::default(),
             stopped: false,
+            direct: std::sync::Arc::default(),
         }
     }
 
@@ -248,11 +259,9 @@ impl DirectDevice {
 
     fn run(&mut self, job: Job, now: MonoTime) -> Done {
         use crate::dispatcher::{JobKind, JobOutcome, NotRun, Op};
-        let withdrawn = job
-            .live
-            .as_ref()
-            .is_some_and(|l| !l.load(Ordering::Acquire));
-        let not_run = if job.kind != JobKind::Attempt {
+        let attempt = job.kind == JobKind::Attempt;
+        let withdrawn = job.live.as_ref().is_some_and(|s| s.withdrawn());
+        let mut not_run = if !attempt {
             None
         } else if withdrawn {
             Some(NotRun::Withdrawn)
@@ -263,6 +272,9 @@ impl DirectDevice {
         } else {
             None
         };
+        if not_run.is_none() && attempt && job.live.as_ref().is_some_and(|s| !s.claim()) {
+            not_run = Some(NotRun::Withdrawn);
+        }
         let mut done = Done {
             ticket: job.ticket,
             kind: job.kind,
@@ -280,6 +292,9 @@ impl DirectDevice {
         }
         let t = self.clock.to_ref(now).as_nanos();
         let (r, pulse_end) = crate::dispatcher::apply(&mut *self.gpio, &job, t);
+        if attempt && let Some(s) = &job.live {
+            s.finish(r.is_ok());
+        }
         match pulse_end {
             Some(end) => {
                 self.seq += 1;
@@ -327,14 +342,21 @@ impl Device for DirectDevice {
         &mut self,
         lines: &[(LineRef, Direction)],
     ) -> Result<Vec<LineHandle>, DispatchError> {
-        lines
+        let handles: Vec<LineHandle> = lines
             .iter()
             .map(|(l, d)| match d {
                 Direction::Output => self.gpio.request(l),
                 Direction::Input => self.gpio.request_input(l),
             })
             .collect::<Result<_, _>>()
-            .map_err(DispatchError::from)
+            .map_err(DispatchError::from)?;
+        for h in &handles {
+            self.direct.learn(&*self.gpio, *h);
+        }
+        Ok(handles)
+    }
+    fn direct_lines(&self) -> Option<std::sync::Arc<DirectLines>> {
+        Some(self.direct.clone())
     }
     fn stop(&mut self, _timeout: Duration) -> bool {
         self.stopped = true;

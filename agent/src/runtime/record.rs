@@ -30,7 +30,9 @@ impl FiringResult {
             FiringResult::Ok { .. } => "ok",
             FiringResult::Failed(_) => "failed",
             FiringResult::NotRun(NotRun::Late) => "late",
-            FiringResult::NotRun(NotRun::Withdrawn) => "withdrawn",
+            FiringResult::NotRun(NotRun::Withdrawn | NotRun::Replaced | NotRun::TimedOut) => {
+                "withdrawn"
+            }
             FiringResult::NotRun(NotRun::Stopped) => "stopped",
         }
     }
@@ -41,6 +43,12 @@ impl FiringResult {
             FiringResult::Ok { value: Some(v) } => format!("value={v}"),
             FiringResult::Failed(m) => m.clone(),
             FiringResult::NotRun(NotRun::Withdrawn) => "its pack entered its safe state".into(),
+            FiringResult::NotRun(NotRun::Replaced) => {
+                "withdrawn before it started: a newer version of its pack replaced it".into()
+            }
+            FiringResult::NotRun(NotRun::TimedOut) => {
+                "withdrawn at its timeout, before it could start".into()
+            }
             FiringResult::NotRun(NotRun::Stopped) => "the agent stopped first".into(),
             FiringResult::NotRun(NotRun::Late) => "reached after its max_lateness".into(),
             FiringResult::Ok { value: None } => String::new(),

@@ -23,9 +23,17 @@ impl Agent {
     }
 
     pub(super) fn on_exec(&mut self, r: ExecResult, more: &mut Vec<Output>) -> anyhow::Result<()> {
-        let Some((id, scheduled)) = self.arming.exec_running.remove(&r.execution_id) else {
+        let Some(run) = self.arming.exec_running.remove(&r.execution_id) else {
             return Ok(());
         };
+        if let Some(s) = run.slot {
+            self.arming.free_slot(s);
+        }
+        if run.settled {
+            // Withdrawn or aborted: reported and settled already.
+            return Ok(());
+        }
+        let (id, scheduled) = (run.id, run.scheduled);
         let (result, firing) = exec_result(&r.outcome);
         let started = self.clock.to_ref(r.started.unwrap_or(r.finished));
         self.report(FiringRecord::attempt(
@@ -49,11 +57,16 @@ impl Agent {
             if let JobOutcome::Failed(e) = &done.outcome {
                 tracing::error!("pulse end failed: {e}");
             }
+            // The pulse is over: its slot and line are free.
+            if let Some(Ticket::PulseEnd { slot, .. }) = self.arming.take_ticket(done.ticket) {
+                self.arming.free_slot(slot);
+            }
             return Ok(());
         }
         let Some(ticket) = self.arming.take_ticket(done.ticket) else {
             return Ok(());
         };
+        let pulse_runs = matches!(done.outcome, JobOutcome::Ok(_));
         // Lateness on the dispatcher's own (monotonic) scale: immune to the
         // estimate moving between arming and firing.
         let lateness_ns = done.actual.0 - done.deadline.0;
@@ -76,6 +89,8 @@ impl Agent {
                 text,
                 scheduled,
                 action,
+                slot,
+                line,
             } => {
                 let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
                 let result = match result {
@@ -86,6 +101,18 @@ impl Agent {
                     &id, &text, action, scheduled, actual, firing,
                 ))?;
                 self.settle(&id, &text, result, actual, more)?;
+                match line {
+                    // A pulse that started still holds its line (and its
+                    // slot) until its end has run.
+                    Some(line) if pulse_runs && action == "gpio.pulse" => {
+                        self.arming
+                            .keep_ticket(done.ticket, Ticket::PulseEnd { id, slot, line });
+                    }
+                    _ => self.arming.free_slot(slot),
+                }
+            }
+            Ticket::Settled { slot, .. } | Ticket::PulseEnd { slot, .. } => {
+                self.arming.free_slot(slot);
             }
             Ticket::Side {
                 pack,
@@ -93,6 +120,7 @@ impl Agent {
                 text,
                 scheduled,
                 action,
+                ..
             } => {
                 let actual = RefTime::from_nanos(scheduled.as_nanos().saturating_add(lateness_ns));
                 self.report(FiringRecord {
@@ -122,11 +150,21 @@ impl Agent {
         let mut more = Vec::new();
         for p in self.arming.due_exec(now) {
             let text = p.req.execution_id.clone();
+            let slot = p.req.live.clone();
             match self.exec.submit(p.req) {
                 Ok(()) => {
-                    self.arming.exec_running.insert(text, (p.id, p.at));
+                    let run = arming::RunningExec {
+                        id: p.id,
+                        scheduled: p.at,
+                        slot,
+                        settled: false,
+                    };
+                    self.arming.exec_running.insert(text, run);
                 }
                 Err(e) => {
+                    if let Some(s) = slot {
+                        self.arming.free_slot(s);
+                    }
                     tracing::error!(execution_id = %text, "exec not started: {e}");
                     let r = AttemptResult::Failed(e.to_string());
                     self.settle(&p.id, &text, r, now, &mut more)?;

@@ -535,6 +535,11 @@ impl Agent {
                     AcceptError::Clock { .. } => (R::Clock, Vec::new()),
                     AcceptError::NotLive(errs) => (R::Invalid, wire_errors(errs)),
                     AcceptError::Journal(_) | AcceptError::Fault(_) => (R::Unavailable, Vec::new()),
+                    // A line another pack is letting go of: free in a
+                    // moment, retried like capacity.
+                    AcceptError::Refused(a) if a.is_transient() => {
+                        (R::ResourceExhausted, Vec::new())
+                    }
                     AcceptError::Refused(_) | AcceptError::Core(_) => (R::Refused, Vec::new()),
                 };
                 let message = format!("pack {label}: {e}");

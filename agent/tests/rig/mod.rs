@@ -78,6 +78,8 @@ pub fn build_with(dir: &Path, clock: Arc<ManualClock>, cfg: AgentConfig) -> Agen
             exec,
             exec_rx,
             safe_table: Arc::new(Mutex::new(SafeTable::default())),
+            ledger: Some(dir.join("dispatch.ledger")),
+            safe_driver: None,
         },
     )
     .expect("agent")

@@ -354,7 +354,17 @@ impl Scheduler {
         let mut attempt = 1;
         loop {
             let id = self.make_id(slot, i, occ, attempt);
-            match self.prior.get(&id.to_string()).copied() {
+            let outcome = self.prior.get(&id.to_string()).copied();
+            if outcome == Some(PriorOutcome::NotRun) && attempt < max {
+                // Withdrawn at its timeout, and a retry followed: that
+                // retry's record says what happened next.
+                let next = self.make_id(slot, i, occ, attempt + 1).to_string();
+                if self.prior.contains_key(&next) {
+                    attempt += 1;
+                    continue;
+                }
+            }
+            match outcome {
                 None | Some(PriorOutcome::NotRun) if attempt == 1 => return false,
                 None | Some(PriorOutcome::NotRun) => {
                     // Earlier attempts failed before the restart: go on
@@ -399,21 +409,30 @@ impl Scheduler {
             ps.ins[i].done = true;
         }
         let key = ps.once(i, occ, OnceKind::OutcomeUnknown);
-        if self.is_done(&key) {
-            return;
+        let name = ps.pack.instructions[i].id.clone();
+        // Reported once: after a later restart the state follows, silently.
+        let report = !self.is_done(&key);
+        if report {
+            let mut ev = self.event(
+                slot,
+                Some(i),
+                Some(id),
+                Some(occ),
+                EventKind::OutcomeUnknown,
+                now,
+            );
+            if let Output::Event(e) = &mut ev {
+                e.once = Some(key);
+            }
+            out.push(ev);
         }
-        let mut ev = self.event(
-            slot,
-            Some(i),
-            Some(id),
-            Some(occ),
-            EventKind::OutcomeUnknown,
-            now,
+        // Its dependents cannot know whether their upstream succeeded: they
+        // miss this round (DESIGN.md's rule), reported once with it.
+        let why = (
+            Reason::UpstreamUnknown,
+            format!("upstream `{name}` started before a crash and its outcome is unknown"),
         );
-        if let Output::Event(e) = &mut ev {
-            e.once = Some(key);
-        }
-        out.push(ev);
+        self.skip_dependents(slot, i, why, report, now, out);
     }
 
     pub(super) fn attempt_due(
@@ -464,6 +483,15 @@ impl Scheduler {
         out: &mut Vec<Output>,
     ) {
         let (occ, attempt) = (id.occurrence, id.attempt);
+        if attempt == 1 && self.claimed_by_older(slot, i, occ, now, out) {
+            if let Some(ps) = self.packs[slot].as_mut()
+                && !ps.pack.instructions[i].schedule.is_repeating()
+            {
+                ps.ins[i].done = true;
+                ps.ins[i].fired = true;
+            }
+            return;
+        }
         // Formatted into a kept buffer, then copied once into the shared
         // text (`to_string` grew a fresh string a few times per firing).
         self.id_buf.clear();
@@ -473,7 +501,8 @@ impl Scheduler {
             .prior
             .get(&*text)
             .is_some_and(|o| *o != PriorOutcome::NotRun);
-        if self.fired.contains_key(&*text) || ran_before {
+        let fingerprint = super::print(&text);
+        if self.fired.contains_key(&fingerprint) || ran_before {
             // Never twice: a duplicate delivery or a bug upstream must not
             // reach the device. The note names the occurrence, not the
             // attempt: that attempt reports its own end.
@@ -497,7 +526,7 @@ impl Scheduler {
         let ins = &ps.pack.instructions[i];
         let (timeout, max_late) = (ins.policy.timeout, ins.policy.max_lateness);
         self.fired
-            .insert(text.clone(), occ.max(now) + max_late + PRUNE_MARGIN);
+            .insert(fingerprint, occ.max(now) + max_late + PRUNE_MARGIN);
         // Built per firing rather than kept per instruction: memory stays
         // O(instructions) with a small constant.
         let action = Arc::new(ins.action.clone());
@@ -513,6 +542,7 @@ impl Scheduler {
                 id: id.clone(),
                 running: true,
                 timer: Some(timer),
+                deadline: now + timeout,
             };
             ps.ins[i].attempts.insert(occ, a);
             if matches!(ps.pack.instructions[i].schedule, Schedule::At(_)) {

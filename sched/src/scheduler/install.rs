@@ -12,7 +12,7 @@ use super::{
     AcceptError, Accepted, EntryKind, InstrState, PackState, Scheduler, Status, just_before,
 };
 use crate::id::PackKey;
-use crate::output::{Event, EventKind, Output, SafeReason};
+use crate::output::{Event, EventKind, Output, Reason, SafeReason};
 
 /// What to do with an offered version, given what is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,10 +51,13 @@ fn version_decision(held: Option<(u64, Status)>, offered: u64) -> Take {
 struct Carried {
     /// Per new instruction: its next occurrence under the old version.
     next: Vec<Option<RefTime>>,
-    /// Per new instruction that changed: the last occurrence the old
-    /// version has in flight (armed ahead, its result not back). The new
-    /// version starts after it, so no instant fires under both.
+    /// Per new instruction that changed (a repeating one): it starts after
+    /// this instant (the replacement's). What the old version handed out
+    /// ahead is asked back (`detach_old`): the occurrences it gives back
+    /// fire under the new version, the others stay the old one's.
     floor: Vec<Option<RefTime>>,
+    /// Per new instruction: its state came over from the old version.
+    kept: Vec<bool>,
     /// Old instructions whose state moved over.
     old: HashSet<usize>,
 }
@@ -63,10 +66,11 @@ struct Carried {
 /// over from an active replaced version: a one-shot that already fired
 /// does not fire again, an unchanged periodic keeps its next occurrence,
 /// its retries and its catch-up replays.
-fn carry_over(old: Option<&PackState>, ps: &mut PackState) -> Carried {
+fn carry_over(old: Option<&PackState>, ps: &mut PackState, now: RefTime) -> Carried {
     let mut c = Carried {
         next: vec![None; ps.ins.len()],
         floor: vec![None; ps.ins.len()],
+        kept: vec![false; ps.ins.len()],
         old: HashSet::new(),
     };
     let Some(o) = old.filter(|o| o.status == Status::Active) else {
@@ -78,20 +82,18 @@ fn carry_over(old: Option<&PackState>, ps: &mut PackState) -> Carried {
         };
         let prev = &o.pack.instructions[j];
         if prev.action != ins.action || prev.schedule != ins.schedule {
-            // Its old attempts end under the old version (`detach_old`):
-            // those armed ahead still fire.
-            c.floor[i] = o.ins[j]
-                .attempts
-                .iter()
-                .filter(|(_, a)| a.running)
-                .map(|(occ, _)| *occ)
-                .max();
+            // Its old attempts are asked back (`detach_old`). A repeating
+            // one starts after now: an occurrence of the old version at or
+            // before now may have run.
+            c.floor[i] = Some(now);
             continue;
         }
         let st = &o.ins[j];
         c.old.insert(j);
+        c.kept[i] = true;
         let new = &mut ps.ins[i];
         new.done = st.done || (!ins.schedule.is_repeating() && !st.attempts.is_empty());
+        new.fired = st.fired;
         new.satisfied = st.satisfied.clone();
         new.round_occ = st.round_occ;
         new.attempts = st.attempts.clone();
@@ -173,11 +175,12 @@ impl Scheduler {
         let (slot, old) = self.take_slot(&key);
         let anchor = anchor.or(old.as_ref().map(|o| o.anchor)).unwrap_or(now);
         let mut ps = self.new_state(key, pack, anchor, resume_after);
-        let carried = carry_over(old.as_ref(), &mut ps);
+        let carried = carry_over(old.as_ref(), &mut ps, now);
         if let Some(o) = old.as_ref() {
-            self.detach_old(slot, o, &carried.old, ps.pack.version, now, out);
+            self.detach_old(slot, o, &ps, &carried.old, now, out);
         }
         self.settle_one_shots(&mut ps, resume_after, old.as_ref());
+        let repeat_shots = self.shots_of(slot, &mut ps, &carried.kept);
         let firsts: Vec<Option<RefTime>> = (0..ps.ins.len())
             .map(|i| {
                 first_occurrence(
@@ -204,6 +207,14 @@ impl Scheduler {
             for i in 0..n {
                 self.resume_gap(slot, i, alive, now, out);
             }
+        }
+        for (i, occ) in repeat_shots {
+            let detail = "not run: an earlier version of the pack already fired this occurrence";
+            let ev = EventKind::Skip {
+                reason: Reason::Duplicate,
+                detail: detail.into(),
+            };
+            out.push(self.event(slot, Some(i), None, Some(occ), ev, now));
         }
         let active = self.packs[slot]
             .as_ref()
@@ -261,26 +272,43 @@ impl Scheduler {
         }
     }
 
-    /// Attempts of the old version that were not carried over end under
-    /// that version: running ones are detached (their result still
-    /// arrives), waiting retries are dropped and reported.
+    /// Attempts of the old version that were not carried over (their
+    /// instruction changed or is gone) are asked back: each one handed out
+    /// is withdrawn if it has not started ([`Output::Withdraw`]; the
+    /// runtime's answer comes to [`Scheduler::withdrawal`]) and stays
+    /// detached until then (its result, if it ran, still arrives and ends
+    /// it); the new version's occurrence at its instant waits for that
+    /// answer (`claimed`). Waiting retries are dropped and reported.
     fn detach_old(
         &mut self,
         slot: usize,
         o: &PackState,
+        new: &PackState,
         carried_old: &HashSet<usize>,
-        new_version: u64,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let new_version = new.pack.version;
         for (j, st) in o.ins.iter().enumerate() {
             if carried_old.contains(&j) {
                 continue;
             }
+            let ins = &o.pack.instructions[j];
+            if let Schedule::At(at) = ins.schedule
+                && st.fired
+                && st.attempts.is_empty()
+            {
+                // Fired and ended: once per occurrence, whatever the
+                // version.
+                self.shots
+                    .entry((slot, ins.id.clone()))
+                    .or_default()
+                    .push(at);
+            }
             for (occ, a) in &st.attempts {
                 if a.running {
                     let timer = self.queue.insert_with_tiebreak(
-                        (now + o.pack.instructions[j].policy.timeout).as_nanos(),
+                        (now + ins.policy.timeout).as_nanos(),
                         0,
                         super::Entry {
                             slot,
@@ -290,22 +318,55 @@ impl Scheduler {
                         },
                     );
                     self.detached.insert(a.id.clone(), Some(timer));
+                    self.claimed
+                        .insert((slot, ins.id.clone(), *occ), o.pack.version);
+                    out.push(Output::Withdraw {
+                        id: a.id.clone(),
+                        reason: Reason::Replaced,
+                    });
                     continue;
                 }
                 out.push(Output::Event(Event {
                     t: now,
                     pack: o.key.clone(),
-                    instruction: Some(o.pack.instructions[j].id.clone()),
+                    instruction: Some(ins.id.clone()),
                     id: Some(a.id.clone()),
                     occurrence: Some(*occ),
                     kind: EventKind::Skip {
-                        reason: crate::output::Reason::Replaced,
+                        reason: Reason::Replaced,
                         detail: format!("retry dropped: version {new_version} replaced the pack"),
                     },
                     once: None,
                 }));
             }
         }
+    }
+
+    /// New one-shots (not carried over) whose instant an earlier version
+    /// of the same instruction already fired: finished, reported not run.
+    fn shots_of(&self, slot: usize, ps: &mut PackState, kept: &[bool]) -> Vec<(usize, RefTime)> {
+        let mut repeat = Vec::new();
+        if self.shots.is_empty() {
+            return repeat;
+        }
+        for (i, ins) in ps.pack.instructions.iter().enumerate() {
+            let Schedule::At(at) = ins.schedule else {
+                continue;
+            };
+            if kept[i] || ps.ins[i].done {
+                continue;
+            }
+            let before = self
+                .shots
+                .get(&(slot, ins.id.clone()))
+                .is_some_and(|v| v.contains(&at));
+            if before {
+                ps.ins[i].done = true;
+                ps.ins[i].fired = true;
+                repeat.push((i, at));
+            }
+        }
+        repeat
     }
 
     /// One-shots that are finished before they are armed.
@@ -339,7 +400,7 @@ impl Scheduler {
             // A one-shot that already fired in this run (the pack was
             // cancelled and pushed again) is finished: it neither fires nor
             // reports again.
-            let fired_here = self.fired.contains_key(first.as_str());
+            let fired_here = self.fired.contains_key(&super::print(&first));
             // After a restart, a one-shot due while the agent was still up
             // was handled then (fired, or missed and reported). Only the
             // journal's record of it matters (it may release dependents);
@@ -356,19 +417,19 @@ impl Scheduler {
     /// Re-arm carried retries, timeouts and catch-up replays under the new
     /// generation.
     fn rearm(&self, ps: &mut PackState, slot: usize, i: usize, now: RefTime) {
-        let occs: Vec<(RefTime, u32, bool)> = ps.ins[i]
+        let occs: Vec<(RefTime, u32, bool, RefTime)> = ps.ins[i]
             .attempts
             .iter()
-            .map(|(occ, a)| (*occ, a.id.attempt, a.running))
+            .map(|(occ, a)| (*occ, a.id.attempt, a.running, a.deadline))
             .collect();
-        for (occ, attempt, running) in occs {
+        for (occ, attempt, running, deadline) in occs {
+            // The instants it had: an attempt armed ahead times out after
+            // its own instant, a retry comes when it was due (at once if
+            // that passed).
             let (at, kind) = if running {
-                (
-                    now + ps.pack.instructions[i].policy.timeout,
-                    EntryKind::Timeout { occ, attempt },
-                )
+                (deadline, EntryKind::Timeout { occ, attempt })
             } else {
-                (now, EntryKind::Retry { occ, attempt })
+                (deadline.max(now), EntryKind::Retry { occ, attempt })
             };
             let id = self.insert(ps, slot, i, at, kind);
             if let Some(a) = ps.ins[i].attempts.get_mut(&occ) {

@@ -15,7 +15,7 @@ mod due;
 mod install;
 mod outcome;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use attempts::Attempts;
 use std::sync::Arc;
@@ -142,6 +142,11 @@ struct Attempt {
     id: ExecutionId,
     running: bool,
     timer: Option<TimerId>,
+    /// When its timeout expires (running) or its retry is due (waiting):
+    /// kept so that a version carrying it over re-arms the same instant,
+    /// not one counted from the replacement (an attempt armed ahead would
+    /// otherwise time out before its own instant).
+    deadline: RefTime,
 }
 
 /// A missed occurrence waiting to be replayed.
@@ -258,11 +263,17 @@ pub struct Scheduler {
     not_run: OccurrencesBy,
     /// Once-only outputs already journalled: not emitted again.
     done: HashSet<String>,
-    /// Ids fired in this run, each with the instant after which no path can
-    /// derive it again (its occurrence plus the instruction's
-    /// `max_lateness`, plus a margin): pruned past that, so a long-running
-    /// agent's memory does not grow with every firing.
-    fired: HashMap<Arc<str>, RefTime, foldhash::fast::RandomState>,
+    /// Ids fired in this run, by a 64-bit fingerprint of their text
+    /// ([`print`]), each with the instant after which no path can derive
+    /// it again (its occurrence plus the instruction's `max_lateness`,
+    /// plus a margin): pruned past that, so a long-running agent's memory
+    /// does not grow with every firing. A fingerprint, not the text: 16
+    /// bytes an entry and no allocation of its own (holding the text kept
+    /// every firing's id alive, scattered over the heap, for that window:
+    /// megabytes at 10 000 firings/s, which no trim could give back). Two
+    /// ids of one fingerprint (odds of 2^-64 a pair) would only keep the
+    /// second from firing, reported.
+    fired: HashMap<u64, RefTime, foldhash::fast::RandomState>,
     /// Where a firing's id is formatted (see `fire`).
     id_buf: String,
     /// When `fired` and `prior` were last pruned.
@@ -273,6 +284,19 @@ pub struct Scheduler {
     /// or stopped and pushed again): their results still end their
     /// occurrence, but nothing follows from them.
     detached: HashMap<ExecutionId, Option<TimerId>>,
+    /// Occurrences (pack slot, instruction, instant) that a replaced
+    /// version had handed out when the newer one came, with that version:
+    /// asked to be withdrawn ([`Output::Withdraw`]). Removed when the
+    /// runtime withdrew it (the newer version fires the occurrence); one
+    /// left when the newer version's occurrence comes due was too late to
+    /// withdraw: the old attempt is the occurrence's execution, and the
+    /// newer one is reported not run (`duplicate`).
+    claimed: BTreeMap<(usize, String, RefTime), u64>,
+    /// One-shots (pack slot, instruction id) whose `at` instant fired and
+    /// ended under a replaced version: a newer version with the same
+    /// instant does not fire it again (once per occurrence, whatever the
+    /// version), it reports it not run (`duplicate`).
+    shots: HashMap<(usize, String), Vec<RefTime>>,
 }
 
 const NS: i64 = 1;
@@ -305,6 +329,16 @@ fn tiebreak(ps: &PackState, slot: usize, i: usize) -> u64 {
     let priority = ps.pack.instructions.get(i).map_or(0, |ins| ins.priority);
     let prio = u64::from(255 - priority);
     (prio << 48) | ((slot as u64 & 0xffff_ffff) << 16) | (i as u64 & 0xffff)
+}
+
+/// The fingerprint [`Scheduler`] keeps of a fired id (FNV-1a, 64 bits).
+fn print(id: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// Occurrences per instruction ([`ran_key`]).
@@ -353,6 +387,8 @@ impl Scheduler {
             last_prune: RefTime::MIN,
             next_generation: 1,
             detached: HashMap::new(),
+            claimed: BTreeMap::new(),
+            shots: HashMap::new(),
         }
     }
 
@@ -653,6 +689,13 @@ impl Scheduler {
                 !occs.is_empty()
             });
         }
+        // A claim on an occurrence the newer version never reaches (its
+        // schedule changed) would stay forever.
+        self.claimed.retain(|(_, _, occ), _| *occ > horizon);
+        self.shots.retain(|_, at| {
+            at.retain(|t| *t > horizon);
+            !at.is_empty()
+        });
         // A burst (catch-up, many packs at once) must not pin its peak.
         if self.fired.capacity() > 4 * self.fired.len().max(256) {
             self.fired.shrink_to_fit();
@@ -772,7 +815,26 @@ impl Scheduler {
             return;
         }
         let id = a.id.clone();
-        let timeout = ps.pack.instructions[i].policy.timeout;
+        let ins = &ps.pack.instructions[i];
+        let timeout = ins.policy.timeout;
+        if !matches!(ins.action, Action::Exec { .. }) {
+            // A device attempt cannot be killed, only kept from starting:
+            // the runtime withdraws it if it can, and a retry follows only
+            // then (`withdrawal`); one that started is the occurrence's
+            // execution and its own result decides. Never two of one
+            // occurrence on the device.
+            if let Some(a) = self.packs[slot]
+                .as_mut()
+                .and_then(|p| p.ins[i].attempts.get_mut(&occ))
+            {
+                a.timer = None;
+            }
+            out.push(Output::Withdraw {
+                id,
+                reason: Reason::Timeout,
+            });
+            return;
+        }
         let reason = format!("timed out after {}", fmt_d(timeout));
         out.push(Output::Abort(id.clone()));
         let (result, fail) = (AttemptResult::Failed(reason), Some(Reason::Timeout));

@@ -12,7 +12,7 @@ use rand::Rng;
 use super::{Attempt, AttemptResult, EntryKind, PackState, Scheduler, Status, fmt_d};
 use crate::id::ExecutionId;
 use crate::once::{OnceKey, OnceKind};
-use crate::output::{Event, EventKind, Output, Reason, SafeReason};
+use crate::output::{Event, EventKind, Output, Reason, SafeReason, Withdrawal};
 
 impl Scheduler {
     /// Report how an attempt ended. Results for attempts the core no longer
@@ -53,6 +53,100 @@ impl Scheduler {
             return;
         }
         self.finish_attempt(slot, i, id, result, None, now, out);
+    }
+
+    /// The runtime's answer to an [`Output::Withdraw`] of attempt `id`.
+    ///
+    /// - An attempt of a replaced version: withdrawn, the occurrence is the
+    ///   newer version's to fire (if it still has it); too late, the old
+    ///   attempt is the occurrence's one execution (its result is reported
+    ///   as it comes) and the newer version reports its own not run.
+    /// - A timed-out attempt of the held version: withdrawn, it failed by
+    ///   its timeout without touching the device, and a retry follows as
+    ///   for any failure; too late, it is running and its own result
+    ///   decides (nothing runs beside it).
+    pub fn withdrawal(
+        &mut self,
+        id: &ExecutionId,
+        answer: Withdrawal,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
+        let place = self.by_key.get(&id.pack).and_then(|&slot| {
+            let ps = self.packs[slot].as_ref()?;
+            let i = ps
+                .pack
+                .instructions
+                .iter()
+                .position(|x| x.id == id.instruction)?;
+            Some((slot, i))
+        });
+        if let Some(timer) = self.detached.get(id).copied() {
+            if answer == Withdrawal::Withdrawn {
+                self.detached.remove(id);
+                if let Some(t) = timer {
+                    self.queue.cancel(t);
+                }
+                if let Some(&slot) = self.by_key.get(&id.pack) {
+                    let key = (slot, id.instruction.clone(), id.occurrence);
+                    self.claimed.remove(&key);
+                }
+            }
+            return;
+        }
+        if answer == Withdrawal::TooLate {
+            return;
+        }
+        let Some((slot, i)) = place else { return };
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return;
+        };
+        let live = ps.ins[i]
+            .attempts
+            .get(&id.occurrence)
+            .is_some_and(|a| a.running && a.id == *id);
+        if !live {
+            return;
+        }
+        let timeout = ps.pack.instructions[i].policy.timeout;
+        let detail = format!(
+            "timed out after {} before it could start: withdrawn, not run",
+            fmt_d(timeout)
+        );
+        let result = AttemptResult::Failed(detail);
+        self.finish_attempt(slot, i, id, result, Some(Reason::Timeout), now, out);
+    }
+
+    /// Whether occurrence `occ` of instruction `i` was handed out by a
+    /// replaced version that could not withdraw it: then it is reported not
+    /// run here (`duplicate`) and true is returned — it must not fire.
+    pub(super) fn claimed_by_older(
+        &mut self,
+        slot: usize,
+        i: usize,
+        occ: RefTime,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> bool {
+        if self.claimed.is_empty() {
+            return false;
+        }
+        let Some(ps) = self.packs[slot].as_ref() else {
+            return false;
+        };
+        let key = (slot, ps.pack.instructions[i].id.clone(), occ);
+        let Some(version) = self.claimed.remove(&key) else {
+            return false;
+        };
+        let detail = format!(
+            "not run: version {version} had already started this occurrence (armed ahead, too late to withdraw); it is the occurrence's one execution"
+        );
+        let ev = EventKind::Skip {
+            reason: Reason::Duplicate,
+            detail,
+        };
+        out.push(self.event(slot, Some(i), None, Some(occ), ev, now));
+        true
     }
 
     /// A detached attempt ended: report it; a failure is not retried.
@@ -236,6 +330,7 @@ impl Scheduler {
                     id: next_id,
                     running: false,
                     timer,
+                    deadline: at,
                 },
             );
         }
@@ -368,7 +463,14 @@ impl Scheduler {
             });
         }
         match policy.on_give_up {
-            OnGiveUp::Continue => self.skip_dependents(slot, i, now, out),
+            OnGiveUp::Continue => {
+                let from = &self.packs[slot]
+                    .as_ref()
+                    .map(|p| p.pack.instructions[i].id.clone())
+                    .unwrap_or_default();
+                let why = (Reason::UpstreamFailed, format!("upstream `{from}` gave up"));
+                self.skip_dependents(slot, i, why, true, now, out)
+            }
             OnGiveUp::SafeState => self.fail_safe(slot, SafeReason::GiveUp, Some(safe), now, out),
         }
         if muted {
@@ -382,13 +484,25 @@ impl Scheduler {
         }
     }
 
-    /// `on_give_up: continue`: every instruction downstream of `i` misses
-    /// this round.
-    fn skip_dependents(&mut self, slot: usize, i: usize, now: RefTime, out: &mut Vec<Output>) {
+    /// Every instruction downstream of `i` misses this round (`i` gave up
+    /// with `on_give_up: continue`, or its outcome is unknown after a
+    /// crash), each reported once with `why` (`report`: false when the
+    /// report was made before a restart). Downstream of a one-shot there
+    /// is no later round: they are finished (not reported again as still
+    /// waiting when the pack stops).
+    pub(super) fn skip_dependents(
+        &mut self,
+        slot: usize,
+        i: usize,
+        (reason, detail): (Reason, String),
+        report: bool,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) {
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
-        let from = ps.pack.instructions[i].id.clone();
+        let last_round = !ps.pack.instructions[i].schedule.is_repeating();
         let mut seen = HashSet::new();
         let mut queue: VecDeque<usize> = ps.deps[i].iter().copied().collect();
         while let Some(d) = queue.pop_front() {
@@ -402,17 +516,22 @@ impl Scheduler {
             let st = &mut ps.ins[d];
             st.satisfied.iter_mut().for_each(|s| *s = false);
             st.round_occ = None;
-            out.push(self.event(
-                slot,
-                Some(d),
-                None,
-                None,
-                EventKind::Skip {
-                    reason: Reason::UpstreamFailed,
-                    detail: format!("upstream `{from}` gave up"),
-                },
-                now,
-            ));
+            if last_round {
+                st.done = true;
+            }
+            if report {
+                out.push(self.event(
+                    slot,
+                    Some(d),
+                    None,
+                    None,
+                    EventKind::Skip {
+                        reason,
+                        detail: detail.clone(),
+                    },
+                    now,
+                ));
+            }
         }
     }
 
