@@ -185,17 +185,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
-        let tx = self.writer.tx.as_ref().ok_or(StoreError::Closed)?;
-        let (reply, answer) = oneshot::channel();
-        let job = Box::new(Call {
-            f: Some(f),
-            out: None,
-            reply,
-        });
-        tx.send(Msg::Job(job))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.submit(Msg::Job, f).await
     }
 
     /// [`SqliteStore::write`] for work that may wait: it joins the next
@@ -207,6 +197,15 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
+        self.submit(Msg::Background, f).await
+    }
+
+    /// Queues `f` for the writer as `kind` and waits for its answer.
+    async fn submit<T, F>(&self, kind: fn(Box<dyn Job>) -> Msg, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
         let tx = self.writer.tx.as_ref().ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
@@ -214,9 +213,7 @@ impl SqliteStore {
             out: None,
             reply,
         });
-        tx.send(Msg::Background(job))
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        tx.send(kind(job)).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
