@@ -389,13 +389,20 @@ impl Session {
 
     /// The agent's entries for tenants it serves; the rest dropped and
     /// counted.
+    /// The agent's entries for tenants it serves, and for packs the
+    /// controller has a row of on it (delivered before a grant was taken
+    /// back: the controller must go on seeing it held, or it could never
+    /// cancel it); the rest dropped and counted.
     fn own_held(&mut self, held: Vec<HeldPackRow>) -> Vec<HeldPackRow> {
         let before = held.len();
         let binding = self.binding();
-        let agent = &self.agent;
+        let (agent, rows) = (&self.agent, &self.rows);
         let kept: Vec<HeldPackRow> = held
             .into_iter()
-            .filter(|h| agent.serves(&h.tenant, binding))
+            .filter(|h| {
+                agent.serves(&h.tenant, binding)
+                    || rows.contains_key(&PackKey::new(h.tenant.clone(), h.pack.clone()))
+            })
             .collect();
         self.drop_foreign((before - kept.len()) as u64, "held");
         kept
@@ -445,6 +452,13 @@ impl Session {
         if let Some(t) = &self.cert_tenants {
             self.agent.tenants.extend(t.iter().cloned());
         }
+        self.rows = app
+            .store
+            .deliveries_of_agent(&row.id)
+            .await?
+            .into_iter()
+            .map(|r| (r.key(), r))
+            .collect();
         row.held = self.own_held(row.held);
         let (agent, rows) = app.store.agent_hello(row).await?;
         self.set_agent(agent);
@@ -869,10 +883,10 @@ impl Session {
     /// Whether a feedback entry is the agent's to send: a pack of a tenant
     /// it serves, delivered to it or declared by it (held).
     fn owns(&self, tenant: &str, pack: &str) -> bool {
-        self.agent.serves(tenant, self.binding())
-            && self
-                .rows
-                .contains_key(&PackKey::new(tenant.to_string(), pack.to_string()))
+        // Rows exist only for packs delivered to the agent or declared by
+        // it for a tenant it serves (see `own_held`).
+        self.rows
+            .contains_key(&PackKey::new(tenant.to_string(), pack.to_string()))
     }
 
     async fn on_feedback(&mut self, batch: wire::FeedbackBatch) -> Result<(), End> {

@@ -519,3 +519,41 @@ async fn an_agent_bound_to_one_tenant_cannot_claim_anothers() {
         .expect("grant");
     assert_eq!(pushed(a.next().await), pref("plant-b", "pb", 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pack_of_a_tenant_taken_back_is_cancelled_even_after_a_reconnect() {
+    let t = Test::new(Binding::Tenants);
+    let admin = Caller::new(Identity::Insecure);
+    t.app()
+        .grant(&admin, "a1", "plant-b", true)
+        .await
+        .expect("grant");
+    t.push(&pack_yaml("plant-b", "pb", 1, "{agents: [a1]}"))
+        .await;
+    let peer = || LinkPeer {
+        agent_id: Some("a1".into()),
+        serial: None,
+        tenants: Some(vec!["plant-a".into()]),
+    };
+    let mut a = t.open("a1", "j1", &[], peer()).await;
+    assert!(matches!(a.next().await, Ok(Out::Welcome(_))));
+    assert_eq!(pushed(a.next().await), pref("plant-b", "pb", 1));
+    a.send(In::PackAck(wire::PackAck {
+        pack: Some(pref("plant-b", "pb", 1)),
+        unchanged: false,
+    }))
+    .await;
+    drop(a);
+    // The grant taken back while the agent is away: it comes back still
+    // running plant-b's pack, and is told to cancel it.
+    t.app()
+        .grant(&admin, "a1", "plant-b", false)
+        .await
+        .expect("ungrant");
+    let mut a = t.open("a1", "j1", &[("plant-b", "pb", 1)], peer()).await;
+    assert!(matches!(a.next().await, Ok(Out::Welcome(_))));
+    match a.next().await {
+        Ok(Out::PackCancel(c)) => assert_eq!(c.pack, Some(pref("plant-b", "pb", 1))),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+}
