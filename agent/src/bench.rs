@@ -107,7 +107,7 @@ pub fn latency(
             }
             waited += Duration::from_millis(100);
             if waited >= step && !watch.load(Ordering::Acquire) {
-                eprintln!(
+                tracing::warn!(
                     "bench-latency: still running after {:.1}s (expected ~{:.1}s): the firings are not keeping up; see the agent's log lines above",
                     waited.as_secs_f64(),
                     expected.as_secs_f64()

@@ -234,8 +234,13 @@ fn main() -> ExitCode {
             cpu,
             spin_budget,
             json,
-        } => baton_agent::bench::latency(count, &interval, cpu, spin_budget, json)
-            .map_err(|e| (1, format!("error: {e:#}"))),
+        } => {
+            // The agent's own warnings (and the bench's "still running")
+            // on stderr; the figures alone on stdout.
+            init_tracing(None, LogFormat::Auto);
+            baton_agent::bench::latency(count, &interval, cpu, spin_budget, json)
+                .map_err(|e| (1, format!("error: {e:#}")))
+        }
         Command::Simulate {
             file,
             from,

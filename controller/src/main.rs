@@ -420,6 +420,7 @@ fn main() -> ExitCode {
                     json,
                 },
                 &mut std::io::stdout(),
+                &mut std::io::stderr(),
             )
             .await
         }),

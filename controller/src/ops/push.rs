@@ -28,12 +28,14 @@ pub struct PushOpts {
 /// Push `files`. Exit 0 when every targeted agent acked, 1 when one
 /// refused (or the push itself was refused), 3 when some are still
 /// pending after the wait, 4 when a pack was stored but targets no agent
-/// (a typo in `targets` looks exactly like that).
+/// (a typo in `targets` looks exactly like that). Results go to `out`,
+/// warnings (a pack that targets no agent) to `warn`.
 pub async fn push(
     conn: &Conn,
     files: &[PathBuf],
     opts: &PushOpts,
     out: &mut dyn Write,
+    warn: &mut dyn Write,
 ) -> Result<(), OpError> {
     let now = RefTime::from_timestamp(jiff::Timestamp::now()).unwrap_or(RefTime::MAX);
     let mut packs = Vec::new();
@@ -104,7 +106,8 @@ pub async fn push(
         }
         if reply.agents.is_empty() {
             outcome.no_agent = true;
-            eprintln!(
+            let _ = writeln!(
+                warn,
                 "warning: {name}: {} targets no agent ({}): check its `targets` (agent ids, labels, and that the agents serve tenant {})",
                 format::pack_ref(reply.pack.as_ref()),
                 targets_words(&pack),
