@@ -46,6 +46,19 @@ pub struct HeldPackRow {
     pub stopped: bool,
 }
 
+impl HeldPackRow {
+    /// The pack and what is held of it, as the planner takes them.
+    pub fn keyed(&self) -> (PackKey, Held) {
+        (
+            PackKey::new(&self.tenant, &self.pack),
+            Held {
+                version: self.version,
+                stopped: self.stopped,
+            },
+        )
+    }
+}
+
 /// An agent's clock report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClockRow {

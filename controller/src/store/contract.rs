@@ -2126,21 +2126,8 @@ impl Model {
     /// Every (known agent, pack) pair planned again; `held`: one agent's
     /// new held set. The rows that changed.
     fn replan(&mut self, held: Option<(&str, &[HeldPackRow])>, at_ns: i64) -> Vec<DeliveryRow> {
-        let held: Option<(&str, BTreeMap<PackKey, Held>)> = held.map(|(id, h)| {
-            let m = h
-                .iter()
-                .map(|h| {
-                    (
-                        PackKey::new(&h.tenant, &h.pack),
-                        Held {
-                            version: h.version,
-                            stopped: h.stopped,
-                        },
-                    )
-                })
-                .collect();
-            (id, m)
-        });
+        let held: Option<(&str, BTreeMap<PackKey, Held>)> =
+            held.map(|(id, h)| (id, h.iter().map(HeldPackRow::keyed).collect()));
         let mut changed = Vec::new();
         let ids: Vec<String> = self.agents.keys().cloned().collect();
         for id in ids {

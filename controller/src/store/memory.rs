@@ -756,18 +756,7 @@ fn apply_held(
     let Some(agent) = s.agent(id) else {
         return Vec::new();
     };
-    let now: BTreeMap<PackKey, Held> = held
-        .iter()
-        .map(|h| {
-            (
-                PackKey::new(&h.tenant, &h.pack),
-                Held {
-                    version: h.version,
-                    stopped: h.stopped,
-                },
-            )
-        })
-        .collect();
+    let now: BTreeMap<PackKey, Held> = held.iter().map(HeldPackRow::keyed).collect();
     let mut keys: BTreeSet<PackKey> = now.keys().cloned().collect();
     keys.extend(
         s.deliveries

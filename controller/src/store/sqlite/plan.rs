@@ -198,19 +198,8 @@ pub(super) fn replan_agent(
         .into_iter()
         .map(|r| (r.key(), r))
         .collect();
-    let held: Option<BTreeMap<PackKey, Held>> = held.map(|h| {
-        h.iter()
-            .map(|h| {
-                (
-                    PackKey::new(&h.tenant, &h.pack),
-                    Held {
-                        version: h.version,
-                        stopped: h.stopped,
-                    },
-                )
-            })
-            .collect()
-    });
+    let held: Option<BTreeMap<PackKey, Held>> =
+        held.map(|h| h.iter().map(HeldPackRow::keyed).collect());
     let mut keys: BTreeSet<&PackKey> = packs.keys().chain(rows.keys()).collect();
     if let Some(h) = &held {
         keys.extend(h.keys());
