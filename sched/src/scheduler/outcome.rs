@@ -31,28 +31,28 @@ impl Scheduler {
             self.end_detached(id, result, None, now, out);
             return;
         }
-        let Some(&slot) = self.by_key.get(&id.pack) else {
+        let Some((slot, i)) = self.running_attempt(id) else {
             return;
         };
-        let Some(ps) = self.packs[slot].as_ref() else {
-            return;
-        };
-        let Some(i) = ps
+        self.finish_attempt(slot, i, id, result, None, now, out);
+    }
+
+    /// Where attempt `id` runs, as (pack slot, instruction index), while
+    /// the core still waits for its result; `None` once it ended, or for
+    /// an attempt of a pack or instruction no longer held.
+    fn running_attempt(&self, id: &ExecutionId) -> Option<(usize, usize)> {
+        let &slot = self.by_key.get(&id.pack)?;
+        let ps = self.packs[slot].as_ref()?;
+        let i = ps
             .pack
             .instructions
             .iter()
-            .position(|x| x.id == id.instruction)
-        else {
-            return;
-        };
-        let live = ps.ins[i]
+            .position(|x| x.id == id.instruction)?;
+        ps.ins[i]
             .attempts
             .get(&id.occurrence)
-            .is_some_and(|a| a.running && a.id == *id);
-        if !live {
-            return;
-        }
-        self.finish_attempt(slot, i, id, result, None, now, out);
+            .is_some_and(|a| a.running && a.id == *id)
+            .then_some((slot, i))
     }
 
     /// The runtime's answer to an [`Output::Withdraw`] of attempt `id`.
@@ -72,15 +72,6 @@ impl Scheduler {
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
-        let place = self.by_key.get(&id.pack).and_then(|&slot| {
-            let ps = self.packs[slot].as_ref()?;
-            let i = ps
-                .pack
-                .instructions
-                .iter()
-                .position(|x| x.id == id.instruction)?;
-            Some((slot, i))
-        });
         if let Some(timer) = self.detached.get(id).copied() {
             if answer == Withdrawal::Withdrawn {
                 self.detached.remove(id);
@@ -97,17 +88,12 @@ impl Scheduler {
         if answer == Withdrawal::TooLate {
             return;
         }
-        let Some((slot, i)) = place else { return };
+        let Some((slot, i)) = self.running_attempt(id) else {
+            return;
+        };
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
-        let live = ps.ins[i]
-            .attempts
-            .get(&id.occurrence)
-            .is_some_and(|a| a.running && a.id == *id);
-        if !live {
-            return;
-        }
         let timeout = ps.pack.instructions[i].policy.timeout;
         let detail = format!(
             "timed out after {} before it could start: withdrawn, not run",
