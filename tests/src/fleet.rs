@@ -360,6 +360,12 @@ pub fn start_agent_tls(dir: &Path, id: &str, url: &str, labels: &[&str], tls: Ag
     start_agent_tls_with(dir, id, url, labels, tls, &[])
 }
 
+/// Agent `id` in `dir/id` with a certificate of its own from `ca` (no
+/// tenant named: it serves `default`), on the mTLS controller at `url`.
+pub fn start_certified_agent(dir: &Path, ca: &Ca, url: &str, id: &str) -> Agent {
+    start_agent_tls(&dir.join(id), id, url, &[], ca.agent_tls(ca.agent(id, &[])))
+}
+
 /// [`start_agent_tls`] with more `baton-agent run` flags (e.g. `--config`).
 pub fn start_agent_tls_with(
     dir: &Path,
@@ -467,9 +473,6 @@ impl Agent {
 
     /// The sim GPIO writes so far, parsed.
     pub fn writes(&self) -> Vec<serde_json::Value> {
-        crate::lines(&self.gpio)
-            .iter()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
+        crate::local::sim_lines(&self.gpio)
     }
 }

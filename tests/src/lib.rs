@@ -3,6 +3,7 @@
 //! deadline — never a bare sleep.
 
 pub mod fleet;
+pub mod local;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -4,73 +4,14 @@
 //! line per change, written before the change is reported) for the final
 //! levels.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use baton_e2e::local::{TOGGLE, agent, base, setup, sim_lines, stderr_of};
 use baton_e2e::{Running, bin, lines, signal, wait_exit, wait_until};
 
 const T: Duration = Duration::from_secs(30);
-
-fn sim_lines(path: &Path) -> Vec<serde_json::Value> {
-    lines(path)
-        .iter()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-/// A temp dir with a pack file and paths for the sim log and journal.
-struct Setup {
-    dir: tempfile::TempDir,
-    pack: PathBuf,
-    log: PathBuf,
-    data: PathBuf,
-}
-
-fn setup(pack_yaml: &str) -> Setup {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pack = dir.path().join("pack.yaml");
-    std::fs::write(&pack, pack_yaml).expect("write pack");
-    Setup {
-        log: dir.path().join("gpio.jsonl"),
-        data: dir.path().join("data"),
-        pack,
-        dir,
-    }
-}
-
-/// `baton-agent run` on the setup's pack, sim log and journal.
-fn base(s: &Setup) -> Command {
-    let mut c = Command::new(bin("baton-agent"));
-    c.args(["run", "--system-clock", "reference", "--no-rt", "--id", "t"])
-        .arg("--data")
-        .arg(&s.data)
-        .arg("--gpio")
-        .arg(format!("sim:{}", s.log.display()))
-        .arg("--pack")
-        .arg(&s.pack);
-    c
-}
-
-/// [`base`], quiet, stderr kept for the assertions' messages.
-fn agent(s: &Setup, extra: &[&str]) -> Command {
-    let mut c = base(s);
-    c.arg("--quiet")
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
 
 /// Index of the first safe-state write in the log.
 fn first_safe(log: &[serde_json::Value]) -> Option<usize> {
@@ -104,12 +45,6 @@ fn nothing_after_safe_state(log: &[serde_json::Value]) {
     }
 }
 
-fn toggling_pack() -> String {
-    "pack: p\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
-     instructions:\n  - {id: t, action: gpio.toggle, params: {line: 5}, every: 20ms}\n"
-        .to_string()
-}
-
 fn wait_first_write(log: &Path) {
     assert!(
         wait_until(T, || sim_lines(log).iter().any(|l| l["value"] == 1)),
@@ -126,7 +61,7 @@ fn every_stop_signal_enters_the_safe_state_and_exits_0() {
         libc::SIGUSR2,
         libc::SIGINT,
     ] {
-        let s = setup(&toggling_pack());
+        let s = setup(TOGGLE);
         let mut child = Running(agent(&s, &[]).spawn().expect("spawn"));
         wait_first_write(&s.log);
         signal(&child, sig);
@@ -210,7 +145,7 @@ fn steady_load_with_compactions_never_hangs_and_stops_on_sigterm() {
 
 #[test]
 fn a_closed_stdout_neither_kills_the_agent_nor_skips_the_safe_state() {
-    let s = setup(&toggling_pack());
+    let s = setup(TOGGLE);
     let mut cmd = base(&s);
     // Not --quiet: a line per firing to a pipe nobody reads.
     cmd.stdin(Stdio::null())
@@ -236,7 +171,7 @@ fn a_closed_stdout_neither_kills_the_agent_nor_skips_the_safe_state() {
 
 #[test]
 fn a_panic_drives_the_safe_state_through_the_backend() {
-    let s = setup(&toggling_pack());
+    let s = setup(TOGGLE);
     let mut child = agent(&s, &["--inject-panic-after", "5"])
         .spawn()
         .expect("spawn");
@@ -255,7 +190,7 @@ fn a_stuck_dispatcher_still_gets_the_safe_state_written_and_exits_non_zero() {
     // After 3 toggles (line 5: 1, 0, 1) the dispatcher hangs for good, as
     // in a GPIO call that never returns: the safe state it is handed on
     // SIGTERM could never land through it.
-    let s = setup(&toggling_pack());
+    let s = setup(TOGGLE);
     let mut child = Running(
         agent(&s, &["--inject-dispatcher-stall-after", "3"])
             .spawn()
@@ -329,7 +264,7 @@ fn a_full_disk_enters_the_safe_state_and_exits_non_zero() {
     if !have_mount_namespaces() {
         return;
     }
-    let s = setup(&toggling_pack());
+    let s = setup(TOGGLE);
     let data = s.dir.path().join("small");
     std::fs::create_dir_all(&data).expect("mkdir");
     // The journal on a 64 KiB tmpfs that fills up; the sim log elsewhere.

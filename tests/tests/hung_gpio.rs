@@ -10,72 +10,14 @@
 //!   next start drives every journalled pack's safe state before it arms
 //!   anything.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_e2e::{Running, bin, lines, signal, wait_exit, wait_until};
+use baton_e2e::local::{Setup, TOGGLE, agent, setup, sim_lines, stderr_of};
+use baton_e2e::{Running, signal, wait_exit, wait_until};
 
 const T: Duration = Duration::from_secs(30);
 /// `safety::EXIT_GPIO_HUNG`.
 const EXIT_GPIO_HUNG: i32 = 75;
-
-fn sim_lines(path: &Path) -> Vec<serde_json::Value> {
-    lines(path)
-        .iter()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-struct Setup {
-    _dir: tempfile::TempDir,
-    pack: PathBuf,
-    log: PathBuf,
-    data: PathBuf,
-}
-
-/// Line 5 toggles every 20 ms; the safe state writes it 0.
-fn setup() -> Setup {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pack = dir.path().join("pack.yaml");
-    std::fs::write(
-        &pack,
-        "pack: p\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
-         instructions:\n  - {id: t, action: gpio.toggle, params: {line: 5}, every: 20ms}\n",
-    )
-    .expect("write pack");
-    Setup {
-        log: dir.path().join("gpio.jsonl"),
-        data: dir.path().join("data"),
-        pack,
-        _dir: dir,
-    }
-}
-
-fn agent(s: &Setup, extra: &[&str]) -> Command {
-    let mut c = Command::new(bin("baton-agent"));
-    c.args(["run", "--system-clock", "reference", "--no-rt", "--quiet"])
-        .args(["--id", "t", "--data"])
-        .arg(&s.data)
-        .arg("--gpio")
-        .arg(format!("sim:{}", s.log.display()))
-        .arg("--pack")
-        .arg(&s.pack)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
 
 fn is_safe(l: &serde_json::Value) -> bool {
     l["execution_id"]
@@ -104,7 +46,7 @@ fn hung_after_three(s: &Setup, all: bool) -> Running {
 
 #[test]
 fn a_hung_gpio_call_still_gets_the_safe_state_on_the_lines_within_a_second() {
-    let s = setup();
+    let s = setup(TOGGLE);
     let mut child = hung_after_three(&s, false);
     let n = sim_lines(&s.log).len();
     let sent = Instant::now();
@@ -146,7 +88,7 @@ fn a_hung_gpio_call_still_gets_the_safe_state_on_the_lines_within_a_second() {
 
 #[test]
 fn a_hung_chip_exits_with_its_status_and_the_next_start_drives_the_safe_state_first() {
-    let s = setup();
+    let s = setup(TOGGLE);
     let mut child = hung_after_three(&s, true);
     let n = sim_lines(&s.log).len();
     signal(&child, libc::SIGTERM);

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_e2e::fleet::{Controller, json_lines, start_agent, start_agent_tls, start_mtls};
+use baton_e2e::fleet::{Controller, json_lines, start_agent, start_certified_agent, start_mtls};
 use baton_e2e::{Running, bin, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -123,13 +123,7 @@ fn ok_feedback(c: &Controller) -> usize {
 fn slow_handshakes_from_five_hosts_leave_room_for_an_operator() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, c) = start_mtls(dir.path(), "ann", &[]);
-    let a = start_agent_tls(
-        &dir.path().join("a1"),
-        "a1",
-        &c.url,
-        &[],
-        ca.agent_tls(ca.agent("a1", &[])),
-    );
+    let a = start_certified_agent(dir.path(), &ca, &c.url, "a1");
     assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
     push(&c, dir.path(), "a1", "100ms");
     assert!(wait_until(WAIT, || ok_feedback(&c) >= 3), "{}", a.log());
@@ -273,13 +267,7 @@ fn a_crowded_budget_shortens_every_handshake_and_keeps_room_for_newcomers() {
 fn over_the_connection_limit_calls_are_refused_and_the_agent_is_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, c) = start_mtls(dir.path(), "ann", &["--max-connections", "3"]);
-    let a = start_agent_tls(
-        &dir.path().join("a1"),
-        "a1",
-        &c.url,
-        &[],
-        ca.agent_tls(ca.agent("a1", &[])),
-    );
+    let a = start_certified_agent(dir.path(), &ca, &c.url, "a1");
     assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
     push(&c, dir.path(), "a1", "100ms");
     // Two `watch` commands hold the other two connections.

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use baton_e2e::local::{Setup, TOGGLE, base, setup};
 use baton_e2e::{Running, bin, lines, root, signal, wait_exit, wait_until};
 
 const T: Duration = Duration::from_secs(30);
@@ -155,41 +156,12 @@ impl Manager {
     }
 }
 
-/// A temp dir with a toggling pack, a sim log and a journal directory.
-struct Setup {
-    dir: tempfile::TempDir,
-    pack: PathBuf,
-    log: PathBuf,
-    data: PathBuf,
-}
-
-fn setup() -> Setup {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pack = dir.path().join("pack.yaml");
-    std::fs::write(
-        &pack,
-        "pack: p\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
-         instructions:\n  - {id: t, action: gpio.toggle, params: {line: 5}, every: 20ms}\n",
-    )
-    .expect("write pack");
-    Setup {
-        log: dir.path().join("gpio.jsonl"),
-        data: dir.path().join("data"),
-        pack,
-        dir,
-    }
-}
-
+/// [`base`] for a test that plays the service manager: quiet, with
+/// none of the service manager's or the log filter's variables inherited
+/// from the shell that runs the tests.
 fn agent(s: &Setup, extra: &[&str]) -> Command {
-    let mut c = Command::new(bin("baton-agent"));
-    c.args(["run", "--quiet", "--system-clock", "reference", "--no-rt"])
-        .args(["--id", "t"])
-        .arg("--data")
-        .arg(&s.data)
-        .arg("--gpio")
-        .arg(format!("sim:{}", s.log.display()))
-        .arg("--pack")
-        .arg(&s.pack)
+    let mut c = base(s);
+    c.arg("--quiet")
         .args(extra)
         .env_remove("NOTIFY_SOCKET")
         .env_remove("WATCHDOG_USEC")
@@ -210,7 +182,7 @@ fn wait_first_write(log: &Path) {
 
 #[test]
 fn agent_notifies_ready_pings_the_watchdog_and_says_stopping() {
-    let s = setup();
+    let s = setup(TOGGLE);
     let mut m = Manager::bind(s.dir.path());
     let mut child = Running(
         agent(&s, &[])
@@ -261,7 +233,7 @@ fn agent_notifies_ready_pings_the_watchdog_and_says_stopping() {
 
 #[test]
 fn a_hung_dispatcher_stops_the_watchdog_pings() {
-    let s = setup();
+    let s = setup(TOGGLE);
     let mut m = Manager::bind(s.dir.path());
     let mut child = Running(
         agent(&s, &["--inject-dispatcher-stall-after", "3"])
@@ -309,7 +281,7 @@ fn starts_with_timestamp(line: &str) -> bool {
 #[test]
 fn under_journald_lines_carry_a_priority_and_no_timestamp() {
     use std::os::unix::fs::MetadataExt;
-    let s = setup();
+    let s = setup(TOGGLE);
     let path = s.dir.path().join("stderr.log");
     let file = std::fs::File::create(&path).expect("stderr file");
     let meta = file.metadata().expect("stat");
@@ -343,7 +315,7 @@ fn under_journald_lines_carry_a_priority_and_no_timestamp() {
 
     // Stderr elsewhere than JOURNAL_STREAM says (redirected): today's
     // text, with timestamps.
-    let s = setup();
+    let s = setup(TOGGLE);
     let path = s.dir.path().join("stderr.log");
     let file = std::fs::File::create(&path).expect("stderr file");
     let mut child = Running(
@@ -365,7 +337,7 @@ fn under_journald_lines_carry_a_priority_and_no_timestamp() {
 
 #[test]
 fn log_format_json_gives_json_lines() {
-    let s = setup();
+    let s = setup(TOGGLE);
     let path = s.dir.path().join("stderr.log");
     let file = std::fs::File::create(&path).expect("stderr file");
     let mut child = Running(
@@ -393,7 +365,7 @@ fn log_format_json_gives_json_lines() {
 
 #[test]
 fn an_unknown_log_format_is_refused() {
-    let s = setup();
+    let s = setup(TOGGLE);
     let out = baton_e2e::run(
         agent(&s, &["--log-format", "syslog"]).stderr(Stdio::piped()),
         T,

@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use baton_e2e::fleet::{
-    AgentTls, Ca, Controller, json_lines, start_agent_tls, start_agent_tls_with, start_mtls,
+    AgentTls, Ca, Controller, json_lines, start_agent_tls, start_agent_tls_with,
+    start_certified_agent, start_mtls,
 };
 use baton_e2e::{bin, run, wait_until};
 
@@ -42,13 +43,7 @@ fn push_ack_and_feedback_over_mtls() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, c) = start_mtls(dir.path(), "ann", &[]);
     assert!(c.url.starts_with("https://"), "{}", c.url);
-    let a = start_agent_tls(
-        &dir.path().join("a1"),
-        "a1",
-        &c.url,
-        &[],
-        ca.agent_tls(ca.agent("a1", &[])),
-    );
+    let a = start_certified_agent(dir.path(), &ca, &c.url, "a1");
     assert!(
         wait_until(WAIT, || c.connected("a1")),
         "agent never connected; agent log:\n{}\ncontroller log:\n{}",
@@ -400,13 +395,7 @@ fn an_agent_certificate_cannot_call_the_operators_api() {
 fn a_revoked_agent_is_cut_off_within_seconds_and_refused_after() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, c) = start_mtls(dir.path(), "ann", &[]);
-    let a = start_agent_tls(
-        &dir.path().join("a1"),
-        "a1",
-        &c.url,
-        &[],
-        ca.agent_tls(ca.agent("a1", &[])),
-    );
+    let a = start_certified_agent(dir.path(), &ca, &c.url, "a1");
     assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
     let o = ca.revoke("a1");
     assert!(stdout(&o).contains("revoked"), "{}", stdout(&o));
@@ -478,13 +467,7 @@ fn a_revoked_operator_is_refused_and_its_watch_closed() {
             .expect("spawn watch"),
     );
     // The watch is live once it shows an agent connecting.
-    let a = start_agent_tls(
-        &dir.path().join("a1"),
-        "a1",
-        &c.url,
-        &[],
-        ca.agent_tls(ca.agent("a1", &[])),
-    );
+    let a = start_certified_agent(dir.path(), &ca, &c.url, "a1");
     assert!(
         wait_until(WAIT, || std::fs::read_to_string(&out)
             .unwrap_or_default()
@@ -516,13 +499,7 @@ fn a_revoked_operator_is_refused_and_its_watch_closed() {
 fn plaintext_garbage_and_half_open_handshakes_do_not_disturb_a_live_stream() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (ca, c) = start_mtls(dir.path(), "ann", &["--tls-handshake-timeout", "1s"]);
-    let a = start_agent_tls(
-        &dir.path().join("a1"),
-        "a1",
-        &c.url,
-        &[],
-        ca.agent_tls(ca.agent("a1", &[])),
-    );
+    let a = start_certified_agent(dir.path(), &ca, &c.url, "a1");
     assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
 
     // A half-open handshake: a TLS record header and nothing more. The
