@@ -273,20 +273,39 @@ fn over_the_connection_limit_calls_are_refused_and_the_agent_is_served() {
     // Two `watch` commands hold the other two connections.
     let tls = c.tls.clone().expect("tls");
     let watch = |name: &str| {
-        let out = std::fs::File::create(dir.path().join(name)).expect("out");
-        Running(
-            Command::new(bin("baton-controller"))
-                .args(["watch", "--json", "--controller", &c.url, "--cert"])
-                .arg(&tls.operator.0)
-                .arg("--key")
-                .arg(&tls.operator.1)
-                .arg("--ca")
-                .arg(ca.ca_pem())
-                .stdout(out)
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("watch"),
-        )
+        let path = dir.path().join(name);
+        let start = || {
+            let out = std::fs::File::create(&path).expect("out");
+            Running(
+                Command::new(bin("baton-controller"))
+                    .args(["watch", "--json", "--controller", &c.url, "--cert"])
+                    .arg(&tls.operator.0)
+                    .arg("--key")
+                    .arg(&tls.operator.1)
+                    .arg("--ca")
+                    .arg(ca.ca_pem())
+                    .stdout(out)
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("watch"),
+            )
+        };
+        // A call that has just returned may hold its slot a moment longer
+        // (the server sees the close after the client), so a watch can be
+        // refused then: it is live once it streams a line, else start it
+        // again.
+        let mut w = start();
+        let live = wait_until(WAIT, || {
+            if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
+                return true;
+            }
+            if matches!(w.try_wait(), Ok(Some(_))) {
+                w = start();
+            }
+            false
+        });
+        assert!(live, "{name} never streamed");
+        w
     };
     let w1 = watch("w1.out");
     let mut w2 = watch("w2.out");
