@@ -82,26 +82,6 @@ pub struct ClockRow {
 /// the agent's own value), `None` hides the agent's own key.
 pub type LabelOverrides = BTreeMap<String, Option<String>>;
 
-/// The labels the packs of `tenant` target on: `own` (an agent's hello
-/// labels) with that tenant's operator labels applied over them.
-pub fn labels_for<'a>(
-    own: &'a BTreeMap<String, String>,
-    overrides: &BTreeMap<String, LabelOverrides>,
-    tenant: &str,
-) -> Cow<'a, BTreeMap<String, String>> {
-    let Some(o) = overrides.get(tenant).filter(|o| !o.is_empty()) else {
-        return Cow::Borrowed(own);
-    };
-    let mut l = own.clone();
-    for (k, v) in o {
-        match v {
-            Some(v) => l.insert(k.clone(), v.clone()),
-            None => l.remove(k),
-        };
-    }
-    Cow::Owned(l)
-}
-
 /// An agent as the controller knows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentRow {
@@ -148,7 +128,30 @@ impl AgentRow {
     /// The labels the packs of `tenant` target on: the agent's own (its
     /// hello), with that tenant's operator labels applied over them.
     pub fn labels_for(&self, tenant: &str) -> Cow<'_, BTreeMap<String, String>> {
-        labels_for(&self.labels, &self.overrides, tenant)
+        let Some(o) = self.overrides.get(tenant).filter(|o| !o.is_empty()) else {
+            return Cow::Borrowed(&self.labels);
+        };
+        let mut l = self.labels.clone();
+        for (k, v) in o {
+            match v {
+                Some(v) => l.insert(k.clone(), v.clone()),
+                None => l.remove(k),
+            };
+        }
+        Cow::Owned(l)
+    }
+
+    /// The tenants with a stake in the agent: those it serves, those with
+    /// labels on it, and those with a delivery row (of `rows`, its own)
+    /// on it. Sorted.
+    pub fn stakeholders(&self, rows: &[DeliveryRow]) -> Vec<String> {
+        let t: BTreeSet<&String> = self
+            .tenants
+            .iter()
+            .chain(rows.iter().map(|r| &r.tenant))
+            .chain(self.overrides.keys())
+            .collect();
+        t.into_iter().cloned().collect()
     }
 
     /// Whether the packs of `tenant` may reach this agent at all.

@@ -183,7 +183,7 @@ impl App {
         let changed = self.store.grant(id, tenant, granted, now_ns()).await?;
         self.hub.send(id, SessionCmd::Regranted);
         self.delivered(&changed, None);
-        let tenants = self
+        let mut tenants: Vec<String> = self
             .store
             .agent(id)
             .await?
@@ -195,6 +195,11 @@ impl App {
                     Vec::new()
                 }
             });
+        // The caller learns its own tenant and the one it named, never
+        // which other tenants share the agent (as `agents` hides them).
+        if let Some(t) = caller.tenant() {
+            tenants.retain(|x| x == t || x == tenant);
+        }
         tracing::info!(agent = %id, tenant, granted, "agent tenants changed");
         Ok(tenants)
     }
@@ -216,15 +221,8 @@ impl App {
         let whole = match &tenant {
             None => true,
             Some(t) => {
-                let others = agent.tenants.iter().any(|x| x != t)
-                    || agent.overrides.keys().any(|x| x != t)
-                    || self
-                        .store
-                        .deliveries_of_agent(id)
-                        .await?
-                        .iter()
-                        .any(|d| &d.tenant != t);
-                !others
+                let rows = self.store.deliveries_of_agent(id).await?;
+                agent.stakeholders(&rows).iter().all(|x| x == t)
             }
         };
         let mut disconnected = false;

@@ -157,7 +157,7 @@ async fn a_pack_naming_another_tenants_agent_is_refused_whole() {
 async fn a_tenant_sees_only_the_agents_that_serve_it_and_no_one_elses_names() {
     let app = app(Binding::Tenants);
     hello(&app, "a1", &["plant-a"], &[]).await;
-    hello(&app, "b1", &["plant-b"], &[]).await;
+    hello(&app, "b1", &["plant-b", "plant-c"], &[]).await;
     let ann = op("plant-a", Role::Admin);
     let page = app.agents(&ann, None, 0).await.expect("agents");
     let ids: Vec<&str> = page.agents.iter().map(|v| v.agent.id.as_str()).collect();
@@ -172,8 +172,12 @@ async fn a_tenant_sees_only_the_agents_that_serve_it_and_no_one_elses_names() {
     let e = app.grant(&ann, "b1", "plant-a", true).await;
     assert!(matches!(e, Err(AppError::NotFound(_))), "{e:?}");
     let bea = op("plant-b", Role::Admin);
+    // The answer names the caller's tenant and the one granted, not
+    // plant-c, which b1 also serves.
     let tenants = app.grant(&bea, "b1", "plant-a", true).await.expect("grant");
     assert_eq!(tenants, ["plant-a", "plant-b"]);
+    let tenants = app.grant(&ann, "b1", "plant-d", true).await.expect("grant");
+    assert_eq!(tenants, ["plant-a", "plant-d"]);
     let page = app.agents(&ann, None, 0).await.expect("agents");
     assert_eq!(page.agents.len(), 2);
     // ...and what plant-a sees of b1 is plant-a's only.

@@ -14,12 +14,12 @@
 //! `audit` without a tenant) when none does. No tenant reads another's
 //! record.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::ca::{self, CaDir, RevokedEntry};
 use crate::identity::Identity;
-use crate::model::{AgentRow, AuditRow, DeliveryRow};
+use crate::model::AuditRow;
 use crate::store::{MAX_PAGE, StoreError};
 
 use super::{Shared, now_ns};
@@ -39,21 +39,9 @@ fn serial_of(target: &str) -> Option<&str> {
     target.rsplit_once("(serial ")?.1.strip_suffix(')')
 }
 
-/// The tenants that see an agent: those it serves, those with a delivery
-/// row on it, those with labels on it.
-pub fn agent_tenants(a: &AgentRow, rows: &[DeliveryRow]) -> Vec<String> {
-    let t: BTreeSet<String> = a
-        .tenants
-        .iter()
-        .cloned()
-        .chain(rows.iter().map(|r| r.tenant.clone()))
-        .chain(a.overrides.keys().cloned())
-        .collect();
-    t.into_iter().collect()
-}
-
 /// The audit records for `entries` not yet in `audited` (serials); one per
-/// tenant of [`tenants`](agent_tenants), or one with an empty tenant.
+/// tenant with a stake in it ([`crate::model::AgentRow::stakeholders`] for an agent), or
+/// one with an empty tenant.
 pub fn new_records(
     entries: &[RevokedEntry],
     audited: &HashSet<String>,
@@ -121,10 +109,13 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
         return Ok(0);
     }
     let mut agent_seen = std::collections::HashMap::new();
-    for e in entries.iter().filter(|e| e.kind == "agent") {
+    for e in entries
+        .iter()
+        .filter(|e| e.kind == "agent" && !audited.contains(&e.serial))
+    {
         if let Some(a) = store.agent(&e.name).await? {
             let rows = store.deliveries_of_agent(&e.name).await?;
-            agent_seen.insert(e.name.clone(), agent_tenants(&a, &rows));
+            agent_seen.insert(e.name.clone(), a.stakeholders(&rows));
         }
     }
     let operator_tenant = |name: &str| {
