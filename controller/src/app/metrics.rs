@@ -120,13 +120,13 @@ impl Metrics {
         self.push_results[i].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A delivery record written in `state`.
+    /// A delivery record written in `state`. A local pack's row is not
+    /// counted (the controller has no say over it; the deliveries gauge
+    /// leaves it out too).
     pub fn delivery(&self, state: DeliveryState) {
-        let i = DELIVERY_STATES
-            .iter()
-            .position(|s| *s == state)
-            .unwrap_or(0);
-        self.deliveries[i].fetch_add(1, Ordering::Relaxed);
+        if let Some(i) = DELIVERY_STATES.iter().position(|s| *s == state) {
+            self.deliveries[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A feedback batch stored: `inserted` new rows, `duplicates` re-sent.
@@ -383,6 +383,7 @@ mod tests {
         m.push_result(PushResult::Retry);
         m.delivery(DeliveryState::Pending);
         m.delivery(DeliveryState::Acked);
+        m.delivery(DeliveryState::Local);
         m.feedback(5, 2);
         m.clock(
             "edge \"7\"",
