@@ -147,16 +147,6 @@ impl Hub {
             .cloned()
     }
 
-    /// Streams refused as duplicates, all agents.
-    pub fn conflicts_total(&self) -> u64 {
-        self.conflicts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|c| c.refused)
-            .sum()
-    }
-
     /// An agent forgotten: its conflict record goes too.
     pub fn forget(&self, agent: &str) {
         self.conflicts
@@ -208,7 +198,7 @@ mod tests {
             hub.conflict("a").map(|c| c.refused_journal),
             Some("j2".into())
         );
-        assert_eq!(hub.conflicts_total(), 1);
+        assert_eq!(hub.conflict("a").map(|c| c.refused), Some(1));
         // The same journal again: the agent reconnecting replaces it.
         let g2 = hub.register("a", "j1", tx2, 3).expect("reconnect");
         assert!(matches!(rx1.recv().await, Some(SessionCmd::Replaced)));

@@ -239,6 +239,14 @@ impl App {
         self.events.receiver_count() > 0
     }
 
+    /// A delivery row was written: counted, and shown to watchers.
+    pub fn row_changed(&self, r: &DeliveryRow) {
+        self.metrics.delivery(r.state);
+        if self.watched() {
+            self.publish(Event::Delivery(self.decorate(r.clone())));
+        }
+    }
+
     /// A new watcher's receiver.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
@@ -250,11 +258,8 @@ impl App {
     pub fn delivered(&self, rows: &[DeliveryRow], pack: Option<&Arc<PackVersionRow>>) {
         let mut by_agent: HashMap<&str, Vec<DeliveryRow>> = HashMap::new();
         for r in rows {
-            self.metrics.delivery(r.state);
+            self.row_changed(r);
             by_agent.entry(&r.agent_id).or_default().push(r.clone());
-            if self.watched() {
-                self.publish(Event::Delivery(self.decorate(r.clone())));
-            }
         }
         for (agent, rows) in by_agent {
             self.hub.send(

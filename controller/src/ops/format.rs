@@ -142,10 +142,7 @@ pub fn feedback_json(r: &wire::FeedbackRecord) -> serde_json::Value {
 
 /// The operator's word for a reason (`null` for none).
 pub fn reason(r: i32) -> Option<&'static str> {
-    wire::Reason::try_from(r)
-        .ok()
-        .map(crate::server::convert::reason_word)
-        .filter(|w| !w.is_empty())
+    baton_proto::feedback::Reason::from_code(r).map(|r| r.as_str())
 }
 
 /// The line a gap in an agent's feedback gets (entries it dropped because

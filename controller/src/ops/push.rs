@@ -44,7 +44,7 @@ pub async fn push(
         let name = f.display().to_string();
         match baton_proto::pack::read_pack_file(f) {
             Ok((yaml, p)) => match p.check_live(now) {
-                Ok(()) => packs.push((name, yaml)),
+                Ok(()) => packs.push((name, yaml, p)),
                 Err(e) => errors.push_str(&e.render(&name)),
             },
             Err(rendered) => {
@@ -62,9 +62,7 @@ pub async fn push(
     let mut c = client(conn).await?;
     let deadline = Instant::now() + opts.wait;
     let mut outcome = Outcome::default();
-    for (name, yaml) in packs {
-        let pack =
-            baton_proto::pack::parse_pack(&yaml).map_err(|e| OpError::fail(e.render(&name)))?;
+    for (name, yaml, pack) in packs {
         // Watch first: every delivery change after the push is seen.
         let watch = if opts.no_wait {
             None

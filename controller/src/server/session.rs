@@ -37,7 +37,7 @@ use crate::model::{
     AgentRow, Answer, Binding, DeliveryRow, HeldPackRow, PackKey, PackVersionRow, Refusal,
 };
 use crate::planner::{self, Action};
-use crate::store::{AnswerRow, StoreError};
+use crate::store::{AnswerRow, HelloRow, StoreError};
 
 /// Outbound queue of one stream.
 pub type Outbound = mpsc::Sender<Result<wire::ControllerMessage, Status>>;
@@ -242,7 +242,7 @@ pub async fn run<S>(shared: Arc<Shared>, mut inbound: S, out: Outbound, peer: Li
 where
     S: Stream<Item = Result<wire::AgentMessage, Status>> + Unpin + Send,
 {
-    let hello = match first_hello(&shared, &mut inbound, &peer).await {
+    let (hello, hello_row) = match first_hello(&shared, &mut inbound, &peer).await {
         Ok(h) => h,
         Err(end) => {
             tracing::warn!("link stream refused before hello: {}", end.describe());
@@ -310,7 +310,7 @@ where
         foreign: 0,
         held_cap: convert::held_cap(&hello, app.cfg.max_held),
     };
-    let end = match session.start(&hello).await {
+    let end = match session.start(&hello, hello_row).await {
         Ok(()) => session.serve(inbound, cmd_rx, peer.serial).await,
         Err(e) => e,
     };
@@ -345,12 +345,13 @@ where
     }
 }
 
-/// The first message must be a valid hello, within the hello timeout.
+/// The first message must be a valid hello, within the hello timeout:
+/// it and what the store will keep of it.
 async fn first_hello<S>(
     shared: &Shared,
     inbound: &mut S,
     peer: &LinkPeer,
-) -> Result<wire::Hello, End>
+) -> Result<(wire::Hello, HelloRow), End>
 where
     S: Stream<Item = Result<wire::AgentMessage, Status>> + Unpin + Send,
 {
@@ -373,8 +374,8 @@ where
                 )));
             }
             // Checked here so a bad hello never registers a stream.
-            convert::hello(&h, shared.app.cfg.max_held, now_ns())?;
-            Ok(h)
+            let row = convert::hello(&h, shared.app.cfg.max_held, now_ns())?;
+            Ok((h, row))
         }
         _ => Err(End::Bad(
             "the first message on a link stream must be hello".into(),
@@ -387,8 +388,6 @@ impl Session {
         self.app.cfg.binding
     }
 
-    /// The agent's entries for tenants it serves; the rest dropped and
-    /// counted.
     /// The agent's entries for tenants it serves, and for packs the
     /// controller has a row of on it (delivered before a grant was taken
     /// back: the controller must go on seeing it held, or it could never
@@ -438,11 +437,10 @@ impl Session {
         }));
     }
 
-    /// Store the hello (the store plans every pack for the agent), welcome
-    /// the agent, act on its rows.
-    async fn start(&mut self, h: &wire::Hello) -> Result<(), End> {
+    /// Store the hello (`row`, from `h`; the store plans every pack for
+    /// the agent), welcome the agent, act on its rows.
+    async fn start(&mut self, h: &wire::Hello, mut row: HelloRow) -> Result<(), End> {
         let app = self.app.clone();
-        let mut row = convert::hello(h, app.cfg.max_held, now_ns())?;
         row.cert_tenants = self.cert_tenants.clone();
         // Its tenants before its held set is taken: grants are stored,
         // the certificate's come with this hello.
@@ -724,10 +722,7 @@ impl Session {
             let changed = self.rows.get(&key) != Some(&r);
             self.rows.insert(key.clone(), r.clone());
             if changed {
-                self.app.metrics.delivery(r.state);
-                if self.app.watched() {
-                    self.app.publish(Event::Delivery(self.app.decorate(r)));
-                }
+                self.app.row_changed(&r);
             }
         }
         Ok(())
@@ -785,11 +780,7 @@ impl Session {
                     .await?;
                 for r in changed {
                     let key = r.key();
-                    self.app.metrics.delivery(r.state);
-                    if self.app.watched() {
-                        self.app
-                            .publish(Event::Delivery(self.app.decorate(r.clone())));
-                    }
+                    self.app.row_changed(&r);
                     self.rows.insert(key.clone(), r);
                     self.act(&key).await?;
                 }

@@ -191,11 +191,6 @@ impl HandshakeBudget {
         }
     }
 
-    /// The limits.
-    pub fn limits(&self) -> &HandshakeLimits {
-        &self.limits
-    }
-
     /// A slot for a handshake from `ip`; give it back with
     /// [`HandshakeBudget::leave`].
     pub fn try_enter(&mut self, ip: IpAddr) -> Result<Source, HandshakeRefusal> {
@@ -362,11 +357,6 @@ impl AcceptBackoff {
             failures,
             lasted: now.saturating_duration_since(since),
         })
-    }
-
-    /// Whether failures are going on.
-    pub fn in_episode(&self) -> bool {
-        self.episode.is_some()
     }
 }
 

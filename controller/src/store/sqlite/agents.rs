@@ -44,8 +44,10 @@ fn decode_agent(row: &Row<'_>) -> StoreResult<AgentRow> {
 }
 
 /// Operator labels and tenants of the agents with ids in `[first, last]`
-/// (one page), attached to `agents` (sorted by id).
-fn attach(conn: &Connection, agents: &mut [AgentRow]) -> StoreResult<()> {
+/// (one page), attached to `agents` (sorted by id). `tenant`: the page
+/// holds only agents serving it, so only theirs are read (a sparse page's
+/// range may span many other tenants' agents).
+fn attach(conn: &Connection, agents: &mut [AgentRow], tenant: Option<&str>) -> StoreResult<()> {
     let (Some(first), Some(last)) = (agents.first(), agents.last()) else {
         return Ok(());
     };
@@ -53,8 +55,10 @@ fn attach(conn: &Connection, agents: &mut [AgentRow]) -> StoreResult<()> {
     let labels = query_all(
         conn,
         "SELECT agent_id, tenant, key, value FROM agent_labels \
-         WHERE agent_id >= ?1 AND agent_id <= ?2 ORDER BY agent_id, tenant, key",
-        params![first, last],
+         WHERE agent_id >= ?1 AND agent_id <= ?2 \
+         AND (?3 IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)) \
+         ORDER BY agent_id, tenant, key",
+        params![first, last, tenant],
         |r| {
             Ok((
                 col::<String>(r, "agent_id")?,
@@ -76,8 +80,9 @@ fn attach(conn: &Connection, agents: &mut [AgentRow]) -> StoreResult<()> {
     let tenants = query_all(
         conn,
         "SELECT agent_id, tenant FROM agent_tenants \
-         WHERE agent_id >= ?1 AND agent_id <= ?2",
-        params![first, last],
+         WHERE agent_id >= ?1 AND agent_id <= ?2 \
+         AND (?3 IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3))",
+        params![first, last, tenant],
         |r| Ok((col::<String>(r, "agent_id")?, col::<String>(r, "tenant")?)),
     )?;
     for (agent, tenant) in tenants {
@@ -92,7 +97,7 @@ fn attach(conn: &Connection, agents: &mut [AgentRow]) -> StoreResult<()> {
 pub(super) fn load_agent(conn: &Connection, id: &str) -> StoreResult<Option<AgentRow>> {
     let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
     let mut rows = query_all(conn, &sql, [id], decode_agent)?;
-    attach(conn, &mut rows)?;
+    attach(conn, &mut rows, None)?;
     Ok(rows.pop())
 }
 
@@ -111,7 +116,7 @@ pub(super) fn agents_page(conn: &Connection, f: &AgentFilter) -> StoreResult<Vec
         params![f.after_id, f.tenant, limit],
         decode_agent,
     )?;
-    attach(conn, &mut rows)?;
+    attach(conn, &mut rows, f.tenant.as_deref())?;
     Ok(rows)
 }
 

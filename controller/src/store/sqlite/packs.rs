@@ -116,11 +116,12 @@ pub(super) fn write_cancel(conn: &Connection, key: &PackKey, at_ns: i64) -> Stor
     let Some(held) = held else {
         return Ok(false);
     };
+    let nobody = targets_json(&crate::store::TargetsRow::Nobody)?;
     conn.prepare_cached(
         "INSERT INTO packs (tenant, pack, latest_version, cancelled_ns, targets, pushed_ns) \
-         VALUES (?1, ?2, ?3, ?4, '{\"kind\":\"nobody\"}', ?4)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?4)",
     )
-    .and_then(|mut s| s.execute(params![key.tenant, key.pack, held, at_ns]))
+    .and_then(|mut s| s.execute(params![key.tenant, key.pack, held, at_ns, nobody]))
     .ctx("withdraw a pack the store did not know")?;
     Ok(true)
 }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
 use super::agents::load_agent;
 use super::codec::{
@@ -177,20 +177,18 @@ fn replan(
     Ok(())
 }
 
-/// Re-plans every pack that may concern agent `id` (its tenants' packs and
-/// its rows), with `held` as its held set when given. Returns the rows
-/// that changed.
+/// Re-plans every pack that may concern `agent` (as stored now: its
+/// tenants' packs and its rows), with `held` as its held set when given.
+/// Returns the rows that changed.
 pub(super) fn replan_agent(
     conn: &Connection,
-    id: &str,
+    agent: &AgentRow,
     held: Option<&[HeldPackRow]>,
     binding: Binding,
     at_ns: i64,
 ) -> StoreResult<Vec<DeliveryRow>> {
-    let Some(agent) = load_agent(conn, id)? else {
-        return Ok(Vec::new());
-    };
-    let packs: BTreeMap<PackKey, PackTargets> = packs_for(conn, &agent, binding)?
+    let id = agent.id.as_str();
+    let packs: BTreeMap<PackKey, PackTargets> = packs_for(conn, agent, binding)?
         .into_iter()
         .map(|p| (PackKey::new(&p.tenant, &p.pack), p))
         .collect();
@@ -219,7 +217,7 @@ pub(super) fn replan_agent(
         };
         replan(
             conn,
-            &agent,
+            agent,
             key,
             pack.as_ref(),
             row,
@@ -232,32 +230,35 @@ pub(super) fn replan_agent(
     Ok(changed)
 }
 
-/// Agents a pack's targets may match (a superset; only agents the store
-/// knows).
-fn candidates(conn: &Connection, key: &PackKey, targets: &TargetsRow) -> StoreResult<Vec<String>> {
+/// Agents a pack's targets may match (a superset; ids the store does not
+/// know are skipped by the caller). With [`Binding::Tenants`] only agents
+/// serving the pack's tenant, as the planner would keep no other.
+fn candidates(
+    conn: &Connection,
+    key: &PackKey,
+    targets: &TargetsRow,
+    binding: Binding,
+) -> StoreResult<Vec<String>> {
     let ids = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> StoreResult<Vec<String>> {
         query_all(conn, sql, p, |r| col::<String>(r, "agent_id"))
     };
+    let bound = binding == Binding::Tenants;
     match targets {
         TargetsRow::Nobody => Ok(Vec::new()),
-        TargetsRow::Agents(want) => {
-            let mut out = Vec::new();
-            for id in want {
-                let found = conn
-                    .prepare_cached("SELECT id FROM agents WHERE id = ?1")
-                    .and_then(|mut s| s.query_row([id], |r| r.get::<_, String>(0)).optional())
-                    .ctx("look up an agent")?;
-                out.extend(found);
-            }
-            Ok(out)
-        }
+        TargetsRow::Agents(want) => Ok(want.clone()),
         TargetsRow::Labels(labels) => match labels.iter().next() {
+            None if bound => ids(
+                "SELECT agent_id FROM agent_tenants WHERE tenant = ?1",
+                &[&key.tenant],
+            ),
             None => ids("SELECT id AS agent_id FROM agents", &[]),
             Some((k, v)) => ids(
-                "SELECT agent_id FROM agent_own_labels WHERE key = ?1 AND value = ?2 \
-                 UNION SELECT agent_id FROM agent_labels \
-                 WHERE tenant = ?3 AND key = ?1 AND value = ?2",
-                &[k, v, &key.tenant],
+                "SELECT agent_id FROM ( \
+                   SELECT agent_id FROM agent_own_labels WHERE key = ?1 AND value = ?2 \
+                   UNION SELECT agent_id FROM agent_labels \
+                   WHERE tenant = ?3 AND key = ?1 AND value = ?2) \
+                 WHERE NOT ?4 OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)",
+                &[k, v, &key.tenant, &bound],
             ),
         },
     }
@@ -282,7 +283,7 @@ pub(super) fn replan_pack(
     if let Some(p) = &pack
         && p.cancelled_ns.is_none()
     {
-        ids.extend(candidates(conn, key, &p.targets)?);
+        ids.extend(candidates(conn, key, &p.targets, binding)?);
     }
     let mut changed = Vec::new();
     for id in ids {

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use rusqlite::params;
 
-use super::agents::{self, agent_exists, unknown_agent, update_agent};
+use super::agents::{self, unknown_agent, update_agent};
 use super::codec::{Context, DELIVERY_COLUMNS, col, decode_delivery, query_all, u64_from_db};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
 use super::{SqliteStore, audit, packs, plan};
@@ -20,9 +20,9 @@ impl Store for SqliteStore {
         let binding = self.binding;
         self.write(move |conn| {
             agents::write_hello(conn, &hello)?;
-            plan::replan_agent(conn, &hello.id, Some(&hello.held), binding, hello.at_ns)?;
             let agent =
                 agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
+            plan::replan_agent(conn, &agent, Some(&hello.held), binding, hello.at_ns)?;
             Ok((agent, plan::rows_of_agent(conn, &hello.id)?))
         })
         .await
@@ -97,9 +97,9 @@ impl Store for SqliteStore {
         let binding = self.binding;
         self.write(move |conn| {
             agents::write_labels(conn, &id, &tenant, &set, &reset)?;
-            let changed = plan::replan_agent(conn, &id, None, binding, at_ns)?;
             let agent = agents::load_agent(conn, &id)?
                 .ok_or_else(|| StoreError::NoSuchAgent { id: id.clone() })?;
+            let changed = plan::replan_agent(conn, &agent, None, binding, at_ns)?;
             Ok((agent, changed))
         })
         .await
@@ -116,7 +116,11 @@ impl Store for SqliteStore {
         let binding = self.binding;
         self.write(move |conn| {
             agents::write_grant(conn, &id, &tenant, granted, at_ns)?;
-            plan::replan_agent(conn, &id, None, binding, at_ns)
+            match agents::load_agent(conn, &id)? {
+                Some(agent) => plan::replan_agent(conn, &agent, None, binding, at_ns),
+                // Granted before the agent first connects: nothing to plan.
+                None => Ok(Vec::new()),
+            }
         })
         .await
     }
@@ -183,10 +187,8 @@ impl Store for SqliteStore {
         let id = id.to_owned();
         let binding = self.binding;
         self.write(move |conn| {
-            if !agent_exists(conn, &id)? {
-                return Err(unknown_agent(&id));
-            }
-            plan::replan_agent(conn, &id, Some(&held), binding, at_ns)
+            let agent = agents::load_agent(conn, &id)?.ok_or_else(|| unknown_agent(&id))?;
+            plan::replan_agent(conn, &agent, Some(&held), binding, at_ns)
         })
         .await
     }
@@ -239,7 +241,7 @@ impl Store for SqliteStore {
             query_all(
                 conn,
                 "SELECT state, COUNT(*) AS n FROM deliveries WHERE state <> 'local' \
-                 GROUP BY state ORDER BY state",
+                 GROUP BY state",
                 [],
                 |row| {
                     let state: String = col(row, "state")?;
