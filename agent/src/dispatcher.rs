@@ -380,9 +380,6 @@ pub struct Dispatcher {
     credits: Credits,
     /// Jobs were submitted that the thread has not been woken for.
     unseen: bool,
-    /// The lines' direct writers, for the way out when this thread is
-    /// stuck.
-    direct: Arc<DirectLines>,
 }
 
 /// How long [`Drop`] waits for the thread before letting it go.
@@ -435,7 +432,6 @@ impl Dispatcher {
                 rt,
                 credits: Credits::default(),
                 unseen: false,
-                direct: direct.clone(),
             },
             direct,
         ))
@@ -472,12 +468,6 @@ impl Dispatcher {
         self.credits.take(n);
         self.unseen = true;
         Ok(())
-    }
-
-    /// The lines' direct writers, for the way out when the thread is stuck
-    /// (its writes would never land).
-    pub fn direct_lines(&self) -> &Arc<DirectLines> {
-        &self.direct
     }
 
     /// The control thread is about to park until `wake` (monotonic ns;

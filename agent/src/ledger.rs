@@ -176,10 +176,6 @@ impl Previous {
     }
 }
 
-fn journal_print(journal_id: &str) -> u64 {
-    fingerprint(journal_id)
-}
-
 impl Ledger {
     /// Read the ledger a previous run left at `path` (if any) for the
     /// journal `journal_id`. Never fails: an unusable file is reported as
@@ -224,7 +220,7 @@ impl Ledger {
                 "it was written before the last boot (its page cache may have been lost)",
             );
         }
-        if u64_at(JOURNAL_AT) != journal_print(journal_id) {
+        if u64_at(JOURNAL_AT) != fingerprint(journal_id) {
             return distrust("it belongs to another journal");
         }
         let slots = u32_at(12) as usize;
@@ -285,8 +281,7 @@ impl Ledger {
         header[8..12].copy_from_slice(&VERSION.to_ne_bytes());
         header[12..16].copy_from_slice(&slots.to_ne_bytes());
         header[BOOT_AT..BOOT_AT + 40].copy_from_slice(&boot_id());
-        header[JOURNAL_AT..JOURNAL_AT + 8]
-            .copy_from_slice(&journal_print(journal_id).to_ne_bytes());
+        header[JOURNAL_AT..JOURNAL_AT + 8].copy_from_slice(&fingerprint(journal_id).to_ne_bytes());
         // Written whole into a temporary file, then renamed: a crash here
         // leaves the old ledger or the new one, never a torn header.
         let tmp = path.with_extension("tmp");
@@ -372,11 +367,6 @@ impl Ledger {
     /// Whether it has no slot at all.
     pub fn is_empty(&self) -> bool {
         self.slots == 0
-    }
-
-    /// Where it lives (`None`: anonymous).
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
     }
 
     fn print(&self, i: u32) -> &AtomicU64 {
@@ -468,11 +458,6 @@ impl Slot {
     /// A slot of a fresh one-slot anonymous ledger, armed (tests).
     pub fn standalone() -> Slot {
         Slot::arm(Arc::new(Ledger::anonymous(1)), 0, "")
-    }
-
-    /// Which ledger and slot.
-    pub fn position(&self) -> (&Arc<Ledger>, u32) {
-        (&self.ledger, self.index)
     }
 
     /// Right before the device call: take the attempt (`ARMED →

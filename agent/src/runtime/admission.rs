@@ -377,11 +377,6 @@ impl Admission {
             .collect()
     }
 
-    /// Whether `key` declared `line` shared.
-    pub fn is_shared(&self, key: &PackKey, line: LineHandle) -> bool {
-        self.held.get(key).is_some_and(|h| h.shared.contains(&line))
-    }
-
     /// The lines `key` declared shared.
     pub fn shared_of(&self, key: &PackKey) -> Vec<LineHandle> {
         self.held

@@ -283,7 +283,8 @@ pub struct Agent {
     /// Output buffers, reused pass after pass (see [`Agent::output_buf`]).
     spare_outputs: Vec<Vec<Output>>,
     /// Ledger slots armed for a batch's firings before their start record,
-    /// taken in order as the firings are performed.
+    /// taken in order as the firings are performed; kept only for its
+    /// capacity between batches (see `process_in`).
     batch_slots: std::collections::VecDeque<crate::ledger::Slot>,
     /// Attempts the core asked back in the batch being performed.
     asked_back: Vec<(ExecutionId, baton_sched::Reason)>,
@@ -381,9 +382,9 @@ fn resolve_armed(
                 continue;
             }
         };
-        journal.record_finished(&text, outcome)?;
         let result = match outcome {
             Outcome::NotRun => {
+                journal.record_finished(&text, outcome)?;
                 not_run += 1;
                 // For the core it never started: a missed occurrence like
                 // any other (fired late within `max_lateness`, or per
@@ -408,6 +409,10 @@ fn resolve_armed(
             let rec = FiringRecord::attempt(&id, &text, "", id.occurrence, id.occurrence, result);
             feedback::executed(journal, tally, &rec, None, feedback::ClockStamp::default())?;
         }
+        // After its feedback (as `record_finished` asks): a crash between
+        // the two leaves the attempt open, resolved again at the next
+        // start, never a result whose report was lost.
+        journal.record_finished(&text, outcome)?;
     }
     if ran + not_run + unknown > 0 {
         match &prev.distrust {

@@ -23,6 +23,26 @@ impl Agent {
     /// (a firing instant's outputs were a handful of reallocations).
     pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> anyhow::Result<()> {
         let mut more = self.output_buf();
+        // Each batch's ledger slots, in its firings' order. Out of `self`
+        // while in use, and emptied on every way out: a batch that fails
+        // part-way (the loop then ends) leaves no slot of its firings for
+        // another firing to take.
+        let mut slots = std::mem::take(&mut self.batch_slots);
+        slots.clear();
+        let done = self.process_batches(batch, &mut more, &mut slots);
+        slots.clear();
+        self.batch_slots = slots;
+        done?;
+        self.return_output_buf(more);
+        Ok(())
+    }
+
+    fn process_batches(
+        &mut self,
+        batch: &mut Vec<Output>,
+        more: &mut Vec<Output>,
+        slots: &mut std::collections::VecDeque<Slot>,
+    ) -> anyhow::Result<()> {
         while !batch.is_empty() {
             // Each firing's id as text, made once by the core: journalled
             // here, then shared with the dispatcher, the feedback and the
@@ -39,8 +59,7 @@ impl Agent {
                 // says whether an attempt whose start record is durable
                 // ever touched the device.
                 for (text, _) in &refs {
-                    let slot = self.arming.arm_slot(text);
-                    self.batch_slots.push_back(slot);
+                    slots.push_back(self.arming.arm_slot(text));
                 }
                 // If this fails nothing may fire: the error ends the loop,
                 // whose way out drives the safe state.
@@ -50,25 +69,20 @@ impl Agent {
             // Consumed in place: a burst of thousands of outputs is never
             // copied.
             for o in batch.drain(..) {
-                self.perform(o, &mut more)?;
+                self.perform(o, slots, more)?;
             }
             // The core asks answers before its next tick: all of this
             // batch's in one pass over what is armed.
-            self.answer_withdrawals(&mut more)?;
-            std::mem::swap(batch, &mut more);
+            self.answer_withdrawals(more)?;
+            std::mem::swap(batch, more);
         }
-        self.return_output_buf(more);
         Ok(())
     }
 
     /// One attempt, its id (`f.text`) already journalled and its ledger
-    /// slot armed (the next of `batch_slots`).
-    fn fire(&mut self, f: Firing, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    /// slot armed.
+    fn fire(&mut self, f: Firing, slot: Slot, more: &mut Vec<Output>) -> anyhow::Result<()> {
         let now = self.clock.now();
-        let slot = match self.batch_slots.pop_front() {
-            Some(s) => s,
-            None => self.arming.arm_slot(&f.text),
-        };
         let action = f.action.clone();
         match &*action {
             Action::Noop => {
@@ -122,11 +136,23 @@ impl Agent {
         Ok(())
     }
 
-    /// One output (a firing's id is already journalled).
-    fn perform(&mut self, o: Output, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    /// One output (a firing's id is already journalled, and its ledger
+    /// slot armed: the next of `slots`).
+    fn perform(
+        &mut self,
+        o: Output,
+        slots: &mut std::collections::VecDeque<Slot>,
+        more: &mut Vec<Output>,
+    ) -> anyhow::Result<()> {
         let now = self.clock.now();
         match o {
-            Output::Fire(f) => self.fire(f, more)?,
+            Output::Fire(f) => {
+                let slot = match slots.pop_front() {
+                    Some(s) => s,
+                    None => self.arming.arm_slot(&f.text),
+                };
+                self.fire(f, slot, more)?
+            }
             Output::Abort(id) => {
                 // Exec attempts are killed by the pool at the same timeout.
                 // Its result, when it comes, is not reported (it only frees

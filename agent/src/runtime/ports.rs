@@ -14,7 +14,7 @@ use crate::clock::driver::EstimatedClock;
 use crate::clock::estimator::Estimate;
 use crate::clock::sample::SampleSender;
 use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, Job, Stats};
-use crate::gpio::{DirectLines, Direction, LineHandle};
+use crate::gpio::{Direction, LineHandle};
 
 /// Reference time and its mapping to the local monotonic clock.
 pub trait Clock: Send + Sync {
@@ -154,11 +154,6 @@ pub trait Device: Send {
     fn quiet_within(&self, _timeout: Duration) -> bool {
         true
     }
-    /// Every output line's direct writer (`crate::gpio::DirectLine`), for
-    /// the safe state when the device's thread is stuck.
-    fn direct_lines(&self) -> Option<std::sync::Arc<DirectLines>> {
-        None
-    }
     /// Next result, if any.
     fn try_done(&mut self) -> Option<Done>;
     /// Request lines from the backend.
@@ -189,9 +184,6 @@ impl Device for Dispatcher {
     }
     fn plan_wake(&self, wake: Option<MonoTime>) -> bool {
         Dispatcher::plan_control_wake(self, wake)
-    }
-    fn direct_lines(&self) -> Option<std::sync::Arc<DirectLines>> {
-        Some(Dispatcher::direct_lines(self).clone())
     }
     fn fence(&mut self) {
         Dispatcher::fence(self)
@@ -227,7 +219,6 @@ pub struct DirectDevice {
     seq: u64,
     credits: Credits,
     stopped: bool,
-    direct: std::sync::Arc<DirectLines>,
 }
 
 impl std::fmt::Debug for DirectDevice {
@@ -248,7 +239,6 @@ impl DirectDevice {
             seq: 0,
             credits: Credits::default(),
             stopped: false,
-            direct: std::sync::Arc::default(),
         }
     }
 
@@ -342,21 +332,14 @@ impl Device for DirectDevice {
         &mut self,
         lines: &[(LineRef, Direction)],
     ) -> Result<Vec<LineHandle>, DispatchError> {
-        let handles: Vec<LineHandle> = lines
+        lines
             .iter()
             .map(|(l, d)| match d {
                 Direction::Output => self.gpio.request(l),
                 Direction::Input => self.gpio.request_input(l),
             })
             .collect::<Result<_, _>>()
-            .map_err(DispatchError::from)?;
-        for h in &handles {
-            self.direct.learn(&*self.gpio, *h);
-        }
-        Ok(handles)
-    }
-    fn direct_lines(&self) -> Option<std::sync::Arc<DirectLines>> {
-        Some(self.direct.clone())
+            .map_err(DispatchError::from)
     }
     fn stop(&mut self, _timeout: Duration) -> bool {
         self.stopped = true;

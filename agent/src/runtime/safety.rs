@@ -153,7 +153,7 @@ type Request = (String, SyncSender<(usize, Vec<String>)>);
 /// caller's wait is bounded (see the module docs).
 #[derive(Debug)]
 pub struct SafeDriver {
-    tx: Mutex<SyncSender<Request>>,
+    tx: SyncSender<Request>,
 }
 
 impl SafeDriver {
@@ -169,7 +169,7 @@ impl SafeDriver {
                     let _ = done.try_send(r);
                 }
             })?;
-        Ok(SafeDriver { tx: Mutex::new(tx) })
+        Ok(SafeDriver { tx })
     }
 
     /// Write every held pack's safe-state levels directly, waiting at most
@@ -180,12 +180,7 @@ impl SafeDriver {
         let (done_tx, done_rx) = sync_channel(1);
         let mut req = (label.to_string(), done_tx);
         loop {
-            let sent = match self.tx.try_lock() {
-                Ok(tx) => tx.try_send(req),
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().try_send(req),
-                Err(std::sync::TryLockError::WouldBlock) => Err(TrySendError::Full(req)),
-            };
-            match sent {
+            match self.tx.try_send(req) {
                 Ok(()) => break,
                 Err(TrySendError::Full(r)) if Instant::now() < end => {
                     req = r;
@@ -219,7 +214,7 @@ pub fn last_resort(fence_quiet: bool, driver: &SafeDriver, label: &str, data_dir
 /// The chip is hung: the next start owes the safe states (best effort;
 /// fsynced so a power cycle keeps it).
 pub fn leave_marker(data_dir: &Path) {
-    let path = data_dir.join(OWED_MARKER);
+    let path = marker(data_dir);
     let text = "the GPIO chip did not take the safe-state writes: the next start drives every journalled pack's safe state before arming anything\n";
     let written = std::fs::File::create(&path).and_then(|mut f| {
         std::io::Write::write_all(&mut f, text.as_bytes())?;
