@@ -25,6 +25,7 @@
 
 pub mod memory;
 mod migrations;
+pub mod sql;
 pub mod sqlite;
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The embedded [`Store`]: one SQLite file, `DIR/controller.db`.
+//! The embedded [`Store`](crate::store::Store): one SQLite file, `DIR/controller.db`.
 //!
 //! # Shape
 //!
@@ -25,21 +25,12 @@
 //!   rows they change inside the writer's transaction: two decisions never
 //!   race (see [`crate::store`]).
 //!
-//! The SQL lives in this module's files and in `migrations/`; it is plain
-//! SQL that PostgreSQL also accepts (`ON CONFLICT`, `RETURNING`,
-//! `COALESCE`, `SAVEPOINT`, row values), apart from the `?N`
-//! placeholders, which a PostgreSQL driver spells `$N`, and the connection
-//! set-up (`PRAGMA`s, `BEGIN IMMEDIATE`). Text ordering (agents, packs) is
-//! SQLite's byte order; a PostgreSQL backend wants `COLLATE "C"` to list
-//! in the same order.
+//! The SQL itself is shared with every engine ([`crate::store::sql`]);
+//! this module holds what is SQLite's own: the writer thread, the read
+//! pool, the `PRAGMA`s and `BEGIN IMMEDIATE`, and the connection as a
+//! [`Db`].
 
-mod agents;
-mod audit;
-mod codec;
-mod feedback;
-mod packs;
-mod plan;
-mod store_impl;
+mod conn;
 #[cfg(test)]
 mod tests;
 
@@ -55,8 +46,11 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
+use super::sql::Engine;
+use super::sql::codec::{self, backend};
+use super::sql::db::{self, Db};
 use super::{Binding, StoreError, StoreResult};
-use codec::{Context, backend};
+use conn::Context;
 
 /// The database file's name inside the data directory.
 pub const DB_FILE: &str = "controller.db";
@@ -84,7 +78,7 @@ const MAX_IDLE_READERS: usize = 4;
 /// distinct ones; the feedback filter has 32 shapes).
 const STATEMENT_CACHE: usize = 64;
 
-/// The [`Store`] on an embedded SQLite database.
+/// The [`Store`](crate::store::Store) on an embedded SQLite database.
 ///
 /// Cheap to clone (two `Arc`s); every clone talks to the same writer. When
 /// the last clone is dropped, the writer commits what is queued, stops,
@@ -178,28 +172,6 @@ impl SqliteStore {
         }
     }
 
-    /// Runs `f` on the writer thread inside the next batch's transaction
-    /// and returns its result once that transaction is committed.
-    async fn write<T, F>(&self, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
-    {
-        self.submit(Msg::Job, f).await
-    }
-
-    /// [`SqliteStore::write`] for work that may wait: it joins the next
-    /// batch of other writes (at most one such command per batch), or
-    /// runs alone after [`BACKGROUND_WAIT`] without any. So retention's
-    /// deletes never add a commit, an fsync, to a busy store.
-    async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
-    {
-        self.submit(Msg::Background, f).await
-    }
-
     /// Queues `f` for the writer as `kind` and waits for its answer.
     async fn submit<T, F>(&self, kind: fn(Box<dyn Job>) -> Msg, f: F) -> StoreResult<T>
     where
@@ -217,8 +189,20 @@ impl SqliteStore {
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Runs `f` on a pooled read connection off the async runtime.
-    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    /// [`Engine::write`] on the connection itself (tests reach under the
+    /// shared SQL: pragmas, raw statements).
+    #[cfg(test)]
+    async fn write_raw<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        self.submit(Msg::Job, f).await
+    }
+
+    /// [`Engine::read`] on the connection itself.
+    #[cfg(test)]
+    async fn read_raw<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
@@ -236,6 +220,45 @@ impl SqliteStore {
             .tx
             .as_ref()
             .map_or(0, |tx| tx.max_capacity() - tx.capacity())
+    }
+}
+
+impl Engine for SqliteStore {
+    fn binding(&self) -> Binding {
+        self.binding
+    }
+
+    /// Inside the next batch's transaction on the writer thread.
+    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        self.submit(Msg::Job, move |c: &Connection| f(c)).await
+    }
+
+    /// Joins the next batch of other writes (at most one such command per
+    /// batch), or runs alone after [`BACKGROUND_WAIT`] without any. So
+    /// retention's deletes never add a commit, an fsync, to a busy store.
+    async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        self.submit(Msg::Background, move |c: &Connection| f(c))
+            .await
+    }
+
+    /// On a pooled read connection, in `spawn_blocking`.
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        let pool = Arc::clone(&self.readers);
+        tokio::task::spawn_blocking(move || pool.with(|c| f(c)))
+            .await
+            .map_err(|e| backend("read task", e))?
     }
 }
 
@@ -587,11 +610,8 @@ fn after_migration(conn: &Connection, version: i64) -> StoreResult<()> {
         // The agents stored before v5 have their own labels in `labels`
         // only: without their `agent_own_labels` rows a push by label
         // would not find them until their next hello.
-        let agents = codec::query_all(conn, "SELECT id, labels FROM agents", [], |r| {
-            Ok((
-                codec::col::<String>(r, "id")?,
-                codec::col::<String>(r, "labels")?,
-            ))
+        let agents = db::query_all(conn, "SELECT id, labels FROM agents", &[], |r| {
+            Ok((db::col::<String>(r, "id")?, db::col::<String>(r, "labels")?))
         })?;
         for (id, labels) in agents {
             let labels: std::collections::BTreeMap<String, String> = codec::with_row(

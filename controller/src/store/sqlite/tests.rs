@@ -14,12 +14,13 @@ use baton_proto::wire;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 
-use super::codec::{Context, col, query_all};
+use super::conn::Context;
 use super::*;
 use crate::store::contract::{
     ack, audit_row, clock, fb, held, hello_in, key, labels, pack, push, refusal, refuse, to_ids,
     to_labels,
 };
+use crate::store::sql::db::{col, query_all};
 use crate::store::{
     AgentFilter, DeliveryRow, DeliveryState, ErrorRow, FeedbackFilter, FeedbackRow, Held,
     HeldPackRow, Intent, PutPack, Refusal, Store, TargetsRow,
@@ -54,14 +55,14 @@ fn is_backend<T: fmt::Debug>(r: &StoreResult<T>, needle: &str) -> bool {
 /// Runs SQL on the writer (inside a batch, as a command).
 async fn exec(store: &SqliteStore, sql: &'static str) -> StoreResult<()> {
     store
-        .write(move |conn| conn.execute_batch(sql).ctx("test SQL"))
+        .write_raw(move |conn| conn.execute_batch(sql).ctx("test SQL"))
         .await
 }
 
 /// One integer from a reader.
 async fn scalar(store: &SqliteStore, sql: &'static str) -> i64 {
     store
-        .read(move |conn| conn.query_row(sql, [], |r| r.get(0)).ctx("test query"))
+        .read_raw(move |conn| conn.query_row(sql, [], |r| r.get(0)).ctx("test query"))
         .await
         .unwrap()
 }
@@ -107,7 +108,7 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
     let store = SqliteStore::open(&nested, Binding::Tenants).unwrap();
     assert!(nested.join(DB_FILE).exists());
     let (mode, sync, fk) = store
-        .write(|conn| {
+        .write_raw(|conn| {
             let get = |p: &str| -> StoreResult<String> {
                 conn.query_row(&format!("PRAGMA {p}"), [], |r| {
                     r.get::<_, rusqlite::types::Value>(0)
@@ -147,7 +148,7 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
                 query_all(
                     conn,
                     "SELECT version FROM schema_migrations ORDER BY version",
-                    [],
+                    &[],
                     |r| col::<i64>(r, "version"),
                 )
             })
@@ -179,7 +180,7 @@ async fn readers_cannot_write() {
         .await
         .unwrap();
     let r = store
-        .read(|conn| {
+        .read_raw(|conn| {
             conn.execute("DELETE FROM agents", [])
                 .ctx("delete from a reader")
         })
@@ -420,7 +421,7 @@ async fn a_write_error_reaches_the_caller() {
     store.put_feedback(fbs("a1", 1..=2)).await.unwrap();
     // No room to grow the file: the next big insert fails for want of space.
     store
-        .write(|conn| {
+        .write_raw(|conn| {
             let pages: i64 = conn
                 .query_row("PRAGMA page_count", [], |r| r.get(0))
                 .ctx("t")?;
@@ -439,7 +440,7 @@ async fn a_write_error_reaches_the_caller() {
 
     // Room again: the store was not left broken.
     store
-        .write(|conn| {
+        .write_raw(|conn| {
             conn.pragma_update(None, "max_page_count", 1_000_000_i64)
                 .ctx("t")
         })
@@ -723,7 +724,7 @@ fn v4_database(dir: &std::path::Path) {
     let versions: Vec<i64> = query_all(
         &conn,
         "SELECT version FROM schema_migrations ORDER BY version",
-        [],
+        &[],
         |r| col(r, "version"),
     )
     .unwrap();

@@ -2,11 +2,8 @@
 
 use std::collections::BTreeSet;
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
-
-use super::codec::{
-    CLOCK_COLUMNS, Context, col, decode_clock, from_json, query_all, to_json, with_row,
-};
+use super::codec::{CLOCK_COLUMNS, decode_clock, from_json, to_json, with_row};
+use super::db::{Db, Param, Row, col, params, query_all, query_first, run};
 use crate::store::{
     AgentFilter, AgentRow, ClockRow, HelloRow, LabelOverrides, MAX_PAGE, StoreError, StoreResult,
     page,
@@ -16,7 +13,7 @@ const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, l
      clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
      clock_frequency_ppm, clock_at_ns";
 
-fn decode_agent(row: &Row<'_>) -> StoreResult<AgentRow> {
+fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
     let id: String = col(row, "id")?;
     let r = (|| {
         let labels: String = col(row, "labels")?;
@@ -47,7 +44,7 @@ fn decode_agent(row: &Row<'_>) -> StoreResult<AgentRow> {
 /// (one page), attached to `agents` (sorted by id). `tenant`: the page
 /// holds only agents serving it, so only theirs are read (a sparse page's
 /// range may span many other tenants' agents).
-fn attach(conn: &Connection, agents: &mut [AgentRow], tenant: Option<&str>) -> StoreResult<()> {
+fn attach(conn: &dyn Db, agents: &mut [AgentRow], tenant: Option<&str>) -> StoreResult<()> {
     let (Some(first), Some(last)) = (agents.first(), agents.last()) else {
         return Ok(());
     };
@@ -56,7 +53,7 @@ fn attach(conn: &Connection, agents: &mut [AgentRow], tenant: Option<&str>) -> S
         conn,
         "SELECT agent_id, tenant, key, value FROM agent_labels \
          WHERE agent_id >= ?1 AND agent_id <= ?2 \
-         AND (?3 IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)) \
+         AND (CAST(?3 AS TEXT) IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)) \
          ORDER BY agent_id, tenant, key",
         params![first, last, tenant],
         |r| {
@@ -81,7 +78,7 @@ fn attach(conn: &Connection, agents: &mut [AgentRow], tenant: Option<&str>) -> S
         conn,
         "SELECT agent_id, tenant FROM agent_tenants \
          WHERE agent_id >= ?1 AND agent_id <= ?2 \
-         AND (?3 IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3))",
+         AND (CAST(?3 AS TEXT) IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3))",
         params![first, last, tenant],
         |r| Ok((col::<String>(r, "agent_id")?, col::<String>(r, "tenant")?)),
     )?;
@@ -94,20 +91,20 @@ fn attach(conn: &Connection, agents: &mut [AgentRow], tenant: Option<&str>) -> S
 }
 
 /// One agent with its operator labels and tenants.
-pub(super) fn load_agent(conn: &Connection, id: &str) -> StoreResult<Option<AgentRow>> {
+pub(crate) fn load_agent(conn: &dyn Db, id: &str) -> StoreResult<Option<AgentRow>> {
     let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
-    let mut rows = query_all(conn, &sql, [id], decode_agent)?;
+    let mut rows = query_all(conn, &sql, params![id], decode_agent)?;
     attach(conn, &mut rows, None)?;
     Ok(rows.pop())
 }
 
 /// One page of agents.
-pub(super) fn agents_page(conn: &Connection, f: &AgentFilter) -> StoreResult<Vec<AgentRow>> {
+pub(crate) fn agents_page(conn: &dyn Db, f: &AgentFilter) -> StoreResult<Vec<AgentRow>> {
     let limit = i64::from(page(f.limit, MAX_PAGE));
     let sql = format!(
         "SELECT {AGENT_COLUMNS} FROM agents \
-         WHERE (?1 IS NULL OR id > ?1) \
-         AND (?2 IS NULL OR id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?2)) \
+         WHERE (CAST(?1 AS TEXT) IS NULL OR id > ?1) \
+         AND (CAST(?2 AS TEXT) IS NULL OR id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?2)) \
          ORDER BY id LIMIT ?3"
     );
     let mut rows = query_all(
@@ -120,62 +117,63 @@ pub(super) fn agents_page(conn: &Connection, f: &AgentFilter) -> StoreResult<Vec
     Ok(rows)
 }
 
-pub(super) fn agent_exists(conn: &Connection, id: &str) -> StoreResult<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM agents WHERE id = ?1")
-        .and_then(|mut s| s.query_row([id], |_| Ok(())).optional())
-        .ctx("look up an agent")?
-        .is_some())
+pub(crate) fn agent_exists(conn: &dyn Db, id: &str) -> StoreResult<bool> {
+    Ok(query_first(
+        conn,
+        "SELECT 1 AS found FROM agents WHERE id = ?1",
+        params![id],
+        |_| Ok(()),
+    )?
+    .is_some())
 }
 
-pub(super) fn unknown_agent(id: &str) -> StoreError {
+pub(crate) fn unknown_agent(id: &str) -> StoreError {
     StoreError::Backend(format!("no agent {id}: it must say hello first"))
 }
 
 /// The agent record, its own labels (one row each, for targeting) and its
 /// certificate's tenants.
-pub(super) fn write_hello(conn: &Connection, h: &HelloRow) -> StoreResult<()> {
+pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow) -> StoreResult<()> {
     let labels = to_json(&h.labels, "labels")?;
-    conn.prepare_cached(
+    run(
+        conn,
+        "store an agent",
         "INSERT INTO agents (id, labels, agent_version, journal_id, connected, last_seen_ns) \
          VALUES (?1, ?2, ?3, ?4, 1, ?5) \
          ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
          agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
          connected = excluded.connected, last_seen_ns = excluded.last_seen_ns",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            h.id,
-            labels,
-            h.agent_version,
-            h.journal_id,
-            h.at_ns
-        ])
-    })
-    .ctx("store an agent")?;
-    conn.prepare_cached("DELETE FROM agent_own_labels WHERE agent_id = ?1")
-        .and_then(|mut s| s.execute([&h.id]))
-        .ctx("replace an agent's labels")?;
+        params![h.id, labels, h.agent_version, h.journal_id, h.at_ns],
+    )?;
+    run(
+        conn,
+        "replace an agent's labels",
+        "DELETE FROM agent_own_labels WHERE agent_id = ?1",
+        params![h.id],
+    )?;
     for (k, v) in &h.labels {
-        conn.prepare_cached(
+        run(
+            conn,
+            "store an agent's label",
             "INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)",
-        )
-        .and_then(|mut s| s.execute(params![h.id, k, v]))
-        .ctx("store an agent's label")?;
+            params![h.id, k, v],
+        )?;
     }
     if let Some(tenants) = &h.cert_tenants {
-        conn.prepare_cached(
+        run(
+            conn,
+            "replace an agent's certificate tenants",
             "DELETE FROM agent_tenants WHERE agent_id = ?1 AND source = 'certificate'",
-        )
-        .and_then(|mut s| s.execute([&h.id]))
-        .ctx("replace an agent's certificate tenants")?;
+            params![h.id],
+        )?;
         for t in tenants.iter().collect::<BTreeSet<_>>() {
-            conn.prepare_cached(
+            run(
+                conn,
+                "store an agent's tenant",
                 "INSERT INTO agent_tenants (agent_id, tenant, source, at_ns) \
                  VALUES (?1, ?2, 'certificate', ?3)",
-            )
-            .and_then(|mut s| s.execute(params![h.id, t, h.at_ns]))
-            .ctx("store an agent's tenant")?;
+                params![h.id, t, h.at_ns],
+            )?;
         }
     }
     Ok(())
@@ -183,24 +181,21 @@ pub(super) fn write_hello(conn: &Connection, h: &HelloRow) -> StoreResult<()> {
 
 /// Runs an `UPDATE agents ... WHERE id = ?1`; an unknown agent is an error
 /// (the server only updates agents that said hello).
-pub(super) fn update_agent(
-    conn: &Connection,
+pub(crate) fn update_agent(
+    conn: &dyn Db,
     id: &str,
     sql: &str,
-    params: impl rusqlite::Params,
+    params: &[Param<'_>],
 ) -> StoreResult<()> {
-    let n = conn
-        .prepare_cached(sql)
-        .and_then(|mut s| s.execute(params))
-        .ctx("update an agent")?;
+    let n = run(conn, "update an agent", sql, params)?;
     if n == 0 {
         return Err(unknown_agent(id));
     }
     Ok(())
 }
 
-pub(super) fn write_labels(
-    conn: &Connection,
+pub(crate) fn write_labels(
+    conn: &dyn Db,
     id: &str,
     tenant: &str,
     set: &LabelOverrides,
@@ -210,107 +205,115 @@ pub(super) fn write_labels(
         return Err(StoreError::NoSuchAgent { id: id.to_string() });
     }
     for (k, v) in set {
-        conn.prepare_cached(
+        run(
+            conn,
+            "store an agent label",
             "INSERT INTO agent_labels (agent_id, tenant, key, value) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT (agent_id, tenant, key) DO UPDATE SET value = excluded.value",
-        )
-        .and_then(|mut st| st.execute(params![id, tenant, k, v]))
-        .ctx("store an agent label")?;
+            params![id, tenant, k, v],
+        )?;
     }
     for k in reset {
-        conn.prepare_cached(
+        run(
+            conn,
+            "reset an agent label",
             "DELETE FROM agent_labels WHERE agent_id = ?1 AND tenant = ?2 AND key = ?3",
-        )
-        .and_then(|mut st| st.execute(params![id, tenant, k]))
-        .ctx("reset an agent label")?;
+            params![id, tenant, k],
+        )?;
     }
     Ok(())
 }
 
-pub(super) fn write_grant(
-    conn: &Connection,
+pub(crate) fn write_grant(
+    conn: &dyn Db,
     id: &str,
     tenant: &str,
     granted: bool,
     at_ns: i64,
 ) -> StoreResult<()> {
-    let done = if granted {
-        conn.prepare_cached(
+    if granted {
+        run(
+            conn,
+            "store a grant",
             "INSERT INTO agent_tenants (agent_id, tenant, source, at_ns) \
              VALUES (?1, ?2, 'grant', ?3) ON CONFLICT (agent_id, tenant, source) DO NOTHING",
-        )
-        .and_then(|mut st| st.execute(params![id, tenant, at_ns]))
+            params![id, tenant, at_ns],
+        )?;
     } else {
-        conn.prepare_cached(
+        run(
+            conn,
+            "take back a grant",
             "DELETE FROM agent_tenants WHERE agent_id = ?1 AND tenant = ?2 AND source = 'grant'",
-        )
-        .and_then(|mut st| st.execute(params![id, tenant]))
-    };
-    done.ctx("store a grant")?;
+            params![id, tenant],
+        )?;
+    }
     Ok(())
 }
 
-pub(super) fn write_forget(conn: &Connection, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+pub(crate) fn write_forget(conn: &dyn Db, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
     let existed = agent_exists(conn, id)?;
-    let run = |sql: &str, what: &str| -> StoreResult<()> {
-        conn.prepare_cached(sql)
-            .and_then(|mut st| st.execute(params![id, tenant]))
-            .ctx(what)?;
-        Ok(())
+    let statements: &[(&str, &str)] = match tenant {
+        Some(_) => &[
+            (
+                "DELETE FROM agent_labels WHERE agent_id = ?1 AND tenant = ?2",
+                "forget an agent's labels",
+            ),
+            (
+                "DELETE FROM deliveries WHERE agent_id = ?1 AND tenant = ?2",
+                "forget an agent's deliveries",
+            ),
+            (
+                "DELETE FROM agent_tenants WHERE agent_id = ?1 AND tenant = ?2 AND source = 'grant'",
+                "forget an agent's grant",
+            ),
+        ],
+        None => &[
+            (
+                "DELETE FROM agent_labels WHERE agent_id = ?1",
+                "forget an agent's labels",
+            ),
+            (
+                "DELETE FROM deliveries WHERE agent_id = ?1",
+                "forget an agent's deliveries",
+            ),
+            (
+                "DELETE FROM agent_tenants WHERE agent_id = ?1",
+                "forget an agent's tenants",
+            ),
+            (
+                "DELETE FROM agent_own_labels WHERE agent_id = ?1",
+                "forget an agent's own labels",
+            ),
+            (
+                "DELETE FROM clock_reports WHERE agent_id = ?1",
+                "forget an agent's clock history",
+            ),
+            ("DELETE FROM agents WHERE id = ?1", "forget an agent"),
+        ],
     };
-    run(
-        "DELETE FROM agent_labels WHERE agent_id = ?1 AND (?2 IS NULL OR tenant = ?2)",
-        "forget an agent's labels",
-    )?;
-    run(
-        "DELETE FROM deliveries WHERE agent_id = ?1 AND (?2 IS NULL OR tenant = ?2)",
-        "forget an agent's deliveries",
-    )?;
-    match tenant {
-        Some(_) => run(
-            "DELETE FROM agent_tenants WHERE agent_id = ?1 AND tenant = ?2 AND source = 'grant'",
-            "forget an agent's grant",
-        )?,
-        None => {
-            for (sql, what) in [
-                (
-                    "DELETE FROM agent_tenants WHERE agent_id = ?1 AND ?2 IS NULL",
-                    "forget an agent's tenants",
-                ),
-                (
-                    "DELETE FROM agent_own_labels WHERE agent_id = ?1 AND ?2 IS NULL",
-                    "forget an agent's own labels",
-                ),
-                (
-                    "DELETE FROM clock_reports WHERE agent_id = ?1 AND ?2 IS NULL",
-                    "forget an agent's clock history",
-                ),
-                (
-                    "DELETE FROM agents WHERE id = ?1 AND ?2 IS NULL",
-                    "forget an agent",
-                ),
-            ] {
-                run(sql, what)?;
-            }
-        }
+    for (sql, what) in statements {
+        match tenant {
+            Some(t) => run(conn, what, sql, params![id, t])?,
+            None => run(conn, what, sql, params![id])?,
+        };
     }
     Ok(existed)
 }
 
 /// The latest-clock columns and the history row; a report not newer than
 /// the stored latest goes to history only (a re-sent one not even there).
-pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreResult<()> {
+pub(crate) fn write_clock(conn: &dyn Db, id: &str, c: &ClockRow) -> StoreResult<()> {
     if !agent_exists(conn, id)? {
         return Err(unknown_agent(id));
     }
-    conn.prepare_cached(
+    run(
+        conn,
+        "store a clock report",
         "INSERT INTO clock_reports \
          (agent_id, at_ns, source, state, offset_ns, jitter_ns, uncertainty_ns, frequency_ppm) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
          ON CONFLICT (agent_id, at_ns) DO NOTHING",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
+        params![
             id,
             c.at_ns,
             c.source,
@@ -319,17 +322,16 @@ pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreRes
             c.jitter_ns,
             c.uncertainty_ns,
             c.frequency_ppm
-        ])
-    })
-    .ctx("store a clock report")?;
-    conn.prepare_cached(
+        ],
+    )?;
+    run(
+        conn,
+        "store an agent's latest clock",
         "UPDATE agents SET clock_source = ?2, clock_state = ?3, clock_offset_ns = ?4, \
          clock_jitter_ns = ?5, clock_uncertainty_ns = ?6, clock_frequency_ppm = ?7, \
          clock_at_ns = ?8 \
          WHERE id = ?1 AND (clock_at_ns IS NULL OR clock_at_ns < ?8)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
+        params![
             id,
             c.source,
             c.state,
@@ -338,15 +340,14 @@ pub(super) fn write_clock(conn: &Connection, id: &str, c: &ClockRow) -> StoreRes
             c.uncertainty_ns,
             c.frequency_ppm,
             c.at_ns
-        ])
-    })
-    .ctx("store an agent's latest clock")?;
+        ],
+    )?;
     Ok(())
 }
 
 /// The newest `limit` reports at or after `since_ns`, oldest first.
-pub(super) fn clock_history(
-    conn: &Connection,
+pub(crate) fn clock_history(
+    conn: &dyn Db,
     id: &str,
     since_ns: i64,
     limit: u32,

@@ -6,13 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rusqlite::{Connection, params};
-
 use super::agents::load_agent;
 use super::codec::{
-    Context, DELIVERY_COLUMNS, col, decode_delivery, errors_json, query_all, targets_from_json,
-    to_db, u64_from_db, with_row,
+    DELIVERY_COLUMNS, decode_delivery, errors_json, targets_from_json, to_db, u64_from_db, with_row,
 };
+use super::db::{Db, Param, Row, col, params, query_all, run};
 use crate::planner;
 use crate::store::{
     AgentRow, AnswerRow, Binding, DeliveryRow, Held, HeldPackRow, PackKey, PackTargets,
@@ -21,7 +19,7 @@ use crate::store::{
 
 const PACK_TARGET_COLUMNS: &str = "tenant, pack, latest_version, targets, cancelled_ns";
 
-fn decode_targets(row: &rusqlite::Row<'_>) -> StoreResult<PackTargets> {
+fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
     let tenant: String = col(row, "tenant")?;
     let pack: String = col(row, "pack")?;
     let r = (|| {
@@ -36,10 +34,7 @@ fn decode_targets(row: &rusqlite::Row<'_>) -> StoreResult<PackTargets> {
     with_row(format_args!("pack {tenant}/{pack}"), r)
 }
 
-pub(super) fn load_pack_targets(
-    conn: &Connection,
-    key: &PackKey,
-) -> StoreResult<Option<PackTargets>> {
+pub(crate) fn load_pack_targets(conn: &dyn Db, key: &PackKey) -> StoreResult<Option<PackTargets>> {
     let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND pack = ?2");
     Ok(query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop())
 }
@@ -47,15 +42,11 @@ pub(super) fn load_pack_targets(
 /// Every live pack that may target an agent: all, or those of its
 /// tenants. A cancelled pack is wanted by nobody: it concerns the agent
 /// only through a row or a held copy, which the callers plan anyway.
-fn packs_for(
-    conn: &Connection,
-    agent: &AgentRow,
-    binding: Binding,
-) -> StoreResult<Vec<PackTargets>> {
+fn packs_for(conn: &dyn Db, agent: &AgentRow, binding: Binding) -> StoreResult<Vec<PackTargets>> {
     match binding {
         Binding::Open => {
             let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE cancelled_ns IS NULL");
-            query_all(conn, &sql, [], decode_targets)
+            query_all(conn, &sql, &[], decode_targets)
         }
         Binding::Tenants => {
             let sql = format!(
@@ -63,21 +54,21 @@ fn packs_for(
             );
             let mut out = Vec::new();
             for t in &agent.tenants {
-                out.extend(query_all(conn, &sql, [t], decode_targets)?);
+                out.extend(query_all(conn, &sql, params![t], decode_targets)?);
             }
             Ok(out)
         }
     }
 }
 
-pub(super) fn rows_of_agent(conn: &Connection, id: &str) -> StoreResult<Vec<DeliveryRow>> {
+pub(crate) fn rows_of_agent(conn: &dyn Db, id: &str) -> StoreResult<Vec<DeliveryRow>> {
     let sql = format!(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 ORDER BY tenant, pack"
     );
-    query_all(conn, &sql, [id], decode_delivery)
+    query_all(conn, &sql, params![id], decode_delivery)
 }
 
-fn load_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
+fn load_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
     let sql = format!(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3"
     );
@@ -90,7 +81,7 @@ fn load_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<Option<De
     .pop())
 }
 
-pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
+pub(crate) fn store_row(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<()> {
     let refused_errors = match &d.refusal {
         Some(r) => Some(errors_json(&r.errors)?),
         None => None,
@@ -105,7 +96,9 @@ pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
         .map(|r| to_db(r.version, "refused version"))
         .transpose()?;
     let version = to_db(d.version, "version")?;
-    conn.prepare_cached(
+    run(
+        conn,
+        "store a delivery",
         "INSERT INTO deliveries (agent_id, tenant, pack, version, intent, held_version, \
          held_stopped, refused_version, refused_last, refused_message, refused_errors, state, \
          reason, attempts, updated_ns) \
@@ -116,9 +109,7 @@ pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
          refused_last = excluded.refused_last, refused_message = excluded.refused_message, \
          refused_errors = excluded.refused_errors, state = excluded.state, \
          reason = excluded.reason, attempts = excluded.attempts, updated_ns = excluded.updated_ns",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
+        params![
             d.agent_id,
             d.tenant,
             d.pack,
@@ -134,16 +125,18 @@ pub(super) fn store_row(conn: &Connection, d: &DeliveryRow) -> StoreResult<()> {
             d.reason,
             i64::from(d.attempts),
             d.updated_ns
-        ])
-    })
-    .ctx("store a delivery")?;
+        ],
+    )?;
     Ok(())
 }
 
-fn delete_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<()> {
-    conn.prepare_cached("DELETE FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3")
-        .and_then(|mut s| s.execute(params![id, key.tenant, key.pack]))
-        .ctx("delete a delivery")?;
+fn delete_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<()> {
+    run(
+        conn,
+        "delete a delivery",
+        "DELETE FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3",
+        params![id, key.tenant, key.pack],
+    )?;
     Ok(())
 }
 
@@ -151,7 +144,7 @@ fn delete_row(conn: &Connection, id: &str, key: &PackKey) -> StoreResult<()> {
 /// when it changed.
 #[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
 fn replan(
-    conn: &Connection,
+    conn: &dyn Db,
     agent: &AgentRow,
     key: &PackKey,
     pack: Option<&PackTargets>,
@@ -180,8 +173,8 @@ fn replan(
 /// Re-plans every pack that may concern `agent` (as stored now: its
 /// tenants' packs and its rows), with `held` as its held set when given.
 /// Returns the rows that changed.
-pub(super) fn replan_agent(
-    conn: &Connection,
+pub(crate) fn replan_agent(
+    conn: &dyn Db,
     agent: &AgentRow,
     held: Option<&[HeldPackRow]>,
     binding: Binding,
@@ -234,12 +227,12 @@ pub(super) fn replan_agent(
 /// know are skipped by the caller). With [`Binding::Tenants`] only agents
 /// serving the pack's tenant, as the planner would keep no other.
 fn candidates(
-    conn: &Connection,
+    conn: &dyn Db,
     key: &PackKey,
     targets: &TargetsRow,
     binding: Binding,
 ) -> StoreResult<Vec<String>> {
-    let ids = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> StoreResult<Vec<String>> {
+    let ids = |sql: &str, p: &[Param<'_>]| -> StoreResult<Vec<String>> {
         query_all(conn, sql, p, |r| col::<String>(r, "agent_id"))
     };
     let bound = binding == Binding::Tenants;
@@ -249,16 +242,16 @@ fn candidates(
         TargetsRow::Labels(labels) => match labels.iter().next() {
             None if bound => ids(
                 "SELECT agent_id FROM agent_tenants WHERE tenant = ?1",
-                &[&key.tenant],
+                params![key.tenant],
             ),
             None => ids("SELECT id AS agent_id FROM agents", &[]),
             Some((k, v)) => ids(
                 "SELECT agent_id FROM ( \
                    SELECT agent_id FROM agent_own_labels WHERE key = ?1 AND value = ?2 \
                    UNION SELECT agent_id FROM agent_labels \
-                   WHERE tenant = ?3 AND key = ?1 AND value = ?2) \
-                 WHERE NOT ?4 OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)",
-                &[k, v, &key.tenant, &bound],
+                   WHERE tenant = ?3 AND key = ?1 AND value = ?2) AS labelled \
+                 WHERE ?4 = 0 OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)",
+                params![k, v, key.tenant, bound],
             ),
         },
     }
@@ -266,8 +259,8 @@ fn candidates(
 
 /// Re-plans pack `key` for every agent it may concern: its targets'
 /// candidates and the agents with a row for it.
-pub(super) fn replan_pack(
-    conn: &Connection,
+pub(crate) fn replan_pack(
+    conn: &dyn Db,
     key: &PackKey,
     binding: Binding,
     at_ns: i64,
@@ -308,8 +301,8 @@ pub(super) fn replan_pack(
 }
 
 /// Re-plans one (agent, pack) after the agent's answer.
-pub(super) fn replan_answer(
-    conn: &Connection,
+pub(crate) fn replan_answer(
+    conn: &dyn Db,
     a: &AnswerRow,
     binding: Binding,
 ) -> StoreResult<Option<DeliveryRow>> {

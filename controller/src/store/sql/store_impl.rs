@@ -1,13 +1,13 @@
-//! [`Store`] for [`SqliteStore`]: each method one read on the pool or one
-//! command on the writer.
+//! [`Store`] for every [`Engine`]: each method one read or one command
+//! on the engine's writer.
 
 use async_trait::async_trait;
-use rusqlite::params;
 
 use super::agents::{self, unknown_agent, update_agent};
-use super::codec::{Context, DELIVERY_COLUMNS, col, decode_delivery, query_all, u64_from_db};
+use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
+use super::db::{col, params, query_all, run};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
-use super::{SqliteStore, audit, packs, plan};
+use super::{Engine, audit, packs, plan};
 use crate::store::{
     AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState,
     FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, MAX_PAGE,
@@ -15,9 +15,9 @@ use crate::store::{
 };
 
 #[async_trait]
-impl Store for SqliteStore {
+impl<E: Engine> Store for E {
     async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
-        let binding = self.binding;
+        let binding = self.binding();
         self.write(move |conn| {
             agents::write_hello(conn, &hello)?;
             let agent =
@@ -45,9 +45,12 @@ impl Store for SqliteStore {
     /// actually received.
     async fn all_disconnected(&self) -> StoreResult<()> {
         self.write(|conn| {
-            conn.prepare_cached("UPDATE agents SET connected = 0 WHERE connected <> 0")
-                .and_then(|mut s| s.execute([]))
-                .ctx("mark agents disconnected")?;
+            run(
+                conn,
+                "mark agents disconnected",
+                "UPDATE agents SET connected = 0 WHERE connected <> 0",
+                &[],
+            )?;
             Ok(())
         })
         .await
@@ -72,7 +75,7 @@ impl Store for SqliteStore {
 
     async fn agents(&self, filter: AgentFilter) -> StoreResult<Vec<AgentRow>> {
         let mut filter = filter;
-        if self.binding == crate::store::Binding::Open {
+        if self.binding() == crate::store::Binding::Open {
             // Every agent serves every tenant.
             filter.tenant = None;
         }
@@ -94,7 +97,7 @@ impl Store for SqliteStore {
         at_ns: i64,
     ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        let binding = self.binding;
+        let binding = self.binding();
         self.write(move |conn| {
             agents::write_labels(conn, &id, &tenant, &set, &reset)?;
             let agent = agents::load_agent(conn, &id)?
@@ -113,7 +116,7 @@ impl Store for SqliteStore {
         at_ns: i64,
     ) -> StoreResult<Vec<DeliveryRow>> {
         let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        let binding = self.binding;
+        let binding = self.binding();
         self.write(move |conn| {
             agents::write_grant(conn, &id, &tenant, granted, at_ns)?;
             match agents::load_agent(conn, &id)? {
@@ -137,7 +140,7 @@ impl Store for SqliteStore {
 
     async fn cancel_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>> {
         let key = key.clone();
-        let binding = self.binding;
+        let binding = self.binding();
         self.write(move |conn| {
             if !packs::write_cancel(conn, &key, at_ns)? {
                 return Err(StoreError::NoSuchPack {
@@ -152,7 +155,7 @@ impl Store for SqliteStore {
 
     async fn reconcile_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>> {
         let key = key.clone();
-        let binding = self.binding;
+        let binding = self.binding();
         self.write(move |conn| plan::replan_pack(conn, &key, binding, at_ns))
             .await
     }
@@ -185,7 +188,7 @@ impl Store for SqliteStore {
         at_ns: i64,
     ) -> StoreResult<Vec<DeliveryRow>> {
         let id = id.to_owned();
-        let binding = self.binding;
+        let binding = self.binding();
         self.write(move |conn| {
             let agent = agents::load_agent(conn, &id)?.ok_or_else(|| unknown_agent(&id))?;
             plan::replan_agent(conn, &agent, Some(&held), binding, at_ns)
@@ -194,7 +197,7 @@ impl Store for SqliteStore {
     }
 
     async fn answer(&self, a: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
-        let binding = self.binding;
+        let binding = self.binding();
         self.write(move |conn| plan::replan_answer(conn, &a, binding))
             .await
     }
@@ -221,7 +224,7 @@ impl Store for SqliteStore {
             let sql = format!(
                 "SELECT {DELIVERY_COLUMNS} FROM deliveries \
                  WHERE tenant = ?1 AND pack = ?2 AND state <> 'local' \
-                 AND (?3 IS NULL OR version = ?3) AND (?4 IS NULL OR agent_id > ?4) \
+                 AND (CAST(?3 AS BIGINT) IS NULL OR version = ?3) AND (CAST(?4 AS TEXT) IS NULL OR agent_id > ?4) \
                  ORDER BY agent_id LIMIT ?5"
             );
             query_all(
@@ -242,7 +245,7 @@ impl Store for SqliteStore {
                 conn,
                 "SELECT state, COUNT(*) AS n FROM deliveries WHERE state <> 'local' \
                  GROUP BY state",
-                [],
+                &[],
                 |row| {
                     let state: String = col(row, "state")?;
                     let n: i64 = col(row, "n")?;
@@ -277,7 +280,7 @@ impl Store for SqliteStore {
     }
 
     async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>> {
-        self.read(move |conn| feedback::feedback_page(conn, filter))
+        self.read(move |conn| feedback::feedback_page(conn, &filter))
             .await
     }
 

@@ -1,62 +1,49 @@
 //! Packs and their versions.
 
-use rusqlite::{Connection, OptionalExtension, params};
-
 use super::codec::{
-    Context, col, decode_pack_version, query_all, targets_from_json, targets_json, to_db,
-    u32_from_db, u64_from_db, with_row,
+    decode_pack_version, targets_from_json, targets_json, to_db, u32_from_db, u64_from_db, with_row,
 };
+use super::db::{Db, col, params, query_all, query_first, run};
 use crate::store::{PackKey, PackSummaryRow, PackVersionRow, PutPack, StoreError, StoreResult};
 
 /// Stores a version: one conditional upsert of the pack row decides
 /// whether it is the newest (and locks the pack row in engines that lock
 /// rows); only then is its text compared with what is stored.
-pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<PutPack> {
+pub(crate) fn write_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPack> {
     let version = to_db(p.version, "pack version")?;
     let targets = targets_json(&p.targets)?;
-    let newest: Option<i64> = conn
-        .prepare_cached(
-            "INSERT INTO packs (tenant, pack, latest_version, cancelled_ns, targets, pushed_ns) \
+    let newest: Option<i64> = query_first(
+        conn,
+        "INSERT INTO packs (tenant, pack, latest_version, cancelled_ns, targets, pushed_ns) \
              VALUES (?1, ?2, ?3, NULL, ?4, ?5) \
              ON CONFLICT (tenant, pack) DO UPDATE SET latest_version = excluded.latest_version, \
              cancelled_ns = NULL, targets = excluded.targets, pushed_ns = excluded.pushed_ns \
              WHERE packs.latest_version < excluded.latest_version \
              RETURNING latest_version",
-        )
-        .and_then(|mut s| {
-            s.query_row(
-                params![p.tenant, p.pack, version, targets, p.pushed_ns],
-                |r| r.get(0),
-            )
-            .optional()
-        })
-        .ctx("store a pack")?;
+        params![p.tenant, p.pack, version, targets, p.pushed_ns],
+        |r| col(r, "latest_version"),
+    )?;
     let insert_version = || -> StoreResult<()> {
-        conn.prepare_cached(
+        run(
+            conn,
+            "store a pack version",
             "INSERT INTO pack_versions (tenant, pack, version, yaml, targets, pushed_ns) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                p.tenant,
-                p.pack,
-                version,
-                p.yaml,
-                targets,
-                p.pushed_ns
-            ])
-        })
-        .ctx("store a pack version")?;
+            params![p.tenant, p.pack, version, p.yaml, targets, p.pushed_ns],
+        )?;
         Ok(())
     };
     if newest.is_some() {
         insert_version()?;
         return Ok(PutPack::Stored);
     }
-    let latest: i64 = conn
-        .prepare_cached("SELECT latest_version FROM packs WHERE tenant = ?1 AND pack = ?2")
-        .and_then(|mut s| s.query_row(params![p.tenant, p.pack], |r| r.get(0)))
-        .ctx("look up a pack")?;
+    let latest: i64 = query_first(
+        conn,
+        "SELECT latest_version FROM packs WHERE tenant = ?1 AND pack = ?2",
+        params![p.tenant, p.pack],
+        |r| col(r, "latest_version"),
+    )?
+    .ok_or_else(|| StoreError::Backend(format!("pack {}/{} vanished", p.tenant, p.pack)))?;
     if latest > version {
         return Err(StoreError::VersionOlder {
             tenant: p.tenant.clone(),
@@ -65,15 +52,12 @@ pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<P
             latest: u64_from_db(latest, "latest version")?,
         });
     }
-    let yaml: Option<String> = conn
-        .prepare_cached(
-            "SELECT yaml FROM pack_versions WHERE tenant = ?1 AND pack = ?2 AND version = ?3",
-        )
-        .and_then(|mut s| {
-            s.query_row(params![p.tenant, p.pack, version], |r| r.get(0))
-                .optional()
-        })
-        .ctx("look up a pack version")?;
+    let yaml: Option<String> = query_first(
+        conn,
+        "SELECT yaml FROM pack_versions WHERE tenant = ?1 AND pack = ?2 AND version = ?3",
+        params![p.tenant, p.pack, version],
+        |r| col(r, "yaml"),
+    )?;
     match yaml {
         Some(y) if y == p.yaml => Ok(PutPack::Unchanged),
         Some(_) => Err(StoreError::VersionTaken {
@@ -83,12 +67,13 @@ pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<P
         }),
         // A withdrawn pack the store had lost: its version can be stored.
         None => {
-            conn.prepare_cached(
+            run(
+                conn,
+                "store a pack",
                 "UPDATE packs SET cancelled_ns = NULL, targets = ?3, pushed_ns = ?4 \
                  WHERE tenant = ?1 AND pack = ?2",
-            )
-            .and_then(|mut s| s.execute(params![p.tenant, p.pack, targets, p.pushed_ns]))
-            .ctx("store a pack")?;
+                params![p.tenant, p.pack, targets, p.pushed_ns],
+            )?;
             insert_version()?;
             Ok(PutPack::Stored)
         }
@@ -98,36 +83,40 @@ pub(super) fn write_pack(conn: &Connection, p: &PackVersionRow) -> StoreResult<P
 /// Marks a pack cancelled (the first instant stays). A pack the store
 /// does not know but agents hold gets a row with no version, withdrawn
 /// at the newest version held. `false`: neither known nor held.
-pub(super) fn write_cancel(conn: &Connection, key: &PackKey, at_ns: i64) -> StoreResult<bool> {
-    let n = conn
-        .prepare_cached(
-            "UPDATE packs SET cancelled_ns = COALESCE(cancelled_ns, ?3) \
-             WHERE tenant = ?1 AND pack = ?2",
-        )
-        .and_then(|mut s| s.execute(params![key.tenant, key.pack, at_ns]))
-        .ctx("cancel a pack")?;
+pub(crate) fn write_cancel(conn: &dyn Db, key: &PackKey, at_ns: i64) -> StoreResult<bool> {
+    let n = run(
+        conn,
+        "cancel a pack",
+        "UPDATE packs SET cancelled_ns = COALESCE(cancelled_ns, ?3) \
+         WHERE tenant = ?1 AND pack = ?2",
+        params![key.tenant, key.pack, at_ns],
+    )?;
     if n > 0 {
         return Ok(true);
     }
-    let held: Option<i64> = conn
-        .prepare_cached("SELECT MAX(held_version) FROM deliveries WHERE tenant = ?1 AND pack = ?2")
-        .and_then(|mut s| s.query_row(params![key.tenant, key.pack], |r| r.get(0)))
-        .ctx("look up who holds a pack")?;
+    let held: Option<i64> = query_first(
+        conn,
+        "SELECT MAX(held_version) AS held FROM deliveries WHERE tenant = ?1 AND pack = ?2",
+        params![key.tenant, key.pack],
+        |r| col(r, "held"),
+    )?
+    .flatten();
     let Some(held) = held else {
         return Ok(false);
     };
     let nobody = targets_json(&crate::store::TargetsRow::Nobody)?;
-    conn.prepare_cached(
+    run(
+        conn,
+        "withdraw a pack the store did not know",
         "INSERT INTO packs (tenant, pack, latest_version, cancelled_ns, targets, pushed_ns) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?4)",
-    )
-    .and_then(|mut s| s.execute(params![key.tenant, key.pack, held, at_ns, nobody]))
-    .ctx("withdraw a pack the store did not know")?;
+        params![key.tenant, key.pack, held, at_ns, nobody],
+    )?;
     Ok(true)
 }
 
 /// Every pack (of one tenant, or all) with its delivery counts: one query.
-pub(super) fn packs(conn: &Connection, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>> {
+pub(crate) fn packs(conn: &dyn Db, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>> {
     query_all(
         conn,
         "SELECT p.tenant, p.pack, p.latest_version, p.targets, p.pushed_ns, p.cancelled_ns, \
@@ -136,10 +125,10 @@ pub(super) fn packs(conn: &Connection, tenant: Option<&str>) -> StoreResult<Vec<
          COALESCE(SUM(CASE WHEN d.version = p.latest_version AND d.state = 'pending' THEN 1 ELSE 0 END), 0) AS pending, \
          COALESCE(SUM(CASE WHEN d.held_version > p.latest_version THEN 1 ELSE 0 END), 0) AS ahead \
          FROM packs p LEFT JOIN deliveries d ON d.tenant = p.tenant AND d.pack = p.pack \
-         WHERE ?1 IS NULL OR p.tenant = ?1 \
+         WHERE CAST(?1 AS TEXT) IS NULL OR p.tenant = ?1 \
          GROUP BY p.tenant, p.pack, p.latest_version, p.targets, p.pushed_ns, p.cancelled_ns \
          ORDER BY p.tenant, p.pack",
-        [tenant],
+        params![tenant],
         |row| {
             let tenant: String = col(row, "tenant")?;
             let pack: String = col(row, "pack")?;
@@ -162,8 +151,8 @@ pub(super) fn packs(conn: &Connection, tenant: Option<&str>) -> StoreResult<Vec<
     )
 }
 
-pub(super) fn pack_version(
-    conn: &Connection,
+pub(crate) fn pack_version(
+    conn: &dyn Db,
     key: &PackKey,
     version: Option<i64>,
 ) -> StoreResult<Option<PackVersionRow>> {

@@ -7,33 +7,22 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use baton_proto::wire;
-use rusqlite::types::FromSql;
-use rusqlite::{Connection, Row};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub(crate) use super::db::with_row;
+use super::db::{Row, col};
 use crate::store::{
     ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, Held, Intent, PackVersionRow,
     Refusal, StoreError, StoreResult, TargetsRow,
 };
 
-pub(super) fn backend(what: &str, e: impl fmt::Display) -> StoreError {
+pub(crate) fn backend(what: &str, e: impl fmt::Display) -> StoreError {
     StoreError::Backend(format!("{what}: {e}"))
 }
 
-/// `?` with a word on what was being done.
-pub(super) trait Context<T> {
-    fn ctx(self, what: &str) -> StoreResult<T>;
-}
-
-impl<T> Context<T> for rusqlite::Result<T> {
-    fn ctx(self, what: &str) -> StoreResult<T> {
-        self.map_err(|e| backend(what, e))
-    }
-}
-
 /// A u64 as BIGINT; values past `i64::MAX` are refused, never wrapped.
-pub(super) fn to_db(v: u64, what: &str) -> StoreResult<i64> {
+pub(crate) fn to_db(v: u64, what: &str) -> StoreResult<i64> {
     i64::try_from(v).map_err(|_| {
         StoreError::Backend(format!(
             "{what} {v} is larger than {} and cannot be stored",
@@ -42,49 +31,20 @@ pub(super) fn to_db(v: u64, what: &str) -> StoreResult<i64> {
     })
 }
 
-pub(super) fn u64_from_db(v: i64, what: &str) -> StoreResult<u64> {
+pub(crate) fn u64_from_db(v: i64, what: &str) -> StoreResult<u64> {
     u64::try_from(v).map_err(|_| StoreError::Backend(format!("stored {what} is negative: {v}")))
 }
 
-pub(super) fn u32_from_db(v: i64, what: &str) -> StoreResult<u32> {
+pub(crate) fn u32_from_db(v: i64, what: &str) -> StoreResult<u32> {
     u32::try_from(v).map_err(|_| StoreError::Backend(format!("stored {what} is not a u32: {v}")))
 }
 
-/// A column by name, a decode failure as a typed error.
-pub(super) fn col<T: FromSql>(row: &Row<'_>, name: &str) -> StoreResult<T> {
-    row.get(name)
-        .map_err(|e| StoreError::Backend(format!("column {name}: {e}")))
-}
-
-pub(super) fn to_json<T: Serialize>(v: &T, what: &str) -> StoreResult<String> {
+pub(crate) fn to_json<T: Serialize>(v: &T, what: &str) -> StoreResult<String> {
     serde_json::to_string(v).map_err(|e| backend(&format!("encode {what}"), e))
 }
 
-pub(super) fn from_json<T: DeserializeOwned>(s: &str, what: &str) -> StoreResult<T> {
+pub(crate) fn from_json<T: DeserializeOwned>(s: &str, what: &str) -> StoreResult<T> {
     serde_json::from_str(s).map_err(|e| backend(&format!("decode stored {what}"), e))
-}
-
-pub(super) fn with_row<T>(what: impl fmt::Display, r: StoreResult<T>) -> StoreResult<T> {
-    r.map_err(|e| match e {
-        StoreError::Backend(m) => StoreError::Backend(format!("{what}: {m}")),
-        other => other,
-    })
-}
-
-/// Runs a query and decodes every row.
-pub(super) fn query_all<T>(
-    conn: &Connection,
-    sql: &str,
-    params: impl rusqlite::Params,
-    decode: impl Fn(&Row<'_>) -> StoreResult<T>,
-) -> StoreResult<Vec<T>> {
-    let mut stmt = conn.prepare_cached(sql).ctx("prepare a query")?;
-    let mut rows = stmt.query(params).ctx("run a query")?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next().ctx("read a row")? {
-        out.push(decode(row)?);
-    }
-    Ok(out)
 }
 
 /// [`ErrorRow`] as stored in `deliveries.refused_errors`.
@@ -106,7 +66,7 @@ enum TargetsJson {
     Labels { labels: BTreeMap<String, String> },
 }
 
-pub(super) fn targets_json(t: &TargetsRow) -> StoreResult<String> {
+pub(crate) fn targets_json(t: &TargetsRow) -> StoreResult<String> {
     let v = match t {
         TargetsRow::Nobody => TargetsJson::Nobody,
         TargetsRow::Agents(ids) => TargetsJson::Agents { ids: ids.clone() },
@@ -117,7 +77,7 @@ pub(super) fn targets_json(t: &TargetsRow) -> StoreResult<String> {
     to_json(&v, "targets")
 }
 
-pub(super) fn targets_from_json(s: &str) -> StoreResult<TargetsRow> {
+pub(crate) fn targets_from_json(s: &str) -> StoreResult<TargetsRow> {
     Ok(match from_json(s, "targets")? {
         TargetsJson::Nobody => TargetsRow::Nobody,
         TargetsJson::Agents { ids } => TargetsRow::Agents(ids),
@@ -125,7 +85,7 @@ pub(super) fn targets_from_json(s: &str) -> StoreResult<TargetsRow> {
     })
 }
 
-pub(super) fn errors_json(errors: &[ErrorRow]) -> StoreResult<String> {
+pub(crate) fn errors_json(errors: &[ErrorRow]) -> StoreResult<String> {
     let v: Vec<ErrorJson> = errors
         .iter()
         .map(|e| ErrorJson {
@@ -150,10 +110,10 @@ fn errors_from_json(s: &str) -> StoreResult<Vec<ErrorRow>> {
         .collect())
 }
 
-pub(super) const CLOCK_COLUMNS: &str =
+pub(crate) const CLOCK_COLUMNS: &str =
     "source, state, offset_ns, jitter_ns, uncertainty_ns, frequency_ppm, at_ns";
 
-pub(super) fn decode_clock(row: &Row<'_>) -> StoreResult<ClockRow> {
+pub(crate) fn decode_clock(row: &dyn Row) -> StoreResult<ClockRow> {
     Ok(ClockRow {
         source: col(row, "source")?,
         state: col(row, "state")?,
@@ -165,7 +125,7 @@ pub(super) fn decode_clock(row: &Row<'_>) -> StoreResult<ClockRow> {
     })
 }
 
-pub(super) fn decode_pack_version(row: &Row<'_>) -> StoreResult<PackVersionRow> {
+pub(crate) fn decode_pack_version(row: &dyn Row) -> StoreResult<PackVersionRow> {
     let tenant: String = col(row, "tenant")?;
     let pack: String = col(row, "pack")?;
     let version: i64 = col(row, "version")?;
@@ -182,11 +142,11 @@ pub(super) fn decode_pack_version(row: &Row<'_>) -> StoreResult<PackVersionRow> 
     with_row(format_args!("pack {tenant}/{pack} v{version}"), r)
 }
 
-pub(super) const DELIVERY_COLUMNS: &str = "agent_id, tenant, pack, version, intent, held_version, \
+pub(crate) const DELIVERY_COLUMNS: &str = "agent_id, tenant, pack, version, intent, held_version, \
      held_stopped, refused_version, refused_last, refused_message, refused_errors, state, reason, \
      attempts, updated_ns";
 
-pub(super) fn decode_delivery(row: &Row<'_>) -> StoreResult<DeliveryRow> {
+pub(crate) fn decode_delivery(row: &dyn Row) -> StoreResult<DeliveryRow> {
     let agent_id: String = col(row, "agent_id")?;
     let tenant: String = col(row, "tenant")?;
     let pack: String = col(row, "pack")?;
@@ -233,7 +193,7 @@ pub(super) fn decode_delivery(row: &Row<'_>) -> StoreResult<DeliveryRow> {
 
 /// The execution id a row spells without storing it: `None` when the row
 /// has no occurrence to name.
-pub(super) fn canonical_execution_id(r: &FeedbackRow) -> Option<String> {
+pub(crate) fn canonical_execution_id(r: &FeedbackRow) -> Option<String> {
     let occ = r.occurrence_ns?;
     Some(format!(
         "{}/{}/v{}/{}/{occ}/a{}",
@@ -242,13 +202,13 @@ pub(super) fn canonical_execution_id(r: &FeedbackRow) -> Option<String> {
 }
 
 /// Feedback columns, `f` the feedback table, `j` its journal.
-pub(super) const FEEDBACK_COLUMNS: &str = "f.id, j.agent_id, j.journal_id, f.seq, f.tenant, \
+pub(crate) const FEEDBACK_COLUMNS: &str = "f.id, j.agent_id, j.journal_id, f.seq, f.tenant, \
      f.pack, f.version, f.instruction, f.execution_id, f.occurrence_ns, f.attempt, \
      f.scheduled_ns, f.actual_ns, f.lateness_ns, f.outcome, f.reason, f.event, f.action, \
      f.detail, f.value, f.dropped_before, f.uncertainty_ns, f.clock_source, f.clock_state, \
      f.received_ns";
 
-pub(super) fn decode_feedback(row: &Row<'_>) -> StoreResult<FeedbackRow> {
+pub(crate) fn decode_feedback(row: &dyn Row) -> StoreResult<FeedbackRow> {
     let agent_id: String = col(row, "agent_id")?;
     let journal_id: String = col(row, "journal_id")?;
     let seq: i64 = col(row, "seq")?;

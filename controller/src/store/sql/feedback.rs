@@ -1,13 +1,8 @@
 //! Feedback: stored once per (journal, seq), numbered by the database,
 //! read one page at a time, deleted oldest first by retention.
 
-use rusqlite::types::Value;
-use rusqlite::{Connection, params};
-
-use super::codec::{
-    Context, FEEDBACK_COLUMNS, backend, canonical_execution_id, decode_feedback, query_all, to_db,
-    u64_from_db,
-};
+use super::codec::{FEEDBACK_COLUMNS, canonical_execution_id, decode_feedback, to_db, u64_from_db};
+use super::db::{Db, Param, col, params, query_all, query_first, run, with_row};
 use crate::store::{
     FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
 };
@@ -19,10 +14,7 @@ use crate::store::{
 /// count of drops a re-sent entry now carries (the agent attaches the
 /// count to the first entry it sends after the drops, which may be one
 /// already sent) is kept on the stored row.
-pub(super) fn write_feedback(
-    conn: &Connection,
-    rows: &[FeedbackRow],
-) -> StoreResult<FeedbackStored> {
+pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored> {
     let mut out = FeedbackStored::default();
     let Some(first) = rows.first() else {
         return Ok(out);
@@ -40,33 +32,32 @@ pub(super) fn write_feedback(
             to_db(r.dropped_before, "feedback dropped_before")?,
         ));
     }
-    conn.prepare_cached(
-        "INSERT INTO journals (agent_id, journal_id, acked_seq) VALUES (?1, ?2, 0) \
-         ON CONFLICT (agent_id, journal_id) DO NOTHING",
-    )
-    .and_then(|mut s| s.execute(params![first.agent_id, first.journal_id]))
-    .ctx("store a journal")?;
-    let (journal, acked): (i64, i64) = conn
-        .prepare_cached(
-            "SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2",
-        )
-        .and_then(|mut s| {
-            s.query_row(params![first.agent_id, first.journal_id], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-        })
-        .ctx("look up a journal")?;
-    let mut stmt = conn
-        .prepare_cached(
-            "INSERT INTO feedback (journal, seq, tenant, pack, version, instruction, \
-             execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, outcome, \
-             reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
-             clock_state, received_ns) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21, ?22, ?23) \
-             ON CONFLICT (journal, seq) DO NOTHING",
-        )
-        .ctx("prepare the feedback insert")?;
+    // Looked up before it is inserted: an engine whose ids come from a
+    // sequence spends one on every insert that conflicts.
+    let journal_sql = "SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2";
+    let journal_params = params![first.agent_id, first.journal_id];
+    let decode = |r: &dyn super::db::Row| Ok((col::<i64>(r, "id")?, col::<i64>(r, "acked_seq")?));
+    let found = query_first(conn, journal_sql, journal_params, decode)?;
+    let (journal, acked) = match found {
+        Some(j) => j,
+        None => {
+            run(
+                conn,
+                "store a journal",
+                "INSERT INTO journals (agent_id, journal_id, acked_seq) VALUES (?1, ?2, 0)",
+                journal_params,
+            )?;
+            query_first(conn, journal_sql, journal_params, decode)?
+                .ok_or_else(|| StoreError::Backend("a journal stored is not found".into()))?
+        }
+    };
+    const INSERT: &str = "INSERT INTO feedback (journal, seq, tenant, pack, version, instruction, \
+         execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, outcome, \
+         reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
+         clock_state, received_ns) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+         ?18, ?19, ?20, ?21, ?22, ?23) \
+         ON CONFLICT (journal, seq) DO NOTHING";
     let mut high = acked;
     for (r, (seq, version, dropped_before)) in rows.iter().zip(checked) {
         if seq <= acked {
@@ -74,12 +65,13 @@ pub(super) fn write_feedback(
             // agent's seqs only grow, so this is a re-send.
             out.duplicates += 1;
             if dropped_before > 0 {
-                conn.prepare_cached(
+                run(
+                    conn,
+                    "keep a re-sent entry's count of drops",
                     "UPDATE feedback SET dropped_before = ?3 \
                      WHERE journal = ?1 AND seq = ?2 AND dropped_before < ?3",
-                )
-                .and_then(|mut s| s.execute(params![journal, seq, dropped_before]))
-                .ctx("keep a re-sent entry's count of drops")?;
+                    params![journal, seq, dropped_before],
+                )?;
             }
             continue;
         }
@@ -88,8 +80,9 @@ pub(super) fn write_feedback(
             Some(c) if c == r.execution_id => None,
             _ => Some(r.execution_id.as_str()),
         };
-        let n = stmt
-            .execute(params![
+        let n = conn.execute(
+            INSERT,
+            params![
                 journal,
                 seq,
                 r.tenant,
@@ -113,13 +106,12 @@ pub(super) fn write_feedback(
                 r.clock_source as i32,
                 r.clock_state as i32,
                 r.received_ns
-            ])
-            .map_err(|e| {
-                backend(
-                    &format!("store feedback {}/{}#{}", r.agent_id, r.journal_id, r.seq),
-                    e,
-                )
-            })?;
+            ],
+        );
+        let n = with_row(
+            format_args!("store feedback {}/{}#{}", r.agent_id, r.journal_id, r.seq),
+            n,
+        )?;
         if n == 0 {
             out.duplicates += 1;
         } else {
@@ -128,33 +120,32 @@ pub(super) fn write_feedback(
         high = high.max(seq);
     }
     if high > acked {
-        conn.prepare_cached("UPDATE journals SET acked_seq = ?2 WHERE id = ?1 AND acked_seq < ?2")
-            .and_then(|mut s| s.execute(params![journal, high]))
-            .ctx("store a journal's acked seq")?;
+        run(
+            conn,
+            "store a journal's acked seq",
+            "UPDATE journals SET acked_seq = ?2 WHERE id = ?1 AND acked_seq < ?2",
+            params![journal, high],
+        )?;
     }
     out.acked_seq = u64_from_db(high, "acked seq")?;
     Ok(out)
 }
 
-pub(super) fn feedback_acked(
-    conn: &Connection,
-    agent_id: &str,
-    journal_id: &str,
-) -> StoreResult<u64> {
-    let v: Option<i64> = conn
-        .prepare_cached(
-            "SELECT MAX(acked_seq) FROM journals WHERE agent_id = ?1 AND journal_id = ?2",
-        )
-        .and_then(|mut s| s.query_row(params![agent_id, journal_id], |r| r.get(0)))
-        .ctx("read the acked feedback seq")?;
+pub(crate) fn feedback_acked(conn: &dyn Db, agent_id: &str, journal_id: &str) -> StoreResult<u64> {
+    let v = query_first(
+        conn,
+        "SELECT acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2",
+        params![agent_id, journal_id],
+        |r| col::<i64>(r, "acked_seq"),
+    )?;
     u64_from_db(v.unwrap_or(0), "acked seq")
 }
 
 /// One page, in storage order.
-pub(super) fn feedback_page(conn: &Connection, f: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>> {
-    let mut args: Vec<Value> = Vec::new();
+pub(crate) fn feedback_page(conn: &dyn Db, f: &FeedbackFilter) -> StoreResult<Vec<FeedbackRow>> {
+    let mut args: Vec<Param<'_>> = Vec::new();
     let mut clauses: Vec<String> = Vec::new();
-    let mut add = |clause: &str, v: Value| {
+    let mut add = |clause: &str, v| {
         args.push(v);
         clauses.push(clause.replace('?', &format!("?{}", args.len())));
     };
@@ -162,60 +153,56 @@ pub(super) fn feedback_page(conn: &Connection, f: FeedbackFilter) -> StoreResult
     let Ok(after_id) = i64::try_from(f.after_id) else {
         return Ok(Vec::new());
     };
-    add("f.id > ?", Value::Integer(after_id));
-    if let Some(t) = f.tenant {
-        add("f.tenant = ?", Value::Text(t));
+    add("f.id > ?", Param::Int(after_id));
+    if let Some(t) = &f.tenant {
+        add("f.tenant = ?", Param::Text(t));
     }
-    if let Some(p) = f.pack {
-        add("f.pack = ?", Value::Text(p));
+    if let Some(p) = &f.pack {
+        add("f.pack = ?", Param::Text(p));
     }
-    if let Some(a) = f.agent_id {
+    if let Some(a) = &f.agent_id {
         add(
             "f.journal IN (SELECT id FROM journals WHERE agent_id = ?)",
-            Value::Text(a),
+            Param::Text(a),
         );
     }
     if let Some(s) = f.since_ns {
-        add("f.received_ns >= ?", Value::Integer(s));
+        add("f.received_ns >= ?", Param::Int(s));
     }
-    args.push(Value::Integer(i64::from(page(f.limit, MAX_PAGE))));
+    args.push(Param::Int(i64::from(page(f.limit, MAX_PAGE))));
     let sql = format!(
         "SELECT {FEEDBACK_COLUMNS} FROM feedback f JOIN journals j ON j.id = f.journal \
          WHERE {} ORDER BY f.id LIMIT ?{}",
         clauses.join(" AND "),
         args.len()
     );
-    query_all(
-        conn,
-        &sql,
-        rusqlite::params_from_iter(args),
-        decode_feedback,
-    )
+    query_all(conn, &sql, &args, decode_feedback)
 }
 
 /// Deletes up to `max` rows matching `pick` (a subquery naming key
 /// columns, oldest first); how many went.
-pub(super) fn delete_oldest(
-    conn: &Connection,
+pub(crate) fn delete_oldest(
+    conn: &dyn Db,
     sql: &str,
     before_ns: i64,
     max: u32,
 ) -> StoreResult<u64> {
-    let n = conn
-        .prepare_cached(sql)
-        .and_then(|mut s| s.execute(params![before_ns, i64::from(max)]))
-        .ctx("delete old rows")?;
-    Ok(n as u64)
+    run(
+        conn,
+        "delete old rows",
+        sql,
+        params![before_ns, i64::from(max)],
+    )
 }
 
 /// Retention's statements: each deletes the oldest `?2` rows older than
 /// `?1` through the index on their instant, so a sweep never scans what it
 /// keeps. Ties are broken by the rest of the index's key (the id, the
 /// agent), so which rows go is defined, as in every store.
-pub(super) const DELETE_FEEDBACK: &str = "DELETE FROM feedback WHERE id IN \
+pub(crate) const DELETE_FEEDBACK: &str = "DELETE FROM feedback WHERE id IN \
      (SELECT id FROM feedback WHERE received_ns < ?1 ORDER BY received_ns, id LIMIT ?2)";
-pub(super) const DELETE_CLOCK: &str = "DELETE FROM clock_reports WHERE (agent_id, at_ns) IN \
+pub(crate) const DELETE_CLOCK: &str = "DELETE FROM clock_reports WHERE (agent_id, at_ns) IN \
      (SELECT agent_id, at_ns FROM clock_reports WHERE at_ns < ?1 \
      ORDER BY at_ns, agent_id LIMIT ?2)";
-pub(super) const DELETE_AUDIT: &str = "DELETE FROM audit WHERE id IN \
+pub(crate) const DELETE_AUDIT: &str = "DELETE FROM audit WHERE id IN \
      (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns, id LIMIT ?2)";

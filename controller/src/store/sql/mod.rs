@@ -1,0 +1,55 @@
+//! The store in SQL, once for every engine: the statements, the row
+//! decoders and the decisions' glue (`plan`), written against [`db::Db`]
+//! (run a query, run a statement). An engine ([`Engine`]) supplies the
+//! connections and the one thing SQL cannot say portably: where the
+//! writes are serialised. With that, [`crate::store::Store`] is
+//! implemented for it here.
+//!
+//! The SQL is the subset SQLite and PostgreSQL both accept: `?N`
+//! placeholders (rewritten to `$N` for PostgreSQL), `ON CONFLICT`,
+//! `RETURNING`, `COALESCE`, row values, derived tables with an alias, and
+//! an optional filter spelled `CAST(?N AS TEXT) IS NULL OR …` (PostgreSQL
+//! cannot type a parameter seen first in `IS NULL`). Integers are bound
+//! and read as 64-bit; an engine narrows them to its column types.
+
+pub(crate) mod agents;
+pub(crate) mod audit;
+pub(crate) mod codec;
+pub mod db;
+pub(crate) mod feedback;
+pub(crate) mod packs;
+pub(crate) mod plan;
+mod store_impl;
+
+use std::future::Future;
+
+use super::{Binding, StoreResult};
+
+/// What an engine gives the shared SQL: a writer whose commands are
+/// serialised (each sees the ones committed before it, and decisions
+/// never race) and committed before they are answered, and reads beside
+/// it.
+pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
+    /// How decisions bind agents to tenants.
+    fn binding(&self) -> Binding;
+
+    /// Runs `f` in the writer's serialisation point; its result once
+    /// committed (a failed `f` leaves no trace).
+    fn write<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+
+    /// [`Engine::write`] for work that may wait for company (retention):
+    /// an engine may run it with the next batch of other writes.
+    fn write_background<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+
+    /// Runs `f` on a read connection, off the async runtime.
+    fn read<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+}
