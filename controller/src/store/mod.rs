@@ -27,6 +27,7 @@ pub mod memory;
 mod migrations;
 pub mod sql;
 pub mod sqlite;
+mod writer;
 
 #[cfg(test)]
 pub(crate) mod contract;

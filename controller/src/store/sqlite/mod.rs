@@ -2,19 +2,12 @@
 //!
 //! # Shape
 //!
-//! * **One writer.** SQLite serialises writers anyway; a dedicated OS
-//!   thread owns the only write connection, so nothing ever waits on a
-//!   `SQLITE_BUSY` lock. Callers send it closures over a *bounded* channel
-//!   (a flood of writes pushes back on the senders instead of growing
-//!   memory) and await a oneshot answer.
-//! * **Group commit.** The writer takes everything queued (up to
-//!   [`MAX_BATCH`] commands) and runs it in one transaction, each command
-//!   in its own savepoint: a command that fails or is refused leaves no
-//!   trace and does not disturb its neighbours. Every caller is answered
-//!   only after the `COMMIT` returned, so `Ok` means "on disk"; a failed
-//!   commit answers every caller of that batch with the error. With
-//!   `synchronous=FULL` one fsync covers the whole batch, which is what
-//!   makes thousands of small feedback batches per second affordable.
+//! * **One writer** ([`super::writer`]): SQLite serialises writers
+//!   anyway; a dedicated thread owns the only write connection, so nothing
+//!   ever waits on a `SQLITE_BUSY` lock, and group-commits up to
+//!   [`MAX_BATCH`] commands per transaction, each in its own savepoint.
+//!   With `synchronous=FULL` one fsync covers the whole batch, which is
+//!   what makes thousands of small feedback batches per second affordable.
 //! * **Reads beside it.** WAL lets readers run while the writer commits.
 //!   Reads take a connection from a small pool inside
 //!   [`tokio::task::spawn_blocking`], so neither reads nor writes block
@@ -34,34 +27,24 @@ mod conn;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
-use tokio::sync::{mpsc, oneshot};
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
 use super::sql::Engine;
 use super::sql::codec::{self, backend};
 use super::sql::db::{self, Db};
+pub use super::writer::{BACKGROUND_WAIT, WriterStats};
+use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
 use conn::Context;
 
 /// The database file's name inside the data directory.
 pub const DB_FILE: &str = "controller.db";
-
-/// Commands that may wait for the writer. Past this, senders wait
-/// (back-pressure) rather than queue without bound.
-const QUEUE_DEPTH: usize = 1024;
-
-/// How long background work (retention) waits for other writes to share
-/// a commit with before it runs alone.
-pub const BACKGROUND_WAIT: Duration = Duration::from_millis(50);
 
 /// Commands per transaction at most: bounds the time one commit holds
 /// the write lock and the work lost to one failed commit.
@@ -85,19 +68,9 @@ const STATEMENT_CACHE: usize = 64;
 /// and is joined.
 #[derive(Clone)]
 pub struct SqliteStore {
-    writer: Arc<Writer>,
+    writer: Arc<Writer<Connection>>,
     readers: Arc<ReadPool>,
     binding: Binding,
-}
-
-/// Counts of committed work, for metrics and tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WriterStats {
-    /// Transactions committed.
-    pub batches: u64,
-    /// Commands answered from committed transactions (refused ones
-    /// included).
-    pub commands: u64,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -131,19 +104,9 @@ impl SqliteStore {
         // Fail now, not on the first read, if a reader cannot open.
         readers.with(|_| Ok(()))?;
 
-        let stats = Arc::new(Stats::default());
-        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-        let thread_stats = Arc::clone(&stats);
-        let thread = std::thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || writer_loop(conn, rx, &thread_stats))
-            .map_err(|e| backend("start the store writer thread", e))?;
+        let writer = Writer::start("store-writer", SqliteBatches(conn), MAX_BATCH)?;
         Ok(SqliteStore {
-            writer: Arc::new(Writer {
-                tx: Some(tx),
-                thread: Some(thread),
-                stats,
-            }),
+            writer: Arc::new(writer),
             readers,
             binding,
         })
@@ -151,10 +114,7 @@ impl SqliteStore {
 
     /// What the writer has committed so far.
     pub fn stats(&self) -> WriterStats {
-        WriterStats {
-            batches: self.writer.stats.batches.load(Ordering::Relaxed),
-            commands: self.writer.stats.commands.load(Ordering::Relaxed),
-        }
+        self.writer.stats()
     }
 
     /// Stops the writer once everything queued before this call is
@@ -162,31 +122,7 @@ impl SqliteStore {
     /// [`StoreError::Closed`]. Reads keep working. For an orderly shutdown
     /// that does not depend on when the last clone is dropped.
     pub async fn close(&self) {
-        let Some(tx) = self.writer.tx.as_ref() else {
-            return;
-        };
-        let (reply, done) = oneshot::channel();
-        if tx.send(Msg::Close(reply)).await.is_ok() {
-            // An error here means the writer stopped anyway.
-            let _ = done.await;
-        }
-    }
-
-    /// Queues `f` for the writer as `kind` and waits for its answer.
-    async fn submit<T, F>(&self, kind: fn(Box<dyn Job>) -> Msg, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
-    {
-        let tx = self.writer.tx.as_ref().ok_or(StoreError::Closed)?;
-        let (reply, answer) = oneshot::channel();
-        let job = Box::new(Call {
-            f: Some(f),
-            out: None,
-            reply,
-        });
-        tx.send(kind(job)).await.map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.writer.close().await;
     }
 
     /// [`Engine::write`] on the connection itself (tests reach under the
@@ -197,7 +133,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
-        self.submit(Msg::Job, f).await
+        self.writer.write(f).await
     }
 
     /// [`Engine::read`] on the connection itself.
@@ -216,10 +152,7 @@ impl SqliteStore {
     /// Commands waiting for the writer (tests drive batching with it).
     #[cfg(test)]
     fn queued(&self) -> usize {
-        self.writer
-            .tx
-            .as_ref()
-            .map_or(0, |tx| tx.max_capacity() - tx.capacity())
+        self.writer.queued()
     }
 }
 
@@ -234,7 +167,7 @@ impl Engine for SqliteStore {
         T: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
-        self.submit(Msg::Job, move |c: &Connection| f(c)).await
+        self.writer.write(move |c: &Connection| f(c)).await
     }
 
     /// Joins the next batch of other writes (at most one such command per
@@ -245,7 +178,8 @@ impl Engine for SqliteStore {
         T: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
-        self.submit(Msg::Background, move |c: &Connection| f(c))
+        self.writer
+            .write_background(move |c: &Connection| f(c))
             .await
     }
 
@@ -263,203 +197,34 @@ impl Engine for SqliteStore {
 }
 
 // ---------------------------------------------------------------------------
-// The writer thread.
+// Batches.
 
-/// The writer's handle: dropping the last one stops and joins the thread.
-struct Writer {
-    /// `None` only while dropping.
-    tx: Option<mpsc::Sender<Msg>>,
-    thread: Option<JoinHandle<()>>,
-    stats: Arc<Stats>,
-}
+/// The write connection, running the writer's batches.
+struct SqliteBatches(Connection);
 
-impl Drop for Writer {
-    fn drop(&mut self) {
-        // Closing the channel lets the writer drain what is queued and
-        // return.
-        self.tx = None;
-        if let Some(thread) = self.thread.take() {
-            // A write closure that owned the last handle would drop it on
-            // the writer itself; joining oneself would never return.
-            if thread.thread().id() == std::thread::current().id() {
-                return;
-            }
-            if thread.join().is_err() {
-                tracing::error!("store writer thread panicked");
-            }
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Stats {
-    batches: AtomicU64,
-    commands: AtomicU64,
-}
-
-enum Msg {
-    Job(Box<dyn Job>),
-    /// Work that need not be fast (retention): it rides the next commit of
-    /// other writes instead of costing a commit (an fsync) of its own.
-    Background(Box<dyn Job>),
-    /// Stop after the commands queued before this one; answer when done.
-    Close(oneshot::Sender<()>),
-}
-
-/// A write command, type-erased so one channel carries them all.
-trait Job: Send {
-    /// Runs inside the batch transaction; `Err` (its error, as text) if
-    /// it failed, and its savepoint is then rolled back.
-    fn run(&mut self, conn: &Connection) -> Result<(), String>;
-    /// Tells the caller: its own result if the batch committed, else the
-    /// batch's error.
-    fn answer(self: Box<Self>, batch: Result<(), &str>);
-}
-
-struct Call<T, F> {
-    f: Option<F>,
-    out: Option<StoreResult<T>>,
-    reply: oneshot::Sender<StoreResult<T>>,
-}
-
-impl<T, F> Job for Call<T, F>
-where
-    T: Send,
-    F: FnOnce(&Connection) -> StoreResult<T> + Send,
-{
-    fn run(&mut self, conn: &Connection) -> Result<(), String> {
-        let out = match self.f.take() {
-            Some(f) => f(conn),
-            None => Err(StoreError::Backend("a write ran twice".into())),
-        };
-        let status = match &out {
-            Ok(_) => Ok(()),
-            Err(e) => Err(e.to_string()),
-        };
-        self.out = Some(out);
-        status
+impl Batches<Connection> for SqliteBatches {
+    fn run(&mut self, batch: &mut Batch<Connection>) -> Result<(), String> {
+        execute_batch(&self.0, batch)
     }
 
-    fn answer(self: Box<Self>, batch: Result<(), &str>) {
-        let Call { out, reply, .. } = *self;
-        let out = match batch {
-            Err(e) => Err(StoreError::Backend(e.to_owned())),
-            Ok(()) => out.unwrap_or_else(|| Err(StoreError::Backend("a write never ran".into()))),
-        };
-        // The caller may have stopped waiting; the write stands regardless.
-        let _ = reply.send(out);
-    }
-}
-
-fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Msg>, stats: &Stats) {
-    let mut msgs: Vec<Msg> = Vec::with_capacity(MAX_BATCH);
-    let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
-    let mut parked: VecDeque<Box<dyn Job>> = VecDeque::new();
-    let mut closing: Option<oneshot::Sender<()>> = None;
-    let mut alive = true;
-    while alive && closing.is_none() {
-        let waited = !parked.is_empty();
-        let got = if parked.is_empty() {
-            rx.blocking_recv_many(&mut msgs, MAX_BATCH)
-        } else {
-            recv_within(&mut rx, &mut msgs, BACKGROUND_WAIT)
-        };
-        if got == 0 && parked.is_empty() {
-            break; // every handle is gone and the queue is empty
-        }
-        // Nothing else came within the wait: a background command runs
-        // alone.
-        let alone = waited && got == 0;
-        for msg in msgs.drain(..) {
-            match msg {
-                Msg::Job(job) if closing.is_none() => batch.push(job),
-                Msg::Background(job) if closing.is_none() => parked.push_back(job),
-                // Queued after a close: dropped, its caller gets `Closed`.
-                Msg::Job(_) | Msg::Background(_) => {}
-                Msg::Close(reply) => closing = closing.or(Some(reply)),
-            }
-        }
-        // One background command rides each commit of other writes, or
-        // runs alone once nothing else came within the wait.
-        if (!batch.is_empty() || alone)
-            && let Some(job) = parked.pop_front()
+    fn recover(&mut self) -> bool {
+        if !self.0.is_autocommit()
+            && let Err(re) = self.0.execute_batch("ROLLBACK")
         {
-            batch.push(job);
+            tracing::error!(error = %re, "store: rollback failed; the writer stops");
+            return false;
         }
-        if !batch.is_empty() {
-            alive = run_batch(&conn, &mut batch, stats);
-        }
+        true
     }
-    // Refuse what is still queued (its callers see `Closed`) and anything
-    // sent later.
-    drop(parked);
-    drop(rx);
-    if let Err((_, e)) = conn.close() {
-        tracing::warn!(error = %e, "store: closing the write connection");
-    }
-    if let Some(reply) = closing {
-        let _ = reply.send(());
-    }
-}
 
-/// Like `blocking_recv_many`, but gives up after `wait` (0: nothing came,
-/// or every sender is gone). Polls: it runs only while background work
-/// waits for company, never on an idle store.
-fn recv_within(rx: &mut mpsc::Receiver<Msg>, msgs: &mut Vec<Msg>, wait: Duration) -> usize {
-    let deadline = std::time::Instant::now() + wait;
-    loop {
-        match rx.try_recv() {
-            Ok(m) => {
-                msgs.push(m);
-                while msgs.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(m) => msgs.push(m),
-                        Err(_) => break,
-                    }
-                }
-                return msgs.len();
-            }
-            Err(mpsc::error::TryRecvError::Disconnected) => return 0,
-            Err(mpsc::error::TryRecvError::Empty) => {
-                if std::time::Instant::now() >= deadline {
-                    return 0;
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
+    fn close(self) {
+        if let Err((_, e)) = self.0.close() {
+            tracing::warn!(error = %e, "store: closing the write connection");
         }
     }
 }
 
-/// Commits one batch and answers its callers. Returns whether the writer
-/// can go on (`false`: the connection is in a state it cannot recover).
-fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, stats: &Stats) -> bool {
-    let outcome = execute_batch(conn, batch);
-    let mut alive = true;
-    match &outcome {
-        Ok(()) => {
-            stats.batches.fetch_add(1, Ordering::Relaxed);
-            stats
-                .commands
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        }
-        Err(e) => {
-            tracing::error!(error = %e, commands = batch.len(), "store: write batch failed");
-            if !conn.is_autocommit()
-                && let Err(re) = conn.execute_batch("ROLLBACK")
-            {
-                tracing::error!(error = %re, "store: rollback failed; the writer stops");
-                alive = false;
-            }
-        }
-    }
-    let shared = outcome.as_ref().map(|_| ()).map_err(String::as_str);
-    for job in batch.drain(..) {
-        job.answer(shared);
-    }
-    alive
-}
-
-fn execute_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), String> {
+fn execute_batch(conn: &Connection, batch: &mut Batch<Connection>) -> Result<(), String> {
     let step = |sql: &str| -> Result<(), String> {
         conn.prepare_cached(sql)
             .and_then(|mut s| s.execute([]))
