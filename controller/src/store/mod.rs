@@ -25,6 +25,7 @@
 
 pub mod memory;
 mod migrations;
+pub mod postgres;
 pub mod sql;
 pub mod sqlite;
 mod writer;

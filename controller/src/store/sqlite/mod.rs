@@ -36,8 +36,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
 use super::sql::Engine;
-use super::sql::codec::{self, backend};
-use super::sql::db::{self, Db};
+use super::sql::codec::backend;
+use super::sql::db::Db;
 pub use super::writer::{BACKGROUND_WAIT, WriterStats};
 use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
@@ -356,7 +356,7 @@ fn migrate_to(conn: &mut Connection, last: i64) -> StoreResult<()> {
         if !applied {
             tx.execute_batch(&m.sql_for(Dialect::Sqlite))
                 .map_err(|e| backend(&format!("apply migration v{}", m.version), e))?;
-            after_migration(&tx, m.version)?;
+            super::migrations::after(&*tx, m.version, Dialect::Sqlite)?;
             tx.execute(
                 "INSERT INTO schema_migrations (version) VALUES (?1)",
                 [m.version],
@@ -365,32 +365,6 @@ fn migrate_to(conn: &mut Connection, last: i64) -> StoreResult<()> {
             tracing::info!(version = m.version, "store: schema migrated");
         }
         tx.commit().ctx("commit a migration")?;
-    }
-    Ok(())
-}
-
-/// What a migration needs beyond its SQL, in its transaction.
-fn after_migration(conn: &Connection, version: i64) -> StoreResult<()> {
-    if version == 5 {
-        // The agents stored before v5 have their own labels in `labels`
-        // only: without their `agent_own_labels` rows a push by label
-        // would not find them until their next hello.
-        let agents = db::query_all(conn, "SELECT id, labels FROM agents", &[], |r| {
-            Ok((db::col::<String>(r, "id")?, db::col::<String>(r, "labels")?))
-        })?;
-        for (id, labels) in agents {
-            let labels: std::collections::BTreeMap<String, String> = codec::with_row(
-                format_args!("agent {id}"),
-                codec::from_json(&labels, "labels"),
-            )?;
-            for (k, v) in &labels {
-                conn.execute(
-                    "INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)",
-                    rusqlite::params![id, k, v],
-                )
-                .ctx("fill an agent's own labels")?;
-            }
-        }
     }
     Ok(())
 }

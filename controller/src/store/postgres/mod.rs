@@ -1,0 +1,363 @@
+//! The [`Store`](crate::store::Store) on PostgreSQL, for controllers that
+//! share one database (replicas) or that must not depend on one machine's
+//! disk.
+//!
+//! # Shape
+//!
+//! * **The same SQL** as the embedded store ([`crate::store::sql`]), on
+//!   the sync `postgres` client: the writer is a thread like SQLite's
+//!   ([`crate::store::writer`]'s group commit), and reads run on a small
+//!   pool in `spawn_blocking`. (The async `tokio-postgres` would serve the
+//!   reads without a blocking thread, but the writer's group commit and
+//!   the shared SQL want one synchronous connection per thread.)
+//! * **Every write batch takes one transaction-scoped advisory lock**
+//!   before its first statement, in READ COMMITTED (so it sees everything
+//!   committed before the lock was granted). Writers of every replica
+//!   therefore run one batch at a time, as SQLite's single writer does:
+//!   two decisions never race, and feedback ids are handed out in commit
+//!   order (a reader paging by id never skips a row committed late).
+//!   Feedback batches of many agents still share one commit per batch.
+//! * **Batches are smaller** ([`MAX_BATCH`]): each command runs in a
+//!   savepoint, and past 64 subtransactions in one transaction PostgreSQL
+//!   slows every session's snapshots.
+//! * **Text order is bytes**: the database must use the `C` collation
+//!   (paging by id and the order of lists are the embedded store's);
+//!   [`PgStore::open`] refuses another.
+//! * **A lost connection** fails the batch it broke (its callers see the
+//!   error, nothing of it is committed) and the writer reconnects before
+//!   the next one.
+
+mod conn;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use postgres::{Client, NoTls};
+
+use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
+use super::sql::Engine;
+use super::sql::db::{Db, col, params, query_first, run};
+pub use super::writer::WriterStats;
+use super::writer::{Batch, Batches, Writer};
+use super::{Binding, StoreError, StoreResult};
+use conn::{PgConn, detailed};
+
+/// Commands per transaction at most (see the module doc).
+pub const MAX_BATCH: usize = 64;
+
+/// The advisory lock every write batch holds to its commit.
+const WRITE_LOCK: i64 = 0x6261_746f_6e57; // "batonW"
+
+/// The advisory lock migrations run under (replicas starting together).
+const MIGRATION_LOCK: i64 = 0x6261_746f_6e4d; // "batonM"
+
+/// Read connections kept open between reads.
+const MAX_IDLE_READERS: usize = 4;
+
+/// The store on a PostgreSQL database. Cheap to clone; every clone talks
+/// to the same writer.
+#[derive(Clone)]
+pub struct PgStore {
+    writer: Arc<Writer<PgConn>>,
+    readers: Arc<ReadPool>,
+    binding: Binding,
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("stats", &self.writer.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend(what: &str, e: &postgres::Error) -> StoreError {
+    StoreError::Backend(format!("{what}: {}", detailed(e)))
+}
+
+fn connect(url: &str) -> StoreResult<Client> {
+    Client::connect(url, NoTls).map_err(|e| backend("connect to PostgreSQL", &e))
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://…` or `host=… dbname=…`), brings
+    /// the schema up to date (under a lock, so replicas starting together
+    /// do not both migrate) and starts the writer.
+    ///
+    /// Blocking: call it before the async runtime serves, or from
+    /// `spawn_blocking`. Refuses a database whose schema is newer than
+    /// this build knows, or whose text collation is not `C`.
+    pub fn open(url: &str, binding: Binding) -> StoreResult<PgStore> {
+        let conn = PgConn::new(connect(url)?);
+        check_collation(&conn)?;
+        migrate(&conn)?;
+        let readers = Arc::new(ReadPool {
+            url: url.to_owned(),
+            idle: Mutex::new(Vec::new()),
+        });
+        let batches = PgBatches {
+            url: url.to_owned(),
+            conn: Some(conn),
+        };
+        let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
+        Ok(PgStore {
+            writer: Arc::new(writer),
+            readers,
+            binding,
+        })
+    }
+
+    /// What the writer has committed so far.
+    pub fn stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
+    /// Stops the writer once everything queued before this call is
+    /// committed; later writes fail with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        self.writer.close().await;
+    }
+}
+
+impl Engine for PgStore {
+    fn binding(&self) -> Binding {
+        self.binding
+    }
+
+    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        self.writer.write(move |c: &PgConn| f(c)).await
+    }
+
+    async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        self.writer.write_background(move |c: &PgConn| f(c)).await
+    }
+
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        let pool = Arc::clone(&self.readers);
+        tokio::task::spawn_blocking(move || pool.with(f))
+            .await
+            .map_err(|e| StoreError::Backend(format!("read task: {e}")))?
+    }
+}
+
+/// The writer's connection (reopened after it is lost).
+struct PgBatches {
+    url: String,
+    conn: Option<PgConn>,
+}
+
+impl Batches<PgConn> for PgBatches {
+    fn run(&mut self, batch: &mut Batch<PgConn>) -> Result<(), String> {
+        if self.conn.as_ref().is_none_or(PgConn::is_closed) {
+            self.conn = None;
+            let c = connect(&self.url).map_err(|e| e.to_string())?;
+            tracing::info!("store: reconnected to PostgreSQL");
+            self.conn = Some(PgConn::new(c));
+        }
+        let conn = self
+            .conn
+            .as_ref()
+            .ok_or_else(|| "no PostgreSQL connection".to_string())?;
+        let step = |sql: &str| {
+            conn.batch(sql)
+                .map_err(|e| format!("write batch not committed ({sql}): {}", detailed(&e)))
+        };
+        // READ COMMITTED (the default): each statement sees what was
+        // committed before it, so after the lock, every earlier batch.
+        step("BEGIN")?;
+        // Before the first savepoint: rolling one back would release a
+        // lock taken inside it.
+        let locked = run(
+            conn,
+            "take the write lock",
+            "SELECT pg_advisory_xact_lock(?1)",
+            params![WRITE_LOCK],
+        );
+        if let Err(e) = locked {
+            let _ = conn.batch("ROLLBACK");
+            return Err(format!("write batch not committed: {e}"));
+        }
+        for job in batch.iter_mut() {
+            step("SAVEPOINT job")?;
+            if job.run(conn).is_err() {
+                step("ROLLBACK TO SAVEPOINT job")?;
+            }
+            step("RELEASE SAVEPOINT job")?;
+        }
+        step("COMMIT")
+    }
+
+    fn recover(&mut self) -> bool {
+        // Whatever the batch left open is rolled back; a lost connection
+        // is reopened by the next batch.
+        if let Some(c) = &self.conn
+            && !c.is_closed()
+            && let Err(e) = c.batch("ROLLBACK")
+        {
+            tracing::warn!(error = %detailed(&e), "store: rollback after a failed batch");
+            self.conn = None;
+        }
+        true
+    }
+
+    fn close(self) {
+        if let Some(c) = self.conn
+            && let Err(e) = c.close()
+        {
+            tracing::warn!(error = %detailed(&e), "store: closing the write connection");
+        }
+    }
+}
+
+/// Read connections, opened on demand, a few kept for reuse.
+struct ReadPool {
+    url: String,
+    idle: Mutex<Vec<PgConn>>,
+}
+
+impl ReadPool {
+    fn with<T>(&self, f: impl FnOnce(&dyn Db) -> StoreResult<T>) -> StoreResult<T> {
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let conn = match pooled {
+            Some(c) if !c.is_closed() => c,
+            _ => PgConn::new(connect(&self.url)?),
+        };
+        let out = f(&conn);
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE_READERS && !conn.is_closed() {
+            idle.push(conn);
+        }
+        out
+    }
+}
+
+impl Drop for ReadPool {
+    fn drop(&mut self) {
+        // Each sync client owns a small runtime, which may not be dropped
+        // on an async runtime's thread (where the last clone of the store
+        // often goes): they go on a thread of their own.
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        if !idle.is_empty() {
+            let _ = std::thread::spawn(move || drop(idle)).join();
+        }
+    }
+}
+
+/// Text is compared and ordered byte-wise only under `C` (or `POSIX`).
+fn check_collation(conn: &PgConn) -> StoreResult<()> {
+    let collation: Option<String> = query_first(
+        conn,
+        "SELECT datcollate::text AS collation FROM pg_database WHERE datname = current_database()",
+        &[],
+        |r| col(r, "collation"),
+    )?;
+    match collation.as_deref() {
+        Some("C" | "POSIX") => Ok(()),
+        other => Err(StoreError::Backend(format!(
+            "the database's collation is {other:?}, not \"C\": lists and pages would not be in the \
+             byte order the store relies on; create it with \
+             CREATE DATABASE … TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+        ))),
+    }
+}
+
+/// Applies the migrations this database lacks, each in its own
+/// transaction, under a session lock (replicas starting together).
+fn migrate(conn: &PgConn) -> StoreResult<()> {
+    let lock = |sql: &str| run(conn, "the migration lock", sql, params![MIGRATION_LOCK]);
+    lock("SELECT pg_advisory_lock(?1)")?;
+    let out = migrate_locked(conn);
+    let unlocked = lock("SELECT pg_advisory_unlock(?1)");
+    out?;
+    unlocked?;
+    Ok(())
+}
+
+fn migrate_locked(conn: &PgConn) -> StoreResult<()> {
+    conn.batch(CREATE_SCHEMA_MIGRATIONS)
+        .map_err(|e| backend("create schema_migrations", &e))?;
+    let newest: i64 = query_first(
+        conn,
+        "SELECT COALESCE(MAX(version), 0) AS newest FROM schema_migrations",
+        &[],
+        |r| col(r, "newest"),
+    )?
+    .unwrap_or(0);
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    if newest > known {
+        return Err(StoreError::Backend(format!(
+            "the database's schema is v{newest}, newer than this controller's v{known}; run a newer controller"
+        )));
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > newest) {
+        conn.batch("BEGIN")
+            .map_err(|e| backend("begin a migration", &e))?;
+        let applied = (|| {
+            conn.batch(&m.sql_for(Dialect::Postgres))
+                .map_err(|e| backend(&format!("apply migration v{}", m.version), &e))?;
+            super::migrations::after(conn, m.version, Dialect::Postgres)?;
+            run(
+                conn,
+                "record a migration",
+                "INSERT INTO schema_migrations (version) VALUES (?1)",
+                params![m.version],
+            )?;
+            conn.batch("COMMIT")
+                .map_err(|e| backend("commit a migration", &e))
+        })();
+        if let Err(e) = applied {
+            let _ = conn.batch("ROLLBACK");
+            return Err(e);
+        }
+        tracing::info!(version = m.version, "store: schema migrated");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod testdb;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether a test cluster runs here (else the tests return at once;
+    /// `testdb` said why, or panicked if PostgreSQL is required).
+    fn available() -> bool {
+        std::thread::spawn(testdb::available)
+            .join()
+            .unwrap_or(false)
+    }
+
+    /// A store on a fresh database. Opened on a thread of its own: the
+    /// sync client runs its own small runtime, which may not start inside
+    /// the test's.
+    fn open(binding: Binding) -> (PgStore, ()) {
+        let store = std::thread::spawn(move || {
+            let url = testdb::fresh_database().expect("a test database");
+            PgStore::open(&url, binding)
+        })
+        .join()
+        .expect("open thread")
+        .expect("open the store");
+        (store, ())
+    }
+
+    crate::store::contract::contract_suite!(open, available);
+}

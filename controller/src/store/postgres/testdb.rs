@@ -1,0 +1,209 @@
+//! A throwaway PostgreSQL cluster for this test binary: the system's
+//! `initdb` and `postgres` (Debian's `postgresql` package) in a temporary
+//! directory on a loopback port, one per process, a fresh database per
+//! test. Never a shared server, never a download.
+//!
+//! The server runs under a small shell that waits on a pipe this process
+//! holds: when the test binary exits, however it exits, the pipe closes,
+//! the shell stops the server and removes its directory.
+//!
+//! Without PostgreSQL installed the tests that need it say so and pass,
+//! unless `BATON_REQUIRE_POSTGRES=1` (the README's test command sets it,
+//! after installing the package), where its absence fails them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The running cluster.
+pub(crate) struct Cluster {
+    port: u16,
+    /// Held open for the life of the process (see the module doc).
+    _stdin: Mutex<ChildStdin>,
+    _shell: Mutex<Child>,
+}
+
+static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+/// Where the newest installed PostgreSQL keeps `initdb` and `postgres`.
+fn bin_dir() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, b)| b)
+}
+
+/// `cmd` as the `postgres` user when we are root (the server refuses to
+/// run as root).
+fn as_server_user(program: &Path, root: bool) -> Command {
+    if root {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid=postgres",
+            "--regid=postgres",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn start() -> Result<Cluster, String> {
+    let bin =
+        bin_dir().ok_or("no /usr/lib/postgresql/*/bin/initdb: install Debian's postgresql")?;
+    let root = nix::unistd::geteuid().is_root();
+    let dir = std::env::temp_dir().join(format!("baton-pg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    if root {
+        let user = nix::unistd::User::from_name("postgres")
+            .map_err(|e| format!("look up the postgres user: {e}"))?
+            .ok_or("no postgres user (is the postgresql package installed?)")?;
+        nix::unistd::chown(&dir, Some(user.uid), Some(user.gid))
+            .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+    }
+    let data = dir.join("data");
+    let out = as_server_user(&bin.join("initdb"), root)
+        .arg("-D")
+        .arg(&data)
+        .args([
+            "-U",
+            "baton",
+            "--auth=trust",
+            "--locale=C",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ])
+        .output()
+        .map_err(|e| format!("run initdb: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let server = as_server_user(&bin.join("postgres"), root)
+        .arg("-D")
+        .arg(&data)
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(&dir)
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+        ])
+        .get_args()
+        .map(|a| shell_quote(&a.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let program = if root {
+        "setpriv".to_string()
+    } else {
+        shell_quote(&bin.join("postgres").to_string_lossy())
+    };
+    // Fast shutdown (SIGINT) once our end of the pipe closes.
+    let script = format!(
+        "{program} {server} >{log} 2>&1 & pid=$!; read _; kill -INT $pid; wait $pid; rm -rf {dir}",
+        log = shell_quote(&dir.join("server.log").to_string_lossy()),
+        dir = shell_quote(&dir.to_string_lossy()),
+    );
+    let mut shell = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start postgres: {e}"))?;
+    let stdin = shell
+        .stdin
+        .take()
+        .ok_or("no stdin for the server's shell")?;
+    let cluster = Cluster {
+        port,
+        _stdin: Mutex::new(stdin),
+        _shell: Mutex::new(shell),
+    };
+    // Up when it answers (each try is a connection attempt, not a sleep
+    // standing in for one).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls) {
+            Ok(_) => return Ok(cluster),
+            Err(e) if Instant::now() > deadline => {
+                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                return Err(format!("postgres did not come up: {e}\n{log}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+impl Cluster {
+    fn url(&self, db: &str) -> String {
+        format!("host=127.0.0.1 port={} user=baton dbname={db}", self.port)
+    }
+}
+
+/// This process's cluster, started on first use; `None` (having said
+/// why) when PostgreSQL is not installed and not required.
+fn cluster() -> Option<&'static Cluster> {
+    CLUSTER
+        .get_or_init(|| match start() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                if std::env::var("BATON_REQUIRE_POSTGRES").as_deref() == Ok("1") {
+                    panic!("PostgreSQL is required (BATON_REQUIRE_POSTGRES=1): {e}");
+                }
+                let mut err = std::io::stderr();
+                let _ = writeln!(err, "skipping the PostgreSQL tests: {e}");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// Whether a cluster runs (starting it if needed). Blocking.
+pub(crate) fn available() -> bool {
+    cluster().is_some()
+}
+
+/// The URL of a new, empty database on this process's cluster. Blocking:
+/// call it off the async runtime.
+pub(crate) fn fresh_database() -> Option<String> {
+    let cluster = cluster()?;
+    let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
+    let mut admin = postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls)
+        .expect("connect to the test cluster");
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .expect("create a test database");
+    Some(cluster.url(&name))
+}
