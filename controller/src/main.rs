@@ -57,9 +57,15 @@ enum Command {
         /// written to DATA/listen.addr).
         #[arg(long, default_value = "127.0.0.1:7411")]
         listen: std::net::SocketAddr,
-        /// Directory of the store.
+        /// Directory of the store (and of listen.addr, metrics.addr).
         #[arg(long, default_value = "baton-controller-data")]
         data: PathBuf,
+        /// Keep the store in PostgreSQL instead of DIR/controller.db: a
+        /// URL (`postgres://USER@HOST:PORT/DB`) or key=value settings
+        /// (`host=… dbname=…`). The database must use the C collation.
+        /// One replica per database for now (see the README).
+        #[arg(long, value_name = "URL", env = "BATON_STORE", hide_env_values = true)]
+        store: Option<String>,
         /// mTLS with the certificates of this CA directory (server.pem,
         /// server-key.pem, ca.pem for clients, revoked.txt), made by
         /// `ca init`; re-read when they change.
@@ -363,6 +369,7 @@ fn main() -> ExitCode {
         Command::Serve {
             listen,
             data,
+            store,
             tls_dir,
             insecure,
             insecure_any,
@@ -383,6 +390,7 @@ fn main() -> ExitCode {
         } => serve::run(serve::Opts {
             listen,
             data,
+            store,
             insecure,
             insecure_any,
             tls_dir,

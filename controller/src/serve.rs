@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use baton_controller::app::pace::Pace;
 use baton_controller::server::{self, ServerConfig};
+use baton_controller::store::Store;
+use baton_controller::store::postgres::PgStore;
 use baton_controller::store::sqlite::SqliteStore;
 
 /// `serve` flags.
@@ -11,6 +13,7 @@ use baton_controller::store::sqlite::SqliteStore;
 pub struct Opts {
     pub listen: std::net::SocketAddr,
     pub data: PathBuf,
+    pub store: Option<String>,
     pub insecure: bool,
     pub insecure_any: bool,
     pub tls_dir: Option<PathBuf>,
@@ -98,8 +101,7 @@ fn serve(o: Opts) -> anyhow::Result<()> {
                 .as_ref()
                 .map(|d| server::tls::TlsOptions::new(d.clone())),
         );
-        let store = SqliteStore::open(&o.data, cfg.binding())
-            .map_err(|e| anyhow::anyhow!("store in {}: {e}", o.data.display()))?;
+        let store = open_store(&o, cfg.binding()).await?;
         cfg.pace = Pace {
             rate: o.push_rate,
             burst: o.push_burst,
@@ -112,8 +114,29 @@ fn serve(o: Opts) -> anyhow::Result<()> {
             max_connections: o.max_connections,
             handshakes,
         };
-        server::serve(std::sync::Arc::new(store), cfg, stop_signal()).await
+        server::serve(store, cfg, stop_signal()).await
     })
+}
+
+/// The store `--store` names (PostgreSQL), else the embedded one in
+/// `--data`. Opened off the async threads: both block, and the
+/// PostgreSQL client runs a small runtime of its own.
+async fn open_store(
+    o: &Opts,
+    binding: baton_controller::model::Binding,
+) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+    let data = o.data.clone();
+    let url = o.store.clone();
+    tokio::task::spawn_blocking(move || match url {
+        Some(url) => PgStore::open(&url, binding)
+            .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn Store>)
+            // The URL may hold a password: never in a message.
+            .map_err(|e| anyhow::anyhow!("store in PostgreSQL (--store): {e}")),
+        None => SqliteStore::open(&data, binding)
+            .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn Store>)
+            .map_err(|e| anyhow::anyhow!("store in {}: {e}", data.display())),
+    })
+    .await?
 }
 
 /// Warn when the process may run out of file descriptors before

@@ -7,12 +7,12 @@
 //! memory: a pushed pack is stored before the operator gets an answer, and
 //! feedback is stored before it is acknowledged to the agent.
 //!
-//! Two implementations pass one contract suite (`contract.rs`, run by
+//! Three implementations pass one contract suite (`contract.rs`, run by
 //! each backend's tests): [`sqlite::SqliteStore`], the embedded default,
-//! and [`memory::MemoryStore`], for unit tests of the layers above (on
-//! tokio's paused time). The SQL is plain SQL that also runs on
-//! PostgreSQL (BIGINT, TEXT, `ON CONFLICT`, `RETURNING`); ids and sequence
-//! numbers come from the database.
+//! [`postgres::PgStore`], and [`memory::MemoryStore`], for unit tests of
+//! the layers above (on tokio's paused time). The two SQL engines share
+//! their SQL ([`sql`]) and their writer thread (`writer`); ids and
+//! sequence numbers come from the database.
 //!
 //! **Decisions are store commands.** What each agent should hold is
 //! decided by [`crate::planner`], but run by the store, inside its own

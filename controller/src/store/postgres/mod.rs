@@ -6,7 +6,7 @@
 //!
 //! * **The same SQL** as the embedded store ([`crate::store::sql`]), on
 //!   the sync `postgres` client: the writer is a thread like SQLite's
-//!   ([`crate::store::writer`]'s group commit), and reads run on a small
+//!   (`store::writer`'s group commit), and reads run on a small
 //!   pool in `spawn_blocking`. (The async `tokio-postgres` would serve the
 //!   reads without a blocking thread, but the writer's group commit and
 //!   the shared SQL want one synchronous connection per thread.)
@@ -143,7 +143,7 @@ impl Engine for PgStore {
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+        F: Fn(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         let pool = Arc::clone(&self.readers);
         tokio::task::spawn_blocking(move || pool.with(f))
@@ -228,17 +228,24 @@ struct ReadPool {
 }
 
 impl ReadPool {
-    fn with<T>(&self, f: impl FnOnce(&dyn Db) -> StoreResult<T>) -> StoreResult<T> {
+    /// Runs `f` on a pooled connection. A pooled connection the server
+    /// has closed since (a restart, a cut) is found out only when used:
+    /// then `f` runs once more on a new one (reads change nothing).
+    fn with<T>(&self, f: impl Fn(&dyn Db) -> StoreResult<T>) -> StoreResult<T> {
         let pooled = self
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop();
-        let conn = match pooled {
-            Some(c) if !c.is_closed() => c,
-            _ => PgConn::new(connect(&self.url)?),
+        let (mut conn, fresh) = match pooled {
+            Some(c) if !c.is_closed() => (c, false),
+            _ => (PgConn::new(connect(&self.url)?), true),
         };
-        let out = f(&conn);
+        let mut out = f(&conn);
+        if out.is_err() && !fresh && conn.is_closed() {
+            conn = PgConn::new(connect(&self.url)?);
+            out = f(&conn);
+        }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() < MAX_IDLE_READERS && !conn.is_closed() {
             idle.push(conn);
@@ -331,16 +338,13 @@ fn migrate_locked(conn: &PgConn) -> StoreResult<()> {
 }
 
 #[cfg(test)]
-pub(crate) mod testdb;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
     /// Whether a test cluster runs here (else the tests return at once;
-    /// `testdb` said why, or panicked if PostgreSQL is required).
+    /// `baton_testpg` said why, or panicked if PostgreSQL is required).
     fn available() -> bool {
-        std::thread::spawn(testdb::available)
+        std::thread::spawn(baton_testpg::available)
             .join()
             .unwrap_or(false)
     }
@@ -350,7 +354,7 @@ mod tests {
     /// the test's.
     fn open(binding: Binding) -> (PgStore, ()) {
         let store = std::thread::spawn(move || {
-            let url = testdb::fresh_database().expect("a test database");
+            let url = baton_testpg::fresh_database().expect("a test database");
             PgStore::open(&url, binding)
         })
         .join()

@@ -47,9 +47,11 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         T: Send + 'static,
         F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
 
-    /// Runs `f` on a read connection, off the async runtime.
+    /// Runs `f` on a read connection, off the async runtime. `Fn`: an
+    /// engine may run a read again on a new connection when the one it
+    /// took turns out to be gone.
     fn read<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
     where
         T: Send + 'static,
-        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+        F: Fn(&dyn db::Db) -> StoreResult<T> + Send + 'static;
 }

@@ -187,7 +187,7 @@ impl Engine for SqliteStore {
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+        F: Fn(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         let pool = Arc::clone(&self.readers);
         tokio::task::spawn_blocking(move || pool.with(|c| f(c)))

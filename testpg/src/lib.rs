@@ -7,6 +7,10 @@
 //! holds: when the test binary exits, however it exits, the pipe closes,
 //! the shell stops the server and removes its directory.
 //!
+//! The cluster is the process's: every caller of [`fresh_database`] in one
+//! test binary shares it (a database each), which keeps a suite to one
+//! server start.
+//!
 //! Without PostgreSQL installed the tests that need it say so and pass,
 //! unless `BATON_REQUIRE_POSTGRES=1` (the README's test command sets it,
 //! after installing the package), where its absence fails them.
@@ -19,7 +23,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The running cluster.
-pub(crate) struct Cluster {
+struct Cluster {
     port: u16,
     /// Held open for the life of the process (see the module doc).
     _stdin: Mutex<ChildStdin>,
@@ -191,13 +195,13 @@ fn cluster() -> Option<&'static Cluster> {
 }
 
 /// Whether a cluster runs (starting it if needed). Blocking.
-pub(crate) fn available() -> bool {
+pub fn available() -> bool {
     cluster().is_some()
 }
 
 /// The URL of a new, empty database on this process's cluster. Blocking:
 /// call it off the async runtime.
-pub(crate) fn fresh_database() -> Option<String> {
+pub fn fresh_database() -> Option<String> {
     let cluster = cluster()?;
     let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
     let mut admin = postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls)
@@ -206,4 +210,24 @@ pub(crate) fn fresh_database() -> Option<String> {
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .expect("create a test database");
     Some(cluster.url(&name))
+}
+
+/// Ends every connection to the database `url` names (as a server restart
+/// or a network cut would, for its clients): its clients must notice and
+/// connect again. Blocking.
+pub fn terminate_connections(url: &str) {
+    let cluster = cluster().expect("the test cluster runs");
+    let db = url
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("dbname="))
+        .expect("a URL from fresh_database");
+    let mut admin = postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls)
+        .expect("connect to the test cluster");
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&db],
+        )
+        .expect("terminate the database's connections");
 }
