@@ -131,6 +131,17 @@ enum Command {
         #[arg(long, default_value_t = 1024, value_parser = count_arg, allow_hyphen_values = true)]
         max_held_packs: u32,
     },
+    /// Copy a single-node site's embedded store (`serve --data DIR`) into
+    /// PostgreSQL, history included, for `serve --store URL`. Stop the
+    /// controller first. Running it again copies nothing twice.
+    Migrate {
+        /// The embedded store's directory (its `--data`).
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
+        /// The PostgreSQL database (as `serve --store`).
+        #[arg(long, value_name = "URL", env = "BATON_STORE", hide_env_values = true)]
+        to: String,
+    },
     /// The fleet's certificate authority: PEM files in one directory.
     Ca {
         #[command(subcommand)]
@@ -571,6 +582,20 @@ fn main() -> ExitCode {
                 2
             }
         },
+        Command::Migrate { from, to } => {
+            match baton_controller::store::postgres::import::copy_from_sqlite(&from, &to) {
+                Ok(c) => {
+                    for (table, read, new) in &c.tables {
+                        let _ = writeln!(out, "{table}: {read} rows, {new} new");
+                    }
+                    0
+                }
+                Err(e) => {
+                    let _ = writeln!(err, "error: migrate from {}: {e}", from.display());
+                    1
+                }
+            }
+        }
         Command::Ca { cmd } => ca_cmd::run(cmd, &mut out, &mut err),
         Command::Validate { files } => cli::validate(&files, &mut out, &mut err),
         Command::Plan {

@@ -2,12 +2,14 @@
 //! a throwaway cluster this binary starts (`baton_testpg`): the same
 //! push → ack → feedback path as on the embedded store, and nothing
 //! acknowledged is lost when the controller is killed and started again,
-//! or when the database drops every connection.
+//! or when the database drops every connection; `migrate` moves a
+//! single-node site's history into it.
 
+use std::process::Command;
 use std::time::Duration;
 
-use baton_e2e::fleet::{start_agent, start_controller_args};
-use baton_e2e::wait_until;
+use baton_e2e::fleet::{json_lines, start_agent, start_controller, start_controller_args};
+use baton_e2e::{bin, run, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -90,7 +92,7 @@ fn a_controller_on_postgres_keeps_pushes_and_feedback_across_a_kill_and_a_lost_c
     assert!(c.log().contains("reconnected to PostgreSQL"), "{}", c.log());
 
     let packs = c.ctl(&["packs", "--json"]);
-    let packs = baton_e2e::fleet::json_lines(&packs.stdout);
+    let packs = json_lines(&packs.stdout);
     assert_eq!(packs.len(), 1, "{packs:?}");
     assert_eq!(packs[0]["acked"], 1, "{packs:?}");
 }
@@ -119,4 +121,101 @@ fn a_store_url_that_cannot_be_reached_is_refused_at_start_without_its_password()
         !err.contains("s3cret-pw"),
         "the password was printed: {err}"
     );
+}
+
+/// `migrate --from DIR --to URL`: stdout lines `table: N rows, M new`.
+fn migrate(from: &std::path::Path, url: &str) -> Vec<(String, u64, u64)> {
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args(["migrate", "--from"])
+            .arg(from)
+            .args(["--to", url]),
+        WAIT,
+    );
+    assert!(
+        o.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            let (table, rest) = l.split_once(": ").expect("table: counts");
+            let n: Vec<u64> = rest
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            (table.to_owned(), n[0], n[1])
+        })
+        .collect()
+}
+
+#[test]
+fn migrate_moves_a_single_node_site_into_postgres_once() {
+    let Some(url) = baton_testpg::fresh_database() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("ctl");
+    let mut c = start_controller(&data, "127.0.0.1:0");
+    let a = start_agent(dir.path(), "a1", &c.url, &["line=press"]);
+    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
+    let pack = dir.path().join("p.yaml");
+    std::fs::write(
+        &pack,
+        "pack: p\nversion: 1\ntargets: {labels: {line: press}}\n\
+         safe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
+         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {line: 5}\n    every: 100ms\n",
+    )
+    .expect("write pack");
+    assert!(
+        c.ctl(&["push", pack.to_str().expect("utf-8")])
+            .status
+            .success()
+    );
+    assert!(wait_until(WAIT, || ids(&c, "p").len() >= 5), "{}", c.log());
+    let audit = json_lines(&c.ctl(&["audit", "--json"]).stdout);
+    assert!(!audit.is_empty(), "nothing audited to carry over");
+    c.kill9();
+    // What the embedded store held when it stopped (read through it).
+    let mut probe = start_controller(&data, "127.0.0.1:0");
+    let before = ids(&probe, "p");
+    probe.kill9();
+
+    let first = migrate(&data, &url);
+    let count = |t: &str, table: &[(String, u64, u64)]| {
+        table.iter().find(|(n, ..)| n == t).map(|&(_, r, n)| (r, n))
+    };
+    assert_eq!(
+        count("feedback", &first).map(|(r, n)| (r, r == n)),
+        Some((before.len() as u64, true)),
+        "{first:?}"
+    );
+    assert_eq!(count("pack_versions", &first), Some((1, 1)), "{first:?}");
+    // Again: nothing new.
+    let again = migrate(&data, &url);
+    assert!(again.iter().all(|&(_, _, new)| new == 0), "{again:?}");
+
+    // The controller on PostgreSQL, same address: the history is there,
+    // once, and the agent's stream carries on after it.
+    let c = start_controller_args(&data, &c.addr, &["--store", &url]);
+    let moved = ids(&c, "p");
+    for id in &before {
+        assert_eq!(moved.iter().filter(|x| *x == id).count(), 1, "{id}");
+    }
+    let audit_after = json_lines(&c.ctl(&["audit", "--json"]).stdout);
+    for row in &audit {
+        assert!(
+            audit_after.contains(row),
+            "audit row not carried over: {row}"
+        );
+    }
+    assert!(
+        wait_until(WAIT, || ids(&c, "p").len() >= before.len() + 5),
+        "feedback did not resume on PostgreSQL; log:\n{}",
+        c.log()
+    );
+    let all = ids(&c, "p");
+    let unique: std::collections::BTreeSet<&String> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "an execution stored twice");
 }

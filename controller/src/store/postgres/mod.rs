@@ -28,6 +28,7 @@
 //!   the next one.
 
 mod conn;
+pub mod import;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
