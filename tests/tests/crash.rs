@@ -80,8 +80,23 @@ fn instruction(id: &str) -> Option<String> {
 
 /// Fire 400 one-shots 5 ms apart at the default horizon, killing the agent
 /// five times at random moments; with `lose_ledger`, the ledger is deleted
-/// before each restart.
+/// before each restart. The pack's instants pass while the agent is down,
+/// so on a loaded machine (slow restarts) it may finish all 400 before the
+/// fifth kill: such a run's checks still hold, and a new run (new pack,
+/// other moments) is made, three at most.
 fn kill_9_at_random(lose_ledger: bool) -> Run {
+    let mut runs = Vec::new();
+    for attempt in 0..3 {
+        let r = one_run(lose_ledger, attempt);
+        if r.kills == 5 {
+            return r;
+        }
+        runs.push(r.kills);
+    }
+    panic!("the agent finished before five kills in every run (kills: {runs:?})");
+}
+
+fn one_run(lose_ledger: bool, attempt: u64) -> Run {
     // Built (if it must be) before the pack's instants are chosen.
     let agent = bin("baton-agent");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -102,7 +117,7 @@ fn kill_9_at_random(lose_ledger: bool) -> Run {
     }
     std::fs::write(&pack, y).expect("write pack");
 
-    let mut rng = Lcg(0x5eed_ba70 ^ u64::from(lose_ledger));
+    let mut rng = Lcg(0x5eed_ba70 ^ u64::from(lose_ledger) ^ (attempt << 8));
     let mut unknown: HashSet<String> = HashSet::new();
     let mut interrupted: HashSet<String> = HashSet::new();
     let mut kills = 0;
@@ -192,10 +207,6 @@ fn kill_9_at_random(lose_ledger: bool) -> Run {
             None => kills += 1,
         }
     }
-    assert!(
-        kills == 5,
-        "the agent finished before enough kills ({kills}); make the pack longer"
-    );
 
     // Every line change in the sim log, by execution id.
     let mut seen: HashMap<String, usize> = HashMap::new();
