@@ -66,6 +66,11 @@ enum Command {
         /// One replica per database for now (see the README).
         #[arg(long, value_name = "URL", env = "BATON_STORE", hide_env_values = true)]
         store: Option<String>,
+        /// TLS to the PostgreSQL store, its certificate checked against
+        /// this CA (PEM); TLS is then required. Without it the connection
+        /// is plaintext, and a URL asking for TLS is refused.
+        #[arg(long, value_name = "FILE", requires = "store")]
+        store_ca: Option<PathBuf>,
         /// mTLS with the certificates of this CA directory (server.pem,
         /// server-key.pem, ca.pem for clients, revoked.txt), made by
         /// `ca init`; re-read when they change.
@@ -141,6 +146,9 @@ enum Command {
         /// The PostgreSQL database (as `serve --store`).
         #[arg(long, value_name = "URL", env = "BATON_STORE", hide_env_values = true)]
         to: String,
+        /// As `serve --store-ca`.
+        #[arg(long, value_name = "FILE")]
+        store_ca: Option<PathBuf>,
     },
     /// The fleet's certificate authority: PEM files in one directory.
     Ca {
@@ -381,6 +389,7 @@ fn main() -> ExitCode {
             listen,
             data,
             store,
+            store_ca,
             tls_dir,
             insecure,
             insecure_any,
@@ -402,6 +411,7 @@ fn main() -> ExitCode {
             listen,
             data,
             store,
+            store_ca,
             insecure,
             insecure_any,
             tls_dir,
@@ -582,8 +592,11 @@ fn main() -> ExitCode {
                 2
             }
         },
-        Command::Migrate { from, to } => {
-            match baton_controller::store::postgres::import::copy_from_sqlite(&from, &to) {
+        Command::Migrate { from, to, store_ca } => {
+            use baton_controller::store::postgres::{Target, import};
+            let copied = Target::new(&to, store_ca.as_deref())
+                .and_then(|t| import::copy_from_sqlite(&from, &t));
+            match copied {
                 Ok(c) => {
                     for (table, read, new) in &c.tables {
                         let _ = writeln!(out, "{table}: {read} rows, {new} new");

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use baton_controller::app::pace::Pace;
 use baton_controller::server::{self, ServerConfig};
 use baton_controller::store::Store;
-use baton_controller::store::postgres::PgStore;
+use baton_controller::store::postgres::{PgStore, Target};
 use baton_controller::store::sqlite::SqliteStore;
 
 /// `serve` flags.
@@ -14,6 +14,7 @@ pub struct Opts {
     pub listen: std::net::SocketAddr,
     pub data: PathBuf,
     pub store: Option<String>,
+    pub store_ca: Option<PathBuf>,
     pub insecure: bool,
     pub insecure_any: bool,
     pub tls_dir: Option<PathBuf>,
@@ -127,8 +128,10 @@ async fn open_store(
 ) -> anyhow::Result<std::sync::Arc<dyn Store>> {
     let data = o.data.clone();
     let url = o.store.clone();
+    let ca = o.store_ca.clone();
     tokio::task::spawn_blocking(move || match url {
-        Some(url) => PgStore::open(&url, binding)
+        Some(url) => Target::new(&url, ca.as_deref())
+            .and_then(|t| PgStore::open(&t, binding))
             .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn Store>)
             // The URL may hold a password: never in a message.
             .map_err(|e| anyhow::anyhow!("store in PostgreSQL (--store): {e}")),

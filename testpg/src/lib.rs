@@ -25,12 +25,21 @@ use std::time::{Duration, Instant};
 /// The running cluster.
 struct Cluster {
     port: u16,
+    /// The server's directory (its Unix socket is there).
+    dir: PathBuf,
     /// Held open for the life of the process (see the module doc).
     _stdin: Mutex<ChildStdin>,
     _shell: Mutex<Child>,
 }
 
 static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+static TLS_CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+
+/// A server certificate and key (PEM) for a cluster that takes TLS only.
+struct Tls<'a> {
+    cert: &'a Path,
+    key: &'a Path,
+}
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 /// Where the newest installed PostgreSQL keeps `initdb` and `postgres`.
@@ -66,11 +75,15 @@ fn as_server_user(program: &Path, root: bool) -> Command {
     }
 }
 
-fn start() -> Result<Cluster, String> {
+fn start(tls: Option<Tls<'_>>) -> Result<Cluster, String> {
     let bin =
         bin_dir().ok_or("no /usr/lib/postgresql/*/bin/initdb: install Debian's postgresql")?;
     let root = nix::unistd::geteuid().is_root();
-    let dir = std::env::temp_dir().join(format!("baton-pg-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "baton-pg-{}{}",
+        std::process::id(),
+        if tls.is_some() { "-tls" } else { "" }
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     if root {
@@ -101,6 +114,37 @@ fn start() -> Result<Cluster, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    let mut settings: Vec<String> = Vec::new();
+    if let Some(tls) = &tls {
+        // TLS only over TCP: a plaintext TCP client is refused (the Unix
+        // socket stays open for this helper's own administration).
+        let copy = |from: &Path, name: &str| -> Result<PathBuf, String> {
+            let to = data.join(name);
+            std::fs::copy(from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(|e| e.to_string())?;
+            if root {
+                let user = nix::unistd::User::from_name("postgres")
+                    .map_err(|e| e.to_string())?
+                    .ok_or("no postgres user")?;
+                nix::unistd::chown(&to, Some(user.uid), Some(user.gid))
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(to)
+        };
+        let cert = copy(tls.cert, "server.crt")?;
+        let key = copy(tls.key, "server.key")?;
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .map_err(|e| format!("write pg_hba.conf: {e}"))?;
+        settings.extend([
+            "ssl=on".to_string(),
+            format!("ssl_cert_file={}", cert.display()),
+            format!("ssl_key_file={}", key.display()),
+        ]);
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| e.to_string())?
@@ -120,6 +164,7 @@ fn start() -> Result<Cluster, String> {
             "-c",
             "max_connections=200",
         ])
+        .args(settings.iter().flat_map(|v| ["-c", v.as_str()]))
         .get_args()
         .map(|a| shell_quote(&a.to_string_lossy()))
         .collect::<Vec<_>>()
@@ -148,6 +193,7 @@ fn start() -> Result<Cluster, String> {
         .ok_or("no stdin for the server's shell")?;
     let cluster = Cluster {
         port,
+        dir: dir.clone(),
         _stdin: Mutex::new(stdin),
         _shell: Mutex::new(shell),
     };
@@ -155,7 +201,7 @@ fn start() -> Result<Cluster, String> {
     // standing in for one).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls) {
+        match postgres::Client::connect(&cluster.admin_url(), postgres::NoTls) {
             Ok(_) => return Ok(cluster),
             Err(e) if Instant::now() > deadline => {
                 let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
@@ -174,24 +220,45 @@ impl Cluster {
     fn url(&self, db: &str) -> String {
         format!("host=127.0.0.1 port={} user=baton dbname={db}", self.port)
     }
+
+    /// Over the Unix socket (open on a TLS-only cluster too).
+    fn admin_url(&self) -> String {
+        format!(
+            "host={} port={} user=baton dbname=postgres",
+            self.dir.display(),
+            self.port
+        )
+    }
+
+    fn create_database(&self) -> String {
+        let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
+        let mut admin = postgres::Client::connect(&self.admin_url(), postgres::NoTls)
+            .expect("connect to the test cluster");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create a test database");
+        self.url(&name)
+    }
+}
+
+fn started(tls: Option<Tls<'_>>) -> Option<Cluster> {
+    match start(tls) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if std::env::var("BATON_REQUIRE_POSTGRES").as_deref() == Ok("1") {
+                panic!("PostgreSQL is required (BATON_REQUIRE_POSTGRES=1): {e}");
+            }
+            let mut err = std::io::stderr();
+            let _ = writeln!(err, "skipping the PostgreSQL tests: {e}");
+            None
+        }
+    }
 }
 
 /// This process's cluster, started on first use; `None` (having said
 /// why) when PostgreSQL is not installed and not required.
 fn cluster() -> Option<&'static Cluster> {
-    CLUSTER
-        .get_or_init(|| match start() {
-            Ok(c) => Some(c),
-            Err(e) => {
-                if std::env::var("BATON_REQUIRE_POSTGRES").as_deref() == Ok("1") {
-                    panic!("PostgreSQL is required (BATON_REQUIRE_POSTGRES=1): {e}");
-                }
-                let mut err = std::io::stderr();
-                let _ = writeln!(err, "skipping the PostgreSQL tests: {e}");
-                None
-            }
-        })
-        .as_ref()
+    CLUSTER.get_or_init(|| started(None)).as_ref()
 }
 
 /// Whether a cluster runs (starting it if needed). Blocking.
@@ -202,14 +269,17 @@ pub fn available() -> bool {
 /// The URL of a new, empty database on this process's cluster. Blocking:
 /// call it off the async runtime.
 pub fn fresh_database() -> Option<String> {
-    let cluster = cluster()?;
-    let name = format!("t{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
-    let mut admin = postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls)
-        .expect("connect to the test cluster");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .expect("create a test database");
-    Some(cluster.url(&name))
+    Some(cluster()?.create_database())
+}
+
+/// [`fresh_database`] on a second cluster of this process that takes TLS
+/// only over TCP (plaintext clients are refused), serving `cert` and
+/// `key` (PEM; the first caller's are kept). Blocking.
+pub fn fresh_tls_database(cert: &Path, key: &Path) -> Option<String> {
+    TLS_CLUSTER
+        .get_or_init(|| started(Some(Tls { cert, key })))
+        .as_ref()
+        .map(Cluster::create_database)
 }
 
 /// Ends every connection to the database `url` names (as a server restart
@@ -221,7 +291,7 @@ pub fn terminate_connections(url: &str) {
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix("dbname="))
         .expect("a URL from fresh_database");
-    let mut admin = postgres::Client::connect(&cluster.url("postgres"), postgres::NoTls)
+    let mut admin = postgres::Client::connect(&cluster.admin_url(), postgres::NoTls)
         .expect("connect to the test cluster");
     admin
         .execute(

@@ -219,3 +219,89 @@ fn migrate_moves_a_single_node_site_into_postgres_once() {
     let unique: std::collections::BTreeSet<&String> = all.iter().collect();
     assert_eq!(unique.len(), all.len(), "an execution stored twice");
 }
+
+/// `ca init` in `dir`: ca.pem, server.pem, server-key.pem for 127.0.0.1.
+fn ca(dir: &std::path::Path) -> std::path::PathBuf {
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args(["ca", "init", "--host", "127.0.0.1", "--dir"])
+            .arg(dir),
+        WAIT,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir.to_path_buf()
+}
+
+/// `serve` that must fail at start: its stderr.
+fn refused_start(dir: &std::path::Path, args: &[&str]) -> String {
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args(["serve", "--insecure", "--listen", "127.0.0.1:0", "--data"])
+            .arg(dir.join("refused"))
+            .args(args),
+        WAIT,
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    err
+}
+
+#[test]
+fn tls_to_the_database_is_checked_against_the_named_ca_and_never_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_dir = ca(&dir.path().join("ca"));
+    let Some(url) = baton_testpg::fresh_tls_database(
+        &ca_dir.join("server.pem"),
+        &ca_dir.join("server-key.pem"),
+    ) else {
+        return;
+    };
+    let ca_pem = ca_dir.join("ca.pem");
+    let ca_arg = ca_pem.to_str().expect("utf-8");
+
+    // The cluster refuses plaintext: a controller that is not told the CA
+    // does not get in (and does not fall back to anything).
+    let err = refused_start(dir.path(), &["--store", &url]);
+    assert!(err.contains("store in PostgreSQL"), "{err}");
+    // A URL asking for TLS without a CA to check it against is refused
+    // before any connection.
+    let err = refused_start(dir.path(), &["--store", &format!("{url} sslmode=require")]);
+    assert!(err.contains("--store-ca"), "{err}");
+    // A certificate from another CA is not trusted.
+    let other = ca(&dir.path().join("other-ca"));
+    let other_pem = other.join("ca.pem");
+    let err = refused_start(
+        dir.path(),
+        &[
+            "--store",
+            &url,
+            "--store-ca",
+            other_pem.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(err.contains("connect to PostgreSQL"), "{err}");
+
+    // With the CA: served, pushes and feedback stored over TLS.
+    let data = dir.path().join("ctl");
+    let c = start_controller_args(
+        &data,
+        "127.0.0.1:0",
+        &["--store", &url, "--store-ca", ca_arg],
+    );
+    let a = start_agent(dir.path(), "a1", &c.url, &["line=press"]);
+    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
+    let pack = dir.path().join("p.yaml");
+    std::fs::write(
+        &pack,
+        "pack: p\nversion: 1\ntargets: {labels: {line: press}}\n\
+         safe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
+         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {line: 5}\n    every: 100ms\n",
+    )
+    .expect("write pack");
+    assert!(
+        c.ctl(&["push", pack.to_str().expect("utf-8")])
+            .status
+            .success()
+    );
+    assert!(wait_until(WAIT, || ids(&c, "p").len() >= 3), "{}", c.log());
+}

@@ -14,7 +14,7 @@ use std::path::Path;
 use rusqlite::types::ValueRef;
 
 use super::conn::{PgConn, detailed};
-use super::{WRITE_LOCK, connect, migrate};
+use super::{Target, WRITE_LOCK, connect, migrate};
 use crate::store::sql::db::{Db, Param, params, run};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{Binding, StoreError, StoreResult};
@@ -44,10 +44,10 @@ pub struct Copied {
     pub tables: Vec<(String, u64, u64)>,
 }
 
-/// Copies `dir/controller.db` into the database at `url`. The source is
+/// Copies `dir/controller.db` into the database `target`. The source is
 /// brought to this build's schema first (as `serve` would), the target
 /// too. Blocking.
-pub fn copy_from_sqlite(dir: &Path, url: &str) -> StoreResult<Copied> {
+pub fn copy_from_sqlite(dir: &Path, target: &Target) -> StoreResult<Copied> {
     let db = dir.join(crate::store::sqlite::DB_FILE);
     if !db.exists() {
         return Err(StoreError::Backend(format!(
@@ -60,7 +60,7 @@ pub fn copy_from_sqlite(dir: &Path, url: &str) -> StoreResult<Copied> {
     let source =
         rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .map_err(|e| StoreError::Backend(format!("open {}: {e}", db.display())))?;
-    let target = PgConn::new(connect(url)?);
+    let target = PgConn::new(connect(target)?);
     super::check_collation(&target)?;
     migrate(&target)?;
     let batch = |sql: &str| {

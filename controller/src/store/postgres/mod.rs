@@ -34,6 +34,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use postgres::{Client, NoTls};
+use rustls_pki_types::pem::PemObject;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
 use super::sql::Engine;
@@ -76,28 +78,106 @@ fn backend(what: &str, e: &postgres::Error) -> StoreError {
     StoreError::Backend(format!("{what}: {}", detailed(e)))
 }
 
-fn connect(url: &str) -> StoreResult<Client> {
-    Client::connect(url, NoTls).map_err(|e| backend("connect to PostgreSQL", &e))
+/// Where the database is and how to reach it: plaintext, or TLS (rustls)
+/// checked against a CA the operator names. Cheap to clone.
+#[derive(Clone)]
+pub struct Target {
+    config: postgres::Config,
+    tls: Option<MakeRustlsConnect>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the configuration: it may hold a password.
+        f.debug_struct("Target")
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// `url` (`postgres://…` or `host=… dbname=…`), with TLS when `ca` (a
+    /// PEM file of the CA that signed the database's certificate) is
+    /// given: then TLS is required (`sslmode=require`, whatever the URL
+    /// says) and the certificate must be the host's and chain to `ca`.
+    /// A URL asking for TLS without `ca` is refused rather than trusted
+    /// blindly.
+    pub fn new(url: &str, ca: Option<&std::path::Path>) -> StoreResult<Target> {
+        let mut config: postgres::Config = url.parse().map_err(|e| {
+            StoreError::Backend(format!("the store URL is not a PostgreSQL URL: {e}"))
+        })?;
+        let tls = match ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| {
+                    StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                })?;
+                for c in certs {
+                    let c = c.map_err(|e| {
+                        StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                    })?;
+                    roots.add(c).map_err(|e| {
+                        StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                    })?;
+                }
+                if roots.is_empty() {
+                    return Err(StoreError::Backend(format!(
+                        "--store-ca {}: no certificate in it",
+                        ca.display()
+                    )));
+                }
+                let client = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| StoreError::Backend(format!("TLS to the store: {e}")))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+                config.ssl_mode(postgres::config::SslMode::Require);
+                Some(MakeRustlsConnect::new(client))
+            }
+            None => {
+                if config.get_ssl_mode() == postgres::config::SslMode::Require {
+                    return Err(StoreError::Backend(
+                        "the store URL requires TLS: name the CA that signed the database's \
+                         certificate with --store-ca FILE"
+                            .into(),
+                    ));
+                }
+                config.ssl_mode(postgres::config::SslMode::Disable);
+                None
+            }
+        };
+        Ok(Target { config, tls })
+    }
+}
+
+fn connect(target: &Target) -> StoreResult<Client> {
+    let r = match &target.tls {
+        Some(tls) => target.config.connect(tls.clone()),
+        None => target.config.connect(NoTls),
+    };
+    r.map_err(|e| backend("connect to PostgreSQL", &e))
 }
 
 impl PgStore {
-    /// Connects to `url` (`postgres://…` or `host=… dbname=…`), brings
+    /// Connects to `target`, brings
     /// the schema up to date (under a lock, so replicas starting together
     /// do not both migrate) and starts the writer.
     ///
     /// Blocking: call it before the async runtime serves, or from
     /// `spawn_blocking`. Refuses a database whose schema is newer than
     /// this build knows, or whose text collation is not `C`.
-    pub fn open(url: &str, binding: Binding) -> StoreResult<PgStore> {
-        let conn = PgConn::new(connect(url)?);
+    pub fn open(target: &Target, binding: Binding) -> StoreResult<PgStore> {
+        let conn = PgConn::new(connect(target)?);
         check_collation(&conn)?;
         migrate(&conn)?;
         let readers = Arc::new(ReadPool {
-            url: url.to_owned(),
+            target: target.clone(),
             idle: Mutex::new(Vec::new()),
         });
         let batches = PgBatches {
-            url: url.to_owned(),
+            target: target.clone(),
             conn: Some(conn),
         };
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
@@ -155,7 +235,7 @@ impl Engine for PgStore {
 
 /// The writer's connection (reopened after it is lost).
 struct PgBatches {
-    url: String,
+    target: Target,
     conn: Option<PgConn>,
 }
 
@@ -163,7 +243,7 @@ impl Batches<PgConn> for PgBatches {
     fn run(&mut self, batch: &mut Batch<PgConn>) -> Result<(), String> {
         if self.conn.as_ref().is_none_or(PgConn::is_closed) {
             self.conn = None;
-            let c = connect(&self.url).map_err(|e| e.to_string())?;
+            let c = connect(&self.target).map_err(|e| e.to_string())?;
             tracing::info!("store: reconnected to PostgreSQL");
             self.conn = Some(PgConn::new(c));
         }
@@ -224,7 +304,7 @@ impl Batches<PgConn> for PgBatches {
 
 /// Read connections, opened on demand, a few kept for reuse.
 struct ReadPool {
-    url: String,
+    target: Target,
     idle: Mutex<Vec<PgConn>>,
 }
 
@@ -240,11 +320,11 @@ impl ReadPool {
             .pop();
         let (mut conn, fresh) = match pooled {
             Some(c) if !c.is_closed() => (c, false),
-            _ => (PgConn::new(connect(&self.url)?), true),
+            _ => (PgConn::new(connect(&self.target)?), true),
         };
         let mut out = f(&conn);
         if out.is_err() && !fresh && conn.is_closed() {
-            conn = PgConn::new(connect(&self.url)?);
+            conn = PgConn::new(connect(&self.target)?);
             out = f(&conn);
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -356,7 +436,7 @@ mod tests {
     fn open(binding: Binding) -> (PgStore, ()) {
         let store = std::thread::spawn(move || {
             let url = baton_testpg::fresh_database().expect("a test database");
-            PgStore::open(&url, binding)
+            PgStore::open(&Target::new(&url, None)?, binding)
         })
         .join()
         .expect("open thread")
