@@ -899,7 +899,7 @@ impl Session {
         let app = self.app.clone();
         let _permit = app.ingest_permit().await;
         for e in batch.entries {
-            let row = convert::feedback_owned(&self.agent.id, &self.agent.journal_id, e, now)?;
+            let mut row = convert::feedback_owned(&self.agent.id, &self.agent.journal_id, e, now)?;
             if row.seq <= prev {
                 // A re-send of what is stored is fine only as a prefix of
                 // the stream (before anything new); within the new part
@@ -918,6 +918,22 @@ impl Session {
                 continue;
             }
             first_new.get_or_insert(row.seq);
+            // An agent counts drops it cannot see the fate of: an entry it
+            // had sent, and then dropped at its cap before the ack came
+            // back, was stored here all the same, and its count rides on a
+            // later entry again. What is missing is what the stream skipped
+            // right before this entry: a count is never more than that.
+            let skipped = row.seq - prev - 1;
+            if row.dropped_before > skipped {
+                tracing::debug!(
+                    agent = %self.agent.id,
+                    seq = row.seq,
+                    claimed = row.dropped_before,
+                    skipped,
+                    "feedback: drops claimed beyond the entries skipped (already stored); counted as skipped"
+                );
+                row.dropped_before = skipped;
+            }
             prev = row.seq;
             if !self.owns(&row.tenant, &row.pack) {
                 // Not stored; still acknowledged (the agent must not keep

@@ -466,6 +466,45 @@ async fn feedback_is_stored_only_for_the_agents_own_packs_and_gaps_are_counted()
     );
 }
 
+/// The agent sent a page whose first entry carried 3 drops, then (its
+/// outbox at the cap before the ack came back) dropped that entry and
+/// counted it again: the next page's first entry says 4. Only the 3
+/// entries the stream skipped are drops; the carrier was stored.
+#[tokio::test(start_paused = true)]
+async fn a_count_of_drops_carried_again_is_held_to_what_the_stream_skipped() {
+    let t = Test::new(Binding::Open);
+    let mut a = t.connect("a1", "j1", &[("default", "mine", 1)]).await;
+    a.send(In::Feedback(wire::FeedbackBatch {
+        entries: vec![
+            entry(4, "default", "mine", 3),
+            entry(5, "default", "mine", 0),
+        ],
+    }))
+    .await;
+    assert!(matches!(a.next().await, Ok(Out::FeedbackAck(ack)) if ack.seq == 5));
+    a.send(In::Feedback(wire::FeedbackBatch {
+        entries: vec![
+            entry(6, "default", "mine", 4),
+            entry(8, "default", "mine", 9),
+        ],
+    }))
+    .await;
+    assert!(matches!(a.next().await, Ok(Out::FeedbackAck(ack)) if ack.seq == 8));
+    let rows = t
+        .app()
+        .store
+        .feedback(crate::store::FeedbackFilter::default())
+        .await
+        .expect("feedback");
+    let drops: Vec<(u64, u64)> = rows.iter().map(|r| (r.seq, r.dropped_before)).collect();
+    assert_eq!(drops, [(4, 3), (5, 0), (6, 0), (8, 1)]);
+    let m = t.app().metrics.render(1, None);
+    assert!(
+        m.contains("baton_controller_feedback_dropped_at_agent_total 4"),
+        "{m}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hello_listing_more_packs_than_allowed_is_refused() {
     let t = Test::new(Binding::Open);
