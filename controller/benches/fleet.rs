@@ -31,7 +31,9 @@
 //! `FLEET_MODES` (`plain,tls`: the whole bench once per mode, in this
 //! order, each with a fresh controller; `tls` is mTLS with certificates
 //! from the controller's own CA code, one per agent, and a table of the
-//! cost of mTLS at the end).
+//! modes side by side at the end; `pg` is plaintext with the store in
+//! PostgreSQL, a cluster this bench starts with the server's durable
+//! defaults (`fsync`, `synchronous_commit` on), `baton_testpg`).
 //!
 //! The agents answer pings, ack every push and then send `Held` (as the
 //! protocol asks of an agent whose held set changed; without it the
@@ -136,11 +138,18 @@ fn run() -> Result<()> {
     };
     let mut done = Vec::new();
     for mode in modes {
-        let tls = match mode {
-            Mode::Plain => None,
-            Mode::Tls => tls.clone(),
+        let (tls, store) = match mode {
+            Mode::Plain => (None, None),
+            Mode::Tls => (tls.clone(), None),
+            Mode::Postgres => (
+                None,
+                Some(
+                    baton_testpg::durable_database(base)
+                        .context("FLEET_MODES=pg needs PostgreSQL (Debian's postgresql)")?,
+                ),
+            ),
         };
-        let (report, summary) = run_mode(k, &exe, base, tls)?;
+        let (report, summary) = run_mode(k, &exe, base, tls, store.as_deref())?;
         println!("{report}");
         done.push((mode, summary));
     }
@@ -154,6 +163,7 @@ fn run() -> Result<()> {
 enum Mode {
     Plain,
     Tls,
+    Postgres,
 }
 
 impl Mode {
@@ -161,6 +171,7 @@ impl Mode {
         match self {
             Mode::Plain => "plaintext",
             Mode::Tls => "mTLS",
+            Mode::Postgres => "plaintext, store in PostgreSQL",
         }
     }
 }
@@ -171,7 +182,8 @@ fn modes() -> Result<Vec<Mode>> {
         .map(|m| match m.trim() {
             "plain" => Ok(Mode::Plain),
             "tls" => Ok(Mode::Tls),
-            other => bail!("FLEET_MODES: `{other}` is not plain or tls"),
+            "pg" => Ok(Mode::Postgres),
+            other => bail!("FLEET_MODES: `{other}` is not plain, tls or pg"),
         })
         .collect()
 }
@@ -187,14 +199,25 @@ struct Summary {
 }
 
 /// The bench against a fresh controller, plaintext or mTLS.
-fn run_mode(k: Knobs, exe: &Path, base: &Path, tls: Option<Arc<Tls>>) -> Result<(String, Summary)> {
+fn run_mode(
+    k: Knobs,
+    exe: &Path,
+    base: &Path,
+    tls: Option<Arc<Tls>>,
+    store: Option<&str>,
+) -> Result<(String, Summary)> {
     // Spawned from this (the main) thread: the child's parent-death signal
     // follows the thread that forked it.
-    let controller = Controller::start(exe, base, tls.as_deref())?;
+    let controller = Controller::start(exe, base, tls.as_deref(), store)?;
     let bare_dir = tempfile::tempdir_in(base)?;
     println!(
-        "fleet ({}): {} agents, controller {} (pid {}), data under {}, load {}",
+        "fleet ({}{}): {} agents, controller {} (pid {}), data under {}, load {}",
         if tls.is_some() { "mTLS" } else { "plaintext" },
+        if store.is_some() {
+            ", store in PostgreSQL"
+        } else {
+            ""
+        },
         k.agents,
         exe.display(),
         controller.pid,
@@ -303,7 +326,7 @@ fn endpoint(url: &str, tls: Option<ClientTlsConfig>) -> Result<Endpoint> {
 /// Plaintext against mTLS, as a Markdown table.
 fn compare(k: Knobs, done: &[(Mode, Summary)]) -> String {
     let mut s = format!(
-        "\n### cost of mTLS: {} agents, {} rounds per mode, modes in this order: {}\n\n| mode | push → acked p50 (best / median) | p99 (best / median) | feedback rows/s (best / median) | RSS per agent | connect all |\n|---|---|---|---|---|---|\n",
+        "\n### the modes side by side: {} agents, {} rounds per mode, in this order: {}\n\n| mode | push → acked p50 (best / median) | p99 (best / median) | feedback rows/s (best / median) | RSS per agent | connect all |\n|---|---|---|---|---|---|\n",
         k.agents,
         k.rounds,
         done.iter()
@@ -337,7 +360,7 @@ fn compare(k: Knobs, done: &[(Mode, Summary)]) -> String {
         .collect();
     s.push_str(&format!(
         "\n{}",
-        serde_json::json!({"bench": "fleet-mtls", "modes": json})
+        serde_json::json!({"bench": "fleet-modes", "modes": json})
     ));
     s
 }
@@ -394,7 +417,12 @@ struct Controller {
 }
 
 impl Controller {
-    fn start(exe: &Path, base: &Path, tls: Option<&Tls>) -> Result<Controller> {
+    fn start(
+        exe: &Path,
+        base: &Path,
+        tls: Option<&Tls>,
+        store: Option<&str>,
+    ) -> Result<Controller> {
         let data = tempfile::tempdir_in(base)?;
         let log = std::fs::File::create(data.path().join("controller.log"))?;
         let mut cmd = Command::new(exe);
@@ -411,6 +439,7 @@ impl Controller {
         let scheme = if tls.is_some() { "https" } else { "http" };
         cmd.args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data.path())
+            .args(store.map(|url| ["--store", url]).into_iter().flatten())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

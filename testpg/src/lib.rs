@@ -34,6 +34,17 @@ struct Cluster {
 
 static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
 static TLS_CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+static DURABLE_CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+
+/// How a cluster is set up.
+#[derive(Default)]
+struct Setup<'a> {
+    /// TLS only over TCP.
+    tls: Option<Tls<'a>>,
+    /// The server's durable defaults (every commit flushed) instead of
+    /// the tests' `fsync=off`; its directory under this one.
+    durable_in: Option<&'a Path>,
+}
 
 /// A server certificate and key (PEM) for a cluster that takes TLS only.
 struct Tls<'a> {
@@ -75,15 +86,23 @@ fn as_server_user(program: &Path, root: bool) -> Command {
     }
 }
 
-fn start(tls: Option<Tls<'_>>) -> Result<Cluster, String> {
+fn start(setup: Setup<'_>) -> Result<Cluster, String> {
+    let tls = setup.tls;
     let bin =
         bin_dir().ok_or("no /usr/lib/postgresql/*/bin/initdb: install Debian's postgresql")?;
     let root = nix::unistd::geteuid().is_root();
-    let dir = std::env::temp_dir().join(format!(
-        "baton-pg-{}{}",
-        std::process::id(),
-        if tls.is_some() { "-tls" } else { "" }
-    ));
+    let dir = setup
+        .durable_in
+        .map_or_else(std::env::temp_dir, Path::to_path_buf)
+        .join(format!(
+            "baton-pg-{}{}",
+            std::process::id(),
+            match (&tls, setup.durable_in) {
+                (Some(_), _) => "-tls",
+                (None, Some(_)) => "-durable",
+                (None, None) => "",
+            }
+        ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     if root {
@@ -158,12 +177,14 @@ fn start(tls: Option<Tls<'_>>) -> Result<Cluster, String> {
             "-c",
             "listen_addresses=127.0.0.1",
             "-c",
-            "fsync=off",
-            "-c",
-            "full_page_writes=off",
-            "-c",
             "max_connections=200",
         ])
+        .args(if setup.durable_in.is_some() {
+            &[][..]
+        } else {
+            // Throwaway data: no flush is worth its time.
+            &["-c", "fsync=off", "-c", "full_page_writes=off"][..]
+        })
         .args(settings.iter().flat_map(|v| ["-c", v.as_str()]))
         .get_args()
         .map(|a| shell_quote(&a.to_string_lossy()))
@@ -241,8 +262,8 @@ impl Cluster {
     }
 }
 
-fn started(tls: Option<Tls<'_>>) -> Option<Cluster> {
-    match start(tls) {
+fn started(setup: Setup<'_>) -> Option<Cluster> {
+    match start(setup) {
         Ok(c) => Some(c),
         Err(e) => {
             if std::env::var("BATON_REQUIRE_POSTGRES").as_deref() == Ok("1") {
@@ -258,7 +279,7 @@ fn started(tls: Option<Tls<'_>>) -> Option<Cluster> {
 /// This process's cluster, started on first use; `None` (having said
 /// why) when PostgreSQL is not installed and not required.
 fn cluster() -> Option<&'static Cluster> {
-    CLUSTER.get_or_init(|| started(None)).as_ref()
+    CLUSTER.get_or_init(|| started(Setup::default())).as_ref()
 }
 
 /// Whether a cluster runs (starting it if needed). Blocking.
@@ -277,7 +298,29 @@ pub fn fresh_database() -> Option<String> {
 /// `key` (PEM; the first caller's are kept). Blocking.
 pub fn fresh_tls_database(cert: &Path, key: &Path) -> Option<String> {
     TLS_CLUSTER
-        .get_or_init(|| started(Some(Tls { cert, key })))
+        .get_or_init(|| {
+            started(Setup {
+                tls: Some(Tls { cert, key }),
+                ..Setup::default()
+            })
+        })
+        .as_ref()
+        .map(Cluster::create_database)
+}
+
+/// [`fresh_database`] on a third cluster of this process, with the
+/// server's durable defaults (`fsync` and `synchronous_commit` on), its
+/// files under `dir` (a disk, where a benchmark's figures mean something;
+/// `/tmp` may be memory). For benchmarks against the embedded store's
+/// `synchronous=FULL`. Blocking.
+pub fn durable_database(dir: &Path) -> Option<String> {
+    DURABLE_CLUSTER
+        .get_or_init(|| {
+            started(Setup {
+                durable_in: Some(dir),
+                ..Setup::default()
+            })
+        })
         .as_ref()
         .map(Cluster::create_database)
 }
