@@ -414,6 +414,8 @@ struct Controller {
     pid: u32,
     data: tempfile::TempDir,
     url: String,
+    /// `--store`: its PostgreSQL database (else the store is in `data`).
+    store: Option<String>,
 }
 
 impl Controller {
@@ -468,6 +470,7 @@ impl Controller {
             pid,
             data,
             url: String::new(),
+            store: store.map(str::to_owned),
         };
         let addr_file = c.data.path().join("listen.addr");
         let end = Instant::now() + Duration::from_secs(30);
@@ -495,8 +498,20 @@ impl Controller {
         std::fs::read_to_string(self.data.path().join("controller.log")).unwrap_or_default()
     }
 
-    fn db(&self) -> PathBuf {
-        self.data.path().to_path_buf()
+    /// Feedback rows the controller has stored, read from its store.
+    async fn stored_feedback(&self) -> Result<i64> {
+        let dir = self.data.path().to_path_buf();
+        let store = self.store.clone();
+        // Both clients block (PostgreSQL's runs a runtime of its own).
+        tokio::task::spawn_blocking(move || match store {
+            None => common::count(&dir).map_err(|e| anyhow!(e)),
+            Some(url) => {
+                let mut c = postgres::Client::connect(&url, postgres::NoTls)?;
+                Ok(c.query_one("SELECT COUNT(*) FROM feedback", &[])?
+                    .try_get(0)?)
+            }
+        })
+        .await?
     }
 
     /// SIGTERM, and how it ended (SIGKILL after 10 s).
@@ -1211,7 +1226,7 @@ async fn ingest_round(
     }
     let took = last - start;
     let (ctl_cpu, bench_cpu) = cpu.done()?;
-    let stored = common::count(&ctl.db()).map_err(|e| anyhow!(e))?;
+    let stored = ctl.stored_feedback().await?;
     let want = (round * total) as i64;
     if stored != want {
         bail!("controller stored {stored} feedback rows, expected {want}");

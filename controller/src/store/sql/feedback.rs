@@ -51,14 +51,8 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
                 .ok_or_else(|| StoreError::Backend("a journal stored is not found".into()))?
         }
     };
-    const INSERT: &str = "INSERT INTO feedback (journal, seq, tenant, pack, version, instruction, \
-         execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, outcome, \
-         reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
-         clock_state, received_ns) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-         ?18, ?19, ?20, ?21, ?22, ?23) \
-         ON CONFLICT (journal, seq) DO NOTHING";
     let mut high = acked;
+    let mut fresh = Vec::with_capacity(rows.len());
     for (r, (seq, version, dropped_before)) in rows.iter().zip(checked) {
         if seq <= acked {
             // Stored before (retention may have deleted it since): an
@@ -75,49 +69,60 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
             }
             continue;
         }
-        // Most ids are their row's canonical form: not stored twice.
-        let execution_id = match canonical_execution_id(r) {
-            Some(c) if c == r.execution_id => None,
-            _ => Some(r.execution_id.as_str()),
-        };
-        let n = conn.execute(
-            INSERT,
-            params![
-                journal,
-                seq,
-                r.tenant,
-                r.pack,
-                version,
-                r.instruction,
-                execution_id,
-                r.occurrence_ns,
-                i64::from(r.attempt),
-                r.scheduled_ns,
-                r.actual_ns,
-                r.lateness_ns,
-                r.outcome as i32,
-                r.reason as i32,
-                r.event,
-                r.action,
-                r.detail,
-                r.value.map(i64::from),
-                dropped_before,
-                r.uncertainty_ns,
-                r.clock_source as i32,
-                r.clock_state as i32,
-                r.received_ns
-            ],
-        );
-        let n = with_row(
-            format_args!("store feedback {}/{}#{}", r.agent_id, r.journal_id, r.seq),
-            n,
-        )?;
-        if n == 0 {
-            out.duplicates += 1;
-        } else {
-            out.inserted += 1;
-        }
         high = high.max(seq);
+        fresh.push((r, seq, version, dropped_before));
+    }
+    // Several rows per statement: a round trip each would bound a
+    // networked engine's ingest by its latency.
+    let mut rest = fresh.as_slice();
+    while !rest.is_empty() {
+        let n = chunk_len(rest.len());
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        let mut values: Vec<Param<'_>> = Vec::with_capacity(n * FEEDBACK_INSERT_COLUMNS);
+        for &(r, seq, version, dropped_before) in chunk {
+            // Most ids are their row's canonical form: not stored twice.
+            let execution_id = match canonical_execution_id(r) {
+                Some(c) if c == r.execution_id => Param::Null,
+                _ => Param::Text(&r.execution_id),
+            };
+            values.extend([
+                Param::Int(journal),
+                Param::Int(seq),
+                Param::Text(&r.tenant),
+                Param::Text(&r.pack),
+                Param::Int(version),
+                Param::Text(&r.instruction),
+                execution_id,
+                r.occurrence_ns.map_or(Param::Null, Param::Int),
+                Param::Int(i64::from(r.attempt)),
+                Param::Int(r.scheduled_ns),
+                Param::Int(r.actual_ns),
+                Param::Int(r.lateness_ns),
+                Param::Int(r.outcome as i64),
+                Param::Int(r.reason as i64),
+                Param::Text(&r.event),
+                Param::Text(&r.action),
+                Param::Text(&r.detail),
+                r.value.map_or(Param::Null, |v| Param::Int(i64::from(v))),
+                Param::Int(dropped_before),
+                Param::Int(r.uncertainty_ns),
+                Param::Int(r.clock_source as i64),
+                Param::Int(r.clock_state as i64),
+                Param::Int(r.received_ns),
+            ]);
+        }
+        let (first, last) = (chunk[0].1, chunk[n - 1].1);
+        let inserted = with_row(
+            format_args!(
+                "store feedback {}/{}#{first}..={last}",
+                chunk[0].0.agent_id, chunk[0].0.journal_id
+            ),
+            query_all(conn, &insert_sql(n), &values, |r| col::<i64>(r, "seq")),
+        )?
+        .len();
+        out.inserted += inserted;
+        out.duplicates += n - inserted;
     }
     if high > acked {
         run(
@@ -139,6 +144,49 @@ pub(crate) fn feedback_acked(conn: &dyn Db, agent_id: &str, journal_id: &str) ->
         |r| col::<i64>(r, "acked_seq"),
     )?;
     u64_from_db(v.unwrap_or(0), "acked seq")
+}
+
+/// Columns of one feedback row in [`insert_sql`].
+const FEEDBACK_INSERT_COLUMNS: usize = 23;
+
+/// Rows per insert at most.
+const INSERT_ROWS: usize = 32;
+
+/// How many of `left` rows the next insert takes: 32, or the largest power
+/// of two below (so six statement shapes serve every batch, and stay in
+/// the engines' statement caches).
+fn chunk_len(left: usize) -> usize {
+    if left >= INSERT_ROWS {
+        INSERT_ROWS
+    } else {
+        1 << left.ilog2()
+    }
+}
+
+/// `INSERT` of `rows` feedback rows, each skipped if its (journal, seq)
+/// is stored; returns the seqs it inserted.
+fn insert_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO feedback (journal, seq, tenant, pack, version, instruction, \
+         execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, outcome, \
+         reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
+         clock_state, received_ns) VALUES ",
+    );
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for c in 1..=FEEDBACK_INSERT_COLUMNS {
+            if c > 1 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("?{}", row * FEEDBACK_INSERT_COLUMNS + c));
+        }
+        sql.push(')');
+    }
+    sql.push_str(" ON CONFLICT (journal, seq) DO NOTHING RETURNING seq");
+    sql
 }
 
 /// One page, in storage order.
