@@ -1538,24 +1538,34 @@ pub(crate) async fn feedback_stored_once(s: &dyn Store, _: Binding) {
 /// first sent: the stored row keeps the count (and nothing else of the
 /// copy), and a smaller count never replaces a larger one.
 pub(crate) async fn feedback_drops_on_a_resent_entry(s: &dyn Store, _: Binding) {
-    let rows: Vec<FeedbackRow> = (1..=3).map(|q| fb("a1", "j1", q, 10)).collect();
+    // Seqs 3..=9 never arrived: seven entries are missing before 10.
+    let rows: Vec<FeedbackRow> = [1, 2, 10].map(|q| fb("a1", "j1", q, 10)).into();
     s.put_feedback(rows).await.unwrap();
-    let mut carrier = fb("a1", "j1", 2, 99);
-    carrier.dropped_before = 7;
+    let mut carrier = fb("a1", "j1", 10, 99);
+    carrier.dropped_before = 5;
     carrier.detail = "not stored".into();
     let stored = s.put_feedback(vec![carrier.clone()]).await.unwrap();
     assert_eq!((stored.inserted, stored.duplicates), (0, 1));
+    // A smaller count later changes nothing; a larger one is held to the
+    // seven entries missing before it.
     carrier.dropped_before = 3;
+    s.put_feedback(vec![carrier.clone()]).await.unwrap();
+    carrier.dropped_before = 9;
     s.put_feedback(vec![carrier]).await.unwrap();
+    // An entry stored right after the one before it missed nothing,
+    // whatever it carries when it comes back.
+    let mut two = fb("a1", "j1", 2, 99);
+    two.dropped_before = 4;
+    s.put_feedback(vec![two]).await.unwrap();
     let all = all_feedback(s).await;
-    let two = all.iter().find(|r| r.seq == 2).unwrap();
+    let ten = all.iter().find(|r| r.seq == 10).unwrap();
     assert_eq!(
-        (two.dropped_before, two.detail.as_str(), two.received_ns),
+        (ten.dropped_before, ten.detail.as_str(), ten.received_ns),
         (7, "", 10)
     );
     assert!(
         all.iter()
-            .filter(|r| r.seq != 2)
+            .filter(|r| r.seq != 10)
             .all(|r| r.dropped_before == 0)
     );
 }

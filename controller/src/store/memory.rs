@@ -601,15 +601,28 @@ impl Store for MemoryStore {
                 if r.seq <= before || !s.feedback_keys.insert(k) {
                     out.duplicates += 1;
                     // A re-sent entry now carrying a count of drops: the
-                    // stored row keeps the count.
-                    if r.dropped_before > 0
-                        && let Some(stored) = s.feedback.values_mut().find(|f| {
+                    // stored row keeps the count, held to the entries
+                    // missing right before it.
+                    if r.dropped_before > 0 {
+                        let below = s
+                            .feedback
+                            .values()
+                            .filter(|f| {
+                                f.agent_id == r.agent_id
+                                    && f.journal_id == r.journal_id
+                                    && f.seq < r.seq
+                            })
+                            .map(|f| f.seq)
+                            .max()
+                            .unwrap_or(0);
+                        let count = r.dropped_before.min(r.seq - below - 1);
+                        if let Some(stored) = s.feedback.values_mut().find(|f| {
                             f.agent_id == r.agent_id
                                 && f.journal_id == r.journal_id
                                 && f.seq == r.seq
-                        })
-                    {
-                        stored.dropped_before = stored.dropped_before.max(r.dropped_before);
+                        }) {
+                            stored.dropped_before = stored.dropped_before.max(count);
+                        }
                     }
                     continue;
                 }

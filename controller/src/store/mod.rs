@@ -291,7 +291,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Store feedback of one journal, once: rows whose (agent, journal,
     /// seq) is stored already, or at or below the journal's acked seq as it
     /// was before the call (stored once, maybe deleted by retention since),
-    /// are counted as duplicates and left as they are. Ids come from the
+    /// are counted as duplicates and left as they are, but for a count of
+    /// drops a re-sent entry now carries: the stored row keeps the larger
+    /// count, held to the entries missing right before it (rows deleted by
+    /// retention count as missing). Ids come from the
     /// store, in storage order, and are never handed out twice (not even
     /// after retention deleted every row). All or nothing: a row that
     /// cannot be stored (a value past `i64::MAX`), or rows of more than one

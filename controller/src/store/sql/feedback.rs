@@ -59,12 +59,19 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
             // agent's seqs only grow, so this is a re-send.
             out.duplicates += 1;
             if dropped_before > 0 {
+                // Held to the entries missing right before it: a count
+                // the agent carried again for entries stored meanwhile is
+                // not a drop (rows retention deleted count as missing).
                 run(
                     conn,
                     "keep a re-sent entry's count of drops",
                     "UPDATE feedback SET dropped_before = ?3 \
                      WHERE journal = ?1 AND seq = ?2 AND dropped_before < ?3",
-                    params![journal, seq, dropped_before],
+                    params![
+                        journal,
+                        seq,
+                        dropped_before.min(seq - 1 - stored_below(conn, journal, seq)?)
+                    ],
                 )?;
             }
             continue;
@@ -144,6 +151,18 @@ pub(crate) fn feedback_acked(conn: &dyn Db, agent_id: &str, journal_id: &str) ->
         |r| col::<i64>(r, "acked_seq"),
     )?;
     u64_from_db(v.unwrap_or(0), "acked seq")
+}
+
+/// The highest seq of `journal` stored below `seq` (0: none).
+fn stored_below(conn: &dyn Db, journal: i64, seq: i64) -> StoreResult<i64> {
+    Ok(query_first(
+        conn,
+        "SELECT MAX(seq) AS below FROM feedback WHERE journal = ?1 AND seq < ?2",
+        params![journal, seq],
+        |r| col::<Option<i64>>(r, "below"),
+    )?
+    .flatten()
+    .unwrap_or(0))
 }
 
 /// Columns of one feedback row in [`insert_sql`].
