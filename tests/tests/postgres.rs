@@ -8,17 +8,63 @@
 use std::process::Command;
 use std::time::Duration;
 
-use baton_e2e::fleet::{json_lines, start_agent, start_controller, start_controller_args};
+use baton_e2e::fleet::{
+    Agent, Controller, json_lines, start_agent, start_controller, start_controller_args,
+};
 use baton_e2e::{bin, run, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The execution ids of a pack's stored feedback.
-fn ids(c: &baton_e2e::fleet::Controller, pack: &str) -> Vec<String> {
+fn ids(c: &Controller, pack: &str) -> Vec<String> {
     c.feedback(pack)
         .iter()
         .filter_map(|f| f["execution_id"].as_str().map(str::to_owned))
         .collect()
+}
+
+/// Agent `a1` (label line=press) in `dir`, connected to `c`, and pack `p`
+/// (a toggle every 100 ms, aimed at that label) pushed to it.
+fn agent_with_pack(dir: &std::path::Path, c: &Controller) -> Agent {
+    let a = start_agent(dir, "a1", &c.url, &["line=press"]);
+    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
+    let pack = dir.join("p.yaml");
+    std::fs::write(
+        &pack,
+        "pack: p\nversion: 1\ntargets: {labels: {line: press}}\n\
+         safe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
+         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {line: 5}\n    every: 100ms\n",
+    )
+    .expect("write pack");
+    let o = c.ctl(&["push", pack.to_str().expect("utf-8")]);
+    assert!(
+        o.status.success(),
+        "push: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    a
+}
+
+/// After `what`, the agent's feedback reaches the store again (five new
+/// entries past `before`), every entry of `before` is still there, and no
+/// execution is stored twice.
+fn resumes_once(c: &Controller, before: &[String], what: &str) {
+    assert!(
+        wait_until(WAIT, || ids(c, "p").len() >= before.len() + 5),
+        "feedback did not resume after {what}; controller log:\n{}",
+        c.log()
+    );
+    let after = ids(c, "p");
+    let unique: std::collections::BTreeSet<&String> = after.iter().collect();
+    assert_eq!(
+        unique.len(),
+        after.len(),
+        "an execution stored twice after {what}"
+    );
+    assert!(
+        before.iter().all(|id| unique.contains(id)),
+        "feedback lost after {what}"
+    );
 }
 
 #[test]
@@ -33,22 +79,7 @@ fn a_controller_on_postgres_keeps_pushes_and_feedback_across_a_kill_and_a_lost_c
         !data.join("controller.db").exists(),
         "the embedded store was opened as well"
     );
-    let a = start_agent(dir.path(), "a1", &c.url, &["line=press"]);
-    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
-    let pack = dir.path().join("p.yaml");
-    std::fs::write(
-        &pack,
-        "pack: p\nversion: 1\ntargets: {labels: {line: press}}\n\
-         safe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
-         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {line: 5}\n    every: 100ms\n",
-    )
-    .expect("write pack");
-    let o = c.ctl(&["push", pack.to_str().expect("utf-8")]);
-    assert!(
-        o.status.success(),
-        "push: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let _agent = agent_with_pack(dir.path(), &c); // runs until the end
     assert!(
         wait_until(WAIT, || ids(&c, "p").len() >= 5),
         "no feedback stored; controller log:\n{}",
@@ -59,19 +90,7 @@ fn a_controller_on_postgres_keeps_pushes_and_feedback_across_a_kill_and_a_lost_c
     c.restart();
     // Everything stored before the kill is still there, once each, and
     // the agent's stream carries on into the same database.
-    assert!(
-        wait_until(WAIT, || ids(&c, "p").len() >= before.len() + 5),
-        "feedback did not resume; controller log:\n{}",
-        c.log()
-    );
-    let after = ids(&c, "p");
-    for id in &before {
-        assert_eq!(
-            after.iter().filter(|x| *x == id).count(),
-            1,
-            "{id} lost or stored twice"
-        );
-    }
+    resumes_once(&c, &before, "the controller's kill");
 
     // The database drops every connection (a restart, a cut): the
     // controller connects again, and what was stored stays stored once.
@@ -80,15 +99,7 @@ fn a_controller_on_postgres_keeps_pushes_and_feedback_across_a_kill_and_a_lost_c
         .join()
         .expect("terminate");
     let before = ids(&c, "p");
-    assert!(
-        wait_until(WAIT, || ids(&c, "p").len() >= before.len() + 5),
-        "feedback did not resume after the database dropped its connections; log:\n{}",
-        c.log()
-    );
-    let after = ids(&c, "p");
-    let unique: std::collections::BTreeSet<&String> = after.iter().collect();
-    assert_eq!(unique.len(), after.len(), "an execution stored twice");
-    assert!(before.iter().all(|id| unique.contains(id)), "feedback lost");
+    resumes_once(&c, &before, "the database dropped its connections");
     assert!(c.log().contains("reconnected to PostgreSQL"), "{}", c.log());
 
     let packs = c.ctl(&["packs", "--json"]);
@@ -158,21 +169,7 @@ fn migrate_moves_a_single_node_site_into_postgres_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("ctl");
     let mut c = start_controller(&data, "127.0.0.1:0");
-    let a = start_agent(dir.path(), "a1", &c.url, &["line=press"]);
-    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
-    let pack = dir.path().join("p.yaml");
-    std::fs::write(
-        &pack,
-        "pack: p\nversion: 1\ntargets: {labels: {line: press}}\n\
-         safe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
-         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {line: 5}\n    every: 100ms\n",
-    )
-    .expect("write pack");
-    assert!(
-        c.ctl(&["push", pack.to_str().expect("utf-8")])
-            .status
-            .success()
-    );
+    let _agent = agent_with_pack(dir.path(), &c); // runs until the end
     assert!(wait_until(WAIT, || ids(&c, "p").len() >= 5), "{}", c.log());
     let audit = json_lines(&c.ctl(&["audit", "--json"]).stdout);
     assert!(!audit.is_empty(), "nothing audited to carry over");
@@ -210,14 +207,7 @@ fn migrate_moves_a_single_node_site_into_postgres_once() {
             "audit row not carried over: {row}"
         );
     }
-    assert!(
-        wait_until(WAIT, || ids(&c, "p").len() >= before.len() + 5),
-        "feedback did not resume on PostgreSQL; log:\n{}",
-        c.log()
-    );
-    let all = ids(&c, "p");
-    let unique: std::collections::BTreeSet<&String> = all.iter().collect();
-    assert_eq!(unique.len(), all.len(), "an execution stored twice");
+    resumes_once(&c, &before, "the move to PostgreSQL");
 }
 
 /// `ca init` in `dir`: ca.pem, server.pem, server-key.pem for 127.0.0.1.
@@ -288,20 +278,6 @@ fn tls_to_the_database_is_checked_against_the_named_ca_and_never_dropped() {
         "127.0.0.1:0",
         &["--store", &url, "--store-ca", ca_arg],
     );
-    let a = start_agent(dir.path(), "a1", &c.url, &["line=press"]);
-    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
-    let pack = dir.path().join("p.yaml");
-    std::fs::write(
-        &pack,
-        "pack: p\nversion: 1\ntargets: {labels: {line: press}}\n\
-         safe_state:\n  - {action: gpio.write, params: {line: 5, value: 0}}\n\
-         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {line: 5}\n    every: 100ms\n",
-    )
-    .expect("write pack");
-    assert!(
-        c.ctl(&["push", pack.to_str().expect("utf-8")])
-            .status
-            .success()
-    );
+    let _agent = agent_with_pack(dir.path(), &c); // runs until the end
     assert!(wait_until(WAIT, || ids(&c, "p").len() >= 3), "{}", c.log());
 }
