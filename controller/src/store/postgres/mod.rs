@@ -38,8 +38,8 @@ use rustls_pki_types::pem::PemObject;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
-use super::sql::Engine;
 use super::sql::db::{Db, col, params, query_first, run};
+use super::sql::{Engine, off_runtime};
 pub use super::writer::WriterStats;
 use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
@@ -227,9 +227,7 @@ impl Engine for PgStore {
         F: Fn(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         let pool = Arc::clone(&self.readers);
-        tokio::task::spawn_blocking(move || pool.with(f))
-            .await
-            .map_err(|e| StoreError::Backend(format!("read task: {e}")))?
+        off_runtime(move || pool.with(f)).await
     }
 }
 

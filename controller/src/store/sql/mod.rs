@@ -55,3 +55,13 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         T: Send + 'static,
         F: Fn(&dyn db::Db) -> StoreResult<T> + Send + 'static;
 }
+
+/// Runs blocking database work (a read on a pooled connection) off the
+/// async runtime's threads, a panicked task as a store error.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| super::StoreError::Backend(format!("read task: {e}")))?
+}

@@ -35,9 +35,9 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
-use super::sql::Engine;
 use super::sql::codec::backend;
 use super::sql::db::Db;
+use super::sql::{Engine, off_runtime};
 pub use super::writer::{BACKGROUND_WAIT, WriterStats};
 use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
@@ -144,9 +144,7 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
         let pool = Arc::clone(&self.readers);
-        tokio::task::spawn_blocking(move || pool.with(f))
-            .await
-            .map_err(|e| backend("read task", e))?
+        off_runtime(move || pool.with(f)).await
     }
 
     /// Commands waiting for the writer (tests drive batching with it).
@@ -190,9 +188,7 @@ impl Engine for SqliteStore {
         F: Fn(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         let pool = Arc::clone(&self.readers);
-        tokio::task::spawn_blocking(move || pool.with(|c| f(c)))
-            .await
-            .map_err(|e| backend("read task", e))?
+        off_runtime(move || pool.with(|c| f(c))).await
     }
 }
 
