@@ -43,6 +43,15 @@ impl Test {
     }
 
     /// Opens a stream and says hello; the Welcome is read.
+    /// The first page of stored feedback.
+    async fn feedback(&self) -> Vec<crate::store::FeedbackRow> {
+        self.app()
+            .store
+            .feedback(crate::store::FeedbackFilter::default())
+            .await
+            .expect("feedback")
+    }
+
     async fn connect(&self, id: &str, journal: &str, held: &[(&str, &str, u64)]) -> Peer {
         let mut p = self.open(id, journal, held, LinkPeer::default()).await;
         match p.next().await {
@@ -446,12 +455,7 @@ async fn feedback_is_stored_only_for_the_agents_own_packs_and_gaps_are_counted()
         Ok(Out::FeedbackAck(ack)) => assert_eq!(ack.seq, 5),
         other => panic!("expected an ack, got {other:?}"),
     }
-    let rows = t
-        .app()
-        .store
-        .feedback(crate::store::FeedbackFilter::default())
-        .await
-        .expect("feedback");
+    let rows = t.feedback().await;
     let seqs: Vec<u64> = rows.iter().map(|r| r.seq).collect();
     assert_eq!(seqs, [1, 5]);
     assert_eq!(rows[1].dropped_before, 2);
@@ -490,12 +494,7 @@ async fn a_count_of_drops_carried_again_is_held_to_what_the_stream_skipped() {
     }))
     .await;
     assert!(matches!(a.next().await, Ok(Out::FeedbackAck(ack)) if ack.seq == 8));
-    let rows = t
-        .app()
-        .store
-        .feedback(crate::store::FeedbackFilter::default())
-        .await
-        .expect("feedback");
+    let rows = t.feedback().await;
     let drops: Vec<(u64, u64)> = rows.iter().map(|r| (r.seq, r.dropped_before)).collect();
     assert_eq!(drops, [(4, 3), (5, 0), (6, 0), (8, 1)]);
     let m = t.app().metrics.render(1, None);
@@ -544,12 +543,7 @@ async fn an_agent_bound_to_one_tenant_cannot_claim_anothers() {
         Ok(Out::FeedbackAck(ack)) => assert_eq!(ack.seq, 1),
         other => panic!("expected an ack, got {other:?}"),
     }
-    let rows = t
-        .app()
-        .store
-        .feedback(crate::store::FeedbackFilter::default())
-        .await
-        .expect("feedback");
+    let rows = t.feedback().await;
     assert!(rows.is_empty(), "{rows:?}");
     // Granted to plant-b: now it is targeted.
     t.app()
