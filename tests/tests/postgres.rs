@@ -281,3 +281,38 @@ fn tls_to_the_database_is_checked_against_the_named_ca_and_never_dropped() {
     let _agent = agent_with_pack(dir.path(), &c); // runs until the end
     assert!(wait_until(WAIT, || ids(&c, "p").len() >= 3), "{}", c.log());
 }
+
+#[test]
+fn bad_store_settings_and_a_missing_site_are_refused_with_what_is_wrong() {
+    // No database is reached for any of these: each is refused first.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = refused_start(dir.path(), &["--store", "postgres://[not a host"]);
+    assert!(
+        err.contains("the store URL is not a PostgreSQL URL"),
+        "{err}"
+    );
+    let missing = dir.path().join("no-such-ca.pem");
+    let err = refused_start(
+        dir.path(),
+        &[
+            "--store",
+            "host=127.0.0.1 port=1 dbname=x",
+            "--store-ca",
+            missing.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(
+        err.contains("--store-ca") && err.contains("no-such-ca.pem"),
+        "{err}"
+    );
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args(["migrate", "--from"])
+            .arg(dir.path().join("no-site"))
+            .args(["--to", "host=127.0.0.1 port=1 dbname=x"]),
+        WAIT,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no embedded store at"), "{err}");
+}
