@@ -173,6 +173,7 @@ fn msg(body: C) -> ControllerMessage {
 
 fn welcome(acked: u64, ping_ms: u32) -> ControllerMessage {
     msg(C::Welcome(wire::Welcome {
+        session_gen: 0,
         agent_id: "t".into(),
         feedback_acked_seq: acked,
         controller_time_ns: 0,
@@ -190,6 +191,7 @@ fn pack_ref(pack: &str, version: u64) -> wire::PackRef {
 
 fn push(pack: &str, version: u64, yaml: &str) -> ControllerMessage {
     msg(C::PackPush(wire::PackPush {
+        session_gen: 0,
         pack: Some(pack_ref(pack, version)),
         yaml: yaml.into(),
     }))
@@ -430,6 +432,7 @@ fn an_invalid_push_is_nacked_with_every_error_and_its_position() {
     );
     // A push without any reference is answered too.
     h.send(msg(C::PackPush(wire::PackPush {
+        session_gen: 0,
         pack: None,
         yaml: pack("blink", 1, BLINK),
     })));
@@ -555,6 +558,7 @@ fn a_cancel_drives_the_safe_state_and_held_no_longer_lists_the_pack() {
     h.run_for(Duration::from_millis(50), Duration::from_millis(5));
     assert_eq!(h.r.level(7), Some(1));
     h.send(msg(C::PackCancel(wire::PackCancel {
+        session_gen: 0,
         pack: Some(pack_ref("blink", 1)),
     })));
     assert_eq!(h.held(), []);
@@ -574,10 +578,14 @@ fn a_cancel_drives_the_safe_state_and_held_no_longer_lists_the_pack() {
     assert_eq!(h.r.level(7), Some(0), "safe state, and nothing after it");
     // Again, or a pack never held: just Held.
     h.send(msg(C::PackCancel(wire::PackCancel {
+        session_gen: 0,
         pack: Some(pack_ref("blink", 1)),
     })));
     assert_eq!(h.held(), []);
-    h.send(msg(C::PackCancel(wire::PackCancel { pack: None })));
+    h.send(msg(C::PackCancel(wire::PackCancel {
+        pack: None,
+        session_gen: 0,
+    })));
     assert_eq!(h.held(), []);
 }
 

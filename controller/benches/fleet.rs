@@ -782,6 +782,7 @@ async fn connect(ix: usize, url: &str, tls: Option<&Tls>) -> Result<Link> {
         feedback_first_seq: 0,
         feedback_last_seq: 0,
         max_packs: 0,
+        session_gen: 0,
     })))
     .await
     .map_err(|_| anyhow!("hello not queued"))?;

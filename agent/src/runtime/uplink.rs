@@ -420,6 +420,7 @@ impl Agent {
             feedback_first_seq: first,
             feedback_last_seq: last,
             max_packs: u32::try_from(self.cfg.max_packs).unwrap_or(u32::MAX),
+            session_gen: 0,
         }
     }
 

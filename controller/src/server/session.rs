@@ -480,6 +480,7 @@ impl Session {
             feedback_acked_seq: acked,
             controller_time_ns: now_ns(),
             ping_interval_ms: self.shared.cfg.ping_interval.as_millis() as u32,
+            session_gen: 0,
         }))
         .await?;
         self.agent_event(
@@ -633,6 +634,7 @@ impl Session {
                 self.in_flight.remove(key);
                 self.send(Out::PackCancel(wire::PackCancel {
                     pack: Some(convert::wire_ref(&key.tenant, &key.pack, version)),
+                    session_gen: 0,
                 }))
                 .await
             }
@@ -669,6 +671,7 @@ impl Session {
         self.send(Out::PackPush(wire::PackPush {
             pack: Some(convert::wire_ref(&key.tenant, &key.pack, version)),
             yaml: text.yaml.clone(),
+            session_gen: 0,
         }))
         .await?;
         self.in_flight.insert(
