@@ -65,6 +65,7 @@ async fn clock_weight(base: &str) -> Res<f64> {
                 journal_id: "journal-1".into(),
                 cert_tenants: None,
                 held: Vec::new(),
+                session_gen_seen: 0,
                 at_ns: 1,
             })
             .await?;
@@ -85,7 +86,7 @@ async fn clock_weight(base: &str) -> Res<f64> {
                         frequency_ppm: -3.25,
                         at_ns: 1_764_000_000_000_000_000 + i as i64 * 5_000_000_000,
                     };
-                    store.record_clock(&format!("agent-{a:04}"), row).await?;
+                    store.record_clock(&format!("agent-{a:04}"), 1, row).await?;
                 }
                 Ok::<_, baton_controller::store::StoreError>(())
             })
@@ -203,7 +204,7 @@ async fn through_store(
             tokio::spawn(async move {
                 let mut inserted = 0;
                 for batch in batches {
-                    inserted += store.put_feedback(batch).await?.inserted;
+                    inserted += store.put_feedback(1, batch).await?.inserted;
                 }
                 Ok::<_, baton_controller::store::StoreError>(inserted)
             })

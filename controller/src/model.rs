@@ -107,6 +107,12 @@ pub struct AgentRow {
     /// it (on a controller that binds agents to tenants, see
     /// [`Binding`]).
     pub tenants: BTreeSet<String>,
+    /// Its current stream's generation (0: it never said hello to a
+    /// controller that fences): only writes from that stream are taken.
+    pub session_gen: u64,
+    /// The replica whose stream took its last hello (empty on a single
+    /// controller).
+    pub owner: String,
 }
 
 impl AgentRow {
@@ -122,6 +128,8 @@ impl AgentRow {
             clock: None,
             overrides: BTreeMap::new(),
             tenants: BTreeSet::new(),
+            session_gen: 0,
+            owner: String::new(),
         }
     }
 

@@ -75,7 +75,10 @@ impl From<StoreError> for AppError {
             StoreError::NoSuchPack { .. } | StoreError::NoSuchAgent { .. } => {
                 AppError::NotFound(e.to_string())
             }
-            StoreError::Backend(_) | StoreError::Closed => AppError::Unavailable(e.to_string()),
+            StoreError::Backend(_)
+            | StoreError::Closed
+            | StoreError::Fenced { .. }
+            | StoreError::LeaseLost(_) => AppError::Unavailable(e.to_string()),
         }
     }
 }

@@ -43,6 +43,7 @@ async fn hello(app: &App, id: &str, tenants: &[&str], held: &[(&str, &str, u64)]
             agent_version: "t".into(),
             journal_id: format!("j-{id}"),
             cert_tenants: Some(tenants.iter().map(|t| t.to_string()).collect()),
+            session_gen_seen: 0,
             held: held
                 .iter()
                 .map(|(t, p, v)| HeldPackRow {
@@ -265,7 +266,7 @@ async fn feedback_streams_page_by_page_and_honours_its_limit() {
     let rows: Vec<FeedbackRow> = (1..=n)
         .map(|s| fb(s, if s % 2 == 0 { "even" } else { "odd" }))
         .collect();
-    app.store.put_feedback(rows).await.expect("store");
+    app.store.put_feedback(1, rows).await.expect("store");
     let read = |q: FeedbackQuery| {
         let mut rx = app.feedback(&open(), q);
         async move {
@@ -305,7 +306,7 @@ async fn feedback_streams_page_by_page_and_honours_its_limit() {
 async fn retention_deletes_only_what_is_older_than_its_window() {
     let app = app(Binding::Open);
     let rows: Vec<FeedbackRow> = (1..=1200).map(|s| fb(s, "p")).collect();
-    app.store.put_feedback(rows).await.expect("store");
+    app.store.put_feedback(1, rows).await.expect("store");
     // received_ns = seq: everything before 1001 goes, in batches of 500.
     let n = super::retention::sweep(&app, Retained::Feedback, 1001, 500)
         .await

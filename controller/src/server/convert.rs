@@ -164,8 +164,20 @@ pub fn hello(h: &wire::Hello, max_held: usize, now_ns: i64) -> Result<HelloRow, 
         journal_id: h.journal_id.clone(),
         cert_tenants: None,
         held: held(&h.packs, held_cap(h, max_held))?,
+        session_gen_seen: session_gen_seen(h.session_gen)?,
         at_ns: now_ns,
     })
+}
+
+/// The generation the agent says it has seen: the store starts the next
+/// one above it, so it must leave room (a BIGINT, and one more).
+fn session_gen_seen(g: u64) -> Result<u64, BadMessage> {
+    if g >= i64::MAX as u64 {
+        return Err(BadMessage(format!(
+            "hello: session generation {g} is past what a controller can raise"
+        )));
+    }
+    Ok(g)
 }
 
 /// A clock report, with its enum values checked.

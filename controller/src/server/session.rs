@@ -81,6 +81,9 @@ enum End {
     Forgotten,
     /// Another machine's stream holds the id.
     Duplicate(String),
+    /// A later stream of the agent (on this replica or another) owns it
+    /// now: this one may write nothing more for it.
+    Fenced(String),
 }
 
 impl End {
@@ -102,6 +105,7 @@ impl End {
             }
             End::Forgotten => Status::aborted("an admin made the controller forget this agent"),
             End::Duplicate(m) => Status::already_exists(m.clone()),
+            End::Fenced(m) => Status::aborted(m.clone()),
         })
     }
 
@@ -119,6 +123,7 @@ impl End {
             End::Revoked(serial) => format!("certificate {serial} revoked"),
             End::Forgotten => "forgotten by an admin".into(),
             End::Duplicate(m) => format!("refused: {m}"),
+            End::Fenced(m) => format!("fenced: {m}"),
         }
     }
 }
@@ -131,7 +136,10 @@ impl From<BadMessage> for End {
 
 impl From<StoreError> for End {
     fn from(e: StoreError) -> End {
-        End::Store(e)
+        match e {
+            StoreError::Fenced { .. } => End::Fenced(e.to_string()),
+            e => End::Store(e),
+        }
     }
 }
 
@@ -330,15 +338,23 @@ where
     if still_current {
         app.agent_gone(&agent_id);
     }
-    // A forgotten agent has no record left to mark.
-    if still_current && !matches!(end, End::Forgotten) {
-        if let Err(e) = app.store.agent_seen(&agent_id, false, now_ns()).await {
-            tracing::error!(agent = %agent_id, "store: marking disconnected: {e}");
+    // A forgotten agent has no record left to mark; a fenced stream's
+    // agent is another stream's to mark.
+    if still_current && !matches!(end, End::Forgotten | End::Fenced(_)) {
+        match app
+            .store
+            .agent_seen(&agent_id, session.agent.session_gen, false, now_ns())
+            .await
+        {
+            Ok(()) => {}
+            // Taken over (elsewhere) while this stream ended: not ours.
+            Err(StoreError::Fenced { .. }) => {}
+            Err(e) => tracing::error!(agent = %agent_id, "store: marking disconnected: {e}"),
         }
         session.agent_event(AgentEventKind::Disconnected, None, reason.clone());
     }
     match end {
-        End::Closed | End::Replaced | End::Shutdown | End::Forgotten => {
+        End::Closed | End::Replaced | End::Shutdown | End::Forgotten | End::Fenced(_) => {
             tracing::info!(agent = %agent_id, "link stream ended: {reason}")
         }
         _ => tracing::warn!(agent = %agent_id, "link stream ended: {reason}"),
@@ -480,7 +496,7 @@ impl Session {
             feedback_acked_seq: acked,
             controller_time_ns: now_ns(),
             ping_interval_ms: self.shared.cfg.ping_interval.as_millis() as u32,
-            session_gen: 0,
+            session_gen: self.agent.session_gen,
         }))
         .await?;
         self.agent_event(
@@ -547,7 +563,7 @@ impl Session {
                         }
                         if r.is_ok() && now >= next_seen {
                             next_seen = now + SEEN_EVERY;
-                            r = self.app.store.agent_seen(&self.agent.id, true, now_ns()).await.map_err(End::from);
+                            r = self.app.store.agent_seen(&self.agent.id, self.agent.session_gen, true, now_ns()).await.map_err(End::from);
                         }
                         if r.is_ok() {
                             r = self.retry_due(now).await;
@@ -634,7 +650,7 @@ impl Session {
                 self.in_flight.remove(key);
                 self.send(Out::PackCancel(wire::PackCancel {
                     pack: Some(convert::wire_ref(&key.tenant, &key.pack, version)),
-                    session_gen: 0,
+                    session_gen: self.agent.session_gen,
                 }))
                 .await
             }
@@ -671,7 +687,7 @@ impl Session {
         self.send(Out::PackPush(wire::PackPush {
             pack: Some(convert::wire_ref(&key.tenant, &key.pack, version)),
             yaml: text.yaml.clone(),
-            session_gen: 0,
+            session_gen: self.agent.session_gen,
         }))
         .await?;
         self.in_flight.insert(
@@ -717,6 +733,7 @@ impl Session {
                 key: key.clone(),
                 version,
                 answer,
+                session_gen: self.agent.session_gen,
                 attempts,
                 at_ns: now_ns(),
             })
@@ -768,7 +785,7 @@ impl Session {
                 );
                 self.app
                     .store
-                    .record_clock(&self.agent.id, row.clone())
+                    .record_clock(&self.agent.id, self.agent.session_gen, row.clone())
                     .await?;
                 self.agent_event(AgentEventKind::Clock, Some(row), String::new());
                 Ok(())
@@ -779,7 +796,7 @@ impl Session {
                 let changed = self
                     .app
                     .store
-                    .agent_held(&self.agent.id, held, now_ns())
+                    .agent_held(&self.agent.id, self.agent.session_gen, held, now_ns())
                     .await?;
                 for r in changed {
                     let key = r.key();
@@ -973,7 +990,7 @@ impl Session {
             // Watchers see only what is stored; the batch is copied for
             // them only when someone watches.
             let watched = self.app.watched().then(|| rows.clone());
-            let stored = self.app.store.put_feedback(rows).await?;
+            let stored = self.app.store.put_feedback(self.agent.session_gen, rows).await?;
             self.app
                 .metrics
                 .feedback(stored.inserted, stored.duplicates);
@@ -985,7 +1002,7 @@ impl Session {
             }
         }
         if !carriers.is_empty() {
-            self.app.store.put_feedback(carriers).await?;
+            self.app.store.put_feedback(self.agent.session_gen, carriers).await?;
         }
         self.last_seq = high;
         self.send(Out::FeedbackAck(wire::FeedbackAck { seq: high }))

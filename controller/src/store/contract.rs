@@ -59,6 +59,7 @@ pub(crate) fn hello(id: &str, at_ns: i64) -> HelloRow {
         journal_id: format!("j-{id}"),
         cert_tenants: None,
         held: Vec::new(),
+        session_gen_seen: 0,
         at_ns,
     }
 }
@@ -120,6 +121,7 @@ pub(crate) fn ack(agent: &str, k: &PackKey, version: u64, at_ns: i64) -> AnswerR
         version,
         answer: Answer::Acked,
         attempts: 1,
+        session_gen: 1,
         at_ns,
     }
 }
@@ -140,6 +142,7 @@ pub(crate) fn refuse(agent: &str, k: &PackKey, r: Refusal, at_ns: i64) -> Answer
         version: r.version,
         answer: Answer::Refused(r),
         attempts: 1,
+        session_gen: 1,
         at_ns,
     }
 }
@@ -315,6 +318,7 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     want.connected = true;
     want.last_seen_ns = 100;
     want.tenants = set(&["t"]);
+    want.session_gen = 1;
     assert_eq!(a, want);
     assert!(rows.is_empty());
     assert_eq!(s.agent("a1").await.unwrap(), Some(want.clone()));
@@ -326,8 +330,8 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     // A later hello: labels replaced (the pack withdrawn), version and
     // journal updated, a hello without a certificate leaves the tenants,
     // the clock stays, connected again.
-    s.record_clock("a1", clock(50)).await.unwrap();
-    s.agent_seen("a1", false, 150).await.unwrap();
+    s.record_clock("a1", 1, clock(50)).await.unwrap();
+    s.agent_seen("a1", 1, false, 150).await.unwrap();
     let mut h = hello("a1", 200);
     h.labels = labels(&[("site", "n")]);
     h.agent_version = "1.1.0".into();
@@ -338,6 +342,7 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     want.journal_id = "j2".into();
     want.last_seen_ns = 200;
     want.clock = Some(clock(50));
+    want.session_gen = 2;
     assert_eq!(a, want);
     assert_eq!(brief(&rows), [b("a1", "t/p", 1, Withdraw, Cancelled)]);
     assert_eq!(rows, rows_of(s, "a1").await, "a hello returns all its rows");
@@ -369,15 +374,70 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     assert_eq!(s.agent("b2").await.unwrap().unwrap().tenants, set(&[]));
 }
 
+/// Each hello raises the agent's session generation above the stored one
+/// and the one the agent says it has seen; a stream's writes for its agent
+/// are refused, with nothing written, once a later hello took it over.
+pub(crate) async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
+    let (a, _) = s.agent_hello(hello_in("a1", &["t"], &[], 100)).await.unwrap();
+    assert_eq!(a.session_gen, 1);
+    let k = key("t", "p");
+    push(s, pack("t", "p", 1, to_ids(&["a1"])), 105).await;
+    let (a, _) = s.agent_hello(hello_in("a1", &["t"], &[], 110)).await.unwrap();
+    assert_eq!(a.session_gen, 2);
+    let fenced = |r: StoreResult<()>, what: &str| match r {
+        Err(StoreError::Fenced {
+            session: 1,
+            current: 2,
+            ..
+        }) => {}
+        other => panic!("{what} from the old stream: {other:?}"),
+    };
+    fenced(s.agent_seen("a1", 1, false, 120).await, "seen");
+    fenced(s.record_clock("a1", 1, clock(120)).await, "clock");
+    fenced(
+        s.agent_held("a1", 1, vec![held("t", "p", 1)], 120).await.map(drop),
+        "held",
+    );
+    fenced(s.answer(ack("a1", &k, 1, 120)).await.map(drop), "answer");
+    let f = fb("a1", "j-a1", 1, 120);
+    fenced(s.put_feedback(1, vec![f.clone()]).await.map(drop), "feedback");
+    // Nothing of them was written.
+    let a = s.agent("a1").await.unwrap().unwrap();
+    assert!(a.connected);
+    assert_eq!((a.last_seen_ns, a.clock.clone()), (110, None));
+    assert_eq!(s.feedback_acked("a1", "j-a1").await.unwrap(), 0);
+    assert_eq!(brief(&rows_of(s, "a1").await), [b("a1", "t/p", 1, Hold, Pending)]);
+    // The owning stream's writes are taken.
+    s.record_clock("a1", 2, clock(130)).await.unwrap();
+    assert_eq!(s.put_feedback(2, vec![f]).await.unwrap().inserted, 1);
+    let mut answer = ack("a1", &k, 1, 130);
+    answer.session_gen = 2;
+    assert!(s.answer(answer).await.unwrap().is_some());
+
+    // An agent that has seen a higher generation (a store restored from
+    // an older copy) is welcomed above it; a lower one changes nothing.
+    let mut h = hello_in("a1", &["t"], &[], 140);
+    h.session_gen_seen = 40;
+    assert_eq!(s.agent_hello(h).await.unwrap().0.session_gen, 41);
+    let mut h = hello_in("a1", &["t"], &[], 150);
+    h.session_gen_seen = 7;
+    assert_eq!(s.agent_hello(h).await.unwrap().0.session_gen, 42);
+    // One past what the store keeps is refused, and changes nothing.
+    let mut h = hello_in("a1", &["t"], &[], 160);
+    h.session_gen_seen = TOO_BIG;
+    assert!(s.agent_hello(h).await.is_err());
+    assert_eq!(s.agent("a1").await.unwrap().unwrap().session_gen, 42);
+}
+
 /// Connection state and last-seen; start-up marks everyone disconnected
 /// and keeps last-seen; an unknown agent is an error and not created.
 pub(crate) async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
     s.agent_hello(hello("a1", 100)).await.unwrap();
     s.agent_hello(hello("b2", 110)).await.unwrap();
-    s.agent_seen("a1", false, 150).await.unwrap();
+    s.agent_seen("a1", 1, false, 150).await.unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen_ns), (false, 150));
-    s.agent_seen("a1", true, 160).await.unwrap();
+    s.agent_seen("a1", 1, true, 160).await.unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen_ns), (true, 160));
 
@@ -389,7 +449,7 @@ pub(crate) async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
         .collect();
     assert_eq!(got, [("a1".into(), false, 160), ("b2".into(), false, 110)]);
 
-    assert!(s.agent_seen("ghost", true, 1).await.is_err());
+    assert!(s.agent_seen("ghost", 1, true, 1).await.is_err());
     assert_eq!(s.agent("ghost").await.unwrap(), None);
     assert_eq!(ids(s, AgentFilter::default()).await, ["a1", "b2"]);
 }
@@ -399,17 +459,17 @@ pub(crate) async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
 pub(crate) async fn clock_latest_and_history(s: &dyn Store, _: Binding) {
     s.agent_hello(hello("a1", 1)).await.unwrap();
     s.agent_hello(hello("b2", 1)).await.unwrap();
-    s.record_clock("a1", clock(30)).await.unwrap();
+    s.record_clock("a1", 1, clock(30)).await.unwrap();
     // Older, measured before: history only.
-    s.record_clock("a1", clock(10)).await.unwrap();
-    s.record_clock("a1", clock(20)).await.unwrap();
+    s.record_clock("a1", 1, clock(10)).await.unwrap();
+    s.record_clock("a1", 1, clock(20)).await.unwrap();
     // Re-sent with other values: changes nothing.
     let resent = ClockRow {
         offset_ns: 999,
         ..clock(30)
     };
-    s.record_clock("a1", resent).await.unwrap();
-    s.record_clock("b2", clock(25)).await.unwrap();
+    s.record_clock("a1", 1, resent).await.unwrap();
+    s.record_clock("b2", 1, clock(25)).await.unwrap();
 
     assert_eq!(s.agent("a1").await.unwrap().unwrap().clock, Some(clock(30)));
     assert_eq!(
@@ -429,10 +489,10 @@ pub(crate) async fn clock_latest_and_history(s: &dyn Store, _: Binding) {
     assert_eq!(s.clock_history("b2", 0, 0).await.unwrap(), [clock(25)]);
 
     // Newer: the latest moves.
-    s.record_clock("a1", clock(40)).await.unwrap();
+    s.record_clock("a1", 1, clock(40)).await.unwrap();
     assert_eq!(s.agent("a1").await.unwrap().unwrap().clock, Some(clock(40)));
 
-    assert!(s.record_clock("ghost", clock(1)).await.is_err());
+    assert!(s.record_clock("ghost", 1, clock(1)).await.is_err());
     assert_eq!(s.clock_history("ghost", 0, 0).await.unwrap(), []);
     assert_eq!(s.agent("ghost").await.unwrap(), None);
 }
@@ -680,9 +740,9 @@ pub(crate) async fn forget_agent_parts(s: &dyn Store, binding: Binding) {
     )
     .await
     .unwrap();
-    s.record_clock("a1", clock(60)).await.unwrap();
+    s.record_clock("a1", 1, clock(60)).await.unwrap();
     let journal = "j-a1";
-    s.put_feedback((1..=3).map(|q| fb("a1", journal, q, 70)).collect())
+    s.put_feedback(1, (1..=3).map(|q| fb("a1", journal, q, 70)).collect())
         .await
         .unwrap();
     assert_eq!(
@@ -736,7 +796,7 @@ pub(crate) async fn forget_agent_parts(s: &dyn Store, binding: Binding) {
     }
     assert_eq!(brief(&rows), want);
     let r = s
-        .put_feedback((2..=4).map(|q| fb("a1", journal, q, 90)).collect())
+        .put_feedback(1, (2..=4).map(|q| fb("a1", journal, q, 90)).collect())
         .await
         .unwrap();
     assert_eq!((r.inserted, r.duplicates, r.acked_seq), (1, 2, 4));
@@ -919,7 +979,7 @@ pub(crate) async fn cancel_known_pack(s: &dyn Store, _: Binding) {
     assert_eq!(row(s, "a1", &key("t", "o")).await, other[0]);
 
     // The holder dropped it: the withdrawal stays on record.
-    let changed = s.agent_held("a1", Vec::new(), 70).await.unwrap();
+    let changed = s.agent_held("a1", 1, Vec::new(), 70).await.unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 1, Withdraw, Cancelled)]);
     assert_eq!(changed[0].held, None);
     assert_eq!(planner::action(&changed[0]), None);
@@ -1175,7 +1235,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
     push(s, pack("t", "p", 2, to_ids(&["a1"])), 20).await;
 
     let changed = s
-        .agent_held("a1", vec![held("t", "p", 2)], 30)
+        .agent_held("a1", 1, vec![held("t", "p", 2)], 30)
         .await
         .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 2, Hold, Acked)]);
@@ -1188,7 +1248,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
     );
     assert_eq!(changed[0].updated_ns, 30);
     assert_eq!(
-        s.agent_held("a1", vec![held("t", "p", 2)], 31)
+        s.agent_held("a1", 1, vec![held("t", "p", 2)], 31)
             .await
             .unwrap(),
         []
@@ -1196,7 +1256,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
 
     // Newer than the store knows: nacked with the reason, never pushed.
     let changed = s
-        .agent_held("a1", vec![held("t", "p", 3)], 40)
+        .agent_held("a1", 1, vec![held("t", "p", 3)], 40)
         .await
         .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 2, Hold, Nacked)]);
@@ -1210,7 +1270,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
         stopped: true,
         ..held("t", "p", 2)
     };
-    let changed = s.agent_held("a1", vec![stopped.clone()], 50).await.unwrap();
+    let changed = s.agent_held("a1", 1, vec![stopped.clone()], 50).await.unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 2, Hold, Acked)]);
     assert_eq!(
         changed[0].held,
@@ -1222,7 +1282,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
 
     // A pack of its own: local, not a delivery.
     let changed = s
-        .agent_held("a1", vec![stopped, held("t", "loc", 1)], 60)
+        .agent_held("a1", 1, vec![stopped, held("t", "loc", 1)], 60)
         .await
         .unwrap();
     assert_eq!(
@@ -1240,7 +1300,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
 
     // Nothing held now: the local row stays (holding nothing: late
     // feedback of it is still the agent's), the pack is pending again.
-    let changed = s.agent_held("a1", Vec::new(), 70).await.unwrap();
+    let changed = s.agent_held("a1", 1, Vec::new(), 70).await.unwrap();
     assert_eq!(
         brief(&changed),
         [
@@ -1261,7 +1321,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
         Some(Action::Push(2))
     );
 
-    assert!(s.agent_held("ghost", Vec::new(), 80).await.is_err());
+    assert!(s.agent_held("ghost", 1, Vec::new(), 80).await.is_err());
     assert_eq!(s.agent("ghost").await.unwrap(), None);
 }
 
@@ -1488,30 +1548,30 @@ pub(crate) async fn feedback_stored_once(s: &dyn Store, _: Binding) {
         acked_seq,
     };
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 0);
-    assert_eq!(s.put_feedback(rows(1..=5)).await.unwrap(), stored(5, 0, 5));
+    assert_eq!(s.put_feedback(1, rows(1..=5)).await.unwrap(), stored(5, 0, 5));
     // A re-send after a lost ack.
-    assert_eq!(s.put_feedback(rows(1..=5)).await.unwrap(), stored(0, 5, 5));
+    assert_eq!(s.put_feedback(1, rows(1..=5)).await.unwrap(), stored(0, 5, 5));
     // Overlapping, with a duplicate inside the call itself.
     let mut overlap = rows(4..=8);
     overlap.push(fb("a1", "j1", 8, 999));
-    assert_eq!(s.put_feedback(overlap).await.unwrap(), stored(3, 3, 8));
+    assert_eq!(s.put_feedback(1, overlap).await.unwrap(), stored(3, 3, 8));
     // The stored copy is the first one.
     let mut changed = fb("a1", "j1", 1, 101);
     changed.detail = "changed".into();
     assert_eq!(
-        s.put_feedback(vec![changed]).await.unwrap(),
+        s.put_feedback(1, vec![changed]).await.unwrap(),
         stored(0, 1, 8)
     );
     assert_eq!(
-        s.put_feedback(Vec::new()).await.unwrap(),
+        s.put_feedback(1, Vec::new()).await.unwrap(),
         FeedbackStored::default()
     );
 
     // Journals count apart.
     let j2 = vec![fb("a1", "j2", 100, 200)];
-    assert_eq!(s.put_feedback(j2).await.unwrap(), stored(1, 0, 100));
+    assert_eq!(s.put_feedback(1, j2).await.unwrap(), stored(1, 0, 100));
     assert_eq!(
-        s.put_feedback(vec![fb("b2", "j1", 50, 210)]).await.unwrap(),
+        s.put_feedback(1, vec![fb("b2", "j1", 50, 210)]).await.unwrap(),
         stored(1, 0, 50)
     );
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 8);
@@ -1540,23 +1600,23 @@ pub(crate) async fn feedback_stored_once(s: &dyn Store, _: Binding) {
 pub(crate) async fn feedback_drops_on_a_resent_entry(s: &dyn Store, _: Binding) {
     // Seqs 3..=9 never arrived: seven entries are missing before 10.
     let rows: Vec<FeedbackRow> = [1, 2, 10].map(|q| fb("a1", "j1", q, 10)).into();
-    s.put_feedback(rows).await.unwrap();
+    s.put_feedback(1, rows).await.unwrap();
     let mut carrier = fb("a1", "j1", 10, 99);
     carrier.dropped_before = 5;
     carrier.detail = "not stored".into();
-    let stored = s.put_feedback(vec![carrier.clone()]).await.unwrap();
+    let stored = s.put_feedback(1, vec![carrier.clone()]).await.unwrap();
     assert_eq!((stored.inserted, stored.duplicates), (0, 1));
     // A smaller count later changes nothing; a larger one is held to the
     // seven entries missing before it.
     carrier.dropped_before = 3;
-    s.put_feedback(vec![carrier.clone()]).await.unwrap();
+    s.put_feedback(1, vec![carrier.clone()]).await.unwrap();
     carrier.dropped_before = 9;
-    s.put_feedback(vec![carrier]).await.unwrap();
+    s.put_feedback(1, vec![carrier]).await.unwrap();
     // An entry stored right after the one before it missed nothing,
     // whatever it carries when it comes back.
     let mut two = fb("a1", "j1", 2, 99);
     two.dropped_before = 4;
-    s.put_feedback(vec![two]).await.unwrap();
+    s.put_feedback(1, vec![two]).await.unwrap();
     let all = all_feedback(s).await;
     let ten = all.iter().find(|r| r.seq == 10).unwrap();
     assert_eq!(
@@ -1576,32 +1636,32 @@ pub(crate) async fn feedback_all_or_nothing(s: &dyn Store, _: Binding) {
     let mut seq = fb("a1", "j1", 1, 10);
     seq.seq = TOO_BIG;
     assert!(
-        s.put_feedback(vec![fb("a1", "j1", 2, 10), seq])
+        s.put_feedback(1, vec![fb("a1", "j1", 2, 10), seq])
             .await
             .is_err()
     );
     let mut version = fb("a1", "j1", 3, 10);
     version.version = TOO_BIG;
     assert!(
-        s.put_feedback(vec![fb("a1", "j1", 4, 10), version])
+        s.put_feedback(1, vec![fb("a1", "j1", 4, 10), version])
             .await
             .is_err()
     );
     let mut dropped = fb("a1", "j1", 5, 10);
     dropped.dropped_before = u64::MAX;
     assert!(
-        s.put_feedback(vec![fb("a1", "j1", 6, 10), dropped])
+        s.put_feedback(1, vec![fb("a1", "j1", 6, 10), dropped])
             .await
             .is_err()
     );
     // One journal per call.
     assert!(
-        s.put_feedback(vec![fb("a1", "j1", 7, 10), fb("a1", "j2", 8, 10)])
+        s.put_feedback(1, vec![fb("a1", "j1", 7, 10), fb("a1", "j2", 8, 10)])
             .await
             .is_err()
     );
     assert!(
-        s.put_feedback(vec![fb("a1", "j1", 7, 10), fb("b2", "j1", 8, 10)])
+        s.put_feedback(1, vec![fb("a1", "j1", 7, 10), fb("b2", "j1", 8, 10)])
             .await
             .is_err()
     );
@@ -1615,7 +1675,7 @@ pub(crate) async fn feedback_all_or_nothing(s: &dyn Store, _: Binding) {
     max.dropped_before = TOO_BIG - 1;
     max.attempt = u32::MAX;
     max.value = Some(u32::MAX);
-    let stored = s.put_feedback(vec![max.clone()]).await.unwrap();
+    let stored = s.put_feedback(1, vec![max.clone()]).await.unwrap();
     assert_eq!((stored.inserted, stored.acked_seq), (1, TOO_BIG - 1));
     let got = all_feedback(s).await;
     assert_eq!(
@@ -1636,19 +1696,19 @@ pub(crate) async fn feedback_through_retention(s: &dyn Store, _: Binding) {
         r.map(|q| fb("a1", "j1", q, 10 * i64::try_from(q).unwrap()))
             .collect()
     };
-    s.put_feedback(rows(1..=4)).await.unwrap();
+    s.put_feedback(1, rows(1..=4)).await.unwrap();
     let max_id = all_feedback(s).await.last().unwrap().id;
     assert_eq!(s.delete_feedback_before(i64::MAX, 100).await.unwrap(), 4);
     assert_eq!(all_feedback(s).await, []);
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 4);
-    let again = s.put_feedback(rows(1..=4)).await.unwrap();
+    let again = s.put_feedback(1, rows(1..=4)).await.unwrap();
     assert_eq!(
         (again.inserted, again.duplicates, again.acked_seq),
         (0, 4, 4)
     );
     assert_eq!(all_feedback(s).await, []);
 
-    let more = s.put_feedback(rows(3..=6)).await.unwrap();
+    let more = s.put_feedback(1, rows(3..=6)).await.unwrap();
     assert_eq!((more.inserted, more.duplicates, more.acked_seq), (2, 2, 6));
     let got = all_feedback(s).await;
     assert_eq!(seqs(&got), [sq("a1", "j1", 5), sq("a1", "j1", 6)]);
@@ -1695,7 +1755,7 @@ pub(crate) async fn feedback_pages_and_filters(s: &dyn Store, _: Binding) {
     let b2_7 = fb("b2", "j1", 7, 300);
     let put = [&a1_1, &b2_1, &a1_2, &c3_1, &b2_7];
     for r in put {
-        s.put_feedback(vec![r.clone()]).await.unwrap();
+        s.put_feedback(1, vec![r.clone()]).await.unwrap();
     }
     let all = all_feedback(s).await;
     assert_eq!(all.len(), 5);
@@ -1809,11 +1869,11 @@ pub(crate) async fn feedback_pages_and_filters(s: &dyn Store, _: Binding) {
 pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
     // Feedback, stored out of instant order.
     for (agent, received) in [("a1", 30), ("b2", 10), ("c3", 20), ("d4", 10)] {
-        s.put_feedback(vec![fb(agent, "j1", 1, received)])
+        s.put_feedback(1, vec![fb(agent, "j1", 1, received)])
             .await
             .unwrap();
     }
-    s.put_feedback(vec![fb("a1", "j1", 2, 40)]).await.unwrap();
+    s.put_feedback(1, vec![fb("a1", "j1", 2, 40)]).await.unwrap();
     let left = || async move {
         s.feedback(FeedbackFilter::default())
             .await
@@ -1842,7 +1902,7 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
     s.agent_hello(hello("a1", 1)).await.unwrap();
     s.agent_hello(hello("b2", 1)).await.unwrap();
     for (agent, at) in [("a1", 10), ("b2", 5), ("a1", 30), ("b2", 20), ("b2", 10)] {
-        s.record_clock(agent, clock(at)).await.unwrap();
+        s.record_clock(agent, 1, clock(at)).await.unwrap();
     }
     let history = |id: &'static str| async move {
         s.clock_history(id, 0, 0)
@@ -1976,7 +2036,7 @@ pub(crate) async fn pages_capped(s: &dyn Store, _: Binding) {
     assert_eq!(brief(&rest), [b(&names[n - 1], "t/p", 1, Hold, Pending)]);
 
     let rows: Vec<FeedbackRow> = (1..=n as u64).map(|q| fb("a0000", "j1", q, 5)).collect();
-    assert_eq!(s.put_feedback(rows).await.unwrap().inserted, n);
+    assert_eq!(s.put_feedback(1, rows).await.unwrap().inserted, n);
     let page = s
         .feedback(FeedbackFilter {
             limit: MAX_PAGE * 3,
@@ -2006,7 +2066,7 @@ pub(crate) async fn values_past_i64_max_refused(s: &dyn Store, _: Binding) {
         .await
         .unwrap();
     assert!(
-        s.agent_held("a1", vec![held("t", "x", TOO_BIG)], 30)
+        s.agent_held("a1", 1, vec![held("t", "x", TOO_BIG)], 30)
             .await
             .is_err()
     );
@@ -2463,6 +2523,7 @@ fn random_step(rng: &mut StdRng, m: &Model, at_ns: i64) -> Step {
                 version,
                 answer,
                 attempts: rng.random_range(0..4),
+                session_gen: 0, // the agent's, when the step runs
                 at_ns,
             })
         }
@@ -2528,6 +2589,7 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             a.journal_id = h.journal_id.clone();
             a.connected = true;
             a.last_seen_ns = h.at_ns;
+            a.session_gen += 1;
             m.agents.insert(h.id.clone(), a);
             if let Some(t) = &h.cert_tenants {
                 m.cert.insert(h.id.clone(), t.iter().cloned().collect());
@@ -2537,7 +2599,8 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             trail.check("hello", &got, &want);
         }
         Step::Held(id, held) => {
-            let got = s.agent_held(&id, held.clone(), at_ns).await;
+            let session = m.agents.get(&id).map_or(0, |a| a.session_gen);
+            let got = s.agent_held(&id, session, held.clone(), at_ns).await;
             if m.agents.contains_key(&id) {
                 let want = m.replan(Some((&id, &held)), at_ns);
                 trail.check("held", &sorted(got.unwrap()), &sorted(want));
@@ -2610,7 +2673,8 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
                 );
             }
         }
-        Step::Answer(a) => {
+        Step::Answer(mut a) => {
+            a.session_gen = m.agents.get(&a.agent_id).map_or(0, |a| a.session_gen);
             let got = s.answer(a.clone()).await.unwrap();
             let rk = (a.agent_id.clone(), a.key.clone());
             let want = match (m.agent(&a.agent_id), m.rows.get(&rk)) {
@@ -2664,6 +2728,7 @@ macro_rules! contract_suite {
     ($open:ident, $available:ident) => {
         $crate::store::contract::contract_suite!(@tests $open, $available;
             hello_creates_and_updates: [tenants, open];
+            stale_streams_are_fenced: [tenants];
             agent_seen_and_all_disconnected: [tenants];
             clock_latest_and_history: [tenants];
             agents_paging: [tenants, open];

@@ -186,8 +186,10 @@ impl Store for MemoryStore {
         let binding = self.binding;
         self.write(|s| {
             fits_held(&h.held)?;
+            fits(h.session_gen_seen, "session generation")?;
             let prev = s.agents.get(&h.id).cloned();
             let mut a = prev.unwrap_or_else(|| AgentRow::new(&h.id, &h.journal_id));
+            a.session_gen = a.session_gen.max(h.session_gen_seen) + 1;
             a.labels = h.labels.clone();
             a.agent_version = h.agent_version.clone();
             a.journal_id = h.journal_id.clone();
@@ -205,8 +207,9 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()> {
+    async fn agent_seen(&self, id: &str, session: u64, connected: bool, at_ns: i64) -> StoreResult<()> {
         self.write(|s| {
+            check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
             a.connected = connected;
             a.last_seen_ns = at_ns;
@@ -223,8 +226,9 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
+    async fn record_clock(&self, id: &str, session: u64, clock: ClockRow) -> StoreResult<()> {
         self.write(|s| {
+            check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
             if a.clock.as_ref().is_none_or(|c| c.at_ns < clock.at_ns) {
                 a.clock = Some(clock.clone());
@@ -488,14 +492,13 @@ impl Store for MemoryStore {
     async fn agent_held(
         &self,
         id: &str,
+        session: u64,
         held: Vec<HeldPackRow>,
         at_ns: i64,
     ) -> StoreResult<Vec<DeliveryRow>> {
         let binding = self.binding;
         self.write(|s| {
-            if !s.agents.contains_key(id) {
-                return Err(unknown(id));
-            }
+            check_session(s, id, session)?;
             fits_held(&held)?;
             Ok(apply_held(s, id, &held, binding, at_ns))
         })
@@ -504,6 +507,9 @@ impl Store for MemoryStore {
     async fn answer(&self, a: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
         let binding = self.binding;
         self.write(|s| {
+            if s.agents.contains_key(&a.agent_id) {
+                check_session(s, &a.agent_id, a.session_gen)?;
+            }
             let k = (a.agent_id.clone(), a.key.clone());
             let (Some(agent), Some(row)) = (s.agent(&a.agent_id), s.deliveries.get(&k)) else {
                 return Ok(None);
@@ -572,12 +578,21 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn put_feedback(&self, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
+    async fn put_feedback(&self, session: u64, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
         self.write(|s| {
             let mut out = FeedbackStored::default();
             let Some(first) = rows.first() else {
                 return Ok(out);
             };
+            if let Some(other) = rows.iter().find(|r| r.agent_id != first.agent_id) {
+                return Err(StoreError::Backend(format!(
+                    "feedback of agents {} and {} in one call: one stream's feedback is one agent's",
+                    first.agent_id, other.agent_id
+                )));
+            }
+            if s.agents.contains_key(&first.agent_id) {
+                check_session(s, &first.agent_id, session)?;
+            }
             let jkey = (first.agent_id.clone(), first.journal_id.clone());
             for r in &rows {
                 if (r.agent_id.as_str(), r.journal_id.as_str())
@@ -800,6 +815,19 @@ fn replan_pack(s: &mut State, key: &PackKey, binding: Binding, at_ns: i64) -> Ve
     changed
 }
 
+/// The fence of a stream's writes (see `sql::agents::check_session`).
+fn check_session(s: &State, id: &str, session: u64) -> StoreResult<()> {
+    let a = s.agents.get(id).ok_or_else(|| unknown(id))?;
+    if a.session_gen != session {
+        return Err(StoreError::Fenced {
+            agent: id.to_owned(),
+            session,
+            current: a.session_gen,
+        });
+    }
+    Ok(())
+}
+
 fn unknown(id: &str) -> StoreError {
     StoreError::Backend(format!("no agent {id}: it must say hello first"))
 }
@@ -860,7 +888,7 @@ mod tests {
             .await
             .unwrap();
         push(&s, pack("t", "p", 1, to_ids(&["a1"])), 2).await;
-        s.put_feedback(vec![fb("a1", "j1", 1, 3)]).await.unwrap();
+        s.put_feedback(1, vec![fb("a1", "j1", 1, 3)]).await.unwrap();
         let rows = s.deliveries_of_agent("a1").await.unwrap();
         let agent = s.agent("a1").await.unwrap();
 
@@ -872,9 +900,9 @@ mod tests {
                 .await
                 .map(drop),
         );
-        failed(s.agent_seen("a1", false, 4).await);
+        failed(s.agent_seen("a1", 1, false, 4).await);
         failed(s.all_disconnected().await);
-        failed(s.record_clock("a1", clock(4)).await);
+        failed(s.record_clock("a1", 1, clock(4)).await);
         failed(
             s.label_agent("a1", "t", LabelOverrides::new(), vec!["line".into()], 4)
                 .await
@@ -889,14 +917,14 @@ mod tests {
         );
         failed(s.cancel_pack(&k, 4).await.map(drop));
         failed(s.reconcile_pack(&k, 4).await.map(drop));
-        failed(s.agent_held("a1", Vec::new(), 4).await.map(drop));
+        failed(s.agent_held("a1", 1, Vec::new(), 4).await.map(drop));
         failed(s.answer(ack("a1", &k, 1, 4)).await.map(drop));
         failed(
             s.answer(refuse("a1", &k, refusal(1, true, "no"), 4))
                 .await
                 .map(drop),
         );
-        failed(s.put_feedback(vec![fb("a1", "j1", 2, 4)]).await.map(drop));
+        failed(s.put_feedback(1, vec![fb("a1", "j1", 2, 4)]).await.map(drop));
         failed(s.delete_feedback_before(i64::MAX, 10).await.map(drop));
         failed(s.delete_clock_before(i64::MAX, 10).await.map(drop));
         failed(s.delete_audit_before(i64::MAX, 10).await.map(drop));
@@ -910,7 +938,7 @@ mod tests {
         assert_eq!(s.audit(None, 0, 0).await.unwrap(), []);
 
         s.fail_writes(false);
-        s.put_feedback(vec![fb("a1", "j1", 2, 5)]).await.unwrap();
+        s.put_feedback(1, vec![fb("a1", "j1", 2, 5)]).await.unwrap();
         assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 2);
     }
 }

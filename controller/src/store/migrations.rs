@@ -71,6 +71,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 5,
         sql: include_str!("migrations/0005_desired_state.sql"),
     },
+    Migration {
+        version: 6,
+        sql: include_str!("migrations/0006_fencing.sql"),
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

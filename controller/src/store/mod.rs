@@ -78,6 +78,24 @@ pub enum StoreError {
         /// Agent id.
         id: String,
     },
+    /// The write came from a stream that no longer owns the agent: a later
+    /// hello (on this replica or another) raised its session generation.
+    /// The stream must end; the agent is served by the newer one.
+    #[error(
+        "agent {agent}: stream generation {session} no longer owns it (generation {current} does)"
+    )]
+    Fenced {
+        /// Agent id.
+        agent: String,
+        /// The writing stream's generation.
+        session: u64,
+        /// The agent's generation now.
+        current: u64,
+    },
+    /// This replica's lease ran out (it was paused, or cut off from the
+    /// database, for longer than the lease): it may write nothing more.
+    #[error("this replica's lease is lost: {0}")]
+    LeaseLost(String),
     /// The database refused or failed (disk full, corrupt file, ...).
     #[error("store: {0}")]
     Backend(String),
@@ -110,6 +128,9 @@ pub struct HelloRow {
     pub cert_tenants: Option<Vec<String>>,
     /// The packs it says it holds (already filtered to its tenants).
     pub held: Vec<HeldPackRow>,
+    /// The highest session generation the agent has journalled: its new
+    /// generation is above both this and the stored one.
+    pub session_gen_seen: u64,
     /// When (ns since the epoch).
     pub at_ns: i64,
 }
@@ -127,6 +148,9 @@ pub struct AnswerRow {
     pub answer: Answer,
     /// Times the version was sent to it.
     pub attempts: u32,
+    /// The generation of the stream that heard it (see
+    /// [`Store::agent_hello`]).
+    pub session_gen: u64,
     /// When (ns since the epoch).
     pub at_ns: i64,
 }
@@ -173,20 +197,32 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     // ---- agents
 
     /// An agent said hello: create or update it (labels, version, journal,
-    /// certificate tenants), connected, seen now; its held packs recorded
-    /// and every pack of its tenants planned for it. Returns the agent and
-    /// all its delivery rows.
+    /// certificate tenants), connected, seen now, owned by this replica
+    /// under a new session generation (above the stored one and the
+    /// agent's `session_gen_seen`); its held packs recorded and every pack
+    /// of its tenants planned for it. Returns the agent (with its new
+    /// generation) and all its delivery rows.
+    ///
+    /// **Fencing.** Every write a stream makes for its agent afterwards
+    /// (`agent_seen`, `record_clock`, `agent_held`, `answer`,
+    /// `put_feedback`) names that generation and is refused with
+    /// [`StoreError::Fenced`], in the same transaction, once a later hello
+    /// raised it: a stream that lost its agent to another (on this
+    /// replica or another one) can change nothing of it.
     async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)>;
-    /// Connection state and last-seen instant. An agent that never said
-    /// hello is an error ([`StoreError::Backend`]): nothing is created.
-    async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()>;
-    /// At start-up of a single controller: nobody is connected to it.
+    /// Connection state and last-seen instant, from the stream of
+    /// generation `session`. An agent that never said hello is an error
+    /// ([`StoreError::Backend`]): nothing is created.
+    async fn agent_seen(&self, id: &str, session: u64, connected: bool, at_ns: i64) -> StoreResult<()>;
+    /// At start-up: the agents whose stream no live replica holds (on a
+    /// single controller, every agent) are not connected.
     async fn all_disconnected(&self) -> StoreResult<()>;
-    /// Store a clock report: the agent's latest (unless a report as new
-    /// or newer is stored), and its history. Idempotent on the report's
-    /// `at_ns`: a re-sent report changes nothing. An agent that never said
-    /// hello is an error ([`StoreError::Backend`]).
-    async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()>;
+    /// Store a clock report from the stream of generation `session`: the
+    /// agent's latest (unless a report as new or newer is stored), and its
+    /// history. Idempotent on the report's `at_ns`: a re-sent report
+    /// changes nothing. An agent that never said hello is an error
+    /// ([`StoreError::Backend`]).
+    async fn record_clock(&self, id: &str, session: u64, clock: ClockRow) -> StoreResult<()>;
     /// Clock history of one agent at or after `since_ns`, oldest first;
     /// the newest `limit` (capped at [`MAX_PAGE`] × 10) when there are
     /// more.
@@ -264,6 +300,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn agent_held(
         &self,
         id: &str,
+        session: u64,
         held: Vec<HeldPackRow>,
         at_ns: i64,
     ) -> StoreResult<Vec<DeliveryRow>>;
@@ -299,7 +336,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// after retention deleted every row). All or nothing: a row that
     /// cannot be stored (a value past `i64::MAX`), or rows of more than one
     /// journal, fail the call with nothing stored.
-    async fn put_feedback(&self, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored>;
+    /// `session`: the generation of the stream that received them (they are
+    /// all of its agent; an agent with no record, forgotten while its
+    /// stream ran, has no owner to fence against).
+    async fn put_feedback(&self, session: u64, rows: Vec<FeedbackRow>)
+    -> StoreResult<FeedbackStored>;
     /// Highest seq ever stored for this agent and journal (0: none); kept
     /// when retention deletes the rows.
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64>;

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use super::codec::{CLOCK_COLUMNS, decode_clock, from_json, to_json, with_row};
+use super::codec::{CLOCK_COLUMNS, decode_clock, from_json, to_json, u64_from_db, with_row};
 use super::db::{Db, Param, Row, col, params, query_all, query_first, run};
 use crate::store::{
     AgentFilter, AgentRow, ClockRow, HelloRow, LabelOverrides, MAX_PAGE, StoreError, StoreResult,
@@ -10,7 +10,7 @@ use crate::store::{
 };
 
 const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
-     clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
+     session_gen, owner, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
      clock_frequency_ppm, clock_at_ns";
 
 fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
@@ -34,6 +34,8 @@ fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
         a.agent_version = col(row, "agent_version")?;
         a.connected = col::<i64>(row, "connected")? != 0;
         a.last_seen_ns = col(row, "last_seen_ns")?;
+        a.session_gen = u64_from_db(col(row, "session_gen")?, "session_gen")?;
+        a.owner = col(row, "owner")?;
         a.clock = clock;
         Ok(a)
     })();
@@ -131,19 +133,49 @@ pub(crate) fn unknown_agent(id: &str) -> StoreError {
     StoreError::Backend(format!("no agent {id}: it must say hello first"))
 }
 
-/// The agent record, its own labels (one row each, for targeting) and its
-/// certificate's tenants.
-pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow) -> StoreResult<()> {
+/// The replica a store writes as: its id and its lease's epoch (a single
+/// controller: empty and 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// The replica's id.
+    pub replica: String,
+    /// Its lease's epoch.
+    pub epoch: i64,
+}
+
+/// The agent record, now owned by `owner` under a new session generation
+/// (above the stored one and the one the agent has seen), its own labels
+/// (one row each, for targeting) and its certificate's tenants.
+pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreResult<()> {
     let labels = to_json(&h.labels, "labels")?;
+    let seen = i64::try_from(h.session_gen_seen).map_err(|_| {
+        StoreError::Backend(format!(
+            "agent {}: session generation {} is past what the store keeps",
+            h.id, h.session_gen_seen
+        ))
+    })?;
+    // `CASE` rather than MAX/GREATEST: the engines spell those otherwise.
     run(
         conn,
         "store an agent",
-        "INSERT INTO agents (id, labels, agent_version, journal_id, connected, last_seen_ns) \
-         VALUES (?1, ?2, ?3, ?4, 1, ?5) \
+        "INSERT INTO agents (id, labels, agent_version, journal_id, connected, last_seen_ns, \
+         session_gen, owner, owner_epoch) \
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6 + 1, ?7, ?8) \
          ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
          agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
-         connected = excluded.connected, last_seen_ns = excluded.last_seen_ns",
-        params![h.id, labels, h.agent_version, h.journal_id, h.at_ns],
+         connected = excluded.connected, last_seen_ns = excluded.last_seen_ns, \
+         session_gen = CASE WHEN agents.session_gen > ?6 THEN agents.session_gen ELSE ?6 END + 1, \
+         owner = excluded.owner, owner_epoch = excluded.owner_epoch",
+        params![
+            h.id,
+            labels,
+            h.agent_version,
+            h.journal_id,
+            h.at_ns,
+            seen,
+            owner.replica,
+            owner.epoch
+        ],
     )?;
     run(
         conn,
@@ -175,6 +207,29 @@ pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow) -> StoreResult<()> {
                 params![h.id, t, h.at_ns],
             )?;
         }
+    }
+    Ok(())
+}
+
+/// The fence of every write a stream makes for its agent: the agent's
+/// stored generation must still be the stream's, read in the write's own
+/// transaction (the writer's serialisation point, so no hello can come
+/// between the check and the write). An agent never said hello to (or
+/// forgotten) is [`unknown_agent`].
+pub(crate) fn check_session(conn: &dyn Db, id: &str, session: u64) -> StoreResult<()> {
+    let current: Option<i64> = query_first(
+        conn,
+        "SELECT session_gen FROM agents WHERE id = ?1",
+        params![id],
+        |r| col(r, "session_gen"),
+    )?;
+    let current = u64_from_db(current.ok_or_else(|| unknown_agent(id))?, "session_gen")?;
+    if current != session {
+        return Err(StoreError::Fenced {
+            agent: id.to_owned(),
+            session,
+            current,
+        });
     }
     Ok(())
 }

@@ -25,6 +25,9 @@ use std::future::Future;
 
 use super::{Binding, StoreResult};
 
+/// See [`Engine::lease_clock`].
+pub type LeaseClock = fn(&dyn db::Db) -> StoreResult<i64>;
+
 /// What an engine gives the shared SQL: a writer whose commands are
 /// serialised (each sees the ones committed before it, and decisions
 /// never race) and committed before they are answered, and reads beside
@@ -32,6 +35,20 @@ use super::{Binding, StoreResult};
 pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// How decisions bind agents to tenants.
     fn binding(&self) -> Binding;
+
+    /// The replica this store writes as (a hello makes it the agent's
+    /// owner). A single controller: empty, epoch 0.
+    fn owner(&self) -> agents::Owner {
+        agents::Owner::default()
+    }
+
+    /// Reads now, in microseconds since the epoch, on the clock leases
+    /// are measured with: the database's own where replicas share it
+    /// (their clocks may differ; the database's is the one they agree
+    /// on), this host's otherwise.
+    fn lease_clock(&self) -> LeaseClock {
+        |_db| Ok(crate::app::now_ns() / 1000)
+    }
 
     /// Runs `f` in the writer's serialisation point; its result once
     /// committed (a failed `f` leaves no trace).

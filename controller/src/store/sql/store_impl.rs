@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::agents::{self, unknown_agent, update_agent};
+use super::agents::{self, check_session, unknown_agent, update_agent};
 use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
 use super::db::{col, params, query_all, run};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
@@ -18,8 +18,9 @@ use crate::store::{
 impl<E: Engine> Store for E {
     async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let binding = self.binding();
+        let owner = self.owner();
         self.write(move |conn| {
-            agents::write_hello(conn, &hello)?;
+            agents::write_hello(conn, &hello, &owner)?;
             let agent =
                 agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
             plan::replan_agent(conn, &agent, Some(&hello.held), binding, hello.at_ns)?;
@@ -28,9 +29,10 @@ impl<E: Engine> Store for E {
         .await
     }
 
-    async fn agent_seen(&self, id: &str, connected: bool, at_ns: i64) -> StoreResult<()> {
+    async fn agent_seen(&self, id: &str, session: u64, connected: bool, at_ns: i64) -> StoreResult<()> {
         let id = id.to_owned();
         self.write(move |conn| {
+            check_session(conn, &id, session)?;
             update_agent(
                 conn,
                 &id,
@@ -42,24 +44,33 @@ impl<E: Engine> Store for E {
     }
 
     /// `last_seen_ns` is left as it was: it stays the last message
-    /// actually received.
+    /// actually received. A stream is held only by a replica whose lease
+    /// (at the epoch it took the hello under) is live: on a single
+    /// controller, which has no lease rows, none.
     async fn all_disconnected(&self) -> StoreResult<()> {
-        self.write(|conn| {
+        let lease_now_us = self.lease_clock();
+        self.write(move |conn| {
+            let now_us = lease_now_us(conn)?;
             run(
                 conn,
                 "mark agents disconnected",
-                "UPDATE agents SET connected = 0 WHERE connected <> 0",
-                &[],
+                "UPDATE agents SET connected = 0 WHERE connected <> 0 AND NOT EXISTS \
+                 (SELECT 1 FROM replicas r WHERE r.id = agents.owner \
+                  AND r.epoch = agents.owner_epoch AND r.expires_us > ?1)",
+                params![now_us],
             )?;
             Ok(())
         })
         .await
     }
 
-    async fn record_clock(&self, id: &str, clock: ClockRow) -> StoreResult<()> {
+    async fn record_clock(&self, id: &str, session: u64, clock: ClockRow) -> StoreResult<()> {
         let id = id.to_owned();
-        self.write(move |conn| agents::write_clock(conn, &id, &clock))
-            .await
+        self.write(move |conn| {
+            check_session(conn, &id, session)?;
+            agents::write_clock(conn, &id, &clock)
+        })
+        .await
     }
 
     async fn clock_history(
@@ -184,22 +195,32 @@ impl<E: Engine> Store for E {
     async fn agent_held(
         &self,
         id: &str,
+        session: u64,
         held: Vec<HeldPackRow>,
         at_ns: i64,
     ) -> StoreResult<Vec<DeliveryRow>> {
         let id = id.to_owned();
         let binding = self.binding();
         self.write(move |conn| {
+            check_session(conn, &id, session)?;
             let agent = agents::load_agent(conn, &id)?.ok_or_else(|| unknown_agent(&id))?;
             plan::replan_agent(conn, &agent, Some(&held), binding, at_ns)
         })
         .await
     }
 
+    /// An agent not stored (forgotten) has no row to answer about:
+    /// `None`, as before fencing.
     async fn answer(&self, a: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
         let binding = self.binding();
-        self.write(move |conn| plan::replan_answer(conn, &a, binding))
-            .await
+        self.write(move |conn| {
+            if !agents::agent_exists(conn, &a.agent_id)? {
+                return Ok(None);
+            }
+            check_session(conn, &a.agent_id, a.session_gen)?;
+            plan::replan_answer(conn, &a, binding)
+        })
+        .await
     }
 
     async fn deliveries_of_agent(&self, id: &str) -> StoreResult<Vec<DeliveryRow>> {
@@ -265,12 +286,26 @@ impl<E: Engine> Store for E {
 
     /// All or nothing: a row that cannot be stored (a value past
     /// `i64::MAX`) fails the whole call and stores none of it.
-    async fn put_feedback(&self, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
-        if rows.is_empty() {
+    async fn put_feedback(&self, session: u64, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
+        let Some(agent) = rows.first().map(|r| r.agent_id.clone()) else {
             return Ok(FeedbackStored::default());
+        };
+        if let Some(other) = rows.iter().find(|r| r.agent_id != agent) {
+            return Err(StoreError::Backend(format!(
+                "feedback of agents {agent} and {} in one call: one stream's feedback is one agent's",
+                other.agent_id
+            )));
         }
-        self.write(move |conn| feedback::write_feedback(conn, &rows))
-            .await
+        self.write(move |conn| {
+            // An agent with no record (forgotten while its stream ran) has
+            // no owner to fence against; its feedback is kept, as it
+            // would have been before the forget.
+            if agents::agent_exists(conn, &agent)? {
+                check_session(conn, &agent, session)?;
+            }
+            feedback::write_feedback(conn, &rows)
+        })
+        .await
     }
 
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64> {

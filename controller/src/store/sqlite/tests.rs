@@ -140,7 +140,7 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, [1, 2, 4, 5]);
+    assert_eq!(all, [1, 2, 4, 5, 6]);
     for _ in 0..2 {
         let store = SqliteStore::open(&nested, Binding::Tenants).unwrap();
         let versions = store
@@ -203,7 +203,7 @@ async fn concurrent_writers_are_all_committed() {
                 let mut stored = 0;
                 for chunk in [1..=10, 11..=20] {
                     stored += store
-                        .put_feedback(fbs(&agent, chunk))
+                        .put_feedback(1, fbs(&agent, chunk))
                         .await
                         .unwrap()
                         .inserted;
@@ -252,7 +252,7 @@ async fn concurrent_writers_are_all_committed() {
 async fn background_deletes_ride_other_commits() {
     let (_dir, store) = open();
     let old: Vec<_> = (1..=10).map(|q| fb("old", "j", q, 5)).collect();
-    store.put_feedback(old).await.unwrap();
+    store.put_feedback(1, old).await.unwrap();
     let before = store.stats();
     let (release, holding) = hold_writer(&store).await;
     let sweep = {
@@ -262,7 +262,7 @@ async fn background_deletes_ride_other_commits() {
     let writes: Vec<_> = (0..5)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move { store.put_feedback(fbs(&format!("a{i}"), 1..=2)).await })
+            tokio::spawn(async move { store.put_feedback(1, fbs(&format!("a{i}"), 1..=2)).await })
         })
         .collect();
     until_queued(&store, 6).await;
@@ -292,7 +292,7 @@ async fn queued_writes_share_one_transaction() {
     let tasks: Vec<_> = (0..50)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move { store.put_feedback(fbs(&format!("a{i}"), 1..=4)).await })
+            tokio::spawn(async move { store.put_feedback(1, fbs(&format!("a{i}"), 1..=4)).await })
         })
         .collect();
     until_queued(&store, 50).await;
@@ -324,7 +324,7 @@ async fn a_refused_command_does_not_disturb_its_batch() {
     let before = store.stats();
     let (release, holding) = hold_writer(&store).await;
     let s = store.clone();
-    let good1 = tokio::spawn(async move { s.put_feedback(fbs("a1", 1..=3)).await });
+    let good1 = tokio::spawn(async move { s.put_feedback(1, fbs("a1", 1..=3)).await });
     until_queued(&store, 1).await;
     let s = store.clone();
     let older =
@@ -375,7 +375,7 @@ async fn a_failed_commit_answers_every_caller_of_its_batch() {
     for i in 0..3 {
         let s = store.clone();
         tasks.push(tokio::spawn(async move {
-            s.put_feedback(fbs(&format!("a{i}"), 1..=2)).await.map(drop)
+            s.put_feedback(1, fbs(&format!("a{i}"), 1..=2)).await.map(drop)
         }));
         until_queued(&store, i + 1).await;
     }
@@ -409,7 +409,7 @@ async fn a_failed_commit_answers_every_caller_of_its_batch() {
     assert_eq!(store.agent("a9").await.unwrap(), None);
     // The writer rolled back and goes on.
     assert_eq!(
-        store.put_feedback(fbs("a0", 1..=2)).await.unwrap().inserted,
+        store.put_feedback(1, fbs("a0", 1..=2)).await.unwrap().inserted,
         2
     );
     assert_eq!(store.feedback_acked("a0", "j1").await.unwrap(), 2);
@@ -418,7 +418,7 @@ async fn a_failed_commit_answers_every_caller_of_its_batch() {
 #[tokio::test]
 async fn a_write_error_reaches_the_caller() {
     let (_dir, store) = open();
-    store.put_feedback(fbs("a1", 1..=2)).await.unwrap();
+    store.put_feedback(1, fbs("a1", 1..=2)).await.unwrap();
     // No room to grow the file: the next big insert fails for want of space.
     store
         .write_raw(|conn| {
@@ -434,7 +434,7 @@ async fn a_write_error_reaches_the_caller() {
     for r in &mut big {
         r.detail = "x".repeat(200);
     }
-    let r = store.put_feedback(big).await;
+    let r = store.put_feedback(1, big).await;
     assert!(is_backend(&r, "full"), "{r:?}");
     assert_eq!(store.feedback_acked("a1", "j1").await.unwrap(), 2);
 
@@ -447,7 +447,7 @@ async fn a_write_error_reaches_the_caller() {
         .await
         .unwrap();
     assert_eq!(
-        store.put_feedback(fbs("a1", 3..=4)).await.unwrap().inserted,
+        store.put_feedback(1, fbs("a1", 3..=4)).await.unwrap().inserted,
         2
     );
 }
@@ -456,9 +456,9 @@ async fn a_write_error_reaches_the_caller() {
 async fn close_refuses_later_writes_and_keeps_reads() {
     let (_dir, store) = open();
     let other = store.clone();
-    store.put_feedback(fbs("a1", 1..=2)).await.unwrap();
+    store.put_feedback(1, fbs("a1", 1..=2)).await.unwrap();
     store.close().await;
-    let r = other.put_feedback(fbs("a1", 3..=3)).await;
+    let r = other.put_feedback(1, fbs("a1", 3..=3)).await;
     assert!(matches!(r, Err(StoreError::Closed)), "{r:?}");
     let r = store.agent_hello(hello_in("a1", &["t"], &[], 1)).await;
     assert!(matches!(r, Err(StoreError::Closed)), "{r:?}");
@@ -473,13 +473,13 @@ async fn writes_queued_before_close_are_committed() {
     let (_dir, store) = open();
     let (release, holding) = hold_writer(&store).await;
     let s = store.clone();
-    let before = tokio::spawn(async move { s.put_feedback(fbs("a1", 1..=2)).await });
+    let before = tokio::spawn(async move { s.put_feedback(1, fbs("a1", 1..=2)).await });
     until_queued(&store, 1).await;
     let s = store.clone();
     let closing = tokio::spawn(async move { s.close().await });
     until_queued(&store, 2).await;
     let s = store.clone();
-    let after = tokio::spawn(async move { s.put_feedback(fbs("a1", 3..=4)).await });
+    let after = tokio::spawn(async move { s.put_feedback(1, fbs("a1", 3..=4)).await });
     until_queued(&store, 3).await;
     release.send(()).unwrap();
     holding.await.unwrap().unwrap();
@@ -493,10 +493,10 @@ async fn writes_queued_before_close_are_committed() {
 async fn dropping_the_last_handle_stops_the_writer() {
     let (dir, store) = open();
     let clone = store.clone();
-    store.put_feedback(fbs("a1", 1..=2)).await.unwrap();
+    store.put_feedback(1, fbs("a1", 1..=2)).await.unwrap();
     drop(store);
     // Another handle still works.
-    clone.put_feedback(fbs("a1", 3..=3)).await.unwrap();
+    clone.put_feedback(1, fbs("a1", 3..=3)).await.unwrap();
     assert!(dir.path().join(format!("{DB_FILE}-wal")).exists());
     drop(clone);
     // Every connection closed (the writer was joined, not left running):
@@ -537,8 +537,8 @@ async fn everything_survives_a_restart() {
             .label_agent("a1", "t", [("site".into(), None)].into(), Vec::new(), 13)
             .await
             .unwrap();
-        store.record_clock("a1", clock(20)).await.unwrap();
-        store.record_clock("a1", clock(30)).await.unwrap();
+        store.record_clock("a1", 1, clock(20)).await.unwrap();
+        store.record_clock("a1", 1, clock(30)).await.unwrap();
         push(&store, pack("t", "p", 1, to_labels(&[("line", "3")])), 40).await;
         push(&store, pack("t", "q", 1, to_ids(&["a1", "b2"])), 41).await;
         push(&store, pack("u", "r", 1, to_ids(&["a1"])), 42).await;
@@ -555,8 +555,8 @@ async fn everything_survives_a_restart() {
             .await
             .unwrap();
         store.cancel_pack(&key("u", "r"), 60).await.unwrap();
-        store.put_feedback(fbs("b2", 1..=3)).await.unwrap();
-        store.put_feedback(fbs("a1", 1..=3)).await.unwrap();
+        store.put_feedback(1, fbs("b2", 1..=3)).await.unwrap();
+        store.put_feedback(1, fbs("a1", 1..=3)).await.unwrap();
         store.put_audit(audit_row(70, "t", "p")).await.unwrap();
         let max_id = all_feedback(&store).await.last().unwrap().id;
         // Every row goes: ids must still not start again after a restart.
@@ -604,7 +604,7 @@ async fn everything_survives_a_restart() {
     // Acked seqs kept: a re-send is recognised; new rows come after every
     // id handed out before.
     assert_eq!(store.feedback_acked("a1", "j1").await.unwrap(), 3);
-    let r = store.put_feedback(fbs("b2", 3..=4)).await.unwrap();
+    let r = store.put_feedback(1, fbs("b2", 3..=4)).await.unwrap();
     assert_eq!((r.inserted, r.duplicates, r.acked_seq), (1, 1, 4));
     let got = all_feedback(&store).await;
     assert_eq!(got.len(), 1);
@@ -626,7 +626,7 @@ async fn a_row_that_does_not_decode_is_an_error() {
         .answer(refuse("a1", &key("t", "p"), refusal(1, true, "no"), 3))
         .await
         .unwrap();
-    store.put_feedback(fbs("a1", 1..=1)).await.unwrap();
+    store.put_feedback(1, fbs("a1", 1..=1)).await.unwrap();
     exec(
         &store,
         "UPDATE agents SET labels = 'not json'; \
@@ -739,7 +739,7 @@ async fn a_v4_database_is_migrated() {
     let store = SqliteStore::open(dir.path(), Binding::Open).unwrap();
     assert_eq!(
         scalar(&store, "SELECT MAX(version) FROM schema_migrations").await,
-        5
+        6
     );
 
     // Agents: records, operator labels and clocks kept; tenants come with
@@ -985,7 +985,10 @@ async fn a_v4_database_is_migrated() {
     assert_eq!(all[2].dropped_before, 2);
     assert_eq!(store.feedback_acked("a1", "j1").await.unwrap(), 7);
     assert_eq!(store.feedback_acked("a2", "j9").await.unwrap(), 6);
-    let r = store.put_feedback(fbs("a1", 6..=8)).await.unwrap();
+    // Agents stored before fencing are at generation 0 until their next
+    // hello: no stream of theirs is live.
+    assert!(store.put_feedback(1, fbs("a1", 6..=8)).await.is_err());
+    let r = store.put_feedback(0, fbs("a1", 6..=8)).await.unwrap();
     assert_eq!((r.inserted, r.duplicates, r.acked_seq), (1, 2, 8));
     let last = store
         .feedback(FeedbackFilter {
