@@ -71,6 +71,19 @@ enum Command {
         /// is plaintext, and a URL asking for TLS is refused.
         #[arg(long, value_name = "FILE", requires = "store")]
         store_ca: Option<PathBuf>,
+        /// This replica's id on the PostgreSQL store (default: host name,
+        /// process id and a random suffix). A restart under the same id
+        /// fences its earlier self; two live replicas must not share one.
+        #[arg(long, value_name = "NAME", requires = "store")]
+        replica_id: Option<String>,
+        /// New agent streams admitted per second (0: no bound); past it a
+        /// stream is refused UNAVAILABLE and the agent retries after its
+        /// jittered backoff (a replica taking over a dead one's agents).
+        #[arg(long, default_value_t = 500.0)]
+        admit_rate: f64,
+        /// New agent streams admitted at once (token bucket burst).
+        #[arg(long, default_value_t = 1000.0)]
+        admit_burst: f64,
         /// mTLS with the certificates of this CA directory (server.pem,
         /// server-key.pem, ca.pem for clients, revoked.txt), made by
         /// `ca init`; re-read when they change.
@@ -390,6 +403,9 @@ fn main() -> ExitCode {
             data,
             store,
             store_ca,
+            replica_id,
+            admit_rate,
+            admit_burst,
             tls_dir,
             insecure,
             insecure_any,
@@ -412,6 +428,9 @@ fn main() -> ExitCode {
             data,
             store,
             store_ca,
+            replica_id,
+            admit_rate,
+            admit_burst,
             insecure,
             insecure_any,
             tls_dir,

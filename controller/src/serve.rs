@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use baton_controller::app::pace::Pace;
 use baton_controller::server::{self, ServerConfig};
 use baton_controller::store::Store;
-use baton_controller::store::postgres::{PgStore, Target};
+use baton_controller::store::postgres::{LeaseConfig, PgStore, Target};
 use baton_controller::store::sqlite::SqliteStore;
 
 /// `serve` flags.
@@ -15,6 +15,9 @@ pub struct Opts {
     pub data: PathBuf,
     pub store: Option<String>,
     pub store_ca: Option<PathBuf>,
+    pub replica_id: Option<String>,
+    pub admit_rate: f64,
+    pub admit_burst: f64,
     pub insecure: bool,
     pub insecure_any: bool,
     pub tls_dir: Option<PathBuf>,
@@ -80,6 +83,9 @@ fn serve(o: Opts) -> anyhow::Result<()> {
     if !(o.push_rate > 0.0 && o.push_rate.is_finite() && o.push_burst >= 1.0) {
         anyhow::bail!("--push-rate must be > 0 and --push-burst >= 1");
     }
+    if !(o.admit_rate >= 0.0 && o.admit_rate.is_finite() && o.admit_burst >= 1.0) {
+        anyhow::bail!("--admit-rate must be >= 0 (0: no bound) and --admit-burst >= 1");
+    }
     let ping_interval = baton_proto::time::parse_duration(&o.ping_interval)
         .map_err(|e| anyhow::anyhow!("--ping-interval {}: {e}", o.ping_interval))?;
     if ping_interval.is_zero() {
@@ -102,7 +108,7 @@ fn serve(o: Opts) -> anyhow::Result<()> {
                 .as_ref()
                 .map(|d| server::tls::TlsOptions::new(d.clone())),
         );
-        let store = open_store(&o, cfg.binding()).await?;
+        let (store, lease_lost) = open_store(&o, cfg.binding()).await?;
         cfg.pace = Pace {
             rate: o.push_rate,
             burst: o.push_burst,
@@ -115,32 +121,73 @@ fn serve(o: Opts) -> anyhow::Result<()> {
             max_connections: o.max_connections,
             handshakes,
         };
-        server::serve(store, cfg, stop_signal()).await
+        cfg.admit = (o.admit_rate > 0.0).then_some(Pace {
+            rate: o.admit_rate,
+            burst: o.admit_burst,
+        });
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = stop_signal();
+        let lost_flag = lost.clone();
+        let stopping = async move {
+            let Some(mut lease_lost) = lease_lost else {
+                return stop.await;
+            };
+            tokio::select! {
+                () = stop => {}
+                _ = lease_lost.wait_for(|lost| *lost) => {
+                    lost_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        };
+        server::serve(store, cfg, stopping).await?;
+        if lost.load(std::sync::atomic::Ordering::SeqCst) {
+            // Its agents reconnect to the other replicas; a supervisor
+            // (systemd's Restart=) starts it again under a new epoch.
+            anyhow::bail!(
+                "this replica's lease on the store ran out (paused, or cut off from the database, for longer than the lease): it stopped serving so that it cannot write for agents other replicas now own"
+            );
+        }
+        Ok(())
     })
 }
 
 /// The store `--store` names (PostgreSQL), else the embedded one in
 /// `--data`. Opened off the async threads: both block, and the
 /// PostgreSQL client runs a small runtime of its own.
+/// With PostgreSQL, also the replica's lease: it turns `true` when lost.
 async fn open_store(
     o: &Opts,
     binding: baton_controller::model::Binding,
-) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+) -> anyhow::Result<(std::sync::Arc<dyn Store>, Option<LeaseLost>)> {
     let data = o.data.clone();
     let url = o.store.clone();
     let ca = o.store_ca.clone();
+    let lease = LeaseConfig::new(o.replica_id.clone().unwrap_or_else(LeaseConfig::unique_id));
+    lease
+        .check()
+        .map_err(|e| anyhow::anyhow!("--replica-id: {e}"))?;
     tokio::task::spawn_blocking(move || match url {
         Some(url) => Target::new(&url, ca.as_deref())
-            .and_then(|t| PgStore::open(&t, binding))
-            .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn Store>)
+            .and_then(|t| PgStore::open_replica(&t, binding, lease))
+            .map(|s| {
+                let (replica, epoch) = s.replica();
+                tracing::info!(%replica, epoch, "serving as a replica on PostgreSQL");
+                let lost = s.lease_lost();
+                (
+                    std::sync::Arc::new(s) as std::sync::Arc<dyn Store>,
+                    Some(lost),
+                )
+            })
             // The URL may hold a password: never in a message.
             .map_err(|e| anyhow::anyhow!("store in PostgreSQL (--store): {e}")),
         None => SqliteStore::open(&data, binding)
-            .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn Store>)
+            .map(|s| (std::sync::Arc::new(s) as std::sync::Arc<dyn Store>, None))
             .map_err(|e| anyhow::anyhow!("store in {}: {e}", data.display())),
     })
     .await?
 }
+
+type LeaseLost = tokio::sync::watch::Receiver<bool>;
 
 /// Warn when the process may run out of file descriptors before
 /// `--max-connections` (one per connection, plus refusals being served and

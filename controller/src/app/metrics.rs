@@ -72,6 +72,11 @@ pub struct Metrics {
     foreign_entries: AtomicU64,
     /// Streams refused because another journal's stream holds the id.
     duplicate_streams: AtomicU64,
+    /// Streams refused over the admission rate (`--admit-rate`).
+    admit_refused: AtomicU64,
+    /// Streams ended because a later stream of their agent (here or on
+    /// another replica) fenced them.
+    fenced_streams: AtomicU64,
     /// Failed accepts (out of file descriptors, ...).
     accept_errors: AtomicU64,
     /// Rows deleted by retention: feedback, clock, audit.
@@ -165,6 +170,16 @@ impl Metrics {
     /// A stream refused as a duplicate of a connected agent.
     pub fn duplicate_stream(&self) {
         self.duplicate_streams.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A new stream refused over the admission rate.
+    pub fn admit_refused(&self) {
+        self.admit_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stream fenced by a later one of its agent.
+    pub fn fenced_stream(&self) {
+        self.fenced_streams.fetch_add(1, Ordering::Relaxed);
     }
 
     /// An accept that failed.
@@ -305,6 +320,16 @@ impl Metrics {
                 "baton_controller_duplicate_streams_total",
                 "Link streams refused because another journal's stream holds the agent id (two machines, one identity).",
                 &self.duplicate_streams,
+            ),
+            (
+                "baton_controller_admit_refused_total",
+                "New link streams refused over the admission rate (--admit-rate): the agent retries after its backoff.",
+                &self.admit_refused,
+            ),
+            (
+                "baton_controller_fenced_streams_total",
+                "Link streams ended because a later stream of their agent, on this replica or another, owns it now.",
+                &self.fenced_streams,
             ),
             (
                 "baton_controller_accept_errors_total",

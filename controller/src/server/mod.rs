@@ -66,6 +66,12 @@ pub struct ServerConfig {
     pub retention: Retention,
     /// Live connections and TLS handshakes at most.
     pub accept: accept::AcceptOptions,
+    /// New agent streams admitted per second, and at once (`None`: no
+    /// bound). When a replica dies a third of its fleet arrives at the
+    /// others within seconds: past the rate a stream is refused
+    /// UNAVAILABLE and the agent comes back after its jittered backoff,
+    /// instead of every hello hitting the store at once.
+    pub admit: Option<Pace>,
     /// Whether agents belong to tenants: set with `tls` by
     /// [`ServerConfig::with_tls`] (identities make tenants bindable).
     pub binding: Binding,
@@ -85,6 +91,7 @@ impl ServerConfig {
             max_held: 1024,
             retention: Retention::default(),
             accept: accept::AcceptOptions::default(),
+            admit: None,
             binding: Binding::Open,
         }
     }
@@ -117,6 +124,8 @@ pub struct Shared {
     pub cfg: ServerConfig,
     /// Serials of revoked certificates (empty without TLS).
     pub revoked: watch::Sender<Arc<HashSet<String>>>,
+    /// The admission rate's bucket (see [`ServerConfig::admit`]).
+    admit: Option<std::sync::Mutex<crate::app::pace::TokenBucket>>,
 }
 
 impl Shared {
@@ -133,6 +142,12 @@ impl Shared {
             app: App::new(store, app_cfg),
             shutdown,
             revoked: watch::Sender::new(Arc::new(HashSet::new())),
+            admit: cfg.admit.map(|p| {
+                std::sync::Mutex::new(crate::app::pace::TokenBucket::new(
+                    p,
+                    std::time::Instant::now(),
+                ))
+            }),
             cfg,
         })
     }
@@ -218,6 +233,20 @@ impl wire::link_server::Link for LinkService {
                 )));
             }
         };
+        if let Some(bucket) = &self.shared.admit {
+            let now = tokio::time::Instant::now().into_std();
+            let admitted = bucket
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(now);
+            if let Err(wait) = admitted {
+                self.shared.app.metrics.admit_refused();
+                return Err(Status::unavailable(format!(
+                    "this controller admits new agent streams at a bounded rate: try again in {} ms or later",
+                    wait.as_millis().max(1)
+                )));
+            }
+        }
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(session::run(self.shared.clone(), inbound, tx, peer));

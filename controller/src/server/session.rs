@@ -323,6 +323,9 @@ where
         Err(e) => e,
     };
     let reason = end.describe();
+    if matches!(end, End::Fenced(_)) {
+        app.metrics.fenced_stream();
+    }
     for l in [&session.time_requests, &session.clock_reports] {
         if l.dropped > 0 {
             tracing::warn!(agent = %agent_id, "{} {} over the limit dropped on this stream", l.dropped, l.what);
@@ -990,7 +993,11 @@ impl Session {
             // Watchers see only what is stored; the batch is copied for
             // them only when someone watches.
             let watched = self.app.watched().then(|| rows.clone());
-            let stored = self.app.store.put_feedback(self.agent.session_gen, rows).await?;
+            let stored = self
+                .app
+                .store
+                .put_feedback(self.agent.session_gen, rows)
+                .await?;
             self.app
                 .metrics
                 .feedback(stored.inserted, stored.duplicates);
@@ -1002,7 +1009,10 @@ impl Session {
             }
         }
         if !carriers.is_empty() {
-            self.app.store.put_feedback(self.agent.session_gen, carriers).await?;
+            self.app
+                .store
+                .put_feedback(self.agent.session_gen, carriers)
+                .await?;
         }
         self.last_seq = high;
         self.send(Out::FeedbackAck(wire::FeedbackAck { seq: high }))

@@ -319,6 +319,8 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     want.last_seen_ns = 100;
     want.tenants = set(&["t"]);
     want.session_gen = 1;
+    // Which replica took the hello is the engine's to say.
+    want.owner = a.owner.clone();
     assert_eq!(a, want);
     assert!(rows.is_empty());
     assert_eq!(s.agent("a1").await.unwrap(), Some(want.clone()));
@@ -378,11 +380,17 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
 /// and the one the agent says it has seen; a stream's writes for its agent
 /// are refused, with nothing written, once a later hello took it over.
 pub(crate) async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
-    let (a, _) = s.agent_hello(hello_in("a1", &["t"], &[], 100)).await.unwrap();
+    let (a, _) = s
+        .agent_hello(hello_in("a1", &["t"], &[], 100))
+        .await
+        .unwrap();
     assert_eq!(a.session_gen, 1);
     let k = key("t", "p");
     push(s, pack("t", "p", 1, to_ids(&["a1"])), 105).await;
-    let (a, _) = s.agent_hello(hello_in("a1", &["t"], &[], 110)).await.unwrap();
+    let (a, _) = s
+        .agent_hello(hello_in("a1", &["t"], &[], 110))
+        .await
+        .unwrap();
     assert_eq!(a.session_gen, 2);
     let fenced = |r: StoreResult<()>, what: &str| match r {
         Err(StoreError::Fenced {
@@ -395,18 +403,26 @@ pub(crate) async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
     fenced(s.agent_seen("a1", 1, false, 120).await, "seen");
     fenced(s.record_clock("a1", 1, clock(120)).await, "clock");
     fenced(
-        s.agent_held("a1", 1, vec![held("t", "p", 1)], 120).await.map(drop),
+        s.agent_held("a1", 1, vec![held("t", "p", 1)], 120)
+            .await
+            .map(drop),
         "held",
     );
     fenced(s.answer(ack("a1", &k, 1, 120)).await.map(drop), "answer");
     let f = fb("a1", "j-a1", 1, 120);
-    fenced(s.put_feedback(1, vec![f.clone()]).await.map(drop), "feedback");
+    fenced(
+        s.put_feedback(1, vec![f.clone()]).await.map(drop),
+        "feedback",
+    );
     // Nothing of them was written.
     let a = s.agent("a1").await.unwrap().unwrap();
     assert!(a.connected);
     assert_eq!((a.last_seen_ns, a.clock.clone()), (110, None));
     assert_eq!(s.feedback_acked("a1", "j-a1").await.unwrap(), 0);
-    assert_eq!(brief(&rows_of(s, "a1").await), [b("a1", "t/p", 1, Hold, Pending)]);
+    assert_eq!(
+        brief(&rows_of(s, "a1").await),
+        [b("a1", "t/p", 1, Hold, Pending)]
+    );
     // The owning stream's writes are taken.
     s.record_clock("a1", 2, clock(130)).await.unwrap();
     assert_eq!(s.put_feedback(2, vec![f]).await.unwrap().inserted, 1);
@@ -1270,7 +1286,10 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
         stopped: true,
         ..held("t", "p", 2)
     };
-    let changed = s.agent_held("a1", 1, vec![stopped.clone()], 50).await.unwrap();
+    let changed = s
+        .agent_held("a1", 1, vec![stopped.clone()], 50)
+        .await
+        .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 2, Hold, Acked)]);
     assert_eq!(
         changed[0].held,
@@ -1548,9 +1567,15 @@ pub(crate) async fn feedback_stored_once(s: &dyn Store, _: Binding) {
         acked_seq,
     };
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 0);
-    assert_eq!(s.put_feedback(1, rows(1..=5)).await.unwrap(), stored(5, 0, 5));
+    assert_eq!(
+        s.put_feedback(1, rows(1..=5)).await.unwrap(),
+        stored(5, 0, 5)
+    );
     // A re-send after a lost ack.
-    assert_eq!(s.put_feedback(1, rows(1..=5)).await.unwrap(), stored(0, 5, 5));
+    assert_eq!(
+        s.put_feedback(1, rows(1..=5)).await.unwrap(),
+        stored(0, 5, 5)
+    );
     // Overlapping, with a duplicate inside the call itself.
     let mut overlap = rows(4..=8);
     overlap.push(fb("a1", "j1", 8, 999));
@@ -1571,7 +1596,9 @@ pub(crate) async fn feedback_stored_once(s: &dyn Store, _: Binding) {
     let j2 = vec![fb("a1", "j2", 100, 200)];
     assert_eq!(s.put_feedback(1, j2).await.unwrap(), stored(1, 0, 100));
     assert_eq!(
-        s.put_feedback(1, vec![fb("b2", "j1", 50, 210)]).await.unwrap(),
+        s.put_feedback(1, vec![fb("b2", "j1", 50, 210)])
+            .await
+            .unwrap(),
         stored(1, 0, 50)
     );
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 8);
@@ -1873,7 +1900,9 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
             .await
             .unwrap();
     }
-    s.put_feedback(1, vec![fb("a1", "j1", 2, 40)]).await.unwrap();
+    s.put_feedback(1, vec![fb("a1", "j1", 2, 40)])
+        .await
+        .unwrap();
     let left = || async move {
         s.feedback(FeedbackFilter::default())
             .await
@@ -2590,6 +2619,8 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             a.connected = true;
             a.last_seen_ns = h.at_ns;
             a.session_gen += 1;
+            // Which replica took the hello is the engine's to say.
+            a.owner = got.0.owner.clone();
             m.agents.insert(h.id.clone(), a);
             if let Some(t) = &h.cert_tenants {
                 m.cert.insert(h.id.clone(), t.iter().cloned().collect());

@@ -207,7 +207,13 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn agent_seen(&self, id: &str, session: u64, connected: bool, at_ns: i64) -> StoreResult<()> {
+    async fn agent_seen(
+        &self,
+        id: &str,
+        session: u64,
+        connected: bool,
+        at_ns: i64,
+    ) -> StoreResult<()> {
         self.write(|s| {
             check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
@@ -578,7 +584,11 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn put_feedback(&self, session: u64, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
+    async fn put_feedback(
+        &self,
+        session: u64,
+        rows: Vec<FeedbackRow>,
+    ) -> StoreResult<FeedbackStored> {
         self.write(|s| {
             let mut out = FeedbackStored::default();
             let Some(first) = rows.first() else {
@@ -924,7 +934,11 @@ mod tests {
                 .await
                 .map(drop),
         );
-        failed(s.put_feedback(1, vec![fb("a1", "j1", 2, 4)]).await.map(drop));
+        failed(
+            s.put_feedback(1, vec![fb("a1", "j1", 2, 4)])
+                .await
+                .map(drop),
+        );
         failed(s.delete_feedback_before(i64::MAX, 10).await.map(drop));
         failed(s.delete_clock_before(i64::MAX, 10).await.map(drop));
         failed(s.delete_audit_before(i64::MAX, 10).await.map(drop));

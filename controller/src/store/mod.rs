@@ -213,7 +213,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Connection state and last-seen instant, from the stream of
     /// generation `session`. An agent that never said hello is an error
     /// ([`StoreError::Backend`]): nothing is created.
-    async fn agent_seen(&self, id: &str, session: u64, connected: bool, at_ns: i64) -> StoreResult<()>;
+    async fn agent_seen(
+        &self,
+        id: &str,
+        session: u64,
+        connected: bool,
+        at_ns: i64,
+    ) -> StoreResult<()>;
     /// At start-up: the agents whose stream no live replica holds (on a
     /// single controller, every agent) are not connected.
     async fn all_disconnected(&self) -> StoreResult<()>;
@@ -339,8 +345,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `session`: the generation of the stream that received them (they are
     /// all of its agent; an agent with no record, forgotten while its
     /// stream ran, has no owner to fence against).
-    async fn put_feedback(&self, session: u64, rows: Vec<FeedbackRow>)
-    -> StoreResult<FeedbackStored>;
+    async fn put_feedback(
+        &self,
+        session: u64,
+        rows: Vec<FeedbackRow>,
+    ) -> StoreResult<FeedbackStored>;
     /// Highest seq ever stored for this agent and journal (0: none); kept
     /// when retention deletes the rows.
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64>;

@@ -29,6 +29,7 @@
 
 mod conn;
 pub mod import;
+mod lease;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +45,8 @@ pub use super::writer::WriterStats;
 use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
 use conn::{PgConn, detailed};
+pub use lease::LeaseConfig;
+use lease::{Lease, NOW_US};
 
 /// Commands per transaction at most (see the module doc).
 pub const MAX_BATCH: usize = 64;
@@ -64,6 +67,7 @@ pub struct PgStore {
     writer: Arc<Writer<PgConn>>,
     readers: Arc<ReadPool>,
     binding: Binding,
+    lease: Arc<Lease>,
 }
 
 impl fmt::Debug for PgStore {
@@ -169,9 +173,21 @@ impl PgStore {
     /// `spawn_blocking`. Refuses a database whose schema is newer than
     /// this build knows, or whose text collation is not `C`.
     pub fn open(target: &Target, binding: Binding) -> StoreResult<PgStore> {
+        PgStore::open_replica(target, binding, LeaseConfig::new(LeaseConfig::unique_id()))
+    }
+
+    /// [`PgStore::open`] as the replica `lease` names: its lease is taken
+    /// (at the next epoch) before anything is written, and every write
+    /// batch commits only while it is live.
+    pub fn open_replica(
+        target: &Target,
+        binding: Binding,
+        lease: LeaseConfig,
+    ) -> StoreResult<PgStore> {
         let conn = PgConn::new(connect(target)?);
         check_collation(&conn)?;
         migrate(&conn)?;
+        let lease = Arc::new(Lease::start(&conn, target, lease)?);
         let readers = Arc::new(ReadPool {
             target: target.clone(),
             idle: Mutex::new(Vec::new()),
@@ -179,13 +195,27 @@ impl PgStore {
         let batches = PgBatches {
             target: target.clone(),
             conn: Some(conn),
+            lease: Arc::clone(&lease),
         };
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
         Ok(PgStore {
             writer: Arc::new(writer),
             readers,
             binding,
+            lease,
         })
+    }
+
+    /// Becomes `true`, for good, when this replica's lease is lost: it
+    /// writes nothing more and must stop serving.
+    pub fn lease_lost(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.lease.lost()
+    }
+
+    /// The replica id and epoch this store writes as.
+    pub fn replica(&self) -> (String, i64) {
+        let o = self.lease.owner();
+        (o.replica.clone(), o.epoch)
     }
 
     /// What the writer has committed so far.
@@ -203,6 +233,19 @@ impl PgStore {
 impl Engine for PgStore {
     fn binding(&self) -> Binding {
         self.binding
+    }
+
+    fn owner(&self) -> crate::store::sql::agents::Owner {
+        self.lease.owner().clone()
+    }
+
+    fn lease_clock(&self) -> crate::store::sql::LeaseClock {
+        |db| {
+            query_first(db, &format!("SELECT {NOW_US} AS now"), &[], |r| {
+                col::<i64>(r, "now")
+            })?
+            .ok_or_else(|| StoreError::Backend("the database did not say the time".into()))
+        }
     }
 
     async fn write<T, F>(&self, f: F) -> StoreResult<T>
@@ -235,10 +278,16 @@ impl Engine for PgStore {
 struct PgBatches {
     target: Target,
     conn: Option<PgConn>,
+    lease: Arc<Lease>,
 }
 
 impl Batches<PgConn> for PgBatches {
     fn run(&mut self, batch: &mut Batch<PgConn>) -> Result<(), String> {
+        if self.lease.is_lost() {
+            return Err(
+                StoreError::LeaseLost("this replica writes nothing more".into()).to_string(),
+            );
+        }
         if self.conn.as_ref().is_none_or(PgConn::is_closed) {
             self.conn = None;
             let c = connect(&self.target).map_err(|e| e.to_string())?;
@@ -267,6 +316,21 @@ impl Batches<PgConn> for PgBatches {
         if let Err(e) = locked {
             let _ = conn.batch("ROLLBACK");
             return Err(format!("write batch not committed: {e}"));
+        }
+        // After the lock, on the database's clock: a replica paused past
+        // its lease commits nothing when it wakes (see `lease`).
+        match lease::is_live(conn, self.lease.owner()) {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = conn.batch("ROLLBACK");
+                let e = StoreError::LeaseLost("it ran out before this write batch".into());
+                self.lease.mark_lost(&e.to_string());
+                return Err(format!("write batch not committed: {e}"));
+            }
+            Err(e) => {
+                let _ = conn.batch("ROLLBACK");
+                return Err(format!("write batch not committed: {e}"));
+            }
         }
         for job in batch.iter_mut() {
             step("SAVEPOINT job")?;
@@ -443,4 +507,127 @@ mod tests {
     }
 
     crate::store::contract::contract_suite!(open, available);
+
+    /// Two replicas (`a`, `b`) on one fresh database, and a plain
+    /// connection to it (the clock a paused replica does not see pass).
+    fn replicas(a: LeaseConfig, b: LeaseConfig) -> (PgStore, PgStore, Target) {
+        std::thread::spawn(move || {
+            let url = baton_testpg::fresh_database().expect("a test database");
+            let target = Target::new(&url, None).expect("target");
+            let a = PgStore::open_replica(&target, Binding::Open, a).expect("replica a");
+            let b = PgStore::open_replica(&target, Binding::Open, b).expect("replica b");
+            (a, b, target)
+        })
+        .join()
+        .expect("open thread")
+    }
+
+    /// Ends `id`'s lease now, as the database sees it: what a replica
+    /// paused (SIGSTOP) past its lease finds when it wakes.
+    fn expire(target: &Target, id: &str) {
+        let (target, id) = (target.clone(), id.to_owned());
+        std::thread::spawn(move || {
+            let raw = PgConn::new(connect(&target).expect("connect"));
+            run(
+                &raw,
+                "expire a lease",
+                "UPDATE replicas SET expires_us = 0 WHERE id = ?1",
+                params![id],
+            )
+            .expect("expire");
+        })
+        .join()
+        .expect("expire thread");
+    }
+
+    fn hello(id: &str) -> crate::store::HelloRow {
+        crate::store::contract::hello(id, 100)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_past_its_lease_writes_nothing_and_says_it_lost_it() {
+        use crate::store::Store;
+        if !available() {
+            return;
+        }
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let (agent, _) = a.agent_hello(hello("a1")).await.unwrap();
+        assert_eq!((agent.owner.as_str(), agent.session_gen), ("ra", 1));
+        let mut lost = a.lease_lost();
+        assert!(!*lost.borrow());
+        expire(&target, "ra");
+        // Whatever it tries, fenced or not by the agent, is not committed.
+        let seen = a.agent_seen("a1", 1, true, 200).await;
+        assert!(
+            matches!(&seen, Err(StoreError::Backend(m)) if m.contains("lease")),
+            "{seen:?}"
+        );
+        assert!(a.agent_hello(hello("a2")).await.is_err());
+        tokio::time::timeout(std::time::Duration::from_secs(5), lost.wait_for(|l| *l))
+            .await
+            .expect("the lease is said lost")
+            .unwrap();
+        // Nothing of it reached the database; the other replica serves on.
+        assert_eq!(b.agent("a1").await.unwrap().unwrap().last_seen_ns, 100);
+        assert_eq!(b.agent("a2").await.unwrap(), None);
+        let (agent, _) = b.agent_hello(hello("a1")).await.unwrap();
+        assert_eq!((agent.owner.as_str(), agent.session_gen), ("rb", 2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_under_the_same_id_fences_the_earlier_one() {
+        use crate::store::Store;
+        if !available() {
+            return;
+        }
+        let (old, new, _) = replicas(LeaseConfig::new("r1"), LeaseConfig::new("r1"));
+        assert_eq!((old.replica().1, new.replica().1), (1, 2));
+        assert!(old.agent_hello(hello("a1")).await.is_err());
+        let (agent, _) = new.agent_hello(hello("a1")).await.unwrap();
+        assert_eq!(agent.owner, "r1");
+        assert!(*old.lease_lost().borrow());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_agents_of_a_replica_whose_lease_ran_out_are_marked_disconnected() {
+        use crate::store::Store;
+        if !available() {
+            return;
+        }
+        // b renews (and sweeps) often, so the test need not wait long.
+        let mut quick = LeaseConfig::new("rb");
+        quick.renew_every = std::time::Duration::from_millis(100);
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), quick);
+        a.agent_hello(hello("on-a")).await.unwrap();
+        b.agent_hello(hello("earlier-b")).await.unwrap();
+        let connected = |s: &PgStore, id: &'static str| {
+            let s = s.clone();
+            async move { s.agent(id).await.unwrap().unwrap().connected }
+        };
+        // A replica starting marks its own agents gone (it holds no stream
+        // yet) and leaves those of live replicas.
+        b.all_disconnected().await.unwrap();
+        assert!(connected(&b, "on-a").await);
+        assert!(!connected(&b, "earlier-b").await);
+        b.agent_hello(hello("on-b")).await.unwrap();
+        // a dies: b's renewals sweep its agents, and only those.
+        expire(&target, "ra");
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while connected(&b, "on-a").await {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("a's agent is marked disconnected by b's sweep");
+        assert!(connected(&b, "on-b").await);
+    }
+
+    #[test]
+    fn a_lease_must_outlast_three_renewals() {
+        let mut l = LeaseConfig::new("r");
+        assert!(l.check().is_ok());
+        l.renew_every = l.ttl / 2;
+        assert!(l.check().is_err());
+        assert!(LeaseConfig::new("").check().is_err());
+    }
 }

@@ -29,7 +29,13 @@ impl<E: Engine> Store for E {
         .await
     }
 
-    async fn agent_seen(&self, id: &str, session: u64, connected: bool, at_ns: i64) -> StoreResult<()> {
+    async fn agent_seen(
+        &self,
+        id: &str,
+        session: u64,
+        connected: bool,
+        at_ns: i64,
+    ) -> StoreResult<()> {
         let id = id.to_owned();
         self.write(move |conn| {
             check_session(conn, &id, session)?;
@@ -45,19 +51,21 @@ impl<E: Engine> Store for E {
 
     /// `last_seen_ns` is left as it was: it stays the last message
     /// actually received. A stream is held only by a replica whose lease
-    /// (at the epoch it took the hello under) is live: on a single
-    /// controller, which has no lease rows, none.
+    /// (at the epoch it took the hello under) is live, and not by this
+    /// one, which is starting: on a single controller, which has no lease
+    /// rows, none.
     async fn all_disconnected(&self) -> StoreResult<()> {
         let lease_now_us = self.lease_clock();
+        let me = self.owner().replica;
         self.write(move |conn| {
             let now_us = lease_now_us(conn)?;
             run(
                 conn,
                 "mark agents disconnected",
-                "UPDATE agents SET connected = 0 WHERE connected <> 0 AND NOT EXISTS \
+                "UPDATE agents SET connected = 0 WHERE connected <> 0 AND (owner = ?2 OR NOT EXISTS \
                  (SELECT 1 FROM replicas r WHERE r.id = agents.owner \
-                  AND r.epoch = agents.owner_epoch AND r.expires_us > ?1)",
-                params![now_us],
+                  AND r.epoch = agents.owner_epoch AND r.expires_us > ?1))",
+                params![now_us, me],
             )?;
             Ok(())
         })
@@ -286,7 +294,11 @@ impl<E: Engine> Store for E {
 
     /// All or nothing: a row that cannot be stored (a value past
     /// `i64::MAX`) fails the whole call and stores none of it.
-    async fn put_feedback(&self, session: u64, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
+    async fn put_feedback(
+        &self,
+        session: u64,
+        rows: Vec<FeedbackRow>,
+    ) -> StoreResult<FeedbackStored> {
         let Some(agent) = rows.first().map(|r| r.agent_id.clone()) else {
             return Ok(FeedbackStored::default());
         };

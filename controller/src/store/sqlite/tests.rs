@@ -375,7 +375,9 @@ async fn a_failed_commit_answers_every_caller_of_its_batch() {
     for i in 0..3 {
         let s = store.clone();
         tasks.push(tokio::spawn(async move {
-            s.put_feedback(1, fbs(&format!("a{i}"), 1..=2)).await.map(drop)
+            s.put_feedback(1, fbs(&format!("a{i}"), 1..=2))
+                .await
+                .map(drop)
         }));
         until_queued(&store, i + 1).await;
     }
@@ -409,7 +411,11 @@ async fn a_failed_commit_answers_every_caller_of_its_batch() {
     assert_eq!(store.agent("a9").await.unwrap(), None);
     // The writer rolled back and goes on.
     assert_eq!(
-        store.put_feedback(1, fbs("a0", 1..=2)).await.unwrap().inserted,
+        store
+            .put_feedback(1, fbs("a0", 1..=2))
+            .await
+            .unwrap()
+            .inserted,
         2
     );
     assert_eq!(store.feedback_acked("a0", "j1").await.unwrap(), 2);
@@ -447,7 +453,11 @@ async fn a_write_error_reaches_the_caller() {
         .await
         .unwrap();
     assert_eq!(
-        store.put_feedback(1, fbs("a1", 3..=4)).await.unwrap().inserted,
+        store
+            .put_feedback(1, fbs("a1", 3..=4))
+            .await
+            .unwrap()
+            .inserted,
         2
     );
 }
