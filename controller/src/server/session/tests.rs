@@ -590,3 +590,56 @@ async fn a_pack_of_a_tenant_taken_back_is_cancelled_even_after_a_reconnect() {
         other => panic!("expected a cancel, got {other:?}"),
     }
 }
+
+/// Another replica took the agent (its hello raised the generation in the
+/// shared store): this stream's next write for the agent is refused, the
+/// stream ends ABORTED, and nothing it received is stored or acked. The
+/// generation rides on the Welcome and every push.
+#[tokio::test(start_paused = true)]
+async fn a_stream_whose_agent_said_hello_elsewhere_is_fenced() {
+    let t = Test::new(Binding::Open);
+    let mut a = t.open("a1", "j1", &[], LinkPeer::default()).await;
+    match a.next().await {
+        Ok(Out::Welcome(w)) => assert_eq!(w.session_gen, 1),
+        other => panic!("expected a welcome, got {other:?}"),
+    }
+    t.push(&pack_yaml("default", "p", 1, "{agents: [a1]}"))
+        .await;
+    match a.next().await {
+        Ok(Out::PackPush(p)) => assert_eq!(p.session_gen, 1),
+        other => panic!("expected a push, got {other:?}"),
+    }
+    // The agent's hello on another replica (same store).
+    let mut elsewhere = crate::store::contract::hello("a1", 5);
+    elsewhere.journal_id = "j1".into();
+    let (taken, _) = t.app().store.agent_hello(elsewhere).await.expect("hello");
+    assert_eq!(taken.session_gen, 2);
+    a.send(In::Feedback(wire::FeedbackBatch {
+        entries: vec![entry(1, "default", "p", 0)],
+    }))
+    .await;
+    a.send(In::PackAck(wire::PackAck {
+        pack: Some(pref("default", "p", 1)),
+        unchanged: false,
+    }))
+    .await;
+    loop {
+        match a.next().await {
+            Ok(Out::FeedbackAck(ack)) => panic!("a fenced stream acked feedback: {ack:?}"),
+            Ok(_) => {}
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Aborted, "{s:?}");
+                assert!(s.message().contains("no longer owns"), "{s:?}");
+                break;
+            }
+        }
+    }
+    assert!(t.feedback().await.is_empty());
+    assert_eq!(
+        t.state("a1", "default", "p").await,
+        Some(DeliveryState::Pending)
+    );
+    // Still the other stream's, and still connected.
+    let a1 = t.app().store.agent("a1").await.expect("read").expect("a1");
+    assert_eq!((a1.session_gen, a1.connected), (2, true));
+}
