@@ -932,3 +932,115 @@ fn outbox_drops_reach_the_controller_once_on_one_entry() {
     let after = feedback(&mut h, 3);
     assert!(after.iter().all(|f| f.dropped_before == 0), "{after:?}");
 }
+
+/// A pack on another line than [`BLINK`]'s.
+const OTHER: &str = "safe_state:\n  - {action: gpio.write, params: {line: 8, value: 0}}\ninstructions:\n  - {id: on, action: gpio.write, params: {line: 8, value: 1}, every: 100ms}\n";
+
+fn welcome_gen(session_gen: u64) -> ControllerMessage {
+    msg(C::Welcome(wire::Welcome {
+        session_gen,
+        agent_id: "t".into(),
+        feedback_acked_seq: 0,
+        controller_time_ns: 0,
+        ping_interval_ms: 0,
+    }))
+}
+
+fn push_gen(pack_id: &str, version: u64, body: &str, session_gen: u64) -> ControllerMessage {
+    msg(C::PackPush(wire::PackPush {
+        session_gen,
+        pack: Some(pack_ref(pack_id, version)),
+        yaml: pack(pack_id, version, body),
+    }))
+}
+
+/// Fencing on one stream: welcomed at 5, a push sent on generation 4 (a
+/// stale replica's message) is nacked STALE, naming both generations, and
+/// not armed; a cancel on 4 is not acted on; the session's own generation
+/// works as ever.
+#[test]
+fn a_push_or_cancel_on_a_stale_generation_is_refused_and_not_acted_on() {
+    let mut h = harness();
+    let hello = h.connected();
+    assert_eq!(hello.session_gen, 0, "a new journal has seen no generation");
+    h.send(welcome_gen(5));
+    h.send(push_gen("blink", 1, BLINK, 4));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::Stale, "{n:?}");
+    assert_eq!(n.pack, Some(pack_ref("blink", 1)));
+    assert!(
+        n.message.contains("generation 4") && n.message.contains("generation 5"),
+        "{}",
+        n.message
+    );
+    assert_eq!(h.r.agent.journal().held().packs, 0, "nothing journalled");
+    h.run_for(Duration::from_millis(300), Duration::from_millis(10));
+    assert_eq!(h.r.level(7), None, "never armed");
+
+    h.send(push_gen("blink", 1, BLINK, 5));
+    assert!(!h.ack().unchanged);
+    assert_eq!(h.held(), [("blink".to_string(), 1, false)]);
+    h.run_for(Duration::from_millis(50), Duration::from_millis(5));
+    assert_eq!(h.r.level(7), Some(1));
+    // A stale cancel, then the same push again on the session's own
+    // generation: its answer comes after the cancel was handled.
+    h.send(msg(C::PackCancel(wire::PackCancel {
+        session_gen: 4,
+        pack: Some(pack_ref("blink", 1)),
+    })));
+    h.send(push_gen("blink", 1, BLINK, 5));
+    assert!(h.ack().unchanged, "still held, running");
+    assert_eq!(h.r.agent.journal().held().packs, 1);
+    h.run_for(Duration::from_millis(300), Duration::from_millis(5));
+    assert_eq!(
+        h.r.level(7),
+        Some(1),
+        "no safe state: the cancel was refused"
+    );
+}
+
+/// Fencing across streams, through the real link: welcomed at 5, the next
+/// stream's Hello carries 5; a stream welcomed at 4 is dropped by the
+/// agent and nothing it pushes is held; the agent comes back with its
+/// usual backoff and a welcome at 6 works.
+#[test]
+fn a_stream_welcomed_below_the_highest_generation_is_dropped_and_nothing_it_sends_is_acted_on() {
+    let mut h = harness();
+    h.connected();
+    h.send(welcome_gen(5));
+    h.send(push_gen("blink", 1, BLINK, 5));
+    h.ack();
+    h.drop_stream();
+
+    let hello = h.connected();
+    assert_eq!(
+        hello.session_gen, 5,
+        "Hello carries the journalled generation"
+    );
+    let stale = h.stream;
+    h.send(welcome_gen(4));
+    h.send(push_gen("other", 1, OTHER, 4));
+    // The agent ends the stream; no ack of anything on it before.
+    loop {
+        match h.event() {
+            Ev::Closed { stream } if stream == stale => break,
+            Ev::Msg { stream, msg } if stream == stale => {
+                assert!(
+                    !matches!(msg.body, Some(A::PackAck(_))),
+                    "acked on a stale stream: {msg:?}"
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(h.r.agent.journal().held().packs, 1, "only blink");
+    assert_eq!(h.r.agent.journal().session_gen(), 5, "not lowered");
+
+    let hello = h.connected();
+    assert!(h.stream > stale, "a new stream");
+    assert_eq!(hello.session_gen, 5);
+    h.send(welcome_gen(6));
+    h.send(push_gen("other", 1, OTHER, 6));
+    assert!(!h.ack().unchanged);
+    assert_eq!(h.r.agent.journal().session_gen(), 6);
+}

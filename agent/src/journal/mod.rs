@@ -1730,7 +1730,7 @@ mod tests {
             .map_err(JournalError::from)
             .expect("snapshot");
         let bytes = fs::read(&log).expect("read");
-        let (salt, version) = record::decode_header(&bytes).ok().expect("header");
+        let (salt, version) = record::decode_header(&bytes).expect("header");
         let mut pos = HEADER_LEN;
         while let Some((payload, next)) = record::read_frame(&bytes, pos, salt) {
             let rec = record::decode(payload, version).expect("decodes");

@@ -31,7 +31,8 @@
 //! tagged with the session it answers; messages for a session that ended
 //! are dropped by the link, never sent on a later stream (the next Hello
 //! tells the controller the state instead). The session ends with
-//! [`FromLink::Disconnected`], then the link reconnects forever with
+//! [`FromLink::Disconnected`] (the control thread may end it with
+//! [`ToLink::Refuse`]: a stale controller, see `runtime::uplink`), then the link reconnects forever with
 //! exponential backoff and full jitter ([`backoff`]).
 //!
 //! # What the link does on its own
@@ -87,6 +88,9 @@ pub enum FromLink {
         acked_seq: u64,
         /// How often the controller pings (as the link honours it).
         ping_interval: Duration,
+        /// The stream's session generation (0: a controller that does not
+        /// fence); the control thread decides whether to accept it.
+        session_gen: u64,
     },
     /// A pack pushed (its YAML, validated by the control thread).
     Push {
@@ -96,6 +100,8 @@ pub enum FromLink {
         pack: wire::PackRef,
         /// The pack's YAML source.
         yaml: String,
+        /// The generation the controller sent it on (fencing).
+        session_gen: u64,
     },
     /// A pack withdrawn.
     Cancel {
@@ -103,6 +109,8 @@ pub enum FromLink {
         session: u64,
         /// Which pack (version as the controller knows it).
         pack: wire::PackRef,
+        /// The generation the controller sent it on (fencing).
+        session_gen: u64,
     },
     /// Feedback up to `seq` is stored by the controller.
     FeedbackAck {
@@ -158,6 +166,10 @@ pub enum ToLink {
     Feedback(FeedbackPage),
     /// The clock's state.
     ClockReport(wire::ClockReport),
+    /// End this session now, for this reason (a controller whose Welcome
+    /// the control thread refused: a stale generation). Counted as a failed
+    /// attempt: the link backs off and dials the next controller.
+    Refuse(String),
 }
 
 /// A page of outbox records for the controller.

@@ -254,7 +254,16 @@ async fn one(
             // relay's state: the control thread may be waiting for room.
             o = to_link.recv(), if s.outq.len() < OUT_QUEUE => match o {
                 None => return End::Stop,
-                Some(o) if o.session == session => s.outq.push_back(encode(o.msg)),
+                // The control thread refused this session (a stale
+                // controller): a failed attempt, never a stream that was up.
+                Some(Outgoing { session: s_, msg: ToLink::Refuse(reason) }) if s_ == session => {
+                    return lost(reason, None);
+                }
+                Some(o) if o.session == session => {
+                    if let Some(m) = encode(o.msg) {
+                        s.outq.push_back(m);
+                    }
+                }
                 // For a session that is over: the next Hello covers it.
                 Some(_) => {}
             },
@@ -388,6 +397,7 @@ impl Session {
                 tracing::info!(
                     session,
                     controller_agent_id = %w.agent_id,
+                    session_gen = w.session_gen,
                     acked_seq = w.feedback_acked_seq,
                     ping_interval = %baton_proto::time::format_duration(ping_interval),
                     "controller link: welcomed"
@@ -396,6 +406,7 @@ impl Session {
                     session,
                     acked_seq: w.feedback_acked_seq,
                     ping_interval,
+                    session_gen: w.session_gen,
                 })
             }
             // A push or cancel without a pack reference still reaches the
@@ -404,10 +415,12 @@ impl Session {
                 session,
                 pack: p.pack.unwrap_or_default(),
                 yaml: p.yaml,
+                session_gen: p.session_gen,
             }),
             Some(In::PackCancel(c)) => Some(FromLink::Cancel {
                 session,
                 pack: c.pack.unwrap_or_default(),
+                session_gen: c.session_gen,
             }),
             Some(In::FeedbackAck(a)) => Some(FromLink::FeedbackAck {
                 session,
@@ -468,8 +481,9 @@ fn is_hello(m: &wire::AgentMessage) -> bool {
 }
 
 /// A control-thread message in its wire form (feedback records converted
-/// here, off the control thread).
-fn encode(msg: ToLink) -> wire::AgentMessage {
+/// here, off the control thread); `None` for what is not sent (a refusal
+/// ends the session instead).
+fn encode(msg: ToLink) -> Option<wire::AgentMessage> {
     let body = match msg {
         ToLink::Hello(h) => Out::Hello(*h),
         ToLink::Ack(a) => Out::PackAck(a),
@@ -489,6 +503,7 @@ fn encode(msg: ToLink) -> wire::AgentMessage {
                 .collect(),
         }),
         ToLink::ClockReport(r) => Out::ClockReport(r),
+        ToLink::Refuse(_) => return None,
     };
-    wire::AgentMessage { body: Some(body) }
+    Some(wire::AgentMessage { body: Some(body) })
 }
