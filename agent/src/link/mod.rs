@@ -32,8 +32,10 @@
 //! are dropped by the link, never sent on a later stream (the next Hello
 //! tells the controller the state instead). The session ends with
 //! [`FromLink::Disconnected`] (the control thread may end it with
-//! [`ToLink::Refuse`]: a stale controller, see `runtime::uplink`), then the link reconnects forever with
-//! exponential backoff and full jitter ([`backoff`]).
+//! [`ToLink::Refuse`]: a stale controller, see `runtime::uplink`), then
+//! the link reconnects forever, to the next controller address, with
+//! exponential backoff and full jitter between rounds ([`failover`],
+//! [`backoff`]).
 //!
 //! # What the link does on its own
 //!
@@ -45,6 +47,7 @@
 
 pub mod backoff;
 pub mod convert;
+pub mod failover;
 mod relay;
 mod session;
 pub mod watchdog;
@@ -195,9 +198,11 @@ pub struct Outgoing {
 /// Where and how to dial.
 #[derive(Clone, Debug)]
 pub struct LinkConfig {
-    /// `https://HOST:PORT` or `http://HOST:PORT` (checked by
-    /// `config::check_controller_url`).
-    pub url: String,
+    /// The controllers, each `https://HOST:PORT` or `http://HOST:PORT`
+    /// (checked by `config::check_controllers`), in the order they are
+    /// tried; each name is resolved and every address tried in turn
+    /// ([`failover`]).
+    pub urls: Vec<String>,
     /// Certificate files for `https://` (read at every connection).
     pub tls: Option<TlsFiles>,
     /// This agent's id, for the log (the controller learns it from Hello).
@@ -210,11 +215,11 @@ pub struct LinkConfig {
 }
 
 impl LinkConfig {
-    /// Dial `url` with the default backoff.
-    pub fn new(url: impl Into<String>, agent_id: impl Into<String>) -> Self {
+    /// Dial `urls` with the default backoff.
+    pub fn new(urls: Vec<String>, agent_id: impl Into<String>) -> Self {
         LinkConfig {
             tls: None,
-            url: url.into(),
+            urls,
             agent_id: agent_id.into(),
             backoff: backoff::BackoffConfig::default(),
             time_exchange: true,
@@ -269,7 +274,7 @@ pub struct Link {
 }
 
 impl Link {
-    /// Start the `baton-link` thread dialling `cfg.url`. `control` is the
+    /// Start the `baton-link` thread dialling `cfg.urls`. `control` is the
     /// control thread, unparked whenever a [`FromLink`] arrives; `clock`
     /// stamps time-exchange replies.
     pub fn start(

@@ -166,10 +166,10 @@ fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
 impl Agent {
     /// Start the link thread if a controller is configured.
     pub(super) fn start_uplink(&mut self) -> anyhow::Result<()> {
-        let Some(url) = self.cfg.controller.clone() else {
+        if self.cfg.controllers.is_empty() {
             return Ok(());
-        };
-        let mut link_cfg = LinkConfig::new(url, self.cfg.id.clone());
+        }
+        let mut link_cfg = LinkConfig::new(self.cfg.controllers.clone(), self.cfg.id.clone());
         link_cfg.time_exchange = self.cfg.clock.link;
         link_cfg.tls = self.cfg.tls.clone();
         let link = Link::start(link_cfg, self.clock.clone(), std::thread::current())
