@@ -63,9 +63,12 @@ pub struct ConfigFile {
     pub exec_workers: Option<usize>,
     /// The controller to dial: `https://HOST:PORT` (mTLS, with `cert`,
     /// `key` and `ca`), or `http://HOST:PORT` (plaintext, only with
-    /// `insecure: true`). Absent: no link; the agent runs the packs it has
-    /// on its own.
-    pub controller: Option<String>,
+    /// `insecure: true`); or a list of them, `[URL, URL, ...]` (replicas:
+    /// on the loss of one the agent dials the next, and every address a
+    /// name resolves to). All of one scheme. Absent: no link; the agent
+    /// runs the packs it has on its own.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub controller: Option<Vec<String>>,
     /// Allow a plaintext (`http://`) controller link. Default false.
     pub insecure: Option<bool>,
     /// Allow that plaintext link toward a non-loopback controller too.
@@ -186,6 +189,32 @@ impl<'de> Deserialize<'de> for ExecAllowEntry {
     }
 }
 
+/// `controller: URL` or `controller: [URL, ...]` (the single form is what
+/// configurations before failover have).
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<Vec<String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a controller URL, or a list of them")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(Some(vec![s.to_owned()]))
+        }
+        fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut urls = Vec::new();
+            while let Some(u) = seq.next_element::<String>()? {
+                urls.push(u);
+            }
+            Ok(Some(urls))
+        }
+    }
+    d.deserialize_any(V)
+}
+
 /// `realtime:` section.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -256,9 +285,10 @@ pub struct AgentConfig {
     pub exec_workers: usize,
     /// Start a fresh journal where one existed but its log is missing.
     pub reset_journal: bool,
-    /// The controller's URL (`http://HOST:PORT`, checked); `None`: no link,
-    /// and nothing of the link runs (no thread, no lease).
-    pub controller: Option<String>,
+    /// The controllers' URLs (each checked, all of one scheme), in the
+    /// order the link tries them; empty: no link, and nothing of the link
+    /// runs (no thread, no lease).
+    pub controllers: Vec<String>,
     /// A plaintext link was allowed (`--insecure`); required for `http://`.
     pub insecure: bool,
     /// The certificate files of an `https://` link.
@@ -361,8 +391,8 @@ pub struct Overrides {
     pub no_rt: bool,
     /// `--reset-journal`: start fresh where a journal's log went missing.
     pub reset_journal: bool,
-    /// `--controller URL`.
-    pub controller: Option<String>,
+    /// `--controller URL` (repeatable; replaces the file's list).
+    pub controllers: Vec<String>,
     /// `--insecure`: allow a plaintext link.
     pub insecure: bool,
     /// `--insecure-any`: allow it toward a non-loopback controller.
@@ -519,12 +549,21 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
     packs.extend(o.packs);
     let insecure = o.insecure || file.insecure.unwrap_or(false);
     let insecure_any = o.insecure_any || file.insecure_any.unwrap_or(false);
-    let controller = match o.controller.or(file.controller) {
-        Some(url) => Some(check_controller_url(&url, insecure, insecure_any)?),
-        None => None,
+    let urls = if o.controllers.is_empty() {
+        match file.controller {
+            Some(urls) if urls.is_empty() => {
+                return Err(ConfigError::Value(
+                    "controller: an empty list; leave the key out for no controller".into(),
+                ));
+            }
+            urls => urls.unwrap_or_default(),
+        }
+    } else {
+        o.controllers
     };
+    let controllers = check_controllers(&urls, insecure, insecure_any)?;
     let tls = check_tls(
-        controller.as_deref(),
+        controllers.first().map(String::as_str),
         o.cert.or(file.cert),
         o.key.or(file.key),
         o.ca.or(file.ca),
@@ -613,7 +652,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         outbox_cap: file.outbox_cap.unwrap_or(100_000).max(1),
         exec_workers: file.exec_workers.unwrap_or(2).max(1),
         reset_journal: o.reset_journal,
-        controller,
+        controllers,
         insecure,
         tls,
         labels,
@@ -817,6 +856,35 @@ pub fn check_controller_url(
     Ok(url.trim_end_matches('/').to_string())
 }
 
+/// Every controller URL checked ([`check_controller_url`]), none twice, all
+/// of one scheme: a list mixing `https://` and `http://` would fall back
+/// to plaintext when the TLS controllers are down (a downgrade an attacker
+/// on the path could force).
+pub fn check_controllers(
+    urls: &[String],
+    insecure: bool,
+    insecure_any: bool,
+) -> Result<Vec<String>, ConfigError> {
+    let mut out: Vec<String> = Vec::with_capacity(urls.len());
+    for url in urls {
+        let u = check_controller_url(url, insecure, insecure_any)?;
+        if out.contains(&u) {
+            return Err(ConfigError::Value(format!(
+                "controller `{u}` is listed twice"
+            )));
+        }
+        if let Some(first) = out.first()
+            && first.starts_with("https://") != u.starts_with("https://")
+        {
+            return Err(ConfigError::Value(format!(
+                "controllers `{first}` and `{u}`: all https:// or all http://, never a plaintext fallback"
+            )));
+        }
+        out.push(u);
+    }
+    Ok(out)
+}
+
 /// The certificate files of the link: all three for an `https://`
 /// controller (each readable now; the link reads them again at every
 /// connection, so a renewed certificate is used without a restart), none
@@ -1017,7 +1085,7 @@ mod tests {
         )
         .expect("valid");
         let c = resolve(f, Overrides::default()).expect("resolves");
-        assert_eq!(c.controller.as_deref(), Some("http://ctl.plant:7700"));
+        assert_eq!(c.controllers, ["http://ctl.plant:7700"]);
         assert!(c.insecure);
         assert_eq!(c.max_packs, 10);
         let labels: Vec<(&str, &str)> = c
@@ -1032,25 +1100,25 @@ mod tests {
 
         // Without a controller: no link, default limits.
         let c = resolve(ConfigFile::default(), Overrides::default()).expect("resolves");
-        assert_eq!(c.controller, None);
+        assert!(c.controllers.is_empty());
         assert_eq!(c.max_packs, DEFAULT_MAX_PACKS);
 
         let plain = |url: &str, insecure: bool| {
             resolve(
                 ConfigFile::default(),
                 Overrides {
-                    controller: Some(url.into()),
+                    controllers: vec![url.into()],
                     insecure,
                     ..Overrides::default()
                 },
             )
-            .map(|c| c.controller)
+            .map(|c| c.controllers.first().cloned())
             .map_err(|e| e.to_string())
         };
         let far = resolve(
             ConfigFile::default(),
             Overrides {
-                controller: Some("http://10.0.0.5:7700".into()),
+                controllers: vec!["http://10.0.0.5:7700".into()],
                 insecure: true,
                 ..Overrides::default()
             },
@@ -1060,14 +1128,14 @@ mod tests {
         let far = resolve(
             ConfigFile::default(),
             Overrides {
-                controller: Some("http://10.0.0.5:7700".into()),
+                controllers: vec!["http://10.0.0.5:7700".into()],
                 insecure: true,
                 insecure_any: true,
                 ..Overrides::default()
             },
         )
         .expect("allowed with --insecure-any");
-        assert_eq!(far.controller.as_deref(), Some("http://10.0.0.5:7700"));
+        assert_eq!(far.controllers, ["http://10.0.0.5:7700"]);
         let e = plain("http://127.0.0.1:7700", false).expect_err("needs --insecure");
         assert_eq!(
             e,
@@ -1094,6 +1162,107 @@ mod tests {
         assert!(e.to_string().contains("needs --insecure"), "{e}");
     }
 
+    /// Several controllers: a list in the file (or the single string, as
+    /// before), the repeated flag replacing it; each URL checked, none
+    /// twice, never a mix of schemes, never an empty list.
+    #[test]
+    fn several_controllers_from_a_list_or_the_repeated_flag() {
+        let file = |text: &str| parse_file("a.yaml", text).expect("valid");
+        let urls = |f: ConfigFile, o: Overrides| {
+            resolve(f, o)
+                .map(|c| c.controllers)
+                .map_err(|e| e.to_string())
+        };
+        let insecure = || Overrides {
+            insecure: true,
+            ..Overrides::default()
+        };
+        assert_eq!(
+            urls(
+                file(
+                    "controller: [http://127.0.0.1:1/, http://localhost:2]
+"
+                ),
+                insecure()
+            )
+            .expect("list"),
+            ["http://127.0.0.1:1", "http://localhost:2"]
+        );
+        assert_eq!(
+            urls(
+                file(
+                    "controller: http://127.0.0.1:1
+"
+                ),
+                insecure()
+            )
+            .expect("one"),
+            ["http://127.0.0.1:1"]
+        );
+        // The flags replace the file's list, in their order.
+        assert_eq!(
+            urls(
+                file(
+                    "controller: [http://127.0.0.1:1]
+"
+                ),
+                Overrides {
+                    controllers: vec!["http://127.0.0.1:3".into(), "http://127.0.0.1:2".into()],
+                    ..insecure()
+                }
+            )
+            .expect("flags"),
+            ["http://127.0.0.1:3", "http://127.0.0.1:2"]
+        );
+        let e = urls(
+            file(
+                "controller: [http://127.0.0.1:1, http://10.0.0.9:1]
+",
+            ),
+            insecure(),
+        )
+        .expect_err("each is checked");
+        assert!(
+            e.contains("`http://10.0.0.9:1`") && e.contains("--insecure-any"),
+            "{e}"
+        );
+        let e = urls(
+            file(
+                "controller: [http://127.0.0.1:1, http://127.0.0.1:1/]
+",
+            ),
+            insecure(),
+        )
+        .expect_err("twice");
+        assert!(e.contains("listed twice"), "{e}");
+        let e = urls(
+            file(
+                "controller: [https://ctl:1, http://127.0.0.1:1]
+",
+            ),
+            insecure(),
+        )
+        .expect_err("mixed");
+        assert!(e.contains("never a plaintext fallback"), "{e}");
+        let e = urls(
+            file(
+                "controller: []
+",
+            ),
+            insecure(),
+        )
+        .expect_err("empty");
+        assert!(e.contains("empty list"), "{e}");
+        assert!(
+            parse_file(
+                "a.yaml",
+                "controller: {url: x}
+"
+            )
+            .is_err()
+        );
+    }
+
     #[test]
     fn an_https_link_needs_all_three_certificate_files_and_http_none() {
         let tmp = tempfile::tempdir().expect("tmp");
@@ -1113,7 +1282,7 @@ mod tests {
             Overrides::default(),
         )
         .expect("resolves");
-        assert_eq!(c.controller.as_deref(), Some("https://ctl:7700"));
+        assert_eq!(c.controllers, ["https://ctl:7700"]);
         let tls = c.tls.expect("tls");
         assert_eq!((tls.cert, tls.key, tls.ca), (cert.clone(), key.clone(), ca));
         // A missing file is named.
@@ -1121,7 +1290,7 @@ mod tests {
             resolve(
                 ConfigFile::default(),
                 Overrides {
-                    controller: Some(url.into()),
+                    controllers: vec![url.into()],
                     insecure: true,
                     cert: Some(cert.clone()),
                     key: Some(key),

@@ -148,9 +148,11 @@ struct CommonFlags {
     #[arg(long)]
     reset_journal: bool,
     /// The controller to dial: https://HOST:PORT (mTLS, with --cert,
-    /// --key, --ca), or http://HOST:PORT with --insecure.
+    /// --key, --ca), or http://HOST:PORT with --insecure. Repeatable:
+    /// replicas, dialled in turn when one is lost (replaces the config
+    /// file's list).
     #[arg(long, value_name = "URL")]
-    controller: Option<String>,
+    controller: Vec<String>,
     /// Allow a plaintext (http://) controller link (loopback only, unless
     /// --insecure-any).
     #[arg(long)]
@@ -416,7 +418,7 @@ fn run_agent(
             packs: f.pack,
             no_rt: f.no_rt,
             reset_journal: f.reset_journal,
-            controller: f.controller,
+            controllers: f.controller,
             insecure: f.insecure,
             insecure_any: f.insecure_any,
             cert: f.cert,
@@ -543,10 +545,12 @@ fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
     if !bad.is_empty() {
         anyhow::bail!("{}", bad.join("\n"));
     }
-    let link = match &cfg.controller {
-        Some(url) if cfg.tls.is_some() => format!("controller {url} (mTLS)"),
-        Some(url) => format!("controller {url} (plaintext)"),
-        None => "no controller".to_string(),
+    let link = match (cfg.controllers.as_slice(), cfg.tls.is_some()) {
+        ([], _) => "no controller".to_string(),
+        ([url], true) => format!("controller {url} (mTLS)"),
+        ([url], false) => format!("controller {url} (plaintext)"),
+        (urls, true) => format!("controllers {} (mTLS)", urls.join(", ")),
+        (urls, false) => format!("controllers {} (plaintext)", urls.join(", ")),
     };
     let _ = writeln!(
         std::io::stdout(),

@@ -105,6 +105,19 @@ pub struct DispatchSnap {
     pub lost_results: u64,
 }
 
+/// Refusals of a stale controller (a session generation below the highest
+/// seen): an operator alerts on these, since each means a controller
+/// replica tried to act after it lost the agent, or a store went back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StaleSnap {
+    /// Welcomes refused (their sessions dropped).
+    pub welcomes: u64,
+    /// Pushes nacked `STALE`.
+    pub pushes: u64,
+    /// Cancels not acted on.
+    pub cancels: u64,
+}
+
 /// Everything `/metrics` shows, as of one heartbeat of the control loop.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
@@ -145,6 +158,10 @@ pub struct Snapshot {
     pub link_connected: Option<bool>,
     /// Messages waiting in the control thread's queue for the link.
     pub link_queue: usize,
+    /// What the agent refused from stale controllers (fencing).
+    pub link_stale: StaleSnap,
+    /// The highest controller session generation journalled (0: none).
+    pub session_gen: u64,
 }
 
 /// Where the control thread leaves the latest snapshot.
@@ -403,6 +420,28 @@ pub fn render(s: &Snapshot) -> String {
             "Messages waiting in the control thread for the link thread to take them.",
             s.link_queue as f64,
         );
+        e.single(
+            "baton_agent_link_session_generation",
+            Kind::Gauge,
+            "The highest controller session generation the agent has journalled (0: no fencing controller seen).",
+            s.session_gen as f64,
+        );
+        e.family(
+            "baton_agent_link_stale_refused_total",
+            Kind::Counter,
+            "Messages refused from a stale controller (a session generation below the highest seen), by message.",
+        );
+        for (what, n) in [
+            ("welcome", s.link_stale.welcomes),
+            ("push", s.link_stale.pushes),
+            ("cancel", s.link_stale.cancels),
+        ] {
+            e.sample(
+                "baton_agent_link_stale_refused_total",
+                &[("message", what)],
+                n as f64,
+            );
+        }
     }
     e.finish()
 }
@@ -449,6 +488,8 @@ mod tests {
             frequency_ppm: -3.25,
         });
         s.link_connected = Some(true);
+        s.link_stale.pushes = 2;
+        s.session_gen = 7;
         s
     }
 
@@ -476,6 +517,9 @@ mod tests {
             "baton_agent_clock_state{state=\"free-running\"} 0",
             "baton_agent_clock_source{source=\"ntp\"} 1",
             "baton_agent_link_connected 1",
+            "baton_agent_link_session_generation 7",
+            "baton_agent_link_stale_refused_total{message=\"push\"} 2",
+            "baton_agent_link_stale_refused_total{message=\"welcome\"} 0",
             "baton_agent_info{id=\"press-\\\"01\\\"\",version=",
         ] {
             assert!(t.lines().any(|l| l.starts_with(line)), "{line} in\n{t}");

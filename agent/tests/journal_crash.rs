@@ -14,7 +14,8 @@
 //! with SIGKILL after a seeded random number of firings, reopens the journal
 //! and checks every printed id, then starts the next round on the same
 //! directory. A small `max_log_bytes` makes compactions frequent, so kills
-//! also land inside them.
+//! also land inside them. Now and then it records a higher controller
+//! session generation (`GEN g` once durable): the fence never goes back.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
@@ -87,6 +88,14 @@ fn journal_crash_child() {
                 j.ack_feedback(seq - 3).expect("child: ack");
             }
         }
+        // A controller session generation now and then (durable: printed
+        // only once `record_session_gen` returned).
+        if i % 40 < 3 {
+            let generation = (i / 40) as u64 + 1;
+            j.record_session_gen(generation)
+                .expect("child: session gen");
+            writeln!(out, "GEN {generation}").expect("child: stdout");
+        }
         out.flush().expect("child: flush");
         let beat = j.heartbeat(i as i64).expect("child: heartbeat");
         assert!(beat.compaction_error.is_none(), "child: compaction");
@@ -104,6 +113,7 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
     let mut fired: HashSet<String> = HashSet::new();
     let mut finished: HashSet<String> = HashSet::new();
     let mut once: HashSet<String> = HashSet::new();
+    let mut generation = 0u64;
     let mut torn_rounds = 0;
     for round in 0..6 {
         let kill_after = rng.random_range(1..=120);
@@ -135,6 +145,8 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
                 }
             } else if let Some(id) = line.strip_prefix("FINISHED ") {
                 finished.insert(id.to_owned());
+            } else if let Some(g) = line.strip_prefix("GEN ") {
+                generation = generation.max(g.parse().expect("a generation"));
             } else if let Some(key) = line.strip_prefix("ONCE ") {
                 assert!(
                     once.insert(key.to_owned()),
@@ -173,6 +185,11 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
             lost.is_empty(),
             "round {round}: once-only key taken but lost: {lost:?}"
         );
+        assert!(
+            j.session_gen() >= generation,
+            "round {round}: session generation {generation} recorded but {} after the kill",
+            j.session_gen()
+        );
         assert!(rec.outbox_len <= 50, "outbox cap holds");
         let held = j.outbox_page(0, usize::MAX).expect("outbox page");
         assert_eq!(held.len(), rec.outbox_len);
@@ -187,6 +204,7 @@ fn journal_kill_9_loses_nothing_acknowledged_and_fires_nothing_twice() {
         );
         drop(j);
     }
+    assert!(generation > 1, "the child recorded session generations");
     // Informational: SIGKILL keeps the page cache, so a torn record needs
     // the kill to land inside write(2) itself; zero is a valid outcome.
     eprintln!("torn tails seen: {torn_rounds} of 6 rounds");

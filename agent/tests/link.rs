@@ -40,11 +40,16 @@ enum Ev {
     Msg { stream: u64, msg: AgentMessage },
     /// The agent's side of a stream ended.
     Closed { stream: u64 },
+    /// A stream was refused RESOURCE_EXHAUSTED.
+    Exhausted,
 }
 
 struct Svc {
     events: Sender<Ev>,
     refuse: Arc<AtomicBool>,
+    /// Refuse streams as a replica admitting sessions at a bounded rate
+    /// does (RESOURCE_EXHAUSTED).
+    exhausted: Arc<AtomicBool>,
     /// Stop reading the agents' streams (HTTP/2 flow control then holds
     /// the agent back).
     deaf: Arc<AtomicBool>,
@@ -61,6 +66,12 @@ impl Link for Svc {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         if self.refuse.load(Ordering::Acquire) {
             return Err(Status::unavailable("test: refusing streams"));
+        }
+        if self.exhausted.load(Ordering::Acquire) {
+            let _ = self.events.send(Ev::Exhausted);
+            return Err(Status::resource_exhausted(
+                "test: admitting no more sessions",
+            ));
         }
         let stream = self.next.fetch_add(1, Ordering::AcqRel) + 1;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -89,6 +100,7 @@ struct Fake {
     addr: SocketAddr,
     events: Receiver<Ev>,
     refuse: Arc<AtomicBool>,
+    exhausted: Arc<AtomicBool>,
     deaf: Arc<AtomicBool>,
     _rt: tokio::runtime::Runtime,
 }
@@ -105,10 +117,12 @@ fn fake() -> Fake {
     let addr = listener.local_addr().expect("addr");
     let (tx, events) = std::sync::mpsc::channel();
     let refuse = Arc::new(AtomicBool::new(false));
+    let exhausted = Arc::new(AtomicBool::new(false));
     let deaf = Arc::new(AtomicBool::new(false));
     let svc = Svc {
         events: tx,
         refuse: refuse.clone(),
+        exhausted: exhausted.clone(),
         deaf: deaf.clone(),
         next: AtomicU64::new(0),
     };
@@ -125,6 +139,7 @@ fn fake() -> Fake {
         addr,
         events,
         refuse,
+        exhausted,
         deaf,
         _rt: rt,
     }
@@ -149,10 +164,21 @@ fn harness_with(file: ConfigFile) -> H {
 
 fn harness_on(file: ConfigFile, clock: baton_agent::runtime::ports::ManualClock) -> H {
     let fake = fake();
+    let url = format!("http://{}", fake.addr);
+    harness_to(fake, vec![url], file, clock)
+}
+
+/// An agent dialling `urls`, watched through `fake` (one of them, or none).
+fn harness_to(
+    fake: Fake,
+    urls: Vec<String>,
+    file: ConfigFile,
+    clock: baton_agent::runtime::ports::ManualClock,
+) -> H {
     let r = rig_with_clock(
         file,
         Overrides {
-            controller: Some(format!("http://{}", fake.addr)),
+            controllers: urls,
             insecure: true,
             labels: vec![("site".into(), "test".into())],
             ..Overrides::default()
@@ -812,7 +838,9 @@ fn a_controller_that_stops_reading_for_a_while_holds_the_agent_back_and_loses_no
                     _ => {}
                 }
             }
-            Ev::Opened { .. } | Ev::Closed { .. } => panic!("the stream was dropped"),
+            Ev::Opened { .. } | Ev::Closed { .. } | Ev::Exhausted => {
+                panic!("the stream was dropped")
+            }
         }
     }
     feeder.join().expect("feeder");
@@ -845,7 +873,7 @@ fn hello_is_first_even_when_the_control_thread_is_slow_to_hand_it_over() {
             stream
         }
         Ok(Ev::Msg { msg, .. }) => panic!("a message before the stream opened: {msg:?}"),
-        Ok(Ev::Closed { .. }) => panic!("closed"),
+        Ok(Ev::Closed { .. } | Ev::Exhausted) => panic!("closed"),
         Err(e) => panic!("no stream within {PATIENCE:?}: {e:?}"),
     };
     h.stream = stream;
@@ -931,4 +959,205 @@ fn outbox_drops_reach_the_controller_once_on_one_entry() {
     h.send(welcome(front, 0));
     let after = feedback(&mut h, 3);
     assert!(after.iter().all(|f| f.dropped_before == 0), "{after:?}");
+}
+
+/// A pack on another line than [`BLINK`]'s.
+const OTHER: &str = "safe_state:\n  - {action: gpio.write, params: {line: 8, value: 0}}\ninstructions:\n  - {id: on, action: gpio.write, params: {line: 8, value: 1}, every: 100ms}\n";
+
+fn welcome_gen(session_gen: u64) -> ControllerMessage {
+    msg(C::Welcome(wire::Welcome {
+        session_gen,
+        agent_id: "t".into(),
+        feedback_acked_seq: 0,
+        controller_time_ns: 0,
+        ping_interval_ms: 0,
+    }))
+}
+
+fn push_gen(pack_id: &str, version: u64, body: &str, session_gen: u64) -> ControllerMessage {
+    msg(C::PackPush(wire::PackPush {
+        session_gen,
+        pack: Some(pack_ref(pack_id, version)),
+        yaml: pack(pack_id, version, body),
+    }))
+}
+
+/// Fencing on one stream: welcomed at 5, a push sent on generation 4 (a
+/// stale replica's message) is nacked STALE, naming both generations, and
+/// not armed; a cancel on 4 is not acted on; the session's own generation
+/// works as ever.
+#[test]
+fn a_push_or_cancel_on_a_stale_generation_is_refused_and_not_acted_on() {
+    let mut h = harness();
+    let hello = h.connected();
+    assert_eq!(hello.session_gen, 0, "a new journal has seen no generation");
+    h.send(welcome_gen(5));
+    h.send(push_gen("blink", 1, BLINK, 4));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::Stale, "{n:?}");
+    assert_eq!(n.pack, Some(pack_ref("blink", 1)));
+    assert!(
+        n.message.contains("generation 4") && n.message.contains("generation 5"),
+        "{}",
+        n.message
+    );
+    assert_eq!(h.r.agent.journal().held().packs, 0, "nothing journalled");
+    h.run_for(Duration::from_millis(300), Duration::from_millis(10));
+    assert_eq!(h.r.level(7), None, "never armed");
+
+    h.send(push_gen("blink", 1, BLINK, 5));
+    assert!(!h.ack().unchanged);
+    assert_eq!(h.held(), [("blink".to_string(), 1, false)]);
+    h.run_for(Duration::from_millis(50), Duration::from_millis(5));
+    assert_eq!(h.r.level(7), Some(1));
+    // A stale cancel, then the same push again on the session's own
+    // generation: its answer comes after the cancel was handled.
+    h.send(msg(C::PackCancel(wire::PackCancel {
+        session_gen: 4,
+        pack: Some(pack_ref("blink", 1)),
+    })));
+    h.send(push_gen("blink", 1, BLINK, 5));
+    assert!(h.ack().unchanged, "still held, running");
+    assert_eq!(h.r.agent.journal().held().packs, 1);
+    h.run_for(Duration::from_millis(300), Duration::from_millis(5));
+    assert_eq!(
+        h.r.level(7),
+        Some(1),
+        "no safe state: the cancel was refused"
+    );
+}
+
+/// Fencing across streams, through the real link: welcomed at 5, the next
+/// stream's Hello carries 5; a stream welcomed at 4 is dropped by the
+/// agent and nothing it pushes is held; the agent comes back with its
+/// usual backoff and a welcome at 6 works.
+#[test]
+fn a_stream_welcomed_below_the_highest_generation_is_dropped_and_nothing_it_sends_is_acted_on() {
+    let mut h = harness();
+    h.connected();
+    h.send(welcome_gen(5));
+    h.send(push_gen("blink", 1, BLINK, 5));
+    h.ack();
+    h.drop_stream();
+
+    let hello = h.connected();
+    assert_eq!(
+        hello.session_gen, 5,
+        "Hello carries the journalled generation"
+    );
+    let stale = h.stream;
+    h.send(welcome_gen(4));
+    h.send(push_gen("other", 1, OTHER, 4));
+    // The agent ends the stream; no ack of anything on it before.
+    loop {
+        match h.event() {
+            Ev::Closed { stream } if stream == stale => break,
+            Ev::Msg { stream, msg } if stream == stale => {
+                assert!(
+                    !matches!(msg.body, Some(A::PackAck(_))),
+                    "acked on a stale stream: {msg:?}"
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(h.r.agent.journal().held().packs, 1, "only blink");
+    assert_eq!(h.r.agent.journal().session_gen(), 5, "not lowered");
+
+    let hello = h.connected();
+    assert!(h.stream > stale, "a new stream");
+    assert_eq!(hello.session_gen, 5);
+    h.send(welcome_gen(6));
+    h.send(push_gen("other", 1, OTHER, 6));
+    assert!(!h.ack().unchanged);
+    assert_eq!(h.r.agent.journal().session_gen(), 6);
+}
+
+/// Failover through the real link: the agent dials the first of two
+/// controllers; that one goes away (its server and every connection
+/// gone); the agent comes back on the second, which sees its Hello, and
+/// works as ever.
+#[test]
+fn when_its_controller_goes_away_the_agent_fails_over_to_the_next() {
+    let first = fake();
+    let second = fake();
+    let urls = vec![
+        format!("http://{}", first.addr),
+        format!("http://{}", second.addr),
+    ];
+    let mut h = harness_to(
+        first,
+        urls,
+        ConfigFile::default(),
+        baton_agent::runtime::ports::ManualClock::new(t(0)),
+    );
+    h.connected();
+    h.send(welcome_gen(1));
+    h.send(push_gen("blink", 1, BLINK, 1));
+    h.ack();
+    // The first controller goes away; the test watches the second now.
+    drop(std::mem::replace(&mut h.fake, second));
+    h.tx = None;
+    let hello = h.connected();
+    assert_eq!(hello.session_gen, 1);
+    assert_eq!(
+        held(&hello.packs),
+        [("blink".to_string(), 1, false)],
+        "the second controller learns what the agent holds"
+    );
+    h.send(welcome_gen(2));
+    h.send(push_gen("blink", 2, BLINK, 2));
+    assert!(!h.ack().unchanged);
+}
+
+/// A controller refusing new sessions (RESOURCE_EXHAUSTED, a replica
+/// admitting them at a bounded rate) is a failed attempt: the agent goes on
+/// to the next controller at once, and comes back to the first, after a
+/// backoff, once the second is lost.
+#[test]
+fn a_controller_refusing_sessions_as_exhausted_is_skipped_for_the_next() {
+    let busy = fake();
+    busy.exhausted.store(true, Ordering::Release);
+    let other = fake();
+    let urls = vec![
+        format!("http://{}", busy.addr),
+        format!("http://{}", other.addr),
+    ];
+    let mut h = harness_to(
+        busy,
+        urls,
+        ConfigFile::default(),
+        baton_agent::runtime::ports::ManualClock::new(t(0)),
+    );
+    // The busy one is tried first and refuses.
+    assert!(matches!(h.event(), Ev::Exhausted));
+    let busy = std::mem::replace(&mut h.fake, other);
+    h.session();
+    h.send(push("blink", 1, &pack("blink", 1, BLINK)));
+    h.ack();
+    // It admits sessions again; the other one goes away.
+    busy.exhausted.store(false, Ordering::Release);
+    drop(std::mem::replace(&mut h.fake, busy));
+    h.tx = None;
+    let hello = h.connected();
+    assert_eq!(held(&hello.packs), [("blink".to_string(), 1, false)]);
+}
+
+/// A controller named by a host name: the link resolves it and dials its
+/// addresses in turn (`localhost` may resolve to ::1 first, where nothing
+/// listens: the next address is tried at once), with the name as the
+/// requests' authority.
+#[test]
+fn a_controller_named_by_a_host_name_is_dialled_at_its_resolved_addresses() {
+    let f = fake();
+    let url = format!("http://localhost:{}", f.addr.port());
+    let mut h = harness_to(
+        f,
+        vec![url],
+        ConfigFile::default(),
+        baton_agent::runtime::ports::ManualClock::new(t(0)),
+    );
+    h.session();
+    h.send(push("blink", 1, &pack("blink", 1, BLINK)));
+    assert!(!h.ack().unchanged);
 }

@@ -52,7 +52,7 @@
 //!
 //! | call | on return |
 //! | --- | --- |
-//! | [`Journal::record_started`], [`Journal::record_once`], [`Journal::put_pack`], [`Journal::stop_pack`], [`Journal::remove_pack`] | fdatasync'd: survives power loss |
+//! | [`Journal::record_started`], [`Journal::record_once`], [`Journal::put_pack`], [`Journal::stop_pack`], [`Journal::remove_pack`], [`Journal::record_session_gen`] | fdatasync'd: survives power loss |
 //! | [`Journal::record_finished`], [`Journal::push_feedback`], [`Journal::ack_feedback`], [`Journal::reset_dropped`], [`Journal::heartbeat`] | buffered; written by the next flush, synced by the next durable call, [`Journal::sync`], or a heartbeat once [`JournalConfig::lazy_sync_interval_ns`] has passed since the last sync (group commit) |
 //!
 //! Why lazy is safe for these: a lost `record_finished` turns into "started,
@@ -64,7 +64,9 @@
 //! are durable because a stopped or cancelled pack must not come back
 //! running after a power cut; `record_once` because its action (an
 //! `on_failure`, a give-up or `outcome unknown` report) must be taken at
-//! most once: the agent records the key *before* acting.
+//! most once: the agent records the key *before* acting;
+//! `record_session_gen` because a fence that a power cut could lower would
+//! let a stale controller's push through after the restart.
 //!
 //! After a failed write or sync the journal is *poisoned*: every later call
 //! fails with [`JournalError::Poisoned`] until it is reopened. A partial
@@ -113,7 +115,8 @@
 //! last compaction)`, so a live state larger than the budget cannot make
 //! every append compact. The live size is where the snapshot's closing
 //! `Meta` record ends, so the trigger is the same after a restart. It
-//! keeps: the journal's id ([`Journal::id`]), stored packs (with their stop
+//! keeps: the journal's id ([`Journal::id`]), the highest controller
+//! session generation ([`Journal::session_gen`]), stored packs (with their stop
 //! reason), the unacknowledged outbox (copied record by record from the old
 //! log), the next seq, the dropped count, the last heartbeat, and execution ids and once keys whose
 //! reference time is within [`JournalConfig::retention_ns`] (default 7 days)
@@ -439,6 +442,8 @@ pub struct LogSummary {
     /// The journal's id, if the log records one (every log this agent
     /// writes does; older logs get one at their next open).
     pub journal_id: Option<String>,
+    /// The highest controller session generation recorded (0: none).
+    pub session_gen: u64,
     /// Bytes of intact records (with the header): where a torn tail starts.
     pub valid_bytes: u64,
     /// Bytes after them that `open` would cut off as a torn tail.
@@ -464,6 +469,7 @@ pub fn check_log_bytes(bytes: &[u8]) -> Result<LogSummary, JournalError> {
         next_seq: r.state.next_seq,
         last_alive_ns: r.state.last_alive_ns,
         journal_id: r.state.journal_id.as_deref().map(str::to_string),
+        session_gen: r.state.session_gen,
         valid_bytes: r.valid_end as u64,
         truncated_bytes: (bytes.len() - r.valid_end) as u64,
     })
@@ -943,6 +949,27 @@ impl Journal {
     /// 1, from a re-send of the old ones.
     pub fn id(&self) -> &str {
         self.state.journal_id.as_deref().unwrap_or_default()
+    }
+
+    /// Records that a controller session of generation `generation` was
+    /// welcomed: the fence pushes and cancels are checked against (DESIGN.md
+    /// "Stores": fencing that reaches the device). Only raises it: a
+    /// generation at or below [`Journal::session_gen`] writes nothing.
+    /// Durable on return, before the session's first push is looked at, so
+    /// neither `kill -9` nor a power cut can lower the fence. Kept by every
+    /// compaction.
+    pub fn record_session_gen(&mut self, generation: u64) -> Result<(), JournalError> {
+        if generation <= self.state.session_gen {
+            return self.check_poisoned();
+        }
+        self.commit(&Rec::SessionGen { generation }, true)
+    }
+
+    /// The highest controller session generation recorded (0: none, or a
+    /// journal older than fencing): what the agent's Hello carries, and
+    /// below which it refuses a controller.
+    pub fn session_gen(&self) -> u64 {
+        self.state.session_gen
     }
 
     /// Outbox entries dropped because of the cap and not yet reported.
@@ -1489,6 +1516,14 @@ fn write_tmp(
     if let Some(id) = &state.journal_id {
         w.emit(&Rec::JournalId { id }).map_err(io_err("write"))?;
     }
+    // Only once a fencing controller was seen: a journal that never met
+    // one stays readable by an agent built before the record existed.
+    if state.session_gen > 0 {
+        w.emit(&Rec::SessionGen {
+            generation: state.session_gen,
+        })
+        .map_err(io_err("write"))?;
+    }
     for p in state.packs.values() {
         let yaml = p.yaml();
         w.emit(&Rec::PutPack {
@@ -1636,6 +1671,75 @@ fn sync_dir(dir: &Path) -> Result<(), JournalError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Open `dir`, retrying briefly while another test's forked child
+    /// still holds a copy of the lock's fd (see below).
+    fn reopen(dir: &Path) -> Journal {
+        let mut r = Journal::open(JournalConfig::new(dir));
+        for _ in 0..200 {
+            if !matches!(r, Err(JournalError::Locked { .. })) {
+                break;
+            }
+            std::thread::park_timeout(std::time::Duration::from_millis(10));
+            r = Journal::open(JournalConfig::new(dir));
+        }
+        r.expect("reopen").0
+    }
+
+    /// The fence: a journal without the record (new, or written before
+    /// fencing) is at 0; it only rises; it survives a reopen and a
+    /// compaction (whose snapshot carries it), and a log image shows it.
+    #[test]
+    fn the_session_generation_only_rises_and_survives_reopen_and_compaction() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        let mut j = reopen(dir);
+        assert_eq!(j.session_gen(), 0, "a new journal has seen none");
+        let before = j.log_bytes();
+        j.record_session_gen(0).expect("no-op");
+        assert_eq!(j.log_bytes(), before, "0 writes nothing");
+        j.record_session_gen(3).expect("record");
+        assert_eq!(j.session_gen(), 3);
+        let syncs = j.syncs();
+        j.record_session_gen(2).expect("lower: no-op");
+        j.record_session_gen(3).expect("same: no-op");
+        assert_eq!(j.session_gen(), 3, "never lowered");
+        assert_eq!(j.syncs(), syncs, "nothing written for them");
+        drop(j);
+
+        let mut j = reopen(dir);
+        assert_eq!(j.session_gen(), 3, "after a restart");
+        j.compact().expect("compact");
+        assert_eq!(j.session_gen(), 3, "after a compaction");
+        drop(j);
+        let j = reopen(dir);
+        assert_eq!(j.session_gen(), 3, "a restart after the compaction");
+        drop(j);
+        let bytes = fs::read(dir.join(LOG_FILE)).expect("read");
+        assert_eq!(check_log_bytes(&bytes).expect("replays").session_gen, 3);
+    }
+
+    /// A snapshot of a journal that never met a fencing controller holds no
+    /// `SessionGen` record (an older agent can still read it).
+    #[test]
+    fn a_snapshot_without_a_generation_has_no_record_of_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        let log = dir.join(LOG_FILE);
+        write_snapshot(dir, &dir.join(TMP_FILE), &log, &State::new(), None, None)
+            .map_err(JournalError::from)
+            .expect("snapshot");
+        let bytes = fs::read(&log).expect("read");
+        let (salt, version) = record::decode_header(&bytes).expect("header");
+        let mut pos = HEADER_LEN;
+        while let Some((payload, next)) = record::read_frame(&bytes, pos, salt) {
+            let rec = record::decode(payload, version).expect("decodes");
+            assert!(!matches!(rec, Rec::SessionGen { .. }), "{rec:?}");
+            pos = next;
+        }
+        assert_eq!(pos, bytes.len());
+        assert_eq!(check_log_bytes(&bytes).expect("replays").session_gen, 0);
+    }
 
     /// A log written before journal ids existed (a snapshot without the
     /// record) gets an id at open, durably, and keeps it.

@@ -18,6 +18,7 @@
 //! | `Push` | seq, dropped-through (varints), then the feedback bytes to the end |
 //! | `Ack` | seq (varint) |
 //! | `Meta` | next seq, dropped (varints), alive flag u8 + i64, acked-through (varint) |
+//! | `SessionGen` | the generation (varint) |
 //!
 //! An execution id `tenant/pack/vV/instruction/occ_ns/aA` is stored as an
 //! index into the record's table of prefixes (`tenant/pack/vV/instruction`,
@@ -31,7 +32,11 @@
 //! carrying its [`Outcome`], a stop carries a [`StopReason`], and `Once`
 //! records exist; later additions within version 2 (each a new tag an older
 //! agent refuses by name): the `JournalId` record (kind 13) and the
-//! `lease_lost` stop reason (3). A version-2 log is read here and rewritten
+//! `lease_lost` stop reason (3). Within version 3 likewise: the
+//! `SessionGen` record (kind 15; a log without one reads as generation 0,
+//! and a snapshot writes it only once a fencing controller was seen, so a
+//! journal that never met one stays readable by an agent built before it).
+//! A version-2 log is read here and rewritten
 //! as version 3 at open (a compaction; its outbox records are copied byte
 //! for byte, whatever their format); a version-3 log is not readable by an
 //! agent built before it (no downgrade). A snapshot (a compacted log) ends with its `Meta`
@@ -79,6 +84,7 @@ const K_STOP_PACK: u8 = 11;
 const K_ONCE: u8 = 12;
 const K_JOURNAL_ID: u8 = 13;
 const K_DROPS_SENT: u8 = 14;
+const K_SESSION_GEN: u8 = 15;
 
 const OUTCOME_SUCCEEDED: u8 = 1;
 const OUTCOME_FAILED: u8 = 2;
@@ -191,6 +197,10 @@ pub(crate) enum Rec<'a> {
     /// The journal's identity (see `Journal::id`): written once, first in
     /// every snapshot, and appended at open to a log that has none.
     JournalId { id: &'a str },
+    /// The highest controller session generation seen (see
+    /// `Journal::record_session_gen`): the replay keeps the maximum, so a
+    /// lower one can never lower the fence. Version 3, kind 15.
+    SessionGen { generation: u64 },
 }
 
 /// The record would not fit in one frame.
@@ -403,6 +413,10 @@ impl Rec<'_> {
             Rec::JournalId { id } => {
                 out.push(K_JOURNAL_ID);
                 put_str(out, id);
+            }
+            Rec::SessionGen { generation } => {
+                out.push(K_SESSION_GEN);
+                put_varint(out, *generation);
             }
         }
     }
@@ -685,6 +699,9 @@ pub(crate) fn decode(payload: &[u8], version: u32) -> Result<Rec<'_>, String> {
         K_DROPS_SENT if v3 => Rec::DropsSent {
             seq: r.varint()?,
             count: r.varint()?,
+        },
+        K_SESSION_GEN if v3 => Rec::SessionGen {
+            generation: r.varint()?,
         },
         k => {
             return Err(format!(
@@ -1047,6 +1064,19 @@ mod tests {
             let mut buf = Vec::new();
             frame(&mut buf, 0, &rec).expect("small record");
             assert_eq!(format!("{:?}", one(&buf, 0)), format!("{rec:?}"));
+        }
+    }
+
+    /// The session generation round-trips, and a log of version 2 (which
+    /// never had it) refuses the kind rather than misreading it.
+    #[test]
+    fn session_gen_round_trips_in_version_3_only() {
+        for generation in [1, 300, u64::MAX] {
+            let mut buf = Vec::new();
+            frame(&mut buf, 9, &Rec::SessionGen { generation }).expect("small record");
+            assert!(matches!(one(&buf, 9), Rec::SessionGen { generation: g } if g == generation));
+            let (payload, _) = read_frame(&buf, 0, 9).expect("intact");
+            assert!(decode(payload, 2).is_err(), "not a version-2 record");
         }
     }
 

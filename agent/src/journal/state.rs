@@ -126,6 +126,9 @@ pub(crate) struct State {
     pub(crate) max_started_ns: Option<i64>,
     /// The journal's identity (`Journal::id`).
     pub(crate) journal_id: Option<String>,
+    /// The highest controller session generation seen (0: none; see
+    /// `Journal::record_session_gen`).
+    pub(crate) session_gen: u64,
 }
 
 impl State {
@@ -319,6 +322,10 @@ impl State {
             }
             Rec::DropOldest { through_seq } => self.drop_through(*through_seq),
             Rec::JournalId { id } => self.journal_id = Some((*id).to_owned()),
+            // Never lowered: the fence only rises.
+            Rec::SessionGen { generation } => {
+                self.session_gen = self.session_gen.max(*generation);
+            }
         }
     }
 }

@@ -31,8 +31,11 @@
 //! tagged with the session it answers; messages for a session that ended
 //! are dropped by the link, never sent on a later stream (the next Hello
 //! tells the controller the state instead). The session ends with
-//! [`FromLink::Disconnected`], then the link reconnects forever with
-//! exponential backoff and full jitter ([`backoff`]).
+//! [`FromLink::Disconnected`] (the control thread may end it with
+//! [`ToLink::Refuse`]: a stale controller, see `runtime::uplink`), then
+//! the link reconnects forever, to the next controller address, with
+//! exponential backoff and full jitter between rounds ([`failover`],
+//! [`backoff`]).
 //!
 //! # What the link does on its own
 //!
@@ -44,6 +47,7 @@
 
 pub mod backoff;
 pub mod convert;
+pub mod failover;
 mod relay;
 mod session;
 pub mod watchdog;
@@ -87,6 +91,9 @@ pub enum FromLink {
         acked_seq: u64,
         /// How often the controller pings (as the link honours it).
         ping_interval: Duration,
+        /// The stream's session generation (0: a controller that does not
+        /// fence); the control thread decides whether to accept it.
+        session_gen: u64,
     },
     /// A pack pushed (its YAML, validated by the control thread).
     Push {
@@ -96,6 +103,8 @@ pub enum FromLink {
         pack: wire::PackRef,
         /// The pack's YAML source.
         yaml: String,
+        /// The generation the controller sent it on (fencing).
+        session_gen: u64,
     },
     /// A pack withdrawn.
     Cancel {
@@ -103,6 +112,8 @@ pub enum FromLink {
         session: u64,
         /// Which pack (version as the controller knows it).
         pack: wire::PackRef,
+        /// The generation the controller sent it on (fencing).
+        session_gen: u64,
     },
     /// Feedback up to `seq` is stored by the controller.
     FeedbackAck {
@@ -158,6 +169,10 @@ pub enum ToLink {
     Feedback(FeedbackPage),
     /// The clock's state.
     ClockReport(wire::ClockReport),
+    /// End this session now, for this reason (a controller whose Welcome
+    /// the control thread refused: a stale generation). Counted as a failed
+    /// attempt: the link backs off and dials the next controller.
+    Refuse(String),
 }
 
 /// A page of outbox records for the controller.
@@ -183,9 +198,11 @@ pub struct Outgoing {
 /// Where and how to dial.
 #[derive(Clone, Debug)]
 pub struct LinkConfig {
-    /// `https://HOST:PORT` or `http://HOST:PORT` (checked by
-    /// `config::check_controller_url`).
-    pub url: String,
+    /// The controllers, each `https://HOST:PORT` or `http://HOST:PORT`
+    /// (checked by `config::check_controllers`), in the order they are
+    /// tried; each name is resolved and every address tried in turn
+    /// ([`failover`]).
+    pub urls: Vec<String>,
     /// Certificate files for `https://` (read at every connection).
     pub tls: Option<TlsFiles>,
     /// This agent's id, for the log (the controller learns it from Hello).
@@ -198,11 +215,11 @@ pub struct LinkConfig {
 }
 
 impl LinkConfig {
-    /// Dial `url` with the default backoff.
-    pub fn new(url: impl Into<String>, agent_id: impl Into<String>) -> Self {
+    /// Dial `urls` with the default backoff.
+    pub fn new(urls: Vec<String>, agent_id: impl Into<String>) -> Self {
         LinkConfig {
             tls: None,
-            url: url.into(),
+            urls,
             agent_id: agent_id.into(),
             backoff: backoff::BackoffConfig::default(),
             time_exchange: true,
@@ -257,7 +274,7 @@ pub struct Link {
 }
 
 impl Link {
-    /// Start the `baton-link` thread dialling `cfg.url`. `control` is the
+    /// Start the `baton-link` thread dialling `cfg.urls`. `control` is the
     /// control thread, unparked whenever a [`FromLink`] arrives; `clock`
     /// stamps time-exchange replies.
     pub fn start(

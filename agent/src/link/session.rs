@@ -1,6 +1,7 @@
 //! The link's async side: connect, run one stream, reconnect.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
-use super::backoff::Backoff;
+use super::failover::Failover;
 use super::relay::Relay;
 use super::watchdog::Silence;
 use super::{
@@ -56,7 +57,114 @@ enum End {
     },
 }
 
-/// Connect, run, reconnect with backoff, until stopped.
+/// One address of one controller: what an attempt dials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Target {
+    /// The controller's URL as configured (its host names the server for
+    /// TLS and in the request's authority).
+    url: String,
+    /// The host of `url`, brackets removed.
+    host: String,
+    /// The address the name resolved to; `None` when the URL's host is an
+    /// IP address (dialled as it is).
+    addr: Option<SocketAddr>,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.addr {
+            Some(a) => write!(f, "{} ({a})", self.url),
+            None => f.write_str(&self.url),
+        }
+    }
+}
+
+/// Every address of every controller, in the configured order (a name's
+/// addresses as the resolver gives them, each once). A name that does not
+/// resolve is logged and left out of this round.
+async fn resolve_all(urls: &[String]) -> Vec<Target> {
+    let mut out = Vec::new();
+    for url in urls {
+        let Ok(uri) = url.parse::<tonic::transport::Uri>() else {
+            tracing::warn!(controller = %url, "controller link: not a URL, skipped");
+            continue;
+        };
+        let host = uri
+            .host()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        if host.parse::<std::net::IpAddr>().is_ok() {
+            out.push(Target {
+                url: url.clone(),
+                host,
+                addr: None,
+            });
+            continue;
+        }
+        let https = uri.scheme_str() == Some("https");
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::lookup_host((host.as_str(), port)),
+        )
+        .await
+        {
+            Ok(Ok(addrs)) => {
+                let before = out.len();
+                for addr in addrs {
+                    let t = Target {
+                        url: url.clone(),
+                        host: host.clone(),
+                        addr: Some(addr),
+                    };
+                    if !out[before..].contains(&t) {
+                        out.push(t);
+                    }
+                }
+                if out.len() == before {
+                    tracing::warn!(controller = %url, "controller link: {host} resolves to no address");
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(controller = %url, "controller link: cannot resolve {host}: {e}")
+            }
+            Err(_) => tracing::warn!(
+                controller = %url,
+                "controller link: resolving {host} timed out after {CONNECT_TIMEOUT:?}"
+            ),
+        }
+    }
+    out
+}
+
+/// `fut`, while the relay and the control thread's channel are served
+/// (nothing can be for a session yet); `None`: stop.
+async fn serving<F: std::future::Future>(
+    fut: F,
+    to_link: &mut mpsc::Receiver<Outgoing>,
+    relay: &mut Relay,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if relay.is_gone() {
+            return None;
+        }
+        tokio::select! {
+            r = &mut fut => return Some(r),
+            _ = stop.wait_for(|s| *s) => return None,
+            sent = relay.wait(), if relay.is_blocked() => relay.done(sent),
+            // Nothing can be for a session yet: dropped.
+            m = to_link.recv() => {
+                m?;
+            }
+        }
+    }
+}
+
+/// Connect, run, fail over and reconnect with backoff, until stopped.
 pub(super) async fn run(
     cfg: LinkConfig,
     clock: Arc<dyn Clock>,
@@ -65,13 +173,47 @@ pub(super) async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let epoch = Instant::now();
-    let mut backoff = Backoff::new(cfg.backoff);
+    let mut failover = Failover::new(cfg.backoff);
     let mut rng = rand::rngs::StdRng::from_os_rng();
     let mut session = 0u64;
-    tracing::info!(controller = %cfg.url, agent = %cfg.agent_id, "controller link starting");
+    tracing::info!(
+        controllers = %cfg.urls.join(", "),
+        agent = %cfg.agent_id,
+        "controller link starting"
+    );
     loop {
-        session += 1;
-        let end = one(&cfg, &clock, session, &mut to_link, &mut relay, &mut stop).await;
+        if failover.needs_targets() {
+            let Some(targets) =
+                serving(resolve_all(&cfg.urls), &mut to_link, &mut relay, &mut stop).await
+            else {
+                return;
+            };
+            failover.set_targets(targets);
+        }
+        let target = failover.current().cloned();
+        let end = match &target {
+            Some(t) => {
+                session += 1;
+                one(
+                    &cfg,
+                    t,
+                    &clock,
+                    session,
+                    &mut to_link,
+                    &mut relay,
+                    &mut stop,
+                )
+                .await
+            }
+            None => End::Lost {
+                reason: format!(
+                    "no address of any controller resolved ({})",
+                    cfg.urls.join(", ")
+                ),
+                up: None,
+                connected: false,
+            },
+        };
         let (reason, up, connected) = match end {
             End::Stop => return,
             End::Lost {
@@ -86,14 +228,25 @@ pub(super) async fn run(
                 reason: reason.clone(),
             });
         }
-        if let Some(up) = up {
-            backoff.up(up - epoch);
-        }
-        let delay = backoff.next_delay(Instant::now() - epoch, &mut rng);
+        let now = Instant::now() - epoch;
+        // A stream that was up and ended, or an attempt that failed
+        // (refused streams included: a replica admitting sessions at a
+        // bounded rate answers UNAVAILABLE or RESOURCE_EXHAUSTED).
+        let delay = match up {
+            Some(up) => {
+                failover.up(up - epoch);
+                failover.ended(now, &mut rng)
+            }
+            None => failover.failed(now, &mut rng),
+        };
+        let next = failover.current().map_or_else(
+            || "the controllers, resolved again".to_string(),
+            |t| t.to_string(),
+        );
         tracing::warn!(
-            controller = %cfg.url,
+            controller = %target.as_ref().map_or_else(|| cfg.urls.join(", "), |t| t.to_string()),
             session,
-            "controller link: {reason}; next attempt in {}",
+            "controller link: {reason}; next attempt in {}, to {next}",
             baton_proto::time::format_duration(Duration::from_millis(delay.as_millis() as u64))
         );
         // Wait out the delay (and until the control thread has taken most
@@ -115,17 +268,38 @@ pub(super) async fn run(
     }
 }
 
-/// The transport to the controller, with the link's limits.
+/// The transport to one controller address, with the link's limits. A
+/// resolved address is dialled with the URL's host as the TLS server name
+/// (the certificate is checked against the name, not the address) and as
+/// the requests' authority.
 async fn connect(
-    url: &str,
+    target: &Target,
     tls: Option<&super::TlsFiles>,
 ) -> Result<LinkClient<tonic::transport::Channel>, String> {
-    let mut endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad controller URL {url}: {e}"))?;
+    let url = &target.url;
+    let dial = match target.addr {
+        Some(addr) => {
+            let scheme = url.split("://").next().unwrap_or("https");
+            format!("{scheme}://{addr}")
+        }
+        None => url.clone(),
+    };
+    let mut endpoint =
+        Endpoint::from_shared(dial).map_err(|e| format!("bad controller URL {target}: {e}"))?;
+    if target.addr.is_some() {
+        let origin = url
+            .parse()
+            .map_err(|e| format!("bad controller URL {url}: {e}"))?;
+        endpoint = endpoint.origin(origin);
+    }
     if let Some(t) = tls {
+        let mut config = t.client_config()?;
+        if target.addr.is_some() {
+            config = config.domain_name(target.host.clone());
+        }
         endpoint = endpoint
-            .tls_config(t.client_config()?)
-            .map_err(|e| format!("TLS for {url}: {}", error_chain(&e)))?;
+            .tls_config(config)
+            .map_err(|e| format!("TLS for {target}: {}", error_chain(&e)))?;
     }
     let endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
@@ -135,8 +309,8 @@ async fn connect(
         .tcp_nodelay(true);
     let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
         .await
-        .map_err(|_| format!("connect to {url} timed out after {CONNECT_TIMEOUT:?}"))?
-        .map_err(|e| format!("connect to {url} failed: {}", error_chain(&e)))?;
+        .map_err(|_| format!("connect to {target} timed out after {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| format!("connect to {target} failed: {}", error_chain(&e)))?;
     Ok(LinkClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
@@ -156,6 +330,7 @@ async fn next_in(
 /// ends.
 async fn one(
     cfg: &LinkConfig,
+    target: &Target,
     clock: &Arc<dyn Clock>,
     session: u64,
     to_link: &mut mpsc::Receiver<Outgoing>,
@@ -167,18 +342,9 @@ async fn one(
         up: None,
         connected: false,
     };
-    let mut connecting = Box::pin(connect(&cfg.url, cfg.tls.as_ref()));
-    let client = loop {
-        if relay.is_gone() {
-            return End::Stop;
-        }
-        tokio::select! {
-            c = &mut connecting => break c,
-            _ = stop.wait_for(|s| *s) => return End::Stop,
-            sent = relay.wait(), if relay.is_blocked() => relay.done(sent),
-            // Nothing can be for this session yet.
-            m = to_link.recv() => if m.is_none() { return End::Stop },
-        }
+    let Some(client) = serving(connect(target, cfg.tls.as_ref()), to_link, relay, stop).await
+    else {
+        return End::Stop;
     };
     let mut client = match client {
         Ok(c) => c,
@@ -254,7 +420,16 @@ async fn one(
             // relay's state: the control thread may be waiting for room.
             o = to_link.recv(), if s.outq.len() < OUT_QUEUE => match o {
                 None => return End::Stop,
-                Some(o) if o.session == session => s.outq.push_back(encode(o.msg)),
+                // The control thread refused this session (a stale
+                // controller): a failed attempt, never a stream that was up.
+                Some(Outgoing { session: s_, msg: ToLink::Refuse(reason) }) if s_ == session => {
+                    return lost(reason, None);
+                }
+                Some(o) if o.session == session => {
+                    if let Some(m) = encode(o.msg) {
+                        s.outq.push_back(m);
+                    }
+                }
                 // For a session that is over: the next Hello covers it.
                 Some(_) => {}
             },
@@ -388,6 +563,7 @@ impl Session {
                 tracing::info!(
                     session,
                     controller_agent_id = %w.agent_id,
+                    session_gen = w.session_gen,
                     acked_seq = w.feedback_acked_seq,
                     ping_interval = %baton_proto::time::format_duration(ping_interval),
                     "controller link: welcomed"
@@ -396,6 +572,7 @@ impl Session {
                     session,
                     acked_seq: w.feedback_acked_seq,
                     ping_interval,
+                    session_gen: w.session_gen,
                 })
             }
             // A push or cancel without a pack reference still reaches the
@@ -404,10 +581,12 @@ impl Session {
                 session,
                 pack: p.pack.unwrap_or_default(),
                 yaml: p.yaml,
+                session_gen: p.session_gen,
             }),
             Some(In::PackCancel(c)) => Some(FromLink::Cancel {
                 session,
                 pack: c.pack.unwrap_or_default(),
+                session_gen: c.session_gen,
             }),
             Some(In::FeedbackAck(a)) => Some(FromLink::FeedbackAck {
                 session,
@@ -468,8 +647,9 @@ fn is_hello(m: &wire::AgentMessage) -> bool {
 }
 
 /// A control-thread message in its wire form (feedback records converted
-/// here, off the control thread).
-fn encode(msg: ToLink) -> wire::AgentMessage {
+/// here, off the control thread); `None` for what is not sent (a refusal
+/// ends the session instead).
+fn encode(msg: ToLink) -> Option<wire::AgentMessage> {
     let body = match msg {
         ToLink::Hello(h) => Out::Hello(*h),
         ToLink::Ack(a) => Out::PackAck(a),
@@ -489,6 +669,7 @@ fn encode(msg: ToLink) -> wire::AgentMessage {
                 .collect(),
         }),
         ToLink::ClockReport(r) => Out::ClockReport(r),
+        ToLink::Refuse(_) => return None,
     };
-    wire::AgentMessage { body: Some(body) }
+    Some(wire::AgentMessage { body: Some(body) })
 }

@@ -69,7 +69,7 @@ impl Agent {
         let c = &self.cfg.clock;
         let waiting_for_source = c.ptp.is_some()
             || !c.ntp_servers.is_empty()
-            || (c.link && self.cfg.controller.is_some());
+            || (c.link && !self.cfg.controllers.is_empty());
         waiting_for_source
             && self.mono_now().0 - self.started.0 < CLOCK_START_GRACE.as_nanos() as i64
     }

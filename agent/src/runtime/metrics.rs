@@ -42,9 +42,9 @@ impl Agent {
             arrived_late: s.arrived_late.load(Ordering::Relaxed),
             lost_results: s.lost_results.load(Ordering::Relaxed),
         });
-        let (link_connected, link_queue) = match self.link_metrics() {
-            Some((up, q)) => (Some(up), q),
-            None => (None, 0),
+        let (link_connected, link_queue, link_stale) = match self.link_metrics() {
+            Some((up, q, stale)) => (Some(up), q, stale),
+            None => (None, 0, Default::default()),
         };
         Snapshot {
             id: self.cfg.id.clone(),
@@ -65,6 +65,8 @@ impl Agent {
             clock: Some(self.clock_snap()),
             link_connected,
             link_queue,
+            link_stale,
+            session_gen: self.journal.session_gen(),
         }
     }
 

@@ -28,6 +28,15 @@
 //! error) or `REFUSED` (this agent's own checks: lines, programs, owners,
 //! versions). After any change of the held set a `Held` goes out.
 //!
+//! # Fencing
+//!
+//! Hello carries the highest session generation the journal holds; a
+//! Welcome below it is refused (the session is dropped, is not contact,
+//! and nothing it sends is acted on), one above it is journalled before
+//! anything else of the session is handled; a push or cancel sent on
+//! another generation than its session's is refused (`STALE` nack; a
+//! cancel is logged and counted). See [`fence`].
+//!
 //! # Leases
 //!
 //! A pack with `lease: L` whose `L` has passed without contact with the
@@ -38,6 +47,7 @@
 //! stopped). See [`lease`] for what counts as contact. Only an agent with
 //! a controller configured enforces leases.
 
+pub mod fence;
 mod lease;
 mod window;
 
@@ -50,6 +60,7 @@ use crate::clock::MonoTime;
 use crate::clock::estimator::ClockState;
 use crate::clock::sample::SourceKind;
 use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
+use fence::{Fence, Welcomed};
 use lease::{LeaseClock, Leased};
 use window::SendWindow;
 
@@ -89,6 +100,10 @@ pub(super) struct Uplink {
     backlog: bool,
     /// The link thread is gone (logged once).
     closed: bool,
+    /// How the current session's Welcome was decided (fencing).
+    fence: Fence,
+    /// Refusals of a stale controller, for `/metrics`.
+    stale: crate::metrics::StaleSnap,
 }
 
 impl Uplink {
@@ -151,10 +166,10 @@ fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
 impl Agent {
     /// Start the link thread if a controller is configured.
     pub(super) fn start_uplink(&mut self) -> anyhow::Result<()> {
-        let Some(url) = self.cfg.controller.clone() else {
+        if self.cfg.controllers.is_empty() {
             return Ok(());
-        };
-        let mut link_cfg = LinkConfig::new(url, self.cfg.id.clone());
+        }
+        let mut link_cfg = LinkConfig::new(self.cfg.controllers.clone(), self.cfg.id.clone());
         link_cfg.time_exchange = self.cfg.clock.link;
         link_cfg.tls = self.cfg.tls.clone();
         let link = Link::start(link_cfg, self.clock.clone(), std::thread::current())
@@ -171,15 +186,18 @@ impl Agent {
             last_clock: None,
             backlog: false,
             closed: false,
+            fence: Fence::default(),
+            stale: crate::metrics::StaleSnap::default(),
         });
         Ok(())
     }
 
-    /// For `/metrics`: whether the session is established (welcomed), and
-    /// the messages waiting for the link; `None` without a controller.
-    pub(super) fn link_metrics(&self) -> Option<(bool, usize)> {
+    /// For `/metrics`: whether the session is established (welcomed), the
+    /// messages waiting for the link, and the refusals of stale
+    /// controllers; `None` without a controller.
+    pub(super) fn link_metrics(&self) -> Option<(bool, usize, crate::metrics::StaleSnap)> {
         let up = self.uplink.as_ref()?;
-        Some((up.welcomed && !up.closed, up.pending.len()))
+        Some((up.welcomed && !up.closed, up.pending.len(), up.stale))
     }
 
     /// Stop the link thread (the way out), waiting at most a second.
@@ -291,6 +309,7 @@ impl Agent {
             FromLink::Connected { session } => {
                 up.session = Some(session);
                 up.welcomed = false;
+                up.fence.connected(session);
                 up.window.close();
                 // Whatever waited for an earlier session is moot: Hello
                 // says where things stand.
@@ -300,6 +319,7 @@ impl Agent {
                     session,
                     packs = hello.packs.len(),
                     journal_id = %hello.journal_id,
+                    session_gen = hello.session_gen,
                     feedback_first_seq = hello.feedback_first_seq,
                     feedback_last_seq = hello.feedback_last_seq,
                     "controller link: connected, hello sent"
@@ -308,12 +328,36 @@ impl Agent {
                 self.held_changed = false;
             }
             FromLink::Welcome {
-                session, acked_seq, ..
+                session,
+                acked_seq,
+                session_gen,
+                ..
             } => {
-                up.lease.contact(now);
                 if up.session != Some(session) {
                     return Ok(());
                 }
+                // Journalled (when it raises the fence) before anything
+                // else of this session is looked at.
+                match up.fence.welcome(&mut self.journal, session, session_gen)? {
+                    Welcomed::Refused(stale) => {
+                        // Not contact: a stale controller cannot cancel
+                        // anything either, so leases keep running.
+                        up.stale.welcomes += 1;
+                        tracing::error!(session, "{stale}");
+                        up.queue(session, ToLink::Refuse(stale.to_string()));
+                        return Ok(());
+                    }
+                    Welcomed::Accepted {
+                        generation,
+                        raised: true,
+                    } => tracing::info!(
+                        session,
+                        session_gen = generation,
+                        "controller link: a new session generation, journalled"
+                    ),
+                    Welcomed::Accepted { .. } => {}
+                }
+                up.lease.contact(now);
                 let acked_seq = self.known_seq(acked_seq);
                 self.ack(acked_seq)?;
                 let front = self
@@ -330,7 +374,22 @@ impl Agent {
                 session,
                 pack,
                 yaml,
+                session_gen,
             } => {
+                if let Err(stale) = up.fence.check(&self.journal, session, session_gen) {
+                    // Not contact, not parsed, nothing journalled.
+                    up.stale.pushes += 1;
+                    let label = format!("{}/{} v{}", pack.tenant, pack.pack, pack.version);
+                    tracing::error!(session, pack = %label, "pushed pack refused: {stale}");
+                    if up.session == Some(session) {
+                        let message = format!("pack {label}: {stale}");
+                        up.queue(
+                            session,
+                            nack(&pack, wire::NackReason::Stale, message, Vec::new()),
+                        );
+                    }
+                    return Ok(());
+                }
                 up.lease.contact(now);
                 let (reply, fault) = self.on_push(&pack, yaml);
                 if up.session == Some(session) {
@@ -340,7 +399,17 @@ impl Agent {
                     return Err(e);
                 }
             }
-            FromLink::Cancel { pack, .. } => {
+            FromLink::Cancel {
+                session,
+                pack,
+                session_gen,
+            } => {
+                if let Err(stale) = up.fence.check(&self.journal, session, session_gen) {
+                    up.stale.cancels += 1;
+                    let label = format!("{}/{} v{}", pack.tenant, pack.pack, pack.version);
+                    tracing::error!(session, pack = %label, "controller cancel ignored: {stale}");
+                    return Ok(());
+                }
                 up.lease.contact(now);
                 self.on_cancel(pack)?;
                 // Held again even when nothing changed: it is how the
@@ -348,6 +417,16 @@ impl Agent {
                 self.held_changed = true;
             }
             FromLink::FeedbackAck { session, seq } => {
+                // A refused (or not yet welcomed) controller's store is not
+                // where feedback must land: its acks drop nothing.
+                if !up.fence.accepted(session) {
+                    tracing::warn!(
+                        session,
+                        acked = seq,
+                        "controller link: feedback ack from a session not accepted, ignored"
+                    );
+                    return Ok(());
+                }
                 up.lease.contact(now);
                 // An entry leaves the journal only once acknowledged.
                 let seq = self.known_seq(seq);
@@ -356,8 +435,13 @@ impl Agent {
                     up.window.acked(seq);
                 }
             }
-            FromLink::Alive { .. } => up.lease.contact(now),
+            FromLink::Alive { session } => {
+                if up.fence.accepted(session) {
+                    up.lease.contact(now);
+                }
+            }
             FromLink::Disconnected { session, reason } => {
+                up.fence.ended(session);
                 if up.session == Some(session) {
                     up.session = None;
                     up.welcomed = false;
@@ -420,7 +504,7 @@ impl Agent {
             feedback_first_seq: first,
             feedback_last_seq: last,
             max_packs: u32::try_from(self.cfg.max_packs).unwrap_or(u32::MAX),
-            session_gen: 0,
+            session_gen: self.journal.session_gen(),
         }
     }
 

@@ -1,0 +1,334 @@
+//! Session fencing, sans IO: whether a controller session, and each push
+//! or cancel it sends, may be acted on (DESIGN.md "Stores": fencing that
+//! reaches the device).
+//!
+//! A controller's store raises an agent's *session generation* each time
+//! it makes a stream that agent's owner, and says it in `Welcome`. The
+//! agent journals the highest generation it has seen (durably, before
+//! anything else of that session is looked at) and refuses:
+//!
+//! - a `Welcome` below it — a replica paused past its lease that wakes up
+//!   holding an old stream, or a store restored from an older copy. The
+//!   session is then not contact (leases keep running) and the link drops
+//!   it and reconnects with its usual backoff. Generation 0 is a
+//!   controller that does not fence: accepted only while the agent has
+//!   seen nothing higher;
+//! - a `PackPush` or `PackCancel` whose generation is not the one its
+//!   session was welcomed at (or sent on a session not welcomed, or
+//!   refused): a push is nacked `STALE`, a cancel is not acted on.
+//!
+//! The journal is the fence's memory; this type only remembers how the
+//! current session's Welcome was decided.
+
+use crate::journal::{Journal, JournalError};
+
+/// Why a session, push or cancel is refused: the sender is not (or no
+/// longer) this agent's controller.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Stale {
+    /// The Welcome's generation is below the highest the agent has seen.
+    #[error(
+        "controller welcomed with session generation {got} below the highest seen {highest}: a stale controller or a store restored from an older copy"
+    )]
+    Welcome {
+        /// The Welcome's generation.
+        got: u64,
+        /// The highest the journal holds.
+        highest: u64,
+    },
+    /// A push or cancel on another generation than its session's.
+    #[error(
+        "sent on session generation {got}, but this session was welcomed at generation {session} (the highest seen is {highest}): a stale controller; not acted on"
+    )]
+    Generation {
+        /// The message's generation.
+        got: u64,
+        /// The session's.
+        session: u64,
+        /// The highest the journal holds.
+        highest: u64,
+    },
+    /// A push or cancel on a session whose Welcome was refused.
+    #[error(
+        "sent on session generation {got} on a session whose welcome was refused (the highest generation seen is {highest}): a stale controller; not acted on"
+    )]
+    RefusedSession {
+        /// The message's generation.
+        got: u64,
+        /// The highest the journal holds.
+        highest: u64,
+    },
+    /// A push or cancel before its session was welcomed.
+    #[error(
+        "sent on session generation {got} before the session was welcomed (the highest generation seen is {highest}): not acted on"
+    )]
+    NotWelcomed {
+        /// The message's generation.
+        got: u64,
+        /// The highest the journal holds.
+        highest: u64,
+    },
+}
+
+/// How a session's Welcome was decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decided {
+    /// Accepted at this generation (0: an unfenced controller).
+    Accepted(u64),
+    Refused,
+}
+
+/// What [`Fence::welcome`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Welcomed {
+    /// The session is the agent's controller. `raised`: its generation
+    /// was above the highest seen, and is journalled now.
+    Accepted {
+        /// The session's generation.
+        generation: u64,
+        /// The journal's fence rose to it.
+        raised: bool,
+    },
+    /// A stale controller: drop the session, nothing of it is acted on.
+    Refused(Stale),
+}
+
+/// The current session's fencing verdict (see the module docs).
+#[derive(Debug, Default)]
+pub struct Fence {
+    /// The session whose Welcome was decided, and how.
+    current: Option<(u64, Decided)>,
+}
+
+impl Fence {
+    /// A new transport: nothing of `session` is acted on before its
+    /// Welcome.
+    pub fn connected(&mut self, session: u64) {
+        let _ = session;
+        self.current = None;
+    }
+
+    /// `session` ended.
+    pub fn ended(&mut self, session: u64) {
+        if self.current.is_some_and(|(s, _)| s == session) {
+            self.current = None;
+        }
+    }
+
+    /// The controller welcomed `session` at `generation`. A generation
+    /// above the journal's is journalled (durably) before this returns
+    /// `Accepted`, so the pushes that follow see the new fence; a journal
+    /// failure accepts nothing.
+    pub fn welcome(
+        &mut self,
+        journal: &mut Journal,
+        session: u64,
+        generation: u64,
+    ) -> Result<Welcomed, JournalError> {
+        let highest = journal.session_gen();
+        // 0 below a journalled generation is refused the same way: a
+        // controller that stopped fencing may be a store restored from
+        // before fencing.
+        if generation < highest {
+            self.current = Some((session, Decided::Refused));
+            return Ok(Welcomed::Refused(Stale::Welcome {
+                got: generation,
+                highest,
+            }));
+        }
+        self.current = None;
+        journal.record_session_gen(generation)?;
+        self.current = Some((session, Decided::Accepted(generation)));
+        Ok(Welcomed::Accepted {
+            generation,
+            raised: generation > highest,
+        })
+    }
+
+    /// Whether a push or cancel of `session` sent on `generation` may be
+    /// acted on: only on a welcomed session, at its generation, never
+    /// below the journal's.
+    pub fn check(&self, journal: &Journal, session: u64, generation: u64) -> Result<(), Stale> {
+        let highest = journal.session_gen();
+        match self.current {
+            Some((s, Decided::Accepted(g))) if s == session => {
+                if generation == g && generation >= highest {
+                    Ok(())
+                } else {
+                    Err(Stale::Generation {
+                        got: generation,
+                        session: g,
+                        highest,
+                    })
+                }
+            }
+            Some((s, Decided::Refused)) if s == session => Err(Stale::RefusedSession {
+                got: generation,
+                highest,
+            }),
+            _ => Err(Stale::NotWelcomed {
+                got: generation,
+                highest,
+            }),
+        }
+    }
+
+    /// Whether `session` was welcomed and accepted: only then are its
+    /// messages contact (leases) and its acknowledgements taken.
+    pub fn accepted(&self, session: u64) -> bool {
+        matches!(self.current, Some((s, Decided::Accepted(_))) if s == session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::JournalConfig;
+
+    /// Open (or reopen) the journal in `dir`, retrying briefly while
+    /// another test's forked child still holds a copy of its lock's fd
+    /// (between fork and exec).
+    fn open(dir: &std::path::Path) -> Journal {
+        let mut r = Journal::open(JournalConfig::new(dir));
+        for _ in 0..200 {
+            if !matches!(r, Err(JournalError::Locked { .. })) {
+                break;
+            }
+            std::thread::park_timeout(std::time::Duration::from_millis(10));
+            r = Journal::open(JournalConfig::new(dir));
+        }
+        r.expect("journal").0
+    }
+
+    /// Welcome at 3, then a push at 2: refused, naming both generations
+    /// and the fence; the session's own generation passes.
+    #[test]
+    fn a_push_below_its_sessions_generation_is_stale() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut j = open(tmp.path());
+        let mut f = Fence::default();
+        f.connected(1);
+        assert_eq!(
+            f.check(&j, 1, 0),
+            Err(Stale::NotWelcomed { got: 0, highest: 0 }),
+            "nothing before the Welcome"
+        );
+        assert_eq!(
+            f.welcome(&mut j, 1, 3).expect("journal"),
+            Welcomed::Accepted {
+                generation: 3,
+                raised: true
+            }
+        );
+        assert_eq!(j.session_gen(), 3, "journalled before any push");
+        assert!(f.accepted(1));
+        let e = f.check(&j, 1, 2).expect_err("stale");
+        assert_eq!(
+            e,
+            Stale::Generation {
+                got: 2,
+                session: 3,
+                highest: 3
+            }
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("generation 2") && text.contains("generation 3"),
+            "{text}"
+        );
+        assert_eq!(
+            f.check(&j, 1, 4).map_err(|_| ()),
+            Err(()),
+            "above is not it either"
+        );
+        assert_eq!(f.check(&j, 1, 3), Ok(()));
+        // Another session's messages are not this one's.
+        assert!(f.check(&j, 2, 3).is_err());
+        f.ended(1);
+        assert!(!f.accepted(1));
+        assert!(f.check(&j, 1, 3).is_err(), "the session is over");
+    }
+
+    /// Gen 3 journalled, then (after a restart) a Welcome at 2: refused,
+    /// the push after it too; the fence is still 3.
+    #[test]
+    fn a_welcome_below_the_journalled_generation_is_refused_after_a_restart() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        {
+            let mut j = open(tmp.path());
+            let mut f = Fence::default();
+            f.connected(1);
+            assert!(matches!(
+                f.welcome(&mut j, 1, 3),
+                Ok(Welcomed::Accepted { .. })
+            ));
+        }
+        let mut j = open(tmp.path());
+        assert_eq!(j.session_gen(), 3, "survives the restart");
+        let mut f = Fence::default();
+        f.connected(1);
+        let w = f.welcome(&mut j, 1, 2).expect("journal");
+        let Welcomed::Refused(e) = w else {
+            panic!("accepted: {w:?}")
+        };
+        assert_eq!(
+            e.to_string(),
+            "controller welcomed with session generation 2 below the highest seen 3: a stale controller or a store restored from an older copy"
+        );
+        assert!(!f.accepted(1), "not contact");
+        assert_eq!(
+            f.check(&j, 1, 2),
+            Err(Stale::RefusedSession { got: 2, highest: 3 })
+        );
+        assert_eq!(j.session_gen(), 3, "not lowered");
+        // A later session at the journalled generation is fine (the same
+        // owner reconnecting), and compaction keeps the fence.
+        f.connected(2);
+        assert_eq!(
+            f.welcome(&mut j, 2, 3).expect("journal"),
+            Welcomed::Accepted {
+                generation: 3,
+                raised: false
+            }
+        );
+        j.compact().expect("compact");
+        drop(j);
+        let mut j = open(tmp.path());
+        assert_eq!(j.session_gen(), 3, "after compaction and restart");
+        let mut f = Fence::default();
+        f.connected(1);
+        assert!(matches!(f.welcome(&mut j, 1, 2), Ok(Welcomed::Refused(_))));
+    }
+
+    /// A controller that does not fence (generation 0) is accepted while
+    /// nothing higher was seen; once one was, 0 is refused like any lower
+    /// generation.
+    #[test]
+    fn an_unfenced_controller_is_accepted_only_while_nothing_higher_was_seen() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut j = open(tmp.path());
+        let mut f = Fence::default();
+        f.connected(1);
+        assert_eq!(
+            f.welcome(&mut j, 1, 0).expect("journal"),
+            Welcomed::Accepted {
+                generation: 0,
+                raised: false
+            }
+        );
+        assert_eq!(f.check(&j, 1, 0), Ok(()), "its pushes carry 0");
+        assert_eq!(j.session_gen(), 0, "nothing journalled");
+        f.connected(2);
+        assert!(matches!(
+            f.welcome(&mut j, 2, 1),
+            Ok(Welcomed::Accepted { raised: true, .. })
+        ));
+        f.connected(3);
+        assert_eq!(
+            f.welcome(&mut j, 3, 0).expect("journal"),
+            Welcomed::Refused(Stale::Welcome { got: 0, highest: 1 })
+        );
+        assert!(f.check(&j, 3, 0).is_err());
+    }
+}
