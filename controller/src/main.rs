@@ -76,6 +76,15 @@ enum Command {
         /// fences its earlier self; two live replicas must not share one.
         #[arg(long, value_name = "NAME", requires = "store")]
         replica_id: Option<String>,
+        /// How long this replica's lease holds without a renewal (renewed
+        /// every tenth of it): paused or cut off longer, it stops.
+        #[arg(
+            long,
+            default_value = "10s",
+            value_name = "DURATION",
+            requires = "store"
+        )]
+        lease: String,
         /// New agent streams admitted per second (0: no bound); past it a
         /// stream is refused UNAVAILABLE and the agent retries after its
         /// jittered backoff (a replica taking over a dead one's agents).
@@ -404,6 +413,7 @@ fn main() -> ExitCode {
             store,
             store_ca,
             replica_id,
+            lease,
             admit_rate,
             admit_burst,
             tls_dir,
@@ -429,6 +439,7 @@ fn main() -> ExitCode {
             store,
             store_ca,
             replica_id,
+            lease,
             admit_rate,
             admit_burst,
             insecure,

@@ -16,6 +16,7 @@ pub struct Opts {
     pub store: Option<String>,
     pub store_ca: Option<PathBuf>,
     pub replica_id: Option<String>,
+    pub lease: String,
     pub admit_rate: f64,
     pub admit_burst: f64,
     pub insecure: bool,
@@ -162,10 +163,13 @@ async fn open_store(
     let data = o.data.clone();
     let url = o.store.clone();
     let ca = o.store_ca.clone();
-    let lease = LeaseConfig::new(o.replica_id.clone().unwrap_or_else(LeaseConfig::unique_id));
+    let mut lease = LeaseConfig::new(o.replica_id.clone().unwrap_or_else(LeaseConfig::unique_id));
+    lease.ttl = baton_proto::time::parse_duration(&o.lease)
+        .map_err(|e| anyhow::anyhow!("--lease {}: {e}", o.lease))?;
+    lease.renew_every = lease.ttl / 10;
     lease
         .check()
-        .map_err(|e| anyhow::anyhow!("--replica-id: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("--replica-id / --lease: {e}"))?;
     tokio::task::spawn_blocking(move || match url {
         Some(url) => Target::new(&url, ca.as_deref())
             .and_then(|t| PgStore::open_replica(&t, binding, lease))

@@ -82,7 +82,7 @@ impl LeaseConfig {
         if self.replica_id.is_empty() || self.replica_id.len() > 200 {
             return Err("the replica id must be 1 to 200 characters".into());
         }
-        if self.renew_every.is_zero() || self.renew_every * 3 > self.ttl {
+        if self.renew_every < Duration::from_millis(10) || self.renew_every * 3 > self.ttl {
             return Err(format!(
                 "the lease ({:?}) must last at least three renewals ({:?} each)",
                 self.ttl, self.renew_every
