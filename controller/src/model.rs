@@ -554,3 +554,65 @@ pub struct AuditRow {
     /// `ok`, or why it was refused.
     pub result: String,
 }
+
+/// What an [`EventRow`] says happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A delivery row changed (read it for its state).
+    Delivery,
+    /// An agent's stream opened.
+    Connected,
+    /// An agent's stream ended.
+    Disconnected,
+    /// An agent reported its clock (read the agent for it).
+    Clock,
+    /// A second machine tried an agent's id, or its feedback was lost.
+    Conflict,
+}
+
+impl EventKind {
+    /// Its word in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Delivery => "delivery",
+            EventKind::Connected => "connected",
+            EventKind::Disconnected => "disconnected",
+            EventKind::Clock => "clock",
+            EventKind::Conflict => "conflict",
+        }
+    }
+
+    /// The kind a stored word names.
+    pub fn parse(s: &str) -> Option<EventKind> {
+        Some(match s {
+            "delivery" => EventKind::Delivery,
+            "connected" => EventKind::Connected,
+            "disconnected" => EventKind::Disconnected,
+            "clock" => EventKind::Clock,
+            "conflict" => EventKind::Conflict,
+            _ => return None,
+        })
+    }
+}
+
+/// Something one replica tells the others (sessions and watchers there),
+/// through the store: a pointer to the state that changed, not a copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventRow {
+    /// Store-assigned, in commit order (0 before it is stored).
+    pub id: u64,
+    /// The replica it happened on.
+    pub replica: String,
+    /// What.
+    pub kind: EventKind,
+    /// The agent.
+    pub agent_id: String,
+    /// The delivery's tenant and pack (empty for an agent's events).
+    pub tenant: String,
+    /// See `tenant`.
+    pub pack: String,
+    /// In words.
+    pub detail: String,
+    /// When (ns since the epoch).
+    pub at_ns: i64,
+}

@@ -74,6 +74,8 @@ pub struct Metrics {
     duplicate_streams: AtomicU64,
     /// Streams refused over the admission rate (`--admit-rate`).
     admit_refused: AtomicU64,
+    /// Events for the other replicas that could not be queued or stored.
+    relay_dropped: AtomicU64,
     /// Streams ended because a later stream of their agent (here or on
     /// another replica) fenced them.
     fenced_streams: AtomicU64,
@@ -170,6 +172,17 @@ impl Metrics {
     /// A stream refused as a duplicate of a connected agent.
     pub fn duplicate_stream(&self) {
         self.duplicate_streams.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Events for the other replicas lost (queue full, or the store
+    /// refused them).
+    pub fn relay_dropped(&self) {
+        self.relay_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n` to the events lost.
+    pub fn relay_dropped_n(&self, n: u64) {
+        self.relay_dropped.fetch_add(n, Ordering::Relaxed);
     }
 
     /// A new stream refused over the admission rate.
@@ -325,6 +338,11 @@ impl Metrics {
                 "baton_controller_admit_refused_total",
                 "New link streams refused over the admission rate (--admit-rate): the agent retries after its backoff.",
                 &self.admit_refused,
+            ),
+            (
+                "baton_controller_relay_dropped_total",
+                "Events for the other replicas lost (queue full, or the store refused them): their agents' streams learn of the change at their next resync, their watchers not at all.",
+                &self.relay_dropped,
             ),
             (
                 "baton_controller_fenced_streams_total",

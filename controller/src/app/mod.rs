@@ -22,6 +22,7 @@ pub mod audit;
 pub mod caller;
 pub mod events;
 pub mod feedback;
+pub mod follow;
 pub mod heap;
 pub mod hub;
 pub mod metrics;
@@ -32,11 +33,11 @@ pub mod retention;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
-use crate::model::{Binding, DeliveryRow, DeliveryState, PackVersionRow};
+use crate::model::{Binding, DeliveryRow, DeliveryState, EventKind, EventRow, PackVersionRow};
 use crate::store::{Store, StoreError};
-use events::Event;
+use events::{AgentEventKind, Event};
 use hub::{Hub, SessionCmd};
 
 pub use caller::Caller;
@@ -173,6 +174,12 @@ pub struct App {
     /// Feedback batches being converted and stored at once (see
     /// [`App::ingest_permit`]).
     ingest: tokio::sync::Semaphore,
+    /// The replica this process is, when replicas share the store: its
+    /// events then go to the others through the store ([`follow`]).
+    replica: Option<String>,
+    /// Events for the store, and their writer's end (taken once).
+    relay: Option<mpsc::Sender<EventRow>>,
+    relay_rx: Mutex<Option<mpsc::Receiver<EventRow>>>,
 }
 
 /// Feedback batches converted and held at once, controller-wide: enough
@@ -194,6 +201,14 @@ impl App {
     /// The application over `store`.
     pub fn new(store: Arc<dyn Store>, cfg: AppConfig) -> Arc<App> {
         let (events, _) = broadcast::channel(4096);
+        let replica = store.replica();
+        let (relay, relay_rx) = match replica {
+            Some(_) => {
+                let (tx, rx) = mpsc::channel(follow::RELAY_DEPTH);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
         Arc::new(App {
             store,
             hub: Hub::default(),
@@ -206,7 +221,15 @@ impl App {
             events,
             lateness: Mutex::new(HashMap::new()),
             ingest: tokio::sync::Semaphore::new(INGEST_AT_ONCE),
+            replica,
+            relay,
+            relay_rx: Mutex::new(relay_rx),
         })
+    }
+
+    /// The replica this process is, when replicas share the store.
+    pub fn replica(&self) -> Option<&str> {
+        self.replica.as_deref()
     }
 
     /// A place among the feedback batches being converted and stored
@@ -231,10 +254,62 @@ impl App {
         }
     }
 
-    /// Tell watchers.
+    /// Tell watchers: this process's directly, or, when replicas share
+    /// the store, every replica's through it ([`follow`] reads it back,
+    /// this replica's events with the others', so each is told once).
     pub fn publish(&self, e: Event) {
-        // No watcher: nothing to do.
+        let Some(replica) = &self.replica else {
+            // No watcher: nothing to do.
+            let _ = self.events.send(e);
+            return;
+        };
+        let row = match e {
+            // Followed from the feedback table itself.
+            Event::Feedback(_) => return,
+            Event::Delivery(d) => EventRow {
+                id: 0,
+                replica: replica.clone(),
+                kind: EventKind::Delivery,
+                agent_id: d.agent_id,
+                tenant: d.tenant,
+                pack: d.pack,
+                detail: String::new(),
+                at_ns: now_ns(),
+            },
+            Event::Agent(a) => EventRow {
+                id: 0,
+                replica: replica.clone(),
+                kind: match a.kind {
+                    AgentEventKind::Connected => EventKind::Connected,
+                    AgentEventKind::Disconnected => EventKind::Disconnected,
+                    AgentEventKind::Clock => EventKind::Clock,
+                    AgentEventKind::Conflict => EventKind::Conflict,
+                },
+                agent_id: a.agent_id,
+                tenant: String::new(),
+                pack: String::new(),
+                detail: a.detail,
+                at_ns: a.at_ns,
+            },
+        };
+        if let Some(relay) = &self.relay
+            && relay.try_send(row).is_err()
+        {
+            self.metrics.relay_dropped();
+        }
+    }
+
+    /// Tell this process's watchers only (what [`follow`] read).
+    pub(crate) fn broadcast(&self, e: Event) {
         let _ = self.events.send(e);
+    }
+
+    /// The receiving end of the relay (once).
+    pub(crate) fn take_relay(&self) -> Option<mpsc::Receiver<EventRow>> {
+        self.relay_rx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// Whether anyone watches.
@@ -245,7 +320,9 @@ impl App {
     /// A delivery row was written: counted, and shown to watchers.
     pub fn row_changed(&self, r: &DeliveryRow) {
         self.metrics.delivery(r.state);
-        if self.watched() {
+        // The other replicas' streams and watchers are told whether or not
+        // anyone watches here.
+        if self.watched() || self.replica.is_some() {
             self.publish(Event::Delivery(self.decorate(r.clone())));
         }
     }

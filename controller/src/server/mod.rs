@@ -285,6 +285,15 @@ pub async fn serve(
         shared.cfg.retention.clone(),
         stop_rx.clone(),
     ));
+    // Replicas sharing the store: their events go through it.
+    let relay = tokio::spawn(crate::app::follow::relay(
+        shared.app.clone(),
+        stop_rx.clone(),
+    ));
+    let follow = tokio::spawn(crate::app::follow::follow(
+        shared.app.clone(),
+        stop_rx.clone(),
+    ));
     let heap = tokio::spawn(crate::app::heap::release_after_bursts(
         shared.app.clone(),
         stop_rx.clone(),
@@ -393,6 +402,11 @@ pub async fn serve(
     }
     retention.abort();
     heap.abort();
+    follow.abort();
+    // The streams' last events (disconnected) for the other replicas.
+    if tokio::time::timeout(Duration::from_secs(3), relay).await.is_err() {
+        tracing::warn!("events for the other replicas still queued after 3 s; stopping anyway");
+    }
     Ok(())
 }
 

@@ -445,6 +445,52 @@ pub(crate) async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
     assert_eq!(s.agent("a1").await.unwrap().unwrap().session_gen, 42);
 }
 
+/// Events between replicas come back in the order stored, by id, one page
+/// at a time; the high-water marks say where a follower starts; old ones
+/// go.
+pub(crate) async fn events_page_by_id(s: &dyn Store, _: Binding) {
+    assert_eq!(s.high_water().await.unwrap(), (0, 0));
+    let ev = |n: i64, kind: EventKind| EventRow {
+        id: 0,
+        replica: "r1".into(),
+        kind,
+        agent_id: format!("a{n}"),
+        tenant: "t".into(),
+        pack: "p".into(),
+        detail: format!("d{n}"),
+        at_ns: n,
+    };
+    let kinds = [
+        EventKind::Delivery,
+        EventKind::Connected,
+        EventKind::Disconnected,
+        EventKind::Clock,
+        EventKind::Conflict,
+    ];
+    s.put_events((1..=5).map(|n| ev(n, kinds[(n - 1) as usize])).collect())
+        .await
+        .unwrap();
+    s.put_events(vec![ev(6, EventKind::Delivery)]).await.unwrap();
+    let all = s.events_after(0, 0).await.unwrap();
+    assert_eq!(all.len(), 6);
+    assert!(all.windows(2).all(|w| w[0].id < w[1].id));
+    let mut want = ev(4, EventKind::Clock);
+    want.id = all[3].id;
+    assert_eq!(all[3], want);
+    let page = s.events_after(all[1].id, 2).await.unwrap();
+    assert_eq!(page, all[2..4].to_vec());
+    assert_eq!(s.high_water().await.unwrap().0, all[5].id);
+    s.put_feedback(1, vec![fb("a1", "j1", 1, 10)]).await.unwrap();
+    assert!(s.high_water().await.unwrap().1 > 0);
+    assert_eq!(s.delete_events_before(3, 100).await.unwrap(), 2);
+    let left = s.events_after(0, 0).await.unwrap();
+    assert_eq!(left, all[2..].to_vec());
+    // Ids are not handed out again once the newest went.
+    s.delete_events_before(i64::MAX, 100).await.unwrap();
+    s.put_events(vec![ev(7, EventKind::Delivery)]).await.unwrap();
+    assert!(s.events_after(0, 0).await.unwrap()[0].id > all[5].id);
+}
+
 /// Connection state and last-seen; start-up marks everyone disconnected
 /// and keeps last-seen; an unknown agent is an error and not created.
 pub(crate) async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
@@ -2760,6 +2806,7 @@ macro_rules! contract_suite {
         $crate::store::contract::contract_suite!(@tests $open, $available;
             hello_creates_and_updates: [tenants, open];
             stale_streams_are_fenced: [tenants];
+            events_page_by_id: [tenants];
             agent_seen_and_all_disconnected: [tenants];
             clock_latest_and_history: [tenants];
             agents_paging: [tenants, open];

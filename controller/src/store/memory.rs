@@ -16,7 +16,7 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 
 use super::{
-    AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
+    AgentFilter, AgentRow, EventRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
     FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow, LabelOverrides,
     MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store, StoreError,
     StoreResult, TargetsRow, page,
@@ -49,6 +49,8 @@ struct State {
     /// By id: storage order.
     audit: BTreeMap<u64, AuditRow>,
     next_audit_id: u64,
+    events: BTreeMap<u64, EventRow>,
+    next_event_id: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -747,6 +749,53 @@ impl Store for MemoryStore {
                 s.audit.remove(id);
             }
             Ok(old.len() as u64)
+        })
+    }
+
+    async fn put_events(&self, rows: Vec<EventRow>) -> StoreResult<()> {
+        self.write(|s| {
+            for mut e in rows {
+                s.next_event_id += 1;
+                e.id = s.next_event_id;
+                s.events.insert(e.id, e);
+            }
+            Ok(())
+        })
+    }
+
+    async fn events_after(&self, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>> {
+        let limit = page(limit, MAX_PAGE) as usize;
+        self.read(|s| {
+            Ok(s.events
+                .range(after_id.saturating_add(1)..)
+                .take(limit)
+                .map(|(_, e)| e.clone())
+                .collect())
+        })
+    }
+
+    async fn high_water(&self) -> StoreResult<(u64, u64)> {
+        self.read(|s| {
+            Ok((
+                s.events.keys().next_back().copied().unwrap_or(0),
+                s.feedback.keys().next_back().copied().unwrap_or(0),
+            ))
+        })
+    }
+
+    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write(|s| {
+            let gone: Vec<u64> = s
+                .events
+                .values()
+                .filter(|e| e.at_ns < before_ns)
+                .take(max as usize)
+                .map(|e| e.id)
+                .collect();
+            for id in &gone {
+                s.events.remove(id);
+            }
+            Ok(gone.len() as u64)
         })
     }
 

@@ -75,6 +75,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 6,
         sql: include_str!("migrations/0006_fencing.sql"),
     },
+    Migration {
+        version: 7,
+        sql: include_str!("migrations/0007_events.sql"),
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

@@ -367,6 +367,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// (by `at_ns`, then storage order).
     async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
 
+    // ---- events between replicas
+
+    /// The replica this store writes as when replicas share it (`None`: a
+    /// single controller, whose events stay in its process).
+    fn replica(&self) -> Option<String> {
+        None
+    }
+    /// Store events for the other replicas (in one commit, in order).
+    async fn put_events(&self, rows: Vec<EventRow>) -> StoreResult<()>;
+    /// One page of events stored after `after_id`, by id: ids are handed
+    /// out in commit order, so paging by id never skips one committed
+    /// late.
+    async fn events_after(&self, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>>;
+    /// The highest event id and feedback id stored (0: none): where a
+    /// replica starting to follow begins.
+    async fn high_water(&self) -> StoreResult<(u64, u64)>;
+    /// Delete at most `max` events stored before `before_ns`.
+    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+
     // ---- audit
 
     /// Record an operator action (stored before the action's answer).

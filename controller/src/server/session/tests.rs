@@ -25,13 +25,16 @@ struct Test {
 
 impl Test {
     fn new(binding: Binding) -> Test {
+        Test::over(Arc::new(MemoryStore::new(binding)), binding)
+    }
+
+    fn over(store: Arc<dyn crate::store::Store>, binding: Binding) -> Test {
         let mut cfg = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), std::env::temp_dir());
         cfg.ping_interval = Duration::from_secs(1);
         cfg.hello_timeout = Duration::from_secs(1);
         cfg.max_held = 4;
         cfg.binding = binding;
         let (stop, stop_rx) = watch::channel(false);
-        let store = Arc::new(MemoryStore::new(binding));
         Test {
             shared: Shared::new(store, cfg, stop_rx),
             _stop: stop,
@@ -642,4 +645,64 @@ async fn a_stream_whose_agent_said_hello_elsewhere_is_fenced() {
     // Still the other stream's, and still connected.
     let a1 = t.app().store.agent("a1").await.expect("read").expect("a1");
     assert_eq!((a1.session_gen, a1.connected), (2, true));
+}
+
+/// Two replicas on one PostgreSQL database: a push made through one
+/// reaches an agent streaming to the other within a follow, not at its
+/// resync; a watcher on either sees the other's agents come and go, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_hear_of_each_other_through_the_store() {
+    let Some(stores) = crate::store::postgres::test_replicas(&["ra", "rb"]) else {
+        return;
+    };
+    let mut stores = stores.into_iter();
+    let (a, b) = (
+        Test::over(Arc::new(stores.next().expect("ra")), Binding::Open),
+        Test::over(Arc::new(stores.next().expect("rb")), Binding::Open),
+    );
+    for t in [&a, &b] {
+        tokio::spawn(crate::app::follow::relay(
+            t.app().clone(),
+            t._stop.subscribe(),
+        ));
+        tokio::spawn(crate::app::follow::follow_everything(
+            t.app().clone(),
+            t._stop.subscribe(),
+        ));
+    }
+    let mut on_b = b.app().subscribe();
+    let mut agent = a.connect("a1", "j1", &[]).await;
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Event::Agent(e) = on_b.recv().await.expect("events") {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("b's watcher hears a1 connect on a");
+    assert_eq!(
+        (seen.agent_id.as_str(), seen.kind),
+        ("a1", crate::app::events::AgentEventKind::Connected)
+    );
+    // Pushed through b: a's stream sends it, well before a resync (30 s).
+    b.push(&pack_yaml("default", "p", 1, "{agents: [a1]}"))
+        .await;
+    let started = std::time::Instant::now();
+    let sent = tokio::time::timeout(Duration::from_secs(10), agent.next())
+        .await
+        .expect("a push within 10 s");
+    assert_eq!(pushed(sent), pref("default", "p", 1));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The ack on a is seen by b's watcher, once, as acked.
+    agent
+        .send(In::PackAck(wire::PackAck {
+            pack: Some(pref("default", "p", 1)),
+            unchanged: false,
+        }))
+        .await;
+    let acked = b.until_state(&mut on_b, "a1", DeliveryState::Acked).await;
+    assert_eq!(acked.version, 1);
+    let _ = a._stop.send(true);
+    let _ = b._stop.send(true);
 }

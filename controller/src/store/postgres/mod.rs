@@ -235,6 +235,10 @@ impl Engine for PgStore {
         self.binding
     }
 
+    fn replicated(&self) -> bool {
+        true
+    }
+
     fn owner(&self) -> crate::store::sql::agents::Owner {
         self.lease.owner().clone()
     }
@@ -478,6 +482,32 @@ fn migrate_locked(conn: &PgConn) -> StoreResult<()> {
         tracing::info!(version = m.version, "store: schema migrated");
     }
     Ok(())
+}
+
+/// `names` replicas on one fresh test database (`None`: no test cluster
+/// here). Opened on a thread of their own (the sync client's runtime may
+/// not start inside a test's).
+#[cfg(test)]
+pub(crate) fn test_replicas(names: &[&str]) -> Option<Vec<PgStore>> {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    std::thread::spawn(move || {
+        if !baton_testpg::available() {
+            return None;
+        }
+        let url = baton_testpg::fresh_database().expect("a test database");
+        let target = Target::new(&url, None).expect("target");
+        Some(
+            names
+                .into_iter()
+                .map(|n| {
+                    PgStore::open_replica(&target, Binding::Open, LeaseConfig::new(n))
+                        .expect("a replica")
+                })
+                .collect(),
+        )
+    })
+    .join()
+    .expect("open thread")
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! and read as 64-bit; an engine narrows them to its column types.
 
 pub(crate) mod agents;
+pub(crate) mod events;
 pub(crate) mod audit;
 pub(crate) mod codec;
 pub mod db;
@@ -35,6 +36,11 @@ pub type LeaseClock = fn(&dyn db::Db) -> StoreResult<i64>;
 pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// How decisions bind agents to tenants.
     fn binding(&self) -> Binding;
+
+    /// Whether replicas share this store (their events go through it).
+    fn replicated(&self) -> bool {
+        false
+    }
 
     /// The replica this store writes as (a hello makes it the agent's
     /// owner). A single controller: empty, epoch 0.

@@ -7,9 +7,9 @@ use super::agents::{self, check_session, unknown_agent, update_agent};
 use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
 use super::db::{col, params, query_all, run};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
-use super::{Engine, audit, packs, plan};
+use super::{Engine, audit, events, packs, plan};
 use crate::store::{
-    AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState,
+    AgentFilter, EventRow, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState,
     FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, MAX_PAGE,
     PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult, page,
 };
@@ -344,6 +344,34 @@ impl<E: Engine> Store for E {
     async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write_background(move |conn| delete_oldest(conn, DELETE_AUDIT, before_ns, max))
             .await
+    }
+
+    fn replica(&self) -> Option<String> {
+        self.replicated().then(|| self.owner().replica)
+    }
+
+    async fn put_events(&self, rows: Vec<EventRow>) -> StoreResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.write(move |conn| events::put_events(conn, &rows))
+            .await
+    }
+
+    async fn events_after(&self, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>> {
+        self.read(move |conn| events::events_after(conn, after_id, limit))
+            .await
+    }
+
+    async fn high_water(&self) -> StoreResult<(u64, u64)> {
+        self.read(events::high_water).await
+    }
+
+    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+        self.write_background(move |conn| {
+            delete_oldest(conn, events::DELETE_EVENTS, before_ns, max)
+        })
+        .await
     }
 
     async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {
