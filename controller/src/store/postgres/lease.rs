@@ -276,7 +276,7 @@ impl Renewer {
                 }
             }
             ticks = ticks.wrapping_add(1);
-            if ticks % SWEEP_EVERY == 0
+            if ticks.is_multiple_of(SWEEP_EVERY)
                 && let Err(e) = self.sweep()
             {
                 tracing::warn!(error = %e, "store: marking the agents of lost replicas disconnected");

@@ -512,6 +512,7 @@ pub(crate) fn test_replicas(names: &[&str]) -> Option<Vec<PgStore>> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
 
     /// Whether a test cluster runs here (else the tests return at once;
