@@ -616,3 +616,16 @@ pub struct EventRow {
     /// When (ns since the epoch).
     pub at_ns: i64,
 }
+
+/// A revoked certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevocationRow {
+    /// Its serial (hex, as `ca` lists it).
+    pub serial: String,
+    /// `agent`, `operator`, or empty when the list did not say.
+    pub kind: String,
+    /// The agent or operator name, or empty.
+    pub name: String,
+    /// When the first replica picked it up (ns since the epoch).
+    pub at_ns: i64,
+}

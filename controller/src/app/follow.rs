@@ -71,7 +71,10 @@ pub async fn relay(app: Arc<App>, mut stop: watch::Receiver<bool>) {
         let n = batch.len() as u64;
         if let Err(e) = app.store.put_events(std::mem::take(&mut batch)).await {
             app.metrics.relay_dropped_n(n);
-            tracing::warn!(events = n, "store: events for the other replicas not stored: {e}");
+            tracing::warn!(
+                events = n,
+                "store: events for the other replicas not stored: {e}"
+            );
         }
     }
 }

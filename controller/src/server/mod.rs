@@ -366,6 +366,12 @@ pub async fn serve(
                 shared.clone(),
                 crate::ca::CaDir::new(&opts.dir),
             ));
+            if shared.app.replica().is_some() {
+                tokio::spawn(revocations::follow_revocations(
+                    shared.clone(),
+                    state.clone(),
+                ));
+            }
             let (incoming, task) = accept::tls(listener, state, accept_opts, shared.app.clone());
             accept_task = task;
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
@@ -404,7 +410,10 @@ pub async fn serve(
     heap.abort();
     follow.abort();
     // The streams' last events (disconnected) for the other replicas.
-    if tokio::time::timeout(Duration::from_secs(3), relay).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(3), relay)
+        .await
+        .is_err()
+    {
         tracing::warn!("events for the other replicas still queued after 3 s; stopping anyway");
     }
     Ok(())

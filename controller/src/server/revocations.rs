@@ -4,8 +4,11 @@
 //! records each serial it sees listed for the first time as one audit
 //! record: who `ca`, action `revoke`, target `KIND NAME (serial S)`, result
 //! `ok`, at the instant the controller picked it up (at start too, for
-//! revocations made while it was down). Already-audited serials are read
-//! back from the log, so a restart records nothing twice.
+//! revocations made while it was down). The store keeps one row per
+//! revoked serial, written with its audit records, so neither a restart
+//! nor another replica picking up the same list records anything twice;
+//! and every replica refuses the serials any of them recorded
+//! ([`follow_revocations`]).
 //!
 //! Tenants: an operator certificate's revocation is recorded in its
 //! tenant (read from `DIR/operators/NAME.pem`); an agent's in every tenant
@@ -19,8 +22,8 @@ use std::sync::Arc;
 
 use crate::ca::{self, CaDir, RevokedEntry};
 use crate::identity::Identity;
-use crate::model::AuditRow;
-use crate::store::{MAX_PAGE, StoreError};
+use crate::model::{AuditRow, RevocationRow};
+use crate::store::StoreError;
 
 use super::{Shared, now_ns};
 
@@ -35,6 +38,7 @@ pub fn target(e: &RevokedEntry) -> String {
 }
 
 /// The serial a `revoke` audit target names.
+#[cfg(test)]
 fn serial_of(target: &str) -> Option<&str> {
     target.rsplit_once("(serial ")?.1.strip_suffix(')')
 }
@@ -95,23 +99,21 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
         return Ok(0);
     }
     let store = &shared.app.store;
-    // The newest records are where a revocation re-read since the last
-    // start would be found; the audit log keeps revocations for ever
-    // (retention of the audit log is off by default).
-    let audited: HashSet<String> = store
-        .audit(None, 0, MAX_PAGE * 10)
+    // Recorded already (by this replica or another, now or before): the
+    // store holds one row per serial.
+    let recorded: HashSet<String> = store
+        .revocations()
         .await?
-        .iter()
-        .filter(|r| r.action == "revoke" && r.who == "ca")
-        .filter_map(|r| serial_of(&r.target).map(str::to_string))
+        .into_iter()
+        .map(|r| r.serial)
         .collect();
-    if entries.iter().all(|e| audited.contains(&e.serial)) {
+    if entries.iter().all(|e| recorded.contains(&e.serial)) {
         return Ok(0);
     }
     let mut agent_seen = std::collections::HashMap::new();
     for e in entries
         .iter()
-        .filter(|e| e.kind == "agent" && !audited.contains(&e.serial))
+        .filter(|e| e.kind == "agent" && !recorded.contains(&e.serial))
     {
         if let Some(a) = store.agent(&e.name).await? {
             let rows = store.deliveries_of_agent(&e.name).await?;
@@ -126,23 +128,65 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
                 _ => None,
             })
     };
-    let rows = new_records(
+    let at_ns = now_ns();
+    let records = new_records(
         &entries,
-        &audited,
+        &recorded,
         |e| match e.kind.as_str() {
             "agent" => agent_seen.get(&e.name).cloned().unwrap_or_default(),
             "operator" => operator_tenant(&e.name).into_iter().collect(),
             _ => Vec::new(),
         },
-        now_ns(),
+        at_ns,
     );
-    let n = rows.len();
-    for r in rows {
-        tracing::info!(target = %r.target, tenant = %r.tenant, "revocation audited");
-        store.put_audit(r).await?;
+    // Each serial with its records, so the store writes them only with
+    // the serial's first row.
+    let rows: Vec<(RevocationRow, Vec<AuditRow>)> = entries
+        .iter()
+        .filter(|e| !recorded.contains(&e.serial))
+        .map(|e| {
+            let t = target(e);
+            let audit = records.iter().filter(|r| r.target == t).cloned().collect();
+            (
+                RevocationRow {
+                    serial: e.serial.clone(),
+                    kind: e.kind.clone(),
+                    name: e.name.clone(),
+                    at_ns,
+                },
+                audit,
+            )
+        })
+        .collect();
+    let new = store.revoke(rows).await?;
+    for serial in &new {
+        tracing::info!(%serial, "revocation recorded and audited");
     }
-    Ok(n)
+    Ok(new.len())
 }
+
+/// Until the controller stops: every [`SHARED_EVERY`], the serials any
+/// replica recorded as revoked join this one's list (its own CA
+/// directory's `revoked.txt` may not have them: `ca revoke` ran on
+/// another host).
+pub async fn follow_revocations(shared: Arc<Shared>, tls: Arc<super::tls::TlsState>) {
+    let mut tick = tokio::time::interval(SHARED_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stop = shared.shutdown.clone();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        match shared.app.store.revocations().await {
+            Ok(rows) => tls.set_shared_revoked(rows.into_iter().map(|r| r.serial).collect()),
+            Err(e) => tracing::warn!("cannot read the revocations other replicas recorded: {e}"),
+        }
+    }
+}
+
+/// How often the store's revocations are read.
+pub const SHARED_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Until the controller stops: every time the revocation list is (re)read,
 /// audit what is new in it.

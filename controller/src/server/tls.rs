@@ -140,6 +140,9 @@ pub struct TlsState {
     dir: CaDir,
     config: RwLock<Arc<rustls::ServerConfig>>,
     revoked: watch::Sender<Arc<HashSet<String>>>,
+    /// The serials of `revoked.txt`, and those other replicas recorded
+    /// (the store's): `revoked` is their union.
+    lists: Mutex<(HashSet<String>, HashSet<String>)>,
     stamps: Mutex<(Stamp, Stamp)>,
 }
 
@@ -157,11 +160,12 @@ impl TlsState {
             path: dir.revoked().display().to_string(),
             message: e.to_string(),
         })?;
-        revoked.send_replace(Arc::new(list));
+        revoked.send_replace(Arc::new(list.clone()));
         Ok(TlsState {
             dir,
             config: RwLock::new(Arc::new(config)),
             revoked,
+            lists: Mutex::new((list, HashSet::new())),
             stamps: Mutex::new((cert_stamp, revoked_stamp)),
         })
     }
@@ -172,6 +176,27 @@ impl TlsState {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The serials the store says are revoked (any replica recorded them)
+    /// now; the list in force changes only if that adds or removes one.
+    pub fn set_shared_revoked(&self, serials: HashSet<String>) {
+        let mut lists = self.lists.lock().unwrap_or_else(|p| p.into_inner());
+        if lists.1 != serials {
+            lists.1 = serials;
+            self.publish(&lists);
+        }
+    }
+
+    fn publish(&self, lists: &(HashSet<String>, HashSet<String>)) {
+        let all: HashSet<String> = lists.0.union(&lists.1).cloned().collect();
+        self.revoked.send_if_modified(|cur| {
+            if **cur == all {
+                return false;
+            }
+            *cur = Arc::new(all);
+            true
+        });
     }
 
     /// Re-read what changed on disk. A file that fails to load leaves the
@@ -205,7 +230,9 @@ impl TlsState {
             match ca::read_revoked(&self.dir.revoked()) {
                 Ok(list) => {
                     tracing::info!(revoked = list.len(), "revocation list re-read");
-                    self.revoked.send_replace(Arc::new(list));
+                    let mut lists = self.lists.lock().unwrap_or_else(|p| p.into_inner());
+                    lists.0 = list;
+                    self.publish(&lists);
                 }
                 Err(e) => tracing::error!(
                     "revocation list changed but cannot be read (the previous one stays in force): {e}"
@@ -270,6 +297,37 @@ mod tests {
         std::fs::write(ca.revoked(), format!("{serial} agent a1\n")).expect("write");
         state.reload_changed();
         assert!(rx.borrow().contains(&serial));
+    }
+
+    #[test]
+    fn the_serials_in_force_are_the_file_and_the_other_replicas() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let ca = CaDir::new(tmp.path().join("ca"));
+        ca::init(&ca, &[], time::OffsetDateTime::now_utc()).expect("init");
+        std::fs::write(ca.revoked(), "0a agent a1\n").expect("write");
+        let (tx, rx) = watch::channel(Arc::new(HashSet::new()));
+        let state = TlsState::load(ca.clone(), tx).expect("load");
+        let now = |rx: &watch::Receiver<Arc<HashSet<String>>>| {
+            let mut v: Vec<String> = rx.borrow().iter().cloned().collect();
+            v.sort();
+            v
+        };
+        assert_eq!(now(&rx), ["0a"]);
+        state.set_shared_revoked(["0b".to_string()].into());
+        assert_eq!(now(&rx), ["0a", "0b"]);
+        // The file re-read keeps the other replicas' serials in force.
+        std::fs::write(ca.revoked(), "0c agent a3\n").expect("write");
+        state.reload_changed();
+        assert_eq!(now(&rx), ["0b", "0c"]);
+        let mut seen = rx.clone();
+        seen.mark_unchanged();
+        state.set_shared_revoked(["0b".to_string()].into());
+        assert!(
+            !seen.has_changed().expect("open"),
+            "nothing new, nothing sent"
+        );
+        state.set_shared_revoked(HashSet::new());
+        assert_eq!(now(&rx), ["0c"]);
     }
 
     #[test]

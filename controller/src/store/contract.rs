@@ -470,7 +470,9 @@ pub(crate) async fn events_page_by_id(s: &dyn Store, _: Binding) {
     s.put_events((1..=5).map(|n| ev(n, kinds[(n - 1) as usize])).collect())
         .await
         .unwrap();
-    s.put_events(vec![ev(6, EventKind::Delivery)]).await.unwrap();
+    s.put_events(vec![ev(6, EventKind::Delivery)])
+        .await
+        .unwrap();
     let all = s.events_after(0, 0).await.unwrap();
     assert_eq!(all.len(), 6);
     assert!(all.windows(2).all(|w| w[0].id < w[1].id));
@@ -480,15 +482,58 @@ pub(crate) async fn events_page_by_id(s: &dyn Store, _: Binding) {
     let page = s.events_after(all[1].id, 2).await.unwrap();
     assert_eq!(page, all[2..4].to_vec());
     assert_eq!(s.high_water().await.unwrap().0, all[5].id);
-    s.put_feedback(1, vec![fb("a1", "j1", 1, 10)]).await.unwrap();
+    s.put_feedback(1, vec![fb("a1", "j1", 1, 10)])
+        .await
+        .unwrap();
     assert!(s.high_water().await.unwrap().1 > 0);
     assert_eq!(s.delete_events_before(3, 100).await.unwrap(), 2);
     let left = s.events_after(0, 0).await.unwrap();
     assert_eq!(left, all[2..].to_vec());
     // Ids are not handed out again once the newest went.
     s.delete_events_before(i64::MAX, 100).await.unwrap();
-    s.put_events(vec![ev(7, EventKind::Delivery)]).await.unwrap();
+    s.put_events(vec![ev(7, EventKind::Delivery)])
+        .await
+        .unwrap();
     assert!(s.events_after(0, 0).await.unwrap()[0].id > all[5].id);
+}
+
+/// A revocation is recorded once per serial, with its audit records once,
+/// however often (and by however many replicas) it is recorded.
+pub(crate) async fn revocations_once_per_serial(s: &dyn Store, _: Binding) {
+    let rev = |serial: &str, name: &str| RevocationRow {
+        serial: serial.into(),
+        kind: "agent".into(),
+        name: name.into(),
+        at_ns: 5,
+    };
+    let audited = |serial: &str, tenant: &str| AuditRow {
+        at_ns: 5,
+        who: "ca".into(),
+        tenant: tenant.into(),
+        role: "ca".into(),
+        action: "revoke".into(),
+        target: format!("agent x (serial {serial})"),
+        result: "ok".into(),
+    };
+    let first = vec![
+        (
+            rev("0b", "b"),
+            vec![audited("0b", "t1"), audited("0b", "t2")],
+        ),
+        (rev("0a", "a"), vec![audited("0a", "")]),
+    ];
+    assert_eq!(s.revoke(first.clone()).await.unwrap(), ["0b", "0a"]);
+    // Again (a restart, another replica): nothing new, nothing audited.
+    let mut again = first;
+    again.push((rev("0c", "c"), vec![audited("0c", "t1")]));
+    assert_eq!(s.revoke(again).await.unwrap(), ["0c"]);
+    let list = s.revocations().await.unwrap();
+    assert_eq!(
+        list.iter().map(|r| r.serial.as_str()).collect::<Vec<_>>(),
+        ["0a", "0b", "0c"]
+    );
+    assert_eq!(list[1], rev("0b", "b"));
+    assert_eq!(s.audit(None, 0, 100).await.unwrap().len(), 4);
 }
 
 /// Connection state and last-seen; start-up marks everyone disconnected
@@ -2807,6 +2852,7 @@ macro_rules! contract_suite {
             hello_creates_and_updates: [tenants, open];
             stale_streams_are_fenced: [tenants];
             events_page_by_id: [tenants];
+            revocations_once_per_serial: [tenants];
             agent_seen_and_all_disconnected: [tenants];
             clock_latest_and_history: [tenants];
             agents_paging: [tenants, open];

@@ -16,10 +16,10 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 
 use super::{
-    AgentFilter, AgentRow, EventRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
-    FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow, LabelOverrides,
-    MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store, StoreError,
-    StoreResult, TargetsRow, page,
+    AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
+    EventRow, FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow,
+    LabelOverrides, MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store,
+    StoreError, StoreResult, TargetsRow, page,
 };
 use crate::planner;
 
@@ -51,6 +51,7 @@ struct State {
     next_audit_id: u64,
     events: BTreeMap<u64, EventRow>,
     next_event_id: u64,
+    revocations: BTreeMap<String, crate::store::RevocationRow>,
 }
 
 #[derive(Clone, Debug)]
@@ -797,6 +798,31 @@ impl Store for MemoryStore {
             }
             Ok(gone.len() as u64)
         })
+    }
+
+    async fn revoke(
+        &self,
+        rows: Vec<(crate::store::RevocationRow, Vec<AuditRow>)>,
+    ) -> StoreResult<Vec<String>> {
+        self.write(|s| {
+            let mut new = Vec::new();
+            for (r, audit) in rows {
+                if s.revocations.contains_key(&r.serial) {
+                    continue;
+                }
+                for a in audit {
+                    s.next_audit_id += 1;
+                    s.audit.insert(s.next_audit_id, a);
+                }
+                new.push(r.serial.clone());
+                s.revocations.insert(r.serial.clone(), r);
+            }
+            Ok(new)
+        })
+    }
+
+    async fn revocations(&self) -> StoreResult<Vec<crate::store::RevocationRow>> {
+        self.read(|s| Ok(s.revocations.values().cloned().collect()))
     }
 
     async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {

@@ -79,10 +79,44 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 7,
         sql: include_str!("migrations/0007_events.sql"),
     },
+    Migration {
+        version: 8,
+        sql: include_str!("migrations/0008_revocations.sql"),
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.
 pub(crate) fn after(db: &dyn Db, version: i64, dialect: Dialect) -> StoreResult<()> {
+    if version == 8 {
+        // Revocations audited before v8 were known only by their audit
+        // record (`KIND NAME (serial S)`): recorded here, they are not
+        // audited a second time.
+        let targets = query_all(
+            db,
+            "SELECT target, MIN(at_ns) AS at_ns FROM audit \
+             WHERE who = 'ca' AND action = 'revoke' GROUP BY target",
+            &[],
+            |r| Ok((col::<String>(r, "target")?, col::<i64>(r, "at_ns")?)),
+        )?;
+        for (target, at_ns) in targets {
+            let Some((head, serial)) = target
+                .rsplit_once(" (serial ")
+                .and_then(|(h, s)| Some((h, s.strip_suffix(')')?)))
+            else {
+                continue;
+            };
+            let (kind, name) = head.split_once(' ').unwrap_or((head, ""));
+            // `certificate` stands for a list line that named no kind.
+            let kind = if kind == "certificate" { "" } else { kind };
+            run(
+                db,
+                "record an audited revocation",
+                "INSERT INTO revocations (serial, kind, name, at_ns) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (serial) DO NOTHING",
+                params![serial, kind, name, at_ns],
+            )?;
+        }
+    }
     if version == 5 {
         // The agents stored before v5 have their own labels in `labels`
         // only: without their `agent_own_labels` rows a push by label

@@ -386,6 +386,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Delete at most `max` events stored before `before_ns`.
     async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
 
+    // ---- revocations
+
+    /// Record revocations, each with its audit records: a serial already
+    /// recorded (by this replica or another, now or before) is left as it
+    /// is and its audit records are not written. The serials recorded
+    /// now.
+    async fn revoke(&self, rows: Vec<(RevocationRow, Vec<AuditRow>)>) -> StoreResult<Vec<String>>;
+    /// Every revoked serial recorded, by serial.
+    async fn revocations(&self) -> StoreResult<Vec<RevocationRow>>;
+
     // ---- audit
 
     /// Record an operator action (stored before the action's answer).

@@ -41,3 +41,44 @@ pub(crate) fn audit(
         })
     })
 }
+
+/// Records `rows`' revocations not recorded yet, with their audit records;
+/// the serials recorded now.
+pub(crate) fn revoke(
+    conn: &dyn Db,
+    rows: &[(crate::store::RevocationRow, Vec<AuditRow>)],
+) -> StoreResult<Vec<String>> {
+    let mut new = Vec::new();
+    for (r, audit) in rows {
+        let n = run(
+            conn,
+            "record a revocation",
+            "INSERT INTO revocations (serial, kind, name, at_ns) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (serial) DO NOTHING",
+            params![r.serial, r.kind, r.name, r.at_ns],
+        )?;
+        if n == 1 {
+            for a in audit {
+                put_audit(conn, a)?;
+            }
+            new.push(r.serial.clone());
+        }
+    }
+    Ok(new)
+}
+
+pub(crate) fn revocations(conn: &dyn Db) -> StoreResult<Vec<crate::store::RevocationRow>> {
+    query_all(
+        conn,
+        "SELECT serial, kind, name, at_ns FROM revocations ORDER BY serial",
+        &[],
+        |r| {
+            Ok(crate::store::RevocationRow {
+                serial: col(r, "serial")?,
+                kind: col(r, "kind")?,
+                name: col(r, "name")?,
+                at_ns: col(r, "at_ns")?,
+            })
+        },
+    )
+}

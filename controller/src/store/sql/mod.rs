@@ -13,10 +13,10 @@
 //! and read as 64-bit; an engine narrows them to its column types.
 
 pub(crate) mod agents;
-pub(crate) mod events;
 pub(crate) mod audit;
 pub(crate) mod codec;
 pub mod db;
+pub(crate) mod events;
 pub(crate) mod feedback;
 pub(crate) mod packs;
 pub(crate) mod plan;

@@ -9,7 +9,7 @@ use super::db::{col, params, query_all, run};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
 use super::{Engine, audit, events, packs, plan};
 use crate::store::{
-    AgentFilter, EventRow, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState,
+    AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, MAX_PAGE,
     PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult, page,
 };
@@ -372,6 +372,17 @@ impl<E: Engine> Store for E {
             delete_oldest(conn, events::DELETE_EVENTS, before_ns, max)
         })
         .await
+    }
+
+    async fn revoke(
+        &self,
+        rows: Vec<(crate::store::RevocationRow, Vec<AuditRow>)>,
+    ) -> StoreResult<Vec<String>> {
+        self.write(move |conn| audit::revoke(conn, &rows)).await
+    }
+
+    async fn revocations(&self) -> StoreResult<Vec<crate::store::RevocationRow>> {
+        self.read(audit::revocations).await
     }
 
     async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {

@@ -140,7 +140,7 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, [1, 2, 4, 5, 6, 7]);
+    assert_eq!(all, [1, 2, 4, 5, 6, 7, 8]);
     for _ in 0..2 {
         let store = SqliteStore::open(&nested, Binding::Tenants).unwrap();
         let versions = store
@@ -723,7 +723,10 @@ INSERT INTO feedback (id, agent_id, journal_id, seq, execution_id, tenant, pack,
 INSERT INTO audit (id, at_ns, who, tenant, role, action, target, result) VALUES
   (1, 10, 'ann', 't', 'operator', 'push', 't/p v1', 'ok'),
   (2, 20, 'bob', 'u', 'admin', 'push', 'u/r v1', 'ok'),
-  (5, 30, 'ann', 't', 'operator', 'cancel', 't/q', 'PermissionDenied: no');
+  (5, 30, 'ann', 't', 'operator', 'cancel', 't/q', 'PermissionDenied: no'),
+  (6, 40, 'ca', 't', 'ca', 'revoke', 'agent a1 (serial 0f)', 'ok'),
+  (7, 40, 'ca', 'u', 'ca', 'revoke', 'agent a1 (serial 0f)', 'ok'),
+  (8, 50, 'ca', '', 'ca', 'revoke', 'certificate (serial 1a)', 'ok');
 "#;
 
 /// A v4 database at `dir`.
@@ -749,8 +752,16 @@ async fn a_v4_database_is_migrated() {
     let store = SqliteStore::open(dir.path(), Binding::Open).unwrap();
     assert_eq!(
         scalar(&store, "SELECT MAX(version) FROM schema_migrations").await,
-        7
+        8
     );
+    // Revocations audited before v8 are known as revoked (and so not
+    // audited again).
+    let revoked = store.revocations().await.unwrap();
+    let got: Vec<(&str, &str, &str, i64)> = revoked
+        .iter()
+        .map(|r| (r.serial.as_str(), r.kind.as_str(), r.name.as_str(), r.at_ns))
+        .collect();
+    assert_eq!(got, [("0f", "agent", "a1", 40), ("1a", "", "", 50)]);
 
     // Agents: records, operator labels and clocks kept; tenants come with
     // their next hello.
@@ -1015,12 +1026,19 @@ async fn a_v4_database_is_migrated() {
     let audit = store.audit(None, 0, 0).await.unwrap();
     assert_eq!(
         audit.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
-        ["t/p v1", "u/r v1", "t/q"]
+        [
+            "t/p v1",
+            "u/r v1",
+            "t/q",
+            "agent a1 (serial 0f)",
+            "agent a1 (serial 0f)",
+            "certificate (serial 1a)"
+        ]
     );
     assert_eq!(audit[2].result, "PermissionDenied: no");
     store.delete_audit_before(i64::MAX, 100).await.unwrap();
     store.put_audit(audit_row(40, "t", "new")).await.unwrap();
-    assert_eq!(scalar(&store, "SELECT MAX(id) FROM audit").await, 6);
+    assert_eq!(scalar(&store, "SELECT MAX(id) FROM audit").await, 9);
 
     // Decisions go on from the migrated rows: a label push finds the
     // agents stored before v5 by their own labels; the agent's next hello
