@@ -113,6 +113,9 @@ pub struct AgentRow {
     /// The replica whose stream took its last hello (empty on a single
     /// controller).
     pub owner: String,
+    /// Start lateness p99 of its recent executions, as its stream last
+    /// wrote it (every few seconds): what other replicas show.
+    pub lateness_p99_ns: i64,
 }
 
 impl AgentRow {
@@ -130,6 +133,7 @@ impl AgentRow {
             tenants: BTreeSet::new(),
             session_gen: 0,
             owner: String::new(),
+            lateness_p99_ns: 0,
         }
     }
 

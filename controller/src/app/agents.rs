@@ -112,9 +112,17 @@ impl App {
             if let Some(t) = caller.tenant() {
                 a.tenants.retain(|x| x == t);
             }
+            // An agent streaming to another replica: as that replica
+            // last wrote it.
+            let here = self.hub.is_connected(&a.id);
+            let elsewhere = !here && self.replica().is_some() && a.connected;
             agents.push(AgentView {
-                connected: self.hub.is_connected(&a.id),
-                lateness_p99_ns: self.lateness_p99(&a.id),
+                connected: here || elsewhere,
+                lateness_p99_ns: if elsewhere {
+                    a.lateness_p99_ns
+                } else {
+                    self.lateness_p99(&a.id)
+                },
                 conflict: self.hub.conflict(&a.id),
                 packs,
                 agent: a,

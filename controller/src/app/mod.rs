@@ -358,6 +358,9 @@ impl App {
         if r.state == DeliveryState::Pending && r.reason.is_empty() {
             r.reason = if self.hub.is_connected(&r.agent_id) {
                 "sent, waiting for the agent".into()
+            } else if self.replica.is_some() {
+                // Its stream may be another replica's: not known here.
+                "waiting for the agent (not connected to this replica)".into()
             } else {
                 "agent not connected".into()
             };

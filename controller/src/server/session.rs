@@ -346,7 +346,7 @@ where
     if still_current && !matches!(end, End::Forgotten | End::Fenced(_)) {
         match app
             .store
-            .agent_seen(&agent_id, session.agent.session_gen, false, now_ns())
+            .agent_seen(&agent_id, session.agent.session_gen, false, now_ns(), None)
             .await
         {
             Ok(()) => {}
@@ -566,7 +566,8 @@ impl Session {
                         }
                         if r.is_ok() && now >= next_seen {
                             next_seen = now + SEEN_EVERY;
-                            r = self.app.store.agent_seen(&self.agent.id, self.agent.session_gen, true, now_ns()).await.map_err(End::from);
+                            let p99 = Some(self.app.lateness_p99(&self.agent.id));
+                            r = self.app.store.agent_seen(&self.agent.id, self.agent.session_gen, true, now_ns(), p99).await.map_err(End::from);
                         }
                         if r.is_ok() {
                             r = self.retry_due(now).await;

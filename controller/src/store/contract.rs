@@ -333,7 +333,7 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     // journal updated, a hello without a certificate leaves the tenants,
     // the clock stays, connected again.
     s.record_clock("a1", 1, clock(50)).await.unwrap();
-    s.agent_seen("a1", 1, false, 150).await.unwrap();
+    s.agent_seen("a1", 1, false, 150, None).await.unwrap();
     let mut h = hello("a1", 200);
     h.labels = labels(&[("site", "n")]);
     h.agent_version = "1.1.0".into();
@@ -400,7 +400,7 @@ pub(crate) async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
         }) => {}
         other => panic!("{what} from the old stream: {other:?}"),
     };
-    fenced(s.agent_seen("a1", 1, false, 120).await, "seen");
+    fenced(s.agent_seen("a1", 1, false, 120, None).await, "seen");
     fenced(s.record_clock("a1", 1, clock(120)).await, "clock");
     fenced(
         s.agent_held("a1", 1, vec![held("t", "p", 1)], 120)
@@ -541,12 +541,14 @@ pub(crate) async fn revocations_once_per_serial(s: &dyn Store, _: Binding) {
 pub(crate) async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
     s.agent_hello(hello("a1", 100)).await.unwrap();
     s.agent_hello(hello("b2", 110)).await.unwrap();
-    s.agent_seen("a1", 1, false, 150).await.unwrap();
+    s.agent_seen("a1", 1, false, 150, None).await.unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen_ns), (false, 150));
-    s.agent_seen("a1", 1, true, 160).await.unwrap();
+    s.agent_seen("a1", 1, true, 155, Some(2_500)).await.unwrap();
+    s.agent_seen("a1", 1, true, 160, None).await.unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen_ns), (true, 160));
+    assert_eq!(a.lateness_p99_ns, 2_500, "kept when not given");
 
     s.all_disconnected().await.unwrap();
     let all = s.agents(AgentFilter::default()).await.unwrap();
@@ -556,7 +558,7 @@ pub(crate) async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
         .collect();
     assert_eq!(got, [("a1".into(), false, 160), ("b2".into(), false, 110)]);
 
-    assert!(s.agent_seen("ghost", 1, true, 1).await.is_err());
+    assert!(s.agent_seen("ghost", 1, true, 1, None).await.is_err());
     assert_eq!(s.agent("ghost").await.unwrap(), None);
     assert_eq!(ids(s, AgentFilter::default()).await, ["a1", "b2"]);
 }

@@ -216,12 +216,16 @@ impl Store for MemoryStore {
         session: u64,
         connected: bool,
         at_ns: i64,
+        lateness_p99_ns: Option<i64>,
     ) -> StoreResult<()> {
         self.write(|s| {
             check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
             a.connected = connected;
             a.last_seen_ns = at_ns;
+            if let Some(p99) = lateness_p99_ns {
+                a.lateness_p99_ns = p99;
+            }
             Ok(())
         })
     }
@@ -985,7 +989,7 @@ mod tests {
                 .await
                 .map(drop),
         );
-        failed(s.agent_seen("a1", 1, false, 4).await);
+        failed(s.agent_seen("a1", 1, false, 4, None).await);
         failed(s.all_disconnected().await);
         failed(s.record_clock("a1", 1, clock(4)).await);
         failed(

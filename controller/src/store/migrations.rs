@@ -83,6 +83,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 8,
         sql: include_str!("migrations/0008_revocations.sql"),
     },
+    Migration {
+        version: 9,
+        sql: include_str!("migrations/0009_agent_lateness.sql"),
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

@@ -211,7 +211,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// replica or another one) can change nothing of it.
     async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)>;
     /// Connection state and last-seen instant, from the stream of
-    /// generation `session`. An agent that never said hello is an error
+    /// generation `session`, with the start lateness p99 of its recent
+    /// executions as that stream measures it (`None`: leave it), for the
+    /// other replicas to show. An agent that never said hello is an error
     /// ([`StoreError::Backend`]): nothing is created.
     async fn agent_seen(
         &self,
@@ -219,6 +221,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         session: u64,
         connected: bool,
         at_ns: i64,
+        lateness_p99_ns: Option<i64>,
     ) -> StoreResult<()>;
     /// At start-up: the agents whose stream no live replica holds (on a
     /// single controller, every agent) are not connected.

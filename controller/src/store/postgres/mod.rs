@@ -588,7 +588,7 @@ mod tests {
         assert!(!*lost.borrow());
         expire(&target, "ra");
         // Whatever it tries, fenced or not by the agent, is not committed.
-        let seen = a.agent_seen("a1", 1, true, 200).await;
+        let seen = a.agent_seen("a1", 1, true, 200, None).await;
         assert!(
             matches!(&seen, Err(StoreError::Backend(m)) if m.contains("lease")),
             "{seen:?}"

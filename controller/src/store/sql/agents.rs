@@ -10,7 +10,7 @@ use crate::store::{
 };
 
 const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
-     session_gen, owner, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
+     session_gen, owner, lateness_p99_ns, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
      clock_frequency_ppm, clock_at_ns";
 
 fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
@@ -36,6 +36,7 @@ fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
         a.last_seen_ns = col(row, "last_seen_ns")?;
         a.session_gen = u64_from_db(col(row, "session_gen")?, "session_gen")?;
         a.owner = col(row, "owner")?;
+        a.lateness_p99_ns = col(row, "lateness_p99_ns")?;
         a.clock = clock;
         Ok(a)
     })();

@@ -35,6 +35,7 @@ impl<E: Engine> Store for E {
         session: u64,
         connected: bool,
         at_ns: i64,
+        lateness_p99_ns: Option<i64>,
     ) -> StoreResult<()> {
         let id = id.to_owned();
         self.write(move |conn| {
@@ -42,8 +43,9 @@ impl<E: Engine> Store for E {
             update_agent(
                 conn,
                 &id,
-                "UPDATE agents SET connected = ?2, last_seen_ns = ?3 WHERE id = ?1",
-                params![id, i64::from(connected), at_ns],
+                "UPDATE agents SET connected = ?2, last_seen_ns = ?3, \
+                 lateness_p99_ns = COALESCE(?4, lateness_p99_ns) WHERE id = ?1",
+                params![id, i64::from(connected), at_ns, lateness_p99_ns],
             )
         })
         .await
