@@ -623,3 +623,109 @@ fn replicas_started_together_on_an_empty_database_migrate_it_once_and_all_serve(
         );
     }
 }
+
+#[test]
+fn a_replica_paused_within_its_lease_is_fenced_by_the_agents_generation_and_serves_on() {
+    let _serial = serial();
+    // A lease far longer than the pause: what stops the woken replica's
+    // stale stream is the agent's generation, not the lease.
+    let Some(mut site) = Site::start(["30s", "10s", "10s"]) else {
+        return;
+    };
+    let first = site.owned(&[], 0);
+    assert_eq!(
+        first.owner,
+        "r0",
+        "the agent dials its first controller first\n{}",
+        site.logs()
+    );
+    let o = site.push("r0", "p1.yaml", &ticking(1));
+    assert!(
+        o.status.success(),
+        "push: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    site.executed_beyond("r0", 10, "before the pause");
+    let ended = |site: &Site| {
+        site.replica("r0")
+            .log()
+            .matches("link stream ended")
+            .count()
+    };
+    let ended_before = ended(&site);
+
+    signal(&site.replica("r0").proc, libc::SIGSTOP);
+    let second = site.owned(&["r0"], first.session_gen);
+    let woken_at_us = site.db.now_us();
+    let (epoch, expires) = site.db.lease("r0").expect("r0's lease row");
+    assert!(
+        expires > woken_at_us,
+        "r0's lease ran out during a short pause: the machine is too slow for this test"
+    );
+    signal(&site.replica("r0").proc, libc::SIGCONT);
+
+    // The woken replica finds its stream gone (whatever it tried to write
+    // for the agent was refused), keeps its lease and serves on.
+    assert!(
+        wait_until(WAIT, || ended(&site) > ended_before),
+        "the woken replica never ended its stale stream\n{}",
+        site.logs()
+    );
+    assert!(
+        wait_until(WAIT, || site
+            .db
+            .lease("r0")
+            .is_some_and(|(e, exp)| e == epoch && exp > expires)),
+        "the woken replica did not renew its lease: {:?}\n{}",
+        site.db.lease("r0"),
+        site.logs()
+    );
+    assert!(
+        matches!(site.replica_mut("r0").proc.try_wait(), Ok(None)),
+        "the woken replica exited\n{}",
+        site.logs()
+    );
+    let row = site.db.agent("a1").expect("the agent's row");
+    assert_eq!(
+        (
+            row.owner.as_str(),
+            row.owner_epoch,
+            row.session_gen,
+            row.connected
+        ),
+        (
+            second.owner.as_str(),
+            second.owner_epoch,
+            second.session_gen,
+            true
+        ),
+        "the woken replica's stale stream wrote the agent's row\n{}",
+        site.logs()
+    );
+
+    // A push through the woken replica is stored (its lease holds) and
+    // reaches the agent through its owner (at the latest when the owner
+    // re-reads its agents' rows).
+    let o = site.push_no_wait("r0", "p2.yaml", &ticking(2));
+    assert!(
+        o.status.success(),
+        "push through the woken replica: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        wait_until(WAIT, || site.executed(&second.owner, Some(2)) >= 5),
+        "version 2 pushed through the woken replica did not run\n{}",
+        site.logs()
+    );
+    let row = site.db.agent("a1").expect("the agent's row");
+    assert_eq!(
+        (row.owner.as_str(), row.session_gen),
+        (second.owner.as_str(), second.session_gen),
+        "{}",
+        site.logs()
+    );
+    exactly_once(&site, "r0");
+    if std::env::var_os("BATON_TEST_SHOW").is_some() {
+        eprintln!("{}", site.logs());
+    }
+}
