@@ -2,8 +2,10 @@
 //! URL --replica-id NAME`) and a real agent that knows all three: when the
 //! replica holding the agent is killed, or paused past its lease, the agent
 //! carries on with another, its firings run on, and the store holds every
-//! execution exactly once; a paused replica that wakes writes nothing and
-//! exits; replicas started together on an empty database migrate it once.
+//! execution exactly once; a replica that wakes after its lease ran out
+//! writes nothing and exits; one that wakes within its lease is fenced by
+//! the agent's session generation and serves on; replicas started
+//! together on an empty database migrate it once.
 //!
 //! The agents' ownership (`owner`, `session_gen`) and the replicas' leases
 //! are read straight from the database; feedback through a live replica's
@@ -12,6 +14,8 @@
 //! The tests of this file run one at a time ([`serial`]): each starts
 //! three controllers, an agent and a database, and a short lease must not
 //! run out because a neighbouring test took the machine's two cores.
+//! `BATON_TEST_SHOW=1` prints the processes' logs at the end of the pause
+//! tests (with `--nocapture`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
