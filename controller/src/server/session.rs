@@ -344,17 +344,24 @@ where
     // A forgotten agent has no record left to mark; a fenced stream's
     // agent is another stream's to mark.
     if still_current && !matches!(end, End::Forgotten | End::Fenced(_)) {
-        match app
+        let ours = match app
             .store
             .agent_seen(&agent_id, session.agent.session_gen, false, now_ns(), None)
             .await
         {
-            Ok(()) => {}
-            // Taken over (elsewhere) while this stream ended: not ours.
-            Err(StoreError::Fenced { .. }) => {}
-            Err(e) => tracing::error!(agent = %agent_id, "store: marking disconnected: {e}"),
+            Ok(()) => true,
+            // Taken over (elsewhere) while this stream ended: the agent is
+            // connected, to its new stream; watchers must not hear
+            // otherwise.
+            Err(StoreError::Fenced { .. }) => false,
+            Err(e) => {
+                tracing::error!(agent = %agent_id, "store: marking disconnected: {e}");
+                true
+            }
+        };
+        if ours {
+            session.agent_event(AgentEventKind::Disconnected, None, reason.clone());
         }
-        session.agent_event(AgentEventKind::Disconnected, None, reason.clone());
     }
     match end {
         End::Closed | End::Replaced | End::Shutdown | End::Forgotten | End::Fenced(_) => {

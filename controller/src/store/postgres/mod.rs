@@ -196,6 +196,7 @@ impl PgStore {
             target: target.clone(),
             conn: Some(conn),
             lease: Arc::clone(&lease),
+            open: false,
         };
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
         Ok(PgStore {
@@ -283,6 +284,9 @@ struct PgBatches {
     target: Target,
     conn: Option<PgConn>,
     lease: Arc<Lease>,
+    /// A transaction was begun on `conn` and not ended (`recover` rolls
+    /// it back).
+    open: bool,
 }
 
 impl Batches<PgConn> for PgBatches {
@@ -306,8 +310,10 @@ impl Batches<PgConn> for PgBatches {
             conn.batch(sql)
                 .map_err(|e| format!("write batch not committed ({sql}): {}", detailed(&e)))
         };
+        // A batch that fails from here on is rolled back by `recover`.
         // READ COMMITTED (the default): each statement sees what was
         // committed before it, so after the lock, every earlier batch.
+        self.open = true;
         step("BEGIN")?;
         // Before the first savepoint: rolling one back would release a
         // lock taken inside it.
@@ -318,7 +324,6 @@ impl Batches<PgConn> for PgBatches {
             params![WRITE_LOCK],
         );
         if let Err(e) = locked {
-            let _ = conn.batch("ROLLBACK");
             return Err(format!("write batch not committed: {e}"));
         }
         // After the lock, on the database's clock: a replica paused past
@@ -326,13 +331,11 @@ impl Batches<PgConn> for PgBatches {
         match lease::is_live(conn, self.lease.owner()) {
             Ok(true) => {}
             Ok(false) => {
-                let _ = conn.batch("ROLLBACK");
                 let e = StoreError::LeaseLost("it ran out before this write batch".into());
                 self.lease.mark_lost(&e.to_string());
                 return Err(format!("write batch not committed: {e}"));
             }
             Err(e) => {
-                let _ = conn.batch("ROLLBACK");
                 return Err(format!("write batch not committed: {e}"));
             }
         }
@@ -343,13 +346,17 @@ impl Batches<PgConn> for PgBatches {
             }
             step("RELEASE SAVEPOINT job")?;
         }
-        step("COMMIT")
+        step("COMMIT")?;
+        self.open = false;
+        Ok(())
     }
 
     fn recover(&mut self) -> bool {
         // Whatever the batch left open is rolled back; a lost connection
         // is reopened by the next batch.
+        let open = std::mem::take(&mut self.open);
         if let Some(c) = &self.conn
+            && open
             && !c.is_closed()
             && let Err(e) = c.batch("ROLLBACK")
         {
