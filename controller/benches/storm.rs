@@ -4,16 +4,23 @@
 //! `STORM_AGENTS` (3 000) simulated agents, each on its own TCP connection,
 //! open their Link stream at the same instant against a controller served
 //! in this process (plaintext, SQLite in a temp dir). A refused stream
-//! (UNAVAILABLE: over the admission rate) is tried again after the agent's
-//! own backoff (`baton_agent::link::backoff`: full jitter, 0.5 s doubling
-//! to 30 s), as a real agent does after a whole round of its controllers.
-//! Three runs side by side, in this order, each on a fresh controller:
+//! (UNAVAILABLE: over the admission rate) is tried again as each run says
+//! (`baton_agent::link::backoff`: full jitter, 0.5 s doubling to 30 s).
+//! Knobs: `STORM_AGENTS`, `STORM_RATE` (500), `STORM_BURST` (100). Four
+//! runs side by side, in this order, each on a fresh controller:
 //!
 //! - **unbounded**: no admission bound: every hello reaches the store at
-//!   once;
-//! - **admit**: `--admit-rate 500 --admit-burst 1000` (the defaults);
-//! - **admit, no jitter**: the same bound, the agents retrying after the
-//!   backoff's ceiling itself (what full jitter is there to avoid).
+//!   once (a refusal here is a reset connection: the listen backlog
+//!   overflowed);
+//! - **admit, agents wait for their slot**: `--admit-rate 500
+//!   --admit-burst 100` (the defaults); a refused agent comes back at the
+//!   slot the controller handed it (`retry-after-ms`), as the agent's link
+//!   does;
+//! - **admit, jittered backoff only**: the same bound, the agents ignoring
+//!   the slot (what an older agent does);
+//! - **admit, backoff without jitter**: the same, the agents retrying
+//!   after the backoff's ceiling itself (what full jitter is there to
+//!   avoid).
 //!
 //! Figures per run: time until every agent is welcomed, refused attempts,
 //! and per agent the time from the storm's start to its welcome (p50,
@@ -49,12 +56,24 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// How a refused agent waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Retry {
+    /// For the slot the controller handed it (`retry-after-ms`), plus up
+    /// to a tenth: what the agent's link does.
+    Slot,
+    /// Its backoff with full jitter, ignoring the slot.
+    Jitter,
+    /// The backoff's ceiling itself, ignoring the slot.
+    Ceiling,
+}
+
 /// How one run admits and how its agents retry.
 #[derive(Clone, Copy, Debug)]
 struct Setting {
     name: &'static str,
     admit: Option<Pace>,
-    jitter: bool,
+    retry: Retry,
 }
 
 /// What one agent saw.
@@ -91,17 +110,22 @@ fn run() -> Result<()> {
         Setting {
             name: "unbounded",
             admit: None,
-            jitter: true,
+            retry: Retry::Jitter,
         },
         Setting {
-            name: "admit",
+            name: "admit, agents wait for their slot",
             admit: Some(admit),
-            jitter: true,
+            retry: Retry::Slot,
         },
         Setting {
-            name: "admit, no jitter",
+            name: "admit, jittered backoff only",
             admit: Some(admit),
-            jitter: false,
+            retry: Retry::Jitter,
+        },
+        Setting {
+            name: "admit, backoff without jitter",
+            admit: Some(admit),
+            retry: Retry::Ceiling,
         },
     ];
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -177,7 +201,7 @@ async fn storm(agents: usize, s: Setting) -> Result<(Duration, Vec<Arrival>)> {
     for ix in 0..agents {
         let (url, start, tx) = (url.clone(), start.clone(), tx.clone());
         held.push(tokio::spawn(async move {
-            let r = agent(ix, &url, s.jitter, start).await;
+            let r = agent(ix, &url, s.retry, start).await;
             let _ = tx.send(r.as_ref().map(|(a, _)| *a).map_err(|e| format!("{e:#}")));
             // Keep the stream open until the run ends.
             r.map(|(_, link)| link)
@@ -210,7 +234,7 @@ struct Link {
 }
 
 /// Dial and say hello until welcomed, backing off after each refusal.
-async fn agent(ix: usize, url: &str, jitter: bool, start: Arc<Barrier>) -> Result<(Arrival, Link)> {
+async fn agent(ix: usize, url: &str, retry: Retry, start: Arc<Barrier>) -> Result<(Arrival, Link)> {
     let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
         .connect_timeout(Duration::from_secs(30))
         .connect_lazy();
@@ -243,12 +267,22 @@ async fn agent(ix: usize, url: &str, jitter: bool, start: Arc<Barrier>) -> Resul
                 ) =>
             {
                 refused += 1;
-                let wait = if jitter {
-                    backoff.next_delay(t0.elapsed(), &mut rng)
-                } else {
-                    let ceiling = backoff.ceiling();
-                    backoff.next_delay(t0.elapsed(), &mut rng);
-                    ceiling
+                let slot = status
+                    .metadata()
+                    .get(baton_controller::server::RETRY_AFTER_MS)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    .map(Duration::from_millis);
+                let wait = match (retry, slot) {
+                    (Retry::Slot, Some(h)) => {
+                        let spread = (h / 10).min(Duration::from_secs(1));
+                        h + spread.mul_f64(rand::Rng::random::<f64>(&mut rng))
+                    }
+                    (Retry::Ceiling, _) => {
+                        let ceiling = backoff.ceiling();
+                        backoff.next_delay(t0.elapsed(), &mut rng);
+                        ceiling
+                    }
+                    _ => backoff.next_delay(t0.elapsed(), &mut rng),
                 };
                 tokio::time::sleep(wait).await;
             }

@@ -91,7 +91,7 @@ enum Command {
         #[arg(long, default_value_t = 500.0)]
         admit_rate: f64,
         /// New agent streams admitted at once (token bucket burst).
-        #[arg(long, default_value_t = 1000.0)]
+        #[arg(long, default_value_t = 100.0)]
         admit_burst: f64,
         /// mTLS with the certificates of this CA directory (server.pem,
         /// server-key.pem, ca.pem for clients, revoked.txt), made by

@@ -62,6 +62,11 @@ impl Backoff {
         }
     }
 
+    /// The largest delay it ever draws.
+    pub fn cap(&self) -> Duration {
+        self.cfg.cap
+    }
+
     /// The ceiling the next delay is drawn under: `base · 2^failures`,
     /// at most `cap`.
     pub fn ceiling(&self) -> Duration {

@@ -45,6 +45,9 @@ pub struct Failover<T> {
     failed_in_row: usize,
     /// Past the end of the list: resolve again before the next attempt.
     wrapped: bool,
+    /// The soonest instant a target that refused an attempt of this round
+    /// said to come back (`retry-after`), as a delay from that refusal.
+    hint: Option<Duration>,
 }
 
 impl<T> Failover<T> {
@@ -56,6 +59,7 @@ impl<T> Failover<T> {
             pos: 0,
             failed_in_row: 0,
             wrapped: true,
+            hint: None,
         }
     }
 
@@ -83,6 +87,18 @@ impl<T> Failover<T> {
     pub fn up(&mut self, now: Duration) {
         self.backoff.up(now);
         self.failed_in_row = 0;
+        self.hint = None;
+    }
+
+    /// The attempt about to be reported [`Failover::failed`] was refused by
+    /// a controller that said when to come back (a replica admitting
+    /// sessions at a bounded rate hands out slots): if every target of the
+    /// round fails, the round waits for the soonest such slot (and a
+    /// little jitter) instead of a backoff delay, and the backoff does not
+    /// grow. Capped at the backoff's cap.
+    pub fn retry_after(&mut self, delay: Duration) {
+        let delay = delay.min(self.backoff.cap());
+        self.hint = Some(self.hint.map_or(delay, |h| h.min(delay)));
     }
 
     /// The attempt at the current target failed at `now` (no stream came
@@ -93,7 +109,16 @@ impl<T> Failover<T> {
         self.failed_in_row += 1;
         if self.failed_in_row >= self.targets.len() {
             self.failed_in_row = 0;
-            self.backoff.next_delay(now, rng)
+            match self.hint.take() {
+                // Up to a tenth more (at most a second): agents handed the
+                // same slot do not all come back in the same instant.
+                Some(h) => {
+                    let spread = (h / 10).min(Duration::from_secs(1));
+                    let max = u64::try_from(spread.as_nanos()).unwrap_or(u64::MAX);
+                    h + Duration::from_nanos(rng.random_range(0..=max))
+                }
+                None => self.backoff.next_delay(now, rng),
+            }
         } else {
             Duration::ZERO
         }
@@ -172,6 +197,47 @@ mod tests {
         // Half a second, then one, then two: one step per round.
         assert_eq!([ceilings[2], ceilings[5], ceilings[8]], [S / 2, S, 2 * S]);
         assert_eq!(f.ceiling(), 4 * S);
+    }
+
+    /// A round whose refusals said when to come back waits for the soonest
+    /// slot (with at most a tenth more), and does not grow the backoff; a
+    /// hint past the cap waits the cap; a stream up forgets the hint.
+    #[test]
+    fn a_refusal_with_a_slot_waits_for_it_instead_of_backing_off() {
+        let list = ["dead", "busy-a", "busy-b"];
+        let mut f = Failover::new(cfg());
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let before = f.ceiling();
+        dial(&mut f, &list);
+        assert_eq!(f.failed(S, &mut rng), Duration::ZERO);
+        dial(&mut f, &list);
+        f.retry_after(5 * S);
+        assert_eq!(f.failed(S, &mut rng), Duration::ZERO);
+        dial(&mut f, &list);
+        f.retry_after(3 * S);
+        let d = f.failed(S, &mut rng);
+        assert!(d >= 3 * S && d <= 3 * S + 3 * S / 10, "{d:?}");
+        assert_eq!(f.ceiling(), before, "the backoff did not grow");
+        // The next round, without slots, backs off as usual.
+        for _ in 0..2 {
+            dial(&mut f, &list);
+            assert_eq!(f.failed(2 * S, &mut rng), Duration::ZERO);
+        }
+        dial(&mut f, &list);
+        assert!(f.failed(2 * S, &mut rng) <= before);
+        assert_eq!(f.ceiling(), 2 * before);
+        // Past the cap: the cap (and its tenth, at most a second).
+        let mut g = Failover::new(cfg());
+        dial(&mut g, &["one"]);
+        g.retry_after(3600 * S);
+        let d = g.failed(S, &mut rng);
+        assert!(d >= 30 * S && d <= 31 * S, "{d:?}");
+        // Up: the hint is gone.
+        dial(&mut g, &["one"]);
+        g.retry_after(7 * S);
+        g.up(2 * S);
+        dial(&mut g, &["one"]);
+        assert!(g.failed(3 * S, &mut rng) <= S / 2);
     }
 
     /// A lost stream moves on to the next target after a jittered delay;

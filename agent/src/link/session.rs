@@ -54,6 +54,9 @@ enum End {
         /// The control thread was told `Connected` (it must hear
         /// `Disconnected` too).
         connected: bool,
+        /// The controller refused the stream and said when to come back
+        /// (`retry-after-ms`).
+        retry_after: Option<Duration>,
     },
 }
 
@@ -212,6 +215,7 @@ pub(super) async fn run(
                 ),
                 up: None,
                 connected: false,
+                retry_after: None,
             },
         };
         let (reason, up, connected) = match end {
@@ -220,7 +224,13 @@ pub(super) async fn run(
                 reason,
                 up,
                 connected,
-            } => (reason, up, connected),
+                retry_after,
+            } => {
+                if let Some(d) = retry_after {
+                    failover.retry_after(d);
+                }
+                (reason, up, connected)
+            }
         };
         if connected {
             relay.push(FromLink::Disconnected {
@@ -341,6 +351,7 @@ async fn one(
         reason,
         up: None,
         connected: false,
+        retry_after: None,
     };
     let Some(client) = serving(connect(target, cfg.tls.as_ref()), to_link, relay, stop).await
     else {
@@ -376,6 +387,7 @@ async fn one(
         reason,
         up,
         connected: true,
+        retry_after: None,
     };
     loop {
         if relay.is_gone() {
@@ -393,10 +405,12 @@ async fn one(
                     up = Some(Instant::now());
                     s.silence.heard(s.now());
                 }
-                Err(status) => return lost(
-                    format!("the controller refused the stream: {}", status_text(&status)),
-                    None,
-                ),
+                Err(status) => return End::Lost {
+                    reason: format!("the controller refused the stream: {}", status_text(&status)),
+                    up: None,
+                    connected: true,
+                    retry_after: retry_after(&status),
+                },
             },
             sent = relay.wait(), if relay.is_blocked() => {
                 relay.done(sent);
@@ -455,6 +469,23 @@ async fn one(
         }
     }
 }
+
+/// When a controller that refused a stream said to come back: its
+/// `retry-after-ms` (a replica admitting sessions at a bounded rate hands
+/// each refused agent a slot of its own).
+fn retry_after(s: &tonic::Status) -> Option<Duration> {
+    let ms: u64 = s
+        .metadata()
+        .get(RETRY_AFTER_MS)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms))
+}
+
+/// The metadata key of [`retry_after`] (the controller's spelling too).
+const RETRY_AFTER_MS: &str = "retry-after-ms";
 
 fn status_text(s: &tonic::Status) -> String {
     let mut text = if s.message().is_empty() {

@@ -42,6 +42,10 @@ use crate::store::Store;
 pub use crate::app::now_ns;
 pub use baton_proto::wire::MAX_MESSAGE_BYTES;
 
+/// The metadata key of a refused stream's slot, in milliseconds (the
+/// agent's link reads it).
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
 /// How the server runs.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -124,8 +128,8 @@ pub struct Shared {
     pub cfg: ServerConfig,
     /// Serials of revoked certificates (empty without TLS).
     pub revoked: watch::Sender<Arc<HashSet<String>>>,
-    /// The admission rate's bucket (see [`ServerConfig::admit`]).
-    admit: Option<std::sync::Mutex<crate::app::pace::TokenBucket>>,
+    /// The admission rate (see [`ServerConfig::admit`]).
+    admit: Option<std::sync::Mutex<crate::app::pace::Admission>>,
 }
 
 impl Shared {
@@ -143,9 +147,9 @@ impl Shared {
             shutdown,
             revoked: watch::Sender::new(Arc::new(HashSet::new())),
             admit: cfg.admit.map(|p| {
-                std::sync::Mutex::new(crate::app::pace::TokenBucket::new(
+                std::sync::Mutex::new(crate::app::pace::Admission::new(
                     p,
-                    std::time::Instant::now(),
+                    tokio::time::Instant::now().into_std(),
                 ))
             }),
             cfg,
@@ -238,13 +242,18 @@ impl wire::link_server::Link for LinkService {
             let admitted = bucket
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take(now);
-            if let Err(wait) = admitted {
+                .admit(now);
+            if let Err(slot) = admitted {
                 self.shared.app.metrics.admit_refused();
-                return Err(Status::unavailable(format!(
-                    "this controller admits new agent streams at a bounded rate: try again in {} ms or later",
-                    wait.as_millis().max(1)
-                )));
+                let ms = slot.as_millis().max(1);
+                let mut status = Status::unavailable(format!(
+                    "this controller admits new agent streams at a bounded rate: come back in {ms} ms"
+                ));
+                // The agent's link waits for its slot instead of a backoff.
+                if let Ok(v) = ms.to_string().parse() {
+                    status.metadata_mut().insert(RETRY_AFTER_MS, v);
+                }
+                return Err(status);
             }
         }
         let inbound = request.into_inner();
