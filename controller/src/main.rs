@@ -63,7 +63,7 @@ enum Command {
         /// Keep the store in PostgreSQL instead of DIR/controller.db: a
         /// URL (`postgres://USER@HOST:PORT/DB`) or key=value settings
         /// (`host=… dbname=…`). The database must use the C collation.
-        /// One replica per database for now (see the README).
+        /// Several replicas may share it (see --replica-id, the README).
         #[arg(long, value_name = "URL", env = "BATON_STORE", hide_env_values = true)]
         store: Option<String>,
         /// TLS to the PostgreSQL store, its certificate checked against
