@@ -32,6 +32,8 @@ const TABLES: &[&str] = &[
     "journals",
     "feedback",
     "audit",
+    // Not `events` (a transport between live replicas) nor `replicas`.
+    "revocations",
 ];
 
 /// The tables whose ids come from a sequence.
