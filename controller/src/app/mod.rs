@@ -79,6 +79,7 @@ impl From<StoreError> for AppError {
             StoreError::Backend(_)
             | StoreError::Closed
             | StoreError::Fenced { .. }
+            | StoreError::IdInUse { .. }
             | StoreError::LeaseLost(_) => AppError::Unavailable(e.to_string()),
         }
     }

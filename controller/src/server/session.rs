@@ -138,6 +138,7 @@ impl From<StoreError> for End {
     fn from(e: StoreError) -> End {
         match e {
             StoreError::Fenced { .. } => End::Fenced(e.to_string()),
+            StoreError::IdInUse { .. } => End::Duplicate(e.to_string()),
             e => End::Store(e),
         }
     }
@@ -323,8 +324,11 @@ where
         Err(e) => e,
     };
     let reason = end.describe();
-    if matches!(end, End::Fenced(_)) {
-        app.metrics.fenced_stream();
+    match end {
+        End::Fenced(_) => app.metrics.fenced_stream(),
+        // Another replica's stream holds the id (the store said so).
+        End::Duplicate(_) => app.metrics.duplicate_stream(),
+        _ => {}
     }
     for l in [&session.time_requests, &session.clock_reports] {
         if l.dropped > 0 {

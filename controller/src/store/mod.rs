@@ -92,6 +92,22 @@ pub enum StoreError {
         /// The agent's generation now.
         current: u64,
     },
+    /// The agent's id is connected to another live replica from another
+    /// journal: two machines under one identity (as the hub sees within
+    /// one replica). Refused until that stream ends.
+    #[error(
+        "agent id {agent} is connected to replica {replica} from another journal ({holder_journal}): two machines under one identity; this stream (journal {journal}) is refused"
+    )]
+    IdInUse {
+        /// Agent id.
+        agent: String,
+        /// The refused hello's journal.
+        journal: String,
+        /// The connected stream's journal.
+        holder_journal: String,
+        /// The replica holding it.
+        replica: String,
+    },
     /// This replica's lease ran out (it was paused, or cut off from the
     /// database, for longer than the lease): it may write nothing more.
     #[error("this replica's lease is lost: {0}")]

@@ -660,6 +660,49 @@ mod tests {
         assert!(connected(&b, "on-b").await);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_machine_under_one_id_is_refused_by_another_replica() {
+        use crate::store::Store;
+        if !available() {
+            return;
+        }
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let mut first = hello("a1");
+        first.journal_id = "j-one".into();
+        a.agent_hello(first.clone()).await.unwrap();
+        let mut second = hello("a1");
+        second.journal_id = "j-two".into();
+        match b.agent_hello(second.clone()).await {
+            Err(StoreError::IdInUse {
+                holder_journal,
+                replica,
+                ..
+            }) => assert_eq!((holder_journal.as_str(), replica.as_str()), ("j-one", "ra")),
+            other => panic!("a second machine let in: {other:?}"),
+        }
+        let kept = b.agent("a1").await.unwrap().unwrap();
+        assert_eq!(
+            (kept.journal_id.as_str(), kept.owner.as_str()),
+            ("j-one", "ra")
+        );
+        // The same machine moving to b is its own business.
+        let (moved, _) = b.agent_hello(first).await.unwrap();
+        assert_eq!((moved.owner.as_str(), moved.session_gen), ("rb", 2));
+        // b holds it now: a refuses the other journal in turn.
+        assert!(matches!(
+            a.agent_hello(second.clone()).await,
+            Err(StoreError::IdInUse { .. })
+        ));
+        // Once b's stream is gone (here: b's lease ran out), a new
+        // journal is a machine whose disk was wiped: let in.
+        expire(&target, "rb");
+        let (wiped, _) = a.agent_hello(second).await.unwrap();
+        assert_eq!(
+            (wiped.journal_id.as_str(), wiped.owner.as_str()),
+            ("j-two", "ra")
+        );
+    }
+
     #[test]
     fn a_lease_must_outlast_three_renewals() {
         let mut l = LeaseConfig::new("r");

@@ -144,6 +144,37 @@ pub struct Owner {
     pub epoch: i64,
 }
 
+/// Two machines under one identity across replicas: the agent is
+/// connected, from another journal, to another replica whose lease is live
+/// (within one replica the hub refuses this before the store is asked).
+/// A machine whose disk was wiped (a new journal) is let in once its old
+/// stream is gone: its replica's lease ran out, or it was marked
+/// disconnected.
+pub(crate) fn refuse_a_second_machine(
+    conn: &dyn Db,
+    h: &HelloRow,
+    me: &Owner,
+    lease_now_us: super::LeaseClock,
+) -> StoreResult<()> {
+    let holder = query_first(
+        conn,
+        "SELECT journal_id, owner FROM agents a WHERE id = ?1 AND connected <> 0 \
+         AND owner <> ?2 AND journal_id <> ?3 AND EXISTS (SELECT 1 FROM replicas r \
+         WHERE r.id = a.owner AND r.epoch = a.owner_epoch AND r.expires_us > ?4)",
+        params![h.id, me.replica, h.journal_id, lease_now_us(conn)?],
+        |r| Ok((col::<String>(r, "journal_id")?, col::<String>(r, "owner")?)),
+    )?;
+    match holder {
+        None => Ok(()),
+        Some((holder_journal, replica)) => Err(StoreError::IdInUse {
+            agent: h.id.clone(),
+            journal: h.journal_id.clone(),
+            holder_journal,
+            replica,
+        }),
+    }
+}
+
 /// The agent record, now owned by `owner` under a new session generation
 /// (above the stored one and the one the agent has seen), its own labels
 /// (one row each, for targeting) and its certificate's tenants.

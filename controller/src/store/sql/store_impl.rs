@@ -19,7 +19,9 @@ impl<E: Engine> Store for E {
     async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let binding = self.binding();
         let owner = self.owner();
+        let lease_now_us = self.lease_clock();
         self.write(move |conn| {
+            agents::refuse_a_second_machine(conn, &hello, &owner, lease_now_us)?;
             agents::write_hello(conn, &hello, &owner)?;
             let agent =
                 agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
