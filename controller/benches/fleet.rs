@@ -439,6 +439,10 @@ impl Controller {
             None => cmd.arg("--insecure"),
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
+        // No admission bound: these agents come up as fast as the bench
+        // dials them and do not retry (the figures here are memory, push
+        // and ingest; a storm against the bound is `benches/storm.rs`).
+        cmd.args(["--admit-rate", "0"]);
         cmd.args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data.path())
             .args(store.map(|url| ["--store", url]).into_iter().flatten())

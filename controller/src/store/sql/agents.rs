@@ -249,13 +249,26 @@ pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreRe
 /// between the check and the write). An agent never said hello to (or
 /// forgotten) is [`unknown_agent`].
 pub(crate) fn check_session(conn: &dyn Db, id: &str, session: u64) -> StoreResult<()> {
+    match check_session_if_known(conn, id, session)? {
+        true => Ok(()),
+        false => Err(unknown_agent(id)),
+    }
+}
+
+/// [`check_session`] in one look-up, for writes an agent with no record
+/// may still make (feedback, answers): whether the agent is known (a
+/// known agent's stream of another generation is [`StoreError::Fenced`]).
+pub(crate) fn check_session_if_known(conn: &dyn Db, id: &str, session: u64) -> StoreResult<bool> {
     let current: Option<i64> = query_first(
         conn,
         "SELECT session_gen FROM agents WHERE id = ?1",
         params![id],
         |r| col(r, "session_gen"),
     )?;
-    let current = u64_from_db(current.ok_or_else(|| unknown_agent(id))?, "session_gen")?;
+    let Some(current) = current else {
+        return Ok(false);
+    };
+    let current = u64_from_db(current, "session_gen")?;
     if current != session {
         return Err(StoreError::Fenced {
             agent: id.to_owned(),
@@ -263,7 +276,7 @@ pub(crate) fn check_session(conn: &dyn Db, id: &str, session: u64) -> StoreResul
             current,
         });
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Runs an `UPDATE agents ... WHERE id = ?1`; an unknown agent is an error

@@ -169,11 +169,12 @@ fn stored_below(conn: &dyn Db, journal: i64, seq: i64) -> StoreResult<i64> {
 const FEEDBACK_INSERT_COLUMNS: usize = 23;
 
 /// Rows per insert at most.
-const INSERT_ROWS: usize = 32;
+const INSERT_ROWS: usize = 64;
 
-/// How many of `left` rows the next insert takes: 32, or the largest power
-/// of two below (so six statement shapes serve every batch, and stay in
-/// the engines' statement caches).
+/// How many of `left` rows the next insert takes: 64 (an agent's whole
+/// batch, one round trip), or the largest power of two below (so seven
+/// statement shapes serve every batch, and stay in the engines' statement
+/// caches).
 fn chunk_len(left: usize) -> usize {
     if left >= INSERT_ROWS {
         INSERT_ROWS

@@ -226,10 +226,9 @@ impl<E: Engine> Store for E {
     async fn answer(&self, a: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
         let binding = self.binding();
         self.write(move |conn| {
-            if !agents::agent_exists(conn, &a.agent_id)? {
+            if !agents::check_session_if_known(conn, &a.agent_id, a.session_gen)? {
                 return Ok(None);
             }
-            check_session(conn, &a.agent_id, a.session_gen)?;
             plan::replan_answer(conn, &a, binding)
         })
         .await
@@ -316,9 +315,7 @@ impl<E: Engine> Store for E {
             // An agent with no record (forgotten while its stream ran) has
             // no owner to fence against; its feedback is kept, as it
             // would have been before the forget.
-            if agents::agent_exists(conn, &agent)? {
-                check_session(conn, &agent, session)?;
-            }
+            agents::check_session_if_known(conn, &agent, session)?;
             feedback::write_feedback(conn, &rows)
         })
         .await
