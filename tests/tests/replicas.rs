@@ -708,8 +708,10 @@ fn a_replica_paused_within_its_lease_is_fenced_by_the_agents_generation_and_serv
     );
 
     // A push through the woken replica is stored (its lease holds) and
-    // reaches the agent through its owner (at the latest when the owner
-    // re-reads its agents' rows).
+    // reaches the agent through its owner: told through the store's
+    // events within a follow (200 ms), not at the owner's resync of its
+    // agents' rows (every 30 s from the stream's start).
+    let pushed = Instant::now();
     let o = site.push_no_wait("r0", "p2.yaml", &ticking(2));
     assert!(
         o.status.success(),
@@ -719,6 +721,13 @@ fn a_replica_paused_within_its_lease_is_fenced_by_the_agents_generation_and_serv
     assert!(
         wait_until(WAIT, || site.executed(&second.owner, Some(2)) >= 5),
         "version 2 pushed through the woken replica did not run\n{}",
+        site.logs()
+    );
+    let took = pushed.elapsed();
+    assert!(
+        took < Duration::from_secs(12),
+        "a push through another replica took {took:?} to run five firings: \
+         the owner heard of it at a resync, not through the events\n{}",
         site.logs()
     );
     let row = site.db.agent("a1").expect("the agent's row");
