@@ -1668,23 +1668,26 @@ fn sync_dir(dir: &Path) -> Result<(), JournalError> {
         .map_err(|e| JournalError::io("fsync directory", dir, e))
 }
 
+/// Opens the journal in `dir` for a test, retrying briefly while
+/// another test of the same binary forks a child: between its fork and
+/// exec the child holds a copy of every open fd, the lock's included, for
+/// a moment.
+#[cfg(test)]
+pub(crate) fn open_retrying(dir: &Path) -> Journal {
+    let mut r = Journal::open(JournalConfig::new(dir));
+    for _ in 0..200 {
+        if !matches!(r, Err(JournalError::Locked { .. })) {
+            break;
+        }
+        std::thread::park_timeout(std::time::Duration::from_millis(10));
+        r = Journal::open(JournalConfig::new(dir));
+    }
+    r.expect("open the journal").0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Open `dir`, retrying briefly while another test's forked child
-    /// still holds a copy of the lock's fd (see below).
-    fn reopen(dir: &Path) -> Journal {
-        let mut r = Journal::open(JournalConfig::new(dir));
-        for _ in 0..200 {
-            if !matches!(r, Err(JournalError::Locked { .. })) {
-                break;
-            }
-            std::thread::park_timeout(std::time::Duration::from_millis(10));
-            r = Journal::open(JournalConfig::new(dir));
-        }
-        r.expect("reopen").0
-    }
 
     /// The fence: a journal without the record (new, or written before
     /// fencing) is at 0; it only rises; it survives a reopen and a
@@ -1693,7 +1696,7 @@ mod tests {
     fn the_session_generation_only_rises_and_survives_reopen_and_compaction() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path();
-        let mut j = reopen(dir);
+        let mut j = open_retrying(dir);
         assert_eq!(j.session_gen(), 0, "a new journal has seen none");
         let before = j.log_bytes();
         j.record_session_gen(0).expect("no-op");
@@ -1707,12 +1710,12 @@ mod tests {
         assert_eq!(j.syncs(), syncs, "nothing written for them");
         drop(j);
 
-        let mut j = reopen(dir);
+        let mut j = open_retrying(dir);
         assert_eq!(j.session_gen(), 3, "after a restart");
         j.compact().expect("compact");
         assert_eq!(j.session_gen(), 3, "after a compaction");
         drop(j);
-        let j = reopen(dir);
+        let j = open_retrying(dir);
         assert_eq!(j.session_gen(), 3, "a restart after the compaction");
         drop(j);
         let bytes = fs::read(dir.join(LOG_FILE)).expect("read");
@@ -1775,18 +1778,7 @@ mod tests {
             Some(id.as_str()),
             "recorded in the log"
         );
-        // Another test of this binary may be forking a child right now:
-        // between its fork and exec the child holds a copy of every open
-        // fd, the lock's included, for a moment. Retry briefly.
-        let mut reopened = Journal::open(JournalConfig::new(dir));
-        for _ in 0..200 {
-            if !matches!(reopened, Err(JournalError::Locked { .. })) {
-                break;
-            }
-            std::thread::park_timeout(std::time::Duration::from_millis(10));
-            reopened = Journal::open(JournalConfig::new(dir));
-        }
-        let (j, _) = reopened.expect("reopen");
+        let j = open_retrying(dir);
         assert_eq!(j.id(), id);
     }
 }

@@ -184,29 +184,14 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::JournalConfig;
-
-    /// Open (or reopen) the journal in `dir`, retrying briefly while
-    /// another test's forked child still holds a copy of its lock's fd
-    /// (between fork and exec).
-    fn open(dir: &std::path::Path) -> Journal {
-        let mut r = Journal::open(JournalConfig::new(dir));
-        for _ in 0..200 {
-            if !matches!(r, Err(JournalError::Locked { .. })) {
-                break;
-            }
-            std::thread::park_timeout(std::time::Duration::from_millis(10));
-            r = Journal::open(JournalConfig::new(dir));
-        }
-        r.expect("journal").0
-    }
+    use crate::journal::open_retrying;
 
     /// Welcome at 3, then a push at 2: refused, naming both generations
     /// and the fence; the session's own generation passes.
     #[test]
     fn a_push_below_its_sessions_generation_is_stale() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut j = open(tmp.path());
+        let mut j = open_retrying(tmp.path());
         let mut f = Fence::default();
         f.connected(1);
         assert_eq!(
@@ -256,7 +241,7 @@ mod tests {
     fn a_welcome_below_the_journalled_generation_is_refused_after_a_restart() {
         let tmp = tempfile::tempdir().expect("tempdir");
         {
-            let mut j = open(tmp.path());
+            let mut j = open_retrying(tmp.path());
             let mut f = Fence::default();
             f.connected(1);
             assert!(matches!(
@@ -264,7 +249,7 @@ mod tests {
                 Ok(Welcomed::Accepted { .. })
             ));
         }
-        let mut j = open(tmp.path());
+        let mut j = open_retrying(tmp.path());
         assert_eq!(j.session_gen(), 3, "survives the restart");
         let mut f = Fence::default();
         f.connected(1);
@@ -294,7 +279,7 @@ mod tests {
         );
         j.compact().expect("compact");
         drop(j);
-        let mut j = open(tmp.path());
+        let mut j = open_retrying(tmp.path());
         assert_eq!(j.session_gen(), 3, "after compaction and restart");
         let mut f = Fence::default();
         f.connected(1);
@@ -307,7 +292,7 @@ mod tests {
     #[test]
     fn an_unfenced_controller_is_accepted_only_while_nothing_higher_was_seen() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut j = open(tmp.path());
+        let mut j = open_retrying(tmp.path());
         let mut f = Fence::default();
         f.connected(1);
         assert_eq!(
