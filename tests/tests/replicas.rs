@@ -372,12 +372,12 @@ fn exactly_once(site: &Site, via: &str) {
     );
 }
 
-#[test]
-fn a_killed_replica_hands_its_agent_over_and_no_execution_is_lost_or_doubled() {
-    let _serial = serial();
-    let Some(mut site) = Site::start(["10s", "10s", "10s"]) else {
-        return; // not installed and not required: `baton_testpg` said so
-    };
+/// A site (replicas with these leases) whose agent runs pack `p` v1,
+/// ticking, pushed through the replica it connected to first, with ten
+/// firings stored (`what`: the moment, for the failure message): where
+/// each fault test starts. `None`: no PostgreSQL here, and not required.
+fn start_ticking(leases: [&str; 3], what: &str) -> Option<(Site, Ownership)> {
+    let mut site = Site::start(leases)?;
     let first = site.owned(&[], 0);
     let o = site.push(&first.owner, "p1.yaml", &ticking(1));
     assert!(
@@ -385,7 +385,16 @@ fn a_killed_replica_hands_its_agent_over_and_no_execution_is_lost_or_doubled() {
         "push: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    site.executed_beyond(&first.owner, 10, "before the kill");
+    site.executed_beyond(&first.owner, 10, what);
+    Some((site, first))
+}
+
+#[test]
+fn a_killed_replica_hands_its_agent_over_and_no_execution_is_lost_or_doubled() {
+    let _serial = serial();
+    let Some((mut site, first)) = start_ticking(["10s", "10s", "10s"], "before the kill") else {
+        return; // not installed and not required: `baton_testpg` said so
+    };
     let before_kill = site.executed(&first.owner, None);
     let fired_before = site.agent.writes().len();
 
@@ -431,23 +440,15 @@ fn a_replica_paused_past_its_lease_loses_its_agent_and_writes_nothing_when_it_wa
     let _serial = serial();
     // Only the paused replica has a short lease: the others must keep
     // theirs on a loaded machine.
-    let Some(mut site) = Site::start(["3s", "10s", "10s"]) else {
+    let Some((mut site, first)) = start_ticking(["3s", "10s", "10s"], "before the pause") else {
         return;
     };
-    let first = site.owned(&[], 0);
     assert_eq!(
         first.owner,
         "r0",
         "the agent dials its first controller first\n{}",
         site.logs()
     );
-    let o = site.push("r0", "p1.yaml", &ticking(1));
-    assert!(
-        o.status.success(),
-        "push: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    site.executed_beyond("r0", 10, "before the pause");
 
     signal(&site.replica("r0").proc, libc::SIGSTOP);
     let paused_at = Instant::now();
@@ -633,23 +634,15 @@ fn a_replica_paused_within_its_lease_is_fenced_by_the_agents_generation_and_serv
     let _serial = serial();
     // A lease far longer than the pause: what stops the woken replica's
     // stale stream is the agent's generation, not the lease.
-    let Some(mut site) = Site::start(["30s", "10s", "10s"]) else {
+    let Some((mut site, first)) = start_ticking(["30s", "10s", "10s"], "before the pause") else {
         return;
     };
-    let first = site.owned(&[], 0);
     assert_eq!(
         first.owner,
         "r0",
         "the agent dials its first controller first\n{}",
         site.logs()
     );
-    let o = site.push("r0", "p1.yaml", &ticking(1));
-    assert!(
-        o.status.success(),
-        "push: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    site.executed_beyond("r0", 10, "before the pause");
     let ended = |site: &Site| {
         site.replica("r0")
             .log()
