@@ -70,7 +70,7 @@ pub async fn relay(app: Arc<App>, mut stop: watch::Receiver<bool>) {
         }
         let n = batch.len() as u64;
         if let Err(e) = app.store.put_events(std::mem::take(&mut batch)).await {
-            app.metrics.relay_dropped_n(n);
+            app.metrics.relay_dropped(n);
             tracing::warn!(
                 events = n,
                 "store: events for the other replicas not stored: {e}"

@@ -176,12 +176,7 @@ impl Metrics {
 
     /// Events for the other replicas lost (queue full, or the store
     /// refused them).
-    pub fn relay_dropped(&self) {
-        self.relay_dropped.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Adds `n` to the events lost.
-    pub fn relay_dropped_n(&self, n: u64) {
+    pub fn relay_dropped(&self, n: u64) {
         self.relay_dropped.fetch_add(n, Ordering::Relaxed);
     }
 

@@ -296,7 +296,7 @@ impl App {
         if let Some(relay) = &self.relay
             && relay.try_send(row).is_err()
         {
-            self.metrics.relay_dropped();
+            self.metrics.relay_dropped(1);
         }
     }
 

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use super::conn::PgConn;
 use super::{Target, connect};
-use crate::store::sql::agents::Owner;
+use crate::store::sql::agents::{Owner, disconnect_unowned};
 use crate::store::sql::db::{Db, col, params, query_first, run};
 use crate::store::{StoreError, StoreResult};
 
@@ -143,11 +143,21 @@ pub(super) fn is_live(db: &dyn Db, owner: &Owner) -> StoreResult<bool> {
     Ok(n == Some(1))
 }
 
-/// The agents whose stream no live lease holds are not connected: how
-/// the agents of a replica that died are seen to be gone.
-pub(super) const SWEEP_ORPHANS: &str = "UPDATE agents SET connected = 0 WHERE connected <> 0 \
-     AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.id = agents.owner \
-     AND r.epoch = agents.owner_epoch AND r.expires_us > ?1)";
+/// Now on the database's clock ([`NOW_US`]): what leases are measured
+/// with (the store's `lease_clock`, the sweep).
+pub(super) fn db_now_us(db: &dyn Db) -> StoreResult<i64> {
+    query_first(db, &format!("SELECT {NOW_US} AS now"), &[], |r| {
+        col::<i64>(r, "now")
+    })?
+    .ok_or_else(|| StoreError::Backend("the database did not say the time".into()))
+}
+
+/// Marks the lease lost, once, and says so.
+fn declare_lost(lost: &watch::Sender<bool>, owner: &Owner, why: &str) {
+    if !lost.send_replace(true) {
+        tracing::error!(replica = %owner.replica, epoch = owner.epoch, "store: the replica's lease is lost: {why}");
+    }
+}
 
 /// How often the renewal thread sweeps orphans (in renewals).
 const SWEEP_EVERY: u32 = 5;
@@ -178,7 +188,7 @@ impl Lease {
         let renewer = Renewer {
             target: target.clone(),
             cfg,
-            epoch,
+            owner: owner.clone(),
             lost: Arc::clone(&lost),
             conn: None,
         };
@@ -205,9 +215,7 @@ impl Lease {
 
     /// Marks the lease lost (a batch found it run out).
     pub fn mark_lost(&self, why: &str) {
-        if !self.lost.send_replace(true) {
-            tracing::error!(replica = %self.owner.replica, "store: the replica's lease is lost: {why}");
-        }
+        declare_lost(&self.lost, &self.owner, why);
     }
 
     pub fn is_lost(&self) -> bool {
@@ -238,7 +246,7 @@ impl Drop for Lease {
 struct Renewer {
     target: Target,
     cfg: LeaseConfig,
-    epoch: i64,
+    owner: Owner,
     lost: Arc<watch::Sender<bool>>,
     conn: Option<PgConn>,
 }
@@ -294,17 +302,15 @@ impl Renewer {
     }
 
     fn renew_once(&mut self) -> StoreResult<bool> {
-        let (cfg, epoch) = (self.cfg.clone(), self.epoch);
+        let (cfg, epoch) = (self.cfg.clone(), self.owner.epoch);
         renew(self.conn()?, &cfg, epoch)
     }
 
+    /// The agents whose stream no live lease holds are not connected: how
+    /// the agents of a replica that died are seen to be gone.
     fn sweep(&mut self) -> StoreResult<u64> {
         let conn = self.conn()?;
-        let now: i64 = query_first(conn, &format!("SELECT {NOW_US} AS now"), &[], |r| {
-            col(r, "now")
-        })?
-        .unwrap_or(0);
-        let n = run(conn, "sweep orphaned agents", SWEEP_ORPHANS, params![now])?;
+        let n = disconnect_unowned(conn, db_now_us(conn)?, None)?;
         if n > 0 {
             tracing::info!(
                 agents = n,
@@ -315,16 +321,14 @@ impl Renewer {
     }
 
     fn lose(&self, why: &str) {
-        if !self.lost.send_replace(true) {
-            tracing::error!(replica = %self.cfg.replica_id, epoch = self.epoch, "store: the replica's lease is lost: {why}");
-        }
+        declare_lost(&self.lost, &self.owner, why);
     }
 
     fn give_back(&mut self) {
         if *self.lost.borrow() {
             return;
         }
-        let (id, epoch) = (self.cfg.replica_id.clone(), self.epoch);
+        let (id, epoch) = (self.owner.replica.clone(), self.owner.epoch);
         let given = self.conn().and_then(|c| {
             run(
                 c,

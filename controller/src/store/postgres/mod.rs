@@ -45,8 +45,8 @@ pub use super::writer::WriterStats;
 use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
 use conn::{PgConn, detailed};
+use lease::Lease;
 pub use lease::LeaseConfig;
-use lease::{Lease, NOW_US};
 
 /// Commands per transaction at most (see the module doc).
 pub const MAX_BATCH: usize = 64;
@@ -245,12 +245,7 @@ impl Engine for PgStore {
     }
 
     fn lease_clock(&self) -> crate::store::sql::LeaseClock {
-        |db| {
-            query_first(db, &format!("SELECT {NOW_US} AS now"), &[], |r| {
-                col::<i64>(r, "now")
-            })?
-            .ok_or_else(|| StoreError::Backend("the database did not say the time".into()))
-        }
+        lease::db_now_us
     }
 
     async fn write<T, F>(&self, f: F) -> StoreResult<T>

@@ -279,6 +279,25 @@ pub(crate) fn check_session_if_known(conn: &dyn Db, id: &str, session: u64) -> S
     Ok(true)
 }
 
+/// Marks disconnected the agents whose stream no replica holds: none whose
+/// lease (at the epoch it took the hello under) is live at `now_us`, or
+/// the replica `starting` (which holds no stream yet). On a single
+/// controller, which has no lease rows, every agent. How many.
+pub(crate) fn disconnect_unowned(
+    conn: &dyn Db,
+    now_us: i64,
+    starting: Option<&str>,
+) -> StoreResult<u64> {
+    run(
+        conn,
+        "mark agents disconnected",
+        "UPDATE agents SET connected = 0 WHERE connected <> 0 AND (owner = ?2 OR NOT EXISTS \
+         (SELECT 1 FROM replicas r WHERE r.id = agents.owner \
+          AND r.epoch = agents.owner_epoch AND r.expires_us > ?1))",
+        params![now_us, starting],
+    )
+}
+
 /// Runs an `UPDATE agents ... WHERE id = ?1`; an unknown agent is an error
 /// (the server only updates agents that said hello).
 pub(crate) fn update_agent(

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::agents::{self, check_session, unknown_agent, update_agent};
 use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
-use super::db::{col, params, query_all, run};
+use super::db::{col, params, query_all};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
 use super::{Engine, audit, events, packs, plan};
 use crate::store::{
@@ -62,15 +62,7 @@ impl<E: Engine> Store for E {
         let lease_now_us = self.lease_clock();
         let me = self.owner().replica;
         self.write(move |conn| {
-            let now_us = lease_now_us(conn)?;
-            run(
-                conn,
-                "mark agents disconnected",
-                "UPDATE agents SET connected = 0 WHERE connected <> 0 AND (owner = ?2 OR NOT EXISTS \
-                 (SELECT 1 FROM replicas r WHERE r.id = agents.owner \
-                  AND r.epoch = agents.owner_epoch AND r.expires_us > ?1))",
-                params![now_us, me],
-            )?;
+            agents::disconnect_unowned(conn, lease_now_us(conn)?, Some(&me))?;
             Ok(())
         })
         .await
