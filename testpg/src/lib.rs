@@ -15,11 +15,11 @@
 //! unless `BATON_REQUIRE_POSTGRES=1` (the README's test command sets it,
 //! after installing the package), where its absence fails them.
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The running cluster.
@@ -27,8 +27,10 @@ struct Cluster {
     port: u16,
     /// The server's directory (its Unix socket is there).
     dir: PathBuf,
-    /// Held open for the life of the process (see the module doc).
-    _stdin: Mutex<ChildStdin>,
+    /// The server shell's stdin, held open for the life of the process
+    /// (see the module doc), and its stdout (where it says a restart's
+    /// stop is done).
+    control: Mutex<(ChildStdin, BufReader<ChildStdout>)>,
     _shell: Mutex<Child>,
 }
 
@@ -195,16 +197,19 @@ fn start(setup: Setup<'_>) -> Result<Cluster, String> {
     } else {
         shell_quote(&bin.join("postgres").to_string_lossy())
     };
-    // Fast shutdown (SIGINT) once our end of the pipe closes.
+    // Fast shutdown (SIGINT) once our end of the pipe closes; a line
+    // `restart` on it stops the server the same way, says `down` once it
+    // has stopped, and starts it again on the same port and files.
     let script = format!(
-        "{program} {server} >{log} 2>&1 & pid=$!; read _; kill -INT $pid; wait $pid; rm -rf {dir}",
+        "while :; do {program} {server} >>{log} 2>&1 & pid=$!; read cmd; kill -INT $pid; wait $pid; \
+         [ \"$cmd\" = restart ] || break; echo down; done; rm -rf {dir}",
         log = shell_quote(&dir.join("server.log").to_string_lossy()),
         dir = shell_quote(&dir.to_string_lossy()),
     );
     let mut shell = Command::new("sh")
         .args(["-c", &script])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("start postgres: {e}"))?;
@@ -212,25 +217,18 @@ fn start(setup: Setup<'_>) -> Result<Cluster, String> {
         .stdin
         .take()
         .ok_or("no stdin for the server's shell")?;
+    let stdout = shell
+        .stdout
+        .take()
+        .ok_or("no stdout for the server's shell")?;
     let cluster = Cluster {
         port,
         dir: dir.clone(),
-        _stdin: Mutex::new(stdin),
+        control: Mutex::new((stdin, BufReader::new(stdout))),
         _shell: Mutex::new(shell),
     };
-    // Up when it answers (each try is a connection attempt, not a sleep
-    // standing in for one).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match postgres::Client::connect(&cluster.admin_url(), postgres::NoTls) {
-            Ok(_) => return Ok(cluster),
-            Err(e) if Instant::now() > deadline => {
-                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-                return Err(format!("postgres did not come up: {e}\n{log}"));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
+    cluster.wait_up()?;
+    Ok(cluster)
 }
 
 fn shell_quote(s: &str) -> String {
@@ -238,6 +236,42 @@ fn shell_quote(s: &str) -> String {
 }
 
 impl Cluster {
+    /// Returns once the server answers (each try is a connection attempt,
+    /// not a sleep standing in for one).
+    fn wait_up(&self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match postgres::Client::connect(&self.admin_url(), postgres::NoTls) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    let log =
+                        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                    return Err(format!("postgres did not come up: {e}\n{log}"));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Stops the server (fast shutdown: every client's connection ends,
+    /// committed work stays) and starts it again; returns once it answers.
+    fn restart(&self) -> Result<(), String> {
+        {
+            let mut control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
+            let (stdin, stdout) = &mut *control;
+            writeln!(stdin, "restart").map_err(|e| format!("ask for a restart: {e}"))?;
+            stdin.flush().map_err(|e| e.to_string())?;
+            let mut line = String::new();
+            stdout
+                .read_line(&mut line)
+                .map_err(|e| format!("wait for the stop: {e}"))?;
+            if line.trim() != "down" {
+                return Err(format!("the server's shell said {line:?}, not `down`"));
+            }
+        }
+        self.wait_up()
+    }
+
     fn url(&self, db: &str) -> String {
         format!("host=127.0.0.1 port={} user=baton dbname={db}", self.port)
     }
@@ -323,6 +357,18 @@ pub fn durable_database(dir: &Path) -> Option<String> {
         })
         .as_ref()
         .map(Cluster::create_database)
+}
+
+/// Restarts this process's cluster (the one [`fresh_database`] uses): a
+/// fast shutdown, which ends every client's connection and keeps what was
+/// committed, then a start on the same port; returns once it answers.
+/// Every database of the cluster goes away meanwhile: a test calling this
+/// must not share the cluster with tests running beside it. Blocking.
+pub fn restart() {
+    let cluster = cluster().expect("the test cluster runs");
+    if let Err(e) = cluster.restart() {
+        panic!("restart the test cluster: {e}");
+    }
 }
 
 /// Ends every connection to the database `url` names (as a server restart
