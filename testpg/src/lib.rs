@@ -182,7 +182,8 @@ fn start(setup: Setup<'_>) -> Result<Cluster, String> {
             "max_connections=200",
         ])
         .args(if setup.durable_in.is_some() {
-            &[][..]
+            // A benchmark's cluster counts the statements it is sent.
+            &["-c", "shared_preload_libraries=pg_stat_statements"][..]
         } else {
             // Throwaway data: no flush is worth its time.
             &["-c", "fsync=off", "-c", "full_page_writes=off"][..]
@@ -346,7 +347,8 @@ pub fn fresh_tls_database(cert: &Path, key: &Path) -> Option<String> {
 /// server's durable defaults (`fsync` and `synchronous_commit` on), its
 /// files under `dir` (a disk, where a benchmark's figures mean something;
 /// `/tmp` may be memory). For benchmarks against the embedded store's
-/// `synchronous=FULL`. Blocking.
+/// `synchronous=FULL`. `pg_stat_statements` is loaded (`CREATE EXTENSION`
+/// makes it readable in a database). Blocking.
 pub fn durable_database(dir: &Path) -> Option<String> {
     DURABLE_CLUSTER
         .get_or_init(|| {
