@@ -1551,6 +1551,53 @@ pub(crate) async fn answers(s: &dyn Store, _: Binding) {
 
 /// One pack's deliveries, by agent, a page at a time, of one version or
 /// any; local rows are not deliveries.
+/// A push to more agents than one statement loads or writes (the
+/// planner's agents are read and its rows written several per
+/// statement): each agent is planned once, on its own labels, its
+/// operator labels for the pack's tenant and its tenants.
+pub(crate) async fn a_push_to_many_agents_plans_each(s: &dyn Store, binding: Binding) {
+    let ids: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        // Every fifth agent serves only another tenant.
+        let tenants: &[&str] = if i % 5 == 0 { &["u"] } else { &["t", "u"] };
+        s.agent_hello(hello_in(id, tenants, &[("line", "1")], 10))
+            .await
+            .unwrap();
+        if i % 2 == 0 {
+            // Even agents are on line 2 for tenant t's operators.
+            s.label_agent(
+                id,
+                "t",
+                [("line".into(), Some("2".into()))].into(),
+                Vec::new(),
+                11,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let want: Vec<&str> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1 && (binding == Binding::Open || i % 5 != 0))
+        .map(|(_, id)| id.as_str())
+        .collect();
+    let changed = push(s, pack("t", "p", 1, to_labels(&[("line", "1")])), 20).await;
+    let mut got: Vec<&str> = changed.iter().map(|r| r.agent_id.as_str()).collect();
+    got.sort_unstable();
+    assert_eq!(got, want, "the agents the push planned");
+    assert!(changed.iter().all(|r| r.version == 1 && r.state == Pending));
+    let stored = s
+        .deliveries_of_pack(&key("t", "p"), None, None, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        sorted(changed),
+        "the rows stored are the rows planned"
+    );
+}
+
 pub(crate) async fn deliveries_of_pack_paging(s: &dyn Store, _: Binding) {
     let k = key("t", "p");
     let agents = ["a1", "a2", "a3", "a4", "a5"];
@@ -2868,6 +2915,7 @@ macro_rules! contract_suite {
             agent_held_rules: [tenants, open];
             answers: [tenants, open];
             deliveries_of_pack_paging: [tenants];
+            a_push_to_many_agents_plans_each: [tenants, open];
             delivery_counts: [tenants];
             feedback_stored_once: [tenants];
             feedback_drops_on_a_resent_entry: [tenants];

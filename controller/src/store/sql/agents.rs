@@ -1,9 +1,11 @@
 //! Agents: their records, own labels, operator labels, tenants and clock.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use super::codec::{CLOCK_COLUMNS, decode_clock, from_json, to_json, u64_from_db, with_row};
-use super::db::{Db, Param, Row, col, params, query_all, query_first, run};
+use super::db::{
+    Db, Param, Row, chunk_len, col, params, placeholders, query_all, query_first, run,
+};
 use crate::store::{
     AgentFilter, AgentRow, ClockRow, HelloRow, LabelOverrides, MAX_PAGE, StoreError, StoreResult,
     page,
@@ -44,7 +46,7 @@ fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
 }
 
 /// Operator labels and tenants of the agents with ids in `[first, last]`
-/// (one page), attached to `agents` (sorted by id). `tenant`: the page
+/// (one page, in the database's order), attached to `agents`. `tenant`: the page
 /// holds only agents serving it, so only theirs are read (a sparse page's
 /// range may span many other tenants' agents).
 fn attach(conn: &dyn Db, agents: &mut [AgentRow], tenant: Option<&str>) -> StoreResult<()> {
@@ -52,13 +54,31 @@ fn attach(conn: &dyn Db, agents: &mut [AgentRow], tenant: Option<&str>) -> Store
         return Ok(());
     };
     let (first, last) = (first.id.clone(), last.id.clone());
+    attach_where(
+        conn,
+        agents,
+        "agent_id >= ?1 AND agent_id <= ?2 \
+         AND (CAST(?3 AS TEXT) IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3))",
+        params![first, last, tenant],
+    )
+}
+
+/// Operator labels and tenants of the agents `which` (a condition on
+/// `agent_id` with its parameters) selects, attached to `agents` (in any
+/// order: the database's collation may sort ids otherwise than Rust).
+fn attach_where(
+    conn: &dyn Db,
+    agents: &mut [AgentRow],
+    which: &str,
+    p: &[Param<'_>],
+) -> StoreResult<()> {
     let labels = query_all(
         conn,
-        "SELECT agent_id, tenant, key, value FROM agent_labels \
-         WHERE agent_id >= ?1 AND agent_id <= ?2 \
-         AND (CAST(?3 AS TEXT) IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)) \
-         ORDER BY agent_id, tenant, key",
-        params![first, last, tenant],
+        &format!(
+            "SELECT agent_id, tenant, key, value FROM agent_labels WHERE {which} \
+             ORDER BY agent_id, tenant, key"
+        ),
+        p,
         |r| {
             Ok((
                 col::<String>(r, "agent_id")?,
@@ -68,8 +88,13 @@ fn attach(conn: &dyn Db, agents: &mut [AgentRow], tenant: Option<&str>) -> Store
             ))
         },
     )?;
+    let at: HashMap<String, usize> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.id.clone(), i))
+        .collect();
     for (agent, tenant, key, value) in labels {
-        if let Ok(i) = agents.binary_search_by(|a| a.id.as_str().cmp(&agent)) {
+        if let Some(&i) = at.get(&agent) {
             agents[i]
                 .overrides
                 .entry(tenant)
@@ -79,21 +104,39 @@ fn attach(conn: &dyn Db, agents: &mut [AgentRow], tenant: Option<&str>) -> Store
     }
     let tenants = query_all(
         conn,
-        "SELECT agent_id, tenant FROM agent_tenants \
-         WHERE agent_id >= ?1 AND agent_id <= ?2 \
-         AND (CAST(?3 AS TEXT) IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3))",
-        params![first, last, tenant],
+        &format!("SELECT agent_id, tenant FROM agent_tenants WHERE {which}"),
+        p,
         |r| Ok((col::<String>(r, "agent_id")?, col::<String>(r, "tenant")?)),
     )?;
     for (agent, tenant) in tenants {
-        if let Ok(i) = agents.binary_search_by(|a| a.id.as_str().cmp(&agent)) {
+        if let Some(&i) = at.get(&agent) {
             agents[i].tenants.insert(tenant);
         }
     }
     Ok(())
 }
 
-/// One agent with its operator labels and tenants.
+/// The agents with these ids (unknown ids skipped), in id order: three
+/// statements per [`chunk_len`] ids, where [`load_agent`] one by one is
+/// three per agent (a push to thousands of agents is planned in one
+/// transaction; on a networked engine each statement is a round trip).
+pub(crate) fn load_agents(conn: &dyn Db, ids: &[&str]) -> StoreResult<Vec<AgentRow>> {
+    let mut out = Vec::with_capacity(ids.len());
+    let mut rest = ids;
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
+        rest = tail;
+        let list = placeholders(1, chunk.len());
+        let p: Vec<Param<'_>> = chunk.iter().map(|id| Param::Text(id)).collect();
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id IN {list}");
+        let mut rows = query_all(conn, &sql, &p, decode_agent)?;
+        attach_where(conn, &mut rows, &format!("agent_id IN {list}"), &p)?;
+        out.extend(rows);
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}
+
 pub(crate) fn load_agent(conn: &dyn Db, id: &str) -> StoreResult<Option<AgentRow>> {
     let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
     let mut rows = query_all(conn, &sql, params![id], decode_agent)?;

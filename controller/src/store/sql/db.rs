@@ -72,6 +72,38 @@ macro_rules! params {
 }
 pub(crate) use params;
 
+/// Rows (or ids) one multi-row statement takes at most: a round trip
+/// per row would bound a networked engine by its latency.
+pub(crate) const ROWS_PER_STATEMENT: usize = 64;
+
+/// How many of `left` rows the next multi-row statement takes:
+/// [`ROWS_PER_STATEMENT`], or the largest power of two below (so seven
+/// statement shapes serve every count, and stay in the engines' statement
+/// caches).
+pub(crate) fn chunk_len(left: usize) -> usize {
+    if left >= ROWS_PER_STATEMENT {
+        ROWS_PER_STATEMENT
+    } else {
+        1 << left.max(1).ilog2()
+    }
+}
+
+/// `(?F, ?F+1, …)` for `n` values starting at placeholder `first`: one
+/// row of a multi-row `VALUES`, or an `IN` list.
+pub(crate) fn placeholders(first: usize, n: usize) -> String {
+    let list: Vec<String> = (first..first + n).map(|i| format!("?{i}")).collect();
+    format!("({})", list.join(", "))
+}
+
+/// `(?1, …, ?C), (?C+1, …), …`: `rows` rows of `columns` values each,
+/// for a multi-row `VALUES`.
+pub(crate) fn values_rows(rows: usize, columns: usize) -> String {
+    let rows: Vec<String> = (0..rows)
+        .map(|r| placeholders(r * columns + 1, columns))
+        .collect();
+    rows.join(", ")
+}
+
 /// One column value of a result row.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {

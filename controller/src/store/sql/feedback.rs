@@ -2,7 +2,9 @@
 //! read one page at a time, deleted oldest first by retention.
 
 use super::codec::{FEEDBACK_COLUMNS, canonical_execution_id, decode_feedback, to_db, u64_from_db};
-use super::db::{Db, Param, col, params, query_all, query_first, run, with_row};
+use super::db::{
+    Db, Param, chunk_len, col, params, query_all, query_first, run, values_rows, with_row,
+};
 use crate::store::{
     FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
 };
@@ -168,45 +170,17 @@ fn stored_below(conn: &dyn Db, journal: i64, seq: i64) -> StoreResult<i64> {
 /// Columns of one feedback row in [`insert_sql`].
 const FEEDBACK_INSERT_COLUMNS: usize = 23;
 
-/// Rows per insert at most.
-const INSERT_ROWS: usize = 64;
-
-/// How many of `left` rows the next insert takes: 64 (an agent's whole
-/// batch, one round trip), or the largest power of two below (so seven
-/// statement shapes serve every batch, and stay in the engines' statement
-/// caches).
-fn chunk_len(left: usize) -> usize {
-    if left >= INSERT_ROWS {
-        INSERT_ROWS
-    } else {
-        1 << left.ilog2()
-    }
-}
-
 /// `INSERT` of `rows` feedback rows, each skipped if its (journal, seq)
 /// is stored; returns the seqs it inserted.
 fn insert_sql(rows: usize) -> String {
-    let mut sql = String::from(
+    format!(
         "INSERT INTO feedback (journal, seq, tenant, pack, version, instruction, \
          execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, outcome, \
          reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
-         clock_state, received_ns) VALUES ",
-    );
-    for row in 0..rows {
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        for c in 1..=FEEDBACK_INSERT_COLUMNS {
-            if c > 1 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!("?{}", row * FEEDBACK_INSERT_COLUMNS + c));
-        }
-        sql.push(')');
-    }
-    sql.push_str(" ON CONFLICT (journal, seq) DO NOTHING RETURNING seq");
-    sql
+         clock_state, received_ns) VALUES {} \
+         ON CONFLICT (journal, seq) DO NOTHING RETURNING seq",
+        values_rows(rows, FEEDBACK_INSERT_COLUMNS)
+    )
 }
 
 /// One page, in storage order.

@@ -6,11 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::agents::load_agent;
+use super::agents::{load_agent, load_agents};
 use super::codec::{
     DELIVERY_COLUMNS, decode_delivery, errors_json, targets_from_json, to_db, u64_from_db, with_row,
 };
-use super::db::{Db, Param, Row, col, params, query_all, run};
+use super::db::{Db, Param, Row, chunk_len, col, params, query_all, run, values_rows};
 use crate::planner;
 use crate::store::{
     AgentRow, AnswerRow, Binding, DeliveryRow, Held, HeldPackRow, PackKey, PackTargets,
@@ -81,52 +81,85 @@ fn load_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<Option<Delive
     .pop())
 }
 
-pub(crate) fn store_row(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<()> {
-    let refused_errors = match &d.refusal {
-        Some(r) => Some(errors_json(&r.errors)?),
-        None => None,
-    };
-    let held_version = d
-        .held
-        .map(|h| to_db(h.version, "held version"))
-        .transpose()?;
-    let refused_version = d
-        .refusal
-        .as_ref()
-        .map(|r| to_db(r.version, "refused version"))
-        .transpose()?;
-    let version = to_db(d.version, "version")?;
-    run(
-        conn,
-        "store a delivery",
+/// Columns of one delivery row in [`upsert_sql`].
+const DELIVERY_UPSERT_COLUMNS: usize = 15;
+
+/// `INSERT` of `rows` delivery rows, each replacing the stored row of its
+/// (agent, pack).
+fn upsert_sql(rows: usize) -> String {
+    format!(
         "INSERT INTO deliveries (agent_id, tenant, pack, version, intent, held_version, \
          held_stopped, refused_version, refused_last, refused_message, refused_errors, state, \
-         reason, attempts, updated_ns) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+         reason, attempts, updated_ns) VALUES {} \
          ON CONFLICT (agent_id, tenant, pack) DO UPDATE SET version = excluded.version, \
          intent = excluded.intent, held_version = excluded.held_version, \
          held_stopped = excluded.held_stopped, refused_version = excluded.refused_version, \
          refused_last = excluded.refused_last, refused_message = excluded.refused_message, \
          refused_errors = excluded.refused_errors, state = excluded.state, \
          reason = excluded.reason, attempts = excluded.attempts, updated_ns = excluded.updated_ns",
-        params![
-            d.agent_id,
-            d.tenant,
-            d.pack,
-            version,
-            d.intent.as_str(),
+        values_rows(rows, DELIVERY_UPSERT_COLUMNS)
+    )
+}
+
+/// Writes `rows` (each (agent, pack) at most once), several per
+/// statement: a push planned for thousands of agents is a few dozen
+/// statements, not one per agent.
+pub(crate) fn store_rows(conn: &dyn Db, rows: &[DeliveryRow]) -> StoreResult<()> {
+    // Every value checked and converted before anything is written.
+    let mut owned = Vec::with_capacity(rows.len());
+    for d in rows {
+        let refused_errors = match &d.refusal {
+            Some(r) => Some(errors_json(&r.errors)?),
+            None => None,
+        };
+        let held_version = d
+            .held
+            .map(|h| to_db(h.version, "held version"))
+            .transpose()?;
+        let refused_version = d
+            .refusal
+            .as_ref()
+            .map(|r| to_db(r.version, "refused version"))
+            .transpose()?;
+        owned.push((
+            to_db(d.version, "version")?,
             held_version,
-            d.held.map(|h| i64::from(h.stopped)),
             refused_version,
-            d.refusal.as_ref().map(|r| i64::from(r.last)),
-            d.refusal.as_ref().map(|r| r.message.as_str()),
             refused_errors,
-            d.state.as_str(),
-            d.reason,
-            i64::from(d.attempts),
-            d.updated_ns
-        ],
-    )?;
+        ));
+    }
+    let all: Vec<(&DeliveryRow, _)> = rows.iter().zip(owned).collect();
+    let mut rest = all.as_slice();
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
+        rest = tail;
+        let mut values: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * DELIVERY_UPSERT_COLUMNS);
+        for (d, (version, held_version, refused_version, refused_errors)) in chunk {
+            values.extend([
+                Param::Text(&d.agent_id),
+                Param::Text(&d.tenant),
+                Param::Text(&d.pack),
+                Param::Int(*version),
+                Param::Text(d.intent.as_str()),
+                held_version.map_or(Param::Null, Param::Int),
+                d.held
+                    .map_or(Param::Null, |h| Param::Int(i64::from(h.stopped))),
+                refused_version.map_or(Param::Null, Param::Int),
+                d.refusal
+                    .as_ref()
+                    .map_or(Param::Null, |r| Param::Int(i64::from(r.last))),
+                d.refusal
+                    .as_ref()
+                    .map_or(Param::Null, |r| Param::Text(&r.message)),
+                refused_errors.as_deref().map_or(Param::Null, Param::Text),
+                Param::Text(d.state.as_str()),
+                Param::Text(&d.reason),
+                Param::Int(i64::from(d.attempts)),
+                Param::Int(d.updated_ns),
+            ]);
+        }
+        run(conn, "store deliveries", &upsert_sql(chunk.len()), &values)?;
+    }
     Ok(())
 }
 
@@ -140,34 +173,50 @@ fn delete_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<()> {
     Ok(())
 }
 
-/// Plans (agent, key) from `row` and `held`; writes and collects the row
-/// when it changed.
-#[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
-fn replan(
-    conn: &dyn Db,
-    agent: &AgentRow,
-    key: &PackKey,
-    pack: Option<&PackTargets>,
-    row: Option<&DeliveryRow>,
-    held: Option<Held>,
-    binding: Binding,
-    at_ns: i64,
-    changed: &mut Vec<DeliveryRow>,
-) -> StoreResult<()> {
-    match planner::plan(agent, key, pack, row, held, binding, at_ns) {
-        Some(next) => {
-            if row != Some(&next) {
-                store_row(conn, &next)?;
-                changed.push(next);
+/// What a round of decisions changes, written at its end in a few
+/// statements ([`Decisions::write`]).
+#[derive(Default)]
+struct Decisions {
+    changed: Vec<DeliveryRow>,
+    gone: Vec<(String, PackKey)>,
+}
+
+impl Decisions {
+    /// Plans (agent, key) from `row` and `held`; keeps the row when it
+    /// changed.
+    #[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
+    fn plan(
+        &mut self,
+        agent: &AgentRow,
+        key: &PackKey,
+        pack: Option<&PackTargets>,
+        row: Option<&DeliveryRow>,
+        held: Option<Held>,
+        binding: Binding,
+        at_ns: i64,
+    ) {
+        match planner::plan(agent, key, pack, row, held, binding, at_ns) {
+            Some(next) => {
+                if row != Some(&next) {
+                    self.changed.push(next);
+                }
             }
-        }
-        None => {
-            if row.is_some() {
-                delete_row(conn, &agent.id, key)?;
+            None => {
+                if row.is_some() {
+                    self.gone.push((agent.id.clone(), key.clone()));
+                }
             }
         }
     }
-    Ok(())
+
+    /// Writes the decisions; the rows that changed.
+    fn write(self, conn: &dyn Db) -> StoreResult<Vec<DeliveryRow>> {
+        for (id, key) in &self.gone {
+            delete_row(conn, id, key)?;
+        }
+        store_rows(conn, &self.changed)?;
+        Ok(self.changed)
+    }
 }
 
 /// Re-plans every pack that may concern `agent` (as stored now: its
@@ -195,7 +244,7 @@ pub(crate) fn replan_agent(
     if let Some(h) = &held {
         keys.extend(h.keys());
     }
-    let mut changed = Vec::new();
+    let mut decisions = Decisions::default();
     for key in keys {
         let row = rows.get(key);
         let h = match &held {
@@ -208,19 +257,9 @@ pub(crate) fn replan_agent(
             // still say it is not this agent's.
             None => load_pack_targets(conn, key)?,
         };
-        replan(
-            conn,
-            agent,
-            key,
-            pack.as_ref(),
-            row,
-            h,
-            binding,
-            at_ns,
-            &mut changed,
-        )?;
+        decisions.plan(agent, key, pack.as_ref(), row, h, binding, at_ns);
     }
-    Ok(changed)
+    decisions.write(conn)
 }
 
 /// Agents a pack's targets may match (a superset; ids the store does not
@@ -278,26 +317,14 @@ pub(crate) fn replan_pack(
     {
         ids.extend(candidates(conn, key, &p.targets, binding)?);
     }
-    let mut changed = Vec::new();
-    for id in ids {
-        let Some(agent) = load_agent(conn, &id)? else {
-            continue;
-        };
-        let row = rows.get(&id);
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut decisions = Decisions::default();
+    for agent in load_agents(conn, &ids)? {
+        let row = rows.get(&agent.id);
         let held = row.and_then(|r| r.held);
-        replan(
-            conn,
-            &agent,
-            key,
-            pack.as_ref(),
-            row,
-            held,
-            binding,
-            at_ns,
-            &mut changed,
-        )?;
+        decisions.plan(&agent, key, pack.as_ref(), row, held, binding, at_ns);
     }
-    Ok(changed)
+    decisions.write(conn)
 }
 
 /// Re-plans one (agent, pack) after the agent's answer.
@@ -324,7 +351,7 @@ pub(crate) fn replan_answer(
         a.at_ns,
     );
     match &next {
-        Some(n) if *n != row => store_row(conn, n)?,
+        Some(n) if *n != row => store_rows(conn, std::slice::from_ref(n))?,
         Some(_) => {}
         None => delete_row(conn, &a.agent_id, &a.key)?,
     }
