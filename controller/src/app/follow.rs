@@ -15,6 +15,7 @@
 //! A follower reads rows as they are when it reads them: a delivery that
 //! went pending → acked in between is seen acked twice.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use tokio::sync::watch;
 use super::events::{AgentEvent, AgentEventKind, Event};
 use super::hub::SessionCmd;
 use super::{App, now_ns};
-use crate::model::{EventKind, EventRow, PackKey};
+use crate::model::{DeliveryRow, EventKind, EventRow, PackKey};
 use crate::store::{FeedbackFilter, MAX_PAGE, StoreResult};
 
 /// Events queued for the store at most; past it they are dropped and
@@ -153,8 +154,9 @@ async fn follow_from(app: Arc<App>, mut at: Option<Cursor>, mut stop: watch::Rec
 async fn step(app: &App, me: &str, mut at: Cursor) -> StoreResult<Cursor> {
     loop {
         let page = app.store.events_after(at.events, MAX_PAGE).await?;
+        let rows = rows_told(app, me, &page).await?;
         for e in &page {
-            told(app, me, e).await?;
+            told(app, me, e, &rows).await?;
             at.events = e.id;
         }
         if page.len() < MAX_PAGE as usize {
@@ -187,23 +189,68 @@ async fn step(app: &App, me: &str, mut at: Cursor) -> StoreResult<Cursor> {
     Ok(at)
 }
 
+/// Whether a delivery event goes to a stream here: another replica's
+/// change to an agent streaming to this one.
+fn for_a_stream(app: &App, me: &str, e: &EventRow) -> bool {
+    e.replica != me && app.hub.is_connected(&e.agent_id)
+}
+
+/// The delivery rows a page of events names that someone here is told of
+/// (a stream, or watchers), as they are now, read in a few queries.
+async fn rows_told(
+    app: &App,
+    me: &str,
+    page: &[EventRow],
+) -> StoreResult<HashMap<(String, PackKey), DeliveryRow>> {
+    let watched = app.watched();
+    let pairs: Vec<(String, PackKey)> = page
+        .iter()
+        .filter(|e| e.kind == EventKind::Delivery && (watched || for_a_stream(app, me, e)))
+        .map(|e| {
+            (
+                e.agent_id.clone(),
+                PackKey::new(e.tenant.clone(), e.pack.clone()),
+            )
+        })
+        .collect();
+    if pairs.is_empty() {
+        return Ok(HashMap::new());
+    }
+    Ok(app
+        .store
+        .deliveries_of(&pairs)
+        .await?
+        .into_iter()
+        .map(|r| ((r.agent_id.clone(), r.key()), r))
+        .collect())
+}
+
 /// Acts on one event: another replica's change to an agent streaming here
-/// goes to its stream; every event to the watchers here.
-async fn told(app: &App, me: &str, e: &EventRow) -> StoreResult<()> {
+/// goes to its stream; every event to the watchers here. `rows`: the
+/// page's delivery rows ([`rows_told`]).
+async fn told(
+    app: &App,
+    me: &str,
+    e: &EventRow,
+    rows: &HashMap<(String, PackKey), DeliveryRow>,
+) -> StoreResult<()> {
     let watched = app.watched();
     match e.kind {
         EventKind::Delivery => {
-            let stream = e.replica != me && app.hub.is_connected(&e.agent_id);
+            let stream = for_a_stream(app, me, e);
             if !stream && !watched {
                 return Ok(());
             }
-            let key = PackKey::new(e.tenant.clone(), e.pack.clone());
-            let row = app
-                .store
-                .deliveries_of_agent(&e.agent_id)
-                .await?
-                .into_iter()
-                .find(|r| r.key() == key);
+            let pair = (
+                e.agent_id.clone(),
+                PackKey::new(e.tenant.clone(), e.pack.clone()),
+            );
+            let row = match rows.get(&pair) {
+                Some(r) => Some(r.clone()),
+                // Not read with the page (a watcher came meanwhile), or
+                // gone: asked alone.
+                None => app.store.deliveries_of(&[pair]).await?.pop(),
+            };
             let Some(row) = row else {
                 return Ok(());
             };

@@ -1598,6 +1598,39 @@ pub(crate) async fn a_push_to_many_agents_plans_each(s: &dyn Store, binding: Bin
     );
 }
 
+/// The rows of named (agent, pack) pairs: those stored, each once, what
+/// `deliveries_of_agent` says of them; a pair without a row is left out.
+pub(crate) async fn deliveries_of_pairs(s: &dyn Store, _: Binding) {
+    let ids: Vec<String> = (0..70).map(|i| format!("d{i:02}")).collect();
+    for id in &ids {
+        s.agent_hello(hello_in(id, &["t"], &[], 1)).await.unwrap();
+    }
+    let all: Vec<&str> = ids.iter().map(String::as_str).collect();
+    push(s, pack("t", "p", 1, to_ids(&all)), 10).await;
+    push(s, pack("t", "q", 1, to_ids(&all[..3])), 10).await;
+    s.answer(ack("d01", &key("t", "p"), 1, 20)).await.unwrap();
+
+    let mut pairs: Vec<(String, PackKey)> =
+        ids.iter().map(|id| (id.clone(), key("t", "p"))).collect();
+    pairs.push(("d01".into(), key("t", "q")));
+    pairs.push(("d01".into(), key("t", "p"))); // twice
+    pairs.push(("d69".into(), key("t", "q"))); // no row
+    pairs.push(("nobody".into(), key("t", "p"))); // no agent
+    let mut got = s.deliveries_of(&pairs).await.unwrap();
+    got.sort_by(|a, b| (&a.agent_id, a.key()).cmp(&(&b.agent_id, b.key())));
+    let mut want = Vec::new();
+    for id in &ids {
+        for r in s.deliveries_of_agent(id).await.unwrap() {
+            if r.key() == key("t", "p") || (id == "d01" && r.key() == key("t", "q")) {
+                want.push(r);
+            }
+        }
+    }
+    assert_eq!(got.len(), 71);
+    assert_eq!(got, want);
+    assert_eq!(s.deliveries_of(&[]).await.unwrap(), []);
+}
+
 pub(crate) async fn deliveries_of_pack_paging(s: &dyn Store, _: Binding) {
     let k = key("t", "p");
     let agents = ["a1", "a2", "a3", "a4", "a5"];
@@ -2916,6 +2949,7 @@ macro_rules! contract_suite {
             answers: [tenants, open];
             deliveries_of_pack_paging: [tenants];
             a_push_to_many_agents_plans_each: [tenants, open];
+            deliveries_of_pairs: [tenants];
             delivery_counts: [tenants];
             feedback_stored_once: [tenants];
             feedback_drops_on_a_resent_entry: [tenants];

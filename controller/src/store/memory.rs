@@ -553,6 +553,18 @@ impl Store for MemoryStore {
         self.read(|s| Ok(s.rows_of(id)))
     }
 
+    async fn deliveries_of(&self, pairs: &[(String, PackKey)]) -> StoreResult<Vec<DeliveryRow>> {
+        self.read(|s| {
+            let mut rows: Vec<DeliveryRow> = pairs
+                .iter()
+                .filter_map(|p| s.deliveries.get(p).cloned())
+                .collect();
+            rows.sort_by(|a, b| (&a.agent_id, a.key()).cmp(&(&b.agent_id, b.key())));
+            rows.dedup_by(|a, b| a.agent_id == b.agent_id && a.key() == b.key());
+            Ok(rows)
+        })
+    }
+
     async fn deliveries_of_pack(
         &self,
         key: &PackKey,

@@ -334,6 +334,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn answer(&self, answer: AnswerRow) -> StoreResult<Option<DeliveryRow>>;
     /// Deliveries of one agent, by tenant and pack.
     async fn deliveries_of_agent(&self, id: &str) -> StoreResult<Vec<DeliveryRow>>;
+    /// The stored rows of these (agent, pack) pairs (a pair without one
+    /// is left out), in no set order: what a replica following the
+    /// others' events reads for a page of them, a few queries where one
+    /// per row would make a push to thousands of agents on other replicas
+    /// thousands of round trips.
+    async fn deliveries_of(&self, pairs: &[(String, PackKey)]) -> StoreResult<Vec<DeliveryRow>>;
     /// One page of the deliveries of one pack about `version` (`None`: any
     /// version), by agent, after `after_agent`.
     async fn deliveries_of_pack(

@@ -2,28 +2,43 @@
 //! by the others in id order (see the `events` migration).
 
 use super::codec::u64_from_db;
-use super::db::{Db, Row, col, params, query_all, query_first, run, with_row};
+use super::db::{
+    Db, Param, Row, chunk_len, col, params, query_all, query_first, run, values_rows, with_row,
+};
 use crate::store::{EventKind, EventRow, MAX_PAGE, StoreError, StoreResult, page};
 
 pub(crate) const DELETE_EVENTS: &str = "DELETE FROM events WHERE id IN \
      (SELECT id FROM events WHERE at_ns < ?1 ORDER BY id LIMIT ?2)";
 
+/// Several events per statement (in order: their ids follow it): a push
+/// to thousands of agents relays thousands of delivery changes.
 pub(crate) fn put_events(conn: &dyn Db, rows: &[EventRow]) -> StoreResult<()> {
-    for e in rows {
+    const COLUMNS: usize = 7;
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
+        rest = tail;
+        let mut values: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * COLUMNS);
+        for e in chunk {
+            values.extend([
+                Param::Text(&e.replica),
+                Param::Text(e.kind.as_str()),
+                Param::Text(&e.agent_id),
+                Param::Text(&e.tenant),
+                Param::Text(&e.pack),
+                Param::Text(&e.detail),
+                Param::Int(e.at_ns),
+            ]);
+        }
         run(
             conn,
-            "store an event",
-            "INSERT INTO events (replica, kind, agent_id, tenant, pack, detail, at_ns) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                e.replica,
-                e.kind.as_str(),
-                e.agent_id,
-                e.tenant,
-                e.pack,
-                e.detail,
-                e.at_ns
-            ],
+            "store events",
+            &format!(
+                "INSERT INTO events (replica, kind, agent_id, tenant, pack, detail, at_ns) \
+                 VALUES {}",
+                values_rows(chunk.len(), COLUMNS)
+            ),
+            &values,
         )?;
     }
     Ok(())

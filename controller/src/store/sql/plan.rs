@@ -68,6 +68,37 @@ pub(crate) fn rows_of_agent(conn: &dyn Db, id: &str) -> StoreResult<Vec<Delivery
     query_all(conn, &sql, params![id], decode_delivery)
 }
 
+/// The stored rows of these (agent, pack) pairs (each once), a few dozen
+/// pairs per statement.
+pub(crate) fn rows_of_pairs(
+    conn: &dyn Db,
+    pairs: &[(String, PackKey)],
+) -> StoreResult<Vec<DeliveryRow>> {
+    let mut out = Vec::with_capacity(pairs.len());
+    let mut rest = pairs;
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
+        rest = tail;
+        let p: Vec<Param<'_>> = chunk
+            .iter()
+            .flat_map(|(id, k)| {
+                [
+                    Param::Text(id),
+                    Param::Text(&k.tenant),
+                    Param::Text(&k.pack),
+                ]
+            })
+            .collect();
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries \
+             WHERE (agent_id, tenant, pack) IN (VALUES {})",
+            values_rows(chunk.len(), 3)
+        );
+        out.extend(query_all(conn, &sql, &p, decode_delivery)?);
+    }
+    Ok(out)
+}
+
 fn load_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
     let sql = format!(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3"

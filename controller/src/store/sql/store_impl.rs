@@ -231,6 +231,14 @@ impl<E: Engine> Store for E {
         self.read(move |conn| plan::rows_of_agent(conn, &id)).await
     }
 
+    async fn deliveries_of(&self, pairs: &[(String, PackKey)]) -> StoreResult<Vec<DeliveryRow>> {
+        let mut pairs = pairs.to_vec();
+        pairs.sort();
+        pairs.dedup();
+        self.read(move |conn| plan::rows_of_pairs(conn, &pairs))
+            .await
+    }
+
     async fn deliveries_of_pack(
         &self,
         key: &PackKey,
