@@ -28,6 +28,8 @@
 //! of building one: for experiments and profilers), `FLEET_HOLD_S` (after
 //! the rounds, keep every agent connected this long and print the
 //! controller's pid: time to attach gdb, perf or a heap profiler),
+//! `FLEET_TOP_STATEMENTS` (with PostgreSQL: the statements that took
+//! the most server time in each push round),
 //! `FLEET_MODES` (`plain,tls`: the whole bench once per mode, in this
 //! order, each with a fresh controller; `tls` is mTLS with certificates
 //! from the controller's own CA code, one per agent, and a table of the
@@ -563,6 +565,11 @@ async fn push_round(
         Some(s) => Some(s.count().await? as f64 / agents as f64),
         None => None,
     };
+    if let Some(s) = stmts.filter(|_| std::env::var_os("FLEET_TOP_STATEMENTS").is_some()) {
+        for (calls, ms, q) in s.top(12).await? {
+            println!("  push v{version}: {calls:>6} calls {ms:>9.1} ms  {q}");
+        }
+    }
     let mut lat: Vec<i64> = ds.iter().map(|d| d.updated_ns - t0_ns).collect();
     lat.sort_unstable();
     agent_lat.sort_unstable();

@@ -47,6 +47,28 @@ impl Statements {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// The `n` statements that took the most time since the last reset:
+    /// calls, total milliseconds, and the statement's start.
+    pub async fn top(&self, n: i64) -> Result<Vec<(i64, f64, String)>> {
+        let url = self.url.clone();
+        tokio::task::spawn_blocking(move || -> Result<Vec<(i64, f64, String)>> {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls)?;
+            let rows = c.query(
+                "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 90) \
+                 FROM pg_stat_statements \
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND query NOT LIKE '%pg_stat_statements%' \
+                 ORDER BY total_exec_time DESC LIMIT $1",
+                &[&n],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+        .await?
+    }
+
     /// One statement on a connection of its own (the client blocks).
     async fn run(&self, sql: &'static str) -> Result<i64> {
         let url = self.url.clone();

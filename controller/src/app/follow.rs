@@ -15,7 +15,7 @@
 //! A follower reads rows as they are when it reads them: a delivery that
 //! went pending → acked in between is seen acked twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use super::events::{AgentEvent, AgentEventKind, Event};
 use super::hub::SessionCmd;
 use super::{App, now_ns};
-use crate::model::{DeliveryRow, EventKind, EventRow, PackKey};
+use crate::model::{DeliveryRow, EventKind, EventRow, Intent, PackKey, PackVersionRow};
 use crate::store::{FeedbackFilter, MAX_PAGE, StoreResult};
 
 /// Events queued for the store at most; past it they are dropped and
@@ -154,9 +154,9 @@ async fn follow_from(app: Arc<App>, mut at: Option<Cursor>, mut stop: watch::Rec
 async fn step(app: &App, me: &str, mut at: Cursor) -> StoreResult<Cursor> {
     loop {
         let page = app.store.events_after(at.events, MAX_PAGE).await?;
-        let rows = rows_told(app, me, &page).await?;
+        let read = read_told(app, me, &page).await?;
         for e in &page {
-            told(app, me, e, &rows).await?;
+            told(app, me, e, &read).await?;
             at.events = e.id;
         }
         if page.len() < MAX_PAGE as usize {
@@ -195,13 +195,19 @@ fn for_a_stream(app: &App, me: &str, e: &EventRow) -> bool {
     e.replica != me && app.hub.is_connected(&e.agent_id)
 }
 
-/// The delivery rows a page of events names that someone here is told of
-/// (a stream, or watchers), as they are now, read in a few queries.
-async fn rows_told(
-    app: &App,
-    me: &str,
-    page: &[EventRow],
-) -> StoreResult<HashMap<(String, PackKey), DeliveryRow>> {
+/// What a page of events needs read: the delivery rows it names that
+/// someone here is told of (a stream, or watchers), as they are now, and
+/// the text of each version they hold an agent streaming here to.
+#[derive(Default)]
+struct Told {
+    rows: HashMap<(String, PackKey), DeliveryRow>,
+    /// Read once per version, not once per stream: a push through another
+    /// replica to thousands of agents streaming here.
+    texts: HashMap<(PackKey, u64), Arc<PackVersionRow>>,
+}
+
+/// [`Told`] for `page`, in a few queries.
+async fn read_told(app: &App, me: &str, page: &[EventRow]) -> StoreResult<Told> {
     let watched = app.watched();
     let pairs: Vec<(String, PackKey)> = page
         .iter()
@@ -214,26 +220,33 @@ async fn rows_told(
         })
         .collect();
     if pairs.is_empty() {
-        return Ok(HashMap::new());
+        return Ok(Told::default());
     }
-    Ok(app
+    let rows: HashMap<(String, PackKey), DeliveryRow> = app
         .store
         .deliveries_of(&pairs)
         .await?
         .into_iter()
         .map(|r| ((r.agent_id.clone(), r.key()), r))
-        .collect())
+        .collect();
+    let versions: HashSet<(PackKey, u64)> = rows
+        .values()
+        .filter(|r| r.intent == Intent::Hold && app.hub.is_connected(&r.agent_id))
+        .map(|r| (r.key(), r.version))
+        .collect();
+    let mut texts = HashMap::new();
+    for (key, version) in versions {
+        if let Some(t) = app.store.pack_version(&key, Some(version)).await? {
+            texts.insert((key, version), Arc::new(t));
+        }
+    }
+    Ok(Told { rows, texts })
 }
 
 /// Acts on one event: another replica's change to an agent streaming here
 /// goes to its stream; every event to the watchers here. `rows`: the
-/// page's delivery rows ([`rows_told`]).
-async fn told(
-    app: &App,
-    me: &str,
-    e: &EventRow,
-    rows: &HashMap<(String, PackKey), DeliveryRow>,
-) -> StoreResult<()> {
+/// page's reads ([`read_told`]).
+async fn told(app: &App, me: &str, e: &EventRow, read: &Told) -> StoreResult<()> {
     let watched = app.watched();
     match e.kind {
         EventKind::Delivery => {
@@ -245,7 +258,7 @@ async fn told(
                 e.agent_id.clone(),
                 PackKey::new(e.tenant.clone(), e.pack.clone()),
             );
-            let row = match rows.get(&pair) {
+            let row = match read.rows.get(&pair) {
                 Some(r) => Some(r.clone()),
                 // Not read with the page (a watcher came meanwhile), or
                 // gone: asked alone.
@@ -258,11 +271,12 @@ async fn told(
                 app.broadcast(Event::Delivery(app.decorate(row.clone())));
             }
             if stream {
+                let pack = read.texts.get(&(row.key(), row.version)).cloned();
                 app.hub.send(
                     &e.agent_id,
                     SessionCmd::Rows {
                         rows: vec![row],
-                        pack: None,
+                        pack,
                     },
                 );
             }
