@@ -10,7 +10,8 @@ use baton_proto::yaml::{self, Limits};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::exec::ExecPolicy;
+pub use crate::clock::settings::{ClockConfig, DEFAULT_CLOCK_LIMIT, PtpConfig, SystemClock};
+use crate::exec::policy::ExecPolicy;
 use crate::gpio::{Allowlist, BackendSpec};
 use crate::rt::RtConfig;
 
@@ -292,7 +293,7 @@ pub struct AgentConfig {
     /// A plaintext link was allowed (`--insecure`); required for `http://`.
     pub insecure: bool,
     /// The certificate files of an `https://` link.
-    pub tls: Option<crate::link::TlsFiles>,
+    pub tls: Option<crate::link::tls::TlsFiles>,
     /// Labels sent in the link's hello (keys and values checked).
     pub labels: BTreeMap<String, String>,
     /// Most packs held at once (pushes beyond: resource exhausted).
@@ -303,61 +304,6 @@ pub struct AgentConfig {
     pub log_format: baton_service::log::LogFormat,
     /// Where `/metrics` is served (`None`: not served).
     pub metrics: Option<std::net::SocketAddr>,
-}
-
-/// How the agent learns reference time.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClockConfig {
-    /// Admission limit: packs that need absolute time are refused while the
-    /// uncertainty exceeds it.
-    pub limit: Duration,
-    /// What the system clock is.
-    pub system: SystemClock,
-    /// PTP slave, if configured.
-    pub ptp: Option<PtpConfig>,
-    /// NTP servers (`HOST[:PORT]`, checked for shape).
-    pub ntp_servers: Vec<String>,
-    /// Time exchange over the controller link.
-    pub link: bool,
-}
-
-/// Default [`ClockConfig::limit`] (DESIGN.md principle 3).
-pub const DEFAULT_CLOCK_LIMIT: Duration = Duration::from_millis(10);
-
-impl Default for ClockConfig {
-    fn default() -> Self {
-        ClockConfig {
-            limit: DEFAULT_CLOCK_LIMIT,
-            system: SystemClock::Kernel,
-            ptp: None,
-            ntp_servers: Vec::new(),
-            link: true,
-        }
-    }
-}
-
-/// What the system clock (`CLOCK_REALTIME`) is worth as a source.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SystemClock {
-    /// As good as the kernel says (`adjtimex`).
-    Kernel,
-    /// Reference time by the operator's word.
-    Reference,
-    /// Never a source, whatever the kernel says: only PTP, NTP or the link
-    /// count (a box whose clock another tenant sets; tests that must see
-    /// the agent sync).
-    Untrusted,
-}
-
-/// The PTP slave's settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PtpConfig {
-    /// Interface.
-    pub interface: String,
-    /// Domain.
-    pub domain: u8,
-    /// Steer the system clock instead of a virtual one.
-    pub discipline_system_clock: bool,
 }
 
 /// Default [`AgentConfig::arm_horizon`]. The cost of a firing pass is
@@ -894,7 +840,7 @@ pub fn check_tls(
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
     ca: Option<PathBuf>,
-) -> Result<Option<crate::link::TlsFiles>, ConfigError> {
+) -> Result<Option<crate::link::tls::TlsFiles>, ConfigError> {
     let given = cert.is_some() || key.is_some() || ca.is_some();
     let Some(url) = controller.filter(|u| u.starts_with("https://")) else {
         return match (controller, given) {
@@ -918,7 +864,7 @@ pub fn check_tls(
             source: e,
         })?;
     }
-    Ok(Some(crate::link::TlsFiles { cert, key, ca }))
+    Ok(Some(crate::link::tls::TlsFiles { cert, key, ca }))
 }
 
 /// A label as the controller will match it: key and value non-empty, at

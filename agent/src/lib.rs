@@ -21,3 +21,4 @@ pub mod outbox;
 pub mod rt;
 pub mod runtime;
 pub mod simulate;
+pub mod units;

@@ -19,22 +19,7 @@ use tracing::{Event, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 
 use crate::runtime::feedback::{EVENT_TARGET, FIRING_TARGET};
-
-/// A signed duration in ns, readably (`850ns`, `-12.5us`, `3.2ms`,
-/// `16.0s`).
-pub fn fmt_ns(ns: i64) -> String {
-    let a = ns.unsigned_abs();
-    let s = if a < 10_000 {
-        format!("{a}ns")
-    } else if a < 10_000_000 {
-        format!("{:.1}us", a as f64 / 1e3)
-    } else if a < 10_000_000_000 {
-        format!("{:.1}ms", a as f64 / 1e6)
-    } else {
-        format!("{:.1}s", a as f64 / 1e9)
-    };
-    if ns < 0 { format!("-{s}") } else { s }
-}
+use crate::units::fmt_ns;
 
 /// A histogram value (ns) for [`fmt_ns`]; values are bounded by 60 s.
 fn hist_ns(v: u64) -> String {

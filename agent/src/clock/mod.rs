@@ -10,8 +10,10 @@ pub mod driver;
 pub mod estimator;
 pub mod exchange;
 pub mod ntp;
+pub mod port;
 pub mod ptp;
 pub mod sample;
+pub mod settings;
 pub mod system;
 
 use std::sync::atomic::{AtomicI64, Ordering};

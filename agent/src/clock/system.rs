@@ -12,7 +12,7 @@ use nix::time::ClockId;
 
 use super::sample::{Sample, SourceKind};
 use super::{MonoTime, clock_ns};
-use crate::config::SystemClock;
+use crate::clock::settings::SystemClock;
 
 /// What `adjtimex` says of the system clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -59,9 +59,11 @@
 //! the exit is checked every [`FALLBACK_SLICE`] instead — no event exists
 //! there short of a process-wide `SIGCHLD` handler.
 
-mod policy;
+mod error;
+pub mod policy;
 mod sys;
 
+pub use error::ExecError;
 pub use policy::{ExecPolicy, ExecPolicyError};
 
 use std::collections::BTreeMap;
@@ -155,7 +157,7 @@ impl std::fmt::Display for NotStartedReason {
             } => write!(
                 f,
                 "no exec worker was free in time ({} past its start limit)",
-                crate::live::fmt_ns(picked_up.0.saturating_sub(not_after.0))
+                crate::units::fmt_ns(picked_up.0.saturating_sub(not_after.0))
             ),
             NotStartedReason::Withdrawn => {
                 f.write_str("withdrawn (its pack entered its safe state)")
@@ -228,78 +230,6 @@ pub struct ExecResult {
     /// Pool clock once the outcome was known (the child reaped, or the
     /// decision not to start it taken).
     pub finished: MonoTime,
-}
-
-/// Why a request was refused (by [`ExecPolicy::check`] or
-/// [`ExecPool::submit`]; nothing was started).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ExecError {
-    /// The program may not run on this agent.
-    #[error("exec of {program:?} refused: {reason}")]
-    NotAllowed {
-        /// The program as requested.
-        program: String,
-        /// Which rule it broke.
-        reason: String,
-    },
-    /// Environment keys the agent's exec allowlist does not allow for the
-    /// program.
-    #[error("{}", env_not_allowed(.program, .refused, .allowed))]
-    EnvNotAllowed {
-        /// The program.
-        program: String,
-        /// The refused keys, sorted.
-        refused: Vec<String>,
-        /// The keys allowed for the program, sorted.
-        allowed: Vec<String>,
-    },
-    /// An environment entry that can never be passed (malformed, or
-    /// `BATON_*`, which the agent sets itself).
-    #[error("exec of {program:?} refused: environment variable {key:?} {reason}")]
-    BadEnv {
-        /// The program.
-        program: String,
-        /// The variable.
-        key: String,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// An argument with a NUL byte.
-    #[error("exec of {program:?} refused: argument {index} contains a NUL byte")]
-    BadArg {
-        /// The program.
-        program: String,
-        /// Which argument (0-based).
-        index: usize,
-    },
-    /// All workers busy and the queue full: a schedule fires faster than its
-    /// programs finish. Refused rather than queued without bound.
-    #[error("exec queue full ({capacity} waiting): programs finish slower than they are scheduled")]
-    QueueFull {
-        /// Queue capacity.
-        capacity: usize,
-    },
-    /// The pool could not start (no worker thread, no stop pipe) or has stopped.
-    #[error("exec pool unavailable: {0}")]
-    Unavailable(String),
-}
-
-fn env_not_allowed(program: &str, refused: &[String], allowed: &[String]) -> String {
-    let (s, are) = if refused.len() == 1 {
-        ("", "is")
-    } else {
-        ("s", "are")
-    };
-    format!(
-        "exec of {program:?} refused: environment variable{s} {} {are} not allowed for this \
-         program by the agent's exec-allowlist (allowed: {})",
-        refused.join(", "),
-        if allowed.is_empty() {
-            "none".to_owned()
-        } else {
-            allowed.join(", ")
-        }
-    )
 }
 
 struct Job {

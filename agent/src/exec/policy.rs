@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::ExecError;
+use super::error::ExecError;
 
 /// The agent's exec allowlist: program → environment keys a pack may set.
 ///

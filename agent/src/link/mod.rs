@@ -50,7 +50,10 @@ pub mod convert;
 pub mod failover;
 mod relay;
 mod session;
+pub mod tls;
 pub mod watchdog;
+
+pub use tls::TlsFiles;
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
@@ -60,7 +63,7 @@ use std::time::Duration;
 use baton_proto::wire;
 use tokio::sync::{mpsc, watch};
 
-use crate::runtime::ports::Clock;
+use crate::clock::port::Clock;
 
 /// Depth of the link → control channel.
 pub const FROM_LINK_DEPTH: usize = 256;
@@ -224,31 +227,6 @@ impl LinkConfig {
             backoff: backoff::BackoffConfig::default(),
             time_exchange: true,
         }
-    }
-}
-
-/// The PEM files of an mTLS link.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// This agent's certificate.
-    pub cert: std::path::PathBuf,
-    /// Its private key.
-    pub key: std::path::PathBuf,
-    /// The CA that signed the controller's certificate.
-    pub ca: std::path::PathBuf,
-}
-
-impl TlsFiles {
-    /// tonic's client configuration, from the files as they are now.
-    pub fn client_config(&self) -> Result<tonic::transport::ClientTlsConfig, String> {
-        let read =
-            |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-        Ok(tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(read(&self.ca)?))
-            .identity(tonic::transport::Identity::from_pem(
-                read(&self.cert)?,
-                read(&self.key)?,
-            )))
     }
 }
 

@@ -23,9 +23,9 @@ use super::{
     ToLink, convert,
 };
 use crate::clock::exchange::Exchange;
+use crate::clock::port::Clock;
 use crate::clock::sample::SampleSender;
 use crate::clock::{MonoTime, mono_now};
-use crate::runtime::ports::Clock;
 use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 
 /// Messages waiting to enter the request stream (the stream's own channel

@@ -92,14 +92,14 @@ impl Agent {
             if lost {
                 tracing::warn!(
                     "{what}: uncertainty {} exceeds the limit {} ({}); packs that need absolute time are refused, running ones with on_clock_loss: safe_state stop, others continue with each firing's uncertainty in its feedback",
-                    crate::live::fmt_ns(uncertainty),
-                    crate::live::fmt_ns(limit),
+                    crate::units::fmt_ns(uncertainty),
+                    crate::units::fmt_ns(limit),
                     describe(self.clock.status())
                 );
             } else {
                 tracing::info!(
                     "clock back within the limit: uncertainty {}",
-                    crate::live::fmt_ns(uncertainty)
+                    crate::units::fmt_ns(uncertainty)
                 );
             }
         }

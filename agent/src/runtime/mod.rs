@@ -61,7 +61,7 @@ use crate::config::AgentConfig;
 use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
 use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult, NotStartedReason};
 use crate::journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
-use crate::live::fmt_ns;
+use crate::units::fmt_ns;
 use admission::{Admission, AdmissionError, Verdict};
 use arming::{Arming, PendingExec, Ticket};
 use feedback::Tally;

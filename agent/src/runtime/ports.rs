@@ -9,59 +9,12 @@ use std::time::Duration;
 use baton_proto::RefTime;
 use baton_proto::pack::LineRef;
 
+pub use crate::clock::port::Clock;
+
 use crate::clock::MonoTime;
-use crate::clock::driver::EstimatedClock;
-use crate::clock::estimator::Estimate;
 use crate::clock::sample::SampleSender;
 use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, Job, Stats};
 use crate::gpio::{Direction, LineHandle};
-
-/// Reference time and its mapping to the local monotonic clock.
-pub trait Clock: Send + Sync {
-    /// Reference time now.
-    fn now(&self) -> RefTime;
-    /// A reference instant on the local monotonic scale.
-    fn to_mono(&self, t: RefTime) -> MonoTime;
-    /// A monotonic instant on the reference scale.
-    fn to_ref(&self, m: MonoTime) -> RefTime;
-    /// Refresh the estimate; returns a step (ns) if one was detected.
-    fn resample(&self) -> Option<i64>;
-    /// How uncertain the mapping is, ns.
-    fn uncertainty_ns(&self) -> i64;
-    /// The estimate in full (source, state, jitter...), for reports; `None`
-    /// for a clock that is reference time by construction (tests).
-    fn status(&self) -> Option<Estimate> {
-        None
-    }
-    /// Where clock sources (the link's time exchange) send samples.
-    fn samples(&self) -> Option<SampleSender> {
-        None
-    }
-}
-
-impl Clock for EstimatedClock {
-    fn now(&self) -> RefTime {
-        self.shared_ref().now()
-    }
-    fn to_mono(&self, t: RefTime) -> MonoTime {
-        self.shared_ref().to_mono(t)
-    }
-    fn to_ref(&self, m: MonoTime) -> RefTime {
-        self.shared_ref().to_ref(m)
-    }
-    fn resample(&self) -> Option<i64> {
-        self.update()
-    }
-    fn uncertainty_ns(&self) -> i64 {
-        self.shared_ref().uncertainty_ns()
-    }
-    fn status(&self) -> Option<Estimate> {
-        EstimatedClock::status(self)
-    }
-    fn samples(&self) -> Option<SampleSender> {
-        Some(self.sender())
-    }
-}
 
 /// A clock that moves only when told (tests). Reference and monotonic time
 /// coincide; its uncertainty is whatever the test sets (0 at first).

@@ -39,7 +39,7 @@ use timestamped_socket::interface::{InterfaceName, interfaces};
 use tokio::sync::oneshot;
 
 use crate::clock::sample::SampleSender;
-use crate::config::PtpConfig;
+use crate::clock::settings::PtpConfig;
 
 /// How long dropping a [`PtpHandle`] waits for the thread to end before
 /// leaving it behind (it is blocked nowhere but in its own runtime, so it
