@@ -39,7 +39,8 @@ fi
 # Python for the protocol interop test (tests/interop/agent.py, a client
 # generated from the .proto): a venv with grpcio and grpcio-tools from PyPI
 # (Debian's python3-grpc-tools is too old for proto3 `optional`). Made once.
-# Without it that test fails and says why; the rest of the suite runs.
+# Without it that test fails and says why (BATON_REQUIRE_INTEROP below);
+# the rest of the suite runs.
 pyenv=target/pyenv
 if ! "$pyenv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
   python3 -m venv --clear "$pyenv" &&
@@ -48,6 +49,8 @@ if ! "$pyenv/bin/python" -c 'import grpc, grpc_tools' 2>/dev/null; then
     echo "test.sh: could not set up $pyenv (python3, python3-venv, pip)" >&2
 fi
 export BATON_TEST_PYTHON="$PWD/$pyenv/bin/python"
+# Set up above: the interop test fails without it here, never skips.
+export BATON_REQUIRE_INTEROP=1
 # Installed above: a PostgreSQL test that finds no cluster fails, never
 # skips.
 export BATON_REQUIRE_POSTGRES=1

@@ -2,8 +2,9 @@
 //! in one network namespace; a controller and an agent (`--ptp-interface`,
 //! its system clock `untrusted`) in the other. `agents --json` must show
 //! source `ptp`, state `locked` and an offset that is the error (one
-//! physical clock on both ends). Needs the controller binary next to the
-//! agent's (`cargo build --workspace --bins`, as scripts/test.sh does).
+//! physical clock on both ends). The controller binary is built next to
+//! the agent's on demand (`baton_e2e::bin`), so a plain `cargo test
+//! --workspace` on a fresh clone runs it.
 
 mod ptp_netns;
 
@@ -24,14 +25,7 @@ impl Drop for Proc {
 }
 
 fn controller_bin() -> PathBuf {
-    let agent = PathBuf::from(env!("CARGO_BIN_EXE_baton-agent"));
-    let c = agent.with_file_name("baton-controller");
-    assert!(
-        c.is_file(),
-        "{} missing: run `cargo build --workspace --bins` first",
-        c.display()
-    );
-    c
+    baton_e2e::bin("baton-controller")
 }
 
 fn in_ns(ns: &str, bin: &Path) -> Command {

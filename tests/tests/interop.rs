@@ -10,7 +10,9 @@
 //!
 //! Needs a Python with grpcio and grpcio-tools: `BATON_TEST_PYTHON`, else
 //! `target/pyenv/bin/python`, which `scripts/test.sh` (the README's test
-//! command) makes. Without it the test fails, saying so: it never skips.
+//! command) makes, and it sets `BATON_REQUIRE_INTEROP=1`: there a missing
+//! Python fails the test. A plain `cargo test --workspace` without one
+//! skips it and says how to get it.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -23,29 +25,45 @@ const WAIT: Duration = Duration::from_secs(30);
 const AGENT: &str = "py-agent";
 const PACK: &str = "py-pack";
 
-/// The Python interpreter with grpcio, or a failure that says how to get it.
-fn python() -> PathBuf {
+/// The Python interpreter with grpcio; `None` (having said how to get
+/// one) where it is missing and not required.
+fn python() -> Option<PathBuf> {
+    let required = std::env::var("BATON_REQUIRE_INTEROP").as_deref() == Ok("1");
+    match find_python() {
+        Ok(py) => Some(py),
+        Err(why) if required => panic!("{why} (BATON_REQUIRE_INTEROP=1)"),
+        Err(why) => {
+            eprintln!("SKIP interop: {why}");
+            None
+        }
+    }
+}
+
+/// The Python interpreter with grpcio, or what is missing and how to get it.
+fn find_python() -> Result<PathBuf, String> {
     let py = std::env::var_os("BATON_TEST_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target/pyenv/bin/python"));
     let hint = "scripts/test.sh (the README's test command) makes a venv in target/pyenv \
                 with grpcio and grpcio-tools; or set BATON_TEST_PYTHON to a Python that has them";
-    assert!(
-        py.exists(),
-        "no Python for the interop test at {}: {hint}",
-        py.display()
-    );
+    if !py.exists() {
+        return Err(format!(
+            "no Python for the interop test at {}: {hint}",
+            py.display()
+        ));
+    }
     let o = run(
         Command::new(&py).args(["-c", "import grpc, grpc_tools"]),
         WAIT,
     );
-    assert!(
-        o.status.success(),
-        "{} cannot import grpc / grpc_tools: {}\n{hint}",
-        py.display(),
-        String::from_utf8_lossy(&o.stderr).trim()
-    );
-    py
+    if !o.status.success() {
+        return Err(format!(
+            "{} cannot import grpc / grpc_tools: {}\n{hint}",
+            py.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    Ok(py)
 }
 
 #[test]
@@ -61,7 +79,9 @@ fn a_python_agent_speaks_the_link_protocol_over_mtls() {
 
 fn interop(tls: bool) {
     let started = Instant::now();
-    let py = python();
+    let Some(py) = python() else {
+        return; // missing and not required: `python` said so
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let mut tls_args: Vec<std::ffi::OsString> = Vec::new();
     let c = if tls {
