@@ -304,6 +304,14 @@ fn run_mode(
         ended.push((i, stopped, noisy));
     }
     drop(bare_dir);
+    if r.is_err() {
+        // What the controllers said before their directories go.
+        for (i, _, noisy) in &ended {
+            for l in noisy.iter().rev().take(10).rev() {
+                eprintln!("controller {i}: {l}");
+            }
+        }
+    }
     let report = r?;
     for (i, stopped, noisy) in ended {
         println!(
