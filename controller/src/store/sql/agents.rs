@@ -3,9 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::codec::{CLOCK_COLUMNS, decode_clock, from_json, to_json, u64_from_db, with_row};
-use super::db::{
-    Db, Param, Row, chunk_len, col, params, placeholders, query_all, query_first, run,
-};
+use super::db::{Db, Param, Row, chunks, col, params, placeholders, query_all, query_first, run};
 use crate::store::{
     AgentFilter, AgentRow, ClockRow, HelloRow, LabelOverrides, MAX_PAGE, StoreError, StoreResult,
     page,
@@ -117,15 +115,12 @@ fn attach_where(
 }
 
 /// The agents with these ids (unknown ids skipped), in id order: three
-/// statements per [`chunk_len`] ids, where [`load_agent`] one by one is
-/// three per agent (a push to thousands of agents is planned in one
+/// statements per run of ids ([`chunks`]), where [`load_agent`] one by
+/// one is three per agent (a push to thousands of agents is planned in one
 /// transaction; on a networked engine each statement is a round trip).
 pub(crate) fn load_agents(conn: &dyn Db, ids: &[&str]) -> StoreResult<Vec<AgentRow>> {
     let mut out = Vec::with_capacity(ids.len());
-    let mut rest = ids;
-    while !rest.is_empty() {
-        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
-        rest = tail;
+    for chunk in chunks(ids) {
         let list = placeholders(1, chunk.len());
         let p: Vec<Param<'_>> = chunk.iter().map(|id| Param::Text(id)).collect();
         let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id IN {list}");

@@ -80,12 +80,26 @@ pub(crate) const ROWS_PER_STATEMENT: usize = 64;
 /// [`ROWS_PER_STATEMENT`], or the largest power of two below (so seven
 /// statement shapes serve every count, and stay in the engines' statement
 /// caches).
-pub(crate) fn chunk_len(left: usize) -> usize {
+fn chunk_len(left: usize) -> usize {
     if left >= ROWS_PER_STATEMENT {
         ROWS_PER_STATEMENT
     } else {
         1 << left.max(1).ilog2()
     }
+}
+
+/// `items` in order, cut into the runs one multi-row statement each takes
+/// ([`chunk_len`]); none of an empty slice.
+pub(crate) fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
+        rest = tail;
+        Some(chunk)
+    })
 }
 
 /// `(?F, ?F+1, …)` for `n` values starting at placeholder `first`: one

@@ -3,7 +3,7 @@
 
 use super::codec::u64_from_db;
 use super::db::{
-    Db, Param, Row, chunk_len, col, params, query_all, query_first, run, values_rows, with_row,
+    Db, Param, Row, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
 use crate::store::{EventKind, EventRow, MAX_PAGE, StoreError, StoreResult, page};
 
@@ -14,10 +14,7 @@ pub(crate) const DELETE_EVENTS: &str = "DELETE FROM events WHERE id IN \
 /// to thousands of agents relays thousands of delivery changes.
 pub(crate) fn put_events(conn: &dyn Db, rows: &[EventRow]) -> StoreResult<()> {
     const COLUMNS: usize = 7;
-    let mut rest = rows;
-    while !rest.is_empty() {
-        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
-        rest = tail;
+    for chunk in chunks(rows) {
         let mut values: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * COLUMNS);
         for e in chunk {
             values.extend([

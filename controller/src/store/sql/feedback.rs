@@ -3,7 +3,7 @@
 
 use super::codec::{FEEDBACK_COLUMNS, canonical_execution_id, decode_feedback, to_db, u64_from_db};
 use super::db::{
-    Db, Param, chunk_len, col, params, query_all, query_first, run, values_rows, with_row,
+    Db, Param, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
 use crate::store::{
     FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
@@ -83,11 +83,8 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
     }
     // Several rows per statement: a round trip each would bound a
     // networked engine's ingest by its latency.
-    let mut rest = fresh.as_slice();
-    while !rest.is_empty() {
-        let n = chunk_len(rest.len());
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
+    for chunk in chunks(&fresh) {
+        let n = chunk.len();
         let mut values: Vec<Param<'_>> = Vec::with_capacity(n * FEEDBACK_INSERT_COLUMNS);
         for &(r, seq, version, dropped_before) in chunk {
             // Most ids are their row's canonical form: not stored twice.

@@ -10,7 +10,7 @@ use super::agents::{load_agent, load_agents};
 use super::codec::{
     DELIVERY_COLUMNS, decode_delivery, errors_json, targets_from_json, to_db, u64_from_db, with_row,
 };
-use super::db::{Db, Param, Row, chunk_len, col, params, query_all, run, values_rows};
+use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
 use crate::planner;
 use crate::store::{
     AgentRow, AnswerRow, Binding, DeliveryRow, Held, HeldPackRow, PackKey, PackTargets,
@@ -75,10 +75,7 @@ pub(crate) fn rows_of_pairs(
     pairs: &[(String, PackKey)],
 ) -> StoreResult<Vec<DeliveryRow>> {
     let mut out = Vec::with_capacity(pairs.len());
-    let mut rest = pairs;
-    while !rest.is_empty() {
-        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
-        rest = tail;
+    for chunk in chunks(pairs) {
         let p: Vec<Param<'_>> = chunk
             .iter()
             .flat_map(|(id, k)| {
@@ -160,10 +157,7 @@ pub(crate) fn store_rows(conn: &dyn Db, rows: &[DeliveryRow]) -> StoreResult<()>
         ));
     }
     let all: Vec<(&DeliveryRow, _)> = rows.iter().zip(owned).collect();
-    let mut rest = all.as_slice();
-    while !rest.is_empty() {
-        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
-        rest = tail;
+    for chunk in chunks(&all) {
         let mut values: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * DELIVERY_UPSERT_COLUMNS);
         for (d, (version, held_version, refused_version, refused_errors)) in chunk {
             values.extend([
