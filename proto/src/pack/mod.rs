@@ -54,13 +54,14 @@ mod lines;
 mod live;
 mod model;
 mod occurrence;
+pub mod rollout;
 #[cfg(feature = "schema")]
 pub mod schema;
 
 pub use dag::{dependents, upstream};
 pub use decode::{
     ACTIONS, DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MAX_ATTEMPTS, MAX_ID_LEN, MAX_INSTRUCTIONS,
-    MIN_MAX_LATENESS, MIN_PERIOD, check_ident, is_ident,
+    MAX_STAGES, MIN_MAX_LATENESS, MIN_PERIOD, check_ident, is_ident,
 };
 pub use error::{PackError, PackErrors};
 pub use model::*;

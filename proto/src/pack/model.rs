@@ -48,6 +48,9 @@ pub struct Pack {
     pub shared_lines: Vec<LineRef>,
     /// Instructions in pack order (the order breaks priority ties).
     pub instructions: Vec<Instruction>,
+    /// How the controller gives this version to the fleet (`None`: to
+    /// every target at once). The agent ignores it.
+    pub rollout: Option<super::rollout::Rollout>,
 }
 
 impl Pack {

@@ -61,6 +61,128 @@ struct PackDoc {
     shared_lines: Option<Vec<SharedLineDoc>>,
     /// What to do, and when.
     instructions: Vec<InstructionDoc>,
+    /// Give the version to the targets stage by stage (controller only;
+    /// agents ignore it). Absent: to every target at once.
+    rollout: Option<RolloutDoc>,
+}
+
+/// Stages, how each is watched, and what ends the rollout.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct RolloutDoc {
+    /// Cumulative shares, canaries (label `canary=true`) first; the last
+    /// must be `{percent: 100}`.
+    stages: Vec<StageDoc>,
+    /// How long each stage is watched after its last agent acked (default 5m).
+    soak: Option<DurationText>,
+    /// Settled firings a stage needs before it can pass (default 1).
+    #[schemars(range(min = 0))]
+    min_firings: Option<u64>,
+    /// Thresholds that fail a stage (and abort the rollout) once crossed.
+    abort_if: Option<AbortIfDoc>,
+    /// `absolute` (default) or `baseline`: lateness and offset against the
+    /// agents still on the old version, same window.
+    compare: Option<CompareDoc>,
+    /// What a stage still undecided this long after its start does.
+    stage_deadline: Option<StageDeadlineDoc>,
+    /// Stages start only inside one of these windows.
+    windows: Option<Vec<WindowDoc>>,
+    /// `on_arrival` (default) or `together`: a stage's agents switch at one instant.
+    activate: Option<ActivateDoc>,
+    /// `rollback` (default: the previous content again, as a higher
+    /// version) or `safe_state` (the new version cancelled).
+    on_abort: Option<OnAbortDoc>,
+}
+
+/// A stage's cumulative share: `{agents: N}` or `{percent: P}`.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct StageDoc {
+    /// This many agents in all.
+    #[schemars(range(min = 1))]
+    agents: Option<u64>,
+    /// This percentage of the targets, rounded up.
+    #[schemars(range(min = 0.0, max = 100.0))]
+    percent: Option<f64>,
+}
+
+/// Each threshold given fails a stage once crossed.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct AbortIfDoc {
+    /// Failed firings, percent of settled ones.
+    #[schemars(range(min = 0.0, max = 100.0))]
+    failed_percent: Option<f64>,
+    /// Firings whose outcome is unknown.
+    unknown: Option<u64>,
+    /// Start lateness p99 (over the baseline's with `compare: baseline`).
+    lateness_p99: Option<DurationText>,
+    /// Largest clock offset of the cohort (over the baseline's with `compare: baseline`).
+    offset: Option<DurationText>,
+}
+
+/// How thresholds on lateness and offset are read.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum CompareDoc {
+    Absolute,
+    Baseline,
+}
+
+/// A stage's deadline.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct StageDeadlineDoc {
+    /// From the stage's start.
+    after: DurationText,
+    /// `pause` (default), `abort` or `skip_offline`.
+    then: Option<DeadlineDoc>,
+}
+
+/// What an undecided stage does at its deadline.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum DeadlineDoc {
+    Pause,
+    Abort,
+    SkipOffline,
+}
+
+/// A window: from each firing of `cron` (in `tz`) for `duration`.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct WindowDoc {
+    /// Cron expression, seconds first.
+    cron: String,
+    /// How long each window stays open.
+    duration: DurationText,
+    /// IANA zone (default: the pack's `timezone`).
+    tz: Option<String>,
+}
+
+/// When a stage's agents start the new version.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum ActivateDoc {
+    OnArrival,
+    Together,
+}
+
+/// What an abort does to the agents that got the new version.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum OnAbortDoc {
+    Rollback,
+    SafeState,
 }
 
 /// Agents by id, or by labels.
@@ -279,6 +401,18 @@ mod tests {
         assert_eq!(
             keys(&defs["DefaultsDoc"]),
             sorted(super::super::decode::DEFAULTS_KEYS)
+        );
+        assert_eq!(
+            keys(&defs["RolloutDoc"]),
+            sorted(super::super::decode::rollout::ROLLOUT_KEYS)
+        );
+        assert_eq!(
+            keys(&defs["AbortIfDoc"]),
+            sorted(super::super::decode::rollout::ABORT_IF_KEYS)
+        );
+        assert_eq!(
+            keys(&defs["WindowDoc"]),
+            sorted(super::super::decode::rollout::WINDOW_KEYS)
         );
         // The instruction's own keys plus the flattened action and params.
         let mut ins = keys(&defs["InstructionDoc"]);

@@ -16,6 +16,8 @@ pub(super) struct Ctx {
     /// The pack's zone (UTC until `timezone` is read): local wall times
     /// and cron bounds are read in it.
     pub(super) tz: TimeZone,
+    /// That zone's IANA name.
+    pub(super) tz_name: String,
     /// Distinct policies seen so far (see `Instruction::policy`).
     pub(super) policies: HashMap<Policy, Arc<Policy>>,
     /// Some action (instruction, `on_failure`, `safe_state`) failed to
@@ -29,6 +31,7 @@ impl Ctx {
             errors: Vec::new(),
             instruction: None,
             tz: TimeZone::UTC,
+            tz_name: "UTC".to_string(),
             policies: HashMap::new(),
             actions_incomplete: false,
         }

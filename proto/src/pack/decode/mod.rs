@@ -10,6 +10,7 @@ mod action;
 mod fields;
 mod instruction;
 mod policy;
+pub(crate) mod rollout;
 mod scalar;
 mod schedule;
 
@@ -19,6 +20,7 @@ use std::time::Duration;
 use self::action::{action_object, line_ref, line_ref_text};
 use self::fields::{Ctx, Fields};
 use self::instruction::instruction;
+pub use self::rollout::MAX_STAGES;
 pub use self::policy::{DEFAULT_MAX_LATENESS, DEFAULT_TIMEOUT, MIN_MAX_LATENESS};
 use self::policy::{Defaults, defaults};
 pub use self::scalar::{check_ident, is_ident};
@@ -51,6 +53,7 @@ pub(crate) const PACK_KEYS: &[&str] = &[
     "safe_state",
     "shared_lines",
     "instructions",
+    "rollout",
 ];
 pub(crate) const DEFAULTS_KEYS: &[&str] = &["retry", "timeout", "max_lateness"];
 pub(crate) const RETRY_KEYS: &[&str] =
@@ -106,6 +109,7 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
         });
     let d = defaults(&mut cx, f.get("defaults"));
     let safe_state = safe_state(&mut cx, f.get("safe_state"));
+    let rollout = f.get("rollout").and_then(|n| rollout::rollout(&mut cx, n));
     let body = f
         .required(&mut cx, "instructions", "a pack")
         .map(|n| instructions(&mut cx, n, &d))
@@ -137,6 +141,7 @@ pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
         safe_state,
         shared_lines,
         instructions: body.instructions,
+        rollout,
     })
 }
 
@@ -152,6 +157,7 @@ fn timezone(cx: &mut Ctx, node: Option<&Node>) -> String {
     match jiff::tz::db().get(&name) {
         Ok(tz) => {
             cx.tz = tz;
+            cx.tz_name = name.clone();
             name
         }
         Err(_) => {
