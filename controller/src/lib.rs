@@ -22,5 +22,6 @@ pub mod identity;
 pub mod model;
 pub mod ops;
 pub mod planner;
+pub mod rollout;
 pub mod server;
 pub mod store;

@@ -225,6 +225,12 @@ enum Command {
         #[command(subcommand)]
         cmd: Option<AgentsCmd>,
     },
+    /// Staged rollouts (packs with a `rollout:` section): `status PACK`,
+    /// `list`, and `pause|resume|abort PACK` (operators; audited).
+    Rollout {
+        #[command(subcommand)]
+        cmd: RolloutCmd,
+    },
     /// Live feedback, deliveries and agent events until interrupted.
     Watch {
         #[command(flatten)]
@@ -294,6 +300,44 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// One pack's rollout, named by pack id.
+#[derive(clap::Args, Debug)]
+struct RolloutPack {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The pack.
+    pack: String,
+    /// Tenant (default: the operator certificate's, or `default`).
+    #[arg(long, default_value = "")]
+    tenant: String,
+    /// One JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Rollout commands.
+#[derive(Subcommand, Debug)]
+enum RolloutCmd {
+    /// State (waiting_window, running, paused, aborted, superseded,
+    /// completed), the stage, every verdict with its inputs, and each
+    /// target agent's cohort and held version.
+    Status(RolloutPack),
+    /// Every rollout you may see, newest version of each pack first.
+    List {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hold a waiting or running rollout where it is.
+    Pause(RolloutPack),
+    /// Let a paused rollout go on (its stage's deadline starts over).
+    Resume(RolloutPack),
+    /// End a rollout for good, with the pack's `on_abort`.
+    Abort(RolloutPack),
 }
 
 /// Agent management (role admin).
@@ -550,6 +594,34 @@ fn main() -> ExitCode {
         } => operator(&mut err, async move {
             ops::forget_agent(&conn.conn()?, &agent, &tenant, &mut std::io::stdout()).await
         }),
+        Command::Rollout { cmd } => {
+            let (op, p) = match cmd {
+                RolloutCmd::List { conn, json } => (
+                    ops::RolloutOp::List,
+                    RolloutPack {
+                        conn,
+                        pack: String::new(),
+                        tenant: String::new(),
+                        json,
+                    },
+                ),
+                RolloutCmd::Status(p) => (ops::RolloutOp::Status, p),
+                RolloutCmd::Pause(p) => (ops::RolloutOp::Pause, p),
+                RolloutCmd::Resume(p) => (ops::RolloutOp::Resume, p),
+                RolloutCmd::Abort(p) => (ops::RolloutOp::Abort, p),
+            };
+            operator(&mut err, async move {
+                ops::rollout(
+                    &p.conn.conn()?,
+                    op,
+                    &p.tenant,
+                    &p.pack,
+                    p.json,
+                    &mut std::io::stdout(),
+                )
+                .await
+            })
+        }
         Command::Watch {
             conn,
             tenant,

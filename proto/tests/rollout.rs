@@ -76,7 +76,11 @@ fn defaults_fill_what_is_not_written_and_windows_take_the_pack_zone() {
 #[test]
 fn each_mistake_is_reported_at_its_line() {
     let cases: &[(&str, (u32, u32), &str)] = &[
-        ("  soak: 1m\n", (7, 3), "rollout is missing required key `stages`"),
+        (
+            "  soak: 1m\n",
+            (7, 3),
+            "rollout is missing required key `stages`",
+        ),
         ("  stages: []\n", (7, 11), "rollout.stages is empty"),
         (
             "  stages: [{percent: 10}]\n",

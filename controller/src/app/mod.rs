@@ -15,7 +15,8 @@
 //! - [`hub`]: the live agent streams and what the rest asks of them;
 //! - [`pace`]: pacing of pushes (token bucket, sans-IO);
 //! - [`metrics`]: the counters behind `/metrics`;
-//! - [`retention`]: what grows is deleted when it is old enough.
+//! - [`retention`]: what grows is deleted when it is old enough;
+//! - [`rollouts`]: the rollout driver, status and operator commands.
 
 pub mod agents;
 pub mod audit;
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod pace;
 pub mod packs;
 pub mod retention;
+pub mod rollouts;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -181,6 +183,8 @@ pub struct App {
     /// Events for the store, and their writer's end (taken once).
     relay: Option<mpsc::Sender<EventRow>>,
     relay_rx: Mutex<Option<mpsc::Receiver<EventRow>>>,
+    /// Feedback already read of each open rollout stage's window.
+    rollout_tallies: Mutex<HashMap<(crate::model::PackKey, u64, u32, i64), rollouts::Tally>>,
 }
 
 /// Feedback batches converted and held at once, controller-wide: enough
@@ -225,6 +229,7 @@ impl App {
             replica,
             relay,
             relay_rx: Mutex::new(relay_rx),
+            rollout_tallies: Mutex::new(HashMap::new()),
         })
     }
 

@@ -29,6 +29,8 @@ pub struct Pushed {
     pub unchanged: bool,
     /// Agents that should hold this version now (more may match later).
     pub agents: Vec<String>,
+    /// A rollout gives it to its targets stage by stage.
+    pub rollout: bool,
 }
 
 /// What a cancel did.
@@ -78,6 +80,15 @@ impl App {
                 caller.who, pack.id, pack.tenant
             )));
         }
+        if pack
+            .rollout
+            .as_ref()
+            .is_some_and(|r| r.activate == baton_proto::pack::rollout::Activate::Together)
+        {
+            return Err(AppError::Invalid(format!(
+                "{source}: rollout.activate: together is not supported by this controller yet (agents cannot hold a version staged for a switch at one instant); use `activate: on_arrival`, nothing stored"
+            )));
+        }
         let now = RefTime::from_nanos(now_ns());
         pack.check_live(now)
             .map_err(|e| AppError::Invalid(e.render(source).trim_end().to_string()))?;
@@ -90,6 +101,7 @@ impl App {
             yaml,
             targets,
             pushed_ns: now.as_nanos(),
+            rollout: pack.rollout.is_some(),
         });
         let key = row.key();
         let put = self.store.put_pack((*row).clone()).await?;
@@ -108,6 +120,7 @@ impl App {
             version: row.version,
             unchanged: put == PutPack::Unchanged,
             agents,
+            rollout: row.rollout,
         })
     }
 

@@ -14,6 +14,7 @@ mod format;
 pub mod profile;
 mod push;
 mod query;
+mod rollout;
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ pub use query::{
     LabelChange, agents, audit, cancel, clock, feedback, forget_agent, grant_agent, label_agent,
     packs, watch,
 };
+pub use rollout::{RolloutOp, rollout};
 
 use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 

@@ -90,7 +90,16 @@ pub async fn push(
                 serde_json::json!({
                     "event": "stored", "file": name, "tenant": r.tenant, "pack": r.pack,
                     "version": r.version, "unchanged": reply.unchanged, "agents": reply.agents,
+                    "rollout": reply.rollout,
                 })
+            );
+        } else if reply.rollout {
+            let _ = writeln!(
+                out,
+                "{name}: {} stored{}; a rollout gives it to its targets stage by stage: `baton-controller rollout status {}`",
+                format::pack_ref(reply.pack.as_ref()),
+                if reply.unchanged { " (unchanged)" } else { "" },
+                r.pack
             );
         } else {
             let _ = writeln!(
@@ -101,6 +110,11 @@ pub async fn push(
                 reply.agents.len(),
                 if reply.agents.len() == 1 { "" } else { "s" }
             );
+        }
+        if reply.rollout {
+            // Stages, soak and verdicts take their time: `rollout status`
+            // follows them; the push is done once stored.
+            continue;
         }
         if reply.agents.is_empty() {
             outcome.no_agent = true;

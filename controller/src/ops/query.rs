@@ -8,7 +8,7 @@ use baton_proto::wire::{self, watch_event::Body as Ev};
 use super::format::{self, table};
 use super::{Conn, OpError, client};
 
-fn line(out: &mut dyn Write, s: &str) -> Result<(), OpError> {
+pub(super) fn line(out: &mut dyn Write, s: &str) -> Result<(), OpError> {
     // A closed stdout (a pager quit) ends the command quietly.
     out.write_all(s.as_bytes())
         .and_then(|_| out.flush())

@@ -23,22 +23,47 @@
 //! - a refusal counts only for the version it refused: a newer version is
 //!   sent again; and only until the agent holds that version.
 //!
-//! Rollouts (a version per cohort) will enter through [`wanted`].
+//! - a rollout gates the latest version ([`crate::model::Gate`]): its
+//!   cohort holds the latest (or has it withdrawn, after an abort with
+//!   `on_abort: safe_state`); every other target keeps what it holds
+//!   between the rollout's `from` and the latest, or gets `from` (nothing
+//!   when the pack was new): never a version lower than it holds.
 
 use crate::model::{
     AgentRow, Answer, Binding, DeliveryRow, DeliveryState, Held, Intent, PackKey, PackTargets,
     Refusal,
 };
 
-/// The version `agent` should hold of `pack`, or `None`.
-pub fn wanted(agent: &AgentRow, pack: &PackTargets, binding: Binding) -> Option<u64> {
+/// The version `agent` should hold of `pack`, or `None`, given what it
+/// holds.
+pub fn wanted(
+    agent: &AgentRow,
+    pack: &PackTargets,
+    held: Option<Held>,
+    binding: Binding,
+) -> Option<u64> {
     let live = pack.cancelled_ns.is_none();
-    (live
+    let targeted = live
         && agent.serves(&pack.tenant, binding)
         && pack
             .targets
-            .matches(&agent.id, &agent.labels_for(&pack.tenant)))
-    .then_some(pack.latest)
+            .matches(&agent.id, &agent.labels_for(&pack.tenant));
+    if !targeted {
+        return None;
+    }
+    let Some(gate) = &pack.gate else {
+        return Some(pack.latest);
+    };
+    if gate.admitted.contains(&agent.id) {
+        return gate.row.members_hold.then_some(pack.latest);
+    }
+    match (held, gate.row.from) {
+        // Outside the cohort: what it holds stays, if it is not older
+        // than `from` (an agent of a superseded rollout keeps its newer
+        // copy rather than be told to go back, which it would refuse).
+        (Some(h), from) if from.is_none_or(|f| h.version > f) => Some(h.version.min(pack.latest)),
+        (_, from) => from,
+    }
 }
 
 /// The row (agent, `key`) should have now, from the pack as stored
@@ -57,7 +82,7 @@ pub fn plan(
     now_ns: i64,
 ) -> Option<DeliveryRow> {
     let (intent, version) = match pack {
-        Some(p) => match wanted(agent, p, binding) {
+        Some(p) => match wanted(agent, p, held, binding) {
             Some(v) => (Intent::Hold, v),
             None => match (row, held) {
                 // Held but not wanted: withdrawn at the version held. Once

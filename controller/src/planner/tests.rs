@@ -36,6 +36,7 @@ fn pack(tenant: &str, latest: u64, targets: TargetsRow) -> PackTargets {
         latest,
         targets,
         cancelled_ns: None,
+        gate: None,
     }
 }
 
@@ -114,7 +115,7 @@ fn a_live_pack_targeting_a_served_agent_is_wanted_at_its_latest() {
     let a = agent("a1", &["t"], &[("line", "3")]);
     for targets in [ids(&["a0", "a1"]), on(&[("line", "3")]), on(&[])] {
         assert_eq!(
-            wanted(&a, &pack("t", 4, targets), Binding::Tenants),
+            wanted(&a, &pack("t", 4, targets), None, Binding::Tenants),
             Some(4)
         );
     }
@@ -125,7 +126,10 @@ fn a_live_pack_targeting_a_served_agent_is_wanted_at_its_latest() {
         on(&[("line", "4")]),
         on(&[("line", "3"), ("zone", "z")]),
     ] {
-        assert_eq!(wanted(&a, &pack("t", 4, targets), Binding::Tenants), None);
+        assert_eq!(
+            wanted(&a, &pack("t", 4, targets), None, Binding::Tenants),
+            None
+        );
     }
 }
 
@@ -133,16 +137,16 @@ fn a_live_pack_targeting_a_served_agent_is_wanted_at_its_latest() {
 fn a_cancelled_pack_is_wanted_by_nobody() {
     let a = agent("a1", &["t"], &[]);
     let p = cancelled(pack("t", 4, ids(&["a1"])));
-    assert_eq!(wanted(&a, &p, Binding::Tenants), None);
-    assert_eq!(wanted(&a, &p, Binding::Open), None);
+    assert_eq!(wanted(&a, &p, None, Binding::Tenants), None);
+    assert_eq!(wanted(&a, &p, None, Binding::Open), None);
 }
 
 #[test]
 fn tenants_bind_only_under_binding_tenants() {
     let a = agent("a1", &["u"], &[]);
     let p = pack("t", 4, ids(&["a1"]));
-    assert_eq!(wanted(&a, &p, Binding::Tenants), None);
-    assert_eq!(wanted(&a, &p, Binding::Open), Some(4));
+    assert_eq!(wanted(&a, &p, None, Binding::Tenants), None);
+    assert_eq!(wanted(&a, &p, None, Binding::Open), Some(4));
 }
 
 #[test]
@@ -155,18 +159,32 @@ fn operator_labels_apply_to_their_tenants_packs_only() {
     .into();
     a.overrides.insert("t".into(), o);
     let b = Binding::Tenants;
-    assert_eq!(wanted(&a, &pack("t", 1, on(&[("line", "4")])), b), Some(1));
-    assert_eq!(wanted(&a, &pack("t", 1, on(&[("line", "3")])), b), None);
     assert_eq!(
-        wanted(&a, &pack("t", 1, on(&[("site", "n")])), b),
+        wanted(&a, &pack("t", 1, on(&[("line", "4")])), None, b),
+        Some(1)
+    );
+    assert_eq!(
+        wanted(&a, &pack("t", 1, on(&[("line", "3")])), None, b),
+        None
+    );
+    assert_eq!(
+        wanted(&a, &pack("t", 1, on(&[("site", "n")])), None, b),
         None,
         "hidden"
     );
     assert_eq!(
-        wanted(&a, &pack("u", 1, on(&[("line", "3"), ("site", "n")])), b),
+        wanted(
+            &a,
+            &pack("u", 1, on(&[("line", "3"), ("site", "n")])),
+            None,
+            b
+        ),
         Some(1)
     );
-    assert_eq!(wanted(&a, &pack("u", 1, on(&[("line", "4")])), b), None);
+    assert_eq!(
+        wanted(&a, &pack("u", 1, on(&[("line", "4")])), None, b),
+        None
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -647,6 +665,7 @@ fn packs() -> impl Strategy<Value = PackTargets> {
             latest,
             targets,
             cancelled_ns: cancelled.then_some(7),
+            gate: None,
         },
     )
 }
@@ -734,7 +753,7 @@ proptest! {
 
     #[test]
     fn wanted_is_the_oracle(a in agents(), p in packs(), b in bindings()) {
-        prop_assert_eq!(wanted(&a, &p, b), oracle_wanted(&a, &p, b));
+        prop_assert_eq!(wanted(&a, &p, None, b), oracle_wanted(&a, &p, b));
     }
 
     /// Over a whole fleet: the agents a pack is wanted by are exactly the
@@ -745,7 +764,7 @@ proptest! {
         p in packs(),
         b in bindings(),
     ) {
-        let got: BTreeSet<String> = fleet.iter().filter(|a| wanted(a, &p, b).is_some()).map(|a| a.id.clone()).collect();
+        let got: BTreeSet<String> = fleet.iter().filter(|a| wanted(a, &p, None, b).is_some()).map(|a| a.id.clone()).collect();
         let want: BTreeSet<String> = fleet.iter().filter(|a| oracle_wanted(a, &p, b).is_some()).map(|a| a.id.clone()).collect();
         prop_assert_eq!(got, want);
     }
@@ -769,7 +788,7 @@ proptest! {
             return Ok(());
         };
         prop_assert_eq!(next.held, held);
-        let want = p.as_ref().and_then(|p| wanted(&a, p, b));
+        let want = p.as_ref().and_then(|p| wanted(&a, p, None, b));
         match action(&next) {
             Some(Action::Push(v)) => {
                 prop_assert_eq!(Some(v), want);

@@ -135,6 +135,7 @@ impl wire::admin_server::Admin for AdminService {
             pack: Some(convert::wire_ref(&p.key.tenant, &p.key.pack, p.version)),
             unchanged: p.unchanged,
             agents: p.agents,
+            rollout: p.rollout,
         }))
     }
 
@@ -437,6 +438,15 @@ impl wire::admin_server::Admin for AdminService {
             record_deleted: f.record_deleted,
             disconnected: f.disconnected,
         }))
+    }
+
+    async fn rollout(
+        &self,
+        request: Request<wire::RolloutRequest>,
+    ) -> Result<Response<wire::RolloutReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let reply = super::rollouts::rollout(self.app(), &caller, request.into_inner()).await?;
+        Ok(Response::new(reply))
     }
 
     async fn grant_agent(

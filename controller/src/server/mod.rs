@@ -20,6 +20,7 @@ pub mod admin;
 pub mod convert;
 pub mod metrics;
 pub mod revocations;
+pub mod rollouts;
 pub mod session;
 pub mod tls;
 
@@ -294,6 +295,11 @@ pub async fn serve(
         shared.cfg.retention.clone(),
         stop_rx.clone(),
     ));
+    // Rollouts move on every replica; the store lets one step through.
+    let rollouts = tokio::spawn(crate::app::rollouts::run(
+        shared.app.clone(),
+        stop_rx.clone(),
+    ));
     // Replicas sharing the store: their events go through it.
     let relay = tokio::spawn(crate::app::follow::relay(
         shared.app.clone(),
@@ -416,6 +422,7 @@ pub async fn serve(
         Err(_) => tracing::warn!("streams still open after 5 s; stopping anyway"),
     }
     retention.abort();
+    rollouts.abort();
     heap.abort();
     follow.abort();
     // The streams' last events (disconnected) for the other replicas.

@@ -36,6 +36,9 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::planner::{self, Action};
 
+mod rollouts;
+pub(crate) use rollouts::*;
+
 // ---------------------------------------------------------------------------
 // Fixtures.
 
@@ -104,6 +107,7 @@ pub(crate) fn pack(tenant: &str, pack: &str, version: u64, targets: TargetsRow) 
         yaml: format!("pack: {pack}\nversion: {version}\n"),
         targets,
         pushed_ns: i64::try_from(version).map_or(0, |v| v.saturating_add(1_000)),
+        rollout: false,
     }
 }
 
@@ -2460,6 +2464,7 @@ impl Model {
                 latest: p.version,
                 targets: p.targets.clone(),
                 cancelled_ns: None,
+                gate: None,
             },
         );
         self.pushed.insert(k.clone(), p.pushed_ns);
@@ -2490,6 +2495,7 @@ impl Model {
                 latest,
                 targets: TargetsRow::Nobody,
                 cancelled_ns: Some(at_ns),
+                gate: None,
             },
         );
         self.pushed.insert(k.clone(), at_ns);
@@ -2949,6 +2955,8 @@ macro_rules! contract_suite {
             answers: [tenants, open];
             deliveries_of_pack_paging: [tenants];
             a_push_to_many_agents_plans_each: [tenants, open];
+            a_rollout_gates_its_version: [tenants];
+            a_push_or_cancel_supersedes_a_rollout: [tenants];
             deliveries_of_pairs: [tenants];
             delivery_counts: [tenants];
             feedback_stored_once: [tenants];

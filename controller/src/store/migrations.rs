@@ -87,6 +87,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 9,
         sql: include_str!("migrations/0009_agent_lateness.sql"),
     },
+    Migration {
+        version: 10,
+        sql: include_str!("migrations/0010_rollouts.sql"),
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

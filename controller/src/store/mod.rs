@@ -293,10 +293,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Store a pack version. Refused when the version is lower than the
     /// newest stored, or equal with other YAML. Pushing a version of a
-    /// cancelled pack makes it live again. Does not plan: call
-    /// [`Store::reconcile_pack`].
+    /// cancelled pack makes it live again. A new version ends the pack's
+    /// open rollout (superseded) and, when it has a `rollout:` section,
+    /// starts its own (waiting for its first stage, gating the version in
+    /// the same transaction). Does not plan: call [`Store::reconcile_pack`].
     async fn put_pack(&self, pack: PackVersionRow) -> StoreResult<PutPack>;
-    /// Withdraw a pack. A pack the store does not know is withdrawn from
+    /// Withdraw a pack (its open rollout ends, superseded). A pack the store does not know is withdrawn from
     /// the agents that report holding it (a store restored from an older
     /// copy must still be able to stop it); [`StoreError::NoSuchPack`]
     /// only when nobody holds it either. Returns the rows that changed
@@ -315,6 +317,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         key: &PackKey,
         version: Option<u64>,
     ) -> StoreResult<Option<PackVersionRow>>;
+
+    // ---- rollouts
+
+    /// One rollout with its cohort (`version` `None`: the pack's newest).
+    async fn rollout(&self, key: &PackKey, version: Option<u64>)
+    -> StoreResult<Option<RolloutRow>>;
+    /// Rollouts of one tenant (or all), by tenant and pack, newest version
+    /// first; with `open_only`, those not final. With their cohorts.
+    async fn rollouts(&self, tenant: Option<&str>, open_only: bool)
+    -> StoreResult<Vec<RolloutRow>>;
+    /// Apply a rollout change (the row, new members, skipped ones, a
+    /// republished version, the pack's gate) and re-plan its pack, all in
+    /// one transaction, **only if** the stored rollout is still at
+    /// `change.row.rev` (it then moves to `rev + 1`). `None`: another
+    /// writer (a replica, an operator) changed it first; nothing was
+    /// written. Otherwise the delivery rows that changed.
+    async fn advance_rollout(
+        &self,
+        change: RolloutChange,
+        at_ns: i64,
+    ) -> StoreResult<Option<Vec<DeliveryRow>>>;
 
     // ---- deliveries
 

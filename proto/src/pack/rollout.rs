@@ -195,16 +195,16 @@ mod tests {
 
     #[test]
     fn a_window_is_open_from_its_firing_for_its_duration_in_its_zone() {
-        let tz = TimeZone::get("Europe/Berlin").unwrap();
+        let tz = TimeZone::get("Europe/Berlin").expect("zone");
         let w = Window {
             cron_text: "0 0 2 * * *".into(),
-            cron: Box::new(CronSchedule::parse("0 0 2 * * *").unwrap()),
+            cron: Box::new(CronSchedule::parse("0 0 2 * * *").expect("cron")),
             duration: Duration::from_secs(2 * 3600),
             tz_name: "Europe/Berlin".into(),
             tz,
         };
         // 02:00 Berlin in winter is 01:00 UTC.
-        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let at = |s: &str| s.parse::<Timestamp>().expect("instant");
         assert!(!w.is_open(at("2026-12-01T00:59:59Z")));
         assert!(w.is_open(at("2026-12-01T01:00:00Z")));
         assert!(w.is_open(at("2026-12-01T02:59:59Z")));

@@ -1,6 +1,7 @@
 //! `baton-controller migrate --from DIR --to URL`: a single-node site's
 //! embedded store copied into PostgreSQL, history and all (agents and
 //! their labels and tenants, packs and every version, deliveries,
+//! rollouts and their cohorts,
 //! journals and feedback, clock history, the audit log).
 //!
 //! One transaction, under the write lock every PostgreSQL controller's
@@ -29,6 +30,8 @@ const TABLES: &[&str] = &[
     "packs",
     "pack_versions",
     "deliveries",
+    "rollouts",
+    "rollout_members",
     "journals",
     "feedback",
     "audit",

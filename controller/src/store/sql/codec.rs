@@ -137,6 +137,7 @@ pub(crate) fn decode_pack_version(row: &dyn Row) -> StoreResult<PackVersionRow> 
             yaml: col(row, "yaml")?,
             targets: targets_from_json(&col::<String>(row, "targets")?)?,
             pushed_ns: col(row, "pushed_ns")?,
+            rollout: col::<i64>(row, "rollout")? != 0,
         })
     })();
     with_row(format_args!("pack {tenant}/{pack} v{version}"), r)

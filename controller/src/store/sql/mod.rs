@@ -20,6 +20,7 @@ pub(crate) mod events;
 pub(crate) mod feedback;
 pub(crate) mod packs;
 pub(crate) mod plan;
+pub(crate) mod rollouts;
 mod store_impl;
 
 use std::future::Future;

@@ -27,9 +27,17 @@ pub(crate) fn write_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPa
         run(
             conn,
             "store a pack version",
-            "INSERT INTO pack_versions (tenant, pack, version, yaml, targets, pushed_ns) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![p.tenant, p.pack, version, p.yaml, targets, p.pushed_ns],
+            "INSERT INTO pack_versions (tenant, pack, version, yaml, targets, pushed_ns, rollout) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                p.tenant,
+                p.pack,
+                version,
+                p.yaml,
+                targets,
+                p.pushed_ns,
+                p.rollout
+            ],
         )?;
         Ok(())
     };
@@ -159,14 +167,14 @@ pub(crate) fn pack_version(
     let rows = match version {
         Some(v) => query_all(
             conn,
-            "SELECT tenant, pack, version, yaml, targets, pushed_ns FROM pack_versions \
+            "SELECT tenant, pack, version, yaml, targets, pushed_ns, rollout FROM pack_versions \
              WHERE tenant = ?1 AND pack = ?2 AND version = ?3",
             params![key.tenant, key.pack, v],
             decode_pack_version,
         ),
         None => query_all(
             conn,
-            "SELECT v.tenant, v.pack, v.version, v.yaml, v.targets, v.pushed_ns \
+            "SELECT v.tenant, v.pack, v.version, v.yaml, v.targets, v.pushed_ns, v.rollout \
              FROM packs p JOIN pack_versions v \
              ON v.tenant = p.tenant AND v.pack = p.pack AND v.version = p.latest_version \
              WHERE p.tenant = ?1 AND p.pack = ?2",

@@ -8,16 +8,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::agents::{load_agent, load_agents};
 use super::codec::{
-    DELIVERY_COLUMNS, decode_delivery, errors_json, targets_from_json, to_db, u64_from_db, with_row,
+    DELIVERY_COLUMNS, decode_delivery, errors_json, from_json, targets_from_json, to_db,
+    u64_from_db, with_row,
 };
 use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
+use super::rollouts;
 use crate::planner;
 use crate::store::{
-    AgentRow, AnswerRow, Binding, DeliveryRow, Held, HeldPackRow, PackKey, PackTargets,
+    AgentRow, AnswerRow, Binding, DeliveryRow, Gate, Held, HeldPackRow, PackKey, PackTargets,
     StoreResult, TargetsRow,
 };
 
-const PACK_TARGET_COLUMNS: &str = "tenant, pack, latest_version, targets, cancelled_ns";
+const PACK_TARGET_COLUMNS: &str = "tenant, pack, latest_version, targets, cancelled_ns, gate";
 
 fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
     let tenant: String = col(row, "tenant")?;
@@ -29,20 +31,62 @@ fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
             latest: u64_from_db(col(row, "latest_version")?, "latest version")?,
             targets: targets_from_json(&col::<String>(row, "targets")?)?,
             cancelled_ns: col(row, "cancelled_ns")?,
+            gate: col::<Option<String>>(row, "gate")?
+                .map(|j| {
+                    Ok::<_, crate::store::StoreError>(Gate {
+                        row: from_json(&j, "gate")?,
+                        admitted: Default::default(),
+                    })
+                })
+                .transpose()?,
         })
     })();
     with_row(format_args!("pack {tenant}/{pack}"), r)
 }
 
-pub(crate) fn load_pack_targets(conn: &dyn Db, key: &PackKey) -> StoreResult<Option<PackTargets>> {
+/// Fills a loaded pack's gate with its cohort: all of it, or only
+/// whether `agent` is in it (planning one agent never reads the others).
+fn admit(conn: &dyn Db, p: &mut PackTargets, agent: Option<&str>) -> StoreResult<()> {
+    if let Some(g) = &mut p.gate {
+        let key = PackKey::new(&p.tenant, &p.pack);
+        g.admitted = rollouts::members(conn, &key, g.row.rollout, agent)?
+            .into_keys()
+            .collect();
+    }
+    Ok(())
+}
+
+/// A pack as the planner needs it, its cohort read for `agent` only
+/// (`None`: all of it).
+pub(crate) fn load_pack_targets(
+    conn: &dyn Db,
+    key: &PackKey,
+    agent: Option<&str>,
+) -> StoreResult<Option<PackTargets>> {
     let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND pack = ?2");
-    Ok(query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop())
+    let mut p = query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop();
+    if let Some(p) = &mut p {
+        admit(conn, p, agent)?;
+    }
+    Ok(p)
 }
 
 /// Every live pack that may target an agent: all, or those of its
 /// tenants. A cancelled pack is wanted by nobody: it concerns the agent
 /// only through a row or a held copy, which the callers plan anyway.
 fn packs_for(conn: &dyn Db, agent: &AgentRow, binding: Binding) -> StoreResult<Vec<PackTargets>> {
+    let mut packs = packs_for_unadmitted(conn, agent, binding)?;
+    for p in &mut packs {
+        admit(conn, p, Some(&agent.id))?;
+    }
+    Ok(packs)
+}
+
+fn packs_for_unadmitted(
+    conn: &dyn Db,
+    agent: &AgentRow,
+    binding: Binding,
+) -> StoreResult<Vec<PackTargets>> {
     match binding {
         Binding::Open => {
             let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE cancelled_ns IS NULL");
@@ -280,7 +324,7 @@ pub(crate) fn replan_agent(
             Some(p) => Some(p.clone()),
             // Another tenant's pack (held, or withdrawn): its targets
             // still say it is not this agent's.
-            None => load_pack_targets(conn, key)?,
+            None => load_pack_targets(conn, key, Some(id))?,
         };
         decisions.plan(agent, key, pack.as_ref(), row, h, binding, at_ns);
     }
@@ -329,7 +373,7 @@ pub(crate) fn replan_pack(
     binding: Binding,
     at_ns: i64,
 ) -> StoreResult<Vec<DeliveryRow>> {
-    let pack = load_pack_targets(conn, key)?;
+    let pack = load_pack_targets(conn, key, None)?;
     let sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE tenant = ?1 AND pack = ?2");
     let rows: BTreeMap<String, DeliveryRow> =
         query_all(conn, &sql, params![key.tenant, key.pack], decode_delivery)?
@@ -364,7 +408,7 @@ pub(crate) fn replan_answer(
     ) else {
         return Ok(None);
     };
-    let pack = load_pack_targets(conn, &a.key)?;
+    let pack = load_pack_targets(conn, &a.key, Some(&a.agent_id))?;
     let next = planner::answered(
         &agent,
         pack.as_ref(),

@@ -7,11 +7,12 @@ use super::agents::{self, check_session, unknown_agent, update_agent};
 use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
 use super::db::{col, params, query_all};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
-use super::{Engine, audit, events, packs, plan};
+use super::{Engine, audit, events, packs, plan, rollouts};
 use crate::store::{
     AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, MAX_PAGE,
-    PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult, page,
+    PackKey, PackSummaryRow, PackVersionRow, PutPack, RolloutChange, RolloutRow, Store, StoreError,
+    StoreResult, page,
 };
 
 #[async_trait]
@@ -150,7 +151,8 @@ impl<E: Engine> Store for E {
     }
 
     async fn put_pack(&self, pack: PackVersionRow) -> StoreResult<PutPack> {
-        self.write(move |conn| packs::write_pack(conn, &pack)).await
+        self.write(move |conn| rollouts::put_pack(conn, &pack))
+            .await
     }
 
     async fn cancel_pack(&self, key: &PackKey, at_ns: i64) -> StoreResult<Vec<DeliveryRow>> {
@@ -163,6 +165,7 @@ impl<E: Engine> Store for E {
                     pack: key.pack.clone(),
                 });
             }
+            rollouts::on_cancel(conn, &key, at_ns)?;
             plan::replan_pack(conn, &key, binding, at_ns)
         })
         .await
@@ -172,6 +175,36 @@ impl<E: Engine> Store for E {
         let key = key.clone();
         let binding = self.binding();
         self.write(move |conn| plan::replan_pack(conn, &key, binding, at_ns))
+            .await
+    }
+
+    async fn rollout(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+    ) -> StoreResult<Option<RolloutRow>> {
+        let key = key.clone();
+        self.read(move |conn| rollouts::load(conn, &key, version))
+            .await
+    }
+
+    async fn rollouts(
+        &self,
+        tenant: Option<&str>,
+        open_only: bool,
+    ) -> StoreResult<Vec<RolloutRow>> {
+        let tenant = tenant.map(str::to_owned);
+        self.read(move |conn| rollouts::list(conn, tenant.as_deref(), open_only))
+            .await
+    }
+
+    async fn advance_rollout(
+        &self,
+        change: RolloutChange,
+        at_ns: i64,
+    ) -> StoreResult<Option<Vec<DeliveryRow>>> {
+        let binding = self.binding();
+        self.write(move |conn| rollouts::advance(conn, &change, binding, at_ns))
             .await
     }
 

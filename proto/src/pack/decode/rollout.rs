@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use baton_cron::CronSchedule;
 
+use super::super::rollout::*;
 use super::fields::{Ctx, Fields};
 use super::scalar::{duration, float, positive_duration, string, uint};
-use super::super::rollout::*;
 use crate::yaml::{Node, Value};
 
 pub(crate) const ROLLOUT_KEYS: &[&str] = &[
@@ -46,14 +46,19 @@ pub(super) fn rollout(cx: &mut Ctx, node: &Node) -> Option<Rollout> {
             cx,
             n,
             "rollout.compare",
-            &[("absolute", Compare::Absolute), ("baseline", Compare::Baseline)],
+            &[
+                ("absolute", Compare::Absolute),
+                ("baseline", Compare::Baseline),
+            ],
         )
     });
     let stage_deadline = match f.get("stage_deadline") {
         Some(n) => deadline(cx, n).map(Some),
         None => Some(None),
     };
-    let windows = f.get("windows").map_or(Some(Vec::new()), |n| windows(cx, n));
+    let windows = f
+        .get("windows")
+        .map_or(Some(Vec::new()), |n| windows(cx, n));
     let activate = f.get("activate").map_or(Some(Activate::OnArrival), |n| {
         word(
             cx,
@@ -98,7 +103,10 @@ fn word<T: Copy>(cx: &mut Ctx, node: &Node, what: &str, words: &[(&str, T)]) -> 
             let allowed: Vec<&str> = words.iter().map(|(w, _)| *w).collect();
             cx.err(
                 node.pos,
-                format!("{what} must be one of {}, found `{text}`", allowed.join(", ")),
+                format!(
+                    "{what} must be one of {}, found `{text}`",
+                    allowed.join(", ")
+                ),
             );
             None
         }
@@ -127,7 +135,10 @@ fn stages(cx: &mut Ctx, node: &Node) -> Option<Vec<StageShare>> {
     if items.len() > MAX_STAGES {
         cx.err(
             node.pos,
-            format!("rollout.stages has {} stages; at most {MAX_STAGES}", items.len()),
+            format!(
+                "rollout.stages has {} stages; at most {MAX_STAGES}",
+                items.len()
+            ),
         );
         return None;
     }

@@ -241,6 +241,10 @@ pub struct PackVersionRow {
     pub targets: TargetsRow,
     /// When it was pushed (ns since the epoch).
     pub pushed_ns: i64,
+    /// It has a `rollout:` section: storing it starts a rollout (the
+    /// agents get it stage by stage), where a version without one goes to
+    /// every target at once. Either ends a running rollout (superseded).
+    pub rollout: bool,
 }
 
 impl PackVersionRow {
@@ -265,6 +269,8 @@ pub struct PackTargets {
     pub targets: TargetsRow,
     /// Cancelled (ns since the epoch): nobody should hold it.
     pub cancelled_ns: Option<i64>,
+    /// A rollout's say on who holds the latest (`None`: every target).
+    pub gate: Option<Gate>,
 }
 
 /// A pack as `packs` lists it: the latest version and how its deliveries
@@ -633,3 +639,6 @@ pub struct RevocationRow {
     /// When the first replica picked it up (ns since the epoch).
     pub at_ns: i64,
 }
+
+mod rollout;
+pub use rollout::*;

@@ -23,6 +23,8 @@ use super::{
 };
 use crate::planner;
 
+mod rollouts;
+
 /// The in-memory [`Store`].
 #[derive(Debug)]
 pub struct MemoryStore {
@@ -52,6 +54,8 @@ struct State {
     events: BTreeMap<u64, EventRow>,
     next_event_id: u64,
     revocations: BTreeMap<String, crate::store::RevocationRow>,
+    /// By pack and version, with their cohorts.
+    rollouts: BTreeMap<(PackKey, u64), crate::store::RolloutRow>,
 }
 
 #[derive(Clone, Debug)]
@@ -60,6 +64,7 @@ struct PackRec {
     targets: TargetsRow,
     pushed_ns: i64,
     cancelled_ns: Option<i64>,
+    gate: Option<crate::store::GateRow>,
 }
 
 impl MemoryStore {
@@ -114,6 +119,14 @@ impl State {
             latest: p.latest,
             targets: p.targets.clone(),
             cancelled_ns: p.cancelled_ns,
+            gate: p.gate.map(|row| crate::store::Gate {
+                row,
+                admitted: self
+                    .rollouts
+                    .get(&(key.clone(), row.rollout))
+                    .map(|r| r.members.keys().cloned().collect())
+                    .unwrap_or_default(),
+            }),
         })
     }
 
@@ -392,6 +405,12 @@ impl Store for MemoryStore {
                     }
                 }
             }
+            let live_latest = s
+                .packs
+                .get(&key)
+                .filter(|r| r.cancelled_ns.is_none())
+                .map(|r| r.latest);
+            let gate = s.packs.get(&key).and_then(|r| r.gate);
             s.packs.insert(
                 key.clone(),
                 PackRec {
@@ -399,8 +418,10 @@ impl Store for MemoryStore {
                     targets: p.targets.clone(),
                     pushed_ns: p.pushed_ns,
                     cancelled_ns: None,
+                    gate,
                 },
             );
+            rollouts::on_new_version(s, &p, live_latest);
             s.versions.insert((key, p.version), p);
             Ok(PutPack::Stored)
         })
@@ -431,11 +452,43 @@ impl Store for MemoryStore {
                             targets: TargetsRow::Nobody,
                             pushed_ns: at_ns,
                             cancelled_ns: Some(at_ns),
+                            gate: None,
                         },
                     );
                 }
             }
+            rollouts::on_cancel(s, key, at_ns);
             Ok(replan_pack(s, key, binding, at_ns))
+        })
+    }
+
+    async fn rollout(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+    ) -> StoreResult<Option<crate::store::RolloutRow>> {
+        self.read(|s| Ok(rollouts::load(s, key, version)))
+    }
+
+    async fn rollouts(
+        &self,
+        tenant: Option<&str>,
+        open_only: bool,
+    ) -> StoreResult<Vec<crate::store::RolloutRow>> {
+        self.read(|s| Ok(rollouts::list(s, tenant, open_only)))
+    }
+
+    async fn advance_rollout(
+        &self,
+        change: crate::store::RolloutChange,
+        at_ns: i64,
+    ) -> StoreResult<Option<Vec<DeliveryRow>>> {
+        let binding = self.binding;
+        self.write(|s| {
+            if !rollouts::advance(s, &change)? {
+                return Ok(None);
+            }
+            Ok(Some(replan_pack(s, &change.row.key(), binding, at_ns)))
         })
     }
 

@@ -1,0 +1,576 @@
+//! Rollouts: the driver that moves them (every replica runs it; the
+//! store's compare-and-set lets one step through), what it observes for
+//! the pure machine ([`crate::rollout`]), and the operators' status,
+//! pause, resume and abort. Every step, automatic or not, is audited.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_proto::pack::parse_pack;
+use baton_proto::pack::rollout::Rollout;
+use baton_proto::wire::Outcome;
+use tokio::sync::watch;
+
+use super::{App, AppError, AppResult, Caller, now_ns};
+use crate::model::{
+    AgentRow, AuditRow, CohortFigures, DeliveryState, FeedbackRow, PackKey, PackVersionRow,
+    RolloutChange, RolloutRow,
+};
+use crate::rollout::{self, AgentView, Effect, Observed, Step};
+use crate::store::{AgentFilter, FeedbackFilter, MAX_PAGE};
+
+/// How often the driver looks at open rollouts when nothing wakes it.
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// One target agent in a rollout's status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RolloutAgent {
+    /// As the machine saw it.
+    pub view: AgentView,
+    /// The stage that admitted it (`None`: not in the cohort).
+    pub stage: Option<u32>,
+    /// Left out of verdicts (`skip_offline`).
+    pub skipped: bool,
+    /// The version it holds of the pack.
+    pub held: Option<u64>,
+}
+
+/// A rollout as `rollout status` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RolloutStatus {
+    /// As stored.
+    pub row: RolloutRow,
+    /// Stages in the pack's `rollout:`.
+    pub stages: usize,
+    /// Every agent the pack targets, cohort first.
+    pub agents: Vec<RolloutAgent>,
+    /// The current stage's figures so far.
+    pub cohort: CohortFigures,
+    /// The baseline's, same window.
+    pub baseline: Option<CohortFigures>,
+}
+
+/// Feedback of one stage's window already read: the driver reads only
+/// what was stored since its last look.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    after_id: u64,
+    cohort: Acc,
+    baseline: Acc,
+}
+
+#[derive(Debug, Default)]
+struct Acc {
+    settled: u64,
+    failed: u64,
+    unknown: u64,
+    lateness_ns: Vec<i64>,
+}
+
+impl Acc {
+    fn add(&mut self, f: &FeedbackRow) {
+        if f.execution_id.is_empty() {
+            return;
+        }
+        match f.outcome {
+            Outcome::Ok => self.lateness_ns.push(f.lateness_ns),
+            Outcome::Failed | Outcome::GiveUp => {
+                self.failed += 1;
+                self.lateness_ns.push(f.lateness_ns);
+            }
+            Outcome::Skipped => self.failed += 1,
+            Outcome::Unknown => self.unknown += 1,
+            // Not settled: another attempt follows; or pack-wide.
+            Outcome::Retry | Outcome::SafeState | Outcome::Unspecified => return,
+        }
+        self.settled += 1;
+    }
+
+    fn figures(&self, agents: u64, offset_max_ns: Option<i64>) -> CohortFigures {
+        let lateness_p99_ns = (!self.lateness_ns.is_empty()).then(|| {
+            let mut v = self.lateness_ns.clone();
+            let i = (v.len() * 99).div_ceil(100) - 1;
+            *v.select_nth_unstable(i).1
+        });
+        CohortFigures {
+            agents,
+            settled: self.settled,
+            failed: self.failed,
+            unknown: self.unknown,
+            lateness_p99_ns,
+            offset_max_ns,
+        }
+    }
+}
+
+/// The pack's `rollout:` section of `version`, from its stored text.
+async fn spec_of(app: &App, key: &PackKey, version: u64) -> AppResult<Rollout> {
+    let text = app
+        .store
+        .pack_version(key, Some(version))
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("{key} v{version} is not stored")))?;
+    parse_pack(&text.yaml)
+        .ok()
+        .and_then(|p| p.rollout)
+        .ok_or_else(|| AppError::Invalid(format!("{key} v{version} has no valid rollout: section")))
+}
+
+impl App {
+    /// Every agent `row`'s pack targets, with what it holds, and the
+    /// cohort's and baseline's figures over the current stage.
+    async fn observe(&self, row: &RolloutRow) -> AppResult<(Observed, Vec<RolloutAgent>)> {
+        let key = row.key();
+        let pack = self
+            .store
+            .pack_version(&key, Some(row.version))
+            .await?
+            .ok_or_else(|| AppError::NotFound(format!("{key} v{} is not stored", row.version)))?;
+        let mut agents: Vec<AgentRow> = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .agents(AgentFilter {
+                    tenant: Some(key.tenant.clone()),
+                    after_id: after.clone(),
+                    limit: MAX_PAGE,
+                })
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            after = page.last().map(|a| a.id.clone());
+            agents.extend(page.into_iter().filter(|a| {
+                a.serves(&key.tenant, self.cfg.binding)
+                    && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
+            }));
+            if done {
+                break;
+            }
+        }
+        let mut rows = HashMap::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .deliveries_of_pack(&key, None, after.as_deref(), MAX_PAGE)
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            after = page.last().map(|r| r.agent_id.clone());
+            rows.extend(page.into_iter().map(|r| (r.agent_id.clone(), r)));
+            if done {
+                break;
+            }
+        }
+        let mut out = Vec::with_capacity(agents.len());
+        let (mut off_new, mut off_base) = (None::<i64>, None::<i64>);
+        for a in &agents {
+            let d = rows.get(&a.id);
+            let held = d.and_then(|d| d.held).map(|h| h.version);
+            let member = row.members.get(&a.id);
+            let view = AgentView {
+                id: a.id.clone(),
+                canary: a
+                    .labels_for(&key.tenant)
+                    .get("canary")
+                    .is_some_and(|v| v == "true"),
+                connected: a.connected,
+                holds: held == Some(row.version),
+                refused: d
+                    .filter(|d| d.version == row.version && d.state == DeliveryState::Nacked)
+                    .map(|d| d.reason.clone()),
+            };
+            let offset = a
+                .clock
+                .as_ref()
+                .filter(|_| a.connected)
+                .map(|c| c.offset_ns.saturating_abs());
+            if member.is_some_and(|m| !m.skipped) {
+                off_new = off_new.max(offset);
+            } else if member.is_none() && held.is_some() && held == row.from {
+                off_base = off_base.max(offset);
+            }
+            out.push(RolloutAgent {
+                view,
+                stage: member.map(|m| m.stage),
+                skipped: member.is_some_and(|m| m.skipped),
+                held,
+            });
+        }
+        out.sort_by(|a, b| (a.stage.is_none(), &a.view.id).cmp(&(b.stage.is_none(), &b.view.id)));
+        let (cohort, baseline) = self.figures(row, &out).await?;
+        let members = out
+            .iter()
+            .filter(|a| a.stage.is_some() && !a.skipped)
+            .count() as u64;
+        let outsiders = out
+            .iter()
+            .filter(|a| a.stage.is_none() && a.held.is_some() && a.held == row.from)
+            .count() as u64;
+        let obs = Observed {
+            now_ns: now_ns(),
+            targets: out.iter().map(|a| a.view.clone()).collect(),
+            cohort: cohort.figures(members, off_new),
+            baseline: (outsiders > 0).then(|| baseline.figures(outsiders, off_base)),
+        };
+        Ok((obs, out))
+    }
+
+    /// Feedback of the current stage's window: the cohort's firings of
+    /// the version, the baseline's of `from`. Read incrementally.
+    async fn figures(&self, row: &RolloutRow, agents: &[RolloutAgent]) -> AppResult<(Acc, Acc)> {
+        let Some(since) = row.stage_started_ns else {
+            return Ok((Acc::default(), Acc::default()));
+        };
+        let key = row.key();
+        let slot = (key.clone(), row.version, row.stage, since);
+        let mut tally = self
+            .rollout_tallies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&slot)
+            .unwrap_or_default();
+        let member: HashMap<&str, bool> = agents
+            .iter()
+            .map(|a| (a.view.id.as_str(), a.stage.is_some() && !a.skipped))
+            .collect();
+        loop {
+            let page = self
+                .store
+                .feedback(FeedbackFilter {
+                    tenant: Some(key.tenant.clone()),
+                    pack: Some(key.pack.clone()),
+                    agent_id: None,
+                    since_ns: Some(since),
+                    after_id: tally.after_id,
+                    limit: MAX_PAGE,
+                })
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            for f in &page {
+                tally.after_id = tally.after_id.max(f.id);
+                match member.get(f.agent_id.as_str()) {
+                    Some(true) if f.version == row.version => tally.cohort.add(f),
+                    Some(false) if Some(f.version) == row.from => tally.baseline.add(f),
+                    _ => {}
+                }
+            }
+            if done {
+                break;
+            }
+        }
+        let out = (
+            Acc {
+                lateness_ns: tally.cohort.lateness_ns.clone(),
+                ..tally.cohort
+            },
+            Acc {
+                lateness_ns: tally.baseline.lateness_ns.clone(),
+                ..tally.baseline
+            },
+        );
+        let mut t = self
+            .rollout_tallies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Stages that ended are forgotten: only open ones are kept.
+        t.retain(|(k, v, _, _), _| !(k == &key && *v == row.version));
+        t.insert(slot, tally);
+        Ok(out)
+    }
+
+    /// Stores a step (compare-and-set on the row's rev) with what it
+    /// implies: the gate, a rollback's republished version. Audited, and
+    /// the rows that changed are delivered. `false`: someone else moved
+    /// the rollout first; nothing was done.
+    async fn apply(&self, row: &RolloutRow, step: Step, who: &str) -> AppResult<bool> {
+        let Some(mut next) = step.next else {
+            return Ok(true);
+        };
+        let key = row.key();
+        let mut republish = None;
+        let mut effect = step.effect;
+        let mut said = step.said;
+        if effect == Some(Effect::Rollback) {
+            match self.rollback_version(row).await {
+                Ok(Some(p)) => {
+                    next.rollback = Some(p.version);
+                    republish = Some(p);
+                }
+                Ok(None) => effect = Some(Effect::Withdraw),
+                Err(e) => {
+                    said.push(format!(
+                        "rollback impossible ({e}): the version is withdrawn instead"
+                    ));
+                    effect = Some(Effect::Withdraw);
+                }
+            }
+        }
+        let gate = next.gate(effect == Some(Effect::Withdraw));
+        let change = RolloutChange {
+            row: next.clone(),
+            admit: step.admit,
+            skip: step.skip,
+            republish: republish.clone(),
+            gate,
+        };
+        let Some(changed) = self.store.advance_rollout(change, now_ns()).await? else {
+            return Ok(false);
+        };
+        for line in &said {
+            tracing::info!(pack = %key, version = row.version, "rollout: {line}");
+            self.store
+                .put_audit(AuditRow {
+                    at_ns: now_ns(),
+                    who: who.to_string(),
+                    tenant: key.tenant.clone(),
+                    role: String::new(),
+                    action: "rollout".into(),
+                    target: format!("{key} v{}", row.version),
+                    result: line.clone(),
+                })
+                .await?;
+        }
+        self.delivered(&changed, republish.map(Arc::new).as_ref());
+        Ok(true)
+    }
+
+    /// The previous version's content as a new version above the latest
+    /// (agents refuse lower versions), or `None` when there is no previous
+    /// version (the pack was new).
+    async fn rollback_version(&self, row: &RolloutRow) -> AppResult<Option<PackVersionRow>> {
+        let Some(from) = row.from else {
+            return Ok(None);
+        };
+        let key = row.key();
+        let old = self
+            .store
+            .pack_version(&key, Some(from))
+            .await?
+            .ok_or_else(|| AppError::NotFound(format!("{key} v{from} is not stored")))?;
+        let latest = self
+            .store
+            .pack_version(&key, None)
+            .await?
+            .map_or(row.version, |p| p.version);
+        let version = latest.max(row.version) + 1;
+        let yaml = with_version(&old.yaml, version).ok_or_else(|| {
+            AppError::Invalid(format!(
+                "{key} v{from}'s text has no top-level `version:` line to rewrite"
+            ))
+        })?;
+        Ok(Some(PackVersionRow {
+            version,
+            yaml,
+            pushed_ns: now_ns(),
+            rollout: false,
+            ..old
+        }))
+    }
+
+    /// One look at every open rollout: each moving one is stepped until
+    /// it rests (a passed stage starts the next at once).
+    pub async fn step_rollouts(&self) -> AppResult<()> {
+        let who = self.replica().unwrap_or("controller").to_string();
+        for row in self.store.rollouts(None, true).await? {
+            if !row.state.is_moving() {
+                continue;
+            }
+            let spec = match spec_of(self, &row.key(), row.version).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(pack = %row.key(), "rollout not stepped: {e}");
+                    continue;
+                }
+            };
+            let mut row = row;
+            for _ in 0..8 {
+                let (obs, _) = self.observe(&row).await?;
+                let step = rollout::step(&spec, &row, &obs);
+                if step.next.is_none() || !self.apply(&row, step, &who).await? {
+                    break;
+                }
+                match self.store.rollout(&row.key(), Some(row.version)).await? {
+                    Some(r) if r.state.is_moving() => row = r,
+                    _ => break,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A rollout the caller may see (`version` `None`: the pack's newest).
+    async fn visible_rollout(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        pack: &str,
+    ) -> AppResult<RolloutRow> {
+        let missing = || AppError::NotFound(format!("no rollout of pack {pack}"));
+        let tenant = caller.tenant_of(tenant).ok_or_else(missing)?;
+        self.store
+            .rollout(&PackKey::new(tenant, pack), None)
+            .await?
+            .ok_or_else(missing)
+    }
+
+    /// `rollout status`.
+    pub async fn rollout_status(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        pack: &str,
+    ) -> AppResult<RolloutStatus> {
+        let row = self.visible_rollout(caller, tenant, pack).await?;
+        let spec = spec_of(self, &row.key(), row.version).await?;
+        let (obs, agents) = self.observe(&row).await?;
+        Ok(RolloutStatus {
+            stages: spec.stages.len(),
+            row,
+            agents,
+            cohort: obs.cohort,
+            baseline: obs.baseline,
+        })
+    }
+
+    /// `rollout list`: the caller's tenant's (or every) rollout.
+    pub async fn rollout_list(&self, caller: &Caller) -> AppResult<Vec<RolloutRow>> {
+        Ok(self.store.rollouts(caller.tenant(), false).await?)
+    }
+
+    /// `rollout pause|resume|abort`: audited, refused ones included.
+    pub async fn rollout_command(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        pack: &str,
+        command: RolloutCommand,
+    ) -> AppResult<RolloutRow> {
+        let target_tenant = caller.tenant_of(tenant).unwrap_or_default();
+        let result = self
+            .rollout_command_inner(caller, tenant, pack, command)
+            .await;
+        self.audited(caller, &target_tenant, command.action(), pack, result)
+            .await
+    }
+
+    async fn rollout_command_inner(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        pack: &str,
+        command: RolloutCommand,
+    ) -> AppResult<RolloutRow> {
+        caller.may_change()?;
+        // A concurrent step (the driver on any replica) may move the
+        // rollout between the read and the write: read again and retry.
+        for _ in 0..16 {
+            let row = self.visible_rollout(caller, tenant, pack).await?;
+            let spec = spec_of(self, &row.key(), row.version).await?;
+            let who = caller.who.to_string();
+            let now = now_ns();
+            let step = match command {
+                RolloutCommand::Pause => rollout::pause(&row, &format!("paused by {who}"), now),
+                RolloutCommand::Resume => rollout::resume(&row, &who, now),
+                RolloutCommand::Abort => {
+                    rollout::abort(&spec, &row, &format!("aborted by {who}"), now)
+                }
+            }
+            .map_err(AppError::Conflict)?;
+            if self.apply(&row, step, &who).await? {
+                return self
+                    .store
+                    .rollout(&row.key(), Some(row.version))
+                    .await?
+                    .ok_or_else(|| AppError::NotFound(format!("no rollout of pack {pack}")));
+            }
+        }
+        Err(AppError::Unavailable(
+            "the rollout kept changing under this command; try again".into(),
+        ))
+    }
+}
+
+/// What an operator asks of a rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RolloutCommand {
+    /// Hold it where it is.
+    Pause,
+    /// Let a paused rollout go on.
+    Resume,
+    /// End it (final), with the pack's `on_abort`.
+    Abort,
+}
+
+impl RolloutCommand {
+    fn action(self) -> &'static str {
+        match self {
+            RolloutCommand::Pause => "rollout.pause",
+            RolloutCommand::Resume => "rollout.resume",
+            RolloutCommand::Abort => "rollout.abort",
+        }
+    }
+}
+
+/// `yaml` with its top-level `version:` set to `version`, if it has such
+/// a line (block style, as every pack this project shows is written).
+/// The result is parsed again by the caller's store path (the agents
+/// parse every pack), and checked here to name that version.
+pub fn with_version(yaml: &str, version: u64) -> Option<String> {
+    let mut done = false;
+    let mut out = String::with_capacity(yaml.len() + 8);
+    for line in yaml.split_inclusive('\n') {
+        let rest = line.strip_prefix("version:");
+        match rest {
+            Some(rest) if !done => {
+                let comment = rest.find('#').map(|i| &rest[i..]).unwrap_or("");
+                let eol = if line.ends_with('\n') { "\n" } else { "" };
+                out.push_str(&format!("version: {version}"));
+                if !comment.is_empty() {
+                    out.push_str(&format!("  {}", comment.trim_end()));
+                }
+                out.push_str(eol);
+                done = true;
+            }
+            _ => out.push_str(line),
+        }
+    }
+    let parsed = parse_pack(&out).ok()?;
+    (done && parsed.version == version).then_some(out)
+}
+
+/// Step open rollouts every [`TICK`] until `stop`.
+pub async fn run(app: Arc<App>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(TICK) => {}
+            _ = stop.changed() => return,
+        }
+        if let Err(e) = app.step_rollouts().await {
+            tracing::warn!("rollouts not stepped: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_line_is_rewritten_and_nothing_else() {
+        let y =
+            "pack: p\nversion: 3 # third\ninstructions:\n  - {id: a, action: noop, every: 1s}\n";
+        let out = with_version(y, 9).expect("rewritten");
+        assert_eq!(
+            out,
+            "pack: p\nversion: 9  # third\ninstructions:\n  - {id: a, action: noop, every: 1s}\n"
+        );
+        assert!(
+            with_version(
+                "{pack: p, version: 3, instructions: [{id: a, action: noop, every: 1s}]}",
+                4
+            )
+            .is_none()
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! A rollout as the store keeps it: where it stands, who is in its cohort,
+//! every verdict with its inputs, and the gate the planner reads.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// Where a rollout stands. Only `Paused` can be resumed; `Aborted`,
+/// `Superseded` and `Completed` are final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutState {
+    /// The next stage waits for one of the pack's windows.
+    WaitingWindow,
+    /// A stage is being delivered or watched.
+    Running,
+    /// Held until an operator resumes it (a deadline, or `rollout pause`).
+    Paused,
+    /// A stage failed, or an operator aborted it.
+    Aborted,
+    /// A newer push (or a cancel) of the pack ended it.
+    Superseded,
+    /// Every stage passed.
+    Completed,
+}
+
+impl RolloutState {
+    /// Its word (CLI, store, audit).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutState::WaitingWindow => "waiting_window",
+            RolloutState::Running => "running",
+            RolloutState::Paused => "paused",
+            RolloutState::Aborted => "aborted",
+            RolloutState::Superseded => "superseded",
+            RolloutState::Completed => "completed",
+        }
+    }
+
+    /// The state a stored word names.
+    pub fn parse(s: &str) -> Option<RolloutState> {
+        [
+            RolloutState::WaitingWindow,
+            RolloutState::Running,
+            RolloutState::Paused,
+            RolloutState::Aborted,
+            RolloutState::Superseded,
+            RolloutState::Completed,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    /// Nothing more happens to it.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            RolloutState::Aborted | RolloutState::Superseded | RolloutState::Completed
+        )
+    }
+
+    /// Its stages still move (automatically).
+    pub fn is_moving(self) -> bool {
+        matches!(self, RolloutState::WaitingWindow | RolloutState::Running)
+    }
+}
+
+/// A stage's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    /// Soak over, enough firings, every threshold held.
+    Pass,
+    /// A threshold crossed (or an agent refused the version).
+    Fail,
+    /// Too few firings, or agents offline, at the deadline.
+    Inconclusive,
+}
+
+impl VerdictKind {
+    /// Its word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerdictKind::Pass => "pass",
+            VerdictKind::Fail => "fail",
+            VerdictKind::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+/// What a cohort's firings in a window came to: a verdict's inputs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CohortFigures {
+    /// Agents whose firings these are.
+    pub agents: u64,
+    /// Firings settled (ran, failed, gave up, skipped, or unknown).
+    pub settled: u64,
+    /// Of them failed, gave up or skipped.
+    pub failed: u64,
+    /// Of them of unknown outcome.
+    pub unknown: u64,
+    /// Start lateness p99 of those that ran (ns).
+    pub lateness_p99_ns: Option<i64>,
+    /// Largest absolute clock offset among the agents (ns).
+    pub offset_max_ns: Option<i64>,
+}
+
+impl CohortFigures {
+    /// Failed firings as a percentage of settled ones (0 with none).
+    pub fn failed_percent(&self) -> f64 {
+        if self.settled == 0 {
+            0.0
+        } else {
+            self.failed as f64 * 100.0 / self.settled as f64
+        }
+    }
+}
+
+/// One verdict, stored with what it was decided on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VerdictRow {
+    /// Stage index (0-based).
+    pub stage: u32,
+    /// The verdict.
+    pub kind: VerdictKind,
+    /// Why, in words.
+    pub reason: String,
+    /// The new version's cohort over the stage's window.
+    pub cohort: CohortFigures,
+    /// The agents still on the old version, same window (`compare:
+    /// baseline`, when there are any).
+    pub baseline: Option<CohortFigures>,
+    /// Agents of the stage that never acked (offline, or refused).
+    pub missing: Vec<String>,
+    /// The window judged: from (ns since the epoch).
+    pub since_ns: i64,
+    /// When it was decided (ns since the epoch).
+    pub at_ns: i64,
+}
+
+/// A member of a rollout's cohort.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The stage that admitted it.
+    pub stage: u32,
+    /// Left out of a verdict at a deadline (`skip_offline`): never counted
+    /// as passed.
+    pub skipped: bool,
+}
+
+/// A rollout of one pack version, as stored. `rev` is its compare-and-set
+/// counter: a change names the `rev` it was computed from, so two
+/// replicas never both advance it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Pack id.
+    pub pack: String,
+    /// The version rolled out.
+    pub version: u64,
+    /// The version the agents outside the cohort keep (`None`: the pack
+    /// was new, they get nothing until admitted).
+    pub from: Option<u64>,
+    /// Compare-and-set counter (the store sets it).
+    pub rev: u64,
+    /// Where it stands.
+    pub state: RolloutState,
+    /// The current stage (0-based).
+    pub stage: u32,
+    /// When the current stage admitted its agents (`None`: not yet, it
+    /// waits for a window).
+    pub stage_started_ns: Option<i64>,
+    /// When every agent of the current stage held the version: the soak
+    /// runs from here.
+    pub soak_from_ns: Option<i64>,
+    /// When the current stage's deadline clock started: the stage's
+    /// start, a resume, or a `skip_offline` (whose stage gets one more
+    /// deadline, then pauses).
+    pub deadline_from_ns: Option<i64>,
+    /// `skip_offline` was applied to the current stage.
+    pub deadline_taken: bool,
+    /// The version republished with the old content by an abort's
+    /// rollback.
+    pub rollback: Option<u64>,
+    /// Why it is paused, aborted or superseded; empty otherwise.
+    pub reason: String,
+    /// Every verdict so far, oldest first.
+    pub verdicts: Vec<VerdictRow>,
+    /// The cohort: agents let onto the version, by id.
+    #[serde(skip)]
+    pub members: BTreeMap<String, Member>,
+    /// Created (ns since the epoch).
+    pub created_ns: i64,
+    /// Last changed (ns since the epoch).
+    pub updated_ns: i64,
+}
+
+impl RolloutRow {
+    /// A new rollout, waiting to start its first stage.
+    pub fn new(key: &super::PackKey, version: u64, from: Option<u64>, at_ns: i64) -> RolloutRow {
+        RolloutRow {
+            tenant: key.tenant.clone(),
+            pack: key.pack.clone(),
+            version,
+            from,
+            rev: 0,
+            state: RolloutState::WaitingWindow,
+            stage: 0,
+            stage_started_ns: None,
+            soak_from_ns: None,
+            deadline_from_ns: None,
+            deadline_taken: false,
+            rollback: None,
+            reason: String::new(),
+            verdicts: Vec::new(),
+            members: BTreeMap::new(),
+            created_ns: at_ns,
+            updated_ns: at_ns,
+        }
+    }
+
+    /// Its pack.
+    pub fn key(&self) -> super::PackKey {
+        super::PackKey::new(&self.tenant, &self.pack)
+    }
+
+    /// What the planner must do for the pack while this rollout is its
+    /// latest: `None` when it no longer gates anything (completed,
+    /// superseded).
+    pub fn gate(&self, on_abort_cancels: bool) -> Option<GateRow> {
+        match self.state {
+            RolloutState::Completed | RolloutState::Superseded => None,
+            RolloutState::Aborted => Some(GateRow {
+                rollout: self.version,
+                from: self.from,
+                members_hold: !on_abort_cancels,
+            }),
+            _ => Some(GateRow {
+                rollout: self.version,
+                from: self.from,
+                members_hold: true,
+            }),
+        }
+    }
+}
+
+/// What a rollout asks of the planner for its pack, stored with the pack
+/// (and changed in the same transaction as the rollout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRow {
+    /// The rollout (its version) whose cohort is let onto the latest.
+    pub rollout: u64,
+    /// What the others keep.
+    pub from: Option<u64>,
+    /// Members hold the latest; `false`: it is withdrawn from them (an
+    /// abort with `on_abort: safe_state`).
+    pub members_hold: bool,
+}
+
+/// A gate with the members the planner is deciding for (all of the
+/// cohort, or only the one agent being planned).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gate {
+    /// As stored.
+    pub row: GateRow,
+    /// Members among the agents being planned.
+    pub admitted: BTreeSet<String>,
+}
+
+/// A change to a rollout, applied only if its `rev` is still the stored
+/// one ([`crate::store::Store::advance_rollout`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RolloutChange {
+    /// The rollout as it should be (its `rev` the one it was read at).
+    pub row: RolloutRow,
+    /// Agents admitted now (they join `members`).
+    pub admit: Vec<(String, Member)>,
+    /// Members marked skipped now.
+    pub skip: Vec<String>,
+    /// A pack version to store with it (an abort's rollback).
+    pub republish: Option<super::PackVersionRow>,
+    /// The pack's gate from now on ([`RolloutRow::gate`]).
+    pub gate: Option<GateRow>,
+}

@@ -1,0 +1,114 @@
+//! Rollouts in the memory store, as `sql::rollouts` keeps them.
+
+use super::State;
+use crate::store::{
+    PackKey, PackVersionRow, RolloutChange, RolloutRow, RolloutState, StoreError, StoreResult,
+};
+
+fn set_gate(s: &mut State, key: &PackKey, gate: Option<crate::store::GateRow>) {
+    if let Some(p) = s.packs.get_mut(key) {
+        p.gate = gate;
+    }
+}
+
+/// Ends the pack's open rollouts; the `from` of the last one, if any.
+fn supersede(s: &mut State, key: &PackKey, why: &str, at_ns: i64) -> Option<Option<u64>> {
+    let mut from = None;
+    for ((k, _), r) in s.rollouts.iter_mut() {
+        if k == key && !r.state.is_final() {
+            from = Some(r.from);
+            r.state = RolloutState::Superseded;
+            r.reason = why.to_string();
+            r.updated_ns = at_ns;
+            r.rev += 1;
+        }
+    }
+    from
+}
+
+/// A new version was stored (see `sql::rollouts::put_pack`).
+pub(super) fn on_new_version(s: &mut State, p: &PackVersionRow, live_latest: Option<u64>) {
+    let key = p.key();
+    let superseded = supersede(s, &key, &format!("v{} pushed", p.version), p.pushed_ns);
+    if !p.rollout {
+        set_gate(s, &key, None);
+        return;
+    }
+    let row = RolloutRow::new(
+        &key,
+        p.version,
+        superseded.unwrap_or(live_latest),
+        p.pushed_ns,
+    );
+    set_gate(s, &key, row.gate(false));
+    s.rollouts.insert((key, p.version), row);
+}
+
+pub(super) fn on_cancel(s: &mut State, key: &PackKey, at_ns: i64) {
+    supersede(s, key, "the pack was cancelled", at_ns);
+    set_gate(s, key, None);
+}
+
+pub(super) fn load(s: &State, key: &PackKey, version: Option<u64>) -> Option<RolloutRow> {
+    s.rollouts
+        .iter()
+        .filter(|((k, v), _)| k == key && version.is_none_or(|want| *v == want))
+        .map(|(_, r)| r.clone())
+        .next_back()
+}
+
+pub(super) fn list(s: &State, tenant: Option<&str>, open_only: bool) -> Vec<RolloutRow> {
+    let mut out: Vec<RolloutRow> = s
+        .rollouts
+        .values()
+        .filter(|r| tenant.is_none_or(|t| r.tenant == t) && !(open_only && r.state.is_final()))
+        .cloned()
+        .collect();
+    out.sort_by(|a, b| (&a.tenant, &a.pack, b.version).cmp(&(&b.tenant, &b.pack, a.version)));
+    out
+}
+
+/// Applies `change` if the stored rev is still its rev; whether it was.
+pub(super) fn advance(s: &mut State, change: &RolloutChange) -> StoreResult<bool> {
+    let key = change.row.key();
+    let Some(stored) = s.rollouts.get(&(key.clone(), change.row.version)) else {
+        return Ok(false);
+    };
+    if stored.rev != change.row.rev {
+        return Ok(false);
+    }
+    if let Some(p) = &change.republish {
+        let latest = s.packs.get(&key).map_or(0, |r| r.latest);
+        if p.version <= latest {
+            return Err(StoreError::VersionOlder {
+                tenant: p.tenant.clone(),
+                pack: p.pack.clone(),
+                version: p.version,
+                latest,
+            });
+        }
+    }
+    let mut row = change.row.clone();
+    row.members = stored.members.clone();
+    row.rev += 1;
+    for (id, m) in &change.admit {
+        row.members.entry(id.clone()).or_insert(*m);
+    }
+    for id in &change.skip {
+        if let Some(m) = row.members.get_mut(id) {
+            m.skipped = true;
+        }
+    }
+    if let Some(p) = &change.republish {
+        if let Some(rec) = s.packs.get_mut(&key) {
+            rec.latest = p.version;
+            rec.targets = p.targets.clone();
+            rec.pushed_ns = p.pushed_ns;
+            rec.cancelled_ns = None;
+        }
+        s.versions.insert((key.clone(), p.version), p.clone());
+    }
+    set_gate(s, &key, change.gate);
+    s.rollouts.insert((key, row.version), row);
+    Ok(true)
+}

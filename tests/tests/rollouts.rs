@@ -1,0 +1,245 @@
+//! Staged rollouts end to end: a real controller and agents on sim GPIO.
+//! A canary that fails its threshold aborts the rollout, no other agent
+//! gets the version, and the canary runs the old version's actions again
+//! (rolled back as a higher version); a window in the future holds a
+//! rollout, also across a controller restart; a push supersedes it;
+//! pause holds a stage that would pass, resume lets it complete.
+
+use std::path::Path;
+use std::time::Duration;
+
+use baton_e2e::fleet::{Agent, Controller, json_lines, start_agent_clock, start_controller};
+use baton_e2e::wait_until;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn write(dir: &Path, name: &str, yaml: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, yaml).expect("write pack");
+    p.to_str().expect("utf-8").to_string()
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Toggles line 5 every 100 ms: the old version's action.
+fn toggling(version: u64, rollout: &str) -> String {
+    format!(
+        "pack: p\nversion: {version}\ntargets: {{agents: [a1, a2, a3]}}\n\
+         safe_state:\n  - {{action: gpio.write, params: {{line: 5, value: 0}}}}\n\
+         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {{line: 5}}\n    every: 100ms\n{rollout}"
+    )
+}
+
+/// Runs `/bin/false` every 100 ms: every firing fails.
+fn failing(version: u64, rollout: &str) -> String {
+    format!(
+        "pack: p\nversion: {version}\ntargets: {{agents: [a1, a2, a3]}}\n\
+         instructions:\n  - id: run\n    action: exec\n    params: {{program: /bin/false}}\n    every: 100ms\n{rollout}"
+    )
+}
+
+fn fleet(dir: &Path) -> (Controller, Vec<Agent>) {
+    let c = start_controller(&dir.join("ctl"), "127.0.0.1:0");
+    let cfg = dir.join("agent.yaml");
+    std::fs::write(&cfg, "exec-allowlist: [/bin/false]\n").expect("config");
+    let cfg = cfg.to_str().expect("utf-8").to_string();
+    let agents: Vec<Agent> = ["a1", "a2", "a3"]
+        .iter()
+        .map(|id| {
+            let mut extra = vec!["--config", cfg.as_str()];
+            if *id == "a2" {
+                // The canary is not first by id: the label decides.
+                extra.extend(["--label", "canary=true"]);
+            }
+            start_agent_clock(&dir.join(id), id, &c.url, &extra)
+        })
+        .collect();
+    for a in &agents {
+        assert!(
+            wait_until(WAIT, || c.connected(&a.id)),
+            "{} never connected:\n{}",
+            a.id,
+            a.log()
+        );
+    }
+    (c, agents)
+}
+
+/// The version each agent holds of `p`.
+fn held(c: &Controller, agent: &str) -> Option<u64> {
+    c.agents()
+        .iter()
+        .filter(|a| a["id"] == agent)
+        .flat_map(|a| a["packs"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["pack"] == "p")
+        .and_then(|p| p["version"].as_u64())
+}
+
+fn status(c: &Controller) -> serde_json::Value {
+    let o = c.ctl(&["rollout", "status", "p", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    json_lines(&o.stdout).pop().expect("one rollout")
+}
+
+fn push(c: &Controller, path: &str) {
+    let o = c.ctl(&["push", path]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// Versions of `p` in an agent's GPIO writes, in order of first write.
+fn versions_written(a: &Agent) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in a.writes() {
+        let v = w["execution_id"]
+            .as_str()
+            .and_then(|id| id.split('/').nth(2))
+            .unwrap_or_default()
+            .to_string();
+        if !v.is_empty() && out.last() != Some(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_failing_canary_aborts_the_rollout_and_is_rolled_back_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (c, agents) = fleet(dir.path());
+    push(&c, &write(dir.path(), "v1.yaml", &toggling(1, "")));
+    assert!(wait_until(WAIT, || agents
+        .iter()
+        .all(|a| held(&c, &a.id) == Some(1))));
+    let rollout = "rollout:\n  stages: [{agents: 1}, {percent: 100}]\n  soak: 1m\n  min_firings: 3\n  abort_if: {failed_percent: 10}\n";
+    push(&c, &write(dir.path(), "v2.yaml", &failing(2, rollout)));
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "aborted"),
+        "never aborted: {}\n{}",
+        status(&c),
+        c.log()
+    );
+    let s = status(&c);
+    let verdict = &s["verdicts"][0];
+    assert_eq!(verdict["verdict"], "fail", "{s}");
+    assert!(
+        verdict["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("above failed_percent 10%")),
+        "{s}"
+    );
+    assert!(verdict["cohort"]["failed"].as_u64() > Some(0), "{s}");
+    assert_eq!(s["rollback"], 3, "{s}");
+    let cohort: Vec<&str> = s["agents"]
+        .as_array()
+        .expect("agents")
+        .iter()
+        .filter(|a| !a["stage"].is_null())
+        .filter_map(|a| a["id"].as_str())
+        .collect();
+    assert_eq!(cohort, ["a2"], "the canary alone: {s}");
+    // The canary runs v1's action again, as v3; the others never saw v2.
+    let a2 = &agents[1];
+    assert!(
+        wait_until(WAIT, || versions_written(a2).last().map(String::as_str)
+            == Some("v3")),
+        "{:?}\n{}",
+        versions_written(a2),
+        a2.log()
+    );
+    assert_eq!(held(&c, "a2"), Some(3));
+    for a in [&agents[0], &agents[2]] {
+        assert_eq!(held(&c, &a.id), Some(1), "{}", a.id);
+        assert_eq!(versions_written(a), ["v1"], "{}", a.id);
+    }
+    // Every step is in the audit log.
+    let audit = text(&c.ctl(&["audit", "--json"]));
+    for needle in ["stage 1 of 2 started", "verdict fail", "aborted:"] {
+        assert!(audit.contains(needle), "{needle}: {audit}");
+    }
+}
+
+#[test]
+fn windows_restarts_supersede_and_pause_resume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut c, agents) = fleet(dir.path());
+    push(&c, &write(dir.path(), "v1.yaml", &toggling(1, "")));
+    assert!(wait_until(WAIT, || agents
+        .iter()
+        .all(|a| held(&c, &a.id) == Some(1))));
+    // A window years ahead: the rollout waits, across a restart.
+    let later = "rollout:\n  stages: [{percent: 100}]\n  windows: [{cron: \"0 0 3 1 1 * 2099\", duration: 1h}]\n";
+    push(&c, &write(dir.path(), "v2.yaml", &toggling(2, later)));
+    assert!(wait_until(WAIT, || status(&c)["state"] == "waiting_window"));
+    c.restart();
+    assert!(wait_until(WAIT, || agents
+        .iter()
+        .all(|a| c.connected(&a.id))));
+    let s = status(&c);
+    assert_eq!(
+        (s["state"].as_str(), s["members"].as_u64()),
+        (Some("waiting_window"), Some(0)),
+        "{s}"
+    );
+    assert!(agents.iter().all(|a| held(&c, &a.id) == Some(1)));
+
+    // A push supersedes it; its canary stage is paused once it starts.
+    let staged = "rollout:\n  stages: [{agents: 1}, {percent: 100}]\n  soak: 2s\n  min_firings: 3\n  abort_if: {failed_percent: 10}\n";
+    push(&c, &write(dir.path(), "v3.yaml", &toggling(3, staged)));
+    let list = c.ctl(&["rollout", "list", "--json"]);
+    let list = json_lines(&list.stdout);
+    assert!(
+        list.iter()
+            .any(|r| r["version"] == 2 && r["state"] == "superseded" && r["reason"] == "v3 pushed"),
+        "{list:?}"
+    );
+    assert!(
+        wait_until(WAIT, || held(&c, "a2") == Some(3)),
+        "{}",
+        status(&c)
+    );
+    let o = c.ctl(&["rollout", "pause", "p"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Paused with everything a pass needs: it does not move.
+    assert!(
+        wait_until(WAIT, || status(&c)["cohort"]["settled"].as_u64()
+            >= Some(20)),
+        "{}",
+        status(&c)
+    );
+    let s = status(&c);
+    assert_eq!(
+        (s["state"].as_str(), s["stage"].as_u64()),
+        (Some("paused"), Some(1)),
+        "{s}"
+    );
+    assert_eq!(held(&c, "a1"), Some(1));
+    assert_eq!(held(&c, "a3"), Some(1));
+    // Pausing again is refused with the reason.
+    let again = c.ctl(&["rollout", "pause", "p"]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(text(&again).contains("only a waiting or running rollout can be paused"));
+    let o = c.ctl(&["rollout", "resume", "p"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "completed"),
+        "{}",
+        status(&c)
+    );
+    assert!(wait_until(WAIT, || agents
+        .iter()
+        .all(|a| held(&c, &a.id) == Some(3))));
+    let s = status(&c);
+    let kinds: Vec<&str> = s["verdicts"]
+        .as_array()
+        .expect("verdicts")
+        .iter()
+        .filter_map(|v| v["verdict"].as_str())
+        .collect();
+    assert_eq!(kinds, ["pass", "pass"], "{s}");
+}
