@@ -787,3 +787,52 @@ fn postgres_restarted_mid_run_leaves_every_replica_serving_and_loses_nothing_ack
     // is stored once: nothing the store acknowledged was lost.
     exactly_once(&site, other);
 }
+
+#[test]
+fn a_rollout_moves_on_once_across_replicas_and_survives_a_replica_kill() {
+    let _serial = serial();
+    let Some((mut site, first)) = start_ticking(["10s", "10s", "10s"], "before the rollout") else {
+        return; // not installed and not required: `baton_testpg` said so
+    };
+    let rollout = "rollout:\n  stages: [{percent: 100}]\n  soak: 3s\n  min_firings: 5\n  abort_if: {failed_percent: 10}\n";
+    let o = site.push(&first.owner, "p2.yaml", &format!("{}{rollout}", ticking(2)));
+    assert!(
+        o.status.success(),
+        "push v2: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let status = |site: &Site, via: &str| -> serde_json::Value {
+        let o = site.replica(via).ctl(&["rollout", "status", "p", "--json"]);
+        json_lines(&o.stdout).pop().unwrap_or_default()
+    };
+    assert!(
+        wait_until(WAIT, || status(&site, &first.owner)["members"] == 1),
+        "the stage never started: {}\n{}",
+        status(&site, &first.owner),
+        site.logs()
+    );
+    // The replica holding the agent dies mid-stage; another takes the
+    // agent, and the rollout (stepped by every live replica) completes.
+    site.replica_mut(&first.owner).kill9();
+    let second = site.owned(&[&first.owner], first.session_gen);
+    assert!(
+        wait_until(WAIT, || status(&site, &second.owner)["state"]
+            == "completed"),
+        "{}\n{}",
+        status(&site, &second.owner),
+        site.logs()
+    );
+    assert!(wait_until(WAIT, || site.executed(&second.owner, Some(2)) >= 5));
+    // Each step was taken once, whichever replica took it.
+    let audit =
+        String::from_utf8_lossy(&site.replica(&second.owner).ctl(&["audit", "--json"]).stdout)
+            .into_owned();
+    for step in [
+        "stage 1 of 1 started",
+        "stage 1 verdict pass",
+        "completed: every stage passed",
+    ] {
+        assert_eq!(audit.matches(step).count(), 1, "{step}: {audit}");
+    }
+    exactly_once(&site, &second.owner);
+}

@@ -3,7 +3,9 @@
 //! gets the version, and the canary runs the old version's actions again
 //! (rolled back as a higher version); a window in the future holds a
 //! rollout, also across a controller restart; a push supersedes it;
-//! pause holds a stage that would pass, resume lets it complete.
+//! pause holds a stage that would pass, resume lets it complete; an
+//! offline agent pauses its stage at the deadline (offline never passes);
+//! a late cohort fails `compare: baseline`, the same agents on time pass.
 
 use std::path::Path;
 use std::time::Duration;
@@ -235,6 +237,157 @@ fn windows_restarts_supersede_and_pause_resume() {
         .iter()
         .all(|a| held(&c, &a.id) == Some(3))));
     let s = status(&c);
+    let kinds: Vec<&str> = s["verdicts"]
+        .as_array()
+        .expect("verdicts")
+        .iter()
+        .filter_map(|v| v["verdict"].as_str())
+        .collect();
+    assert_eq!(kinds, ["pass", "pass"], "{s}");
+}
+
+#[test]
+fn an_offline_agent_pauses_its_stage_at_the_deadline_and_never_passes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (c, mut agents) = fleet(dir.path());
+    push(&c, &write(dir.path(), "v1.yaml", &toggling(1, "")));
+    assert!(wait_until(WAIT, || agents
+        .iter()
+        .all(|a| held(&c, &a.id) == Some(1))));
+    agents[2].kill9();
+    assert!(wait_until(WAIT, || !c.connected("a3")));
+    let rollout = "rollout:\n  stages: [{percent: 100}]\n  soak: 1s\n  min_firings: 3\n  stage_deadline: {after: 4s, then: pause}\n";
+    push(&c, &write(dir.path(), "v2.yaml", &toggling(2, rollout)));
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "paused"),
+        "{}",
+        status(&c)
+    );
+    let s = status(&c);
+    let v = &s["verdicts"][0];
+    assert_eq!(v["verdict"], "inconclusive", "{s}");
+    assert_eq!(v["missing"], serde_json::json!(["a3"]), "{s}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("1 agent(s) never acked (1 offline): a3")),
+        "{s}"
+    );
+    assert_eq!(
+        s["verdicts"].as_array().map(Vec::len),
+        Some(1),
+        "no pass: {s}"
+    );
+    // Back online it gets the version it was admitted to; resumed, the
+    // stage passes on every agent.
+    agents[2].restart();
+    assert!(
+        wait_until(WAIT, || held(&c, "a3") == Some(2)),
+        "{}",
+        status(&c)
+    );
+    let o = c.ctl(&["rollout", "resume", "p"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "completed"),
+        "{}",
+        status(&c)
+    );
+    let s = status(&c);
+    let pass = &s["verdicts"][1];
+    assert_eq!(
+        (
+            pass["verdict"].as_str(),
+            pass["missing"].as_array().map(Vec::len)
+        ),
+        (Some("pass"), Some(0)),
+        "{s}"
+    );
+}
+
+/// v`version`: toggles line 5 every 100 ms and, with `slow`, also runs
+/// `/bin/sleep 0.3` every 100 ms on the agent's one exec worker, so its
+/// firings start later and later.
+fn maybe_slow(version: u64, slow: bool, rollout: &str) -> String {
+    let sleep = if slow {
+        "  - id: slow\n    action: exec\n    params: {program: /bin/sleep, args: ['0.3']}\n    every: 100ms\n"
+    } else {
+        ""
+    };
+    format!(
+        "pack: p\nversion: {version}\ntargets: {{agents: [a1, a2, a3]}}\n\
+         defaults: {{max_lateness: 1h, timeout: 5s}}\n\
+         instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {{line: 5}}\n    every: 100ms\n{sleep}{rollout}"
+    )
+}
+
+#[test]
+fn a_late_cohort_fails_compare_baseline_and_the_same_agents_on_time_pass() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let cfg = dir.path().join("agent.yaml");
+    std::fs::write(&cfg, "exec-allowlist: [/bin/sleep]\nexec-workers: 1\n").expect("config");
+    let cfg = cfg.to_str().expect("utf-8").to_string();
+    let agents: Vec<Agent> = ["a1", "a2", "a3"]
+        .iter()
+        .map(|id| {
+            start_agent_clock(
+                &dir.path().join(id),
+                id,
+                &c.url,
+                &["--config", cfg.as_str()],
+            )
+        })
+        .collect();
+    for a in &agents {
+        assert!(wait_until(WAIT, || c.connected(&a.id)), "{}", a.log());
+    }
+    push(&c, &write(dir.path(), "v1.yaml", &maybe_slow(1, false, "")));
+    assert!(wait_until(WAIT, || agents
+        .iter()
+        .all(|a| held(&c, &a.id) == Some(1))));
+    let gate = "rollout:\n  stages: [{agents: 1}, {percent: 100}]\n  soak: 2s\n  min_firings: 10\n  abort_if: {lateness_p99: 50ms}\n  compare: baseline\n";
+    push(
+        &c,
+        &write(dir.path(), "v2.yaml", &maybe_slow(2, true, gate)),
+    );
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "aborted"),
+        "{}",
+        status(&c)
+    );
+    let s = status(&c);
+    let v = &s["verdicts"][0];
+    assert_eq!(v["verdict"], "fail", "{s}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("lateness p99") && r.contains("above the baseline's")),
+        "{s}"
+    );
+    let (late, base) = (
+        v["cohort"]["lateness_p99_ns"].as_i64().expect("cohort p99"),
+        v["baseline"]["lateness_p99_ns"]
+            .as_i64()
+            .expect("baseline p99"),
+    );
+    assert!(
+        late > base + 50_000_000,
+        "cohort {late} ns, baseline {base} ns"
+    );
+    // The same agents, the same gate, without the slow exec: it passes
+    // every stage (the rolled-back v3 is the baseline now).
+    push(
+        &c,
+        &write(dir.path(), "v4.yaml", &maybe_slow(4, false, gate)),
+    );
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "completed"),
+        "{}",
+        status(&c)
+    );
+    let s = status(&c);
+    assert_eq!(s["version"], 4, "{s}");
     let kinds: Vec<&str> = s["verdicts"]
         .as_array()
         .expect("verdicts")
