@@ -330,3 +330,75 @@ async fn retention_deletes_only_what_is_older_than_its_window() {
         "{m}"
     );
 }
+
+/// A rollout is seen and commanded only within its tenant, and only by
+/// operators and admins; every command is audited, refused ones too.
+#[tokio::test]
+async fn rollouts_stay_within_their_tenant_and_role() {
+    let app = app(Binding::Tenants);
+    hello(&app, "a1", &["t"], &[]).await;
+    let staged = format!(
+        "{}rollout:\n  stages: [{{percent: 100}}]\n",
+        yaml("t", "p", 1, "{agents: [a1]}")
+    );
+    let t_op = op("t", Role::Operator);
+    app.push(&t_op, staged, "p.yaml").await.expect("pushed");
+    let s = app.rollout_status(&t_op, "", "p").await.expect("status");
+    assert_eq!((s.row.version, s.agents.len()), (1, 1));
+    let u_admin = op("u", Role::Admin);
+    for r in [
+        app.rollout_status(&u_admin, "t", "p").await.map(|_| ()),
+        app.rollout_status(&u_admin, "", "p").await.map(|_| ()),
+    ] {
+        assert!(matches!(r, Err(AppError::NotFound(_))), "{r:?}");
+    }
+    assert!(app.rollout_list(&u_admin).await.expect("list").is_empty());
+    assert_eq!(app.rollout_list(&t_op).await.expect("list").len(), 1);
+    let paused = app
+        .rollout_command(&u_admin, "t", "p", super::rollouts::RolloutCommand::Pause)
+        .await;
+    assert!(matches!(paused, Err(AppError::NotFound(_))), "{paused:?}");
+    let viewer = app
+        .rollout_command(
+            &op("t", Role::Viewer),
+            "",
+            "p",
+            super::rollouts::RolloutCommand::Pause,
+        )
+        .await;
+    assert!(matches!(viewer, Err(AppError::Denied(_))), "{viewer:?}");
+    let row = app
+        .rollout_command(&t_op, "", "p", super::rollouts::RolloutCommand::Pause)
+        .await
+        .expect("paused");
+    assert_eq!(row.state, crate::model::RolloutState::Paused);
+    let audit = app.store.audit(None, 0, 100).await.expect("audit");
+    let pauses: Vec<&str> = audit
+        .iter()
+        .filter(|r| r.action == "rollout.pause")
+        .map(|r| r.result.as_str())
+        .collect();
+    assert_eq!(pauses.len(), 3, "{pauses:?}");
+    assert_eq!(
+        pauses.iter().filter(|r| **r == "ok").count(),
+        1,
+        "{pauses:?}"
+    );
+    // `activate: together` is refused whole until agents can stage.
+    let together = format!(
+        "{}rollout:\n  stages: [{{percent: 100}}]\n  activate: together\n",
+        yaml("t", "q", 1, "{agents: [a1]}")
+    );
+    let r = app.push(&t_op, together, "q.yaml").await;
+    assert!(
+        matches!(&r, Err(AppError::Invalid(m)) if m.contains("activate: together is not supported")),
+        "{r:?}"
+    );
+    assert!(
+        app.store
+            .pack_version(&crate::model::PackKey::new("t", "q"), None)
+            .await
+            .expect("read")
+            .is_none()
+    );
+}

@@ -133,6 +133,92 @@ fn a_live_pack_targeting_a_served_agent_is_wanted_at_its_latest() {
     }
 }
 
+/// `p` gated by a rollout of v`rollout` from `from`, `admitted` in its
+/// cohort.
+fn gated(
+    p: PackTargets,
+    rollout: u64,
+    from: Option<u64>,
+    hold: bool,
+    admitted: &[&str],
+) -> PackTargets {
+    PackTargets {
+        gate: Some(crate::model::Gate {
+            row: crate::model::GateRow {
+                rollout,
+                from,
+                members_hold: hold,
+            },
+            admitted: admitted.iter().map(|s| (*s).to_owned()).collect(),
+        }),
+        ..p
+    }
+}
+
+fn held_v(version: u64) -> Option<Held> {
+    Some(Held {
+        version,
+        stopped: false,
+    })
+}
+
+#[test]
+fn a_rollout_gate_lets_its_cohort_onto_the_latest_and_keeps_the_others_where_they_are() {
+    let (a1, a2) = (agent("a1", &["t"], &[]), agent("a2", &["t"], &[]));
+    let p = gated(pack("t", 4, ids(&["a1", "a2"])), 4, Some(2), true, &["a1"]);
+    let b = Binding::Tenants;
+    assert_eq!(wanted(&a1, &p, held_v(2), b), Some(4), "a member");
+    assert_eq!(
+        wanted(&a2, &p, held_v(2), b),
+        Some(2),
+        "an outsider keeps v2"
+    );
+    assert_eq!(
+        wanted(&a2, &p, None, b),
+        Some(2),
+        "an outsider with nothing gets from"
+    );
+    assert_eq!(
+        wanted(&a2, &p, held_v(1), b),
+        Some(2),
+        "an outsider below from gets from"
+    );
+    assert_eq!(
+        wanted(&a2, &p, held_v(3), b),
+        Some(3),
+        "an outsider of a superseded rollout keeps its newer copy"
+    );
+    assert_eq!(
+        wanted(&a2, &p, held_v(9), b),
+        Some(4),
+        "never above the latest"
+    );
+    // A new pack: outsiders get nothing until admitted.
+    let new = gated(pack("t", 1, ids(&["a1", "a2"])), 1, None, true, &["a1"]);
+    assert_eq!(wanted(&a1, &new, None, b), Some(1));
+    assert_eq!(wanted(&a2, &new, None, b), None);
+    // An abort with `on_abort: safe_state`: the cohort's copy is withdrawn.
+    let withdrawn = gated(pack("t", 4, ids(&["a1", "a2"])), 4, Some(2), false, &["a1"]);
+    assert_eq!(wanted(&a1, &withdrawn, held_v(4), b), None);
+    let row = plan(
+        &a1,
+        &PackKey::new("t", "p"),
+        Some(&withdrawn),
+        None,
+        held_v(4),
+        b,
+        9,
+    )
+    .unwrap();
+    assert_eq!(
+        (row.intent, action(&row)),
+        (Intent::Withdraw, Some(Action::Cancel(4)))
+    );
+    // The gate never reaches past targeting.
+    let a3 = agent("a3", &["t"], &[]);
+    assert_eq!(wanted(&a3, &p, held_v(2), b), None);
+}
+
 #[test]
 fn a_cancelled_pack_is_wanted_by_nobody() {
     let a = agent("a1", &["t"], &[]);
