@@ -62,7 +62,7 @@ fn defaults_fill_what_is_not_written_and_windows_take_the_pack_zone() {
     let r = p.rollout.expect("rollout");
     assert_eq!(r.soak, DEFAULT_SOAK);
     assert_eq!(r.min_firings, DEFAULT_MIN_FIRINGS);
-    assert_eq!(r.abort_if, AbortIf::default());
+    assert_eq!(r.abort_if, DEFAULT_ABORT_IF);
     assert_eq!(r.compare, Compare::Absolute);
     assert_eq!(r.stage_deadline, None);
     assert_eq!(r.activate, Activate::OnArrival);
@@ -116,6 +116,11 @@ fn each_mistake_is_reported_at_its_line() {
             "  stages: [{percent: 100}]\n  abort_if: {failed_percent: 120}\n",
             (8, 30),
             "failed_percent must be within 0 and 100",
+        ),
+        (
+            "  stages: [{percent: 100}]\n  min_firings: 0\n",
+            (8, 16),
+            "rollout.min_firings must be at least 1",
         ),
         (
             "  stages: [{percent: 100}]\n  compare: average\n",

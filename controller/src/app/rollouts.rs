@@ -59,6 +59,8 @@ pub(crate) struct Tally {
     after_id: u64,
     cohort: Acc,
     baseline: Acc,
+    /// Settled firings of the agents the current stage admitted.
+    stage_settled: u64,
 }
 
 /// One cohort's firings in a stage's window: counts and a lateness
@@ -121,6 +123,7 @@ impl Acc {
         CohortFigures {
             agents,
             settled: self.settled,
+            stage_settled: 0,
             failed: self.failed,
             unknown: self.unknown,
             lateness_p99_ns,
@@ -223,7 +226,7 @@ impl App {
             });
         }
         out.sort_by(|a, b| (a.stage.is_none(), &a.view.id).cmp(&(b.stage.is_none(), &b.view.id)));
-        let (cohort, baseline) = self.figures(row, &out).await?;
+        let (cohort, baseline, stage_settled) = self.figures(row, &out).await?;
         let members = out
             .iter()
             .filter(|a| a.stage.is_some() && !a.skipped)
@@ -232,20 +235,35 @@ impl App {
             .iter()
             .filter(|a| a.stage.is_none() && a.held.is_some() && a.held == row.from)
             .count() as u64;
+        // The last stage leaves nobody outside the cohort: its baseline
+        // is the one the stage before it was judged against (the README
+        // says so), not an absolute threshold in disguise.
+        let baseline = if outsiders > 0 {
+            Some(baseline.figures(outsiders, off_base))
+        } else {
+            row.verdicts.iter().rev().find_map(|v| v.baseline.clone())
+        };
         let obs = Observed {
             now_ns: now_ns(),
             targets: out.iter().map(|a| a.view.clone()).collect(),
-            cohort: cohort.figures(members, off_new),
-            baseline: (outsiders > 0).then(|| baseline.figures(outsiders, off_base)),
+            cohort: CohortFigures {
+                stage_settled,
+                ..cohort.figures(members, off_new)
+            },
+            baseline,
         };
         Ok((obs, out))
     }
 
     /// Feedback of the current stage's window: the cohort's firings of
     /// the version, the baseline's of `from`. Read incrementally.
-    async fn figures(&self, row: &RolloutRow, agents: &[RolloutAgent]) -> AppResult<(Acc, Acc)> {
+    async fn figures(
+        &self,
+        row: &RolloutRow,
+        agents: &[RolloutAgent],
+    ) -> AppResult<(Acc, Acc, u64)> {
         let Some(since) = row.stage_started_ns else {
-            return Ok((Acc::default(), Acc::default()));
+            return Ok((Acc::default(), Acc::default(), 0));
         };
         let key = row.key();
         let slot = (key.clone(), row.version, row.stage, since);
@@ -255,9 +273,12 @@ impl App {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&slot)
             .unwrap_or_default();
-        let member: HashMap<&str, bool> = agents
+        // Members (with the stage that admitted them) and outsiders;
+        // skipped members count for neither.
+        let member: HashMap<&str, Option<u32>> = agents
             .iter()
-            .map(|a| (a.view.id.as_str(), a.stage.is_some() && !a.skipped))
+            .filter(|a| !a.skipped)
+            .map(|a| (a.view.id.as_str(), a.stage))
             .collect();
         loop {
             let page = self
@@ -275,8 +296,14 @@ impl App {
             for f in &page {
                 tally.after_id = tally.after_id.max(f.id);
                 match member.get(f.agent_id.as_str()) {
-                    Some(true) if f.version == row.version => tally.cohort.add(f),
-                    Some(false) if Some(f.version) == row.from => tally.baseline.add(f),
+                    Some(Some(stage)) if f.version == row.version => {
+                        let before = tally.cohort.settled;
+                        tally.cohort.add(f);
+                        if *stage == row.stage {
+                            tally.stage_settled += tally.cohort.settled - before;
+                        }
+                    }
+                    Some(None) if Some(f.version) == row.from => tally.baseline.add(f),
                     _ => {}
                 }
             }
@@ -284,7 +311,11 @@ impl App {
                 break;
             }
         }
-        let out = (tally.cohort.clone(), tally.baseline.clone());
+        let out = (
+            tally.cohort.clone(),
+            tally.baseline.clone(),
+            tally.stage_settled,
+        );
         let mut t = self
             .rollout_tallies
             .lock()
@@ -333,21 +364,26 @@ impl App {
         let Some(changed) = self.store.advance_rollout(change, now_ns()).await? else {
             return Ok(false);
         };
+        // Stored: the sessions act on it first, whatever happens to the
+        // audit records after.
+        self.delivered(&changed, republish.map(Arc::new).as_ref());
         for line in &said {
             tracing::info!(pack = %key, version = row.version, "rollout: {line}");
-            self.store
-                .put_audit(AuditRow {
-                    at_ns: now_ns(),
-                    who: who.to_string(),
-                    tenant: key.tenant.clone(),
-                    role: String::new(),
-                    action: "rollout".into(),
-                    target: format!("{key} v{}", row.version),
-                    result: line.clone(),
-                })
-                .await?;
+            let audit = AuditRow {
+                at_ns: now_ns(),
+                who: who.to_string(),
+                tenant: key.tenant.clone(),
+                role: String::new(),
+                action: "rollout".into(),
+                target: format!("{key} v{}", row.version),
+                result: line.clone(),
+            };
+            if let Err(e) = self.store.put_audit(audit).await {
+                // The step is stored and acted on; its record is what is
+                // missing (the log line above says it).
+                tracing::error!(pack = %key, "rollout step not audited: {e}");
+            }
         }
-        self.delivered(&changed, republish.map(Arc::new).as_ref());
         Ok(true)
     }
 
@@ -413,6 +449,13 @@ impl App {
         let who = self.replica().unwrap_or("controller").to_string();
         let spec = spec_of(self, &row.key(), row.version).await?;
         for _ in 0..8 {
+            if row.state == crate::model::RolloutState::WaitingWindow
+                && row.stage_started_ns.is_none()
+                && !rollout::window_open(&spec, now_ns())
+            {
+                // Nothing to observe until a window opens.
+                break;
+            }
             let (obs, _) = self.observe(&row).await?;
             let step = rollout::step(&spec, &row, &obs);
             if step.next.is_none() || !self.apply(&row, step, &who).await? {

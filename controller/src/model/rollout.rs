@@ -95,6 +95,11 @@ pub struct CohortFigures {
     pub agents: u64,
     /// Firings settled (ran, failed, gave up, skipped, or unknown).
     pub settled: u64,
+    /// Of them, those of the agents the current stage admitted: a stage
+    /// that admitted agents is judged on their firings, not on what the
+    /// earlier stages' agents fire.
+    #[serde(default)]
+    pub stage_settled: u64,
     /// Of them failed, gave up or skipped.
     pub failed: u64,
     /// Of them of unknown outcome.
@@ -160,8 +165,15 @@ pub struct RolloutRow {
     /// The version rolled out.
     pub version: u64,
     /// The version the agents outside the cohort keep (`None`: the pack
-    /// was new, they get nothing until admitted).
+    /// was new, or cancelled: they get nothing until admitted).
     pub from: Option<u64>,
+    /// Outsiders keep only versions above this one (the pack was
+    /// cancelled at it: nothing of it runs again).
+    #[serde(default)]
+    pub keep_above: Option<u64>,
+    /// Versions outsiders never keep: those of aborted rollouts before it.
+    #[serde(default)]
+    pub banned: Vec<u64>,
     /// Compare-and-set counter (the store sets it).
     pub rev: u64,
     /// Where it stands.
@@ -198,12 +210,14 @@ pub struct RolloutRow {
 
 impl RolloutRow {
     /// A new rollout, waiting to start its first stage.
-    pub fn new(key: &super::PackKey, version: u64, from: Option<u64>, at_ns: i64) -> RolloutRow {
+    pub fn new(key: &super::PackKey, version: u64, base: Base, at_ns: i64) -> RolloutRow {
         RolloutRow {
             tenant: key.tenant.clone(),
             pack: key.pack.clone(),
             version,
-            from,
+            from: base.from,
+            keep_above: base.keep_above,
+            banned: base.banned,
             rev: 0,
             state: RolloutState::WaitingWindow,
             stage: 0,
@@ -229,25 +243,73 @@ impl RolloutRow {
     /// latest: `None` when it no longer gates anything (completed,
     /// superseded).
     pub fn gate(&self, on_abort_cancels: bool) -> Option<GateRow> {
-        match self.state {
-            RolloutState::Completed | RolloutState::Superseded => None,
-            RolloutState::Aborted => Some(GateRow {
-                rollout: self.version,
-                from: self.from,
-                members_hold: !on_abort_cancels,
-            }),
-            _ => Some(GateRow {
-                rollout: self.version,
-                from: self.from,
-                members_hold: true,
-            }),
+        let members_hold = match self.state {
+            RolloutState::Completed | RolloutState::Superseded => return None,
+            RolloutState::Aborted => !on_abort_cancels,
+            _ => true,
+        };
+        Some(GateRow {
+            rollout: self.version,
+            from: self.from,
+            members_hold,
+            keep_above: self.keep_above,
+            banned: self.banned.clone(),
+        })
+    }
+}
+
+/// What a new rollout's outsiders keep, from the pack as it was.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Base {
+    /// See [`RolloutRow::from`].
+    pub from: Option<u64>,
+    /// See [`RolloutRow::keep_above`].
+    pub keep_above: Option<u64>,
+    /// See [`RolloutRow::banned`].
+    pub banned: Vec<u64>,
+}
+
+impl Base {
+    /// From the pack before the new version: its latest version, whether
+    /// it was cancelled, and the gate a rollout left on it (`aborted`: that
+    /// rollout ended in an abort).
+    ///
+    /// - cancelled: outsiders get nothing, and keep nothing of it;
+    /// - gated (an open rollout, now superseded, or an aborted one): its
+    ///   outsiders' version stays theirs; an aborted version is never
+    ///   kept;
+    /// - otherwise every target held the latest: that is what they keep.
+    pub fn of(latest: Option<u64>, cancelled: bool, gate: Option<&GateRow>, aborted: bool) -> Base {
+        if cancelled {
+            return Base {
+                from: None,
+                keep_above: latest,
+                banned: Vec::new(),
+            };
+        }
+        match gate {
+            Some(g) => {
+                let mut banned = g.banned.clone();
+                if aborted && !banned.contains(&g.rollout) {
+                    banned.push(g.rollout);
+                }
+                Base {
+                    from: g.from,
+                    keep_above: g.keep_above,
+                    banned,
+                }
+            }
+            None => Base {
+                from: latest,
+                ..Base::default()
+            },
         }
     }
 }
 
 /// What a rollout asks of the planner for its pack, stored with the pack
 /// (and changed in the same transaction as the rollout).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GateRow {
     /// The rollout (its version) whose cohort is let onto the latest.
     pub rollout: u64,
@@ -256,6 +318,12 @@ pub struct GateRow {
     /// Members hold the latest; `false`: it is withdrawn from them (an
     /// abort with `on_abort: safe_state`).
     pub members_hold: bool,
+    /// See [`RolloutRow::keep_above`].
+    #[serde(default)]
+    pub keep_above: Option<u64>,
+    /// See [`RolloutRow::banned`].
+    #[serde(default)]
+    pub banned: Vec<u64>,
 }
 
 /// A gate with the members the planner is deciding for (all of the

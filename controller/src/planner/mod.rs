@@ -27,7 +27,9 @@
 //!   cohort holds the latest (or has it withdrawn, after an abort with
 //!   `on_abort: safe_state`); every other target keeps what it holds
 //!   between the rollout's `from` and the latest, or gets `from` (nothing
-//!   when the pack was new): never a version lower than it holds.
+//!   when the pack was new or cancelled): never a version lower than it
+//!   holds, and never again an aborted rollout's version or a cancelled
+//!   pack's (those are withdrawn).
 
 use crate::model::{
     AgentRow, Answer, Binding, DeliveryRow, DeliveryState, Held, Intent, PackKey, PackTargets,
@@ -57,12 +59,17 @@ pub fn wanted(
     if gate.admitted.contains(&agent.id) {
         return gate.row.members_hold.then_some(pack.latest);
     }
-    match (held, gate.row.from) {
-        // Outside the cohort: what it holds stays, if it is not older
-        // than `from` (an agent of a superseded rollout keeps its newer
-        // copy rather than be told to go back, which it would refuse).
-        (Some(h), from) if from.is_none_or(|f| h.version > f) => Some(h.version.min(pack.latest)),
-        (_, from) => from,
+    // Outside the cohort: what it holds stays if it is newer than `from`
+    // (an agent of a superseded rollout keeps its newer copy rather than
+    // be told to go back, which it would refuse), unless it is a version
+    // that must not run again (an aborted rollout's, or a cancelled
+    // pack's): that is withdrawn.
+    let g = &gate.row;
+    let dead = |v: u64| g.banned.contains(&v) || g.keep_above.is_some_and(|k| v <= k);
+    match held {
+        Some(h) if dead(h.version) => None,
+        Some(h) if g.from.is_none_or(|f| h.version > f) => Some(h.version.min(pack.latest)),
+        _ => g.from,
     }
 }
 

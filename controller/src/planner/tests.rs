@@ -148,6 +148,8 @@ fn gated(
                 rollout,
                 from,
                 members_hold: hold,
+                keep_above: None,
+                banned: Vec::new(),
             },
             admitted: admitted.iter().map(|s| (*s).to_owned()).collect(),
         }),
@@ -214,6 +216,25 @@ fn a_rollout_gate_lets_its_cohort_onto_the_latest_and_keeps_the_others_where_the
         (row.intent, action(&row)),
         (Intent::Withdraw, Some(Action::Cancel(4)))
     );
+    // A version that must not run again is withdrawn from outsiders: an
+    // aborted rollout's, or a cancelled pack's.
+    let mut after_abort = gated(pack("t", 6, ids(&["a1", "a2"])), 6, Some(2), true, &["a1"]);
+    if let Some(g) = after_abort.gate.as_mut() {
+        g.row.banned = vec![4];
+    }
+    assert_eq!(wanted(&a2, &after_abort, held_v(4), b), None);
+    assert_eq!(
+        wanted(&a2, &after_abort, held_v(5), b),
+        Some(5),
+        "a rollback kept"
+    );
+    let mut after_cancel = gated(pack("t", 6, ids(&["a1", "a2"])), 6, None, true, &["a1"]);
+    if let Some(g) = after_cancel.gate.as_mut() {
+        g.row.keep_above = Some(5);
+    }
+    assert_eq!(wanted(&a2, &after_cancel, held_v(5), b), None);
+    assert_eq!(wanted(&a2, &after_cancel, held_v(3), b), None);
+    assert_eq!(wanted(&a2, &after_cancel, None, b), None);
     // The gate never reaches past targeting.
     let a3 = agent("a3", &["t"], &[]);
     assert_eq!(wanted(&a3, &p, held_v(2), b), None);

@@ -15,8 +15,9 @@
 //!   or unknown firings over their threshold; once the stage has
 //!   `min_firings` settled firings, lateness p99 or offset over theirs
 //!   (against the baseline with `compare: baseline`) -> aborted;
-//! - **pass**: every member of the stage holds the version, the soak is
-//!   over (counted from the last ack) and `min_firings` firings settled;
+//! - **pass**: every member holds the version and is connected, the soak
+//!   is over (counted from the last ack) and `min_firings` firings settled
+//!   (of the agents the stage admitted, when it admitted any);
 //! - **inconclusive** at the deadline otherwise: the deadline's action.
 //!   Offline never passes: a member that never acked is missing, and a
 //!   `skip_offline` only leaves it out, recorded;
@@ -198,10 +199,7 @@ impl Stepper<'_> {
 
     /// Admits the current stage's agents if a window is open.
     fn start_stage(&mut self, obs: &Observed) {
-        let open = self.spec.windows.is_empty()
-            || jiff::Timestamp::from_nanosecond(i128::from(self.now))
-                .is_ok_and(|t| self.spec.windows.iter().any(|w| w.is_open(t)));
-        if !open {
+        if !window_open(self.spec, self.now) {
             if self.next.state != RolloutState::WaitingWindow {
                 self.next.state = RolloutState::WaitingWindow;
                 let n = self.stage_no();
@@ -265,7 +263,13 @@ impl Stepper<'_> {
             self.abort(why);
             return;
         }
-        let missing: Vec<&AgentView> = members.iter().copied().filter(|a| !a.holds).collect();
+        // Offline never passes: a member must hold the version and be
+        // connected.
+        let missing: Vec<&AgentView> = members
+            .iter()
+            .copied()
+            .filter(|a| !a.holds || !a.connected)
+            .collect();
         if missing.is_empty() && self.next.soak_from_ns.is_none() {
             self.next.soak_from_ns = Some(self.now);
         }
@@ -273,14 +277,20 @@ impl Stepper<'_> {
             .next
             .soak_from_ns
             .is_some_and(|s| self.now.saturating_sub(s) >= duration_ns(self.spec.soak));
-        let enough = obs.cohort.settled >= self.spec.min_firings;
+        let stage = self.next.stage;
+        let admitted_now = self.next.members.values().any(|m| m.stage == stage);
+        let settled = if admitted_now {
+            obs.cohort.stage_settled
+        } else {
+            obs.cohort.settled
+        };
+        let enough = settled >= self.spec.min_firings;
         if missing.is_empty() && soaked && enough {
             self.verdict(
                 VerdictKind::Pass,
                 format!(
-                    "soak of {} over, {} settled firing(s), thresholds held",
+                    "soak of {} over, {settled} settled firing(s), thresholds held",
                     fmt_duration(self.spec.soak),
-                    obs.cohort.settled
                 ),
                 obs,
                 &members,
@@ -296,7 +306,7 @@ impl Stepper<'_> {
         if !due {
             return;
         }
-        let why = undecided(&missing, soaked, enough, obs.cohort.settled, self.spec);
+        let why = undecided(&missing, soaked, enough, settled, self.spec);
         self.verdict(VerdictKind::Inconclusive, why.clone(), obs, &members);
         match deadline.then {
             DeadlineAction::Abort => self.abort(format!("stage deadline: {why}")),
@@ -367,7 +377,7 @@ impl Stepper<'_> {
     ) {
         let missing = members
             .iter()
-            .filter(|a| !a.holds)
+            .filter(|a| !a.holds || !a.connected)
             .map(|a| a.id.clone())
             .collect();
         self.out.said.push(format!(
@@ -386,6 +396,13 @@ impl Stepper<'_> {
             at_ns: self.now,
         });
     }
+}
+
+/// Whether a stage may start at `now_ns`: no windows, or one is open.
+pub fn window_open(spec: &Rollout, now_ns: i64) -> bool {
+    spec.windows.is_empty()
+        || jiff::Timestamp::from_nanosecond(i128::from(now_ns))
+            .is_ok_and(|t| spec.windows.iter().any(|w| w.is_open(t)))
 }
 
 /// How many of `total` targets the cohort may hold by stage `stage`:
@@ -422,7 +439,7 @@ fn undecided(
         let offline = missing.iter().filter(|a| !a.connected).count();
         let ids: Vec<&str> = missing.iter().map(|a| a.id.as_str()).collect();
         why.push(format!(
-            "{} agent(s) never acked ({} offline): {}",
+            "{} agent(s) missing, not on the version or offline ({} offline): {}",
             missing.len(),
             offline,
             ids.join(", ")

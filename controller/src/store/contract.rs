@@ -2957,6 +2957,7 @@ macro_rules! contract_suite {
             a_push_to_many_agents_plans_each: [tenants, open];
             a_rollout_gates_its_version: [tenants];
             a_push_or_cancel_supersedes_a_rollout: [tenants];
+            outsiders_never_get_an_aborted_or_cancelled_version_back: [tenants];
             deliveries_of_pairs: [tenants];
             delivery_counts: [tenants];
             feedback_stored_once: [tenants];

@@ -324,7 +324,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn rollout(&self, key: &PackKey, version: Option<u64>)
     -> StoreResult<Option<RolloutRow>>;
     /// Rollouts of one tenant (or all), by tenant and pack, newest version
-    /// first; with `open_only`, those not final. With their cohorts.
+    /// first; with `open_only`, every one not final, else the first
+    /// [`MAX_PAGE`]. With their cohorts.
     async fn rollouts(&self, tenant: Option<&str>, open_only: bool)
     -> StoreResult<Vec<RolloutRow>>;
     /// Apply a rollout change (the row, new members, skipped ones, a

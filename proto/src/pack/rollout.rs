@@ -19,7 +19,8 @@ pub struct Rollout {
     /// A stage is judged only on at least this many settled firings of
     /// the new version.
     pub min_firings: u64,
-    /// Thresholds that fail a stage the moment one is crossed.
+    /// Thresholds that fail a stage the moment one is crossed
+    /// ([`DEFAULT_ABORT_IF`] when the section has none).
     pub abort_if: AbortIf,
     /// Whether lateness and offset are judged against the agents still on
     /// the old version over the same window.
@@ -39,6 +40,15 @@ pub struct Rollout {
 pub const DEFAULT_SOAK: Duration = Duration::from_secs(300);
 /// Default `min_firings`.
 pub const DEFAULT_MIN_FIRINGS: u64 = 1;
+/// `abort_if` when the section has none: any failed firing, or any of
+/// unknown outcome, fails the stage (a rollout fails closed; write
+/// `abort_if` to allow some).
+pub const DEFAULT_ABORT_IF: AbortIf = AbortIf {
+    failed_percent: Some(0.0),
+    unknown: Some(0),
+    lateness_p99: None,
+    offset: None,
+};
 
 /// One stage's cumulative share of the pack's targets.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -77,9 +77,10 @@ struct RolloutDoc {
     /// How long each stage is watched after its last agent acked (default 5m).
     soak: Option<DurationText>,
     /// Settled firings a stage needs before it can pass (default 1).
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 1))]
     min_firings: Option<u64>,
-    /// Thresholds that fail a stage (and abort the rollout) once crossed.
+    /// Thresholds that fail a stage (and abort the rollout) once crossed;
+    /// absent: any failed or unknown firing does.
     abort_if: Option<AbortIfDoc>,
     /// `absolute` (default) or `baseline`: lateness and offset against the
     /// agents still on the old version, same window.

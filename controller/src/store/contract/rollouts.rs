@@ -263,3 +263,103 @@ pub(crate) async fn a_push_or_cancel_supersedes_a_rollout(s: &dyn Store, _bindin
         (5, RolloutState::Superseded, "the pack was cancelled")
     );
 }
+
+/// After a rollout aborted (its version withdrawn), the next rollout's
+/// outsiders keep the version before it, and one still holding the aborted
+/// version has it withdrawn; after a cancel, a new rollout's outsiders get
+/// nothing and keep nothing of the cancelled pack.
+pub(crate) async fn outsiders_never_get_an_aborted_or_cancelled_version_back(
+    s: &dyn Store,
+    _binding: Binding,
+) {
+    let k = three_on_v1(s).await;
+    // v2's rollout admits a1 and a2, then aborts with its version
+    // withdrawn; a2 never heard the withdrawal (it still holds v2).
+    push(
+        s,
+        with_rollout(pack("t", "p", 2, to_ids(&["a1", "a2", "a3"]))),
+        30,
+    )
+    .await;
+    let r = s.rollout(&k, None).await.unwrap().unwrap();
+    let mut running = r.clone();
+    running.state = RolloutState::Running;
+    let member = Member {
+        stage: 0,
+        skipped: false,
+    };
+    s.advance_rollout(
+        RolloutChange {
+            row: running.clone(),
+            admit: vec![("a1".into(), member), ("a2".into(), member)],
+            skip: Vec::new(),
+            republish: None,
+            gate: running.gate(false),
+        },
+        31,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    s.answer(ack("a2", &k, 2, 32)).await.unwrap();
+    let r = s.rollout(&k, None).await.unwrap().unwrap();
+    let mut aborted = r.clone();
+    aborted.state = RolloutState::Aborted;
+    s.advance_rollout(
+        RolloutChange {
+            row: aborted.clone(),
+            admit: Vec::new(),
+            skip: Vec::new(),
+            republish: None,
+            gate: aborted.gate(true),
+        },
+        33,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // v3 with a rollout, nobody admitted yet.
+    push(
+        s,
+        with_rollout(pack("t", "p", 3, to_ids(&["a1", "a2", "a3"]))),
+        40,
+    )
+    .await;
+    let r = s.rollout(&k, None).await.unwrap().unwrap();
+    assert_eq!((r.from, r.banned.as_slice()), (Some(1), &[2][..]), "{r:?}");
+    let rows = stored(s, &k).await;
+    assert_eq!(rows["a3"], hold(1), "an outsider keeps v1, never gets v2");
+    assert_eq!(
+        rows["a2"],
+        (2, Intent::Withdraw),
+        "the aborted v2 is withdrawn"
+    );
+
+    // A cancel, a4 offline still holding the cancelled v3 ...
+    s.agent_hello(hello_in("a4", &["t"], &[], 41))
+        .await
+        .unwrap();
+    s.cancel_pack(&k, 42).await.unwrap();
+    // ... then v4 with a rollout: outsiders get nothing and keep nothing.
+    push(
+        s,
+        with_rollout(pack("t", "p", 4, to_ids(&["a1", "a2", "a3", "a4"]))),
+        50,
+    )
+    .await;
+    let r = s.rollout(&k, None).await.unwrap().unwrap();
+    assert_eq!((r.from, r.keep_above), (None, Some(3)), "{r:?}");
+    let (_, rows) = s
+        .agent_hello(HelloRow {
+            held: vec![held("t", "p", 3)],
+            ..hello_in("a4", &["t"], &[], 51)
+        })
+        .await
+        .unwrap();
+    let a4 = versions(&rows);
+    assert_eq!(
+        a4["a4"],
+        (3, Intent::Withdraw),
+        "the cancelled v3 stays withdrawn"
+    );
+}

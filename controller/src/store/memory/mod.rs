@@ -119,13 +119,13 @@ impl State {
             latest: p.latest,
             targets: p.targets.clone(),
             cancelled_ns: p.cancelled_ns,
-            gate: p.gate.map(|row| crate::store::Gate {
-                row,
+            gate: p.gate.clone().map(|row| crate::store::Gate {
                 admitted: self
                     .rollouts
                     .get(&(key.clone(), row.rollout))
                     .map(|r| r.members.keys().cloned().collect())
                     .unwrap_or_default(),
+                row,
             }),
         })
     }
@@ -405,12 +405,11 @@ impl Store for MemoryStore {
                     }
                 }
             }
-            let live_latest = s
+            let before = s
                 .packs
                 .get(&key)
-                .filter(|r| r.cancelled_ns.is_none())
-                .map(|r| r.latest);
-            let gate = s.packs.get(&key).and_then(|r| r.gate);
+                .map(|r| (r.latest, r.cancelled_ns.is_some(), r.gate.clone()));
+            let gate = before.as_ref().and_then(|b| b.2.clone());
             s.packs.insert(
                 key.clone(),
                 PackRec {
@@ -421,7 +420,7 @@ impl Store for MemoryStore {
                     gate,
                 },
             );
-            rollouts::on_new_version(s, &p, live_latest);
+            rollouts::on_new_version(s, &p, before);
             s.versions.insert((key, p.version), p);
             Ok(PutPack::Stored)
         })

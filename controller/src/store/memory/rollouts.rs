@@ -2,44 +2,52 @@
 
 use super::State;
 use crate::store::{
-    PackKey, PackVersionRow, RolloutChange, RolloutRow, RolloutState, StoreError, StoreResult,
+    Base, GateRow, PackKey, PackVersionRow, RolloutChange, RolloutRow, RolloutState, StoreError,
+    StoreResult,
 };
 
-fn set_gate(s: &mut State, key: &PackKey, gate: Option<crate::store::GateRow>) {
+fn set_gate(s: &mut State, key: &PackKey, gate: Option<GateRow>) {
     if let Some(p) = s.packs.get_mut(key) {
         p.gate = gate;
     }
 }
 
-/// Ends the pack's open rollouts; the `from` of the last one, if any.
-fn supersede(s: &mut State, key: &PackKey, why: &str, at_ns: i64) -> Option<Option<u64>> {
-    let mut from = None;
+/// Ends the pack's open rollouts.
+fn supersede(s: &mut State, key: &PackKey, why: &str, at_ns: i64) {
     for ((k, _), r) in s.rollouts.iter_mut() {
         if k == key && !r.state.is_final() {
-            from = Some(r.from);
             r.state = RolloutState::Superseded;
             r.reason = why.to_string();
             r.updated_ns = at_ns;
             r.rev += 1;
         }
     }
-    from
 }
 
-/// A new version was stored (see `sql::rollouts::put_pack`).
-pub(super) fn on_new_version(s: &mut State, p: &PackVersionRow, live_latest: Option<u64>) {
+/// A new version was stored (see `sql::rollouts::put_pack`): `before` is
+/// the pack as it was (latest, cancelled, gate).
+pub(super) fn on_new_version(
+    s: &mut State,
+    p: &PackVersionRow,
+    before: Option<(u64, bool, Option<GateRow>)>,
+) {
     let key = p.key();
-    let superseded = supersede(s, &key, &format!("v{} pushed", p.version), p.pushed_ns);
+    let (latest, cancelled, gate) = match before {
+        Some((l, c, g)) => (Some(l), c, g),
+        None => (None, false, None),
+    };
+    let aborted = gate.as_ref().is_some_and(|g| {
+        s.rollouts
+            .get(&(key.clone(), g.rollout))
+            .is_some_and(|r| r.state == RolloutState::Aborted)
+    });
+    supersede(s, &key, &format!("v{} pushed", p.version), p.pushed_ns);
     if !p.rollout {
         set_gate(s, &key, None);
         return;
     }
-    let row = RolloutRow::new(
-        &key,
-        p.version,
-        superseded.unwrap_or(live_latest),
-        p.pushed_ns,
-    );
+    let base = Base::of(latest, cancelled, gate.as_ref(), aborted);
+    let row = RolloutRow::new(&key, p.version, base, p.pushed_ns);
     set_gate(s, &key, row.gate(false));
     s.rollouts.insert((key, p.version), row);
 }
@@ -65,6 +73,9 @@ pub(super) fn list(s: &State, tenant: Option<&str>, open_only: bool) -> Vec<Roll
         .cloned()
         .collect();
     out.sort_by(|a, b| (&a.tenant, &a.pack, b.version).cmp(&(&b.tenant, &b.pack, a.version)));
+    if !open_only {
+        out.truncate(crate::store::MAX_PAGE as usize);
+    }
     out
 }
 
@@ -78,13 +89,25 @@ pub(super) fn advance(s: &mut State, change: &RolloutChange) -> StoreResult<bool
         return Ok(false);
     }
     if let Some(p) = &change.republish {
+        // As `put_pack` decides: only a higher version, or the same one
+        // with the same text.
         let latest = s.packs.get(&key).map_or(0, |r| r.latest);
-        if p.version <= latest {
+        if p.version < latest {
             return Err(StoreError::VersionOlder {
                 tenant: p.tenant.clone(),
                 pack: p.pack.clone(),
                 version: p.version,
                 latest,
+            });
+        }
+        if s.versions
+            .get(&(key.clone(), p.version))
+            .is_some_and(|v| v.yaml != p.yaml)
+        {
+            return Err(StoreError::VersionTaken {
+                tenant: p.tenant.clone(),
+                pack: p.pack.clone(),
+                version: p.version,
             });
         }
     }
@@ -108,7 +131,7 @@ pub(super) fn advance(s: &mut State, change: &RolloutChange) -> StoreResult<bool
         }
         s.versions.insert((key.clone(), p.version), p.clone());
     }
-    set_gate(s, &key, change.gate);
+    set_gate(s, &key, change.gate.clone());
     s.rollouts.insert((key, row.version), row);
     Ok(true)
 }

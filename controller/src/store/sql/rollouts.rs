@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 
 use super::codec::{from_json, to_db, to_json, u64_from_db};
-use super::db::{Db, Param, Row, chunks, col, params, query_all, query_first, run, values_rows};
+use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
 use super::packs::write_pack;
 use super::plan::replan_pack;
 use crate::store::{
-    Binding, DeliveryRow, GateRow, Member, PackKey, PackVersionRow, PutPack, RolloutChange,
-    RolloutRow, RolloutState, StoreResult,
+    Base, Binding, DeliveryRow, GateRow, MAX_PAGE, Member, PackKey, PackVersionRow, PutPack,
+    RolloutChange, RolloutRow, RolloutState, StoreResult,
 };
 
 const ROLLOUT_COLUMNS: &str = "tenant, pack, version, rev, state, doc";
@@ -76,7 +76,8 @@ pub(crate) fn load(
 }
 
 /// Rollouts of one tenant (or all), newest version of each pack first
-/// within the pack; only those not final when `open_only`. With cohorts.
+/// within the pack; only those not final when `open_only` (all of them:
+/// the driver steps each), else the first [`MAX_PAGE`]. With cohorts.
 pub(crate) fn list(
     conn: &dyn Db,
     tenant: Option<&str>,
@@ -86,9 +87,19 @@ pub(crate) fn list(
         "SELECT {ROLLOUT_COLUMNS} FROM rollouts \
          WHERE (CAST(?1 AS TEXT) IS NULL OR tenant = ?1) \
          AND (?2 = 0 OR state IN ('waiting_window', 'running', 'paused')) \
-         ORDER BY tenant, pack, version DESC"
+         ORDER BY tenant, pack, version DESC LIMIT ?3"
     );
-    let mut rows = query_all(conn, &sql, params![tenant, open_only], decode_rollout)?;
+    let limit = if open_only {
+        i64::MAX
+    } else {
+        i64::from(MAX_PAGE)
+    };
+    let mut rows = query_all(
+        conn,
+        &sql,
+        params![tenant, open_only, limit],
+        decode_rollout,
+    )?;
     for r in &mut rows {
         r.members = members(conn, &r.key(), r.version, None)?;
     }
@@ -148,57 +159,67 @@ fn set_gate(conn: &dyn Db, key: &PackKey, gate: Option<&GateRow>) -> StoreResult
 }
 
 /// Ends every rollout of the pack that is not final, as superseded by
-/// `why`. The `from` of the one still moving or paused (what its
-/// outsiders kept), if there was one.
-fn supersede(
-    conn: &dyn Db,
-    key: &PackKey,
-    why: &str,
-    at_ns: i64,
-) -> StoreResult<Option<Option<u64>>> {
+/// `why`.
+fn supersede(conn: &dyn Db, key: &PackKey, why: &str, at_ns: i64) -> StoreResult<()> {
     let sql = format!(
         "SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE tenant = ?1 AND pack = ?2 \
          AND state IN ('waiting_window', 'running', 'paused')"
     );
-    let mut from = None;
     for mut r in query_all(conn, &sql, params![key.tenant, key.pack], decode_rollout)? {
-        from = Some(r.from);
         r.state = RolloutState::Superseded;
         r.reason = why.to_string();
         r.updated_ns = at_ns;
         compare_and_set(conn, &r)?;
     }
-    Ok(from)
+    Ok(())
 }
 
 /// Stores a pack version (see `Store::put_pack`); a new version ends the
 /// pack's open rollout and, with a `rollout:` section, starts its own:
 /// the gate is set in the same transaction, so no decision ever sees the
-/// new version ungated.
+/// new version ungated. What its outsiders keep comes from the pack as it
+/// was ([`Base::of`]).
 pub(crate) fn put_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPack> {
     let key = p.key();
-    let live_latest: Option<i64> = query_first(
+    let before = query_all(
         conn,
-        "SELECT latest_version FROM packs WHERE tenant = ?1 AND pack = ?2 AND cancelled_ns IS NULL",
+        "SELECT latest_version, cancelled_ns, gate FROM packs WHERE tenant = ?1 AND pack = ?2",
         params![key.tenant, key.pack],
-        |r| col(r, "latest_version"),
-    )?;
+        |r| {
+            Ok((
+                col::<i64>(r, "latest_version")?,
+                col::<Option<i64>>(r, "cancelled_ns")?,
+                col::<Option<String>>(r, "gate")?,
+            ))
+        },
+    )?
+    .pop();
     let put = write_pack(conn, p)?;
     if put == PutPack::Unchanged {
         return Ok(put);
     }
-    let superseded = supersede(conn, &key, &format!("v{} pushed", p.version), p.pushed_ns)?;
+    // Read before `supersede` ends it: whether the gate's rollout aborted.
+    let (latest, cancelled, gate) = match before {
+        Some((latest, cancelled, gate)) => (
+            Some(u64_from_db(latest, "latest version")?),
+            cancelled.is_some(),
+            gate.map(|g| from_json::<GateRow>(&g, "gate")).transpose()?,
+        ),
+        None => (None, false, None),
+    };
+    let aborted = match &gate {
+        Some(g) => {
+            load(conn, &key, Some(g.rollout))?.is_some_and(|r| r.state == RolloutState::Aborted)
+        }
+        None => false,
+    };
+    supersede(conn, &key, &format!("v{} pushed", p.version), p.pushed_ns)?;
     if !p.rollout {
         set_gate(conn, &key, None)?;
         return Ok(put);
     }
-    let from = match superseded {
-        Some(from) => from,
-        None => live_latest
-            .map(|v| u64_from_db(v, "latest version"))
-            .transpose()?,
-    };
-    let row = RolloutRow::new(&key, p.version, from, p.pushed_ns);
+    let base = Base::of(latest, cancelled, gate.as_ref(), aborted);
+    let row = RolloutRow::new(&key, p.version, base, p.pushed_ns);
     insert(conn, &row)?;
     set_gate(conn, &key, row.gate(false).as_ref())?;
     Ok(put)

@@ -36,11 +36,19 @@ pub(super) fn rollout(cx: &mut Ctx, node: &Node) -> Option<Rollout> {
         .get("soak")
         .map_or(Some(DEFAULT_SOAK), |n| duration(cx, n, "rollout.soak"));
     let min_firings = f.get("min_firings").map_or(Some(DEFAULT_MIN_FIRINGS), |n| {
-        uint(cx, n, "rollout.min_firings", u64::from(u32::MAX))
+        let v = uint(cx, n, "rollout.min_firings", u64::from(u32::MAX))?;
+        if v == 0 {
+            cx.err(
+                n.pos,
+                "rollout.min_firings must be at least 1: a stage passes on what its agents fired, never on silence",
+            );
+            return None;
+        }
+        Some(v)
     });
     let abort_if = f
         .get("abort_if")
-        .map_or(Some(AbortIf::default()), |n| abort_if(cx, n));
+        .map_or(Some(DEFAULT_ABORT_IF), |n| abort_if(cx, n));
     let compare = f.get("compare").map_or(Some(Compare::Absolute), |n| {
         word(
             cx,
