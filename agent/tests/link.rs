@@ -220,6 +220,7 @@ fn push(pack: &str, version: u64, yaml: &str) -> ControllerMessage {
         session_gen: 0,
         pack: Some(pack_ref(pack, version)),
         yaml: yaml.into(),
+        ..Default::default()
     }))
 }
 
@@ -461,6 +462,7 @@ fn an_invalid_push_is_nacked_with_every_error_and_its_position() {
         session_gen: 0,
         pack: None,
         yaml: pack("blink", 1, BLINK),
+        ..Default::default()
     })));
     assert_eq!(h.nack().reason(), wire::NackReason::Invalid);
 }
@@ -979,6 +981,7 @@ fn push_gen(pack_id: &str, version: u64, body: &str, session_gen: u64) -> Contro
         session_gen,
         pack: Some(pack_ref(pack_id, version)),
         yaml: pack(pack_id, version, body),
+        ..Default::default()
     }))
 }
 
@@ -1160,4 +1163,72 @@ fn a_controller_named_by_a_host_name_is_dialled_at_its_resolved_addresses() {
     h.session();
     h.send(push("blink", 1, &pack("blink", 1, BLINK)));
     assert!(!h.ack().unchanged);
+}
+
+fn staged(pack_id: &str, version: u64, yaml: &str, at_ns: i64) -> ControllerMessage {
+    msg(C::PackPush(wire::PackPush {
+        session_gen: 0,
+        pack: Some(pack_ref(pack_id, version)),
+        yaml: yaml.into(),
+        staged: true,
+        activate_at_ns: at_ns,
+        max_uncertainty_ns: 0,
+    }))
+}
+
+/// `activate: together`: a staged version is checked and acked as staged
+/// while the held one runs on; named an instant, the agent switches then:
+/// nothing of the new version at or before it, nothing of the old after
+/// it, the new one's `every` on a grid from it. A staged version older
+/// than the held one is refused; a re-sent switch once switched is
+/// unchanged.
+#[test]
+fn a_staged_version_runs_only_from_its_instant() {
+    let mut h = harness();
+    h.session();
+    let v1 = "instructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 100ms}\n";
+    let v2 = "instructions:\n  - {id: t, action: gpio.toggle, params: {line: 2}, every: 100ms}\n";
+    h.send(push("p", 1, &pack("p", 1, v1)));
+    h.ack();
+    h.run_for(Duration::from_millis(330), Duration::from_millis(10));
+    h.send(staged("p", 2, &pack("p", 2, v2), 0));
+    let a = h.ack();
+    assert!(a.staged && !a.unchanged, "{a:?}");
+    assert_eq!(a.activate_at_ns, 0);
+    h.run_for(Duration::from_millis(500), Duration::from_millis(10));
+    let on = |h: &H, line: i64| -> Vec<i64> {
+        h.r.writes()
+            .iter()
+            .filter(|w| w["line"] == line)
+            .filter_map(|w| w["t"].as_i64())
+            .collect()
+    };
+    assert!(on(&h, 2).is_empty(), "staged is not running");
+    assert!(on(&h, 1).len() >= 7, "the held version runs on");
+    let at = (h.r.clock.now() + Duration::from_millis(250)).as_nanos();
+    h.send(staged("p", 2, &pack("p", 2, v2), at));
+    let a = h.ack();
+    assert!(a.staged, "{a:?}");
+    assert_eq!(a.activate_at_ns, at);
+    h.run_for(Duration::from_millis(700), Duration::from_millis(10));
+    assert_eq!(h.held(), [("p".to_string(), 2, false)]);
+    let (old, new) = (on(&h, 1), on(&h, 2));
+    assert!(
+        old.iter().all(|t| *t <= at),
+        "v1 after the instant: {old:?}"
+    );
+    assert!(!new.is_empty() && new.iter().all(|t| *t > at), "{new:?}");
+    let first = *new.first().expect("v2 fired");
+    assert!(
+        (first - at - 100_000_000).abs() < 15_000_000,
+        "v2's first firing one period after the instant: {}",
+        first - at
+    );
+    // Switched: the same push again is unchanged; an older one refused.
+    h.send(staged("p", 2, &pack("p", 2, v2), at));
+    assert!(h.ack().unchanged);
+    h.send(staged("p", 1, &pack("p", 1, v1), 0));
+    let n = h.nack();
+    assert_eq!(n.reason(), wire::NackReason::Refused, "{n:?}");
+    assert!(n.message.contains("older"), "{}", n.message);
 }

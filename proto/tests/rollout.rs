@@ -15,7 +15,7 @@ fn with(rollout: &str) -> String {
 #[test]
 fn the_issue_example_parses_with_every_field() {
     let p = parse_pack(&with(
-        "  stages: [{agents: 1}, {percent: 10}, {percent: 100}]\n  soak: 10m\n  min_firings: 20\n  abort_if: {failed_percent: 2, unknown: 0, lateness_p99: 1ms, offset: 100us}\n  compare: baseline\n  stage_deadline: {after: 30m, then: skip_offline}\n  windows: [{cron: \"0 0 2 * * *\", duration: 2h, tz: America/New_York}]\n  activate: together\n  on_abort: safe_state\n",
+        "  stages: [{agents: 1}, {percent: 10}, {percent: 100}]\n  soak: 10m\n  min_firings: 20\n  abort_if: {failed_percent: 2, unknown: 0, lateness_p99: 1ms, offset: 100us}\n  compare: baseline\n  stage_deadline: {after: 30m, then: skip_offline}\n  windows: [{cron: \"0 0 2 * * *\", duration: 2h, tz: America/New_York}]\n  activate: together\n  max_uncertainty: 200us\n  on_abort: safe_state\n",
     ))
     .unwrap_or_else(|e| panic!("{e}"));
     let r = p.rollout.expect("rollout");
@@ -50,6 +50,7 @@ fn the_issue_example_parses_with_every_field() {
     assert_eq!(r.windows[0].tz_name, "America/New_York");
     assert_eq!(r.windows[0].duration, Duration::from_secs(7200));
     assert_eq!(r.activate, Activate::Together);
+    assert_eq!(r.max_uncertainty, Duration::from_micros(200));
     assert_eq!(r.on_abort, OnAbort::SafeState);
 }
 
@@ -66,6 +67,7 @@ fn defaults_fill_what_is_not_written_and_windows_take_the_pack_zone() {
     assert_eq!(r.compare, Compare::Absolute);
     assert_eq!(r.stage_deadline, None);
     assert_eq!(r.activate, Activate::OnArrival);
+    assert_eq!(r.max_uncertainty, DEFAULT_MAX_UNCERTAINTY);
     assert_eq!(r.on_abort, OnAbort::Rollback);
     assert_eq!(r.windows[0].tz_name, "Europe/Berlin");
     assert!(parse_pack(HEAD).expect("plain").rollout.is_none());

@@ -1132,3 +1132,58 @@ fn an_occurrence_reported_not_run_before_a_restart_is_not_reported_missed_again(
         "{missed:?}"
     );
 }
+
+/// A switch at an instant (`activate: together`): the old version fires
+/// everything up to it, the new one runs on a grid anchored at it (its
+/// first `every` firing one period later: the same instants on every agent
+/// that switches then), and what the old one had armed past it is asked
+/// back, so nothing fires twice.
+#[test]
+fn a_switch_at_an_instant_runs_the_old_version_until_it_and_the_new_one_from_it() {
+    let v1 = "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 100ms}\n";
+    let v2 = "pack: p\nversion: 2\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 2}, every: 100ms}\n";
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    let t0 = t("2026-12-01T10:00:00.030Z");
+    core.accept(pack(v1), t0, &mut out).expect("v1");
+    let ms = |n: u64| std::time::Duration::from_millis(n);
+    let at = t("2026-12-01T10:00:00.250Z");
+    let mut ev = run_until(&mut core, at - ms(1), &mut out, &[]);
+    // v1's 330 ms occurrence is armed ahead when the switch comes.
+    out.clear();
+    core.tick_ahead(at, ms(100), &mut out);
+    let armed: Vec<ExecutionId> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Fire(f) => Some(f.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(armed.len(), 1, "{armed:?}");
+    out.clear();
+    core.accept_at(pack(v2), at, &mut out).expect("v2");
+    let asked: Vec<ExecutionId> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Withdraw { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, armed, "what v1 armed past the instant is asked back");
+    out.clear();
+    for id in &asked {
+        core.withdrawal(id, Withdrawal::Withdrawn, at, &mut out);
+    }
+    ev.extend(run_until(&mut core, at + ms(300), &mut out, &[]));
+    let fired: Vec<(u64, i64)> = ev
+        .iter()
+        .filter(|e| e.kind == EventKind::Fire)
+        .filter_map(|e| e.id.as_ref())
+        .map(|id| (id.version, id.occurrence.since(t0).as_millis() as i64))
+        .collect();
+    assert_eq!(
+        fired,
+        [(1, 0), (1, 100), (1, 200), (2, 320), (2, 420), (2, 520)],
+        "v1 at its own phase until the instant, v2 on a grid anchored at it"
+    );
+}

@@ -5,7 +5,8 @@
 //! rollout, also across a controller restart; a push supersedes it;
 //! pause holds a stage that would pass, resume lets it complete; an
 //! offline agent pauses its stage at the deadline (offline never passes);
-//! a late cohort fails `compare: baseline`, the same agents on time pass.
+//! a late cohort fails `compare: baseline`, the same agents on time pass;
+//! five agents on the link clock switch a stage at one instant.
 
 use std::path::Path;
 use std::time::Duration;
@@ -395,4 +396,130 @@ fn a_late_cohort_fails_compare_baseline_and_the_same_agents_on_time_pass() {
         .filter_map(|v| v["verdict"].as_str())
         .collect();
     assert_eq!(kinds, ["pass", "pass"], "{s}");
+}
+
+/// `activate: together`: five agents locked on the link clock stage the
+/// new version, then switch at the instant the controller names. No agent
+/// fires the new version before it, none fires the old one after it, and
+/// their first new firings are at the same scheduled instant; how far
+/// apart they actually fired is printed (the README's figure).
+#[test]
+fn a_stage_switches_together_at_one_instant() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let ids = ["a1", "a2", "a3", "a4", "a5"];
+    let agents: Vec<Agent> = ids
+        .iter()
+        .map(|id| {
+            start_agent_clock(
+                &dir.path().join(id),
+                id,
+                &c.url,
+                &["--system-clock", "untrusted"],
+            )
+        })
+        .collect();
+    let locked = |c: &Controller| {
+        let all = c.agents();
+        ids.iter().all(|id| {
+            all.iter().any(|a| {
+                a["id"] == *id && a["clock_source"] == "link" && a["clock_state"] == "locked"
+            })
+        })
+    };
+    assert!(wait_until(WAIT, || locked(&c)), "{:?}", c.agents());
+    let pack = |version: u64, line: u32, rollout: &str| {
+        format!(
+            "pack: p\nversion: {version}\ntargets: {{agents: [a1, a2, a3, a4, a5]}}\n\
+             instructions:\n  - id: tick\n    action: gpio.toggle\n    params: {{line: {line}}}\n    every: 100ms\n{rollout}"
+        )
+    };
+    push(&c, &write(dir.path(), "v1.yaml", &pack(1, 5, "")));
+    assert!(wait_until(WAIT, || ids
+        .iter()
+        .all(|id| held(&c, id) == Some(1))));
+    let together = "rollout:\n  stages: [{percent: 100}]\n  soak: 1s\n  min_firings: 5\n  activate: together\n  max_uncertainty: 5ms\n  abort_if: {failed_percent: 10}\n";
+    push(&c, &write(dir.path(), "v2.yaml", &pack(2, 6, together)));
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "completed"),
+        "{}\n{}",
+        status(&c),
+        c.log()
+    );
+    // The instant, as the controller named it (audited).
+    let audit = text(&c.ctl(&["audit", "--json"]));
+    let at: i64 = audit
+        .split("switch together at ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ns").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instant audited: {audit}"));
+    let fb = c.feedback("p");
+    // Firings that ran (one withdrawn before it started is an executed
+    // entry too: skipped, reason replaced).
+    let executed: Vec<&serde_json::Value> = fb
+        .iter()
+        .filter(|f| f["event"] == "executed" && f["outcome"] == "ok")
+        .collect();
+    let mut first = Vec::new();
+    for id in ids {
+        let mine = |v: u64| {
+            executed
+                .iter()
+                .filter(move |f| f["agent"] == id && f["version"] == v)
+                .map(|f| {
+                    (
+                        f["scheduled_ns"].as_i64().expect("scheduled"),
+                        f["actual_ns"].as_i64().expect("actual"),
+                    )
+                })
+        };
+        let i = ids.iter().position(|x| *x == id).expect("listed");
+        let after: Vec<(i64, i64)> = mine(1).filter(|(s, _)| *s > at).collect();
+        assert!(
+            after.is_empty(),
+            "{id} fired v1 after the instant {at}: {after:?}\n{}",
+            agents[i]
+                .log()
+                .lines()
+                .filter(|l| l.contains("stag") || l.contains("switch") || l.contains("clock"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert!(
+            mine(2).all(|(s, a)| s > at && a >= at),
+            "{id} fired v2 before the instant"
+        );
+        let f = mine(2)
+            .min()
+            .unwrap_or_else(|| panic!("{id} never fired v2"));
+        first.push(f);
+    }
+    let scheduled: std::collections::BTreeSet<i64> = first.iter().map(|f| f.0).collect();
+    assert_eq!(
+        scheduled.len(),
+        1,
+        "first v2 firings scheduled apart: {first:?}"
+    );
+    let actual: Vec<i64> = first.iter().map(|f| f.1).collect();
+    let spread = actual.iter().max().expect("five") - actual.iter().min().expect("five");
+    let uncertainty: Vec<i64> = c
+        .agents()
+        .iter()
+        .filter_map(|a| a["clock_uncertainty_ns"].as_i64())
+        .collect();
+    eprintln!(
+        "together: 5 agents on the link clock, first v2 firings {} µs apart (scheduled {} ns after the instant; agents' clock uncertainty {:?} ns)",
+        spread / 1000,
+        scheduled.iter().next().expect("one") - at,
+        uncertainty
+    );
+    assert!(
+        spread < 50_000_000,
+        "first v2 firings {spread} ns apart: {first:?}"
+    );
+    // Each agent's device saw v1 until the instant, v2 after.
+    for a in &agents {
+        assert_eq!(versions_written(a), ["v1", "v2"], "{}", a.id);
+    }
 }

@@ -76,6 +76,17 @@ pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// ...and how long a keep-alive ping may go unanswered.
 pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A staged push's instant and bound (see `PackPush.staged`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageAt {
+    /// Switch at this reference instant (ns since the epoch); 0: not yet
+    /// named.
+    pub at_ns: i64,
+    /// Not switched when the clock is less certain than this (ns; 0: the
+    /// agent's own limit).
+    pub max_uncertainty_ns: i64,
+}
+
 /// What the link tells the control thread. Every variant names the session
 /// it belongs to.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +119,9 @@ pub enum FromLink {
         yaml: String,
         /// The generation the controller sent it on (fencing).
         session_gen: u64,
+        /// Staged for a switch at one instant (`activate: together`);
+        /// `None`: run it on arrival.
+        stage: Option<StageAt>,
     },
     /// A pack withdrawn.
     Cancel {

@@ -613,6 +613,10 @@ impl Session {
                 pack: p.pack.unwrap_or_default(),
                 yaml: p.yaml,
                 session_gen: p.session_gen,
+                stage: p.staged.then_some(super::StageAt {
+                    at_ns: p.activate_at_ns,
+                    max_uncertainty_ns: p.max_uncertainty_ns,
+                }),
             }),
             Some(In::PackCancel(c)) => Some(FromLink::Cancel {
                 session,

@@ -706,6 +706,19 @@ impl Agent {
     /// error says who must act ([`AcceptError`]); one that
     /// [`AcceptError::is_fault`] must end the loop like any journal error.
     pub fn accept(&mut self, yaml: String, pack: Pack) -> Result<Verdict, AcceptError> {
+        self.accept_as_of(yaml, pack, None)
+    }
+
+    /// [`Agent::accept`], as of the instant `at` when given: the switch of
+    /// a staged version (`activate: together`), its schedule anchored at
+    /// `at` ([`Scheduler::accept_at`]) so every agent switching at `at`
+    /// fires it at the same instants.
+    pub fn accept_as_of(
+        &mut self,
+        yaml: String,
+        pack: Pack,
+        at: Option<RefTime>,
+    ) -> Result<Verdict, AcceptError> {
         // DESIGN.md principle 3: no pack is taken while the agent does not
         // know reference time well enough to honour it.
         // Packs of plain intervals run on any clock.
@@ -727,7 +740,7 @@ impl Agent {
             return Ok(verdict);
         }
         let key = PackKey::of(&pack);
-        let anchor = self.held.get(&key).map_or(now, |h| h.anchor);
+        let anchor = at.unwrap_or_else(|| self.held.get(&key).map_or(now, |h| h.anchor));
         // Durable before it takes effect: a crash right after acceptance
         // must not lose the pack. The anchor is the first acceptance, so a
         // restart keeps the phase exactly as a live replacement does.
@@ -743,7 +756,10 @@ impl Agent {
         self.commit_admission(&pack, admitted);
         self.hold(&pack, anchor);
         let mut out = Vec::new();
-        self.core.accept(pack, now, &mut out)?;
+        match at {
+            Some(at) => self.core.accept_at(pack, at, &mut out)?,
+            None => self.core.accept(pack, now, &mut out)?,
+        };
         self.safe_done.remove(&key);
         tracing::info!(pack = %key, version, "accepted");
         self.process(out).map_err(AcceptError::Fault)?;

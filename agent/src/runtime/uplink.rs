@@ -49,6 +49,7 @@
 
 pub mod fence;
 mod lease;
+mod stage;
 mod window;
 
 use std::collections::VecDeque;
@@ -104,6 +105,8 @@ pub(super) struct Uplink {
     fence: Fence,
     /// Refusals of a stale controller, for `/metrics`.
     stale: crate::metrics::StaleSnap,
+    /// Versions staged for a switch at an instant (`activate: together`).
+    staged: stage::StagedPacks,
 }
 
 impl Uplink {
@@ -188,6 +191,7 @@ impl Agent {
             closed: false,
             fence: Fence::default(),
             stale: crate::metrics::StaleSnap::default(),
+            staged: stage::StagedPacks::new(),
         });
         Ok(())
     }
@@ -227,6 +231,7 @@ impl Agent {
     }
 
     fn uplink_pass(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+        self.switch_due(up)?;
         up.flush();
         up.backlog = false;
         let mut taken = 0;
@@ -284,6 +289,11 @@ impl Agent {
             .is_some_and(|(from, _)| back.is_some_and(|b| b >= from))
         {
             return Some(now);
+        }
+        if let Some(t) = Self::next_switch(up) {
+            // A staged version's instant is kept to the loop's precision:
+            // a lease or a report may come later.
+            return Some(t.max(now));
         }
         let mut at: Option<MonoTime> = None;
         if up.welcomed {
@@ -375,6 +385,7 @@ impl Agent {
                 pack,
                 yaml,
                 session_gen,
+                stage,
             } => {
                 if let Err(stale) = up.fence.check(&self.journal, session, session_gen) {
                     // Not contact, not parsed, nothing journalled.
@@ -391,7 +402,18 @@ impl Agent {
                     return Ok(());
                 }
                 up.lease.contact(now);
-                let (reply, fault) = self.on_push(&pack, yaml);
+                let (reply, fault) = match stage {
+                    Some(stage) => (self.stage_push(up, &pack, yaml, stage), None),
+                    None => {
+                        // A version to run now: whatever was staged of the
+                        // pack is superseded.
+                        up.staged.remove(&PackKey {
+                            tenant: pack.tenant.clone(),
+                            pack: pack.pack.clone(),
+                        });
+                        self.on_push(&pack, yaml)
+                    }
+                };
                 if up.session == Some(session) {
                     up.queue(session, reply);
                 }
@@ -411,6 +433,10 @@ impl Agent {
                     return Ok(());
                 }
                 up.lease.contact(now);
+                up.staged.remove(&PackKey {
+                    tenant: pack.tenant.clone(),
+                    pack: pack.pack.clone(),
+                });
                 self.on_cancel(pack)?;
                 // Held again even when nothing changed: it is how the
                 // controller learns that the cancel took effect.
@@ -556,13 +582,38 @@ impl Agent {
         }
     }
 
+    /// A staged push: parsed and checked like any push, then kept aside
+    /// ([`stage`]).
+    fn stage_push(
+        &mut self,
+        up: &mut Uplink,
+        r: &wire::PackRef,
+        yaml: String,
+        stage: crate::link::StageAt,
+    ) -> ToLink {
+        match self.parse_push(r, &yaml) {
+            Ok(pack) => self.on_stage(up, r, yaml, pack, stage),
+            Err(reply) => reply,
+        }
+    }
+
     /// A pushed pack: the answer, and a fault that must end the loop.
     fn on_push(&mut self, r: &wire::PackRef, yaml: String) -> (ToLink, Option<anyhow::Error>) {
+        let pack = match self.parse_push(r, &yaml) {
+            Ok(p) => p,
+            Err(reply) => return (reply, None),
+        };
+        self.accept_push(r, yaml, pack)
+    }
+
+    /// The pushed text parsed, named as the push names it, within the
+    /// agent's pack limit; else the refusal to send.
+    fn parse_push(&mut self, r: &wire::PackRef, yaml: &str) -> Result<Pack, ToLink> {
         use wire::NackReason as R;
         let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
         // Valid or not, the parse tree is garbage now.
         self.heap_trim.parsed();
-        let pack = match parse_pack(&yaml) {
+        let pack = match parse_pack(yaml) {
             Ok(p) => p,
             Err(errs) => {
                 // The log gets the first few; the controller gets them all.
@@ -578,7 +629,7 @@ impl Agent {
                     "pack {label} is invalid: {} error(s), the first at {first}",
                     errs.0.len()
                 );
-                return (nack(r, R::Invalid, message, wire_errors(&errs)), None);
+                return Err(nack(r, R::Invalid, message, wire_errors(&errs)));
             }
         };
         if pack.tenant != r.tenant || pack.id != r.pack || pack.version != r.version {
@@ -587,7 +638,7 @@ impl Agent {
                 pack.tenant, pack.id, pack.version
             );
             tracing::warn!(pack = %label, "pushed pack refused: {message}");
-            return (nack(r, R::Invalid, message, Vec::new()), None);
+            return Err(nack(r, R::Invalid, message, Vec::new()));
         }
         let key = PackKey::of(&pack);
         if !self.held.contains_key(&key) && self.held.len() >= self.cfg.max_packs {
@@ -596,8 +647,21 @@ impl Agent {
                 self.held.len()
             );
             tracing::warn!(pack = %label, "pushed pack refused: {message}");
-            return (nack(r, R::ResourceExhausted, message, Vec::new()), None);
+            return Err(nack(r, R::ResourceExhausted, message, Vec::new()));
         }
+        Ok(pack)
+    }
+
+    /// A parsed push accepted (or refused): the answer, and a fault that
+    /// must end the loop.
+    fn accept_push(
+        &mut self,
+        r: &wire::PackRef,
+        yaml: String,
+        pack: Pack,
+    ) -> (ToLink, Option<anyhow::Error>) {
+        use wire::NackReason as R;
+        let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
         let result = self.accept(yaml, pack);
         match result {
             Ok(verdict) => {
@@ -611,6 +675,8 @@ impl Agent {
                     ToLink::Ack(wire::PackAck {
                         pack: Some(r.clone()),
                         unchanged,
+                        staged: false,
+                        activate_at_ns: 0,
                     }),
                     None,
                 )

@@ -449,6 +449,7 @@ async fn session(
                         let ack = msg(In::PackAck(wire::PackAck {
                             pack: Some(r.clone()),
                             unchanged: false,
+                            ..Default::default()
                         }));
                         if let Err(e) = link.send(ack).await {
                             return e;

@@ -91,6 +91,8 @@ mod tests {
             reason: String::new(),
             attempts: 0,
             updated_ns: 0,
+            activate: Default::default(),
+            staged: None,
         })
     }
 

@@ -80,15 +80,6 @@ impl App {
                 caller.who, pack.id, pack.tenant
             )));
         }
-        if pack
-            .rollout
-            .as_ref()
-            .is_some_and(|r| r.activate == baton_proto::pack::rollout::Activate::Together)
-        {
-            return Err(AppError::Invalid(format!(
-                "{source}: rollout.activate: together is not supported by this controller yet (agents cannot hold a version staged for a switch at one instant); use `activate: on_arrival`, nothing stored"
-            )));
-        }
         let now = RefTime::from_nanos(now_ns());
         pack.check_live(now)
             .map_err(|e| AppError::Invalid(e.render(source).trim_end().to_string()))?;

@@ -148,7 +148,12 @@ async fn spec_of(app: &App, key: &PackKey, version: u64) -> AppResult<Rollout> {
 impl App {
     /// Every agent `row`'s pack targets, with what it holds, and the
     /// cohort's and baseline's figures over the current stage.
-    async fn observe(&self, row: &RolloutRow) -> AppResult<(Observed, Vec<RolloutAgent>)> {
+    async fn observe(
+        &self,
+        spec: &Rollout,
+        row: &RolloutRow,
+    ) -> AppResult<(Observed, Vec<RolloutAgent>)> {
+        let bound = i64::try_from(spec.max_uncertainty.as_nanos()).unwrap_or(i64::MAX);
         let key = row.key();
         let pack = self
             .store
@@ -207,6 +212,10 @@ impl App {
                 refused: d
                     .filter(|d| d.version == row.version && d.state == DeliveryState::Nacked)
                     .map(|d| d.reason.clone()),
+                staged: d
+                    .and_then(|d| d.staged)
+                    .is_some_and(|st| st.version == row.version),
+                clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty_ns <= bound),
             };
             let offset = a
                 .clock
@@ -456,7 +465,7 @@ impl App {
                 // Nothing to observe until a window opens.
                 break;
             }
-            let (obs, _) = self.observe(&row).await?;
+            let (obs, _) = self.observe(&spec, &row).await?;
             let step = rollout::step(&spec, &row, &obs);
             if step.next.is_none() || !self.apply(&row, step, &who).await? {
                 break;
@@ -493,7 +502,7 @@ impl App {
     ) -> AppResult<RolloutStatus> {
         let row = self.visible_rollout(caller, tenant, pack).await?;
         let spec = spec_of(self, &row.key(), row.version).await?;
-        let (obs, agents) = self.observe(&row).await?;
+        let (obs, agents) = self.observe(&spec, &row).await?;
         Ok(RolloutStatus {
             stages: spec.stages.len(),
             row,

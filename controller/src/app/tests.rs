@@ -384,21 +384,4 @@ async fn rollouts_stay_within_their_tenant_and_role() {
         1,
         "{pauses:?}"
     );
-    // `activate: together` is refused whole until agents can stage.
-    let together = format!(
-        "{}rollout:\n  stages: [{{percent: 100}}]\n  activate: together\n",
-        yaml("t", "q", 1, "{agents: [a1]}")
-    );
-    let r = app.push(&t_op, together, "q.yaml").await;
-    assert!(
-        matches!(&r, Err(AppError::Invalid(m)) if m.contains("activate: together is not supported")),
-        "{r:?}"
-    );
-    assert!(
-        app.store
-            .pack_version(&crate::model::PackKey::new("t", "q"), None)
-            .await
-            .expect("read")
-            .is_none()
-    );
 }

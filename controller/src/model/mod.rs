@@ -415,6 +415,8 @@ pub struct Refusal {
 pub enum Answer {
     /// It holds the version now.
     Acked,
+    /// It staged the version, to switch at this instant (0: none named).
+    Staged(i64),
     /// It refused the version (`last`: for good; else retried later).
     Refused(Refusal),
 }
@@ -457,6 +459,54 @@ pub struct DeliveryRow {
     pub attempts: u32,
     /// Last change (ns since the epoch).
     pub updated_ns: i64,
+    /// When the agent is to run `version` (a rollout with `activate:
+    /// together`), as the planner decides it.
+    pub activate: Activation,
+    /// What the agent said it staged of `version` (see [`Answer::Staged`]);
+    /// cleared by its next hello (a restart drops staged copies).
+    pub staged: Option<StagedRow>,
+}
+
+/// When an agent runs the version it is sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// As soon as it takes it.
+    #[default]
+    OnArrival,
+    /// Staged: it keeps the version aside until an instant is named.
+    Staged,
+    /// Staged, switching at this instant (ns since the epoch).
+    At(i64),
+}
+
+impl Activation {
+    /// Its stored form: NULL, 0 (staged), the instant.
+    pub fn to_db(self) -> Option<i64> {
+        match self {
+            Activation::OnArrival => None,
+            Activation::Staged => Some(0),
+            Activation::At(t) => Some(t),
+        }
+    }
+
+    /// From [`Activation::to_db`].
+    pub fn from_db(v: Option<i64>) -> Activation {
+        match v {
+            None => Activation::OnArrival,
+            Some(t) if t > 0 => Activation::At(t),
+            Some(_) => Activation::Staged,
+        }
+    }
+}
+
+/// A version an agent keeps staged, and the instant it switches at (0:
+/// none named yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagedRow {
+    /// The version.
+    pub version: u64,
+    /// Its instant (ns since the epoch), 0 when none was named.
+    pub at_ns: i64,
 }
 
 impl DeliveryRow {

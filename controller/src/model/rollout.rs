@@ -174,6 +174,16 @@ pub struct RolloutRow {
     /// Versions outsiders never keep: those of aborted rollouts before it.
     #[serde(default)]
     pub banned: Vec<u64>,
+    /// Its stages switch at one instant (`activate: together`).
+    #[serde(default)]
+    pub together: bool,
+    /// The current stage's instant, once every member staged the version.
+    #[serde(default)]
+    pub switch_at_ns: Option<i64>,
+    /// Members of the current stage not switched: their clock was less
+    /// certain than the pack allows when the instant was named.
+    #[serde(default)]
+    pub held_back: Vec<String>,
     /// Compare-and-set counter (the store sets it).
     pub rev: u64,
     /// Where it stands.
@@ -218,6 +228,9 @@ impl RolloutRow {
             from: base.from,
             keep_above: base.keep_above,
             banned: base.banned,
+            together: false,
+            switch_at_ns: None,
+            held_back: Vec::new(),
             rev: 0,
             state: RolloutState::WaitingWindow,
             stage: 0,
@@ -254,6 +267,9 @@ impl RolloutRow {
             members_hold,
             keep_above: self.keep_above,
             banned: self.banned.clone(),
+            together: self.together,
+            switch_at_ns: self.switch_at_ns,
+            held_back: self.held_back.clone(),
         })
     }
 }
@@ -324,6 +340,15 @@ pub struct GateRow {
     /// See [`RolloutRow::banned`].
     #[serde(default)]
     pub banned: Vec<u64>,
+    /// See [`RolloutRow::together`].
+    #[serde(default)]
+    pub together: bool,
+    /// See [`RolloutRow::switch_at_ns`].
+    #[serde(default)]
+    pub switch_at_ns: Option<i64>,
+    /// See [`RolloutRow::held_back`].
+    #[serde(default)]
+    pub held_back: Vec<String>,
 }
 
 /// A gate with the members the planner is deciding for (all of the

@@ -32,8 +32,8 @@
 //!   pack's (those are withdrawn).
 
 use crate::model::{
-    AgentRow, Answer, Binding, DeliveryRow, DeliveryState, Held, Intent, PackKey, PackTargets,
-    Refusal,
+    Activation, AgentRow, Answer, Binding, DeliveryRow, DeliveryState, Held, Intent, PackKey,
+    PackTargets, Refusal, StagedRow,
 };
 
 /// The version `agent` should hold of `pack`, or `None`, given what it
@@ -114,7 +114,31 @@ pub fn plan(
     let refusal = row.and_then(|r| r.refusal.clone()).filter(|f| {
         intent == Intent::Hold && f.version == version && held.is_none_or(|h| h.version != version)
     });
-    let (state, reason) = state_of(intent, version, held, refusal.as_ref());
+    let behind = held.is_none_or(|h| h.version < version);
+    // A member of a stage that switches together: staged first, then the
+    // instant once every member staged it (none for one held back).
+    let activate = match pack.and_then(|p| p.gate.as_ref()) {
+        Some(g)
+            if intent == Intent::Hold
+                && behind
+                && g.row.together
+                && g.row.members_hold
+                && g.admitted.contains(&agent.id) =>
+        {
+            match g.row.switch_at_ns {
+                Some(t) if !g.row.held_back.contains(&agent.id) => Activation::At(t),
+                _ => Activation::Staged,
+            }
+        }
+        _ => Activation::OnArrival,
+    };
+    let staged = row
+        .and_then(|r| r.staged)
+        .filter(|st| st.version == version && behind && activate != Activation::OnArrival);
+    let (state, mut reason) = state_of(intent, version, held, refusal.as_ref());
+    if state == DeliveryState::Pending && reason.is_empty() {
+        reason = staging_reason(activate, staged);
+    }
     let attempts = match row {
         Some(r) if r.version == version && r.intent == intent => r.attempts,
         _ => 0,
@@ -131,6 +155,8 @@ pub fn plan(
         reason,
         attempts,
         updated_ns: now_ns,
+        activate,
+        staged,
     };
     if let Some(r) = row {
         next.updated_ns = r.updated_ns;
@@ -139,6 +165,19 @@ pub fn plan(
         }
     }
     Some(next)
+}
+
+/// Why a staged row waits, in words (empty on arrival).
+fn staging_reason(activate: Activation, staged: Option<StagedRow>) -> String {
+    match (activate, staged) {
+        (Activation::OnArrival, _) => String::new(),
+        (Activation::Staged, Some(_)) => "staged, waiting for the stage's instant".into(),
+        (Activation::Staged, None) => "to be staged".into(),
+        (Activation::At(t), Some(st)) if st.at_ns == t => {
+            format!("staged, switching at {t} ns")
+        }
+        (Activation::At(t), _) => format!("to switch at {t} ns"),
+    }
 }
 
 /// State and reason from the decision and the agent's answers.
@@ -192,6 +231,15 @@ pub fn answered(
             version,
             stopped: false,
         }),
+        Answer::Staged(at_ns) => {
+            if r.version == version {
+                r.staged = Some(StagedRow {
+                    version,
+                    at_ns: *at_ns,
+                });
+            }
+            r.held
+        }
         Answer::Refused(f) => {
             if r.version == version {
                 r.refusal = Some(f.clone());
@@ -208,20 +256,46 @@ pub fn answered(
 }
 
 /// What to tell an agent about one pack.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Send this version of the row's pack.
     Push(u64),
+    /// Send it staged: kept aside, the held version runs on.
+    Stage(u64),
+    /// Send it staged with the instant to switch at (ns since the epoch).
+    Switch(u64, i64),
     /// Cancel the agent's copy (the version it holds).
     Cancel(u64),
 }
 
+impl Action {
+    /// The version it is about.
+    pub fn version(self) -> u64 {
+        match self {
+            Action::Push(v) | Action::Stage(v) | Action::Switch(v, _) | Action::Cancel(v) => v,
+        }
+    }
+}
+
 /// What the row asks of the agent now, if anything. Never a version
-/// lower than or equal to what it holds.
+/// lower than or equal to what it holds; a staged row asks once per
+/// version (and instant) the agent has not said it staged.
 pub fn action(row: &DeliveryRow) -> Option<Action> {
+    let v = row.version;
     match (row.intent, row.state, row.held) {
-        (Intent::Hold, DeliveryState::Pending, h) if h.is_none_or(|h| h.version < row.version) => {
-            Some(Action::Push(row.version))
+        (Intent::Hold, DeliveryState::Pending, h) if h.is_none_or(|h| h.version < v) => {
+            match row.activate {
+                Activation::OnArrival => Some(Action::Push(v)),
+                Activation::Staged => {
+                    (row.staged.map(|st| st.version) != Some(v)).then_some(Action::Stage(v))
+                }
+                Activation::At(t) => (row.staged
+                    != Some(StagedRow {
+                        version: v,
+                        at_ns: t,
+                    }))
+                .then_some(Action::Switch(v, t)),
+            }
         }
         (Intent::Withdraw, _, Some(h)) => Some(Action::Cancel(h.version)),
         _ => None,

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 use super::*;
-use crate::model::{ErrorRow, LabelOverrides, TargetsRow};
+use crate::model::{Activation, ErrorRow, LabelOverrides, StagedRow, TargetsRow};
 
 fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
     kv.iter()
@@ -150,6 +150,9 @@ fn gated(
                 members_hold: hold,
                 keep_above: None,
                 banned: Vec::new(),
+                together: false,
+                switch_at_ns: None,
+                held_back: Vec::new(),
             },
             admitted: admitted.iter().map(|s| (*s).to_owned()).collect(),
         }),
@@ -238,6 +241,48 @@ fn a_rollout_gate_lets_its_cohort_onto_the_latest_and_keeps_the_others_where_the
     // The gate never reaches past targeting.
     let a3 = agent("a3", &["t"], &[]);
     assert_eq!(wanted(&a3, &p, held_v(2), b), None);
+}
+
+/// A member of a stage that switches together is staged first (asked
+/// once per version), then named the instant (asked once per instant);
+/// a held-back member stays staged; once it holds the version, nothing.
+#[test]
+fn a_together_member_is_staged_then_switched_at_the_instant() {
+    let a1 = agent("a1", &["t"], &[]);
+    let b = Binding::Tenants;
+    let k = PackKey::new("t", "p");
+    let mut p = gated(pack("t", 4, ids(&["a1"])), 4, Some(2), true, &["a1"]);
+    p.gate.as_mut().unwrap().row.together = true;
+    let row = plan(&a1, &k, Some(&p), None, held_v(2), b, 1).unwrap();
+    assert_eq!(
+        (row.activate, action(&row)),
+        (Activation::Staged, Some(Action::Stage(4)))
+    );
+    assert_eq!(row.reason, "to be staged");
+    let staged = answered(&a1, Some(&p), &row, 4, &Answer::Staged(0), 1, b, 2).unwrap();
+    assert_eq!(
+        staged.staged,
+        Some(StagedRow {
+            version: 4,
+            at_ns: 0
+        })
+    );
+    assert_eq!(action(&staged), None, "staged once");
+    assert_eq!(staged.reason, "staged, waiting for the stage's instant");
+    p.gate.as_mut().unwrap().row.switch_at_ns = Some(99);
+    let named = plan(&a1, &k, Some(&p), Some(&staged), held_v(2), b, 3).unwrap();
+    assert_eq!(action(&named), Some(Action::Switch(4, 99)));
+    let told = answered(&a1, Some(&p), &named, 4, &Answer::Staged(99), 1, b, 4).unwrap();
+    assert_eq!(action(&told), None, "named once");
+    let switched = answered(&a1, Some(&p), &told, 4, &Answer::Acked, 1, b, 5).unwrap();
+    assert_eq!(
+        (switched.state, switched.activate, switched.staged),
+        (DeliveryState::Acked, Activation::OnArrival, None)
+    );
+    // Held back: staged, never named.
+    p.gate.as_mut().unwrap().row.held_back = vec!["a1".into()];
+    let back = plan(&a1, &k, Some(&p), Some(&staged), held_v(2), b, 6).unwrap();
+    assert_eq!((back.activate, action(&back)), (Activation::Staged, None));
 }
 
 #[test]
@@ -904,6 +949,10 @@ proptest! {
             Some(Action::Cancel(v)) => {
                 prop_assert_eq!(Some(v), held.map(|h| h.version));
                 prop_assert_eq!(want, None);
+            }
+            // No gate here: nothing is staged.
+            Some(a @ (Action::Stage(_) | Action::Switch(..))) => {
+                prop_assert!(false, "{:?} without a rollout", a);
             }
             None => {}
         }

@@ -30,7 +30,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use baton_proto::pack::rollout::{DeadlineAction, OnAbort, Rollout};
+use baton_proto::pack::rollout::{Activate, DeadlineAction, OnAbort, Rollout};
 
 use crate::model::{CohortFigures, Member, RolloutRow, RolloutState, VerdictKind, VerdictRow};
 
@@ -47,7 +47,17 @@ pub struct AgentView {
     pub holds: bool,
     /// Refused the version for good, with the agent's message.
     pub refused: Option<String>,
+    /// Said it staged the version (`activate: together`).
+    pub staged: bool,
+    /// Its clock, as last reported, is within the pack's
+    /// `max_uncertainty`: it may be named an instant.
+    pub clock_ok: bool,
 }
+
+/// How far ahead of the moment every member staged a version the
+/// controller names the instant they switch at: room for the instant to
+/// reach every agent of a stage (a push each, paced) before it comes.
+pub const SWITCH_LEAD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the driver observed for one step.
 #[derive(Clone, Debug, PartialEq)]
@@ -253,6 +263,40 @@ impl Stepper<'_> {
         self.next.deadline_from_ns = Some(self.now);
         self.next.soak_from_ns = None;
         self.next.deadline_taken = false;
+        self.next.together = self.spec.activate == Activate::Together;
+        self.next.switch_at_ns = None;
+        self.next.held_back.clear();
+    }
+
+    /// With `activate: together`, once every member not on the version
+    /// staged it (and is connected): the instant they switch at, a little
+    /// ahead; members whose clock is not certain enough are held back
+    /// (not switched: they stay missing, and the stage inconclusive).
+    fn name_instant(&mut self, members: &[&AgentView]) {
+        if !self.next.together || self.next.switch_at_ns.is_some() {
+            return;
+        }
+        let behind: Vec<&AgentView> = members.iter().copied().filter(|a| !a.holds).collect();
+        if behind.is_empty() || !behind.iter().all(|a| a.staged && a.connected) {
+            return;
+        }
+        let at = self.now.saturating_add(duration_ns(SWITCH_LEAD));
+        self.next.switch_at_ns = Some(at);
+        self.next.held_back = behind
+            .iter()
+            .filter(|a| !a.clock_ok)
+            .map(|a| a.id.clone())
+            .collect();
+        let n = self.stage_no();
+        let switching = behind.len() - self.next.held_back.len();
+        let mut line = format!("stage {n}: {switching} agent(s) switch together at {at} ns");
+        if !self.next.held_back.is_empty() {
+            line.push_str(&format!(
+                "; held back, their clock less certain than max_uncertainty: {}",
+                self.next.held_back.join(", ")
+            ));
+        }
+        self.out.said.push(line);
     }
 
     /// Judges the started stage: fail, pass, the deadline, or nothing yet.
@@ -263,6 +307,7 @@ impl Stepper<'_> {
             self.abort(why);
             return;
         }
+        self.name_instant(&members);
         // Offline never passes: a member must hold the version and be
         // connected.
         let missing: Vec<&AgentView> = members
@@ -346,6 +391,8 @@ impl Stepper<'_> {
             self.next.soak_from_ns = None;
             self.next.deadline_from_ns = None;
             self.next.deadline_taken = false;
+            self.next.switch_at_ns = None;
+            self.next.held_back.clear();
         }
     }
 

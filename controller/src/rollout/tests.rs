@@ -44,6 +44,8 @@ fn agent(id: &str, canary: bool, connected: bool) -> AgentView {
         connected,
         holds,
         refused,
+        staged: false,
+        clock_ok: true,
     }
 }
 
@@ -793,4 +795,59 @@ proptest! {
         prop_assert_eq!(&sim.row, &frozen);
         prop_assert!(resume(&sim.row, "op", sim.now).is_err());
     }
+}
+
+/// `activate: together`: no instant while a member has not staged the
+/// version; once all did, one instant `SWITCH_LEAD` ahead, with members
+/// whose clock is not certain enough held back (never switched: missing,
+/// so the stage cannot pass on them); the next stage names its own.
+#[test]
+fn a_together_stage_names_one_instant_once_every_member_staged() {
+    let spec =
+        spec("stages: [{agents: 2}, {percent: 100}]\nsoak: 1s\nmin_firings: 1\nactivate: together");
+    let mut sim = Sim::new(spec, fleet(&["a", "b", "c"]), 0);
+    sim.go(0);
+    assert_eq!(sim.members(), ["a", "b"]);
+    assert!(sim.row.together);
+    sim.agent("a").staged = true;
+    sim.go(1);
+    assert_eq!(sim.row.switch_at_ns, None, "b has not staged yet");
+    sim.agent("b").staged = true;
+    sim.agent("b").clock_ok = false;
+    let s = sim.at(2);
+    let at = 2 * SEC + i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
+    assert_eq!(sim.row.switch_at_ns, Some(at));
+    assert_eq!(sim.row.held_back, ["b"]);
+    assert!(
+        s.said
+            .iter()
+            .any(|l| l.contains("1 agent(s) switch together")
+                && l.contains("held back, their clock less certain than max_uncertainty: b")),
+        "{:?}",
+        s.said
+    );
+    // The instant stays; a switches, b (held back) never does: no pass.
+    sim.hold(&["a"]);
+    sim.cohort.settled = 10;
+    sim.go(10);
+    assert_eq!(sim.row.switch_at_ns, Some(at));
+    assert_eq!(sim.row.stage, 0, "b is missing");
+    assert!(sim.row.verdicts.is_empty());
+    // b's clock recovers and it is switched by hand (an operator's
+    // resume does not name a new instant): the stage passes, and the next
+    // stage starts with no instant until its new member staged.
+    sim.hold(&["b"]);
+    sim.go(12);
+    assert!(sim.row.verdicts.is_empty(), "the soak starts now");
+    sim.go(13);
+    assert_eq!(sim.row.verdicts.len(), 1);
+    assert_eq!(sim.row.stage, 1);
+    assert_eq!((sim.row.switch_at_ns, sim.row.held_back.len()), (None, 0));
+    sim.go(14);
+    assert_eq!(sim.members(), ["a", "b", "c"]);
+    assert_eq!(sim.row.switch_at_ns, None, "c has not staged yet");
+    sim.agent("c").staged = true;
+    sim.go(15);
+    let lead = i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
+    assert_eq!(sim.row.switch_at_ns, Some(15 * SEC + lead));
 }

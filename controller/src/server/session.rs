@@ -147,7 +147,8 @@ impl From<StoreError> for End {
 /// A push sent and not yet answered, or waiting to be retried.
 #[derive(Debug)]
 struct InFlight {
-    version: u64,
+    /// What was sent (its version, staged or not, the instant).
+    action: Action,
     sent: Instant,
     retries: u32,
     retry_at: Option<Instant>,
@@ -652,12 +653,12 @@ impl Session {
             return Ok(());
         };
         match planner::action(row) {
-            Some(Action::Push(version)) => {
+            Some(a @ (Action::Push(_) | Action::Stage(_) | Action::Switch(..))) => {
                 let recent = self.in_flight.get(key).is_some_and(|f| {
-                    f.version == version && (f.retry_at.is_some() || f.sent.elapsed() < UNANSWERED)
+                    f.action == a && (f.retry_at.is_some() || f.sent.elapsed() < UNANSWERED)
                 });
                 if !recent {
-                    self.push(key, version, 0).await?;
+                    self.push(key, a, 0).await?;
                 }
                 Ok(())
             }
@@ -682,8 +683,16 @@ impl Session {
         }
     }
 
-    /// Send a pack version, paced by the controller-wide token bucket.
-    async fn push(&mut self, key: &PackKey, version: u64, retries: u32) -> Result<(), End> {
+    /// Send a pack version (to run, to stage, or to switch to at an
+    /// instant), paced by the controller-wide token bucket.
+    async fn push(&mut self, key: &PackKey, action: Action, retries: u32) -> Result<(), End> {
+        let (version, staged, activate_at_ns) = match action {
+            Action::Push(v) => (v, false, 0),
+            Action::Stage(v) => (v, true, 0),
+            Action::Switch(v, t) => (v, true, t),
+            // Not a push.
+            Action::Cancel(_) => return Ok(()),
+        };
         let text = match self.texts.get(key).filter(|t| t.version == version) {
             Some(t) => t.clone(),
             None => match self.app.store.pack_version(key, Some(version)).await? {
@@ -703,12 +712,18 @@ impl Session {
             pack: Some(convert::wire_ref(&key.tenant, &key.pack, version)),
             yaml: text.yaml.clone(),
             session_gen: self.agent.session_gen,
+            staged,
+            activate_at_ns,
+            // The pack's bound is kept by the controller (it names no
+            // instant to an agent whose clock is less certain): the agent
+            // checks its own limit at the switch.
+            max_uncertainty_ns: 0,
         }))
         .await?;
         self.in_flight.insert(
             key.clone(),
             InFlight {
-                version,
+                action,
                 sent: Instant::now(),
                 retries,
                 retry_at: None,
@@ -718,20 +733,20 @@ impl Session {
     }
 
     async fn retry_due(&mut self, now: Instant) -> Result<(), End> {
-        let due: Vec<(PackKey, u64, u32)> = self
+        let due: Vec<(PackKey, Action, u32)> = self
             .in_flight
             .iter()
             .filter(|(_, f)| f.retry_at.is_some_and(|t| t <= now))
-            .map(|(k, f)| (k.clone(), f.version, f.retries))
+            .map(|(k, f)| (k.clone(), f.action, f.retries))
             .collect();
-        for (key, version, retries) in due {
+        for (key, action, retries) in due {
             self.in_flight.remove(&key);
             let still = self
                 .rows
                 .get(&key)
-                .is_some_and(|r| planner::action(r) == Some(Action::Push(version)));
+                .is_some_and(|r| planner::action(r) == Some(action));
             if still {
-                self.push(&key, version, retries).await?;
+                self.push(&key, action, retries).await?;
             }
         }
         Ok(())
@@ -779,7 +794,12 @@ impl Session {
                 } else {
                     PushResult::Acked
                 });
-                self.answered(key.clone(), version, Answer::Acked).await?;
+                let answer = if a.staged {
+                    Answer::Staged(a.activate_at_ns)
+                } else {
+                    Answer::Acked
+                };
+                self.answered(key.clone(), version, answer).await?;
                 self.in_flight.remove(&key);
                 Ok(())
             }
@@ -880,10 +900,17 @@ impl Session {
             } else {
                 tracing::debug!(agent = %self.agent.id, pack = %pack_name, retries, "agent refused for now ({message}); retry in {wait:?}");
             }
+            // Retried as the row asks now (a push, a staging, a switch).
+            let action = self
+                .rows
+                .get(&key)
+                .and_then(planner::action)
+                .filter(|a| a.version() == version)
+                .unwrap_or(Action::Push(version));
             self.in_flight.insert(
                 key.clone(),
                 InFlight {
-                    version,
+                    action,
                     sent: Instant::now(),
                     retries,
                     retry_at: Some(Instant::now() + wait),

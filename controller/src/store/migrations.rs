@@ -91,6 +91,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 10,
         sql: include_str!("migrations/0010_rollouts.sql"),
     },
+    Migration {
+        version: 11,
+        sql: include_str!("migrations/0011_staged.sql"),
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

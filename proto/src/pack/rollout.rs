@@ -32,12 +32,18 @@ pub struct Rollout {
     pub windows: Vec<Window>,
     /// When a stage's agents start running the new version.
     pub activate: Activate,
+    /// With `activate: together`: an agent whose clock uncertainty is
+    /// above this at the instant is not switched (it stays on the old
+    /// version and counts as missing: the stage is inconclusive).
+    pub max_uncertainty: Duration,
     /// What an abort does to the agents that got the new version.
     pub on_abort: OnAbort,
 }
 
 /// Default `soak`.
 pub const DEFAULT_SOAK: Duration = Duration::from_secs(300);
+/// Default `max_uncertainty`.
+pub const DEFAULT_MAX_UNCERTAINTY: Duration = Duration::from_millis(1);
 /// Default `min_firings`.
 pub const DEFAULT_MIN_FIRINGS: u64 = 1;
 /// `abort_if` when the section has none: any failed firing, or any of

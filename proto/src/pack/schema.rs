@@ -91,6 +91,9 @@ struct RolloutDoc {
     windows: Option<Vec<WindowDoc>>,
     /// `on_arrival` (default) or `together`: a stage's agents switch at one instant.
     activate: Option<ActivateDoc>,
+    /// With `together`: agents whose clock uncertainty is above this at the
+    /// instant are not switched (default 1ms).
+    max_uncertainty: Option<DurationText>,
     /// `rollback` (default: the previous content again, as a higher
     /// version) or `safe_state` (the new version cancelled).
     on_abort: Option<OnAbortDoc>,

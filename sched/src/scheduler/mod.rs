@@ -438,6 +438,26 @@ impl Scheduler {
         self.install(pack, None, None, now, out)
     }
 
+    /// Take a validated pack as of the instant `at`, its schedule anchored
+    /// there: what a stage's agents do to switch together
+    /// (`activate: together`). Call it once the clock reached `at` (a
+    /// little after, by the wake-up's lateness): the replaced version ran
+    /// everything up to `at` as usual; every changed or new instruction of
+    /// this one starts after `at`, as after any replacement (an `every`
+    /// without `start_at` fires at `at + period`, `at + 2 period`, ...:
+    /// the same instants on every agent that switches at `at`, whatever
+    /// phase its old version had). Unchanged instructions carry over, and
+    /// what the old version handed out past `at` is asked back
+    /// ([`Output::Withdraw`]), exactly as [`Scheduler::accept`] does.
+    pub fn accept_at(
+        &mut self,
+        pack: Pack,
+        at: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Result<Accepted, AcceptError> {
+        self.install(pack, Some(at), None, at, out)
+    }
+
     /// Take a pack back after a restart: `anchor` is what
     /// [`Scheduler::anchor`] said before (its first acceptance), and the
     /// agent was up until at least `last_alive`.

@@ -247,6 +247,7 @@ async fn a_push_reaches_a_connected_agent_and_its_ack_is_recorded() {
     a.send(In::PackAck(wire::PackAck {
         pack: Some(pref("default", "p", 1)),
         unchanged: false,
+        ..Default::default()
     }))
     .await;
     let d = t.until_state(&mut events, "a1", DeliveryState::Acked).await;
@@ -577,6 +578,7 @@ async fn a_pack_of_a_tenant_taken_back_is_cancelled_even_after_a_reconnect() {
     a.send(In::PackAck(wire::PackAck {
         pack: Some(pref("plant-b", "pb", 1)),
         unchanged: false,
+        ..Default::default()
     }))
     .await;
     drop(a);
@@ -624,6 +626,7 @@ async fn a_stream_whose_agent_said_hello_elsewhere_is_fenced() {
     a.send(In::PackAck(wire::PackAck {
         pack: Some(pref("default", "p", 1)),
         unchanged: false,
+        ..Default::default()
     }))
     .await;
     loop {
@@ -699,6 +702,7 @@ async fn replicas_hear_of_each_other_through_the_store() {
         .send(In::PackAck(wire::PackAck {
             pack: Some(pref("default", "p", 1)),
             unchanged: false,
+            ..Default::default()
         }))
         .await;
     let acked = b.until_state(&mut on_b, "a1", DeliveryState::Acked).await;

@@ -216,6 +216,13 @@ impl Store for MemoryStore {
                 s.cert_tenants
                     .insert(h.id.clone(), t.iter().cloned().collect());
             }
+            // A restart drops staged copies: what was staged is asked
+            // again.
+            for ((a, _), r) in s.deliveries.iter_mut() {
+                if *a == h.id {
+                    r.staged = None;
+                }
+            }
             apply_held(s, &h.id, &h.held, binding, h.at_ns);
             s.replan_agent(&h.id, binding, h.at_ns);
             let agent = s.agent(&h.id).ok_or_else(|| no_agent(&h.id))?;

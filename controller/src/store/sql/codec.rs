@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 pub(crate) use super::db::with_row;
 use super::db::{Row, col};
 use crate::store::{
-    ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, Held, Intent, PackVersionRow,
-    Refusal, StoreError, StoreResult, TargetsRow,
+    Activation, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, Held, Intent,
+    PackVersionRow, Refusal, StagedRow, StoreError, StoreResult, TargetsRow,
 };
 
 pub(crate) fn backend(what: &str, e: impl fmt::Display) -> StoreError {
@@ -145,7 +145,7 @@ pub(crate) fn decode_pack_version(row: &dyn Row) -> StoreResult<PackVersionRow> 
 
 pub(crate) const DELIVERY_COLUMNS: &str = "agent_id, tenant, pack, version, intent, held_version, \
      held_stopped, refused_version, refused_last, refused_message, refused_errors, state, reason, \
-     attempts, updated_ns";
+     attempts, updated_ns, activate_ns, staged_version, staged_at_ns";
 
 pub(crate) fn decode_delivery(row: &dyn Row) -> StoreResult<DeliveryRow> {
     let agent_id: String = col(row, "agent_id")?;
@@ -187,6 +187,14 @@ pub(crate) fn decode_delivery(row: &dyn Row) -> StoreResult<DeliveryRow> {
             reason: col(row, "reason")?,
             attempts: u32_from_db(col(row, "attempts")?, "attempts")?,
             updated_ns: col(row, "updated_ns")?,
+            activate: Activation::from_db(col(row, "activate_ns")?),
+            staged: match col::<Option<i64>>(row, "staged_version")? {
+                Some(v) => Some(StagedRow {
+                    version: u64_from_db(v, "staged version")?,
+                    at_ns: col::<Option<i64>>(row, "staged_at_ns")?.unwrap_or(0),
+                }),
+                None => None,
+            },
         })
     })();
     with_row(format_args!("delivery of {tenant}/{pack} to {agent_id}"), r)

@@ -154,7 +154,7 @@ fn load_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<Option<Delive
 }
 
 /// Columns of one delivery row in [`upsert_sql`].
-const DELIVERY_UPSERT_COLUMNS: usize = 15;
+const DELIVERY_UPSERT_COLUMNS: usize = 18;
 
 /// `INSERT` of `rows` delivery rows, each replacing the stored row of its
 /// (agent, pack).
@@ -162,13 +162,15 @@ fn upsert_sql(rows: usize) -> String {
     format!(
         "INSERT INTO deliveries (agent_id, tenant, pack, version, intent, held_version, \
          held_stopped, refused_version, refused_last, refused_message, refused_errors, state, \
-         reason, attempts, updated_ns) VALUES {} \
+         reason, attempts, updated_ns, activate_ns, staged_version, staged_at_ns) VALUES {} \
          ON CONFLICT (agent_id, tenant, pack) DO UPDATE SET version = excluded.version, \
          intent = excluded.intent, held_version = excluded.held_version, \
          held_stopped = excluded.held_stopped, refused_version = excluded.refused_version, \
          refused_last = excluded.refused_last, refused_message = excluded.refused_message, \
          refused_errors = excluded.refused_errors, state = excluded.state, \
-         reason = excluded.reason, attempts = excluded.attempts, updated_ns = excluded.updated_ns",
+         reason = excluded.reason, attempts = excluded.attempts, updated_ns = excluded.updated_ns, \
+         activate_ns = excluded.activate_ns, staged_version = excluded.staged_version, \
+         staged_at_ns = excluded.staged_at_ns",
         values_rows(rows, DELIVERY_UPSERT_COLUMNS)
     )
 }
@@ -193,17 +195,22 @@ pub(crate) fn store_rows(conn: &dyn Db, rows: &[DeliveryRow]) -> StoreResult<()>
             .as_ref()
             .map(|r| to_db(r.version, "refused version"))
             .transpose()?;
+        let staged_version = d
+            .staged
+            .map(|st| to_db(st.version, "staged version"))
+            .transpose()?;
         owned.push((
             to_db(d.version, "version")?,
             held_version,
             refused_version,
             refused_errors,
+            staged_version,
         ));
     }
     let all: Vec<(&DeliveryRow, _)> = rows.iter().zip(owned).collect();
     for chunk in chunks(&all) {
         let mut values: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * DELIVERY_UPSERT_COLUMNS);
-        for (d, (version, held_version, refused_version, refused_errors)) in chunk {
+        for (d, (version, held_version, refused_version, refused_errors, staged_version)) in chunk {
             values.extend([
                 Param::Text(&d.agent_id),
                 Param::Text(&d.tenant),
@@ -225,6 +232,9 @@ pub(crate) fn store_rows(conn: &dyn Db, rows: &[DeliveryRow]) -> StoreResult<()>
                 Param::Text(&d.reason),
                 Param::Int(i64::from(d.attempts)),
                 Param::Int(d.updated_ns),
+                d.activate.to_db().map_or(Param::Null, Param::Int),
+                staged_version.map_or(Param::Null, Param::Int),
+                d.staged.map_or(Param::Null, |st| Param::Int(st.at_ns)),
             ]);
         }
         run(conn, "store deliveries", &upsert_sql(chunk.len()), &values)?;

@@ -24,6 +24,15 @@ impl<E: Engine> Store for E {
         self.write(move |conn| {
             agents::refuse_a_second_machine(conn, &hello, &owner, lease_now_us)?;
             agents::write_hello(conn, &hello, &owner)?;
+            // A restart drops staged copies: what was staged is asked
+            // again.
+            super::db::run(
+                conn,
+                "forget what the agent staged",
+                "UPDATE deliveries SET staged_version = NULL, staged_at_ns = NULL \
+                 WHERE agent_id = ?1 AND staged_version IS NOT NULL",
+                params![hello.id],
+            )?;
             let agent =
                 agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
             plan::replan_agent(conn, &agent, Some(&hello.held), binding, hello.at_ns)?;

@@ -18,6 +18,7 @@ pub(crate) const ROLLOUT_KEYS: &[&str] = &[
     "stage_deadline",
     "windows",
     "activate",
+    "max_uncertainty",
     "on_abort",
 ];
 pub(crate) const ABORT_IF_KEYS: &[&str] = &["failed_percent", "unknown", "lateness_p99", "offset"];
@@ -78,6 +79,11 @@ pub(super) fn rollout(cx: &mut Ctx, node: &Node) -> Option<Rollout> {
             ],
         )
     });
+    let max_uncertainty = f
+        .get("max_uncertainty")
+        .map_or(Some(DEFAULT_MAX_UNCERTAINTY), |n| {
+            positive_duration(cx, n, "rollout.max_uncertainty")
+        });
     let on_abort = f.get("on_abort").map_or(Some(OnAbort::Rollback), |n| {
         word(
             cx,
@@ -98,6 +104,7 @@ pub(super) fn rollout(cx: &mut Ctx, node: &Node) -> Option<Rollout> {
         stage_deadline: stage_deadline?,
         windows: windows?,
         activate: activate?,
+        max_uncertainty: max_uncertainty?,
         on_abort: on_abort?,
     })
 }

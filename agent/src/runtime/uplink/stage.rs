@@ -1,0 +1,212 @@
+//! Staged versions (`activate: together`): a pushed version checked as it
+//! would be accepted, kept aside while the held version runs on, and
+//! switched to at the instant the controller names, on this agent's
+//! aligned clock. A stage's agents all switch at that instant, so a line
+//! of presses changes program between two strokes, not one press at a
+//! time.
+//!
+//! A staged copy lives in memory only: a restart drops it (the held
+//! version runs on, as it would have until the instant) and the
+//! controller, which learns of the restart from the Hello, stages it
+//! again. No staged version ever runs early: it runs only through
+//! [`Agent::accept_as_of`] at its instant, with every check of an
+//! acceptance made again there.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use baton_proto::RefTime;
+use baton_proto::pack::Pack;
+use baton_proto::wire;
+use baton_sched::PackKey;
+
+use super::{Agent, Uplink, nack};
+use crate::link::{StageAt, ToLink};
+use crate::runtime::{AcceptError, Verdict};
+
+/// A switch this much later than its instant (the push naming it arrived
+/// late, the loop was held up) happens now, on a grid from now: replaying
+/// the old version's last occurrences under the new one would be a burst.
+const SWITCH_SLACK: Duration = Duration::from_millis(100);
+
+/// A version kept aside.
+#[derive(Debug)]
+pub(in crate::runtime) struct Staged {
+    /// Its source, as pushed.
+    yaml: String,
+    /// Checked.
+    pack: Pack,
+    /// When to switch (`None`: not named yet).
+    at: Option<RefTime>,
+    /// Not switched while the clock is less certain than this (ns).
+    max_uncertainty_ns: i64,
+    /// As the controller named it.
+    wire_ref: wire::PackRef,
+}
+
+/// Staged versions by pack.
+pub(in crate::runtime) type StagedPacks = BTreeMap<PackKey, Staged>;
+
+impl Agent {
+    /// A staged push, parsed and matched to its reference by the caller:
+    /// checked as an acceptance would check it (version, clock, liveness,
+    /// programs, lines), nothing committed; the answer for the link.
+    pub(in crate::runtime) fn on_stage(
+        &mut self,
+        up: &mut Uplink,
+        r: &wire::PackRef,
+        yaml: String,
+        pack: Pack,
+        stage: StageAt,
+    ) -> ToLink {
+        use wire::NackReason as R;
+        let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
+        let key = PackKey::of(&pack);
+        if let Some((held, active)) = self.core.held(&key) {
+            if held == pack.version && active {
+                // Switched already (a re-sent push): nothing to stage.
+                up.staged.remove(&key);
+                return ToLink::Ack(wire::PackAck {
+                    pack: Some(r.clone()),
+                    unchanged: true,
+                    staged: false,
+                    activate_at_ns: 0,
+                });
+            }
+            if held > pack.version {
+                let message = format!(
+                    "pack {label}: version {} is older than version {held} held by this agent (versions only go up)",
+                    pack.version
+                );
+                return nack(r, R::Refused, message, Vec::new());
+            }
+        }
+        let uncertainty = self.clock.uncertainty_ns();
+        if pack.needs_absolute_time() && uncertainty > self.clock_limit_ns() {
+            let message = format!(
+                "pack {label}: not staged: clock uncertainty {uncertainty} ns is above this agent's limit"
+            );
+            return nack(r, R::Clock, message, Vec::new());
+        }
+        if let Err(errs) = pack.check_live(self.clock.now()) {
+            let message = format!("pack {label}: {errs}");
+            return nack(r, R::Invalid, message, Vec::new());
+        }
+        if let Err(e) = self.admit_checks(&pack, &yaml) {
+            let reason = if e.is_transient() {
+                R::ResourceExhausted
+            } else {
+                R::Refused
+            };
+            tracing::warn!(pack = %label, "staged pack refused: {e}");
+            return nack(r, reason, format!("pack {label}: {e}"), Vec::new());
+        }
+        let at = (stage.at_ns > 0).then(|| RefTime::from_nanos(stage.at_ns));
+        tracing::info!(
+            pack = %label,
+            at = ?at,
+            "staged: the held version runs until the switch"
+        );
+        up.staged.insert(
+            key,
+            Staged {
+                yaml,
+                pack,
+                at,
+                max_uncertainty_ns: stage.max_uncertainty_ns,
+                wire_ref: r.clone(),
+            },
+        );
+        ToLink::Ack(wire::PackAck {
+            pack: Some(r.clone()),
+            unchanged: false,
+            staged: true,
+            activate_at_ns: stage.at_ns.max(0),
+        })
+    }
+
+    /// The earliest instant a staged version switches at.
+    pub(in crate::runtime) fn next_switch(up: &Uplink) -> Option<RefTime> {
+        up.staged.values().filter_map(|s| s.at).min()
+    }
+
+    /// Switches every staged version whose instant came: accepted as of
+    /// that instant (or now, past [`SWITCH_SLACK`]), the `Held` that
+    /// follows telling the controller. One that cannot switch (its clock
+    /// too uncertain then, a check that fails now) stays on the held
+    /// version and is nacked. A journal fault ends the loop, as anywhere.
+    pub(in crate::runtime) fn switch_due(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        let due: Vec<PackKey> = up
+            .staged
+            .iter()
+            .filter(|(_, s)| s.at.is_some_and(|at| at <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            let Some(s) = up.staged.remove(&key) else {
+                continue;
+            };
+            let at = s.at.unwrap_or(now);
+            let label = format!("{key} v{}", s.pack.version);
+            let bound = match s.max_uncertainty_ns {
+                0 => self.clock_limit_ns(),
+                b => b,
+            };
+            let uncertainty = self.clock.uncertainty_ns();
+            if uncertainty > bound {
+                let message = format!(
+                    "pack {label}: not switched at its instant: clock uncertainty {uncertainty} ns is above the rollout's bound of {bound} ns; the held version runs on"
+                );
+                tracing::warn!(pack = %label, "{message}");
+                self.answer_later(
+                    up,
+                    nack(&s.wire_ref, wire::NackReason::Clock, message, Vec::new()),
+                );
+                continue;
+            }
+            let late = now.since(at);
+            let as_of = if late <= SWITCH_SLACK { at } else { now };
+            match self.accept_as_of(s.yaml, s.pack, Some(as_of)) {
+                Ok(Verdict::Unchanged) => {}
+                Ok(_) => {
+                    self.held_changed = true;
+                    tracing::info!(
+                        pack = %label,
+                        late_ns = late.as_nanos() as u64,
+                        "switched at the rollout's instant"
+                    );
+                }
+                Err(e) => {
+                    let reason = match &e {
+                        AcceptError::Clock { .. } => wire::NackReason::Clock,
+                        AcceptError::Journal(_) | AcceptError::Fault(_) => {
+                            wire::NackReason::Unavailable
+                        }
+                        AcceptError::Refused(a) if a.is_transient() => {
+                            wire::NackReason::ResourceExhausted
+                        }
+                        _ => wire::NackReason::Refused,
+                    };
+                    tracing::warn!(pack = %label, "staged version not switched: {e}");
+                    let fault = e.is_fault();
+                    let message = format!("pack {label}: not switched: {e}");
+                    self.answer_later(up, nack(&s.wire_ref, reason, message, Vec::new()));
+                    if fault {
+                        return Err(anyhow::Error::from(e));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An answer that comes after the push it answers (a switch), on the
+    /// current session; none: the Hello of the next one says where things
+    /// stand.
+    fn answer_later(&mut self, up: &mut Uplink, msg: ToLink) {
+        if let Some(session) = up.session {
+            up.queue(session, msg);
+        }
+    }
+}
