@@ -261,15 +261,22 @@ impl RolloutRow {
             RolloutState::Aborted => !on_abort_cancels,
             _ => true,
         };
+        // An abort's rollback (or withdrawal) goes to the cohort at once,
+        // not at an instant: it replaces whatever a member had staged.
+        let together = self.together && self.state != RolloutState::Aborted;
         Some(GateRow {
             rollout: self.version,
             from: self.from,
             members_hold,
             keep_above: self.keep_above,
             banned: self.banned.clone(),
-            together: self.together,
-            switch_at_ns: self.switch_at_ns,
-            held_back: self.held_back.clone(),
+            together,
+            switch_at_ns: self.switch_at_ns.filter(|_| together),
+            held_back: if together {
+                self.held_back.clone()
+            } else {
+                Vec::new()
+            },
         })
     }
 }

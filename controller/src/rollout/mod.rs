@@ -138,7 +138,9 @@ pub fn pause(row: &RolloutRow, why: &str, now_ns: i64) -> Result<Step, String> {
     })
 }
 
-/// An operator resumes a paused rollout: its stage's deadline starts over.
+/// An operator resumes a paused rollout: its stage's deadline starts over
+/// (and a together stage whose instant passed names a new one for the
+/// members still behind).
 pub fn resume(row: &RolloutRow, who: &str, now_ns: i64) -> Result<Step, String> {
     if row.state != RolloutState::Paused {
         return Err(format!(
@@ -160,6 +162,13 @@ pub fn resume(row: &RolloutRow, who: &str, now_ns: i64) -> Result<Step, String> 
     };
     next.reason.clear();
     next.deadline_from_ns = row.stage_started_ns.map(|_| now_ns);
+    // A together stage whose instant passed with members not switched
+    // (held back, or restarted before it): a new instant is named for
+    // them once they all staged again.
+    if next.switch_at_ns.is_some_and(|t| t <= now_ns) {
+        next.switch_at_ns = None;
+        next.held_back.clear();
+    }
     next.updated_ns = now_ns;
     Ok(Step {
         next: Some(next),

@@ -851,3 +851,44 @@ fn a_together_stage_names_one_instant_once_every_member_staged() {
     let lead = i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
     assert_eq!(sim.row.switch_at_ns, Some(15 * SEC + lead));
 }
+
+/// A member held back at the instant gets another once an operator
+/// resumes the stage (its clock recovered); an aborted together rollout
+/// sends its rollback at once, never at an instant.
+#[test]
+fn a_resume_names_a_new_instant_for_held_back_members_and_an_abort_is_not_staged() {
+    let spec = spec("stages: [{percent: 100}]\nsoak: 1s\nactivate: together");
+    let mut sim = Sim::new(spec, fleet(&["a", "b"]), 0);
+    sim.go(0);
+    sim.agent("a").staged = true;
+    sim.agent("b").staged = true;
+    sim.agent("b").clock_ok = false;
+    sim.go(1);
+    assert_eq!(sim.row.held_back, ["b"]);
+    sim.hold(&["a"]);
+    sim.go(5);
+    let paused = pause(&sim.row, "op", 6 * SEC).unwrap();
+    sim.apply(&paused);
+    sim.agent("b").clock_ok = true;
+    let resumed = resume(&sim.row, "op", 7 * SEC).unwrap();
+    sim.apply(&resumed);
+    assert_eq!((sim.row.switch_at_ns, sim.row.held_back.len()), (None, 0));
+    sim.go(8);
+    let lead = i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
+    assert_eq!(
+        sim.row.switch_at_ns,
+        Some(8 * SEC + lead),
+        "b's own instant"
+    );
+    assert!(sim.row.held_back.is_empty());
+    let gate = sim.row.gate(false).unwrap();
+    assert!(gate.together && gate.switch_at_ns.is_some());
+    let aborted = abort(&sim.spec, &sim.row, "op", 9 * SEC).unwrap();
+    sim.apply(&aborted);
+    let gate = sim.row.gate(false).unwrap();
+    assert_eq!(
+        (gate.together, gate.switch_at_ns, gate.held_back.len()),
+        (false, None, 0),
+        "a rollback goes on arrival"
+    );
+}
