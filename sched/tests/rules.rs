@@ -1161,7 +1161,7 @@ fn a_switch_at_an_instant_runs_the_old_version_until_it_and_the_new_one_from_it(
         .collect();
     assert_eq!(armed.len(), 1, "{armed:?}");
     out.clear();
-    core.accept_at(pack(v2), at, &mut out).expect("v2");
+    core.accept_at(pack(v2), at, at, &mut out).expect("v2");
     let asked: Vec<ExecutionId> = out
         .iter()
         .filter_map(|o| match o {
@@ -1186,4 +1186,56 @@ fn a_switch_at_an_instant_runs_the_old_version_until_it_and_the_new_one_from_it(
         [(1, 0), (1, 100), (1, 200), (2, 320), (2, 420), (2, 520)],
         "v1 at its own phase until the instant, v2 on a grid anchored at it"
     );
+}
+
+/// A switch that comes late (the control loop ran 120 ms after the
+/// instant): the old version fired what fell before the switch, and the
+/// new one starts after it. On one grid (`start_at`) the occurrence at
+/// 300 ms fired once, under v1, never again under v2.
+#[test]
+fn a_late_switch_never_fires_an_occurrence_under_both_versions() {
+    let v = |n: u32, line: u32| {
+        format!(
+            "pack: p\nversion: {n}\ninstructions:\n  - {{id: t, action: gpio.toggle, params: {{line: {line}}}, every: 100ms, start_at: 2026-12-01T10:00:00Z}}\n"
+        )
+    };
+    let mut core = Scheduler::new(Config::default(), HashMap::new());
+    let mut out = Vec::new();
+    let t0 = t("2026-12-01T10:00:00Z");
+    core.accept(pack(&v(1, 1)), t0, &mut out).expect("v1");
+    let ms = |n: u64| std::time::Duration::from_millis(n);
+    let at = t0 + ms(250);
+    let switch = at + ms(120);
+    let mut ev = run_until(&mut core, switch, &mut out, &[]);
+    out.clear();
+    core.accept_at(pack(&v(2, 2)), at, switch, &mut out)
+        .expect("v2");
+    let asked: Vec<ExecutionId> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Withdraw { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    out.clear();
+    for id in &asked {
+        core.withdrawal(id, Withdrawal::Withdrawn, switch, &mut out);
+    }
+    ev.extend(run_until(&mut core, t0 + ms(650), &mut out, &[]));
+    let fired: Vec<(u64, i64)> = ev
+        .iter()
+        .filter(|e| e.kind == EventKind::Fire)
+        .filter_map(|e| e.id.as_ref())
+        .map(|id| (id.version, id.occurrence.since(t0).as_millis() as i64))
+        .collect();
+    let occurrences: Vec<i64> = fired.iter().map(|f| f.1).collect();
+    let mut once = occurrences.clone();
+    once.dedup();
+    assert_eq!(occurrences, once, "an occurrence fired twice: {fired:?}");
+    assert!(fired.contains(&(1, 300)), "{fired:?}");
+    assert!(
+        fired.iter().all(|&(v, o)| v == 1 || o > 370),
+        "v2 fires only after the switch: {fired:?}"
+    );
+    assert!(fired.contains(&(2, 400)), "{fired:?}");
 }

@@ -757,7 +757,7 @@ impl Agent {
         self.hold(&pack, anchor);
         let mut out = Vec::new();
         match at {
-            Some(at) => self.core.accept_at(pack, at, &mut out)?,
+            Some(at) => self.core.accept_at(pack, at, now, &mut out)?,
             None => self.core.accept(pack, now, &mut out)?,
         };
         self.safe_done.remove(&key);

@@ -591,6 +591,13 @@ impl Agent {
         yaml: String,
         stage: crate::link::StageAt,
     ) -> ToLink {
+        // A new staging replaces the old one, refused or not: a copy armed
+        // for an instant the controller no longer wants must never stay
+        // armed because its replacement did not pass.
+        up.staged.remove(&PackKey {
+            tenant: r.tenant.clone(),
+            pack: r.pack.clone(),
+        });
         match self.parse_push(r, &yaml) {
             Ok(pack) => self.on_stage(up, r, yaml, pack, stage),
             Err(reply) => reply,

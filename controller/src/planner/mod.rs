@@ -132,9 +132,14 @@ pub fn plan(
         }
         _ => Activation::OnArrival,
     };
-    let staged = row
-        .and_then(|r| r.staged)
-        .filter(|st| st.version == version && behind && activate != Activation::OnArrival);
+    // What the agent staged: kept while it is what this row wants, and
+    // also while it carries an instant the row no longer wants (an abort,
+    // a supersede, a cancel, a retarget): that copy would switch in at
+    // its instant, so it is disarmed first ([`action`]).
+    let staged = row.and_then(|r| r.staged).filter(|st| {
+        let wanted = st.version == version && behind && activate != Activation::OnArrival;
+        wanted || armed_unwanted(*st, intent, version, activate, held)
+    });
     let (state, mut reason) = state_of(intent, version, held, refusal.as_ref());
     if state == DeliveryState::Pending && reason.is_empty() {
         reason = staging_reason(activate, staged);
@@ -165,6 +170,21 @@ pub fn plan(
         }
     }
     Some(next)
+}
+
+/// A staged copy with an instant that the row does not want switched
+/// (any more), on an agent that holds an older version: left alone, it
+/// would switch in at its instant.
+fn armed_unwanted(
+    st: StagedRow,
+    intent: Intent,
+    version: u64,
+    activate: Activation,
+    held: Option<Held>,
+) -> bool {
+    let wanted_instant =
+        intent == Intent::Hold && st.version == version && activate == Activation::At(st.at_ns);
+    st.at_ns != 0 && !wanted_instant && held.is_none_or(|h| h.version < st.version)
 }
 
 /// Why a staged row waits, in words (empty on arrival).
@@ -227,12 +247,18 @@ pub fn answered(
         r.attempts = r.attempts.max(attempts);
     }
     let held = match answer {
-        Answer::Acked => Some(Held {
-            version,
-            stopped: false,
-        }),
+        Answer::Acked => {
+            // A version taken replaces whatever was staged before it.
+            if r.staged.is_some_and(|st| st.version <= version) {
+                r.staged = None;
+            }
+            Some(Held {
+                version,
+                stopped: false,
+            })
+        }
         Answer::Staged(at_ns) => {
-            if r.version == version {
+            if r.version == version || r.staged.is_some_and(|st| st.version == version) {
                 r.staged = Some(StagedRow {
                     version,
                     at_ns: *at_ns,
@@ -243,6 +269,10 @@ pub fn answered(
         Answer::Refused(f) => {
             if r.version == version {
                 r.refusal = Some(f.clone());
+            }
+            // A refused staging drops what the agent had staged of it.
+            if r.staged.is_some_and(|st| st.version == version) {
+                r.staged = None;
             }
             r.held
         }
@@ -282,6 +312,13 @@ impl Action {
 /// version (and instant) the agent has not said it staged.
 pub fn action(row: &DeliveryRow) -> Option<Action> {
     let v = row.version;
+    // Before anything else: a copy the agent would switch in at an instant
+    // nobody wants any more is sent again staged without one (disarmed).
+    if let Some(st) = row.staged
+        && armed_unwanted(st, row.intent, v, row.activate, row.held)
+    {
+        return Some(Action::Stage(st.version));
+    }
     match (row.intent, row.state, row.held) {
         (Intent::Hold, DeliveryState::Pending, h) if h.is_none_or(|h| h.version < v) => {
             match row.activate {

@@ -285,6 +285,54 @@ fn a_together_member_is_staged_then_switched_at_the_instant() {
     assert_eq!((back.activate, action(&back)), (Activation::Staged, None));
 }
 
+/// A member told its instant, then the rollout aborted (nothing to roll
+/// back to) or superseded by a plain push: its staged copy would switch in
+/// at the instant, so it is first staged again without one (disarmed),
+/// and only then withdrawn or replaced.
+#[test]
+fn an_armed_copy_nobody_wants_is_disarmed_before_anything_else() {
+    let a1 = agent("a1", &["t"], &[]);
+    let b = Binding::Tenants;
+    let k = PackKey::new("t", "p");
+    let mut p = gated(pack("t", 4, ids(&["a1"])), 4, None, true, &["a1"]);
+    p.gate.as_mut().unwrap().row.together = true;
+    p.gate.as_mut().unwrap().row.switch_at_ns = Some(99);
+    let row = plan(&a1, &k, Some(&p), None, None, b, 1).unwrap();
+    let told = answered(&a1, Some(&p), &row, 4, &Answer::Staged(99), 1, b, 2).unwrap();
+    assert_eq!(action(&told), None);
+    // Aborted, on_abort withdraws (no earlier version): nobody wants v4.
+    let mut aborted = gated(pack("t", 4, ids(&["a1"])), 4, None, false, &["a1"]);
+    aborted.gate.as_mut().unwrap().row.members_hold = false;
+    let after = plan(&a1, &k, Some(&aborted), Some(&told), None, b, 3).unwrap();
+    assert_eq!(after.intent, Intent::Withdraw);
+    assert_eq!(action(&after), Some(Action::Stage(4)), "disarmed first");
+    let disarmed = answered(&a1, Some(&aborted), &after, 4, &Answer::Staged(0), 1, b, 4).unwrap();
+    assert_eq!((disarmed.staged, action(&disarmed)), (None, None));
+    // Superseded by v5 pushed on arrival: disarmed, then v5 pushed.
+    let v5 = pack("t", 5, ids(&["a1"]));
+    let after = plan(&a1, &k, Some(&v5), Some(&told), None, b, 5).unwrap();
+    assert_eq!(action(&after), Some(Action::Stage(4)));
+    let disarmed = answered(&a1, Some(&v5), &after, 4, &Answer::Staged(0), 1, b, 6).unwrap();
+    assert_eq!(action(&disarmed), Some(Action::Push(5)));
+    // A refused disarm: the agent dropped its copy (a new staging always
+    // replaces the old one), so nothing is asked again.
+    let refused = answered(
+        &a1,
+        Some(&v5),
+        &after,
+        4,
+        &Answer::Refused(refusal(4, false)),
+        1,
+        b,
+        6,
+    )
+    .unwrap();
+    assert_eq!(action(&refused), Some(Action::Push(5)));
+    // Switched already (it holds v4): nothing to disarm.
+    let holds = plan(&a1, &k, Some(&aborted), Some(&told), held_v(4), b, 7).unwrap();
+    assert_eq!(action(&holds), Some(Action::Cancel(4)));
+}
+
 #[test]
 fn a_cancelled_pack_is_wanted_by_nobody() {
     let a = agent("a1", &["t"], &[]);

@@ -59,6 +59,10 @@ pub struct AgentView {
 /// reach every agent of a stage (a push each, paced) before it comes.
 pub const SWITCH_LEAD: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long after the instant a member that did not switch (held back,
+/// or it refused at the instant) makes the stage inconclusive.
+pub const SWITCH_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the driver observed for one step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
@@ -308,6 +312,56 @@ impl Stepper<'_> {
         self.out.said.push(line);
     }
 
+    /// A together stage whose instant passed [`SWITCH_SETTLE`] ago with
+    /// members still behind (held back, or they refused at the instant)
+    /// is inconclusive at once: the deadline's action (`skip_offline`
+    /// leaves them out, `abort` aborts), else a pause for an operator,
+    /// whose resume names a new instant for them. Never a stage waiting
+    /// for ever. Returns whether it decided.
+    fn not_switched(&mut self, members: &[&AgentView], obs: &Observed) -> bool {
+        let settled_at = self
+            .next
+            .switch_at_ns
+            .map(|t| t.saturating_add(duration_ns(SWITCH_SETTLE)));
+        if !self.next.together || settled_at.is_none_or(|t| self.now < t) {
+            return false;
+        }
+        let behind: Vec<String> = members
+            .iter()
+            .filter(|a| !a.holds)
+            .map(|a| a.id.clone())
+            .collect();
+        if behind.is_empty() {
+            return false;
+        }
+        let why = format!(
+            "not switched at the stage's instant (held back, their clock less certain than max_uncertainty, or refused at the instant): {}",
+            behind.join(", ")
+        );
+        self.verdict(VerdictKind::Inconclusive, why.clone(), obs, members);
+        let n = self.stage_no();
+        match self.spec.stage_deadline.map(|d| d.then) {
+            Some(DeadlineAction::Abort) => self.abort(why),
+            Some(DeadlineAction::SkipOffline) => {
+                for id in &behind {
+                    if let Some(m) = self.next.members.get_mut(id) {
+                        m.skipped = true;
+                    }
+                }
+                self.out.said.push(format!(
+                    "stage {n}: left out of its verdict (skip_offline): {why}"
+                ));
+                self.out.skip = behind;
+            }
+            _ => {
+                self.next.state = RolloutState::Paused;
+                self.next.reason = why.clone();
+                self.out.said.push(format!("stage {n} paused: {why}"));
+            }
+        }
+        true
+    }
+
     /// Judges the started stage: fail, pass, the deadline, or nothing yet.
     fn judge(&mut self, obs: &Observed) {
         let members = active_members(&self.next.members, obs);
@@ -317,6 +371,9 @@ impl Stepper<'_> {
             return;
         }
         self.name_instant(&members);
+        if self.not_switched(&members, obs) {
+            return;
+        }
         // Offline never passes: a member must hold the version and be
         // connected.
         let missing: Vec<&AgentView> = members

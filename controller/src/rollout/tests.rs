@@ -867,23 +867,29 @@ fn a_resume_names_a_new_instant_for_held_back_members_and_an_abort_is_not_staged
     assert_eq!(sim.row.held_back, ["b"]);
     sim.hold(&["a"]);
     sim.go(5);
-    let paused = pause(&sim.row, "op", 6 * SEC).unwrap();
-    sim.apply(&paused);
+    assert_eq!(sim.row.state, RolloutState::Running, "b is given time");
+    // SWITCH_SETTLE after the instant (3 s), b still behind: the stage is
+    // inconclusive and, without a deadline, paused for an operator.
+    sim.go(14);
+    assert_eq!(sim.row.state, RolloutState::Paused);
+    assert!(sim.row.reason.contains("not switched") && sim.row.reason.contains('b'));
+    let last = sim.row.verdicts.last().unwrap();
+    assert_eq!(last.kind, VerdictKind::Inconclusive);
     sim.agent("b").clock_ok = true;
-    let resumed = resume(&sim.row, "op", 7 * SEC).unwrap();
+    let resumed = resume(&sim.row, "op", 15 * SEC).unwrap();
     sim.apply(&resumed);
     assert_eq!((sim.row.switch_at_ns, sim.row.held_back.len()), (None, 0));
-    sim.go(8);
+    sim.go(16);
     let lead = i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
     assert_eq!(
         sim.row.switch_at_ns,
-        Some(8 * SEC + lead),
+        Some(16 * SEC + lead),
         "b's own instant"
     );
     assert!(sim.row.held_back.is_empty());
     let gate = sim.row.gate(false).unwrap();
     assert!(gate.together && gate.switch_at_ns.is_some());
-    let aborted = abort(&sim.spec, &sim.row, "op", 9 * SEC).unwrap();
+    let aborted = abort(&sim.spec, &sim.row, "op", 17 * SEC).unwrap();
     sim.apply(&aborted);
     let gate = sim.row.gate(false).unwrap();
     assert_eq!(

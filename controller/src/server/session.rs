@@ -714,10 +714,14 @@ impl Session {
             session_gen: self.agent.session_gen,
             staged,
             activate_at_ns,
-            // The pack's bound is kept by the controller (it names no
-            // instant to an agent whose clock is less certain): the agent
-            // checks its own limit at the switch.
-            max_uncertainty_ns: 0,
+            // The pack's bound, checked again by the agent at the switch
+            // (the controller names no instant to an agent whose last
+            // report was less certain, but that report is seconds old).
+            max_uncertainty_ns: if staged {
+                max_uncertainty_ns(&text.yaml)
+            } else {
+                0
+            },
         }))
         .await?;
         self.in_flight.insert(
@@ -1101,3 +1105,13 @@ impl Session {
 
 #[cfg(test)]
 mod tests;
+
+/// A rollout's `max_uncertainty` in ns (0: none, the agent's own limit).
+fn max_uncertainty_ns(yaml: &str) -> i64 {
+    baton_proto::pack::parse_pack(yaml)
+        .ok()
+        .and_then(|p| p.rollout)
+        .map_or(0, |r| {
+            i64::try_from(r.max_uncertainty.as_nanos()).unwrap_or(i64::MAX)
+        })
+}

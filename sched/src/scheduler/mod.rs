@@ -449,13 +449,19 @@ impl Scheduler {
     /// phase its old version had). Unchanged instructions carry over, and
     /// what the old version handed out past `at` is asked back
     /// ([`Output::Withdraw`]), exactly as [`Scheduler::accept`] does.
+    ///
+    /// `now` is when the switch really happens (at or after `at`): what
+    /// the old version fired up to `now` stays fired, and the new grid
+    /// starts after `now`, so an occurrence between the instant and a
+    /// late switch never fires under both versions.
     pub fn accept_at(
         &mut self,
         pack: Pack,
         at: RefTime,
+        now: RefTime,
         out: &mut Vec<Output>,
     ) -> Result<Accepted, AcceptError> {
-        self.install(pack, Some(at), None, at, out)
+        self.install(pack, Some(at), None, now.max(at), out)
     }
 
     /// Take a pack back after a restart: `anchor` is what
