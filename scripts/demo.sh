@@ -34,11 +34,12 @@ trap stop INT TERM EXIT
 # Own sessions: Ctrl-C reaches this script and `watch`, and stop() takes
 # everything down in order.
 setsid "$bin/baton-controller" serve --insecure --listen 127.0.0.1:0 \
-  --data "$dir/controller" 2>"$dir/controller.log" &
+  --http 127.0.0.1:0 --data "$dir/controller" 2>"$dir/controller.log" &
 pids+=($!)
-for _ in $(seq 200); do [ -s "$dir/controller/listen.addr" ] && break; sleep 0.05; done
+for _ in $(seq 200); do [ -s "$dir/controller/http.addr" ] && break; sleep 0.05; done
 url="http://$(cat "$dir/controller/listen.addr")"
 echo "controller on $url (store: $dir/controller/controller.db)"
+echo "dashboard on http://$(cat "$dir/controller/http.addr")/ (open it in a browser)"
 
 for i in $(seq -w 1 "$n"); do
   id="demo-$(printf %02d "$((10#$i))")"

@@ -62,6 +62,12 @@ pub enum CaCmd {
         /// Valid until this RFC 3339 instant.
         #[arg(long, hide = true)]
         not_after: Option<String>,
+        /// Also print a token for the web dashboard and scripts
+        /// (`Authorization: Bearer`): bound to this certificate (revoked
+        /// and expiring with it); only its digest is kept, in
+        /// DIR/tokens.txt.
+        #[arg(long)]
+        token: bool,
     },
     /// Revoke the current certificate of NAME (listed in DIR/revoked.txt;
     /// a controller serving DIR refuses it within seconds, live streams
@@ -129,6 +135,7 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             dir,
             valid_days,
             not_after,
+            token,
         } => {
             let parsed = role
                 .parse::<Role>()
@@ -142,8 +149,14 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                 }
             };
             let who = Identity::Operator { name, tenant, role };
-            ca::issue(&CaDir::new(dir), &who, v).map(|(c, k)| {
+            let ca_dir = CaDir::new(dir);
+            ca::issue(&ca_dir, &who, v).and_then(|(c, k)| {
                 let _ = writeln!(out, "wrote {}\nwrote {}", c.display(), k.display());
+                if token {
+                    let t = baton_controller::tokens::issue(&ca_dir, &c)?;
+                    let _ = writeln!(out, "token {t}");
+                }
+                Ok(())
             })
         }
         CaCmd::Revoke { name, dir, kind } => {

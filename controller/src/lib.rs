@@ -11,7 +11,9 @@
 //! - [`ops`]: operator subcommands that talk to a running controller;
 //! - [`cli`]: offline commands (`validate`, `plan`, `schema`);
 //! - [`ca`]: the fleet's certificate authority (`ca` subcommands);
-//! - [`identity`]: who a peer is (agent, operator), from its certificate.
+//! - [`identity`]: who a peer is (agent, operator), from its certificate;
+//! - [`tokens`]: operator tokens bound to certificates (dashboard log-in);
+//! - [`web`]: the web dashboard and `/metrics` over HTTP.
 
 #![forbid(unsafe_code)]
 
@@ -25,3 +27,5 @@ pub mod planner;
 pub mod rollout;
 pub mod server;
 pub mod store;
+pub mod tokens;
+pub mod web;

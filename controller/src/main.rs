@@ -143,6 +143,13 @@ enum Command {
         /// port, written to DATA/metrics.addr).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Serve the web dashboard at ADDR (IP:PORT; port 0: any free
+        /// port, written to DATA/http.addr): HTTPS with the controller's
+        /// certificate under --tls-dir (operators log in with a token of
+        /// `ca issue-operator --token`), plaintext only with --insecure and
+        /// on loopback unless --insecure-any.
+        #[arg(long, value_name = "ADDR", env = "BATON_HTTP")]
+        http: Option<std::net::SocketAddr>,
         /// Keep feedback this long (a duration, or `forever`); older rows
         /// are deleted in small batches.
         #[arg(long, default_value = "30d", value_parser = retention_arg, allow_hyphen_values = true)]
@@ -473,6 +480,7 @@ fn main() -> ExitCode {
             ping_interval,
             log_format,
             metrics,
+            http,
             retain_feedback,
             retain_clock,
             retain_audit,
@@ -499,6 +507,7 @@ fn main() -> ExitCode {
             ping_interval,
             log_format,
             metrics,
+            http,
             retention: baton_controller::app::retention::Retention {
                 feedback: retain_feedback.0,
                 clock: retain_clock.0,

@@ -32,6 +32,7 @@ pub struct Opts {
     pub ping_interval: String,
     pub log_format: baton_service::log::LogFormat,
     pub metrics: Option<std::net::SocketAddr>,
+    pub http: Option<std::net::SocketAddr>,
     pub retention: baton_controller::app::retention::Retention,
     pub max_held: usize,
 }
@@ -116,6 +117,7 @@ fn serve(o: Opts) -> anyhow::Result<()> {
         };
         cfg.ping_interval = ping_interval;
         cfg.metrics = o.metrics;
+        cfg.http = o.http;
         cfg.retention = o.retention;
         cfg.max_held = o.max_held;
         cfg.accept = server::accept::AcceptOptions {
@@ -244,6 +246,15 @@ fn check_transport(o: &Opts) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    if let Some(h) = o.http
+        && o.insecure
+        && !h.ip().is_loopback()
+        && !o.insecure_any
+    {
+        anyhow::bail!(
+            "--http {h} with --insecure: a plaintext dashboard is refused on a non-loopback address (anyone reaching it acts for every tenant); use --tls-dir DIR for HTTPS with log-in, or add --insecure-any on a network you trust"
+        );
     }
     if o.insecure_any && !o.insecure {
         anyhow::bail!("--insecure-any only makes sense with --insecure");

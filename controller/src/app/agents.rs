@@ -94,41 +94,54 @@ impl App {
         let next = (rows.len() as u32 == limit)
             .then(|| rows.last().map(|a| a.id.clone()))
             .flatten();
-        let tenant = caller.tenant().unwrap_or("default").to_string();
         let mut agents = Vec::with_capacity(rows.len());
-        for mut a in rows {
-            let packs = self
-                .store
-                .deliveries_of_agent(&a.id)
-                .await?
-                .into_iter()
-                .filter(|d| caller.sees(&d.tenant))
-                .map(|d| self.decorate(d))
-                .collect();
-            // As the caller's tenant's packs target on them; another
-            // tenant's labels and tenants are not the caller's to see.
-            a.labels = a.labels_for(&tenant).into_owned();
-            a.overrides.clear();
-            if let Some(t) = caller.tenant() {
-                a.tenants.retain(|x| x == t);
-            }
-            // An agent streaming to another replica: as that replica
-            // last wrote it.
-            let here = self.hub.is_connected(&a.id);
-            let elsewhere = !here && self.replica().is_some() && a.connected;
-            agents.push(AgentView {
-                connected: here || elsewhere,
-                lateness_p99_ns: if elsewhere {
-                    a.lateness_p99_ns
-                } else {
-                    self.lateness_p99(&a.id)
-                },
-                conflict: self.hub.conflict(&a.id),
-                packs,
-                agent: a,
-            });
+        for a in rows {
+            agents.push(self.view(caller, a).await?);
         }
         Ok(AgentsPage { agents, next })
+    }
+
+    /// One agent as the caller sees it ("no agent" when it may not).
+    pub async fn agent_view(&self, caller: &Caller, id: &str) -> AppResult<AgentView> {
+        let a = self.visible_agent(caller, id).await?;
+        self.view(caller, a).await
+    }
+
+    /// `a` as `caller` may see it: labels as its tenant's packs target
+    /// on them, only its tenants' deliveries, connection and lateness as
+    /// this controller (or the replica it streams to) knows them.
+    pub(super) async fn view(&self, caller: &Caller, mut a: AgentRow) -> AppResult<AgentView> {
+        let tenant = caller.tenant().unwrap_or("default");
+        let packs = self
+            .store
+            .deliveries_of_agent(&a.id)
+            .await?
+            .into_iter()
+            .filter(|d| caller.sees(&d.tenant))
+            .map(|d| self.decorate(d))
+            .collect();
+        // As the caller's tenant's packs target on them; another
+        // tenant's labels and tenants are not the caller's to see.
+        a.labels = a.labels_for(tenant).into_owned();
+        a.overrides.clear();
+        if let Some(t) = caller.tenant() {
+            a.tenants.retain(|x| x == t);
+        }
+        // An agent streaming to another replica: as that replica last
+        // wrote it.
+        let here = self.hub.is_connected(&a.id);
+        let elsewhere = !here && self.replica().is_some() && a.connected;
+        Ok(AgentView {
+            connected: here || elsewhere,
+            lateness_p99_ns: if elsewhere {
+                a.lateness_p99_ns
+            } else {
+                self.lateness_p99(&a.id)
+            },
+            conflict: self.hub.conflict(&a.id),
+            packs,
+            agent: a,
+        })
     }
 
     /// Change the caller's tenant's operator labels on an agent.

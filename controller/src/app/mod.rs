@@ -9,6 +9,7 @@
 //! - [`packs`]: push, cancel, the packs list and deliveries;
 //! - [`agents`]: the agents list, labels, grants, forget, clock history;
 //! - [`feedback`]: stored feedback, paged; lateness figures;
+//! - [`fleet`]: the fleet filtered and counted on the server (dashboard);
 //! - [`audit`]: the audit log;
 //! - [`events`]: what watchers are told, and who may see it;
 //! - [`heap`]: freed memory given back after a burst;
@@ -23,6 +24,7 @@ pub mod audit;
 pub mod caller;
 pub mod events;
 pub mod feedback;
+pub mod fleet;
 pub mod follow;
 pub mod heap;
 pub mod hub;

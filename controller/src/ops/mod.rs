@@ -10,7 +10,7 @@
 //! explained ([`dial`]).
 
 pub mod dial;
-mod format;
+pub mod format;
 pub mod profile;
 mod push;
 mod query;

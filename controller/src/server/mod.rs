@@ -65,6 +65,9 @@ pub struct ServerConfig {
     /// Where `/metrics` is served (`None`: not served; port 0: any free
     /// port, written to `DATA/metrics.addr`).
     pub metrics: Option<SocketAddr>,
+    /// Where the web dashboard is served (`None`: not served; port 0: any
+    /// free port, written to `DATA/http.addr`): HTTPS when `tls` is set.
+    pub http: Option<SocketAddr>,
     /// Most packs an agent's Hello or Held may list.
     pub max_held: usize,
     /// What is deleted when, and how.
@@ -93,6 +96,7 @@ impl ServerConfig {
             hello_timeout: Duration::from_secs(10),
             tls: None,
             metrics: None,
+            http: None,
             max_held: 1024,
             retention: Retention::default(),
             accept: accept::AcceptOptions::default(),
@@ -287,6 +291,19 @@ pub async fn serve(
         }
         None => None,
     };
+    let http_listener = match cfg.http {
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| anyhow::anyhow!("dashboard: cannot listen on {a}: {e}"))?;
+            let bound = l.local_addr()?;
+            write_file_atomic(&cfg.data_dir, "http.addr", &format!("{bound}\n"))?;
+            let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+            tracing::info!("dashboard on {scheme}://{bound}/");
+            Some(l)
+        }
+        None => None,
+    };
     store.all_disconnected().await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared::new(store, cfg, stop_rx.clone());
@@ -376,7 +393,11 @@ pub async fn serve(
                 per_source = h.per_source,
                 "controller listening (mTLS)"
             );
-            tokio::spawn(tls::watch_files(state.clone(), opts.reload_every, stop_rx));
+            tokio::spawn(tls::watch_files(
+                state.clone(),
+                opts.reload_every,
+                stop_rx.clone(),
+            ));
             tokio::spawn(revocations::audit_revocations(
                 shared.clone(),
                 crate::ca::CaDir::new(&opts.dir),
@@ -394,6 +415,32 @@ pub async fn serve(
     };
     let metrics_task =
         metrics_listener.map(|l| tokio::spawn(metrics::serve(l, shared.app.clone())));
+    let web_task = match http_listener {
+        Some(l) => {
+            let tls_dir = shared
+                .cfg
+                .tls
+                .as_ref()
+                .map(|t| crate::ca::CaDir::new(&t.dir));
+            let tls = match &tls_dir {
+                Some(d) => Some(Arc::new(crate::web::listen::tls_config(d)?)),
+                None => None,
+            };
+            let web = Arc::new(crate::web::Web {
+                app: shared.app.clone(),
+                auth: crate::web::auth::Auth::new(tls_dir.as_ref(), shared.revoked.subscribe()),
+                shutdown: stop_rx.clone(),
+                counts: Default::default(),
+            });
+            Some(tokio::spawn(crate::web::listen::serve(
+                l,
+                tls,
+                crate::web::router(web),
+                stop_rx.clone(),
+            )))
+        }
+        None => None,
+    };
     // systemd (`Type=notify`): the listener is bound and the store open.
     // Nothing is sent without NOTIFY_SOCKET; nothing here blocks.
     let notifier = baton_service::notify::Notifier::from_env();
@@ -409,6 +456,9 @@ pub async fn serve(
     ]);
     accept_task.abort();
     if let Some(t) = metrics_task {
+        t.abort();
+    }
+    if let Some(t) = web_task {
         t.abort();
     }
     tracing::info!("stopping: closing agent streams and watchers");

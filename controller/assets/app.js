@@ -1,0 +1,116 @@
+// baton dashboard: the plots (uPlot, data from the page's JSON endpoint),
+// the file upload on the push page, and the live-update status in words,
+// so a stream that stops is never silent. No inline script: the CSP
+// forbids it.
+(function () {
+  "use strict";
+
+  function status(state, text) {
+    var el = document.getElementById("live-status");
+    if (!el) return;
+    el.dataset.state = state;
+    el.textContent = text;
+  }
+
+  var lastEvent = null;
+  document.body.addEventListener("htmx:sseOpen", function () {
+    status("up", "Live updates: connected.");
+  });
+  document.body.addEventListener("htmx:sseError", function () {
+    status("down", "Live updates: disconnected, reconnecting… (what you see may be out of date)");
+  });
+  document.body.addEventListener("htmx:sseMessage", function (e) {
+    lastEvent = new Date();
+    var kind = e.detail && e.detail.type;
+    if (kind === "lagged") {
+      status("down", "Live updates: " + e.detail.data + " update(s) missed; reload the page.");
+    } else if (kind === "ended") {
+      status("down", "Live updates stopped: " + e.detail.data + ".");
+    } else {
+      status("up", "Live updates: connected, last " + lastEvent.toLocaleTimeString() + ".");
+    }
+    if (kind === "clock") refreshPlot("clock-plot");
+  });
+
+  function fetchJson(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) { if (!r.ok) throw new Error(r.status + " " + r.statusText); return r.json(); });
+  }
+
+  function marksPlugin(marks) {
+    return {
+      hooks: {
+        draw: function (u) {
+          var ctx = u.ctx;
+          ctx.save();
+          ctx.strokeStyle = "#888";
+          ctx.fillStyle = getComputedStyle(document.body).color;
+          ctx.setLineDash([4, 4]);
+          marks.forEach(function (m) {
+            var x = u.valToPos(m.t, "x", true);
+            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+            ctx.beginPath();
+            ctx.moveTo(x, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + u.bbox.height);
+            ctx.stroke();
+            ctx.fillText(m.label, x + 3, u.bbox.top + 12);
+          });
+          ctx.restore();
+        }
+      }
+    };
+  }
+
+  var plots = {};
+  function draw(id, data, series, marks) {
+    var el = document.getElementById(id);
+    if (!el || typeof uPlot === "undefined") return;
+    var width = Math.max(300, el.clientWidth || 800);
+    var opts = { width: width, height: 240, series: series, plugins: [marksPlugin(marks)] };
+    if (plots[id]) plots[id].destroy();
+    el.textContent = "";
+    plots[id] = new uPlot(opts, data, el);
+    el.dataset.points = String(data[0].length);
+  }
+
+  function refreshPlot(id) {
+    var el = document.getElementById(id);
+    if (!el) return;
+    fetchJson(el.dataset.src).then(function (d) {
+      if (id === "clock-plot") {
+        var marks = d.changes.map(function (c) { return { t: c.t, label: c.source + " " + c.state }; });
+        draw(id, [d.t, d.offset_us, d.low_us, d.high_us], [
+          {},
+          { label: "offset (µs)", stroke: "#0b57d0", width: 2 },
+          { label: "offset − uncertainty", stroke: "#888", dash: [4, 4] },
+          { label: "offset + uncertainty", stroke: "#888", dash: [4, 4] }
+        ], marks);
+        var list = document.getElementById("clock-changes");
+        if (list) {
+          list.textContent = d.changes.length ? "Source / state changes: " +
+            d.changes.map(function (c) { return new Date(c.t * 1000).toLocaleTimeString() + " → " + c.source + " " + c.state; }).join("; ") :
+            "No source or state change in this window.";
+        }
+      } else {
+        draw(id, [d.t, d.lateness_us], [{}, { label: "lateness (µs)", stroke: "#0b57d0", width: 0, points: { show: true, size: 4 } }], d.marks);
+      }
+    }).catch(function (e) {
+      el.textContent = "The plot could not load: " + e.message;
+    });
+  }
+
+  ["clock-plot", "timeline-plot"].forEach(refreshPlot);
+
+  var file = document.getElementById("pack-file");
+  if (file) {
+    file.addEventListener("change", function () {
+      var f = file.files && file.files[0];
+      if (!f) return;
+      f.text().then(function (t) {
+        var area = document.getElementById("yaml");
+        area.value = t;
+        area.dispatchEvent(new Event("input", { bubbles: true }));
+      });
+    });
+  }
+})();

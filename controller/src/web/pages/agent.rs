@@ -1,0 +1,275 @@
+//! `/agents/ID`: one agent. Its clock offset over time with the
+//! uncertainty band (the plot reads `/api/agents/ID/clock`, downsampled on
+//! the server by [`crate::web::downsample`]), source and state changes
+//! listed (and marked on the plot), its recent executions with outcome
+//! and reason, and a lateness histogram of them; live without reload.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use maud::html;
+
+use super::layout::{self, Nav};
+use super::{ago, instant, span};
+use crate::app::feedback::FeedbackQuery;
+use crate::app::now_ns;
+use crate::model::{ClockRow, FeedbackRow};
+use crate::web::auth::{Who, percent};
+use crate::web::downsample;
+use crate::web::live::exec_row;
+use crate::web::{Web, app_error};
+
+/// The plot's width in buckets (each keeps its extremes).
+pub const BUCKETS: usize = 600;
+/// Clock reports read for the plot at most.
+pub const CLOCK_ROWS: u32 = 20_000;
+/// How far back the page looks by default.
+pub const WINDOW_NS: i64 = 3600 * 1_000_000_000;
+/// Executions read for the histogram and table at most.
+pub const EXEC_ROWS: u64 = 5_000;
+
+/// `?since_ns=` (default: the last hour).
+#[derive(Clone, Copy, Debug, Default, serde::Deserialize)]
+pub struct Since {
+    /// ns since the epoch.
+    pub since_ns: Option<i64>,
+}
+
+/// Lateness bucket upper bounds, ns (the last is open).
+const LATENESS_BOUNDS: [(i64, &str); 8] = [
+    (10_000, "< 10 µs"),
+    (50_000, "10–50 µs"),
+    (100_000, "50–100 µs"),
+    (500_000, "100–500 µs"),
+    (1_000_000, "0.5–1 ms"),
+    (5_000_000, "1–5 ms"),
+    (10_000_000, "5–10 ms"),
+    (i64::MAX, "≥ 10 ms"),
+];
+
+/// How many executions fall in each lateness bucket.
+pub fn histogram(rows: &[FeedbackRow]) -> [u64; 8] {
+    let mut h = [0u64; 8];
+    for r in rows.iter().filter(|r| r.actual_ns > 0) {
+        let l = r.lateness_ns.max(0);
+        let i = LATENESS_BOUNDS
+            .iter()
+            .position(|(b, _)| l < *b)
+            .unwrap_or(LATENESS_BOUNDS.len() - 1);
+        h[i] += 1;
+    }
+    h
+}
+
+async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> Vec<FeedbackRow> {
+    let mut rx = web.app.feedback(&who.caller, q);
+    let mut rows = Vec::new();
+    while let Some(r) = rx.recv().await {
+        match r {
+            Ok(r) => rows.push(r),
+            Err(e) => {
+                tracing::warn!("dashboard: feedback: {e}");
+                break;
+            }
+        }
+    }
+    rows
+}
+
+/// `GET /agents/ID`.
+pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>) -> Response {
+    let v = match web.app.agent_view(&who.caller, &id).await {
+        Ok(v) => v,
+        Err(e) => return app_error(e),
+    };
+    let now = now_ns();
+    let rows = recent(
+        &web,
+        &who,
+        FeedbackQuery {
+            agent_id: Some(id.clone()),
+            since_ns: Some(now - WINDOW_NS),
+            limit: EXEC_ROWS,
+            ..FeedbackQuery::default()
+        },
+    )
+    .await;
+    let h = histogram(&rows);
+    let most = h.iter().copied().max().unwrap_or(0).max(1);
+    let dropped: u64 = rows.iter().map(|r| r.dropped_before).sum();
+    let a = &v.agent;
+    let body = html! {
+        h1 { "Agent " (a.id) }
+        section aria-label="Status" #agent-status {
+            dl.facts {
+                div { dt { "Connection" } dd { @if v.connected { "connected" } @else { "offline" } } }
+                div { dt { "Last seen" } dd title=(instant(a.last_seen_ns)) { (ago(a.last_seen_ns, now)) } }
+                div { dt { "Agent version" } dd { (a.agent_version) } }
+                div { dt { "Labels" } dd { @for (k, val) in &a.labels { code { (k) "=" (val) } " " } } }
+                @match &a.clock {
+                    Some(c) => {
+                        div { dt { "Clock" } dd #clock-now { (c.source) " / " (c.state) ": " (span(c.offset_ns)) " ± " (span(c.uncertainty_ns)) } }
+                    }
+                    None => { div { dt { "Clock" } dd #clock-now { "no report yet" } } }
+                }
+                div { dt { "Lateness p99" } dd { @if v.lateness_p99_ns > 0 { (span(v.lateness_p99_ns)) } @else { "-" } } }
+                div { dt { "Dropped at the agent (outbox full), last hour" } dd { (dropped) } }
+            }
+        }
+        section aria-labelledby="clock-h" {
+            h2 #clock-h { "Clock offset, last hour" }
+            p.note { "Offset with its uncertainty band; source and state changes are marked. Long series keep each bucket's lowest and highest point." }
+            div #clock-plot .plot data-src=(format!("/api/agents/{}/clock", percent(&a.id))) role="img" aria-label="Clock offset over time" {}
+            div #clock-changes {}
+        }
+        section aria-labelledby="lat-h" {
+            h2 #lat-h { "Start lateness, last hour (" (rows.len()) " executions)" }
+            table.histogram {
+                thead { tr { th scope="col" { "Lateness" } th scope="col" { "Executions" } th scope="col" { "Share" } } }
+                tbody {
+                    @for (i, (_, label)) in LATENESS_BOUNDS.iter().enumerate() {
+                        tr {
+                            th scope="row" { (label) }
+                            td { (h[i]) }
+                            td { progress value=(h[i]) max=(most) { (h[i] * 100 / most) "%" } }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="exec-h" {
+            h2 #exec-h { "Recent executions" }
+            table #execs {
+                thead { tr {
+                    th scope="col" { "Scheduled" } th scope="col" { "Agent" } th scope="col" { "Pack" }
+                    th scope="col" { "Instruction" } th scope="col" { "Outcome" } th scope="col" { "Lateness" } th scope="col" { "Reason" }
+                } }
+                tbody sse-swap="exec" hx-swap="afterbegin" {
+                    @for r in rows.iter().rev().take(50) { (exec_row(r)) }
+                }
+            }
+        }
+        section aria-labelledby="packs-h" {
+            h2 #packs-h { "Packs" }
+            table {
+                thead { tr { th scope="col" { "Pack" } th scope="col" { "Desired" } th scope="col" { "Held" } th scope="col" { "State" } th scope="col" { "Why" } } }
+                tbody {
+                    @for d in &v.packs {
+                        tr {
+                            th scope="row" { a href=(format!("/packs/{}?tenant={}", percent(&d.pack), percent(&d.tenant))) { (d.tenant) "/" (d.pack) } }
+                            td { "v" (d.version) }
+                            td { @match &d.held { Some(h) => { "v" (h.version) @if h.stopped { " (stopped)" } } None => { "none" } } }
+                            td { (d.state.as_str()) }
+                            td { (d.reason) @if let Some(f) = &d.refusal { " " (f.message) } }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let live = format!("agent={}", percent(&a.id));
+    layout::page(
+        &format!("Agent {}", a.id),
+        &who,
+        Nav::Fleet,
+        Some(&live),
+        body,
+    )
+    .into_response()
+}
+
+/// The plot's data: times in seconds, offset and band edges in µs, and
+/// every source/state change (from the whole series, before downsampling).
+pub fn clock_series(rows: &[ClockRow]) -> serde_json::Value {
+    let xs: Vec<i64> = rows.iter().map(|r| r.at_ns).collect();
+    let us = |ns: i64| ns as f64 / 1e3;
+    let off: Vec<f64> = rows.iter().map(|r| us(r.offset_ns)).collect();
+    let lo: Vec<f64> = rows
+        .iter()
+        .map(|r| us(r.offset_ns.saturating_sub(r.uncertainty_ns)))
+        .collect();
+    let hi: Vec<f64> = rows
+        .iter()
+        .map(|r| us(r.offset_ns.saturating_add(r.uncertainty_ns)))
+        .collect();
+    let keep = downsample::keep(&xs, &[&off, &lo, &hi], BUCKETS);
+    let pick = |v: &[f64]| keep.iter().map(|&i| v[i]).collect::<Vec<f64>>();
+    let mut changes = Vec::new();
+    for w in rows.windows(2) {
+        if w[0].source != w[1].source || w[0].state != w[1].state {
+            changes.push(serde_json::json!({
+                "t": w[1].at_ns as f64 / 1e9, "source": w[1].source, "state": w[1].state,
+            }));
+        }
+    }
+    serde_json::json!({
+        "t": keep.iter().map(|&i| xs[i] as f64 / 1e9).collect::<Vec<f64>>(),
+        "offset_us": pick(&off),
+        "low_us": pick(&lo),
+        "high_us": pick(&hi),
+        "points": rows.len(),
+        "changes": changes,
+    })
+}
+
+/// `GET /api/agents/ID/clock`.
+pub async fn clock_json(
+    State(web): State<Arc<Web>>,
+    who: Who,
+    Path(id): Path<String>,
+    Query(s): Query<Since>,
+) -> Response {
+    let since = s.since_ns.unwrap_or_else(|| now_ns() - WINDOW_NS);
+    match web
+        .app
+        .clock_history(&who.caller, &id, since, CLOCK_ROWS)
+        .await
+    {
+        Ok(rows) => Json(clock_series(&rows)).into_response(),
+        Err(e) => app_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+
+    fn clock(at_s: i64, offset_ns: i64, state: &str) -> ClockRow {
+        ClockRow {
+            source: "link".into(),
+            state: state.into(),
+            offset_ns,
+            jitter_ns: 0,
+            uncertainty_ns: 1_000,
+            frequency_ppm: 0.0,
+            at_ns: at_s * 1_000_000_000,
+        }
+    }
+
+    #[test]
+    fn the_plot_keeps_a_spike_and_marks_every_state_change() {
+        let mut rows: Vec<ClockRow> = (0..5_000).map(|i| clock(i, 0, "locked")).collect();
+        rows[1234].offset_ns = 9_000_000;
+        rows[4000].state = "holdover".into();
+        let s = clock_series(&rows);
+        let t = s["t"].as_array().unwrap();
+        assert!(
+            t.len() <= 6 * BUCKETS && t.len() < rows.len(),
+            "{}",
+            t.len()
+        );
+        let peak = s["offset_us"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_f64())
+            .fold(f64::MIN, f64::max);
+        assert_eq!(peak, 9_000.0, "the spike survives downsampling");
+        let changes = s["changes"].as_array().unwrap();
+        assert_eq!(changes.len(), 2, "into holdover and back: {changes:?}");
+        assert_eq!(s["points"], 5_000);
+    }
+}

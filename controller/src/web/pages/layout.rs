@@ -1,0 +1,111 @@
+//! The frame of every page: a skip link, the navigation (what the
+//! caller's role may use), the live-update status in words (never colour
+//! alone), and the scripts, all from `/assets`.
+
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
+use crate::web::auth::{Via, Who};
+
+/// Which navigation entry is the current page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nav {
+    /// `/`.
+    Fleet,
+    /// `/packs`.
+    Packs,
+    /// `/push`.
+    Push,
+    /// `/audit`.
+    Audit,
+    /// None of them.
+    None,
+}
+
+fn head(title: &str) -> Markup {
+    html! {
+        meta charset="utf-8";
+        meta name="viewport" content="width=device-width, initial-scale=1";
+        // htmx would add a <style> element of its own: the CSP forbids it.
+        meta name="htmx-config" content=r#"{"includeIndicatorStyles":false,"allowEval":false}"#;
+        meta name="color-scheme" content="light dark";
+        title { (title) " · baton" }
+        link rel="stylesheet" href="/assets/app.css";
+        link rel="stylesheet" href="/assets/uPlot.min.css";
+    }
+}
+
+/// A page for a logged-in caller. `live`: the `/live` query its live
+/// parts listen to (none: a page that does not update).
+pub fn page(title: &str, who: &Who, nav: Nav, live: Option<&str>, body: Markup) -> Markup {
+    let current = |n: Nav| if n == nav { Some("page") } else { None };
+    let csrf = format!(r#"{{"X-CSRF-Token":"{}"}}"#, who.csrf);
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { (head(title)) }
+            body hx-headers=(csrf) {
+                a.skip href="#main" { "Skip to content" }
+                header {
+                    nav aria-label="Main" {
+                        a.brand href="/" { "baton" }
+                        a href="/" aria-current=[current(Nav::Fleet)] { "Fleet" }
+                        a href="/packs" aria-current=[current(Nav::Packs)] { "Packs" }
+                        @if who.may_change() {
+                            a href="/push" aria-current=[current(Nav::Push)] { "Push" }
+                        }
+                        @if who.may_audit() {
+                            a href="/audit" aria-current=[current(Nav::Audit)] { "Audit" }
+                        }
+                    }
+                    div.whoami {
+                        span { (who.caller.who) }
+                        @if who.via == Via::Cookie {
+                            form method="post" action="/logout" {
+                                input type="hidden" name="csrf" value=(who.csrf);
+                                button type="submit" { "Log out" }
+                            }
+                        }
+                    }
+                }
+                @if let Some(q) = live {
+                    div #live hx-ext="sse" sse-connect=(format!("/live?{q}")) {
+                        main #main tabindex="-1" { (body) }
+                    }
+                } @else {
+                    main #main tabindex="-1" { (body) }
+                }
+                footer {
+                    @if live.is_some() {
+                        p #live-status role="status" aria-live="polite" data-state="connecting" { "Live updates: connecting…" }
+                    } @else {
+                        p { "This page does not update by itself." }
+                    }
+                }
+                (scripts())
+            }
+        }
+    }
+}
+
+fn scripts() -> Markup {
+    html! {
+        script src="/assets/htmx.min.js" {}
+        script src="/assets/sse.min.js" {}
+        script src="/assets/uPlot.iife.min.js" {}
+        script src="/assets/app.js" {}
+    }
+}
+
+/// A page without the navigation (log-in).
+pub fn bare(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { (head(title)) }
+            body {
+                main #main { (body) }
+                (PreEscaped(""))
+            }
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! `/packs` and `/packs/NAME`: the packs the caller sees; one pack's
+//! latest version, per-agent delivery state with refusal messages, its
+//! rollout (state, stage, each verdict with its inputs, the cohort's and
+//! the baseline's figures), and an execution timeline (lateness of its
+//! recent firings, with the rollout's verdicts marked) read from
+//! `/api/packs/NAME/timeline`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use maud::{Markup, html};
+
+use super::layout::{self, Nav};
+use super::{instant, span};
+use crate::app::feedback::FeedbackQuery;
+use crate::app::{AppError, now_ns};
+use crate::model::{CohortFigures, DeliveryState};
+use crate::web::auth::{Who, percent};
+use crate::web::downsample;
+use crate::web::live::exec_row;
+use crate::web::{Web, app_error};
+
+/// `?tenant=` (empty: the caller's own).
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct TenantQuery {
+    /// Tenant.
+    #[serde(default)]
+    pub tenant: String,
+    /// Deliveries after this agent id.
+    #[serde(default)]
+    pub after: String,
+}
+
+/// `GET /packs`.
+pub async fn list(State(web): State<Arc<Web>>, who: Who) -> Response {
+    let packs = match web.app.packs(&who.caller, "").await {
+        Ok(p) => p,
+        Err(e) => return app_error(e),
+    };
+    let body = html! {
+        h1 { "Packs" }
+        table {
+            thead { tr {
+                th scope="col" { "Pack" } th scope="col" { "Latest" } th scope="col" { "Targets" }
+                th scope="col" { "Pushed" } th scope="col" { "Acked" } th scope="col" { "Refused" } th scope="col" { "Pending" }
+            } }
+            tbody {
+                @for p in &packs {
+                    tr {
+                        th scope="row" { a href=(format!("/packs/{}?tenant={}", percent(&p.pack), percent(&p.tenant))) { (p.tenant) "/" (p.pack) } }
+                        td { "v" (p.latest) @if p.cancelled_ns.is_some() { " (cancelled)" } }
+                        td { (p.targets) }
+                        td { (instant(p.pushed_ns)) }
+                        td { (p.acked) } td { (p.nacked) } td { (p.pending) }
+                    }
+                }
+                @if packs.is_empty() { tr { td colspan="7" { "No pack yet." } } }
+            }
+        }
+    };
+    layout::page("Packs", &who, Nav::Packs, None, body).into_response()
+}
+
+fn figures(f: &CohortFigures) -> Markup {
+    html! {
+        (f.agents) " agent(s), " (f.settled) " settled, " (f.failed) " failed, " (f.unknown) " unknown"
+        @if let Some(p) = f.lateness_p99_ns { ", lateness p99 " (span(p)) }
+        @if let Some(o) = f.offset_max_ns { ", offset max " (span(o)) }
+    }
+}
+
+/// `GET /packs/NAME`.
+pub async fn page(
+    State(web): State<Arc<Web>>,
+    who: Who,
+    Path(name): Path<String>,
+    Query(q): Query<TenantQuery>,
+) -> Response {
+    let after = Some(q.after.as_str()).filter(|a| !a.is_empty());
+    let page = match web
+        .app
+        .deliveries(&who.caller, &q.tenant, &name, 0, after, 200)
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => return app_error(e),
+    };
+    let rollout = match web.app.rollout_status(&who.caller, &q.tenant, &name).await {
+        Ok(r) => Some(r),
+        Err(AppError::NotFound(_)) => None,
+        Err(e) => return app_error(e),
+    };
+    let tenant = page.key.tenant.clone();
+    let rows = {
+        let mut rx = web.app.feedback(
+            &who.caller,
+            FeedbackQuery {
+                tenant: tenant.clone(),
+                pack: Some(name.clone()),
+                since_ns: Some(now_ns() - super::agent::WINDOW_NS),
+                limit: 2_000,
+                ..FeedbackQuery::default()
+            },
+        );
+        let mut v = Vec::new();
+        while let Some(Ok(r)) = rx.recv().await {
+            v.push(r);
+        }
+        v
+    };
+    let body = html! {
+        h1 { "Pack " (page.key) }
+        p { "Latest version: v" (page.version) }
+        @if let Some(r) = &rollout {
+            section aria-labelledby="rollout-h" {
+                h2 #rollout-h { "Rollout of v" (r.row.version) }
+                dl.facts {
+                    div { dt { "State" } dd #rollout-state { (r.row.state.as_str()) } }
+                    div { dt { "Stage" } dd { (r.row.stage + 1) " of " (r.stages) } }
+                    @if !r.row.reason.is_empty() { div { dt { "Why" } dd { (r.row.reason) } } }
+                    @if let Some(t) = r.row.switch_at_ns { div { dt { "Switch instant" } dd { (instant(t)) } } }
+                    div { dt { "Cohort so far" } dd { (figures(&r.cohort)) } }
+                    @if let Some(b) = &r.baseline { div { dt { "Baseline" } dd { (figures(b)) } } }
+                }
+                h3 { "Verdicts" }
+                table {
+                    thead { tr { th scope="col" { "Stage" } th scope="col" { "Verdict" } th scope="col" { "At" } th scope="col" { "Why" } th scope="col" { "Cohort" } th scope="col" { "Baseline" } } }
+                    tbody {
+                        @for v in &r.row.verdicts {
+                            tr {
+                                td { (v.stage + 1) } td { (v.kind.as_str()) } td { (instant(v.at_ns)) }
+                                td { (v.reason) @if !v.missing.is_empty() { " (missing: " (v.missing.join(", ")) ")" } }
+                                td { (figures(&v.cohort)) }
+                                td { @if let Some(b) = &v.baseline { (figures(b)) } @else { "-" } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="deliv-h" {
+            h2 #deliv-h { "Deliveries of v" (page.version) }
+            table {
+                thead { tr { th scope="col" { "Agent" } th scope="col" { "Desired" } th scope="col" { "Held" } th scope="col" { "State" } th scope="col" { "Why" } } }
+                tbody {
+                    @for d in &page.rows {
+                        tr {
+                            th scope="row" { a href=(format!("/agents/{}", percent(&d.agent_id))) { (d.agent_id) } }
+                            td { "v" (d.version) }
+                            td { @match &d.held { Some(h) => { "v" (h.version) } None => { "none" } } }
+                            td { (d.state.as_str()) }
+                            td {
+                                (d.reason)
+                                @if let Some(f) = d.refusal.as_ref().filter(|_| d.state == DeliveryState::Nacked || d.state == DeliveryState::Pending) {
+                                    " " (f.message)
+                                    @for e in &f.errors { br; code { (e.line) ":" (e.column) " " (e.message) } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(n) = &page.next {
+                p { a rel="next" href=(format!("/packs/{}?tenant={}&after={}", percent(&name), percent(&tenant), percent(n))) { "Next page" } }
+            }
+        }
+        section aria-labelledby="tl-h" {
+            h2 #tl-h { "Execution timeline, last hour" }
+            div #timeline-plot .plot data-src=(format!("/api/packs/{}/timeline?tenant={}", percent(&name), percent(&tenant))) role="img" aria-label="Lateness of each execution over time" {}
+            table #execs {
+                thead { tr {
+                    th scope="col" { "Scheduled" } th scope="col" { "Agent" } th scope="col" { "Pack" }
+                    th scope="col" { "Instruction" } th scope="col" { "Outcome" } th scope="col" { "Lateness" } th scope="col" { "Reason" }
+                } }
+                tbody sse-swap="exec" hx-swap="afterbegin" {
+                    @for r in rows.iter().rev().take(50) { (exec_row(r)) }
+                }
+            }
+        }
+    };
+    let live = format!("pack={}", percent(&name));
+    layout::page(
+        &format!("Pack {}", page.key),
+        &who,
+        Nav::Packs,
+        Some(&live),
+        body,
+    )
+    .into_response()
+}
+
+/// `GET /api/packs/NAME/timeline`: lateness (µs) of the pack's firings in
+/// the last hour, downsampled like the clock plot, and the rollout's
+/// verdicts (stage boundaries) as marks.
+pub async fn timeline_json(
+    State(web): State<Arc<Web>>,
+    who: Who,
+    Path(name): Path<String>,
+    Query(q): Query<TenantQuery>,
+) -> Response {
+    let Some(tenant) = who.caller.tenant_of(&q.tenant) else {
+        return app_error(AppError::NotFound(format!("no pack {}/{name}", q.tenant)));
+    };
+    let mut rx = web.app.feedback(
+        &who.caller,
+        FeedbackQuery {
+            tenant: tenant.clone(),
+            pack: Some(name.clone()),
+            since_ns: Some(now_ns() - super::agent::WINDOW_NS),
+            limit: 50_000,
+            ..FeedbackQuery::default()
+        },
+    );
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    while let Some(r) = rx.recv().await {
+        match r {
+            Ok(r) if r.actual_ns > 0 => {
+                xs.push(r.scheduled_ns);
+                ys.push(r.lateness_ns as f64 / 1e3);
+            }
+            Ok(_) => {}
+            Err(e) => return app_error(e),
+        }
+    }
+    // Firings arrive in storage order; the plot wants time order.
+    let mut order: Vec<usize> = (0..xs.len()).collect();
+    order.sort_by_key(|&i| xs[i]);
+    let xs: Vec<i64> = order.iter().map(|&i| xs[i]).collect();
+    let ys: Vec<f64> = order.iter().map(|&i| ys[i]).collect();
+    let keep = downsample::keep(&xs, &[&ys], super::agent::BUCKETS);
+    let marks = match web.app.rollout_status(&who.caller, &tenant, &name).await {
+        Ok(r) => r
+            .row
+            .verdicts
+            .iter()
+            .map(|v| {
+                serde_json::json!({
+                    "t": v.at_ns as f64 / 1e9,
+                    "label": format!("stage {} {}", v.stage + 1, v.kind.as_str()),
+                })
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    Json(serde_json::json!({
+        "t": keep.iter().map(|&i| xs[i] as f64 / 1e9).collect::<Vec<f64>>(),
+        "lateness_us": keep.iter().map(|&i| ys[i]).collect::<Vec<f64>>(),
+        "points": xs.len(),
+        "marks": marks,
+    }))
+    .into_response()
+}
