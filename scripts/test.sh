@@ -24,6 +24,10 @@ python3 -c 'import ensurepip' 2>/dev/null || need+=(python3 python3-venv)
 # the system's initdb / postgres (baton-testpg), never a shared server.
 # setpriv (util-linux) runs them as the package's postgres user when root.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+# tests/tests/dashboard.rs: the web dashboard in Debian's chromium, driven
+# through its chromedriver (no browser download at run time).
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     # A package whose post-install step fails (postgresql starting its
@@ -54,6 +58,8 @@ export BATON_REQUIRE_INTEROP=1
 # Installed above: a PostgreSQL test that finds no cluster fails, never
 # skips.
 export BATON_REQUIRE_POSTGRES=1
+# Installed above: the browser test fails without chromium, never skips.
+export BATON_REQUIRE_BROWSER=1
 
 # Incremental state roughly doubles a target directory and buys nothing in
 # a from-scratch run; disk is what a CI machine may lack (a run died of

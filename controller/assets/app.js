@@ -12,6 +12,13 @@
     el.textContent = text;
   }
 
+  // A live refresh never takes the focus away from someone moving
+  // through the table with the keyboard: it waits until they leave it.
+  document.body.addEventListener("htmx:beforeRequest", function (e) {
+    var t = e.detail && e.detail.elt;
+    if (t && t.id === "fleet-table" && t.contains(document.activeElement)) e.preventDefault();
+  });
+
   var lastEvent = null;
   document.body.addEventListener("htmx:sseOpen", function () {
     status("up", "Live updates: connected.");

@@ -85,10 +85,9 @@ impl Ca {
         )
     }
 
-    /// `ca issue-operator NAME --tenant T --role R`; (cert, key).
-    pub fn operator(&self, name: &str, tenant: &str, role: &str) -> (PathBuf, PathBuf) {
+    fn issue_operator(&self, name: &str, tenant: &str, role: &str, extra: &[&str]) -> Output {
         let dir = self.dir.display().to_string();
-        ca_cmd(&[
+        let mut args = vec![
             "issue-operator",
             name,
             "--tenant",
@@ -97,11 +96,29 @@ impl Ca {
             role,
             "--dir",
             &dir,
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        ca_cmd(&args)
+    }
+
+    /// `ca issue-operator NAME --tenant T --role R`; (cert, key).
+    pub fn operator(&self, name: &str, tenant: &str, role: &str) -> (PathBuf, PathBuf) {
+        self.issue_operator(name, tenant, role, &[]);
         (
             self.dir.join("operators").join(format!("{name}.pem")),
             self.dir.join("operators").join(format!("{name}-key.pem")),
         )
+    }
+
+    /// `ca issue-operator NAME --tenant T --role R --token`: the token it
+    /// printed (for the web dashboard).
+    pub fn operator_token(&self, name: &str, tenant: &str, role: &str) -> String {
+        let o = self.issue_operator(name, tenant, role, &["--token"]);
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("token "))
+            .unwrap_or_else(|| panic!("no token printed for {name}"))
+            .to_string()
     }
 
     /// Agent-side TLS files from a (cert, key) pair this CA issued.
@@ -211,6 +228,13 @@ fn start_controller_with(
 }
 
 impl Controller {
+    /// The dashboard's address (`serve --http`), from `DATA/http.addr`.
+    pub fn http_addr(&self) -> String {
+        std::fs::read_to_string(self.data.join("http.addr"))
+            .map(|s| s.trim().to_string())
+            .expect("http.addr: was the controller started with --http?")
+    }
+
     /// Run an operator subcommand as another operator (cert, key) of the
     /// controller's CA.
     pub fn ctl_as(&self, operator: &(PathBuf, PathBuf), args: &[&str]) -> Output {

@@ -13,7 +13,7 @@
 //! - [`tls`]: the TLS configuration, re-read on change, and the peer's
 //!   identity;
 //! - [`revocations`]: revocations the controller picks up, into the audit log;
-//! - [`metrics`]: `/metrics` over HTTP.
+//! - [`metrics`]: binding `serve --metrics` (served by [`crate::web`]).
 
 pub mod accept;
 pub mod admin;
@@ -413,8 +413,15 @@ pub async fn serve(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
         }
     };
-    let metrics_task =
-        metrics_listener.map(|l| tokio::spawn(metrics::serve(l, shared.app.clone())));
+    let metrics_task = metrics_listener.map(|l| {
+        tokio::spawn(crate::web::listen::serve(
+            l,
+            None,
+            crate::web::pages::metrics::open_router(shared.app.clone()),
+            false,
+            stop_rx.clone(),
+        ))
+    });
     let web_task = match http_listener {
         Some(l) => {
             let tls_dir = shared
@@ -436,6 +443,7 @@ pub async fn serve(
                 l,
                 tls,
                 crate::web::router(web),
+                true,
                 stop_rx.clone(),
             )))
         }

@@ -102,13 +102,7 @@ pub fn load_config(dir: &CaDir) -> Result<rustls::ServerConfig, TlsError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(|e| file(&ca_path, &e))?;
-    let cert_path = dir.server_cert();
-    let certs = CertificateDer::pem_file_iter(&cert_path)
-        .map_err(|e| file(&cert_path, &e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file(&cert_path, &e))?;
-    let key_path = dir.server_key();
-    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| file(&key_path, &e))?;
+    let (certs, key) = server_identity(dir)?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| config(&e))?
@@ -117,6 +111,26 @@ pub fn load_config(dir: &CaDir) -> Result<rustls::ServerConfig, TlsError> {
         .map_err(|e| config(&e))?;
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(cfg)
+}
+
+/// The controller's certificate chain and key (`DIR/server.pem`,
+/// `DIR/server-key.pem`): what the gRPC listener and the dashboard's
+/// HTTPS present.
+pub fn server_identity(
+    dir: &CaDir,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
+    let file = |p: &std::path::Path, e: &dyn std::fmt::Display| TlsError::File {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    };
+    let cert_path = dir.server_cert();
+    let certs = CertificateDer::pem_file_iter(&cert_path)
+        .map_err(|e| file(&cert_path, &e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file(&cert_path, &e))?;
+    let key_path = dir.server_key();
+    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| file(&key_path, &e))?;
+    Ok((certs, key))
 }
 
 /// Size and modification time of each watched file (`None`: absent).

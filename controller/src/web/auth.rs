@@ -250,6 +250,7 @@ impl Who {
             return Ok(());
         }
         let sent = form_csrf
+            .filter(|s| !s.is_empty())
             .or_else(|| headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()))
             .unwrap_or("");
         if constant_time_eq(sent.as_bytes(), self.csrf.as_bytes()) {

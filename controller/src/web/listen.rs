@@ -12,8 +12,6 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -30,17 +28,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The HTTPS configuration: the server certificate of the CA directory,
 /// no client authentication, `h2` then `http/1.1`.
 pub fn tls_config(dir: &CaDir) -> Result<rustls::ServerConfig, TlsError> {
-    let file = |p: &std::path::Path, e: &dyn std::fmt::Display| TlsError::File {
-        path: p.display().to_string(),
-        message: e.to_string(),
-    };
-    let cert_path = dir.server_cert();
-    let certs = CertificateDer::pem_file_iter(&cert_path)
-        .map_err(|e| file(&cert_path, &e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file(&cert_path, &e))?;
-    let key_path = dir.server_key();
-    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| file(&key_path, &e))?;
+    let (certs, key) = crate::server::tls::server_identity(dir)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -53,11 +41,14 @@ pub fn tls_config(dir: &CaDir) -> Result<rustls::ServerConfig, TlsError> {
     Ok(cfg)
 }
 
-/// Serve `router` on `listener` until `stop` turns true.
+/// Serve `router` on `listener` until `stop` turns true. `keep_alive`:
+/// HTTP/1.1 connections stay open for more requests (a scraper's
+/// one-shot connection is closed after its answer instead).
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     router: Router,
+    keep_alive: bool,
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -84,7 +75,8 @@ pub async fn serve(
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let builder = auto::Builder::new(TokioExecutor::new());
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder.http1().keep_alive(keep_alive);
             let served = match acceptor {
                 Some(a) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, a.accept(tcp)).await {
                     Ok(Ok(s)) => {

@@ -79,7 +79,8 @@ pub fn router(web: Arc<Web>) -> Router {
 }
 
 /// The headers every answer carries: scripts only from here (no inline
-/// script can run), never framed, no referrer, no sniffing; pages are not
+/// script can run), never framed, no referrer to other sites, no sniffing;
+/// pages are not
 /// cached (they show a tenant's data).
 async fn security_headers(mut r: Response) -> Response {
     let h = r.headers_mut();
@@ -96,7 +97,9 @@ async fn security_headers(mut r: Response) -> Response {
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        // Not `no-referrer`: under it browsers send `Origin: null` on
+        // this site's own form posts, which the same-origin check refuses.
+        HeaderValue::from_static("same-origin"),
     );
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

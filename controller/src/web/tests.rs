@@ -217,6 +217,27 @@ async fn an_operator_pushes_from_the_page_and_an_admin_reads_the_audit() {
     let (code, _, page) = call(&f.web, get("/packs/blink", Some(&bob))).await;
     assert_eq!(code, StatusCode::OK);
     assert!(page.contains("press-b"), "{page}");
+    // A version with a rollout: the pack page shows it, stage and state.
+    let v2 = format!(
+        "{}rollout:\n  stages: [{{percent: 100}}]\n",
+        yaml.replace("version: 1", "version: 2")
+    );
+    let req = Request::post("/push")
+        .header(header::AUTHORIZATION, format!("Bearer {bob}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!(
+            "yaml={}",
+            auth::percent(&v2).replace('/', "%2F")
+        )))
+        .unwrap();
+    let (code, _, body) = call(&f.web, req).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert!(body.contains("through its rollout"), "{body}");
+    let (_, _, page) = call(&f.web, get("/packs/blink", Some(&bob))).await;
+    assert!(
+        page.contains("Rollout of v2") && page.contains("Stage"),
+        "{page}"
+    );
     let (code, _, page) = call(&f.web, get("/audit", Some(&bob))).await;
     assert_eq!(code, StatusCode::OK);
     assert!(page.contains("plant-b/blink v1"), "{page}");

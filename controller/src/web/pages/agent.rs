@@ -18,7 +18,6 @@ use crate::app::now_ns;
 use crate::model::{ClockRow, FeedbackRow};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
-use crate::web::live::exec_row;
 use crate::web::{Web, app_error};
 
 /// The plot's width in buckets (each keeps its extremes).
@@ -63,21 +62,6 @@ pub fn histogram(rows: &[FeedbackRow]) -> [u64; 8] {
     h
 }
 
-async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> Vec<FeedbackRow> {
-    let mut rx = web.app.feedback(&who.caller, q);
-    let mut rows = Vec::new();
-    while let Some(r) = rx.recv().await {
-        match r {
-            Ok(r) => rows.push(r),
-            Err(e) => {
-                tracing::warn!("dashboard: feedback: {e}");
-                break;
-            }
-        }
-    }
-    rows
-}
-
 /// `GET /agents/ID`.
 pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>) -> Response {
     let v = match web.app.agent_view(&who.caller, &id).await {
@@ -85,17 +69,16 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
         Err(e) => return app_error(e),
     };
     let now = now_ns();
-    let rows = recent(
-        &web,
-        &who,
-        FeedbackQuery {
-            agent_id: Some(id.clone()),
-            since_ns: Some(now - WINDOW_NS),
-            limit: EXEC_ROWS,
-            ..FeedbackQuery::default()
-        },
-    )
-    .await;
+    let q = FeedbackQuery {
+        agent_id: Some(id.clone()),
+        since_ns: Some(now - WINDOW_NS),
+        limit: EXEC_ROWS,
+        ..FeedbackQuery::default()
+    };
+    let rows = match super::recent(&web, &who, q).await {
+        Ok(r) => r,
+        Err(e) => return app_error(e),
+    };
     let h = histogram(&rows);
     let most = h.iter().copied().max().unwrap_or(0).max(1);
     let dropped: u64 = rows.iter().map(|r| r.dropped_before).sum();
@@ -141,15 +124,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
         }
         section aria-labelledby="exec-h" {
             h2 #exec-h { "Recent executions" }
-            table #execs {
-                thead { tr {
-                    th scope="col" { "Scheduled" } th scope="col" { "Agent" } th scope="col" { "Pack" }
-                    th scope="col" { "Instruction" } th scope="col" { "Outcome" } th scope="col" { "Lateness" } th scope="col" { "Reason" }
-                } }
-                tbody sse-swap="exec" hx-swap="afterbegin" {
-                    @for r in rows.iter().rev().take(50) { (exec_row(r)) }
-                }
-            }
+            (super::exec_table(&rows))
         }
         section aria-labelledby="packs-h" {
             h2 #packs-h { "Packs" }

@@ -25,14 +25,25 @@ use crate::web::{Web, app_error};
 pub const PAGE: u32 = 50;
 /// Most rows a page shows.
 pub const MAX_ROWS: u32 = 500;
-/// How long fleet counts are kept before they are counted again.
+/// How old fleet counts may be before they are counted again (in the
+/// background: the stale ones are shown meanwhile).
 pub const COUNTS_FOR: Duration = Duration::from_secs(5);
 
 /// Fleet counts by tenant (`""`: a caller of every tenant), a few
 /// seconds old at most: counting reads every agent, a page reads one
-/// page.
+/// page, so a stale count is served while a fresh one is counted in the
+/// background (at 100 000 agents a count takes ~0.5 s).
 #[derive(Debug, Default)]
-pub struct CountsCache(Mutex<HashMap<String, (Instant, FleetCounts, u64, u64)>>);
+pub struct CountsCache(Mutex<HashMap<String, Counted>>);
+
+#[derive(Clone, Copy, Debug)]
+struct Counted {
+    at: Instant,
+    fleet: FleetCounts,
+    pending: u64,
+    refused: u64,
+    refreshing: bool,
+}
 
 /// The query of the fleet page.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -96,28 +107,64 @@ async fn load(web: &Web, who: &Who, q: &FleetQuery) -> AppResult<FleetPage> {
     web.app.fleet(&who.caller, &filter, after, limit).await
 }
 
-async fn counts(web: &Web, who: &Who) -> AppResult<(FleetCounts, u64, u64)> {
-    let key = who.caller.tenant().unwrap_or("").to_string();
-    if let Some((at, c, p, r)) = web
-        .counts
-        .0
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&key)
-        && at.elapsed() < COUNTS_FOR
-    {
-        return Ok((*c, *p, *r));
-    }
-    let c = web.app.fleet_counts(&who.caller).await?;
+async fn count(web: &Web, who: &Who) -> AppResult<Counted> {
+    let fleet = web.app.fleet_counts(&who.caller).await?;
     let packs = web.app.packs(&who.caller, "").await?;
-    let pending = packs.iter().map(|p| u64::from(p.pending)).sum();
-    let refused = packs.iter().map(|p| u64::from(p.nacked)).sum();
-    let mut cache = web.counts.0.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() > 10_000 {
-        cache.clear();
-    }
-    cache.insert(key, (Instant::now(), c, pending, refused));
-    Ok((c, pending, refused))
+    Ok(Counted {
+        at: Instant::now(),
+        fleet,
+        pending: packs.iter().map(|p| u64::from(p.pending)).sum(),
+        refused: packs.iter().map(|p| u64::from(p.nacked)).sum(),
+        refreshing: false,
+    })
+}
+
+async fn counts(web: &Arc<Web>, who: &Who) -> AppResult<(FleetCounts, u64, u64)> {
+    let key = who.caller.tenant().unwrap_or("").to_string();
+    let cached = {
+        let mut cache = web.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = cache.get_mut(&key);
+        let stale = entry
+            .as_ref()
+            .is_some_and(|c| c.at.elapsed() >= COUNTS_FOR && !c.refreshing);
+        if let Some(c) = entry {
+            if stale {
+                c.refreshing = true;
+                let (web, who, key) = (web.clone(), who.clone(), key.clone());
+                tokio::spawn(async move {
+                    let fresh = count(&web, &who).await;
+                    let mut cache = web.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+                    match fresh {
+                        Ok(f) => {
+                            cache.insert(key, f);
+                        }
+                        Err(e) => {
+                            tracing::warn!("dashboard: fleet counts: {e}");
+                            if let Some(c) = cache.get_mut(&key) {
+                                c.refreshing = false;
+                            }
+                        }
+                    }
+                });
+            }
+            Some(*c)
+        } else {
+            None
+        }
+    };
+    let c = match cached {
+        Some(c) => c,
+        None => {
+            let c = count(web, who).await?;
+            let mut cache = web.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() > 10_000 {
+                cache.clear();
+            }
+            cache.insert(key, c);
+            c
+        }
+    };
+    Ok((c.fleet, c.pending, c.refused))
 }
 
 /// `GET /`.

@@ -1,12 +1,15 @@
-//! `/metrics` (Prometheus text) on the dashboard's server: for admins (it
-//! names every tenant's agents), or anyone on a plaintext controller.
-//! `serve --metrics ADDR` still serves it unauthenticated for a scraper.
+//! `/metrics` (Prometheus text): on the dashboard's server for admins (it
+//! names every tenant's agents) or anyone on a plaintext controller, and
+//! on `serve --metrics ADDR` for a scraper, unauthenticated (bind it
+//! where only the scraper reaches), on the same HTTP stack.
 
 use std::sync::Arc;
 
+use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 
 use crate::app::App;
 use crate::web::Web;
@@ -40,4 +43,20 @@ pub async fn guarded(State(web): State<Arc<Web>>, who: Who) -> Response {
             .into_response();
     }
     render(&web.app).await
+}
+
+/// The router of `serve --metrics ADDR`: `/metrics` only (GET and HEAD).
+pub fn open_router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(app): State<Arc<App>>| async move { render(&app).await }),
+        )
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "not found: metrics are at /metrics\n",
+            )
+        })
+        .with_state(app)
 }

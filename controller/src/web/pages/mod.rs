@@ -10,7 +10,43 @@ pub mod metrics;
 pub mod pack;
 pub mod push;
 
+use std::sync::Arc;
+
+use maud::{Markup, html};
+
+use super::Web;
+use super::auth::Who;
+use super::live::exec_row;
+use crate::app::AppResult;
+use crate::app::feedback::FeedbackQuery;
+use crate::model::FeedbackRow;
 use crate::ops::format;
+
+/// Stored feedback the caller may see, as `q` asks (bounded by its limit).
+pub async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> AppResult<Vec<FeedbackRow>> {
+    let mut rx = web.app.feedback(&who.caller, q);
+    let mut rows = Vec::new();
+    while let Some(r) = rx.recv().await {
+        rows.push(r?);
+    }
+    Ok(rows)
+}
+
+/// The newest 50 of `rows` (oldest first) as the live executions table:
+/// new ones arrive on the page's `exec` events, newest on top.
+pub fn exec_table(rows: &[FeedbackRow]) -> Markup {
+    html! {
+        table #execs {
+            thead { tr {
+                th scope="col" { "Scheduled" } th scope="col" { "Agent" } th scope="col" { "Pack" }
+                th scope="col" { "Instruction" } th scope="col" { "Outcome" } th scope="col" { "Lateness" } th scope="col" { "Reason" }
+            } }
+            tbody sse-swap="exec" hx-swap="afterbegin" {
+                @for r in rows.iter().rev().take(50) { (exec_row(r)) }
+            }
+        }
+    }
+}
 
 /// An instant (ns since the epoch) for a table cell.
 pub fn instant(ns: i64) -> String {

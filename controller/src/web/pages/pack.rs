@@ -19,7 +19,6 @@ use crate::app::{AppError, now_ns};
 use crate::model::{CohortFigures, DeliveryState};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
-use crate::web::live::exec_row;
 use crate::web::{Web, app_error};
 
 /// `?tenant=` (empty: the caller's own).
@@ -31,6 +30,17 @@ pub struct TenantQuery {
     /// Deliveries after this agent id.
     #[serde(default)]
     pub after: String,
+}
+
+/// A pack's feedback of the last hour, at most `limit` rows.
+fn of_pack(tenant: &str, pack: &str, limit: u64) -> FeedbackQuery {
+    FeedbackQuery {
+        tenant: tenant.to_string(),
+        pack: Some(pack.to_string()),
+        since_ns: Some(now_ns() - super::agent::WINDOW_NS),
+        limit,
+        ..FeedbackQuery::default()
+    }
 }
 
 /// `GET /packs`.
@@ -93,22 +103,9 @@ pub async fn page(
         Err(e) => return app_error(e),
     };
     let tenant = page.key.tenant.clone();
-    let rows = {
-        let mut rx = web.app.feedback(
-            &who.caller,
-            FeedbackQuery {
-                tenant: tenant.clone(),
-                pack: Some(name.clone()),
-                since_ns: Some(now_ns() - super::agent::WINDOW_NS),
-                limit: 2_000,
-                ..FeedbackQuery::default()
-            },
-        );
-        let mut v = Vec::new();
-        while let Some(Ok(r)) = rx.recv().await {
-            v.push(r);
-        }
-        v
+    let rows = match super::recent(&web, &who, of_pack(&tenant, &name, 2_000)).await {
+        Ok(r) => r,
+        Err(e) => return app_error(e),
     };
     let body = html! {
         h1 { "Pack " (page.key) }
@@ -169,15 +166,7 @@ pub async fn page(
         section aria-labelledby="tl-h" {
             h2 #tl-h { "Execution timeline, last hour" }
             div #timeline-plot .plot data-src=(format!("/api/packs/{}/timeline?tenant={}", percent(&name), percent(&tenant))) role="img" aria-label="Lateness of each execution over time" {}
-            table #execs {
-                thead { tr {
-                    th scope="col" { "Scheduled" } th scope="col" { "Agent" } th scope="col" { "Pack" }
-                    th scope="col" { "Instruction" } th scope="col" { "Outcome" } th scope="col" { "Lateness" } th scope="col" { "Reason" }
-                } }
-                tbody sse-swap="exec" hx-swap="afterbegin" {
-                    @for r in rows.iter().rev().take(50) { (exec_row(r)) }
-                }
-            }
+            (super::exec_table(&rows))
         }
     };
     let live = format!("pack={}", percent(&name));
@@ -203,28 +192,14 @@ pub async fn timeline_json(
     let Some(tenant) = who.caller.tenant_of(&q.tenant) else {
         return app_error(AppError::NotFound(format!("no pack {}/{name}", q.tenant)));
     };
-    let mut rx = web.app.feedback(
-        &who.caller,
-        FeedbackQuery {
-            tenant: tenant.clone(),
-            pack: Some(name.clone()),
-            since_ns: Some(now_ns() - super::agent::WINDOW_NS),
-            limit: 50_000,
-            ..FeedbackQuery::default()
-        },
-    );
-    let mut xs = Vec::new();
-    let mut ys = Vec::new();
-    while let Some(r) = rx.recv().await {
-        match r {
-            Ok(r) if r.actual_ns > 0 => {
-                xs.push(r.scheduled_ns);
-                ys.push(r.lateness_ns as f64 / 1e3);
-            }
-            Ok(_) => {}
-            Err(e) => return app_error(e),
-        }
-    }
+    let rows = match super::recent(&web, &who, of_pack(&tenant, &name, 50_000)).await {
+        Ok(r) => r,
+        Err(e) => return app_error(e),
+    };
+    let fired = rows.iter().filter(|r| r.actual_ns > 0);
+    let (xs, ys): (Vec<i64>, Vec<f64>) = fired
+        .map(|r| (r.scheduled_ns, r.lateness_ns as f64 / 1e3))
+        .unzip();
     // Firings arrive in storage order; the plot wants time order.
     let mut order: Vec<usize> = (0..xs.len()).collect();
     order.sort_by_key(|&i| xs[i]);
