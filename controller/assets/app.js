@@ -20,6 +20,7 @@
   });
 
   var lastEvent = null;
+  var lastPlot = Date.now();
   document.body.addEventListener("htmx:sseOpen", function () {
     status("up", "Live updates: connected.");
   });
@@ -36,7 +37,12 @@
     } else {
       status("up", "Live updates: connected, last " + lastEvent.toLocaleTimeString() + ".");
     }
-    if (kind === "clock") refreshPlot("clock-plot");
+    // A report every few seconds: the plot is read again at most every
+    // 10 s (it is up to an hour of reports).
+    if (kind === "clock" && Date.now() - lastPlot > 10000) {
+      lastPlot = Date.now();
+      refreshPlot("clock-plot");
+    }
   });
 
   function fetchJson(url) {

@@ -430,7 +430,7 @@ pub async fn serve(
                 .as_ref()
                 .map(|t| crate::ca::CaDir::new(&t.dir));
             let tls = match &tls_dir {
-                Some(d) => Some(Arc::new(crate::web::listen::tls_config(d)?)),
+                Some(d) => Some(Arc::new(crate::web::listen::WebTls::load(d.clone())?)),
                 None => None,
             };
             let web = Arc::new(crate::web::Web {

@@ -134,9 +134,9 @@ pub fn server_identity(
 }
 
 /// Size and modification time of each watched file (`None`: absent).
-type Stamp = Vec<Option<(u64, SystemTime)>>;
+pub(crate) type Stamp = Vec<Option<(u64, SystemTime)>>;
 
-fn stamp(paths: &[std::path::PathBuf]) -> Stamp {
+pub(crate) fn stamp(paths: &[std::path::PathBuf]) -> Stamp {
     paths
         .iter()
         .map(|p| {

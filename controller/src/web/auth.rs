@@ -35,8 +35,14 @@ use crate::app::Caller;
 use crate::identity::Identity;
 use crate::tokens::{self, TokenGrant};
 
-/// The session cookie's name.
-pub const COOKIE: &str = "baton_session";
+/// The session cookie's name: `__Host-` makes browsers take it only
+/// from this host, over HTTPS, for the whole site (a sibling subdomain
+/// cannot plant one).
+pub const COOKIE: &str = "__Host-baton_session";
+/// Largest log-in form.
+pub const MAX_LOGIN_BODY: usize = 8 * 1024;
+/// Most sessions one certificate may hold; its oldest goes first.
+pub const SESSIONS_PER_IDENTITY: usize = 16;
 /// The header htmx requests carry the CSRF token in.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// Longest a session lasts.
@@ -49,6 +55,7 @@ struct Session {
     who: Identity,
     serial: String,
     csrf: String,
+    created: Instant,
     expires: Instant,
 }
 
@@ -68,11 +75,14 @@ impl TokenFile {
             .and_then(|m| Some((m.len(), m.modified().ok()?)));
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if c.0 != stamp {
+            // Stamped either way: a damaged file is read again when it
+            // changes, not at every request.
+            c.0 = stamp;
             match tokens::read(&self.path) {
-                Ok(t) => *c = (stamp, Arc::new(t)),
+                Ok(t) => c.1 = Arc::new(t),
                 // Keep what was read last: a file being rewritten must not
                 // log everyone out, nor let anyone in.
-                Err(e) => tracing::warn!("dashboard tokens: {e}"),
+                Err(e) => tracing::warn!("dashboard tokens: {e}; the last good list stays"),
             }
         }
         c.1.clone()
@@ -164,6 +174,9 @@ impl Auth {
     /// The caller of a request with `headers`, if it proved who it is.
     pub fn who(&self, headers: &HeaderMap) -> Option<Who> {
         if self.tokens.is_none() {
+            if !plain_host_ok(headers) {
+                return None;
+            }
             return Some(Who {
                 caller: Caller::new(Identity::Insecure),
                 csrf: String::new(),
@@ -202,8 +215,22 @@ impl Auth {
     fn open(&self, grant: TokenGrant) -> Result<String, &'static str> {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
+        // One certificate's sessions are bounded (its oldest goes), so a
+        // token holder cannot fill the table and lock others out.
+        let mut mine: Vec<(Instant, String)> = sessions
+            .iter()
+            .filter(|(_, s)| s.serial == grant.serial)
+            .map(|(id, s)| (s.created, id.clone()))
+            .collect();
+        if mine.len() >= SESSIONS_PER_IDENTITY {
+            mine.sort();
+            for (_, id) in &mine[..=mine.len() - SESSIONS_PER_IDENTITY] {
+                sessions.remove(id);
+            }
+        }
         if sessions.len() >= MAX_SESSIONS {
-            sessions.retain(|_, s| s.expires > now);
+            let revoked = self.revoked.borrow().clone();
+            sessions.retain(|_, s| s.expires > now && !revoked.contains(&s.serial));
             if sessions.len() >= MAX_SESSIONS {
                 return Err("too many sessions open; try again later");
             }
@@ -216,6 +243,7 @@ impl Auth {
                 who: grant.identity,
                 serial: grant.serial,
                 csrf: random_hex::<16>(),
+                created: now,
                 expires: now + SESSION_TTL.min(Duration::from_secs(left)),
             },
         );
@@ -245,7 +273,7 @@ impl Who {
     /// (when sent) names this host, and a cookie session's request
     /// carries the session's CSRF token (form field or header).
     pub fn check_post(&self, headers: &HeaderMap, form_csrf: Option<&str>) -> Result<(), Refused> {
-        same_origin(headers)?;
+        same_origin(headers, self.via != Via::Open)?;
         if self.via != Via::Cookie {
             return Ok(());
         }
@@ -277,8 +305,10 @@ impl Who {
 /// Why a state-changing request is refused (an HTTP answer).
 pub type Refused = (StatusCode, &'static str);
 
-/// A cross-site POST is refused before anything else is read.
-fn same_origin(headers: &HeaderMap) -> Result<(), Refused> {
+/// A cross-site POST is refused before anything else is read: its
+/// `Origin` (when sent: browsers do on posts) must be this site, scheme
+/// included (`https` when `secure`).
+fn same_origin(headers: &HeaderMap, secure: bool) -> Result<(), Refused> {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return Ok(());
     };
@@ -286,12 +316,32 @@ fn same_origin(headers: &HeaderMap) -> Result<(), Refused> {
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let origin_host = origin.split_once("://").map_or("", |(_, h)| h);
-    if !host.is_empty() && origin_host == host {
+    let scheme = if secure { "https" } else { "http" };
+    if !host.is_empty() && origin == format!("{scheme}://{host}") {
         Ok(())
     } else {
         Err((StatusCode::FORBIDDEN, "cross-site request refused"))
     }
+}
+
+/// On a plaintext controller nobody logs in, so a page of another site
+/// whose name was rebound to this address (DNS rebinding) would act for
+/// every tenant: only an address, or `localhost`, is taken as the host.
+pub fn plain_host_ok(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // [v6]:port
+        Some(rest) => {
+            return rest
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok());
+        }
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 impl FromRequestParts<Arc<Web>> for Who {
@@ -300,6 +350,13 @@ impl FromRequestParts<Arc<Web>> for Who {
     async fn from_request_parts(parts: &mut Parts, web: &Arc<Web>) -> Result<Who, Response> {
         if let Some(who) = web.auth.who(&parts.headers) {
             return Ok(who);
+        }
+        if !web.auth.required() {
+            return Err((
+                StatusCode::MISDIRECTED_REQUEST,
+                "this plaintext dashboard answers to its address (or localhost) only",
+            )
+                .into_response());
         }
         let path = parts.uri.path();
         let api = ["/api/", "/live", "/metrics"]
@@ -381,7 +438,7 @@ pub async fn login(
     headers: HeaderMap,
     Form(f): Form<LoginForm>,
 ) -> Response {
-    if let Err(r) = same_origin(&headers) {
+    if let Err(r) = same_origin(&headers, web.auth.secure_cookie) {
         return r.into_response();
     }
     let grant = match web.auth.grant(&f.token) {
@@ -450,7 +507,10 @@ pub async fn logout(
 
 /// Where to go after log-in: a path on this site, never another site.
 fn safe_next(next: &str) -> String {
-    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+    // Visible ASCII only: browsers drop tabs and newlines from URLs, so
+    // `/<TAB>/evil.example` would become `//evil.example`.
+    let visible = next.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if visible && next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
         next.to_string()
     } else {
         "/".to_string()
@@ -511,7 +571,15 @@ mod tests {
     #[test]
     fn only_a_local_path_is_followed_after_log_in() {
         assert_eq!(safe_next("/agents/a1?x=1"), "/agents/a1?x=1");
-        for evil in ["//evil.example/", "https://evil.example/", "/\\evil", ""] {
+        for evil in [
+            "//evil.example/",
+            "https://evil.example/",
+            "/\\evil",
+            "",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/ /evil.example",
+        ] {
             assert_eq!(safe_next(evil), "/", "{evil}");
         }
     }
@@ -521,7 +589,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(
             header::COOKIE,
-            HeaderValue::from_static("a=1; baton_session=abc; b=2"),
+            HeaderValue::from_static("a=1; __Host-baton_session=abc; b=2"),
         );
         h.insert(
             header::AUTHORIZATION,
@@ -541,16 +609,34 @@ mod tests {
     fn a_cross_site_post_is_refused() {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8443"));
-        assert!(same_origin(&h).is_ok(), "no Origin: a non-browser client");
+        assert!(
+            same_origin(&h, true).is_ok(),
+            "no Origin: a non-browser client"
+        );
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("https://127.0.0.1:8443"),
         );
-        assert!(same_origin(&h).is_ok());
+        assert!(same_origin(&h, true).is_ok());
+        assert!(same_origin(&h, false).is_err(), "the scheme counts");
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("https://evil.example"),
         );
-        assert!(same_origin(&h).is_err());
+        assert!(same_origin(&h, true).is_err());
+    }
+
+    #[test]
+    fn a_plaintext_dashboard_answers_to_addresses_only() {
+        let host = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static(v));
+            plain_host_ok(&h)
+        };
+        assert!(host("127.0.0.1:8080") && host("localhost:8080") && host("[::1]:8080"));
+        assert!(host("10.0.0.5"));
+        assert!(!host("evil.example:8080"), "a rebound name");
+        assert!(!host("127.0.0.1.evil.example"));
+        assert!(!plain_host_ok(&HeaderMap::new()));
     }
 }

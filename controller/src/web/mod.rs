@@ -52,6 +52,7 @@ pub struct Web {
 
 /// The dashboard's routes (and `/metrics`, admins or plaintext only).
 pub fn router(web: Arc<Web>) -> Router {
+    let https = web.auth.required();
     Router::new()
         .route("/", get(pages::fleet::page))
         .route("/api/agents", get(pages::fleet::json))
@@ -67,13 +68,31 @@ pub fn router(web: Arc<Web>) -> Router {
         .route("/push/check", post(pages::push::check))
         .route("/audit", get(pages::audit::page))
         .route("/live", get(live::stream))
-        .route("/login", get(auth::login_page).post(auth::login))
+        .route(
+            "/login",
+            get(auth::login_page)
+                .post(auth::login)
+                // A token and a path: nobody unauthenticated sends more.
+                .layer(axum::extract::DefaultBodyLimit::max(auth::MAX_LOGIN_BODY)),
+        )
         .route("/logout", post(auth::logout))
         .route("/assets/{name}", get(assets::serve))
         .route("/metrics", get(pages::metrics::guarded))
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") })
         .layer(axum::extract::DefaultBodyLimit::max(pages::push::MAX_BODY))
         .layer(axum::middleware::map_response(security_headers))
+        .layer(axum::middleware::map_response(
+            move |mut r: Response| async move {
+                // Served over HTTPS: browsers stay on it.
+                if https {
+                    r.headers_mut().insert(
+                        header::STRICT_TRANSPORT_SECURITY,
+                        HeaderValue::from_static("max-age=31536000"),
+                    );
+                }
+                r
+            },
+        ))
         .layer(axum::middleware::map_request(host_from_authority))
         .with_state(web)
 }

@@ -263,3 +263,54 @@ async fn an_operator_pushes_from_the_page_and_an_admin_reads_the_audit() {
     assert_eq!(code, StatusCode::UNAUTHORIZED);
     assert!(page.contains("unknown token"), "{page}");
 }
+
+/// More executions in the hour than a page reads: the page shows the
+/// newest ones (a shorter window, stated), not the hour's first.
+#[tokio::test]
+async fn the_agent_page_shows_the_newest_executions_and_says_over_what_window() {
+    let f = fixture().await;
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    let now = crate::app::now_ns();
+    let n = 6_000u64;
+    let rows: Vec<crate::model::FeedbackRow> = (1..=n)
+        .map(|seq| crate::model::FeedbackRow {
+            id: 0,
+            agent_id: "press-a".into(),
+            journal_id: "j-press-a".into(),
+            seq,
+            execution_id: format!("e{seq}"),
+            tenant: "plant-a".into(),
+            pack: "p".into(),
+            version: 1,
+            instruction: "tick".into(),
+            occurrence_ns: Some(seq as i64),
+            attempt: 1,
+            scheduled_ns: now - (n - seq) as i64 * 100_000_000,
+            actual_ns: now - (n - seq) as i64 * 100_000_000 + 5_000,
+            lateness_ns: 5_000,
+            outcome: baton_proto::wire::Outcome::Ok,
+            reason: baton_proto::wire::Reason::Unspecified,
+            event: "executed".into(),
+            action: "noop".into(),
+            detail: String::new(),
+            value: None,
+            dropped_before: 0,
+            uncertainty_ns: 0,
+            clock_source: baton_proto::wire::ClockSource::Unspecified,
+            clock_state: baton_proto::wire::ClockState::Unspecified,
+            received_ns: now - (n - seq) as i64 * 100_000_000,
+        })
+        .collect();
+    f.web.app.store.put_feedback(1, rows).await.unwrap();
+    let (code, _, page) = call(&f.web, get("/agents/press-a", Some(&ann))).await;
+    assert_eq!(code, StatusCode::OK, "{page}");
+    let newest = format!("data-received-ns=\"{now}\"");
+    assert!(
+        page.contains(&newest),
+        "the newest execution is on the page"
+    );
+    assert!(
+        page.contains("Start lateness, last 3 min"),
+        "the window is stated"
+    );
+}

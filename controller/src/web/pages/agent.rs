@@ -75,10 +75,11 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
         limit: EXEC_ROWS,
         ..FeedbackQuery::default()
     };
-    let rows = match super::recent(&web, &who, q).await {
+    let (rows, span_ns) = match super::newest(&web, &who, q, now).await {
         Ok(r) => r,
         Err(e) => return app_error(e),
     };
+    let last = super::window(span_ns);
     let h = histogram(&rows);
     let most = h.iter().copied().max().unwrap_or(0).max(1);
     let dropped: u64 = rows.iter().map(|r| r.dropped_before).sum();
@@ -98,7 +99,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                     None => { div { dt { "Clock" } dd #clock-now { "no report yet" } } }
                 }
                 div { dt { "Lateness p99" } dd { @if v.lateness_p99_ns > 0 { (span(v.lateness_p99_ns)) } @else { "-" } } }
-                div { dt { "Dropped at the agent (outbox full), last hour" } dd { (dropped) } }
+                div { dt { "Dropped at the agent (outbox full), last " (last) } dd { (dropped) } }
             }
         }
         section aria-labelledby="clock-h" {
@@ -108,7 +109,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
             div #clock-changes {}
         }
         section aria-labelledby="lat-h" {
-            h2 #lat-h { "Start lateness, last hour (" (rows.len()) " executions)" }
+            h2 #lat-h { "Start lateness, last " (last) " (" (rows.len()) " executions)" }
             table.histogram {
                 thead { tr { th scope="col" { "Lateness" } th scope="col" { "Executions" } th scope="col" { "Share" } } }
                 tbody {

@@ -1,5 +1,6 @@
-//! `/metrics` (Prometheus text): on the dashboard's server for admins (it
-//! names every tenant's agents) or anyone on a plaintext controller, and
+//! `/metrics` (Prometheus text): on the dashboard's server for a caller
+//! of every tenant only (a plaintext controller's: it names every
+//! tenant's agents), and
 //! on `serve --metrics ADDR` for a scraper, unauthenticated (bind it
 //! where only the scraper reaches), on the same HTTP stack.
 
@@ -33,12 +34,15 @@ pub async fn render(app: &App) -> Response {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
 }
 
-/// `GET /metrics` on the dashboard: admins only.
+/// `GET /metrics` on the dashboard: only for a caller of every tenant
+/// (a plaintext controller's): the metrics name every tenant's agents,
+/// and every logged-in operator belongs to one tenant. A TLS controller's
+/// scraper uses `serve --metrics`.
 pub async fn guarded(State(web): State<Arc<Web>>, who: Who) -> Response {
-    if !who.may_audit() {
+    if who.caller.tenant().is_some() {
         return (
             StatusCode::FORBIDDEN,
-            "metrics name every tenant's agents: admins only",
+            "metrics name every tenant's agents: scrape `serve --metrics ADDR` instead",
         )
             .into_response();
     }

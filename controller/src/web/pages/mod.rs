@@ -32,6 +32,40 @@ pub async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> AppResult<Ve
     Ok(rows)
 }
 
+/// The newest feedback `q` asks for: the store reads oldest first, so
+/// when `q.limit` rows fill the window (from `q.since_ns` to now), the
+/// window is cut to a quarter and read again, down to a minute. Returns
+/// the rows and the window they cover (ns), which the page states.
+pub async fn newest(
+    web: &Arc<Web>,
+    who: &Who,
+    mut q: FeedbackQuery,
+    now_ns: i64,
+) -> AppResult<(Vec<FeedbackRow>, i64)> {
+    const MIN_WINDOW_NS: i64 = 60 * 1_000_000_000;
+    let mut window = now_ns - q.since_ns.unwrap_or(now_ns - MIN_WINDOW_NS);
+    loop {
+        q.since_ns = Some(now_ns - window);
+        let rows = recent(web, who, q.clone()).await?;
+        if (rows.len() as u64) < q.limit || window <= MIN_WINDOW_NS {
+            return Ok((rows, window));
+        }
+        window = (window / 4).max(MIN_WINDOW_NS);
+    }
+}
+
+/// A window (ns) in words: `1 h`, `15 min`.
+pub fn window(ns: i64) -> String {
+    let s = ns / 1_000_000_000;
+    if s >= 3600 && s % 3600 == 0 {
+        format!("{} h", s / 3600)
+    } else if s >= 60 {
+        format!("{} min", s / 60)
+    } else {
+        format!("{s} s")
+    }
+}
+
 /// The newest 50 of `rows` (oldest first) as the live executions table:
 /// new ones arrive on the page's `exec` events, newest on top.
 pub fn exec_table(rows: &[FeedbackRow]) -> Markup {

@@ -103,7 +103,9 @@ pub async fn page(
         Err(e) => return app_error(e),
     };
     let tenant = page.key.tenant.clone();
-    let rows = match super::recent(&web, &who, of_pack(&tenant, &name, 2_000)).await {
+    let now = now_ns();
+    let (rows, span_ns) = match super::newest(&web, &who, of_pack(&tenant, &name, 2_000), now).await
+    {
         Ok(r) => r,
         Err(e) => return app_error(e),
     };
@@ -164,7 +166,7 @@ pub async fn page(
             }
         }
         section aria-labelledby="tl-h" {
-            h2 #tl-h { "Execution timeline, last hour" }
+            h2 #tl-h { "Execution timeline, last " (super::window(span_ns)) }
             div #timeline-plot .plot data-src=(format!("/api/packs/{}/timeline?tenant={}", percent(&name), percent(&tenant))) role="img" aria-label="Lateness of each execution over time" {}
             (super::exec_table(&rows))
         }
@@ -192,10 +194,11 @@ pub async fn timeline_json(
     let Some(tenant) = who.caller.tenant_of(&q.tenant) else {
         return app_error(AppError::NotFound(format!("no pack {}/{name}", q.tenant)));
     };
-    let rows = match super::recent(&web, &who, of_pack(&tenant, &name, 50_000)).await {
-        Ok(r) => r,
-        Err(e) => return app_error(e),
-    };
+    let (rows, span_ns) =
+        match super::newest(&web, &who, of_pack(&tenant, &name, 50_000), now_ns()).await {
+            Ok(r) => r,
+            Err(e) => return app_error(e),
+        };
     let fired = rows.iter().filter(|r| r.actual_ns > 0);
     let (xs, ys): (Vec<i64>, Vec<f64>) = fired
         .map(|r| (r.scheduled_ns, r.lateness_ns as f64 / 1e3))
@@ -224,6 +227,7 @@ pub async fn timeline_json(
         "t": keep.iter().map(|&i| xs[i] as f64 / 1e9).collect::<Vec<f64>>(),
         "lateness_us": keep.iter().map(|&i| ys[i]).collect::<Vec<f64>>(),
         "points": xs.len(),
+        "window_s": span_ns / 1_000_000_000,
         "marks": marks,
     }))
     .into_response()

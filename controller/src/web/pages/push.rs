@@ -104,6 +104,10 @@ pub async fn check(who: Who, headers: HeaderMap, Form(f): Form<PushForm>) -> Res
     if let Err(r) = who.check_post(&headers, None) {
         return r.into_response();
     }
+    // Who may not push has no form to check.
+    if let Err(e) = who.caller.may_change() {
+        return app_error(e);
+    }
     report(&f.yaml).into_response()
 }
 
