@@ -79,7 +79,11 @@
     var el = document.getElementById(id);
     if (!el || typeof uPlot === "undefined") return;
     var width = Math.max(300, el.clientWidth || 800);
-    var opts = { width: width, height: 240, series: series, plugins: [marksPlugin(marks)] };
+    var opts = {
+      width: width, height: 240, series: series, plugins: [marksPlugin(marks)],
+      // Room for values like "-15,000" beside the axis.
+      axes: [{}, { size: 72 }]
+    };
     if (plots[id]) plots[id].destroy();
     el.textContent = "";
     plots[id] = new uPlot(opts, data, el);

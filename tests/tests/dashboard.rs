@@ -362,10 +362,28 @@ async fn steps(c: &Client, f: &Fleet) {
         "Tab reached every control of the fleet page"
     );
 
-    // 4. An agent page: the plot holds the points the store holds.
-    c.goto(&format!("{base}/agents/press-1"))
-        .await
-        .expect("agent page");
+    // 4. An agent page: its outbox backlog as its clock report said, and
+    // the plot holds the points the store holds.
+    let start = Instant::now();
+    let backlog = loop {
+        c.goto(&format!("{base}/agents/press-1"))
+            .await
+            .expect("agent page");
+        let t = js(c, "return document.querySelector('#outbox').textContent;").await;
+        let t = t.as_str().unwrap_or_default().to_string();
+        if t.contains("not yet acknowledged") {
+            break t;
+        }
+        assert!(start.elapsed() < WAIT, "no backlog reported: {t}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        backlog
+            .split_whitespace()
+            .next()
+            .is_some_and(|n| n.parse::<u64>().is_ok()),
+        "the backlog is a count: {backlog}"
+    );
     let plotted = wait_js(
         c,
         "the clock plot",

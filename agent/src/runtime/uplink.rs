@@ -559,6 +559,11 @@ impl Agent {
     /// an operator compares across agents; zero where the system clock is
     /// the source.
     fn clock_report(&self) -> wire::ClockReport {
+        // The outbox's extent: what the controller has not acknowledged.
+        let outbox_entries = Some(match self.journal.outbox_range() {
+            Some((first, last)) if last >= first => last - first + 1,
+            _ => 0,
+        });
         let Some(e) = self.clock.status() else {
             return wire::ClockReport {
                 source: wire::ClockSource::System as i32,
@@ -568,6 +573,7 @@ impl Agent {
                 uncertainty_ns: self.clock.uncertainty_ns(),
                 frequency_ppm: 0.0,
                 at_ns: self.clock.now().as_nanos(),
+                outbox_entries,
             };
         };
         let (_, system_offset, _) = crate::clock::system::read_offset();
@@ -579,6 +585,7 @@ impl Agent {
             uncertainty_ns: e.uncertainty_ns,
             frequency_ppm: e.frequency_ppm,
             at_ns: self.clock.now().as_nanos(),
+            outbox_entries,
         }
     }
 

@@ -185,6 +185,9 @@ pub struct App {
     /// Events for the store, and their writer's end (taken once).
     relay: Option<mpsc::Sender<EventRow>>,
     relay_rx: Mutex<Option<mpsc::Receiver<EventRow>>>,
+    /// Per connected agent: its outbox backlog as its last clock report
+    /// said (entries, when: ns); dropped when its stream ends.
+    outbox: Mutex<HashMap<String, (u64, i64)>>,
     /// Feedback already read of each open rollout stage's window.
     rollout_tallies: Mutex<HashMap<(crate::model::PackKey, u64, u32, i64), rollouts::Tally>>,
 }
@@ -227,6 +230,7 @@ impl App {
             metrics: metrics::Metrics::default(),
             events,
             lateness: Mutex::new(HashMap::new()),
+            outbox: Mutex::new(HashMap::new()),
             ingest: tokio::sync::Semaphore::new(INGEST_AT_ONCE),
             replica,
             relay,
@@ -402,10 +406,31 @@ impl App {
         (batches, pushes, self.hub.connected())
     }
 
+    /// An agent's outbox backlog as it reported it at `at_ns`.
+    pub fn record_outbox(&self, agent: &str, entries: u64, at_ns: i64) {
+        self.outbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent.to_string(), (entries, at_ns));
+    }
+
+    /// The backlog an agent streaming here last reported: (entries, when).
+    pub fn outbox_of(&self, agent: &str) -> Option<(u64, i64)> {
+        self.outbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent)
+            .copied()
+    }
+
     /// An agent's stream ended for good (not replaced): what the
     /// controller held in memory for it goes.
     pub fn agent_gone(&self, agent: &str) {
         self.lateness
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(agent);
+        self.outbox
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(agent);

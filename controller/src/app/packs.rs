@@ -248,6 +248,29 @@ impl App {
         Ok(self.store.packs(tenant.as_deref()).await?)
     }
 
+    /// A pack's stored versions, newest first (at most `limit`), without
+    /// their YAML; another tenant's pack: "no pack", as if none existed.
+    pub async fn pack_versions(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        pack: &str,
+        limit: u32,
+    ) -> AppResult<Vec<PackVersionRow>> {
+        let tenant = caller
+            .tenant_of(tenant)
+            .ok_or_else(|| AppError::NotFound(format!("no pack {tenant}/{pack}")))?;
+        let key = PackKey::new(&tenant, pack);
+        let rows = self
+            .store
+            .pack_versions(&key, crate::store::page(limit, MAX_PAGE))
+            .await?;
+        if rows.is_empty() {
+            return Err(AppError::NotFound(format!("no pack {key}")));
+        }
+        Ok(rows)
+    }
+
     /// One page of a pack version's deliveries (`version` 0: the latest).
     pub async fn deliveries(
         &self,

@@ -244,6 +244,8 @@ pub fn clock_to_wire(c: &ClockRow) -> wire::ClockReport {
         uncertainty_ns: c.uncertainty_ns,
         frequency_ppm: c.frequency_ppm,
         at_ns: c.at_ns,
+        // Not kept with the clock history (see `App::outbox`).
+        outbox_entries: None,
     }
 }
 

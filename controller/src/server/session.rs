@@ -814,6 +814,9 @@ impl Session {
                 if !self.clock_reports.allow(&self.agent.id, Instant::now()) {
                     return Ok(());
                 }
+                if let Some(n) = c.outbox_entries {
+                    self.app.record_outbox(&self.agent.id, n, row.at_ns);
+                }
                 self.app.metrics.clock(
                     &self.agent.id,
                     AgentClock {

@@ -967,11 +967,29 @@ pub(crate) async fn put_pack_versions(s: &dyn Store, _: Binding) {
     );
 
     assert_eq!(s.pack_version(&k, None).await.unwrap(), Some(v5.clone()));
-    assert_eq!(s.pack_version(&k, Some(2)).await.unwrap(), Some(v2));
+    assert_eq!(s.pack_version(&k, Some(2)).await.unwrap(), Some(v2.clone()));
     assert_eq!(s.pack_version(&k, Some(3)).await.unwrap(), None);
     assert_eq!(s.pack_version(&k, Some(u64::MAX)).await.unwrap(), None);
     assert_eq!(s.pack_version(&key("t", "nope"), None).await.unwrap(), None);
     assert_eq!(s.pack_version(&key("u", "p"), Some(5)).await.unwrap(), None);
+    // The list: newest first, bounded, without the texts, one pack only.
+    let listed = s.pack_versions(&k, 10).await.unwrap();
+    let summary = |p: &PackVersionRow| (p.version, p.pushed_ns, p.yaml.clone());
+    assert_eq!(
+        listed.iter().map(summary).collect::<Vec<_>>(),
+        [
+            (5, v5.pushed_ns, String::new()),
+            (2, v2.pushed_ns, String::new())
+        ]
+    );
+    assert_eq!(listed[0].targets, v5.targets);
+    assert_eq!(s.pack_versions(&k, 1).await.unwrap().len(), 1);
+    assert!(
+        s.pack_versions(&key("u", "p"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // Every kind of targets round-trips.
     for (i, targets) in [

@@ -290,6 +290,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn forget_agent(&self, id: &str, tenant: Option<&str>) -> StoreResult<bool>;
 
     // ---- packs
+    /// A pack's stored versions, newest first, at most `limit`, with an
+    /// empty `yaml` (the dashboard's list; read a text with
+    /// [`Store::pack_version`]).
+    async fn pack_versions(&self, key: &PackKey, limit: u32) -> StoreResult<Vec<PackVersionRow>>;
 
     /// Store a pack version. Refused when the version is lower than the
     /// newest stored, or equal with other YAML. Pushing a version of a

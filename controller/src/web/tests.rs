@@ -238,6 +238,17 @@ async fn an_operator_pushes_from_the_page_and_an_admin_reads_the_audit() {
         page.contains("Rollout of v2") && page.contains("Stage"),
         "{page}"
     );
+    // Both versions listed, newest first; the older one's deliveries on
+    // asking.
+    let v2_at = page.find("v2 (shown)").expect("v2 listed as shown");
+    let v1_at = page.find("version=1\">v1").expect("v1 linked");
+    assert!(v2_at < v1_at, "newest first");
+    let (code, _, page) = call(&f.web, get("/packs/blink?version=1", Some(&bob))).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(
+        page.contains("Deliveries of v1") && page.contains("v1 (shown)"),
+        "{page}"
+    );
     let (code, _, page) = call(&f.web, get("/audit", Some(&bob))).await;
     assert_eq!(code, StatusCode::OK);
     assert!(page.contains("plant-b/blink v1"), "{page}");

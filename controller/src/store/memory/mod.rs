@@ -544,6 +544,20 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn pack_versions(&self, key: &PackKey, limit: u32) -> StoreResult<Vec<PackVersionRow>> {
+        self.read(|s| {
+            Ok(s.versions
+                .range((key.clone(), 0)..=(key.clone(), u64::MAX))
+                .rev()
+                .take(limit as usize)
+                .map(|(_, v)| PackVersionRow {
+                    yaml: String::new(),
+                    ..v.clone()
+                })
+                .collect())
+        })
+    }
+
     async fn pack_version(
         &self,
         key: &PackKey,

@@ -159,6 +159,22 @@ pub(crate) fn packs(conn: &dyn Db, tenant: Option<&str>) -> StoreResult<Vec<Pack
     )
 }
 
+/// A pack's stored versions, newest first, at most `limit`, without
+/// their YAML (a list, not the texts).
+pub(crate) fn pack_versions(
+    conn: &dyn Db,
+    key: &PackKey,
+    limit: u32,
+) -> StoreResult<Vec<PackVersionRow>> {
+    query_all(
+        conn,
+        "SELECT tenant, pack, version, '' AS yaml, targets, pushed_ns, rollout FROM pack_versions \
+         WHERE tenant = ?1 AND pack = ?2 ORDER BY version DESC LIMIT ?3",
+        params![key.tenant, key.pack, i64::from(limit)],
+        decode_pack_version,
+    )
+}
+
 pub(crate) fn pack_version(
     conn: &dyn Db,
     key: &PackKey,

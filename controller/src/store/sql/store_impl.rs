@@ -238,6 +238,12 @@ impl<E: Engine> Store for E {
             .await
     }
 
+    async fn pack_versions(&self, key: &PackKey, limit: u32) -> StoreResult<Vec<PackVersionRow>> {
+        let key = key.clone();
+        self.read(move |conn| packs::pack_versions(conn, &key, limit))
+            .await
+    }
+
     async fn agent_held(
         &self,
         id: &str,

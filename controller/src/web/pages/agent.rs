@@ -71,11 +71,10 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
     let now = now_ns();
     let q = FeedbackQuery {
         agent_id: Some(id.clone()),
-        since_ns: Some(now - WINDOW_NS),
         limit: EXEC_ROWS,
         ..FeedbackQuery::default()
     };
-    let (rows, span_ns) = match super::newest(&web, &who, q, now).await {
+    let (rows, span_ns) = match super::newest(&web, &who, q, now, WINDOW_NS).await {
         Ok(r) => r,
         Err(e) => return app_error(e),
     };
@@ -99,6 +98,12 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                     None => { div { dt { "Clock" } dd #clock-now { "no report yet" } } }
                 }
                 div { dt { "Lateness p99" } dd { @if v.lateness_p99_ns > 0 { (span(v.lateness_p99_ns)) } @else { "-" } } }
+                div { dt { "Outbox backlog" } dd #outbox {
+                    @match web.app.outbox_of(&a.id) {
+                        Some((n, at)) => { (n) " entr" @if n == 1 { "y" } @else { "ies" } " not yet acknowledged (" (ago(at, now)) ")" }
+                        None => { "not reported (agent offline, on another replica, or older than this controller)" }
+                    }
+                } }
                 div { dt { "Dropped at the agent (outbox full), last " (last) } dd { (dropped) } }
             }
         }

@@ -32,18 +32,19 @@ pub async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> AppResult<Ve
     Ok(rows)
 }
 
-/// The newest feedback `q` asks for: the store reads oldest first, so
-/// when `q.limit` rows fill the window (from `q.since_ns` to now), the
-/// window is cut to a quarter and read again, down to a minute. Returns
+/// The newest feedback `q` asks for over the last `window_ns`: the store
+/// reads oldest first, so when `q.limit` rows fill the window, it is cut
+/// to a quarter and read again, down to a minute. Returns
 /// the rows and the window they cover (ns), which the page states.
 pub async fn newest(
     web: &Arc<Web>,
     who: &Who,
     mut q: FeedbackQuery,
     now_ns: i64,
+    window_ns: i64,
 ) -> AppResult<(Vec<FeedbackRow>, i64)> {
     const MIN_WINDOW_NS: i64 = 60 * 1_000_000_000;
-    let mut window = now_ns - q.since_ns.unwrap_or(now_ns - MIN_WINDOW_NS);
+    let mut window = window_ns.max(MIN_WINDOW_NS);
     loop {
         q.since_ns = Some(now_ns - window);
         let rows = recent(web, who, q.clone()).await?;

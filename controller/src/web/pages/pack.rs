@@ -1,9 +1,9 @@
 //! `/packs` and `/packs/NAME`: the packs the caller sees; one pack's
-//! latest version, per-agent delivery state with refusal messages, its
-//! rollout (state, stage, each verdict with its inputs, the cohort's and
-//! the baseline's figures), and an execution timeline (lateness of its
-//! recent firings, with the rollout's verdicts marked) read from
-//! `/api/packs/NAME/timeline`.
+//! stored versions, one version's (the latest by default) per-agent
+//! delivery state with refusal messages, its rollout (state, stage, each
+//! verdict with its inputs, the cohort's and the baseline's figures), and
+//! an execution timeline (lateness of its recent firings, with the
+//! rollout's verdicts marked) read from `/api/packs/NAME/timeline`.
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
+use super::agent::WINDOW_NS;
 use super::layout::{self, Nav};
 use super::{instant, span};
 use crate::app::feedback::FeedbackQuery;
@@ -30,14 +31,19 @@ pub struct TenantQuery {
     /// Deliveries after this agent id.
     #[serde(default)]
     pub after: String,
+    /// The version whose deliveries are shown (0: the latest).
+    #[serde(default)]
+    pub version: u64,
 }
 
-/// A pack's feedback of the last hour, at most `limit` rows.
+/// Versions listed on a pack's page.
+pub const VERSIONS: u32 = 20;
+
+/// A pack's feedback, at most `limit` rows.
 fn of_pack(tenant: &str, pack: &str, limit: u64) -> FeedbackQuery {
     FeedbackQuery {
         tenant: tenant.to_string(),
         pack: Some(pack.to_string()),
-        since_ns: Some(now_ns() - super::agent::WINDOW_NS),
         limit,
         ..FeedbackQuery::default()
     }
@@ -91,7 +97,7 @@ pub async fn page(
     let after = Some(q.after.as_str()).filter(|a| !a.is_empty());
     let page = match web
         .app
-        .deliveries(&who.caller, &q.tenant, &name, 0, after, 200)
+        .deliveries(&who.caller, &q.tenant, &name, q.version, after, 200)
         .await
     {
         Ok(p) => p,
@@ -103,15 +109,41 @@ pub async fn page(
         Err(e) => return app_error(e),
     };
     let tenant = page.key.tenant.clone();
-    let now = now_ns();
-    let (rows, span_ns) = match super::newest(&web, &who, of_pack(&tenant, &name, 2_000), now).await
+    let versions = match web
+        .app
+        .pack_versions(&who.caller, &tenant, &name, VERSIONS)
+        .await
     {
-        Ok(r) => r,
+        Ok(v) => v,
         Err(e) => return app_error(e),
     };
+    let now = now_ns();
+    let (rows, span_ns) =
+        match super::newest(&web, &who, of_pack(&tenant, &name, 2_000), now, WINDOW_NS).await {
+            Ok(r) => r,
+            Err(e) => return app_error(e),
+        };
     let body = html! {
         h1 { "Pack " (page.key) }
-        p { "Latest version: v" (page.version) }
+        section aria-labelledby="versions-h" {
+            h2 #versions-h { "Versions" }
+            table {
+                thead { tr { th scope="col" { "Version" } th scope="col" { "Pushed" } th scope="col" { "Targets" } th scope="col" { "Rollout" } } }
+                tbody {
+                    @for v in &versions {
+                        tr {
+                            th scope="row" {
+                                @if v.version == page.version { "v" (v.version) " (shown)" }
+                                @else { a href=(format!("/packs/{}?tenant={}&version={}", percent(&name), percent(&tenant), v.version)) { "v" (v.version) } }
+                            }
+                            td { (instant(v.pushed_ns)) }
+                            td { (v.targets) }
+                            td { @if v.rollout { "yes" } @else { "no" } }
+                        }
+                    }
+                }
+            }
+        }
         @if let Some(r) = &rollout {
             section aria-labelledby="rollout-h" {
                 h2 #rollout-h { "Rollout of v" (r.row.version) }
@@ -194,11 +226,18 @@ pub async fn timeline_json(
     let Some(tenant) = who.caller.tenant_of(&q.tenant) else {
         return app_error(AppError::NotFound(format!("no pack {}/{name}", q.tenant)));
     };
-    let (rows, span_ns) =
-        match super::newest(&web, &who, of_pack(&tenant, &name, 50_000), now_ns()).await {
-            Ok(r) => r,
-            Err(e) => return app_error(e),
-        };
+    let (rows, span_ns) = match super::newest(
+        &web,
+        &who,
+        of_pack(&tenant, &name, 50_000),
+        now_ns(),
+        WINDOW_NS,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return app_error(e),
+    };
     let fired = rows.iter().filter(|r| r.actual_ns > 0);
     let (xs, ys): (Vec<i64>, Vec<f64>) = fired
         .map(|r| (r.scheduled_ns, r.lateness_ns as f64 / 1e3))
