@@ -124,33 +124,20 @@ impl App {
         limit: u32,
     ) -> AppResult<FleetPage> {
         let limit = page(limit, MAX_PAGE) as usize;
-        let mut cursor = after;
         let mut picked = Vec::with_capacity(limit);
         let mut more = false;
-        'scan: loop {
-            let rows = self
-                .store
-                .agents(AgentFilter {
-                    tenant: caller.tenant().map(str::to_string),
-                    after_id: cursor.clone(),
-                    limit: MAX_PAGE,
-                })
-                .await?;
-            let full = rows.len() == MAX_PAGE as usize;
-            for a in rows {
-                cursor = Some(a.id.clone());
-                if self.fleet_matches(caller, &a, filter) {
-                    if picked.len() == limit {
-                        more = true;
-                        break 'scan;
-                    }
-                    picked.push(a);
-                }
+        self.scan_agents(caller, after, |a| {
+            if !self.fleet_matches(caller, a, filter) {
+                return true;
             }
-            if !full {
-                break;
+            if picked.len() == limit {
+                more = true;
+                return false;
             }
-        }
+            picked.push(a.clone());
+            true
+        })
+        .await?;
         let next = more.then(|| picked.last().map(|a| a.id.clone())).flatten();
         let mut agents = Vec::with_capacity(picked.len());
         for a in picked {
@@ -163,7 +150,31 @@ impl App {
     /// agent pages (the dashboard keeps the answer a few seconds).
     pub async fn fleet_counts(&self, caller: &Caller) -> AppResult<FleetCounts> {
         let mut c = FleetCounts::default();
-        let mut cursor = None;
+        self.scan_agents(caller, None, |a| {
+            c.total += 1;
+            if self.connected_now(a) {
+                c.connected += 1;
+            } else {
+                c.offline += 1;
+            }
+            if !clock_locked(a) {
+                c.clock_not_locked += 1;
+            }
+            true
+        })
+        .await?;
+        Ok(c)
+    }
+
+    /// The caller's agents after `after`, by id, a store page at a time,
+    /// each given to `each` until it says stop (`false`) or they end.
+    async fn scan_agents(
+        &self,
+        caller: &Caller,
+        after: Option<String>,
+        mut each: impl FnMut(&AgentRow) -> bool,
+    ) -> AppResult<()> {
+        let mut cursor = after;
         loop {
             let rows = self
                 .store
@@ -176,18 +187,12 @@ impl App {
             let full = rows.len() == MAX_PAGE as usize;
             cursor = rows.last().map(|a| a.id.clone());
             for a in &rows {
-                c.total += 1;
-                if self.connected_now(a) {
-                    c.connected += 1;
-                } else {
-                    c.offline += 1;
-                }
-                if !clock_locked(a) {
-                    c.clock_not_locked += 1;
+                if !each(a) {
+                    return Ok(());
                 }
             }
             if !full {
-                return Ok(c);
+                return Ok(());
             }
         }
     }

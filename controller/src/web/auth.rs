@@ -252,10 +252,7 @@ impl Auth {
 
     fn close(&self, headers: &HeaderMap) {
         if let Some(id) = cookie(headers, COOKIE) {
-            self.sessions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(id);
+            self.close_id(id);
         }
     }
 

@@ -20,7 +20,8 @@ use super::live::exec_row;
 use crate::app::AppResult;
 use crate::app::feedback::FeedbackQuery;
 use crate::model::FeedbackRow;
-use crate::ops::format;
+/// Instants and durations as the CLI prints them.
+pub use crate::ops::format::{instant, span};
 
 /// Stored feedback the caller may see, as `q` asks (bounded by its limit).
 pub async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> AppResult<Vec<FeedbackRow>> {
@@ -81,16 +82,6 @@ pub fn exec_table(rows: &[FeedbackRow]) -> Markup {
             }
         }
     }
-}
-
-/// An instant (ns since the epoch) for a table cell.
-pub fn instant(ns: i64) -> String {
-    format::instant(ns)
-}
-
-/// A duration or offset (ns), short.
-pub fn span(ns: i64) -> String {
-    format::span(ns)
 }
 
 /// How long ago `ns` was, from `now_ns`, in words (`-` for never).
