@@ -398,3 +398,11 @@ fn a_one_shot_changed_inside_the_horizon_fires_once() {
         }
     }
 }
+
+/// A case the property found (seed, horizon 1.8 s): an `every` whose
+/// occurrence was executed under v24 fired again under v26.
+#[test]
+fn regression_an_occurrence_carried_across_two_versions_fires_once() {
+    let v = run_case(14_874_072_869_720_625_054, 1800, 600);
+    assert!(v.is_empty(), "violations:\n{}", v.join("\n"));
+}

@@ -63,7 +63,7 @@ struct Carried {
 }
 
 /// Carry the state of unchanged instructions (same id, action and schedule)
-/// over from an active replaced version: a one-shot that already fired
+/// over from an active replaced version (a stopped one only sets floors): a one-shot that already fired
 /// does not fire again, an unchanged periodic keeps its next occurrence,
 /// its retries and its catch-up replays.
 fn carry_over(old: Option<&PackState>, ps: &mut PackState, now: RefTime) -> Carried {
@@ -73,9 +73,21 @@ fn carry_over(old: Option<&PackState>, ps: &mut PackState, now: RefTime) -> Carr
         kept: vec![false; ps.ins.len()],
         old: HashSet::new(),
     };
-    let Some(o) = old.filter(|o| o.status == Status::Active) else {
+    let Some(o) = old else {
         return c;
     };
+    if o.status != Status::Active {
+        // A stopped version carries nothing over, but it may have run an
+        // occurrence at this very instant (its result already in): a
+        // repeating instruction it also had starts after now, as a changed
+        // one does. One-shots are settled by `settle_one_shots`/`shots_of`.
+        for (i, ins) in ps.pack.instructions.iter().enumerate() {
+            if o.pack.instructions.iter().any(|x| x.id == ins.id) {
+                c.floor[i] = Some(now);
+            }
+        }
+        return c;
+    }
     for (i, ins) in ps.pack.instructions.iter().enumerate() {
         let Some(j) = o.pack.instructions.iter().position(|x| x.id == ins.id) else {
             continue;
