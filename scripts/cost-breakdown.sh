@@ -33,7 +33,7 @@ awk -v cpu="$cpu_us" -v n="$firings" '
     pct = $1; sub("%", "", pct); comm = $2; line = $0
     if (comm == "baton-dispatch") g = "GPIO: dispatcher thread (write + spin to the deadline)"
     else if (line ~ /fsync|blk_|bio|ext4|jbd2|writepages|iowrite|virtqueue|virtio|submit_bio|folio|filemap|sync_/) g = "journal: fdatasync (kernel)"
-    else if (line ~ /baton_agent::journal|crc32|Journal/) g = "journal: encoding, writes"
+    else if (line ~ /baton_journal|crc32|Journal/) g = "journal: encoding, writes"
     else if (line ~ /serde|feedback|fmt::|format|Display|write_str|escape/) g = "feedback: encoding"
     else if (line ~ /baton_sched|timing|TimingWheel|skiplist|Scheduler/) g = "core: scheduler"
     else if (line ~ /malloc|free|realloc|memmove|memcpy|memcmp|_int_|unlink_chunk|consolidate/) g = "allocator, copies"

@@ -12,7 +12,6 @@ pub mod config;
 pub mod dispatcher;
 pub mod exec;
 pub mod gpio;
-pub mod journal;
 pub mod ledger;
 pub mod link;
 pub mod live;

@@ -9,7 +9,7 @@
 //! nonsense.
 #![no_main]
 
-use baton_agent::journal::{FORMAT_VERSION, check_log_bytes};
+use baton_journal::{FORMAT_VERSION, check_log_bytes};
 use libfuzzer_sys::fuzz_target;
 
 fn framed(data: &[u8]) -> Vec<u8> {

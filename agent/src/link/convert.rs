@@ -38,7 +38,7 @@ mod tests {
 
     use super::*;
     use crate::dispatcher::NotRun;
-    use crate::journal::{Journal, JournalConfig};
+    use baton_journal::{Journal, JournalConfig};
     use crate::runtime::feedback::{ClockStamp, Tally, event, executed};
     use crate::runtime::record::{FiringRecord, FiringResult, Origin};
     use baton_proto::RefTime;

@@ -19,7 +19,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
             .with_context(|| format!("starting the PTP slave on {}", ptp.interface))?;
         clock.keep_source(Box::new(h));
     }
-    let mut jcfg = crate::journal::JournalConfig::new(&cfg.data_dir);
+    let mut jcfg = baton_journal::JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;
     jcfg.reset = cfg.reset_journal;
     jcfg.retention_ns = JOURNAL_RETENTION.as_nanos() as i64;

@@ -22,7 +22,7 @@ use baton_sched::PackKey;
 
 use crate::config::AgentConfig;
 use crate::gpio::open_backend;
-use crate::journal::{Journal, JournalConfig, JournalError};
+use baton_journal::{Journal, JournalConfig, JournalError};
 
 /// Where requests and answers live.
 pub fn request_dir(data: &Path) -> PathBuf {
@@ -87,7 +87,7 @@ pub fn cancel(cfg: &AgentConfig, key: &PackKey, wait: Duration) -> anyhow::Resul
 fn offline(
     cfg: &AgentConfig,
     mut journal: Journal,
-    rec: crate::journal::Recovered,
+    rec: baton_journal::Recovered,
     key: &PackKey,
 ) -> anyhow::Result<String> {
     let Some(sp) = rec

@@ -72,7 +72,7 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
 /// missing beside the lock of an earlier journal is refused, as `run`
 /// refuses it.
 fn check_journal(dir: &std::path::Path) -> Result<(), String> {
-    use crate::journal::{LOCK_FILE, LOG_FILE, check_log_bytes};
+    use baton_journal::{LOCK_FILE, LOG_FILE, check_log_bytes};
     let log = dir.join(LOG_FILE);
     match std::fs::read(&log) {
         Ok(bytes) => check_log_bytes(&bytes)

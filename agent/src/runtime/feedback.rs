@@ -18,7 +18,7 @@ use baton_sched::{Event, EventKind, PackKey};
 use hdrhistogram::Histogram;
 
 use crate::dispatcher::NotRun;
-use crate::journal::{Journal, JournalError};
+use baton_journal::{Journal, JournalError};
 use crate::outbox;
 use crate::runtime::record::{FiringRecord, FiringResult, Origin};
 

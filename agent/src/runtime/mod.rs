@@ -60,7 +60,7 @@ use baton_sched::{
 use crate::config::AgentConfig;
 use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
 use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult, NotStartedReason};
-use crate::journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
+use baton_journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
 use crate::units::fmt_ns;
 use admission::{Admission, AdmissionError, Verdict};
 use arming::{Arming, PendingExec, Ticket};

@@ -10,7 +10,7 @@ use baton_agent::config::{self, AgentConfig, ConfigFile, Overrides};
 use baton_agent::exec::ExecPool;
 use baton_agent::gpio::Allowlist;
 use baton_agent::gpio::sim::SimGpio;
-use baton_agent::journal::{Journal, JournalConfig};
+use baton_journal::{Journal, JournalConfig};
 use baton_agent::runtime::admission::Verdict;
 use baton_agent::runtime::ports::{Clock, DirectDevice, ManualClock};
 use baton_agent::runtime::safety::SafeTable;

@@ -20,7 +20,7 @@
 //! The journal is the fence's memory; this type only remembers how the
 //! current session's Welcome was decided.
 
-use crate::journal::{Journal, JournalError};
+use baton_journal::{Journal, JournalError};
 
 /// Why a session, push or cancel is refused: the sender is not (or no
 /// longer) this agent's controller.
@@ -184,7 +184,7 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::open_retrying;
+    use baton_journal::open_retrying;
 
     /// Welcome at 3, then a push at 2: refused, naming both generations
     /// and the fence; the session's own generation passes.

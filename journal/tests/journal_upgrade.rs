@@ -3,7 +3,7 @@
 //! this agent, rewritten in format 3 at open, and its outbox drains: the
 //! JSON records come back byte for byte for the link to convert.
 
-use baton_agent::journal::{FORMAT_VERSION, Journal, JournalConfig, LOG_FILE, Outcome};
+use baton_journal::{FORMAT_VERSION, Journal, JournalConfig, LOG_FILE, Outcome};
 
 const V2: u32 = 2;
 

@@ -80,7 +80,7 @@ pub enum JournalError {
     /// wrong directory is mounted. Starting empty would silently forget
     /// accepted packs and start records (a one-shot could fire twice), so
     /// the journal refuses; an operator who means it starts fresh with
-    /// [`crate::journal::JournalConfig::reset`] (`--reset-journal`).
+    /// [`crate::JournalConfig::reset`] (`--reset-journal`).
     #[error(
         "journal {path} is missing, but {lock} shows a journal was created in this directory: \
          accepted packs and start records would be lost without a word. Restore the file, or \

@@ -1,7 +1,7 @@
 //! The journal's live state: what replaying the log yields. The log is the
 //! truth; this is its fold, kept in memory because the agent asks it on
 //! every firing ("has this id started?") and it is bounded (see the module
-//! docs of [`crate::journal`]). Feedback payloads are NOT held: the outbox
+//! docs of [`crate`]). Feedback payloads are NOT held: the outbox
 //! is an index of where each unacknowledged record sits in the log.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -98,7 +98,7 @@ impl Outbox {
 }
 
 /// Keyed by execution id (or once-only key): touched per firing.
-pub(crate) type IdMap<V> = crate::FastMap<Box<str>, V>;
+pub(crate) type IdMap<V> = std::collections::HashMap<Box<str>, V, foldhash::fast::RandomState>;
 
 #[derive(Debug, Default)]
 pub(crate) struct State {

@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use baton_agent::journal::{Journal, JournalConfig, Outcome};
+use baton_journal::{Journal, JournalConfig, Outcome};
 
 /// Bytes currently allocated by the whole process.
 static LIVE: AtomicIsize = AtomicIsize::new(0);

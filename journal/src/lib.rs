@@ -159,6 +159,8 @@
 //! clock: reference times come in through [`Journal::heartbeat`],
 //! [`Journal::record_started`] and [`Journal::record_once`].
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod lock;
 mod packed;
@@ -483,7 +485,7 @@ pub struct Journal {
     /// The log, open for appending and for reading feedback back.
     file: File,
     /// Held for the journal's lifetime; dropping it releases the `flock`.
-    _lock: File,
+    _lock: nix::fcntl::Flock<File>,
     /// This log's record checksum seed.
     salt: u32,
     /// This log's format version (an older one only until the compaction
@@ -1671,9 +1673,10 @@ fn sync_dir(dir: &Path) -> Result<(), JournalError> {
 /// Opens the journal in `dir` for a test, retrying briefly while
 /// another test of the same binary forks a child: between its fork and
 /// exec the child holds a copy of every open fd, the lock's included, for
-/// a moment.
-#[cfg(test)]
-pub(crate) fn open_retrying(dir: &Path) -> Journal {
+/// a moment. For tests of this crate and of the agent (feature
+/// `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub fn open_retrying(dir: &Path) -> Journal {
     let mut r = Journal::open(JournalConfig::new(dir));
     for _ in 0..200 {
         if !matches!(r, Err(JournalError::Locked { .. })) {

@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use baton_agent::journal::{
+use baton_journal::{
     DISCARDED_FILE, Journal, JournalConfig, JournalError, LOCK_FILE, LOG_FILE, Origin, Outcome,
     StoredPack, TMP_FILE,
 };
@@ -170,7 +170,7 @@ fn journal_damaged_header_or_unknown_version_is_refused() {
     // A version from the future, and version 1 (the untyped format of
     // before `Outcome`), each with a valid header checksum: refused, and
     // the file is left as it was.
-    for version in [baton_agent::journal::FORMAT_VERSION + 1, 1] {
+    for version in [baton_journal::FORMAT_VERSION + 1, 1] {
         let mut other = image.clone();
         other[8..12].copy_from_slice(&version.to_le_bytes());
         let crc = crc32fast::hash(&other[..16]);

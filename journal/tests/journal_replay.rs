@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use baton_agent::journal::{
+use baton_journal::{
     FORMAT_VERSION, Journal, JournalConfig, JournalError, LOG_FILE, Outcome, StopReason,
     StoredPack, check_log_bytes,
 };
@@ -81,7 +81,7 @@ fn payloads() -> impl Strategy<Value = Vec<Vec<u8>>> {
 }
 
 /// `open` on the same bytes agrees with `check_log_bytes`.
-fn open_agrees(bytes: &[u8], checked: &Result<baton_agent::journal::LogSummary, JournalError>) {
+fn open_agrees(bytes: &[u8], checked: &Result<baton_journal::LogSummary, JournalError>) {
     let tmp = tempfile::tempdir().expect("tempdir");
     std::fs::write(tmp.path().join(LOG_FILE), bytes).expect("write");
     let opened = Journal::open(JournalConfig::new(tmp.path()));

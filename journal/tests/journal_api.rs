@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use baton_agent::journal::{
+use baton_journal::{
     Journal, JournalConfig, JournalError, LOG_FILE, Origin, Outcome, StopReason, StoredPack,
 };
 
@@ -525,7 +525,7 @@ fn journal_failed_automatic_compaction_is_reported_by_the_next_heartbeat() {
     };
     let (mut j, _) = Journal::open(c).expect("open");
     // A directory where the snapshot file must go: every compaction fails.
-    std::fs::create_dir(tmp.path().join(baton_agent::journal::TMP_FILE)).expect("mkdir");
+    std::fs::create_dir(tmp.path().join(baton_journal::TMP_FILE)).expect("mkdir");
     let mut i = 0;
     let err = loop {
         j.record_started(&[(&format!("id-{i:06}"), i)])
@@ -562,7 +562,7 @@ fn journal_id_survives_reopen_and_compaction_and_is_new_after_a_reset_or_a_wipe(
         j.push_feedback(b"b").expect("push");
     }
     let bytes = std::fs::read(dir.join(LOG_FILE)).expect("read log");
-    let summary = baton_agent::journal::check_log_bytes(&bytes).expect("replays");
+    let summary = baton_journal::check_log_bytes(&bytes).expect("replays");
     assert_eq!(summary.journal_id.as_deref(), Some(id.as_str()));
     let (j, _) = Journal::open(cfg(&dir)).expect("reopen");
     assert_eq!(j.id(), id, "kept across restarts");

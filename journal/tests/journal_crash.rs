@@ -22,7 +22,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use baton_agent::journal::{Journal, JournalConfig, Outcome};
+use baton_journal::{Journal, JournalConfig, Outcome};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

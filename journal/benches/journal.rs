@@ -18,7 +18,7 @@
 //! Files live under Cargo's target tmp dir (the project's disk, not a
 //! tmpfs), recreated on every run.
 //!
-//! Run: `cargo bench -p baton-agent --bench journal`.
+//! Run: `cargo bench -p baton-journal --bench journal`.
 
 use std::fs::{self, File, OpenOptions};
 use std::hint::black_box;
@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use baton_agent::journal::{Journal, JournalConfig, Outcome};
+use baton_journal::{Journal, JournalConfig, Outcome};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 /// An id of the length the lead's deterministic ids will roughly have.
