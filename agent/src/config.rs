@@ -10,10 +10,10 @@ use baton_proto::yaml::{self, Limits};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-pub use crate::clock::settings::{ClockConfig, DEFAULT_CLOCK_LIMIT, PtpConfig, SystemClock};
 use crate::exec::policy::ExecPolicy;
-use crate::gpio::{Allowlist, BackendSpec};
 use crate::rt::RtConfig;
+pub use baton_clock::settings::{ClockConfig, DEFAULT_CLOCK_LIMIT, PtpConfig, SystemClock};
+use baton_gpio::{Allowlist, BackendSpec};
 
 /// The file as written. Keys are kebab-case; unknown keys are errors.
 #[derive(Clone, Debug, Default, Deserialize)]

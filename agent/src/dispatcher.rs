@@ -18,7 +18,7 @@
 //!   waits on a lock held by a thread doing IO, and the backend has no lock
 //!   at all. The safe state's last resort (the way out when this thread is
 //!   stuck, the panic hook) reaches the lines another way: each output line's
-//!   [`crate::gpio::DirectLine`] (its own handle on the kernel's line),
+//!   [`baton_gpio::DirectLine`] (its own handle on the kernel's line),
 //!   registered in [`DirectLines`] as lines are requested; the [`Fence`]
 //!   keeps this thread's jobs off the lines from then on, and says whether a
 //!   device call of this thread is still in progress.
@@ -49,10 +49,10 @@ use crossbeam_queue::ArrayQueue;
 
 use baton_service::watchdog::Heartbeat;
 
-use crate::clock::{ClockEstimate, MonoTime, mono_now};
-use crate::gpio::{DirectLines, Direction, Gpio, GpioError, LineHandle};
 use crate::ledger::Slot;
 use crate::rt::{RtConfig, RtStatus, futex_wait, futex_wake};
+use baton_clock::{ClockEstimate, MonoTime, mono_now};
+use baton_gpio::{DirectLines, Direction, Gpio, GpioError, LineHandle};
 
 /// What to do to a line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -419,7 +419,7 @@ impl Dispatcher {
             .spawn(move || {
                 let _exit = exit_tx; // dropped when the thread ends
                 let status = crate::rt::apply_to_current_thread(&rt);
-                crate::rt::prefault_stack(64 * 1024);
+                baton_sys::pages::prefault_stack(64 * 1024);
                 let _ = status_tx.send(status);
                 run(&s, gpio, &clock, &notify);
             })?;

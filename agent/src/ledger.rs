@@ -53,10 +53,10 @@
 use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::num::NonZeroUsize;
 use std::os::unix::ffi::OsStrExt;
+
+use baton_sys::shared::AtomicMap;
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -126,32 +126,10 @@ fn boot_id() -> [u8; 40] {
     out
 }
 
-/// A mapping of `len` bytes, unmapped on drop.
-#[derive(Debug)]
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory; every access after
-// construction goes through atomics (`Ledger::state`, `Ledger::print`).
-unsafe impl Send for Mapping {}
-// SAFETY: as above: concurrent access is atomic only.
-unsafe impl Sync for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what mmap returned, and no
-        // reference into the mapping outlives the `Ledger` that owns it
-        // (slots hold an `Arc<Ledger>`).
-        let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// The ledger (see the module docs).
 #[derive(Debug)]
 pub struct Ledger {
-    map: Mapping,
+    map: AtomicMap,
     slots: u32,
     /// Where it lives; `None` for an anonymous one (tests, overflow).
     path: Option<PathBuf>,
@@ -297,26 +275,9 @@ impl Ledger {
         }
         std::fs::rename(&tmp, path)?;
         let f = OpenOptions::new().read(true).write(true).open(path)?;
-        let nz = NonZeroUsize::new(len).ok_or_else(|| io::Error::other("empty ledger"))?;
-        // SAFETY: a fresh shared read-write mapping of a file we just sized
-        // to `len`; nothing else in this process maps it, and the returned
-        // pointer is only used through `Ledger`'s atomics.
-        let ptr = unsafe {
-            nix::sys::mman::mmap(
-                None,
-                nz,
-                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
-                nix::sys::mman::MapFlags::MAP_SHARED,
-                &f,
-                0,
-            )
-        }
-        .map_err(io::Error::from)?;
+        let map = AtomicMap::shared(&f, len)?;
         let ledger = Ledger {
-            map: Mapping {
-                ptr: ptr.cast(),
-                len,
-            },
+            map,
             slots,
             path: Some(path.to_owned()),
         };
@@ -328,24 +289,13 @@ impl Ledger {
     /// the process (tests; attempts beyond the durable ledger's slots).
     pub fn anonymous(slots: u32) -> Ledger {
         let len = HEADER + slots as usize * SLOT;
-        let nz = NonZeroUsize::new(len).unwrap_or(NonZeroUsize::MIN);
-        // SAFETY: a fresh private anonymous mapping, zero-filled by the
-        // kernel; only used through `Ledger`'s atomics.
-        let ptr = unsafe {
-            nix::sys::mman::mmap_anonymous(
-                None,
-                nz,
-                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
-                nix::sys::mman::MapFlags::MAP_PRIVATE,
-            )
-        };
-        let ptr = match ptr {
-            Ok(p) => p.cast(),
+        let map = match AtomicMap::anonymous(len) {
+            Ok(m) => m,
             // Out of address space for a few KiB: nothing sensible is left.
             Err(e) => panic!("mapping an anonymous ledger of {len} bytes: {e}"),
         };
         Ledger {
-            map: Mapping { ptr, len },
+            map,
             slots,
             path: None,
         }
@@ -371,25 +321,12 @@ impl Ledger {
 
     fn print(&self, i: u32) -> &AtomicU64 {
         assert!(i < self.slots, "ledger slot {i} out of {}", self.slots);
-        // SAFETY: in bounds (checked above); slots are 16-byte aligned from
-        // a page-aligned base, so the u64 is aligned; the memory lives as
-        // long as `self` and is only ever accessed atomically.
-        unsafe { AtomicU64::from_ptr(self.map.ptr.as_ptr().add(HEADER + i as usize * SLOT).cast()) }
+        self.map.u64_at(HEADER + i as usize * SLOT)
     }
 
     fn state(&self, i: u32) -> &AtomicU32 {
         assert!(i < self.slots, "ledger slot {i} out of {}", self.slots);
-        // SAFETY: as in `print`, 8 bytes further: aligned, in bounds,
-        // atomic-only access.
-        unsafe {
-            AtomicU32::from_ptr(
-                self.map
-                    .ptr
-                    .as_ptr()
-                    .add(HEADER + i as usize * SLOT + 8)
-                    .cast(),
-            )
-        }
+        self.map.u32_at(HEADER + i as usize * SLOT + 8)
     }
 
     /// Remove the ledgers `baton-*.ledger` in `dir` (other than `keep`)

@@ -1,5 +1,7 @@
 //! baton-agent
 
+#![forbid(unsafe_code)]
+
 /// The maps the control loop touches per firing (keyed by execution ids,
 /// pack keys, tickets): hashed with foldhash, not SipHash, which was ~7 %
 /// of the control thread at 1 000 firings/s. Seeded per process; the keys
@@ -7,11 +9,9 @@
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub mod bench;
-pub mod clock;
 pub mod config;
 pub mod dispatcher;
 pub mod exec;
-pub mod gpio;
 pub mod ledger;
 pub mod link;
 pub mod live;
@@ -20,4 +20,3 @@ pub mod outbox;
 pub mod rt;
 pub mod runtime;
 pub mod simulate;
-pub mod units;

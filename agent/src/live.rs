@@ -19,7 +19,7 @@ use tracing::{Event, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 
 use crate::runtime::feedback::{EVENT_TARGET, FIRING_TARGET};
-use crate::units::fmt_ns;
+use baton_proto::time::fmt_ns;
 
 /// A histogram value (ns) for [`fmt_ns`]; values are bounded by 60 s.
 fn hist_ns(v: u64) -> String {

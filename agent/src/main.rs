@@ -1,6 +1,8 @@
 //! `baton-agent`: the edge agent. Exit codes: 0 success, 1 invalid input or
 //! runtime failure (with a message naming the file / instruction), 2 usage.
 
+#![forbid(unsafe_code)]
+
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -471,7 +473,7 @@ fn run_agent(
         baton_agent::dispatcher::inject_stall_after(n);
     }
     if let Some((n, all)) = hooks.gpio_hang {
-        baton_agent::gpio::sim::inject_hang(n, all);
+        baton_gpio::sim::inject_hang(n, all);
     }
     let mut agent = Agent::new(cfg, parts).map_err(fault)?;
     if let Some(p) = metrics {

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 
 use baton_service::metrics::{Encoder, Kind, secs};
 
-use crate::clock::estimator::ClockState;
-use crate::clock::sample::SourceKind;
+use baton_clock::estimator::ClockState;
+use baton_clock::sample::SourceKind;
 
 /// Upper bounds of the start-lateness histogram's buckets, ns: 1 µs (a
 /// good RT box) to 10 s (a catch-up firing).

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_agent::config::{ConfigFile, Overrides};
-use baton_journal::{Journal, JournalConfig};
 use baton_agent::runtime::admission::Verdict;
 use baton_agent::runtime::ports::{Clock, ManualClock};
 use baton_agent::runtime::{StopCause, StopFlag};
+use baton_journal::{Journal, JournalConfig};
 use baton_proto::parse_pack;
 use rig::*;
 

@@ -14,15 +14,15 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use baton_agent::clock::{ClockEstimate, MonoTime, mono_now};
 use baton_agent::dispatcher::{
     ATTEMPT_CREDITS, DispatchError, Dispatcher, Done, Job, JobKind, JobOutcome, NotRun, Op,
     QUEUE_CAPACITY,
 };
-use baton_agent::gpio::sim::SimGpio;
-use baton_agent::gpio::{Allowlist, Direction, Gpio, GpioError, LineHandle, parse_line_ref};
 use baton_agent::ledger::Slot;
 use baton_agent::rt::RtConfig;
+use baton_clock::{ClockEstimate, MonoTime, mono_now};
+use baton_gpio::sim::SimGpio;
+use baton_gpio::{Allowlist, Direction, Gpio, GpioError, LineHandle, parse_line_ref};
 use baton_proto::pack::LineRef;
 
 /// Upper bound on any wait for a result.
@@ -79,7 +79,7 @@ struct Change {
 
 struct Rig {
     d: Dispatcher,
-    _direct: Arc<baton_agent::gpio::DirectLines>,
+    _direct: Arc<baton_gpio::DirectLines>,
     clock: Arc<ClockEstimate>,
     log: PathBuf,
     _dir: tempfile::TempDir,

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use baton_agent::clock::MonoTime;
 use baton_agent::exec::{
     ExecError, ExecOutcome, ExecPolicy, ExecPool, ExecRequest, ExecResult, NotStartedReason,
 };
+use baton_clock::MonoTime;
 
 const SH: &str = "/bin/sh";
 const LONG: Duration = Duration::from_secs(20);

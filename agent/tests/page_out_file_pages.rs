@@ -1,4 +1,4 @@
-//! `rt::page_out_file_pages`: the code and read-only data pages start-up
+//! `baton_sys::pages::page_out_file_pages`: the code and read-only data pages start-up
 //! touched leave the resident set (so `lock_memory` does not lock them for
 //! good), and what runs next comes back. Host only: `cross/test-aarch64.sh` runs lib tests, and
 //! qemu-user need not pass `madvise` advice on to the host kernel.
@@ -18,7 +18,7 @@ fn file_pages_leave_the_resident_set_and_come_back_on_use() {
     let pack = "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, every: 1s}\n";
     let parsed = baton_proto::pack::parse_pack(pack).expect("a valid pack");
     let before = rss_file_kb();
-    baton_agent::rt::page_out_file_pages();
+    baton_sys::pages::page_out_file_pages();
     let after = rss_file_kb();
     assert!(
         after + 256 < before,

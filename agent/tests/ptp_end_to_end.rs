@@ -6,6 +6,7 @@
 //! the agent's on demand (`baton_e2e::bin`), so a plain `cargo test
 //! --workspace` on a fresh clone runs it.
 
+#[path = "../../clock/tests/ptp_netns/mod.rs"]
 mod ptp_netns;
 
 use std::path::{Path, PathBuf};

@@ -210,6 +210,23 @@ pub fn format_duration(d: Duration) -> String {
     out
 }
 
+/// A signed duration in ns as people read it in logs and terminal views
+/// (`850ns`, `-12.5us`, `3.2ms`, `16.0s`): one spelling for the agent's
+/// clock, exec and runtime.
+pub fn fmt_ns(ns: i64) -> String {
+    let a = ns.unsigned_abs();
+    let s = if a < 10_000 {
+        format!("{a}ns")
+    } else if a < 10_000_000 {
+        format!("{:.1}us", a as f64 / 1e3)
+    } else if a < 10_000_000_000 {
+        format!("{:.1}ms", a as f64 / 1e6)
+    } else {
+        format!("{:.1}s", a as f64 / 1e9)
+    };
+    if ns < 0 { format!("-{s}") } else { s }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,7 @@
 //! # Time
 //!
 //! `not_after`, `started` and `finished` are on the pool's clock:
-//! `CLOCK_MONOTONIC` nanoseconds ([`crate::clock::mono_now`], the agent's
+//! `CLOCK_MONOTONIC` nanoseconds ([`baton_clock::mono_now`], the agent's
 //! [`MonoTime`] scale) unless a test injects another with
 //! [`ExecPool::with_clock`].
 //!
@@ -79,7 +79,7 @@ use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
 
-use crate::clock::{MonoTime, mono_now};
+use baton_clock::{MonoTime, mono_now};
 
 /// How much of a child's stderr is kept (the end of it, where errors are).
 pub const STDERR_TAIL: usize = 4096;
@@ -157,7 +157,7 @@ impl std::fmt::Display for NotStartedReason {
             } => write!(
                 f,
                 "no exec worker was free in time ({} past its start limit)",
-                crate::units::fmt_ns(picked_up.0.saturating_sub(not_after.0))
+                baton_proto::time::fmt_ns(picked_up.0.saturating_sub(not_after.0))
             ),
             NotStartedReason::Withdrawn => {
                 f.write_str("withdrawn (its pack entered its safe state)")

@@ -1,13 +1,13 @@
-//! The system calls the exec pool needs beyond std, and all of its `unsafe`.
+//! The system calls the exec pool needs beyond std.
 //!
 //! std's `Child` spawns, sets the process group and reaps; what it lacks is
 //! "wait for exit *without* reaping" (so the process-group id cannot be
 //! recycled before we `killpg` it), a pollable exit event (pidfd), and
 //! `killpg` itself. Everything `nix` covers goes through `nix`; the one call
-//! it lacks (`pidfd_open`, a bare syscall) is here, with its `unsafe`.
+//! it lacks (`pidfd_open`, a bare syscall) is `baton_sys`'s.
 
 use std::io;
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -22,16 +22,7 @@ use nix::unistd::Pid;
 /// `ENOSYS` on kernels before 5.3 (old vendor kernels on edge boxes); the
 /// caller then falls back to short poll slices. nix 0.30 has no wrapper.
 pub(crate) fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and a flags word and returns a new
-    // descriptor or -1 with errno set; no memory is passed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = RawFd::try_from(fd).map_err(|_| io::Error::other("pidfd out of range"))?;
-    // SAFETY: the kernel just returned this descriptor to us and nothing
-    // else holds it: we are its only owner.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    baton_sys::process::pidfd_open(pid.as_raw())
 }
 
 /// True once `pid` (our child) has exited, without reaping it: the zombie

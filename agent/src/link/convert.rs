@@ -38,9 +38,9 @@ mod tests {
 
     use super::*;
     use crate::dispatcher::NotRun;
-    use baton_journal::{Journal, JournalConfig};
     use crate::runtime::feedback::{ClockStamp, Tally, event, executed};
     use crate::runtime::record::{FiringRecord, FiringResult, Origin};
+    use baton_journal::{Journal, JournalConfig};
     use baton_proto::RefTime;
     use baton_proto::feedback::{ClockSource, ClockState, Reason};
     use baton_sched::{Event, EventKind, ExecutionId, PackKey, SafeReason};

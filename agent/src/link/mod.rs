@@ -63,7 +63,7 @@ use std::time::Duration;
 use baton_proto::wire;
 use tokio::sync::{mpsc, watch};
 
-use crate::clock::port::Clock;
+use baton_clock::port::Clock;
 
 /// Depth of the link → control channel.
 pub const FROM_LINK_DEPTH: usize = 256;

@@ -22,10 +22,10 @@ use super::{
     CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig, Outgoing,
     ToLink, convert,
 };
-use crate::clock::exchange::Exchange;
-use crate::clock::port::Clock;
-use crate::clock::sample::SampleSender;
-use crate::clock::{MonoTime, mono_now};
+use baton_clock::exchange::Exchange;
+use baton_clock::port::Clock;
+use baton_clock::sample::SampleSender;
+use baton_clock::{MonoTime, mono_now};
 use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
 
 /// Messages waiting to enter the request stream (the stream's own channel

@@ -22,8 +22,8 @@ use baton_proto::pack::{Action, LineRef, Pack};
 use baton_sched::PackKey;
 
 use crate::dispatcher::{DispatchError, Op};
-use crate::gpio::{Direction, LineHandle};
 use crate::runtime::ports::Device;
+use baton_gpio::{Direction, LineHandle};
 
 /// Why a pack was refused.
 #[derive(Debug, thiserror::Error)]

@@ -18,10 +18,10 @@ use baton_sched::{ExecutionId, PackKey, Withdrawal};
 use crate::FastMap;
 use crate::dispatcher::{DispatchError, Job, JobKind};
 use crate::exec::ExecRequest;
-use crate::gpio::LineHandle;
 use crate::ledger::{Slot, Slots};
 use crate::runtime::ports::Device;
 use crate::runtime::record::Origin;
+use baton_gpio::LineHandle;
 
 /// What a dispatcher ticket belongs to.
 #[derive(Debug, Clone)]

@@ -8,14 +8,14 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     use anyhow::Context;
     // A process-wide allocator tunable: once, for the real agent.
     keep_large_allocations_returnable();
-    let clock = Arc::new(crate::clock::driver::EstimatedClock::new(&cfg.clock));
+    let clock = Arc::new(baton_clock::driver::EstimatedClock::new(&cfg.clock));
     if !cfg.clock.ntp_servers.is_empty() {
-        let ntp = crate::clock::ntp::spawn(&cfg.clock.ntp_servers, clock.sender())
+        let ntp = baton_clock::ntp::spawn(&cfg.clock.ntp_servers, clock.sender())
             .context("starting the NTP client")?;
         clock.keep_source(Box::new(ntp));
     }
     if let Some(ptp) = &cfg.clock.ptp {
-        let h = crate::clock::ptp::spawn(ptp, clock.sender())
+        let h = baton_clock::ptp::spawn(ptp, clock.sender())
             .with_context(|| format!("starting the PTP slave on {}", ptp.interface))?;
         clock.keep_source(Box::new(h));
     }
@@ -25,7 +25,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     jcfg.retention_ns = JOURNAL_RETENTION.as_nanos() as i64;
     let (journal, recovered) = Journal::open(jcfg)
         .with_context(|| format!("opening the journal in {}", cfg.data_dir.display()))?;
-    let gpio = crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
+    let gpio = baton_gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
         .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
     let (dispatcher, direct) =
         crate::dispatcher::Dispatcher::start(gpio, clock.shared(), cfg.rt, std::thread::current())

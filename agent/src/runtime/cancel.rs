@@ -21,7 +21,7 @@ use baton_proto::pack::{Action, is_ident, parse_pack};
 use baton_sched::PackKey;
 
 use crate::config::AgentConfig;
-use crate::gpio::open_backend;
+use baton_gpio::open_backend;
 use baton_journal::{Journal, JournalConfig, JournalError};
 
 /// Where requests and answers live.
@@ -104,7 +104,7 @@ fn offline(
     if let Ok(pack) = parse_pack(&sp.yaml) {
         let mut gpio = open_backend(&cfg.gpio, cfg.allowed_lines.clone())
             .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
-        let now = crate::clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME);
+        let now = baton_clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME);
         for a in &pack.safe_state {
             match a {
                 Action::GpioWrite { line, value } => {

@@ -23,7 +23,7 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
     if let Err(e) = check_journal(&cfg.data_dir) {
         bad.push(e);
     }
-    let gpio = match crate::gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone()) {
+    let gpio = match baton_gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone()) {
         Ok(g) => g,
         Err(e) => {
             bad.push(format!("gpio `{}`: {e}", cfg.gpio));
@@ -44,7 +44,7 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
             }
         };
         let key = PackKey::of(&pack);
-        let now = RefTime::from_nanos(crate::clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME));
+        let now = RefTime::from_nanos(baton_clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME));
         if let Err(e) = pack.check_live(now) {
             bad.push(e.render(&name).trim_end().to_string());
             continue;

@@ -11,8 +11,8 @@ use super::Agent;
 /// clock still past the limit counts as lost (NTP locks in ~10 s, PTP and
 /// the link in a few).
 pub const CLOCK_START_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-use crate::clock::estimator::{ClockState, Estimate};
-use crate::clock::sample::SourceKind;
+use baton_clock::estimator::{ClockState, Estimate};
+use baton_clock::sample::SourceKind;
 
 /// "system clock, free-running": which source, in which state.
 pub fn describe(status: Option<Estimate>) -> String {
@@ -92,14 +92,14 @@ impl Agent {
             if lost {
                 tracing::warn!(
                     "{what}: uncertainty {} exceeds the limit {} ({}); packs that need absolute time are refused, running ones with on_clock_loss: safe_state stop, others continue with each firing's uncertainty in its feedback",
-                    crate::units::fmt_ns(uncertainty),
-                    crate::units::fmt_ns(limit),
+                    baton_proto::time::fmt_ns(uncertainty),
+                    baton_proto::time::fmt_ns(limit),
                     describe(self.clock.status())
                 );
             } else {
                 tracing::info!(
                     "clock back within the limit: uncertainty {}",
-                    crate::units::fmt_ns(uncertainty)
+                    baton_proto::time::fmt_ns(uncertainty)
                 );
             }
         }

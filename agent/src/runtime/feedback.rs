@@ -18,9 +18,9 @@ use baton_sched::{Event, EventKind, PackKey};
 use hdrhistogram::Histogram;
 
 use crate::dispatcher::NotRun;
-use baton_journal::{Journal, JournalError};
 use crate::outbox;
 use crate::runtime::record::{FiringRecord, FiringResult, Origin};
+use baton_journal::{Journal, JournalError};
 
 /// Tracing target of executed attempts.
 pub const FIRING_TARGET: &str = "baton::firing";

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::clock::estimator::ClockState;
-use crate::clock::sample::SourceKind;
 use crate::metrics::{ClockSnap, DispatchSnap, Published, Snapshot};
+use baton_clock::estimator::ClockState;
+use baton_clock::sample::SourceKind;
 
 use super::Agent;
 
@@ -84,7 +84,7 @@ impl Agent {
                 frequency_ppm: 0.0,
             };
         };
-        let (_, system_offset, _) = crate::clock::system::read_offset();
+        let (_, system_offset, _) = baton_clock::system::read_offset();
         ClockSnap {
             source: e.source,
             state: e.state,

@@ -60,10 +60,10 @@ use baton_sched::{
 use crate::config::AgentConfig;
 use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
 use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult, NotStartedReason};
-use baton_journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
-use crate::units::fmt_ns;
 use admission::{Admission, AdmissionError, Verdict};
 use arming::{Arming, PendingExec, Ticket};
+use baton_journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
+use baton_proto::time::fmt_ns;
 use feedback::Tally;
 use ports::{Clock, Device};
 use record::{FiringRecord, FiringResult, Origin};
@@ -244,7 +244,7 @@ struct HeldPack {
     clock_loss: Option<baton_proto::pack::ClockLoss>,
     /// When this version was taken in this run (a lease runs from here at
     /// the earliest).
-    since: crate::clock::MonoTime,
+    since: baton_clock::MonoTime,
     /// Some instruction waits on another (`after:`): its results are
     /// needed at once, never left for a later pass.
     chained: bool,
@@ -301,7 +301,7 @@ pub struct Agent {
     /// It has been within the limit at some check of this run.
     clock_was_good: bool,
     /// When this run started (the clock sources' grace runs from here).
-    started: crate::clock::MonoTime,
+    started: baton_clock::MonoTime,
     /// Local packs (file name, text) waiting for the clock to be known.
     clock_wait: Vec<(String, String)>,
     /// READY / WATCHDOG / STOPPING to systemd (off unless
@@ -480,14 +480,8 @@ fn journal_once(journal: &mut Journal, key: &OnceKey) -> Result<(), JournalError
 /// of 10 000 firings then left ~25 MB resident for good. glibc only; other
 /// allocators return large blocks anyway.
 fn keep_large_allocations_returnable() {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallopt only sets allocator tunables; no memory is
-        // touched. A refused setting (0) leaves glibc's default behaviour.
-        let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024) };
-        if ok == 0 {
-            tracing::warn!("mallopt(M_MMAP_THRESHOLD) refused: bursts may leave memory resident");
-        }
+    if cfg!(target_env = "gnu") && !baton_sys::heap::set_mmap_threshold(256 * 1024) {
+        tracing::warn!("mallopt(M_MMAP_THRESHOLD) refused: bursts may leave memory resident");
     }
 }
 
@@ -667,7 +661,7 @@ impl Agent {
             let ok = self.admission.handle(line).is_some()
                 || self
                     .device
-                    .request_lines(&[(line.clone(), crate::gpio::Direction::Output)])
+                    .request_lines(&[(line.clone(), baton_gpio::Direction::Output)])
                     .is_ok();
             if ok
                 && let Err(e) =

@@ -9,12 +9,12 @@ use std::time::Duration;
 use baton_proto::RefTime;
 use baton_proto::pack::LineRef;
 
-pub use crate::clock::port::Clock;
+pub use baton_clock::port::Clock;
 
-use crate::clock::MonoTime;
-use crate::clock::sample::SampleSender;
 use crate::dispatcher::{Credits, DispatchError, Dispatcher, Done, Job, Stats};
-use crate::gpio::{Direction, LineHandle};
+use baton_clock::MonoTime;
+use baton_clock::sample::SampleSender;
+use baton_gpio::{Direction, LineHandle};
 
 /// A clock that moves only when told (tests). Reference and monotonic time
 /// coincide; its uncertainty is whatever the test sets (0 at first).
@@ -26,7 +26,7 @@ pub struct ManualClock {
     /// for ([`ManualClock::taking_samples`]); they are kept, unused.
     samples: Option<(
         SampleSender,
-        std::sync::Mutex<std::sync::mpsc::Receiver<crate::clock::sample::Sample>>,
+        std::sync::Mutex<std::sync::mpsc::Receiver<baton_clock::sample::Sample>>,
     )>,
 }
 
@@ -42,7 +42,7 @@ impl ManualClock {
     /// Offers a sample channel, so clock sources run (the link asks the
     /// controller for time); the samples do not move this clock.
     pub fn taking_samples(mut self) -> Self {
-        let (tx, rx) = crate::clock::sample::sample_channel();
+        let (tx, rx) = baton_clock::sample::sample_channel();
         self.samples = Some((tx, std::sync::Mutex::new(rx)));
         self
     }
@@ -166,7 +166,7 @@ impl Device for Dispatcher {
 /// backend in tests, any backend for `check-config`'s line requests) on
 /// simulated time; pulses end in the same way, at their own deadline.
 pub struct DirectDevice {
-    gpio: Box<dyn crate::gpio::Gpio>,
+    gpio: Box<dyn baton_gpio::Gpio>,
     clock: std::sync::Arc<dyn Clock>,
     jobs: Vec<(u64, Job)>,
     seq: u64,
@@ -184,7 +184,7 @@ impl std::fmt::Debug for DirectDevice {
 
 impl DirectDevice {
     /// Over `gpio`, on `clock`.
-    pub fn new(gpio: Box<dyn crate::gpio::Gpio>, clock: std::sync::Arc<dyn Clock>) -> Self {
+    pub fn new(gpio: Box<dyn baton_gpio::Gpio>, clock: std::sync::Arc<dyn Clock>) -> Self {
         DirectDevice {
             gpio,
             clock,

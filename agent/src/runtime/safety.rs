@@ -8,7 +8,7 @@
 //! ([`SafeDriver`], `baton-safe`):
 //!
 //! - without the dispatcher thread and without the backend object it owns:
-//!   each output line's [`crate::gpio::DirectLine`] is its own handle on the
+//!   each output line's [`baton_gpio::DirectLine`] is its own handle on the
 //!   kernel's line (cdev: the line request's descriptor; sysfs: the value
 //!   file; sim: the log), so a lock a stuck call holds is never in the way;
 //! - after the dispatcher is fenced ([`Fence`]): none of its jobs touches a
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use baton_sched::PackKey;
 
 use crate::dispatcher::Fence;
-use crate::gpio::{DirectLines, LineHandle};
+use baton_gpio::{DirectLines, LineHandle};
 
 /// Exit status when the GPIO chip is hung (the safe state's direct writes
 /// did not complete): systemd restarts the agent, which drives the safe
@@ -117,7 +117,7 @@ pub fn drive_now(
         .map(|(k, h, v)| (k.to_string(), h, v))
         .collect();
     drop(table);
-    let now_ns = crate::clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME);
+    let now_ns = baton_clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME);
     let mut ok = 0;
     let mut failed = Vec::new();
     for (pack, h, v) in writes {

@@ -57,10 +57,10 @@ use std::collections::VecDeque;
 use baton_proto::wire;
 
 use super::*;
-use crate::clock::MonoTime;
-use crate::clock::estimator::ClockState;
-use crate::clock::sample::SourceKind;
 use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
+use baton_clock::MonoTime;
+use baton_clock::estimator::ClockState;
+use baton_clock::sample::SourceKind;
 use fence::{Fence, Welcomed};
 use lease::{LeaseClock, Leased};
 use window::SendWindow;
@@ -576,7 +576,7 @@ impl Agent {
                 outbox_entries,
             };
         };
-        let (_, system_offset, _) = crate::clock::system::read_offset();
+        let (_, system_offset, _) = baton_clock::system::read_offset();
         wire::ClockReport {
             source: baton_proto::feedback::ClockSource::from(e.source).code(),
             state: baton_proto::feedback::ClockState::from(e.state).code(),

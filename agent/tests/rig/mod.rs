@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use baton_agent::config::{self, AgentConfig, ConfigFile, Overrides};
 use baton_agent::exec::ExecPool;
-use baton_agent::gpio::Allowlist;
-use baton_agent::gpio::sim::SimGpio;
-use baton_journal::{Journal, JournalConfig};
 use baton_agent::runtime::admission::Verdict;
 use baton_agent::runtime::ports::{Clock, DirectDevice, ManualClock};
 use baton_agent::runtime::safety::SafeTable;
 use baton_agent::runtime::{Agent, Parts};
+use baton_gpio::Allowlist;
+use baton_gpio::sim::SimGpio;
+use baton_journal::{Journal, JournalConfig};
 use baton_proto::{RefTime, parse_pack};
 
 pub const T0: i64 = 1_796_000_000_000_000_000;

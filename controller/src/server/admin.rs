@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::Shared;
 use super::convert;
+use super::convert::status;
 use crate::app::agents::{AgentView, LabelChange};
 use crate::app::events::{self, AgentEventKind, Event, WatchFilter};
 use crate::app::feedback::FeedbackQuery;
@@ -43,18 +44,6 @@ impl AdminService {
     fn caller(&self, ext: &tonic::Extensions) -> Result<(Caller, Option<String>), Status> {
         let (who, serial) = self.shared.operator(ext)?;
         Ok((Caller::new(who), serial))
-    }
-}
-
-/// The gRPC status of an application error.
-pub fn status(e: AppError) -> Status {
-    match e {
-        AppError::Invalid(m) => Status::invalid_argument(m),
-        AppError::NotFound(m) => Status::not_found(m),
-        AppError::Denied(m) => Status::permission_denied(m),
-        AppError::Conflict(m) => Status::failed_precondition(m),
-        AppError::Limit(m) => Status::resource_exhausted(m),
-        AppError::Unavailable(m) => Status::unavailable(m),
     }
 }
 

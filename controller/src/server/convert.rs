@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 use baton_proto::pack::PackErrors;
 use baton_proto::wire;
 
+use tonic::Status;
+
+use crate::app::AppError;
 use crate::model::{ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow};
 use crate::store::HelloRow;
 
@@ -436,6 +439,18 @@ pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
             .collect(),
         updated_ns: d.updated_ns,
         attempts: d.attempts,
+    }
+}
+
+/// The gRPC status of an application error.
+pub fn status(e: AppError) -> Status {
+    match e {
+        AppError::Invalid(m) => Status::invalid_argument(m),
+        AppError::NotFound(m) => Status::not_found(m),
+        AppError::Denied(m) => Status::permission_denied(m),
+        AppError::Conflict(m) => Status::failed_precondition(m),
+        AppError::Limit(m) => Status::resource_exhausted(m),
+        AppError::Unavailable(m) => Status::unavailable(m),
     }
 }
 

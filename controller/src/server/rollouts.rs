@@ -4,7 +4,7 @@
 use baton_proto::wire;
 use tonic::Status;
 
-use super::admin::status;
+use super::convert::status;
 use crate::app::rollouts::{RolloutCommand, RolloutStatus};
 use crate::app::{App, AppError, Caller};
 use crate::model::{CohortFigures, RolloutRow, VerdictRow};

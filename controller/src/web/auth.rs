@@ -288,6 +288,17 @@ impl Who {
         }
     }
 
+    /// What the page frame shows of this caller.
+    pub fn viewer(&self) -> layout::Viewer<'_> {
+        layout::Viewer {
+            name: self.caller.who.to_string(),
+            csrf: &self.csrf,
+            logout: self.via == Via::Cookie,
+            may_change: self.may_change(),
+            may_audit: self.may_audit(),
+        }
+    }
+
     /// Whether the caller may push and cancel.
     pub fn may_change(&self) -> bool {
         self.caller.may_change().is_ok()

@@ -158,12 +158,12 @@ fn render(ev: &Event, q: &LiveQuery) -> Option<SseEvent> {
 pub fn exec_row(f: &FeedbackRow) -> maud::Markup {
     html! {
         tr data-received-ns=(f.received_ns) {
-            td { (super::pages::instant(f.scheduled_ns)) }
+            td { (crate::ops::format::instant(f.scheduled_ns)) }
             td { (f.agent_id) }
             td { (f.pack) " v" (f.version) }
             td { (f.instruction) }
             td { (crate::ops::format::outcome(f.outcome as i32)) }
-            td { (super::pages::span(f.lateness_ns)) }
+            td { (crate::ops::format::span(f.lateness_ns)) }
             td { (crate::ops::format::reason(f.reason as i32).unwrap_or("")) " " (f.detail) }
         }
     }

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use crate::clock::MonoTime;
+use baton_clock::MonoTime;
 
 /// One held, running pack with a lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,6 +18,7 @@ pub(crate) mod codec;
 pub mod db;
 pub(crate) mod events;
 pub(crate) mod feedback;
+pub(crate) mod members;
 pub(crate) mod packs;
 pub(crate) mod plan;
 pub(crate) mod rollouts;

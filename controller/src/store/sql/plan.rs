@@ -12,7 +12,7 @@ use super::codec::{
     u64_from_db, with_row,
 };
 use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
-use super::rollouts;
+use super::members;
 use crate::planner;
 use crate::store::{
     AgentRow, AnswerRow, Binding, DeliveryRow, Gate, Held, HeldPackRow, PackKey, PackTargets,
@@ -49,7 +49,7 @@ fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
 fn admit(conn: &dyn Db, p: &mut PackTargets, agent: Option<&str>) -> StoreResult<()> {
     if let Some(g) = &mut p.gate {
         let key = PackKey::new(&p.tenant, &p.pack);
-        g.admitted = rollouts::members(conn, &key, g.row.rollout, agent)?
+        g.admitted = members::members(conn, &key, g.row.rollout, agent)?
             .into_keys()
             .collect();
     }

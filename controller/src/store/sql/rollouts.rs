@@ -1,15 +1,14 @@
 //! Rollouts: their rows, cohorts and the gate on the pack row, changed in
 //! the writer's transaction with the decisions they cause.
 
-use std::collections::BTreeMap;
-
 use super::codec::{from_json, to_db, to_json, u64_from_db};
 use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
+use super::members::members;
 use super::packs::write_pack;
 use super::plan::replan_pack;
 use crate::store::{
-    Base, Binding, DeliveryRow, GateRow, MAX_PAGE, Member, PackKey, PackVersionRow, PutPack,
-    RolloutChange, RolloutRow, RolloutState, StoreResult,
+    Base, Binding, DeliveryRow, GateRow, MAX_PAGE, PackKey, PackVersionRow, PutPack, RolloutChange,
+    RolloutRow, RolloutState, StoreResult,
 };
 
 const ROLLOUT_COLUMNS: &str = "tenant, pack, version, rev, state, doc";
@@ -26,33 +25,6 @@ fn decode_rollout(row: &dyn Row) -> StoreResult<RolloutRow> {
         crate::store::StoreError::Backend(format!("unknown rollout state `{state}` stored"))
     })?;
     Ok(r)
-}
-
-/// The cohort of one rollout (or whether one agent is in it).
-pub(crate) fn members(
-    conn: &dyn Db,
-    key: &PackKey,
-    version: u64,
-    agent: Option<&str>,
-) -> StoreResult<BTreeMap<String, Member>> {
-    let v = to_db(version, "rollout version")?;
-    let rows = query_all(
-        conn,
-        "SELECT agent_id, stage, skipped FROM rollout_members \
-         WHERE tenant = ?1 AND pack = ?2 AND version = ?3 \
-         AND (CAST(?4 AS TEXT) IS NULL OR agent_id = ?4)",
-        params![key.tenant, key.pack, v, agent],
-        |r| {
-            Ok((
-                col::<String>(r, "agent_id")?,
-                Member {
-                    stage: u32::try_from(col::<i64>(r, "stage")?).unwrap_or(u32::MAX),
-                    skipped: col::<i64>(r, "skipped")? != 0,
-                },
-            ))
-        },
-    )?;
-    Ok(rows.into_iter().collect())
 }
 
 /// One rollout with its cohort (`version` `None`: the pack's newest).

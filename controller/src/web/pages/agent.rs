@@ -153,7 +153,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
     let live = format!("agent={}", percent(&a.id));
     layout::page(
         &format!("Agent {}", a.id),
-        &who,
+        who.viewer(),
         Nav::Fleet,
         Some(&live),
         body,

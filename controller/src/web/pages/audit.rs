@@ -39,5 +39,5 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who) -> Response {
             }
         }
     };
-    layout::page("Audit", &who, Nav::Audit, None, body).into_response()
+    layout::page("Audit", who.viewer(), Nav::Audit, None, body).into_response()
 }

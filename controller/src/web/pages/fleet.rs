@@ -206,7 +206,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Query(q): Query<FleetQu
         }
         (table(&q, &fleet))
     };
-    layout::page("Fleet", &who, Nav::Fleet, Some("fleet=1"), body).into_response()
+    layout::page("Fleet", who.viewer(), Nav::Fleet, Some("fleet=1"), body).into_response()
 }
 
 fn table(q: &FleetQuery, fleet: &FleetPage) -> Markup {

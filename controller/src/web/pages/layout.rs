@@ -4,7 +4,21 @@
 
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::web::auth::{Via, Who};
+/// What the frame shows of the caller (built by `auth::Who::viewer`, so
+/// the frame needs nothing of how a caller logged in).
+#[derive(Clone, Debug)]
+pub struct Viewer<'a> {
+    /// The name shown.
+    pub name: String,
+    /// The session's CSRF token (empty without a cookie session).
+    pub csrf: &'a str,
+    /// A cookie session: a log-out button.
+    pub logout: bool,
+    /// May push and cancel: the Push entry.
+    pub may_change: bool,
+    /// May read the audit log: the Audit entry.
+    pub may_audit: bool,
+}
 
 /// Which navigation entry is the current page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +50,7 @@ fn head(title: &str) -> Markup {
 
 /// A page for a logged-in caller. `live`: the `/live` query its live
 /// parts listen to (none: a page that does not update).
-pub fn page(title: &str, who: &Who, nav: Nav, live: Option<&str>, body: Markup) -> Markup {
+pub fn page(title: &str, who: Viewer<'_>, nav: Nav, live: Option<&str>, body: Markup) -> Markup {
     let current = |n: Nav| if n == nav { Some("page") } else { None };
     let csrf = format!(r#"{{"X-CSRF-Token":"{}"}}"#, who.csrf);
     html! {
@@ -50,16 +64,16 @@ pub fn page(title: &str, who: &Who, nav: Nav, live: Option<&str>, body: Markup) 
                         a.brand href="/" { "baton" }
                         a href="/" aria-current=[current(Nav::Fleet)] { "Fleet" }
                         a href="/packs" aria-current=[current(Nav::Packs)] { "Packs" }
-                        @if who.may_change() {
+                        @if who.may_change {
                             a href="/push" aria-current=[current(Nav::Push)] { "Push" }
                         }
-                        @if who.may_audit() {
+                        @if who.may_audit {
                             a href="/audit" aria-current=[current(Nav::Audit)] { "Audit" }
                         }
                     }
                     div.whoami {
-                        span { (who.caller.who) }
-                        @if who.via == Via::Cookie {
+                        span { (who.name) }
+                        @if who.logout {
                             form method="post" action="/logout" {
                                 input type="hidden" name="csrf" value=(who.csrf);
                                 button type="submit" { "Log out" }

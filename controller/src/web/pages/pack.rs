@@ -76,7 +76,7 @@ pub async fn list(State(web): State<Arc<Web>>, who: Who) -> Response {
             }
         }
     };
-    layout::page("Packs", &who, Nav::Packs, None, body).into_response()
+    layout::page("Packs", who.viewer(), Nav::Packs, None, body).into_response()
 }
 
 fn figures(f: &CohortFigures) -> Markup {
@@ -206,7 +206,7 @@ pub async fn page(
     let live = format!("pack={}", percent(&name));
     layout::page(
         &format!("Pack {}", page.key),
-        &who,
+        who.viewer(),
         Nav::Packs,
         Some(&live),
         body,

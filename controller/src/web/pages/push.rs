@@ -96,7 +96,7 @@ pub async fn page(who: Who) -> Response {
             p { "Your role (" (who.caller.who) ") reads only: pushing needs the operator or admin role." }
         }
     };
-    layout::page("Push", &who, Nav::Push, None, body).into_response()
+    layout::page("Push", who.viewer(), Nav::Push, None, body).into_response()
 }
 
 /// `POST /push/check`: the problems of the YAML, as a fragment.
@@ -163,5 +163,9 @@ pub async fn submit(
             },
         ),
     };
-    (code, layout::page("Push", &who, Nav::Push, None, body)).into_response()
+    (
+        code,
+        layout::page("Push", who.viewer(), Nav::Push, None, body),
+    )
+        .into_response()
 }

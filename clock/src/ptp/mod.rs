@@ -8,7 +8,7 @@
 //! By default the servo steers a **virtual clock** over `CLOCK_MONOTONIC`
 //! ([`virtual_clock`]): the system clock is never touched and the agent
 //! needs no `CAP_SYS_TIME`. Each time the servo absorbs a measurement the
-//! source sends a [`Sample`](crate::clock::sample::Sample): the virtual
+//! source sends a [`Sample`](crate::sample::Sample): the virtual
 //! clock's mapping corrected by the servo's current offset estimate,
 //! converted from PTP time to UTC ([`timescale`]), with `error_ns` = the
 //! last measured offset plus the mean path delay.
@@ -38,8 +38,8 @@ use std::time::Duration;
 use timestamped_socket::interface::{InterfaceName, interfaces};
 use tokio::sync::oneshot;
 
-use crate::clock::sample::SampleSender;
-use crate::clock::settings::PtpConfig;
+use crate::sample::SampleSender;
+use crate::settings::PtpConfig;
 
 /// How long dropping a [`PtpHandle`] waits for the thread to end before
 /// leaving it behind (it is blocked nowhere but in its own runtime, so it

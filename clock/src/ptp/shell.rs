@@ -35,8 +35,8 @@ use super::timescale::utc_correction_ns;
 use super::txsock::TxSocket;
 use super::virtual_clock::{MonoVirtualClock, VirtualClock, fixed_from_duration, time_from_fixed};
 use super::{PtpError, PtpPortState};
-use crate::clock::MonoTime;
-use crate::clock::sample::{Sample, SampleSender, SourceKind};
+use crate::MonoTime;
+use crate::sample::{Sample, SampleSender, SourceKind};
 
 const PRIMARY_MULTICAST: Ipv4Addr = Ipv4Addr::new(224, 0, 1, 129);
 const PDELAY_MULTICAST: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 107);
@@ -106,7 +106,7 @@ pub fn open(iface: InterfaceName) -> Result<Io, PtpError> {
 /// `CLOCK_REALTIME − CLOCK_MONOTONIC` now, ns: the tightest of three
 /// bracketed reads (software timestamps are on `CLOCK_REALTIME`).
 pub fn realtime_minus_mono() -> i64 {
-    crate::clock::system::read_offset().1
+    crate::system::read_offset().1
 }
 
 /// A kernel software timestamp (`CLOCK_REALTIME`) on the virtual clock: to
@@ -238,7 +238,7 @@ pub enum Ended {
 
 /// Drive statime's instance and its one port until stopped.
 pub async fn run(mut io: Io, mut r: Run) -> Ended {
-    let mono = crate::clock::mono_now().0;
+    let mono = crate::mono_now().0;
     // Start the virtual clock at the system clock (the best first guess; the
     // servo steps it onto the grandmaster within a few syncs).
     let vclock = Rc::new(RefCell::new(VirtualClock::new(
@@ -362,7 +362,7 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
                     o.error_ns(),
                     port.port_current_ds_contribution(),
                 ) {
-                    let m = crate::clock::mono_now().0;
+                    let m = crate::mono_now().0;
                     let ref_fixed = vclock.borrow().at_fixed(m)
                         - fixed_from_duration(est.offset_from_master)
                         - i128::from(utc_ns) * (1 << 32);

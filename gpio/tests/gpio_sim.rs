@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 
-use baton_agent::gpio::{Allowlist, BackendSpec, open_backend, parse_line_ref};
+use baton_gpio::{Allowlist, BackendSpec, open_backend, parse_line_ref};
 
 const ENV: &str = "BATON_SIM_CRASH_LOG";
 const CHANGES: usize = 200;

@@ -18,7 +18,7 @@ use statime::filters::{Filter, FilterEstimate, FilterUpdate, KalmanConfiguration
 use statime::port::Measurement;
 
 use super::virtual_clock::VirtualClock;
-use crate::clock::mono_now;
+use crate::mono_now;
 
 /// A measured offset below this counts towards lock, ns. Software
 /// timestamps on a LAN are good to tens of µs.

@@ -286,7 +286,7 @@ mod tests {
     /// source.
     #[test]
     fn a_slow_stalling_path_keeps_only_replies_near_its_fastest() {
-        use crate::clock::estimator::{Estimator, EstimatorConfig};
+        use crate::estimator::{Estimator, EstimatorConfig};
         let mut e = Exchange::new();
         let mut est = Estimator::new(EstimatorConfig::with_limit(10 * MS));
         let offset = 7_000 * MS;

@@ -181,5 +181,5 @@ masterOnly 1
 /// `CLOCK_REALTIME − CLOCK_MONOTONIC` now, ns (bracketed): the truth the
 /// PTP source's samples must match when both ends share one clock.
 pub fn truth_ns() -> i64 {
-    baton_agent::clock::ptp::shell::realtime_minus_mono()
+    baton_clock::ptp::shell::realtime_minus_mono()
 }

@@ -12,7 +12,7 @@ use nix::time::ClockId;
 
 use super::sample::{Sample, SourceKind};
 use super::{MonoTime, clock_ns};
-use crate::clock::settings::SystemClock;
+use crate::settings::SystemClock;
 
 /// What `adjtimex` says of the system clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,20 +32,13 @@ const TIME_ERROR: i32 = 5;
 const KERNEL_MAX_ERROR_NS: i64 = 16_000_000_000;
 
 /// Read the kernel's clock status (read-only: `modes = 0` needs no
-/// privilege). nix and rustix do not wrap adjtimex, hence libc.
+/// privilege), through `baton_sys::timex`.
 pub fn kernel_clock() -> std::io::Result<KernelClock> {
-    // SAFETY: an all-zero `timex` is a valid value (plain integers), and
-    // with `modes = 0` adjtimex only writes the struct we own.
-    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
-    // SAFETY: `tx` is a valid, exclusively borrowed timex for the call.
-    let rc = unsafe { libc::adjtimex(&mut tx) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let tx = baton_sys::timex::read()?;
     Ok(KernelClock {
-        synced: rc != TIME_ERROR && tx.status & STA_UNSYNC == 0,
-        esterror_ns: (tx.esterror as i64).saturating_mul(1000),
-        maxerror_ns: (tx.maxerror as i64).saturating_mul(1000),
+        synced: tx.state != TIME_ERROR && tx.status & STA_UNSYNC == 0,
+        esterror_ns: tx.esterror_us.saturating_mul(1000),
+        maxerror_ns: tx.maxerror_us.saturating_mul(1000),
     })
 }
 

@@ -40,6 +40,8 @@
 //!   requested both as input and as output is an output; reads read back the
 //!   driven level.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;

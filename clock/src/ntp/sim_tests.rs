@@ -9,8 +9,8 @@ use super::client::{
     Action, GROW_AFTER, KissEffect, NtpClient, NtpConfig, Received, Reject, UNREACHABLE_AFTER,
 };
 use super::packet::{HEADER_LEN, Packet, ns_to_short, unix_ns_to_timestamp};
-use crate::clock::MonoTime;
-use crate::clock::sample::{Sample, SourceKind};
+use crate::MonoTime;
+use crate::sample::{Sample, SourceKind};
 
 const S: i64 = 1_000_000_000;
 const MS: i64 = 1_000_000;

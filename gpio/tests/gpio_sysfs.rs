@@ -12,7 +12,7 @@
 use std::fs;
 use std::path::Path;
 
-use baton_agent::gpio::{
+use baton_gpio::{
     Allowlist, BackendSpec, Gpio, GpioError, LineHandle, open_backend, parse_line_ref,
 };
 

@@ -8,9 +8,9 @@ mod ptp_netns;
 
 use std::time::{Duration, Instant};
 
-use baton_agent::clock::ptp::{self, PtpPortState};
-use baton_agent::clock::sample::{SourceKind, sample_channel};
-use baton_agent::config::PtpConfig;
+use baton_clock::ptp::{self, PtpPortState};
+use baton_clock::sample::{SourceKind, sample_channel};
+use baton_clock::settings::PtpConfig;
 
 /// A sample this close to the truth is good, ns.
 const GOOD_NS: i64 = 100_000;

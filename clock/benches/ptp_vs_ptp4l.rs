@@ -9,7 +9,7 @@
 //! have locked and then run locked for `PTP_SETTLE_SECS` (default 30),
 //! `PTP_SECS` seconds (default 30) of each are summarised.
 //!
-//! Run as root: `cargo bench -p baton-agent --bench ptp_vs_ptp4l`.
+//! Run as root: `cargo bench -p baton-clock --bench ptp_vs_ptp4l`.
 //! `PTP_START_ERROR_NS` (default 25 ms) is where our virtual clock starts.
 
 #[path = "../tests/ptp_netns/mod.rs"]
@@ -17,9 +17,9 @@ mod ptp_netns;
 
 use std::time::{Duration, Instant};
 
-use baton_agent::clock::ptp::{self, PtpPortState};
-use baton_agent::clock::sample::sample_channel;
-use baton_agent::config::PtpConfig;
+use baton_clock::ptp::{self, PtpPortState};
+use baton_clock::sample::sample_channel;
+use baton_clock::settings::PtpConfig;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)

@@ -19,7 +19,7 @@ use statime::Clock;
 use statime::config::TimePropertiesDS;
 use statime::time::{Duration, Time};
 
-use crate::clock::mono_now;
+use crate::mono_now;
 
 /// Fractional bits of statime's fixed-point nanoseconds.
 const FRAC_BITS: u32 = 32;

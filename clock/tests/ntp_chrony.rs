@@ -11,9 +11,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use baton_agent::clock::clock_ns;
-use baton_agent::clock::ntp::{NtpConfig, spawn_with};
-use baton_agent::clock::sample::{Sample, SourceKind, sample_channel};
+use baton_clock::clock_ns;
+use baton_clock::ntp::{NtpConfig, spawn_with};
+use baton_clock::sample::{Sample, SourceKind, sample_channel};
 use nix::time::ClockId;
 
 /// Samples the figure is taken over (`BATON_NTP_SAMPLES` to change).

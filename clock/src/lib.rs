@@ -6,6 +6,8 @@
 //! dispatcher) by the control thread's [`driver`], which feeds the sources'
 //! samples to the sans-IO [`estimator`] (DESIGN.md "Clock sources").
 
+#![forbid(unsafe_code)]
+
 pub mod driver;
 pub mod estimator;
 pub mod exchange;

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use baton_agent::clock::clock_ns;
-use baton_agent::clock::ntp::packet::{Packet, unix_ns_to_timestamp};
-use baton_agent::clock::ntp::{NtpConfig, spawn_with};
-use baton_agent::clock::sample::sample_channel;
+use baton_clock::clock_ns;
+use baton_clock::ntp::packet::{Packet, unix_ns_to_timestamp};
+use baton_clock::ntp::{NtpConfig, spawn_with};
+use baton_clock::sample::sample_channel;
 use nix::time::ClockId;
 
 /// The fake server's clock is this far ahead of `CLOCK_REALTIME`.
@@ -103,7 +103,7 @@ impl Drop for FakeServer {
 }
 
 fn realtime_minus_monotonic() -> i64 {
-    baton_agent::clock::system::read_offset().1
+    baton_clock::system::read_offset().1
 }
 
 #[test]

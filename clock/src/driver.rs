@@ -15,7 +15,7 @@ use super::estimator::{ClockState, Estimate, Estimator, EstimatorConfig};
 use super::sample::{Sample, SampleSender, SourceKind, sample_channel};
 use super::system::SystemSource;
 use super::{ClockEstimate, MonoTime, mono_now};
-use crate::clock::settings::ClockConfig;
+use crate::settings::ClockConfig;
 
 /// The estimator ticks at most this often without new samples: the
 /// published offset then lags the fit by at most the frequency error over
@@ -118,7 +118,7 @@ impl EstimatedClock {
                 "clock: following {} ({}), uncertainty {}",
                 e.source.name(),
                 e.state.name(),
-                crate::units::fmt_ns(e.uncertainty_ns)
+                baton_proto::time::fmt_ns(e.uncertainty_ns)
             );
             // A real source lost or degraded is worth an operator's eye;
             // the system clock free-running at start is the common case.
