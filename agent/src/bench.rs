@@ -118,13 +118,13 @@ pub fn latency(
     });
     let cpu0 = cpu_ns();
     let dispatch0 = dispatch_cpu_ns();
-    let wall0 = baton_clock::mono_now().0;
+    let wall0 = baton_clock::mono_now().as_nanos();
     let stop = StopFlag::default();
     if let crate::runtime::StopCause::Fault(e) = agent.run(&stop, true) {
         return Err(e);
     }
     finished.store(true, Ordering::Release);
-    let wall = baton_clock::mono_now().0 - wall0;
+    let wall = baton_clock::mono_now().as_nanos() - wall0;
     let cpu = cpu_ns() - cpu0;
     let dispatch_cpu = (dispatch_seen.load(Ordering::Acquire) - dispatch0).max(0);
     let stats = agent

@@ -475,7 +475,7 @@ impl Dispatcher {
     /// which case it must not park at all: the thread may have seen the
     /// old wake-up time and left them for this pass.
     pub fn plan_control_wake(&self, wake: Option<MonoTime>) -> bool {
-        let w = wake.map_or(CONTROL_AWAKE, |w| w.0.max(CONTROL_AWAKE + 1));
+        let w = wake.map_or(CONTROL_AWAKE, |w| w.as_nanos().max(CONTROL_AWAKE + 1));
         self.shared.control_wake.store(w, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         !self.shared.done.is_empty()
@@ -618,8 +618,8 @@ pub fn apply(
             let r = g.write(line, value, t_ref, &job.id);
             if r.is_ok() {
                 pulse_end = Some(Job {
-                    deadline: MonoTime(job.deadline.0.saturating_add(width_ns)),
-                    not_after: MonoTime(i64::MAX),
+                    deadline: job.deadline.add_nanos(width_ns),
+                    not_after: MonoTime::MAX,
                     ticket: job.ticket,
                     kind: JobKind::PulseEnd,
                     op: Op::Write(line, 1 - value.min(1)),
@@ -798,18 +798,18 @@ fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) 
             s.stats.heartbeat.awake();
             continue;
         };
-        let deadline = top.job.deadline.0;
+        let deadline = top.job.deadline.as_nanos();
         if stopping {
             // Run what is due and every pulse end; the rest is not run.
             let Some(q) = l.heap.pop() else { continue };
-            if q.job.kind == JobKind::PulseEnd || deadline <= now.0 {
+            if q.job.kind == JobKind::PulseEnd || deadline <= now.as_nanos() {
                 l.execute(q.job, now);
             } else {
                 l.not_run(q.job, now, NotRun::Stopped);
             }
             continue;
         }
-        if deadline - now.0 > margin {
+        if deadline - now.as_nanos() > margin {
             let mut wake_at = deadline - margin;
             if l.request_seen.is_some() {
                 wake_at = wake_at.min(deadline - REQUEST_GUARD_NS);
@@ -818,7 +818,7 @@ fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) 
             s.stats.heartbeat.waiting(Some(wake_at));
             s.sleep(seen, Some(wake_at));
             s.stats.heartbeat.awake();
-            let woke = mono_now().0;
+            let woke = mono_now().as_nanos();
             if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
                 // Timed wake: learn the latency, and the pace.
                 recent[next_sample] = (woke - wake_at).min(MAX_SAMPLE_NS);
@@ -835,17 +835,17 @@ fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) 
             continue;
         }
         // Spin to the deadline, still watching for an earlier job.
-        if deadline > now.0 {
+        if deadline > now.as_nanos() {
             l.notify_results();
         }
-        let spin_start = now.0;
-        let mut t = now.0;
+        let spin_start = now.as_nanos();
+        let mut t = now.as_nanos();
         while t < deadline {
             if s.word.load(Ordering::Acquire) != seen {
                 break;
             }
             std::hint::spin_loop();
-            t = mono_now().0;
+            t = mono_now().as_nanos();
         }
         s.stats
             .spin_ns
@@ -854,7 +854,7 @@ fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify: &Thread) 
             continue; // an earlier job may have arrived
         }
         if let Some(q) = l.heap.pop() {
-            l.execute(q.job, MonoTime(t));
+            l.execute(q.job, MonoTime::from_nanos(t));
         }
     }
 }
@@ -863,14 +863,14 @@ impl Local<'_> {
     fn push(&mut self, job: Job) {
         self.seq += 1;
         self.heap.push(Queued {
-            key: Reverse((job.deadline.0, self.seq)),
+            key: Reverse((job.deadline.as_nanos(), self.seq)),
             job,
         });
     }
 
     fn take_inbox(&mut self) {
         while let Some(job) = self.s.inbox.pop() {
-            if job.deadline.0 < mono_now().0 {
+            if job.deadline.as_nanos() < mono_now().as_nanos() {
                 self.s.stats.arrived_late.fetch_add(1, Ordering::Relaxed);
             }
             if job.kind == JobKind::Safe {
@@ -910,12 +910,12 @@ impl Local<'_> {
             self.request_seen = None;
             return;
         }
-        let since = *self.request_seen.get_or_insert(now.0);
+        let since = *self.request_seen.get_or_insert(now.as_nanos());
         let room = self
             .heap
             .peek()
-            .is_none_or(|q| q.job.deadline.0 - now.0 > REQUEST_GUARD_NS);
-        if !room && now.0 - since < REQUEST_MAX_WAIT_NS {
+            .is_none_or(|q| q.job.deadline.nanos_since(now) > REQUEST_GUARD_NS);
+        if !room && now.as_nanos() - since < REQUEST_MAX_WAIT_NS {
             return;
         }
         while let Some(req) = self.s.requests.pop() {
@@ -985,7 +985,7 @@ impl Local<'_> {
         fence(Ordering::SeqCst);
         let wake = self.s.control_wake.load(Ordering::SeqCst);
         let defer = self.s.result_defer_ns.load(Ordering::Relaxed);
-        if results_now(urgent, wake, mono_now().0, defer) {
+        if results_now(urgent, wake, mono_now().as_nanos(), defer) {
             self.notify.unpark();
         }
     }

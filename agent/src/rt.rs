@@ -409,7 +409,7 @@ mod tests {
         // Word already changed: returns at once even with no deadline.
         futex_wait(&w, 1, None);
         // Deadline in the past: returns at once.
-        futex_wait(&w, 0, Some(baton_clock::mono_now().0 - 1));
+        futex_wait(&w, 0, Some(baton_clock::mono_now().as_nanos() - 1));
         // A waker on another thread ends an unbounded wait.
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -418,7 +418,11 @@ mod tests {
             });
             let seen = 0;
             while w.load(Ordering::Acquire) == seen {
-                futex_wait(&w, seen, Some(baton_clock::mono_now().0 + 5_000_000_000));
+                futex_wait(
+                    &w,
+                    seen,
+                    Some(baton_clock::mono_now().as_nanos() + 5_000_000_000),
+                );
             }
         });
         assert_eq!(w.load(Ordering::Acquire), 1);

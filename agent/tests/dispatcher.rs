@@ -41,7 +41,7 @@ fn no_rt() -> RtConfig {
 
 /// `ms` milliseconds from now on the monotonic clock.
 fn in_ms(ms: i64) -> MonoTime {
-    MonoTime(mono_now().0 + ms * MS)
+    mono_now().add_nanos(ms * MS)
 }
 
 fn line(s: &str) -> LineRef {
@@ -53,7 +53,7 @@ fn line(s: &str) -> LineRef {
 fn job(ticket: u64, kind: JobKind, op: Op, deadline: MonoTime) -> Job {
     Job {
         deadline,
-        not_after: MonoTime(deadline.0 + 1_000 * MS),
+        not_after: deadline.add_nanos(1_000 * MS),
         ticket,
         kind,
         op,
@@ -281,7 +281,7 @@ fn a_job_past_not_after_is_late_and_not_run() {
     // Arrives already past both its deadline and its `not_after`.
     let past = in_ms(-10);
     let mut stale = job(1, JobKind::Attempt, Op::Write(a, 1), past);
-    stale.not_after = MonoTime(past.0 + 5 * MS);
+    stale.not_after = past.add_nanos(5 * MS);
     r.submit(stale);
     // Reached at its deadline, after its `not_after` (an impossible window).
     let deadline = in_ms(30);
@@ -295,7 +295,7 @@ fn a_job_past_not_after_is_late_and_not_run() {
         },
         deadline,
     );
-    j.not_after = MonoTime(deadline.0 - 1);
+    j.not_after = deadline.add_nanos(-1);
     r.submit(j);
     // A safe write is never late, however stale.
     let mut safe = job(3, JobKind::Safe, Op::Write(a, 0), past);
@@ -366,7 +366,10 @@ fn stop_ends_a_pulse_at_once_and_does_not_run_future_jobs() {
         .unwrap_or_else(|| panic!("no pulse end: {done:?}"));
     assert_eq!(end.kind, JobKind::PulseEnd);
     assert_ok(end);
-    assert!(end.actual.0 < start[0].actual.0 + width, "ended early");
+    assert!(
+        end.actual.as_nanos() < start[0].actual.as_nanos() + width,
+        "ended early"
+    );
     for d in done.iter().filter(|d| d.ticket != 1) {
         if d.kind == JobKind::PulseEnd {
             // The never-started pulse's second credit.
@@ -456,7 +459,7 @@ fn credits_refuse_instead_of_blocking_and_every_job_gets_its_results() {
         } else {
             Op::Write(h, (ticket % 2) as u8)
         };
-        let at = MonoTime(base.0 + ticket as i64 * 5_000);
+        let at = base.add_nanos(ticket as i64 * 5_000);
         if !r.d.credits().available(JobKind::Attempt, op.credits()) {
             // What the control loop would never do: the dispatcher says no.
             let t0 = Instant::now();
@@ -522,9 +525,9 @@ fn line_requests_are_served_between_firings() {
     // must serve it mid-stream once it has waited long enough.
     let n = 300u64;
     let first = in_ms(20);
-    let last = MonoTime(first.0 + (n as i64 - 1) * MS);
+    let last = first.add_nanos((n as i64 - 1) * MS);
     for i in 0..n {
-        let at = MonoTime(first.0 + i as i64 * MS);
+        let at = first.add_nanos(i as i64 * MS);
         r.submit(job(i + 1, JobKind::Attempt, Op::Toggle(a), at));
     }
     // The stream has begun: from now on the next firing is always near.
@@ -693,7 +696,7 @@ fn successes_wait_for_a_near_control_pass_failures_and_prompt_jobs_do_not() {
     };
     let probe = Duration::from_millis(300);
     // The control thread (this one) will run again in 5 ms by itself.
-    let near = || Some(MonoTime(mono_now().0 + 5 * MS));
+    let near = || Some(mono_now().add_nanos(5 * MS));
 
     // A plain success: no wake-up.
     assert!(!r.d.plan_control_wake(near()), "no result waits yet");
@@ -739,7 +742,7 @@ fn successes_wait_for_a_near_control_pass_failures_and_prompt_jobs_do_not() {
     assert_ok(&r.d.try_done().expect("the prompt result"));
 
     // A far pass (or none planned): every result wakes it, as before.
-    r.d.plan_control_wake(Some(MonoTime(mono_now().0 + 1_000 * MS)));
+    r.d.plan_control_wake(Some(mono_now().add_nanos(1_000 * MS)));
     std::thread::park_timeout(Duration::ZERO);
     r.submit(job(4, JobKind::Attempt, Op::Write(a, 1), in_ms(20)));
     assert!(unparked_within(WAIT), "a far pass must not delay results");

@@ -69,7 +69,7 @@ fn clock_monotonic() -> MonoTime {
     let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     assert_eq!(r, 0, "clock_gettime");
     // `time_t` and `c_long` are 32 bits on armv7: widen first.
-    MonoTime(i64::from(ts.tv_sec) * 1_000_000_000 + i64::from(ts.tv_nsec))
+    MonoTime::from_nanos(i64::from(ts.tv_sec) * 1_000_000_000 + i64::from(ts.tv_nsec))
 }
 
 fn read_pid(path: &Path) -> libc::pid_t {
@@ -457,7 +457,7 @@ fn the_timeout_counts_from_the_spawn_not_from_the_submit() {
     let r = recv(&rx);
     assert_eq!(r.execution_id, "quick");
     assert_eq!(r.outcome, ExecOutcome::Ok);
-    let waited = r.started.expect("started").0 - t0.0;
+    let waited = r.started.expect("started").as_nanos() - t0.as_nanos();
     assert!(waited >= 300_000_000, "started after {waited} ns");
     p.shutdown();
 }

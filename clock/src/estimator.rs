@@ -455,7 +455,7 @@ mod tests {
     fn sample(source: SourceKind, at: i64, offset: i64, error: i64) -> Sample {
         Sample {
             source,
-            at: MonoTime(at),
+            at: MonoTime::from_nanos(at),
             offset_ns: offset,
             error_ns: error,
         }
@@ -481,7 +481,7 @@ mod tests {
             let t = i * S;
             let off = truth(5 * S, 20.0, t) + noise(i, 20 * US);
             e.on_sample(sample(SourceKind::Ntp, t, off, 50 * US));
-            last = e.tick(MonoTime(t));
+            last = e.tick(MonoTime::from_nanos(t));
         }
         let est = last.expect("ticks").estimate;
         assert_eq!(est.state, ClockState::Locked);
@@ -516,9 +516,9 @@ mod tests {
         for i in 0..10 {
             let t = i * S;
             e.on_sample(sample(SourceKind::Ptp, t, truth(0, -30.0, t), US));
-            e.tick(MonoTime(t));
+            e.tick(MonoTime::from_nanos(t));
         }
-        let locked = e.tick(MonoTime(9 * S)).expect("tick").estimate;
+        let locked = e.tick(MonoTime::from_nanos(9 * S)).expect("tick").estimate;
         assert_eq!(locked.state, ClockState::Locked);
         // Silence: still locked within the stale window, then holdover.
         let mut at = |secs: i64| e_tick(&mut e, secs * S);
@@ -538,7 +538,7 @@ mod tests {
     }
 
     fn e_tick(e: &mut Estimator, t: i64) -> Estimate {
-        e.tick(MonoTime(t)).expect("tick").estimate
+        e.tick(MonoTime::from_nanos(t)).expect("tick").estimate
     }
 
     /// Every `every` of reference time, from monotonic `from` to `to`,
@@ -552,7 +552,7 @@ mod tests {
             let t = i * S;
             e.on_sample(sample(SourceKind::Ptp, t, 0, US));
             e.on_sample(sample(SourceKind::Ntp, t, 2 * MS, 100 * US));
-            e.tick(MonoTime(t));
+            e.tick(MonoTime::from_nanos(t));
         }
         assert_eq!(e_tick(&mut e, 9 * S).source, SourceKind::Ptp);
         // From 10 s on only NTP speaks; PTP goes stale after 5 s.
@@ -588,16 +588,19 @@ mod tests {
         let mut e = Estimator::new(cfg());
         for i in 0..5 {
             e.on_sample(sample(SourceKind::System, i * S, 7 * S, US));
-            e.tick(MonoTime(i * S));
+            e.tick(MonoTime::from_nanos(i * S));
         }
         // Someone sets the clock one second ahead.
         e.on_sample(sample(SourceKind::System, 5 * S, 8 * S, US));
-        let tick = e.tick(MonoTime(5 * S)).expect("tick");
+        let tick = e.tick(MonoTime::from_nanos(5 * S)).expect("tick");
         assert_eq!(tick.step_ns, Some(S));
         assert_eq!(tick.estimate.offset_ns, 8 * S);
         // And back: a backward step is reported too.
         e.on_sample(sample(SourceKind::System, 6 * S, 7 * S, US));
-        assert_eq!(e.tick(MonoTime(6 * S)).expect("tick").step_ns, Some(-S));
+        assert_eq!(
+            e.tick(MonoTime::from_nanos(6 * S)).expect("tick").step_ns,
+            Some(-S)
+        );
     }
 
     #[test]
@@ -609,7 +612,7 @@ mod tests {
             let sys = if i < 10 { 0 } else { S };
             e.on_sample(sample(SourceKind::System, t, sys, US));
             e.on_sample(sample(SourceKind::Ptp, t, 0, US));
-            let tick = e.tick(MonoTime(t)).expect("tick");
+            let tick = e.tick(MonoTime::from_nanos(t)).expect("tick");
             assert_eq!(tick.step_ns, None, "at {i} s");
             assert_eq!(tick.estimate.offset_ns, 0);
             if i >= 3 {
@@ -631,7 +634,7 @@ mod tests {
         for i in 1..=4 {
             e.on_sample(sample(SourceKind::System, i * S, 3 * S, 16 * S));
             e.on_sample(sample(SourceKind::Link, i * S, 3 * S + 40 * MS, 80 * US));
-            let tick = e.tick(MonoTime(i * S)).expect("tick");
+            let tick = e.tick(MonoTime::from_nanos(i * S)).expect("tick");
             if i < 3 {
                 assert_eq!(tick.estimate.state, ClockState::Syncing);
             }
@@ -651,11 +654,11 @@ mod tests {
         let mut e = Estimator::new(cfg());
         for i in 0..10 {
             e.on_sample(sample(SourceKind::Link, i * S, 0, 50 * US));
-            e.tick(MonoTime(i * S));
+            e.tick(MonoTime::from_nanos(i * S));
         }
         // One reply delayed 40 ms on the way back: its error says so.
         e.on_sample(sample(SourceKind::Link, 10 * S, -20 * MS, 20 * MS));
-        let tick = e.tick(MonoTime(10 * S)).expect("tick");
+        let tick = e.tick(MonoTime::from_nanos(10 * S)).expect("tick");
         assert_eq!(tick.step_ns, None);
         assert!(tick.estimate.offset_ns.abs() < 200 * US, "{tick:?}");
         assert_eq!(tick.estimate.state, ClockState::Locked);
@@ -667,7 +670,7 @@ mod tests {
         for i in 0..6 {
             e.on_sample(sample(SourceKind::Ntp, i * S, 0, 300 * US));
             e.on_sample(sample(SourceKind::System, i * S, 0, 2 * US));
-            e.tick(MonoTime(i * S));
+            e.tick(MonoTime::from_nanos(i * S));
         }
         assert_eq!(e_tick(&mut e, 5 * S).source, SourceKind::Ntp);
     }
@@ -675,10 +678,10 @@ mod tests {
     #[test]
     fn no_sample_no_estimate_and_changes_are_flagged_once() {
         let mut e = Estimator::new(cfg());
-        assert!(e.tick(MonoTime(0)).is_none());
+        assert!(e.tick(MonoTime::from_nanos(0)).is_none());
         e.on_sample(sample(SourceKind::System, 0, 0, US));
-        assert!(e.tick(MonoTime(0)).expect("tick").changed);
+        assert!(e.tick(MonoTime::from_nanos(0)).expect("tick").changed);
         e.on_sample(sample(SourceKind::System, S, 0, US));
-        assert!(!e.tick(MonoTime(S)).expect("tick").changed);
+        assert!(!e.tick(MonoTime::from_nanos(S)).expect("tick").changed);
     }
 }

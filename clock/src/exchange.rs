@@ -68,7 +68,7 @@ impl Exchange {
 
     /// When the next request is due.
     pub fn next_due(&self) -> MonoTime {
-        self.next_at.unwrap_or(MonoTime(i64::MIN))
+        self.next_at.unwrap_or(MonoTime::MIN)
     }
 
     /// A request if one is due at `now` (none while one is in flight,
@@ -89,7 +89,7 @@ impl Exchange {
         } else {
             STEADY_EVERY_NS
         };
-        self.next_at = Some(MonoTime(now.0.saturating_add(every)));
+        self.next_at = Some(MonoTime::from_nanos(now.0.saturating_add(every)));
         // t1 is stamped when the request actually leaves ([`Self::sent`]).
         self.outstanding = Some((self.next_id, now));
         Some(Request { id: self.next_id })
@@ -147,7 +147,7 @@ impl Exchange {
         Some(Sample {
             source: SourceKind::Link,
             // The midpoint of the round trip on our clock.
-            at: MonoTime(t1.0 + (t4.0 - t1.0) / 2),
+            at: MonoTime::from_nanos(t1.0 + (t4.0 - t1.0) / 2),
             offset_ns: i64::try_from(offset).ok()?,
             error_ns: delay / 2 + BASE_ERROR_NS,
         })
@@ -164,12 +164,12 @@ mod tests {
     /// The controller's clock is monotonic + `offset`; the request takes
     /// `up` to arrive, the reply `down`.
     fn round(e: &mut Exchange, now: i64, offset: i64, up: i64, down: i64) -> Option<Sample> {
-        let r = e.poll(MonoTime(now))?;
-        e.sent(r.id, MonoTime(now));
+        let r = e.poll(MonoTime::from_nanos(now))?;
+        e.sent(r.id, MonoTime::from_nanos(now));
         let t2 = now + up + offset;
         let t3 = t2 + 10 * US;
         let t4 = now + up + 10 * US + down;
-        e.on_reply(r.id, now, t2, t3, MonoTime(t4))
+        e.on_reply(r.id, now, t2, t3, MonoTime::from_nanos(t4))
     }
 
     #[test]
@@ -202,14 +202,26 @@ mod tests {
     #[test]
     fn unexpected_replies_are_ignored() {
         let mut e = Exchange::new();
-        let r = e.poll(MonoTime(0)).expect("due at once");
-        e.sent(r.id, MonoTime(10));
+        let r = e.poll(MonoTime::from_nanos(0)).expect("due at once");
+        e.sent(r.id, MonoTime::from_nanos(10));
         // Wrong id, wrong t1 echo, a reply claiming to precede its request.
-        assert!(e.on_reply(r.id + 1, 10, 0, 0, MonoTime(20)).is_none());
-        assert!(e.on_reply(r.id, 11, 0, 0, MonoTime(20)).is_none());
-        assert!(e.on_reply(r.id, 10, 50, 40, MonoTime(20)).is_none());
+        assert!(
+            e.on_reply(r.id + 1, 10, 0, 0, MonoTime::from_nanos(20))
+                .is_none()
+        );
+        assert!(
+            e.on_reply(r.id, 11, 0, 0, MonoTime::from_nanos(20))
+                .is_none()
+        );
+        assert!(
+            e.on_reply(r.id, 10, 50, 40, MonoTime::from_nanos(20))
+                .is_none()
+        );
         // Consumed by the inconsistent one: a replay is nothing either.
-        assert!(e.on_reply(r.id, 10, 15, 16, MonoTime(20)).is_none());
+        assert!(
+            e.on_reply(r.id, 10, 15, 16, MonoTime::from_nanos(20))
+                .is_none()
+        );
     }
 
     #[test]
@@ -219,11 +231,11 @@ mod tests {
         let mut gaps = Vec::new();
         let mut last = None;
         while gaps.len() < 8 {
-            if let Some(r) = e.poll(MonoTime(t)) {
+            if let Some(r) = e.poll(MonoTime::from_nanos(t)) {
                 // In flight: nothing more until answered or timed out.
-                assert!(e.poll(MonoTime(t)).is_none());
-                e.sent(r.id, MonoTime(t));
-                e.on_reply(r.id, t, t, t, MonoTime(t + 1));
+                assert!(e.poll(MonoTime::from_nanos(t)).is_none());
+                e.sent(r.id, MonoTime::from_nanos(t));
+                e.on_reply(r.id, t, t, t, MonoTime::from_nanos(t + 1));
                 if let Some(l) = last {
                     gaps.push(t - l);
                 }
@@ -234,11 +246,16 @@ mod tests {
         assert!(gaps[..5].iter().all(|g| *g == BURST_EVERY_NS), "{gaps:?}");
         assert!(gaps[5..].iter().all(|g| *g == STEADY_EVERY_NS), "{gaps:?}");
         // A lost reply: after the timeout a new request goes out.
-        let r = e.poll(MonoTime(t + STEADY_EVERY_NS)).expect("due");
-        e.sent(r.id, MonoTime(t + STEADY_EVERY_NS));
-        assert!(e.poll(MonoTime(t + 2 * STEADY_EVERY_NS)).is_none());
+        let r = e
+            .poll(MonoTime::from_nanos(t + STEADY_EVERY_NS))
+            .expect("due");
+        e.sent(r.id, MonoTime::from_nanos(t + STEADY_EVERY_NS));
         assert!(
-            e.poll(MonoTime(t + STEADY_EVERY_NS + REPLY_TIMEOUT_NS))
+            e.poll(MonoTime::from_nanos(t + 2 * STEADY_EVERY_NS))
+                .is_none()
+        );
+        assert!(
+            e.poll(MonoTime::from_nanos(t + STEADY_EVERY_NS + REPLY_TIMEOUT_NS))
                 .is_some()
         );
     }
@@ -261,17 +278,19 @@ mod tests {
         let (mut kept, mut asked, mut t) = (0, 0, 0i64);
         while asked < 100 {
             t += 250 * MS;
-            let Some(r) = e.poll(MonoTime(t)) else {
+            let Some(r) = e.poll(MonoTime::from_nanos(t)) else {
                 continue; // the exchange's own pace
             };
             asked += 1;
             let up = 40 * US + rand(300 * US);
             let down = 40 * US + rand(300 * US);
             let id = r.id;
-            e.sent(id, MonoTime(t));
+            e.sent(id, MonoTime::from_nanos(t));
             let t2 = t + up + offset;
             let t3 = t2 + 10 * US;
-            if let Some(s) = e.on_reply(id, t, t2, t3, MonoTime(t + up + 10 * US + down)) {
+            if let Some(s) =
+                e.on_reply(id, t, t2, t3, MonoTime::from_nanos(t + up + 10 * US + down))
+            {
                 kept += 1;
                 assert!((s.offset_ns - offset).abs() <= s.error_ns, "{s:?}");
             }
@@ -320,7 +339,7 @@ mod tests {
             assert!((s.offset_ns - offset).abs() <= 20 * MS, "kept {s:?} at {i}");
             assert!((s.offset_ns - offset).abs() <= s.error_ns, "{s:?}");
             est.on_sample(s);
-            if let Some(tick) = est.tick(MonoTime(t + 600 * MS))
+            if let Some(tick) = est.tick(MonoTime::from_nanos(t + 600 * MS))
                 && tick.estimate.source == SourceKind::Link
                 && let Some(step) = tick.step_ns
             {

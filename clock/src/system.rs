@@ -61,7 +61,7 @@ const READS: usize = 3;
 /// One reading of `realtime − monotonic` at a monotonic instant, and how
 /// wide its bracket was.
 pub fn read_offset() -> (MonoTime, i64, i64) {
-    let mut best = (MonoTime(0), 0, i64::MAX);
+    let mut best = (MonoTime::from_nanos(0), 0, i64::MAX);
     for _ in 0..READS {
         let m0 = clock_ns(ClockId::CLOCK_MONOTONIC);
         let r = clock_ns(ClockId::CLOCK_REALTIME);
@@ -69,7 +69,7 @@ pub fn read_offset() -> (MonoTime, i64, i64) {
         let width = (m1 - m0).max(1);
         if width < best.2 {
             let mid = m0 + (m1 - m0) / 2;
-            best = (MonoTime(mid), r - mid, width);
+            best = (MonoTime::from_nanos(mid), r - mid, width);
         }
     }
     best

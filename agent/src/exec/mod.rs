@@ -157,7 +157,7 @@ impl std::fmt::Display for NotStartedReason {
             } => write!(
                 f,
                 "no exec worker was free in time ({} past its start limit)",
-                baton_proto::time::fmt_ns(picked_up.0.saturating_sub(not_after.0))
+                baton_proto::time::fmt_ns(picked_up.nanos_since(*not_after))
             ),
             NotStartedReason::Withdrawn => {
                 f.write_str("withdrawn (its pack entered its safe state)")
@@ -768,12 +768,18 @@ mod tests {
     fn clock_is_injected_and_not_after_is_inclusive() {
         let (tx, rx) = mpsc::channel();
         let policy = ExecPolicy::from_programs(["/bin/true"]).expect("valid");
-        let p = ExecPool::with_clock(1, policy, tx, no_notify(), Arc::new(|| MonoTime(42)));
+        let p = ExecPool::with_clock(
+            1,
+            policy,
+            tx,
+            no_notify(),
+            Arc::new(|| MonoTime::from_nanos(42)),
+        );
         let mut on_time = req("/bin/true");
-        on_time.not_after = Some(MonoTime(42));
+        on_time.not_after = Some(MonoTime::from_nanos(42));
         let mut late = req("/bin/true");
         late.execution_id = "e2".into();
-        late.not_after = Some(MonoTime(41));
+        late.not_after = Some(MonoTime::from_nanos(41));
         assert!(p.submit(on_time).is_ok());
         assert!(p.submit(late).is_ok());
         let got: Vec<_> = (0..2)
@@ -785,19 +791,19 @@ mod tests {
                 ExecResult {
                     execution_id: "e1".into(),
                     outcome: ExecOutcome::Ok,
-                    started: Some(MonoTime(42)),
-                    finished: MonoTime(42)
+                    started: Some(MonoTime::from_nanos(42)),
+                    finished: MonoTime::from_nanos(42)
                 },
                 ExecResult {
                     execution_id: "e2".into(),
                     outcome: ExecOutcome::NotStarted {
                         reason: NotStartedReason::Expired {
-                            not_after: MonoTime(41),
-                            picked_up: MonoTime(42)
+                            not_after: MonoTime::from_nanos(41),
+                            picked_up: MonoTime::from_nanos(42)
                         }
                     },
                     started: None,
-                    finished: MonoTime(42)
+                    finished: MonoTime::from_nanos(42)
                 }
             ]
         );

@@ -535,7 +535,11 @@ impl Session {
     /// `CLOCK_MONOTONIC`).
     fn exchange_due(&self) -> Option<Instant> {
         let (x, _) = self.exchange.as_ref()?;
-        let wait = x.next_due().0.saturating_sub(mono_now().0).max(0);
+        let wait = x
+            .next_due()
+            .as_nanos()
+            .saturating_sub(mono_now().as_nanos())
+            .max(0);
         Some(Instant::now() + Duration::from_nanos(wait as u64))
     }
 
@@ -579,7 +583,7 @@ impl Session {
             && let Some((x, _)) = self.exchange.as_mut()
         {
             let t1 = mono_now();
-            r.t1_ns = t1.0;
+            r.t1_ns = t1.as_nanos();
             x.sent(r.id, t1);
         }
     }

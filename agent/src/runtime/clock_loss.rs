@@ -70,8 +70,7 @@ impl Agent {
         let waiting_for_source = c.ptp.is_some()
             || !c.ntp_servers.is_empty()
             || (c.link && !self.cfg.controllers.is_empty());
-        waiting_for_source
-            && self.mono_now().0 - self.started.0 < CLOCK_START_GRACE.as_nanos() as i64
+        waiting_for_source && self.mono_now().since(self.started) < CLOCK_START_GRACE
     }
 
     /// Sync lost past the limit: packs that need absolute time and asked

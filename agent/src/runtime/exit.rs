@@ -67,11 +67,11 @@ impl Agent {
     /// progress for [`STALL_GRACE`] (starved of CPU by a higher real-time
     /// priority, say, or hung in the injected test stall).
     fn await_safe_writes(&mut self) -> bool {
-        let start = baton_clock::mono_now().0;
+        let start = baton_clock::mono_now().as_nanos();
         let end = start + SAFE_STATE_WAIT.as_nanos() as i64;
         let grace = STALL_GRACE.as_nanos() as i64;
         let mut last: Option<(u64, i64)> = None;
-        while self.arming.side_in_flight() && baton_clock::mono_now().0 < end {
+        while self.arming.side_in_flight() && baton_clock::mono_now().as_nanos() < end {
             if let Err(e) = self.arming.pump(self.device.as_mut()) {
                 tracing::error!("safe state: {e}");
                 break;
@@ -81,7 +81,7 @@ impl Agent {
             }
             if let Some(stats) = self.device.stats() {
                 let pulse = stats.heartbeat.pulse();
-                let now = baton_clock::mono_now().0;
+                let now = baton_clock::mono_now().as_nanos();
                 match last {
                     Some((beat, since)) if beat == pulse.beat => {
                         if now - since > grace

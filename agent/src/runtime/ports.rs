@@ -67,10 +67,10 @@ impl Clock for ManualClock {
         RefTime::from_nanos(self.now.load(Ordering::Acquire))
     }
     fn to_mono(&self, t: RefTime) -> MonoTime {
-        MonoTime(t.as_nanos())
+        MonoTime::from_nanos(t.as_nanos())
     }
     fn to_ref(&self, m: MonoTime) -> RefTime {
-        RefTime::from_nanos(m.0)
+        RefTime::from_nanos(m.as_nanos())
     }
     fn resample(&self) -> Option<i64> {
         None

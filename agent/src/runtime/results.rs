@@ -69,7 +69,7 @@ impl Agent {
         let pulse_runs = matches!(done.outcome, JobOutcome::Ok(_));
         // Lateness on the dispatcher's own (monotonic) scale: immune to the
         // estimate moving between arming and firing.
-        let lateness_ns = done.actual.0 - done.deadline.0;
+        let lateness_ns = done.actual.nanos_since(done.deadline);
         let (result, firing) = match done.outcome {
             JobOutcome::Ok(value) => (AttemptResult::Ok { value }, FiringResult::Ok { value }),
             JobOutcome::Failed(e) => {

@@ -36,7 +36,7 @@ impl Agent {
     /// half `watchdog` (from `WATCHDOG_USEC`) once the loop runs. Without
     /// this call nothing is sent.
     pub fn notify_systemd(&mut self, notifier: Notifier, watchdog: Option<Duration>) {
-        let now = baton_clock::mono_now().0;
+        let now = baton_clock::mono_now().as_nanos();
         self.systemd = Systemd {
             watchdog: watchdog
                 .filter(|_| notifier.enabled())
@@ -69,7 +69,7 @@ impl Agent {
             return;
         };
         let pulse = self.device.stats().map(|s| s.heartbeat.pulse());
-        let Some(d) = w.poll(baton_clock::mono_now().0, pulse) else {
+        let Some(d) = w.poll(baton_clock::mono_now().as_nanos(), pulse) else {
             return;
         };
         let n = &self.systemd.notifier;
@@ -96,7 +96,9 @@ impl Agent {
     /// (for the loop's sleep).
     pub(super) fn systemd_wake(&self, now: RefTime) -> Option<RefTime> {
         let w = self.systemd.watchdog.as_ref()?;
-        let left = w.next_due().saturating_sub(baton_clock::mono_now().0);
+        let left = w
+            .next_due()
+            .saturating_sub(baton_clock::mono_now().as_nanos());
         Some(now + Duration::from_nanos(left.max(0).unsigned_abs()))
     }
 }

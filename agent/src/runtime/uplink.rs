@@ -266,8 +266,7 @@ impl Agent {
         {
             up.last_clock = clock_now;
             up.queue(session, ToLink::ClockReport(self.clock_report()));
-            up.next_clock_report =
-                MonoTime(now.0.saturating_add(CLOCK_REPORT_EVERY.as_nanos() as i64));
+            up.next_clock_report = now + CLOCK_REPORT_EVERY;
         }
         up.flush();
         self.send_feedback(up)
@@ -377,8 +376,7 @@ impl Agent {
                 up.window.open(front, acked_seq);
                 up.welcomed = true;
                 up.queue(session, ToLink::ClockReport(self.clock_report()));
-                up.next_clock_report =
-                    MonoTime(now.0.saturating_add(CLOCK_REPORT_EVERY.as_nanos() as i64));
+                up.next_clock_report = now + CLOCK_REPORT_EVERY;
             }
             FromLink::Push {
                 session,

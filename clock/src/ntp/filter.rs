@@ -142,7 +142,7 @@ mod tests {
 
     fn m(at_s: i64, offset_ns: i64, delay_ns: i64) -> Measurement {
         Measurement {
-            at: MonoTime(at_s * 1_000_000_000),
+            at: MonoTime::from_nanos(at_s * 1_000_000_000),
             offset_ns,
             delay_ns,
             error_ns: delay_ns / 2,
@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn a_falseticker_among_three_is_left_out_and_no_majority_means_none() {
-        let now = MonoTime(0);
+        let now = MonoTime::from_nanos(0);
         let good = [(0, m(0, 1_000, 100_000)), (1, m(0, 20_000, 100_000))];
         let mut cands = good.to_vec();
         cands.push((2, m(0, 10_000_000, 100_000)));
@@ -200,9 +200,9 @@ mod tests {
     #[test]
     fn age_widens_the_error_at_phi() {
         let x = m(0, 0, 100_000);
-        assert_eq!(distance_at(&x, MonoTime(0)), 50_000);
+        assert_eq!(distance_at(&x, MonoTime::from_nanos(0)), 50_000);
         assert_eq!(
-            distance_at(&x, MonoTime(100_000_000_000)),
+            distance_at(&x, MonoTime::from_nanos(100_000_000_000)),
             50_000 + 1_500_000
         );
     }

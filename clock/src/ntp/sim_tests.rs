@@ -73,7 +73,7 @@ impl FakeServer {
         };
         let t2 = t1.0 + d1 + self.offset_ns;
         let t3 = t2 + self.processing_ns;
-        let t4 = MonoTime(t1.0 + d1 + self.processing_ns + d2);
+        let t4 = MonoTime::from_nanos(t1.0 + d1 + self.processing_ns + d2);
         let p = Packet {
             leap: self.leap,
             version: 4,
@@ -105,7 +105,7 @@ struct Sim {
     unreachable: Vec<(usize, MonoTime)>,
 }
 
-const START: MonoTime = MonoTime(5_000 * S);
+const START: MonoTime = MonoTime::from_nanos(5_000 * S);
 
 impl Sim {
     fn new(servers: Vec<FakeServer>, config: NtpConfig) -> Self {
@@ -161,7 +161,7 @@ impl Sim {
 }
 
 fn secs(n: i64) -> MonoTime {
-    MonoTime(START.0 + n * S)
+    MonoTime::from_nanos(START.0 + n * S)
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn a_stale_reply_to_the_previous_request_is_rejected() {
     let mut rng = StdRng::seed_from_u64(2);
     let (late, _) = FakeServer::at(TRUTH).reply(&first, START, &mut rng);
     assert_eq!(
-        c.receive(0, &late, MonoTime(t.0 + MS)),
+        c.receive(0, &late, MonoTime::from_nanos(t.0 + MS)),
         Received::Rejected(Reject::OriginMismatch)
     );
 }
@@ -459,12 +459,12 @@ proptest! {
             // Past the origin check, into the deeper validation.
             b[24..32].copy_from_slice(&packet[40..48]);
         }
-        let r = c.receive(0, &b, MonoTime(START.0 + MS));
+        let r = c.receive(0, &b, MonoTime::from_nanos(START.0 + MS));
         if let Received::Measured { measurement, .. } = r {
             prop_assert!(measurement.delay_ns >= 0);
             prop_assert!(measurement.error_ns >= 0);
         }
         // Other server indices are not a panic either.
-        let _ = c.receive(5, &b, MonoTime(START.0 + MS));
+        let _ = c.receive(5, &b, MonoTime::from_nanos(START.0 + MS));
     }
 }

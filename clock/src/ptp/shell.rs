@@ -369,7 +369,7 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
                     let offset_ns = ((ref_fixed + (1 << 31)) >> 32) - i128::from(m);
                     let sample = Sample {
                         source: SourceKind::Ptp,
-                        at: MonoTime(m),
+                        at: MonoTime::from_nanos(m),
                         offset_ns: offset_ns as i64,
                         error_ns,
                     };
