@@ -1,6 +1,6 @@
 //! Timing-structure benchmark: `TimingWheel` against `BinaryHeap` (lazy
-//! cancel) and `Mutex<BTreeMap>`, with 1 000 000 pending firings whose
-//! deadlines are uniform over 60 s (seeded).
+//! cancel) and `BTreeMap`, with 1 000 000 pending firings whose deadlines are
+//! uniform over 60 s (seeded).
 //!
 //! Scenarios, for each structure:
 //! * `insert_pop`: insert 1M, then pop all in order;
@@ -14,16 +14,16 @@
 //! A summary table (median of a few runs, per phase) is printed first, then
 //! criterion runs the two scenarios.
 //!
-//! Baselines are given their best case: the heap has no lock at all, and the
-//! `BTreeMap` is cancelled by its full key (the benchmark knows each id's
-//! deadline), so it needs no id index. The wheel is cancelled by id only.
+//! Baselines are given their best case: like the wheel, which has one owner
+//! (`&mut self`), neither has a lock; the `BTreeMap` is cancelled by its full
+//! key (the benchmark knows each id's deadline), so it needs no id index. The
+//! wheel is cancelled by id only.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::hint::black_box;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -223,37 +223,29 @@ impl Timers for Heap {
 }
 
 struct Tree {
-    map: Mutex<BTreeMap<(Nanos, u64), u64>>,
+    map: BTreeMap<(Nanos, u64), u64>,
     next: u64,
 }
 
 impl Timers for Tree {
-    const NAME: &'static str = "Mutex<BTreeMap>";
+    const NAME: &'static str = "BTreeMap";
     fn new() -> Self {
         Tree {
-            map: Mutex::new(BTreeMap::new()),
+            map: BTreeMap::new(),
             next: 0,
         }
     }
     fn insert(&mut self, deadline: Nanos, value: u64) -> u64 {
         let id = self.next;
         self.next += 1;
-        self.map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((deadline, id), value);
+        self.map.insert((deadline, id), value);
         id
     }
     fn cancel(&mut self, id: u64, deadline: Nanos) -> bool {
-        self.map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(deadline, id))
-            .is_some()
+        self.map.remove(&(deadline, id)).is_some()
     }
     fn pop_due(&mut self, now: Nanos) -> Option<(Nanos, u64)> {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = map.first_entry()?;
+        let entry = self.map.first_entry()?;
         if entry.key().0 > now {
             return None;
         }

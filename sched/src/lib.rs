@@ -16,11 +16,9 @@
 //!   `on_give_up: continue` is followed by the pack's safe state, and
 //!   nothing more of that pack fires.
 
-// No unsafe code in the core. The library as built is under `forbid`; its
-// unit tests are under `deny`, with one scoped exception: the counting
-// global allocator of the timing wheel's memory test (`timing/tests.rs`).
-#![cfg_attr(not(test), forbid(unsafe_code))]
-#![cfg_attr(test, deny(unsafe_code))]
+// No unsafe code in the core, its unit tests included (the counting
+// allocators of the memory tests live in `tests/`, separate crates).
+#![forbid(unsafe_code)]
 
 mod catchup;
 mod id;

@@ -530,7 +530,8 @@ impl Scheduler {
         // Built per firing rather than kept per instruction: memory stays
         // O(instructions) with a small constant.
         let action = Arc::new(ins.action.clone());
-        let timer = self.insert(
+        let timer = Self::enqueue(
+            &mut self.queue,
             ps,
             slot,
             i,

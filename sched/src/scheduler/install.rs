@@ -428,7 +428,7 @@ impl Scheduler {
 
     /// Re-arm carried retries, timeouts and catch-up replays under the new
     /// generation.
-    fn rearm(&self, ps: &mut PackState, slot: usize, i: usize, now: RefTime) {
+    fn rearm(&mut self, ps: &mut PackState, slot: usize, i: usize, now: RefTime) {
         let occs: Vec<(RefTime, u32, bool, RefTime)> = ps.ins[i]
             .attempts
             .iter()
@@ -443,14 +443,21 @@ impl Scheduler {
             } else {
                 (deadline.max(now), EntryKind::Retry { occ, attempt })
             };
-            let id = self.insert(ps, slot, i, at, kind);
+            let id = Self::enqueue(&mut self.queue, ps, slot, i, at, kind);
             if let Some(a) = ps.ins[i].attempts.get_mut(&occ) {
                 a.timer = Some(id);
             }
         }
         let mut replays = std::mem::take(&mut ps.ins[i].catching);
         for r in &mut replays {
-            r.timer = Some(self.insert(ps, slot, i, r.release, EntryKind::CatchUp(r.occ)));
+            r.timer = Some(Self::enqueue(
+                &mut self.queue,
+                ps,
+                slot,
+                i,
+                r.release,
+                EntryKind::CatchUp(r.occ),
+            ));
         }
         ps.ins[i].catching = replays;
     }

@@ -902,15 +902,19 @@ impl Scheduler {
             .id(i, occ, attempt)
     }
 
-    fn insert(
-        &self,
+    /// Queue an entry for instruction `i` of `ps`, the pack in `slot`.
+    ///
+    /// Takes the queue rather than `self`, so that `ps` may be borrowed from
+    /// `self.packs` meanwhile.
+    fn enqueue(
+        queue: &mut TimingWheel<Entry>,
         ps: &PackState,
         slot: usize,
         i: usize,
         at: RefTime,
         kind: EntryKind,
     ) -> TimerId {
-        self.queue.insert_with_tiebreak(
+        queue.insert_with_tiebreak(
             at.as_nanos(),
             tiebreak(ps, slot, i),
             Entry {
@@ -923,9 +927,9 @@ impl Scheduler {
     }
 
     /// Queue an entry for instruction `i` of the pack in `slot`.
-    fn arm(&self, slot: usize, i: usize, at: RefTime, kind: EntryKind) -> Option<TimerId> {
+    fn arm(&mut self, slot: usize, i: usize, at: RefTime, kind: EntryKind) -> Option<TimerId> {
         let ps = self.packs[slot].as_ref()?;
-        Some(self.insert(ps, slot, i, at, kind))
+        Some(Self::enqueue(&mut self.queue, ps, slot, i, at, kind))
     }
 
     /// Make occurrence `occ`, due `at`, the instruction's pending one.

@@ -1,90 +1,83 @@
 //! The timing structure: pending firings in exact `(deadline ns, tiebreak,
 //! insertion order)` order.
 //!
-//! [`TimingWheel`] is a skiplist-ordered hierarchical timing wheel. It is
-//! sans-IO: it never reads a clock, `now` is passed to [`TimingWheel::pop_due`].
-//! All methods take `&self` and it is `Send + Sync`, so the link thread inserts
-//! and cancels while the dispatcher pops.
+//! [`TimingWheel`] is a hierarchical timing wheel with an exactly ordered
+//! near window. It is sans-IO: it never reads a clock, `now` is passed to
+//! [`TimingWheel::pop_due`].
+//!
+//! # One owner
+//!
+//! The wheel's one user is the [`Scheduler`](crate::Scheduler), and the
+//! scheduler is owned by one thread, the agent's control thread: the link's
+//! IO thread passes what it receives to the control thread, which alone
+//! calls into the core. So
+//! the wheel is plain data changed through `&mut self` — no locks, no
+//! atomics, no lock-free lists — and it is `Send` (and `Sync`) whenever its
+//! values are, by construction. Sharing it would cost every operation a
+//! synchronisation it never needs: on the control thread's core, a `&mut`
+//! call is the whole cost.
 //!
 //! # Shape
 //!
 //! ```text
-//!   index (64 sharded HashMaps)      id → value           cancel = remove here
+//!   index (one HashMap)              id → value           cancel = remove here
 //!   ─────────────────────────────────────────────────────────────────────────
 //!   near window  (tick < boundary)   exact (deadline, tiebreak, id) order
-//!     · run       sorted Vec, owned by the consumer: the tick it drained
-//!     · skiplist  crossbeam SkipMap: keys inserted straight into the window
+//!     · run       sorted Vec: the tick the window last reached
+//!     · late      binary heap: keys inserted below the boundary
 //!   ──────────────────────── boundary (a tick, only grows) ─────────────────
 //!   far levels   (tick ≥ boundary)   64 slots per level, 6 bits of tick per
 //!                                    level (8 levels at the default tick),
-//!                                    unsorted Vecs, one mutex per slot
+//!                                    unsorted Vecs
 //! ```
 //!
 //! *Exact order where it matters*: every key below the boundary is in exact
-//! order (the run is sorted, the skiplist is ordered, the consumer merges the
-//! two heads), and every key in the far levels is at or after the boundary, so
-//! the smaller near head is the global minimum. *Far inserts are cheap*: a far
-//! key is pushed unsorted onto its slot's `Vec`, whatever the distance; keys
-//! are sorted one tick (2^20 ns ≈ 1 ms by default) at a time, when the window
-//! reaches them. Only keys are moved and sorted (24 bytes); values stay put in
-//! the index.
+//! order (the run is sorted, the heap is a heap, the two heads are merged), and
+//! every key in the far levels is at or after the boundary, so the smaller near
+//! head is the global minimum. *Far inserts are cheap*: a far key is pushed
+//! unsorted onto its slot's `Vec`, whatever the distance; keys are sorted one
+//! tick (2^20 ns ≈ 1 ms by default) at a time, when the window reaches them.
+//! Only keys are moved and sorted (24 bytes); values stay put in the index.
 //!
-//! The boundary moves only when the near window runs dry and the consumer
-//! (`pop_due` / `next_deadline`) needs the next key: it jumps to the end of
-//! the earliest occupied tick, draining that tick into the run and re-filing
-//! coarser slots one level down on the way (see `levels`). An insert below
-//! the boundary goes straight into the skiplist, so a key that arrives in the
-//! current window — or in the past — is in exact order at once and
-//! `next_deadline` sees it immediately.
+//! The boundary moves only when the near window runs dry and the wheel needs
+//! its next key (to pop it, or to know the next deadline after the first one
+//! was popped or cancelled): it jumps to the end of the earliest occupied
+//! tick, draining that tick into the run and re-filing coarser slots one
+//! level down on the way (see `levels`). An insert below the boundary goes
+//! into the heap, so a key that arrives in the current window — or in the
+//! past — is in exact order at once.
 //!
-//! The price of an exact `next_deadline` without a clock: when the only
-//! pending firings are far away, asking for the next deadline moves the
-//! window out to them, and until they fire, inserts before them take the
-//! skiplist path (O(log n) rather than O(1); still exact). In the agent the
-//! near future is where the traffic is (every periodic instruction keeps its
-//! next occurrence pending), so the window rarely jumps far.
-//!
-//! # Synchronisation
-//!
-//! * Inserters and cancellers never block on the dispatcher: the skiplist is
-//!   lock-free, each level slot and each index shard has its own mutex, held
-//!   for a push, a take or one hash-map operation.
-//! * `pop_due` and `next_deadline` take the consumer mutex (run and window
-//!   moves); only consumers contend on it, inserters and cancellers never.
-//! * The boundary is the one shared word: only the consumer stores it, and a
-//!   `SeqCst` handshake with the slots' occupancy bits makes sure no key is
-//!   filed into a slot the window has passed (proof in `levels`).
-//! * A value is handed out by whoever removes it from its index shard, so a
-//!   pop racing a cancel gives it to exactly one of them.
+//! *The next deadline without `&mut`*: the wheel keeps its earliest live key
+//! (`first`) up to date — an insert compares with it, a pop or the cancel of
+//! that very key looks for the next one — so [`TimingWheel::next_deadline`]
+//! is a field read, and the scheduler can answer "when do you wake?" through
+//! `&self`. Inserts never move the window: a million far inserts into an
+//! empty wheel stay O(1) each.
 //!
 //! # Cancel and memory
 //!
 //! *Cancel* removes the value from the index and leaves the key behind as a
-//! tombstone: the consumer skips keys whose value is gone (and drops them in
+//! tombstone: the window skips keys whose value is gone (and drops them in
 //! bulk when it drains a tick). So that memory stays O(pending) under
 //! insert/cancel churn, the cancel that makes tombstones outnumber live
-//! firings sweeps them out of the levels and the skiplist. The sweep runs on
-//! the cancelling thread (the link thread), never on the dispatcher.
+//! firings sweeps them all out of the levels and the near window.
 //!
 //! *Periodic and cron* instructions insert only their next occurrence; the
 //! wheel holds one key and one value per pending firing, never a schedule.
 //!
-//! *Index tables* are sharded by tick, so a batch of firings due together
-//! (every periodic instruction on the same second) fills one shard, and the
-//! next second's batch another. A removal that leaves a shard's table less
-//! than a quarter full shrinks it (see `index`); without that, every shard
-//! would keep a table for the largest batch it ever held, and memory would
-//! grow towards 64 × the batch with each new second the firings fall on.
+//! *The index table* gives back capacity when a removal leaves it less than
+//! a quarter full (see `index`), so a burst does not pin its size forever.
 //!
 //! # Complexity (n pending firings)
 //!
 //! | operation      | cost                                                    |
 //! |----------------|---------------------------------------------------------|
-//! | `insert`       | O(1) expected (far); O(log n) into the skiplist (near)  |
-//! | `cancel`       | O(1) expected, amortised over sweeps                    |
+//! | `insert`       | O(1) expected (far); O(log n) into the heap (near)      |
+//! | `cancel`       | O(1) expected, amortised over sweeps; cancelling the   |
+//! |                | earliest firing also finds the next one (as a pop)      |
 //! | `pop_due`      | O(1) amortised + the tick's sort, O(k log k) for k keys  |
 //! |                | per tick; each key moves at most once per level          |
-//! | `next_deadline`| as `pop_due`, without removing                          |
+//! | `next_deadline`| O(1), a field read                                      |
 //!
 //! # Deadlines and ticks
 //!
@@ -95,30 +88,25 @@
 
 mod index;
 mod levels;
+mod near;
 
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
-use crossbeam_skiplist::SkipMap;
-use crossbeam_skiplist::map::Entry;
 
 use self::index::Index;
-use self::levels::{Filed, Levels};
+use self::levels::Levels;
+use self::near::Near;
 
 /// Reference-time nanoseconds since the Unix epoch.
 pub type Nanos = i64;
 
 /// Handle of a pending firing, returned by [`TimingWheel::insert`].
 ///
-/// The low 6 bits are the low bits of the firing's deadline tick (they say
-/// which index shard holds its value), the high bits a sequence number
-/// counted per shard. So ids are unique for the wheel's lifetime — a stale id
-/// never cancels a newer firing — and, among firings with the same deadline,
-/// increase in insertion order.
+/// A counter of the wheel's inserts: unique for the wheel's lifetime — a
+/// stale id never cancels a newer firing — and, among firings with the same
+/// deadline and tiebreak, the insertion order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TimerId(pub u64);
 
@@ -126,12 +114,12 @@ pub struct TimerId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WheelConfig {
     /// Where the near window starts: deadlines before it are due at once and
-    /// go straight into the skiplist. Pass the current reference time, so the
-    /// first firings are filed on the low levels (fewer moves later).
+    /// go straight into the near window. Pass the current reference time, so
+    /// the first firings are filed on the low levels (fewer moves later).
     pub origin: Nanos,
     /// A tick is `2^tick_shift` ns (clamped to `1..=40`): the width of one
     /// near window, so the batch that is sorted at a time. Larger ticks sort
-    /// more at once and send more near-future inserts to the skiplist; smaller
+    /// more at once and send more near-future inserts to the heap; smaller
     /// ones move the window more often.
     pub tick_shift: u32,
 }
@@ -163,31 +151,9 @@ impl Default for WheelConfig {
 struct Key {
     deadline: Nanos,
     tiebreak: u64,
-    /// Among keys with the same deadline, increases with insertion order
-    /// (see [`TimerId`]), so it is the FIFO tiebreak as well as the handle.
+    /// Increases with insertion order (see [`TimerId`]), so it is the FIFO
+    /// tiebreak as well as the handle.
     id: u64,
-}
-
-/// State only the consumer (`pop_due` / `next_deadline`) touches.
-#[derive(Debug, Default)]
-struct Consumer {
-    /// Keys drained from the levels, sorted *descending* so the next is last.
-    run: Vec<Key>,
-}
-
-/// The smaller of the two near heads.
-enum Head<'a> {
-    Run(Key),
-    List(Entry<'a, Key, ()>),
-}
-
-impl Head<'_> {
-    fn key(&self) -> Key {
-        match self {
-            Head::Run(key) => *key,
-            Head::List(entry) => *entry.key(),
-        }
-    }
 }
 
 /// Below this many tombstones (beyond the live count) no sweep is started.
@@ -198,52 +164,50 @@ const SWEEP_SLACK: usize = if cfg!(test) { 4 } else { 1024 };
 
 /// Pending firings in exact `(deadline, tiebreak, insertion order)` order;
 /// see the [module docs](self) for the design.
-pub struct TimingWheel<T: Send + 'static> {
+pub struct TimingWheel<T> {
     tick_shift: u32,
-    /// Live (inserted, not yet popped or cancelled) firings.
-    len: AtomicUsize,
     index: Index<T>,
-    /// The near-window boundary, in ticks; only the consumer stores it, and
-    /// only ever larger.
-    boundary: AtomicU64,
-    near: SkipMap<Key, ()>,
+    /// The near-window boundary, in ticks; only ever larger.
+    boundary: u64,
+    near: Near,
     levels: Levels,
-    consumer: Mutex<Consumer>,
+    /// The earliest live key, wherever it is; `None` when nothing is pending.
+    first: Option<Key>,
     /// Keys still in the structure whose value was cancelled.
-    tombstones: AtomicUsize,
-    /// Tombstones a sweep could not reach (in the consumer's run or moving).
-    sweep_floor: AtomicUsize,
-    sweeping: AtomicBool,
+    tombstones: usize,
+    /// No tombstone in the near window: it was filled or swept since the
+    /// last cancel. Then its head is live without a look-up in the index
+    /// (the common case while a tick's batch is popped).
+    near_clean: bool,
     /// Completed sweeps, so tests can tell the sweep really ran.
     #[cfg(test)]
-    sweeps: AtomicUsize,
+    sweeps: usize,
 }
 
-impl<T: Send + 'static> fmt::Debug for TimingWheel<T> {
+impl<T> fmt::Debug for TimingWheel<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TimingWheel")
             .field("len", &self.len())
             .field("tick_shift", &self.tick_shift)
-            .field("boundary_tick", &self.boundary.load(Ordering::Relaxed))
-            .field("near_skiplist", &self.near.len())
-            .field("tombstones", &self.tombstones.load(Ordering::Relaxed))
+            .field("boundary_tick", &self.boundary)
+            .field("near", &self.near.len())
+            .field("tombstones", &self.tombstones)
             .finish_non_exhaustive()
     }
 }
 
-impl<T: Send + 'static> Default for TimingWheel<T> {
+impl<T> Default for TimingWheel<T> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<T: Send + 'static> TimingWheel<T> {
+impl<T> TimingWheel<T> {
     /// An empty wheel with the default tick and its origin at the Unix epoch.
     ///
     /// Prefer [`with_config`](Self::with_config) with `origin = now`: firings
     /// decades after the origin are filed on high levels and move down a few
-    /// more times before they fire (still correct; in the benchmark about a
-    /// third slower than with the origin at the current time).
+    /// more times before they fire (still correct, a little slower).
     pub fn new() -> Self {
         Self::with_config(WheelConfig::default())
     }
@@ -255,17 +219,15 @@ impl<T: Send + 'static> TimingWheel<T> {
             .clamp(WheelConfig::MIN_TICK_SHIFT, WheelConfig::MAX_TICK_SHIFT);
         Self {
             tick_shift,
-            len: AtomicUsize::new(0),
             index: Index::new(),
-            boundary: AtomicU64::new(tick(tick_shift, config.origin)),
-            near: SkipMap::new(),
-            levels: Levels::new(64 - tick_shift),
-            consumer: Mutex::new(Consumer::default()),
-            tombstones: AtomicUsize::new(0),
-            sweep_floor: AtomicUsize::new(0),
-            sweeping: AtomicBool::new(false),
+            boundary: tick(tick_shift, config.origin),
+            near: Near::default(),
+            levels: Levels::new(tick_shift),
+            first: None,
+            tombstones: 0,
+            near_clean: true,
             #[cfg(test)]
-            sweeps: AtomicUsize::new(0),
+            sweeps: 0,
         }
     }
 
@@ -273,84 +235,70 @@ impl<T: Send + 'static> TimingWheel<T> {
     ///
     /// Same as [`insert_with_tiebreak`](Self::insert_with_tiebreak) with
     /// tiebreak 0, so it fires before equal-deadline firings with a higher one.
-    pub fn insert(&self, deadline: Nanos, value: T) -> TimerId {
+    pub fn insert(&mut self, deadline: Nanos, value: T) -> TimerId {
         self.insert_with_tiebreak(deadline, 0, value)
     }
 
     /// Inserts a firing ordered by `(deadline, tiebreak, insertion order)`,
     /// lower first. The scheduler passes e.g. `u64::MAX - priority` so that
     /// equal deadlines fire in priority order, then in pack order.
-    pub fn insert_with_tiebreak(&self, deadline: Nanos, tiebreak: u64, value: T) -> TimerId {
-        // Count first, store the value second, file the key last: a consumer
-        // that finds the key always finds the value, and `len` never dips
-        // below zero when a pop beats this function to its end.
-        self.len.fetch_add(1, Ordering::Relaxed);
-        let id = self.index.insert(self.tick(deadline), value);
-        self.file(Key {
+    pub fn insert_with_tiebreak(&mut self, deadline: Nanos, tiebreak: u64, value: T) -> TimerId {
+        let id = self.index.insert(value);
+        let key = Key {
             deadline,
             tiebreak,
             id,
-        });
+        };
+        let t = tick(self.tick_shift, deadline);
+        if t < self.boundary {
+            self.near.push(key);
+        } else {
+            self.levels.file(self.boundary, t, key);
+        }
+        if self.first.is_none_or(|first| key < first) {
+            self.first = Some(key);
+        }
         TimerId(id)
     }
 
     /// Cancels a pending firing and returns its value; `None` if it already
     /// fired, was cancelled, or never existed.
-    pub fn cancel(&self, id: TimerId) -> Option<T> {
-        let value = self.index.remove_with(id.0, || {
-            // Under the shard lock: see `Index::remove_with`.
-            self.tombstones.fetch_add(1, Ordering::Relaxed);
-        })?;
-        self.len.fetch_sub(1, Ordering::Relaxed);
+    pub fn cancel(&mut self, id: TimerId) -> Option<T> {
+        let value = self.index.remove(id.0)?;
+        self.tombstones += 1;
+        // Wherever the key is: the index holds values, not places.
+        self.near_clean = false;
         self.maybe_sweep();
+        if self.first.is_some_and(|first| first.id == id.0) {
+            self.settle();
+        }
         Some(value)
     }
 
     /// Pops the earliest firing whose deadline is `<= now`, in exact
     /// `(deadline, tiebreak, insertion order)` order.
-    pub fn pop_due(&self, now: Nanos) -> Option<(Nanos, TimerId, T)> {
-        let mut consumer = lock(&self.consumer);
-        loop {
-            let head = self.head(&mut consumer)?;
-            let key = head.key();
-            if key.deadline > now {
-                return None;
-            }
-            if !self.take_head(&mut consumer, head) {
-                continue;
-            }
-            match self.index.remove(key.id) {
-                Some(value) => {
-                    self.len.fetch_sub(1, Ordering::Relaxed);
-                    return Some((key.deadline, TimerId(key.id), value));
-                }
-                None => {
-                    self.tombstones.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
-        }
+    pub fn pop_due(&mut self, now: Nanos) -> Option<(Nanos, TimerId, T)> {
+        let first = self.first.filter(|first| first.deadline <= now)?;
+        // `first` is the earliest live key: the live head, once the window
+        // has dropped earlier tombstones or moved out to it.
+        let head = self.live_head();
+        debug_assert_eq!(head, Some(first));
+        self.near.pop();
+        let value = self.index.remove(first.id);
+        debug_assert!(value.is_some(), "the first key is live");
+        self.settle();
+        value.map(|value| (first.deadline, TimerId(first.id), value))
     }
 
-    /// The earliest pending deadline, exactly, for the dispatcher to sleep
-    /// until. A firing inserted before this call is always taken into account.
+    /// The earliest pending deadline, exactly, for the control loop to sleep
+    /// until.
     pub fn next_deadline(&self) -> Option<Nanos> {
-        let mut consumer = lock(&self.consumer);
-        loop {
-            let head = self.head(&mut consumer)?;
-            let key = head.key();
-            if self.index.contains(key.id) {
-                return Some(key.deadline);
-            }
-            // A tombstone: drop it so the answer is a live deadline.
-            if self.take_head(&mut consumer, head) {
-                self.tombstones.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
+        self.first.map(|first| first.deadline)
     }
 
     /// Number of pending firings.
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
+        self.index.len()
     }
 
     /// Whether no firing is pending.
@@ -358,167 +306,82 @@ impl<T: Send + 'static> TimingWheel<T> {
         self.len() == 0
     }
 
-    fn tick(&self, deadline: Nanos) -> u64 {
-        tick(self.tick_shift, deadline)
+    /// Finds the earliest live key again, after the first one was popped or
+    /// cancelled.
+    fn settle(&mut self) {
+        // Cleared first: `live_head` takes `first` to be live.
+        self.first = None;
+        self.first = self.live_head();
     }
 
-    /// Puts a key below the boundary into the skiplist, else into the levels.
-    fn file(&self, key: Key) {
-        let t = self.tick(key.deadline);
-        let mut n = self.boundary.load(Ordering::SeqCst);
+    /// The smallest live key, now at the head of the near window: drops
+    /// tombstones before it and moves the window as needed. `None` if
+    /// nothing is pending.
+    fn live_head(&mut self) -> Option<Key> {
         loop {
-            if t < n {
-                self.near.insert(key, ());
-                return;
-            }
-            match self.levels.try_file(&self.boundary, n, t, key) {
-                Filed::Done => return,
-                Filed::Moved(moved) => n = moved,
-            }
-        }
-    }
-
-    /// The smallest key below the boundary (live or tombstone), moving the
-    /// boundary on if the near window is empty; `None` if nothing is pending.
-    fn head<'a>(&'a self, consumer: &mut Consumer) -> Option<Head<'a>> {
-        loop {
-            let run = consumer.run.last().copied();
-            // `is_empty` reads crossbeam's relaxed length counter, which is
-            // raised before a node is linked: it can read non-zero while the
-            // list is empty (then `front` says so), never zero while a
-            // completed insert is present. It saves the epoch pin of `front`
-            // on the common path, where the skiplist is empty.
-            let list = if self.near.is_empty() {
-                None
-            } else {
-                self.near.front()
+            let head = match self.near.head() {
+                Some(head) => head,
+                None if self.advance() => continue,
+                None => return None,
             };
-            return match (run, list) {
-                (Some(r), Some(l)) if *l.key() < r => Some(Head::List(l)),
-                (Some(r), _) => Some(Head::Run(r)),
-                (None, Some(l)) => Some(Head::List(l)),
-                (None, None) => {
-                    if self.advance(consumer) {
-                        continue;
-                    }
-                    None
-                }
-            };
-        }
-    }
-
-    /// Removes `head` from the near window; false if someone else did first.
-    fn take_head(&self, consumer: &mut Consumer, head: Head<'_>) -> bool {
-        match head {
-            Head::Run(_) => {
-                consumer.run.pop();
-                true
+            // `first` is live by construction, and so is every key of a
+            // clean near window: skip the look-up.
+            if self.near_clean || self.first == Some(head) || self.index.contains(head.id) {
+                return Some(head);
             }
-            Head::List(entry) => entry.remove(),
+            self.near.pop();
+            self.tombstones -= 1;
         }
     }
 
     /// Moves the boundary past the earliest occupied tick, draining it into
     /// the run. Returns false if the levels are empty.
-    fn advance(&self, consumer: &mut Consumer) -> bool {
-        /// Run capacity kept between ticks; a burst beyond it is freed.
-        const RUN_KEEP: usize = 1024;
-        debug_assert!(consumer.run.is_empty());
-        consumer.run.shrink_to(RUN_KEEP);
+    fn advance(&mut self) -> bool {
+        debug_assert!(self.near.is_empty());
         loop {
-            let n = self.boundary.load(Ordering::SeqCst);
-            let Some(first) = self.levels.earliest_start(n) else {
+            let Some(start) = self.levels.earliest_start(self.boundary) else {
                 return false;
             };
-            // `first < 2^(64 - tick_shift) <= 2^63`, so this cannot overflow.
-            let n2 = first + 1;
-            // Publish before draining: the handshake in `levels`.
-            self.boundary.store(n2, Ordering::SeqCst);
-            let run = &mut consumer.run;
-            self.levels.drain_before(n, n2, |mut keys| {
-                keys.retain(|key| {
-                    let near = self.tick(key.deadline) < n2;
-                    if near {
-                        run.push(*key);
-                    }
-                    !near
-                });
-                self.refile(n2, keys);
+            // `start < 2^(64 - tick_shift) <= 2^63`, so this cannot overflow.
+            let n2 = start + 1;
+            self.boundary = n2;
+            let (levels, index, tombstones) = (&mut self.levels, &self.index, &mut self.tombstones);
+            let filled = self.near.refill(|run| {
+                levels.drain_before(n2, run);
+                // Drop tombstones now, in one pass: it also pulls the values
+                // of this tick into cache for the pops to come.
+                *tombstones -= index.retain_live(run);
             });
-            if !consumer.run.is_empty() {
-                // Drop tombstones now, in one pass per shard: it also pulls
-                // the values of this tick into cache for the pops to come.
-                let dropped = self.index.retain_live(&mut consumer.run);
-                self.tombstones.fetch_sub(dropped, Ordering::Relaxed);
-                consumer.run.sort_unstable_by(|a, b| b.cmp(a));
-            }
-            if !consumer.run.is_empty() {
+            if filled {
+                // The near window was empty, and its new keys are all live.
+                self.near_clean = true;
                 return true;
             }
-            if !self.near.is_empty() {
-                // Racing inserts went straight into the new window.
-                return true;
-            }
-            // Only coarse slots moved down a level; go again.
+            // Only coarse slots moved down a level, or the tick held only
+            // tombstones; go again.
         }
     }
 
-    /// Files keys taken from a coarse slot again, against boundary `n2`
-    /// (they are all at or after it). Only the consumer calls this.
-    fn refile(&self, n2: u64, keys: Vec<Key>) {
-        /// Below this, one lock per key is cheaper than grouping.
-        const BATCH: usize = 64;
-        if keys.len() < BATCH {
-            keys.into_iter().for_each(|key| self.file(key));
-            return;
-        }
-        let rejected = self
-            .levels
-            .file_batch(&self.boundary, n2, &keys, |key| self.tick(key.deadline));
-        rejected.into_iter().for_each(|key| self.file(key));
-    }
-
-    /// Sweeps tombstones out of the levels and the skiplist once they
+    /// Sweeps tombstones out of the levels and the near window once they
     /// outnumber live firings, bounding memory by O(pending).
-    fn maybe_sweep(&self) {
-        let tombstones = self.tombstones.load(Ordering::Relaxed);
-        let threshold = self
-            .len()
-            .saturating_add(self.sweep_floor.load(Ordering::Relaxed))
-            .saturating_add(SWEEP_SLACK);
-        if tombstones <= threshold {
-            return;
-        }
-        if self.sweeping.swap(true, Ordering::Acquire) {
+    fn maybe_sweep(&mut self) {
+        if self.tombstones <= self.len().saturating_add(SWEEP_SLACK) {
             return;
         }
         let index = &self.index;
-        let mut swept = self.levels.retain(|key| index.contains(key.id));
-        for entry in self.near.iter() {
-            if !index.contains(entry.key().id) && entry.remove() {
-                swept += 1;
-            }
-        }
-        // Every swept key was counted when it was cancelled, so this does not
-        // underflow; saturate anyway rather than trust that in release builds.
-        let left = self
-            .tombstones
-            .fetch_sub(swept, Ordering::Relaxed)
-            .saturating_sub(swept);
-        self.sweep_floor.store(left, Ordering::Relaxed);
+        let swept = self.levels.retain(|key| index.contains(key.id))
+            + self.near.retain(|key| index.contains(key.id));
+        debug_assert_eq!(swept, self.tombstones, "a tombstone out of reach");
+        self.tombstones = self.tombstones.saturating_sub(swept);
+        self.near_clean = true;
         #[cfg(test)]
-        self.sweeps.fetch_add(1, Ordering::Relaxed);
-        self.sweeping.store(false, Ordering::Release);
+        {
+            self.sweeps += 1;
+        }
     }
 }
 
 /// Tick of a deadline: order-preserving map of `i64` onto `u64`, shifted.
 fn tick(tick_shift: u32, deadline: Nanos) -> u64 {
     ((deadline as u64) ^ (1 << 63)) >> tick_shift
-}
-
-/// Locks a mutex, ignoring poisoning: no critical section in this module can
-/// leave its data half-updated (they only push, pop, take or compare).
-fn lock<M>(mutex: &Mutex<M>) -> MutexGuard<'_, M> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -1,5 +1,4 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -20,7 +19,7 @@ fn wheel_at(origin: Nanos) -> TimingWheel<u32> {
 }
 
 /// Pops everything due at `now`, as `(deadline, value)`.
-fn drain<T: Send + 'static>(w: &TimingWheel<T>, now: Nanos) -> Vec<(Nanos, T)> {
+fn drain<T>(w: &mut TimingWheel<T>, now: Nanos) -> Vec<(Nanos, T)> {
     std::iter::from_fn(|| w.pop_due(now))
         .map(|(d, _, v)| (d, v))
         .collect()
@@ -28,12 +27,12 @@ fn drain<T: Send + 'static>(w: &TimingWheel<T>, now: Nanos) -> Vec<(Nanos, T)> {
 
 #[test]
 fn pops_in_deadline_order() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     for (i, d) in [5 * MS, 1, 3 * SEC, 2 * MS, 0, 7].into_iter().enumerate() {
         w.insert(T0 + d, i as u32);
     }
     assert_eq!(w.len(), 6);
-    let got = drain(&w, T0 + 10 * SEC);
+    let got = drain(&mut w, T0 + 10 * SEC);
     let deadlines: Vec<_> = got.iter().map(|&(d, _)| d - T0).collect();
     assert_eq!(deadlines, [0, 1, 7, 2 * MS, 5 * MS, 3 * SEC]);
     assert_eq!(
@@ -46,24 +45,29 @@ fn pops_in_deadline_order() {
 
 #[test]
 fn equal_deadlines_fire_in_insertion_order() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     // Spread the same deadline over near and far placement: some inserted
     // before the window reaches it, some after.
     let d = T0 + 2 * SEC;
+    let marker = w.insert(d - SEC, 1000);
     for v in 0..50 {
         w.insert(d, v);
     }
-    assert_eq!(w.next_deadline(), Some(d)); // moves the window to `d`
+    // Cancelling the earliest firing finds the next one: moves the window
+    // to `d`, whose keys are now in the near run.
+    assert_eq!(w.cancel(marker), Some(1000));
+    assert_eq!(w.next_deadline(), Some(d));
+    assert!(w.boundary > tick(w.tick_shift, d));
     for v in 50..100 {
         w.insert(d, v);
     }
-    let values: Vec<_> = drain(&w, d).into_iter().map(|(_, v)| v).collect();
+    let values: Vec<_> = drain(&mut w, d).into_iter().map(|(_, v)| v).collect();
     assert_eq!(values, (0..100).collect::<Vec<_>>());
 }
 
 #[test]
 fn tiebreak_orders_equal_deadlines_before_insertion_order() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     let d = T0 + 40 * MS;
     // (tiebreak, value): lower tiebreak first, FIFO within a tiebreak.
     let inserts = [(5, 0), (1, 1), (5, 2), (0, 3), (1, 4), (9, 5)];
@@ -72,13 +76,13 @@ fn tiebreak_orders_equal_deadlines_before_insertion_order() {
     }
     w.insert_with_tiebreak(d - 1, 100, 6); // an earlier deadline beats any tiebreak
     w.insert(d, 7); // plain insert = tiebreak 0, after the earlier tiebreak-0 one
-    let values: Vec<_> = drain(&w, d).into_iter().map(|(_, v)| v).collect();
+    let values: Vec<_> = drain(&mut w, d).into_iter().map(|(_, v)| v).collect();
     assert_eq!(values, [6, 3, 7, 1, 4, 0, 2, 5]);
 }
 
 #[test]
 fn ids_are_unique_and_ordered_among_equal_deadlines() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     let mut ids = HashSet::new();
     let mut same = Vec::new();
     for i in 0..10_000i64 {
@@ -101,7 +105,7 @@ fn ids_are_unique_and_ordered_among_equal_deadlines() {
 
 #[test]
 fn past_deadlines_are_due_at_once_in_order() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     w.insert(T0 + SEC, 0);
     assert_eq!(w.pop_due(T0), None);
     w.insert(T0 - SEC, 1);
@@ -109,7 +113,7 @@ fn past_deadlines_are_due_at_once_in_order() {
     w.insert(i64::MIN, 3);
     assert_eq!(w.next_deadline(), Some(i64::MIN));
     assert_eq!(
-        drain(&w, T0),
+        drain(&mut w, T0),
         [(i64::MIN, 3), (T0 - 3 * SEC, 2), (T0 - SEC, 1)]
     );
     assert_eq!(w.next_deadline(), Some(T0 + SEC));
@@ -119,7 +123,7 @@ fn past_deadlines_are_due_at_once_in_order() {
 fn far_future_deadlines_cross_every_level() {
     // Deadlines from 1 ns to centuries ahead land on every level and must
     // come back in order, each when `now` reaches it and not before.
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     let mut expected = Vec::new();
     for exp in 0..62 {
         for j in 0..3i64 {
@@ -152,7 +156,7 @@ fn far_future_deadlines_cross_every_level() {
 #[test]
 fn extreme_deadlines() {
     for origin in [0, T0, i64::MIN, i64::MAX, -1] {
-        let w = wheel_at(origin);
+        let mut w = wheel_at(origin);
         let ds = [
             i64::MAX,
             i64::MIN,
@@ -170,12 +174,15 @@ fn extreme_deadlines() {
         let mut sorted = ds.to_vec();
         sorted.sort_unstable();
         assert_eq!(w.next_deadline(), Some(i64::MIN));
-        let got: Vec<_> = drain(&w, i64::MAX).into_iter().map(|(d, _)| d).collect();
+        let got: Vec<_> = drain(&mut w, i64::MAX)
+            .into_iter()
+            .map(|(d, _)| d)
+            .collect();
         assert_eq!(got, sorted, "origin {origin}");
         // The window is now at the very end of time; inserts still work.
         w.insert(i64::MAX, 1);
         w.insert(i64::MIN, 2);
-        assert_eq!(drain(&w, i64::MAX), [(i64::MIN, 2), (i64::MAX, 1)]);
+        assert_eq!(drain(&mut w, i64::MAX), [(i64::MIN, 2), (i64::MAX, 1)]);
     }
 }
 
@@ -183,7 +190,7 @@ fn extreme_deadlines() {
 fn extreme_deadlines_with_the_finest_tick() {
     // Regression: with 1 ns ticks the tick space was 2^64 and the boundary
     // after `i64::MAX` overflowed; the tick is now at least 2 ns.
-    let w: TimingWheel<u32> = TimingWheel::with_config(WheelConfig {
+    let mut w: TimingWheel<u32> = TimingWheel::with_config(WheelConfig {
         origin: T0,
         tick_shift: 0,
     });
@@ -192,7 +199,7 @@ fn extreme_deadlines_with_the_finest_tick() {
     w.insert(T0 + 1, 2);
     assert_eq!(w.next_deadline(), Some(i64::MIN));
     assert_eq!(
-        drain(&w, i64::MAX),
+        drain(&mut w, i64::MAX),
         [(i64::MIN, 1), (T0 + 1, 2), (i64::MAX, 0)]
     );
     w.insert(i64::MAX, 3);
@@ -204,7 +211,7 @@ fn extreme_deadlines_with_the_finest_tick() {
 
 #[test]
 fn cancel_before_and_after_pop() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     let near = w.insert(T0, 1);
     let far = w.insert(T0 + 3600 * SEC, 2);
     let mid = w.insert(T0 + 5 * MS, 3);
@@ -227,14 +234,17 @@ fn cancel_before_and_after_pop() {
 
 #[test]
 fn cancel_in_the_drained_window() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
+    w.insert(T0, 100);
     let ids: Vec<_> = (0..10).map(|i| w.insert(T0 + SEC + i, i as u32)).collect();
-    // Draws the tick into the consumer's sorted run.
+    // Popping the earlier firing draws the next tick into the sorted run.
+    assert_eq!(w.pop_due(T0).map(|(_, _, v)| v), Some(100));
     assert_eq!(w.next_deadline(), Some(T0 + SEC));
+    assert!(w.near.len() >= 9, "the tick is in the near window");
     assert_eq!(w.cancel(ids[0]), Some(0));
     assert_eq!(w.cancel(ids[5]), Some(5));
     assert_eq!(w.next_deadline(), Some(T0 + SEC + 1));
-    let values: Vec<_> = drain(&w, T0 + 2 * SEC)
+    let values: Vec<_> = drain(&mut w, T0 + 2 * SEC)
         .into_iter()
         .map(|(_, v)| v)
         .collect();
@@ -243,7 +253,7 @@ fn cancel_in_the_drained_window() {
 
 #[test]
 fn next_deadline_is_exact_after_inserts_cancels_and_pops() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     assert_eq!(w.next_deadline(), None);
     let a = w.insert(T0 + 10 * SEC + 3, 0);
     assert_eq!(w.next_deadline(), Some(T0 + 10 * SEC + 3));
@@ -268,7 +278,7 @@ fn next_deadline_is_exact_after_inserts_cancels_and_pops() {
 
 #[test]
 fn pop_due_respects_now_and_tolerates_time_going_backwards() {
-    let w = wheel_at(T0);
+    let mut w = wheel_at(T0);
     w.insert(T0 + 5 * MS, 0);
     w.insert(T0 + 9 * MS, 1);
     assert_eq!(w.pop_due(T0 + 5 * MS - 1), None);
@@ -287,7 +297,7 @@ fn pop_due_respects_now_and_tolerates_time_going_backwards() {
 #[test]
 fn small_ticks_and_origin_at_epoch() {
     for tick_shift in [0, 1, 6, 13, 40, 63] {
-        let w: TimingWheel<u32> = TimingWheel::with_config(WheelConfig {
+        let mut w: TimingWheel<u32> = TimingWheel::with_config(WheelConfig {
             origin: 0,
             tick_shift,
         });
@@ -299,7 +309,7 @@ fn small_ticks_and_origin_at_epoch() {
             expected.push((d, v));
         }
         expected.sort();
-        assert_eq!(drain(&w, i64::MAX), expected, "tick_shift {tick_shift}");
+        assert_eq!(drain(&mut w, i64::MAX), expected, "tick_shift {tick_shift}");
     }
 }
 
@@ -307,165 +317,50 @@ fn small_ticks_and_origin_at_epoch() {
 fn churn_of_far_cancels_keeps_memory_bounded() {
     // A far firing re-inserted and cancelled over and over (a pack replaced
     // again and again) must not pile up tombstones.
-    let w = wheel_at(T0);
+    // An earlier firing stays pending, so the churn never cancels the first
+    // one (which would move the window out): every cancel leaves a
+    // tombstone in the levels.
+    let mut w = wheel_at(T0);
+    let soon = w.insert(T0 + MS, 0);
     let keep = w.insert(T0 + 3600 * SEC, u32::MAX);
     for i in 0..100_000u32 {
         let id = w.insert(T0 + 60 * SEC + i64::from(i) * MS, i);
         assert_eq!(w.cancel(id), Some(i));
-        assert!(w.tombstones.load(Ordering::Relaxed) <= 2 + SWEEP_SLACK);
+        assert!(w.tombstones <= 2 + SWEEP_SLACK);
+        assert!(w.levels.key_count() <= 4 + SWEEP_SLACK);
     }
-    assert_eq!(w.len(), 1);
+    assert!(w.sweeps > 0, "the sweep never ran");
+    assert_eq!(w.len(), 2);
+    assert_eq!(w.next_deadline(), Some(T0 + MS));
+    assert_eq!(w.pop_due(T0 + MS), Some((T0 + MS, soon, 0)));
     assert_eq!(w.next_deadline(), Some(T0 + 3600 * SEC));
     assert_eq!(w.pop_due(i64::MAX), Some((T0 + 3600 * SEC, keep, u32::MAX)));
 }
 
 #[test]
 fn churn_of_near_cancels_keeps_memory_bounded() {
-    let w = wheel_at(T0);
-    // Move the window far ahead so everything below goes to the skiplist.
+    let mut w = wheel_at(T0);
+    // Move the window far ahead (cancelling the first firing finds the next
+    // one), so everything below goes to the near heap.
+    let gone = w.insert(T0, 0);
     w.insert(T0 + 3600 * SEC, 0);
+    assert_eq!(w.cancel(gone), Some(0));
     assert_eq!(w.next_deadline(), Some(T0 + 3600 * SEC));
+    // A live firing ahead of the churn, so no cancel is of the first one.
+    let soon = w.insert(T0 + MS, 1);
     for i in 0..20_000u32 {
         let id = w.insert(T0 + SEC + i64::from(i), i);
         assert_eq!(w.cancel(id), Some(i));
+        assert!(
+            w.near.len() <= 4 + SWEEP_SLACK,
+            "{} keys in the near window",
+            w.near.len()
+        );
     }
-    assert!(
-        w.near.len() <= 2 + SWEEP_SLACK,
-        "{} keys in the skiplist",
-        w.near.len()
-    );
+    assert!(w.sweeps > 0, "the sweep never ran");
+    assert_eq!(w.levels.key_count(), 0);
+    assert_eq!(w.pop_due(T0 + MS), Some((T0 + MS, soon, 1)));
     assert_eq!(w.next_deadline(), Some(T0 + 3600 * SEC));
-}
-
-/// A counting allocator for this test binary: bytes in large allocations
-/// made and not yet freed, counted per thread so that the tests running
-/// alongside do not disturb the count. Only allocations of at least
-/// [`LARGE`](counting::LARGE) bytes are counted: those are the wheel's hash
-/// tables and key vectors, which only the thread calling into the wheel
-/// allocates and frees. Skiplist nodes and crossbeam-epoch's garbage bags are
-/// smaller, and are freed by whichever thread collects the garbage, often
-/// another test's; counting them would make the measure depend on the others.
-#[allow(unsafe_code)]
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    pub(super) const LARGE: usize = 4096;
-
-    thread_local! {
-        static LARGE_BYTES: Cell<isize> = const { Cell::new(0) };
-    }
-
-    fn account(size: usize, sign: isize) {
-        if size >= LARGE {
-            // Sizes fit an `isize` (a `Layout` guarantees it). `try_with`,
-            // so the allocator never panics, even during thread teardown.
-            let delta = sign * size as isize;
-            let _ = LARGE_BYTES.try_with(|b| b.set(b.get() + delta));
-        }
-    }
-
-    pub(super) fn large_bytes() -> isize {
-        LARGE_BYTES.with(Cell::get)
-    }
-
-    struct Counting;
-
-    // SAFETY: every method forwards to `System` unchanged and only counts.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            // SAFETY: same contract as ours.
-            let p = unsafe { System.alloc(layout) };
-            if !p.is_null() {
-                account(layout.size(), 1);
-            }
-            p
-        }
-
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            // SAFETY: same contract as ours.
-            let p = unsafe { System.alloc_zeroed(layout) };
-            if !p.is_null() {
-                account(layout.size(), 1);
-            }
-            p
-        }
-
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            // SAFETY: same contract as ours.
-            unsafe { System.dealloc(ptr, layout) };
-            account(layout.size(), -1);
-        }
-
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            // SAFETY: same contract as ours.
-            let p = unsafe { System.realloc(ptr, layout, new_size) };
-            if !p.is_null() {
-                account(layout.size(), -1);
-                account(new_size, 1);
-            }
-            p
-        }
-    }
-
-    #[global_allocator]
-    static COUNTING: Counting = Counting;
-}
-
-#[test]
-fn periodic_batches_with_timeouts_and_time_jumps_keep_memory_flat() {
-    // The scheduler's pattern: N periodic instructions due on the same
-    // second. Each firing arms a timeout 30 s ahead, which its result
-    // cancels, and the next occurrence 1 s ahead; after 5 rounds time jumps
-    // 200 s. Pending firings stay N, but every second's batch lands in
-    // another index shard (shards go by tick), so tables sized for a batch
-    // must be given back once it has fired, or memory grows cycle after
-    // cycle towards 64 tables of N.
-    const N: u32 = 2000;
-    let before = counting::large_bytes();
-    let w = wheel_at(T0);
-    for v in 0..N {
-        w.insert(T0, v);
-    }
-    let mut now = T0;
-    let mut cycle = || {
-        now += 200 * SEC;
-        for _ in 0..5 {
-            let fired = drain(&w, now);
-            assert_eq!(fired.len(), N as usize);
-            let timeouts: Vec<TimerId> = fired
-                .into_iter()
-                .map(|(_, v)| {
-                    w.insert(now + SEC, v);
-                    w.insert(now + 30 * SEC, v)
-                })
-                .collect();
-            for id in timeouts {
-                assert!(w.cancel(id).is_some());
-            }
-            now += SEC;
-            assert_eq!(w.next_deadline(), Some(now));
-        }
-        assert_eq!(w.len(), N as usize);
-        // The cancelled timeouts are swept or drained as they go.
-        assert!(w.tombstones.load(Ordering::Relaxed) <= N as usize + SWEEP_SLACK);
-    };
-    // The first cycles size the tables and vectors.
-    cycle();
-    cycle();
-    let warm = counting::large_bytes() - before;
-    for _ in 0..4 {
-        cycle();
-    }
-    let after = counting::large_bytes() - before;
-    eprintln!("large allocations: {warm} B after 2 cycles, {after} B after 6");
-    assert!(
-        after <= warm,
-        "memory grew from {warm} to {after} B with pending firings steady at {N}"
-    );
-    // Key vectors, and the index table of one batch, with headroom.
-    let per_firing = warm / N as isize;
-    assert!(per_firing < 200, "{per_firing} B per pending firing");
 }
 
 #[test]
@@ -474,7 +369,7 @@ fn values_are_dropped_exactly_once() {
     let token = Arc::new(());
     {
         let w = wheel_at(T0);
-        let w2: TimingWheel<Arc<()>> = TimingWheel::with_config(WheelConfig {
+        let mut w2: TimingWheel<Arc<()>> = TimingWheel::with_config(WheelConfig {
             origin: T0,
             ..Default::default()
         });
@@ -492,6 +387,7 @@ fn values_are_dropped_exactly_once() {
 
 #[test]
 fn wheel_is_send_and_sync() {
+    // By construction: plain data, no `unsafe impl`.
     fn check<S: Send + Sync>() {}
     check::<TimingWheel<u32>>();
     check::<TimingWheel<std::sync::mpsc::Sender<u8>>>();
@@ -546,7 +442,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn run_model(tick_shift: u32, ops: &[Op]) -> Result<(), TestCaseError> {
-    let w: TimingWheel<u64> = TimingWheel::with_config(WheelConfig {
+    let mut w: TimingWheel<u64> = TimingWheel::with_config(WheelConfig {
         origin: T0,
         tick_shift,
     });
@@ -619,6 +515,18 @@ fn run_model(tick_shift: u32, ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         prop_assert_eq!(w.len(), model.len());
+        // Exact at every step, not only when asked.
+        prop_assert_eq!(w.next_deadline(), model.keys().next().map(|k| k.0));
+        // Every key is live or a counted tombstone, in the levels or the
+        // near window, and the near window is below the boundary.
+        prop_assert_eq!(w.levels.key_count() + w.near.len(), w.len() + w.tombstones);
+        if let Some(head) = w.near.head() {
+            prop_assert!(tick(w.tick_shift, head.deadline) < w.boundary);
+        }
+        // A clean near window has no tombstone (its head is taken as live).
+        if w.near_clean {
+            prop_assert!(w.near.keys().all(|key| keys.contains_key(&key.id)));
+        }
     }
     // Finally everything comes out, in order.
     let rest: Vec<_> = std::iter::from_fn(|| w.pop_due(i64::MAX)).collect();
@@ -640,260 +548,4 @@ proptest! {
     ) {
         run_model(tick_shift, &ops)?;
     }
-}
-
-// ---------------------------------------------------------------------------
-// Concurrency: one thread inserts and cancels while another pops.
-
-/// Range-maximum over a fixed slice (sparse table), for the order check.
-struct RangeMax {
-    table: Vec<Vec<(Nanos, u64, u64)>>,
-}
-
-impl RangeMax {
-    fn new(values: &[(Nanos, u64, u64)]) -> Self {
-        let mut table = vec![values.to_vec()];
-        let mut width = 1;
-        while width * 2 <= values.len() {
-            let prev = &table[table.len() - 1];
-            let next = (0..=values.len() - width * 2)
-                .map(|i| prev[i].max(prev[i + width]))
-                .collect();
-            table.push(next);
-            width *= 2;
-        }
-        Self { table }
-    }
-
-    /// Maximum of `values[lo..hi]`, `hi > lo`.
-    fn max(&self, lo: usize, hi: usize) -> (Nanos, u64, u64) {
-        let level = (usize::BITS - 1 - (hi - lo).leading_zeros()) as usize;
-        let row = &self.table[level];
-        row[lo].max(row[hi - (1 << level)])
-    }
-}
-
-/// Parameters of one concurrent run.
-#[derive(Clone, Copy, Debug)]
-struct Scenario {
-    tick_shift: u32,
-    seed: u64,
-    /// Inserting threads (each also cancels its own firings).
-    inserters: u64,
-    per_inserter: u64,
-    /// Chance that an insert is followed by a cancel.
-    cancel_p: f64,
-    /// Cancel one of the last `cancel_window` inserts of this thread.
-    cancel_window: usize,
-    /// Out of 10 inserts, how many are far (up to ~18 min) rather than
-    /// within 2 s; one more is in the past.
-    far_in_10: u32,
-}
-
-/// The tiebreak is a function of the value, so the popper can rebuild the
-/// full key of what it pops.
-fn tiebreak_of(value: u64) -> u64 {
-    value % 3
-}
-
-/// Per-inserter record: `(key, insert-returned stamp)` indexed by the
-/// inserter's own counter, and the ids it cancelled successfully.
-type InsertLog = (Vec<((Nanos, u64, u64), u64)>, HashSet<u64>);
-
-fn concurrent_run(sc: Scenario) {
-    let w: TimingWheel<u64> = TimingWheel::with_config(WheelConfig {
-        origin: 0,
-        tick_shift: sc.tick_shift,
-    });
-    // A logical clock ordering "insert returned" before "pop started".
-    let clock = AtomicU64::new(0);
-    let running = AtomicU64::new(sc.inserters);
-
-    let (logs, popped) = std::thread::scope(|s| {
-        let inserters: Vec<_> = (0..sc.inserters)
-            .map(|t| {
-                let (w, clock, running) = (&w, &clock, &running);
-                s.spawn(move || -> InsertLog {
-                    // Count down even if this thread panics, so the popper ends.
-                    struct Done<'a>(&'a AtomicU64);
-                    impl Drop for Done<'_> {
-                        fn drop(&mut self) {
-                            self.0.fetch_sub(1, Ordering::SeqCst);
-                        }
-                    }
-                    let _done = Done(running);
-                    let mut rng = ChaCha8Rng::seed_from_u64(sc.seed * 1000 + t);
-                    let mut log = Vec::new();
-                    let mut cancelled = HashSet::new();
-                    for i in 0..sc.per_inserter {
-                        // Values are unique across threads: thread in the top bits.
-                        let value = (t << 32) | i;
-                        let roll = rng.random_range(0..10);
-                        let deadline = if roll == 0 {
-                            rng.random_range(-1_000_000..0) // past
-                        } else if roll <= sc.far_in_10 {
-                            rng.random_range(0..1i64 << 40) // far
-                        } else {
-                            rng.random_range(0..2_000_000_000) // near-ish
-                        };
-                        let id = w.insert_with_tiebreak(deadline, tiebreak_of(value), value);
-                        let stamp = clock.fetch_add(1, Ordering::SeqCst);
-                        log.push(((deadline, tiebreak_of(value), id.0), stamp));
-                        if rng.random_bool(sc.cancel_p) {
-                            let lo = log.len().saturating_sub(sc.cancel_window);
-                            let victim = rng.random_range(lo..log.len());
-                            let victim_id = TimerId(log[victim].0.2);
-                            if let Some(v) = w.cancel(victim_id) {
-                                assert_eq!(
-                                    v,
-                                    (t << 32) | victim as u64,
-                                    "cancel returned another value"
-                                );
-                                assert!(cancelled.insert(victim_id.0), "cancelled twice");
-                            }
-                        }
-                    }
-                    (log, cancelled)
-                })
-            })
-            .collect();
-        let popper = s.spawn(|| {
-            // (key, value, pop-start stamp)
-            let mut popped: Vec<((Nanos, u64, u64), u64, u64)> = Vec::new();
-            let mut now: Nanos = -2_000_000;
-            loop {
-                let done = running.load(Ordering::SeqCst) == 0;
-                let start = clock.fetch_add(1, Ordering::SeqCst);
-                match w.pop_due(now) {
-                    Some((d, id, v)) => popped.push(((d, tiebreak_of(v), id.0), v, start)),
-                    // Everything is due: an empty pop means all was popped
-                    // (a lost firing is reported by the checks below).
-                    None if now == i64::MAX => break,
-                    None if done => now = i64::MAX,
-                    None => now += 200_000,
-                }
-                if popped.len().is_multiple_of(64) {
-                    let _ = w.next_deadline();
-                }
-            }
-            popped
-        });
-        let logs: Vec<InsertLog> = inserters
-            .into_iter()
-            .map(|h| h.join().expect("inserter panicked"))
-            .collect();
-        (logs, popper.join().expect("popper panicked"))
-    });
-
-    // value -> (key, insert stamp); and all successfully cancelled ids.
-    let mut by_value: HashMap<u64, ((Nanos, u64, u64), u64)> = HashMap::new();
-    let mut cancelled: HashSet<u64> = HashSet::new();
-    for (t, (log, c)) in logs.iter().enumerate() {
-        for (i, entry) in log.iter().enumerate() {
-            by_value.insert(((t as u64) << 32) | i as u64, *entry);
-        }
-        cancelled.extend(c);
-    }
-    let all_ids: HashSet<u64> = by_value.values().map(|(k, _)| k.2).collect();
-    assert_eq!(all_ids.len(), by_value.len(), "an id was issued twice");
-
-    // Every id: popped exactly once, or cancelled exactly once, never both.
-    let mut seen = HashSet::new();
-    for &(key, value, _) in &popped {
-        assert!(seen.insert(key.2), "id {} popped twice", key.2);
-        assert!(
-            !cancelled.contains(&key.2),
-            "id {} popped after a successful cancel",
-            key.2
-        );
-        assert_eq!(by_value[&value].0, key, "popped with another key or value");
-    }
-    for id in &all_ids {
-        assert!(seen.contains(id) ^ cancelled.contains(id), "id {id} lost");
-    }
-    assert_eq!(
-        (popped.len() + cancelled.len()) as u64,
-        sc.inserters * sc.per_inserter
-    );
-    assert!(!cancelled.is_empty() && !popped.is_empty());
-
-    // Order: a pop may return a key smaller than an earlier pop's only if it
-    // was inserted after that earlier pop began.
-    let keys: Vec<_> = popped.iter().map(|p| p.0).collect();
-    let starts: Vec<_> = popped.iter().map(|p| p.2).collect();
-    let range_max = RangeMax::new(&keys);
-    for (j, &(key, value, _)) in popped.iter().enumerate() {
-        let inserted_at = by_value[&value].1;
-        // Earlier pops that began after this key's insert had returned.
-        let lo = starts[..j].partition_point(|&s| s < inserted_at);
-        if lo < j {
-            let max = range_max.max(lo, j);
-            assert!(
-                max <= key,
-                "popped {key:?} after {max:?} although it was pending first"
-            );
-        }
-    }
-    assert_eq!(
-        w.tombstones.load(Ordering::Relaxed),
-        0,
-        "tombstones left behind"
-    );
-    if sc.cancel_p > 0.8 {
-        assert!(w.sweeps.load(Ordering::Relaxed) > 0, "the sweep never ran");
-    }
-}
-
-#[test]
-fn concurrent_insert_cancel_pop() {
-    let base = Scenario {
-        tick_shift: 20,
-        seed: 1,
-        inserters: 1,
-        per_inserter: 40_000,
-        cancel_p: 0.3,
-        cancel_window: usize::MAX,
-        far_in_10: 1,
-    };
-    concurrent_run(base);
-    // Small ticks: the window moves constantly, many cascades race inserts.
-    concurrent_run(Scenario {
-        tick_shift: 8,
-        seed: 2,
-        ..base
-    });
-    concurrent_run(Scenario {
-        tick_shift: 1,
-        seed: 3,
-        ..base
-    });
-}
-
-#[test]
-fn concurrent_inserters_share_slots() {
-    concurrent_run(Scenario {
-        tick_shift: 12,
-        seed: 4,
-        inserters: 2,
-        per_inserter: 20_000,
-        cancel_p: 0.2,
-        cancel_window: usize::MAX,
-        far_in_10: 1,
-    });
-}
-
-#[test]
-fn concurrent_cancel_churn_sweeps_while_popping() {
-    // Nearly every insert is cancelled soon after, and most are far ahead of
-    // the popper's `now`: tombstones pile up in the levels until a sweep runs
-    // on the cancelling thread, racing the popper's pops and window moves.
-    concurrent_run(Scenario {
-        tick_shift: 20,
-        seed: 5,
-        inserters: 1,
-        per_inserter: 40_000,
-        cancel_p: 0.95,
-        cancel_window: 4,
-        far_in_10: 8,
-    });
 }
