@@ -30,6 +30,11 @@ use super::Key;
 /// Run capacity kept between ticks; a burst beyond it is freed.
 const RUN_KEEP: usize = 1024;
 
+/// Late-heap capacity always kept (16 Ki keys, ~400 KB): steady batches
+/// reuse it without shrinking and growing again; only a burst beyond it is
+/// given back as it drains.
+const LATE_KEEP: usize = 16 * 1024;
+
 /// Keys below the boundary.
 #[derive(Debug, Default)]
 pub(super) struct Near {
@@ -53,10 +58,24 @@ impl Near {
     /// Removes the smallest key.
     pub(super) fn pop(&mut self) -> Option<Key> {
         match (self.run.last(), self.late.peek()) {
-            (Some(r), Some(Reverse(l))) if l < r => self.late.pop().map(|Reverse(k)| k),
+            (Some(r), Some(Reverse(l))) if l < r => self.pop_late(),
             (Some(_), _) => self.run.pop(),
-            (None, _) => self.late.pop().map(|Reverse(k)| k),
+            (None, _) => self.pop_late(),
         }
+    }
+
+    /// Pops the late heap, giving capacity back once it is three quarters
+    /// empty: when the window has jumped to a far key, everything inserted
+    /// before it lands here, and after such a burst drains the heap would
+    /// otherwise hold its peak for good (memory follows pending firings).
+    /// Halving at a quarter keeps the shrinking amortised O(1) per pop.
+    fn pop_late(&mut self) -> Option<Key> {
+        let key = self.late.pop().map(|Reverse(k)| k);
+        let (len, cap) = (self.late.len(), self.late.capacity());
+        if cap > LATE_KEEP && len < cap / 4 {
+            self.late.shrink_to((len * 2).max(LATE_KEEP));
+        }
+        key
     }
 
     /// Adds a key inserted below the boundary.
@@ -102,5 +121,37 @@ impl Near {
         self.run
             .iter()
             .chain(self.late.iter().map(|Reverse(key)| key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::Nanos;
+
+    #[test]
+    fn a_drained_burst_of_late_keys_gives_its_memory_back_and_order_holds() {
+        let mut near = Near::default();
+        let n = 100_000u64;
+        for i in (0..n).rev() {
+            near.push(Key {
+                deadline: i as Nanos,
+                tiebreak: 0,
+                id: i,
+            });
+        }
+        let peak = near.late.capacity();
+        assert!(peak >= n as usize);
+        for i in 0..n - 1 {
+            assert_eq!(near.pop().map(|k| k.id), Some(i), "exact order");
+        }
+        assert_eq!(near.len(), 1);
+        assert!(
+            near.late.capacity() <= LATE_KEEP,
+            "one key left, {} of capacity kept (peak {peak})",
+            near.late.capacity()
+        );
+        assert_eq!(near.pop().map(|k| k.id), Some(n - 1));
+        assert!(near.is_empty());
     }
 }
