@@ -239,6 +239,9 @@ fn one_run(lose_ledger: bool, attempt: u64) -> Run {
         again.is_empty(),
         "an instruction fired under two ids: {again:?}"
     );
+    // The agent's own record of what it reported: a report journalled
+    // just before a kill -9 can miss its live-view line.
+    unknown.extend(unknown_in_outbox(&dir.path().join("data")));
     let missing: Vec<String> = (0..COUNT)
         .map(|i| format!("s{i}"))
         .filter(|s| !fired.contains_key(s))
@@ -281,4 +284,35 @@ fn power_cut(ledger: &Path) {
     if unsafe { libc::geteuid() } == 0 {
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "1\n");
     }
+}
+
+/// The instructions the agent's outbox (feedback not yet sent: there is no
+/// controller here) reports `outcome unknown`: the journal's record of
+/// each report, where the live view on stdout can miss the last lines
+/// written before a kill -9. Read after a clean exit; an unreadable
+/// journal adds nothing (the live view's word stands alone then).
+fn unknown_in_outbox(data: &std::path::Path) -> HashSet<String> {
+    use baton_agent::outbox::{Decoded, decode};
+    use baton_proto::feedback::Event;
+    let mut out = HashSet::new();
+    let Ok((mut journal, _)) =
+        baton_journal::Journal::open(baton_journal::JournalConfig::new(data))
+    else {
+        return out;
+    };
+    let mut from = 0;
+    while let Ok(page) = journal.outbox_page(from, 512) {
+        let Some(&(last, _)) = page.last() else {
+            break;
+        };
+        for (_, bytes) in &page {
+            if let Decoded::Record(r) = decode(bytes)
+                && r.event == Event::OutcomeUnknown
+            {
+                out.insert(r.instruction.clone());
+            }
+        }
+        from = last + 1;
+    }
+    out
 }
