@@ -81,9 +81,9 @@ fn this_thread() -> Pid {
 /// (packs parsed, freed memory returned): locked pages cannot be given
 /// back, so locking earlier would pin the parser's garbage for good. The
 /// code and read-only data start-up used are dropped from the resident
-/// set first (see [`baton_sys::pages::page_out_file_pages`]): 2.5 of the 5.7 MB of code and
-/// libraries a 10 000-instruction agent had resident were start-up's
-/// alone, and most of the binary's resident read-only data (messages,
+/// set first (see [`baton_sys::pages::page_out_file_pages`]): 2.5 of
+/// the 5.7 MB of code and libraries a 10 000-instruction agent had
+/// resident were start-up's alone, and most of the binary's resident read-only data (messages,
 /// tables of the parsers and of the time-zone database) too.
 pub fn lock_memory(st: &mut RtStatus) {
     baton_sys::pages::page_out_file_pages();
@@ -144,14 +144,11 @@ const LOCKED_FULLY: u8 = 2;
 pub fn return_free_heap() -> io::Result<Option<(usize, usize)>> {
     #[cfg(target_env = "gnu")]
     {
-        let trim = || {
-            baton_sys::release_free_heap();
-        };
         match LOCK_MODE.load(Ordering::Acquire) {
             LOCKED_ON_FAULT => {}
             LOCKED_FULLY => return Ok(None),
             _ => {
-                trim();
+                baton_sys::release_free_heap();
                 return Ok(None);
             }
         }
@@ -163,7 +160,7 @@ pub fn return_free_heap() -> io::Result<Option<(usize, usize)>> {
         // thread's allocation shrank the heap): no trim then, but what
         // was unlocked is locked again below.
         if unlocked {
-            trim();
+            baton_sys::release_free_heap();
         }
         // The trim may have shrunk the heap from its top: lock what is
         // mapped now (a range past the end would fail with ENOMEM).

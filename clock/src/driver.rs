@@ -102,7 +102,11 @@ impl EstimatedClock {
             inner.estimator.on_sample(s);
             fresh = true;
         }
-        if !fresh && inner.last_tick.is_some_and(|t| now.0 - t.0 < TICK_EVERY_NS) {
+        if !fresh
+            && inner
+                .last_tick
+                .is_some_and(|t| now.nanos_since(t) < TICK_EVERY_NS)
+        {
             return None;
         }
         let s = inner.system.sample();

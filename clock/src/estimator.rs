@@ -193,19 +193,19 @@ impl Track {
     /// Weighted least squares of offset against time, evaluated at `now`.
     fn fit_at(&self, now: MonoTime, holdover_ppm: f64) -> Option<Fit> {
         let last = *self.samples.back()?;
-        let t0 = last.at.0;
+        let t0 = last.at.as_nanos();
         let min_err = self.samples.iter().map(|s| s.error_ns).min()?.max(1);
         // Weights relative to the best sample, so sums stay well scaled.
         let w = |s: &Sample| {
             let r = min_err as f64 / s.error_ns.max(1) as f64;
             r * r
         };
-        let span = last.at.0 - self.samples.front()?.at.0;
+        let span = last.at.as_nanos() - self.samples.front()?.at.as_nanos();
         let (mut sw, mut sx, mut sy) = (0.0, 0.0, 0.0);
         for s in &self.samples {
             let wi = w(s);
             sw += wi;
-            sx += wi * (s.at.0 - t0) as f64;
+            sx += wi * (s.at.as_nanos() - t0) as f64;
             sy += wi * (s.offset_ns - last.offset_ns) as f64;
         }
         let (mx, my) = (sx / sw, sy / sw);
@@ -214,7 +214,7 @@ impl Track {
             let (mut sxx, mut sxy) = (0.0, 0.0);
             for s in &self.samples {
                 let wi = w(s);
-                let dx = (s.at.0 - t0) as f64 - mx;
+                let dx = (s.at.as_nanos() - t0) as f64 - mx;
                 sxx += wi * dx * dx;
                 sxy += wi * dx * ((s.offset_ns - last.offset_ns) as f64 - my);
             }
@@ -226,7 +226,7 @@ impl Track {
                 // would only add error, so the offset is held instead.
                 let mut sq = 0.0;
                 for s in &self.samples {
-                    let dx = (s.at.0 - t0) as f64 - mx;
+                    let dx = (s.at.as_nanos() - t0) as f64 - mx;
                     let r = (s.offset_ns - last.offset_ns) as f64 - my - freq * dx;
                     sq += w(s) * r * r;
                 }
@@ -240,13 +240,13 @@ impl Track {
         let at_x = |x: f64| my + freq * (x - mx);
         let mut sq = 0.0;
         for s in &self.samples {
-            let r = (s.offset_ns - last.offset_ns) as f64 - at_x((s.at.0 - t0) as f64);
+            let r = (s.offset_ns - last.offset_ns) as f64 - at_x((s.at.as_nanos() - t0) as f64);
             sq += w(s) * r * r;
         }
         let jitter = (sq / sw).sqrt();
-        let dt = (now.0 - t0) as f64;
+        let dt = (now.as_nanos() - t0) as f64;
         let offset = last.offset_ns as f64 + at_x(dt);
-        let age = (now.0 - last.at.0).max(0);
+        let age = now.nanos_since(last.at).max(0);
         // The error of the fit: the best sample's bound or the spread,
         // whichever is larger; then the wander since the last sample.
         let base = (min_err as f64).max(jitter);
@@ -379,7 +379,7 @@ impl Estimator {
             // First acquisition of a real source: step onto it.
             Some(_) if first_lock => 0,
             Some(a) if a.source != source => {
-                let dt = (now.0 - a.at.0).max(0) as f64;
+                let dt = now.nanos_since(a.at).max(0) as f64;
                 let prev = a.offset_ns.saturating_add(clamp_i64(dt * a.freq));
                 let d = prev.saturating_sub(target);
                 if d.abs() > self.cfg.step_ns { 0 } else { d }
@@ -389,7 +389,7 @@ impl Estimator {
             // steps onto it: slewing toward a source still syncing would
             // only make that step smaller and later).
             Some(a) => {
-                let dt = (now.0 - a.at.0).max(0) as f64;
+                let dt = now.nanos_since(a.at).max(0) as f64;
                 let rate = if self.acquired {
                     self.cfg.slew_ppm
                 } else {
@@ -418,7 +418,7 @@ impl Estimator {
             uncertainty_ns: uncertainty,
         });
         let step_ns = prev.and_then(|p| {
-            let drift = clamp_i64((now.0 - p.at.0).max(0) as f64 * fit.freq.abs());
+            let drift = clamp_i64(now.nanos_since(p.at).max(0) as f64 * fit.freq.abs());
             let noise = if own_move { p.uncertainty_ns } else { 0 };
             let d = offset - p.offset_ns;
             (d.abs() > STEP_REPORT_NS.saturating_add(drift).saturating_add(noise)).then_some(d)

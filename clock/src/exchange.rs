@@ -78,7 +78,7 @@ impl Exchange {
             return None;
         }
         if let Some((_, t1)) = self.outstanding
-            && now.0 - t1.0 < REPLY_TIMEOUT_NS
+            && now.nanos_since(t1) < REPLY_TIMEOUT_NS
         {
             return None;
         }
@@ -89,7 +89,7 @@ impl Exchange {
         } else {
             STEADY_EVERY_NS
         };
-        self.next_at = Some(MonoTime::from_nanos(now.0.saturating_add(every)));
+        self.next_at = Some(now.add_nanos(every));
         // t1 is stamped when the request actually leaves ([`Self::sent`]).
         self.outstanding = Some((self.next_id, now));
         Some(Request { id: self.next_id })
@@ -116,12 +116,12 @@ impl Exchange {
         t4: MonoTime,
     ) -> Option<Sample> {
         let (want, t1) = self.outstanding?;
-        if id != want || t1_ns != t1.0 {
+        if id != want || t1_ns != t1.as_nanos() {
             return None;
         }
         self.outstanding = None;
         let server = t3_ns.checked_sub(t2_ns)?;
-        let delay = (t4.0.checked_sub(t1.0)?).checked_sub(server)?;
+        let delay = (t4.as_nanos().checked_sub(t1.as_nanos())?).checked_sub(server)?;
         if server < 0 || delay < 0 {
             return None;
         }
@@ -143,11 +143,12 @@ impl Exchange {
         if delay > min.saturating_add(tolerance) {
             return None;
         }
-        let offset = ((t2_ns as i128 - t1.0 as i128) + (t3_ns as i128 - t4.0 as i128)) / 2;
+        let offset =
+            ((t2_ns as i128 - t1.as_nanos() as i128) + (t3_ns as i128 - t4.as_nanos() as i128)) / 2;
         Some(Sample {
             source: SourceKind::Link,
             // The midpoint of the round trip on our clock.
-            at: MonoTime::from_nanos(t1.0 + (t4.0 - t1.0) / 2),
+            at: t1.add_nanos(t4.nanos_since(t1) / 2),
             offset_ns: i64::try_from(offset).ok()?,
             error_ns: delay / 2 + BASE_ERROR_NS,
         })

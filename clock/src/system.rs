@@ -96,7 +96,7 @@ impl SystemSource {
         let (at, offset_ns, bracket) = read_offset();
         let kernel = match (self.mode, self.kernel) {
             (SystemClock::Reference | SystemClock::Untrusted, _) => None,
-            (SystemClock::Kernel, Some((t, k))) if at.0 - t.0 < KERNEL_REREAD_NS => Some(k),
+            (SystemClock::Kernel, Some((t, k))) if at.nanos_since(t) < KERNEL_REREAD_NS => Some(k),
             (SystemClock::Kernel, _) => match kernel_clock() {
                 Ok(k) => {
                     self.kernel = Some((at, k));

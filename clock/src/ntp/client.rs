@@ -265,7 +265,7 @@ impl NtpClient {
             } else {
                 s.interval_ns
             };
-            s.next_poll = MonoTime::from_nanos(now.0.saturating_add(wait));
+            s.next_poll = now.add_nanos(wait);
             let nonce = self.rng.next_u64();
             s.in_flight = Some(InFlight {
                 nonce,
@@ -344,7 +344,7 @@ impl NtpClient {
         }
         let t2 = i128::from(timestamp_to_unix_ns(p.receive_ts));
         let t3 = i128::from(timestamp_to_unix_ns(p.transmit_ts));
-        let (m1, m4) = (i128::from(t1.0), i128::from(t4.0));
+        let (m1, m4) = (i128::from(t1.as_nanos()), i128::from(t4.as_nanos()));
         let offset = ((t2 - m1) + (t3 - m4)) / 2;
         // A server whose clock ran a little during its processing can make
         // this slightly negative; RFC 5905 clamps it.
@@ -353,7 +353,7 @@ impl NtpClient {
             return Err(Reject::BadTimestamps);
         };
         let measurement = Measurement {
-            at: MonoTime::from_nanos(t1.0 + (t4.0 - t1.0) / 2),
+            at: t1.add_nanos(t4.nanos_since(t1) / 2),
             offset_ns,
             delay_ns,
             error_ns: delay_ns / 2
@@ -366,8 +366,8 @@ impl NtpClient {
             // Back: converge again as at start.
             s.burst_left = config.burst - 1;
             s.interval_ns = ns(config.min_poll).max(s.interval_ns.min(ns(config.max_poll)));
-            let soon = t4.0.saturating_add(ns(config.burst_spacing));
-            s.next_poll = MonoTime::from_nanos(soon.min(s.next_poll.0));
+            let soon = t4.add_nanos(ns(config.burst_spacing));
+            s.next_poll = soon.min(s.next_poll);
         } else if !f.burst {
             s.good_in_row += 1;
             let max = ns(config.max_poll);
@@ -375,8 +375,7 @@ impl NtpClient {
                 s.good_in_row = 0;
                 let grown = s.interval_ns.saturating_mul(2).min(max);
                 // The next poll was set at the old interval; move it too.
-                s.next_poll =
-                    MonoTime::from_nanos(s.next_poll.0.saturating_add(grown - s.interval_ns));
+                s.next_poll = s.next_poll.add_nanos(grown - s.interval_ns);
                 s.interval_ns = grown;
             }
         }
@@ -431,7 +430,7 @@ fn kiss(s: &mut Server, p: &Packet, t4: MonoTime) -> KissEffect {
             s.interval_ns = s.interval_ns.saturating_mul(2).max(asked).min(cap);
             s.burst_left = 0;
             s.good_in_row = 0;
-            s.next_poll = MonoTime::from_nanos(t4.0.saturating_add(s.interval_ns));
+            s.next_poll = t4.add_nanos(s.interval_ns);
             KissEffect::BackedOff {
                 interval: Duration::from_nanos(s.interval_ns as u64),
             }

@@ -44,7 +44,7 @@ pub const PHI_PPM: i64 = 15;
 
 /// Error bound of `m` once `now` has come: its own plus PHI × age.
 pub fn distance_at(m: &Measurement, now: MonoTime) -> i64 {
-    let age = (now.0 - m.at.0).max(0);
+    let age = now.nanos_since(m.at).max(0);
     m.error_ns.saturating_add(age / 1_000_000 * PHI_PPM)
 }
 

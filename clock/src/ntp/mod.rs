@@ -246,7 +246,7 @@ fn run(servers: &[String], config: NtpConfig, sink: &SampleSender, stop: &Atomic
             tracing::warn!("ntp: no server left to poll; the NTP source stops");
             return;
         };
-        let wait = Duration::from_nanos((wake.0 - mono_now().0).max(0) as u64).min(STOP_CHECK);
+        let wait = wake.since(mono_now()).min(STOP_CHECK);
         if !wait_readable(&peers, wait, &mut ready) {
             continue;
         }

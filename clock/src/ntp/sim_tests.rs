@@ -71,9 +71,9 @@ impl FakeServer {
         } else {
             self.script.remove(0)
         };
-        let t2 = t1.0 + d1 + self.offset_ns;
+        let t2 = t1.as_nanos() + d1 + self.offset_ns;
         let t3 = t2 + self.processing_ns;
-        let t4 = MonoTime::from_nanos(t1.0 + d1 + self.processing_ns + d2);
+        let t4 = MonoTime::from_nanos(t1.as_nanos() + d1 + self.processing_ns + d2);
         let p = Packet {
             leap: self.leap,
             version: 4,
@@ -155,13 +155,13 @@ impl Sim {
         self.sends
             .iter()
             .filter(|(s, _)| *s == server)
-            .map(|(_, t)| t.0)
+            .map(|(_, t)| t.as_nanos())
             .collect()
     }
 }
 
 fn secs(n: i64) -> MonoTime {
-    MonoTime::from_nanos(START.0 + n * S)
+    MonoTime::from_nanos(START.as_nanos() + n * S)
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn a_stale_reply_to_the_previous_request_is_rejected() {
     let mut rng = StdRng::seed_from_u64(2);
     let (late, _) = FakeServer::at(TRUTH).reply(&first, START, &mut rng);
     assert_eq!(
-        c.receive(0, &late, MonoTime::from_nanos(t.0 + MS)),
+        c.receive(0, &late, t.add_nanos(MS)),
         Received::Rejected(Reject::OriginMismatch)
     );
 }
@@ -380,7 +380,7 @@ fn a_silent_server_is_reported_once_and_rebursts_when_it_answers_again() {
     let gaps: Vec<i64> = sim
         .sends
         .windows(2)
-        .map(|w| (w[1].1.0 - w[0].1.0) / S)
+        .map(|w| (w[1].1.as_nanos() - w[0].1.as_nanos()) / S)
         .collect();
     assert_eq!(gaps.last(), Some(&64));
     sim.servers[0].silent = false;
@@ -390,7 +390,7 @@ fn a_silent_server_is_reported_once_and_rebursts_when_it_answers_again() {
     // It answered: a burst again.
     let later: Vec<i64> = sim.sends[back..]
         .windows(2)
-        .map(|w| (w[1].1.0 - w[0].1.0) / S)
+        .map(|w| (w[1].1.as_nanos() - w[0].1.as_nanos()) / S)
         .collect();
     assert_eq!(&later[..3], &[2, 2, 2], "{later:?}");
     assert_eq!(sim.unreachable.len(), 1);
@@ -459,12 +459,12 @@ proptest! {
             // Past the origin check, into the deeper validation.
             b[24..32].copy_from_slice(&packet[40..48]);
         }
-        let r = c.receive(0, &b, MonoTime::from_nanos(START.0 + MS));
+        let r = c.receive(0, &b, MonoTime::from_nanos(START.as_nanos() + MS));
         if let Received::Measured { measurement, .. } = r {
             prop_assert!(measurement.delay_ns >= 0);
             prop_assert!(measurement.error_ns >= 0);
         }
         // Other server indices are not a panic either.
-        let _ = c.receive(5, &b, MonoTime::from_nanos(START.0 + MS));
+        let _ = c.receive(5, &b, MonoTime::from_nanos(START.as_nanos() + MS));
     }
 }

@@ -120,7 +120,7 @@ impl Filter for ObservedFilter {
 
     fn measurement<C: Clock>(&mut self, m: Measurement, clock: &mut C) -> FilterUpdate {
         let before = self.config.clock.borrow().last_step();
-        if before.is_some_and(|s| mono_now().0 - s < STEP_QUARANTINE_NS) {
+        if before.is_some_and(|s| mono_now().as_nanos() - s < STEP_QUARANTINE_NS) {
             return FilterUpdate::default();
         }
         let update = self.inner.measurement(m, clock);

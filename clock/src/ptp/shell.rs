@@ -238,7 +238,7 @@ pub enum Ended {
 
 /// Drive statime's instance and its one port until stopped.
 pub async fn run(mut io: Io, mut r: Run) -> Ended {
-    let mono = crate::mono_now().0;
+    let mono = crate::mono_now().as_nanos();
     // Start the virtual clock at the system clock (the best first guess; the
     // servo steps it onto the grandmaster within a few syncs).
     let vclock = Rc::new(RefCell::new(VirtualClock::new(
@@ -362,7 +362,7 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
                     o.error_ns(),
                     port.port_current_ds_contribution(),
                 ) {
-                    let m = crate::mono_now().0;
+                    let m = crate::mono_now().as_nanos();
                     let ref_fixed = vclock.borrow().at_fixed(m)
                         - fixed_from_duration(est.offset_from_master)
                         - i128::from(utc_ns) * (1 << 32);

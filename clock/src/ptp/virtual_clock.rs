@@ -141,18 +141,18 @@ impl Clock for MonoVirtualClock {
     type Error = std::convert::Infallible;
 
     fn now(&self) -> Time {
-        time_from_fixed(self.0.borrow().at_fixed(mono_now().0))
+        time_from_fixed(self.0.borrow().at_fixed(mono_now().as_nanos()))
     }
 
     fn step_clock(&mut self, offset: Duration) -> Result<Time, Self::Error> {
-        let m = mono_now().0;
+        let m = mono_now().as_nanos();
         let mut c = self.0.borrow_mut();
         c.step(m, fixed_from_duration(offset));
         Ok(time_from_fixed(c.at_fixed(m)))
     }
 
     fn set_frequency(&mut self, ppm: f64) -> Result<Time, Self::Error> {
-        let m = mono_now().0;
+        let m = mono_now().as_nanos();
         let mut c = self.0.borrow_mut();
         c.set_frequency(m, ppm);
         Ok(time_from_fixed(c.at_fixed(m)))
@@ -237,7 +237,10 @@ mod tests {
 
     #[test]
     fn the_statime_clock_adapter_steps_and_steers_the_shared_mapping() {
-        let shared = Rc::new(RefCell::new(VirtualClock::new(mono_now().0, 1_000 * S)));
+        let shared = Rc::new(RefCell::new(VirtualClock::new(
+            mono_now().as_nanos(),
+            1_000 * S,
+        )));
         let mut clock = MonoVirtualClock(shared.clone());
         let t0 = fixed_from_time(clock.now());
         let Ok(t1) = clock.step_clock(Duration::from_secs(5));

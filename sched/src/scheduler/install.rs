@@ -63,9 +63,9 @@ struct Carried {
 }
 
 /// Carry the state of unchanged instructions (same id, action and schedule)
-/// over from an active replaced version (a stopped one only sets floors): a one-shot that already fired
-/// does not fire again, an unchanged periodic keeps its next occurrence,
-/// its retries and its catch-up replays.
+/// over from an active replaced version (a stopped one only sets floors):
+/// a one-shot that already fired does not fire again, an unchanged periodic
+/// keeps its next occurrence, its retries and its catch-up replays.
 fn carry_over(old: Option<&PackState>, ps: &mut PackState, now: RefTime) -> Carried {
     let mut c = Carried {
         next: vec![None; ps.ins.len()],
