@@ -376,6 +376,8 @@ pub async fn serve(
     };
     let accept_opts = shared.cfg.accept;
     let accept_task;
+    // The dashboard's HTTPS is re-read with the gRPC configuration.
+    let web_tls = tls_state.as_ref().map(|(state, _)| state.clone());
     let server = match tls_state {
         None => {
             tracing::info!(%addr, max_connections = accept_opts.max_connections, "controller listening (plaintext, --insecure)");
@@ -429,10 +431,6 @@ pub async fn serve(
                 .tls
                 .as_ref()
                 .map(|t| crate::ca::CaDir::new(&t.dir));
-            let tls = match &tls_dir {
-                Some(d) => Some(Arc::new(crate::web::listen::WebTls::load(d.clone())?)),
-                None => None,
-            };
             let web = Arc::new(crate::web::Web {
                 app: shared.app.clone(),
                 auth: crate::web::auth::Auth::new(tls_dir.as_ref(), shared.revoked.subscribe()),
@@ -441,7 +439,7 @@ pub async fn serve(
             });
             Some(tokio::spawn(crate::web::listen::serve(
                 l,
-                tls,
+                web_tls,
                 crate::web::router(web),
                 true,
                 stop_rx.clone(),

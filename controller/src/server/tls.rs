@@ -113,6 +113,23 @@ pub fn load_config(dir: &CaDir) -> Result<rustls::ServerConfig, TlsError> {
     Ok(cfg)
 }
 
+/// The dashboard's HTTPS configuration: the same server certificate, no
+/// client authentication (browsers log in with a token), `h2` then
+/// `http/1.1`.
+pub fn web_config(dir: &CaDir) -> Result<rustls::ServerConfig, TlsError> {
+    let (certs, key) = server_identity(dir)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| TlsError::Config {
+            dir: dir.dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
 /// The controller's certificate chain and key (`DIR/server.pem`,
 /// `DIR/server-key.pem`): what the gRPC listener and the dashboard's
 /// HTTPS present.
@@ -147,17 +164,34 @@ pub(crate) fn stamp(paths: &[std::path::PathBuf]) -> Stamp {
         .collect()
 }
 
-/// The live TLS state: the configuration new handshakes use, and the
-/// revoked serials.
+/// The live TLS state: the configurations new handshakes use (the gRPC
+/// listener's, asking for a client certificate, and the dashboard's, from
+/// the same files and re-read with them), and the revoked serials.
 #[derive(Debug)]
 pub struct TlsState {
     dir: CaDir,
-    config: RwLock<Arc<rustls::ServerConfig>>,
+    configs: RwLock<Configs>,
     revoked: watch::Sender<Arc<HashSet<String>>>,
     /// The serials of `revoked.txt`, and those other replicas recorded
     /// (the store's): `revoked` is their union.
     lists: Mutex<(HashSet<String>, HashSet<String>)>,
     stamps: Mutex<(Stamp, Stamp)>,
+}
+
+/// The two server configurations built from one reading of the files.
+#[derive(Debug)]
+struct Configs {
+    grpc: Arc<rustls::ServerConfig>,
+    web: Arc<rustls::ServerConfig>,
+}
+
+impl Configs {
+    fn load(dir: &CaDir) -> Result<Configs, TlsError> {
+        Ok(Configs {
+            grpc: Arc::new(load_config(dir)?),
+            web: Arc::new(web_config(dir)?),
+        })
+    }
 }
 
 impl TlsState {
@@ -169,7 +203,7 @@ impl TlsState {
         let cert_files = [dir.server_cert(), dir.server_key(), dir.ca_cert()];
         let cert_stamp = stamp(&cert_files);
         let revoked_stamp = stamp(&[dir.revoked()]);
-        let config = load_config(&dir)?;
+        let configs = Configs::load(&dir)?;
         let list = ca::read_revoked(&dir.revoked()).map_err(|e| TlsError::File {
             path: dir.revoked().display().to_string(),
             message: e.to_string(),
@@ -177,18 +211,28 @@ impl TlsState {
         revoked.send_replace(Arc::new(list.clone()));
         Ok(TlsState {
             dir,
-            config: RwLock::new(Arc::new(config)),
+            configs: RwLock::new(configs),
             revoked,
             lists: Mutex::new((list, HashSet::new())),
             stamps: Mutex::new((cert_stamp, revoked_stamp)),
         })
     }
 
-    /// The configuration for the next handshake.
+    /// The configuration for the next gRPC handshake.
     pub fn current(&self) -> Arc<rustls::ServerConfig> {
-        self.config
+        self.configs
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .grpc
+            .clone()
+    }
+
+    /// The configuration for the next dashboard (HTTPS) handshake.
+    pub fn current_web(&self) -> Arc<rustls::ServerConfig> {
+        self.configs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .web
             .clone()
     }
 
@@ -230,9 +274,9 @@ impl TlsState {
             (c, r)
         };
         if certs_changed {
-            match load_config(&self.dir) {
-                Ok(cfg) => {
-                    *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(cfg);
+            match Configs::load(&self.dir) {
+                Ok(cfgs) => {
+                    *self.configs.write().unwrap_or_else(|p| p.into_inner()) = cfgs;
                     tracing::info!(dir = %self.dir.dir.display(), "TLS certificates re-read; new connections use them");
                 }
                 Err(e) => tracing::error!(
@@ -287,8 +331,10 @@ mod tests {
         let (tx, rx) = watch::channel(Arc::new(HashSet::new()));
         let state = TlsState::load(ca.clone(), tx).expect("load");
         let first = state.current();
+        let first_web = state.current_web();
         state.reload_changed();
         assert!(Arc::ptr_eq(&first, &state.current()), "nothing changed");
+        assert!(Arc::ptr_eq(&first_web, &state.current_web()));
 
         // A renewed server certificate: new handshakes use it.
         for (from, to) in [
@@ -299,12 +345,18 @@ mod tests {
         }
         state.reload_changed();
         let second = state.current();
+        let second_web = state.current_web();
         assert!(!Arc::ptr_eq(&first, &second), "not re-read");
+        assert!(
+            !Arc::ptr_eq(&first_web, &second_web),
+            "the dashboard takes the new certificate too"
+        );
 
-        // A broken key: logged, the previous configuration stays.
+        // A broken key: logged, the previous configurations stay.
         std::fs::write(ca.server_key(), "not a key").expect("write");
         state.reload_changed();
         assert!(Arc::ptr_eq(&second, &state.current()));
+        assert!(Arc::ptr_eq(&second_web, &state.current_web()));
 
         // A revocation is published.
         let serial = "0abc".to_string();
