@@ -35,7 +35,9 @@ fn yaml(tenant: &str, pack: &str, version: u64, targets: &str) -> String {
     )
 }
 
-async fn hello(app: &App, id: &str, tenants: &[&str], held: &[(&str, &str, u64)]) {
+/// An agent says hello with the certificate of `tenants`, holding `held`
+/// (for the web layer's tests too).
+pub(crate) async fn hello(app: &App, id: &str, tenants: &[&str], held: &[(&str, &str, u64)]) {
     app.store
         .agent_hello(HelloRow {
             id: id.into(),

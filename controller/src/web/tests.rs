@@ -15,7 +15,6 @@ use crate::app::{App, AppConfig};
 use crate::ca::{self, CaDir, Validity};
 use crate::identity::{Identity, Role};
 use crate::model::Binding;
-use crate::store::HelloRow;
 use crate::store::memory::MemoryStore;
 
 struct Fixture {
@@ -46,19 +45,7 @@ async fn fixture() -> Fixture {
         AppConfig::new(Binding::Tenants),
     );
     for (id, tenant) in [("press-a", "plant-a"), ("press-b", "plant-b")] {
-        app.store
-            .agent_hello(HelloRow {
-                id: id.into(),
-                labels: [("line".to_string(), "3".to_string())].into(),
-                agent_version: "t".into(),
-                journal_id: format!("j-{id}"),
-                cert_tenants: Some([tenant.to_string()].into()),
-                session_gen_seen: 0,
-                held: Vec::new(),
-                at_ns: 1,
-            })
-            .await
-            .unwrap();
+        crate::app::tests::hello(&app, id, &[tenant], &[]).await;
     }
     let revoked = tokio::sync::watch::Sender::new(Arc::new(HashSet::new()));
     let (stop, shutdown) = tokio::sync::watch::channel(false);
