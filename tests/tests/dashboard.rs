@@ -140,17 +140,43 @@ async fn fetch(c: &Client, path: &str, method: &str) -> (u64, String) {
 }
 
 async fn wait_js(c: &Client, what: &str, body: &str) -> Value {
+    // Checked at once and again on every change of the document (a
+    // MutationObserver), resolved the moment it holds: the wait is on the
+    // page's own event, bounded by what is left of WAIT. A navigation
+    // (a form's answer, a redirect) ends the script with the old
+    // document: it is run again on the new one.
+    let script = format!(
+        r#"
+        const [ms, done] = arguments;
+        const check = () => {{ {body} }};
+        let obs = null;
+        const finish = v => {{ if (obs) obs.disconnect(); clearTimeout(timer); done(v); }};
+        const holds = () => {{
+            const v = check();
+            if (v !== null && v !== undefined && v !== false) {{ finish(v); return true; }}
+            return false;
+        }};
+        const timer = setTimeout(() => finish(null), ms);
+        if (!holds()) {{
+            obs = new MutationObserver(() => {{ holds(); }});
+            obs.observe(document, {{subtree: true, childList: true, characterData: true, attributes: true}});
+        }}
+    "#
+    );
     let start = Instant::now();
     loop {
-        let v = js(c, body).await;
-        if !v.is_null() && v != json!(false) {
-            return v;
-        }
-        if start.elapsed() > WAIT {
+        let left = WAIT.saturating_sub(start.elapsed());
+        if left.is_zero() {
             let at = js(c, "return [location.href, document.body ? document.body.innerText.slice(0, 2000) : ''];").await;
             panic!("timed out waiting for {what}; the page: {at}");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Under the session's script timeout (30 s by default).
+        let ms = left.min(Duration::from_secs(20)).as_millis() as u64;
+        if let Ok(v) = c.execute_async(&script, vec![json!(ms)]).await
+            && !v.is_null()
+        {
+            return v;
+        }
     }
 }
 
@@ -375,7 +401,20 @@ async fn steps(c: &Client, f: &Fleet) {
             break t;
         }
         assert!(start.elapsed() < WAIT, "no backlog reported: {t}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The backlog rides on the agent's clock reports, which reach this
+        // page as SSE `clock` events: wait for the next one, then read the
+        // page again.
+        js(
+            c,
+            "document.body.addEventListener('htmx:sseMessage', e => { if (e.detail && e.detail.type === 'clock') document.body.dataset.clock = '1'; }); return true;",
+        )
+        .await;
+        wait_js(
+            c,
+            "the agent's next clock report",
+            "return document.body.dataset.clock === '1';",
+        )
+        .await;
     };
     assert!(
         backlog
