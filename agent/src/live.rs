@@ -102,8 +102,7 @@ impl LiveView {
             tty: std::io::stdout().is_terminal(),
             quiet,
             state: Mutex::new(State {
-                hist: Histogram::new_with_bounds(1, 60_000_000_000, 2)
-                    .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!())),
+                hist: crate::runtime::feedback::lateness_histogram(),
                 broken: false,
             }),
         }

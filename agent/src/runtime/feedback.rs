@@ -83,12 +83,18 @@ impl Tally {
     }
 }
 
+/// A firing-lateness histogram: 1 ns .. 60 s at 2 significant digits, a
+/// fixed bound (the run's tally and the live view's status line).
+pub fn lateness_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 2)
+        .or_else(|_| Histogram::new(2))
+        .unwrap_or_else(|_| unreachable!("2 significant digits are valid"))
+}
+
 impl Default for Tally {
     fn default() -> Self {
         Tally {
-            // 1 ns .. 60 s at 2 significant digits: a fixed bound.
-            hist: Histogram::new_with_bounds(1, 60_000_000_000, 2)
-                .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!())),
+            hist: lateness_histogram(),
             early: 0,
             failed: 0,
             not_run: 0,
