@@ -27,7 +27,7 @@
 //! arm64 kernel, whose lines have no names), this ignored test included.
 //! On a box that has a chip (or `gpio-sim`: `modprobe gpio-sim` plus a
 //! configfs bank), run the ignored test
-//! `gpio::cdev::tests::hardware_round_trip` with
+//! `cdev::tests::hardware_round_trip` (`cargo test -p baton-gpio --lib -- --ignored`) with
 //! `BATON_TEST_GPIO_LINE=gpiochipN:OFFSET` naming a line that is safe to
 //! toggle.
 

@@ -146,9 +146,9 @@ echo "vm-gpio: initial registers DIR=$(reg 0x400) DATA=$(reg 0x3fc)"
 
 # --- 1. The cdev backend's own hardware unit test (ignored by default). ---
 # Offset 5: its own line, so the agent scenarios start from untouched pins.
-if [ -x /bin/baton-agent-lib-tests ]; then
-  out=$(BATON_TEST_GPIO_LINE="$CHIP_CDEV:5" /bin/baton-agent-lib-tests \
-    --ignored --exact gpio::cdev::tests::hardware_round_trip --test-threads 1 2>&1)
+if [ -x /bin/baton-gpio-lib-tests ]; then
+  out=$(BATON_TEST_GPIO_LINE="$CHIP_CDEV:5" /bin/baton-gpio-lib-tests \
+    --ignored --exact cdev::tests::hardware_round_trip --test-threads 1 2>&1)
   rc=$?
   echo "$out" | sed 's/^/  unit: /'
   # The test returns Ok and prints SKIP without the variable: insist on a
@@ -164,7 +164,7 @@ if [ -x /bin/baton-agent-lib-tests ]; then
     pass cdev-unit-hardware-round-trip
   fi
 else
-  fail cdev-unit-hardware-round-trip "/bin/baton-agent-lib-tests missing from the initramfs"
+  fail cdev-unit-hardware-round-trip "/bin/baton-gpio-lib-tests missing from the initramfs"
 fi
 
 # --- 2. The agent, once per backend. --------------------------------------

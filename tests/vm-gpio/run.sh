@@ -131,10 +131,11 @@ done
 export CARGO_TARGET_DIR=$tgt/aarch64
 cargo build --locked --target "$target" -p baton-agent --bin baton-agent
 agent=$CARGO_TARGET_DIR/$target/debug/baton-agent
-# The lib unit tests: the ignored hardware test of the cdev backend runs on
-# the PL061 too. Cargo names the executable only in its JSON messages.
-libtests=$(cargo test --locked --target "$target" -p baton-agent --lib --no-run --message-format=json |
-  grep '"name":"baton_agent"' | grep '"test":true' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | head -n1 || true)
+# The GPIO crate's unit tests: the ignored hardware test of the cdev
+# backend runs on the PL061 too. Cargo names the executable only in its
+# JSON messages.
+libtests=$(cargo test --locked --target "$target" -p baton-gpio --lib --no-run --message-format=json |
+  grep '"name":"baton_gpio"' | grep '"test":true' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | head -n1 || true)
 [ -x "$libtests" ] || { echo "vm-gpio: no lib test executable found" >&2; exit 1; }
 
 # --- The initramfs. --------------------------------------------------------
@@ -145,7 +146,7 @@ cp "$cache/busybox/bin/busybox" "$root/bin/busybox"
 # Stripped: the dev profile's debug info (~100s of MB) does not fit the
 # VM's memory once unpacked ("Initramfs unpacking failed: write error").
 "$CROSS_STRIP" -o "$root/bin/baton-agent" "$agent"
-"$CROSS_STRIP" -o "$root/bin/baton-agent-lib-tests" "$libtests"
+"$CROSS_STRIP" -o "$root/bin/baton-gpio-lib-tests" "$libtests"
 install -m 755 tests/vm-gpio/init.sh "$root/init"
 # The binaries are dynamically linked against glibc: copy the shared
 # libraries they name (and, recursively, theirs) and the loader from the
