@@ -107,7 +107,7 @@ pub fn check_tls(
     for p in [&cert, &key, &ca] {
         std::fs::metadata(p).map_err(|e| ConfigError::Read {
             path: p.display().to_string(),
-            source: e,
+            cause: e,
         })?;
     }
     Ok(Some(crate::link::tls::TlsFiles { cert, key, ca }))

@@ -254,9 +254,9 @@ impl Default for RealtimeFile {
 /// Read and decode a config file.
 pub fn read_file(path: &Path) -> Result<ConfigFile, ConfigError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
         path: name.clone(),
-        source,
+        cause,
     })?;
     parse_file(&name, &text)
 }

@@ -145,12 +145,13 @@ pub struct Overrides {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// Could not read the file.
-    #[error("{path}: cannot read: {source}")]
+    #[error("{path}: cannot read: {cause}")]
     Read {
         /// The file.
         path: String,
-        /// Why.
-        source: std::io::Error,
+        /// Why. Not the error's `source()`: the message already says it,
+        /// and a report printing the chain would say it twice.
+        cause: std::io::Error,
     },
     /// A problem at a position.
     #[error("{path}:{line}:{col}: {message}")]

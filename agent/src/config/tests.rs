@@ -345,10 +345,21 @@ fn an_https_link_needs_all_three_certificate_files_and_http_none() {
                 ..Overrides::default()
             },
         )
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            // The whole chain, as the binary's report prints it: the OS
+            // error once, not once per link.
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                text += &format!(": {c}");
+                cause = c.source();
+            }
+            text
+        })
     };
     let e = with("https://ctl:1", tmp.path().join("nope.pem")).expect_err("missing");
     assert!(e.contains("nope.pem: cannot read"), "{e}");
+    assert_eq!(e.matches("No such file").count(), 1, "{e}");
     // Certificates with a plaintext URL: refused, never a silent downgrade.
     let e = with("http://127.0.0.1:1", key.clone()).expect_err("http");
     assert!(e.contains("for an https:// controller"), "{e}");
