@@ -131,8 +131,12 @@ fn init_logging(format: baton_service::log::LogFormat) {
         .try_init();
 }
 
-fn serve(o: Opts) -> anyhow::Result<()> {
-    check_transport(&o)?;
+/// The flags' values checked (in the order they are reported): the
+/// handshake budget, the connection cap against the open-files limit,
+/// the push and admission rates, the ping interval.
+fn check_flags(
+    o: &Opts,
+) -> anyhow::Result<(server::accept::limits::HandshakeLimits, std::time::Duration)> {
     let duration = |flag: &str, v: &str| {
         baton_proto::time::parse_duration(v).map_err(|e| anyhow::anyhow!("{flag} {v}: {e}"))
     };
@@ -161,6 +165,12 @@ fn serve(o: Opts) -> anyhow::Result<()> {
     if ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be > 0");
     }
+    Ok((handshakes, ping_interval))
+}
+
+fn serve(o: Opts) -> anyhow::Result<()> {
+    check_transport(&o)?;
+    let (handshakes, ping_interval) = check_flags(&o)?;
     std::fs::create_dir_all(&o.data)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", o.data.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
