@@ -293,7 +293,7 @@ pub struct AgentConfig {
     /// A plaintext link was allowed (`--insecure`); required for `http://`.
     pub insecure: bool,
     /// The certificate files of an `https://` link.
-    pub tls: Option<crate::link::tls::TlsFiles>,
+    pub tls: Option<baton_link_client::TlsFiles>,
     /// Labels sent in the link's hello (keys and values checked).
     pub labels: BTreeMap<String, String>,
     /// Most packs held at once (pushes beyond: resource exhausted).
@@ -840,7 +840,7 @@ pub fn check_tls(
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
     ca: Option<PathBuf>,
-) -> Result<Option<crate::link::tls::TlsFiles>, ConfigError> {
+) -> Result<Option<baton_link_client::TlsFiles>, ConfigError> {
     let given = cert.is_some() || key.is_some() || ca.is_some();
     let Some(url) = controller.filter(|u| u.starts_with("https://")) else {
         return match (controller, given) {
@@ -864,7 +864,7 @@ pub fn check_tls(
             source: e,
         })?;
     }
-    Ok(Some(crate::link::tls::TlsFiles { cert, key, ca }))
+    Ok(Some(baton_link_client::TlsFiles { cert, key, ca }))
 }
 
 /// A label as the controller will match it: key and value non-empty, at

@@ -13,20 +13,18 @@ use rand::SeedableRng;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 
 use super::failover::Failover;
 use super::relay::Relay;
 use super::watchdog::Silence;
-use super::{
-    CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig, Outgoing,
-    ToLink, convert,
-};
+use super::{FromLink, LinkConfig, Outgoing, ToLink, convert};
 use baton_clock::exchange::Exchange;
 use baton_clock::port::Clock;
 use baton_clock::sample::SampleSender;
 use baton_clock::{MonoTime, mono_now};
-use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
+use baton_link_client::policy::CONNECT_TIMEOUT;
+use baton_link_client::{Resolved, connect_link};
+use baton_proto::wire::error_chain;
 
 /// Messages waiting to enter the request stream (the stream's own channel
 /// is small: a full one means HTTP/2 flow control is holding us back).
@@ -278,52 +276,19 @@ pub(super) async fn run(
     }
 }
 
-/// The transport to one controller address, with the link's limits. A
-/// resolved address is dialled with the URL's host as the TLS server name
-/// (the certificate is checked against the name, not the address) and as
-/// the requests' authority.
+/// The transport to one controller address, with the link's limits
+/// (`baton_link_client`'s agent policy). A resolved address is dialled
+/// with the URL's host as the TLS server name (the certificate is checked
+/// against the name, not the address) and as the requests' authority.
 async fn connect(
     target: &Target,
     tls: Option<&super::TlsFiles>,
 ) -> Result<LinkClient<tonic::transport::Channel>, String> {
-    let url = &target.url;
-    let dial = match target.addr {
-        Some(addr) => {
-            let scheme = url.split("://").next().unwrap_or("https");
-            format!("{scheme}://{addr}")
-        }
-        None => url.clone(),
-    };
-    let mut endpoint =
-        Endpoint::from_shared(dial).map_err(|e| format!("bad controller URL {target}: {e}"))?;
-    if target.addr.is_some() {
-        let origin = url
-            .parse()
-            .map_err(|e| format!("bad controller URL {url}: {e}"))?;
-        endpoint = endpoint.origin(origin);
-    }
-    if let Some(t) = tls {
-        let mut config = t.client_config()?;
-        if target.addr.is_some() {
-            config = config.domain_name(target.host.clone());
-        }
-        endpoint = endpoint
-            .tls_config(config)
-            .map_err(|e| format!("TLS for {target}: {}", error_chain(&e)))?;
-    }
-    let endpoint = endpoint
-        .connect_timeout(CONNECT_TIMEOUT)
-        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true);
-    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
-        .await
-        .map_err(|_| format!("connect to {target} timed out after {CONNECT_TIMEOUT:?}"))?
-        .map_err(|e| format!("connect to {target} failed: {}", error_chain(&e)))?;
-    Ok(LinkClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    let resolved = target.addr.map(|addr| Resolved {
+        addr,
+        host: &target.host,
+    });
+    connect_link(&target.url, resolved, tls, target).await
 }
 
 /// The next message on the stream once it is open; pending before.
