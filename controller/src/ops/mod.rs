@@ -15,6 +15,7 @@ pub mod profile;
 mod push;
 mod query;
 mod rollout;
+mod watch;
 
 use std::path::PathBuf;
 
@@ -29,9 +30,10 @@ use tonic::transport::{Channel, Endpoint};
 pub use push::{PushOpts, push};
 pub use query::{
     LabelChange, agents, audit, cancel, clock, feedback, forget_agent, grant_agent, label_agent,
-    packs, watch,
+    packs,
 };
 pub use rollout::{RolloutOp, rollout};
+pub use watch::watch;
 
 use baton_proto::wire::error_chain;
 
