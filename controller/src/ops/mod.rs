@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use baton_link_client::plaintext::{NOT_LOOPBACK, NOT_LOOPBACK_REMEDY, url_host};
 use baton_link_client::{
-    EndpointPolicy, Plaintext, PlaintextRefused, admin_client, check_plaintext,
+    EndpointPolicy, Plaintext, PlaintextRefused, TlsFiles, admin_client, check_plaintext,
 };
 use baton_proto::wire::admin_client::AdminClient;
 
@@ -62,6 +62,23 @@ pub struct ClientTls {
     pub key: Option<PathBuf>,
     /// The CA that signed the controller's certificate.
     pub ca: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// The three files an `https://` controller needs, as the link client
+    /// names them; a missing one is a usage error naming the flags.
+    pub fn files(&self) -> Result<TlsFiles, OpError> {
+        let (Some(cert), Some(key), Some(ca)) = (&self.cert, &self.key, &self.ca) else {
+            return Err(OpError::usage(
+                "https:// needs --cert, --key and --ca (or BATON_CERT, BATON_KEY, BATON_CA)",
+            ));
+        };
+        Ok(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        })
+    }
 }
 
 /// A failure of an operator command: message, exit code.
@@ -155,7 +172,7 @@ pub fn transport(conn: &Conn) -> Result<Transport, OpError> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let files = dial::Files::read(&conn.tls, now)?;
+    let files = dial::Files::read(&conn.tls.files()?, now)?;
     let dialer = dial::Dialer::new(&conn.url, &files)?;
     // tonic would dial TLS itself for an https:// URI; the dialer does
     // (each of its steps has its own timeout), and requests still say
