@@ -35,15 +35,22 @@ pub fn check_controller_url(
     if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
         return Err(bad("a controller URL has no path; write https://HOST:PORT"));
     }
-    if !https && !insecure {
-        return Err(bad(
-            "plaintext link needs --insecure (or use https:// with --cert, --key and --ca)",
-        ));
-    }
-    if !https && !insecure_any && !uri.host().is_some_and(baton_proto::wire::is_loopback_host) {
-        return Err(bad(
-            "plaintext toward a non-loopback controller: anyone on the path could push to this agent or read its feedback; use https:// with --cert, --key and --ca, or add --insecure-any on a network you trust",
-        ));
+    if !https {
+        use baton_link_client::plaintext::{
+            NOT_LOOPBACK, NOT_LOOPBACK_REMEDY, Plaintext, PlaintextRefused, check_plaintext,
+        };
+        let allowed = Plaintext {
+            insecure,
+            insecure_any,
+        };
+        check_plaintext(uri.host(), allowed).map_err(|refused| match refused {
+            PlaintextRefused::NotAllowed => bad(
+                "plaintext link needs --insecure (or use https:// with --cert, --key and --ca)",
+            ),
+            PlaintextRefused::NotLoopback => bad(&format!(
+                "{NOT_LOOPBACK}: anyone on the path could push to this agent or read its feedback; {NOT_LOOPBACK_REMEDY}"
+            )),
+        })?;
     }
     Ok(url.trim_end_matches('/').to_string())
 }
@@ -86,7 +93,7 @@ pub fn check_tls(
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
     ca: Option<PathBuf>,
-) -> Result<Option<crate::link::tls::TlsFiles>, ConfigError> {
+) -> Result<Option<baton_link_client::TlsFiles>, ConfigError> {
     let given = cert.is_some() || key.is_some() || ca.is_some();
     let Some(url) = controller.filter(|u| u.starts_with("https://")) else {
         return match (controller, given) {
@@ -110,7 +117,7 @@ pub fn check_tls(
             cause: e,
         })?;
     }
-    Ok(Some(crate::link::tls::TlsFiles { cert, key, ca }))
+    Ok(Some(baton_link_client::TlsFiles { cert, key, ca }))
 }
 
 /// A label as the controller will match it: key and value non-empty, at

@@ -68,7 +68,7 @@ pub struct AgentConfig {
     /// A plaintext link was allowed (`--insecure`); required for `http://`.
     pub insecure: bool,
     /// The certificate files of an `https://` link.
-    pub tls: Option<crate::link::tls::TlsFiles>,
+    pub tls: Option<baton_link_client::TlsFiles>,
     /// Labels sent in the link's hello (keys and values checked).
     pub labels: BTreeMap<String, String>,
     /// Most packs held at once (pushes beyond: resource exhausted).
