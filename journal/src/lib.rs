@@ -7,7 +7,7 @@
 //! # Design: an append-only, checksummed log, not an embedded database
 //!
 //! The journal is one file, `journal.log`, of length-prefixed records, each
-//! with a CRC-32 (format in `record.rs`), plus a fold of those records kept
+//! with a CRC-32 (format in `record/mod.rs`), plus a fold of those records kept
 //! in memory. We chose this over an embedded store such as redb because:
 //!
 //! * **The state the agent asks about is small, bounded and needed in
