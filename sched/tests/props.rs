@@ -235,7 +235,7 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                   out: &mut Vec<Output>| {
         let p = parse_pack(&render("p", v, &specs, safe)).expect("generated packs are valid");
         packs.insert(key.clone(), p.clone());
-        if core.accept(p, now, out).is_ok() {
+        if core.accept(p, now).drain_into(out).is_ok() {
             checker.stopped.remove(&key);
         }
     };
@@ -272,7 +272,7 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                     .push(format!("RESULT {} {r:?} at {now:?}", f.id));
                 // (Not one found started by a withdrawal: that one ran.)
                 if rng.random_range(0..20) != 0 || started.contains(&f.id) {
-                    core.attempt_result(&f.id, r, now, &mut out);
+                    core.attempt_result(&f.id, r, now).drain_into(&mut out);
                 } else {
                     lost.push(f);
                 }
@@ -286,13 +286,13 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                         0
                     };
                     now = now.max(RefTime::from_nanos(w.as_nanos() + extra));
-                    core.tick(now, &mut out);
+                    core.tick(now).drain_into(&mut out);
                 }
             }
             // A clock step forward.
             90..=93 => {
                 now = RefTime::from_nanos(now.as_nanos() + rng.random_range(0..60_000_000_000i64));
-                core.tick(now, &mut out);
+                core.tick(now).drain_into(&mut out);
             }
             // Replace with a higher version, or re-deliver the same one.
             94..=96 => {
@@ -304,21 +304,22 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
             }
             97 => {
                 checker.trace.push(format!("CANCEL at {now:?}"));
-                core.cancel(&key, now, &mut out);
+                core.cancel(&key, now).drain_into(&mut out);
             }
-            98 => core.lease_lost(now, &mut out),
+            98 => core.lease_lost(now).drain_into(&mut out),
             _ => {
                 // A duplicate (stale) result must be ignored.
                 if let Some(f) = inflight.first() {
                     let id = f.id.clone();
-                    core.attempt_result(&id, AttemptResult::Ok { value: None }, now, &mut out);
+                    core.attempt_result(&id, AttemptResult::Ok { value: None }, now)
+                        .drain_into(&mut out);
                     inflight.retain(|x| x.id != id);
                 }
             }
         }
     }
     // Stop, then let every running attempt end (results or timeouts).
-    core.shutdown(now, &mut out);
+    core.shutdown(now).drain_into(&mut out);
     for _ in 0..10_000 {
         drain(
             &mut core,
@@ -332,10 +333,11 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
             now,
         );
         if let Some(f) = inflight.pop() {
-            core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now, &mut out);
+            core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now)
+                .drain_into(&mut out);
         } else if let Some(w) = core.next_wake() {
             now = now.max(w);
-            core.tick(now, &mut out);
+            core.tick(now).drain_into(&mut out);
         } else {
             break;
         }
@@ -392,7 +394,7 @@ fn drain(
                     if answer == Withdrawal::Withdrawn && reason == Reason::Replaced {
                         *checker.terminal.entry(id.idempotency_key()).or_default() += 1;
                     }
-                    core.withdrawal(&id, answer, now, out);
+                    core.withdrawal(&id, answer, now).drain_into(out);
                 }
                 _ => {}
             }

@@ -29,6 +29,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::id::{ExecutionId, PackKey};
 use crate::once::{OnceKey, OnceKind, Prior, PriorOutcome};
 use crate::output::{Event, EventKind, Output, Reason, SafeReason};
+use crate::outputs::{Outputs, WithOutputs};
 use crate::timing::{TimerId, TimingWheel};
 
 /// Tunables of the core.
@@ -297,6 +298,9 @@ pub struct Scheduler {
     /// instant does not fire it again (once per occurrence, whatever the
     /// version), it reports it not run (`duplicate`).
     shots: HashMap<(usize, String), Vec<RefTime>>,
+    /// The output buffer every entry point fills and lends back as its
+    /// [`Outputs`]: kept, so a call does not allocate in steady state.
+    out: Vec<Output>,
 }
 
 const NS: i64 = 1;
@@ -389,7 +393,29 @@ impl Scheduler {
             detached: HashMap::new(),
             claimed: BTreeMap::new(),
             shots: HashMap::new(),
+            out: Vec::new(),
         }
+    }
+
+    /// Run one entry point's decisions into the core's output buffer
+    /// (taken out of `self` meanwhile), and hand them back with its answer.
+    fn decide<T>(
+        &mut self,
+        entry: impl FnOnce(&mut Self, &mut Vec<Output>) -> T,
+    ) -> WithOutputs<'_, T> {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        let value = entry(self, &mut out);
+        self.out = out;
+        WithOutputs {
+            value,
+            outputs: Outputs::new(&mut self.out),
+        }
+    }
+
+    /// [`Scheduler::decide`] for an entry point that answers nothing else.
+    fn outputs(&mut self, entry: impl FnOnce(&mut Self, &mut Vec<Output>)) -> Outputs<'_> {
+        self.decide(entry).outputs
     }
 
     /// The earliest instant at which [`Scheduler::tick`] has work.
@@ -433,9 +459,8 @@ impl Scheduler {
         &mut self,
         pack: Pack,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        self.install(pack, None, None, now, out)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| s.install(pack, None, None, now, out))
     }
 
     /// Take a validated pack as of the instant `at`, its schedule anchored
@@ -459,9 +484,8 @@ impl Scheduler {
         pack: Pack,
         at: RefTime,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        self.install(pack, Some(at), None, now.max(at), out)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| s.install(pack, Some(at), None, now.max(at), out))
     }
 
     /// Take a pack back after a restart: `anchor` is what
@@ -483,9 +507,8 @@ impl Scheduler {
         anchor: RefTime,
         last_alive: RefTime,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        self.install(pack, Some(anchor), Some(last_alive), now, out)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| s.install(pack, Some(anchor), Some(last_alive), now, out))
     }
 
     /// Take back a pack that had entered its safe state for good before the
@@ -499,14 +522,15 @@ impl Scheduler {
         anchor: RefTime,
         reason: SafeReason,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        let key = PackKey::of(&pack);
-        let r = self.install(pack, Some(anchor), Some(now), now, out)?;
-        if let Some(&slot) = self.by_key.get(&key) {
-            self.stop_quietly(slot, reason, out);
-        }
-        Ok(r)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| {
+            let key = PackKey::of(&pack);
+            let r = s.install(pack, Some(anchor), Some(now), now, out)?;
+            if let Some(&slot) = s.by_key.get(&key) {
+                s.stop_quietly(slot, reason, out);
+            }
+            Ok(r)
+        })
     }
 
     /// The core could not act until `now` (a forward clock step, a suspend,
@@ -515,7 +539,11 @@ impl Scheduler {
     /// restart — no burst, no silence; the schedule resumes on time.
     /// Without this call, `tick` treats an occurrence later than its
     /// `max_lateness` the same way (and fires the in-bound ones late).
-    pub fn downtime(&mut self, now: RefTime, out: &mut Vec<Output>) {
+    pub fn downtime(&mut self, now: RefTime) -> Outputs<'_> {
+        self.outputs(|s, out| s.downtime_into(now, out))
+    }
+
+    fn downtime_into(&mut self, now: RefTime, out: &mut Vec<Output>) {
         for slot in 0..self.packs.len() {
             let n = match self.packs[slot].as_ref() {
                 Some(ps) if ps.status == Status::Active => ps.ins.len(),
@@ -544,7 +572,11 @@ impl Scheduler {
     ///   still syncing) cannot make a plain `every` miss a beat.
     ///
     /// Retries and catch-up replays keep their instants.
-    pub fn clock_stepped(&mut self, step_ns: i64, now: RefTime, out: &mut Vec<Output>) {
+    pub fn clock_stepped(&mut self, step_ns: i64, now: RefTime) -> Outputs<'_> {
+        self.outputs(|s, out| s.clock_stepped_into(step_ns, now, out))
+    }
+
+    fn clock_stepped_into(&mut self, step_ns: i64, now: RefTime, out: &mut Vec<Output>) {
         for slot in 0..self.packs.len() {
             let (n, absolute) = match self.packs[slot].as_ref() {
                 Some(ps) if ps.status == Status::Active => {
@@ -587,17 +619,19 @@ impl Scheduler {
 
     /// Remove a pack: its safe state runs and its pending firings are
     /// reported as skipped.
-    pub fn cancel(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
-        let Some(&slot) = self.by_key.get(key) else {
-            return false;
-        };
-        self.fail_safe(slot, SafeReason::Cancel, None, now, out);
-        true
+    pub fn cancel(&mut self, key: &PackKey, now: RefTime) -> WithOutputs<'_, bool> {
+        self.decide(|s, out| {
+            let Some(&slot) = s.by_key.get(key) else {
+                return false;
+            };
+            s.fail_safe(slot, SafeReason::Cancel, None, now, out);
+            true
+        })
     }
 
     /// The controller lease is gone: every active pack goes to its safe state.
-    pub fn lease_lost(&mut self, now: RefTime, out: &mut Vec<Output>) {
-        self.all_safe(SafeReason::LeaseLost, now, out);
+    pub fn lease_lost(&mut self, now: RefTime) -> Outputs<'_> {
+        self.outputs(|s, out| s.all_safe(SafeReason::LeaseLost, now, out))
     }
 
     /// The controller lease of one pack ran out (its `lease` passed without
@@ -610,15 +644,15 @@ impl Scheduler {
     /// whether the pack
     /// was active (false: not held, or already in its safe state — then
     /// nothing is output, so calling it again is harmless).
-    pub fn lease_lost_pack(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
-        self.stop_pack(key, SafeReason::LeaseLost, now, out)
+    pub fn lease_lost_pack(&mut self, key: &PackKey, now: RefTime) -> WithOutputs<'_, bool> {
+        self.decide(|s, out| s.stop_pack(key, SafeReason::LeaseLost, now, out))
     }
 
     /// The agent's clock lost sync past its limit and this pack asked for
     /// its safe state then (`on_clock_loss: safe_state`): as
     /// [`Scheduler::lease_lost_pack`], with reason [`SafeReason::ClockLost`].
-    pub fn clock_lost_pack(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
-        self.stop_pack(key, SafeReason::ClockLost, now, out)
+    pub fn clock_lost_pack(&mut self, key: &PackKey, now: RefTime) -> WithOutputs<'_, bool> {
+        self.decide(|s, out| s.stop_pack(key, SafeReason::ClockLost, now, out))
     }
 
     fn stop_pack(
@@ -641,8 +675,8 @@ impl Scheduler {
     }
 
     /// The agent is stopping: every active pack goes to its safe state.
-    pub fn shutdown(&mut self, now: RefTime, out: &mut Vec<Output>) {
-        self.all_safe(SafeReason::Shutdown, now, out);
+    pub fn shutdown(&mut self, now: RefTime) -> Outputs<'_> {
+        self.outputs(|s, out| s.all_safe(SafeReason::Shutdown, now, out))
     }
 
     fn all_safe(&mut self, reason: SafeReason, now: RefTime, out: &mut Vec<Output>) {
@@ -660,7 +694,11 @@ impl Scheduler {
     /// span the call covers: due instant (for a catch-up replay, its
     /// release), then priority (higher first), then pack order (first
     /// acceptance), then instruction order in the pack.
-    pub fn tick(&mut self, now: RefTime, out: &mut Vec<Output>) {
+    pub fn tick(&mut self, now: RefTime) -> Outputs<'_> {
+        self.outputs(|s, out| s.tick_into(now, out))
+    }
+
+    fn tick_into(&mut self, now: RefTime, out: &mut Vec<Output>) {
         while let Some((deadline, timer, entry)) = self.queue.pop_due(now.as_nanos()) {
             self.handle_entry(RefTime::from_nanos(deadline), timer, entry, now, out);
         }
@@ -679,7 +717,11 @@ impl Scheduler {
     /// ahead: one expires only once `now` reaches it, so an attempt is never
     /// declared timed out (and retried beside itself) before its result
     /// could have arrived.
-    pub fn tick_ahead(&mut self, now: RefTime, horizon: Duration, out: &mut Vec<Output>) {
+    pub fn tick_ahead(&mut self, now: RefTime, horizon: Duration) -> Outputs<'_> {
+        self.outputs(|s, out| s.tick_ahead_into(now, horizon, out))
+    }
+
+    fn tick_ahead_into(&mut self, now: RefTime, horizon: Duration, out: &mut Vec<Output>) {
         let limit = now + horizon;
         let mut later = Vec::new();
         while let Some((deadline, timer, entry)) = self.queue.pop_due(limit.as_nanos()) {

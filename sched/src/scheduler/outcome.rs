@@ -13,11 +13,21 @@ use super::{Attempt, AttemptResult, EntryKind, PackState, Scheduler, Status, fmt
 use crate::id::ExecutionId;
 use crate::once::{OnceKey, OnceKind};
 use crate::output::{Event, EventKind, Output, Reason, SafeReason, Withdrawal};
+use crate::outputs::Outputs;
 
 impl Scheduler {
     /// Report how an attempt ended. Results for attempts the core no longer
     /// waits for (timed out, replaced version) are ignored.
     pub fn attempt_result(
+        &mut self,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+    ) -> Outputs<'_> {
+        self.outputs(|s, out| s.attempt_result_into(id, result, now, out))
+    }
+
+    fn attempt_result_into(
         &mut self,
         id: &ExecutionId,
         result: AttemptResult,
@@ -66,6 +76,15 @@ impl Scheduler {
     ///   for any failure; too late, it is running and its own result
     ///   decides (nothing runs beside it).
     pub fn withdrawal(
+        &mut self,
+        id: &ExecutionId,
+        answer: Withdrawal,
+        now: RefTime,
+    ) -> Outputs<'_> {
+        self.outputs(|s, out| s.withdrawal_into(id, answer, now, out))
+    }
+
+    fn withdrawal_into(
         &mut self,
         id: &ExecutionId,
         answer: Withdrawal,
