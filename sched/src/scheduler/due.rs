@@ -536,34 +536,9 @@ impl Scheduler {
             }
             return;
         }
-        // Formatted into a kept buffer, then copied once into the shared
-        // text (`to_string` grew a fresh string a few times per firing).
-        self.id_buf.clear();
-        let _ = std::fmt::Write::write_fmt(&mut self.id_buf, format_args!("{id}"));
-        let text: Arc<str> = Arc::from(self.id_buf.as_str());
-        let ran_before = self
-            .prior
-            .get(&*text)
-            .is_some_and(|o| *o != PriorOutcome::NotRun);
-        let fingerprint = super::print(&text);
-        if self.fired.contains_key(&fingerprint) || ran_before {
-            // Never twice: a duplicate delivery or a bug upstream must not
-            // reach the device. The note names the occurrence, not the
-            // attempt: that attempt reports its own end.
-            let detail = format!("already fired as {id}: not fired again");
-            out.push(self.event(
-                slot,
-                Some(i),
-                None,
-                Some(occ),
-                EventKind::Skip {
-                    reason: Reason::Duplicate,
-                    detail,
-                },
-                now,
-            ));
+        let Some((text, fingerprint)) = self.never_fired(o, &id, now, out) else {
             return;
-        }
+        };
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
@@ -613,5 +588,46 @@ impl Scheduler {
             not_after: release.max(now) + max_late,
             timeout,
         }));
+    }
+
+    /// Attempt `id` (of occurrence `o`) as text, and the fingerprint the
+    /// core keeps of it, when it never fired, in this run or before a
+    /// restart. Otherwise it must not fire again (a duplicate delivery or a
+    /// bug upstream must not reach the device): the occurrence is reported
+    /// skipped, `duplicate` (named, not the attempt: that attempt reports
+    /// its own end), and `None` is returned.
+    fn never_fired(
+        &mut self,
+        o: Occurrence,
+        id: &ExecutionId,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Option<(Arc<str>, u64)> {
+        // Formatted into a kept buffer, then copied once into the shared
+        // text (`to_string` grew a fresh string a few times per firing).
+        self.id_buf.clear();
+        let _ = std::fmt::Write::write_fmt(&mut self.id_buf, format_args!("{id}"));
+        let text: Arc<str> = Arc::from(self.id_buf.as_str());
+        let ran_before = self
+            .prior
+            .get(&*text)
+            .is_some_and(|o| *o != PriorOutcome::NotRun);
+        let fingerprint = super::print(&text);
+        if !self.fired.contains_key(&fingerprint) && !ran_before {
+            return Some((text, fingerprint));
+        }
+        let detail = format!("already fired as {id}: not fired again");
+        out.push(self.event(
+            o.slot,
+            Some(o.instr),
+            None,
+            Some(o.at),
+            EventKind::Skip {
+                reason: Reason::Duplicate,
+                detail,
+            },
+            now,
+        ));
+        None
     }
 }

@@ -173,6 +173,22 @@ fn first_occurrence(
     }
 }
 
+/// [`first_occurrence`] of each instruction of `ps`.
+fn first_occurrences(ps: &PackState, how: Installing, carried: &Carried) -> Vec<Option<RefTime>> {
+    (0..ps.ins.len())
+        .map(|i| {
+            first_occurrence(
+                &ps.pack.instructions[i],
+                &ps.ins[i],
+                &ps.pack.timezone,
+                how,
+                carried.next[i],
+                carried.floor[i],
+            )
+        })
+        .collect()
+}
+
 impl Scheduler {
     pub(super) fn install(
         &mut self,
@@ -214,18 +230,7 @@ impl Scheduler {
             resumed: resume_after.is_some(),
             now,
         };
-        let firsts: Vec<Option<RefTime>> = (0..ps.ins.len())
-            .map(|i| {
-                first_occurrence(
-                    &ps.pack.instructions[i],
-                    &ps.ins[i],
-                    &ps.pack.timezone,
-                    how,
-                    carried.next[i],
-                    carried.floor[i],
-                )
-            })
-            .collect();
+        let firsts = first_occurrences(&ps, how, &carried);
         for i in 0..ps.ins.len() {
             self.rearm(&mut ps, slot, i, now);
         }

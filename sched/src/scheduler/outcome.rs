@@ -232,25 +232,16 @@ impl Scheduler {
         match result {
             AttemptResult::Ok { value } => {
                 if self.cfg.routine_events {
-                    out.push(self.event(
-                        slot,
-                        Some(i),
-                        Some(id.clone()),
-                        Some(occ),
-                        EventKind::Ok { value },
-                        now,
-                    ));
+                    out.push(self.attempt_event(o, id, EventKind::Ok { value }, now));
                 }
                 if active {
                     self.succeeded(o, Some(now), now, out);
                 }
             }
             AttemptResult::Failed(detail) => {
-                out.push(self.event(
-                    slot,
-                    Some(i),
-                    Some(id.clone()),
-                    Some(occ),
+                out.push(self.attempt_event(
+                    o,
+                    id,
                     EventKind::Fail {
                         reason: fail,
                         detail,
@@ -261,11 +252,9 @@ impl Scheduler {
                     let cause = fail.unwrap_or(Reason::Failed);
                     self.schedule_retry(slot, i, id.clone(), cause, now, out);
                 } else {
-                    out.push(self.event(
-                        slot,
-                        Some(i),
-                        Some(id.clone()),
-                        Some(occ),
+                    out.push(self.attempt_event(
+                        o,
+                        id,
                         EventKind::Skip {
                             reason: Reason::Stopped,
                             detail: "no retry: the pack is in its safe state".into(),
@@ -281,11 +270,9 @@ impl Scheduler {
                     fmt_d(lateness)
                 );
                 if repeating || !active {
-                    out.push(self.event(
-                        slot,
-                        Some(i),
-                        Some(id.clone()),
-                        Some(occ),
+                    out.push(self.attempt_event(
+                        o,
+                        id,
                         EventKind::Skip {
                             reason: Reason::Late,
                             detail,
@@ -298,6 +285,24 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// An event about attempt `id` of occurrence `o`.
+    fn attempt_event(
+        &self,
+        o: Occurrence,
+        id: &ExecutionId,
+        kind: EventKind,
+        now: RefTime,
+    ) -> Output {
+        self.event(
+            o.slot,
+            Some(o.instr),
+            Some(id.clone()),
+            Some(o.at),
+            kind,
+            now,
+        )
     }
 
     /// After failed attempt number `attempt`: retry with backoff, or give up
