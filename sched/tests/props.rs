@@ -220,7 +220,7 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
     let mut packs: HashMap<PackKey, Pack> = HashMap::new();
     let mut checker = Checker::default();
     let mut out = Vec::new();
-    let mut inflight: Vec<Firing> = Vec::new();
+    let mut held = Held::default();
     let mut now = RefTime::from_nanos(BASE - 1_000_000_000);
     let mut version = 1;
     let key = PackKey {
@@ -241,26 +241,22 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
     };
     accept(&mut core, &mut packs, &mut checker, version, now, &mut out);
     let p_fail: f64 = rng.random_range(0.0..0.6);
-    // Results the harness dropped: those attempts never ran (a withdrawal
-    // of one succeeds).
-    let mut lost: Vec<Firing> = Vec::new();
-    let mut started: HashSet<baton_sched::ExecutionId> = HashSet::new();
     for _ in 0..steps {
         drain(
             &mut core,
             &mut out,
             &mut checker,
             &packs,
-            &mut inflight,
-            &mut lost,
-            &mut started,
+            &mut held,
             &mut rng,
             now,
         );
         match rng.random_range(0..100) {
             // Deliver a random in-flight result (random order).
-            0..=44 if !inflight.is_empty() => {
-                let f = inflight.swap_remove(rng.random_range(0..inflight.len()));
+            0..=44 if !held.inflight.is_empty() => {
+                let f = held
+                    .inflight
+                    .swap_remove(rng.random_range(0..held.inflight.len()));
                 let r = match rng.random_range(0..100) {
                     x if f64::from(x) < p_fail * 100.0 => AttemptResult::Failed("injected".into()),
                     x if x > 97 => AttemptResult::Late { actual: now },
@@ -271,10 +267,10 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                     .trace
                     .push(format!("RESULT {} {r:?} at {now:?}", f.id));
                 // (Not one found started by a withdrawal: that one ran.)
-                if rng.random_range(0..20) != 0 || started.contains(&f.id) {
+                if rng.random_range(0..20) != 0 || held.started.contains(&f.id) {
                     core.attempt_result(&f.id, r, now).drain_into(&mut out);
                 } else {
-                    lost.push(f);
+                    held.lost.push(f);
                 }
             }
             // Advance to the next wake (or a little past it).
@@ -309,11 +305,11 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
             98 => core.lease_lost(now).drain_into(&mut out),
             _ => {
                 // A duplicate (stale) result must be ignored.
-                if let Some(f) = inflight.first() {
+                if let Some(f) = held.inflight.first() {
                     let id = f.id.clone();
                     core.attempt_result(&id, AttemptResult::Ok { value: None }, now)
                         .drain_into(&mut out);
-                    inflight.retain(|x| x.id != id);
+                    held.inflight.retain(|x| x.id != id);
                 }
             }
         }
@@ -326,13 +322,11 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
             &mut out,
             &mut checker,
             &packs,
-            &mut inflight,
-            &mut lost,
-            &mut started,
+            &mut held,
             &mut rng,
             now,
         );
-        if let Some(f) = inflight.pop() {
+        if let Some(f) = held.inflight.pop() {
             core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now)
                 .drain_into(&mut out);
         } else if let Some(w) = core.next_wake() {
@@ -348,23 +342,38 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
     checker.finish()
 }
 
+/// The attempts the simulated runtime holds.
+#[derive(Default)]
+struct Held {
+    /// Handed out, their results not delivered yet.
+    inflight: Vec<Firing>,
+    /// Results the harness dropped: those attempts never ran (a
+    /// withdrawal of one succeeds).
+    lost: Vec<Firing>,
+    /// Found started by a withdrawal (too late): they ran, their results
+    /// are never dropped.
+    started: HashSet<baton_sched::ExecutionId>,
+}
+
 /// See every output; fires go in flight; a withdrawal is answered as a
 /// runtime would: an attempt whose result was lost never ran (withdrawn),
 /// one in flight is withdrawn or found started at random, one whose
 /// result came had run (too late). A withdrawn replaced attempt is
 /// reported by the runtime: it ends its occurrence.
-#[allow(clippy::too_many_arguments)]
 fn drain(
     core: &mut Scheduler,
     out: &mut Vec<Output>,
     checker: &mut Checker,
     packs: &HashMap<PackKey, Pack>,
-    inflight: &mut Vec<Firing>,
-    lost: &mut Vec<Firing>,
-    started: &mut HashSet<baton_sched::ExecutionId>,
+    held: &mut Held,
     rng: &mut ChaCha8Rng,
     now: RefTime,
 ) {
+    let Held {
+        inflight,
+        lost,
+        started,
+    } = held;
     while !out.is_empty() {
         let batch = std::mem::take(out);
         for o in batch {
