@@ -229,14 +229,14 @@ impl Scheduler {
         })
     }
 
-    /// The occurrences of the gap were missed: resolve those with a
+    /// The occurrences in `missed` were missed: resolve those with a
     /// journal record, report the dropped ones in one event, and queue the
     /// replays `catch_up` asks for.
     fn catch_up_gap(
         &mut self,
         slot: usize,
         i: usize,
-        gap: Gap,
+        missed: Gap,
         (why, cause): (Reason, &str),
         now: RefTime,
         out: &mut Vec<Output>,
@@ -245,7 +245,7 @@ impl Scheduler {
             after,
             before,
             covered,
-        } = gap;
+        } = missed;
         let ran = self.between(&self.ran, slot, i, after, before);
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
