@@ -85,7 +85,8 @@ pub fn simulate(
         HashMap::new(),
     );
     let mut out = Vec::new();
-    core.accept(pack, opts.from, &mut out)
+    core.accept(pack, opts.from)
+        .drain_into(&mut out)
         .map_err(|e| e.to_string())?;
     let mut events = 0usize;
     let mut now = opts.from;
@@ -104,23 +105,24 @@ pub fn simulate(
                     }
                     Output::Fire(f) => {
                         let result = simulated_result(&f, &mut remaining);
-                        core.attempt_result(&f.id, result, now, &mut out);
+                        core.attempt_result(&f.id, result, now).drain_into(&mut out);
                     }
                     // A simulated attempt has ended the instant it fired:
                     // anything asked back has run.
                     Output::Withdraw { id, .. } => {
-                        core.withdrawal(&id, crate::Withdrawal::TooLate, now, &mut out);
+                        core.withdrawal(&id, crate::Withdrawal::TooLate, now)
+                            .drain_into(&mut out);
                     }
                     Output::Abort(_) | Output::OnFailure { .. } | Output::SafeState { .. } => {}
                 }
             }
             // Zero-delay dependents released by results are due now.
-            core.tick(now, &mut out);
+            core.tick(now).drain_into(&mut out);
         }
         match core.next_wake() {
             Some(w) if w <= opts.until => {
                 now = w.max(now);
-                core.tick(now, &mut out);
+                core.tick(now).drain_into(&mut out);
             }
             _ => return Ok(true),
         }

@@ -147,7 +147,9 @@ fn run_case(seed: u64, horizon_ms: u64, steps: usize) -> Vec<String> {
     let mut now = RefTime::from_nanos(BASE - 500 * MS);
     let mut out = Vec::new();
     let pack = parse_pack(&render(version, &ins)).expect("valid pack");
-    core.accept(pack, now, &mut out).expect("accepted");
+    core.accept(pack, now)
+        .drain_into(&mut out)
+        .expect("accepted");
     let mut armed: Vec<Armed> = Vec::new();
     let mut executions: HashMap<String, Vec<Execution>> = HashMap::new();
     let mut violations = Vec::new();
@@ -192,7 +194,7 @@ fn run_case(seed: u64, horizon_ms: u64, steps: usize) -> Vec<String> {
                             armed.retain(|a| a.f.id != id);
                         }
                         trace.push(format!("{now:?} WITHDRAW {id}: {answer:?}"));
-                        core.withdrawal(&id, answer, now, &mut out);
+                        core.withdrawal(&id, answer, now).drain_into(&mut out);
                     }
                     Output::SafeState { .. } => {
                         // The runtime withdraws everything armed of the pack.
@@ -269,9 +271,10 @@ fn run_case(seed: u64, horizon_ms: u64, steps: usize) -> Vec<String> {
                         }
                     };
                     trace.push(format!("{now:?} RESULT {} {result:?}", a.f.id));
-                    core.attempt_result(&a.f.id, result, now, &mut out);
+                    core.attempt_result(&a.f.id, result, now)
+                        .drain_into(&mut out);
                 }
-                core.tick_ahead(now, horizon, &mut out);
+                core.tick_ahead(now, horizon).drain_into(&mut out);
             }
             80..=95 => {
                 mutate(&mut rng, &mut ins, &mut next_name);
@@ -283,7 +286,7 @@ fn run_case(seed: u64, horizon_ms: u64, steps: usize) -> Vec<String> {
                         .collect::<Vec<_>>()
                 ));
                 let pack = parse_pack(&render(version, &ins)).expect("valid pack");
-                if let Err(e) = core.accept(pack, now, &mut out) {
+                if let Err(e) = core.accept(pack, now).drain_into(&mut out) {
                     violations.push(format!("v{version} refused: {e}"));
                 }
             }
@@ -293,7 +296,7 @@ fn run_case(seed: u64, horizon_ms: u64, steps: usize) -> Vec<String> {
                     tenant: "default".into(),
                     pack: "p".into(),
                 };
-                core.cancel(&key, now, &mut out);
+                core.cancel(&key, now).drain_into(&mut out);
             }
         }
     }
@@ -333,14 +336,12 @@ fn a_one_shot_changed_inside_the_horizon_fires_once() {
         let mut core = Scheduler::new(Config::default(), HashMap::new());
         let mut out = Vec::new();
         let t0 = RefTime::from_nanos(BASE);
-        core.accept(parse_pack(v1).expect("v1"), t0, &mut out)
+        core.accept(parse_pack(v1).expect("v1"), t0)
+            .drain_into(&mut out)
             .expect("v1");
         out.clear();
-        core.tick_ahead(
-            t0 + Duration::from_millis(500),
-            Duration::from_secs(1),
-            &mut out,
-        );
+        core.tick_ahead(t0 + Duration::from_millis(500), Duration::from_secs(1))
+            .drain_into(&mut out);
         let v1_id = out
             .iter()
             .find_map(|o| match o {
@@ -350,7 +351,8 @@ fn a_one_shot_changed_inside_the_horizon_fires_once() {
             .expect("v1 armed");
         out.clear();
         let t1 = t0 + Duration::from_millis(600);
-        core.accept(parse_pack(&v2).expect("v2"), t1, &mut out)
+        core.accept(parse_pack(&v2).expect("v2"), t1)
+            .drain_into(&mut out)
             .expect("v2");
         let asked: Vec<_> = out
             .iter()
@@ -366,8 +368,9 @@ fn a_one_shot_changed_inside_the_horizon_fires_once() {
         } else {
             Withdrawal::Withdrawn
         };
-        core.withdrawal(&v1_id, answer, t1, &mut out);
-        core.tick_ahead(t1, Duration::from_secs(1), &mut out);
+        core.withdrawal(&v1_id, answer, t1).drain_into(&mut out);
+        core.tick_ahead(t1, Duration::from_secs(1))
+            .drain_into(&mut out);
         let fired: Vec<u64> = out
             .iter()
             .filter_map(|o| match o {
@@ -391,8 +394,8 @@ fn a_one_shot_changed_inside_the_horizon_fires_once() {
                 &v1_id,
                 AttemptResult::Ok { value: None },
                 t0 + Duration::from_secs(1),
-                &mut after,
-            );
+            )
+            .drain_into(&mut after);
         } else {
             assert_eq!(fired, [2], "{out:?}");
         }

@@ -26,7 +26,8 @@ fn run(yaml: &str, steps: &[(i64, i64)]) -> (Vec<i64>, Vec<Reason>) {
     let mut out = Vec::new();
     let mut offset = BASE;
     let refn = |mono: i64, offset: i64| RefTime::from_nanos(mono + offset);
-    core.accept(pack, refn(0, offset), &mut out)
+    core.accept(pack, refn(0, offset))
+        .drain_into(&mut out)
         .expect("accept");
     let (mut fired, mut skips) = (Vec::new(), Vec::new());
     let mut ids = HashSet::new();
@@ -38,9 +39,10 @@ fn run(yaml: &str, steps: &[(i64, i64)]) -> (Vec<i64>, Vec<Reason>) {
         {
             pending_steps.remove(0);
             offset += step;
-            core.clock_stepped(step, refn(mono, offset), &mut out);
+            core.clock_stepped(step, refn(mono, offset))
+                .drain_into(&mut out);
         }
-        core.tick(refn(mono, offset), &mut out);
+        core.tick(refn(mono, offset)).drain_into(&mut out);
         let mut results = Vec::new();
         for o in out.drain(..) {
             match o {
@@ -59,7 +61,8 @@ fn run(yaml: &str, steps: &[(i64, i64)]) -> (Vec<i64>, Vec<Reason>) {
         }
         for f in results {
             let now = refn(mono, offset);
-            core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now, &mut out);
+            core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now)
+                .drain_into(&mut out);
         }
         out.clear();
         mono += MS;

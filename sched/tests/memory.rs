@@ -52,7 +52,8 @@ fn memory_is_per_instruction_and_does_not_grow_with_occurrences() {
     drop(y);
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack, RefTime::from_nanos(BASE - 1), &mut out)
+    core.accept(pack, RefTime::from_nanos(BASE - 1))
+        .drain_into(&mut out)
         .expect("accept");
     let held = live() - before;
     let per = held / n;
@@ -66,21 +67,23 @@ fn memory_is_per_instruction_and_does_not_grow_with_occurrences() {
     let mut cycle = |core: &mut Scheduler, out: &mut Vec<Output>| {
         let mut fired = 0;
         for _ in 0..5 {
-            core.tick(RefTime::from_nanos(t), out);
+            core.tick(RefTime::from_nanos(t)).drain_into(out);
             for o in std::mem::take(out) {
                 if let Output::Fire(f) = o {
                     fired += 1;
-                    core.attempt_result(&f.id, AttemptResult::Ok { value: None }, f.scheduled, out);
+                    core.attempt_result(&f.id, AttemptResult::Ok { value: None }, f.scheduled)
+                        .drain_into(out);
                 }
             }
             out.clear();
             t += 1_000_000_000;
         }
         t += 200_000_000_000;
-        core.tick(RefTime::from_nanos(t), out);
+        core.tick(RefTime::from_nanos(t)).drain_into(out);
         for o in std::mem::take(out) {
             if let Output::Fire(f) = o {
-                core.attempt_result(&f.id, AttemptResult::Ok { value: None }, f.scheduled, out);
+                core.attempt_result(&f.id, AttemptResult::Ok { value: None }, f.scheduled)
+                    .drain_into(out);
             }
         }
         out.clear();

@@ -220,7 +220,7 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
     let mut packs: HashMap<PackKey, Pack> = HashMap::new();
     let mut checker = Checker::default();
     let mut out = Vec::new();
-    let mut inflight: Vec<Firing> = Vec::new();
+    let mut held = Held::default();
     let mut now = RefTime::from_nanos(BASE - 1_000_000_000);
     let mut version = 1;
     let key = PackKey {
@@ -235,32 +235,28 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                   out: &mut Vec<Output>| {
         let p = parse_pack(&render("p", v, &specs, safe)).expect("generated packs are valid");
         packs.insert(key.clone(), p.clone());
-        if core.accept(p, now, out).is_ok() {
+        if core.accept(p, now).drain_into(out).is_ok() {
             checker.stopped.remove(&key);
         }
     };
     accept(&mut core, &mut packs, &mut checker, version, now, &mut out);
     let p_fail: f64 = rng.random_range(0.0..0.6);
-    // Results the harness dropped: those attempts never ran (a withdrawal
-    // of one succeeds).
-    let mut lost: Vec<Firing> = Vec::new();
-    let mut started: HashSet<baton_sched::ExecutionId> = HashSet::new();
     for _ in 0..steps {
         drain(
             &mut core,
             &mut out,
             &mut checker,
             &packs,
-            &mut inflight,
-            &mut lost,
-            &mut started,
+            &mut held,
             &mut rng,
             now,
         );
         match rng.random_range(0..100) {
             // Deliver a random in-flight result (random order).
-            0..=44 if !inflight.is_empty() => {
-                let f = inflight.swap_remove(rng.random_range(0..inflight.len()));
+            0..=44 if !held.inflight.is_empty() => {
+                let f = held
+                    .inflight
+                    .swap_remove(rng.random_range(0..held.inflight.len()));
                 let r = match rng.random_range(0..100) {
                     x if f64::from(x) < p_fail * 100.0 => AttemptResult::Failed("injected".into()),
                     x if x > 97 => AttemptResult::Late { actual: now },
@@ -271,10 +267,10 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                     .trace
                     .push(format!("RESULT {} {r:?} at {now:?}", f.id));
                 // (Not one found started by a withdrawal: that one ran.)
-                if rng.random_range(0..20) != 0 || started.contains(&f.id) {
-                    core.attempt_result(&f.id, r, now, &mut out);
+                if rng.random_range(0..20) != 0 || held.started.contains(&f.id) {
+                    core.attempt_result(&f.id, r, now).drain_into(&mut out);
                 } else {
-                    lost.push(f);
+                    held.lost.push(f);
                 }
             }
             // Advance to the next wake (or a little past it).
@@ -286,13 +282,13 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
                         0
                     };
                     now = now.max(RefTime::from_nanos(w.as_nanos() + extra));
-                    core.tick(now, &mut out);
+                    core.tick(now).drain_into(&mut out);
                 }
             }
             // A clock step forward.
             90..=93 => {
                 now = RefTime::from_nanos(now.as_nanos() + rng.random_range(0..60_000_000_000i64));
-                core.tick(now, &mut out);
+                core.tick(now).drain_into(&mut out);
             }
             // Replace with a higher version, or re-deliver the same one.
             94..=96 => {
@@ -304,38 +300,38 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
             }
             97 => {
                 checker.trace.push(format!("CANCEL at {now:?}"));
-                core.cancel(&key, now, &mut out);
+                core.cancel(&key, now).drain_into(&mut out);
             }
-            98 => core.lease_lost(now, &mut out),
+            98 => core.lease_lost(now).drain_into(&mut out),
             _ => {
                 // A duplicate (stale) result must be ignored.
-                if let Some(f) = inflight.first() {
+                if let Some(f) = held.inflight.first() {
                     let id = f.id.clone();
-                    core.attempt_result(&id, AttemptResult::Ok { value: None }, now, &mut out);
-                    inflight.retain(|x| x.id != id);
+                    core.attempt_result(&id, AttemptResult::Ok { value: None }, now)
+                        .drain_into(&mut out);
+                    held.inflight.retain(|x| x.id != id);
                 }
             }
         }
     }
     // Stop, then let every running attempt end (results or timeouts).
-    core.shutdown(now, &mut out);
+    core.shutdown(now).drain_into(&mut out);
     for _ in 0..10_000 {
         drain(
             &mut core,
             &mut out,
             &mut checker,
             &packs,
-            &mut inflight,
-            &mut lost,
-            &mut started,
+            &mut held,
             &mut rng,
             now,
         );
-        if let Some(f) = inflight.pop() {
-            core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now, &mut out);
+        if let Some(f) = held.inflight.pop() {
+            core.attempt_result(&f.id, AttemptResult::Ok { value: None }, now)
+                .drain_into(&mut out);
         } else if let Some(w) = core.next_wake() {
             now = now.max(w);
-            core.tick(now, &mut out);
+            core.tick(now).drain_into(&mut out);
         } else {
             break;
         }
@@ -346,23 +342,38 @@ fn run_case(specs: Vec<InsSpec>, safe: bool, seed: u64, steps: usize) -> Vec<Str
     checker.finish()
 }
 
+/// The attempts the simulated runtime holds.
+#[derive(Default)]
+struct Held {
+    /// Handed out, their results not delivered yet.
+    inflight: Vec<Firing>,
+    /// Results the harness dropped: those attempts never ran (a
+    /// withdrawal of one succeeds).
+    lost: Vec<Firing>,
+    /// Found started by a withdrawal (too late): they ran, their results
+    /// are never dropped.
+    started: HashSet<baton_sched::ExecutionId>,
+}
+
 /// See every output; fires go in flight; a withdrawal is answered as a
 /// runtime would: an attempt whose result was lost never ran (withdrawn),
 /// one in flight is withdrawn or found started at random, one whose
 /// result came had run (too late). A withdrawn replaced attempt is
 /// reported by the runtime: it ends its occurrence.
-#[allow(clippy::too_many_arguments)]
 fn drain(
     core: &mut Scheduler,
     out: &mut Vec<Output>,
     checker: &mut Checker,
     packs: &HashMap<PackKey, Pack>,
-    inflight: &mut Vec<Firing>,
-    lost: &mut Vec<Firing>,
-    started: &mut HashSet<baton_sched::ExecutionId>,
+    held: &mut Held,
     rng: &mut ChaCha8Rng,
     now: RefTime,
 ) {
+    let Held {
+        inflight,
+        lost,
+        started,
+    } = held;
     while !out.is_empty() {
         let batch = std::mem::take(out);
         for o in batch {
@@ -392,7 +403,7 @@ fn drain(
                     if answer == Withdrawal::Withdrawn && reason == Reason::Replaced {
                         *checker.terminal.entry(id.idempotency_key()).or_default() += 1;
                     }
-                    core.withdrawal(&id, answer, now, out);
+                    core.withdrawal(&id, answer, now).drain_into(out);
                 }
                 _ => {}
             }

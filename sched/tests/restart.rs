@@ -52,13 +52,13 @@ impl Log {
                         } else {
                             AttemptResult::Ok { value: None }
                         };
-                        core.attempt_result(&f.id, r, now, out);
+                        core.attempt_result(&f.id, r, now).drain_into(out);
                     }
                     _ => {}
                 }
                 self.outputs.push(o);
             }
-            core.tick(now, out);
+            core.tick(now).drain_into(out);
         }
     }
 
@@ -75,7 +75,7 @@ impl Log {
         self.take(core, from, out, fail);
         while let Some(w) = core.next_wake().filter(|w| *w <= until) {
             let now = w.max(from);
-            core.tick(now, out);
+            core.tick(now).drain_into(out);
             self.take(core, now, out, fail);
         }
     }
@@ -115,7 +115,8 @@ fn a_restart_drops_missed_occurrences_under_catch_up_none_and_fires_the_next_on_
     let mut out = Vec::new();
     let alive = ms(t0, 5_000);
     let now = ms(t0, 5_600);
-    core.restore(pack(yaml), t0, alive, now, &mut out)
+    core.restore(pack(yaml), t0, alive, now)
+        .drain_into(&mut out)
         .expect("restore");
     let mut log = Log::default();
     log.run_from(&mut core, now, ms(t0, 5_650), &mut out, &[]);
@@ -155,8 +156,8 @@ fn catch_up_last_never_fires_past_until() {
         t("2026-12-01T08:00:00Z"),
         t("2026-12-01T08:59:00Z"),
         t("2026-12-01T10:00:00Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let mut log = Log::default();
     let from = t("2026-12-01T10:00:00Z");
@@ -197,8 +198,8 @@ fn a_dependent_keeps_its_planned_instant_across_a_restart() {
             t("2026-12-01T09:00:00Z"),
             t("2026-12-01T10:00:00.500Z"),
             restart,
-            &mut out,
         )
+        .drain_into(&mut out)
         .expect("restore");
         let mut log = Log::default();
         log.run_from(&mut core, restart, t("2026-12-01T10:00:20Z"), &mut out, &[]);
@@ -239,13 +240,13 @@ fn a_dependent_fires_at_its_planned_instant_live() {
     core.accept(
         pack(&UPDOWN.replace("LATE", "50ms")),
         t("2026-12-01T09:00:00Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("accept");
     let mut log = Log::default();
     // up's result arrives 40 ms after it fired: down is still planned for
     // up's occurrence + 3 s.
-    core.tick(t("2026-12-01T10:00:00Z"), &mut out);
+    core.tick(t("2026-12-01T10:00:00Z")).drain_into(&mut out);
     let up = out
         .iter()
         .find_map(|o| match o {
@@ -258,8 +259,8 @@ fn a_dependent_fires_at_its_planned_instant_live() {
         &up,
         AttemptResult::Ok { value: None },
         t("2026-12-01T10:00:00.040Z"),
-        &mut out,
-    );
+    )
+    .drain_into(&mut out);
     let from = t("2026-12-01T10:00:00.040Z");
     log.run_from(&mut core, from, t("2026-12-01T10:00:05Z"), &mut out, &[]);
     let down = log
@@ -301,12 +302,12 @@ fn restart_with(prior: Prior, giveup: &str, at: &str) -> (Scheduler, Log) {
         t("2026-12-01T09:00:00Z"),
         t("2026-12-01T10:00:00.500Z"),
         t(at),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let mut log = Log::default();
     log.take(&mut core, t(at), &mut out, &[]);
-    core.tick(t(at), &mut out);
+    core.tick(t(at)).drain_into(&mut out);
     log.take(&mut core, t(at), &mut out, &[]);
     (core, log)
 }
@@ -399,8 +400,8 @@ fn a_restored_stopped_pack_reasserts_its_safe_state_without_reporting_it() {
         t("2026-12-01T09:00:00Z"),
         SafeReason::GiveUp,
         t("2026-12-01T12:00:00Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     assert_eq!(out.len(), 1, "{out:?}");
     assert!(matches!(
@@ -424,11 +425,14 @@ fn the_phase_survives_a_restart_through_the_anchor() {
     let t0 = t("2026-12-01T10:00:00Z");
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(&v(1, "noop")), t0, &mut out).expect("v1");
+    core.accept(pack(&v(1, "noop")), t0)
+        .drain_into(&mut out)
+        .expect("v1");
     let mut log = Log::default();
     log.run_from(&mut core, t0, ms(t0, 25_000), &mut out, &[]);
     // v2 changes the action, accepted at :27: the phase stays at :x0.
-    core.accept(pack(&gpio(&v(2, "ACTION"))), ms(t0, 27_000), &mut out)
+    core.accept(pack(&gpio(&v(2, "ACTION"))), ms(t0, 27_000))
+        .drain_into(&mut out)
         .expect("v2");
     let anchor = core.anchor(&key("p")).expect("held");
     assert_eq!(anchor, t0);
@@ -439,8 +443,8 @@ fn the_phase_survives_a_restart_through_the_anchor() {
         anchor,
         ms(t0, 31_000),
         ms(t0, 43_000),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let mut log = Log::default();
     log.run_from(&mut core, ms(t0, 43_000), ms(t0, 70_000), &mut out, &[]);
@@ -468,8 +472,8 @@ fn a_missed_count_never_includes_an_occurrence_that_ran() {
         t("2026-12-01T09:00:00Z"),
         t("2026-12-01T10:00:00.500Z"),
         t("2026-12-01T10:00:05.500Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let mut log = Log::default();
     log.take(&mut core, t("2026-12-01T10:00:05.500Z"), &mut out, &[]);
@@ -489,14 +493,16 @@ fn a_clock_step_announced_as_downtime_neither_bursts_nor_silences() {
     let t0 = t("2026-12-01T10:00:00Z");
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(yaml), t0, &mut out).expect("accept");
+    core.accept(pack(yaml), t0)
+        .drain_into(&mut out)
+        .expect("accept");
     let mut log = Log::default();
     log.run_from(&mut core, t0, ms(t0, 100), &mut out, &[]);
     let before = log.fires.len();
     // The clock steps 600 ms forward (within max_lateness 1s).
     let now = ms(t0, 705);
-    core.downtime(now, &mut out);
-    core.tick(now, &mut out);
+    core.downtime(now).drain_into(&mut out);
+    core.tick(now).drain_into(&mut out);
     log.take(&mut core, now, &mut out, &[]);
     assert_eq!(log.fires.len(), before, "no burst");
     assert_eq!(core.next_wake(), Some(ms(t0, 710)));
@@ -512,15 +518,17 @@ fn burst_order(jump: bool) -> Vec<String> {
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
     let (alive, now) = (t("2026-12-01T10:00:10.5Z"), t("2026-12-01T10:00:17Z"));
-    core.restore(pack(a), alive, alive, now, &mut out)
+    core.restore(pack(a), alive, alive, now)
+        .drain_into(&mut out)
         .expect("a");
-    core.restore(pack(b), alive, alive, now, &mut out)
+    core.restore(pack(b), alive, alive, now)
+        .drain_into(&mut out)
         .expect("b");
     let until = t("2026-12-01T10:00:30Z");
     let mut log = Log::default();
     if jump {
         log.take(&mut core, now, &mut out, &[]);
-        core.tick(until, &mut out);
+        core.tick(until).drain_into(&mut out);
         log.take(&mut core, until, &mut out, &[]);
     } else {
         log.run_from(&mut core, now, until, &mut out, &[]);
@@ -567,9 +575,11 @@ fn equal_instants_fire_by_priority_then_pack_order_then_instruction_order() {
     };
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(&p("second")), t("2026-12-01T09:00:00Z"), &mut out)
+    core.accept(pack(&p("second")), t("2026-12-01T09:00:00Z"))
+        .drain_into(&mut out)
         .expect("accept");
-    core.accept(pack(&p("first")), t("2026-12-01T09:00:01Z"), &mut out)
+    core.accept(pack(&p("first")), t("2026-12-01T09:00:01Z"))
+        .drain_into(&mut out)
         .expect("accept");
     let mut log = Log::default();
     let from = t("2026-12-01T09:00:01Z");

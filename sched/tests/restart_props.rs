@@ -187,10 +187,10 @@ fn drain(
                 } else {
                     AttemptResult::Failed("injected".into())
                 };
-                core.attempt_result(&f.id, r, now, out);
+                core.attempt_result(&f.id, r, now).drain_into(out);
             }
         }
-        core.tick(now, out);
+        core.tick(now).drain_into(out);
     }
 }
 
@@ -318,12 +318,16 @@ fn run_case(specs: &[Spec], seed: u64, downs: &[(u32, u32, u32)]) -> Vec<String>
         };
         let stopped = runs.last().is_some_and(|r: &Run| r.stopped);
         if k == 0 {
-            core.accept(pack.clone(), now, &mut out).expect("accept");
+            core.accept(pack.clone(), now)
+                .drain_into(&mut out)
+                .expect("accept");
         } else if stopped {
-            core.restore_stopped(pack.clone(), anchor, SafeReason::GiveUp, now, &mut out)
+            core.restore_stopped(pack.clone(), anchor, SafeReason::GiveUp, now)
+                .drain_into(&mut out)
                 .expect("restore stopped");
         } else {
-            core.restore(pack.clone(), anchor, alive, now, &mut out)
+            core.restore(pack.clone(), anchor, alive, now)
+                .drain_into(&mut out)
                 .expect("restore");
         }
         run.stopped = stopped;
@@ -331,7 +335,7 @@ fn run_case(specs: &[Spec], seed: u64, downs: &[(u32, u32, u32)]) -> Vec<String>
         let crash = RefTime::from_nanos(now.as_nanos() + i64::from(up_ms) * 1_000_000 * 30);
         while let Some(w) = core.next_wake().filter(|w| *w <= crash) {
             now = w.max(now);
-            core.tick(now, &mut out);
+            core.tick(now).drain_into(&mut out);
             drain(&mut core, &mut run, &mut rng, p_fail, now, &mut out);
         }
         anchor = core.anchor(&key).expect("held");

@@ -338,7 +338,7 @@ fn cron_follows_dst_rules() {
 
 fn drain(core: &mut Scheduler, now: RefTime, out: &mut Vec<Output>, fail: &[&str]) -> Vec<Event> {
     let mut events = Vec::new();
-    core.tick(now, out);
+    core.tick(now).drain_into(out);
     while !out.is_empty() {
         for o in std::mem::take(out) {
             match o {
@@ -349,12 +349,12 @@ fn drain(core: &mut Scheduler, now: RefTime, out: &mut Vec<Output>, fail: &[&str
                     } else {
                         AttemptResult::Ok { value: None }
                     };
-                    core.attempt_result(&f.id, r, now, out);
+                    core.attempt_result(&f.id, r, now).drain_into(out);
                 }
                 _ => {}
             }
         }
-        core.tick(now, out);
+        core.tick(now).drain_into(out);
     }
     events
 }
@@ -379,22 +379,26 @@ fn version_replacement_mid_run_is_atomic_and_never_refires_one_shots() {
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
     let accepted = core
-        .accept(pack(v1), t("2026-12-01T10:00:00Z"), &mut out)
+        .accept(pack(v1), t("2026-12-01T10:00:00Z"))
+        .drain_into(&mut out)
         .expect("v1");
     assert_eq!(accepted, baton_sched::Accepted::New);
     let mut ev = run_until(&mut core, t("2026-12-01T10:00:02.500Z"), &mut out, &[]);
     // Same version again: a no-op.
     assert_eq!(
-        core.accept(pack(v1), t("2026-12-01T10:00:02.500Z"), &mut out),
+        core.accept(pack(v1), t("2026-12-01T10:00:02.500Z"))
+            .drain_into(&mut out),
         Ok(baton_sched::Accepted::Unchanged)
     );
     let r = core
-        .accept(pack(v2), t("2026-12-01T10:00:02.500Z"), &mut out)
+        .accept(pack(v2), t("2026-12-01T10:00:02.500Z"))
+        .drain_into(&mut out)
         .expect("v2");
     assert_eq!(r, baton_sched::Accepted::Replaced { from: 1 });
     // An older version is refused.
     assert!(
-        core.accept(pack(v1), t("2026-12-01T10:00:02.600Z"), &mut out)
+        core.accept(pack(v1), t("2026-12-01T10:00:02.600Z"))
+            .drain_into(&mut out)
             .is_err()
     );
     ev.extend(run_until(
@@ -438,10 +442,11 @@ fn a_changed_periodic_takes_back_what_its_old_version_armed_ahead() {
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
     let t0 = t("2026-12-01T10:00:00Z");
-    core.accept(pack(v1), t0, &mut out).expect("v1");
+    core.accept(pack(v1), t0).drain_into(&mut out).expect("v1");
     // Armed 50 ms ahead: 0, 10, .., 50 ms are handed out now.
     out.clear();
-    core.tick_ahead(t0, std::time::Duration::from_millis(50), &mut out);
+    core.tick_ahead(t0, std::time::Duration::from_millis(50))
+        .drain_into(&mut out);
     let armed: Vec<i64> = out
         .iter()
         .filter_map(|o| match o {
@@ -452,7 +457,7 @@ fn a_changed_periodic_takes_back_what_its_old_version_armed_ahead() {
     assert_eq!(armed, [0, 10, 20, 30, 40, 50]);
     out.clear();
     let at = t0 + std::time::Duration::from_millis(5);
-    core.accept(pack(v2), at, &mut out).expect("v2");
+    core.accept(pack(v2), at).drain_into(&mut out).expect("v2");
     let asked: Vec<ExecutionId> = out
         .iter()
         .filter_map(|o| match o {
@@ -469,10 +474,11 @@ fn a_changed_periodic_takes_back_what_its_old_version_armed_ahead() {
         } else {
             Withdrawal::Withdrawn
         };
-        core.withdrawal(id, answer, at, &mut out);
+        core.withdrawal(id, answer, at).drain_into(&mut out);
     }
     let first = asked.iter().find(|i| i.occurrence == t0).expect("0 ms");
-    core.attempt_result(first, AttemptResult::Ok { value: None }, at, &mut out);
+    core.attempt_result(first, AttemptResult::Ok { value: None }, at)
+        .drain_into(&mut out);
     out.clear();
     let until = t0 + std::time::Duration::from_millis(100);
     let ev = run_until(&mut core, until, &mut out, &[]);
@@ -498,9 +504,11 @@ fn a_timed_out_device_attempt_is_retried_only_once_withdrawn() {
         let mut core = Scheduler::new(Config::default(), HashMap::new());
         let mut out = Vec::new();
         let t0 = t("2026-12-01T10:00:00Z");
-        core.accept(pack(p), t0, &mut out).expect("accepted");
+        core.accept(pack(p), t0)
+            .drain_into(&mut out)
+            .expect("accepted");
         out.clear();
-        core.tick(t0, &mut out);
+        core.tick(t0).drain_into(&mut out);
         let id = out
             .iter()
             .find_map(|o| match o {
@@ -510,7 +518,7 @@ fn a_timed_out_device_attempt_is_retried_only_once_withdrawn() {
             .expect("fired");
         out.clear();
         let late = t0 + std::time::Duration::from_millis(20);
-        core.tick(late, &mut out);
+        core.tick(late).drain_into(&mut out);
         let asked: Vec<&Output> = out
             .iter()
             .filter(|o| matches!(o, Output::Withdraw { .. }))
@@ -530,7 +538,7 @@ fn a_timed_out_device_attempt_is_retried_only_once_withdrawn() {
         } else {
             Withdrawal::Withdrawn
         };
-        core.withdrawal(&id, answer, late, &mut out);
+        core.withdrawal(&id, answer, late).drain_into(&mut out);
         let names: Vec<&str> = out
             .iter()
             .filter_map(|o| match o {
@@ -541,17 +549,20 @@ fn a_timed_out_device_attempt_is_retried_only_once_withdrawn() {
         if started {
             assert!(names.is_empty(), "{names:?}");
             // Its result, however late, ends the occurrence.
-            core.attempt_result(&id, AttemptResult::Ok { value: None }, late, &mut out);
+            core.attempt_result(&id, AttemptResult::Ok { value: None }, late)
+                .drain_into(&mut out);
             assert!(
                 out.iter()
                     .any(|o| matches!(o, Output::Event(e) if e.kind.name() == "ok"))
             );
             out.clear();
-            core.tick(late + std::time::Duration::from_secs(1), &mut out);
+            core.tick(late + std::time::Duration::from_secs(1))
+                .drain_into(&mut out);
             assert!(!out.iter().any(|o| matches!(o, Output::Fire(_))), "{out:?}");
         } else {
             assert_eq!(names, ["fail", "retry"]);
-            core.tick(late + std::time::Duration::from_millis(5), &mut out);
+            core.tick(late + std::time::Duration::from_millis(5))
+                .drain_into(&mut out);
             let retried = out
                 .iter()
                 .any(|o| matches!(o, Output::Fire(f) if f.id.attempt == 2));
@@ -571,9 +582,12 @@ fn a_timeout_is_never_taken_ahead_of_now() {
     let mut out = Vec::new();
     let t0 = t("2026-12-01T10:00:00Z");
     let before = t0 - std::time::Duration::from_millis(2);
-    core.accept(pack(p), before, &mut out).expect("accepted");
+    core.accept(pack(p), before)
+        .drain_into(&mut out)
+        .expect("accepted");
     out.clear();
-    core.tick_ahead(before, std::time::Duration::from_millis(50), &mut out);
+    core.tick_ahead(before, std::time::Duration::from_millis(50))
+        .drain_into(&mut out);
     let kinds: Vec<String> = out
         .iter()
         .map(|o| match o {
@@ -592,8 +606,10 @@ fn a_timeout_is_never_taken_ahead_of_now() {
     // Its success arrives after the timeout's instant has passed (it was
     // left for a pass): it still counts, nothing is retried.
     let late = t0 + std::time::Duration::from_millis(30);
-    core.attempt_result(&id, AttemptResult::Ok { value: None }, late, &mut out);
-    core.tick_ahead(late, std::time::Duration::from_millis(50), &mut out);
+    core.attempt_result(&id, AttemptResult::Ok { value: None }, late)
+        .drain_into(&mut out);
+    core.tick_ahead(late, std::time::Duration::from_millis(50))
+        .drain_into(&mut out);
     let names: Vec<&str> = out
         .iter()
         .filter_map(|o| match o {
@@ -610,14 +626,18 @@ fn a_timeout_is_never_taken_ahead_of_now() {
 fn cancel_mid_dag_enters_safe_state_and_skips_the_rest() {
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(PRESS), t("2026-12-01T09:59:59Z"), &mut out)
+    core.accept(pack(PRESS), t("2026-12-01T09:59:59Z"))
+        .drain_into(&mut out)
         .expect("accept");
     let mut ev = run_until(&mut core, t("2026-12-01T10:00:01.500Z"), &mut out, &[]);
     let key = PackKey {
         tenant: "default".into(),
         pack: "press".into(),
     };
-    assert!(core.cancel(&key, t("2026-12-01T10:00:01.500Z"), &mut out));
+    assert!(
+        core.cancel(&key, t("2026-12-01T10:00:01.500Z"))
+            .drain_into(&mut out)
+    );
     let safe = out.iter().any(|o| {
         matches!(o, Output::SafeState { reason: SafeReason::Cancel, actions, .. } if actions.len() == 1)
     });
@@ -642,15 +662,17 @@ fn cancel_mid_dag_enters_safe_state_and_skips_the_rest() {
 fn lease_loss_and_shutdown_run_every_safe_state() {
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(PRESS), t("2026-12-01T09:59:59Z"), &mut out)
+    core.accept(pack(PRESS), t("2026-12-01T09:59:59Z"))
+        .drain_into(&mut out)
         .expect("accept");
     core.accept(
         pack(&PRESS.replace("pack: press", "pack: other")),
         t("2026-12-01T09:59:59Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("accept");
-    core.lease_lost(t("2026-12-01T09:59:59.5Z"), &mut out);
+    core.lease_lost(t("2026-12-01T09:59:59.5Z"))
+        .drain_into(&mut out);
     let n = out
         .iter()
         .filter(|o| {
@@ -665,7 +687,8 @@ fn lease_loss_and_shutdown_run_every_safe_state() {
         .count();
     assert_eq!(n, 2);
     out.clear();
-    core.shutdown(t("2026-12-01T09:59:59.6Z"), &mut out);
+    core.shutdown(t("2026-12-01T09:59:59.6Z"))
+        .drain_into(&mut out);
     // Already safe: not repeated.
     assert!(out.iter().all(|o| !matches!(o, Output::SafeState { .. })));
     assert_eq!(core.next_wake(), None);
@@ -692,11 +715,13 @@ fn lease_loss_of_one_pack_stops_that_pack_only_until_a_higher_version() {
     };
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(blink("leased", 1), t("2026-12-01T09:59:59Z"), &mut out)
+    core.accept(blink("leased", 1), t("2026-12-01T09:59:59Z"))
+        .drain_into(&mut out)
         .expect("accept");
-    core.accept(blink("free", 1), t("2026-12-01T09:59:59Z"), &mut out)
+    core.accept(blink("free", 1), t("2026-12-01T09:59:59Z"))
+        .drain_into(&mut out)
         .expect("accept");
-    core.tick(t("2026-12-01T10:00:00Z"), &mut out);
+    core.tick(t("2026-12-01T10:00:00Z")).drain_into(&mut out);
     assert_eq!(fired(&out), ["leased", "free"]);
     for o in &out {
         if let Output::Fire(f) = o {
@@ -705,13 +730,16 @@ fn lease_loss_of_one_pack_stops_that_pack_only_until_a_higher_version() {
                 &f.id,
                 AttemptResult::Ok { value: None },
                 t("2026-12-01T10:00:00Z"),
-                &mut more,
-            );
+            )
+            .drain_into(&mut more);
         }
     }
     out.clear();
 
-    assert!(core.lease_lost_pack(&key("leased"), t("2026-12-01T10:00:00.5Z"), &mut out));
+    assert!(
+        core.lease_lost_pack(&key("leased"), t("2026-12-01T10:00:00.5Z"))
+            .drain_into(&mut out)
+    );
     let safe: Vec<(String, SafeReason)> = out
         .iter()
         .filter_map(|o| match o {
@@ -742,23 +770,32 @@ fn lease_loss_of_one_pack_stops_that_pack_only_until_a_higher_version() {
 
     // Again: already safe, nothing output. Unknown packs: nothing.
     out.clear();
-    assert!(!core.lease_lost_pack(&key("leased"), t("2026-12-01T10:00:00.6Z"), &mut out));
-    assert!(!core.lease_lost_pack(&key("ghost"), t("2026-12-01T10:00:00.6Z"), &mut out));
+    assert!(
+        !core
+            .lease_lost_pack(&key("leased"), t("2026-12-01T10:00:00.6Z"))
+            .drain_into(&mut out)
+    );
+    assert!(
+        !core
+            .lease_lost_pack(&key("ghost"), t("2026-12-01T10:00:00.6Z"))
+            .drain_into(&mut out)
+    );
     assert!(out.is_empty(), "{out:?}");
 
     // The other pack keeps firing; the stopped one does not.
-    core.tick(t("2026-12-01T10:00:03Z"), &mut out);
+    core.tick(t("2026-12-01T10:00:03Z")).drain_into(&mut out);
     assert!(!fired(&out).is_empty());
     assert!(fired(&out).iter().all(|p| p == "free"), "{:?}", fired(&out));
 
     // A new version runs again (the agent passes the core only higher
     // versions: a same-text re-push is `unchanged` at admission).
     out.clear();
-    core.accept(blink("leased", 2), t("2026-12-01T10:00:03.5Z"), &mut out)
+    core.accept(blink("leased", 2), t("2026-12-01T10:00:03.5Z"))
+        .drain_into(&mut out)
         .expect("higher version");
     assert_eq!(core.held(&key("leased")), Some((2, true)));
     out.clear();
-    core.tick(t("2026-12-01T10:00:04Z"), &mut out);
+    core.tick(t("2026-12-01T10:00:04Z")).drain_into(&mut out);
     assert!(
         fired(&out).contains(&"leased".to_string()),
         "{:?}",
@@ -771,13 +808,14 @@ fn a_timed_out_attempt_is_aborted_and_retried() {
     let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: x, action: exec, params: {program: /bin/true}, at: 2026-12-01T10:00:00Z, timeout: 2s, retry: {max_attempts: 2, backoff: 1s}}\n";
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(yaml), t("2026-12-01T09:00:00Z"), &mut out)
+    core.accept(pack(yaml), t("2026-12-01T09:00:00Z"))
+        .drain_into(&mut out)
         .expect("accept");
-    core.tick(t("2026-12-01T10:00:00Z"), &mut out);
+    core.tick(t("2026-12-01T10:00:00Z")).drain_into(&mut out);
     assert!(out.iter().any(|o| matches!(o, Output::Fire(_))));
     out.clear();
     assert_eq!(core.next_wake(), Some(t("2026-12-01T10:00:02Z")));
-    core.tick(t("2026-12-01T10:00:02Z"), &mut out);
+    core.tick(t("2026-12-01T10:00:02Z")).drain_into(&mut out);
     let aborted = out.iter().find_map(|o| match o {
         Output::Abort(id) => Some(id.clone()),
         _ => None,
@@ -802,8 +840,8 @@ fn a_timed_out_attempt_is_aborted_and_retried() {
         &id,
         AttemptResult::Ok { value: None },
         t("2026-12-01T10:00:02.1Z"),
-        &mut late,
-    );
+    )
+    .drain_into(&mut late);
     assert!(late.is_empty(), "{late:?}");
 }
 
@@ -828,8 +866,8 @@ fn restart_never_refires_and_resolves_from_the_journal() {
         t("2026-12-01T09:59:59Z"),
         t("2026-12-01T10:00:01Z"),
         t("2026-12-01T10:00:01.500Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let ev = run_until(&mut core, t("2026-12-01T10:00:10Z"), &mut out, &[]);
     // warmup's success was reported before the crash: settled silently.
@@ -845,7 +883,8 @@ fn restart_never_refires_and_resolves_from_the_journal() {
     assert_eq!(skip.kind.reason(), Some(Reason::UpstreamUnknown));
     assert!(fires(&ev).iter().all(|(_, i)| i == "beat"));
     let mut end = Vec::new();
-    core.shutdown(t("2026-12-01T10:00:10Z"), &mut end);
+    core.shutdown(t("2026-12-01T10:00:10Z"))
+        .drain_into(&mut end);
     let again = end
         .iter()
         .any(|o| matches!(o, Output::Event(e) if e.instruction.as_deref() == Some("press")));
@@ -884,14 +923,15 @@ fn dependents_of_an_unknown_outcome_are_reported_once_across_restarts() {
         t("2026-12-01T09:59:59Z"),
         t("2026-12-01T10:00:01Z"),
         t("2026-12-01T10:00:01.500Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let ev = run_until(&mut core, t("2026-12-01T10:00:10Z"), &mut out, &[]);
     assert!(names(&ev, "clamp").is_empty(), "{:?}", brief(&ev));
     assert!(names(&ev, "press").is_empty(), "{:?}", brief(&ev));
     let mut end = Vec::new();
-    core.shutdown(t("2026-12-01T10:00:10Z"), &mut end);
+    core.shutdown(t("2026-12-01T10:00:10Z"))
+        .drain_into(&mut end);
     assert!(
         !end.iter()
             .any(|o| matches!(o, Output::Event(e) if e.instruction.as_deref() == Some("press"))),
@@ -911,8 +951,8 @@ fn catch_up_after_downtime() {
             t("2026-12-01T09:00:00Z"),
             t("2026-12-01T10:00:30Z"),
             t("2026-12-01T10:05:30Z"),
-            &mut out,
         )
+        .drain_into(&mut out)
         .expect("restore");
         let mut ev = drain(&mut core, t("2026-12-01T10:05:30Z"), &mut out, &[]);
         ev.extend(run_until(
@@ -956,8 +996,8 @@ fn catch_up_after_downtime() {
         t("2026-12-01T09:00:00Z"),
         t("2026-12-01T10:00:30Z"),
         t("2026-12-01T10:05:30Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let all = run_until(&mut core, t("2026-12-01T10:10:00Z"), &mut out, &[]);
     let f: Vec<(RefTime, RefTime)> = all
@@ -989,7 +1029,8 @@ fn a_clock_step_never_bursts_nor_silences_a_periodic() {
     let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: b, action: noop, every: 100ms, max_lateness: 10ms}\n";
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(yaml), t("2026-12-01T10:00:00Z"), &mut out)
+    core.accept(pack(yaml), t("2026-12-01T10:00:00Z"))
+        .drain_into(&mut out)
         .expect("accept");
     let mut ev = drain(&mut core, t("2026-12-01T10:00:00Z"), &mut out, &[]);
     // The clock jumps an hour forward.
@@ -1014,7 +1055,7 @@ fn a_clock_step_never_bursts_nor_silences_a_periodic() {
     // A step backwards only delays: nothing fires early, nothing is lost.
     let before = core.next_wake();
     let mut none = Vec::new();
-    core.tick(t("2026-12-01T10:30:00Z"), &mut none);
+    core.tick(t("2026-12-01T10:30:00Z")).drain_into(&mut none);
     assert!(none.is_empty());
     assert_eq!(core.next_wake(), before);
 }
@@ -1024,15 +1065,18 @@ fn the_same_id_never_fires_twice_even_if_the_pack_is_redelivered_after_a_cancel(
     let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: once, action: noop, at: 2026-12-01T10:00:00Z}\n";
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack(yaml), t("2026-12-01T09:00:00Z"), &mut out)
+    core.accept(pack(yaml), t("2026-12-01T09:00:00Z"))
+        .drain_into(&mut out)
         .expect("accept");
     let mut ev = run_until(&mut core, t("2026-12-01T10:00:00Z"), &mut out, &[]);
     let key = PackKey {
         tenant: "default".into(),
         pack: "p".into(),
     };
-    core.cancel(&key, t("2026-12-01T10:00:00.001Z"), &mut out);
-    core.accept(pack(yaml), t("2026-12-01T10:00:00.002Z"), &mut out)
+    core.cancel(&key, t("2026-12-01T10:00:00.001Z"))
+        .drain_into(&mut out);
+    core.accept(pack(yaml), t("2026-12-01T10:00:00.002Z"))
+        .drain_into(&mut out)
         .expect("re-accept");
     ev.extend(run_until(
         &mut core,
@@ -1057,8 +1101,8 @@ fn a_restart_days_later_does_not_miss_one_shots_that_ran_before() {
         t("2026-12-01T09:59:59Z"),
         t("2026-12-03T08:00:00Z"),
         t("2026-12-03T09:00:00Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let ev = run_until(&mut core, t("2026-12-03T09:00:03Z"), &mut out, &[]);
     assert!(names(&ev, "warmup").is_empty(), "{:?}", brief(&ev));
@@ -1085,8 +1129,8 @@ fn an_attempt_withdrawn_before_a_restart_fires_after_it() {
         t("2026-12-01T09:00:00Z"),
         t("2026-12-01T09:59:59.999Z"),
         t("2026-12-01T10:00:05Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let ev = run_until(&mut core, t("2026-12-01T10:01:00Z"), &mut out, &[]);
     assert_eq!(names(&ev, "once"), ["fire", "ok"], "{:?}", brief(&ev));
@@ -1112,8 +1156,8 @@ fn an_occurrence_reported_not_run_before_a_restart_is_not_reported_missed_again(
         t("2026-12-01T10:00:00Z"),
         t("2026-12-01T10:00:02.500Z"),
         t("2026-12-01T10:00:07.500Z"),
-        &mut out,
     )
+    .drain_into(&mut out)
     .expect("restore");
     let ev = run_until(&mut core, t("2026-12-01T10:00:07.600Z"), &mut out, &[]);
     let missed: Vec<String> = ev
@@ -1145,13 +1189,13 @@ fn a_switch_at_an_instant_runs_the_old_version_until_it_and_the_new_one_from_it(
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
     let t0 = t("2026-12-01T10:00:00.030Z");
-    core.accept(pack(v1), t0, &mut out).expect("v1");
+    core.accept(pack(v1), t0).drain_into(&mut out).expect("v1");
     let ms = |n: u64| std::time::Duration::from_millis(n);
     let at = t("2026-12-01T10:00:00.250Z");
     let mut ev = run_until(&mut core, at - ms(1), &mut out, &[]);
     // v1's 330 ms occurrence is armed ahead when the switch comes.
     out.clear();
-    core.tick_ahead(at, ms(100), &mut out);
+    core.tick_ahead(at, ms(100)).drain_into(&mut out);
     let armed: Vec<ExecutionId> = out
         .iter()
         .filter_map(|o| match o {
@@ -1161,7 +1205,9 @@ fn a_switch_at_an_instant_runs_the_old_version_until_it_and_the_new_one_from_it(
         .collect();
     assert_eq!(armed.len(), 1, "{armed:?}");
     out.clear();
-    core.accept_at(pack(v2), at, at, &mut out).expect("v2");
+    core.accept_at(pack(v2), at, at)
+        .drain_into(&mut out)
+        .expect("v2");
     let asked: Vec<ExecutionId> = out
         .iter()
         .filter_map(|o| match o {
@@ -1172,7 +1218,8 @@ fn a_switch_at_an_instant_runs_the_old_version_until_it_and_the_new_one_from_it(
     assert_eq!(asked, armed, "what v1 armed past the instant is asked back");
     out.clear();
     for id in &asked {
-        core.withdrawal(id, Withdrawal::Withdrawn, at, &mut out);
+        core.withdrawal(id, Withdrawal::Withdrawn, at)
+            .drain_into(&mut out);
     }
     ev.extend(run_until(&mut core, at + ms(300), &mut out, &[]));
     let fired: Vec<(u64, i64)> = ev
@@ -1202,13 +1249,16 @@ fn a_late_switch_never_fires_an_occurrence_under_both_versions() {
     let mut core = Scheduler::new(Config::default(), HashMap::new());
     let mut out = Vec::new();
     let t0 = t("2026-12-01T10:00:00Z");
-    core.accept(pack(&v(1, 1)), t0, &mut out).expect("v1");
+    core.accept(pack(&v(1, 1)), t0)
+        .drain_into(&mut out)
+        .expect("v1");
     let ms = |n: u64| std::time::Duration::from_millis(n);
     let at = t0 + ms(250);
     let switch = at + ms(120);
     let mut ev = run_until(&mut core, switch, &mut out, &[]);
     out.clear();
-    core.accept_at(pack(&v(2, 2)), at, switch, &mut out)
+    core.accept_at(pack(&v(2, 2)), at, switch)
+        .drain_into(&mut out)
         .expect("v2");
     let asked: Vec<ExecutionId> = out
         .iter()
@@ -1219,7 +1269,8 @@ fn a_late_switch_never_fires_an_occurrence_under_both_versions() {
         .collect();
     out.clear();
     for id in &asked {
-        core.withdrawal(id, Withdrawal::Withdrawn, switch, &mut out);
+        core.withdrawal(id, Withdrawal::Withdrawn, switch)
+            .drain_into(&mut out);
     }
     ev.extend(run_until(&mut core, t0 + ms(650), &mut out, &[]));
     let fired: Vec<(u64, i64)> = ev

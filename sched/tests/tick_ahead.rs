@@ -21,13 +21,15 @@ fn firings_armed_ahead_are_on_time_even_with_a_tiny_max_lateness() {
     .expect("pack");
     let mut core = Scheduler::new(Config::default(), std::collections::HashMap::new());
     let mut out = Vec::new();
-    core.accept(pack, ms(0), &mut out).expect("accept");
+    core.accept(pack, ms(0))
+        .drain_into(&mut out)
+        .expect("accept");
     let horizon = Duration::from_millis(5);
     let (mut fired, mut skipped) = (0, 0);
     // The runtime wakes half a horizon before each occurrence.
     let mut now = ms(0);
     while now < ms(1000) {
-        core.tick_ahead(now, horizon, &mut out);
+        core.tick_ahead(now, horizon).drain_into(&mut out);
         let mut results = Vec::new();
         for o in out.drain(..) {
             match o {
@@ -42,12 +44,8 @@ fn firings_armed_ahead_are_on_time_even_with_a_tiny_max_lateness() {
             }
         }
         for f in results {
-            core.attempt_result(
-                &f.id,
-                AttemptResult::Ok { value: None },
-                f.scheduled,
-                &mut out,
-            );
+            core.attempt_result(&f.id, AttemptResult::Ok { value: None }, f.scheduled)
+                .drain_into(&mut out);
         }
         out.clear();
         now = core.next_wake().map_or(ms(1000), |w| {

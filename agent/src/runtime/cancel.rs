@@ -199,7 +199,7 @@ impl Agent {
         };
         let now = self.clock.now();
         let mut out = Vec::new();
-        self.core.cancel(key, now, &mut out);
+        self.core.cancel(key, now).drain_into(&mut out);
         self.process(out)?;
         self.pump()?;
         self.journal.remove_pack(&key.tenant, &key.pack)?;

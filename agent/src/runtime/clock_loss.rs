@@ -122,7 +122,11 @@ impl Agent {
             .collect();
         for key in stop {
             let mut out = Vec::new();
-            if self.core.clock_lost_pack(&key, self.clock.now(), &mut out) {
+            if self
+                .core
+                .clock_lost_pack(&key, self.clock.now())
+                .drain_into(&mut out)
+            {
                 tracing::warn!(
                     pack = %key,
                     "clock sync lost (on_clock_loss: safe_state): safe state driven; a higher version brings the pack back"

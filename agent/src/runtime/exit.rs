@@ -39,7 +39,7 @@ impl Agent {
     /// the core did not cover (say, one it stopped while the loop failed).
     fn drive_all_safe_states(&mut self, now: RefTime) -> Vec<Event> {
         let mut out = Vec::new();
-        self.core.shutdown(now, &mut out);
+        self.core.shutdown(now).drain_into(&mut out);
         let mut events = Vec::new();
         for o in out {
             match o {

@@ -622,7 +622,10 @@ impl Agent {
             self.hold(&pack, anchor);
             let mut out = Vec::new();
             let r = match sp.stopped {
-                None => self.core.restore(pack, anchor, last_alive, now, &mut out),
+                None => self
+                    .core
+                    .restore(pack, anchor, last_alive, now)
+                    .drain_into(&mut out),
                 Some(why) => {
                     let reason = match why {
                         StopReason::Cancel => SafeReason::Cancel,
@@ -631,7 +634,8 @@ impl Agent {
                         StopReason::ClockLost => SafeReason::ClockLost,
                     };
                     self.core
-                        .restore_stopped(pack, anchor, reason, now, &mut out)
+                        .restore_stopped(pack, anchor, reason, now)
+                        .drain_into(&mut out)
                 }
             };
             if let Err(e) = r {
@@ -751,8 +755,8 @@ impl Agent {
         self.hold(&pack, anchor);
         let mut out = Vec::new();
         match at {
-            Some(at) => self.core.accept_at(pack, at, now, &mut out)?,
-            None => self.core.accept(pack, now, &mut out)?,
+            Some(at) => self.core.accept_at(pack, at, now).drain_into(&mut out)?,
+            None => self.core.accept(pack, now).drain_into(&mut out)?,
         };
         self.safe_done.remove(&key);
         tracing::info!(pack = %key, version, "accepted");
@@ -963,14 +967,18 @@ impl Agent {
             // time, handled by catch_up (never a burst); backward needs
             // nothing (nothing fires early). Packs of intervals move with
             // the step: they never skip for it (`Scheduler::clock_stepped`).
-            self.core.clock_stepped(step, self.clock.now(), &mut out);
+            self.core
+                .clock_stepped(step, self.clock.now())
+                .drain_into(&mut out);
         }
         // Back-pressure: while the device has a backlog, the core is not
         // asked for more. What falls behind stays in the core, which then
         // fires it late within max_lateness or reports it skipped; memory
         // stays bounded however far the load exceeds what the box can do.
         if self.arming.backlog_len() < MAX_BACKLOG {
-            self.core.tick_ahead(now, self.cfg.arm_horizon, &mut out);
+            self.core
+                .tick_ahead(now, self.cfg.arm_horizon)
+                .drain_into(&mut out);
         }
         self.process_in(&mut out)?;
         self.return_output_buf(out);

@@ -131,7 +131,7 @@ impl Agent {
                 let r = AttemptResult::Late { actual: now };
                 journal_result(&mut self.journal, &t.text, &r)?;
             }
-            self.core.withdrawal(&t.id, t.answer, now, more);
+            self.core.withdrawal(&t.id, t.answer, now).drain_into(more);
         }
         Ok(())
     }
@@ -458,7 +458,7 @@ impl Agent {
         more: &mut Vec<Output>,
     ) -> anyhow::Result<()> {
         journal_result(&mut self.journal, text, &r)?;
-        self.core.attempt_result(id, r, at, more);
+        self.core.attempt_result(id, r, at).drain_into(more);
         Ok(())
     }
 

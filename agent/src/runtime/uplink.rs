@@ -756,7 +756,11 @@ impl Agent {
             .collect();
         for (key, lease) in expired {
             let mut out = Vec::new();
-            if self.core.lease_lost_pack(&key, self.clock.now(), &mut out) {
+            if self
+                .core
+                .lease_lost_pack(&key, self.clock.now())
+                .drain_into(&mut out)
+            {
                 tracing::warn!(
                     pack = %key,
                     "no contact with the controller for its lease ({}): safe state driven; a higher version brings the pack back",

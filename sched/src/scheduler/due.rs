@@ -10,11 +10,23 @@ use std::sync::Arc;
 use baton_proto::RefTime;
 use baton_proto::pack::{CatchUp, Schedule};
 
-use super::{Attempt, EntryKind, PRUNE_MARGIN, Replay, Scheduler, Status, fmt_d, just_before};
+use super::{
+    Attempt, EntryKind, Occurrence, PRUNE_MARGIN, Replay, Scheduler, Status, fmt_d, just_before,
+};
 use crate::catchup::{occurrences_between, plan, releases};
 use crate::id::ExecutionId;
 use crate::once::{OnceKind, PriorOutcome};
 use crate::output::{EventKind, Firing, Output, Reason};
+
+/// Missed occurrences of one instruction: those strictly between `after`
+/// and `before`. `covered`: an occurrence later than the gap fires now
+/// anyway (see `catchup::plan`).
+#[derive(Clone, Copy, Debug)]
+struct Gap {
+    after: RefTime,
+    before: RefTime,
+    covered: bool,
+}
 
 fn mode(c: CatchUp) -> &'static str {
     match c {
@@ -29,20 +41,18 @@ impl Scheduler {
     /// queued for; for `after` rounds possibly later than `occ`).
     pub(super) fn occurrence_due(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         release: RefTime,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
-        let Some(ps) = self.packs[slot].as_ref() else {
+        let Some(ps) = self.packs[o.slot].as_ref() else {
             return;
         };
-        if ps.pack.instructions[i].schedule.is_repeating() {
-            self.repeating_due(slot, i, occ, now, out);
+        if ps.pack.instructions[o.instr].schedule.is_repeating() {
+            self.repeating_due(o, now, out);
         } else {
-            self.one_shot_due(slot, i, occ, release, now, out);
+            self.one_shot_due(o, release, now, out);
         }
     }
 
@@ -50,17 +60,20 @@ impl Scheduler {
     /// `max_lateness` of its release, else missed (the failure path).
     fn one_shot_due(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         release: RefTime,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
-        if ps.ins[i].done || self.resolve_prior(slot, i, occ, now, out) {
+        if ps.ins[i].done || self.resolve_prior(o, now, out) {
             return;
         }
         let Some(ps) = self.packs[slot].as_mut() else {
@@ -82,24 +95,22 @@ impl Scheduler {
             // Named by the attempt that would have run: the report carries
             // an execution id and its occurrence like any other give-up.
             let id = Some(self.make_id(slot, i, occ, 1));
-            self.give_up(slot, i, occ, id, Reason::Late, detail, now, out);
+            self.give_up(o, id, (Reason::Late, detail), now, out);
             return;
         }
         let id = self.make_id(slot, i, occ, 1);
-        self.fire(slot, i, id, occ, release, now, out);
+        self.fire(o, id, occ, release, now, out);
     }
 
     /// A repeating occurrence: on time or late within `max_lateness`, it
     /// fires and the next one is queued; later than that, everything up to
     /// `now - max_lateness` is a gap for `catch_up`.
-    fn repeating_due(
-        &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
-        now: RefTime,
-        out: &mut Vec<Output>,
-    ) {
+    fn repeating_due(&mut self, o: Occurrence, now: RefTime, out: &mut Vec<Output>) {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
@@ -108,9 +119,9 @@ impl Scheduler {
         let lateness = now.since(occ);
         if lateness <= max_late {
             self.schedule_next(slot, i, occ);
-            if !self.resolve_prior(slot, i, occ, now, out) {
+            if !self.resolve_prior(o, now, out) {
                 let id = self.make_id(slot, i, occ, 1);
-                self.fire(slot, i, id, occ, occ, now, out);
+                self.fire(o, id, occ, occ, now, out);
             }
             return;
         }
@@ -125,7 +136,12 @@ impl Scheduler {
             fmt_d(max_late)
         );
         let cause = (Reason::Late, cause.as_str());
-        self.catch_up_gap(slot, i, just_before(occ), bound, covered, cause, now, out);
+        let gap = Gap {
+            after: just_before(occ),
+            before: bound,
+            covered,
+        };
+        self.catch_up_gap(slot, i, gap, cause, now, out);
         if let Some(n) = next {
             self.arm_occurrence(slot, i, n, n);
         }
@@ -148,7 +164,12 @@ impl Scheduler {
             return;
         }
         let cause = (Reason::CatchUp, "the agent was down");
-        self.catch_up_gap(slot, i, alive, now, false, cause, now, out);
+        let gap = Gap {
+            after: alive,
+            before: now,
+            covered: false,
+        };
+        self.catch_up_gap(slot, i, gap, cause, now, out);
     }
 
     /// [`Scheduler::downtime`] for one instruction: its overdue pending
@@ -173,7 +194,12 @@ impl Scheduler {
             Reason::Clock,
             "the core could not act (clock step or stall)",
         );
-        self.catch_up_gap(slot, i, just_before(occ), now, false, cause, now, out);
+        let gap = Gap {
+            after: just_before(occ),
+            before: now,
+            covered: false,
+        };
+        self.catch_up_gap(slot, i, gap, cause, now, out);
         if let Some(n) = next {
             self.arm_occurrence(slot, i, n, n);
         }
@@ -203,21 +229,23 @@ impl Scheduler {
         })
     }
 
-    /// The occurrences strictly between `after` and `before` were missed:
-    /// resolve those with a journal record, report the dropped ones in one
-    /// event, and queue the replays `catch_up` asks for.
-    #[allow(clippy::too_many_arguments)]
+    /// The occurrences in `missed` were missed: resolve those with a
+    /// journal record, report the dropped ones in one event, and queue the
+    /// replays `catch_up` asks for.
     fn catch_up_gap(
         &mut self,
         slot: usize,
         i: usize,
-        after: RefTime,
-        before: RefTime,
-        covered: bool,
+        missed: Gap,
         (why, cause): (Reason, &str),
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let Gap {
+            after,
+            before,
+            covered,
+        } = missed;
         let ran = self.between(&self.ran, slot, i, after, before);
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
@@ -260,7 +288,12 @@ impl Scheduler {
             out.push(self.event(slot, Some(i), None, gap.first, ev, now));
         }
         for occ in ran {
-            self.resolve_prior(slot, i, occ, now, out);
+            let o = Occurrence {
+                slot,
+                instr: i,
+                at: occ,
+            };
+            self.resolve_prior(o, now, out);
         }
         let active = self.packs[slot]
             .as_ref()
@@ -286,13 +319,16 @@ impl Scheduler {
     /// A replayed missed occurrence is released.
     pub(super) fn replay_due(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         release: RefTime,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
@@ -316,9 +352,9 @@ impl Scheduler {
             ));
             return;
         }
-        if !self.resolve_prior(slot, i, occ, now, out) {
+        if !self.resolve_prior(o, now, out) {
             let id = self.make_id(slot, i, occ, 1);
-            self.fire(slot, i, id, occ, release, now, out);
+            self.fire(o, id, occ, release, now, out);
         }
     }
 
@@ -339,12 +375,15 @@ impl Scheduler {
     /// are once-only reports.
     pub(super) fn resolve_prior(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         now: RefTime,
         out: &mut Vec<Output>,
     ) -> bool {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         if self.prior.is_empty() {
             return false;
         }
@@ -374,7 +413,7 @@ impl Scheduler {
                     return true;
                 }
                 Some(PriorOutcome::Succeeded) => {
-                    self.succeeded(slot, i, occ, None, now, out);
+                    self.succeeded(o, None, now, out);
                     return true;
                 }
                 Some(PriorOutcome::Unknown) => {
@@ -385,7 +424,7 @@ impl Scheduler {
                     let detail = format!("failed after {attempt} attempt(s) (before the restart)");
                     // Named by its last attempt, like a give-up in one run.
                     let id = Some(id);
-                    self.give_up(slot, i, occ, id, Reason::Failed, detail, now, out);
+                    self.give_up(o, id, (Reason::Failed, detail), now, out);
                     return true;
                 }
                 Some(PriorOutcome::Failed) => attempt += 1,
@@ -437,13 +476,16 @@ impl Scheduler {
 
     pub(super) fn attempt_due(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         deadline: RefTime,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
@@ -460,30 +502,32 @@ impl Scheduler {
                 fmt_d(lateness),
                 fmt_d(max_late)
             );
-            self.give_up(slot, i, occ, Some(id), Reason::Late, detail, now, out);
+            self.give_up(o, Some(id), (Reason::Late, detail), now, out);
             return;
         }
-        self.fire(slot, i, id, deadline, deadline, now, out);
+        self.fire(o, id, deadline, deadline, now, out);
     }
 
     /// Hand an attempt to the runtime: `scheduled` is the instant it was
     /// planned for (lateness is measured from it), `release` when the core
     /// queued it (the two differ for catch-up replays and late `after`
     /// rounds); the runtime may start it until `max_lateness` after the
-    /// later of `release` and `now`.
-    #[allow(clippy::too_many_arguments)]
+    /// later of `release` and `now`. `o` is the occurrence `id` is an
+    /// attempt of.
     pub(super) fn fire(
         &mut self,
-        slot: usize,
-        i: usize,
+        o: Occurrence,
         id: ExecutionId,
         scheduled: RefTime,
         release: RefTime,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let (slot, i) = (o.slot, o.instr);
         let (occ, attempt) = (id.occurrence, id.attempt);
-        if attempt == 1 && self.claimed_by_older(slot, i, occ, now, out) {
+        debug_assert_eq!(o.at, occ, "fired as an attempt of another occurrence");
+        let o = Occurrence { at: occ, ..o };
+        if attempt == 1 && self.claimed_by_older(o, now, out) {
             if let Some(ps) = self.packs[slot].as_mut()
                 && !ps.pack.instructions[i].schedule.is_repeating()
             {
@@ -492,34 +536,9 @@ impl Scheduler {
             }
             return;
         }
-        // Formatted into a kept buffer, then copied once into the shared
-        // text (`to_string` grew a fresh string a few times per firing).
-        self.id_buf.clear();
-        let _ = std::fmt::Write::write_fmt(&mut self.id_buf, format_args!("{id}"));
-        let text: Arc<str> = Arc::from(self.id_buf.as_str());
-        let ran_before = self
-            .prior
-            .get(&*text)
-            .is_some_and(|o| *o != PriorOutcome::NotRun);
-        let fingerprint = super::print(&text);
-        if self.fired.contains_key(&fingerprint) || ran_before {
-            // Never twice: a duplicate delivery or a bug upstream must not
-            // reach the device. The note names the occurrence, not the
-            // attempt: that attempt reports its own end.
-            let detail = format!("already fired as {id}: not fired again");
-            out.push(self.event(
-                slot,
-                Some(i),
-                None,
-                Some(occ),
-                EventKind::Skip {
-                    reason: Reason::Duplicate,
-                    detail,
-                },
-                now,
-            ));
+        let Some((text, fingerprint)) = self.never_fired(o, &id, now, out) else {
             return;
-        }
+        };
         let Some(ps) = self.packs[slot].as_ref() else {
             return;
         };
@@ -569,5 +588,46 @@ impl Scheduler {
             not_after: release.max(now) + max_late,
             timeout,
         }));
+    }
+
+    /// Attempt `id` (of occurrence `o`) as text, and the fingerprint the
+    /// core keeps of it, when it never fired, in this run or before a
+    /// restart. Otherwise it must not fire again (a duplicate delivery or a
+    /// bug upstream must not reach the device): the occurrence is reported
+    /// skipped, `duplicate` (named, not the attempt: that attempt reports
+    /// its own end), and `None` is returned.
+    fn never_fired(
+        &mut self,
+        o: Occurrence,
+        id: &ExecutionId,
+        now: RefTime,
+        out: &mut Vec<Output>,
+    ) -> Option<(Arc<str>, u64)> {
+        // Formatted into a kept buffer, then copied once into the shared
+        // text (`to_string` grew a fresh string a few times per firing).
+        self.id_buf.clear();
+        let _ = std::fmt::Write::write_fmt(&mut self.id_buf, format_args!("{id}"));
+        let text: Arc<str> = Arc::from(self.id_buf.as_str());
+        let ran_before = self
+            .prior
+            .get(&*text)
+            .is_some_and(|o| *o != PriorOutcome::NotRun);
+        let fingerprint = super::print(&text);
+        if !self.fired.contains_key(&fingerprint) && !ran_before {
+            return Some((text, fingerprint));
+        }
+        let detail = format!("already fired as {id}: not fired again");
+        out.push(self.event(
+            o.slot,
+            Some(o.instr),
+            None,
+            Some(o.at),
+            EventKind::Skip {
+                reason: Reason::Duplicate,
+                detail,
+            },
+            now,
+        ));
+        None
     }
 }

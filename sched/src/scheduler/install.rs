@@ -115,27 +115,42 @@ fn carry_over(old: Option<&PackState>, ps: &mut PackState, now: RefTime) -> Carr
     c
 }
 
+/// What one install is, the same for each of its instructions' first
+/// occurrences.
+#[derive(Clone, Copy, Debug)]
+struct Installing {
+    /// The phase of `every` schedules without `start_at`.
+    anchor: RefTime,
+    /// A version was replaced: a changed instruction starts from `now`
+    /// (nothing before the replacement is "missed").
+    replaced: bool,
+    /// A restart: repeating occurrences before `now` are the gap's
+    /// business (see `restore`).
+    resumed: bool,
+    /// When the install happens.
+    now: RefTime,
+}
+
 /// The first occurrence an instruction waits for after an install.
 ///
-/// `carried`: its next occurrence under a replaced version; `replaced`: a
-/// version was replaced (a changed instruction starts from `now`: nothing
-/// before the replacement is "missed"), and `replaced_floor` the last
-/// occurrence its old version still has in flight (a repeating one starts
-/// after it: a toggle armed under both versions at one instant would
-/// cancel itself); `resumed`: a restart — repeating occurrences before
-/// `now` are the gap's business (see `restore`).
-#[allow(clippy::too_many_arguments)]
+/// `carried`: its next occurrence under a replaced version;
+/// `replaced_floor`: the last occurrence its old version still has in
+/// flight (a repeating one starts after it: a toggle armed under both
+/// versions at one instant would cancel itself).
 fn first_occurrence(
     ins: &Instruction,
     st: &InstrState,
     tz: &TimeZone,
-    anchor: RefTime,
+    how: Installing,
     carried: Option<RefTime>,
-    replaced: bool,
     replaced_floor: Option<RefTime>,
-    resumed: bool,
-    now: RefTime,
 ) -> Option<RefTime> {
+    let Installing {
+        anchor,
+        replaced,
+        resumed,
+        now,
+    } = how;
     match &ins.schedule {
         _ if st.done => None,
         Schedule::At(t) => Some(*t),
@@ -156,6 +171,22 @@ fn first_occurrence(
             s.next_after(tz, anchor, after)
         }
     }
+}
+
+/// [`first_occurrence`] of each instruction of `ps`.
+fn first_occurrences(ps: &PackState, how: Installing, carried: &Carried) -> Vec<Option<RefTime>> {
+    (0..ps.ins.len())
+        .map(|i| {
+            first_occurrence(
+                &ps.pack.instructions[i],
+                &ps.ins[i],
+                &ps.pack.timezone,
+                how,
+                carried.next[i],
+                carried.floor[i],
+            )
+        })
+        .collect()
 }
 
 impl Scheduler {
@@ -193,21 +224,13 @@ impl Scheduler {
         }
         self.settle_one_shots(&mut ps, resume_after, old.as_ref());
         let repeat_shots = self.shots_of(slot, &mut ps, &carried.kept);
-        let firsts: Vec<Option<RefTime>> = (0..ps.ins.len())
-            .map(|i| {
-                first_occurrence(
-                    &ps.pack.instructions[i],
-                    &ps.ins[i],
-                    &ps.pack.timezone,
-                    anchor,
-                    carried.next[i],
-                    old.is_some(),
-                    carried.floor[i],
-                    resume_after.is_some(),
-                    now,
-                )
-            })
-            .collect();
+        let how = Installing {
+            anchor,
+            replaced: old.is_some(),
+            resumed: resume_after.is_some(),
+            now,
+        };
+        let firsts = first_occurrences(&ps, how, &carried);
         for i in 0..ps.ins.len() {
             self.rearm(&mut ps, slot, i, now);
         }
@@ -523,8 +546,21 @@ mod tests {
         let st = InstrState::default();
         let tz = TimeZone::UTC;
         let every = &p.instructions[0];
+        let how = |anchor, replaced, resumed, now| Installing {
+            anchor,
+            replaced,
+            resumed,
+            now,
+        };
         let first = |carried, replaced, resumed, now| {
-            first_occurrence(every, &st, &tz, t(3), carried, replaced, None, resumed, now)
+            first_occurrence(
+                every,
+                &st,
+                &tz,
+                how(t(3), replaced, resumed, now),
+                carried,
+                None,
+            )
         };
         // Anchored at the first acceptance (3 s), whatever `now` is.
         assert_eq!(first(None, false, false, t(3)), Some(t(3)));
@@ -534,7 +570,14 @@ mod tests {
         // A changed instruction whose old version has 33 s and 43 s in
         // flight at 27 s starts after them.
         assert_eq!(
-            first_occurrence(every, &st, &tz, t(3), None, true, Some(t(43)), false, t(27)),
+            first_occurrence(
+                every,
+                &st,
+                &tz,
+                how(t(3), true, false, t(27)),
+                None,
+                Some(t(43))
+            ),
             Some(t(53))
         );
         // A restart: the first one at or after `now`, on the anchor's grid.
@@ -542,7 +585,7 @@ mod tests {
         assert_eq!(first(None, false, true, t(44)), Some(t(53)));
         let at = &p.instructions[1];
         assert_eq!(
-            first_occurrence(at, &st, &tz, t(0), None, false, None, true, t(9)),
+            first_occurrence(at, &st, &tz, how(t(0), false, true, t(9)), None, None),
             Some(t(5))
         );
         let done = InstrState {
@@ -550,7 +593,7 @@ mod tests {
             ..InstrState::default()
         };
         assert_eq!(
-            first_occurrence(at, &done, &tz, t(0), None, false, None, false, t(0)),
+            first_occurrence(at, &done, &tz, how(t(0), false, false, t(0)), None, None),
             None
         );
     }

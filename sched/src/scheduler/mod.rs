@@ -1,19 +1,25 @@
 //! The scheduler state machine.
 //!
 //! Inputs: packs, `now`, attempt results, lease loss, shutdown, downtime.
-//! Outputs: [`Output`]s in the order the runtime must act on them. It never
+//! Outputs: [`Output`]s in the order the runtime must act on them, each
+//! entry point's returned as an [`Outputs`] value (must be used; filled in
+//! a buffer the core keeps, so no call allocates in steady state). It never
 //! reads a clock or touches a device, so tests drive it on simulated time
 //! and every run with the same inputs and seed gives the same outputs.
 //!
 //! The pieces: `install` (taking a pack: version decision, carry-over from
 //! the replaced version, first occurrences), `due` (what an occurrence does
 //! when its instant comes: fire, late, gap and `catch_up`, journal records),
-//! `outcome` (results, retries, dependents, give-up, safe state).
+//! `outcome` (results, retries, dependents, give-up, safe state), `tick`
+//! (what comes due in the queue, handed to `due` and `outcome`), `stop`
+//! (cancel, lease or clock lost, shutdown: packs sent to their safe state).
 
 mod attempts;
 mod due;
 mod install;
 mod outcome;
+mod stop;
+mod tick;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -28,7 +34,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::id::{ExecutionId, PackKey};
 use crate::once::{OnceKey, OnceKind, Prior, PriorOutcome};
-use crate::output::{Event, EventKind, Output, Reason, SafeReason};
+use crate::output::{Event, EventKind, Output, SafeReason};
+use crate::outputs::{Outputs, WithOutputs};
 use crate::timing::{TimerId, TimingWheel};
 
 /// Tunables of the core.
@@ -135,6 +142,31 @@ struct Entry {
     generation: u64,
     instr: usize,
     kind: EntryKind,
+}
+
+impl Entry {
+    /// The occurrence at `at` of the instruction this entry is for.
+    fn occurrence(&self, at: RefTime) -> Occurrence {
+        Occurrence {
+            slot: self.slot,
+            instr: self.instr,
+            at,
+        }
+    }
+}
+
+/// One occurrence of one instruction of a held pack: what nearly every
+/// decision about an occurrence needs, passed as one value rather than
+/// three loose arguments (whose order a call could swap). A handle, not
+/// the state: the state stays in [`Scheduler::packs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Occurrence {
+    /// The pack's slot in [`Scheduler::packs`].
+    slot: usize,
+    /// The instruction's index in its pack.
+    instr: usize,
+    /// The occurrence's instant (the one its execution ids carry).
+    at: RefTime,
 }
 
 #[derive(Clone, Debug)]
@@ -297,6 +329,9 @@ pub struct Scheduler {
     /// instant does not fire it again (once per occurrence, whatever the
     /// version), it reports it not run (`duplicate`).
     shots: HashMap<(usize, String), Vec<RefTime>>,
+    /// The output buffer every entry point fills and lends back as its
+    /// [`Outputs`]: kept, so a call does not allocate in steady state.
+    out: Vec<Output>,
 }
 
 const NS: i64 = 1;
@@ -389,7 +424,29 @@ impl Scheduler {
             detached: HashMap::new(),
             claimed: BTreeMap::new(),
             shots: HashMap::new(),
+            out: Vec::new(),
         }
+    }
+
+    /// Run one entry point's decisions into the core's output buffer
+    /// (taken out of `self` meanwhile), and hand them back with its answer.
+    fn decide<T>(
+        &mut self,
+        entry: impl FnOnce(&mut Self, &mut Vec<Output>) -> T,
+    ) -> WithOutputs<'_, T> {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        let value = entry(self, &mut out);
+        self.out = out;
+        WithOutputs {
+            value,
+            outputs: Outputs::new(&mut self.out),
+        }
+    }
+
+    /// [`Scheduler::decide`] for an entry point that answers nothing else.
+    fn outputs(&mut self, entry: impl FnOnce(&mut Self, &mut Vec<Output>)) -> Outputs<'_> {
+        self.decide(entry).outputs
     }
 
     /// The earliest instant at which [`Scheduler::tick`] has work.
@@ -433,9 +490,8 @@ impl Scheduler {
         &mut self,
         pack: Pack,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        self.install(pack, None, None, now, out)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| s.install(pack, None, None, now, out))
     }
 
     /// Take a validated pack as of the instant `at`, its schedule anchored
@@ -459,9 +515,8 @@ impl Scheduler {
         pack: Pack,
         at: RefTime,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        self.install(pack, Some(at), None, now.max(at), out)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| s.install(pack, Some(at), None, now.max(at), out))
     }
 
     /// Take a pack back after a restart: `anchor` is what
@@ -483,9 +538,8 @@ impl Scheduler {
         anchor: RefTime,
         last_alive: RefTime,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        self.install(pack, Some(anchor), Some(last_alive), now, out)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| s.install(pack, Some(anchor), Some(last_alive), now, out))
     }
 
     /// Take back a pack that had entered its safe state for good before the
@@ -499,14 +553,15 @@ impl Scheduler {
         anchor: RefTime,
         reason: SafeReason,
         now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> Result<Accepted, AcceptError> {
-        let key = PackKey::of(&pack);
-        let r = self.install(pack, Some(anchor), Some(now), now, out)?;
-        if let Some(&slot) = self.by_key.get(&key) {
-            self.stop_quietly(slot, reason, out);
-        }
-        Ok(r)
+    ) -> WithOutputs<'_, Result<Accepted, AcceptError>> {
+        self.decide(|s, out| {
+            let key = PackKey::of(&pack);
+            let r = s.install(pack, Some(anchor), Some(now), now, out)?;
+            if let Some(&slot) = s.by_key.get(&key) {
+                s.stop_quietly(slot, reason, out);
+            }
+            Ok(r)
+        })
     }
 
     /// The core could not act until `now` (a forward clock step, a suspend,
@@ -515,7 +570,11 @@ impl Scheduler {
     /// restart — no burst, no silence; the schedule resumes on time.
     /// Without this call, `tick` treats an occurrence later than its
     /// `max_lateness` the same way (and fires the in-bound ones late).
-    pub fn downtime(&mut self, now: RefTime, out: &mut Vec<Output>) {
+    pub fn downtime(&mut self, now: RefTime) -> Outputs<'_> {
+        self.outputs(|s, out| s.downtime_into(now, out))
+    }
+
+    fn downtime_into(&mut self, now: RefTime, out: &mut Vec<Output>) {
         for slot in 0..self.packs.len() {
             let n = match self.packs[slot].as_ref() {
                 Some(ps) if ps.status == Status::Active => ps.ins.len(),
@@ -544,7 +603,11 @@ impl Scheduler {
     ///   still syncing) cannot make a plain `every` miss a beat.
     ///
     /// Retries and catch-up replays keep their instants.
-    pub fn clock_stepped(&mut self, step_ns: i64, now: RefTime, out: &mut Vec<Output>) {
+    pub fn clock_stepped(&mut self, step_ns: i64, now: RefTime) -> Outputs<'_> {
+        self.outputs(|s, out| s.clock_stepped_into(step_ns, now, out))
+    }
+
+    fn clock_stepped_into(&mut self, step_ns: i64, now: RefTime, out: &mut Vec<Output>) {
         for slot in 0..self.packs.len() {
             let (n, absolute) = match self.packs[slot].as_ref() {
                 Some(ps) if ps.status == Status::Active => {
@@ -583,288 +646,6 @@ impl Scheduler {
             self.queue.cancel(timer);
             self.arm_occurrence(slot, i, occ, occ);
         }
-    }
-
-    /// Remove a pack: its safe state runs and its pending firings are
-    /// reported as skipped.
-    pub fn cancel(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
-        let Some(&slot) = self.by_key.get(key) else {
-            return false;
-        };
-        self.fail_safe(slot, SafeReason::Cancel, None, now, out);
-        true
-    }
-
-    /// The controller lease is gone: every active pack goes to its safe state.
-    pub fn lease_lost(&mut self, now: RefTime, out: &mut Vec<Output>) {
-        self.all_safe(SafeReason::LeaseLost, now, out);
-    }
-
-    /// The controller lease of one pack ran out (its `lease` passed without
-    /// contact with the controller): that pack alone goes to its safe state
-    /// (reason [`SafeReason::LeaseLost`]), its pending firings reported as
-    /// skipped; every other pack keeps running. The pack stays held,
-    /// stopped, until it is accepted again (as after a cancel, even the same
-    /// version reinstalls it here; the agent's admission only passes a
-    /// higher version, so on an agent that is what brings it back). Returns
-    /// whether the pack
-    /// was active (false: not held, or already in its safe state — then
-    /// nothing is output, so calling it again is harmless).
-    pub fn lease_lost_pack(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
-        self.stop_pack(key, SafeReason::LeaseLost, now, out)
-    }
-
-    /// The agent's clock lost sync past its limit and this pack asked for
-    /// its safe state then (`on_clock_loss: safe_state`): as
-    /// [`Scheduler::lease_lost_pack`], with reason [`SafeReason::ClockLost`].
-    pub fn clock_lost_pack(&mut self, key: &PackKey, now: RefTime, out: &mut Vec<Output>) -> bool {
-        self.stop_pack(key, SafeReason::ClockLost, now, out)
-    }
-
-    fn stop_pack(
-        &mut self,
-        key: &PackKey,
-        reason: SafeReason,
-        now: RefTime,
-        out: &mut Vec<Output>,
-    ) -> bool {
-        let Some(&slot) = self.by_key.get(key) else {
-            return false;
-        };
-        let active = self.packs[slot]
-            .as_ref()
-            .is_some_and(|p| p.status == Status::Active);
-        if active {
-            self.fail_safe(slot, reason, None, now, out);
-        }
-        active
-    }
-
-    /// The agent is stopping: every active pack goes to its safe state.
-    pub fn shutdown(&mut self, now: RefTime, out: &mut Vec<Output>) {
-        self.all_safe(SafeReason::Shutdown, now, out);
-    }
-
-    fn all_safe(&mut self, reason: SafeReason, now: RefTime, out: &mut Vec<Output>) {
-        for slot in 0..self.packs.len() {
-            if self.packs[slot]
-                .as_ref()
-                .is_some_and(|p| p.status == Status::Active)
-            {
-                self.fail_safe(slot, reason, None, now, out);
-            }
-        }
-    }
-
-    /// Handle everything due at or before `now`, in one order whatever
-    /// span the call covers: due instant (for a catch-up replay, its
-    /// release), then priority (higher first), then pack order (first
-    /// acceptance), then instruction order in the pack.
-    pub fn tick(&mut self, now: RefTime, out: &mut Vec<Output>) {
-        while let Some((deadline, timer, entry)) = self.queue.pop_due(now.as_nanos()) {
-            self.handle_entry(RefTime::from_nanos(deadline), timer, entry, now, out);
-        }
-        if now > self.last_prune + PRUNE_EVERY {
-            self.last_prune = now;
-            self.prune(now);
-        }
-    }
-
-    /// [`Scheduler::tick`] for a runtime that arms firings ahead: handle
-    /// what is due by `now`, and also the firings that fall due within
-    /// `horizon` after it, each decided as of its own instant — a firing
-    /// armed 50 ms early is on time, not 50 ms late (ticking at `now +
-    /// horizon` made every occurrence look late by up to the horizon, and a
-    /// `max_lateness` below it skipped them all). Timeouts are not taken
-    /// ahead: one expires only once `now` reaches it, so an attempt is never
-    /// declared timed out (and retried beside itself) before its result
-    /// could have arrived.
-    pub fn tick_ahead(&mut self, now: RefTime, horizon: Duration, out: &mut Vec<Output>) {
-        let limit = now + horizon;
-        let mut later = Vec::new();
-        while let Some((deadline, timer, entry)) = self.queue.pop_due(limit.as_nanos()) {
-            let at = RefTime::from_nanos(deadline);
-            if at > now
-                && matches!(
-                    entry.kind,
-                    EntryKind::Timeout { .. } | EntryKind::Detached(_)
-                )
-            {
-                later.push((deadline, entry));
-                continue;
-            }
-            self.handle_entry(at, timer, entry, now.max(at), out);
-        }
-        for (deadline, entry) in later {
-            self.requeue_timeout(deadline, entry);
-        }
-        if now > self.last_prune + PRUNE_EVERY {
-            self.last_prune = now;
-            self.prune(now);
-        }
-    }
-
-    fn prune(&mut self, now: RefTime) {
-        self.fired.retain(|_, expiry| *expiry > now);
-        let horizon = now.saturating_sub(PRIOR_KEEP);
-        self.prior
-            .retain(|id, _| ExecutionId::parse(id).is_none_or(|e| e.occurrence > horizon));
-        for by in [&mut self.ran, &mut self.not_run] {
-            by.retain(|_, occs| {
-                occs.retain(|o| *o > horizon);
-                !occs.is_empty()
-            });
-        }
-        // A claim on an occurrence the newer version never reaches (its
-        // schedule changed) would stay forever.
-        self.claimed.retain(|(_, _, occ), _| *occ > horizon);
-        self.shots.retain(|_, at| {
-            at.retain(|t| *t > horizon);
-            !at.is_empty()
-        });
-        // A burst (catch-up, many packs at once) must not pin its peak.
-        if self.fired.capacity() > 4 * self.fired.len().max(256) {
-            self.fired.shrink_to_fit();
-        }
-        if self.prior.capacity() > 4 * self.prior.len().max(256) {
-            self.prior.shrink_to_fit();
-        }
-    }
-
-    fn handle_entry(
-        &mut self,
-        deadline: RefTime,
-        timer: TimerId,
-        e: Entry,
-        now: RefTime,
-        out: &mut Vec<Output>,
-    ) {
-        if let EntryKind::Detached(id) = e.kind {
-            if self.detached.remove(&*id).is_some() {
-                out.push(Output::Abort((*id).clone()));
-                let timed_out = AttemptResult::Failed("timed out".into());
-                self.end_detached(&id, timed_out, Some(Reason::Timeout), now, out);
-            }
-            return;
-        }
-        let Some(ps) = self.packs.get_mut(e.slot).and_then(|p| p.as_mut()) else {
-            return;
-        };
-        if ps.generation != e.generation {
-            return;
-        }
-        let active = ps.status == Status::Active;
-        let st = &mut ps.ins[e.instr];
-        match e.kind {
-            EntryKind::Occurrence(occ) => {
-                if st.pending.is_some_and(|(t, _)| t == timer) {
-                    st.pending = None;
-                }
-                if active {
-                    self.occurrence_due(e.slot, e.instr, occ, deadline, now, out);
-                }
-            }
-            EntryKind::CatchUp(occ) => {
-                st.catching.retain(|r| r.timer != Some(timer));
-                st.release_empty();
-                if active {
-                    self.replay_due(e.slot, e.instr, occ, deadline, now, out);
-                }
-            }
-            EntryKind::Retry { occ, attempt } => {
-                let live = st
-                    .attempts
-                    .get(&occ)
-                    .is_some_and(|a| a.id.attempt == attempt && !a.running);
-                if live && active {
-                    if let Some(a) = st.attempts.get_mut(&occ) {
-                        a.timer = None;
-                    }
-                    self.attempt_due(e.slot, e.instr, occ, deadline, now, out);
-                }
-            }
-            EntryKind::Detached(_) => {}
-            EntryKind::Timeout { occ, attempt } => {
-                self.timeout_due(e.slot, e.instr, occ, attempt, now, out);
-            }
-        }
-    }
-
-    /// Put back a timeout [`Scheduler::tick_ahead`] took early, and point
-    /// its attempt at the new timer (so a result still cancels it).
-    fn requeue_timeout(&mut self, deadline: i64, e: Entry) {
-        let (slot, instr) = (e.slot, e.instr);
-        match &e.kind {
-            EntryKind::Detached(id) => {
-                let id = (**id).clone();
-                let timer = self.queue.insert_with_tiebreak(deadline, 0, e);
-                if let Some(t) = self.detached.get_mut(&id) {
-                    *t = Some(timer);
-                }
-            }
-            EntryKind::Timeout { occ, attempt } => {
-                let (occ, attempt) = (*occ, *attempt);
-                let Some(ps) = self.packs.get(slot).and_then(|p| p.as_ref()) else {
-                    return;
-                };
-                let timer = self
-                    .queue
-                    .insert_with_tiebreak(deadline, tiebreak(ps, slot, instr), e);
-                if let Some(a) = self.packs[slot]
-                    .as_mut()
-                    .and_then(|ps| ps.ins[instr].attempts.get_mut(&occ))
-                    .filter(|a| a.id.attempt == attempt)
-                {
-                    a.timer = Some(timer);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn timeout_due(
-        &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
-        attempt: u32,
-        now: RefTime,
-        out: &mut Vec<Output>,
-    ) {
-        let Some(ps) = self.packs[slot].as_ref() else {
-            return;
-        };
-        let Some(a) = ps.ins[i].attempts.get(&occ) else {
-            return;
-        };
-        if a.id.attempt != attempt || !a.running {
-            return;
-        }
-        let id = a.id.clone();
-        let ins = &ps.pack.instructions[i];
-        let timeout = ins.policy.timeout;
-        if !matches!(ins.action, Action::Exec { .. }) {
-            // A device attempt cannot be killed, only kept from starting:
-            // the runtime withdraws it if it can, and a retry follows only
-            // then (`withdrawal`); one that started is the occurrence's
-            // execution and its own result decides. Never two of one
-            // occurrence on the device.
-            if let Some(a) = self.packs[slot]
-                .as_mut()
-                .and_then(|p| p.ins[i].attempts.get_mut(&occ))
-            {
-                a.timer = None;
-            }
-            out.push(Output::Withdraw {
-                id,
-                reason: Reason::Timeout,
-            });
-            return;
-        }
-        let reason = format!("timed out after {}", fmt_d(timeout));
-        out.push(Output::Abort(id.clone()));
-        let (result, fail) = (AttemptResult::Failed(reason), Some(Reason::Timeout));
-        self.finish_attempt(slot, i, &id, result, fail, now, out);
     }
 
     fn event(

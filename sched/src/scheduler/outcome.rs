@@ -9,15 +9,25 @@ use baton_proto::RefTime;
 use baton_proto::pack::{OnGiveUp, Schedule, upstream};
 use rand::Rng;
 
-use super::{Attempt, AttemptResult, EntryKind, PackState, Scheduler, Status, fmt_d};
+use super::{Attempt, AttemptResult, EntryKind, Occurrence, PackState, Scheduler, Status, fmt_d};
 use crate::id::ExecutionId;
 use crate::once::{OnceKey, OnceKind};
 use crate::output::{Event, EventKind, Output, Reason, SafeReason, Withdrawal};
+use crate::outputs::Outputs;
 
 impl Scheduler {
     /// Report how an attempt ended. Results for attempts the core no longer
     /// waits for (timed out, replaced version) are ignored.
     pub fn attempt_result(
+        &mut self,
+        id: &ExecutionId,
+        result: AttemptResult,
+        now: RefTime,
+    ) -> Outputs<'_> {
+        self.outputs(|s, out| s.attempt_result_into(id, result, now, out))
+    }
+
+    fn attempt_result_into(
         &mut self,
         id: &ExecutionId,
         result: AttemptResult,
@@ -31,16 +41,16 @@ impl Scheduler {
             self.end_detached(id, result, None, now, out);
             return;
         }
-        let Some((slot, i)) = self.running_attempt(id) else {
+        let Some(o) = self.running_attempt(id) else {
             return;
         };
-        self.finish_attempt(slot, i, id, result, None, now, out);
+        self.finish_attempt(o, id, result, None, now, out);
     }
 
-    /// Where attempt `id` runs, as (pack slot, instruction index), while
-    /// the core still waits for its result; `None` once it ended, or for
-    /// an attempt of a pack or instruction no longer held.
-    fn running_attempt(&self, id: &ExecutionId) -> Option<(usize, usize)> {
+    /// The occurrence attempt `id` runs for, while the core still waits
+    /// for its result; `None` once it ended, or for an attempt of a pack
+    /// or instruction no longer held.
+    fn running_attempt(&self, id: &ExecutionId) -> Option<Occurrence> {
         let &slot = self.by_key.get(&id.pack)?;
         let ps = self.packs[slot].as_ref()?;
         let i = ps
@@ -52,7 +62,11 @@ impl Scheduler {
             .attempts
             .get(&id.occurrence)
             .is_some_and(|a| a.running && a.id == *id)
-            .then_some((slot, i))
+            .then_some(Occurrence {
+                slot,
+                instr: i,
+                at: id.occurrence,
+            })
     }
 
     /// The runtime's answer to an [`Output::Withdraw`] of attempt `id`.
@@ -66,6 +80,15 @@ impl Scheduler {
     ///   for any failure; too late, it is running and its own result
     ///   decides (nothing runs beside it).
     pub fn withdrawal(
+        &mut self,
+        id: &ExecutionId,
+        answer: Withdrawal,
+        now: RefTime,
+    ) -> Outputs<'_> {
+        self.outputs(|s, out| s.withdrawal_into(id, answer, now, out))
+    }
+
+    fn withdrawal_into(
         &mut self,
         id: &ExecutionId,
         answer: Withdrawal,
@@ -88,19 +111,19 @@ impl Scheduler {
         if answer == Withdrawal::TooLate {
             return;
         }
-        let Some((slot, i)) = self.running_attempt(id) else {
+        let Some(o) = self.running_attempt(id) else {
             return;
         };
-        let Some(ps) = self.packs[slot].as_ref() else {
+        let Some(ps) = self.packs[o.slot].as_ref() else {
             return;
         };
-        let timeout = ps.pack.instructions[i].policy.timeout;
+        let timeout = ps.pack.instructions[o.instr].policy.timeout;
         let detail = format!(
             "timed out after {} before it could start: withdrawn, not run",
             fmt_d(timeout)
         );
         let result = AttemptResult::Failed(detail);
-        self.finish_attempt(slot, i, id, result, Some(Reason::Timeout), now, out);
+        self.finish_attempt(o, id, result, Some(Reason::Timeout), now, out);
     }
 
     /// Whether occurrence `occ` of instruction `i` was handed out by a
@@ -108,12 +131,15 @@ impl Scheduler {
     /// run here (`duplicate`) and true is returned — it must not fire.
     pub(super) fn claimed_by_older(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         now: RefTime,
         out: &mut Vec<Output>,
     ) -> bool {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         if self.claimed.is_empty() {
             return false;
         }
@@ -180,18 +206,19 @@ impl Scheduler {
     }
 
     /// `fail`: the class of a failure the core itself declared (a timeout).
-    #[allow(clippy::too_many_arguments)]
+    /// `o` is the occurrence `id` is an attempt of.
     pub(super) fn finish_attempt(
         &mut self,
-        slot: usize,
-        i: usize,
+        o: Occurrence,
         id: &ExecutionId,
         result: AttemptResult,
         fail: Option<Reason>,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
-        let occ = id.occurrence;
+        let (slot, i, occ) = (o.slot, o.instr, id.occurrence);
+        debug_assert_eq!(o.at, occ, "finished as an attempt of another occurrence");
+        let o = Occurrence { at: occ, ..o };
         let Some(ps) = self.packs[slot].as_mut() else {
             return;
         };
@@ -205,25 +232,16 @@ impl Scheduler {
         match result {
             AttemptResult::Ok { value } => {
                 if self.cfg.routine_events {
-                    out.push(self.event(
-                        slot,
-                        Some(i),
-                        Some(id.clone()),
-                        Some(occ),
-                        EventKind::Ok { value },
-                        now,
-                    ));
+                    out.push(self.attempt_event(o, id, EventKind::Ok { value }, now));
                 }
                 if active {
-                    self.succeeded(slot, i, occ, Some(now), now, out);
+                    self.succeeded(o, Some(now), now, out);
                 }
             }
             AttemptResult::Failed(detail) => {
-                out.push(self.event(
-                    slot,
-                    Some(i),
-                    Some(id.clone()),
-                    Some(occ),
+                out.push(self.attempt_event(
+                    o,
+                    id,
                     EventKind::Fail {
                         reason: fail,
                         detail,
@@ -234,11 +252,9 @@ impl Scheduler {
                     let cause = fail.unwrap_or(Reason::Failed);
                     self.schedule_retry(slot, i, id.clone(), cause, now, out);
                 } else {
-                    out.push(self.event(
-                        slot,
-                        Some(i),
-                        Some(id.clone()),
-                        Some(occ),
+                    out.push(self.attempt_event(
+                        o,
+                        id,
                         EventKind::Skip {
                             reason: Reason::Stopped,
                             detail: "no retry: the pack is in its safe state".into(),
@@ -254,11 +270,9 @@ impl Scheduler {
                     fmt_d(lateness)
                 );
                 if repeating || !active {
-                    out.push(self.event(
-                        slot,
-                        Some(i),
-                        Some(id.clone()),
-                        Some(occ),
+                    out.push(self.attempt_event(
+                        o,
+                        id,
                         EventKind::Skip {
                             reason: Reason::Late,
                             detail,
@@ -267,10 +281,28 @@ impl Scheduler {
                     ));
                 } else {
                     let id = Some(id.clone());
-                    self.give_up(slot, i, occ, id, Reason::Late, detail, now, out);
+                    self.give_up(o, id, (Reason::Late, detail), now, out);
                 }
             }
         }
+    }
+
+    /// An event about attempt `id` of occurrence `o`.
+    fn attempt_event(
+        &self,
+        o: Occurrence,
+        id: &ExecutionId,
+        kind: EventKind,
+        now: RefTime,
+    ) -> Output {
+        self.event(
+            o.slot,
+            Some(o.instr),
+            Some(id.clone()),
+            Some(o.at),
+            kind,
+            now,
+        )
     }
 
     /// After failed attempt number `attempt`: retry with backoff, or give up
@@ -291,7 +323,12 @@ impl Scheduler {
         let (occ, attempt) = (failed.occurrence, failed.attempt);
         if attempt >= policy.max_attempts {
             let detail = format!("failed after {attempt} attempt(s)");
-            self.give_up(slot, i, occ, Some(failed), cause, detail, now, out);
+            let o = Occurrence {
+                slot,
+                instr: i,
+                at: occ,
+            };
+            self.give_up(o, Some(failed), (cause, detail), now, out);
             return;
         }
         let unit: f64 = self.rng.random();
@@ -339,13 +376,16 @@ impl Scheduler {
     /// upstream spent — while its reported `scheduled` stays the plan.
     pub(super) fn succeeded(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         success: Option<RefTime>,
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         let _ = (now, &out);
         let Some(ps) = self.packs[slot].as_mut() else {
             return;
@@ -392,19 +432,21 @@ impl Scheduler {
     /// fails safe. Each once-only output carries its [`OnceKey`]; when the
     /// give-up was journalled before a restart, nothing of it is reported
     /// again (outputs whose own keys are not journalled yet still come),
-    /// but the state follows as though it happened.
-    #[allow(clippy::too_many_arguments)]
+    /// but the state follows as though it happened. `id`: the attempt it
+    /// is reported under; `(reason, detail)`: why it gave up.
     pub(super) fn give_up(
         &mut self,
-        slot: usize,
-        i: usize,
-        occ: RefTime,
+        o: Occurrence,
         id: Option<ExecutionId>,
-        reason: Reason,
-        detail: String,
+        (reason, detail): (Reason, String),
         now: RefTime,
         out: &mut Vec<Output>,
     ) {
+        let Occurrence {
+            slot,
+            instr: i,
+            at: occ,
+        } = o;
         let Some(ps) = self.packs[slot].as_mut() else {
             return;
         };
