@@ -84,7 +84,7 @@ pub fn latency(
     let mut agent = Agent::new(cfg, parts)?;
     if let Err(e) = agent.load_configured() {
         agent.wind_down();
-        return Err(e);
+        return Err(e.into());
     }
     agent.exit_after(count);
     // Never a silent wait: if the run takes far longer than it should,
@@ -121,7 +121,7 @@ pub fn latency(
     let wall0 = baton_clock::mono_now().as_nanos();
     let stop = StopFlag::default();
     if let crate::runtime::StopCause::Fault(e) = agent.run(&stop, true) {
-        return Err(e);
+        return Err(e.into());
     }
     finished.store(true, Ordering::Release);
     let wall = baton_clock::mono_now().as_nanos() - wall0;

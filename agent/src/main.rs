@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use baton_agent::config::{self, Overrides};
 use baton_agent::live::{LiveLayer, LiveView};
-use baton_agent::runtime::{Agent, StopCause, StopFlag};
+use baton_agent::runtime::{Agent, RuntimeError, StopCause, StopFlag};
 use baton_agent::simulate::{self, FailSpec, SimOptions};
 use baton_proto::pack::read_pack_file;
 use baton_proto::time::parse_instant_arg;
@@ -394,18 +394,16 @@ fn run_agent(
     quiet: bool,
     hooks: Hooks,
 ) -> Result<(), (u8, String)> {
+    let fault = |e: anyhow::Error| (1, format!("error: {e:#}"));
     // A hung GPIO chip has its own status: systemd restarts the agent,
     // which then drives the safe states first.
-    let fault = |e: anyhow::Error| {
-        let code = if e
-            .downcast_ref::<baton_agent::runtime::safety::GpioHung>()
-            .is_some()
-        {
+    let runtime_fault = |e: RuntimeError| {
+        let code = if e.is_gpio_hung() {
             baton_agent::runtime::safety::EXIT_GPIO_HUNG
         } else {
             1
         };
-        (code, format!("error: {e:#}"))
+        (code, format!("error: {:#}", anyhow::Error::from(e)))
     };
     let file = match &f.config {
         Some(p) => config::read_file(p).map_err(|e| fault(e.into()))?,
@@ -468,14 +466,14 @@ fn run_agent(
         .context("starting the signal thread")
         .map_err(fault)?;
     let mlock = cfg.rt.mlockall;
-    let parts = baton_agent::runtime::real_parts(&cfg).map_err(fault)?;
+    let parts = baton_agent::runtime::real_parts(&cfg).map_err(runtime_fault)?;
     if let Some(n) = hooks.dispatcher_stall_after {
         baton_agent::dispatcher::inject_stall_after(n);
     }
     if let Some((n, all)) = hooks.gpio_hang {
         baton_gpio::sim::inject_hang(n, all);
     }
-    let mut agent = Agent::new(cfg, parts).map_err(fault)?;
+    let mut agent = Agent::new(cfg, parts).map_err(runtime_fault)?;
     if let Some(p) = metrics {
         agent.publish_metrics_to(p);
     }
@@ -487,7 +485,7 @@ fn run_agent(
     );
     if let Err(e) = agent.load_configured() {
         agent.wind_down();
-        return Err(fault(e));
+        return Err(runtime_fault(e));
     }
     if mlock {
         let mut st = baton_agent::rt::RtStatus::default();
@@ -502,13 +500,11 @@ fn run_agent(
     let cause = agent.run(&stop, exit_when_idle);
     view.finish(&agent.tally().hist);
     match cause {
-        StopCause::Fault(e)
-            if e.downcast_ref::<baton_agent::runtime::safety::GpioHung>()
-                .is_some() =>
-        {
-            Err(fault(e))
-        }
-        StopCause::Fault(e) => Err((1, format!("error: {e:#} (safe state entered)"))),
+        StopCause::Fault(e) if e.is_gpio_hung() => Err(runtime_fault(e)),
+        StopCause::Fault(e) => Err((
+            1,
+            format!("error: {:#} (safe state entered)", anyhow::Error::from(e)),
+        )),
         _ => Ok(()),
     }
 }

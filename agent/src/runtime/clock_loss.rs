@@ -5,7 +5,7 @@
 use baton_proto::pack::ClockLoss;
 use baton_sched::PackKey;
 
-use super::Agent;
+use super::{AcceptError, Agent, RuntimeError};
 
 /// How long configured clock sources get to lock after a start before a
 /// clock still past the limit counts as lost (NTP locks in ~10 s, PTP and
@@ -43,18 +43,23 @@ impl Agent {
     }
 
     /// Local packs that waited for the clock: taken once it is known.
-    pub(super) fn retry_clock_wait(&mut self) -> anyhow::Result<()> {
+    pub(super) fn retry_clock_wait(&mut self) -> Result<(), RuntimeError> {
         if self.clock_wait.is_empty() || self.clock.uncertainty_ns() > self.clock_limit_ns() {
             return Ok(());
         }
         for (name, yaml) in std::mem::take(&mut self.clock_wait) {
             let pack = baton_proto::parse_pack(&yaml)
-                .map_err(|e| anyhow::anyhow!("{}", e.render(&name)))?;
+                .map_err(|e| RuntimeError::PackFile(e.render(&name)))?;
             let key = PackKey::of(&pack);
             match self.accept(yaml.clone(), pack) {
                 Ok(_) => tracing::info!(pack = %key, file = %name, "clock known: pack taken"),
-                Err(super::AcceptError::Clock { .. }) => self.clock_wait.push((name, yaml)),
-                Err(e) if e.is_fault() => return Err(anyhow::anyhow!("{name}: {e:#}")),
+                Err(AcceptError::Clock { .. }) => self.clock_wait.push((name, yaml)),
+                Err(error) if error.is_fault() => {
+                    return Err(RuntimeError::ClockWaitFault {
+                        file: name,
+                        error: Box::new(error),
+                    });
+                }
                 // Refused for another reason now (a cron whose last firing
                 // passed while waiting, say): said once, not fatal.
                 Err(e) => tracing::error!(pack = %key, file = %name, "refused: {e:#}"),
@@ -77,7 +82,7 @@ impl Agent {
     /// for it (`on_clock_loss: safe_state`) enter their safe state, for
     /// good (until a higher version). `continue` packs keep firing; their
     /// feedback carries the uncertainty of each firing.
-    pub(super) fn check_clock_loss(&mut self) -> anyhow::Result<()> {
+    pub(super) fn check_clock_loss(&mut self) -> Result<(), RuntimeError> {
         let uncertainty = self.clock.uncertainty_ns();
         let limit = self.clock_limit_ns();
         let lost = uncertainty > limit;

@@ -155,7 +155,7 @@ impl Agent {
     /// do not land, the chip is still hung: the start fails with
     /// [`safety::GpioHung`] (exit [`safety::EXIT_GPIO_HUNG`]; the marker
     /// stays).
-    pub(super) fn drive_owed_safe_states(&mut self, rec: &Recovered) -> anyhow::Result<()> {
+    pub(super) fn drive_owed_safe_states(&mut self, rec: &Recovered) -> Result<(), RuntimeError> {
         tracing::warn!(
             "the previous run could not write the safe state (the GPIO chip was hung): driving every journalled pack's safe state before anything else"
         );
@@ -170,7 +170,7 @@ impl Agent {
                 .resolve(&pack, shared_lines(&pack), self.device.as_mut())
             {
                 tracing::error!(pack = %key, "owed safe state: {e}");
-                return Err(anyhow::Error::new(safety::GpioHung).context(e.to_string()));
+                return Err(RuntimeError::gpio_hung(e.to_string()));
             }
             for a in &pack.safe_state {
                 self.side_action(&key, Origin::SafeState(SafeReason::Shutdown), a, now)?;
@@ -178,8 +178,9 @@ impl Agent {
         }
         self.pump()?;
         if !self.await_safe_writes() {
-            return Err(anyhow::Error::new(safety::GpioHung)
-                .context("the safe-state writes owed since the last run did not land"));
+            return Err(RuntimeError::gpio_hung(
+                "the safe-state writes owed since the last run did not land",
+            ));
         }
         if let Err(e) = std::fs::remove_file(safety::marker(&self.cfg.data_dir)) {
             tracing::warn!("could not remove the safe-state marker: {e}");

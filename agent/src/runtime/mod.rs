@@ -31,6 +31,7 @@ mod build;
 pub mod cancel;
 pub mod check;
 mod clock_loss;
+pub mod error;
 mod exit;
 pub mod feedback;
 mod heap_trim;
@@ -70,6 +71,7 @@ use record::{FiringRecord, FiringResult, Origin};
 use safety::{SafeTable, SharedSafeTable};
 
 pub use build::real_parts;
+pub use error::RuntimeError;
 
 /// How long the way out waits for safe-state writes to land.
 const SAFE_STATE_WAIT: Duration = Duration::from_secs(2);
@@ -140,7 +142,7 @@ pub enum AcceptError {
     /// The pack was taken, but performing its first outputs failed (a
     /// journal or device error): the loop's fault.
     #[error(transparent)]
-    Fault(anyhow::Error),
+    Fault(Box<RuntimeError>),
 }
 
 impl AcceptError {
@@ -159,7 +161,7 @@ pub enum StopCause {
     /// `--exit-when-idle` and nothing is left to do.
     Idle,
     /// Something failed; the safe state ran on the way out.
-    Fault(anyhow::Error),
+    Fault(RuntimeError),
 }
 
 impl StopCause {
@@ -353,7 +355,7 @@ fn resolve_armed(
     journal: &mut Journal,
     recovered: &mut Recovered,
     tally: &mut Tally,
-) -> anyhow::Result<crate::ledger::Slots> {
+) -> Result<crate::ledger::Slots, RuntimeError> {
     use crate::ledger::{Fate, Ledger};
     let prev = Ledger::previous(path, journal.id());
     let open: Vec<String> = recovered
@@ -489,7 +491,7 @@ impl Agent {
     /// Assemble the loop from its parts, restore the journalled packs (a
     /// pack that no longer passes this agent's checks is kept stopped in
     /// its safe state and reported; the others run) and load `cfg.packs`.
-    pub fn new(cfg: AgentConfig, parts: Parts) -> anyhow::Result<Agent> {
+    pub fn new(cfg: AgentConfig, parts: Parts) -> Result<Agent, RuntimeError> {
         let started = parts.clock.to_mono(parts.clock.now());
         let Parts {
             clock,
@@ -581,7 +583,7 @@ impl Agent {
     /// Load the packs the configuration names. On an error the caller must
     /// still take the way out ([`Agent::wind_down`]): restored packs may
     /// already be armed.
-    pub fn load_configured(&mut self) -> anyhow::Result<()> {
+    pub fn load_configured(&mut self) -> Result<(), RuntimeError> {
         for path in self.cfg.packs.clone() {
             self.load_file(&path)?;
         }
@@ -594,7 +596,7 @@ impl Agent {
         Ok(())
     }
 
-    fn restore(&mut self, rec: Recovered) -> anyhow::Result<()> {
+    fn restore(&mut self, rec: Recovered) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let last_alive = rec.last_alive_ns.map(RefTime::from_nanos).unwrap_or(now);
         for sp in rec.packs {
@@ -674,9 +676,9 @@ impl Agent {
 
     /// Read, check and accept a pack file. A refusal names the file, the
     /// pack and the reason; nothing of a refused pack takes effect.
-    pub fn load_file(&mut self, path: &Path) -> anyhow::Result<()> {
+    pub fn load_file(&mut self, path: &Path) -> Result<(), RuntimeError> {
         let name = path.display().to_string();
-        let (yaml, pack) = read_pack_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (yaml, pack) = read_pack_file(path).map_err(RuntimeError::PackFile)?;
         let key = PackKey::of(&pack);
         match self.accept(yaml.clone(), pack) {
             Ok(Verdict::Unchanged) => {
@@ -692,7 +694,11 @@ impl Agent {
                 self.clock_wait.push((name, yaml));
                 Ok(())
             }
-            Err(e) => Err(anyhow::anyhow!("{name}: pack {key} refused: {e:#}")),
+            Err(error) => Err(RuntimeError::PackRefused {
+                file: name,
+                key,
+                error: Box::new(error),
+            }),
         }
     }
 
@@ -756,7 +762,8 @@ impl Agent {
         };
         self.safe_done.remove(&key);
         tracing::info!(pack = %key, version, "accepted");
-        self.process(out).map_err(AcceptError::Fault)?;
+        self.process(out)
+            .map_err(|e| AcceptError::Fault(Box::new(e)))?;
         Ok(verdict)
     }
 
@@ -836,23 +843,30 @@ impl Agent {
             Err(e) => StopCause::Fault(e),
         };
         if let StopCause::Fault(e) = &cause {
-            tracing::error!("stopping on a fault: {e:#}");
+            tracing::error!("stopping on a fault: {}", error::Chain(e));
         }
         self.wind_down();
         if self.gpio_hung {
             let why = self.degraded_exit.take().unwrap_or_default();
-            return StopCause::Fault(anyhow::Error::new(safety::GpioHung).context(why));
+            return StopCause::Fault(RuntimeError::gpio_hung(why));
         }
         match (self.degraded_exit.take(), cause) {
             (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
-                StopCause::Fault(anyhow::anyhow!(why))
+                StopCause::Fault(RuntimeError::Degraded { why, cause: None })
             }
-            (Some(why), StopCause::Fault(e)) => StopCause::Fault(e.context(why)),
+            (Some(why), StopCause::Fault(e)) => StopCause::Fault(RuntimeError::Degraded {
+                why,
+                cause: Some(Box::new(e)),
+            }),
             (None, cause) => cause,
         }
     }
 
-    fn run_loop(&mut self, stop: &StopFlag, exit_when_idle: bool) -> anyhow::Result<StopCause> {
+    fn run_loop(
+        &mut self,
+        stop: &StopFlag,
+        exit_when_idle: bool,
+    ) -> Result<StopCause, RuntimeError> {
         // The journal is open and the packs restored and loaded.
         self.systemd_ready();
         loop {
@@ -947,7 +961,7 @@ impl Agent {
 
     /// One pass: arm due firings, hand over what credits allow, collect
     /// results, start due programs, heartbeat.
-    pub fn step(&mut self) -> anyhow::Result<()> {
+    pub fn step(&mut self) -> Result<(), RuntimeError> {
         // Results first: a success left for this pass (see
         // `Dispatcher::defer_results_within`) must settle its attempt
         // before the core sees that attempt's timeout come due.

@@ -12,7 +12,7 @@ impl Agent {
     /// Perform the core's outputs in order, and what follows from them, as
     /// a loop over a work queue. Each batch's firings are journalled in one
     /// durable record before any of them reaches the device.
-    pub(super) fn process(&mut self, mut first: Vec<Output>) -> anyhow::Result<()> {
+    pub(super) fn process(&mut self, mut first: Vec<Output>) -> Result<(), RuntimeError> {
         self.process_in(&mut first)?;
         self.return_output_buf(first);
         Ok(())
@@ -21,7 +21,7 @@ impl Agent {
     /// [`Agent::process`] on a buffer the caller keeps: it is left empty,
     /// with its capacity, so the loop's every pass does not grow a new one
     /// (a firing instant's outputs were a handful of reallocations).
-    pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> anyhow::Result<()> {
+    pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> Result<(), RuntimeError> {
         let mut more = self.output_buf();
         // Each batch's ledger slots, in its firings' order. Out of `self`
         // while in use, and emptied on every way out: a batch that fails
@@ -42,7 +42,7 @@ impl Agent {
         batch: &mut Vec<Output>,
         more: &mut Vec<Output>,
         slots: &mut std::collections::VecDeque<Slot>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         while !batch.is_empty() {
             // Each firing's id as text, made once by the core: journalled
             // here, then shared with the dispatcher, the feedback and the
@@ -81,7 +81,7 @@ impl Agent {
 
     /// One attempt, its id (`f.text`) already journalled and its ledger
     /// slot armed.
-    fn fire(&mut self, f: Firing, slot: Slot, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    fn fire(&mut self, f: Firing, slot: Slot, more: &mut Vec<Output>) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let action = f.action.clone();
         match &*action {
@@ -100,7 +100,7 @@ impl Agent {
     /// Answer the core's withdrawals asked in this batch: each attempt not
     /// yet started is withdrawn (reported not run, journalled), the others
     /// are too late (their results come as usual).
-    fn answer_withdrawals(&mut self, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    fn answer_withdrawals(&mut self, more: &mut Vec<Output>) -> Result<(), RuntimeError> {
         if self.asked_back.is_empty() {
             return Ok(());
         }
@@ -143,7 +143,7 @@ impl Agent {
         o: Output,
         slots: &mut std::collections::VecDeque<Slot>,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         match o {
             Output::Fire(f) => {
@@ -221,7 +221,7 @@ impl Agent {
         now: RefTime,
         slot: Slot,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let Some(op) = self.admission.op_for(action) else {
             self.arming.free_slot(slot);
             let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
@@ -280,7 +280,7 @@ impl Agent {
         reason: SafeReason,
         now: RefTime,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let shared: Vec<_> = self
             .admission
             .shared_of(pack)
@@ -342,7 +342,7 @@ impl Agent {
         origin: Origin,
         action: &Action,
         now: RefTime,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let what = match origin {
             Origin::OnFailure => "on_failure".to_string(),
             Origin::SafeState(r) => format!("safe_state ({})", r.as_str()),
@@ -408,7 +408,7 @@ impl Agent {
 
     /// Hand jobs over as credits allow; attempts withdrawn while waiting
     /// are settled as not run.
-    pub(super) fn pump(&mut self) -> anyhow::Result<()> {
+    pub(super) fn pump(&mut self) -> Result<(), RuntimeError> {
         let withheld = self.arming.pump(self.device.as_mut())?;
         if withheld.is_empty() {
             return Ok(());
@@ -456,7 +456,7 @@ impl Agent {
         r: AttemptResult,
         at: RefTime,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         journal_result(&mut self.journal, text, &r)?;
         self.core.attempt_result(id, r, at, more);
         Ok(())

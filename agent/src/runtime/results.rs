@@ -5,7 +5,7 @@ use super::*;
 
 impl Agent {
     /// Results from the device and the exec pool, into the core.
-    pub(super) fn collect(&mut self) -> anyhow::Result<()> {
+    pub(super) fn collect(&mut self) -> Result<(), RuntimeError> {
         let mut more = self.output_buf();
         while let Some(done) = self.device.try_done() {
             self.on_done(done, &mut more)?;
@@ -22,7 +22,11 @@ impl Agent {
         Ok(())
     }
 
-    pub(super) fn on_exec(&mut self, r: ExecResult, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    pub(super) fn on_exec(
+        &mut self,
+        r: ExecResult,
+        more: &mut Vec<Output>,
+    ) -> Result<(), RuntimeError> {
         let Some(run) = self.arming.exec_running.remove(&r.execution_id) else {
             return Ok(());
         };
@@ -52,7 +56,11 @@ impl Agent {
         self.settle(&id, &r.execution_id, result, at, more)
     }
 
-    pub(super) fn on_done(&mut self, done: Done, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    pub(super) fn on_done(
+        &mut self,
+        done: Done,
+        more: &mut Vec<Output>,
+    ) -> Result<(), RuntimeError> {
         if done.kind == JobKind::PulseEnd {
             if let JobOutcome::Failed(e) = &done.outcome {
                 tracing::error!("pulse end failed: {e}");
@@ -145,7 +153,7 @@ impl Agent {
 
     /// Start the exec firings that are due. One still waiting for a worker
     /// when its window closes is not started (the pool reports it).
-    pub(super) fn start_due_exec(&mut self) -> anyhow::Result<()> {
+    pub(super) fn start_due_exec(&mut self) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let mut more = Vec::new();
         for p in self.arming.due_exec(now) {

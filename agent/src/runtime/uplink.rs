@@ -168,7 +168,7 @@ fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
 
 impl Agent {
     /// Start the link thread if a controller is configured.
-    pub(super) fn start_uplink(&mut self) -> anyhow::Result<()> {
+    pub(super) fn start_uplink(&mut self) -> Result<(), RuntimeError> {
         if self.cfg.controllers.is_empty() {
             return Ok(());
         }
@@ -176,7 +176,7 @@ impl Agent {
         link_cfg.time_exchange = self.cfg.clock.link;
         link_cfg.tls = self.cfg.tls.clone();
         let link = Link::start(link_cfg, self.clock.clone(), std::thread::current())
-            .map_err(|e| anyhow::anyhow!("starting the controller link thread: {e}"))?;
+            .map_err(RuntimeError::LinkStart)?;
         let now = self.mono_now();
         self.uplink = Some(Uplink {
             link,
@@ -220,7 +220,7 @@ impl Agent {
 
     /// One pass of the link's control side: link events (bounded), leases,
     /// `Held` after changes, clock reports, feedback pages (bounded).
-    pub(super) fn uplink_step(&mut self) -> anyhow::Result<()> {
+    pub(super) fn uplink_step(&mut self) -> Result<(), RuntimeError> {
         let Some(mut up) = self.uplink.take() else {
             return Ok(());
         };
@@ -230,7 +230,7 @@ impl Agent {
         r
     }
 
-    fn uplink_pass(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+    fn uplink_pass(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
         self.switch_due(up)?;
         up.flush();
         up.backlog = false;
@@ -312,7 +312,7 @@ impl Agent {
         at.map(|m| self.clock.to_ref(m))
     }
 
-    fn on_link(&mut self, up: &mut Uplink, ev: FromLink) -> anyhow::Result<()> {
+    fn on_link(&mut self, up: &mut Uplink, ev: FromLink) -> Result<(), RuntimeError> {
         let now = self.mono_now();
         match ev {
             FromLink::Connected { session } => {
@@ -610,7 +610,7 @@ impl Agent {
     }
 
     /// A pushed pack: the answer, and a fault that must end the loop.
-    fn on_push(&mut self, r: &wire::PackRef, yaml: String) -> (ToLink, Option<anyhow::Error>) {
+    fn on_push(&mut self, r: &wire::PackRef, yaml: String) -> (ToLink, Option<RuntimeError>) {
         let pack = match self.parse_push(r, &yaml) {
             Ok(p) => p,
             Err(reply) => return (reply, None),
@@ -671,7 +671,7 @@ impl Agent {
         r: &wire::PackRef,
         yaml: String,
         pack: Pack,
-    ) -> (ToLink, Option<anyhow::Error>) {
+    ) -> (ToLink, Option<RuntimeError>) {
         use wire::NackReason as R;
         let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
         let result = self.accept(yaml, pack);
@@ -707,7 +707,7 @@ impl Agent {
                 };
                 let message = format!("pack {label}: {e}");
                 tracing::warn!(pack = %label, reason = reason.as_str_name(), "pushed pack refused: {e}");
-                let fault = e.is_fault().then(|| anyhow::Error::from(e));
+                let fault = e.is_fault().then(|| RuntimeError::from(e));
                 (nack(r, reason, message, errors), fault)
             }
         }
@@ -715,7 +715,7 @@ impl Agent {
 
     /// A pack withdrawn by the controller: its safe state, then it is
     /// removed (as `baton-agent cancel`). Not held: nothing to do.
-    fn on_cancel(&mut self, r: wire::PackRef) -> anyhow::Result<()> {
+    fn on_cancel(&mut self, r: wire::PackRef) -> Result<(), RuntimeError> {
         let key = PackKey {
             tenant: r.tenant,
             pack: r.pack,
@@ -730,16 +730,16 @@ impl Agent {
                 Ok(())
             }
             // A journal failure is the loop's fault, as everywhere.
-            Err(e) if e.downcast_ref::<JournalError>().is_some() => Err(e),
+            Err(e @ RuntimeError::Journal(_)) => Err(e),
             Err(e) => {
-                tracing::error!(pack = %key, "controller cancel: {e:#}");
+                tracing::error!(pack = %key, "controller cancel: {}", super::error::Chain(&e));
                 Ok(())
             }
         }
     }
 
     /// Packs whose lease ran out: their safe state (that pack only).
-    fn check_leases(&mut self, up: &Uplink) -> anyhow::Result<()> {
+    fn check_leases(&mut self, up: &Uplink) -> Result<(), RuntimeError> {
         let now = self.mono_now();
         let expired: Vec<(PackKey, Duration)> = self
             .held
@@ -769,7 +769,7 @@ impl Agent {
     }
 
     /// Feedback pages to the link, as the window allows (bounded per step).
-    fn send_feedback(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+    fn send_feedback(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
         let Some(session) = up.session else {
             return Ok(());
         };
