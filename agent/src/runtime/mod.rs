@@ -25,6 +25,7 @@
 //! Clock, journal, device and exec pool are handed in ([`Parts`]), so tests
 //! drive the whole loop on a [`ports::ManualClock`] and an in-memory device.
 
+mod accept;
 pub mod admission;
 pub mod arming;
 mod build;
@@ -39,37 +40,38 @@ mod metrics;
 mod outputs;
 pub mod ports;
 pub mod record;
+mod restart;
 mod results;
 pub mod safety;
 mod systemd;
 mod uplink;
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_proto::RefTime;
-use baton_proto::pack::{Action, LineRef, Pack, parse_pack, read_pack_file};
+use baton_proto::pack::{Action, parse_pack};
 use baton_sched::{
-    AttemptResult, Config as CoreConfig, Event, ExecutionId, OnceKey, Output, PackKey, Prior,
-    PriorOutcome, SafeReason, Scheduler,
+    AttemptResult, Event, ExecutionId, OnceKey, Output, PackKey, SafeReason, Scheduler,
 };
 
 use crate::config::AgentConfig;
 use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
 use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult, NotStartedReason};
-use admission::{Admission, AdmissionError, Verdict};
+use accept::{exec_check, shared_lines};
+use admission::{Admission, Verdict};
 use arming::{Arming, PendingExec, Ticket};
-use baton_journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
+use baton_journal::{Journal, JournalError, Outcome, Recovered, StopReason};
 use baton_proto::time::fmt_ns;
 use feedback::Tally;
 use ports::{Clock, Device};
 use record::{FiringRecord, FiringResult, Origin};
 use safety::{SafeTable, SharedSafeTable};
 
+pub use accept::AcceptError;
 pub use build::real_parts;
 pub use error::RuntimeError;
 
@@ -101,57 +103,6 @@ const JOURNAL_RETENTION: Duration = Duration::from_millis(2500);
 const MAX_BACKLOG: usize = 4096;
 /// Longest sleep of an idle loop.
 const MAX_IDLE: Duration = Duration::from_secs(1);
-
-/// Why a pack was not taken by [`Agent::accept`]. The variants say who
-/// must act: the sender (`Refused`, `NotLive`, `Core`), time (`Clock`:
-/// retry once the clock is known), or the agent itself (`Journal`,
-/// `Fault`: the control loop cannot go on, see [`AcceptError::is_fault`]).
-#[derive(Debug, thiserror::Error)]
-pub enum AcceptError {
-    /// The clock is not known well enough to honour the pack (DESIGN.md
-    /// principle 3).
-    #[error(
-        "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
-        fmt_ns(*uncertainty_ns),
-        baton_proto::time::format_duration(std::time::Duration::from_nanos((*limit_ns).max(0) as u64)),
-        clock
-    )]
-    Clock {
-        /// The clock's uncertainty now, ns.
-        uncertainty_ns: i64,
-        /// The agent's limit (`clock.limit`), ns.
-        limit_ns: i64,
-        /// Which source, in which state (`system clock, free-running`).
-        clock: String,
-    },
-    /// The pack can never fire again (a cron of past years, say); each
-    /// problem with its position.
-    #[error("{}", .0.render("pack").trim_end())]
-    NotLive(baton_proto::PackErrors),
-    /// This agent's own checks refuse it: versions, exec allowlist, lines,
-    /// line owners.
-    #[error(transparent)]
-    Refused(#[from] AdmissionError),
-    /// The core refuses it (an older version than held).
-    #[error(transparent)]
-    Core(#[from] baton_sched::AcceptError),
-    /// The pack could not be made durable: nothing of it took effect, and
-    /// the journal is broken (the loop's fault).
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    /// The pack was taken, but performing its first outputs failed (a
-    /// journal or device error): the loop's fault.
-    #[error(transparent)]
-    Fault(Box<RuntimeError>),
-}
-
-impl AcceptError {
-    /// Whether the control loop must stop on it (through its one way out),
-    /// as on any journal failure: not the pack's fault.
-    pub fn is_fault(&self) -> bool {
-        matches!(self, AcceptError::Journal(_) | AcceptError::Fault(_))
-    }
-}
 
 /// Why the control loop stopped.
 #[derive(Debug)]
@@ -223,14 +174,6 @@ impl std::fmt::Debug for Parts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Parts").finish_non_exhaustive()
     }
-}
-
-/// A pack that passed admission, not yet committed.
-#[derive(Debug)]
-struct Admitted {
-    verdict: Verdict,
-    digest: u64,
-    resolved: Option<admission::Resolved>,
 }
 
 /// A pack as held: what the way out needs even if the core is gone astray.
@@ -319,145 +262,6 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-/// Rebuild what the core must know from before a restart: each started
-/// attempt's outcome (none recorded: unknown) and the once-only actions
-/// already taken.
-fn prior_of(rec: &Recovered) -> Prior {
-    Prior {
-        attempts: rec
-            .attempts
-            .iter()
-            .map(|(id, o)| {
-                let p = match o {
-                    None => PriorOutcome::Unknown,
-                    Some(Outcome::Succeeded) => PriorOutcome::Succeeded,
-                    Some(Outcome::Failed) => PriorOutcome::Failed,
-                    Some(Outcome::NotRun) => PriorOutcome::NotRun,
-                };
-                (id.clone(), p)
-            })
-            .collect(),
-        done: rec.once.clone(),
-    }
-}
-
-/// Before the core is built: every attempt the journal says started
-/// without a result is resolved from the dispatch ledger the previous run
-/// left at `path` (if it is trusted: same boot, same journal) — it ran (its
-/// outcome is journalled and reported) or it never touched the device
-/// (journalled not run: `catch_up` and `max_lateness` decide as for any
-/// missed occurrence); one that was inside its device call when the
-/// process died stays `outcome unknown`. The resolutions are written to the
-/// kernel before a fresh ledger replaces the old one.
-fn resolve_armed(
-    path: &Path,
-    data_dir: &Path,
-    journal: &mut Journal,
-    recovered: &mut Recovered,
-    tally: &mut Tally,
-) -> Result<crate::ledger::Slots, RuntimeError> {
-    use crate::ledger::{Fate, Ledger};
-    let prev = Ledger::previous(path, journal.id());
-    let open: Vec<String> = recovered
-        .attempts
-        .iter()
-        .filter(|(_, o)| o.is_none())
-        .map(|(id, _)| id.clone())
-        .collect();
-    let (mut ran, mut not_run, mut unknown) = (0, 0, 0);
-    for text in open {
-        let fate = prev.fate(&text);
-        let outcome = match fate {
-            Some(Fate::NotRun) => Outcome::NotRun,
-            Some(Fate::Succeeded) => Outcome::Succeeded,
-            Some(Fate::Failed) => Outcome::Failed,
-            Some(Fate::Interrupted) => {
-                tracing::warn!(
-                    execution_id = %text,
-                    "it was inside its device call (or its program had started) when the agent died: outcome unknown"
-                );
-                unknown += 1;
-                continue;
-            }
-            None => {
-                unknown += 1;
-                continue;
-            }
-        };
-        let result = match outcome {
-            Outcome::NotRun => {
-                journal.record_finished(&text, outcome)?;
-                not_run += 1;
-                // For the core it never started: a missed occurrence like
-                // any other (fired late within `max_lateness`, or per
-                // `catch_up`), reported by the core.
-                recovered.attempts.remove(&text);
-                continue;
-            }
-            Outcome::Succeeded => {
-                recovered.attempts.insert(text.clone(), Some(outcome));
-                FiringResult::Ok { value: None }
-            }
-            Outcome::Failed => {
-                recovered.attempts.insert(text.clone(), Some(outcome));
-                FiringResult::Failed(
-                    "the device call failed (found after a restart; its error was not kept)".into(),
-                )
-            }
-        };
-        ran += 1;
-        if let Some(id) = ExecutionId::parse(&text) {
-            // Its time was not kept: reported at its instant.
-            let rec = FiringRecord::attempt(&id, &text, "", id.occurrence, id.occurrence, result);
-            feedback::executed(journal, tally, &rec, None, feedback::ClockStamp::default())?;
-        }
-        // After its feedback (as `record_finished` asks): a crash between
-        // the two leaves the attempt open, resolved again at the next
-        // start, never a result whose report was lost.
-        journal.record_finished(&text, outcome)?;
-    }
-    if ran + not_run + unknown > 0 {
-        match &prev.distrust {
-            None => tracing::info!(
-                ran,
-                not_run,
-                unknown,
-                "attempts armed when the agent stopped, resolved from the dispatch ledger"
-            ),
-            Some(why) => tracing::warn!(
-                unknown,
-                "the dispatch ledger at {} is not used ({why}): attempts armed when the agent stopped are `outcome unknown`",
-                path.display()
-            ),
-        }
-    }
-    // In the kernel before the old ledger is replaced.
-    journal.flush()?;
-    let owner = std::path::absolute(data_dir).ok();
-    match Ledger::create_for(
-        path,
-        journal.id(),
-        crate::ledger::DEFAULT_SLOTS,
-        owner.as_deref(),
-    ) {
-        Ok(ledger) => {
-            if let Some(dir) = path.parent() {
-                Ledger::collect_orphans(dir, path);
-            }
-            Ok(crate::ledger::Slots::new(Arc::new(ledger)))
-        }
-        Err(e) => {
-            // Firing is not the ledger's to stop: without it a crash
-            // leaves the journal's bound of unknowns, as a power cut does.
-            tracing::error!(
-                "the dispatch ledger {} cannot be created ({e}): firings armed when the agent dies will be `outcome unknown` (set `ledger:` to a writable tmpfs path)",
-                path.display()
-            );
-            Ok(crate::ledger::Slots::anonymous())
-        }
-    }
-}
-
 /// Journal an attempt's result: one typed record.
 fn journal_result(journal: &mut Journal, id: &str, r: &AttemptResult) -> Result<(), JournalError> {
     let outcome = match r {
@@ -508,7 +312,7 @@ impl Agent {
         let mut recovered = recovered;
         let mut tally = Tally::default();
         let slots = match &ledger {
-            Some(path) => resolve_armed(
+            Some(path) => restart::resolve_armed(
                 path,
                 &cfg.data_dir,
                 &mut journal,
@@ -517,28 +321,10 @@ impl Agent {
             )?,
             None => crate::ledger::Slots::anonymous(),
         };
-        tracing::info!(origin = ?recovered.origin, packs = recovered.packs.len(), "journal opened");
-        if recovered.truncated_bytes > 0 {
-            tracing::warn!(
-                bytes = recovered.truncated_bytes,
-                "journal: cut a torn record at the end (a crash mid-write); nothing acknowledged was in it"
-            );
-        }
+        restart::log_opened(&recovered);
         let now = clock.now();
         let mut agent = Agent {
-            core: Scheduler::new(
-                CoreConfig {
-                    seed: now.as_nanos() as u64,
-                    // Fire and Ok events only feed the debug log here
-                    // (`feedback::announce`): the executed record says both.
-                    routine_events: tracing::enabled!(
-                        target: feedback::EVENT_TARGET,
-                        tracing::Level::DEBUG
-                    ),
-                    ..CoreConfig::default()
-                },
-                prior_of(&recovered),
-            ),
+            core: restart::core_for(&recovered, now),
             cfg,
             clock,
             journal,
@@ -580,256 +366,6 @@ impl Agent {
         Ok(agent)
     }
 
-    /// Load the packs the configuration names. On an error the caller must
-    /// still take the way out ([`Agent::wind_down`]): restored packs may
-    /// already be armed.
-    pub fn load_configured(&mut self) -> Result<(), RuntimeError> {
-        for path in self.cfg.packs.clone() {
-            self.load_file(&path)?;
-        }
-        // Parsing a large pack builds a YAML tree that is freed right
-        // after: give those pages back before memory is locked, so the
-        // footprint is what the agent holds.
-        if let Err(e) = crate::rt::return_free_heap() {
-            tracing::warn!("returning freed memory after loading packs: {e}");
-        }
-        Ok(())
-    }
-
-    fn restore(&mut self, rec: Recovered) -> Result<(), RuntimeError> {
-        let now = self.clock.now();
-        let last_alive = rec.last_alive_ns.map(RefTime::from_nanos).unwrap_or(now);
-        for sp in rec.packs {
-            let label = format!("journalled pack {}/{} v{}", sp.tenant, sp.pack, sp.version);
-            let pack = match parse_pack(&sp.yaml) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::error!(pack = %label, "no longer valid, not restored:\n{e}");
-                    continue;
-                }
-            };
-            let key = PackKey::of(&pack);
-            let anchor = RefTime::from_nanos(sp.accepted_ns);
-            match self.admit_checks(&pack, &sp.yaml) {
-                Ok(admitted) => self.commit_admission(&pack, admitted),
-                Err(e) => {
-                    tracing::error!(
-                        pack = %label,
-                        "refused by this agent's checks now ({e}); kept stopped, its safe state driven where its lines allow"
-                    );
-                    self.drive_refused_safe_state(&pack, now);
-                    continue;
-                }
-            }
-            self.hold(&pack, anchor);
-            let mut out = Vec::new();
-            let r = match sp.stopped {
-                None => self.core.restore(pack, anchor, last_alive, now, &mut out),
-                Some(why) => {
-                    let reason = match why {
-                        StopReason::Cancel => SafeReason::Cancel,
-                        StopReason::GiveUp => SafeReason::GiveUp,
-                        StopReason::LeaseLost => SafeReason::LeaseLost,
-                        StopReason::ClockLost => SafeReason::ClockLost,
-                    };
-                    self.core
-                        .restore_stopped(pack, anchor, reason, now, &mut out)
-                }
-            };
-            if let Err(e) = r {
-                tracing::error!(pack = %label, "not restored: {e}");
-                continue;
-            }
-            match &sp.stopped {
-                None => tracing::info!(pack = %key, version = sp.version, "restored"),
-                Some(why) => tracing::info!(
-                    pack = %key,
-                    version = sp.version,
-                    "restored in its safe state (stopped by {} before the restart; push a higher version to run it again)",
-                    why.as_str()
-                ),
-            }
-            self.process(out)?;
-        }
-        Ok(())
-    }
-
-    /// A journalled pack this agent now refuses: drive the `gpio.write`s
-    /// of its safe state whose lines can still be requested.
-    fn drive_refused_safe_state(&mut self, pack: &Pack, now: RefTime) {
-        let key = PackKey::of(pack);
-        for a in &pack.safe_state {
-            let Some(line) = a.line() else { continue };
-            let ok = self.admission.handle(line).is_some()
-                || self
-                    .device
-                    .request_lines(&[(line.clone(), baton_gpio::Direction::Output)])
-                    .is_ok();
-            if ok
-                && let Err(e) =
-                    self.side_action(&key, Origin::SafeState(SafeReason::GiveUp), a, now)
-            {
-                tracing::error!(pack = %key, "safe state of a refused pack: {e}");
-            }
-        }
-    }
-
-    /// Read, check and accept a pack file. A refusal names the file, the
-    /// pack and the reason; nothing of a refused pack takes effect.
-    pub fn load_file(&mut self, path: &Path) -> Result<(), RuntimeError> {
-        let name = path.display().to_string();
-        let (yaml, pack) = read_pack_file(path).map_err(RuntimeError::PackFile)?;
-        let key = PackKey::of(&pack);
-        match self.accept(yaml.clone(), pack) {
-            Ok(Verdict::Unchanged) => {
-                tracing::info!(pack = %key, file = %name, "already held with the same content: unchanged");
-                Ok(())
-            }
-            Ok(_) => Ok(()),
-            // A box that just booted has not locked its clock yet: the pack
-            // waits for it (an exit would restart the agent before its
-            // sources could ever lock).
-            Err(e @ AcceptError::Clock { .. }) => {
-                tracing::warn!(pack = %key, file = %name, "waiting for the clock: {e}");
-                self.clock_wait.push((name, yaml));
-                Ok(())
-            }
-            Err(error) => Err(RuntimeError::PackRefused {
-                file: name,
-                key,
-                error: Box::new(error),
-            }),
-        }
-    }
-
-    /// Check and accept a pack (journalled before it takes effect). An
-    /// error says who must act ([`AcceptError`]); one that
-    /// [`AcceptError::is_fault`] must end the loop like any journal error.
-    pub fn accept(&mut self, yaml: String, pack: Pack) -> Result<Verdict, AcceptError> {
-        self.accept_as_of(yaml, pack, None)
-    }
-
-    /// [`Agent::accept`], as of the instant `at` when given: the switch of
-    /// a staged version (`activate: together`), its schedule anchored at
-    /// `at` ([`Scheduler::accept_at`]) so every agent switching at `at`
-    /// fires it at the same instants.
-    pub fn accept_as_of(
-        &mut self,
-        yaml: String,
-        pack: Pack,
-        at: Option<RefTime>,
-    ) -> Result<Verdict, AcceptError> {
-        // DESIGN.md principle 3: no pack is taken while the agent does not
-        // know reference time well enough to honour it.
-        // Packs of plain intervals run on any clock.
-        let uncertainty = self.clock.uncertainty_ns();
-        let limit = self.clock_limit_ns();
-        if pack.needs_absolute_time() && uncertainty > limit {
-            return Err(AcceptError::Clock {
-                uncertainty_ns: uncertainty,
-                limit_ns: limit,
-                clock: clock_loss::describe(self.clock.status()),
-            });
-        }
-        let now = self.clock.now();
-        // A cron of past years only, say: it could never fire again.
-        pack.check_live(now).map_err(AcceptError::NotLive)?;
-        let admitted = self.admit_checks(&pack, &yaml)?;
-        let verdict = admitted.verdict;
-        if verdict == Verdict::Unchanged {
-            return Ok(verdict);
-        }
-        let key = PackKey::of(&pack);
-        let anchor = at.unwrap_or_else(|| self.held.get(&key).map_or(now, |h| h.anchor));
-        // Durable before it takes effect: a crash right after acceptance
-        // must not lose the pack. The anchor is the first acceptance, so a
-        // restart keeps the phase exactly as a live replacement does.
-        self.journal.put_pack(&StoredPack {
-            tenant: key.tenant.clone(),
-            pack: key.pack.clone(),
-            version: pack.version,
-            yaml,
-            accepted_ns: anchor.as_nanos(),
-            stopped: None,
-        })?;
-        let version = pack.version;
-        self.commit_admission(&pack, admitted);
-        self.hold(&pack, anchor);
-        let mut out = Vec::new();
-        match at {
-            Some(at) => self.core.accept_at(pack, at, now, &mut out)?,
-            None => self.core.accept(pack, now, &mut out)?,
-        };
-        self.safe_done.remove(&key);
-        tracing::info!(pack = %key, version, "accepted");
-        self.process(out)
-            .map_err(|e| AcceptError::Fault(Box::new(e)))?;
-        Ok(verdict)
-    }
-
-    /// Steps 1-4 of admission. Nothing is committed: the caller commits
-    /// (the pack then owns its lines) once the pack is journalled, so a
-    /// refusal or a failed journal write leaves no trace.
-    fn admit_checks(&mut self, pack: &Pack, yaml: &str) -> Result<Admitted, AdmissionError> {
-        let key = PackKey::of(pack);
-        let digest = admission::digest(yaml);
-        let verdict = self.admission.check_version(&key, pack.version, digest)?;
-        if verdict == Verdict::Unchanged {
-            return Ok(Admitted {
-                verdict,
-                digest,
-                resolved: None,
-            });
-        }
-        let exec = &self.exec;
-        Admission::check_exec(pack, &|program, args, env| {
-            exec_check(exec, program, args, env)
-        })?;
-        let resolved = self
-            .admission
-            .resolve(pack, shared_lines(pack), self.device.as_mut())?;
-        self.admission.check_owners(&key, &resolved)?;
-        Ok(Admitted {
-            verdict,
-            digest,
-            resolved: Some(resolved),
-        })
-    }
-
-    /// The pack is journalled: it owns its lines now.
-    fn commit_admission(&mut self, pack: &Pack, admitted: Admitted) {
-        if let Some(resolved) = admitted.resolved {
-            self.admission
-                .commit(PackKey::of(pack), pack.version, admitted.digest, resolved);
-        }
-    }
-
-    /// Remember what the way out needs of a held pack.
-    fn hold(&mut self, pack: &Pack, anchor: RefTime) {
-        let key = PackKey::of(pack);
-        let writes = self.admission.safe_writes(&pack.safe_state);
-        self.safe_table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(key.clone(), writes);
-        self.held.insert(
-            key,
-            HeldPack {
-                safe_state: Arc::new(pack.safe_state.clone()),
-                anchor,
-                lease: pack.lease,
-                clock_loss: pack.needs_absolute_time().then_some(pack.on_clock_loss),
-                since: self.clock.to_mono(self.clock.now()),
-                chained: pack
-                    .instructions
-                    .iter()
-                    .any(|i| matches!(i.schedule, baton_proto::pack::Schedule::After { .. })),
-            },
-        );
-        self.held_changed = true;
-    }
-
-    /// Nothing pending, nothing in flight.
     pub fn idle(&self) -> bool {
         self.core.next_wake().is_none() && self.arming.idle() && self.clock_wait.is_empty()
     }
@@ -1113,21 +649,4 @@ fn linger_until(scheduled: RefTime, width_ns: i64) -> RefTime {
             .saturating_add(width_ns)
             .saturating_add(1_000_000_000),
     )
-}
-
-/// Lines a pack declares shared with other packs (`shared_lines`).
-fn shared_lines(pack: &Pack) -> &[LineRef] {
-    &pack.shared_lines
-}
-
-/// Whether the exec allowlist lets `program` run with `args` and `env`.
-fn exec_check(
-    exec: &ExecPool,
-    program: &str,
-    args: &[String],
-    env: &std::collections::BTreeMap<String, String>,
-) -> Result<(), String> {
-    exec.policy()
-        .check(program, args, env)
-        .map_err(|e| e.to_string())
 }

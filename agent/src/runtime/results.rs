@@ -62,13 +62,7 @@ impl Agent {
         more: &mut Vec<Output>,
     ) -> Result<(), RuntimeError> {
         if done.kind == JobKind::PulseEnd {
-            if let JobOutcome::Failed(e) = &done.outcome {
-                tracing::error!("pulse end failed: {e}");
-            }
-            // The pulse is over: its slot and line are free.
-            if let Some(Ticket::PulseEnd { slot, .. }) = self.arming.take_ticket(done.ticket) {
-                self.arming.free_slot(slot);
-            }
+            self.on_pulse_end(&done);
             return Ok(());
         }
         let Some(ticket) = self.arming.take_ticket(done.ticket) else {
@@ -78,19 +72,7 @@ impl Agent {
         // Lateness on the dispatcher's own (monotonic) scale: immune to the
         // estimate moving between arming and firing.
         let lateness_ns = done.actual.nanos_since(done.deadline);
-        let (result, firing) = match done.outcome {
-            JobOutcome::Ok(value) => (AttemptResult::Ok { value }, FiringResult::Ok { value }),
-            JobOutcome::Failed(e) => {
-                let m = e.to_string();
-                (AttemptResult::Failed(m.clone()), FiringResult::Failed(m))
-            }
-            JobOutcome::NotRun(why) => (
-                AttemptResult::Late {
-                    actual: RefTime::MIN,
-                },
-                FiringResult::NotRun(why),
-            ),
-        };
+        let (result, firing) = done_results(done.outcome);
         match ticket {
             Ticket::Attempt {
                 id,
@@ -151,6 +133,16 @@ impl Agent {
         Ok(())
     }
 
+    /// A pulse's end ran: its slot and line are free.
+    fn on_pulse_end(&mut self, done: &Done) {
+        if let JobOutcome::Failed(e) = &done.outcome {
+            tracing::error!("pulse end failed: {e}");
+        }
+        if let Some(Ticket::PulseEnd { slot, .. }) = self.arming.take_ticket(done.ticket) {
+            self.arming.free_slot(slot);
+        }
+    }
+
     /// Start the exec firings that are due. One still waiting for a worker
     /// when its window closes is not started (the pool reports it).
     pub(super) fn start_due_exec(&mut self) -> Result<(), RuntimeError> {
@@ -184,6 +176,24 @@ impl Agent {
         } else {
             self.process(more)
         }
+    }
+}
+
+/// A device job's outcome as the core and the feedback say it (a job not
+/// run is late at an instant the caller sets).
+fn done_results(outcome: JobOutcome) -> (AttemptResult, FiringResult) {
+    match outcome {
+        JobOutcome::Ok(value) => (AttemptResult::Ok { value }, FiringResult::Ok { value }),
+        JobOutcome::Failed(e) => {
+            let m = e.to_string();
+            (AttemptResult::Failed(m.clone()), FiringResult::Failed(m))
+        }
+        JobOutcome::NotRun(why) => (
+            AttemptResult::Late {
+                actual: RefTime::MIN,
+            },
+            FiringResult::NotRun(why),
+        ),
     }
 }
 
