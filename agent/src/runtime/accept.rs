@@ -12,8 +12,9 @@ use baton_proto::time::fmt_ns;
 use baton_sched::{PackKey, SafeReason};
 
 use super::admission::{self, Admission, AdmissionError, Verdict};
+use super::held::HeldPack;
 use super::record::Origin;
-use super::{Agent, HeldPack, RuntimeError, clock_loss};
+use super::{Agent, RuntimeError, clock_loss};
 use crate::exec::ExecPool;
 
 /// Why a pack was not taken by [`Agent::accept`]. The variants say who
@@ -187,7 +188,7 @@ impl Agent {
             // sources could ever lock).
             Err(e @ AcceptError::Clock { .. }) => {
                 tracing::warn!(pack = %key, file = %name, "waiting for the clock: {e}");
-                self.clock_wait.push((name, yaml));
+                self.clock_watch.wait(name, yaml);
                 Ok(())
             }
             Err(error) => Err(RuntimeError::PackRefused {
@@ -256,7 +257,7 @@ impl Agent {
             Some(at) => self.core.accept_at(pack, at, now, &mut out)?,
             None => self.core.accept(pack, now, &mut out)?,
         };
-        self.safe_done.remove(&key);
+        self.safe.owed_again(&key);
         tracing::info!(pack = %key, version, "accepted");
         self.process(out)
             .map_err(|e| AcceptError::Fault(Box::new(e)))?;
@@ -308,10 +309,7 @@ impl Agent {
     fn hold(&mut self, pack: &Pack, anchor: RefTime) {
         let key = PackKey::of(pack);
         let writes = self.admission.safe_writes(&pack.safe_state);
-        self.safe_table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(key.clone(), writes);
+        self.safe.hold(key.clone(), writes);
         self.held.insert(
             key,
             HeldPack {
@@ -326,7 +324,6 @@ impl Agent {
                     .any(|i| matches!(i.schedule, baton_proto::pack::Schedule::After { .. })),
             },
         );
-        self.held_changed = true;
     }
 }
 

@@ -1,6 +1,13 @@
 //! The real parts of a running agent.
 
-use super::*;
+use std::sync::{Arc, Mutex};
+
+use baton_journal::Journal;
+
+use super::safety::{self, SafeTable, SharedSafeTable};
+use super::{JOURNAL_RETENTION, Parts, RuntimeError, keep_large_allocations_returnable};
+use crate::config::AgentConfig;
+use crate::exec::ExecPool;
 
 /// Build the real parts: journal, GPIO backend in the dispatcher thread,
 /// exec pool, the system clock; and install the panic hook.

@@ -306,11 +306,7 @@ impl Agent {
         self.journal.remove_pack(&key.tenant, &key.pack)?;
         self.admission.release(key);
         self.held.remove(key);
-        self.held_changed = true;
-        self.safe_table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+        self.safe.forget(key);
         tracing::info!(pack = %key, version, "cancelled locally and removed");
         Ok(format!(
             "pack {key} v{version} cancelled: safe state driven, removed from the journal"

@@ -6,10 +6,18 @@
 //!   tickets, exec firings waiting for their instant, withdrawal);
 //! - [`feedback`]: every result and event to the journal's outbox and to
 //!   `tracing` (the live view is a tracing layer, `crate::live`);
-//! - [`safety`]: the panic hook's safe state;
+//! - [`safety`]: the panic hook's safe state; `safe_states`: the loop's
+//!   own book of it (what was driven, how the way out went);
+//! - `held`: the packs held beside the core, and whether the controller
+//!   is owed a `Held`;
+//! - `clock_loss`: the clock's health over the run, and packs waiting for
+//!   it;
+//! - `accept`: taking packs (files, restored, pushed); `restart`: what a
+//!   start learns of the previous run (its dispatch ledger);
 //! - `uplink`: the control side of the controller link (hello, pushes,
 //!   cancels, feedback, clock reports, pack leases), when a controller is
 //!   configured; the link's IO runs on its own thread (`crate::link`);
+//! - [`error`]: why the runtime failed, as a value ([`RuntimeError`]);
 //! - this module: the control loop, a loop over events (core outputs,
 //!   device results, exec results, time) with **one way out**:
 //!   [`Agent::run`] always ends in [`Agent::wind_down`], which drives every
@@ -28,6 +36,7 @@
 mod accept;
 pub mod admission;
 pub mod arming;
+mod buffers;
 mod build;
 pub mod cancel;
 pub mod check;
@@ -36,40 +45,40 @@ pub mod error;
 mod exit;
 pub mod feedback;
 mod heap_trim;
+mod held;
 mod metrics;
 mod outputs;
 pub mod ports;
 pub mod record;
 mod restart;
 mod results;
+mod safe_states;
 pub mod safety;
 mod systemd;
 mod uplink;
 
-use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_proto::RefTime;
-use baton_proto::pack::{Action, parse_pack};
-use baton_sched::{
-    AttemptResult, Event, ExecutionId, OnceKey, Output, PackKey, SafeReason, Scheduler,
-};
+use baton_sched::{AttemptResult, ExecutionId, OnceKey, Scheduler};
 
 use crate::config::AgentConfig;
-use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
-use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult, NotStartedReason};
+use crate::exec::{ExecPool, ExecResult};
 use accept::{exec_check, shared_lines};
 use admission::{Admission, Verdict};
-use arming::{Arming, PendingExec, Ticket};
-use baton_journal::{Journal, JournalError, Outcome, Recovered, StopReason};
+use arming::Arming;
+use baton_journal::{Journal, JournalError, Outcome, Recovered};
 use baton_proto::time::fmt_ns;
+use buffers::OutputBufs;
+use clock_loss::ClockWatch;
 use feedback::Tally;
+use held::HeldPacks;
 use ports::{Clock, Device};
-use record::{FiringRecord, FiringResult, Origin};
-use safety::{SafeTable, SharedSafeTable};
+use safe_states::SafeStates;
+use safety::SharedSafeTable;
 
 pub use accept::AcceptError;
 pub use build::real_parts;
@@ -82,12 +91,6 @@ const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 /// On the way out, a dispatcher busy this long without progress is stalled
 /// (its safe-state writes are then written directly, see `exit.rs`).
 const STALL_GRACE: Duration = Duration::from_millis(250);
-/// Outputs a reused buffer may hold room for; a burst's larger buffer is
-/// freed instead of kept.
-const KEEP_OUTPUTS: usize = 128;
-/// Buffers kept: a pass nests at most a few (its outputs, what their
-/// results lead to, what those lead to).
-const SPARE_OUTPUTS: usize = 4;
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
@@ -176,25 +179,6 @@ impl std::fmt::Debug for Parts {
     }
 }
 
-/// A pack as held: what the way out needs even if the core is gone astray.
-#[derive(Debug)]
-struct HeldPack {
-    safe_state: Arc<Vec<Action>>,
-    /// First acceptance: the phase anchor kept across versions/restarts.
-    anchor: RefTime,
-    /// The pack's `lease` (enforced only with a controller configured).
-    lease: Option<Duration>,
-    /// What it does when the clock loses sync; `None` when it needs no
-    /// absolute time (then a clock loss does not concern it).
-    clock_loss: Option<baton_proto::pack::ClockLoss>,
-    /// When this version was taken in this run (a lease runs from here at
-    /// the earliest).
-    since: baton_clock::MonoTime,
-    /// Some instruction waits on another (`after:`): its results are
-    /// needed at once, never left for a later pass.
-    chained: bool,
-}
-
 /// The running agent (control side).
 pub struct Agent {
     cfg: AgentConfig,
@@ -206,27 +190,20 @@ pub struct Agent {
     exec_rx: Receiver<ExecResult>,
     admission: Admission,
     arming: Arming,
-    /// Looked up per firing.
-    held: crate::FastMap<PackKey, HeldPack>,
-    safe_table: SharedSafeTable,
-    /// Set when the way out had to bypass a stuck dispatcher: the stop is
-    /// then a fault whatever asked for it.
-    degraded_exit: Option<String>,
-    /// Writes the safe state without the dispatcher (the last resort).
-    safe_driver: Option<Arc<safety::SafeDriver>>,
-    /// The direct writes did not land either: the chip is hung.
-    gpio_hung: bool,
+    /// The held packs beside the core (and whether `Held` is owed).
+    held: HeldPacks,
+    /// The safe-state book: the panic hook's table, the last-resort
+    /// driver, what was driven, how the way out went.
+    safe: SafeStates,
     /// Stop (as `--exit-when-idle` does) once this many attempts ended
     /// (ran or not): `bench-latency`'s pack runs on any clock, without
     /// `until`.
     exit_after: Option<u64>,
-    /// Packs whose safe state was driven in this run.
-    safe_done: HashSet<PackKey>,
     tally: Tally,
     /// The entry a pass last ran for inside its lead (see `wait`).
     lead_pass_for: Option<RefTime>,
-    /// Output buffers, reused pass after pass (see [`Agent::output_buf`]).
-    spare_outputs: Vec<Vec<Output>>,
+    /// Output buffers, reused pass after pass.
+    bufs: OutputBufs,
     /// Ledger slots armed for a batch's firings before their start record,
     /// taken in order as the firings are performed; kept only for its
     /// capacity between batches (see `process_in`).
@@ -238,17 +215,8 @@ pub struct Agent {
     last_heartbeat: RefTime,
     /// The controller link's control side; `None` without a controller.
     uplink: Option<uplink::Uplink>,
-    /// The held set (or a pack's stopped flag) changed since the last
-    /// `Held` was sent.
-    held_changed: bool,
-    /// The clock's uncertainty was past the limit at the last check.
-    clock_lost: bool,
-    /// It has been within the limit at some check of this run.
-    clock_was_good: bool,
-    /// When this run started (the clock sources' grace runs from here).
-    started: baton_clock::MonoTime,
-    /// Local packs (file name, text) waiting for the clock to be known.
-    clock_wait: Vec<(String, String)>,
+    /// The clock's health over this run, and the packs waiting for it.
+    clock_watch: ClockWatch,
     /// READY / WATCHDOG / STOPPING to systemd (off unless
     /// [`Agent::notify_systemd`] is called).
     systemd: systemd::Systemd,
@@ -333,26 +301,18 @@ impl Agent {
             exec_rx,
             admission: Admission::default(),
             arming: Arming::new(slots),
-            held: HashMap::default(),
-            safe_table,
-            degraded_exit: None,
-            safe_driver,
-            gpio_hung: false,
+            held: HeldPacks::default(),
+            safe: SafeStates::new(safe_table, safe_driver),
             exit_after: None,
-            safe_done: HashSet::new(),
             tally,
-            spare_outputs: Vec::new(),
+            bufs: OutputBufs::default(),
             batch_slots: std::collections::VecDeque::new(),
             asked_back: Vec::new(),
             lead_pass_for: None,
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
             uplink: None,
-            held_changed: false,
-            clock_lost: false,
-            clock_was_good: false,
-            started,
-            clock_wait: Vec::new(),
+            clock_watch: ClockWatch::new(started),
             systemd: systemd::Systemd::default(),
             metrics: None,
         };
@@ -367,7 +327,7 @@ impl Agent {
     }
 
     pub fn idle(&self) -> bool {
-        self.core.next_wake().is_none() && self.arming.idle() && self.clock_wait.is_empty()
+        self.core.next_wake().is_none() && self.arming.idle() && self.clock_watch.nothing_waits()
     }
 
     /// Run until `stop` is set or, with `exit_when_idle`, until nothing is
@@ -382,20 +342,7 @@ impl Agent {
             tracing::error!("stopping on a fault: {}", error::Chain(e));
         }
         self.wind_down();
-        if self.gpio_hung {
-            let why = self.degraded_exit.take().unwrap_or_default();
-            return StopCause::Fault(RuntimeError::gpio_hung(why));
-        }
-        match (self.degraded_exit.take(), cause) {
-            (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
-                StopCause::Fault(RuntimeError::Degraded { why, cause: None })
-            }
-            (Some(why), StopCause::Fault(e)) => StopCause::Fault(RuntimeError::Degraded {
-                why,
-                cause: Some(Box::new(e)),
-            }),
-            (None, cause) => cause,
-        }
+        self.safe.exit_cause(cause)
     }
 
     fn run_loop(
@@ -503,7 +450,7 @@ impl Agent {
         // before the core sees that attempt's timeout come due.
         self.collect()?;
         let now = self.clock.now();
-        let mut out = self.output_buf();
+        let mut out = self.bufs.take();
         if let Some(step) = self.clock.resample() {
             tracing::warn!(
                 step = %fmt_ns(step),
@@ -523,7 +470,7 @@ impl Agent {
             self.core.tick_ahead(now, self.cfg.arm_horizon, &mut out);
         }
         self.process_in(&mut out)?;
-        self.return_output_buf(out);
+        self.bufs.give_back(out);
         self.pump()?;
         self.collect()?;
         self.start_due_exec()?;
@@ -552,21 +499,6 @@ impl Agent {
             self.maybe_return_free_heap();
         }
         Ok(())
-    }
-
-    /// An empty output buffer, from those kept: a pass's outputs (an
-    /// instant's firings and their events, a few hundred bytes each) no
-    /// longer grow a new vector a handful of reallocations at a time.
-    pub(super) fn output_buf(&mut self) -> Vec<Output> {
-        self.spare_outputs.pop().unwrap_or_default()
-    }
-
-    /// Keep an emptied buffer for later, unless a burst made it large.
-    pub(super) fn return_output_buf(&mut self, mut buf: Vec<Output>) {
-        buf.clear();
-        if buf.capacity() <= KEEP_OUTPUTS && self.spare_outputs.len() < SPARE_OUTPUTS {
-            self.spare_outputs.push(buf);
-        }
     }
 
     /// After a burst or a parsed pack, once nothing is due soon: see

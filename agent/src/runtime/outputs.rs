@@ -1,12 +1,26 @@
 //! Performing the core's outputs: firings armed (journalled, then queued
 //! for the device or the exec pool), side actions, safe states, feedback.
 
-use baton_sched::{Firing, Reason, Withdrawal};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::dispatcher::Op;
+use baton_journal::{JournalError, StopReason};
+use baton_proto::RefTime;
+use baton_proto::pack::Action;
+use baton_sched::{
+    AttemptResult, Event, ExecutionId, Firing, Output, PackKey, Reason, SafeReason, Withdrawal,
+};
+
+use super::arming::{PendingExec, Ticket};
+use super::feedback;
+use super::record::{FiringRecord, FiringResult, Origin};
+use super::{
+    Agent, RuntimeError, journal_once, journal_result, linger_until, panic_hook_test_point,
+};
+use crate::dispatcher::{Job, JobKind, NotRun, Op};
+use crate::exec::ExecRequest;
 use crate::ledger::Slot;
-
-use super::*;
 
 impl Agent {
     /// Perform the core's outputs in order, and what follows from them, as
@@ -14,7 +28,7 @@ impl Agent {
     /// durable record before any of them reaches the device.
     pub(super) fn process(&mut self, mut first: Vec<Output>) -> Result<(), RuntimeError> {
         self.process_in(&mut first)?;
-        self.return_output_buf(first);
+        self.bufs.give_back(first);
         Ok(())
     }
 
@@ -22,7 +36,7 @@ impl Agent {
     /// with its capacity, so the loop's every pass does not grow a new one
     /// (a firing instant's outputs were a handful of reallocations).
     pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> Result<(), RuntimeError> {
-        let mut more = self.output_buf();
+        let mut more = self.bufs.take();
         // Each batch's ledger slots, in its firings' order. Out of `self`
         // while in use, and emptied on every way out: a batch that fails
         // part-way (the loop then ends) leaves no slot of its firings for
@@ -33,7 +47,7 @@ impl Agent {
         slots.clear();
         self.batch_slots = slots;
         done?;
-        self.return_output_buf(more);
+        self.bufs.give_back(more);
         Ok(())
     }
 
@@ -294,10 +308,10 @@ impl Agent {
                 first_err.get_or_insert(e);
             }
         }
-        self.safe_done.insert(pack.clone());
+        self.safe.driven(pack);
         if reason != SafeReason::Shutdown {
             // Stopped for good: the controller hears it in the next `Held`.
-            self.held_changed = true;
+            self.held.mark_changed();
         }
         self.pump()?;
         if let Some(e) = first_err {

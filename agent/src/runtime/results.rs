@@ -1,12 +1,19 @@
 //! Results back into the core: device results, exec results, and exec
 //! firings started when due.
 
-use super::*;
+use baton_proto::RefTime;
+use baton_sched::{AttemptResult, Output};
+
+use super::arming::{self, Ticket};
+use super::record::{FiringRecord, FiringResult, Origin};
+use super::{Agent, RuntimeError};
+use crate::dispatcher::{Done, JobKind, JobOutcome, NotRun};
+use crate::exec::{ExecOutcome, ExecResult, NotStartedReason};
 
 impl Agent {
     /// Results from the device and the exec pool, into the core.
     pub(super) fn collect(&mut self) -> Result<(), RuntimeError> {
-        let mut more = self.output_buf();
+        let mut more = self.bufs.take();
         while let Some(done) = self.device.try_done() {
             self.on_done(done, &mut more)?;
         }
@@ -14,7 +21,7 @@ impl Agent {
             self.on_exec(r, &mut more)?;
         }
         if more.is_empty() {
-            self.return_output_buf(more);
+            self.bufs.give_back(more);
         } else {
             self.process(more)?;
             self.pump()?;

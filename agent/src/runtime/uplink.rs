@@ -54,10 +54,14 @@ mod stage;
 mod window;
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
+use baton_journal::JournalError;
+use baton_proto::RefTime;
 use baton_proto::wire;
+use baton_sched::PackKey;
 
-use super::*;
+use super::{Agent, RuntimeError};
 use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
 use baton_clock::MonoTime;
 use baton_clock::estimator::ClockState;
@@ -252,9 +256,8 @@ impl Agent {
         }
         self.check_leases(up)?;
         if let Some(session) = up.session
-            && self.held_changed
+            && self.held.take_changed()
         {
-            self.held_changed = false;
             up.queue(session, ToLink::Held(self.held_list()));
         }
         let now = self.mono_now();
@@ -298,7 +301,7 @@ impl Agent {
         if up.welcomed {
             at = Some(up.next_clock_report);
         }
-        for (key, h) in &self.held {
+        for (key, h) in self.held.iter() {
             let Some(lease) = h.lease else { continue };
             if !self.core.held(key).is_some_and(|(_, active)| active) {
                 continue;
@@ -371,7 +374,7 @@ impl Agent {
             "controller link: connected, hello sent"
         );
         up.queue(session, ToLink::Hello(Box::new(hello)));
-        self.held_changed = false;
+        self.held.told();
     }
 
     /// The controller's Welcome: fenced (journalled when it raises the

@@ -96,7 +96,7 @@ impl Agent {
         self.on_cancel(pack)?;
         // Held again even when nothing changed: it is how the
         // controller learns that the cancel took effect.
-        self.held_changed = true;
+        self.held.mark_changed();
         Ok(())
     }
 
@@ -166,7 +166,7 @@ impl Agent {
             return Err(nack(r, R::Invalid, message, Vec::new()));
         }
         let key = PackKey::of(&pack);
-        if !self.held.contains_key(&key) && self.held.len() >= self.cfg.max_packs {
+        if !self.held.contains(&key) && self.held.len() >= self.cfg.max_packs {
             let message = format!(
                 "this agent holds {} packs, its limit (max-packs): retry once one is cancelled",
                 self.held.len()
@@ -194,7 +194,7 @@ impl Agent {
                 if unchanged {
                     tracing::info!(pack = %label, "pushed again with the same content: unchanged");
                 } else {
-                    self.held_changed = true;
+                    self.held.mark_changed();
                 }
                 (
                     ToLink::Ack(wire::PackAck {
@@ -245,7 +245,7 @@ impl Agent {
             // A journal failure is the loop's fault, as everywhere.
             Err(e @ RuntimeError::Journal(_)) => Err(e),
             Err(e) => {
-                tracing::error!(pack = %key, "controller cancel: {}", super::error::Chain(&e));
+                tracing::error!(pack = %key, "controller cancel: {}", crate::runtime::error::Chain(&e));
                 Ok(())
             }
         }

@@ -170,7 +170,7 @@ impl Agent {
             match self.accept_as_of(s.yaml, s.pack, Some(as_of)) {
                 Ok(Verdict::Unchanged) => {}
                 Ok(_) => {
-                    self.held_changed = true;
+                    self.held.mark_changed();
                     tracing::info!(
                         pack = %label,
                         late_ns = late.as_nanos() as u64,
