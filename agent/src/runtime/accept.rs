@@ -208,7 +208,7 @@ impl Agent {
 
     /// [`Agent::accept`], as of the instant `at` when given: the switch of
     /// a staged version (`activate: together`), its schedule anchored at
-    /// `at` ([`Scheduler::accept_at`]) so every agent switching at `at`
+    /// `at` ([`baton_sched::Scheduler::accept_at`]) so every agent switching at `at`
     /// fires it at the same instants.
     pub fn accept_as_of(
         &mut self,
