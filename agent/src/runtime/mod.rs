@@ -63,7 +63,7 @@ use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use baton_proto::RefTime;
-use baton_sched::{AttemptResult, ExecutionId, OnceKey, Scheduler};
+use baton_sched::{AttemptResult, OnceKey, Scheduler};
 
 use crate::config::AgentConfig;
 use crate::exec::{ExecPool, ExecResult};
@@ -204,12 +204,8 @@ pub struct Agent {
     lead_pass_for: Option<RefTime>,
     /// Output buffers, reused pass after pass.
     bufs: OutputBufs,
-    /// Ledger slots armed for a batch's firings before their start record,
-    /// taken in order as the firings are performed; kept only for its
-    /// capacity between batches (see `process_in`).
-    batch_slots: std::collections::VecDeque<crate::ledger::Slot>,
-    /// Attempts the core asked back in the batch being performed.
-    asked_back: Vec<(ExecutionId, baton_sched::Reason)>,
+    /// What a batch of outputs carries between its steps (`outputs`).
+    batch: outputs::Batch,
     /// When freed heap goes back to the kernel.
     heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
@@ -306,8 +302,7 @@ impl Agent {
             exit_after: None,
             tally,
             bufs: OutputBufs::default(),
-            batch_slots: std::collections::VecDeque::new(),
-            asked_back: Vec::new(),
+            batch: outputs::Batch::default(),
             lead_pass_for: None,
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,

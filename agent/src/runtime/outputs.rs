@@ -1,7 +1,7 @@
 //! Performing the core's outputs: firings armed (journalled, then queued
 //! for the device or the exec pool), side actions, safe states, feedback.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,18 @@ use crate::dispatcher::{Job, JobKind, NotRun, Op};
 use crate::exec::ExecRequest;
 use crate::ledger::Slot;
 
+/// What one batch of outputs carries between its steps; only performing
+/// outputs touches it.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// Ledger slots armed for a batch's firings before their start record,
+    /// taken in order as the firings are performed; kept only for its
+    /// capacity between batches (see `process_in`).
+    slots: VecDeque<Slot>,
+    /// Attempts the core asked back in the batch being performed.
+    asked_back: Vec<(ExecutionId, Reason)>,
+}
+
 impl Agent {
     /// Perform the core's outputs in order, and what follows from them, as
     /// a loop over a work queue. Each batch's firings are journalled in one
@@ -41,11 +53,11 @@ impl Agent {
         // while in use, and emptied on every way out: a batch that fails
         // part-way (the loop then ends) leaves no slot of its firings for
         // another firing to take.
-        let mut slots = std::mem::take(&mut self.batch_slots);
+        let mut slots = std::mem::take(&mut self.batch.slots);
         slots.clear();
         let done = self.process_batches(batch, &mut more, &mut slots);
         slots.clear();
-        self.batch_slots = slots;
+        self.batch.slots = slots;
         done?;
         self.bufs.give_back(more);
         Ok(())
@@ -55,7 +67,7 @@ impl Agent {
         &mut self,
         batch: &mut Vec<Output>,
         more: &mut Vec<Output>,
-        slots: &mut std::collections::VecDeque<Slot>,
+        slots: &mut VecDeque<Slot>,
     ) -> Result<(), RuntimeError> {
         while !batch.is_empty() {
             // Each firing's id as text, made once by the core: journalled
@@ -115,10 +127,10 @@ impl Agent {
     /// yet started is withdrawn (reported not run, journalled), the others
     /// are too late (their results come as usual).
     fn answer_withdrawals(&mut self, more: &mut Vec<Output>) -> Result<(), RuntimeError> {
-        if self.asked_back.is_empty() {
+        if self.batch.asked_back.is_empty() {
             return Ok(());
         }
-        let asked = std::mem::take(&mut self.asked_back);
+        let asked = std::mem::take(&mut self.batch.asked_back);
         let ids: HashMap<String, ExecutionId> = asked
             .iter()
             .map(|(id, _)| (id.to_string(), id.clone()))
@@ -155,7 +167,7 @@ impl Agent {
     fn perform(
         &mut self,
         o: Output,
-        slots: &mut std::collections::VecDeque<Slot>,
+        slots: &mut VecDeque<Slot>,
         more: &mut Vec<Output>,
     ) -> Result<(), RuntimeError> {
         let now = self.clock.now();
@@ -175,7 +187,7 @@ impl Agent {
                     r.settled = true;
                 }
             }
-            Output::Withdraw { id, reason } => self.asked_back.push((id, reason)),
+            Output::Withdraw { id, reason } => self.batch.asked_back.push((id, reason)),
             Output::OnFailure {
                 pack, action, once, ..
             } => {
