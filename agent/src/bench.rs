@@ -74,7 +74,7 @@ pub fn latency(
     let wall0 = baton_clock::mono_now().as_nanos();
     let stop = StopFlag::default();
     if let crate::runtime::StopCause::Fault(e) = agent.run(&stop, true) {
-        return Err(e);
+        return Err(e.into());
     }
     finished.store(true, Ordering::Release);
     let wall = baton_clock::mono_now().as_nanos() - wall0;
@@ -144,7 +144,7 @@ fn bench_agent(
     let mut agent = Agent::new(cfg, parts)?;
     if let Err(e) = agent.load_configured() {
         agent.wind_down();
-        return Err(e);
+        return Err(e.into());
     }
     Ok(agent)
 }

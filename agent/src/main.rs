@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use baton_agent::config::{self, Overrides};
 use baton_agent::live::{LiveLayer, LiveView};
-use baton_agent::runtime::{Agent, StopCause, StopFlag};
+use baton_agent::runtime::{Agent, RuntimeError, StopCause, StopFlag};
 use baton_agent::simulate::{self, FailSpec, SimOptions};
 use baton_proto::pack::read_pack_file;
 use baton_proto::time::parse_instant_arg;
@@ -388,19 +388,22 @@ struct Hooks {
     gpio_hang: Option<(u64, bool)>,
 }
 
-/// Why `run` failed, as its exit status and message. A hung GPIO chip has
-/// its own status: systemd restarts the agent, which then drives the safe
-/// states first.
+/// Why `run` could not start (the configuration, the signal thread), as
+/// its exit status and message.
 fn fault(e: anyhow::Error) -> (u8, String) {
-    let code = if e
-        .downcast_ref::<baton_agent::runtime::safety::GpioHung>()
-        .is_some()
-    {
+    (1, format!("error: {e:#}"))
+}
+
+/// Why the runtime failed, as `run`'s exit status and message. A hung GPIO
+/// chip has its own status: systemd restarts the agent, which then drives
+/// the safe states first.
+fn runtime_fault(e: RuntimeError) -> (u8, String) {
+    let code = if e.is_gpio_hung() {
         baton_agent::runtime::safety::EXIT_GPIO_HUNG
     } else {
         1
     };
-    (code, format!("error: {e:#}"))
+    (code, format!("error: {:#}", anyhow::Error::from(e)))
 }
 
 /// The configuration of `run`: the file if one is named, the flags over it.
@@ -485,13 +488,11 @@ fn lock_memory() {
 /// `run`'s exit from why the loop ended.
 fn exit_for(cause: StopCause) -> Result<(), (u8, String)> {
     match cause {
-        StopCause::Fault(e)
-            if e.downcast_ref::<baton_agent::runtime::safety::GpioHung>()
-                .is_some() =>
-        {
-            Err(fault(e))
-        }
-        StopCause::Fault(e) => Err((1, format!("error: {e:#} (safe state entered)"))),
+        StopCause::Fault(e) if e.is_gpio_hung() => Err(runtime_fault(e)),
+        StopCause::Fault(e) => Err((
+            1,
+            format!("error: {:#} (safe state entered)", anyhow::Error::from(e)),
+        )),
         _ => Ok(()),
     }
 }
@@ -511,14 +512,14 @@ fn run_agent(
     let stop = Arc::new(StopFlag::default());
     watch_signals(&stop)?;
     let mlock = cfg.rt.mlockall;
-    let parts = baton_agent::runtime::real_parts(&cfg).map_err(fault)?;
+    let parts = baton_agent::runtime::real_parts(&cfg).map_err(runtime_fault)?;
     if let Some(n) = hooks.dispatcher_stall_after {
         baton_agent::dispatcher::inject_stall_after(n);
     }
     if let Some((n, all)) = hooks.gpio_hang {
         baton_gpio::sim::inject_hang(n, all);
     }
-    let mut agent = Agent::new(cfg, parts).map_err(fault)?;
+    let mut agent = Agent::new(cfg, parts).map_err(runtime_fault)?;
     if let Some(p) = metrics {
         agent.publish_metrics_to(p);
     }
@@ -530,7 +531,7 @@ fn run_agent(
     );
     if let Err(e) = agent.load_configured() {
         agent.wind_down();
-        return Err(fault(e));
+        return Err(runtime_fault(e));
     }
     if mlock {
         lock_memory();

@@ -22,7 +22,7 @@ use baton_sched::PackKey;
 
 use super::{Agent, Uplink, nack};
 use crate::link::{StageAt, ToLink};
-use crate::runtime::{AcceptError, Verdict};
+use crate::runtime::{AcceptError, RuntimeError, Verdict};
 
 /// A switch this much later than its instant (the push naming it arrived
 /// late, the loop was held up) happens now, on a grid from now: replaying
@@ -135,7 +135,7 @@ impl Agent {
     /// follows telling the controller. One that cannot switch (its clock
     /// too uncertain then, a check that fails now) stays on the held
     /// version and is nacked. A journal fault ends the loop, as anywhere.
-    pub(in crate::runtime) fn switch_due(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+    pub(in crate::runtime) fn switch_due(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let due: Vec<PackKey> = up
             .staged
@@ -170,7 +170,7 @@ impl Agent {
             match self.accept_as_of(s.yaml, s.pack, Some(as_of)) {
                 Ok(Verdict::Unchanged) => {}
                 Ok(_) => {
-                    self.held_changed = true;
+                    self.held.mark_changed();
                     tracing::info!(
                         pack = %label,
                         late_ns = late.as_nanos() as u64,
@@ -193,7 +193,7 @@ impl Agent {
                     let message = format!("pack {label}: not switched: {e}");
                     self.answer_later(up, nack(&s.wire_ref, reason, message, Vec::new()));
                     if fault {
-                        return Err(anyhow::Error::from(e));
+                        return Err(RuntimeError::from(e));
                     }
                 }
             }
