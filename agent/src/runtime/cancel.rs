@@ -283,10 +283,13 @@ impl Agent {
                 .map(String::clone)
                 .map_err(|e| Chain(e).to_string());
             answer(&self.cfg.data_dir, &key, &reply);
-            // A journal failure is the loop's fault; a refusal is the
-            // requester's answer.
-            if let Err(e @ RuntimeError::Journal(_)) = r {
-                return Err(e);
+            // A pack not held is the requester's answer. Anything else
+            // (the journal, the dispatcher) failed half-way through a
+            // cancel whose safe state may not have been handed over: the
+            // loop's fault, so the way out drives every safe state.
+            match r {
+                Ok(_) | Err(RuntimeError::NotHeld(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(())

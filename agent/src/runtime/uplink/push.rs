@@ -242,12 +242,14 @@ impl Agent {
                 tracing::info!(pack = %key, "controller cancel: {msg}");
                 Ok(())
             }
-            // A journal failure is the loop's fault, as everywhere.
-            Err(e @ RuntimeError::Journal(_)) => Err(e),
-            Err(e) => {
+            Err(e @ RuntimeError::NotHeld(_)) => {
                 tracing::error!(pack = %key, "controller cancel: {}", crate::runtime::error::Chain(&e));
                 Ok(())
             }
+            // The journal or the dispatcher failed half-way through a
+            // cancel whose safe state may not have been handed over: the
+            // loop's fault, so the way out drives every safe state.
+            Err(e) => Err(e),
         }
     }
 }
