@@ -10,10 +10,13 @@
 //! when its instant comes: fire, late, gap and `catch_up`, journal records),
 //! `outcome` (results, retries, dependents, give-up, safe state), `tick`
 //! (what comes due in the queue, handed to `due` and `outcome`), `stop`
-//! (cancel, lease or clock lost, shutdown: packs sent to their safe state).
+//! (cancel, lease or clock lost, shutdown: packs sent to their safe state),
+//! `fence` (a staged switch's instant: nothing of the held version due
+//! after it is released).
 
 mod attempts;
 mod due;
+mod fence;
 mod install;
 mod outcome;
 mod stop;
@@ -241,6 +244,9 @@ struct PackState {
     /// Restored after a restart: the agent was up until this instant.
     /// One-shots due before it were handled then.
     resumed: Option<RefTime>,
+    /// A staged switch's instant: nothing of this version due after it is
+    /// released ([`Scheduler::fence`]). Goes with the version.
+    fence: Option<fence::Fence>,
 }
 
 impl PackState {
