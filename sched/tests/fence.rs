@@ -373,3 +373,54 @@ proptest! {
         }
     }
 }
+
+/// A clock step moves an interval pack's schedule, its held occurrence
+/// with it: the copy held at the old instant is stale and never goes out;
+/// on a lift only the moved one does, once.
+#[test]
+fn a_clock_step_while_fenced_never_releases_an_occurrence_twice() {
+    let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 10ms, max_lateness: 1s}\n";
+    let mut m = Model::new(parse_pack(yaml).expect("pack"));
+    m.core.fence(&key(), Some(ms(100)));
+    m.run(ms(0), ms(150), dur(50));
+    assert_eq!(m.seen.fired.len(), 11);
+    // The reference moved 3 ms ahead of the local clock: the schedule
+    // follows it (110 ms becomes 113 ms), still past the fence.
+    m.core
+        .clock_stepped(3_000_000, ms(150))
+        .drain_into(&mut m.out);
+    m.settle(ms(150));
+    m.run(ms(150), ms(160), dur(50));
+    assert_eq!(m.seen.fired.len(), 11, "{:?}", m.seen.fired);
+    m.core.fence(&key(), None);
+    m.run(ms(160), ms(300), dur(50));
+    let occ: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
+    let mut once = occ.clone();
+    once.dedup();
+    assert_eq!(occ, once, "{occ:?}");
+    assert_eq!(occ[11], 113, "{occ:?}");
+    assert!(m.seen.skipped.is_empty(), "{:?}", m.seen.skipped);
+}
+
+/// The core could not act for a while (`downtime`) while fenced: the held
+/// occurrence is part of the gap, reported once; nothing is released past
+/// the fence meanwhile.
+#[test]
+fn downtime_while_fenced_reports_the_held_occurrence_in_its_gap_once() {
+    let mut m = Model::new(pack(1, 10, 1_000));
+    m.core.fence(&key(), Some(ms(100)));
+    m.run(ms(0), ms(150), dur(50));
+    m.core.downtime(ms(400)).drain_into(&mut m.out);
+    m.settle(ms(400));
+    m.run(ms(400), ms(600), dur(50));
+    assert!(m.v1_after(100).is_empty(), "{:?}", m.v1_after(100));
+    m.core.fence(&key(), None);
+    m.run(ms(600), ms(800), dur(50));
+    let occ: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
+    let mut once = occ.clone();
+    once.dedup();
+    assert_eq!(occ, once, "{occ:?}");
+    assert!(occ.contains(&800), "{occ:?}");
+    let gaps: Vec<&(Reason, Option<i64>)> = m.seen.skipped.iter().collect();
+    assert_eq!(gaps.first(), Some(&&(Reason::Clock, Some(110))), "{gaps:?}");
+}
