@@ -1,7 +1,7 @@
-//! Fences (`Scheduler::fence`): a pack staged to switch at an instant
-//! releases nothing of its held version due after that instant — neither
-//! armed ahead by `tick_ahead`, whatever the horizon, nor handed out as
-//! due by `tick` — so an old-program stroke can never follow the switch,
+//! Switch fences (`Scheduler::switch_fence`): a pack staged to switch at
+//! an instant releases nothing of its held version due after that instant
+//! — neither armed ahead by `tick_ahead`, whatever the horizon, nor handed
+//! out as due by `tick` — so an old-program stroke can never follow the switch,
 //! however late the runtime gets to it. Lifted, the fence releases what it
 //! held as any occurrence that comes due late: fired late or reported
 //! skipped, each once.
@@ -148,8 +148,8 @@ impl Model {
 fn nothing_past_the_fence_is_armed_whatever_the_horizon() {
     for horizon in [0, 1, 5, 50, 500, 5_000] {
         let mut m = Model::new(pack(1, 10, 1_000));
-        m.core.fence(&key(), Some(ms(205)));
-        assert_eq!(m.core.fenced_at(&key()), Some(ms(205)));
+        m.core.switch_fence(&key(), Some(ms(205)));
+        assert_eq!(m.core.switch_fence_at(&key()), Some(ms(205)));
         let passes = m.run(ms(0), ms(10_000), dur(horizon));
         let v1: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
         let expected: Vec<i64> = (0..=20).map(|n| n * 10).collect();
@@ -164,7 +164,7 @@ fn nothing_past_the_fence_is_armed_whatever_the_horizon() {
 #[test]
 fn tick_hands_out_nothing_past_the_fence_once_due() {
     let mut m = Model::new(pack(1, 10, 1_000));
-    m.core.fence(&key(), Some(ms(100)));
+    m.core.switch_fence(&key(), Some(ms(100)));
     // Without arming ahead, every millisecond, long past the instant: an
     // occurrence at the instant itself is the old version's.
     for n in 0..1_000 {
@@ -188,14 +188,18 @@ fn a_switch_at_the_fence_leaves_the_old_version_nothing_after_it() {
     let cases = [(255, 255, 255), (255, 290, 255), (255, 420, 420)];
     for (at, switch, as_of) in cases {
         let mut m = Model::new(pack(1, 10, 1_000));
-        m.core.fence(&key(), Some(ms(at)));
+        m.core.switch_fence(&key(), Some(ms(at)));
         m.run(ms(0), ms(switch - 1), dur(50));
         m.core
             .accept_at(pack(2, 10, 1_000), ms(as_of), ms(switch))
             .drain_into(&mut m.out)
             .expect("v2");
         m.settle(ms(switch));
-        assert_eq!(m.core.fenced_at(&key()), None, "the fence went with v1");
+        assert_eq!(
+            m.core.switch_fence_at(&key()),
+            None,
+            "the fence went with v1"
+        );
         m.run(ms(switch), ms(switch + 200), dur(50));
         assert!(m.v1_after(at).is_empty(), "{:?}", m.v1_after(at));
         assert_eq!(m.seen.withdrawn, 0, "nothing past the instant to ask back");
@@ -240,7 +244,7 @@ fn an_unchanged_instruction_fires_its_held_occurrence_under_the_new_version() {
         .expect("pack")
     };
     let mut m = Model::new(v(1));
-    m.core.fence(&key(), Some(ms(255)));
+    m.core.switch_fence(&key(), Some(ms(255)));
     m.run(ms(0), ms(289), dur(50));
     m.core
         .accept_at(v(2), ms(255), ms(290))
@@ -263,13 +267,13 @@ fn an_unchanged_instruction_fires_its_held_occurrence_under_the_new_version() {
 #[test]
 fn a_lifted_fence_releases_what_it_held_late_within_max_lateness() {
     let mut m = Model::new(pack(1, 10, 1_000));
-    m.core.fence(&key(), Some(ms(100)));
+    m.core.switch_fence(&key(), Some(ms(100)));
     m.run(ms(0), ms(149), dur(50));
     assert_eq!(m.seen.fired.len(), 11);
     // The switch was refused at 150 ms: the held 110 ms, then those after
     // it, fire late, once each; the schedule goes on.
-    m.core.fence(&key(), None);
-    assert_eq!(m.core.fenced_at(&key()), None);
+    m.core.switch_fence(&key(), None);
+    assert_eq!(m.core.switch_fence_at(&key()), None);
     assert_eq!(m.core.next_wake(), Some(ms(110)), "due at once");
     m.run(ms(150), ms(300), dur(50));
     let occ: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
@@ -281,9 +285,9 @@ fn a_lifted_fence_releases_what_it_held_late_within_max_lateness() {
 #[test]
 fn a_lifted_fence_reports_what_is_too_late_to_fire_once() {
     let mut m = Model::new(pack(1, 10, 5));
-    m.core.fence(&key(), Some(ms(100)));
+    m.core.switch_fence(&key(), Some(ms(100)));
     m.run(ms(0), ms(149), dur(50));
-    m.core.fence(&key(), None);
+    m.core.switch_fence(&key(), None);
     m.run(ms(150), ms(300), dur(50));
     let occ: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
     // 110 to 140 ms are past max_lateness when released at 150 ms: one
@@ -297,11 +301,11 @@ fn a_lifted_fence_reports_what_is_too_late_to_fire_once() {
 #[test]
 fn a_moved_fence_releases_what_is_now_before_it() {
     let mut m = Model::new(pack(1, 10, 1_000));
-    m.core.fence(&key(), Some(ms(100)));
+    m.core.switch_fence(&key(), Some(ms(100)));
     m.run(ms(0), ms(80), dur(50));
     // Staged again with a later instant before the first one came: the
     // held 110 ms goes out on time, and nothing past 200 ms.
-    m.core.fence(&key(), Some(ms(200)));
+    m.core.switch_fence(&key(), Some(ms(200)));
     m.run(ms(80), ms(1_000), dur(50));
     let occ: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
     let expected: Vec<i64> = (0..=20).map(|n| n * 10).collect();
@@ -311,13 +315,13 @@ fn a_moved_fence_releases_what_is_now_before_it() {
 #[test]
 fn a_cancelled_pack_reports_what_its_fence_held_as_skipped() {
     let mut m = Model::new(pack(1, 10, 1_000));
-    m.core.fence(&key(), Some(ms(100)));
+    m.core.switch_fence(&key(), Some(ms(100)));
     m.run(ms(0), ms(150), dur(50));
     let cancelled = m.core.cancel(&key(), ms(150)).drain_into(&mut m.out);
     assert!(cancelled);
     m.settle(ms(150));
     assert_eq!(m.seen.skipped, [(Reason::Cancel, Some(110))]);
-    assert_eq!(m.core.fenced_at(&key()), None);
+    assert_eq!(m.core.switch_fence_at(&key()), None);
     m.run(ms(150), ms(300), dur(50));
     assert_eq!(m.seen.fired.len(), 11);
 }
@@ -339,7 +343,7 @@ proptest! {
         switch in any::<bool>(),
     ) {
         let mut m = Model::new(pack(1, period, max_lateness));
-        m.core.fence(&key(), Some(ms(at)));
+        m.core.switch_fence(&key(), Some(ms(at)));
         let when = at + late;
         m.run(ms(0), ms(when - 1), dur(horizon));
         if switch {
@@ -349,7 +353,7 @@ proptest! {
                 .drain_into(&mut m.out)
                 .expect("v2");
         } else {
-            m.core.fence(&key(), None);
+            m.core.switch_fence(&key(), None);
         }
         m.settle(ms(when));
         let end = when + 500;
@@ -381,7 +385,7 @@ proptest! {
 fn a_clock_step_while_fenced_never_releases_an_occurrence_twice() {
     let yaml = "pack: p\nversion: 1\ninstructions:\n  - {id: t, action: gpio.toggle, params: {line: 1}, every: 10ms, max_lateness: 1s}\n";
     let mut m = Model::new(parse_pack(yaml).expect("pack"));
-    m.core.fence(&key(), Some(ms(100)));
+    m.core.switch_fence(&key(), Some(ms(100)));
     m.run(ms(0), ms(150), dur(50));
     assert_eq!(m.seen.fired.len(), 11);
     // The reference moved 3 ms ahead of the local clock: the schedule
@@ -392,7 +396,7 @@ fn a_clock_step_while_fenced_never_releases_an_occurrence_twice() {
     m.settle(ms(150));
     m.run(ms(150), ms(160), dur(50));
     assert_eq!(m.seen.fired.len(), 11, "{:?}", m.seen.fired);
-    m.core.fence(&key(), None);
+    m.core.switch_fence(&key(), None);
     m.run(ms(160), ms(300), dur(50));
     let occ: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
     let mut once = occ.clone();
@@ -408,13 +412,13 @@ fn a_clock_step_while_fenced_never_releases_an_occurrence_twice() {
 #[test]
 fn downtime_while_fenced_reports_the_held_occurrence_in_its_gap_once() {
     let mut m = Model::new(pack(1, 10, 1_000));
-    m.core.fence(&key(), Some(ms(100)));
+    m.core.switch_fence(&key(), Some(ms(100)));
     m.run(ms(0), ms(150), dur(50));
     m.core.downtime(ms(400)).drain_into(&mut m.out);
     m.settle(ms(400));
     m.run(ms(400), ms(600), dur(50));
     assert!(m.v1_after(100).is_empty(), "{:?}", m.v1_after(100));
-    m.core.fence(&key(), None);
+    m.core.switch_fence(&key(), None);
     m.run(ms(600), ms(800), dur(50));
     let occ: Vec<i64> = m.seen.fired.iter().map(|f| f.1).collect();
     let mut once = occ.clone();

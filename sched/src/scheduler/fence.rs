@@ -1,4 +1,4 @@
-//! Fences: a pack whose next version is staged to switch at a known
+//! Switch fences: a pack whose next version is staged to switch at a known
 //! instant (`activate: together`) releases none of its held version's
 //! occurrences due after that instant. A runtime that arms firings ahead
 //! would otherwise have handed them out before the switch came, and a
@@ -14,11 +14,11 @@
 //!   instruction's held occurrence carries over like any pending one, a
 //!   changed one's that was due by the switch is reported not run
 //!   (`replaced`): the new version's grid starts after the switch;
-//! - a lift ([`Scheduler::fence`] with `None`: the switch was refused,
-//!   the stage dropped): what was held goes back into the queue at its own
-//!   instant and the next tick decides it as any occurrence that comes due
-//!   late (fired late within `max_lateness`, else missed and `catch_up`),
-//!   once;
+//! - a lift ([`Scheduler::switch_fence`] with `None`: the switch was
+//!   refused, the stage dropped): what was held goes back into the queue
+//!   at its own instant and the next tick decides it as any occurrence
+//!   that comes due late (fired late within `max_lateness`, else missed
+//!   and `catch_up`), once;
 //! - the pack stopping (cancel, lease, clock, give-up, shutdown): held
 //!   occurrences are skipped and reported as any pending one.
 //!
@@ -87,7 +87,7 @@ impl Scheduler {
     /// comes due late. Replacing the version (the switch), cancelling or
     /// stopping the pack ends the fence with the version. Nothing happens
     /// for a pack not held or not active.
-    pub fn fence(&mut self, key: &PackKey, at: Option<RefTime>) {
+    pub fn switch_fence(&mut self, key: &PackKey, at: Option<RefTime>) {
         let Some(&slot) = self.by_key.get(key) else {
             return;
         };
@@ -106,7 +106,7 @@ impl Scheduler {
     }
 
     /// The instant the pack's held version is fenced at, if any.
-    pub fn fenced_at(&self, key: &PackKey) -> Option<RefTime> {
+    pub fn switch_fence_at(&self, key: &PackKey) -> Option<RefTime> {
         let ps = self.packs[*self.by_key.get(key)?].as_ref()?;
         ps.fence.as_ref().map(|f| f.at)
     }

@@ -245,7 +245,7 @@ struct PackState {
     /// One-shots due before it were handled then.
     resumed: Option<RefTime>,
     /// A staged switch's instant: nothing of this version due after it is
-    /// released ([`Scheduler::fence`]). Goes with the version.
+    /// released ([`Scheduler::switch_fence`]). Goes with the version.
     fence: Option<fence::Fence>,
 }
 

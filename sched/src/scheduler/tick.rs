@@ -47,7 +47,7 @@ impl Scheduler {
     /// ahead: one expires only once `now` reaches it, so an attempt is never
     /// declared timed out (and retried beside itself) before its result
     /// could have arrived. Nothing past a pack's fence is armed, whatever
-    /// the horizon ([`Scheduler::fence`]).
+    /// the horizon ([`Scheduler::switch_fence`]).
     pub fn tick_ahead(&mut self, now: RefTime, horizon: Duration) -> Outputs<'_> {
         self.outputs(|s, out| s.tick_ahead_into(now, horizon, out))
     }

@@ -6,10 +6,11 @@
 //! time.
 //!
 //! While a version is staged with an instant, the held version is fenced
-//! there ([`baton_sched::Scheduler::fence`]): nothing of it due after the
-//! instant is armed ahead or handed out, so a loop that gets to the
-//! switch late (under load) cannot have given the device an old-program
-//! stroke past it. A staged version that goes without switching lifts the
+//! there ([`baton_sched::Scheduler::switch_fence`]; not the session's
+//! fencing of `uplink/fence.rs`): nothing of it due after the instant is
+//! armed ahead or handed out, so a loop that gets to the switch late
+//! (under load) cannot have given the device an old-program stroke past
+//! it. A staged version that goes without switching lifts the
 //! fence ([`Agent::drop_staged`]; a refused switch too): what was held
 //! then fires late within `max_lateness` or is reported skipped.
 //!
@@ -158,7 +159,7 @@ impl Agent {
                 continue;
             };
             let switched = self.switch_one(up, &key, s, now);
-            self.core.fence(&key, None);
+            self.core.switch_fence(&key, None);
             switched?;
         }
         Ok(())
@@ -218,13 +219,13 @@ impl Agent {
     }
 
     /// Keep a version aside (replacing any staged before it), and fence
-    /// the held version at its instant ([`Scheduler::fence`]): nothing of
-    /// it due after the instant is released, so an old-program stroke
-    /// cannot follow the switch however late the loop gets to it.
+    /// the held version at its instant ([`Scheduler::switch_fence`]):
+    /// nothing of it due after the instant is released, so an old-program
+    /// stroke cannot follow the switch however late the loop gets to it.
     ///
-    /// [`Scheduler::fence`]: baton_sched::Scheduler::fence
+    /// [`Scheduler::switch_fence`]: baton_sched::Scheduler::switch_fence
     pub(in crate::runtime) fn keep_staged(&mut self, up: &mut Uplink, key: PackKey, s: Staged) {
-        self.core.fence(&key, s.at);
+        self.core.switch_fence(&key, s.at);
         up.staged.insert(key, s);
     }
 
@@ -235,7 +236,7 @@ impl Agent {
     /// late.
     pub(in crate::runtime) fn drop_staged(&mut self, up: &mut Uplink, key: &PackKey) {
         if up.staged.remove(key).is_some() {
-            self.core.fence(key, None);
+            self.core.switch_fence(key, None);
         }
     }
 
