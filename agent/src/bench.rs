@@ -3,13 +3,16 @@
 //! lateness distribution and the CPU it cost. The README compares it with
 //! `cyclictest` run side by side (scripts/bench-latency.sh).
 
-use std::sync::atomic::Ordering;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use baton_proto::time::parse_duration;
 
 use crate::config::{self, ConfigFile, Overrides};
+use crate::runtime::feedback::Tally;
 use crate::runtime::{Agent, StopFlag};
 
 fn cpu_ns() -> i64 {
@@ -34,6 +37,20 @@ fn dispatch_cpu_ns() -> i64 {
     0
 }
 
+/// What the run cost, ns, and what arrived late at the dispatcher.
+struct Cost {
+    /// Wall time of the run.
+    wall: i64,
+    /// CPU of the whole process.
+    cpu: i64,
+    /// CPU of the dispatcher thread.
+    dispatch_cpu: i64,
+    /// Time the dispatcher spun before deadlines.
+    spin: i64,
+    /// Jobs that reached the dispatcher past their deadline.
+    arrived_late: u64,
+}
+
 /// Run the benchmark and print the figures.
 pub fn latency(
     count: u64,
@@ -48,6 +65,49 @@ pub fn latency(
     }
     let dir = std::env::temp_dir().join(format!("baton-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut agent = bench_agent(&dir, interval, cpu, spin_budget)?;
+    agent.exit_after(count);
+    let expected = period.saturating_mul(u32::try_from(count).unwrap_or(u32::MAX));
+    let (finished, dispatch_seen) = watch_progress(expected);
+    let cpu0 = cpu_ns();
+    let dispatch0 = dispatch_cpu_ns();
+    let wall0 = baton_clock::mono_now().as_nanos();
+    let stop = StopFlag::default();
+    if let crate::runtime::StopCause::Fault(e) = agent.run(&stop, true) {
+        return Err(e.into());
+    }
+    finished.store(true, Ordering::Release);
+    let wall = baton_clock::mono_now().as_nanos() - wall0;
+    let cpu = cpu_ns() - cpu0;
+    let dispatch_cpu = (dispatch_seen.load(Ordering::Acquire) - dispatch0).max(0);
+    let stats = agent
+        .dispatcher_stats()
+        .context("the bench runs the real dispatcher")?;
+    let cost = Cost {
+        wall,
+        cpu,
+        dispatch_cpu,
+        spin: stats.spin_ns.load(Ordering::Relaxed) as i64,
+        arrived_late: stats.arrived_late.load(Ordering::Relaxed),
+    };
+    let tally = agent.tally();
+    let _ = std::fs::remove_dir_all(&dir);
+    if json {
+        print_json(tally, period, &cost);
+    } else {
+        print_text(tally, interval, &cost);
+    }
+    Ok(())
+}
+
+/// An agent in `dir` loaded with the bench pack: `gpio.write` every
+/// `interval` on the sim backend.
+fn bench_agent(
+    dir: &Path,
+    interval: &str,
+    cpu: Option<usize>,
+    spin_budget: Option<String>,
+) -> anyhow::Result<Agent> {
     // Intervals only (no `start_at`, no `until`): a pack of plain `every`
     // runs on any clock, so a box whose clock nothing synchronises yet (the
     // first thing one tries on a new box) measures at once instead of
@@ -84,17 +144,18 @@ pub fn latency(
     let mut agent = Agent::new(cfg, parts)?;
     if let Err(e) = agent.load_configured() {
         agent.wind_down();
-        return Err(e);
+        return Err(e.into());
     }
-    agent.exit_after(count);
-    // Never a silent wait: if the run takes far longer than it should,
-    // say so (and what it is waiting for, as far as the bench can tell).
-    let expected = period.saturating_mul(u32::try_from(count).unwrap_or(u32::MAX));
-    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    Ok(agent)
+}
+
+/// A thread that samples the dispatcher thread's CPU while it runs (it is
+/// gone once the run returns) and, never a silent wait, warns if the run
+/// takes far longer than `expected`, until the flag returned is set.
+fn watch_progress(expected: Duration) -> (Arc<AtomicBool>, Arc<AtomicI64>) {
+    let finished = Arc::new(AtomicBool::new(false));
     let watch = finished.clone();
-    // The dispatcher thread's CPU, sampled while it runs (it is gone once
-    // the run returns).
-    let dispatch_seen = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let dispatch_seen = Arc::new(AtomicI64::new(0));
     let seen = dispatch_seen.clone();
     std::thread::spawn(move || {
         let mut waited = Duration::ZERO;
@@ -116,58 +177,47 @@ pub fn latency(
             }
         }
     });
-    let cpu0 = cpu_ns();
-    let dispatch0 = dispatch_cpu_ns();
-    let wall0 = baton_clock::mono_now().as_nanos();
-    let stop = StopFlag::default();
-    if let crate::runtime::StopCause::Fault(e) = agent.run(&stop, true) {
-        return Err(e);
-    }
-    finished.store(true, Ordering::Release);
-    let wall = baton_clock::mono_now().as_nanos() - wall0;
-    let cpu = cpu_ns() - cpu0;
-    let dispatch_cpu = (dispatch_seen.load(Ordering::Acquire) - dispatch0).max(0);
-    let stats = agent
-        .dispatcher_stats()
-        .context("the bench runs the real dispatcher")?;
-    let spin = stats.spin_ns.load(Ordering::Relaxed) as i64;
-    let arrived_late = stats.arrived_late.load(Ordering::Relaxed);
-    let tally = agent.tally();
+    (finished, dispatch_seen)
+}
+
+/// The figures as one JSON object (`--json`).
+fn print_json(tally: &Tally, period: Duration, c: &Cost) {
     let h = &tally.hist;
-    let _ = std::fs::remove_dir_all(&dir);
     let q = |p: f64| h.value_at_quantile(p);
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "count": h.len(), "interval_ns": period.as_nanos() as u64,
-                "p50_ns": q(0.5), "p99_ns": q(0.99), "p999_ns": q(0.999), "max_ns": h.max(),
-                "early": tally.early, "failed": tally.failed, "arrived_late": arrived_late,
-                "spin_cpu_pct": 100.0 * spin as f64 / wall as f64,
-                "dispatch_cpu_pct": 100.0 * dispatch_cpu as f64 / wall as f64,
-                "process_cpu_pct": 100.0 * cpu as f64 / wall as f64,
-            })
-        );
-    } else {
-        println!(
-            "firings      {} every {interval} (early: {}, failed: {})",
-            h.len(),
-            tally.early,
-            tally.failed
-        );
-        println!(
-            "lateness ns  p50 {}  p99 {}  p99.9 {}  max {}",
-            q(0.5),
-            q(0.99),
-            q(0.999),
-            h.max()
-        );
-        println!(
-            "cpu          spinning {:.2}% of one core, dispatcher thread {:.2}%, whole process {:.2}%",
-            100.0 * spin as f64 / wall as f64,
-            100.0 * dispatch_cpu as f64 / wall as f64,
-            100.0 * cpu as f64 / wall as f64
-        );
-    }
-    Ok(())
+    println!(
+        "{}",
+        serde_json::json!({
+            "count": h.len(), "interval_ns": period.as_nanos() as u64,
+            "p50_ns": q(0.5), "p99_ns": q(0.99), "p999_ns": q(0.999), "max_ns": h.max(),
+            "early": tally.early, "failed": tally.failed, "arrived_late": c.arrived_late,
+            "spin_cpu_pct": 100.0 * c.spin as f64 / c.wall as f64,
+            "dispatch_cpu_pct": 100.0 * c.dispatch_cpu as f64 / c.wall as f64,
+            "process_cpu_pct": 100.0 * c.cpu as f64 / c.wall as f64,
+        })
+    );
+}
+
+/// The figures as text.
+fn print_text(tally: &Tally, interval: &str, c: &Cost) {
+    let h = &tally.hist;
+    let q = |p: f64| h.value_at_quantile(p);
+    println!(
+        "firings      {} every {interval} (early: {}, failed: {})",
+        h.len(),
+        tally.early,
+        tally.failed
+    );
+    println!(
+        "lateness ns  p50 {}  p99 {}  p99.9 {}  max {}",
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        h.max()
+    );
+    println!(
+        "cpu          spinning {:.2}% of one core, dispatcher thread {:.2}%, whole process {:.2}%",
+        100.0 * c.spin as f64 / c.wall as f64,
+        100.0 * c.dispatch_cpu as f64 / c.wall as f64,
+        100.0 * c.cpu as f64 / c.wall as f64
+    );
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use baton_agent::config::{self, Overrides};
 use baton_agent::live::{LiveLayer, LiveView};
-use baton_agent::runtime::{Agent, StopCause, StopFlag};
+use baton_agent::runtime::{Agent, RuntimeError, StopCause, StopFlag};
 use baton_agent::simulate::{self, FailSpec, SimOptions};
 use baton_proto::pack::read_pack_file;
 use baton_proto::time::parse_instant_arg;
@@ -388,30 +388,31 @@ struct Hooks {
     gpio_hang: Option<(u64, bool)>,
 }
 
-fn run_agent(
-    f: CommonFlags,
-    exit_when_idle: bool,
-    quiet: bool,
-    hooks: Hooks,
-) -> Result<(), (u8, String)> {
-    // A hung GPIO chip has its own status: systemd restarts the agent,
-    // which then drives the safe states first.
-    let fault = |e: anyhow::Error| {
-        let code = if e
-            .downcast_ref::<baton_agent::runtime::safety::GpioHung>()
-            .is_some()
-        {
-            baton_agent::runtime::safety::EXIT_GPIO_HUNG
-        } else {
-            1
-        };
-        (code, format!("error: {e:#}"))
+/// Why `run` could not start (the configuration, the signal thread), as
+/// its exit status and message.
+fn fault(e: anyhow::Error) -> (u8, String) {
+    (1, format!("error: {e:#}"))
+}
+
+/// Why the runtime failed, as `run`'s exit status and message. A hung GPIO
+/// chip has its own status: systemd restarts the agent, which then drives
+/// the safe states first.
+fn runtime_fault(e: RuntimeError) -> (u8, String) {
+    let code = if e.is_gpio_hung() {
+        baton_agent::runtime::safety::EXIT_GPIO_HUNG
+    } else {
+        1
     };
+    (code, format!("error: {:#}", anyhow::Error::from(e)))
+}
+
+/// The configuration of `run`: the file if one is named, the flags over it.
+fn run_config(f: CommonFlags) -> Result<config::AgentConfig, (u8, String)> {
     let file = match &f.config {
         Some(p) => config::read_file(p).map_err(|e| fault(e.into()))?,
         None => config::ConfigFile::default(),
     };
-    let cfg = config::resolve(
+    config::resolve(
         file,
         Overrides {
             id: f.id,
@@ -435,22 +436,27 @@ fn run_agent(
             metrics: f.metrics,
         },
     )
-    .map_err(|e| fault(e.into()))?;
-    let view = Arc::new(LiveView::new(quiet));
-    init_tracing(Some(LiveLayer(view.clone())), cfg.log_format);
-    // Bound before anything is armed: a busy or bad address is an error
-    // with nothing to undo.
-    let metrics = match cfg.metrics {
-        Some(addr) => {
-            let (published, bound) = baton_agent::metrics::serve(addr)
-                .with_context(|| format!("metrics: cannot listen on {addr}"))
-                .map_err(fault)?;
-            tracing::info!("metrics on http://{bound}/metrics");
-            Some(published)
-        }
-        None => None,
+    .map_err(|e| fault(e.into()))
+}
+
+/// Serve `/metrics` on `addr` if one is configured: where the agent
+/// publishes its snapshots.
+fn serve_metrics(
+    addr: Option<std::net::SocketAddr>,
+) -> Result<Option<Arc<baton_agent::metrics::Published>>, (u8, String)> {
+    let Some(addr) = addr else {
+        return Ok(None);
     };
-    let stop = Arc::new(StopFlag::default());
+    let (published, bound) = baton_agent::metrics::serve(addr)
+        .with_context(|| format!("metrics: cannot listen on {addr}"))
+        .map_err(fault)?;
+    tracing::info!("metrics on http://{bound}/metrics");
+    Ok(Some(published))
+}
+
+/// A thread (`baton-signals`) that turns the stop signals into a stop
+/// request and wakes the calling (control) thread.
+fn watch_signals(stop: &Arc<StopFlag>) -> Result<(), (u8, String)> {
     let control = std::thread::current();
     let mut signals = Signals::new(STOP_SIGNALS)
         .context("installing signal handlers")
@@ -467,15 +473,53 @@ fn run_agent(
         })
         .context("starting the signal thread")
         .map_err(fault)?;
+    Ok(())
+}
+
+/// Lock the agent's memory (`realtime.mlockall`), warning if refused.
+fn lock_memory() {
+    let mut st = baton_agent::rt::RtStatus::default();
+    baton_agent::rt::lock_memory(&mut st);
+    if let Some(w) = st.warning() {
+        tracing::warn!("{w}");
+    }
+}
+
+/// `run`'s exit from why the loop ended.
+fn exit_for(cause: StopCause) -> Result<(), (u8, String)> {
+    match cause {
+        StopCause::Fault(e) if e.is_gpio_hung() => Err(runtime_fault(e)),
+        StopCause::Fault(e) => Err((
+            1,
+            format!("error: {:#} (safe state entered)", anyhow::Error::from(e)),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn run_agent(
+    f: CommonFlags,
+    exit_when_idle: bool,
+    quiet: bool,
+    hooks: Hooks,
+) -> Result<(), (u8, String)> {
+    let cfg = run_config(f)?;
+    let view = Arc::new(LiveView::new(quiet));
+    init_tracing(Some(LiveLayer(view.clone())), cfg.log_format);
+    // Bound before anything is armed: a busy or bad address is an error
+    // with nothing to undo.
+    let metrics = serve_metrics(cfg.metrics)?;
+    let stop = Arc::new(StopFlag::default());
+    watch_signals(&stop)?;
     let mlock = cfg.rt.mlockall;
-    let parts = baton_agent::runtime::real_parts(&cfg).map_err(fault)?;
+    let parts = baton_agent::runtime::real_parts(&cfg).map_err(runtime_fault)?;
     if let Some(n) = hooks.dispatcher_stall_after {
         baton_agent::dispatcher::inject_stall_after(n);
     }
     if let Some((n, all)) = hooks.gpio_hang {
         baton_gpio::sim::inject_hang(n, all);
     }
-    let mut agent = Agent::new(cfg, parts).map_err(fault)?;
+    let mut agent = Agent::new(cfg, parts).map_err(runtime_fault)?;
     if let Some(p) = metrics {
         agent.publish_metrics_to(p);
     }
@@ -487,30 +531,17 @@ fn run_agent(
     );
     if let Err(e) = agent.load_configured() {
         agent.wind_down();
-        return Err(fault(e));
+        return Err(runtime_fault(e));
     }
     if mlock {
-        let mut st = baton_agent::rt::RtStatus::default();
-        baton_agent::rt::lock_memory(&mut st);
-        if let Some(w) = st.warning() {
-            tracing::warn!("{w}");
-        }
+        lock_memory();
     }
     if let Some(n) = hooks.panic_after {
         baton_agent::runtime::inject_panic_after(n);
     }
     let cause = agent.run(&stop, exit_when_idle);
     view.finish(&agent.tally().hist);
-    match cause {
-        StopCause::Fault(e)
-            if e.downcast_ref::<baton_agent::runtime::safety::GpioHung>()
-                .is_some() =>
-        {
-            Err(fault(e))
-        }
-        StopCause::Fault(e) => Err((1, format!("error: {e:#} (safe state entered)"))),
-        _ => Ok(()),
-    }
+    exit_for(cause)
 }
 
 fn cancel_pack(

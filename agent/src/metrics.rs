@@ -221,9 +221,20 @@ const CLOCK_SOURCES: [SourceKind; 4] = [
     SourceKind::System,
 ];
 
-/// The exposition of `s`.
+/// The exposition of `s`, family by family.
 pub fn render(s: &Snapshot) -> String {
     let mut e = Encoder::new();
+    render_executions(&mut e, s);
+    render_state(&mut e, s);
+    render_dispatcher(&mut e, s);
+    render_clock(&mut e, s);
+    render_link(&mut e, s);
+    e.finish()
+}
+
+/// The agent's identity and what its executions did: counts by pack and
+/// result, start lateness, retries, skips, give-ups and safe-state entries.
+fn render_executions(e: &mut Encoder, s: &Snapshot) {
     e.family(
         "baton_agent_info",
         Kind::Gauge,
@@ -295,6 +306,11 @@ pub fn render(s: &Snapshot) -> String {
         let n = s.safe_states.get(r).copied().unwrap_or(0);
         e.sample("baton_safe_state_entries_total", &[("reason", r)], n as f64);
     }
+}
+
+/// What the agent holds: packs, the outbox, the journal, the backlog
+/// waiting for dispatcher credit.
+fn render_state(e: &mut Encoder, s: &Snapshot) {
     e.single(
         "baton_agent_packs",
         Kind::Gauge,
@@ -331,6 +347,10 @@ pub fn render(s: &Snapshot) -> String {
         "Armed jobs waiting in the control thread for dispatcher credit.",
         s.dispatch_backlog as f64,
     );
+}
+
+/// The dispatcher thread's counters, when it runs.
+fn render_dispatcher(e: &mut Encoder, s: &Snapshot) {
     if let Some(d) = &s.dispatch {
         e.single(
             "baton_dispatcher_jobs_total",
@@ -363,6 +383,10 @@ pub fn render(s: &Snapshot) -> String {
             d.lost_results as f64,
         );
     }
+}
+
+/// The clock estimate, when there is one.
+fn render_clock(e: &mut Encoder, s: &Snapshot) {
     if let Some(c) = &s.clock {
         e.single(
             "baton_agent_clock_offset_seconds",
@@ -407,6 +431,10 @@ pub fn render(s: &Snapshot) -> String {
             e.sample("baton_agent_clock_source", &[("source", src.name())], v);
         }
     }
+}
+
+/// The controller link, when there is one.
+fn render_link(e: &mut Encoder, s: &Snapshot) {
     if let Some(up) = s.link_connected {
         e.single(
             "baton_agent_link_connected",
@@ -443,7 +471,6 @@ pub fn render(s: &Snapshot) -> String {
             );
         }
     }
-    e.finish()
 }
 
 #[cfg(test)]

@@ -350,29 +350,20 @@ impl Estimator {
             .copied()
     }
 
-    /// Advance to `now`: choose the source, slew, and say what changed.
-    /// `None` until any sample has arrived.
-    pub fn tick(&mut self, now: MonoTime) -> Option<Tick> {
-        let (source, fit) = self.select(now)?;
-        let state = if fit.locked {
-            ClockState::Locked
-        } else if source == SourceKind::System {
-            ClockState::FreeRunning
-        } else if fit.fresh {
-            ClockState::Syncing
-        } else if fit.uncertainty_ns <= 1_000_000_000 {
-            ClockState::Holdover
-        } else {
-            ClockState::FreeRunning
-        };
-        let stepped = std::mem::take(&mut self.tracks[index(source)].stepped);
-        let target = fit.offset_ns;
-        let first_lock =
-            state == ClockState::Locked && source != SourceKind::System && !self.acquired;
-        if first_lock {
-            self.acquired = true;
-        }
-        let transition = match self.applied {
+    /// What is left, at `now`, of the difference between the offset last
+    /// applied and `target` (the followed fit's): kept across a switch of
+    /// source (unless beyond the step limit) and decayed at the slew rate;
+    /// 0 at the start, when the followed source stepped, and at the first
+    /// lock.
+    fn transition(
+        &self,
+        now: MonoTime,
+        source: SourceKind,
+        target: i64,
+        stepped: bool,
+        first_lock: bool,
+    ) -> i64 {
+        match self.applied {
             None => 0,
             // The followed source stepped: that is the truth, follow it.
             Some(a) if a.source == source && stepped => 0,
@@ -399,7 +390,22 @@ impl Estimator {
                 let t = a.transition_ns;
                 t.signum() * (t.abs() - budget).max(0)
             }
-        };
+        }
+    }
+
+    /// Advance to `now`: choose the source, slew, and say what changed.
+    /// `None` until any sample has arrived.
+    pub fn tick(&mut self, now: MonoTime) -> Option<Tick> {
+        let (source, fit) = self.select(now)?;
+        let state = state_of(source, &fit);
+        let stepped = std::mem::take(&mut self.tracks[index(source)].stepped);
+        let target = fit.offset_ns;
+        let first_lock =
+            state == ClockState::Locked && source != SourceKind::System && !self.acquired;
+        if first_lock {
+            self.acquired = true;
+        }
+        let transition = self.transition(now, source, target, stepped, first_lock);
         let offset = target.saturating_add(transition);
         let uncertainty = fit.uncertainty_ns.saturating_add(transition.abs());
         let prev = self.applied;
@@ -437,6 +443,21 @@ impl Estimator {
             step_ns,
             changed,
         })
+    }
+}
+
+/// The clock's state when following `source` with `fit`.
+fn state_of(source: SourceKind, fit: &Fit) -> ClockState {
+    if fit.locked {
+        ClockState::Locked
+    } else if source == SourceKind::System {
+        ClockState::FreeRunning
+    } else if fit.fresh {
+        ClockState::Syncing
+    } else if fit.uncertainty_ns <= 1_000_000_000 {
+        ClockState::Holdover
+    } else {
+        ClockState::FreeRunning
     }
 }
 

@@ -159,27 +159,7 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                 Ok(())
             })
         }
-        CaCmd::Revoke { name, dir, kind } => {
-            let ca = CaDir::new(dir);
-            ca::revoke(&ca, &name, kind).map(|r| {
-                let _ = if r.already {
-                    writeln!(
-                        out,
-                        "{} (serial {}) was revoked already",
-                        r.cert.display(),
-                        r.serial
-                    )
-                } else {
-                    writeln!(
-                        out,
-                        "revoked {} (serial {}) in {}",
-                        r.cert.display(),
-                        r.serial,
-                        ca.revoked().display()
-                    )
-                };
-            })
-        }
+        CaCmd::Revoke { name, dir, kind } => revoke(name, dir, kind, out),
     };
     match result {
         Ok(()) => 0,
@@ -188,4 +168,32 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             1
         }
     }
+}
+
+/// `ca revoke`: the certificate's serial added to `revoked.txt` (once).
+fn revoke(
+    name: String,
+    dir: PathBuf,
+    kind: Option<Kind>,
+    out: &mut dyn Write,
+) -> Result<(), ca::CaError> {
+    let ca = CaDir::new(dir);
+    ca::revoke(&ca, &name, kind).map(|r| {
+        let _ = if r.already {
+            writeln!(
+                out,
+                "{} (serial {}) was revoked already",
+                r.cert.display(),
+                r.serial
+            )
+        } else {
+            writeln!(
+                out,
+                "revoked {} (serial {}) in {}",
+                r.cert.display(),
+                r.serial,
+                ca.revoked().display()
+            )
+        };
+    })
 }

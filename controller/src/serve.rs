@@ -8,6 +8,8 @@ use baton_controller::store::Store;
 use baton_controller::store::postgres::{LeaseConfig, PgStore, Target};
 use baton_controller::store::sqlite::SqliteStore;
 
+use crate::args::ServeArgs;
+
 /// `serve` flags.
 #[derive(Debug)]
 pub struct Opts {
@@ -37,6 +39,72 @@ pub struct Opts {
     pub max_held: usize,
 }
 
+impl From<ServeArgs> for Opts {
+    /// The flags as the server takes them (counts as `usize`, the three
+    /// retention flags as one policy).
+    fn from(a: ServeArgs) -> Opts {
+        let ServeArgs {
+            listen,
+            data,
+            store,
+            store_ca,
+            replica_id,
+            lease,
+            admit_rate,
+            admit_burst,
+            tls_dir,
+            insecure,
+            insecure_any,
+            tls_handshake_timeout,
+            tls_handshake_timeout_crowded,
+            max_connections,
+            max_handshakes,
+            max_handshakes_per_source,
+            push_rate,
+            push_burst,
+            ping_interval,
+            log_format,
+            metrics,
+            http,
+            retain_feedback,
+            retain_clock,
+            retain_audit,
+            max_held_packs,
+        } = a;
+        Opts {
+            listen,
+            data,
+            store,
+            store_ca,
+            replica_id,
+            lease,
+            admit_rate,
+            admit_burst,
+            insecure,
+            insecure_any,
+            tls_dir,
+            tls_handshake_timeout,
+            tls_handshake_timeout_crowded,
+            max_connections: max_connections as usize,
+            max_handshakes: max_handshakes as usize,
+            max_handshakes_per_source: max_handshakes_per_source as usize,
+            push_rate,
+            push_burst,
+            ping_interval,
+            log_format,
+            metrics,
+            http,
+            retention: baton_controller::app::retention::Retention {
+                feedback: retain_feedback.0,
+                clock: retain_clock.0,
+                audit: retain_audit.0,
+                ..Default::default()
+            },
+            max_held: max_held_packs as usize,
+        }
+    }
+}
+
 /// Run until SIGTERM / SIGINT; exit code.
 pub fn run(o: Opts) -> i32 {
     init_logging(o.log_format);
@@ -63,8 +131,12 @@ fn init_logging(format: baton_service::log::LogFormat) {
         .try_init();
 }
 
-fn serve(o: Opts) -> anyhow::Result<()> {
-    check_transport(&o)?;
+/// The flags' values checked (in the order they are reported): the
+/// handshake budget, the connection cap against the open-files limit,
+/// the push and admission rates, the ping interval.
+fn check_flags(
+    o: &Opts,
+) -> anyhow::Result<(server::accept::limits::HandshakeLimits, std::time::Duration)> {
     let duration = |flag: &str, v: &str| {
         baton_proto::time::parse_duration(v).map_err(|e| anyhow::anyhow!("{flag} {v}: {e}"))
     };
@@ -93,6 +165,12 @@ fn serve(o: Opts) -> anyhow::Result<()> {
     if ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be > 0");
     }
+    Ok((handshakes, ping_interval))
+}
+
+fn serve(o: Opts) -> anyhow::Result<()> {
+    check_transport(&o)?;
+    let (handshakes, ping_interval) = check_flags(&o)?;
     std::fs::create_dir_all(&o.data)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", o.data.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()

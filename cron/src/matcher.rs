@@ -121,81 +121,79 @@ impl CronSchedule {
         if from >= END_LOCAL {
             return None;
         }
-        let Civil {
-            year: mut y,
-            month: mut mo,
-            day: mut d,
-            hour: mut h,
-            minute: mut mi,
-            second: mut s,
-        } = Civil::from_local_seconds(from.max(MIN_LOCAL));
-
+        let mut c = Civil::from_local_seconds(from.max(MIN_LOCAL));
         // The day mask of (year, month), recomputed only when those change:
         // carries out of the time fields revisit the same month.
         let mut mask_of = (0, 0);
         let mut mask = 0u32;
         for _ in 0..MAX_TURNS {
-            if !self.year_allowed(y) {
-                y = self.next_year(y + 1)?;
-                (mo, d, h, mi, s) = (1, 1, 0, 0, 0);
+            if !self.year_allowed(c.year) {
+                c.year = self.next_year(c.year + 1)?;
+                (c.month, c.day, c.hour, c.minute, c.second) = (1, 1, 0, 0, 0);
             }
-            match next_bit(u64::from(self.months), mo) {
+            match next_bit(u64::from(self.months), c.month) {
                 None => {
-                    y += 1;
-                    (mo, d, h, mi, s) = (1, 1, 0, 0, 0);
+                    c.year += 1;
+                    (c.month, c.day, c.hour, c.minute, c.second) = (1, 1, 0, 0, 0);
                     continue;
                 }
-                Some(m) if m != mo => (mo, d, h, mi, s) = (m, 1, 0, 0, 0),
+                Some(m) if m != c.month => {
+                    (c.month, c.day, c.hour, c.minute, c.second) = (m, 1, 0, 0, 0);
+                }
                 Some(_) => {}
             }
-            if mask_of != (y, mo) {
-                mask_of = (y, mo);
-                mask = self.day_mask(y, mo);
+            if mask_of != (c.year, c.month) {
+                mask_of = (c.year, c.month);
+                mask = self.day_mask(c.year, c.month);
             }
-            match next_bit(u64::from(mask), d) {
+            match next_bit(u64::from(mask), c.day) {
                 None => {
-                    (mo, d, h, mi, s) = (mo + 1, 1, 0, 0, 0);
+                    (c.month, c.day, c.hour, c.minute, c.second) = (c.month + 1, 1, 0, 0, 0);
                     continue;
                 }
-                Some(dd) if dd != d => (d, h, mi, s) = (dd, 0, 0, 0),
+                Some(dd) if dd != c.day => (c.day, c.hour, c.minute, c.second) = (dd, 0, 0, 0),
                 Some(_) => {}
             }
-            match next_bit(u64::from(self.hours), h) {
-                None => {
-                    (d, h, mi, s) = (d + 1, 0, 0, 0);
-                    continue;
-                }
-                Some(hh) if hh != h => (h, mi, s) = (hh, 0, 0),
-                Some(_) => {}
+            if !self.time_in_day(&mut c) {
+                continue;
             }
-            match next_bit(self.minutes, mi) {
-                None => {
-                    (h, mi, s) = (h + 1, 0, 0);
-                    continue;
-                }
-                Some(mm) if mm != mi => (mi, s) = (mm, 0),
-                Some(_) => {}
-            }
-            match next_bit(self.seconds, s) {
-                None => {
-                    (mi, s) = (mi + 1, 0);
-                    continue;
-                }
-                Some(ss) => s = ss,
-            }
-            let local = Civil {
-                year: y,
-                month: mo,
-                day: d,
-                hour: h,
-                minute: mi,
-                second: s,
-            }
-            .to_local_seconds();
+            let local = c.to_local_seconds();
             debug_assert!(local >= from && local < END_LOCAL);
             return Some(local);
         }
         debug_assert!(false, "civil search exceeded its bound: {self:?}");
         None
+    }
+
+    /// Moves `c` to the first allowed time of day at or after its own, on
+    /// its day: `true` if found; `false` after carrying into the field above
+    /// (the caller goes round again from the date).
+    fn time_in_day(&self, c: &mut Civil) -> bool {
+        match next_bit(u64::from(self.hours), c.hour) {
+            None => {
+                (c.day, c.hour, c.minute, c.second) = (c.day + 1, 0, 0, 0);
+                return false;
+            }
+            Some(hh) if hh != c.hour => (c.hour, c.minute, c.second) = (hh, 0, 0),
+            Some(_) => {}
+        }
+        match next_bit(self.minutes, c.minute) {
+            None => {
+                (c.hour, c.minute, c.second) = (c.hour + 1, 0, 0);
+                return false;
+            }
+            Some(mm) if mm != c.minute => (c.minute, c.second) = (mm, 0),
+            Some(_) => {}
+        }
+        match next_bit(self.seconds, c.second) {
+            None => {
+                (c.minute, c.second) = (c.minute + 1, 0);
+                false
+            }
+            Some(ss) => {
+                c.second = ss;
+                true
+            }
+        }
     }
 }

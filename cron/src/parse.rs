@@ -310,6 +310,8 @@ fn parse_field(expr: &str, kind: Kind, field: &str) -> Result<FieldSet, CronErro
     Ok(set)
 }
 
+/// One comma-separated item of `field` (a value, range, step or special
+/// day form) into `set`.
 fn parse_item(
     expr: &str,
     kind: Kind,
@@ -317,9 +319,32 @@ fn parse_item(
     item: &str,
     set: &mut FieldSet,
 ) -> Result<(), CronError> {
-    let fname = kind.name();
-    let lo = kind.bounds().0;
+    refuse_unsupported(expr, kind, field, item)?;
+    let (base, step) = match item.find('/') {
+        Some(i) => (&item[..i], Some(&item[i + 1..])),
+        None => (item, None),
+    };
+    let step = match step {
+        None => None,
+        Some(s) => Some(parse_step(expr, kind, item, s)?),
+    };
+    if special_day(expr, kind, item, base, step, set)? {
+        return Ok(());
+    }
+    // Plain forms: `*`, `a`, `a-b`, each with an optional step.
+    let (from, to) = plain_range(expr, kind, item, base, step)?;
+    let step = step.unwrap_or(1);
+    let mut v = from;
+    while v <= to {
+        set.set(kind, v);
+        v += step;
+    }
+    Ok(())
+}
 
+/// Forms this parser refuses by name: `?` inside a list, `W`.
+fn refuse_unsupported(expr: &str, kind: Kind, field: &str, item: &str) -> Result<(), CronError> {
+    let fname = kind.name();
     if item == "?" {
         return Err(err(
             expr,
@@ -334,31 +359,40 @@ fn parse_item(
             format!("{fname}: `W` (nearest weekday) is not supported, in `{item}`"),
         ));
     }
+    Ok(())
+}
 
-    let (base, step) = match item.find('/') {
-        Some(i) => (&item[..i], Some(&item[i + 1..])),
-        None => (item, None),
-    };
-    let step = match step {
-        None => None,
-        Some(s) => {
-            let n = parse_number(s).ok_or_else(|| {
-                err(
-                    expr,
-                    if s.is_empty() { item } else { s },
-                    format!("{fname}: invalid step `{s}` in `{item}`; expected a positive number"),
-                )
-            })?;
-            if n == 0 {
-                return Err(err(
-                    expr,
-                    s,
-                    format!("{fname}: step must be at least 1, in `{item}`"),
-                ));
-            }
-            Some(n)
-        }
-    };
+/// The step `s` after the `/` of `item`: a positive number.
+fn parse_step(expr: &str, kind: Kind, item: &str, s: &str) -> Result<u32, CronError> {
+    let fname = kind.name();
+    let n = parse_number(s).ok_or_else(|| {
+        err(
+            expr,
+            if s.is_empty() { item } else { s },
+            format!("{fname}: invalid step `{s}` in `{item}`; expected a positive number"),
+        )
+    })?;
+    if n == 0 {
+        return Err(err(
+            expr,
+            s,
+            format!("{fname}: step must be at least 1, in `{item}`"),
+        ));
+    }
+    Ok(n)
+}
+
+/// The special day forms (`L`, `w#n`, `wL`) into `set`: `Ok(true)` if
+/// `base` was one, `Ok(false)` for a plain form.
+fn special_day(
+    expr: &str,
+    kind: Kind,
+    item: &str,
+    base: &str,
+    step: Option<u32>,
+    set: &mut FieldSet,
+) -> Result<bool, CronError> {
+    let fname = kind.name();
     let no_step = |what: &str| -> Result<(), CronError> {
         match step {
             Some(_) => Err(err(
@@ -369,14 +403,12 @@ fn parse_item(
             None => Ok(()),
         }
     };
-
-    // Special day forms.
     if base.eq_ignore_ascii_case("L") {
         return match kind {
             Kind::Dom => {
                 no_step("`L`")?;
                 set.last = true;
-                Ok(())
+                Ok(true)
             }
             Kind::Dow => Err(err(
                 expr,
@@ -415,19 +447,29 @@ fn parse_item(
             }
         };
         set.nth[(w % 7) as usize] |= 1 << n;
-        return Ok(());
+        return Ok(true);
     }
     if kind == Kind::Dow && base.len() > 1 && base.ends_with(['L', 'l']) {
         no_step("`L`")?;
         let w = parse_value(expr, kind, &base[..base.len() - 1], item)?;
         set.last_dow |= 1 << (w % 7);
-        return Ok(());
+        return Ok(true);
     }
+    Ok(false)
+}
 
-    // Plain forms: `*`, `a`, `a-b`, each with an optional step.
-    let (from, to) = if base == "*" {
-        (lo, kind.open_max())
-    } else if let Some(dash) = base.find('-') {
+/// The values `*`, `a`, `a-b` (with a step if any) cover, inclusive.
+fn plain_range(
+    expr: &str,
+    kind: Kind,
+    item: &str,
+    base: &str,
+    step: Option<u32>,
+) -> Result<(u32, u32), CronError> {
+    if base == "*" {
+        return Ok((kind.bounds().0, kind.open_max()));
+    }
+    if let Some(dash) = base.find('-') {
         let (a_txt, b_txt) = (&base[..dash], &base[dash + 1..]);
         let a = parse_value(expr, kind, a_txt, item)?;
         let b = parse_value(expr, kind, b_txt, item)?;
@@ -436,27 +478,20 @@ fn parse_item(
                 expr,
                 base,
                 format!(
-                    "{fname}: range `{base}` is reversed; ranges do not wrap around, \
-                     write it as a list"
+                    "{}: range `{base}` is reversed; ranges do not wrap around, \
+                     write it as a list",
+                    kind.name()
                 ),
             ));
         }
-        (a, b)
-    } else {
-        let a = parse_value(expr, kind, base, item)?;
-        match step {
-            // `a/n` runs to the end of the field.
-            Some(_) => (a, kind.open_max().max(a)),
-            None => (a, a),
-        }
-    };
-    let step = step.unwrap_or(1);
-    let mut v = from;
-    while v <= to {
-        set.set(kind, v);
-        v += step;
+        return Ok((a, b));
     }
-    Ok(())
+    let a = parse_value(expr, kind, base, item)?;
+    Ok(match step {
+        // `a/n` runs to the end of the field.
+        Some(_) => (a, kind.open_max().max(a)),
+        None => (a, a),
+    })
 }
 
 /// A decimal number of at most 9 digits (anything longer is out of every

@@ -51,6 +51,7 @@ use baton_proto::pack::{Line, LineRef};
 
 mod allow;
 pub mod cdev;
+mod held;
 pub mod sim;
 pub mod sysfs;
 

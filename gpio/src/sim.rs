@@ -24,6 +24,7 @@ use baton_proto::pack::{Line, LineRef};
 use serde::Serialize;
 
 use super::allow::Target;
+use super::held::{self, HeldLine};
 use super::{
     Allowlist, DEFAULT_CHIP, DirectLine, Direction, Gpio, GpioError, LineHandle, check_value,
 };
@@ -47,6 +48,18 @@ struct SimLine {
     line: Line,
     output: bool,
     level: u8,
+}
+
+impl HeldLine for SimLine {
+    fn is_output(&self) -> bool {
+        self.output
+    }
+    fn last_level(&self) -> u8 {
+        self.level
+    }
+    fn name(&self) -> String {
+        format!("{}:{}", self.chip, self.line)
+    }
 }
 
 #[derive(Serialize)]
@@ -204,17 +217,11 @@ impl Gpio for SimGpio {
     }
 
     fn level(&self, h: LineHandle) -> Option<u8> {
-        self.lines
-            .get(h.0 as usize)
-            .filter(|l| l.output)
-            .map(|l| l.level)
+        held::level(&self.lines, h)
     }
 
     fn describe(&self, h: LineHandle) -> String {
-        match self.lines.get(h.0 as usize) {
-            Some(l) => format!("{}:{}", l.chip, l.line),
-            None => format!("<unknown line handle {}>", h.0),
-        }
+        held::describe(&self.lines, h)
     }
 
     fn direct(&self, h: LineHandle) -> Option<Arc<dyn DirectLine>> {

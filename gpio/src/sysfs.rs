@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use baton_proto::pack::{Line, LineRef};
 
 use super::allow::Target;
+use super::held::{self, HeldLine};
 use super::{
     Allowlist, DirectLine, Direction, Gpio, GpioError, LineHandle, check_value, describe_ref,
 };
@@ -63,6 +64,21 @@ struct SysfsLine {
     value: std::sync::Arc<File>,
     output: bool,
     level: u8,
+}
+
+impl HeldLine for SysfsLine {
+    fn is_output(&self) -> bool {
+        self.output
+    }
+    fn last_level(&self) -> u8 {
+        self.level
+    }
+    fn name(&self) -> String {
+        match &self.label {
+            Some(l) => format!("{l} (gpio{})", self.number),
+            None => format!("gpio{}", self.number),
+        }
+    }
 }
 
 impl SysfsGpio {
@@ -94,17 +110,7 @@ impl SysfsGpio {
             return Ok(h);
         }
         let desc = || describe_ref(line, None);
-        let offset = match &line.line {
-            Line::Offset(o) => *o,
-            Line::Name(n) => {
-                return Err(GpioError::Unsupported {
-                    backend: "sysfs",
-                    what: format!(
-                        "resolve line name {n:?} (sysfs has no line names; use an offset or the cdev backend)"
-                    ),
-                });
-            }
-        };
+        let offset = offset_of(line)?;
         let target = Target {
             chip: line.chip.as_deref(),
             offset: Some(offset),
@@ -128,6 +134,31 @@ impl SysfsGpio {
             Some(l) => format!("{l} (gpio{number})"),
             None => format!("gpio{number}"),
         };
+        let (value, level) = self.export_and_open(number, name)?;
+        let h =
+            LineHandle(
+                u32::try_from(self.lines.len()).map_err(|_| GpioError::Unsupported {
+                    backend: "sysfs",
+                    what: "request more than 2^32 lines".to_owned(),
+                })?,
+            );
+        let value = std::sync::Arc::new(value);
+        self.lines.push(SysfsLine {
+            number,
+            label,
+            value,
+            output: false,
+            level,
+        });
+        self.set_direction(h, dir)?;
+        self.by_ref.insert(line.clone(), h);
+        self.by_number.insert(number, h);
+        Ok(h)
+    }
+
+    /// Exports line `number` (named `name` in errors) and opens its value
+    /// file. Returns the file and the level read from it.
+    fn export_and_open(&self, number: u32, name: String) -> Result<(File, u8), GpioError> {
         let gdir = self.root.join(format!("gpio{number}"));
         // Always export: on a real kernel an already-exported line answers
         // EBUSY, which is fine when its directory is there (ours from a
@@ -158,28 +189,10 @@ impl SysfsGpio {
             })?;
         let level = read_level(&value).map_err(|source| GpioError::Io {
             op: "read value",
-            line: name.clone(),
+            line: name,
             source,
         })?;
-        let h =
-            LineHandle(
-                u32::try_from(self.lines.len()).map_err(|_| GpioError::Unsupported {
-                    backend: "sysfs",
-                    what: "request more than 2^32 lines".to_owned(),
-                })?,
-            );
-        let value = std::sync::Arc::new(value);
-        self.lines.push(SysfsLine {
-            number,
-            label,
-            value,
-            output: false,
-            level,
-        });
-        self.set_direction(h, dir)?;
-        self.by_ref.insert(line.clone(), h);
-        self.by_number.insert(number, h);
-        Ok(h)
+        Ok((value, level))
     }
 
     /// Global number of `offset` on the chip directory `chip`.
@@ -284,6 +297,19 @@ fn read_level(f: &File) -> io::Result<u8> {
     }
 }
 
+/// The line's offset: sysfs numbers lines, it has no names.
+fn offset_of(line: &LineRef) -> Result<u32, GpioError> {
+    match &line.line {
+        Line::Offset(o) => Ok(*o),
+        Line::Name(n) => Err(GpioError::Unsupported {
+            backend: "sysfs",
+            what: format!(
+                "resolve line name {n:?} (sysfs has no line names; use an offset or the cdev backend)"
+            ),
+        }),
+    }
+}
+
 impl Gpio for SysfsGpio {
     fn request(&mut self, line: &LineRef) -> Result<LineHandle, GpioError> {
         self.request_dir(line, Direction::Output)
@@ -336,22 +362,11 @@ impl Gpio for SysfsGpio {
     }
 
     fn level(&self, h: LineHandle) -> Option<u8> {
-        self.lines
-            .get(h.0 as usize)
-            .filter(|l| l.output)
-            .map(|l| l.level)
+        held::level(&self.lines, h)
     }
 
     fn describe(&self, h: LineHandle) -> String {
-        match self.lines.get(h.0 as usize) {
-            Some(SysfsLine {
-                label: Some(l),
-                number,
-                ..
-            }) => format!("{l} (gpio{number})"),
-            Some(l) => format!("gpio{}", l.number),
-            None => format!("<unknown line handle {}>", h.0),
-        }
+        held::describe(&self.lines, h)
     }
 
     fn direct(&self, h: LineHandle) -> Option<std::sync::Arc<dyn DirectLine>> {

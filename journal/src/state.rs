@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::Outcome;
 use super::packed::PackedPack;
 use super::record::Rec;
+use super::{Outcome, StopReason};
 
 /// What the journal knows of one execution id: 16 bytes beside its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,6 +212,61 @@ impl State {
         }
     }
 
+    /// A pack version stopped for good (ignored if not that version).
+    fn stop_pack(&mut self, tenant: &str, pack: &str, version: u64, reason: StopReason) {
+        if let Some(p) = self
+            .packs
+            .get_mut(&(tenant.to_owned(), pack.to_owned()))
+            .filter(|p| p.version == version)
+        {
+            p.stopped = Some(reason);
+        }
+    }
+
+    /// Execution `id`, scheduled at `ns`, is about to touch the device.
+    fn start(&mut self, id: &str, ns: i64) {
+        match self.attempts.get_mut(id) {
+            // Started again after it did not run (withdrawn, too late,
+            // armed at a crash): unknown again until this start's result.
+            Some(a) if a.outcome == Some(Outcome::NotRun) => {
+                a.ref_ns = ns;
+                a.outcome = None;
+            }
+            // A start after a result it ran with (a caller's mistake) keeps
+            // the result: an outcome is never un-known.
+            Some(a) => a.ref_ns = ns,
+            None => {
+                self.attempts.insert(
+                    id.into(),
+                    Attempt {
+                        ref_ns: ns,
+                        outcome: None,
+                    },
+                );
+            }
+        }
+        self.max_started_ns = Some(self.max_started_ns.map_or(ns, |m| m.max(ns)));
+    }
+
+    /// The controller acknowledged feedback up to `up_to_seq`.
+    fn ack(&mut self, up_to_seq: u64) {
+        self.outbox.pop_through(up_to_seq);
+        // The controller stored the entry carrying the count: reported,
+        // never sent again.
+        if let Some((_, c)) = self.carrier.filter(|(s, _)| *s <= up_to_seq) {
+            self.dropped = self.dropped.saturating_sub(c);
+            self.carrier = None;
+        }
+    }
+
+    /// `count` drops were reported upstream.
+    fn dropped_reported(&mut self, count: u64) {
+        self.dropped = self.dropped.saturating_sub(count);
+        if let Some((_, c)) = &mut self.carrier {
+            *c = (*c).min(self.dropped);
+        }
+    }
+
     /// Applies `rec`, whose frame starts at `offset` in the log (the outbox
     /// index keeps it for `Push`).
     pub(crate) fn apply(&mut self, rec: &Rec<'_>, offset: u64) {
@@ -231,45 +286,14 @@ impl State {
                 pack,
                 version,
                 reason,
-            } => {
-                if let Some(p) = self
-                    .packs
-                    .get_mut(&((*tenant).to_owned(), (*pack).to_owned()))
-                    .filter(|p| p.version == *version)
-                {
-                    p.stopped = Some(*reason);
-                }
-            }
+            } => self.stop_pack(tenant, pack, *version, *reason),
             Rec::RemovePack { tenant, pack } => {
                 self.packs
                     .remove(&((*tenant).to_owned(), (*pack).to_owned()));
             }
             Rec::Started(ids) => {
                 for (id, ns) in ids.iter() {
-                    let ns = &ns;
-                    match self.attempts.get_mut(id) {
-                        // Started again after it did not run (withdrawn,
-                        // too late, armed at a crash): unknown again until
-                        // this start's result.
-                        Some(a) if a.outcome == Some(super::Outcome::NotRun) => {
-                            a.ref_ns = *ns;
-                            a.outcome = None;
-                        }
-                        // A start after a result it ran with (a caller's
-                        // mistake) keeps the result: an outcome is never
-                        // un-known.
-                        Some(a) => a.ref_ns = *ns,
-                        None => {
-                            self.attempts.insert(
-                                id.into(),
-                                Attempt {
-                                    ref_ns: *ns,
-                                    outcome: None,
-                                },
-                            );
-                        }
-                    }
-                    self.max_started_ns = Some(self.max_started_ns.map_or(*ns, |m| m.max(*ns)));
+                    self.start(id, ns);
                 }
             }
             Rec::Finished(results) => {
@@ -289,26 +313,12 @@ impl State {
                 self.outbox.push(*seq, offset);
                 self.next_seq = self.next_seq.max(seq.saturating_add(1));
             }
-            Rec::Ack { up_to_seq } => {
-                self.outbox.pop_through(*up_to_seq);
-                // The controller stored the entry carrying the count:
-                // reported, never sent again.
-                if let Some((s, c)) = self.carrier.filter(|(s, _)| *s <= *up_to_seq) {
-                    let _ = s;
-                    self.dropped = self.dropped.saturating_sub(c);
-                    self.carrier = None;
-                }
-            }
+            Rec::Ack { up_to_seq } => self.ack(*up_to_seq),
             Rec::DropsSent { seq, count } => {
                 self.carrier = Some((*seq, (*count).min(self.dropped)));
             }
             Rec::Alive { ns } => self.last_alive_ns = Some(*ns),
-            Rec::DroppedReported { count } => {
-                self.dropped = self.dropped.saturating_sub(*count);
-                if let Some((_, c)) = &mut self.carrier {
-                    *c = (*c).min(self.dropped);
-                }
-            }
+            Rec::DroppedReported { count } => self.dropped_reported(*count),
             Rec::Meta {
                 next_seq,
                 dropped,

@@ -164,6 +164,61 @@ enum Frame {
     },
 }
 
+impl Frame {
+    fn seq(pos: Pos, anchor: usize) -> Frame {
+        Frame::Seq {
+            pos,
+            anchor,
+            items: Vec::new(),
+        }
+    }
+
+    fn map(pos: Pos, anchor: usize) -> Frame {
+        Frame::Map {
+            pos,
+            anchor,
+            entries: Vec::new(),
+            key: None,
+        }
+    }
+
+    /// Adds a finished node: an item of a sequence, or a mapping's key
+    /// (which must be a scalar) or the value of the key before it (refused
+    /// if that key was seen already).
+    fn add(&mut self, done: Node) -> Result<(), YamlError> {
+        match self {
+            Frame::Seq { items, .. } => items.push(done),
+            Frame::Map { entries, key, .. } => match key.take() {
+                None => {
+                    if !matches!(done.value, Value::Scalar { .. }) {
+                        return Err(YamlError {
+                            pos: done.pos,
+                            message: format!("mapping keys must be scalars, found {}", done.kind()),
+                        });
+                    }
+                    *key = Some(done);
+                }
+                Some(k) => {
+                    if let Some((first, _)) =
+                        entries.iter().find(|(e, _)| e.as_scalar() == k.as_scalar())
+                    {
+                        return Err(YamlError {
+                            pos: k.pos,
+                            message: format!(
+                                "duplicate key `{}` (first at line {})",
+                                k.as_scalar().unwrap_or_default(),
+                                first.pos.line
+                            ),
+                        });
+                    }
+                    entries.push((k, done));
+                }
+            },
+        }
+        Ok(())
+    }
+}
+
 impl<'a> Builder<'a> {
     fn next(&mut self) -> Result<(Event<'a>, Span), YamlError> {
         match self.parser.next_event() {
@@ -241,84 +296,19 @@ impl<'a> Builder<'a> {
                             plain: style == ScalarStyle::Plain,
                         },
                     };
-                    if anchor > 0 {
-                        self.anchors.insert(anchor, node.clone());
-                    }
+                    self.remember(anchor, &node);
                     node
                 }
-                Event::Alias(id) => {
-                    let Some(target) = self.anchors.get(&id) else {
-                        return Err(YamlError {
-                            pos,
-                            message: "alias refers to an unknown anchor".into(),
-                        });
-                    };
-                    let mut node = target.clone();
-                    let size = tree_size(&node);
-                    self.count(size, pos)?;
-                    node.pos = pos;
-                    node
-                }
-                Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
-                    self.count(1, pos)?;
-                    if stack.len() >= self.limits.max_depth {
-                        return Err(YamlError {
-                            pos,
-                            message: format!(
-                                "nesting deeper than {} levels",
-                                self.limits.max_depth
-                            ),
-                        });
-                    }
-                    stack.push(if matches!(ev, Event::SequenceStart(..)) {
-                        Frame::Seq {
-                            pos,
-                            anchor,
-                            items: Vec::new(),
-                        }
-                    } else {
-                        Frame::Map {
-                            pos,
-                            anchor,
-                            entries: Vec::new(),
-                            key: None,
-                        }
-                    });
+                Event::Alias(id) => self.alias(id, pos)?,
+                Event::SequenceStart(anchor, _) => {
+                    self.open(&mut stack, Frame::seq(pos, anchor), pos)?;
                     continue;
                 }
-                Event::SequenceEnd | Event::MappingEnd => {
-                    let (node, anchor) = match stack.pop() {
-                        Some(Frame::Seq { pos, anchor, items }) => (
-                            Node {
-                                pos,
-                                value: Value::Seq(items),
-                            },
-                            anchor,
-                        ),
-                        Some(Frame::Map {
-                            pos,
-                            anchor,
-                            entries,
-                            ..
-                        }) => (
-                            Node {
-                                pos,
-                                value: Value::Map(entries),
-                            },
-                            anchor,
-                        ),
-                        None => {
-                            return Err(YamlError {
-                                pos,
-                                message: "invalid YAML: unbalanced collection end".into(),
-                            });
-                        }
-                    };
-                    if anchor > 0 {
-                        self.anchors.insert(anchor, node.clone());
-                    }
-                    node
+                Event::MappingStart(anchor, _) => {
+                    self.open(&mut stack, Frame::map(pos, anchor), pos)?;
+                    continue;
                 }
+                Event::SequenceEnd | Event::MappingEnd => self.close(&mut stack, pos)?,
                 Event::StreamStart
                 | Event::StreamEnd
                 | Event::DocumentStart(_)
@@ -332,38 +322,80 @@ impl<'a> Builder<'a> {
             };
             match stack.last_mut() {
                 None => return Ok(done),
-                Some(Frame::Seq { items, .. }) => items.push(done),
-                Some(Frame::Map { entries, key, .. }) => match key.take() {
-                    None => {
-                        if !matches!(done.value, Value::Scalar { .. }) {
-                            return Err(YamlError {
-                                pos: done.pos,
-                                message: format!(
-                                    "mapping keys must be scalars, found {}",
-                                    done.kind()
-                                ),
-                            });
-                        }
-                        *key = Some(done);
-                    }
-                    Some(k) => {
-                        if let Some((first, _)) =
-                            entries.iter().find(|(e, _)| e.as_scalar() == k.as_scalar())
-                        {
-                            return Err(YamlError {
-                                pos: k.pos,
-                                message: format!(
-                                    "duplicate key `{}` (first at line {})",
-                                    k.as_scalar().unwrap_or_default(),
-                                    first.pos.line
-                                ),
-                            });
-                        }
-                        entries.push((k, done));
-                    }
-                },
+                Some(frame) => frame.add(done)?,
             }
         }
+    }
+
+    /// Keeps `node` under `anchor` (0: none) for later aliases.
+    fn remember(&mut self, anchor: usize, node: &Node) {
+        if anchor > 0 {
+            self.anchors.insert(anchor, node.clone());
+        }
+    }
+
+    /// A copy of the node anchored as `id`, counted whole against the
+    /// node limit (so aliases cannot multiply a small text into a huge
+    /// tree), placed at `pos`.
+    fn alias(&mut self, id: usize, pos: Pos) -> Result<Node, YamlError> {
+        let Some(target) = self.anchors.get(&id) else {
+            return Err(YamlError {
+                pos,
+                message: "alias refers to an unknown anchor".into(),
+            });
+        };
+        let mut node = target.clone();
+        let size = tree_size(&node);
+        self.count(size, pos)?;
+        node.pos = pos;
+        Ok(node)
+    }
+
+    /// A collection starts at `pos`: counted, and refused past the depth
+    /// limit.
+    fn open(&mut self, stack: &mut Vec<Frame>, frame: Frame, pos: Pos) -> Result<(), YamlError> {
+        self.count(1, pos)?;
+        if stack.len() >= self.limits.max_depth {
+            return Err(YamlError {
+                pos,
+                message: format!("nesting deeper than {} levels", self.limits.max_depth),
+            });
+        }
+        stack.push(frame);
+        Ok(())
+    }
+
+    /// The innermost collection ends (at `pos`): its node.
+    fn close(&mut self, stack: &mut Vec<Frame>, pos: Pos) -> Result<Node, YamlError> {
+        let (node, anchor) = match stack.pop() {
+            Some(Frame::Seq { pos, anchor, items }) => (
+                Node {
+                    pos,
+                    value: Value::Seq(items),
+                },
+                anchor,
+            ),
+            Some(Frame::Map {
+                pos,
+                anchor,
+                entries,
+                ..
+            }) => (
+                Node {
+                    pos,
+                    value: Value::Map(entries),
+                },
+                anchor,
+            ),
+            None => {
+                return Err(YamlError {
+                    pos,
+                    message: "invalid YAML: unbalanced collection end".into(),
+                });
+            }
+        };
+        self.remember(anchor, &node);
+        Ok(node)
     }
 }
 

@@ -89,35 +89,62 @@ fn as_server_user(program: &Path, root: bool) -> Command {
 }
 
 fn start(setup: Setup<'_>) -> Result<Cluster, String> {
-    let tls = setup.tls;
     let bin =
         bin_dir().ok_or("no /usr/lib/postgresql/*/bin/initdb: install Debian's postgresql")?;
     let root = nix::unistd::geteuid().is_root();
-    let dir = setup
+    let dir = cluster_dir(&setup);
+    make_dir(&dir, root)?;
+    let data = dir.join("data");
+    initdb(&bin, &data, root)?;
+    let settings = match &setup.tls {
+        Some(tls) => tls_settings(tls, &data, root)?,
+        None => Vec::new(),
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let server = server_args(&bin, root, &data, &dir, port, &setup, &settings);
+    let cluster = spawn_server_shell(&bin, root, &server, &dir, port)?;
+    cluster.wait_up()?;
+    Ok(cluster)
+}
+
+/// The cluster's directory: per process, and per kind of cluster.
+fn cluster_dir(setup: &Setup<'_>) -> PathBuf {
+    setup
         .durable_in
         .map_or_else(std::env::temp_dir, Path::to_path_buf)
         .join(format!(
             "baton-pg-{}{}",
             std::process::id(),
-            match (&tls, setup.durable_in) {
+            match (&setup.tls, setup.durable_in) {
                 (Some(_), _) => "-tls",
                 (None, Some(_)) => "-durable",
                 (None, None) => "",
             }
-        ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        ))
+}
+
+/// Creates `dir` afresh, owned by the server's user when we are root.
+fn make_dir(dir: &Path, root: bool) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     if root {
         let user = nix::unistd::User::from_name("postgres")
             .map_err(|e| format!("look up the postgres user: {e}"))?
             .ok_or("no postgres user (is the postgresql package installed?)")?;
-        nix::unistd::chown(&dir, Some(user.uid), Some(user.gid))
+        nix::unistd::chown(dir, Some(user.uid), Some(user.gid))
             .map_err(|e| format!("chown {}: {e}", dir.display()))?;
     }
-    let data = dir.join("data");
+    Ok(())
+}
+
+/// A new cluster's files in `data`: user `baton`, trusted, C locale.
+fn initdb(bin: &Path, data: &Path, root: bool) -> Result<(), String> {
     let out = as_server_user(&bin.join("initdb"), root)
         .arg("-D")
-        .arg(&data)
+        .arg(data)
         .args([
             "-U",
             "baton",
@@ -135,46 +162,57 @@ fn start(setup: Setup<'_>) -> Result<Cluster, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let mut settings: Vec<String> = Vec::new();
-    if let Some(tls) = &tls {
-        // TLS only over TCP: a plaintext TCP client is refused (the Unix
-        // socket stays open for this helper's own administration).
-        let copy = |from: &Path, name: &str| -> Result<PathBuf, String> {
-            let to = data.join(name);
-            std::fs::copy(from, &to).map_err(|e| format!("copy {}: {e}", from.display()))?;
-            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-                .map_err(|e| e.to_string())?;
-            if root {
-                let user = nix::unistd::User::from_name("postgres")
-                    .map_err(|e| e.to_string())?
-                    .ok_or("no postgres user")?;
-                nix::unistd::chown(&to, Some(user.uid), Some(user.gid))
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(to)
-        };
-        let cert = copy(tls.cert, "server.crt")?;
-        let key = copy(tls.key, "server.key")?;
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
-        )
-        .map_err(|e| format!("write pg_hba.conf: {e}"))?;
-        settings.extend([
-            "ssl=on".to_string(),
-            format!("ssl_cert_file={}", cert.display()),
-            format!("ssl_key_file={}", key.display()),
-        ]);
+    Ok(())
+}
+
+/// TLS only over TCP: a plaintext TCP client is refused (the Unix socket
+/// stays open for this helper's own administration). Installs the
+/// certificate and key in `data` and returns the server settings.
+fn tls_settings(tls: &Tls<'_>, data: &Path, root: bool) -> Result<Vec<String>, String> {
+    let cert = install_private_file(tls.cert, &data.join("server.crt"), root)?;
+    let key = install_private_file(tls.key, &data.join("server.key"), root)?;
+    std::fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+    )
+    .map_err(|e| format!("write pg_hba.conf: {e}"))?;
+    Ok(vec![
+        "ssl=on".to_string(),
+        format!("ssl_cert_file={}", cert.display()),
+        format!("ssl_key_file={}", key.display()),
+    ])
+}
+
+/// Copies `from` to `to`, readable by the server's user only.
+fn install_private_file(from: &Path, to: &Path, root: bool) -> Result<PathBuf, String> {
+    std::fs::copy(from, to).map_err(|e| format!("copy {}: {e}", from.display()))?;
+    std::fs::set_permissions(to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| e.to_string())?;
+    if root {
+        let user = nix::unistd::User::from_name("postgres")
+            .map_err(|e| e.to_string())?
+            .ok_or("no postgres user")?;
+        nix::unistd::chown(to, Some(user.uid), Some(user.gid)).map_err(|e| e.to_string())?;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let server = as_server_user(&bin.join("postgres"), root)
+    Ok(to.to_path_buf())
+}
+
+/// The server's command-line arguments, shell-quoted (the program itself
+/// is `setpriv` when we are root, see [`as_server_user`]).
+fn server_args(
+    bin: &Path,
+    root: bool,
+    data: &Path,
+    dir: &Path,
+    port: u16,
+    setup: &Setup<'_>,
+    settings: &[String],
+) -> String {
+    as_server_user(&bin.join("postgres"), root)
         .arg("-D")
-        .arg(&data)
+        .arg(data)
         .args(["-p", &port.to_string(), "-k"])
-        .arg(&dir)
+        .arg(dir)
         .args([
             "-c",
             "listen_addresses=127.0.0.1",
@@ -192,7 +230,18 @@ fn start(setup: Setup<'_>) -> Result<Cluster, String> {
         .get_args()
         .map(|a| shell_quote(&a.to_string_lossy()))
         .collect::<Vec<_>>()
-        .join(" ");
+        .join(" ")
+}
+
+/// Starts the server under its shell (see the module doc), which also
+/// removes `dir` when it ends. Returns before the server answers.
+fn spawn_server_shell(
+    bin: &Path,
+    root: bool,
+    server: &str,
+    dir: &Path,
+    port: u16,
+) -> Result<Cluster, String> {
     let program = if root {
         "setpriv".to_string()
     } else {
@@ -222,14 +271,12 @@ fn start(setup: Setup<'_>) -> Result<Cluster, String> {
         .stdout
         .take()
         .ok_or("no stdout for the server's shell")?;
-    let cluster = Cluster {
+    Ok(Cluster {
         port,
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         control: Mutex::new((stdin, BufReader::new(stdout))),
         _shell: Mutex::new(shell),
-    };
-    cluster.wait_up()?;
-    Ok(cluster)
+    })
 }
 
 fn shell_quote(s: &str) -> String {

@@ -23,7 +23,7 @@ use baton_e2e::{Lcg, bin, lines, wait_exit};
 
 const COUNT: usize = 400;
 const SPACING_MS: i64 = 5;
-/// `DEFAULT_ARM_HORIZON` in agent/src/config.rs.
+/// `DEFAULT_ARM_HORIZON` in agent/src/config/mod.rs.
 const DEFAULT_HORIZON_MS: i64 = 50;
 
 /// The bound on `outcome unknown` per crash without the ledger, for

@@ -61,25 +61,25 @@
 
 mod error;
 pub mod policy;
+mod supervise;
 mod sys;
 
 pub use error::ExecError;
 pub use policy::{ExecPolicy, ExecPolicyError};
 
 use std::collections::BTreeMap;
-use std::io::{self, Read};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
-
-use nix::unistd::Pid;
+use std::time::Duration;
 
 use baton_clock::{MonoTime, mono_now};
+
+use supervise::{End, supervise};
 
 /// How much of a child's stderr is kept (the end of it, where errors are).
 pub const STDERR_TAIL: usize = 4096;
@@ -446,12 +446,6 @@ fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>) {
     }
 }
 
-enum End {
-    Exited,
-    TimedOut,
-    Cancelled,
-}
-
 /// Why a request picked up now must not start, if it must not.
 fn must_not_start(req: &ExecRequest, shared: &Shared, now: MonoTime) -> Option<NotStartedReason> {
     if shared.stopping.load(Ordering::SeqCst) {
@@ -530,134 +524,11 @@ fn run(req: &ExecRequest, shared: &Shared) -> ExecResult {
     result(outcome, started)
 }
 
-/// Wait for exit, timeout or stop; then kill the group, reap, drain stderr.
-fn supervise(
-    child: &mut Child,
-    timeout: Duration,
-    shared: &Shared,
-) -> (End, io::Result<ExitStatus>, String) {
-    // std's pids fit pid_t; a failure here is impossible in practice, and
-    // 0 would make killpg target our own group, so refuse it outright.
-    let pid = Pid::from_raw(libc::pid_t::try_from(child.id()).unwrap_or(-1));
-    // `None`: a timeout too large to represent, i.e. no deadline.
-    let deadline = Instant::now().checked_add(timeout);
-    let mut tail = Tail::default();
-    let mut stderr = child.stderr.take();
-    if let Some(s) = &stderr
-        && sys::set_nonblocking(s.as_fd()).is_err()
-    {
-        // Blocking reads could hang on an escaped grandchild; give up the
-        // tail rather than risk it.
-        stderr = None;
-    }
-    let pidfd = if shared.use_pidfd {
-        sys::pidfd_open(pid).ok()
-    } else {
-        None
-    };
-
-    let end = loop {
-        match sys::exited_nowait(pid) {
-            Ok(true) | Err(_) => break End::Exited,
-            Ok(false) => {}
-        }
-        let now = Instant::now();
-        let mut wait = match deadline {
-            Some(d) if now >= d => break End::TimedOut,
-            Some(d) => Some(d - now),
-            None => None,
-        };
-        if pidfd.is_none() {
-            wait = Some(wait.map_or(FALLBACK_SLICE, |w| w.min(FALLBACK_SLICE)));
-        }
-        let fds = [
-            Some(shared.stop_rx.as_fd()),
-            stderr.as_ref().map(|s| s.as_fd()),
-            pidfd.as_ref().map(|p| p.as_fd()),
-        ];
-        let Ok(ready) = sys::poll(&fds, wait) else {
-            // poll itself failed (ENOMEM): pause one slice, then re-check
-            // exit and deadline, rather than spin.
-            thread::sleep(FALLBACK_SLICE);
-            continue;
-        };
-        if ready[0] {
-            break End::Cancelled;
-        }
-        if ready[1] && !tail.drain(&mut stderr) {
-            stderr = None; // EOF or error: stop polling it
-        }
-    };
-
-    // Kill the group while the leader is unreaped: its pid, and so the group
-    // id, cannot have been reused. After a normal exit this cleans up
-    // background stragglers; after a timeout or stop it is the kill.
-    // A failure other than "already gone" (ESRCH) should not happen for our
-    // own child's group (EPERM needs a program that changed its real uid);
-    // if it does, kill at least the leader and say so in the tail.
-    let mut kill_error = None;
-    if pid.as_raw() > 0
-        && let Err(e) = sys::kill_group(pid)
-    {
-        kill_error = Some(e);
-        if !matches!(end, End::Exited) {
-            // Best effort: if this fails too, `wait` reaps the leader
-            // whenever it ends on its own.
-            let _ = child.kill();
-        }
-    }
-    let status = child.wait();
-    tail.drain(&mut stderr);
-    let mut tail = tail.into_string();
-    if let Some(e) = kill_error {
-        tail.push_str(&format!("[baton: could not kill the process group: {e}]"));
-    }
-    (end, status, tail)
-}
-
-/// The last [`STDERR_TAIL`] bytes seen.
-#[derive(Default)]
-struct Tail {
-    buf: Vec<u8>,
-}
-
-impl Tail {
-    /// Read what is available without blocking; false on EOF or error.
-    fn drain(&mut self, src: &mut Option<std::process::ChildStderr>) -> bool {
-        let Some(s) = src else {
-            return false;
-        };
-        let mut chunk = [0u8; 4096];
-        loop {
-            match s.read(&mut chunk) {
-                Ok(0) => return false,
-                Ok(n) => self.push(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return false,
-            }
-        }
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        self.buf.extend_from_slice(bytes);
-        if self.buf.len() > 2 * STDERR_TAIL {
-            let cut = self.buf.len() - STDERR_TAIL;
-            self.buf.drain(..cut);
-        }
-    }
-
-    fn into_string(mut self) -> String {
-        if self.buf.len() > STDERR_TAIL {
-            let cut = self.buf.len() - STDERR_TAIL;
-            self.buf.drain(..cut);
-        }
-        String::from_utf8_lossy(&self.buf).into_owned()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
+    use super::supervise::Tail;
     use super::*;
 
     fn no_notify() -> Notify {

@@ -50,10 +50,11 @@ pub mod convert;
 pub mod failover;
 mod relay;
 mod session;
-pub mod tls;
 pub mod watchdog;
 
-pub use tls::TlsFiles;
+/// The link's PEM files: the shared client's, so the agent's configuration
+/// names them without importing the link.
+pub use baton_link_client::TlsFiles;
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
@@ -69,12 +70,6 @@ use baton_clock::port::Clock;
 pub const FROM_LINK_DEPTH: usize = 256;
 /// Depth of the control → link channel.
 pub const TO_LINK_DEPTH: usize = 64;
-/// Connection attempts give up after this long (TCP and HTTP/2 handshake).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// HTTP/2 keep-alive ping interval (also while idle)...
-pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// ...and how long a keep-alive ping may go unanswered.
-pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A staged push's instant and bound (see `PackPush.staged`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

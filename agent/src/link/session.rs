@@ -13,20 +13,18 @@ use rand::SeedableRng;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 
 use super::failover::Failover;
 use super::relay::Relay;
 use super::watchdog::Silence;
-use super::{
-    CONNECT_TIMEOUT, FromLink, KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT, LinkConfig, Outgoing,
-    ToLink, convert,
-};
+use super::{FromLink, LinkConfig, Outgoing, ToLink, convert};
 use baton_clock::exchange::Exchange;
 use baton_clock::port::Clock;
 use baton_clock::sample::SampleSender;
 use baton_clock::{MonoTime, mono_now};
-use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
+use baton_link_client::policy::CONNECT_TIMEOUT;
+use baton_link_client::{Resolved, connect_link};
+use baton_proto::wire::error_chain;
 
 /// Messages waiting to enter the request stream (the stream's own channel
 /// is small: a full one means HTTP/2 flow control is holding us back).
@@ -175,38 +173,37 @@ pub(super) async fn run(
     mut relay: Relay,
     mut stop: watch::Receiver<bool>,
 ) {
-    let epoch = Instant::now();
-    let mut failover = Failover::new(cfg.backoff);
-    let mut rng = rand::rngs::StdRng::from_os_rng();
-    let mut session = 0u64;
+    let mut attempts = Attempts {
+        epoch: Instant::now(),
+        failover: Failover::new(cfg.backoff),
+        rng: rand::rngs::StdRng::from_os_rng(),
+        session: 0,
+    };
     tracing::info!(
         controllers = %cfg.urls.join(", "),
         agent = %cfg.agent_id,
         "controller link starting"
     );
     loop {
-        if failover.needs_targets() {
+        if attempts.failover.needs_targets() {
             let Some(targets) =
                 serving(resolve_all(&cfg.urls), &mut to_link, &mut relay, &mut stop).await
             else {
                 return;
             };
-            failover.set_targets(targets);
+            attempts.failover.set_targets(targets);
         }
-        let target = failover.current().cloned();
+        let target = attempts.failover.current().cloned();
         let end = match &target {
             Some(t) => {
-                session += 1;
-                one(
-                    &cfg,
-                    t,
-                    &clock,
-                    session,
-                    &mut to_link,
-                    &mut relay,
-                    &mut stop,
-                )
-                .await
+                attempts.session += 1;
+                let session = attempts.session;
+                let control = Control {
+                    to_link: &mut to_link,
+                    relay: &mut relay,
+                    stop: &mut stop,
+                };
+                one(&cfg, t, &clock, session, control).await
             }
             None => End::Lost {
                 reason: format!(
@@ -218,112 +215,113 @@ pub(super) async fn run(
                 retry_after: None,
             },
         };
-        let (reason, up, connected) = match end {
-            End::Stop => return,
-            End::Lost {
-                reason,
-                up,
-                connected,
-                retry_after,
-            } => {
-                if let Some(d) = retry_after {
-                    failover.retry_after(d);
-                }
-                (reason, up, connected)
-            }
+        let End::Lost {
+            reason,
+            up,
+            connected,
+            retry_after,
+        } = end
+        else {
+            return;
         };
+        if let Some(d) = retry_after {
+            attempts.failover.retry_after(d);
+        }
         if connected {
             relay.push(FromLink::Disconnected {
-                session,
+                session: attempts.session,
                 reason: reason.clone(),
             });
         }
-        let now = Instant::now() - epoch;
-        // A stream that was up and ended, or an attempt that failed
-        // (refused streams included: a replica admitting sessions at a
-        // bounded rate answers UNAVAILABLE or RESOURCE_EXHAUSTED).
-        let delay = match up {
-            Some(up) => {
-                failover.up(up - epoch);
-                failover.ended(now, &mut rng)
-            }
-            None => failover.failed(now, &mut rng),
-        };
-        let next = failover.current().map_or_else(
-            || "the controllers, resolved again".to_string(),
-            |t| t.to_string(),
-        );
-        tracing::warn!(
-            controller = %target.as_ref().map_or_else(|| cfg.urls.join(", "), |t| t.to_string()),
-            session,
-            "controller link: {reason}; next attempt in {}, to {next}",
-            baton_proto::time::format_duration(Duration::from_millis(delay.as_millis() as u64))
-        );
-        // Wait out the delay (and until the control thread has taken most
-        // of what waits for it), dropping whatever it still sends for the
-        // session that ended.
-        let until = Instant::now() + delay;
-        let mut slept = false;
-        while !slept || relay.len() >= RELAY_BACKLOG {
-            if relay.is_gone() {
-                return;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(until), if !slept => slept = true,
-                _ = stop.wait_for(|s| *s) => return,
-                sent = relay.wait(), if relay.is_blocked() => relay.done(sent),
-                m = to_link.recv() => if m.is_none() { return },
-            }
+        let delay = attempts.next_delay(&cfg, target.as_ref(), &reason, up);
+        if !wait_out(delay, &mut to_link, &mut relay, &mut stop).await {
+            return;
         }
     }
 }
 
-/// The transport to one controller address, with the link's limits. A
-/// resolved address is dialled with the URL's host as the TLS server name
-/// (the certificate is checked against the name, not the address) and as
-/// the requests' authority.
+/// The reconnect loop's state: which address is next, and when.
+struct Attempts {
+    /// Instants of the loop are kept as durations since this.
+    epoch: Instant,
+    failover: Failover<Target>,
+    rng: rand::rngs::StdRng,
+    /// The last session's number (each attempt takes the next).
+    session: u64,
+}
+
+impl Attempts {
+    /// The wait before the next attempt, after a stream that was up since
+    /// `up` ended or an attempt failed (`up` is `None`; refused streams
+    /// included: a replica admitting sessions at a bounded rate answers
+    /// UNAVAILABLE or RESOURCE_EXHAUSTED). Logged with `reason`.
+    fn next_delay(
+        &mut self,
+        cfg: &LinkConfig,
+        target: Option<&Target>,
+        reason: &str,
+        up: Option<Instant>,
+    ) -> Duration {
+        let now = Instant::now() - self.epoch;
+        let delay = match up {
+            Some(up) => {
+                self.failover.up(up - self.epoch);
+                self.failover.ended(now, &mut self.rng)
+            }
+            None => self.failover.failed(now, &mut self.rng),
+        };
+        let next = self.failover.current().map_or_else(
+            || "the controllers, resolved again".to_string(),
+            |t| t.to_string(),
+        );
+        tracing::warn!(
+            controller = %target.map_or_else(|| cfg.urls.join(", "), |t| t.to_string()),
+            session = self.session,
+            "controller link: {reason}; next attempt in {}, to {next}",
+            baton_proto::time::format_duration(Duration::from_millis(delay.as_millis() as u64))
+        );
+        delay
+    }
+}
+
+/// Waits out `delay` (and until the control thread has taken most of what
+/// waits for it), dropping whatever it still sends for the session that
+/// ended. `false`: stop.
+async fn wait_out(
+    delay: Duration,
+    to_link: &mut mpsc::Receiver<Outgoing>,
+    relay: &mut Relay,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let until = Instant::now() + delay;
+    let mut slept = false;
+    while !slept || relay.len() >= RELAY_BACKLOG {
+        if relay.is_gone() {
+            return false;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(until), if !slept => slept = true,
+            _ = stop.wait_for(|s| *s) => return false,
+            sent = relay.wait(), if relay.is_blocked() => relay.done(sent),
+            m = to_link.recv() => if m.is_none() { return false },
+        }
+    }
+    true
+}
+
+/// The transport to one controller address, with the link's limits
+/// (`baton_link_client`'s agent policy). A resolved address is dialled
+/// with the URL's host as the TLS server name (the certificate is checked
+/// against the name, not the address) and as the requests' authority.
 async fn connect(
     target: &Target,
     tls: Option<&super::TlsFiles>,
 ) -> Result<LinkClient<tonic::transport::Channel>, String> {
-    let url = &target.url;
-    let dial = match target.addr {
-        Some(addr) => {
-            let scheme = url.split("://").next().unwrap_or("https");
-            format!("{scheme}://{addr}")
-        }
-        None => url.clone(),
-    };
-    let mut endpoint =
-        Endpoint::from_shared(dial).map_err(|e| format!("bad controller URL {target}: {e}"))?;
-    if target.addr.is_some() {
-        let origin = url
-            .parse()
-            .map_err(|e| format!("bad controller URL {url}: {e}"))?;
-        endpoint = endpoint.origin(origin);
-    }
-    if let Some(t) = tls {
-        let mut config = t.client_config()?;
-        if target.addr.is_some() {
-            config = config.domain_name(target.host.clone());
-        }
-        endpoint = endpoint
-            .tls_config(config)
-            .map_err(|e| format!("TLS for {target}: {}", error_chain(&e)))?;
-    }
-    let endpoint = endpoint
-        .connect_timeout(CONNECT_TIMEOUT)
-        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true);
-    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
-        .await
-        .map_err(|_| format!("connect to {target} timed out after {CONNECT_TIMEOUT:?}"))?
-        .map_err(|e| format!("connect to {target} failed: {}", error_chain(&e)))?;
-    Ok(LinkClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    let resolved = target.addr.map(|addr| Resolved {
+        addr,
+        host: &target.host,
+    });
+    connect_link(&target.url, resolved, tls, target).await
 }
 
 /// The next message on the stream once it is open; pending before.
@@ -336,6 +334,16 @@ async fn next_in(
     }
 }
 
+/// The control thread's side of the link, as a session uses it.
+struct Control<'a> {
+    /// What the control thread sends.
+    to_link: &'a mut mpsc::Receiver<Outgoing>,
+    /// What goes back to it.
+    relay: &'a mut Relay,
+    /// Set when the link is to stop.
+    stop: &'a mut watch::Receiver<bool>,
+}
+
 /// One session: connect, tell the control thread, pump the stream until it
 /// ends.
 async fn one(
@@ -343,39 +351,60 @@ async fn one(
     target: &Target,
     clock: &Arc<dyn Clock>,
     session: u64,
-    to_link: &mut mpsc::Receiver<Outgoing>,
-    relay: &mut Relay,
-    stop: &mut watch::Receiver<bool>,
+    control: Control<'_>,
 ) -> End {
-    let lost = |reason: String| End::Lost {
-        reason,
-        up: None,
-        connected: false,
-        retry_after: None,
-    };
-    let Some(client) = serving(connect(target, cfg.tls.as_ref()), to_link, relay, stop).await
-    else {
+    let dial = connect(target, cfg.tls.as_ref());
+    let Some(client) = serving(dial, control.to_link, control.relay, control.stop).await else {
         return End::Stop;
     };
-    let mut client = match client {
+    let client = match client {
         Ok(c) => c,
-        Err(reason) => return lost(reason),
+        Err(reason) => {
+            return End::Lost {
+                reason,
+                up: None,
+                connected: false,
+                retry_after: None,
+            };
+        }
     };
-    let mut s = Session {
-        id: session,
-        epoch: Instant::now(),
-        clock: clock.clone(),
-        silence: Silence::new(Duration::ZERO),
-        last_alive: None,
-        hello_sent: false,
-        outq: VecDeque::new(),
-        exchange: if cfg.time_exchange {
-            clock.samples().map(|tx| (Exchange::new(), tx))
-        } else {
-            None
-        },
-    };
-    relay.push(FromLink::Connected { session });
+    let s = Session::new(session, clock, cfg.time_exchange);
+    control.relay.push(FromLink::Connected { session });
+    pump(s, client, control).await
+}
+
+/// A session that ended after the control thread was told `Connected`
+/// (`up`: when the stream was open, if it was).
+fn lost(reason: String, up: Option<Instant>) -> End {
+    End::Lost {
+        reason,
+        up,
+        connected: true,
+        retry_after: None,
+    }
+}
+
+/// The controller refused the stream (with when to come back, if it said).
+fn refused(status: &tonic::Status) -> End {
+    End::Lost {
+        reason: format!("the controller refused the stream: {}", status_text(status)),
+        up: None,
+        connected: true,
+        retry_after: retry_after(status),
+    }
+}
+
+/// The session's stream, pumped both ways until it ends.
+async fn pump(
+    mut s: Session,
+    mut client: LinkClient<tonic::transport::Channel>,
+    control: Control<'_>,
+) -> End {
+    let Control {
+        to_link,
+        relay,
+        stop,
+    } = control;
     // The request stream is fed from a channel, so Hello flows as soon as
     // the control thread sends it, even before the controller's response
     // headers arrive (a controller may wait for Hello before answering).
@@ -383,12 +412,6 @@ async fn one(
     let mut call = Box::pin(client.connect(ReceiverStream::new(out_rx)));
     let mut inbound = None;
     let mut up = None;
-    let lost = |reason: String, up: Option<Instant>| End::Lost {
-        reason,
-        up,
-        connected: true,
-        retry_after: None,
-    };
     loop {
         if relay.is_gone() {
             return End::Stop;
@@ -405,12 +428,7 @@ async fn one(
                     up = Some(Instant::now());
                     s.silence.heard(s.now());
                 }
-                Err(status) => return End::Lost {
-                    reason: format!("the controller refused the stream: {}", status_text(&status)),
-                    up: None,
-                    connected: true,
-                    retry_after: retry_after(&status),
-                },
+                Err(status) => return refused(&status),
             },
             sent = relay.wait(), if relay.is_blocked() => {
                 relay.done(sent);
@@ -420,10 +438,7 @@ async fn one(
             // Read only while the control thread keeps up.
             m = next_in(&mut inbound), if relay.len() < RELAY_BACKLOG => match m {
                 Ok(Some(msg)) => {
-                    // t4 of a time exchange: before anything else.
-                    let t4 = mono_now();
-                    s.silence.heard(s.now());
-                    if let Some(ev) = s.inbound(msg, t4) {
+                    if let Some(ev) = s.received(msg) {
                         relay.push(ev);
                     }
                 }
@@ -432,21 +447,11 @@ async fn one(
             },
             // Always drained while the stream takes messages, whatever the
             // relay's state: the control thread may be waiting for room.
-            o = to_link.recv(), if s.outq.len() < OUT_QUEUE => match o {
-                None => return End::Stop,
-                // The control thread refused this session (a stale
-                // controller): a failed attempt, never a stream that was up.
-                Some(Outgoing { session: s_, msg: ToLink::Refuse(reason) }) if s_ == session => {
-                    return lost(reason, None);
+            o = to_link.recv(), if s.outq.len() < OUT_QUEUE => {
+                if let Some(end) = s.take(o) {
+                    return end;
                 }
-                Some(o) if o.session == session => {
-                    if let Some(m) = encode(o.msg) {
-                        s.outq.push_back(m);
-                    }
-                }
-                // For a session that is over: the next Hello covers it.
-                Some(_) => {}
-            },
+            }
             permit = out_tx.reserve(), if s.can_send() => match permit {
                 Ok(p) => {
                     if let Some(mut m) = s.next_out() {
@@ -459,13 +464,7 @@ async fn one(
             _ = tokio::time::sleep_until(exchange_due.unwrap_or(deadline)), if exchange_due.is_some() && inbound.is_some() && s.hello_sent => {
                 s.ask_time();
             }
-            _ = tokio::time::sleep_until(deadline) => return lost(
-                format!(
-                    "no message from the controller for {} (three ping intervals): dead peer",
-                    baton_proto::time::format_duration(s.silence.limit())
-                ),
-                up,
-            ),
+            _ = tokio::time::sleep_until(deadline) => return lost(s.dead_peer(), up),
         }
     }
 }
@@ -527,6 +526,62 @@ struct Session {
 }
 
 impl Session {
+    /// A session just connected: nothing heard, nothing sent yet.
+    fn new(id: u64, clock: &Arc<dyn Clock>, time_exchange: bool) -> Session {
+        Session {
+            id,
+            epoch: Instant::now(),
+            clock: clock.clone(),
+            silence: Silence::new(Duration::ZERO),
+            last_alive: None,
+            hello_sent: false,
+            outq: VecDeque::new(),
+            exchange: if time_exchange {
+                clock.samples().map(|tx| (Exchange::new(), tx))
+            } else {
+                None
+            },
+        }
+    }
+
+    /// What the control thread sent: queued for the stream when it is for
+    /// this session. `Some`: the session ends.
+    fn take(&mut self, o: Option<Outgoing>) -> Option<End> {
+        match o {
+            None => Some(End::Stop),
+            // The control thread refused this session (a stale
+            // controller): a failed attempt, never a stream that was up.
+            Some(Outgoing {
+                session,
+                msg: ToLink::Refuse(reason),
+            }) if session == self.id => Some(lost(reason, None)),
+            Some(o) if o.session == self.id => {
+                if let Some(m) = encode(o.msg) {
+                    self.outq.push_back(m);
+                }
+                None
+            }
+            // For a session that is over: the next Hello covers it.
+            Some(_) => None,
+        }
+    }
+
+    /// A message from the controller: heard (its t4 of a time exchange
+    /// taken before anything else), and what it tells the control thread.
+    fn received(&mut self, msg: wire::ControllerMessage) -> Option<FromLink> {
+        let t4 = mono_now();
+        self.silence.heard(self.now());
+        self.inbound(msg, t4)
+    }
+
+    /// Why a silent controller is given up.
+    fn dead_peer(&self) -> String {
+        format!(
+            "no message from the controller for {} (three ping intervals): dead peer",
+            baton_proto::time::format_duration(self.silence.limit())
+        )
+    }
+
     fn now(&self) -> Duration {
         Instant::now() - self.epoch
     }

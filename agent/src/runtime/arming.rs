@@ -370,6 +370,27 @@ impl Arming {
         if asked.is_empty() {
             return out;
         }
+        self.take_back_armed(asked, &mut out);
+        self.take_back_pending_exec(asked, &mut out);
+        self.take_back_running_exec(asked, &mut out);
+        let found: HashSet<Arc<str>> = out.iter().map(|t| t.text.clone()).collect();
+        for (text, id) in asked {
+            if !found.contains(text.as_str()) {
+                out.push(TakenBack {
+                    text: Arc::from(text.as_str()),
+                    scheduled: id.occurrence,
+                    id: id.clone(),
+                    action: "",
+                    answer: Withdrawal::TooLate,
+                });
+            }
+        }
+        out
+    }
+
+    /// [`Arming::take_back`] of the GPIO attempts armed: one withdrawn in
+    /// time stays as a settled ticket (its job still comes back).
+    fn take_back_armed(&mut self, asked: &HashMap<String, ExecutionId>, out: &mut Vec<TakenBack>) {
         let mut settled = Vec::new();
         for (n, t) in self.tickets.iter() {
             let Ticket::Attempt {
@@ -405,6 +426,14 @@ impl Arming {
                 self.tickets.insert(n, Ticket::Settled { id, slot, line });
             }
         }
+    }
+
+    /// [`Arming::take_back`] of the exec firings waiting for their instant.
+    fn take_back_pending_exec(
+        &mut self,
+        asked: &HashMap<String, ExecutionId>,
+        out: &mut Vec<TakenBack>,
+    ) {
         let (gone, keep): (Vec<PendingExec>, Vec<PendingExec>) =
             std::mem::take(&mut self.exec_pending)
                 .into_iter()
@@ -426,6 +455,16 @@ impl Arming {
                 answer,
             });
         }
+    }
+
+    /// [`Arming::take_back`] of the exec firings handed to the pool: one
+    /// whose program has not started is withdrawn (its result, when it
+    /// comes, is not reported).
+    fn take_back_running_exec(
+        &mut self,
+        asked: &HashMap<String, ExecutionId>,
+        out: &mut Vec<TakenBack>,
+    ) {
         for (text, r) in self.exec_running.iter_mut() {
             if !asked.contains_key(text) || r.settled {
                 continue;
@@ -445,19 +484,6 @@ impl Arming {
                 answer,
             });
         }
-        let found: HashSet<Arc<str>> = out.iter().map(|t| t.text.clone()).collect();
-        for (text, id) in asked {
-            if !found.contains(text.as_str()) {
-                out.push(TakenBack {
-                    text: Arc::from(text.as_str()),
-                    scheduled: id.occurrence,
-                    id: id.clone(),
-                    action: "",
-                    answer: Withdrawal::TooLate,
-                });
-            }
-        }
-        out
     }
 
     /// Lines of `pack` that an armed attempt, a pulse's end or a safe

@@ -1,35 +1,46 @@
 //! The real parts of a running agent.
 
-use super::*;
+use std::sync::{Arc, Mutex};
+
+use baton_journal::Journal;
+
+use super::safety::{self, SafeTable, SharedSafeTable};
+use super::{JOURNAL_RETENTION, Parts, RuntimeError, keep_large_allocations_returnable};
+use crate::config::AgentConfig;
+use crate::exec::ExecPool;
 
 /// Build the real parts: journal, GPIO backend in the dispatcher thread,
 /// exec pool, the system clock; and install the panic hook.
-pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
-    use anyhow::Context;
+pub fn real_parts(cfg: &AgentConfig) -> Result<Parts, RuntimeError> {
     // A process-wide allocator tunable: once, for the real agent.
     keep_large_allocations_returnable();
     let clock = Arc::new(baton_clock::driver::EstimatedClock::new(&cfg.clock));
     if !cfg.clock.ntp_servers.is_empty() {
         let ntp = baton_clock::ntp::spawn(&cfg.clock.ntp_servers, clock.sender())
-            .context("starting the NTP client")?;
+            .map_err(|e| RuntimeError::start("starting the NTP client", e))?;
         clock.keep_source(Box::new(ntp));
     }
     if let Some(ptp) = &cfg.clock.ptp {
-        let h = baton_clock::ptp::spawn(ptp, clock.sender())
-            .with_context(|| format!("starting the PTP slave on {}", ptp.interface))?;
+        let h = baton_clock::ptp::spawn(ptp, clock.sender()).map_err(|e| {
+            RuntimeError::start(format!("starting the PTP slave on {}", ptp.interface), e)
+        })?;
         clock.keep_source(Box::new(h));
     }
     let mut jcfg = baton_journal::JournalConfig::new(&cfg.data_dir);
     jcfg.outbox_cap = cfg.outbox_cap;
     jcfg.reset = cfg.reset_journal;
     jcfg.retention_ns = JOURNAL_RETENTION.as_nanos() as i64;
-    let (journal, recovered) = Journal::open(jcfg)
-        .with_context(|| format!("opening the journal in {}", cfg.data_dir.display()))?;
+    let (journal, recovered) = Journal::open(jcfg).map_err(|e| {
+        RuntimeError::start(
+            format!("opening the journal in {}", cfg.data_dir.display()),
+            e,
+        )
+    })?;
     let gpio = baton_gpio::open_backend(&cfg.gpio, cfg.allowed_lines.clone())
-        .with_context(|| format!("opening the GPIO backend `{}`", cfg.gpio))?;
+        .map_err(|e| RuntimeError::start(format!("opening the GPIO backend `{}`", cfg.gpio), e))?;
     let (dispatcher, direct) =
         crate::dispatcher::Dispatcher::start(gpio, clock.shared(), cfg.rt, std::thread::current())
-            .context("starting the dispatcher thread")?;
+            .map_err(|e| RuntimeError::start("starting the dispatcher thread", e))?;
     // Under a dense load the arming passes are about a horizon apart:
     // successes wait for them rather than waking the loop per instant.
     dispatcher.defer_results_within(cfg.arm_horizon);
@@ -46,7 +57,7 @@ pub fn real_parts(cfg: &AgentConfig) -> anyhow::Result<Parts> {
     let safe_table: SharedSafeTable = Arc::new(Mutex::new(SafeTable::default()));
     let safe_driver = Arc::new(
         safety::SafeDriver::start(safe_table.clone(), direct)
-            .context("starting the safe-state driver thread")?,
+            .map_err(|e| RuntimeError::start("starting the safe-state driver thread", e))?,
     );
     safety::install_panic_hook(
         safe_driver.clone(),

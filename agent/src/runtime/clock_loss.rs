@@ -5,7 +5,8 @@
 use baton_proto::pack::ClockLoss;
 use baton_sched::PackKey;
 
-use super::Agent;
+use super::{AcceptError, Agent, RuntimeError};
+use baton_clock::MonoTime;
 
 /// How long configured clock sources get to lock after a start before a
 /// clock still past the limit counts as lost (NTP locks in ~10 s, PTP and
@@ -36,6 +37,59 @@ pub fn describe(status: Option<Estimate>) -> String {
     }
 }
 
+/// What the loop knows of the clock's health over this run, and the
+/// local packs waiting for it.
+#[derive(Debug)]
+pub(super) struct ClockWatch {
+    /// The clock's uncertainty was past the limit at the last check.
+    lost: bool,
+    /// It has been within the limit at some check of this run.
+    was_good: bool,
+    /// When this run started (the clock sources' grace runs from here).
+    started: MonoTime,
+    /// Local packs (file name, text) waiting for the clock to be known.
+    waiting: Vec<(String, String)>,
+}
+
+impl ClockWatch {
+    /// A run started at `started`: nothing known of the clock yet.
+    pub(super) fn new(started: MonoTime) -> Self {
+        ClockWatch {
+            lost: false,
+            was_good: false,
+            started,
+            waiting: Vec::new(),
+        }
+    }
+
+    /// A local pack (`file`, its text) waits for the clock.
+    pub(super) fn wait(&mut self, file: String, yaml: String) {
+        self.waiting.push((file, yaml));
+    }
+
+    /// Whether no pack waits for the clock.
+    pub(super) fn nothing_waits(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// The waiting packs, to try again (those still waiting come back
+    /// through [`ClockWatch::wait`]).
+    fn take_waiting(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.waiting)
+    }
+
+    /// This check's verdict; when it changed, whether the clock had been
+    /// good before in this run (for the log line).
+    fn note(&mut self, lost: bool) -> Option<bool> {
+        let changed = (lost != self.lost).then_some(self.was_good);
+        self.lost = lost;
+        if !lost {
+            self.was_good = true;
+        }
+        changed
+    }
+}
+
 impl Agent {
     /// The admission limit, ns.
     pub(super) fn clock_limit_ns(&self) -> i64 {
@@ -43,18 +97,23 @@ impl Agent {
     }
 
     /// Local packs that waited for the clock: taken once it is known.
-    pub(super) fn retry_clock_wait(&mut self) -> anyhow::Result<()> {
-        if self.clock_wait.is_empty() || self.clock.uncertainty_ns() > self.clock_limit_ns() {
+    pub(super) fn retry_clock_wait(&mut self) -> Result<(), RuntimeError> {
+        if self.clock_watch.nothing_waits() || self.clock.uncertainty_ns() > self.clock_limit_ns() {
             return Ok(());
         }
-        for (name, yaml) in std::mem::take(&mut self.clock_wait) {
+        for (name, yaml) in self.clock_watch.take_waiting() {
             let pack = baton_proto::parse_pack(&yaml)
-                .map_err(|e| anyhow::anyhow!("{}", e.render(&name)))?;
+                .map_err(|e| RuntimeError::PackFile(e.render(&name)))?;
             let key = PackKey::of(&pack);
             match self.accept(yaml.clone(), pack) {
                 Ok(_) => tracing::info!(pack = %key, file = %name, "clock known: pack taken"),
-                Err(super::AcceptError::Clock { .. }) => self.clock_wait.push((name, yaml)),
-                Err(e) if e.is_fault() => return Err(anyhow::anyhow!("{name}: {e:#}")),
+                Err(AcceptError::Clock { .. }) => self.clock_watch.wait(name, yaml),
+                Err(error) if error.is_fault() => {
+                    return Err(RuntimeError::ClockWaitFault {
+                        file: name,
+                        error: Box::new(error),
+                    });
+                }
                 // Refused for another reason now (a cron whose last firing
                 // passed while waiting, say): said once, not fatal.
                 Err(e) => tracing::error!(pack = %key, file = %name, "refused: {e:#}"),
@@ -70,20 +129,19 @@ impl Agent {
         let waiting_for_source = c.ptp.is_some()
             || !c.ntp_servers.is_empty()
             || (c.link && !self.cfg.controllers.is_empty());
-        waiting_for_source && self.mono_now().since(self.started) < CLOCK_START_GRACE
+        waiting_for_source && self.mono_now().since(self.clock_watch.started) < CLOCK_START_GRACE
     }
 
     /// Sync lost past the limit: packs that need absolute time and asked
     /// for it (`on_clock_loss: safe_state`) enter their safe state, for
     /// good (until a higher version). `continue` packs keep firing; their
     /// feedback carries the uncertainty of each firing.
-    pub(super) fn check_clock_loss(&mut self) -> anyhow::Result<()> {
+    pub(super) fn check_clock_loss(&mut self) -> Result<(), RuntimeError> {
         let uncertainty = self.clock.uncertainty_ns();
         let limit = self.clock_limit_ns();
         let lost = uncertainty > limit;
-        if lost != self.clock_lost {
-            self.clock_lost = lost;
-            let what = if self.clock_was_good {
+        if let Some(was_good) = self.clock_watch.note(lost) {
+            let what = if was_good {
                 "clock sync lost"
             } else {
                 "clock not synchronised"
@@ -103,14 +161,13 @@ impl Agent {
             }
         }
         if !lost {
-            self.clock_was_good = true;
             return Ok(());
         }
         // Just started with sources that need a moment to lock (NTP's
         // first polls, PTP's first syncs, the link's exchange): not a loss
         // yet. Without this grace a restart would stop, for good, every
         // `safe_state` pack before its clock had a chance.
-        if !self.clock_was_good && self.clock_grace_left() {
+        if !self.clock_watch.was_good && self.clock_grace_left() {
             return Ok(());
         }
         let stop: Vec<PackKey> = self

@@ -1,6 +1,20 @@
 //! The one way out of the control loop (see the module docs of `runtime`).
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_journal::Recovered;
+use baton_proto::RefTime;
+use baton_proto::pack::{Action, parse_pack};
+use baton_sched::{AttemptResult, Event, Output, PackKey, SafeReason};
+
+use super::accept::shared_lines;
+use super::arming::Ticket;
+use super::record::Origin;
+use super::{
+    Agent, DEVICE_STOP_WAIT, RuntimeError, SAFE_STATE_WAIT, STALL_GRACE, journal_result, safety,
+};
+use crate::dispatcher::Done;
 
 impl Agent {
     /// The way out. Never fails and never returns early: every held pack's
@@ -53,7 +67,7 @@ impl Agent {
         let rest: Vec<(PackKey, Arc<Vec<Action>>)> = self
             .held
             .iter()
-            .filter(|(k, _)| !self.safe_done.contains(*k))
+            .filter(|(k, _)| !self.safe.is_driven(k))
             .map(|(k, h)| (k.clone(), h.safe_state.clone()))
             .collect();
         for (k, actions) in rest {
@@ -113,7 +127,7 @@ impl Agent {
     /// hung: the marker is left and the agent exits with
     /// [`safety::EXIT_GPIO_HUNG`].
     fn drive_safe_states_directly(&mut self) {
-        let Some(driver) = self.safe_driver.clone() else {
+        let Some(driver) = self.safe.driver() else {
             return;
         };
         let quiet = self.device.quiet_within(safety::QUIET_WAIT);
@@ -125,7 +139,7 @@ impl Agent {
                     failures = ?failed,
                     "safe state driven directly (the dispatcher's writes did not land)"
                 );
-                self.degraded_exit = Some(if failed.is_empty() {
+                self.safe.degraded(if failed.is_empty() {
                     "the dispatcher's safe-state writes did not land: the safe state was written directly"
                         .to_string()
                 } else {
@@ -141,8 +155,7 @@ impl Agent {
                     safety::DIRECT_WAIT,
                     safety::EXIT_GPIO_HUNG
                 );
-                self.gpio_hung = true;
-                self.degraded_exit = Some(
+                self.safe.hung(
                     "the dispatcher's safe-state writes did not land, and the direct ones did not complete".into(),
                 );
             }
@@ -155,7 +168,7 @@ impl Agent {
     /// do not land, the chip is still hung: the start fails with
     /// [`safety::GpioHung`] (exit [`safety::EXIT_GPIO_HUNG`]; the marker
     /// stays).
-    pub(super) fn drive_owed_safe_states(&mut self, rec: &Recovered) -> anyhow::Result<()> {
+    pub(super) fn drive_owed_safe_states(&mut self, rec: &Recovered) -> Result<(), RuntimeError> {
         tracing::warn!(
             "the previous run could not write the safe state (the GPIO chip was hung): driving every journalled pack's safe state before anything else"
         );
@@ -170,7 +183,7 @@ impl Agent {
                 .resolve(&pack, shared_lines(&pack), self.device.as_mut())
             {
                 tracing::error!(pack = %key, "owed safe state: {e}");
-                return Err(anyhow::Error::new(safety::GpioHung).context(e.to_string()));
+                return Err(RuntimeError::gpio_hung(e.to_string()));
             }
             for a in &pack.safe_state {
                 self.side_action(&key, Origin::SafeState(SafeReason::Shutdown), a, now)?;
@@ -178,8 +191,9 @@ impl Agent {
         }
         self.pump()?;
         if !self.await_safe_writes() {
-            return Err(anyhow::Error::new(safety::GpioHung)
-                .context("the safe-state writes owed since the last run did not land"));
+            return Err(RuntimeError::gpio_hung(
+                "the safe-state writes owed since the last run did not land",
+            ));
         }
         if let Err(e) = std::fs::remove_file(safety::marker(&self.cfg.data_dir)) {
             tracing::warn!("could not remove the safe-state marker: {e}");
@@ -238,7 +252,7 @@ impl Agent {
 
     /// Safe-state actions on the way out: the device only.
     pub(super) fn drive_safe_state(&mut self, pack: &PackKey, actions: &[Action], now: RefTime) {
-        if self.safe_done.contains(pack) {
+        if self.safe.is_driven(pack) {
             return;
         }
         self.arming.withdraw(pack, &[]);
@@ -248,7 +262,7 @@ impl Agent {
                 tracing::error!(pack = %pack, "safe state: {e}");
             }
         }
-        self.safe_done.insert(pack.clone());
+        self.safe.driven(pack);
     }
 
     /// A result during the way out: reported and journalled if the journal

@@ -6,10 +6,18 @@
 //!   tickets, exec firings waiting for their instant, withdrawal);
 //! - [`feedback`]: every result and event to the journal's outbox and to
 //!   `tracing` (the live view is a tracing layer, `crate::live`);
-//! - [`safety`]: the panic hook's safe state;
+//! - [`safety`]: the panic hook's safe state; `safe_states`: the loop's
+//!   own book of it (what was driven, how the way out went);
+//! - `held`: the packs held beside the core, and whether the controller
+//!   is owed a `Held`;
+//! - `clock_loss`: the clock's health over the run, and packs waiting for
+//!   it;
+//! - `accept`: taking packs (files, restored, pushed); `restart`: what a
+//!   start learns of the previous run (its dispatch ledger);
 //! - `uplink`: the control side of the controller link (hello, pushes,
 //!   cancels, feedback, clock reports, pack leases), when a controller is
 //!   configured; the link's IO runs on its own thread (`crate::link`);
+//! - [`error`]: why the runtime failed, as a value ([`RuntimeError`]);
 //! - this module: the control loop, a loop over events (core outputs,
 //!   device results, exec results, time) with **one way out**:
 //!   [`Agent::run`] always ends in [`Agent::wind_down`], which drives every
@@ -25,51 +33,56 @@
 //! Clock, journal, device and exec pool are handed in ([`Parts`]), so tests
 //! drive the whole loop on a [`ports::ManualClock`] and an in-memory device.
 
+mod accept;
 pub mod admission;
 pub mod arming;
+mod buffers;
 mod build;
 pub mod cancel;
 pub mod check;
 mod clock_loss;
+pub mod error;
 mod exit;
 pub mod feedback;
 mod heap_trim;
+mod held;
 mod metrics;
 mod outputs;
 pub mod ports;
 pub mod record;
+mod restart;
 mod results;
+mod safe_states;
 pub mod safety;
 mod systemd;
 mod uplink;
 
-use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_proto::RefTime;
-use baton_proto::pack::{Action, LineRef, Pack, parse_pack, read_pack_file};
-use baton_sched::{
-    AttemptResult, Config as CoreConfig, Event, ExecutionId, OnceKey, Output, PackKey, Prior,
-    PriorOutcome, SafeReason, Scheduler,
-};
+use baton_sched::{AttemptResult, OnceKey, Scheduler};
 
 use crate::config::AgentConfig;
-use crate::dispatcher::{Done, Job, JobKind, JobOutcome, NotRun};
-use crate::exec::{ExecOutcome, ExecPool, ExecRequest, ExecResult, NotStartedReason};
-use admission::{Admission, AdmissionError, Verdict};
-use arming::{Arming, PendingExec, Ticket};
-use baton_journal::{Journal, JournalError, Outcome, Recovered, StopReason, StoredPack};
+use crate::exec::{ExecPool, ExecResult};
+use accept::{exec_check, shared_lines};
+use admission::{Admission, Verdict};
+use arming::Arming;
+use baton_journal::{Journal, JournalError, Outcome, Recovered};
 use baton_proto::time::fmt_ns;
+use buffers::OutputBufs;
+use clock_loss::ClockWatch;
 use feedback::Tally;
+use held::HeldPacks;
 use ports::{Clock, Device};
-use record::{FiringRecord, FiringResult, Origin};
-use safety::{SafeTable, SharedSafeTable};
+use safe_states::SafeStates;
+use safety::SharedSafeTable;
 
+pub use accept::AcceptError;
 pub use build::real_parts;
+pub use error::RuntimeError;
 
 /// How long the way out waits for safe-state writes to land.
 const SAFE_STATE_WAIT: Duration = Duration::from_secs(2);
@@ -78,12 +91,6 @@ const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 /// On the way out, a dispatcher busy this long without progress is stalled
 /// (its safe-state writes are then written directly, see `exit.rs`).
 const STALL_GRACE: Duration = Duration::from_millis(250);
-/// Outputs a reused buffer may hold room for; a burst's larger buffer is
-/// freed instead of kept.
-const KEEP_OUTPUTS: usize = 128;
-/// Buffers kept: a pass nests at most a few (its outputs, what their
-/// results lead to, what those lead to).
-const SPARE_OUTPUTS: usize = 4;
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long the journal remembers attempts and once-only keys, by their
@@ -100,57 +107,6 @@ const MAX_BACKLOG: usize = 4096;
 /// Longest sleep of an idle loop.
 const MAX_IDLE: Duration = Duration::from_secs(1);
 
-/// Why a pack was not taken by [`Agent::accept`]. The variants say who
-/// must act: the sender (`Refused`, `NotLive`, `Core`), time (`Clock`:
-/// retry once the clock is known), or the agent itself (`Journal`,
-/// `Fault`: the control loop cannot go on, see [`AcceptError::is_fault`]).
-#[derive(Debug, thiserror::Error)]
-pub enum AcceptError {
-    /// The clock is not known well enough to honour the pack (DESIGN.md
-    /// principle 3).
-    #[error(
-        "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
-        fmt_ns(*uncertainty_ns),
-        baton_proto::time::format_duration(std::time::Duration::from_nanos((*limit_ns).max(0) as u64)),
-        clock
-    )]
-    Clock {
-        /// The clock's uncertainty now, ns.
-        uncertainty_ns: i64,
-        /// The agent's limit (`clock.limit`), ns.
-        limit_ns: i64,
-        /// Which source, in which state (`system clock, free-running`).
-        clock: String,
-    },
-    /// The pack can never fire again (a cron of past years, say); each
-    /// problem with its position.
-    #[error("{}", .0.render("pack").trim_end())]
-    NotLive(baton_proto::PackErrors),
-    /// This agent's own checks refuse it: versions, exec allowlist, lines,
-    /// line owners.
-    #[error(transparent)]
-    Refused(#[from] AdmissionError),
-    /// The core refuses it (an older version than held).
-    #[error(transparent)]
-    Core(#[from] baton_sched::AcceptError),
-    /// The pack could not be made durable: nothing of it took effect, and
-    /// the journal is broken (the loop's fault).
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    /// The pack was taken, but performing its first outputs failed (a
-    /// journal or device error): the loop's fault.
-    #[error(transparent)]
-    Fault(anyhow::Error),
-}
-
-impl AcceptError {
-    /// Whether the control loop must stop on it (through its one way out),
-    /// as on any journal failure: not the pack's fault.
-    pub fn is_fault(&self) -> bool {
-        matches!(self, AcceptError::Journal(_) | AcceptError::Fault(_))
-    }
-}
-
 /// Why the control loop stopped.
 #[derive(Debug)]
 pub enum StopCause {
@@ -159,7 +115,7 @@ pub enum StopCause {
     /// `--exit-when-idle` and nothing is left to do.
     Idle,
     /// Something failed; the safe state ran on the way out.
-    Fault(anyhow::Error),
+    Fault(RuntimeError),
 }
 
 impl StopCause {
@@ -223,33 +179,6 @@ impl std::fmt::Debug for Parts {
     }
 }
 
-/// A pack that passed admission, not yet committed.
-#[derive(Debug)]
-struct Admitted {
-    verdict: Verdict,
-    digest: u64,
-    resolved: Option<admission::Resolved>,
-}
-
-/// A pack as held: what the way out needs even if the core is gone astray.
-#[derive(Debug)]
-struct HeldPack {
-    safe_state: Arc<Vec<Action>>,
-    /// First acceptance: the phase anchor kept across versions/restarts.
-    anchor: RefTime,
-    /// The pack's `lease` (enforced only with a controller configured).
-    lease: Option<Duration>,
-    /// What it does when the clock loses sync; `None` when it needs no
-    /// absolute time (then a clock loss does not concern it).
-    clock_loss: Option<baton_proto::pack::ClockLoss>,
-    /// When this version was taken in this run (a lease runs from here at
-    /// the earliest).
-    since: baton_clock::MonoTime,
-    /// Some instruction waits on another (`after:`): its results are
-    /// needed at once, never left for a later pass.
-    chained: bool,
-}
-
 /// The running agent (control side).
 pub struct Agent {
     cfg: AgentConfig,
@@ -261,49 +190,29 @@ pub struct Agent {
     exec_rx: Receiver<ExecResult>,
     admission: Admission,
     arming: Arming,
-    /// Looked up per firing.
-    held: crate::FastMap<PackKey, HeldPack>,
-    safe_table: SharedSafeTable,
-    /// Set when the way out had to bypass a stuck dispatcher: the stop is
-    /// then a fault whatever asked for it.
-    degraded_exit: Option<String>,
-    /// Writes the safe state without the dispatcher (the last resort).
-    safe_driver: Option<Arc<safety::SafeDriver>>,
-    /// The direct writes did not land either: the chip is hung.
-    gpio_hung: bool,
+    /// The held packs beside the core (and whether `Held` is owed).
+    held: HeldPacks,
+    /// The safe-state book: the panic hook's table, the last-resort
+    /// driver, what was driven, how the way out went.
+    safe: SafeStates,
     /// Stop (as `--exit-when-idle` does) once this many attempts ended
     /// (ran or not): `bench-latency`'s pack runs on any clock, without
     /// `until`.
     exit_after: Option<u64>,
-    /// Packs whose safe state was driven in this run.
-    safe_done: HashSet<PackKey>,
     tally: Tally,
     /// The entry a pass last ran for inside its lead (see `wait`).
     lead_pass_for: Option<RefTime>,
-    /// Output buffers, reused pass after pass (see [`Agent::output_buf`]).
-    spare_outputs: Vec<Vec<Output>>,
-    /// Ledger slots armed for a batch's firings before their start record,
-    /// taken in order as the firings are performed; kept only for its
-    /// capacity between batches (see `process_in`).
-    batch_slots: std::collections::VecDeque<crate::ledger::Slot>,
-    /// Attempts the core asked back in the batch being performed.
-    asked_back: Vec<(ExecutionId, baton_sched::Reason)>,
+    /// Output buffers, reused pass after pass.
+    bufs: OutputBufs,
+    /// What a batch of outputs carries between its steps (`outputs`).
+    batch: outputs::Batch,
     /// When freed heap goes back to the kernel.
     heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
     /// The controller link's control side; `None` without a controller.
     uplink: Option<uplink::Uplink>,
-    /// The held set (or a pack's stopped flag) changed since the last
-    /// `Held` was sent.
-    held_changed: bool,
-    /// The clock's uncertainty was past the limit at the last check.
-    clock_lost: bool,
-    /// It has been within the limit at some check of this run.
-    clock_was_good: bool,
-    /// When this run started (the clock sources' grace runs from here).
-    started: baton_clock::MonoTime,
-    /// Local packs (file name, text) waiting for the clock to be known.
-    clock_wait: Vec<(String, String)>,
+    /// The clock's health over this run, and the packs waiting for it.
+    clock_watch: ClockWatch,
     /// READY / WATCHDOG / STOPPING to systemd (off unless
     /// [`Agent::notify_systemd`] is called).
     systemd: systemd::Systemd,
@@ -314,145 +223,6 @@ pub struct Agent {
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent").field("id", &self.cfg.id).finish()
-    }
-}
-
-/// Rebuild what the core must know from before a restart: each started
-/// attempt's outcome (none recorded: unknown) and the once-only actions
-/// already taken.
-fn prior_of(rec: &Recovered) -> Prior {
-    Prior {
-        attempts: rec
-            .attempts
-            .iter()
-            .map(|(id, o)| {
-                let p = match o {
-                    None => PriorOutcome::Unknown,
-                    Some(Outcome::Succeeded) => PriorOutcome::Succeeded,
-                    Some(Outcome::Failed) => PriorOutcome::Failed,
-                    Some(Outcome::NotRun) => PriorOutcome::NotRun,
-                };
-                (id.clone(), p)
-            })
-            .collect(),
-        done: rec.once.clone(),
-    }
-}
-
-/// Before the core is built: every attempt the journal says started
-/// without a result is resolved from the dispatch ledger the previous run
-/// left at `path` (if it is trusted: same boot, same journal) — it ran (its
-/// outcome is journalled and reported) or it never touched the device
-/// (journalled not run: `catch_up` and `max_lateness` decide as for any
-/// missed occurrence); one that was inside its device call when the
-/// process died stays `outcome unknown`. The resolutions are written to the
-/// kernel before a fresh ledger replaces the old one.
-fn resolve_armed(
-    path: &Path,
-    data_dir: &Path,
-    journal: &mut Journal,
-    recovered: &mut Recovered,
-    tally: &mut Tally,
-) -> anyhow::Result<crate::ledger::Slots> {
-    use crate::ledger::{Fate, Ledger};
-    let prev = Ledger::previous(path, journal.id());
-    let open: Vec<String> = recovered
-        .attempts
-        .iter()
-        .filter(|(_, o)| o.is_none())
-        .map(|(id, _)| id.clone())
-        .collect();
-    let (mut ran, mut not_run, mut unknown) = (0, 0, 0);
-    for text in open {
-        let fate = prev.fate(&text);
-        let outcome = match fate {
-            Some(Fate::NotRun) => Outcome::NotRun,
-            Some(Fate::Succeeded) => Outcome::Succeeded,
-            Some(Fate::Failed) => Outcome::Failed,
-            Some(Fate::Interrupted) => {
-                tracing::warn!(
-                    execution_id = %text,
-                    "it was inside its device call (or its program had started) when the agent died: outcome unknown"
-                );
-                unknown += 1;
-                continue;
-            }
-            None => {
-                unknown += 1;
-                continue;
-            }
-        };
-        let result = match outcome {
-            Outcome::NotRun => {
-                journal.record_finished(&text, outcome)?;
-                not_run += 1;
-                // For the core it never started: a missed occurrence like
-                // any other (fired late within `max_lateness`, or per
-                // `catch_up`), reported by the core.
-                recovered.attempts.remove(&text);
-                continue;
-            }
-            Outcome::Succeeded => {
-                recovered.attempts.insert(text.clone(), Some(outcome));
-                FiringResult::Ok { value: None }
-            }
-            Outcome::Failed => {
-                recovered.attempts.insert(text.clone(), Some(outcome));
-                FiringResult::Failed(
-                    "the device call failed (found after a restart; its error was not kept)".into(),
-                )
-            }
-        };
-        ran += 1;
-        if let Some(id) = ExecutionId::parse(&text) {
-            // Its time was not kept: reported at its instant.
-            let rec = FiringRecord::attempt(&id, &text, "", id.occurrence, id.occurrence, result);
-            feedback::executed(journal, tally, &rec, None, feedback::ClockStamp::default())?;
-        }
-        // After its feedback (as `record_finished` asks): a crash between
-        // the two leaves the attempt open, resolved again at the next
-        // start, never a result whose report was lost.
-        journal.record_finished(&text, outcome)?;
-    }
-    if ran + not_run + unknown > 0 {
-        match &prev.distrust {
-            None => tracing::info!(
-                ran,
-                not_run,
-                unknown,
-                "attempts armed when the agent stopped, resolved from the dispatch ledger"
-            ),
-            Some(why) => tracing::warn!(
-                unknown,
-                "the dispatch ledger at {} is not used ({why}): attempts armed when the agent stopped are `outcome unknown`",
-                path.display()
-            ),
-        }
-    }
-    // In the kernel before the old ledger is replaced.
-    journal.flush()?;
-    let owner = std::path::absolute(data_dir).ok();
-    match Ledger::create_for(
-        path,
-        journal.id(),
-        crate::ledger::DEFAULT_SLOTS,
-        owner.as_deref(),
-    ) {
-        Ok(ledger) => {
-            if let Some(dir) = path.parent() {
-                Ledger::collect_orphans(dir, path);
-            }
-            Ok(crate::ledger::Slots::new(Arc::new(ledger)))
-        }
-        Err(e) => {
-            // Firing is not the ledger's to stop: without it a crash
-            // leaves the journal's bound of unknowns, as a power cut does.
-            tracing::error!(
-                "the dispatch ledger {} cannot be created ({e}): firings armed when the agent dies will be `outcome unknown` (set `ledger:` to a writable tmpfs path)",
-                path.display()
-            );
-            Ok(crate::ledger::Slots::anonymous())
-        }
     }
 }
 
@@ -489,7 +259,7 @@ impl Agent {
     /// Assemble the loop from its parts, restore the journalled packs (a
     /// pack that no longer passes this agent's checks is kept stopped in
     /// its safe state and reported; the others run) and load `cfg.packs`.
-    pub fn new(cfg: AgentConfig, parts: Parts) -> anyhow::Result<Agent> {
+    pub fn new(cfg: AgentConfig, parts: Parts) -> Result<Agent, RuntimeError> {
         let started = parts.clock.to_mono(parts.clock.now());
         let Parts {
             clock,
@@ -506,7 +276,7 @@ impl Agent {
         let mut recovered = recovered;
         let mut tally = Tally::default();
         let slots = match &ledger {
-            Some(path) => resolve_armed(
+            Some(path) => restart::resolve_armed(
                 path,
                 &cfg.data_dir,
                 &mut journal,
@@ -515,28 +285,10 @@ impl Agent {
             )?,
             None => crate::ledger::Slots::anonymous(),
         };
-        tracing::info!(origin = ?recovered.origin, packs = recovered.packs.len(), "journal opened");
-        if recovered.truncated_bytes > 0 {
-            tracing::warn!(
-                bytes = recovered.truncated_bytes,
-                "journal: cut a torn record at the end (a crash mid-write); nothing acknowledged was in it"
-            );
-        }
+        restart::log_opened(&recovered);
         let now = clock.now();
         let mut agent = Agent {
-            core: Scheduler::new(
-                CoreConfig {
-                    seed: now.as_nanos() as u64,
-                    // Fire and Ok events only feed the debug log here
-                    // (`feedback::announce`): the executed record says both.
-                    routine_events: tracing::enabled!(
-                        target: feedback::EVENT_TARGET,
-                        tracing::Level::DEBUG
-                    ),
-                    ..CoreConfig::default()
-                },
-                prior_of(&recovered),
-            ),
+            core: restart::core_for(&recovered, now),
             cfg,
             clock,
             journal,
@@ -545,26 +297,17 @@ impl Agent {
             exec_rx,
             admission: Admission::default(),
             arming: Arming::new(slots),
-            held: HashMap::default(),
-            safe_table,
-            degraded_exit: None,
-            safe_driver,
-            gpio_hung: false,
+            held: HeldPacks::default(),
+            safe: SafeStates::new(safe_table, safe_driver),
             exit_after: None,
-            safe_done: HashSet::new(),
             tally,
-            spare_outputs: Vec::new(),
-            batch_slots: std::collections::VecDeque::new(),
-            asked_back: Vec::new(),
+            bufs: OutputBufs::default(),
+            batch: outputs::Batch::default(),
             lead_pass_for: None,
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
             uplink: None,
-            held_changed: false,
-            clock_lost: false,
-            clock_was_good: false,
-            started,
-            clock_wait: Vec::new(),
+            clock_watch: ClockWatch::new(started),
             systemd: systemd::Systemd::default(),
             metrics: None,
         };
@@ -578,257 +321,8 @@ impl Agent {
         Ok(agent)
     }
 
-    /// Load the packs the configuration names. On an error the caller must
-    /// still take the way out ([`Agent::wind_down`]): restored packs may
-    /// already be armed.
-    pub fn load_configured(&mut self) -> anyhow::Result<()> {
-        for path in self.cfg.packs.clone() {
-            self.load_file(&path)?;
-        }
-        // Parsing a large pack builds a YAML tree that is freed right
-        // after: give those pages back before memory is locked, so the
-        // footprint is what the agent holds.
-        if let Err(e) = crate::rt::return_free_heap() {
-            tracing::warn!("returning freed memory after loading packs: {e}");
-        }
-        Ok(())
-    }
-
-    fn restore(&mut self, rec: Recovered) -> anyhow::Result<()> {
-        let now = self.clock.now();
-        let last_alive = rec.last_alive_ns.map(RefTime::from_nanos).unwrap_or(now);
-        for sp in rec.packs {
-            let label = format!("journalled pack {}/{} v{}", sp.tenant, sp.pack, sp.version);
-            let pack = match parse_pack(&sp.yaml) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::error!(pack = %label, "no longer valid, not restored:\n{e}");
-                    continue;
-                }
-            };
-            let key = PackKey::of(&pack);
-            let anchor = RefTime::from_nanos(sp.accepted_ns);
-            match self.admit_checks(&pack, &sp.yaml) {
-                Ok(admitted) => self.commit_admission(&pack, admitted),
-                Err(e) => {
-                    tracing::error!(
-                        pack = %label,
-                        "refused by this agent's checks now ({e}); kept stopped, its safe state driven where its lines allow"
-                    );
-                    self.drive_refused_safe_state(&pack, now);
-                    continue;
-                }
-            }
-            self.hold(&pack, anchor);
-            let mut out = Vec::new();
-            let r = match sp.stopped {
-                None => self
-                    .core
-                    .restore(pack, anchor, last_alive, now)
-                    .drain_into(&mut out),
-                Some(why) => {
-                    let reason = match why {
-                        StopReason::Cancel => SafeReason::Cancel,
-                        StopReason::GiveUp => SafeReason::GiveUp,
-                        StopReason::LeaseLost => SafeReason::LeaseLost,
-                        StopReason::ClockLost => SafeReason::ClockLost,
-                    };
-                    self.core
-                        .restore_stopped(pack, anchor, reason, now)
-                        .drain_into(&mut out)
-                }
-            };
-            if let Err(e) = r {
-                tracing::error!(pack = %label, "not restored: {e}");
-                continue;
-            }
-            match &sp.stopped {
-                None => tracing::info!(pack = %key, version = sp.version, "restored"),
-                Some(why) => tracing::info!(
-                    pack = %key,
-                    version = sp.version,
-                    "restored in its safe state (stopped by {} before the restart; push a higher version to run it again)",
-                    why.as_str()
-                ),
-            }
-            self.process(out)?;
-        }
-        Ok(())
-    }
-
-    /// A journalled pack this agent now refuses: drive the `gpio.write`s
-    /// of its safe state whose lines can still be requested.
-    fn drive_refused_safe_state(&mut self, pack: &Pack, now: RefTime) {
-        let key = PackKey::of(pack);
-        for a in &pack.safe_state {
-            let Some(line) = a.line() else { continue };
-            let ok = self.admission.handle(line).is_some()
-                || self
-                    .device
-                    .request_lines(&[(line.clone(), baton_gpio::Direction::Output)])
-                    .is_ok();
-            if ok
-                && let Err(e) =
-                    self.side_action(&key, Origin::SafeState(SafeReason::GiveUp), a, now)
-            {
-                tracing::error!(pack = %key, "safe state of a refused pack: {e}");
-            }
-        }
-    }
-
-    /// Read, check and accept a pack file. A refusal names the file, the
-    /// pack and the reason; nothing of a refused pack takes effect.
-    pub fn load_file(&mut self, path: &Path) -> anyhow::Result<()> {
-        let name = path.display().to_string();
-        let (yaml, pack) = read_pack_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let key = PackKey::of(&pack);
-        match self.accept(yaml.clone(), pack) {
-            Ok(Verdict::Unchanged) => {
-                tracing::info!(pack = %key, file = %name, "already held with the same content: unchanged");
-                Ok(())
-            }
-            Ok(_) => Ok(()),
-            // A box that just booted has not locked its clock yet: the pack
-            // waits for it (an exit would restart the agent before its
-            // sources could ever lock).
-            Err(e @ AcceptError::Clock { .. }) => {
-                tracing::warn!(pack = %key, file = %name, "waiting for the clock: {e}");
-                self.clock_wait.push((name, yaml));
-                Ok(())
-            }
-            Err(e) => Err(anyhow::anyhow!("{name}: pack {key} refused: {e:#}")),
-        }
-    }
-
-    /// Check and accept a pack (journalled before it takes effect). An
-    /// error says who must act ([`AcceptError`]); one that
-    /// [`AcceptError::is_fault`] must end the loop like any journal error.
-    pub fn accept(&mut self, yaml: String, pack: Pack) -> Result<Verdict, AcceptError> {
-        self.accept_as_of(yaml, pack, None)
-    }
-
-    /// [`Agent::accept`], as of the instant `at` when given: the switch of
-    /// a staged version (`activate: together`), its schedule anchored at
-    /// `at` ([`Scheduler::accept_at`]) so every agent switching at `at`
-    /// fires it at the same instants.
-    pub fn accept_as_of(
-        &mut self,
-        yaml: String,
-        pack: Pack,
-        at: Option<RefTime>,
-    ) -> Result<Verdict, AcceptError> {
-        // DESIGN.md principle 3: no pack is taken while the agent does not
-        // know reference time well enough to honour it.
-        // Packs of plain intervals run on any clock.
-        let uncertainty = self.clock.uncertainty_ns();
-        let limit = self.clock_limit_ns();
-        if pack.needs_absolute_time() && uncertainty > limit {
-            return Err(AcceptError::Clock {
-                uncertainty_ns: uncertainty,
-                limit_ns: limit,
-                clock: clock_loss::describe(self.clock.status()),
-            });
-        }
-        let now = self.clock.now();
-        // A cron of past years only, say: it could never fire again.
-        pack.check_live(now).map_err(AcceptError::NotLive)?;
-        let admitted = self.admit_checks(&pack, &yaml)?;
-        let verdict = admitted.verdict;
-        if verdict == Verdict::Unchanged {
-            return Ok(verdict);
-        }
-        let key = PackKey::of(&pack);
-        let anchor = at.unwrap_or_else(|| self.held.get(&key).map_or(now, |h| h.anchor));
-        // Durable before it takes effect: a crash right after acceptance
-        // must not lose the pack. The anchor is the first acceptance, so a
-        // restart keeps the phase exactly as a live replacement does.
-        self.journal.put_pack(&StoredPack {
-            tenant: key.tenant.clone(),
-            pack: key.pack.clone(),
-            version: pack.version,
-            yaml,
-            accepted_ns: anchor.as_nanos(),
-            stopped: None,
-        })?;
-        let version = pack.version;
-        self.commit_admission(&pack, admitted);
-        self.hold(&pack, anchor);
-        let mut out = Vec::new();
-        match at {
-            Some(at) => self.core.accept_at(pack, at, now).drain_into(&mut out)?,
-            None => self.core.accept(pack, now).drain_into(&mut out)?,
-        };
-        self.safe_done.remove(&key);
-        tracing::info!(pack = %key, version, "accepted");
-        self.process(out).map_err(AcceptError::Fault)?;
-        Ok(verdict)
-    }
-
-    /// Steps 1-4 of admission. Nothing is committed: the caller commits
-    /// (the pack then owns its lines) once the pack is journalled, so a
-    /// refusal or a failed journal write leaves no trace.
-    fn admit_checks(&mut self, pack: &Pack, yaml: &str) -> Result<Admitted, AdmissionError> {
-        let key = PackKey::of(pack);
-        let digest = admission::digest(yaml);
-        let verdict = self.admission.check_version(&key, pack.version, digest)?;
-        if verdict == Verdict::Unchanged {
-            return Ok(Admitted {
-                verdict,
-                digest,
-                resolved: None,
-            });
-        }
-        let exec = &self.exec;
-        Admission::check_exec(pack, &|program, args, env| {
-            exec_check(exec, program, args, env)
-        })?;
-        let resolved = self
-            .admission
-            .resolve(pack, shared_lines(pack), self.device.as_mut())?;
-        self.admission.check_owners(&key, &resolved)?;
-        Ok(Admitted {
-            verdict,
-            digest,
-            resolved: Some(resolved),
-        })
-    }
-
-    /// The pack is journalled: it owns its lines now.
-    fn commit_admission(&mut self, pack: &Pack, admitted: Admitted) {
-        if let Some(resolved) = admitted.resolved {
-            self.admission
-                .commit(PackKey::of(pack), pack.version, admitted.digest, resolved);
-        }
-    }
-
-    /// Remember what the way out needs of a held pack.
-    fn hold(&mut self, pack: &Pack, anchor: RefTime) {
-        let key = PackKey::of(pack);
-        let writes = self.admission.safe_writes(&pack.safe_state);
-        self.safe_table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(key.clone(), writes);
-        self.held.insert(
-            key,
-            HeldPack {
-                safe_state: Arc::new(pack.safe_state.clone()),
-                anchor,
-                lease: pack.lease,
-                clock_loss: pack.needs_absolute_time().then_some(pack.on_clock_loss),
-                since: self.clock.to_mono(self.clock.now()),
-                chained: pack
-                    .instructions
-                    .iter()
-                    .any(|i| matches!(i.schedule, baton_proto::pack::Schedule::After { .. })),
-            },
-        );
-        self.held_changed = true;
-    }
-
-    /// Nothing pending, nothing in flight.
     pub fn idle(&self) -> bool {
-        self.core.next_wake().is_none() && self.arming.idle() && self.clock_wait.is_empty()
+        self.core.next_wake().is_none() && self.arming.idle() && self.clock_watch.nothing_waits()
     }
 
     /// Run until `stop` is set or, with `exit_when_idle`, until nothing is
@@ -840,23 +334,17 @@ impl Agent {
             Err(e) => StopCause::Fault(e),
         };
         if let StopCause::Fault(e) = &cause {
-            tracing::error!("stopping on a fault: {e:#}");
+            tracing::error!("stopping on a fault: {}", error::Chain(e));
         }
         self.wind_down();
-        if self.gpio_hung {
-            let why = self.degraded_exit.take().unwrap_or_default();
-            return StopCause::Fault(anyhow::Error::new(safety::GpioHung).context(why));
-        }
-        match (self.degraded_exit.take(), cause) {
-            (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
-                StopCause::Fault(anyhow::anyhow!(why))
-            }
-            (Some(why), StopCause::Fault(e)) => StopCause::Fault(e.context(why)),
-            (None, cause) => cause,
-        }
+        self.safe.exit_cause(cause)
     }
 
-    fn run_loop(&mut self, stop: &StopFlag, exit_when_idle: bool) -> anyhow::Result<StopCause> {
+    fn run_loop(
+        &mut self,
+        stop: &StopFlag,
+        exit_when_idle: bool,
+    ) -> Result<StopCause, RuntimeError> {
         // The journal is open and the packs restored and loaded.
         self.systemd_ready();
         loop {
@@ -951,13 +439,13 @@ impl Agent {
 
     /// One pass: arm due firings, hand over what credits allow, collect
     /// results, start due programs, heartbeat.
-    pub fn step(&mut self) -> anyhow::Result<()> {
+    pub fn step(&mut self) -> Result<(), RuntimeError> {
         // Results first: a success left for this pass (see
         // `Dispatcher::defer_results_within`) must settle its attempt
         // before the core sees that attempt's timeout come due.
         self.collect()?;
         let now = self.clock.now();
-        let mut out = self.output_buf();
+        let mut out = self.bufs.take();
         if let Some(step) = self.clock.resample() {
             tracing::warn!(
                 step = %fmt_ns(step),
@@ -981,7 +469,7 @@ impl Agent {
                 .drain_into(&mut out);
         }
         self.process_in(&mut out)?;
-        self.return_output_buf(out);
+        self.bufs.give_back(out);
         self.pump()?;
         self.collect()?;
         self.start_due_exec()?;
@@ -1010,21 +498,6 @@ impl Agent {
             self.maybe_return_free_heap();
         }
         Ok(())
-    }
-
-    /// An empty output buffer, from those kept: a pass's outputs (an
-    /// instant's firings and their events, a few hundred bytes each) no
-    /// longer grow a new vector a handful of reallocations at a time.
-    pub(super) fn output_buf(&mut self) -> Vec<Output> {
-        self.spare_outputs.pop().unwrap_or_default()
-    }
-
-    /// Keep an emptied buffer for later, unless a burst made it large.
-    pub(super) fn return_output_buf(&mut self, mut buf: Vec<Output>) {
-        buf.clear();
-        if buf.capacity() <= KEEP_OUTPUTS && self.spare_outputs.len() < SPARE_OUTPUTS {
-            self.spare_outputs.push(buf);
-        }
     }
 
     /// After a burst or a parsed pack, once nothing is due soon: see
@@ -1107,21 +580,4 @@ fn linger_until(scheduled: RefTime, width_ns: i64) -> RefTime {
             .saturating_add(width_ns)
             .saturating_add(1_000_000_000),
     )
-}
-
-/// Lines a pack declares shared with other packs (`shared_lines`).
-fn shared_lines(pack: &Pack) -> &[LineRef] {
-    &pack.shared_lines
-}
-
-/// Whether the exec allowlist lets `program` run with `args` and `env`.
-fn exec_check(
-    exec: &ExecPool,
-    program: &str,
-    args: &[String],
-    env: &std::collections::BTreeMap<String, String>,
-) -> Result<(), String> {
-    exec.policy()
-        .check(program, args, env)
-        .map_err(|e| e.to_string())
 }

@@ -1,39 +1,65 @@
 //! Performing the core's outputs: firings armed (journalled, then queued
 //! for the device or the exec pool), side actions, safe states, feedback.
 
-use baton_sched::{Firing, Reason, Withdrawal};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::dispatcher::Op;
+use baton_journal::{JournalError, StopReason};
+use baton_proto::RefTime;
+use baton_proto::pack::Action;
+use baton_sched::{
+    AttemptResult, Event, ExecutionId, Firing, Output, PackKey, Reason, SafeReason, Withdrawal,
+};
+
+use super::arming::{PendingExec, Ticket};
+use super::feedback;
+use super::record::{FiringRecord, FiringResult, Origin};
+use super::{
+    Agent, RuntimeError, journal_once, journal_result, linger_until, panic_hook_test_point,
+};
+use crate::dispatcher::{Job, JobKind, NotRun, Op};
+use crate::exec::ExecRequest;
 use crate::ledger::Slot;
 
-use super::*;
+/// What one batch of outputs carries between its steps; only performing
+/// outputs touches it.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// Ledger slots armed for a batch's firings before their start record,
+    /// taken in order as the firings are performed; kept only for its
+    /// capacity between batches (see `process_in`).
+    slots: VecDeque<Slot>,
+    /// Attempts the core asked back in the batch being performed.
+    asked_back: Vec<(ExecutionId, Reason)>,
+}
 
 impl Agent {
     /// Perform the core's outputs in order, and what follows from them, as
     /// a loop over a work queue. Each batch's firings are journalled in one
     /// durable record before any of them reaches the device.
-    pub(super) fn process(&mut self, mut first: Vec<Output>) -> anyhow::Result<()> {
+    pub(super) fn process(&mut self, mut first: Vec<Output>) -> Result<(), RuntimeError> {
         self.process_in(&mut first)?;
-        self.return_output_buf(first);
+        self.bufs.give_back(first);
         Ok(())
     }
 
     /// [`Agent::process`] on a buffer the caller keeps: it is left empty,
     /// with its capacity, so the loop's every pass does not grow a new one
     /// (a firing instant's outputs were a handful of reallocations).
-    pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> anyhow::Result<()> {
-        let mut more = self.output_buf();
+    pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> Result<(), RuntimeError> {
+        let mut more = self.bufs.take();
         // Each batch's ledger slots, in its firings' order. Out of `self`
         // while in use, and emptied on every way out: a batch that fails
         // part-way (the loop then ends) leaves no slot of its firings for
         // another firing to take.
-        let mut slots = std::mem::take(&mut self.batch_slots);
+        let mut slots = std::mem::take(&mut self.batch.slots);
         slots.clear();
         let done = self.process_batches(batch, &mut more, &mut slots);
         slots.clear();
-        self.batch_slots = slots;
+        self.batch.slots = slots;
         done?;
-        self.return_output_buf(more);
+        self.bufs.give_back(more);
         Ok(())
     }
 
@@ -41,8 +67,8 @@ impl Agent {
         &mut self,
         batch: &mut Vec<Output>,
         more: &mut Vec<Output>,
-        slots: &mut std::collections::VecDeque<Slot>,
-    ) -> anyhow::Result<()> {
+        slots: &mut VecDeque<Slot>,
+    ) -> Result<(), RuntimeError> {
         while !batch.is_empty() {
             // Each firing's id as text, made once by the core: journalled
             // here, then shared with the dispatcher, the feedback and the
@@ -81,7 +107,7 @@ impl Agent {
 
     /// One attempt, its id (`f.text`) already journalled and its ledger
     /// slot armed.
-    fn fire(&mut self, f: Firing, slot: Slot, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    fn fire(&mut self, f: Firing, slot: Slot, more: &mut Vec<Output>) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let action = f.action.clone();
         match &*action {
@@ -100,11 +126,11 @@ impl Agent {
     /// Answer the core's withdrawals asked in this batch: each attempt not
     /// yet started is withdrawn (reported not run, journalled), the others
     /// are too late (their results come as usual).
-    fn answer_withdrawals(&mut self, more: &mut Vec<Output>) -> anyhow::Result<()> {
-        if self.asked_back.is_empty() {
+    fn answer_withdrawals(&mut self, more: &mut Vec<Output>) -> Result<(), RuntimeError> {
+        if self.batch.asked_back.is_empty() {
             return Ok(());
         }
-        let asked = std::mem::take(&mut self.asked_back);
+        let asked = std::mem::take(&mut self.batch.asked_back);
         let ids: HashMap<String, ExecutionId> = asked
             .iter()
             .map(|(id, _)| (id.to_string(), id.clone()))
@@ -141,9 +167,9 @@ impl Agent {
     fn perform(
         &mut self,
         o: Output,
-        slots: &mut std::collections::VecDeque<Slot>,
+        slots: &mut VecDeque<Slot>,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         match o {
             Output::Fire(f) => {
@@ -161,7 +187,7 @@ impl Agent {
                     r.settled = true;
                 }
             }
-            Output::Withdraw { id, reason } => self.asked_back.push((id, reason)),
+            Output::Withdraw { id, reason } => self.batch.asked_back.push((id, reason)),
             Output::OnFailure {
                 pack, action, once, ..
             } => {
@@ -221,7 +247,7 @@ impl Agent {
         now: RefTime,
         slot: Slot,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let Some(op) = self.admission.op_for(action) else {
             self.arming.free_slot(slot);
             let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
@@ -280,7 +306,7 @@ impl Agent {
         reason: SafeReason,
         now: RefTime,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let shared: Vec<_> = self
             .admission
             .shared_of(pack)
@@ -294,10 +320,10 @@ impl Agent {
                 first_err.get_or_insert(e);
             }
         }
-        self.safe_done.insert(pack.clone());
+        self.safe.driven(pack);
         if reason != SafeReason::Shutdown {
             // Stopped for good: the controller hears it in the next `Held`.
-            self.held_changed = true;
+            self.held.mark_changed();
         }
         self.pump()?;
         if let Some(e) = first_err {
@@ -342,7 +368,7 @@ impl Agent {
         origin: Origin,
         action: &Action,
         now: RefTime,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let what = match origin {
             Origin::OnFailure => "on_failure".to_string(),
             Origin::SafeState(r) => format!("safe_state ({})", r.as_str()),
@@ -408,7 +434,7 @@ impl Agent {
 
     /// Hand jobs over as credits allow; attempts withdrawn while waiting
     /// are settled as not run.
-    pub(super) fn pump(&mut self) -> anyhow::Result<()> {
+    pub(super) fn pump(&mut self) -> Result<(), RuntimeError> {
         let withheld = self.arming.pump(self.device.as_mut())?;
         if withheld.is_empty() {
             return Ok(());
@@ -456,7 +482,7 @@ impl Agent {
         r: AttemptResult,
         at: RefTime,
         more: &mut Vec<Output>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         journal_result(&mut self.journal, text, &r)?;
         self.core.attempt_result(id, r, at).drain_into(more);
         Ok(())

@@ -1,12 +1,19 @@
 //! Results back into the core: device results, exec results, and exec
 //! firings started when due.
 
-use super::*;
+use baton_proto::RefTime;
+use baton_sched::{AttemptResult, Output};
+
+use super::arming::{self, Ticket};
+use super::record::{FiringRecord, FiringResult, Origin};
+use super::{Agent, RuntimeError};
+use crate::dispatcher::{Done, JobKind, JobOutcome, NotRun};
+use crate::exec::{ExecOutcome, ExecResult, NotStartedReason};
 
 impl Agent {
     /// Results from the device and the exec pool, into the core.
-    pub(super) fn collect(&mut self) -> anyhow::Result<()> {
-        let mut more = self.output_buf();
+    pub(super) fn collect(&mut self) -> Result<(), RuntimeError> {
+        let mut more = self.bufs.take();
         while let Some(done) = self.device.try_done() {
             self.on_done(done, &mut more)?;
         }
@@ -14,7 +21,7 @@ impl Agent {
             self.on_exec(r, &mut more)?;
         }
         if more.is_empty() {
-            self.return_output_buf(more);
+            self.bufs.give_back(more);
         } else {
             self.process(more)?;
             self.pump()?;
@@ -22,7 +29,11 @@ impl Agent {
         Ok(())
     }
 
-    pub(super) fn on_exec(&mut self, r: ExecResult, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    pub(super) fn on_exec(
+        &mut self,
+        r: ExecResult,
+        more: &mut Vec<Output>,
+    ) -> Result<(), RuntimeError> {
         let Some(run) = self.arming.exec_running.remove(&r.execution_id) else {
             return Ok(());
         };
@@ -52,15 +63,13 @@ impl Agent {
         self.settle(&id, &r.execution_id, result, at, more)
     }
 
-    pub(super) fn on_done(&mut self, done: Done, more: &mut Vec<Output>) -> anyhow::Result<()> {
+    pub(super) fn on_done(
+        &mut self,
+        done: Done,
+        more: &mut Vec<Output>,
+    ) -> Result<(), RuntimeError> {
         if done.kind == JobKind::PulseEnd {
-            if let JobOutcome::Failed(e) = &done.outcome {
-                tracing::error!("pulse end failed: {e}");
-            }
-            // The pulse is over: its slot and line are free.
-            if let Some(Ticket::PulseEnd { slot, .. }) = self.arming.take_ticket(done.ticket) {
-                self.arming.free_slot(slot);
-            }
+            self.on_pulse_end(&done);
             return Ok(());
         }
         let Some(ticket) = self.arming.take_ticket(done.ticket) else {
@@ -70,19 +79,7 @@ impl Agent {
         // Lateness on the dispatcher's own (monotonic) scale: immune to the
         // estimate moving between arming and firing.
         let lateness_ns = done.actual.nanos_since(done.deadline);
-        let (result, firing) = match done.outcome {
-            JobOutcome::Ok(value) => (AttemptResult::Ok { value }, FiringResult::Ok { value }),
-            JobOutcome::Failed(e) => {
-                let m = e.to_string();
-                (AttemptResult::Failed(m.clone()), FiringResult::Failed(m))
-            }
-            JobOutcome::NotRun(why) => (
-                AttemptResult::Late {
-                    actual: RefTime::MIN,
-                },
-                FiringResult::NotRun(why),
-            ),
-        };
+        let (result, firing) = done_results(done.outcome);
         match ticket {
             Ticket::Attempt {
                 id,
@@ -143,9 +140,19 @@ impl Agent {
         Ok(())
     }
 
+    /// A pulse's end ran: its slot and line are free.
+    fn on_pulse_end(&mut self, done: &Done) {
+        if let JobOutcome::Failed(e) = &done.outcome {
+            tracing::error!("pulse end failed: {e}");
+        }
+        if let Some(Ticket::PulseEnd { slot, .. }) = self.arming.take_ticket(done.ticket) {
+            self.arming.free_slot(slot);
+        }
+    }
+
     /// Start the exec firings that are due. One still waiting for a worker
     /// when its window closes is not started (the pool reports it).
-    pub(super) fn start_due_exec(&mut self) -> anyhow::Result<()> {
+    pub(super) fn start_due_exec(&mut self) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let mut more = Vec::new();
         for p in self.arming.due_exec(now) {
@@ -176,6 +183,24 @@ impl Agent {
         } else {
             self.process(more)
         }
+    }
+}
+
+/// A device job's outcome as the core and the feedback say it (a job not
+/// run is late at an instant the caller sets).
+fn done_results(outcome: JobOutcome) -> (AttemptResult, FiringResult) {
+    match outcome {
+        JobOutcome::Ok(value) => (AttemptResult::Ok { value }, FiringResult::Ok { value }),
+        JobOutcome::Failed(e) => {
+            let m = e.to_string();
+            (AttemptResult::Failed(m.clone()), FiringResult::Failed(m))
+        }
+        JobOutcome::NotRun(why) => (
+            AttemptResult::Late {
+                actual: RefTime::MIN,
+            },
+            FiringResult::NotRun(why),
+        ),
     }
 }
 

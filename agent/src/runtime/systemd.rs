@@ -10,10 +10,13 @@
 //! heartbeat says it is stuck (`baton_service::watchdog` has the rule), so
 //! systemd restarts an agent whose device thread hangs.
 
+use std::time::Duration;
+
+use baton_proto::RefTime;
 use baton_service::notify::{Notifier, State};
 use baton_service::watchdog::Watchdog;
 
-use super::*;
+use super::Agent;
 
 /// The notifier and the watchdog schedule, if any.
 #[derive(Debug)]

@@ -49,14 +49,19 @@
 
 pub mod fence;
 mod lease;
+mod push;
 mod stage;
 mod window;
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
+use baton_journal::JournalError;
+use baton_proto::RefTime;
 use baton_proto::wire;
+use baton_sched::PackKey;
 
-use super::*;
+use super::{Agent, RuntimeError};
 use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
 use baton_clock::MonoTime;
 use baton_clock::estimator::ClockState;
@@ -138,6 +143,18 @@ impl Uplink {
     }
 }
 
+/// The session ended: nothing more goes out on it.
+fn on_disconnected(up: &mut Uplink, session: u64, reason: &str) {
+    up.fence.ended(session);
+    if up.session == Some(session) {
+        up.session = None;
+        up.welcomed = false;
+        up.window.close();
+        up.pending.clear();
+        tracing::info!(session, "controller link: disconnected ({reason})");
+    }
+}
+
 /// A nack for `pack`.
 fn nack(
     pack: &wire::PackRef,
@@ -153,22 +170,9 @@ fn nack(
     })
 }
 
-/// Pack errors with their positions, as the wire carries them.
-fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
-    errs.0
-        .iter()
-        .map(|e| wire::PackError {
-            line: e.pos.line,
-            column: e.pos.col,
-            instruction: e.instruction.clone().unwrap_or_default(),
-            message: e.message.clone(),
-        })
-        .collect()
-}
-
 impl Agent {
     /// Start the link thread if a controller is configured.
-    pub(super) fn start_uplink(&mut self) -> anyhow::Result<()> {
+    pub(super) fn start_uplink(&mut self) -> Result<(), RuntimeError> {
         if self.cfg.controllers.is_empty() {
             return Ok(());
         }
@@ -176,7 +180,7 @@ impl Agent {
         link_cfg.time_exchange = self.cfg.clock.link;
         link_cfg.tls = self.cfg.tls.clone();
         let link = Link::start(link_cfg, self.clock.clone(), std::thread::current())
-            .map_err(|e| anyhow::anyhow!("starting the controller link thread: {e}"))?;
+            .map_err(RuntimeError::LinkStart)?;
         let now = self.mono_now();
         self.uplink = Some(Uplink {
             link,
@@ -220,7 +224,7 @@ impl Agent {
 
     /// One pass of the link's control side: link events (bounded), leases,
     /// `Held` after changes, clock reports, feedback pages (bounded).
-    pub(super) fn uplink_step(&mut self) -> anyhow::Result<()> {
+    pub(super) fn uplink_step(&mut self) -> Result<(), RuntimeError> {
         let Some(mut up) = self.uplink.take() else {
             return Ok(());
         };
@@ -230,7 +234,7 @@ impl Agent {
         r
     }
 
-    fn uplink_pass(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+    fn uplink_pass(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
         self.switch_due(up)?;
         up.flush();
         up.backlog = false;
@@ -252,9 +256,8 @@ impl Agent {
         }
         self.check_leases(up)?;
         if let Some(session) = up.session
-            && self.held_changed
+            && self.held.take_changed()
         {
-            self.held_changed = false;
             up.queue(session, ToLink::Held(self.held_list()));
         }
         let now = self.mono_now();
@@ -298,7 +301,7 @@ impl Agent {
         if up.welcomed {
             at = Some(up.next_clock_report);
         }
-        for (key, h) in &self.held {
+        for (key, h) in self.held.iter() {
             let Some(lease) = h.lease else { continue };
             if !self.core.held(key).is_some_and(|(_, active)| active) {
                 continue;
@@ -312,170 +315,140 @@ impl Agent {
         at.map(|m| self.clock.to_ref(m))
     }
 
-    fn on_link(&mut self, up: &mut Uplink, ev: FromLink) -> anyhow::Result<()> {
+    fn on_link(&mut self, up: &mut Uplink, ev: FromLink) -> Result<(), RuntimeError> {
         let now = self.mono_now();
         match ev {
             FromLink::Connected { session } => {
-                up.session = Some(session);
-                up.welcomed = false;
-                up.fence.connected(session);
-                up.window.close();
-                // Whatever waited for an earlier session is moot: Hello
-                // says where things stand.
-                up.pending.retain(|o| o.session == session);
-                let hello = self.hello();
-                tracing::info!(
-                    session,
-                    packs = hello.packs.len(),
-                    journal_id = %hello.journal_id,
-                    session_gen = hello.session_gen,
-                    feedback_first_seq = hello.feedback_first_seq,
-                    feedback_last_seq = hello.feedback_last_seq,
-                    "controller link: connected, hello sent"
-                );
-                up.queue(session, ToLink::Hello(Box::new(hello)));
-                self.held_changed = false;
+                self.on_connected(up, session);
+                Ok(())
             }
             FromLink::Welcome {
                 session,
                 acked_seq,
                 session_gen,
                 ..
-            } => {
-                if up.session != Some(session) {
-                    return Ok(());
-                }
-                // Journalled (when it raises the fence) before anything
-                // else of this session is looked at.
-                match up.fence.welcome(&mut self.journal, session, session_gen)? {
-                    Welcomed::Refused(stale) => {
-                        // Not contact: a stale controller cannot cancel
-                        // anything either, so leases keep running.
-                        up.stale.welcomes += 1;
-                        tracing::error!(session, "{stale}");
-                        up.queue(session, ToLink::Refuse(stale.to_string()));
-                        return Ok(());
-                    }
-                    Welcomed::Accepted {
-                        generation,
-                        raised: true,
-                    } => tracing::info!(
-                        session,
-                        session_gen = generation,
-                        "controller link: a new session generation, journalled"
-                    ),
-                    Welcomed::Accepted { .. } => {}
-                }
-                up.lease.contact(now);
-                let acked_seq = self.known_seq(acked_seq);
-                self.ack(acked_seq)?;
-                let front = self
-                    .journal
-                    .outbox_range()
-                    .map_or(acked_seq.saturating_add(1), |(f, _)| f);
-                up.window.open(front, acked_seq);
-                up.welcomed = true;
-                up.queue(session, ToLink::ClockReport(self.clock_report()));
-                up.next_clock_report = now + CLOCK_REPORT_EVERY;
-            }
+            } => self.on_welcome(up, session, acked_seq, session_gen, now),
             FromLink::Push {
                 session,
                 pack,
                 yaml,
                 session_gen,
                 stage,
-            } => {
-                if let Err(stale) = up.fence.check(&self.journal, session, session_gen) {
-                    // Not contact, not parsed, nothing journalled.
-                    up.stale.pushes += 1;
-                    let label = format!("{}/{} v{}", pack.tenant, pack.pack, pack.version);
-                    tracing::error!(session, pack = %label, "pushed pack refused: {stale}");
-                    if up.session == Some(session) {
-                        let message = format!("pack {label}: {stale}");
-                        up.queue(
-                            session,
-                            nack(&pack, wire::NackReason::Stale, message, Vec::new()),
-                        );
-                    }
-                    return Ok(());
-                }
-                up.lease.contact(now);
-                let (reply, fault) = match stage {
-                    Some(stage) => (self.stage_push(up, &pack, yaml, stage), None),
-                    None => {
-                        // A version to run now: whatever was staged of the
-                        // pack is superseded.
-                        let key = PackKey {
-                            tenant: pack.tenant.clone(),
-                            pack: pack.pack.clone(),
-                        };
-                        self.drop_staged(up, &key);
-                        self.on_push(&pack, yaml)
-                    }
-                };
-                if up.session == Some(session) {
-                    up.queue(session, reply);
-                }
-                if let Some(e) = fault {
-                    return Err(e);
-                }
-            }
+            } => self.on_push_event(up, (session, session_gen), pack, yaml, stage, now),
             FromLink::Cancel {
                 session,
                 pack,
                 session_gen,
-            } => {
-                if let Err(stale) = up.fence.check(&self.journal, session, session_gen) {
-                    up.stale.cancels += 1;
-                    let label = format!("{}/{} v{}", pack.tenant, pack.pack, pack.version);
-                    tracing::error!(session, pack = %label, "controller cancel ignored: {stale}");
-                    return Ok(());
-                }
-                up.lease.contact(now);
-                let key = PackKey {
-                    tenant: pack.tenant.clone(),
-                    pack: pack.pack.clone(),
-                };
-                self.drop_staged(up, &key);
-                self.on_cancel(pack)?;
-                // Held again even when nothing changed: it is how the
-                // controller learns that the cancel took effect.
-                self.held_changed = true;
-            }
-            FromLink::FeedbackAck { session, seq } => {
-                // A refused (or not yet welcomed) controller's store is not
-                // where feedback must land: its acks drop nothing.
-                if !up.fence.accepted(session) {
-                    tracing::warn!(
-                        session,
-                        acked = seq,
-                        "controller link: feedback ack from a session not accepted, ignored"
-                    );
-                    return Ok(());
-                }
-                up.lease.contact(now);
-                // An entry leaves the journal only once acknowledged.
-                let seq = self.known_seq(seq);
-                self.ack(seq)?;
-                if up.session == Some(session) {
-                    up.window.acked(seq);
-                }
-            }
+            } => self.on_cancel_event(up, (session, session_gen), pack, now),
+            FromLink::FeedbackAck { session, seq } => self.on_feedback_ack(up, session, seq, now),
             FromLink::Alive { session } => {
                 if up.fence.accepted(session) {
                     up.lease.contact(now);
                 }
+                Ok(())
             }
             FromLink::Disconnected { session, reason } => {
-                up.fence.ended(session);
-                if up.session == Some(session) {
-                    up.session = None;
-                    up.welcomed = false;
-                    up.window.close();
-                    up.pending.clear();
-                    tracing::info!(session, "controller link: disconnected ({reason})");
-                }
+                on_disconnected(up, session, &reason);
+                Ok(())
             }
+        }
+    }
+
+    /// A new session: Hello says where things stand.
+    fn on_connected(&mut self, up: &mut Uplink, session: u64) {
+        up.session = Some(session);
+        up.welcomed = false;
+        up.fence.connected(session);
+        up.window.close();
+        // Whatever waited for an earlier session is moot: Hello
+        // says where things stand.
+        up.pending.retain(|o| o.session == session);
+        let hello = self.hello();
+        tracing::info!(
+            session,
+            packs = hello.packs.len(),
+            journal_id = %hello.journal_id,
+            session_gen = hello.session_gen,
+            feedback_first_seq = hello.feedback_first_seq,
+            feedback_last_seq = hello.feedback_last_seq,
+            "controller link: connected, hello sent"
+        );
+        up.queue(session, ToLink::Hello(Box::new(hello)));
+        self.held.told();
+    }
+
+    /// The controller's Welcome: fenced (journalled when it raises the
+    /// generation), then the outbox is acknowledged and the window opens.
+    fn on_welcome(
+        &mut self,
+        up: &mut Uplink,
+        session: u64,
+        acked_seq: u64,
+        session_gen: u64,
+        now: MonoTime,
+    ) -> Result<(), RuntimeError> {
+        if up.session != Some(session) {
+            return Ok(());
+        }
+        // Journalled (when it raises the fence) before anything
+        // else of this session is looked at.
+        match up.fence.welcome(&mut self.journal, session, session_gen)? {
+            Welcomed::Refused(stale) => {
+                // Not contact: a stale controller cannot cancel
+                // anything either, so leases keep running.
+                up.stale.welcomes += 1;
+                tracing::error!(session, "{stale}");
+                up.queue(session, ToLink::Refuse(stale.to_string()));
+                return Ok(());
+            }
+            Welcomed::Accepted {
+                generation,
+                raised: true,
+            } => tracing::info!(
+                session,
+                session_gen = generation,
+                "controller link: a new session generation, journalled"
+            ),
+            Welcomed::Accepted { .. } => {}
+        }
+        up.lease.contact(now);
+        let acked_seq = self.known_seq(acked_seq);
+        self.ack(acked_seq)?;
+        let front = self
+            .journal
+            .outbox_range()
+            .map_or(acked_seq.saturating_add(1), |(f, _)| f);
+        up.window.open(front, acked_seq);
+        up.welcomed = true;
+        up.queue(session, ToLink::ClockReport(self.clock_report()));
+        up.next_clock_report = now + CLOCK_REPORT_EVERY;
+        Ok(())
+    }
+
+    /// The controller stored feedback up to `seq`.
+    fn on_feedback_ack(
+        &mut self,
+        up: &mut Uplink,
+        session: u64,
+        seq: u64,
+        now: MonoTime,
+    ) -> Result<(), RuntimeError> {
+        // A refused (or not yet welcomed) controller's store is not
+        // where feedback must land: its acks drop nothing.
+        if !up.fence.accepted(session) {
+            tracing::warn!(
+                session,
+                acked = seq,
+                "controller link: feedback ack from a session not accepted, ignored"
+            );
+            return Ok(());
+        }
+        up.lease.contact(now);
+        // An entry leaves the journal only once acknowledged.
+        let seq = self.known_seq(seq);
+        self.ack(seq)?;
+        if up.session == Some(session) {
+            up.window.acked(seq);
         }
         Ok(())
     }
@@ -589,160 +562,8 @@ impl Agent {
         }
     }
 
-    /// A staged push: parsed and checked like any push, then kept aside
-    /// ([`stage`]).
-    fn stage_push(
-        &mut self,
-        up: &mut Uplink,
-        r: &wire::PackRef,
-        yaml: String,
-        stage: crate::link::StageAt,
-    ) -> ToLink {
-        // A new staging replaces the old one, refused or not: a copy armed
-        // for an instant the controller no longer wants must never stay
-        // armed because its replacement did not pass.
-        let key = PackKey {
-            tenant: r.tenant.clone(),
-            pack: r.pack.clone(),
-        };
-        self.drop_staged(up, &key);
-        match self.parse_push(r, &yaml) {
-            Ok(pack) => self.on_stage(up, r, yaml, pack, stage),
-            Err(reply) => reply,
-        }
-    }
-
-    /// A pushed pack: the answer, and a fault that must end the loop.
-    fn on_push(&mut self, r: &wire::PackRef, yaml: String) -> (ToLink, Option<anyhow::Error>) {
-        let pack = match self.parse_push(r, &yaml) {
-            Ok(p) => p,
-            Err(reply) => return (reply, None),
-        };
-        self.accept_push(r, yaml, pack)
-    }
-
-    /// The pushed text parsed, named as the push names it, within the
-    /// agent's pack limit; else the refusal to send.
-    fn parse_push(&mut self, r: &wire::PackRef, yaml: &str) -> Result<Pack, ToLink> {
-        use wire::NackReason as R;
-        let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
-        // Valid or not, the parse tree is garbage now.
-        self.heap_trim.parsed();
-        let pack = match parse_pack(yaml) {
-            Ok(p) => p,
-            Err(errs) => {
-                // The log gets the first few; the controller gets them all.
-                let shown: Vec<String> = errs.0.iter().take(10).map(|e| e.to_string()).collect();
-                tracing::warn!(
-                    pack = %label,
-                    errors = errs.0.len(),
-                    "pushed pack is invalid:\n{}",
-                    shown.join("\n")
-                );
-                let first = errs.0.first().map(|e| e.to_string()).unwrap_or_default();
-                let message = format!(
-                    "pack {label} is invalid: {} error(s), the first at {first}",
-                    errs.0.len()
-                );
-                return Err(nack(r, R::Invalid, message, wire_errors(&errs)));
-            }
-        };
-        if pack.tenant != r.tenant || pack.id != r.pack || pack.version != r.version {
-            let message = format!(
-                "the push names pack {label} but its YAML is pack {}/{} v{}",
-                pack.tenant, pack.id, pack.version
-            );
-            tracing::warn!(pack = %label, "pushed pack refused: {message}");
-            return Err(nack(r, R::Invalid, message, Vec::new()));
-        }
-        let key = PackKey::of(&pack);
-        if !self.held.contains_key(&key) && self.held.len() >= self.cfg.max_packs {
-            let message = format!(
-                "this agent holds {} packs, its limit (max-packs): retry once one is cancelled",
-                self.held.len()
-            );
-            tracing::warn!(pack = %label, "pushed pack refused: {message}");
-            return Err(nack(r, R::ResourceExhausted, message, Vec::new()));
-        }
-        Ok(pack)
-    }
-
-    /// A parsed push accepted (or refused): the answer, and a fault that
-    /// must end the loop.
-    fn accept_push(
-        &mut self,
-        r: &wire::PackRef,
-        yaml: String,
-        pack: Pack,
-    ) -> (ToLink, Option<anyhow::Error>) {
-        use wire::NackReason as R;
-        let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
-        let result = self.accept(yaml, pack);
-        match result {
-            Ok(verdict) => {
-                let unchanged = verdict == Verdict::Unchanged;
-                if unchanged {
-                    tracing::info!(pack = %label, "pushed again with the same content: unchanged");
-                } else {
-                    self.held_changed = true;
-                }
-                (
-                    ToLink::Ack(wire::PackAck {
-                        pack: Some(r.clone()),
-                        unchanged,
-                        staged: false,
-                        activate_at_ns: 0,
-                    }),
-                    None,
-                )
-            }
-            Err(e) => {
-                let (reason, errors) = match &e {
-                    AcceptError::Clock { .. } => (R::Clock, Vec::new()),
-                    AcceptError::NotLive(errs) => (R::Invalid, wire_errors(errs)),
-                    AcceptError::Journal(_) | AcceptError::Fault(_) => (R::Unavailable, Vec::new()),
-                    // A line another pack is letting go of: free in a
-                    // moment, retried like capacity.
-                    AcceptError::Refused(a) if a.is_transient() => {
-                        (R::ResourceExhausted, Vec::new())
-                    }
-                    AcceptError::Refused(_) | AcceptError::Core(_) => (R::Refused, Vec::new()),
-                };
-                let message = format!("pack {label}: {e}");
-                tracing::warn!(pack = %label, reason = reason.as_str_name(), "pushed pack refused: {e}");
-                let fault = e.is_fault().then(|| anyhow::Error::from(e));
-                (nack(r, reason, message, errors), fault)
-            }
-        }
-    }
-
-    /// A pack withdrawn by the controller: its safe state, then it is
-    /// removed (as `baton-agent cancel`). Not held: nothing to do.
-    fn on_cancel(&mut self, r: wire::PackRef) -> anyhow::Result<()> {
-        let key = PackKey {
-            tenant: r.tenant,
-            pack: r.pack,
-        };
-        if self.core.held(&key).is_none() {
-            tracing::info!(pack = %key, "controller cancel of a pack not held: nothing to do");
-            return Ok(());
-        }
-        match self.cancel_local(&key) {
-            Ok(msg) => {
-                tracing::info!(pack = %key, "controller cancel: {msg}");
-                Ok(())
-            }
-            // A journal failure is the loop's fault, as everywhere.
-            Err(e) if e.downcast_ref::<JournalError>().is_some() => Err(e),
-            Err(e) => {
-                tracing::error!(pack = %key, "controller cancel: {e:#}");
-                Ok(())
-            }
-        }
-    }
-
     /// Packs whose lease ran out: their safe state (that pack only).
-    fn check_leases(&mut self, up: &Uplink) -> anyhow::Result<()> {
+    fn check_leases(&mut self, up: &Uplink) -> Result<(), RuntimeError> {
         let now = self.mono_now();
         let expired: Vec<(PackKey, Duration)> = self
             .held
@@ -776,7 +597,7 @@ impl Agent {
     }
 
     /// Feedback pages to the link, as the window allows (bounded per step).
-    fn send_feedback(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+    fn send_feedback(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
         let Some(session) = up.session else {
             return Ok(());
         };

@@ -328,57 +328,8 @@ impl NtpClient {
                 effect: kiss(s, &p, t4),
             });
         }
-        if p.leap == LEAP_UNSYNCHRONISED || p.stratum >= 16 {
-            return Err(Reject::Unsynchronised);
-        }
-        if p.receive_ts == 0 || p.transmit_ts == 0 || p.transmit_ts < p.receive_ts {
-            return Err(Reject::BadTimestamps);
-        }
-        let root_delay = short_to_ns(p.root_delay);
-        let root_dispersion = short_to_ns(p.root_dispersion);
-        if root_delay / 2 + root_dispersion > MAX_ROOT_DISTANCE_NS {
-            return Err(Reject::RootDistance);
-        }
-        if t4 < t1 {
-            return Err(Reject::BadTimestamps);
-        }
-        let t2 = i128::from(timestamp_to_unix_ns(p.receive_ts));
-        let t3 = i128::from(timestamp_to_unix_ns(p.transmit_ts));
-        let (m1, m4) = (i128::from(t1.as_nanos()), i128::from(t4.as_nanos()));
-        let offset = ((t2 - m1) + (t3 - m4)) / 2;
-        // A server whose clock ran a little during its processing can make
-        // this slightly negative; RFC 5905 clamps it.
-        let delay = ((m4 - m1) - (t3 - t2)).max(0);
-        let (Ok(offset_ns), Ok(delay_ns)) = (i64::try_from(offset), i64::try_from(delay)) else {
-            return Err(Reject::BadTimestamps);
-        };
-        let measurement = Measurement {
-            at: t1.add_nanos(t4.nanos_since(t1) / 2),
-            offset_ns,
-            delay_ns,
-            error_ns: delay_ns / 2
-                + root_delay / 2
-                + root_dispersion
-                + precision_ns(p.precision)
-                + LOCAL_ERROR_NS,
-        };
-        if s.reach == Reach::Unreachable {
-            // Back: converge again as at start.
-            s.burst_left = config.burst - 1;
-            s.interval_ns = ns(config.min_poll).max(s.interval_ns.min(ns(config.max_poll)));
-            let soon = t4.add_nanos(ns(config.burst_spacing));
-            s.next_poll = soon.min(s.next_poll);
-        } else if !f.burst {
-            s.good_in_row += 1;
-            let max = ns(config.max_poll);
-            if s.good_in_row >= GROW_AFTER && s.interval_ns < max {
-                s.good_in_row = 0;
-                let grown = s.interval_ns.saturating_mul(2).min(max);
-                // The next poll was set at the old interval; move it too.
-                s.next_poll = s.next_poll.add_nanos(grown - s.interval_ns);
-                s.interval_ns = grown;
-            }
-        }
+        let measurement = measure(&p, t1, t4)?;
+        answered(s, &config, f.burst, t4);
         s.reach = Reach::Reachable;
         let kept = s.filter.push(measurement);
         let sample = self.combine(measurement.at);
@@ -414,6 +365,70 @@ impl NtpClient {
             offset_ns: m.offset_ns,
             error_ns: m.error_ns,
         })
+    }
+}
+
+/// The measurement a server reply `p` gives for a request sent at `t1`
+/// and answered at `t4`, if the reply is sane (synchronised, consistent
+/// timestamps, within the root distance).
+fn measure(p: &Packet, t1: MonoTime, t4: MonoTime) -> Result<Measurement, Reject> {
+    if p.leap == LEAP_UNSYNCHRONISED || p.stratum >= 16 {
+        return Err(Reject::Unsynchronised);
+    }
+    if p.receive_ts == 0 || p.transmit_ts == 0 || p.transmit_ts < p.receive_ts {
+        return Err(Reject::BadTimestamps);
+    }
+    let root_delay = short_to_ns(p.root_delay);
+    let root_dispersion = short_to_ns(p.root_dispersion);
+    if root_delay / 2 + root_dispersion > MAX_ROOT_DISTANCE_NS {
+        return Err(Reject::RootDistance);
+    }
+    if t4 < t1 {
+        return Err(Reject::BadTimestamps);
+    }
+    let t2 = i128::from(timestamp_to_unix_ns(p.receive_ts));
+    let t3 = i128::from(timestamp_to_unix_ns(p.transmit_ts));
+    let (m1, m4) = (i128::from(t1.as_nanos()), i128::from(t4.as_nanos()));
+    let offset = ((t2 - m1) + (t3 - m4)) / 2;
+    // A server whose clock ran a little during its processing can make
+    // this slightly negative; RFC 5905 clamps it.
+    let delay = ((m4 - m1) - (t3 - t2)).max(0);
+    let (Ok(offset_ns), Ok(delay_ns)) = (i64::try_from(offset), i64::try_from(delay)) else {
+        return Err(Reject::BadTimestamps);
+    };
+    let measurement = Measurement {
+        at: t1.add_nanos(t4.nanos_since(t1) / 2),
+        offset_ns,
+        delay_ns,
+        error_ns: delay_ns / 2
+            + root_delay / 2
+            + root_dispersion
+            + precision_ns(p.precision)
+            + LOCAL_ERROR_NS,
+    };
+    Ok(measurement)
+}
+
+/// A good reply from `s` (to a burst request if `burst`) at `t4`: a server
+/// that was unreachable converges again as at start; otherwise its poll
+/// interval grows after enough good replies in a row.
+fn answered(s: &mut Server, config: &NtpConfig, burst: bool, t4: MonoTime) {
+    if s.reach == Reach::Unreachable {
+        // Back: converge again as at start.
+        s.burst_left = config.burst - 1;
+        s.interval_ns = ns(config.min_poll).max(s.interval_ns.min(ns(config.max_poll)));
+        let soon = t4.add_nanos(ns(config.burst_spacing));
+        s.next_poll = soon.min(s.next_poll);
+    } else if !burst {
+        s.good_in_row += 1;
+        let max = ns(config.max_poll);
+        if s.good_in_row >= GROW_AFTER && s.interval_ns < max {
+            s.good_in_row = 0;
+            let grown = s.interval_ns.saturating_mul(2).min(max);
+            // The next poll was set at the old interval; move it too.
+            s.next_poll = s.next_poll.add_nanos(grown - s.interval_ns);
+            s.interval_ns = grown;
+        }
     }
 }
 

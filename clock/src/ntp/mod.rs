@@ -58,7 +58,7 @@ const STOP_WAIT: Duration = Duration::from_millis(500);
 const RECV_BUF: usize = 1024;
 
 /// The running NTP source. Dropping it stops the thread (within about
-/// [`STOP_CHECK`]; the drop waits at most [`STOP_WAIT`] and never hangs).
+/// 100 ms, its stop check; the drop waits at most 500 ms and never hangs).
 #[derive(Debug)]
 pub struct NtpHandle {
     stop: Arc<AtomicBool>,

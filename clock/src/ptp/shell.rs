@@ -20,7 +20,8 @@ use statime::config::{
 };
 use statime::filters::KalmanConfiguration;
 use statime::port::{
-    NoForwardedTLVs, PortAction, PortActionIterator, TimestampContext, is_message_buffer_compatible,
+    NoForwardedTLVs, Port, PortAction, PortActionIterator, Running, TimestampContext,
+    is_message_buffer_compatible,
 };
 use statime::time::{Duration, Interval, Time};
 use timestamped_socket::interface::InterfaceName;
@@ -246,39 +247,9 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
         mono + realtime_minus_mono() + r.start_error_ns,
     )));
     let obs = Rc::new(RefCell::new(ServoObs::default()));
-    // Slave only, and the worst possible candidate in any BMCA: this
-    // instance must never be recommended master.
-    let instance = PtpInstance::<ObservedFilter>::new(
-        InstanceConfig {
-            clock_identity: ClockIdentity(r.identity),
-            priority_1: 255,
-            priority_2: 255,
-            domain_number: r.domain,
-            sdo_id: SdoId::default(),
-            slave_only: true,
-            path_trace: false,
-        },
-        TimePropertiesDS::new_arbitrary_time(false, false, TimeSource::InternalOscillator),
-    );
-    let port_config = PortConfig {
-        acceptable_master_list: AcceptAnyMaster,
-        // E2E, one Delay_Req a second on average (the default
-        // logMinDelayReqInterval of a grandmaster).
-        delay_mechanism: DelayMechanism::E2E {
-            interval: Interval::ONE_SECOND,
-        },
-        // Ours never go out (slave only); it sets the BMCA tick and the
-        // announce-receipt timeout (3–6 s), which suits ptp4l's default 2 s
-        // announces.
-        announce_interval: Interval::ONE_SECOND,
-        announce_receipt_timeout: 3,
-        sync_interval: Interval::ONE_SECOND,
-        master_only: false,
-        delay_asymmetry: Duration::ZERO,
-        minor_ptp_version: PtpMinorVersion::Zero,
-    };
+    let instance = slave_only_instance(&r);
     let mut bmca_port = instance.add_port(
-        port_config,
+        port_config(),
         ObservedConfig {
             kalman: KalmanConfiguration::default(),
             obs: obs.clone(),
@@ -294,11 +265,8 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
     let mut general_buf = [0u8; 2048];
     loop {
         let (mut port, first) = bmca_port.end_bmca();
-        let mut pending = perform(first, &mut io, &mut timers, &vclock).await;
-        while let Some((context, t)) = pending {
-            let actions = port.handle_send_timestamp(context, t);
-            pending = perform(actions, &mut io, &mut timers, &vclock).await;
-        }
+        let pending = perform(first, &mut io, &mut timers, &vclock).await;
+        settle_send_timestamps(&mut port, pending, &mut io, &mut timers, &vclock).await;
         let bmca_at = Instant::now() + instance.bmca_interval();
         loop {
             let wake = timers.next().map_or(bmca_at, |t| t.min(bmca_at));
@@ -307,17 +275,8 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
                 _ = &mut r.stop => return Ended::Stopped,
                 got = io.event.recv(&mut event_buf) => match got {
                     Ok(p) => {
-                        let data = &event_buf[..p.bytes_read];
-                        match p.timestamp_data.selected_timestamp() {
-                            Some(ts) if is_message_buffer_compatible(data) => {
-                                port.handle_event_receive(data, packet_time(&vclock, ts))
-                            }
-                            Some(_) => PortActionIterator::empty(),
-                            None => {
-                                tracing::warn!("ptp: event message without a receive timestamp");
-                                PortActionIterator::empty()
-                            }
-                        }
+                        let ts = p.timestamp_data.selected_timestamp();
+                        on_event(&mut port, &event_buf[..p.bytes_read], ts, &vclock)
                     }
                     Err(e) => {
                         tracing::warn!("ptp: receiving on the event socket: {e}");
@@ -338,64 +297,163 @@ pub async fn run(mut io: Io, mut r: Run) -> Ended {
                     if now >= bmca_at {
                         break;
                     }
-                    match timers.take_due(now) {
-                        Some(TimerKind::Announce) => port.handle_announce_timer(&mut NoForwardedTLVs),
-                        Some(TimerKind::Sync) => port.handle_sync_timer(),
-                        Some(TimerKind::DelayRequest) => port.handle_delay_request_timer(),
-                        Some(TimerKind::AnnounceReceipt) => port.handle_announce_receipt_timer(),
-                        Some(TimerKind::FilterUpdate) => port.handle_filter_update_timer(),
-                        None => PortActionIterator::empty(),
-                    }
+                    on_timer(&mut port, timers.take_due(now))
                 }
             };
-            let mut pending = perform(actions, &mut io, &mut timers, &vclock).await;
-            while let Some((context, t)) = pending {
-                let actions = port.handle_send_timestamp(context, t);
-                pending = perform(actions, &mut io, &mut timers, &vclock).await;
-            }
+            let pending = perform(actions, &mut io, &mut timers, &vclock).await;
+            settle_send_timestamps(&mut port, pending, &mut io, &mut timers, &vclock).await;
             let o = *obs.borrow();
             publish(&r.state, port.is_steering(), &o);
             if o.measurements != seen {
                 seen = o.measurements;
-                if let (true, Some(error_ns), Some(est)) = (
-                    port.is_steering(),
-                    o.error_ns(),
-                    port.port_current_ds_contribution(),
-                ) {
-                    let m = crate::mono_now().as_nanos();
-                    let ref_fixed = vclock.borrow().at_fixed(m)
-                        - fixed_from_duration(est.offset_from_master)
-                        - i128::from(utc_ns) * (1 << 32);
-                    let offset_ns = ((ref_fixed + (1 << 31)) >> 32) - i128::from(m);
-                    let sample = Sample {
-                        source: SourceKind::Ptp,
-                        at: MonoTime::from_nanos(m),
-                        offset_ns: offset_ns as i64,
-                        error_ns,
-                    };
-                    if !r.sink.send(sample) {
-                        return Ended::SinkClosed;
-                    }
+                if let Some(sample) = sample_of(&port, &o, &vclock, utc_ns)
+                    && !r.sink.send(sample)
+                {
+                    return Ended::SinkClosed;
                 }
             }
         }
         bmca_port = port.start_bmca();
         instance.bmca(&mut [&mut bmca_port]);
-        let tp = instance.time_properties_ds();
-        let u = utc_correction_ns(&tp);
-        if u != utc_ns {
-            tracing::info!(
-                "ptp: grandmaster timescale {} (UTC offset {:?} s): subtracting {} s",
-                if tp.is_ptp() {
-                    "PTP (TAI)"
-                } else {
-                    "arbitrary"
-                },
-                tp.utc_offset(),
-                u / 1_000_000_000
-            );
-            utc_ns = u;
+        follow_timescale(&instance, &mut utc_ns);
+    }
+}
+
+/// The port between two BMCA runs.
+type RunningPort<'a> = Port<'a, Running, AcceptAnyMaster, StdRng, MonoVirtualClock, ObservedFilter>;
+
+/// Slave only, and the worst possible candidate in any BMCA: this
+/// instance must never be recommended master.
+fn slave_only_instance(r: &Run) -> PtpInstance<ObservedFilter> {
+    PtpInstance::<ObservedFilter>::new(
+        InstanceConfig {
+            clock_identity: ClockIdentity(r.identity),
+            priority_1: 255,
+            priority_2: 255,
+            domain_number: r.domain,
+            sdo_id: SdoId::default(),
+            slave_only: true,
+            path_trace: false,
+        },
+        TimePropertiesDS::new_arbitrary_time(false, false, TimeSource::InternalOscillator),
+    )
+}
+
+/// The port's configuration: E2E delay, one-second intervals.
+fn port_config() -> PortConfig<AcceptAnyMaster> {
+    PortConfig {
+        acceptable_master_list: AcceptAnyMaster,
+        // E2E, one Delay_Req a second on average (the default
+        // logMinDelayReqInterval of a grandmaster).
+        delay_mechanism: DelayMechanism::E2E {
+            interval: Interval::ONE_SECOND,
+        },
+        // Ours never go out (slave only); it sets the BMCA tick and the
+        // announce-receipt timeout (3–6 s), which suits ptp4l's default 2 s
+        // announces.
+        announce_interval: Interval::ONE_SECOND,
+        announce_receipt_timeout: 3,
+        sync_interval: Interval::ONE_SECOND,
+        master_only: false,
+        delay_asymmetry: Duration::ZERO,
+        minor_ptp_version: PtpMinorVersion::Zero,
+    }
+}
+
+/// Tells statime the send timestamp of each event message that went out,
+/// performing what it answers, until no timestamp is pending.
+async fn settle_send_timestamps(
+    port: &mut RunningPort<'_>,
+    mut pending: Option<(TimestampContext, Time)>,
+    io: &mut Io,
+    timers: &mut Timers,
+    clock: &RefCell<VirtualClock>,
+) {
+    while let Some((context, t)) = pending {
+        let actions = port.handle_send_timestamp(context, t);
+        pending = perform(actions, io, timers, clock).await;
+    }
+}
+
+/// An event message received with receive timestamp `ts` (ignored without
+/// one, or if statime cannot parse it).
+fn on_event<'p>(
+    port: &'p mut RunningPort<'_>,
+    data: &'p [u8],
+    ts: Option<Timestamp>,
+    clock: &RefCell<VirtualClock>,
+) -> PortActionIterator<'p> {
+    match ts {
+        Some(ts) if is_message_buffer_compatible(data) => {
+            port.handle_event_receive(data, packet_time(clock, ts))
         }
+        Some(_) => PortActionIterator::empty(),
+        None => {
+            tracing::warn!("ptp: event message without a receive timestamp");
+            PortActionIterator::empty()
+        }
+    }
+}
+
+/// The timer that fell due, handed to the port.
+fn on_timer<'p>(port: &'p mut RunningPort<'_>, due: Option<TimerKind>) -> PortActionIterator<'p> {
+    match due {
+        Some(TimerKind::Announce) => port.handle_announce_timer(&mut NoForwardedTLVs),
+        Some(TimerKind::Sync) => port.handle_sync_timer(),
+        Some(TimerKind::DelayRequest) => port.handle_delay_request_timer(),
+        Some(TimerKind::AnnounceReceipt) => port.handle_announce_receipt_timer(),
+        Some(TimerKind::FilterUpdate) => port.handle_filter_update_timer(),
+        None => PortActionIterator::empty(),
+    }
+}
+
+/// The servo's latest measurement as a [`Sample`] of the reference's
+/// offset from our monotonic clock, when the port steers and has an
+/// estimate.
+fn sample_of(
+    port: &RunningPort<'_>,
+    o: &ServoObs,
+    clock: &RefCell<VirtualClock>,
+    utc_ns: i64,
+) -> Option<Sample> {
+    let (true, Some(error_ns), Some(est)) = (
+        port.is_steering(),
+        o.error_ns(),
+        port.port_current_ds_contribution(),
+    ) else {
+        return None;
+    };
+    let m = crate::mono_now().as_nanos();
+    let ref_fixed = clock.borrow().at_fixed(m)
+        - fixed_from_duration(est.offset_from_master)
+        - i128::from(utc_ns) * (1 << 32);
+    let offset_ns = ((ref_fixed + (1 << 31)) >> 32) - i128::from(m);
+    Some(Sample {
+        source: SourceKind::Ptp,
+        at: MonoTime::from_nanos(m),
+        offset_ns: offset_ns as i64,
+        error_ns,
+    })
+}
+
+/// After a BMCA run: follows the grandmaster's timescale (PTP/TAI or
+/// arbitrary), updating the UTC correction `utc_ns` subtracted from its
+/// time, with a log line when it changes.
+fn follow_timescale(instance: &PtpInstance<ObservedFilter>, utc_ns: &mut i64) {
+    let tp = instance.time_properties_ds();
+    let u = utc_correction_ns(&tp);
+    if u != *utc_ns {
+        tracing::info!(
+            "ptp: grandmaster timescale {} (UTC offset {:?} s): subtracting {} s",
+            if tp.is_ptp() {
+                "PTP (TAI)"
+            } else {
+                "arbitrary"
+            },
+            tp.utc_offset(),
+            u / 1_000_000_000
+        );
+        *utc_ns = u;
     }
 }
 

@@ -33,7 +33,9 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::{ClientTls, OpError};
+use baton_link_client::TlsFiles;
+
+use super::OpError;
 
 /// Each step of a dial: TCP connect, TLS handshake, the controller's
 /// verdict.
@@ -109,13 +111,12 @@ impl Files {
     /// Read `--cert`, `--key`, `--ca` and check them at `now` (Unix
     /// seconds): the certificate is valid now, the key is its own, the CA
     /// file holds a certificate valid now.
-    pub fn read(tls: &ClientTls, now: i64) -> Result<Files, OpError> {
-        let (Some(cert_path), Some(key_path), Some(ca_path)) = (&tls.cert, &tls.key, &tls.ca)
-        else {
-            return Err(OpError::usage(
-                "https:// needs --cert, --key and --ca (or BATON_CERT, BATON_KEY, BATON_CA)",
-            ));
-        };
+    pub fn read(tls: &TlsFiles, now: i64) -> Result<Files, OpError> {
+        let TlsFiles {
+            cert: cert_path,
+            key: key_path,
+            ca: ca_path,
+        } = tls;
         let named = |flag: &str, p: &Path, e: &dyn std::fmt::Display| {
             OpError::fail(format!("{flag} {}: {e}", p.display()))
         };

@@ -15,22 +15,27 @@ pub mod profile;
 mod push;
 mod query;
 mod rollout;
+mod watch;
 
-use std::time::Duration;
-
-use baton_proto::wire::admin_client::AdminClient;
 use std::path::PathBuf;
+
+use baton_link_client::plaintext::{NOT_LOOPBACK, NOT_LOOPBACK_REMEDY, url_host};
+use baton_link_client::{
+    EndpointPolicy, Plaintext, PlaintextRefused, TlsFiles, admin_client, check_plaintext,
+};
+use baton_proto::wire::admin_client::AdminClient;
 
 use tonic::transport::{Channel, Endpoint};
 
 pub use push::{PushOpts, push};
 pub use query::{
     LabelChange, agents, audit, cancel, clock, feedback, forget_agent, grant_agent, label_agent,
-    packs, watch,
+    packs,
 };
 pub use rollout::{RolloutOp, rollout};
+pub use watch::watch;
 
-use baton_proto::wire::{MAX_MESSAGE_BYTES, error_chain};
+use baton_proto::wire::error_chain;
 
 /// Default controller address for operators and agents.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7411";
@@ -57,6 +62,23 @@ pub struct ClientTls {
     pub key: Option<PathBuf>,
     /// The CA that signed the controller's certificate.
     pub ca: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// The three files an `https://` controller needs, as the link client
+    /// names them; a missing one is a usage error naming the flags.
+    pub fn files(&self) -> Result<TlsFiles, OpError> {
+        let (Some(cert), Some(key), Some(ca)) = (&self.cert, &self.key, &self.ca) else {
+            return Err(OpError::usage(
+                "https:// needs --cert, --key and --ca (or BATON_CERT, BATON_KEY, BATON_CA)",
+            ));
+        };
+        Ok(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        })
+    }
 }
 
 /// A failure of an operator command: message, exit code.
@@ -133,24 +155,7 @@ pub fn transport(conn: &Conn) -> Result<Transport, OpError> {
     let plain = if conn.url.starts_with("https://") {
         false
     } else if conn.url.starts_with("http://") {
-        if !conn.insecure {
-            return Err(OpError::usage(format!(
-                "{} is plaintext: use https:// with --cert, --key and --ca, or pass --insecure",
-                conn.url
-            )));
-        }
-        let host = conn
-            .url
-            .parse::<tonic::transport::Uri>()
-            .ok()
-            .and_then(|u| u.host().map(str::to_string))
-            .unwrap_or_default();
-        if !conn.insecure_any && !baton_proto::wire::is_loopback_host(&host) {
-            return Err(OpError::usage(format!(
-                "{}: plaintext toward a non-loopback controller would send this operator's actions in the clear; use https:// with --cert, --key and --ca, or add --insecure-any on a network you trust",
-                conn.url
-            )));
-        }
+        check_plain(conn)?;
         true
     } else {
         return Err(OpError::usage(format!(
@@ -158,22 +163,16 @@ pub fn transport(conn: &Conn) -> Result<Transport, OpError> {
             conn.url
         )));
     };
-    let tune = |e: Endpoint| {
-        e.tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(10))
-    };
+    let policy = EndpointPolicy::OPERATOR;
     if plain {
         let e = Endpoint::from_shared(conn.url.clone())
             .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))?;
-        return Ok(Transport::Plain(tune(
-            e.connect_timeout(Duration::from_secs(5)),
-        )));
+        return Ok(Transport::Plain(policy.with_connect_timeout(e)));
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let files = dial::Files::read(&conn.tls, now)?;
+    let files = dial::Files::read(&conn.tls.files()?, now)?;
     let dialer = dial::Dialer::new(&conn.url, &files)?;
     // tonic would dial TLS itself for an https:// URI; the dialer does
     // (each of its steps has its own timeout), and requests still say
@@ -189,7 +188,28 @@ pub fn transport(conn: &Conn) -> Result<Transport, OpError> {
     let e = Endpoint::from_shared(format!("http://{authority}"))
         .map_err(|e| OpError::usage(format!("--controller {}: {e}", conn.url)))?
         .origin(origin);
-    Ok(Transport::Tls(tune(e), dialer))
+    // The dialer times each of its steps itself: no connect timeout here.
+    Ok(Transport::Tls(policy.tune(e), dialer))
+}
+
+/// The shared plaintext rule ([`baton_link_client::plaintext`]), in the
+/// operator's words.
+fn check_plain(conn: &Conn) -> Result<(), OpError> {
+    let allowed = Plaintext {
+        insecure: conn.insecure,
+        insecure_any: conn.insecure_any,
+    };
+    let host = url_host(&conn.url);
+    check_plaintext(host.as_deref(), allowed).map_err(|refused| match refused {
+        PlaintextRefused::NotAllowed => OpError::usage(format!(
+            "{} is plaintext: use https:// with --cert, --key and --ca, or pass --insecure",
+            conn.url
+        )),
+        PlaintextRefused::NotLoopback => OpError::usage(format!(
+            "{}: {NOT_LOOPBACK} would send this operator's actions in the clear; {NOT_LOOPBACK_REMEDY}",
+            conn.url
+        )),
+    })
 }
 
 /// An Admin client.
@@ -215,7 +235,5 @@ pub async fn client(conn: &Conn) -> Result<AdminClient<Channel>, OpError> {
                 })?
         }
     };
-    Ok(AdminClient::new(ch)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    Ok(admin_client(ch))
 }

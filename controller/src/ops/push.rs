@@ -37,28 +37,7 @@ pub async fn push(
     out: &mut dyn Write,
     warn: &mut dyn Write,
 ) -> Result<(), OpError> {
-    let now = RefTime::from_timestamp(jiff::Timestamp::now()).unwrap_or(RefTime::MAX);
-    let mut packs = Vec::new();
-    let mut errors = String::new();
-    for f in files {
-        let name = f.display().to_string();
-        match baton_proto::pack::read_pack_file(f) {
-            Ok((yaml, p)) => match p.check_live(now) {
-                Ok(()) => packs.push((name, yaml, p)),
-                Err(e) => errors.push_str(&e.render(&name)),
-            },
-            Err(rendered) => {
-                errors.push_str(&rendered);
-                errors.push('\n');
-            }
-        }
-    }
-    if !errors.is_empty() {
-        return Err(OpError::fail(format!(
-            "{}\nnothing pushed",
-            errors.trim_end()
-        )));
-    }
+    let packs = read_all(files)?;
     let mut c = client(conn).await?;
     let deadline = Instant::now() + opts.wait;
     let mut outcome = Outcome::default();
@@ -83,34 +62,7 @@ pub async fn push(
             .await?
             .into_inner();
         let r = reply.pack.clone().unwrap_or_default();
-        if opts.json {
-            let _ = writeln!(
-                out,
-                "{}",
-                serde_json::json!({
-                    "event": "stored", "file": name, "tenant": r.tenant, "pack": r.pack,
-                    "version": r.version, "unchanged": reply.unchanged, "agents": reply.agents,
-                    "rollout": reply.rollout,
-                })
-            );
-        } else if reply.rollout {
-            let _ = writeln!(
-                out,
-                "{name}: {} stored{}; a rollout gives it to its targets stage by stage: `baton-controller rollout status {}`",
-                format::pack_ref(reply.pack.as_ref()),
-                if reply.unchanged { " (unchanged)" } else { "" },
-                r.pack
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "{name}: {} stored{}, {} agent{} targeted",
-                format::pack_ref(reply.pack.as_ref()),
-                if reply.unchanged { " (unchanged)" } else { "" },
-                reply.agents.len(),
-                if reply.agents.len() == 1 { "" } else { "s" }
-            );
-        }
+        print_stored(out, opts.json, &name, &reply);
         if reply.rollout {
             // Stages, soak and verdicts take their time: `rollout status`
             // follows them; the push is done once stored.
@@ -133,25 +85,68 @@ pub async fn push(
         let ds = wait_for(&mut c, watch, &r, &reply.agents, deadline).await?;
         report(out, opts.json, &name, &r, &ds, &mut outcome);
     }
-    if outcome.refused {
-        return Err(OpError::fail("refused by at least one agent"));
+    outcome.result(opts.wait)
+}
+
+/// Every file read and checked, before anything is sent: (name, YAML,
+/// pack) each, or every file's errors and "nothing pushed".
+fn read_all(files: &[PathBuf]) -> Result<Vec<(String, String, baton_proto::pack::Pack)>, OpError> {
+    let now = RefTime::from_timestamp(jiff::Timestamp::now()).unwrap_or(RefTime::MAX);
+    let mut packs = Vec::new();
+    let mut errors = String::new();
+    for f in files {
+        let name = f.display().to_string();
+        match baton_proto::pack::read_pack_file(f) {
+            Ok((yaml, p)) => match p.check_live(now) {
+                Ok(()) => packs.push((name, yaml, p)),
+                Err(e) => errors.push_str(&e.render(&name)),
+            },
+            Err(rendered) => {
+                errors.push_str(&rendered);
+                errors.push('\n');
+            }
+        }
     }
-    if outcome.pending {
-        return Err(OpError {
-            message: format!(
-                "still pending after {:?} (agents offline or busy; the controller keeps delivering)",
-                opts.wait
-            ),
-            code: 3,
-        });
+    if !errors.is_empty() {
+        return Err(OpError::fail(format!(
+            "{}\nnothing pushed",
+            errors.trim_end()
+        )));
     }
-    if outcome.no_agent {
-        return Err(OpError {
-            message: "stored, but at least one pack targets no agent".into(),
-            code: 4,
-        });
+    Ok(packs)
+}
+
+/// The line saying a pack was stored (and how it reaches its agents).
+fn print_stored(out: &mut dyn Write, json: bool, name: &str, reply: &wire::PushReply) {
+    let r = reply.pack.clone().unwrap_or_default();
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::json!({
+                "event": "stored", "file": name, "tenant": r.tenant, "pack": r.pack,
+                "version": r.version, "unchanged": reply.unchanged, "agents": reply.agents,
+                "rollout": reply.rollout,
+            })
+        );
+    } else if reply.rollout {
+        let _ = writeln!(
+            out,
+            "{name}: {} stored{}; a rollout gives it to its targets stage by stage: `baton-controller rollout status {}`",
+            format::pack_ref(reply.pack.as_ref()),
+            if reply.unchanged { " (unchanged)" } else { "" },
+            r.pack
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "{name}: {} stored{}, {} agent{} targeted",
+            format::pack_ref(reply.pack.as_ref()),
+            if reply.unchanged { " (unchanged)" } else { "" },
+            reply.agents.len(),
+            if reply.agents.len() == 1 { "" } else { "s" }
+        );
     }
-    Ok(())
 }
 
 /// What the pushes came to, worst first.
@@ -160,6 +155,30 @@ struct Outcome {
     refused: bool,
     pending: bool,
     no_agent: bool,
+}
+
+impl Outcome {
+    /// The command's exit: the worst of what happened.
+    fn result(&self, wait: Duration) -> Result<(), OpError> {
+        if self.refused {
+            return Err(OpError::fail("refused by at least one agent"));
+        }
+        if self.pending {
+            return Err(OpError {
+                message: format!(
+                    "still pending after {wait:?} (agents offline or busy; the controller keeps delivering)"
+                ),
+                code: 3,
+            });
+        }
+        if self.no_agent {
+            return Err(OpError {
+                message: "stored, but at least one pack targets no agent".into(),
+                code: 4,
+            });
+        }
+        Ok(())
+    }
 }
 
 fn targets_words(p: &baton_proto::pack::Pack) -> String {

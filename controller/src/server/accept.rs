@@ -621,39 +621,11 @@ async fn handshake(
     ticket: Ticket,
     admission: Admission,
     acceptor: tokio_rustls::TlsAcceptor,
-    mut crowded: watch::Receiver<bool>,
+    crowded: watch::Receiver<bool>,
     limits: HandshakeLimits,
     tx: mpsc::Sender<Result<Conn<tls::Peer>, std::io::Error>>,
 ) {
-    let started = tokio::time::Instant::now();
-    let work = async move {
-        let mut first = [0u8; 1];
-        if tcp.peek(&mut first).await? == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
-        }
-        if first[0] == b'P' {
-            return Ok(Handshaken::Plaintext(tcp));
-        }
-        acceptor
-            .accept(tcp)
-            .await
-            .map(|s| Handshaken::Tls(Box::new(s)))
-    };
-    tokio::pin!(work);
-    let mut watching = true;
-    // Once in progress while crowded, always the shorter timeout: the
-    // budget uncrowds as soon as the first of a flood's handshakes time
-    // out, and the rest must not get the long one back.
-    let mut short = false;
-    let done = loop {
-        short |= *crowded.borrow_and_update();
-        let timeout = limits.timeout(short);
-        tokio::select! {
-            r = &mut work => break Ok(r),
-            () = tokio::time::sleep_until(started + timeout) => break Err(timeout),
-            c = crowded.changed(), if watching => watching = c.is_ok(),
-        }
-    };
+    let done = handshake_in_time(tcp, acceptor, crowded, limits).await;
     drop(ticket);
     let io = match done {
         Err(timeout) => {
@@ -704,6 +676,46 @@ async fn handshake(
             _slot: slot,
         },
     );
+}
+
+/// The first bytes read (`PRI`: plaintext HTTP/2) and else the TLS
+/// handshake, racing the budget's timeout (`Err`: the timeout that
+/// passed).
+async fn handshake_in_time(
+    tcp: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    mut crowded: watch::Receiver<bool>,
+    limits: HandshakeLimits,
+) -> Result<std::io::Result<Handshaken>, Duration> {
+    let started = tokio::time::Instant::now();
+    let work = async move {
+        let mut first = [0u8; 1];
+        if tcp.peek(&mut first).await? == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
+        if first[0] == b'P' {
+            return Ok(Handshaken::Plaintext(tcp));
+        }
+        acceptor
+            .accept(tcp)
+            .await
+            .map(|s| Handshaken::Tls(Box::new(s)))
+    };
+    tokio::pin!(work);
+    let mut watching = true;
+    // Once in progress while crowded, always the shorter timeout: the
+    // budget uncrowds as soon as the first of a flood's handshakes time
+    // out, and the rest must not get the long one back.
+    let mut short = false;
+    loop {
+        short |= *crowded.borrow_and_update();
+        let timeout = limits.timeout(short);
+        tokio::select! {
+            r = &mut work => break Ok(r),
+            () = tokio::time::sleep_until(started + timeout) => break Err(timeout),
+            c = crowded.changed(), if watching => watching = c.is_ok(),
+        }
+    }
 }
 
 /// A refused certificate is worth a line each (it names a real peer's

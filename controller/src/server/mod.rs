@@ -281,55 +281,12 @@ pub async fn serve(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
     write_addr(&cfg.data_dir, addr)?;
-    let metrics_listener = match cfg.metrics {
-        Some(a) => {
-            let l = metrics::bind(a).await?;
-            let bound = l.local_addr()?;
-            write_file_atomic(&cfg.data_dir, "metrics.addr", &format!("{bound}\n"))?;
-            tracing::info!("metrics on http://{bound}/metrics");
-            Some(l)
-        }
-        None => None,
-    };
-    let http_listener = match cfg.http {
-        Some(a) => {
-            let l = tokio::net::TcpListener::bind(a)
-                .await
-                .map_err(|e| anyhow::anyhow!("dashboard: cannot listen on {a}: {e}"))?;
-            let bound = l.local_addr()?;
-            write_file_atomic(&cfg.data_dir, "http.addr", &format!("{bound}\n"))?;
-            let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-            tracing::info!("dashboard on {scheme}://{bound}/");
-            Some(l)
-        }
-        None => None,
-    };
+    let metrics_listener = bind_metrics(&cfg).await?;
+    let http_listener = bind_http(&cfg).await?;
     store.all_disconnected().await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared::new(store, cfg, stop_rx.clone());
-    let retention = tokio::spawn(crate::app::retention::run(
-        shared.app.clone(),
-        shared.cfg.retention.clone(),
-        stop_rx.clone(),
-    ));
-    // Rollouts move on every replica; the store lets one step through.
-    let rollouts = tokio::spawn(crate::app::rollouts::run(
-        shared.app.clone(),
-        stop_rx.clone(),
-    ));
-    // Replicas sharing the store: their events go through it.
-    let relay = tokio::spawn(crate::app::follow::relay(
-        shared.app.clone(),
-        stop_rx.clone(),
-    ));
-    let follow = tokio::spawn(crate::app::follow::follow(
-        shared.app.clone(),
-        stop_rx.clone(),
-    ));
-    let heap = tokio::spawn(crate::app::heap::release_after_bursts(
-        shared.app.clone(),
-        stop_rx.clone(),
-    ));
+    let background = Background::spawn(&shared, &stop_rx);
     let tls_state = match &shared.cfg.tls {
         Some(t) => {
             let state = tls::TlsState::load(crate::ca::CaDir::new(&t.dir), shared.revoked.clone())?;
@@ -338,46 +295,76 @@ pub async fn serve(
         None => None,
     };
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<wire::link_server::LinkServer<LinkService>>()
-        .await;
-    health
-        .set_serving::<wire::admin_server::AdminServer<admin::AdminService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(baton_proto::wire::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| anyhow::anyhow!("reflection: {e}"))?;
-
-    let link = wire::link_server::LinkServer::new(LinkService::new(shared.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let admin = wire::admin_server::AdminServer::new(admin::AdminService::new(shared.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-
+    let router = grpc_router(&shared).await?;
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        // What a peer may send that the controller has not read yet: 256 KB
-        // per stream, 512 KB per connection (hyper's default is 1 MB each).
-        // An agent's outbox page is ~15 KB; a message is at most 16 MB and
-        // still arrives (flow control paces it, it does not refuse it).
-        .initial_stream_window_size(Some(256 * 1024))
-        .initial_connection_window_size(Some(512 * 1024))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(link)
-        .add_service(admin);
     let done = async move {
         let _ = done_rx.await;
     };
-    let accept_opts = shared.cfg.accept;
-    let accept_task;
     // The dashboard's HTTPS is re-read with the gRPC configuration.
     let web_tls = tls_state.as_ref().map(|(state, _)| state.clone());
+    let (accept_task, server) =
+        spawn_grpc(listener, addr, tls_state, router, done, &shared, &stop_rx);
+    let metrics_task = metrics_listener.map(|l| {
+        tokio::spawn(crate::web::listen::serve(
+            l,
+            None,
+            crate::web::pages::metrics::open_router(shared.app.clone()),
+            false,
+            stop_rx.clone(),
+        ))
+    });
+    let web_task = spawn_web(http_listener, web_tls, &shared, &stop_rx);
+    // systemd (`Type=notify`): the listener is bound and the store open.
+    // Nothing is sent without NOTIFY_SOCKET; nothing here blocks.
+    let notifier = baton_service::notify::Notifier::from_env();
+    let status = format!("listening on {addr}");
+    notifier.notify(&[
+        baton_service::notify::State::Ready,
+        baton_service::notify::State::Status(&status),
+    ]);
+    shutdown.await;
+    notifier.notify(&[
+        baton_service::notify::State::Stopping,
+        baton_service::notify::State::Status("stopping: closing agent streams"),
+    ]);
+    accept_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
+    if let Some(t) = web_task {
+        t.abort();
+    }
+    tracing::info!("stopping: closing agent streams and watchers");
+    let _ = stop_tx.send(true);
+    let _ = done_tx.send(());
+    // Streams end on the stop signal; a peer that does not read gets a
+    // bounded wait, not a hang.
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(r)) => r.map_err(|e| anyhow::anyhow!("server: {e}"))?,
+        Ok(Err(e)) => anyhow::bail!("server task: {e}"),
+        Err(_) => tracing::warn!("streams still open after 5 s; stopping anyway"),
+    }
+    background.finish().await;
+    Ok(())
+}
+
+/// The gRPC side served on `listener`, plaintext or mTLS (then with the
+/// watchers of its certificate files and revocations): the accept loop's
+/// task and the server's.
+fn spawn_grpc(
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    tls_state: Option<(Arc<tls::TlsState>, tls::TlsOptions)>,
+    router: tonic::transport::server::Router,
+    done: impl std::future::Future<Output = ()> + Send + 'static,
+    shared: &Arc<Shared>,
+    stop_rx: &watch::Receiver<bool>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
+    let accept_opts = shared.cfg.accept;
+    let accept_task;
     let server = match tls_state {
         None => {
             tracing::info!(%addr, max_connections = accept_opts.max_connections, "controller listening (plaintext, --insecure)");
@@ -415,16 +402,86 @@ pub async fn serve(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, done))
         }
     };
-    let metrics_task = metrics_listener.map(|l| {
-        tokio::spawn(crate::web::listen::serve(
-            l,
-            None,
-            crate::web::pages::metrics::open_router(shared.app.clone()),
-            false,
-            stop_rx.clone(),
-        ))
-    });
-    let web_task = match http_listener {
+    (accept_task, server)
+}
+
+/// `serve --metrics`: bound, its address written to `DATA/metrics.addr`.
+async fn bind_metrics(cfg: &ServerConfig) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    Ok(match cfg.metrics {
+        Some(a) => {
+            let l = metrics::bind(a).await?;
+            let bound = l.local_addr()?;
+            write_file_atomic(&cfg.data_dir, "metrics.addr", &format!("{bound}\n"))?;
+            tracing::info!("metrics on http://{bound}/metrics");
+            Some(l)
+        }
+        None => None,
+    })
+}
+
+/// `serve --http`: the dashboard's listener bound, its address written to
+/// `DATA/http.addr`.
+async fn bind_http(cfg: &ServerConfig) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    Ok(match cfg.http {
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| anyhow::anyhow!("dashboard: cannot listen on {a}: {e}"))?;
+            let bound = l.local_addr()?;
+            write_file_atomic(&cfg.data_dir, "http.addr", &format!("{bound}\n"))?;
+            let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+            tracing::info!("dashboard on {scheme}://{bound}/");
+            Some(l)
+        }
+        None => None,
+    })
+}
+
+/// The gRPC services (health, reflection, Link, Admin) on one router,
+/// with the transport's keep-alives and flow-control windows.
+async fn grpc_router(shared: &Arc<Shared>) -> anyhow::Result<tonic::transport::server::Router> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<wire::link_server::LinkServer<LinkService>>()
+        .await;
+    health
+        .set_serving::<wire::admin_server::AdminServer<admin::AdminService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(baton_proto::wire::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| anyhow::anyhow!("reflection: {e}"))?;
+
+    let link = wire::link_server::LinkServer::new(LinkService::new(shared.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let admin = wire::admin_server::AdminServer::new(admin::AdminService::new(shared.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    Ok(tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        // What a peer may send that the controller has not read yet: 256 KB
+        // per stream, 512 KB per connection (hyper's default is 1 MB each).
+        // An agent's outbox page is ~15 KB; a message is at most 16 MB and
+        // still arrives (flow control paces it, it does not refuse it).
+        .initial_stream_window_size(Some(256 * 1024))
+        .initial_connection_window_size(Some(512 * 1024))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(link)
+        .add_service(admin))
+}
+
+/// The dashboard (`serve --http`), over the gRPC side's TLS state.
+fn spawn_web(
+    http_listener: Option<tokio::net::TcpListener>,
+    web_tls: Option<Arc<tls::TlsState>>,
+    shared: &Arc<Shared>,
+    stop_rx: &watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    match http_listener {
         Some(l) => {
             let tls_dir = shared
                 .cfg
@@ -446,49 +503,77 @@ pub async fn serve(
             )))
         }
         None => None,
-    };
-    // systemd (`Type=notify`): the listener is bound and the store open.
-    // Nothing is sent without NOTIFY_SOCKET; nothing here blocks.
-    let notifier = baton_service::notify::Notifier::from_env();
-    let status = format!("listening on {addr}");
-    notifier.notify(&[
-        baton_service::notify::State::Ready,
-        baton_service::notify::State::Status(&status),
-    ]);
-    shutdown.await;
-    notifier.notify(&[
-        baton_service::notify::State::Stopping,
-        baton_service::notify::State::Status("stopping: closing agent streams"),
-    ]);
-    accept_task.abort();
-    if let Some(t) = metrics_task {
-        t.abort();
     }
-    if let Some(t) = web_task {
-        t.abort();
+}
+
+/// The application's tasks beside the listeners, each running until the
+/// stop signal.
+struct Background {
+    retention: tokio::task::JoinHandle<()>,
+    rollouts: tokio::task::JoinHandle<()>,
+    relay: tokio::task::JoinHandle<()>,
+    follow: tokio::task::JoinHandle<()>,
+    heap: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    /// Retention, rollouts, the relay of events to other replicas and
+    /// the follower of theirs, and the heap's release after bursts.
+    fn spawn(shared: &Arc<Shared>, stop_rx: &watch::Receiver<bool>) -> Background {
+        let retention = tokio::spawn(crate::app::retention::run(
+            shared.app.clone(),
+            shared.cfg.retention.clone(),
+            stop_rx.clone(),
+        ));
+        // Rollouts move on every replica; the store lets one step through.
+        let rollouts = tokio::spawn(crate::app::rollouts::run(
+            shared.app.clone(),
+            stop_rx.clone(),
+        ));
+        // Replicas sharing the store: their events go through it.
+        let relay = tokio::spawn(crate::app::follow::relay(
+            shared.app.clone(),
+            stop_rx.clone(),
+        ));
+        let follow = tokio::spawn(crate::app::follow::follow(
+            shared.app.clone(),
+            stop_rx.clone(),
+        ));
+        let heap = tokio::spawn(crate::app::heap::release_after_bursts(
+            shared.app.clone(),
+            stop_rx.clone(),
+        ));
+        Background {
+            retention,
+            rollouts,
+            relay,
+            follow,
+            heap,
+        }
     }
-    tracing::info!("stopping: closing agent streams and watchers");
-    let _ = stop_tx.send(true);
-    let _ = done_tx.send(());
-    // Streams end on the stop signal; a peer that does not read gets a
-    // bounded wait, not a hang.
-    match tokio::time::timeout(Duration::from_secs(5), server).await {
-        Ok(Ok(r)) => r.map_err(|e| anyhow::anyhow!("server: {e}"))?,
-        Ok(Err(e)) => anyhow::bail!("server task: {e}"),
-        Err(_) => tracing::warn!("streams still open after 5 s; stopping anyway"),
+
+    /// Stopped once the streams are closed; the relay is given a bounded
+    /// wait to hand the streams' last events to the other replicas.
+    async fn finish(self) {
+        let Background {
+            retention,
+            rollouts,
+            relay,
+            follow,
+            heap,
+        } = self;
+        retention.abort();
+        rollouts.abort();
+        heap.abort();
+        follow.abort();
+        // The streams' last events (disconnected) for the other replicas.
+        if tokio::time::timeout(Duration::from_secs(3), relay)
+            .await
+            .is_err()
+        {
+            tracing::warn!("events for the other replicas still queued after 3 s; stopping anyway");
+        }
     }
-    retention.abort();
-    rollouts.abort();
-    heap.abort();
-    follow.abort();
-    // The streams' last events (disconnected) for the other replicas.
-    if tokio::time::timeout(Duration::from_secs(3), relay)
-        .await
-        .is_err()
-    {
-        tracing::warn!("events for the other replicas still queued after 3 s; stopping anyway");
-    }
-    Ok(())
 }
 
 fn write_addr(dir: &std::path::Path, addr: SocketAddr) -> anyhow::Result<()> {

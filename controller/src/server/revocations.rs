@@ -73,20 +73,21 @@ pub fn new_records(
     out
 }
 
-/// Record the revocations listed now that the log does not have yet.
-async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
+/// The revocation list's entries (`None`: unreadable just now; the TLS
+/// side keeps its previous list and says so too).
+async fn read_entries(dir: &CaDir) -> Result<Option<Vec<RevokedEntry>>, StoreError> {
     let path = dir.revoked();
     let read = tokio::task::spawn_blocking({
         let path = path.clone();
         move || ca::read_revoked_entries(&path)
     })
     .await;
-    let entries = match read {
+    Ok(Some(match read {
         Ok(Ok(e)) => e,
         Ok(Err(e)) => {
             // The TLS side logs it too and keeps the previous list.
             tracing::warn!("revocations not audited: {e}");
-            return Ok(0);
+            return Ok(None);
         }
         Err(e) => {
             return Err(StoreError::Backend(format!(
@@ -94,6 +95,33 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
                 path.display()
             )));
         }
+    }))
+}
+
+/// The tenants with a stake in each newly revoked agent (their audit
+/// logs get the record).
+async fn agent_stakeholders(
+    store: &Arc<dyn crate::store::Store>,
+    entries: &[RevokedEntry],
+    recorded: &HashSet<String>,
+) -> Result<std::collections::HashMap<String, Vec<String>>, StoreError> {
+    let mut agent_seen = std::collections::HashMap::new();
+    for e in entries
+        .iter()
+        .filter(|e| e.kind == "agent" && !recorded.contains(&e.serial))
+    {
+        if let Some(a) = store.agent(&e.name).await? {
+            let rows = store.deliveries_of_agent(&e.name).await?;
+            agent_seen.insert(e.name.clone(), a.stakeholders(&rows));
+        }
+    }
+    Ok(agent_seen)
+}
+
+/// Record the revocations listed now that the log does not have yet.
+async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
+    let Some(entries) = read_entries(dir).await? else {
+        return Ok(0);
     };
     if entries.is_empty() {
         return Ok(0);
@@ -110,16 +138,7 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
     if entries.iter().all(|e| recorded.contains(&e.serial)) {
         return Ok(0);
     }
-    let mut agent_seen = std::collections::HashMap::new();
-    for e in entries
-        .iter()
-        .filter(|e| e.kind == "agent" && !recorded.contains(&e.serial))
-    {
-        if let Some(a) = store.agent(&e.name).await? {
-            let rows = store.deliveries_of_agent(&e.name).await?;
-            agent_seen.insert(e.name.clone(), a.stakeholders(&rows));
-        }
-    }
+    let agent_seen = agent_stakeholders(store, &entries, &recorded).await?;
     let operator_tenant = |name: &str| {
         ca::read_cert(&dir.leaf_cert(ca::Kind::Operator, name))
             .ok()

@@ -1,7 +1,9 @@
 //! The scheduler state machine.
 //!
 //! Inputs: packs, `now`, attempt results, lease loss, shutdown, downtime.
-//! Outputs: [`Output`]s in the order the runtime must act on them. It never
+//! Outputs: [`Output`]s in the order the runtime must act on them, each
+//! entry point's returned as an [`Outputs`] value (must be used; filled in
+//! a buffer the core keeps, so no call allocates in steady state). It never
 //! reads a clock or touches a device, so tests drive it on simulated time
 //! and every run with the same inputs and seed gives the same outputs.
 //!

@@ -10,9 +10,9 @@
 //! fencing of `uplink/fence.rs`): nothing of it due after the instant is
 //! armed ahead or handed out, so a loop that gets to the switch late
 //! (under load) cannot have given the device an old-program stroke past
-//! it. A staged version that goes without switching lifts the
-//! fence ([`Agent::drop_staged`]; a refused switch too): what was held
-//! then fires late within `max_lateness` or is reported skipped.
+//! it. A staged version that goes without switching lifts the fence
+//! ([`Agent::drop_staged`]; a refused switch too): what was held then
+//! fires late within `max_lateness` or is reported skipped.
 //!
 //! A staged copy lives in memory only: a restart drops it (the held
 //! version runs on, as it would have until the instant) and the
@@ -31,7 +31,7 @@ use baton_sched::PackKey;
 
 use super::{Agent, Uplink, nack};
 use crate::link::{StageAt, ToLink};
-use crate::runtime::{AcceptError, Verdict};
+use crate::runtime::{AcceptError, RuntimeError, Verdict};
 
 /// A switch this much later than its instant (the push naming it arrived
 /// late, the loop was held up) happens now, on a grid from now: replaying
@@ -142,7 +142,7 @@ impl Agent {
     /// follows telling the controller. One that cannot switch (its clock
     /// too uncertain then, a check that fails now) stays on the held
     /// version and is nacked. A journal fault ends the loop, as anywhere.
-    pub(in crate::runtime) fn switch_due(&mut self, up: &mut Uplink) -> anyhow::Result<()> {
+    pub(in crate::runtime) fn switch_due(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let due: Vec<PackKey> = up
             .staged
@@ -173,7 +173,7 @@ impl Agent {
         key: &PackKey,
         s: Staged,
         now: RefTime,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), RuntimeError> {
         let at = s.at.unwrap_or(now);
         let label = format!("{key} v{}", s.pack.version);
         let bound = match s.max_uncertainty_ns {
@@ -197,7 +197,7 @@ impl Agent {
         match self.accept_as_of(s.yaml, s.pack, Some(as_of)) {
             Ok(Verdict::Unchanged) => {}
             Ok(_) => {
-                self.held_changed = true;
+                self.held.mark_changed();
                 tracing::info!(
                     pack = %label,
                     late_ns = late.as_nanos() as u64,
@@ -211,7 +211,7 @@ impl Agent {
                 let message = format!("pack {label}: not switched: {e}");
                 self.answer_later(up, nack(&s.wire_ref, reason, message, Vec::new()));
                 if fault {
-                    return Err(anyhow::Error::from(e));
+                    return Err(RuntimeError::from(e));
                 }
             }
         }

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use maud::html;
+use maud::{Markup, html};
 
 use super::layout::{self, Nav};
 use super::{ago, instant, span};
+use crate::app::agents::AgentView;
 use crate::app::feedback::FeedbackQuery;
 use crate::app::now_ns;
 use crate::model::{ClockRow, FeedbackRow};
@@ -113,6 +114,27 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
             div #clock-plot .plot data-src=(format!("/api/agents/{}/clock", percent(&a.id))) role="img" aria-label="Clock offset over time" {}
             div #clock-changes {}
         }
+        (lateness_section(&rows, &last, &h, most))
+        section aria-labelledby="exec-h" {
+            h2 #exec-h { "Recent executions" }
+            (super::exec_table(&rows))
+        }
+        (packs_section(&v))
+    };
+    let live = format!("agent={}", percent(&a.id));
+    layout::page(
+        &format!("Agent {}", a.id),
+        who.viewer(),
+        Nav::Fleet,
+        Some(&live),
+        body,
+    )
+    .into_response()
+}
+
+/// The lateness of the agent's recent executions, as a histogram.
+fn lateness_section(rows: &[FeedbackRow], last: &str, h: &[u64], most: u64) -> Markup {
+    html! {
         section aria-labelledby="lat-h" {
             h2 #lat-h { "Start lateness, last " (last) " (" (rows.len()) " executions)" }
             table.histogram {
@@ -128,10 +150,12 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                 }
             }
         }
-        section aria-labelledby="exec-h" {
-            h2 #exec-h { "Recent executions" }
-            (super::exec_table(&rows))
-        }
+    }
+}
+
+/// The agent's packs: desired and held versions, state, why.
+fn packs_section(v: &AgentView) -> Markup {
+    html! {
         section aria-labelledby="packs-h" {
             h2 #packs-h { "Packs" }
             table {
@@ -149,16 +173,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                 }
             }
         }
-    };
-    let live = format!("agent={}", percent(&a.id));
-    layout::page(
-        &format!("Agent {}", a.id),
-        who.viewer(),
-        Nav::Fleet,
-        Some(&live),
-        body,
-    )
-    .into_response()
+    }
 }
 
 /// The plot's data: times in seconds, offset and band edges in µs, and

@@ -16,8 +16,10 @@ use super::agent::WINDOW_NS;
 use super::layout::{self, Nav};
 use super::{instant, span};
 use crate::app::feedback::FeedbackQuery;
+use crate::app::packs::DeliveriesPage;
+use crate::app::rollouts::RolloutStatus;
 use crate::app::{AppError, now_ns};
-use crate::model::{CohortFigures, DeliveryState};
+use crate::model::{CohortFigures, DeliveryState, PackVersionRow};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
 use crate::web::{Web, app_error};
@@ -125,6 +127,34 @@ pub async fn page(
         };
     let body = html! {
         h1 { "Pack " (page.key) }
+        (versions_section(versions, &page, &name, &tenant))
+        (rollout_section(rollout.as_ref()))
+        (deliveries_section(&page, &name, &tenant))
+        section aria-labelledby="tl-h" {
+            h2 #tl-h { "Execution timeline, last " (super::window(span_ns)) }
+            div #timeline-plot .plot data-src=(format!("/api/packs/{}/timeline?tenant={}", percent(&name), percent(&tenant))) role="img" aria-label="Lateness of each execution over time" {}
+            (super::exec_table(&rows))
+        }
+    };
+    let live = format!("pack={}", percent(&name));
+    layout::page(
+        &format!("Pack {}", page.key),
+        who.viewer(),
+        Nav::Packs,
+        Some(&live),
+        body,
+    )
+    .into_response()
+}
+
+/// The pack's stored versions, the one shown unlinked.
+fn versions_section(
+    versions: Vec<PackVersionRow>,
+    page: &DeliveriesPage,
+    name: &str,
+    tenant: &str,
+) -> Markup {
+    html! {
         section aria-labelledby="versions-h" {
             h2 #versions-h { "Versions" }
             table {
@@ -134,7 +164,7 @@ pub async fn page(
                         tr {
                             th scope="row" {
                                 @if v.version == page.version { "v" (v.version) " (shown)" }
-                                @else { a href=(format!("/packs/{}?tenant={}&version={}", percent(&name), percent(&tenant), v.version)) { "v" (v.version) } }
+                                @else { a href=(format!("/packs/{}?tenant={}&version={}", percent(name), percent(tenant), v.version)) { "v" (v.version) } }
                             }
                             td { (instant(v.pushed_ns)) }
                             td { (v.targets) }
@@ -144,6 +174,13 @@ pub async fn page(
                 }
             }
         }
+    }
+}
+
+/// A version's rollout, if it has one: its state, stage, figures and
+/// every verdict.
+fn rollout_section(rollout: Option<&RolloutStatus>) -> Markup {
+    html! {
         @if let Some(r) = &rollout {
             section aria-labelledby="rollout-h" {
                 h2 #rollout-h { "Rollout of v" (r.row.version) }
@@ -171,6 +208,12 @@ pub async fn page(
                 }
             }
         }
+    }
+}
+
+/// One version's deliveries, a page at a time, with refusal messages.
+fn deliveries_section(page: &DeliveriesPage, name: &str, tenant: &str) -> Markup {
+    html! {
         section aria-labelledby="deliv-h" {
             h2 #deliv-h { "Deliveries of v" (page.version) }
             table {
@@ -194,24 +237,10 @@ pub async fn page(
                 }
             }
             @if let Some(n) = &page.next {
-                p { a rel="next" href=(format!("/packs/{}?tenant={}&after={}", percent(&name), percent(&tenant), percent(n))) { "Next page" } }
+                p { a rel="next" href=(format!("/packs/{}?tenant={}&after={}", percent(name), percent(tenant), percent(n))) { "Next page" } }
             }
         }
-        section aria-labelledby="tl-h" {
-            h2 #tl-h { "Execution timeline, last " (super::window(span_ns)) }
-            div #timeline-plot .plot data-src=(format!("/api/packs/{}/timeline?tenant={}", percent(&name), percent(&tenant))) role="img" aria-label="Lateness of each execution over time" {}
-            (super::exec_table(&rows))
-        }
-    };
-    let live = format!("pack={}", percent(&name));
-    layout::page(
-        &format!("Pack {}", page.key),
-        who.viewer(),
-        Nav::Packs,
-        Some(&live),
-        body,
-    )
-    .into_response()
+    }
 }
 
 /// `GET /api/packs/NAME/timeline`: lateness (µs) of the pack's firings in

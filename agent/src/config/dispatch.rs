@@ -1,0 +1,91 @@
+//! The settings of how firings are armed and dispatched: the arming
+//! horizon and lead, and the dispatcher's real-time settings (SCHED_FIFO
+//! priority, CPU, memory lock, spin budget).
+
+use std::time::Duration;
+
+use baton_proto::time::parse_duration;
+
+use super::file::RealtimeFile;
+use super::{ConfigError, DEFAULT_ARM_HORIZON, DEFAULT_ARM_LEAD};
+use crate::rt::RtConfig;
+
+/// The arming horizon and lead, checked: the horizon at most 1 s (what a
+/// crash can leave `outcome unknown`), the lead at most the horizon.
+pub(super) fn arming(
+    horizon: Option<&str>,
+    lead: Option<&str>,
+) -> Result<(Duration, Duration), ConfigError> {
+    let arm_horizon = duration_or("arm-horizon", horizon, DEFAULT_ARM_HORIZON)?;
+    if arm_horizon > Duration::from_secs(1) {
+        return Err(ConfigError::Value(
+            "arm-horizon must be at most 1s: firings armed ahead are the ones a crash can leave `outcome unknown`".into(),
+        ));
+    }
+    let arm_lead = duration_or("arm-lead", lead, DEFAULT_ARM_LEAD.min(arm_horizon / 2))?;
+    if arm_lead > arm_horizon {
+        return Err(ConfigError::Value(format!(
+            "arm-lead ({arm_lead:?}) must be at most arm-horizon ({arm_horizon:?}): a pass arms what is due within the horizon"
+        )));
+    }
+    Ok((arm_horizon, arm_lead))
+}
+
+/// The duration setting `key` if given (an error names the key), else
+/// `default`.
+fn duration_or(key: &str, value: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+    value.map_or(Ok(default), |t| {
+        parse_duration(t).map_err(|e| ConfigError::Value(format!("{key}: {e}")))
+    })
+}
+
+/// The priority is a SCHED_FIFO one (0..=99) and the CPU one this machine
+/// has. Checked before the other sections, so that with several mistakes
+/// the same one is reported first as always.
+pub(super) fn check_realtime(realtime: &RealtimeFile) -> Result<(), ConfigError> {
+    let priority = realtime.priority;
+    if priority > 99 {
+        return Err(ConfigError::Value(format!(
+            "realtime.priority must be 0..=99, found {priority}"
+        )));
+    }
+    if let Some(cpu) = realtime.cpu {
+        let n = std::thread::available_parallelism().map_or(1, usize::from);
+        if cpu >= n {
+            return Err(ConfigError::Value(format!(
+                "realtime.cpu {cpu}: this machine has CPUs 0..={} only",
+                n - 1
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The dispatcher's real-time settings from a section [`check_realtime`]
+/// accepted, its spin budget parsed; `no_rt` (`--no-rt`) turns off
+/// SCHED_FIFO and the memory lock.
+pub(super) fn rt_config(realtime: &RealtimeFile, no_rt: bool) -> Result<RtConfig, ConfigError> {
+    let spin_budget_ppm = match realtime.spin_budget.as_deref() {
+        None => crate::rt::DEFAULT_SPIN_BUDGET_PPM,
+        Some(t) => parse_share(t).ok_or_else(|| {
+            ConfigError::Value(format!(
+                "realtime.spin-budget: {t:?} is not a share of a core between 0% and 50% (e.g. 1%)"
+            ))
+        })?,
+    };
+    let priority = realtime.priority;
+    Ok(RtConfig {
+        priority: (priority > 0 && !no_rt).then_some(i32::from(priority)),
+        cpu: realtime.cpu,
+        mlockall: realtime.mlockall && !no_rt,
+        spin_budget_ppm,
+    })
+}
+
+/// `1%`, `0.5%`: a share of a core in millionths (at most 50 %).
+pub(super) fn parse_share(t: &str) -> Option<u32> {
+    let v: f64 = t.trim().strip_suffix('%')?.trim().parse().ok()?;
+    (0.0..=50.0)
+        .contains(&v)
+        .then(|| (v * 10_000.0).round() as u32)
+}

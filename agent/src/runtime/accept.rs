@@ -1,0 +1,349 @@
+//! Taking packs: configured files, journalled packs restored at a start,
+//! pushed packs; each through admission, made durable, then handed to the
+//! core. Nothing of a refused pack takes effect.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use baton_journal::{JournalError, Recovered, StopReason, StoredPack};
+use baton_proto::RefTime;
+use baton_proto::pack::{LineRef, Pack, parse_pack, read_pack_file};
+use baton_proto::time::fmt_ns;
+use baton_sched::{PackKey, SafeReason};
+
+use super::admission::{self, Admission, AdmissionError, Verdict};
+use super::held::HeldPack;
+use super::record::Origin;
+use super::{Agent, RuntimeError, clock_loss};
+use crate::exec::ExecPool;
+
+/// Why a pack was not taken by [`Agent::accept`]. The variants say who
+/// must act: the sender (`Refused`, `NotLive`, `Core`), time (`Clock`:
+/// retry once the clock is known), or the agent itself (`Journal`,
+/// `Fault`: the control loop cannot go on, see [`AcceptError::is_fault`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// The clock is not known well enough to honour the pack (DESIGN.md
+    /// principle 3).
+    #[error(
+        "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
+        fmt_ns(*uncertainty_ns),
+        baton_proto::time::format_duration(std::time::Duration::from_nanos((*limit_ns).max(0) as u64)),
+        clock
+    )]
+    Clock {
+        /// The clock's uncertainty now, ns.
+        uncertainty_ns: i64,
+        /// The agent's limit (`clock.limit`), ns.
+        limit_ns: i64,
+        /// Which source, in which state (`system clock, free-running`).
+        clock: String,
+    },
+    /// The pack can never fire again (a cron of past years, say); each
+    /// problem with its position.
+    #[error("{}", .0.render("pack").trim_end())]
+    NotLive(baton_proto::PackErrors),
+    /// This agent's own checks refuse it: versions, exec allowlist, lines,
+    /// line owners.
+    #[error(transparent)]
+    Refused(#[from] AdmissionError),
+    /// The core refuses it (an older version than held).
+    #[error(transparent)]
+    Core(#[from] baton_sched::AcceptError),
+    /// The pack could not be made durable: nothing of it took effect, and
+    /// the journal is broken (the loop's fault).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The pack was taken, but performing its first outputs failed (a
+    /// journal or device error): the loop's fault.
+    #[error(transparent)]
+    Fault(Box<RuntimeError>),
+}
+
+impl AcceptError {
+    /// Whether the control loop must stop on it (through its one way out),
+    /// as on any journal failure: not the pack's fault.
+    pub fn is_fault(&self) -> bool {
+        matches!(self, AcceptError::Journal(_) | AcceptError::Fault(_))
+    }
+}
+
+/// A pack that passed admission, not yet committed.
+#[derive(Debug)]
+pub(super) struct Admitted {
+    verdict: Verdict,
+    digest: u64,
+    resolved: Option<admission::Resolved>,
+}
+
+impl Agent {
+    /// Load the packs the configuration names. On an error the caller must
+    /// still take the way out ([`Agent::wind_down`]): restored packs may
+    /// already be armed.
+    pub fn load_configured(&mut self) -> Result<(), RuntimeError> {
+        for path in self.cfg.packs.clone() {
+            self.load_file(&path)?;
+        }
+        // Parsing a large pack builds a YAML tree that is freed right
+        // after: give those pages back before memory is locked, so the
+        // footprint is what the agent holds.
+        if let Err(e) = crate::rt::return_free_heap() {
+            tracing::warn!("returning freed memory after loading packs: {e}");
+        }
+        Ok(())
+    }
+
+    pub(super) fn restore(&mut self, rec: Recovered) -> Result<(), RuntimeError> {
+        let now = self.clock.now();
+        let last_alive = rec.last_alive_ns.map(RefTime::from_nanos).unwrap_or(now);
+        for sp in rec.packs {
+            let label = format!("journalled pack {}/{} v{}", sp.tenant, sp.pack, sp.version);
+            let pack = match parse_pack(&sp.yaml) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(pack = %label, "no longer valid, not restored:\n{e}");
+                    continue;
+                }
+            };
+            let key = PackKey::of(&pack);
+            let anchor = RefTime::from_nanos(sp.accepted_ns);
+            match self.admit_checks(&pack, &sp.yaml) {
+                Ok(admitted) => self.commit_admission(&pack, admitted),
+                Err(e) => {
+                    tracing::error!(
+                        pack = %label,
+                        "refused by this agent's checks now ({e}); kept stopped, its safe state driven where its lines allow"
+                    );
+                    self.drive_refused_safe_state(&pack, now);
+                    continue;
+                }
+            }
+            self.hold(&pack, anchor);
+            let mut out = Vec::new();
+            let r = match sp.stopped {
+                None => self
+                    .core
+                    .restore(pack, anchor, last_alive, now)
+                    .drain_into(&mut out),
+                Some(why) => {
+                    let reason = match why {
+                        StopReason::Cancel => SafeReason::Cancel,
+                        StopReason::GiveUp => SafeReason::GiveUp,
+                        StopReason::LeaseLost => SafeReason::LeaseLost,
+                        StopReason::ClockLost => SafeReason::ClockLost,
+                    };
+                    self.core
+                        .restore_stopped(pack, anchor, reason, now)
+                        .drain_into(&mut out)
+                }
+            };
+            if let Err(e) = r {
+                tracing::error!(pack = %label, "not restored: {e}");
+                continue;
+            }
+            match &sp.stopped {
+                None => tracing::info!(pack = %key, version = sp.version, "restored"),
+                Some(why) => tracing::info!(
+                    pack = %key,
+                    version = sp.version,
+                    "restored in its safe state (stopped by {} before the restart; push a higher version to run it again)",
+                    why.as_str()
+                ),
+            }
+            self.process(out)?;
+        }
+        Ok(())
+    }
+
+    /// A journalled pack this agent now refuses: drive the `gpio.write`s
+    /// of its safe state whose lines can still be requested.
+    fn drive_refused_safe_state(&mut self, pack: &Pack, now: RefTime) {
+        let key = PackKey::of(pack);
+        for a in &pack.safe_state {
+            let Some(line) = a.line() else { continue };
+            let ok = self.admission.handle(line).is_some()
+                || self
+                    .device
+                    .request_lines(&[(line.clone(), baton_gpio::Direction::Output)])
+                    .is_ok();
+            if ok
+                && let Err(e) =
+                    self.side_action(&key, Origin::SafeState(SafeReason::GiveUp), a, now)
+            {
+                tracing::error!(pack = %key, "safe state of a refused pack: {e}");
+            }
+        }
+    }
+
+    /// Read, check and accept a pack file. A refusal names the file, the
+    /// pack and the reason; nothing of a refused pack takes effect.
+    pub fn load_file(&mut self, path: &Path) -> Result<(), RuntimeError> {
+        let name = path.display().to_string();
+        let (yaml, pack) = read_pack_file(path).map_err(RuntimeError::PackFile)?;
+        let key = PackKey::of(&pack);
+        match self.accept(yaml.clone(), pack) {
+            Ok(Verdict::Unchanged) => {
+                tracing::info!(pack = %key, file = %name, "already held with the same content: unchanged");
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            // A box that just booted has not locked its clock yet: the pack
+            // waits for it (an exit would restart the agent before its
+            // sources could ever lock).
+            Err(e @ AcceptError::Clock { .. }) => {
+                tracing::warn!(pack = %key, file = %name, "waiting for the clock: {e}");
+                self.clock_watch.wait(name, yaml);
+                Ok(())
+            }
+            Err(error) => Err(RuntimeError::PackRefused {
+                file: name,
+                key,
+                error: Box::new(error),
+            }),
+        }
+    }
+
+    /// Check and accept a pack (journalled before it takes effect). An
+    /// error says who must act ([`AcceptError`]); one that
+    /// [`AcceptError::is_fault`] must end the loop like any journal error.
+    pub fn accept(&mut self, yaml: String, pack: Pack) -> Result<Verdict, AcceptError> {
+        self.accept_as_of(yaml, pack, None)
+    }
+
+    /// [`Agent::accept`], as of the instant `at` when given: the switch of
+    /// a staged version (`activate: together`), its schedule anchored at
+    /// `at` ([`baton_sched::Scheduler::accept_at`]) so every agent switching at `at`
+    /// fires it at the same instants.
+    pub fn accept_as_of(
+        &mut self,
+        yaml: String,
+        pack: Pack,
+        at: Option<RefTime>,
+    ) -> Result<Verdict, AcceptError> {
+        // DESIGN.md principle 3: no pack is taken while the agent does not
+        // know reference time well enough to honour it.
+        // Packs of plain intervals run on any clock.
+        let uncertainty = self.clock.uncertainty_ns();
+        let limit = self.clock_limit_ns();
+        if pack.needs_absolute_time() && uncertainty > limit {
+            return Err(AcceptError::Clock {
+                uncertainty_ns: uncertainty,
+                limit_ns: limit,
+                clock: clock_loss::describe(self.clock.status()),
+            });
+        }
+        let now = self.clock.now();
+        // A cron of past years only, say: it could never fire again.
+        pack.check_live(now).map_err(AcceptError::NotLive)?;
+        let admitted = self.admit_checks(&pack, &yaml)?;
+        let verdict = admitted.verdict;
+        if verdict == Verdict::Unchanged {
+            return Ok(verdict);
+        }
+        let key = PackKey::of(&pack);
+        let anchor = at.unwrap_or_else(|| self.held.get(&key).map_or(now, |h| h.anchor));
+        // Durable before it takes effect: a crash right after acceptance
+        // must not lose the pack. The anchor is the first acceptance, so a
+        // restart keeps the phase exactly as a live replacement does.
+        self.journal.put_pack(&StoredPack {
+            tenant: key.tenant.clone(),
+            pack: key.pack.clone(),
+            version: pack.version,
+            yaml,
+            accepted_ns: anchor.as_nanos(),
+            stopped: None,
+        })?;
+        let version = pack.version;
+        self.commit_admission(&pack, admitted);
+        self.hold(&pack, anchor);
+        let mut out = Vec::new();
+        match at {
+            Some(at) => self.core.accept_at(pack, at, now).drain_into(&mut out)?,
+            None => self.core.accept(pack, now).drain_into(&mut out)?,
+        };
+        self.safe.owed_again(&key);
+        tracing::info!(pack = %key, version, "accepted");
+        self.process(out)
+            .map_err(|e| AcceptError::Fault(Box::new(e)))?;
+        Ok(verdict)
+    }
+
+    /// Steps 1-4 of admission. Nothing is committed: the caller commits
+    /// (the pack then owns its lines) once the pack is journalled, so a
+    /// refusal or a failed journal write leaves no trace.
+    pub(super) fn admit_checks(
+        &mut self,
+        pack: &Pack,
+        yaml: &str,
+    ) -> Result<Admitted, AdmissionError> {
+        let key = PackKey::of(pack);
+        let digest = admission::digest(yaml);
+        let verdict = self.admission.check_version(&key, pack.version, digest)?;
+        if verdict == Verdict::Unchanged {
+            return Ok(Admitted {
+                verdict,
+                digest,
+                resolved: None,
+            });
+        }
+        let exec = &self.exec;
+        Admission::check_exec(pack, &|program, args, env| {
+            exec_check(exec, program, args, env)
+        })?;
+        let resolved = self
+            .admission
+            .resolve(pack, shared_lines(pack), self.device.as_mut())?;
+        self.admission.check_owners(&key, &resolved)?;
+        Ok(Admitted {
+            verdict,
+            digest,
+            resolved: Some(resolved),
+        })
+    }
+
+    /// The pack is journalled: it owns its lines now.
+    fn commit_admission(&mut self, pack: &Pack, admitted: Admitted) {
+        if let Some(resolved) = admitted.resolved {
+            self.admission
+                .commit(PackKey::of(pack), pack.version, admitted.digest, resolved);
+        }
+    }
+
+    /// Remember what the way out needs of a held pack.
+    fn hold(&mut self, pack: &Pack, anchor: RefTime) {
+        let key = PackKey::of(pack);
+        let writes = self.admission.safe_writes(&pack.safe_state);
+        self.safe.hold(key.clone(), writes);
+        self.held.insert(
+            key,
+            HeldPack {
+                safe_state: Arc::new(pack.safe_state.clone()),
+                anchor,
+                lease: pack.lease,
+                clock_loss: pack.needs_absolute_time().then_some(pack.on_clock_loss),
+                since: self.clock.to_mono(self.clock.now()),
+                chained: pack
+                    .instructions
+                    .iter()
+                    .any(|i| matches!(i.schedule, baton_proto::pack::Schedule::After { .. })),
+            },
+        );
+    }
+}
+
+/// Lines a pack declares shared with other packs (`shared_lines`).
+pub(super) fn shared_lines(pack: &Pack) -> &[LineRef] {
+    &pack.shared_lines
+}
+
+/// Whether the exec allowlist lets `program` run with `args` and `env`.
+pub(super) fn exec_check(
+    exec: &ExecPool,
+    program: &str,
+    args: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    exec.policy()
+        .check(program, args, env)
+        .map_err(|e| e.to_string())
+}
