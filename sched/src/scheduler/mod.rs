@@ -515,7 +515,12 @@ impl Scheduler {
     /// `now` is when the switch really happens (at or after `at`): what
     /// the old version fired up to `now` stays fired, and the new grid
     /// starts after `now`, so an occurrence between the instant and a
-    /// late switch never fires under both versions.
+    /// late switch never fires under both versions. A runtime that fenced
+    /// the old version at `at` ([`Scheduler::switch_fence`], as the agent
+    /// does while a version is staged) had it fire nothing after `at`:
+    /// then such an occurrence of a changed instruction is reported not
+    /// run (`replaced`) and fires under neither, and one of an unchanged
+    /// instruction fires under the new version, late.
     pub fn accept_at(
         &mut self,
         pack: Pack,
