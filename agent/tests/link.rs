@@ -1232,3 +1232,114 @@ fn a_staged_version_runs_only_from_its_instant() {
     assert_eq!(n.reason(), wire::NackReason::Refused, "{n:?}");
     assert!(n.message.contains("older"), "{}", n.message);
 }
+
+/// Staged push of `yaml` to switch at `at_ns`, not while the clock is less
+/// certain than `max_uncertainty_ns`.
+fn staged_within(
+    pack_id: &str,
+    version: u64,
+    yaml: &str,
+    at_ns: i64,
+    max_uncertainty_ns: i64,
+) -> ControllerMessage {
+    msg(C::PackPush(wire::PackPush {
+        session_gen: 0,
+        pack: Some(pack_ref(pack_id, version)),
+        yaml: yaml.into(),
+        staged: true,
+        activate_at_ns: at_ns,
+        max_uncertainty_ns,
+    }))
+}
+
+/// Held v1 on a grid of 100 ms from `t(0)` (line 1), a v2 (line 2) staged
+/// to switch 5 ms before one of v1's occurrences, and the loop stepped to
+/// 3 ms before the instant: v1's occurrence 5 ms after it is within the
+/// arming horizon. Returns the instant.
+fn stage_before_an_occurrence(h: &mut H, max_uncertainty_ns: i64) -> baton_proto::RefTime {
+    let grid = format!(
+        "instructions:\n  - {{id: t, action: gpio.toggle, params: {{line: 1}}, every: 100ms, start_at: {}, max_lateness: 1s}}\n",
+        t(0)
+    );
+    let v2 = "instructions:\n  - {id: t, action: gpio.toggle, params: {line: 2}, every: 100ms}\n";
+    h.send(push("p", 1, &pack("p", 1, &grid)));
+    h.ack();
+    h.run_for(Duration::from_millis(330), Duration::from_millis(10));
+    let at = t(795);
+    h.send(staged_within(
+        "p",
+        2,
+        &pack("p", 2, v2),
+        at.as_nanos(),
+        max_uncertainty_ns,
+    ));
+    assert!(h.ack().staged);
+    h.r.run_until(at - Duration::from_millis(13), Duration::from_millis(10));
+    h.r.clock.set(at - Duration::from_millis(3));
+    h.r.agent.step().expect("step");
+    at
+}
+
+/// The control loop is held up across a switch instant (the pass that
+/// arms ahead comes 3 ms before it, the next one 7 ms after it, as under
+/// load): v1's occurrence 5 ms after the instant was never released to
+/// the device, so its program never runs after the instant (it did:
+/// armed ahead, then run by the device before the same pass switched and
+/// asked it back).
+#[test]
+fn a_stalled_loop_never_runs_the_old_version_after_the_switch_instant() {
+    let mut h = harness();
+    h.session();
+    let at = stage_before_an_occurrence(&mut h, 0);
+    h.r.clock.set(at + Duration::from_millis(7));
+    h.r.agent.step().expect("step");
+    h.run_for(Duration::from_millis(400), Duration::from_millis(10));
+    let on = |h: &H, line: i64| -> Vec<i64> {
+        h.r.writes()
+            .iter()
+            .filter(|w| w["line"] == line)
+            .filter_map(|w| w["t"].as_i64())
+            .collect()
+    };
+    let (old, new) = (on(&h, 1), on(&h, 2));
+    assert!(
+        old.iter().all(|w| *w <= at.as_nanos()),
+        "v1 after the instant {}: {old:?}",
+        at.as_nanos()
+    );
+    assert!(old.len() >= 7, "{old:?}");
+    assert!(
+        !new.is_empty() && new.iter().all(|w| *w > at.as_nanos()),
+        "{new:?}"
+    );
+}
+
+/// A switch refused at its instant (the clock less certain than the
+/// rollout's bound) lifts the fence: v1's occurrence held past the
+/// instant fires, late, once, and v1 runs on.
+#[test]
+fn a_refused_switch_releases_the_held_occurrence_late_once() {
+    let mut h = harness();
+    h.session();
+    let at = stage_before_an_occurrence(&mut h, 1_000);
+    h.r.clock.set_uncertainty(5_000);
+    h.r.clock.set(at + Duration::from_millis(7));
+    h.r.agent.step().expect("step");
+    let n = h.nack();
+    assert!(n.message.contains("not switched"), "{}", n.message);
+    h.run_for(Duration::from_millis(400), Duration::from_millis(10));
+    let old: Vec<i64> =
+        h.r.writes()
+            .iter()
+            .filter(|w| w["line"] == 1)
+            .filter_map(|w| w["t"].as_i64())
+            .collect();
+    let after: Vec<i64> = old.iter().copied().filter(|w| *w > at.as_nanos()).collect();
+    // 800 ms (late: released at the refusal), 900 ... 1200 ms.
+    assert_eq!(after.len(), 5, "{after:?}");
+    assert!(
+        after[0] <= (at + Duration::from_millis(17)).as_nanos(),
+        "{after:?}"
+    );
+    assert!(h.r.writes().iter().all(|w| w["line"] != 2));
+}

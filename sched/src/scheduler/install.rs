@@ -220,6 +220,7 @@ impl Scheduler {
         let mut ps = self.new_state(key, pack, anchor, resume_after);
         let carried = carry_over(old.as_ref(), &mut ps, now);
         if let Some(o) = old.as_ref() {
+            Self::report_held(o, &carried.old, ps.pack.version, now, out);
             self.detach_old(slot, o, &ps, &carried.old, now, out);
         }
         self.settle_one_shots(&mut ps, resume_after, old.as_ref());
@@ -304,6 +305,7 @@ impl Scheduler {
                 .collect(),
             pack: Arc::new(pack),
             resumed,
+            fence: None,
         }
     }
 
@@ -493,6 +495,7 @@ impl Scheduler {
             return;
         };
         self.cancel_timers(&ps);
+        ps.fence = None;
         for st in &mut ps.ins {
             st.pending = None;
             st.done = true;

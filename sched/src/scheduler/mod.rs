@@ -12,10 +12,13 @@
 //! when its instant comes: fire, late, gap and `catch_up`, journal records),
 //! `outcome` (results, retries, dependents, give-up, safe state), `tick`
 //! (what comes due in the queue, handed to `due` and `outcome`), `stop`
-//! (cancel, lease or clock lost, shutdown: packs sent to their safe state).
+//! (cancel, lease or clock lost, shutdown: packs sent to their safe state),
+//! `fence` (a staged switch's instant: nothing of the held version due
+//! after it is released).
 
 mod attempts;
 mod due;
+mod fence;
 mod install;
 mod outcome;
 mod stop;
@@ -243,6 +246,9 @@ struct PackState {
     /// Restored after a restart: the agent was up until this instant.
     /// One-shots due before it were handled then.
     resumed: Option<RefTime>,
+    /// A staged switch's instant: nothing of this version due after it is
+    /// released ([`Scheduler::switch_fence`]). Goes with the version.
+    fence: Option<fence::Fence>,
 }
 
 impl PackState {
@@ -509,7 +515,12 @@ impl Scheduler {
     /// `now` is when the switch really happens (at or after `at`): what
     /// the old version fired up to `now` stays fired, and the new grid
     /// starts after `now`, so an occurrence between the instant and a
-    /// late switch never fires under both versions.
+    /// late switch never fires under both versions. A runtime that fenced
+    /// the old version at `at` ([`Scheduler::switch_fence`], as the agent
+    /// does while a version is staged) had it fire nothing after `at`:
+    /// then such an occurrence of a changed instruction is reported not
+    /// run (`replaced`) and fires under neither, and one of an unchanged
+    /// instruction fires under the new version, late.
     pub fn accept_at(
         &mut self,
         pack: Pack,

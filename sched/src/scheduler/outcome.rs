@@ -588,6 +588,9 @@ impl Scheduler {
             }
         }
         ps.status = Status::Stopped(reason);
+        // What waited at a fence is pending still: withdrawn and reported
+        // below with the rest.
+        ps.fence = None;
         let why = format!("pack entered its safe state ({})", reason.as_str());
         let skips = self.withdraw(&mut ps);
         let actions = ps.safe.clone();

@@ -27,7 +27,10 @@ impl Scheduler {
 
     fn tick_into(&mut self, now: RefTime, out: &mut Vec<Output>) {
         while let Some((deadline, timer, entry)) = self.queue.pop_due(now.as_nanos()) {
-            self.handle_entry(RefTime::from_nanos(deadline), timer, entry, now, out);
+            let at = RefTime::from_nanos(deadline);
+            if let Some(entry) = self.hold_at_fence(at, timer, entry) {
+                self.handle_entry(at, timer, entry, now, out);
+            }
         }
         if now > self.last_prune + PRUNE_EVERY {
             self.last_prune = now;
@@ -43,7 +46,8 @@ impl Scheduler {
     /// `max_lateness` below it skipped them all). Timeouts are not taken
     /// ahead: one expires only once `now` reaches it, so an attempt is never
     /// declared timed out (and retried beside itself) before its result
-    /// could have arrived.
+    /// could have arrived. Nothing past a pack's fence is armed, whatever
+    /// the horizon ([`Scheduler::switch_fence`]).
     pub fn tick_ahead(&mut self, now: RefTime, horizon: Duration) -> Outputs<'_> {
         self.outputs(|s, out| s.tick_ahead_into(now, horizon, out))
     }
@@ -53,6 +57,9 @@ impl Scheduler {
         let mut later = Vec::new();
         while let Some((deadline, timer, entry)) = self.queue.pop_due(limit.as_nanos()) {
             let at = RefTime::from_nanos(deadline);
+            let Some(entry) = self.hold_at_fence(at, timer, entry) else {
+                continue;
+            };
             if at > now
                 && matches!(
                     entry.kind,

@@ -57,10 +57,11 @@ impl Agent {
             None => {
                 // A version to run now: whatever was staged of the
                 // pack is superseded.
-                up.staged.remove(&PackKey {
+                let key = PackKey {
                     tenant: pack.tenant.clone(),
                     pack: pack.pack.clone(),
-                });
+                };
+                self.drop_staged(up, &key);
                 self.on_push(&pack, yaml)
             }
         };
@@ -89,10 +90,11 @@ impl Agent {
             return Ok(());
         }
         up.lease.contact(now);
-        up.staged.remove(&PackKey {
+        let key = PackKey {
             tenant: pack.tenant.clone(),
             pack: pack.pack.clone(),
-        });
+        };
+        self.drop_staged(up, &key);
         self.on_cancel(pack)?;
         // Held again even when nothing changed: it is how the
         // controller learns that the cancel took effect.
@@ -112,10 +114,11 @@ impl Agent {
         // A new staging replaces the old one, refused or not: a copy armed
         // for an instant the controller no longer wants must never stay
         // armed because its replacement did not pass.
-        up.staged.remove(&PackKey {
+        let key = PackKey {
             tenant: r.tenant.clone(),
             pack: r.pack.clone(),
-        });
+        };
+        self.drop_staged(up, &key);
         match self.parse_push(r, &yaml) {
             Ok(pack) => self.on_stage(up, r, yaml, pack, stage),
             Err(reply) => reply,

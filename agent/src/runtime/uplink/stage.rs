@@ -5,6 +5,15 @@
 //! of presses changes program between two strokes, not one press at a
 //! time.
 //!
+//! While a version is staged with an instant, the held version is fenced
+//! there ([`baton_sched::Scheduler::switch_fence`]; not the session's
+//! fencing of `uplink/fence.rs`): nothing of it due after the instant is
+//! armed ahead or handed out, so a loop that gets to the switch late
+//! (under load) cannot have given the device an old-program stroke past
+//! it. A staged version that goes without switching lifts the fence
+//! ([`Agent::drop_staged`]; a refused switch too): what was held then
+//! fires late within `max_lateness` or is reported skipped.
+//!
 //! A staged copy lives in memory only: a restart drops it (the held
 //! version runs on, as it would have until the instant) and the
 //! controller, which learns of the restart from the Hello, stages it
@@ -65,7 +74,7 @@ impl Agent {
         if let Some((held, active)) = self.core.held(&key) {
             if held == pack.version && active {
                 // Switched already (a re-sent push): nothing to stage.
-                up.staged.remove(&key);
+                self.drop_staged(up, &key);
                 return ToLink::Ack(wire::PackAck {
                     pack: Some(r.clone()),
                     unchanged: true,
@@ -107,16 +116,14 @@ impl Agent {
             at = ?at,
             "staged: the held version runs until the switch"
         );
-        up.staged.insert(
-            key,
-            Staged {
-                yaml,
-                pack,
-                at,
-                max_uncertainty_ns: stage.max_uncertainty_ns,
-                wire_ref: r.clone(),
-            },
-        );
+        let staged = Staged {
+            yaml,
+            pack,
+            at,
+            max_uncertainty_ns: stage.max_uncertainty_ns,
+            wire_ref: r.clone(),
+        };
+        self.keep_staged(up, key, staged);
         ToLink::Ack(wire::PackAck {
             pack: Some(r.clone()),
             unchanged: false,
@@ -144,61 +151,93 @@ impl Agent {
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
+            // Taken out without lifting the fence: the switch replaces the
+            // version the fence is on (what it held that was due by now
+            // is reported not run, `Scheduler::accept_at`); lifted after a
+            // switch that did not happen, what it held goes out late.
             let Some(s) = up.staged.remove(&key) else {
                 continue;
             };
-            let at = s.at.unwrap_or(now);
-            let label = format!("{key} v{}", s.pack.version);
-            let bound = match s.max_uncertainty_ns {
-                0 => self.clock_limit_ns(),
-                b => b,
-            };
-            let uncertainty = self.clock.uncertainty_ns();
-            if uncertainty > bound {
-                let message = format!(
-                    "pack {label}: not switched at its instant: clock uncertainty {uncertainty} ns is above the rollout's bound of {bound} ns; the held version runs on"
+            let switched = self.switch_one(up, &key, s, now);
+            self.core.switch_fence(&key, None);
+            switched?;
+        }
+        Ok(())
+    }
+
+    /// Switch one staged version whose instant came (see
+    /// [`Agent::switch_due`]); an error is a journal fault.
+    fn switch_one(
+        &mut self,
+        up: &mut Uplink,
+        key: &PackKey,
+        s: Staged,
+        now: RefTime,
+    ) -> Result<(), RuntimeError> {
+        let at = s.at.unwrap_or(now);
+        let label = format!("{key} v{}", s.pack.version);
+        let bound = match s.max_uncertainty_ns {
+            0 => self.clock_limit_ns(),
+            b => b,
+        };
+        let uncertainty = self.clock.uncertainty_ns();
+        if uncertainty > bound {
+            let message = format!(
+                "pack {label}: not switched at its instant: clock uncertainty {uncertainty} ns is above the rollout's bound of {bound} ns; the held version runs on"
+            );
+            tracing::warn!(pack = %label, "{message}");
+            self.answer_later(
+                up,
+                nack(&s.wire_ref, wire::NackReason::Clock, message, Vec::new()),
+            );
+            return Ok(());
+        }
+        let late = now.since(at);
+        let as_of = if late <= SWITCH_SLACK { at } else { now };
+        match self.accept_as_of(s.yaml, s.pack, Some(as_of)) {
+            Ok(Verdict::Unchanged) => {}
+            Ok(_) => {
+                self.held.mark_changed();
+                tracing::info!(
+                    pack = %label,
+                    late_ns = late.as_nanos() as u64,
+                    "switched at the rollout's instant"
                 );
-                tracing::warn!(pack = %label, "{message}");
-                self.answer_later(
-                    up,
-                    nack(&s.wire_ref, wire::NackReason::Clock, message, Vec::new()),
-                );
-                continue;
             }
-            let late = now.since(at);
-            let as_of = if late <= SWITCH_SLACK { at } else { now };
-            match self.accept_as_of(s.yaml, s.pack, Some(as_of)) {
-                Ok(Verdict::Unchanged) => {}
-                Ok(_) => {
-                    self.held.mark_changed();
-                    tracing::info!(
-                        pack = %label,
-                        late_ns = late.as_nanos() as u64,
-                        "switched at the rollout's instant"
-                    );
-                }
-                Err(e) => {
-                    let reason = match &e {
-                        AcceptError::Clock { .. } => wire::NackReason::Clock,
-                        AcceptError::Journal(_) | AcceptError::Fault(_) => {
-                            wire::NackReason::Unavailable
-                        }
-                        AcceptError::Refused(a) if a.is_transient() => {
-                            wire::NackReason::ResourceExhausted
-                        }
-                        _ => wire::NackReason::Refused,
-                    };
-                    tracing::warn!(pack = %label, "staged version not switched: {e}");
-                    let fault = e.is_fault();
-                    let message = format!("pack {label}: not switched: {e}");
-                    self.answer_later(up, nack(&s.wire_ref, reason, message, Vec::new()));
-                    if fault {
-                        return Err(RuntimeError::from(e));
-                    }
+            Err(e) => {
+                let reason = switch_nack_reason(&e);
+                tracing::warn!(pack = %label, "staged version not switched: {e}");
+                let fault = e.is_fault();
+                let message = format!("pack {label}: not switched: {e}");
+                self.answer_later(up, nack(&s.wire_ref, reason, message, Vec::new()));
+                if fault {
+                    return Err(RuntimeError::from(e));
                 }
             }
         }
         Ok(())
+    }
+
+    /// Keep a version aside (replacing any staged before it), and fence
+    /// the held version at its instant ([`Scheduler::switch_fence`]):
+    /// nothing of it due after the instant is released, so an old-program
+    /// stroke cannot follow the switch however late the loop gets to it.
+    ///
+    /// [`Scheduler::switch_fence`]: baton_sched::Scheduler::switch_fence
+    pub(in crate::runtime) fn keep_staged(&mut self, up: &mut Uplink, key: PackKey, s: Staged) {
+        self.core.switch_fence(&key, s.at);
+        up.staged.insert(key, s);
+    }
+
+    /// Drop a staged version that goes without switching (superseded by a
+    /// push, a new staging or a cancel, or switched already): the fence on
+    /// the held version lifts, and what it held goes out late (or is
+    /// reported skipped) on the next pass, as anything that comes due
+    /// late.
+    pub(in crate::runtime) fn drop_staged(&mut self, up: &mut Uplink, key: &PackKey) {
+        if up.staged.remove(key).is_some() {
+            self.core.switch_fence(key, None);
+        }
     }
 
     /// An answer that comes after the push it answers (a switch), on the
@@ -208,5 +247,15 @@ impl Agent {
         if let Some(session) = up.session {
             up.queue(session, msg);
         }
+    }
+}
+
+/// The nack of a switch the acceptance refused.
+fn switch_nack_reason(e: &AcceptError) -> wire::NackReason {
+    match e {
+        AcceptError::Clock { .. } => wire::NackReason::Clock,
+        AcceptError::Journal(_) | AcceptError::Fault(_) => wire::NackReason::Unavailable,
+        AcceptError::Refused(a) if a.is_transient() => wire::NackReason::ResourceExhausted,
+        _ => wire::NackReason::Refused,
     }
 }
