@@ -1343,3 +1343,36 @@ fn a_refused_switch_releases_the_held_occurrence_late_once() {
     );
     assert!(h.r.writes().iter().all(|w| w["line"] != 2));
 }
+
+/// A pack cancelled on the box while a new version of it waits staged:
+/// the switch at the instant does not bring it back (the staged copy was
+/// pushed for a pack that ran; the controller must push again), and it is
+/// nacked saying why.
+#[test]
+fn a_pack_cancelled_while_staged_is_not_brought_back_at_the_instant() {
+    let mut h = harness();
+    h.session();
+    let at = stage_before_an_occurrence(&mut h, 0);
+    let key = baton_sched::PackKey {
+        tenant: "default".into(),
+        pack: "p".into(),
+    };
+    h.r.agent.cancel_local(&key).expect("cancelled");
+    h.r.clock.set(at + Duration::from_millis(1));
+    h.r.agent.step().expect("step");
+    let n = h.nack();
+    assert!(n.message.contains("was stopped"), "{}", n.message);
+    h.run_for(Duration::from_millis(400), Duration::from_millis(10));
+    let writes = h.r.writes();
+    assert!(
+        writes.iter().all(|w| w["line"] != 2),
+        "the staged version ran after a cancel: {writes:?}"
+    );
+    assert!(
+        writes
+            .iter()
+            .filter(|w| w["line"] == 1)
+            .all(|w| w["t"].as_i64().is_some_and(|t| t <= at.as_nanos())),
+        "{writes:?}"
+    );
+}

@@ -51,6 +51,10 @@ pub(in crate::runtime) struct Staged {
     max_uncertainty_ns: i64,
     /// As the controller named it.
     wire_ref: wire::PackRef,
+    /// The pack ran (held and active) when this version was staged: if it
+    /// is stopped by the instant (a local cancel, its lease or the clock
+    /// lost), the switch must not bring it back without the controller.
+    replaces_running: bool,
 }
 
 /// Staged versions by pack.
@@ -116,12 +120,14 @@ impl Agent {
             at = ?at,
             "staged: the held version runs until the switch"
         );
+        let replaces_running = self.core.held(&key).is_some_and(|(_, active)| active);
         let staged = Staged {
             yaml,
             pack,
             at,
             max_uncertainty_ns: stage.max_uncertainty_ns,
             wire_ref: r.clone(),
+            replaces_running,
         };
         self.keep_staged(up, key, staged);
         ToLink::Ack(wire::PackAck {
@@ -176,6 +182,20 @@ impl Agent {
     ) -> Result<(), RuntimeError> {
         let at = s.at.unwrap_or(now);
         let label = format!("{key} v{}", s.pack.version);
+        if s.replaces_running && !self.core.held(key).is_some_and(|(_, active)| active) {
+            // Stopped since it was staged (cancelled on the box, its lease
+            // or the clock lost): it stays stopped, in its safe state,
+            // until the controller pushes again.
+            let message = format!(
+                "pack {label}: not switched at its instant: the version it replaces was stopped (cancelled, lease or clock lost) since it was staged; push again to bring the pack back"
+            );
+            tracing::warn!(pack = %label, "{message}");
+            self.answer_later(
+                up,
+                nack(&s.wire_ref, wire::NackReason::Refused, message, Vec::new()),
+            );
+            return Ok(());
+        }
         let bound = match s.max_uncertainty_ns {
             0 => self.clock_limit_ns(),
             b => b,
