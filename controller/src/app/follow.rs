@@ -302,7 +302,7 @@ async fn told(app: &App, me: &str, e: &EventRow, read: &Told) -> StoreResult<()>
                 kind,
                 clock,
                 detail: e.detail.clone(),
-                at_ns: e.at_ns,
+                at: e.at,
             }));
         }
     }

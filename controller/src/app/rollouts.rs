@@ -13,7 +13,8 @@ use baton_proto::wire::Outcome;
 use hdrhistogram::Histogram;
 use tokio::sync::watch;
 
-use super::{App, AppError, AppResult, Caller, now_ns};
+use super::{App, AppError, AppResult, Caller, now, now_ns};
+use crate::model::time::{self, SignedDuration};
 use crate::model::{
     AgentRow, AuditRow, CohortFigures, DeliveryState, FeedbackRow, PackKey, PackVersionRow,
     RolloutChange, RolloutRow,
@@ -93,8 +94,9 @@ impl Default for Acc {
 }
 
 impl Acc {
-    fn late(&mut self, ns: i64) {
+    fn late(&mut self, lateness: SignedDuration) {
         // Early (negative) counts as on time; past the bound as the bound.
+        let ns = time::span_ns(lateness);
         self.lateness_ns.saturating_record(ns.max(1).unsigned_abs());
     }
 
@@ -103,10 +105,10 @@ impl Acc {
             return;
         }
         match f.outcome {
-            Outcome::Ok => self.late(f.lateness_ns),
+            Outcome::Ok => self.late(f.lateness),
             Outcome::Failed | Outcome::GiveUp => {
                 self.failed += 1;
-                self.late(f.lateness_ns);
+                self.late(f.lateness);
             }
             Outcome::Skipped => self.failed += 1,
             Outcome::Unknown => self.unknown += 1,
@@ -116,18 +118,18 @@ impl Acc {
         self.settled += 1;
     }
 
-    fn figures(&self, agents: u64, offset_max_ns: Option<i64>) -> CohortFigures {
+    fn figures(&self, agents: u64, offset_max: Option<SignedDuration>) -> CohortFigures {
         let h = &self.lateness_ns;
-        let lateness_p99_ns =
-            (!h.is_empty()).then(|| i64::try_from(h.value_at_quantile(0.99)).unwrap_or(i64::MAX));
+        let lateness_p99 = (!h.is_empty())
+            .then(|| time::span(i64::try_from(h.value_at_quantile(0.99)).unwrap_or(i64::MAX)));
         CohortFigures {
             agents,
             settled: self.settled,
             stage_settled: 0,
             failed: self.failed,
             unknown: self.unknown,
-            lateness_p99_ns,
-            offset_max_ns,
+            lateness_p99,
+            offset_max,
         }
     }
 }
@@ -153,7 +155,7 @@ impl App {
         spec: &Rollout,
         row: &RolloutRow,
     ) -> AppResult<(Observed, Vec<RolloutAgent>)> {
-        let bound = i64::try_from(spec.max_uncertainty.as_nanos()).unwrap_or(i64::MAX);
+        let bound = time::span(i64::try_from(spec.max_uncertainty.as_nanos()).unwrap_or(i64::MAX));
         let key = row.key();
         let pack = self
             .store
@@ -196,7 +198,7 @@ impl App {
             }
         }
         let mut out = Vec::with_capacity(agents.len());
-        let (mut off_new, mut off_base) = (None::<i64>, None::<i64>);
+        let (mut off_new, mut off_base) = (None::<SignedDuration>, None::<SignedDuration>);
         for a in &agents {
             let d = rows.get(&a.id);
             let held = d.and_then(|d| d.held).map(|h| h.version);
@@ -215,13 +217,13 @@ impl App {
                 staged: d
                     .and_then(|d| d.staged)
                     .is_some_and(|st| st.version == row.version),
-                clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty_ns <= bound),
+                clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty <= bound),
             };
             let offset = a
                 .clock
                 .as_ref()
                 .filter(|_| a.connected)
-                .map(|c| c.offset_ns.saturating_abs());
+                .map(|c| c.offset.abs());
             if member.is_some_and(|m| !m.skipped) {
                 off_new = off_new.max(offset);
             } else if member.is_none() && held.is_some() && held == row.from {
@@ -253,7 +255,7 @@ impl App {
             row.verdicts.iter().rev().find_map(|v| v.baseline.clone())
         };
         let obs = Observed {
-            now_ns: now_ns(),
+            now: now(),
             targets: out.iter().map(|a| a.view.clone()).collect(),
             cohort: CohortFigures {
                 stage_settled,
@@ -271,7 +273,7 @@ impl App {
         row: &RolloutRow,
         agents: &[RolloutAgent],
     ) -> AppResult<(Acc, Acc, u64)> {
-        let Some(since) = row.stage_started_ns else {
+        let Some(since) = row.stage_started else {
             return Ok((Acc::default(), Acc::default(), 0));
         };
         let key = row.key();
@@ -296,7 +298,7 @@ impl App {
                     tenant: Some(key.tenant.clone()),
                     pack: Some(key.pack.clone()),
                     agent_id: None,
-                    since_ns: Some(since),
+                    since: Some(since),
                     after_id: tally.after_id,
                     limit: MAX_PAGE,
                 })
@@ -379,7 +381,7 @@ impl App {
         for line in &said {
             tracing::info!(pack = %key, version = row.version, "rollout: {line}");
             let audit = AuditRow {
-                at_ns: now_ns(),
+                at: now(),
                 who: who.to_string(),
                 tenant: key.tenant.clone(),
                 role: String::new(),
@@ -423,7 +425,7 @@ impl App {
         Ok(Some(PackVersionRow {
             version,
             yaml,
-            pushed_ns: now_ns(),
+            pushed: now(),
             rollout: false,
             ..old
         }))
@@ -459,8 +461,8 @@ impl App {
         let spec = spec_of(self, &row.key(), row.version).await?;
         for _ in 0..8 {
             if row.state == crate::model::RolloutState::WaitingWindow
-                && row.stage_started_ns.is_none()
-                && !rollout::window_open(&spec, now_ns())
+                && row.stage_started.is_none()
+                && !rollout::window_open(&spec, now())
             {
                 // Nothing to observe until a window opens.
                 break;
@@ -547,7 +549,7 @@ impl App {
             let row = self.visible_rollout(caller, tenant, pack).await?;
             let spec = spec_of(self, &row.key(), row.version).await?;
             let who = caller.who.to_string();
-            let now = now_ns();
+            let now = now();
             let step = match command {
                 RolloutCommand::Pause => rollout::pause(&row, &format!("paused by {who}"), now),
                 RolloutCommand::Resume => rollout::resume(&row, &who, now),

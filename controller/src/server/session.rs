@@ -36,6 +36,7 @@ use crate::app::{App, now_ns};
 use crate::model::{
     AgentRow, Answer, Binding, DeliveryRow, HeldPackRow, PackKey, PackVersionRow, Refusal,
 };
+use crate::model::{RefTime, SpanNanos};
 use crate::planner::{self, Action};
 use crate::store::{AnswerRow, HelloRow, StoreError};
 
@@ -291,7 +292,7 @@ where
                 kind: AgentEventKind::Conflict,
                 clock: None,
                 detail: msg.clone(),
-                at_ns: now_ns(),
+                at: RefTime::from_nanos(now_ns()),
             }));
             let _ = out
                 .send(Err(End::Duplicate(msg)
@@ -464,7 +465,7 @@ impl Session {
             kind,
             clock,
             detail,
-            at_ns: now_ns(),
+            at: RefTime::from_nanos(now_ns()),
         }));
     }
 
@@ -578,7 +579,7 @@ impl Session {
                         }
                         if r.is_ok() && now >= next_seen {
                             next_seen = now + SEEN_EVERY;
-                            let p99 = Some(self.app.lateness_p99(&self.agent.id));
+                            let p99 = Some(self.app.lateness_p99(&self.agent.id).nanos());
                             r = self.app.store.agent_seen(&self.agent.id, self.agent.session_gen, true, now_ns(), p99).await.map_err(End::from);
                         }
                         if r.is_ok() {
@@ -689,7 +690,7 @@ impl Session {
         let (version, staged, activate_at_ns) = match action {
             Action::Push(v) => (v, false, 0),
             Action::Stage(v) => (v, true, 0),
-            Action::Switch(v, t) => (v, true, t),
+            Action::Switch(v, t) => (v, true, t.as_nanos()),
             // Not a push.
             Action::Cancel(_) => return Ok(()),
         };
@@ -769,7 +770,7 @@ impl Session {
                 answer,
                 session_gen: self.agent.session_gen,
                 attempts,
-                at_ns: now_ns(),
+                at: RefTime::from_nanos(now_ns()),
             })
             .await?;
         if let Some(r) = row {
@@ -799,7 +800,7 @@ impl Session {
                     PushResult::Acked
                 });
                 let answer = if a.staged {
-                    Answer::Staged(a.activate_at_ns)
+                    Answer::Staged(RefTime::from_nanos(a.activate_at_ns))
                 } else {
                     Answer::Acked
                 };
@@ -815,13 +816,13 @@ impl Session {
                     return Ok(());
                 }
                 if let Some(n) = c.outbox_entries {
-                    self.app.record_outbox(&self.agent.id, n, row.at_ns);
+                    self.app.record_outbox(&self.agent.id, n, row.at.as_nanos());
                 }
                 self.app.metrics.clock(
                     &self.agent.id,
                     AgentClock {
-                        offset_ns: row.offset_ns,
-                        uncertainty_ns: row.uncertainty_ns,
+                        offset_ns: row.offset.nanos(),
+                        uncertainty_ns: row.uncertainty.nanos(),
                         locked: row.state == "locked",
                     },
                 );
@@ -1034,7 +1035,7 @@ impl Session {
                 &self.agent.id,
                 rows.iter()
                     .filter(|r| r.event == "executed")
-                    .map(|r| r.lateness_ns),
+                    .map(|r| r.lateness.nanos()),
             );
             // Watchers see only what is stored; the batch is copied for
             // them only when someone watches.

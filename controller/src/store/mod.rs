@@ -147,8 +147,8 @@ pub struct HelloRow {
     /// The highest session generation the agent has journalled: its new
     /// generation is above both this and the stored one.
     pub session_gen_seen: u64,
-    /// When (ns since the epoch).
-    pub at_ns: i64,
+    /// When.
+    pub at: RefTime,
 }
 
 /// An agent's answer to the push of a version.
@@ -167,8 +167,8 @@ pub struct AnswerRow {
     /// The generation of the stream that heard it (see
     /// [`Store::agent_hello`]).
     pub session_gen: u64,
-    /// When (ns since the epoch).
-    pub at_ns: i64,
+    /// When.
+    pub at: RefTime,
 }
 
 /// Which stored feedback to read, one page at a time. Rows come in storage
@@ -181,8 +181,8 @@ pub struct FeedbackFilter {
     pub pack: Option<String>,
     /// Only this agent.
     pub agent_id: Option<String>,
-    /// Stored at or after (ns since the epoch).
-    pub since_ns: Option<i64>,
+    /// Stored at or after.
+    pub since: Option<RefTime>,
     /// Only rows stored after this one (its [`FeedbackRow::id`]): the
     /// next page.
     pub after_id: u64,

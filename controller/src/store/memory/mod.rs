@@ -21,6 +21,7 @@ use super::{
     LabelOverrides, MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store,
     StoreError, StoreResult, TargetsRow, page,
 };
+use crate::model::time::{self, RefTime};
 use crate::planner;
 
 mod rollouts;
@@ -62,8 +63,8 @@ struct State {
 struct PackRec {
     latest: u64,
     targets: TargetsRow,
-    pushed_ns: i64,
-    cancelled_ns: Option<i64>,
+    pushed: RefTime,
+    cancelled: Option<RefTime>,
     gate: Option<crate::store::GateRow>,
 }
 
@@ -118,7 +119,7 @@ impl State {
             pack: key.pack.clone(),
             latest: p.latest,
             targets: p.targets.clone(),
-            cancelled_ns: p.cancelled_ns,
+            cancelled: p.cancelled,
             gate: p.gate.clone().map(|row| crate::store::Gate {
                 admitted: self
                     .rollouts
@@ -144,7 +145,15 @@ impl State {
         let k = (agent.id.clone(), key.clone());
         let pack = self.pack_targets(key);
         let row = self.deliveries.get(&k);
-        let next = planner::plan(agent, key, pack.as_ref(), row, held, binding, at_ns);
+        let next = planner::plan(
+            agent,
+            key,
+            pack.as_ref(),
+            row,
+            held,
+            binding,
+            time::at(at_ns),
+        );
         match next {
             Some(n) => {
                 if row != Some(&n) {
@@ -210,7 +219,7 @@ impl Store for MemoryStore {
             a.agent_version = h.agent_version.clone();
             a.journal_id = h.journal_id.clone();
             a.connected = true;
-            a.last_seen_ns = h.at_ns;
+            a.last_seen = h.at;
             s.agents.insert(h.id.clone(), a);
             if let Some(t) = &h.cert_tenants {
                 s.cert_tenants
@@ -223,8 +232,8 @@ impl Store for MemoryStore {
                     r.staged = None;
                 }
             }
-            apply_held(s, &h.id, &h.held, binding, h.at_ns);
-            s.replan_agent(&h.id, binding, h.at_ns);
+            apply_held(s, &h.id, &h.held, binding, h.at.as_nanos());
+            s.replan_agent(&h.id, binding, h.at.as_nanos());
             let agent = s.agent(&h.id).ok_or_else(|| no_agent(&h.id))?;
             Ok((agent, s.rows_of(&h.id)))
         })
@@ -242,9 +251,9 @@ impl Store for MemoryStore {
             check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
             a.connected = connected;
-            a.last_seen_ns = at_ns;
+            a.last_seen = time::at(at_ns);
             if let Some(p99) = lateness_p99_ns {
-                a.lateness_p99_ns = p99;
+                a.lateness_p99 = time::span(p99);
             }
             Ok(())
         })
@@ -263,11 +272,11 @@ impl Store for MemoryStore {
         self.write(|s| {
             check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
-            if a.clock.as_ref().is_none_or(|c| c.at_ns < clock.at_ns) {
+            if a.clock.as_ref().is_none_or(|c| c.at < clock.at) {
                 a.clock = Some(clock.clone());
             }
             s.clock
-                .entry((id.to_string(), clock.at_ns))
+                .entry((id.to_string(), clock.at.as_nanos()))
                 .or_insert(clock);
             Ok(())
         })
@@ -415,15 +424,15 @@ impl Store for MemoryStore {
             let before = s
                 .packs
                 .get(&key)
-                .map(|r| (r.latest, r.cancelled_ns.is_some(), r.gate.clone()));
+                .map(|r| (r.latest, r.cancelled.is_some(), r.gate.clone()));
             let gate = before.as_ref().and_then(|b| b.2.clone());
             s.packs.insert(
                 key.clone(),
                 PackRec {
                     latest: p.version,
                     targets: p.targets.clone(),
-                    pushed_ns: p.pushed_ns,
-                    cancelled_ns: None,
+                    pushed: p.pushed,
+                    cancelled: None,
                     gate,
                 },
             );
@@ -438,7 +447,7 @@ impl Store for MemoryStore {
         self.write(|s| {
             match s.packs.get_mut(key) {
                 Some(p) => {
-                    p.cancelled_ns.get_or_insert(at_ns);
+                    p.cancelled.get_or_insert(time::at(at_ns));
                 }
                 None => {
                     let held = s
@@ -456,8 +465,8 @@ impl Store for MemoryStore {
                         PackRec {
                             latest: held,
                             targets: TargetsRow::Nobody,
-                            pushed_ns: at_ns,
-                            cancelled_ns: Some(at_ns),
+                            pushed: time::at(at_ns),
+                            cancelled: Some(time::at(at_ns)),
                             gate: None,
                         },
                     );
@@ -514,8 +523,8 @@ impl Store for MemoryStore {
                         pack: k.pack.clone(),
                         latest: p.latest,
                         targets: p.targets.clone(),
-                        pushed_ns: p.pushed_ns,
-                        cancelled_ns: p.cancelled_ns,
+                        pushed: p.pushed,
+                        cancelled: p.cancelled,
                         acked: 0,
                         nacked: 0,
                         pending: 0,
@@ -609,7 +618,7 @@ impl Store for MemoryStore {
                 &a.answer,
                 a.attempts,
                 binding,
-                a.at_ns,
+                a.at,
             );
             match &next {
                 Some(n) => {
@@ -773,7 +782,7 @@ impl Store for MemoryStore {
                     f.tenant.as_ref().is_none_or(|t| &r.tenant == t)
                         && f.pack.as_ref().is_none_or(|p| &r.pack == p)
                         && f.agent_id.as_ref().is_none_or(|a| &r.agent_id == a)
-                        && f.since_ns.is_none_or(|t| r.received_ns >= t)
+                        && f.since.is_none_or(|t| r.received >= t)
                 })
                 .take(limit)
                 .cloned()
@@ -783,11 +792,11 @@ impl Store for MemoryStore {
 
     async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let mut old: Vec<(i64, u64)> = s
+            let mut old: Vec<(RefTime, u64)> = s
                 .feedback
                 .iter()
-                .filter(|(_, r)| r.received_ns < before_ns)
-                .map(|(id, r)| (r.received_ns, *id))
+                .filter(|(_, r)| r.received.as_nanos() < before_ns)
+                .map(|(id, r)| (r.received, *id))
                 .collect();
             old.sort_unstable();
             let ids: Vec<u64> = old
@@ -827,11 +836,11 @@ impl Store for MemoryStore {
 
     async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
         self.write(|s| {
-            let mut old: Vec<(i64, u64)> = s
+            let mut old: Vec<(RefTime, u64)> = s
                 .audit
                 .iter()
-                .filter(|(_, r)| r.at_ns < before_ns)
-                .map(|(id, r)| (r.at_ns, *id))
+                .filter(|(_, r)| r.at.as_nanos() < before_ns)
+                .map(|(id, r)| (r.at, *id))
                 .collect();
             old.sort_unstable();
             old.truncate(max as usize);
@@ -878,7 +887,7 @@ impl Store for MemoryStore {
             let gone: Vec<u64> = s
                 .events
                 .values()
-                .filter(|e| e.at_ns < before_ns)
+                .filter(|e| e.at.as_nanos() < before_ns)
                 .take(max as usize)
                 .map(|e| e.id)
                 .collect();
@@ -930,11 +939,13 @@ impl Store for MemoryStore {
     ) -> StoreResult<Vec<AuditRow>> {
         let limit = page(limit, MAX_PAGE * 10) as usize;
         self.read(|s| {
-            let mut rows: Vec<(i64, u64, &AuditRow)> = s
+            let mut rows: Vec<(RefTime, u64, &AuditRow)> = s
                 .audit
                 .iter()
-                .filter(|(_, r)| r.at_ns >= since_ns && tenant.is_none_or(|t| r.tenant == t))
-                .map(|(id, r)| (r.at_ns, *id, r))
+                .filter(|(_, r)| {
+                    r.at.as_nanos() >= since_ns && tenant.is_none_or(|t| r.tenant == t)
+                })
+                .map(|(id, r)| (r.at, *id, r))
                 .collect();
             rows.sort_unstable_by_key(|(at, id, _)| (*at, *id));
             let skip = rows.len().saturating_sub(limit);

@@ -5,6 +5,7 @@ use super::codec::{FEEDBACK_COLUMNS, canonical_execution_id, decode_feedback, to
 use super::db::{
     Db, Param, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
+use crate::model::time::span_ns;
 use crate::store::{
     FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
 };
@@ -100,11 +101,12 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
                 Param::Int(version),
                 Param::Text(&r.instruction),
                 execution_id,
-                r.occurrence_ns.map_or(Param::Null, Param::Int),
+                r.occurrence
+                    .map_or(Param::Null, |t| Param::Int(t.as_nanos())),
                 Param::Int(i64::from(r.attempt)),
-                Param::Int(r.scheduled_ns),
-                Param::Int(r.actual_ns),
-                Param::Int(r.lateness_ns),
+                Param::Int(r.scheduled.as_nanos()),
+                Param::Int(r.actual.as_nanos()),
+                Param::Int(span_ns(r.lateness)),
                 Param::Int(r.outcome as i64),
                 Param::Int(r.reason as i64),
                 Param::Text(&r.event),
@@ -112,10 +114,10 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
                 Param::Text(&r.detail),
                 r.value.map_or(Param::Null, |v| Param::Int(i64::from(v))),
                 Param::Int(dropped_before),
-                Param::Int(r.uncertainty_ns),
+                Param::Int(span_ns(r.uncertainty)),
                 Param::Int(r.clock_source as i64),
                 Param::Int(r.clock_state as i64),
-                Param::Int(r.received_ns),
+                Param::Int(r.received.as_nanos()),
             ]);
         }
         let (first, last) = (chunk[0].1, chunk[n - 1].1);
@@ -205,8 +207,8 @@ pub(crate) fn feedback_page(conn: &dyn Db, f: &FeedbackFilter) -> StoreResult<Ve
             Param::Text(a),
         );
     }
-    if let Some(s) = f.since_ns {
-        add("f.received_ns >= ?", Param::Int(s));
+    if let Some(s) = f.since {
+        add("f.received_ns >= ?", Param::Int(s.as_nanos()));
     }
     args.push(Param::Int(i64::from(page(f.limit, MAX_PAGE))));
     let sql = format!(

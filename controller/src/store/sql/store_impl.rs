@@ -35,7 +35,13 @@ impl<E: Engine> Store for E {
             )?;
             let agent =
                 agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
-            plan::replan_agent(conn, &agent, Some(&hello.held), binding, hello.at_ns)?;
+            plan::replan_agent(
+                conn,
+                &agent,
+                Some(&hello.held),
+                binding,
+                hello.at.as_nanos(),
+            )?;
             Ok((agent, plan::rows_of_agent(conn, &hello.id)?))
         })
         .await

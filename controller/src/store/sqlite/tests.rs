@@ -10,6 +10,7 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+use crate::model::{RefTime, SpanNanos};
 use baton_proto::wire;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -604,7 +605,12 @@ async fn everything_survives_a_restart() {
     again.extend(store.deliveries_of_agent("b2").await.unwrap());
     assert_eq!(again, rows);
     assert_eq!(store.packs(None).await.unwrap(), packs);
-    assert_eq!(store.packs(None).await.unwrap()[2].cancelled_ns, Some(60));
+    assert_eq!(
+        store.packs(None).await.unwrap()[2]
+            .cancelled
+            .map(RefTime::as_nanos),
+        Some(60)
+    );
     assert_eq!(store.clock_history("a1", 0, 0).await.unwrap(), history);
     assert_eq!(store.audit(None, 0, 0).await.unwrap(), audit);
     assert_eq!(
@@ -759,7 +765,14 @@ async fn a_v4_database_is_migrated() {
     let revoked = store.revocations().await.unwrap();
     let got: Vec<(&str, &str, &str, i64)> = revoked
         .iter()
-        .map(|r| (r.serial.as_str(), r.kind.as_str(), r.name.as_str(), r.at_ns))
+        .map(|r| {
+            (
+                r.serial.as_str(),
+                r.kind.as_str(),
+                r.name.as_str(),
+                r.at.as_nanos(),
+            )
+        })
         .collect();
     assert_eq!(got, [("0f", "agent", "a1", 40), ("1a", "", "", 50)]);
 
@@ -771,7 +784,7 @@ async fn a_v4_database_is_migrated() {
         (a1.agent_version.as_str(), a1.journal_id.as_str()),
         ("0.9.0", "j1")
     );
-    assert_eq!((a1.connected, a1.last_seen_ns), (true, 900));
+    assert_eq!((a1.connected, a1.last_seen.as_nanos()), (true, 900));
     assert_eq!(a1.clock, Some(clock(20)));
     assert_eq!(a1.overrides["t"]["zone"], Some("z".into()));
     assert!(a1.tenants.is_empty());
@@ -808,7 +821,7 @@ async fn a_v4_database_is_migrated() {
             state,
             reason: reason.into(),
             attempts,
-            updated_ns,
+            updated: RefTime::from_nanos(updated_ns),
             activate: Default::default(),
             staged: None,
         }
@@ -892,8 +905,8 @@ async fn a_v4_database_is_migrated() {
                 format!("{}/{}", p.tenant, p.pack),
                 p.latest,
                 p.targets.clone(),
-                p.pushed_ns,
-                p.cancelled_ns,
+                p.pushed.as_nanos(),
+                p.cancelled.map(RefTime::as_nanos),
                 p.pending,
             )
         })
@@ -998,9 +1011,9 @@ async fn a_v4_database_is_migrated() {
     assert_eq!(
         (
             late.agent_id.as_str(),
-            late.lateness_ns,
+            late.lateness.nanos(),
             late.value,
-            late.occurrence_ns
+            late.occurrence.map(RefTime::as_nanos)
         ),
         ("a1", 900, None, None)
     );
