@@ -115,6 +115,41 @@ mod tests {
     }
 
     #[test]
+    fn stored_rollout_documents_keep_their_nanosecond_keys() {
+        use crate::model::{CohortFigures, GateRow};
+        let g = GateRow {
+            rollout: 2,
+            from: Some(1),
+            members_hold: true,
+            keep_above: None,
+            banned: Vec::new(),
+            together: true,
+            switch_at: Some(at(5)),
+            held_back: Vec::new(),
+        };
+        let json = serde_json::to_value(&g).expect("encodes");
+        assert_eq!(json["switch_at_ns"], 5);
+        assert_eq!(serde_json::from_value::<GateRow>(json).expect("decodes"), g);
+        // A document from before the field existed reads as none.
+        let old: GateRow =
+            serde_json::from_str(r#"{"rollout":2,"from":1,"members_hold":true}"#).expect("decodes");
+        assert_eq!(old.switch_at, None);
+        let f: CohortFigures = serde_json::from_str(
+            r#"{"agents":1,"settled":2,"failed":0,"unknown":0,"lateness_p99_ns":7,"offset_max_ns":null}"#,
+        )
+        .expect("decodes");
+        assert_eq!((f.lateness_p99, f.offset_max), (Some(span(7)), None));
+        let json = serde_json::to_value(&f).expect("encodes");
+        assert_eq!(
+            (
+                json["lateness_p99_ns"].as_i64(),
+                json["offset_max_ns"].is_null()
+            ),
+            (Some(7), true)
+        );
+    }
+
+    #[test]
     fn between_is_signed_and_does_not_overflow() {
         assert_eq!(between(at(10), at(4)), span(-6));
         assert_eq!(between(at(4), at(10)), span(6));
