@@ -88,26 +88,7 @@ pub fn plan(
     binding: Binding,
     now: RefTime,
 ) -> Option<DeliveryRow> {
-    let (intent, version) = match pack {
-        Some(p) => match wanted(agent, p, held, binding) {
-            Some(v) => (Intent::Hold, v),
-            None => match (row, held) {
-                // Held but not wanted: withdrawn at the version held. Once
-                // decided, a withdrawal stays on record.
-                (_, Some(h)) => (Intent::Withdraw, h.version),
-                (Some(r), None) if r.intent != Intent::Local => (Intent::Withdraw, r.version),
-                _ => return None,
-            },
-        },
-        None => match (row, held) {
-            (Some(r), _) if r.intent == Intent::Withdraw => (Intent::Withdraw, r.version),
-            (_, Some(h)) => (Intent::Local, h.version),
-            // No longer held: the row stays, so feedback of the pack's
-            // last moments (its safe state) is still the agent's own.
-            (Some(r), None) => (Intent::Local, r.version),
-            _ => return None,
-        },
-    };
+    let (intent, version) = intent_of(agent, pack, row, held, binding)?;
     // A refusal is over once the agent holds the version it refused (it
     // took it after all): kept, it would make a later drop of that
     // version nacked or "retrying" for a reason that no longer holds.
@@ -117,20 +98,10 @@ pub fn plan(
     let behind = held.is_none_or(|h| h.version < version);
     // A member of a stage that switches together: staged first, then the
     // instant once every member staged it (none for one held back).
-    let activate = match pack.and_then(|p| p.gate.as_ref()) {
-        Some(g)
-            if intent == Intent::Hold
-                && behind
-                && g.row.together
-                && g.row.members_hold
-                && g.admitted.contains(&agent.id) =>
-        {
-            match g.row.switch_at {
-                Some(t) if !g.row.held_back.contains(&agent.id) => Activation::At(t),
-                _ => Activation::Staged,
-            }
-        }
-        _ => Activation::OnArrival,
+    let activate = if intent == Intent::Hold && behind {
+        activation(agent, pack)
+    } else {
+        Activation::OnArrival
     };
     // What the agent staged: kept while it is what this row wants, and
     // also while it carries an instant the row no longer wants (an abort,
@@ -170,6 +141,53 @@ pub fn plan(
         }
     }
     Some(next)
+}
+
+/// What the controller wants of the agent for the pack, and the version
+/// it is about; `None`: no row is needed.
+fn intent_of(
+    agent: &AgentRow,
+    pack: Option<&PackTargets>,
+    row: Option<&DeliveryRow>,
+    held: Option<Held>,
+    binding: Binding,
+) -> Option<(Intent, u64)> {
+    Some(match pack {
+        Some(p) => match wanted(agent, p, held, binding) {
+            Some(v) => (Intent::Hold, v),
+            None => match (row, held) {
+                // Held but not wanted: withdrawn at the version held. Once
+                // decided, a withdrawal stays on record.
+                (_, Some(h)) => (Intent::Withdraw, h.version),
+                (Some(r), None) if r.intent != Intent::Local => (Intent::Withdraw, r.version),
+                _ => return None,
+            },
+        },
+        None => match (row, held) {
+            (Some(r), _) if r.intent == Intent::Withdraw => (Intent::Withdraw, r.version),
+            (_, Some(h)) => (Intent::Local, h.version),
+            // No longer held: the row stays, so feedback of the pack's
+            // last moments (its safe state) is still the agent's own.
+            (Some(r), None) => (Intent::Local, r.version),
+            _ => return None,
+        },
+    })
+}
+
+/// How an agent behind the wanted version runs it: a member of a stage
+/// that switches together is staged first, then given the instant once
+/// every member staged it (none for one held back); anyone else runs it
+/// on arrival.
+fn activation(agent: &AgentRow, pack: Option<&PackTargets>) -> Activation {
+    match pack.and_then(|p| p.gate.as_ref()) {
+        Some(g) if g.row.together && g.row.members_hold && g.admitted.contains(&agent.id) => {
+            match g.row.switch_at {
+                Some(t) if !g.row.held_back.contains(&agent.id) => Activation::At(t),
+                _ => Activation::Staged,
+            }
+        }
+        _ => Activation::OnArrival,
+    }
 }
 
 /// A staged copy with an instant that the row does not want switched
