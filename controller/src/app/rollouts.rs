@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use super::{App, AppError, AppResult, Caller, now, now_ns};
 use crate::model::time::{self, SignedDuration};
 use crate::model::{
-    AgentRow, AuditRow, CohortFigures, DeliveryState, FeedbackRow, PackKey, PackVersionRow,
-    RolloutChange, RolloutRow,
+    AgentRow, AuditRow, CohortFigures, DeliveryRow, DeliveryState, FeedbackRow, PackKey,
+    PackVersionRow, RolloutChange, RolloutRow,
 };
 use crate::rollout::{self, AgentView, Effect, Observed, Step};
 use crate::store::{AgentFilter, FeedbackFilter, MAX_PAGE};
@@ -134,6 +134,41 @@ impl Acc {
     }
 }
 
+/// One targeted agent as the rollout sees it: what it holds of the
+/// version (`d`, its delivery row), whether its clock is within `bound`,
+/// and its membership of the cohort.
+fn rollout_agent(
+    row: &RolloutRow,
+    a: &AgentRow,
+    d: Option<&DeliveryRow>,
+    bound: SignedDuration,
+) -> RolloutAgent {
+    let held = d.and_then(|d| d.held).map(|h| h.version);
+    let member = row.members.get(&a.id);
+    let view = AgentView {
+        id: a.id.clone(),
+        canary: a
+            .labels_for(&row.tenant)
+            .get("canary")
+            .is_some_and(|v| v == "true"),
+        connected: a.connected,
+        holds: held == Some(row.version),
+        refused: d
+            .filter(|d| d.version == row.version && d.state == DeliveryState::Nacked)
+            .map(|d| d.reason.clone()),
+        staged: d
+            .and_then(|d| d.staged)
+            .is_some_and(|st| st.version == row.version),
+        clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty <= bound),
+    };
+    RolloutAgent {
+        view,
+        stage: member.map(|m| m.stage),
+        skipped: member.is_some_and(|m| m.skipped),
+        held,
+    }
+}
+
 /// The pack's `rollout:` section of `version`, from its stored text.
 async fn spec_of(app: &App, key: &PackKey, version: u64) -> AppResult<Rollout> {
     let text = app
@@ -162,79 +197,23 @@ impl App {
             .pack_version(&key, Some(row.version))
             .await?
             .ok_or_else(|| AppError::NotFound(format!("{key} v{} is not stored", row.version)))?;
-        let mut agents: Vec<AgentRow> = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .agents(AgentFilter {
-                    tenant: Some(key.tenant.clone()),
-                    after_id: after.clone(),
-                    limit: MAX_PAGE,
-                })
-                .await?;
-            let done = page.len() < MAX_PAGE as usize;
-            after = page.last().map(|a| a.id.clone());
-            agents.extend(page.into_iter().filter(|a| {
-                a.serves(&key.tenant, self.cfg.binding)
-                    && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
-            }));
-            if done {
-                break;
-            }
-        }
-        let mut rows = HashMap::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .deliveries_of_pack(&key, None, after.as_deref(), MAX_PAGE)
-                .await?;
-            let done = page.len() < MAX_PAGE as usize;
-            after = page.last().map(|r| r.agent_id.clone());
-            rows.extend(page.into_iter().map(|r| (r.agent_id.clone(), r)));
-            if done {
-                break;
-            }
-        }
+        let agents = self.targeted_agents(&key, &pack).await?;
+        let rows = self.rows_of_pack(&key).await?;
         let mut out = Vec::with_capacity(agents.len());
         let (mut off_new, mut off_base) = (None::<SignedDuration>, None::<SignedDuration>);
         for a in &agents {
-            let d = rows.get(&a.id);
-            let held = d.and_then(|d| d.held).map(|h| h.version);
-            let member = row.members.get(&a.id);
-            let view = AgentView {
-                id: a.id.clone(),
-                canary: a
-                    .labels_for(&key.tenant)
-                    .get("canary")
-                    .is_some_and(|v| v == "true"),
-                connected: a.connected,
-                holds: held == Some(row.version),
-                refused: d
-                    .filter(|d| d.version == row.version && d.state == DeliveryState::Nacked)
-                    .map(|d| d.reason.clone()),
-                staged: d
-                    .and_then(|d| d.staged)
-                    .is_some_and(|st| st.version == row.version),
-                clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty <= bound),
-            };
+            let ra = rollout_agent(row, a, rows.get(&a.id), bound);
             let offset = a
                 .clock
                 .as_ref()
                 .filter(|_| a.connected)
                 .map(|c| c.offset.abs());
-            if member.is_some_and(|m| !m.skipped) {
+            if ra.stage.is_some() && !ra.skipped {
                 off_new = off_new.max(offset);
-            } else if member.is_none() && held.is_some() && held == row.from {
+            } else if ra.stage.is_none() && ra.held.is_some() && ra.held == row.from {
                 off_base = off_base.max(offset);
             }
-            out.push(RolloutAgent {
-                view,
-                stage: member.map(|m| m.stage),
-                skipped: member.is_some_and(|m| m.skipped),
-                held,
-            });
+            out.push(ra);
         }
         out.sort_by(|a, b| (a.stage.is_none(), &a.view.id).cmp(&(b.stage.is_none(), &b.view.id)));
         let (cohort, baseline, stage_settled) = self.figures(row, &out).await?;
@@ -264,6 +243,53 @@ impl App {
             baseline,
         };
         Ok((obs, out))
+    }
+
+    /// The agents of the pack's tenant that `pack` targets, all pages.
+    async fn targeted_agents(
+        &self,
+        key: &PackKey,
+        pack: &PackVersionRow,
+    ) -> AppResult<Vec<AgentRow>> {
+        let mut agents: Vec<AgentRow> = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .agents(AgentFilter {
+                    tenant: Some(key.tenant.clone()),
+                    after_id: after.clone(),
+                    limit: MAX_PAGE,
+                })
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            after = page.last().map(|a| a.id.clone());
+            agents.extend(page.into_iter().filter(|a| {
+                a.serves(&key.tenant, self.cfg.binding)
+                    && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
+            }));
+            if done {
+                return Ok(agents);
+            }
+        }
+    }
+
+    /// Every delivery row of the pack, by agent, all pages.
+    async fn rows_of_pack(&self, key: &PackKey) -> AppResult<HashMap<String, DeliveryRow>> {
+        let mut rows = HashMap::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .deliveries_of_pack(key, None, after.as_deref(), MAX_PAGE)
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            after = page.last().map(|r| r.agent_id.clone());
+            rows.extend(page.into_iter().map(|r| (r.agent_id.clone(), r)));
+            if done {
+                return Ok(rows);
+            }
+        }
     }
 
     /// Feedback of the current stage's window: the cohort's firings of
