@@ -186,7 +186,7 @@ async fn through_store(
                 let n = baton_controller::app::retention::sweep(
                     &app,
                     baton_controller::app::metrics::Retained::Feedback,
-                    cutoff,
+                    RefTime::from_nanos(cutoff),
                     500,
                 )
                 .await?;

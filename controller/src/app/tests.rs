@@ -311,7 +311,7 @@ async fn retention_deletes_only_what_is_older_than_its_window() {
     let rows: Vec<FeedbackRow> = (1..=1200).map(|s| fb(s, "p")).collect();
     app.store.put_feedback(1, rows).await.expect("store");
     // received_ns = seq: everything before 1001 goes, in batches of 500.
-    let n = super::retention::sweep(&app, Retained::Feedback, 1001, 500)
+    let n = super::retention::sweep(&app, Retained::Feedback, RefTime::from_nanos(1001), 500)
         .await
         .expect("sweep");
     assert_eq!(n, 1000);

@@ -491,11 +491,18 @@ pub(crate) async fn events_page_by_id(s: &dyn Store, _: Binding) {
         .await
         .unwrap();
     assert!(s.high_water().await.unwrap().1 > 0);
-    assert_eq!(s.delete_events_before(3, 100).await.unwrap(), 2);
+    assert_eq!(
+        s.delete_events_before(RefTime::from_nanos(3), 100)
+            .await
+            .unwrap(),
+        2
+    );
     let left = s.events_after(0, 0).await.unwrap();
     assert_eq!(left, all[2..].to_vec());
     // Ids are not handed out again once the newest went.
-    s.delete_events_before(i64::MAX, 100).await.unwrap();
+    s.delete_events_before(RefTime::from_nanos(i64::MAX), 100)
+        .await
+        .unwrap();
     s.put_events(vec![ev(7, EventKind::Delivery)])
         .await
         .unwrap();
@@ -1933,7 +1940,12 @@ pub(crate) async fn feedback_through_retention(s: &dyn Store, _: Binding) {
     };
     s.put_feedback(1, rows(1..=4)).await.unwrap();
     let max_id = all_feedback(s).await.last().unwrap().id;
-    assert_eq!(s.delete_feedback_before(i64::MAX, 100).await.unwrap(), 4);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(i64::MAX), 100)
+            .await
+            .unwrap(),
+        4
+    );
     assert_eq!(all_feedback(s).await, []);
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 4);
     let again = s.put_feedback(1, rows(1..=4)).await.unwrap();
@@ -2122,17 +2134,42 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
     let fl = |kv: &[(&str, i64)]| -> Vec<(String, i64)> {
         kv.iter().map(|(a, t)| ((*a).to_owned(), *t)).collect()
     };
-    assert_eq!(s.delete_feedback_before(35, 0).await.unwrap(), 0);
-    assert_eq!(s.delete_feedback_before(35, 1).await.unwrap(), 1);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 0)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 1)
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(
         left().await,
         fl(&[("a1", 30), ("c3", 20), ("d4", 10), ("a1", 40)]),
         "the oldest, the first stored of a tie"
     );
-    assert_eq!(s.delete_feedback_before(35, 2).await.unwrap(), 2);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 2)
+            .await
+            .unwrap(),
+        2
+    );
     assert_eq!(left().await, fl(&[("a1", 30), ("a1", 40)]));
-    assert_eq!(s.delete_feedback_before(35, 10).await.unwrap(), 1);
-    assert_eq!(s.delete_feedback_before(40, 10).await.unwrap(), 0);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 10)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(40), 10)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(left().await, fl(&[("a1", 40)]));
 
     // Clock history.
@@ -2149,11 +2186,26 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
             .map(|c| c.at.as_nanos())
             .collect::<Vec<_>>()
     };
-    assert_eq!(s.delete_clock_before(25, 2).await.unwrap(), 2);
+    assert_eq!(
+        s.delete_clock_before(RefTime::from_nanos(25), 2)
+            .await
+            .unwrap(),
+        2
+    );
     assert_eq!(history("a1").await, [30], "b2@5, then a1@10 of the tie");
     assert_eq!(history("b2").await, [10, 20]);
-    assert_eq!(s.delete_clock_before(25, 10).await.unwrap(), 2);
-    assert_eq!(s.delete_clock_before(30, 10).await.unwrap(), 0);
+    assert_eq!(
+        s.delete_clock_before(RefTime::from_nanos(25), 10)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        s.delete_clock_before(RefTime::from_nanos(30), 10)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(history("b2").await, Vec::<i64>::new());
     assert_eq!(history("a1").await, [30]);
     assert_eq!(s.agent("b2").await.unwrap().unwrap().clock, Some(clock(20)));
@@ -2177,10 +2229,25 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
             .map(|r| r.target)
             .collect::<Vec<_>>()
     };
-    assert_eq!(s.delete_audit_before(35, 1).await.unwrap(), 1);
+    assert_eq!(
+        s.delete_audit_before(RefTime::from_nanos(35), 1)
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(targets().await, ["x5", "x4", "x1", "x3"]);
-    assert_eq!(s.delete_audit_before(35, 10).await.unwrap(), 3);
-    assert_eq!(s.delete_audit_before(40, 10).await.unwrap(), 0);
+    assert_eq!(
+        s.delete_audit_before(RefTime::from_nanos(35), 10)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        s.delete_audit_before(RefTime::from_nanos(40), 10)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(targets().await, ["x3"]);
 }
 

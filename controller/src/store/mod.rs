@@ -408,17 +408,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64>;
     /// One page of stored feedback.
     async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>>;
-    /// Delete at most `max` feedback rows stored before `before_ns`, oldest
+    /// Delete at most `max` feedback rows stored before `before`, oldest
     /// first (by `received_ns`, then id); how many went. Retention calls
     /// it in small batches.
-    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    async fn delete_feedback_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
     /// Delete at most `max` clock history rows measured before
-    /// `before_ns`, oldest first (by `at_ns`, then agent); an agent's
+    /// `before`, oldest first (by `at_ns`, then agent); an agent's
     /// latest report is kept on its record.
-    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
-    /// Delete at most `max` audit records before `before_ns`, oldest first
+    async fn delete_clock_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
+    /// Delete at most `max` audit records before `before`, oldest first
     /// (by `at_ns`, then storage order).
-    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    async fn delete_audit_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
 
     // ---- events between replicas
 
@@ -436,8 +436,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The highest event id and feedback id stored (0: none): where a
     /// replica starting to follow begins.
     async fn high_water(&self) -> StoreResult<(u64, u64)>;
-    /// Delete at most `max` events stored before `before_ns`.
-    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    /// Delete at most `max` events stored before `before`.
+    async fn delete_events_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
 
     // ---- revocations
 

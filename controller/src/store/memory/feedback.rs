@@ -77,12 +77,12 @@ pub(super) fn put(
     Ok(out)
 }
 
-/// Deletes at most `max` rows stored before `before_ns`, oldest first.
-pub(super) fn delete_before(s: &mut State, before_ns: i64, max: u32) -> StoreResult<u64> {
+/// Deletes at most `max` rows stored before `before`, oldest first.
+pub(super) fn delete_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
     let mut old: Vec<(RefTime, u64)> = s
         .feedback
         .iter()
-        .filter(|(_, r)| r.received.as_nanos() < before_ns)
+        .filter(|(_, r)| r.received < before)
         .map(|(id, r)| (r.received, *id))
         .collect();
     old.sort_unstable();

@@ -620,16 +620,16 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| feedback::delete_before(s, before_ns, max))
+    async fn delete_feedback_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| feedback::delete_before(s, before, max))
     }
 
-    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| records::delete_clock_before(s, before_ns, max))
+    async fn delete_clock_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| records::delete_clock_before(s, before, max))
     }
 
-    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| records::delete_audit_before(s, before_ns, max))
+    async fn delete_audit_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| records::delete_audit_before(s, before, max))
     }
 
     async fn put_events(&self, rows: Vec<EventRow>) -> StoreResult<()> {
@@ -663,8 +663,8 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| records::delete_events_before(s, before_ns, max))
+    async fn delete_events_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| records::delete_events_before(s, before, max))
     }
 
     async fn revoke(

@@ -6,12 +6,12 @@ use super::State;
 use crate::model::RefTime;
 use crate::store::{AuditRow, RevocationRow, StoreResult};
 
-/// Deletes at most `max` clock reports before `before_ns`, oldest first.
-pub(super) fn delete_clock_before(s: &mut State, before_ns: i64, max: u32) -> StoreResult<u64> {
+/// Deletes at most `max` clock reports before `before`, oldest first.
+pub(super) fn delete_clock_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
     let mut old: Vec<(i64, String)> = s
         .clock
         .keys()
-        .filter(|(_, at)| *at < before_ns)
+        .filter(|(_, at)| *at < before.as_nanos())
         .map(|(a, at)| (*at, a.clone()))
         .collect();
     old.sort_unstable();
@@ -26,12 +26,12 @@ pub(super) fn delete_clock_before(s: &mut State, before_ns: i64, max: u32) -> St
     Ok(keys.len() as u64)
 }
 
-/// Deletes at most `max` audit records before `before_ns`, oldest first.
-pub(super) fn delete_audit_before(s: &mut State, before_ns: i64, max: u32) -> StoreResult<u64> {
+/// Deletes at most `max` audit records before `before`, oldest first.
+pub(super) fn delete_audit_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
     let mut old: Vec<(RefTime, u64)> = s
         .audit
         .iter()
-        .filter(|(_, r)| r.at.as_nanos() < before_ns)
+        .filter(|(_, r)| r.at < before)
         .map(|(id, r)| (r.at, *id))
         .collect();
     old.sort_unstable();
@@ -42,12 +42,12 @@ pub(super) fn delete_audit_before(s: &mut State, before_ns: i64, max: u32) -> St
     Ok(old.len() as u64)
 }
 
-/// Deletes at most `max` events stored before `before_ns`.
-pub(super) fn delete_events_before(s: &mut State, before_ns: i64, max: u32) -> StoreResult<u64> {
+/// Deletes at most `max` events stored before `before`.
+pub(super) fn delete_events_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
     let gone: Vec<u64> = s
         .events
         .values()
-        .filter(|e| e.at.as_nanos() < before_ns)
+        .filter(|e| e.at < before)
         .take(max as usize)
         .map(|e| e.id)
         .collect();

@@ -61,9 +61,21 @@ async fn failing_writes_change_nothing() {
             .await
             .map(drop),
     );
-    failed(s.delete_feedback_before(i64::MAX, 10).await.map(drop));
-    failed(s.delete_clock_before(i64::MAX, 10).await.map(drop));
-    failed(s.delete_audit_before(i64::MAX, 10).await.map(drop));
+    failed(
+        s.delete_feedback_before(RefTime::from_nanos(i64::MAX), 10)
+            .await
+            .map(drop),
+    );
+    failed(
+        s.delete_clock_before(RefTime::from_nanos(i64::MAX), 10)
+            .await
+            .map(drop),
+    );
+    failed(
+        s.delete_audit_before(RefTime::from_nanos(i64::MAX), 10)
+            .await
+            .map(drop),
+    );
     failed(s.put_audit(audit_row(4, "t", "p")).await);
 
     assert_eq!(s.deliveries_of_agent("a1").await.unwrap(), rows);

@@ -258,7 +258,11 @@ async fn background_deletes_ride_other_commits() {
     let (release, holding) = hold_writer(&store).await;
     let sweep = {
         let store = store.clone();
-        tokio::spawn(async move { store.delete_feedback_before(100, 500).await })
+        tokio::spawn(async move {
+            store
+                .delete_feedback_before(RefTime::from_nanos(100), 500)
+                .await
+        })
     };
     let writes: Vec<_> = (0..5)
         .map(|i| {
@@ -281,7 +285,13 @@ async fn background_deletes_ride_other_commits() {
     );
     // Alone, it does not wait for company for ever.
     let t0 = std::time::Instant::now();
-    assert_eq!(store.delete_feedback_before(0, 500).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .delete_feedback_before(RefTime::from_nanos(0), 500)
+            .await
+            .unwrap(),
+        0
+    );
     assert!(t0.elapsed() >= BACKGROUND_WAIT, "{:?}", t0.elapsed());
 }
 
@@ -571,7 +581,10 @@ async fn everything_survives_a_restart() {
         store.put_audit(audit_row(70, "t", "p")).await.unwrap();
         let max_id = all_feedback(&store).await.last().unwrap().id;
         // Every row goes: ids must still not start again after a restart.
-        store.delete_feedback_before(i64::MAX, 100).await.unwrap();
+        store
+            .delete_feedback_before(RefTime::from_nanos(i64::MAX), 100)
+            .await
+            .unwrap();
         let mut rows = store.deliveries_of_agent("a1").await.unwrap();
         rows.extend(store.deliveries_of_agent("b2").await.unwrap());
         (
@@ -1051,7 +1064,10 @@ async fn a_v4_database_is_migrated() {
         ]
     );
     assert_eq!(audit[2].result, "PermissionDenied: no");
-    store.delete_audit_before(i64::MAX, 100).await.unwrap();
+    store
+        .delete_audit_before(RefTime::from_nanos(i64::MAX), 100)
+        .await
+        .unwrap();
     store.put_audit(audit_row(40, "t", "new")).await.unwrap();
     assert_eq!(scalar(&store, "SELECT MAX(id) FROM audit").await, 9);
 
