@@ -21,7 +21,7 @@ use axum::body::Body;
 use axum::http::Request;
 use baton_controller::app::{App, AppConfig, Caller};
 use baton_controller::identity::Identity;
-use baton_controller::model::Binding;
+use baton_controller::model::{Binding, RefTime};
 use baton_controller::store::sqlite::SqliteStore;
 use baton_controller::store::{HelloRow, Store};
 use baton_controller::web::{Web, auth::Auth, router};
@@ -84,7 +84,7 @@ async fn main() -> Res<()> {
                 cert_tenants: None,
                 session_gen_seen: 0,
                 held: Vec::new(),
-                at_ns: 1,
+                at: RefTime::from_nanos(1),
             })
             .await?;
     }

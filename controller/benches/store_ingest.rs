@@ -20,7 +20,7 @@ use std::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use baton_controller::model::Binding;
+use baton_controller::model::{Binding, RefTime, time};
 use baton_controller::store::sqlite::SqliteStore;
 use baton_controller::store::{FeedbackRow, Store};
 use baton_proto::wire;
@@ -66,7 +66,7 @@ async fn clock_weight(base: &str) -> Res<f64> {
                 cert_tenants: None,
                 held: Vec::new(),
                 session_gen_seen: 0,
-                at_ns: 1,
+                at: RefTime::from_nanos(1),
             })
             .await?;
     }
@@ -80,11 +80,13 @@ async fn clock_weight(base: &str) -> Res<f64> {
                     let row = baton_controller::model::ClockRow {
                         source: "ptp".into(),
                         state: "locked".into(),
-                        offset_ns: 1_234 + i as i64,
-                        jitter_ns: 310,
-                        uncertainty_ns: 2_000,
+                        offset: time::span(1_234 + i as i64),
+                        jitter: time::span(310),
+                        uncertainty: time::span(2_000),
                         frequency_ppm: -3.25,
-                        at_ns: 1_764_000_000_000_000_000 + i as i64 * 5_000_000_000,
+                        at: RefTime::from_nanos(
+                            1_764_000_000_000_000_000 + i as i64 * 5_000_000_000,
+                        ),
                     };
                     store.record_clock(&format!("agent-{a:04}"), 1, row).await?;
                 }
@@ -106,7 +108,7 @@ fn old_rows(n: usize) -> Vec<FeedbackRow> {
         .map(|i| {
             let mut r = row(i % AGENTS, (i / AGENTS + 1) as u64);
             r.journal_id = "journal-0".into();
-            r.received_ns = 1_600_000_000_000_000_000;
+            r.received = RefTime::from_nanos(1_600_000_000_000_000_000);
             r
         })
         .collect()
@@ -124,11 +126,11 @@ fn row(agent: usize, seq: u64) -> FeedbackRow {
         pack: "blink".into(),
         version: 3,
         instruction: "led-on".into(),
-        occurrence_ns: Some(occurrence),
+        occurrence: Some(RefTime::from_nanos(occurrence)),
         attempt: 1,
-        scheduled_ns: occurrence,
-        actual_ns: occurrence + 20_000,
-        lateness_ns: 20_000,
+        scheduled: RefTime::from_nanos(occurrence),
+        actual: RefTime::from_nanos(occurrence + 20_000),
+        lateness: time::span(20_000),
         outcome: wire::Outcome::Ok,
         reason: wire::Reason::Unspecified,
         event: "executed".into(),
@@ -136,10 +138,10 @@ fn row(agent: usize, seq: u64) -> FeedbackRow {
         detail: String::new(),
         value: None,
         dropped_before: 0,
-        uncertainty_ns: 1_500,
+        uncertainty: time::span(1_500),
         clock_source: wire::ClockSource::Ptp,
         clock_state: wire::ClockState::Locked,
-        received_ns: 1_700_000_000_100_000_000,
+        received: RefTime::from_nanos(1_700_000_000_100_000_000),
     }
 }
 
@@ -184,7 +186,7 @@ async fn through_store(
                 let n = baton_controller::app::retention::sweep(
                     &app,
                     baton_controller::app::metrics::Retained::Feedback,
-                    cutoff,
+                    RefTime::from_nanos(cutoff),
                     500,
                 )
                 .await?;

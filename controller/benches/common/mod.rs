@@ -13,7 +13,7 @@ use std::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use baton_controller::model::Binding;
+use baton_controller::model::{Binding, RefTime, SpanNanos};
 use baton_controller::store::FeedbackRow;
 use baton_controller::store::sqlite::{DB_FILE, SqliteStore};
 
@@ -91,7 +91,7 @@ impl Bare {
                     }
                 };
                 let seq = i64::try_from(r.seq)?;
-                let canonical = r.occurrence_ns.map(|o| {
+                let canonical = r.occurrence.map(RefTime::as_nanos).map(|o| {
                     format!(
                         "{}/{}/v{}/{}/{o}/a{}",
                         r.tenant, r.pack, r.version, r.instruction, r.attempt
@@ -107,11 +107,11 @@ impl Bare {
                     i64::try_from(r.version)?,
                     r.instruction,
                     execution_id,
-                    r.occurrence_ns,
+                    r.occurrence.map(RefTime::as_nanos),
                     i64::from(r.attempt),
-                    r.scheduled_ns,
-                    r.actual_ns,
-                    r.lateness_ns,
+                    r.scheduled.as_nanos(),
+                    r.actual.as_nanos(),
+                    r.lateness.nanos(),
                     r.outcome as i32,
                     r.reason as i32,
                     r.event,
@@ -119,10 +119,10 @@ impl Bare {
                     r.detail,
                     r.value.map(i64::from),
                     i64::try_from(r.dropped_before)?,
-                    r.uncertainty_ns,
+                    r.uncertainty.nanos(),
                     r.clock_source as i32,
                     r.clock_state as i32,
-                    r.received_ns
+                    r.received.as_nanos()
                 ])?;
                 let h = high.entry(journal).or_default();
                 *h = (*h).max(seq);

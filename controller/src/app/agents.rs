@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::hub::{Conflict, SessionCmd};
 use super::{App, AppError, AppResult, Caller, now_ns};
-use crate::model::{AgentRow, ClockRow, DeliveryRow, LabelOverrides};
+use crate::model::{AgentRow, ClockRow, DeliveryRow, LabelOverrides, SignedDuration};
 use crate::store::{AgentFilter, MAX_PAGE, page};
 
 /// An agent as an operator sees it.
@@ -14,8 +14,9 @@ pub struct AgentView {
     pub agent: AgentRow,
     /// A stream is open now (on this controller).
     pub connected: bool,
-    /// Start lateness p99 of its feedback on its current stream (0: none).
-    pub lateness_p99_ns: i64,
+    /// Start lateness p99 of its feedback on its current stream (zero:
+    /// none).
+    pub lateness_p99: SignedDuration,
     /// Its deliveries and held packs (the caller's tenants only).
     pub packs: Vec<DeliveryRow>,
     /// A second machine that tried its id, if any.
@@ -133,8 +134,8 @@ impl App {
         let elsewhere = !here && self.replica().is_some() && a.connected;
         Ok(AgentView {
             connected: here || elsewhere,
-            lateness_p99_ns: if elsewhere {
-                a.lateness_p99_ns
+            lateness_p99: if elsewhere {
+                a.lateness_p99
             } else {
                 self.lateness_p99(&a.id)
             },

@@ -1,7 +1,7 @@
 //! The audit log: every push, cancel, label change, grant and forget,
 //! refused ones included, written before the answer.
 
-use super::{App, AppError, AppResult, Caller, now_ns};
+use super::{App, AppError, AppResult, Caller, now};
 use crate::model::AuditRow;
 
 impl App {
@@ -18,7 +18,7 @@ impl App {
     ) -> AppResult<T> {
         let (who, tenant, role) = caller.audit_fields(tenant);
         let row = AuditRow {
-            at_ns: now_ns(),
+            at: now(),
             who,
             tenant,
             role,

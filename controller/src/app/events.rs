@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::model::{Binding, ClockRow, DeliveryRow, FeedbackRow};
+use crate::model::{Binding, ClockRow, DeliveryRow, FeedbackRow, RefTime};
 
 /// Something that happened, for watchers.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,8 +46,8 @@ pub struct AgentEvent {
     pub clock: Option<ClockRow>,
     /// In words.
     pub detail: String,
-    /// When (ns since the epoch).
-    pub at_ns: i64,
+    /// When.
+    pub at: RefTime,
 }
 
 /// What a watcher asked to see.
@@ -90,7 +90,7 @@ mod tests {
             state: DeliveryState::Pending,
             reason: String::new(),
             attempts: 0,
-            updated_ns: 0,
+            updated: RefTime::from_nanos(0),
             activate: Default::default(),
             staged: None,
         })
@@ -103,7 +103,7 @@ mod tests {
             kind: AgentEventKind::Connected,
             clock: None,
             detail: String::new(),
-            at_ns: 0,
+            at: RefTime::from_nanos(0),
         })
     }
 

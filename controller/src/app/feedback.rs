@@ -5,7 +5,7 @@
 use tokio::sync::mpsc;
 
 use super::{App, AppError, AppResult, Caller};
-use crate::model::FeedbackRow;
+use crate::model::{FeedbackRow, RefTime};
 use crate::store::{FeedbackFilter, MAX_PAGE};
 
 /// What feedback to read.
@@ -17,8 +17,8 @@ pub struct FeedbackQuery {
     pub pack: Option<String>,
     /// Only this agent.
     pub agent_id: Option<String>,
-    /// Stored at or after (ns since the epoch).
-    pub since_ns: Option<i64>,
+    /// Stored at or after.
+    pub since: Option<RefTime>,
     /// At most this many rows, oldest first (0: all).
     pub limit: u64,
 }
@@ -45,7 +45,7 @@ impl App {
                 tenant: Some(tenant),
                 pack: q.pack,
                 agent_id: q.agent_id,
-                since_ns: q.since_ns,
+                since: q.since,
                 after_id: 0,
                 limit: MAX_PAGE,
             };

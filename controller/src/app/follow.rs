@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::App;
 use super::events::{AgentEvent, AgentEventKind, Event};
 use super::hub::SessionCmd;
-use super::{App, now_ns};
 use crate::model::{DeliveryRow, EventKind, EventRow, Intent, PackKey, PackVersionRow};
 use crate::store::{FeedbackFilter, MAX_PAGE, StoreResult};
 
@@ -142,7 +142,7 @@ async fn follow_from(app: Arc<App>, mut at: Option<Cursor>, mut stop: watch::Rec
         }
         if trimmed.elapsed() >= TRIM_EVERY {
             trimmed = tokio::time::Instant::now();
-            let before = now_ns().saturating_sub(KEEP_EVENTS.as_nanos() as i64);
+            let before = super::now() - KEEP_EVENTS;
             if let Err(e) = app.store.delete_events_before(before, 10_000).await {
                 tracing::warn!("store: deleting old events: {e}");
             }
@@ -302,7 +302,7 @@ async fn told(app: &App, me: &str, e: &EventRow, read: &Told) -> StoreResult<()>
                 kind,
                 clock,
                 detail: e.detail.clone(),
-                at_ns: e.at_ns,
+                at: e.at,
             }));
         }
     }

@@ -223,6 +223,16 @@ impl Metrics {
     /// by state (`None`: the store could not say; the family is left out).
     pub fn render(&self, connected: usize, deliveries: Option<&[(DeliveryState, u64)]>) -> String {
         let mut e = Encoder::new();
+        self.render_links(&mut e, connected);
+        self.render_deliveries(&mut e, deliveries);
+        self.render_feedback(&mut e);
+        self.render_retention(&mut e);
+        self.render_clocks(&mut e);
+        e.finish()
+    }
+
+    /// The controller itself, its link streams and its pushes.
+    fn render_links(&self, e: &mut Encoder, connected: usize) {
         e.family(
             "baton_controller_info",
             Kind::Gauge,
@@ -258,6 +268,10 @@ impl Metrics {
                 n as f64,
             );
         }
+    }
+
+    /// Delivery records written, and stored by state.
+    fn render_deliveries(&self, e: &mut Encoder, deliveries: Option<&[(DeliveryState, u64)]>) {
         e.family(
             "baton_controller_delivery_updates_total",
             Kind::Counter,
@@ -290,6 +304,10 @@ impl Metrics {
                 );
             }
         }
+    }
+
+    /// Feedback stored, and the counters of entries and streams dropped or refused.
+    fn render_feedback(&self, e: &mut Encoder) {
         e.single(
             "baton_controller_feedback_ingested_total",
             Kind::Counter,
@@ -352,6 +370,10 @@ impl Metrics {
         ] {
             e.single(name, Kind::Counter, help, v.load(Ordering::Relaxed) as f64);
         }
+    }
+
+    /// Rows retention deleted.
+    fn render_retention(&self, e: &mut Encoder) {
         e.family(
             "baton_controller_retention_deleted_total",
             Kind::Counter,
@@ -364,6 +386,10 @@ impl Metrics {
                 self.retention_deleted[r.index()].load(Ordering::Relaxed) as f64,
             );
         }
+    }
+
+    /// Connected agents' clocks, from their last reports.
+    fn render_clocks(&self, e: &mut Encoder) {
         let clocks = self
             .clocks
             .lock()
@@ -405,7 +431,6 @@ impl Metrics {
                 if c.locked { 1.0 } else { 0.0 },
             );
         }
-        e.finish()
     }
 }
 

@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, mpsc};
 
+use crate::model::time::{self, RefTime, SignedDuration};
 use crate::model::{Binding, DeliveryRow, DeliveryState, EventKind, EventRow, PackVersionRow};
 use crate::store::{Store, StoreError};
 use events::{AgentEventKind, Event};
@@ -153,7 +154,13 @@ impl Recent {
     }
 }
 
-/// Now, ns since the Unix epoch (the controller's clock is reference time).
+/// Now: the controller's clock is reference time.
+pub fn now() -> RefTime {
+    RefTime::from_nanos(now_ns())
+}
+
+/// [`now`] as nanoseconds since the Unix epoch, for the store's calls
+/// that still take integers.
 pub fn now_ns() -> i64 {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -189,7 +196,7 @@ pub struct App {
     /// said (entries, when: ns); dropped when its stream ends.
     outbox: Mutex<HashMap<String, (u64, i64)>>,
     /// Feedback already read of each open rollout stage's window.
-    rollout_tallies: Mutex<HashMap<(crate::model::PackKey, u64, u32, i64), rollouts::Tally>>,
+    rollout_tallies: Mutex<HashMap<(crate::model::PackKey, u64, u32, RefTime), rollouts::Tally>>,
 }
 
 /// Feedback batches converted and held at once, controller-wide: enough
@@ -286,7 +293,7 @@ impl App {
                 tenant: d.tenant,
                 pack: d.pack,
                 detail: String::new(),
-                at_ns: now_ns(),
+                at: now(),
             },
             Event::Agent(a) => EventRow {
                 id: 0,
@@ -301,7 +308,7 @@ impl App {
                 tenant: String::new(),
                 pack: String::new(),
                 detail: a.detail,
-                at_ns: a.at_ns,
+                at: a.at,
             },
         };
         if let Some(relay) = &self.relay
@@ -393,10 +400,10 @@ impl App {
     }
 
     /// Start lateness p99 of an agent's latest executions on its current
-    /// stream (0: none).
-    pub fn lateness_p99(&self, agent: &str) -> i64 {
+    /// stream (zero: none).
+    pub fn lateness_p99(&self, agent: &str) -> SignedDuration {
         let l = self.lateness.lock().unwrap_or_else(|p| p.into_inner());
-        l.get(agent).map_or(0, Recent::p99)
+        time::span(l.get(agent).map_or(0, Recent::p99))
     }
 
     /// What changes when the controller works: feedback batches stored,

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use baton_proto::RefTime;
 use baton_proto::pack::{Pack, Targets, parse_pack};
 
 use super::{App, AppError, AppResult, Caller, now_ns};
@@ -80,7 +79,7 @@ impl App {
                 caller.who, pack.id, pack.tenant
             )));
         }
-        let now = RefTime::from_nanos(now_ns());
+        let now = super::now();
         pack.check_live(now)
             .map_err(|e| AppError::Invalid(e.render(source).trim_end().to_string()))?;
         let targets = targets(&pack);
@@ -91,7 +90,7 @@ impl App {
             version: pack.version,
             yaml,
             targets,
-            pushed_ns: now.as_nanos(),
+            pushed: now,
             rollout: pack.rollout.is_some(),
         });
         let key = row.key();

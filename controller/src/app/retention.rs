@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::metrics::Retained;
-use super::{App, now_ns};
+use super::{App, now};
+use crate::model::RefTime;
 use crate::store::StoreResult;
 
 /// What is kept, and how the sweeper works.
@@ -68,8 +69,7 @@ pub async fn run(app: Arc<App>, r: Retention, mut stop: watch::Receiver<bool>) {
             (Retained::Audit, r.audit),
         ] {
             let Some(window) = window else { continue };
-            let before =
-                now_ns().saturating_sub(i64::try_from(window.as_nanos()).unwrap_or(i64::MAX));
+            let before = now() - window;
             if let Err(e) = sweep(&app, what, before, r.batch).await {
                 // Tried again at the next sweep; ingest is not affected.
                 tracing::warn!("retention: {} not swept: {e}", what.as_str());
@@ -78,15 +78,15 @@ pub async fn run(app: Arc<App>, r: Retention, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Deletes `what` older than `before_ns`, a batch at a time, until none is
+/// Deletes `what` older than `before`, a batch at a time, until none is
 /// left; how many went.
-pub async fn sweep(app: &App, what: Retained, before_ns: i64, batch: u32) -> StoreResult<u64> {
+pub async fn sweep(app: &App, what: Retained, before: RefTime, batch: u32) -> StoreResult<u64> {
     let mut total = 0;
     loop {
         let n = match what {
-            Retained::Feedback => app.store.delete_feedback_before(before_ns, batch).await?,
-            Retained::Clock => app.store.delete_clock_before(before_ns, batch).await?,
-            Retained::Audit => app.store.delete_audit_before(before_ns, batch).await?,
+            Retained::Feedback => app.store.delete_feedback_before(before, batch).await?,
+            Retained::Clock => app.store.delete_clock_before(before, batch).await?,
+            Retained::Audit => app.store.delete_audit_before(before, batch).await?,
         };
         app.metrics.retention(what, n);
         total += n;

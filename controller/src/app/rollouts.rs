@@ -13,10 +13,11 @@ use baton_proto::wire::Outcome;
 use hdrhistogram::Histogram;
 use tokio::sync::watch;
 
-use super::{App, AppError, AppResult, Caller, now_ns};
+use super::{App, AppError, AppResult, Caller, now, now_ns};
+use crate::model::time::{self, SignedDuration};
 use crate::model::{
-    AgentRow, AuditRow, CohortFigures, DeliveryState, FeedbackRow, PackKey, PackVersionRow,
-    RolloutChange, RolloutRow,
+    AgentRow, AuditRow, CohortFigures, DeliveryRow, DeliveryState, FeedbackRow, PackKey,
+    PackVersionRow, RolloutChange, RolloutRow,
 };
 use crate::rollout::{self, AgentView, Effect, Observed, Step};
 use crate::store::{AgentFilter, FeedbackFilter, MAX_PAGE};
@@ -93,8 +94,9 @@ impl Default for Acc {
 }
 
 impl Acc {
-    fn late(&mut self, ns: i64) {
+    fn late(&mut self, lateness: SignedDuration) {
         // Early (negative) counts as on time; past the bound as the bound.
+        let ns = time::span_ns(lateness);
         self.lateness_ns.saturating_record(ns.max(1).unsigned_abs());
     }
 
@@ -103,10 +105,10 @@ impl Acc {
             return;
         }
         match f.outcome {
-            Outcome::Ok => self.late(f.lateness_ns),
+            Outcome::Ok => self.late(f.lateness),
             Outcome::Failed | Outcome::GiveUp => {
                 self.failed += 1;
-                self.late(f.lateness_ns);
+                self.late(f.lateness);
             }
             Outcome::Skipped => self.failed += 1,
             Outcome::Unknown => self.unknown += 1,
@@ -116,19 +118,54 @@ impl Acc {
         self.settled += 1;
     }
 
-    fn figures(&self, agents: u64, offset_max_ns: Option<i64>) -> CohortFigures {
+    fn figures(&self, agents: u64, offset_max: Option<SignedDuration>) -> CohortFigures {
         let h = &self.lateness_ns;
-        let lateness_p99_ns =
-            (!h.is_empty()).then(|| i64::try_from(h.value_at_quantile(0.99)).unwrap_or(i64::MAX));
+        let lateness_p99 = (!h.is_empty())
+            .then(|| time::span(i64::try_from(h.value_at_quantile(0.99)).unwrap_or(i64::MAX)));
         CohortFigures {
             agents,
             settled: self.settled,
             stage_settled: 0,
             failed: self.failed,
             unknown: self.unknown,
-            lateness_p99_ns,
-            offset_max_ns,
+            lateness_p99,
+            offset_max,
         }
+    }
+}
+
+/// One targeted agent as the rollout sees it: what it holds of the
+/// version (`d`, its delivery row), whether its clock is within `bound`,
+/// and its membership of the cohort.
+fn rollout_agent(
+    row: &RolloutRow,
+    a: &AgentRow,
+    d: Option<&DeliveryRow>,
+    bound: SignedDuration,
+) -> RolloutAgent {
+    let held = d.and_then(|d| d.held).map(|h| h.version);
+    let member = row.members.get(&a.id);
+    let view = AgentView {
+        id: a.id.clone(),
+        canary: a
+            .labels_for(&row.tenant)
+            .get("canary")
+            .is_some_and(|v| v == "true"),
+        connected: a.connected,
+        holds: held == Some(row.version),
+        refused: d
+            .filter(|d| d.version == row.version && d.state == DeliveryState::Nacked)
+            .map(|d| d.reason.clone()),
+        staged: d
+            .and_then(|d| d.staged)
+            .is_some_and(|st| st.version == row.version),
+        clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty <= bound),
+    };
+    RolloutAgent {
+        view,
+        stage: member.map(|m| m.stage),
+        skipped: member.is_some_and(|m| m.skipped),
+        held,
     }
 }
 
@@ -153,86 +190,30 @@ impl App {
         spec: &Rollout,
         row: &RolloutRow,
     ) -> AppResult<(Observed, Vec<RolloutAgent>)> {
-        let bound = i64::try_from(spec.max_uncertainty.as_nanos()).unwrap_or(i64::MAX);
+        let bound = time::span(i64::try_from(spec.max_uncertainty.as_nanos()).unwrap_or(i64::MAX));
         let key = row.key();
         let pack = self
             .store
             .pack_version(&key, Some(row.version))
             .await?
             .ok_or_else(|| AppError::NotFound(format!("{key} v{} is not stored", row.version)))?;
-        let mut agents: Vec<AgentRow> = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .agents(AgentFilter {
-                    tenant: Some(key.tenant.clone()),
-                    after_id: after.clone(),
-                    limit: MAX_PAGE,
-                })
-                .await?;
-            let done = page.len() < MAX_PAGE as usize;
-            after = page.last().map(|a| a.id.clone());
-            agents.extend(page.into_iter().filter(|a| {
-                a.serves(&key.tenant, self.cfg.binding)
-                    && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
-            }));
-            if done {
-                break;
-            }
-        }
-        let mut rows = HashMap::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .deliveries_of_pack(&key, None, after.as_deref(), MAX_PAGE)
-                .await?;
-            let done = page.len() < MAX_PAGE as usize;
-            after = page.last().map(|r| r.agent_id.clone());
-            rows.extend(page.into_iter().map(|r| (r.agent_id.clone(), r)));
-            if done {
-                break;
-            }
-        }
+        let agents = self.targeted_agents(&key, &pack).await?;
+        let rows = self.rows_of_pack(&key).await?;
         let mut out = Vec::with_capacity(agents.len());
-        let (mut off_new, mut off_base) = (None::<i64>, None::<i64>);
+        let (mut off_new, mut off_base) = (None::<SignedDuration>, None::<SignedDuration>);
         for a in &agents {
-            let d = rows.get(&a.id);
-            let held = d.and_then(|d| d.held).map(|h| h.version);
-            let member = row.members.get(&a.id);
-            let view = AgentView {
-                id: a.id.clone(),
-                canary: a
-                    .labels_for(&key.tenant)
-                    .get("canary")
-                    .is_some_and(|v| v == "true"),
-                connected: a.connected,
-                holds: held == Some(row.version),
-                refused: d
-                    .filter(|d| d.version == row.version && d.state == DeliveryState::Nacked)
-                    .map(|d| d.reason.clone()),
-                staged: d
-                    .and_then(|d| d.staged)
-                    .is_some_and(|st| st.version == row.version),
-                clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty_ns <= bound),
-            };
+            let ra = rollout_agent(row, a, rows.get(&a.id), bound);
             let offset = a
                 .clock
                 .as_ref()
                 .filter(|_| a.connected)
-                .map(|c| c.offset_ns.saturating_abs());
-            if member.is_some_and(|m| !m.skipped) {
+                .map(|c| c.offset.abs());
+            if ra.stage.is_some() && !ra.skipped {
                 off_new = off_new.max(offset);
-            } else if member.is_none() && held.is_some() && held == row.from {
+            } else if ra.stage.is_none() && ra.held.is_some() && ra.held == row.from {
                 off_base = off_base.max(offset);
             }
-            out.push(RolloutAgent {
-                view,
-                stage: member.map(|m| m.stage),
-                skipped: member.is_some_and(|m| m.skipped),
-                held,
-            });
+            out.push(ra);
         }
         out.sort_by(|a, b| (a.stage.is_none(), &a.view.id).cmp(&(b.stage.is_none(), &b.view.id)));
         let (cohort, baseline, stage_settled) = self.figures(row, &out).await?;
@@ -253,7 +234,7 @@ impl App {
             row.verdicts.iter().rev().find_map(|v| v.baseline.clone())
         };
         let obs = Observed {
-            now_ns: now_ns(),
+            now: now(),
             targets: out.iter().map(|a| a.view.clone()).collect(),
             cohort: CohortFigures {
                 stage_settled,
@@ -264,6 +245,53 @@ impl App {
         Ok((obs, out))
     }
 
+    /// The agents of the pack's tenant that `pack` targets, all pages.
+    async fn targeted_agents(
+        &self,
+        key: &PackKey,
+        pack: &PackVersionRow,
+    ) -> AppResult<Vec<AgentRow>> {
+        let mut agents: Vec<AgentRow> = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .agents(AgentFilter {
+                    tenant: Some(key.tenant.clone()),
+                    after_id: after.clone(),
+                    limit: MAX_PAGE,
+                })
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            after = page.last().map(|a| a.id.clone());
+            agents.extend(page.into_iter().filter(|a| {
+                a.serves(&key.tenant, self.cfg.binding)
+                    && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
+            }));
+            if done {
+                return Ok(agents);
+            }
+        }
+    }
+
+    /// Every delivery row of the pack, by agent, all pages.
+    async fn rows_of_pack(&self, key: &PackKey) -> AppResult<HashMap<String, DeliveryRow>> {
+        let mut rows = HashMap::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .deliveries_of_pack(key, None, after.as_deref(), MAX_PAGE)
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            after = page.last().map(|r| r.agent_id.clone());
+            rows.extend(page.into_iter().map(|r| (r.agent_id.clone(), r)));
+            if done {
+                return Ok(rows);
+            }
+        }
+    }
+
     /// Feedback of the current stage's window: the cohort's firings of
     /// the version, the baseline's of `from`. Read incrementally.
     async fn figures(
@@ -271,7 +299,7 @@ impl App {
         row: &RolloutRow,
         agents: &[RolloutAgent],
     ) -> AppResult<(Acc, Acc, u64)> {
-        let Some(since) = row.stage_started_ns else {
+        let Some(since) = row.stage_started else {
             return Ok((Acc::default(), Acc::default(), 0));
         };
         let key = row.key();
@@ -296,7 +324,7 @@ impl App {
                     tenant: Some(key.tenant.clone()),
                     pack: Some(key.pack.clone()),
                     agent_id: None,
-                    since_ns: Some(since),
+                    since: Some(since),
                     after_id: tally.after_id,
                     limit: MAX_PAGE,
                 })
@@ -379,7 +407,7 @@ impl App {
         for line in &said {
             tracing::info!(pack = %key, version = row.version, "rollout: {line}");
             let audit = AuditRow {
-                at_ns: now_ns(),
+                at: now(),
                 who: who.to_string(),
                 tenant: key.tenant.clone(),
                 role: String::new(),
@@ -423,7 +451,7 @@ impl App {
         Ok(Some(PackVersionRow {
             version,
             yaml,
-            pushed_ns: now_ns(),
+            pushed: now(),
             rollout: false,
             ..old
         }))
@@ -459,8 +487,8 @@ impl App {
         let spec = spec_of(self, &row.key(), row.version).await?;
         for _ in 0..8 {
             if row.state == crate::model::RolloutState::WaitingWindow
-                && row.stage_started_ns.is_none()
-                && !rollout::window_open(&spec, now_ns())
+                && row.stage_started.is_none()
+                && !rollout::window_open(&spec, now())
             {
                 // Nothing to observe until a window opens.
                 break;
@@ -547,7 +575,7 @@ impl App {
             let row = self.visible_rollout(caller, tenant, pack).await?;
             let spec = spec_of(self, &row.key(), row.version).await?;
             let who = caller.who.to_string();
-            let now = now_ns();
+            let now = now();
             let step = match command {
                 RolloutCommand::Pause => rollout::pause(&row, &format!("paused by {who}"), now),
                 RolloutCommand::Resume => rollout::resume(&row, &who, now),

@@ -1,6 +1,7 @@
 //! The application's operations against the in-memory store: who may do
 //! what, what is refused whole, what each answer says.
 
+use crate::model::{RefTime, time};
 use std::sync::Arc;
 
 use super::feedback::FeedbackQuery;
@@ -55,7 +56,7 @@ pub(crate) async fn hello(app: &App, id: &str, tenants: &[&str], held: &[(&str, 
                     stopped: false,
                 })
                 .collect(),
-            at_ns: 1,
+            at: RefTime::from_nanos(1),
         })
         .await
         .expect("hello");
@@ -242,11 +243,11 @@ fn fb(seq: u64, pack: &str) -> FeedbackRow {
         pack: pack.into(),
         version: 1,
         instruction: "tick".into(),
-        occurrence_ns: Some(seq as i64),
+        occurrence: Some(RefTime::from_nanos(seq as i64)),
         attempt: 1,
-        scheduled_ns: 0,
-        actual_ns: 0,
-        lateness_ns: 0,
+        scheduled: RefTime::from_nanos(0),
+        actual: RefTime::from_nanos(0),
+        lateness: time::span(0),
         outcome: wire::Outcome::Ok,
         reason: wire::Reason::Unspecified,
         event: "executed".into(),
@@ -254,10 +255,10 @@ fn fb(seq: u64, pack: &str) -> FeedbackRow {
         detail: String::new(),
         value: None,
         dropped_before: 0,
-        uncertainty_ns: 0,
+        uncertainty: time::span(0),
         clock_source: wire::ClockSource::Unspecified,
         clock_state: wire::ClockState::Unspecified,
-        received_ns: seq as i64,
+        received: RefTime::from_nanos(seq as i64),
     }
 }
 
@@ -310,7 +311,7 @@ async fn retention_deletes_only_what_is_older_than_its_window() {
     let rows: Vec<FeedbackRow> = (1..=1200).map(|s| fb(s, "p")).collect();
     app.store.put_feedback(1, rows).await.expect("store");
     // received_ns = seq: everything before 1001 goes, in batches of 500.
-    let n = super::retention::sweep(&app, Retained::Feedback, 1001, 500)
+    let n = super::retention::sweep(&app, Retained::Feedback, RefTime::from_nanos(1001), 500)
         .await
         .expect("sweep");
     assert_eq!(n, 1000);

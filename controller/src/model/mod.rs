@@ -8,6 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use baton_proto::wire;
 
+pub mod time;
+pub use time::{RefTime, SignedDuration, SpanNanos};
+
 /// A pack of a tenant: `(tenant, pack)`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PackKey {
@@ -66,16 +69,16 @@ pub struct ClockRow {
     pub source: String,
     /// `syncing`, `locked`, `holdover`, `free-running`.
     pub state: String,
-    /// Offset from reference time, ns.
-    pub offset_ns: i64,
-    /// Jitter, ns.
-    pub jitter_ns: i64,
-    /// Uncertainty, ns.
-    pub uncertainty_ns: i64,
+    /// Offset from reference time.
+    pub offset: SignedDuration,
+    /// Jitter.
+    pub jitter: SignedDuration,
+    /// Uncertainty.
+    pub uncertainty: SignedDuration,
     /// Frequency correction, ppm.
     pub frequency_ppm: f64,
-    /// When the agent measured it (ns since the epoch).
-    pub at_ns: i64,
+    /// When the agent measured it.
+    pub at: RefTime,
 }
 
 /// One tenant's operator labels on an agent: `Some(v)` sets the key (over
@@ -95,8 +98,8 @@ pub struct AgentRow {
     pub journal_id: String,
     /// A stream was open at the last word from it.
     pub connected: bool,
-    /// Last message received (ns since the epoch).
-    pub last_seen_ns: i64,
+    /// Last message received.
+    pub last_seen: RefTime,
     /// Its last clock report.
     pub clock: Option<ClockRow>,
     /// Operator labels, per tenant (set by that tenant's admins): they
@@ -114,8 +117,9 @@ pub struct AgentRow {
     /// controller).
     pub owner: String,
     /// Start lateness p99 of its recent executions, as its stream last
-    /// wrote it (every few seconds): what other replicas show.
-    pub lateness_p99_ns: i64,
+    /// wrote it (every few seconds): what other replicas show (zero:
+    /// none yet).
+    pub lateness_p99: SignedDuration,
 }
 
 impl AgentRow {
@@ -127,13 +131,13 @@ impl AgentRow {
             agent_version: String::new(),
             journal_id: journal_id.into(),
             connected: false,
-            last_seen_ns: 0,
+            last_seen: RefTime::from_nanos(0),
             clock: None,
             overrides: BTreeMap::new(),
             tenants: BTreeSet::new(),
             session_gen: 0,
             owner: String::new(),
-            lateness_p99_ns: 0,
+            lateness_p99: SignedDuration::ZERO,
         }
     }
 
@@ -239,8 +243,8 @@ pub struct PackVersionRow {
     pub yaml: String,
     /// Its targets.
     pub targets: TargetsRow,
-    /// When it was pushed (ns since the epoch).
-    pub pushed_ns: i64,
+    /// When it was pushed.
+    pub pushed: RefTime,
     /// It has a `rollout:` section: storing it starts a rollout (the
     /// agents get it stage by stage), where a version without one goes to
     /// every target at once. Either ends a running rollout (superseded).
@@ -267,8 +271,8 @@ pub struct PackTargets {
     pub latest: u64,
     /// The latest version's targets.
     pub targets: TargetsRow,
-    /// Cancelled (ns since the epoch): nobody should hold it.
-    pub cancelled_ns: Option<i64>,
+    /// When it was cancelled: nobody should hold it.
+    pub cancelled: Option<RefTime>,
     /// A rollout's say on who holds the latest (`None`: every target).
     pub gate: Option<Gate>,
 }
@@ -285,10 +289,10 @@ pub struct PackSummaryRow {
     pub latest: u64,
     /// Its targets.
     pub targets: TargetsRow,
-    /// When it was pushed (ns since the epoch).
-    pub pushed_ns: i64,
-    /// When it was cancelled (ns since the epoch), if it was.
-    pub cancelled_ns: Option<i64>,
+    /// When it was pushed.
+    pub pushed: RefTime,
+    /// When it was cancelled, if it was.
+    pub cancelled: Option<RefTime>,
     /// Deliveries of the latest version by state.
     pub acked: u32,
     /// Refused for good.
@@ -415,8 +419,9 @@ pub struct Refusal {
 pub enum Answer {
     /// It holds the version now.
     Acked,
-    /// It staged the version, to switch at this instant (0: none named).
-    Staged(i64),
+    /// It staged the version, to switch at this instant (the epoch: none
+    /// named).
+    Staged(RefTime),
     /// It refused the version (`last`: for good; else retried later).
     Refused(Refusal),
 }
@@ -457,8 +462,8 @@ pub struct DeliveryRow {
     pub reason: String,
     /// Times the wanted version was sent.
     pub attempts: u32,
-    /// Last change (ns since the epoch).
-    pub updated_ns: i64,
+    /// Last change.
+    pub updated: RefTime,
     /// When the agent is to run `version` (a rollout with `activate:
     /// together`), as the planner decides it.
     pub activate: Activation,
@@ -475,8 +480,8 @@ pub enum Activation {
     OnArrival,
     /// Staged: it keeps the version aside until an instant is named.
     Staged,
-    /// Staged, switching at this instant (ns since the epoch).
-    At(i64),
+    /// Staged, switching at this instant.
+    At(RefTime),
 }
 
 impl Activation {
@@ -485,7 +490,7 @@ impl Activation {
         match self {
             Activation::OnArrival => None,
             Activation::Staged => Some(0),
-            Activation::At(t) => Some(t),
+            Activation::At(t) => Some(t.as_nanos()),
         }
     }
 
@@ -493,7 +498,7 @@ impl Activation {
     pub fn from_db(v: Option<i64>) -> Activation {
         match v {
             None => Activation::OnArrival,
-            Some(t) if t > 0 => Activation::At(t),
+            Some(t) if t > 0 => Activation::At(RefTime::from_nanos(t)),
             Some(_) => Activation::Staged,
         }
     }
@@ -505,8 +510,8 @@ impl Activation {
 pub struct StagedRow {
     /// The version.
     pub version: u64,
-    /// Its instant (ns since the epoch), 0 when none was named.
-    pub at_ns: i64,
+    /// Its instant, the epoch (0) when none was named.
+    pub at: RefTime,
 }
 
 impl DeliveryRow {
@@ -550,16 +555,16 @@ pub struct FeedbackRow {
     pub version: u64,
     /// Instruction id (empty for pack-wide events).
     pub instruction: String,
-    /// The occurrence it is about (ns since the epoch), if any.
-    pub occurrence_ns: Option<i64>,
+    /// The occurrence it is about, if any.
+    pub occurrence: Option<RefTime>,
     /// Attempt number (0 when not an attempt).
     pub attempt: u32,
-    /// Scheduled instant, ns since the epoch.
-    pub scheduled_ns: i64,
-    /// Actual instant, ns since the epoch.
-    pub actual_ns: i64,
-    /// Start lateness, ns.
-    pub lateness_ns: i64,
+    /// Scheduled instant.
+    pub scheduled: RefTime,
+    /// Actual instant.
+    pub actual: RefTime,
+    /// Start lateness.
+    pub lateness: SignedDuration,
     /// What became of it.
     pub outcome: wire::Outcome,
     /// Why (skipped: why not run; safe state: its trigger).
@@ -574,14 +579,14 @@ pub struct FeedbackRow {
     pub value: Option<u32>,
     /// Entries the agent dropped just before this one (outbox full).
     pub dropped_before: u64,
-    /// Clock uncertainty at firing, ns.
-    pub uncertainty_ns: i64,
+    /// Clock uncertainty at firing.
+    pub uncertainty: SignedDuration,
     /// The agent's clock source when it was taken.
     pub clock_source: wire::ClockSource,
     /// Its state.
     pub clock_state: wire::ClockState,
-    /// When the controller stored it (ns since the epoch).
-    pub received_ns: i64,
+    /// When the controller stored it.
+    pub received: RefTime,
 }
 
 /// What [`crate::store::Store::put_feedback`] did.
@@ -599,8 +604,8 @@ pub struct FeedbackStored {
 /// One audited operator action.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditRow {
-    /// When (ns since the epoch).
-    pub at_ns: i64,
+    /// When.
+    pub at: RefTime,
     /// The operator's name (certificate), `insecure`, or `ca`.
     pub who: String,
     /// The tenant it acted in.
@@ -673,8 +678,8 @@ pub struct EventRow {
     pub pack: String,
     /// In words.
     pub detail: String,
-    /// When (ns since the epoch).
-    pub at_ns: i64,
+    /// When.
+    pub at: RefTime,
 }
 
 /// A revoked certificate.
@@ -686,8 +691,8 @@ pub struct RevocationRow {
     pub kind: String,
     /// The agent or operator name, or empty.
     pub name: String,
-    /// When the first replica picked it up (ns since the epoch).
-    pub at_ns: i64,
+    /// When the first replica picked it up.
+    pub at: RefTime,
 }
 
 mod rollout;

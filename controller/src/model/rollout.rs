@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::time::{RefTime, SignedDuration, ns};
+
 /// Where a rollout stands. Only `Paused` can be resumed; `Aborted`,
 /// `Superseded` and `Completed` are final.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -104,10 +106,12 @@ pub struct CohortFigures {
     pub failed: u64,
     /// Of them of unknown outcome.
     pub unknown: u64,
-    /// Start lateness p99 of those that ran (ns).
-    pub lateness_p99_ns: Option<i64>,
-    /// Largest absolute clock offset among the agents (ns).
-    pub offset_max_ns: Option<i64>,
+    /// Start lateness p99 of those that ran.
+    #[serde(default, rename = "lateness_p99_ns", with = "ns::opt_span")]
+    pub lateness_p99: Option<SignedDuration>,
+    /// Largest absolute clock offset among the agents.
+    #[serde(default, rename = "offset_max_ns", with = "ns::opt_span")]
+    pub offset_max: Option<SignedDuration>,
 }
 
 impl CohortFigures {
@@ -137,10 +141,12 @@ pub struct VerdictRow {
     pub baseline: Option<CohortFigures>,
     /// Agents of the stage that never acked (offline, or refused).
     pub missing: Vec<String>,
-    /// The window judged: from (ns since the epoch).
-    pub since_ns: i64,
-    /// When it was decided (ns since the epoch).
-    pub at_ns: i64,
+    /// The window judged: from.
+    #[serde(rename = "since_ns", with = "ns::instant")]
+    pub since: RefTime,
+    /// When it was decided.
+    #[serde(rename = "at_ns", with = "ns::instant")]
+    pub at: RefTime,
 }
 
 /// A member of a rollout's cohort.
@@ -178,8 +184,8 @@ pub struct RolloutRow {
     #[serde(default)]
     pub together: bool,
     /// The current stage's instant, once every member staged the version.
-    #[serde(default)]
-    pub switch_at_ns: Option<i64>,
+    #[serde(default, rename = "switch_at_ns", with = "ns::opt_instant")]
+    pub switch_at: Option<RefTime>,
     /// Members of the current stage not switched: their clock was less
     /// certain than the pack allows when the instant was named.
     #[serde(default)]
@@ -192,14 +198,17 @@ pub struct RolloutRow {
     pub stage: u32,
     /// When the current stage admitted its agents (`None`: not yet, it
     /// waits for a window).
-    pub stage_started_ns: Option<i64>,
+    #[serde(default, rename = "stage_started_ns", with = "ns::opt_instant")]
+    pub stage_started: Option<RefTime>,
     /// When every agent of the current stage held the version: the soak
     /// runs from here.
-    pub soak_from_ns: Option<i64>,
+    #[serde(default, rename = "soak_from_ns", with = "ns::opt_instant")]
+    pub soak_from: Option<RefTime>,
     /// When the current stage's deadline clock started: the stage's
     /// start, a resume, or a `skip_offline` (whose stage gets one more
     /// deadline, then pauses).
-    pub deadline_from_ns: Option<i64>,
+    #[serde(default, rename = "deadline_from_ns", with = "ns::opt_instant")]
+    pub deadline_from: Option<RefTime>,
     /// `skip_offline` was applied to the current stage.
     pub deadline_taken: bool,
     /// The version republished with the old content by an abort's
@@ -212,15 +221,17 @@ pub struct RolloutRow {
     /// The cohort: agents let onto the version, by id.
     #[serde(skip)]
     pub members: BTreeMap<String, Member>,
-    /// Created (ns since the epoch).
-    pub created_ns: i64,
-    /// Last changed (ns since the epoch).
-    pub updated_ns: i64,
+    /// Created.
+    #[serde(rename = "created_ns", with = "ns::instant")]
+    pub created: RefTime,
+    /// Last changed.
+    #[serde(rename = "updated_ns", with = "ns::instant")]
+    pub updated: RefTime,
 }
 
 impl RolloutRow {
     /// A new rollout, waiting to start its first stage.
-    pub fn new(key: &super::PackKey, version: u64, base: Base, at_ns: i64) -> RolloutRow {
+    pub fn new(key: &super::PackKey, version: u64, base: Base, at: RefTime) -> RolloutRow {
         RolloutRow {
             tenant: key.tenant.clone(),
             pack: key.pack.clone(),
@@ -229,21 +240,21 @@ impl RolloutRow {
             keep_above: base.keep_above,
             banned: base.banned,
             together: false,
-            switch_at_ns: None,
+            switch_at: None,
             held_back: Vec::new(),
             rev: 0,
             state: RolloutState::WaitingWindow,
             stage: 0,
-            stage_started_ns: None,
-            soak_from_ns: None,
-            deadline_from_ns: None,
+            stage_started: None,
+            soak_from: None,
+            deadline_from: None,
             deadline_taken: false,
             rollback: None,
             reason: String::new(),
             verdicts: Vec::new(),
             members: BTreeMap::new(),
-            created_ns: at_ns,
-            updated_ns: at_ns,
+            created: at,
+            updated: at,
         }
     }
 
@@ -271,7 +282,7 @@ impl RolloutRow {
             keep_above: self.keep_above,
             banned: self.banned.clone(),
             together,
-            switch_at_ns: self.switch_at_ns.filter(|_| together),
+            switch_at: self.switch_at.filter(|_| together),
             held_back: if together {
                 self.held_back.clone()
             } else {
@@ -350,9 +361,9 @@ pub struct GateRow {
     /// See [`RolloutRow::together`].
     #[serde(default)]
     pub together: bool,
-    /// See [`RolloutRow::switch_at_ns`].
-    #[serde(default)]
-    pub switch_at_ns: Option<i64>,
+    /// See [`RolloutRow::switch_at`].
+    #[serde(default, rename = "switch_at_ns", with = "ns::opt_instant")]
+    pub switch_at: Option<RefTime>,
     /// See [`RolloutRow::held_back`].
     #[serde(default)]
     pub held_back: Vec<String>,

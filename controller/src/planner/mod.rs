@@ -33,7 +33,7 @@
 
 use crate::model::{
     Activation, AgentRow, Answer, Binding, DeliveryRow, DeliveryState, Held, Intent, PackKey,
-    PackTargets, Refusal, StagedRow,
+    PackTargets, RefTime, Refusal, StagedRow,
 };
 
 /// The version `agent` should hold of `pack`, or `None`, given what it
@@ -44,7 +44,7 @@ pub fn wanted(
     held: Option<Held>,
     binding: Binding,
 ) -> Option<u64> {
-    let live = pack.cancelled_ns.is_none();
+    let live = pack.cancelled.is_none();
     let targeted = live
         && agent.serves(&pack.tenant, binding)
         && pack
@@ -77,7 +77,7 @@ pub fn wanted(
 /// (`None`: the store does not know it), the agent, the row as it was
 /// (`None`: no row yet; its refusal and attempts are kept while they
 /// concern the same version) and what the agent holds. `None`: no row is
-/// needed. `updated_ns` is kept when nothing else changed, so re-planning
+/// needed. `updated` is kept when nothing else changed, so re-planning
 /// an unchanged row changes nothing.
 pub fn plan(
     agent: &AgentRow,
@@ -86,28 +86,9 @@ pub fn plan(
     row: Option<&DeliveryRow>,
     held: Option<Held>,
     binding: Binding,
-    now_ns: i64,
+    now: RefTime,
 ) -> Option<DeliveryRow> {
-    let (intent, version) = match pack {
-        Some(p) => match wanted(agent, p, held, binding) {
-            Some(v) => (Intent::Hold, v),
-            None => match (row, held) {
-                // Held but not wanted: withdrawn at the version held. Once
-                // decided, a withdrawal stays on record.
-                (_, Some(h)) => (Intent::Withdraw, h.version),
-                (Some(r), None) if r.intent != Intent::Local => (Intent::Withdraw, r.version),
-                _ => return None,
-            },
-        },
-        None => match (row, held) {
-            (Some(r), _) if r.intent == Intent::Withdraw => (Intent::Withdraw, r.version),
-            (_, Some(h)) => (Intent::Local, h.version),
-            // No longer held: the row stays, so feedback of the pack's
-            // last moments (its safe state) is still the agent's own.
-            (Some(r), None) => (Intent::Local, r.version),
-            _ => return None,
-        },
-    };
+    let (intent, version) = intent_of(agent, pack, row, held, binding)?;
     // A refusal is over once the agent holds the version it refused (it
     // took it after all): kept, it would make a later drop of that
     // version nacked or "retrying" for a reason that no longer holds.
@@ -117,20 +98,10 @@ pub fn plan(
     let behind = held.is_none_or(|h| h.version < version);
     // A member of a stage that switches together: staged first, then the
     // instant once every member staged it (none for one held back).
-    let activate = match pack.and_then(|p| p.gate.as_ref()) {
-        Some(g)
-            if intent == Intent::Hold
-                && behind
-                && g.row.together
-                && g.row.members_hold
-                && g.admitted.contains(&agent.id) =>
-        {
-            match g.row.switch_at_ns {
-                Some(t) if !g.row.held_back.contains(&agent.id) => Activation::At(t),
-                _ => Activation::Staged,
-            }
-        }
-        _ => Activation::OnArrival,
+    let activate = if intent == Intent::Hold && behind {
+        activation(agent, pack)
+    } else {
+        Activation::OnArrival
     };
     // What the agent staged: kept while it is what this row wants, and
     // also while it carries an instant the row no longer wants (an abort,
@@ -159,17 +130,64 @@ pub fn plan(
         state,
         reason,
         attempts,
-        updated_ns: now_ns,
+        updated: now,
         activate,
         staged,
     };
     if let Some(r) = row {
-        next.updated_ns = r.updated_ns;
+        next.updated = r.updated;
         if *r != next {
-            next.updated_ns = now_ns;
+            next.updated = now;
         }
     }
     Some(next)
+}
+
+/// What the controller wants of the agent for the pack, and the version
+/// it is about; `None`: no row is needed.
+fn intent_of(
+    agent: &AgentRow,
+    pack: Option<&PackTargets>,
+    row: Option<&DeliveryRow>,
+    held: Option<Held>,
+    binding: Binding,
+) -> Option<(Intent, u64)> {
+    Some(match pack {
+        Some(p) => match wanted(agent, p, held, binding) {
+            Some(v) => (Intent::Hold, v),
+            None => match (row, held) {
+                // Held but not wanted: withdrawn at the version held. Once
+                // decided, a withdrawal stays on record.
+                (_, Some(h)) => (Intent::Withdraw, h.version),
+                (Some(r), None) if r.intent != Intent::Local => (Intent::Withdraw, r.version),
+                _ => return None,
+            },
+        },
+        None => match (row, held) {
+            (Some(r), _) if r.intent == Intent::Withdraw => (Intent::Withdraw, r.version),
+            (_, Some(h)) => (Intent::Local, h.version),
+            // No longer held: the row stays, so feedback of the pack's
+            // last moments (its safe state) is still the agent's own.
+            (Some(r), None) => (Intent::Local, r.version),
+            _ => return None,
+        },
+    })
+}
+
+/// How an agent behind the wanted version runs it: a member of a stage
+/// that switches together is staged first, then given the instant once
+/// every member staged it (none for one held back); anyone else runs it
+/// on arrival.
+fn activation(agent: &AgentRow, pack: Option<&PackTargets>) -> Activation {
+    match pack.and_then(|p| p.gate.as_ref()) {
+        Some(g) if g.row.together && g.row.members_hold && g.admitted.contains(&agent.id) => {
+            match g.row.switch_at {
+                Some(t) if !g.row.held_back.contains(&agent.id) => Activation::At(t),
+                _ => Activation::Staged,
+            }
+        }
+        _ => Activation::OnArrival,
+    }
 }
 
 /// A staged copy with an instant that the row does not want switched
@@ -183,8 +201,8 @@ fn armed_unwanted(
     held: Option<Held>,
 ) -> bool {
     let wanted_instant =
-        intent == Intent::Hold && st.version == version && activate == Activation::At(st.at_ns);
-    st.at_ns != 0 && !wanted_instant && held.is_none_or(|h| h.version < st.version)
+        intent == Intent::Hold && st.version == version && activate == Activation::At(st.at);
+    st.at.as_nanos() != 0 && !wanted_instant && held.is_none_or(|h| h.version < st.version)
 }
 
 /// Why a staged row waits, in words (empty on arrival).
@@ -193,10 +211,10 @@ fn staging_reason(activate: Activation, staged: Option<StagedRow>) -> String {
         (Activation::OnArrival, _) => String::new(),
         (Activation::Staged, Some(_)) => "staged, waiting for the stage's instant".into(),
         (Activation::Staged, None) => "to be staged".into(),
-        (Activation::At(t), Some(st)) if st.at_ns == t => {
-            format!("staged, switching at {t} ns")
+        (Activation::At(t), Some(st)) if st.at == t => {
+            format!("staged, switching at {} ns", t.as_nanos())
         }
-        (Activation::At(t), _) => format!("to switch at {t} ns"),
+        (Activation::At(t), _) => format!("to switch at {} ns", t.as_nanos()),
     }
 }
 
@@ -229,7 +247,7 @@ fn state_of(
 
 /// Re-plans a row after the agent answered the push of `version`: an ack
 /// means it holds that version now; a refusal counts for the row's version
-/// only (an answer about an older push changes nothing else). `updated_ns`
+/// only (an answer about an older push changes nothing else). `updated`
 /// moves only when the row changed.
 #[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
 pub fn answered(
@@ -240,7 +258,7 @@ pub fn answered(
     answer: &Answer,
     attempts: u32,
     binding: Binding,
-    now_ns: i64,
+    now: RefTime,
 ) -> Option<DeliveryRow> {
     let mut r = row.clone();
     if r.version == version {
@@ -257,12 +275,9 @@ pub fn answered(
                 stopped: false,
             })
         }
-        Answer::Staged(at_ns) => {
+        Answer::Staged(at) => {
             if r.version == version || r.staged.is_some_and(|st| st.version == version) {
-                r.staged = Some(StagedRow {
-                    version,
-                    at_ns: *at_ns,
-                });
+                r.staged = Some(StagedRow { version, at: *at });
             }
             r.held
         }
@@ -277,10 +292,10 @@ pub fn answered(
             r.held
         }
     };
-    let mut next = plan(agent, &row.key(), pack, Some(&r), held, binding, now_ns)?;
-    next.updated_ns = row.updated_ns;
+    let mut next = plan(agent, &row.key(), pack, Some(&r), held, binding, now)?;
+    next.updated = row.updated;
     if next != *row {
-        next.updated_ns = now_ns;
+        next.updated = now;
     }
     Some(next)
 }
@@ -292,8 +307,8 @@ pub enum Action {
     Push(u64),
     /// Send it staged: kept aside, the held version runs on.
     Stage(u64),
-    /// Send it staged with the instant to switch at (ns since the epoch).
-    Switch(u64, i64),
+    /// Send it staged with the instant to switch at.
+    Switch(u64, RefTime),
     /// Cancel the agent's copy (the version it holds).
     Cancel(u64),
 }
@@ -326,12 +341,8 @@ pub fn action(row: &DeliveryRow) -> Option<Action> {
                 Activation::Staged => {
                     (row.staged.map(|st| st.version) != Some(v)).then_some(Action::Stage(v))
                 }
-                Activation::At(t) => (row.staged
-                    != Some(StagedRow {
-                        version: v,
-                        at_ns: t,
-                    }))
-                .then_some(Action::Switch(v, t)),
+                Activation::At(t) => (row.staged != Some(StagedRow { version: v, at: t }))
+                    .then_some(Action::Switch(v, t)),
             }
         }
         (Intent::Withdraw, _, Some(h)) => Some(Action::Cancel(h.version)),

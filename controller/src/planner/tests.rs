@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+use crate::model::RefTime;
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
@@ -35,14 +36,14 @@ fn pack(tenant: &str, latest: u64, targets: TargetsRow) -> PackTargets {
         pack: "p".into(),
         latest,
         targets,
-        cancelled_ns: None,
+        cancelled: None,
         gate: None,
     }
 }
 
 fn cancelled(p: PackTargets) -> PackTargets {
     PackTargets {
-        cancelled_ns: Some(5),
+        cancelled: Some(RefTime::from_nanos(5)),
         ..p
     }
 }
@@ -88,7 +89,7 @@ fn fresh(
     b: Binding,
 ) -> Option<DeliveryRow> {
     let k = p.map_or_else(|| key("t"), |p| PackKey::new(&p.tenant, &p.pack));
-    plan(a, &k, p, None, held, b, 10)
+    plan(a, &k, p, None, held, b, RefTime::from_nanos(10))
 }
 
 /// A row wanting `version` of t/p with the agent's `refusal` of it.
@@ -102,7 +103,7 @@ fn refused(a: &AgentRow, p: &PackTargets, r: Refusal) -> DeliveryRow {
         &Answer::Refused(r),
         1,
         Binding::Tenants,
-        20,
+        RefTime::from_nanos(20),
     )
     .unwrap()
 }
@@ -151,7 +152,7 @@ fn gated(
                 keep_above: None,
                 banned: Vec::new(),
                 together: false,
-                switch_at_ns: None,
+                switch_at: None,
                 held_back: Vec::new(),
             },
             admitted: admitted.iter().map(|s| (*s).to_owned()).collect(),
@@ -212,7 +213,7 @@ fn a_rollout_gate_lets_its_cohort_onto_the_latest_and_keeps_the_others_where_the
         None,
         held_v(4),
         b,
-        9,
+        RefTime::from_nanos(9),
     )
     .unwrap();
     assert_eq!(
@@ -253,35 +254,95 @@ fn a_together_member_is_staged_then_switched_at_the_instant() {
     let k = PackKey::new("t", "p");
     let mut p = gated(pack("t", 4, ids(&["a1"])), 4, Some(2), true, &["a1"]);
     p.gate.as_mut().unwrap().row.together = true;
-    let row = plan(&a1, &k, Some(&p), None, held_v(2), b, 1).unwrap();
+    let row = plan(
+        &a1,
+        &k,
+        Some(&p),
+        None,
+        held_v(2),
+        b,
+        RefTime::from_nanos(1),
+    )
+    .unwrap();
     assert_eq!(
         (row.activate, action(&row)),
         (Activation::Staged, Some(Action::Stage(4)))
     );
     assert_eq!(row.reason, "to be staged");
-    let staged = answered(&a1, Some(&p), &row, 4, &Answer::Staged(0), 1, b, 2).unwrap();
+    let staged = answered(
+        &a1,
+        Some(&p),
+        &row,
+        4,
+        &Answer::Staged(RefTime::from_nanos(0)),
+        1,
+        b,
+        RefTime::from_nanos(2),
+    )
+    .unwrap();
     assert_eq!(
         staged.staged,
         Some(StagedRow {
             version: 4,
-            at_ns: 0
+            at: RefTime::from_nanos(0)
         })
     );
     assert_eq!(action(&staged), None, "staged once");
     assert_eq!(staged.reason, "staged, waiting for the stage's instant");
-    p.gate.as_mut().unwrap().row.switch_at_ns = Some(99);
-    let named = plan(&a1, &k, Some(&p), Some(&staged), held_v(2), b, 3).unwrap();
-    assert_eq!(action(&named), Some(Action::Switch(4, 99)));
-    let told = answered(&a1, Some(&p), &named, 4, &Answer::Staged(99), 1, b, 4).unwrap();
+    p.gate.as_mut().unwrap().row.switch_at = Some(RefTime::from_nanos(99));
+    let named = plan(
+        &a1,
+        &k,
+        Some(&p),
+        Some(&staged),
+        held_v(2),
+        b,
+        RefTime::from_nanos(3),
+    )
+    .unwrap();
+    assert_eq!(
+        action(&named),
+        Some(Action::Switch(4, RefTime::from_nanos(99)))
+    );
+    let told = answered(
+        &a1,
+        Some(&p),
+        &named,
+        4,
+        &Answer::Staged(RefTime::from_nanos(99)),
+        1,
+        b,
+        RefTime::from_nanos(4),
+    )
+    .unwrap();
     assert_eq!(action(&told), None, "named once");
-    let switched = answered(&a1, Some(&p), &told, 4, &Answer::Acked, 1, b, 5).unwrap();
+    let switched = answered(
+        &a1,
+        Some(&p),
+        &told,
+        4,
+        &Answer::Acked,
+        1,
+        b,
+        RefTime::from_nanos(5),
+    )
+    .unwrap();
     assert_eq!(
         (switched.state, switched.activate, switched.staged),
         (DeliveryState::Acked, Activation::OnArrival, None)
     );
     // Held back: staged, never named.
     p.gate.as_mut().unwrap().row.held_back = vec!["a1".into()];
-    let back = plan(&a1, &k, Some(&p), Some(&staged), held_v(2), b, 6).unwrap();
+    let back = plan(
+        &a1,
+        &k,
+        Some(&p),
+        Some(&staged),
+        held_v(2),
+        b,
+        RefTime::from_nanos(6),
+    )
+    .unwrap();
     assert_eq!((back.activate, action(&back)), (Activation::Staged, None));
 }
 
@@ -296,23 +357,71 @@ fn an_armed_copy_nobody_wants_is_disarmed_before_anything_else() {
     let k = PackKey::new("t", "p");
     let mut p = gated(pack("t", 4, ids(&["a1"])), 4, None, true, &["a1"]);
     p.gate.as_mut().unwrap().row.together = true;
-    p.gate.as_mut().unwrap().row.switch_at_ns = Some(99);
-    let row = plan(&a1, &k, Some(&p), None, None, b, 1).unwrap();
-    let told = answered(&a1, Some(&p), &row, 4, &Answer::Staged(99), 1, b, 2).unwrap();
+    p.gate.as_mut().unwrap().row.switch_at = Some(RefTime::from_nanos(99));
+    let row = plan(&a1, &k, Some(&p), None, None, b, RefTime::from_nanos(1)).unwrap();
+    let told = answered(
+        &a1,
+        Some(&p),
+        &row,
+        4,
+        &Answer::Staged(RefTime::from_nanos(99)),
+        1,
+        b,
+        RefTime::from_nanos(2),
+    )
+    .unwrap();
     assert_eq!(action(&told), None);
     // Aborted, on_abort withdraws (no earlier version): nobody wants v4.
     let mut aborted = gated(pack("t", 4, ids(&["a1"])), 4, None, false, &["a1"]);
     aborted.gate.as_mut().unwrap().row.members_hold = false;
-    let after = plan(&a1, &k, Some(&aborted), Some(&told), None, b, 3).unwrap();
+    let after = plan(
+        &a1,
+        &k,
+        Some(&aborted),
+        Some(&told),
+        None,
+        b,
+        RefTime::from_nanos(3),
+    )
+    .unwrap();
     assert_eq!(after.intent, Intent::Withdraw);
     assert_eq!(action(&after), Some(Action::Stage(4)), "disarmed first");
-    let disarmed = answered(&a1, Some(&aborted), &after, 4, &Answer::Staged(0), 1, b, 4).unwrap();
+    let disarmed = answered(
+        &a1,
+        Some(&aborted),
+        &after,
+        4,
+        &Answer::Staged(RefTime::from_nanos(0)),
+        1,
+        b,
+        RefTime::from_nanos(4),
+    )
+    .unwrap();
     assert_eq!((disarmed.staged, action(&disarmed)), (None, None));
     // Superseded by v5 pushed on arrival: disarmed, then v5 pushed.
     let v5 = pack("t", 5, ids(&["a1"]));
-    let after = plan(&a1, &k, Some(&v5), Some(&told), None, b, 5).unwrap();
+    let after = plan(
+        &a1,
+        &k,
+        Some(&v5),
+        Some(&told),
+        None,
+        b,
+        RefTime::from_nanos(5),
+    )
+    .unwrap();
     assert_eq!(action(&after), Some(Action::Stage(4)));
-    let disarmed = answered(&a1, Some(&v5), &after, 4, &Answer::Staged(0), 1, b, 6).unwrap();
+    let disarmed = answered(
+        &a1,
+        Some(&v5),
+        &after,
+        4,
+        &Answer::Staged(RefTime::from_nanos(0)),
+        1,
+        b,
+        RefTime::from_nanos(6),
+    )
+    .unwrap();
     assert_eq!(action(&disarmed), Some(Action::Push(5)));
     // A refused disarm: the agent dropped its copy (a new staging always
     // replaces the old one), so nothing is asked again.
@@ -324,12 +433,21 @@ fn an_armed_copy_nobody_wants_is_disarmed_before_anything_else() {
         &Answer::Refused(refusal(4, false)),
         1,
         b,
-        6,
+        RefTime::from_nanos(6),
     )
     .unwrap();
     assert_eq!(action(&refused), Some(Action::Push(5)));
     // Switched already (it holds v4): nothing to disarm.
-    let holds = plan(&a1, &k, Some(&aborted), Some(&told), held_v(4), b, 7).unwrap();
+    let holds = plan(
+        &a1,
+        &k,
+        Some(&aborted),
+        Some(&told),
+        held_v(4),
+        b,
+        RefTime::from_nanos(7),
+    )
+    .unwrap();
     assert_eq!(action(&holds), Some(Action::Cancel(4)));
 }
 
@@ -401,7 +519,10 @@ fn wanted_and_not_held_is_pushed() {
             (Intent::Hold, 3, DeliveryState::Pending, held)
         );
         assert_eq!(action(&r), Some(Action::Push(3)));
-        assert_eq!((r.reason.as_str(), r.attempts, r.updated_ns), ("", 0, 10));
+        assert_eq!(
+            (r.reason.as_str(), r.attempts, r.updated.as_nanos()),
+            ("", 0, 10)
+        );
     }
 }
 
@@ -442,7 +563,7 @@ fn a_final_refusal_is_nacked_and_not_pushed_again() {
         Some(&r),
         None,
         Binding::Tenants,
-        30,
+        RefTime::from_nanos(30),
     )
     .unwrap();
     assert_eq!(again, r);
@@ -524,11 +645,11 @@ fn a_withdrawal_stays_on_record_after_the_agent_dropped_it() {
         Some(&wanted_row),
         None,
         Binding::Tenants,
-        20,
+        RefTime::from_nanos(20),
     )
     .unwrap();
     assert_eq!(
-        (r.intent, r.version, r.state, r.updated_ns),
+        (r.intent, r.version, r.state, r.updated.as_nanos()),
         (Intent::Withdraw, 3, DeliveryState::Cancelled, 20)
     );
     assert_eq!(action(&r), None, "nothing held: nothing to cancel");
@@ -559,7 +680,16 @@ fn a_pack_the_store_does_not_know_is_local_and_left_alone() {
     assert_eq!(action(&r), None);
     // Dropped by the agent: the row stays (its last feedback is still the
     // agent's own), holding nothing and asking nothing.
-    let gone = plan(&a, &key("t"), None, Some(&r), None, Binding::Tenants, 20).expect("kept");
+    let gone = plan(
+        &a,
+        &key("t"),
+        None,
+        Some(&r),
+        None,
+        Binding::Tenants,
+        RefTime::from_nanos(20),
+    )
+    .expect("kept");
     assert_eq!(
         (gone.intent, gone.version, gone.held, gone.state),
         (Intent::Local, 7, None, DeliveryState::Local)
@@ -575,7 +705,7 @@ fn a_pack_the_store_does_not_know_is_local_and_left_alone() {
         Some(&r),
         h(7),
         Binding::Tenants,
-        30,
+        RefTime::from_nanos(30),
     )
     .unwrap();
     assert_eq!(action(&w), Some(Action::Cancel(7)));
@@ -586,7 +716,16 @@ fn a_withdrawal_of_a_pack_the_store_lost_stays() {
     let a = agent("a1", &["t"], &[]);
     let known = cancelled(pack("t", 7, TargetsRow::Nobody));
     let w = fresh(&a, Some(&known), h(7), Binding::Tenants).unwrap();
-    let r = plan(&a, &key("t"), None, Some(&w), h(7), Binding::Tenants, 30).unwrap();
+    let r = plan(
+        &a,
+        &key("t"),
+        None,
+        Some(&w),
+        h(7),
+        Binding::Tenants,
+        RefTime::from_nanos(30),
+    )
+    .unwrap();
     assert_eq!((r.intent, r.version), (Intent::Withdraw, 7));
     assert_eq!(action(&r), Some(Action::Cancel(7)));
 }
@@ -606,7 +745,7 @@ fn a_refusal_counts_only_for_the_version_it_refused() {
         Some(&r),
         None,
         Binding::Tenants,
-        30,
+        RefTime::from_nanos(30),
     )
     .unwrap();
     assert_eq!(
@@ -623,7 +762,17 @@ fn a_refusal_is_over_once_the_agent_holds_that_version() {
     let p = pack("t", 3, ids(&["a1"]));
     for last in [true, false] {
         let r = refused(&a, &p, refusal(3, last));
-        let acked = answered(&a, Some(&p), &r, 3, &Answer::Acked, 1, Binding::Tenants, 30).unwrap();
+        let acked = answered(
+            &a,
+            Some(&p),
+            &r,
+            3,
+            &Answer::Acked,
+            1,
+            Binding::Tenants,
+            RefTime::from_nanos(30),
+        )
+        .unwrap();
         assert_eq!(
             (acked.state, acked.refusal.clone()),
             (DeliveryState::Acked, None)
@@ -636,7 +785,7 @@ fn a_refusal_is_over_once_the_agent_holds_that_version() {
             Some(&acked),
             None,
             Binding::Tenants,
-            40,
+            RefTime::from_nanos(40),
         )
         .unwrap();
         assert_eq!(
@@ -660,7 +809,7 @@ fn attempts_last_while_the_version_does() {
         &Answer::Refused(refusal(3, false)),
         4,
         Binding::Tenants,
-        20,
+        RefTime::from_nanos(20),
     )
     .unwrap();
     assert_eq!(r.attempts, 4);
@@ -673,7 +822,7 @@ fn attempts_last_while_the_version_does() {
         &Answer::Refused(refusal(3, false)),
         2,
         Binding::Tenants,
-        30,
+        RefTime::from_nanos(30),
     )
     .unwrap();
     assert_eq!(r.attempts, 4);
@@ -684,7 +833,7 @@ fn attempts_last_while_the_version_does() {
         Some(&r),
         None,
         Binding::Tenants,
-        40,
+        RefTime::from_nanos(40),
     )
     .unwrap();
     assert_eq!(same.attempts, 4);
@@ -696,7 +845,7 @@ fn attempts_last_while_the_version_does() {
         Some(&r),
         None,
         Binding::Tenants,
-        50,
+        RefTime::from_nanos(50),
     )
     .unwrap();
     assert_eq!(n.attempts, 0);
@@ -714,7 +863,7 @@ fn updated_ns_moves_only_when_the_row_changes() {
         Some(&row),
         None,
         Binding::Tenants,
-        99,
+        RefTime::from_nanos(99),
     )
     .unwrap();
     assert_eq!(same, row);
@@ -725,10 +874,10 @@ fn updated_ns_moves_only_when_the_row_changes() {
         Some(&row),
         h(3),
         Binding::Tenants,
-        99,
+        RefTime::from_nanos(99),
     )
     .unwrap();
-    assert_eq!(held.updated_ns, 99);
+    assert_eq!(held.updated.as_nanos(), 99);
     let same = answered(
         &a,
         Some(&p),
@@ -737,7 +886,7 @@ fn updated_ns_moves_only_when_the_row_changes() {
         &Answer::Acked,
         0,
         Binding::Tenants,
-        120,
+        RefTime::from_nanos(120),
     )
     .unwrap();
     assert_eq!(same, held);
@@ -759,7 +908,7 @@ fn an_answer_about_another_version_records_no_refusal() {
         &Answer::Refused(refusal(2, true)),
         9,
         Binding::Tenants,
-        20,
+        RefTime::from_nanos(20),
     )
     .unwrap();
     assert_eq!(r, row, "nothing changed, not even attempts");
@@ -772,7 +921,7 @@ fn an_answer_about_another_version_records_no_refusal() {
         &Answer::Acked,
         9,
         Binding::Tenants,
-        30,
+        RefTime::from_nanos(30),
     )
     .unwrap();
     assert_eq!(
@@ -795,7 +944,7 @@ fn a_late_ack_of_a_withdrawn_pack_is_cancelled() {
         Some(&row),
         None,
         Binding::Tenants,
-        20,
+        RefTime::from_nanos(20),
     )
     .unwrap();
     let r = answered(
@@ -806,7 +955,7 @@ fn a_late_ack_of_a_withdrawn_pack_is_cancelled() {
         &Answer::Acked,
         1,
         Binding::Tenants,
-        30,
+        RefTime::from_nanos(30),
     )
     .unwrap();
     assert_eq!(action(&r), Some(Action::Cancel(3)));
@@ -864,7 +1013,7 @@ fn packs() -> impl Strategy<Value = PackTargets> {
             pack: "p".into(),
             latest,
             targets,
-            cancelled_ns: cancelled.then_some(7),
+            cancelled: cancelled.then_some(RefTime::from_nanos(7)),
             gate: None,
         },
     )
@@ -915,9 +1064,26 @@ fn prior(
         tenant: k.tenant.clone(),
         ..p
     });
-    let row = plan(a, k, before.as_ref(), None, held, b, 10)?;
+    let row = plan(
+        a,
+        k,
+        before.as_ref(),
+        None,
+        held,
+        b,
+        RefTime::from_nanos(10),
+    )?;
     match answer {
-        Some((v, ans)) => answered(a, before.as_ref(), &row, v, &ans, 1, b, 20),
+        Some((v, ans)) => answered(
+            a,
+            before.as_ref(),
+            &row,
+            v,
+            &ans,
+            1,
+            b,
+            RefTime::from_nanos(20),
+        ),
         None => Some(row),
     }
 }
@@ -928,7 +1094,7 @@ fn prior(
 /// labels for that tenant (the tenant's operator labels over the agent's
 /// own; `None` hides) carry every targeted label.
 fn oracle_wanted(a: &AgentRow, p: &PackTargets, b: Binding) -> Option<u64> {
-    if p.cancelled_ns.is_some() {
+    if p.cancelled.is_some() {
         return None;
     }
     if b == Binding::Tenants && !a.tenants.iter().any(|t| *t == p.tenant) {
@@ -983,7 +1149,7 @@ proptest! {
     ) {
         let k = PackKey::new(p.as_ref().map_or("t0", |p| p.tenant.as_str()), "p");
         let row = prior(&a, &k, b, history);
-        let Some(next) = plan(&a, &k, p.as_ref(), row.as_ref(), held, b, 30) else {
+        let Some(next) = plan(&a, &k, p.as_ref(), row.as_ref(), held, b, RefTime::from_nanos(30)) else {
             prop_assert!(held.is_none(), "a held pack always has a row");
             return Ok(());
         };
@@ -1008,7 +1174,7 @@ proptest! {
             prop_assert_eq!((next.intent, next.version), (Intent::Hold, v));
         }
         // Planned again with nothing new: the same row, the same instant.
-        let again = plan(&a, &k, p.as_ref(), Some(&next), held, b, 40);
+        let again = plan(&a, &k, p.as_ref(), Some(&next), held, b, RefTime::from_nanos(40));
         prop_assert_eq!(again.as_ref(), Some(&next));
     }
 
@@ -1023,12 +1189,12 @@ proptest! {
     ) {
         let k = PackKey::new(&p.tenant, "p");
         let row = prior(&a, &k, b, history);
-        let gone = PackTargets { cancelled_ns: Some(99), ..p };
-        let next = plan(&a, &k, Some(&gone), row.as_ref(), Some(held), b, 30).unwrap();
+        let gone = PackTargets { cancelled: Some(RefTime::from_nanos(99)), ..p };
+        let next = plan(&a, &k, Some(&gone), row.as_ref(), Some(held), b, RefTime::from_nanos(30)).unwrap();
         prop_assert_eq!(next.intent, Intent::Withdraw);
         prop_assert_eq!(action(&next), Some(Action::Cancel(held.version)));
         // Its late ack of any version is cancelled too.
-        let acked = answered(&a, Some(&gone), &next, held.version + 1, &Answer::Acked, 1, b, 40).unwrap();
+        let acked = answered(&a, Some(&gone), &next, held.version + 1, &Answer::Acked, 1, b, RefTime::from_nanos(40)).unwrap();
         prop_assert_eq!(action(&acked), Some(Action::Cancel(held.version + 1)));
     }
 
@@ -1044,19 +1210,19 @@ proptest! {
     ) {
         let mut a = a;
         a.tenants.insert(p.tenant.clone());
-        let p = PackTargets { cancelled_ns: None, targets: TargetsRow::Agents(vec![a.id.clone()]), ..p };
+        let p = PackTargets { cancelled: None, targets: TargetsRow::Agents(vec![a.id.clone()]), ..p };
         let k = PackKey::new(&p.tenant, "p");
         let held = held.map(|version| Held { version, stopped: false }).filter(|h| h.version < p.latest);
-        let row = plan(&a, &k, Some(&p), None, held, b, 10).unwrap();
-        let no = answered(&a, Some(&p), &row, p.latest, &Answer::Refused(refusal(p.latest, last)), 1, b, 20).unwrap();
+        let row = plan(&a, &k, Some(&p), None, held, b, RefTime::from_nanos(10)).unwrap();
+        let no = answered(&a, Some(&p), &row, p.latest, &Answer::Refused(refusal(p.latest, last)), 1, b, RefTime::from_nanos(20)).unwrap();
         prop_assert_eq!(no.state, if last { DeliveryState::Nacked } else { DeliveryState::Pending });
         let newer = PackTargets { latest: p.latest + 1, ..p.clone() };
-        let next = plan(&a, &k, Some(&newer), Some(&no), held, b, 30).unwrap();
+        let next = plan(&a, &k, Some(&newer), Some(&no), held, b, RefTime::from_nanos(30)).unwrap();
         prop_assert_eq!(&next.refusal, &None);
         prop_assert_eq!(next.state, DeliveryState::Pending);
         prop_assert_eq!(action(&next), Some(Action::Push(p.latest + 1)));
         // An answer about the refused version now changes nothing.
-        let late = answered(&a, Some(&newer), &next, p.latest, &Answer::Refused(refusal(p.latest, true)), 5, b, 40).unwrap();
+        let late = answered(&a, Some(&newer), &next, p.latest, &Answer::Refused(refusal(p.latest, true)), 5, b, RefTime::from_nanos(40)).unwrap();
         prop_assert_eq!(late, next);
     }
 }

@@ -4,6 +4,7 @@ use baton_proto::pack::rollout::{Compare, Rollout};
 use baton_proto::time::format_duration;
 
 use super::{AgentView, Observed, duration_ns};
+use crate::model::time::span_ns;
 
 /// Why the stage fails now, if it does. Failed and unknown firings fail
 /// it at any time; lateness and offset only once the stage has
@@ -46,14 +47,14 @@ pub(super) fn failure<'a>(
         Compare::Baseline => obs.baseline.as_ref(),
         Compare::Absolute => None,
     };
-    if let (Some(max), Some(p99)) = (t.lateness_p99, c.lateness_p99_ns) {
-        let base_p99 = base.and_then(|b| b.lateness_p99_ns);
+    if let (Some(max), Some(p99)) = (t.lateness_p99, c.lateness_p99.map(span_ns)) {
+        let base_p99 = base.and_then(|b| b.lateness_p99.map(span_ns));
         if let Some(why) = over("lateness p99", p99, base_p99, duration_ns(max)) {
             return Some(why);
         }
     }
-    if let (Some(max), Some(off)) = (t.offset, c.offset_max_ns) {
-        let base_off = base.and_then(|b| b.offset_max_ns);
+    if let (Some(max), Some(off)) = (t.offset, c.offset_max.map(span_ns)) {
+        let base_off = base.and_then(|b| b.offset_max.map(span_ns));
         if let Some(why) = over("clock offset", off, base_off, duration_ns(max)) {
             return Some(why);
         }

@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 
 use baton_proto::pack::rollout::{Activate, DeadlineAction, OnAbort, Rollout};
 
+use crate::model::time::{self, RefTime};
 use crate::model::{CohortFigures, Member, RolloutRow, RolloutState, VerdictKind, VerdictRow};
 
 /// An agent the pack targets, as the machine needs to see it.
@@ -66,8 +67,8 @@ pub const SWITCH_SETTLE: std::time::Duration = std::time::Duration::from_secs(10
 /// What the driver observed for one step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
-    /// Now (ns since the epoch, the controller's clock).
-    pub now_ns: i64,
+    /// Now (the controller's clock).
+    pub now: RefTime,
     /// Every agent the pack targets now.
     pub targets: Vec<AgentView>,
     /// The cohort's firings of the version since the stage started, and
@@ -110,11 +111,11 @@ pub fn step(spec: &Rollout, row: &RolloutRow, obs: &Observed) -> Step {
     }
     let mut s = Stepper {
         spec,
-        now: obs.now_ns,
+        now: obs.now,
         next: row.clone(),
         out: Step::default(),
     };
-    if row.stage_started_ns.is_none() {
+    if row.stage_started.is_none() {
         s.start_stage(obs);
     } else {
         s.judge(obs);
@@ -123,7 +124,7 @@ pub fn step(spec: &Rollout, row: &RolloutRow, obs: &Observed) -> Step {
 }
 
 /// An operator pauses a moving rollout.
-pub fn pause(row: &RolloutRow, why: &str, now_ns: i64) -> Result<Step, String> {
+pub fn pause(row: &RolloutRow, why: &str, now: RefTime) -> Result<Step, String> {
     if !row.state.is_moving() {
         return Err(format!(
             "rollout of v{} is {}: only a waiting or running rollout can be paused",
@@ -134,7 +135,7 @@ pub fn pause(row: &RolloutRow, why: &str, now_ns: i64) -> Result<Step, String> {
     let mut next = row.clone();
     next.state = RolloutState::Paused;
     next.reason = why.to_string();
-    next.updated_ns = now_ns;
+    next.updated = now;
     Ok(Step {
         next: Some(next),
         said: vec![format!("stage {} paused: {why}", row.stage + 1)],
@@ -145,7 +146,7 @@ pub fn pause(row: &RolloutRow, why: &str, now_ns: i64) -> Result<Step, String> {
 /// An operator resumes a paused rollout: its stage's deadline starts over
 /// (and a together stage whose instant passed names a new one for the
 /// members still behind).
-pub fn resume(row: &RolloutRow, who: &str, now_ns: i64) -> Result<Step, String> {
+pub fn resume(row: &RolloutRow, who: &str, now: RefTime) -> Result<Step, String> {
     if row.state != RolloutState::Paused {
         return Err(format!(
             "rollout of v{} is {}: only a paused rollout can be resumed{}",
@@ -159,21 +160,21 @@ pub fn resume(row: &RolloutRow, who: &str, now_ns: i64) -> Result<Step, String> 
         ));
     }
     let mut next = row.clone();
-    next.state = if row.stage_started_ns.is_some() {
+    next.state = if row.stage_started.is_some() {
         RolloutState::Running
     } else {
         RolloutState::WaitingWindow
     };
     next.reason.clear();
-    next.deadline_from_ns = row.stage_started_ns.map(|_| now_ns);
+    next.deadline_from = row.stage_started.map(|_| now);
     // A together stage whose instant passed with members not switched
     // (held back, or restarted before it): a new instant is named for
     // them once they all staged again.
-    if next.switch_at_ns.is_some_and(|t| t <= now_ns) {
-        next.switch_at_ns = None;
+    if next.switch_at.is_some_and(|t| t <= now) {
+        next.switch_at = None;
         next.held_back.clear();
     }
-    next.updated_ns = now_ns;
+    next.updated = now;
     Ok(Step {
         next: Some(next),
         said: vec![format!("stage {} resumed by {who}", row.stage + 1)],
@@ -182,7 +183,7 @@ pub fn resume(row: &RolloutRow, who: &str, now_ns: i64) -> Result<Step, String> 
 }
 
 /// An operator aborts a rollout that is not over.
-pub fn abort(spec: &Rollout, row: &RolloutRow, why: &str, now_ns: i64) -> Result<Step, String> {
+pub fn abort(spec: &Rollout, row: &RolloutRow, why: &str, now: RefTime) -> Result<Step, String> {
     if row.state.is_final() {
         return Err(format!(
             "rollout of v{} is {} already",
@@ -192,7 +193,7 @@ pub fn abort(spec: &Rollout, row: &RolloutRow, why: &str, now_ns: i64) -> Result
     }
     let mut s = Stepper {
         spec,
-        now: now_ns,
+        now,
         next: row.clone(),
         out: Step::default(),
     };
@@ -202,7 +203,7 @@ pub fn abort(spec: &Rollout, row: &RolloutRow, why: &str, now_ns: i64) -> Result
 
 struct Stepper<'a> {
     spec: &'a Rollout,
-    now: i64,
+    now: RefTime,
     next: RolloutRow,
     out: Step,
 }
@@ -210,7 +211,7 @@ struct Stepper<'a> {
 impl Stepper<'_> {
     fn finish(mut self, row: &RolloutRow) -> Step {
         if self.next != *row || !self.out.admit.is_empty() || !self.out.skip.is_empty() {
-            self.next.updated_ns = self.now;
+            self.next.updated = self.now;
             self.out.next = Some(self.next);
         }
         self.out
@@ -272,12 +273,12 @@ impl Stepper<'_> {
         ));
         self.out.admit = admit;
         self.next.state = RolloutState::Running;
-        self.next.stage_started_ns = Some(self.now);
-        self.next.deadline_from_ns = Some(self.now);
-        self.next.soak_from_ns = None;
+        self.next.stage_started = Some(self.now);
+        self.next.deadline_from = Some(self.now);
+        self.next.soak_from = None;
         self.next.deadline_taken = false;
         self.next.together = self.spec.activate == Activate::Together;
-        self.next.switch_at_ns = None;
+        self.next.switch_at = None;
         self.next.held_back.clear();
     }
 
@@ -286,15 +287,15 @@ impl Stepper<'_> {
     /// ahead; members whose clock is not certain enough are held back
     /// (not switched: they stay missing, and the stage inconclusive).
     fn name_instant(&mut self, members: &[&AgentView]) {
-        if !self.next.together || self.next.switch_at_ns.is_some() {
+        if !self.next.together || self.next.switch_at.is_some() {
             return;
         }
         let behind: Vec<&AgentView> = members.iter().copied().filter(|a| !a.holds).collect();
         if behind.is_empty() || !behind.iter().all(|a| a.staged && a.connected) {
             return;
         }
-        let at = self.now.saturating_add(duration_ns(SWITCH_LEAD));
-        self.next.switch_at_ns = Some(at);
+        let at = self.now + SWITCH_LEAD;
+        self.next.switch_at = Some(at);
         self.next.held_back = behind
             .iter()
             .filter(|a| !a.clock_ok)
@@ -302,7 +303,10 @@ impl Stepper<'_> {
             .collect();
         let n = self.stage_no();
         let switching = behind.len() - self.next.held_back.len();
-        let mut line = format!("stage {n}: {switching} agent(s) switch together at {at} ns");
+        let mut line = format!(
+            "stage {n}: {switching} agent(s) switch together at {} ns",
+            at.as_nanos()
+        );
         if !self.next.held_back.is_empty() {
             line.push_str(&format!(
                 "; held back, their clock less certain than max_uncertainty: {}",
@@ -319,10 +323,7 @@ impl Stepper<'_> {
     /// whose resume names a new instant for them. Never a stage waiting
     /// for ever. Returns whether it decided.
     fn not_switched(&mut self, members: &[&AgentView], obs: &Observed) -> bool {
-        let settled_at = self
-            .next
-            .switch_at_ns
-            .map(|t| t.saturating_add(duration_ns(SWITCH_SETTLE)));
+        let settled_at = self.next.switch_at.map(|t| t + SWITCH_SETTLE);
         if !self.next.together || settled_at.is_none_or(|t| self.now < t) {
             return false;
         }
@@ -381,13 +382,13 @@ impl Stepper<'_> {
             .copied()
             .filter(|a| !a.holds || !a.connected)
             .collect();
-        if missing.is_empty() && self.next.soak_from_ns.is_none() {
-            self.next.soak_from_ns = Some(self.now);
+        if missing.is_empty() && self.next.soak_from.is_none() {
+            self.next.soak_from = Some(self.now);
         }
         let soaked = self
             .next
-            .soak_from_ns
-            .is_some_and(|s| self.now.saturating_sub(s) >= duration_ns(self.spec.soak));
+            .soak_from
+            .is_some_and(|s| elapsed(s, self.now, self.spec.soak));
         let stage = self.next.stage;
         let admitted_now = self.next.members.values().any(|m| m.stage == stage);
         let settled = if admitted_now {
@@ -412,8 +413,8 @@ impl Stepper<'_> {
         let Some(deadline) = self.spec.stage_deadline else {
             return;
         };
-        let from = self.next.deadline_from_ns.or(self.next.stage_started_ns);
-        let due = from.is_some_and(|f| self.now.saturating_sub(f) >= duration_ns(deadline.after));
+        let from = self.next.deadline_from.or(self.next.stage_started);
+        let due = from.is_some_and(|f| elapsed(f, self.now, deadline.after));
         if !due {
             return;
         }
@@ -429,7 +430,7 @@ impl Stepper<'_> {
                     }
                 }
                 self.next.deadline_taken = true;
-                self.next.deadline_from_ns = Some(self.now);
+                self.next.deadline_from = Some(self.now);
                 let n = self.stage_no();
                 self.out.said.push(format!(
                     "stage {n}: {} agent(s) that never acked left out of its verdict (skip_offline): {}",
@@ -453,11 +454,11 @@ impl Stepper<'_> {
             self.out.said.push("completed: every stage passed".into());
         } else {
             self.next.stage += 1;
-            self.next.stage_started_ns = None;
-            self.next.soak_from_ns = None;
-            self.next.deadline_from_ns = None;
+            self.next.stage_started = None;
+            self.next.soak_from = None;
+            self.next.deadline_from = None;
             self.next.deadline_taken = false;
-            self.next.switch_at_ns = None;
+            self.next.switch_at = None;
             self.next.held_back.clear();
         }
     }
@@ -505,17 +506,18 @@ impl Stepper<'_> {
             cohort: obs.cohort.clone(),
             baseline: obs.baseline.clone(),
             missing,
-            since_ns: self.next.stage_started_ns.unwrap_or(self.now),
-            at_ns: self.now,
+            since: self.next.stage_started.unwrap_or(self.now),
+            at: self.now,
         });
     }
 }
 
-/// Whether a stage may start at `now_ns`: no windows, or one is open.
-pub fn window_open(spec: &Rollout, now_ns: i64) -> bool {
-    spec.windows.is_empty()
-        || jiff::Timestamp::from_nanosecond(i128::from(now_ns))
-            .is_ok_and(|t| spec.windows.iter().any(|w| w.is_open(t)))
+/// Whether a stage may start at `now`: no windows, or one is open.
+pub fn window_open(spec: &Rollout, now: RefTime) -> bool {
+    spec.windows.is_empty() || {
+        let t = now.to_timestamp();
+        spec.windows.iter().any(|w| w.is_open(t))
+    }
 }
 
 /// How many of `total` targets the cohort may hold by stage `stage`:
@@ -571,6 +573,12 @@ fn undecided(
         ));
     }
     why.join("; ")
+}
+
+/// Whether `d` has passed from `from` to `now` (never when `now` is
+/// before `from`, unless `d` is zero and they are equal).
+fn elapsed(from: RefTime, now: RefTime, d: std::time::Duration) -> bool {
+    time::span_ns(time::between(from, now)) >= duration_ns(d)
 }
 
 fn duration_ns(d: std::time::Duration) -> i64 {

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+use crate::model::{RefTime, time};
 use baton_proto::pack::rollout::{AbortIf, Compare, StageDeadline, StageShare};
 use proptest::prelude::*;
 
@@ -82,7 +83,7 @@ impl Sim {
                 from: Some(1),
                 ..Default::default()
             },
-            t0,
+            RefTime::from_nanos(t0),
         );
         let (cohort, baseline) = (CohortFigures::default(), None);
         Sim {
@@ -105,7 +106,7 @@ impl Sim {
             cohort.stage_settled = cohort.settled;
         }
         let obs = Observed {
-            now_ns: self.now,
+            now: RefTime::from_nanos(self.now),
             targets: self.fleet.clone(),
             cohort,
             baseline: self.baseline.clone(),
@@ -139,7 +140,9 @@ impl Sim {
         }
         next.rev = self.row.rev + 1;
         // The cohort's figures count from the stage's start.
-        if next.stage_started_ns != self.row.stage_started_ns {
+        if next.stage_started.map(RefTime::as_nanos)
+            != self.row.stage_started.map(RefTime::as_nanos)
+        {
             self.cohort = CohortFigures::default();
         }
         self.row = next;
@@ -166,9 +169,9 @@ impl Sim {
 fn assert_frozen(sim: &mut Sim) {
     let (row, now) = (sim.row.clone(), sim.now);
     assert!(sim.row.state.is_final());
-    assert!(pause(&row, "op", now).is_err());
-    assert!(resume(&row, "op", now).is_err());
-    assert!(abort(&sim.spec, &row, "op", now).is_err());
+    assert!(pause(&row, "op", RefTime::from_nanos(now)).is_err());
+    assert!(resume(&row, "op", RefTime::from_nanos(now)).is_err());
+    assert!(abort(&sim.spec, &row, "op", RefTime::from_nanos(now)).is_err());
     assert_eq!(sim.at(10_000).next, None);
     assert_eq!(sim.row, row);
 }
@@ -195,7 +198,7 @@ fn the_first_step_admits_canaries_then_connected_agents_then_by_id() {
     assert_eq!(admitted, ["d", "b", "a"]);
     assert!(s.admit.iter().all(|(_, m)| *m == member(0)));
     assert_eq!(sim.row.state, RolloutState::Running);
-    assert_eq!(sim.row.stage_started_ns, Some(t0()));
+    assert_eq!(sim.row.stage_started.map(RefTime::as_nanos), Some(t0()));
     assert_eq!(sim.members(), ["a", "b", "d"]);
     // One agent: the connected canary.
     let mut sim = Sim::new(spec("stages: [{agents: 1}, {percent: 100}]"), agents, t0());
@@ -215,14 +218,20 @@ fn a_stage_passes_only_when_all_hold_the_soak_from_the_last_ack_is_over_and_enou
     sim.hold(&["a"]);
     // The ack seen at 40 starts the soak (not the stage's start at 0).
     sim.go(40);
-    assert_eq!(sim.row.soak_from_ns, Some(t0() + 40 * SEC));
+    assert_eq!(
+        sim.row.soak_from.map(RefTime::as_nanos),
+        Some(t0() + 40 * SEC)
+    );
     assert_eq!(sim.at(49).next, None, "soak not over 9s after the ack");
     sim.cohort.settled = 4;
     assert_eq!(sim.at(50).next, None, "4 settled firings of 5");
     sim.cohort.settled = 5;
     sim.go(50);
     assert_eq!(sim.row.verdicts[0].kind, VerdictKind::Pass);
-    assert_eq!((sim.row.stage, sim.row.stage_started_ns), (1, None));
+    assert_eq!(
+        (sim.row.stage, sim.row.stage_started.map(RefTime::as_nanos)),
+        (1, None)
+    );
 
     // The next step starts stage 2: up to 50% of 4, one more, by id.
     assert_eq!(sim.at(51).admit, [("b".to_string(), member(1))]);
@@ -295,9 +304,9 @@ fn failed_percent_and_unknown_abort_at_any_time_lateness_only_once_min_firings_s
     none(&|c| (c.settled, c.unknown) = (3, 2));
     some(&|c| (c.settled, c.unknown) = (3, 3), "unknown");
     // A late p99 of 49 settled firings is not judged; of 50 it is.
-    none(&|c| (c.settled, c.lateness_p99_ns) = (49, Some(10 * SEC)));
+    none(&|c| (c.settled, c.lateness_p99) = (49, Some(time::span(10 * SEC))));
     some(
-        &|c| (c.settled, c.lateness_p99_ns) = (50, Some(10 * SEC)),
+        &|c| (c.settled, c.lateness_p99) = (50, Some(time::span(10 * SEC))),
         "lateness p99",
     );
 }
@@ -309,7 +318,7 @@ fn with_compare_baseline_lateness_is_judged_against_the_baselines_p99() {
     );
     let late = |p99: i64| CohortFigures {
         settled: 5,
-        lateness_p99_ns: Some(p99),
+        lateness_p99: Some(time::span(p99)),
         ..Default::default()
     };
     let run = |base: Option<i64>| {
@@ -373,7 +382,7 @@ fn an_offline_member_at_the_deadline_is_inconclusive_and_pauses_until_resumed() 
     );
     assert_eq!(sim.at(500).next, None, "paused does not move");
     // A resume runs again, its deadline counted from the resume.
-    sim.apply(&resume(&sim.row, "op", sim.now).unwrap());
+    sim.apply(&resume(&sim.row, "op", RefTime::from_nanos(sim.now)).unwrap());
     assert_eq!(sim.row.state, RolloutState::Running);
     assert_eq!(sim.at(559).next, None);
     sim.go(560);
@@ -389,7 +398,7 @@ fn the_deadline_with_then_abort_aborts_for_good() {
     assert_eq!(sim.at(60).effect, Some(Effect::Rollback));
     assert_eq!(sim.row.state, RolloutState::Aborted);
     assert_eq!(sim.row.verdicts[0].kind, VerdictKind::Inconclusive);
-    let err = resume(&sim.row, "op", sim.now).unwrap_err();
+    let err = resume(&sim.row, "op", RefTime::from_nanos(sim.now)).unwrap_err();
     assert!(err.contains("an abort is final"), "{err}");
     assert_frozen(&mut sim);
 }
@@ -431,17 +440,17 @@ fn operators_pause_and_resume_a_moving_rollout_and_abort_one_not_over() {
     let mut sim = Sim::new(sp.clone(), fleet(&["a"]), t0());
     sim.go(0);
     assert!(
-        resume(&sim.row, "op", sim.now).is_err(),
+        resume(&sim.row, "op", RefTime::from_nanos(sim.now)).is_err(),
         "running is not paused"
     );
-    sim.apply(&pause(&sim.row, "look", sim.now).unwrap());
+    sim.apply(&pause(&sim.row, "look", RefTime::from_nanos(sim.now)).unwrap());
     assert_eq!(sim.row.state, RolloutState::Paused);
-    assert!(pause(&sim.row, "again", sim.now).is_err());
+    assert!(pause(&sim.row, "again", RefTime::from_nanos(sim.now)).is_err());
     sim.hold(&["a"]);
     sim.cohort.settled = 1;
     assert_eq!(sim.at(100).next, None, "paused does not move");
     // An abort of a paused rollout is allowed, and final.
-    let s = abort(&sp, &sim.row, "bad", sim.now).unwrap();
+    let s = abort(&sp, &sim.row, "bad", RefTime::from_nanos(sim.now)).unwrap();
     assert_eq!(s.effect, Some(Effect::Rollback));
     let mut aborted = Sim {
         row: s.next.unwrap(),
@@ -450,7 +459,7 @@ fn operators_pause_and_resume_a_moving_rollout_and_abort_one_not_over() {
     assert_eq!(aborted.row.state, RolloutState::Aborted);
     assert_frozen(&mut aborted);
     // Resumed, it completes; a superseded one is frozen too.
-    sim.apply(&resume(&sim.row, "op", sim.now).unwrap());
+    sim.apply(&resume(&sim.row, "op", RefTime::from_nanos(sim.now)).unwrap());
     sim.go(101);
     sim.go(102);
     assert_eq!(sim.row.state, RolloutState::Completed);
@@ -677,7 +686,7 @@ fn drive(sim: &mut Sim, events: &[Ev]) -> Result<(), TestCaseError> {
                 c.failed += u64::from(*failed);
                 c.unknown += u64::from(*unknown);
             }
-            Ev::Late(s) => sim.cohort.lateness_p99_ns = Some(i64::from(*s) * SEC),
+            Ev::Late(s) => sim.cohort.lateness_p99 = Some(time::span(i64::from(*s) * SEC)),
             Ev::Refuse(i) => {
                 if let Some(a) = pick(*i).map(|id| sim.agent(&id))
                     && !a.holds
@@ -688,9 +697,18 @@ fn drive(sim: &mut Sim, events: &[Ev]) -> Result<(), TestCaseError> {
             Ev::Pause | Ev::Resume | Ev::Abort => {
                 let (st, now) = (sim.row.state, sim.now);
                 let (r, allowed) = match ev {
-                    Ev::Pause => (pause(&sim.row, "op", now), st.is_moving()),
-                    Ev::Resume => (resume(&sim.row, "op", now), st == RolloutState::Paused),
-                    _ => (abort(&sim.spec, &sim.row, "op", now), !st.is_final()),
+                    Ev::Pause => (
+                        pause(&sim.row, "op", RefTime::from_nanos(now)),
+                        st.is_moving(),
+                    ),
+                    Ev::Resume => (
+                        resume(&sim.row, "op", RefTime::from_nanos(now)),
+                        st == RolloutState::Paused,
+                    ),
+                    _ => (
+                        abort(&sim.spec, &sim.row, "op", RefTime::from_nanos(now)),
+                        !st.is_final(),
+                    ),
                 };
                 prop_assert_eq!(r.is_ok(), allowed, "{:?} on {:?}", ev, st);
                 if let Ok(s) = r {
@@ -706,7 +724,7 @@ fn drive(sim: &mut Sim, events: &[Ev]) -> Result<(), TestCaseError> {
             prop_assert_eq!(&sim.row, &before);
         }
         if sim.row.state == RolloutState::Aborted {
-            prop_assert!(resume(&sim.row, "op", sim.now).is_err());
+            prop_assert!(resume(&sim.row, "op", RefTime::from_nanos(sim.now)).is_err());
         }
         // (a) the cohort never exceeds the current stage's share.
         let share = share(&sim.spec, sim.row.stage, n);
@@ -769,7 +787,7 @@ proptest! {
         let mut sim = Sim::new(sp, agents, t0());
         sim.baseline = base.map(|s| CohortFigures {
             settled: 10,
-            lateness_p99_ns: Some(s * SEC),
+            lateness_p99: Some(time::span(s * SEC)),
             ..Default::default()
         });
         drive(&mut sim, &evs)?;
@@ -786,14 +804,14 @@ proptest! {
         let agents = (0..n).map(|i| agent(&format!("a{i:02}"), i % 3 == 0, true)).collect();
         let mut sim = Sim::new(sp, agents, t0());
         drive(&mut sim, &evs)?;
-        if let Ok(s) = abort(&sim.spec, &sim.row, "op", sim.now) {
+        if let Ok(s) = abort(&sim.spec, &sim.row, "op", RefTime::from_nanos(sim.now)) {
             sim.apply(&s);
         }
         prop_assert!(sim.row.state.is_final());
         let frozen = sim.row.clone();
         drive(&mut sim, &after)?;
         prop_assert_eq!(&sim.row, &frozen);
-        prop_assert!(resume(&sim.row, "op", sim.now).is_err());
+        prop_assert!(resume(&sim.row, "op", RefTime::from_nanos(sim.now)).is_err());
     }
 }
 
@@ -811,12 +829,16 @@ fn a_together_stage_names_one_instant_once_every_member_staged() {
     assert!(sim.row.together);
     sim.agent("a").staged = true;
     sim.go(1);
-    assert_eq!(sim.row.switch_at_ns, None, "b has not staged yet");
+    assert_eq!(
+        sim.row.switch_at.map(RefTime::as_nanos),
+        None,
+        "b has not staged yet"
+    );
     sim.agent("b").staged = true;
     sim.agent("b").clock_ok = false;
     let s = sim.at(2);
     let at = 2 * SEC + i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
-    assert_eq!(sim.row.switch_at_ns, Some(at));
+    assert_eq!(sim.row.switch_at.map(RefTime::as_nanos), Some(at));
     assert_eq!(sim.row.held_back, ["b"]);
     assert!(
         s.said
@@ -830,7 +852,7 @@ fn a_together_stage_names_one_instant_once_every_member_staged() {
     sim.hold(&["a"]);
     sim.cohort.settled = 10;
     sim.go(10);
-    assert_eq!(sim.row.switch_at_ns, Some(at));
+    assert_eq!(sim.row.switch_at.map(RefTime::as_nanos), Some(at));
     assert_eq!(sim.row.stage, 0, "b is missing");
     assert!(sim.row.verdicts.is_empty());
     // b's clock recovers and it is switched by hand (an operator's
@@ -842,14 +864,27 @@ fn a_together_stage_names_one_instant_once_every_member_staged() {
     sim.go(13);
     assert_eq!(sim.row.verdicts.len(), 1);
     assert_eq!(sim.row.stage, 1);
-    assert_eq!((sim.row.switch_at_ns, sim.row.held_back.len()), (None, 0));
+    assert_eq!(
+        (
+            sim.row.switch_at.map(RefTime::as_nanos),
+            sim.row.held_back.len()
+        ),
+        (None, 0)
+    );
     sim.go(14);
     assert_eq!(sim.members(), ["a", "b", "c"]);
-    assert_eq!(sim.row.switch_at_ns, None, "c has not staged yet");
+    assert_eq!(
+        sim.row.switch_at.map(RefTime::as_nanos),
+        None,
+        "c has not staged yet"
+    );
     sim.agent("c").staged = true;
     sim.go(15);
     let lead = i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
-    assert_eq!(sim.row.switch_at_ns, Some(15 * SEC + lead));
+    assert_eq!(
+        sim.row.switch_at.map(RefTime::as_nanos),
+        Some(15 * SEC + lead)
+    );
 }
 
 /// A member held back at the instant gets another once an operator
@@ -876,24 +911,34 @@ fn a_resume_names_a_new_instant_for_held_back_members_and_an_abort_is_not_staged
     let last = sim.row.verdicts.last().unwrap();
     assert_eq!(last.kind, VerdictKind::Inconclusive);
     sim.agent("b").clock_ok = true;
-    let resumed = resume(&sim.row, "op", 15 * SEC).unwrap();
+    let resumed = resume(&sim.row, "op", RefTime::from_nanos(15 * SEC)).unwrap();
     sim.apply(&resumed);
-    assert_eq!((sim.row.switch_at_ns, sim.row.held_back.len()), (None, 0));
+    assert_eq!(
+        (
+            sim.row.switch_at.map(RefTime::as_nanos),
+            sim.row.held_back.len()
+        ),
+        (None, 0)
+    );
     sim.go(16);
     let lead = i64::try_from(SWITCH_LEAD.as_nanos()).unwrap();
     assert_eq!(
-        sim.row.switch_at_ns,
+        sim.row.switch_at.map(RefTime::as_nanos),
         Some(16 * SEC + lead),
         "b's own instant"
     );
     assert!(sim.row.held_back.is_empty());
     let gate = sim.row.gate(false).unwrap();
-    assert!(gate.together && gate.switch_at_ns.is_some());
-    let aborted = abort(&sim.spec, &sim.row, "op", 17 * SEC).unwrap();
+    assert!(gate.together && gate.switch_at.is_some());
+    let aborted = abort(&sim.spec, &sim.row, "op", RefTime::from_nanos(17 * SEC)).unwrap();
     sim.apply(&aborted);
     let gate = sim.row.gate(false).unwrap();
     assert_eq!(
-        (gate.together, gate.switch_at_ns, gate.held_back.len()),
+        (
+            gate.together,
+            gate.switch_at.map(RefTime::as_nanos),
+            gate.held_back.len()
+        ),
         (false, None, 0),
         "a rollback goes on arrival"
     );

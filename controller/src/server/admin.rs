@@ -20,6 +20,7 @@ use crate::app::events::{self, AgentEventKind, Event, WatchFilter};
 use crate::app::feedback::FeedbackQuery;
 use crate::app::{App, AppError, Caller};
 use crate::model::LabelOverrides;
+use crate::model::{RefTime, SpanNanos};
 
 /// The Admin service.
 #[derive(Debug, Clone)]
@@ -67,10 +68,10 @@ fn agent_summary(v: AgentView) -> wire::AgentSummary {
     let a = v.agent;
     wire::AgentSummary {
         connected: v.connected,
-        lateness_p99_ns: v.lateness_p99_ns,
+        lateness_p99_ns: v.lateness_p99.nanos(),
         labels: a.labels.into_iter().collect(),
         agent_version: a.agent_version,
-        last_seen_ns: a.last_seen_ns,
+        last_seen_ns: a.last_seen.as_nanos(),
         clock: a.clock.as_ref().map(convert::clock_to_wire),
         packs: convert::held_to_wire(&held),
         tenants: a.tenants.into_iter().collect(),
@@ -166,8 +167,8 @@ impl wire::admin_server::Admin for AdminService {
                 .map(|p| wire::PackSummary {
                     pack: Some(convert::wire_ref(&p.tenant, &p.pack, p.latest)),
                     targets: p.targets.to_string(),
-                    pushed_ns: p.pushed_ns,
-                    cancelled: p.cancelled_ns.is_some(),
+                    pushed_ns: p.pushed.as_nanos(),
+                    cancelled: p.cancelled.is_some(),
                     acked: p.acked,
                     nacked: p.nacked,
                     pending: p.pending,
@@ -237,7 +238,7 @@ impl wire::admin_server::Admin for AdminService {
                 tenant: req.tenant,
                 pack: nonempty(&req.pack),
                 agent_id: nonempty(&req.agent_id),
-                since_ns: (req.since_ns != 0).then_some(req.since_ns),
+                since: (req.since_ns != 0).then_some(RefTime::from_nanos(req.since_ns)),
                 limit: u64::from(req.limit),
             },
         );
@@ -358,7 +359,7 @@ impl wire::admin_server::Admin for AdminService {
             records: rows
                 .into_iter()
                 .map(|r| wire::AuditRecord {
-                    at_ns: r.at_ns,
+                    at_ns: r.at.as_nanos(),
                     who: r.who,
                     tenant: r.tenant,
                     role: r.role,
@@ -508,7 +509,7 @@ fn event_to_wire(e: Event) -> wire::WatchEvent {
             } as i32,
             clock: a.clock.as_ref().map(convert::clock_to_wire),
             detail: a.detail,
-            at_ns: a.at_ns,
+            at_ns: a.at.as_nanos(),
         }),
     };
     wire::WatchEvent { body: Some(body) }

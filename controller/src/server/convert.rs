@@ -11,7 +11,9 @@ use baton_proto::wire;
 use tonic::Status;
 
 use crate::app::AppError;
+use crate::model::time;
 use crate::model::{ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow};
+use crate::model::{RefTime, SpanNanos};
 use crate::store::HelloRow;
 
 /// Longest label key or value, and most labels.
@@ -168,7 +170,7 @@ pub fn hello(h: &wire::Hello, max_held: usize, now_ns: i64) -> Result<HelloRow, 
         cert_tenants: None,
         held: held(&h.packs, held_cap(h, max_held))?,
         session_gen_seen: session_gen_seen(h.session_gen)?,
-        at_ns: now_ns,
+        at: RefTime::from_nanos(now_ns),
     })
 }
 
@@ -195,11 +197,11 @@ pub fn clock(c: &wire::ClockReport) -> Result<ClockRow, BadMessage> {
     Ok(ClockRow {
         source: source_word(source).into(),
         state: state_word(state).into(),
-        offset_ns: c.offset_ns,
-        jitter_ns: c.jitter_ns,
-        uncertainty_ns: c.uncertainty_ns,
+        offset: time::span(c.offset_ns),
+        jitter: time::span(c.jitter_ns),
+        uncertainty: time::span(c.uncertainty_ns),
         frequency_ppm: c.frequency_ppm,
-        at_ns: c.at_ns,
+        at: RefTime::from_nanos(c.at_ns),
     })
 }
 
@@ -242,11 +244,11 @@ pub fn clock_to_wire(c: &ClockRow) -> wire::ClockReport {
     wire::ClockReport {
         source: source as i32,
         state: state as i32,
-        offset_ns: c.offset_ns,
-        jitter_ns: c.jitter_ns,
-        uncertainty_ns: c.uncertainty_ns,
+        offset_ns: c.offset.nanos(),
+        jitter_ns: c.jitter.nanos(),
+        uncertainty_ns: c.uncertainty.nanos(),
         frequency_ppm: c.frequency_ppm,
-        at_ns: c.at_ns,
+        at_ns: c.at.as_nanos(),
         // Not kept with the clock history (see `App::outbox`).
         outbox_entries: None,
     }
@@ -320,11 +322,11 @@ pub fn feedback_owned(
         pack,
         version,
         instruction: cut(f.instruction, 128),
-        occurrence_ns,
+        occurrence: occurrence_ns.map(RefTime::from_nanos),
         attempt: f.attempt,
-        scheduled_ns: f.scheduled_ns,
-        actual_ns: f.actual_ns,
-        lateness_ns: f.lateness_ns,
+        scheduled: RefTime::from_nanos(f.scheduled_ns),
+        actual: RefTime::from_nanos(f.actual_ns),
+        lateness: time::span(f.lateness_ns),
         outcome,
         // A newer agent's reason this build does not know: unspecified.
         reason: wire::Reason::try_from(f.reason).unwrap_or(wire::Reason::Unspecified),
@@ -333,12 +335,12 @@ pub fn feedback_owned(
         detail: cut(f.detail, MAX_TEXT),
         value: f.value,
         dropped_before: f.dropped_before,
-        uncertainty_ns: f.uncertainty_ns,
+        uncertainty: time::span(f.uncertainty_ns),
         clock_source: wire::ClockSource::try_from(f.clock_source)
             .unwrap_or(wire::ClockSource::Unspecified),
         clock_state: wire::ClockState::try_from(f.clock_state)
             .unwrap_or(wire::ClockState::Unspecified),
-        received_ns,
+        received: RefTime::from_nanos(received_ns),
     })
 }
 
@@ -359,27 +361,27 @@ fn pack_ref_owned(r: Option<wire::PackRef>) -> Result<(String, String, u64), Bad
 pub fn feedback_to_wire(r: &FeedbackRow) -> wire::FeedbackRecord {
     wire::FeedbackRecord {
         agent_id: r.agent_id.clone(),
-        received_ns: r.received_ns,
+        received_ns: r.received.as_nanos(),
         entry: Some(wire::Feedback {
             seq: r.seq,
             execution_id: r.execution_id.clone(),
             pack: Some(wire_ref(&r.tenant, &r.pack, r.version)),
             instruction: r.instruction.clone(),
             attempt: r.attempt,
-            scheduled_ns: r.scheduled_ns,
-            actual_ns: r.actual_ns,
-            lateness_ns: r.lateness_ns,
+            scheduled_ns: r.scheduled.as_nanos(),
+            actual_ns: r.actual.as_nanos(),
+            lateness_ns: r.lateness.nanos(),
             outcome: r.outcome as i32,
             detail: r.detail.clone(),
             value: r.value,
             dropped_before: r.dropped_before,
             event: r.event.clone(),
             action: r.action.clone(),
-            uncertainty_ns: r.uncertainty_ns,
+            uncertainty_ns: r.uncertainty.nanos(),
             reason: r.reason as i32,
             clock_source: r.clock_source as i32,
             clock_state: r.clock_state as i32,
-            occurrence_ns: r.occurrence_ns.unwrap_or(0),
+            occurrence_ns: r.occurrence.map(RefTime::as_nanos).unwrap_or(0),
         }),
     }
 }
@@ -437,7 +439,7 @@ pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
                 message: e.message.clone(),
             })
             .collect(),
-        updated_ns: d.updated_ns,
+        updated_ns: d.updated.as_nanos(),
         attempts: d.attempts,
     }
 }
@@ -475,9 +477,9 @@ mod tests {
         let row =
             feedback("ag", "j1", &entry(7, wire::Outcome::Unknown as i32), 99).expect("valid");
         assert_eq!(row.outcome, wire::Outcome::Unknown);
-        assert_eq!((row.seq, row.received_ns), (7, 99));
+        assert_eq!((row.seq, row.received.as_nanos()), (7, 99));
         // An agent that sends no occurrence: read from its execution id.
-        assert_eq!(row.occurrence_ns, Some(5));
+        assert_eq!(row.occurrence.map(RefTime::as_nanos), Some(5));
         let back = feedback_to_wire(&row);
         assert_eq!(
             back.entry.expect("entry").outcome,
@@ -489,7 +491,7 @@ mod tests {
         e.occurrence_ns = 6;
         let row = feedback("ag", "j1", &e, 0).expect("valid");
         assert_eq!(
-            (row.reason, row.occurrence_ns),
+            (row.reason, row.occurrence.map(RefTime::as_nanos)),
             (wire::Reason::Unspecified, Some(6))
         );
         e.reason = wire::Reason::Late as i32;

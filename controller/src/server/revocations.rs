@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use crate::ca::{self, CaDir, RevokedEntry};
 use crate::identity::Identity;
-use crate::model::{AuditRow, RevocationRow};
+use crate::model::{AuditRow, RefTime, RevocationRow};
 use crate::store::StoreError;
 
 use super::{Shared, now_ns};
@@ -60,7 +60,7 @@ pub fn new_records(
         }
         for tenant in ts {
             out.push(AuditRow {
-                at_ns,
+                at: RefTime::from_nanos(at_ns),
                 who: "ca".into(),
                 tenant,
                 role: "ca".into(),
@@ -171,7 +171,7 @@ async fn record_new(shared: &Shared, dir: &CaDir) -> Result<usize, StoreError> {
                     serial: e.serial.clone(),
                     kind: e.kind.clone(),
                     name: e.name.clone(),
-                    at_ns,
+                    at: RefTime::from_nanos(at_ns),
                 },
                 audit,
             )

@@ -8,6 +8,7 @@ use super::convert::status;
 use crate::app::rollouts::{RolloutCommand, RolloutStatus};
 use crate::app::{App, AppError, Caller};
 use crate::model::{CohortFigures, RolloutRow, VerdictRow};
+use crate::model::{RefTime, SpanNanos};
 
 /// Runs one `Rollout` request for `caller`.
 pub async fn rollout(
@@ -59,8 +60,8 @@ fn figures(f: &CohortFigures) -> wire::RolloutFigures {
         settled: f.settled,
         failed: f.failed,
         unknown: f.unknown,
-        lateness_p99_ns: f.lateness_p99_ns,
-        offset_max_ns: f.offset_max_ns,
+        lateness_p99_ns: f.lateness_p99.map(SpanNanos::nanos),
+        offset_max_ns: f.offset_max.map(SpanNanos::nanos),
     }
 }
 
@@ -72,8 +73,8 @@ fn verdict(v: &VerdictRow) -> wire::RolloutVerdict {
         cohort: Some(figures(&v.cohort)),
         baseline: v.baseline.as_ref().map(figures),
         missing: v.missing.clone(),
-        since_ns: v.since_ns,
-        at_ns: v.at_ns,
+        since_ns: v.since.as_nanos(),
+        at_ns: v.at.as_nanos(),
     }
 }
 
@@ -88,10 +89,10 @@ fn info(r: &RolloutRow) -> wire::RolloutInfo {
         stages: 0,
         reason: r.reason.clone(),
         rollback: r.rollback,
-        created_ns: r.created_ns,
-        updated_ns: r.updated_ns,
-        stage_started_ns: r.stage_started_ns,
-        soak_from_ns: r.soak_from_ns,
+        created_ns: r.created.as_nanos(),
+        updated_ns: r.updated.as_nanos(),
+        stage_started_ns: r.stage_started.map(RefTime::as_nanos),
+        soak_from_ns: r.soak_from.map(RefTime::as_nanos),
         verdicts: r.verdicts.iter().map(verdict).collect(),
         members: r.members.len() as u64,
         agents: Vec::new(),

@@ -31,7 +31,7 @@ use super::convert;
 use crate::app::events::{AgentEvent, AgentEventKind, Event};
 use crate::app::hub::Conflict;
 use crate::app::{App, now_ns};
-use crate::model::{AgentRow, Binding, DeliveryRow, HeldPackRow, PackKey, PackVersionRow};
+use crate::model::{AgentRow, Binding, DeliveryRow, HeldPackRow, PackKey, PackVersionRow, RefTime};
 use crate::store::{HelloRow, StoreError};
 
 mod end;
@@ -172,7 +172,7 @@ async fn refuse_duplicate(app: &App, agent_id: String, c: Conflict, out: &Outbou
         kind: AgentEventKind::Conflict,
         clock: None,
         detail: msg.clone(),
-        at_ns: now_ns(),
+        at: RefTime::from_nanos(now_ns()),
     }));
     let _ = out
         .send(Err(End::Duplicate(msg)
@@ -327,7 +327,7 @@ impl Session {
             kind,
             clock,
             detail,
-            at_ns: now_ns(),
+            at: RefTime::from_nanos(now_ns()),
         }));
     }
 

@@ -23,6 +23,7 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+use crate::model::{RefTime, SpanNanos, time};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::future::Future;
@@ -63,7 +64,7 @@ pub(crate) fn hello(id: &str, at_ns: i64) -> HelloRow {
         cert_tenants: None,
         held: Vec::new(),
         session_gen_seen: 0,
-        at_ns,
+        at: RefTime::from_nanos(at_ns),
     }
 }
 
@@ -106,7 +107,7 @@ pub(crate) fn pack(tenant: &str, pack: &str, version: u64, targets: TargetsRow) 
         version,
         yaml: format!("pack: {pack}\nversion: {version}\n"),
         targets,
-        pushed_ns: i64::try_from(version).map_or(0, |v| v.saturating_add(1_000)),
+        pushed: RefTime::from_nanos(i64::try_from(version).map_or(0, |v| v.saturating_add(1_000))),
         rollout: false,
     }
 }
@@ -126,7 +127,7 @@ pub(crate) fn ack(agent: &str, k: &PackKey, version: u64, at_ns: i64) -> AnswerR
         answer: Answer::Acked,
         attempts: 1,
         session_gen: 1,
-        at_ns,
+        at: RefTime::from_nanos(at_ns),
     }
 }
 
@@ -147,7 +148,7 @@ pub(crate) fn refuse(agent: &str, k: &PackKey, r: Refusal, at_ns: i64) -> Answer
         answer: Answer::Refused(r),
         attempts: 1,
         session_gen: 1,
-        at_ns,
+        at: RefTime::from_nanos(at_ns),
     }
 }
 
@@ -210,11 +211,11 @@ pub(crate) fn clock(at_ns: i64) -> ClockRow {
     ClockRow {
         source: "ptp".into(),
         state: "locked".into(),
-        offset_ns: -12,
-        jitter_ns: 3,
-        uncertainty_ns: 250,
+        offset: time::span(-12),
+        jitter: time::span(3),
+        uncertainty: time::span(250),
         frequency_ppm: 1.25,
-        at_ns,
+        at: RefTime::from_nanos(at_ns),
     }
 }
 
@@ -231,11 +232,11 @@ pub(crate) fn fb(agent: &str, journal: &str, seq: u64, received_ns: i64) -> Feed
         pack: "p".into(),
         version: 1,
         instruction: "blink".into(),
-        occurrence_ns: Some(occurrence_ns),
+        occurrence: Some(RefTime::from_nanos(occurrence_ns)),
         attempt: 1,
-        scheduled_ns: occurrence_ns,
-        actual_ns: occurrence_ns + 120_000,
-        lateness_ns: 120_000,
+        scheduled: RefTime::from_nanos(occurrence_ns),
+        actual: RefTime::from_nanos(occurrence_ns + 120_000),
+        lateness: time::span(120_000),
         outcome: wire::Outcome::Ok,
         reason: wire::Reason::Unspecified,
         event: "executed".into(),
@@ -243,10 +244,10 @@ pub(crate) fn fb(agent: &str, journal: &str, seq: u64, received_ns: i64) -> Feed
         detail: String::new(),
         value: Some(1),
         dropped_before: 0,
-        uncertainty_ns: 2_500,
+        uncertainty: time::span(2_500),
         clock_source: wire::ClockSource::Ptp,
         clock_state: wire::ClockState::Locked,
-        received_ns,
+        received: RefTime::from_nanos(received_ns),
     }
 }
 
@@ -267,7 +268,7 @@ fn sq(agent: &str, journal: &str, seq: u64) -> (String, String, u64) {
 
 pub(crate) fn audit_row(at_ns: i64, tenant: &str, target: &str) -> AuditRow {
     AuditRow {
-        at_ns,
+        at: RefTime::from_nanos(at_ns),
         who: "ann".into(),
         tenant: tenant.into(),
         role: "operator".into(),
@@ -320,7 +321,7 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     want.labels = labels(&[("line", "3")]);
     want.agent_version = "1.0.0".into();
     want.connected = true;
-    want.last_seen_ns = 100;
+    want.last_seen = RefTime::from_nanos(100);
     want.tenants = set(&["t"]);
     want.session_gen = 1;
     // Which replica took the hello is the engine's to say.
@@ -346,7 +347,7 @@ pub(crate) async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     want.labels = labels(&[("site", "n")]);
     want.agent_version = "1.1.0".into();
     want.journal_id = "j2".into();
-    want.last_seen_ns = 200;
+    want.last_seen = RefTime::from_nanos(200);
     want.clock = Some(clock(50));
     want.session_gen = 2;
     assert_eq!(a, want);
@@ -421,7 +422,7 @@ pub(crate) async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
     // Nothing of them was written.
     let a = s.agent("a1").await.unwrap().unwrap();
     assert!(a.connected);
-    assert_eq!((a.last_seen_ns, a.clock.clone()), (110, None));
+    assert_eq!((a.last_seen.as_nanos(), a.clock.clone()), (110, None));
     assert_eq!(s.feedback_acked("a1", "j-a1").await.unwrap(), 0);
     assert_eq!(
         brief(&rows_of(s, "a1").await),
@@ -462,7 +463,7 @@ pub(crate) async fn events_page_by_id(s: &dyn Store, _: Binding) {
         tenant: "t".into(),
         pack: "p".into(),
         detail: format!("d{n}"),
-        at_ns: n,
+        at: RefTime::from_nanos(n),
     };
     let kinds = [
         EventKind::Delivery,
@@ -490,11 +491,18 @@ pub(crate) async fn events_page_by_id(s: &dyn Store, _: Binding) {
         .await
         .unwrap();
     assert!(s.high_water().await.unwrap().1 > 0);
-    assert_eq!(s.delete_events_before(3, 100).await.unwrap(), 2);
+    assert_eq!(
+        s.delete_events_before(RefTime::from_nanos(3), 100)
+            .await
+            .unwrap(),
+        2
+    );
     let left = s.events_after(0, 0).await.unwrap();
     assert_eq!(left, all[2..].to_vec());
     // Ids are not handed out again once the newest went.
-    s.delete_events_before(i64::MAX, 100).await.unwrap();
+    s.delete_events_before(RefTime::from_nanos(i64::MAX), 100)
+        .await
+        .unwrap();
     s.put_events(vec![ev(7, EventKind::Delivery)])
         .await
         .unwrap();
@@ -508,10 +516,10 @@ pub(crate) async fn revocations_once_per_serial(s: &dyn Store, _: Binding) {
         serial: serial.into(),
         kind: "agent".into(),
         name: name.into(),
-        at_ns: 5,
+        at: RefTime::from_nanos(5),
     };
     let audited = |serial: &str, tenant: &str| AuditRow {
-        at_ns: 5,
+        at: RefTime::from_nanos(5),
         who: "ca".into(),
         tenant: tenant.into(),
         role: "ca".into(),
@@ -547,18 +555,18 @@ pub(crate) async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
     s.agent_hello(hello("b2", 110)).await.unwrap();
     s.agent_seen("a1", 1, false, 150, None).await.unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
-    assert_eq!((a.connected, a.last_seen_ns), (false, 150));
+    assert_eq!((a.connected, a.last_seen.as_nanos()), (false, 150));
     s.agent_seen("a1", 1, true, 155, Some(2_500)).await.unwrap();
     s.agent_seen("a1", 1, true, 160, None).await.unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
-    assert_eq!((a.connected, a.last_seen_ns), (true, 160));
-    assert_eq!(a.lateness_p99_ns, 2_500, "kept when not given");
+    assert_eq!((a.connected, a.last_seen.as_nanos()), (true, 160));
+    assert_eq!(a.lateness_p99.nanos(), 2_500, "kept when not given");
 
     s.all_disconnected().await.unwrap();
     let all = s.agents(AgentFilter::default()).await.unwrap();
     let got: Vec<(String, bool, i64)> = all
         .iter()
-        .map(|a| (a.id.clone(), a.connected, a.last_seen_ns))
+        .map(|a| (a.id.clone(), a.connected, a.last_seen.as_nanos()))
         .collect();
     assert_eq!(got, [("a1".into(), false, 160), ("b2".into(), false, 110)]);
 
@@ -578,7 +586,7 @@ pub(crate) async fn clock_latest_and_history(s: &dyn Store, _: Binding) {
     s.record_clock("a1", 1, clock(20)).await.unwrap();
     // Re-sent with other values: changes nothing.
     let resent = ClockRow {
-        offset_ns: 999,
+        offset: time::span(999),
         ..clock(30)
     };
     s.record_clock("a1", 1, resent).await.unwrap();
@@ -712,7 +720,7 @@ pub(crate) async fn labels_set_hide_reset(s: &dyn Store, _: Binding) {
         .into()
     );
     assert_eq!(brief(&changed), [b("a1", "t/p", 1, Hold, Pending)]);
-    assert_eq!(changed[0].updated_ns, 50);
+    assert_eq!(changed[0].updated.as_nanos(), 50);
 
     // Hide one of its own.
     let (a, changed) = s
@@ -803,7 +811,7 @@ pub(crate) async fn grants_replan(s: &dyn Store, binding: Binding) {
     let changed = s.grant("a9", "t", true, 50).await.unwrap();
     if tenants {
         assert_eq!(brief(&changed), [b("a9", "t/p", 1, Hold, Pending)]);
-        assert_eq!(changed[0].updated_ns, 50);
+        assert_eq!(changed[0].updated.as_nanos(), 50);
     } else {
         assert_eq!(changed, []);
     }
@@ -974,12 +982,12 @@ pub(crate) async fn put_pack_versions(s: &dyn Store, _: Binding) {
     assert_eq!(s.pack_version(&key("u", "p"), Some(5)).await.unwrap(), None);
     // The list: newest first, bounded, without the texts, one pack only.
     let listed = s.pack_versions(&k, 10).await.unwrap();
-    let summary = |p: &PackVersionRow| (p.version, p.pushed_ns, p.yaml.clone());
+    let summary = |p: &PackVersionRow| (p.version, p.pushed.as_nanos(), p.yaml.clone());
     assert_eq!(
         listed.iter().map(summary).collect::<Vec<_>>(),
         [
-            (5, v5.pushed_ns, String::new()),
-            (2, v2.pushed_ns, String::new())
+            (5, v5.pushed.as_nanos(), String::new()),
+            (2, v2.pushed.as_nanos(), String::new())
         ]
     );
     assert_eq!(listed[0].targets, v5.targets);
@@ -1047,8 +1055,8 @@ pub(crate) async fn put_pack_versions(s: &dyn Store, _: Binding) {
             pack: "p".into(),
             latest: 5,
             targets: v5.targets.clone(),
-            pushed_ns: v5.pushed_ns,
-            cancelled_ns: None,
+            pushed: RefTime::from_nanos(v5.pushed.as_nanos()),
+            cancelled: None,
             acked: 0,
             nacked: 0,
             pending: 0,
@@ -1084,7 +1092,7 @@ pub(crate) async fn cancel_known_pack(s: &dyn Store, _: Binding) {
             b("a2", "t/p", 1, Withdraw, Cancelled)
         ]
     );
-    assert!(changed.iter().all(|r| r.updated_ns == 50));
+    assert!(changed.iter().all(|r| r.updated.as_nanos() == 50));
     let a1 = row(s, "a1", &k).await;
     assert_eq!(
         planner::action(&a1),
@@ -1100,11 +1108,11 @@ pub(crate) async fn cancel_known_pack(s: &dyn Store, _: Binding) {
             .find(|p| p.pack == "p")
             .unwrap()
     };
-    assert_eq!(listed().await.cancelled_ns, Some(50));
+    assert_eq!(listed().await.cancelled.map(RefTime::as_nanos), Some(50));
 
     // Again: the first instant stays, nothing changes.
     assert_eq!(s.cancel_pack(&k, 60).await.unwrap(), []);
-    assert_eq!(listed().await.cancelled_ns, Some(50));
+    assert_eq!(listed().await.cancelled.map(RefTime::as_nanos), Some(50));
     assert_eq!(s.reconcile_pack(&k, 61).await.unwrap(), []);
     // Another pack is not touched.
     assert_eq!(row(s, "a1", &key("t", "o")).await, other[0]);
@@ -1122,7 +1130,7 @@ pub(crate) async fn cancel_known_pack(s: &dyn Store, _: Binding) {
             .unwrap(),
         PutPack::Unchanged
     );
-    assert_eq!(listed().await.cancelled_ns, Some(50));
+    assert_eq!(listed().await.cancelled.map(RefTime::as_nanos), Some(50));
     assert_eq!(s.reconcile_pack(&k, 75).await.unwrap(), []);
 
     // A higher one: live again.
@@ -1135,7 +1143,10 @@ pub(crate) async fn cancel_known_pack(s: &dyn Store, _: Binding) {
         ]
     );
     let p = listed().await;
-    assert_eq!((p.latest, p.cancelled_ns, p.pending), (2, None, 2));
+    assert_eq!(
+        (p.latest, p.cancelled.map(RefTime::as_nanos), p.pending),
+        (2, None, 2)
+    );
 }
 
 /// A pack the store does not know: the agents' own (local), until an
@@ -1188,14 +1199,14 @@ pub(crate) async fn cancel_unknown_pack(s: &dyn Store, _: Binding) {
     assert_eq!(listed.len(), 1);
     let p = &listed[0];
     assert_eq!(
-        (p.latest, &p.targets, p.cancelled_ns),
+        (p.latest, &p.targets, p.cancelled.map(RefTime::as_nanos)),
         (5, &TargetsRow::Nobody, Some(40))
     );
     assert_eq!(s.pack_version(&k, None).await.unwrap(), None, "no text");
     assert_eq!(s.cancel_pack(&k, 45).await.unwrap(), []);
 
     // A holder that says hello still holding it is told again.
-    h.at_ns = 50;
+    h.at = RefTime::from_nanos(50);
     let (_, rows) = s.agent_hello(h).await.unwrap();
     assert_eq!(planner::action(&rows[0]), Some(Action::Cancel(3)));
 
@@ -1228,7 +1239,12 @@ pub(crate) async fn cancel_unknown_pack(s: &dyn Store, _: Binding) {
         s.pack_version(&k, None).await.unwrap(),
         Some(pack("t", "x", 5, to_ids(&["a1", "a3"])))
     );
-    assert_eq!(s.packs(None).await.unwrap()[0].cancelled_ns, None);
+    assert_eq!(
+        s.packs(None).await.unwrap()[0]
+            .cancelled
+            .map(RefTime::as_nanos),
+        None
+    );
     // a2 holds v5, stopped, untargeted: still withdrawn.
     assert_eq!(
         brief(&[row(s, "a2", &k).await]),
@@ -1274,7 +1290,7 @@ pub(crate) async fn reconcile_pack_targets(s: &dyn Store, binding: Binding) {
     assert!(
         changed
             .iter()
-            .all(|r| r.updated_ns == 10 && r.attempts == 0)
+            .all(|r| r.updated.as_nanos() == 10 && r.attempts == 0)
     );
     s.answer(ack("a1", &k, 1, 11)).await.unwrap();
     assert_eq!(
@@ -1377,7 +1393,7 @@ pub(crate) async fn agent_held_rules(s: &dyn Store, _: Binding) {
             stopped: false
         })
     );
-    assert_eq!(changed[0].updated_ns, 30);
+    assert_eq!(changed[0].updated.as_nanos(), 30);
     assert_eq!(
         s.agent_held("a1", 1, vec![held("t", "p", 2)], 31)
             .await
@@ -1481,7 +1497,7 @@ pub(crate) async fn answers(s: &dyn Store, _: Binding) {
         brief(std::slice::from_ref(&r)),
         [b("a1", "t/p", 1, Hold, Acked)]
     );
-    assert_eq!((r.attempts, r.updated_ns), (2, 30));
+    assert_eq!((r.attempts, r.updated.as_nanos()), (2, 30));
     assert_eq!(r.held.map(|h| h.version), Some(1));
     assert_eq!(row(s, "a1", &k).await, r);
     // The same answer again changes nothing.
@@ -1813,7 +1829,7 @@ pub(crate) async fn feedback_stored_once(s: &dyn Store, _: Binding) {
         ..fb("a1", "j1", 1, 101)
     };
     assert_eq!(all[0], first, "the first copy, whole");
-    assert_eq!(all[7].received_ns, 108, "not the in-call duplicate");
+    assert_eq!(all[7].received.as_nanos(), 108, "not the in-call duplicate");
 }
 
 /// A re-sent entry may carry a count of drops the agent made after it was
@@ -1842,7 +1858,11 @@ pub(crate) async fn feedback_drops_on_a_resent_entry(s: &dyn Store, _: Binding) 
     let all = all_feedback(s).await;
     let ten = all.iter().find(|r| r.seq == 10).unwrap();
     assert_eq!(
-        (ten.dropped_before, ten.detail.as_str(), ten.received_ns),
+        (
+            ten.dropped_before,
+            ten.detail.as_str(),
+            ten.received.as_nanos()
+        ),
         (7, "", 10)
     );
     assert!(
@@ -1920,7 +1940,12 @@ pub(crate) async fn feedback_through_retention(s: &dyn Store, _: Binding) {
     };
     s.put_feedback(1, rows(1..=4)).await.unwrap();
     let max_id = all_feedback(s).await.last().unwrap().id;
-    assert_eq!(s.delete_feedback_before(i64::MAX, 100).await.unwrap(), 4);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(i64::MAX), 100)
+            .await
+            .unwrap(),
+        4
+    );
     assert_eq!(all_feedback(s).await, []);
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 4);
     let again = s.put_feedback(1, rows(1..=4)).await.unwrap();
@@ -1955,7 +1980,7 @@ pub(crate) async fn feedback_pages_and_filters(s: &dyn Store, _: Binding) {
     let mut b2_1 = fb("b2", "j1", 1, 500);
     b2_1.pack = "q".into();
     b2_1.execution_id = String::new();
-    b2_1.occurrence_ns = None;
+    b2_1.occurrence = None;
     b2_1.instruction = String::new();
     b2_1.outcome = wire::Outcome::SafeState;
     b2_1.reason = wire::Reason::Cancel;
@@ -2033,7 +2058,7 @@ pub(crate) async fn feedback_pages_and_filters(s: &dyn Store, _: Binding) {
     );
     assert_eq!(
         get(FeedbackFilter {
-            since_ns: Some(200),
+            since: Some(RefTime::from_nanos(200)),
             ..f()
         })
         .await,
@@ -2044,7 +2069,7 @@ pub(crate) async fn feedback_pages_and_filters(s: &dyn Store, _: Binding) {
             tenant: Some("t".into()),
             pack: Some("p".into()),
             agent_id: Some("a1".into()),
-            since_ns: Some(150),
+            since: Some(RefTime::from_nanos(150)),
             after_id: 0,
             limit: 1,
         })
@@ -2103,23 +2128,48 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
             .await
             .unwrap()
             .into_iter()
-            .map(|r| (r.agent_id, r.received_ns))
+            .map(|r| (r.agent_id, r.received.as_nanos()))
             .collect::<Vec<_>>()
     };
     let fl = |kv: &[(&str, i64)]| -> Vec<(String, i64)> {
         kv.iter().map(|(a, t)| ((*a).to_owned(), *t)).collect()
     };
-    assert_eq!(s.delete_feedback_before(35, 0).await.unwrap(), 0);
-    assert_eq!(s.delete_feedback_before(35, 1).await.unwrap(), 1);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 0)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 1)
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(
         left().await,
         fl(&[("a1", 30), ("c3", 20), ("d4", 10), ("a1", 40)]),
         "the oldest, the first stored of a tie"
     );
-    assert_eq!(s.delete_feedback_before(35, 2).await.unwrap(), 2);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 2)
+            .await
+            .unwrap(),
+        2
+    );
     assert_eq!(left().await, fl(&[("a1", 30), ("a1", 40)]));
-    assert_eq!(s.delete_feedback_before(35, 10).await.unwrap(), 1);
-    assert_eq!(s.delete_feedback_before(40, 10).await.unwrap(), 0);
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(35), 10)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.delete_feedback_before(RefTime::from_nanos(40), 10)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(left().await, fl(&[("a1", 40)]));
 
     // Clock history.
@@ -2133,14 +2183,29 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
             .await
             .unwrap()
             .into_iter()
-            .map(|c| c.at_ns)
+            .map(|c| c.at.as_nanos())
             .collect::<Vec<_>>()
     };
-    assert_eq!(s.delete_clock_before(25, 2).await.unwrap(), 2);
+    assert_eq!(
+        s.delete_clock_before(RefTime::from_nanos(25), 2)
+            .await
+            .unwrap(),
+        2
+    );
     assert_eq!(history("a1").await, [30], "b2@5, then a1@10 of the tie");
     assert_eq!(history("b2").await, [10, 20]);
-    assert_eq!(s.delete_clock_before(25, 10).await.unwrap(), 2);
-    assert_eq!(s.delete_clock_before(30, 10).await.unwrap(), 0);
+    assert_eq!(
+        s.delete_clock_before(RefTime::from_nanos(25), 10)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        s.delete_clock_before(RefTime::from_nanos(30), 10)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(history("b2").await, Vec::<i64>::new());
     assert_eq!(history("a1").await, [30]);
     assert_eq!(s.agent("b2").await.unwrap().unwrap().clock, Some(clock(20)));
@@ -2164,10 +2229,25 @@ pub(crate) async fn retention_oldest_first(s: &dyn Store, _: Binding) {
             .map(|r| r.target)
             .collect::<Vec<_>>()
     };
-    assert_eq!(s.delete_audit_before(35, 1).await.unwrap(), 1);
+    assert_eq!(
+        s.delete_audit_before(RefTime::from_nanos(35), 1)
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(targets().await, ["x5", "x4", "x1", "x3"]);
-    assert_eq!(s.delete_audit_before(35, 10).await.unwrap(), 3);
-    assert_eq!(s.delete_audit_before(40, 10).await.unwrap(), 0);
+    assert_eq!(
+        s.delete_audit_before(RefTime::from_nanos(35), 10)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        s.delete_audit_before(RefTime::from_nanos(40), 10)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(targets().await, ["x3"]);
 }
 
@@ -2185,7 +2265,11 @@ pub(crate) async fn audit_newest_oldest_first(s: &dyn Store, _: Binding) {
     ] {
         s.put_audit(r).await.unwrap();
     }
-    let at = |rows: Vec<AuditRow>| rows.into_iter().map(|r| r.at_ns).collect::<Vec<_>>();
+    let at = |rows: Vec<AuditRow>| {
+        rows.into_iter()
+            .map(|r| r.at.as_nanos())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(at(s.audit(None, 0, 0).await.unwrap()), [1, 2, 3, 4]);
     let of_a = s.audit(Some("a"), 2, 0).await.unwrap();
     assert_eq!(of_a, [refused, audit_row(4, "a", "p4")]);
@@ -2444,7 +2528,15 @@ impl Model {
                     Some(m) => m.get(&k).copied(),
                     None => row.and_then(|r| r.held),
                 };
-                match planner::plan(&agent, &k, self.packs.get(&k), row, h, self.binding, at_ns) {
+                match planner::plan(
+                    &agent,
+                    &k,
+                    self.packs.get(&k),
+                    row,
+                    h,
+                    self.binding,
+                    RefTime::from_nanos(at_ns),
+                ) {
                     Some(next) => {
                         if row != Some(&next) {
                             changed.push(next.clone());
@@ -2481,11 +2573,11 @@ impl Model {
                 pack: p.pack.clone(),
                 latest: p.version,
                 targets: p.targets.clone(),
-                cancelled_ns: None,
+                cancelled: None,
                 gate: None,
             },
         );
-        self.pushed.insert(k.clone(), p.pushed_ns);
+        self.pushed.insert(k.clone(), p.pushed.as_nanos());
         self.yaml.insert((k, p.version), p.yaml.clone());
         Put::Stored
     }
@@ -2493,7 +2585,7 @@ impl Model {
     /// `false`: nobody holds an unknown pack (`NoSuchPack`).
     fn cancel(&mut self, k: &PackKey, at_ns: i64) -> bool {
         if let Some(p) = self.packs.get_mut(k) {
-            p.cancelled_ns.get_or_insert(at_ns);
+            p.cancelled.get_or_insert(RefTime::from_nanos(at_ns));
             return true;
         }
         let newest = self
@@ -2512,7 +2604,7 @@ impl Model {
                 pack: k.pack.clone(),
                 latest,
                 targets: TargetsRow::Nobody,
-                cancelled_ns: Some(at_ns),
+                cancelled: Some(RefTime::from_nanos(at_ns)),
                 gate: None,
             },
         );
@@ -2529,8 +2621,8 @@ impl Model {
                     pack: k.pack.clone(),
                     latest: p.latest,
                     targets: p.targets.clone(),
-                    pushed_ns: self.pushed[k],
-                    cancelled_ns: p.cancelled_ns,
+                    pushed: RefTime::from_nanos(self.pushed[k]),
+                    cancelled: p.cancelled,
                     acked: 0,
                     nacked: 0,
                     pending: 0,
@@ -2702,7 +2794,7 @@ fn random_step(rng: &mut StdRng, m: &Model, at_ns: i64) -> Step {
             };
             let mut p = PackVersionRow {
                 targets,
-                pushed_ns: at_ns,
+                pushed: RefTime::from_nanos(at_ns),
                 ..pack(&k.tenant, &k.pack, version, TargetsRow::Nobody)
             };
             if rng.random_bool(0.1) {
@@ -2750,7 +2842,7 @@ fn random_step(rng: &mut StdRng, m: &Model, at_ns: i64) -> Step {
                 answer,
                 attempts: rng.random_range(0..4),
                 session_gen: 0, // the agent's, when the step runs
-                at_ns,
+                at: RefTime::from_nanos(at_ns),
             })
         }
         _ => Step::Reconcile(any_key(rng)),
@@ -2814,7 +2906,7 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             a.agent_version = h.agent_version.clone();
             a.journal_id = h.journal_id.clone();
             a.connected = true;
-            a.last_seen_ns = h.at_ns;
+            a.last_seen = h.at;
             a.session_gen += 1;
             // Which replica took the hello is the engine's to say.
             a.owner = got.0.owner.clone();
@@ -2915,7 +3007,7 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
                         &a.answer,
                         a.attempts,
                         m.binding,
-                        a.at_ns,
+                        a.at,
                     );
                     match &next {
                         Some(n) => m.rows.insert(rk, n.clone()),

@@ -147,8 +147,8 @@ pub struct HelloRow {
     /// The highest session generation the agent has journalled: its new
     /// generation is above both this and the stored one.
     pub session_gen_seen: u64,
-    /// When (ns since the epoch).
-    pub at_ns: i64,
+    /// When.
+    pub at: RefTime,
 }
 
 /// An agent's answer to the push of a version.
@@ -167,8 +167,8 @@ pub struct AnswerRow {
     /// The generation of the stream that heard it (see
     /// [`Store::agent_hello`]).
     pub session_gen: u64,
-    /// When (ns since the epoch).
-    pub at_ns: i64,
+    /// When.
+    pub at: RefTime,
 }
 
 /// Which stored feedback to read, one page at a time. Rows come in storage
@@ -181,8 +181,8 @@ pub struct FeedbackFilter {
     pub pack: Option<String>,
     /// Only this agent.
     pub agent_id: Option<String>,
-    /// Stored at or after (ns since the epoch).
-    pub since_ns: Option<i64>,
+    /// Stored at or after.
+    pub since: Option<RefTime>,
     /// Only rows stored after this one (its [`FeedbackRow::id`]): the
     /// next page.
     pub after_id: u64,
@@ -408,17 +408,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64>;
     /// One page of stored feedback.
     async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>>;
-    /// Delete at most `max` feedback rows stored before `before_ns`, oldest
+    /// Delete at most `max` feedback rows stored before `before`, oldest
     /// first (by `received_ns`, then id); how many went. Retention calls
     /// it in small batches.
-    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    async fn delete_feedback_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
     /// Delete at most `max` clock history rows measured before
-    /// `before_ns`, oldest first (by `at_ns`, then agent); an agent's
+    /// `before`, oldest first (by `at_ns`, then agent); an agent's
     /// latest report is kept on its record.
-    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
-    /// Delete at most `max` audit records before `before_ns`, oldest first
+    async fn delete_clock_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
+    /// Delete at most `max` audit records before `before`, oldest first
     /// (by `at_ns`, then storage order).
-    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    async fn delete_audit_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
 
     // ---- events between replicas
 
@@ -436,8 +436,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The highest event id and feedback id stored (0: none): where a
     /// replica starting to follow begins.
     async fn high_water(&self) -> StoreResult<(u64, u64)>;
-    /// Delete at most `max` events stored before `before_ns`.
-    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64>;
+    /// Delete at most `max` events stored before `before`.
+    async fn delete_events_before(&self, before: RefTime, max: u32) -> StoreResult<u64>;
 
     // ---- revocations
 

@@ -22,6 +22,7 @@ use super::auth::Who;
 use super::{Web, app_error};
 use crate::app::events::{Event, WatchFilter, visible};
 use crate::model::FeedbackRow;
+use crate::model::SpanNanos;
 
 /// What a page listens to.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -142,8 +143,8 @@ fn render(ev: &Event, q: &LiveQuery) -> Option<SseEvent> {
             };
             let data = match &a.clock {
                 Some(c) if name == "clock" => serde_json::json!({
-                    "at_ns": c.at_ns, "offset_ns": c.offset_ns,
-                    "uncertainty_ns": c.uncertainty_ns, "source": c.source, "state": c.state,
+                    "at_ns": c.at.as_nanos(), "offset_ns": c.offset.nanos(),
+                    "uncertainty_ns": c.uncertainty.nanos(), "source": c.source, "state": c.state,
                 })
                 .to_string(),
                 _ => a.agent_id.clone(),
@@ -157,13 +158,13 @@ fn render(ev: &Event, q: &LiveQuery) -> Option<SseEvent> {
 /// executions"); `data-received-ns` is when the controller stored it.
 pub fn exec_row(f: &FeedbackRow) -> maud::Markup {
     html! {
-        tr data-received-ns=(f.received_ns) {
-            td { (crate::ops::format::instant(f.scheduled_ns)) }
+        tr data-received-ns=(f.received.as_nanos()) {
+            td { (crate::ops::format::instant(f.scheduled.as_nanos())) }
             td { (f.agent_id) }
             td { (f.pack) " v" (f.version) }
             td { (f.instruction) }
             td { (crate::ops::format::outcome(f.outcome as i32)) }
-            td { (crate::ops::format::span(f.lateness_ns)) }
+            td { (crate::ops::format::span(f.lateness.nanos())) }
             td { (crate::ops::format::reason(f.reason as i32).unwrap_or("")) " " (f.detail) }
         }
     }

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+use crate::model::RefTime;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -281,11 +282,11 @@ async fn the_agent_page_shows_the_newest_executions_and_says_over_what_window() 
             pack: "p".into(),
             version: 1,
             instruction: "tick".into(),
-            occurrence_ns: Some(seq as i64),
+            occurrence: Some(RefTime::from_nanos(seq as i64)),
             attempt: 1,
-            scheduled_ns: now - (n - seq) as i64 * 100_000_000,
-            actual_ns: now - (n - seq) as i64 * 100_000_000 + 5_000,
-            lateness_ns: 5_000,
+            scheduled: RefTime::from_nanos(now - (n - seq) as i64 * 100_000_000),
+            actual: RefTime::from_nanos(now - (n - seq) as i64 * 100_000_000 + 5_000),
+            lateness: crate::model::time::span(5_000),
             outcome: baton_proto::wire::Outcome::Ok,
             reason: baton_proto::wire::Reason::Unspecified,
             event: "executed".into(),
@@ -293,10 +294,10 @@ async fn the_agent_page_shows_the_newest_executions_and_says_over_what_window() 
             detail: String::new(),
             value: None,
             dropped_before: 0,
-            uncertainty_ns: 0,
+            uncertainty: crate::model::time::span(0),
             clock_source: baton_proto::wire::ClockSource::Unspecified,
             clock_state: baton_proto::wire::ClockState::Unspecified,
-            received_ns: now - (n - seq) as i64 * 100_000_000,
+            received: RefTime::from_nanos(now - (n - seq) as i64 * 100_000_000),
         })
         .collect();
     f.web.app.store.put_feedback(1, rows).await.unwrap();

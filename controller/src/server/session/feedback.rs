@@ -8,6 +8,7 @@ use baton_proto::wire::{self, controller_message::Body as Out};
 use super::{End, Session};
 use crate::app::events::{AgentEventKind, Event};
 use crate::app::now_ns;
+use crate::model::SpanNanos;
 use crate::model::{FeedbackRow, PackKey};
 use crate::server::convert;
 
@@ -70,7 +71,7 @@ impl Session {
                 &self.agent.id,
                 rows.iter()
                     .filter(|r| r.event == "executed")
-                    .map(|r| r.lateness_ns),
+                    .map(|r| r.lateness.nanos()),
             );
             // Watchers see only what is stored; the batch is copied for
             // them only when someone watches.

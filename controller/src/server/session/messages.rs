@@ -9,6 +9,7 @@ use crate::app::events::AgentEventKind;
 use crate::app::metrics::{AgentClock, PushResult};
 use crate::app::now_ns;
 use crate::model::{Answer, PackKey};
+use crate::model::{RefTime, SpanNanos};
 use crate::server::convert;
 
 impl Session {
@@ -40,7 +41,7 @@ impl Session {
             PushResult::Acked
         });
         let answer = if a.staged {
-            Answer::Staged(a.activate_at_ns)
+            Answer::Staged(RefTime::from_nanos(a.activate_at_ns))
         } else {
             Answer::Acked
         };
@@ -56,13 +57,13 @@ impl Session {
             return Ok(());
         }
         if let Some(n) = c.outbox_entries {
-            self.app.record_outbox(&self.agent.id, n, row.at_ns);
+            self.app.record_outbox(&self.agent.id, n, row.at.as_nanos());
         }
         self.app.metrics.clock(
             &self.agent.id,
             AgentClock {
-                offset_ns: row.offset_ns,
-                uncertainty_ns: row.uncertainty_ns,
+                offset_ns: row.offset.nanos(),
+                uncertainty_ns: row.uncertainty.nanos(),
                 locked: row.state == "locked",
             },
         );

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::{End, Session, max_uncertainty_ns};
 use crate::app::metrics::PushResult;
 use crate::app::now_ns;
+use crate::model::RefTime;
 use crate::model::{Answer, PackKey, Refusal};
 use crate::planner::{self, Action};
 use crate::server::convert;
@@ -83,7 +84,7 @@ impl Session {
         let (version, staged, activate_at_ns) = match action {
             Action::Push(v) => (v, false, 0),
             Action::Stage(v) => (v, true, 0),
-            Action::Switch(v, t) => (v, true, t),
+            Action::Switch(v, t) => (v, true, t.as_nanos()),
             // Not a push.
             Action::Cancel(_) => return Ok(()),
         };
@@ -168,7 +169,7 @@ impl Session {
                 answer,
                 session_gen: self.agent.session_gen,
                 attempts,
-                at_ns: now_ns(),
+                at: RefTime::from_nanos(now_ns()),
             })
             .await?;
         if let Some(r) = row {

@@ -13,6 +13,7 @@ use tonic::Status;
 use super::{End, Session};
 use crate::app::hub::SessionCmd;
 use crate::app::now_ns;
+use crate::model::SpanNanos;
 
 /// How often the agent's rows are read again on a live stream (catches a
 /// command lost to a full queue, and re-sends pushes never answered).
@@ -72,7 +73,7 @@ impl Session {
                         }
                         if r.is_ok() && now >= next_seen {
                             next_seen = now + SEEN_EVERY;
-                            let p99 = Some(self.app.lateness_p99(&self.agent.id));
+                            let p99 = Some(self.app.lateness_p99(&self.agent.id).nanos());
                             r = self.app.store.agent_seen(&self.agent.id, self.agent.session_gen, true, now_ns(), p99).await.map_err(End::from);
                         }
                         if r.is_ok() {

@@ -4,6 +4,7 @@
 //! answer).
 
 use super::*;
+use crate::model::RefTime;
 
 fn with_rollout(p: PackVersionRow) -> PackVersionRow {
     PackVersionRow { rollout: true, ..p }
@@ -64,7 +65,7 @@ pub(crate) async fn a_rollout_gates_its_version(s: &dyn Store, _binding: Binding
     // Stage 1 admits a1.
     let mut next = r.clone();
     next.state = RolloutState::Running;
-    next.stage_started_ns = Some(40);
+    next.stage_started = Some(RefTime::from_nanos(40));
     let member = Member {
         stage: 0,
         skipped: false,

@@ -17,13 +17,19 @@ use async_trait::async_trait;
 
 use super::{
     AgentFilter, AgentRow, AnswerRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
-    EventRow, FeedbackFilter, FeedbackRow, FeedbackStored, Held, HeldPackRow, HelloRow,
-    LabelOverrides, MAX_PAGE, PackKey, PackSummaryRow, PackTargets, PackVersionRow, PutPack, Store,
-    StoreError, StoreResult, TargetsRow, page,
+    EventRow, FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides,
+    MAX_PAGE, PackKey, PackSummaryRow, PackVersionRow, PutPack, Store, StoreError, StoreResult,
+    TargetsRow, page,
 };
+use crate::model::time::{self, RefTime};
 use crate::planner;
 
+mod feedback;
+mod plan;
+mod records;
 mod rollouts;
+
+use plan::{apply_held, replan_pack};
 
 /// The in-memory [`Store`].
 #[derive(Debug)]
@@ -62,8 +68,8 @@ struct State {
 struct PackRec {
     latest: u64,
     targets: TargetsRow,
-    pushed_ns: i64,
-    cancelled_ns: Option<i64>,
+    pushed: RefTime,
+    cancelled: Option<RefTime>,
     gate: Option<crate::store::GateRow>,
 }
 
@@ -99,103 +105,6 @@ impl MemoryStore {
     }
 }
 
-impl State {
-    fn agent(&self, id: &str) -> Option<AgentRow> {
-        let mut a = self.agents.get(id)?.clone();
-        a.tenants = self.tenants_of(id);
-        Some(a)
-    }
-
-    fn tenants_of(&self, id: &str) -> BTreeSet<String> {
-        let mut t = self.cert_tenants.get(id).cloned().unwrap_or_default();
-        t.extend(self.grants.get(id).into_iter().flatten().cloned());
-        t
-    }
-
-    fn pack_targets(&self, key: &PackKey) -> Option<PackTargets> {
-        self.packs.get(key).map(|p| PackTargets {
-            tenant: key.tenant.clone(),
-            pack: key.pack.clone(),
-            latest: p.latest,
-            targets: p.targets.clone(),
-            cancelled_ns: p.cancelled_ns,
-            gate: p.gate.clone().map(|row| crate::store::Gate {
-                admitted: self
-                    .rollouts
-                    .get(&(key.clone(), row.rollout))
-                    .map(|r| r.members.keys().cloned().collect())
-                    .unwrap_or_default(),
-                row,
-            }),
-        })
-    }
-
-    /// Re-plans (agent, key) with `held`; stores and returns the row when
-    /// it changed.
-    fn replan(
-        &mut self,
-        agent: &AgentRow,
-        key: &PackKey,
-        held: Option<Held>,
-        binding: Binding,
-        at_ns: i64,
-        changed: &mut Vec<DeliveryRow>,
-    ) {
-        let k = (agent.id.clone(), key.clone());
-        let pack = self.pack_targets(key);
-        let row = self.deliveries.get(&k);
-        let next = planner::plan(agent, key, pack.as_ref(), row, held, binding, at_ns);
-        match next {
-            Some(n) => {
-                if row != Some(&n) {
-                    changed.push(n.clone());
-                    self.deliveries.insert(k, n);
-                }
-            }
-            None => {
-                self.deliveries.remove(&k);
-            }
-        }
-    }
-
-    /// Re-plans every pack that may concern `id`: its tenants' packs and
-    /// its rows.
-    fn replan_agent(&mut self, id: &str, binding: Binding, at_ns: i64) -> Vec<DeliveryRow> {
-        let Some(agent) = self.agent(id) else {
-            return Vec::new();
-        };
-        let mut keys: BTreeSet<PackKey> = self
-            .packs
-            .keys()
-            .filter(|k| agent.serves(&k.tenant, binding))
-            .cloned()
-            .collect();
-        keys.extend(
-            self.deliveries
-                .keys()
-                .filter(|(a, _)| a == id)
-                .map(|(_, k)| k.clone()),
-        );
-        let mut changed = Vec::new();
-        for key in keys {
-            let held = self
-                .deliveries
-                .get(&(id.to_string(), key.clone()))
-                .and_then(|r| r.held);
-            self.replan(&agent, &key, held, binding, at_ns, &mut changed);
-        }
-        changed
-    }
-
-    fn rows_of(&self, id: &str) -> Vec<DeliveryRow> {
-        self.deliveries
-            .iter()
-            .filter(|((a, _), _)| a == id)
-            .map(|(_, r)| r.clone())
-            .collect()
-    }
-}
-
 #[async_trait]
 impl Store for MemoryStore {
     async fn agent_hello(&self, h: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
@@ -210,7 +119,7 @@ impl Store for MemoryStore {
             a.agent_version = h.agent_version.clone();
             a.journal_id = h.journal_id.clone();
             a.connected = true;
-            a.last_seen_ns = h.at_ns;
+            a.last_seen = h.at;
             s.agents.insert(h.id.clone(), a);
             if let Some(t) = &h.cert_tenants {
                 s.cert_tenants
@@ -223,8 +132,8 @@ impl Store for MemoryStore {
                     r.staged = None;
                 }
             }
-            apply_held(s, &h.id, &h.held, binding, h.at_ns);
-            s.replan_agent(&h.id, binding, h.at_ns);
+            apply_held(s, &h.id, &h.held, binding, h.at.as_nanos());
+            s.replan_agent(&h.id, binding, h.at.as_nanos());
             let agent = s.agent(&h.id).ok_or_else(|| no_agent(&h.id))?;
             Ok((agent, s.rows_of(&h.id)))
         })
@@ -242,9 +151,9 @@ impl Store for MemoryStore {
             check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
             a.connected = connected;
-            a.last_seen_ns = at_ns;
+            a.last_seen = time::at(at_ns);
             if let Some(p99) = lateness_p99_ns {
-                a.lateness_p99_ns = p99;
+                a.lateness_p99 = time::span(p99);
             }
             Ok(())
         })
@@ -263,11 +172,11 @@ impl Store for MemoryStore {
         self.write(|s| {
             check_session(s, id, session)?;
             let a = s.agents.get_mut(id).ok_or_else(|| unknown(id))?;
-            if a.clock.as_ref().is_none_or(|c| c.at_ns < clock.at_ns) {
+            if a.clock.as_ref().is_none_or(|c| c.at < clock.at) {
                 a.clock = Some(clock.clone());
             }
             s.clock
-                .entry((id.to_string(), clock.at_ns))
+                .entry((id.to_string(), clock.at.as_nanos()))
                 .or_insert(clock);
             Ok(())
         })
@@ -415,15 +324,15 @@ impl Store for MemoryStore {
             let before = s
                 .packs
                 .get(&key)
-                .map(|r| (r.latest, r.cancelled_ns.is_some(), r.gate.clone()));
+                .map(|r| (r.latest, r.cancelled.is_some(), r.gate.clone()));
             let gate = before.as_ref().and_then(|b| b.2.clone());
             s.packs.insert(
                 key.clone(),
                 PackRec {
                     latest: p.version,
                     targets: p.targets.clone(),
-                    pushed_ns: p.pushed_ns,
-                    cancelled_ns: None,
+                    pushed: p.pushed,
+                    cancelled: None,
                     gate,
                 },
             );
@@ -438,7 +347,7 @@ impl Store for MemoryStore {
         self.write(|s| {
             match s.packs.get_mut(key) {
                 Some(p) => {
-                    p.cancelled_ns.get_or_insert(at_ns);
+                    p.cancelled.get_or_insert(time::at(at_ns));
                 }
                 None => {
                     let held = s
@@ -456,8 +365,8 @@ impl Store for MemoryStore {
                         PackRec {
                             latest: held,
                             targets: TargetsRow::Nobody,
-                            pushed_ns: at_ns,
-                            cancelled_ns: Some(at_ns),
+                            pushed: time::at(at_ns),
+                            cancelled: Some(time::at(at_ns)),
                             gate: None,
                         },
                     );
@@ -514,8 +423,8 @@ impl Store for MemoryStore {
                         pack: k.pack.clone(),
                         latest: p.latest,
                         targets: p.targets.clone(),
-                        pushed_ns: p.pushed_ns,
-                        cancelled_ns: p.cancelled_ns,
+                        pushed: p.pushed,
+                        cancelled: p.cancelled,
                         acked: 0,
                         nacked: 0,
                         pending: 0,
@@ -609,7 +518,7 @@ impl Store for MemoryStore {
                 &a.answer,
                 a.attempts,
                 binding,
-                a.at_ns,
+                a.at,
             );
             match &next {
                 Some(n) => {
@@ -681,77 +590,7 @@ impl Store for MemoryStore {
         session: u64,
         rows: Vec<FeedbackRow>,
     ) -> StoreResult<FeedbackStored> {
-        self.write(|s| {
-            let mut out = FeedbackStored::default();
-            let Some(first) = rows.first() else {
-                return Ok(out);
-            };
-            if let Some(other) = rows.iter().find(|r| r.agent_id != first.agent_id) {
-                return Err(StoreError::Backend(format!(
-                    "feedback of agents {} and {} in one call: one stream's feedback is one agent's",
-                    first.agent_id, other.agent_id
-                )));
-            }
-            if s.agents.contains_key(&first.agent_id) {
-                check_session(s, &first.agent_id, session)?;
-            }
-            let jkey = (first.agent_id.clone(), first.journal_id.clone());
-            for r in &rows {
-                if (r.agent_id.as_str(), r.journal_id.as_str())
-                    != (jkey.0.as_str(), jkey.1.as_str())
-                {
-                    return Err(StoreError::Backend(
-                        "one put_feedback call takes one journal's rows".into(),
-                    ));
-                }
-                fits(r.seq, "feedback seq")?;
-                fits(r.version, "feedback pack version")?;
-                fits(r.dropped_before, "dropped_before")?;
-            }
-            let before = s.journals.get(&jkey).copied().unwrap_or(0);
-            let mut acked = before;
-            for r in rows {
-                acked = acked.max(r.seq);
-                let k = (r.agent_id.clone(), r.journal_id.clone(), r.seq);
-                // At or below the acked seq: stored once, maybe deleted by
-                // retention since.
-                if r.seq <= before || !s.feedback_keys.insert(k) {
-                    out.duplicates += 1;
-                    // A re-sent entry now carrying a count of drops: the
-                    // stored row keeps the count, held to the entries
-                    // missing right before it.
-                    if r.dropped_before > 0 {
-                        let below = s
-                            .feedback
-                            .values()
-                            .filter(|f| {
-                                f.agent_id == r.agent_id
-                                    && f.journal_id == r.journal_id
-                                    && f.seq < r.seq
-                            })
-                            .map(|f| f.seq)
-                            .max()
-                            .unwrap_or(0);
-                        let count = r.dropped_before.min(r.seq - below - 1);
-                        if let Some(stored) = s.feedback.values_mut().find(|f| {
-                            f.agent_id == r.agent_id
-                                && f.journal_id == r.journal_id
-                                && f.seq == r.seq
-                        }) {
-                            stored.dropped_before = stored.dropped_before.max(count);
-                        }
-                    }
-                    continue;
-                }
-                s.next_feedback_id += 1;
-                let id = s.next_feedback_id;
-                s.feedback.insert(id, FeedbackRow { id, ..r });
-                out.inserted += 1;
-            }
-            s.journals.insert(jkey, acked);
-            out.acked_seq = acked;
-            Ok(out)
-        })
+        self.write(|s| feedback::put(s, session, rows))
     }
 
     async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64> {
@@ -773,7 +612,7 @@ impl Store for MemoryStore {
                     f.tenant.as_ref().is_none_or(|t| &r.tenant == t)
                         && f.pack.as_ref().is_none_or(|p| &r.pack == p)
                         && f.agent_id.as_ref().is_none_or(|a| &r.agent_id == a)
-                        && f.since_ns.is_none_or(|t| r.received_ns >= t)
+                        && f.since.is_none_or(|t| r.received >= t)
                 })
                 .take(limit)
                 .cloned()
@@ -781,65 +620,16 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| {
-            let mut old: Vec<(i64, u64)> = s
-                .feedback
-                .iter()
-                .filter(|(_, r)| r.received_ns < before_ns)
-                .map(|(id, r)| (r.received_ns, *id))
-                .collect();
-            old.sort_unstable();
-            let ids: Vec<u64> = old
-                .into_iter()
-                .take(max as usize)
-                .map(|(_, id)| id)
-                .collect();
-            for id in &ids {
-                if let Some(r) = s.feedback.remove(id) {
-                    s.feedback_keys.remove(&(r.agent_id, r.journal_id, r.seq));
-                }
-            }
-            Ok(ids.len() as u64)
-        })
+    async fn delete_feedback_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| feedback::delete_before(s, before, max))
     }
 
-    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| {
-            let mut old: Vec<(i64, String)> = s
-                .clock
-                .keys()
-                .filter(|(_, at)| *at < before_ns)
-                .map(|(a, at)| (*at, a.clone()))
-                .collect();
-            old.sort_unstable();
-            let keys: Vec<(String, i64)> = old
-                .into_iter()
-                .take(max as usize)
-                .map(|(at, a)| (a, at))
-                .collect();
-            for k in &keys {
-                s.clock.remove(k);
-            }
-            Ok(keys.len() as u64)
-        })
+    async fn delete_clock_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| records::delete_clock_before(s, before, max))
     }
 
-    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| {
-            let mut old: Vec<(i64, u64)> = s
-                .audit
-                .iter()
-                .filter(|(_, r)| r.at_ns < before_ns)
-                .map(|(id, r)| (r.at_ns, *id))
-                .collect();
-            old.sort_unstable();
-            old.truncate(max as usize);
-            for (_, id) in &old {
-                s.audit.remove(id);
-            }
-            Ok(old.len() as u64)
-        })
+    async fn delete_audit_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| records::delete_audit_before(s, before, max))
     }
 
     async fn put_events(&self, rows: Vec<EventRow>) -> StoreResult<()> {
@@ -873,41 +663,15 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
-        self.write(|s| {
-            let gone: Vec<u64> = s
-                .events
-                .values()
-                .filter(|e| e.at_ns < before_ns)
-                .take(max as usize)
-                .map(|e| e.id)
-                .collect();
-            for id in &gone {
-                s.events.remove(id);
-            }
-            Ok(gone.len() as u64)
-        })
+    async fn delete_events_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        self.write(|s| records::delete_events_before(s, before, max))
     }
 
     async fn revoke(
         &self,
         rows: Vec<(crate::store::RevocationRow, Vec<AuditRow>)>,
     ) -> StoreResult<Vec<String>> {
-        self.write(|s| {
-            let mut new = Vec::new();
-            for (r, audit) in rows {
-                if s.revocations.contains_key(&r.serial) {
-                    continue;
-                }
-                for a in audit {
-                    s.next_audit_id += 1;
-                    s.audit.insert(s.next_audit_id, a);
-                }
-                new.push(r.serial.clone());
-                s.revocations.insert(r.serial.clone(), r);
-            }
-            Ok(new)
-        })
+        self.write(|s| records::revoke(s, rows))
     }
 
     async fn revocations(&self) -> StoreResult<Vec<crate::store::RevocationRow>> {
@@ -929,64 +693,8 @@ impl Store for MemoryStore {
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>> {
         let limit = page(limit, MAX_PAGE * 10) as usize;
-        self.read(|s| {
-            let mut rows: Vec<(i64, u64, &AuditRow)> = s
-                .audit
-                .iter()
-                .filter(|(_, r)| r.at_ns >= since_ns && tenant.is_none_or(|t| r.tenant == t))
-                .map(|(id, r)| (r.at_ns, *id, r))
-                .collect();
-            rows.sort_unstable_by_key(|(at, id, _)| (*at, *id));
-            let skip = rows.len().saturating_sub(limit);
-            Ok(rows
-                .into_iter()
-                .skip(skip)
-                .map(|(_, _, r)| r.clone())
-                .collect())
-        })
+        self.read(|s| records::audit(s, tenant, since_ns, limit))
     }
-}
-
-/// Records the agent's held set and re-plans what it names or held.
-fn apply_held(
-    s: &mut State,
-    id: &str,
-    held: &[HeldPackRow],
-    binding: Binding,
-    at_ns: i64,
-) -> Vec<DeliveryRow> {
-    let Some(agent) = s.agent(id) else {
-        return Vec::new();
-    };
-    let now: BTreeMap<PackKey, Held> = held.iter().map(HeldPackRow::keyed).collect();
-    let mut keys: BTreeSet<PackKey> = now.keys().cloned().collect();
-    keys.extend(
-        s.deliveries
-            .keys()
-            .filter(|(a, _)| a == id)
-            .map(|(_, k)| k.clone()),
-    );
-    let mut changed = Vec::new();
-    for key in keys {
-        let h = now.get(&key).copied();
-        s.replan(&agent, &key, h, binding, at_ns, &mut changed);
-    }
-    changed
-}
-
-/// Re-plans `key` for every agent: the reference does not need an index.
-fn replan_pack(s: &mut State, key: &PackKey, binding: Binding, at_ns: i64) -> Vec<DeliveryRow> {
-    let ids: Vec<String> = s.agents.keys().cloned().collect();
-    let mut changed = Vec::new();
-    for id in ids {
-        let Some(agent) = s.agent(&id) else { continue };
-        let held = s
-            .deliveries
-            .get(&(id.clone(), key.clone()))
-            .and_then(|r| r.held);
-        s.replan(&agent, key, held, binding, at_ns, &mut changed);
-    }
-    changed
 }
 
 /// The fence of a stream's writes (see `sql::agents::check_session`).
@@ -1038,85 +746,4 @@ fn fits_row(r: &DeliveryRow) -> StoreResult<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
-
-    use super::*;
-    use crate::store::contract::{
-        ack, audit_row, clock, fb, hello_in, key, pack, push, refusal, refuse, to_ids,
-    };
-
-    fn open(binding: Binding) -> (MemoryStore, ()) {
-        (MemoryStore::new(binding), ())
-    }
-
-    crate::store::contract::contract_suite!(open);
-
-    /// A failing disk: every write refused, nothing changed, reads go on;
-    /// back to normal when it heals.
-    #[tokio::test]
-    async fn failing_writes_change_nothing() {
-        let s = MemoryStore::new(Binding::Tenants);
-        let k = key("t", "p");
-        s.agent_hello(hello_in("a1", &["t"], &[("line", "3")], 1))
-            .await
-            .unwrap();
-        push(&s, pack("t", "p", 1, to_ids(&["a1"])), 2).await;
-        s.put_feedback(1, vec![fb("a1", "j1", 1, 3)]).await.unwrap();
-        let rows = s.deliveries_of_agent("a1").await.unwrap();
-        let agent = s.agent("a1").await.unwrap();
-
-        s.fail_writes(true);
-        let failed =
-            |r: StoreResult<()>| assert!(matches!(r, Err(StoreError::Backend(_))), "{r:?}");
-        failed(
-            s.agent_hello(hello_in("a2", &["t"], &[], 4))
-                .await
-                .map(drop),
-        );
-        failed(s.agent_seen("a1", 1, false, 4, None).await);
-        failed(s.all_disconnected().await);
-        failed(s.record_clock("a1", 1, clock(4)).await);
-        failed(
-            s.label_agent("a1", "t", LabelOverrides::new(), vec!["line".into()], 4)
-                .await
-                .map(drop),
-        );
-        failed(s.grant("a1", "u", true, 4).await.map(drop));
-        failed(s.forget_agent("a1", None).await.map(drop));
-        failed(
-            s.put_pack(pack("t", "p", 2, to_ids(&["a1"])))
-                .await
-                .map(drop),
-        );
-        failed(s.cancel_pack(&k, 4).await.map(drop));
-        failed(s.reconcile_pack(&k, 4).await.map(drop));
-        failed(s.agent_held("a1", 1, Vec::new(), 4).await.map(drop));
-        failed(s.answer(ack("a1", &k, 1, 4)).await.map(drop));
-        failed(
-            s.answer(refuse("a1", &k, refusal(1, true, "no"), 4))
-                .await
-                .map(drop),
-        );
-        failed(
-            s.put_feedback(1, vec![fb("a1", "j1", 2, 4)])
-                .await
-                .map(drop),
-        );
-        failed(s.delete_feedback_before(i64::MAX, 10).await.map(drop));
-        failed(s.delete_clock_before(i64::MAX, 10).await.map(drop));
-        failed(s.delete_audit_before(i64::MAX, 10).await.map(drop));
-        failed(s.put_audit(audit_row(4, "t", "p")).await);
-
-        assert_eq!(s.deliveries_of_agent("a1").await.unwrap(), rows);
-        assert_eq!(s.agent("a1").await.unwrap(), agent);
-        assert_eq!(s.agent("a2").await.unwrap(), None);
-        assert_eq!(s.packs(None).await.unwrap()[0].latest, 1);
-        assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 1);
-        assert_eq!(s.audit(None, 0, 0).await.unwrap(), []);
-
-        s.fail_writes(false);
-        s.put_feedback(1, vec![fb("a1", "j1", 2, 5)]).await.unwrap();
-        assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 2);
-    }
-}
+mod tests;

@@ -1,6 +1,7 @@
 //! Rollouts in the memory store, as `sql::rollouts` keeps them.
 
 use super::State;
+use crate::model::time;
 use crate::store::{
     Base, GateRow, PackKey, PackVersionRow, RolloutChange, RolloutRow, RolloutState, StoreError,
     StoreResult,
@@ -18,7 +19,7 @@ fn supersede(s: &mut State, key: &PackKey, why: &str, at_ns: i64) {
         if k == key && !r.state.is_final() {
             r.state = RolloutState::Superseded;
             r.reason = why.to_string();
-            r.updated_ns = at_ns;
+            r.updated = time::at(at_ns);
             r.rev += 1;
         }
     }
@@ -41,13 +42,18 @@ pub(super) fn on_new_version(
             .get(&(key.clone(), g.rollout))
             .is_some_and(|r| r.state == RolloutState::Aborted)
     });
-    supersede(s, &key, &format!("v{} pushed", p.version), p.pushed_ns);
+    supersede(
+        s,
+        &key,
+        &format!("v{} pushed", p.version),
+        p.pushed.as_nanos(),
+    );
     if !p.rollout {
         set_gate(s, &key, None);
         return;
     }
     let base = Base::of(latest, cancelled, gate.as_ref(), aborted);
-    let row = RolloutRow::new(&key, p.version, base, p.pushed_ns);
+    let row = RolloutRow::new(&key, p.version, base, p.pushed);
     set_gate(s, &key, row.gate(false));
     s.rollouts.insert((key, p.version), row);
 }
@@ -126,8 +132,8 @@ pub(super) fn advance(s: &mut State, change: &RolloutChange) -> StoreResult<bool
         if let Some(rec) = s.packs.get_mut(&key) {
             rec.latest = p.version;
             rec.targets = p.targets.clone();
-            rec.pushed_ns = p.pushed_ns;
-            rec.cancelled_ns = None;
+            rec.pushed = p.pushed;
+            rec.cancelled = None;
         }
         s.versions.insert((key.clone(), p.version), p.clone());
     }

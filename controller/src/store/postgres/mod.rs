@@ -601,7 +601,10 @@ mod tests {
             .expect("the lease is said lost")
             .unwrap();
         // Nothing of it reached the database; the other replica serves on.
-        assert_eq!(b.agent("a1").await.unwrap().unwrap().last_seen_ns, 100);
+        assert_eq!(
+            b.agent("a1").await.unwrap().unwrap().last_seen.as_nanos(),
+            100
+        );
         assert_eq!(b.agent("a2").await.unwrap(), None);
         let (agent, _) = b.agent_hello(hello("a1")).await.unwrap();
         assert_eq!((agent.owner.as_str(), agent.session_gen), ("rb", 2));

@@ -2,8 +2,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::codec::{CLOCK_COLUMNS, decode_clock, from_json, to_json, u64_from_db, with_row};
+use super::codec::{
+    CLOCK_COLUMNS, decode_clock, from_json, instant_col, span_col, to_json, u64_from_db, with_row,
+};
 use super::db::{Db, Param, Row, chunks, col, params, placeholders, query_all, query_first, run};
+use crate::model::time::{self, span_ns};
 use crate::store::{
     AgentFilter, AgentRow, ClockRow, HelloRow, LabelOverrides, MAX_PAGE, StoreError, StoreResult,
     page,
@@ -22,21 +25,21 @@ fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
             Some(at_ns) => Some(ClockRow {
                 source: col(row, "clock_source")?,
                 state: col(row, "clock_state")?,
-                offset_ns: col(row, "clock_offset_ns")?,
-                jitter_ns: col(row, "clock_jitter_ns")?,
-                uncertainty_ns: col(row, "clock_uncertainty_ns")?,
+                offset: span_col(row, "clock_offset_ns")?,
+                jitter: span_col(row, "clock_jitter_ns")?,
+                uncertainty: span_col(row, "clock_uncertainty_ns")?,
                 frequency_ppm: col(row, "clock_frequency_ppm")?,
-                at_ns,
+                at: time::at(at_ns),
             }),
         };
         let mut a = AgentRow::new(id.clone(), col::<String>(row, "journal_id")?);
         a.labels = from_json(&labels, "labels")?;
         a.agent_version = col(row, "agent_version")?;
         a.connected = col::<i64>(row, "connected")? != 0;
-        a.last_seen_ns = col(row, "last_seen_ns")?;
+        a.last_seen = instant_col(row, "last_seen_ns")?;
         a.session_gen = u64_from_db(col(row, "session_gen")?, "session_gen")?;
         a.owner = col(row, "owner")?;
-        a.lateness_p99_ns = col(row, "lateness_p99_ns")?;
+        a.lateness_p99 = span_col(row, "lateness_p99_ns")?;
         a.clock = clock;
         Ok(a)
     })();
@@ -241,7 +244,7 @@ pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreRe
             labels,
             h.agent_version,
             h.journal_id,
-            h.at_ns,
+            h.at.as_nanos(),
             seen,
             owner.replica,
             owner.epoch
@@ -274,7 +277,7 @@ pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreRe
                 "store an agent's tenant",
                 "INSERT INTO agent_tenants (agent_id, tenant, source, at_ns) \
                  VALUES (?1, ?2, 'certificate', ?3)",
-                params![h.id, t, h.at_ns],
+                params![h.id, t, h.at.as_nanos()],
             )?;
         }
     }
@@ -472,12 +475,12 @@ pub(crate) fn write_clock(conn: &dyn Db, id: &str, c: &ClockRow) -> StoreResult<
          ON CONFLICT (agent_id, at_ns) DO NOTHING",
         params![
             id,
-            c.at_ns,
+            c.at.as_nanos(),
             c.source,
             c.state,
-            c.offset_ns,
-            c.jitter_ns,
-            c.uncertainty_ns,
+            span_ns(c.offset),
+            span_ns(c.jitter),
+            span_ns(c.uncertainty),
             c.frequency_ppm
         ],
     )?;
@@ -492,11 +495,11 @@ pub(crate) fn write_clock(conn: &dyn Db, id: &str, c: &ClockRow) -> StoreResult<
             id,
             c.source,
             c.state,
-            c.offset_ns,
-            c.jitter_ns,
-            c.uncertainty_ns,
+            span_ns(c.offset),
+            span_ns(c.jitter),
+            span_ns(c.uncertainty),
             c.frequency_ppm,
-            c.at_ns
+            c.at.as_nanos()
         ],
     )?;
     Ok(())

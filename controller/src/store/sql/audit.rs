@@ -1,5 +1,6 @@
 //! The audit log.
 
+use super::codec::instant_col;
 use super::db::{Db, col, params, query_all, run};
 use crate::store::{AuditRow, MAX_PAGE, StoreResult, page};
 
@@ -10,7 +11,13 @@ pub(crate) fn put_audit(conn: &dyn Db, row: &AuditRow) -> StoreResult<()> {
         "INSERT INTO audit (at_ns, who, tenant, role, action, target, result) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
-            row.at_ns, row.who, row.tenant, row.role, row.action, row.target, row.result
+            row.at.as_nanos(),
+            row.who,
+            row.tenant,
+            row.role,
+            row.action,
+            row.target,
+            row.result
         ],
     )?;
     Ok(())
@@ -31,7 +38,7 @@ pub(crate) fn audit(
          ORDER BY at_ns DESC, id DESC LIMIT ?3) AS newest ORDER BY at_ns, id";
     query_all(conn, sql, params![since_ns, tenant, limit], |r| {
         Ok(AuditRow {
-            at_ns: col(r, "at_ns")?,
+            at: instant_col(r, "at_ns")?,
             who: col(r, "who")?,
             tenant: col(r, "tenant")?,
             role: col(r, "role")?,
@@ -55,7 +62,7 @@ pub(crate) fn revoke(
             "record a revocation",
             "INSERT INTO revocations (serial, kind, name, at_ns) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT (serial) DO NOTHING",
-            params![r.serial, r.kind, r.name, r.at_ns],
+            params![r.serial, r.kind, r.name, r.at.as_nanos()],
         )?;
         if n == 1 {
             for a in audit {
@@ -77,7 +84,7 @@ pub(crate) fn revocations(conn: &dyn Db) -> StoreResult<Vec<crate::store::Revoca
                 serial: col(r, "serial")?,
                 kind: col(r, "kind")?,
                 name: col(r, "name")?,
-                at_ns: col(r, "at_ns")?,
+                at: instant_col(r, "at_ns")?,
             })
         },
     )

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use super::db::with_row;
 use super::db::{Row, col};
+use crate::model::time::{self, RefTime, SignedDuration};
 use crate::store::{
     Activation, ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, Held, Intent,
     PackVersionRow, Refusal, StagedRow, StoreError, StoreResult, TargetsRow,
@@ -33,6 +34,21 @@ pub(crate) fn to_db(v: u64, what: &str) -> StoreResult<i64> {
 
 pub(crate) fn u64_from_db(v: i64, what: &str) -> StoreResult<u64> {
     u64::try_from(v).map_err(|_| StoreError::Backend(format!("stored {what} is negative: {v}")))
+}
+
+/// An instant column (integer nanoseconds since the epoch).
+pub(crate) fn instant_col(row: &dyn Row, name: &str) -> StoreResult<RefTime> {
+    col::<i64>(row, name).map(time::at)
+}
+
+/// A nullable instant column.
+pub(crate) fn opt_instant_col(row: &dyn Row, name: &str) -> StoreResult<Option<RefTime>> {
+    col::<Option<i64>>(row, name).map(|v| v.map(time::at))
+}
+
+/// A span column (integer nanoseconds).
+pub(crate) fn span_col(row: &dyn Row, name: &str) -> StoreResult<SignedDuration> {
+    col::<i64>(row, name).map(time::span)
 }
 
 pub(crate) fn u32_from_db(v: i64, what: &str) -> StoreResult<u32> {
@@ -117,11 +133,11 @@ pub(crate) fn decode_clock(row: &dyn Row) -> StoreResult<ClockRow> {
     Ok(ClockRow {
         source: col(row, "source")?,
         state: col(row, "state")?,
-        offset_ns: col(row, "offset_ns")?,
-        jitter_ns: col(row, "jitter_ns")?,
-        uncertainty_ns: col(row, "uncertainty_ns")?,
+        offset: span_col(row, "offset_ns")?,
+        jitter: span_col(row, "jitter_ns")?,
+        uncertainty: span_col(row, "uncertainty_ns")?,
         frequency_ppm: col(row, "frequency_ppm")?,
-        at_ns: col(row, "at_ns")?,
+        at: instant_col(row, "at_ns")?,
     })
 }
 
@@ -136,7 +152,7 @@ pub(crate) fn decode_pack_version(row: &dyn Row) -> StoreResult<PackVersionRow> 
             version: u64_from_db(version, "version")?,
             yaml: col(row, "yaml")?,
             targets: targets_from_json(&col::<String>(row, "targets")?)?,
-            pushed_ns: col(row, "pushed_ns")?,
+            pushed: instant_col(row, "pushed_ns")?,
             rollout: col::<i64>(row, "rollout")? != 0,
         })
     })();
@@ -186,12 +202,12 @@ pub(crate) fn decode_delivery(row: &dyn Row) -> StoreResult<DeliveryRow> {
                 .ok_or_else(|| StoreError::Backend(format!("unknown state {state:?}")))?,
             reason: col(row, "reason")?,
             attempts: u32_from_db(col(row, "attempts")?, "attempts")?,
-            updated_ns: col(row, "updated_ns")?,
+            updated: instant_col(row, "updated_ns")?,
             activate: Activation::from_db(col(row, "activate_ns")?),
             staged: match col::<Option<i64>>(row, "staged_version")? {
                 Some(v) => Some(StagedRow {
                     version: u64_from_db(v, "staged version")?,
-                    at_ns: col::<Option<i64>>(row, "staged_at_ns")?.unwrap_or(0),
+                    at: time::at(col::<Option<i64>>(row, "staged_at_ns")?.unwrap_or(0)),
                 }),
                 None => None,
             },
@@ -203,7 +219,7 @@ pub(crate) fn decode_delivery(row: &dyn Row) -> StoreResult<DeliveryRow> {
 /// The execution id a row spells without storing it: `None` when the row
 /// has no occurrence to name.
 pub(crate) fn canonical_execution_id(r: &FeedbackRow) -> Option<String> {
-    let occ = r.occurrence_ns?;
+    let occ = r.occurrence?.as_nanos();
     Some(format!(
         "{}/{}/v{}/{}/{occ}/a{}",
         r.tenant, r.pack, r.version, r.instruction, r.attempt
@@ -232,11 +248,11 @@ pub(crate) fn decode_feedback(row: &dyn Row) -> StoreResult<FeedbackRow> {
             pack: col(row, "pack")?,
             version: u64_from_db(col(row, "version")?, "version")?,
             instruction: col(row, "instruction")?,
-            occurrence_ns: col(row, "occurrence_ns")?,
+            occurrence: opt_instant_col(row, "occurrence_ns")?,
             attempt: u32_from_db(col(row, "attempt")?, "attempt")?,
-            scheduled_ns: col(row, "scheduled_ns")?,
-            actual_ns: col(row, "actual_ns")?,
-            lateness_ns: col(row, "lateness_ns")?,
+            scheduled: instant_col(row, "scheduled_ns")?,
+            actual: instant_col(row, "actual_ns")?,
+            lateness: span_col(row, "lateness_ns")?,
             // Unknown numbers (a newer agent's) read as unspecified.
             outcome: wire::Outcome::try_from(col::<i32>(row, "outcome")?)
                 .unwrap_or(wire::Outcome::Unspecified),
@@ -249,12 +265,12 @@ pub(crate) fn decode_feedback(row: &dyn Row) -> StoreResult<FeedbackRow> {
                 .map(|v| u32_from_db(v, "value"))
                 .transpose()?,
             dropped_before: u64_from_db(col(row, "dropped_before")?, "dropped_before")?,
-            uncertainty_ns: col(row, "uncertainty_ns")?,
+            uncertainty: span_col(row, "uncertainty_ns")?,
             clock_source: wire::ClockSource::try_from(col::<i32>(row, "clock_source")?)
                 .unwrap_or(wire::ClockSource::Unspecified),
             clock_state: wire::ClockState::try_from(col::<i32>(row, "clock_state")?)
                 .unwrap_or(wire::ClockState::Unspecified),
-            received_ns: col(row, "received_ns")?,
+            received: instant_col(row, "received_ns")?,
         };
         r.execution_id = match col::<Option<String>>(row, "execution_id")? {
             Some(id) => id,

@@ -1,7 +1,7 @@
 //! Events between replicas: stored by the replica they happened on, read
 //! by the others in id order (see the `events` migration).
 
-use super::codec::u64_from_db;
+use super::codec::{instant_col, u64_from_db};
 use super::db::{
     Db, Param, Row, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
@@ -24,7 +24,7 @@ pub(crate) fn put_events(conn: &dyn Db, rows: &[EventRow]) -> StoreResult<()> {
                 Param::Text(&e.tenant),
                 Param::Text(&e.pack),
                 Param::Text(&e.detail),
-                Param::Int(e.at_ns),
+                Param::Int(e.at.as_nanos()),
             ]);
         }
         run(
@@ -54,7 +54,7 @@ fn decode(row: &dyn Row) -> StoreResult<EventRow> {
             tenant: col(row, "tenant")?,
             pack: col(row, "pack")?,
             detail: col(row, "detail")?,
-            at_ns: col(row, "at_ns")?,
+            at: instant_col(row, "at_ns")?,
         })
     })();
     with_row(format_args!("event {id}"), r)

@@ -5,6 +5,7 @@ use super::codec::{FEEDBACK_COLUMNS, canonical_execution_id, decode_feedback, to
 use super::db::{
     Db, Param, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
+use crate::model::time::span_ns;
 use crate::store::{
     FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
 };
@@ -21,38 +22,8 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
     let Some(first) = rows.first() else {
         return Ok(out);
     };
-    let mut checked = Vec::with_capacity(rows.len());
-    for r in rows {
-        if r.agent_id != first.agent_id || r.journal_id != first.journal_id {
-            return Err(StoreError::Backend(
-                "one put_feedback call takes one journal's rows".into(),
-            ));
-        }
-        checked.push((
-            to_db(r.seq, "feedback seq")?,
-            to_db(r.version, "feedback pack version")?,
-            to_db(r.dropped_before, "feedback dropped_before")?,
-        ));
-    }
-    // Looked up before it is inserted: an engine whose ids come from a
-    // sequence spends one on every insert that conflicts.
-    let journal_sql = "SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2";
-    let journal_params = params![first.agent_id, first.journal_id];
-    let decode = |r: &dyn super::db::Row| Ok((col::<i64>(r, "id")?, col::<i64>(r, "acked_seq")?));
-    let found = query_first(conn, journal_sql, journal_params, decode)?;
-    let (journal, acked) = match found {
-        Some(j) => j,
-        None => {
-            run(
-                conn,
-                "store a journal",
-                "INSERT INTO journals (agent_id, journal_id, acked_seq) VALUES (?1, ?2, 0)",
-                journal_params,
-            )?;
-            query_first(conn, journal_sql, journal_params, decode)?
-                .ok_or_else(|| StoreError::Backend("a journal stored is not found".into()))?
-        }
-    };
+    let checked = check_rows(first, rows)?;
+    let (journal, acked) = journal_of(conn, &first.agent_id, &first.journal_id)?;
     let mut high = acked;
     let mut fresh = Vec::with_capacity(rows.len());
     for (r, (seq, version, dropped_before)) in rows.iter().zip(checked) {
@@ -60,22 +31,7 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
             // Stored before (retention may have deleted it since): an
             // agent's seqs only grow, so this is a re-send.
             out.duplicates += 1;
-            if dropped_before > 0 {
-                // Held to the entries missing right before it: a count
-                // the agent carried again for entries stored meanwhile is
-                // not a drop (rows retention deleted count as missing).
-                run(
-                    conn,
-                    "keep a re-sent entry's count of drops",
-                    "UPDATE feedback SET dropped_before = ?3 \
-                     WHERE journal = ?1 AND seq = ?2 AND dropped_before < ?3",
-                    params![
-                        journal,
-                        seq,
-                        dropped_before.min(seq - 1 - stored_below(conn, journal, seq)?)
-                    ],
-                )?;
-            }
+            keep_resent_drops(conn, journal, seq, dropped_before)?;
             continue;
         }
         high = high.max(seq);
@@ -84,51 +40,9 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
     // Several rows per statement: a round trip each would bound a
     // networked engine's ingest by its latency.
     for chunk in chunks(&fresh) {
-        let n = chunk.len();
-        let mut values: Vec<Param<'_>> = Vec::with_capacity(n * FEEDBACK_INSERT_COLUMNS);
-        for &(r, seq, version, dropped_before) in chunk {
-            // Most ids are their row's canonical form: not stored twice.
-            let execution_id = match canonical_execution_id(r) {
-                Some(c) if c == r.execution_id => Param::Null,
-                _ => Param::Text(&r.execution_id),
-            };
-            values.extend([
-                Param::Int(journal),
-                Param::Int(seq),
-                Param::Text(&r.tenant),
-                Param::Text(&r.pack),
-                Param::Int(version),
-                Param::Text(&r.instruction),
-                execution_id,
-                r.occurrence_ns.map_or(Param::Null, Param::Int),
-                Param::Int(i64::from(r.attempt)),
-                Param::Int(r.scheduled_ns),
-                Param::Int(r.actual_ns),
-                Param::Int(r.lateness_ns),
-                Param::Int(r.outcome as i64),
-                Param::Int(r.reason as i64),
-                Param::Text(&r.event),
-                Param::Text(&r.action),
-                Param::Text(&r.detail),
-                r.value.map_or(Param::Null, |v| Param::Int(i64::from(v))),
-                Param::Int(dropped_before),
-                Param::Int(r.uncertainty_ns),
-                Param::Int(r.clock_source as i64),
-                Param::Int(r.clock_state as i64),
-                Param::Int(r.received_ns),
-            ]);
-        }
-        let (first, last) = (chunk[0].1, chunk[n - 1].1);
-        let inserted = with_row(
-            format_args!(
-                "store feedback {}/{}#{first}..={last}",
-                chunk[0].0.agent_id, chunk[0].0.journal_id
-            ),
-            query_all(conn, &insert_sql(n), &values, |r| col::<i64>(r, "seq")),
-        )?
-        .len();
+        let inserted = insert_chunk(conn, journal, chunk)?;
         out.inserted += inserted;
-        out.duplicates += n - inserted;
+        out.duplicates += chunk.len() - inserted;
     }
     if high > acked {
         run(
@@ -140,6 +54,124 @@ pub(crate) fn write_feedback(conn: &dyn Db, rows: &[FeedbackRow]) -> StoreResult
     }
     out.acked_seq = u64_from_db(high, "acked seq")?;
     Ok(out)
+}
+
+/// A row to insert with its checked integers: (row, seq, version,
+/// dropped_before).
+type Fresh<'a> = (&'a FeedbackRow, i64, i64, i64);
+
+/// Every row's integers as columns take them, checked before anything
+/// is written; all rows must be of `first`'s journal.
+fn check_rows(first: &FeedbackRow, rows: &[FeedbackRow]) -> StoreResult<Vec<(i64, i64, i64)>> {
+    rows.iter()
+        .map(|r| {
+            if r.agent_id != first.agent_id || r.journal_id != first.journal_id {
+                return Err(StoreError::Backend(
+                    "one put_feedback call takes one journal's rows".into(),
+                ));
+            }
+            Ok((
+                to_db(r.seq, "feedback seq")?,
+                to_db(r.version, "feedback pack version")?,
+                to_db(r.dropped_before, "feedback dropped_before")?,
+            ))
+        })
+        .collect()
+}
+
+/// The journal's row id and acked seq, storing the journal if it is new.
+/// Looked up before it is inserted: an engine whose ids come from a
+/// sequence spends one on every insert that conflicts.
+fn journal_of(conn: &dyn Db, agent_id: &str, journal_id: &str) -> StoreResult<(i64, i64)> {
+    let journal_sql = "SELECT id, acked_seq FROM journals WHERE agent_id = ?1 AND journal_id = ?2";
+    let journal_params = params![agent_id, journal_id];
+    let decode = |r: &dyn super::db::Row| Ok((col::<i64>(r, "id")?, col::<i64>(r, "acked_seq")?));
+    if let Some(j) = query_first(conn, journal_sql, journal_params, decode)? {
+        return Ok(j);
+    }
+    run(
+        conn,
+        "store a journal",
+        "INSERT INTO journals (agent_id, journal_id, acked_seq) VALUES (?1, ?2, 0)",
+        journal_params,
+    )?;
+    query_first(conn, journal_sql, journal_params, decode)?
+        .ok_or_else(|| StoreError::Backend("a journal stored is not found".into()))
+}
+
+/// A re-sent entry's count of drops, kept on the stored row: held to the
+/// entries missing right before it (a count the agent carried again for
+/// entries stored meanwhile is not a drop; rows retention deleted count
+/// as missing).
+fn keep_resent_drops(
+    conn: &dyn Db,
+    journal: i64,
+    seq: i64,
+    dropped_before: i64,
+) -> StoreResult<()> {
+    if dropped_before > 0 {
+        run(
+            conn,
+            "keep a re-sent entry's count of drops",
+            "UPDATE feedback SET dropped_before = ?3 \
+             WHERE journal = ?1 AND seq = ?2 AND dropped_before < ?3",
+            params![
+                journal,
+                seq,
+                dropped_before.min(seq - 1 - stored_below(conn, journal, seq)?)
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Inserts one chunk of new rows in one statement; how many were
+/// inserted (the others were stored already).
+fn insert_chunk(conn: &dyn Db, journal: i64, chunk: &[Fresh<'_>]) -> StoreResult<usize> {
+    let n = chunk.len();
+    let mut values: Vec<Param<'_>> = Vec::with_capacity(n * FEEDBACK_INSERT_COLUMNS);
+    for &(r, seq, version, dropped_before) in chunk {
+        // Most ids are their row's canonical form: not stored twice.
+        let execution_id = match canonical_execution_id(r) {
+            Some(c) if c == r.execution_id => Param::Null,
+            _ => Param::Text(&r.execution_id),
+        };
+        values.extend([
+            Param::Int(journal),
+            Param::Int(seq),
+            Param::Text(&r.tenant),
+            Param::Text(&r.pack),
+            Param::Int(version),
+            Param::Text(&r.instruction),
+            execution_id,
+            r.occurrence
+                .map_or(Param::Null, |t| Param::Int(t.as_nanos())),
+            Param::Int(i64::from(r.attempt)),
+            Param::Int(r.scheduled.as_nanos()),
+            Param::Int(r.actual.as_nanos()),
+            Param::Int(span_ns(r.lateness)),
+            Param::Int(r.outcome as i64),
+            Param::Int(r.reason as i64),
+            Param::Text(&r.event),
+            Param::Text(&r.action),
+            Param::Text(&r.detail),
+            r.value.map_or(Param::Null, |v| Param::Int(i64::from(v))),
+            Param::Int(dropped_before),
+            Param::Int(span_ns(r.uncertainty)),
+            Param::Int(r.clock_source as i64),
+            Param::Int(r.clock_state as i64),
+            Param::Int(r.received.as_nanos()),
+        ]);
+    }
+    let (first, last) = (chunk[0].1, chunk[n - 1].1);
+    Ok(with_row(
+        format_args!(
+            "store feedback {}/{}#{first}..={last}",
+            chunk[0].0.agent_id, chunk[0].0.journal_id
+        ),
+        query_all(conn, &insert_sql(n), &values, |r| col::<i64>(r, "seq")),
+    )?
+    .len())
 }
 
 pub(crate) fn feedback_acked(conn: &dyn Db, agent_id: &str, journal_id: &str) -> StoreResult<u64> {
@@ -205,8 +237,8 @@ pub(crate) fn feedback_page(conn: &dyn Db, f: &FeedbackFilter) -> StoreResult<Ve
             Param::Text(a),
         );
     }
-    if let Some(s) = f.since_ns {
-        add("f.received_ns >= ?", Param::Int(s));
+    if let Some(s) = f.since {
+        add("f.received_ns >= ?", Param::Int(s.as_nanos()));
     }
     args.push(Param::Int(i64::from(page(f.limit, MAX_PAGE))));
     let sql = format!(

@@ -3,6 +3,7 @@
 use super::codec::{
     decode_pack_version, targets_from_json, targets_json, to_db, u32_from_db, u64_from_db, with_row,
 };
+use super::codec::{instant_col, opt_instant_col};
 use super::db::{Db, col, params, query_all, query_first, run};
 use crate::store::{PackKey, PackSummaryRow, PackVersionRow, PutPack, StoreError, StoreResult};
 
@@ -20,7 +21,7 @@ pub(crate) fn write_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPa
              cancelled_ns = NULL, targets = excluded.targets, pushed_ns = excluded.pushed_ns \
              WHERE packs.latest_version < excluded.latest_version \
              RETURNING latest_version",
-        params![p.tenant, p.pack, version, targets, p.pushed_ns],
+        params![p.tenant, p.pack, version, targets, p.pushed.as_nanos()],
         |r| col(r, "latest_version"),
     )?;
     let insert_version = || -> StoreResult<()> {
@@ -35,7 +36,7 @@ pub(crate) fn write_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPa
                 version,
                 p.yaml,
                 targets,
-                p.pushed_ns,
+                p.pushed.as_nanos(),
                 p.rollout
             ],
         )?;
@@ -80,7 +81,7 @@ pub(crate) fn write_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPa
                 "store a pack",
                 "UPDATE packs SET cancelled_ns = NULL, targets = ?3, pushed_ns = ?4 \
                  WHERE tenant = ?1 AND pack = ?2",
-                params![p.tenant, p.pack, targets, p.pushed_ns],
+                params![p.tenant, p.pack, targets, p.pushed.as_nanos()],
             )?;
             insert_version()?;
             Ok(PutPack::Stored)
@@ -146,8 +147,8 @@ pub(crate) fn packs(conn: &dyn Db, tenant: Option<&str>) -> StoreResult<Vec<Pack
                     pack: pack.clone(),
                     latest: u64_from_db(col(row, "latest_version")?, "latest version")?,
                     targets: targets_from_json(&col::<String>(row, "targets")?)?,
-                    pushed_ns: col(row, "pushed_ns")?,
-                    cancelled_ns: col(row, "cancelled_ns")?,
+                    pushed: instant_col(row, "pushed_ns")?,
+                    cancelled: opt_instant_col(row, "cancelled_ns")?,
                     acked: u32_from_db(col(row, "acked")?, "count")?,
                     nacked: u32_from_db(col(row, "nacked")?, "count")?,
                     pending: u32_from_db(col(row, "pending")?, "count")?,

@@ -7,12 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::agents::{load_agent, load_agents};
+use super::codec::opt_instant_col;
 use super::codec::{
     DELIVERY_COLUMNS, decode_delivery, errors_json, from_json, targets_from_json, to_db,
     u64_from_db, with_row,
 };
 use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
 use super::members;
+use crate::model::time;
 use crate::planner;
 use crate::store::{
     AgentRow, AnswerRow, Binding, DeliveryRow, Gate, Held, HeldPackRow, PackKey, PackTargets,
@@ -30,7 +32,7 @@ fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
             pack: pack.clone(),
             latest: u64_from_db(col(row, "latest_version")?, "latest version")?,
             targets: targets_from_json(&col::<String>(row, "targets")?)?,
-            cancelled_ns: col(row, "cancelled_ns")?,
+            cancelled: opt_instant_col(row, "cancelled_ns")?,
             gate: col::<Option<String>>(row, "gate")?
                 .map(|j| {
                     Ok::<_, crate::store::StoreError>(Gate {
@@ -231,10 +233,11 @@ pub(crate) fn store_rows(conn: &dyn Db, rows: &[DeliveryRow]) -> StoreResult<()>
                 Param::Text(d.state.as_str()),
                 Param::Text(&d.reason),
                 Param::Int(i64::from(d.attempts)),
-                Param::Int(d.updated_ns),
+                Param::Int(d.updated.as_nanos()),
                 d.activate.to_db().map_or(Param::Null, Param::Int),
                 staged_version.map_or(Param::Null, Param::Int),
-                d.staged.map_or(Param::Null, |st| Param::Int(st.at_ns)),
+                d.staged
+                    .map_or(Param::Null, |st| Param::Int(st.at.as_nanos())),
             ]);
         }
         run(conn, "store deliveries", &upsert_sql(chunk.len()), &values)?;
@@ -274,7 +277,7 @@ impl Decisions {
         binding: Binding,
         at_ns: i64,
     ) {
-        match planner::plan(agent, key, pack, row, held, binding, at_ns) {
+        match planner::plan(agent, key, pack, row, held, binding, time::at(at_ns)) {
             Some(next) => {
                 if row != Some(&next) {
                     self.changed.push(next);
@@ -392,7 +395,7 @@ pub(crate) fn replan_pack(
             .collect();
     let mut ids: BTreeSet<String> = rows.keys().cloned().collect();
     if let Some(p) = &pack
-        && p.cancelled_ns.is_none()
+        && p.cancelled.is_none()
     {
         ids.extend(candidates(conn, key, &p.targets, binding)?);
     }
@@ -427,7 +430,7 @@ pub(crate) fn replan_answer(
         &a.answer,
         a.attempts,
         binding,
-        a.at_ns,
+        a.at,
     );
     match &next {
         Some(n) if *n != row => store_rows(conn, std::slice::from_ref(n))?,

@@ -6,6 +6,7 @@ use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows
 use super::members::members;
 use super::packs::write_pack;
 use super::plan::replan_pack;
+use crate::model::time;
 use crate::store::{
     Base, Binding, DeliveryRow, GateRow, MAX_PAGE, PackKey, PackVersionRow, PutPack, RolloutChange,
     RolloutRow, RolloutState, StoreResult,
@@ -91,8 +92,8 @@ fn insert(conn: &dyn Db, r: &RolloutRow) -> StoreResult<()> {
             to_db(r.rev, "rollout rev")?,
             r.state.as_str(),
             to_json(r, "rollout")?,
-            r.created_ns,
-            r.updated_ns
+            r.created.as_nanos(),
+            r.updated.as_nanos()
         ],
     )?;
     Ok(())
@@ -113,7 +114,7 @@ fn compare_and_set(conn: &dyn Db, r: &RolloutRow) -> StoreResult<bool> {
             to_db(r.rev, "rollout rev")?,
             r.state.as_str(),
             to_json(r, "rollout")?,
-            r.updated_ns
+            r.updated.as_nanos()
         ],
     )?;
     Ok(n > 0)
@@ -140,7 +141,7 @@ fn supersede(conn: &dyn Db, key: &PackKey, why: &str, at_ns: i64) -> StoreResult
     for mut r in query_all(conn, &sql, params![key.tenant, key.pack], decode_rollout)? {
         r.state = RolloutState::Superseded;
         r.reason = why.to_string();
-        r.updated_ns = at_ns;
+        r.updated = time::at(at_ns);
         compare_and_set(conn, &r)?;
     }
     Ok(())
@@ -185,13 +186,18 @@ pub(crate) fn put_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPack
         }
         None => false,
     };
-    supersede(conn, &key, &format!("v{} pushed", p.version), p.pushed_ns)?;
+    supersede(
+        conn,
+        &key,
+        &format!("v{} pushed", p.version),
+        p.pushed.as_nanos(),
+    )?;
     if !p.rollout {
         set_gate(conn, &key, None)?;
         return Ok(put);
     }
     let base = Base::of(latest, cancelled, gate.as_ref(), aborted);
-    let row = RolloutRow::new(&key, p.version, base, p.pushed_ns);
+    let row = RolloutRow::new(&key, p.version, base, p.pushed);
     insert(conn, &row)?;
     set_gate(conn, &key, row.gate(false).as_ref())?;
     Ok(put)

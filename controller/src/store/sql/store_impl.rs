@@ -8,6 +8,7 @@ use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
 use super::db::{col, params, query_all};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
 use super::{Engine, audit, events, packs, plan, rollouts};
+use crate::model::RefTime;
 use crate::store::{
     AgentFilter, AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, MAX_PAGE,
@@ -35,7 +36,13 @@ impl<E: Engine> Store for E {
             )?;
             let agent =
                 agents::load_agent(conn, &hello.id)?.ok_or_else(|| unknown_agent(&hello.id))?;
-            plan::replan_agent(conn, &agent, Some(&hello.held), binding, hello.at_ns)?;
+            plan::replan_agent(
+                conn,
+                &agent,
+                Some(&hello.held),
+                binding,
+                hello.at.as_nanos(),
+            )?;
             Ok((agent, plan::rows_of_agent(conn, &hello.id)?))
         })
         .await
@@ -380,17 +387,20 @@ impl<E: Engine> Store for E {
             .await
     }
 
-    async fn delete_feedback_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+    async fn delete_feedback_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        let before_ns = before.as_nanos();
         self.write_background(move |conn| delete_oldest(conn, DELETE_FEEDBACK, before_ns, max))
             .await
     }
 
-    async fn delete_clock_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+    async fn delete_clock_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        let before_ns = before.as_nanos();
         self.write_background(move |conn| delete_oldest(conn, DELETE_CLOCK, before_ns, max))
             .await
     }
 
-    async fn delete_audit_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+    async fn delete_audit_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        let before_ns = before.as_nanos();
         self.write_background(move |conn| delete_oldest(conn, DELETE_AUDIT, before_ns, max))
             .await
     }
@@ -416,7 +426,8 @@ impl<E: Engine> Store for E {
         self.read(events::high_water).await
     }
 
-    async fn delete_events_before(&self, before_ns: i64, max: u32) -> StoreResult<u64> {
+    async fn delete_events_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        let before_ns = before.as_nanos();
         self.write_background(move |conn| {
             delete_oldest(conn, events::DELETE_EVENTS, before_ns, max)
         })

@@ -10,6 +10,7 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
+use crate::model::{RefTime, SpanNanos};
 use baton_proto::wire;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -257,7 +258,11 @@ async fn background_deletes_ride_other_commits() {
     let (release, holding) = hold_writer(&store).await;
     let sweep = {
         let store = store.clone();
-        tokio::spawn(async move { store.delete_feedback_before(100, 500).await })
+        tokio::spawn(async move {
+            store
+                .delete_feedback_before(RefTime::from_nanos(100), 500)
+                .await
+        })
     };
     let writes: Vec<_> = (0..5)
         .map(|i| {
@@ -280,7 +285,13 @@ async fn background_deletes_ride_other_commits() {
     );
     // Alone, it does not wait for company for ever.
     let t0 = std::time::Instant::now();
-    assert_eq!(store.delete_feedback_before(0, 500).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .delete_feedback_before(RefTime::from_nanos(0), 500)
+            .await
+            .unwrap(),
+        0
+    );
     assert!(t0.elapsed() >= BACKGROUND_WAIT, "{:?}", t0.elapsed());
 }
 
@@ -570,7 +581,10 @@ async fn everything_survives_a_restart() {
         store.put_audit(audit_row(70, "t", "p")).await.unwrap();
         let max_id = all_feedback(&store).await.last().unwrap().id;
         // Every row goes: ids must still not start again after a restart.
-        store.delete_feedback_before(i64::MAX, 100).await.unwrap();
+        store
+            .delete_feedback_before(RefTime::from_nanos(i64::MAX), 100)
+            .await
+            .unwrap();
         let mut rows = store.deliveries_of_agent("a1").await.unwrap();
         rows.extend(store.deliveries_of_agent("b2").await.unwrap());
         (
@@ -604,7 +618,12 @@ async fn everything_survives_a_restart() {
     again.extend(store.deliveries_of_agent("b2").await.unwrap());
     assert_eq!(again, rows);
     assert_eq!(store.packs(None).await.unwrap(), packs);
-    assert_eq!(store.packs(None).await.unwrap()[2].cancelled_ns, Some(60));
+    assert_eq!(
+        store.packs(None).await.unwrap()[2]
+            .cancelled
+            .map(RefTime::as_nanos),
+        Some(60)
+    );
     assert_eq!(store.clock_history("a1", 0, 0).await.unwrap(), history);
     assert_eq!(store.audit(None, 0, 0).await.unwrap(), audit);
     assert_eq!(
@@ -759,7 +778,14 @@ async fn a_v4_database_is_migrated() {
     let revoked = store.revocations().await.unwrap();
     let got: Vec<(&str, &str, &str, i64)> = revoked
         .iter()
-        .map(|r| (r.serial.as_str(), r.kind.as_str(), r.name.as_str(), r.at_ns))
+        .map(|r| {
+            (
+                r.serial.as_str(),
+                r.kind.as_str(),
+                r.name.as_str(),
+                r.at.as_nanos(),
+            )
+        })
         .collect();
     assert_eq!(got, [("0f", "agent", "a1", 40), ("1a", "", "", 50)]);
 
@@ -771,7 +797,7 @@ async fn a_v4_database_is_migrated() {
         (a1.agent_version.as_str(), a1.journal_id.as_str()),
         ("0.9.0", "j1")
     );
-    assert_eq!((a1.connected, a1.last_seen_ns), (true, 900));
+    assert_eq!((a1.connected, a1.last_seen.as_nanos()), (true, 900));
     assert_eq!(a1.clock, Some(clock(20)));
     assert_eq!(a1.overrides["t"]["zone"], Some("z".into()));
     assert!(a1.tenants.is_empty());
@@ -808,7 +834,7 @@ async fn a_v4_database_is_migrated() {
             state,
             reason: reason.into(),
             attempts,
-            updated_ns,
+            updated: RefTime::from_nanos(updated_ns),
             activate: Default::default(),
             staged: None,
         }
@@ -892,8 +918,8 @@ async fn a_v4_database_is_migrated() {
                 format!("{}/{}", p.tenant, p.pack),
                 p.latest,
                 p.targets.clone(),
-                p.pushed_ns,
-                p.cancelled_ns,
+                p.pushed.as_nanos(),
+                p.cancelled.map(RefTime::as_nanos),
                 p.pending,
             )
         })
@@ -998,9 +1024,9 @@ async fn a_v4_database_is_migrated() {
     assert_eq!(
         (
             late.agent_id.as_str(),
-            late.lateness_ns,
+            late.lateness.nanos(),
             late.value,
-            late.occurrence_ns
+            late.occurrence.map(RefTime::as_nanos)
         ),
         ("a1", 900, None, None)
     );
@@ -1038,7 +1064,10 @@ async fn a_v4_database_is_migrated() {
         ]
     );
     assert_eq!(audit[2].result, "PermissionDenied: no");
-    store.delete_audit_before(i64::MAX, 100).await.unwrap();
+    store
+        .delete_audit_before(RefTime::from_nanos(i64::MAX), 100)
+        .await
+        .unwrap();
     store.put_audit(audit_row(40, "t", "new")).await.unwrap();
     assert_eq!(scalar(&store, "SELECT MAX(id) FROM audit").await, 9);
 

@@ -16,6 +16,7 @@ use super::{ago, instant, span};
 use crate::app::agents::AgentView;
 use crate::app::feedback::FeedbackQuery;
 use crate::app::now_ns;
+use crate::model::SpanNanos;
 use crate::model::{ClockRow, FeedbackRow};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
@@ -52,8 +53,8 @@ const LATENESS_BOUNDS: [(i64, &str); 8] = [
 /// How many executions fall in each lateness bucket.
 pub fn histogram(rows: &[FeedbackRow]) -> [u64; 8] {
     let mut h = [0u64; 8];
-    for r in rows.iter().filter(|r| r.actual_ns > 0) {
-        let l = r.lateness_ns.max(0);
+    for r in rows.iter().filter(|r| r.actual.as_nanos() > 0) {
+        let l = r.lateness.nanos().max(0);
         let i = LATENESS_BOUNDS
             .iter()
             .position(|(b, _)| l < *b)
@@ -89,16 +90,16 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
         section aria-label="Status" #agent-status {
             dl.facts {
                 div { dt { "Connection" } dd { @if v.connected { "connected" } @else { "offline" } } }
-                div { dt { "Last seen" } dd title=(instant(a.last_seen_ns)) { (ago(a.last_seen_ns, now)) } }
+                div { dt { "Last seen" } dd title=(instant(a.last_seen.as_nanos())) { (ago(a.last_seen.as_nanos(), now)) } }
                 div { dt { "Agent version" } dd { (a.agent_version) } }
                 div { dt { "Labels" } dd { @for (k, val) in &a.labels { code { (k) "=" (val) } " " } } }
                 @match &a.clock {
                     Some(c) => {
-                        div { dt { "Clock" } dd #clock-now { (c.source) " / " (c.state) ": " (span(c.offset_ns)) " ± " (span(c.uncertainty_ns)) } }
+                        div { dt { "Clock" } dd #clock-now { (c.source) " / " (c.state) ": " (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) } }
                     }
                     None => { div { dt { "Clock" } dd #clock-now { "no report yet" } } }
                 }
-                div { dt { "Lateness p99" } dd { @if v.lateness_p99_ns > 0 { (span(v.lateness_p99_ns)) } @else { "-" } } }
+                div { dt { "Lateness p99" } dd { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } } }
                 div { dt { "Outbox backlog" } dd #outbox {
                     @match web.app.outbox_of(&a.id) {
                         Some((n, at)) => { (n) " entr" @if n == 1 { "y" } @else { "ies" } " not yet acknowledged (" (ago(at, now)) ")" }
@@ -179,16 +180,16 @@ fn packs_section(v: &AgentView) -> Markup {
 /// The plot's data: times in seconds, offset and band edges in µs, and
 /// every source/state change (from the whole series, before downsampling).
 pub fn clock_series(rows: &[ClockRow]) -> serde_json::Value {
-    let xs: Vec<i64> = rows.iter().map(|r| r.at_ns).collect();
+    let xs: Vec<i64> = rows.iter().map(|r| r.at.as_nanos()).collect();
     let us = |ns: i64| ns as f64 / 1e3;
-    let off: Vec<f64> = rows.iter().map(|r| us(r.offset_ns)).collect();
+    let off: Vec<f64> = rows.iter().map(|r| us(r.offset.nanos())).collect();
     let lo: Vec<f64> = rows
         .iter()
-        .map(|r| us(r.offset_ns.saturating_sub(r.uncertainty_ns)))
+        .map(|r| us(r.offset.nanos().saturating_sub(r.uncertainty.nanos())))
         .collect();
     let hi: Vec<f64> = rows
         .iter()
-        .map(|r| us(r.offset_ns.saturating_add(r.uncertainty_ns)))
+        .map(|r| us(r.offset.nanos().saturating_add(r.uncertainty.nanos())))
         .collect();
     let keep = downsample::keep(&xs, &[&off, &lo, &hi], BUCKETS);
     let pick = |v: &[f64]| keep.iter().map(|&i| v[i]).collect::<Vec<f64>>();
@@ -196,7 +197,7 @@ pub fn clock_series(rows: &[ClockRow]) -> serde_json::Value {
     for w in rows.windows(2) {
         if w[0].source != w[1].source || w[0].state != w[1].state {
             changes.push(serde_json::json!({
-                "t": w[1].at_ns as f64 / 1e9, "source": w[1].source, "state": w[1].state,
+                "t": w[1].at.as_nanos() as f64 / 1e9, "source": w[1].source, "state": w[1].state,
             }));
         }
     }
@@ -232,23 +233,24 @@ pub async fn clock_json(
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
+    use crate::model::{RefTime, time};
 
     fn clock(at_s: i64, offset_ns: i64, state: &str) -> ClockRow {
         ClockRow {
             source: "link".into(),
             state: state.into(),
-            offset_ns,
-            jitter_ns: 0,
-            uncertainty_ns: 1_000,
+            offset: time::span(offset_ns),
+            jitter: time::span(0),
+            uncertainty: time::span(1_000),
             frequency_ppm: 0.0,
-            at_ns: at_s * 1_000_000_000,
+            at: RefTime::from_nanos(at_s * 1_000_000_000),
         }
     }
 
     #[test]
     fn the_plot_keeps_a_spike_and_marks_every_state_change() {
         let mut rows: Vec<ClockRow> = (0..5_000).map(|i| clock(i, 0, "locked")).collect();
-        rows[1234].offset_ns = 9_000_000;
+        rows[1234].offset = time::span(9_000_000);
         rows[4000].state = "holdover".into();
         let s = clock_series(&rows);
         let t = s["t"].as_array().unwrap();

@@ -32,7 +32,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who) -> Response {
             tbody {
                 @for r in rows.iter().rev() {
                     tr {
-                        td { (instant(r.at_ns)) } td { (r.who) } td { (r.tenant) } td { (r.role) }
+                        td { (instant(r.at.as_nanos())) } td { (r.who) } td { (r.tenant) } td { (r.role) }
                         td { (r.action) } td { (r.target) } td { (r.result) }
                     }
                 }

@@ -18,6 +18,7 @@ use crate::app::agents::AgentView;
 use crate::app::fleet::{FleetCounts, FleetFilter, FleetPage, FleetState};
 use crate::app::{AppResult, now_ns};
 use crate::model::DeliveryState;
+use crate::model::SpanNanos;
 use crate::web::auth::{Who, percent};
 use crate::web::{Web, app_error};
 
@@ -239,15 +240,15 @@ fn row(v: &AgentView, now: i64) -> Markup {
         tr data-agent=(a.id) {
             th scope="row" { a href=(format!("/agents/{}", percent(&a.id))) { (a.id) } }
             td { @if v.connected { "connected" } @else { "offline" } }
-            td title=(super::instant(a.last_seen_ns)) { (ago(a.last_seen_ns, now)) }
+            td title=(super::instant(a.last_seen.as_nanos())) { (ago(a.last_seen.as_nanos(), now)) }
             @match &a.clock {
                 Some(c) => {
                     td { (c.source) " / " (c.state) }
-                    td { (span(c.offset_ns)) " ± " (span(c.uncertainty_ns)) }
+                    td { (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) }
                 }
                 None => { td { "no report" } td { "-" } }
             }
-            td { @if v.lateness_p99_ns > 0 { (span(v.lateness_p99_ns)) } @else { "-" } }
+            td { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } }
             td {
                 @for d in &v.packs {
                     span.pack {
@@ -277,12 +278,12 @@ pub async fn json(State(web): State<Arc<Web>>, who: Who, Query(q): Query<FleetQu
                 "id": a.id,
                 "labels": a.labels,
                 "connected": v.connected,
-                "last_seen_ns": a.last_seen_ns,
+                "last_seen_ns": a.last_seen.as_nanos(),
                 "clock": a.clock.as_ref().map(|c| serde_json::json!({
-                    "source": c.source, "state": c.state, "offset_ns": c.offset_ns,
-                    "uncertainty_ns": c.uncertainty_ns,
+                    "source": c.source, "state": c.state, "offset_ns": c.offset.nanos(),
+                    "uncertainty_ns": c.uncertainty.nanos(),
                 })),
-                "lateness_p99_ns": v.lateness_p99_ns,
+                "lateness_p99_ns": v.lateness_p99.nanos(),
                 "packs": v.packs.iter().map(|d| serde_json::json!({
                     "tenant": d.tenant, "pack": d.pack, "version": d.version,
                     "held": d.held.as_ref().map(|h| h.version), "state": d.state.as_str(),

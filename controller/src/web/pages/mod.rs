@@ -20,6 +20,7 @@ use super::live::exec_row;
 use crate::app::AppResult;
 use crate::app::feedback::FeedbackQuery;
 use crate::model::FeedbackRow;
+use crate::model::RefTime;
 /// Instants and durations as the CLI prints them.
 pub use crate::ops::format::{instant, span};
 
@@ -47,7 +48,7 @@ pub async fn newest(
     const MIN_WINDOW_NS: i64 = 60 * 1_000_000_000;
     let mut window = window_ns.max(MIN_WINDOW_NS);
     loop {
-        q.since_ns = Some(now_ns - window);
+        q.since = Some(RefTime::from_nanos(now_ns - window));
         let rows = recent(web, who, q.clone()).await?;
         if (rows.len() as u64) < q.limit || window <= MIN_WINDOW_NS {
             return Ok((rows, window));

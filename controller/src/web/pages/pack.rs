@@ -20,6 +20,7 @@ use crate::app::packs::DeliveriesPage;
 use crate::app::rollouts::RolloutStatus;
 use crate::app::{AppError, now_ns};
 use crate::model::{CohortFigures, DeliveryState, PackVersionRow};
+use crate::model::{RefTime, SpanNanos};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
 use crate::web::{Web, app_error};
@@ -68,9 +69,9 @@ pub async fn list(State(web): State<Arc<Web>>, who: Who) -> Response {
                 @for p in &packs {
                     tr {
                         th scope="row" { a href=(format!("/packs/{}?tenant={}", percent(&p.pack), percent(&p.tenant))) { (p.tenant) "/" (p.pack) } }
-                        td { "v" (p.latest) @if p.cancelled_ns.is_some() { " (cancelled)" } }
+                        td { "v" (p.latest) @if p.cancelled.is_some() { " (cancelled)" } }
                         td { (p.targets) }
-                        td { (instant(p.pushed_ns)) }
+                        td { (instant(p.pushed.as_nanos())) }
                         td { (p.acked) } td { (p.nacked) } td { (p.pending) }
                     }
                 }
@@ -84,8 +85,8 @@ pub async fn list(State(web): State<Arc<Web>>, who: Who) -> Response {
 fn figures(f: &CohortFigures) -> Markup {
     html! {
         (f.agents) " agent(s), " (f.settled) " settled, " (f.failed) " failed, " (f.unknown) " unknown"
-        @if let Some(p) = f.lateness_p99_ns { ", lateness p99 " (span(p)) }
-        @if let Some(o) = f.offset_max_ns { ", offset max " (span(o)) }
+        @if let Some(p) = f.lateness_p99.map(SpanNanos::nanos) { ", lateness p99 " (span(p)) }
+        @if let Some(o) = f.offset_max.map(SpanNanos::nanos) { ", offset max " (span(o)) }
     }
 }
 
@@ -166,7 +167,7 @@ fn versions_section(
                                 @if v.version == page.version { "v" (v.version) " (shown)" }
                                 @else { a href=(format!("/packs/{}?tenant={}&version={}", percent(name), percent(tenant), v.version)) { "v" (v.version) } }
                             }
-                            td { (instant(v.pushed_ns)) }
+                            td { (instant(v.pushed.as_nanos())) }
                             td { (v.targets) }
                             td { @if v.rollout { "yes" } @else { "no" } }
                         }
@@ -188,7 +189,7 @@ fn rollout_section(rollout: Option<&RolloutStatus>) -> Markup {
                     div { dt { "State" } dd #rollout-state { (r.row.state.as_str()) } }
                     div { dt { "Stage" } dd { (r.row.stage + 1) " of " (r.stages) } }
                     @if !r.row.reason.is_empty() { div { dt { "Why" } dd { (r.row.reason) } } }
-                    @if let Some(t) = r.row.switch_at_ns { div { dt { "Switch instant" } dd { (instant(t)) } } }
+                    @if let Some(t) = r.row.switch_at.map(RefTime::as_nanos) { div { dt { "Switch instant" } dd { (instant(t)) } } }
                     div { dt { "Cohort so far" } dd { (figures(&r.cohort)) } }
                     @if let Some(b) = &r.baseline { div { dt { "Baseline" } dd { (figures(b)) } } }
                 }
@@ -198,7 +199,7 @@ fn rollout_section(rollout: Option<&RolloutStatus>) -> Markup {
                     tbody {
                         @for v in &r.row.verdicts {
                             tr {
-                                td { (v.stage + 1) } td { (v.kind.as_str()) } td { (instant(v.at_ns)) }
+                                td { (v.stage + 1) } td { (v.kind.as_str()) } td { (instant(v.at.as_nanos())) }
                                 td { (v.reason) @if !v.missing.is_empty() { " (missing: " (v.missing.join(", ")) ")" } }
                                 td { (figures(&v.cohort)) }
                                 td { @if let Some(b) = &v.baseline { (figures(b)) } @else { "-" } }
@@ -267,9 +268,9 @@ pub async fn timeline_json(
         Ok(r) => r,
         Err(e) => return app_error(e),
     };
-    let fired = rows.iter().filter(|r| r.actual_ns > 0);
+    let fired = rows.iter().filter(|r| r.actual.as_nanos() > 0);
     let (xs, ys): (Vec<i64>, Vec<f64>) = fired
-        .map(|r| (r.scheduled_ns, r.lateness_ns as f64 / 1e3))
+        .map(|r| (r.scheduled.as_nanos(), r.lateness.nanos() as f64 / 1e3))
         .unzip();
     // Firings arrive in storage order; the plot wants time order.
     let mut order: Vec<usize> = (0..xs.len()).collect();
@@ -284,7 +285,7 @@ pub async fn timeline_json(
             .iter()
             .map(|v| {
                 serde_json::json!({
-                    "t": v.at_ns as f64 / 1e9,
+                    "t": v.at.as_nanos() as f64 / 1e9,
                     "label": format!("stage {} {}", v.stage + 1, v.kind.as_str()),
                 })
             })
