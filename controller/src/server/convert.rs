@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use baton_proto::pack::PackErrors;
 use baton_proto::wire;
 
 use tonic::Status;
@@ -400,19 +399,6 @@ pub fn nack_errors(errors: &[wire::PackError]) -> Vec<ErrorRow> {
         .collect()
 }
 
-/// Validation errors as wire errors.
-pub fn pack_errors(errors: &PackErrors) -> Vec<wire::PackError> {
-    errors
-        .0
-        .iter()
-        .map(|e| wire::PackError {
-            line: e.pos.line,
-            column: e.pos.col,
-            instruction: e.instruction.clone().unwrap_or_default(),
-            message: e.message.clone(),
-        })
-        .collect()
-}
 
 /// A delivery for an operator.
 pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
