@@ -488,19 +488,26 @@ impl Agent {
         Ok(())
     }
 
-    /// A core event to feedback; a once-only one is journalled first so a
-    /// restart does not report it again.
+    /// A core event to feedback. A once-only one has its key journalled
+    /// right after its report, so a restart does not report it again: the
+    /// report first, because the key is the core's word that the report
+    /// was made. The key's record is durable and writes the report's
+    /// (buffered) before it, so no crash leaves the key without the report
+    /// (which a restart would then never make: `outcome unknown` lost); a
+    /// crash before the key leaves both to the next start, or the report
+    /// alone (made again then: twice rather than never).
     pub(super) fn event(&mut self, e: &Event) -> Result<(), JournalError> {
-        if let Some(k) = &e.once {
-            journal_once(&mut self.journal, k)?;
-        }
         // Pack-wide events have no id to carry the version: look it up.
         let version = match e.id {
             Some(_) => None,
             None => self.core.held(&e.pack).map(|(v, _)| v),
         };
         let c = self.clock_stamp();
-        feedback::event(&mut self.journal, &mut self.tally, e, version, c)
+        feedback::event(&mut self.journal, &mut self.tally, e, version, c)?;
+        if let Some(k) = &e.once {
+            journal_once(&mut self.journal, k)?;
+        }
+        Ok(())
     }
 
     pub(super) fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {

@@ -1,0 +1,128 @@
+//! Crash points that `tests/tests/crash.rs` hits under load (slow restarts:
+//! an agent killed while it writes its `outcome unknown` reports), each
+//! made deterministic: nothing armed is left unreported.
+
+mod rig;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use baton_agent::config::{ConfigFile, Overrides};
+use baton_agent::outbox::{Decoded, decode};
+use baton_agent::runtime::ports::ManualClock;
+use baton_journal::{Journal, JournalConfig};
+use baton_proto::feedback::Event;
+use baton_proto::parse_pack;
+use rig::*;
+
+const SHOTS: i64 = 3;
+
+/// A once-only report (`outcome unknown` after a power cut) is never lost
+/// to a crash: whatever prefix of the journal a crash leaves, each once key
+/// it holds (the core's word that the report was made, so never made
+/// again) comes with its report in the outbox. The crash points are every
+/// byte length the journal's log had while the reports were written.
+#[test]
+fn no_crash_point_leaves_an_outcome_unknown_key_without_its_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    clock.set_uncertainty(20_000);
+    let new_agent = || {
+        let cfg = config(dir.path(), ConfigFile::default(), Overrides::default());
+        build_with(dir.path(), clock.clone(), cfg)
+    };
+    // One-shots at 100, 110, 120 ms, armed ahead (start records durable)
+    // by a pass at 80 ms; the agent dies before any is due.
+    let mut shots = String::from("instructions:\n");
+    for i in 0..SHOTS {
+        shots.push_str(&format!(
+            "  - {{id: s{i}, action: gpio.write, params: {{line: {i}, value: 1}}, at: {}}}\n",
+            t(100 + 10 * i)
+        ));
+    }
+    let y = pack("shots", 1, &shots);
+    {
+        let mut a = new_agent();
+        a.accept(y.clone(), parse_pack(&y).expect("pack"))
+            .expect("accepted");
+        clock.set(t(80));
+        a.step().expect("step");
+    }
+    let data = dir.path().join("data");
+    let (_, rec) = Journal::open(JournalConfig::new(&data)).expect("journal");
+    let open = rec.attempts.values().filter(|o| o.is_none()).count();
+    assert_eq!(open, SHOTS as usize, "armed, no result: {:?}", rec.attempts);
+    drop(rec);
+    // The power cut: the dispatch ledger is lost, the journal alone decides.
+    std::fs::remove_file(dir.path().join("dispatch.ledger")).expect("ledger");
+    let before = log_len(&data);
+    clock.set(t(200));
+    {
+        let mut a = new_agent();
+        a.step().expect("step");
+        a.step().expect("step");
+    }
+    let after = log_len(&data);
+    let (keys, reports) = keys_and_reports(&data, None);
+    assert_eq!(keys.len(), SHOTS as usize, "{keys:?}");
+    assert_eq!(reports, keys, "every shot reported once its key is kept");
+    for cut in before..=after {
+        let (keys, reports) = keys_and_reports(&data, Some(cut));
+        let lost: Vec<_> = keys.difference(&reports).collect();
+        assert!(
+            lost.is_empty(),
+            "a crash at {cut} B of the log ({before}..{after}) keeps the key of {lost:?} without its report: never reported"
+        );
+    }
+}
+
+fn log_len(data: &Path) -> u64 {
+    std::fs::metadata(data.join("journal.log"))
+        .expect("log")
+        .len()
+}
+
+/// The instructions with an `outcome_unknown` once key, and those with an
+/// `outcome unknown` report in the outbox, in the journal in `data` (cut to
+/// its first `cut` bytes, as a crash leaves it, in a copy).
+fn keys_and_reports(data: &Path, cut: Option<u64>) -> (HashSet<String>, HashSet<String>) {
+    let copy = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(data).expect("data dir") {
+        let e = e.expect("entry");
+        if e.file_type().expect("type").is_file() {
+            std::fs::copy(e.path(), copy.path().join(e.file_name())).expect("copy");
+        }
+    }
+    if let Some(n) = cut {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(copy.path().join("journal.log"))
+            .and_then(|f| f.set_len(n))
+            .expect("cut");
+    }
+    let (mut journal, rec) = Journal::open(JournalConfig::new(copy.path())).expect("journal");
+    let keys = rec
+        .once
+        .iter()
+        .filter(|k| k.ends_with("/outcome_unknown"))
+        .filter_map(|k| k.split('/').nth(3).map(str::to_string))
+        .collect();
+    let mut reports = HashSet::new();
+    let mut from = 0;
+    loop {
+        let page = journal.outbox_page(from, 512).expect("outbox");
+        let Some(&(last, _)) = page.last() else {
+            break;
+        };
+        for (_, bytes) in &page {
+            if let Decoded::Record(r) = decode(bytes)
+                && r.event == Event::OutcomeUnknown
+            {
+                reports.insert(r.instruction.clone());
+            }
+        }
+        from = last + 1;
+    }
+    (keys, reports)
+}
