@@ -1,16 +1,18 @@
 //! Crash points that `tests/tests/crash.rs` hits under load (slow restarts:
-//! an agent killed while it writes its `outcome unknown` reports), each
-//! made deterministic: nothing armed is left unreported.
+//! an agent killed before its first heartbeat, or while it writes its
+//! `outcome unknown` reports), each made deterministic: nothing armed is
+//! left unreported, nothing due is silently settled.
 
 mod rig;
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use baton_agent::config::{ConfigFile, Overrides};
 use baton_agent::outbox::{Decoded, decode};
-use baton_agent::runtime::ports::ManualClock;
+use baton_agent::runtime::ports::{Clock, ManualClock};
 use baton_journal::{Journal, JournalConfig};
 use baton_proto::feedback::Event;
 use baton_proto::parse_pack;
@@ -74,6 +76,57 @@ fn no_crash_point_leaves_an_outcome_unknown_key_without_its_report() {
             lost.is_empty(),
             "a crash at {cut} B of the log ({before}..{after}) keeps the key of {lost:?} without its report: never reported"
         );
+    }
+}
+
+/// Runs that all died before their first heartbeat leave the journal no
+/// last-alive instant: one-shots that came due meanwhile were never armed
+/// (no start record) and are missed, not settled as handled.
+#[test]
+fn one_shots_due_before_any_heartbeat_are_missed_not_settled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    clock.set_uncertainty(20_000);
+    let new_agent = || {
+        let cfg = config(dir.path(), ConfigFile::default(), Overrides::default());
+        build_with(dir.path(), clock.clone(), cfg)
+    };
+    let mut shots = String::from("defaults: {max_lateness: 1h}\ninstructions:\n");
+    for i in 0..SHOTS {
+        shots.push_str(&format!(
+            "  - {{id: s{i}, action: gpio.write, params: {{line: {i}, value: 1}}, at: {}}}\n",
+            t(100 + 10 * i)
+        ));
+    }
+    let y = pack("shots", 1, &shots);
+    {
+        // Killed right after accepting the pack: no pass, no heartbeat.
+        let mut a = new_agent();
+        a.accept(y.clone(), parse_pack(&y).expect("pack"))
+            .expect("accepted");
+    }
+    let (_, rec) = Journal::open(JournalConfig::new(dir.path().join("data"))).expect("journal");
+    assert_eq!(rec.last_alive_ns, None, "no heartbeat was written");
+    assert!(
+        rec.attempts.is_empty(),
+        "nothing was armed: {:?}",
+        rec.attempts
+    );
+    drop(rec);
+    clock.set(t(300));
+    let mut a = new_agent();
+    while clock.now() < t(320) {
+        a.step().expect("step");
+        clock.advance(Duration::from_millis(1));
+    }
+    a.wind_down();
+    let log = std::fs::read_to_string(dir.path().join("gpio.jsonl")).unwrap_or_default();
+    for i in 0..SHOTS {
+        let fired = log
+            .lines()
+            .filter(|l| l.contains(&format!("/s{i}/")))
+            .count();
+        assert_eq!(fired, 1, "s{i} fires late once (max_lateness 1h):\n{log}");
     }
 }
 
