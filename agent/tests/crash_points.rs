@@ -21,10 +21,11 @@ use rig::*;
 const SHOTS: i64 = 3;
 
 /// A once-only report (`outcome unknown` after a power cut) is never lost
-/// to a crash: whatever prefix of the journal a crash leaves, each once key
-/// it holds (the core's word that the report was made, so never made
-/// again) comes with its report in the outbox. The crash points are every
-/// byte length the journal's log had while the reports were written.
+/// to a crash, nor are the reports that come with it (its dependents
+/// skipped): whatever prefix of the journal a crash leaves, each once key
+/// it holds (the core's word that the reports were made, so never made
+/// again) comes with them in the outbox. The crash points are every byte
+/// length the journal's log had while the reports were written.
 #[test]
 fn no_crash_point_leaves_an_outcome_unknown_key_without_its_report() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -35,12 +36,14 @@ fn no_crash_point_leaves_an_outcome_unknown_key_without_its_report() {
         build_with(dir.path(), clock.clone(), cfg)
     };
     // One-shots at 100, 110, 120 ms, armed ahead (start records durable)
-    // by a pass at 80 ms; the agent dies before any is due.
+    // by a pass at 80 ms; the agent dies before any is due. Each has a
+    // dependent, skipped when its upstream's outcome is unknown.
     let mut shots = String::from("instructions:\n");
     for i in 0..SHOTS {
         shots.push_str(&format!(
-            "  - {{id: s{i}, action: gpio.write, params: {{line: {i}, value: 1}}, at: {}}}\n",
-            t(100 + 10 * i)
+            "  - {{id: s{i}, action: gpio.write, params: {{line: {i}, value: 1}}, at: {}}}\n  - {{id: d{i}, action: gpio.write, params: {{line: {}, value: 1}}, after: [s{i}]}}\n",
+            t(100 + 10 * i),
+            10 + i
         ));
     }
     let y = pack("shots", 1, &shots);
@@ -68,13 +71,18 @@ fn no_crash_point_leaves_an_outcome_unknown_key_without_its_report() {
     let after = log_len(&data);
     let (keys, reports) = keys_and_reports(&data, None);
     assert_eq!(keys.len(), SHOTS as usize, "{keys:?}");
-    assert_eq!(reports, keys, "every shot reported once its key is kept");
+    let due = |keys: &HashSet<String>| -> HashSet<String> {
+        keys.iter()
+            .flat_map(|s| [format!("OutcomeUnknown {s}"), format!("Skip d{}", &s[1..])])
+            .collect()
+    };
+    assert_eq!(reports, due(&keys), "every shot and its dependent reported");
     for cut in before..=after {
         let (keys, reports) = keys_and_reports(&data, Some(cut));
-        let lost: Vec<_> = keys.difference(&reports).collect();
+        let lost: Vec<_> = due(&keys).difference(&reports).cloned().collect();
         assert!(
             lost.is_empty(),
-            "a crash at {cut} B of the log ({before}..{after}) keeps the key of {lost:?} without its report: never reported"
+            "a crash at {cut} B of the log ({before}..{after}) keeps once keys without their reports {lost:?}: never made"
         );
     }
 }
@@ -136,9 +144,10 @@ fn log_len(data: &Path) -> u64 {
         .len()
 }
 
-/// The instructions with an `outcome_unknown` once key, and those with an
-/// `outcome unknown` report in the outbox, in the journal in `data` (cut to
-/// its first `cut` bytes, as a crash leaves it, in a copy).
+/// The instructions with an `outcome_unknown` once key, and the outbox's
+/// `outcome unknown` and skip reports (`OutcomeUnknown s0`, `Skip d0`), in
+/// the journal in `data` (cut to its first `cut` bytes, as a crash leaves
+/// it, in a copy).
 fn keys_and_reports(data: &Path, cut: Option<u64>) -> (HashSet<String>, HashSet<String>) {
     let copy = tempfile::tempdir().expect("tempdir");
     for e in std::fs::read_dir(data).expect("data dir") {
@@ -170,9 +179,9 @@ fn keys_and_reports(data: &Path, cut: Option<u64>) -> (HashSet<String>, HashSet<
         };
         for (_, bytes) in &page {
             if let Decoded::Record(r) = decode(bytes)
-                && r.event == Event::OutcomeUnknown
+                && matches!(r.event, Event::OutcomeUnknown | Event::Skip)
             {
-                reports.insert(r.instruction.clone());
+                reports.insert(format!("{:?} {}", r.event, r.instruction));
             }
         }
         from = last + 1;
