@@ -64,7 +64,8 @@
 //! are durable because a stopped or cancelled pack must not come back
 //! running after a power cut; `record_once` because its action (an
 //! `on_failure`, a give-up or `outcome unknown` report) must be taken at
-//! most once: the agent records the key *before* acting;
+//! most once: the agent records the key *before* acting (a report: pushed
+//! just before its key, so the key's write carries it — never lost);
 //! `record_session_gen` because a fence that a power cut could lower would
 //! let a stale controller's push through after the restart.
 //!
@@ -377,7 +378,10 @@ impl Journal {
     /// is then durable (fdatasync'd) on return and the caller takes the
     /// action now. Returns `false`, writing nothing, if the key was already
     /// recorded (before a restart, say): the action was or may have been
-    /// taken, and must not be taken again. Call it BEFORE acting.
+    /// taken, and must not be taken again. Call it BEFORE an action that
+    /// must not run twice; for a report, right AFTER pushing it
+    /// ([`Journal::push_feedback`]): this durable call writes the buffered
+    /// report before the key, so no crash leaves the key without its report.
     pub fn record_once(&mut self, key: &str, ref_ns: i64) -> Result<bool, JournalError> {
         self.check_poisoned()?;
         if self.state.once.contains_key(key) {

@@ -142,6 +142,10 @@ impl Journal {
             outbox_len: self.state.outbox.len(),
             dropped: self.state.dropped,
             last_alive_ns: self.state.last_alive_ns,
+            forgotten_before_ns: self
+                .state
+                .reference_now()
+                .map(|now| now.saturating_sub(self.cfg.retention_ns)),
             truncated_bytes,
             origin,
         }

@@ -65,6 +65,11 @@ pub struct Recovered {
     pub dropped: u64,
     /// Last heartbeat: the agent was up until at least then (reference ns).
     pub last_alive_ns: Option<i64>,
+    /// Ids and once keys dated before this (reference ns: the retention
+    /// before the last heartbeat, else before the latest start) were
+    /// forgotten: no record there proves nothing, so a caller must not
+    /// take such an occurrence for one never started.
+    pub forgotten_before_ns: Option<i64>,
     /// Bytes of a torn tail cut off the log (a crash mid-write); 0 if the
     /// log ended cleanly. Worth a warning in the agent's log.
     pub truncated_bytes: u64,

@@ -3,10 +3,13 @@
 //! The core asks for some things on its own — a give-up report, an
 //! instruction's `on_failure`, the safe state a give-up leads to, an
 //! `outcome_unknown` report. Each such output carries a [`OnceKey`]. The
-//! runtime journals the key durably *before* it performs or reports the
-//! output; after a restart it hands the journalled keys back in
-//! [`Prior::done`], and the core never emits them again — it still updates
-//! its state as though they had happened (dependents skipped, pack stopped).
+//! runtime journals the key durably *before* it performs the output (an
+//! action), or *after* it reports it and the events that came with it (a
+//! report: the key's durable write carries the buffered reports ahead of
+//! it, as a key without them would lose them); after a restart it hands
+//! the journalled keys back in [`Prior::done`], and the core never emits
+//! them again — it still updates its state as though they had happened
+//! (dependents skipped, pack stopped).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -192,8 +192,10 @@ pub struct Event {
     /// What happened.
     pub kind: EventKind,
     /// Set on once-only reports (`give_up`, `on_failure`, a give-up's
-    /// `safe_state`, `outcome_unknown`): journal the key before reporting
-    /// (see [`OnceKey`]).
+    /// `safe_state`, `outcome_unknown`): journal the key durably after the
+    /// report and the events emitted with it (an `outcome_unknown`'s
+    /// dependents skipped), never before (a crash between would leave them
+    /// done for the core yet never made; see [`OnceKey`]).
     pub once: Option<OnceKey>,
 }
 

@@ -58,10 +58,11 @@ fn a_lost_ledger_leaves_at_most_the_documented_unknowns() {
     let per = unknown_per_crash_without_ledger(DEFAULT_HORIZON_MS);
     assert!(
         r.unknown.len() <= r.kills * per,
-        "{} outcome-unknown reports for {} crashes (at most {per} each): {:?}",
+        "{} outcome-unknown reports for {} crashes (at most {per} each): {:?}\n{}",
         r.unknown.len(),
         r.kills,
-        r.unknown
+        r.unknown,
+        r.lives.join("\n")
     );
 }
 
@@ -71,6 +72,9 @@ struct Run {
     unknown: HashSet<String>,
     /// Instructions the agent said were inside their device call.
     interrupted: HashSet<String>,
+    /// Each life's log (stderr: its start, restore, ledger verdict), with
+    /// its spawn and kill, in ms since the run began: a failure's evidence.
+    lives: Vec<String>,
 }
 
 /// The instruction of an execution id (`default/shots/v1/s12/…/a1`).
@@ -121,6 +125,9 @@ fn one_run(lose_ledger: bool, attempt: u64) -> Run {
     let mut unknown: HashSet<String> = HashSet::new();
     let mut interrupted: HashSet<String> = HashSet::new();
     let mut kills = 0;
+    let mut lives: Vec<String> = Vec::new();
+    let began = Instant::now();
+    let since = move || began.elapsed().as_millis();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         assert!(Instant::now() < deadline, "did not finish in time");
@@ -164,10 +171,12 @@ fn one_run(lose_ledger: bool, attempt: u64) -> Run {
             }
             ids
         });
+        lives.push(format!("+{}ms: life {kills} spawned", since()));
         let stderr = child.stderr.take().expect("stderr");
         let log_reader = std::thread::spawn(move || {
-            let mut ids = Vec::new();
+            let (mut ids, mut log) = (Vec::new(), Vec::new());
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                log.push(format!("+{}ms: life {kills}: {line}", since()));
                 if line.contains("inside its device call")
                     && let Some(id) = line
                         .split(|c: char| c.is_whitespace() || c == '=')
@@ -176,7 +185,7 @@ fn one_run(lose_ledger: bool, attempt: u64) -> Run {
                     ids.push(id.to_string());
                 }
             }
-            ids
+            (ids, log)
         });
         let done = if kills < 5 {
             // Let it fire for a random while; `wait_exit` then kills it with
@@ -192,19 +201,18 @@ fn one_run(lose_ledger: bool, attempt: u64) -> Run {
                 .iter()
                 .filter_map(|i| instruction(i)),
         );
-        interrupted.extend(
-            log_reader
-                .join()
-                .expect("log reader")
-                .iter()
-                .filter_map(|i| instruction(i)),
-        );
+        let (ids, log) = log_reader.join().expect("log reader");
+        interrupted.extend(ids.iter().filter_map(|i| instruction(i)));
+        lives.extend(log);
         match done {
             Some(status) => {
                 assert!(status.success(), "agent failed: {status:?}");
                 break;
             }
-            None => kills += 1,
+            None => {
+                lives.push(format!("+{}ms: life {kills} killed", since()));
+                kills += 1;
+            }
         }
     }
 
@@ -249,7 +257,8 @@ fn one_run(lose_ledger: bool, attempt: u64) -> Run {
     for m in &missing {
         assert!(
             unknown.contains(m),
-            "{m} never fired and was not reported as outcome unknown (unknown: {unknown:?})"
+            "{m} never fired and was not reported as outcome unknown (unknown: {unknown:?})\n{}",
+            lives.join("\n")
         );
     }
     assert!(
@@ -272,6 +281,7 @@ fn one_run(lose_ledger: bool, attempt: u64) -> Run {
         kills,
         unknown,
         interrupted,
+        lives,
     }
 }
 

@@ -95,7 +95,7 @@ impl Agent {
 
     pub(super) fn restore(&mut self, rec: Recovered) -> Result<(), RuntimeError> {
         let now = self.clock.now();
-        let last_alive = rec.last_alive_ns.map(RefTime::from_nanos).unwrap_or(now);
+        let (alive, forgotten) = (rec.last_alive_ns, rec.forgotten_before_ns);
         for sp in rec.packs {
             let label = format!("journalled pack {}/{} v{}", sp.tenant, sp.pack, sp.version);
             let pack = match parse_pack(&sp.yaml) {
@@ -107,6 +107,7 @@ impl Agent {
             };
             let key = PackKey::of(&pack);
             let anchor = RefTime::from_nanos(sp.accepted_ns);
+            let last_alive = alive_until(alive, forgotten, anchor, now);
             match self.admit_checks(&pack, &sp.yaml) {
                 Ok(admitted) => self.commit_admission(&pack, admitted),
                 Err(e) => {
@@ -346,4 +347,26 @@ pub(super) fn exec_check(
     exec.policy()
         .check(program, args, env)
         .map_err(|e| e.to_string())
+}
+
+/// Until when the previous runs surely handled the due occurrences of a
+/// pack accepted at `anchor`: the core settles a one-shot due by then that
+/// has no journal record as handled. The last heartbeat (`alive_ns`) says
+/// so: it follows a pass that armed everything due by then. Without one
+/// (every run died before its first) only the acceptance is known, not
+/// `now`: that would settle, unfired and unreported, every one-shot that
+/// came due since. Nor before the journal's `forgotten_before_ns`: a
+/// one-shot there may have fired, and must not be taken for missed.
+fn alive_until(
+    alive_ns: Option<i64>,
+    forgotten_before_ns: Option<i64>,
+    anchor: RefTime,
+    now: RefTime,
+) -> RefTime {
+    match alive_ns {
+        Some(ns) => RefTime::from_nanos(ns),
+        None => forgotten_before_ns
+            .map_or(anchor, |ns| anchor.max(RefTime::from_nanos(ns)))
+            .min(now),
+    }
 }

@@ -230,11 +230,8 @@ impl Agent {
         if let Err(e) = self.journal.heartbeat(self.clock.now().as_nanos()) {
             tracing::warn!("journal unavailable on the way out: {e}");
         }
-        for e in events {
-            if let Err(err) = self.event(&e) {
-                tracing::warn!("journal unavailable on the way out: {err}");
-                break;
-            }
+        if let Err(err) = self.events(&events) {
+            tracing::warn!("journal unavailable on the way out: {err}");
         }
         for t in self.arming.tickets() {
             if let Ticket::Attempt { text, .. } = t {

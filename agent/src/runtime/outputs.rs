@@ -9,7 +9,8 @@ use baton_journal::{JournalError, StopReason};
 use baton_proto::RefTime;
 use baton_proto::pack::Action;
 use baton_sched::{
-    AttemptResult, Event, ExecutionId, Firing, Output, PackKey, Reason, SafeReason, Withdrawal,
+    AttemptResult, Event, ExecutionId, Firing, OnceKey, Output, PackKey, Reason, SafeReason,
+    Withdrawal,
 };
 
 use super::arming::{PendingExec, Ticket};
@@ -32,6 +33,9 @@ pub(super) struct Batch {
     slots: VecDeque<Slot>,
     /// Attempts the core asked back in the batch being performed.
     asked_back: Vec<(ExecutionId, Reason)>,
+    /// Once keys of the batch's reports, journalled after all of them (see
+    /// [`Agent::events`]).
+    keys: Vec<OnceKey>,
 }
 
 impl Agent {
@@ -58,6 +62,9 @@ impl Agent {
         let done = self.process_batches(batch, &mut more, &mut slots);
         slots.clear();
         self.batch.slots = slots;
+        // Left only by a batch that failed part-way (the loop then ends):
+        // those reports are made again at the next start.
+        self.batch.keys.clear();
         done?;
         self.bufs.give_back(more);
         Ok(())
@@ -97,6 +104,7 @@ impl Agent {
             for o in batch.drain(..) {
                 self.perform(o, slots, more)?;
             }
+            self.journal_batch_keys()?;
             // The core asks answers before its next tick: all of this
             // batch's in one pass over what is armed.
             self.answer_withdrawals(more)?;
@@ -209,7 +217,12 @@ impl Agent {
                     journal_once(&mut self.journal, &k)?;
                 }
             }
-            Output::Event(e) => self.event(&e)?,
+            Output::Event(e) => {
+                self.report_event(&e)?;
+                if let Some(k) = e.once {
+                    self.batch.keys.push(k);
+                }
+            }
         }
         Ok(())
     }
@@ -488,12 +501,36 @@ impl Agent {
         Ok(())
     }
 
-    /// A core event to feedback; a once-only one is journalled first so a
-    /// restart does not report it again.
-    pub(super) fn event(&mut self, e: &Event) -> Result<(), JournalError> {
-        if let Some(k) = &e.once {
+    /// Core events to feedback, as one unit: every report first, then the
+    /// once keys of the once-only ones. A key is the core's word that its
+    /// report was made — and those that came with it, an `outcome
+    /// unknown`'s dependents skipped — so a restart never makes them again.
+    /// Its durable write carries the buffered reports ahead of it: no crash
+    /// leaves a key without its unit's reports (which would then never be
+    /// made); a crash before the keys leaves the reports to be made again
+    /// at the next start (twice rather than never).
+    pub(super) fn events(&mut self, events: &[Event]) -> Result<(), JournalError> {
+        for e in events {
+            self.report_event(e)?;
+        }
+        for k in events.iter().filter_map(|e| e.once.as_ref()) {
             journal_once(&mut self.journal, k)?;
         }
+        Ok(())
+    }
+
+    /// The once keys of the batch's reports, after all of them (see
+    /// [`Agent::events`]). The batch's actions journalled their own keys
+    /// already (before an `on_failure`, after a safe state's device writes).
+    fn journal_batch_keys(&mut self) -> Result<(), JournalError> {
+        for k in self.batch.keys.drain(..) {
+            journal_once(&mut self.journal, &k)?;
+        }
+        Ok(())
+    }
+
+    /// A core event's report, its once key (if any) left to the caller.
+    fn report_event(&mut self, e: &Event) -> Result<(), JournalError> {
         // Pack-wide events have no id to carry the version: look it up.
         let version = match e.id {
             Some(_) => None,
