@@ -391,6 +391,34 @@ impl Journal {
         Ok(true)
     }
 
+    /// [`Journal::record_once`] for several keys with one fdatasync: keys
+    /// already recorded are skipped, the others written in order and made
+    /// durable together on return. For the once keys of reports already
+    /// pushed (a batch's `outcome unknown`s and their dependents' skips): one
+    /// sync for the batch instead of one per key, so a restart's first pass
+    /// over a backlog is not held up by hundreds of syncs. A crash part-way
+    /// keeps a prefix of the keys, each after the reports pushed before it.
+    /// Returns how many keys were new.
+    pub fn record_once_all<'k>(
+        &mut self,
+        keys: impl IntoIterator<Item = (&'k str, i64)>,
+    ) -> Result<usize, JournalError> {
+        self.check_poisoned()?;
+        let mut new = 0;
+        for (key, ref_ns) in keys {
+            if self.state.once.contains_key(key) {
+                continue;
+            }
+            self.commit(&Rec::Once { key, ref_ns }, false)?;
+            new += 1;
+        }
+        if new > 0 {
+            self.flush()?;
+            self.sync_data()?;
+        }
+        Ok(new)
+    }
+
     /// Notes that the agent is up at reference time `now_ns`. Cheap: written
     /// every call, fdatasync'd (together with any pending lazy records) only
     /// once per [`JournalConfig::lazy_sync_interval_ns`] (the group commit

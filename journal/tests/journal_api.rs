@@ -644,3 +644,40 @@ fn journal_drop_count_rides_on_one_entry_until_acknowledged() {
         assert_eq!(j.dropped(), 0);
     }
 }
+
+/// A batch's once keys in one durable write: the new ones recorded, those
+/// recorded before skipped, one fdatasync for all, durable across a
+/// reopen, and each after the feedback pushed before it.
+#[test]
+fn a_batch_of_once_keys_is_one_sync_and_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (mut j, _) = Journal::open(cfg(dir.path())).expect("open");
+        assert!(j.record_once("outcome_unknown/a", 1).expect("once"));
+        j.push_feedback(b"{\"r\":\"b\"}").expect("push");
+        j.push_feedback(b"{\"r\":\"c\"}").expect("push");
+        let syncs = j.syncs();
+        let new = j
+            .record_once_all([
+                ("outcome_unknown/a", 1),
+                ("outcome_unknown/b", 2),
+                ("upstream_unknown/c", 2),
+            ])
+            .expect("once all");
+        assert_eq!(new, 2, "the key recorded before is skipped");
+        assert_eq!(j.syncs(), syncs + 1, "one fdatasync for the batch");
+        assert_eq!(j.record_once_all([]).expect("none"), 0);
+        assert_eq!(j.syncs(), syncs + 1, "nothing new, no sync");
+    }
+    let (mut j, rec) = Journal::open(cfg(dir.path())).expect("reopen");
+    assert_eq!(
+        rec.once,
+        set(&[
+            "outcome_unknown/a",
+            "outcome_unknown/b",
+            "upstream_unknown/c"
+        ])
+    );
+    assert_eq!(rec.outbox_len, 2, "the reports came with their keys");
+    assert!(!j.record_once("outcome_unknown/b", 2).expect("once"));
+}

@@ -209,6 +209,9 @@ pub struct Agent {
     /// When freed heap goes back to the kernel.
     heap_trim: heap_trim::HeapTrim,
     last_heartbeat: RefTime,
+    /// No pass has run yet in this process: the first one arms, in one
+    /// batch, whatever came due while the agent was down (said in the log).
+    first_pass: bool,
     /// The controller link's control side; `None` without a controller.
     uplink: Option<uplink::Uplink>,
     /// The clock's health over this run, and the packs waiting for it.
@@ -306,6 +309,7 @@ impl Agent {
             lead_pass_for: None,
             heap_trim: heap_trim::HeapTrim::default(),
             last_heartbeat: now,
+            first_pass: true,
             uplink: None,
             clock_watch: ClockWatch::new(started),
             systemd: systemd::Systemd::default(),
@@ -468,6 +472,9 @@ impl Agent {
                 .tick_ahead(now, self.cfg.arm_horizon)
                 .drain_into(&mut out);
         }
+        if std::mem::take(&mut self.first_pass) {
+            report_catch_up(&out, now);
+        }
         self.process_in(&mut out)?;
         self.bufs.give_back(out);
         self.pump()?;
@@ -580,4 +587,22 @@ fn linger_until(scheduled: RefTime, width_ns: i64) -> RefTime {
             .saturating_add(width_ns)
             .saturating_add(1_000_000_000),
     )
+}
+
+/// What the first pass of a run arms that came due while the agent was
+/// down: one batch, one start record, so after a power cut in the window
+/// before their results are written these are `outcome unknown` together
+/// (beyond the horizon's worth of the documented bound). Said once, so an
+/// operator (and the crash test) can tell that batch's size.
+fn report_catch_up(out: &[baton_sched::Output], now: RefTime) {
+    let overdue = out
+        .iter()
+        .filter(|o| matches!(o, baton_sched::Output::Fire(f) if f.scheduled < now))
+        .count();
+    if overdue > 0 {
+        tracing::info!(
+            overdue,
+            "first pass: {overdue} firings that came due while the agent was down armed together"
+        );
+    }
 }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_journal::{JournalError, StopReason};
+use baton_journal::{Journal, JournalError, StopReason};
 use baton_proto::RefTime;
 use baton_proto::pack::Action;
 use baton_sched::{
@@ -513,20 +513,23 @@ impl Agent {
         for e in events {
             self.report_event(e)?;
         }
-        for k in events.iter().filter_map(|e| e.once.as_ref()) {
-            journal_once(&mut self.journal, k)?;
-        }
-        Ok(())
+        let keys: Vec<(String, i64)> = events
+            .iter()
+            .filter_map(|e| e.once.as_ref())
+            .map(once_entry)
+            .collect();
+        record_keys(&mut self.journal, &keys)
     }
 
     /// The once keys of the batch's reports, after all of them (see
     /// [`Agent::events`]). The batch's actions journalled their own keys
     /// already (before an `on_failure`, after a safe state's device writes).
     fn journal_batch_keys(&mut self) -> Result<(), JournalError> {
-        for k in self.batch.keys.drain(..) {
-            journal_once(&mut self.journal, &k)?;
+        if self.batch.keys.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let keys: Vec<(String, i64)> = self.batch.keys.drain(..).map(|k| once_entry(&k)).collect();
+        record_keys(&mut self.journal, &keys)
     }
 
     /// A core event's report, its once key (if any) left to the caller.
@@ -561,4 +564,18 @@ impl Agent {
             state: status.map(|e| e.state.into()),
         }
     }
+}
+
+/// A once key as the journal records it: its text and the occurrence it
+/// dates from.
+fn once_entry(k: &OnceKey) -> (String, i64) {
+    (k.to_string(), k.occurrence.as_nanos())
+}
+
+/// Once keys of reports already pushed, durable together with one sync
+/// (the reports before them in the log).
+fn record_keys(journal: &mut Journal, keys: &[(String, i64)]) -> Result<(), JournalError> {
+    journal
+        .record_once_all(keys.iter().map(|(k, t)| (k.as_str(), *t)))
+        .map(|_| ())
 }

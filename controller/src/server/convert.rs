@@ -399,7 +399,6 @@ pub fn nack_errors(errors: &[wire::PackError]) -> Vec<ErrorRow> {
         .collect()
 }
 
-
 /// A delivery for an operator.
 pub fn delivery_to_wire(d: &DeliveryRow) -> wire::Delivery {
     let state = match d.state {
