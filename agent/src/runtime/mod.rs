@@ -602,7 +602,7 @@ fn report_catch_up(out: &[baton_sched::Output], now: RefTime) {
     if overdue > 0 {
         tracing::info!(
             overdue,
-            "first pass: {overdue} firings that came due while the agent was down armed together"
+            "first pass: {overdue} firings already due (missed while the agent was down or starting) armed together"
         );
     }
 }
