@@ -152,24 +152,12 @@ impl App {
         version: Option<u64>,
         intent: Intent,
     ) -> AppResult<Vec<String>> {
-        let mut out = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .deliveries_of_pack(key, version, after.as_deref(), MAX_PAGE)
-                .await?;
-            let full = page.len() as u32 == MAX_PAGE;
-            after = page.last().map(|r| r.agent_id.clone());
-            out.extend(
-                page.into_iter()
-                    .filter(|r| r.intent == intent)
-                    .map(|r| r.agent_id),
-            );
-            if !full {
-                return Ok(out);
-            }
-        }
+        let rows = self.all_deliveries(key, version).await?;
+        Ok(rows
+            .into_iter()
+            .filter(|r| r.intent == intent)
+            .map(|r| r.agent_id)
+            .collect())
     }
 
     /// Withdraw a pack: every agent holding it enters its safe state and
@@ -191,7 +179,7 @@ impl App {
                 e => e.into(),
             })?;
         self.delivered(&changed, None);
-        let rows = self.all_deliveries(&key).await?;
+        let rows = self.all_deliveries(&key, None).await?;
         let version = rows
             .iter()
             .filter(|r| r.intent == Intent::Withdraw)
@@ -217,13 +205,19 @@ impl App {
         })
     }
 
-    async fn all_deliveries(&self, key: &PackKey) -> AppResult<Vec<DeliveryRow>> {
+    /// Every delivery row of the pack (about `version` when given), all
+    /// pages.
+    pub(super) async fn all_deliveries(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+    ) -> AppResult<Vec<DeliveryRow>> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
             let page = self
                 .store
-                .deliveries_of_pack(key, None, after.as_deref(), MAX_PAGE)
+                .deliveries_of_pack(key, version, after.as_deref(), MAX_PAGE)
                 .await?;
             let full = page.len() as u32 == MAX_PAGE;
             after = page.last().map(|r| r.agent_id.clone());

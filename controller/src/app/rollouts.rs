@@ -276,20 +276,8 @@ impl App {
 
     /// Every delivery row of the pack, by agent, all pages.
     async fn rows_of_pack(&self, key: &PackKey) -> AppResult<HashMap<String, DeliveryRow>> {
-        let mut rows = HashMap::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .deliveries_of_pack(key, None, after.as_deref(), MAX_PAGE)
-                .await?;
-            let done = page.len() < MAX_PAGE as usize;
-            after = page.last().map(|r| r.agent_id.clone());
-            rows.extend(page.into_iter().map(|r| (r.agent_id.clone(), r)));
-            if done {
-                return Ok(rows);
-            }
-        }
+        let rows = self.all_deliveries(key, None).await?;
+        Ok(rows.into_iter().map(|r| (r.agent_id.clone(), r)).collect())
     }
 
     /// Feedback of the current stage's window: the cohort's firings of
