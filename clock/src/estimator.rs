@@ -10,11 +10,11 @@
 //! source (holdover) while the uncertainty grows with the time since the
 //! last sample.
 //!
-//! Selection follows DESIGN.md ("Clock sources, best first"): the best kind
+//! Selection follows docs/design.md ("Clock sources, best first"): the best kind
 //! of source that is locked (fresh, enough samples, uncertainty within the
 //! limit) wins; with none locked, the one with the smallest uncertainty.
 //!
-//! Switching between sources never steps the applied mapping (DESIGN.md
+//! Switching between sources never steps the applied mapping (docs/design.md
 //! "Clock steps"): the difference at the switch is slewed away at
 //! [`EstimatorConfig::slew_ppm`], and counted in the uncertainty until it
 //! is gone, so periodic instructions neither burst nor skip. Steps happen

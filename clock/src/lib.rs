@@ -4,7 +4,7 @@
 //! which never steps. The estimator holds `offset = reference − monotonic`
 //! with an uncertainty, published here ([`ClockEstimate`], lock-free for the
 //! dispatcher) by the control thread's [`driver`], which feeds the sources'
-//! samples to the sans-IO [`estimator`] (DESIGN.md "Clock sources").
+//! samples to the sans-IO [`estimator`] (docs/design.md "Clock sources").
 
 #![forbid(unsafe_code)]
 

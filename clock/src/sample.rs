@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use super::MonoTime;
 
-/// Which kind of source a sample came from, best first (DESIGN.md "Clock
+/// Which kind of source a sample came from, best first (docs/design.md "Clock
 /// sources, best first").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SourceKind {

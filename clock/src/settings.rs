@@ -20,7 +20,7 @@ pub struct ClockConfig {
     pub link: bool,
 }
 
-/// Default [`ClockConfig::limit`] (DESIGN.md principle 3).
+/// Default [`ClockConfig::limit`] (docs/design.md principle 3).
 pub const DEFAULT_CLOCK_LIMIT: Duration = Duration::from_millis(10);
 
 impl Default for ClockConfig {

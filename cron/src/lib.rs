@@ -4,7 +4,7 @@
 //! twice, skips, or fires at the wrong instant around a DST change is a
 //! safety bug, not a cosmetic one. This crate turns a cron expression plus
 //! an IANA time zone into a strictly increasing sequence of instants that
-//! follows the contract in DESIGN.md ("Time semantics"):
+//! follows the contract in docs/design.md ("Time semantics"):
 //!
 //! * Matching is done on local civil (wall-clock) time in the zone.
 //! * **Spring forward**: a local time that does not exist fires once, at the

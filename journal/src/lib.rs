@@ -1,7 +1,7 @@
 //! The agent's durable journal: accepted packs, the record of fired
 //! executions and their outcomes, once-only actions, and the outbox of
 //! feedback the controller has not yet acknowledged. It is what makes
-//! DESIGN.md principle 4 ("nothing is lost, nothing runs twice") survive
+//! docs/design.md principle 4 ("nothing is lost, nothing runs twice") survive
 //! `kill -9` and power loss.
 //!
 //! # Design: an append-only, checksummed log, not an embedded database
@@ -33,7 +33,7 @@
 //!   which matters for code that decides whether a press fires twice. The
 //!   only new dependency is `crc32fast`.
 //!
-//! Records are typed (STYLE.md habit 14): an execution's result is ONE
+//! Records are typed (docs/design.md habit 14): an execution's result is ONE
 //! record carrying its [`Outcome`], a stop carries its [`StopReason`];
 //! never two records or a string suffix, so no crash can leave half an
 //! outcome.
@@ -477,7 +477,7 @@ impl Journal {
     }
 
     /// Records that a controller session of generation `generation` was
-    /// welcomed: the fence pushes and cancels are checked against (DESIGN.md
+    /// welcomed: the fence pushes and cancels are checked against (docs/design.md
     /// "Stores": fencing that reaches the device). Only raises it: a
     /// generation at or below [`Journal::session_gen`] writes nothing.
     /// Durable on return, before the session's first push is looked at, so

@@ -1,5 +1,5 @@
 //! What the journal records about an execution and about a stopped pack:
-//! the typed values its records carry (STYLE.md habit 14).
+//! the typed values its records carry (docs/design.md habit 14).
 
 use std::fmt;
 

@@ -18,7 +18,7 @@ pub struct StoredPack {
     /// Accepted version.
     pub version: u64,
     /// The pack's YAML source, as accepted (re-validated on recovery by the
-    /// agent, which trusts nothing — DESIGN.md principle 2).
+    /// agent, which trusts nothing — docs/design.md principle 2).
     pub yaml: String,
     /// Reference time of acceptance, ns.
     pub accepted_ns: i64,

@@ -142,7 +142,7 @@ impl State {
     /// The journal's idea of "now" on the reference scale, used only to
     /// date results without a start record and to apply the retention
     /// horizon: the last heartbeat, else the latest started execution. The
-    /// journal never reads a clock (DESIGN.md principle 1).
+    /// journal never reads a clock (docs/design.md principle 1).
     pub(crate) fn reference_now(&self) -> Option<i64> {
         self.last_alive_ns.or(self.max_started_ns)
     }

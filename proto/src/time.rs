@@ -3,7 +3,7 @@
 //! Packs are written on *reference time* (the controller's / grandmaster's
 //! clock). Keeping it in its own type stops it being mixed up with the
 //! agent's local monotonic clock, which only the clock estimator may convert
-//! to and from (DESIGN.md, principle 3).
+//! to and from (docs/design.md, principle 3).
 
 use std::fmt;
 use std::ops::{Add, Sub};

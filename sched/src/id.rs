@@ -1,6 +1,6 @@
 //! Deterministic execution ids: the same occurrence of the same instruction
 //! gets the same id on every run, so a re-delivered pack or a restart can be
-//! recognised and never fires twice (DESIGN.md principle 4).
+//! recognised and never fires twice (docs/design.md principle 4).
 
 use std::fmt;
 

@@ -3,7 +3,7 @@
 //! It is fed `now` (reference time) and events — packs, attempt results,
 //! lease loss, shutdown — and returns [`Output`]s: attempts to fire, aborts,
 //! `on_failure` and safe-state actions, and feedback events. It never reads a
-//! clock, sleeps, or touches a device (DESIGN.md principle 1), so every rule
+//! clock, sleeps, or touches a device (docs/design.md principle 1), so every rule
 //! is tested on simulated time, and `baton-agent simulate` runs the very
 //! same code an agent runs.
 //!

@@ -1,5 +1,5 @@
 //! Restarts, as an operator causes them (`kill -9`, SIGTERM, a new `--pack`,
-//! a new config): the promises of DESIGN.md "Time semantics" and principle
+//! a new config): the promises of docs/design.md "Time semantics" and principle
 //! 4 hold across them. Real binaries, sim GPIO, real time; every assertion
 //! reads the sim log (one JSON line per line change, with its execution id
 //! `tenant/pack/vN/instruction/occurrence_ns/aK`) or what the agent printed.

@@ -95,7 +95,7 @@ pub struct ConfigFile {
     pub metrics: Option<String>,
 }
 
-/// `clock:` section (DESIGN.md "Clock sources, best first").
+/// `clock:` section (docs/design.md "Clock sources, best first").
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ClockFile {

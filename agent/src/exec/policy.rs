@@ -1,5 +1,5 @@
 //! Which programs `exec` may run, and which environment keys a pack may set
-//! for each: the agent's own rule (DESIGN.md principle 2), checked when a
+//! for each: the agent's own rule (docs/design.md principle 2), checked when a
 //! pack is accepted ([`ExecPolicy::check`]) and again at every submit.
 
 use std::collections::{BTreeMap, BTreeSet};

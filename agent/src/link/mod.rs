@@ -5,7 +5,7 @@
 //!
 //! The link runs on its own OS thread, `baton-link`, inside a tokio
 //! *current-thread* runtime: nothing async ever runs on the control or
-//! dispatcher threads (STYLE.md habit 15). Two bounded channels join it
+//! dispatcher threads (docs/design.md habit 15). Two bounded channels join it
 //! to the control thread, and neither side can block the other for good:
 //!
 //! - **link → control**: a `std::sync::mpsc::sync_channel` of [`FromLink`]

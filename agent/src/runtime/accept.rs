@@ -23,7 +23,7 @@ use crate::exec::ExecPool;
 /// `Fault`: the control loop cannot go on, see [`AcceptError::is_fault`]).
 #[derive(Debug, thiserror::Error)]
 pub enum AcceptError {
-    /// The clock is not known well enough to honour the pack (DESIGN.md
+    /// The clock is not known well enough to honour the pack (docs/design.md
     /// principle 3).
     #[error(
         "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
@@ -221,7 +221,7 @@ impl Agent {
         pack: Pack,
         at: Option<RefTime>,
     ) -> Result<Verdict, AcceptError> {
-        // DESIGN.md principle 3: no pack is taken while the agent does not
+        // docs/design.md principle 3: no pack is taken while the agent does not
         // know reference time well enough to honour it.
         // Packs of plain intervals run on any clock.
         let uncertainty = self.clock.uncertainty_ns();

@@ -1,6 +1,6 @@
 //! Admission: whether a pack may run on this agent, and what it holds.
 //!
-//! The agent's last line of defence (DESIGN.md principle 2). A pack is
+//! The agent's last line of defence (docs/design.md principle 2). A pack is
 //! checked in full before anything of it takes effect:
 //! 1. versions only go up; the same version must be the same text;
 //! 2. every program is on the exec allowlist, with only the environment

@@ -28,7 +28,7 @@
 //! Firings are *armed* a short horizon ahead: their start records are made
 //! durable in one batch, then they go to the dispatcher, which fires each
 //! at its exact instant. So the start record is always on disk before the
-//! device is touched (DESIGN.md principle 4).
+//! device is touched (docs/design.md principle 4).
 //!
 //! Clock, journal, device and exec pool are handed in ([`Parts`]), so tests
 //! drive the whole loop on a [`ports::ManualClock`] and an in-memory device.

@@ -1,4 +1,4 @@
-//! NTP client as a clock source (DESIGN.md "Clock sources, best first":
+//! NTP client as a clock source (docs/design.md "Clock sources, best first":
 //! second after PTP).
 //!
 //! The decisions live in a sans-IO core, [`client::NtpClient`] (poll

@@ -13,7 +13,7 @@
 //! What only *happens* to be in the past is not an error: an `at` one-shot
 //! before `now`, or an `until` before `now`, is a firing (or a schedule)
 //! that was missed, and missed firings are reported at runtime as missed,
-//! with the instruction's failure path (DESIGN.md "Time semantics",
+//! with the instruction's failure path (docs/design.md "Time semantics",
 //! downtime). A pack can be delivered late; that is no reason to refuse it.
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The pack language: parsing, validation, and the validated model.
 //!
 //! `parse_pack` is the one entry point both ends use; the agent calls it
-//! again on every pack it receives (DESIGN.md principle 2).
+//! again on every pack it receives (docs/design.md principle 2).
 //!
 //! # Errors
 //!

@@ -57,7 +57,7 @@ impl Pack {
     /// Whether any instruction is placed on absolute reference time: an
     /// `at`, a `cron` calendar, or an `every` with `start_at` / `until`.
     /// Such a pack is refused while the agent's clock is less certain than
-    /// its limit (DESIGN.md principle 3); a pack of plain `every` and
+    /// its limit (docs/design.md principle 3); a pack of plain `every` and
     /// `after` only runs on intervals, which an unsynchronised clock keeps.
     pub fn needs_absolute_time(&self) -> bool {
         self.instructions.iter().any(|i| match &i.schedule {

@@ -466,7 +466,7 @@ impl Scheduler {
             out.push(ev);
         }
         // Its dependents cannot know whether their upstream succeeded: they
-        // miss this round (DESIGN.md's rule), reported once with it.
+        // miss this round (the rule in docs/design.md, "Time semantics"), reported once with it.
         let why = (
             Reason::UpstreamUnknown,
             format!("upstream `{name}` started before a crash and its outcome is unknown"),

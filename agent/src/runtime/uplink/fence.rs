@@ -1,5 +1,5 @@
 //! Session fencing, sans IO: whether a controller session, and each push
-//! or cancel it sends, may be acted on (DESIGN.md "Stores": fencing that
+//! or cancel it sends, may be acted on (docs/design.md "Stores": fencing that
 //! reaches the device).
 //!
 //! A controller's store raises an agent's *session generation* each time

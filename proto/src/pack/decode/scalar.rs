@@ -172,7 +172,7 @@ pub(super) enum InstantError {
 /// An RFC 3339 instant, or a wall time without offset in `tz`.
 ///
 /// A wall time that falls in a DST gap or fold resolves like cron does
-/// (DESIGN.md "Time semantics"): a gap time uses the offset in force before
+/// (docs/design.md "Time semantics"): a gap time uses the offset in force before
 /// the gap, a repeated time its first pass — jiff's `Compatible` rule.
 pub(super) fn parse_instant(tz: &TimeZone, text: &str) -> Result<RefTime, InstantError> {
     let ts = match text.parse::<Timestamp>() {
