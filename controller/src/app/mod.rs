@@ -28,6 +28,7 @@ pub mod fleet;
 pub mod follow;
 pub mod heap;
 pub mod hub;
+pub mod link;
 pub mod metrics;
 pub mod pace;
 pub mod packs;

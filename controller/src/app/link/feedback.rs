@@ -1,16 +1,20 @@
-//! Feedback intake: a batch converted, checked for order, sorted into
-//! what to store, stored, published, and acknowledged cumulatively.
+//! Feedback intake: a batch checked for order, sorted into what to store,
+//! stored, and acknowledged cumulatively once stored.
 
-use std::sync::Arc;
+use super::{Effect, Note, Now, Session, Wait, pushes::Work};
+use crate::app::events::AgentEventKind;
+use crate::model::{FeedbackRow, FeedbackStored, PackKey, SpanNanos};
 
-use baton_proto::wire::{self, controller_message::Body as Out};
-
-use super::{End, Session};
-use crate::app::events::{AgentEventKind, Event};
-use crate::app::now_ns;
-use crate::model::SpanNanos;
-use crate::model::{FeedbackRow, PackKey};
-use crate::server::convert;
+/// What follows the store's answer for a batch.
+#[derive(Debug)]
+pub(super) struct Pending {
+    /// The highest seq of the batch: the ack to send once all is stored.
+    high: u64,
+    /// Re-sent entries carrying a count of drops, stored next.
+    carriers: Vec<FeedbackRow>,
+    /// Whether the answer is the new entries' (counted) or the carriers'.
+    new_rows: bool,
+}
 
 /// One feedback batch, sorted by [`Session::sort_feedback`].
 struct Sorted {
@@ -19,7 +23,7 @@ struct Sorted {
     /// Entries already stored that come back with a count of drops.
     carriers: Vec<FeedbackRow>,
     /// The highest seq of the batch (the ack to send).
-    prev: u64,
+    high: u64,
     /// The first seq not stored before, if any.
     first_new: Option<u64>,
     /// New entries for packs not the agent's (acknowledged, not stored).
@@ -38,88 +42,105 @@ impl Session {
             .contains_key(&PackKey::new(tenant.to_string(), pack.to_string()))
     }
 
-    pub(super) async fn on_feedback(&mut self, batch: wire::FeedbackBatch) -> Result<(), End> {
-        if batch.entries.is_empty() {
-            return Ok(());
+    /// A batch of the agent's outbox, in the order it sent it.
+    pub(super) fn on_feedback(&mut self, now: Now, entries: Vec<FeedbackRow>) {
+        if entries.is_empty() {
+            return;
         }
-        let now = now_ns();
-        // Few batches converted at once across the controller's busiest
-        // moments is what memory can take: the permit bounds how many
-        // streams hold converted rows at once (the rest wait with their
-        // bytes in HTTP/2's flow control, compact), and is kept until the
-        // rows are stored.
-        let app = self.app.clone();
-        let _permit = app.ingest_permit().await;
         let Sorted {
             rows,
             carriers,
-            prev,
+            high,
             first_new,
             foreign,
             dropped_at_agent,
-        } = self.sort_feedback(batch.entries, now)?;
+        } = match self.sort_feedback(entries) {
+            Ok(s) => s,
+            Err(e) => return self.end(e),
+        };
         self.drop_foreign(foreign, "feedback");
         if dropped_at_agent > 0 {
-            self.app.metrics.dropped_at_agent(dropped_at_agent);
+            self.note(Note::DroppedAtAgent(dropped_at_agent));
         }
+        // The gap is settled by the first batch, new entries or not.
         if let (Some((acked, first)), Some(first_new)) = (self.gap.take(), first_new) {
-            self.account_gap(acked, first.min(first_new), &rows);
+            self.account_gap(now, acked, first.min(first_new), &rows);
         }
-        let high = prev;
-        if !rows.is_empty() {
-            self.app.record_lateness(
-                &self.agent.id,
-                rows.iter()
-                    .filter(|r| r.event == "executed")
-                    .map(|r| r.lateness.nanos()),
-            );
-            // Watchers see only what is stored; the batch is copied for
-            // them only when someone watches.
-            let watched = self.app.watched().then(|| rows.clone());
-            let stored = self
-                .app
-                .store
-                .put_feedback(self.agent.session_gen, rows)
-                .await?;
-            self.app
-                .metrics
-                .feedback(stored.inserted, stored.duplicates);
+        if rows.is_empty() {
+            self.store_carriers(high, carriers);
+            return;
+        }
+        let lateness: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.event == "executed")
+            .map(|r| r.lateness.nanos())
+            .collect();
+        self.note(Note::Lateness(lateness));
+        let session = self.agent.session_gen;
+        self.effect(
+            Effect::Feedback {
+                session,
+                rows,
+                publish: true,
+            },
+            Wait::Feedback(Pending {
+                high,
+                carriers,
+                new_rows: true,
+            }),
+        );
+    }
+
+    /// A batch (or its carriers) stored.
+    pub(super) fn feedback_stored(&mut self, p: Pending, stored: FeedbackStored) {
+        if p.new_rows {
             if stored.duplicates > 0 {
                 tracing::debug!(agent = %self.agent.id, duplicates = stored.duplicates, "feedback re-sent");
             }
-            for r in watched.into_iter().flatten() {
-                self.app.publish(Event::Feedback(Arc::new(r)));
-            }
+            self.note(Note::FeedbackStored(stored));
         }
-        if !carriers.is_empty() {
-            self.app
-                .store
-                .put_feedback(self.agent.session_gen, carriers)
-                .await?;
-        }
-        self.last_seq = high;
-        self.send(Out::FeedbackAck(wire::FeedbackAck { seq: high }))
-            .await
+        self.store_carriers(p.high, p.carriers);
     }
 
-    /// A batch's entries converted and sorted: the new ones to store,
-    /// the re-sent ones that carry a count of drops, and what the rest
-    /// adds up to. An out-of-order seq ends the stream.
-    fn sort_feedback(&self, entries: Vec<wire::Feedback>, now: i64) -> Result<Sorted, End> {
+    /// The re-sent entries that carry a count of drops stored (if any),
+    /// then the batch acknowledged.
+    fn store_carriers(&mut self, high: u64, carriers: Vec<FeedbackRow>) {
+        if carriers.is_empty() {
+            self.work.push_front(Work::Ack(high));
+            return;
+        }
+        let session = self.agent.session_gen;
+        self.effect(
+            Effect::Feedback {
+                session,
+                rows: carriers,
+                publish: false,
+            },
+            Wait::Feedback(Pending {
+                high,
+                carriers: Vec::new(),
+                new_rows: false,
+            }),
+        );
+    }
+
+    /// A batch's entries sorted: the new ones to store, the re-sent ones
+    /// that carry a count of drops, and what the rest adds up to. An
+    /// out-of-order seq ends the stream.
+    fn sort_feedback(&self, entries: Vec<FeedbackRow>) -> Result<Sorted, super::End> {
         let mut rows = Vec::with_capacity(entries.len());
         let mut prev = self.last_seq;
         let mut first_new = None;
         let mut foreign = 0;
         let mut dropped_at_agent = 0;
         let mut carriers = Vec::new();
-        for e in entries {
-            let mut row = convert::feedback_owned(&self.agent.id, &self.agent.journal_id, e, now)?;
+        for mut row in entries {
             if row.seq <= prev {
                 // A re-send of what is stored is fine only as a prefix of
                 // the stream (before anything new); within the new part
                 // every seq must grow.
                 if first_new.is_some() {
-                    return Err(End::Bad(format!(
+                    return Err(super::End::Bad(format!(
                         "feedback seq {} after {prev}: out of order",
                         row.seq
                     )));
@@ -169,7 +190,7 @@ impl Session {
         Ok(Sorted {
             rows,
             carriers,
-            prev,
+            high: prev,
             first_new,
             foreign,
             dropped_at_agent,
@@ -180,7 +201,7 @@ impl Session {
     /// held one are either dropped by the agent (the first entry's
     /// `dropped_before` counts them) or were acknowledged by a store that
     /// was since rolled back: those are lost, and said so.
-    fn account_gap(&self, acked: u64, first: u64, rows: &[crate::model::FeedbackRow]) {
+    fn account_gap(&mut self, now: Now, acked: u64, first: u64, rows: &[FeedbackRow]) {
         let missing = first.saturating_sub(acked + 1);
         let dropped = rows
             .first()
@@ -197,7 +218,7 @@ impl Session {
             self.agent.journal_id
         );
         tracing::warn!(agent = %self.agent.id, "{msg}");
-        self.app.metrics.feedback_lost(lost);
-        self.agent_event(AgentEventKind::Conflict, None, msg);
+        self.note(Note::FeedbackLost(lost));
+        self.agent_event(now, AgentEventKind::Conflict, None, msg);
     }
 }
