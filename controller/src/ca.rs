@@ -403,17 +403,7 @@ pub fn revoke(ca: &CaDir, name: &str, kind: Option<Kind>) -> Result<Revoked, CaE
     })
 }
 
-/// One line of `revoked.txt`: `SERIAL KIND NAME` (kind and name empty
-/// when the line has only a serial).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RevokedEntry {
-    /// Serial, lowercase hex.
-    pub serial: String,
-    /// `agent` or `operator`.
-    pub kind: String,
-    /// The certificate's name.
-    pub name: String,
-}
+pub use crate::model::RevokedEntry;
 
 /// The lines of a `revoked.txt`, in file order (none if it does not
 /// exist); a serial listed twice comes once.

@@ -44,7 +44,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// Writes this replica's events to the store, in batches, until `stop`
 /// and then until the streams ending with it have said so (nothing
-/// queued for [`STOP_QUIET`]).
+/// queued for `STOP_QUIET`).
 pub async fn relay(app: Arc<App>, mut stop: watch::Receiver<bool>) {
     let Some(mut rx) = app.take_relay() else {
         return;

@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod pace;
 pub mod packs;
 pub mod retention;
+pub mod revocations;
 pub mod rollouts;
 
 use std::collections::HashMap;

@@ -8,6 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use baton_proto::wire;
 
+pub mod display;
+pub mod identity;
+mod queries;
 pub mod time;
 pub use time::{RefTime, SignedDuration, SpanNanos};
 
@@ -696,4 +699,17 @@ pub struct RevocationRow {
 }
 
 mod rollout;
+/// One line of the CA's revocation list (`revoked.txt`: `SERIAL KIND
+/// NAME`; kind and name empty when the line has only a serial).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevokedEntry {
+    /// Serial, lowercase hex.
+    pub serial: String,
+    /// `agent` or `operator`.
+    pub kind: String,
+    /// The certificate's name.
+    pub name: String,
+}
+
+pub use queries::*;
 pub use rollout::*;

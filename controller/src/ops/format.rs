@@ -2,31 +2,7 @@
 
 use baton_proto::wire;
 
-/// ns since the epoch as RFC 3339 (UTC, ms), or `-` for 0.
-pub fn instant(ns: i64) -> String {
-    if ns == 0 {
-        return "-".into();
-    }
-    match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
-        Ok(t) => t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
-        Err(_) => ns.to_string(),
-    }
-}
-
-/// A signed duration in ns, short (`1.2ms`, `-350µs`, `3.0s`).
-pub fn span(ns: i64) -> String {
-    let a = ns.unsigned_abs() as f64;
-    let sign = if ns < 0 { "-" } else { "" };
-    if a < 1_000.0 {
-        format!("{ns}ns")
-    } else if a < 1_000_000.0 {
-        format!("{sign}{:.1}µs", a / 1e3)
-    } else if a < 1_000_000_000.0 {
-        format!("{sign}{:.1}ms", a / 1e6)
-    } else {
-        format!("{sign}{:.2}s", a / 1e9)
-    }
-}
+pub use crate::model::display::{instant, outcome, reason, span};
 
 /// `tenant/pack v3`.
 pub fn pack_ref(r: Option<&wire::PackRef>) -> String {
@@ -89,13 +65,6 @@ pub fn clock(c: Option<&wire::ClockReport>) -> (String, String, String) {
     (source, state, span(c.offset_ns))
 }
 
-/// The operator's word for an outcome.
-pub fn outcome(o: i32) -> &'static str {
-    wire::Outcome::try_from(o)
-        .map(crate::server::convert::outcome_word)
-        .unwrap_or("unspecified")
-}
-
 /// The operator's word for a delivery state.
 pub fn delivery_state(s: i32) -> &'static str {
     match wire::DeliveryState::try_from(s) {
@@ -138,11 +107,6 @@ pub fn feedback_json(r: &wire::FeedbackRecord) -> serde_json::Value {
         "seq": e.seq,
         "received": instant(r.received_ns),
     })
-}
-
-/// The operator's word for a reason (`null` for none).
-pub fn reason(r: i32) -> Option<&'static str> {
-    baton_proto::feedback::Reason::from_code(r).map(|r| r.as_str())
 }
 
 /// The line a gap in an agent's feedback gets (entries it dropped because

@@ -4,7 +4,7 @@
 //! converts the wire to the session's inputs and its messages back to the
 //! wire, performs its effects through the application and sends what it
 //! asks, paced. Every way out of [`run`] ends in the same place
-//! ([`close`]): the agent is marked disconnected and unregistered.
+//! (`close`): the agent is marked disconnected and unregistered.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -159,13 +159,13 @@ fn render(ev: &Event, q: &LiveQuery) -> Option<SseEvent> {
 pub fn exec_row(f: &FeedbackRow) -> maud::Markup {
     html! {
         tr data-received-ns=(f.received.as_nanos()) {
-            td { (crate::ops::format::instant(f.scheduled.as_nanos())) }
+            td { (crate::model::display::instant(f.scheduled.as_nanos())) }
             td { (f.agent_id) }
             td { (f.pack) " v" (f.version) }
             td { (f.instruction) }
-            td { (crate::ops::format::outcome(f.outcome as i32)) }
-            td { (crate::ops::format::span(f.lateness.nanos())) }
-            td { (crate::ops::format::reason(f.reason as i32).unwrap_or("")) " " (f.detail) }
+            td { (crate::model::display::outcome(f.outcome as i32)) }
+            td { (crate::model::display::span(f.lateness.nanos())) }
+            td { (crate::model::display::reason(f.reason as i32).unwrap_or("")) " " (f.detail) }
         }
     }
 }

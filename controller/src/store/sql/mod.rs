@@ -55,7 +55,7 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// (their clocks may differ; the database's is the one they agree
     /// on), this host's otherwise.
     fn lease_clock(&self) -> LeaseClock {
-        |_db| Ok(crate::app::now_ns() / 1000)
+        |_db| Ok(host_now_us())
     }
 
     /// Runs `f` in the writer's serialisation point; its result once
@@ -89,4 +89,13 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| super::StoreError::Backend(format!("read task: {e}")))?
+}
+
+/// This host's clock, in microseconds since the epoch (a single
+/// controller's lease clock).
+fn host_now_us() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }

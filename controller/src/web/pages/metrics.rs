@@ -19,18 +19,9 @@ use crate::web::auth::Who;
 /// The exposition's content type.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// The metrics as an answer; the store is asked for deliveries by state.
+/// The metrics as an answer.
 pub async fn render(app: &App) -> Response {
-    let deliveries = match app.store.delivery_counts().await {
-        Ok(d) => Some(d),
-        Err(e) => {
-            tracing::warn!("metrics: deliveries by state: {e}");
-            None
-        }
-    };
-    let body = app
-        .metrics
-        .render(app.hub.connected(), deliveries.as_deref());
+    let body = app.metrics_text().await;
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
 }
 

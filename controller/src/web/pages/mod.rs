@@ -22,7 +22,7 @@ use crate::app::feedback::FeedbackQuery;
 use crate::model::FeedbackRow;
 use crate::model::RefTime;
 /// Instants and durations as the CLI prints them.
-pub use crate::ops::format::{instant, span};
+pub use crate::model::display::{instant, span};
 
 /// Stored feedback the caller may see, as `q` asks (bounded by its limit).
 pub async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> AppResult<Vec<FeedbackRow>> {
