@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::Request;
-use baton_controller::app::{App, AppConfig, Caller};
-use baton_controller::identity::Identity;
-use baton_controller::model::{Binding, RefTime};
-use baton_controller::store::sqlite::SqliteStore;
-use baton_controller::store::{HelloRow, Store};
-use baton_controller::web::{Web, auth::Auth, router};
+use baton_app::{App, AppConfig, Caller};
+use baton_model::{Binding, RefTime};
+use baton_pki::identity::Identity;
+use baton_server::web::{Web, auth::Auth, router};
+use baton_sql::sqlite::SqliteStore;
+use baton_store::{HelloRow, Store};
 use tower::ServiceExt;
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;

@@ -20,10 +20,10 @@ use std::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use baton_controller::model::{Binding, RefTime, time};
-use baton_controller::store::sqlite::SqliteStore;
-use baton_controller::store::{FeedbackRow, Store};
+use baton_model::{Binding, RefTime, time};
 use baton_proto::wire;
+use baton_sql::sqlite::SqliteStore;
+use baton_store::{FeedbackRow, Store};
 use common::count;
 
 mod common;
@@ -46,7 +46,7 @@ fn env_or(name: &str, default: usize) -> Res<usize> {
 /// so an empty directory gets the schema first).
 fn weigh(dir: &Path) -> Res<u64> {
     drop(SqliteStore::open(dir, Binding::Open)?);
-    let db = dir.join(baton_controller::store::sqlite::DB_FILE);
+    let db = dir.join(baton_sql::sqlite::DB_FILE);
     let c = rusqlite::Connection::open(&db)?;
     c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     Ok(std::fs::metadata(&db)?.len())
@@ -58,7 +58,7 @@ async fn clock_weight(base: &str) -> Res<f64> {
     let store = SqliteStore::open(dir.path(), Binding::Open)?;
     for a in 0..AGENTS {
         store
-            .agent_hello(baton_controller::store::HelloRow {
+            .agent_hello(baton_store::HelloRow {
                 id: format!("agent-{a:04}"),
                 labels: Default::default(),
                 agent_version: "bench".into(),
@@ -77,7 +77,7 @@ async fn clock_weight(base: &str) -> Res<f64> {
             let store = store.clone();
             tokio::spawn(async move {
                 for i in 0..REPORTS {
-                    let row = baton_controller::model::ClockRow {
+                    let row = baton_model::ClockRow {
                         source: "ptp".into(),
                         state: "locked".into(),
                         offset: time::span(1_234 + i as i64),
@@ -90,7 +90,7 @@ async fn clock_weight(base: &str) -> Res<f64> {
                     };
                     store.record_clock(&format!("agent-{a:04}"), 1, row).await?;
                 }
-                Ok::<_, baton_controller::store::StoreError>(())
+                Ok::<_, baton_store::StoreError>(())
             })
         })
         .collect();
@@ -170,9 +170,9 @@ async fn through_store(
     sweep: bool,
 ) -> Res<(Duration, String)> {
     let store = SqliteStore::open(dir, Binding::Open)?;
-    let app = baton_controller::app::App::new(
+    let app = baton_app::App::new(
         std::sync::Arc::new(store.clone()),
-        baton_controller::app::AppConfig::new(Binding::Open),
+        baton_app::AppConfig::new(Binding::Open),
     );
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sweeper = sweep.then(|| {
@@ -183,9 +183,9 @@ async fn through_store(
             // Until the old rows are gone (or the ingest is done): the
             // real sweeper stops when a sweep finds nothing, too.
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                let n = baton_controller::app::retention::sweep(
+                let n = baton_app::retention::sweep(
                     &app,
-                    baton_controller::app::metrics::Retained::Feedback,
+                    baton_app::metrics::Retained::Feedback,
                     RefTime::from_nanos(cutoff),
                     500,
                 )
@@ -195,7 +195,7 @@ async fn through_store(
                     break;
                 }
             }
-            Ok::<_, baton_controller::store::StoreError>(deleted)
+            Ok::<_, baton_store::StoreError>(deleted)
         })
     });
     let start = Instant::now();
@@ -208,7 +208,7 @@ async fn through_store(
                 for batch in batches {
                     inserted += store.put_feedback(1, batch).await?.inserted;
                 }
-                Ok::<_, baton_controller::store::StoreError>(inserted)
+                Ok::<_, baton_store::StoreError>(inserted)
             })
         })
         .collect();

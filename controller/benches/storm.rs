@@ -33,13 +33,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use baton_agent::link::backoff::{Backoff, BackoffConfig};
-use baton_controller::app::pace::Pace;
-use baton_controller::model::Binding;
-use baton_controller::server::{self, ServerConfig};
-use baton_controller::store::sqlite::SqliteStore;
+use baton_app::App;
+use baton_app::pace::Pace;
+use baton_model::Binding;
 use baton_proto::wire::{
     self, agent_message::Body as In, controller_message::Body as Out, link_client::LinkClient,
 };
+use baton_server::{self as server, ServerConfig};
+use baton_sql::sqlite::SqliteStore;
 use tokio::sync::{Barrier, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -181,7 +182,8 @@ async fn storm(agents: usize, s: Setting) -> Result<(Duration, Vec<Arrival>)> {
     cfg.admit = s.admit;
     cfg.accept.max_connections = agents * 2 + 64;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(server::serve(Arc::new(store), cfg, async {
+    let app = App::new(Arc::new(store), cfg.app_config());
+    let server = tokio::spawn(server::serve(app, cfg, async {
         let _ = stop_rx.await;
     }));
     let addr = loop {
@@ -269,7 +271,7 @@ async fn agent(ix: usize, url: &str, retry: Retry, start: Arc<Barrier>) -> Resul
                 refused += 1;
                 let slot = status
                     .metadata()
-                    .get(baton_controller::server::RETRY_AFTER_MS)
+                    .get(baton_server::RETRY_AFTER_MS)
                     .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
                     .map(Duration::from_millis);
                 let wait = match (retry, slot) {

@@ -321,7 +321,7 @@ pub(crate) struct ServeArgs {
     /// Live connections at most (TLS handshakes in progress included);
     /// a connection over it is answered RESOURCE_EXHAUSTED on every
     /// call. Needs about as many file descriptors (LimitNOFILE).
-    #[arg(long, default_value_t = baton_controller::server::accept::DEFAULT_MAX_CONNECTIONS as u32, value_parser = count_arg, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = baton_server::accept::DEFAULT_MAX_CONNECTIONS as u32, value_parser = count_arg, allow_hyphen_values = true)]
     pub(crate) max_connections: u32,
     /// TLS handshakes in progress at once; more are refused with a TLS
     /// alert the CLI reads as "at its limit".

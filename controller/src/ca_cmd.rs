@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use baton_controller::ca::{self, CaDir, Kind, Validity};
-use baton_controller::identity::{Identity, Role};
+use baton_pki::ca::{self, CaDir, Kind, Validity};
+use baton_pki::identity::{Identity, Role};
 use clap::Subcommand;
 
 /// `ca` subcommands.
@@ -80,8 +80,26 @@ pub enum CaCmd {
         dir: PathBuf,
         /// Which, when an agent and an operator share the name.
         #[arg(long, value_enum)]
-        kind: Option<Kind>,
+        kind: Option<KindArg>,
     },
+}
+
+/// `--kind` of `ca revoke`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KindArg {
+    /// An agent's certificate.
+    Agent,
+    /// An operator's certificate.
+    Operator,
+}
+
+impl From<KindArg> for Kind {
+    fn from(k: KindArg) -> Kind {
+        match k {
+            KindArg::Agent => Kind::Agent,
+            KindArg::Operator => Kind::Operator,
+        }
+    }
 }
 
 fn validity(days: i64, not_after: Option<&str>) -> Result<Validity, String> {
@@ -153,7 +171,7 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             ca::issue(&ca_dir, &who, v).and_then(|(c, k)| {
                 let _ = writeln!(out, "wrote {}\nwrote {}", c.display(), k.display());
                 if token {
-                    let t = baton_controller::tokens::issue(&ca_dir, &c)?;
+                    let t = baton_pki::tokens::issue(&ca_dir, &c)?;
                     let _ = writeln!(out, "token {t}");
                 }
                 Ok(())
@@ -174,11 +192,11 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
 fn revoke(
     name: String,
     dir: PathBuf,
-    kind: Option<Kind>,
+    kind: Option<KindArg>,
     out: &mut dyn Write,
 ) -> Result<(), ca::CaError> {
     let ca = CaDir::new(dir);
-    ca::revoke(&ca, &name, kind).map(|r| {
+    ca::revoke(&ca, &name, kind.map(Kind::from)).map(|r| {
         let _ = if r.already {
             writeln!(
                 out,

@@ -51,7 +51,7 @@ fn migrate(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
-    use baton_controller::store::postgres::{Target, import};
+    use baton_sql::postgres::{Target, import};
     let copied = Target::new(to, store_ca).and_then(|t| import::copy_from_sqlite(from, &t));
     match copied {
         Ok(c) => {

@@ -1,31 +1,21 @@
-//! baton-controller: the fleet's side.
+//! baton-controller: the binary's library (the operator CLI's commands
+//! and the offline ones), over the controller's crates, which Cargo holds
+//! to their layers (each may import only those below it):
 //!
-//! - [`model`]: the records the controller keeps and speaks about;
-//! - [`app`]: what operators and agents can make it do, apart from any
-//!   transport;
-//! - [`planner`]: which version of which pack each agent should hold (pure);
-//! - [`store`]: everything durable, behind the [`store::Store`] trait
-//!   (SQLite embedded by default, in memory for tests);
-//! - [`server`]: the Link service agents dial, the Admin service operators
-//!   call, gRPC health and reflection;
-//! - [`ops`]: operator subcommands that talk to a running controller;
-//! - [`cli`]: offline commands (`validate`, `plan`, `schema`);
-//! - [`ca`]: the fleet's certificate authority (`ca` subcommands);
-//! - [`identity`]: who a peer is (agent, operator), from its certificate;
-//! - [`tokens`]: operator tokens bound to certificates (dashboard log-in);
-//! - [`web`]: the web dashboard and `/metrics` over HTTP.
+//! - `baton-model`: records, the planner, the rollout machine (pure);
+//! - `baton-store`: the storage interface, the memory store and the
+//!   contract suite every backend runs;
+//! - `baton-sql`: SQLite and PostgreSQL behind that interface;
+//! - `baton-app`: every rule (tenants, targeting, gaps, retries, pacing,
+//!   rollouts, the link session);
+//! - `baton-pki`: the CA, identities from certificates, operator tokens;
+//! - `baton-server`: the gRPC and HTTP adapters, calling the application
+//!   only (it does not depend on the store);
+//! - this crate: `serve` (wires them), [`ops`] (operator subcommands that
+//!   talk to a running controller) and [`cli`] (`validate`, `plan`,
+//!   `schema`).
 
 #![forbid(unsafe_code)]
 
-pub mod app;
-pub mod ca;
 pub mod cli;
-pub mod identity;
-pub mod model;
 pub mod ops;
-pub mod planner;
-pub mod rollout;
-pub mod server;
-pub mod store;
-pub mod tokens;
-pub mod web;

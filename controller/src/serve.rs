@@ -2,11 +2,12 @@
 
 use std::path::PathBuf;
 
-use baton_controller::app::pace::Pace;
-use baton_controller::server::{self, ServerConfig};
-use baton_controller::store::Store;
-use baton_controller::store::postgres::{LeaseConfig, PgStore, Target};
-use baton_controller::store::sqlite::SqliteStore;
+use baton_app::App;
+use baton_app::pace::Pace;
+use baton_server::{self as server, ServerConfig};
+use baton_sql::postgres::{LeaseConfig, PgStore, Target};
+use baton_sql::sqlite::SqliteStore;
+use baton_store::Store;
 
 use crate::args::ServeArgs;
 
@@ -35,7 +36,7 @@ pub struct Opts {
     pub log_format: baton_service::log::LogFormat,
     pub metrics: Option<std::net::SocketAddr>,
     pub http: Option<std::net::SocketAddr>,
-    pub retention: baton_controller::app::retention::Retention,
+    pub retention: baton_app::retention::Retention,
     pub max_held: usize,
 }
 
@@ -94,7 +95,7 @@ impl From<ServeArgs> for Opts {
             log_format,
             metrics,
             http,
-            retention: baton_controller::app::retention::Retention {
+            retention: baton_app::retention::Retention {
                 feedback: retain_feedback.0,
                 clock: retain_clock.0,
                 audit: retain_audit.0,
@@ -220,7 +221,8 @@ fn serve(o: Opts) -> anyhow::Result<()> {
                 }
             }
         };
-        server::serve(store, cfg, stopping).await?;
+        let app = App::new(store, cfg.app_config());
+        server::serve(app, cfg, stopping).await?;
         if lost.load(std::sync::atomic::Ordering::SeqCst) {
             // Its agents reconnect to the other replicas; a supervisor
             // (systemd's Restart=) starts it again under a new epoch.
@@ -238,7 +240,7 @@ fn serve(o: Opts) -> anyhow::Result<()> {
 /// With PostgreSQL, also the replica's lease: it turns `true` when lost.
 async fn open_store(
     o: &Opts,
-    binding: baton_controller::model::Binding,
+    binding: baton_model::Binding,
 ) -> anyhow::Result<(std::sync::Arc<dyn Store>, Option<LeaseLost>)> {
     let data = o.data.clone();
     let url = o.store.clone();

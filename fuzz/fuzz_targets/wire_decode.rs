@@ -6,7 +6,7 @@
 //! panic; bad input is an error that closes one stream.
 #![no_main]
 
-use baton_controller::server::convert;
+use baton_server::convert;
 use baton_proto::wire::{self, agent_message::Body as In, controller_message::Body as Out};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;

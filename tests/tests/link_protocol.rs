@@ -293,7 +293,7 @@ async fn a_flood_of_time_requests_and_clock_reports_is_limited_and_the_stream_li
         }
     }
     let secs = t0.elapsed().as_secs_f64();
-    // Burst 16, then 8 a second (controller/src/server/session.rs).
+    // Burst 16, then 8 a second (controller/app/src/link/mod.rs, `TIME_REQUESTS`).
     assert!(
         replies >= 16 && f64::from(replies) <= 17.0 + 8.0 * secs,
         "{replies} of 200 time requests answered in {secs:.2} s"

@@ -13,9 +13,9 @@ use std::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use baton_controller::model::{Binding, RefTime, SpanNanos};
-use baton_controller::store::FeedbackRow;
-use baton_controller::store::sqlite::{DB_FILE, SqliteStore};
+use baton_model::{Binding, RefTime, SpanNanos};
+use baton_sql::sqlite::{DB_FILE, SqliteStore};
+use baton_store::FeedbackRow;
 
 /// Rows per transaction in the bare baseline.
 pub const BARE_TX_ROWS: usize = 512;

@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 use crate::{CONNECTING, MAX_MESSAGE, PHASE_TIMEOUT, T_BASE, Tls, endpoint};
 
 pub fn now_ns() -> i64 {
-    baton_controller::server::now_ns()
+    baton_server::now_ns()
 }
 
 pub fn msg(body: In) -> wire::AgentMessage {
@@ -243,7 +243,7 @@ async fn connect(
         {
             let slot = s
                 .metadata()
-                .get(baton_controller::server::RETRY_AFTER_MS)
+                .get(baton_server::RETRY_AFTER_MS)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
                 .map(Duration::from_millis);
             return Err(Attempt::Refused(slot));

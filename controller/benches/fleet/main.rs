@@ -57,9 +57,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use baton_controller::server::convert;
-use baton_controller::store::FeedbackRow;
 use baton_proto::wire::{self, admin_client::AdminClient, agent_message::Body as In};
+use baton_server::convert;
+use baton_store::FeedbackRow;
 use tokio::sync::oneshot;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -339,7 +339,7 @@ pub(crate) struct Tls {
 
 impl Tls {
     fn make(dir: &Path, agents: usize) -> Result<Tls> {
-        use baton_controller::ca::{self, CaDir, Validity};
+        use baton_pki::ca::{self, CaDir, Validity};
         let ca = CaDir::new(dir);
         let now = time::OffsetDateTime::now_utc();
         ca::init(&ca, &[], now)?;
@@ -349,10 +349,10 @@ impl Tls {
         let valid = Validity::days(now, 1);
         let admin = read(ca::issue(
             &ca,
-            &baton_controller::identity::Identity::Operator {
+            &baton_pki::identity::Identity::Operator {
                 name: "bench".into(),
                 tenant: "default".into(),
-                role: baton_controller::identity::Role::Admin,
+                role: baton_pki::identity::Role::Admin,
             },
             valid,
         )?)?;
@@ -360,7 +360,7 @@ impl Tls {
             .map(|ix| {
                 read(ca::issue(
                     &ca,
-                    &baton_controller::identity::Identity::Agent {
+                    &baton_pki::identity::Identity::Agent {
                         id: agent_id(ix),
                         tenants: Vec::new(),
                     },

@@ -69,7 +69,7 @@ impl CertFacts {
                 .map_or_else(|| n.to_string(), str::to_string)
         };
         let subject = cn(c.subject());
-        let who = match crate::identity::from_cert_der(der) {
+        let who = match baton_pki::identity::from_cert_der(der) {
             Ok(p) => p.identity.to_string(),
             Err(_) => format!("`{subject}`"),
         };

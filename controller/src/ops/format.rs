@@ -2,7 +2,7 @@
 
 use baton_proto::wire;
 
-pub use crate::model::display::{instant, outcome, reason, span};
+pub use baton_model::display::{instant, outcome, reason, span};
 
 /// `tenant/pack v3`.
 pub fn pack_ref(r: Option<&wire::PackRef>) -> String {

@@ -1,0 +1,59 @@
+//! The audit log: every push, cancel, label change, grant and forget,
+//! refused ones included, written before the answer.
+
+use super::{App, AppError, AppResult, Caller, now};
+use baton_model::AuditRow;
+
+impl App {
+    /// Record `action` on `target` in `tenant` and its result; a failed
+    /// audit write fails the operation (an action that cannot be audited
+    /// is not answered as done).
+    pub async fn audited<T>(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        action: &str,
+        target: &str,
+        result: AppResult<T>,
+    ) -> AppResult<T> {
+        let (who, tenant, role) = caller.audit_fields(tenant);
+        let row = AuditRow {
+            at: now(),
+            who,
+            tenant,
+            role,
+            action: action.into(),
+            target: target.into(),
+            result: match &result {
+                Ok(_) => "ok".into(),
+                Err(e) => format!("{}: {e}", kind(e)),
+            },
+        };
+        self.store.put_audit(row).await?;
+        result
+    }
+
+    /// The audit log (admins): the caller's tenant's, at or after
+    /// `since_ns`, the newest `limit`.
+    pub async fn audit(
+        &self,
+        caller: &Caller,
+        since_ns: i64,
+        limit: u32,
+    ) -> AppResult<Vec<AuditRow>> {
+        caller.may_audit()?;
+        Ok(self.store.audit(caller.tenant(), since_ns, limit).await?)
+    }
+}
+
+/// The word for an error's kind in an audit record.
+fn kind(e: &AppError) -> &'static str {
+    match e {
+        AppError::Invalid(_) => "InvalidArgument",
+        AppError::NotFound(_) => "NotFound",
+        AppError::Denied(_) => "PermissionDenied",
+        AppError::Conflict(_) => "FailedPrecondition",
+        AppError::Limit(_) => "ResourceExhausted",
+        AppError::Unavailable(_) => "Unavailable",
+    }
+}

@@ -1,0 +1,310 @@
+//! Replicas hear of each other through the store.
+//!
+//! Every replica writes what its watchers and the other replicas' streams
+//! must learn (a delivery row changed, an agent connected, left, reported
+//! its clock) as pointer rows in the store's `events` table ([`relay`]),
+//! and reads every replica's back, in id order, from where it started
+//! ([`follow`]). Ids are handed out in commit order (the store's writes
+//! hold one lock to their commit), so a follower paging by id cannot skip a
+//! row committed late. Watchers on any replica thus see every replica's
+//! events, once; and an agent's stream hears of a push made through
+//! another replica within a poll ([`FOLLOW_EVERY`]), not at its next
+//! resync. Feedback is followed from the feedback table itself (its ids are
+//! in commit order too), and only while someone watches.
+//!
+//! A follower reads rows as they are when it reads them: a delivery that
+//! went pending → acked in between is seen acked twice.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::App;
+use super::events::{AgentEvent, AgentEventKind, Event};
+use super::hub::SessionCmd;
+use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey, PackVersionRow};
+use baton_store::{FeedbackFilter, MAX_PAGE, StoreResult};
+
+/// Events queued for the store at most; past it they are dropped and
+/// counted (`baton_controller_relay_dropped_total`).
+pub const RELAY_DEPTH: usize = 65_536;
+/// After stop, the relay ends once nothing was queued this long.
+const STOP_QUIET: Duration = Duration::from_millis(300);
+/// Events per store write at most.
+const RELAY_BATCH: usize = 512;
+/// How often a follower reads what is new.
+pub const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+/// How long events are kept for followers (a replica further behind than
+/// this misses some: its streams catch up at their resync).
+const KEEP_EVENTS: Duration = Duration::from_secs(600);
+/// How often old events are deleted.
+const TRIM_EVERY: Duration = Duration::from_secs(60);
+
+/// Writes this replica's events to the store, in batches, until `stop`
+/// and then until the streams ending with it have said so (nothing
+/// queued for `STOP_QUIET`).
+pub async fn relay(app: Arc<App>, mut stop: watch::Receiver<bool>) {
+    let Some(mut rx) = app.take_relay() else {
+        return;
+    };
+    let mut batch = Vec::with_capacity(RELAY_BATCH);
+    let mut stopping = false;
+    loop {
+        let n = if stopping {
+            match tokio::time::timeout(STOP_QUIET, rx.recv_many(&mut batch, RELAY_BATCH)).await {
+                Ok(n) => n,
+                Err(_) => return,
+            }
+        } else {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, RELAY_BATCH) => n,
+                _ = stop.changed() => {
+                    stopping = true;
+                    continue;
+                }
+            }
+        };
+        if n == 0 {
+            return;
+        }
+        let n = batch.len() as u64;
+        if let Err(e) = app.store.put_events(std::mem::take(&mut batch)).await {
+            app.metrics.relay_dropped(n);
+            tracing::warn!(
+                events = n,
+                "store: events for the other replicas not stored: {e}"
+            );
+        }
+    }
+}
+
+/// Where a follower is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Cursor {
+    events: u64,
+    feedback: u64,
+}
+
+/// Reads every replica's events (and, while watched, the feedback stored)
+/// from the store and tells this replica's streams and watchers, until
+/// `stop`.
+pub async fn follow(app: Arc<App>, stop: watch::Receiver<bool>) {
+    follow_from(app, None, stop).await;
+}
+
+/// [`follow`] from the first event and feedback row stored, not from the
+/// newest: a replica that must replay all that is stored (a test's fresh
+/// database).
+pub async fn follow_everything(app: Arc<App>, stop: watch::Receiver<bool>) {
+    follow_from(app, Some(Cursor::default()), stop).await;
+}
+
+async fn follow_from(app: Arc<App>, mut at: Option<Cursor>, mut stop: watch::Receiver<bool>) {
+    let Some(me) = app.replica().map(str::to_owned) else {
+        return;
+    };
+    let mut tick = tokio::time::interval(FOLLOW_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut trimmed = tokio::time::Instant::now();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let read = async {
+            let cursor = match at {
+                Some(c) => c,
+                None => {
+                    let (events, feedback) = app.store.high_water().await?;
+                    Cursor { events, feedback }
+                }
+            };
+            at = Some(cursor);
+            let next = step(&app, &me, cursor).await?;
+            at = Some(next);
+            StoreResult::Ok(())
+        }
+        .await;
+        match read {
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!("following the other replicas' events again");
+            }
+            Ok(()) => {}
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!("cannot read the other replicas' events: {e}");
+            }
+            Err(_) => {}
+        }
+        if trimmed.elapsed() >= TRIM_EVERY {
+            trimmed = tokio::time::Instant::now();
+            let before = super::now() - KEEP_EVENTS;
+            if let Err(e) = app.store.delete_events_before(before, 10_000).await {
+                tracing::warn!("store: deleting old events: {e}");
+            }
+        }
+    }
+}
+
+/// Everything new after `at`; where that leaves the cursor.
+async fn step(app: &App, me: &str, mut at: Cursor) -> StoreResult<Cursor> {
+    loop {
+        let page = app.store.events_after(at.events, MAX_PAGE).await?;
+        let read = read_told(app, me, &page).await?;
+        for e in &page {
+            told(app, me, e, &read).await?;
+            at.events = e.id;
+        }
+        if page.len() < MAX_PAGE as usize {
+            break;
+        }
+    }
+    if app.watched() {
+        loop {
+            let rows = app
+                .store
+                .feedback(FeedbackFilter {
+                    after_id: at.feedback,
+                    limit: MAX_PAGE,
+                    ..Default::default()
+                })
+                .await?;
+            let full = rows.len() == MAX_PAGE as usize;
+            for r in rows {
+                at.feedback = r.id;
+                app.broadcast(Event::Feedback(Arc::new(r)));
+            }
+            if !full {
+                break;
+            }
+        }
+    } else {
+        // Nobody to tell: a watcher sees what is stored from when it came.
+        at.feedback = app.store.high_water().await?.1;
+    }
+    Ok(at)
+}
+
+/// Whether a delivery event goes to a stream here: another replica's
+/// change to an agent streaming to this one.
+fn for_a_stream(app: &App, me: &str, e: &EventRow) -> bool {
+    e.replica != me && app.hub.is_connected(&e.agent_id)
+}
+
+/// What a page of events needs read: the delivery rows it names that
+/// someone here is told of (a stream, or watchers), as they are now, and
+/// the text of each version they hold an agent streaming here to.
+#[derive(Default)]
+struct Told {
+    rows: HashMap<(String, PackKey), DeliveryRow>,
+    /// Read once per version, not once per stream: a push through another
+    /// replica to thousands of agents streaming here.
+    texts: HashMap<(PackKey, u64), Arc<PackVersionRow>>,
+}
+
+/// [`Told`] for `page`, in a few queries.
+async fn read_told(app: &App, me: &str, page: &[EventRow]) -> StoreResult<Told> {
+    let watched = app.watched();
+    let pairs: Vec<(String, PackKey)> = page
+        .iter()
+        .filter(|e| e.kind == EventKind::Delivery && (watched || for_a_stream(app, me, e)))
+        .map(|e| {
+            (
+                e.agent_id.clone(),
+                PackKey::new(e.tenant.clone(), e.pack.clone()),
+            )
+        })
+        .collect();
+    if pairs.is_empty() {
+        return Ok(Told::default());
+    }
+    let rows: HashMap<(String, PackKey), DeliveryRow> = app
+        .store
+        .deliveries_of(&pairs)
+        .await?
+        .into_iter()
+        .map(|r| ((r.agent_id.clone(), r.key()), r))
+        .collect();
+    let versions: HashSet<(PackKey, u64)> = rows
+        .values()
+        .filter(|r| r.intent == Intent::Hold && app.hub.is_connected(&r.agent_id))
+        .map(|r| (r.key(), r.version))
+        .collect();
+    let mut texts = HashMap::new();
+    for (key, version) in versions {
+        if let Some(t) = app.store.pack_version(&key, Some(version)).await? {
+            texts.insert((key, version), Arc::new(t));
+        }
+    }
+    Ok(Told { rows, texts })
+}
+
+/// Acts on one event: another replica's change to an agent streaming here
+/// goes to its stream; every event to the watchers here. `rows`: the
+/// page's reads ([`read_told`]).
+async fn told(app: &App, me: &str, e: &EventRow, read: &Told) -> StoreResult<()> {
+    let watched = app.watched();
+    match e.kind {
+        EventKind::Delivery => {
+            let stream = for_a_stream(app, me, e);
+            if !stream && !watched {
+                return Ok(());
+            }
+            let pair = (
+                e.agent_id.clone(),
+                PackKey::new(e.tenant.clone(), e.pack.clone()),
+            );
+            let row = match read.rows.get(&pair) {
+                Some(r) => Some(r.clone()),
+                // Not read with the page (a watcher came meanwhile), or
+                // gone: asked alone.
+                None => app.store.deliveries_of(&[pair]).await?.pop(),
+            };
+            let Some(row) = row else {
+                return Ok(());
+            };
+            if watched {
+                app.broadcast(Event::Delivery(app.decorate(row.clone())));
+            }
+            if stream {
+                let pack = read.texts.get(&(row.key(), row.version)).cloned();
+                app.hub.send(
+                    &e.agent_id,
+                    SessionCmd::Rows {
+                        rows: vec![row],
+                        pack,
+                    },
+                );
+            }
+        }
+        kind => {
+            if !watched {
+                return Ok(());
+            }
+            let agent = app.store.agent(&e.agent_id).await?;
+            let kind = match kind {
+                EventKind::Connected => AgentEventKind::Connected,
+                EventKind::Disconnected => AgentEventKind::Disconnected,
+                EventKind::Clock => AgentEventKind::Clock,
+                _ => AgentEventKind::Conflict,
+            };
+            let clock = match kind {
+                AgentEventKind::Clock => agent.as_ref().and_then(|a| a.clock.clone()),
+                _ => None,
+            };
+            app.broadcast(Event::Agent(AgentEvent {
+                agent_id: e.agent_id.clone(),
+                tenants: Arc::new(agent.map(|a| a.tenants).unwrap_or_default()),
+                kind,
+                clock,
+                detail: e.detail.clone(),
+                at: e.at,
+            }));
+        }
+    }
+    Ok(())
+}

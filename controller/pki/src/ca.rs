@@ -1,0 +1,558 @@
+//! The fleet's small certificate authority, as `baton-controller ca`
+//! subcommands writing PEM files into one directory:
+//!
+//! ```text
+//! DIR/ca.pem, DIR/ca-key.pem (0600)           ca init
+//! DIR/server.pem, DIR/server-key.pem (0600)   ca init --host NAME...
+//! DIR/agents/NAME.pem, NAME-key.pem           ca issue-agent NAME
+//! DIR/operators/NAME.pem, NAME-key.pem        ca issue-operator NAME --tenant T --role R
+//! DIR/revoked.txt                             ca revoke NAME
+//! ```
+//!
+//! Identities are carried as described in [`crate::identity`]. Keys are
+//! ECDSA P-256. `revoked.txt` lists one certificate per line,
+//! `SERIAL KIND NAME` (serial in lowercase hex; `#` starts a comment); the
+//! controller reads only the serial, so a re-issued certificate of a
+//! revoked name is a new credential.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber,
+};
+use time::{Duration, OffsetDateTime};
+
+use crate::identity::{self, Identity, IdentityError};
+
+/// Default life of the CA certificate.
+pub const CA_DAYS: i64 = 3650;
+/// Default life of a server, agent or operator certificate.
+pub const LEAF_DAYS: i64 = 365;
+
+/// Why a `ca` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    /// A file that must not be overwritten exists.
+    #[error("{0}: exists already; refusing to overwrite a CA (move it away to start a new one)")]
+    Exists(PathBuf),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A certificate or key could not be made or read.
+    #[error("{path}: {message}")]
+    Cert {
+        /// The file concerned (the CA's when issuing).
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A name that is not a valid id.
+    #[error("{0}")]
+    Name(#[from] IdentityError),
+    /// Nothing issued under that name.
+    #[error("no certificate named `{name}` in {dir}/agents or {dir}/operators")]
+    NotFound {
+        /// The name.
+        name: String,
+        /// The CA directory.
+        dir: String,
+    },
+    /// An agent and an operator share the name.
+    #[error("`{0}` is both an agent and an operator: say which with --kind agent|operator")]
+    Ambiguous(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CaError + '_ {
+    move |source| CaError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn cert_err(path: &Path) -> impl FnOnce(rcgen::Error) -> CaError + '_ {
+    move |e| CaError::Cert {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// Which kind of certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `DIR/agents/`.
+    Agent,
+    /// `DIR/operators/`.
+    Operator,
+}
+
+impl Kind {
+    fn subdir(self) -> &'static str {
+        match self {
+            Kind::Agent => "agents",
+            Kind::Operator => "operators",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Agent => "agent",
+            Kind::Operator => "operator",
+        }
+    }
+}
+
+/// When a certificate is valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validity {
+    /// From.
+    pub not_before: OffsetDateTime,
+    /// Until.
+    pub not_after: OffsetDateTime,
+}
+
+impl Validity {
+    /// `days` from `now` (valid from an hour before, for clocks a little
+    /// behind).
+    pub fn days(now: OffsetDateTime, days: i64) -> Validity {
+        Validity {
+            not_before: now - Duration::hours(1),
+            not_after: now + Duration::days(days),
+        }
+    }
+
+    /// Until `not_after` (tests make expired certificates with a past one).
+    pub fn until(now: OffsetDateTime, not_after: OffsetDateTime) -> Validity {
+        Validity {
+            not_before: (now - Duration::hours(1)).min(not_after - Duration::days(1)),
+            not_after,
+        }
+    }
+}
+
+/// The files of a CA directory.
+#[derive(Clone, Debug)]
+pub struct CaDir {
+    /// The directory.
+    pub dir: PathBuf,
+}
+
+impl CaDir {
+    /// `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> CaDir {
+        CaDir { dir: dir.into() }
+    }
+    /// `DIR/ca.pem`.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+    /// `DIR/ca-key.pem`.
+    pub fn ca_key(&self) -> PathBuf {
+        self.dir.join("ca-key.pem")
+    }
+    /// `DIR/server.pem`.
+    pub fn server_cert(&self) -> PathBuf {
+        self.dir.join("server.pem")
+    }
+    /// `DIR/server-key.pem`.
+    pub fn server_key(&self) -> PathBuf {
+        self.dir.join("server-key.pem")
+    }
+    /// `DIR/revoked.txt`.
+    pub fn revoked(&self) -> PathBuf {
+        self.dir.join("revoked.txt")
+    }
+    /// `DIR/agents/NAME.pem` or `DIR/operators/NAME.pem`.
+    pub fn leaf_cert(&self, kind: Kind, name: &str) -> PathBuf {
+        self.dir.join(kind.subdir()).join(format!("{name}.pem"))
+    }
+    /// `DIR/agents/NAME-key.pem` or `DIR/operators/NAME-key.pem`.
+    pub fn leaf_key(&self, kind: Kind, name: &str) -> PathBuf {
+        self.dir.join(kind.subdir()).join(format!("{name}-key.pem"))
+    }
+}
+
+fn random_serial() -> SerialNumber {
+    let mut b: [u8; 16] = rand::random();
+    // Positive, and 16 bytes long whatever the draw.
+    b[0] = (b[0] & 0x7f) | 0x10;
+    SerialNumber::from_slice(&b)
+}
+
+/// Write `text` to `path` through a temporary file; keys are 0600.
+fn write_file(path: &Path, text: &str, secret: bool) -> Result<(), CaError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let tmp = path.with_extension("pem.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    f.write_all(text.as_bytes()).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+fn read(path: &Path) -> Result<String, CaError> {
+    std::fs::read_to_string(path).map_err(io(path))
+}
+
+/// `ca init`: a new CA and the controller's server certificate for `hosts`
+/// (DNS names or IP addresses; empty: `localhost` and `127.0.0.1`).
+/// Refuses to overwrite an existing CA. Returns the files written.
+pub fn init(ca: &CaDir, hosts: &[String], now: OffsetDateTime) -> Result<Vec<PathBuf>, CaError> {
+    for p in [ca.ca_cert(), ca.ca_key()] {
+        if p.exists() {
+            return Err(CaError::Exists(p));
+        }
+    }
+    let hosts: Vec<String> = if hosts.is_empty() {
+        vec!["localhost".into(), "127.0.0.1".into()]
+    } else {
+        hosts.to_vec()
+    };
+    std::fs::create_dir_all(&ca.dir).map_err(io(&ca.dir))?;
+    let ca_path = ca.ca_cert();
+    let key = KeyPair::generate().map_err(cert_err(&ca_path))?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    // A CA of its own name: a certificate of another baton CA is then
+    // refused as "unknown issuer", not as a bad signature.
+    let tag: [u8; 4] = rand::random();
+    p.distinguished_name.push(
+        DnType::CommonName,
+        format!("baton fleet CA {}", identity::hex(&tag)),
+    );
+    p.distinguished_name.push(DnType::OrganizationName, "baton");
+    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let v = Validity::days(now, CA_DAYS);
+    p.not_before = v.not_before;
+    p.not_after = v.not_after;
+    p.serial_number = Some(random_serial());
+    let cert = p.self_signed(&key).map_err(cert_err(&ca_path))?;
+    write_file(&ca.ca_key(), &key.serialize_pem(), true)?;
+    write_file(&ca_path, &cert.pem(), false)?;
+    let issuer = Issuer::new(p, key);
+
+    let server_path = ca.server_cert();
+    let mut s = CertificateParams::new(hosts.clone()).map_err(cert_err(&server_path))?;
+    s.distinguished_name = rcgen::DistinguishedName::new();
+    s.distinguished_name
+        .push(DnType::CommonName, hosts[0].as_str());
+    s.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    s.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let v = Validity::days(now, LEAF_DAYS);
+    s.not_before = v.not_before;
+    s.not_after = v.not_after;
+    s.serial_number = Some(random_serial());
+    s.use_authority_key_identifier_extension = true;
+    let skey = KeyPair::generate().map_err(cert_err(&server_path))?;
+    let scert = s
+        .signed_by(&skey, &issuer)
+        .map_err(cert_err(&server_path))?;
+    write_file(&ca.server_key(), &skey.serialize_pem(), true)?;
+    write_file(&server_path, &scert.pem(), false)?;
+    Ok(vec![ca_path, ca.ca_key(), server_path, ca.server_key()])
+}
+
+/// Issue a client certificate for `identity` (an agent or an operator),
+/// replacing any earlier one of that name. Returns (cert, key) paths.
+pub fn issue(
+    ca: &CaDir,
+    identity: &Identity,
+    validity: Validity,
+) -> Result<(PathBuf, PathBuf), CaError> {
+    let (kind, name) = match identity {
+        Identity::Agent { id, tenants } => {
+            identity::check_name("agent", id)?;
+            for t in tenants {
+                identity::check_name("tenant", t)?;
+            }
+            (Kind::Agent, id)
+        }
+        Identity::Operator { name, tenant, .. } => {
+            identity::check_name("operator", name)?;
+            identity::check_name("tenant", tenant)?;
+            (Kind::Operator, name)
+        }
+        Identity::Insecure => {
+            return Err(CaError::Name(IdentityError(
+                "no certificate for an insecure peer".into(),
+            )));
+        }
+    };
+    let uri = identity.to_uri().unwrap_or_default();
+    let ca_path = ca.ca_cert();
+    let ca_key_path = ca.ca_key();
+    let ca_key = KeyPair::from_pem(&read(&ca_key_path)?).map_err(cert_err(&ca_key_path))?;
+    let issuer = Issuer::from_ca_cert_pem(&read(&ca_path)?, ca_key).map_err(cert_err(&ca_path))?;
+
+    let cert_path = ca.leaf_cert(kind, name);
+    let mut p = CertificateParams::default();
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    p.distinguished_name.push(DnType::CommonName, name.as_str());
+    p.distinguished_name.push(
+        DnType::OrganizationalUnitName,
+        match identity {
+            Identity::Operator { tenant, role, .. } => format!("baton operator {tenant} {role}"),
+            _ => "baton agent".to_string(),
+        },
+    );
+    p.subject_alt_names = vec![SanType::URI(
+        uri.as_str().try_into().map_err(cert_err(&cert_path))?,
+    )];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.not_before = validity.not_before;
+    p.not_after = validity.not_after;
+    p.serial_number = Some(random_serial());
+    p.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().map_err(cert_err(&cert_path))?;
+    let cert = p.signed_by(&key, &issuer).map_err(cert_err(&cert_path))?;
+    let key_path = ca.leaf_key(kind, name);
+    write_file(&key_path, &key.serialize_pem(), true)?;
+    write_file(&cert_path, &cert.pem(), false)?;
+    Ok((cert_path, key_path))
+}
+
+/// The identity and serial of a PEM certificate file.
+pub fn read_cert(path: &Path) -> Result<identity::PeerCert, CaError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&bytes).map_err(|e| CaError::Cert {
+        path: path.to_path_buf(),
+        message: format!("not a PEM certificate: {e}"),
+    })?;
+    identity::from_cert_der(&pem.contents).map_err(|e| CaError::Cert {
+        path: path.to_path_buf(),
+        message: e.0,
+    })
+}
+
+/// What [`revoke`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revoked {
+    /// The certificate revoked.
+    pub cert: PathBuf,
+    /// Its serial.
+    pub serial: String,
+    /// It was listed already.
+    pub already: bool,
+}
+
+/// `ca revoke NAME`: list the current certificate of NAME (agent or
+/// operator; `kind` when both exist) in `revoked.txt`.
+pub fn revoke(ca: &CaDir, name: &str, kind: Option<Kind>) -> Result<Revoked, CaError> {
+    let kinds: Vec<Kind> = match kind {
+        Some(k) => vec![k],
+        None => [Kind::Agent, Kind::Operator]
+            .into_iter()
+            .filter(|k| ca.leaf_cert(*k, name).exists())
+            .collect(),
+    };
+    let kind = match kinds.as_slice() {
+        [k] => *k,
+        [] => {
+            return Err(CaError::NotFound {
+                name: name.to_string(),
+                dir: ca.dir.display().to_string(),
+            });
+        }
+        _ => return Err(CaError::Ambiguous(name.to_string())),
+    };
+    let cert = ca.leaf_cert(kind, name);
+    let serial = read_cert(&cert)?.serial;
+    let path = ca.revoked();
+    if read_revoked(&path)?.contains(&serial) {
+        return Ok(Revoked {
+            cert,
+            serial,
+            already: true,
+        });
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .open(&path)
+        .map_err(io(&path))?;
+    writeln!(f, "{serial} {} {name}", kind.name()).map_err(io(&path))?;
+    f.sync_all().map_err(io(&path))?;
+    Ok(Revoked {
+        cert,
+        serial,
+        already: false,
+    })
+}
+
+pub use baton_model::RevokedEntry;
+
+/// The lines of a `revoked.txt`, in file order (none if it does not
+/// exist); a serial listed twice comes once.
+pub fn read_revoked_entries(path: &Path) -> Result<Vec<RevokedEntry>, CaError> {
+    let serials = read_revoked(path)?;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut w = line.split('#').next().unwrap_or("").split_whitespace();
+        let Some(serial) = w.next().map(str::to_ascii_lowercase) else {
+            continue;
+        };
+        if serials.contains(&serial) && seen.insert(serial.clone()) {
+            out.push(RevokedEntry {
+                serial,
+                kind: w.next().unwrap_or("").to_string(),
+                name: w.next().unwrap_or("").to_string(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The serials listed in a `revoked.txt` (none if it does not exist).
+pub fn read_revoked(path: &Path) -> Result<HashSet<String>, CaError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
+        Err(e) => return Err(io(path)(e)),
+    };
+    let mut out = HashSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let Some(serial) = line.split_whitespace().next() else {
+            continue;
+        };
+        if !serial.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(CaError::Cert {
+                path: path.to_path_buf(),
+                message: format!("line {}: `{serial}` is not a hex serial", i + 1),
+            });
+        }
+        out.insert(serial.to_ascii_lowercase());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Role;
+
+    fn now() -> OffsetDateTime {
+        OffsetDateTime::now_utc()
+    }
+
+    #[test]
+    fn init_issue_revoke_round_trip() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let ca = CaDir::new(tmp.path().join("ca"));
+        let files = init(&ca, &[], now()).expect("init");
+        assert_eq!(files.len(), 4);
+        use std::os::unix::fs::PermissionsExt;
+        for key in [ca.ca_key(), ca.server_key()] {
+            let mode = std::fs::metadata(&key).expect("key").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", key.display());
+        }
+        // A second init refuses and leaves the CA alone.
+        let before = std::fs::read(ca.ca_cert()).expect("ca");
+        let e = init(&ca, &[], now()).expect_err("exists");
+        assert!(e.to_string().contains("ca.pem: exists already"), "{e}");
+        assert_eq!(std::fs::read(ca.ca_cert()).expect("ca"), before);
+
+        let agent = Identity::Agent {
+            id: "press-01".into(),
+            tenants: vec!["plant-a".into()],
+        };
+        let (cert, key) = issue(&ca, &agent, Validity::days(now(), LEAF_DAYS)).expect("agent");
+        assert!(cert.ends_with("agents/press-01.pem"));
+        assert!(key.ends_with("agents/press-01-key.pem"));
+        let a = read_cert(&cert).expect("read");
+        assert_eq!(a.identity, agent);
+
+        let op = Identity::Operator {
+            name: "ann".into(),
+            tenant: "plant-a".into(),
+            role: Role::Operator,
+        };
+        let (ocert, _) = issue(&ca, &op, Validity::days(now(), LEAF_DAYS)).expect("operator");
+        assert_eq!(read_cert(&ocert).expect("read").identity, op);
+
+        // Bad names are refused before anything is written.
+        let e = issue(
+            &ca,
+            &Identity::Agent {
+                id: "Bad/Name".into(),
+                tenants: Vec::new(),
+            },
+            Validity::days(now(), 1),
+        )
+        .expect_err("bad");
+        assert!(e.to_string().contains("agent `Bad/Name`"), "{e}");
+
+        // Revoke: listed once, by serial.
+        let r = revoke(&ca, "press-01", None).expect("revoke");
+        assert_eq!(r.serial, a.serial);
+        assert!(!r.already);
+        assert!(revoke(&ca, "press-01", None).expect("again").already);
+        let listed = read_revoked(&ca.revoked()).expect("list");
+        let entries = read_revoked_entries(&ca.revoked()).expect("entries");
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            (entries[0].kind.as_str(), entries[0].name.as_str()),
+            ("agent", "press-01")
+        );
+        assert_eq!(listed.len(), 1);
+        assert!(listed.contains(&a.serial));
+        let e = revoke(&ca, "nobody", None).expect_err("unknown");
+        assert!(
+            e.to_string().contains("no certificate named `nobody`"),
+            "{e}"
+        );
+        // An agent and an operator of the same name: say which.
+        issue(
+            &ca,
+            &Identity::Agent {
+                id: "ann".into(),
+                tenants: Vec::new(),
+            },
+            Validity::days(now(), 1),
+        )
+        .expect("agent ann");
+        let e = revoke(&ca, "ann", None).expect_err("ambiguous");
+        assert!(e.to_string().contains("--kind"), "{e}");
+        let r = revoke(&ca, "ann", Some(Kind::Operator)).expect("operator ann");
+        assert!(r.cert.ends_with("operators/ann.pem"));
+    }
+
+    #[test]
+    fn revoked_lists_are_read_strictly() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let p = tmp.path().join("revoked.txt");
+        assert!(read_revoked(&p).expect("missing").is_empty());
+        std::fs::write(&p, "# header\n\nABCD01 agent a\n  ff agent b # why\n").expect("w");
+        let s = read_revoked(&p).expect("read");
+        assert!(s.contains("abcd01") && s.contains("ff") && s.len() == 2);
+        std::fs::write(&p, "press-01\n").expect("w");
+        let e = read_revoked(&p).expect_err("bad");
+        assert!(e.to_string().contains("revoked.txt: line 1"), "{e}");
+    }
+}

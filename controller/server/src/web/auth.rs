@@ -1,0 +1,650 @@
+//! Who is asking the dashboard.
+//!
+//! On a TLS controller an operator logs in with the token `ca
+//! issue-operator NAME --token` printed ([`baton_pki::tokens`]): the login
+//! page exchanges it for a session cookie (HttpOnly, Secure,
+//! SameSite=Strict), and scripts may send it as `Authorization: Bearer`
+//! on every request instead. Either way the caller is the token's
+//! certificate's identity, checked against the revocation list on every
+//! request (a revoked operator's open pages and live streams stop at
+//! once). Forms and htmx requests of a cookie session carry its CSRF
+//! token; a bearer request carries no ambient credential and needs none.
+//! On a plaintext controller (`--insecure`, loopback) there is no log-in:
+//! every caller acts for every tenant, as on the gRPC side.
+//!
+//! Sessions live in this process's memory (12 hours at most, never past
+//! the certificate's expiry): a controller restart, or a request reaching
+//! another replica, asks to log in again.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Form, extract::Query};
+use maud::html;
+use tokio::sync::watch;
+
+use super::Web;
+use super::pages::layout;
+use baton_app::Caller;
+use baton_pki::identity::Identity;
+use baton_pki::tokens::{self, TokenGrant};
+
+/// The session cookie's name: `__Host-` makes browsers take it only
+/// from this host, over HTTPS, for the whole site (a sibling subdomain
+/// cannot plant one).
+pub const COOKIE: &str = "__Host-baton_session";
+/// Largest log-in form.
+pub const MAX_LOGIN_BODY: usize = 8 * 1024;
+/// Most sessions one certificate may hold; its oldest goes first.
+pub const SESSIONS_PER_IDENTITY: usize = 16;
+/// The header htmx requests carry the CSRF token in.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// Longest a session lasts.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Most sessions kept at once (expired ones go first).
+pub const MAX_SESSIONS: usize = 10_000;
+
+#[derive(Clone, Debug)]
+struct Session {
+    who: Identity,
+    serial: String,
+    csrf: String,
+    created: Instant,
+    expires: Instant,
+}
+
+type Stamp = Option<(u64, SystemTime)>;
+
+#[derive(Debug)]
+struct TokenFile {
+    path: PathBuf,
+    cache: Mutex<(Stamp, Arc<HashMap<String, TokenGrant>>)>,
+}
+
+impl TokenFile {
+    /// The tokens, re-read when the file changed.
+    fn current(&self) -> Arc<HashMap<String, TokenGrant>> {
+        let stamp = std::fs::metadata(&self.path)
+            .ok()
+            .and_then(|m| Some((m.len(), m.modified().ok()?)));
+        let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if c.0 != stamp {
+            // Stamped either way: a damaged file is read again when it
+            // changes, not at every request.
+            c.0 = stamp;
+            match tokens::read(&self.path) {
+                Ok(t) => c.1 = Arc::new(t),
+                // Keep what was read last: a file being rewritten must not
+                // log everyone out, nor let anyone in.
+                Err(e) => tracing::warn!("dashboard tokens: {e}; the last good list stays"),
+            }
+        }
+        c.1.clone()
+    }
+}
+
+/// Sessions and tokens.
+#[derive(Debug)]
+pub struct Auth {
+    tokens: Option<TokenFile>,
+    revoked: watch::Receiver<Arc<HashSet<String>>>,
+    sessions: Mutex<HashMap<String, Session>>,
+    secure_cookie: bool,
+}
+
+/// How a request proved who it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// A plaintext controller: nobody logs in.
+    Open,
+    /// The session cookie.
+    Cookie,
+    /// `Authorization: Bearer`.
+    Bearer,
+}
+
+/// The caller of one request.
+#[derive(Clone, Debug)]
+pub struct Who {
+    /// For the application layer.
+    pub caller: Caller,
+    /// The session's CSRF token (empty unless [`Via::Cookie`]).
+    pub csrf: String,
+    /// How.
+    pub via: Via,
+}
+
+impl Auth {
+    /// Tokens from `DIR/tokens.txt` of the TLS directory (`None`: a
+    /// plaintext controller), revocations from `revoked`.
+    pub fn new(
+        tls_dir: Option<&baton_pki::ca::CaDir>,
+        revoked: watch::Receiver<Arc<HashSet<String>>>,
+    ) -> Auth {
+        Auth {
+            secure_cookie: tls_dir.is_some(),
+            tokens: tls_dir.map(|d| TokenFile {
+                path: tokens::path(d),
+                cache: Mutex::new((None, Arc::new(HashMap::new()))),
+            }),
+            revoked,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether callers must log in.
+    pub fn required(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// What `token` speaks for, or why not.
+    fn grant(&self, token: &str) -> Result<TokenGrant, &'static str> {
+        let Some(file) = &self.tokens else {
+            return Err("this controller has no log-in");
+        };
+        let token = token.trim();
+        if !token.starts_with(tokens::PREFIX) {
+            return Err("not a baton token");
+        }
+        let grant = file
+            .current()
+            .get(&tokens::digest(token))
+            .cloned()
+            .ok_or("unknown token")?;
+        self.still_good(&grant.serial, grant.not_after)?;
+        Ok(grant)
+    }
+
+    fn still_good(&self, serial: &str, not_after: i64) -> Result<(), &'static str> {
+        if self.revoked.borrow().contains(serial) {
+            return Err("its certificate is revoked");
+        }
+        if unix_now() > not_after {
+            return Err("its certificate has expired");
+        }
+        Ok(())
+    }
+
+    /// The caller of a request with `headers`, if it proved who it is.
+    pub fn who(&self, headers: &HeaderMap) -> Option<Who> {
+        if self.tokens.is_none() {
+            if !plain_host_ok(headers) {
+                return None;
+            }
+            return Some(Who {
+                caller: Caller::new(Identity::Insecure),
+                csrf: String::new(),
+                via: Via::Open,
+            });
+        }
+        if let Some(token) = bearer(headers) {
+            let g = self.grant(token).ok()?;
+            return Some(Who {
+                caller: Caller::new(g.identity),
+                csrf: String::new(),
+                via: Via::Bearer,
+            });
+        }
+        let id = cookie(headers, COOKIE)?;
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let s = sessions.get(id)?.clone();
+        if s.expires <= Instant::now() || self.revoked.borrow().contains(&s.serial) {
+            sessions.remove(id);
+            return None;
+        }
+        Some(Who {
+            caller: Caller::new(s.who),
+            csrf: s.csrf,
+            via: Via::Cookie,
+        })
+    }
+
+    /// Whether the session behind `who` still stands (live streams ask
+    /// as they go).
+    pub fn still_valid(&self, headers: &HeaderMap) -> bool {
+        self.who(headers).is_some()
+    }
+
+    /// A new session for `grant`: (session id, CSRF token).
+    fn open(&self, grant: TokenGrant) -> Result<String, &'static str> {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        // One certificate's sessions are bounded (its oldest goes), so a
+        // token holder cannot fill the table and lock others out.
+        let mut mine: Vec<(Instant, String)> = sessions
+            .iter()
+            .filter(|(_, s)| s.serial == grant.serial)
+            .map(|(id, s)| (s.created, id.clone()))
+            .collect();
+        if mine.len() >= SESSIONS_PER_IDENTITY {
+            mine.sort();
+            for (_, id) in &mine[..=mine.len() - SESSIONS_PER_IDENTITY] {
+                sessions.remove(id);
+            }
+        }
+        if sessions.len() >= MAX_SESSIONS {
+            let revoked = self.revoked.borrow().clone();
+            sessions.retain(|_, s| s.expires > now && !revoked.contains(&s.serial));
+            if sessions.len() >= MAX_SESSIONS {
+                return Err("too many sessions open; try again later");
+            }
+        }
+        let left = u64::try_from(grant.not_after - unix_now()).unwrap_or(0);
+        let id = random_hex::<32>();
+        sessions.insert(
+            id.clone(),
+            Session {
+                who: grant.identity,
+                serial: grant.serial,
+                csrf: random_hex::<16>(),
+                created: now,
+                expires: now + SESSION_TTL.min(Duration::from_secs(left)),
+            },
+        );
+        Ok(id)
+    }
+
+    fn close(&self, headers: &HeaderMap) {
+        if let Some(id) = cookie(headers, COOKIE) {
+            self.close_id(id);
+        }
+    }
+
+    fn set_cookie(&self, id: &str, max_age: u64) -> HeaderValue {
+        let secure = if self.secure_cookie { "; Secure" } else { "" };
+        HeaderValue::from_str(&format!(
+            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+        ))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+}
+
+impl Who {
+    /// A state-changing request must come from this site: its `Origin`
+    /// (when sent) names this host, and a cookie session's request
+    /// carries the session's CSRF token (form field or header).
+    pub fn check_post(&self, headers: &HeaderMap, form_csrf: Option<&str>) -> Result<(), Refused> {
+        same_origin(headers, self.via != Via::Open)?;
+        if self.via != Via::Cookie {
+            return Ok(());
+        }
+        let sent = form_csrf
+            .filter(|s| !s.is_empty())
+            .or_else(|| headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok()))
+            .unwrap_or("");
+        if constant_time_eq(sent.as_bytes(), self.csrf.as_bytes()) {
+            Ok(())
+        } else {
+            Err((
+                StatusCode::FORBIDDEN,
+                "missing or wrong CSRF token: reload the page",
+            ))
+        }
+    }
+
+    /// What the page frame shows of this caller.
+    pub fn viewer(&self) -> layout::Viewer<'_> {
+        layout::Viewer {
+            name: self.caller.who.to_string(),
+            csrf: &self.csrf,
+            logout: self.via == Via::Cookie,
+            may_change: self.may_change(),
+            may_audit: self.may_audit(),
+        }
+    }
+
+    /// Whether the caller may push and cancel.
+    pub fn may_change(&self) -> bool {
+        self.caller.may_change().is_ok()
+    }
+
+    /// Whether the caller may read the audit log.
+    pub fn may_audit(&self) -> bool {
+        self.caller.may_audit().is_ok()
+    }
+}
+
+/// Why a state-changing request is refused (an HTTP answer).
+pub type Refused = (StatusCode, &'static str);
+
+/// A cross-site POST is refused before anything else is read: its
+/// `Origin` (when sent: browsers do on posts) must be this site, scheme
+/// included (`https` when `secure`).
+fn same_origin(headers: &HeaderMap, secure: bool) -> Result<(), Refused> {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return Ok(());
+    };
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let scheme = if secure { "https" } else { "http" };
+    if !host.is_empty() && origin == format!("{scheme}://{host}") {
+        Ok(())
+    } else {
+        Err((StatusCode::FORBIDDEN, "cross-site request refused"))
+    }
+}
+
+/// On a plaintext controller nobody logs in, so a page of another site
+/// whose name was rebound to this address (DNS rebinding) would act for
+/// every tenant: only an address, or `localhost`, is taken as the host.
+pub fn plain_host_ok(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // [v6]:port
+        Some(rest) => {
+            return rest
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok());
+        }
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
+impl FromRequestParts<Arc<Web>> for Who {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, web: &Arc<Web>) -> Result<Who, Response> {
+        if let Some(who) = web.auth.who(&parts.headers) {
+            return Ok(who);
+        }
+        if !web.auth.required() {
+            return Err((
+                StatusCode::MISDIRECTED_REQUEST,
+                "this plaintext dashboard answers to its address (or localhost) only",
+            )
+                .into_response());
+        }
+        let path = parts.uri.path();
+        let api = ["/api/", "/live", "/metrics"]
+            .iter()
+            .any(|p| path.starts_with(p));
+        if parts.method == Method::GET && !api {
+            let next = parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string();
+            let to = format!("/login?next={}", percent(&next));
+            Err(Redirect::to(&to).into_response())
+        } else {
+            Err((
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "log in first (or send Authorization: Bearer TOKEN)",
+            )
+                .into_response())
+        }
+    }
+}
+
+/// `GET /login`.
+#[derive(Debug, serde::Deserialize)]
+pub struct LoginQuery {
+    #[serde(default)]
+    next: String,
+}
+
+/// `GET /login`: the token form.
+pub async fn login_page(State(web): State<Arc<Web>>, Query(q): Query<LoginQuery>) -> Response {
+    login_form(&web, &q.next, None, StatusCode::OK)
+}
+
+fn login_form(web: &Web, next: &str, error: Option<&str>, code: StatusCode) -> Response {
+    let body = if web.auth.required() {
+        html! {
+            h1 { "Log in" }
+            p { "Paste the token " code { "baton-controller ca issue-operator NAME --tenant T --role R --token" } " printed." }
+            @if let Some(e) = error { p.error role="alert" { "Not accepted: " (e) "." } }
+            form method="post" action="/login" {
+                input type="hidden" name="next" value=(safe_next(next));
+                label for="token" { "Token" }
+                input #token type="password" name="token" autocomplete="off" required autofocus;
+                button type="submit" { "Log in" }
+            }
+        }
+    } else {
+        html! {
+            h1 { "No log-in here" }
+            p { "This controller is plaintext (" code { "--insecure" } ", loopback): every caller acts for every tenant. " a href="/" { "To the fleet" } }
+        }
+    };
+    (code, layout::bare("Log in", body)).into_response()
+}
+
+/// `POST /login` form.
+#[derive(serde::Deserialize)]
+pub struct LoginForm {
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+impl std::fmt::Debug for LoginForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("LoginForm")
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+/// `POST /login`: a token for a session cookie.
+pub async fn login(
+    State(web): State<Arc<Web>>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    if let Err(r) = same_origin(&headers, web.auth.secure_cookie) {
+        return r.into_response();
+    }
+    let grant = match web.auth.grant(&f.token) {
+        Ok(g) => g,
+        Err(why) => {
+            tracing::info!("dashboard log-in refused: {why}");
+            return login_form(&web, &f.next, Some(why), StatusCode::UNAUTHORIZED);
+        }
+    };
+    let caller = Caller::new(grant.identity.clone());
+    let id = match web.auth.open(grant) {
+        Ok(id) => id,
+        Err(why) => return login_form(&web, &f.next, Some(why), StatusCode::SERVICE_UNAVAILABLE),
+    };
+    let tenant = caller.tenant().unwrap_or_default().to_string();
+    // Recorded like every other action; a log-in that cannot be audited
+    // is not granted.
+    if let Err(e) = web
+        .app
+        .audited(&caller, &tenant, "login", "dashboard", Ok(()))
+        .await
+    {
+        web.auth.close_id(&id);
+        return super::app_error(e);
+    }
+    let mut r = Redirect::to(&safe_next(&f.next)).into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        web.auth.set_cookie(&id, SESSION_TTL.as_secs()),
+    );
+    r
+}
+
+impl Auth {
+    fn close_id(&self, id: &str) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}
+
+/// `POST /logout` form.
+#[derive(Debug, serde::Deserialize)]
+pub struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /logout`.
+pub async fn logout(
+    State(web): State<Arc<Web>>,
+    who: Who,
+    headers: HeaderMap,
+    Form(f): Form<LogoutForm>,
+) -> Response {
+    if let Err(r) = who.check_post(&headers, Some(&f.csrf)) {
+        return r.into_response();
+    }
+    web.auth.close(&headers);
+    let mut r = Redirect::to("/login").into_response();
+    r.headers_mut()
+        .insert(header::SET_COOKIE, web.auth.set_cookie("", 0));
+    r
+}
+
+/// Where to go after log-in: a path on this site, never another site.
+fn safe_next(next: &str) -> String {
+    // Visible ASCII only: browsers drop tabs and newlines from URLs, so
+    // `/<TAB>/evil.example` would become `//evil.example`.
+    let visible = next.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if visible && next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+        next.to_string()
+    } else {
+        "/".to_string()
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+fn random_hex<const N: usize>() -> String {
+    let b: [u8; N] = rand::random();
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && !b.is_empty() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Percent-encoding of a query value (what is not unreserved).
+pub fn percent(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_local_path_is_followed_after_log_in() {
+        assert_eq!(safe_next("/agents/a1?x=1"), "/agents/a1?x=1");
+        for evil in [
+            "//evil.example/",
+            "https://evil.example/",
+            "/\\evil",
+            "",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/ /evil.example",
+        ] {
+            assert_eq!(safe_next(evil), "/", "{evil}");
+        }
+    }
+
+    #[test]
+    fn cookies_and_bearer_tokens_are_read_from_their_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; __Host-baton_session=abc; b=2"),
+        );
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer  baton_x "),
+        );
+        assert_eq!(cookie(&h, COOKIE), Some("abc"));
+        assert_eq!(cookie(&h, "c"), None);
+        assert_eq!(bearer(&h), Some("baton_x"));
+        assert!(constant_time_eq(b"ab", b"ab") && !constant_time_eq(b"ab", b"ac"));
+        assert!(
+            !constant_time_eq(b"", b""),
+            "an empty CSRF token never matches"
+        );
+    }
+
+    #[test]
+    fn a_cross_site_post_is_refused() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8443"));
+        assert!(
+            same_origin(&h, true).is_ok(),
+            "no Origin: a non-browser client"
+        );
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://127.0.0.1:8443"),
+        );
+        assert!(same_origin(&h, true).is_ok());
+        assert!(same_origin(&h, false).is_err(), "the scheme counts");
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.example"),
+        );
+        assert!(same_origin(&h, true).is_err());
+    }
+
+    #[test]
+    fn a_plaintext_dashboard_answers_to_addresses_only() {
+        let host = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static(v));
+            plain_host_ok(&h)
+        };
+        assert!(host("127.0.0.1:8080") && host("localhost:8080") && host("[::1]:8080"));
+        assert!(host("10.0.0.5"));
+        assert!(!host("evil.example:8080"), "a rebound name");
+        assert!(!host("127.0.0.1.evil.example"));
+        assert!(!plain_host_ok(&HeaderMap::new()));
+    }
+}

@@ -1,0 +1,318 @@
+//! The dashboard's routes in-process, on a TLS-mode controller (tokens,
+//! tenants, roles): who gets in, and what each tenant sees.
+
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use baton_model::RefTime;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use tower::ServiceExt;
+
+use super::{Web, auth, router};
+use baton_app::{App, AppConfig};
+use baton_model::Binding;
+use baton_pki::ca::{self, CaDir, Validity};
+use baton_pki::identity::{Identity, Role};
+use baton_store::memory::MemoryStore;
+use baton_store::{Store, contract};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    /// The application's store, for a test to write what agents would.
+    store: Arc<dyn Store>,
+    ca: CaDir,
+    web: Arc<Web>,
+    revoked: tokio::sync::watch::Sender<Arc<HashSet<String>>>,
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+fn token(ca: &CaDir, name: &str, tenant: &str, role: Role) -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let who = Identity::Operator {
+        name: name.into(),
+        tenant: tenant.into(),
+        role,
+    };
+    let (cert, _) = ca::issue(ca, &who, Validity::days(now, 1)).unwrap();
+    baton_pki::tokens::issue(ca, &cert).unwrap()
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CaDir::new(dir.path());
+    ca::init(&ca, &[], time::OffsetDateTime::now_utc()).unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Binding::Tenants));
+    let app = App::new(store.clone(), AppConfig::new(Binding::Tenants));
+    for (id, tenant) in [("press-a", "plant-a"), ("press-b", "plant-b")] {
+        let hello = contract::hello_in(id, &[tenant], &[("line", "3")], 1);
+        store.agent_hello(hello).await.unwrap();
+    }
+    let revoked = tokio::sync::watch::Sender::new(Arc::new(HashSet::new()));
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let web = Arc::new(Web {
+        app,
+        auth: auth::Auth::new(Some(&ca), revoked.subscribe()),
+        shutdown,
+        counts: Default::default(),
+    });
+    Fixture {
+        _dir: dir,
+        store,
+        ca,
+        web,
+        revoked,
+        _stop: stop,
+    }
+}
+
+async fn call(web: &Arc<Web>, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+    let r = router(web.clone()).oneshot(req).await.unwrap();
+    let (parts, body) = r.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 24).await.unwrap();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+}
+
+fn get(path: &str, bearer: Option<&str>) -> Request<Body> {
+    let mut b = Request::get(path);
+    if let Some(t) = bearer {
+        b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    b.body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn a_token_logs_in_and_a_tenant_sees_only_its_own() {
+    let f = fixture().await;
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    // Nobody: the page sends to the log-in, the JSON says 401.
+    let (code, h, _) = call(&f.web, get("/agents/press-a", None)).await;
+    assert_eq!(code, StatusCode::SEE_OTHER);
+    assert!(
+        h[header::LOCATION]
+            .to_str()
+            .unwrap()
+            .starts_with("/login?next=/agents/press-a")
+    );
+    let (code, _, _) = call(&f.web, get("/api/agents", None)).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    // The log-in form: a cookie, HttpOnly, Secure, SameSite=Strict.
+    let login = Request::post("/login")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("token={ann}&next=/")))
+        .unwrap();
+    let (code, h, _) = call(&f.web, login).await;
+    assert_eq!(code, StatusCode::SEE_OTHER, "logged in");
+    let cookie = h[header::SET_COOKIE].to_str().unwrap().to_string();
+    for attr in ["HttpOnly", "Secure", "SameSite=Strict"] {
+        assert!(cookie.contains(attr), "{cookie}");
+    }
+    let session = cookie.split(';').next().unwrap().to_string();
+    let with_cookie = |path: &str| {
+        Request::get(path)
+            .header(header::COOKIE, session.clone())
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (code, _, page) = call(&f.web, with_cookie("/")).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(
+        page.contains("press-a") && !page.contains("press-b"),
+        "{page}"
+    );
+    // Another tenant's agent: "no agent", page and JSON alike.
+    let (code, _, body) = call(&f.web, with_cookie("/agents/press-b")).await;
+    assert_eq!(
+        (code, body.as_str()),
+        (StatusCode::NOT_FOUND, "no agent press-b")
+    );
+    let (code, _, _) = call(&f.web, with_cookie("/api/agents/press-b/clock")).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    let (_, _, json) = call(&f.web, get("/api/agents", Some(&ann))).await;
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let ids: Vec<&str> = v["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["press-a"]);
+    // A filter that matches nothing, and one that matches.
+    let (_, _, json) = call(&f.web, get("/api/agents?label=line%3D4", Some(&ann))).await;
+    assert!(json.contains(r#""agents":[]"#), "{json}");
+    let (_, _, json) = call(
+        &f.web,
+        get("/api/agents?label=line%3D3&state=offline", Some(&ann)),
+    )
+    .await;
+    assert!(json.contains("press-a"), "{json}");
+    // A viewer: no push form, no audit, and the endpoint refuses.
+    let (_, _, page) = call(&f.web, with_cookie("/push")).await;
+    assert!(!page.contains("<form id=\"push-form\""), "{page}");
+    let (code, _, _) = call(&f.web, with_cookie("/audit")).await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    let csrf = page
+        .split("X-CSRF-Token&quot;:&quot;")
+        .nth(1)
+        .and_then(|s| s.split("&quot;").next())
+        .unwrap()
+        .to_string();
+    let push = |csrf: &str| {
+        Request::post("/push")
+            .header(header::COOKIE, session.clone())
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(format!("csrf={csrf}&yaml=pack%3A+p")))
+            .unwrap()
+    };
+    let (code, _, body) = call(&f.web, push("wrong")).await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("CSRF"));
+    let (code, _, _) = call(&f.web, push(&csrf)).await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "a viewer may not push");
+    // Revoked: the session and the token stop at once.
+    let serial = baton_pki::tokens::read(&baton_pki::tokens::path(&f.ca))
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .serial
+        .clone();
+    f.revoked.send_replace(Arc::new([serial].into()));
+    let (code, _, _) = call(&f.web, with_cookie("/")).await;
+    assert_eq!(code, StatusCode::SEE_OTHER);
+    let (code, _, _) = call(&f.web, get("/api/agents", Some(&ann))).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn an_operator_pushes_from_the_page_and_an_admin_reads_the_audit() {
+    let f = fixture().await;
+    let bob = token(&f.ca, "bob", "plant-b", Role::Admin);
+    let yaml = "tenant: plant-b\npack: blink\nversion: 1\ntargets: {agents: [press-b]}\ninstructions:\n  - {id: t, action: noop, every: 1s}\n";
+    let form = format!("yaml={}", auth::percent(yaml).replace('/', "%2F"));
+    let req = Request::post("/push")
+        .header(header::AUTHORIZATION, format!("Bearer {bob}"))
+        .header(header::ACCEPT, "application/json")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(form))
+        .unwrap();
+    let (code, _, body) = call(&f.web, req).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert!(body.contains(r#""agents":["press-b"]"#), "{body}");
+    let (code, _, page) = call(&f.web, get("/packs/blink", Some(&bob))).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(page.contains("press-b"), "{page}");
+    // A version with a rollout: the pack page shows it, stage and state.
+    let v2 = format!(
+        "{}rollout:\n  stages: [{{percent: 100}}]\n",
+        yaml.replace("version: 1", "version: 2")
+    );
+    let req = Request::post("/push")
+        .header(header::AUTHORIZATION, format!("Bearer {bob}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!(
+            "yaml={}",
+            auth::percent(&v2).replace('/', "%2F")
+        )))
+        .unwrap();
+    let (code, _, body) = call(&f.web, req).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert!(body.contains("through its rollout"), "{body}");
+    let (_, _, page) = call(&f.web, get("/packs/blink", Some(&bob))).await;
+    assert!(
+        page.contains("Rollout of v2") && page.contains("Stage"),
+        "{page}"
+    );
+    // Both versions listed, newest first; the older one's deliveries on
+    // asking.
+    let v2_at = page.find("v2 (shown)").expect("v2 listed as shown");
+    let v1_at = page.find("version=1\">v1").expect("v1 linked");
+    assert!(v2_at < v1_at, "newest first");
+    let (code, _, page) = call(&f.web, get("/packs/blink?version=1", Some(&bob))).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(
+        page.contains("Deliveries of v1") && page.contains("v1 (shown)"),
+        "{page}"
+    );
+    let (code, _, page) = call(&f.web, get("/audit", Some(&bob))).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(page.contains("plant-b/blink v1"), "{page}");
+    // A cross-site form post is refused before anything else.
+    let req = Request::post("/push/check")
+        .header(header::AUTHORIZATION, format!("Bearer {bob}"))
+        .header(header::HOST, "127.0.0.1:1")
+        .header(header::ORIGIN, "https://evil.example")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from("yaml=x"))
+        .unwrap();
+    assert_eq!(call(&f.web, req).await.0, StatusCode::FORBIDDEN);
+    // Another tenant's pack: not found.
+    let ann = token(&f.ca, "ann", "plant-a", Role::Admin);
+    let (code, _, _) = call(&f.web, get("/packs/blink?tenant=plant-b", Some(&ann))).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    // A wrong token: the log-in page says so, with a 401.
+    let req = Request::post("/login")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from("token=baton_00"))
+        .unwrap();
+    let (code, _, page) = call(&f.web, req).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert!(page.contains("unknown token"), "{page}");
+}
+
+/// More executions in the hour than a page reads: the page shows the
+/// newest ones (a shorter window, stated), not the hour's first.
+#[tokio::test]
+async fn the_agent_page_shows_the_newest_executions_and_says_over_what_window() {
+    let f = fixture().await;
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    let now = baton_app::now_ns();
+    let n = 6_000u64;
+    let rows: Vec<baton_model::FeedbackRow> = (1..=n)
+        .map(|seq| baton_model::FeedbackRow {
+            id: 0,
+            agent_id: "press-a".into(),
+            journal_id: "j-press-a".into(),
+            seq,
+            execution_id: format!("e{seq}"),
+            tenant: "plant-a".into(),
+            pack: "p".into(),
+            version: 1,
+            instruction: "tick".into(),
+            occurrence: Some(RefTime::from_nanos(seq as i64)),
+            attempt: 1,
+            scheduled: RefTime::from_nanos(now - (n - seq) as i64 * 100_000_000),
+            actual: RefTime::from_nanos(now - (n - seq) as i64 * 100_000_000 + 5_000),
+            lateness: baton_model::time::span(5_000),
+            outcome: baton_proto::wire::Outcome::Ok,
+            reason: baton_proto::wire::Reason::Unspecified,
+            event: "executed".into(),
+            action: "noop".into(),
+            detail: String::new(),
+            value: None,
+            dropped_before: 0,
+            uncertainty: baton_model::time::span(0),
+            clock_source: baton_proto::wire::ClockSource::Unspecified,
+            clock_state: baton_proto::wire::ClockState::Unspecified,
+            received: RefTime::from_nanos(now - (n - seq) as i64 * 100_000_000),
+        })
+        .collect();
+    f.store.put_feedback(1, rows).await.unwrap();
+    let (code, _, page) = call(&f.web, get("/agents/press-a", Some(&ann))).await;
+    assert_eq!(code, StatusCode::OK, "{page}");
+    let newest = format!("data-received-ns=\"{now}\"");
+    assert!(
+        page.contains(&newest),
+        "the newest execution is on the page"
+    );
+    assert!(
+        page.contains("Start lateness, last 3 min"),
+        "the window is stated"
+    );
+}

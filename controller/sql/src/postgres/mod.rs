@@ -1,0 +1,713 @@
+//! The [`Store`](baton_store::Store) on PostgreSQL, for controllers that
+//! share one database (replicas) or that must not depend on one machine's
+//! disk.
+//!
+//! # Shape
+//!
+//! * **The same SQL** as the embedded store ([`crate::sql`]), on
+//!   the sync `postgres` client: the writer is a thread like SQLite's
+//!   (`store::writer`'s group commit), and reads run on a small
+//!   pool in `spawn_blocking`. (The async `tokio-postgres` would serve the
+//!   reads without a blocking thread, but the writer's group commit and
+//!   the shared SQL want one synchronous connection per thread.)
+//! * **Every write batch takes one transaction-scoped advisory lock**
+//!   before its first statement, in READ COMMITTED (so it sees everything
+//!   committed before the lock was granted). Writers of every replica
+//!   therefore run one batch at a time, as SQLite's single writer does:
+//!   two decisions never race, and feedback ids are handed out in commit
+//!   order (a reader paging by id never skips a row committed late).
+//!   Feedback batches of many agents still share one commit per batch.
+//! * **Batches are smaller** ([`MAX_BATCH`]): each command runs in a
+//!   savepoint, and past 64 subtransactions in one transaction PostgreSQL
+//!   slows every session's snapshots.
+//! * **Text order is bytes**: the database must use the `C` collation
+//!   (paging by id and the order of lists are the embedded store's);
+//!   [`PgStore::open`] refuses another.
+//! * **A lost connection** fails the batch it broke (its callers see the
+//!   error, nothing of it is committed) and the writer reconnects before
+//!   the next one.
+
+mod conn;
+pub mod import;
+mod lease;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use postgres::{Client, NoTls};
+use rustls_pki_types::pem::PemObject;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
+use super::sql::db::{Db, col, params, query_first, run};
+use super::sql::{Engine, off_runtime};
+pub use super::writer::WriterStats;
+use super::writer::{Batch, Batches, Writer};
+use super::{Binding, StoreError, StoreResult};
+use conn::{PgConn, detailed};
+use lease::Lease;
+pub use lease::LeaseConfig;
+
+/// Commands per transaction at most (see the module doc).
+pub const MAX_BATCH: usize = 64;
+
+/// The advisory lock every write batch holds to its commit.
+const WRITE_LOCK: i64 = 0x6261_746f_6e57; // "batonW"
+
+/// The advisory lock migrations run under (replicas starting together).
+const MIGRATION_LOCK: i64 = 0x6261_746f_6e4d; // "batonM"
+
+/// Read connections kept open between reads.
+const MAX_IDLE_READERS: usize = 4;
+
+/// The store on a PostgreSQL database. Cheap to clone; every clone talks
+/// to the same writer.
+#[derive(Clone)]
+pub struct PgStore {
+    writer: Arc<Writer<PgConn>>,
+    readers: Arc<ReadPool>,
+    binding: Binding,
+    lease: Arc<Lease>,
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("stats", &self.writer.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend(what: &str, e: &postgres::Error) -> StoreError {
+    StoreError::Backend(format!("{what}: {}", detailed(e)))
+}
+
+/// Where the database is and how to reach it: plaintext, or TLS (rustls)
+/// checked against a CA the operator names. Cheap to clone.
+#[derive(Clone)]
+pub struct Target {
+    config: postgres::Config,
+    tls: Option<MakeRustlsConnect>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the configuration: it may hold a password.
+        f.debug_struct("Target")
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// `url` (`postgres://…` or `host=… dbname=…`), with TLS when `ca` (a
+    /// PEM file of the CA that signed the database's certificate) is
+    /// given: then TLS is required (`sslmode=require`, whatever the URL
+    /// says) and the certificate must be the host's and chain to `ca`.
+    /// A URL asking for TLS without `ca` is refused rather than trusted
+    /// blindly.
+    pub fn new(url: &str, ca: Option<&std::path::Path>) -> StoreResult<Target> {
+        let mut config: postgres::Config = url.parse().map_err(|e| {
+            StoreError::Backend(format!("the store URL is not a PostgreSQL URL: {e}"))
+        })?;
+        let tls = match ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| {
+                    StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                })?;
+                for c in certs {
+                    let c = c.map_err(|e| {
+                        StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                    })?;
+                    roots.add(c).map_err(|e| {
+                        StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                    })?;
+                }
+                if roots.is_empty() {
+                    return Err(StoreError::Backend(format!(
+                        "--store-ca {}: no certificate in it",
+                        ca.display()
+                    )));
+                }
+                let client = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| StoreError::Backend(format!("TLS to the store: {e}")))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+                config.ssl_mode(postgres::config::SslMode::Require);
+                Some(MakeRustlsConnect::new(client))
+            }
+            None => {
+                if config.get_ssl_mode() == postgres::config::SslMode::Require {
+                    return Err(StoreError::Backend(
+                        "the store URL requires TLS: name the CA that signed the database's \
+                         certificate with --store-ca FILE"
+                            .into(),
+                    ));
+                }
+                config.ssl_mode(postgres::config::SslMode::Disable);
+                None
+            }
+        };
+        Ok(Target { config, tls })
+    }
+}
+
+fn connect(target: &Target) -> StoreResult<Client> {
+    let r = match &target.tls {
+        Some(tls) => target.config.connect(tls.clone()),
+        None => target.config.connect(NoTls),
+    };
+    r.map_err(|e| backend("connect to PostgreSQL", &e))
+}
+
+impl PgStore {
+    /// Connects to `target`, brings
+    /// the schema up to date (under a lock, so replicas starting together
+    /// do not both migrate) and starts the writer.
+    ///
+    /// Blocking: call it before the async runtime serves, or from
+    /// `spawn_blocking`. Refuses a database whose schema is newer than
+    /// this build knows, or whose text collation is not `C`.
+    pub fn open(target: &Target, binding: Binding) -> StoreResult<PgStore> {
+        PgStore::open_replica(target, binding, LeaseConfig::new(LeaseConfig::unique_id()))
+    }
+
+    /// [`PgStore::open`] as the replica `lease` names: its lease is taken
+    /// (at the next epoch) before anything is written, and every write
+    /// batch commits only while it is live.
+    pub fn open_replica(
+        target: &Target,
+        binding: Binding,
+        lease: LeaseConfig,
+    ) -> StoreResult<PgStore> {
+        let conn = PgConn::new(connect(target)?);
+        check_collation(&conn)?;
+        migrate(&conn)?;
+        let lease = Arc::new(Lease::start(&conn, target, lease)?);
+        let readers = Arc::new(ReadPool {
+            target: target.clone(),
+            idle: Mutex::new(Vec::new()),
+        });
+        let batches = PgBatches {
+            target: target.clone(),
+            conn: Some(conn),
+            lease: Arc::clone(&lease),
+            open: false,
+        };
+        let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
+        Ok(PgStore {
+            writer: Arc::new(writer),
+            readers,
+            binding,
+            lease,
+        })
+    }
+
+    /// Becomes `true`, for good, when this replica's lease is lost: it
+    /// writes nothing more and must stop serving.
+    pub fn lease_lost(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.lease.lost()
+    }
+
+    /// The replica id and epoch this store writes as.
+    pub fn replica(&self) -> (String, i64) {
+        let o = self.lease.owner();
+        (o.replica.clone(), o.epoch)
+    }
+
+    /// What the writer has committed so far.
+    pub fn stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
+    /// Stops the writer once everything queued before this call is
+    /// committed; later writes fail with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        self.writer.close().await;
+    }
+}
+
+impl Engine for PgStore {
+    fn binding(&self) -> Binding {
+        self.binding
+    }
+
+    fn replicated(&self) -> bool {
+        true
+    }
+
+    fn owner(&self) -> crate::sql::agents::Owner {
+        self.lease.owner().clone()
+    }
+
+    fn lease_clock(&self) -> crate::sql::LeaseClock {
+        lease::db_now_us
+    }
+
+    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        self.writer.write(move |c: &PgConn| f(c)).await
+    }
+
+    async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        self.writer.write_background(move |c: &PgConn| f(c)).await
+    }
+
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: Fn(&dyn Db) -> StoreResult<T> + Send + 'static,
+    {
+        let pool = Arc::clone(&self.readers);
+        off_runtime(move || pool.with(f)).await
+    }
+}
+
+/// The writer's connection (reopened after it is lost).
+struct PgBatches {
+    target: Target,
+    conn: Option<PgConn>,
+    lease: Arc<Lease>,
+    /// A transaction was begun on `conn` and not ended (`recover` rolls
+    /// it back).
+    open: bool,
+}
+
+impl Batches<PgConn> for PgBatches {
+    fn run(&mut self, batch: &mut Batch<PgConn>) -> Result<(), String> {
+        if self.lease.is_lost() {
+            return Err(
+                StoreError::LeaseLost("this replica writes nothing more".into()).to_string(),
+            );
+        }
+        if self.conn.as_ref().is_none_or(PgConn::is_closed) {
+            self.conn = None;
+            let c = connect(&self.target).map_err(|e| e.to_string())?;
+            tracing::info!("store: reconnected to PostgreSQL");
+            self.conn = Some(PgConn::new(c));
+        }
+        let conn = self
+            .conn
+            .as_ref()
+            .ok_or_else(|| "no PostgreSQL connection".to_string())?;
+        let step = |sql: &str| {
+            conn.batch(sql)
+                .map_err(|e| format!("write batch not committed ({sql}): {}", detailed(&e)))
+        };
+        // A batch that fails from here on is rolled back by `recover`.
+        // READ COMMITTED (the default): each statement sees what was
+        // committed before it, so after the lock, every earlier batch.
+        self.open = true;
+        step("BEGIN")?;
+        // Before the first savepoint: rolling one back would release a
+        // lock taken inside it.
+        let locked = run(
+            conn,
+            "take the write lock",
+            "SELECT pg_advisory_xact_lock(?1)",
+            params![WRITE_LOCK],
+        );
+        if let Err(e) = locked {
+            return Err(format!("write batch not committed: {e}"));
+        }
+        // After the lock, on the database's clock: a replica paused past
+        // its lease commits nothing when it wakes (see `lease`).
+        match lease::is_live(conn, self.lease.owner()) {
+            Ok(true) => {}
+            Ok(false) => {
+                let e = StoreError::LeaseLost("it ran out before this write batch".into());
+                self.lease.mark_lost(&e.to_string());
+                return Err(format!("write batch not committed: {e}"));
+            }
+            Err(e) => {
+                return Err(format!("write batch not committed: {e}"));
+            }
+        }
+        for job in batch.iter_mut() {
+            step("SAVEPOINT job")?;
+            if job.run(conn).is_err() {
+                step("ROLLBACK TO SAVEPOINT job")?;
+            }
+            step("RELEASE SAVEPOINT job")?;
+        }
+        step("COMMIT")?;
+        self.open = false;
+        Ok(())
+    }
+
+    fn recover(&mut self) -> bool {
+        // Whatever the batch left open is rolled back; a lost connection
+        // is reopened by the next batch.
+        let open = std::mem::take(&mut self.open);
+        if let Some(c) = &self.conn
+            && open
+            && !c.is_closed()
+            && let Err(e) = c.batch("ROLLBACK")
+        {
+            tracing::warn!(error = %detailed(&e), "store: rollback after a failed batch");
+            self.conn = None;
+        }
+        true
+    }
+
+    fn close(self) {
+        if let Some(c) = self.conn
+            && let Err(e) = c.close()
+        {
+            tracing::warn!(error = %detailed(&e), "store: closing the write connection");
+        }
+    }
+}
+
+/// Read connections, opened on demand, a few kept for reuse.
+struct ReadPool {
+    target: Target,
+    idle: Mutex<Vec<PgConn>>,
+}
+
+impl ReadPool {
+    /// Runs `f` on a pooled connection. A pooled connection the server
+    /// has closed since (a restart, a cut) is found out only when used:
+    /// then `f` runs once more on a new one (reads change nothing).
+    fn with<T>(&self, f: impl Fn(&dyn Db) -> StoreResult<T>) -> StoreResult<T> {
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let (mut conn, fresh) = match pooled {
+            Some(c) if !c.is_closed() => (c, false),
+            _ => (PgConn::new(connect(&self.target)?), true),
+        };
+        let mut out = f(&conn);
+        if out.is_err() && !fresh && conn.is_closed() {
+            conn = PgConn::new(connect(&self.target)?);
+            out = f(&conn);
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE_READERS && !conn.is_closed() {
+            idle.push(conn);
+        }
+        out
+    }
+}
+
+impl Drop for ReadPool {
+    fn drop(&mut self) {
+        // Each sync client owns a small runtime, which may not be dropped
+        // on an async runtime's thread (where the last clone of the store
+        // often goes): they go on a thread of their own.
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        if !idle.is_empty() {
+            let _ = std::thread::spawn(move || drop(idle)).join();
+        }
+    }
+}
+
+/// Text is compared and ordered byte-wise only under `C` (or `POSIX`).
+fn check_collation(conn: &PgConn) -> StoreResult<()> {
+    let collation: Option<String> = query_first(
+        conn,
+        "SELECT datcollate::text AS collation FROM pg_database WHERE datname = current_database()",
+        &[],
+        |r| col(r, "collation"),
+    )?;
+    match collation.as_deref() {
+        Some("C" | "POSIX") => Ok(()),
+        other => Err(StoreError::Backend(format!(
+            "the database's collation is {other:?}, not \"C\": lists and pages would not be in the \
+             byte order the store relies on; create it with \
+             CREATE DATABASE … TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+        ))),
+    }
+}
+
+/// Applies the migrations this database lacks, each in its own
+/// transaction, under a session lock (replicas starting together).
+fn migrate(conn: &PgConn) -> StoreResult<()> {
+    let lock = |sql: &str| run(conn, "the migration lock", sql, params![MIGRATION_LOCK]);
+    lock("SELECT pg_advisory_lock(?1)")?;
+    let out = migrate_locked(conn);
+    let unlocked = lock("SELECT pg_advisory_unlock(?1)");
+    out?;
+    unlocked?;
+    Ok(())
+}
+
+fn migrate_locked(conn: &PgConn) -> StoreResult<()> {
+    conn.batch(CREATE_SCHEMA_MIGRATIONS)
+        .map_err(|e| backend("create schema_migrations", &e))?;
+    let newest: i64 = query_first(
+        conn,
+        "SELECT COALESCE(MAX(version), 0) AS newest FROM schema_migrations",
+        &[],
+        |r| col(r, "newest"),
+    )?
+    .unwrap_or(0);
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    if newest > known {
+        return Err(StoreError::Backend(format!(
+            "the database's schema is v{newest}, newer than this controller's v{known}; run a newer controller"
+        )));
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > newest) {
+        conn.batch("BEGIN")
+            .map_err(|e| backend("begin a migration", &e))?;
+        let applied = (|| {
+            conn.batch(&m.sql_for(Dialect::Postgres))
+                .map_err(|e| backend(&format!("apply migration v{}", m.version), &e))?;
+            super::migrations::after(conn, m.version, Dialect::Postgres)?;
+            run(
+                conn,
+                "record a migration",
+                "INSERT INTO schema_migrations (version) VALUES (?1)",
+                params![m.version],
+            )?;
+            conn.batch("COMMIT")
+                .map_err(|e| backend("commit a migration", &e))
+        })();
+        if let Err(e) = applied {
+            let _ = conn.batch("ROLLBACK");
+            return Err(e);
+        }
+        tracing::info!(version = m.version, "store: schema migrated");
+    }
+    Ok(())
+}
+
+/// `names` replicas on one fresh test database (`None`: no test cluster
+/// here). Opened on a thread of their own (the sync client's runtime may
+/// not start inside a test's). For tests, this crate's and its users'
+/// (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
+pub fn test_replicas(names: &[&str]) -> Option<Vec<PgStore>> {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    std::thread::spawn(move || {
+        if !baton_testpg::available() {
+            return None;
+        }
+        let url = baton_testpg::fresh_database().expect("a test database");
+        let target = Target::new(&url, None).expect("target");
+        Some(
+            names
+                .into_iter()
+                .map(|n| {
+                    PgStore::open_replica(&target, Binding::Open, LeaseConfig::new(n))
+                        .expect("a replica")
+                })
+                .collect(),
+        )
+    })
+    .join()
+    .expect("open thread")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+    use super::*;
+
+    /// Whether a test cluster runs here (else the tests return at once;
+    /// `baton_testpg` said why, or panicked if PostgreSQL is required).
+    fn available() -> bool {
+        std::thread::spawn(baton_testpg::available)
+            .join()
+            .unwrap_or(false)
+    }
+
+    /// A store on a fresh database. Opened on a thread of its own: the
+    /// sync client runs its own small runtime, which may not start inside
+    /// the test's.
+    fn open(binding: Binding) -> (PgStore, ()) {
+        let store = std::thread::spawn(move || {
+            let url = baton_testpg::fresh_database().expect("a test database");
+            PgStore::open(&Target::new(&url, None)?, binding)
+        })
+        .join()
+        .expect("open thread")
+        .expect("open the store");
+        (store, ())
+    }
+
+    baton_store::contract_suite!(open, available);
+
+    /// Two replicas (`a`, `b`) on one fresh database, and a plain
+    /// connection to it (the clock a paused replica does not see pass).
+    fn replicas(a: LeaseConfig, b: LeaseConfig) -> (PgStore, PgStore, Target) {
+        std::thread::spawn(move || {
+            let url = baton_testpg::fresh_database().expect("a test database");
+            let target = Target::new(&url, None).expect("target");
+            let a = PgStore::open_replica(&target, Binding::Open, a).expect("replica a");
+            let b = PgStore::open_replica(&target, Binding::Open, b).expect("replica b");
+            (a, b, target)
+        })
+        .join()
+        .expect("open thread")
+    }
+
+    /// Ends `id`'s lease now, as the database sees it: what a replica
+    /// paused (SIGSTOP) past its lease finds when it wakes.
+    fn expire(target: &Target, id: &str) {
+        let (target, id) = (target.clone(), id.to_owned());
+        std::thread::spawn(move || {
+            let raw = PgConn::new(connect(&target).expect("connect"));
+            run(
+                &raw,
+                "expire a lease",
+                "UPDATE replicas SET expires_us = 0 WHERE id = ?1",
+                params![id],
+            )
+            .expect("expire");
+        })
+        .join()
+        .expect("expire thread");
+    }
+
+    fn hello(id: &str) -> baton_store::HelloRow {
+        baton_store::contract::hello(id, 100)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_past_its_lease_writes_nothing_and_says_it_lost_it() {
+        use baton_store::Store;
+        if !available() {
+            return;
+        }
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let (agent, _) = a.agent_hello(hello("a1")).await.unwrap();
+        assert_eq!((agent.owner.as_str(), agent.session_gen), ("ra", 1));
+        let mut lost = a.lease_lost();
+        assert!(!*lost.borrow());
+        expire(&target, "ra");
+        // Whatever it tries, fenced or not by the agent, is not committed.
+        let seen = a.agent_seen("a1", 1, true, 200, None).await;
+        assert!(
+            matches!(&seen, Err(StoreError::Backend(m)) if m.contains("lease")),
+            "{seen:?}"
+        );
+        assert!(a.agent_hello(hello("a2")).await.is_err());
+        tokio::time::timeout(std::time::Duration::from_secs(5), lost.wait_for(|l| *l))
+            .await
+            .expect("the lease is said lost")
+            .unwrap();
+        // Nothing of it reached the database; the other replica serves on.
+        assert_eq!(
+            b.agent("a1").await.unwrap().unwrap().last_seen.as_nanos(),
+            100
+        );
+        assert_eq!(b.agent("a2").await.unwrap(), None);
+        let (agent, _) = b.agent_hello(hello("a1")).await.unwrap();
+        assert_eq!((agent.owner.as_str(), agent.session_gen), ("rb", 2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_under_the_same_id_fences_the_earlier_one() {
+        use baton_store::Store;
+        if !available() {
+            return;
+        }
+        let (old, new, _) = replicas(LeaseConfig::new("r1"), LeaseConfig::new("r1"));
+        assert_eq!((old.replica().1, new.replica().1), (1, 2));
+        assert!(old.agent_hello(hello("a1")).await.is_err());
+        let (agent, _) = new.agent_hello(hello("a1")).await.unwrap();
+        assert_eq!(agent.owner, "r1");
+        assert!(*old.lease_lost().borrow());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_agents_of_a_replica_whose_lease_ran_out_are_marked_disconnected() {
+        use baton_store::Store;
+        if !available() {
+            return;
+        }
+        // b renews (and sweeps) often, so the test need not wait long.
+        let mut quick = LeaseConfig::new("rb");
+        quick.renew_every = std::time::Duration::from_millis(100);
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), quick);
+        a.agent_hello(hello("on-a")).await.unwrap();
+        b.agent_hello(hello("earlier-b")).await.unwrap();
+        let connected = |s: &PgStore, id: &'static str| {
+            let s = s.clone();
+            async move { s.agent(id).await.unwrap().unwrap().connected }
+        };
+        // A replica starting marks its own agents gone (it holds no stream
+        // yet) and leaves those of live replicas.
+        b.all_disconnected().await.unwrap();
+        assert!(connected(&b, "on-a").await);
+        assert!(!connected(&b, "earlier-b").await);
+        b.agent_hello(hello("on-b")).await.unwrap();
+        // a dies: b's renewals sweep its agents, and only those.
+        expire(&target, "ra");
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while connected(&b, "on-a").await {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("a's agent is marked disconnected by b's sweep");
+        assert!(connected(&b, "on-b").await);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_machine_under_one_id_is_refused_by_another_replica() {
+        use baton_store::Store;
+        if !available() {
+            return;
+        }
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let mut first = hello("a1");
+        first.journal_id = "j-one".into();
+        a.agent_hello(first.clone()).await.unwrap();
+        let mut second = hello("a1");
+        second.journal_id = "j-two".into();
+        match b.agent_hello(second.clone()).await {
+            Err(StoreError::IdInUse {
+                holder_journal,
+                replica,
+                ..
+            }) => assert_eq!((holder_journal.as_str(), replica.as_str()), ("j-one", "ra")),
+            other => panic!("a second machine let in: {other:?}"),
+        }
+        let kept = b.agent("a1").await.unwrap().unwrap();
+        assert_eq!(
+            (kept.journal_id.as_str(), kept.owner.as_str()),
+            ("j-one", "ra")
+        );
+        // The same machine moving to b is its own business.
+        let (moved, _) = b.agent_hello(first).await.unwrap();
+        assert_eq!((moved.owner.as_str(), moved.session_gen), ("rb", 2));
+        // b holds it now: a refuses the other journal in turn.
+        assert!(matches!(
+            a.agent_hello(second.clone()).await,
+            Err(StoreError::IdInUse { .. })
+        ));
+        // Once b's stream is gone (here: b's lease ran out), a new
+        // journal is a machine whose disk was wiped: let in.
+        expire(&target, "rb");
+        let (wiped, _) = a.agent_hello(second).await.unwrap();
+        assert_eq!(
+            (wiped.journal_id.as_str(), wiped.owner.as_str()),
+            ("j-two", "ra")
+        );
+    }
+
+    #[test]
+    fn a_lease_must_outlast_three_renewals() {
+        let mut l = LeaseConfig::new("r");
+        assert!(l.check().is_ok());
+        l.renew_every = l.ttl / 2;
+        assert!(l.check().is_err());
+        assert!(LeaseConfig::new("").check().is_err());
+    }
+}

@@ -1,0 +1,526 @@
+//! Agents: their records, own labels, operator labels, tenants and clock.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::codec::{
+    CLOCK_COLUMNS, decode_clock, from_json, instant_col, span_col, to_json, u64_from_db, with_row,
+};
+use super::db::{Db, Param, Row, chunks, col, params, placeholders, query_all, query_first, run};
+use baton_model::time::{self, span_ns};
+use baton_store::{
+    AgentFilter, AgentRow, ClockRow, HelloRow, LabelOverrides, MAX_PAGE, StoreError, StoreResult,
+    page,
+};
+
+const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
+     session_gen, owner, lateness_p99_ns, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
+     clock_frequency_ppm, clock_at_ns";
+
+fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
+    let id: String = col(row, "id")?;
+    let r = (|| {
+        let labels: String = col(row, "labels")?;
+        let clock = match col::<Option<i64>>(row, "clock_at_ns")? {
+            None => None,
+            Some(at_ns) => Some(ClockRow {
+                source: col(row, "clock_source")?,
+                state: col(row, "clock_state")?,
+                offset: span_col(row, "clock_offset_ns")?,
+                jitter: span_col(row, "clock_jitter_ns")?,
+                uncertainty: span_col(row, "clock_uncertainty_ns")?,
+                frequency_ppm: col(row, "clock_frequency_ppm")?,
+                at: time::at(at_ns),
+            }),
+        };
+        let mut a = AgentRow::new(id.clone(), col::<String>(row, "journal_id")?);
+        a.labels = from_json(&labels, "labels")?;
+        a.agent_version = col(row, "agent_version")?;
+        a.connected = col::<i64>(row, "connected")? != 0;
+        a.last_seen = instant_col(row, "last_seen_ns")?;
+        a.session_gen = u64_from_db(col(row, "session_gen")?, "session_gen")?;
+        a.owner = col(row, "owner")?;
+        a.lateness_p99 = span_col(row, "lateness_p99_ns")?;
+        a.clock = clock;
+        Ok(a)
+    })();
+    with_row(format_args!("agent {id}"), r)
+}
+
+/// Operator labels and tenants of the agents with ids in `[first, last]`
+/// (one page, in the database's order), attached to `agents`. `tenant`: the page
+/// holds only agents serving it, so only theirs are read (a sparse page's
+/// range may span many other tenants' agents).
+fn attach(conn: &dyn Db, agents: &mut [AgentRow], tenant: Option<&str>) -> StoreResult<()> {
+    let (Some(first), Some(last)) = (agents.first(), agents.last()) else {
+        return Ok(());
+    };
+    let (first, last) = (first.id.clone(), last.id.clone());
+    attach_where(
+        conn,
+        agents,
+        "agent_id >= ?1 AND agent_id <= ?2 \
+         AND (CAST(?3 AS TEXT) IS NULL OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3))",
+        params![first, last, tenant],
+    )
+}
+
+/// Operator labels and tenants of the agents `which` (a condition on
+/// `agent_id` with its parameters) selects, attached to `agents` (in any
+/// order: the database's collation may sort ids otherwise than Rust).
+fn attach_where(
+    conn: &dyn Db,
+    agents: &mut [AgentRow],
+    which: &str,
+    p: &[Param<'_>],
+) -> StoreResult<()> {
+    let labels = query_all(
+        conn,
+        &format!(
+            "SELECT agent_id, tenant, key, value FROM agent_labels WHERE {which} \
+             ORDER BY agent_id, tenant, key"
+        ),
+        p,
+        |r| {
+            Ok((
+                col::<String>(r, "agent_id")?,
+                col::<String>(r, "tenant")?,
+                col::<String>(r, "key")?,
+                col::<Option<String>>(r, "value")?,
+            ))
+        },
+    )?;
+    let at: HashMap<String, usize> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.id.clone(), i))
+        .collect();
+    for (agent, tenant, key, value) in labels {
+        if let Some(&i) = at.get(&agent) {
+            agents[i]
+                .overrides
+                .entry(tenant)
+                .or_default()
+                .insert(key, value);
+        }
+    }
+    let tenants = query_all(
+        conn,
+        &format!("SELECT agent_id, tenant FROM agent_tenants WHERE {which}"),
+        p,
+        |r| Ok((col::<String>(r, "agent_id")?, col::<String>(r, "tenant")?)),
+    )?;
+    for (agent, tenant) in tenants {
+        if let Some(&i) = at.get(&agent) {
+            agents[i].tenants.insert(tenant);
+        }
+    }
+    Ok(())
+}
+
+/// The agents with these ids (unknown ids skipped), in id order: three
+/// statements per run of ids ([`chunks`]), where [`load_agent`] one by
+/// one is three per agent (a push to thousands of agents is planned in one
+/// transaction; on a networked engine each statement is a round trip).
+pub(crate) fn load_agents(conn: &dyn Db, ids: &[&str]) -> StoreResult<Vec<AgentRow>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in chunks(ids) {
+        let list = placeholders(1, chunk.len());
+        let p: Vec<Param<'_>> = chunk.iter().map(|id| Param::Text(id)).collect();
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id IN {list}");
+        let mut rows = query_all(conn, &sql, &p, decode_agent)?;
+        attach_where(conn, &mut rows, &format!("agent_id IN {list}"), &p)?;
+        out.extend(rows);
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}
+
+pub(crate) fn load_agent(conn: &dyn Db, id: &str) -> StoreResult<Option<AgentRow>> {
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
+    let mut rows = query_all(conn, &sql, params![id], decode_agent)?;
+    attach(conn, &mut rows, None)?;
+    Ok(rows.pop())
+}
+
+/// One page of agents.
+pub(crate) fn agents_page(conn: &dyn Db, f: &AgentFilter) -> StoreResult<Vec<AgentRow>> {
+    let limit = i64::from(page(f.limit, MAX_PAGE));
+    let sql = format!(
+        "SELECT {AGENT_COLUMNS} FROM agents \
+         WHERE (CAST(?1 AS TEXT) IS NULL OR id > ?1) \
+         AND (CAST(?2 AS TEXT) IS NULL OR id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?2)) \
+         ORDER BY id LIMIT ?3"
+    );
+    let mut rows = query_all(
+        conn,
+        &sql,
+        params![f.after_id, f.tenant, limit],
+        decode_agent,
+    )?;
+    attach(conn, &mut rows, f.tenant.as_deref())?;
+    Ok(rows)
+}
+
+pub(crate) fn agent_exists(conn: &dyn Db, id: &str) -> StoreResult<bool> {
+    Ok(query_first(
+        conn,
+        "SELECT 1 AS found FROM agents WHERE id = ?1",
+        params![id],
+        |_| Ok(()),
+    )?
+    .is_some())
+}
+
+pub(crate) fn unknown_agent(id: &str) -> StoreError {
+    StoreError::Backend(format!("no agent {id}: it must say hello first"))
+}
+
+/// The replica a store writes as: its id and its lease's epoch (a single
+/// controller: empty and 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// The replica's id.
+    pub replica: String,
+    /// Its lease's epoch.
+    pub epoch: i64,
+}
+
+/// Two machines under one identity across replicas: the agent is
+/// connected, from another journal, to another replica whose lease is live
+/// (within one replica the hub refuses this before the store is asked).
+/// A machine whose disk was wiped (a new journal) is let in once its old
+/// stream is gone: its replica's lease ran out, or it was marked
+/// disconnected.
+pub(crate) fn refuse_a_second_machine(
+    conn: &dyn Db,
+    h: &HelloRow,
+    me: &Owner,
+    lease_now_us: super::LeaseClock,
+) -> StoreResult<()> {
+    let holder = query_first(
+        conn,
+        "SELECT journal_id, owner FROM agents a WHERE id = ?1 AND connected <> 0 \
+         AND owner <> ?2 AND journal_id <> ?3 AND EXISTS (SELECT 1 FROM replicas r \
+         WHERE r.id = a.owner AND r.epoch = a.owner_epoch AND r.expires_us > ?4)",
+        params![h.id, me.replica, h.journal_id, lease_now_us(conn)?],
+        |r| Ok((col::<String>(r, "journal_id")?, col::<String>(r, "owner")?)),
+    )?;
+    match holder {
+        None => Ok(()),
+        Some((holder_journal, replica)) => Err(StoreError::IdInUse {
+            agent: h.id.clone(),
+            journal: h.journal_id.clone(),
+            holder_journal,
+            replica,
+        }),
+    }
+}
+
+/// The agent record, now owned by `owner` under a new session generation
+/// (above the stored one and the one the agent has seen), its own labels
+/// (one row each, for targeting) and its certificate's tenants.
+pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreResult<()> {
+    let labels = to_json(&h.labels, "labels")?;
+    let seen = i64::try_from(h.session_gen_seen).map_err(|_| {
+        StoreError::Backend(format!(
+            "agent {}: session generation {} is past what the store keeps",
+            h.id, h.session_gen_seen
+        ))
+    })?;
+    // `CASE` rather than MAX/GREATEST: the engines spell those otherwise.
+    run(
+        conn,
+        "store an agent",
+        "INSERT INTO agents (id, labels, agent_version, journal_id, connected, last_seen_ns, \
+         session_gen, owner, owner_epoch) \
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6 + 1, ?7, ?8) \
+         ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
+         agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
+         connected = excluded.connected, last_seen_ns = excluded.last_seen_ns, \
+         session_gen = CASE WHEN agents.session_gen > ?6 THEN agents.session_gen ELSE ?6 END + 1, \
+         owner = excluded.owner, owner_epoch = excluded.owner_epoch",
+        params![
+            h.id,
+            labels,
+            h.agent_version,
+            h.journal_id,
+            h.at.as_nanos(),
+            seen,
+            owner.replica,
+            owner.epoch
+        ],
+    )?;
+    run(
+        conn,
+        "replace an agent's labels",
+        "DELETE FROM agent_own_labels WHERE agent_id = ?1",
+        params![h.id],
+    )?;
+    for (k, v) in &h.labels {
+        run(
+            conn,
+            "store an agent's label",
+            "INSERT INTO agent_own_labels (agent_id, key, value) VALUES (?1, ?2, ?3)",
+            params![h.id, k, v],
+        )?;
+    }
+    if let Some(tenants) = &h.cert_tenants {
+        run(
+            conn,
+            "replace an agent's certificate tenants",
+            "DELETE FROM agent_tenants WHERE agent_id = ?1 AND source = 'certificate'",
+            params![h.id],
+        )?;
+        for t in tenants.iter().collect::<BTreeSet<_>>() {
+            run(
+                conn,
+                "store an agent's tenant",
+                "INSERT INTO agent_tenants (agent_id, tenant, source, at_ns) \
+                 VALUES (?1, ?2, 'certificate', ?3)",
+                params![h.id, t, h.at.as_nanos()],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The fence of every write a stream makes for its agent: the agent's
+/// stored generation must still be the stream's, read in the write's own
+/// transaction (the writer's serialisation point, so no hello can come
+/// between the check and the write). An agent never said hello to (or
+/// forgotten) is [`unknown_agent`].
+pub(crate) fn check_session(conn: &dyn Db, id: &str, session: u64) -> StoreResult<()> {
+    match check_session_if_known(conn, id, session)? {
+        true => Ok(()),
+        false => Err(unknown_agent(id)),
+    }
+}
+
+/// [`check_session`] in one look-up, for writes an agent with no record
+/// may still make (feedback, answers): whether the agent is known (a
+/// known agent's stream of another generation is [`StoreError::Fenced`]).
+pub(crate) fn check_session_if_known(conn: &dyn Db, id: &str, session: u64) -> StoreResult<bool> {
+    let current: Option<i64> = query_first(
+        conn,
+        "SELECT session_gen FROM agents WHERE id = ?1",
+        params![id],
+        |r| col(r, "session_gen"),
+    )?;
+    let Some(current) = current else {
+        return Ok(false);
+    };
+    let current = u64_from_db(current, "session_gen")?;
+    if current != session {
+        return Err(StoreError::Fenced {
+            agent: id.to_owned(),
+            session,
+            current,
+        });
+    }
+    Ok(true)
+}
+
+/// Marks disconnected the agents whose stream no replica holds: none whose
+/// lease (at the epoch it took the hello under) is live at `now_us`, or
+/// the replica `starting` (which holds no stream yet). On a single
+/// controller, which has no lease rows, every agent. How many.
+pub(crate) fn disconnect_unowned(
+    conn: &dyn Db,
+    now_us: i64,
+    starting: Option<&str>,
+) -> StoreResult<u64> {
+    run(
+        conn,
+        "mark agents disconnected",
+        "UPDATE agents SET connected = 0 WHERE connected <> 0 AND (owner = ?2 OR NOT EXISTS \
+         (SELECT 1 FROM replicas r WHERE r.id = agents.owner \
+          AND r.epoch = agents.owner_epoch AND r.expires_us > ?1))",
+        params![now_us, starting],
+    )
+}
+
+/// Runs an `UPDATE agents ... WHERE id = ?1`; an unknown agent is an error
+/// (the server only updates agents that said hello).
+pub(crate) fn update_agent(
+    conn: &dyn Db,
+    id: &str,
+    sql: &str,
+    params: &[Param<'_>],
+) -> StoreResult<()> {
+    let n = run(conn, "update an agent", sql, params)?;
+    if n == 0 {
+        return Err(unknown_agent(id));
+    }
+    Ok(())
+}
+
+pub(crate) fn write_labels(
+    conn: &dyn Db,
+    id: &str,
+    tenant: &str,
+    set: &LabelOverrides,
+    reset: &[String],
+) -> StoreResult<()> {
+    if !agent_exists(conn, id)? {
+        return Err(StoreError::NoSuchAgent { id: id.to_string() });
+    }
+    for (k, v) in set {
+        run(
+            conn,
+            "store an agent label",
+            "INSERT INTO agent_labels (agent_id, tenant, key, value) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (agent_id, tenant, key) DO UPDATE SET value = excluded.value",
+            params![id, tenant, k, v],
+        )?;
+    }
+    for k in reset {
+        run(
+            conn,
+            "reset an agent label",
+            "DELETE FROM agent_labels WHERE agent_id = ?1 AND tenant = ?2 AND key = ?3",
+            params![id, tenant, k],
+        )?;
+    }
+    Ok(())
+}
+
+pub(crate) fn write_grant(
+    conn: &dyn Db,
+    id: &str,
+    tenant: &str,
+    granted: bool,
+    at_ns: i64,
+) -> StoreResult<()> {
+    if granted {
+        run(
+            conn,
+            "store a grant",
+            "INSERT INTO agent_tenants (agent_id, tenant, source, at_ns) \
+             VALUES (?1, ?2, 'grant', ?3) ON CONFLICT (agent_id, tenant, source) DO NOTHING",
+            params![id, tenant, at_ns],
+        )?;
+    } else {
+        run(
+            conn,
+            "take back a grant",
+            "DELETE FROM agent_tenants WHERE agent_id = ?1 AND tenant = ?2 AND source = 'grant'",
+            params![id, tenant],
+        )?;
+    }
+    Ok(())
+}
+
+pub(crate) fn write_forget(conn: &dyn Db, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+    let existed = agent_exists(conn, id)?;
+    let statements: &[(&str, &str)] = match tenant {
+        Some(_) => &[
+            (
+                "DELETE FROM agent_labels WHERE agent_id = ?1 AND tenant = ?2",
+                "forget an agent's labels",
+            ),
+            (
+                "DELETE FROM deliveries WHERE agent_id = ?1 AND tenant = ?2",
+                "forget an agent's deliveries",
+            ),
+            (
+                "DELETE FROM agent_tenants WHERE agent_id = ?1 AND tenant = ?2 AND source = 'grant'",
+                "forget an agent's grant",
+            ),
+        ],
+        None => &[
+            (
+                "DELETE FROM agent_labels WHERE agent_id = ?1",
+                "forget an agent's labels",
+            ),
+            (
+                "DELETE FROM deliveries WHERE agent_id = ?1",
+                "forget an agent's deliveries",
+            ),
+            (
+                "DELETE FROM agent_tenants WHERE agent_id = ?1",
+                "forget an agent's tenants",
+            ),
+            (
+                "DELETE FROM agent_own_labels WHERE agent_id = ?1",
+                "forget an agent's own labels",
+            ),
+            (
+                "DELETE FROM clock_reports WHERE agent_id = ?1",
+                "forget an agent's clock history",
+            ),
+            ("DELETE FROM agents WHERE id = ?1", "forget an agent"),
+        ],
+    };
+    for (sql, what) in statements {
+        match tenant {
+            Some(t) => run(conn, what, sql, params![id, t])?,
+            None => run(conn, what, sql, params![id])?,
+        };
+    }
+    Ok(existed)
+}
+
+/// The latest-clock columns and the history row; a report not newer than
+/// the stored latest goes to history only (a re-sent one not even there).
+pub(crate) fn write_clock(conn: &dyn Db, id: &str, c: &ClockRow) -> StoreResult<()> {
+    if !agent_exists(conn, id)? {
+        return Err(unknown_agent(id));
+    }
+    run(
+        conn,
+        "store a clock report",
+        "INSERT INTO clock_reports \
+         (agent_id, at_ns, source, state, offset_ns, jitter_ns, uncertainty_ns, frequency_ppm) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT (agent_id, at_ns) DO NOTHING",
+        params![
+            id,
+            c.at.as_nanos(),
+            c.source,
+            c.state,
+            span_ns(c.offset),
+            span_ns(c.jitter),
+            span_ns(c.uncertainty),
+            c.frequency_ppm
+        ],
+    )?;
+    run(
+        conn,
+        "store an agent's latest clock",
+        "UPDATE agents SET clock_source = ?2, clock_state = ?3, clock_offset_ns = ?4, \
+         clock_jitter_ns = ?5, clock_uncertainty_ns = ?6, clock_frequency_ppm = ?7, \
+         clock_at_ns = ?8 \
+         WHERE id = ?1 AND (clock_at_ns IS NULL OR clock_at_ns < ?8)",
+        params![
+            id,
+            c.source,
+            c.state,
+            span_ns(c.offset),
+            span_ns(c.jitter),
+            span_ns(c.uncertainty),
+            c.frequency_ppm,
+            c.at.as_nanos()
+        ],
+    )?;
+    Ok(())
+}
+
+/// The newest `limit` reports at or after `since_ns`, oldest first.
+pub(crate) fn clock_history(
+    conn: &dyn Db,
+    id: &str,
+    since_ns: i64,
+    limit: u32,
+) -> StoreResult<Vec<ClockRow>> {
+    let sql = format!(
+        "SELECT {CLOCK_COLUMNS} FROM (SELECT {CLOCK_COLUMNS} FROM clock_reports \
+         WHERE agent_id = ?1 AND at_ns >= ?2 ORDER BY at_ns DESC LIMIT ?3) AS newest \
+         ORDER BY at_ns"
+    );
+    query_all(
+        conn,
+        &sql,
+        params![id, since_ns, i64::from(page(limit, MAX_PAGE * 10))],
+        |row| with_row(format_args!("clock report of {id}"), decode_clock(row)),
+    )
+}

@@ -1,0 +1,338 @@
+//! The few things the SQL modules ask of a database connection, so that
+//! one text of every statement, and one decoder of every row, serve each
+//! engine: run a query and see its rows, run a statement and count what it
+//! changed. Parameters and column values are the handful of types the
+//! schema uses (BIGINT, DOUBLE, TEXT, NULL); each engine maps them to its
+//! own (PostgreSQL's integer widths included).
+//!
+//! Statements use SQLite's `?N` placeholders; an engine that spells them
+//! otherwise rewrites them (see [`numbered_placeholders`]).
+
+use std::fmt;
+
+use baton_store::{StoreError, StoreResult};
+
+/// One bound parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Param<'a> {
+    /// SQL NULL.
+    Null,
+    /// Any integer column.
+    Int(i64),
+    /// A DOUBLE PRECISION / REAL column.
+    Real(f64),
+    /// A TEXT column.
+    Text(&'a str),
+}
+
+/// A Rust value bound as a parameter.
+pub trait ToParam {
+    /// The parameter, borrowing `self`'s text.
+    fn param(&self) -> Param<'_>;
+}
+
+macro_rules! to_param {
+    ($($t:ty => |$v:ident| $e:expr),* $(,)?) => {
+        $(impl ToParam for $t {
+            fn param(&self) -> Param<'_> {
+                let $v = self;
+                $e
+            }
+        })*
+    };
+}
+
+to_param! {
+    i64 => |v| Param::Int(*v),
+    i32 => |v| Param::Int(i64::from(*v)),
+    u32 => |v| Param::Int(i64::from(*v)),
+    f64 => |v| Param::Real(*v),
+    bool => |v| Param::Int(i64::from(*v)),
+    str => |v| Param::Text(v),
+    String => |v| Param::Text(v.as_str()),
+    Option<String> => |v| v.as_deref().map_or(Param::Null, Param::Text),
+    Option<&str> => |v| v.map_or(Param::Null, Param::Text),
+    Option<i64> => |v| v.map_or(Param::Null, Param::Int),
+    Option<f64> => |v| v.map_or(Param::Null, Param::Real),
+    Param<'_> => |v| *v,
+}
+
+impl<T: ToParam + ?Sized> ToParam for &T {
+    fn param(&self) -> Param<'_> {
+        (**self).param()
+    }
+}
+
+/// `&[Param]` from expressions, each taken by reference (as rusqlite's
+/// `params!`).
+macro_rules! params {
+    ($($p:expr),* $(,)?) => {
+        &[$($crate::sql::db::ToParam::param(&$p)),*] as &[$crate::sql::db::Param<'_>]
+    };
+}
+pub(crate) use params;
+
+/// Rows (or ids) one multi-row statement takes at most: a round trip
+/// per row would bound a networked engine by its latency.
+pub(crate) const ROWS_PER_STATEMENT: usize = 64;
+
+/// How many of `left` rows the next multi-row statement takes:
+/// [`ROWS_PER_STATEMENT`], or the largest power of two below (so seven
+/// statement shapes serve every count, and stay in the engines' statement
+/// caches).
+fn chunk_len(left: usize) -> usize {
+    if left >= ROWS_PER_STATEMENT {
+        ROWS_PER_STATEMENT
+    } else {
+        1 << left.max(1).ilog2()
+    }
+}
+
+/// `items` in order, cut into the runs one multi-row statement each takes
+/// ([`chunk_len`]); none of an empty slice.
+pub(crate) fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (chunk, tail) = rest.split_at(chunk_len(rest.len()));
+        rest = tail;
+        Some(chunk)
+    })
+}
+
+/// `(?F, ?F+1, …)` for `n` values starting at placeholder `first`: one
+/// row of a multi-row `VALUES`, or an `IN` list.
+pub(crate) fn placeholders(first: usize, n: usize) -> String {
+    let list: Vec<String> = (first..first + n).map(|i| format!("?{i}")).collect();
+    format!("({})", list.join(", "))
+}
+
+/// `(?1, …, ?C), (?C+1, …), …`: `rows` rows of `columns` values each,
+/// for a multi-row `VALUES`.
+pub(crate) fn values_rows(rows: usize, columns: usize) -> String {
+    let rows: Vec<String> = (0..rows)
+        .map(|r| placeholders(r * columns + 1, columns))
+        .collect();
+    rows.join(", ")
+}
+
+/// One column value of a result row.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// SQL NULL.
+    Null,
+    /// Any integer column.
+    Int(i64),
+    /// A floating-point column.
+    Real(f64),
+    /// A TEXT column.
+    Text(String),
+}
+
+impl Value {
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "NULL",
+            Value::Int(_) => "an integer",
+            Value::Real(_) => "a real",
+            Value::Text(_) => "text",
+        }
+    }
+}
+
+/// A result row: columns by name.
+pub trait Row {
+    /// The value of column `name`.
+    fn value(&self, name: &str) -> StoreResult<Value>;
+}
+
+/// A Rust value read from a column.
+pub trait FromValue: Sized {
+    /// `Err`: what the column held instead.
+    fn from_value(v: Value) -> Result<Self, String>;
+}
+
+fn wrong(want: &str, v: &Value) -> String {
+    format!("expected {want}, found {}", v.kind())
+}
+
+impl FromValue for i64 {
+    fn from_value(v: Value) -> Result<i64, String> {
+        match v {
+            Value::Int(i) => Ok(i),
+            other => Err(wrong("an integer", &other)),
+        }
+    }
+}
+
+impl FromValue for i32 {
+    fn from_value(v: Value) -> Result<i32, String> {
+        let i = i64::from_value(v)?;
+        i32::try_from(i).map_err(|_| format!("{i} does not fit a 32-bit integer"))
+    }
+}
+
+impl FromValue for f64 {
+    fn from_value(v: Value) -> Result<f64, String> {
+        match v {
+            Value::Real(f) => Ok(f),
+            // SQLite keeps a whole REAL value as an integer.
+            Value::Int(i) => Ok(i as f64),
+            other => Err(wrong("a real", &other)),
+        }
+    }
+}
+
+impl FromValue for String {
+    fn from_value(v: Value) -> Result<String, String> {
+        match v {
+            Value::Text(s) => Ok(s),
+            other => Err(wrong("text", &other)),
+        }
+    }
+}
+
+impl<T: FromValue> FromValue for Option<T> {
+    fn from_value(v: Value) -> Result<Option<T>, String> {
+        match v {
+            Value::Null => Ok(None),
+            v => T::from_value(v).map(Some),
+        }
+    }
+}
+
+/// A column by name, a decode failure as a typed error.
+pub fn col<T: FromValue>(row: &dyn Row, name: &str) -> StoreResult<T> {
+    T::from_value(row.value(name)?).map_err(|e| StoreError::Backend(format!("column {name}: {e}")))
+}
+
+/// A connection (or a transaction on one) the SQL modules run on.
+pub trait Db {
+    /// Runs a query, handing each row to `each` (which may stop it with
+    /// an error).
+    fn query_each(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+        each: &mut dyn FnMut(&dyn Row) -> StoreResult<()>,
+    ) -> StoreResult<()>;
+    /// Runs a statement; the rows it changed.
+    fn execute(&self, sql: &str, params: &[Param<'_>]) -> StoreResult<u64>;
+}
+
+/// Runs a query and decodes every row.
+pub fn query_all<T>(
+    db: &dyn Db,
+    sql: &str,
+    params: &[Param<'_>],
+    decode: impl Fn(&dyn Row) -> StoreResult<T>,
+) -> StoreResult<Vec<T>> {
+    let mut out = Vec::new();
+    db.query_each(sql, params, &mut |r| {
+        out.push(decode(r)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// The first row of a query, decoded (`None`: no row).
+pub fn query_first<T>(
+    db: &dyn Db,
+    sql: &str,
+    params: &[Param<'_>],
+    decode: impl Fn(&dyn Row) -> StoreResult<T>,
+) -> StoreResult<Option<T>> {
+    let mut out = None;
+    db.query_each(sql, params, &mut |r| {
+        if out.is_none() {
+            out = Some(decode(r)?);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// A failure of `r` says what it was about (`what`: a row, a command).
+pub fn with_row<T>(what: impl fmt::Display, r: StoreResult<T>) -> StoreResult<T> {
+    r.map_err(|e| match e {
+        StoreError::Backend(m) => StoreError::Backend(format!("{what}: {m}")),
+        other => other,
+    })
+}
+
+/// Runs a statement, a failure saying `what` it was for; the rows it
+/// changed.
+pub fn run(db: &dyn Db, what: &str, sql: &str, params: &[Param<'_>]) -> StoreResult<u64> {
+    with_row(what, db.execute(sql, params))
+}
+
+/// A database error with what was being done.
+pub fn failed(what: &str, sql: &str, e: impl fmt::Display) -> StoreError {
+    // The statement's first words say which one failed without flooding
+    // the log with a whole query.
+    let head: String = sql.split_whitespace().take(6).collect::<Vec<_>>().join(" ");
+    StoreError::Backend(format!("{what} ({head} …): {e}"))
+}
+
+/// `sql` with SQLite's `?N` placeholders spelled `$N`, for engines that
+/// number them so (PostgreSQL). A `?` inside a quoted string or a quoted
+/// name is left alone.
+pub fn numbered_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quote: Option<char> = None;
+    for c in sql.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '\'' || c == '"' => quote = Some(c),
+            None if c == '?' => {
+                out.push('$');
+                continue;
+            }
+            None => {}
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_numbered_outside_quotes_only() {
+        assert_eq!(
+            numbered_placeholders("SELECT a FROM t WHERE b = ?1 AND c = '?2' AND \"d?\" = ?10"),
+            "SELECT a FROM t WHERE b = $1 AND c = '?2' AND \"d?\" = $10"
+        );
+    }
+
+    #[test]
+    fn values_decode_to_the_types_asked_and_say_what_they_were() {
+        assert_eq!(i64::from_value(Value::Int(-3)), Ok(-3));
+        assert_eq!(f64::from_value(Value::Int(2)), Ok(2.0));
+        assert_eq!(Option::<String>::from_value(Value::Null), Ok(None));
+        assert_eq!(
+            i32::from_value(Value::Int(i64::MAX)),
+            Err(format!("{} does not fit a 32-bit integer", i64::MAX))
+        );
+        assert_eq!(
+            String::from_value(Value::Int(1)),
+            Err("expected text, found an integer".into())
+        );
+    }
+
+    #[test]
+    fn params_take_their_arguments_by_reference() {
+        let name = String::from("a1");
+        let none: Option<String> = None;
+        let p = params![name, 5i64, none, true];
+        assert_eq!(
+            p,
+            [Param::Text("a1"), Param::Int(5), Param::Null, Param::Int(1)]
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! The store in SQL, once for every engine: the statements, the row
+//! decoders and the decisions' glue (`plan`), written against [`db::Db`]
+//! (run a query, run a statement). An engine ([`Engine`]) supplies the
+//! connections and the one thing SQL cannot say portably: where the
+//! writes are serialised. With that, [`baton_store::Store`] is
+//! implemented for it here.
+//!
+//! The SQL is the subset SQLite and PostgreSQL both accept: `?N`
+//! placeholders (rewritten to `$N` for PostgreSQL), `ON CONFLICT`,
+//! `RETURNING`, `COALESCE`, row values, derived tables with an alias, and
+//! an optional filter spelled `CAST(?N AS TEXT) IS NULL OR …` (PostgreSQL
+//! cannot type a parameter seen first in `IS NULL`). Integers are bound
+//! and read as 64-bit; an engine narrows them to its column types.
+
+pub(crate) mod agents;
+pub(crate) mod audit;
+pub(crate) mod codec;
+pub mod db;
+pub(crate) mod events;
+pub(crate) mod feedback;
+pub(crate) mod members;
+pub(crate) mod packs;
+pub(crate) mod plan;
+pub(crate) mod rollouts;
+mod store_impl;
+
+use std::future::Future;
+
+use super::{Binding, StoreResult};
+
+/// See [`Engine::lease_clock`].
+pub type LeaseClock = fn(&dyn db::Db) -> StoreResult<i64>;
+
+/// What an engine gives the shared SQL: a writer whose commands are
+/// serialised (each sees the ones committed before it, and decisions
+/// never race) and committed before they are answered, and reads beside
+/// it.
+pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
+    /// How decisions bind agents to tenants.
+    fn binding(&self) -> Binding;
+
+    /// Whether replicas share this store (their events go through it).
+    fn replicated(&self) -> bool {
+        false
+    }
+
+    /// The replica this store writes as (a hello makes it the agent's
+    /// owner). A single controller: empty, epoch 0.
+    fn owner(&self) -> agents::Owner {
+        agents::Owner::default()
+    }
+
+    /// Reads now, in microseconds since the epoch, on the clock leases
+    /// are measured with: the database's own where replicas share it
+    /// (their clocks may differ; the database's is the one they agree
+    /// on), this host's otherwise.
+    fn lease_clock(&self) -> LeaseClock {
+        |_db| Ok(host_now_us())
+    }
+
+    /// Runs `f` in the writer's serialisation point; its result once
+    /// committed (a failed `f` leaves no trace).
+    fn write<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+
+    /// [`Engine::write`] for work that may wait for company (retention):
+    /// an engine may run it with the next batch of other writes.
+    fn write_background<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+
+    /// Runs `f` on a read connection, off the async runtime. `Fn`: an
+    /// engine may run a read again on a new connection when the one it
+    /// took turns out to be gone.
+    fn read<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: Fn(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+}
+
+/// Runs blocking database work (a read on a pooled connection) off the
+/// async runtime's threads, a panicked task as a store error.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| super::StoreError::Backend(format!("read task: {e}")))?
+}
+
+/// This host's clock, in microseconds since the epoch (a single
+/// controller's lease clock).
+fn host_now_us() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,441 @@
+//! Decisions, run on the writer inside its transaction: find the (agent,
+//! pack) pairs a change can affect, run [`planner::plan`] on each, write
+//! the rows that changed. The candidate queries may return more agents
+//! than a pack targets (only the first label is looked up in the index);
+//! the planner decides exactly.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::agents::{load_agent, load_agents};
+use super::codec::opt_instant_col;
+use super::codec::{
+    DELIVERY_COLUMNS, decode_delivery, errors_json, from_json, targets_from_json, to_db,
+    u64_from_db, with_row,
+};
+use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
+use super::members;
+use baton_model::planner;
+use baton_model::time;
+use baton_store::{
+    AgentRow, AnswerRow, Binding, DeliveryRow, Gate, Held, HeldPackRow, PackKey, PackTargets,
+    StoreResult, TargetsRow,
+};
+
+const PACK_TARGET_COLUMNS: &str = "tenant, pack, latest_version, targets, cancelled_ns, gate";
+
+fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
+    let tenant: String = col(row, "tenant")?;
+    let pack: String = col(row, "pack")?;
+    let r = (|| {
+        Ok(PackTargets {
+            tenant: tenant.clone(),
+            pack: pack.clone(),
+            latest: u64_from_db(col(row, "latest_version")?, "latest version")?,
+            targets: targets_from_json(&col::<String>(row, "targets")?)?,
+            cancelled: opt_instant_col(row, "cancelled_ns")?,
+            gate: col::<Option<String>>(row, "gate")?
+                .map(|j| {
+                    Ok::<_, baton_store::StoreError>(Gate {
+                        row: from_json(&j, "gate")?,
+                        admitted: Default::default(),
+                    })
+                })
+                .transpose()?,
+        })
+    })();
+    with_row(format_args!("pack {tenant}/{pack}"), r)
+}
+
+/// Fills a loaded pack's gate with its cohort: all of it, or only
+/// whether `agent` is in it (planning one agent never reads the others).
+fn admit(conn: &dyn Db, p: &mut PackTargets, agent: Option<&str>) -> StoreResult<()> {
+    if let Some(g) = &mut p.gate {
+        let key = PackKey::new(&p.tenant, &p.pack);
+        g.admitted = members::members(conn, &key, g.row.rollout, agent)?
+            .into_keys()
+            .collect();
+    }
+    Ok(())
+}
+
+/// A pack as the planner needs it, its cohort read for `agent` only
+/// (`None`: all of it).
+pub(crate) fn load_pack_targets(
+    conn: &dyn Db,
+    key: &PackKey,
+    agent: Option<&str>,
+) -> StoreResult<Option<PackTargets>> {
+    let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND pack = ?2");
+    let mut p = query_all(conn, &sql, params![key.tenant, key.pack], decode_targets)?.pop();
+    if let Some(p) = &mut p {
+        admit(conn, p, agent)?;
+    }
+    Ok(p)
+}
+
+/// Every live pack that may target an agent: all, or those of its
+/// tenants. A cancelled pack is wanted by nobody: it concerns the agent
+/// only through a row or a held copy, which the callers plan anyway.
+fn packs_for(conn: &dyn Db, agent: &AgentRow, binding: Binding) -> StoreResult<Vec<PackTargets>> {
+    let mut packs = packs_for_unadmitted(conn, agent, binding)?;
+    for p in &mut packs {
+        admit(conn, p, Some(&agent.id))?;
+    }
+    Ok(packs)
+}
+
+fn packs_for_unadmitted(
+    conn: &dyn Db,
+    agent: &AgentRow,
+    binding: Binding,
+) -> StoreResult<Vec<PackTargets>> {
+    match binding {
+        Binding::Open => {
+            let sql = format!("SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE cancelled_ns IS NULL");
+            query_all(conn, &sql, &[], decode_targets)
+        }
+        Binding::Tenants => {
+            let sql = format!(
+                "SELECT {PACK_TARGET_COLUMNS} FROM packs WHERE tenant = ?1 AND cancelled_ns IS NULL"
+            );
+            let mut out = Vec::new();
+            for t in &agent.tenants {
+                out.extend(query_all(conn, &sql, params![t], decode_targets)?);
+            }
+            Ok(out)
+        }
+    }
+}
+
+pub(crate) fn rows_of_agent(conn: &dyn Db, id: &str) -> StoreResult<Vec<DeliveryRow>> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 ORDER BY tenant, pack"
+    );
+    query_all(conn, &sql, params![id], decode_delivery)
+}
+
+/// The stored rows of these (agent, pack) pairs (each once), a few dozen
+/// pairs per statement.
+pub(crate) fn rows_of_pairs(
+    conn: &dyn Db,
+    pairs: &[(String, PackKey)],
+) -> StoreResult<Vec<DeliveryRow>> {
+    let mut out = Vec::with_capacity(pairs.len());
+    for chunk in chunks(pairs) {
+        let p: Vec<Param<'_>> = chunk
+            .iter()
+            .flat_map(|(id, k)| {
+                [
+                    Param::Text(id),
+                    Param::Text(&k.tenant),
+                    Param::Text(&k.pack),
+                ]
+            })
+            .collect();
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries \
+             WHERE (agent_id, tenant, pack) IN (VALUES {})",
+            values_rows(chunk.len(), 3)
+        );
+        out.extend(query_all(conn, &sql, &p, decode_delivery)?);
+    }
+    Ok(out)
+}
+
+fn load_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3"
+    );
+    Ok(query_all(
+        conn,
+        &sql,
+        params![id, key.tenant, key.pack],
+        decode_delivery,
+    )?
+    .pop())
+}
+
+/// Columns of one delivery row in [`upsert_sql`].
+const DELIVERY_UPSERT_COLUMNS: usize = 18;
+
+/// `INSERT` of `rows` delivery rows, each replacing the stored row of its
+/// (agent, pack).
+fn upsert_sql(rows: usize) -> String {
+    format!(
+        "INSERT INTO deliveries (agent_id, tenant, pack, version, intent, held_version, \
+         held_stopped, refused_version, refused_last, refused_message, refused_errors, state, \
+         reason, attempts, updated_ns, activate_ns, staged_version, staged_at_ns) VALUES {} \
+         ON CONFLICT (agent_id, tenant, pack) DO UPDATE SET version = excluded.version, \
+         intent = excluded.intent, held_version = excluded.held_version, \
+         held_stopped = excluded.held_stopped, refused_version = excluded.refused_version, \
+         refused_last = excluded.refused_last, refused_message = excluded.refused_message, \
+         refused_errors = excluded.refused_errors, state = excluded.state, \
+         reason = excluded.reason, attempts = excluded.attempts, updated_ns = excluded.updated_ns, \
+         activate_ns = excluded.activate_ns, staged_version = excluded.staged_version, \
+         staged_at_ns = excluded.staged_at_ns",
+        values_rows(rows, DELIVERY_UPSERT_COLUMNS)
+    )
+}
+
+/// Writes `rows` (each (agent, pack) at most once), several per
+/// statement: a push planned for thousands of agents is a few dozen
+/// statements, not one per agent.
+pub(crate) fn store_rows(conn: &dyn Db, rows: &[DeliveryRow]) -> StoreResult<()> {
+    // Every value checked and converted before anything is written.
+    let mut owned = Vec::with_capacity(rows.len());
+    for d in rows {
+        let refused_errors = match &d.refusal {
+            Some(r) => Some(errors_json(&r.errors)?),
+            None => None,
+        };
+        let held_version = d
+            .held
+            .map(|h| to_db(h.version, "held version"))
+            .transpose()?;
+        let refused_version = d
+            .refusal
+            .as_ref()
+            .map(|r| to_db(r.version, "refused version"))
+            .transpose()?;
+        let staged_version = d
+            .staged
+            .map(|st| to_db(st.version, "staged version"))
+            .transpose()?;
+        owned.push((
+            to_db(d.version, "version")?,
+            held_version,
+            refused_version,
+            refused_errors,
+            staged_version,
+        ));
+    }
+    let all: Vec<(&DeliveryRow, _)> = rows.iter().zip(owned).collect();
+    for chunk in chunks(&all) {
+        let mut values: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * DELIVERY_UPSERT_COLUMNS);
+        for (d, (version, held_version, refused_version, refused_errors, staged_version)) in chunk {
+            values.extend([
+                Param::Text(&d.agent_id),
+                Param::Text(&d.tenant),
+                Param::Text(&d.pack),
+                Param::Int(*version),
+                Param::Text(d.intent.as_str()),
+                held_version.map_or(Param::Null, Param::Int),
+                d.held
+                    .map_or(Param::Null, |h| Param::Int(i64::from(h.stopped))),
+                refused_version.map_or(Param::Null, Param::Int),
+                d.refusal
+                    .as_ref()
+                    .map_or(Param::Null, |r| Param::Int(i64::from(r.last))),
+                d.refusal
+                    .as_ref()
+                    .map_or(Param::Null, |r| Param::Text(&r.message)),
+                refused_errors.as_deref().map_or(Param::Null, Param::Text),
+                Param::Text(d.state.as_str()),
+                Param::Text(&d.reason),
+                Param::Int(i64::from(d.attempts)),
+                Param::Int(d.updated.as_nanos()),
+                d.activate.to_db().map_or(Param::Null, Param::Int),
+                staged_version.map_or(Param::Null, Param::Int),
+                d.staged
+                    .map_or(Param::Null, |st| Param::Int(st.at.as_nanos())),
+            ]);
+        }
+        run(conn, "store deliveries", &upsert_sql(chunk.len()), &values)?;
+    }
+    Ok(())
+}
+
+fn delete_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<()> {
+    run(
+        conn,
+        "delete a delivery",
+        "DELETE FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3",
+        params![id, key.tenant, key.pack],
+    )?;
+    Ok(())
+}
+
+/// What a round of decisions changes, written at its end in a few
+/// statements ([`Decisions::write`]).
+#[derive(Default)]
+struct Decisions {
+    changed: Vec<DeliveryRow>,
+    gone: Vec<(String, PackKey)>,
+}
+
+impl Decisions {
+    /// Plans (agent, key) from `row` and `held`; keeps the row when it
+    /// changed.
+    #[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
+    fn plan(
+        &mut self,
+        agent: &AgentRow,
+        key: &PackKey,
+        pack: Option<&PackTargets>,
+        row: Option<&DeliveryRow>,
+        held: Option<Held>,
+        binding: Binding,
+        at_ns: i64,
+    ) {
+        match planner::plan(agent, key, pack, row, held, binding, time::at(at_ns)) {
+            Some(next) => {
+                if row != Some(&next) {
+                    self.changed.push(next);
+                }
+            }
+            None => {
+                if row.is_some() {
+                    self.gone.push((agent.id.clone(), key.clone()));
+                }
+            }
+        }
+    }
+
+    /// Writes the decisions; the rows that changed.
+    fn write(self, conn: &dyn Db) -> StoreResult<Vec<DeliveryRow>> {
+        for (id, key) in &self.gone {
+            delete_row(conn, id, key)?;
+        }
+        store_rows(conn, &self.changed)?;
+        Ok(self.changed)
+    }
+}
+
+/// Re-plans every pack that may concern `agent` (as stored now: its
+/// tenants' packs and its rows), with `held` as its held set when given.
+/// Returns the rows that changed.
+pub(crate) fn replan_agent(
+    conn: &dyn Db,
+    agent: &AgentRow,
+    held: Option<&[HeldPackRow]>,
+    binding: Binding,
+    at_ns: i64,
+) -> StoreResult<Vec<DeliveryRow>> {
+    let id = agent.id.as_str();
+    let packs: BTreeMap<PackKey, PackTargets> = packs_for(conn, agent, binding)?
+        .into_iter()
+        .map(|p| (PackKey::new(&p.tenant, &p.pack), p))
+        .collect();
+    let rows: BTreeMap<PackKey, DeliveryRow> = rows_of_agent(conn, id)?
+        .into_iter()
+        .map(|r| (r.key(), r))
+        .collect();
+    let held: Option<BTreeMap<PackKey, Held>> =
+        held.map(|h| h.iter().map(HeldPackRow::keyed).collect());
+    let mut keys: BTreeSet<&PackKey> = packs.keys().chain(rows.keys()).collect();
+    if let Some(h) = &held {
+        keys.extend(h.keys());
+    }
+    let mut decisions = Decisions::default();
+    for key in keys {
+        let row = rows.get(key);
+        let h = match &held {
+            Some(h) => h.get(key).copied(),
+            None => row.and_then(|r| r.held),
+        };
+        let pack = match packs.get(key) {
+            Some(p) => Some(p.clone()),
+            // Another tenant's pack (held, or withdrawn): its targets
+            // still say it is not this agent's.
+            None => load_pack_targets(conn, key, Some(id))?,
+        };
+        decisions.plan(agent, key, pack.as_ref(), row, h, binding, at_ns);
+    }
+    decisions.write(conn)
+}
+
+/// Agents a pack's targets may match (a superset; ids the store does not
+/// know are skipped by the caller). With [`Binding::Tenants`] only agents
+/// serving the pack's tenant, as the planner would keep no other.
+fn candidates(
+    conn: &dyn Db,
+    key: &PackKey,
+    targets: &TargetsRow,
+    binding: Binding,
+) -> StoreResult<Vec<String>> {
+    let ids = |sql: &str, p: &[Param<'_>]| -> StoreResult<Vec<String>> {
+        query_all(conn, sql, p, |r| col::<String>(r, "agent_id"))
+    };
+    let bound = binding == Binding::Tenants;
+    match targets {
+        TargetsRow::Nobody => Ok(Vec::new()),
+        TargetsRow::Agents(want) => Ok(want.clone()),
+        TargetsRow::Labels(labels) => match labels.iter().next() {
+            None if bound => ids(
+                "SELECT agent_id FROM agent_tenants WHERE tenant = ?1",
+                params![key.tenant],
+            ),
+            None => ids("SELECT id AS agent_id FROM agents", &[]),
+            Some((k, v)) => ids(
+                "SELECT agent_id FROM ( \
+                   SELECT agent_id FROM agent_own_labels WHERE key = ?1 AND value = ?2 \
+                   UNION SELECT agent_id FROM agent_labels \
+                   WHERE tenant = ?3 AND key = ?1 AND value = ?2) AS labelled \
+                 WHERE ?4 = 0 OR agent_id IN (SELECT agent_id FROM agent_tenants WHERE tenant = ?3)",
+                params![k, v, key.tenant, bound],
+            ),
+        },
+    }
+}
+
+/// Re-plans pack `key` for every agent it may concern: its targets'
+/// candidates and the agents with a row for it.
+pub(crate) fn replan_pack(
+    conn: &dyn Db,
+    key: &PackKey,
+    binding: Binding,
+    at_ns: i64,
+) -> StoreResult<Vec<DeliveryRow>> {
+    let pack = load_pack_targets(conn, key, None)?;
+    let sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE tenant = ?1 AND pack = ?2");
+    let rows: BTreeMap<String, DeliveryRow> =
+        query_all(conn, &sql, params![key.tenant, key.pack], decode_delivery)?
+            .into_iter()
+            .map(|r| (r.agent_id.clone(), r))
+            .collect();
+    let mut ids: BTreeSet<String> = rows.keys().cloned().collect();
+    if let Some(p) = &pack
+        && p.cancelled.is_none()
+    {
+        ids.extend(candidates(conn, key, &p.targets, binding)?);
+    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut decisions = Decisions::default();
+    for agent in load_agents(conn, &ids)? {
+        let row = rows.get(&agent.id);
+        let held = row.and_then(|r| r.held);
+        decisions.plan(&agent, key, pack.as_ref(), row, held, binding, at_ns);
+    }
+    decisions.write(conn)
+}
+
+/// Re-plans one (agent, pack) after the agent's answer.
+pub(crate) fn replan_answer(
+    conn: &dyn Db,
+    a: &AnswerRow,
+    binding: Binding,
+) -> StoreResult<Option<DeliveryRow>> {
+    let (Some(agent), Some(row)) = (
+        load_agent(conn, &a.agent_id)?,
+        load_row(conn, &a.agent_id, &a.key)?,
+    ) else {
+        return Ok(None);
+    };
+    let pack = load_pack_targets(conn, &a.key, Some(&a.agent_id))?;
+    let next = planner::answered(
+        &agent,
+        pack.as_ref(),
+        &row,
+        a.version,
+        &a.answer,
+        a.attempts,
+        binding,
+        a.at,
+    );
+    match &next {
+        Some(n) if *n != row => store_rows(conn, std::slice::from_ref(n))?,
+        Some(_) => {}
+        None => delete_row(conn, &a.agent_id, &a.key)?,
+    }
+    Ok(next)
+}

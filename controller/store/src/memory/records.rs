@@ -1,0 +1,102 @@
+//! The memory store's append-only records (clock history, audit,
+//! events, revocations): the reads that sort them and retention's
+//! deletes.
+
+use super::State;
+use crate::{AuditRow, RevocationRow, StoreResult};
+use baton_model::RefTime;
+
+/// Deletes at most `max` clock reports before `before`, oldest first.
+pub(super) fn delete_clock_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
+    let mut old: Vec<(i64, String)> = s
+        .clock
+        .keys()
+        .filter(|(_, at)| *at < before.as_nanos())
+        .map(|(a, at)| (*at, a.clone()))
+        .collect();
+    old.sort_unstable();
+    let keys: Vec<(String, i64)> = old
+        .into_iter()
+        .take(max as usize)
+        .map(|(at, a)| (a, at))
+        .collect();
+    for k in &keys {
+        s.clock.remove(k);
+    }
+    Ok(keys.len() as u64)
+}
+
+/// Deletes at most `max` audit records before `before`, oldest first.
+pub(super) fn delete_audit_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
+    let mut old: Vec<(RefTime, u64)> = s
+        .audit
+        .iter()
+        .filter(|(_, r)| r.at < before)
+        .map(|(id, r)| (r.at, *id))
+        .collect();
+    old.sort_unstable();
+    old.truncate(max as usize);
+    for (_, id) in &old {
+        s.audit.remove(id);
+    }
+    Ok(old.len() as u64)
+}
+
+/// Deletes at most `max` events stored before `before`.
+pub(super) fn delete_events_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
+    let gone: Vec<u64> = s
+        .events
+        .values()
+        .filter(|e| e.at < before)
+        .take(max as usize)
+        .map(|e| e.id)
+        .collect();
+    for id in &gone {
+        s.events.remove(id);
+    }
+    Ok(gone.len() as u64)
+}
+
+/// Records the revocations not known yet, each with its audit records;
+/// their serials.
+pub(super) fn revoke(
+    s: &mut State,
+    rows: Vec<(RevocationRow, Vec<AuditRow>)>,
+) -> StoreResult<Vec<String>> {
+    let mut new = Vec::new();
+    for (r, audit) in rows {
+        if s.revocations.contains_key(&r.serial) {
+            continue;
+        }
+        for a in audit {
+            s.next_audit_id += 1;
+            s.audit.insert(s.next_audit_id, a);
+        }
+        new.push(r.serial.clone());
+        s.revocations.insert(r.serial.clone(), r);
+    }
+    Ok(new)
+}
+
+/// The newest `limit` audit records at or after `since_ns` (of `tenant`,
+/// or all), oldest first.
+pub(super) fn audit(
+    s: &State,
+    tenant: Option<&str>,
+    since_ns: i64,
+    limit: usize,
+) -> StoreResult<Vec<AuditRow>> {
+    let mut rows: Vec<(RefTime, u64, &AuditRow)> = s
+        .audit
+        .iter()
+        .filter(|(_, r)| r.at.as_nanos() >= since_ns && tenant.is_none_or(|t| r.tenant == t))
+        .map(|(id, r)| (r.at, *id, r))
+        .collect();
+    rows.sort_unstable_by_key(|(at, id, _)| (*at, *id));
+    let skip = rows.len().saturating_sub(limit);
+    Ok(rows
+        .into_iter()
+        .skip(skip)
+        .map(|(_, _, r)| r.clone())
+        .collect())
+}
