@@ -2,8 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::hub::{Conflict, SessionCmd};
-use super::{App, AppError, AppResult, Caller, now_ns};
+use crate::app::{App, AppError, AppResult, now_ns};
+use crate::caller::Caller;
+use crate::hub::{Conflict, SessionCmd};
 use baton_model::{AgentRow, ClockRow, DeliveryRow, LabelOverrides, SignedDuration};
 use baton_store::{AgentFilter, MAX_PAGE, page};
 

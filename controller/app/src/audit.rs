@@ -1,7 +1,9 @@
 //! The audit log: every push, cancel, label change, grant and forget,
 //! refused ones included, written before the answer.
 
-use super::{App, AppError, AppResult, Caller, now};
+use crate::app::{App, AppError, AppResult, now};
+
+use crate::caller::Caller;
 use baton_model::AuditRow;
 
 impl App {

@@ -9,7 +9,7 @@
 //! Refusals never name another tenant's packs or agents: a pack or agent
 //! of another tenant is "not found", exactly like one that does not exist.
 
-use super::AppError;
+use crate::app::AppError;
 use baton_model::identity::{Identity, Role};
 use baton_model::{AgentRow, Binding};
 

@@ -4,7 +4,9 @@
 
 use tokio::sync::mpsc;
 
-use super::{App, AppError, AppResult, Caller};
+use crate::app::{App, AppError, AppResult};
+
+use crate::caller::Caller;
 use baton_model::{FeedbackRow, RefTime};
 use baton_store::{FeedbackFilter, MAX_PAGE};
 

@@ -4,8 +4,9 @@
 //! shown get their deliveries read, so a page costs one store page per
 //! thousand agents scanned, whatever the fleet's size.
 
-use super::agents::AgentView;
-use super::{App, AppResult, Caller};
+use crate::agents::AgentView;
+use crate::app::{App, AppResult};
+use crate::caller::Caller;
 use baton_model::AgentRow;
 use baton_store::{AgentFilter, MAX_PAGE, page};
 

@@ -21,15 +21,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::App;
-use super::events::{AgentEvent, AgentEventKind, Event};
-use super::hub::SessionCmd;
+use crate::app::App;
+use crate::events::{AgentEvent, AgentEventKind, Event};
+use crate::hub::SessionCmd;
 use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey, PackVersionRow};
 use baton_store::{FeedbackFilter, MAX_PAGE, StoreResult};
 
-/// Events queued for the store at most; past it they are dropped and
-/// counted (`baton_controller_relay_dropped_total`).
-pub const RELAY_DEPTH: usize = 65_536;
 /// After stop, the relay ends once nothing was queued this long.
 const STOP_QUIET: Duration = Duration::from_millis(300);
 /// Events per store write at most.
@@ -142,7 +139,7 @@ async fn follow_from(app: Arc<App>, mut at: Option<Cursor>, mut stop: watch::Rec
         }
         if trimmed.elapsed() >= TRIM_EVERY {
             trimmed = tokio::time::Instant::now();
-            let before = super::now() - KEEP_EVENTS;
+            let before = crate::app::now() - KEEP_EVENTS;
             if let Err(e) = app.store.delete_events_before(before, 10_000).await {
                 tracing::warn!("store: deleting old events: {e}");
             }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::App;
+use crate::app::App;
 
 /// How long without new feedback batches, streams or pushes counts as
 /// quiet.

@@ -434,22 +434,6 @@ impl Metrics {
     }
 }
 
-impl super::App {
-    /// The exposition: the counters, and the store's deliveries by state
-    /// (left out, and logged, when the store cannot say).
-    pub async fn metrics_text(&self) -> String {
-        let deliveries = match self.store.delivery_counts().await {
-            Ok(d) => Some(d),
-            Err(e) => {
-                tracing::warn!("metrics: deliveries by state: {e}");
-                None
-            }
-        };
-        self.metrics
-            .render(self.hub.connected(), deliveries.as_deref())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use baton_proto::pack::{Pack, Targets, parse_pack};
 
-use super::{App, AppError, AppResult, Caller, now_ns};
+use crate::app::{App, AppError, AppResult, now_ns};
+
+use crate::caller::Caller;
 use baton_model::{
     Binding, DeliveryRow, Intent, PackKey, PackSummaryRow, PackVersionRow, PutPack, TargetsRow,
 };
@@ -79,7 +81,7 @@ impl App {
                 caller.who, pack.id, pack.tenant
             )));
         }
-        let now = super::now();
+        let now = crate::app::now();
         pack.check_live(now)
             .map_err(|e| AppError::Invalid(e.render(source).trim_end().to_string()))?;
         let targets = targets(&pack);

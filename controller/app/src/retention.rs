@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::metrics::Retained;
-use super::{App, now};
+use crate::app::{App, now};
+use crate::metrics::Retained;
 use baton_model::RefTime;
 use baton_store::StoreResult;
 

@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{App, AppResult, now};
+use crate::app::{App, AppResult, now};
 use baton_model::{AuditRow, RefTime, RevocationRow, RevokedEntry};
 
 /// The audit target of a revoked certificate.

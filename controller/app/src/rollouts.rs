@@ -7,18 +7,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::tally::Acc;
 use baton_proto::pack::parse_pack;
 use baton_proto::pack::rollout::Rollout;
-use baton_proto::wire::Outcome;
-use hdrhistogram::Histogram;
 use tokio::sync::watch;
 
-use super::{App, AppError, AppResult, Caller, now, now_ns};
+use crate::app::{App, AppError, AppResult, now, now_ns};
+
+use crate::caller::Caller;
 use baton_model::rollout::{self, AgentView, Effect, Observed, Step};
 use baton_model::time::{self, SignedDuration};
 use baton_model::{
-    AgentRow, AuditRow, CohortFigures, DeliveryRow, DeliveryState, FeedbackRow, PackKey,
-    PackVersionRow, RolloutChange, RolloutRow,
+    AgentRow, AuditRow, CohortFigures, DeliveryRow, DeliveryState, PackKey, PackVersionRow,
+    RolloutChange, RolloutRow,
 };
 use baton_store::{AgentFilter, FeedbackFilter, MAX_PAGE};
 
@@ -51,87 +52,6 @@ pub struct RolloutStatus {
     pub cohort: CohortFigures,
     /// The baseline's, same window.
     pub baseline: Option<CohortFigures>,
-}
-
-/// Feedback of one stage's window already read: the driver reads only
-/// what was stored since its last look.
-#[derive(Debug, Default)]
-pub(crate) struct Tally {
-    after_id: u64,
-    cohort: Acc,
-    baseline: Acc,
-    /// Settled firings of the agents the current stage admitted.
-    stage_settled: u64,
-}
-
-/// One cohort's firings in a stage's window: counts and a lateness
-/// histogram (bounded: a 10 kHz pack soaking for an hour is 36 million
-/// firings, a few tens of KB here).
-#[derive(Clone, Debug)]
-struct Acc {
-    settled: u64,
-    failed: u64,
-    unknown: u64,
-    lateness_ns: Histogram<u64>,
-}
-
-/// 1 ns to an hour at 3 significant digits: 0.1 % resolution.
-fn lateness_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
-        .or_else(|_| Histogram::new(3))
-        .unwrap_or_else(|_| unreachable!("3 significant digits are valid"))
-}
-
-impl Default for Acc {
-    fn default() -> Self {
-        Acc {
-            settled: 0,
-            failed: 0,
-            unknown: 0,
-            lateness_ns: lateness_histogram(),
-        }
-    }
-}
-
-impl Acc {
-    fn late(&mut self, lateness: SignedDuration) {
-        // Early (negative) counts as on time; past the bound as the bound.
-        let ns = time::span_ns(lateness);
-        self.lateness_ns.saturating_record(ns.max(1).unsigned_abs());
-    }
-
-    fn add(&mut self, f: &FeedbackRow) {
-        if f.execution_id.is_empty() {
-            return;
-        }
-        match f.outcome {
-            Outcome::Ok => self.late(f.lateness),
-            Outcome::Failed | Outcome::GiveUp => {
-                self.failed += 1;
-                self.late(f.lateness);
-            }
-            Outcome::Skipped => self.failed += 1,
-            Outcome::Unknown => self.unknown += 1,
-            // Not settled: another attempt follows; or pack-wide.
-            Outcome::Retry | Outcome::SafeState | Outcome::Unspecified => return,
-        }
-        self.settled += 1;
-    }
-
-    fn figures(&self, agents: u64, offset_max: Option<SignedDuration>) -> CohortFigures {
-        let h = &self.lateness_ns;
-        let lateness_p99 = (!h.is_empty())
-            .then(|| time::span(i64::try_from(h.value_at_quantile(0.99)).unwrap_or(i64::MAX)));
-        CohortFigures {
-            agents,
-            settled: self.settled,
-            stage_settled: 0,
-            failed: self.failed,
-            unknown: self.unknown,
-            lateness_p99,
-            offset_max,
-        }
-    }
 }
 
 /// One targeted agent as the rollout sees it: what it holds of the

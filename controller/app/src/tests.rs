@@ -4,9 +4,10 @@
 use baton_model::{RefTime, time};
 use std::sync::Arc;
 
-use super::feedback::FeedbackQuery;
-use super::metrics::Retained;
-use super::{App, AppConfig, AppError, Caller};
+use crate::app::{App, AppConfig, AppError};
+use crate::caller::Caller;
+use crate::feedback::FeedbackQuery;
+use crate::metrics::Retained;
 use baton_model::identity::{Identity, Role};
 use baton_model::{Binding, FeedbackRow, HeldPackRow};
 use baton_proto::wire;
@@ -217,14 +218,14 @@ async fn a_pack_the_store_lost_can_still_be_cancelled_on_its_holders() {
 
 #[test]
 fn lateness_p99_is_of_the_latest_executions() {
-    let mut r = super::Recent::default();
+    let mut r = crate::app::Recent::default();
     assert_eq!(r.p99(), 0);
     for i in 1..=100 {
         r.push(i * 1_000_000);
     }
     assert_eq!(r.p99(), 99_000_000, "the 99th of 1..=100 ms");
     // A window: old values leave.
-    for _ in 0..super::Recent::LEN {
+    for _ in 0..crate::app::Recent::LEN {
         r.push(2_000);
     }
     assert_eq!(r.p99(), 2_000);
@@ -311,7 +312,7 @@ async fn retention_deletes_only_what_is_older_than_its_window() {
     let rows: Vec<FeedbackRow> = (1..=1200).map(|s| fb(s, "p")).collect();
     app.store.put_feedback(1, rows).await.expect("store");
     // received_ns = seq: everything before 1001 goes, in batches of 500.
-    let n = super::retention::sweep(&app, Retained::Feedback, RefTime::from_nanos(1001), 500)
+    let n = crate::retention::sweep(&app, Retained::Feedback, RefTime::from_nanos(1001), 500)
         .await
         .expect("sweep");
     assert_eq!(n, 1000);
@@ -358,7 +359,7 @@ async fn rollouts_stay_within_their_tenant_and_role() {
     assert!(app.rollout_list(&u_admin).await.expect("list").is_empty());
     assert_eq!(app.rollout_list(&t_op).await.expect("list").len(), 1);
     let paused = app
-        .rollout_command(&u_admin, "t", "p", super::rollouts::RolloutCommand::Pause)
+        .rollout_command(&u_admin, "t", "p", crate::rollouts::RolloutCommand::Pause)
         .await;
     assert!(matches!(paused, Err(AppError::NotFound(_))), "{paused:?}");
     let viewer = app
@@ -366,12 +367,12 @@ async fn rollouts_stay_within_their_tenant_and_role() {
             &op("t", Role::Viewer),
             "",
             "p",
-            super::rollouts::RolloutCommand::Pause,
+            crate::rollouts::RolloutCommand::Pause,
         )
         .await;
     assert!(matches!(viewer, Err(AppError::Denied(_))), "{viewer:?}");
     let row = app
-        .rollout_command(&t_op, "", "p", super::rollouts::RolloutCommand::Pause)
+        .rollout_command(&t_op, "", "p", crate::rollouts::RolloutCommand::Pause)
         .await
         .expect("paused");
     assert_eq!(row.state, baton_model::RolloutState::Paused);

@@ -2,9 +2,11 @@
 //! records themselves: an agent's hello, an answer to a push, the filters
 //! and page sizes of list queries.
 
-use crate::{Answer, HeldPackRow, PackKey, RefTime};
+use crate::records::{Answer, HeldPackRow, PackKey};
+
 #[cfg(doc)]
-use crate::{Binding, FeedbackRow};
+use crate::records::{Binding, FeedbackRow};
+use crate::time::RefTime;
 
 /// Most rows one page of a list query returns, whatever is asked: a
 /// request can never make the store (or the controller) hold more.

@@ -1,11 +1,13 @@
 //! A rollout as the store keeps it: where it stands, who is in its cohort,
 //! every verdict with its inputs, and the gate the planner reads.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::time::{RefTime, SignedDuration, ns};
+use crate::gate::GateRow;
+use crate::records::{PackKey, PackVersionRow};
+use crate::time::{RefTime, SignedDuration, ns};
 
 /// Where a rollout stands. Only `Paused` can be resumed; `Aborted`,
 /// `Superseded` and `Completed` are final.
@@ -231,7 +233,7 @@ pub struct RolloutRow {
 
 impl RolloutRow {
     /// A new rollout, waiting to start its first stage.
-    pub fn new(key: &super::PackKey, version: u64, base: Base, at: RefTime) -> RolloutRow {
+    pub fn new(key: &PackKey, version: u64, base: Base, at: RefTime) -> RolloutRow {
         RolloutRow {
             tenant: key.tenant.clone(),
             pack: key.pack.clone(),
@@ -259,8 +261,8 @@ impl RolloutRow {
     }
 
     /// Its pack.
-    pub fn key(&self) -> super::PackKey {
-        super::PackKey::new(&self.tenant, &self.pack)
+    pub fn key(&self) -> PackKey {
+        PackKey::new(&self.tenant, &self.pack)
     }
 
     /// What the planner must do for the pack while this rollout is its
@@ -341,46 +343,8 @@ impl Base {
     }
 }
 
-/// What a rollout asks of the planner for its pack, stored with the pack
-/// (and changed in the same transaction as the rollout).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GateRow {
-    /// The rollout (its version) whose cohort is let onto the latest.
-    pub rollout: u64,
-    /// What the others keep.
-    pub from: Option<u64>,
-    /// Members hold the latest; `false`: it is withdrawn from them (an
-    /// abort with `on_abort: safe_state`).
-    pub members_hold: bool,
-    /// See [`RolloutRow::keep_above`].
-    #[serde(default)]
-    pub keep_above: Option<u64>,
-    /// See [`RolloutRow::banned`].
-    #[serde(default)]
-    pub banned: Vec<u64>,
-    /// See [`RolloutRow::together`].
-    #[serde(default)]
-    pub together: bool,
-    /// See [`RolloutRow::switch_at`].
-    #[serde(default, rename = "switch_at_ns", with = "ns::opt_instant")]
-    pub switch_at: Option<RefTime>,
-    /// See [`RolloutRow::held_back`].
-    #[serde(default)]
-    pub held_back: Vec<String>,
-}
-
-/// A gate with the members the planner is deciding for (all of the
-/// cohort, or only the one agent being planned).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Gate {
-    /// As stored.
-    pub row: GateRow,
-    /// Members among the agents being planned.
-    pub admitted: BTreeSet<String>,
-}
-
 /// A change to a rollout, applied only if its `rev` is still the stored
-/// one ([`crate::store::Store::advance_rollout`]).
+/// one (`Store::advance_rollout`, in baton-store).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RolloutChange {
     /// The rollout as it should be (its `rev` the one it was read at).
@@ -390,7 +354,7 @@ pub struct RolloutChange {
     /// Members marked skipped now.
     pub skip: Vec<String>,
     /// A pack version to store with it (an abort's rollback).
-    pub republish: Option<super::PackVersionRow>,
+    pub republish: Option<PackVersionRow>,
     /// The pack's gate from now on ([`RolloutRow::gate`]).
     pub gate: Option<GateRow>,
 }

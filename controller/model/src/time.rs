@@ -116,7 +116,8 @@ mod tests {
 
     #[test]
     fn stored_rollout_documents_keep_their_nanosecond_keys() {
-        use crate::{CohortFigures, GateRow};
+        use crate::gate::GateRow;
+        use crate::rollout_rows::CohortFigures;
         let g = GateRow {
             rollout: 2,
             from: Some(1),

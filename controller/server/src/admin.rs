@@ -12,9 +12,9 @@ use tokio::sync::broadcast;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::Shared;
 use super::convert;
 use super::convert::status;
+use crate::shared::Shared;
 use baton_app::agents::{AgentView, LabelChange};
 use baton_app::events::{self, AgentEventKind, Event, WatchFilter};
 use baton_app::feedback::FeedbackQuery;

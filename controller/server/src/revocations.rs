@@ -11,7 +11,7 @@ use baton_app::AppError;
 use baton_pki::ca::{self, CaDir, RevokedEntry};
 use baton_pki::identity::Identity;
 
-use super::Shared;
+use crate::shared::Shared;
 
 /// The revocation list's entries (`None`: unreadable just now; the TLS
 /// side keeps its previous list and says so too).

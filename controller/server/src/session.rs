@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 
-use super::Shared;
 use super::convert;
+use crate::shared::Shared;
 use baton_app::link::{self, Action, Closing, Input, LinkConfig, Now, Session};
 use baton_app::{App, now, now_ns};
 use baton_model::HelloRow;

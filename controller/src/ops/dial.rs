@@ -35,7 +35,7 @@ use tokio::net::TcpStream;
 
 use baton_link_client::TlsFiles;
 
-use super::OpError;
+use super::error::OpError;
 
 /// Each step of a dial: TCP connect, TLS handshake, the controller's
 /// verdict.

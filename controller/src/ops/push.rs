@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use baton_proto::RefTime;
 use baton_proto::wire;
 
+use super::conn::{Conn, client};
+use super::error::OpError;
 use super::format;
-use super::{Conn, OpError, client};
 
 /// How `push` behaves.
 #[derive(Clone, Debug)]

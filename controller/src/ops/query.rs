@@ -6,8 +6,9 @@ use std::io::Write;
 
 use baton_proto::wire;
 
+use super::conn::{Conn, client};
+use super::error::OpError;
 use super::format::{self, table};
-use super::{Conn, OpError, client};
 
 /// Writes `s` to the operator's output.
 pub(super) fn line(out: &mut dyn Write, s: &str) -> Result<(), OpError> {

@@ -6,8 +6,9 @@ use std::io::Write;
 use baton_proto::wire::{self, RolloutCommand};
 use serde_json::json;
 
+use super::conn::{Conn, client};
+use super::error::OpError;
 use super::format::{self, table};
-use super::{Conn, OpError, client};
 
 /// What the operator asks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,9 +4,10 @@ use std::io::Write;
 
 use baton_proto::wire::{self, watch_event::Body as Ev};
 
+use super::conn::{Conn, client};
+use super::error::OpError;
 use super::format;
 use super::query::line;
-use super::{Conn, OpError, client};
 
 /// `watch [--tenant T] [--pack P] [--json]`: live until interrupted. A
 /// lost controller (a restart) is reconnected to with backoff, and said
@@ -66,7 +67,7 @@ impl From<OpError> for Watch {
 fn watch_status(s: tonic::Status) -> Watch {
     match s.code() {
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
-            Watch::Lost(super::describe_status(&s))
+            Watch::Lost(super::conn::describe_status(&s))
         }
         _ => Watch::Fatal(OpError::from(s)),
     }

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use super::{Done, Effect, End, Note};
+use crate::app::{App, now};
 use crate::events::{AgentEvent, AgentEventKind, Event};
 use crate::hub::Conflict;
-use crate::{App, now};
 use baton_model::SpanNanos;
 use baton_store::StoreError;
 

@@ -23,7 +23,7 @@
 //! - a refusal counts only for the version it refused: a newer version is
 //!   sent again; and only until the agent holds that version.
 //!
-//! - a rollout gates the latest version ([`crate::Gate`]): its
+//! - a rollout gates the latest version (`Gate`): its
 //!   cohort holds the latest (or has it withdrawn, after an abort with
 //!   `on_abort: safe_state`); every other target keeps what it holds
 //!   between the rollout's `from` and the latest, or gets `from` (nothing
@@ -31,10 +31,12 @@
 //!   holds, and never again an aborted rollout's version or a cancelled
 //!   pack's (those are withdrawn).
 
-use crate::{
+use crate::records::{
     Activation, AgentRow, Answer, Binding, DeliveryRow, DeliveryState, Held, Intent, PackKey,
-    PackTargets, RefTime, Refusal, StagedRow,
+    PackTargets, Refusal, StagedRow,
 };
+
+use crate::time::RefTime;
 
 /// The version `agent` should hold of `pack`, or `None`, given what it
 /// holds.

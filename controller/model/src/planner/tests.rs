@@ -7,14 +7,14 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-use crate::RefTime;
+use crate::time::RefTime;
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use proptest::sample::select;
 
 use super::*;
-use crate::{Activation, ErrorRow, LabelOverrides, StagedRow, TargetsRow};
+use crate::records::{Activation, ErrorRow, LabelOverrides, StagedRow, TargetsRow};
 
 fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
     kv.iter()
@@ -144,8 +144,8 @@ fn gated(
     admitted: &[&str],
 ) -> PackTargets {
     PackTargets {
-        gate: Some(crate::Gate {
-            row: crate::GateRow {
+        gate: Some(crate::gate::Gate {
+            row: crate::gate::GateRow {
                 rollout,
                 from,
                 members_hold: hold,

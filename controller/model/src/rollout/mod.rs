@@ -32,8 +32,10 @@ use std::collections::BTreeMap;
 
 use baton_proto::pack::rollout::{Activate, DeadlineAction, OnAbort, Rollout};
 
+use crate::rollout_rows::{
+    CohortFigures, Member, RolloutRow, RolloutState, VerdictKind, VerdictRow,
+};
 use crate::time::{self, RefTime};
-use crate::{CohortFigures, Member, RolloutRow, RolloutState, VerdictKind, VerdictRow};
 
 /// An agent the pack targets, as the machine needs to see it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,12 +5,14 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-use crate::{RefTime, time};
+use crate::time::RefTime;
+
+use crate::time;
 use baton_proto::pack::rollout::{AbortIf, Compare, StageDeadline, StageShare};
 use proptest::prelude::*;
 
 use super::*;
-use crate::PackKey;
+use crate::records::PackKey;
 
 const SEC: i64 = 1_000_000_000;
 
@@ -79,7 +81,7 @@ impl Sim {
         let row = RolloutRow::new(
             &PackKey::new("t", "p"),
             2,
-            crate::Base {
+            crate::rollout_rows::Base {
                 from: Some(1),
                 ..Default::default()
             },

@@ -12,6 +12,10 @@ use baton_store::{
     page,
 };
 
+/// Now on the clock leases are measured with, in microseconds since the
+/// epoch (see `Engine::lease_clock`).
+pub type LeaseClock = fn(&dyn Db) -> StoreResult<i64>;
+
 const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
      session_gen, owner, lateness_p99_ns, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
      clock_frequency_ppm, clock_at_ns";
@@ -195,7 +199,7 @@ pub(crate) fn refuse_a_second_machine(
     conn: &dyn Db,
     h: &HelloRow,
     me: &Owner,
-    lease_now_us: super::LeaseClock,
+    lease_now_us: LeaseClock,
 ) -> StoreResult<()> {
     let holder = query_first(
         conn,

@@ -28,8 +28,7 @@ use std::future::Future;
 
 use super::{Binding, StoreResult};
 
-/// See [`Engine::lease_clock`].
-pub type LeaseClock = fn(&dyn db::Db) -> StoreResult<i64>;
+pub use agents::LeaseClock;
 
 /// What an engine gives the shared SQL: a writer whose commands are
 /// serialised (each sees the ones committed before it, and decisions

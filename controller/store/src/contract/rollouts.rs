@@ -3,8 +3,15 @@
 //! gate decides who holds what through every planning path (push, hello,
 //! answer).
 
-use super::*;
+#![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+
+use std::collections::BTreeMap;
+
 use baton_model::RefTime;
+
+use crate::*;
+
+use super::fixtures::*;
 
 fn with_rollout(p: PackVersionRow) -> PackVersionRow {
     PackVersionRow { rollout: true, ..p }

@@ -1,0 +1,146 @@
+//! The [`Store`] contract: one conformance suite that every backend runs,
+//! after object_store's `integration.rs`. Each `pub async fn`
+//! takes a fresh, empty store opened with the [`Binding`] it is given and
+//! checks one part of the trait's documented behaviour; a backend's tests
+//! call them all through [`contract_suite!`], which makes one
+//! `#[tokio::test]` per function and binding:
+//!
+//! ```ignore
+//! fn open(binding: Binding) -> (MyStore, Guard) { ... }
+//! crate::contract::contract_suite!(open);
+//! ```
+//!
+//! [`random_equivalence`] is the suite's property test: random sequences
+//! of hellos, held sets, labels, grants, pushes, cancels and answers, after
+//! each of which the store's rows must equal an oracle that re-plans every
+//! (agent, pack) pair from scratch with [`planner::plan`]. That is what
+//! proves a backend's shortcuts (an index looked up for only the first
+//! label, plans limited to the pairs a change can affect) never miss an
+//! agent.
+//!
+//! The expectations are written from the trait's docs and the planner's
+//! rules, never from what a backend happens to do.
+
+mod agents;
+mod deliveries;
+mod feedback;
+mod fixtures;
+mod packs;
+mod random;
+mod retention;
+mod rollouts;
+
+pub use agents::*;
+pub use deliveries::*;
+pub use feedback::*;
+pub use fixtures::*;
+pub use packs::*;
+pub use random::*;
+pub use retention::*;
+pub use rollouts::*;
+
+// ---------------------------------------------------------------------------
+// The suite, for a backend's tests.
+
+/// One `#[tokio::test]` per contract function and binding (a module per
+/// function, a test per binding), against the stores `$open(binding)`
+/// makes: `(store, guard)`, where `guard` (a temporary directory, or `()`)
+/// outlives the store.
+#[macro_export]
+macro_rules! contract_suite {
+    ($open:ident) => {
+        fn always_available() -> bool {
+            true
+        }
+        $crate::contract_suite!($open, always_available);
+    };
+    // `$available()`: whether the backend can run here at all (a test
+    // without it returns at once; the backend's helper says why).
+    ($open:ident, $available:ident) => {
+        $crate::contract_suite!(@tests $open, $available;
+            hello_creates_and_updates: [tenants, open];
+            stale_streams_are_fenced: [tenants];
+            events_page_by_id: [tenants];
+            revocations_once_per_serial: [tenants];
+            agent_seen_and_all_disconnected: [tenants];
+            clock_latest_and_history: [tenants];
+            agents_paging: [tenants, open];
+            labels_set_hide_reset: [tenants, open];
+            grants_replan: [tenants, open];
+            forget_agent_parts: [tenants, open];
+            put_pack_versions: [tenants];
+            cancel_known_pack: [tenants, open];
+            cancel_unknown_pack: [tenants, open];
+            reconcile_pack_targets: [tenants, open];
+            agent_held_rules: [tenants, open];
+            answers: [tenants, open];
+            deliveries_of_pack_paging: [tenants];
+            a_push_to_many_agents_plans_each: [tenants, open];
+            a_rollout_gates_its_version: [tenants];
+            a_push_or_cancel_supersedes_a_rollout: [tenants];
+            outsiders_never_get_an_aborted_or_cancelled_version_back: [tenants];
+            deliveries_of_pairs: [tenants];
+            delivery_counts: [tenants];
+            feedback_stored_once: [tenants];
+            feedback_drops_on_a_resent_entry: [tenants];
+            feedback_all_or_nothing: [tenants];
+            feedback_through_retention: [tenants];
+            feedback_pages_and_filters: [tenants];
+            retention_oldest_first: [tenants];
+            audit_newest_oldest_first: [tenants];
+            pages_capped: [tenants];
+            values_past_i64_max_refused: [tenants];
+        );
+        mod random_equivalence {
+            $crate::contract_suite!(@random $open, $available; tenants, open);
+        }
+    };
+    (@tests $open:ident, $available:ident; $($name:ident: [$($b:ident),+];)+) => {
+        $(
+            mod $name {
+                $(
+                    #[tokio::test]
+                    async fn $b() {
+                        if !super::$available() {
+                            return;
+                        }
+                        let binding = $crate::contract_suite!(@binding $b);
+                        let (store, guard) = super::$open(binding);
+                        $crate::contract::$name(&store, binding).await;
+                        // The store first: the guard may be its directory.
+                        drop(store);
+                        let _ = guard;
+                    }
+                )+
+            }
+        )+
+    };
+    (@random $open:ident, $available:ident; $($b:ident),+) => {
+        $(
+            #[tokio::test]
+            async fn $b() {
+                if !super::$available() {
+                    return;
+                }
+                let binding = $crate::contract_suite!(@binding $b);
+                $crate::contract::random_equivalence(
+                    &|b| {
+                        let (store, guard) = super::$open(b);
+                        (
+                            Box::new(store) as Box<dyn $crate::Store>,
+                            Box::new(guard) as Box<dyn std::any::Any>,
+                        )
+                    },
+                    binding,
+                )
+                .await;
+            }
+        )+
+    };
+    (@binding tenants) => {
+        $crate::Binding::Tenants
+    };
+    (@binding open) => {
+        $crate::Binding::Open
+    };
+}
