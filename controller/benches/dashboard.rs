@@ -24,7 +24,7 @@ use baton_model::{Binding, RefTime};
 use baton_pki::identity::Identity;
 use baton_server::web::{Web, auth::Auth, router};
 use baton_sql::sqlite::SqliteStore;
-use baton_store::{HelloRow, Store};
+use baton_store::{HelloRow, StoreOps};
 use tower::ServiceExt;
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use baton_model::{Binding, RefTime, time};
 use baton_proto::wire;
 use baton_sql::sqlite::SqliteStore;
-use baton_store::{FeedbackRow, Store};
+use baton_store::{FeedbackRow, StoreOps};
 use common::count;
 
 mod common;

@@ -2,10 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::app::{App, AppError, AppResult, now_ns};
+use crate::app::{App, AppError, AppResult, now};
 use crate::caller::Caller;
 use crate::hub::{Conflict, SessionCmd};
+use baton_model::RefTime;
 use baton_model::{AgentRow, ClockRow, DeliveryRow, LabelOverrides, SignedDuration};
+use baton_store::StoreOps;
 use baton_store::{AgentFilter, MAX_PAGE, page};
 
 /// An agent as an operator sees it.
@@ -171,7 +173,7 @@ impl App {
         self.visible_agent(caller, id).await?;
         let (a, changed) = self
             .store
-            .label_agent(id, &tenant, change.set, change.reset, now_ns())
+            .label_agent(id, &tenant, change.set, change.reset, now())
             .await?;
         // Its stream acts on the rows that changed (a pack may now target
         // it, or no longer); offline, its next hello does.
@@ -203,7 +205,7 @@ impl App {
             // Only an agent the caller's tenant holds can be shared.
             self.visible_agent(caller, id).await?;
         }
-        let changed = self.store.grant(id, tenant, granted, now_ns()).await?;
+        let changed = self.store.grant(id, tenant, granted, now()).await?;
         self.hub.send(id, SessionCmd::Regranted);
         self.delivered(&changed, None);
         let mut tenants: Vec<String> = self
@@ -270,12 +272,12 @@ impl App {
         &self,
         caller: &Caller,
         id: &str,
-        since_ns: i64,
+        since: RefTime,
         limit: u32,
     ) -> AppResult<Vec<ClockRow>> {
         // The same answer for an agent that does not exist and one of
         // another tenant: nothing leaks.
         self.visible_agent(caller, id).await?;
-        Ok(self.store.clock_history(id, since_ns, limit).await?)
+        Ok(self.store.clock_history(id, since, limit).await?)
     }
 }

@@ -12,6 +12,7 @@ use crate::tally::Tally;
 use crate::{metrics, pace};
 use baton_model::time::{self, RefTime, SignedDuration};
 use baton_model::{Binding, DeliveryRow, DeliveryState, EventKind, EventRow, PackVersionRow};
+use baton_store::StoreOps;
 use baton_store::{Store, StoreError};
 
 /// What an operation can fail with; each transport maps it to its own
@@ -48,11 +49,19 @@ impl From<StoreError> for AppError {
             StoreError::NoSuchPack { .. } | StoreError::NoSuchAgent { .. } => {
                 AppError::NotFound(e.to_string())
             }
-            StoreError::Backend(_)
+            StoreError::OutOfRange { .. } | StoreError::Invalid(_) => {
+                AppError::Invalid(e.to_string())
+            }
+            // Retrying helps for the first ones; for a corrupt row or a
+            // store set up wrong it does not, but the caller can do nothing
+            // else either: the operator of the controller must look.
+            StoreError::Unavailable { .. }
             | StoreError::Closed
             | StoreError::Fenced { .. }
             | StoreError::IdInUse { .. }
-            | StoreError::LeaseLost(_) => AppError::Unavailable(e.to_string()),
+            | StoreError::LeaseLost(_)
+            | StoreError::Corrupt { .. }
+            | StoreError::Unusable(_) => AppError::Unavailable(e.to_string()),
         }
     }
 }

@@ -2,9 +2,11 @@
 //! refused ones included, written before the answer.
 
 use crate::app::{App, AppError, AppResult, now};
+use baton_model::RefTime;
 
 use crate::caller::Caller;
 use baton_model::AuditRow;
+use baton_store::StoreOps;
 
 impl App {
     /// Record `action` on `target` in `tenant` and its result; a failed
@@ -36,15 +38,15 @@ impl App {
     }
 
     /// The audit log (admins): the caller's tenant's, at or after
-    /// `since_ns`, the newest `limit`.
+    /// `since`, the newest `limit`.
     pub async fn audit(
         &self,
         caller: &Caller,
-        since_ns: i64,
+        since: RefTime,
         limit: u32,
     ) -> AppResult<Vec<AuditRow>> {
         caller.may_audit()?;
-        Ok(self.store.audit(caller.tenant(), since_ns, limit).await?)
+        Ok(self.store.audit(caller.tenant(), since, limit).await?)
     }
 }
 

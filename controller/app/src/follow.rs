@@ -25,6 +25,7 @@ use crate::app::App;
 use crate::events::{AgentEvent, AgentEventKind, Event};
 use crate::hub::SessionCmd;
 use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey, PackVersionRow};
+use baton_store::StoreOps;
 use baton_store::{FeedbackFilter, MAX_PAGE, StoreResult};
 
 /// After stop, the relay ends once nothing was queued this long.

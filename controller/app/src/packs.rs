@@ -11,12 +11,13 @@ use std::sync::Arc;
 
 use baton_proto::pack::{Pack, Targets, parse_pack};
 
-use crate::app::{App, AppError, AppResult, now_ns};
+use crate::app::{App, AppError, AppResult, now};
 
 use crate::caller::Caller;
 use baton_model::{
     Binding, DeliveryRow, Intent, PackKey, PackSummaryRow, PackVersionRow, PutPack, TargetsRow,
 };
+use baton_store::StoreOps;
 use baton_store::{MAX_PAGE, StoreError};
 
 /// What a push did.
@@ -97,7 +98,7 @@ impl App {
         });
         let key = row.key();
         let put = self.store.put_pack((*row).clone()).await?;
-        let changed = self.store.reconcile_pack(&key, now_ns()).await?;
+        let changed = self.store.reconcile_pack(&key, now).await?;
         self.delivered(&changed, Some(&row));
         let agents = self.holders(&key, Some(row.version), Intent::Hold).await?;
         tracing::info!(
@@ -174,7 +175,7 @@ impl App {
         let key = PackKey::new(&tenant, pack);
         let changed = self
             .store
-            .cancel_pack(&key, now_ns())
+            .cancel_pack(&key, now())
             .await
             .map_err(|e| match e {
                 StoreError::NoSuchPack { .. } => AppError::NotFound(format!("no pack {key}")),

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::app::{App, now};
 use crate::metrics::Retained;
 use baton_model::RefTime;
+use baton_store::StoreOps;
 use baton_store::StoreResult;
 
 /// What is kept, and how the sweeper works.

@@ -20,6 +20,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::app::{App, AppResult, now};
 use baton_model::{AuditRow, RefTime, RevocationRow, RevokedEntry};
+use baton_store::StoreOps;
 
 /// The audit target of a revoked certificate.
 pub fn target(e: &RevokedEntry) -> String {

@@ -12,7 +12,7 @@ use baton_proto::pack::parse_pack;
 use baton_proto::pack::rollout::Rollout;
 use tokio::sync::watch;
 
-use crate::app::{App, AppError, AppResult, now, now_ns};
+use crate::app::{App, AppError, AppResult, now};
 
 use crate::caller::Caller;
 use baton_model::rollout::{self, AgentView, Effect, Observed, Step};
@@ -21,6 +21,7 @@ use baton_model::{
     AgentRow, AuditRow, CohortFigures, DeliveryRow, DeliveryState, PackKey, PackVersionRow,
     RolloutChange, RolloutRow,
 };
+use baton_store::StoreOps;
 use baton_store::{AgentFilter, FeedbackFilter, MAX_PAGE};
 
 /// How often the driver looks at open rollouts when nothing wakes it.
@@ -306,7 +307,7 @@ impl App {
             republish: republish.clone(),
             gate,
         };
-        let Some(changed) = self.store.advance_rollout(change, now_ns()).await? else {
+        let Some(changed) = self.store.advance_rollout(change, now()).await? else {
             return Ok(false);
         };
         // Stored: the sessions act on it first, whatever happens to the

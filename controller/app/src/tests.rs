@@ -11,6 +11,7 @@ use crate::metrics::Retained;
 use baton_model::identity::{Identity, Role};
 use baton_model::{Binding, FeedbackRow, HeldPackRow};
 use baton_proto::wire;
+use baton_store::StoreOps;
 use baton_store::memory::MemoryStore;
 use baton_store::{HelloRow, MAX_PAGE};
 
@@ -75,7 +76,10 @@ async fn a_bad_push_is_refused_with_its_position_and_audited() {
         Err(AppError::Invalid(m)) => assert!(m.contains("bad.yaml:2:"), "{m}"),
         other => panic!("expected invalid, got {other:?}"),
     }
-    let audit = app.audit(&caller, 0, 0).await.expect("audit");
+    let audit = app
+        .audit(&caller, RefTime::from_nanos(0), 0)
+        .await
+        .expect("audit");
     assert_eq!(audit.len(), 1);
     assert!(
         audit[0].result.starts_with("InvalidArgument: bad.yaml:"),
@@ -376,7 +380,11 @@ async fn rollouts_stay_within_their_tenant_and_role() {
         .await
         .expect("paused");
     assert_eq!(row.state, baton_model::RolloutState::Paused);
-    let audit = app.store.audit(None, 0, 100).await.expect("audit");
+    let audit = app
+        .store
+        .audit(None, RefTime::from_nanos(0), 100)
+        .await
+        .expect("audit");
     let pauses: Vec<&str> = audit
         .iter()
         .filter(|r| r.action == "rollout.pause")

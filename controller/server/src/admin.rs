@@ -336,7 +336,12 @@ impl wire::admin_server::Admin for AdminService {
         };
         let rows = self
             .app()
-            .clock_history(&caller, &req.agent, req.since_ns, limit)
+            .clock_history(
+                &caller,
+                &req.agent,
+                RefTime::from_nanos(req.since_ns),
+                limit,
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(wire::ClockHistoryReply {
@@ -352,7 +357,7 @@ impl wire::admin_server::Admin for AdminService {
         let req = request.into_inner();
         let rows = self
             .app()
-            .audit(&caller, req.since_ns, req.limit)
+            .audit(&caller, RefTime::from_nanos(req.since_ns), req.limit)
             .await
             .map_err(status)?;
         Ok(Response::new(wire::AuditReply {

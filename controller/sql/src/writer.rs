@@ -54,7 +54,7 @@ pub(crate) trait Job<C: ?Sized>: Send {
     fn run(&mut self, conn: &C) -> Result<(), String>;
     /// Tells the caller: its own result if the batch committed, else the
     /// batch's error.
-    fn answer(self: Box<Self>, batch: Result<(), &str>);
+    fn answer(self: Box<Self>, batch: Result<(), &StoreError>);
 }
 
 /// A batch of jobs as the engine runs them.
@@ -64,7 +64,7 @@ pub(crate) type Batch<C> = Vec<Box<dyn Job<C>>>;
 pub(crate) trait Batches<C: ?Sized>: Send + 'static {
     /// Runs every job in one transaction, each in its own savepoint;
     /// `Ok` once committed, else why nothing of it was.
-    fn run(&mut self, batch: &mut Batch<C>) -> Result<(), String>;
+    fn run(&mut self, batch: &mut Batch<C>) -> StoreResult<()>;
     /// After a failed batch: whether the connection can go on (`false`
     /// stops the writer; every later write fails with `Closed`).
     fn recover(&mut self) -> bool;
@@ -96,7 +96,7 @@ where
     fn run(&mut self, conn: &C) -> Result<(), String> {
         let out = match self.f.take() {
             Some(f) => f(conn),
-            None => Err(StoreError::Backend("a write ran twice".into())),
+            None => Err(StoreError::corrupt("the store writer", "a write ran twice")),
         };
         let status = match &out {
             Ok(_) => Ok(()),
@@ -106,11 +106,13 @@ where
         status
     }
 
-    fn answer(self: Box<Self>, batch: Result<(), &str>) {
+    fn answer(self: Box<Self>, batch: Result<(), &StoreError>) {
         let Call { out, reply, .. } = *self;
         let out = match batch {
-            Err(e) => Err(StoreError::Backend(e.to_owned())),
-            Ok(()) => out.unwrap_or_else(|| Err(StoreError::Backend("a write never ran".into()))),
+            Err(e) => Err(e.again()),
+            Ok(()) => out.unwrap_or_else(|| {
+                Err(StoreError::corrupt("the store writer", "a write never ran"))
+            }),
         };
         // The caller may have stopped waiting; the write stands regardless.
         let _ = reply.send(out);
@@ -141,7 +143,7 @@ impl<C: ?Sized + 'static> Writer<C> {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || writer_loop(engine, rx, &thread_stats, max_batch))
-            .map_err(|e| StoreError::Backend(format!("start the store writer thread: {e}")))?;
+            .map_err(|e| StoreError::unavailable("start the store writer thread", e))?;
         Ok(Writer {
             tx: Some(tx),
             thread: Some(thread),
@@ -341,7 +343,7 @@ fn run_batch<C: ?Sized, B: Batches<C>>(
             alive = engine.recover();
         }
     }
-    let shared = outcome.as_ref().map(|_| ()).map_err(String::as_str);
+    let shared = outcome.as_ref().map(|_| ());
     for job in batch.drain(..) {
         job.answer(shared);
     }

@@ -8,8 +8,8 @@ use super::{Done, Effect, End, Note};
 use crate::app::{App, now};
 use crate::events::{AgentEvent, AgentEventKind, Event};
 use crate::hub::Conflict;
-use baton_model::SpanNanos;
 use baton_store::StoreError;
+use baton_store::StoreOps;
 
 impl From<StoreError> for End {
     fn from(e: StoreError) -> End {
@@ -51,9 +51,8 @@ impl App {
                 }
             }
             Effect::Seen { session, at } => {
-                let p99 = Some(self.lateness_p99(agent).nanos());
-                s.agent_seen(agent, session, true, at.as_nanos(), p99)
-                    .await?;
+                let p99 = Some(self.lateness_p99(agent));
+                s.agent_seen(agent, session, true, at, p99).await?;
                 Done::Written
             }
             Effect::Clock { session, row } => {
@@ -61,7 +60,7 @@ impl App {
                 Done::Written
             }
             Effect::Held { session, held, at } => {
-                Done::Rows(s.agent_held(agent, session, held, at.as_nanos()).await?)
+                Done::Rows(s.agent_held(agent, session, held, at).await?)
             }
             Effect::Answer(row) => Done::Answer(s.answer(row).await?),
             Effect::Feedback {
@@ -128,7 +127,7 @@ impl App {
         }
         let ours = match self
             .store
-            .agent_seen(agent, session_gen, false, now().as_nanos(), None)
+            .agent_seen(agent, session_gen, false, now(), None)
             .await
         {
             Ok(()) => true,

@@ -16,6 +16,7 @@ use baton_app::events::Event;
 use baton_app::{App, Caller};
 use baton_model::{Binding, DeliveryState, PackKey};
 use baton_pki::identity::Identity;
+use baton_store::StoreOps;
 use baton_store::memory::MemoryStore;
 
 struct Test {

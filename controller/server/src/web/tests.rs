@@ -17,7 +17,7 @@ use baton_model::Binding;
 use baton_pki::ca::{self, CaDir, Validity};
 use baton_pki::identity::{Identity, Role};
 use baton_store::memory::MemoryStore;
-use baton_store::{Store, contract};
+use baton_store::{Store, StoreOps, contract};
 
 struct Fixture {
     _dir: tempfile::TempDir,

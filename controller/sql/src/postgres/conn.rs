@@ -56,7 +56,7 @@ impl ToSql for Param<'_> {
 
 impl Row for postgres::Row {
     fn value(&self, name: &str) -> StoreResult<Value> {
-        let bad = |e: &dyn std::fmt::Display| StoreError::Backend(format!("column {name}: {e}"));
+        let bad = |e: &dyn std::fmt::Display| StoreError::corrupt(format!("column {name}"), e);
         let i = self
             .columns()
             .iter()

@@ -55,7 +55,7 @@ pub struct Copied {
 pub fn copy_from_sqlite(dir: &Path, target: &Target) -> StoreResult<Copied> {
     let db = dir.join(crate::sqlite::DB_FILE);
     if !db.exists() {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::Unusable(format!(
             "no embedded store at {}",
             db.display()
         )));
@@ -64,14 +64,14 @@ pub fn copy_from_sqlite(dir: &Path, target: &Target) -> StoreResult<Copied> {
     drop(SqliteStore::open(dir, Binding::Tenants)?);
     let source =
         rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(|e| StoreError::Backend(format!("open {}: {e}", db.display())))?;
+            .map_err(|e| StoreError::unavailable(format!("open {}", db.display()), e))?;
     let target = PgConn::new(connect(target)?);
     super::check_collation(&target)?;
     migrate(&target)?;
     let batch = |sql: &str| {
         target
             .batch(sql)
-            .map_err(|e| StoreError::Backend(format!("{sql}: {}", detailed(&e))))
+            .map_err(|e| StoreError::unavailable(sql.to_string(), detailed(&e)))
     };
     batch("BEGIN")?;
     let copied = (|| {
@@ -117,7 +117,7 @@ fn copy_table(
     target: &PgConn,
     table: &str,
 ) -> StoreResult<(u64, u64)> {
-    let fail = |e: rusqlite::Error| StoreError::Backend(format!("read {table}: {e}"));
+    let fail = |e: rusqlite::Error| StoreError::unavailable(format!("read {table}"), e);
     let mut stmt = source
         .prepare(&format!("SELECT * FROM {table}"))
         .map_err(fail)?;
@@ -144,13 +144,14 @@ fn copy_table(
             let text = match v {
                 ValueRef::Text(t) => Some(
                     std::str::from_utf8(t)
-                        .map_err(|e| StoreError::Backend(format!("{table}.{name}: {e}")))?
+                        .map_err(|e| StoreError::corrupt(format!("{table}.{name}"), e))?
                         .to_owned(),
                 ),
                 ValueRef::Blob(_) => {
-                    return Err(StoreError::Backend(format!(
-                        "{table}.{name}: a blob, which the store never writes"
-                    )));
+                    return Err(StoreError::corrupt(
+                        format!("{table}.{name}"),
+                        "a blob, which the store never writes",
+                    ));
                 }
                 _ => None,
             };

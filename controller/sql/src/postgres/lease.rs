@@ -111,7 +111,7 @@ fn acquire(db: &dyn Db, cfg: &LeaseConfig) -> StoreResult<i64> {
         params![cfg.replica_id, cfg.ttl_us()],
         |r| col::<i64>(r, "epoch"),
     )?;
-    epoch.ok_or_else(|| StoreError::Backend("the lease row was not written".into()))
+    epoch.ok_or_else(|| StoreError::unavailable("take the lease", "the lease row was not written"))
 }
 
 /// Extends the lease if it is still ours and has not run out: whether it
@@ -149,7 +149,7 @@ pub(super) fn db_now_us(db: &dyn Db) -> StoreResult<i64> {
     query_first(db, &format!("SELECT {NOW_US} AS now"), &[], |r| {
         col::<i64>(r, "now")
     })?
-    .ok_or_else(|| StoreError::Backend("the database did not say the time".into()))
+    .ok_or_else(|| StoreError::unavailable("read the time of the database", "it did not say"))
 }
 
 /// Marks the lease lost, once, and says so.
@@ -175,7 +175,7 @@ pub(super) struct Lease {
 impl Lease {
     /// Takes the lease on `conn` and starts renewing it.
     pub fn start(conn: &PgConn, target: &Target, cfg: LeaseConfig) -> StoreResult<Lease> {
-        cfg.check().map_err(StoreError::Backend)?;
+        cfg.check().map_err(StoreError::Unusable)?;
         let epoch = acquire(conn, &cfg)?;
         let owner = Owner {
             replica: cfg.replica_id.clone(),
@@ -195,7 +195,7 @@ impl Lease {
         let thread = std::thread::Builder::new()
             .name("store-lease".into())
             .spawn(move || renewer.run(&stop_rx))
-            .map_err(|e| StoreError::Backend(format!("start the lease thread: {e}")))?;
+            .map_err(|e| StoreError::unavailable("start the lease thread", e))?;
         Ok(Lease {
             owner,
             lost,
@@ -298,7 +298,7 @@ impl Renewer {
         }
         self.conn
             .as_ref()
-            .ok_or_else(|| StoreError::Backend("no connection".into()))
+            .ok_or_else(|| StoreError::unavailable("renew the lease", "no connection"))
     }
 
     fn renew_once(&mut self) -> StoreResult<bool> {

@@ -79,7 +79,7 @@ impl fmt::Debug for PgStore {
 }
 
 fn backend(what: &str, e: &postgres::Error) -> StoreError {
-    StoreError::Backend(format!("{what}: {}", detailed(e)))
+    StoreError::unavailable(what, detailed(e))
 }
 
 /// Where the database is and how to reach it: plaintext, or TLS (rustls)
@@ -108,24 +108,24 @@ impl Target {
     /// blindly.
     pub fn new(url: &str, ca: Option<&std::path::Path>) -> StoreResult<Target> {
         let mut config: postgres::Config = url.parse().map_err(|e| {
-            StoreError::Backend(format!("the store URL is not a PostgreSQL URL: {e}"))
+            StoreError::Unusable(format!("the store URL is not a PostgreSQL URL: {e}"))
         })?;
         let tls = match ca {
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
                 let certs = rustls_pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| {
-                    StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                    StoreError::Unusable(format!("--store-ca {}: {e}", ca.display()))
                 })?;
                 for c in certs {
                     let c = c.map_err(|e| {
-                        StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                        StoreError::Unusable(format!("--store-ca {}: {e}", ca.display()))
                     })?;
                     roots.add(c).map_err(|e| {
-                        StoreError::Backend(format!("--store-ca {}: {e}", ca.display()))
+                        StoreError::Unusable(format!("--store-ca {}: {e}", ca.display()))
                     })?;
                 }
                 if roots.is_empty() {
-                    return Err(StoreError::Backend(format!(
+                    return Err(StoreError::Unusable(format!(
                         "--store-ca {}: no certificate in it",
                         ca.display()
                     )));
@@ -134,7 +134,7 @@ impl Target {
                     rustls::crypto::ring::default_provider(),
                 ))
                 .with_safe_default_protocol_versions()
-                .map_err(|e| StoreError::Backend(format!("TLS to the store: {e}")))?
+                .map_err(|e| StoreError::Unusable(format!("TLS to the store: {e}")))?
                 .with_root_certificates(roots)
                 .with_no_client_auth();
                 config.ssl_mode(postgres::config::SslMode::Require);
@@ -142,7 +142,7 @@ impl Target {
             }
             None => {
                 if config.get_ssl_mode() == postgres::config::SslMode::Require {
-                    return Err(StoreError::Backend(
+                    return Err(StoreError::Unusable(
                         "the store URL requires TLS: name the CA that signed the database's \
                          certificate with --store-ca FILE"
                             .into(),
@@ -285,25 +285,26 @@ struct PgBatches {
 }
 
 impl Batches<PgConn> for PgBatches {
-    fn run(&mut self, batch: &mut Batch<PgConn>) -> Result<(), String> {
+    fn run(&mut self, batch: &mut Batch<PgConn>) -> StoreResult<()> {
         if self.lease.is_lost() {
-            return Err(
-                StoreError::LeaseLost("this replica writes nothing more".into()).to_string(),
-            );
+            return Err(StoreError::LeaseLost(
+                "this replica writes nothing more".into(),
+            ));
         }
         if self.conn.as_ref().is_none_or(PgConn::is_closed) {
             self.conn = None;
-            let c = connect(&self.target).map_err(|e| e.to_string())?;
+            let c = connect(&self.target)?;
             tracing::info!("store: reconnected to PostgreSQL");
             self.conn = Some(PgConn::new(c));
         }
         let conn = self
             .conn
             .as_ref()
-            .ok_or_else(|| "no PostgreSQL connection".to_string())?;
+            .ok_or_else(|| StoreError::unavailable("write batch", "no PostgreSQL connection"))?;
         let step = |sql: &str| {
-            conn.batch(sql)
-                .map_err(|e| format!("write batch not committed ({sql}): {}", detailed(&e)))
+            conn.batch(sql).map_err(|e| {
+                StoreError::unavailable(format!("write batch not committed ({sql})"), detailed(&e))
+            })
         };
         // A batch that fails from here on is rolled back by `recover`.
         // READ COMMITTED (the default): each statement sees what was
@@ -318,9 +319,7 @@ impl Batches<PgConn> for PgBatches {
             "SELECT pg_advisory_xact_lock(?1)",
             params![WRITE_LOCK],
         );
-        if let Err(e) = locked {
-            return Err(format!("write batch not committed: {e}"));
-        }
+        locked?;
         // After the lock, on the database's clock: a replica paused past
         // its lease commits nothing when it wakes (see `lease`).
         match lease::is_live(conn, self.lease.owner()) {
@@ -328,11 +327,9 @@ impl Batches<PgConn> for PgBatches {
             Ok(false) => {
                 let e = StoreError::LeaseLost("it ran out before this write batch".into());
                 self.lease.mark_lost(&e.to_string());
-                return Err(format!("write batch not committed: {e}"));
+                return Err(e);
             }
-            Err(e) => {
-                return Err(format!("write batch not committed: {e}"));
-            }
+            Err(e) => return Err(e),
         }
         for job in batch.iter_mut() {
             step("SAVEPOINT job")?;
@@ -425,7 +422,7 @@ fn check_collation(conn: &PgConn) -> StoreResult<()> {
     )?;
     match collation.as_deref() {
         Some("C" | "POSIX") => Ok(()),
-        other => Err(StoreError::Backend(format!(
+        other => Err(StoreError::Unusable(format!(
             "the database's collation is {other:?}, not \"C\": lists and pages would not be in the \
              byte order the store relies on; create it with \
              CREATE DATABASE … TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
@@ -457,7 +454,7 @@ fn migrate_locked(conn: &PgConn) -> StoreResult<()> {
     .unwrap_or(0);
     let known = MIGRATIONS.last().map_or(0, |m| m.version);
     if newest > known {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::Unusable(format!(
             "the database's schema is v{newest}, newer than this controller's v{known}; run a newer controller"
         )));
     }
@@ -517,6 +514,7 @@ pub fn test_replicas(names: &[&str]) -> Option<Vec<PgStore>> {
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
+    use baton_store::{RefTime, StoreOps};
 
     /// Whether a test cluster runs here (else the tests return at once;
     /// `baton_testpg` said why, or panicked if PostgreSQL is required).
@@ -591,11 +589,10 @@ mod tests {
         assert!(!*lost.borrow());
         expire(&target, "ra");
         // Whatever it tries, fenced or not by the agent, is not committed.
-        let seen = a.agent_seen("a1", 1, true, 200, None).await;
-        assert!(
-            matches!(&seen, Err(StoreError::Backend(m)) if m.contains("lease")),
-            "{seen:?}"
-        );
+        let seen = a
+            .agent_seen("a1", 1, true, RefTime::from_nanos(200), None)
+            .await;
+        assert!(matches!(&seen, Err(StoreError::LeaseLost(_))), "{seen:?}");
         assert!(a.agent_hello(hello("a2")).await.is_err());
         tokio::time::timeout(std::time::Duration::from_secs(5), lost.wait_for(|l| *l))
             .await
@@ -613,7 +610,6 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_restart_under_the_same_id_fences_the_earlier_one() {
-        use baton_store::Store;
         if !available() {
             return;
         }

@@ -176,7 +176,7 @@ pub(crate) fn agent_exists(conn: &dyn Db, id: &str) -> StoreResult<bool> {
 }
 
 pub(crate) fn unknown_agent(id: &str) -> StoreError {
-    StoreError::Backend(format!("no agent {id}: it must say hello first"))
+    StoreError::NoSuchAgent { id: id.to_owned() }
 }
 
 /// The replica a store writes as: its id and its lease's epoch (a single
@@ -225,12 +225,7 @@ pub(crate) fn refuse_a_second_machine(
 /// (one row each, for targeting) and its certificate's tenants.
 pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreResult<()> {
     let labels = to_json(&h.labels, "labels")?;
-    let seen = i64::try_from(h.session_gen_seen).map_err(|_| {
-        StoreError::Backend(format!(
-            "agent {}: session generation {} is past what the store keeps",
-            h.id, h.session_gen_seen
-        ))
-    })?;
+    let seen = baton_store::fits(h.session_gen_seen, "session generation")?;
     // `CASE` rather than MAX/GREATEST: the engines spell those otherwise.
     run(
         conn,
@@ -288,40 +283,17 @@ pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreRe
     Ok(())
 }
 
-/// The fence of every write a stream makes for its agent: the agent's
-/// stored generation must still be the stream's, read in the write's own
-/// transaction (the writer's serialisation point, so no hello can come
-/// between the check and the write). An agent never said hello to (or
-/// forgotten) is [`unknown_agent`].
-pub(crate) fn check_session(conn: &dyn Db, id: &str, session: u64) -> StoreResult<()> {
-    match check_session_if_known(conn, id, session)? {
-        true => Ok(()),
-        false => Err(unknown_agent(id)),
-    }
-}
-
-/// [`check_session`] in one look-up, for writes an agent with no record
-/// may still make (feedback, answers): whether the agent is known (a
-/// known agent's stream of another generation is [`StoreError::Fenced`]).
-pub(crate) fn check_session_if_known(conn: &dyn Db, id: &str, session: u64) -> StoreResult<bool> {
+/// The agent's session generation (`None`: not stored), read in the
+/// write's own transaction (the writer's serialisation point, so no hello
+/// can come between the fence's check and the write).
+pub(crate) fn session_gen(conn: &dyn Db, id: &str) -> StoreResult<Option<u64>> {
     let current: Option<i64> = query_first(
         conn,
         "SELECT session_gen FROM agents WHERE id = ?1",
         params![id],
         |r| col(r, "session_gen"),
     )?;
-    let Some(current) = current else {
-        return Ok(false);
-    };
-    let current = u64_from_db(current, "session_gen")?;
-    if current != session {
-        return Err(StoreError::Fenced {
-            agent: id.to_owned(),
-            session,
-            current,
-        });
-    }
-    Ok(true)
+    current.map(|c| u64_from_db(c, "session_gen")).transpose()
 }
 
 /// Marks disconnected the agents whose stream no replica holds: none whose

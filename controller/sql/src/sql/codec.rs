@@ -18,22 +18,19 @@ use baton_store::{
     PackVersionRow, Refusal, StagedRow, StoreError, StoreResult, TargetsRow,
 };
 
-pub(crate) fn backend(what: &str, e: impl fmt::Display) -> StoreError {
-    StoreError::Backend(format!("{what}: {e}"))
+/// Stored `what` does not read back (or a value cannot be written as the
+/// column's JSON).
+pub(crate) fn corrupt(what: &str, e: impl fmt::Display) -> StoreError {
+    StoreError::corrupt(what, e)
 }
 
 /// A u64 as BIGINT; values past `i64::MAX` are refused, never wrapped.
-pub(crate) fn to_db(v: u64, what: &str) -> StoreResult<i64> {
-    i64::try_from(v).map_err(|_| {
-        StoreError::Backend(format!(
-            "{what} {v} is larger than {} and cannot be stored",
-            i64::MAX
-        ))
-    })
+pub(crate) fn to_db(v: u64, what: &'static str) -> StoreResult<i64> {
+    baton_store::fits(v, what)
 }
 
 pub(crate) fn u64_from_db(v: i64, what: &str) -> StoreResult<u64> {
-    u64::try_from(v).map_err(|_| StoreError::Backend(format!("stored {what} is negative: {v}")))
+    u64::try_from(v).map_err(|_| StoreError::corrupt(what, format!("negative: {v}")))
 }
 
 /// An instant column (integer nanoseconds since the epoch).
@@ -52,15 +49,15 @@ pub(crate) fn span_col(row: &dyn Row, name: &str) -> StoreResult<SignedDuration>
 }
 
 pub(crate) fn u32_from_db(v: i64, what: &str) -> StoreResult<u32> {
-    u32::try_from(v).map_err(|_| StoreError::Backend(format!("stored {what} is not a u32: {v}")))
+    u32::try_from(v).map_err(|_| StoreError::corrupt(what, format!("not a u32: {v}")))
 }
 
 pub(crate) fn to_json<T: Serialize>(v: &T, what: &str) -> StoreResult<String> {
-    serde_json::to_string(v).map_err(|e| backend(&format!("encode {what}"), e))
+    serde_json::to_string(v).map_err(|e| corrupt(&format!("encode {what}"), e))
 }
 
 pub(crate) fn from_json<T: DeserializeOwned>(s: &str, what: &str) -> StoreResult<T> {
-    serde_json::from_str(s).map_err(|e| backend(&format!("decode stored {what}"), e))
+    serde_json::from_str(s).map_err(|e| corrupt(&format!("decode stored {what}"), e))
 }
 
 /// [`ErrorRow`] as stored in `deliveries.refused_errors`.
@@ -195,11 +192,11 @@ pub(crate) fn decode_delivery(row: &dyn Row) -> StoreResult<DeliveryRow> {
             pack: pack.clone(),
             version: u64_from_db(col(row, "version")?, "version")?,
             intent: Intent::parse(&intent)
-                .ok_or_else(|| StoreError::Backend(format!("unknown intent {intent:?}")))?,
+                .ok_or_else(|| StoreError::corrupt("intent", format!("unknown: {intent:?}")))?,
             held,
             refusal,
             state: DeliveryState::parse(&state)
-                .ok_or_else(|| StoreError::Backend(format!("unknown state {state:?}")))?,
+                .ok_or_else(|| StoreError::corrupt("state", format!("unknown: {state:?}")))?,
             reason: col(row, "reason")?,
             attempts: u32_from_db(col(row, "attempts")?, "attempts")?,
             updated: instant_col(row, "updated_ns")?,

@@ -205,7 +205,7 @@ impl<T: FromValue> FromValue for Option<T> {
 
 /// A column by name, a decode failure as a typed error.
 pub fn col<T: FromValue>(row: &dyn Row, name: &str) -> StoreResult<T> {
-    T::from_value(row.value(name)?).map_err(|e| StoreError::Backend(format!("column {name}: {e}")))
+    T::from_value(row.value(name)?).map_err(|e| StoreError::corrupt(format!("column {name}"), e))
 }
 
 /// A connection (or a transaction on one) the SQL modules run on.
@@ -257,7 +257,10 @@ pub fn query_first<T>(
 /// A failure of `r` says what it was about (`what`: a row, a command).
 pub fn with_row<T>(what: impl fmt::Display, r: StoreResult<T>) -> StoreResult<T> {
     r.map_err(|e| match e {
-        StoreError::Backend(m) => StoreError::Backend(format!("{what}: {m}")),
+        StoreError::Corrupt { what: w, detail } => StoreError::Corrupt {
+            what: format!("{what}: {w}"),
+            detail,
+        },
         other => other,
     })
 }
@@ -273,7 +276,7 @@ pub fn failed(what: &str, sql: &str, e: impl fmt::Display) -> StoreError {
     // The statement's first words say which one failed without flooding
     // the log with a whole query.
     let head: String = sql.split_whitespace().take(6).collect::<Vec<_>>().join(" ");
-    StoreError::Backend(format!("{what} ({head} …): {e}"))
+    StoreError::unavailable(format!("{what} ({head} …)"), e.to_string())
 }
 
 /// `sql` with SQLite's `?N` placeholders spelled `$N`, for engines that

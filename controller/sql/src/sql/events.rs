@@ -49,7 +49,7 @@ fn decode(row: &dyn Row) -> StoreResult<EventRow> {
             id: u64_from_db(id, "id")?,
             replica: col(row, "replica")?,
             kind: EventKind::parse(&kind)
-                .ok_or_else(|| StoreError::Backend(format!("unknown event kind {kind:?}")))?,
+                .ok_or_else(|| StoreError::corrupt("event kind", format!("unknown: {kind:?}")))?,
             agent_id: col(row, "agent_id")?,
             tenant: col(row, "tenant")?,
             pack: col(row, "pack")?,

@@ -66,7 +66,7 @@ fn check_rows(first: &FeedbackRow, rows: &[FeedbackRow]) -> StoreResult<Vec<(i64
     rows.iter()
         .map(|r| {
             if r.agent_id != first.agent_id || r.journal_id != first.journal_id {
-                return Err(StoreError::Backend(
+                return Err(StoreError::Invalid(
                     "one put_feedback call takes one journal's rows".into(),
                 ));
             }
@@ -96,7 +96,7 @@ fn journal_of(conn: &dyn Db, agent_id: &str, journal_id: &str) -> StoreResult<(i
         journal_params,
     )?;
     query_first(conn, journal_sql, journal_params, decode)?
-        .ok_or_else(|| StoreError::Backend("a journal stored is not found".into()))
+        .ok_or_else(|| StoreError::corrupt("feedback journals", "a journal stored is not found"))
 }
 
 /// A re-sent entry's count of drops, kept on the stored row: held to the

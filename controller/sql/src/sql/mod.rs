@@ -1,5 +1,5 @@
 //! The store in SQL, once for every engine: the statements, the row
-//! decoders and the decisions' glue (`plan`), written against [`db::Db`]
+//! decoders and the primitives of a transaction (`tx`), written against [`db::Db`]
 //! (run a query, run a statement). An engine ([`Engine`]) supplies the
 //! connections and the one thing SQL cannot say portably: where the
 //! writes are serialised. With that, [`baton_store::Store`] is
@@ -16,13 +16,14 @@ pub(crate) mod agents;
 pub(crate) mod audit;
 pub(crate) mod codec;
 pub mod db;
+pub(crate) mod deliveries;
 pub(crate) mod events;
 pub(crate) mod feedback;
 pub(crate) mod members;
 pub(crate) mod packs;
-pub(crate) mod plan;
 pub(crate) mod rollouts;
 mod store_impl;
+mod tx;
 
 use std::future::Future;
 
@@ -87,7 +88,7 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
 ) -> StoreResult<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| super::StoreError::Backend(format!("read task: {e}")))?
+        .map_err(|e| super::StoreError::unavailable("a read", e.to_string()))?
 }
 
 /// This host's clock, in microseconds since the epoch (a single

@@ -52,7 +52,12 @@ pub(crate) fn write_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPa
         params![p.tenant, p.pack],
         |r| col(r, "latest_version"),
     )?
-    .ok_or_else(|| StoreError::Backend(format!("pack {}/{} vanished", p.tenant, p.pack)))?;
+    .ok_or_else(|| {
+        StoreError::corrupt(
+            format!("pack {}/{}", p.tenant, p.pack),
+            "its row vanished while a version was stored",
+        )
+    })?;
     if latest > version {
         return Err(StoreError::VersionOlder {
             tenant: p.tenant.clone(),

@@ -1,15 +1,10 @@
-//! Rollouts: their rows, cohorts and the gate on the pack row, changed in
-//! the writer's transaction with the decisions they cause.
+//! Rollouts: their rows, cohorts and the gate on the pack row.
 
 use super::codec::{from_json, to_db, to_json, u64_from_db};
 use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
 use super::members::members;
-use super::packs::write_pack;
-use super::plan::replan_pack;
-use baton_model::time;
 use baton_store::{
-    Base, Binding, DeliveryRow, GateRow, MAX_PAGE, PackKey, PackVersionRow, PutPack, RolloutChange,
-    RolloutRow, RolloutState, StoreResult,
+    GateRow, MAX_PAGE, Member, PackHead, PackKey, RolloutRow, RolloutState, StoreResult,
 };
 
 const ROLLOUT_COLUMNS: &str = "tenant, pack, version, rev, state, doc";
@@ -23,7 +18,7 @@ fn decode_rollout(row: &dyn Row) -> StoreResult<RolloutRow> {
     r.rev = u64_from_db(col(row, "rev")?, "rollout rev")?;
     let state: String = col(row, "state")?;
     r.state = RolloutState::parse(&state).ok_or_else(|| {
-        baton_store::StoreError::Backend(format!("unknown rollout state `{state}` stored"))
+        baton_store::StoreError::corrupt("rollout state", format!("unknown: `{state}`"))
     })?;
     Ok(r)
 }
@@ -79,7 +74,7 @@ pub(crate) fn list(
     Ok(rows)
 }
 
-fn insert(conn: &dyn Db, r: &RolloutRow) -> StoreResult<()> {
+pub(crate) fn insert(conn: &dyn Db, r: &RolloutRow) -> StoreResult<()> {
     run(
         conn,
         "store a rollout",
@@ -101,7 +96,7 @@ fn insert(conn: &dyn Db, r: &RolloutRow) -> StoreResult<()> {
 
 /// Writes `r` over the stored row if that is still at `r.rev`; the new
 /// rev then is `r.rev + 1`. Whether it was.
-fn compare_and_set(conn: &dyn Db, r: &RolloutRow) -> StoreResult<bool> {
+pub(crate) fn compare_and_set(conn: &dyn Db, r: &RolloutRow) -> StoreResult<bool> {
     let n = run(
         conn,
         "change a rollout",
@@ -120,7 +115,7 @@ fn compare_and_set(conn: &dyn Db, r: &RolloutRow) -> StoreResult<bool> {
     Ok(n > 0)
 }
 
-fn set_gate(conn: &dyn Db, key: &PackKey, gate: Option<&GateRow>) -> StoreResult<()> {
+pub(crate) fn set_gate(conn: &dyn Db, key: &PackKey, gate: Option<&GateRow>) -> StoreResult<()> {
     let json = gate.map(|g| to_json(g, "gate")).transpose()?;
     run(
         conn,
@@ -131,101 +126,25 @@ fn set_gate(conn: &dyn Db, key: &PackKey, gate: Option<&GateRow>) -> StoreResult
     Ok(())
 }
 
-/// Ends every rollout of the pack that is not final, as superseded by
-/// `why`.
-fn supersede(conn: &dyn Db, key: &PackKey, why: &str, at_ns: i64) -> StoreResult<()> {
+/// The pack's rollouts that are not final (cohorts left out).
+pub(crate) fn open(conn: &dyn Db, key: &PackKey) -> StoreResult<Vec<RolloutRow>> {
     let sql = format!(
         "SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE tenant = ?1 AND pack = ?2 \
          AND state IN ('waiting_window', 'running', 'paused')"
     );
-    for mut r in query_all(conn, &sql, params![key.tenant, key.pack], decode_rollout)? {
-        r.state = RolloutState::Superseded;
-        r.reason = why.to_string();
-        r.updated = time::at(at_ns);
-        compare_and_set(conn, &r)?;
-    }
-    Ok(())
+    query_all(conn, &sql, params![key.tenant, key.pack], decode_rollout)
 }
 
-/// Stores a pack version (see `Store::put_pack`); a new version ends the
-/// pack's open rollout and, with a `rollout:` section, starts its own:
-/// the gate is set in the same transaction, so no decision ever sees the
-/// new version ungated. What its outsiders keep comes from the pack as it
-/// was ([`Base::of`]).
-pub(crate) fn put_pack(conn: &dyn Db, p: &PackVersionRow) -> StoreResult<PutPack> {
-    let key = p.key();
-    let before = query_all(
-        conn,
-        "SELECT latest_version, cancelled_ns, gate FROM packs WHERE tenant = ?1 AND pack = ?2",
-        params![key.tenant, key.pack],
-        |r| {
-            Ok((
-                col::<i64>(r, "latest_version")?,
-                col::<Option<i64>>(r, "cancelled_ns")?,
-                col::<Option<String>>(r, "gate")?,
-            ))
-        },
-    )?
-    .pop();
-    let put = write_pack(conn, p)?;
-    if put == PutPack::Unchanged {
-        return Ok(put);
-    }
-    // Read before `supersede` ends it: whether the gate's rollout aborted.
-    let (latest, cancelled, gate) = match before {
-        Some((latest, cancelled, gate)) => (
-            Some(u64_from_db(latest, "latest version")?),
-            cancelled.is_some(),
-            gate.map(|g| from_json::<GateRow>(&g, "gate")).transpose()?,
-        ),
-        None => (None, false, None),
-    };
-    let aborted = match &gate {
-        Some(g) => {
-            load(conn, &key, Some(g.rollout))?.is_some_and(|r| r.state == RolloutState::Aborted)
-        }
-        None => false,
-    };
-    supersede(
-        conn,
-        &key,
-        &format!("v{} pushed", p.version),
-        p.pushed.as_nanos(),
-    )?;
-    if !p.rollout {
-        set_gate(conn, &key, None)?;
-        return Ok(put);
-    }
-    let base = Base::of(latest, cancelled, gate.as_ref(), aborted);
-    let row = RolloutRow::new(&key, p.version, base, p.pushed);
-    insert(conn, &row)?;
-    set_gate(conn, &key, row.gate(false).as_ref())?;
-    Ok(put)
-}
-
-/// A cancel ends the pack's open rollout (superseded, by the cancel).
-pub(crate) fn on_cancel(conn: &dyn Db, key: &PackKey, at_ns: i64) -> StoreResult<()> {
-    supersede(conn, key, "the pack was cancelled", at_ns)?;
-    set_gate(conn, key, None)
-}
-
-/// Applies a change computed from `change.row.rev`, if that is still the
-/// stored rev: the row, new members, skipped ones, a republished version,
-/// the gate, and the decisions they cause. `None`: another writer
-/// changed the rollout first (recompute from the store).
-pub(crate) fn advance(
+/// Agents let into a rollout's cohort, several per statement (one in it
+/// already is left as it is).
+pub(crate) fn admit(
     conn: &dyn Db,
-    change: &RolloutChange,
-    binding: Binding,
-    at_ns: i64,
-) -> StoreResult<Option<Vec<DeliveryRow>>> {
-    let r = &change.row;
-    if !compare_and_set(conn, r)? {
-        return Ok(None);
-    }
-    let key = r.key();
-    let version = to_db(r.version, "rollout version")?;
-    for chunk in chunks(&change.admit) {
+    key: &PackKey,
+    version: u64,
+    members: &[(String, Member)],
+) -> StoreResult<()> {
+    let version = to_db(version, "rollout version")?;
+    for chunk in chunks(members) {
         let mut p: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * 6);
         for (id, m) in chunk {
             p.extend([
@@ -244,7 +163,13 @@ pub(crate) fn advance(
         );
         run(conn, "admit agents to a rollout", &sql, &p)?;
     }
-    for id in &change.skip {
+    Ok(())
+}
+
+/// Members left out of a rollout's verdicts.
+pub(crate) fn skip(conn: &dyn Db, key: &PackKey, version: u64, ids: &[String]) -> StoreResult<()> {
+    let version = to_db(version, "rollout version")?;
+    for id in ids {
         run(
             conn,
             "leave an agent out of a rollout's verdicts",
@@ -253,9 +178,30 @@ pub(crate) fn advance(
             params![key.tenant, key.pack, version, id],
         )?;
     }
-    if let Some(p) = &change.republish {
-        write_pack(conn, p)?;
-    }
-    set_gate(conn, &key, change.gate.as_ref())?;
-    Ok(Some(replan_pack(conn, &key, binding, at_ns)?))
+    Ok(())
+}
+
+/// The pack row's head (`None`: no row).
+pub(crate) fn pack_head(conn: &dyn Db, key: &PackKey) -> StoreResult<Option<PackHead>> {
+    let head = query_all(
+        conn,
+        "SELECT latest_version, cancelled_ns, gate FROM packs WHERE tenant = ?1 AND pack = ?2",
+        params![key.tenant, key.pack],
+        |r| {
+            Ok((
+                col::<i64>(r, "latest_version")?,
+                col::<Option<i64>>(r, "cancelled_ns")?,
+                col::<Option<String>>(r, "gate")?,
+            ))
+        },
+    )?
+    .pop();
+    head.map(|(latest, cancelled, gate)| {
+        Ok(PackHead {
+            latest: u64_from_db(latest, "latest version")?,
+            cancelled: cancelled.is_some(),
+            gate: gate.map(|g| from_json::<GateRow>(&g, "gate")).transpose()?,
+        })
+    })
+    .transpose()
 }

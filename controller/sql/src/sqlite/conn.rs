@@ -4,7 +4,7 @@
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ToSql};
 
-use crate::sql::codec::backend;
+use crate::sql::codec::corrupt;
 use crate::sql::db::{Db, Param, Row, Value, failed};
 use baton_store::StoreResult;
 
@@ -15,7 +15,7 @@ pub(super) trait Context<T> {
 
 impl<T> Context<T> for rusqlite::Result<T> {
     fn ctx(self, what: &str) -> StoreResult<T> {
-        self.map_err(|e| backend(what, e))
+        self.map_err(|e| baton_store::StoreError::unavailable(what, e))
     }
 }
 
@@ -34,18 +34,18 @@ impl Row for rusqlite::Row<'_> {
     fn value(&self, name: &str) -> StoreResult<Value> {
         let v = self
             .get_ref(name)
-            .map_err(|e| backend(&format!("column {name}"), e))?;
+            .map_err(|e| corrupt(&format!("column {name}"), e))?;
         Ok(match v {
             ValueRef::Null => Value::Null,
             ValueRef::Integer(i) => Value::Int(i),
             ValueRef::Real(f) => Value::Real(f),
             ValueRef::Text(t) => Value::Text(
                 std::str::from_utf8(t)
-                    .map_err(|e| backend(&format!("column {name}"), e))?
+                    .map_err(|e| corrupt(&format!("column {name}"), e))?
                     .to_owned(),
             ),
             ValueRef::Blob(_) => {
-                return Err(backend(
+                return Err(corrupt(
                     &format!("column {name}"),
                     "a blob where none is stored",
                 ));

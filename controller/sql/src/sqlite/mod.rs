@@ -35,7 +35,6 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::migrations::{CREATE_SCHEMA_MIGRATIONS, Dialect, MIGRATIONS};
-use super::sql::codec::backend;
 use super::sql::db::Db;
 use super::sql::{Engine, off_runtime};
 pub use super::writer::{BACKGROUND_WAIT, WriterStats};
@@ -91,10 +90,10 @@ impl SqliteStore {
     /// Refuses a database whose schema is newer than this build knows.
     pub fn open(dir: &Path, binding: Binding) -> StoreResult<SqliteStore> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| backend(&format!("create {}", dir.display()), e))?;
+            .map_err(|e| StoreError::unavailable(format!("create {}", dir.display()), e))?;
         let path = dir.join(DB_FILE);
-        let mut conn =
-            Connection::open(&path).map_err(|e| backend(&format!("open {}", path.display()), e))?;
+        let mut conn = Connection::open(&path)
+            .map_err(|e| StoreError::unavailable(format!("open {}", path.display()), e))?;
         configure_writer(&conn)?;
         migrate(&mut conn)?;
         let readers = Arc::new(ReadPool {
@@ -199,7 +198,7 @@ impl Engine for SqliteStore {
 struct SqliteBatches(Connection);
 
 impl Batches<Connection> for SqliteBatches {
-    fn run(&mut self, batch: &mut Batch<Connection>) -> Result<(), String> {
+    fn run(&mut self, batch: &mut Batch<Connection>) -> StoreResult<()> {
         execute_batch(&self.0, batch)
     }
 
@@ -220,12 +219,12 @@ impl Batches<Connection> for SqliteBatches {
     }
 }
 
-fn execute_batch(conn: &Connection, batch: &mut Batch<Connection>) -> Result<(), String> {
-    let step = |sql: &str| -> Result<(), String> {
+fn execute_batch(conn: &Connection, batch: &mut Batch<Connection>) -> StoreResult<()> {
+    let step = |sql: &str| -> StoreResult<()> {
         conn.prepare_cached(sql)
             .and_then(|mut s| s.execute([]))
             .map(drop)
-            .map_err(|e| format!("write batch not committed ({sql}): {e}"))
+            .map_err(|e| StoreError::unavailable(format!("write batch not committed ({sql})"), e))
     };
     step("BEGIN IMMEDIATE")?;
     for job in batch.iter_mut() {
@@ -235,8 +234,9 @@ fn execute_batch(conn: &Connection, batch: &mut Batch<Connection>) -> Result<(),
             // SQLite rolls the whole transaction back on some errors (I/O,
             // disk full): the commands before this one are lost too.
             let cause = status.err().unwrap_or_else(|| "no error reported".into());
-            return Err(format!(
-                "write batch rolled back by the database ({cause}); nothing in it was stored"
+            return Err(StoreError::unavailable(
+                "write batch rolled back by the database; nothing in it was stored",
+                cause,
             ));
         }
         if status.is_err() {
@@ -255,7 +255,7 @@ fn configure_writer(conn: &Connection) -> StoreResult<()> {
         .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
         .ctx("set journal_mode=WAL")?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::Unusable(format!(
             "the database refused WAL mode (journal_mode is {mode}); is it on a network filesystem?"
         )));
     }
@@ -275,7 +275,7 @@ fn open_reader(path: &Path) -> StoreResult<Connection> {
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| backend(&format!("open {} for reading", path.display()), e))?;
+    .map_err(|e| StoreError::unavailable(format!("open {} for reading", path.display()), e))?;
     // Read-write open (WAL readers need the shared-memory index) but no
     // write can slip through one of these.
     conn.pragma_update(None, "query_only", "ON")
@@ -332,7 +332,7 @@ fn migrate_to(conn: &mut Connection, last: i64) -> StoreResult<()> {
         .ctx("read schema_migrations")?;
     let known = MIGRATIONS.last().map_or(0, |m| m.version);
     if newest > known {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::Unusable(format!(
             "the database's schema is v{newest}, newer than this controller's v{known}; run a newer controller"
         )));
     }
@@ -350,8 +350,9 @@ fn migrate_to(conn: &mut Connection, last: i64) -> StoreResult<()> {
             .ctx("read schema_migrations")?
             .is_some();
         if !applied {
-            tx.execute_batch(&m.sql_for(Dialect::Sqlite))
-                .map_err(|e| backend(&format!("apply migration v{}", m.version), e))?;
+            tx.execute_batch(&m.sql_for(Dialect::Sqlite)).map_err(|e| {
+                StoreError::unavailable(format!("apply migration v{}", m.version), e)
+            })?;
             super::migrations::after(&*tx, m.version, Dialect::Sqlite)?;
             tx.execute(
                 "INSERT INTO schema_migrations (version) VALUES (?1)",

@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use super::conn::Context;
 use super::*;
 use crate::sql::db::{col, query_all};
+use baton_store::StoreOps;
 use baton_store::contract::{
     ack, audit_row, clock, fb, held, hello_in, key, labels, pack, push, refusal, refuse, to_ids,
     to_labels,
@@ -49,8 +50,14 @@ async fn all_feedback(store: &SqliteStore) -> Vec<FeedbackRow> {
     store.feedback(FeedbackFilter::default()).await.unwrap()
 }
 
+/// Failed, saying `needle`.
 fn is_backend<T: fmt::Debug>(r: &StoreResult<T>, needle: &str) -> bool {
-    matches!(r, Err(StoreError::Backend(m)) if m.contains(needle))
+    r.as_ref().is_err_and(|e| e.to_string().contains(needle))
+}
+
+/// Failed on a stored value that does not read back, naming `what`.
+fn is_corrupt<T: fmt::Debug>(r: &StoreResult<T>, what: &str) -> bool {
+    matches!(r, Err(StoreError::Corrupt { what: w, .. }) if w.contains(what))
 }
 
 /// Runs SQL on the writer (inside a batch, as a command).
@@ -483,7 +490,9 @@ async fn close_refuses_later_writes_and_keeps_reads() {
     assert!(matches!(r, Err(StoreError::Closed)), "{r:?}");
     let r = store.agent_hello(hello_in("a1", &["t"], &[], 1)).await;
     assert!(matches!(r, Err(StoreError::Closed)), "{r:?}");
-    let r = store.reconcile_pack(&key("t", "p"), 1).await;
+    let r = store
+        .reconcile_pack(&key("t", "p"), RefTime::from_nanos(1))
+        .await;
     assert!(matches!(r, Err(StoreError::Closed)), "{r:?}");
     assert_eq!(all_feedback(&other).await.len(), 2);
     store.close().await; // twice is harmless
@@ -553,9 +562,18 @@ async fn everything_survives_a_restart() {
             .agent_hello(hello_in("b2", &["t"], &[], 11))
             .await
             .unwrap();
-        store.grant("a1", "u", true, 12).await.unwrap();
         store
-            .label_agent("a1", "t", [("site".into(), None)].into(), Vec::new(), 13)
+            .grant("a1", "u", true, RefTime::from_nanos(12))
+            .await
+            .unwrap();
+        store
+            .label_agent(
+                "a1",
+                "t",
+                [("site".into(), None)].into(),
+                Vec::new(),
+                RefTime::from_nanos(13),
+            )
             .await
             .unwrap();
         store.record_clock("a1", 1, clock(20)).await.unwrap();
@@ -575,7 +593,10 @@ async fn everything_survives_a_restart() {
             ))
             .await
             .unwrap();
-        store.cancel_pack(&key("u", "r"), 60).await.unwrap();
+        store
+            .cancel_pack(&key("u", "r"), RefTime::from_nanos(60))
+            .await
+            .unwrap();
         store.put_feedback(1, fbs("b2", 1..=3)).await.unwrap();
         store.put_feedback(1, fbs("a1", 1..=3)).await.unwrap();
         store.put_audit(audit_row(70, "t", "p")).await.unwrap();
@@ -591,8 +612,11 @@ async fn everything_survives_a_restart() {
             store.agents(AgentFilter::default()).await.unwrap(),
             rows,
             store.packs(None).await.unwrap(),
-            store.clock_history("a1", 0, 0).await.unwrap(),
-            store.audit(None, 0, 0).await.unwrap(),
+            store
+                .clock_history("a1", RefTime::from_nanos(0), 0)
+                .await
+                .unwrap(),
+            store.audit(None, RefTime::from_nanos(0), 0).await.unwrap(),
             all_feedback(&store).await,
             max_id,
         )
@@ -624,8 +648,17 @@ async fn everything_survives_a_restart() {
             .map(RefTime::as_nanos),
         Some(60)
     );
-    assert_eq!(store.clock_history("a1", 0, 0).await.unwrap(), history);
-    assert_eq!(store.audit(None, 0, 0).await.unwrap(), audit);
+    assert_eq!(
+        store
+            .clock_history("a1", RefTime::from_nanos(0), 0)
+            .await
+            .unwrap(),
+        history
+    );
+    assert_eq!(
+        store.audit(None, RefTime::from_nanos(0), 0).await.unwrap(),
+        audit
+    );
     assert_eq!(
         store.pack_version(&k, None).await.unwrap(),
         Some(pack("t", "p", 1, to_labels(&[("line", "3")])))
@@ -666,17 +699,19 @@ async fn a_row_that_does_not_decode_is_an_error() {
     .await
     .unwrap();
     let r = store.agents(AgentFilter::default()).await;
-    assert!(is_backend(&r, "agent a1: decode stored labels"), "{r:?}");
+    assert!(is_corrupt(&r, "agent a1: decode stored labels"), "{r:?}");
     let r = store.agent("a1").await;
-    assert!(is_backend(&r, "agent a1"), "{r:?}");
+    assert!(is_corrupt(&r, "agent a1"), "{r:?}");
     let r = store.feedback(FeedbackFilter::default()).await;
-    assert!(is_backend(&r, "feedback a1/j1#1: stored attempt"), "{r:?}");
+    assert!(is_corrupt(&r, "feedback a1/j1#1: attempt"), "{r:?}");
     let r = store.deliveries_of_agent("a1").await;
-    assert!(is_backend(&r, "delivery of t/p to a1"), "{r:?}");
+    assert!(is_corrupt(&r, "delivery of t/p to a1"), "{r:?}");
     let r = store.packs(None).await;
-    assert!(is_backend(&r, "pack t/p: decode stored targets"), "{r:?}");
+    assert!(is_corrupt(&r, "pack t/p: decode stored targets"), "{r:?}");
     // A decision that reads them fails, changing nothing.
-    let r = store.reconcile_pack(&key("t", "p"), 4).await;
+    let r = store
+        .reconcile_pack(&key("t", "p"), RefTime::from_nanos(4))
+        .await;
     assert!(r.is_err(), "{r:?}");
 }
 
@@ -803,7 +838,14 @@ async fn a_v4_database_is_migrated() {
     assert!(a1.tenants.is_empty());
     let a2 = store.agent("a2").await.unwrap().unwrap();
     assert_eq!(a2.overrides["t"]["line"], None);
-    assert_eq!(store.clock_history("a1", 0, 0).await.unwrap().len(), 2);
+    assert_eq!(
+        store
+            .clock_history("a1", RefTime::from_nanos(0), 0)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
 
     // Deliveries: the newest per (agent, pack), as a desired state.
     #[allow(clippy::too_many_arguments)]
@@ -1051,7 +1093,7 @@ async fn a_v4_database_is_migrated() {
 
     // Audit: kept; new ids after the old ones, even once they are all
     // deleted.
-    let audit = store.audit(None, 0, 0).await.unwrap();
+    let audit = store.audit(None, RefTime::from_nanos(0), 0).await.unwrap();
     assert_eq!(
         audit.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
         [

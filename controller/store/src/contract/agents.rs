@@ -43,7 +43,9 @@ pub async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     // journal updated, a hello without a certificate leaves the tenants,
     // the clock stays, connected again.
     s.record_clock("a1", 1, clock(50)).await.unwrap();
-    s.agent_seen("a1", 1, false, 150, None).await.unwrap();
+    s.agent_seen("a1", 1, false, RefTime::from_nanos(150), None)
+        .await
+        .unwrap();
     let mut h = hello("a1", 200);
     h.labels = labels(&[("site", "n")]);
     h.agent_version = "1.1.0".into();
@@ -68,7 +70,9 @@ pub async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
 
     // A certificate's tenants are replaced at each hello that has one;
     // grants stay.
-    s.grant("a1", "g", true, 220).await.unwrap();
+    s.grant("a1", "g", true, RefTime::from_nanos(220))
+        .await
+        .unwrap();
     let (a, _) = s
         .agent_hello(hello_in("a1", &["u", "v", "u"], &[], 300))
         .await
@@ -110,10 +114,14 @@ pub async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
         }) => {}
         other => panic!("{what} from the old stream: {other:?}"),
     };
-    fenced(s.agent_seen("a1", 1, false, 120, None).await, "seen");
+    fenced(
+        s.agent_seen("a1", 1, false, RefTime::from_nanos(120), None)
+            .await,
+        "seen",
+    );
     fenced(s.record_clock("a1", 1, clock(120)).await, "clock");
     fenced(
-        s.agent_held("a1", 1, vec![held("t", "p", 1)], 120)
+        s.agent_held("a1", 1, vec![held("t", "p", 1)], RefTime::from_nanos(120))
             .await
             .map(drop),
         "held",
@@ -250,7 +258,13 @@ pub async fn revocations_once_per_serial(s: &dyn Store, _: Binding) {
         ["0a", "0b", "0c"]
     );
     assert_eq!(list[1], rev("0b", "b"));
-    assert_eq!(s.audit(None, 0, 100).await.unwrap().len(), 4);
+    assert_eq!(
+        s.audit(None, RefTime::from_nanos(0), 100)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
 }
 
 /// Connection state and last-seen; start-up marks everyone disconnected
@@ -258,11 +272,23 @@ pub async fn revocations_once_per_serial(s: &dyn Store, _: Binding) {
 pub async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
     s.agent_hello(hello("a1", 100)).await.unwrap();
     s.agent_hello(hello("b2", 110)).await.unwrap();
-    s.agent_seen("a1", 1, false, 150, None).await.unwrap();
+    s.agent_seen("a1", 1, false, RefTime::from_nanos(150), None)
+        .await
+        .unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen.as_nanos()), (false, 150));
-    s.agent_seen("a1", 1, true, 155, Some(2_500)).await.unwrap();
-    s.agent_seen("a1", 1, true, 160, None).await.unwrap();
+    s.agent_seen(
+        "a1",
+        1,
+        true,
+        RefTime::from_nanos(155),
+        Some(SignedDuration::from_nanos(2_500)),
+    )
+    .await
+    .unwrap();
+    s.agent_seen("a1", 1, true, RefTime::from_nanos(160), None)
+        .await
+        .unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen.as_nanos()), (true, 160));
     assert_eq!(a.lateness_p99.nanos(), 2_500, "kept when not given");
@@ -275,7 +301,11 @@ pub async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
         .collect();
     assert_eq!(got, [("a1".into(), false, 160), ("b2".into(), false, 110)]);
 
-    assert!(s.agent_seen("ghost", 1, true, 1, None).await.is_err());
+    assert!(
+        s.agent_seen("ghost", 1, true, RefTime::from_nanos(1), None)
+            .await
+            .is_err()
+    );
     assert_eq!(s.agent("ghost").await.unwrap(), None);
     assert_eq!(ids(s, AgentFilter::default()).await, ["a1", "b2"]);
 }
@@ -299,27 +329,48 @@ pub async fn clock_latest_and_history(s: &dyn Store, _: Binding) {
 
     assert_eq!(s.agent("a1").await.unwrap().unwrap().clock, Some(clock(30)));
     assert_eq!(
-        s.clock_history("a1", 0, 0).await.unwrap(),
+        s.clock_history("a1", RefTime::from_nanos(0), 0)
+            .await
+            .unwrap(),
         [clock(10), clock(20), clock(30)]
     );
     assert_eq!(
-        s.clock_history("a1", 20, 0).await.unwrap(),
+        s.clock_history("a1", RefTime::from_nanos(20), 0)
+            .await
+            .unwrap(),
         [clock(20), clock(30)]
     );
     assert_eq!(
-        s.clock_history("a1", 0, 2).await.unwrap(),
+        s.clock_history("a1", RefTime::from_nanos(0), 2)
+            .await
+            .unwrap(),
         [clock(20), clock(30)],
         "the newest 2, oldest first"
     );
-    assert_eq!(s.clock_history("a1", 31, 0).await.unwrap(), []);
-    assert_eq!(s.clock_history("b2", 0, 0).await.unwrap(), [clock(25)]);
+    assert_eq!(
+        s.clock_history("a1", RefTime::from_nanos(31), 0)
+            .await
+            .unwrap(),
+        []
+    );
+    assert_eq!(
+        s.clock_history("b2", RefTime::from_nanos(0), 0)
+            .await
+            .unwrap(),
+        [clock(25)]
+    );
 
     // Newer: the latest moves.
     s.record_clock("a1", 1, clock(40)).await.unwrap();
     assert_eq!(s.agent("a1").await.unwrap().unwrap().clock, Some(clock(40)));
 
     assert!(s.record_clock("ghost", 1, clock(1)).await.is_err());
-    assert_eq!(s.clock_history("ghost", 0, 0).await.unwrap(), []);
+    assert_eq!(
+        s.clock_history("ghost", RefTime::from_nanos(0), 0)
+            .await
+            .unwrap(),
+        []
+    );
     assert_eq!(s.agent("ghost").await.unwrap(), None);
 }
 
@@ -331,16 +382,20 @@ pub async fn agents_paging(s: &dyn Store, binding: Binding) {
         .await
         .unwrap();
     s.agent_hello(hello("a4", 1)).await.unwrap();
-    s.grant("a5", "t", true, 1).await.unwrap();
+    s.grant("a5", "t", true, RefTime::from_nanos(1))
+        .await
+        .unwrap();
     s.agent_hello(hello("a5", 1)).await.unwrap();
     // Granted, never said hello: not an agent yet.
-    s.grant("g0", "t", true, 1).await.unwrap();
+    s.grant("g0", "t", true, RefTime::from_nanos(1))
+        .await
+        .unwrap();
     s.label_agent(
         "a3",
         "t",
         [("x".into(), Some("1".into()))].into(),
         Vec::new(),
-        2,
+        RefTime::from_nanos(2),
     )
     .await
     .unwrap();
@@ -409,7 +464,7 @@ pub async fn labels_set_hide_reset(s: &dyn Store, _: Binding) {
             "t",
             [("line".into(), Some("4".into()))].into(),
             Vec::new(),
-            50,
+            RefTime::from_nanos(50),
         )
         .await
         .unwrap();
@@ -429,7 +484,13 @@ pub async fn labels_set_hide_reset(s: &dyn Store, _: Binding) {
 
     // Hide one of its own.
     let (a, changed) = s
-        .label_agent("a1", "t", [("site".into(), None)].into(), Vec::new(), 60)
+        .label_agent(
+            "a1",
+            "t",
+            [("site".into(), None)].into(),
+            Vec::new(),
+            RefTime::from_nanos(60),
+        )
         .await
         .unwrap();
     assert_eq!(*a.labels_for("t"), labels(&[("line", "4")]));
@@ -458,7 +519,7 @@ pub async fn labels_set_hide_reset(s: &dyn Store, _: Binding) {
             "t",
             BTreeMap::new(),
             vec!["line".into(), "site".into()],
-            80,
+            RefTime::from_nanos(80),
         )
         .await
         .unwrap();
@@ -479,7 +540,7 @@ pub async fn labels_set_hide_reset(s: &dyn Store, _: Binding) {
             "t",
             [("line".into(), Some("4".into()))].into(),
             vec!["line".into()],
-            90,
+            RefTime::from_nanos(90),
         )
         .await
         .unwrap();
@@ -487,7 +548,13 @@ pub async fn labels_set_hide_reset(s: &dyn Store, _: Binding) {
     assert_eq!(changed, []);
 
     let r = s
-        .label_agent("ghost", "t", BTreeMap::new(), Vec::new(), 100)
+        .label_agent(
+            "ghost",
+            "t",
+            BTreeMap::new(),
+            Vec::new(),
+            RefTime::from_nanos(100),
+        )
         .await;
     assert!(
         matches!(&r, Err(StoreError::NoSuchAgent { id }) if id == "ghost"),
@@ -500,20 +567,31 @@ pub async fn labels_set_hide_reset(s: &dyn Store, _: Binding) {
 /// serves; under [`Binding::Tenants`] that decides which packs reach it.
 pub async fn grants_replan(s: &dyn Store, binding: Binding) {
     let tenants = binding == Binding::Tenants;
-    assert_eq!(s.grant("a9", "t", true, 10).await.unwrap(), []);
+    assert_eq!(
+        s.grant("a9", "t", true, RefTime::from_nanos(10))
+            .await
+            .unwrap(),
+        []
+    );
     assert_eq!(push(s, pack("t", "p", 1, to_ids(&["a9"])), 20).await, []);
     let (a, rows) = s.agent_hello(hello("a9", 30)).await.unwrap();
     assert_eq!(a.tenants, set(&["t"]));
     assert_eq!(brief(&rows), [b("a9", "t/p", 1, Hold, Pending)]);
 
-    let changed = s.grant("a9", "t", false, 40).await.unwrap();
+    let changed = s
+        .grant("a9", "t", false, RefTime::from_nanos(40))
+        .await
+        .unwrap();
     assert_eq!(s.agent("a9").await.unwrap().unwrap().tenants, set(&[]));
     if tenants {
         assert_eq!(brief(&changed), [b("a9", "t/p", 1, Withdraw, Cancelled)]);
     } else {
         assert_eq!(changed, []);
     }
-    let changed = s.grant("a9", "t", true, 50).await.unwrap();
+    let changed = s
+        .grant("a9", "t", true, RefTime::from_nanos(50))
+        .await
+        .unwrap();
     if tenants {
         assert_eq!(brief(&changed), [b("a9", "t/p", 1, Hold, Pending)]);
         assert_eq!(changed[0].updated.as_nanos(), 50);
@@ -521,7 +599,12 @@ pub async fn grants_replan(s: &dyn Store, binding: Binding) {
         assert_eq!(changed, []);
     }
     // Twice: nothing more.
-    assert_eq!(s.grant("a9", "t", true, 60).await.unwrap(), []);
+    assert_eq!(
+        s.grant("a9", "t", true, RefTime::from_nanos(60))
+            .await
+            .unwrap(),
+        []
+    );
 
     // A grant beside the certificate's own tenant: taking it back leaves
     // the certificate's.
@@ -529,8 +612,18 @@ pub async fn grants_replan(s: &dyn Store, binding: Binding) {
         .await
         .unwrap();
     push(s, pack("t", "q", 1, to_ids(&["a8"])), 80).await;
-    assert_eq!(s.grant("a8", "t", true, 90).await.unwrap(), []);
-    assert_eq!(s.grant("a8", "t", false, 100).await.unwrap(), []);
+    assert_eq!(
+        s.grant("a8", "t", true, RefTime::from_nanos(90))
+            .await
+            .unwrap(),
+        []
+    );
+    assert_eq!(
+        s.grant("a8", "t", false, RefTime::from_nanos(100))
+            .await
+            .unwrap(),
+        []
+    );
     assert_eq!(s.agent("a8").await.unwrap().unwrap().tenants, set(&["t"]));
     assert_eq!(
         brief(&rows_of(s, "a8").await),
@@ -545,7 +638,9 @@ pub async fn forget_agent_parts(s: &dyn Store, binding: Binding) {
     s.agent_hello(hello_in("a1", &["u"], &[("line", "3")], 10))
         .await
         .unwrap();
-    s.grant("a1", "t", true, 20).await.unwrap();
+    s.grant("a1", "t", true, RefTime::from_nanos(20))
+        .await
+        .unwrap();
     push(s, pack("t", "p", 1, to_ids(&["a1"])), 30).await;
     push(s, pack("u", "q", 1, to_ids(&["a1"])), 40).await;
     s.label_agent(
@@ -553,7 +648,7 @@ pub async fn forget_agent_parts(s: &dyn Store, binding: Binding) {
         "t",
         [("x".into(), Some("1".into()))].into(),
         Vec::new(),
-        50,
+        RefTime::from_nanos(50),
     )
     .await
     .unwrap();
@@ -562,7 +657,7 @@ pub async fn forget_agent_parts(s: &dyn Store, binding: Binding) {
         "u",
         [("y".into(), Some("2".into()))].into(),
         Vec::new(),
-        50,
+        RefTime::from_nanos(50),
     )
     .await
     .unwrap();
@@ -589,7 +684,12 @@ pub async fn forget_agent_parts(s: &dyn Store, binding: Binding) {
         brief(&rows_of(s, "a1").await),
         [b("a1", "u/q", 1, Hold, Pending)]
     );
-    assert_eq!(s.clock_history("a1", 0, 0).await.unwrap(), [clock(60)]);
+    assert_eq!(
+        s.clock_history("a1", RefTime::from_nanos(0), 0)
+            .await
+            .unwrap(),
+        [clock(60)]
+    );
 
     // The whole agent.
     assert!(s.forget_agent("a1", None).await.unwrap());
@@ -601,7 +701,12 @@ pub async fn forget_agent_parts(s: &dyn Store, binding: Binding) {
             .unwrap(),
         []
     );
-    assert_eq!(s.clock_history("a1", 0, 0).await.unwrap(), []);
+    assert_eq!(
+        s.clock_history("a1", RefTime::from_nanos(0), 0)
+            .await
+            .unwrap(),
+        []
+    );
     assert_eq!(ids(s, AgentFilter::default()).await, Vec::<String>::new());
     assert_eq!(all_feedback(s).await.len(), 3, "feedback stays");
     assert_eq!(s.feedback_acked("a1", journal).await.unwrap(), 3);

@@ -22,7 +22,7 @@ pub async fn agent_held_rules(s: &dyn Store, _: Binding) {
     push(s, pack("t", "p", 2, to_ids(&["a1"])), 20).await;
 
     let changed = s
-        .agent_held("a1", 1, vec![held("t", "p", 2)], 30)
+        .agent_held("a1", 1, vec![held("t", "p", 2)], RefTime::from_nanos(30))
         .await
         .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 2, Hold, Acked)]);
@@ -35,7 +35,7 @@ pub async fn agent_held_rules(s: &dyn Store, _: Binding) {
     );
     assert_eq!(changed[0].updated.as_nanos(), 30);
     assert_eq!(
-        s.agent_held("a1", 1, vec![held("t", "p", 2)], 31)
+        s.agent_held("a1", 1, vec![held("t", "p", 2)], RefTime::from_nanos(31))
             .await
             .unwrap(),
         []
@@ -43,7 +43,7 @@ pub async fn agent_held_rules(s: &dyn Store, _: Binding) {
 
     // Newer than the store knows: nacked with the reason, never pushed.
     let changed = s
-        .agent_held("a1", 1, vec![held("t", "p", 3)], 40)
+        .agent_held("a1", 1, vec![held("t", "p", 3)], RefTime::from_nanos(40))
         .await
         .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 2, Hold, Nacked)]);
@@ -58,7 +58,7 @@ pub async fn agent_held_rules(s: &dyn Store, _: Binding) {
         ..held("t", "p", 2)
     };
     let changed = s
-        .agent_held("a1", 1, vec![stopped.clone()], 50)
+        .agent_held("a1", 1, vec![stopped.clone()], RefTime::from_nanos(50))
         .await
         .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 2, Hold, Acked)]);
@@ -72,7 +72,12 @@ pub async fn agent_held_rules(s: &dyn Store, _: Binding) {
 
     // A pack of its own: local, not a delivery.
     let changed = s
-        .agent_held("a1", 1, vec![stopped, held("t", "loc", 1)], 60)
+        .agent_held(
+            "a1",
+            1,
+            vec![stopped, held("t", "loc", 1)],
+            RefTime::from_nanos(60),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -90,7 +95,10 @@ pub async fn agent_held_rules(s: &dyn Store, _: Binding) {
 
     // Nothing held now: the local row stays (holding nothing: late
     // feedback of it is still the agent's), the pack is pending again.
-    let changed = s.agent_held("a1", 1, Vec::new(), 70).await.unwrap();
+    let changed = s
+        .agent_held("a1", 1, Vec::new(), RefTime::from_nanos(70))
+        .await
+        .unwrap();
     assert_eq!(
         brief(&changed),
         [
@@ -111,7 +119,11 @@ pub async fn agent_held_rules(s: &dyn Store, _: Binding) {
         Some(Action::Push(2))
     );
 
-    assert!(s.agent_held("ghost", 1, Vec::new(), 80).await.is_err());
+    assert!(
+        s.agent_held("ghost", 1, Vec::new(), RefTime::from_nanos(80))
+            .await
+            .is_err()
+    );
     assert_eq!(s.agent("ghost").await.unwrap(), None);
 }
 
@@ -248,7 +260,7 @@ pub async fn a_push_to_many_agents_plans_each(s: &dyn Store, binding: Binding) {
                 "t",
                 [("line".into(), Some("2".into()))].into(),
                 Vec::new(),
-                11,
+                RefTime::from_nanos(11),
             )
             .await
             .unwrap();
@@ -391,7 +403,9 @@ pub async fn delivery_counts(s: &dyn Store, _: Binding) {
         .await
         .unwrap();
     push(s, pack("t", "q", 1, to_ids(&["a3"])), 30).await;
-    s.cancel_pack(&key("t", "q"), 40).await.unwrap();
+    s.cancel_pack(&key("t", "q"), RefTime::from_nanos(40))
+        .await
+        .unwrap();
     let mut h = hello_in("a5", &["t"], &[], 50);
     h.held = vec![held("t", "loc", 1)];
     s.agent_hello(h).await.unwrap();

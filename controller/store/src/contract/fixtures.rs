@@ -88,7 +88,9 @@ pub fn pack(tenant: &str, pack: &str, version: u64, targets: TargetsRow) -> Pack
 pub async fn push(s: &dyn Store, p: PackVersionRow, at_ns: i64) -> Vec<DeliveryRow> {
     let k = p.key();
     assert_eq!(s.put_pack(p).await.unwrap(), PutPack::Stored);
-    s.reconcile_pack(&k, at_ns).await.unwrap()
+    s.reconcile_pack(&k, RefTime::from_nanos(at_ns))
+        .await
+        .unwrap()
 }
 
 pub fn ack(agent: &str, k: &PackKey, version: u64, at_ns: i64) -> AnswerRow {

@@ -114,7 +114,10 @@ pub async fn put_pack_versions(s: &dyn Store, _: Binding) {
             .unwrap(),
         []
     );
-    let changed = s.reconcile_pack(&key("t", "n"), 2).await.unwrap();
+    let changed = s
+        .reconcile_pack(&key("t", "n"), RefTime::from_nanos(2))
+        .await
+        .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/n", 1, Hold, Pending)]);
 
     // Listed by tenant then id, latest version, without YAML.
@@ -172,7 +175,7 @@ pub async fn cancel_known_pack(s: &dyn Store, _: Binding) {
     s.answer(ack("a1", &k, 1, 40)).await.unwrap();
     let other = push(s, pack("t", "o", 1, to_ids(&["a1"])), 45).await;
 
-    let changed = s.cancel_pack(&k, 50).await.unwrap();
+    let changed = s.cancel_pack(&k, RefTime::from_nanos(50)).await.unwrap();
     assert_eq!(
         brief(&changed),
         [
@@ -199,14 +202,23 @@ pub async fn cancel_known_pack(s: &dyn Store, _: Binding) {
     assert_eq!(listed().await.cancelled.map(RefTime::as_nanos), Some(50));
 
     // Again: the first instant stays, nothing changes.
-    assert_eq!(s.cancel_pack(&k, 60).await.unwrap(), []);
+    assert_eq!(
+        s.cancel_pack(&k, RefTime::from_nanos(60)).await.unwrap(),
+        []
+    );
     assert_eq!(listed().await.cancelled.map(RefTime::as_nanos), Some(50));
-    assert_eq!(s.reconcile_pack(&k, 61).await.unwrap(), []);
+    assert_eq!(
+        s.reconcile_pack(&k, RefTime::from_nanos(61)).await.unwrap(),
+        []
+    );
     // Another pack is not touched.
     assert_eq!(row(s, "a1", &key("t", "o")).await, other[0]);
 
     // The holder dropped it: the withdrawal stays on record.
-    let changed = s.agent_held("a1", 1, Vec::new(), 70).await.unwrap();
+    let changed = s
+        .agent_held("a1", 1, Vec::new(), RefTime::from_nanos(70))
+        .await
+        .unwrap();
     assert_eq!(brief(&changed), [b("a1", "t/p", 1, Withdraw, Cancelled)]);
     assert_eq!(changed[0].held, None);
     assert_eq!(planner::action(&changed[0]), None);
@@ -219,7 +231,10 @@ pub async fn cancel_known_pack(s: &dyn Store, _: Binding) {
         PutPack::Unchanged
     );
     assert_eq!(listed().await.cancelled.map(RefTime::as_nanos), Some(50));
-    assert_eq!(s.reconcile_pack(&k, 75).await.unwrap(), []);
+    assert_eq!(
+        s.reconcile_pack(&k, RefTime::from_nanos(75)).await.unwrap(),
+        []
+    );
 
     // A higher one: live again.
     let changed = push(s, pack("t", "p", 2, to_ids(&["a1", "a2"])), 80).await;
@@ -265,7 +280,7 @@ pub async fn cancel_unknown_pack(s: &dyn Store, _: Binding) {
     assert_eq!(s.delivery_counts().await.unwrap(), []);
 
     for nobody in [key("t", "nothing"), key("u", "x")] {
-        let r = s.cancel_pack(&nobody, 30).await;
+        let r = s.cancel_pack(&nobody, RefTime::from_nanos(30)).await;
         assert!(
             matches!(&r, Err(StoreError::NoSuchPack { tenant, pack }) if *tenant == nobody.tenant && *pack == nobody.pack),
             "{r:?}"
@@ -273,7 +288,7 @@ pub async fn cancel_unknown_pack(s: &dyn Store, _: Binding) {
     }
     assert_eq!(s.packs(None).await.unwrap(), []);
 
-    let changed = sorted(s.cancel_pack(&k, 40).await.unwrap());
+    let changed = sorted(s.cancel_pack(&k, RefTime::from_nanos(40)).await.unwrap());
     assert_eq!(
         brief(&changed),
         [
@@ -291,7 +306,10 @@ pub async fn cancel_unknown_pack(s: &dyn Store, _: Binding) {
         (5, &TargetsRow::Nobody, Some(40))
     );
     assert_eq!(s.pack_version(&k, None).await.unwrap(), None, "no text");
-    assert_eq!(s.cancel_pack(&k, 45).await.unwrap(), []);
+    assert_eq!(
+        s.cancel_pack(&k, RefTime::from_nanos(45)).await.unwrap(),
+        []
+    );
 
     // A holder that says hello still holding it is told again.
     h.at = RefTime::from_nanos(50);
@@ -382,7 +400,7 @@ pub async fn reconcile_pack_targets(s: &dyn Store, binding: Binding) {
     );
     s.answer(ack("a1", &k, 1, 11)).await.unwrap();
     assert_eq!(
-        s.reconcile_pack(&k, 12).await.unwrap(),
+        s.reconcile_pack(&k, RefTime::from_nanos(12)).await.unwrap(),
         [],
         "twice: nothing"
     );
@@ -440,7 +458,7 @@ pub async fn reconcile_pack_targets(s: &dyn Store, binding: Binding) {
         "t",
         [("zone".into(), Some("z".into()))].into(),
         Vec::new(),
-        45,
+        RefTime::from_nanos(45),
     )
     .await
     .unwrap();
@@ -453,5 +471,10 @@ pub async fn reconcile_pack_targets(s: &dyn Store, binding: Binding) {
         ]
     );
 
-    assert_eq!(s.reconcile_pack(&key("t", "none"), 60).await.unwrap(), []);
+    assert_eq!(
+        s.reconcile_pack(&key("t", "none"), RefTime::from_nanos(60))
+            .await
+            .unwrap(),
+        []
+    );
 }

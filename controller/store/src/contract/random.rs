@@ -535,7 +535,9 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
         }
         Step::Held(id, held) => {
             let session = m.agents.get(&id).map_or(0, |a| a.session_gen);
-            let got = s.agent_held(&id, session, held.clone(), at_ns).await;
+            let got = s
+                .agent_held(&id, session, held.clone(), RefTime::from_nanos(at_ns))
+                .await;
             if m.agents.contains_key(&id) {
                 let want = m.replan(Some((&id, &held)), at_ns);
                 trail.check("held", &sorted(got.unwrap()), &sorted(want));
@@ -545,7 +547,13 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
         }
         Step::Label(id, tenant, set, reset) => {
             let got = s
-                .label_agent(&id, &tenant, set.clone(), reset.clone(), at_ns)
+                .label_agent(
+                    &id,
+                    &tenant,
+                    set.clone(),
+                    reset.clone(),
+                    RefTime::from_nanos(at_ns),
+                )
                 .await;
             match m.agents.get_mut(&id) {
                 Some(a) => {
@@ -570,7 +578,10 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             }
         }
         Step::Grant(id, tenant, granted) => {
-            let got = s.grant(&id, &tenant, granted, at_ns).await.unwrap();
+            let got = s
+                .grant(&id, &tenant, granted, RefTime::from_nanos(at_ns))
+                .await
+                .unwrap();
             let g = m.grants.entry(id.clone()).or_default();
             if granted {
                 g.insert(tenant);
@@ -591,12 +602,15 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
                 Err(e) => panic!("put_pack: {e}"),
             };
             trail.check("put_pack", &got, &m.put(&p));
-            let got = s.reconcile_pack(&k, at_ns).await.unwrap();
+            let got = s
+                .reconcile_pack(&k, RefTime::from_nanos(at_ns))
+                .await
+                .unwrap();
             let changed = m.replan(None, at_ns);
             trail.check("reconcile after a put", &sorted(got), &sorted(changed));
         }
         Step::Cancel(k) => {
-            let got = s.cancel_pack(&k, at_ns).await;
+            let got = s.cancel_pack(&k, RefTime::from_nanos(at_ns)).await;
             if m.cancel(&k, at_ns) {
                 let changed = m.replan(None, at_ns);
                 trail.check("cancel", &sorted(got.unwrap()), &sorted(changed));
@@ -637,7 +651,10 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             trail.check("re-planning after an answer", &more, &Vec::new());
         }
         Step::Reconcile(k) => {
-            let got = s.reconcile_pack(&k, at_ns).await.unwrap();
+            let got = s
+                .reconcile_pack(&k, RefTime::from_nanos(at_ns))
+                .await
+                .unwrap();
             let changed = m.replan(None, at_ns);
             trail.check("reconcile", &sorted(got), &sorted(changed));
         }

@@ -80,7 +80,7 @@ pub async fn retention_oldest_first(s: &dyn Store, _: Binding) {
         s.record_clock(agent, 1, clock(at)).await.unwrap();
     }
     let history = |id: &'static str| async move {
-        s.clock_history(id, 0, 0)
+        s.clock_history(id, RefTime::from_nanos(0), 0)
             .await
             .unwrap()
             .into_iter()
@@ -123,7 +123,7 @@ pub async fn retention_oldest_first(s: &dyn Store, _: Binding) {
         s.put_audit(audit_row(at, tenant, target)).await.unwrap();
     }
     let targets = || async move {
-        s.audit(None, 0, 0)
+        s.audit(None, RefTime::from_nanos(0), 0)
             .await
             .unwrap()
             .into_iter()
@@ -171,12 +171,26 @@ pub async fn audit_newest_oldest_first(s: &dyn Store, _: Binding) {
             .map(|r| r.at.as_nanos())
             .collect::<Vec<_>>()
     };
-    assert_eq!(at(s.audit(None, 0, 0).await.unwrap()), [1, 2, 3, 4]);
-    let of_a = s.audit(Some("a"), 2, 0).await.unwrap();
+    assert_eq!(
+        at(s.audit(None, RefTime::from_nanos(0), 0).await.unwrap()),
+        [1, 2, 3, 4]
+    );
+    let of_a = s.audit(Some("a"), RefTime::from_nanos(2), 0).await.unwrap();
     assert_eq!(of_a, [refused, audit_row(4, "a", "p4")]);
-    assert_eq!(at(s.audit(Some("a"), 0, 2).await.unwrap()), [3, 4]);
-    assert_eq!(at(s.audit(None, 0, 1).await.unwrap()), [4]);
-    assert_eq!(s.audit(Some("none"), 0, 0).await.unwrap(), []);
+    assert_eq!(
+        at(s.audit(Some("a"), RefTime::from_nanos(0), 2).await.unwrap()),
+        [3, 4]
+    );
+    assert_eq!(
+        at(s.audit(None, RefTime::from_nanos(0), 1).await.unwrap()),
+        [4]
+    );
+    assert_eq!(
+        s.audit(Some("none"), RefTime::from_nanos(0), 0)
+            .await
+            .unwrap(),
+        []
+    );
 
     // Stored out of instant order: listed by instant, ties in storage
     // order; the newest are the last of that list.
@@ -185,20 +199,23 @@ pub async fn audit_newest_oldest_first(s: &dyn Store, _: Binding) {
     }
     let targets = |rows: Vec<AuditRow>| rows.into_iter().map(|r| r.target).collect::<Vec<_>>();
     assert_eq!(
-        targets(s.audit(Some("c"), 0, 0).await.unwrap()),
+        targets(s.audit(Some("c"), RefTime::from_nanos(0), 0).await.unwrap()),
         ["x2", "x1", "x3"]
     );
     assert_eq!(
-        targets(s.audit(Some("c"), 0, 2).await.unwrap()),
-        ["x1", "x3"]
-    );
-    assert_eq!(targets(s.audit(Some("c"), 0, 1).await.unwrap()), ["x3"]);
-    assert_eq!(
-        targets(s.audit(Some("c"), 7, 0).await.unwrap()),
+        targets(s.audit(Some("c"), RefTime::from_nanos(0), 2).await.unwrap()),
         ["x1", "x3"]
     );
     assert_eq!(
-        targets(s.audit(None, 4, 3).await.unwrap()),
+        targets(s.audit(Some("c"), RefTime::from_nanos(0), 1).await.unwrap()),
+        ["x3"]
+    );
+    assert_eq!(
+        targets(s.audit(Some("c"), RefTime::from_nanos(7), 0).await.unwrap()),
+        ["x1", "x3"]
+    );
+    assert_eq!(
+        targets(s.audit(None, RefTime::from_nanos(4), 3).await.unwrap()),
         ["x2", "x1", "x3"]
     );
 }
@@ -263,7 +280,7 @@ pub async fn values_past_i64_max_refused(s: &dyn Store, _: Binding) {
     let r = s
         .put_pack(pack("t", "p", TOO_BIG, TargetsRow::Nobody))
         .await;
-    assert!(matches!(r, Err(StoreError::Backend(_))), "{r:?}");
+    assert!(matches!(r, Err(StoreError::OutOfRange { .. })), "{r:?}");
     assert_eq!(s.packs(None).await.unwrap(), []);
 
     let mut h = hello_in("a1", &["t"], &[], 10);
@@ -275,9 +292,14 @@ pub async fn values_past_i64_max_refused(s: &dyn Store, _: Binding) {
         .await
         .unwrap();
     assert!(
-        s.agent_held("a1", 1, vec![held("t", "x", TOO_BIG)], 30)
-            .await
-            .is_err()
+        s.agent_held(
+            "a1",
+            1,
+            vec![held("t", "x", TOO_BIG)],
+            RefTime::from_nanos(30)
+        )
+        .await
+        .is_err()
     );
     assert_eq!(rows_of(s, "a1").await, []);
 

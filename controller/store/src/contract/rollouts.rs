@@ -85,14 +85,19 @@ pub async fn a_rollout_gates_its_version(s: &dyn Store, _binding: Binding) {
         gate: next.gate(false),
     };
     let rows = s
-        .advance_rollout(change.clone(), 40)
+        .advance_rollout(change.clone(), RefTime::from_nanos(40))
         .await
         .unwrap()
         .expect("applied");
     assert_eq!(versions(&rows), [("a1".to_string(), hold(2))].into());
     // The same change again was computed from rev 0: refused, nothing
     // written.
-    assert_eq!(s.advance_rollout(change, 41).await.unwrap(), None);
+    assert_eq!(
+        s.advance_rollout(change, RefTime::from_nanos(41))
+            .await
+            .unwrap(),
+        None
+    );
     let r = s.rollout(&k, Some(2)).await.unwrap().unwrap();
     assert_eq!((r.rev, r.state), (1, RolloutState::Running));
     assert_eq!(r.members, [("a1".to_string(), member)].into());
@@ -136,7 +141,7 @@ pub async fn a_rollout_gates_its_version(s: &dyn Store, _binding: Binding) {
                 republish: Some(republish),
                 gate: aborted.gate(false),
             },
-            60,
+            RefTime::from_nanos(60),
         )
         .await
         .unwrap()
@@ -190,7 +195,10 @@ pub async fn a_push_or_cancel_supersedes_a_rollout(s: &dyn Store, _binding: Bind
         republish: None,
         gate: next.gate(false),
     };
-    s.advance_rollout(change, 31).await.unwrap().unwrap();
+    s.advance_rollout(change, RefTime::from_nanos(31))
+        .await
+        .unwrap()
+        .unwrap();
     s.answer(ack("a1", &k, 2, 32)).await.unwrap();
 
     push(
@@ -232,7 +240,10 @@ pub async fn a_push_or_cancel_supersedes_a_rollout(s: &dyn Store, _binding: Bind
         republish: None,
         gate: next.gate(false),
     };
-    s.advance_rollout(change, 41).await.unwrap().unwrap();
+    s.advance_rollout(change, RefTime::from_nanos(41))
+        .await
+        .unwrap()
+        .unwrap();
     s.answer(ack("a2", &k, 3, 42)).await.unwrap();
     let r = s.rollout(&k, None).await.unwrap().unwrap();
     let mut aborted = r.clone();
@@ -246,7 +257,7 @@ pub async fn a_push_or_cancel_supersedes_a_rollout(s: &dyn Store, _binding: Bind
                 republish: None,
                 gate: aborted.gate(true),
             },
-            43,
+            RefTime::from_nanos(43),
         )
         .await
         .unwrap()
@@ -264,7 +275,7 @@ pub async fn a_push_or_cancel_supersedes_a_rollout(s: &dyn Store, _binding: Bind
         50,
     )
     .await;
-    s.cancel_pack(&k, 51).await.unwrap();
+    s.cancel_pack(&k, RefTime::from_nanos(51)).await.unwrap();
     let r = s.rollout(&k, None).await.unwrap().unwrap();
     assert_eq!(
         (r.version, r.state, r.reason.as_str()),
@@ -304,7 +315,7 @@ pub async fn outsiders_never_get_an_aborted_or_cancelled_version_back(
             republish: None,
             gate: running.gate(false),
         },
-        31,
+        RefTime::from_nanos(31),
     )
     .await
     .unwrap()
@@ -321,7 +332,7 @@ pub async fn outsiders_never_get_an_aborted_or_cancelled_version_back(
             republish: None,
             gate: aborted.gate(true),
         },
-        33,
+        RefTime::from_nanos(33),
     )
     .await
     .unwrap()
@@ -347,7 +358,7 @@ pub async fn outsiders_never_get_an_aborted_or_cancelled_version_back(
     s.agent_hello(hello_in("a4", &["t"], &[], 41))
         .await
         .unwrap();
-    s.cancel_pack(&k, 42).await.unwrap();
+    s.cancel_pack(&k, RefTime::from_nanos(42)).await.unwrap();
     // ... then v4 with a rollout: outsiders get nothing and keep nothing.
     push(
         s,

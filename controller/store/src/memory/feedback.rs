@@ -1,34 +1,21 @@
 //! The memory store's feedback: one journal's rows stored once per seq,
 //! and retention's deletes.
 
-use super::{State, check_session, fits};
-use crate::{FeedbackRow, FeedbackStored, StoreError, StoreResult};
+use super::state::State;
+use crate::{FeedbackRow, FeedbackStored, StoreError, StoreResult, fits};
 use baton_model::RefTime;
 
-/// Stores one journal's rows of one agent (a re-send is a duplicate that
-/// only keeps a count of drops it now carries), fenced by `session`.
-pub(super) fn put(
-    s: &mut State,
-    session: u64,
-    rows: Vec<FeedbackRow>,
-) -> StoreResult<FeedbackStored> {
+/// Stores one journal's rows (a re-send is a duplicate that only keeps a
+/// count of drops it now carries).
+pub(super) fn put(s: &mut State, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored> {
     let mut out = FeedbackStored::default();
     let Some(first) = rows.first() else {
         return Ok(out);
     };
-    if let Some(other) = rows.iter().find(|r| r.agent_id != first.agent_id) {
-        return Err(StoreError::Backend(format!(
-            "feedback of agents {} and {} in one call: one stream's feedback is one agent's",
-            first.agent_id, other.agent_id
-        )));
-    }
-    if s.agents.contains_key(&first.agent_id) {
-        check_session(s, &first.agent_id, session)?;
-    }
     let jkey = (first.agent_id.clone(), first.journal_id.clone());
-    for r in &rows {
+    for r in rows {
         if (r.agent_id.as_str(), r.journal_id.as_str()) != (jkey.0.as_str(), jkey.1.as_str()) {
-            return Err(StoreError::Backend(
+            return Err(StoreError::Invalid(
                 "one put_feedback call takes one journal's rows".into(),
             ));
         }
@@ -69,7 +56,7 @@ pub(super) fn put(
         }
         s.next_feedback_id += 1;
         let id = s.next_feedback_id;
-        s.feedback.insert(id, FeedbackRow { id, ..r });
+        s.feedback.insert(id, FeedbackRow { id, ..r.clone() });
         out.inserted += 1;
     }
     s.journals.insert(jkey, acked);
@@ -78,7 +65,7 @@ pub(super) fn put(
 }
 
 /// Deletes at most `max` rows stored before `before`, oldest first.
-pub(super) fn delete_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
+pub(super) fn delete_before(s: &mut State, before: RefTime, max: u32) -> u64 {
     let mut old: Vec<(RefTime, u64)> = s
         .feedback
         .iter()
@@ -96,5 +83,5 @@ pub(super) fn delete_before(s: &mut State, before: RefTime, max: u32) -> StoreRe
             s.feedback_keys.remove(&(r.agent_id, r.journal_id, r.seq));
         }
     }
-    Ok(ids.len() as u64)
+    ids.len() as u64
 }

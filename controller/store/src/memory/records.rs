@@ -2,12 +2,12 @@
 //! events, revocations): the reads that sort them and retention's
 //! deletes.
 
-use super::State;
+use super::state::State;
 use crate::{AuditRow, RevocationRow, StoreResult};
 use baton_model::RefTime;
 
 /// Deletes at most `max` clock reports before `before`, oldest first.
-pub(super) fn delete_clock_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
+pub(super) fn delete_clock_before(s: &mut State, before: RefTime, max: u32) -> u64 {
     let mut old: Vec<(i64, String)> = s
         .clock
         .keys()
@@ -23,11 +23,11 @@ pub(super) fn delete_clock_before(s: &mut State, before: RefTime, max: u32) -> S
     for k in &keys {
         s.clock.remove(k);
     }
-    Ok(keys.len() as u64)
+    keys.len() as u64
 }
 
 /// Deletes at most `max` audit records before `before`, oldest first.
-pub(super) fn delete_audit_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
+pub(super) fn delete_audit_before(s: &mut State, before: RefTime, max: u32) -> u64 {
     let mut old: Vec<(RefTime, u64)> = s
         .audit
         .iter()
@@ -39,11 +39,11 @@ pub(super) fn delete_audit_before(s: &mut State, before: RefTime, max: u32) -> S
     for (_, id) in &old {
         s.audit.remove(id);
     }
-    Ok(old.len() as u64)
+    old.len() as u64
 }
 
 /// Deletes at most `max` events stored before `before`.
-pub(super) fn delete_events_before(s: &mut State, before: RefTime, max: u32) -> StoreResult<u64> {
+pub(super) fn delete_events_before(s: &mut State, before: RefTime, max: u32) -> u64 {
     let gone: Vec<u64> = s
         .events
         .values()
@@ -54,15 +54,12 @@ pub(super) fn delete_events_before(s: &mut State, before: RefTime, max: u32) -> 
     for id in &gone {
         s.events.remove(id);
     }
-    Ok(gone.len() as u64)
+    gone.len() as u64
 }
 
 /// Records the revocations not known yet, each with its audit records;
 /// their serials.
-pub(super) fn revoke(
-    s: &mut State,
-    rows: Vec<(RevocationRow, Vec<AuditRow>)>,
-) -> StoreResult<Vec<String>> {
+pub(super) fn revoke(s: &mut State, rows: &[(RevocationRow, Vec<AuditRow>)]) -> Vec<String> {
     let mut new = Vec::new();
     for (r, audit) in rows {
         if s.revocations.contains_key(&r.serial) {
@@ -70,26 +67,26 @@ pub(super) fn revoke(
         }
         for a in audit {
             s.next_audit_id += 1;
-            s.audit.insert(s.next_audit_id, a);
+            s.audit.insert(s.next_audit_id, a.clone());
         }
         new.push(r.serial.clone());
-        s.revocations.insert(r.serial.clone(), r);
+        s.revocations.insert(r.serial.clone(), r.clone());
     }
-    Ok(new)
+    new
 }
 
-/// The newest `limit` audit records at or after `since_ns` (of `tenant`,
+/// The newest `limit` audit records at or after `since` (of `tenant`,
 /// or all), oldest first.
 pub(super) fn audit(
     s: &State,
     tenant: Option<&str>,
-    since_ns: i64,
+    since: RefTime,
     limit: usize,
 ) -> StoreResult<Vec<AuditRow>> {
     let mut rows: Vec<(RefTime, u64, &AuditRow)> = s
         .audit
         .iter()
-        .filter(|(_, r)| r.at.as_nanos() >= since_ns && tenant.is_none_or(|t| r.tenant == t))
+        .filter(|(_, r)| r.at >= since && tenant.is_none_or(|t| r.tenant == t))
         .map(|(id, r)| (r.at, *id, r))
         .collect();
     rows.sort_unstable_by_key(|(at, id, _)| (*at, *id));

@@ -4,6 +4,7 @@ use super::*;
 use crate::contract::{
     ack, audit_row, clock, fb, hello_in, key, pack, push, refusal, refuse, to_ids,
 };
+use crate::{LabelOverrides, StoreOps};
 
 fn open(binding: Binding) -> (MemoryStore, ()) {
     (MemoryStore::new(binding), ())
@@ -26,30 +27,48 @@ async fn failing_writes_change_nothing() {
     let agent = s.agent("a1").await.unwrap();
 
     s.fail_writes(true);
-    let failed = |r: StoreResult<()>| assert!(matches!(r, Err(StoreError::Backend(_))), "{r:?}");
+    let failed =
+        |r: StoreResult<()>| assert!(matches!(r, Err(StoreError::Unavailable { .. })), "{r:?}");
     failed(
         s.agent_hello(hello_in("a2", &["t"], &[], 4))
             .await
             .map(drop),
     );
-    failed(s.agent_seen("a1", 1, false, 4, None).await);
+    failed(
+        s.agent_seen("a1", 1, false, RefTime::from_nanos(4), None)
+            .await,
+    );
     failed(s.all_disconnected().await);
     failed(s.record_clock("a1", 1, clock(4)).await);
     failed(
-        s.label_agent("a1", "t", LabelOverrides::new(), vec!["line".into()], 4)
+        s.label_agent(
+            "a1",
+            "t",
+            LabelOverrides::new(),
+            vec!["line".into()],
+            RefTime::from_nanos(4),
+        )
+        .await
+        .map(drop),
+    );
+    failed(
+        s.grant("a1", "u", true, RefTime::from_nanos(4))
             .await
             .map(drop),
     );
-    failed(s.grant("a1", "u", true, 4).await.map(drop));
     failed(s.forget_agent("a1", None).await.map(drop));
     failed(
         s.put_pack(pack("t", "p", 2, to_ids(&["a1"])))
             .await
             .map(drop),
     );
-    failed(s.cancel_pack(&k, 4).await.map(drop));
-    failed(s.reconcile_pack(&k, 4).await.map(drop));
-    failed(s.agent_held("a1", 1, Vec::new(), 4).await.map(drop));
+    failed(s.cancel_pack(&k, RefTime::from_nanos(4)).await.map(drop));
+    failed(s.reconcile_pack(&k, RefTime::from_nanos(4)).await.map(drop));
+    failed(
+        s.agent_held("a1", 1, Vec::new(), RefTime::from_nanos(4))
+            .await
+            .map(drop),
+    );
     failed(s.answer(ack("a1", &k, 1, 4)).await.map(drop));
     failed(
         s.answer(refuse("a1", &k, refusal(1, true, "no"), 4))
@@ -83,7 +102,7 @@ async fn failing_writes_change_nothing() {
     assert_eq!(s.agent("a2").await.unwrap(), None);
     assert_eq!(s.packs(None).await.unwrap()[0].latest, 1);
     assert_eq!(s.feedback_acked("a1", "j1").await.unwrap(), 1);
-    assert_eq!(s.audit(None, 0, 0).await.unwrap(), []);
+    assert_eq!(s.audit(None, RefTime::from_nanos(0), 0).await.unwrap(), []);
 
     s.fail_writes(false);
     s.put_feedback(1, vec![fb("a1", "j1", 2, 5)]).await.unwrap();

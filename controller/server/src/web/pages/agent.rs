@@ -221,7 +221,12 @@ pub async fn clock_json(
     let since = s.since_ns.unwrap_or_else(|| now_ns() - WINDOW_NS);
     match web
         .app
-        .clock_history(&who.caller, &id, since, CLOCK_ROWS)
+        .clock_history(
+            &who.caller,
+            &id,
+            baton_model::RefTime::from_nanos(since),
+            CLOCK_ROWS,
+        )
         .await
     {
         Ok(rows) => Json(clock_series(&rows)).into_response(),

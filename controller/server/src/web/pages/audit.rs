@@ -17,7 +17,11 @@ pub const ROWS: u32 = 500;
 
 /// `GET /audit`.
 pub async fn page(State(web): State<Arc<Web>>, who: Who) -> Response {
-    let rows = match web.app.audit(&who.caller, 0, ROWS).await {
+    let rows = match web
+        .app
+        .audit(&who.caller, baton_model::RefTime::from_nanos(0), ROWS)
+        .await
+    {
         Ok(r) => r,
         Err(e) => return app_error(e),
     };

@@ -1,12 +1,10 @@
-//! Decisions, run on the writer inside its transaction: find the (agent,
-//! pack) pairs a change can affect, run [`planner::plan`] on each, write
-//! the rows that changed. The candidate queries may return more agents
-//! than a pack targets (only the first label is looked up in the index);
-//! the planner decides exactly.
+//! What the decisions read and write of packs and deliveries: a pack as
+//! the planner reads it, the candidate queries (the live packs that may
+//! target an agent, the agents a pack's targets may match: more than they
+//! match, since only the first label is looked up in the index; the
+//! planner decides exactly), and delivery rows by key, written several
+//! per statement.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use super::agents::{load_agent, load_agents};
 use super::codec::opt_instant_col;
 use super::codec::{
     DELIVERY_COLUMNS, decode_delivery, errors_json, from_json, targets_from_json, to_db,
@@ -14,11 +12,8 @@ use super::codec::{
 };
 use super::db::{Db, Param, Row, chunks, col, params, query_all, run, values_rows};
 use super::members;
-use baton_model::planner;
-use baton_model::time;
 use baton_store::{
-    AgentRow, AnswerRow, Binding, DeliveryRow, Gate, Held, HeldPackRow, PackKey, PackTargets,
-    StoreResult, TargetsRow,
+    AgentRow, Binding, DeliveryRow, Gate, PackKey, PackTargets, StoreResult, TargetsRow,
 };
 
 const PACK_TARGET_COLUMNS: &str = "tenant, pack, latest_version, targets, cancelled_ns, gate";
@@ -76,7 +71,11 @@ pub(crate) fn load_pack_targets(
 /// Every live pack that may target an agent: all, or those of its
 /// tenants. A cancelled pack is wanted by nobody: it concerns the agent
 /// only through a row or a held copy, which the callers plan anyway.
-fn packs_for(conn: &dyn Db, agent: &AgentRow, binding: Binding) -> StoreResult<Vec<PackTargets>> {
+pub(crate) fn packs_for(
+    conn: &dyn Db,
+    agent: &AgentRow,
+    binding: Binding,
+) -> StoreResult<Vec<PackTargets>> {
     let mut packs = packs_for_unadmitted(conn, agent, binding)?;
     for p in &mut packs {
         admit(conn, p, Some(&agent.id))?;
@@ -142,7 +141,7 @@ pub(crate) fn rows_of_pairs(
     Ok(out)
 }
 
-fn load_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
+pub(crate) fn load_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
     let sql = format!(
         "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE agent_id = ?1 AND tenant = ?2 AND pack = ?3"
     );
@@ -245,7 +244,7 @@ pub(crate) fn store_rows(conn: &dyn Db, rows: &[DeliveryRow]) -> StoreResult<()>
     Ok(())
 }
 
-fn delete_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<()> {
+pub(crate) fn delete_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<()> {
     run(
         conn,
         "delete a delivery",
@@ -255,99 +254,10 @@ fn delete_row(conn: &dyn Db, id: &str, key: &PackKey) -> StoreResult<()> {
     Ok(())
 }
 
-/// What a round of decisions changes, written at its end in a few
-/// statements ([`Decisions::write`]).
-#[derive(Default)]
-struct Decisions {
-    changed: Vec<DeliveryRow>,
-    gone: Vec<(String, PackKey)>,
-}
-
-impl Decisions {
-    /// Plans (agent, key) from `row` and `held`; keeps the row when it
-    /// changed.
-    #[allow(clippy::too_many_arguments)] // one decision's inputs, passed through
-    fn plan(
-        &mut self,
-        agent: &AgentRow,
-        key: &PackKey,
-        pack: Option<&PackTargets>,
-        row: Option<&DeliveryRow>,
-        held: Option<Held>,
-        binding: Binding,
-        at_ns: i64,
-    ) {
-        match planner::plan(agent, key, pack, row, held, binding, time::at(at_ns)) {
-            Some(next) => {
-                if row != Some(&next) {
-                    self.changed.push(next);
-                }
-            }
-            None => {
-                if row.is_some() {
-                    self.gone.push((agent.id.clone(), key.clone()));
-                }
-            }
-        }
-    }
-
-    /// Writes the decisions; the rows that changed.
-    fn write(self, conn: &dyn Db) -> StoreResult<Vec<DeliveryRow>> {
-        for (id, key) in &self.gone {
-            delete_row(conn, id, key)?;
-        }
-        store_rows(conn, &self.changed)?;
-        Ok(self.changed)
-    }
-}
-
-/// Re-plans every pack that may concern `agent` (as stored now: its
-/// tenants' packs and its rows), with `held` as its held set when given.
-/// Returns the rows that changed.
-pub(crate) fn replan_agent(
-    conn: &dyn Db,
-    agent: &AgentRow,
-    held: Option<&[HeldPackRow]>,
-    binding: Binding,
-    at_ns: i64,
-) -> StoreResult<Vec<DeliveryRow>> {
-    let id = agent.id.as_str();
-    let packs: BTreeMap<PackKey, PackTargets> = packs_for(conn, agent, binding)?
-        .into_iter()
-        .map(|p| (PackKey::new(&p.tenant, &p.pack), p))
-        .collect();
-    let rows: BTreeMap<PackKey, DeliveryRow> = rows_of_agent(conn, id)?
-        .into_iter()
-        .map(|r| (r.key(), r))
-        .collect();
-    let held: Option<BTreeMap<PackKey, Held>> =
-        held.map(|h| h.iter().map(HeldPackRow::keyed).collect());
-    let mut keys: BTreeSet<&PackKey> = packs.keys().chain(rows.keys()).collect();
-    if let Some(h) = &held {
-        keys.extend(h.keys());
-    }
-    let mut decisions = Decisions::default();
-    for key in keys {
-        let row = rows.get(key);
-        let h = match &held {
-            Some(h) => h.get(key).copied(),
-            None => row.and_then(|r| r.held),
-        };
-        let pack = match packs.get(key) {
-            Some(p) => Some(p.clone()),
-            // Another tenant's pack (held, or withdrawn): its targets
-            // still say it is not this agent's.
-            None => load_pack_targets(conn, key, Some(id))?,
-        };
-        decisions.plan(agent, key, pack.as_ref(), row, h, binding, at_ns);
-    }
-    decisions.write(conn)
-}
-
 /// Agents a pack's targets may match (a superset; ids the store does not
 /// know are skipped by the caller). With [`Binding::Tenants`] only agents
 /// serving the pack's tenant, as the planner would keep no other.
-fn candidates(
+pub(crate) fn candidates(
     conn: &dyn Db,
     key: &PackKey,
     targets: &TargetsRow,
@@ -378,64 +288,20 @@ fn candidates(
     }
 }
 
-/// Re-plans pack `key` for every agent it may concern: its targets'
-/// candidates and the agents with a row for it.
-pub(crate) fn replan_pack(
-    conn: &dyn Db,
-    key: &PackKey,
-    binding: Binding,
-    at_ns: i64,
-) -> StoreResult<Vec<DeliveryRow>> {
-    let pack = load_pack_targets(conn, key, None)?;
+/// Every row of one pack.
+pub(crate) fn rows_of_pack(conn: &dyn Db, key: &PackKey) -> StoreResult<Vec<DeliveryRow>> {
     let sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE tenant = ?1 AND pack = ?2");
-    let rows: BTreeMap<String, DeliveryRow> =
-        query_all(conn, &sql, params![key.tenant, key.pack], decode_delivery)?
-            .into_iter()
-            .map(|r| (r.agent_id.clone(), r))
-            .collect();
-    let mut ids: BTreeSet<String> = rows.keys().cloned().collect();
-    if let Some(p) = &pack
-        && p.cancelled.is_none()
-    {
-        ids.extend(candidates(conn, key, &p.targets, binding)?);
-    }
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let mut decisions = Decisions::default();
-    for agent in load_agents(conn, &ids)? {
-        let row = rows.get(&agent.id);
-        let held = row.and_then(|r| r.held);
-        decisions.plan(&agent, key, pack.as_ref(), row, held, binding, at_ns);
-    }
-    decisions.write(conn)
+    query_all(conn, &sql, params![key.tenant, key.pack], decode_delivery)
 }
 
-/// Re-plans one (agent, pack) after the agent's answer.
-pub(crate) fn replan_answer(
-    conn: &dyn Db,
-    a: &AnswerRow,
-    binding: Binding,
-) -> StoreResult<Option<DeliveryRow>> {
-    let (Some(agent), Some(row)) = (
-        load_agent(conn, &a.agent_id)?,
-        load_row(conn, &a.agent_id, &a.key)?,
-    ) else {
-        return Ok(None);
-    };
-    let pack = load_pack_targets(conn, &a.key, Some(&a.agent_id))?;
-    let next = planner::answered(
-        &agent,
-        pack.as_ref(),
-        &row,
-        a.version,
-        &a.answer,
-        a.attempts,
-        binding,
-        a.at,
-    );
-    match &next {
-        Some(n) if *n != row => store_rows(conn, std::slice::from_ref(n))?,
-        Some(_) => {}
-        None => delete_row(conn, &a.agent_id, &a.key)?,
-    }
-    Ok(next)
+/// Forgets what an agent staged (a restart dropped its staged copies).
+pub(crate) fn clear_staged(conn: &dyn Db, id: &str) -> StoreResult<()> {
+    run(
+        conn,
+        "forget what the agent staged",
+        "UPDATE deliveries SET staged_version = NULL, staged_at_ns = NULL \
+         WHERE agent_id = ?1 AND staged_version IS NOT NULL",
+        params![id],
+    )?;
+    Ok(())
 }

@@ -1,0 +1,215 @@
+//! [`Tx`] on a connection inside the writer's transaction: each primitive
+//! one or a few statements of the shared SQL.
+
+use baton_store::{
+    AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
+    GateRow, Grows, HelloRow, LabelOverrides, Member, PackHead, PackKey, PackTargets,
+    PackVersionRow, PutPack, RefTime, RevocationRow, RolloutRow, SignedDuration, StoreResult,
+    TargetsRow, Tx,
+};
+
+use super::agents::{self, LeaseClock, Owner};
+use super::db::{Db, params};
+use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
+use super::{audit, deliveries, events, packs, rollouts};
+
+/// One transaction of an engine's writer.
+pub(crate) struct SqlTx<'a> {
+    pub(crate) conn: &'a dyn Db,
+    pub(crate) binding: Binding,
+    pub(crate) owner: &'a Owner,
+    pub(crate) lease_clock: LeaseClock,
+}
+
+impl Tx for SqlTx<'_> {
+    fn binding(&self) -> Binding {
+        self.binding
+    }
+
+    fn agent(&mut self, id: &str) -> StoreResult<Option<AgentRow>> {
+        agents::load_agent(self.conn, id)
+    }
+
+    fn agents(&mut self, ids: &[&str]) -> StoreResult<Vec<AgentRow>> {
+        agents::load_agents(self.conn, ids)
+    }
+
+    fn session_gen(&mut self, id: &str) -> StoreResult<Option<u64>> {
+        agents::session_gen(self.conn, id)
+    }
+
+    fn write_hello(&mut self, h: &HelloRow) -> StoreResult<()> {
+        agents::refuse_a_second_machine(self.conn, h, self.owner, self.lease_clock)?;
+        agents::write_hello(self.conn, h, self.owner)
+    }
+
+    fn write_seen(
+        &mut self,
+        id: &str,
+        connected: bool,
+        at: RefTime,
+        lateness_p99: Option<SignedDuration>,
+    ) -> StoreResult<()> {
+        let p99 = lateness_p99.map(baton_model::time::span_ns);
+        agents::update_agent(
+            self.conn,
+            id,
+            "UPDATE agents SET connected = ?2, last_seen_ns = ?3, \
+             lateness_p99_ns = COALESCE(?4, lateness_p99_ns) WHERE id = ?1",
+            params![id, i64::from(connected), at.as_nanos(), p99],
+        )
+    }
+
+    /// `last_seen_ns` is left as it was: it stays the last message
+    /// actually received. A stream is held only by a replica whose lease
+    /// (at the epoch it took the hello under) is live, and not by this
+    /// one, which is starting: on a single controller, which has no lease
+    /// rows, none.
+    fn disconnect_unowned(&mut self) -> StoreResult<()> {
+        let now_us = (self.lease_clock)(self.conn)?;
+        agents::disconnect_unowned(self.conn, now_us, Some(&self.owner.replica))?;
+        Ok(())
+    }
+
+    fn write_clock(&mut self, id: &str, clock: &ClockRow) -> StoreResult<()> {
+        agents::write_clock(self.conn, id, clock)
+    }
+
+    fn write_overrides(
+        &mut self,
+        id: &str,
+        tenant: &str,
+        set: &LabelOverrides,
+        reset: &[String],
+    ) -> StoreResult<()> {
+        agents::write_labels(self.conn, id, tenant, set, reset)
+    }
+
+    fn write_grant(
+        &mut self,
+        id: &str,
+        tenant: &str,
+        granted: bool,
+        at: RefTime,
+    ) -> StoreResult<()> {
+        agents::write_grant(self.conn, id, tenant, granted, at.as_nanos())
+    }
+
+    fn forget_agent(&mut self, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+        agents::write_forget(self.conn, id, tenant)
+    }
+
+    fn pack_targets(
+        &mut self,
+        key: &PackKey,
+        cohort_of: Option<&str>,
+    ) -> StoreResult<Option<PackTargets>> {
+        deliveries::load_pack_targets(self.conn, key, cohort_of)
+    }
+
+    fn packs_for(&mut self, agent: &AgentRow) -> StoreResult<Vec<PackTargets>> {
+        deliveries::packs_for(self.conn, agent, self.binding)
+    }
+
+    fn pack_candidates(&mut self, key: &PackKey, targets: &TargetsRow) -> StoreResult<Vec<String>> {
+        deliveries::candidates(self.conn, key, targets, self.binding)
+    }
+
+    fn pack_head(&mut self, key: &PackKey) -> StoreResult<Option<PackHead>> {
+        rollouts::pack_head(self.conn, key)
+    }
+
+    fn write_version(&mut self, pack: &PackVersionRow) -> StoreResult<PutPack> {
+        packs::write_pack(self.conn, pack)
+    }
+
+    fn write_cancel(&mut self, key: &PackKey, at: RefTime) -> StoreResult<bool> {
+        packs::write_cancel(self.conn, key, at.as_nanos())
+    }
+
+    fn write_gate(&mut self, key: &PackKey, gate: Option<&GateRow>) -> StoreResult<()> {
+        rollouts::set_gate(self.conn, key, gate)
+    }
+
+    fn rollout(&mut self, key: &PackKey, version: Option<u64>) -> StoreResult<Option<RolloutRow>> {
+        rollouts::load(self.conn, key, version)
+    }
+
+    fn open_rollouts(&mut self, key: &PackKey) -> StoreResult<Vec<RolloutRow>> {
+        rollouts::open(self.conn, key)
+    }
+
+    fn insert_rollout(&mut self, row: &RolloutRow) -> StoreResult<()> {
+        rollouts::insert(self.conn, row)
+    }
+
+    fn cas_rollout(&mut self, row: &RolloutRow) -> StoreResult<bool> {
+        rollouts::compare_and_set(self.conn, row)
+    }
+
+    fn admit(
+        &mut self,
+        key: &PackKey,
+        version: u64,
+        members: &[(String, Member)],
+    ) -> StoreResult<()> {
+        rollouts::admit(self.conn, key, version, members)
+    }
+
+    fn skip_members(&mut self, key: &PackKey, version: u64, ids: &[String]) -> StoreResult<()> {
+        rollouts::skip(self.conn, key, version, ids)
+    }
+
+    fn row(&mut self, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>> {
+        deliveries::load_row(self.conn, id, key)
+    }
+
+    fn rows_of_agent(&mut self, id: &str) -> StoreResult<Vec<DeliveryRow>> {
+        deliveries::rows_of_agent(self.conn, id)
+    }
+
+    fn rows_of_pack(&mut self, key: &PackKey) -> StoreResult<Vec<DeliveryRow>> {
+        deliveries::rows_of_pack(self.conn, key)
+    }
+
+    fn put_rows(&mut self, rows: &[DeliveryRow]) -> StoreResult<()> {
+        deliveries::store_rows(self.conn, rows)
+    }
+
+    fn delete_rows(&mut self, pairs: &[(String, PackKey)]) -> StoreResult<()> {
+        for (id, key) in pairs {
+            deliveries::delete_row(self.conn, id, key)?;
+        }
+        Ok(())
+    }
+
+    fn clear_staged(&mut self, id: &str) -> StoreResult<()> {
+        deliveries::clear_staged(self.conn, id)
+    }
+
+    fn put_feedback(&mut self, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored> {
+        feedback::write_feedback(self.conn, rows)
+    }
+
+    fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()> {
+        events::put_events(self.conn, rows)
+    }
+
+    fn put_audit(&mut self, row: &AuditRow) -> StoreResult<()> {
+        audit::put_audit(self.conn, row)
+    }
+
+    fn revoke(&mut self, rows: &[(RevocationRow, Vec<AuditRow>)]) -> StoreResult<Vec<String>> {
+        audit::revoke(self.conn, rows)
+    }
+
+    fn delete_before(&mut self, what: Grows, before: RefTime, max: u32) -> StoreResult<u64> {
+        let sql = match what {
+            Grows::Feedback => DELETE_FEEDBACK,
+            Grows::Clock => DELETE_CLOCK,
+            Grows::Audit => DELETE_AUDIT,
+            Grows::Events => events::DELETE_EVENTS,
+        };
+        delete_oldest(self.conn, sql, before.as_nanos(), max)
+    }
+}

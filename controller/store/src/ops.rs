@@ -1,0 +1,277 @@
+//! What the controller asks of its store, once for every backend: each
+//! operation one transaction of primitives ([`crate::decide`] for those
+//! that decide). Every operation is complete and atomic: when it returns
+//! `Ok`, the change survives `kill -9` of the controller.
+
+use async_trait::async_trait;
+use baton_model::{
+    AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
+    HeldPackRow, HelloRow, LabelOverrides, PackKey, PackVersionRow, PutPack, RefTime,
+    RevocationRow, RolloutChange, SignedDuration,
+};
+
+use crate::decide;
+use crate::error::{StoreError, StoreResult};
+use crate::store::{Store, transact, transact_background};
+use crate::tx::Grows;
+
+/// The store's operations, for any [`Store`] (`use baton_store::StoreOps`
+/// to call them).
+#[async_trait]
+pub trait StoreOps: Store {
+    // ---- agents
+
+    /// An agent said hello: create or update it (labels, version, journal,
+    /// certificate tenants), connected, seen now, owned by this replica
+    /// under a new session generation (above the stored one and the
+    /// agent's `session_gen_seen`); its held packs recorded and every pack
+    /// of its tenants planned for it. Returns the agent (with its new
+    /// generation) and all its delivery rows.
+    ///
+    /// **Fencing.** Every write a stream makes for its agent afterwards
+    /// (`agent_seen`, `record_clock`, `agent_held`, `answer`,
+    /// `put_feedback`) names that generation and is refused with
+    /// [`StoreError::Fenced`], in the same transaction, once a later hello
+    /// raised it: a stream that lost its agent to another (on this replica
+    /// or another one) can change nothing of it.
+    async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+        transact(self, move |tx| decide::hello(tx, &hello)).await
+    }
+
+    /// Connection state and last-seen instant, from the stream of
+    /// generation `session`, with the start lateness p99 of its recent
+    /// executions as that stream measures it (`None`: leave it), for the
+    /// other replicas to show. An agent that never said hello is
+    /// [`StoreError::NoSuchAgent`]: nothing is created.
+    async fn agent_seen(
+        &self,
+        id: &str,
+        session: u64,
+        connected: bool,
+        at: RefTime,
+        lateness_p99: Option<SignedDuration>,
+    ) -> StoreResult<()> {
+        let id = id.to_owned();
+        transact(self, move |tx| {
+            decide::check_session(tx, &id, session)?;
+            tx.write_seen(&id, connected, at, lateness_p99)
+        })
+        .await
+    }
+
+    /// At start-up: the agents whose stream no live replica holds (on a
+    /// single controller, every agent) are not connected. Last seen stays
+    /// the last message actually received.
+    async fn all_disconnected(&self) -> StoreResult<()> {
+        transact(self, |tx| tx.disconnect_unowned()).await
+    }
+
+    /// Store a clock report from the stream of generation `session`: the
+    /// agent's latest (unless a report as new or newer is stored), and its
+    /// history. Idempotent on the report's instant: a re-sent report
+    /// changes nothing. An agent that never said hello is
+    /// [`StoreError::NoSuchAgent`].
+    async fn record_clock(&self, id: &str, session: u64, clock: ClockRow) -> StoreResult<()> {
+        let id = id.to_owned();
+        transact(self, move |tx| {
+            decide::check_session(tx, &id, session)?;
+            tx.write_clock(&id, &clock)
+        })
+        .await
+    }
+
+    /// Change one tenant's operator labels on an agent: `set` (a value, or
+    /// `None` to hide the agent's own key), then `reset` (forget the
+    /// tenant's say on these keys); then re-plan the agent. Returns the
+    /// agent as it is now and the rows that changed;
+    /// [`StoreError::NoSuchAgent`] when it is not known.
+    async fn label_agent(
+        &self,
+        id: &str,
+        tenant: &str,
+        set: LabelOverrides,
+        reset: Vec<String>,
+        at: RefTime,
+    ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        transact(self, move |tx| {
+            decide::label(tx, &id, &tenant, &set, &reset, at)
+        })
+        .await
+    }
+
+    /// An admin grants (or takes back) a tenant on an agent, known or not
+    /// yet; the agent is re-planned. Returns the rows that changed.
+    async fn grant(
+        &self,
+        id: &str,
+        tenant: &str,
+        granted: bool,
+        at: RefTime,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let (id, tenant) = (id.to_owned(), tenant.to_owned());
+        transact(self, move |tx| decide::grant(tx, &id, &tenant, granted, at)).await
+    }
+
+    /// Forget an agent. With a tenant: only that tenant's deliveries to it,
+    /// labels on it and grant. Without: everything of it (its record,
+    /// clock history, deliveries, labels, grants); its feedback stays.
+    /// Whether its record existed.
+    async fn forget_agent(&self, id: &str, tenant: Option<&str>) -> StoreResult<bool> {
+        let (id, tenant) = (id.to_owned(), tenant.map(str::to_owned));
+        transact(self, move |tx| tx.forget_agent(&id, tenant.as_deref())).await
+    }
+
+    // ---- packs and rollouts
+
+    /// Store a pack version ([`decide::put_pack`]: the version rules, and
+    /// the rollout a new version ends or starts). Does not plan: call
+    /// [`StoreOps::reconcile_pack`].
+    async fn put_pack(&self, pack: PackVersionRow) -> StoreResult<PutPack> {
+        transact(self, move |tx| decide::put_pack(tx, &pack)).await
+    }
+
+    /// Withdraw a pack ([`decide::cancel`]). Returns the rows that changed
+    /// (every holder's).
+    async fn cancel_pack(&self, key: &PackKey, at: RefTime) -> StoreResult<Vec<DeliveryRow>> {
+        let key = key.clone();
+        transact(self, move |tx| decide::cancel(tx, &key, at)).await
+    }
+
+    /// Plan a pack for every agent it may concern: those its targets
+    /// match (among the tenant's agents) and those with a row for it.
+    /// Returns the rows that changed.
+    async fn reconcile_pack(&self, key: &PackKey, at: RefTime) -> StoreResult<Vec<DeliveryRow>> {
+        let key = key.clone();
+        transact(self, move |tx| decide::replan_pack(tx, &key, at)).await
+    }
+
+    /// Apply a rollout change if no other writer stepped the rollout first
+    /// ([`decide::advance`]): `None` when one did (nothing written),
+    /// otherwise the rows that changed.
+    async fn advance_rollout(
+        &self,
+        change: RolloutChange,
+        at: RefTime,
+    ) -> StoreResult<Option<Vec<DeliveryRow>>> {
+        transact(self, move |tx| decide::advance(tx, &change, at)).await
+    }
+
+    // ---- deliveries
+
+    /// The agent's held set is now `held` (already filtered to its
+    /// tenants); every pack it names or held before is re-planned. Returns
+    /// the rows that changed. An agent that never said hello is
+    /// [`StoreError::NoSuchAgent`].
+    async fn agent_held(
+        &self,
+        id: &str,
+        session: u64,
+        held: Vec<HeldPackRow>,
+        at: RefTime,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let id = id.to_owned();
+        transact(self, move |tx| decide::held(tx, &id, session, &held, at)).await
+    }
+
+    /// The agent answered a push. Returns its row as it is now (`None`: no
+    /// such row, e.g. forgotten).
+    async fn answer(&self, answer: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
+        transact(self, move |tx| decide::answer(tx, &answer)).await
+    }
+
+    // ---- feedback
+
+    /// Store feedback of one journal, once: rows whose (agent, journal,
+    /// seq) is stored already, or at or below the journal's acked seq as it
+    /// was before the call (stored once, maybe deleted by retention since),
+    /// are counted as duplicates and left as they are, but for a count of
+    /// drops a re-sent entry now carries: the stored row keeps the larger
+    /// count, held to the entries missing right before it (rows deleted by
+    /// retention count as missing). Ids come from the store, in storage
+    /// order, and are never handed out twice (not even after retention
+    /// deleted every row). All or nothing: a row that cannot be stored (a
+    /// value past `i64::MAX`), or rows of more than one journal, fail the
+    /// call with nothing stored. `session`: the generation of the stream
+    /// that received them (they are all of its agent; an agent with no
+    /// record, forgotten while its stream ran, has no owner to fence
+    /// against).
+    async fn put_feedback(
+        &self,
+        session: u64,
+        rows: Vec<FeedbackRow>,
+    ) -> StoreResult<FeedbackStored> {
+        let Some(first) = rows.first() else {
+            return Ok(FeedbackStored::default());
+        };
+        let (agent, journal) = (first.agent_id.clone(), first.journal_id.clone());
+        if let Some(other) = rows
+            .iter()
+            .find(|r| r.agent_id != agent || r.journal_id != journal)
+        {
+            return Err(StoreError::Invalid(format!(
+                "feedback of {agent} (journal {journal}) and {} (journal {}) in one call: one call stores one journal's feedback",
+                other.agent_id, other.journal_id
+            )));
+        }
+        transact(self, move |tx| {
+            decide::session_if_known(tx, &agent, session)?;
+            tx.put_feedback(&rows)
+        })
+        .await
+    }
+
+    // ---- events, audit, revocations
+
+    /// Store events for the other replicas (in one commit, in order).
+    async fn put_events(&self, rows: Vec<EventRow>) -> StoreResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        transact(self, move |tx| tx.put_events(&rows)).await
+    }
+
+    /// Record an operator action (stored before the action's answer).
+    async fn put_audit(&self, row: AuditRow) -> StoreResult<()> {
+        transact(self, move |tx| tx.put_audit(&row)).await
+    }
+
+    /// Record revocations, each with its audit records: a serial already
+    /// recorded (by this replica or another, now or before) is left as it
+    /// is and its audit records are not written. The serials recorded
+    /// now.
+    async fn revoke(&self, rows: Vec<(RevocationRow, Vec<AuditRow>)>) -> StoreResult<Vec<String>> {
+        transact(self, move |tx| tx.revoke(&rows)).await
+    }
+
+    // ---- retention (small batches, riding other writes' commits)
+
+    /// Delete at most `max` feedback rows stored before `before`, oldest
+    /// first (by when they were stored, then id); how many went.
+    async fn delete_feedback_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        transact_background(self, move |tx| {
+            tx.delete_before(Grows::Feedback, before, max)
+        })
+        .await
+    }
+
+    /// Delete at most `max` clock history rows measured before `before`,
+    /// oldest first (by instant, then agent); an agent's latest report is
+    /// kept on its record.
+    async fn delete_clock_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        transact_background(self, move |tx| tx.delete_before(Grows::Clock, before, max)).await
+    }
+
+    /// Delete at most `max` audit records before `before`, oldest first
+    /// (by instant, then storage order).
+    async fn delete_audit_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        transact_background(self, move |tx| tx.delete_before(Grows::Audit, before, max)).await
+    }
+
+    /// Delete at most `max` events stored before `before`.
+    async fn delete_events_before(&self, before: RefTime, max: u32) -> StoreResult<u64> {
+        transact_background(self, move |tx| tx.delete_before(Grows::Events, before, max)).await
+    }
+}
+
+impl<S: Store + ?Sized> StoreOps for S {}

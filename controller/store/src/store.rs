@@ -1,0 +1,183 @@
+//! The storage interface: reads, one query each, and transactions of
+//! [`Tx`] primitives at the store's serialization point. What the
+//! controller does with them — every decision and write rule — is
+//! [`crate::ops`], written once over any store.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use baton_model::{
+    AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
+    FeedbackFilter, FeedbackRow, PackKey, PackSummaryRow, PackVersionRow, RefTime, RevocationRow,
+    RolloutRow,
+};
+
+use crate::error::{StoreError, StoreResult};
+use crate::tx::Tx;
+
+/// A transaction's work: primitives on a [`Tx`]; `Err` rolls back all of
+/// it. `FnMut`: a backend may run it again in a new transaction when the
+/// database aborted the first (a deadlock, a serialization failure), so
+/// it reads its inputs by reference.
+pub type TxJob = Box<dyn FnMut(&mut dyn Tx) -> StoreResult<()> + Send>;
+
+/// A store: a backend (the memory store, SQLite, PostgreSQL, or a user's)
+/// implements this and [`Tx`], and passes the contract suite
+/// ([`crate::contract_suite`]).
+///
+/// Every committed transaction survives `kill -9` of the controller;
+/// reads see committed state.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// How decisions bind agents to tenants (set when the store is
+    /// opened).
+    fn binding(&self) -> Binding;
+
+    /// The replica this store writes as when replicas share it (`None`: a
+    /// single controller, whose events stay in its process).
+    fn replica(&self) -> Option<String> {
+        None
+    }
+
+    /// Run `job` in one transaction at the store's serialization point
+    /// (each job sees every job committed before it: two decisions never
+    /// race); `Ok` once committed, else nothing of it was.
+    async fn transact(&self, job: TxJob) -> StoreResult<()>;
+
+    /// [`Store::transact`] for work that may wait for company
+    /// (retention): a backend may run it with the next batch of others.
+    async fn transact_background(&self, job: TxJob) -> StoreResult<()> {
+        self.transact(job).await
+    }
+
+    // ---- reads
+
+    /// One agent.
+    async fn agent(&self, id: &str) -> StoreResult<Option<AgentRow>>;
+    /// One page of agents, by id.
+    async fn agents(&self, filter: AgentFilter) -> StoreResult<Vec<AgentRow>>;
+    /// Clock history of one agent at or after `since`, oldest first; the
+    /// newest `limit` (capped at [`baton_model::MAX_PAGE`] × 10) when there
+    /// are more.
+    async fn clock_history(
+        &self,
+        id: &str,
+        since: RefTime,
+        limit: u32,
+    ) -> StoreResult<Vec<ClockRow>>;
+    /// Every pack (of one tenant, or all) with its delivery counts, by
+    /// tenant then id, without YAML.
+    async fn packs(&self, tenant: Option<&str>) -> StoreResult<Vec<PackSummaryRow>>;
+    /// A pack's stored versions, newest first, at most `limit`, with an
+    /// empty `yaml` (read a text with [`Store::pack_version`]).
+    async fn pack_versions(&self, key: &PackKey, limit: u32) -> StoreResult<Vec<PackVersionRow>>;
+    /// One version of a pack (`None`: the latest).
+    async fn pack_version(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+    ) -> StoreResult<Option<PackVersionRow>>;
+    /// One rollout with its cohort (`version` `None`: the pack's newest).
+    async fn rollout(&self, key: &PackKey, version: Option<u64>)
+    -> StoreResult<Option<RolloutRow>>;
+    /// Rollouts of one tenant (or all), by tenant and pack, newest version
+    /// first; with `open_only`, every one not final, else the first
+    /// [`baton_model::MAX_PAGE`]. With their cohorts.
+    async fn rollouts(&self, tenant: Option<&str>, open_only: bool)
+    -> StoreResult<Vec<RolloutRow>>;
+    /// Deliveries of one agent, by tenant and pack.
+    async fn deliveries_of_agent(&self, id: &str) -> StoreResult<Vec<DeliveryRow>>;
+    /// The stored rows of these (agent, pack) pairs (a pair without one is
+    /// left out), in no set order: what a replica following the others'
+    /// events reads for a page of them, a few queries where one per row
+    /// would make a push to thousands of agents on other replicas
+    /// thousands of round trips.
+    async fn deliveries_of(&self, pairs: &[(String, PackKey)]) -> StoreResult<Vec<DeliveryRow>>;
+    /// One page of the deliveries of one pack about `version` (`None`: any
+    /// version), by agent, after `after_agent`.
+    async fn deliveries_of_pack(
+        &self,
+        key: &PackKey,
+        version: Option<u64>,
+        after_agent: Option<&str>,
+        limit: u32,
+    ) -> StoreResult<Vec<DeliveryRow>>;
+    /// How many deliveries are stored in each state (for `/metrics`; a
+    /// state with none is left out; local packs are not deliveries), in
+    /// [`DeliveryState`] order.
+    async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>>;
+    /// Highest seq ever stored for this agent and journal (0: none); kept
+    /// when retention deletes the rows.
+    async fn feedback_acked(&self, agent_id: &str, journal_id: &str) -> StoreResult<u64>;
+    /// One page of stored feedback, in storage order (which for one agent
+    /// is its sequence order).
+    async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>>;
+    /// One page of events stored after `after_id`, by id: ids are handed
+    /// out in commit order, so paging by id never skips one committed
+    /// late.
+    async fn events_after(&self, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>>;
+    /// The highest event id and feedback id stored (0: none): where a
+    /// replica starting to follow begins.
+    async fn high_water(&self) -> StoreResult<(u64, u64)>;
+    /// Every revoked serial recorded, by serial.
+    async fn revocations(&self) -> StoreResult<Vec<RevocationRow>>;
+    /// Audit records at or after `since` (of one tenant, or all), oldest
+    /// first (by instant, then storage order); the newest `limit` (capped
+    /// at [`baton_model::MAX_PAGE`] × 10) of them in that order.
+    async fn audit(
+        &self,
+        tenant: Option<&str>,
+        since: RefTime,
+        limit: u32,
+    ) -> StoreResult<Vec<AuditRow>>;
+}
+
+/// A transaction that answers: `f` runs in [`Store::transact`] and its
+/// value comes back once committed.
+pub async fn transact<S, T, F>(store: &S, f: F) -> StoreResult<T>
+where
+    S: Store + ?Sized,
+    T: Send + 'static,
+    F: FnMut(&mut dyn Tx) -> StoreResult<T> + Send + 'static,
+{
+    let (job, slot) = answering(f);
+    store.transact(job).await?;
+    take(&slot)
+}
+
+/// [`transact`] for retention's work ([`Store::transact_background`]).
+pub async fn transact_background<S, T, F>(store: &S, f: F) -> StoreResult<T>
+where
+    S: Store + ?Sized,
+    T: Send + 'static,
+    F: FnMut(&mut dyn Tx) -> StoreResult<T> + Send + 'static,
+{
+    let (job, slot) = answering(f);
+    store.transact_background(job).await?;
+    take(&slot)
+}
+
+type Slot<T> = Arc<Mutex<Option<T>>>;
+
+fn answering<T, F>(f: F) -> (TxJob, Slot<T>)
+where
+    T: Send + 'static,
+    F: FnMut(&mut dyn Tx) -> StoreResult<T> + Send + 'static,
+{
+    let slot: Slot<T> = Arc::new(Mutex::new(None));
+    let out = slot.clone();
+    let mut f = f;
+    let job: TxJob = Box::new(move |tx| {
+        let v = f(tx)?;
+        *out.lock().unwrap_or_else(PoisonError::into_inner) = Some(v);
+        Ok(())
+    });
+    (job, slot)
+}
+
+fn take<T>(slot: &Slot<T>) -> StoreResult<T> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .ok_or_else(|| StoreError::corrupt("a transaction's answer", "committed without one"))
+}

@@ -1,0 +1,189 @@
+//! What a backend gives the decisions: primitives inside one transaction.
+//!
+//! Each is one small thing a database does well — rows by key, the
+//! candidate queries the planner needs, a conditional write, an append —
+//! and none of them decides anything: which (agent, pack) pairs to plan,
+//! what a rollout's new version does to the old one, when a stream is
+//! fenced, is written once, in [`crate::decide`], over any backend. A
+//! backend runs a whole job of them in one transaction
+//! ([`crate::Store::transact`]): all of it is committed, or none.
+
+use baton_model::{
+    AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
+    GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
+    RefTime, RevocationRow, RolloutRow, SignedDuration, TargetsRow,
+};
+
+use crate::error::StoreResult;
+
+/// What retention deletes, oldest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grows {
+    /// Feedback rows, by when they were stored.
+    Feedback,
+    /// Clock history rows, by when they were measured (an agent's latest
+    /// report is kept on its record).
+    Clock,
+    /// Audit records, by their instant.
+    Audit,
+    /// Events between replicas, by when they were stored.
+    Events,
+}
+
+/// The pack row's head as a new version's rollout needs it: its newest
+/// version, whether it is cancelled, and the gate of its rollout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackHead {
+    /// Newest version stored.
+    pub latest: u64,
+    /// Cancelled (withdrawn).
+    pub cancelled: bool,
+    /// The gate a rollout set.
+    pub gate: Option<GateRow>,
+}
+
+/// One transaction's primitives. Integers past `i64::MAX` are refused
+/// ([`crate::StoreError::OutOfRange`]) by whatever writes them; reads of
+/// what is not stored are `None` or empty, never an error.
+pub trait Tx {
+    /// How decisions bind agents to tenants (the store's setting).
+    fn binding(&self) -> Binding;
+
+    // ---- agents
+
+    /// One agent, with its tenants.
+    fn agent(&mut self, id: &str) -> StoreResult<Option<AgentRow>>;
+    /// The agents among `ids` that are stored, by id.
+    fn agents(&mut self, ids: &[&str]) -> StoreResult<Vec<AgentRow>>;
+    /// The agent's session generation (`None`: not stored): what fencing
+    /// compares a stream's generation with.
+    fn session_gen(&mut self, id: &str) -> StoreResult<Option<u64>>;
+    /// The hello's record: created or updated (labels, version, journal,
+    /// certificate tenants when given), connected, seen at its instant,
+    /// owned by this writer under a generation above the stored one and
+    /// the hello's `session_gen_seen`; refused with
+    /// [`crate::StoreError::IdInUse`] while another live owner holds the
+    /// id from another journal.
+    fn write_hello(&mut self, hello: &HelloRow) -> StoreResult<()>;
+    /// Connection state, last seen and (`Some`) the recent lateness p99 of
+    /// a stored agent.
+    fn write_seen(
+        &mut self,
+        id: &str,
+        connected: bool,
+        at: RefTime,
+        lateness_p99: Option<SignedDuration>,
+    ) -> StoreResult<()>;
+    /// Every agent no live writer holds is marked not connected.
+    fn disconnect_unowned(&mut self) -> StoreResult<()>;
+    /// A clock report of a stored agent: its latest unless one as new or
+    /// newer is kept, and its history (once per instant).
+    fn write_clock(&mut self, id: &str, clock: &ClockRow) -> StoreResult<()>;
+    /// One tenant's operator labels on a stored agent: `set`, then
+    /// `reset` forgotten.
+    fn write_overrides(
+        &mut self,
+        id: &str,
+        tenant: &str,
+        set: &LabelOverrides,
+        reset: &[String],
+    ) -> StoreResult<()>;
+    /// A tenant granted to (or taken from) an agent, stored or not yet.
+    fn write_grant(
+        &mut self,
+        id: &str,
+        tenant: &str,
+        granted: bool,
+        at: RefTime,
+    ) -> StoreResult<()>;
+    /// Forget an agent: with a tenant, that tenant's rows of it, labels on
+    /// it and grant; without, everything of it but its feedback. Whether
+    /// its record existed.
+    fn forget_agent(&mut self, id: &str, tenant: Option<&str>) -> StoreResult<bool>;
+
+    // ---- packs
+
+    /// The pack as the planner reads it, its rollout's cohort read for
+    /// `cohort_of` only (`None`: all of it).
+    fn pack_targets(
+        &mut self,
+        key: &PackKey,
+        cohort_of: Option<&str>,
+    ) -> StoreResult<Option<PackTargets>>;
+    /// Candidate query: the live packs that may target `agent` (those of
+    /// its tenants, or all under [`Binding::Open`]), each with its cohort
+    /// read for the agent only. A superset: the planner decides.
+    fn packs_for(&mut self, agent: &AgentRow) -> StoreResult<Vec<PackTargets>>;
+    /// Candidate query: the agents `targets` (pack `key`'s) may match. A
+    /// superset (an index may look up only the first label; ids the store
+    /// does not know are skipped by the caller): the planner decides.
+    fn pack_candidates(&mut self, key: &PackKey, targets: &TargetsRow) -> StoreResult<Vec<String>>;
+    /// The pack row's head (`None`: no row).
+    fn pack_head(&mut self, key: &PackKey) -> StoreResult<Option<PackHead>>;
+    /// Store a version, a conditional write: it becomes the newest (the
+    /// pack live again) when higher than the stored one; the same version
+    /// with the same text is [`PutPack::Unchanged`]; otherwise
+    /// [`crate::StoreError::VersionOlder`] or
+    /// [`crate::StoreError::VersionTaken`]. The gate is left as it is.
+    fn write_version(&mut self, pack: &PackVersionRow) -> StoreResult<PutPack>;
+    /// Mark a pack cancelled (the first instant stays); one the store does
+    /// not know but agents hold gets a row withdrawn at the newest version
+    /// held. `false`: neither known nor held.
+    fn write_cancel(&mut self, key: &PackKey, at: RefTime) -> StoreResult<bool>;
+    /// The gate on the pack row.
+    fn write_gate(&mut self, key: &PackKey, gate: Option<&GateRow>) -> StoreResult<()>;
+
+    // ---- rollouts
+
+    /// One rollout with its cohort (`version` `None`: the pack's newest).
+    fn rollout(&mut self, key: &PackKey, version: Option<u64>) -> StoreResult<Option<RolloutRow>>;
+    /// The pack's rollouts that are not final (cohorts left out).
+    fn open_rollouts(&mut self, key: &PackKey) -> StoreResult<Vec<RolloutRow>>;
+    /// A new rollout row (its cohort empty).
+    fn insert_rollout(&mut self, row: &RolloutRow) -> StoreResult<()>;
+    /// Write `row` (not its cohort) over the stored one if that is still
+    /// at `row.rev`; the stored rev is then `row.rev + 1`. Whether it was.
+    fn cas_rollout(&mut self, row: &RolloutRow) -> StoreResult<bool>;
+    /// Agents let into a rollout's cohort (one already in it is left as
+    /// it is).
+    fn admit(
+        &mut self,
+        key: &PackKey,
+        version: u64,
+        members: &[(String, Member)],
+    ) -> StoreResult<()>;
+    /// Members left out of a rollout's verdicts.
+    fn skip_members(&mut self, key: &PackKey, version: u64, ids: &[String]) -> StoreResult<()>;
+
+    // ---- deliveries
+
+    /// The row of (agent, pack).
+    fn row(&mut self, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>>;
+    /// Every row of an agent, by tenant and pack.
+    fn rows_of_agent(&mut self, id: &str) -> StoreResult<Vec<DeliveryRow>>;
+    /// Every row of a pack.
+    fn rows_of_pack(&mut self, key: &PackKey) -> StoreResult<Vec<DeliveryRow>>;
+    /// Write rows, each replacing the stored row of its (agent, pack).
+    fn put_rows(&mut self, rows: &[DeliveryRow]) -> StoreResult<()>;
+    /// Delete the rows of these pairs.
+    fn delete_rows(&mut self, pairs: &[(String, PackKey)]) -> StoreResult<()>;
+    /// Forget what an agent staged (a restart dropped its staged copies).
+    fn clear_staged(&mut self, id: &str) -> StoreResult<()>;
+
+    // ---- appends
+
+    /// Store feedback of one journal (see `put_feedback` in [`crate::ops`]
+    /// for the rules: once per seq, a re-sent drop count kept when
+    /// larger, ids never reused).
+    fn put_feedback(&mut self, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored>;
+    /// Events for the other replicas, in order.
+    fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()>;
+    /// An operator action.
+    fn put_audit(&mut self, row: &AuditRow) -> StoreResult<()>;
+    /// Revocations not recorded yet, each with its audit records; the
+    /// serials recorded now.
+    fn revoke(&mut self, rows: &[(RevocationRow, Vec<AuditRow>)]) -> StoreResult<Vec<String>>;
+    /// Delete at most `max` records of `what` before `before`, oldest
+    /// first; how many went.
+    fn delete_before(&mut self, what: Grows, before: RefTime, max: u32) -> StoreResult<u64>;
+}
