@@ -9,11 +9,12 @@ use tokio::sync::{broadcast, mpsc};
 use crate::events::{AgentEventKind, Event};
 use crate::hub::{Hub, SessionCmd};
 use crate::tally::Tally;
+use crate::texts::{PackText, Specs};
 use crate::{metrics, pace};
 use baton_model::time::{self, RefTime, SignedDuration};
-use baton_model::{Binding, DeliveryRow, DeliveryState, EventKind, EventRow, PackVersionRow};
+use baton_model::{Binding, DeliveryRow, DeliveryState, EventKind, EventRow, PackKey};
 use baton_store::StoreOps;
-use baton_store::{Store, StoreError};
+use baton_store::{Store, StoreError, StoreResult};
 
 /// What an operation can fail with; each transport maps it to its own
 /// error (gRPC status, HTTP code). Messages never name what the caller
@@ -170,10 +171,12 @@ pub struct App {
     pub(crate) relay: Option<mpsc::Sender<EventRow>>,
     pub(crate) relay_rx: Mutex<Option<mpsc::Receiver<EventRow>>>,
     /// Per connected agent: its outbox backlog as its last clock report
-    /// said (entries, when: ns); dropped when its stream ends.
-    pub(crate) outbox: Mutex<HashMap<String, (u64, i64)>>,
+    /// said (entries, when); dropped when its stream ends.
+    pub(crate) outbox: Mutex<HashMap<String, (u64, RefTime)>>,
     /// Feedback already read of each open rollout stage's window.
     pub(crate) rollout_tallies: Mutex<HashMap<(baton_model::PackKey, u64, u32, RefTime), Tally>>,
+    /// The `rollout:` sections of the versions seen, parsed once each.
+    pub(crate) specs: Specs,
 }
 
 /// Events queued for the store at most; past it they are dropped and
@@ -224,6 +227,7 @@ impl App {
             relay,
             relay_rx: Mutex::new(relay_rx),
             rollout_tallies: Mutex::new(HashMap::new()),
+            specs: Specs::default(),
         })
     }
 
@@ -231,6 +235,17 @@ impl App {
     /// single controller, every agent) are not connected.
     pub async fn mark_all_disconnected(&self) -> AppResult<()> {
         Ok(self.store.all_disconnected().await?)
+    }
+
+    /// A stored version with its `rollout:` section parsed (once per
+    /// version; see [`crate::texts`]); `None`: not stored.
+    pub async fn pack_text(
+        &self,
+        key: &PackKey,
+        version: u64,
+    ) -> StoreResult<Option<Arc<PackText>>> {
+        let row = self.store.pack_version(key, Some(version)).await?;
+        Ok(row.map(|r| self.specs.text(r)))
     }
 
     /// The replica this process is, when replicas share the store.
@@ -341,7 +356,7 @@ impl App {
     /// Delivery rows changed by a decision: watchers see them, and each
     /// agent's stream acts on its own (with `pack` for the pushes it
     /// makes, so a push to a thousand agents reads the pack once).
-    pub fn delivered(&self, rows: &[DeliveryRow], pack: Option<&Arc<PackVersionRow>>) {
+    pub fn delivered(&self, rows: &[DeliveryRow], pack: Option<&Arc<PackText>>) {
         let mut by_agent: HashMap<&str, Vec<DeliveryRow>> = HashMap::new();
         for r in rows {
             self.row_changed(r);
@@ -400,16 +415,16 @@ impl App {
         (batches, pushes, self.hub.connected())
     }
 
-    /// An agent's outbox backlog as it reported it at `at_ns`.
-    pub fn record_outbox(&self, agent: &str, entries: u64, at_ns: i64) {
+    /// An agent's outbox backlog as it reported it at `at`.
+    pub fn record_outbox(&self, agent: &str, entries: u64, at: RefTime) {
         self.outbox
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(agent.to_string(), (entries, at_ns));
+            .insert(agent.to_string(), (entries, at));
     }
 
     /// The backlog an agent streaming here last reported: (entries, when).
-    pub fn outbox_of(&self, agent: &str) -> Option<(u64, i64)> {
+    pub fn outbox_of(&self, agent: &str) -> Option<(u64, RefTime)> {
         self.outbox
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -24,7 +24,8 @@ use tokio::sync::watch;
 use crate::app::App;
 use crate::events::{AgentEvent, AgentEventKind, Event};
 use crate::hub::SessionCmd;
-use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey, PackVersionRow};
+use crate::texts::PackText;
+use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey};
 use baton_store::StoreOps;
 use baton_store::{FeedbackFilter, MAX_PAGE, StoreResult};
 
@@ -201,7 +202,7 @@ struct Told {
     rows: HashMap<(String, PackKey), DeliveryRow>,
     /// Read once per version, not once per stream: a push through another
     /// replica to thousands of agents streaming here.
-    texts: HashMap<(PackKey, u64), Arc<PackVersionRow>>,
+    texts: HashMap<(PackKey, u64), Arc<PackText>>,
 }
 
 /// [`Told`] for `page`, in a few queries.
@@ -234,8 +235,8 @@ async fn read_told(app: &App, me: &str, page: &[EventRow]) -> StoreResult<Told> 
         .collect();
     let mut texts = HashMap::new();
     for (key, version) in versions {
-        if let Some(t) = app.store.pack_version(&key, Some(version)).await? {
-            texts.insert((key, version), Arc::new(t));
+        if let Some(t) = app.pack_text(&key, version).await? {
+            texts.insert((key, version), t);
         }
     }
     Ok(Told { rows, texts })

@@ -15,7 +15,9 @@ use std::sync::Mutex;
 
 use tokio::sync::mpsc;
 
-use baton_model::{DeliveryRow, PackVersionRow};
+use baton_model::{DeliveryRow, RefTime};
+
+use crate::texts::PackText;
 
 /// What the rest of the controller asks of an agent's stream.
 #[derive(Debug)]
@@ -27,7 +29,7 @@ pub enum SessionCmd {
         /// The rows as they are now.
         rows: Vec<DeliveryRow>,
         /// The version pushed, if any.
-        pack: Option<Arc<PackVersionRow>>,
+        pack: Option<Arc<PackText>>,
     },
     /// A newer stream for the same agent and journal took over: close.
     Replaced,
@@ -54,8 +56,8 @@ pub struct Conflict {
     pub refused_journal: String,
     /// How many streams were refused so far.
     pub refused: u64,
-    /// When the last was (ns since the epoch).
-    pub at_ns: i64,
+    /// When the last was.
+    pub at: RefTime,
 }
 
 /// The live streams, by agent id.
@@ -75,7 +77,7 @@ impl Hub {
         agent: &str,
         journal_id: &str,
         tx: mpsc::Sender<SessionCmd>,
-        at_ns: i64,
+        at: RefTime,
     ) -> Result<u64, Conflict> {
         let mut s = self.lock();
         if let Some(held) = s.get(agent)
@@ -87,12 +89,12 @@ impl Hub {
                 holder_journal: held.journal_id.clone(),
                 refused_journal: String::new(),
                 refused: 0,
-                at_ns,
+                at,
             });
             e.holder_journal = held.journal_id.clone();
             e.refused_journal = journal_id.to_string();
             e.refused += 1;
-            e.at_ns = at_ns;
+            e.at = at;
             return Err(e.clone());
         }
         let generation = self
@@ -190,9 +192,13 @@ mod tests {
         let (tx1, mut rx1) = mpsc::channel(4);
         let (tx2, mut rx2) = mpsc::channel(4);
         let (tx3, _rx3) = mpsc::channel(4);
-        let g1 = hub.register("a", "j1", tx1, 1).expect("first");
+        let g1 = hub
+            .register("a", "j1", tx1, RefTime::from_nanos(1))
+            .expect("first");
         // Another machine with the same id: refused, recorded.
-        let c = hub.register("a", "j2", tx3, 2).expect_err("duplicate");
+        let c = hub
+            .register("a", "j2", tx3, RefTime::from_nanos(2))
+            .expect_err("duplicate");
         assert_eq!((c.holder_journal.as_str(), c.refused), ("j1", 1));
         assert_eq!(
             hub.conflict("a").map(|c| c.refused_journal),
@@ -200,7 +206,9 @@ mod tests {
         );
         assert_eq!(hub.conflict("a").map(|c| c.refused), Some(1));
         // The same journal again: the agent reconnecting replaces it.
-        let g2 = hub.register("a", "j1", tx2, 3).expect("reconnect");
+        let g2 = hub
+            .register("a", "j1", tx2, RefTime::from_nanos(3))
+            .expect("reconnect");
         assert!(matches!(rx1.recv().await, Some(SessionCmd::Replaced)));
         // The old stream ending leaves the new one registered.
         assert!(!hub.unregister("a", g1));
@@ -212,6 +220,6 @@ mod tests {
         assert!(!hub.send("a", SessionCmd::Replaced));
         // Gone: another journal may take the id now.
         let (tx4, _rx4) = mpsc::channel(4);
-        assert!(hub.register("a", "j2", tx4, 4).is_ok());
+        assert!(hub.register("a", "j2", tx4, RefTime::from_nanos(4)).is_ok());
     }
 }

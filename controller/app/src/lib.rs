@@ -39,6 +39,7 @@ pub mod retention;
 pub mod revocations;
 pub mod rollouts;
 mod tally;
+pub mod texts;
 
 #[cfg(test)]
 mod tests;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use baton_proto::pack::{Pack, Targets, parse_pack};
 
 use crate::app::{App, AppError, AppResult, now};
+use crate::texts::PackText;
 
 use crate::caller::Caller;
 use baton_model::{
@@ -74,7 +75,7 @@ impl App {
     /// error positions.
     pub async fn push(&self, caller: &Caller, yaml: String, source: &str) -> AppResult<Pushed> {
         caller.may_change()?;
-        let pack = parse_pack(&yaml)
+        let mut pack = parse_pack(&yaml)
             .map_err(|e| AppError::Invalid(e.render(source).trim_end().to_string()))?;
         if !caller.sees(&pack.tenant) {
             return Err(AppError::Denied(format!(
@@ -87,7 +88,7 @@ impl App {
             .map_err(|e| AppError::Invalid(e.render(source).trim_end().to_string()))?;
         let targets = targets(&pack);
         self.check_targets(&pack.tenant, &targets).await?;
-        let row = Arc::new(PackVersionRow {
+        let row = PackVersionRow {
             tenant: pack.tenant.clone(),
             pack: pack.id.clone(),
             version: pack.version,
@@ -95,11 +96,16 @@ impl App {
             targets,
             pushed: now,
             rollout: pack.rollout.is_some(),
-        });
+        };
         let key = row.key();
-        let put = self.store.put_pack((*row).clone()).await?;
+        // Parsed once, here: the rollout driver and the staged pushes use
+        // this spec rather than the text.
+        let rollout = self.specs.keep(&key, row.version, pack.rollout.take());
+        let text = Arc::new(PackText { row, rollout });
+        let row = &text.row;
+        let put = self.store.put_pack(row.clone()).await?;
         let changed = self.store.reconcile_pack(&key, now).await?;
-        self.delivered(&changed, Some(&row));
+        self.delivered(&changed, Some(&text));
         let agents = self.holders(&key, Some(row.version), Intent::Hold).await?;
         tracing::info!(
             pack = %key,

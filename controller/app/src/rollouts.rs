@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::tally::Acc;
-use baton_proto::pack::parse_pack;
 use baton_proto::pack::rollout::Rollout;
+use baton_proto::pack::with_version;
 use tokio::sync::watch;
 
 use crate::app::{App, AppError, AppResult, now};
@@ -90,16 +90,15 @@ fn rollout_agent(
     }
 }
 
-/// The pack's `rollout:` section of `version`, from its stored text.
-async fn spec_of(app: &App, key: &PackKey, version: u64) -> AppResult<Rollout> {
+/// The pack's `rollout:` section of `version` (parsed once per version,
+/// see [`crate::texts`]).
+async fn spec_of(app: &App, key: &PackKey, version: u64) -> AppResult<Arc<Rollout>> {
     let text = app
-        .store
-        .pack_version(key, Some(version))
+        .pack_text(key, version)
         .await?
         .ok_or_else(|| AppError::NotFound(format!("{key} v{version} is not stored")))?;
-    parse_pack(&text.yaml)
-        .ok()
-        .and_then(|p| p.rollout)
+    text.rollout
+        .clone()
         .ok_or_else(|| AppError::Invalid(format!("{key} v{version} has no valid rollout: section")))
 }
 
@@ -312,7 +311,7 @@ impl App {
         };
         // Stored: the sessions act on it first, whatever happens to the
         // audit records after.
-        self.delivered(&changed, republish.map(Arc::new).as_ref());
+        self.delivered(&changed, republish.map(|r| self.specs.text(r)).as_ref());
         for line in &said {
             tracing::info!(pack = %key, version = row.version, "rollout: {line}");
             let audit = AuditRow {
@@ -352,9 +351,10 @@ impl App {
             .await?
             .map_or(row.version, |p| p.version);
         let version = latest.max(row.version) + 1;
-        let yaml = with_version(&old.yaml, version).ok_or_else(|| {
+        let yaml = with_version(&old.yaml, version).map_err(|e| {
             AppError::Invalid(format!(
-                "{key} v{from}'s text has no top-level `version:` line to rewrite"
+                "{key} v{from} cannot be numbered v{version}: {}",
+                e.render("its text").trim_end()
             ))
         })?;
         Ok(Some(PackVersionRow {
@@ -528,33 +528,6 @@ impl RolloutCommand {
     }
 }
 
-/// `yaml` with its top-level `version:` set to `version`, if it has such
-/// a line (block style, as every pack this project shows is written).
-/// The result is parsed again by the caller's store path (the agents
-/// parse every pack), and checked here to name that version.
-pub fn with_version(yaml: &str, version: u64) -> Option<String> {
-    let mut done = false;
-    let mut out = String::with_capacity(yaml.len() + 8);
-    for line in yaml.split_inclusive('\n') {
-        let rest = line.strip_prefix("version:");
-        match rest {
-            Some(rest) if !done => {
-                let comment = rest.find('#').map(|i| &rest[i..]).unwrap_or("");
-                let eol = if line.ends_with('\n') { "\n" } else { "" };
-                out.push_str(&format!("version: {version}"));
-                if !comment.is_empty() {
-                    out.push_str(&format!("  {}", comment.trim_end()));
-                }
-                out.push_str(eol);
-                done = true;
-            }
-            _ => out.push_str(line),
-        }
-    }
-    let parsed = parse_pack(&out).ok()?;
-    (done && parsed.version == version).then_some(out)
-}
-
 /// Step open rollouts every [`TICK`] until `stop`.
 pub async fn run(app: Arc<App>, mut stop: watch::Receiver<bool>) {
     loop {
@@ -565,28 +538,5 @@ pub async fn run(app: Arc<App>, mut stop: watch::Receiver<bool>) {
         if let Err(e) = app.step_rollouts().await {
             tracing::warn!("rollouts not stepped: {e}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_version_line_is_rewritten_and_nothing_else() {
-        let y =
-            "pack: p\nversion: 3 # third\ninstructions:\n  - {id: a, action: noop, every: 1s}\n";
-        let out = with_version(y, 9).expect("rewritten");
-        assert_eq!(
-            out,
-            "pack: p\nversion: 9  # third\ninstructions:\n  - {id: a, action: noop, every: 1s}\n"
-        );
-        assert!(
-            with_version(
-                "{pack: p, version: 3, instructions: [{id: a, action: noop, every: 1s}]}",
-                4
-            )
-            .is_none()
-        );
     }
 }

@@ -84,7 +84,7 @@ fn agent_summary(v: AgentView) -> wire::AgentSummary {
                     if c.refused == 1 { "" } else { "s" },
                     c.refused_journal,
                     c.holder_journal,
-                    baton_proto::RefTime::from_nanos(c.at_ns)
+                    c.at
                 )
             })
             .unwrap_or_default(),

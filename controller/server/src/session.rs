@@ -88,7 +88,7 @@ where
     let (cmd_tx, cmd_rx) = mpsc::channel(64);
     let generation = match app
         .hub
-        .register(&agent_id, &hello.journal_id, cmd_tx, now_ns())
+        .register(&agent_id, &hello.journal_id, cmd_tx, now())
     {
         Ok(g) => g,
         Err(c) => {

@@ -57,6 +57,7 @@ mod occurrence;
 pub mod rollout;
 #[cfg(feature = "schema")]
 pub mod schema;
+mod version;
 
 pub use dag::{dependents, upstream};
 pub use decode::{
@@ -65,6 +66,7 @@ pub use decode::{
 };
 pub use error::{PackError, PackErrors};
 pub use model::*;
+pub use version::with_version;
 
 use crate::yaml::{self, Limits, Pos};
 

@@ -42,9 +42,10 @@ use super::events::{AgentEvent, AgentEventKind, Event};
 use super::hub::SessionCmd;
 use super::metrics::{AgentClock, PushResult};
 use super::pace::{Pace, TokenBucket};
+use crate::texts::PackText;
 use baton_model::{
     AgentRow, Binding, ClockRow, DeliveryRow, ErrorRow, FeedbackRow, FeedbackStored, HeldPackRow,
-    PackKey, PackVersionRow, RefTime, SignedDuration, SpanNanos,
+    PackKey, RefTime, SignedDuration, SpanNanos,
 };
 use baton_store::{AnswerRow, HelloRow};
 
@@ -184,7 +185,7 @@ pub enum Done {
     /// [`Effect::Agent`].
     Agent(Option<Box<AgentRow>>),
     /// [`Effect::Pack`].
-    Pack(Option<Arc<PackVersionRow>>),
+    Pack(Option<Arc<PackText>>),
 }
 
 /// What a session asks the controller to do.
@@ -219,7 +220,7 @@ pub enum ToAgent {
     /// controller-wide push token before sending it.
     Push {
         /// The pack version.
-        pack: Arc<PackVersionRow>,
+        pack: Arc<PackText>,
         /// The stream's generation.
         session_gen: u64,
         /// Staged rather than run.
@@ -416,7 +417,7 @@ pub struct Session {
     /// The agent's delivery rows, by pack, as the store last said.
     rows: BTreeMap<PackKey, DeliveryRow>,
     /// The pack texts pushed to it recently (a push command carries one).
-    texts: HashMap<PackKey, Arc<PackVersionRow>>,
+    texts: HashMap<PackKey, Arc<PackText>>,
     in_flight: HashMap<PackKey, InFlight>,
     /// Highest feedback seq stored of this stream's journal.
     last_seq: u64,
@@ -637,7 +638,7 @@ impl Session {
         match c {
             SessionCmd::Rows { rows, pack } => {
                 if let Some(p) = pack {
-                    self.texts.insert(p.key(), p);
+                    self.texts.insert(p.row.key(), p);
                 }
                 for r in rows {
                     let key = r.key();

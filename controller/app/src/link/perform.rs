@@ -79,9 +79,7 @@ impl App {
             }
             Effect::Rows => Done::Rows(s.deliveries_of_agent(agent).await?),
             Effect::Agent => Done::Agent(s.agent(agent).await?.map(Box::new)),
-            Effect::Pack { key, version } => {
-                Done::Pack(s.pack_version(&key, Some(version)).await?.map(Arc::new))
-            }
+            Effect::Pack { key, version } => Done::Pack(self.pack_text(&key, version).await?),
         })
     }
 
@@ -99,7 +97,7 @@ impl App {
             Note::FeedbackStored(s) => m.feedback(s.inserted, s.duplicates),
             Note::Lateness(ns) => self.record_lateness(agent, ns.into_iter()),
             Note::Clock(c) => m.clock(agent, c),
-            Note::Outbox { entries, at } => self.record_outbox(agent, entries, at.as_nanos()),
+            Note::Outbox { entries, at } => self.record_outbox(agent, entries, at),
         }
     }
 

@@ -9,8 +9,9 @@ use baton_proto::wire;
 
 use super::{Effect, Note, Now, Session, ToAgent, Wait};
 use crate::metrics::PushResult;
+use crate::texts::PackText;
 use baton_model::planner::{self, Action as Planned};
-use baton_model::{Answer, ErrorRow, PackKey, PackVersionRow, RefTime, Refusal, SignedDuration};
+use baton_model::{Answer, ErrorRow, PackKey, RefTime, Refusal, SignedDuration};
 use baton_store::AnswerRow;
 
 /// A push without an answer this long is sent again at the next resync.
@@ -113,7 +114,7 @@ impl Session {
         let Some(version) = pushed_version(*action) else {
             return;
         };
-        match self.texts.get(key).filter(|t| t.version == version) {
+        match self.texts.get(key).filter(|t| t.row.version == version) {
             Some(t) => {
                 let t = t.clone();
                 self.send_push(now, work, t);
@@ -130,7 +131,7 @@ impl Session {
 
     /// A pack text read for `work`: sent, or nothing when the store no
     /// longer has it (a withdrawn pack it lost).
-    pub(super) fn text_read(&mut self, now: Now, work: Work, text: Option<Arc<PackVersionRow>>) {
+    pub(super) fn text_read(&mut self, now: Now, work: Work, text: Option<Arc<PackText>>) {
         let (Work::Push { key, .. }, Some(t)) = (&work, text) else {
             return;
         };
@@ -138,7 +139,7 @@ impl Session {
         self.send_push(now, work, t);
     }
 
-    fn send_push(&mut self, now: Now, work: Work, pack: Arc<PackVersionRow>) {
+    fn send_push(&mut self, now: Now, work: Work, pack: Arc<PackText>) {
         let Work::Push {
             key,
             action,
@@ -157,7 +158,7 @@ impl Session {
         // controller names no instant to an agent whose last report was
         // less certain, but that report is seconds old).
         let max_uncertainty = if staged {
-            max_uncertainty(&pack.yaml)
+            pack.max_uncertainty()
         } else {
             SignedDuration::ZERO
         };
@@ -334,14 +335,4 @@ fn pushed_version(a: Planned) -> Option<u64> {
         Planned::Push(v) | Planned::Stage(v) | Planned::Switch(v, _) => Some(v),
         Planned::Cancel(_) => None,
     }
-}
-
-/// A rollout's `max_uncertainty` (zero: none, the agent's own limit).
-fn max_uncertainty(yaml: &str) -> SignedDuration {
-    baton_proto::pack::parse_pack(yaml)
-        .ok()
-        .and_then(|p| p.rollout)
-        .map_or(SignedDuration::ZERO, |r| {
-            SignedDuration::try_from(r.max_uncertainty).unwrap_or(SignedDuration::MAX)
-        })
 }

@@ -11,7 +11,8 @@ use baton_proto::wire;
 use proptest::prelude::*;
 
 use super::*;
-use baton_model::{DeliveryState, Held, Intent, TargetsRow};
+use crate::texts::PackText;
+use baton_model::{DeliveryState, Held, Intent, PackVersionRow, TargetsRow};
 
 const PING: Duration = Duration::from_secs(10);
 
@@ -37,8 +38,8 @@ fn pending(pack: &str, version: u64) -> DeliveryRow {
     }
 }
 
-fn text(pack: &str, version: u64) -> Arc<PackVersionRow> {
-    Arc::new(PackVersionRow {
+fn text(pack: &str, version: u64) -> Arc<PackText> {
+    let row = PackVersionRow {
         tenant: "default".into(),
         pack: pack.into(),
         version,
@@ -46,7 +47,8 @@ fn text(pack: &str, version: u64) -> Arc<PackVersionRow> {
         targets: TargetsRow::default(),
         pushed: RefTime::from_nanos(0),
         rollout: false,
-    })
+    };
+    Arc::new(PackText { row, rollout: None })
 }
 
 fn entry(seq: u64, pack: &str) -> FeedbackRow {
@@ -326,7 +328,7 @@ fn pushes(a: &[Action]) -> Vec<(String, u64)> {
     sends(a)
         .into_iter()
         .filter_map(|m| match m {
-            ToAgent::Push { pack, .. } => Some((pack.pack.clone(), pack.version)),
+            ToAgent::Push { pack, .. } => Some((pack.row.pack.clone(), pack.row.version)),
             _ => None,
         })
         .collect()

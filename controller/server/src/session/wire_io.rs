@@ -86,8 +86,12 @@ pub(super) fn to_wire(m: ToAgent) -> Out {
             activate_at,
             max_uncertainty,
         } => Out::PackPush(wire::PackPush {
-            pack: Some(convert::wire_ref(&pack.tenant, &pack.pack, pack.version)),
-            yaml: pack.yaml.clone(),
+            pack: Some(convert::wire_ref(
+                &pack.row.tenant,
+                &pack.row.pack,
+                pack.row.version,
+            )),
+            yaml: pack.row.yaml.clone(),
             session_gen,
             staged,
             activate_at_ns: activate_at.map_or(0, RefTime::as_nanos),

@@ -102,7 +102,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                 div { dt { "Lateness p99" } dd { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } } }
                 div { dt { "Outbox backlog" } dd #outbox {
                     @match web.app.outbox_of(&a.id) {
-                        Some((n, at)) => { (n) " entr" @if n == 1 { "y" } @else { "ies" } " not yet acknowledged (" (ago(at, now)) ")" }
+                        Some((n, at)) => { (n) " entr" @if n == 1 { "y" } @else { "ies" } " not yet acknowledged (" (ago(at.as_nanos(), now)) ")" }
                         None => { "not reported (agent offline, on another replica, or older than this controller)" }
                     }
                 } }
