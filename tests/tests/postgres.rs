@@ -210,6 +210,72 @@ fn migrate_moves_a_single_node_site_into_postgres_once() {
     resumes_once(&c, &before, "the move to PostgreSQL");
 }
 
+/// `migrate` into a database another store already uses is refused, and
+/// copies nothing: a controller ran on it (an agent, its journal, its
+/// feedback, an audit row), then a different embedded site is migrated
+/// into it. Its rows would take ids the database has given to others
+/// (another agent's journal among them): the run exits 1 naming what
+/// differs, and the database holds what it held.
+#[test]
+fn migrate_into_a_database_in_use_is_refused_and_copies_nothing() {
+    let Some(url) = baton_testpg::fresh_database() else {
+        return;
+    };
+    let used = tempfile::tempdir().expect("tempdir");
+    let mut c = start_controller_args(&used.path().join("ctl"), "127.0.0.1:0", &["--store", &url]);
+    let _agent = agent_with_pack(used.path(), &c);
+    assert!(wait_until(WAIT, || ids(&c, "p").len() >= 5), "{}", c.log());
+    c.kill9();
+
+    let site = tempfile::tempdir().expect("tempdir");
+    let data = site.path().join("ctl");
+    let mut other = start_controller(&data, "127.0.0.1:0");
+    let _other_agent = agent_with_pack(site.path(), &other);
+    assert!(
+        wait_until(WAIT, || ids(&other, "p").len() >= 5),
+        "{}",
+        other.log()
+    );
+    other.kill9();
+
+    let probe = start_controller_args(
+        &used.path().join("probe"),
+        "127.0.0.1:0",
+        &["--store", &url],
+    );
+    let held = ids(&probe, "p");
+    drop(probe);
+    let o = run(
+        Command::new(bin("baton-controller"))
+            .args(["migrate", "--from"])
+            .arg(&data)
+            .args(["--to", &url]),
+        WAIT,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "migrate into a used database: {err}"
+    );
+    assert!(
+        err.contains("already holds another store's data") && err.contains("journals"),
+        "{err}"
+    );
+    let probe = start_controller_args(
+        &used.path().join("probe"),
+        "127.0.0.1:0",
+        &["--store", &url],
+    );
+    let after = ids(&probe, "p");
+    let set = |v: &[String]| v.iter().cloned().collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(
+        set(&after),
+        set(&held),
+        "the refused migrate changed the database"
+    );
+}
+
 /// `ca init` in `dir`: ca.pem, server.pem, server-key.pem for 127.0.0.1.
 fn ca(dir: &std::path::Path) -> std::path::PathBuf {
     let o = run(

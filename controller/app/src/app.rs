@@ -57,6 +57,7 @@ impl From<StoreError> for AppError {
             // store set up wrong it does not, but the caller can do nothing
             // else either: the operator of the controller must look.
             StoreError::Unavailable { .. }
+            | StoreError::Contended(_)
             | StoreError::Closed
             | StoreError::Fenced { .. }
             | StoreError::IdInUse { .. }

@@ -3,14 +3,14 @@
 //! Every replica writes what its watchers and the other replicas' streams
 //! must learn (a delivery row changed, an agent connected, left, reported
 //! its clock) as pointer rows in the store's `events` table ([`relay`]),
-//! and reads every replica's back, in id order, from where it started
-//! ([`follow`]). Ids are handed out in commit order (the store's writes
-//! hold one lock to their commit), so a follower paging by id cannot skip a
-//! row committed late. Watchers on any replica thus see every replica's
-//! events, once; and an agent's stream hears of a push made through
-//! another replica within a poll ([`FOLLOW_EVERY`]), not at its next
-//! resync. Feedback is followed from the feedback table itself (its ids are
-//! in commit order too), and only while someone watches.
+//! and reads every replica's back, in [`Mark`] order, from where it
+//! started ([`follow`]): replicas write in parallel, and a row committed
+//! late is read once every older transaction has ended, never skipped.
+//! Watchers on any replica thus see every replica's events, once; and an
+//! agent's stream hears of a push made through another replica within a
+//! poll ([`FOLLOW_EVERY`]), not at its next resync. Feedback is followed
+//! from the feedback table itself, the same way, and only while someone
+//! watches.
 //!
 //! A follower reads rows as they are when it reads them: a delivery that
 //! went pending → acked in between is seen acked twice.
@@ -27,7 +27,7 @@ use crate::hub::SessionCmd;
 use crate::texts::PackText;
 use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey};
 use baton_store::StoreOps;
-use baton_store::{FeedbackFilter, MAX_PAGE, StoreResult};
+use baton_store::{MAX_PAGE, Mark, StoreResult};
 
 /// After stop, the relay ends once nothing was queued this long.
 const STOP_QUIET: Duration = Duration::from_millis(300);
@@ -82,8 +82,8 @@ pub async fn relay(app: Arc<App>, mut stop: watch::Receiver<bool>) {
 /// Where a follower is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Cursor {
-    events: u64,
-    feedback: u64,
+    events: Mark,
+    feedback: Mark,
 }
 
 /// Reads every replica's events (and, while watched, the feedback stored)
@@ -152,31 +152,24 @@ async fn follow_from(app: Arc<App>, mut at: Option<Cursor>, mut stop: watch::Rec
 /// Everything new after `at`; where that leaves the cursor.
 async fn step(app: &App, me: &str, mut at: Cursor) -> StoreResult<Cursor> {
     loop {
-        let page = app.store.events_after(at.events, MAX_PAGE).await?;
+        let (page, next) = app.store.events_after(at.events, MAX_PAGE).await?;
         let read = read_told(app, me, &page).await?;
         for e in &page {
             told(app, me, e, &read).await?;
-            at.events = e.id;
         }
+        at.events = next;
         if page.len() < MAX_PAGE as usize {
             break;
         }
     }
     if app.watched() {
         loop {
-            let rows = app
-                .store
-                .feedback(FeedbackFilter {
-                    after_id: at.feedback,
-                    limit: MAX_PAGE,
-                    ..Default::default()
-                })
-                .await?;
+            let (rows, next) = app.store.feedback_after(at.feedback, MAX_PAGE).await?;
             let full = rows.len() == MAX_PAGE as usize;
             for r in rows {
-                at.feedback = r.id;
                 app.broadcast(Event::Feedback(Arc::new(r)));
             }
+            at.feedback = next;
             if !full {
                 break;
             }

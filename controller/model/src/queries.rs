@@ -95,3 +95,17 @@ pub fn page(limit: u32, max: u32) -> u32 {
         limit
     }
 }
+
+/// Where a follower is in a table that writers append to in parallel
+/// (events, feedback): after the row stamped `(txid, id)`. Rows are read in
+/// that order and only once every transaction that could still add a row
+/// before them has ended, so a row committed late is never skipped and
+/// none is read twice. A backend whose writes commit in id order (one
+/// writer) keeps `txid` at 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Mark {
+    /// The writing transaction's id (0 where ids are in commit order).
+    pub txid: u64,
+    /// The row's id.
+    pub id: u64,
+}

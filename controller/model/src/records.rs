@@ -664,7 +664,8 @@ impl EventKind {
 /// through the store: a pointer to the state that changed, not a copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventRow {
-    /// Store-assigned, in commit order (0 before it is stored).
+    /// Store-assigned (0 before it is stored); with replicas writing in
+    /// parallel, not in commit order: followers read by [`crate::Mark`].
     pub id: u64,
     /// The replica it happened on.
     pub replica: String,

@@ -49,9 +49,10 @@ pub struct WriterStats {
 /// A write command, type-erased so one channel carries them all; `C` is
 /// what it runs on.
 pub(crate) trait Job<C: ?Sized>: Send {
-    /// Runs inside the batch transaction; `Err` (its error, as text) if
-    /// it failed, and its savepoint is then rolled back.
-    fn run(&mut self, conn: &C) -> Result<(), String>;
+    /// Runs inside the batch transaction; `Err` if it failed (its
+    /// savepoint is then rolled back): `Err(true)` when the database
+    /// aborted it for a conflicting transaction, and it may run again.
+    fn run(&mut self, conn: &C) -> Result<(), bool>;
     /// Tells the caller: its own result if the batch committed, else the
     /// batch's error.
     fn answer(self: Box<Self>, batch: Result<(), &StoreError>);
@@ -82,7 +83,7 @@ enum Msg<C: ?Sized> {
 }
 
 struct Call<T, F> {
-    f: Option<F>,
+    f: F,
     out: Option<StoreResult<T>>,
     reply: oneshot::Sender<StoreResult<T>>,
 }
@@ -91,16 +92,13 @@ impl<C, T, F> Job<C> for Call<T, F>
 where
     C: ?Sized,
     T: Send,
-    F: FnOnce(&C) -> StoreResult<T> + Send,
+    F: FnMut(&C) -> StoreResult<T> + Send,
 {
-    fn run(&mut self, conn: &C) -> Result<(), String> {
-        let out = match self.f.take() {
-            Some(f) => f(conn),
-            None => Err(StoreError::corrupt("the store writer", "a write ran twice")),
-        };
+    fn run(&mut self, conn: &C) -> Result<(), bool> {
+        let out = (self.f)(conn);
         let status = match &out {
             Ok(_) => Ok(()),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(matches!(e, StoreError::Contended(_))),
         };
         self.out = Some(out);
         status
@@ -177,7 +175,7 @@ impl<C: ?Sized + 'static> Writer<C> {
     pub async fn write<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&C) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&C) -> StoreResult<T> + Send + 'static,
     {
         self.submit(Msg::Job, f).await
     }
@@ -186,7 +184,7 @@ impl<C: ?Sized + 'static> Writer<C> {
     pub async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&C) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&C) -> StoreResult<T> + Send + 'static,
     {
         self.submit(Msg::Background, f).await
     }
@@ -195,12 +193,12 @@ impl<C: ?Sized + 'static> Writer<C> {
     async fn submit<T, F>(&self, kind: fn(Box<dyn Job<C>>) -> Msg<C>, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&C) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&C) -> StoreResult<T> + Send + 'static,
     {
         let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
-            f: Some(f),
+            f,
             out: None,
             reply,
         });

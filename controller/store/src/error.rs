@@ -103,6 +103,11 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The database aborted the transaction for a conflicting one (a
+    /// deadlock between decisions' locks, a serialization failure):
+    /// nothing of it was written, and it may be run again at once.
+    #[error("{0}")]
+    Contended(String),
     /// The store cannot be used as it is set up (its URL, its TLS files, a
     /// collation, a schema newer than this build, a filesystem that
     /// refuses WAL): an operator must fix it; trying again will not help.
@@ -160,6 +165,7 @@ impl StoreError {
                 detail: detail.clone(),
             },
             StoreError::Unusable(m) => StoreError::Unusable(m.clone()),
+            StoreError::Contended(m) => StoreError::Contended(m.clone()),
             StoreError::Closed => StoreError::Closed,
             other => StoreError::unavailable("write batch", other.to_string()),
         }
@@ -168,7 +174,10 @@ impl StoreError {
     /// Whether the same request may succeed if tried again (the database,
     /// not the request, failed).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Unavailable { .. } | StoreError::Closed)
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::Closed | StoreError::Contended(_)
+        )
     }
 }
 

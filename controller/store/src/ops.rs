@@ -143,7 +143,7 @@ pub trait StoreOps: Store {
     /// Returns the rows that changed.
     async fn reconcile_pack(&self, key: &PackKey, at: RefTime) -> StoreResult<Vec<DeliveryRow>> {
         let key = key.clone();
-        transact(self, move |tx| decide::replan_pack(tx, &key, at)).await
+        transact(self, move |tx| decide::reconcile(tx, &key, at)).await
     }
 
     /// Apply a rollout change if no other writer stepped the rollout first

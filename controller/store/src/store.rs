@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use baton_model::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, PackKey, PackSummaryRow, PackVersionRow, RefTime, RevocationRow,
-    RolloutRow,
+    FeedbackFilter, FeedbackRow, Mark, PackKey, PackSummaryRow, PackVersionRow, RefTime,
+    RevocationRow, RolloutRow,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -112,13 +112,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// One page of stored feedback, in storage order (which for one agent
     /// is its sequence order).
     async fn feedback(&self, filter: FeedbackFilter) -> StoreResult<Vec<FeedbackRow>>;
-    /// One page of events stored after `after_id`, by id: ids are handed
-    /// out in commit order, so paging by id never skips one committed
-    /// late.
-    async fn events_after(&self, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>>;
-    /// The highest event id and feedback id stored (0: none): where a
-    /// replica starting to follow begins.
-    async fn high_water(&self) -> StoreResult<(u64, u64)>;
+    /// One page of events after `after`, in [`Mark`] order, and the mark
+    /// after it: a row committed late by a parallel writer is never
+    /// skipped (see [`Mark`]).
+    async fn events_after(&self, after: Mark, limit: u32) -> StoreResult<(Vec<EventRow>, Mark)>;
+    /// One page of feedback after `after`, in [`Mark`] order (not the
+    /// storage order of [`Store::feedback`]'s pages), and the mark after
+    /// it: what a follower reads.
+    async fn feedback_after(
+        &self,
+        after: Mark,
+        limit: u32,
+    ) -> StoreResult<(Vec<FeedbackRow>, Mark)>;
+    /// Where a follower starting now begins, for events and for feedback:
+    /// after everything committed.
+    async fn high_water(&self) -> StoreResult<(Mark, Mark)>;
     /// Every revoked serial recorded, by serial.
     async fn revocations(&self) -> StoreResult<Vec<RevocationRow>>;
     /// Audit records at or after `since` (of one tenant, or all), oldest

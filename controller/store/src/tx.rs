@@ -49,6 +49,27 @@ pub trait Tx {
     /// How decisions bind agents to tenants (the store's setting).
     fn binding(&self) -> Binding;
 
+    // ---- serialization with other writers
+
+    /// Whether other writers run decisions in parallel with this one
+    /// (replicas on one database), so decisions must take the locks
+    /// below; a store with one writer serializes them already.
+    fn locking(&self) -> bool {
+        false
+    }
+    /// Hold, to the end of the transaction, the lock of decisions about
+    /// agent `id` (exclusive). Taken before any tenant's.
+    fn lock_agent(&mut self, _id: &str) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Hold, to the end of the transaction, the locks of these tenants'
+    /// packs: shared by a decision about an agent (whose packs are in
+    /// them), exclusive by a decision about one pack of theirs (a push, a
+    /// cancel, a rollout's step). Taken in a sorted order.
+    fn lock_tenants(&mut self, _tenants: &[&str], _exclusive: bool) -> StoreResult<()> {
+        Ok(())
+    }
+
     // ---- agents
 
     /// One agent, with its tenants.

@@ -137,6 +137,22 @@ impl PgConn {
     }
 }
 
+/// A failed statement as the store's error: a transaction the server
+/// aborted for a conflicting one (deadlock, serialization failure) is
+/// [`StoreError::Contended`], to be run again; anything else unavailable.
+fn pg_failed(what: &str, sql: &str, e: &postgres::Error) -> StoreError {
+    use postgres::error::SqlState;
+    match e.code() {
+        Some(c)
+            if *c == SqlState::T_R_DEADLOCK_DETECTED
+                || *c == SqlState::T_R_SERIALIZATION_FAILURE =>
+        {
+            StoreError::Contended(format!("{what}: {}", detailed(e)))
+        }
+        _ => failed(what, sql, detailed(e)),
+    }
+}
+
 /// The server's own message when there is one (the driver's `Display`
 /// says only "db error").
 pub(super) fn detailed(e: &postgres::Error) -> String {
@@ -162,7 +178,7 @@ impl Db for PgConn {
             .client
             .borrow_mut()
             .query(&stmt, &as_sql(params))
-            .map_err(|e| failed("run a query", sql, detailed(&e)))?;
+            .map_err(|e| pg_failed("run a query", sql, &e))?;
         for row in &rows {
             each(row)?;
         }
@@ -174,6 +190,6 @@ impl Db for PgConn {
         self.client
             .borrow_mut()
             .execute(&stmt, &as_sql(params))
-            .map_err(|e| failed("run a statement", sql, detailed(&e)))
+            .map_err(|e| pg_failed("run a statement", sql, &e))
     }
 }

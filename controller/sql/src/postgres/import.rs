@@ -15,8 +15,8 @@ use std::path::Path;
 use rusqlite::types::ValueRef;
 
 use super::conn::{PgConn, detailed};
-use super::{Target, WRITE_LOCK, connect, migrate};
-use crate::sql::db::{Db, Param, params, run};
+use super::{Target, connect, migrate};
+use crate::sql::db::{Db, Param, query_first, run};
 use crate::sqlite::SqliteStore;
 use baton_store::{Binding, StoreError, StoreResult};
 
@@ -49,6 +49,16 @@ pub struct Copied {
     pub tables: Vec<(String, u64, u64)>,
 }
 
+/// A table's rows the target holds already, and how many of them hold
+/// something else there than in the source (another site's, under the
+/// same key).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Copy {
+    read: u64,
+    new: u64,
+    differ: u64,
+}
+
 /// Copies `dir/controller.db` into the database `target`. The source is
 /// brought to this build's schema first (as `serve` would), the target
 /// too. Blocking.
@@ -75,16 +85,30 @@ pub fn copy_from_sqlite(dir: &Path, target: &Target) -> StoreResult<Copied> {
     };
     batch("BEGIN")?;
     let copied = (|| {
-        run(
-            &target,
-            "take the write lock",
-            "SELECT pg_advisory_xact_lock(?1)",
-            params![WRITE_LOCK],
-        )?;
+        // Replicas already running on the target write nothing meanwhile
+        // (they read on, and their writes wait for the commit).
+        batch(&format!(
+            "LOCK TABLE {} IN EXCLUSIVE MODE",
+            TABLES.join(", ")
+        ))?;
         let mut out = Copied::default();
+        let mut differ = Vec::new();
         for table in TABLES {
-            let (read, new) = copy_table(&source, &target, table)?;
-            out.tables.push(((*table).to_owned(), read, new));
+            let c = copy_table(&source, &target, table)?;
+            out.tables.push(((*table).to_owned(), c.read, c.new));
+            if c.differ > 0 {
+                differ.push(format!("{table}: {} of {} rows", c.differ, c.read));
+            }
+        }
+        // A row is copied, or the target holds the very same row (this
+        // site migrated before): anything else would lose the source's
+        // row, or mix two sites. Nothing is copied then.
+        if !differ.is_empty() {
+            return Err(StoreError::Unusable(format!(
+                "the target database already holds another store's data under the same keys \
+                 ({}); nothing was copied: migrate into an empty database",
+                differ.join(", ")
+            )));
         }
         for table in NUMBERED {
             run(
@@ -111,12 +135,10 @@ pub fn copy_from_sqlite(dir: &Path, target: &Target) -> StoreResult<Copied> {
     }
 }
 
-/// One table's rows, by its own columns; (read, new).
-fn copy_table(
-    source: &rusqlite::Connection,
-    target: &PgConn,
-    table: &str,
-) -> StoreResult<(u64, u64)> {
+/// One table's rows, by its own columns: each inserted, or found as it is
+/// in the target already (the same site migrated before), or counted as
+/// differing.
+fn copy_table(source: &rusqlite::Connection, target: &PgConn, table: &str) -> StoreResult<Copy> {
     let fail = |e: rusqlite::Error| StoreError::unavailable(format!("read {table}"), e);
     let mut stmt = source
         .prepare(&format!("SELECT * FROM {table}"))
@@ -134,8 +156,16 @@ fn copy_table(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let same = format!(
+        "SELECT 1 AS same FROM {table} WHERE ROW({}) IS NOT DISTINCT FROM ROW({}) LIMIT 1",
+        columns.join(", "),
+        (1..=columns.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let mut rows = stmt.query([]).map_err(fail)?;
-    let (mut read, mut new) = (0u64, 0u64);
+    let mut out = Copy::default();
     while let Some(row) = rows.next().map_err(fail)? {
         // Text is borrowed by the parameters: read it all first.
         let mut cells: Vec<(ValueRef<'_>, Option<String>)> = Vec::with_capacity(columns.len());
@@ -166,8 +196,12 @@ fn copy_table(
                 _ => Param::Null,
             })
             .collect();
-        read += 1;
-        new += target.execute(&insert, &values)?;
+        out.read += 1;
+        let inserted = target.execute(&insert, &values)?;
+        out.new += inserted;
+        if inserted == 0 && query_first(target, &same, &values, |_| Ok(()))?.is_none() {
+            out.differ += 1;
+        }
     }
-    Ok((read, new))
+    Ok(out)
 }

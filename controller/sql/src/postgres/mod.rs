@@ -51,9 +51,6 @@ pub use lease::LeaseConfig;
 /// Commands per transaction at most (see the module doc).
 pub const MAX_BATCH: usize = 64;
 
-/// The advisory lock every write batch holds to its commit.
-const WRITE_LOCK: i64 = 0x6261_746f_6e57; // "batonW"
-
 /// The advisory lock migrations run under (replicas starting together).
 const MIGRATION_LOCK: i64 = 0x6261_746f_6e4d; // "batonM"
 
@@ -187,7 +184,9 @@ impl PgStore {
         let conn = PgConn::new(connect(target)?);
         check_collation(&conn)?;
         migrate(&conn)?;
+        let idle_limit = lease.ttl;
         let lease = Arc::new(Lease::start(&conn, target, lease)?);
+        bound_idle_transactions(&conn, idle_limit)?;
         let readers = Arc::new(ReadPool {
             target: target.clone(),
             idle: Mutex::new(Vec::new()),
@@ -197,6 +196,7 @@ impl PgStore {
             conn: Some(conn),
             lease: Arc::clone(&lease),
             open: false,
+            idle_limit,
         };
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
         Ok(PgStore {
@@ -248,18 +248,33 @@ impl Engine for PgStore {
         lease::db_now_us
     }
 
-    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    fn horizon(&self) -> crate::sql::Horizon {
+        |db| {
+            query_first(
+                db,
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS h",
+                &[],
+                |r| col(r, "h"),
+            )
+        }
+    }
+
+    fn locks(&self) -> bool {
+        true
+    }
+
+    async fn write<T, F>(&self, mut f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         self.writer.write(move |c: &PgConn| f(c)).await
     }
 
-    async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
+    async fn write_background<T, F>(&self, mut f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         self.writer.write_background(move |c: &PgConn| f(c)).await
     }
@@ -282,6 +297,48 @@ struct PgBatches {
     /// A transaction was begun on `conn` and not ended (`recover` rolls
     /// it back).
     open: bool,
+    /// How long the server lets a batch's transaction sit idle (the
+    /// lease's length; see [`bound_idle_transactions`]).
+    idle_limit: std::time::Duration,
+}
+
+/// A writer's transaction left idle longer than `limit` (its replica
+/// paused mid-batch, SIGSTOP) is ended by the server, and the locks it
+/// held with it: the other replicas' decisions and hellos wait at most
+/// that long for a paused one, which then loses its lease and writes
+/// nothing when it wakes.
+fn bound_idle_transactions(conn: &PgConn, limit: std::time::Duration) -> StoreResult<()> {
+    let ms = limit.as_millis().max(1);
+    conn.batch(&format!("SET idle_in_transaction_session_timeout = {ms}"))
+        .map_err(|e| backend("bound idle transactions", &e))
+}
+
+/// Times a job the database aborted for a conflicting transaction (a
+/// deadlock among decisions' locks) is run again in the same batch.
+const CONTENDED_RUNS: usize = 3;
+
+/// One job in its savepoint; run again (its savepoint rolled back first)
+/// while the database aborts it for a conflicting transaction, at most
+/// [`CONTENDED_RUNS`] times; a job that fails otherwise leaves no trace.
+fn run_job(
+    job: &mut dyn crate::writer::Job<PgConn>,
+    conn: &PgConn,
+    step: &dyn Fn(&str) -> StoreResult<()>,
+) -> StoreResult<()> {
+    for _ in 0..CONTENDED_RUNS {
+        step("SAVEPOINT job")?;
+        match job.run(conn) {
+            Ok(()) => return step("RELEASE SAVEPOINT job"),
+            Err(contended) => {
+                step("ROLLBACK TO SAVEPOINT job")?;
+                step("RELEASE SAVEPOINT job")?;
+                if !contended {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Batches<PgConn> for PgBatches {
@@ -293,9 +350,10 @@ impl Batches<PgConn> for PgBatches {
         }
         if self.conn.as_ref().is_none_or(PgConn::is_closed) {
             self.conn = None;
-            let c = connect(&self.target)?;
+            let c = PgConn::new(connect(&self.target)?);
+            bound_idle_transactions(&c, self.idle_limit)?;
             tracing::info!("store: reconnected to PostgreSQL");
-            self.conn = Some(PgConn::new(c));
+            self.conn = Some(c);
         }
         let conn = self
             .conn
@@ -308,20 +366,19 @@ impl Batches<PgConn> for PgBatches {
         };
         // A batch that fails from here on is rolled back by `recover`.
         // READ COMMITTED (the default): each statement sees what was
-        // committed before it, so after the lock, every earlier batch.
+        // committed before it. No lock is shared by every batch: replicas
+        // write in parallel; decisions take the locks of what they decide
+        // about (`sql::tx`), and a stream's writes are fenced by its
+        // agent's generation.
         self.open = true;
         step("BEGIN")?;
-        // Before the first savepoint: rolling one back would release a
-        // lock taken inside it.
-        let locked = run(
-            conn,
-            "take the write lock",
-            "SELECT pg_advisory_xact_lock(?1)",
-            params![WRITE_LOCK],
-        );
-        locked?;
-        // After the lock, on the database's clock: a replica paused past
-        // its lease commits nothing when it wakes (see `lease`).
+        for job in batch.iter_mut() {
+            run_job(job.as_mut(), conn, &step)?;
+        }
+        // Last, on the database's clock: a replica paused past its lease
+        // commits nothing when it wakes (see `lease`); one paused inside
+        // the batch loses its connection to the server's idle-in-
+        // transaction timeout (`connect`), and its locks with it.
         match lease::is_live(conn, self.lease.owner()) {
             Ok(true) => {}
             Ok(false) => {
@@ -330,13 +387,6 @@ impl Batches<PgConn> for PgBatches {
                 return Err(e);
             }
             Err(e) => return Err(e),
-        }
-        for job in batch.iter_mut() {
-            step("SAVEPOINT job")?;
-            if job.run(conn).is_err() {
-                step("ROLLBACK TO SAVEPOINT job")?;
-            }
-            step("RELEASE SAVEPOINT job")?;
         }
         step("COMMIT")?;
         self.open = false;
@@ -514,7 +564,7 @@ pub fn test_replicas(names: &[&str]) -> Option<Vec<PgStore>> {
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
     use super::*;
-    use baton_store::{RefTime, StoreOps};
+    use baton_store::{RefTime, Store, StoreOps};
 
     /// Whether a test cluster runs here (else the tests return at once;
     /// `baton_testpg` said why, or panicked if PostgreSQL is required).
@@ -576,36 +626,160 @@ mod tests {
         baton_store::contract::hello(id, 100)
     }
 
+    /// A connection of its own to the replicas' database, on a thread of
+    /// its own (the sync client's runtime), driven by `steps`: each step
+    /// runs one statement when the test sends it, and answers when done.
+    fn raw_session(
+        target: &Target,
+    ) -> (
+        std::sync::mpsc::Sender<String>,
+        std::sync::mpsc::Receiver<StoreResult<()>>,
+    ) {
+        let (to, steps) = std::sync::mpsc::channel::<String>();
+        let (done, answers) = std::sync::mpsc::channel();
+        let target = target.clone();
+        std::thread::spawn(move || {
+            let raw = PgConn::new(connect(&target).expect("connect"));
+            for sql in steps {
+                let r = raw.batch(&sql).map_err(|e| backend(&sql, &e));
+                if done.send(r).is_err() {
+                    return;
+                }
+            }
+        });
+        (to, answers)
+    }
+
+    /// Replicas write in parallel: a transaction that took an event id
+    /// and has not committed holds every later one back from followers
+    /// (they read below the oldest running transaction), so when it
+    /// commits its row is read, once, and nothing is skipped or read
+    /// twice around it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_replica_past_its_lease_writes_nothing_and_says_it_lost_it() {
-        use baton_store::Store;
+    async fn a_follower_neither_skips_nor_repeats_a_row_committed_late() {
         if !available() {
             return;
         }
         let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
-        let (agent, _) = a.agent_hello(hello("a1")).await.unwrap();
-        assert_eq!((agent.owner.as_str(), agent.session_gen), ("ra", 1));
-        let mut lost = a.lease_lost();
-        assert!(!*lost.borrow());
-        expire(&target, "ra");
-        // Whatever it tries, fenced or not by the agent, is not committed.
-        let seen = a
-            .agent_seen("a1", 1, true, RefTime::from_nanos(200), None)
-            .await;
-        assert!(matches!(&seen, Err(StoreError::LeaseLost(_))), "{seen:?}");
-        assert!(a.agent_hello(hello("a2")).await.is_err());
-        tokio::time::timeout(std::time::Duration::from_secs(5), lost.wait_for(|l| *l))
-            .await
-            .expect("the lease is said lost")
-            .unwrap();
-        // Nothing of it reached the database; the other replica serves on.
+        let (start, _) = b.high_water().await.unwrap();
+        let ev = |n: i64| baton_store::EventRow {
+            id: 0,
+            replica: "x".into(),
+            kind: baton_store::EventKind::Delivery,
+            agent_id: format!("a{n}"),
+            tenant: "t".into(),
+            pack: "p".into(),
+            detail: String::new(),
+            at: RefTime::from_nanos(n),
+        };
+        // Another writer's transaction takes the next id and stays open.
+        let (late, answers) = raw_session(&target);
+        late.send("BEGIN".into()).unwrap();
+        late.send(
+            "INSERT INTO events (replica, kind, agent_id, tenant, pack, detail, at_ns) \
+             VALUES ('late', 'delivery', 'a0', 't', 'p', '', 0)"
+                .into(),
+        )
+        .unwrap();
+        for _ in 0..2 {
+            answers.recv().unwrap().unwrap();
+        }
+        // Replica a commits later ids meanwhile.
+        a.put_events((1..=3).map(ev).collect()).await.unwrap();
+        let (seen, held) = b.events_after(start, 0).await.unwrap();
+        assert_eq!(seen, [], "rows past an open transaction are not final yet");
+        assert_eq!(b.events_after(held, 0).await.unwrap().0, []);
+        late.send("COMMIT".into()).unwrap();
+        answers.recv().unwrap().unwrap();
+        let (rows, end) = baton_store::contract::followed(4, || b.events_after(held, 0)).await;
+        let agents: Vec<&str> = rows.iter().map(|e| e.agent_id.as_str()).collect();
         assert_eq!(
-            b.agent("a1").await.unwrap().unwrap().last_seen.as_nanos(),
-            100
+            agents,
+            ["a0", "a1", "a2", "a3"],
+            "each once, the late one first"
         );
-        assert_eq!(b.agent("a2").await.unwrap(), None);
-        let (agent, _) = b.agent_hello(hello("a1")).await.unwrap();
-        assert_eq!((agent.owner.as_str(), agent.session_gen), ("rb", 2));
+        assert_eq!(b.events_after(end, 0).await.unwrap().0, []);
+        // The late row's id is below the others': a follower paging by id
+        // alone would have passed it.
+        assert!(rows[0].id < rows[1].id);
+    }
+
+    /// A decision on one replica waits for another replica's decision
+    /// about the same packs in flight, and then reads what it committed:
+    /// a hello that came while a retarget was being decided elsewhere
+    /// plans with the new targets (without the locks it would plan with
+    /// the old ones, and the agent would never get the pack).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_decision_waits_for_another_replicas_decision_in_flight_and_reads_it() {
+        if !available() {
+            return;
+        }
+        use baton_store::contract::{hello_in, pack};
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let key = baton_store::PackKey::new("default", "p");
+        a.put_pack(pack("default", "p", 1, baton_store::TargetsRow::Nobody))
+            .await
+            .unwrap();
+        // Replica a's decision to retarget the pack, held open: it holds
+        // the pack's tenant as a decision about a pack does.
+        let (other, answers) = raw_session(&target);
+        let labels =
+            crate::sql::codec::targets_json(&baton_store::contract::to_labels(&[("line", "3")]))
+                .unwrap();
+        for sql in [
+            "BEGIN".to_string(),
+            "SELECT pg_advisory_xact_lock(2, hashtext('*'))".into(),
+            format!(
+                "UPDATE packs SET targets = '{labels}' WHERE tenant = 'default' AND pack = 'p'"
+            ),
+        ] {
+            other.send(sql).unwrap();
+            answers.recv().unwrap().unwrap();
+        }
+        let b2 = Arc::new(b);
+        let hello = {
+            let b = b2.clone();
+            tokio::spawn(async move {
+                b.agent_hello(hello_in("x1", &[], &[("line", "3")], 1))
+                    .await
+                    .unwrap()
+            })
+        };
+        // Until the hello waits on a lock (or, without locks, is done).
+        let waiting = |t: &Target| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let raw = PgConn::new(connect(&t).expect("connect"));
+                query_first(
+                    &raw,
+                    "SELECT COUNT(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                    &[],
+                    |r| col::<i64>(r, "n"),
+                )
+                .unwrap()
+                .unwrap_or(0)
+            })
+            .join()
+            .unwrap()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while waiting(&target) == 0 && !hello.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the hello neither waited nor ended"
+            );
+            tokio::task::yield_now().await;
+        }
+        other.send("COMMIT".into()).unwrap();
+        answers.recv().unwrap().unwrap();
+        let (_, rows) = hello.await.unwrap();
+        assert_eq!(
+            rows.iter()
+                .map(|r| (r.key(), r.version))
+                .collect::<Vec<_>>(),
+            [(key, 1)],
+            "the hello planned with the targets committed before it read them"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,11 +1,11 @@
 //! Events between replicas: stored by the replica they happened on, read
-//! by the others in id order (see the `events` migration).
+//! by the others in mark order (see the `follow_marks` migration).
 
 use super::codec::{instant_col, u64_from_db};
 use super::db::{
     Db, Param, Row, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
-use baton_store::{EventKind, EventRow, MAX_PAGE, StoreError, StoreResult, page};
+use baton_store::{EventKind, EventRow, MAX_PAGE, Mark, StoreError, StoreResult, page};
 
 pub(crate) const DELETE_EVENTS: &str = "DELETE FROM events WHERE id IN \
      (SELECT id FROM events WHERE at_ns < ?1 ORDER BY id LIMIT ?2)";
@@ -60,28 +60,107 @@ fn decode(row: &dyn Row) -> StoreResult<EventRow> {
     with_row(format_args!("event {id}"), r)
 }
 
-pub(crate) fn events_after(conn: &dyn Db, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>> {
-    let Ok(after) = i64::try_from(after_id) else {
-        return Ok(Vec::new());
-    };
-    query_all(
+/// One page of events after `after` (see [`follow_page`]).
+pub(crate) fn events_after(
+    conn: &dyn Db,
+    after: Mark,
+    limit: u32,
+    horizon: Option<i64>,
+) -> StoreResult<(Vec<EventRow>, Mark)> {
+    follow_page(
         conn,
-        "SELECT id, replica, kind, agent_id, tenant, pack, detail, at_ns FROM events \
-         WHERE id > ?1 ORDER BY id LIMIT ?2",
-        params![after, i64::from(page(limit, MAX_PAGE))],
+        &Followed {
+            from: "events",
+            t: "",
+            columns: "id, txid, replica, kind, agent_id, tenant, pack, detail, at_ns",
+        },
+        after,
+        limit,
+        horizon,
         decode,
     )
 }
 
-pub(crate) fn high_water(conn: &dyn Db) -> StoreResult<(u64, u64)> {
-    let max = |table: &str| -> StoreResult<u64> {
-        let n: Option<Option<i64>> = query_first(
-            conn,
-            &format!("SELECT MAX(id) AS n FROM {table}"),
-            &[],
-            |r| col(r, "n"),
-        )?;
-        u64_from_db(n.flatten().unwrap_or(0), "id")
+/// A followed table as a query reads it.
+pub(crate) struct Followed<'a> {
+    /// The table, with its joins.
+    pub(crate) from: &'a str,
+    /// The followed table's alias prefix (`"f."`, or empty).
+    pub(crate) t: &'a str,
+    /// What to read; it must name `txid` and `id`.
+    pub(crate) columns: &'a str,
+}
+
+/// One page of a followed table's rows after `after`, in (txid, id) order,
+/// and the mark after it. With a `horizon` (the oldest transaction still
+/// running when the read began: PostgreSQL, replicas writing in
+/// parallel), only rows of transactions below it, which are final: a row
+/// committed late is read when its transaction falls below the horizon,
+/// never skipped. A page that is not full leaves the mark at the horizon,
+/// past every final row. Without one (a single writer, committing in id
+/// order) txid is 0 and the mark is the last id read.
+pub(crate) fn follow_page<T>(
+    conn: &dyn Db,
+    table: &Followed<'_>,
+    after: Mark,
+    limit: u32,
+    horizon: Option<i64>,
+    decode: impl Fn(&dyn Row) -> StoreResult<T>,
+) -> StoreResult<(Vec<T>, Mark)> {
+    let limit = page(limit, MAX_PAGE);
+    let (Ok(txid), Ok(id)) = (i64::try_from(after.txid), i64::try_from(after.id)) else {
+        return Ok((Vec::new(), after));
     };
-    Ok((max("events")?, max("feedback")?))
+    let Followed { from, t, columns } = table;
+    let sql = format!(
+        "SELECT {columns} FROM {from} \
+         WHERE ({t}txid > ?1 OR ({t}txid = ?1 AND {t}id > ?2)) \
+         AND (CAST(?3 AS BIGINT) IS NULL OR {t}txid < ?3) \
+         ORDER BY {t}txid, {t}id LIMIT ?4"
+    );
+    let rows = query_all(
+        conn,
+        &sql,
+        params![txid, id, horizon, i64::from(limit)],
+        |r| {
+            let mark = Mark {
+                txid: u64_from_db(col(r, "txid")?, "txid")?,
+                id: u64_from_db(col(r, "id")?, "id")?,
+            };
+            Ok((mark, decode(r)?))
+        },
+    )?;
+    let last = rows.last().map(|(m, _)| *m);
+    let mut next = last.unwrap_or(after);
+    if rows.len() < limit as usize
+        && let Some(h) = horizon
+    {
+        let past = Mark {
+            txid: u64_from_db(h, "horizon")?.saturating_sub(1),
+            id: i64::MAX as u64,
+        };
+        next = next.max(past);
+    }
+    Ok((rows.into_iter().map(|(_, r)| r).collect(), next))
+}
+
+/// Where a follower starting now begins in `table`: past every row
+/// committed (`horizon`: see [`follow_page`]).
+pub(crate) fn high_water(conn: &dyn Db, table: &str, horizon: Option<i64>) -> StoreResult<Mark> {
+    if let Some(h) = horizon {
+        return Ok(Mark {
+            txid: u64_from_db(h, "horizon")?.saturating_sub(1),
+            id: i64::MAX as u64,
+        });
+    }
+    let n: Option<Option<i64>> = query_first(
+        conn,
+        &format!("SELECT MAX(id) AS n FROM {table}"),
+        &[],
+        |r| col(r, "n"),
+    )?;
+    Ok(Mark {
+        txid: 0,
+        id: u64_from_db(n.flatten().unwrap_or(0), "id")?,
+    })
 }

@@ -7,7 +7,7 @@ use super::db::{
 };
 use baton_model::time::span_ns;
 use baton_store::{
-    FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, StoreError, StoreResult, page,
+    FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, Mark, StoreError, StoreResult, page,
 };
 
 /// Stores one journal's rows; every value is checked before anything is
@@ -277,3 +277,20 @@ pub(crate) const DELETE_CLOCK: &str = "DELETE FROM clock_reports WHERE (agent_id
      ORDER BY at_ns, agent_id LIMIT ?2)";
 pub(crate) const DELETE_AUDIT: &str = "DELETE FROM audit WHERE id IN \
      (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns, id LIMIT ?2)";
+
+/// One page of feedback after `after`, in mark order (see
+/// [`super::events::follow_page`]).
+pub(crate) fn feedback_after(
+    conn: &dyn Db,
+    after: Mark,
+    limit: u32,
+    horizon: Option<i64>,
+) -> StoreResult<(Vec<FeedbackRow>, Mark)> {
+    let columns = format!("{FEEDBACK_COLUMNS}, f.txid");
+    let table = super::events::Followed {
+        from: "feedback f JOIN journals j ON j.id = f.journal",
+        t: "f.",
+        columns: &columns,
+    };
+    super::events::follow_page(conn, &table, after, limit, horizon, decode_feedback)
+}

@@ -31,6 +31,9 @@ use super::{Binding, StoreResult};
 
 pub use agents::LeaseClock;
 
+/// See [`Engine::horizon`].
+pub type Horizon = fn(&dyn db::Db) -> StoreResult<Option<i64>>;
+
 /// What an engine gives the shared SQL: a writer whose commands are
 /// serialised (each sees the ones committed before it, and decisions
 /// never race) and committed before they are answered, and reads beside
@@ -58,19 +61,34 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         |_db| Ok(host_now_us())
     }
 
+    /// The oldest transaction still running, where writers commit in
+    /// parallel (PostgreSQL's replicas): followers read only the rows of
+    /// transactions below it (see `events::follow_page`). `None` (the
+    /// default): one writer, whose rows commit in id order.
+    fn horizon(&self) -> Horizon {
+        |_db| Ok(None)
+    }
+
+    /// Whether decisions take the locks that serialize them with other
+    /// writers' ([`baton_store::Tx::lock_agent`]): only where writers run
+    /// in parallel.
+    fn locks(&self) -> bool {
+        false
+    }
+
     /// Runs `f` in the writer's serialisation point; its result once
     /// committed (a failed `f` leaves no trace).
     fn write<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
     where
         T: Send + 'static,
-        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+        F: FnMut(&dyn db::Db) -> StoreResult<T> + Send + 'static;
 
     /// [`Engine::write`] for work that may wait for company (retention):
     /// an engine may run it with the next batch of other writes.
     fn write_background<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
     where
         T: Send + 'static,
-        F: FnOnce(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+        F: FnMut(&dyn db::Db) -> StoreResult<T> + Send + 'static;
 
     /// Runs `f` on a read connection, off the async runtime. `Fn`: an
     /// engine may run a read again on a new connection when the one it

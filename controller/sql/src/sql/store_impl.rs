@@ -13,8 +13,8 @@ use super::{Engine, audit, deliveries, events, packs, rollouts};
 use baton_model::RefTime;
 use baton_store::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, MAX_PAGE, PackKey, PackSummaryRow, PackVersionRow, RolloutRow,
-    Store, StoreError, StoreResult, TxJob, page,
+    FeedbackFilter, FeedbackRow, MAX_PAGE, Mark, PackKey, PackSummaryRow, PackVersionRow,
+    RolloutRow, Store, StoreError, StoreResult, TxJob, page,
 };
 
 /// [`Store`] for an [`Engine`]: written once, implemented for each
@@ -32,12 +32,14 @@ impl Store for $engine {
         let binding = Engine::binding(self);
         let owner = self.owner();
         let lease_clock = self.lease_clock();
+        let locks = self.locks();
         self.write(move |conn| {
             job(&mut SqlTx {
                 conn,
                 binding,
                 owner: &owner,
                 lease_clock,
+                locks,
             })
         })
         .await
@@ -47,12 +49,14 @@ impl Store for $engine {
         let binding = Engine::binding(self);
         let owner = self.owner();
         let lease_clock = self.lease_clock();
+        let locks = self.locks();
         self.write_background(move |conn| {
             job(&mut SqlTx {
                 conn,
                 binding,
                 owner: &owner,
                 lease_clock,
+                locks,
             })
         })
         .await
@@ -212,13 +216,32 @@ impl Store for $engine {
             .await
     }
 
-    async fn events_after(&self, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>> {
-        self.read(move |conn| events::events_after(conn, after_id, limit))
+    async fn events_after(&self, after: Mark, limit: u32) -> StoreResult<(Vec<EventRow>, Mark)> {
+        let horizon = self.horizon();
+        self.read(move |conn| events::events_after(conn, after, limit, horizon(conn)?))
             .await
     }
 
-    async fn high_water(&self) -> StoreResult<(u64, u64)> {
-        self.read(events::high_water).await
+    async fn feedback_after(
+        &self,
+        after: Mark,
+        limit: u32,
+    ) -> StoreResult<(Vec<FeedbackRow>, Mark)> {
+        let horizon = self.horizon();
+        self.read(move |conn| feedback::feedback_after(conn, after, limit, horizon(conn)?))
+            .await
+    }
+
+    async fn high_water(&self) -> StoreResult<(Mark, Mark)> {
+        let horizon = self.horizon();
+        self.read(move |conn| {
+            let h = horizon(conn)?;
+            Ok((
+                events::high_water(conn, "events", h)?,
+                events::high_water(conn, "feedback", h)?,
+            ))
+        })
+        .await
     }
 
     async fn revocations(&self) -> StoreResult<Vec<baton_store::RevocationRow>> {

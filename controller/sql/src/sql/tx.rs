@@ -9,7 +9,7 @@ use baton_store::{
 };
 
 use super::agents::{self, LeaseClock, Owner};
-use super::db::{Db, params};
+use super::db::{Db, params, run};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
 use super::{audit, deliveries, events, packs, rollouts};
 
@@ -19,11 +19,50 @@ pub(crate) struct SqlTx<'a> {
     pub(crate) binding: Binding,
     pub(crate) owner: &'a Owner,
     pub(crate) lease_clock: LeaseClock,
+    /// Whether decisions take locks (writers in parallel: PostgreSQL).
+    pub(crate) locks: bool,
 }
+
+/// Advisory lock namespaces (the first key of the two-key form).
+const AGENT_LOCKS: i64 = 1;
+const TENANT_LOCKS: i64 = 2;
 
 impl Tx for SqlTx<'_> {
     fn binding(&self) -> Binding {
         self.binding
+    }
+
+    fn locking(&self) -> bool {
+        self.locks
+    }
+
+    /// A transaction-scoped advisory lock on the id's hash: two ids that
+    /// hash alike only wait for each other more than they need to.
+    fn lock_agent(&mut self, id: &str) -> StoreResult<()> {
+        run(
+            self.conn,
+            "lock an agent's decisions",
+            "SELECT pg_advisory_xact_lock(CAST(?1 AS INTEGER), hashtext(?2))",
+            params![AGENT_LOCKS, id],
+        )?;
+        Ok(())
+    }
+
+    fn lock_tenants(&mut self, tenants: &[&str], exclusive: bool) -> StoreResult<()> {
+        let sql = if exclusive {
+            "SELECT pg_advisory_xact_lock(CAST(?1 AS INTEGER), hashtext(?2))"
+        } else {
+            "SELECT pg_advisory_xact_lock_shared(CAST(?1 AS INTEGER), hashtext(?2))"
+        };
+        for t in tenants {
+            run(
+                self.conn,
+                "lock a tenant's packs",
+                sql,
+                params![TENANT_LOCKS, t],
+            )?;
+        }
+        Ok(())
     }
 
     fn agent(&mut self, id: &str) -> StoreResult<Option<AgentRow>> {

@@ -130,7 +130,7 @@ impl SqliteStore {
     async fn write_raw<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&Connection) -> StoreResult<T> + Send + 'static,
     {
         self.writer.write(f).await
     }
@@ -140,7 +140,7 @@ impl SqliteStore {
     async fn read_raw<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&Connection) -> StoreResult<T> + Send + 'static,
     {
         let pool = Arc::clone(&self.readers);
         off_runtime(move || pool.with(f)).await
@@ -159,10 +159,10 @@ impl Engine for SqliteStore {
     }
 
     /// Inside the next batch's transaction on the writer thread.
-    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    async fn write<T, F>(&self, mut f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         self.writer.write(move |c: &Connection| f(c)).await
     }
@@ -170,10 +170,10 @@ impl Engine for SqliteStore {
     /// Joins the next batch of other writes (at most one such command per
     /// batch), or runs alone after [`BACKGROUND_WAIT`] without any. So
     /// retention's deletes never add a commit, an fsync, to a busy store.
-    async fn write_background<T, F>(&self, f: F) -> StoreResult<T>
+    async fn write_background<T, F>(&self, mut f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         self.writer
             .write_background(move |c: &Connection| f(c))
@@ -233,7 +233,11 @@ fn execute_batch(conn: &Connection, batch: &mut Batch<Connection>) -> StoreResul
         if conn.is_autocommit() {
             // SQLite rolls the whole transaction back on some errors (I/O,
             // disk full): the commands before this one are lost too.
-            let cause = status.err().unwrap_or_else(|| "no error reported".into());
+            let cause = if status.is_err() {
+                "the command failed"
+            } else {
+                "no error reported"
+            };
             return Err(StoreError::unavailable(
                 "write batch rolled back by the database; nothing in it was stored",
                 cause,

@@ -163,11 +163,10 @@ pub async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
     assert_eq!(s.agent("a1").await.unwrap().unwrap().session_gen, 42);
 }
 
-/// Events between replicas come back in the order stored, by id, one page
-/// at a time; the high-water marks say where a follower starts; old ones
-/// go.
+/// Events and feedback are followed by [`Mark`]: from the start every row
+/// once, in order, in pages; from the high water only what comes after.
 pub async fn events_page_by_id(s: &dyn Store, _: Binding) {
-    assert_eq!(s.high_water().await.unwrap(), (0, 0));
+    let (events_start, feedback_start) = s.high_water().await.unwrap();
     let ev = |n: i64, kind: EventKind| EventRow {
         id: 0,
         replica: "r1".into(),
@@ -191,26 +190,42 @@ pub async fn events_page_by_id(s: &dyn Store, _: Binding) {
     s.put_events(vec![ev(6, EventKind::Delivery)])
         .await
         .unwrap();
-    let all = s.events_after(0, 0).await.unwrap();
+    let (all, end) = followed(6, || s.events_after(events_start, 0)).await;
     assert_eq!(all.len(), 6);
     assert!(all.windows(2).all(|w| w[0].id < w[1].id));
     let mut want = ev(4, EventKind::Clock);
     want.id = all[3].id;
     assert_eq!(all[3], want);
-    let page = s.events_after(all[1].id, 2).await.unwrap();
-    assert_eq!(page, all[2..4].to_vec());
-    assert_eq!(s.high_water().await.unwrap().0, all[5].id);
+    // Pages of two, each from the mark the one before left.
+    let (first, m1) = s.events_after(events_start, 2).await.unwrap();
+    assert_eq!(first, all[..2].to_vec());
+    let (second, m2) = s.events_after(m1, 2).await.unwrap();
+    assert_eq!(second, all[2..4].to_vec());
+    assert!(m1 < m2 && m2 <= end);
+    // Nothing new after the end, nor after the high water now.
+    assert_eq!(s.events_after(end, 0).await.unwrap().0, []);
+    let (events_now, _) = s.high_water().await.unwrap();
+    assert_eq!(s.events_after(events_now, 0).await.unwrap().0, []);
     s.put_feedback(1, vec![fb("a1", "j1", 1, 10)])
         .await
         .unwrap();
-    assert!(s.high_water().await.unwrap().1 > 0);
+    let (fed, fed_end) = followed(1, || s.feedback_after(feedback_start, 0)).await;
+    assert_eq!(
+        fed.iter()
+            .map(|r| (r.agent_id.as_str(), r.seq))
+            .collect::<Vec<_>>(),
+        [("a1", 1)]
+    );
+    assert_eq!(s.feedback_after(fed_end, 0).await.unwrap().0, []);
+    let (_, feedback_now) = s.high_water().await.unwrap();
+    assert_eq!(s.feedback_after(feedback_now, 0).await.unwrap().0, []);
     assert_eq!(
         s.delete_events_before(RefTime::from_nanos(3), 100)
             .await
             .unwrap(),
         2
     );
-    let left = s.events_after(0, 0).await.unwrap();
+    let left = s.events_after(events_start, 0).await.unwrap().0;
     assert_eq!(left, all[2..].to_vec());
     // Ids are not handed out again once the newest went.
     s.delete_events_before(RefTime::from_nanos(i64::MAX), 100)
@@ -219,7 +234,8 @@ pub async fn events_page_by_id(s: &dyn Store, _: Binding) {
     s.put_events(vec![ev(7, EventKind::Delivery)])
         .await
         .unwrap();
-    assert!(s.events_after(0, 0).await.unwrap()[0].id > all[5].id);
+    let (after, _) = followed(1, || s.events_after(end, 0)).await;
+    assert!(after[0].id > all[5].id);
 }
 
 /// A revocation is recorded once per serial, with its audit records once,

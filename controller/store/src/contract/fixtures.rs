@@ -277,3 +277,22 @@ pub fn sorted(mut rows: Vec<DeliveryRow>) -> Vec<DeliveryRow> {
     rows.sort_by(|a, b| (&a.agent_id, a.key()).cmp(&(&b.agent_id, b.key())));
     rows
 }
+
+/// What a follower reads once at least `n` rows are final: a backend whose
+/// writers commit in parallel shows a row only once every transaction
+/// older than its own has ended (another writer's, in a shared test
+/// database), so this asks again until then, for at most 10 s.
+pub async fn followed<T, F, Fut>(n: usize, read: F) -> (Vec<T>, Mark)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = StoreResult<(Vec<T>, Mark)>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (rows, mark) = read().await.unwrap();
+        if rows.len() >= n || std::time::Instant::now() > deadline {
+            return (rows, mark);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -11,6 +11,7 @@
 //! later one sees the earlier one's rows. Each returns the rows it
 //! changed, for the sessions to act on and the watchers to see.
 
+mod locks;
 mod plan;
 mod rollouts;
 
@@ -21,7 +22,14 @@ use baton_model::{
 use crate::error::{StoreError, StoreResult};
 use crate::tx::Tx;
 
-pub use plan::{replan_agent, replan_pack};
+pub use plan::replan_agent;
+
+/// Plan pack `key` for every agent it may concern (its targets'
+/// candidates and the agents with a row for it): the rows that changed.
+pub fn reconcile(tx: &mut dyn Tx, key: &PackKey, at: RefTime) -> StoreResult<Vec<DeliveryRow>> {
+    locks::pack(tx, key)?;
+    plan::replan_pack(tx, key, at)
+}
 pub use rollouts::{advance, put_pack};
 
 /// Fencing: the write of a stream of generation `session` for agent `id`
@@ -55,6 +63,9 @@ pub fn session_if_known(tx: &mut dyn Tx, id: &str, session: u64) -> StoreResult<
 /// staged forgotten (a restart drops staged copies), every pack that may
 /// concern it planned with what it holds. The agent and all its rows.
 pub fn hello(tx: &mut dyn Tx, h: &HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+    let certificate = h.cert_tenants.iter().flatten().map(String::as_str);
+    let held = h.held.iter().map(|p| p.tenant.as_str());
+    locks::agent(tx, &h.id, certificate.chain(held))?;
     tx.write_hello(h)?;
     tx.clear_staged(&h.id)?;
     let agent = tx.agent(&h.id)?.ok_or_else(|| no_agent(&h.id))?;
@@ -72,6 +83,7 @@ pub fn held(
     held: &[HeldPackRow],
     at: RefTime,
 ) -> StoreResult<Vec<DeliveryRow>> {
+    locks::agent(tx, id, held.iter().map(|p| p.tenant.as_str()))?;
     check_session(tx, id, session)?;
     let agent = tx.agent(id)?.ok_or_else(|| no_agent(id))?;
     replan_agent(tx, &agent, Some(held), at)
@@ -80,6 +92,7 @@ pub fn held(
 /// The agent answered a push: its row re-planned with the answer (`None`:
 /// no such row, or the agent was forgotten).
 pub fn answer(tx: &mut dyn Tx, a: &AnswerRow) -> StoreResult<Option<DeliveryRow>> {
+    locks::agent_in(tx, &a.agent_id, &a.key.tenant)?;
     if !session_if_known(tx, &a.agent_id, a.session_gen)? {
         return Ok(None);
     }
@@ -96,6 +109,7 @@ pub fn label(
     reset: &[String],
     at: RefTime,
 ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
+    locks::agent(tx, id, std::iter::once(tenant))?;
     if tx.session_gen(id)?.is_none() {
         return Err(no_agent(id));
     }
@@ -114,6 +128,7 @@ pub fn grant(
     granted: bool,
     at: RefTime,
 ) -> StoreResult<Vec<DeliveryRow>> {
+    locks::agent(tx, id, std::iter::once(tenant))?;
     tx.write_grant(id, tenant, granted, at)?;
     match tx.agent(id)? {
         Some(agent) => replan_agent(tx, &agent, None, at),
@@ -128,6 +143,7 @@ pub fn grant(
 /// copy must still be able to stop it). [`StoreError::NoSuchPack`] only
 /// when nobody holds it either.
 pub fn cancel(tx: &mut dyn Tx, key: &PackKey, at: RefTime) -> StoreResult<Vec<DeliveryRow>> {
+    locks::pack(tx, key)?;
     if !tx.write_cancel(key, at)? {
         return Err(StoreError::NoSuchPack {
             tenant: key.tenant.clone(),
@@ -136,7 +152,7 @@ pub fn cancel(tx: &mut dyn Tx, key: &PackKey, at: RefTime) -> StoreResult<Vec<De
     }
     rollouts::supersede(tx, key, "the pack was cancelled", at)?;
     tx.write_gate(key, None)?;
-    replan_pack(tx, key, at)
+    plan::replan_pack(tx, key, at)
 }
 
 fn no_agent(id: &str) -> StoreError {

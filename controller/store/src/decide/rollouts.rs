@@ -32,6 +32,7 @@ pub(super) fn supersede(tx: &mut dyn Tx, key: &PackKey, why: &str, at: RefTime) 
 /// pack as it was ([`Base::of`]). Does not plan: reconcile the pack.
 pub fn put_pack(tx: &mut dyn Tx, p: &PackVersionRow) -> StoreResult<PutPack> {
     let key = p.key();
+    super::locks::pack(tx, &key)?;
     let before = tx.pack_head(&key)?;
     let put = tx.write_version(p)?;
     if put == PutPack::Unchanged {
@@ -71,6 +72,7 @@ pub fn advance(
     at: RefTime,
 ) -> StoreResult<Option<Vec<DeliveryRow>>> {
     let r = &change.row;
+    super::locks::pack(tx, &r.key())?;
     if !tx.cas_rollout(r)? {
         return Ok(None);
     }

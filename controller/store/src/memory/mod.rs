@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use crate::store::{Store, TxJob};
 use crate::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, MAX_PAGE, PackKey, PackSummaryRow, PackVersionRow, RefTime,
+    FeedbackFilter, FeedbackRow, MAX_PAGE, Mark, PackKey, PackSummaryRow, PackVersionRow, RefTime,
     RevocationRow, RolloutRow, StoreError, StoreResult, page,
 };
 
@@ -290,22 +290,47 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn events_after(&self, after_id: u64, limit: u32) -> StoreResult<Vec<EventRow>> {
+    async fn events_after(&self, after: Mark, limit: u32) -> StoreResult<(Vec<EventRow>, Mark)> {
         let limit = page(limit, MAX_PAGE) as usize;
         self.read(|s| {
-            Ok(s.events
-                .range(after_id.saturating_add(1)..)
+            let rows: Vec<EventRow> = s
+                .events
+                .range(after.id.saturating_add(1)..)
                 .take(limit)
                 .map(|(_, e)| e.clone())
-                .collect())
+                .collect();
+            let next = rows.last().map_or(after, |e| Mark { txid: 0, id: e.id });
+            Ok((rows, next))
         })
     }
 
-    async fn high_water(&self) -> StoreResult<(u64, u64)> {
+    async fn feedback_after(
+        &self,
+        after: Mark,
+        limit: u32,
+    ) -> StoreResult<(Vec<FeedbackRow>, Mark)> {
+        let limit = page(limit, MAX_PAGE) as usize;
         self.read(|s| {
+            let rows: Vec<FeedbackRow> = s
+                .feedback
+                .range(after.id.saturating_add(1)..)
+                .take(limit)
+                .map(|(_, r)| r.clone())
+                .collect();
+            let next = rows.last().map_or(after, |r| Mark { txid: 0, id: r.id });
+            Ok((rows, next))
+        })
+    }
+
+    async fn high_water(&self) -> StoreResult<(Mark, Mark)> {
+        self.read(|s| {
+            let last = |id: Option<&u64>| Mark {
+                txid: 0,
+                id: id.copied().unwrap_or(0),
+            };
             Ok((
-                s.events.keys().next_back().copied().unwrap_or(0),
-                s.feedback.keys().next_back().copied().unwrap_or(0),
+                last(s.events.keys().next_back()),
+                last(s.feedback.keys().next_back()),
             ))
         })
     }
