@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The link time exchange figure (README "Clock: link exchange"): a release
-# controller and an agent whose system clock is `untrusted` on loopback, so
-# only the exchange aligns it. One host, one clock: the offset the agent
-# reports (reference minus its system clock) is its error.
+# The link time exchange figure (docs/bench/clock.md, "The link exchange"):
+# a release controller and an agent whose system clock is `untrusted` on
+# loopback, so only the exchange aligns it. One host, one clock: the offset
+# the agent reports (reference minus its system clock) is its error.
 #   scripts/clock-figures.sh [SECONDS]   (default 30)
 set -euo pipefail
 cd "$(dirname "$0")/.."

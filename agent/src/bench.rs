@@ -1,7 +1,7 @@
 //! `baton-agent bench-latency`: the whole firing path (core, journal,
 //! dispatcher, sim GPIO) driven by a pack of N gpio.write firings, with the
-//! lateness distribution and the CPU it cost. The README compares it with
-//! `cyclictest` run side by side (scripts/bench-latency.sh).
+//! lateness distribution and the CPU it cost. docs/bench/latency.md compares
+//! it with `cyclictest` run side by side (scripts/bench-latency.sh).
 
 use std::path::Path;
 use std::sync::Arc;

@@ -4,7 +4,8 @@
 //! `CLOCK_REALTIME − CLOCK_MONOTONIC`, read here bracketed. `-x` keeps
 //! chronyd's hands off the host clock.
 //!
-//! Also prints the figure README.md quotes (run with `--nocapture`).
+//! Also prints the figure docs/bench/clock.md quotes ("NTP against
+//! chronyd"; run with `--nocapture`).
 
 use std::net::UdpSocket;
 use std::path::Path;

@@ -402,7 +402,7 @@ fn a_late_cohort_fails_compare_baseline_and_the_same_agents_on_time_pass() {
 /// new version, then switch at the instant the controller names. No agent
 /// fires the new version before it, none fires the old one after it, and
 /// their first new firings are at the same scheduled instant; how far
-/// apart they actually fired is printed (the README's figure).
+/// apart they actually fired is printed (the figure in docs/bench/rollouts.md).
 #[test]
 fn a_stage_switches_together_at_one_instant() {
     let dir = tempfile::tempdir().expect("tempdir");

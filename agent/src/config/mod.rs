@@ -84,9 +84,9 @@ pub struct AgentConfig {
 /// Default [`AgentConfig::arm_horizon`]. The cost of a firing pass is
 /// mostly its fdatasync: at 1 000 firings/s, arming 5 ms ahead meant ~100
 /// passes a second and ~4 % of a core outside the dispatcher; 50 ms means
-/// ~20 and 1.65–1.90 % (README, "The agent under load"). The price is what
-/// one crash can leave `outcome unknown`: the firings due within about a
-/// horizon either side of it (README, "Guarantees").
+/// ~20 and 1.65–1.90 % (docs/bench/load.md, "Before issue 24"). The price
+/// is what one crash can leave `outcome unknown`: the firings due within
+/// about a horizon either side of it (README, "Guarantees").
 pub const DEFAULT_ARM_HORIZON: Duration = Duration::from_millis(50);
 
 /// Default [`AgentConfig::arm_lead`] (half the horizon if that is less).

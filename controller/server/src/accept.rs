@@ -58,7 +58,8 @@ use baton_pki::identity;
 
 /// Live connections by default (`serve --max-connections`): four times a
 /// fleet of ~1 000 agents, with room for operators; at ~60 KB of memory
-/// per idle connection (README, Performance) about 250 MB at the cap.
+/// per idle connection (docs/bench/fleet.md, "Cost of mTLS") about 250 MB
+/// at the cap.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Refusals (over the connection cap, over the handshake budget, plaintext
 /// on the TLS port) served at once; more are closed without a word.
