@@ -1,7 +1,7 @@
 //! The dashboard's scripts and styles, embedded in the binary: one
 //! binary, no JavaScript build step, nothing fetched from the internet.
 //! The vendored files (htmx, its SSE extension, uPlot) are kept in
-//! `controller/assets/vendor` with their licences, exactly as their
+//! `controller/server/assets/vendor` with their licences, exactly as their
 //! packages ship them, and pinned here by SHA-256: a changed byte fails
 //! the test before it reaches a browser.
 

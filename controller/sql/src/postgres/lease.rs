@@ -7,7 +7,7 @@
 //! ran out. A replica paused past its lease therefore writes nothing when
 //! it wakes, even before its own renewal finds out; and the agents it
 //! served are owned by whichever replica they said hello to since (their
-//! session generation moved on, see `sql::agents::check_session`).
+//! session generation moved on, see `baton_store::decide::check_session`).
 //!
 //! The lease is renewed on a thread of its own, with a connection of its
 //! own, every [`LeaseConfig::renew_every`]; the same thread marks

@@ -6,17 +6,20 @@
 //!
 //! * **The same SQL** as the embedded store ([`crate::sql`]), on
 //!   the sync `postgres` client: the writer is a thread like SQLite's
-//!   (`store::writer`'s group commit), and reads run on a small
+//!   (`writer`'s group commit), and reads run on a small
 //!   pool in `spawn_blocking`. (The async `tokio-postgres` would serve the
 //!   reads without a blocking thread, but the writer's group commit and
 //!   the shared SQL want one synchronous connection per thread.)
-//! * **Every write batch takes one transaction-scoped advisory lock**
-//!   before its first statement, in READ COMMITTED (so it sees everything
-//!   committed before the lock was granted). Writers of every replica
-//!   therefore run one batch at a time, as SQLite's single writer does:
-//!   two decisions never race, and feedback ids are handed out in commit
-//!   order (a reader paging by id never skips a row committed late).
-//!   Feedback batches of many agents still share one commit per batch.
+//! * **Replicas write in parallel**, in READ COMMITTED: no lock is shared
+//!   by every write. A decision holds the transaction-scoped advisory
+//!   locks of what it decides about (`baton_store::decide`'s locks: the
+//!   agent, its packs' tenants), so two decisions that could plan the
+//!   same pair wait for each other and the later reads the earlier's
+//!   rows; a stream's writes are fenced by its agent's generation. Ids
+//!   are then not in commit order: followers read events and feedback by
+//!   (transaction, id) below the oldest running transaction
+//!   (`sql::events::follow_page`). A job the database aborts for a
+//!   deadlock runs again in its batch.
 //! * **Batches are smaller** ([`MAX_BATCH`]): each command runs in a
 //!   savepoint, and past 64 subtransactions in one transaction PostgreSQL
 //!   slows every session's snapshots.

@@ -2,7 +2,7 @@
 //!
 //! # Shape
 //!
-//! * **One writer** (`store::writer`): SQLite serialises writers
+//! * **One writer** (`writer`): SQLite serialises writers
 //!   anyway; a dedicated thread owns the only write connection, so nothing
 //!   ever waits on a `SQLITE_BUSY` lock, and group-commits up to
 //!   [`MAX_BATCH`] commands per transaction, each in its own savepoint.
