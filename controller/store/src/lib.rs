@@ -37,5 +37,5 @@ mod tx;
 pub use baton_model::*;
 pub use error::{StoreError, StoreResult, fits};
 pub use ops::StoreOps;
-pub use store::{Store, TxJob, transact, transact_background};
+pub use store::{Store, TxJob, append_in_transaction, transact, transact_background};
 pub use tx::{Grows, PackHead, Tx};

@@ -214,11 +214,7 @@ pub trait StoreOps: Store {
                 other.agent_id, other.journal_id
             )));
         }
-        transact(self, move |tx| {
-            decide::session_if_known(tx, &agent, session)?;
-            tx.put_feedback(&rows)
-        })
-        .await
+        self.append_feedback(session, rows).await
     }
 
     // ---- events, audit, revocations

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use baton_model::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, Mark, PackKey, PackSummaryRow, PackVersionRow, RefTime,
-    RevocationRow, RolloutRow,
+    FeedbackFilter, FeedbackRow, FeedbackStored, Mark, PackKey, PackSummaryRow, PackVersionRow,
+    RefTime, RevocationRow, RolloutRow,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -48,6 +48,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// (retention): a backend may run it with the next batch of others.
     async fn transact_background(&self, job: TxJob) -> StoreResult<()> {
         self.transact(job).await
+    }
+
+    /// Store one journal's feedback from the stream of generation
+    /// `session` (the rules: [`crate::StoreOps::put_feedback`], which
+    /// checks the rows are one journal's first). A backend may write many
+    /// callers' batches together, in a constant number of statements; the
+    /// default is one transaction each.
+    async fn append_feedback(
+        &self,
+        session: u64,
+        rows: Vec<FeedbackRow>,
+    ) -> StoreResult<FeedbackStored> {
+        append_in_transaction(self, session, rows).await
     }
 
     // ---- reads
@@ -138,6 +151,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         since: RefTime,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>>;
+}
+
+/// [`Store::append_feedback`] as one transaction of [`Tx`] primitives: the
+/// stream's generation checked against the agent's (an agent with no
+/// record has none to fence against), then the rows.
+pub async fn append_in_transaction<S: Store + ?Sized>(
+    store: &S,
+    session: u64,
+    rows: Vec<FeedbackRow>,
+) -> StoreResult<FeedbackStored> {
+    let Some(agent) = rows.first().map(|r| r.agent_id.clone()) else {
+        return Ok(FeedbackStored::default());
+    };
+    transact(store, move |tx| {
+        crate::decide::session_if_known(tx, &agent, session)?;
+        tx.put_feedback(&rows)
+    })
+    .await
 }
 
 /// A transaction that answers: `f` runs in [`Store::transact`] and its

@@ -32,6 +32,7 @@
 
 mod conn;
 pub mod import;
+pub mod ingest;
 mod lease;
 
 use std::fmt;
@@ -65,6 +66,9 @@ const MAX_IDLE_READERS: usize = 4;
 #[derive(Clone)]
 pub struct PgStore {
     writer: Arc<Writer<PgConn>>,
+    /// Feedback of many streams, written together on a connection of its
+    /// own.
+    ingest: Arc<ingest::Lane>,
     readers: Arc<ReadPool>,
     binding: Binding,
     lease: Arc<Lease>,
@@ -202,12 +206,19 @@ impl PgStore {
             idle_limit,
         };
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
+        let ingest = ingest::Lane::start(target.clone(), Arc::clone(&lease), idle_limit)?;
         Ok(PgStore {
             writer: Arc::new(writer),
+            ingest: Arc::new(ingest),
             readers,
             binding,
             lease,
         })
+    }
+
+    /// What the feedback lane has committed so far.
+    pub fn ingest_stats(&self) -> ingest::IngestStats {
+        self.ingest.stats()
     }
 
     /// Becomes `true`, for good, when this replica's lease is lost: it
@@ -264,6 +275,10 @@ impl Engine for PgStore {
 
     fn locks(&self) -> bool {
         true
+    }
+
+    fn ingest(&self) -> Option<&ingest::Lane> {
+        Some(&self.ingest)
     }
 
     async fn write<T, F>(&self, mut f: F) -> StoreResult<T>
@@ -705,6 +720,45 @@ mod tests {
         // The late row's id is below the others': a follower paging by id
         // alone would have passed it.
         assert!(rows[0].id < rows[1].id);
+    }
+
+    /// Feedback of many streams at once is written together: three
+    /// statements a transaction whatever the number of agents in it, and
+    /// fewer transactions than batches; each agent's rows stored once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn feedback_of_many_agents_costs_three_statements_a_transaction() {
+        if !available() {
+            return;
+        }
+        const AGENTS: usize = 60;
+        let (store, _) = open(Binding::Open);
+        let store = Arc::new(store);
+        let puts: Vec<_> = (0..AGENTS)
+            .map(|i| {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    let id = format!("a{i:02}");
+                    let rows = (1..=64)
+                        .map(|q| baton_store::contract::fb(&id, "j1", q, 10 + q as i64))
+                        .collect();
+                    s.put_feedback(1, rows).await.unwrap()
+                })
+            })
+            .collect();
+        for p in puts {
+            assert_eq!(p.await.unwrap().inserted, 64);
+        }
+        let st = store.ingest_stats();
+        assert_eq!(st.batches, AGENTS as u64);
+        assert!(st.transactions < st.batches, "{st:?}");
+        assert!(st.statements <= 3 * st.transactions, "{st:?}");
+        for i in 0..AGENTS {
+            let acked = store
+                .feedback_acked(&format!("a{i:02}"), "j1")
+                .await
+                .unwrap();
+            assert_eq!(acked, 64);
+        }
     }
 
     /// A decision on one replica waits for another replica's decision

@@ -76,6 +76,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// A lane that writes many streams' feedback together
+    /// ([`crate::postgres::ingest`]); `None`: one transaction each.
+    fn ingest(&self) -> Option<&crate::postgres::ingest::Lane> {
+        None
+    }
+
     /// Runs `f` in the writer's serialisation point; its result once
     /// committed (a failed `f` leaves no trace).
     fn write<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send

@@ -45,6 +45,17 @@ impl Store for $engine {
         .await
     }
 
+    async fn append_feedback(
+        &self,
+        session: u64,
+        rows: Vec<FeedbackRow>,
+    ) -> StoreResult<baton_store::FeedbackStored> {
+        match Engine::ingest(self) {
+            Some(lane) => lane.put(session, rows).await,
+            None => baton_store::append_in_transaction(self, session, rows).await,
+        }
+    }
+
     async fn transact_background(&self, mut job: TxJob) -> StoreResult<()> {
         let binding = Engine::binding(self);
         let owner = self.owner();
