@@ -8,7 +8,8 @@
 //! late is read once every older transaction has ended, never skipped.
 //! Watchers on any replica thus see every replica's events, once; and an
 //! agent's stream hears of a push made through another replica within a
-//! poll ([`FOLLOW_EVERY`]), not at its next resync. Feedback is followed
+//! commit (the store's news), or its next poll ([`FOLLOW_EVERY`]), not at its
+//! next resync. Feedback is followed
 //! from the feedback table itself, the same way, and only while someone
 //! watches.
 //!
@@ -33,7 +34,9 @@ use baton_store::{MAX_PAGE, Mark, StoreResult};
 const STOP_QUIET: Duration = Duration::from_millis(300);
 /// Events per store write at most.
 const RELAY_BATCH: usize = 512;
-/// How often a follower reads what is new.
+/// How long a follower waits between reads at most: it reads as soon as
+/// the store hears another replica's commit (PostgreSQL's notifications),
+/// and this often when it hears nothing (or cannot listen just now).
 pub const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// How long events are kept for followers (a replica further behind than
 /// this misses some: its streams catch up at their resync).
@@ -104,13 +107,11 @@ async fn follow_from(app: Arc<App>, mut at: Option<Cursor>, mut stop: watch::Rec
     let Some(me) = app.replica().map(str::to_owned) else {
         return;
     };
-    let mut tick = tokio::time::interval(FOLLOW_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut trimmed = tokio::time::Instant::now();
     let mut failing = false;
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            () = app.store.news(FOLLOW_EVERY) => {}
             _ = stop.changed() => return,
         }
         let read = async {

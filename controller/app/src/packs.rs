@@ -106,7 +106,21 @@ impl App {
         let put = self.store.put_pack(row.clone()).await?;
         let changed = self.store.reconcile_pack(&key, now).await?;
         self.delivered(&changed, Some(&text));
-        let agents = self.holders(&key, Some(row.version), Intent::Hold).await?;
+        // A new version's holders are rows the reconcile just wrote (each
+        // of them changed to it): no read of every delivery of the pack.
+        // The same version again changes no row: its holders are read.
+        let agents = match put {
+            PutPack::Stored => {
+                let mut a: Vec<String> = changed
+                    .iter()
+                    .filter(|r| r.version == row.version && r.intent == Intent::Hold)
+                    .map(|r| r.agent_id.clone())
+                    .collect();
+                a.sort_unstable();
+                a
+            }
+            PutPack::Unchanged => self.holders(&key, Some(row.version), Intent::Hold).await?,
+        };
         tracing::info!(
             pack = %key,
             version = row.version,

@@ -50,6 +50,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         self.transact(job).await
     }
 
+    /// Returns once other writers may have stored something to follow
+    /// (events), or after `at_most`: a follower's wait between reads. The
+    /// default waits `at_most` (polling); a backend that hears of other
+    /// writers' commits returns sooner.
+    async fn news(&self, at_most: std::time::Duration) {
+        tokio_sleep(at_most).await;
+    }
+
     /// Store one journal's feedback from the stream of generation
     /// `session` (the rules: [`crate::StoreOps::put_feedback`], which
     /// checks the rows are one journal's first). A backend may write many
@@ -194,6 +202,12 @@ where
     let (job, slot) = answering(f);
     store.transact_background(job).await?;
     take(&slot)
+}
+
+/// A follower's wait without a clock of the store's own: the runtime's
+/// timer (tokio's, so paused-time tests advance it).
+async fn tokio_sleep(d: std::time::Duration) {
+    tokio::time::sleep(d).await;
 }
 
 type Slot<T> = Arc<Mutex<Option<T>>>;

@@ -34,6 +34,7 @@ mod conn;
 pub mod import;
 pub mod ingest;
 mod lease;
+mod news;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -69,6 +70,8 @@ pub struct PgStore {
     /// Feedback of many streams, written together on a connection of its
     /// own.
     ingest: Arc<ingest::Lane>,
+    /// Other replicas' commits, heard (a follower's wake-up).
+    news: Arc<news::News>,
     readers: Arc<ReadPool>,
     binding: Binding,
     lease: Arc<Lease>,
@@ -207,9 +210,11 @@ impl PgStore {
         };
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
         let ingest = ingest::Lane::start(target.clone(), Arc::clone(&lease), idle_limit)?;
+        let news = news::News::start(target.clone())?;
         Ok(PgStore {
             writer: Arc::new(writer),
             ingest: Arc::new(ingest),
+            news: Arc::new(news),
             readers,
             binding,
             lease,
@@ -279,6 +284,10 @@ impl Engine for PgStore {
 
     fn ingest(&self) -> Option<&ingest::Lane> {
         Some(&self.ingest)
+    }
+
+    async fn news(&self, at_most: std::time::Duration) {
+        self.news.wait(at_most).await;
     }
 
     async fn write<T, F>(&self, mut f: F) -> StoreResult<T>
@@ -759,6 +768,43 @@ mod tests {
                 .unwrap();
             assert_eq!(acked, 64);
         }
+    }
+
+    /// A replica hears another's events as they commit: its follower's
+    /// wait ends then, not at the end of its poll.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_is_woken_by_another_replicas_events() {
+        if !available() {
+            return;
+        }
+        let (a, b, _) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let b = Arc::new(b);
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { Store::news(&*b, std::time::Duration::from_secs(60)).await })
+        };
+        // Until b listens (its first wait may also end on a commit made
+        // before: that is fine, a follower then reads).
+        let ev = baton_store::EventRow {
+            id: 0,
+            replica: "ra".into(),
+            kind: baton_store::EventKind::Connected,
+            agent_id: "a1".into(),
+            tenant: String::new(),
+            pack: String::new(),
+            detail: String::new(),
+            at: RefTime::from_nanos(1),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !waiting.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no wake-up in 20 s of events"
+            );
+            a.put_events(vec![ev.clone()]).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        waiting.await.unwrap();
     }
 
     /// A decision on one replica waits for another replica's decision

@@ -82,6 +82,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Waits until another writer announced a commit to follow, or for
+    /// `at_most` (the default: other writers are not heard).
+    fn news(&self, at_most: std::time::Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(at_most)
+    }
+
     /// Runs `f` in the writer's serialisation point; its result once
     /// committed (a failed `f` leaves no trace).
     fn write<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send

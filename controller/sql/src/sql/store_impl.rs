@@ -56,6 +56,10 @@ impl Store for $engine {
         }
     }
 
+    async fn news(&self, at_most: std::time::Duration) {
+        Engine::news(self, at_most).await
+    }
+
     async fn transact_background(&self, mut job: TxJob) -> StoreResult<()> {
         let binding = Engine::binding(self);
         let owner = self.owner();

@@ -19,7 +19,9 @@ pub(crate) struct SqlTx<'a> {
     pub(crate) binding: Binding,
     pub(crate) owner: &'a Owner,
     pub(crate) lease_clock: LeaseClock,
-    /// Whether decisions take locks (writers in parallel: PostgreSQL).
+    /// Whether writers run in parallel (PostgreSQL's replicas): decisions
+    /// take locks, and events are announced to the other replicas'
+    /// followers on commit.
     pub(crate) locks: bool,
 }
 
@@ -231,7 +233,19 @@ impl Tx for SqlTx<'_> {
     }
 
     fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()> {
-        events::put_events(self.conn, rows)
+        events::put_events(self.conn, rows)?;
+        if self.locks {
+            // Delivered to every listener when this transaction commits
+            // (`postgres::news`): followers read at once, not at their
+            // next poll.
+            run(
+                self.conn,
+                "announce events",
+                "SELECT pg_notify('baton_events', '')",
+                &[],
+            )?;
+        }
+        Ok(())
     }
 
     fn put_audit(&mut self, row: &AuditRow) -> StoreResult<()> {
