@@ -152,7 +152,7 @@ fn shift(t: Timestamp, secs: i64) -> Timestamp {
 }
 
 /// `v` on `p`. The controller's instants are jiff's; rcgen takes `time`
-/// values, so this is the one place `time` is named: each bound is
+/// values, so this is the one place this crate names `time`: each bound is
 /// converted here, at the edge, and nothing else handles `time` types.
 fn set_validity(p: &mut CertificateParams, v: Validity, path: &Path) -> Result<(), CaError> {
     let at = |t: Timestamp| {
