@@ -70,6 +70,14 @@ disk() { echo "test.sh: before $1: $(df -h --output=avail . | tail -n1 | tr -d '
 
 disk clippy
 cargo fmt --all -- --check
+# No dependency that nothing uses: cargo-machete reads the manifests and
+# searches the sources for each crate named in [dependencies] (it builds
+# nothing; under a second). A false positive (a crate named only by code
+# build.rs generates, say) goes in that crate's
+# [package.metadata.cargo-machete] ignored list, with a comment saying why.
+# It does not look at [dev-dependencies].
+command -v cargo-machete >/dev/null || cargo install --locked cargo-machete@0.9.2
+cargo machete --skip-target-dir
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests start the real binaries; cargo only builds a
 # package's binaries for its own integration tests, so build them all first.

@@ -16,6 +16,14 @@
 //! seconds. It clones the `Arc` of the last snapshot (the lock is held
 //! for that clone only) and renders outside the lock.
 //!
+//! Why not `prometheus-client`, as the controller: its label families and
+//! histograms are updated behind locks its encoder holds while a scrape
+//! renders, so counting a firing (on the control thread, or on the
+//! dispatcher's SCHED_FIFO thread for its own counters) could wait on the
+//! metrics thread. Here counting a firing is an add on a value its thread
+//! owns, or an atomic, never a lock; `baton_service::metrics` writes the
+//! text.
+//!
 //! Names follow node_exporter / chrony_exporter habits: `baton_` prefix,
 //! base units (seconds), `_total` counters, states as one gauge per state
 //! set to 0 or 1. Series per pack (`tenant`, `pack`, `result`) are bounded

@@ -103,14 +103,12 @@ impl From<KindArg> for Kind {
 }
 
 fn validity(days: i64, not_after: Option<&str>) -> Result<Validity, String> {
-    let now = time::OffsetDateTime::now_utc();
+    let now = jiff::Timestamp::now();
     match not_after {
         Some(t) => {
-            let ts: jiff::Timestamp = t
+            let at: jiff::Timestamp = t
                 .parse()
                 .map_err(|e| format!("--not-after {t}: expected an RFC 3339 instant ({e})"))?;
-            let at = time::OffsetDateTime::from_unix_timestamp(ts.as_second())
-                .map_err(|e| format!("--not-after {t}: {e}"))?;
             Ok(Validity::until(now, at))
         }
         None if (1..=36_500).contains(&days) => Ok(Validity::days(now, days)),
@@ -121,13 +119,12 @@ fn validity(days: i64, not_after: Option<&str>) -> Result<Validity, String> {
 /// Run one `ca` command; exit code (1 refused, 2 usage).
 pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let result = match cmd {
-        CaCmd::Init { dir, hosts } => {
-            ca::init(&CaDir::new(dir), &hosts, time::OffsetDateTime::now_utc()).map(|files| {
+        CaCmd::Init { dir, hosts } => ca::init(&CaDir::new(dir), &hosts, jiff::Timestamp::now())
+            .map(|files| {
                 for f in files {
                     let _ = writeln!(out, "wrote {}", f.display());
                 }
-            })
-        }
+            }),
         CaCmd::IssueAgent {
             name,
             tenants,

@@ -8,9 +8,10 @@
 //!   reads them, and a sans-IO schedule that decides each ping from a
 //!   worker thread's [`watchdog::Heartbeat`] (ping only while it makes
 //!   progress or waits legitimately).
-//! - [`metrics`]: the Prometheus text exposition format and the one HTTP
-//!   request a scraper makes (a blocking one-at-a-time server for the
-//!   agent's metrics thread).
+//! - [`metrics`]: the agent's Prometheus text exposition and the one HTTP
+//!   request a scraper makes (a blocking one-at-a-time server for its
+//!   metrics thread); lock-free on the counting side, which is why it is
+//!   not `prometheus-client` as the controller's is.
 //! - [`log`]: the log output: today's text, JSON lines, or plain lines with
 //!   a `<N>` syslog priority prefix when stderr is journald.
 //!

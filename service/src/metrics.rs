@@ -1,12 +1,16 @@
-//! Prometheus metrics: the text exposition format (version 0.0.4, what
-//! `promtool check metrics` and every Prometheus server read) and the one
-//! HTTP request a scraper makes, for both the agent and the controller.
+//! Prometheus metrics for the agent: the text exposition format (version
+//! 0.0.4, what `promtool check metrics` and every Prometheus server read)
+//! and the one HTTP request a scraper makes.
 //!
-//! Why by hand and not the `prometheus-client` or `prometheus` crate: their
-//! metric types are updated in place behind locks (a histogram's
-//! `observe` and a label family's lookup take a lock that encoding holds
-//! while it renders), and the agent's control thread must never wait on
-//! the metrics server. Here the owner of the values keeps them as it likes
+//! Why by hand, when the controller's exposition is `prometheus-client`'s:
+//! that crate's metric types are updated in place behind locks (a
+//! histogram's `observe` takes a mutex; a label family's lookup takes a
+//! read-write lock that its encoder holds while it renders the family, and
+//! a new label set waits for it), and a firing's count must not wait on
+//! the metrics thread: the dispatcher counts on its SCHED_FIFO thread, the
+//! control thread must never wait on the metrics server (habit 13), and a
+//! lock shared with a thread of normal priority is a priority inversion
+//! waiting to happen. Here the owner of the values keeps them as it likes
 //! (plain counters on its own thread, atomics) and hands a snapshot to the
 //! metrics thread, which renders it with [`Encoder`]: HELP and TYPE lines,
 //! samples with escaped labels, histograms with cumulative buckets. That
@@ -17,8 +21,7 @@
 //! HTTP: [`parse_request`] reads a request head (sans IO), [`response`]
 //! writes the answer; [`serve_blocking`] is the small blocking server the
 //! agent runs on its own thread (one connection at a time, read and write
-//! timeouts, a bounded request). The controller uses the same two
-//! functions on its tokio runtime.
+//! timeouts, a bounded request).
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};

@@ -2,14 +2,19 @@
 //! socket named by `NOTIFY_SOCKET` (a path, or `@name` in the abstract
 //! namespace).
 //!
-//! Why by hand and not the `sd-notify` crate: that crate opens a socket and
-//! reads the environment on every call, and sends with a blocking
-//! `send_to`. A datagram send to a Unix socket blocks while the receiver's
-//! queue is full (systemd busy), and the agent's control loop must never
-//! block. Here the socket is opened once, non-blocking: a notification
-//! that cannot go out at once is dropped (the next watchdog ping follows
-//! within half the period), and the first failure is logged at debug, the
-//! rest silently.
+//! Why by hand and not a crate (checked against sd-notify 0.5.0, its
+//! current release): sd-notify `connect`s to the variable's value as a
+//! file path, so an abstract `@name` fails (ENOENT), and it sends on a
+//! blocking socket: once the receiver's queue is full (systemd busy;
+//! `net.unix.max_dgram_qlen`, 10 datagrams by default) the next call
+//! waits, and the agent's control loop, which pings the watchdog, must
+//! never wait. It also reads the environment and opens a socket on every
+//! call. libsystemd handles `@` but sends blocking too, and brings nix
+//! 0.29, nom, uuid and its own sha2 and hmac. Here the socket is opened
+//! once, non-blocking: a notification that cannot go out at once is
+//! dropped (the next watchdog ping follows within half the period,
+//! `a_full_receiver_drops_and_never_blocks` checks), and the first
+//! failure is logged at debug, the rest silently.
 
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::path::PathBuf;
@@ -226,6 +231,75 @@ mod tests {
         assert!(n.notify(&[State::Watchdog]));
         let len = rx.recv(&mut buf).expect("recv");
         assert_eq!(&buf[..len], b"WATCHDOG=1\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_full_receiver_drops_and_never_blocks() {
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("baton-notify-full-{}", std::process::id());
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).expect("abstract");
+        // Bound, never read: its queue fills after a few datagrams.
+        let _rx = UnixDatagram::bind_addr(&addr).expect("bind abstract");
+        let n = Notifier::connect(&parse_target(&format!("@{name}")).expect("parse")).expect("c");
+        let (tx, done) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let sent = (0..10_000).filter(|_| n.notify(&[State::Watchdog])).count();
+            let _ = tx.send(sent);
+        });
+        let sent = done
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("notify blocked on a full receiver");
+        assert!(
+            (1..10_000).contains(&sent),
+            "{sent} of 10000 sent: the queue should fill, and the rest be dropped"
+        );
+    }
+
+    /// `from_env` in child processes of this test binary: the variable is
+    /// set or removed for the child only, so no test here runs in a
+    /// changed environment.
+    #[test]
+    fn from_env_sends_to_notify_socket_and_is_disabled_without_it() {
+        const ME: &str =
+            "notify::tests::from_env_sends_to_notify_socket_and_is_disabled_without_it";
+        if let Some(want) = std::env::var_os("BATON_NOTIFY_CHILD") {
+            let n = Notifier::from_env();
+            if want == "enabled" {
+                assert!(n.enabled());
+                assert!(n.notify(&[State::Ready, State::Status("child")]));
+            } else {
+                assert!(!n.enabled());
+                assert!(!n.notify(&[State::Ready]));
+            }
+            return;
+        }
+        let child = |want: &str, socket: Option<&std::path::Path>| {
+            let mut c = std::process::Command::new(std::env::current_exe().expect("test binary"));
+            c.args(["--exact", ME]).env("BATON_NOTIFY_CHILD", want);
+            match socket {
+                Some(p) => c.env("NOTIFY_SOCKET", p),
+                None => c.env_remove("NOTIFY_SOCKET"),
+            };
+            let o = c.output().expect("run the child");
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                o.status.success() && out.contains("1 passed"),
+                "child ({want}): {}\n{out}",
+                o.status
+            );
+        };
+        let dir = std::env::temp_dir().join(format!("baton-notify-env-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("notify.sock");
+        let _ = std::fs::remove_file(&path);
+        let rx = UnixDatagram::bind(&path).expect("bind");
+        rx.set_nonblocking(true).expect("non-blocking");
+        child("enabled", Some(&path));
+        let mut buf = [0u8; 256];
+        let len = rx.recv(&mut buf).expect("the child's datagram");
+        assert_eq!(&buf[..len], b"READY=1\nSTATUS=child\n");
+        child("disabled", None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -341,7 +341,7 @@ impl Tls {
     fn make(dir: &Path, agents: usize) -> Result<Tls> {
         use baton_pki::ca::{self, CaDir, Validity};
         let ca = CaDir::new(dir);
-        let now = time::OffsetDateTime::now_utc();
+        let now = jiff::Timestamp::now();
         ca::init(&ca, &[], now)?;
         let read = |(c, k): (PathBuf, PathBuf)| -> Result<(Vec<u8>, Vec<u8>)> {
             Ok((std::fs::read(c)?, std::fs::read(k)?))

@@ -19,11 +19,11 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use jiff::{SignedDuration, Timestamp};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType, SerialNumber,
 };
-use time::{Duration, OffsetDateTime};
 
 use crate::identity::{self, Identity, IdentityError};
 
@@ -113,28 +113,59 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Validity {
     /// From.
-    pub not_before: OffsetDateTime,
+    pub not_before: Timestamp,
     /// Until.
-    pub not_after: OffsetDateTime,
+    pub not_after: Timestamp,
 }
+
+const HOUR: i64 = 3600;
+const DAY: i64 = 24 * HOUR;
 
 impl Validity {
     /// `days` from `now` (valid from an hour before, for clocks a little
     /// behind).
-    pub fn days(now: OffsetDateTime, days: i64) -> Validity {
+    pub fn days(now: Timestamp, days: i64) -> Validity {
         Validity {
-            not_before: now - Duration::hours(1),
-            not_after: now + Duration::days(days),
+            not_before: shift(now, -HOUR),
+            not_after: shift(now, days.saturating_mul(DAY)),
         }
     }
 
     /// Until `not_after` (tests make expired certificates with a past one).
-    pub fn until(now: OffsetDateTime, not_after: OffsetDateTime) -> Validity {
+    pub fn until(now: Timestamp, not_after: Timestamp) -> Validity {
         Validity {
-            not_before: (now - Duration::hours(1)).min(not_after - Duration::days(1)),
+            not_before: shift(now, -HOUR).min(shift(not_after, -DAY)),
             not_after,
         }
     }
+}
+
+/// `t` moved by `secs`, held to the range a `Timestamp` has (years -9999
+/// to 9999), so no count of days overflows.
+fn shift(t: Timestamp, secs: i64) -> Timestamp {
+    t.checked_add(SignedDuration::from_secs(secs))
+        .unwrap_or(if secs < 0 {
+            Timestamp::MIN
+        } else {
+            Timestamp::MAX
+        })
+}
+
+/// `v` on `p`. The controller's instants are jiff's; rcgen takes `time`
+/// values, so this is the one place this crate names `time`: each bound is
+/// converted here, at the edge, and nothing else handles `time` types.
+fn set_validity(p: &mut CertificateParams, v: Validity, path: &Path) -> Result<(), CaError> {
+    let at = |t: Timestamp| {
+        time::OffsetDateTime::from_unix_timestamp_nanos(t.as_nanosecond()).map_err(|e| {
+            CaError::Cert {
+                path: path.to_path_buf(),
+                message: format!("validity bound {t}: {e}"),
+            }
+        })
+    };
+    p.not_before = at(v.not_before)?;
+    p.not_after = at(v.not_after)?;
+    Ok(())
 }
 
 /// The files of a CA directory.
@@ -213,7 +244,7 @@ fn read(path: &Path) -> Result<String, CaError> {
 /// `ca init`: a new CA and the controller's server certificate for `hosts`
 /// (DNS names or IP addresses; empty: `localhost` and `127.0.0.1`).
 /// Refuses to overwrite an existing CA. Returns the files written.
-pub fn init(ca: &CaDir, hosts: &[String], now: OffsetDateTime) -> Result<Vec<PathBuf>, CaError> {
+pub fn init(ca: &CaDir, hosts: &[String], now: Timestamp) -> Result<Vec<PathBuf>, CaError> {
     for p in [ca.ca_cert(), ca.ca_key()] {
         if p.exists() {
             return Err(CaError::Exists(p));
@@ -243,9 +274,7 @@ pub fn init(ca: &CaDir, hosts: &[String], now: OffsetDateTime) -> Result<Vec<Pat
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    let v = Validity::days(now, CA_DAYS);
-    p.not_before = v.not_before;
-    p.not_after = v.not_after;
+    set_validity(&mut p, Validity::days(now, CA_DAYS), &ca_path)?;
     p.serial_number = Some(random_serial());
     let cert = p.self_signed(&key).map_err(cert_err(&ca_path))?;
     write_file(&ca.ca_key(), &key.serialize_pem(), true)?;
@@ -259,9 +288,7 @@ pub fn init(ca: &CaDir, hosts: &[String], now: OffsetDateTime) -> Result<Vec<Pat
         .push(DnType::CommonName, hosts[0].as_str());
     s.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     s.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    let v = Validity::days(now, LEAF_DAYS);
-    s.not_before = v.not_before;
-    s.not_after = v.not_after;
+    set_validity(&mut s, Validity::days(now, LEAF_DAYS), &server_path)?;
     s.serial_number = Some(random_serial());
     s.use_authority_key_identifier_extension = true;
     let skey = KeyPair::generate().map_err(cert_err(&server_path))?;
@@ -321,8 +348,7 @@ pub fn issue(
     )];
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    p.not_before = validity.not_before;
-    p.not_after = validity.not_after;
+    set_validity(&mut p, validity, &cert_path)?;
     p.serial_number = Some(random_serial());
     p.use_authority_key_identifier_extension = true;
     let key = KeyPair::generate().map_err(cert_err(&cert_path))?;
@@ -457,8 +483,31 @@ mod tests {
     use super::*;
     use crate::identity::Role;
 
-    fn now() -> OffsetDateTime {
-        OffsetDateTime::now_utc()
+    fn now() -> Timestamp {
+        Timestamp::now()
+    }
+
+    #[test]
+    fn validity_is_held_to_the_range_of_an_instant() {
+        let t = now();
+        let v = Validity::days(t, 2);
+        assert_eq!(
+            v.not_after.duration_since(t),
+            SignedDuration::from_hours(48)
+        );
+        assert_eq!(
+            t.duration_since(v.not_before),
+            SignedDuration::from_hours(1)
+        );
+        assert_eq!(Validity::days(t, i64::MAX).not_after, Timestamp::MAX);
+        // A past end: it starts a day before it, so it is a valid (expired)
+        // certificate.
+        let past = Timestamp::from_second(86_400 * 365).expect("1971");
+        let v = Validity::until(t, past);
+        assert_eq!(
+            v.not_before,
+            Timestamp::from_second(86_400 * 364).expect("1970")
+        );
     }
 
     #[test]

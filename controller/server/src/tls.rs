@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn changed_files_are_re_read_and_a_broken_change_keeps_the_previous_state() {
         let tmp = tempfile::tempdir().expect("tmp");
-        let now = time::OffsetDateTime::now_utc();
+        let now = jiff::Timestamp::now();
         let ca = CaDir::new(tmp.path().join("ca"));
         ca::init(&ca, &[], now).expect("init");
         let other = CaDir::new(tmp.path().join("other"));
@@ -369,7 +369,7 @@ mod tests {
     fn the_serials_in_force_are_the_file_and_the_other_replicas() {
         let tmp = tempfile::tempdir().expect("tmp");
         let ca = CaDir::new(tmp.path().join("ca"));
-        ca::init(&ca, &[], time::OffsetDateTime::now_utc()).expect("init");
+        ca::init(&ca, &[], jiff::Timestamp::now()).expect("init");
         std::fs::write(ca.revoked(), "0a agent a1\n").expect("write");
         let (tx, rx) = watch::channel(Arc::new(HashSet::new()));
         let state = TlsState::load(ca.clone(), tx).expect("load");

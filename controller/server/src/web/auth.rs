@@ -15,6 +15,18 @@
 //! Sessions live in this process's memory (12 hours at most, never past
 //! the certificate's expiry): a controller restart, or a request reaching
 //! another replica, asks to log in again.
+//!
+//! The cookie itself is `axum-extra`'s (parsed from `Cookie`, written to
+//! `Set-Cookie` with typed attributes). The session table and the CSRF
+//! token stay here, short and written for this: no crate does what they
+//! must. A session is an identity bounded by its certificate (expiry,
+//! revocation checked on every request, at most
+//! [`SESSIONS_PER_IDENTITY`] per certificate), which `tower-sessions`
+//! (a serialised key-value bag per session, a store behind its own trait)
+//! does not model, and its store would stand in the way of moving sessions
+//! into the controller's database; the CSRF token is the session's own
+//! (synchroniser token), checked in constant time, so no second cookie
+//! and no signing key are needed.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -23,9 +35,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Form, extract::Query};
+use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use maud::html;
 use tokio::sync::watch;
 
@@ -191,7 +204,8 @@ impl Auth {
                 via: Via::Bearer,
             });
         }
-        let id = cookie(headers, COOKIE)?;
+        let jar = CookieJar::from_headers(headers);
+        let id = jar.get(COOKIE)?.value();
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let s = sessions.get(id)?.clone();
         if s.expires <= Instant::now() || self.revoked.borrow().contains(&s.serial) {
@@ -249,20 +263,25 @@ impl Auth {
         );
         Ok(id)
     }
+}
 
-    fn close(&self, headers: &HeaderMap) {
-        if let Some(id) = cookie(headers, COOKIE) {
-            self.close_id(id);
-        }
-    }
+/// The session cookie for `id`: for this host only (`__Host-`: Secure,
+/// `Path=/`, no `Domain`; only a TLS controller has sessions), out of
+/// scripts' reach, never sent with a request another site starts.
+fn session_cookie(id: String) -> Cookie<'static> {
+    Cookie::build((COOKIE, id))
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(true)
+        .max_age(max_age(SESSION_TTL))
+        .build()
+}
 
-    fn set_cookie(&self, id: &str, max_age: u64) -> HeaderValue {
-        let secure = if self.secure_cookie { "; Secure" } else { "" };
-        HeaderValue::from_str(&format!(
-            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
-        ))
-        .unwrap_or_else(|_| HeaderValue::from_static(""))
-    }
+/// cookie's `Max-Age` is a `time::Duration`: the one place the server
+/// names `time` (the controller's own instants and spans are jiff's).
+fn max_age(d: Duration) -> time::Duration {
+    time::Duration::try_from(d).unwrap_or(time::Duration::MAX)
 }
 
 impl Who {
@@ -444,6 +463,7 @@ impl std::fmt::Debug for LoginForm {
 pub async fn login(
     State(web): State<Arc<Web>>,
     headers: HeaderMap,
+    jar: CookieJar,
     Form(f): Form<LoginForm>,
 ) -> Response {
     if let Err(r) = same_origin(&headers, web.auth.secure_cookie) {
@@ -472,12 +492,8 @@ pub async fn login(
         web.auth.close_id(&id);
         return super::app_error(e);
     }
-    let mut r = Redirect::to(&safe_next(&f.next)).into_response();
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        web.auth.set_cookie(&id, SESSION_TTL.as_secs()),
-    );
-    r
+    let jar = jar.add(session_cookie(id));
+    (jar, Redirect::to(&safe_next(&f.next))).into_response()
 }
 
 impl Auth {
@@ -496,21 +512,24 @@ pub struct LogoutForm {
     csrf: String,
 }
 
-/// `POST /logout`.
+/// `POST /logout`: the session closed, and the browser told to drop its
+/// cookie (a removal with the same attributes, or a `__Host-` cookie's
+/// removal is itself refused).
 pub async fn logout(
     State(web): State<Arc<Web>>,
     who: Who,
     headers: HeaderMap,
+    jar: CookieJar,
     Form(f): Form<LogoutForm>,
 ) -> Response {
     if let Err(r) = who.check_post(&headers, Some(&f.csrf)) {
         return r.into_response();
     }
-    web.auth.close(&headers);
-    let mut r = Redirect::to("/login").into_response();
-    r.headers_mut()
-        .insert(header::SET_COOKIE, web.auth.set_cookie("", 0));
-    r
+    if let Some(c) = jar.get(COOKIE) {
+        web.auth.close_id(c.value());
+    }
+    let jar = jar.remove(session_cookie(String::new()));
+    (jar, Redirect::to("/login")).into_response()
 }
 
 /// Where to go after log-in: a path on this site, never another site.
@@ -531,17 +550,6 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme
         .eq_ignore_ascii_case("bearer")
         .then_some(token.trim())
-}
-
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
 }
 
 fn random_hex<const N: usize>() -> String {
@@ -575,6 +583,7 @@ pub fn percent(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     #[test]
     fn only_a_local_path_is_followed_after_log_in() {
@@ -603,13 +612,73 @@ mod tests {
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer  baton_x "),
         );
-        assert_eq!(cookie(&h, COOKIE), Some("abc"));
-        assert_eq!(cookie(&h, "c"), None);
+        let jar = CookieJar::from_headers(&h);
+        assert_eq!(jar.get(COOKIE).map(Cookie::value), Some("abc"));
+        assert!(jar.get("c").is_none());
         assert_eq!(bearer(&h), Some("baton_x"));
         assert!(constant_time_eq(b"ab", b"ab") && !constant_time_eq(b"ab", b"ac"));
         assert!(
             !constant_time_eq(b"", b""),
             "an empty CSRF token never matches"
+        );
+    }
+
+    #[test]
+    fn the_session_cookie_is_set_for_this_host_and_removed_alike() {
+        let set = |jar: CookieJar| {
+            let r = (jar, ()).into_response();
+            let v: Vec<String> = r
+                .headers()
+                .get_all(header::SET_COOKIE)
+                .iter()
+                .map(|v| v.to_str().unwrap_or_default().to_string())
+                .collect();
+            v
+        };
+        let attrs = |c: &str| {
+            let mut a: Vec<String> = c.split("; ").skip(1).map(str::to_string).collect();
+            a.retain(|x| !x.starts_with("Expires="));
+            a.sort();
+            a
+        };
+        let added = set(CookieJar::new().add(session_cookie("ab12".into())));
+        assert_eq!(added.len(), 1);
+        assert!(
+            added[0].starts_with("__Host-baton_session=ab12; "),
+            "{added:?}"
+        );
+        assert_eq!(
+            attrs(&added[0]),
+            [
+                "HttpOnly",
+                "Max-Age=43200",
+                "Path=/",
+                "SameSite=Strict",
+                "Secure"
+            ]
+        );
+        // Log-out: the browser's cookie replaced by an expired one with the
+        // same attributes (a `__Host-` cookie without them is refused).
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("__Host-baton_session=ab12"),
+        );
+        let removed = set(CookieJar::from_headers(&h).remove(session_cookie(String::new())));
+        assert_eq!(removed.len(), 1);
+        assert!(
+            removed[0].starts_with("__Host-baton_session=; "),
+            "{removed:?}"
+        );
+        assert_eq!(
+            attrs(&removed[0]),
+            [
+                "HttpOnly",
+                "Max-Age=0",
+                "Path=/",
+                "SameSite=Strict",
+                "Secure"
+            ]
         );
     }
 

@@ -30,7 +30,7 @@ struct Fixture {
 }
 
 fn token(ca: &CaDir, name: &str, tenant: &str, role: Role) -> String {
-    let now = time::OffsetDateTime::now_utc();
+    let now = jiff::Timestamp::now();
     let who = Identity::Operator {
         name: name.into(),
         tenant: tenant.into(),
@@ -43,7 +43,7 @@ fn token(ca: &CaDir, name: &str, tenant: &str, role: Role) -> String {
 async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let ca = CaDir::new(dir.path());
-    ca::init(&ca, &[], time::OffsetDateTime::now_utc()).unwrap();
+    ca::init(&ca, &[], jiff::Timestamp::now()).unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Binding::Tenants));
     let app = App::new(store.clone(), AppConfig::new(Binding::Tenants));
     for (id, tenant) in [("press-a", "plant-a"), ("press-b", "plant-b")] {

@@ -16,13 +16,14 @@ use crate::web::Web;
 use crate::web::auth::Who;
 use baton_app::App;
 
-/// The exposition's content type.
-const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
 /// The metrics as an answer.
 pub async fn render(app: &App) -> Response {
     let body = app.metrics_text().await;
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
+    (
+        [(header::CONTENT_TYPE, baton_app::metrics::CONTENT_TYPE)],
+        body,
+    )
+        .into_response()
 }
 
 /// `GET /metrics` on the dashboard: only for a caller of every tenant
