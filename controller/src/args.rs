@@ -291,6 +291,15 @@ pub(crate) struct ServeArgs {
         requires = "store"
     )]
     pub(crate) lease: String,
+    /// Reads this replica runs at once on the PostgreSQL store, each on
+    /// a connection of its own (a server process); more wait their turn.
+    #[arg(
+        long,
+        default_value_t = baton_sql::postgres::DEFAULT_READERS,
+        value_name = "N",
+        requires = "store"
+    )]
+    pub(crate) store_readers: usize,
     /// New agent streams admitted per second (0: no bound); past it a
     /// stream is refused UNAVAILABLE and the agent retries after its
     /// jittered backoff (a replica taking over a dead one's agents).

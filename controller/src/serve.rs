@@ -20,6 +20,7 @@ pub struct Opts {
     pub store_ca: Option<PathBuf>,
     pub replica_id: Option<String>,
     pub lease: String,
+    pub store_readers: usize,
     pub admit_rate: f64,
     pub admit_burst: f64,
     pub insecure: bool,
@@ -51,6 +52,7 @@ impl From<ServeArgs> for Opts {
             store_ca,
             replica_id,
             lease,
+            store_readers,
             admit_rate,
             admit_burst,
             tls_dir,
@@ -79,6 +81,7 @@ impl From<ServeArgs> for Opts {
             store_ca,
             replica_id,
             lease,
+            store_readers,
             admit_rate,
             admit_burst,
             insecure,
@@ -245,6 +248,7 @@ async fn open_store(
     let data = o.data.clone();
     let url = o.store.clone();
     let ca = o.store_ca.clone();
+    let readers = o.store_readers;
     let mut lease = LeaseConfig::new(o.replica_id.clone().unwrap_or_else(LeaseConfig::unique_id));
     lease.ttl = baton_proto::time::parse_duration(&o.lease)
         .map_err(|e| anyhow::anyhow!("--lease {}: {e}", o.lease))?;
@@ -254,6 +258,7 @@ async fn open_store(
         .map_err(|e| anyhow::anyhow!("--replica-id / --lease: {e}"))?;
     tokio::task::spawn_blocking(move || match url {
         Some(url) => Target::new(&url, ca.as_deref())
+            .map(|t| t.readers(readers))
             .and_then(|t| PgStore::open_replica(&t, binding, lease))
             .map(|s| {
                 let (replica, epoch) = s.replica();

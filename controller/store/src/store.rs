@@ -13,7 +13,7 @@ use baton_model::{
 };
 
 use crate::error::{StoreError, StoreResult};
-use crate::tx::Tx;
+use crate::tx::{Grows, Tx};
 
 /// A transaction's work: primitives on a [`Tx`]; `Err` rolls back all of
 /// it. `FnMut`: a backend may run it again in a new transaction when the
@@ -69,6 +69,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         rows: Vec<FeedbackRow>,
     ) -> StoreResult<FeedbackStored> {
         append_in_transaction(self, session, rows).await
+    }
+
+    /// Drops, whole, the partitions of `what` whose rows are all older
+    /// than `before` (a backend that partitions its history by time);
+    /// how many rows went. Retention calls it before deleting row by row
+    /// ([`crate::StoreOps::delete_feedback_before`] and the like), which
+    /// such a backend confines to the rows outside every partition. The
+    /// default partitions nothing.
+    async fn drop_partitions_before(&self, what: Grows, before: RefTime) -> StoreResult<u64> {
+        let _ = (what, before);
+        Ok(0)
     }
 
     // ---- reads

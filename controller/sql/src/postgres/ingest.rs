@@ -450,7 +450,7 @@ const INSERT_SQL: &str = "INSERT INTO feedback (journal, seq, tenant, pack, vers
     $6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], \
     $12::bigint[], $13::smallint[], $14::smallint[], $15::text[], $16::text[], $17::text[], \
     $18::bigint[], $19::bigint[], $20::bigint[], $21::smallint[], $22::smallint[], $23::bigint[]) \
-  ON CONFLICT (journal, seq) DO NOTHING RETURNING journal, seq";
+  ON CONFLICT DO NOTHING RETURNING journal, seq";
 
 /// The new rows as the insert's arrays, one per column.
 #[derive(Default)]

@@ -35,6 +35,7 @@ pub mod import;
 pub mod ingest;
 mod lease;
 mod news;
+pub mod partitions;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -59,8 +60,11 @@ pub const MAX_BATCH: usize = 64;
 /// The advisory lock migrations run under (replicas starting together).
 const MIGRATION_LOCK: i64 = 0x6261_746f_6e4d; // "batonM"
 
-/// Read connections kept open between reads.
-const MAX_IDLE_READERS: usize = 4;
+/// Reads running at once on one replica, unless its target says
+/// otherwise ([`Target::readers`]): each holds a connection (a
+/// PostgreSQL backend process, a few MB of the server's memory) and a
+/// blocking thread while it runs; more wait for one to end.
+pub const DEFAULT_READERS: usize = 8;
 
 /// The store on a PostgreSQL database. Cheap to clone; every clone talks
 /// to the same writer.
@@ -72,6 +76,8 @@ pub struct PgStore {
     ingest: Arc<ingest::Lane>,
     /// Other replicas' commits, heard (a follower's wake-up).
     news: Arc<news::News>,
+    /// Day partitions made ahead, and dropped by retention.
+    partitions: Arc<partitions::Partitions>,
     readers: Arc<ReadPool>,
     binding: Binding,
     lease: Arc<Lease>,
@@ -95,6 +101,7 @@ fn backend(what: &str, e: &postgres::Error) -> StoreError {
 pub struct Target {
     config: postgres::Config,
     tls: Option<MakeRustlsConnect>,
+    readers: usize,
 }
 
 impl fmt::Debug for Target {
@@ -102,6 +109,7 @@ impl fmt::Debug for Target {
         // Never the configuration: it may hold a password.
         f.debug_struct("Target")
             .field("tls", &self.tls.is_some())
+            .field("readers", &self.readers)
             .finish_non_exhaustive()
     }
 }
@@ -159,7 +167,18 @@ impl Target {
                 None
             }
         };
-        Ok(Target { config, tls })
+        Ok(Target {
+            config,
+            tls,
+            readers: DEFAULT_READERS,
+        })
+    }
+
+    /// At most `n` reads at once (each on a connection of its own; at
+    /// least 1), instead of [`DEFAULT_READERS`].
+    pub fn readers(mut self, n: usize) -> Target {
+        self.readers = n.max(1);
+        self
     }
 }
 
@@ -200,6 +219,8 @@ impl PgStore {
         let readers = Arc::new(ReadPool {
             target: target.clone(),
             idle: Mutex::new(Vec::new()),
+            permits: Arc::new(tokio::sync::Semaphore::new(target.readers)),
+            queued: std::sync::atomic::AtomicUsize::new(0),
         });
         let batches = PgBatches {
             target: target.clone(),
@@ -211,14 +232,25 @@ impl PgStore {
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
         let ingest = ingest::Lane::start(target.clone(), Arc::clone(&lease), idle_limit)?;
         let news = news::News::start(target.clone())?;
+        let partitions = partitions::Partitions::start(target.clone())?;
         Ok(PgStore {
             writer: Arc::new(writer),
             ingest: Arc::new(ingest),
             news: Arc::new(news),
+            partitions,
             readers,
             binding,
             lease,
         })
+    }
+
+    /// Reads running and reads waiting for a turn, now.
+    pub fn reads(&self) -> (usize, usize) {
+        let r = &self.readers;
+        (
+            r.target.readers - r.permits.available_permits(),
+            r.queued.load(std::sync::atomic::Ordering::SeqCst),
+        )
     }
 
     /// What the feedback lane has committed so far.
@@ -286,6 +318,22 @@ impl Engine for PgStore {
         Some(&self.ingest)
     }
 
+    fn partitioned(&self) -> bool {
+        true
+    }
+
+    async fn drop_partitions_before(
+        &self,
+        what: baton_store::Grows,
+        before: baton_model::RefTime,
+    ) -> StoreResult<u64> {
+        let Some(t) = partitions::Parted::of(what) else {
+            return Ok(0);
+        };
+        let p = Arc::clone(&self.partitions);
+        off_runtime(move || p.with(|c| partitions::drop_before(c, t, before.as_nanos()))).await
+    }
+
     async fn news(&self, at_most: std::time::Duration) {
         self.news.wait(at_most).await;
     }
@@ -312,7 +360,19 @@ impl Engine for PgStore {
         F: Fn(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
         let pool = Arc::clone(&self.readers);
-        off_runtime(move || pool.with(f)).await
+        // The turn is awaited here, on the runtime: a read waiting for a
+        // connection holds no thread.
+        pool.queued
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let turn = Arc::clone(&pool.permits).acquire_owned().await;
+        pool.queued
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        let turn = turn.map_err(|_| StoreError::Closed)?;
+        off_runtime(move || {
+            let _turn = turn;
+            pool.with(f)
+        })
+        .await
     }
 }
 
@@ -444,10 +504,15 @@ impl Batches<PgConn> for PgBatches {
     }
 }
 
-/// Read connections, opened on demand, a few kept for reuse.
+/// Read connections, opened on demand and kept for reuse, at most
+/// [`Target::readers`] of them (and as many reads at once).
 struct ReadPool {
     target: Target,
     idle: Mutex<Vec<PgConn>>,
+    /// One per read running.
+    permits: Arc<tokio::sync::Semaphore>,
+    /// Reads waiting for a turn.
+    queued: std::sync::atomic::AtomicUsize,
 }
 
 impl ReadPool {
@@ -470,7 +535,7 @@ impl ReadPool {
             out = f(&conn);
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < MAX_IDLE_READERS && !conn.is_closed() {
+        if idle.len() < self.target.readers && !conn.is_closed() {
             idle.push(conn);
         }
         out
@@ -520,6 +585,12 @@ fn migrate(conn: &PgConn) -> StoreResult<()> {
 }
 
 fn migrate_locked(conn: &PgConn) -> StoreResult<()> {
+    migrate_up_to(conn, i64::MAX)
+}
+
+/// Applies every migration not applied yet up to version `last`
+/// (tests stop short of the newest, to migrate stored rows).
+fn migrate_up_to(conn: &PgConn, last: i64) -> StoreResult<()> {
     conn.batch(CREATE_SCHEMA_MIGRATIONS)
         .map_err(|e| backend("create schema_migrations", &e))?;
     let newest: i64 = query_first(
@@ -535,7 +606,10 @@ fn migrate_locked(conn: &PgConn) -> StoreResult<()> {
             "the database's schema is v{newest}, newer than this controller's v{known}; run a newer controller"
         )));
     }
-    for m in MIGRATIONS.iter().filter(|m| m.version > newest) {
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| m.version > newest && m.version <= last)
+    {
         conn.batch("BEGIN")
             .map_err(|e| backend("begin a migration", &e))?;
         let applied = (|| {
@@ -587,6 +661,8 @@ pub fn test_replicas(names: &[&str]) -> Option<Vec<PgStore>> {
     .expect("open thread")
 }
 
+#[cfg(test)]
+mod partition_tests;
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
@@ -656,7 +732,7 @@ mod tests {
     /// A connection of its own to the replicas' database, on a thread of
     /// its own (the sync client's runtime), driven by `steps`: each step
     /// runs one statement when the test sends it, and answers when done.
-    fn raw_session(
+    pub(super) fn raw_session(
         target: &Target,
     ) -> (
         std::sync::mpsc::Sender<String>,
@@ -805,6 +881,68 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         waiting.await.unwrap();
+    }
+
+    /// Reads beyond the pool's bound wait their turn without a connection:
+    /// with the table locked by another session, six reads at once put
+    /// two on the server (both waiting on the lock) and four in line;
+    /// once it is released all six answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_past_the_pools_bound_wait_their_turn_without_a_connection() {
+        if !available() {
+            return;
+        }
+        let (store, target) = std::thread::spawn(|| {
+            let url = baton_testpg::fresh_database().expect("a test database");
+            let target = Target::new(&url, None).unwrap().readers(2);
+            (PgStore::open(&target, Binding::Open).unwrap(), target)
+        })
+        .join()
+        .unwrap();
+        let (steps, answers) = raw_session(&target);
+        for sql in ["BEGIN", "LOCK TABLE agents IN ACCESS EXCLUSIVE MODE"] {
+            steps.send(sql.into()).unwrap();
+            answers.recv().unwrap().unwrap();
+        }
+        let reads: Vec<_> = (0..6)
+            .map(|i| {
+                let s = store.clone();
+                tokio::spawn(async move { s.agent(&format!("a{i}")).await })
+            })
+            .collect();
+        let on_server = |target: &Target| {
+            let target = target.clone();
+            std::thread::spawn(move || {
+                let raw = PgConn::new(connect(&target).unwrap());
+                query_first(
+                    &raw,
+                    "SELECT count(*) AS n FROM pg_stat_activity \
+                     WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                    &[],
+                    |r| col::<i64>(r, "n"),
+                )
+                .unwrap()
+                .unwrap_or(0)
+            })
+            .join()
+            .unwrap()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while store.reads() != (2, 4) || on_server(&target) != 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "reads {:?}, {} on the server",
+                store.reads(),
+                on_server(&target)
+            );
+            tokio::task::yield_now().await;
+        }
+        steps.send("COMMIT".into()).unwrap();
+        answers.recv().unwrap().unwrap();
+        for r in reads {
+            assert_eq!(r.await.unwrap().unwrap(), None);
+        }
+        assert_eq!(store.reads(), (0, 0));
     }
 
     /// A decision on one replica waits for another replica's decision

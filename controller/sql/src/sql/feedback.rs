@@ -207,7 +207,7 @@ fn insert_sql(rows: usize) -> String {
          execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, outcome, \
          reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
          clock_state, received_ns) VALUES {} \
-         ON CONFLICT (journal, seq) DO NOTHING RETURNING seq",
+         ON CONFLICT DO NOTHING RETURNING seq",
         values_rows(rows, FEEDBACK_INSERT_COLUMNS)
     )
 }
@@ -275,6 +275,14 @@ pub(crate) const DELETE_FEEDBACK: &str = "DELETE FROM feedback WHERE id IN \
 pub(crate) const DELETE_CLOCK: &str = "DELETE FROM clock_reports WHERE (agent_id, at_ns) IN \
      (SELECT agent_id, at_ns FROM clock_reports WHERE at_ns < ?1 \
      ORDER BY at_ns, agent_id LIMIT ?2)";
+/// [`DELETE_FEEDBACK`] and [`DELETE_CLOCK`] where the tables are
+/// partitioned by day: only the rows outside every day (the DEFAULT
+/// partitions); the days go whole (`postgres::partitions`).
+pub(crate) const DELETE_FEEDBACK_DEFAULT: &str = "DELETE FROM feedback_default WHERE id IN \
+     (SELECT id FROM feedback_default WHERE received_ns < ?1 ORDER BY received_ns, id LIMIT ?2)";
+pub(crate) const DELETE_CLOCK_DEFAULT: &str = "DELETE FROM clock_reports_default \
+     WHERE (agent_id, at_ns) IN (SELECT agent_id, at_ns FROM clock_reports_default \
+     WHERE at_ns < ?1 ORDER BY at_ns, agent_id LIMIT ?2)";
 pub(crate) const DELETE_AUDIT: &str = "DELETE FROM audit WHERE id IN \
      (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns, id LIMIT ?2)";
 

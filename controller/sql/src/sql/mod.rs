@@ -76,6 +76,25 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// Whether feedback and clock history are partitioned by day (on
+    /// PostgreSQL, migration 15): retention then deletes rows one by one
+    /// only in the DEFAULT partitions, and drops the days whole
+    /// ([`Engine::drop_partitions_before`]).
+    fn partitioned(&self) -> bool {
+        false
+    }
+
+    /// Drops the whole partitions of `what` older than `before`; how many
+    /// rows went (the default: none partitioned).
+    fn drop_partitions_before(
+        &self,
+        what: baton_store::Grows,
+        before: baton_model::RefTime,
+    ) -> impl Future<Output = StoreResult<u64>> + Send {
+        let _ = (what, before);
+        std::future::ready(Ok(0))
+    }
+
     /// A lane that writes many streams' feedback together
     /// ([`crate::postgres::ingest`]); `None`: one transaction each.
     fn ingest(&self) -> Option<&crate::postgres::ingest::Lane> {

@@ -33,6 +33,7 @@ impl Store for $engine {
         let owner = self.owner();
         let lease_clock = self.lease_clock();
         let locks = self.locks();
+        let partitioned = self.partitioned();
         self.write(move |conn| {
             job(&mut SqlTx {
                 conn,
@@ -40,6 +41,7 @@ impl Store for $engine {
                 owner: &owner,
                 lease_clock,
                 locks,
+                partitioned,
             })
         })
         .await
@@ -56,6 +58,14 @@ impl Store for $engine {
         }
     }
 
+    async fn drop_partitions_before(
+        &self,
+        what: baton_store::Grows,
+        before: RefTime,
+    ) -> StoreResult<u64> {
+        Engine::drop_partitions_before(self, what, before).await
+    }
+
     async fn news(&self, at_most: std::time::Duration) {
         Engine::news(self, at_most).await
     }
@@ -65,6 +75,7 @@ impl Store for $engine {
         let owner = self.owner();
         let lease_clock = self.lease_clock();
         let locks = self.locks();
+        let partitioned = self.partitioned();
         self.write_background(move |conn| {
             job(&mut SqlTx {
                 conn,
@@ -72,6 +83,7 @@ impl Store for $engine {
                 owner: &owner,
                 lease_clock,
                 locks,
+                partitioned,
             })
         })
         .await

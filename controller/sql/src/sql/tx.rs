@@ -23,6 +23,9 @@ pub(crate) struct SqlTx<'a> {
     /// take locks, and events are announced to the other replicas'
     /// followers on commit.
     pub(crate) locks: bool,
+    /// Whether feedback and clock history are partitioned by day
+    /// ([`super::Engine::partitioned`]).
+    pub(crate) partitioned: bool,
 }
 
 /// Advisory lock namespaces (the first key of the two-key form).
@@ -258,6 +261,8 @@ impl Tx for SqlTx<'_> {
 
     fn delete_before(&mut self, what: Grows, before: RefTime, max: u32) -> StoreResult<u64> {
         let sql = match what {
+            Grows::Feedback if self.partitioned => feedback::DELETE_FEEDBACK_DEFAULT,
+            Grows::Clock if self.partitioned => feedback::DELETE_CLOCK_DEFAULT,
             Grows::Feedback => DELETE_FEEDBACK,
             Grows::Clock => DELETE_CLOCK,
             Grows::Audit => DELETE_AUDIT,
