@@ -37,5 +37,8 @@ mod tx;
 pub use baton_model::*;
 pub use error::{StoreError, StoreResult, fits};
 pub use ops::StoreOps;
-pub use store::{Store, TxJob, append_in_transaction, transact, transact_background};
+pub use store::{
+    Store, TxJob, append_in_transaction, clock_in_transaction, seen_in_transaction, transact,
+    transact_background,
+};
 pub use tx::{Grows, PackHead, Tx};

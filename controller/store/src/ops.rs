@@ -51,12 +51,8 @@ pub trait StoreOps: Store {
         at: RefTime,
         lateness_p99: Option<SignedDuration>,
     ) -> StoreResult<()> {
-        let id = id.to_owned();
-        transact(self, move |tx| {
-            decide::check_session(tx, &id, session)?;
-            tx.write_seen(&id, connected, at, lateness_p99)
-        })
-        .await
+        self.append_seen(id, session, connected, at, lateness_p99)
+            .await
     }
 
     /// At start-up: the agents whose stream no live replica holds (on a
@@ -72,12 +68,7 @@ pub trait StoreOps: Store {
     /// changes nothing. An agent that never said hello is
     /// [`StoreError::NoSuchAgent`].
     async fn record_clock(&self, id: &str, session: u64, clock: ClockRow) -> StoreResult<()> {
-        let id = id.to_owned();
-        transact(self, move |tx| {
-            decide::check_session(tx, &id, session)?;
-            tx.write_clock(&id, &clock)
-        })
-        .await
+        self.append_clock(id, session, clock).await
     }
 
     /// Change one tenant's operator labels on an agent: `set` (a value, or

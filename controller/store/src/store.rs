@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use baton_model::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, FeedbackStored, Mark, PackKey, PackSummaryRow, PackVersionRow,
-    RefTime, RevocationRow, RolloutRow,
+    RefTime, RevocationRow, RolloutRow, SignedDuration,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -69,6 +69,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         rows: Vec<FeedbackRow>,
     ) -> StoreResult<FeedbackStored> {
         append_in_transaction(self, session, rows).await
+    }
+
+    /// Store a clock report of `id`'s stream of generation `session`
+    /// (the rules: [`crate::StoreOps::record_clock`]). A backend may write
+    /// many streams' reports together, in a constant number of
+    /// statements; the default is one transaction each.
+    async fn append_clock(&self, id: &str, session: u64, clock: ClockRow) -> StoreResult<()> {
+        clock_in_transaction(self, id, session, clock).await
+    }
+
+    /// Store when `id`'s stream of generation `session` was last seen
+    /// (the rules: [`crate::StoreOps::agent_seen`]); as
+    /// [`Store::append_clock`], a backend may write many together.
+    async fn append_seen(
+        &self,
+        id: &str,
+        session: u64,
+        connected: bool,
+        at: RefTime,
+        lateness_p99: Option<SignedDuration>,
+    ) -> StoreResult<()> {
+        seen_in_transaction(self, id, session, connected, at, lateness_p99).await
     }
 
     /// Drops, whole, the partitions of `what` whose rows are all older
@@ -186,6 +208,38 @@ pub async fn append_in_transaction<S: Store + ?Sized>(
     transact(store, move |tx| {
         crate::decide::session_if_known(tx, &agent, session)?;
         tx.put_feedback(&rows)
+    })
+    .await
+}
+
+/// [`Store::append_clock`] as one transaction of [`Tx`] primitives.
+pub async fn clock_in_transaction<S: Store + ?Sized>(
+    store: &S,
+    id: &str,
+    session: u64,
+    clock: ClockRow,
+) -> StoreResult<()> {
+    let id = id.to_owned();
+    transact(store, move |tx| {
+        crate::decide::check_session(tx, &id, session)?;
+        tx.write_clock(&id, &clock)
+    })
+    .await
+}
+
+/// [`Store::append_seen`] as one transaction of [`Tx`] primitives.
+pub async fn seen_in_transaction<S: Store + ?Sized>(
+    store: &S,
+    id: &str,
+    session: u64,
+    connected: bool,
+    at: RefTime,
+    lateness_p99: Option<SignedDuration>,
+) -> StoreResult<()> {
+    let id = id.to_owned();
+    transact(store, move |tx| {
+        crate::decide::check_session(tx, &id, session)?;
+        tx.write_seen(&id, connected, at, lateness_p99)
     })
     .await
 }

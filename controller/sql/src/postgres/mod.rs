@@ -846,6 +846,78 @@ mod tests {
         }
     }
 
+    /// Clock reports and last-seen marks of many streams are written
+    /// together too (history and latest: two statements; marks: one;
+    /// the fence shared), each answered as the writer would: a report of a
+    /// stale stream is fenced, one of an agent never seen is refused, an
+    /// older report leaves the latest alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clock_reports_and_marks_of_many_agents_cost_a_few_statements_a_transaction() {
+        if !available() {
+            return;
+        }
+        use baton_store::contract::{clock, hello};
+        const AGENTS: usize = 40;
+        let (store, _) = open(Binding::Open);
+        let store = Arc::new(store);
+        let mut gens = Vec::new();
+        for i in 0..AGENTS {
+            let (a, _) = store.agent_hello(hello(&format!("c{i:02}"), 100)).await.unwrap();
+            gens.push(a.session_gen);
+        }
+        let before = store.ingest_stats();
+        let writes: Vec<_> = (0..AGENTS)
+            .map(|i| {
+                let (s, session) = (store.clone(), gens[i]);
+                tokio::spawn(async move {
+                    let id = format!("c{i:02}");
+                    s.record_clock(&id, session, clock(2_000)).await.unwrap();
+                    // Older, and a re-send: the latest stays at 2 000.
+                    s.record_clock(&id, session, clock(1_000)).await.unwrap();
+                    s.record_clock(&id, session, clock(2_000)).await.unwrap();
+                    s.agent_seen(&id, session, true, RefTime::from_nanos(3_000), None)
+                        .await
+                        .unwrap();
+                })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap();
+        }
+        let st = store.ingest_stats();
+        let (tx, batches, statements) = (
+            st.transactions - before.transactions,
+            st.batches - before.batches,
+            st.statements - before.statements,
+        );
+        assert_eq!(batches, 4 * AGENTS as u64);
+        assert!(tx < batches, "{st:?}");
+        assert!(statements <= 4 * tx, "{st:?}");
+        for i in 0..AGENTS {
+            let id = format!("c{i:02}");
+            let a = store.agent(&id).await.unwrap().unwrap();
+            assert_eq!(a.clock.unwrap().at, RefTime::from_nanos(2_000));
+            assert_eq!(a.last_seen, RefTime::from_nanos(3_000));
+            let history = store
+                .clock_history(&id, RefTime::from_nanos(0), 10)
+                .await
+                .unwrap();
+            assert_eq!(history.len(), 2);
+        }
+        // A stale stream's report is fenced; an unknown agent's refused.
+        let stale = store.record_clock("c00", gens[0] - 1, clock(5_000)).await;
+        assert!(matches!(stale, Err(StoreError::Fenced { .. })), "{stale:?}");
+        let unknown = store.record_clock("nobody", 1, clock(5_000)).await;
+        assert!(
+            matches!(unknown, Err(StoreError::NoSuchAgent { .. })),
+            "{unknown:?}"
+        );
+        let gone = store
+            .agent_seen("nobody", 1, false, RefTime::from_nanos(1), None)
+            .await;
+        assert!(matches!(gone, Err(StoreError::NoSuchAgent { .. })), "{gone:?}");
+    }
+
     /// A replica hears another's events as they commit: its follower's
     /// wait ends then, not at the end of its poll.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

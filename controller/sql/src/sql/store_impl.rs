@@ -58,6 +58,35 @@ impl Store for $engine {
         }
     }
 
+    async fn append_clock(
+        &self,
+        id: &str,
+        session: u64,
+        clock: baton_store::ClockRow,
+    ) -> StoreResult<()> {
+        match Engine::ingest(self) {
+            Some(lane) => lane.clock(id, session, clock).await,
+            None => baton_store::clock_in_transaction(self, id, session, clock).await,
+        }
+    }
+
+    async fn append_seen(
+        &self,
+        id: &str,
+        session: u64,
+        connected: bool,
+        at: RefTime,
+        lateness_p99: Option<baton_store::SignedDuration>,
+    ) -> StoreResult<()> {
+        match Engine::ingest(self) {
+            Some(lane) => lane.seen(id, session, connected, at, lateness_p99).await,
+            None => {
+                baton_store::seen_in_transaction(self, id, session, connected, at, lateness_p99)
+                    .await
+            }
+        }
+    }
+
     async fn drop_partitions_before(
         &self,
         what: baton_store::Grows,

@@ -1,0 +1,457 @@
+//! What agents' streams write, into PostgreSQL as a stream, not
+//! statements: every batch waiting when the lane's thread comes round —
+//! feedback, clock reports, last-seen marks, of any number of agents — is
+//! written in one transaction of a few statements whatever its size: the
+//! fence (every agent's session generation, locked `FOR SHARE` so a
+//! takeover's hello waits for this commit, with the replica's lease in the
+//! same look), then for feedback the journals (each one's acked seq before
+//! and after, in one upsert) and the rows (one `INSERT … SELECT FROM
+//! unnest(…) ON CONFLICT DO NOTHING`), for clocks the history and each
+//! agent's latest (one statement each), for last-seen marks one update.
+//! A re-sent entry carrying a count of drops costs a few more, only then.
+//!
+//! The lane has a connection of its own, beside the writer's: ingest does
+//! not queue behind decisions, nor decisions behind ingest. Each caller
+//! gets its own answer: a fenced agent's batch is refused alone (a clock
+//! report or a mark of an agent with no record too), a batch with a value
+//! past `i64::MAX` too; a failed transaction fails every batch in it, and
+//! nothing of it is stored.
+
+mod feedback;
+mod status;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use postgres::{Client, Statement};
+use tokio::sync::{mpsc, oneshot};
+
+use super::conn::detailed;
+use super::lease::{Lease, NOW_US};
+use super::{Target, connect};
+use baton_model::RefTime;
+use baton_store::{ClockRow, FeedbackRow, FeedbackStored, SignedDuration, StoreError, StoreResult};
+
+/// Batches waiting at most (past it, callers wait to queue).
+const QUEUE_DEPTH: usize = 1024;
+/// Rows per transaction at most (a few thousand: one statement each way).
+const MAX_ROWS: usize = 16 * 1024;
+
+/// One caller's feedback batch.
+struct Put {
+    session: u64,
+    rows: Vec<FeedbackRow>,
+    reply: oneshot::Sender<StoreResult<FeedbackStored>>,
+}
+
+/// One caller's write.
+enum Work {
+    Feedback(Put),
+    Clock {
+        session: u64,
+        clock: status::Clock,
+        reply: oneshot::Sender<StoreResult<()>>,
+    },
+    Seen {
+        session: u64,
+        seen: status::Seen,
+        reply: oneshot::Sender<StoreResult<()>>,
+    },
+}
+
+impl Work {
+    /// Rows it writes (its share of a transaction).
+    fn rows(&self) -> usize {
+        match self {
+            Work::Feedback(p) => p.rows.len(),
+            Work::Clock { .. } | Work::Seen { .. } => 1,
+        }
+    }
+
+    fn fail(self, e: &StoreError) {
+        match self {
+            Work::Feedback(p) => drop(p.reply.send(Err(e.again()))),
+            Work::Clock { reply, .. } | Work::Seen { reply, .. } => {
+                drop(reply.send(Err(e.again())))
+            }
+        }
+    }
+}
+
+/// What the lane has done, for tests and the bench.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestStats {
+    /// Transactions committed.
+    pub transactions: u64,
+    /// Callers' batches in them (a clock report or a mark is one).
+    pub batches: u64,
+    /// Statements sent in them, `BEGIN` and `COMMIT` left out.
+    pub statements: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    transactions: AtomicU64,
+    batches: AtomicU64,
+    statements: AtomicU64,
+}
+
+/// The lane: a thread with its own connection (see the module doc).
+pub struct Lane {
+    tx: Option<mpsc::Sender<Work>>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
+}
+
+impl Lane {
+    /// Starts the lane's thread on `target`, writing as `lease`'s
+    /// replica.
+    pub(super) fn start(
+        target: Target,
+        lease: Arc<Lease>,
+        idle_limit: Duration,
+    ) -> StoreResult<Lane> {
+        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        let counters = Arc::new(Counters::default());
+        let c = Arc::clone(&counters);
+        let thread = std::thread::Builder::new()
+            .name("store-ingest".into())
+            .spawn(move || {
+                Ingest {
+                    target,
+                    lease,
+                    idle_limit,
+                    conn: None,
+                    counters: c,
+                }
+                .run(rx)
+            })
+            .map_err(|e| StoreError::unavailable("start the feedback ingest thread", e))?;
+        Ok(Lane {
+            tx: Some(tx),
+            thread: Some(thread),
+            counters,
+        })
+    }
+
+    async fn send<T>(
+        &self,
+        work: impl FnOnce(oneshot::Sender<StoreResult<T>>) -> Work,
+    ) -> StoreResult<T> {
+        let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        tx.send(work(reply)).await.map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Stores one journal's batch, fenced by `session` (see
+    /// `StoreOps::put_feedback` for the rules).
+    pub async fn put(&self, session: u64, rows: Vec<FeedbackRow>) -> StoreResult<FeedbackStored> {
+        self.send(|reply| {
+            Work::Feedback(Put {
+                session,
+                rows,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// Stores a clock report of `agent`'s stream `session` (see
+    /// `StoreOps::record_clock`).
+    pub async fn clock(&self, agent: &str, session: u64, clock: ClockRow) -> StoreResult<()> {
+        let clock = status::Clock {
+            agent: agent.to_owned(),
+            clock,
+        };
+        self.send(|reply| Work::Clock {
+            session,
+            clock,
+            reply,
+        })
+        .await
+    }
+
+    /// Stores when `agent`'s stream `session` was last seen (see
+    /// `StoreOps::agent_seen`).
+    pub async fn seen(
+        &self,
+        agent: &str,
+        session: u64,
+        connected: bool,
+        at: RefTime,
+        lateness_p99: Option<SignedDuration>,
+    ) -> StoreResult<()> {
+        let seen = status::Seen {
+            agent: agent.to_owned(),
+            connected,
+            at,
+            lateness_p99,
+        };
+        self.send(|reply| Work::Seen {
+            session,
+            seen,
+            reply,
+        })
+        .await
+    }
+
+    /// What the lane has committed so far.
+    pub fn stats(&self) -> IngestStats {
+        IngestStats {
+            transactions: self.counters.transactions.load(Ordering::Relaxed),
+            batches: self.counters.batches.load(Ordering::Relaxed),
+            statements: self.counters.statements.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // The thread ends once the channel is closed and drained.
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The lane's statements, prepared once per connection.
+struct Prepared {
+    fence: Statement,
+    feedback: feedback::Statements,
+    status: status::Statements,
+}
+
+struct Ingest {
+    target: Target,
+    lease: Arc<Lease>,
+    idle_limit: Duration,
+    conn: Option<(Client, Prepared)>,
+    counters: Arc<Counters>,
+}
+
+/// A database error as the store's, saying what was being done.
+fn fail(what: &'static str) -> impl Fn(postgres::Error) -> StoreError {
+    move |e| StoreError::unavailable(what, detailed(&e))
+}
+
+/// The answers of one transaction, in the order of its work.
+struct Answers {
+    feedback: Vec<StoreResult<FeedbackStored>>,
+    clocks: Vec<StoreResult<()>>,
+    seen: Vec<StoreResult<()>>,
+}
+
+impl Ingest {
+    fn run(mut self, mut rx: mpsc::Receiver<Work>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut rows = first.rows();
+            let mut drain = vec![first];
+            while rows < MAX_ROWS {
+                match rx.try_recv() {
+                    Ok(w) => {
+                        rows += w.rows();
+                        drain.push(w);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let n = drain.len() as u64;
+            match self.write(&drain) {
+                Ok(answers) => {
+                    self.counters.transactions.fetch_add(1, Ordering::Relaxed);
+                    self.counters.batches.fetch_add(n, Ordering::Relaxed);
+                    let mut feedback = answers.feedback.into_iter();
+                    let mut clocks = answers.clocks.into_iter();
+                    let mut seen = answers.seen.into_iter();
+                    for w in drain {
+                        let closed = StoreError::Closed;
+                        match w {
+                            Work::Feedback(p) => {
+                                let _ = p.reply.send(feedback.next().unwrap_or(Err(closed)));
+                            }
+                            Work::Clock { reply, .. } => {
+                                let _ = reply.send(clocks.next().unwrap_or(Err(closed)));
+                            }
+                            Work::Seen { reply, .. } => {
+                                let _ = reply.send(seen.next().unwrap_or(Err(closed)));
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, batches = n, "store: streams' writes not stored");
+                    // A transaction left open is rolled back by dropping
+                    // it; a broken connection is made again next time.
+                    if self.conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+                        self.conn = None;
+                    }
+                    for w in drain {
+                        w.fail(&e);
+                    }
+                }
+            }
+        }
+        if let Some((c, _)) = self.conn.take() {
+            let _ = c.close();
+        }
+    }
+
+    fn connect(&mut self) -> StoreResult<&mut (Client, Prepared)> {
+        if self.conn.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            let mut c = connect(&self.target)?;
+            let ms = self.idle_limit.as_millis().max(1);
+            c.batch_execute(&format!("SET idle_in_transaction_session_timeout = {ms}"))
+                .map_err(fail("bound idle transactions"))?;
+            let prepared = Prepared {
+                fence: c.prepare(&fence_sql()).map_err(fail("prepare the fence"))?,
+                feedback: feedback::Statements::prepare(&mut c)
+                    .map_err(fail("prepare the feedback statements"))?,
+                status: status::Statements::prepare(&mut c)
+                    .map_err(fail("prepare the clock statements"))?,
+            };
+            self.conn = Some((c, prepared));
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| StoreError::unavailable("feedback ingest", "no connection"))
+    }
+
+    /// One transaction for `drain`: each caller's answer, or why none of
+    /// it was stored.
+    fn write(&mut self, drain: &[Work]) -> StoreResult<Answers> {
+        let lease = Arc::clone(&self.lease);
+        let counters = Arc::clone(&self.counters);
+        let (client, prep) = self.connect()?;
+        let count = |n: u64| {
+            counters.statements.fetch_add(n, Ordering::Relaxed);
+        };
+        let mut puts: Vec<&Put> = Vec::new();
+        let mut clocks: Vec<(u64, &status::Clock)> = Vec::new();
+        let mut seen: Vec<(u64, &status::Seen)> = Vec::new();
+        for w in drain {
+            match w {
+                Work::Feedback(p) => puts.push(p),
+                Work::Clock { session, clock, .. } => clocks.push((*session, clock)),
+                Work::Seen {
+                    session, seen: s, ..
+                } => seen.push((*session, s)),
+            }
+        }
+        let mut results: Vec<Option<StoreResult<FeedbackStored>>> = puts
+            .iter()
+            .map(|p| feedback::checked(&p.rows).err().map(Err))
+            .collect();
+        let mut tx = client.transaction().map_err(fail("begin"))?;
+
+        // 1. The fence and the lease, in one look.
+        let agents: Vec<&str> = {
+            let mut a: Vec<&str> = puts
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_none())
+                .filter_map(|(p, _)| p.rows.first().map(|r| r.agent_id.as_str()))
+                .chain(clocks.iter().map(|(_, c)| c.agent.as_str()))
+                .chain(seen.iter().map(|(_, s)| s.agent.as_str()))
+                .collect();
+            a.sort_unstable();
+            a.dedup();
+            a
+        };
+        let owner = lease.owner();
+        let fenced = tx
+            .query(&prep.fence, &[&agents, &owner.replica, &owner.epoch])
+            .map_err(fail("fence the agents"))?;
+        count(1);
+        let live = fenced.first().is_some_and(|r| r.get::<_, bool>("live"));
+        if !live {
+            let e = StoreError::LeaseLost("it ran out before these writes".into());
+            lease.mark_lost(&e.to_string());
+            return Err(e);
+        }
+        let gens: HashMap<String, i64> = fenced
+            .iter()
+            .filter_map(|r| Some((r.get::<_, Option<String>>("id")?, r.get("session_gen"))))
+            .collect();
+        // Feedback of an agent with no record is stored (forgotten while
+        // its stream ran); a clock report or a mark is not.
+        let fence = |agent: &str, session: u64, known_only: bool| -> StoreResult<()> {
+            match gens.get(agent) {
+                None if known_only => Err(StoreError::NoSuchAgent {
+                    id: agent.to_owned(),
+                }),
+                None => Ok(()),
+                Some(&current) if u64::try_from(current).ok() == Some(session) => Ok(()),
+                Some(&current) => Err(StoreError::Fenced {
+                    agent: agent.to_owned(),
+                    session,
+                    current: u64::try_from(current).unwrap_or(0),
+                }),
+            }
+        };
+        for (p, r) in puts.iter().zip(results.iter_mut()) {
+            if let (Some(first), None) = (p.rows.first(), &r)
+                && let Err(e) = fence(&first.agent_id, p.session, false)
+            {
+                *r = Some(Err(e));
+            }
+        }
+        let clock_answers: Vec<StoreResult<()>> = clocks
+            .iter()
+            .map(|(session, c)| fence(&c.agent, *session, true))
+            .collect();
+        let seen_answers: Vec<StoreResult<()>> = seen
+            .iter()
+            .map(|(session, s)| fence(&s.agent, *session, true))
+            .collect();
+
+        // 2. Feedback; 3. clocks; 4. marks.
+        let feedback = feedback::write(&mut tx, &prep.feedback, &puts, results, &count)?;
+        let ok_clocks: Vec<&status::Clock> = clocks
+            .iter()
+            .zip(&clock_answers)
+            .filter(|(_, a)| a.is_ok())
+            .map(|((_, c), _)| *c)
+            .collect();
+        status::write_clocks(&mut tx, &prep.status, &ok_clocks, &count)?;
+        let ok_seen: Vec<&status::Seen> = seen
+            .iter()
+            .zip(&seen_answers)
+            .filter(|(_, a)| a.is_ok())
+            .map(|((_, s), _)| *s)
+            .collect();
+        status::write_seen(&mut tx, &prep.status, &ok_seen, &count)?;
+        tx.commit().map_err(fail("commit the streams' writes"))?;
+        Ok(Answers {
+            feedback,
+            clocks: clock_answers,
+            seen: seen_answers,
+        })
+    }
+}
+
+/// The fence: whether this replica's lease is live (one row always), and
+/// the generation of each agent of `$1` that is stored, its row locked
+/// until commit (a takeover's hello, which raises it, waits for this
+/// transaction).
+fn fence_sql() -> String {
+    format!(
+        "SELECT l.live, a.id, a.session_gen FROM \
+         (SELECT EXISTS (SELECT 1 FROM replicas WHERE id = $2 AND epoch = $3 \
+          AND expires_us > {NOW_US}) AS live) l \
+         LEFT JOIN LATERAL (SELECT id, session_gen FROM agents WHERE id = ANY($1) FOR SHARE) a \
+         ON true"
+    )
+}
