@@ -21,7 +21,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use crate::{CONNECTING, MAX_MESSAGE, PHASE_TIMEOUT, T_BASE, Tls, endpoint};
+use crate::{CONNECTING, MAX_MESSAGE, PHASE_TIMEOUT, Tls, endpoint, t_base};
 
 pub fn now_ns() -> i64 {
     baton_server::now_ns()
@@ -58,7 +58,7 @@ pub fn pack_yaml(version: u64) -> String {
 
 /// One feedback entry as an agent running `pack_yaml(version)` sends it.
 pub fn entry(ix: usize, seq: u64, version: u64) -> wire::Feedback {
-    let scheduled = T_BASE + i64::try_from(seq).unwrap_or(i64::MAX / 2) * 1_000_000_000;
+    let scheduled = t_base() + i64::try_from(seq).unwrap_or(i64::MAX / 2) * 1_000_000_000;
     let lateness = 15_000 + ((seq as i64 * 7919 + ix as i64 * 104_729) % 20_000);
     wire::Feedback {
         seq,

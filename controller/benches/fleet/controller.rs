@@ -59,6 +59,8 @@ pub struct Serve {
     /// The serve defaults' admission bound (`--admit-rate 500
     /// --admit-burst 100`), which a failover meets; else `--admit-rate 0`.
     pub admit: bool,
+    /// `--max-connections`: the fleet, with room.
+    pub max_connections: usize,
 }
 
 /// The controller process, killed (and its data directory removed) when
@@ -223,6 +225,7 @@ fn spawn(
         // storm against the bound is `benches/storm.rs`).
         cmd.args(["--admit-rate", "0"]);
     }
+    cmd.args(["--max-connections", &serve.max_connections.to_string()]);
     cmd.args(["--listen", listen, "--data"])
         .arg(data)
         .args(serve.store.iter().flat_map(|url| ["--store", url.as_str()]))

@@ -94,8 +94,13 @@ pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 /// Any single wait of the bench (a connect, a phase) longer than this is
 /// a failure, not a figure.
 pub const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Scheduled instant of the first feedback entry (ns since the epoch).
-pub const T_BASE: i64 = 1_764_530_000_000_000_000;
+/// Scheduled instant of the first feedback entry (ns since the epoch):
+/// when the bench started, as an agent's entries are scheduled about
+/// now (so on PostgreSQL they land in today's partition, as a site's).
+pub fn t_base() -> i64 {
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *BASE.get_or_init(now_ns)
+}
 
 const TARGET_RSS_KB: f64 = 100.0;
 const TARGET_P99_MS: f64 = 1000.0;
@@ -128,7 +133,7 @@ fn env_or(name: &str, default: usize) -> Result<usize> {
 
 fn run() -> Result<()> {
     let k = Knobs {
-        agents: env_or("FLEET_AGENTS", AGENTS)?.clamp(1, 9999),
+        agents: fleet_size(env_or("FLEET_AGENTS", AGENTS)?)?,
         batches: env_or("FLEET_BATCHES", BATCHES)?.max(1),
         window: env_or("FLEET_WINDOW", WINDOW)?.max(1),
         rounds: env_or("FLEET_ROUNDS", ROUNDS)?.max(1),
@@ -174,6 +179,31 @@ fn run() -> Result<()> {
         println!("{}", compare(k, &done));
     }
     Ok(())
+}
+
+/// `asked` agents, if this process may hold their connections: each is
+/// a file descriptor here (and one in the controller, whose limit is the
+/// same), so the open-files limit bounds the fleet (`ulimit -n`).
+fn fleet_size(asked: usize) -> Result<usize> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes the struct we pass and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        bail!("getrlimit: {}", std::io::Error::last_os_error());
+    }
+    // Descriptors besides the agents': the runtime, logs, the store.
+    let most = usize::try_from(lim.rlim_cur)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(512);
+    if asked > most {
+        bail!(
+            "FLEET_AGENTS={asked}: this process may open {} files, so at most {most} agents (raise `ulimit -n`)",
+            lim.rlim_cur
+        );
+    }
+    Ok(asked.max(1))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,6 +293,8 @@ fn run_mode(
                 store: store.map(str::to_owned),
                 replica: (n > 1).then(|| format!("r{i}")),
                 admit: mode.failover(),
+                // Every agent may end up on one controller (a failover).
+                max_connections: k.agents + 256,
             };
             Controller::start(exe, base, tls.as_deref(), serve)
         })

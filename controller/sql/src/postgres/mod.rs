@@ -862,7 +862,10 @@ mod tests {
         let store = Arc::new(store);
         let mut gens = Vec::new();
         for i in 0..AGENTS {
-            let (a, _) = store.agent_hello(hello(&format!("c{i:02}"), 100)).await.unwrap();
+            let (a, _) = store
+                .agent_hello(hello(&format!("c{i:02}"), 100))
+                .await
+                .unwrap();
             gens.push(a.session_gen);
         }
         let before = store.ingest_stats();
@@ -915,7 +918,10 @@ mod tests {
         let gone = store
             .agent_seen("nobody", 1, false, RefTime::from_nanos(1), None)
             .await;
-        assert!(matches!(gone, Err(StoreError::NoSuchAgent { .. })), "{gone:?}");
+        assert!(
+            matches!(gone, Err(StoreError::NoSuchAgent { .. })),
+            "{gone:?}"
+        );
     }
 
     /// A replica hears another's events as they commit: its follower's

@@ -35,8 +35,12 @@ use super::{Target, connect};
 use baton_model::RefTime;
 use baton_store::{ClockRow, FeedbackRow, FeedbackStored, SignedDuration, StoreError, StoreResult};
 
-/// Batches waiting at most (past it, callers wait to queue).
+/// Batches waiting at most per thread (past it, callers wait to queue).
 const QUEUE_DEPTH: usize = 1024;
+/// Threads (each with its connection) writing at once: while one waits
+/// for the server, another sends; an agent is always written by the same
+/// one, so its writes stay in order.
+pub const THREADS: usize = 2;
 /// Rows per transaction at most (a few thousand: one statement each way).
 const MAX_ROWS: usize = 16 * 1024;
 
@@ -63,6 +67,15 @@ enum Work {
 }
 
 impl Work {
+    /// The agent it writes for.
+    fn agent(&self) -> &str {
+        match self {
+            Work::Feedback(p) => p.rows.first().map_or("", |r| r.agent_id.as_str()),
+            Work::Clock { clock, .. } => &clock.agent,
+            Work::Seen { seen, .. } => &seen.agent,
+        }
+    }
+
     /// Rows it writes (its share of a transaction).
     fn rows(&self) -> usize {
         match self {
@@ -99,10 +112,11 @@ struct Counters {
     statements: AtomicU64,
 }
 
-/// The lane: a thread with its own connection (see the module doc).
+/// The lane: [`THREADS`] threads, each with its own connection (see the
+/// module doc).
 pub struct Lane {
-    tx: Option<mpsc::Sender<Work>>,
-    thread: Option<JoinHandle<()>>,
+    tx: Vec<mpsc::Sender<Work>>,
+    threads: Vec<JoinHandle<()>>,
     counters: Arc<Counters>,
 }
 
@@ -114,25 +128,30 @@ impl Lane {
         lease: Arc<Lease>,
         idle_limit: Duration,
     ) -> StoreResult<Lane> {
-        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let counters = Arc::new(Counters::default());
-        let c = Arc::clone(&counters);
-        let thread = std::thread::Builder::new()
-            .name("store-ingest".into())
-            .spawn(move || {
-                Ingest {
-                    target,
-                    lease,
-                    idle_limit,
-                    conn: None,
-                    counters: c,
-                }
-                .run(rx)
-            })
-            .map_err(|e| StoreError::unavailable("start the feedback ingest thread", e))?;
+        let (mut senders, mut threads) = (Vec::new(), Vec::new());
+        for i in 0..THREADS {
+            let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+            let (c, target, lease) = (Arc::clone(&counters), target.clone(), Arc::clone(&lease));
+            let thread = std::thread::Builder::new()
+                .name(format!("store-ingest-{i}"))
+                .spawn(move || {
+                    Ingest {
+                        target,
+                        lease,
+                        idle_limit,
+                        conn: None,
+                        counters: c,
+                    }
+                    .run(rx)
+                })
+                .map_err(|e| StoreError::unavailable("start the feedback ingest thread", e))?;
+            senders.push(tx);
+            threads.push(thread);
+        }
         Ok(Lane {
-            tx: Some(tx),
-            thread: Some(thread),
+            tx: senders,
+            threads,
             counters,
         })
     }
@@ -141,9 +160,13 @@ impl Lane {
         &self,
         work: impl FnOnce(oneshot::Sender<StoreResult<T>>) -> Work,
     ) -> StoreResult<T> {
-        let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
-        tx.send(work(reply)).await.map_err(|_| StoreError::Closed)?;
+        let work = work(reply);
+        let tx = self
+            .tx
+            .get(thread_of(work.agent(), self.tx.len()))
+            .ok_or(StoreError::Closed)?;
+        tx.send(work).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -219,12 +242,20 @@ impl std::fmt::Debug for Lane {
 
 impl Drop for Lane {
     fn drop(&mut self) {
-        // The thread ends once the channel is closed and drained.
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
+        // Each thread ends once its channel is closed and drained.
+        self.tx.clear();
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
+}
+
+/// The thread an agent's writes go to, of `n`.
+fn thread_of(agent: &str, n: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    agent.hash(&mut h);
+    (h.finish() % n.max(1) as u64) as usize
 }
 
 /// The lane's statements, prepared once per connection.
