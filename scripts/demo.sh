@@ -9,9 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2}
-cargo build --release --quiet -p baton-controller -p baton-agent
-bin=target/release
-dir=target/demo/fleet
+# The demo profile: optimised, without the release build's fat LTO (see
+# Cargo.toml), so a fresh clone is firing within minutes.
+cargo build --profile demo --quiet -p baton-controller -p baton-agent
+bin=target/demo
+dir=target/demo-run/fleet
 rm -rf "$dir"
 mkdir -p "$dir"
 

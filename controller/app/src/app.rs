@@ -178,6 +178,8 @@ pub struct App {
     pub(crate) rollout_tallies: Mutex<HashMap<(baton_model::PackKey, u64, u32, RefTime), Tally>>,
     /// The `rollout:` sections of the versions seen, parsed once each.
     pub(crate) specs: Specs,
+    /// Agents' answers, decided in batches.
+    pub(crate) answers: crate::answers::Answers,
 }
 
 /// Events queued for the store at most; past it they are dropped and
@@ -229,6 +231,7 @@ impl App {
             relay_rx: Mutex::new(relay_rx),
             rollout_tallies: Mutex::new(HashMap::new()),
             specs: Specs::default(),
+            answers: crate::answers::Answers::default(),
         })
     }
 

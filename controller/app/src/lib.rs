@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agents;
+mod answers;
 mod app;
 pub mod audit;
 pub mod caller;

@@ -171,6 +171,17 @@ pub trait StoreOps: Store {
         transact(self, move |tx| decide::answer(tx, &answer)).await
     }
 
+    /// [`StoreOps::answer`] for many answers (of any agents) in one
+    /// transaction, in order: each its own answer (a stale stream's
+    /// refused alone); an `Err` of the whole is the store's, with nothing
+    /// of it written.
+    async fn answers(
+        &self,
+        answers: Vec<AnswerRow>,
+    ) -> StoreResult<Vec<StoreResult<Option<DeliveryRow>>>> {
+        transact(self, move |tx| decide::answers(tx, &answers)).await
+    }
+
     // ---- feedback
 
     /// Store feedback of one journal, once: rows whose (agent, journal,

@@ -62,6 +62,14 @@ pub trait Tx {
     fn lock_agent(&mut self, _id: &str) -> StoreResult<()> {
         Ok(())
     }
+    /// [`Tx::lock_agent`] for each of `ids`, in their order (sorted by
+    /// the caller): a backend may take them all in one statement.
+    fn lock_agents(&mut self, ids: &[&str]) -> StoreResult<()> {
+        for id in ids {
+            self.lock_agent(id)?;
+        }
+        Ok(())
+    }
     /// Hold, to the end of the transaction, the locks of these tenants'
     /// packs: shared by a decision about an agent (whose packs are in
     /// them), exclusive by a decision about one pack of theirs (a push, a
@@ -180,6 +188,15 @@ pub trait Tx {
 
     /// The row of (agent, pack).
     fn row(&mut self, id: &str, key: &PackKey) -> StoreResult<Option<DeliveryRow>>;
+    /// The stored rows of these (agent, pack) pairs, in no set order (a
+    /// pair without one left out): a backend reads many in one statement.
+    fn rows_of_pairs(&mut self, pairs: &[(String, PackKey)]) -> StoreResult<Vec<DeliveryRow>> {
+        let mut out = Vec::with_capacity(pairs.len());
+        for (id, key) in pairs {
+            out.extend(self.row(id, key)?);
+        }
+        Ok(out)
+    }
     /// Every row of an agent, by tenant and pack.
     fn rows_of_agent(&mut self, id: &str) -> StoreResult<Vec<DeliveryRow>>;
     /// Every row of a pack.

@@ -62,7 +62,7 @@ impl App {
             Effect::Held { session, held, at } => {
                 Done::Rows(s.agent_held(agent, session, held, at).await?)
             }
-            Effect::Answer(row) => Done::Answer(s.answer(row).await?),
+            Effect::Answer(row) => Done::Answer(self.answers.decide(&self.store, row).await?),
             Effect::Feedback {
                 session,
                 rows,

@@ -53,6 +53,25 @@ impl Tx for SqlTx<'_> {
         Ok(())
     }
 
+    /// One statement for all: the ids as a JSON array (any text), locked
+    /// in the array's order.
+    fn lock_agents(&mut self, ids: &[&str]) -> StoreResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let list = serde_json::to_string(ids)
+            .map_err(|e| baton_store::StoreError::Invalid(format!("agent ids as JSON: {e}")))?;
+        run(
+            self.conn,
+            "lock agents' decisions",
+            "SELECT pg_advisory_xact_lock(CAST(?1 AS INTEGER), hashtext(t.id)) \
+             FROM json_array_elements_text(CAST(?2 AS TEXT)::json) WITH ORDINALITY AS t(id, n) \
+             ORDER BY t.n",
+            params![AGENT_LOCKS, list],
+        )?;
+        Ok(())
+    }
+
     fn lock_tenants(&mut self, tenants: &[&str], exclusive: bool) -> StoreResult<()> {
         let sql = if exclusive {
             "SELECT pg_advisory_xact_lock(CAST(?1 AS INTEGER), hashtext(?2))"
@@ -218,6 +237,10 @@ impl Tx for SqlTx<'_> {
 
     fn put_rows(&mut self, rows: &[DeliveryRow]) -> StoreResult<()> {
         deliveries::store_rows(self.conn, rows)
+    }
+
+    fn rows_of_pairs(&mut self, pairs: &[(String, PackKey)]) -> StoreResult<Vec<DeliveryRow>> {
+        deliveries::rows_of_pairs(self.conn, pairs)
     }
 
     fn delete_rows(&mut self, pairs: &[(String, PackKey)]) -> StoreResult<()> {

@@ -239,6 +239,66 @@ pub async fn answers(s: &dyn Store, _: Binding) {
     assert_eq!(rows_of(s, "ghost").await, []);
 }
 
+/// Answers of several agents decided in one transaction: in order (a
+/// later answer about a pair sees what an earlier one made of it), each
+/// with its own outcome (a stale stream's refused alone, an unknown
+/// agent's `None`), and stored as one by one would store them.
+pub async fn answers_together(s: &dyn Store, _: Binding) {
+    let k = key("t", "p");
+    for id in ["a1", "a2", "a3"] {
+        s.agent_hello(hello_in(id, &["t"], &[], 10)).await.unwrap();
+    }
+    push(s, pack("t", "p", 1, to_ids(&["a1", "a2", "a3"])), 20).await;
+    // a3 said hello again: its first stream's answers are stale.
+    let stale = ack("a3", &k, 1, 30);
+    let (a3, _) = s
+        .agent_hello(hello_in("a3", &["t"], &[], 25))
+        .await
+        .unwrap();
+    assert!(a3.session_gen > stale.session_gen);
+    let out = s
+        .answers(vec![
+            ack("a1", &k, 1, 30),
+            refuse("a2", &k, refusal(1, false, "clock not synced"), 31),
+            ack("a2", &k, 1, 32),
+            stale,
+            ack("ghost", &k, 1, 33),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 5);
+    let a1 = out[0].as_ref().unwrap().clone().unwrap();
+    assert_eq!(
+        brief(std::slice::from_ref(&a1)),
+        [b("a1", "t/p", 1, Hold, Acked)]
+    );
+    let a2_first = out[1].as_ref().unwrap().clone().unwrap();
+    assert_eq!(
+        brief(std::slice::from_ref(&a2_first)),
+        [b("a2", "t/p", 1, Hold, Pending)]
+    );
+    let a2 = out[2].as_ref().unwrap().clone().unwrap();
+    assert_eq!(
+        brief(std::slice::from_ref(&a2)),
+        [b("a2", "t/p", 1, Hold, Acked)]
+    );
+    assert_eq!(a2.updated.as_nanos(), 32);
+    assert!(
+        matches!(out[3], Err(StoreError::Fenced { .. })),
+        "{:?}",
+        out[3]
+    );
+    assert_eq!(out[4].as_ref().unwrap(), &None);
+    assert_eq!(row(s, "a1", &k).await, a1);
+    assert_eq!(row(s, "a2", &k).await, a2);
+    assert_eq!(
+        brief(&[row(s, "a3", &k).await]),
+        [b("a3", "t/p", 1, Hold, Pending)],
+        "the stale answer changed nothing"
+    );
+    assert!(s.answers(Vec::new()).await.unwrap().is_empty());
+}
+
 /// One pack's deliveries, by agent, a page at a time, of one version or
 /// any; local rows are not deliveries.
 /// A push to more agents than one statement loads or writes (the

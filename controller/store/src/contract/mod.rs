@@ -74,6 +74,7 @@ macro_rules! contract_suite {
             reconcile_pack_targets: [tenants, open];
             agent_held_rules: [tenants, open];
             answers: [tenants, open];
+            answers_together: [tenants, open];
             deliveries_of_pack_paging: [tenants];
             a_push_to_many_agents_plans_each: [tenants, open];
             a_rollout_gates_its_version: [tenants];

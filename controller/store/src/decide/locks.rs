@@ -53,14 +53,25 @@ pub(super) fn agent<'a>(
     tx.lock_tenants(&tenants, false)
 }
 
-/// A decision about agent `id` and one pack of `tenant` (an answer).
-pub(super) fn agent_in(tx: &mut dyn Tx, id: &str, tenant: &str) -> StoreResult<()> {
+/// Decisions about several agents at once, each about packs of
+/// `tenants` (a batch of answers): the agents in id order, then the
+/// tenants (shared), as one decision about each would.
+pub(super) fn agents_in<'a>(
+    tx: &mut dyn Tx,
+    ids: &[&str],
+    tenants: impl Iterator<Item = &'a str>,
+) -> StoreResult<()> {
     if !tx.locking() {
         return Ok(());
     }
-    tx.lock_agent(id)?;
-    let t = scope(tx.binding(), tenant);
-    tx.lock_tenants(&[t], false)
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    tx.lock_agents(&sorted)?;
+    let binding = tx.binding();
+    let tenants: BTreeSet<&str> = tenants.map(|t| scope(binding, t)).collect();
+    let tenants: Vec<&str> = tenants.into_iter().collect();
+    tx.lock_tenants(&tenants, false)
 }
 
 /// A decision about pack `key` for every agent it concerns.

@@ -11,6 +11,7 @@
 //! later one sees the earlier one's rows. Each returns the rows it
 //! changed, for the sessions to act on and the watchers to see.
 
+mod answers;
 mod locks;
 mod plan;
 mod rollouts;
@@ -22,6 +23,7 @@ use baton_model::{
 use crate::error::{StoreError, StoreResult};
 use crate::tx::Tx;
 
+pub use answers::answers;
 pub use plan::replan_agent;
 
 /// Plan pack `key` for every agent it may concern (its targets'
@@ -92,11 +94,9 @@ pub fn held(
 /// The agent answered a push: its row re-planned with the answer (`None`:
 /// no such row, or the agent was forgotten).
 pub fn answer(tx: &mut dyn Tx, a: &AnswerRow) -> StoreResult<Option<DeliveryRow>> {
-    locks::agent_in(tx, &a.agent_id, &a.key.tenant)?;
-    if !session_if_known(tx, &a.agent_id, a.session_gen)? {
-        return Ok(None);
-    }
-    plan::replan_answer(tx, a)
+    answers(tx, std::slice::from_ref(a))?
+        .pop()
+        .unwrap_or(Ok(None))
 }
 
 /// One tenant's operator labels on an agent changed, the agent

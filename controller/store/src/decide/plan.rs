@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use baton_model::planner;
 use baton_model::{
-    AgentRow, AnswerRow, Binding, DeliveryRow, Held, HeldPackRow, PackKey, PackTargets, RefTime,
+    AgentRow, Binding, DeliveryRow, Held, HeldPackRow, PackKey, PackTargets, RefTime,
 };
 
 use crate::error::StoreResult;
@@ -144,29 +144,4 @@ pub fn replan_pack(tx: &mut dyn Tx, key: &PackKey, at: RefTime) -> StoreResult<V
         decisions.plan(pair, binding, at);
     }
     decisions.write(tx)
-}
-
-/// Re-plans one (agent, pack) after the agent's answer (`None`: no such
-/// row, or no such agent).
-pub fn replan_answer(tx: &mut dyn Tx, a: &AnswerRow) -> StoreResult<Option<DeliveryRow>> {
-    let (Some(agent), Some(row)) = (tx.agent(&a.agent_id)?, tx.row(&a.agent_id, &a.key)?) else {
-        return Ok(None);
-    };
-    let pack = tx.pack_targets(&a.key, Some(&a.agent_id))?;
-    let next = planner::answered(
-        &agent,
-        pack.as_ref(),
-        &row,
-        a.version,
-        &a.answer,
-        a.attempts,
-        tx.binding(),
-        a.at,
-    );
-    match &next {
-        Some(n) if *n != row => tx.put_rows(std::slice::from_ref(n))?,
-        Some(_) => {}
-        None => tx.delete_rows(&[(a.agent_id.clone(), a.key.clone())])?,
-    }
-    Ok(next)
 }
