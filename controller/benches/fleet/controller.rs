@@ -321,6 +321,26 @@ pub fn smaps(pid: u32) -> String {
 
 /// CPU time (user + system) of a process so far.
 pub fn cpu_time(pid: u32) -> Result<Duration> {
+    stat_ticks(pid, &[11, 12])
+}
+
+/// [`cpu_time`] with the children it has waited for (a server's ended
+/// backends).
+pub fn cpu_time_with_children(pid: u32) -> Result<Duration> {
+    stat_ticks(pid, &[11, 12, 13, 14])
+}
+
+/// The parent of `pid` (`None`: gone).
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The sum of the tick fields `at` of `/proc/PID/stat`, counted from the
+/// field after the command name (the 3rd: utime is 11, stime 12, cutime
+/// 13, cstime 14), as a duration.
+fn stat_ticks(pid: u32, at: &[usize]) -> Result<Duration> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces): state is 3rd.
     let rest = s
@@ -328,13 +348,13 @@ pub fn cpu_time(pid: u32) -> Result<Duration> {
         .map(|(_, r)| r)
         .context("/proc/PID/stat")?;
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<u64> {
-        f.get(i)
-            .and_then(|v| v.parse().ok())
-            .context("utime/stime in /proc/PID/stat")
-    };
-    // utime and stime are fields 14 and 15; `rest` starts at field 3.
-    let t = ticks(11)? + ticks(12)?;
+    let mut t = 0u64;
+    for &i in at {
+        t += f
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .context("CPU ticks in /proc/PID/stat")?;
+    }
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Ok(Duration::from_secs_f64(t as f64 / hz as f64))

@@ -265,6 +265,9 @@ struct Summary {
     p99: (f64, f64),
     p50: (f64, f64),
     rows: (f64, f64),
+    /// CPU seconds (controllers and database) per 1 000 rows stored,
+    /// best and median.
+    cpu_per_k: (f64, f64),
     rss_per_agent: f64,
     connect_s: f64,
     /// Statements per agent in a push, per feedback batch (PostgreSQL).
@@ -427,7 +430,7 @@ pub fn endpoint(url: &str, tls: Option<ClientTlsConfig>) -> Result<Endpoint> {
 /// Plaintext against mTLS, as a Markdown table.
 fn compare(k: Knobs, done: &[(Mode, Summary)]) -> String {
     let mut s = format!(
-        "\n### the modes side by side: {} agents, {} rounds per mode, in this order: {}\n\n| mode | push → acked p50 (best / median) | p99 (best / median) | feedback rows/s (best / median) | RSS per agent | connect all | statements per agent pushed / per feedback batch | failover: moved agents welcomed p50 / p99 / all | push after it p50 / p99 |\n|---|---|---|---|---|---|---|---|---|\n",
+        "\n### the modes side by side: {} agents, {} rounds per mode, in this order: {}\n\n| mode | push → acked p50 (best / median) | p99 (best / median) | feedback rows/s (best / median) | CPU s per 1 000 rows, controllers + database (best / median) | RSS per agent | connect all | statements per agent pushed / per feedback batch | failover: moved agents welcomed p50 / p99 / all | push after it p50 / p99 |\n|---|---|---|---|---|---|---|---|---|---|\n",
         k.agents,
         k.rounds,
         done.iter()
@@ -448,7 +451,7 @@ fn compare(k: Knobs, done: &[(Mode, Summary)]) -> String {
             None => ("—".into(), "—".into()),
         };
         s.push_str(&format!(
-            "| {} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.0} / {:.0} | {:.1} KB | {:.2} s | {} / {} | {failover} | {after} |\n",
+            "| {} | {:.0} / {:.0} ms | {:.0} / {:.0} ms | {:.0} / {:.0} | {:.4} / {:.4} | {:.1} KB | {:.2} s | {} / {} | {failover} | {after} |\n",
             m.name(),
             x.p50.0,
             x.p50.1,
@@ -456,6 +459,8 @@ fn compare(k: Knobs, done: &[(Mode, Summary)]) -> String {
             x.p99.1,
             x.rows.0,
             x.rows.1,
+            x.cpu_per_k.0,
+            x.cpu_per_k.1,
             x.rss_per_agent,
             x.connect_s,
             opt(x.statements.0),
@@ -468,6 +473,7 @@ fn compare(k: Knobs, done: &[(Mode, Summary)]) -> String {
             serde_json::json!({
                 "mode": m.name(), "p50_ms": [x.p50.0, x.p50.1], "p99_ms": [x.p99.0, x.p99.1],
                 "rows_s": [x.rows.0.round(), x.rows.1.round()],
+                "cpu_s_per_1000_rows": [x.cpu_per_k.0, x.cpu_per_k.1],
                 "rss_per_agent_kb": x.rss_per_agent, "connect_s": x.connect_s,
                 "statements_per_push_agent": x.statements.0,
                 "statements_per_feedback_batch": x.statements.1,
@@ -633,6 +639,8 @@ struct IngestFig {
     rows_s: f64,
     bare_rows_s: f64,
     ctl_cpu: f64,
+    /// The database server's, where there is one.
+    db_cpu: Option<f64>,
     bench_cpu: f64,
     /// Statements PostgreSQL ran per feedback batch (64 rows).
     statements: Option<f64>,
@@ -685,6 +693,7 @@ async fn ingest_round(
         s.reset().await?;
     }
     let cpu = Cpu::start(ctls)?;
+    let db0 = stmts.map(Statements::server_cpu).transpose()?;
     let mut done = Vec::with_capacity(k.agents);
     let start = Instant::now();
     for (tx, batches) in fleet.cmds.iter().zip(msgs) {
@@ -714,6 +723,10 @@ async fn ingest_round(
     }
     let took = last - start;
     let (ctl_cpu, bench_cpu) = cpu.done()?;
+    let db_cpu = match (stmts, db0) {
+        (Some(s), Some(t0)) => Some((s.server_cpu()? - t0).as_secs_f64()),
+        _ => None,
+    };
     let statements = match stmts {
         Some(s) => Some(s.count().await? as f64 / (k.agents * k.batches) as f64),
         None => None,
@@ -740,6 +753,7 @@ async fn ingest_round(
         rows_s: total as f64 / took.as_secs_f64(),
         bare_rows_s: total as f64 / bare_took.as_secs_f64(),
         ctl_cpu,
+        db_cpu,
         bench_cpu,
         statements,
     })
@@ -843,12 +857,16 @@ async fn bench(
         )
         .await?;
         println!(
-            "round {round} ingest: {total} rows, controller {:.0} rows/s | bare sqlite {:.0} rows/s | controller/bare {:.2} | CPU controllers {:.2} s, bench {:.2} s{}",
+            "round {round} ingest: {total} rows, controller {:.0} rows/s | bare sqlite {:.0} rows/s | controller/bare {:.2} | CPU controllers {:.2} s{}, bench {:.2} s | CPU s per 1 000 rows stored: {:.4}{}",
             i.rows_s,
             i.bare_rows_s,
             i.rows_s / i.bare_rows_s,
             i.ctl_cpu,
+            i.db_cpu
+                .map(|d| format!(", database {d:.2} s"))
+                .unwrap_or_default(),
             i.bench_cpu,
+            (i.ctl_cpu + i.db_cpu.unwrap_or(0.0)) * 1000.0 / total as f64,
             per_event(i.statements, "feedback batch")
         );
         ingests.push(i);
@@ -911,6 +929,12 @@ async fn bench(
         p50: p(|x| x.p50),
         p99: p(|x| x.p99),
         rows: best_median(ingests.iter().map(|x| x.rows_s), false),
+        cpu_per_k: best_median(
+            ingests
+                .iter()
+                .map(|x| (x.ctl_cpu + x.db_cpu.unwrap_or(0.0)) * 1000.0 / total as f64),
+            true,
+        ),
         rss_per_agent: (mem.rss_settled_kb as f64 - mem.rss_before_kb as f64) / k.agents as f64,
         connect_s: mem.connect_s,
         statements: (

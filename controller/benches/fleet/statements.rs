@@ -4,6 +4,8 @@
 //! lease renewals and event follows included, `BEGIN` / `COMMIT` /
 //! `SAVEPOINT` too (each is a round trip).
 
+use std::time::Duration;
+
 use anyhow::{Context, Result};
 
 /// The counted statements: the store's database's, not the bench's own
@@ -19,13 +21,28 @@ macro_rules! counted {
 /// The store's database, for counting.
 pub struct Statements {
     url: String,
+    /// The server's postmaster (its backends are its children).
+    postmaster: u32,
 }
 
 impl Statements {
     /// Makes the counts readable in the store's database.
     pub async fn open(url: &str) -> Result<Statements> {
+        let u = url.to_owned();
+        let dir: String = tokio::task::spawn_blocking(move || -> Result<String> {
+            let mut c = postgres::Client::connect(&u, postgres::NoTls)?;
+            Ok(c.query_one("SHOW data_directory", &[])?.get(0))
+        })
+        .await??;
+        let pid = std::fs::read_to_string(format!("{dir}/postmaster.pid"))?;
+        let postmaster = pid
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .context("postmaster.pid")?;
         let s = Statements {
             url: url.to_owned(),
+            postmaster,
         };
         s.on_connection(|c| {
             Ok(c.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")?)
@@ -33,6 +50,24 @@ impl Statements {
         .await
         .context("pg_stat_statements (loaded by baton_testpg's durable cluster)")?;
         Ok(s)
+    }
+
+    /// The database server's CPU time so far: the postmaster (with the
+    /// backends it has reaped) and each backend still running. The
+    /// server runs on the same two cores as the controllers: rows per
+    /// CPU second count its share too.
+    pub fn server_cpu(&self) -> Result<Duration> {
+        let mut total = crate::controller::cpu_time_with_children(self.postmaster)?;
+        for e in std::fs::read_dir("/proc")?.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            if crate::controller::parent_of(pid) == Some(self.postmaster) {
+                // A backend that ended meanwhile is counted by its parent.
+                total += crate::controller::cpu_time(pid).unwrap_or_default();
+            }
+        }
+        Ok(total)
     }
 
     /// Forgets what was counted so far.
