@@ -128,6 +128,9 @@ fn a_store_url_that_cannot_be_reached_is_refused_at_start_without_its_password()
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("store in PostgreSQL (--store)"), "{err}");
+    // Where, and why: the address and the system's word for the failure.
+    assert!(err.contains("at 127.0.0.1:1"), "{err}");
+    assert!(err.to_lowercase().contains("connection refused"), "{err}");
     assert!(
         !err.contains("s3cret-pw"),
         "the password was printed: {err}"

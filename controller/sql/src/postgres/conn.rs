@@ -158,7 +158,18 @@ fn pg_failed(what: &str, sql: &str, e: &postgres::Error) -> StoreError {
 pub(super) fn detailed(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+        None => {
+            // The client's own words ("error connecting to server") say
+            // nothing of why: its causes follow.
+            let mut s = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                s.push_str(": ");
+                s.push_str(&c.to_string());
+                cause = c.source();
+            }
+            s
+        }
     }
 }
 

@@ -174,6 +174,25 @@ impl Target {
         })
     }
 
+    /// Where it is, as `host:port` (each of several, comma-separated),
+    /// never with the user or the password: for messages.
+    pub fn address(&self) -> String {
+        let ports = self.config.get_ports();
+        self.config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                match h {
+                    postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                    postgres::config::Host::Unix(dir) => format!("{}:{port}", dir.display()),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// At most `n` reads at once (each on a connection of its own; at
     /// least 1), instead of [`DEFAULT_READERS`].
     pub fn readers(mut self, n: usize) -> Target {
@@ -187,7 +206,12 @@ fn connect(target: &Target) -> StoreResult<Client> {
         Some(tls) => target.config.connect(tls.clone()),
         None => target.config.connect(NoTls),
     };
-    r.map_err(|e| backend("connect to PostgreSQL", &e))
+    r.map_err(|e| {
+        StoreError::unavailable(
+            format!("connect to PostgreSQL at {}", target.address()),
+            detailed(&e),
+        )
+    })
 }
 
 impl PgStore {
