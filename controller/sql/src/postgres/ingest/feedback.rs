@@ -15,6 +15,7 @@ use baton_store::{FeedbackRow, FeedbackStored, StoreError, StoreResult, fits};
 pub(super) struct Statements {
     journals: Statement,
     insert: Statement,
+    mine: Statement,
 }
 
 impl Statements {
@@ -22,6 +23,7 @@ impl Statements {
         Ok(Statements {
             journals: c.prepare(JOURNALS_SQL)?,
             insert: c.prepare(INSERT_SQL)?,
+            mine: c.prepare(MINE_SQL)?,
         })
     }
 }
@@ -111,14 +113,30 @@ pub(super) fn write(
     }
     let mut inserted: HashSet<(i64, i64)> = HashSet::new();
     if !new.journal.is_empty() {
-        let rows = tx
-            .query(&st.insert, &new.params())
+        let n = tx
+            .execute(&st.insert, &new.params())
             .map_err(fail("store feedback"))?;
         count(1);
-        inserted.extend(
-            rows.iter()
-                .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1))),
-        );
+        if usize::try_from(n).ok() == Some(new.journal.len()) {
+            // Every row went in (so no key was twice): no need to hear
+            // which.
+            inserted.extend(new.journal.iter().copied().zip(new.seq.iter().copied()));
+        } else {
+            // Some were there already (a seq twice in a batch, a re-send
+            // racing its first copy): the rows this transaction wrote
+            // carry its id.
+            let mut journals = new.journal.clone();
+            journals.sort_unstable();
+            journals.dedup();
+            let rows = tx
+                .query(&st.mine, &[&journals])
+                .map_err(fail("read back the feedback stored"))?;
+            count(1);
+            inserted.extend(
+                rows.iter()
+                    .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1))),
+            );
+        }
     }
     for (journal, seq, dropped) in carriers {
         keep_resent_drops(tx, journal, seq, dropped)?;
@@ -179,15 +197,23 @@ const JOURNALS_SQL: &str = "WITH input AS ( \
   FROM up LEFT JOIN old USING (agent_id, journal_id)";
 
 /// Every new row of the transaction, at once.
+/// (The transaction's id is read once for all its rows, not by the
+/// column's default for each.)
 const INSERT_SQL: &str = "INSERT INTO feedback (journal, seq, tenant, pack, version, \
     instruction, execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, \
     outcome, reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
-    clock_state, received_ns) \
-  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], \
-    $6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], \
-    $12::bigint[], $13::smallint[], $14::smallint[], $15::text[], $16::text[], $17::text[], \
-    $18::bigint[], $19::bigint[], $20::bigint[], $21::smallint[], $22::smallint[], $23::bigint[]) \
-  ON CONFLICT DO NOTHING RETURNING journal, seq";
+    clock_state, received_ns, txid) \
+  SELECT u.*, x.txid FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], \
+    $5::bigint[], $6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[], \
+    $11::bigint[], $12::bigint[], $13::smallint[], $14::smallint[], $15::text[], $16::text[], \
+    $17::text[], $18::bigint[], $19::bigint[], $20::bigint[], $21::smallint[], $22::smallint[], \
+    $23::bigint[]) AS u \
+  CROSS JOIN (SELECT pg_current_xact_id()::text::bigint AS txid) x \
+  ON CONFLICT DO NOTHING";
+
+/// The rows of these journals this transaction stored.
+const MINE_SQL: &str = "SELECT journal, seq FROM feedback \
+  WHERE txid = pg_current_xact_id()::text::bigint AND journal = ANY($1::bigint[])";
 
 /// The new rows as the insert's arrays, one per column.
 #[derive(Default)]
