@@ -703,7 +703,7 @@ fn a_replica_paused_within_its_lease_is_fenced_by_the_agents_generation_and_serv
 
     // A push through the woken replica is stored (its lease holds) and
     // reaches the agent through its owner: told through the store's
-    // events within a follow (200 ms), not at the owner's resync of its
+    // events as they commit (a notification; 200 ms polls at worst), not at the owner's resync of its
     // agents' rows (every 30 s from the stream's start).
     let pushed = Instant::now();
     let o = site.push_no_wait("r0", "p2.yaml", &ticking(2));

@@ -1,5 +1,6 @@
 //! The storage interface: reads, one query each, and transactions of
-//! [`Tx`] primitives at the store's serialization point. What the
+//! [`Tx`] primitives (serialized by one writer, or by the locks of what
+//! each decides about where writers run in parallel). What the
 //! controller does with them — every decision and write rule — is
 //! [`crate::ops`], written once over any store.
 
@@ -39,9 +40,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// Run `job` in one transaction at the store's serialization point
-    /// (each job sees every job committed before it: two decisions never
-    /// race); `Ok` once committed, else nothing of it was.
+    /// Run `job` in one transaction (two decisions never race: a store
+    /// with one writer runs them one after another, one whose writers run
+    /// in parallel has each hold the locks [`Tx::locking`] says of, so
+    /// the later reads what the earlier committed); `Ok` once committed,
+    /// else nothing of it was.
     async fn transact(&self, job: TxJob) -> StoreResult<()>;
 
     /// [`Store::transact`] for work that may wait for company

@@ -4,9 +4,10 @@
 //! rollouts and their cohorts,
 //! journals and feedback, clock history, the audit log).
 //!
-//! One transaction, under the write lock every PostgreSQL controller's
-//! batches take, so nothing is half copied and no controller writes in
-//! between. Rows keep their keys and ids (`ON CONFLICT DO NOTHING`):
+//! One transaction, every table it writes locked `EXCLUSIVE` first, so
+//! nothing is half copied and no controller writes in between (and a
+//! database another store already uses is refused before anything is
+//! copied). Rows keep their keys and ids (`ON CONFLICT DO NOTHING`):
 //! running it again copies nothing twice, and after it the id sequences
 //! are moved past what was copied.
 

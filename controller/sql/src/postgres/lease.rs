@@ -2,9 +2,10 @@
 //!
 //! A leader election alone is not fencing (a paused process wakes up
 //! believing it still leads). So the lease is checked where the writes
-//! happen: every write batch reads it, in its own transaction, after the
-//! write lock and with the database's clock, and refuses to commit when it
-//! ran out. A replica paused past its lease therefore writes nothing when
+//! happen: every write batch reads it, in its own transaction, last
+//! before it commits (the streams' lane: in its first statement, with the
+//! agents' rows it locks) and with the database's clock, and refuses to
+//! commit when it ran out. A replica paused past its lease therefore writes nothing when
 //! it wakes, even before its own renewal finds out; and the agents it
 //! served are owned by whichever replica they said hello to since (their
 //! session generation moved on, see `baton_store::decide::check_session`).
@@ -32,7 +33,7 @@ use baton_store::{StoreError, StoreResult};
 
 /// Now on the database's clock, in microseconds since the epoch (not
 /// `now()`: that is the transaction's start, and a batch may have waited
-/// for the write lock since).
+/// for a decision's locks since).
 pub(super) const NOW_US: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT";
 
 /// How a replica holds its lease.

@@ -6,10 +6,18 @@
 //!
 //! * **The same SQL** as the embedded store ([`crate::sql`]), on
 //!   the sync `postgres` client: the writer is a thread like SQLite's
-//!   (`writer`'s group commit), and reads run on a small
-//!   pool in `spawn_blocking`. (The async `tokio-postgres` would serve the
-//!   reads without a blocking thread, but the writer's group commit and
-//!   the shared SQL want one synchronous connection per thread.)
+//!   (`writer`'s group commit), and reads run on a pool bounded by
+//!   [`Target::readers`], each in `spawn_blocking` once its turn came (a
+//!   read waiting holds no thread and no connection). The async
+//!   `tokio-postgres` would spare the blocking thread, but every read's
+//!   SQL and decoder are shared with SQLite through the synchronous
+//!   [`crate::sql::db::Db`]; the hop costs microseconds against a round
+//!   trip's hundreds.
+//! * **What agents' streams write** (feedback, clock reports, last-seen
+//!   marks) goes on a lane of its own ([`ingest`]): many agents' writes in
+//!   one transaction of a few statements. Beside the writer and the lane,
+//!   a listener ([`news`]) hears the other replicas' commits, and
+//!   [`partitions`] keeps the days of feedback and clock history.
 //! * **Replicas write in parallel**, in READ COMMITTED: no lock is shared
 //!   by every write. A decision holds the transaction-scoped advisory
 //!   locks of what it decides about (`baton_store::decide`'s locks: the
@@ -71,8 +79,8 @@ pub const DEFAULT_READERS: usize = 8;
 #[derive(Clone)]
 pub struct PgStore {
     writer: Arc<Writer<PgConn>>,
-    /// Feedback of many streams, written together on a connection of its
-    /// own.
+    /// What many streams write (feedback, clocks, marks), together, on
+    /// connections of its own.
     ingest: Arc<ingest::Lane>,
     /// Other replicas' commits, heard (a follower's wake-up).
     news: Arc<news::News>,
@@ -277,7 +285,7 @@ impl PgStore {
         )
     }
 
-    /// What the feedback lane has committed so far.
+    /// What the streams' lane has committed so far.
     pub fn ingest_stats(&self) -> ingest::IngestStats {
         self.ingest.stats()
     }

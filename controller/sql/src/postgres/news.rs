@@ -19,7 +19,7 @@ use super::{Target, connect};
 use baton_store::{StoreError, StoreResult};
 
 /// The channel events are announced on.
-pub(super) const CHANNEL: &str = "baton_events";
+pub(crate) const CHANNEL: &str = "baton_events";
 
 /// How often the listening thread looks up from its wait (to stop).
 const LOOK_UP: Duration = Duration::from_millis(500);

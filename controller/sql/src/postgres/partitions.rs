@@ -19,7 +19,7 @@
 //!   statements, on it alone).
 //!
 //! So on PostgreSQL a row goes within a day of its window's end, where the
-//! embedded store deletes it within a tenth of its window: retention is
+//! embedded store deletes it at the next sweep: retention is
 //! by whole days, as the price of never deleting the rows of a busy site
 //! one at a time.
 

@@ -1,8 +1,9 @@
 //! The store in SQL, once for every engine: the statements, the row
 //! decoders and the primitives of a transaction (`tx`), written against [`db::Db`]
 //! (run a query, run a statement). An engine ([`Engine`]) supplies the
-//! connections and the one thing SQL cannot say portably: where the
-//! writes are serialised. With that, [`baton_store::Store`] is
+//! connections and what SQL cannot say portably: where the writes are
+//! serialised (SQLite's one writer) or what keeps parallel writers from
+//! racing (PostgreSQL's decision locks, [`Engine::locks`]). With that, [`baton_store::Store`] is
 //! implemented for it here.
 //!
 //! The SQL is the subset SQLite and PostgreSQL both accept: `?N`
@@ -35,9 +36,10 @@ pub use agents::LeaseClock;
 pub type Horizon = fn(&dyn db::Db) -> StoreResult<Option<i64>>;
 
 /// What an engine gives the shared SQL: a writer whose commands are
-/// serialised (each sees the ones committed before it, and decisions
-/// never race) and committed before they are answered, and reads beside
-/// it.
+/// committed before they are answered, decisions that never race (its
+/// commands serialised, or, where writers run in parallel, each holding
+/// the locks of what it decides about: [`Engine::locks`]), and reads
+/// beside it.
 pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// How decisions bind agents to tenants.
     fn binding(&self) -> Binding;
@@ -107,8 +109,8 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         tokio::time::sleep(at_most)
     }
 
-    /// Runs `f` in the writer's serialisation point; its result once
-    /// committed (a failed `f` leaves no trace).
+    /// Runs `f` in a transaction of the writer; its result once committed
+    /// (a failed `f` leaves no trace).
     fn write<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
     where
         T: Send + 'static,

@@ -165,7 +165,7 @@ pub async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
 
 /// Events and feedback are followed by [`Mark`]: from the start every row
 /// once, in order, in pages; from the high water only what comes after.
-pub async fn events_page_by_id(s: &dyn Store, _: Binding) {
+pub async fn events_page_by_mark(s: &dyn Store, _: Binding) {
     let (events_start, feedback_start) = s.high_water().await.unwrap();
     let ev = |n: i64, kind: EventKind| EventRow {
         id: 0,

@@ -60,7 +60,7 @@ macro_rules! contract_suite {
         $crate::contract_suite!(@tests $open, $available;
             hello_creates_and_updates: [tenants, open];
             stale_streams_are_fenced: [tenants];
-            events_page_by_id: [tenants];
+            events_page_by_mark: [tenants];
             revocations_once_per_serial: [tenants];
             agent_seen_and_all_disconnected: [tenants];
             clock_latest_and_history: [tenants];

@@ -6,9 +6,10 @@
 //! rollout rules a new version or a step brings ([`rollouts`]), and
 //! fences writes of streams that no longer own their agent.
 //!
-//! Run inside the store's serialization point, two decisions racing (a
-//! push and a hello, a cancel and an ack) never overwrite each other: the
-//! later one sees the earlier one's rows. Each returns the rows it
+//! Each holds the locks of what it decides about where writers run in
+//! parallel ([`locks`]; one writer serializes them anyway), so two
+//! decisions racing (a push and a hello, a cancel and an ack) never
+//! overwrite each other: the later one sees the earlier one's rows. Each returns the rows it
 //! changed, for the sessions to act on and the watchers to see.
 
 mod answers;

@@ -10,8 +10,10 @@
 //! agent's latest (one statement each), for last-seen marks one update.
 //! A re-sent entry carrying a count of drops costs a few more, only then.
 //!
-//! The lane has a connection of its own, beside the writer's: ingest does
-//! not queue behind decisions, nor decisions behind ingest. Each caller
+//! The lane has [`THREADS`] threads, each with a connection of its own,
+//! beside the writer's: ingest does not queue behind decisions, nor
+//! decisions behind ingest. A transaction the server aborts for another
+//! (a deadlock with a decision) runs again, up to [`AGAIN`] times. Each caller
 //! gets its own answer: a fenced agent's batch is refused alone (a clock
 //! report or a mark of an agent with no record too), a batch with a value
 //! past `i64::MAX` too; a failed transaction fails every batch in it, and
@@ -121,7 +123,7 @@ pub struct Lane {
 }
 
 impl Lane {
-    /// Starts the lane's thread on `target`, writing as `lease`'s
+    /// Starts the lane's threads on `target`, writing as `lease`'s
     /// replica.
     pub(super) fn start(
         target: Target,
@@ -145,7 +147,7 @@ impl Lane {
                     }
                     .run(rx)
                 })
-                .map_err(|e| StoreError::unavailable("start the feedback ingest thread", e))?;
+                .map_err(|e| StoreError::unavailable("start the streams' writing thread", e))?;
             senders.push(tx);
             threads.push(thread);
         }
@@ -273,10 +275,26 @@ struct Ingest {
     counters: Arc<Counters>,
 }
 
-/// A database error as the store's, saying what was being done.
+/// A database error as the store's, saying what was being done: a
+/// transaction the server aborted for another (a deadlock with a
+/// decision on the writer, which locks agents' rows in its own order) is
+/// [`StoreError::Contended`], and its drain runs again.
 fn fail(what: &'static str) -> impl Fn(postgres::Error) -> StoreError {
-    move |e| StoreError::unavailable(what, detailed(&e))
+    use postgres::error::SqlState;
+    move |e| match e.code() {
+        Some(c)
+            if *c == SqlState::T_R_DEADLOCK_DETECTED
+                || *c == SqlState::T_R_SERIALIZATION_FAILURE =>
+        {
+            StoreError::Contended(format!("{what}: {}", detailed(&e)))
+        }
+        _ => StoreError::unavailable(what, detailed(&e)),
+    }
 }
+
+/// Times a drain the server aborted for another transaction runs again
+/// before its callers are told.
+const AGAIN: usize = 3;
 
 /// The answers of one transaction, in the order of its work.
 struct Answers {
@@ -300,7 +318,17 @@ impl Ingest {
                 }
             }
             let n = drain.len() as u64;
-            match self.write(&drain) {
+            let mut written = self.write(&drain);
+            for _ in 0..AGAIN {
+                match &written {
+                    Err(StoreError::Contended(why)) => {
+                        tracing::debug!(%why, "store: the streams' writes run again");
+                        written = self.write(&drain);
+                    }
+                    _ => break,
+                }
+            }
+            match written {
                 Ok(answers) => {
                     self.counters.transactions.fetch_add(1, Ordering::Relaxed);
                     self.counters.batches.fetch_add(n, Ordering::Relaxed);
@@ -482,7 +510,7 @@ fn fence_sql() -> String {
         "SELECT l.live, a.id, a.session_gen FROM \
          (SELECT EXISTS (SELECT 1 FROM replicas WHERE id = $2 AND epoch = $3 \
           AND expires_us > {NOW_US}) AS live) l \
-         LEFT JOIN LATERAL (SELECT id, session_gen FROM agents WHERE id = ANY($1) FOR SHARE) a \
+         LEFT JOIN LATERAL (SELECT id, session_gen FROM agents WHERE id = ANY($1) ORDER BY id FOR SHARE) a \
          ON true"
     )
 }
