@@ -291,16 +291,10 @@ impl App {
         let row = match e {
             // Followed from the feedback table itself.
             Event::Feedback(_) => return,
-            Event::Delivery(d) => EventRow {
-                id: 0,
-                replica: replica.clone(),
-                kind: EventKind::Delivery,
-                agent_id: d.agent_id,
-                tenant: d.tenant,
-                pack: d.pack,
-                detail: String::new(),
-                at: now(),
-            },
+            // Written by the decision that changed the row, in its
+            // transaction (`Tx::announce`): a store shared by replicas
+            // announces every change it decides.
+            Event::Delivery(_) => return,
             Event::Agent(a) => EventRow {
                 id: 0,
                 replica: replica.clone(),

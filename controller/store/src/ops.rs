@@ -35,7 +35,12 @@ pub trait StoreOps: Store {
     /// raised it: a stream that lost its agent to another (on this replica
     /// or another one) can change nothing of it.
     async fn agent_hello(&self, hello: HelloRow) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
-        transact(self, move |tx| decide::hello(tx, &hello)).await
+        transact(self, move |tx| {
+            let (agent, rows) = decide::hello(tx, &hello)?;
+            tx.announce(&rows, hello.at)?;
+            Ok((agent, rows))
+        })
+        .await
     }
 
     /// Connection state and last-seen instant, from the stream of
@@ -86,7 +91,9 @@ pub trait StoreOps: Store {
     ) -> StoreResult<(AgentRow, Vec<DeliveryRow>)> {
         let (id, tenant) = (id.to_owned(), tenant.to_owned());
         transact(self, move |tx| {
-            decide::label(tx, &id, &tenant, &set, &reset, at)
+            let (agent, rows) = decide::label(tx, &id, &tenant, &set, &reset, at)?;
+            tx.announce(&rows, at)?;
+            Ok((agent, rows))
         })
         .await
     }
@@ -101,7 +108,12 @@ pub trait StoreOps: Store {
         at: RefTime,
     ) -> StoreResult<Vec<DeliveryRow>> {
         let (id, tenant) = (id.to_owned(), tenant.to_owned());
-        transact(self, move |tx| decide::grant(tx, &id, &tenant, granted, at)).await
+        transact(self, move |tx| {
+            let rows = decide::grant(tx, &id, &tenant, granted, at)?;
+            tx.announce(&rows, at)?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// Forget an agent. With a tenant: only that tenant's deliveries to it,
@@ -126,7 +138,12 @@ pub trait StoreOps: Store {
     /// (every holder's).
     async fn cancel_pack(&self, key: &PackKey, at: RefTime) -> StoreResult<Vec<DeliveryRow>> {
         let key = key.clone();
-        transact(self, move |tx| decide::cancel(tx, &key, at)).await
+        transact(self, move |tx| {
+            let rows = decide::cancel(tx, &key, at)?;
+            tx.announce(&rows, at)?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// Plan a pack for every agent it may concern: those its targets
@@ -134,7 +151,12 @@ pub trait StoreOps: Store {
     /// Returns the rows that changed.
     async fn reconcile_pack(&self, key: &PackKey, at: RefTime) -> StoreResult<Vec<DeliveryRow>> {
         let key = key.clone();
-        transact(self, move |tx| decide::reconcile(tx, &key, at)).await
+        transact(self, move |tx| {
+            let rows = decide::reconcile(tx, &key, at)?;
+            tx.announce(&rows, at)?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// Apply a rollout change if no other writer stepped the rollout first
@@ -145,7 +167,14 @@ pub trait StoreOps: Store {
         change: RolloutChange,
         at: RefTime,
     ) -> StoreResult<Option<Vec<DeliveryRow>>> {
-        transact(self, move |tx| decide::advance(tx, &change, at)).await
+        transact(self, move |tx| {
+            let rows = decide::advance(tx, &change, at)?;
+            if let Some(rows) = &rows {
+                tx.announce(rows, at)?;
+            }
+            Ok(rows)
+        })
+        .await
     }
 
     // ---- deliveries
@@ -162,13 +191,23 @@ pub trait StoreOps: Store {
         at: RefTime,
     ) -> StoreResult<Vec<DeliveryRow>> {
         let id = id.to_owned();
-        transact(self, move |tx| decide::held(tx, &id, session, &held, at)).await
+        transact(self, move |tx| {
+            let rows = decide::held(tx, &id, session, &held, at)?;
+            tx.announce(&rows, at)?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// The agent answered a push. Returns its row as it is now (`None`: no
     /// such row, e.g. forgotten).
     async fn answer(&self, answer: AnswerRow) -> StoreResult<Option<DeliveryRow>> {
-        transact(self, move |tx| decide::answer(tx, &answer)).await
+        transact(self, move |tx| {
+            let row = decide::answer(tx, &answer)?;
+            tx.announce(row.as_slice(), answer.at)?;
+            Ok(row)
+        })
+        .await
     }
 
     /// [`StoreOps::answer`] for many answers (of any agents) in one
@@ -179,7 +218,18 @@ pub trait StoreOps: Store {
         &self,
         answers: Vec<AnswerRow>,
     ) -> StoreResult<Vec<StoreResult<Option<DeliveryRow>>>> {
-        transact(self, move |tx| decide::answers(tx, &answers)).await
+        transact(self, move |tx| {
+            let each = decide::answers(tx, &answers)?;
+            let rows: Vec<DeliveryRow> = each
+                .iter()
+                .filter_map(|r| r.as_ref().ok().cloned().flatten())
+                .collect();
+            if let Some(at) = answers.iter().map(|a| a.at).max() {
+                tx.announce(&rows, at)?;
+            }
+            Ok(each)
+        })
+        .await
     }
 
     // ---- feedback

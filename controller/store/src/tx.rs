@@ -215,6 +215,16 @@ pub trait Tx {
     /// larger, ids never reused).
     fn put_feedback(&mut self, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored>;
     /// Events for the other replicas, in order.
+    /// Tell the store's other writers' followers, in this transaction,
+    /// that these rows changed (where writers run in parallel: a delivery
+    /// event per row, committed with the change, so a push reaches the
+    /// agents streaming to other replicas as soon as it is stored, and no
+    /// crash between the two loses the word). The default, for a store
+    /// with one writer, tells no one.
+    fn announce(&mut self, rows: &[DeliveryRow], at: RefTime) -> StoreResult<()> {
+        let _ = (rows, at);
+        Ok(())
+    }
     fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()>;
     /// An operator action.
     fn put_audit(&mut self, row: &AuditRow) -> StoreResult<()>;

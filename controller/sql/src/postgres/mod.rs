@@ -1055,6 +1055,45 @@ mod tests {
         assert_eq!(store.reads(), (0, 0));
     }
 
+    /// A decision's changed rows are announced in its own transaction: as
+    /// soon as a push is stored on one replica, another replica's
+    /// follower reads an event for each agent it planned (nothing relayed
+    /// after the commit, which a crash in between would lose).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_decisions_rows_are_announced_in_its_own_transaction() {
+        if !available() {
+            return;
+        }
+        use baton_store::contract::{hello_in, key, pack, to_ids};
+        let (a, b, _) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        for id in ["x1", "x2"] {
+            a.agent_hello(hello_in(id, &[], &[], 1)).await.unwrap();
+        }
+        let (from, _) = b.high_water().await.unwrap();
+        a.put_pack(pack("default", "p", 1, to_ids(&["x1", "x2"])))
+            .await
+            .unwrap();
+        let rows = a
+            .reconcile_pack(&key("default", "p"), RefTime::from_nanos(5))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 2);
+        let (events, _) = b.events_after(from, 100).await.unwrap();
+        let mut told: Vec<(String, String, String)> = events
+            .iter()
+            .filter(|e| e.kind == baton_store::EventKind::Delivery)
+            .map(|e| (e.replica.clone(), e.agent_id.clone(), e.pack.clone()))
+            .collect();
+        told.sort();
+        assert_eq!(
+            told,
+            vec![
+                ("ra".into(), "x1".into(), "p".into()),
+                ("ra".into(), "x2".into(), "p".into())
+            ]
+        );
+    }
+
     /// A decision on one replica waits for another replica's decision
     /// about the same packs in flight, and then reads what it committed:
     /// a hello that came while a retarget was being decided elsewhere

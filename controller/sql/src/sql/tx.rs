@@ -258,6 +258,26 @@ impl Tx for SqlTx<'_> {
         feedback::write_feedback(self.conn, rows)
     }
 
+    fn announce(&mut self, rows: &[DeliveryRow], at: RefTime) -> StoreResult<()> {
+        if !self.locks || rows.is_empty() {
+            return Ok(());
+        }
+        let events: Vec<EventRow> = rows
+            .iter()
+            .map(|r| EventRow {
+                id: 0,
+                replica: self.owner.replica.clone(),
+                kind: baton_store::EventKind::Delivery,
+                agent_id: r.agent_id.clone(),
+                tenant: r.tenant.clone(),
+                pack: r.pack.clone(),
+                detail: String::new(),
+                at,
+            })
+            .collect();
+        self.put_events(&events)
+    }
+
     fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()> {
         events::put_events(self.conn, rows)?;
         if self.locks {
