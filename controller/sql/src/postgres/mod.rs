@@ -84,6 +84,8 @@ pub struct PgStore {
     ingest: Arc<ingest::Lane>,
     /// Other replicas' commits, heard (a follower's wake-up).
     news: Arc<news::News>,
+    /// Tells the other replicas' listeners of this one's commits.
+    notifier: Arc<news::Notifier>,
     /// Day partitions made ahead, and dropped by retention.
     partitions: Arc<partitions::Partitions>,
     readers: Arc<ReadPool>,
@@ -262,13 +264,20 @@ impl PgStore {
             idle_limit,
         };
         let writer = Writer::start("store-writer", batches, MAX_BATCH)?;
-        let ingest = ingest::Lane::start(target.clone(), Arc::clone(&lease), idle_limit)?;
+        let notifier = Arc::new(news::Notifier::start(target.clone())?);
+        let ingest = ingest::Lane::start(
+            target.clone(),
+            Arc::clone(&lease),
+            idle_limit,
+            Arc::clone(&notifier),
+        )?;
         let news = news::News::start(target.clone())?;
         let partitions = partitions::Partitions::start(target.clone())?;
         Ok(PgStore {
             writer: Arc::new(writer),
             ingest: Arc::new(ingest),
             news: Arc::new(news),
+            notifier,
             partitions,
             readers,
             binding,
@@ -368,6 +377,10 @@ impl Engine for PgStore {
 
     async fn news(&self, at_most: std::time::Duration) {
         self.news.wait(at_most).await;
+    }
+
+    fn told(&self) {
+        self.notifier.poke();
     }
 
     async fn write<T, F>(&self, mut f: F) -> StoreResult<T>
@@ -991,6 +1004,37 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         waiting.await.unwrap();
+    }
+
+    /// Feedback stored on one replica wakes another's follower too (its
+    /// watchers see it then, not at the next poll); the word is sent
+    /// after the commit, by the notifier, not inside the transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_is_woken_by_another_replicas_feedback() {
+        if !available() {
+            return;
+        }
+        let (a, b, _) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let b = Arc::new(b);
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { Store::news(&*b, std::time::Duration::from_secs(60)).await })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut seq = 0;
+        while !waiting.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no wake-up in 20 s of feedback"
+            );
+            seq += 1;
+            a.put_feedback(1, vec![baton_store::contract::fb("a1", "j1", seq, 10)])
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        waiting.await.unwrap();
+        assert!(a.notifier.sent() >= 1);
     }
 
     /// Reads beyond the pool's bound wait their turn without a connection:

@@ -108,3 +108,132 @@ fn listen_once(target: &Target, woken: &Notify, stop: &AtomicBool) -> StoreResul
     }
     Ok(())
 }
+
+/// The other side: tells the listeners that something was committed, from
+/// a thread and connection of its own, after the commit. A `NOTIFY` inside
+/// the writing transaction would make its commit take the database's
+/// notification lock, which every notifying commit holds through its
+/// flush to disk: the writer's and the lane's commits would then wait
+/// for each other's. Pokes that come while one is being sent are sent as
+/// one.
+pub(super) struct Notifier {
+    state: Arc<(std::sync::Mutex<Poked>, std::sync::Condvar)>,
+    thread: Option<JoinHandle<()>>,
+    /// Counted always (one atomic add per notification), read by tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    sent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[derive(Default)]
+struct Poked {
+    pending: bool,
+    stop: bool,
+}
+
+impl Notifier {
+    /// Starts the notifying thread on `target` (it connects when first
+    /// poked, and again after a lost connection).
+    pub fn start(target: Target) -> StoreResult<Notifier> {
+        let state = Arc::new((
+            std::sync::Mutex::new(Poked::default()),
+            std::sync::Condvar::new(),
+        ));
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (s, n) = (Arc::clone(&state), Arc::clone(&sent));
+        let thread = std::thread::Builder::new()
+            .name("store-notify".into())
+            .spawn(move || tell(&target, &s, &n))
+            .map_err(|e| StoreError::unavailable("start the store's notifier", e))?;
+        Ok(Notifier {
+            state,
+            thread: Some(thread),
+            sent,
+        })
+    }
+
+    /// Something was committed: the listeners are told soon.
+    pub fn poke(&self) {
+        let (lock, cv) = &*self.state;
+        lock.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pending = true;
+        cv.notify_one();
+    }
+
+    /// Notifications sent so far (pokes coalesce).
+    #[cfg(test)]
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.state;
+        lock.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .stop = true;
+        cv.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The notifier's thread: waits for a poke, sends one notification for
+/// every poke since, until stopped.
+fn tell(
+    target: &Target,
+    state: &(std::sync::Mutex<Poked>, std::sync::Condvar),
+    sent: &std::sync::atomic::AtomicU64,
+) {
+    let mut conn: Option<postgres::Client> = None;
+    let mut warned = false;
+    loop {
+        {
+            let (lock, cv) = state;
+            let mut p = lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            while !p.pending && !p.stop {
+                p = cv
+                    .wait(p)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            if p.stop {
+                break;
+            }
+            p.pending = false;
+        }
+        if conn.as_ref().is_none_or(postgres::Client::is_closed) {
+            conn = connect(target).ok();
+        }
+        let told = conn.as_mut().map(|c| {
+            c.batch_execute(&format!("SELECT pg_notify('{CHANNEL}', '')"))
+                .map_err(|e| detailed(&e))
+        });
+        match told {
+            Some(Ok(())) => {
+                sent.fetch_add(1, Ordering::SeqCst);
+                warned = false;
+            }
+            failed => {
+                // The followers poll meanwhile; the next poke tries again.
+                if !warned {
+                    let why = match failed {
+                        Some(Err(e)) => e,
+                        _ => "no connection".into(),
+                    };
+                    tracing::warn!(
+                        "store: not telling the other replicas of commits ({why}); they poll until it is back"
+                    );
+                    warned = true;
+                }
+                conn = None;
+            }
+        }
+    }
+    if let Some(c) = conn {
+        let _ = c.close();
+    }
+}

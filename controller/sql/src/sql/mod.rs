@@ -103,6 +103,10 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Events were committed: tell the other writers' followers (the
+    /// default: there are none).
+    fn told(&self) {}
+
     /// Waits until another writer announced a commit to follow, or for
     /// `at_most` (the default: other writers are not heard).
     fn news(&self, at_most: std::time::Duration) -> impl Future<Output = ()> + Send {

@@ -34,6 +34,8 @@ impl Store for $engine {
         let lease_clock = self.lease_clock();
         let locks = self.locks();
         let partitioned = self.partitioned();
+        let told = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&told);
         self.write(move |conn| {
             job(&mut SqlTx {
                 conn,
@@ -42,9 +44,14 @@ impl Store for $engine {
                 lease_clock,
                 locks,
                 partitioned,
+                told: &flag,
             })
         })
-        .await
+        .await?;
+        if told.load(std::sync::atomic::Ordering::Relaxed) {
+            Engine::told(self);
+        }
+        Ok(())
     }
 
     async fn append_feedback(
@@ -105,6 +112,8 @@ impl Store for $engine {
         let lease_clock = self.lease_clock();
         let locks = self.locks();
         let partitioned = self.partitioned();
+        let told = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&told);
         self.write_background(move |conn| {
             job(&mut SqlTx {
                 conn,
@@ -113,9 +122,14 @@ impl Store for $engine {
                 lease_clock,
                 locks,
                 partitioned,
+                told: &flag,
             })
         })
-        .await
+        .await?;
+        if told.load(std::sync::atomic::Ordering::Relaxed) {
+            Engine::told(self);
+        }
+        Ok(())
     }
 
     async fn clock_history(

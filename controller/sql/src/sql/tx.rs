@@ -26,6 +26,9 @@ pub(crate) struct SqlTx<'a> {
     /// Whether feedback and clock history are partitioned by day
     /// ([`super::Engine::partitioned`]).
     pub(crate) partitioned: bool,
+    /// Set when the transaction wrote events: the engine tells the other
+    /// writers' followers once it commits.
+    pub(crate) told: &'a std::sync::atomic::AtomicBool,
 }
 
 /// Advisory lock namespaces (the first key of the two-key form).
@@ -280,17 +283,9 @@ impl Tx for SqlTx<'_> {
 
     fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()> {
         events::put_events(self.conn, rows)?;
-        if self.locks {
-            // Delivered to every listener when this transaction commits
-            // (`postgres::news`): followers read at once, not at their
-            // next poll.
-            run(
-                self.conn,
-                "announce events",
-                "SELECT pg_notify('baton_events', '')",
-                &[],
-            )?;
-        }
+        // The other replicas' followers are told once this commits
+        // (`Engine::told`): they read at once, not at their next poll.
+        self.told.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

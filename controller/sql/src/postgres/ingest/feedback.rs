@@ -198,10 +198,8 @@ const JOURNALS_SQL: &str = "WITH input AS ( \
 
 /// Every new row of the transaction, at once.
 /// (The transaction's id is read once for all its rows, not by the
-/// column's default for each; the other replicas' followers are told, on
-/// the events' channel, `super::super::news`, when it commits.)
-pub(super) const INSERT_SQL: &str = "WITH told AS (SELECT pg_notify('baton_events', '')) \
-  INSERT INTO feedback (journal, seq, tenant, pack, version, \
+/// column's default for each.)
+const INSERT_SQL: &str = "INSERT INTO feedback (journal, seq, tenant, pack, version, \
     instruction, execution_id, occurrence_ns, attempt, scheduled_ns, actual_ns, lateness_ns, \
     outcome, reason, event, action, detail, value, dropped_before, uncertainty_ns, clock_source, \
     clock_state, received_ns, txid) \
@@ -210,7 +208,7 @@ pub(super) const INSERT_SQL: &str = "WITH told AS (SELECT pg_notify('baton_event
     $11::bigint[], $12::bigint[], $13::smallint[], $14::smallint[], $15::text[], $16::text[], \
     $17::text[], $18::bigint[], $19::bigint[], $20::bigint[], $21::smallint[], $22::smallint[], \
     $23::bigint[]) AS u \
-  CROSS JOIN (SELECT pg_current_xact_id()::text::bigint AS txid FROM told) x \
+  CROSS JOIN (SELECT pg_current_xact_id()::text::bigint AS txid) x \
   ON CONFLICT DO NOTHING";
 
 /// The rows of these journals this transaction stored.
@@ -331,13 +329,4 @@ fn keep_resent_drops(
     )
     .map_err(fail)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_insert_tells_the_followers_on_the_events_channel() {
-        let told = format!("pg_notify('{}'", crate::postgres::news::CHANNEL);
-        assert!(super::INSERT_SQL.contains(&told), "{}", super::INSERT_SQL);
-    }
 }

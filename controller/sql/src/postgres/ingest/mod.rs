@@ -129,12 +129,14 @@ impl Lane {
         target: Target,
         lease: Arc<Lease>,
         idle_limit: Duration,
+        notifier: Arc<super::news::Notifier>,
     ) -> StoreResult<Lane> {
         let counters = Arc::new(Counters::default());
         let (mut senders, mut threads) = (Vec::new(), Vec::new());
         for i in 0..THREADS {
             let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
             let (c, target, lease) = (Arc::clone(&counters), target.clone(), Arc::clone(&lease));
+            let notifier = Arc::clone(&notifier);
             let thread = std::thread::Builder::new()
                 .name(format!("store-ingest-{i}"))
                 .spawn(move || {
@@ -144,6 +146,7 @@ impl Lane {
                         idle_limit,
                         conn: None,
                         counters: c,
+                        notifier,
                     }
                     .run(rx)
                 })
@@ -273,6 +276,9 @@ struct Ingest {
     idle_limit: Duration,
     conn: Option<(Client, Prepared)>,
     counters: Arc<Counters>,
+    /// Told when feedback was committed (another replica's watchers
+    /// follow it).
+    notifier: Arc<super::news::Notifier>,
 }
 
 /// A database error as the store's, saying what was being done: a
@@ -330,6 +336,13 @@ impl Ingest {
             }
             match written {
                 Ok(answers) => {
+                    if answers
+                        .feedback
+                        .iter()
+                        .any(|r| r.as_ref().is_ok_and(|s| s.inserted > 0))
+                    {
+                        self.notifier.poke();
+                    }
                     self.counters.transactions.fetch_add(1, Ordering::Relaxed);
                     self.counters.batches.fetch_add(n, Ordering::Relaxed);
                     let mut feedback = answers.feedback.into_iter();
