@@ -81,6 +81,8 @@ pub struct AppConfig {
     pub max_held: usize,
     /// Pacing of pushes to agents.
     pub pace: pace::Pace,
+    /// Failed dashboard log-ins allowed per source.
+    pub login: crate::sessions::LoginThrottle,
 }
 
 impl AppConfig {
@@ -90,6 +92,7 @@ impl AppConfig {
             binding,
             max_held: 1024,
             pace: pace::Pace::default(),
+            login: crate::sessions::LoginThrottle::default(),
         }
     }
 }

@@ -17,7 +17,9 @@
 //! - [`pace`]: pacing of pushes (token bucket, sans-IO);
 //! - [`metrics`]: the counters behind `/metrics`;
 //! - [`retention`]: what grows is deleted when it is old enough;
-//! - [`rollouts`]: the rollout driver, status and operator commands.
+//! - [`rollouts`]: the rollout driver, status and operator commands;
+//! - [`sessions`]: dashboard sessions and log-in throttling, in the store
+//!   (replicas share them).
 
 #![forbid(unsafe_code)]
 
@@ -39,6 +41,7 @@ pub mod packs;
 pub mod retention;
 pub mod revocations;
 pub mod rollouts;
+pub mod sessions;
 mod tally;
 pub mod texts;
 

@@ -109,3 +109,36 @@ pub struct Mark {
     /// The row's id.
     pub id: u64,
 }
+
+/// A dashboard session as the store keeps it, so that every replica
+/// behind one address knows it: made on one, valid on all, ended on all
+/// by a log-out or a revocation of its certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRow {
+    /// SHA-256 of the cookie's value, lowercase hex: never the value
+    /// itself, so whoever reads the database cannot replay a cookie.
+    pub id_hash: String,
+    /// Who logged in (an operator).
+    pub who: crate::identity::Identity,
+    /// Its certificate's serial: a revocation of it ends the session.
+    pub serial: String,
+    /// The session's CSRF token (synchroniser token).
+    pub csrf: String,
+    /// When it was made (the oldest of a certificate's go first).
+    pub created: RefTime,
+    /// When it ends.
+    pub expires: RefTime,
+}
+
+/// What became of a new session ([`SessionRow`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionOpened {
+    /// Stored.
+    Opened,
+    /// Its certificate is recorded as revoked (on another replica, just
+    /// now): nothing stored.
+    Revoked,
+    /// As many sessions are open as the store may keep, none of them
+    /// expired: nothing stored.
+    Full,
+}

@@ -127,6 +127,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: "",
     },
     Migration {
+        version: 13,
+        sql: include_str!("migrations/0013_dashboard_sessions.sql"),
+        postgres_only: "",
+    },
+    Migration {
         version: 15,
         sql: "",
         postgres_only: include_str!("migrations/0015_partitions.pg.sql"),

@@ -7,13 +7,17 @@ use async_trait::async_trait;
 use baton_model::{
     AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     HeldPackRow, HelloRow, LabelOverrides, PackKey, PackVersionRow, PutPack, RefTime,
-    RevocationRow, RolloutChange, SignedDuration,
+    RevocationRow, RolloutChange, SessionOpened, SessionRow, SignedDuration,
 };
 
 use crate::decide;
 use crate::error::{StoreError, StoreResult};
 use crate::store::{Store, transact, transact_background};
 use crate::tx::Grows;
+
+/// Ended sessions (and old log-in windows) deleted by each new one: more
+/// than one, so they go faster than they come.
+const ENDED_PER_OPEN: u32 = 16;
 
 /// The store's operations, for any [`Store`] (`use baton_store::StoreOps`
 /// to call them).
@@ -288,8 +292,81 @@ pub trait StoreOps: Store {
     /// recorded (by this replica or another, now or before) is left as it
     /// is and its audit records are not written. The serials recorded
     /// now.
+    ///
+    /// The dashboard sessions of a serial recorded now end in the same
+    /// transaction, on every replica at once ([`crate::Store::session`]
+    /// also refuses any of a revoked serial).
     async fn revoke(&self, rows: Vec<(RevocationRow, Vec<AuditRow>)>) -> StoreResult<Vec<String>> {
-        transact(self, move |tx| tx.revoke(&rows)).await
+        transact(self, move |tx| {
+            let new = tx.revoke(&rows)?;
+            tx.delete_sessions_of(&new)?;
+            Ok(new)
+        })
+        .await
+    }
+
+    // ---- dashboard sessions and log-in throttling
+
+    /// Store a dashboard session, within bounds: a certificate holds at
+    /// most `per_identity` (its oldest go to make room), and the store at
+    /// most `max_total` (ended ones are deleted first). A revoked
+    /// certificate gets none. A few ended sessions are deleted on the way,
+    /// so the table never grows past its bound with dead rows.
+    async fn open_session(
+        &self,
+        row: SessionRow,
+        per_identity: usize,
+        max_total: u64,
+    ) -> StoreResult<SessionOpened> {
+        transact(self, move |tx| {
+            if tx.locking() {
+                tx.lock_sessions(&row.serial)?;
+            }
+            if tx.is_revoked(&row.serial)? {
+                return Ok(SessionOpened::Revoked);
+            }
+            tx.delete_ended_sessions(row.created, ENDED_PER_OPEN)?;
+            let mine = tx.sessions_of(&row.serial)?;
+            let over = (mine.len() + 1).saturating_sub(per_identity.max(1));
+            if over > 0 {
+                let oldest: Vec<String> = mine.into_iter().take(over).map(|s| s.id_hash).collect();
+                tx.delete_sessions(&oldest)?;
+            }
+            if tx.count_sessions()? >= max_total {
+                tx.delete_ended_sessions(row.created, u32::MAX)?;
+                if tx.count_sessions()? >= max_total {
+                    return Ok(SessionOpened::Full);
+                }
+            }
+            tx.put_session(&row)?;
+            Ok(SessionOpened::Opened)
+        })
+        .await
+    }
+
+    /// End a dashboard session (a log-out): on every replica at once.
+    async fn close_session(&self, id_hash: &str) -> StoreResult<()> {
+        let id = vec![id_hash.to_owned()];
+        transact(self, move |tx| tx.delete_sessions(&id).map(drop)).await
+    }
+
+    /// Count a failed log-in from `source` in the window starting at
+    /// `window`, and forget a few windows that started before
+    /// `forget_before` (so the table holds only the windows a decision
+    /// still reads); the window's count now. Counted in the store, so
+    /// attempts spread over replicas add up.
+    async fn login_failed(
+        &self,
+        source: &str,
+        window: RefTime,
+        forget_before: RefTime,
+    ) -> StoreResult<u64> {
+        let source = source.to_owned();
+        transact(self, move |tx| {
+            tx.delete_login_failures_before(forget_before, ENDED_PER_OPEN)?;
+            tx.add_login_failure(&source, window)
+        })
+        .await
     }
 
     // ---- retention (small batches, riding other writes' commits)

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use baton_model::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, FeedbackStored, Mark, PackKey, PackSummaryRow, PackVersionRow,
-    RefTime, RevocationRow, RolloutRow, SignedDuration,
+    RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -195,6 +195,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         since: RefTime,
         limit: u32,
     ) -> StoreResult<Vec<AuditRow>>;
+    /// The dashboard session whose cookie hashes to `id_hash`, if it
+    /// stands at `now`: not expired, and its certificate not recorded as
+    /// revoked (by any replica).
+    async fn session(&self, id_hash: &str, now: RefTime) -> StoreResult<Option<SessionRow>>;
+    /// Failed log-ins from `source` counted in each window that starts at
+    /// or after `since`: (the window's start, failures), oldest first.
+    async fn login_failures(
+        &self,
+        source: &str,
+        since: RefTime,
+    ) -> StoreResult<Vec<(RefTime, u64)>>;
 }
 
 /// [`Store::append_feedback`] as one transaction of [`Tx`] primitives: the

@@ -11,7 +11,7 @@
 use baton_model::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
-    RefTime, RevocationRow, RolloutRow, SignedDuration, TargetsRow,
+    RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration, TargetsRow,
 };
 
 use crate::error::StoreResult;
@@ -234,4 +234,36 @@ pub trait Tx {
     /// Delete at most `max` records of `what` before `before`, oldest
     /// first; how many went.
     fn delete_before(&mut self, what: Grows, before: RefTime, max: u32) -> StoreResult<u64>;
+
+    // ---- dashboard sessions and log-in throttling
+
+    /// Hold, to the end of the transaction, the lock of the sessions of
+    /// certificate `serial` (exclusive): two replicas opening sessions of
+    /// one certificate at once keep its cap. Only where
+    /// [`Tx::locking`].
+    fn lock_sessions(&mut self, _serial: &str) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Whether `serial` is recorded as revoked.
+    fn is_revoked(&mut self, serial: &str) -> StoreResult<bool>;
+    /// The sessions of certificate `serial`, oldest first (by when they
+    /// were made, then by hash).
+    fn sessions_of(&mut self, serial: &str) -> StoreResult<Vec<SessionRow>>;
+    /// How many sessions are stored.
+    fn count_sessions(&mut self) -> StoreResult<u64>;
+    /// Store a session (its hash is new: 256 random bits).
+    fn put_session(&mut self, row: &SessionRow) -> StoreResult<()>;
+    /// Delete the sessions with these hashes; how many went.
+    fn delete_sessions(&mut self, id_hashes: &[String]) -> StoreResult<u64>;
+    /// Delete every session of these certificates; how many went.
+    fn delete_sessions_of(&mut self, serials: &[String]) -> StoreResult<u64>;
+    /// Delete at most `max` sessions that ended by `now` (expired, or of a
+    /// revoked certificate); how many went.
+    fn delete_ended_sessions(&mut self, now: RefTime, max: u32) -> StoreResult<u64>;
+    /// One more failed log-in from `source` in the window starting at
+    /// `window`; the window's count now.
+    fn add_login_failure(&mut self, source: &str, window: RefTime) -> StoreResult<u64>;
+    /// Delete at most `max` windows of failed log-ins that start before
+    /// `before`; how many went.
+    fn delete_login_failures_before(&mut self, before: RefTime, max: u32) -> StoreResult<u64>;
 }

@@ -12,39 +12,50 @@
 //! On a plaintext controller (`--insecure`, loopback) there is no log-in:
 //! every caller acts for every tenant, as on the gRPC side.
 //!
-//! Sessions live in this process's memory (12 hours at most, never past
-//! the certificate's expiry): a controller restart, or a request reaching
-//! another replica, asks to log in again.
+//! Sessions live in the store ([`baton_app::sessions`]), so replicas
+//! behind one address share them: a session made on one replica is valid
+//! on every other, and a log-out, or a revocation any replica records,
+//! ends it on all of them at once, since every request reads its session
+//! from the store (one look-up by key; nothing is cached here that a
+//! revocation could outlive). A session lasts 12 hours at most, never past
+//! its certificate's expiry, and survives a controller's restart. The
+//! store keeps only the SHA-256 of the cookie's value, so whoever reads
+//! the database cannot replay a cookie. Failed log-ins are counted per
+//! source address in the store too ([`baton_app::sessions::LoginThrottle`]):
+//! past the allowance a source waits, whichever replica it tries.
 //!
 //! The cookie itself is `axum-extra`'s (parsed from `Cookie`, written to
-//! `Set-Cookie` with typed attributes). The session table and the CSRF
-//! token stay here, short and written for this: no crate does what they
-//! must. A session is an identity bounded by its certificate (expiry,
-//! revocation checked on every request, at most
-//! [`SESSIONS_PER_IDENTITY`] per certificate), which `tower-sessions`
-//! (a serialised key-value bag per session, a store behind its own trait)
-//! does not model, and its store would stand in the way of moving sessions
-//! into the controller's database; the CSRF token is the session's own
-//! (synchroniser token), checked in constant time, so no second cookie
-//! and no signing key are needed.
+//! `Set-Cookie` with typed attributes). The sessions and the CSRF token
+//! stay ours, short and written for this: no crate does what they must. A
+//! session is an identity bounded by its certificate (expiry, revocation
+//! checked on every request, at most [`SESSIONS_PER_IDENTITY`] per
+//! certificate), which `tower-sessions` (a serialised key-value bag per
+//! session, a store behind its own trait) does not model; the CSRF token
+//! is the session's own (synchroniser token), checked in constant time, so
+//! no second cookie and no signing key are needed.
 
 use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{Extension, FromRequestParts, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Form, extract::Query};
 use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use maud::html;
+use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use super::Web;
 use super::pages::layout;
-use baton_app::Caller;
+use baton_app::sessions::NewSession;
+pub use baton_app::sessions::{MAX_SESSIONS, SESSION_TTL, SESSIONS_PER_IDENTITY};
+use baton_app::{App, AppError, Caller};
+use baton_model::RefTime;
 use baton_pki::identity::Identity;
 use baton_pki::tokens::{self, TokenGrant};
 
@@ -54,23 +65,13 @@ use baton_pki::tokens::{self, TokenGrant};
 pub const COOKIE: &str = "__Host-baton_session";
 /// Largest log-in form.
 pub const MAX_LOGIN_BODY: usize = 8 * 1024;
-/// Most sessions one certificate may hold; its oldest goes first.
-pub const SESSIONS_PER_IDENTITY: usize = 16;
 /// The header htmx requests carry the CSRF token in.
 pub const CSRF_HEADER: &str = "x-csrf-token";
-/// Longest a session lasts.
-pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
-/// Most sessions kept at once (expired ones go first).
-pub const MAX_SESSIONS: usize = 10_000;
 
-#[derive(Clone, Debug)]
-struct Session {
-    who: Identity,
-    serial: String,
-    csrf: String,
-    created: Instant,
-    expires: Instant,
-}
+/// The peer address of a dashboard connection, which the accept loop
+/// puts on each of its requests: whom failed log-ins are counted against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
 
 type Stamp = Option<(u64, SystemTime)>;
 
@@ -102,12 +103,11 @@ impl TokenFile {
     }
 }
 
-/// Sessions and tokens.
+/// Tokens, and what a session is checked against beside the store.
 #[derive(Debug)]
 pub struct Auth {
     tokens: Option<TokenFile>,
     revoked: watch::Receiver<Arc<HashSet<String>>>,
-    sessions: Mutex<HashMap<String, Session>>,
     secure_cookie: bool,
 }
 
@@ -135,7 +135,9 @@ pub struct Who {
 
 impl Auth {
     /// Tokens from `DIR/tokens.txt` of the TLS directory (`None`: a
-    /// plaintext controller), revocations from `revoked`.
+    /// plaintext controller), revocations from `revoked` (this host's
+    /// list and the store's, which sessions are also checked against in
+    /// the store itself).
     pub fn new(
         tls_dir: Option<&baton_pki::ca::CaDir>,
         revoked: watch::Receiver<Arc<HashSet<String>>>,
@@ -147,7 +149,6 @@ impl Auth {
                 cache: Mutex::new((None, Arc::new(HashMap::new()))),
             }),
             revoked,
-            sessions: Mutex::new(HashMap::new()),
         }
     }
 
@@ -185,83 +186,97 @@ impl Auth {
     }
 
     /// The caller of a request with `headers`, if it proved who it is.
-    pub fn who(&self, headers: &HeaderMap) -> Option<Who> {
+    /// A cookie's session is read from the store (`Err`: the store could
+    /// not say).
+    pub async fn who(&self, app: &App, headers: &HeaderMap) -> Result<Option<Who>, AppError> {
         if self.tokens.is_none() {
             if !plain_host_ok(headers) {
-                return None;
+                return Ok(None);
             }
-            return Some(Who {
+            return Ok(Some(Who {
                 caller: Caller::new(Identity::Insecure),
                 csrf: String::new(),
                 via: Via::Open,
-            });
+            }));
         }
         if let Some(token) = bearer(headers) {
-            let g = self.grant(token).ok()?;
-            return Some(Who {
+            return Ok(self.grant(token).ok().map(|g| Who {
                 caller: Caller::new(g.identity),
                 csrf: String::new(),
                 via: Via::Bearer,
-            });
+            }));
         }
         let jar = CookieJar::from_headers(headers);
-        let id = jar.get(COOKIE)?.value();
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let s = sessions.get(id)?.clone();
-        if s.expires <= Instant::now() || self.revoked.borrow().contains(&s.serial) {
-            sessions.remove(id);
-            return None;
+        let Some(id) = jar
+            .get(COOKIE)
+            .map(Cookie::value)
+            .filter(|v| is_session_id(v))
+        else {
+            return Ok(None);
+        };
+        let Some(s) = app.session(&session_hash(id)).await? else {
+            return Ok(None);
+        };
+        // The store refuses the serials recorded as revoked; this host's
+        // list may have one not recorded yet.
+        if self.revoked.borrow().contains(&s.serial) {
+            return Ok(None);
         }
-        Some(Who {
+        Ok(Some(Who {
             caller: Caller::new(s.who),
             csrf: s.csrf,
             via: Via::Cookie,
-        })
+        }))
     }
 
-    /// Whether the session behind `who` still stands (live streams ask
-    /// as they go).
-    pub fn still_valid(&self, headers: &HeaderMap) -> bool {
-        self.who(headers).is_some()
+    /// Whether the session behind `headers` still stands (live streams ask
+    /// as they go). A store that cannot say leaves it standing until the
+    /// stream's next question (only a cookie's session needs the store).
+    pub async fn still_valid(&self, app: &App, headers: &HeaderMap) -> bool {
+        match self.who(app, headers).await {
+            Ok(who) => who.is_some(),
+            Err(e) => {
+                tracing::warn!("dashboard: a live stream's session not checked: {e}");
+                true
+            }
+        }
     }
+}
 
-    /// A new session for `grant`: (session id, CSRF token).
-    fn open(&self, grant: TokenGrant) -> Result<String, &'static str> {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        // One certificate's sessions are bounded (its oldest goes), so a
-        // token holder cannot fill the table and lock others out.
-        let mut mine: Vec<(Instant, String)> = sessions
-            .iter()
-            .filter(|(_, s)| s.serial == grant.serial)
-            .map(|(id, s)| (s.created, id.clone()))
-            .collect();
-        if mine.len() >= SESSIONS_PER_IDENTITY {
-            mine.sort();
-            for (_, id) in &mine[..=mine.len() - SESSIONS_PER_IDENTITY] {
-                sessions.remove(id);
+/// A session id as this dashboard makes them: 64 lowercase hex digits
+/// (anything else is not looked up).
+fn is_session_id(v: &str) -> bool {
+    v.len() == 64
+        && v.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// What the store keys a session by: the SHA-256 of its cookie's value,
+/// lowercase hex (the value itself is never stored).
+pub fn session_hash(id: &str) -> String {
+    Sha256::digest(id.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Whom failed log-ins from `peer` are counted against: its address, an
+/// IPv6 one by its /64 (what one host is given), an IPv4-mapped one as
+/// IPv4; `unknown` for a request the accept loop did not mark.
+pub fn source_of(peer: Option<Peer>) -> String {
+    let Some(Peer(addr)) = peer else {
+        return "unknown".into();
+    };
+    match addr.ip() {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                let net = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                format!("{net}/64")
             }
-        }
-        if sessions.len() >= MAX_SESSIONS {
-            let revoked = self.revoked.borrow().clone();
-            sessions.retain(|_, s| s.expires > now && !revoked.contains(&s.serial));
-            if sessions.len() >= MAX_SESSIONS {
-                return Err("too many sessions open; try again later");
-            }
-        }
-        let left = u64::try_from(grant.not_after - unix_now()).unwrap_or(0);
-        let id = random_hex::<32>();
-        sessions.insert(
-            id.clone(),
-            Session {
-                who: grant.identity,
-                serial: grant.serial,
-                csrf: random_hex::<16>(),
-                created: now,
-                expires: now + SESSION_TTL.min(Duration::from_secs(left)),
-            },
-        );
-        Ok(id)
+        },
     }
 }
 
@@ -375,8 +390,10 @@ impl FromRequestParts<Arc<Web>> for Who {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, web: &Arc<Web>) -> Result<Who, Response> {
-        if let Some(who) = web.auth.who(&parts.headers) {
-            return Ok(who);
+        match web.auth.who(&web.app, &parts.headers).await {
+            Ok(Some(who)) => return Ok(who),
+            Ok(None) => {}
+            Err(e) => return Err(super::app_error(e)),
         }
         if !web.auth.required() {
             return Err((
@@ -459,9 +476,12 @@ impl std::fmt::Debug for LoginForm {
     }
 }
 
-/// `POST /login`: a token for a session cookie.
+/// `POST /login`: a token for a session cookie. Refused without looking
+/// at the token while its source is throttled; a refused token counts
+/// against its source.
 pub async fn login(
     State(web): State<Arc<Web>>,
+    peer: Option<Extension<Peer>>,
     headers: HeaderMap,
     jar: CookieJar,
     Form(f): Form<LoginForm>,
@@ -469,18 +489,53 @@ pub async fn login(
     if let Err(r) = same_origin(&headers, web.auth.secure_cookie) {
         return r.into_response();
     }
+    let source = source_of(peer.map(|Extension(p)| p));
+    match web.app.login_allowed(&source).await {
+        Ok(Ok(())) => {}
+        Ok(Err(wait)) => {
+            let secs = wait.as_secs() + 1;
+            tracing::info!(%source, "dashboard log-in refused: too many failed log-ins");
+            let mut r = login_form(
+                &web,
+                &f.next,
+                Some(&format!(
+                    "too many failed log-ins from your address; try again in {secs} s"
+                )),
+                StatusCode::TOO_MANY_REQUESTS,
+            );
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return r;
+        }
+        Err(e) => return super::app_error(e),
+    }
     let grant = match web.auth.grant(&f.token) {
         Ok(g) => g,
         Err(why) => {
-            tracing::info!("dashboard log-in refused: {why}");
+            tracing::info!(%source, "dashboard log-in refused: {why}");
+            if let Err(e) = web.app.login_failed(&source).await {
+                tracing::warn!("dashboard: a failed log-in not counted: {e}");
+            }
             return login_form(&web, &f.next, Some(why), StatusCode::UNAUTHORIZED);
         }
     };
     let caller = Caller::new(grant.identity.clone());
-    let id = match web.auth.open(grant) {
-        Ok(id) => id,
-        Err(why) => return login_form(&web, &f.next, Some(why), StatusCode::SERVICE_UNAVAILABLE),
-    };
+    let id = random_hex::<32>();
+    let opened = web
+        .app
+        .open_session(NewSession {
+            id_hash: session_hash(&id),
+            who: grant.identity,
+            serial: grant.serial,
+            not_after: RefTime::from_nanos(grant.not_after.saturating_mul(1_000_000_000)),
+            csrf: random_hex::<16>(),
+        })
+        .await;
+    if let Err(e) = opened {
+        let code = super::status_of(&e);
+        return login_form(&web, &f.next, Some(&e.to_string()), code);
+    }
     let tenant = caller.tenant().unwrap_or_default().to_string();
     // Recorded like every other action; a log-in that cannot be audited
     // is not granted.
@@ -489,20 +544,13 @@ pub async fn login(
         .audited(&caller, &tenant, "login", "dashboard", Ok(()))
         .await
     {
-        web.auth.close_id(&id);
+        if let Err(e) = web.app.close_session(&session_hash(&id)).await {
+            tracing::warn!("dashboard: a session whose log-in was not audited stays open: {e}");
+        }
         return super::app_error(e);
     }
     let jar = jar.add(session_cookie(id));
     (jar, Redirect::to(&safe_next(&f.next))).into_response()
-}
-
-impl Auth {
-    fn close_id(&self, id: &str) {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-    }
 }
 
 /// `POST /logout` form.
@@ -525,8 +573,10 @@ pub async fn logout(
     if let Err(r) = who.check_post(&headers, Some(&f.csrf)) {
         return r.into_response();
     }
-    if let Some(c) = jar.get(COOKIE) {
-        web.auth.close_id(c.value());
+    if let Some(c) = jar.get(COOKIE)
+        && let Err(e) = web.app.close_session(&session_hash(c.value())).await
+    {
+        return super::app_error(e);
     }
     let jar = jar.remove(session_cookie(String::new()));
     (jar, Redirect::to("/login")).into_response()

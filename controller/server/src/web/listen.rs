@@ -57,7 +57,13 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        // Each request knows its peer (failed log-ins are counted per
+        // address).
+        let service = TowerToHyperService::new(
+            router
+                .clone()
+                .layer(axum::Extension(super::auth::Peer(remote))),
+        );
         let acceptor = tls
             .as_ref()
             .map(|t| tokio_rustls::TlsAcceptor::from(t.current_web()));

@@ -79,7 +79,7 @@ pub async fn stream(
                 },
                 _ = shutdown.changed() => Err("the controller is stopping"),
                 _ = recheck.tick() => {
-                    if web2.auth.still_valid(&headers) {
+                    if web2.auth.still_valid(&web2.app, &headers).await {
                         Ok(None)
                     } else {
                         Err("your session ended: log in again")

@@ -316,3 +316,180 @@ async fn the_agent_page_shows_the_newest_executions_and_says_over_what_window() 
         "the window is stated"
     );
 }
+
+/// Another controller (a replica) over the fixture's store: its own
+/// application, its own dashboard, the same CA.
+fn replica(f: &Fixture) -> Arc<Web> {
+    let app = App::new(f.store.clone(), AppConfig::new(Binding::Tenants));
+    Arc::new(Web {
+        app,
+        auth: auth::Auth::new(Some(&f.ca), f.revoked.subscribe()),
+        shutdown: f.web.shutdown.clone(),
+        counts: Default::default(),
+    })
+}
+
+fn login_from(token: &str, peer: &str) -> Request<Body> {
+    let mut r = Request::post("/login")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("token={token}&next=/")))
+        .unwrap();
+    r.extensions_mut().insert(auth::Peer(peer.parse().unwrap()));
+    r
+}
+
+/// The `name=value` of a log-in's `Set-Cookie`.
+async fn log_in(web: &Arc<Web>, token: &str) -> String {
+    let (code, h, body) = call(web, login_from(token, "192.0.2.1:4000")).await;
+    assert_eq!(code, StatusCode::SEE_OTHER, "{body}");
+    h[header::SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn with_cookie(path: &str, cookie: &str) -> Request<Body> {
+    Request::get(path)
+        .header(header::COOKIE, cookie)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// The CSRF token a page gives its session.
+async fn csrf_of(web: &Arc<Web>, cookie: &str) -> String {
+    let (_, _, page) = call(web, with_cookie("/push", cookie)).await;
+    page.split("X-CSRF-Token&quot;:&quot;")
+        .nth(1)
+        .and_then(|s| s.split("&quot;").next())
+        .unwrap()
+        .to_string()
+}
+
+/// Sessions are the store's: one made through replica A is valid through
+/// B, with its CSRF token; a log-out through B ends it on A; a
+/// revocation recorded in the store by any replica ends it everywhere,
+/// though neither replica's own list has heard of it. The store holds
+/// the cookie's hash, never the cookie.
+#[tokio::test]
+async fn a_session_is_valid_on_every_replica_and_ended_on_all() {
+    let f = fixture().await;
+    let b = replica(&f);
+    let ann = token(&f.ca, "ann", "plant-a", Role::Operator);
+    let cookie = log_in(&f.web, &ann).await;
+    let value = cookie.split_once('=').unwrap().1.to_string();
+    let (code, _, page) = call(&b, with_cookie("/", &cookie)).await;
+    assert_eq!(code, StatusCode::OK, "replica B takes A's session");
+    assert!(page.contains("press-a"), "{page}");
+    // The CSRF token is the session's, whichever replica asks.
+    assert_eq!(csrf_of(&f.web, &cookie).await, csrf_of(&b, &cookie).await);
+    // The store knows the hash only.
+    let now = RefTime::from_nanos(baton_app::now_ns());
+    assert_eq!(f.store.session(&value, now).await.unwrap(), None);
+    let stored = f
+        .store
+        .session(&auth::session_hash(&value), now)
+        .await
+        .unwrap();
+    assert!(stored.is_some_and(|s| s.csrf.len() == 32 && !s.csrf.contains(&value)));
+    // Log-out through B ends it on A.
+    let csrf = csrf_of(&b, &cookie).await;
+    let logout = Request::post("/logout")
+        .header(header::COOKIE, cookie.clone())
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("csrf={csrf}")))
+        .unwrap();
+    assert_eq!(call(&b, logout).await.0, StatusCode::SEE_OTHER);
+    for web in [&f.web, &b] {
+        let (code, _, _) = call(web, with_cookie("/", &cookie)).await;
+        assert_eq!(code, StatusCode::SEE_OTHER, "logged out everywhere");
+    }
+    // A revocation recorded in the store (by a third replica, say) ends
+    // a session on both, at once.
+    let cookie = log_in(&b, &ann).await;
+    assert_eq!(
+        call(&f.web, with_cookie("/", &cookie)).await.0,
+        StatusCode::OK
+    );
+    let serial = baton_pki::tokens::read(&baton_pki::tokens::path(&f.ca))
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .serial
+        .clone();
+    let rev = baton_model::RevocationRow {
+        serial,
+        kind: "operator".into(),
+        name: "ann".into(),
+        at: now,
+    };
+    f.store.revoke(vec![(rev, Vec::new())]).await.unwrap();
+    for web in [&f.web, &b] {
+        let (code, _, _) = call(web, with_cookie("/", &cookie)).await;
+        assert_eq!(code, StatusCode::SEE_OTHER, "revoked everywhere");
+    }
+}
+
+/// A certificate's seventeenth session ends its first; the others stand.
+#[tokio::test]
+async fn a_certificate_holds_at_most_its_cap_of_sessions() {
+    let f = fixture().await;
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    let mut cookies = Vec::new();
+    for _ in 0..=auth::SESSIONS_PER_IDENTITY {
+        cookies.push(log_in(&f.web, &ann).await);
+    }
+    let code = |c: &String| {
+        let req = with_cookie("/api/agents", c);
+        let web = f.web.clone();
+        async move { call(&web, req).await.0 }
+    };
+    assert_eq!(
+        code(&cookies[0]).await,
+        StatusCode::UNAUTHORIZED,
+        "the oldest went"
+    );
+    for c in &cookies[1..] {
+        assert_eq!(code(c).await, StatusCode::OK);
+    }
+}
+
+/// Failed log-ins are counted per address in the store: past the
+/// allowance an address is refused (429, Retry-After) even with a good
+/// token, on every replica; another address is not.
+#[tokio::test]
+async fn failed_log_ins_are_throttled_per_address_across_replicas() {
+    let f = fixture().await;
+    let b = replica(&f);
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    let allowed = AppConfig::new(Binding::Tenants).login.failures;
+    for i in 0..allowed {
+        // Spread over both replicas.
+        let web = if i % 2 == 0 { &f.web } else { &b };
+        let (code, _, _) = call(web, login_from("baton_wrong", "198.51.100.7:1000")).await;
+        assert_eq!(code, StatusCode::UNAUTHORIZED);
+    }
+    for web in [&f.web, &b] {
+        let (code, h, page) = call(web, login_from(&ann, "198.51.100.7:2000")).await;
+        assert_eq!(code, StatusCode::TOO_MANY_REQUESTS, "{page}");
+        let wait: u64 = h[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+        assert!((1..=301).contains(&wait), "{wait}");
+        assert!(page.contains("too many failed log-ins"), "{page}");
+    }
+    // An IPv6 host is its /64; another address logs in.
+    let (code, _, _) = call(&b, login_from(&ann, "198.51.100.8:2000")).await;
+    assert_eq!(code, StatusCode::SEE_OTHER);
+    assert_eq!(
+        auth::source_of(Some(auth::Peer(
+            "[2001:db8:1:2:3:4:5:6]:1".parse().unwrap()
+        ))),
+        "2001:db8:1:2::/64"
+    );
+    assert_eq!(
+        auth::source_of(Some(auth::Peer("[::ffff:192.0.2.9]:1".parse().unwrap()))),
+        "192.0.2.9"
+    );
+}

@@ -36,7 +36,9 @@ const TABLES: &[&str] = &[
     "journals",
     "feedback",
     "audit",
-    // Not `events` (a transport between live replicas) nor `replicas`.
+    // Not `events` (a transport between live replicas) nor `replicas`;
+    // nor dashboard sessions and failed log-ins (operators log in again
+    // on the moved site, as after any move of a controller).
     "revocations",
 ];
 

@@ -738,6 +738,18 @@ mod tests {
 
     baton_store::contract_suite!(open, available);
 
+    /// Replicas share dashboard sessions and failed log-ins: a session
+    /// made through one is valid through the other and a log-out through
+    /// the other ends it; failures counted at once through both add up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_and_failed_log_ins_are_shared_by_replicas() {
+        if !available() {
+            return;
+        }
+        let (a, b, _) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        baton_store::contract::sessions_and_failures_shared_by_two_handles(&a, &b).await;
+    }
+
     /// Two replicas (`a`, `b`) on one fresh database, and a plain
     /// connection to it (the clock a paused replica does not see pass).
     fn replicas(a: LeaseConfig, b: LeaseConfig) -> (PgStore, PgStore, Target) {

@@ -23,6 +23,7 @@ pub(crate) mod feedback;
 pub(crate) mod members;
 pub(crate) mod packs;
 pub(crate) mod rollouts;
+pub(crate) mod sessions;
 mod store_impl;
 mod tx;
 

@@ -9,7 +9,7 @@ use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
 use super::db::{col, params, query_all};
 use super::feedback;
 use super::tx::SqlTx;
-use super::{Engine, audit, deliveries, events, packs, rollouts};
+use super::{Engine, audit, deliveries, events, packs, rollouts, sessions};
 use baton_model::RefTime;
 use baton_store::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
@@ -151,6 +151,26 @@ impl Store for $engine {
             filter.tenant = None;
         }
         self.read(move |conn| agents::agents_page(conn, &filter))
+            .await
+    }
+
+    async fn session(
+        &self,
+        id_hash: &str,
+        now: RefTime,
+    ) -> StoreResult<Option<baton_store::SessionRow>> {
+        let id_hash = id_hash.to_owned();
+        self.read(move |conn| sessions::session(conn, &id_hash, now.as_nanos()))
+            .await
+    }
+
+    async fn login_failures(
+        &self,
+        source: &str,
+        since: RefTime,
+    ) -> StoreResult<Vec<(RefTime, u64)>> {
+        let source = source.to_owned();
+        self.read(move |conn| sessions::login_failures(conn, &source, since.as_nanos()))
             .await
     }
 

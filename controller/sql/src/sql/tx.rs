@@ -4,14 +4,14 @@
 use baton_store::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, Grows, HelloRow, LabelOverrides, Member, PackHead, PackKey, PackTargets,
-    PackVersionRow, PutPack, RefTime, RevocationRow, RolloutRow, SignedDuration, StoreResult,
-    TargetsRow, Tx,
+    PackVersionRow, PutPack, RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration,
+    StoreResult, TargetsRow, Tx,
 };
 
 use super::agents::{self, LeaseClock, Owner};
 use super::db::{Db, params, run};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
-use super::{audit, deliveries, events, packs, rollouts};
+use super::{audit, deliveries, events, packs, rollouts, sessions};
 
 /// One transaction of an engine's writer.
 pub(crate) struct SqlTx<'a> {
@@ -34,6 +34,7 @@ pub(crate) struct SqlTx<'a> {
 /// Advisory lock namespaces (the first key of the two-key form).
 const AGENT_LOCKS: i64 = 1;
 const TENANT_LOCKS: i64 = 2;
+const SESSION_LOCKS: i64 = 3;
 
 impl Tx for SqlTx<'_> {
     fn binding(&self) -> Binding {
@@ -307,5 +308,51 @@ impl Tx for SqlTx<'_> {
             Grows::Events => events::DELETE_EVENTS,
         };
         delete_oldest(self.conn, sql, before.as_nanos(), max)
+    }
+
+    fn lock_sessions(&mut self, serial: &str) -> StoreResult<()> {
+        run(
+            self.conn,
+            "lock a certificate's sessions",
+            "SELECT pg_advisory_xact_lock(CAST(?1 AS INTEGER), hashtext(?2))",
+            params![SESSION_LOCKS, serial],
+        )?;
+        Ok(())
+    }
+
+    fn is_revoked(&mut self, serial: &str) -> StoreResult<bool> {
+        sessions::is_revoked(self.conn, serial)
+    }
+
+    fn sessions_of(&mut self, serial: &str) -> StoreResult<Vec<SessionRow>> {
+        sessions::sessions_of(self.conn, serial)
+    }
+
+    fn count_sessions(&mut self) -> StoreResult<u64> {
+        sessions::count_sessions(self.conn)
+    }
+
+    fn put_session(&mut self, row: &SessionRow) -> StoreResult<()> {
+        sessions::put_session(self.conn, row)
+    }
+
+    fn delete_sessions(&mut self, id_hashes: &[String]) -> StoreResult<u64> {
+        sessions::delete_sessions(self.conn, id_hashes)
+    }
+
+    fn delete_sessions_of(&mut self, serials: &[String]) -> StoreResult<u64> {
+        sessions::delete_sessions_of(self.conn, serials)
+    }
+
+    fn delete_ended_sessions(&mut self, now: RefTime, max: u32) -> StoreResult<u64> {
+        sessions::delete_ended_sessions(self.conn, now.as_nanos(), max)
+    }
+
+    fn add_login_failure(&mut self, source: &str, window: RefTime) -> StoreResult<u64> {
+        sessions::add_login_failure(self.conn, source, window.as_nanos())
+    }
+
+    fn delete_login_failures_before(&mut self, before: RefTime, max: u32) -> StoreResult<u64> {
+        sessions::delete_login_failures_before(self.conn, before.as_nanos(), max)
     }
 }

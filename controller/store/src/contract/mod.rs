@@ -29,6 +29,7 @@ mod packs;
 mod random;
 mod retention;
 mod rollouts;
+mod sessions;
 
 pub use agents::*;
 pub use deliveries::*;
@@ -38,6 +39,7 @@ pub use packs::*;
 pub use random::*;
 pub use retention::*;
 pub use rollouts::*;
+pub use sessions::*;
 
 // ---------------------------------------------------------------------------
 // The suite, for a backend's tests.
@@ -91,6 +93,10 @@ macro_rules! contract_suite {
             audit_newest_oldest_first: [tenants];
             pages_capped: [tenants];
             values_past_i64_max_refused: [tenants];
+            sessions_open_read_expire_close: [tenants];
+            sessions_capped_per_certificate_and_in_all: [tenants];
+            sessions_end_with_their_certificate: [tenants];
+            login_failures_counted_per_source_and_window: [tenants];
         );
         mod random_equivalence {
             $crate::contract_suite!(@random $open, $available; tenants, open);

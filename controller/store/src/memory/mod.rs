@@ -20,7 +20,7 @@ use crate::store::{Store, TxJob};
 use crate::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, MAX_PAGE, Mark, PackKey, PackSummaryRow, PackVersionRow, RefTime,
-    RevocationRow, RolloutRow, StoreError, StoreResult, page,
+    RevocationRow, RolloutRow, SessionRow, StoreError, StoreResult, page,
 };
 
 mod feedback;
@@ -332,6 +332,28 @@ impl Store for MemoryStore {
                 last(s.events.keys().next_back()),
                 last(s.feedback.keys().next_back()),
             ))
+        })
+    }
+
+    async fn session(&self, id_hash: &str, now: RefTime) -> StoreResult<Option<SessionRow>> {
+        self.read(|s| {
+            Ok(s.sessions
+                .get(id_hash)
+                .filter(|r| records::session_stands(s, r, now))
+                .cloned())
+        })
+    }
+
+    async fn login_failures(
+        &self,
+        source: &str,
+        since: RefTime,
+    ) -> StoreResult<Vec<(RefTime, u64)>> {
+        self.read(|s| {
+            Ok(s.login_failures
+                .range((source.to_owned(), since.as_nanos())..=(source.to_owned(), i64::MAX))
+                .map(|((_, w), n)| (RefTime::from_nanos(*w), *n))
+                .collect())
         })
     }
 

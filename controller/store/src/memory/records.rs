@@ -3,7 +3,7 @@
 //! deletes.
 
 use super::state::State;
-use crate::{AuditRow, RevocationRow, StoreResult};
+use crate::{AuditRow, RevocationRow, SessionRow, StoreResult};
 use baton_model::RefTime;
 
 /// Deletes at most `max` clock reports before `before`, oldest first.
@@ -96,4 +96,44 @@ pub(super) fn audit(
         .skip(skip)
         .map(|(_, _, r)| r.clone())
         .collect())
+}
+
+/// Whether a session stands at `now`: not expired, its certificate not
+/// revoked.
+pub(super) fn session_stands(s: &State, row: &SessionRow, now: RefTime) -> bool {
+    row.expires > now && !s.revocations.contains_key(&row.serial)
+}
+
+/// Deletes at most `max` sessions that ended by `now`, soonest expiry
+/// first.
+pub(super) fn delete_ended_sessions(s: &mut State, now: RefTime, max: u32) -> u64 {
+    let mut ended: Vec<(RefTime, String)> = s
+        .sessions
+        .values()
+        .filter(|r| !session_stands(s, r, now))
+        .map(|r| (r.expires, r.id_hash.clone()))
+        .collect();
+    ended.sort_unstable();
+    ended.truncate(max as usize);
+    for (_, id) in &ended {
+        s.sessions.remove(id);
+    }
+    ended.len() as u64
+}
+
+/// Deletes at most `max` windows of failed log-ins that start before
+/// `before`, oldest first.
+pub(super) fn delete_login_failures_before(s: &mut State, before: RefTime, max: u32) -> u64 {
+    let mut old: Vec<(i64, String)> = s
+        .login_failures
+        .keys()
+        .filter(|(_, w)| *w < before.as_nanos())
+        .map(|(src, w)| (*w, src.clone()))
+        .collect();
+    old.sort_unstable();
+    old.truncate(max as usize);
+    for (w, src) in &old {
+        s.login_failures.remove(&(src.clone(), *w));
+    }
+    old.len() as u64
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     AgentRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow, Gate, GateRow, PackKey,
-    PackTargets, PackVersionRow, RefTime, RevocationRow, RolloutRow, TargetsRow,
+    PackTargets, PackVersionRow, RefTime, RevocationRow, RolloutRow, SessionRow, TargetsRow,
 };
 
 /// Everything the memory store keeps; cloned before a transaction so a
@@ -34,6 +34,10 @@ pub(super) struct State {
     pub(super) revocations: BTreeMap<String, RevocationRow>,
     /// By pack and version, with their cohorts.
     pub(super) rollouts: BTreeMap<(PackKey, u64), RolloutRow>,
+    /// Dashboard sessions, by hash.
+    pub(super) sessions: BTreeMap<String, SessionRow>,
+    /// Failed log-ins, by source and window start.
+    pub(super) login_failures: BTreeMap<(String, i64), u64>,
 }
 
 #[derive(Clone, Debug)]

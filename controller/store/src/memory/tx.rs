@@ -9,7 +9,8 @@ use crate::tx::{Grows, PackHead, Tx};
 use crate::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
-    RefTime, RevocationRow, RolloutRow, SignedDuration, StoreError, StoreResult, TargetsRow, fits,
+    RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration, StoreError, StoreResult,
+    TargetsRow, fits,
 };
 
 /// A transaction on the memory store's state (the store keeps a copy to
@@ -406,6 +407,68 @@ impl Tx for MemTx<'_> {
 
     fn revoke(&mut self, rows: &[(RevocationRow, Vec<AuditRow>)]) -> StoreResult<Vec<String>> {
         Ok(records::revoke(self.s, rows))
+    }
+
+    fn is_revoked(&mut self, serial: &str) -> StoreResult<bool> {
+        Ok(self.s.revocations.contains_key(serial))
+    }
+
+    fn sessions_of(&mut self, serial: &str) -> StoreResult<Vec<SessionRow>> {
+        let mut rows: Vec<SessionRow> = self
+            .s
+            .sessions
+            .values()
+            .filter(|r| r.serial == serial)
+            .cloned()
+            .collect();
+        rows.sort_by(|a, b| (a.created, &a.id_hash).cmp(&(b.created, &b.id_hash)));
+        Ok(rows)
+    }
+
+    fn count_sessions(&mut self) -> StoreResult<u64> {
+        Ok(self.s.sessions.len() as u64)
+    }
+
+    fn put_session(&mut self, row: &SessionRow) -> StoreResult<()> {
+        if self.s.sessions.contains_key(&row.id_hash) {
+            return Err(StoreError::Invalid(format!(
+                "session {} is stored already",
+                row.id_hash
+            )));
+        }
+        self.s.sessions.insert(row.id_hash.clone(), row.clone());
+        Ok(())
+    }
+
+    fn delete_sessions(&mut self, id_hashes: &[String]) -> StoreResult<u64> {
+        Ok(id_hashes
+            .iter()
+            .filter(|id| self.s.sessions.remove(*id).is_some())
+            .count() as u64)
+    }
+
+    fn delete_sessions_of(&mut self, serials: &[String]) -> StoreResult<u64> {
+        let before = self.s.sessions.len();
+        self.s.sessions.retain(|_, r| !serials.contains(&r.serial));
+        Ok((before - self.s.sessions.len()) as u64)
+    }
+
+    fn delete_ended_sessions(&mut self, now: RefTime, max: u32) -> StoreResult<u64> {
+        Ok(records::delete_ended_sessions(self.s, now, max))
+    }
+
+    fn add_login_failure(&mut self, source: &str, window: RefTime) -> StoreResult<u64> {
+        let n = self
+            .s
+            .login_failures
+            .entry((source.to_owned(), window.as_nanos()))
+            .or_default();
+        *n += 1;
+        Ok(*n)
+    }
+
+    fn delete_login_failures_before(&mut self, before: RefTime, max: u32) -> StoreResult<u64> {
+        Ok(records::delete_login_failures_before(self.s, before, max))
     }
 
     fn delete_before(&mut self, what: Grows, before: RefTime, max: u32) -> StoreResult<u64> {
