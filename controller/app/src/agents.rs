@@ -93,6 +93,7 @@ impl App {
                 tenant: caller.tenant().map(str::to_string),
                 after_id: after,
                 limit,
+                ..AgentFilter::default()
             })
             .await?;
         let next = (rows.len() as u32 == limit)

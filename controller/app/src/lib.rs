@@ -9,7 +9,7 @@
 //! - [`packs`]: push, cancel, the packs list and deliveries;
 //! - [`agents`]: the agents list, labels, grants, forget, clock history;
 //! - [`feedback`]: stored feedback, paged; lateness figures;
-//! - [`fleet`]: the fleet filtered and counted on the server (dashboard);
+//! - [`fleet`]: the fleet filtered and counted by the store (dashboard);
 //! - [`audit`]: the audit log;
 //! - [`events`]: what watchers are told, and who may see it;
 //! - [`heap`]: freed memory given back after a burst;

@@ -180,6 +180,7 @@ impl App {
                     tenant: Some(key.tenant.clone()),
                     after_id: after.clone(),
                     limit: MAX_PAGE,
+                    ..AgentFilter::default()
                 })
                 .await?;
             let done = page.len() < MAX_PAGE as usize;

@@ -2,10 +2,11 @@
 //! records themselves: an agent's hello, an answer to a push, the filters
 //! and page sizes of list queries.
 
-use crate::records::{Answer, HeldPackRow, PackKey};
+use crate::identity::DEFAULT_TENANT;
+use crate::records::{AgentRow, Answer, Binding, HeldPackRow, PackKey};
 
 #[cfg(doc)]
-use crate::records::{Binding, FeedbackRow};
+use crate::records::FeedbackRow;
 use crate::time::RefTime;
 
 /// Most rows one page of a list query returns, whatever is asked: a
@@ -74,16 +75,149 @@ pub struct FeedbackFilter {
     pub limit: u32,
 }
 
-/// Which agents to list, one page at a time, by id.
+/// Which agents to list, one page at a time, by id: the CLI's `agents`
+/// (a tenant, a page) and the dashboard's fleet (also a label, a state, a
+/// piece of text). Every condition is the store's to evaluate, with its
+/// indexes, so a filter that matches a handful of agents in a large fleet
+/// costs a handful of rows, not a scan of every page in the application.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AgentFilter {
     /// Only agents serving this tenant (see [`Binding`]; with
-    /// [`Binding::Open`], every agent).
+    /// [`Binding::Open`], every agent). Also whose operator labels the
+    /// label and text conditions read ([`AgentFilter::labels_of`]).
     pub tenant: Option<String>,
+    /// Only agents whose labels, as the tenant's packs see them, match.
+    pub label: Option<LabelMatch>,
+    /// Only agents in this state.
+    pub state: Option<FleetState>,
+    /// Only agents with this text in their id or in one of their label
+    /// values (as the tenant sees them), ASCII letters in either case. An
+    /// empty text matches every agent.
+    pub text: Option<String>,
     /// Only ids after this one: the next page.
     pub after_id: Option<String>,
     /// At most this many (capped at [`MAX_PAGE`]).
     pub limit: u32,
+}
+
+/// A label condition: `key=value`, or `key` with any value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelMatch {
+    /// The label's key.
+    pub key: String,
+    /// Its value (`None`: any).
+    pub value: Option<String>,
+}
+
+/// An agent's state, as the fleet page filters and counts it. All three
+/// are what the store holds, so every replica answers alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FleetState {
+    /// A stream is open, on this controller or another replica: the
+    /// agent's stored `connected` (set by its hello, cleared when its
+    /// stream ends, when its replica's lease runs out or at a single
+    /// controller's start).
+    Connected,
+    /// No stream.
+    Offline,
+    /// Its clock is not locked (no report, syncing, holdover,
+    /// free-running), by its latest stored report.
+    ClockNotLocked,
+}
+
+impl FleetState {
+    /// The word in URLs and on the page.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetState::Connected => "connected",
+            FleetState::Offline => "offline",
+            FleetState::ClockNotLocked => "clock-not-locked",
+        }
+    }
+
+    /// From [`FleetState::as_str`].
+    pub fn parse(s: &str) -> Option<FleetState> {
+        [
+            FleetState::Connected,
+            FleetState::Offline,
+            FleetState::ClockNotLocked,
+        ]
+        .into_iter()
+        .find(|f| f.as_str() == s)
+    }
+}
+
+/// Agents by state, of those a filter's tenant sees (and its label and
+/// text match): what the fleet page shows above its table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FleetCounts {
+    /// All of them.
+    pub total: u64,
+    /// With a stream open.
+    pub connected: u64,
+    /// Without.
+    pub offline: u64,
+    /// Clock not locked.
+    pub clock_not_locked: u64,
+}
+
+impl AgentFilter {
+    /// Whose operator labels the label and text conditions read: the
+    /// filter's tenant, or [`DEFAULT_TENANT`] for a caller of every
+    /// tenant (the tenant its requests name by default).
+    pub fn labels_of(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
+    }
+
+    /// Whether `agent` passes every condition but paging (`after_id`,
+    /// `limit`): the rule written out plainly, for a store without indexes
+    /// (the memory store).
+    pub fn matches(&self, agent: &AgentRow, binding: Binding) -> bool {
+        if let Some(t) = &self.tenant
+            && !agent.serves(t, binding)
+        {
+            return false;
+        }
+        let labels = agent.labels_for(self.labels_of());
+        if let Some(m) = &self.label {
+            match (labels.get(&m.key), &m.value) {
+                (None, _) => return false,
+                (Some(have), Some(want)) if have != want => return false,
+                _ => {}
+            }
+        }
+        if let Some(s) = self.state {
+            let ok = match s {
+                FleetState::Connected => agent.connected,
+                FleetState::Offline => !agent.connected,
+                FleetState::ClockNotLocked => !clock_locked(agent),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        if let Some(t) = &self.text
+            && !contains_text(&agent.id, t)
+            && !labels.values().any(|v| contains_text(v, t))
+        {
+            return false;
+        }
+        true
+    }
+}
+
+/// Whether the agent's latest clock report says `locked`.
+pub fn clock_locked(agent: &AgentRow) -> bool {
+    agent.clock.as_ref().is_some_and(|c| c.state == "locked")
+}
+
+/// Whether `hay` contains `needle`, ASCII letters in either case (what
+/// SQL's `LOWER(..) LIKE` does on SQLite, and on PostgreSQL whose
+/// character type is `C`; there other letters compare as they are, and a
+/// database of another character type may fold them too).
+pub fn contains_text(hay: &str, needle: &str) -> bool {
+    hay.to_ascii_lowercase()
+        .contains(&needle.to_ascii_lowercase())
 }
 
 /// A page size within bounds: 0 (unset) and anything over `max` mean

@@ -132,6 +132,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: "",
     },
     Migration {
+        version: 14,
+        sql: include_str!("migrations/0014_fleet_indexes.sql"),
+        postgres_only: "",
+    },
+    Migration {
         version: 15,
         sql: "",
         postgres_only: include_str!("migrations/0015_partitions.pg.sql"),

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use baton_model::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, FeedbackStored, Mark, PackKey, PackSummaryRow, PackVersionRow,
-    RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration,
+    FeedbackFilter, FeedbackRow, FeedbackStored, FleetCounts, Mark, PackKey, PackSummaryRow,
+    PackVersionRow, RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -111,8 +111,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// One agent.
     async fn agent(&self, id: &str) -> StoreResult<Option<AgentRow>>;
-    /// One page of agents, by id.
+    /// One page of the agents `filter` matches, by id (its conditions as
+    /// [`AgentFilter::matches`] states them, evaluated by the store).
     async fn agents(&self, filter: AgentFilter) -> StoreResult<Vec<AgentRow>>;
+    /// The agents `filter` matches (its tenant, label and text; its state
+    /// and page are ignored), counted by state: one query, whatever the
+    /// fleet's size.
+    async fn agent_counts(&self, filter: AgentFilter) -> StoreResult<FleetCounts>;
     /// Clock history of one agent at or after `since`, oldest first; the
     /// newest `limit` (capped at [`baton_model::MAX_PAGE`] × 10) when there
     /// are more.

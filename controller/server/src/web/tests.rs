@@ -50,6 +50,8 @@ async fn fixture() -> Fixture {
         let hello = contract::hello_in(id, &[tenant], &[("line", "3")], 1);
         store.agent_hello(hello).await.unwrap();
     }
+    // No stream holds them (as after a controller's start).
+    store.all_disconnected().await.unwrap();
     let revoked = tokio::sync::watch::Sender::new(Arc::new(HashSet::new()));
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let web = Arc::new(Web {

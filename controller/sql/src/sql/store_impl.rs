@@ -145,12 +145,14 @@ impl Store for $engine {
     }
 
     async fn agents(&self, filter: AgentFilter) -> StoreResult<Vec<AgentRow>> {
-        let mut filter = filter;
-        if Engine::binding(self) == baton_store::Binding::Open {
-            // Every agent serves every tenant.
-            filter.tenant = None;
-        }
-        self.read(move |conn| agents::agents_page(conn, &filter))
+        let binding = Engine::binding(self);
+        self.read(move |conn| agents::agents_page(conn, &filter, binding))
+            .await
+    }
+
+    async fn agent_counts(&self, filter: AgentFilter) -> StoreResult<baton_store::FleetCounts> {
+        let binding = Engine::binding(self);
+        self.read(move |conn| agents::agent_counts(conn, &filter, binding))
             .await
     }
 

@@ -151,7 +151,7 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, [1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15]);
+    assert_eq!(all, [1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
     for _ in 0..2 {
         let store = SqliteStore::open(&nested, Binding::Tenants).unwrap();
         let versions = store

@@ -420,6 +420,7 @@ pub async fn agents_paging(s: &dyn Store, binding: Binding) {
         tenant: tenant.map(str::to_owned),
         after_id: after.map(str::to_owned),
         limit,
+        ..AgentFilter::default()
     };
     assert_eq!(
         ids(s, page(None, None, 0)).await,

@@ -19,8 +19,9 @@ use async_trait::async_trait;
 use crate::store::{Store, TxJob};
 use crate::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, MAX_PAGE, Mark, PackKey, PackSummaryRow, PackVersionRow, RefTime,
-    RevocationRow, RolloutRow, SessionRow, StoreError, StoreResult, page,
+    FeedbackFilter, FeedbackRow, FleetCounts, MAX_PAGE, Mark, PackKey, PackSummaryRow,
+    PackVersionRow, RefTime, RevocationRow, RolloutRow, SessionRow, StoreError, StoreResult,
+    clock_locked, page,
 };
 
 mod feedback;
@@ -111,9 +112,32 @@ impl Store for MemoryStore {
                 .keys()
                 .filter(|id| f.after_id.as_ref().is_none_or(|a| *id > a))
                 .filter_map(|id| s.agent(id))
-                .filter(|a| f.tenant.as_ref().is_none_or(|t| a.serves(t, binding)))
+                .filter(|a| f.matches(a, binding))
                 .take(limit)
                 .collect())
+        })
+    }
+
+    async fn agent_counts(&self, f: AgentFilter) -> StoreResult<FleetCounts> {
+        let binding = self.binding;
+        let f = AgentFilter { state: None, ..f };
+        self.read(|s| {
+            let mut c = FleetCounts::default();
+            for a in s.agents.keys().filter_map(|id| s.agent(id)) {
+                if !f.matches(&a, binding) {
+                    continue;
+                }
+                c.total += 1;
+                if a.connected {
+                    c.connected += 1;
+                } else {
+                    c.offline += 1;
+                }
+                if !clock_locked(&a) {
+                    c.clock_not_locked += 1;
+                }
+            }
+            Ok(c)
         })
     }
 
