@@ -48,6 +48,15 @@ pub fn validate_at(
                     p.instructions.len(),
                     if p.instructions.len() == 1 { "" } else { "s" }
                 );
+                if let Some(r) = &p.rollout {
+                    let _ = writeln!(
+                        out,
+                        "  rollout: {} stage{}; {}",
+                        r.stages.len(),
+                        if r.stages.len() == 1 { "" } else { "s" },
+                        r.abort_if.describe()
+                    );
+                }
             }
             Err(rendered) => {
                 let _ = writeln!(err, "{rendered}");
@@ -196,6 +205,19 @@ mod tests {
         assert_eq!(code, 0, "{err}");
         assert!(
             out.contains("ok (pack p version 1, 2 instructions)"),
+            "{out}"
+        );
+    }
+
+    /// An operator sees what fails a stage, defaults included, not only
+    /// what the file named.
+    #[test]
+    fn validate_says_what_fails_a_rollout_stage() {
+        let text = "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, every: 1s}\nrollout:\n  stages: [{agents: 1}, {percent: 100}]\n  abort_if: {lateness_p99: 1s, unknown: off}\n";
+        let (code, out, err) = validate_text(text, "2026-12-01T00:00:00Z");
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains("  rollout: 2 stages; a stage fails on failed firings > 0%, lateness p99 > 1s; off: unknown, offset\n"),
             "{out}"
         );
     }

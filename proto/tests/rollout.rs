@@ -73,6 +73,60 @@ fn defaults_fill_what_is_not_written_and_windows_take_the_pack_zone() {
     assert!(parse_pack(HEAD).expect("plain").rollout.is_none());
 }
 
+/// Issue 37: naming one threshold used to turn the fail-closed defaults
+/// off for the others (`abort_if: {lateness_p99: 1s}` let a version whose
+/// every firing failed through). A key left out keeps its default; `off`
+/// turns one off in so many words.
+#[test]
+fn keys_not_named_keep_the_fail_closed_defaults_and_off_is_explicit() {
+    let parse = |abort_if: &str| {
+        parse_pack(&with(&format!(
+            "  stages: [{{percent: 100}}]\n  abort_if: {abort_if}\n"
+        )))
+        .unwrap_or_else(|e| panic!("{abort_if}: {e}"))
+        .rollout
+        .expect("rollout")
+        .abort_if
+    };
+    assert_eq!(
+        parse("{lateness_p99: 1s}"),
+        AbortIf {
+            lateness_p99: Some(Duration::from_secs(1)),
+            ..DEFAULT_ABORT_IF
+        }
+    );
+    assert_eq!(parse("{}"), DEFAULT_ABORT_IF);
+    assert_eq!(
+        parse("{failed_percent: off, offset: 2ms}"),
+        AbortIf {
+            failed_percent: None,
+            unknown: Some(0),
+            lateness_p99: None,
+            offset: Some(Duration::from_millis(2)),
+        }
+    );
+    let all_off = parse("{failed_percent: off, unknown: off, lateness_p99: off, offset: off}");
+    assert_eq!(all_off, AbortIf::default());
+    assert_eq!(
+        parse("{lateness_p99: 1s}").describe(),
+        "a stage fails on failed firings > 0%, unknown outcomes > 0, lateness p99 > 1s; off: offset"
+    );
+    assert_eq!(
+        all_off.describe(),
+        "nothing fails a stage; off: failed_percent, unknown, lateness_p99, offset"
+    );
+    // `off` is a word, not any string: a quoted one is a mistake like any other.
+    let e = parse_pack(&with(
+        "  stages: [{percent: 100}]\n  abort_if: {unknown: 'off'}\n",
+    ))
+    .expect_err("quoted off");
+    assert!(
+        e.to_string()
+            .contains("rollout.abort_if.unknown must be a whole number"),
+        "{e}"
+    );
+}
+
 /// Each bad section gives one error, at its line and column, saying what
 /// is wrong.
 #[test]

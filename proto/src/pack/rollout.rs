@@ -100,6 +100,42 @@ pub struct AbortIf {
     pub offset: Option<Duration>,
 }
 
+impl AbortIf {
+    /// The effective gates in words, the ones turned off last, as
+    /// `validate` shows them: an operator reads what fails a stage, not
+    /// what the file happened to name.
+    pub fn describe(&self) -> String {
+        let d = crate::time::format_duration;
+        let mut on = Vec::new();
+        let mut off = Vec::new();
+        match self.failed_percent {
+            Some(p) => on.push(format!("failed firings > {p}%")),
+            None => off.push("failed_percent"),
+        }
+        match self.unknown {
+            Some(n) => on.push(format!("unknown outcomes > {n}")),
+            None => off.push("unknown"),
+        }
+        match self.lateness_p99 {
+            Some(l) => on.push(format!("lateness p99 > {}", d(l))),
+            None => off.push("lateness_p99"),
+        }
+        match self.offset {
+            Some(o) => on.push(format!("clock offset > {}", d(o))),
+            None => off.push("offset"),
+        }
+        let mut out = if on.is_empty() {
+            "nothing fails a stage".to_string()
+        } else {
+            format!("a stage fails on {}", on.join(", "))
+        };
+        if !off.is_empty() {
+            out.push_str(&format!("; off: {}", off.join(", ")));
+        }
+        out
+    }
+}
+
 /// `compare`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Compare {

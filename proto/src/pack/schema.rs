@@ -80,7 +80,7 @@ struct RolloutDoc {
     #[schemars(range(min = 1))]
     min_firings: Option<u64>,
     /// Thresholds that fail a stage (and abort the rollout) once crossed;
-    /// absent: any failed or unknown firing does.
+    /// by default any failed or unknown firing does, named keys or not.
     abort_if: Option<AbortIfDoc>,
     /// `absolute` (default) or `baseline`: lateness and offset against the
     /// agents still on the old version, same window.
@@ -112,21 +112,43 @@ struct StageDoc {
     percent: Option<f64>,
 }
 
-/// Each threshold given fails a stage once crossed.
+/// Each threshold fails a stage once crossed; a key left out keeps its
+/// default, `off` turns it off.
 #[derive(JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 struct AbortIfDoc {
-    /// Failed firings, percent of settled ones.
-    #[schemars(range(min = 0.0, max = 100.0))]
-    failed_percent: Option<f64>,
-    /// Firings whose outcome is unknown.
-    unknown: Option<u64>,
-    /// Start lateness p99 (over the baseline's with `compare: baseline`).
-    lateness_p99: Option<DurationText>,
-    /// Largest clock offset of the cohort (over the baseline's with `compare: baseline`).
-    offset: Option<DurationText>,
+    /// Failed firings, percent of settled ones (default 0: any).
+    failed_percent: Option<Threshold<Percent>>,
+    /// Firings whose outcome is unknown (default 0: any).
+    unknown: Option<Threshold<u64>>,
+    /// Start lateness p99 (over the baseline's with `compare: baseline`; default off).
+    lateness_p99: Option<Threshold<DurationText>>,
+    /// Largest clock offset of the cohort (over the baseline's with `compare: baseline`; default off).
+    offset: Option<Threshold<DurationText>>,
 }
+
+/// A threshold, or the word `off`.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum Threshold<T> {
+    On(T),
+    Off(OffWord),
+}
+
+/// `off`.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum OffWord {
+    Off,
+}
+
+/// A percentage.
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct Percent(#[schemars(range(min = 0.0, max = 100.0))] f64);
 
 /// How thresholds on lateness and offset are read.
 #[derive(JsonSchema)]

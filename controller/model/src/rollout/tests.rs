@@ -313,6 +313,30 @@ fn failed_percent_and_unknown_abort_at_any_time_lateness_only_once_min_firings_s
     );
 }
 
+/// Issue 37's case: `abort_if` naming only lateness over a version whose
+/// firings fail. Stage 1 "passed" with 3 of 4 settled firings failed and
+/// the version went to every agent; the keys not named keep failing
+/// closed now, and only `off` lets failures through.
+#[test]
+fn an_abort_if_naming_some_keys_keeps_the_fail_closed_default_for_the_others() {
+    let run = |abort_if: &str| {
+        let sp = spec(&format!(
+            "stages: [{{agents: 1}}, {{percent: 100}}]\nsoak: 1s\nmin_firings: 4\nabort_if: {abort_if}"
+        ));
+        let mut sim = Sim::new(sp, fleet(&["a", "b"]), t0());
+        sim.go(0);
+        (sim.cohort.settled, sim.cohort.failed) = (4, 3);
+        sim.go(1);
+        sim.go(3);
+        (sim.row.state, sim.row.reason.clone())
+    };
+    let (state, why) = run("{lateness_p99: 1s}");
+    assert_eq!(state, RolloutState::Aborted, "{why}");
+    assert!(why.contains("above failed_percent 0%"), "{why}");
+    let (state, why) = run("{lateness_p99: 1s, failed_percent: off}");
+    assert_ne!(state, RolloutState::Aborted, "{why}");
+}
+
 #[test]
 fn with_compare_baseline_lateness_is_judged_against_the_baselines_p99() {
     let sp = spec(

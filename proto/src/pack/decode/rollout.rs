@@ -6,7 +6,7 @@ use baton_cron::CronSchedule;
 
 use super::super::rollout::*;
 use super::fields::{Ctx, Fields};
-use super::scalar::{duration, float, positive_duration, string, uint};
+use super::scalar::{duration, float, plain_scalar, positive_duration, string, uint};
 use crate::yaml::{Node, Value};
 
 pub(crate) const ROLLOUT_KEYS: &[&str] = &[
@@ -222,36 +222,70 @@ fn stage(cx: &mut Ctx, node: &Node, what: &str) -> Option<StageShare> {
     }
 }
 
+/// `abort_if`: the keys it names replace the fail-closed defaults
+/// ([`DEFAULT_ABORT_IF`]) one by one; a key it leaves out keeps its
+/// default, so naming `lateness_p99` alone does not let failed firings
+/// through. `off` turns a threshold off, in so many words.
 fn abort_if(cx: &mut Ctx, node: &Node) -> Option<AbortIf> {
     let f = Fields::new(cx, node, "rollout.abort_if", ABORT_IF_KEYS)?;
     let mut ok = true;
-    let mut out = AbortIf::default();
+    let mut out = DEFAULT_ABORT_IF;
     if let Some(n) = f.get("failed_percent") {
-        match float(cx, n, "rollout.abort_if.failed_percent") {
-            Some(p) if (0.0..=100.0).contains(&p) => out.failed_percent = Some(p),
-            Some(p) => {
-                cx.err(
-                    n.pos,
-                    format!("rollout.abort_if.failed_percent must be within 0 and 100, found {p}"),
-                );
-                ok = false;
-            }
+        match off_or(cx, n, percent) {
+            Some(v) => out.failed_percent = v,
             None => ok = false,
         }
     }
     if let Some(n) = f.get("unknown") {
-        out.unknown = uint(cx, n, "rollout.abort_if.unknown", u64::from(u32::MAX));
-        ok &= out.unknown.is_some();
+        let read =
+            |cx: &mut Ctx, n: &Node| uint(cx, n, "rollout.abort_if.unknown", u64::from(u32::MAX));
+        match off_or(cx, n, read) {
+            Some(v) => out.unknown = v,
+            None => ok = false,
+        }
     }
     if let Some(n) = f.get("lateness_p99") {
-        out.lateness_p99 = duration(cx, n, "rollout.abort_if.lateness_p99");
-        ok &= out.lateness_p99.is_some();
+        let read = |cx: &mut Ctx, n: &Node| duration(cx, n, "rollout.abort_if.lateness_p99");
+        match off_or(cx, n, read) {
+            Some(v) => out.lateness_p99 = v,
+            None => ok = false,
+        }
     }
     if let Some(n) = f.get("offset") {
-        out.offset = duration(cx, n, "rollout.abort_if.offset");
-        ok &= out.offset.is_some();
+        let read = |cx: &mut Ctx, n: &Node| duration(cx, n, "rollout.abort_if.offset");
+        match off_or(cx, n, read) {
+            Some(v) => out.offset = v,
+            None => ok = false,
+        }
     }
     ok.then_some(out)
+}
+
+/// A threshold: the plain word `off` (`Some(None)`), or what `read`
+/// makes of the node (`None` once it reported an error).
+fn off_or<T>(
+    cx: &mut Ctx,
+    node: &Node,
+    read: impl FnOnce(&mut Ctx, &Node) -> Option<T>,
+) -> Option<Option<T>> {
+    if plain_scalar(node) == Some("off") {
+        return Some(None);
+    }
+    read(cx, node).map(Some)
+}
+
+fn percent(cx: &mut Ctx, node: &Node) -> Option<f64> {
+    let p = float(cx, node, "rollout.abort_if.failed_percent")?;
+    if !(0.0..=100.0).contains(&p) {
+        cx.err(
+            node.pos,
+            format!(
+                "rollout.abort_if.failed_percent must be within 0 and 100 (or `off`), found {p}"
+            ),
+        );
+        return None;
+    }
+    Some(p)
 }
 
 fn deadline(cx: &mut Ctx, node: &Node) -> Option<StageDeadline> {
