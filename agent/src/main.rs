@@ -39,23 +39,8 @@ enum Command {
         /// Only notes and the final summary, no line per firing.
         #[arg(long)]
         quiet: bool,
-        /// Test hook: panic after this many executed attempts (to test the
-        /// panic hook's safe state). Hidden.
-        #[arg(long, hide = true)]
-        inject_panic_after: Option<u64>,
-        /// Test hook: the dispatcher thread hangs for good after this many
-        /// executed jobs (to test that the systemd watchdog pings stop).
-        /// Hidden.
-        #[arg(long, hide = true)]
-        inject_dispatcher_stall_after: Option<u64>,
-        /// Test hook (sim backend): after this many writes the next one
-        /// never returns, inside the dispatcher's GPIO call. Hidden.
-        #[arg(long, hide = true)]
-        inject_gpio_hang_after: Option<u64>,
-        /// Test hook: with `--inject-gpio-hang-after`, the direct writes of
-        /// the safe state hang too (the chip itself is hung). Hidden.
-        #[arg(long, hide = true)]
-        inject_gpio_hang_all: bool,
+        #[command(flatten)]
+        faults: FaultFlags,
     },
     /// Remove a pack from this agent after driving its safe state, whether
     /// the agent is running (it is asked through its data directory) or not.
@@ -208,20 +193,8 @@ fn main() -> ExitCode {
             common,
             exit_when_idle,
             quiet,
-            inject_panic_after,
-            inject_dispatcher_stall_after,
-            inject_gpio_hang_after,
-            inject_gpio_hang_all,
-        } => run_agent(
-            *common,
-            exit_when_idle,
-            quiet,
-            Hooks {
-                panic_after: inject_panic_after,
-                dispatcher_stall_after: inject_dispatcher_stall_after,
-                gpio_hang: inject_gpio_hang_after.map(|n| (n, inject_gpio_hang_all)),
-            },
-        ),
+            faults,
+        } => run_agent(*common, exit_when_idle, quiet, faults),
         Command::Cancel {
             pack,
             tenant,
@@ -380,12 +353,61 @@ fn init_tracing(live: Option<LiveLayer>, format: LogFormat) {
         .try_init();
 }
 
-/// The hidden test hooks of `run`.
-#[derive(Debug)]
-struct Hooks {
-    panic_after: Option<u64>,
-    dispatcher_stall_after: Option<u64>,
-    gpio_hang: Option<(u64, bool)>,
+/// The hidden test hooks of `run`: compiled in only with the
+/// `fault-injection` feature (the end-to-end tests' builds), so a shipped
+/// agent neither accepts these flags nor checks for them.
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, clap::Args)]
+struct FaultFlags {
+    /// Test hook: panic after this many executed attempts (to test the
+    /// panic hook's safe state). Hidden.
+    #[arg(long, hide = true)]
+    inject_panic_after: Option<u64>,
+    /// Test hook: the dispatcher thread hangs for good after this many
+    /// executed jobs (to test that the systemd watchdog pings stop).
+    /// Hidden.
+    #[arg(long, hide = true)]
+    inject_dispatcher_stall_after: Option<u64>,
+    /// Test hook (sim backend): after this many writes the next one never
+    /// returns, inside the dispatcher's GPIO call. Hidden.
+    #[arg(long, hide = true)]
+    inject_gpio_hang_after: Option<u64>,
+    /// Test hook: with `--inject-gpio-hang-after`, the direct writes of
+    /// the safe state hang too (the chip itself is hung). Hidden.
+    #[arg(long, hide = true)]
+    inject_gpio_hang_all: bool,
+}
+
+/// Without the `fault-injection` feature: no flags, no hooks.
+#[cfg(not(feature = "fault-injection"))]
+#[derive(Debug, clap::Args)]
+struct FaultFlags {}
+
+impl FaultFlags {
+    /// Arms the hooks that act from the start (before the agent is built).
+    #[cfg(feature = "fault-injection")]
+    fn arm_early(&self) {
+        if let Some(n) = self.inject_dispatcher_stall_after {
+            baton_agent::dispatcher::inject_stall_after(n);
+        }
+        if let Some(n) = self.inject_gpio_hang_after {
+            baton_gpio::sim::inject_hang(n, self.inject_gpio_hang_all);
+        }
+    }
+
+    /// Arms the panic hook, once the configured packs are loaded.
+    #[cfg(feature = "fault-injection")]
+    fn arm_late(&self) {
+        if let Some(n) = self.inject_panic_after {
+            baton_agent::runtime::inject_panic_after(n);
+        }
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    fn arm_early(&self) {}
+
+    #[cfg(not(feature = "fault-injection"))]
+    fn arm_late(&self) {}
 }
 
 /// Why `run` could not start (the configuration, the signal thread), as
@@ -501,7 +523,7 @@ fn run_agent(
     f: CommonFlags,
     exit_when_idle: bool,
     quiet: bool,
-    hooks: Hooks,
+    faults: FaultFlags,
 ) -> Result<(), (u8, String)> {
     let cfg = run_config(f)?;
     let view = Arc::new(LiveView::new(quiet));
@@ -513,12 +535,7 @@ fn run_agent(
     watch_signals(&stop)?;
     let mlock = cfg.rt.mlockall;
     let parts = baton_agent::runtime::real_parts(&cfg).map_err(runtime_fault)?;
-    if let Some(n) = hooks.dispatcher_stall_after {
-        baton_agent::dispatcher::inject_stall_after(n);
-    }
-    if let Some((n, all)) = hooks.gpio_hang {
-        baton_gpio::sim::inject_hang(n, all);
-    }
+    faults.arm_early();
     let mut agent = Agent::new(cfg, parts).map_err(runtime_fault)?;
     if let Some(p) = metrics {
         agent.publish_metrics_to(p);
@@ -536,9 +553,7 @@ fn run_agent(
     if mlock {
         lock_memory();
     }
-    if let Some(n) = hooks.panic_after {
-        baton_agent::runtime::inject_panic_after(n);
-    }
+    faults.arm_late();
     let cause = agent.run(&stop, exit_when_idle);
     view.finish(&agent.tally().hist);
     exit_for(cause)
@@ -595,4 +610,26 @@ fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
         cfg.data_dir.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped agent (built without `fault-injection`) refuses the
+    /// hidden fault flags as unknown; the tests' build takes them.
+    #[test]
+    fn the_fault_flags_exist_only_in_the_tests_build() {
+        for flag in [
+            "--inject-panic-after=1",
+            "--inject-dispatcher-stall-after=1",
+            "--inject-gpio-hang-after=1",
+            "--inject-gpio-hang-all",
+        ] {
+            let unknown = Args::try_parse_from(["baton-agent", "run", flag])
+                .err()
+                .is_some_and(|e| e.kind() == clap::error::ErrorKind::UnknownArgument);
+            assert_eq!(unknown, !cfg!(feature = "fault-injection"), "{flag}");
+        }
+    }
 }

@@ -1362,3 +1362,42 @@ fn a_pack_cancelled_while_staged_is_not_brought_back_at_the_instant() {
     );
     assert!(old.iter().all(|t| *t <= at.as_nanos()), "{old:?}");
 }
+
+/// Issue 37: a member whose loop gets to the switch long after the
+/// instant (the process stopped across it) used to start a grid of its
+/// own from the moment it switched, out of phase with its stage for as
+/// long as the version ran. It joins the stage's grid now: its new
+/// version fires at the instant plus whole periods, the occurrences it
+/// missed are not replayed, and nothing of the old version runs after the
+/// instant.
+#[test]
+fn a_late_switch_joins_the_stages_grid() {
+    let mut h = harness();
+    h.session();
+    let at = stage_before_an_occurrence(&mut h, 0);
+    // 2.65 s late: not a whole number of periods, so a grid from the
+    // switch would be 50 ms out of phase with the instant's.
+    let late = Duration::from_millis(2_650);
+    h.r.clock.set(at + late);
+    h.r.agent.step().expect("step");
+    h.run_for(Duration::from_millis(500), Duration::from_millis(10));
+    let (old, new) = (writes_on(&h, 1), writes_on(&h, 2));
+    assert!(
+        old.iter().all(|w| *w <= at.as_nanos()),
+        "v1 after the instant: {old:?}"
+    );
+    assert!(new.len() >= 4, "{new:?}");
+    let period = 100_000_000;
+    for w in &new {
+        let since = w - at.as_nanos();
+        assert!(
+            since > late.as_nanos() as i64,
+            "an occurrence before the switch replayed: {since} ns after the instant"
+        );
+        let off = since.rem_euclid(period);
+        assert!(
+            off < 15_000_000,
+            "v2 fired {off} ns past the stage's grid ({since} ns after the instant)"
+        );
+    }
+}

@@ -38,13 +38,17 @@ fn in_ns(ns: &str, bin: &Path) -> Command {
 #[test]
 fn agents_shows_ptp_locked_with_the_offset() {
     if let Some(why) = ptp_netns::unavailable() {
-        eprintln!("SKIP ptp_end_to_end: {why}");
+        baton_testenv::missing("ptp_end_to_end", None, &why);
         return;
     }
     let mut rig = match ptp_netns::Rig::new("e2") {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("SKIP ptp_end_to_end: cannot create network namespaces: {e}");
+            baton_testenv::missing(
+                "ptp_end_to_end",
+                None,
+                &format!("cannot create network namespaces: {e}"),
+            );
             return;
         }
     };

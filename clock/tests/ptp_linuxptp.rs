@@ -27,13 +27,17 @@ const CHECKED: usize = 12;
 #[test]
 fn slave_converges_on_a_ptp4l_grandmaster() {
     if let Some(why) = ptp_netns::unavailable() {
-        eprintln!("SKIP ptp_linuxptp: {why}");
+        baton_testenv::missing("ptp_linuxptp", None, &why);
         return;
     }
     let mut rig = match ptp_netns::Rig::new("it") {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("SKIP ptp_linuxptp: cannot create network namespaces: {e}");
+            baton_testenv::missing(
+                "ptp_linuxptp",
+                None,
+                &format!("cannot create network namespaces: {e}"),
+            );
             return;
         }
     };

@@ -29,6 +29,7 @@ use super::{
     Allowlist, DEFAULT_CHIP, DirectLine, Direction, Gpio, GpioError, LineHandle, check_value,
 };
 use std::sync::Arc;
+#[cfg(feature = "fault-injection")]
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// In-memory lines plus an append-only change log.
@@ -163,6 +164,7 @@ impl Gpio for SimGpio {
         t_ns: i64,
         execution_id: &str,
     ) -> Result<(), GpioError> {
+        #[cfg(feature = "fault-injection")]
         hang_point();
         // Field access, not `self.line(h)`: `l` must not borrow all of `self`
         // while the write buffer is borrowed mutably below.
@@ -246,6 +248,7 @@ struct SimDirect {
 
 impl DirectLine for SimDirect {
     fn write(&self, value: u8, t_ns: i64, label: &str) -> Result<(), GpioError> {
+        #[cfg(feature = "fault-injection")]
         if HANG_ALL.load(Ordering::Acquire) && HUNG.load(Ordering::Acquire) {
             hang();
         }
@@ -275,10 +278,13 @@ impl DirectLine for SimDirect {
 }
 
 /// Writes through the backend left before the injected hang (0: off).
+#[cfg(feature = "fault-injection")]
 static HANG_AFTER: AtomicU64 = AtomicU64::new(0);
 /// The injected hang has begun.
+#[cfg(feature = "fault-injection")]
 static HUNG: AtomicBool = AtomicBool::new(false);
 /// The hang takes the direct writes too (a hung chip, not a hung call).
+#[cfg(feature = "fault-injection")]
 static HANG_ALL: AtomicBool = AtomicBool::new(false);
 
 /// Test hook (`run --inject-gpio-hang-after N [--inject-gpio-hang-all]`,
@@ -286,11 +292,13 @@ static HANG_ALL: AtomicBool = AtomicBool::new(false);
 /// returns (the dispatcher thread stays inside the call), like a driver
 /// wedged on a dead I²C expander. With `all`, the direct writes
 /// ([`Gpio::direct`]) hang too, from then on: the chip itself is hung.
+#[cfg(feature = "fault-injection")]
 pub fn inject_hang(after: u64, all: bool) {
     HANG_ALL.store(all, Ordering::Release);
     HANG_AFTER.store(after.saturating_add(1), Ordering::Release);
 }
 
+#[cfg(feature = "fault-injection")]
 fn hang_point() {
     let left = HANG_AFTER.load(Ordering::Acquire);
     match left {
@@ -303,6 +311,7 @@ fn hang_point() {
     }
 }
 
+#[cfg(feature = "fault-injection")]
 fn hang() -> ! {
     loop {
         std::thread::park();

@@ -216,7 +216,11 @@ fn errors_name_the_line() {
 fn tmpfs_over_sys_class_gpio_in_a_private_mount_namespace() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIP tmpfs_over_sys_class_gpio: needs root for unshare(CLONE_NEWNS) + mount");
+        baton_testenv::missing(
+            "tmpfs_over_sys_class_gpio",
+            None,
+            "needs root for unshare(CLONE_NEWNS) + mount",
+        );
         return;
     }
     let outside_before = fs::read_dir("/sys/class/gpio").map(|d| d.count()).ok();
@@ -237,7 +241,10 @@ fn tmpfs_over_sys_class_gpio_in_a_private_mount_namespace() {
     .join();
     match verdict {
         Ok(Ok(())) => {}
-        Ok(Err(skip)) if skip.starts_with("SKIP") => println!("{skip}"),
+        Ok(Err(skip)) if skip.starts_with("SKIP ") => {
+            let why = skip.trim_start_matches("SKIP tmpfs_over_sys_class_gpio: ");
+            baton_testenv::missing("tmpfs_over_sys_class_gpio", None, why);
+        }
         Ok(Err(e)) => panic!("{e}"),
         Err(panic) => std::panic::resume_unwind(panic),
     }

@@ -348,11 +348,11 @@ fn started(setup: Setup<'_>) -> Option<Cluster> {
     match start(setup) {
         Ok(c) => Some(c),
         Err(e) => {
-            if std::env::var("BATON_REQUIRE_POSTGRES").as_deref() == Ok("1") {
-                panic!("PostgreSQL is required (BATON_REQUIRE_POSTGRES=1): {e}");
-            }
-            let mut err = std::io::stderr();
-            let _ = writeln!(err, "skipping the PostgreSQL tests: {e}");
+            baton_testenv::missing(
+                "the PostgreSQL tests of this binary",
+                Some("BATON_REQUIRE_POSTGRES"),
+                &format!("no PostgreSQL cluster: {e}"),
+            );
             None
         }
     }

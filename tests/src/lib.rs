@@ -4,6 +4,7 @@
 
 pub mod fleet;
 pub mod local;
+pub mod relay;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -54,6 +55,10 @@ fn build_bins(dir: &Path) {
     }
     cmd.current_dir(root())
         .args(["build", "--workspace", "--bins"])
+        // The agent's hidden fault flags (`--inject-*`), which shipped
+        // builds leave out; scripts/test.sh builds the same way, so this
+        // build finds everything up to date.
+        .args(["--features", "baton-agent/fault-injection"])
         .arg("--target-dir")
         .arg(target);
     if dir.file_name().is_some_and(|n| n == "release") {

@@ -36,12 +36,12 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 fn available() -> bool {
     let ok = Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
     if !ok {
-        assert!(
-            std::env::var_os("BATON_REQUIRE_BROWSER").is_none(),
-            "BATON_REQUIRE_BROWSER is set but {CHROMIUM} or {CHROMEDRIVER} is missing (Debian packages chromium, chromium-driver)"
-        );
-        eprintln!(
-            "SKIPPED dashboard browser test: {CHROMIUM} or {CHROMEDRIVER} missing (Debian packages chromium, chromium-driver; scripts/test.sh installs them)"
+        baton_testenv::missing(
+            "dashboard browser test",
+            Some("BATON_REQUIRE_BROWSER"),
+            &format!(
+                "{CHROMIUM} or {CHROMEDRIVER} missing (Debian packages chromium, chromium-driver; scripts/test.sh installs them)"
+            ),
         );
     }
     ok

@@ -254,7 +254,11 @@ fn have_mount_namespaces() -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipped: needs root and `unshare -m` (private mount namespace)");
+        baton_testenv::missing(
+            "full-disk fault tests",
+            None,
+            "needs root and `unshare -m` (private mount namespace)",
+        );
     }
     ok
 }

@@ -28,12 +28,10 @@ const PACK: &str = "py-pack";
 /// The Python interpreter with grpcio; `None` (having said how to get
 /// one) where it is missing and not required.
 fn python() -> Option<PathBuf> {
-    let required = std::env::var("BATON_REQUIRE_INTEROP").as_deref() == Ok("1");
     match find_python() {
         Ok(py) => Some(py),
-        Err(why) if required => panic!("{why} (BATON_REQUIRE_INTEROP=1)"),
         Err(why) => {
-            eprintln!("SKIP interop: {why}");
+            baton_testenv::missing("interop", Some("BATON_REQUIRE_INTEROP"), &why);
             None
         }
     }

@@ -57,8 +57,10 @@ fn promtool(text: &str, what: &str) -> bool {
     let mut child = match child {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!(
-                "SKIPPED promtool check of the {what} exposition: promtool is not installed (Debian package `prometheus`; scripts/test.sh installs it)"
+            baton_testenv::missing(
+                &format!("promtool check of the {what} exposition"),
+                None,
+                "promtool is not installed (Debian package `prometheus`; scripts/test.sh installs it)",
             );
             return false;
         }

@@ -11,7 +11,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use baton_e2e::fleet::{Agent, Controller, json_lines, start_agent_clock, start_controller};
+use baton_e2e::fleet::{
+    Agent, Controller, json_lines, start_agent, start_agent_clock, start_controller,
+};
 use baton_e2e::wait_until;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -522,4 +524,90 @@ fn a_stage_switches_together_at_one_instant() {
     for a in &agents {
         assert_eq!(versions_written(a), ["v1", "v2"], "{}", a.id);
     }
+}
+
+/// Issue 37: a member whose link is cut just before the instant switches
+/// on time by itself; the controller, which heard nothing, used to pause
+/// the stage "not switched" 10 s after the instant and keep it paused
+/// after the member came back holding the version. Now the stage waits
+/// for the member's word and goes on when its hello says what it holds:
+/// no operator.
+#[test]
+fn a_member_cut_off_across_the_instant_settles_when_it_is_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let relay = baton_e2e::relay::Relay::start(c.url.trim_start_matches("http://"));
+    let agents: Vec<Agent> = ["a1", "a2", "a3"]
+        .iter()
+        .map(|id| {
+            let url = if *id == "a3" { &relay.url } else { &c.url };
+            start_agent(&dir.path().join(id), id, url, &[])
+        })
+        .collect();
+    for a in &agents {
+        assert!(wait_until(WAIT, || c.connected(&a.id)), "{}", a.log());
+    }
+    push(&c, &write(dir.path(), "v1.yaml", &toggling(1, "")));
+    assert!(wait_until(WAIT, || ["a1", "a2", "a3"]
+        .iter()
+        .all(|id| held(&c, id) == Some(1))));
+    let together = "rollout:\n  stages: [{percent: 100}]\n  soak: 1s\n  min_firings: 5\n  activate: together\n";
+    push(&c, &write(dir.path(), "v2.yaml", &toggling(2, together)));
+    // The instant, once named (SWITCH_LEAD, 2 s, ahead): a3's link is cut
+    // before it comes.
+    let mut at = None;
+    assert!(
+        wait_until(WAIT, || {
+            let audit = text(&c.ctl(&["audit", "--json"]));
+            at = audit
+                .split("switch together at ")
+                .nth(1)
+                .and_then(|rest| rest.split(" ns").next())
+                .and_then(|n| n.parse::<i64>().ok());
+            at.is_some()
+        }),
+        "no instant named\n{}",
+        c.log()
+    );
+    let at = at.expect("named");
+    relay.cut();
+    let now = || {
+        i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_nanos(),
+        )
+        .expect("fits")
+    };
+    assert!(now() < at, "the instant passed before the link was cut");
+    assert!(
+        wait_until(WAIT, || !c.connected("a3")),
+        "a3 still connected"
+    );
+    // a3 switches at the instant on its own: its v2 firings come after.
+    let a3 = &agents[2];
+    assert!(
+        wait_until(WAIT, || versions_written(a3).contains(&"v2".to_string())),
+        "a3 never fired v2 while cut off\n{}",
+        a3.log()
+    );
+    // Past the instant and the controller's 10 s settle: the stage is
+    // not paused for a member it has no word from.
+    let settled = at + 12_000_000_000;
+    assert!(wait_until(WAIT, || now() > settled));
+    let st = status(&c);
+    assert_eq!(st["state"], "running", "{st}");
+    // a3 is back: its hello says it holds v2, and the rollout completes
+    // by itself.
+    relay.restore();
+    assert!(
+        wait_until(WAIT, || status(&c)["state"] == "completed"),
+        "{}\n{}",
+        status(&c),
+        c.log()
+    );
+    let audit = text(&c.ctl(&["audit", "--json"]));
+    assert!(!audit.contains("resumed by"), "{audit}");
+    assert!(!audit.contains("not switched"), "{audit}");
 }

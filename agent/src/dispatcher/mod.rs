@@ -656,4 +656,5 @@ fn results_now(urgent: bool, control_wake: i64, now: i64, defer_ns: i64) -> bool
 }
 
 pub use margin::margin_within;
+#[cfg(feature = "fault-injection")]
 pub use thread::inject_stall_after;

@@ -4,7 +4,9 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+#[cfg(feature = "fault-injection")]
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{Ordering, fence};
 use std::thread::Thread;
 
 use baton_clock::{ClockEstimate, MonoTime, mono_now};
@@ -395,6 +397,7 @@ impl Local<'_> {
 }
 
 /// Executed jobs left before the test hook stalls this thread (0: off).
+#[cfg(feature = "fault-injection")]
 static STALL_AFTER: AtomicU64 = AtomicU64::new(0);
 
 /// Test hook (`run --inject-dispatcher-stall-after N`, hidden): after N
@@ -402,10 +405,16 @@ static STALL_AFTER: AtomicU64 = AtomicU64::new(0);
 /// systemd watchdog pings stop and the way out writes the safe state
 /// itself. Off unless asked for; it holds no lock while hung (a GPIO call
 /// hung in the kernel would keep the backend's, see `runtime/exit.rs`).
+#[cfg(feature = "fault-injection")]
 pub fn inject_stall_after(n: u64) {
     STALL_AFTER.store(n, Ordering::Release);
 }
 
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+fn stall_test_point() {}
+
+#[cfg(feature = "fault-injection")]
 fn stall_test_point() {
     let left = STALL_AFTER.load(Ordering::Acquire);
     if left == 0 {

@@ -559,15 +559,22 @@ impl Agent {
 }
 
 /// Attempts left before the test hook panics (0: off).
+#[cfg(feature = "fault-injection")]
 static PANIC_AFTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Test hook (`run --inject-panic-after N`, hidden): panic on the control
 /// thread after N executed attempts, to prove the panic hook drives the
 /// safe state. Off unless asked for.
+#[cfg(feature = "fault-injection")]
 pub fn inject_panic_after(n: u64) {
     PANIC_AFTER.store(n, Ordering::Release);
 }
 
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+fn panic_hook_test_point() {}
+
+#[cfg(feature = "fault-injection")]
 fn panic_hook_test_point() {
     let left = PANIC_AFTER.load(Ordering::Acquire);
     if left == 0 {

@@ -81,6 +81,7 @@ fn rollout_agent(
             .and_then(|d| d.staged)
             .is_some_and(|st| st.version == row.version),
         clock_ok: a.clock.as_ref().is_some_and(|c| c.uncertainty <= bound),
+        last_seen: (a.last_seen.as_nanos() > 0).then_some(a.last_seen),
     };
     RolloutAgent {
         view,

@@ -22,7 +22,6 @@
 //! acceptance made again there.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use baton_proto::RefTime;
 use baton_proto::pack::Pack;
@@ -32,11 +31,6 @@ use baton_sched::PackKey;
 use super::{Agent, Uplink, nack};
 use crate::link::{StageAt, ToLink};
 use crate::runtime::{AcceptError, RuntimeError, Verdict};
-
-/// A switch this much later than its instant (the push naming it arrived
-/// late, the loop was held up) happens now, on a grid from now: replaying
-/// the old version's last occurrences under the new one would be a burst.
-const SWITCH_SLACK: Duration = Duration::from_millis(100);
 
 /// A version kept aside.
 #[derive(Debug)]
@@ -144,7 +138,11 @@ impl Agent {
     }
 
     /// Switches every staged version whose instant came: accepted as of
-    /// that instant (or now, past [`SWITCH_SLACK`]), the `Held` that
+    /// that instant however late the loop gets to it (a stalled or
+    /// stopped process, a push that came late), so a late member joins
+    /// the stage's grid rather than starting one of its own; the
+    /// occurrences it missed are not replayed (no burst) but reported,
+    /// `Scheduler::accept_at`. The `Held` that
     /// follows telling the controller. One that cannot switch (its clock
     /// too uncertain then, a check that fails now) stays on the held
     /// version and is nacked. A journal fault ends the loop, as anywhere.
@@ -213,8 +211,7 @@ impl Agent {
             return Ok(());
         }
         let late = now.since(at);
-        let as_of = if late <= SWITCH_SLACK { at } else { now };
-        match self.accept_as_of(s.yaml, s.pack, Some(as_of)) {
+        match self.accept_as_of(s.yaml, s.pack, Some(at)) {
             Ok(Verdict::Unchanged) => {}
             Ok(_) => {
                 self.held.mark_changed();

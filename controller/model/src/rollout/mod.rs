@@ -55,6 +55,9 @@ pub struct AgentView {
     /// Its clock, as last reported, is within the pack's
     /// `max_uncertainty`: it may be named an instant.
     pub clock_ok: bool,
+    /// When the controller last heard from it (`None`: never), for what
+    /// a pause of an agent it has no word from says.
+    pub last_seen: Option<RefTime>,
 }
 
 /// How far ahead of the moment every member staged a version the
@@ -63,7 +66,9 @@ pub struct AgentView {
 pub const SWITCH_LEAD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long after the instant a member that did not switch (held back,
-/// or it refused at the instant) makes the stage inconclusive.
+/// or it refused at the instant) makes the stage inconclusive. A member
+/// whose link is down is not judged on it: it may well have switched on
+/// time, and says what it holds when it is back.
 pub const SWITCH_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the driver observed for one step.
@@ -319,19 +324,26 @@ impl Stepper<'_> {
     }
 
     /// A together stage whose instant passed [`SWITCH_SETTLE`] ago with
-    /// members still behind (held back, or they refused at the instant)
-    /// is inconclusive at once: the deadline's action (`skip_offline`
+    /// members known to be behind (held back, or connected and not on the
+    /// version: they refused at the instant, or restarted before it) is
+    /// inconclusive at once: the deadline's action (`skip_offline`
     /// leaves them out, `abort` aborts), else a pause for an operator,
-    /// whose resume names a new instant for them. Never a stage waiting
-    /// for ever. Returns whether it decided.
+    /// whose resume names a new instant for them. A member the controller
+    /// has no word from (its link cut across the instant) is not among
+    /// them: it may have switched on time, and is an offline member like
+    /// any other: the stage cannot pass without it, its hello on
+    /// reconnecting says what it holds (and the stage goes on by itself),
+    /// and the stage's deadline acts on it meanwhile. Returns whether it
+    /// decided.
     fn not_switched(&mut self, members: &[&AgentView], obs: &Observed) -> bool {
         let settled_at = self.next.switch_at.map(|t| t + SWITCH_SETTLE);
         if !self.next.together || settled_at.is_none_or(|t| self.now < t) {
             return false;
         }
+        let held_back = &self.next.held_back;
         let behind: Vec<String> = members
             .iter()
-            .filter(|a| !a.holds)
+            .filter(|a| !a.holds && (a.connected || held_back.contains(&a.id)))
             .map(|a| a.id.clone())
             .collect();
         if behind.is_empty() {
@@ -553,14 +565,26 @@ fn undecided(
 ) -> String {
     let mut why = Vec::new();
     if !missing.is_empty() {
-        let offline = missing.iter().filter(|a| !a.connected).count();
+        let offline: Vec<&AgentView> = missing.iter().copied().filter(|a| !a.connected).collect();
         let ids: Vec<&str> = missing.iter().map(|a| a.id.as_str()).collect();
         why.push(format!(
             "{} agent(s) missing, not on the version or offline ({} offline): {}",
             missing.len(),
-            offline,
+            offline.len(),
             ids.join(", ")
         ));
+        // What the controller knows of the offline ones: when it last
+        // heard from each, not a guess at what they did since.
+        let unheard: Vec<String> = offline
+            .iter()
+            .map(|a| match a.last_seen {
+                Some(t) => format!("{} since {}", a.id, t.to_rfc3339()),
+                None => format!("{} ever", a.id),
+            })
+            .collect();
+        if !unheard.is_empty() {
+            why.push(format!("no word from {}", unheard.join(", ")));
+        }
     }
     if !enough {
         why.push(format!(

@@ -49,6 +49,7 @@ fn agent(id: &str, canary: bool, connected: bool) -> AgentView {
         refused,
         staged: false,
         clock_ok: true,
+        last_seen: Some(RefTime::from_nanos(t0())),
     }
 }
 
@@ -968,4 +969,91 @@ fn a_resume_names_a_new_instant_for_held_back_members_and_an_abort_is_not_staged
         (false, None, 0),
         "a rollback goes on arrival"
     );
+}
+
+/// Issue 37: a member whose link is cut across the instant may have
+/// switched exactly on time; the stage used to pause "not switched" at
+/// SWITCH_SETTLE and stay paused after the member came back holding the
+/// version. Now it waits for the member's word like any offline member:
+/// its hello (holding the version) lets the stage go on by itself, and a
+/// deadline that runs out first says what the controller knows.
+#[test]
+fn a_member_unheard_across_the_instant_settles_when_it_reports_the_version() {
+    let spec = spec("stages: [{percent: 100}]\nsoak: 1s\nactivate: together");
+    let mut sim = Sim::new(spec, fleet(&["a", "b"]), 0);
+    sim.go(0);
+    sim.agent("a").staged = true;
+    sim.agent("b").staged = true;
+    sim.go(1);
+    let at = sim.row.switch_at.expect("an instant");
+    assert!(sim.row.held_back.is_empty());
+    // b's link is cut before the instant; a switches and says so.
+    sim.agent("b").connected = false;
+    sim.agent("b").last_seen = Some(RefTime::from_nanos(SEC / 2));
+    sim.hold(&["a"]);
+    sim.cohort.settled = 5;
+    sim.go(30);
+    assert_eq!(sim.row.state, RolloutState::Running, "{}", sim.row.reason);
+    assert!(sim.row.verdicts.is_empty());
+    assert_eq!(sim.row.switch_at, Some(at));
+    // b is back, holding the version it switched to at the instant.
+    sim.agent("b").connected = true;
+    sim.hold(&["b"]);
+    sim.go(31);
+    sim.go(33);
+    assert_eq!(sim.row.state, RolloutState::Completed, "{}", sim.row.reason);
+    assert_eq!(sim.row.verdicts.last().unwrap().kind, VerdictKind::Pass);
+
+    // With a deadline, and b never back: the pause says when b was last
+    // heard from, not that it did not switch.
+    let spec = spec_with_deadline();
+    let mut sim = Sim::new(spec, fleet(&["a", "b"]), 0);
+    sim.go(0);
+    sim.agent("a").staged = true;
+    sim.agent("b").staged = true;
+    sim.go(1);
+    sim.agent("b").connected = false;
+    sim.agent("b").last_seen = Some(RefTime::from_nanos(SEC / 2));
+    sim.hold(&["a"]);
+    sim.cohort.settled = 5;
+    sim.go(30);
+    assert_eq!(sim.row.state, RolloutState::Running);
+    sim.go(61);
+    assert_eq!(sim.row.state, RolloutState::Paused);
+    assert!(
+        sim.row
+            .reason
+            .contains("no word from b since 1970-01-01T00:00:00.5"),
+        "{}",
+        sim.row.reason
+    );
+    assert!(
+        !sim.row.reason.contains("not switched"),
+        "{}",
+        sim.row.reason
+    );
+
+    // A member that is connected and not on the version after the
+    // instant (it refused, or restarted before it) is still judged at
+    // SWITCH_SETTLE.
+    let spec = spec_with_deadline();
+    let mut sim = Sim::new(spec, fleet(&["a", "b"]), 0);
+    sim.go(0);
+    sim.agent("a").staged = true;
+    sim.agent("b").staged = true;
+    sim.go(1);
+    sim.hold(&["a"]);
+    sim.go(14);
+    assert_eq!(sim.row.state, RolloutState::Paused);
+    assert!(
+        sim.row.reason.contains("not switched"),
+        "{}",
+        sim.row.reason
+    );
+}
+
+fn spec_with_deadline() -> Rollout {
+    spec(
+        "stages: [{percent: 100}]\nsoak: 1s\nactivate: together\nstage_deadline: {after: 1m, then: pause}",
+    )
 }
