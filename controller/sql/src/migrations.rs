@@ -22,6 +22,9 @@ pub(crate) struct Migration {
     /// More statements PostgreSQL alone runs after `sql` (what SQLite has
     /// no form of, as native partitioning), with the same words replaced.
     pub postgres_only: &'static str,
+    /// More statements SQLite alone runs after `sql` (what only replicas,
+    /// which need PostgreSQL, use: an index SQLite would keep for nothing).
+    pub sqlite_only: &'static str,
 }
 
 /// The few words the engines spell differently.
@@ -37,7 +40,8 @@ impl Migration {
     /// The statements as `dialect` spells them.
     pub fn sql_for(&self, dialect: Dialect) -> String {
         let sql = match dialect {
-            Dialect::Sqlite => self.sql.to_string(),
+            Dialect::Sqlite if self.sqlite_only.is_empty() => self.sql.to_string(),
+            Dialect::Sqlite => format!("{};\n{}", self.sql, self.sqlite_only),
             Dialect::Postgres => format!("{};\n{}", self.sql, self.postgres_only),
         };
         let txid = match dialect {
@@ -74,72 +78,92 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 1,
         sql: include_str!("migrations/0001_initial.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 2,
         sql: include_str!("migrations/0002_audit.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     // 3 is taken by another branch; the list stays in version order.
     Migration {
         version: 4,
         sql: include_str!("migrations/0004_agent_admin.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 5,
         sql: include_str!("migrations/0005_desired_state.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 6,
         sql: include_str!("migrations/0006_fencing.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 7,
         sql: include_str!("migrations/0007_events.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 8,
         sql: include_str!("migrations/0008_revocations.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 9,
         sql: include_str!("migrations/0009_agent_lateness.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 10,
         sql: include_str!("migrations/0010_rollouts.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 11,
         sql: include_str!("migrations/0011_staged.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 12,
         sql: include_str!("migrations/0012_follow_marks.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 13,
         sql: include_str!("migrations/0013_dashboard_sessions.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 14,
         sql: include_str!("migrations/0014_fleet_indexes.sql"),
         postgres_only: "",
+        sqlite_only: "",
     },
     Migration {
         version: 15,
         sql: "",
         postgres_only: include_str!("migrations/0015_partitions.pg.sql"),
+        sqlite_only: "",
+    },
+    Migration {
+        version: 16,
+        sql: "",
+        postgres_only: "",
+        sqlite_only: include_str!("migrations/0016_no_feedback_marks.sqlite.sql"),
     },
 ];
 

@@ -105,17 +105,70 @@ pub(crate) fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
 /// `(?F, ?F+1, …)` for `n` values starting at placeholder `first`: one
 /// row of a multi-row `VALUES`, or an `IN` list.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
-    let list: Vec<String> = (first..first + n).map(|i| format!("?{i}")).collect();
-    format!("({})", list.join(", "))
+    let mut s = String::with_capacity(2 + n * 7);
+    push_placeholders(&mut s, first, n);
+    s
+}
+
+/// [`placeholders`] written onto `s` (one buffer for a whole statement,
+/// not a string per value).
+fn push_placeholders(s: &mut String, first: usize, n: usize) {
+    use std::fmt::Write as _;
+    s.push('(');
+    for i in first..first + n {
+        if i > first {
+            s.push_str(", ");
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(s, "?{i}");
+    }
+    s.push(')');
 }
 
 /// `(?1, …, ?C), (?C+1, …), …`: `rows` rows of `columns` values each,
 /// for a multi-row `VALUES`.
 pub(crate) fn values_rows(rows: usize, columns: usize) -> String {
-    let rows: Vec<String> = (0..rows)
-        .map(|r| placeholders(r * columns + 1, columns))
-        .collect();
-    rows.join(", ")
+    let mut s = String::with_capacity(rows * (columns * 7 + 4));
+    for r in 0..rows {
+        if r > 0 {
+            s.push_str(", ");
+        }
+        push_placeholders(&mut s, r * columns + 1, columns);
+    }
+    s
+}
+
+/// A multi-row statement built once per shape and kept: [`chunks`] cuts
+/// rows into seven shapes (1, 2, 4 … 64 rows), and building a 64-row
+/// insert's text is some 1 500 numbers formatted, which the writer thread
+/// paid for every batch (the fleet bench's SQLite ingest spent about a
+/// twelfth of the writer's time there).
+#[derive(Debug)]
+pub(crate) struct ByShape {
+    built: [std::sync::OnceLock<String>; 7],
+    build: fn(usize) -> String,
+}
+
+impl ByShape {
+    /// The statements `build(rows)` makes, kept as they are first asked.
+    pub const fn new(build: fn(usize) -> String) -> ByShape {
+        ByShape {
+            built: [const { std::sync::OnceLock::new() }; 7],
+            build,
+        }
+    }
+
+    /// The statement for `rows` rows: kept for a shape [`chunks`] makes,
+    /// built afresh for any other count.
+    pub fn get(&self, rows: usize) -> std::borrow::Cow<'_, str> {
+        let shape = rows.checked_ilog2().map(|l| l as usize);
+        match shape.and_then(|l| self.built.get(l)) {
+            Some(cell) if rows.is_power_of_two() => {
+                std::borrow::Cow::Borrowed(cell.get_or_init(|| (self.build)(rows)).as_str())
+            }
+            _ => std::borrow::Cow::Owned((self.build)(rows)),
+        }
+    }
 }
 
 /// One column value of a result row.
@@ -304,6 +357,22 @@ pub fn numbered_placeholders(sql: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multi_row_statements_are_built_once_per_shape_and_read_as_before() {
+        assert_eq!(placeholders(3, 2), "(?3, ?4)");
+        assert_eq!(values_rows(2, 3), "(?1, ?2, ?3), (?4, ?5, ?6)");
+        assert_eq!(values_rows(0, 3), "");
+        static BY: ByShape = ByShape::new(|n| values_rows(n, 2));
+        for n in [1, 2, 3, 4, 7, 64, 65, 100] {
+            assert_eq!(BY.get(n), values_rows(n, 2), "{n} rows");
+        }
+        // A chunk's shape is kept: the same text, not built again.
+        let (a, b) = (BY.get(64), BY.get(64));
+        assert!(matches!(a, std::borrow::Cow::Borrowed(_)));
+        assert!(std::ptr::eq(a.as_ptr(), b.as_ptr()));
+        assert!(matches!(BY.get(3), std::borrow::Cow::Owned(_)));
+    }
 
     #[test]
     fn placeholders_are_numbered_outside_quotes_only() {

@@ -3,7 +3,7 @@
 
 use super::codec::{FEEDBACK_COLUMNS, canonical_execution_id, decode_feedback, to_db, u64_from_db};
 use super::db::{
-    Db, Param, chunks, col, params, query_all, query_first, run, values_rows, with_row,
+    ByShape, Db, Param, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
 use baton_model::time::span_ns;
 use baton_store::{
@@ -169,7 +169,7 @@ fn insert_chunk(conn: &dyn Db, journal: i64, chunk: &[Fresh<'_>]) -> StoreResult
             "store feedback {}/{}#{first}..={last}",
             chunk[0].0.agent_id, chunk[0].0.journal_id
         ),
-        query_all(conn, &insert_sql(n), &values, |r| col::<i64>(r, "seq")),
+        query_all(conn, &INSERT.get(n), &values, |r| col::<i64>(r, "seq")),
     )?
     .len())
 }
@@ -198,6 +198,9 @@ fn stored_below(conn: &dyn Db, journal: i64, seq: i64) -> StoreResult<i64> {
 
 /// Columns of one feedback row in [`insert_sql`].
 const FEEDBACK_INSERT_COLUMNS: usize = 23;
+
+/// [`insert_sql`] of each chunk's shape, built once.
+static INSERT: ByShape = ByShape::new(insert_sql);
 
 /// `INSERT` of `rows` feedback rows, each skipped if its (journal, seq)
 /// is stored; returns the seqs it inserted.

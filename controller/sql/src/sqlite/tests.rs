@@ -151,7 +151,7 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(all, [1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
+    assert_eq!(all, [1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
     for _ in 0..2 {
         let store = SqliteStore::open(&nested, Binding::Tenants).unwrap();
         let versions = store
@@ -809,7 +809,16 @@ async fn a_v4_database_is_migrated() {
     let store = SqliteStore::open(dir.path(), Binding::Open).unwrap();
     assert_eq!(
         scalar(&store, "SELECT MAX(version) FROM schema_migrations").await,
-        15
+        16
+    );
+    // The feedback's (txid, id) index is PostgreSQL's (replicas) alone.
+    assert_eq!(
+        scalar(
+            &store,
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'feedback_by_mark'"
+        )
+        .await,
+        0
     );
     // Revocations audited before v8 are known as revoked (and so not
     // audited again).
