@@ -340,10 +340,20 @@ fn run_mode(
     }
     drop(bare_dir);
     if r.is_err() {
-        // What the controllers said before their directories go.
+        // What the controllers said before their directories go: the
+        // first lines (what went wrong first) and the last (the agents'
+        // streams ending as the bench stops is only the aftermath).
         for (i, _, noisy) in &ended {
-            for l in noisy.iter().rev().take(10).rev() {
+            let first = noisy.len().min(10);
+            for l in &noisy[..first] {
                 eprintln!("controller {i}: {l}");
+            }
+            if noisy.len() > first {
+                eprintln!("controller {i}: … {} more, the last:", noisy.len() - first);
+                let last = noisy.len().saturating_sub(5).max(first);
+                for l in &noisy[last..] {
+                    eprintln!("controller {i}: {l}");
+                }
             }
         }
     }

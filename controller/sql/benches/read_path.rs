@@ -18,6 +18,14 @@ use baton_store::contract::hello;
 use baton_store::{Binding, Store, StoreOps};
 
 const READS: usize = 4_000;
+/// The columns of the store's agent row (`sql/agents.rs`).
+const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
+     session_gen, owner, lateness_p99_ns, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
+     clock_frequency_ppm, clock_at_ns";
+/// Which labels and tenants `attach` reads for one agent.
+const WHICH: &str = "x.agent_id >= $1 AND x.agent_id <= $2 \
+     AND (CAST($3 AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM agent_tenants t \
+     WHERE t.agent_id = x.agent_id AND t.tenant = $3))";
 
 fn main() {
     let Some(url) = baton_testpg::fresh_database() else {
@@ -45,24 +53,48 @@ fn main() {
             .expect("async client");
         tokio::spawn(conn);
         let client = Arc::new(client);
-        let stmt = client
-            .prepare("SELECT id, session_gen FROM agents WHERE id = $1")
-            .await
-            .expect("prepare");
+        // The store's `agent` read is three statements (the row, its
+        // operator labels and its tenants, `sql/agents.rs`): the same three
+        // here, prepared once, so the two paths differ only in how they
+        // reach the database.
+        let stmts = Arc::new([
+            client
+                .prepare(&format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = $1"))
+                .await
+                .expect("prepare"),
+            client
+                .prepare(&format!(
+                    "SELECT agent_id, tenant, key, value FROM agent_labels x WHERE {WHICH} \
+                     ORDER BY agent_id, tenant, key"
+                ))
+                .await
+                .expect("prepare"),
+            client
+                .prepare(&format!(
+                    "SELECT agent_id, tenant FROM agent_tenants x WHERE {WHICH}"
+                ))
+                .await
+                .expect("prepare"),
+        ]);
         println!("| reads at once | path | reads/s | p50 | p99 |");
         println!("|---|---|---|---|---|");
         for at_once in [1usize, 16] {
             let mut figures = Vec::new();
             for round in 0..4 {
                 let store_path = round % 2 == 0;
-                let (s0, c0, st0) = (store.clone(), client.clone(), stmt.clone());
+                let (s0, c0, st0) = (store.clone(), client.clone(), stmts.clone());
                 let lat = run(at_once, move |_| {
                     let (s, c, st) = (s0.clone(), c0.clone(), st0.clone());
                     async move {
                         if store_path {
                             s.agent("a1").await.expect("read").expect("a1");
                         } else {
-                            c.query_one(&st, &[&"a1"]).await.expect("read");
+                            let row = c.query_one(&st[0], &[&"a1"]).await.expect("read");
+                            let id: String = row.get("id");
+                            let none: Option<&str> = None;
+                            for q in &st[1..] {
+                                c.query(q, &[&id, &id, &none]).await.expect("read");
+                            }
                         }
                     }
                 })
