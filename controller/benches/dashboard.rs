@@ -259,7 +259,7 @@ fn operator_token(dir: &std::path::Path) -> Res<(CaDir, String)> {
         tenant: TENANT.into(),
         role: Role::Viewer,
     };
-    let (cert, _) = ca::issue(&ca, &who, Validity::days(now, 1))?;
+    let cert = ca::issue(&ca, &who, Validity::days(now, 1), ca::Existing::Refuse)?.cert;
     let token = baton_pki::tokens::issue(&ca, &cert)?;
     Ok((ca, token))
 }

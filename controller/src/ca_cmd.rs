@@ -41,6 +41,10 @@ pub enum CaCmd {
         /// expired certificate).
         #[arg(long, hide = true)]
         not_after: Option<String>,
+        /// The name has a certificate in force: issue a new one and revoke
+        /// that one at once (without it, refused).
+        #[arg(long)]
+        replace: bool,
     },
     /// An operator's certificate: DIR/operators/NAME.pem and NAME-key.pem,
     /// carrying its tenant and role.
@@ -62,6 +66,11 @@ pub enum CaCmd {
         /// Valid until this RFC 3339 instant.
         #[arg(long, hide = true)]
         not_after: Option<String>,
+        /// The name has a certificate in force: issue a new one and revoke
+        /// that one (and its tokens and sessions) at once (without it,
+        /// refused).
+        #[arg(long)]
+        replace: bool,
         /// Also print a token for the web dashboard and scripts
         /// (`Authorization: Bearer`): bound to this certificate (revoked
         /// and expiring with it); only its digest is kept, in
@@ -69,9 +78,10 @@ pub enum CaCmd {
         #[arg(long)]
         token: bool,
     },
-    /// Revoke the current certificate of NAME (listed in DIR/revoked.txt;
-    /// a controller serving DIR refuses it within seconds, live streams
-    /// included).
+    /// Revoke every certificate issued to NAME, the current one and those
+    /// re-issues replaced (listed in DIR/revoked.txt; a controller serving
+    /// DIR refuses them within seconds, live streams, tokens and dashboard
+    /// sessions included).
     Revoke {
         /// The agent or operator name.
         name: String,
@@ -131,6 +141,7 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             dir,
             valid_days,
             not_after,
+            replace,
         } => {
             let v = match validity(valid_days, not_after.as_deref()) {
                 Ok(v) => v,
@@ -139,9 +150,13 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                     return 2;
                 }
             };
-            ca::issue(&CaDir::new(dir), &Identity::Agent { id: name, tenants }, v).map(|(c, k)| {
-                let _ = writeln!(out, "wrote {}\nwrote {}", c.display(), k.display());
-            })
+            ca::issue(
+                &CaDir::new(dir),
+                &Identity::Agent { id: name, tenants },
+                v,
+                existing(replace),
+            )
+            .map(|i| said_issued(&i, out))
         }
         CaCmd::IssueOperator {
             name,
@@ -150,6 +165,7 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             dir,
             valid_days,
             not_after,
+            replace,
             token,
         } => {
             let parsed = role
@@ -165,10 +181,10 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             };
             let who = Identity::Operator { name, tenant, role };
             let ca_dir = CaDir::new(dir);
-            ca::issue(&ca_dir, &who, v).and_then(|(c, k)| {
-                let _ = writeln!(out, "wrote {}\nwrote {}", c.display(), k.display());
+            ca::issue(&ca_dir, &who, v, existing(replace)).and_then(|i| {
+                said_issued(&i, out);
                 if token {
-                    let t = baton_pki::tokens::issue(&ca_dir, &c)?;
+                    let t = baton_pki::tokens::issue(&ca_dir, &i.cert)?;
                     let _ = writeln!(out, "token {t}");
                 }
                 Ok(())
@@ -185,7 +201,22 @@ pub fn run(cmd: CaCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     }
 }
 
-/// `ca revoke`: the certificate's serial added to `revoked.txt` (once).
+fn existing(replace: bool) -> ca::Existing {
+    if replace {
+        ca::Existing::Replace
+    } else {
+        ca::Existing::Refuse
+    }
+}
+
+fn said_issued(i: &ca::Issued, out: &mut dyn Write) {
+    let _ = writeln!(out, "wrote {}\nwrote {}", i.cert.display(), i.key.display());
+    if let Some(old) = &i.replaced {
+        let _ = writeln!(out, "revoked the certificate it replaces (serial {old})");
+    }
+}
+
+/// `ca revoke`: every serial of the name added to `revoked.txt` (once).
 fn revoke(
     name: String,
     dir: PathBuf,
@@ -194,20 +225,22 @@ fn revoke(
 ) -> Result<(), ca::CaError> {
     let ca = CaDir::new(dir);
     ca::revoke(&ca, &name, kind.map(Kind::from)).map(|r| {
-        let _ = if r.already {
+        let _ = if r.already() {
             writeln!(
                 out,
-                "{} (serial {}) was revoked already",
+                "{} (serial {}) was revoked already, with every earlier certificate of the name",
                 r.cert.display(),
                 r.serial
             )
         } else {
             writeln!(
                 out,
-                "revoked {} (serial {}) in {}",
+                "revoked {} (serial {}) in {}: {} certificate(s) of the name (serials {})",
                 r.cert.display(),
                 r.serial,
-                ca.revoked().display()
+                ca.revoked().display(),
+                r.listed.len(),
+                r.listed.join(", ")
             )
         };
     })

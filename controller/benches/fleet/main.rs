@@ -388,8 +388,8 @@ impl Tls {
         let ca = CaDir::new(dir);
         let now = jiff::Timestamp::now();
         ca::init(&ca, &[], now)?;
-        let read = |(c, k): (PathBuf, PathBuf)| -> Result<(Vec<u8>, Vec<u8>)> {
-            Ok((std::fs::read(c)?, std::fs::read(k)?))
+        let read = |i: ca::Issued| -> Result<(Vec<u8>, Vec<u8>)> {
+            Ok((std::fs::read(i.cert)?, std::fs::read(i.key)?))
         };
         let valid = Validity::days(now, 1);
         let admin = read(ca::issue(
@@ -400,6 +400,7 @@ impl Tls {
                 role: baton_pki::identity::Role::Admin,
             },
             valid,
+            ca::Existing::Refuse,
         )?)?;
         let agents = (0..agents)
             .map(|ix| {
@@ -410,6 +411,7 @@ impl Tls {
                         tenants: Vec::new(),
                     },
                     valid,
+                    ca::Existing::Refuse,
                 )?)
             })
             .collect::<Result<Vec<_>>>()?;

@@ -68,6 +68,19 @@ pub enum CaError {
     /// An agent and an operator share the name.
     #[error("`{0}` is both an agent and an operator: say which with --kind agent|operator")]
     Ambiguous(String),
+    /// The name has a certificate in force: issuing over it would leave
+    /// the old one (and its tokens) valid, unseen.
+    #[error(
+        "{kind} `{name}` has a certificate in force (serial {serial}): `--replace` issues a new one and revokes that one at once"
+    )]
+    InForce {
+        /// agent or operator.
+        kind: &'static str,
+        /// The name.
+        name: String,
+        /// The serial in force.
+        serial: String,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CaError + '_ {
@@ -200,6 +213,12 @@ impl CaDir {
     pub fn revoked(&self) -> PathBuf {
         self.dir.join("revoked.txt")
     }
+    /// `DIR/issued.txt`: every serial ever issued, with its kind and name
+    /// (`SERIAL KIND NAME` a line), so `ca revoke NAME` reaches the
+    /// certificates a re-issue replaced, not only the current one.
+    pub fn issued(&self) -> PathBuf {
+        self.dir.join("issued.txt")
+    }
     /// `DIR/agents/NAME.pem` or `DIR/operators/NAME.pem`.
     pub fn leaf_cert(&self, kind: Kind, name: &str) -> PathBuf {
         self.dir.join(kind.subdir()).join(format!("{name}.pem"))
@@ -300,13 +319,39 @@ pub fn init(ca: &CaDir, hosts: &[String], now: Timestamp) -> Result<Vec<PathBuf>
     Ok(vec![ca_path, ca.ca_key(), server_path, ca.server_key()])
 }
 
-/// Issue a client certificate for `identity` (an agent or an operator),
-/// replacing any earlier one of that name. Returns (cert, key) paths.
+/// What issuing does when the name has a certificate in force (one not
+/// revoked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Refuse ([`CaError::InForce`]): the old certificate and its tokens
+    /// would stay valid beside the new one, and nothing would say so.
+    Refuse,
+    /// Issue, and revoke the one in force at once.
+    Replace,
+}
+
+/// A certificate issued.
+#[derive(Debug)]
+pub struct Issued {
+    /// Its certificate file.
+    pub cert: PathBuf,
+    /// Its key file.
+    pub key: PathBuf,
+    /// The serial of the certificate it replaced, now revoked.
+    pub replaced: Option<String>,
+}
+
+/// Issue a client certificate for `identity` (an agent or an operator).
+/// A name whose certificate is in force is refused, or that certificate
+/// revoked, as `existing` says; a revoked or expired one's files are
+/// simply replaced. Every serial issued is recorded in `issued.txt`
+/// (before the files are written) for `ca revoke`.
 pub fn issue(
     ca: &CaDir,
     identity: &Identity,
     validity: Validity,
-) -> Result<(PathBuf, PathBuf), CaError> {
+    existing: Existing,
+) -> Result<Issued, CaError> {
     let (kind, name) = match identity {
         Identity::Agent { id, tenants } => {
             identity::check_name("agent", id)?;
@@ -326,6 +371,14 @@ pub fn issue(
             )));
         }
     };
+    let in_force = in_force(ca, kind, name)?;
+    if let (Some(serial), Existing::Refuse) = (&in_force, existing) {
+        return Err(CaError::InForce {
+            kind: kind.name(),
+            name: name.clone(),
+            serial: serial.clone(),
+        });
+    }
     let uri = identity.to_uri().unwrap_or_default();
     let ca_path = ca.ca_cert();
     let ca_key_path = ca.ca_key();
@@ -353,10 +406,56 @@ pub fn issue(
     p.use_authority_key_identifier_extension = true;
     let key = KeyPair::generate().map_err(cert_err(&cert_path))?;
     let cert = p.signed_by(&key, &issuer).map_err(cert_err(&cert_path))?;
+    // The serial as TLS will read it (what `revoked.txt` lists).
+    let serial = identity::from_cert_der(cert.der())
+        .map_err(|e| CaError::Cert {
+            path: cert_path.clone(),
+            message: e.0,
+        })?
+        .serial;
+    // Recorded before the files exist: no certificate goes out that
+    // `ca revoke` cannot find.
+    append_line(&ca.issued(), &format!("{serial} {} {name}", kind.name()))?;
     let key_path = ca.leaf_key(kind, name);
     write_file(&key_path, &key.serialize_pem(), true)?;
     write_file(&cert_path, &cert.pem(), false)?;
-    Ok((cert_path, key_path))
+    let replaced = match in_force {
+        Some(old) => {
+            append_line(&ca.revoked(), &format!("{old} {} {name}", kind.name()))?;
+            Some(old)
+        }
+        None => None,
+    };
+    Ok(Issued {
+        cert: cert_path,
+        key: key_path,
+        replaced,
+    })
+}
+
+/// The serial of NAME's current certificate, unless it is revoked (an
+/// expired one counts as in force: replacing it says so).
+fn in_force(ca: &CaDir, kind: Kind, name: &str) -> Result<Option<String>, CaError> {
+    let path = ca.leaf_cert(kind, name);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let serial = read_cert(&path)?.serial;
+    let revoked = read_revoked(&ca.revoked())?.contains(&serial);
+    Ok((!revoked).then_some(serial))
+}
+
+/// Appends `line` to `path` (made 0644 if new) and syncs it.
+fn append_line(path: &Path, line: &str) -> Result<(), CaError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(io(path))?;
+    writeln!(f, "{line}").map_err(io(path))?;
+    f.sync_all().map_err(io(path))
 }
 
 /// The identity and serial of a PEM certificate file.
@@ -375,16 +474,27 @@ pub fn read_cert(path: &Path) -> Result<identity::PeerCert, CaError> {
 /// What [`revoke`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Revoked {
-    /// The certificate revoked.
+    /// The current certificate of the name.
     pub cert: PathBuf,
     /// Its serial.
     pub serial: String,
-    /// It was listed already.
-    pub already: bool,
+    /// Serials listed by this call: the current one's and those of the
+    /// certificates re-issues replaced (from `issued.txt`), oldest first.
+    pub listed: Vec<String>,
 }
 
-/// `ca revoke NAME`: list the current certificate of NAME (agent or
-/// operator; `kind` when both exist) in `revoked.txt`.
+impl Revoked {
+    /// Every serial of the name was revoked before this call.
+    pub fn already(&self) -> bool {
+        self.listed.is_empty()
+    }
+}
+
+/// `ca revoke NAME`: every certificate ever issued to NAME (agent or
+/// operator; `kind` when both exist) listed in `revoked.txt`: the current
+/// one, and those a re-issue replaced, which `issued.txt` remembers (a
+/// token or a session of any of them ends with it). Certificates issued
+/// before `issued.txt` existed are known only by the current file.
 pub fn revoke(ca: &CaDir, name: &str, kind: Option<Kind>) -> Result<Revoked, CaError> {
     let kinds: Vec<Kind> = match kind {
         Some(k) => vec![k],
@@ -405,28 +515,57 @@ pub fn revoke(ca: &CaDir, name: &str, kind: Option<Kind>) -> Result<Revoked, CaE
     };
     let cert = ca.leaf_cert(kind, name);
     let serial = read_cert(&cert)?.serial;
-    let path = ca.revoked();
-    if read_revoked(&path)?.contains(&serial) {
-        return Ok(Revoked {
-            cert,
-            serial,
-            already: true,
-        });
+    let mut serials = issued_to(ca, kind, name)?;
+    if !serials.contains(&serial) {
+        serials.push(serial.clone());
     }
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o644)
-        .open(&path)
-        .map_err(io(&path))?;
-    writeln!(f, "{serial} {} {name}", kind.name()).map_err(io(&path))?;
-    f.sync_all().map_err(io(&path))?;
+    let revoked = read_revoked(&ca.revoked())?;
+    let mut listed = Vec::new();
+    for s in serials {
+        if !revoked.contains(&s) && !listed.contains(&s) {
+            append_line(&ca.revoked(), &format!("{s} {} {name}", kind.name()))?;
+            listed.push(s);
+        }
+    }
     Ok(Revoked {
         cert,
         serial,
-        already: false,
+        listed,
     })
+}
+
+/// The serials `issued.txt` records for `kind` NAME, oldest first (none
+/// if it does not exist). A line that does not read is an error naming
+/// it: a revocation must not quietly miss a certificate.
+fn issued_to(ca: &CaDir, kind: Kind, name: &str) -> Result<Vec<String>, CaError> {
+    let path = ca.issued();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut f = line.split_whitespace();
+        match (f.next(), f.next(), f.next(), f.next()) {
+            (Some(s), Some(k), Some(n), None) if s.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                if k == kind.name() && n == name {
+                    out.push(s.to_ascii_lowercase());
+                }
+            }
+            _ => {
+                return Err(CaError::Cert {
+                    path: path.clone(),
+                    message: format!("line {}: not `SERIAL KIND NAME`: {line}", i + 1),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 pub use baton_model::RevokedEntry;
@@ -531,7 +670,13 @@ mod tests {
             id: "press-01".into(),
             tenants: vec!["plant-a".into()],
         };
-        let (cert, key) = issue(&ca, &agent, Validity::days(now(), LEAF_DAYS)).expect("agent");
+        let Issued { cert, key, .. } = issue(
+            &ca,
+            &agent,
+            Validity::days(now(), LEAF_DAYS),
+            Existing::Refuse,
+        )
+        .expect("agent");
         assert!(cert.ends_with("agents/press-01.pem"));
         assert!(key.ends_with("agents/press-01-key.pem"));
         let a = read_cert(&cert).expect("read");
@@ -542,7 +687,9 @@ mod tests {
             tenant: "plant-a".into(),
             role: Role::Operator,
         };
-        let (ocert, _) = issue(&ca, &op, Validity::days(now(), LEAF_DAYS)).expect("operator");
+        let ocert = issue(&ca, &op, Validity::days(now(), LEAF_DAYS), Existing::Refuse)
+            .expect("operator")
+            .cert;
         assert_eq!(read_cert(&ocert).expect("read").identity, op);
 
         // Bad names are refused before anything is written.
@@ -553,6 +700,7 @@ mod tests {
                 tenants: Vec::new(),
             },
             Validity::days(now(), 1),
+            Existing::Refuse,
         )
         .expect_err("bad");
         assert!(e.to_string().contains("agent `Bad/Name`"), "{e}");
@@ -560,8 +708,8 @@ mod tests {
         // Revoke: listed once, by serial.
         let r = revoke(&ca, "press-01", None).expect("revoke");
         assert_eq!(r.serial, a.serial);
-        assert!(!r.already);
-        assert!(revoke(&ca, "press-01", None).expect("again").already);
+        assert_eq!(r.listed, std::slice::from_ref(&a.serial));
+        assert!(revoke(&ca, "press-01", None).expect("again").already());
         let listed = read_revoked(&ca.revoked()).expect("list");
         let entries = read_revoked_entries(&ca.revoked()).expect("entries");
         assert_eq!(entries.len(), 1);
@@ -584,12 +732,83 @@ mod tests {
                 tenants: Vec::new(),
             },
             Validity::days(now(), 1),
+            Existing::Refuse,
         )
         .expect("agent ann");
         let e = revoke(&ca, "ann", None).expect_err("ambiguous");
         assert!(e.to_string().contains("--kind"), "{e}");
         let r = revoke(&ca, "ann", Some(Kind::Operator)).expect("operator ann");
         assert!(r.cert.ends_with("operators/ann.pem"));
+    }
+
+    /// Issue 36's hole: `issue-operator boss --role viewer` over an admin
+    /// `boss` overwrote the files and left the admin certificate (and its
+    /// token) valid, and `ca revoke boss` then revoked only the newest.
+    #[test]
+    fn a_certificate_in_force_is_not_issued_over_and_revoke_reaches_every_one_of_the_name() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let ca = CaDir::new(tmp.path().join("ca"));
+        init(&ca, &[], now()).expect("init");
+        let boss = |role| Identity::Operator {
+            name: "boss".into(),
+            tenant: "default".into(),
+            role,
+        };
+        let valid = Validity::days(now(), 2);
+        let first = issue(&ca, &boss(Role::Admin), valid, Existing::Refuse).expect("admin");
+        let s1 = read_cert(&first.cert).expect("read").serial;
+        // Over a certificate in force: refused, the files as they were.
+        let e = issue(&ca, &boss(Role::Viewer), valid, Existing::Refuse).expect_err("in force");
+        assert!(matches!(e, CaError::InForce { .. }), "{e}");
+        assert!(
+            e.to_string().contains(&s1) && e.to_string().contains("--replace"),
+            "{e}"
+        );
+        assert_eq!(read_cert(&first.cert).expect("read").serial, s1);
+        // Replaced: the old serial is revoked at once.
+        let second = issue(&ca, &boss(Role::Viewer), valid, Existing::Replace).expect("replace");
+        assert_eq!(second.replaced.as_deref(), Some(s1.as_str()));
+        let s2 = read_cert(&second.cert).expect("read").serial;
+        assert_ne!(s1, s2);
+        let revoked = read_revoked(&ca.revoked()).expect("list");
+        assert!(revoked.contains(&s1) && !revoked.contains(&s2));
+        // A re-issue by a build without this check (or by hand) is in
+        // issued.txt all the same: revoke reaches it.
+        let third = {
+            let mut text = std::fs::read_to_string(ca.issued()).expect("issued");
+            let i = issue(&ca, &boss(Role::Admin), valid, Existing::Replace).expect("third");
+            let s3 = read_cert(&i.cert).expect("read").serial;
+            // Undo the automatic revocation of s2, as the old build did
+            // not make one.
+            let lines: Vec<String> = std::fs::read_to_string(ca.revoked())
+                .expect("revoked")
+                .lines()
+                .filter(|l| !l.starts_with(&s2))
+                .map(str::to_owned)
+                .collect();
+            std::fs::write(ca.revoked(), lines.join("\n") + "\n").expect("write");
+            text.push_str(&format!("{s3} operator boss\n"));
+            std::fs::write(ca.issued(), text).expect("write");
+            s3
+        };
+        let r = revoke(&ca, "boss", None).expect("revoke");
+        assert_eq!(r.serial, third);
+        assert_eq!(
+            r.listed,
+            [s2.clone(), third.clone()],
+            "oldest first, s1 listed already"
+        );
+        let revoked = read_revoked(&ca.revoked()).expect("list");
+        assert!([&s1, &s2, &third].iter().all(|s| revoked.contains(*s)));
+        assert!(revoke(&ca, "boss", None).expect("again").already());
+        // Revoked, the name may be issued again without --replace.
+        let fresh = issue(&ca, &boss(Role::Viewer), valid, Existing::Refuse).expect("after");
+        assert_eq!(fresh.replaced, None);
+        // A damaged issued.txt is an error naming its line, never a
+        // revocation that quietly misses a certificate.
+        std::fs::write(ca.issued(), "zz operator boss\n").expect("write");
+        let e = revoke(&ca, "boss", None).expect_err("damaged");
+        assert!(e.to_string().contains("line 1"), "{e}");
     }
 
     #[test]

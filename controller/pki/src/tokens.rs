@@ -175,7 +175,9 @@ mod tests {
             tenant: "plant-a".into(),
             role: Role::Viewer,
         };
-        let (cert, _) = ca::issue(&ca, &who, Validity::days(now, 2)).unwrap();
+        let cert = ca::issue(&ca, &who, Validity::days(now, 2), ca::Existing::Refuse)
+            .unwrap()
+            .cert;
         let token = issue(&ca, &cert).unwrap();
         assert!(token.starts_with(PREFIX) && token.len() == PREFIX.len() + 64);
         let text = std::fs::read_to_string(path(&ca)).unwrap();
@@ -187,7 +189,9 @@ mod tests {
         let left = grant.not_after - now.as_second();
         assert!((86_400..=2 * 86_400 + 60).contains(&left), "{left}");
         // A second token for a re-issued certificate: both listed.
-        let (cert2, _) = ca::issue(&ca, &who, Validity::days(now, 2)).unwrap();
+        let cert2 = ca::issue(&ca, &who, Validity::days(now, 2), ca::Existing::Replace)
+            .unwrap()
+            .cert;
         let token2 = issue(&ca, &cert2).unwrap();
         assert_eq!(read(&path(&ca)).unwrap().len(), 2);
         assert_ne!(token, token2);

@@ -36,7 +36,9 @@ fn token(ca: &CaDir, name: &str, tenant: &str, role: Role) -> String {
         tenant: tenant.into(),
         role,
     };
-    let (cert, _) = ca::issue(ca, &who, Validity::days(now, 1)).unwrap();
+    let cert = ca::issue(ca, &who, Validity::days(now, 1), ca::Existing::Refuse)
+        .unwrap()
+        .cert;
     baton_pki::tokens::issue(ca, &cert).unwrap()
 }
 
