@@ -82,7 +82,7 @@ pub struct AppConfig {
     /// Pacing of pushes to agents.
     pub pace: pace::Pace,
     /// Failed dashboard log-ins allowed per source.
-    pub login: crate::sessions::LoginThrottle,
+    pub login: crate::login_throttle::LoginThrottle,
 }
 
 impl AppConfig {
@@ -92,7 +92,7 @@ impl AppConfig {
             binding,
             max_held: 1024,
             pace: pace::Pace::default(),
-            login: crate::sessions::LoginThrottle::default(),
+            login: crate::login_throttle::LoginThrottle::default(),
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod follow;
 pub mod heap;
 pub mod hub;
 pub mod link;
+pub mod login_throttle;
 pub mod metrics;
 pub mod pace;
 pub mod packs;

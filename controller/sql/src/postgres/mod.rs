@@ -59,6 +59,8 @@ pub use super::writer::WriterStats;
 use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
 use conn::{PgConn, detailed};
+
+crate::sql::store_impl::engine_store!(PgStore);
 use lease::Lease;
 pub use lease::LeaseConfig;
 
@@ -355,8 +357,32 @@ impl Engine for PgStore {
         true
     }
 
-    fn ingest(&self) -> Option<&ingest::Lane> {
-        Some(&self.ingest)
+    // The streams' writes go through the lane: many streams' batches in
+    // one transaction of a few statements.
+    fn stream_feedback(
+        &self,
+        session: u64,
+        rows: Vec<baton_model::FeedbackRow>,
+    ) -> impl std::future::Future<Output = StoreResult<baton_store::FeedbackStored>> + Send {
+        self.ingest.put(session, rows)
+    }
+
+    fn stream_clock(
+        &self,
+        id: &str,
+        session: u64,
+        clock: baton_store::ClockRow,
+    ) -> impl std::future::Future<Output = StoreResult<()>> + Send {
+        self.ingest.clock(id, session, clock)
+    }
+
+    fn stream_seen(
+        &self,
+        id: &str,
+        seen: crate::sql::Seen,
+    ) -> impl std::future::Future<Output = StoreResult<()>> + Send {
+        self.ingest
+            .seen(id, seen.session, seen.connected, seen.at, seen.lateness_p99)
     }
 
     fn partitioned(&self) -> bool {

@@ -24,8 +24,8 @@ pub(crate) mod members;
 pub(crate) mod packs;
 pub(crate) mod rollouts;
 pub(crate) mod sessions;
-mod store_impl;
-mod tx;
+pub(crate) mod store_impl;
+pub(crate) mod tx;
 
 use std::future::Future;
 
@@ -98,10 +98,46 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         std::future::ready(Ok(0))
     }
 
-    /// A lane that writes many streams' feedback together
-    /// ([`crate::postgres::ingest`]); `None`: one transaction each.
-    fn ingest(&self) -> Option<&crate::postgres::ingest::Lane> {
-        None
+    /// Stores a stream's feedback ([`baton_store::Store::append_feedback`]):
+    /// one transaction each by default; an engine may write many streams'
+    /// together (PostgreSQL's lane).
+    fn stream_feedback(
+        &self,
+        session: u64,
+        rows: Vec<baton_model::FeedbackRow>,
+    ) -> impl Future<Output = StoreResult<baton_store::FeedbackStored>> + Send
+    where
+        Self: baton_store::Store + Sized,
+    {
+        baton_store::append_in_transaction(self, session, rows)
+    }
+
+    /// Stores a stream's clock report, as [`Engine::stream_feedback`].
+    fn stream_clock(
+        &self,
+        id: &str,
+        session: u64,
+        clock: baton_store::ClockRow,
+    ) -> impl Future<Output = StoreResult<()>> + Send
+    where
+        Self: baton_store::Store + Sized,
+    {
+        baton_store::clock_in_transaction(self, id, session, clock)
+    }
+
+    /// Stores when a stream was last seen, as [`Engine::stream_feedback`].
+    fn stream_seen(&self, id: &str, seen: Seen) -> impl Future<Output = StoreResult<()>> + Send
+    where
+        Self: baton_store::Store + Sized,
+    {
+        baton_store::seen_in_transaction(
+            self,
+            id,
+            seen.session,
+            seen.connected,
+            seen.at,
+            seen.lateness_p99,
+        )
     }
 
     /// Events were committed: tell the other writers' followers (the
@@ -135,6 +171,20 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     where
         T: Send + 'static,
         F: Fn(&dyn db::Db) -> StoreResult<T> + Send + 'static;
+}
+
+/// What a stream reports of itself besides feedback and clock
+/// ([`Engine::stream_seen`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// The stream's session generation.
+    pub session: u64,
+    /// Whether it is connected.
+    pub connected: bool,
+    /// When.
+    pub at: baton_model::RefTime,
+    /// Its lateness p99, if known.
+    pub lateness_p99: Option<baton_store::SignedDuration>,
 }
 
 /// Runs blocking database work (a read on a pooled connection) off the

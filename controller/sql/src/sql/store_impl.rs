@@ -2,16 +2,18 @@
 //! each transaction one command on the engine's writer, its primitives
 //! [`SqlTx`]'s.
 
-use async_trait::async_trait;
+// What the macro's body names, for its expansion in each engine's module
+// (`use $crate::sql::store_impl::*` inside it).
+pub(crate) use async_trait::async_trait;
 
-use super::agents;
-use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
-use super::db::{col, params, query_all};
-use super::feedback;
-use super::tx::SqlTx;
-use super::{Engine, audit, deliveries, events, packs, rollouts, sessions};
-use baton_model::RefTime;
-use baton_store::{
+pub(crate) use super::agents;
+pub(crate) use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
+pub(crate) use super::db::{col, params, query_all};
+pub(crate) use super::feedback;
+pub(crate) use super::tx::SqlTx;
+pub(crate) use super::{Engine, audit, deliveries, events, packs, rollouts, sessions};
+pub(crate) use baton_model::RefTime;
+pub(crate) use baton_store::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, MAX_PAGE, Mark, PackKey, PackSummaryRow, PackVersionRow,
     RolloutRow, Store, StoreError, StoreResult, TxJob, page,
@@ -19,9 +21,13 @@ use baton_store::{
 
 /// [`Store`] for an [`Engine`]: written once, implemented for each
 /// engine's store type (a blanket `impl<E: Engine> Store for E` would
-/// implement a trait of another crate for every type).
+/// implement a trait of another crate for every type). Each engine's
+/// module invokes it for its store, so the shared SQL names no engine; its
+/// body's names come from this module, in a block of their own.
 macro_rules! engine_store {
     ($engine:ty) => {
+const _: () = {
+use $crate::sql::store_impl::*;
 #[async_trait]
 impl Store for $engine {
     fn binding(&self) -> Binding {
@@ -59,10 +65,7 @@ impl Store for $engine {
         session: u64,
         rows: Vec<FeedbackRow>,
     ) -> StoreResult<baton_store::FeedbackStored> {
-        match Engine::ingest(self) {
-            Some(lane) => lane.put(session, rows).await,
-            None => baton_store::append_in_transaction(self, session, rows).await,
-        }
+        Engine::stream_feedback(self, session, rows).await
     }
 
     async fn append_clock(
@@ -71,10 +74,7 @@ impl Store for $engine {
         session: u64,
         clock: baton_store::ClockRow,
     ) -> StoreResult<()> {
-        match Engine::ingest(self) {
-            Some(lane) => lane.clock(id, session, clock).await,
-            None => baton_store::clock_in_transaction(self, id, session, clock).await,
-        }
+        Engine::stream_clock(self, id, session, clock).await
     }
 
     async fn append_seen(
@@ -85,13 +85,13 @@ impl Store for $engine {
         at: RefTime,
         lateness_p99: Option<baton_store::SignedDuration>,
     ) -> StoreResult<()> {
-        match Engine::ingest(self) {
-            Some(lane) => lane.seen(id, session, connected, at, lateness_p99).await,
-            None => {
-                baton_store::seen_in_transaction(self, id, session, connected, at, lateness_p99)
-                    .await
-            }
-        }
+        let seen = $crate::sql::Seen {
+            session,
+            connected,
+            at,
+            lateness_p99,
+        };
+        Engine::stream_seen(self, id, seen).await
     }
 
     async fn drop_partitions_before(
@@ -356,8 +356,8 @@ impl Store for $engine {
         self.replicated().then(|| self.owner().replica)
     }
 }
+};
     };
 }
 
-engine_store!(crate::sqlite::SqliteStore);
-engine_store!(crate::postgres::PgStore);
+pub(crate) use engine_store;

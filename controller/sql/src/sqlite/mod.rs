@@ -42,6 +42,8 @@ use super::writer::{Batch, Batches, Writer};
 use super::{Binding, StoreError, StoreResult};
 use conn::Context;
 
+crate::sql::store_impl::engine_store!(SqliteStore);
+
 /// The database file's name inside the data directory.
 pub const DB_FILE: &str = "controller.db";
 
