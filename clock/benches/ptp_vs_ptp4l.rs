@@ -123,7 +123,6 @@ time_stamping software
     let pcfg = PtpConfig {
         interface: sl_if.clone(),
         domain: 0,
-        discipline_system_clock: false,
     };
     let opts = ptp::SpawnOptions {
         start_error_ns: start_error,

@@ -55,6 +55,4 @@ pub struct PtpConfig {
     pub interface: String,
     /// Domain.
     pub domain: u8,
-    /// Steer the system clock instead of a virtual one.
-    pub discipline_system_clock: bool,
 }

@@ -51,7 +51,6 @@ pub(super) fn resolve_clock(
     let mut ptp = file.ptp.map(|p| PtpConfig {
         interface: p.interface,
         domain: p.domain,
-        discipline_system_clock: p.discipline_system_clock,
     });
     if let Some(iface) = o.ptp_interface {
         match &mut ptp {
@@ -60,7 +59,6 @@ pub(super) fn resolve_clock(
                 ptp = Some(PtpConfig {
                     interface: iface,
                     domain: 0,
-                    discipline_system_clock: false,
                 })
             }
         }

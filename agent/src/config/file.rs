@@ -125,13 +125,11 @@ pub struct ClockFile {
 pub struct PtpFile {
     /// Network interface to listen on.
     pub interface: String,
-    /// PTP domain (default 0).
+    /// PTP domain (default 0). The PTP source steers a virtual clock of
+    /// the agent's own; it never steers the system clock (there is no
+    /// option for it: one that always refused was removed, issue 37).
     #[serde(default)]
     pub domain: u8,
-    /// Steer the system clock too (needs CAP_SYS_TIME). Default false: a
-    /// virtual clock, the system clock untouched.
-    #[serde(default)]
-    pub discipline_system_clock: bool,
 }
 
 /// One `exec-allowlist` entry: `/usr/bin/x`, or

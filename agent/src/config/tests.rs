@@ -485,3 +485,24 @@ fn bad_exec_allowlist_entries_are_refused() {
         assert!(e.to_string().starts_with(msg), "{e}");
     }
 }
+
+/// Issue 37: `clock.ptp.discipline-system-clock` was documented and always
+/// refused at start; it is no option now, and a file that still sets it
+/// is refused when read, naming the key, not at the PTP source's start.
+#[test]
+fn the_ptp_section_has_no_option_to_steer_the_system_clock() {
+    let ok = parse_file(
+        "agent.yaml",
+        "clock:\n  ptp: {interface: eth0, domain: 3}\n",
+    )
+    .expect("valid");
+    let c = resolve(ok, Overrides::default()).expect("resolves");
+    let ptp = c.clock.ptp.expect("ptp");
+    assert_eq!((ptp.interface.as_str(), ptp.domain), ("eth0", 3));
+    let e = parse_file(
+        "agent.yaml",
+        "clock:\n  ptp: {interface: eth0, discipline-system-clock: true}\n",
+    )
+    .expect_err("no such option");
+    assert!(e.to_string().contains("discipline-system-clock"), "{e}");
+}

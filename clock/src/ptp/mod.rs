@@ -19,8 +19,9 @@
 //! lands between their TX timestamp and the wire ([`txsock`]). Hardware
 //! timestamps are not used yet: they are on the NIC's PHC, which would need
 //! its own PHC↔monotonic mapping (`PTP_SYS_OFFSET_PRECISE`) — the gap to
-//! close for sub-µs work. `discipline_system_clock` (steering
-//! `CLOCK_REALTIME` with `clock_adjtime`) is refused at start for now.
+//! close for sub-µs work. The system clock is never steered: the agent
+//! fires on its own estimate of reference time, whatever `CLOCK_REALTIME`
+//! says.
 //!
 //! Binding PTP's ports 319/320 needs root or `CAP_NET_BIND_SERVICE`.
 
@@ -82,12 +83,6 @@ pub enum PtpError {
     /// Listing the network interfaces failed.
     #[error("cannot list network interfaces: {0}")]
     Interfaces(std::io::Error),
-    /// `discipline-system-clock: true` is not implemented yet.
-    #[error(
-        "clock.ptp.discipline-system-clock is not supported yet: the PTP source steers a \
-         virtual clock (the system clock is left alone); set it to false"
-    )]
-    DisciplineUnsupported,
     /// The runtime or the thread could not be created.
     #[error("cannot start the PTP thread: {0}")]
     Thread(std::io::Error),
@@ -202,9 +197,6 @@ pub fn spawn_with(
     sink: SampleSender,
     opts: SpawnOptions,
 ) -> Result<PtpHandle, PtpError> {
-    if cfg.discipline_system_clock {
-        return Err(PtpError::DisciplineUnsupported);
-    }
     let name: InterfaceName = cfg
         .interface
         .parse()
