@@ -308,7 +308,13 @@ impl App {
                 .ok_or_else(|| AppError::NotFound(format!("no pack {key}")))?
                 .version
         } else {
-            version
+            // A version never stored is not an empty page (issue 36: it
+            // answered 200 with no rows).
+            self.store
+                .pack_version(&key, Some(version))
+                .await?
+                .ok_or_else(|| AppError::NotFound(format!("no version {version} of pack {key}")))?
+                .version
         };
         let limit = baton_store::page(limit, MAX_PAGE);
         let rows: Vec<DeliveryRow> = self

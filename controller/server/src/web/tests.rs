@@ -244,6 +244,9 @@ async fn an_operator_pushes_from_the_page_and_an_admin_reads_the_audit() {
         page.contains("Deliveries of v1") && page.contains("v1 (shown)"),
         "{page}"
     );
+    // A version never stored: not found, not an empty table.
+    let (code, _, _) = call(&f.web, get("/packs/blink?version=99", Some(&bob))).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
     let (code, _, page) = call(&f.web, get("/audit", Some(&bob))).await;
     assert_eq!(code, StatusCode::OK);
     assert!(page.contains("plant-b/blink v1"), "{page}");
