@@ -177,9 +177,10 @@ impl Scheduler {
         new_version: u64,
         now: RefTime,
         out: &mut Vec<Output>,
-    ) {
+    ) -> Vec<(String, RefTime)> {
+        let mut reported = Vec::new();
         let Some(fence) = old.fence.as_ref() else {
-            return;
+            return reported;
         };
         for h in &fence.held {
             if h.deadline > now || carried_old.contains(&h.entry.instr) {
@@ -192,10 +193,12 @@ impl Scheduler {
                 "not run: held past the switch instant {} and version {new_version} replaced the pack (its schedule starts after the switch)",
                 fence.at
             );
+            let instruction = old.pack.instructions[h.entry.instr].id.clone();
+            reported.push((instruction.clone(), occ));
             out.push(Output::Event(Event {
                 t: now,
                 pack: old.key.clone(),
-                instruction: Some(old.pack.instructions[h.entry.instr].id.clone()),
+                instruction: Some(instruction),
                 id: None,
                 occurrence: Some(occ),
                 kind: EventKind::Skip {
@@ -205,5 +208,6 @@ impl Scheduler {
                 once: None,
             }));
         }
+        reported
     }
 }

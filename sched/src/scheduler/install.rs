@@ -189,6 +189,50 @@ fn first_occurrences(ps: &PackState, how: Installing, carried: &Carried) -> Vec<
         .collect()
 }
 
+/// The occurrences a late switch's new version missed: per changed
+/// repeating instruction (not carried over), those of its grid from the
+/// stage's instant `at` up to its first armed one (at or after `now`).
+/// Reported, one event each, under the new version; not replayed (a burst
+/// at the switch would be worse than the gap).
+fn missed_since_instant(
+    ps: &PackState,
+    carried: &Carried,
+    firsts: &[Option<RefTime>],
+    held: &[(String, RefTime)],
+    at: RefTime,
+    now: RefTime,
+) -> Vec<(usize, crate::catchup::Gap, RefTime)> {
+    let mut out = Vec::new();
+    for (i, ins) in ps.pack.instructions.iter().enumerate() {
+        if carried.kept[i] || !ins.schedule.is_repeating() {
+            continue;
+        }
+        let before = firsts[i].unwrap_or(now);
+        // An instant the old version's held occurrence of this instruction
+        // was reported at already (`replaced`, under the old version) is
+        // not reported twice: the gap starts after it when it is the
+        // grid's first.
+        let mut after = at;
+        for &(_, h) in held.iter().filter(|(id, _)| *id == ins.id) {
+            if ins.schedule.next_after(&ps.pack.timezone, ps.anchor, after) == Some(h) {
+                after = h;
+            }
+        }
+        let gap = crate::catchup::occurrences_between(
+            &ins.schedule,
+            &ps.pack.timezone,
+            ps.anchor,
+            after,
+            before,
+            1,
+        );
+        if gap.count > 0 {
+            out.push((i, gap, at));
+        }
+    }
+    out
+}
+
 impl Scheduler {
     pub(super) fn install(
         &mut self,
@@ -216,11 +260,15 @@ impl Scheduler {
             Take::Install(a) => a,
         };
         let (slot, old) = self.take_slot(&key);
+        // A switch as of an instant (`accept_at`) that comes after it.
+        let switched_late =
+            anchor.filter(|at| old.is_some() && resume_after.is_none() && *at < now);
         let anchor = anchor.or(old.as_ref().map(|o| o.anchor)).unwrap_or(now);
         let mut ps = self.new_state(key, pack, anchor, resume_after);
         let carried = carry_over(old.as_ref(), &mut ps, now);
+        let mut held = Vec::new();
         if let Some(o) = old.as_ref() {
-            Self::report_held(o, &carried.old, ps.pack.version, now, out);
+            held = Self::report_held(o, &carried.old, ps.pack.version, now, out);
             self.detach_old(slot, o, &ps, &carried.old, now, out);
         }
         self.settle_one_shots(&mut ps, resume_after, old.as_ref());
@@ -232,6 +280,9 @@ impl Scheduler {
             now,
         };
         let firsts = first_occurrences(&ps, how, &carried);
+        let missed = switched_late
+            .map(|at| missed_since_instant(&ps, &carried, &firsts, &held, at, now))
+            .unwrap_or_default();
         for i in 0..ps.ins.len() {
             self.rearm(&mut ps, slot, i, now);
         }
@@ -243,6 +294,19 @@ impl Scheduler {
             for i in 0..n {
                 self.resume_gap(slot, i, alive, now, out);
             }
+        }
+        for (i, gap, at) in missed {
+            let detail = format!(
+                "not run: {} occurrence(s) from {} to {} of the stage's grid came before this agent switched (at {now}, the instant was {at}); not replayed",
+                gap.count,
+                gap.first.unwrap_or(at),
+                gap.last().unwrap_or(at),
+            );
+            let ev = EventKind::Skip {
+                reason: Reason::Replaced,
+                detail,
+            };
+            out.push(self.event(slot, Some(i), None, gap.first, ev, now));
         }
         for (i, occ) in repeat_shots {
             let detail = "not run: an earlier version of the pack already fired this occurrence";
