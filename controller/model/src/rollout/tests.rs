@@ -979,23 +979,34 @@ fn a_resume_names_a_new_instant_for_held_back_members_and_an_abort_is_not_staged
 /// deadline that runs out first says what the controller knows.
 #[test]
 fn a_member_unheard_across_the_instant_settles_when_it_reports_the_version() {
-    let spec = spec("stages: [{percent: 100}]\nsoak: 1s\nactivate: together");
-    let mut sim = Sim::new(spec, fleet(&["a", "b"]), 0);
-    sim.go(0);
-    sim.agent("a").staged = true;
-    sim.agent("b").staged = true;
-    sim.go(1);
-    let at = sim.row.switch_at.expect("an instant");
-    assert!(sim.row.held_back.is_empty());
-    // b's link is cut before the instant; a switches and says so.
-    sim.agent("b").connected = false;
-    sim.agent("b").last_seen = Some(RefTime::from_nanos(SEC / 2));
-    sim.hold(&["a"]);
-    sim.cohort.settled = 5;
-    sim.go(30);
-    assert_eq!(sim.row.state, RolloutState::Running, "{}", sim.row.reason);
-    assert!(sim.row.verdicts.is_empty());
-    assert_eq!(sim.row.switch_at, Some(at));
+    let together = "stages: [{percent: 100}]\nsoak: 1s\nactivate: together";
+    let with_deadline = "stages: [{percent: 100}]\nsoak: 1s\nactivate: together\nstage_deadline: {after: 1m, then: pause}";
+    // Members a and b, both staged at 0 s: the instant named at 1 s.
+    let staged = |body: &str| {
+        let mut sim = Sim::new(spec(body), fleet(&["a", "b"]), 0);
+        sim.go(0);
+        sim.agent("a").staged = true;
+        sim.agent("b").staged = true;
+        sim.go(1);
+        assert!(sim.row.switch_at.is_some() && sim.row.held_back.is_empty());
+        sim
+    };
+    // b's link is cut before the instant (last heard at 0.5 s); a
+    // switches and says so; 30 s pass, far beyond SWITCH_SETTLE.
+    let cut_off = |sim: &mut Sim| {
+        sim.agent("b").connected = false;
+        sim.agent("b").last_seen = Some(RefTime::from_nanos(SEC / 2));
+        sim.hold(&["a"]);
+        sim.cohort.settled = 5;
+        sim.go(30);
+        assert_eq!(sim.row.state, RolloutState::Running, "{}", sim.row.reason);
+        assert!(sim.row.verdicts.is_empty());
+    };
+
+    let mut sim = staged(together);
+    let at = sim.row.switch_at;
+    cut_off(&mut sim);
+    assert_eq!(sim.row.switch_at, at);
     // b is back, holding the version it switched to at the instant.
     sim.agent("b").connected = true;
     sim.hold(&["b"]);
@@ -1006,18 +1017,8 @@ fn a_member_unheard_across_the_instant_settles_when_it_reports_the_version() {
 
     // With a deadline, and b never back: the pause says when b was last
     // heard from, not that it did not switch.
-    let spec = spec_with_deadline();
-    let mut sim = Sim::new(spec, fleet(&["a", "b"]), 0);
-    sim.go(0);
-    sim.agent("a").staged = true;
-    sim.agent("b").staged = true;
-    sim.go(1);
-    sim.agent("b").connected = false;
-    sim.agent("b").last_seen = Some(RefTime::from_nanos(SEC / 2));
-    sim.hold(&["a"]);
-    sim.cohort.settled = 5;
-    sim.go(30);
-    assert_eq!(sim.row.state, RolloutState::Running);
+    let mut sim = staged(with_deadline);
+    cut_off(&mut sim);
     sim.go(61);
     assert_eq!(sim.row.state, RolloutState::Paused);
     assert!(
@@ -1036,12 +1037,7 @@ fn a_member_unheard_across_the_instant_settles_when_it_reports_the_version() {
     // A member that is connected and not on the version after the
     // instant (it refused, or restarted before it) is still judged at
     // SWITCH_SETTLE.
-    let spec = spec_with_deadline();
-    let mut sim = Sim::new(spec, fleet(&["a", "b"]), 0);
-    sim.go(0);
-    sim.agent("a").staged = true;
-    sim.agent("b").staged = true;
-    sim.go(1);
+    let mut sim = staged(with_deadline);
     sim.hold(&["a"]);
     sim.go(14);
     assert_eq!(sim.row.state, RolloutState::Paused);
@@ -1050,10 +1046,4 @@ fn a_member_unheard_across_the_instant_settles_when_it_reports_the_version() {
         "{}",
         sim.row.reason
     );
-}
-
-fn spec_with_deadline() -> Rollout {
-    spec(
-        "stages: [{percent: 100}]\nsoak: 1s\nactivate: together\nstage_deadline: {after: 1m, then: pause}",
-    )
 }

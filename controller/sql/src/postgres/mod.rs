@@ -379,10 +379,12 @@ impl Engine for PgStore {
     fn stream_seen(
         &self,
         id: &str,
-        seen: crate::sql::Seen,
+        session: u64,
+        connected: bool,
+        at: baton_model::RefTime,
+        lateness_p99: Option<baton_store::SignedDuration>,
     ) -> impl std::future::Future<Output = StoreResult<()>> + Send {
-        self.ingest
-            .seen(id, seen.session, seen.connected, seen.at, seen.lateness_p99)
+        self.ingest.seen(id, session, connected, at, lateness_p99)
     }
 
     fn partitioned(&self) -> bool {
@@ -1015,13 +1017,6 @@ mod tests {
             return;
         }
         let (a, b, _) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
-        let b = Arc::new(b);
-        let waiting = {
-            let b = b.clone();
-            tokio::spawn(async move { Store::news(&*b, std::time::Duration::from_secs(60)).await })
-        };
-        // Until b listens (its first wait may also end on a commit made
-        // before: that is fine, a follower then reads).
         let ev = baton_store::EventRow {
             id: 0,
             replica: "ra".into(),
@@ -1032,16 +1027,33 @@ mod tests {
             detail: String::new(),
             at: RefTime::from_nanos(1),
         };
+        woken(b, "events", async || {
+            a.put_events(vec![ev.clone()]).await.unwrap()
+        })
+        .await;
+    }
+
+    /// `commit`s on one replica until `b`'s follower wait ends, at most
+    /// 20 s: a commit made before `b` listens wakes nobody (its first wait
+    /// may also end on a commit made before: a follower then reads), so
+    /// they repeat, each waited on for 50 ms.
+    async fn woken(b: PgStore, what: &str, mut commit: impl AsyncFnMut()) {
+        let b = Arc::new(b);
+        let mut waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { Store::news(&*b, std::time::Duration::from_secs(60)).await })
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !waiting.is_finished() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no wake-up in 20 s of events"
-            );
-            a.put_events(vec![ev.clone()]).await.unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        loop {
+            commit().await;
+            match tokio::time::timeout(std::time::Duration::from_millis(50), &mut waiting).await {
+                Ok(done) => return done.unwrap(),
+                Err(_) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "no wake-up in 20 s of {what}"
+                ),
+            }
         }
-        waiting.await.unwrap();
     }
 
     /// Feedback stored on one replica wakes another's follower too (its
@@ -1053,25 +1065,14 @@ mod tests {
             return;
         }
         let (a, b, _) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
-        let b = Arc::new(b);
-        let waiting = {
-            let b = b.clone();
-            tokio::spawn(async move { Store::news(&*b, std::time::Duration::from_secs(60)).await })
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let mut seq = 0;
-        while !waiting.is_finished() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no wake-up in 20 s of feedback"
-            );
+        woken(b, "feedback", async || {
             seq += 1;
             a.put_feedback(1, vec![baton_store::contract::fb("a1", "j1", seq, 10)])
                 .await
                 .unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        waiting.await.unwrap();
+        })
+        .await;
         assert!(a.notifier.sent() >= 1);
     }
 

@@ -126,18 +126,18 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Stores when a stream was last seen, as [`Engine::stream_feedback`].
-    fn stream_seen(&self, id: &str, seen: Seen) -> impl Future<Output = StoreResult<()>> + Send
+    fn stream_seen(
+        &self,
+        id: &str,
+        session: u64,
+        connected: bool,
+        at: baton_model::RefTime,
+        lateness_p99: Option<baton_store::SignedDuration>,
+    ) -> impl Future<Output = StoreResult<()>> + Send
     where
         Self: baton_store::Store + Sized,
     {
-        baton_store::seen_in_transaction(
-            self,
-            id,
-            seen.session,
-            seen.connected,
-            seen.at,
-            seen.lateness_p99,
-        )
+        baton_store::seen_in_transaction(self, id, session, connected, at, lateness_p99)
     }
 
     /// Events were committed: tell the other writers' followers (the
@@ -171,20 +171,6 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     where
         T: Send + 'static,
         F: Fn(&dyn db::Db) -> StoreResult<T> + Send + 'static;
-}
-
-/// What a stream reports of itself besides feedback and clock
-/// ([`Engine::stream_seen`]).
-#[derive(Clone, Copy, Debug)]
-pub struct Seen {
-    /// The stream's session generation.
-    pub session: u64,
-    /// Whether it is connected.
-    pub connected: bool,
-    /// When.
-    pub at: baton_model::RefTime,
-    /// Its lateness p99, if known.
-    pub lateness_p99: Option<baton_store::SignedDuration>,
 }
 
 /// Runs blocking database work (a read on a pooled connection) off the

@@ -85,13 +85,7 @@ impl Store for $engine {
         at: RefTime,
         lateness_p99: Option<baton_store::SignedDuration>,
     ) -> StoreResult<()> {
-        let seen = $crate::sql::Seen {
-            session,
-            connected,
-            at,
-            lateness_p99,
-        };
-        Engine::stream_seen(self, id, seen).await
+        Engine::stream_seen(self, id, session, connected, at, lateness_p99).await
     }
 
     async fn drop_partitions_before(
