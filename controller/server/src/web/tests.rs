@@ -180,13 +180,7 @@ async fn a_token_logs_in_and_a_tenant_sees_only_its_own() {
     let (code, _, _) = call(&f.web, push(&csrf)).await;
     assert_eq!(code, StatusCode::FORBIDDEN, "a viewer may not push");
     // Revoked: the session and the token stop at once.
-    let serial = baton_pki::tokens::read(&baton_pki::tokens::path(&f.ca))
-        .unwrap()
-        .values()
-        .next()
-        .unwrap()
-        .serial
-        .clone();
+    let serial = token_serial(&f.ca);
     f.revoked.send_replace(Arc::new([serial].into()));
     let (code, _, _) = call(&f.web, with_cookie("/")).await;
     assert_eq!(code, StatusCode::SEE_OTHER);
@@ -346,6 +340,17 @@ fn login_from(token: &str, peer: &str) -> Request<Body> {
 }
 
 /// The `name=value` of a log-in's `Set-Cookie`.
+/// The serial of the certificate behind the (one) token issued in `ca`.
+fn token_serial(ca: &CaDir) -> String {
+    baton_pki::tokens::read(&baton_pki::tokens::path(ca))
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .serial
+        .clone()
+}
+
 async fn log_in(web: &Arc<Web>, token: &str) -> String {
     let (code, h, body) = call(web, login_from(token, "192.0.2.1:4000")).await;
     assert_eq!(code, StatusCode::SEE_OTHER, "{body}");
@@ -420,13 +425,7 @@ async fn a_session_is_valid_on_every_replica_and_ended_on_all() {
         call(&f.web, with_cookie("/", &cookie)).await.0,
         StatusCode::OK
     );
-    let serial = baton_pki::tokens::read(&baton_pki::tokens::path(&f.ca))
-        .unwrap()
-        .values()
-        .next()
-        .unwrap()
-        .serial
-        .clone();
+    let serial = token_serial(&f.ca);
     let rev = baton_model::RevocationRow {
         serial,
         kind: "operator".into(),
