@@ -204,7 +204,7 @@ async fn scan_page(store: &dyn Store, tenant: Option<&str>, f: &AgentFilter) -> 
         let full = rows.len() == MAX_PAGE as usize;
         after = rows.last().map(|a| a.id.clone());
         for a in &rows {
-            if f.matches(a, Binding::Tenants) {
+            if f.matches(a, Binding::Tenants, false) {
                 found += 1;
                 if found == 51 {
                     return Ok(50);

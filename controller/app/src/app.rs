@@ -291,7 +291,13 @@ impl App {
             let _ = self.events.send(e);
             return;
         };
+        if matches!(e, Event::Action(_)) {
+            // This replica's pages only (see [`Event::Action`]).
+            let _ = self.events.send(e);
+            return;
+        }
         let row = match e {
+            Event::Action(_) => return,
             // Followed from the feedback table itself.
             Event::Feedback(_) => return,
             // Written by the decision that changed the row, in its

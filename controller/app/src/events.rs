@@ -17,6 +17,26 @@ pub enum Event {
     /// An agent connected, disconnected, reported its clock, or a second
     /// machine tried its id.
     Agent(AgentEvent),
+    /// An operator acted on a pack, a rollout or an agent (dashboard or
+    /// CLI): open pages say so at once and read their parts again. Told
+    /// to this replica's watchers only; what the action changed reaches
+    /// the other replicas' pages as the delivery rows it wrote.
+    Action(ActionEvent),
+}
+
+/// What an operator did, in words, and what it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActionEvent {
+    /// The tenant acted in (who may see it).
+    pub tenant: String,
+    /// The pack it concerns (empty: none).
+    pub pack: String,
+    /// The agent it concerns (empty: none).
+    pub agent: String,
+    /// `ann paused the rollout of blink v3`.
+    pub text: String,
+    /// When.
+    pub at: RefTime,
 }
 
 /// What happened to an agent.
@@ -66,6 +86,9 @@ pub fn visible(e: &Event, filter: &WatchFilter, binding: Binding) -> bool {
     let (t, p) = match e {
         Event::Feedback(f) => (f.tenant.as_str(), f.pack.as_str()),
         Event::Delivery(d) => (d.tenant.as_str(), d.pack.as_str()),
+        // An agent's grant concerns no pack: every page of the tenant.
+        Event::Action(a) if a.pack.is_empty() => return tenant.is_none_or(|t| t == a.tenant),
+        Event::Action(a) => (a.tenant.as_str(), a.pack.as_str()),
         Event::Agent(a) => {
             return tenant.is_none_or(|t| binding == Binding::Open || a.tenants.contains(t));
         }
@@ -129,5 +152,38 @@ mod tests {
         let all = WatchFilter::default();
         assert!(visible(&agent(&[]), &all, Binding::Open));
         assert!(visible(&delivery("plant-b", "p"), &all, t));
+    }
+
+    #[test]
+    fn an_action_is_seen_by_its_tenant_and_its_pack_page() {
+        let action = |pack: &str| {
+            Event::Action(ActionEvent {
+                tenant: "plant-a".into(),
+                pack: pack.into(),
+                agent: String::new(),
+                text: "ann paused".into(),
+                at: RefTime::from_nanos(0),
+            })
+        };
+        let t = Binding::Tenants;
+        let a = WatchFilter {
+            tenant: Some("plant-a".into()),
+            pack: None,
+        };
+        let b = WatchFilter {
+            tenant: Some("plant-b".into()),
+            pack: None,
+        };
+        let a_q = WatchFilter {
+            tenant: Some("plant-a".into()),
+            pack: Some("q".into()),
+        };
+        assert!(visible(&action("p"), &a, t));
+        assert!(!visible(&action("p"), &b, t), "another tenant's action");
+        assert!(!visible(&action("p"), &a_q, t), "another pack's page");
+        assert!(visible(&action("q"), &a_q, t));
+        // An agent's action (no pack) reaches the tenant's pages, not another's.
+        assert!(visible(&action(""), &a_q, t));
+        assert!(!visible(&action(""), &b, t));
     }
 }

@@ -6,6 +6,8 @@
 //!
 //! Parts, each with one job:
 //! - [`caller`]: who may see and do what (tenants, roles);
+//! - [`actions`]: an operator's push, cancel and grant, audited and
+//!   announced to open pages, whichever door they came through;
 //! - [`packs`]: push, cancel, the packs list and deliveries;
 //! - [`agents`]: the agents list, labels, grants, forget, clock history;
 //! - [`feedback`]: stored feedback, paged; lateness figures;
@@ -18,11 +20,14 @@
 //! - [`metrics`]: the counters behind `/metrics`;
 //! - [`retention`]: what grows is deleted when it is old enough;
 //! - [`rollouts`]: the rollout driver, status and operator commands;
+//! - [`rollout_view`]: a rollout's stages and members as an operator
+//!   reads them (who blocks a stage, and why);
 //! - [`sessions`]: dashboard sessions and log-in throttling, in the store
 //!   (replicas share them).
 
 #![forbid(unsafe_code)]
 
+pub mod actions;
 pub mod agents;
 mod answers;
 mod app;
@@ -41,6 +46,7 @@ pub mod pace;
 pub mod packs;
 pub mod retention;
 pub mod revocations;
+pub mod rollout_view;
 pub mod rollouts;
 pub mod sessions;
 mod tally;

@@ -19,7 +19,7 @@ use baton_model::rollout::{self, AgentView, Effect, Observed, Step};
 use baton_model::time::{self, SignedDuration};
 use baton_model::{
     AgentRow, AuditRow, CohortFigures, DeliveryRow, DeliveryState, PackKey, PackVersionRow,
-    RolloutChange, RolloutRow,
+    RefTime, RolloutChange, RolloutRow,
 };
 use baton_store::StoreOps;
 use baton_store::{AgentFilter, FeedbackFilter, MAX_PAGE};
@@ -38,10 +38,12 @@ pub struct RolloutAgent {
     pub skipped: bool,
     /// The version it holds of the pack.
     pub held: Option<u64>,
+    /// When its delivery row last changed (`None`: it has none).
+    pub since: Option<RefTime>,
 }
 
 /// A rollout as `rollout status` shows it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct RolloutStatus {
     /// As stored.
     pub row: RolloutRow,
@@ -53,6 +55,9 @@ pub struct RolloutStatus {
     pub cohort: CohortFigures,
     /// The baseline's, same window.
     pub baseline: Option<CohortFigures>,
+    /// The version's `rollout:` section: the gates the figures are
+    /// judged against, the soak.
+    pub spec: Arc<Rollout>,
 }
 
 /// One targeted agent as the rollout sees it: what it holds of the
@@ -88,6 +93,7 @@ fn rollout_agent(
         stage: member.map(|m| m.stage),
         skipped: member.is_some_and(|m| m.skipped),
         held,
+        since: d.map(|d| d.updated),
     }
 }
 
@@ -448,6 +454,7 @@ impl App {
             agents,
             cohort: obs.cohort,
             baseline: obs.baseline,
+            spec,
         })
     }
 
@@ -468,8 +475,17 @@ impl App {
         let result = self
             .rollout_command_inner(caller, tenant, pack, command)
             .await;
-        self.audited(caller, &target_tenant, command.action(), pack, result)
-            .await
+        let row = self
+            .audited(caller, &target_tenant, command.action(), pack, result)
+            .await?;
+        let what = format!(
+            "{} the rollout of v{} (now {})",
+            command.done(),
+            row.version,
+            row.state.as_str()
+        );
+        self.announce(caller, &row.key(), "", what);
+        Ok(row)
     }
 
     async fn rollout_command_inner(
@@ -521,6 +537,33 @@ pub enum RolloutCommand {
 }
 
 impl RolloutCommand {
+    /// The command named by its word (`pause`, `resume`, `abort`).
+    pub fn parse(word: &str) -> Option<RolloutCommand> {
+        match word {
+            "pause" => Some(RolloutCommand::Pause),
+            "resume" => Some(RolloutCommand::Resume),
+            "abort" => Some(RolloutCommand::Abort),
+            _ => None,
+        }
+    }
+
+    /// Its word.
+    pub fn word(self) -> &'static str {
+        match self {
+            RolloutCommand::Pause => "pause",
+            RolloutCommand::Resume => "resume",
+            RolloutCommand::Abort => "abort",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            RolloutCommand::Pause => "paused",
+            RolloutCommand::Resume => "resumed",
+            RolloutCommand::Abort => "aborted",
+        }
+    }
+
     fn action(self) -> &'static str {
         match self {
             RolloutCommand::Pause => "rollout.pause",

@@ -121,8 +121,13 @@ pub enum FleetState {
     /// No stream.
     Offline,
     /// Its clock is not locked (no report, syncing, holdover,
-    /// free-running), by its latest stored report.
+    /// free-running), by its latest stored report, or it is offline (its
+    /// last report says nothing of its clock now).
     ClockNotLocked,
+    /// Needs a look: its clock is not locked or it is offline (as
+    /// [`FleetState::ClockNotLocked`]), or it refused a delivery (of the
+    /// filter's tenant).
+    Unhealthy,
 }
 
 impl FleetState {
@@ -132,6 +137,7 @@ impl FleetState {
             FleetState::Connected => "connected",
             FleetState::Offline => "offline",
             FleetState::ClockNotLocked => "clock-not-locked",
+            FleetState::Unhealthy => "unhealthy",
         }
     }
 
@@ -141,6 +147,7 @@ impl FleetState {
             FleetState::Connected,
             FleetState::Offline,
             FleetState::ClockNotLocked,
+            FleetState::Unhealthy,
         ]
         .into_iter()
         .find(|f| f.as_str() == s)
@@ -157,7 +164,7 @@ pub struct FleetCounts {
     pub connected: u64,
     /// Without.
     pub offline: u64,
-    /// Clock not locked.
+    /// Clock not locked, or offline ([`FleetState::ClockNotLocked`]).
     pub clock_not_locked: u64,
 }
 
@@ -171,8 +178,9 @@ impl AgentFilter {
 
     /// Whether `agent` passes every condition but paging (`after_id`,
     /// `limit`): the rule written out plainly, for a store without indexes
-    /// (the memory store).
-    pub fn matches(&self, agent: &AgentRow, binding: Binding) -> bool {
+    /// (the memory store). `refused`: the agent refused a delivery of the
+    /// filter's tenant (of any, without one).
+    pub fn matches(&self, agent: &AgentRow, binding: Binding, refused: bool) -> bool {
         if let Some(t) = &self.tenant
             && !agent.serves(t, binding)
         {
@@ -191,6 +199,7 @@ impl AgentFilter {
                 FleetState::Connected => agent.connected,
                 FleetState::Offline => !agent.connected,
                 FleetState::ClockNotLocked => !clock_locked(agent),
+                FleetState::Unhealthy => !clock_locked(agent) || refused,
             };
             if !ok {
                 return false;
@@ -206,9 +215,11 @@ impl AgentFilter {
     }
 }
 
-/// Whether the agent's latest clock report says `locked`.
+/// Whether the agent is connected and its latest clock report says
+/// `locked`: an offline agent's last report says nothing of its clock now,
+/// and counting it as locked would hide the agent that went away.
 pub fn clock_locked(agent: &AgentRow) -> bool {
-    agent.clock.as_ref().is_some_and(|c| c.state == "locked")
+    agent.connected && agent.clock.as_ref().is_some_and(|c| c.state == "locked")
 }
 
 /// Whether `hay` contains `needle`, ASCII letters in either case (what

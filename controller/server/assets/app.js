@@ -35,7 +35,7 @@
     } else if (kind === "ended") {
       status("down", "Live updates stopped: " + e.detail.data + ".");
     } else {
-      status("up", "Live updates: connected, last " + lastEvent.toLocaleTimeString() + ".");
+      status("up", "Live updates: connected, last " + (local ? localText(lastEvent) : lastEvent.toISOString()) + ".");
     }
     // A report every few seconds: the plot is read again at most every
     // 10 s (it is up to an hour of reports).
@@ -74,15 +74,73 @@
     };
   }
 
+  // One time zone per page, the reader's choice (remembered), named in
+  // the footer: every <time> the server wrote (UTC) and the plots' axes.
+  var local = false;
+  try { local = localStorage.getItem("baton-tz") === "local"; } catch (e) { /* private mode */ }
+  function pad(n, w) { n = String(n); while (n.length < (w || 2)) n = "0" + n; return n; }
+  function localText(d) {
+    var off = -d.getTimezoneOffset();
+    var sign = off >= 0 ? "+" : "-";
+    off = Math.abs(off);
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + "." + pad(d.getMilliseconds(), 3) +
+      " " + sign + pad(Math.floor(off / 60)) + ":" + pad(off % 60);
+  }
+  function zoneName() {
+    try { return Intl.DateTimeFormat().resolvedOptions().timeZone || "local time"; } catch (e) { return "local time"; }
+  }
+  function showTimes(root) {
+    (root || document).querySelectorAll("time[datetime]").forEach(function (t) {
+      var iso = t.getAttribute("datetime");
+      t.textContent = local ? localText(new Date(iso)) : iso;
+    });
+    var label = document.getElementById("tz-label");
+    var toggle = document.getElementById("tz-toggle");
+    if (label) label.textContent = local ? "Times in local time (" + zoneName() + ")." : "Times in UTC.";
+    if (toggle) toggle.textContent = local ? "Show UTC" : "Show local time";
+  }
+  var tzToggle = document.getElementById("tz-toggle");
+  if (tzToggle) {
+    tzToggle.addEventListener("click", function () {
+      local = !local;
+      try { localStorage.setItem("baton-tz", local ? "local" : "utc"); } catch (e) { /* not kept */ }
+      showTimes();
+      ["clock-plot", "timeline-plot"].forEach(refreshPlot);
+    });
+  }
+  document.body.addEventListener("htmx:afterSwap", function (e) { showTimes(e.target); });
+  document.body.addEventListener("htmx:sseMessage", function () { showTimes(); });
+  showTimes();
+
+  // Axis values with their unit, short enough never to be cut: µs up to
+  // 10 000, then ms, then s.
+  function micros(v) {
+    var a = Math.abs(v);
+    if (a >= 1e7) return (v / 1e6).toFixed(a >= 1e8 ? 0 : 1) + " s";
+    if (a >= 1e4) return (v / 1e3).toFixed(a >= 1e5 ? 0 : 1) + " ms";
+    return (Math.round(v * 10) / 10) + " µs";
+  }
+  function axisSize(u, values, axisIdx, cycleNum) {
+    var axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    var longest = (values || []).reduce(function (m, v) { return Math.max(m, String(v).length); }, 0);
+    // Tick length, gap, and ~8 px per character at the axis font.
+    return Math.max(48, 16 + longest * 8);
+  }
+
   var plots = {};
-  function draw(id, data, series, marks) {
+  function draw(id, data, series, marks, yLabel) {
     var el = document.getElementById(id);
     if (!el || typeof uPlot === "undefined") return;
     var width = Math.max(300, el.clientWidth || 800);
     var opts = {
       width: width, height: 240, series: series, plugins: [marksPlugin(marks)],
-      // Room for values like "-15,000" beside the axis.
-      axes: [{}, { size: 72 }]
+      tzDate: local ? function (ts) { return new Date(ts * 1e3); } : function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },
+      axes: [
+        { label: local ? "time (" + zoneName() + ")" : "time (UTC)" },
+        { label: yLabel, size: axisSize, values: function (u, vals) { return vals.map(micros); } }
+      ]
     };
     if (plots[id]) plots[id].destroy();
     el.textContent = "";
@@ -101,15 +159,15 @@
           { label: "offset (µs)", stroke: "#0b57d0", width: 2 },
           { label: "offset − uncertainty", stroke: "#888", dash: [4, 4] },
           { label: "offset + uncertainty", stroke: "#888", dash: [4, 4] }
-        ], marks);
+        ], marks, "clock offset");
         var list = document.getElementById("clock-changes");
         if (list) {
           list.textContent = d.changes.length ? "Source / state changes: " +
-            d.changes.map(function (c) { return new Date(c.t * 1000).toLocaleTimeString() + " → " + c.source + " " + c.state; }).join("; ") :
+            d.changes.map(function (c) { var t = new Date(c.t * 1000); return (local ? localText(t) : t.toISOString()) + " → " + c.source + " " + c.state; }).join("; ") :
             "No source or state change in this window.";
         }
       } else {
-        draw(id, [d.t, d.lateness_us], [{}, { label: "lateness (µs)", stroke: "#0b57d0", width: 0, points: { show: true, size: 4 } }], d.marks);
+        draw(id, [d.t, d.lateness_us], [{}, { label: "lateness (µs)", stroke: "#0b57d0", width: 0, points: { show: true, size: 4 } }], d.marks, "lateness");
       }
     }).catch(function (e) {
       el.textContent = "The plot could not load: " + e.message;

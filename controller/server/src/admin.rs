@@ -111,14 +111,9 @@ impl wire::admin_server::Admin for AdminService {
         let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
         let source = nonempty(&req.source_name).unwrap_or_else(|| "pack".to_string());
-        let r = self.app().push(&caller, req.yaml, &source).await;
-        let (tenant, target) = match &r {
-            Ok(p) => (p.key.tenant.clone(), format!("{} v{}", p.key, p.version)),
-            Err(_) => (caller.audit_tenant(""), source),
-        };
         let p = self
             .app()
-            .audited(&caller, &tenant, "push", &target, r)
+            .push_as(&caller, req.yaml, &source)
             .await
             .map_err(status)?;
         Ok(Response::new(wire::PushReply {
@@ -135,12 +130,9 @@ impl wire::admin_server::Admin for AdminService {
     ) -> Result<Response<wire::CancelReply>, Status> {
         let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
-        let tenant = caller.audit_tenant(&req.tenant);
-        let target = format!("{tenant}/{}", req.pack);
-        let r = self.app().cancel(&caller, &req.tenant, &req.pack).await;
         let c = self
             .app()
-            .audited(&caller, &tenant, "cancel", &target, r)
+            .cancel_as(&caller, &req.tenant, &req.pack)
             .await
             .map_err(status)?;
         Ok(Response::new(wire::CancelReply {
@@ -286,7 +278,8 @@ impl wire::admin_server::Admin for AdminService {
                             if !events::visible(&ev, &filter, binding) {
                                 continue;
                             }
-                            event_to_wire(ev)
+                            let Some(w) = event_to_wire(ev) else { continue };
+                            w
                         }
                         Err(broadcast::error::RecvError::Lagged(n)) => wire::WatchEvent {
                             body: Some(Ev::Lagged(n)),
@@ -450,20 +443,9 @@ impl wire::admin_server::Admin for AdminService {
     ) -> Result<Response<wire::GrantAgentReply>, Status> {
         let (caller, _) = self.caller(request.extensions())?;
         let req = request.into_inner();
-        let named = caller.audit_tenant("");
-        let (action, what) = if req.revoke {
-            ("ungrant", "from")
-        } else {
-            ("grant", "to")
-        };
-        let target = format!("agent {} {what} tenant {}", req.agent_id, req.tenant);
-        let r = self
-            .app()
-            .grant(&caller, &req.agent_id, &req.tenant, !req.revoke)
-            .await;
         let tenants = self
             .app()
-            .audited(&caller, &named, action, &target, r)
+            .grant_as(&caller, &req.agent_id, &req.tenant, !req.revoke)
             .await
             .map_err(status)?;
         Ok(Response::new(wire::GrantAgentReply {
@@ -499,9 +481,11 @@ fn label_change(req: &wire::LabelAgentRequest) -> Result<LabelChange, AppError> 
     })
 }
 
-/// A domain event as the wire says it.
-fn event_to_wire(e: Event) -> wire::WatchEvent {
+/// A domain event as the wire says it (`None`: the wire has no word for
+/// it; an operator's action reaches a watcher as the rows it changed).
+fn event_to_wire(e: Event) -> Option<wire::WatchEvent> {
     let body = match e {
+        Event::Action(_) => return None,
         Event::Feedback(f) => Ev::Feedback(convert::feedback_to_wire(&f)),
         Event::Delivery(d) => Ev::Delivery(convert::delivery_to_wire(&d)),
         Event::Agent(a) => Ev::Agent(wire::AgentEvent {
@@ -517,5 +501,5 @@ fn event_to_wire(e: Event) -> wire::WatchEvent {
             at_ns: a.at.as_nanos(),
         }),
     };
-    wire::WatchEvent { body: Some(body) }
+    Some(wire::WatchEvent { body: Some(body) })
 }

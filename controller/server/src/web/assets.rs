@@ -59,6 +59,12 @@ pub const ASSETS: &[Asset] = &[
         pinned: None,
     },
     Asset {
+        name: "favicon.svg",
+        body: include_bytes!("../../assets/favicon.svg"),
+        content_type: "image/svg+xml",
+        pinned: None,
+    },
+    Asset {
         name: "app.js",
         body: include_bytes!("../../assets/app.js"),
         content_type: "text/javascript; charset=utf-8",
@@ -79,6 +85,12 @@ pub async fn serve(Path(name): Path<String>) -> Response {
             .into_response(),
         None => (StatusCode::NOT_FOUND, "no such asset").into_response(),
     }
+}
+
+/// `GET /favicon.ico`: browsers ask for it whatever the page links; the
+/// same icon (a page's log would otherwise carry a 404 per visit).
+pub async fn favicon() -> Response {
+    serve(Path("favicon.svg".to_string())).await
 }
 
 #[cfg(test)]

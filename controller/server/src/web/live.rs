@@ -20,7 +20,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::auth::Who;
 use super::{Web, app_error};
-use baton_app::events::{Event, WatchFilter, visible};
+use baton_app::events::{ActionEvent, Event, WatchFilter, visible};
 use baton_model::FeedbackRow;
 use baton_model::SpanNanos;
 
@@ -130,6 +130,25 @@ fn render(ev: &Event, q: &LiveQuery) -> Option<SseEvent> {
             }
             Some(SseEvent::default().event("fleet").data(d.agent_id.clone()))
         }
+        Event::Action(a) => {
+            // A pack's page hears of its pack, an agent's of its agent,
+            // the fleet page of agents (grants).
+            let concerns = if !q.pack.is_empty() {
+                a.pack == q.pack
+            } else if !q.agent.is_empty() {
+                a.agent == q.agent
+            } else {
+                !a.agent.is_empty()
+            };
+            if !concerns {
+                return None;
+            }
+            Some(
+                SseEvent::default()
+                    .event("action")
+                    .data(action_note(a).into_string()),
+            )
+        }
         Event::Agent(a) => {
             if !q.agent.is_empty() && a.agent_id != q.agent {
                 return None;
@@ -154,12 +173,19 @@ fn render(ev: &Event, q: &LiveQuery) -> Option<SseEvent> {
     }
 }
 
+/// An operator's action as the line a page adds to its notices.
+pub fn action_note(a: &ActionEvent) -> maud::Markup {
+    html! {
+        li { (super::pages::when(a.at.as_nanos())) ": " (a.text) "." }
+    }
+}
+
 /// One execution as a table row (the agent and pack pages' "recent
 /// executions"); `data-received-ns` is when the controller stored it.
 pub fn exec_row(f: &FeedbackRow) -> maud::Markup {
     html! {
         tr data-received-ns=(f.received.as_nanos()) {
-            td { (baton_model::display::instant(f.scheduled.as_nanos())) }
+            td { (super::pages::when(f.scheduled.as_nanos())) }
             td { (f.agent_id) }
             td { (f.pack) " v" (f.version) }
             td { (f.instruction) }

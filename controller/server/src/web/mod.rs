@@ -64,6 +64,18 @@ pub fn router(web: Arc<Web>) -> Router {
             "/api/packs/{name}/timeline",
             get(pages::pack::timeline_json),
         )
+        .route(
+            "/packs/{name}/cancel",
+            get(pages::actions::cancel_page).post(pages::actions::cancel),
+        )
+        .route(
+            "/packs/{name}/rollout/{command}",
+            get(pages::actions::rollout_page).post(pages::actions::rollout),
+        )
+        .route(
+            "/agents/{id}/grant",
+            get(pages::actions::grant_page).post(pages::actions::grant),
+        )
         .route("/push", get(pages::push::page).post(pages::push::submit))
         .route("/push/check", post(pages::push::check))
         .route("/audit", get(pages::audit::page))
@@ -77,6 +89,7 @@ pub fn router(web: Arc<Web>) -> Router {
         )
         .route("/logout", post(auth::logout))
         .route("/assets/{name}", get(assets::serve))
+        .route("/favicon.ico", get(assets::favicon))
         .route("/metrics", get(pages::metrics::guarded))
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") })
         .layer(axum::extract::DefaultBodyLimit::max(pages::push::MAX_BODY))

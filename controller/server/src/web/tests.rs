@@ -19,6 +19,8 @@ use baton_pki::identity::{Identity, Role};
 use baton_store::memory::MemoryStore;
 use baton_store::{Store, StoreOps, contract};
 
+mod actions;
+
 struct Fixture {
     _dir: tempfile::TempDir,
     /// The application's store, for a test to write what agents would.

@@ -170,7 +170,7 @@ pub(crate) fn agents_page(
             pattern.as_deref(),
             &mut p,
         ));
-        conds.push(state_condition(f.state));
+        conds.push(state_condition(f.state, f.tenant.as_deref(), &mut p));
         if let Some(after) = &f.after_id {
             conds.push(format!("{order} > {}", arg(&mut p, Param::Text(after))));
         }
@@ -249,8 +249,9 @@ fn agent_columns_of_a() -> String {
         .join(", ")
 }
 
-/// An agent (`a`) whose clock is not locked: no report, or another state.
-const NOT_LOCKED: &str = "(a.clock_at_ns IS NULL OR a.clock_state <> 'locked')";
+/// An agent (`a`) whose clock is not locked: offline (its last report
+/// says nothing of now), no report, or another state.
+const NOT_LOCKED: &str = "(a.connected = 0 OR a.clock_at_ns IS NULL OR a.clock_state <> 'locked')";
 
 /// The tenant whose agents alone `f` sees under `binding` (`None`: all).
 fn visible_to(f: &AgentFilter, binding: Binding) -> Option<&str> {
@@ -354,13 +355,28 @@ fn like_pattern(text: &str) -> String {
     out
 }
 
-/// The SQL of a state condition on `a` (`1 = 1`: any).
-fn state_condition(state: Option<FleetState>) -> String {
+/// The SQL of a state condition on `a` (`1 = 1`: any); a refusal counts
+/// only of `tenant`'s deliveries (another tenant's are not its to see).
+fn state_condition<'a>(
+    state: Option<FleetState>,
+    tenant: Option<&'a str>,
+    p: &mut Vec<Param<'a>>,
+) -> String {
     match state {
         None => "1 = 1".into(),
         Some(FleetState::Connected) => "a.connected <> 0".into(),
         Some(FleetState::Offline) => "a.connected = 0".into(),
         Some(FleetState::ClockNotLocked) => NOT_LOCKED.into(),
+        Some(FleetState::Unhealthy) => {
+            let tenant = match tenant {
+                Some(t) => format!(" AND d.tenant = {}", arg(p, Param::Text(t))),
+                None => String::new(),
+            };
+            format!(
+                "({NOT_LOCKED} OR EXISTS (SELECT 1 FROM deliveries d \
+                 WHERE d.agent_id = a.id AND d.state = 'nacked'{tenant}))"
+            )
+        }
     }
 }
 

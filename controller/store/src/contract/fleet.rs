@@ -137,12 +137,14 @@ fn naive(all: &[AgentRow], f: &AgentFilter, binding: Binding, with_state: bool) 
                 .text
                 .as_ref()
                 .is_none_or(|t| has_text(&a.id, t) || l.values().any(|v| has_text(v, t)));
-            let locked = a.clock.as_ref().is_some_and(|c| c.state == "locked");
+            // An offline agent's last report is not its clock now.
+            let locked = a.connected && a.clock.as_ref().is_some_and(|c| c.state == "locked");
             let state = !with_state
                 || f.state.is_none_or(|s| match s {
                     FleetState::Connected => a.connected,
                     FleetState::Offline => !a.connected,
-                    FleetState::ClockNotLocked => !locked,
+                    // No delivery in these fleets: nothing refused.
+                    FleetState::ClockNotLocked | FleetState::Unhealthy => !locked,
                 });
             label && text && state
         })
@@ -208,6 +210,7 @@ pub async fn fleet_filters_equal_a_naive_filter(s: &dyn Store, binding: Binding)
         Some(FleetState::Connected),
         Some(FleetState::Offline),
         Some(FleetState::ClockNotLocked),
+        Some(FleetState::Unhealthy),
     ];
     let texts = [
         None,
@@ -234,7 +237,9 @@ pub async fn fleet_filters_equal_a_naive_filter(s: &dyn Store, binding: Binding)
                 let connected = want.iter().filter(|a| a.connected).count() as u64;
                 let unlocked = want
                     .iter()
-                    .filter(|a| a.clock.as_ref().is_none_or(|c| c.state != "locked"))
+                    .filter(|a| {
+                        !a.connected || a.clock.as_ref().is_none_or(|c| c.state != "locked")
+                    })
                     .count() as u64;
                 assert_eq!(
                     counts,
@@ -394,4 +399,53 @@ pub async fn fleet_text_is_literal(s: &dyn Store, _binding: Binding) {
     assert_eq!(find("AXC").await, ["aXc"]);
     assert_eq!(find("été").await, ["été"]);
     assert_eq!(find("").await.len(), 7);
+}
+
+/// "Unhealthy": offline, clock not locked (an offline agent's is not), or
+/// a refused delivery of the asking tenant's (another tenant's refusal is
+/// not its to see).
+pub async fn fleet_unhealthy_is_offline_unlocked_or_refusing(s: &dyn Store, _: Binding) {
+    let mut gens = BTreeMap::new();
+    for id in ["a1", "a2", "a3", "a4"] {
+        let (agent, _) = s
+            .agent_hello(hello_in(id, &["t", "u"], &[], 10))
+            .await
+            .unwrap();
+        if id != "a4" {
+            s.record_clock(id, agent.session_gen, clock(11))
+                .await
+                .unwrap();
+        }
+        gens.insert(id, agent.session_gen);
+    }
+    s.agent_seen("a3", gens["a3"], false, RefTime::from_nanos(12), None)
+        .await
+        .unwrap();
+    let k = key("t", "p");
+    push(s, pack("t", "p", 1, to_ids(&["a1", "a2"])), 20).await;
+    s.answer(ack("a1", &k, 1, 21)).await.unwrap();
+    s.answer(refuse("a2", &k, refusal(1, true, "no line 12"), 21))
+        .await
+        .unwrap();
+    let of = |tenant: &str, state| AgentFilter {
+        tenant: Some(tenant.into()),
+        state: Some(state),
+        ..AgentFilter::default()
+    };
+    assert_eq!(
+        ids(s, of("t", FleetState::Unhealthy)).await,
+        ["a2", "a3", "a4"]
+    );
+    assert_eq!(ids(s, of("u", FleetState::Unhealthy)).await, ["a3", "a4"]);
+    assert_eq!(
+        ids(s, of("t", FleetState::ClockNotLocked)).await,
+        ["a3", "a4"],
+        "offline a3's last report said locked"
+    );
+    let counts = s
+        .agent_counts(of("t", FleetState::Unhealthy))
+        .await
+        .unwrap();
+    assert_eq!(counts.clock_not_locked, 2);
+    assert_eq!(counts.offline, 1);
 }

@@ -98,6 +98,7 @@ macro_rules! contract_suite {
             fleet_filters_equal_a_naive_filter: [tenants, open];
             fleet_a_tenant_sees_only_its_own: [tenants, open];
             fleet_text_is_literal: [tenants];
+            fleet_unhealthy_is_offline_unlocked_or_refusing: [tenants];
             sessions_open_read_expire_close: [tenants];
             sessions_capped_per_certificate_and_in_all: [tenants];
             sessions_end_with_their_certificate: [tenants];

@@ -112,7 +112,7 @@ impl Store for MemoryStore {
                 .keys()
                 .filter(|id| f.after_id.as_ref().is_none_or(|a| *id > a))
                 .filter_map(|id| s.agent(id))
-                .filter(|a| f.matches(a, binding))
+                .filter(|a| f.matches(a, binding, s.refused(&a.id, f.tenant.as_deref())))
                 .take(limit)
                 .collect())
         })
@@ -124,7 +124,7 @@ impl Store for MemoryStore {
         self.read(|s| {
             let mut c = FleetCounts::default();
             for a in s.agents.keys().filter_map(|id| s.agent(id)) {
-                if !f.matches(&a, binding) {
+                if !f.matches(&a, binding, false) {
                     continue;
                 }
                 c.total += 1;

@@ -56,6 +56,15 @@ impl State {
         Some(a)
     }
 
+    /// Whether agent `id` refused a delivery (of `tenant`, or of any).
+    pub(super) fn refused(&self, id: &str, tenant: Option<&str>) -> bool {
+        self.deliveries.iter().any(|((agent, key), d)| {
+            agent == id
+                && d.state == crate::DeliveryState::Nacked
+                && tenant.is_none_or(|t| key.tenant == t)
+        })
+    }
+
     pub(super) fn tenants_of(&self, id: &str) -> BTreeSet<String> {
         let mut t = self.cert_tenants.get(id).cloned().unwrap_or_default();
         t.extend(self.grants.get(id).into_iter().flatten().cloned());

@@ -12,13 +12,14 @@ use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
 use super::layout::{self, Nav};
-use super::{ago, instant, span};
+use super::{ago, badge, instant, span};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
 use crate::web::{Web, app_error};
 use baton_app::agents::AgentView;
 use baton_app::feedback::FeedbackQuery;
 use baton_app::now_ns;
+use baton_app::rollout_view::Tone;
 use baton_model::SpanNanos;
 use baton_model::{ClockRow, FeedbackRow};
 
@@ -89,16 +90,14 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
         h1 { "Agent " (a.id) }
         section aria-label="Status" #agent-status {
             dl.facts {
-                div { dt { "Connection" } dd { @if v.connected { "connected" } @else { "offline" } } }
+                div { dt { "Connection" } dd { @if v.connected { (badge(Tone::Good, "connected")) } @else { (badge(Tone::Bad, "offline")) } } }
                 div { dt { "Last seen" } dd title=(instant(a.last_seen.as_nanos())) { (ago(a.last_seen.as_nanos(), now)) } }
                 div { dt { "Agent version" } dd { (a.agent_version) } }
                 div { dt { "Labels" } dd { @for (k, val) in &a.labels { code { (k) "=" (val) } " " } } }
-                @match &a.clock {
-                    Some(c) => {
-                        div { dt { "Clock" } dd #clock-now { (c.source) " / " (c.state) ": " (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) } }
-                    }
-                    None => { div { dt { "Clock" } dd #clock-now { "no report yet" } } }
-                }
+                div { dt { "Clock" } dd #clock-now {
+                    (super::fleet::clock_cell(&v, now))
+                    @if let Some(c) = &a.clock { ": " (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) }
+                } }
                 div { dt { "Lateness p99" } dd { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } } }
                 div { dt { "Outbox backlog" } dd #outbox {
                     @match web.app.outbox_of(&a.id) {
@@ -114,6 +113,19 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
             p.note { "Offset with its uncertainty band; source and state changes are marked. Long series keep each bucket's lowest and highest point." }
             div #clock-plot .plot data-src=(format!("/api/agents/{}/clock", percent(&a.id))) role="img" aria-label="Clock offset over time" {}
             div #clock-changes {}
+        }
+        @if who.caller.may_manage_agents().is_ok() {
+            section aria-labelledby="tenants-h" {
+                h2 #tenants-h { "Tenants" }
+                p { "Serves: " @if a.tenants.is_empty() { "no tenant (every tenant, without identities)" } @else { (a.tenants.iter().cloned().collect::<Vec<_>>().join(", ")) } }
+                form #grant-form .filters method="get" action=(format!("/agents/{}/grant", percent(&a.id))) {
+                    label { "Tenant " input name="tenant" required pattern="[A-Za-z0-9._-]+"; }
+                    label { "Action "
+                        select name="op" { option value="grant" { "grant it the agent" } option value="revoke" { "take the agent back" } }
+                    }
+                    button type="submit" { "Review…" }
+                }
+            }
         }
         (lateness_section(&rows, &last, &h, most))
         section aria-labelledby="exec-h" {

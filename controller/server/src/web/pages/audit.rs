@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use maud::html;
 
-use super::instant;
 use super::layout::{self, Nav};
+use super::when;
 use crate::web::auth::Who;
 use crate::web::{Web, app_error};
 
@@ -36,7 +36,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who) -> Response {
             tbody {
                 @for r in rows.iter().rev() {
                     tr {
-                        td { (instant(r.at.as_nanos())) } td { (r.who) } td { (r.tenant) } td { (r.role) }
+                        td { (when(r.at.as_nanos())) } td { (r.who) } td { (r.tenant) } td { (r.role) }
                         td { (r.action) } td { (r.target) } td { (r.result) }
                     }
                 }

@@ -13,11 +13,12 @@ use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
 use super::layout::{self, Nav};
-use super::{ago, span};
+use super::{ago, badge, span};
 use crate::web::auth::{Who, percent};
 use crate::web::{Web, app_error};
 use baton_app::agents::AgentView;
 use baton_app::fleet::{FleetCounts, FleetFilter, FleetPage, FleetState};
+use baton_app::rollout_view::Tone;
 use baton_app::{AppResult, now_ns};
 use baton_model::DeliveryState;
 use baton_model::SpanNanos;
@@ -84,7 +85,7 @@ impl FleetQuery {
         let state = match self.state.as_str() {
             "" => None,
             s => Some(FleetState::parse(s).ok_or_else(|| {
-                format!("state `{s}`: expected connected, offline or clock-not-locked")
+                format!("state `{s}`: expected connected, offline, clock-not-locked or unhealthy")
             })?),
         };
         let text = Some(self.q.trim().to_string()).filter(|t| !t.is_empty());
@@ -190,20 +191,22 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Query(q): Query<FleetQu
     let body = html! {
         h1 { "Fleet" }
         section aria-label="Counts" {
+            // Each count links to the agents (or packs) it counts.
             dl.counts {
-                div { dt { "Agents" } dd #count-total { (c.total) } }
-                div { dt { "Connected" } dd #count-connected { (c.connected) } }
-                div { dt { "Offline" } dd #count-offline { (c.offline) } }
-                div { dt { "Clock not locked" } dd #count-unlocked { (c.clock_not_locked) } }
-                div { dt { "Deliveries pending" } dd #count-pending { (pending) } }
-                div { dt { "Deliveries refused" } dd #count-refused { (refused) } }
+                (card("Agents", "count-total", c.total, "/", Tone::Neutral))
+                (card("Connected", "count-connected", c.connected, "/?state=connected", Tone::Neutral))
+                (card("Offline", "count-offline", c.offline, "/?state=offline", if c.offline > 0 { Tone::Bad } else { Tone::Good }))
+                (card("Clock not locked", "count-unlocked", c.clock_not_locked, "/?state=clock-not-locked", if c.clock_not_locked > 0 { Tone::Bad } else { Tone::Good }))
+                (card("Deliveries pending", "count-pending", pending, "/packs", Tone::Neutral))
+                (card("Deliveries refused", "count-refused", refused, "/?state=unhealthy", if refused > 0 { Tone::Bad } else { Tone::Good }))
             }
+            p { a #show-unhealthy href="/?state=unhealthy" { "Show agents that need a look" } " (offline, clock not locked, or a refused delivery)" }
         }
         form.filters method="get" action="/" role="search" {
             label { "Label " input name="label" value=(q.label) placeholder="line=3"; }
             label { "State "
                 select name="state" {
-                    @for (v, t) in [("", "any"), ("connected", "connected"), ("offline", "offline"), ("clock-not-locked", "clock not locked")] {
+                    @for (v, t) in [("", "any"), ("unhealthy", "needs a look"), ("connected", "connected"), ("offline", "offline"), ("clock-not-locked", "clock not locked")] {
                         option value=(v) selected[q.state == v] { (t) }
                     }
                 }
@@ -221,8 +224,8 @@ fn table(q: &FleetQuery, fleet: &FleetPage) -> Markup {
     let refresh = format!("/?{}&part=table", q.with_after(&q.after));
     html! {
         div #fleet-table hx-get=(refresh) hx-trigger="sse:fleet throttle:2s" hx-swap="outerHTML" {
-            table {
-                caption { "Agents" @if !q.after.is_empty() { " after " (q.after) } }
+            table.cards {
+                caption { "Agents" @if !q.state.is_empty() { " (" (q.state) ")" } @if !q.after.is_empty() { " after " (q.after) } }
                 thead { tr {
                     th scope="col" { "Agent" } th scope="col" { "Connection" } th scope="col" { "Last seen" }
                     th scope="col" { "Clock" } th scope="col" { "Offset ± uncertainty" }
@@ -240,27 +243,60 @@ fn table(q: &FleetQuery, fleet: &FleetPage) -> Markup {
     }
 }
 
+/// A count card, a link to what it counts; its tone beside the number.
+fn card(label: &str, id: &str, n: u64, href: &str, tone: Tone) -> Markup {
+    html! {
+        div.card class=(tone.as_str()) {
+            dt { a href=(href) { (label) } }
+            dd id=(id) { (n) }
+        }
+    }
+}
+
+/// An agent's clock as the page states it: a badge (locked only when
+/// connected with a fresh locked report; an offline agent's or a stale
+/// report is "last known", with its age) and the words.
+pub fn clock_cell(v: &AgentView, now: i64) -> Markup {
+    let a = &v.agent;
+    html! {
+        @match &a.clock {
+            Some(c) => {
+                @let age = now - c.at.as_nanos();
+                @let fresh = v.connected && age <= STALE_NS;
+                @if fresh && c.state == "locked" { (badge(Tone::Good, "locked")) }
+                @else if fresh { (badge(Tone::Bad, &c.state)) }
+                @else { (badge(Tone::Bad, "stale")) }
+                " " (c.source) " / " (c.state)
+                @if !fresh { " (last known, " (ago(c.at.as_nanos(), now)) ")" }
+            }
+            None => { (badge(Tone::Bad, "no report")) }
+        }
+    }
+}
+
+/// A clock report older than this is stale (agents report every few
+/// seconds while connected).
+pub const STALE_NS: i64 = 30 * 1_000_000_000;
+
 fn row(v: &AgentView, now: i64) -> Markup {
     let a = &v.agent;
     html! {
         tr data-agent=(a.id) {
-            th scope="row" { a href=(format!("/agents/{}", percent(&a.id))) { (a.id) } }
-            td { @if v.connected { "connected" } @else { "offline" } }
-            td title=(super::instant(a.last_seen.as_nanos())) { (ago(a.last_seen.as_nanos(), now)) }
+            th scope="row" data-label="Agent" { a href=(format!("/agents/{}", percent(&a.id))) { (a.id) } }
+            td data-label="Connection" { @if v.connected { (badge(Tone::Good, "connected")) } @else { (badge(Tone::Bad, "offline")) } }
+            td data-label="Last seen" title=(super::instant(a.last_seen.as_nanos())) { (ago(a.last_seen.as_nanos(), now)) }
+            td data-label="Clock" { (clock_cell(v, now)) }
             @match &a.clock {
-                Some(c) => {
-                    td { (c.source) " / " (c.state) }
-                    td { (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) }
-                }
-                None => { td { "no report" } td { "-" } }
+                Some(c) => { td data-label="Offset" { (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) } }
+                None => { td data-label="Offset" { "-" } }
             }
-            td { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } }
-            td {
+            td data-label="Lateness p99" { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } }
+            td data-label="Packs" {
                 @for d in &v.packs {
                     span.pack {
                         (d.pack) " v" (d.version) " / "
                         @match &d.held { Some(h) => { "v" (h.version) @if h.stopped { " (stopped)" } } None => { "none" } }
-                        @if d.state != DeliveryState::Acked { " · " (d.state.as_str()) }
+                        @if d.state != DeliveryState::Acked { " " (badge(super::pack::delivery_tone(d.state), d.state.as_str())) }
                     }
                     " "
                 }

@@ -43,6 +43,7 @@ fn head(title: &str) -> Markup {
         meta name="htmx-config" content=r#"{"includeIndicatorStyles":false,"allowEval":false}"#;
         meta name="color-scheme" content="light dark";
         title { (title) " · baton" }
+        link rel="icon" href="/assets/favicon.svg" type="image/svg+xml";
         link rel="stylesheet" href="/assets/app.css";
         link rel="stylesheet" href="/assets/uPlot.min.css";
     }
@@ -83,12 +84,19 @@ pub fn page(title: &str, who: Viewer<'_>, nav: Nav, live: Option<&str>, body: Ma
                 }
                 @if let Some(q) = live {
                     div #live hx-ext="sse" sse-connect=(format!("/live?{q}")) {
-                        main #main tabindex="-1" { (body) }
+                        main #main tabindex="-1" {
+                            // What operators do here, as they do it (dashboard or CLI).
+                            ul #notices .notices aria-live="polite" aria-label="Actions just taken" sse-swap="action" hx-swap="afterbegin" {}
+                            (body)
+                        }
                     }
                 } @else {
                     main #main tabindex="-1" { (body) }
                 }
                 footer {
+                    // One time zone per page; the script switches it and
+                    // remembers the choice.
+                    p #tz-note { span #tz-label { "Times in UTC." } " " button #tz-toggle type="button" { "Show local time" } }
                     @if live.is_some() {
                         p #live-status role="status" aria-live="polite" data-state="connecting" { "Live updates: connecting…" }
                     } @else {

@@ -2,6 +2,7 @@
 //! caller ([`super::auth::Who`]) and asks the application layer, so the
 //! tenant and role rules are the CLI's own.
 
+pub mod actions;
 pub mod agent;
 pub mod audit;
 pub mod fleet;
@@ -19,10 +20,26 @@ use super::auth::Who;
 use super::live::exec_row;
 use baton_app::AppResult;
 use baton_app::feedback::FeedbackQuery;
+use baton_app::rollout_view::Tone;
 use baton_model::FeedbackRow;
 use baton_model::RefTime;
 /// Instants and durations as the CLI prints them.
 pub use baton_model::display::{instant, span};
+
+/// An instant as the page shows it: UTC as the CLI prints it, in a
+/// `<time>` the page's script shows in local time when the reader chose
+/// that (one zone per page, named in the footer).
+pub fn when(ns: i64) -> Markup {
+    let text = instant(ns);
+    html! {
+        @if ns == 0 { "-" } @else { time datetime=(text) { (text) } }
+    }
+}
+
+/// A state as a badge: its word always, its colour only beside it.
+pub fn badge(tone: Tone, word: &str) -> Markup {
+    html! { span.badge class=(tone.as_str()) { (word) } }
+}
 
 /// Stored feedback the caller may see, as `q` asks (bounded by its limit).
 pub async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> AppResult<Vec<FeedbackRow>> {

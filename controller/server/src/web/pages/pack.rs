@@ -14,16 +14,20 @@ use maud::{Markup, html};
 
 use super::agent::WINDOW_NS;
 use super::layout::{self, Nav};
-use super::{instant, span};
+use super::{ago, badge, span, when};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
 use crate::web::{Web, app_error};
 use baton_app::feedback::FeedbackQuery;
 use baton_app::packs::DeliveriesPage;
+use baton_app::rollout_view::{self as view, Tone};
 use baton_app::rollouts::RolloutStatus;
 use baton_app::{AppError, now_ns};
+use baton_model::RolloutState;
 use baton_model::{CohortFigures, DeliveryState, PackVersionRow};
 use baton_model::{RefTime, SpanNanos};
+use baton_proto::time::format_duration;
+use std::time::Duration;
 
 /// `?tenant=` (empty: the caller's own).
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -37,6 +41,9 @@ pub struct TenantQuery {
     /// The version whose deliveries are shown (0: the latest).
     #[serde(default)]
     pub version: u64,
+    /// `rollout`: only the rollout section (its live refresh).
+    #[serde(default)]
+    pub part: String,
 }
 
 /// Versions listed on a pack's page.
@@ -71,7 +78,7 @@ pub async fn list(State(web): State<Arc<Web>>, who: Who) -> Response {
                         th scope="row" { a href=(format!("/packs/{}?tenant={}", percent(&p.pack), percent(&p.tenant))) { (p.tenant) "/" (p.pack) } }
                         td { "v" (p.latest) @if p.cancelled.is_some() { " (cancelled)" } }
                         td { (p.targets) }
-                        td { (instant(p.pushed.as_nanos())) }
+                        td { (when(p.pushed.as_nanos())) }
                         td { (p.acked) } td { (p.nacked) } td { (p.pending) }
                     }
                 }
@@ -112,6 +119,10 @@ pub async fn page(
         Err(e) => return app_error(e),
     };
     let tenant = page.key.tenant.clone();
+    let now = now_ns();
+    if q.part == "rollout" {
+        return rollout_section(rollout.as_ref(), &name, &tenant, now).into_response();
+    }
     let versions = match web
         .app
         .pack_versions(&who.caller, &tenant, &name, VERSIONS)
@@ -120,7 +131,6 @@ pub async fn page(
         Ok(v) => v,
         Err(e) => return app_error(e),
     };
-    let now = now_ns();
     let (rows, span_ns) =
         match super::newest(&web, &who, of_pack(&tenant, &name, 2_000), now, WINDOW_NS).await {
             Ok(r) => r,
@@ -128,8 +138,10 @@ pub async fn page(
         };
     let body = html! {
         h1 { "Pack " (page.key) }
-        (versions_section(versions, &page, &name, &tenant))
-        (rollout_section(rollout.as_ref()))
+        (refusals(&page))
+        @if who.may_change() { (actions_bar(rollout.as_ref(), &name, &tenant)) }
+        (rollout_section(rollout.as_ref(), &name, &tenant, now))
+        (versions_section(versions, &page, &name, &tenant, who.may_change()))
         (deliveries_section(&page, &name, &tenant))
         section aria-labelledby="tl-h" {
             h2 #tl-h { "Execution timeline, last " (super::window(span_ns)) }
@@ -154,12 +166,16 @@ fn versions_section(
     page: &DeliveriesPage,
     name: &str,
     tenant: &str,
+    may_push: bool,
 ) -> Markup {
     html! {
         section aria-labelledby="versions-h" {
             h2 #versions-h { "Versions" }
             table {
-                thead { tr { th scope="col" { "Version" } th scope="col" { "Pushed" } th scope="col" { "Targets" } th scope="col" { "Rollout" } } }
+                thead { tr {
+                    th scope="col" { "Version" } th scope="col" { "Pushed" } th scope="col" { "Targets" } th scope="col" { "Rollout" }
+                    @if may_push { th scope="col" { "Push again" } }
+                } }
                 tbody {
                     @for v in &versions {
                         tr {
@@ -167,9 +183,12 @@ fn versions_section(
                                 @if v.version == page.version { "v" (v.version) " (shown)" }
                                 @else { a href=(format!("/packs/{}?tenant={}&version={}", percent(name), percent(tenant), v.version)) { "v" (v.version) } }
                             }
-                            td { (instant(v.pushed.as_nanos())) }
+                            td { (when(v.pushed.as_nanos())) }
                             td { (v.targets) }
                             td { @if v.rollout { "yes" } @else { "no" } }
+                            @if may_push {
+                                td { a href=(format!("/push?from={}&tenant={}&version={}", percent(name), percent(tenant), v.version)) { "as a new version…" } }
+                            }
                         }
                     }
                 }
@@ -178,34 +197,178 @@ fn versions_section(
     }
 }
 
-/// A version's rollout, if it has one: its state, stage, figures and
-/// every verdict.
-fn rollout_section(rollout: Option<&RolloutStatus>) -> Markup {
+/// What an operator may do to the pack and its rollout: each a link to
+/// a page that says what it will do before it does it.
+fn actions_bar(rollout: Option<&RolloutStatus>, name: &str, tenant: &str) -> Markup {
+    let to = |what: &str| format!("/packs/{}/{what}?tenant={}", percent(name), percent(tenant));
+    let state = rollout.map(|r| r.row.state);
     html! {
-        @if let Some(r) = &rollout {
-            section aria-labelledby="rollout-h" {
-                h2 #rollout-h { "Rollout of v" (r.row.version) }
-                dl.facts {
-                    div { dt { "State" } dd #rollout-state { (r.row.state.as_str()) } }
-                    div { dt { "Stage" } dd { (r.row.stage + 1) " of " (r.stages) } }
-                    @if !r.row.reason.is_empty() { div { dt { "Why" } dd { (r.row.reason) } } }
-                    @if let Some(t) = r.row.switch_at.map(RefTime::as_nanos) { div { dt { "Switch instant" } dd { (instant(t)) } } }
-                    div { dt { "Cohort so far" } dd { (figures(&r.cohort)) } }
-                    @if let Some(b) = &r.baseline { div { dt { "Baseline" } dd { (figures(b)) } } }
-                }
-                h3 { "Verdicts" }
-                table {
-                    thead { tr { th scope="col" { "Stage" } th scope="col" { "Verdict" } th scope="col" { "At" } th scope="col" { "Why" } th scope="col" { "Cohort" } th scope="col" { "Baseline" } } }
-                    tbody {
-                        @for v in &r.row.verdicts {
-                            tr {
-                                td { (v.stage + 1) } td { (v.kind.as_str()) } td { (instant(v.at.as_nanos())) }
-                                td { (v.reason) @if !v.missing.is_empty() { " (missing: " (v.missing.join(", ")) ")" } }
-                                td { (figures(&v.cohort)) }
-                                td { @if let Some(b) = &v.baseline { (figures(b)) } @else { "-" } }
+        nav.actions aria-label="Actions on this pack" {
+            @if let Some(st) = state {
+                @if st.is_moving() { a.button href=(to("rollout/pause")) { "Pause rollout…" } }
+                @if st == RolloutState::Paused { a.button href=(to("rollout/resume")) { "Resume rollout…" } }
+                @if !st.is_final() { a.button.danger href=(to("rollout/abort")) { "Abort rollout…" } }
+            }
+            a.button.danger href=(to("cancel")) { "Cancel pack…" }
+        }
+    }
+}
+
+/// Every refusal of the shown version, once, near the top: the agent,
+/// its message and each error at its line.
+fn refusals(page: &DeliveriesPage) -> Markup {
+    let refused: Vec<_> = page
+        .rows
+        .iter()
+        .filter(|d| d.state == DeliveryState::Nacked)
+        .collect();
+    html! {
+        @if !refused.is_empty() {
+            section #refusals .alert role="alert" aria-labelledby="refusals-h" {
+                h2 #refusals-h { (refused.len()) " agent(s) refused v" (page.version) }
+                ul {
+                    @for d in &refused {
+                        li {
+                            a href=(format!("/agents/{}", percent(&d.agent_id))) { (d.agent_id) } ": "
+                            @match &d.refusal {
+                                Some(f) => {
+                                    (f.message)
+                                    @for e in &f.errors { br; code { (e.line) ":" (e.column) " " (e.message) } }
+                                }
+                                None => { (d.reason) }
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// A version's rollout, if it has one: who holds its stage up (at the
+/// top), its state, each stage's progress, the soak left, every gate
+/// beside its figure, each member's state in words, and every verdict.
+/// Read again when the pack's rows change or an operator acts.
+fn rollout_section(rollout: Option<&RolloutStatus>, name: &str, tenant: &str, now: i64) -> Markup {
+    let refresh = format!(
+        "/packs/{}?tenant={}&part=rollout",
+        percent(name),
+        percent(tenant)
+    );
+    let Some(r) = rollout else {
+        return html! { div #rollout {} };
+    };
+    let lines = view::members(r);
+    let bars = view::stage_bars(r, &lines);
+    let blockers: Vec<&view::MemberLine> = lines.iter().filter(|l| l.blocks).collect();
+    let soak = view::soak_left(r, RefTime::from_nanos(now));
+    let state_tone = match r.row.state {
+        RolloutState::Completed => Tone::Good,
+        RolloutState::Running | RolloutState::WaitingWindow | RolloutState::Superseded => {
+            Tone::Neutral
+        }
+        RolloutState::Paused | RolloutState::Aborted => Tone::Bad,
+    };
+    html! {
+        section #rollout aria-labelledby="rollout-h" hx-get=(refresh) hx-trigger="sse:action, sse:fleet throttle:2s" hx-swap="outerHTML" {
+            h2 #rollout-h { "Rollout of v" (r.row.version) }
+            @if !blockers.is_empty() {
+                p #blockers .alert role="alert" {
+                    "Stage " (r.row.stage + 1) " waits for: "
+                    @for (i, l) in blockers.iter().enumerate() {
+                        @if i > 0 { "; " }
+                        strong { (l.id) } " (" (l.words)
+                        @if let Some(t) = l.since { ", since " (ago(t.as_nanos(), now)) }
+                        ")"
+                    }
+                    "."
+                }
+            }
+            dl.facts {
+                div { dt { "State" } dd #rollout-state { (badge(state_tone, r.row.state.as_str())) } }
+                div { dt { "Stage" } dd { (r.row.stage + 1) " of " (r.stages) } }
+                @if !r.row.reason.is_empty() { div { dt { "Why" } dd { (r.row.reason) } } }
+                @if let Some(t) = r.row.switch_at.map(RefTime::as_nanos) { div { dt { "Switch instant" } dd { (when(t)) } } }
+                div { dt { "Soak" } dd #soak {
+                    @match soak {
+                        Some(left) => { (format_duration(Duration::from_secs(left.as_secs()))) " left of " (format_duration(r.spec.soak)) }
+                        None => { (format_duration(r.spec.soak)) ", from when every member of the stage holds v" (r.row.version) }
+                    }
+                } }
+                div { dt { "Firings judged" } dd { (r.cohort.stage_settled) " settled of the stage's agents (at least " (r.spec.min_firings) " needed)" } }
+                div { dt { "Cohort so far" } dd { (figures(&r.cohort)) } }
+                @if let Some(b) = &r.baseline { div { dt { "Baseline" } dd { (figures(b)) } } }
+            }
+            h3 { "Stages" }
+            table #stages {
+                thead { tr { th scope="col" { "Stage" } th scope="col" { "Progress" } th scope="col" { "Members" } } }
+                tbody {
+                    @for (k, b) in bars.iter().enumerate() {
+                        tr {
+                            th scope="row" { (k + 1) @if k as u32 == r.row.stage && !r.row.state.is_final() { " (current)" } }
+                            td {
+                                @if b.members > 0 {
+                                    progress max=(b.members) value=(b.holds) aria-label=(format!("stage {}: {} of {} hold v{}", k + 1, b.holds, b.members, r.row.version)) {}
+                                }
+                            }
+                            td {
+                                @if b.members == 0 { "not started" }
+                                @else {
+                                    (b.holds) " of " (b.members) " hold v" (r.row.version)
+                                    @if b.staged > 0 { ", " (b.staged) " staged" }
+                                    @if b.refused > 0 { ", " (b.refused) " refused" }
+                                    @if b.skipped > 0 { ", " (b.skipped) " left out" }
+                                    @if b.pending > 0 { ", " (b.pending) " pending" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            h3 { "Gates" }
+            table #gates {
+                thead { tr { th scope="col" { "A stage fails on" } th scope="col" { "above" } th scope="col" { "now" } } }
+                tbody {
+                    @for g in view::gates(r) {
+                        tr {
+                            th scope="row" { (g.name) }
+                            td { (g.fails_above) }
+                            td {
+                                @if g.crossed { (badge(Tone::Bad, "crossed")) } @else { (badge(Tone::Good, "within")) }
+                                " " (g.now)
+                            }
+                        }
+                    }
+                }
+            }
+            h3 { "Members" }
+            table #members {
+                thead { tr { th scope="col" { "Agent" } th scope="col" { "Stage" } th scope="col" { "State" } th scope="col" { "What" } th scope="col" { "Since" } } }
+                tbody {
+                    @for l in &lines {
+                        tr data-agent=(l.id) data-state=(l.state.badge()) {
+                            th scope="row" { a href=(format!("/agents/{}", percent(&l.id))) { (l.id) } }
+                            td { @match l.stage { Some(k) => { (k + 1) } None => { "-" } } }
+                            td { (badge(l.state.tone(), l.state.badge())) @if l.blocks { " " (badge(Tone::Bad, "blocks the stage")) } }
+                            td { (l.words) }
+                            td { @match l.since { Some(t) => { span title=(super::instant(t.as_nanos())) { (ago(t.as_nanos(), now)) } } None => { "-" } } }
+                        }
+                    }
+                }
+            }
+            h3 { "Verdicts" }
+            table {
+                thead { tr { th scope="col" { "Stage" } th scope="col" { "Verdict" } th scope="col" { "At" } th scope="col" { "Why" } th scope="col" { "Cohort" } th scope="col" { "Baseline" } } }
+                tbody {
+                    @for v in &r.row.verdicts {
+                        tr {
+                            td { (v.stage + 1) } td { (v.kind.as_str()) } td { (when(v.at.as_nanos())) }
+                            td { (v.reason) @if !v.missing.is_empty() { " (missing: " (v.missing.join(", ")) ")" } }
+                            td { (figures(&v.cohort)) }
+                            td { @if let Some(b) = &v.baseline { (figures(b)) } @else { "-" } }
+                        }
+                    }
+                    @if r.row.verdicts.is_empty() { tr { td colspan="6" { "No verdict yet." } } }
                 }
             }
         }
@@ -225,12 +388,15 @@ fn deliveries_section(page: &DeliveriesPage, name: &str, tenant: &str) -> Markup
                             th scope="row" { a href=(format!("/agents/{}", percent(&d.agent_id))) { (d.agent_id) } }
                             td { "v" (d.version) }
                             td { @match &d.held { Some(h) => { "v" (h.version) } None => { "none" } } }
-                            td { (d.state.as_str()) }
+                            td { (badge(delivery_tone(d.state), d.state.as_str())) }
                             td {
-                                (d.reason)
-                                @if let Some(f) = d.refusal.as_ref().filter(|_| d.state == DeliveryState::Nacked || d.state == DeliveryState::Pending) {
-                                    " " (f.message)
-                                    @for e in &f.errors { br; code { (e.line) ":" (e.column) " " (e.message) } }
+                                @if d.state == DeliveryState::Nacked { "refused: see above" }
+                                @else {
+                                    (d.reason)
+                                    // A refusal it may still get over (retried): once, here.
+                                    @if let Some(f) = d.refusal.as_ref().filter(|f| d.state == DeliveryState::Pending && f.message != d.reason) {
+                                        " " (f.message)
+                                    }
                                 }
                             }
                         }
@@ -241,6 +407,15 @@ fn deliveries_section(page: &DeliveriesPage, name: &str, tenant: &str) -> Markup
                 p { a rel="next" href=(format!("/packs/{}?tenant={}&after={}", percent(name), percent(tenant), percent(n))) { "Next page" } }
             }
         }
+    }
+}
+
+/// How a delivery's state reads at a glance.
+pub fn delivery_tone(s: DeliveryState) -> Tone {
+    match s {
+        DeliveryState::Acked | DeliveryState::Local => Tone::Good,
+        DeliveryState::Pending | DeliveryState::Cancelled => Tone::Neutral,
+        DeliveryState::Nacked => Tone::Bad,
     }
 }
 

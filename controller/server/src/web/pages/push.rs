@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Form, Json};
@@ -74,18 +74,50 @@ fn report(yaml: &str) -> Markup {
     }
 }
 
-/// `GET /push`.
-pub async fn page(who: Who) -> Response {
+/// `?from=NAME&tenant=T&version=V`: start from a stored version.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct FromStored {
+    /// The pack.
+    #[serde(default)]
+    pub from: String,
+    /// Its tenant (empty: the caller's).
+    #[serde(default)]
+    pub tenant: String,
+    /// The stored version to start from.
+    #[serde(default)]
+    pub version: u64,
+}
+
+/// `GET /push`, empty or (`?from=`) holding a stored version's YAML as
+/// the next version: every byte kept but the version, to push as it is
+/// or edited; nothing is pushed until the operator says so.
+pub async fn page(State(web): State<Arc<Web>>, who: Who, Query(q): Query<FromStored>) -> Response {
+    let start = if q.from.is_empty() || !who.may_change() {
+        None
+    } else {
+        match web
+            .app
+            .next_from_stored(&who.caller, &q.tenant, &q.from, q.version)
+            .await
+        {
+            Ok(s) => Some(s),
+            Err(e) => return app_error(e),
+        }
+    };
+    let yaml = start.as_ref().map_or("", |(y, _)| y.as_str());
     let body = if who.may_change() {
         html! {
             h1 { "Push a pack" }
+            @if let Some((_, next)) = &start {
+                p #from-stored role="status" { "Version " (q.version) " of " (q.from) " as version " (next) ": check it, change what you need, then push." }
+            }
             form #push-form method="post" action="/push" {
                 input type="hidden" name="csrf" value=(who.csrf);
                 label for="pack-file" { "Upload a file " }
                 input #pack-file type="file" accept=".yaml,.yml,text/yaml";
                 label for="yaml" { "or paste its YAML" }
                 textarea #yaml name="yaml" rows="20" spellcheck="false"
-                    hx-post="/push/check" hx-trigger="input changed delay:400ms, load" hx-target="#check" hx-swap="outerHTML" {}
+                    hx-post="/push/check" hx-trigger="input changed delay:400ms, load" hx-target="#check" hx-swap="outerHTML" { (yaml) }
                 (report(""))
                 button type="submit" { "Push" }
             }
@@ -121,15 +153,7 @@ pub async fn submit(
     if let Err(r) = who.check_post(&headers, Some(&f.csrf)) {
         return r.into_response();
     }
-    let pushed = web.app.push(&who.caller, f.yaml.clone(), "dashboard").await;
-    let tenant = who.caller.tenant().unwrap_or_default().to_string();
-    let target = parse_pack(&f.yaml)
-        .map(|p| format!("{}/{} v{}", p.tenant, p.id, p.version))
-        .unwrap_or_else(|_| "invalid pack".into());
-    let pushed = web
-        .app
-        .audited(&who.caller, &tenant, "push", &target, pushed)
-        .await;
+    let pushed = web.app.push_as(&who.caller, f.yaml, "dashboard").await;
     if headers.get("accept").and_then(|v| v.to_str().ok()) == Some("application/json") {
         return match pushed {
             Ok(p) => Json(serde_json::json!({
