@@ -357,6 +357,14 @@ async fn run(kind: &str, agents: usize, requests: usize) -> Res<()> {
         Ok(get(&open_web, "/?state=offline", None).await?.0)
     })
     .await?;
+    let unhealthy = times(requests, || async {
+        Ok(get(&open_web, "/?state=unhealthy", None).await?.0)
+    })
+    .await?;
+    let unhealthy_tenant = times(requests, || async {
+        Ok(get(&tls_web, "/?state=unhealthy", bearer).await?.0)
+    })
+    .await?;
     // The peers.
     let rare_filter = AgentFilter {
         label: Some(LabelMatch {
@@ -404,6 +412,14 @@ async fn run(kind: &str, agents: usize, requests: usize) -> Res<()> {
     );
     report("GET /?q=rare (label values: no index)", text);
     report("GET /?state=offline (1 in 10)", offline);
+    report(
+        "GET /?state=unhealthy (offline or not locked: 1 in 10), every tenant",
+        unhealthy,
+    );
+    report(
+        "GET /?state=unhealthy, a tenant's operator (refusals of its own)",
+        unhealthy_tenant,
+    );
     let s = report(
         "peer: the application's scan for line=rare (before)",
         scanned,

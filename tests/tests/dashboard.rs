@@ -223,14 +223,39 @@ async fn fleet_ids(c: &Client) -> Vec<String> {
 }
 
 struct Fleet {
-    _dir: tempfile::TempDir,
-    _ctl: Controller,
-    _agents: Vec<baton_e2e::fleet::Agent>,
+    dir: tempfile::TempDir,
+    ctl: Controller,
+    admin: (PathBuf, PathBuf),
+    agents: Vec<baton_e2e::fleet::Agent>,
     base: String,
     ann: String,
     olga: String,
     ben: String,
     root_admin: String,
+}
+
+/// The pack the tests push (VERSION and ROLLOUT filled in): a toggle
+/// every 200 ms, its safe state the line low.
+const BLINK: &str = "tenant: plant-a\npack: blink\nversion: VERSION\ntargets: {agents: [press-1, press-2]}\nsafe_state:\n  - {action: gpio.write, params: {line: 12, value: 0}}\nROLLOUTinstructions:\n  - {id: blink, action: gpio.toggle, params: {line: 12}, every: 200ms}\n";
+
+/// Press Tab until `selector` has the focus (at most 200 times), then
+/// Enter: a control reached and used from the keyboard alone.
+async fn tab_to_and_enter(c: &Client, selector: &str) {
+    let is_focused =
+        format!("return document.activeElement && document.activeElement.matches({selector:?});");
+    let key = |k: char| {
+        KeyActions::new("keyboard".into())
+            .then(KeyAction::Down { value: k })
+            .then(KeyAction::Up { value: k })
+    };
+    for _ in 0..200 {
+        if js(c, &is_focused).await == json!(true) {
+            c.perform_actions(key('\u{E007}')).await.expect("Enter");
+            return;
+        }
+        c.perform_actions(key('\u{E004}')).await.expect("Tab");
+    }
+    panic!("Tab never reached {selector}");
 }
 
 fn fleet() -> Fleet {
@@ -268,11 +293,7 @@ fn fleet() -> Fleet {
         "agents did not connect"
     );
     let pack = dir.path().join("blink.yaml");
-    std::fs::write(
-        &pack,
-        "tenant: plant-a\npack: blink\nversion: 1\ntargets: {agents: [press-1, press-2]}\ninstructions:\n  - {id: blink, action: gpio.toggle, params: {line: 12}, every: 200ms}\n",
-    )
-    .expect("pack");
+    std::fs::write(&pack, BLINK.replace("VERSION", "1").replace("ROLLOUT", "")).expect("pack");
     let o = ctl.ctl_as(&admin, &["push", &pack.display().to_string()]);
     assert!(
         o.status.success(),
@@ -285,9 +306,10 @@ fn fleet() -> Fleet {
         olga: ca.operator_token("olga", "plant-a", "operator"),
         ben: ca.operator_token("ben", "plant-b", "viewer"),
         root_admin: ca.operator_token("root", "plant-a", "admin"),
-        _ctl: ctl,
-        _agents: agents,
-        _dir: dir,
+        ctl,
+        admin,
+        agents,
+        dir,
     }
 }
 
@@ -296,7 +318,7 @@ fn the_dashboard_in_a_real_browser() {
     if !available() {
         return;
     }
-    let f = fleet();
+    let mut f = fleet();
     let profile = tempfile::tempdir().expect("profile");
     let (_driver, port) = start_chromedriver(profile.path());
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -305,13 +327,13 @@ fn the_dashboard_in_a_real_browser() {
         .expect("runtime");
     rt.block_on(async {
         let c = browser(port, &profile.path().join("chrome")).await;
-        let result = steps(&c, &f).await;
+        let result = steps(&c, &mut f).await;
         let _ = c.close().await;
         result
     });
 }
 
-async fn steps(c: &Client, f: &Fleet) {
+async fn steps(c: &Client, f: &mut Fleet) {
     let base = &f.base;
     // 1. Log in with a token; the fleet page lists the tenant's agents.
     login(c, base, &f.ann).await;
@@ -566,4 +588,156 @@ async fn steps(c: &Client, f: &Fleet) {
         "the page scrolls sideways on a phone: {overflow}"
     );
     shot(c, "fleet-phone").await;
+    c.set_window_size(1280, 1000).await.expect("desktop size");
+    logout(c).await;
+
+    // 10. Actions. A viewer's post is refused, another tenant's page is
+    // not found.
+    login(c, base, &f.ann).await;
+    let (code, _) = fetch(c, "/packs/blink/cancel", "POST").await;
+    assert_eq!(code, 403, "a viewer may not cancel");
+    logout(c).await;
+    login(c, base, &f.ben).await;
+    let (code, _) = fetch(c, "/packs/blink/cancel?tenant=plant-a", "GET").await;
+    assert_eq!(code, 404, "another tenant's pack");
+    logout(c).await;
+    // An operator cancels from the pack page, by keyboard, while a second
+    // page on the same pack is open: that page says so at once.
+    login(c, base, &f.olga).await;
+    let first = c.window().await.expect("this window");
+    let second = c.new_window(false).await.expect("a second window").handle;
+    c.switch_to_window(second.clone()).await.expect("to it");
+    c.goto(&format!("{base}/packs/blink"))
+        .await
+        .expect("pack page");
+    wait_js(
+        c,
+        "the second page's live stream",
+        "return document.querySelector('#live-status').dataset.state === 'up';",
+    )
+    .await;
+    c.switch_to_window(first.clone()).await.expect("back");
+    c.goto(&format!("{base}/packs/blink"))
+        .await
+        .expect("pack page");
+    tab_to_and_enter(c, "a[href^='/packs/blink/cancel']").await;
+    let what = wait_js(
+        c,
+        "the cancel's confirmation",
+        "const w = document.querySelector('#confirm-what'); return w ? w.textContent : null;",
+    )
+    .await;
+    assert!(
+        what.as_str()
+            .is_some_and(|w| w.contains("2 agent(s) hold a version of it now")),
+        "the confirmation says what and to how many: {what}"
+    );
+    shot(c, "confirm").await;
+    // The button has the focus: Enter does it.
+    tab_to_and_enter(c, "#confirm-form button[type=submit]").await;
+    let done = wait_js(
+        c,
+        "the cancel's outcome",
+        "const o = document.querySelector('#outcome'); return o ? o.textContent : null;",
+    )
+    .await;
+    assert!(
+        done.as_str()
+            .is_some_and(|d| d.contains("Cancelled plant-a/blink (v1): 2 agent(s)")),
+        "{done}"
+    );
+    // On the devices: the safe state ran (the line driven low by it).
+    for a in &f.agents[..2] {
+        assert!(
+            wait_until(WAIT, || a.writes().iter().any(|w| w["value"] == 0
+                && w["execution_id"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("safe_state (cancel)")))),
+            "{}: no safe state after the cancel: {:?}",
+            a.id,
+            a.writes().last()
+        );
+    }
+    c.switch_to_window(second.clone())
+        .await
+        .expect("the second page");
+    let note = wait_js(
+        c,
+        "the action on the second page",
+        "const n = document.querySelector('#notices li'); return n ? n.textContent : null;",
+    )
+    .await;
+    assert!(
+        note.as_str()
+            .is_some_and(|n| n.contains("olga cancelled the pack on 2 agent(s)")),
+        "{note}"
+    );
+    c.close_window().await.expect("close the second window");
+    c.switch_to_window(first).await.expect("back");
+
+    // 11. A rollout with one member offline (press-2, killed) and one
+    // held back (press-1: no clock is within 1 ns): the page names both
+    // at the top, as what holds the stage.
+    f.agents[1].kill9();
+    assert!(
+        wait_until(WAIT, || !f.ctl.connected("press-2")),
+        "press-2 still connected"
+    );
+    let v2 = f.dir.path().join("blink-v2.yaml");
+    std::fs::write(
+        &v2,
+        BLINK.replace("VERSION", "2").replace(
+            "ROLLOUT",
+            "rollout:\n  stages: [{percent: 100}]\n  activate: together\n  max_uncertainty: 1ns\n",
+        ),
+    )
+    .expect("v2");
+    let o = f.ctl.ctl_as(&f.admin, &["push", &v2.display().to_string()]);
+    assert!(
+        o.status.success(),
+        "push v2: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    c.goto(&format!("{base}/packs/blink"))
+        .await
+        .expect("pack page");
+    let blockers = wait_js(
+        c,
+        "both members named as holding the stage up",
+        "const b = document.querySelector('#blockers'); return b && b.textContent.includes('press-1') && b.textContent.includes('press-2') ? b.textContent : null;",
+    )
+    .await;
+    let b = blockers.as_str().unwrap_or_default();
+    assert!(b.contains("offline"), "press-2 offline: {b}");
+    assert!(
+        b.contains("held back") && b.contains("1ns"),
+        "press-1 held back for its clock: {b}"
+    );
+    let states = js(c, "return [...document.querySelectorAll('#members tr[data-agent]')].map(r => r.dataset.agent + ' ' + r.dataset.state);").await;
+    assert_eq!(states, json!(["press-1 held back", "press-2 offline"]));
+    shot(c, "rollout").await;
+    // Pause it from the page: the confirmation, then the state.
+    tab_to_and_enter(c, "a[href^='/packs/blink/rollout/pause']").await;
+    wait_js(c, "the pause's confirmation", "const w = document.querySelector('#confirm-what'); return w && w.textContent.includes('Holds the rollout of v2');").await;
+    tab_to_and_enter(c, "#confirm-form button[type=submit]").await;
+    let done = wait_js(
+        c,
+        "the pause's outcome",
+        "const o = document.querySelector('#outcome'); return o ? o.textContent : null;",
+    )
+    .await;
+    assert!(
+        done.as_str().is_some_and(|d| d.contains("is paused")),
+        "{done}"
+    );
+    logout(c).await;
+    // Each action in the audit log, with who did it.
+    login(c, base, &f.root_admin).await;
+    c.goto(&format!("{base}/audit")).await.expect("audit page");
+    let text = js(c, "return document.querySelector('main').textContent;").await;
+    let text = text.as_str().unwrap_or_default();
+    assert!(
+        text.contains("cancel") && text.contains("olga") && text.contains("rollout.pause"),
+        "the audit log shows the cancel and the pause: {text}"
+    );
 }

@@ -135,7 +135,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
         (packs_section(&v))
     };
     let live = format!("agent={}", percent(&a.id));
-    layout::page(
+    layout::plotted_page(
         &format!("Agent {}", a.id),
         who.viewer(),
         Nav::Fleet,

@@ -246,7 +246,7 @@ fn table(q: &FleetQuery, fleet: &FleetPage) -> Markup {
 /// A count card, a link to what it counts; its tone beside the number.
 fn card(label: &str, id: &str, n: u64, href: &str, tone: Tone) -> Markup {
     html! {
-        div.card class=(tone.as_str()) {
+        div class=(format!("card {}", tone.as_str())) {
             dt { a href=(href) { (label) } }
             dd id=(id) { (n) }
         }

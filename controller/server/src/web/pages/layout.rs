@@ -35,7 +35,7 @@ pub enum Nav {
     None,
 }
 
-fn head(title: &str) -> Markup {
+fn head(title: &str, plots: bool) -> Markup {
     html! {
         meta charset="utf-8";
         meta name="viewport" content="width=device-width, initial-scale=1";
@@ -45,19 +45,42 @@ fn head(title: &str) -> Markup {
         title { (title) " · baton" }
         link rel="icon" href="/assets/favicon.svg" type="image/svg+xml";
         link rel="stylesheet" href="/assets/app.css";
-        link rel="stylesheet" href="/assets/uPlot.min.css";
+        @if plots { link rel="stylesheet" href="/assets/uPlot.min.css"; }
     }
 }
 
 /// A page for a logged-in caller. `live`: the `/live` query its live
 /// parts listen to (none: a page that does not update).
 pub fn page(title: &str, who: Viewer<'_>, nav: Nav, live: Option<&str>, body: Markup) -> Markup {
+    frame(title, who, nav, live, body, false)
+}
+
+/// [`page`] with plots: only these load the plotting library (half of a
+/// first load's bytes, which the fleet page has no use for).
+pub fn plotted_page(
+    title: &str,
+    who: Viewer<'_>,
+    nav: Nav,
+    live: Option<&str>,
+    body: Markup,
+) -> Markup {
+    frame(title, who, nav, live, body, true)
+}
+
+fn frame(
+    title: &str,
+    who: Viewer<'_>,
+    nav: Nav,
+    live: Option<&str>,
+    body: Markup,
+    plots: bool,
+) -> Markup {
     let current = |n: Nav| if n == nav { Some("page") } else { None };
     let csrf = format!(r#"{{"X-CSRF-Token":"{}"}}"#, who.csrf);
     html! {
         (DOCTYPE)
         html lang="en" {
-            head { (head(title)) }
+            head { (head(title, plots)) }
             body hx-headers=(csrf) {
                 a.skip href="#main" { "Skip to content" }
                 header {
@@ -103,17 +126,17 @@ pub fn page(title: &str, who: Viewer<'_>, nav: Nav, live: Option<&str>, body: Ma
                         p { "This page does not update by itself." }
                     }
                 }
-                (scripts())
+                (scripts(plots))
             }
         }
     }
 }
 
-fn scripts() -> Markup {
+fn scripts(plots: bool) -> Markup {
     html! {
         script src="/assets/htmx.min.js" {}
         script src="/assets/sse.min.js" {}
-        script src="/assets/uPlot.iife.min.js" {}
+        @if plots { script src="/assets/uPlot.iife.min.js" {} }
         script src="/assets/app.js" {}
     }
 }
@@ -123,7 +146,7 @@ pub fn bare(title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head { (head(title)) }
+            head { (head(title, false)) }
             body {
                 main #main { (body) }
                 (PreEscaped(""))

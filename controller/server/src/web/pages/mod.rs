@@ -38,7 +38,7 @@ pub fn when(ns: i64) -> Markup {
 
 /// A state as a badge: its word always, its colour only beside it.
 pub fn badge(tone: Tone, word: &str) -> Markup {
-    html! { span.badge class=(tone.as_str()) { (word) } }
+    html! { span class=(format!("badge {}", tone.as_str())) { (word) } }
 }
 
 /// Stored feedback the caller may see, as `q` asks (bounded by its limit).

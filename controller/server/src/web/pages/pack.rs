@@ -150,7 +150,7 @@ pub async fn page(
         }
     };
     let live = format!("pack={}", percent(&name));
-    layout::page(
+    layout::plotted_page(
         &format!("Pack {}", page.key),
         who.viewer(),
         Nav::Packs,
