@@ -21,6 +21,7 @@ use baton_app::feedback::FeedbackQuery;
 use baton_app::now_ns;
 use baton_app::rollout_view::Tone;
 use baton_model::SpanNanos;
+use baton_model::DeliveryState;
 use baton_model::{ClockRow, FeedbackRow};
 
 /// The plot's width in buckets (each keeps its extremes).
@@ -88,6 +89,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
     let a = &v.agent;
     let body = html! {
         h1 { "Agent " (a.id) }
+        (refusals(&v))
         section aria-label="Status" #agent-status {
             dl.facts {
                 div { dt { "Connection" } dd { @if v.connected { (badge(Tone::Good, "connected")) } @else { (badge(Tone::Bad, "offline")) } } }
@@ -166,6 +168,37 @@ fn lateness_section(rows: &[FeedbackRow], last: &str, h: &[u64], most: u64) -> M
     }
 }
 
+/// The packs the agent refused, once, at the top: each message and each
+/// error at its line.
+fn refusals(v: &AgentView) -> Markup {
+    let refused: Vec<_> = v
+        .packs
+        .iter()
+        .filter(|d| d.state == DeliveryState::Nacked)
+        .collect();
+    html! {
+        @if !refused.is_empty() {
+            section #refusals .alert role="alert" aria-labelledby="refusals-h" {
+                h2 #refusals-h { "Refused " (refused.len()) " pack(s)" }
+                ul {
+                    @for d in &refused {
+                        li {
+                            (d.tenant) "/" (d.pack) " v" (d.version) ": "
+                            @match &d.refusal {
+                                Some(f) => {
+                                    (f.message)
+                                    @for e in &f.errors { br; code { (e.line) ":" (e.column) " " (e.message) } }
+                                }
+                                None => { (d.reason) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The agent's packs: desired and held versions, state, why.
 fn packs_section(v: &AgentView) -> Markup {
     html! {
@@ -179,8 +212,14 @@ fn packs_section(v: &AgentView) -> Markup {
                             th scope="row" { a href=(format!("/packs/{}?tenant={}", percent(&d.pack), percent(&d.tenant))) { (d.tenant) "/" (d.pack) } }
                             td { "v" (d.version) }
                             td { @match &d.held { Some(h) => { "v" (h.version) @if h.stopped { " (stopped)" } } None => { "none" } } }
-                            td { (d.state.as_str()) }
-                            td { (d.reason) @if let Some(f) = &d.refusal { " " (f.message) } }
+                            td { (badge(super::pack::delivery_tone(d.state), d.state.as_str())) }
+                            td {
+                                @if d.state == DeliveryState::Nacked { "refused: see above" }
+                                @else {
+                                    (d.reason)
+                                    @if let Some(f) = d.refusal.as_ref().filter(|f| f.message != d.reason) { " " (f.message) }
+                                }
+                            }
                         }
                     }
                 }

@@ -28,8 +28,10 @@ pub const PAGE: u32 = 50;
 /// Most rows a page shows.
 pub const MAX_ROWS: u32 = 500;
 /// How old fleet counts may be before they are counted again (in the
-/// background: the stale ones are shown meanwhile).
-pub const COUNTS_FOR: Duration = Duration::from_secs(5);
+/// background: the stale ones are shown meanwhile). Under an agent's
+/// clock report interval (5 s), so an agent that went away is counted
+/// as not locked within one.
+pub const COUNTS_FOR: Duration = Duration::from_secs(2);
 
 /// Fleet counts by tenant (`""`: a caller of every tenant), a few
 /// seconds old at most. Counting is one store query, but one that looks
