@@ -684,14 +684,27 @@ async fn steps(c: &Client, f: &mut Fleet) {
     // going away: its last report said locked.
     let counted = loop {
         c.goto(&format!("{base}/")).await.expect("fleet");
-        let n = js(c, "return document.querySelector('#count-unlocked').textContent;").await;
+        let n = js(
+            c,
+            "return document.querySelector('#count-unlocked').textContent;",
+        )
+        .await;
         if n == json!("1") {
             break killed.elapsed();
         }
-        assert!(killed.elapsed() < WAIT, "press-2 never counted as not locked: {n}");
+        assert!(
+            killed.elapsed() < WAIT,
+            "press-2 never counted as not locked: {n}"
+        );
     };
-    eprintln!("FIGURE dashboard agent killed -> counted as not locked: {} ms", counted.as_millis());
-    assert!(counted < Duration::from_secs(5), "counted after {counted:?}");
+    eprintln!(
+        "FIGURE dashboard agent killed -> counted as not locked: {} ms",
+        counted.as_millis()
+    );
+    assert!(
+        counted < Duration::from_secs(5),
+        "counted after {counted:?}"
+    );
     assert!(!f.ctl.connected("press-2"), "press-2 still connected");
     let v2 = f.dir.path().join("blink-v2.yaml");
     std::fs::write(

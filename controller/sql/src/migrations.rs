@@ -165,6 +165,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: "",
         sqlite_only: include_str!("migrations/0016_no_feedback_marks.sqlite.sql"),
     },
+    Migration {
+        version: 17,
+        sql: "",
+        postgres_only: include_str!("migrations/0017_feedback_brin.pg.sql"),
+        sqlite_only: "",
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

@@ -118,6 +118,67 @@ async fn the_days_around_now_are_made_at_open_and_racing_replicas_make_each_once
     drop(store);
 }
 
+/// Migration 17: feedback's followers' marks and each day's
+/// `received_ns` as block-range summaries; the DEFAULT partition, swept a
+/// batch at a time oldest first, keeps its btree. A day made later (a
+/// month on) gets its summary too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_keeps_btrees_only_where_a_sweep_needs_order() {
+    if !available() {
+        return;
+    }
+    let (store, target) = open();
+    let now = today();
+    let defs = raw(&target, move |c| {
+        partitions::make_ahead(c, (now + 30) * DAY_NS).unwrap();
+        c.query(
+            "SELECT tablename::text, indexdef FROM pg_indexes WHERE tablename LIKE 'feedback%' \
+             AND (indexdef LIKE '%received_ns%' OR indexdef LIKE '%txid%')",
+            &[],
+        )
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect::<Vec<_>>()
+    });
+    let on = |table: &str| -> Vec<&str> {
+        defs.iter()
+            .filter(|(t, _)| t == table)
+            .map(|(_, d)| d.as_str())
+            .collect()
+    };
+    assert!(
+        on("feedback")
+            .iter()
+            .any(|d| d.contains("USING brin (txid)")),
+        "{defs:?}"
+    );
+    assert!(
+        !defs.iter().any(|(_, d)| d.contains("btree (txid")),
+        "no btree on txid: {defs:?}"
+    );
+    assert!(
+        on("feedback_default")
+            .iter()
+            .any(|d| d.contains("USING btree (received_ns)")),
+        "{defs:?}"
+    );
+    for day in [now, now + 30] {
+        let name = Parted::Feedback.partition(day);
+        assert!(
+            on(&name)
+                .iter()
+                .any(|d| d.contains("USING brin (received_ns)")),
+            "{name}: {defs:?}"
+        );
+        assert!(
+            !on(&name).iter().any(|d| d.contains("btree (received_ns)")),
+            "{name}: {defs:?}"
+        );
+    }
+    drop(store);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_of_a_day_not_made_yet_moves_into_it_and_a_resend_meets_its_first_copy() {
     if !available() {

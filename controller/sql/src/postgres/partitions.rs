@@ -184,6 +184,14 @@ pub fn make_days(
                 "ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({lo}) TO ({hi})"
             ))
             .map_err(failed("attach a partition"))?;
+            if t == Parted::Feedback {
+                // A day's own `received_ns` summary (migration 17): not
+                // the parent's, which the DEFAULT partition's btree is not.
+                tx.batch_execute(&format!(
+                    "CREATE INDEX IF NOT EXISTS {name}_by_received ON {name} USING brin (received_ns)"
+                ))
+                .map_err(failed("index a partition's received_ns"))?;
+            }
             made.push(name);
         }
     }

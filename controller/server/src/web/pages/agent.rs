@@ -20,8 +20,8 @@ use baton_app::agents::AgentView;
 use baton_app::feedback::FeedbackQuery;
 use baton_app::now_ns;
 use baton_app::rollout_view::Tone;
-use baton_model::SpanNanos;
 use baton_model::DeliveryState;
+use baton_model::SpanNanos;
 use baton_model::{ClockRow, FeedbackRow};
 
 /// The plot's width in buckets (each keeps its extremes).
