@@ -1,11 +1,13 @@
 //! The audit log: every push, cancel, label change, grant and forget,
-//! refused ones included, written before the answer.
+//! refused ones included, written before the answer; every dashboard
+//! log-in, and every refused one whose token was looked at.
 
 use crate::app::{App, AppError, AppResult, now};
 use baton_model::RefTime;
 
 use crate::caller::Caller;
 use baton_model::AuditRow;
+use baton_model::identity::Identity;
 use baton_store::StoreOps;
 
 impl App {
@@ -35,6 +37,37 @@ impl App {
         };
         self.store.put_audit(row).await?;
         result
+    }
+
+    /// Record a refused dashboard log-in from `source`: action `login`,
+    /// target `dashboard from SOURCE`, result `Unauthenticated: WHY`.
+    /// `whose`: the operator a known token was issued to (revoked,
+    /// expired), recorded in its tenant with its role, so that its
+    /// tenant's admins see someone still holds it; a token nobody was
+    /// issued is recorded as `unknown`, role `none`, in no tenant
+    /// (fleet-wide, as `ca`'s records of a revocation no tenant has a
+    /// stake in). Nothing of the token is written: a mistyped token is
+    /// mostly a real one.
+    pub async fn audit_failed_login(
+        &self,
+        source: &str,
+        whose: Option<&Identity>,
+        why: &str,
+    ) -> AppResult<()> {
+        let (who, tenant, role) = match whose {
+            Some(id) => Caller::new(id.clone()).audit_fields(""),
+            None => ("unknown".into(), String::new(), "none".into()),
+        };
+        let row = AuditRow {
+            at: now(),
+            who,
+            tenant,
+            role,
+            action: "login".into(),
+            target: format!("dashboard from {source}"),
+            result: format!("Unauthenticated: {why}"),
+        };
+        Ok(self.store.put_audit(row).await?)
     }
 
     /// The audit log (admins): the caller's tenant's, at or after

@@ -12,8 +12,10 @@
 //! lasts [`SESSION_TTL`] and never past its certificate's expiry; a
 //! certificate holds at most [`SESSIONS_PER_IDENTITY`] (its oldest go
 //! first), the store at most [`MAX_SESSIONS`]; a source that failed to log
-//! in [`LoginThrottle::failures`] times within a window waits
-//! ([`LoginThrottle`], sans IO).
+//! in [`LoginThrottle::failures`] times within a window waits, and so
+//! does a token tried that often from any addresses ([`LoginAttempt`];
+//! [`LoginThrottle`], sans IO). Every failed log-in looked at is audited;
+//! the throttled ones, not looked at, are not.
 
 use std::time::Duration;
 
@@ -92,28 +94,138 @@ impl App {
         Ok(self.store.close_session(id_hash).await?)
     }
 
-    /// Whether a log-in from `source` (an address, as the dashboard names
-    /// it) may be tried now: `Err(wait)` after too many failures from it,
-    /// counted across replicas ([`LoginThrottle`]).
-    pub async fn login_allowed(&self, source: &str) -> AppResult<Result<(), Duration>> {
+    /// Whether `attempt` may be looked at now: `Err` after too many
+    /// failures from its source, or with its token's first characters
+    /// from any source (a leaked or revoked token replayed from many
+    /// addresses), counted across replicas ([`LoginThrottle`]). When both
+    /// are over their allowance, the longer wait is the answer: the
+    /// attempt is refused until both have fallen below.
+    pub async fn login_allowed(&self, attempt: &LoginAttempt) -> AppResult<Result<(), Throttled>> {
         let at = now();
         let t = self.cfg.login;
-        let counts = self
-            .store
-            .login_failures(source, t.forget_before(at))
-            .await?;
-        Ok(t.check(&counts, at))
+        let mut verdict = Ok(());
+        for (key, by) in attempt.keys() {
+            let counts = self.store.login_failures(key, t.forget_before(at)).await?;
+            if let Err(wait) = t.check(&counts, at) {
+                let longer = match verdict {
+                    Err(Throttled { wait: w, .. }) => wait > w,
+                    Ok(()) => true,
+                };
+                if longer {
+                    verdict = Err(Throttled { by, wait });
+                }
+            }
+        }
+        Ok(verdict)
     }
 
-    /// A log-in from `source` failed: counted for every replica.
-    pub async fn login_failed(&self, source: &str) -> AppResult<()> {
+    /// `attempt` was looked at and refused (`why`, as the caller was
+    /// told): counted against its source and its token's first
+    /// characters for every replica, and audited. `whose`: the operator a
+    /// known token was issued to (revoked, expired), `None` for a token
+    /// nobody was issued. Both are tried whatever the other's fate; the
+    /// first error is the answer (the log-in is refused either way).
+    pub async fn login_failed(
+        &self,
+        attempt: &LoginAttempt,
+        whose: Option<&Identity>,
+        why: &str,
+    ) -> AppResult<()> {
         let at = now();
         let t = self.cfg.login;
-        self.store
-            .login_failed(source, t.window_of(at), t.forget_before(at))
-            .await?;
-        Ok(())
+        let mut counted = Ok(());
+        for (key, _) in attempt.keys() {
+            let r = self
+                .store
+                .login_failed(key, t.window_of(at), t.forget_before(at))
+                .await;
+            if let Err(e) = r
+                && counted.is_ok()
+            {
+                counted = Err(AppError::from(e));
+            }
+        }
+        let audited = self.audit_failed_login(&attempt.source, whose, why).await;
+        counted.and(audited)
     }
+}
+
+/// What one dashboard log-in attempt is counted against: its source (an
+/// address, as the dashboard names it) and the first
+/// [`TOKEN_KEY_CHARS`] characters of the token it offered. Counting the
+/// token as well as the address throttles a token tried from many
+/// addresses, which no per-address count sees.
+///
+/// The token's characters are a store key only: they are neither logged
+/// nor audited, and `Debug` leaves them out. 16 hex characters are 64 of
+/// a token's 256 bits, too few to log in with; a real token could be
+/// throttled by whoever knows its first characters, who is close to
+/// holding it anyway.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LoginAttempt {
+    source: String,
+    token_key: String,
+}
+
+/// How many of a token's characters (after its fixed prefix) an attempt
+/// is counted by.
+pub const TOKEN_KEY_CHARS: usize = 16;
+
+impl LoginAttempt {
+    /// An attempt from `source` with `secret`: the token as offered, its
+    /// fixed prefix (`baton_`, the same for every token, which the
+    /// dashboard knows and this crate does not) removed.
+    pub fn new(source: &str, secret: &str) -> LoginAttempt {
+        let first: String = secret.trim().chars().take(TOKEN_KEY_CHARS).collect();
+        LoginAttempt {
+            source: source.to_string(),
+            token_key: format!("token:{first}"),
+        }
+    }
+
+    /// Whom it comes from.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The store keys it is counted against. A source never starts with
+    /// `token:` (an address, `unknown`), so the two never share a count.
+    fn keys(&self) -> [(&str, ThrottledBy); 2] {
+        [
+            (self.source.as_str(), ThrottledBy::Source),
+            (self.token_key.as_str(), ThrottledBy::Token),
+        ]
+    }
+}
+
+impl std::fmt::Debug for LoginAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token's characters.
+        f.debug_struct("LoginAttempt")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A log-in refused without being looked at: too many failures, and for
+/// how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Throttled {
+    /// Which count is over its allowance (the one with the longer wait).
+    pub by: ThrottledBy,
+    /// How long until it falls below, if nothing else fails meanwhile.
+    pub wait: Duration,
+}
+
+/// Which of an attempt's counts throttles it: the caller is told which,
+/// so that a person whose address is fine learns the token is the
+/// trouble.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThrottledBy {
+    /// Its source address.
+    Source,
+    /// Its token's first characters, from whatever address.
+    Token,
 }
 
 #[cfg(test)]
@@ -169,6 +281,30 @@ mod tests {
         assert!(
             (Duration::from_secs(4)..=Duration::from_secs(6)).contains(&wait),
             "{wait:?}"
+        );
+    }
+
+    #[test]
+    fn an_attempt_is_counted_by_its_tokens_first_characters_and_never_shows_them() {
+        let a = LoginAttempt::new("192.0.2.1", " 0123456789abcdefXYZ ");
+        assert_eq!(
+            a.keys().map(|(k, _)| k.to_string()),
+            [
+                "192.0.2.1".to_string(),
+                "token:0123456789abcdef".to_string()
+            ]
+        );
+        // Shorter than the key: all of it; the same first characters,
+        // the same key.
+        assert_eq!(LoginAttempt::new("x", "ab").keys()[1].0, "token:ab");
+        assert_eq!(
+            LoginAttempt::new("x", "0123456789abcdefQQQ").keys()[1].0,
+            a.keys()[1].0
+        );
+        let shown = format!("{a:?}");
+        assert!(
+            shown.contains("192.0.2.1") && !shown.contains("0123"),
+            "{shown}"
         );
     }
 

@@ -21,8 +21,11 @@
 //! its certificate's expiry, and survives a controller's restart. The
 //! store keeps only the SHA-256 of the cookie's value, so whoever reads
 //! the database cannot replay a cookie. Failed log-ins are counted per
-//! source address in the store too ([`baton_app::sessions::LoginThrottle`]):
-//! past the allowance a source waits, whichever replica it tries.
+//! source address, and per token prefix, in the store too
+//! ([`baton_app::sessions::LoginThrottle`]): past the allowance a source,
+//! or a token tried from many sources, waits, whichever replica it tries.
+//! Each failed log-in looked at is audited and logged for a log watcher
+//! ([`login`]).
 //!
 //! The cookie itself is `axum-extra`'s (parsed from `Cookie`, written to
 //! `Set-Cookie` with typed attributes). The sessions and the CSRF token
@@ -52,7 +55,7 @@ use tokio::sync::watch;
 
 use super::Web;
 use super::pages::layout;
-use baton_app::sessions::NewSession;
+use baton_app::sessions::{LoginAttempt, NewSession, Throttled, ThrottledBy};
 pub use baton_app::sessions::{MAX_SESSIONS, SESSION_TTL, SESSIONS_PER_IDENTITY};
 use baton_app::{App, AppError, Caller};
 use baton_model::RefTime;
@@ -157,32 +160,28 @@ impl Auth {
         self.tokens.is_some()
     }
 
-    /// What `token` speaks for, or why not.
-    fn grant(&self, token: &str) -> Result<TokenGrant, &'static str> {
+    /// What `token` speaks for, or why not (with whose it is, when it
+    /// is known: a failed log-in is audited under its operator).
+    fn grant(&self, token: &str) -> Result<TokenGrant, Refusal> {
         let Some(file) = &self.tokens else {
-            return Err("this controller has no log-in");
+            return Err(Refusal::NoLogIn);
         };
         let token = token.trim();
         if !token.starts_with(tokens::PREFIX) {
-            return Err("not a baton token");
+            return Err(Refusal::NotAToken);
         }
         let grant = file
             .current()
             .get(&tokens::digest(token))
             .cloned()
-            .ok_or("unknown token")?;
-        self.still_good(&grant.serial, grant.not_after)?;
+            .ok_or(Refusal::Unknown)?;
+        if self.revoked.borrow().contains(&grant.serial) {
+            return Err(Refusal::Revoked(grant.identity));
+        }
+        if unix_now() > grant.not_after {
+            return Err(Refusal::Expired(grant.identity));
+        }
         Ok(grant)
-    }
-
-    fn still_good(&self, serial: &str, not_after: i64) -> Result<(), &'static str> {
-        if self.revoked.borrow().contains(serial) {
-            return Err("its certificate is revoked");
-        }
-        if unix_now() > not_after {
-            return Err("its certificate has expired");
-        }
-        Ok(())
     }
 
     /// The caller of a request with `headers`, if it proved who it is.
@@ -239,6 +238,38 @@ impl Auth {
                 tracing::warn!("dashboard: a live stream's session not checked: {e}");
                 true
             }
+        }
+    }
+}
+
+/// Why a token does not log in. The words are shown on the log-in page,
+/// logged and audited; a known token's operator is kept so that its
+/// refusal is audited under that operator's name and tenant.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// A plaintext controller.
+    #[error("this controller has no log-in")]
+    NoLogIn,
+    /// Not even the shape of one.
+    #[error("not a baton token")]
+    NotAToken,
+    /// No certificate was issued with it (or its line left tokens.txt).
+    #[error("unknown token")]
+    Unknown,
+    /// Its certificate is on the revocation list.
+    #[error("its certificate is revoked")]
+    Revoked(Identity),
+    /// Its certificate's validity has ended.
+    #[error("its certificate has expired")]
+    Expired(Identity),
+}
+
+impl Refusal {
+    /// The operator the token was issued to, when it is known.
+    fn whose(&self) -> Option<&Identity> {
+        match self {
+            Refusal::Revoked(id) | Refusal::Expired(id) => Some(id),
+            Refusal::NoLogIn | Refusal::NotAToken | Refusal::Unknown => None,
         }
     }
 }
@@ -476,9 +507,23 @@ impl std::fmt::Debug for LoginForm {
     }
 }
 
-/// `POST /login`: a token for a session cookie. Refused without looking
-/// at the token while its source is throttled; a refused token counts
-/// against its source.
+/// `POST /login`: a token for a session cookie.
+///
+/// Refused without looking at the token (429, `Retry-After`; neither
+/// logged as a failure nor audited, so a flood fills neither) while its
+/// source, or the token's first characters from any source, has failed
+/// too often ([`LoginAttempt`]). A token looked at and refused counts
+/// against both, is audited (`login`, `dashboard from SOURCE`,
+/// `Unauthenticated: WHY`, under the token's operator when it is known)
+/// and logged at WARN with one fixed phrase and the source as a field,
+/// for a log watcher such as fail2ban:
+///
+/// ```text
+/// dashboard log-in failed source=SOURCE reason="WHY"
+/// ```
+///
+/// SOURCE is what the throttle counts: an IPv4 address, an IPv6 host's
+/// /64 (`2001:db8:1:2::/64`), or `unknown`.
 pub async fn login(
     State(web): State<Arc<Web>>,
     peer: Option<Extension<Peer>>,
@@ -490,16 +535,25 @@ pub async fn login(
         return r.into_response();
     }
     let source = source_of(peer.map(|Extension(p)| p));
-    match web.app.login_allowed(&source).await {
+    let offered = f.token.trim();
+    let attempt = LoginAttempt::new(
+        &source,
+        offered.strip_prefix(tokens::PREFIX).unwrap_or(offered),
+    );
+    match web.app.login_allowed(&attempt).await {
         Ok(Ok(())) => {}
-        Ok(Err(wait)) => {
+        Ok(Err(Throttled { by, wait })) => {
             let secs = wait.as_secs() + 1;
-            tracing::info!(%source, "dashboard log-in refused: too many failed log-ins");
+            let (by, whose) = match by {
+                ThrottledBy::Source => ("source", "from your address"),
+                ThrottledBy::Token => ("token", "with this token"),
+            };
+            tracing::info!(%source, by, "dashboard log-in refused: too many failed log-ins");
             let mut r = login_form(
                 &web,
                 &f.next,
                 Some(&format!(
-                    "too many failed log-ins from your address; try again in {secs} s"
+                    "too many failed log-ins {whose}; try again in {secs} s"
                 )),
                 StatusCode::TOO_MANY_REQUESTS,
             );
@@ -512,12 +566,15 @@ pub async fn login(
     }
     let grant = match web.auth.grant(&f.token) {
         Ok(g) => g,
-        Err(why) => {
-            tracing::info!(%source, "dashboard log-in refused: {why}");
-            if let Err(e) = web.app.login_failed(&source).await {
-                tracing::warn!("dashboard: a failed log-in not counted: {e}");
+        Err(refused) => {
+            let why = refused.to_string();
+            // The phrase and the field are what log watchers match (see
+            // above, and docs): change neither lightly.
+            tracing::warn!(source = %source, reason = why.as_str(), "dashboard log-in failed");
+            if let Err(e) = web.app.login_failed(&attempt, refused.whose(), &why).await {
+                tracing::warn!("dashboard: a failed log-in not counted or not audited: {e}");
             }
-            return login_form(&web, &f.next, Some(why), StatusCode::UNAUTHORIZED);
+            return login_form(&web, &f.next, Some(&why), StatusCode::UNAUTHORIZED);
         }
     };
     let caller = Caller::new(grant.identity.clone());

@@ -501,3 +501,226 @@ async fn failed_log_ins_are_throttled_per_address_across_replicas() {
         "192.0.2.9"
     );
 }
+
+/// The dashboard's log-in rows of the audit log, oldest first (read
+/// fleet-wide: a token nobody was issued is recorded in no tenant).
+async fn login_audit(f: &Fixture) -> Vec<baton_model::AuditRow> {
+    let mut rows = f
+        .store
+        .audit(None, RefTime::from_nanos(0), 1_000)
+        .await
+        .unwrap();
+    rows.retain(|r| r.action == "login");
+    rows.sort_by_key(|r| r.at);
+    rows
+}
+
+/// A token of the right shape that nobody was issued, its first 16
+/// characters after `baton_` given.
+fn wrong_token(first: &str) -> String {
+    assert_eq!(first.len(), 16);
+    format!("baton_{first}{}", "0".repeat(48))
+}
+
+/// Each failed log-in whose token was looked at is audited with the
+/// client's address, before the address is throttled: the 11th wrong
+/// log-in from one address in a row is refused (429) and not audited, and
+/// the ten before it are in the audit log (who `unknown`, no tenant, role
+/// `none`). A known token that is refused (revoked) is audited under its
+/// operator. No row holds any part of a token.
+#[tokio::test]
+async fn failed_log_ins_are_audited_with_the_address_until_it_is_throttled() {
+    let f = fixture().await;
+    let allowed = AppConfig::new(Binding::Tenants).login.failures;
+    // A different token each time: the address, not a token, is what is
+    // throttled here.
+    let tokens: Vec<String> = (0..=allowed)
+        .map(|i| wrong_token(&format!("{i:016x}")))
+        .collect();
+    for t in &tokens[..allowed as usize] {
+        let (code, _, page) = call(&f.web, login_from(t, "198.51.100.20:3000")).await;
+        assert_eq!(code, StatusCode::UNAUTHORIZED, "{page}");
+    }
+    let (code, h, page) = call(
+        &f.web,
+        login_from(&tokens[allowed as usize], "198.51.100.20:3001"),
+    )
+    .await;
+    assert_eq!(code, StatusCode::TOO_MANY_REQUESTS, "{page}");
+    assert!(h.contains_key(header::RETRY_AFTER));
+    assert!(page.contains("from your address"), "{page}");
+    let rows = login_audit(&f).await;
+    assert_eq!(
+        rows.len(),
+        allowed as usize,
+        "the throttled one is not audited: {rows:?}"
+    );
+    for r in &rows {
+        assert_eq!(
+            (
+                r.who.as_str(),
+                r.tenant.as_str(),
+                r.role.as_str(),
+                r.target.as_str(),
+                r.result.as_str()
+            ),
+            (
+                "unknown",
+                "",
+                "none",
+                "dashboard from 198.51.100.20",
+                "Unauthenticated: unknown token"
+            )
+        );
+    }
+    // A revoked operator's token, from another address: audited under
+    // the operator, in its tenant, with its role.
+    let ann = token(&f.ca, "ann", "plant-a", Role::Operator);
+    f.revoked
+        .send_replace(Arc::new([token_serial(&f.ca)].into()));
+    let (code, _, page) = call(&f.web, login_from(&ann, "203.0.113.5:4000")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "{page}");
+    let rows = login_audit(&f).await;
+    let last = rows.last().unwrap();
+    assert_eq!(
+        (
+            last.who.as_str(),
+            last.tenant.as_str(),
+            last.role.as_str(),
+            last.target.as_str(),
+            last.result.as_str()
+        ),
+        (
+            "ann",
+            "plant-a",
+            "operator",
+            "dashboard from 203.0.113.5",
+            "Unauthenticated: its certificate is revoked"
+        )
+    );
+    // Nothing of any token: neither its prefix nor its first characters.
+    for r in &rows {
+        let text = format!(
+            "{} {} {} {} {}",
+            r.who, r.tenant, r.role, r.target, r.result
+        );
+        assert!(!text.contains("baton_"), "{text}");
+        for t in tokens.iter().chain([&ann]) {
+            assert!(!text.contains(&t["baton_".len()..][..8]), "{text}");
+        }
+    }
+}
+
+/// One token tried from many addresses (a leaked or revoked token
+/// replayed) is throttled by its first 16 characters, whatever the
+/// address: the 11th address is refused (429) without the token being
+/// looked at, and so is a token that shares those characters; another
+/// token from that address still logs in.
+#[tokio::test]
+async fn a_token_tried_from_many_addresses_is_throttled() {
+    let f = fixture().await;
+    let allowed = AppConfig::new(Binding::Tenants).login.failures;
+    let replayed = wrong_token("0123456789abcdef");
+    for i in 1..=allowed {
+        let (code, _, page) = call(
+            &f.web,
+            login_from(&replayed, &format!("198.51.100.{i}:5000")),
+        )
+        .await;
+        assert_eq!(code, StatusCode::UNAUTHORIZED, "address {i}: {page}");
+    }
+    let eleventh = "198.51.100.111:5000";
+    let (code, h, page) = call(&f.web, login_from(&replayed, eleventh)).await;
+    assert_eq!(code, StatusCode::TOO_MANY_REQUESTS, "{page}");
+    let wait: u64 = h[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
+    assert!((1..=301).contains(&wait), "{wait}");
+    assert!(page.contains("with this token"), "{page}");
+    // The same first 16 characters, another ending: refused alike.
+    let sibling = format!("baton_0123456789abcdef{}", "f".repeat(48));
+    let (code, _, _) = call(&f.web, login_from(&sibling, eleventh)).await;
+    assert_eq!(code, StatusCode::TOO_MANY_REQUESTS);
+    // One character fewer in common: looked at (and refused as unknown).
+    let cousin = wrong_token("0123456789abcdee");
+    let (code, _, _) = call(&f.web, login_from(&cousin, eleventh)).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    // The address itself is not throttled: a good token logs in there.
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    let (code, _, page) = call(&f.web, login_from(&ann, eleventh)).await;
+    assert_eq!(code, StatusCode::SEE_OTHER, "{page}");
+    // Each address's failures are audited once; the refusals are not.
+    let rows = login_audit(&f).await;
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.result.starts_with("Unauthenticated"))
+        .map(|r| r.target.as_str())
+        .collect();
+    let mut expected: Vec<String> = (1..=allowed)
+        .map(|i| format!("dashboard from 198.51.100.{i}"))
+        .collect();
+    expected.push("dashboard from 198.51.100.111".into());
+    assert_eq!(failed, expected);
+}
+
+/// A `MakeWriter` into a shared buffer: what a log line looks like.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuf {
+    type Writer = LogBuf;
+    fn make_writer(&'a self) -> LogBuf {
+        self.clone()
+    }
+}
+
+/// The line a failed log-in writes is the one the docs give log watchers
+/// (fail2ban): `dashboard log-in failed source=ADDR`, in the text and
+/// journald formats (WARN: `<4>`), and as the message and `source` field
+/// in JSON.
+#[tokio::test]
+async fn a_failed_log_in_writes_the_line_log_watchers_match() {
+    use baton_service::log::{Output, layer_to};
+    use tracing_subscriber::layer::SubscriberExt;
+    let f = fixture().await;
+    let line = |out: Output, peer: &'static str| {
+        let web = f.web.clone();
+        async move {
+            let buf = LogBuf::default();
+            let sub = tracing_subscriber::registry().with(layer_to(out, false, buf.clone()));
+            let _on = tracing::subscriber::set_default(sub);
+            let (code, _, _) = call(&web, login_from("baton_nope", peer)).await;
+            assert_eq!(code, StatusCode::UNAUTHORIZED);
+            let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            text.lines()
+                .find(|l| l.contains("dashboard log-in failed"))
+                .unwrap_or_else(|| panic!("no failure line in {text:?}"))
+                .to_string()
+        }
+    };
+    let text = line(Output::Text, "198.51.100.40:1").await;
+    assert!(text.contains(" WARN "), "{text}");
+    assert!(
+        text.contains("dashboard log-in failed source=198.51.100.40 reason=\"unknown token\""),
+        "{text}"
+    );
+    let journald = line(Output::Journald, "198.51.100.41:1").await;
+    assert!(journald.starts_with("<4>"), "{journald}");
+    assert!(
+        journald.contains("dashboard log-in failed source=198.51.100.41 "),
+        "{journald}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&line(Output::Json, "198.51.100.42:1").await).unwrap();
+    assert_eq!(json["fields"]["message"], "dashboard log-in failed");
+    assert_eq!(json["fields"]["source"], "198.51.100.42");
+    assert_eq!(json["level"], "WARN");
+}
