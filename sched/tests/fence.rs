@@ -239,33 +239,59 @@ fn a_switch_at_the_fence_leaves_the_old_version_nothing_after_it() {
 
 /// An unchanged instruction carries its held occurrence over: the new
 /// version fires it (late, when the switch was late), never the old one.
-#[test]
-fn an_unchanged_instruction_fires_its_held_occurrence_under_the_new_version() {
-    let v = |version: u64| {
-        parse_pack(&format!(
-            "pack: p\nversion: {version}\ninstructions:\n  - {{id: t, action: gpio.toggle, params: {{line: 1}}, every: 10ms, start_at: 2026-12-01T10:00:00Z, max_lateness: 1s}}\n"
-        ))
-        .expect("pack")
-    };
-    let mut m = Model::new(v(1));
+/// Version `version` of an unchanged instruction: a toggle every 10 ms.
+fn unchanged(version: u64) -> baton_proto::Pack {
+    parse_pack(&format!(
+        "pack: p\nversion: {version}\ninstructions:\n  - {{id: t, action: gpio.toggle, params: {{line: 1}}, every: 10ms, start_at: 2026-12-01T10:00:00Z, max_lateness: 1s}}\n"
+    ))
+    .expect("pack")
+}
+
+/// v1 fenced at 255 ms, v2 (the same instruction) switched in at
+/// `switch`: what v2 fired, and what was skipped.
+fn switch_unchanged(switch: i64) -> (Vec<i64>, Vec<(Reason, Option<i64>)>) {
+    let mut m = Model::new(unchanged(1));
     m.core.switch_fence(&key(), Some(ms(255)));
-    m.run(ms(0), ms(289), dur(50));
+    m.run(ms(0), ms(switch - 1), dur(50));
     m.core
-        .accept_at(v(2), ms(255), ms(290))
+        .accept_at(unchanged(2), ms(255), ms(switch))
         .drain_into(&mut m.out)
         .expect("v2");
-    m.settle(ms(290));
-    m.run(ms(290), ms(400), dur(50));
+    m.settle(ms(switch));
+    m.run(ms(switch), ms(400), dur(50));
     assert!(m.v1_after(255).is_empty());
-    let v2: Vec<i64> = m
+    let v2 = m
         .seen
         .fired
         .iter()
         .filter(|f| f.0 == 2)
         .map(|f| f.1)
         .collect();
+    (v2, m.seen.skipped)
+}
+
+#[test]
+fn an_unchanged_instruction_fires_its_held_occurrence_under_the_new_version() {
+    // Switched 7 ms after the instant: the one occurrence held (260) is
+    // not due yet, and fires on time under v2.
+    let (v2, skipped) = switch_unchanged(262);
     assert_eq!(v2.first(), Some(&260), "{v2:?}");
-    assert!(m.seen.skipped.is_empty(), "{:?}", m.seen.skipped);
+    assert!(skipped.is_empty(), "{skipped:?}");
+    // 3 ms after it: due already, it fires once, late.
+    let (v2, skipped) = switch_unchanged(263);
+    assert_eq!(&v2[..2], [260, 270], "{v2:?}");
+    assert!(skipped.is_empty(), "{skipped:?}");
+}
+
+/// A switch 35 ms after the instant, with a 10 ms period: four of the
+/// unchanged instruction's occurrences are due at once (260 to 290).
+/// The latest fires, the three before it are reported in one event
+/// (`replaced`), never a burst of four strokes in a row.
+#[test]
+fn a_late_switch_fires_an_unchanged_instruction_once_not_in_a_burst() {
+    let (v2, skipped) = switch_unchanged(290);
+    assert_eq!(&v2[..3], [290, 300, 310], "{v2:?}");
+    assert_eq!(skipped, [(Reason::Replaced, Some(260))]);
 }
 
 #[test]

@@ -233,6 +233,56 @@ fn missed_since_instant(
     out
 }
 
+/// A late switch's carried-over repeating instructions (unchanged, so
+/// their state goes on under the new version): when more than one of
+/// an instruction's occurrences is due already at the switch, the latest
+/// fires (the least late) and those before it are reported, one event
+/// each, not fired: each would otherwise fire at once, one after the
+/// other, a burst of late strokes no schedule asked for. Sets the
+/// instruction's first occurrence to that latest one.
+fn carried_burst(
+    ps: &PackState,
+    carried: &Carried,
+    firsts: &mut [Option<RefTime>],
+    at: RefTime,
+    now: RefTime,
+) -> Vec<(usize, crate::catchup::Gap, RefTime)> {
+    let mut out = Vec::new();
+    for (i, ins) in ps.pack.instructions.iter().enumerate() {
+        if !carried.kept[i] || !ins.schedule.is_repeating() {
+            continue;
+        }
+        let Some(first) = firsts[i].filter(|f| *f < now) else {
+            continue;
+        };
+        let (tz, anchor) = (&ps.pack.timezone, ps.anchor);
+        let due = crate::catchup::occurrences_between(
+            &ins.schedule,
+            tz,
+            anchor,
+            just_before(first),
+            RefTime::from_nanos(now.as_nanos().saturating_add(1)),
+            1,
+        );
+        let Some(latest) = due.last().filter(|l| *l > first) else {
+            continue;
+        };
+        let gap = crate::catchup::occurrences_between(
+            &ins.schedule,
+            tz,
+            anchor,
+            just_before(first),
+            latest,
+            1,
+        );
+        firsts[i] = Some(latest);
+        if gap.count > 0 {
+            out.push((i, gap, at));
+        }
+    }
+    out
+}
+
 impl Scheduler {
     pub(super) fn install(
         &mut self,
@@ -279,10 +329,13 @@ impl Scheduler {
             resumed: resume_after.is_some(),
             now,
         };
-        let firsts = first_occurrences(&ps, how, &carried);
-        let missed = switched_late
+        let mut firsts = first_occurrences(&ps, how, &carried);
+        let mut missed = switched_late
             .map(|at| missed_since_instant(&ps, &carried, &firsts, &held, at, now))
             .unwrap_or_default();
+        if let Some(at) = switched_late {
+            missed.extend(carried_burst(&ps, &carried, &mut firsts, at, now));
+        }
         for i in 0..ps.ins.len() {
             self.rearm(&mut ps, slot, i, now);
         }
