@@ -189,6 +189,10 @@ pub struct Event {
     /// The occurrence it concerns, if any (set even when no attempt exists,
     /// e.g. a skipped occurrence).
     pub occurrence: Option<RefTime>,
+    /// The version it is about when it has no attempt and that is not
+    /// the pack's version held now: the old version's occurrence a switch
+    /// replaced is the old version's (`None`: the pack's held version).
+    pub version: Option<u64>,
     /// What happened.
     pub kind: EventKind,
     /// Set on once-only reports (`give_up`, `on_failure`, a give-up's

@@ -458,3 +458,36 @@ fn downtime_while_fenced_reports_the_held_occurrence_in_its_gap_once() {
     let gaps: Vec<&(Reason, Option<i64>)> = m.seen.skipped.iter().collect();
     assert_eq!(gaps.first(), Some(&&(Reason::Clock, Some(110))), "{gaps:?}");
 }
+
+/// The old version's occurrence a switch replaced is reported as the old
+/// version's (it was its grid); what the new version missed, as the new
+/// one's.
+#[test]
+fn a_replaced_held_occurrence_is_the_old_versions() {
+    let mut m = Model::new(pack(1, 10, 1000));
+    m.core.switch_fence(&key(), Some(ms(255)));
+    m.run(ms(0), ms(289), dur(50));
+    let mut out = Vec::new();
+    m.core
+        .accept_at(pack(2, 10, 1000), ms(255), ms(290))
+        .drain_into(&mut out)
+        .expect("v2");
+    let replaced: Vec<(Option<u64>, bool)> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(e) => match &e.kind {
+                EventKind::Skip {
+                    reason: Reason::Replaced,
+                    detail,
+                } => Some((e.version, detail.contains("held past the switch instant"))),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert!(replaced.contains(&(Some(1), true)), "{replaced:?}");
+    assert!(
+        replaced.iter().all(|(v, held)| *held == (*v == Some(1))),
+        "only the held occurrence is v1's: {replaced:?}"
+    );
+}

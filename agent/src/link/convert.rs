@@ -118,6 +118,7 @@ mod tests {
             occurrence: with_id.then_some(id.occurrence),
             id: with_id.then_some(id),
             kind,
+            version: None,
             once: None,
         };
         let clock = ClockStamp {

@@ -242,6 +242,7 @@ pub fn event(
             .id
             .as_ref()
             .map(|i| i.version)
+            .or(e.version)
             .or(version)
             .unwrap_or_default(),
         instruction: e.instruction.clone().unwrap_or_default(),

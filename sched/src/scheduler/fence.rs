@@ -201,6 +201,7 @@ impl Scheduler {
                 instruction: Some(instruction),
                 id: None,
                 occurrence: Some(occ),
+                version: Some(old.pack.version),
                 kind: EventKind::Skip {
                     reason: Reason::Replaced,
                     detail,

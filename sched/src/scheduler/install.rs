@@ -490,6 +490,7 @@ impl Scheduler {
                         reason: Reason::Replaced,
                         detail: format!("retry dropped: version {new_version} replaced the pack"),
                     },
+                    version: None,
                     once: None,
                 }));
             }

@@ -678,6 +678,7 @@ impl Scheduler {
             id,
             occurrence: occ,
             kind,
+            version: None,
             once: None,
         })
     }

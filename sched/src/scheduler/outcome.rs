@@ -179,6 +179,7 @@ impl Scheduler {
                 id: Some(id.clone()),
                 occurrence: Some(id.occurrence),
                 kind,
+                version: None,
                 once: None,
             })
         };
