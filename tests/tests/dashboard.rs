@@ -753,14 +753,132 @@ async fn steps(c: &Client, f: &mut Fleet) {
         done.as_str().is_some_and(|d| d.contains("is paused")),
         "{done}"
     );
+    // Resume, then abort, each from the pack page by keyboard.
+    for (cmd, state) in [("resume", "is running"), ("abort", "is aborted")] {
+        c.goto(&format!("{base}/packs/blink"))
+            .await
+            .expect("pack page");
+        tab_to_and_enter(c, &format!("a[href^='/packs/blink/rollout/{cmd}']")).await;
+        wait_js(
+            c,
+            "the confirmation",
+            "return !!document.querySelector('#confirm-what');",
+        )
+        .await;
+        tab_to_and_enter(c, "#confirm-form button[type=submit]").await;
+        let done = wait_js(
+            c,
+            "the outcome",
+            "const o = document.querySelector('#outcome'); return o ? o.textContent : null;",
+        )
+        .await;
+        assert!(
+            done.as_str().is_some_and(|d| d.contains(state)),
+            "{cmd}: {done}"
+        );
+    }
+    // Push version 1 again as the next version: the form holds its YAML
+    // with the version raised, and pushing it reaches the agents.
+    c.goto(&format!("{base}/packs/blink"))
+        .await
+        .expect("pack page");
+    tab_to_and_enter(c, "a[href*='/push?from=blink'][href$='version=1']").await;
+    let from = wait_js(
+        c,
+        "the push form from v1",
+        "const f = document.querySelector('#from-stored'); return f ? f.textContent : null;",
+    )
+    .await;
+    let next: u64 = from
+        .as_str()
+        .and_then(|t| t.split("as version ").nth(1))
+        .and_then(|t| t.split(':').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no version in {from}"));
+    let yaml = js(c, "return document.querySelector('#yaml').value;").await;
+    assert!(
+        yaml.as_str()
+            .is_some_and(|y| y.contains(&format!("version: {next}")) && y.contains("every: 200ms")),
+        "v1's YAML as v{next}: {yaml}"
+    );
+    wait_js(
+        c,
+        "the check of the stored pack",
+        "const p = document.querySelector('#check .ok'); return p ? p.textContent : null;",
+    )
+    .await;
+    tab_to_and_enter(c, "#push-form button[type=submit]").await;
+    let pushed = wait_js(c, "the push's answer", "const h = document.querySelector('h1'); if (!h || h.textContent !== 'Pushed') return null; return document.querySelector('p[role=status]').textContent;").await;
+    assert!(
+        pushed
+            .as_str()
+            .is_some_and(|p| p.contains(&format!("plant-a/blink v{next}"))),
+        "{pushed}"
+    );
+    let press1 = &f.agents[0];
+    assert!(
+        wait_until(WAIT, || press1.writes().iter().any(|w| {
+            w["execution_id"]
+                .as_str()
+                .is_some_and(|e| e.starts_with(&format!("plant-a/blink/v{next}/")))
+        })),
+        "press-1 never ran v{next}: {:?}",
+        press1.writes().last()
+    );
     logout(c).await;
-    // Each action in the audit log, with who did it.
+    // An admin grants press-1 to another tenant from its page.
     login(c, base, &f.root_admin).await;
+    c.goto(&format!("{base}/agents/press-1"))
+        .await
+        .expect("agent page");
+    c.find(Locator::Css("#grant-form input[name=tenant]"))
+        .await
+        .expect("tenant field")
+        .send_keys("plant-c")
+        .await
+        .expect("type");
+    tab_to_and_enter(c, "#grant-form button[type=submit]").await;
+    let what = wait_js(
+        c,
+        "the grant's confirmation",
+        "const w = document.querySelector('#confirm-what'); return w ? w.textContent : null;",
+    )
+    .await;
+    assert!(
+        what.as_str()
+            .is_some_and(|w| w.contains("will also serve tenant plant-c")),
+        "{what}"
+    );
+    tab_to_and_enter(c, "#confirm-form button[type=submit]").await;
+    let done = wait_js(
+        c,
+        "the grant's outcome",
+        "const o = document.querySelector('#outcome'); return o ? o.textContent : null;",
+    )
+    .await;
+    assert!(
+        done.as_str()
+            .is_some_and(|d| d.contains("serves: plant-a, plant-c")),
+        "{done}"
+    );
+    // Each action in the audit log, with who did it.
     c.goto(&format!("{base}/audit")).await.expect("audit page");
     let text = js(c, "return document.querySelector('main').textContent;").await;
     let text = text.as_str().unwrap_or_default();
+    for action in [
+        "cancel",
+        "rollout.pause",
+        "rollout.resume",
+        "rollout.abort",
+        "grant",
+    ] {
+        assert!(
+            text.contains(action),
+            "the audit log shows {action}: {text}"
+        );
+    }
     assert!(
-        text.contains("cancel") && text.contains("olga") && text.contains("rollout.pause"),
-        "the audit log shows the cancel and the pause: {text}"
+        text.contains("olga") && text.contains(&format!("plant-a/blink v{next}")),
+        "the audit log shows olga's push of v{next}: {text}"
     );
 }
