@@ -176,7 +176,7 @@ fn render(ev: &Event, q: &LiveQuery) -> Option<SseEvent> {
 /// An operator's action as the line a page adds to its notices.
 pub fn action_note(a: &ActionEvent) -> maud::Markup {
     html! {
-        li { (super::pages::when(a.at.as_nanos())) ": " (a.text) "." }
+        li { (super::markup::when(a.at.as_nanos())) ": " (a.text) "." }
     }
 }
 
@@ -185,7 +185,7 @@ pub fn action_note(a: &ActionEvent) -> maud::Markup {
 pub fn exec_row(f: &FeedbackRow) -> maud::Markup {
     html! {
         tr data-received-ns=(f.received.as_nanos()) {
-            td { (super::pages::when(f.scheduled.as_nanos())) }
+            td { (super::markup::when(f.scheduled.as_nanos())) }
             td { (f.agent_id) }
             td { (f.pack) " v" (f.version) }
             td { (f.instruction) }

@@ -15,6 +15,7 @@
 //!   pinned by SHA-256;
 //! - [`pages`]: the HTML pages and the JSON behind them;
 //! - [`live`]: server-sent events for the live parts;
+//! - [`markup`]: the small pieces of markup the pages and `live` share;
 //! - [`downsample`]: long series cut to a plot's width, extremes kept;
 //! - [`listen`]: the accept loop (TLS, HTTP/1.1 + HTTP/2, a connection cap).
 
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod downsample;
 pub mod listen;
 pub mod live;
+pub mod markup;
 pub mod pages;
 
 #[cfg(test)]

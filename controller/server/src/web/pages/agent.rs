@@ -15,6 +15,7 @@ use super::layout::{self, Nav};
 use super::{ago, badge, instant, span};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
+use crate::web::markup::{clock_cell, delivery_tone};
 use crate::web::{Web, app_error};
 use baton_app::agents::AgentView;
 use baton_app::feedback::FeedbackQuery;
@@ -97,7 +98,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                 div { dt { "Agent version" } dd { (a.agent_version) } }
                 div { dt { "Labels" } dd { @for (k, val) in &a.labels { code { (k) "=" (val) } " " } } }
                 div { dt { "Clock" } dd #clock-now {
-                    (super::fleet::clock_cell(&v, now))
+                    (clock_cell(&v, now))
                     @if let Some(c) = &a.clock { ": " (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) }
                 } }
                 div { dt { "Lateness p99" } dd { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } } }
@@ -212,7 +213,7 @@ fn packs_section(v: &AgentView) -> Markup {
                             th scope="row" { a href=(format!("/packs/{}?tenant={}", percent(&d.pack), percent(&d.tenant))) { (d.tenant) "/" (d.pack) } }
                             td { "v" (d.version) }
                             td { @match &d.held { Some(h) => { "v" (h.version) @if h.stopped { " (stopped)" } } None => { "none" } } }
-                            td { (badge(super::pack::delivery_tone(d.state), d.state.as_str())) }
+                            td { (badge(delivery_tone(d.state), d.state.as_str())) }
                             td {
                                 @if d.state == DeliveryState::Nacked { "refused: see above" }
                                 @else {

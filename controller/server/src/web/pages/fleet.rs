@@ -15,6 +15,7 @@ use maud::{Markup, html};
 use super::layout::{self, Nav};
 use super::{ago, badge, span};
 use crate::web::auth::{Who, percent};
+use crate::web::markup::{clock_cell, delivery_tone};
 use crate::web::{Web, app_error};
 use baton_app::agents::AgentView;
 use baton_app::fleet::{FleetCounts, FleetFilter, FleetPage, FleetState};
@@ -255,31 +256,6 @@ fn card(label: &str, id: &str, n: u64, href: &str, tone: Tone) -> Markup {
     }
 }
 
-/// An agent's clock as the page states it: a badge (locked only when
-/// connected with a fresh locked report; an offline agent's or a stale
-/// report is "last known", with its age) and the words.
-pub fn clock_cell(v: &AgentView, now: i64) -> Markup {
-    let a = &v.agent;
-    html! {
-        @match &a.clock {
-            Some(c) => {
-                @let age = now - c.at.as_nanos();
-                @let fresh = v.connected && age <= STALE_NS;
-                @if fresh && c.state == "locked" { (badge(Tone::Good, "locked")) }
-                @else if fresh { (badge(Tone::Bad, &c.state)) }
-                @else { (badge(Tone::Bad, "stale")) }
-                " " (c.source) " / " (c.state)
-                @if !fresh { " (last known, " (ago(c.at.as_nanos(), now)) ")" }
-            }
-            None => { (badge(Tone::Bad, "no report")) }
-        }
-    }
-}
-
-/// A clock report older than this is stale (agents report every few
-/// seconds while connected).
-pub const STALE_NS: i64 = 30 * 1_000_000_000;
-
 fn row(v: &AgentView, now: i64) -> Markup {
     let a = &v.agent;
     html! {
@@ -298,7 +274,7 @@ fn row(v: &AgentView, now: i64) -> Markup {
                     span.pack {
                         (d.pack) " v" (d.version) " / "
                         @match &d.held { Some(h) => { "v" (h.version) @if h.stopped { " (stopped)" } } None => { "none" } }
-                        @if d.state != DeliveryState::Acked { " " (badge(super::pack::delivery_tone(d.state), d.state.as_str())) }
+                        @if d.state != DeliveryState::Acked { " " (badge(delivery_tone(d.state), d.state.as_str())) }
                     }
                     " "
                 }

@@ -18,28 +18,14 @@ use maud::{Markup, html};
 use super::Web;
 use super::auth::Who;
 use super::live::exec_row;
+/// The pieces of markup every part shares.
+pub use crate::web::markup::{ago, badge, when};
 use baton_app::AppResult;
 use baton_app::feedback::FeedbackQuery;
-use baton_app::rollout_view::Tone;
 use baton_model::FeedbackRow;
 use baton_model::RefTime;
 /// Instants and durations as the CLI prints them.
 pub use baton_model::display::{instant, span};
-
-/// An instant as the page shows it: UTC as the CLI prints it, in a
-/// `<time>` the page's script shows in local time when the reader chose
-/// that (one zone per page, named in the footer).
-pub fn when(ns: i64) -> Markup {
-    let text = instant(ns);
-    html! {
-        @if ns == 0 { "-" } @else { time datetime=(text) { (text) } }
-    }
-}
-
-/// A state as a badge: its word always, its colour only beside it.
-pub fn badge(tone: Tone, word: &str) -> Markup {
-    html! { span class=(format!("badge {}", tone.as_str())) { (word) } }
-}
 
 /// Stored feedback the caller may see, as `q` asks (bounded by its limit).
 pub async fn recent(web: &Arc<Web>, who: &Who, q: FeedbackQuery) -> AppResult<Vec<FeedbackRow>> {
@@ -99,19 +85,5 @@ pub fn exec_table(rows: &[FeedbackRow]) -> Markup {
                 @for r in rows.iter().rev().take(50) { (exec_row(r)) }
             }
         }
-    }
-}
-
-/// How long ago `ns` was, from `now_ns`, in words (`-` for never).
-pub fn ago(ns: i64, now_ns: i64) -> String {
-    if ns <= 0 {
-        return "never".into();
-    }
-    let s = (now_ns - ns).max(0) / 1_000_000_000;
-    match s {
-        0..=59 => format!("{s} s ago"),
-        60..=3599 => format!("{} min ago", s / 60),
-        3600..=86_399 => format!("{} h ago", s / 3600),
-        _ => format!("{} d ago", s / 86_400),
     }
 }

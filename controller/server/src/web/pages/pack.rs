@@ -17,6 +17,7 @@ use super::layout::{self, Nav};
 use super::{ago, badge, span, when};
 use crate::web::auth::{Who, percent};
 use crate::web::downsample;
+use crate::web::markup::delivery_tone;
 use crate::web::{Web, app_error};
 use baton_app::feedback::FeedbackQuery;
 use baton_app::packs::DeliveriesPage;
@@ -269,8 +270,16 @@ fn rollout_section(rollout: Option<&RolloutStatus>, name: &str, tenant: &str, no
         }
         RolloutState::Paused | RolloutState::Aborted => Tone::Bad,
     };
+    // Read again on the pack's rows and operators' actions, and, while
+    // the rollout moves, every few seconds: a stage that starts or soaks
+    // changes no row (and the soak counts down).
+    let trigger = if r.row.state.is_final() {
+        "sse:action, sse:fleet throttle:2s"
+    } else {
+        "sse:action, sse:fleet throttle:2s, every 5s"
+    };
     html! {
-        section #rollout aria-labelledby="rollout-h" hx-get=(refresh) hx-trigger="sse:action, sse:fleet throttle:2s" hx-swap="outerHTML" {
+        section #rollout aria-labelledby="rollout-h" hx-get=(refresh) hx-trigger=(trigger) hx-swap="outerHTML" {
             h2 #rollout-h { "Rollout of v" (r.row.version) }
             @if !blockers.is_empty() {
                 p #blockers .alert role="alert" {
@@ -407,15 +416,6 @@ fn deliveries_section(page: &DeliveriesPage, name: &str, tenant: &str) -> Markup
                 p { a rel="next" href=(format!("/packs/{}?tenant={}&after={}", percent(name), percent(tenant), percent(n))) { "Next page" } }
             }
         }
-    }
-}
-
-/// How a delivery's state reads at a glance.
-pub fn delivery_tone(s: DeliveryState) -> Tone {
-    match s {
-        DeliveryState::Acked | DeliveryState::Local => Tone::Good,
-        DeliveryState::Pending | DeliveryState::Cancelled => Tone::Neutral,
-        DeliveryState::Nacked => Tone::Bad,
     }
 }
 
