@@ -577,6 +577,16 @@ fn a_member_cut_off_across_the_instant_settles_when_it_is_back() {
         c.log()
     );
     let at = at.expect("named");
+    // Named is not yet told: the instant reaches each member on its own
+    // stream (paced). a3 must have it before its link goes.
+    let told = format!("at=Some(RefTime({at}))");
+    assert!(
+        wait_until(WAIT, || agents[2].log().lines().any(|l| l
+            .contains("staged: the held version runs until the switch")
+            && l.contains(&told))),
+        "a3 was never told the instant {at}\n{}",
+        agents[2].log()
+    );
     relay.cut();
     let now = || {
         i64::try_from(
