@@ -407,6 +407,26 @@ fn a_late_cohort_fails_compare_baseline_and_the_same_agents_on_time_pass() {
     assert_eq!(kinds, ["pass", "pass"], "{s}");
 }
 
+/// Agents `ids` on the link clock alone (as a stage's members on other
+/// hosts), each locked before this returns: a change of source mid-test
+/// (the system clock until the link locks) would be a step of its own.
+fn on_the_link_clock(dir: &Path, c: &Controller, ids: &[&str]) -> Vec<Agent> {
+    let agents: Vec<Agent> = ids
+        .iter()
+        .map(|id| start_agent_clock(&dir.join(id), id, &c.url, &["--system-clock", "untrusted"]))
+        .collect();
+    let locked = || {
+        let all = c.agents();
+        ids.iter().all(|id| {
+            all.iter().any(|a| {
+                a["id"] == *id && a["clock_source"] == "link" && a["clock_state"] == "locked"
+            })
+        })
+    };
+    assert!(wait_until(WAIT, locked), "{:?}", c.agents());
+    agents
+}
+
 /// `activate: together`: five agents locked on the link clock stage the
 /// new version, then switch at the instant the controller names. No agent
 /// fires the new version before it, none fires the old one after it, and
@@ -417,26 +437,7 @@ fn a_stage_switches_together_at_one_instant() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
     let ids = ["a1", "a2", "a3", "a4", "a5"];
-    let agents: Vec<Agent> = ids
-        .iter()
-        .map(|id| {
-            start_agent_clock(
-                &dir.path().join(id),
-                id,
-                &c.url,
-                &["--system-clock", "untrusted"],
-            )
-        })
-        .collect();
-    let locked = |c: &Controller| {
-        let all = c.agents();
-        ids.iter().all(|id| {
-            all.iter().any(|a| {
-                a["id"] == *id && a["clock_source"] == "link" && a["clock_state"] == "locked"
-            })
-        })
-    };
-    assert!(wait_until(WAIT, || locked(&c)), "{:?}", c.agents());
+    let agents = on_the_link_clock(dir.path(), &c, &ids);
     let pack = |version: u64, line: u32, rollout: &str| {
         format!(
             "pack: p\nversion: {version}\ntargets: {{agents: [a1, a2, a3, a4, a5]}}\n\
@@ -785,31 +786,10 @@ fn a_member_stopped_across_the_instant_fires_on_the_stages_grid_once_resumed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
     let ids = ["a1", "a2", "a3"];
-    // On the link clock alone, as a stage's members on other hosts, and
-    // locked before anything runs: a change of source mid-test (the
-    // system clock until the link locks) is a step of its own. On a
-    // loaded machine the link's estimate may still step by a few ms after
-    // the switch; the grid checks below follow each step the log reports.
-    let agents: Vec<Agent> = ids
-        .iter()
-        .map(|id| {
-            start_agent_clock(
-                &dir.path().join(id),
-                id,
-                &c.url,
-                &["--system-clock", "untrusted"],
-            )
-        })
-        .collect();
-    let locked = || {
-        let all = c.agents();
-        ids.iter().all(|id| {
-            all.iter().any(|a| {
-                a["id"] == *id && a["clock_source"] == "link" && a["clock_state"] == "locked"
-            })
-        })
-    };
-    assert!(wait_until(WAIT, locked), "{:?}", c.agents());
+    // On a loaded machine the link's estimate may still step by a few ms
+    // after the switch; the grid checks below follow each step the log
+    // reports.
+    let agents = on_the_link_clock(dir.path(), &c, &ids);
     push(&c, &write(dir.path(), "v1.yaml", &toggling(1, "")));
     assert!(wait_until(WAIT, || ids
         .iter()

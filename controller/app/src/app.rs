@@ -291,13 +291,12 @@ impl App {
             let _ = self.events.send(e);
             return;
         };
-        if matches!(e, Event::Action(_)) {
-            // This replica's pages only (see [`Event::Action`]).
-            let _ = self.events.send(e);
-            return;
-        }
         let row = match e {
-            Event::Action(_) => return,
+            // This replica's pages only (see [`Event::Action`]).
+            Event::Action(a) => {
+                let _ = self.events.send(Event::Action(a));
+                return;
+            }
             // Followed from the feedback table itself.
             Event::Feedback(_) => return,
             // Written by the decision that changed the row, in its

@@ -256,29 +256,25 @@ fn carried_burst(
             continue;
         };
         let (tz, anchor) = (&ps.pack.timezone, ps.anchor);
-        let due = crate::catchup::occurrences_between(
+        // Every one due (from the first to now), the last two kept: the
+        // latest fires, the rest is the gap (one walk of the schedule).
+        let mut due = crate::catchup::occurrences_between(
             &ins.schedule,
             tz,
             anchor,
             just_before(first),
             RefTime::from_nanos(now.as_nanos().saturating_add(1)),
-            1,
+            2,
         );
-        let Some(latest) = due.last().filter(|l| *l > first) else {
+        if due.count < 2 {
+            continue;
+        }
+        let Some(latest) = due.tail.pop_back() else {
             continue;
         };
-        let gap = crate::catchup::occurrences_between(
-            &ins.schedule,
-            tz,
-            anchor,
-            just_before(first),
-            latest,
-            1,
-        );
         firsts[i] = Some(latest);
-        if gap.count > 0 {
-            out.push((i, gap, at));
-        }
+        due.count -= 1;
+        out.push((i, due, at));
     }
     out
 }

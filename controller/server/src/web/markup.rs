@@ -7,8 +7,8 @@ use maud::{Markup, html};
 
 use baton_app::agents::AgentView;
 use baton_app::rollout_view::Tone;
-use baton_model::DeliveryState;
 use baton_model::display::instant;
+use baton_model::{DeliveryRow, DeliveryState};
 
 /// An instant as the page shows it: UTC as the CLI prints it, in a
 /// `<time>` the page's script shows in local time when the reader chose
@@ -70,5 +70,41 @@ pub fn ago(ns: i64, now_ns: i64) -> String {
         60..=3599 => format!("{} min ago", s / 60),
         3600..=86_399 => format!("{} h ago", s / 3600),
         _ => format!("{} d ago", s / 86_400),
+    }
+}
+
+/// Every refused delivery of `rows`, once, near the top of a page:
+/// `heading` gets their count, `whose` names each (the agent on a pack's
+/// page, the pack on an agent's); then its message and each error at its
+/// line.
+pub fn refusals<'a>(
+    rows: impl IntoIterator<Item = &'a DeliveryRow>,
+    heading: impl Fn(usize) -> Markup,
+    whose: impl Fn(&DeliveryRow) -> Markup,
+) -> Markup {
+    let refused: Vec<&DeliveryRow> = rows
+        .into_iter()
+        .filter(|d| d.state == DeliveryState::Nacked)
+        .collect();
+    html! {
+        @if !refused.is_empty() {
+            section #refusals .alert role="alert" aria-labelledby="refusals-h" {
+                h2 #refusals-h { (heading(refused.len())) }
+                ul {
+                    @for d in &refused {
+                        li {
+                            (whose(d)) ": "
+                            @match &d.refusal {
+                                Some(f) => {
+                                    (f.message)
+                                    @for e in &f.errors { br; code { (e.line) ":" (e.column) " " (e.message) } }
+                                }
+                                None => { (d.reason) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -504,6 +504,11 @@ async fn failed_log_ins_are_throttled_per_address_across_replicas() {
 
 /// The dashboard's log-in rows of the audit log, oldest first (read
 /// fleet-wide: a token nobody was issued is recorded in no tenant).
+/// Who, tenant, role, target and result of an audit row.
+fn said(r: &baton_model::AuditRow) -> (&str, &str, &str, &str, &str) {
+    (&r.who, &r.tenant, &r.role, &r.target, &r.result)
+}
+
 async fn login_audit(f: &Fixture) -> Vec<baton_model::AuditRow> {
     let mut rows = f
         .store
@@ -557,13 +562,7 @@ async fn failed_log_ins_are_audited_with_the_address_until_it_is_throttled() {
     );
     for r in &rows {
         assert_eq!(
-            (
-                r.who.as_str(),
-                r.tenant.as_str(),
-                r.role.as_str(),
-                r.target.as_str(),
-                r.result.as_str()
-            ),
+            said(r),
             (
                 "unknown",
                 "",
@@ -583,13 +582,7 @@ async fn failed_log_ins_are_audited_with_the_address_until_it_is_throttled() {
     let rows = login_audit(&f).await;
     let last = rows.last().unwrap();
     assert_eq!(
-        (
-            last.who.as_str(),
-            last.tenant.as_str(),
-            last.role.as_str(),
-            last.target.as_str(),
-            last.result.as_str()
-        ),
+        said(last),
         (
             "ann",
             "plant-a",

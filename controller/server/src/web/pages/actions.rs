@@ -100,7 +100,13 @@ impl Confirm<'_> {
 }
 
 /// The page after an action: what happened, or why not, and the way back.
-fn outcome(who: &Who, title: &str, result: Result<Markup, AppError>, back: &str) -> Response {
+fn outcome(
+    who: &Who,
+    nav: Nav,
+    title: &str,
+    result: Result<Markup, AppError>,
+    back: &str,
+) -> Response {
     let (code, body) = match result {
         Ok(done) => (
             StatusCode::OK,
@@ -119,11 +125,7 @@ fn outcome(who: &Who, title: &str, result: Result<Markup, AppError>, back: &str)
             },
         ),
     };
-    (
-        code,
-        layout::page(title, who.viewer(), Nav::Packs, None, body),
-    )
-        .into_response()
+    (code, layout::page(title, who.viewer(), nav, None, body)).into_response()
 }
 
 /// `GET /packs/NAME/cancel`.
@@ -175,6 +177,7 @@ pub async fn cancel(
         });
     outcome(
         &who,
+        Nav::Packs,
         &format!("Cancel pack {name}"),
         done,
         &pack_href(&name, &f.tenant),
@@ -276,7 +279,7 @@ pub async fn rollout(
             html! { "The rollout of " (r.tenant) "/" (r.pack) " v" (r.version) " is " (r.state.as_str()) ", at stage " (r.stage + 1) "." }
         });
     let title = format!("{} the rollout of {name}", capital(cmd.word()));
-    outcome(&who, &title, done, &pack_href(&name, &f.tenant))
+    outcome(&who, Nav::Packs, &title, done, &pack_href(&name, &f.tenant))
 }
 
 fn capital(word: &str) -> String {
@@ -359,6 +362,7 @@ pub async fn grant(
     };
     outcome(
         &who,
+        Nav::Fleet,
         &format!("Tenants of agent {id}"),
         done,
         &format!("/agents/{}", percent(&id)),

@@ -169,35 +169,13 @@ fn lateness_section(rows: &[FeedbackRow], last: &str, h: &[u64], most: u64) -> M
     }
 }
 
-/// The packs the agent refused, once, at the top: each message and each
-/// error at its line.
+/// The packs the agent refused, once, at the top.
 fn refusals(v: &AgentView) -> Markup {
-    let refused: Vec<_> = v
-        .packs
-        .iter()
-        .filter(|d| d.state == DeliveryState::Nacked)
-        .collect();
-    html! {
-        @if !refused.is_empty() {
-            section #refusals .alert role="alert" aria-labelledby="refusals-h" {
-                h2 #refusals-h { "Refused " (refused.len()) " pack(s)" }
-                ul {
-                    @for d in &refused {
-                        li {
-                            (d.tenant) "/" (d.pack) " v" (d.version) ": "
-                            @match &d.refusal {
-                                Some(f) => {
-                                    (f.message)
-                                    @for e in &f.errors { br; code { (e.line) ":" (e.column) " " (e.message) } }
-                                }
-                                None => { (d.reason) }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    crate::web::markup::refusals(
+        &v.packs,
+        |n| html! { "Refused " (n) " pack(s)" },
+        |d| html! { (d.tenant) "/" (d.pack) " v" (d.version) },
+    )
 }
 
 /// The agent's packs: desired and held versions, state, why.

@@ -215,35 +215,13 @@ fn actions_bar(rollout: Option<&RolloutStatus>, name: &str, tenant: &str) -> Mar
     }
 }
 
-/// Every refusal of the shown version, once, near the top: the agent,
-/// its message and each error at its line.
+/// Every refusal of the shown version, once, near the top.
 fn refusals(page: &DeliveriesPage) -> Markup {
-    let refused: Vec<_> = page
-        .rows
-        .iter()
-        .filter(|d| d.state == DeliveryState::Nacked)
-        .collect();
-    html! {
-        @if !refused.is_empty() {
-            section #refusals .alert role="alert" aria-labelledby="refusals-h" {
-                h2 #refusals-h { (refused.len()) " agent(s) refused v" (page.version) }
-                ul {
-                    @for d in &refused {
-                        li {
-                            a href=(format!("/agents/{}", percent(&d.agent_id))) { (d.agent_id) } ": "
-                            @match &d.refusal {
-                                Some(f) => {
-                                    (f.message)
-                                    @for e in &f.errors { br; code { (e.line) ":" (e.column) " " (e.message) } }
-                                }
-                                None => { (d.reason) }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    crate::web::markup::refusals(
+        &page.rows,
+        |n| html! { (n) " agent(s) refused v" (page.version) },
+        |d| html! { a href=(format!("/agents/{}", percent(&d.agent_id))) { (d.agent_id) } },
+    )
 }
 
 /// A version's rollout, if it has one: who holds its stage up (at the
