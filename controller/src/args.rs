@@ -74,6 +74,11 @@ pub(crate) enum Command {
         /// Tenant (default: the operator certificate's, or `default`).
         #[arg(long, default_value = "")]
         tenant: String,
+        /// Only on this agent (repeat for several): the pack's other
+        /// agents keep it, and no version up to the latest goes to this
+        /// one again (a newer push does).
+        #[arg(long = "agent", value_name = "ID")]
+        agents: Vec<String>,
     },
     /// List packs (latest version) with their delivery counts.
     Packs {

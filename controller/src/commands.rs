@@ -12,9 +12,14 @@ pub(crate) fn run(command: Command, out: &mut dyn Write, err: &mut dyn Write) ->
     match command {
         Command::Serve(s) => serve::run(s.into()),
         Command::Push(p) => p.run(err),
-        Command::Cancel { conn, pack, tenant } => operator::run(err, async move {
-            baton_controller::ops::cancel(&conn.conn()?, &tenant, &pack, &mut std::io::stdout())
-                .await
+        Command::Cancel {
+            conn,
+            pack,
+            tenant,
+            agents,
+        } => operator::run(err, async move {
+            let (conn, out) = (conn.conn()?, &mut std::io::stdout());
+            baton_controller::ops::cancel(&conn, &tenant, &pack, &agents, out).await
         }),
         Command::Packs { conn, json } => operator::run(err, async move {
             baton_controller::ops::packs(&conn.conn()?, json, &mut std::io::stdout()).await

@@ -241,6 +241,22 @@ const BLINK: &str = "tenant: plant-a\npack: blink\nversion: VERSION\ntargets: {a
 /// Press Tab until `selector` has the focus (at most 200 times), then
 /// Enter: a control reached and used from the keyboard alone.
 async fn tab_to_and_enter(c: &Client, selector: &str) {
+    tab_to_and_press(c, selector, '\u{E007}').await;
+}
+
+/// A cancel's safe state drove a line low in these GPIO writes.
+fn cancel_ran_safe_state(writes: &[serde_json::Value]) -> bool {
+    writes.iter().any(|w| {
+        w["value"] == 0
+            && w["execution_id"]
+                .as_str()
+                .is_some_and(|e| e.contains("safe_state (cancel)"))
+    })
+}
+
+/// Tab until `selector` has the focus, then press `key` (WebDriver's key
+/// code: Enter, Space).
+async fn tab_to_and_press(c: &Client, selector: &str, key_code: char) {
     let is_focused =
         format!("return document.activeElement && document.activeElement.matches({selector:?});");
     let key = |k: char| {
@@ -250,7 +266,7 @@ async fn tab_to_and_enter(c: &Client, selector: &str) {
     };
     for _ in 0..200 {
         if js(c, &is_focused).await == json!(true) {
-            c.perform_actions(key('\u{E007}')).await.expect("Enter");
+            c.perform_actions(key(key_code)).await.expect("the key");
             return;
         }
         c.perform_actions(key('\u{E004}')).await.expect("Tab");
@@ -542,7 +558,7 @@ async fn steps(c: &Client, f: &mut Fleet) {
         .expect("pack page");
     let rows = js(
         c,
-        "return document.querySelectorAll('#deliv-h ~ table tbody tr').length;",
+        "return document.querySelectorAll('#deliveries tbody tr').length;",
     )
     .await;
     assert_eq!(rows, json!(2), "the pack's two deliveries");
@@ -601,9 +617,76 @@ async fn steps(c: &Client, f: &mut Fleet) {
     let (code, _) = fetch(c, "/packs/blink/cancel?tenant=plant-a", "GET").await;
     assert_eq!(code, 404, "another tenant's pack");
     logout(c).await;
-    // An operator cancels from the pack page, by keyboard, while a second
-    // page on the same pack is open: that page says so at once.
+    // An operator withdraws the pack from press-1 only, choosing it in
+    // the deliveries table by keyboard: press-1 runs the safe state,
+    // press-2 keeps firing.
     login(c, base, &f.olga).await;
+    c.goto(&format!("{base}/packs/blink"))
+        .await
+        .expect("pack page");
+    tab_to_and_press(c, "input[name=agent][value=press-1]", '\u{E00D}').await;
+    tab_to_and_enter(c, "#choose button[type=submit]").await;
+    let what = wait_js(
+        c,
+        "the chosen agents' confirmation",
+        "const w = document.querySelector('#confirm-what'); return w ? w.textContent : null;",
+    )
+    .await;
+    assert!(
+        what.as_str().is_some_and(|w| w.contains("On press-1:")
+            && w.contains("1 of them hold a version")
+            && w.contains("other agents keep it")),
+        "{what}"
+    );
+    tab_to_and_enter(c, "#confirm-form button[type=submit]").await;
+    let done = wait_js(
+        c,
+        "the chosen agents' outcome",
+        "const o = document.querySelector('#outcome'); return o ? o.textContent : null;",
+    )
+    .await;
+    assert!(
+        done.as_str()
+            .is_some_and(|d| d.contains("Cancelled plant-a/blink (v1) on press-1")),
+        "{done}"
+    );
+    let (p1, p2) = (&f.agents[0], &f.agents[1]);
+    assert_eq!(p1.id, "press-1");
+    assert!(
+        wait_until(WAIT, || cancel_ran_safe_state(&p1.writes())),
+        "press-1: no safe state after its cancel: {:?}",
+        p1.writes().last()
+    );
+    let before = p2.writes().len();
+    assert!(
+        wait_until(WAIT, || p2.writes().len() > before + 2),
+        "press-2 stopped firing"
+    );
+    assert!(
+        !p2.writes().iter().any(|w| w["execution_id"]
+            .as_str()
+            .is_some_and(|e| e.contains("safe_state"))),
+        "press-2 ran a safe state"
+    );
+    // Its row says it holds none once it answered the cancel.
+    let asked = Instant::now();
+    loop {
+        c.goto(&format!("{base}/packs/blink"))
+            .await
+            .expect("pack page");
+        let held = js(
+            c,
+            "const a = document.querySelector(\"#deliveries a[href='/agents/press-1']\"); \
+             return a ? a.closest('tr').querySelectorAll('td')[2].textContent : null;",
+        )
+        .await;
+        if held == json!("none") {
+            break;
+        }
+        assert!(asked.elapsed() < WAIT, "press-1 still holds it: {held}");
+    }
+    // Then the whole pack, from the pack page, by keyboard, while a
+    // second page on the same pack is open: that page says so at once.
     let first = c.window().await.expect("this window");
     let second = c.new_window(false).await.expect("a second window").handle;
     c.switch_to_window(second.clone()).await.expect("to it");
@@ -629,7 +712,7 @@ async fn steps(c: &Client, f: &mut Fleet) {
     .await;
     assert!(
         what.as_str()
-            .is_some_and(|w| w.contains("2 agent(s) hold a version of it now")),
+            .is_some_and(|w| w.contains("1 agent(s) hold a version of it now")),
         "the confirmation says what and to how many: {what}"
     );
     shot(c, "confirm").await;
@@ -643,21 +726,15 @@ async fn steps(c: &Client, f: &mut Fleet) {
     .await;
     assert!(
         done.as_str()
-            .is_some_and(|d| d.contains("Cancelled plant-a/blink (v1): 2 agent(s)")),
+            .is_some_and(|d| d.contains("Cancelled plant-a/blink (v1): 1 agent(s)")),
         "{done}"
     );
-    // On the devices: the safe state ran (the line driven low by it).
-    for a in &f.agents[..2] {
-        assert!(
-            wait_until(WAIT, || a.writes().iter().any(|w| w["value"] == 0
-                && w["execution_id"]
-                    .as_str()
-                    .is_some_and(|e| e.contains("safe_state (cancel)")))),
-            "{}: no safe state after the cancel: {:?}",
-            a.id,
-            a.writes().last()
-        );
-    }
+    // On the device: the safe state ran (the line driven low by it).
+    assert!(
+        wait_until(WAIT, || cancel_ran_safe_state(&p2.writes())),
+        "press-2: no safe state after the cancel: {:?}",
+        p2.writes().last()
+    );
     c.switch_to_window(second.clone())
         .await
         .expect("the second page");
@@ -669,7 +746,7 @@ async fn steps(c: &Client, f: &mut Fleet) {
     .await;
     assert!(
         note.as_str()
-            .is_some_and(|n| n.contains("olga cancelled the pack on 2 agent(s)")),
+            .is_some_and(|n| n.contains("olga cancelled the pack on 1 agent(s)")),
         "{note}"
     );
     c.close_window().await.expect("close the second window");

@@ -113,6 +113,73 @@ fn push_ack_feedback_and_cancel() {
     assert_eq!(packs[0]["cancelled"], true);
 }
 
+/// `cancel PACK --agent ID`: that agent runs the safe state and drops the
+/// pack, the other keeps firing it; pushing the same version again does
+/// not send it back, a newer version does.
+#[test]
+fn cancel_on_one_agent_leaves_the_others_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let a1 = start_agent(&dir.path().join("a1"), "a1", &c.url, &[]);
+    let a2 = start_agent(&dir.path().join("a2"), "a2", &c.url, &[]);
+    assert!(
+        wait_until(WAIT, || c.connected("a1") && c.connected("a2")),
+        "agents never connected:\n{}\n{}",
+        a1.log(),
+        a2.log()
+    );
+    let v1 = write(
+        dir.path(),
+        "p.yaml",
+        &blink("p", 1, "{agents: [a1, a2]}", 5),
+    );
+    let o = c.ctl(&["push", v1.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "push: {}{}", stdout(&o), stderr(&o));
+
+    let o = c.ctl(&["cancel", "p", "--agent", "a1"]);
+    assert!(o.status.success(), "cancel: {}", stderr(&o));
+    assert!(stdout(&o).contains("1 agent told: a1"), "{}", stdout(&o));
+    assert!(
+        wait_until(WAIT, || held(&c, "a1").is_empty()),
+        "a1 still holds it: {:?}",
+        held(&c, "a1")
+    );
+    let last = a1.writes().into_iter().rfind(|w| w["line"] == 5);
+    assert_eq!(
+        last.expect("a1 wrote line 5")["value"],
+        0,
+        "a1's safe state"
+    );
+    // a2 keeps it, and keeps firing it.
+    assert_eq!(held(&c, "a2"), [("p".to_string(), 1, false)]);
+    let before = a2.writes().len();
+    assert!(
+        wait_until(WAIT, || a2.writes().len() >= before + 3),
+        "a2 stopped firing"
+    );
+    // An unknown agent is refused with its name.
+    let o = c.ctl(&["cancel", "p", "--agent", "ghost"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ghost"), "{}", stderr(&o));
+
+    // The same version pushed again does not reach a1; v2 does.
+    let o = c.ctl(&["push", v1.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "push again: {}", stderr(&o));
+    assert_eq!(held(&c, "a1"), []);
+    let v2 = write(
+        dir.path(),
+        "p2.yaml",
+        &blink("p", 2, "{agents: [a1, a2]}", 5),
+    );
+    let o = c.ctl(&["push", v2.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "push v2: {}{}", stdout(&o), stderr(&o));
+    assert!(
+        wait_until(WAIT, || held(&c, "a1") == [("p".to_string(), 2, false)]),
+        "a1 never got v2: {:?}",
+        held(&c, "a1")
+    );
+}
+
 #[test]
 fn invalid_packs_are_refused_with_positions_and_nothing_is_stored() {
     let dir = tempfile::tempdir().expect("tempdir");

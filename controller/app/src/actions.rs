@@ -38,18 +38,29 @@ impl App {
         Ok(p)
     }
 
-    /// [`App::cancel`], audited and announced.
+    /// [`App::cancel`] (`only` empty) or [`App::cancel_on`] those agents,
+    /// audited and announced.
     pub async fn cancel_as(
         &self,
         caller: &Caller,
         tenant: &str,
         pack: &str,
+        only: &[String],
     ) -> AppResult<Cancelled> {
         let named = caller.audit_tenant(tenant);
-        let target = format!("{named}/{pack}");
-        let r = self.cancel(caller, tenant, pack).await;
+        let (target, r) = if only.is_empty() {
+            let r = self.cancel(caller, tenant, pack).await;
+            (format!("{named}/{pack}"), r)
+        } else {
+            let r = self.cancel_on(caller, tenant, pack, only).await;
+            (format!("{named}/{pack} on {}", only.join(", ")), r)
+        };
         let c = self.audited(caller, &named, "cancel", &target, r).await?;
-        let what = format!("cancelled the pack on {} agent(s)", c.agents.len());
+        let what = if only.is_empty() {
+            format!("cancelled the pack on {} agent(s)", c.agents.len())
+        } else {
+            format!("cancelled the pack on {}", c.agents.join(", "))
+        };
         self.announce(caller, &c.key, "", what);
         Ok(c)
     }
@@ -88,13 +99,25 @@ impl App {
         Ok(tenants)
     }
 
-    /// How many agents cancelling `pack` concerns, for its confirmation.
-    pub async fn reach(&self, caller: &Caller, tenant: &str, pack: &str) -> AppResult<Reach> {
+    /// How many agents cancelling `pack` concerns (only the agents in
+    /// `only`, when any are named: each must have a delivery of it), for
+    /// its confirmation.
+    pub async fn reach(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        pack: &str,
+        only: &[String],
+    ) -> AppResult<Reach> {
         let tenant = caller
             .tenant_of(tenant)
             .ok_or_else(|| AppError::NotFound(format!("no pack {tenant}/{pack}")))?;
         let key = PackKey::new(&tenant, pack);
-        let rows = self.all_deliveries(&key, None).await?;
+        let mut rows = self.all_deliveries(&key, None).await?;
+        if !only.is_empty() {
+            crate::packs::each_delivered(&key, &rows, only)?;
+            rows.retain(|r| only.contains(&r.agent_id));
+        }
         Ok(Reach {
             meant: rows.iter().filter(|r| r.intent == Intent::Hold).count(),
             holding: rows.iter().filter(|r| r.held.is_some()).count(),

@@ -228,6 +228,57 @@ impl App {
         })
     }
 
+    /// Withdraw a pack from chosen agents only: each holder among them
+    /// enters its safe state and removes it, the pack's other agents keep
+    /// it, and no version up to the latest goes to the chosen ones again
+    /// (a newer push does). Each must have a delivery of the pack: an
+    /// agent it was never for is "not found", like another tenant's.
+    pub async fn cancel_on(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        pack: &str,
+        agents: &[String],
+    ) -> AppResult<Cancelled> {
+        caller.may_change()?;
+        let tenant = caller
+            .tenant_of(tenant)
+            .ok_or_else(|| AppError::NotFound(format!("no pack {tenant}/{pack}")))?;
+        let key = PackKey::new(&tenant, pack);
+        if agents.is_empty() {
+            return Err(AppError::Invalid(format!(
+                "cancel {key} on which agents? none was named"
+            )));
+        }
+        let rows = self.all_deliveries(&key, None).await?;
+        if rows.is_empty() && self.store.pack_version(&key, None).await?.is_none() {
+            return Err(AppError::NotFound(format!("no pack {key}")));
+        }
+        let mut chosen: Vec<String> = agents.to_vec();
+        chosen.sort();
+        chosen.dedup();
+        each_delivered(&key, &rows, &chosen)?;
+        let changed = self
+            .store
+            .withdraw_from(&key, &chosen, now())
+            .await
+            .map_err(|e| match e {
+                StoreError::NoSuchPack { .. } => AppError::NotFound(format!("no pack {key}")),
+                e => e.into(),
+            })?;
+        self.delivered(&changed, None);
+        let version = match self.store.pack_version(&key, None).await? {
+            Some(v) => v.version,
+            None => 0,
+        };
+        tracing::info!(pack = %key, agents = %chosen.join(","), "cancelled on chosen agents");
+        Ok(Cancelled {
+            key,
+            version,
+            agents: chosen,
+        })
+    }
+
     /// Every delivery row of the pack (about `version` when given), all
     /// pages.
     pub(super) async fn all_deliveries(
@@ -333,5 +384,23 @@ impl App {
             rows,
             next,
         })
+    }
+}
+
+/// Every agent of `chosen` has a row among `rows` (the pack's): an agent
+/// the pack was never for is "not found", like another tenant's.
+pub(crate) fn each_delivered(
+    key: &PackKey,
+    rows: &[DeliveryRow],
+    chosen: &[String],
+) -> AppResult<()> {
+    match chosen
+        .iter()
+        .find(|id| !rows.iter().any(|r| r.agent_id == **id))
+    {
+        Some(id) => Err(AppError::NotFound(format!(
+            "{key} has no delivery to agent {id}"
+        ))),
+        None => Ok(()),
     }
 }

@@ -178,6 +178,10 @@ impl App {
         key: &PackKey,
         pack: &PackVersionRow,
     ) -> AppResult<Vec<AgentRow>> {
+        // An agent an operator withdrew this version from is none of its
+        // targets: never admitted, never waited for.
+        let withdrawn = self.store.withdrawn_from(key).await?;
+        let stopped = |id: &str| withdrawn.get(id).is_some_and(|&v| pack.version <= v);
         let mut agents: Vec<AgentRow> = Vec::new();
         let mut after: Option<String> = None;
         loop {
@@ -195,6 +199,7 @@ impl App {
             agents.extend(page.into_iter().filter(|a| {
                 a.serves(&key.tenant, self.cfg.binding)
                     && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
+                    && !stopped(&a.id)
             }));
             if done {
                 return Ok(agents);

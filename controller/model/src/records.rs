@@ -275,6 +275,18 @@ pub struct PackTargets {
     pub cancelled: Option<RefTime>,
     /// A rollout's say on who holds the latest (`None`: every target).
     pub gate: Option<Gate>,
+    /// Agents an operator withdrew the pack from, each with the latest
+    /// version at that moment: no version up to it is wanted there again
+    /// (a rollout's `from` included), a newer push is. Kept per pack, not
+    /// per row: a withdrawn agent's row may go, the stop must not.
+    pub stopped: BTreeMap<String, u64>,
+}
+
+impl PackTargets {
+    /// Whether an operator withdrew version `v` from agent `id`.
+    pub fn stopped_at(&self, id: &str, v: u64) -> bool {
+        self.stopped.get(id).is_some_and(|&through| v <= through)
+    }
 }
 
 /// A pack as `packs` lists it: the latest version and how its deliveries

@@ -132,7 +132,7 @@ impl wire::admin_server::Admin for AdminService {
         let req = request.into_inner();
         let c = self
             .app()
-            .cancel_as(&caller, &req.tenant, &req.pack)
+            .cancel_as(&caller, &req.tenant, &req.pack, &req.agents)
             .await
             .map_err(status)?;
         Ok(Response::new(wire::CancelReply {

@@ -171,6 +171,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: include_str!("migrations/0017_feedback_brin.pg.sql"),
         sqlite_only: "",
     },
+    Migration {
+        version: 18,
+        sql: include_str!("migrations/0018_pack_stops.sql"),
+        postgres_only: "",
+        sqlite_only: "",
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

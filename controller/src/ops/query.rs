@@ -21,16 +21,18 @@ pub(super) fn line(out: &mut dyn Write, s: &str) -> Result<(), OpError> {
         })
 }
 
-/// `cancel PACK [--tenant T]`.
+/// `cancel PACK [--tenant T] [--agent ID]...`.
 pub async fn cancel(
     conn: &Conn,
     tenant: &str,
     pack: &str,
+    agents: &[String],
     out: &mut dyn Write,
 ) -> Result<(), OpError> {
     let request = wire::CancelRequest {
         tenant: tenant.into(),
         pack: pack.into(),
+        agents: agents.to_vec(),
     };
     let r = client(conn).await?.cancel(request).await?.into_inner();
     line(

@@ -3,6 +3,8 @@
 //! that decide). Every operation is complete and atomic: when it returns
 //! `Ok`, the change survives `kill -9` of the controller.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use baton_model::{
     AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
@@ -146,6 +148,36 @@ pub trait StoreOps: Store {
             let rows = decide::cancel(tx, &key, at)?;
             tx.announce(&rows, at)?;
             Ok(rows)
+        })
+        .await
+    }
+
+    /// Withdraw a live pack from chosen agents only
+    /// ([`decide::withdraw_from`]). Returns the rows that changed.
+    async fn withdraw_from(
+        &self,
+        key: &PackKey,
+        agents: &[String],
+        at: RefTime,
+    ) -> StoreResult<Vec<DeliveryRow>> {
+        let (key, agents) = (key.clone(), agents.to_vec());
+        transact(self, move |tx| {
+            let rows = decide::withdraw_from(tx, &key, &agents, at)?;
+            tx.announce(&rows, at)?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    /// The agents pack `key` is withdrawn from, each with the version it
+    /// was withdrawn through (empty for a pack the store does not know).
+    async fn withdrawn_from(&self, key: &PackKey) -> StoreResult<BTreeMap<String, u64>> {
+        let key = key.clone();
+        transact(self, move |tx| {
+            Ok(tx
+                .pack_targets(&key, Some(""))?
+                .map(|p| p.stopped)
+                .unwrap_or_default())
         })
         .await
     }

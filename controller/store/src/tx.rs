@@ -8,6 +8,8 @@
 //! backend runs a whole job of them in one transaction
 //! ([`crate::Store::transact`]): all of it is committed, or none.
 
+use std::collections::BTreeMap;
+
 use baton_model::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
@@ -161,6 +163,9 @@ pub trait Tx {
     fn write_cancel(&mut self, key: &PackKey, at: RefTime) -> StoreResult<bool>;
     /// The gate on the pack row.
     fn write_gate(&mut self, key: &PackKey, gate: Option<&GateRow>) -> StoreResult<()>;
+    /// The agents the pack is withdrawn from ([`PackTargets::stopped`]),
+    /// all of them: the map replaces what the pack row had.
+    fn write_stops(&mut self, key: &PackKey, stops: &BTreeMap<String, u64>) -> StoreResult<()>;
 
     // ---- rollouts
 

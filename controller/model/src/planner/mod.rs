@@ -20,6 +20,9 @@
 //!   it is still the agent's), unless an operator cancelled it by name
 //!   (the row is then `withdraw`, so every holder is told, even after a
 //!   store was lost);
+//! - an operator may withdraw a live pack from chosen agents: no version
+//!   up to the latest at that moment is wanted there again (a rollout's
+//!   `from` included); a newer version is;
 //! - a refusal counts only for the version it refused: a newer version is
 //!   sent again; and only until the agent holds that version.
 //!
@@ -41,6 +44,15 @@ use crate::time::RefTime;
 /// The version `agent` should hold of `pack`, or `None`, given what it
 /// holds.
 pub fn wanted(
+    agent: &AgentRow,
+    pack: &PackTargets,
+    held: Option<Held>,
+    binding: Binding,
+) -> Option<u64> {
+    wanted_unless_stopped(agent, pack, held, binding).filter(|&v| !pack.stopped_at(&agent.id, v))
+}
+
+fn wanted_unless_stopped(
     agent: &AgentRow,
     pack: &PackTargets,
     held: Option<Held>,

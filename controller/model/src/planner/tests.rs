@@ -38,6 +38,7 @@ fn pack(tenant: &str, latest: u64, targets: TargetsRow) -> PackTargets {
         targets,
         cancelled: None,
         gate: None,
+        stopped: BTreeMap::new(),
     }
 }
 
@@ -166,6 +167,61 @@ fn held_v(version: u64) -> Option<Held> {
         version,
         stopped: false,
     })
+}
+
+#[test]
+fn a_pack_withdrawn_from_chosen_agents_stays_away_from_them_until_a_newer_version() {
+    let (a1, a2) = (agent("a1", &["t"], &[]), agent("a2", &["t"], &[]));
+    let k = PackKey::new("t", "p");
+    let b = Binding::Tenants;
+    let mut p = pack("t", 3, ids(&["a1", "a2"]));
+    p.stopped.insert("a1".into(), 3);
+    assert_eq!(wanted(&a1, &p, held_v(3), b), None, "withdrawn here");
+    assert_eq!(wanted(&a2, &p, held_v(3), b), Some(3), "the others keep it");
+    // The holder is told to cancel; once it dropped it, the row stays a
+    // withdrawal (it is not pushed v3 again on the next re-plan).
+    let row = plan(
+        &a1,
+        &k,
+        Some(&p),
+        None,
+        held_v(3),
+        b,
+        RefTime::from_nanos(10),
+    )
+    .unwrap();
+    assert_eq!(action(&row), Some(Action::Cancel(3)));
+    let gone = plan(
+        &a1,
+        &k,
+        Some(&p),
+        Some(&row),
+        None,
+        b,
+        RefTime::from_nanos(20),
+    )
+    .unwrap();
+    assert_eq!((gone.intent, action(&gone)), (Intent::Withdraw, None));
+    // A rollout of v4 does not hand the stopped agent its `from` (v3) back
+    // while it waits outside the cohort; admitted, it gets v4.
+    let newer = PackTargets { latest: 4, ..p };
+    let waiting = gated(newer.clone(), 4, Some(3), true, &["a2"]);
+    assert_eq!(wanted(&a1, &waiting, None, b), None);
+    assert_eq!(wanted(&a2, &waiting, held_v(3), b), Some(4));
+    let admitted = gated(newer.clone(), 4, Some(3), true, &["a1", "a2"]);
+    assert_eq!(wanted(&a1, &admitted, None, b), Some(4));
+    // Without a rollout, v4 goes to it at once.
+    let next = plan(
+        &a1,
+        &k,
+        Some(&newer),
+        Some(&gone),
+        None,
+        b,
+        RefTime::from_nanos(30),
+    )
+    .unwrap();
+    assert_eq!(action(&next), Some(Action::Push(4)));
 }
 
 #[test]
@@ -1007,16 +1063,24 @@ fn targets() -> impl Strategy<Value = TargetsRow> {
 }
 
 fn packs() -> impl Strategy<Value = PackTargets> {
-    (text(&TENANTS), 1..6_u64, targets(), any::<bool>()).prop_map(
-        |(tenant, latest, targets, cancelled)| PackTargets {
-            tenant,
-            pack: "p".into(),
-            latest,
-            targets,
-            cancelled: cancelled.then_some(RefTime::from_nanos(7)),
-            gate: None,
-        },
+    (
+        text(&TENANTS),
+        1..6_u64,
+        targets(),
+        any::<bool>(),
+        prop::collection::btree_map(text(&IDS), 0..6_u64, 0..=2),
     )
+        .prop_map(
+            |(tenant, latest, targets, cancelled, stopped)| PackTargets {
+                tenant,
+                pack: "p".into(),
+                latest,
+                targets,
+                cancelled: cancelled.then_some(RefTime::from_nanos(7)),
+                gate: None,
+                stopped,
+            },
+        )
 }
 
 fn bindings() -> impl Strategy<Value = Binding> {
@@ -1092,7 +1156,8 @@ fn prior(
 /// pack is wanted at its latest version by an agent serving its tenant
 /// (any agent on an open controller) that its targets name, or whose
 /// labels for that tenant (the tenant's operator labels over the agent's
-/// own; `None` hides) carry every targeted label.
+/// own; `None` hides) carry every targeted label, unless an operator
+/// withdrew that version or a newer one from it.
 fn oracle_wanted(a: &AgentRow, p: &PackTargets, b: Binding) -> Option<u64> {
     if p.cancelled.is_some() {
         return None;
@@ -1111,7 +1176,9 @@ fn oracle_wanted(a: &AgentRow, p: &PackTargets, b: Binding) -> Option<u64> {
         TargetsRow::Agents(ids) => ids.contains(&a.id),
         TargetsRow::Labels(want) => want.iter().all(|(k, v)| label(k) == Some(v)),
     };
-    hit.then_some(p.latest)
+    // Withdrawn from this agent by an operator: only a newer version.
+    let stopped = p.stopped.get(&a.id).is_some_and(|&s| p.latest <= s);
+    (hit && !stopped).then_some(p.latest)
 }
 
 proptest! {
@@ -1210,7 +1277,7 @@ proptest! {
     ) {
         let mut a = a;
         a.tenants.insert(p.tenant.clone());
-        let p = PackTargets { cancelled: None, targets: TargetsRow::Agents(vec![a.id.clone()]), ..p };
+        let p = PackTargets { cancelled: None, targets: TargetsRow::Agents(vec![a.id.clone()]), stopped: BTreeMap::new(), ..p };
         let k = PackKey::new(&p.tenant, "p");
         let held = held.map(|version| Held { version, stopped: false }).filter(|h| h.version < p.latest);
         let row = plan(&a, &k, Some(&p), None, held, b, RefTime::from_nanos(10)).unwrap();

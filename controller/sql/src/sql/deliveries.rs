@@ -16,7 +16,8 @@ use baton_store::{
     AgentRow, Binding, DeliveryRow, Gate, PackKey, PackTargets, StoreResult, TargetsRow,
 };
 
-const PACK_TARGET_COLUMNS: &str = "tenant, pack, latest_version, targets, cancelled_ns, gate";
+const PACK_TARGET_COLUMNS: &str =
+    "tenant, pack, latest_version, targets, cancelled_ns, gate, stops";
 
 fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
     let tenant: String = col(row, "tenant")?;
@@ -36,6 +37,10 @@ fn decode_targets(row: &dyn Row) -> StoreResult<PackTargets> {
                     })
                 })
                 .transpose()?,
+            stopped: col::<Option<String>>(row, "stops")?
+                .map(|j| from_json(&j, "withdrawn agents"))
+                .transpose()?
+                .unwrap_or_default(),
         })
     })();
     with_row(format_args!("pack {tenant}/{pack}"), r)

@@ -1,10 +1,13 @@
 //! Packs and their versions.
 
 use super::codec::{
-    decode_pack_version, targets_from_json, targets_json, to_db, u32_from_db, u64_from_db, with_row,
+    decode_pack_version, targets_from_json, targets_json, to_db, to_json, u32_from_db, u64_from_db,
+    with_row,
 };
 use super::codec::{instant_col, opt_instant_col};
 use super::db::{Db, col, params, query_all, query_first, run};
+use std::collections::BTreeMap;
+
 use baton_store::{PackKey, PackSummaryRow, PackVersionRow, PutPack, StoreError, StoreResult};
 
 /// Stores a version: one conditional upsert of the pack row decides
@@ -205,4 +208,22 @@ pub(crate) fn pack_version(
         ),
     };
     Ok(rows?.pop())
+}
+
+/// The pack's withdrawn agents, replaced (`NULL` when none).
+pub(crate) fn write_stops(
+    conn: &dyn Db,
+    key: &PackKey,
+    stops: &BTreeMap<String, u64>,
+) -> StoreResult<()> {
+    let json = (!stops.is_empty())
+        .then(|| to_json(stops, "withdrawn agents"))
+        .transpose()?;
+    run(
+        conn,
+        "withdraw a pack from agents",
+        "UPDATE packs SET stops = ?3 WHERE tenant = ?1 AND pack = ?2",
+        params![key.tenant, key.pack, json],
+    )?;
+    Ok(())
 }

@@ -1,6 +1,8 @@
 //! [`Tx`] on a connection inside the writer's transaction: each primitive
 //! one or a few statements of the shared SQL.
 
+use std::collections::BTreeMap;
+
 use baton_store::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, Grows, HelloRow, LabelOverrides, Member, PackHead, PackKey, PackTargets,
@@ -196,6 +198,10 @@ impl Tx for SqlTx<'_> {
 
     fn write_gate(&mut self, key: &PackKey, gate: Option<&GateRow>) -> StoreResult<()> {
         rollouts::set_gate(self.conn, key, gate)
+    }
+
+    fn write_stops(&mut self, key: &PackKey, stops: &BTreeMap<String, u64>) -> StoreResult<()> {
+        packs::write_stops(self.conn, key, stops)
     }
 
     fn rollout(&mut self, key: &PackKey, version: Option<u64>) -> StoreResult<Option<RolloutRow>> {

@@ -75,6 +75,7 @@ macro_rules! contract_suite {
             put_pack_versions: [tenants];
             cancel_known_pack: [tenants, open];
             cancel_unknown_pack: [tenants, open];
+            withdraw_from_chosen_agents: [tenants, open];
             reconcile_pack_targets: [tenants, open];
             agent_held_rules: [tenants, open];
             answers: [tenants, open];

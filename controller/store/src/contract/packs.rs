@@ -256,6 +256,103 @@ pub async fn cancel_known_pack(s: &dyn Store, _: Binding) {
 /// operator cancels it by name, which withdraws it from every holder;
 /// nobody holding it is [`StoreError::NoSuchPack`]. Later pushes of it
 /// work.
+/// A pack withdrawn from chosen agents: their rows withdraw it (the
+/// holder told to cancel), the others keep it; a reconnect, a reconcile
+/// or a re-push of the same version does not send it back; a newer
+/// version reaches them again. Unknown packs are refused, a cancelled one
+/// changes nothing.
+pub async fn withdraw_from_chosen_agents(s: &dyn Store, _: Binding) {
+    let k = key("t", "p");
+    for (i, id) in ["a1", "a2", "a3"].into_iter().enumerate() {
+        s.agent_hello(hello_in(id, &["t"], &[], 10 + i as i64))
+            .await
+            .unwrap();
+    }
+    push(s, pack("t", "p", 1, to_ids(&["a1", "a2", "a3"])), 20).await;
+    s.answer(ack("a1", &k, 1, 30)).await.unwrap();
+    s.answer(ack("a3", &k, 1, 31)).await.unwrap();
+
+    let chosen = ["a1".to_string(), "a2".to_string()];
+    let changed = sorted(
+        s.withdraw_from(&k, &chosen, RefTime::from_nanos(40))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        brief(&changed),
+        [
+            b("a1", "t/p", 1, Withdraw, Cancelled),
+            b("a2", "t/p", 1, Withdraw, Cancelled)
+        ]
+    );
+    assert_eq!(planner::action(&changed[0]), Some(Action::Cancel(1)));
+    assert_eq!(planner::action(&changed[1]), None, "a2 never held it");
+    let a3 = row(s, "a3", &k).await;
+    assert_eq!((a3.intent, a3.state), (Hold, Acked), "the others keep it");
+    assert_eq!(
+        s.withdrawn_from(&k).await.unwrap(),
+        BTreeMap::from([("a1".to_string(), 1), ("a2".to_string(), 1)])
+    );
+
+    // The holder dropped it, then reconnects: nothing is sent back.
+    s.agent_held("a1", 1, Vec::new(), RefTime::from_nanos(50))
+        .await
+        .unwrap();
+    let (_, rows) = s
+        .agent_hello(hello_in("a1", &["t"], &[], 60))
+        .await
+        .unwrap();
+    assert!(
+        rows.iter().all(|r| planner::action(r).is_none()),
+        "{rows:?}"
+    );
+    assert_eq!(
+        s.reconcile_pack(&k, RefTime::from_nanos(61)).await.unwrap(),
+        []
+    );
+    assert_eq!(
+        s.put_pack(pack("t", "p", 1, to_ids(&["a1", "a2", "a3"])))
+            .await
+            .unwrap(),
+        PutPack::Unchanged
+    );
+    assert_eq!(
+        s.reconcile_pack(&k, RefTime::from_nanos(62)).await.unwrap(),
+        []
+    );
+
+    // A newer version reaches every target again; the stop stays on record
+    // for v1.
+    let v2 = sorted(push(s, pack("t", "p", 2, to_ids(&["a1", "a2", "a3"])), 70).await);
+    let actions: Vec<Option<Action>> = v2.iter().map(planner::action).collect();
+    assert_eq!(
+        actions,
+        [
+            Some(Action::Push(2)),
+            Some(Action::Push(2)),
+            Some(Action::Push(2))
+        ]
+    );
+    assert_eq!(s.withdrawn_from(&k).await.unwrap().get("a1"), Some(&1));
+
+    // Unknown: refused; cancelled: nothing to do.
+    let r = s
+        .withdraw_from(&key("t", "none"), &chosen, RefTime::from_nanos(80))
+        .await;
+    assert!(matches!(r, Err(StoreError::NoSuchPack { .. })), "{r:?}");
+    assert_eq!(
+        s.withdrawn_from(&key("t", "none")).await.unwrap(),
+        BTreeMap::new()
+    );
+    s.cancel_pack(&k, RefTime::from_nanos(90)).await.unwrap();
+    assert_eq!(
+        s.withdraw_from(&k, &chosen, RefTime::from_nanos(91))
+            .await
+            .unwrap(),
+        []
+    );
+}
+
 pub async fn cancel_unknown_pack(s: &dyn Store, _: Binding) {
     let k = key("t", "x");
     let mut h = hello_in("a1", &["t"], &[], 10);

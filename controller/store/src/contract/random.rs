@@ -195,6 +195,7 @@ impl Model {
                 targets: p.targets.clone(),
                 cancelled: None,
                 gate: None,
+                stopped: Default::default(),
             },
         );
         self.pushed.insert(k.clone(), p.pushed.as_nanos());
@@ -226,6 +227,7 @@ impl Model {
                 targets: TargetsRow::Nobody,
                 cancelled: Some(RefTime::from_nanos(at_ns)),
                 gate: None,
+                stopped: Default::default(),
             },
         );
         self.pushed.insert(k.clone(), at_ns);

@@ -156,6 +156,36 @@ pub fn cancel(tx: &mut dyn Tx, key: &PackKey, at: RefTime) -> StoreResult<Vec<De
     plan::replan_pack(tx, key, at)
 }
 
+/// A live pack withdrawn from chosen agents only: each is stopped at the
+/// latest version ([`baton_model::PackTargets::stopped`]) and the pack
+/// re-planned, so a holder is told to cancel and nobody is sent a version
+/// up to it again (a newer push reaches them). A cancelled pack is
+/// withdrawn everywhere already: nothing changes.
+pub fn withdraw_from(
+    tx: &mut dyn Tx,
+    key: &PackKey,
+    agents: &[String],
+    at: RefTime,
+) -> StoreResult<Vec<DeliveryRow>> {
+    locks::pack(tx, key)?;
+    // Read for no agent of the cohort: only the pack row is needed.
+    let Some(mut pack) = tx.pack_targets(key, Some(""))? else {
+        return Err(StoreError::NoSuchPack {
+            tenant: key.tenant.clone(),
+            pack: key.pack.clone(),
+        });
+    };
+    if pack.cancelled.is_some() {
+        return Ok(Vec::new());
+    }
+    for id in agents {
+        let through = pack.stopped.entry(id.clone()).or_default();
+        *through = (*through).max(pack.latest);
+    }
+    tx.write_stops(key, &pack.stopped)?;
+    plan::replan_pack(tx, key, at)
+}
+
 fn no_agent(id: &str) -> StoreError {
     StoreError::NoSuchAgent { id: id.to_owned() }
 }

@@ -47,6 +47,7 @@ pub(super) struct PackRec {
     pub(super) pushed: RefTime,
     pub(super) cancelled: Option<RefTime>,
     pub(super) gate: Option<GateRow>,
+    pub(super) stopped: BTreeMap<String, u64>,
 }
 
 impl State {
@@ -86,6 +87,7 @@ impl State {
                     .unwrap_or_default(),
                 row,
             }),
+            stopped: p.stopped.clone(),
         })
     }
 

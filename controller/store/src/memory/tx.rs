@@ -3,6 +3,8 @@
 //! agent and every pack of its tenants: the reference needs no index).
 //! Like a database column, the state refuses integers past `i64::MAX`.
 
+use std::collections::BTreeMap;
+
 use super::state::{PackRec, State};
 use super::{feedback, records, rollouts};
 use crate::tx::{Grows, PackHead, Tx};
@@ -243,7 +245,10 @@ impl Tx for MemTx<'_> {
                 }
             }
         }
-        let gate = s.packs.get(&key).and_then(|r| r.gate.clone());
+        let (gate, stopped) = match s.packs.get(&key) {
+            Some(r) => (r.gate.clone(), r.stopped.clone()),
+            None => Default::default(),
+        };
         s.packs.insert(
             key.clone(),
             PackRec {
@@ -252,6 +257,7 @@ impl Tx for MemTx<'_> {
                 pushed: p.pushed,
                 cancelled: None,
                 gate,
+                stopped,
             },
         );
         s.versions.insert((key, p.version), p.clone());
@@ -281,6 +287,7 @@ impl Tx for MemTx<'_> {
                 pushed: at,
                 cancelled: Some(at),
                 gate: None,
+                stopped: BTreeMap::new(),
             },
         );
         Ok(true)
@@ -289,6 +296,13 @@ impl Tx for MemTx<'_> {
     fn write_gate(&mut self, key: &PackKey, gate: Option<&GateRow>) -> StoreResult<()> {
         if let Some(p) = self.s.packs.get_mut(key) {
             p.gate = gate.cloned();
+        }
+        Ok(())
+    }
+
+    fn write_stops(&mut self, key: &PackKey, stops: &BTreeMap<String, u64>) -> StoreResult<()> {
+        if let Some(p) = self.s.packs.get_mut(key) {
+            p.stopped = stops.clone();
         }
         Ok(())
     }

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use axum::Form;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
@@ -47,6 +47,33 @@ pub struct Confirmed {
     /// As [`Asked::op`].
     #[serde(default)]
     pub op: String,
+    /// A cancel limited to these agents, comma-separated (ids hold no
+    /// comma); empty: the whole pack.
+    #[serde(default)]
+    pub agents: String,
+}
+
+/// The agents a cancel is limited to, from a query: `agent=` repeated
+/// (the deliveries table's check boxes) or `agents=a,b`. Read by hand:
+/// the query extractor's decoder takes no repeated key.
+fn chosen(query: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if k == "agent" || k == "agents" {
+            out.extend(split_ids(&v));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn split_ids(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 fn pack_href(name: &str, tenant: &str) -> String {
@@ -128,29 +155,50 @@ fn outcome(
     (code, layout::page(title, who.viewer(), nav, None, body)).into_response()
 }
 
-/// `GET /packs/NAME/cancel`.
+/// `GET /packs/NAME/cancel` (`?agent=ID` repeated: only on those).
 pub async fn cancel_page(
     State(web): State<Arc<Web>>,
     who: Who,
     Path(name): Path<String>,
     Query(q): Query<Asked>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
-    let reach = match web.app.reach(&who.caller, &q.tenant, &name).await {
+    let only = chosen(raw.as_deref());
+    let reach = match web.app.reach(&who.caller, &q.tenant, &name, &only).await {
         Ok(r) => r,
         Err(e) => return app_error(e),
     };
     let tenant = who.caller.tenant_of(&q.tenant).unwrap_or_default();
+    let (title, what, button) = if only.is_empty() {
+        (
+            format!("Cancel pack {tenant}/{name}"),
+            html! {
+                p #confirm-what {
+                    strong { (reach.holding) " agent(s)" } " hold a version of it now: each runs the pack's safe state and removes it. "
+                    (reach.meant) " agent(s) are meant to hold it; none will, until a new version is pushed."
+                }
+            },
+            "Cancel the pack",
+        )
+    } else {
+        (
+            format!("Cancel pack {tenant}/{name} on {} agent(s)", only.len()),
+            html! {
+                p #confirm-what {
+                    "On " strong { (only.join(", ")) } ": "
+                    (reach.holding) " of them hold a version of it now: each runs the pack's safe state and removes it. "
+                    "The pack's other agents keep it. These get no version of it again until a newer one is pushed."
+                }
+            },
+            "Cancel on these agents",
+        )
+    };
     Confirm {
-        title: format!("Cancel pack {tenant}/{name}"),
-        what: html! {
-            p #confirm-what {
-                strong { (reach.holding) " agent(s)" } " hold a version of it now: each runs the pack's safe state and removes it. "
-                (reach.meant) " agent(s) are meant to hold it; none will, until a new version is pushed."
-            }
-        },
+        title,
+        what,
         post_to: format!("/packs/{}/cancel", percent(&name)),
-        fields: vec![("tenant", tenant.clone())],
-        button: "Cancel the pack",
+        fields: vec![("tenant", tenant.clone()), ("agents", only.join(","))],
+        button,
         back: pack_href(&name, &tenant),
         denied: who.caller.may_change().err(),
     }
@@ -168,12 +216,17 @@ pub async fn cancel(
     if let Err(r) = who.check_post(&headers, Some(&f.csrf)) {
         return r.into_response();
     }
+    let only = split_ids(&f.agents);
     let done = web
         .app
-        .cancel_as(&who.caller, &f.tenant, &name)
+        .cancel_as(&who.caller, &f.tenant, &name, &only)
         .await
         .map(|c| {
-            html! { "Cancelled " (c.key) " (v" (c.version) "): " (c.agents.len()) " agent(s) told to run its safe state and remove it." }
+            if only.is_empty() {
+                html! { "Cancelled " (c.key) " (v" (c.version) "): " (c.agents.len()) " agent(s) told to run its safe state and remove it." }
+            } else {
+                html! { "Cancelled " (c.key) " (v" (c.version) ") on " (c.agents.join(", ")) ": each told to run its safe state and remove it; the pack's other agents keep it." }
+            }
         });
     outcome(
         &who,

@@ -25,7 +25,7 @@ use baton_app::rollout_view::{self as view, Tone};
 use baton_app::rollouts::RolloutStatus;
 use baton_app::{AppError, now_ns};
 use baton_model::RolloutState;
-use baton_model::{CohortFigures, DeliveryState, PackVersionRow};
+use baton_model::{CohortFigures, DeliveryRow, DeliveryState, Intent, PackVersionRow};
 use baton_model::{RefTime, SpanNanos};
 use baton_proto::time::format_duration;
 use std::time::Duration;
@@ -143,7 +143,7 @@ pub async fn page(
         @if who.may_change() { (actions_bar(rollout.as_ref(), &name, &tenant)) }
         (rollout_section(rollout.as_ref(), &name, &tenant, now))
         (versions_section(versions, &page, &name, &tenant, who.may_change()))
-        (deliveries_section(&page, &name, &tenant))
+        (deliveries_section(&page, &name, &tenant, who.may_change()))
         section aria-labelledby="tl-h" {
             h2 #tl-h { "Execution timeline, last " (super::window(span_ns)) }
             div #timeline-plot .plot data-src=(format!("/api/packs/{}/timeline?tenant={}", percent(&name), percent(&tenant))) role="img" aria-label="Lateness of each execution over time" {}
@@ -362,33 +362,54 @@ fn rollout_section(rollout: Option<&RolloutStatus>, name: &str, tenant: &str, no
     }
 }
 
-/// One version's deliveries, a page at a time, with refusal messages.
-fn deliveries_section(page: &DeliveriesPage, name: &str, tenant: &str) -> Markup {
-    html! {
-        section aria-labelledby="deliv-h" {
-            h2 #deliv-h { "Deliveries of v" (page.version) }
-            table {
-                thead { tr { th scope="col" { "Agent" } th scope="col" { "Desired" } th scope="col" { "Held" } th scope="col" { "State" } th scope="col" { "Why" } } }
-                tbody {
-                    @for d in &page.rows {
-                        tr {
-                            th scope="row" { a href=(format!("/agents/{}", percent(&d.agent_id))) { (d.agent_id) } }
-                            td { "v" (d.version) }
-                            td { @match &d.held { Some(h) => { "v" (h.version) } None => { "none" } } }
-                            td { (badge(delivery_tone(d.state), d.state.as_str())) }
-                            td {
-                                @if d.state == DeliveryState::Nacked { "refused: see above" }
-                                @else {
-                                    (d.reason)
-                                    // A refusal it may still get over (retried): once, here.
-                                    @if let Some(f) = d.refusal.as_ref().filter(|f| d.state == DeliveryState::Pending && f.message != d.reason) {
-                                        " " (f.message)
-                                    }
+/// One version's deliveries, a page at a time, with refusal messages;
+/// for a caller who may change things, a check box on each agent that
+/// holds it or is meant to, to cancel it on the chosen ones only.
+fn deliveries_section(page: &DeliveriesPage, name: &str, tenant: &str, may_change: bool) -> Markup {
+    let choosable = |d: &DeliveryRow| may_change && (d.intent == Intent::Hold || d.held.is_some());
+    let table = html! {
+        table #deliveries {
+            thead { tr {
+                @if may_change { th scope="col" { "Choose" } }
+                th scope="col" { "Agent" } th scope="col" { "Desired" } th scope="col" { "Held" } th scope="col" { "State" } th scope="col" { "Why" }
+            } }
+            tbody {
+                @for d in &page.rows {
+                    tr {
+                        @if may_change {
+                            td { @if choosable(d) { input type="checkbox" name="agent" value=(d.agent_id) aria-label=(format!("choose {}", d.agent_id)); } }
+                        }
+                        th scope="row" { a href=(format!("/agents/{}", percent(&d.agent_id))) { (d.agent_id) } }
+                        td { "v" (d.version) }
+                        td { @match &d.held { Some(h) => { "v" (h.version) } None => { "none" } } }
+                        td { (badge(delivery_tone(d.state), d.state.as_str())) }
+                        td {
+                            @if d.state == DeliveryState::Nacked { "refused: see above" }
+                            @else {
+                                (d.reason)
+                                // A refusal it may still get over (retried): once, here.
+                                @if let Some(f) = d.refusal.as_ref().filter(|f| d.state == DeliveryState::Pending && f.message != d.reason) {
+                                    " " (f.message)
                                 }
                             }
                         }
                     }
                 }
+            }
+        }
+    };
+    html! {
+        section aria-labelledby="deliv-h" {
+            h2 #deliv-h { "Deliveries of v" (page.version) }
+            @if may_change && page.rows.iter().any(choosable) {
+                // A GET: the next page says what it will do before it does it.
+                form #choose method="get" action=(format!("/packs/{}/cancel", percent(name))) {
+                    input type="hidden" name="tenant" value=(tenant);
+                    (table)
+                    button.danger type="submit" { "Cancel on the chosen agents…" }
+                }
+            } @else {
+                (table)
             }
             @if let Some(n) = &page.next {
                 p { a rel="next" href=(format!("/packs/{}?tenant={}&after={}", percent(name), percent(tenant), percent(n))) { "Next page" } }

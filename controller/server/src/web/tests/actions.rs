@@ -147,6 +147,91 @@ async fn a_pack_is_cancelled_from_its_page_after_a_confirmation() {
 }
 
 #[tokio::test]
+async fn a_pack_is_cancelled_on_chosen_agents_only() {
+    let f = fixture().await;
+    let hello = contract::hello_in("press-c", &["plant-a"], &[], 2);
+    f.store.agent_hello(hello).await.unwrap();
+    let olga = token(&f.ca, "olga", "plant-a", Role::Operator);
+    let two = BLINK.replace("[press-a]", "[press-a, press-c]");
+    push_as(&f, &olga, &two).await;
+    let k = contract::key("plant-a", "blink");
+    // The deliveries table lets an operator choose agents, not a viewer.
+    let (_, _, page) = call(&f.web, get("/packs/blink", Some(&olga))).await;
+    assert!(
+        page.contains("id=\"choose\"") && page.contains("name=\"agent\" value=\"press-c\""),
+        "{page}"
+    );
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    let (_, _, page) = call(&f.web, get("/packs/blink", Some(&ann))).await;
+    assert!(!page.contains("name=\"agent\""), "a viewer chooses nothing");
+    // The confirmation names the chosen agents and says the others keep it.
+    let (code, _, page) = call(
+        &f.web,
+        get(
+            "/packs/blink/cancel?tenant=plant-a&agent=press-a",
+            Some(&olga),
+        ),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{page}");
+    assert!(
+        page.contains("On <strong>press-a</strong>")
+            && page.contains("other agents keep it")
+            && page.contains("name=\"agents\" value=\"press-a\""),
+        "{page}"
+    );
+    // An agent the pack is not for (another tenant's) is not found.
+    for q in ["agent=press-b", "agent=press-a&agent=ghost"] {
+        let (code, _, _) = call(
+            &f.web,
+            get(
+                &format!("/packs/blink/cancel?tenant=plant-a&{q}"),
+                Some(&olga),
+            ),
+        )
+        .await;
+        assert_eq!(code, StatusCode::NOT_FOUND, "{q}");
+    }
+    // Done: press-a withdrawn, press-c keeps it; audited, announced.
+    let cookie = log_in(&f.web, &olga).await;
+    let csrf = csrf_of(&f.web, &cookie).await;
+    let mut rx = f.web.app.subscribe();
+    let (code, _, page) = call(
+        &f.web,
+        form_post(
+            "/packs/blink/cancel",
+            &cookie,
+            format!("tenant=plant-a&agents=press-a&csrf={csrf}"),
+        ),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{page}");
+    assert!(page.contains("on press-a: each told"), "{page}");
+    let a = contract::row(&*f.store, "press-a", &k).await;
+    let c = contract::row(&*f.store, "press-c", &k).await;
+    assert_eq!((a.intent, c.intent), (Intent::Withdraw, Intent::Hold));
+    assert_eq!(
+        announced(&mut rx),
+        ["plant-a/blink: olga cancelled the pack on press-a"]
+    );
+    let audit = f
+        .store
+        .audit(Some("plant-a"), RefTime::from_nanos(0), 100)
+        .await
+        .unwrap();
+    assert!(
+        audit.iter().any(|r| r.action == "cancel"
+            && r.target == "plant-a/blink on press-a"
+            && r.result == "ok"),
+        "{audit:?}"
+    );
+    // A newer version reaches press-a again.
+    push_as(&f, &olga, &two.replace("version: 1", "version: 2")).await;
+    let a = contract::row(&*f.store, "press-a", &k).await;
+    assert_eq!((a.intent, a.version), (Intent::Hold, 2));
+}
+
+#[tokio::test]
 async fn a_rollout_is_paused_resumed_and_aborted_from_its_page() {
     let f = fixture().await;
     let olga = token(&f.ca, "olga", "plant-a", Role::Operator);
