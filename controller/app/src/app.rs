@@ -8,6 +8,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::events::{AgentEventKind, Event};
 use crate::hub::{Hub, SessionCmd};
+use crate::stream_health::Measured;
 use crate::tally::Tally;
 use crate::texts::{PackText, Specs};
 use crate::{metrics, pace};
@@ -174,9 +175,10 @@ pub struct App {
     /// Events for the store, and their writer's end (taken once).
     pub(crate) relay: Option<mpsc::Sender<EventRow>>,
     pub(crate) relay_rx: Mutex<Option<mpsc::Receiver<EventRow>>>,
-    /// Per connected agent: its outbox backlog as its last clock report
-    /// said (entries, when); dropped when its stream ends.
-    pub(crate) outbox: Mutex<HashMap<String, (u64, RefTime)>>,
+    /// Per connected agent: what its stream measured of its health (the
+    /// outbox backlog its clock reports carry, late firings); dropped
+    /// when its stream ends.
+    pub(crate) health: Mutex<HashMap<String, Measured>>,
     /// Feedback already read of each open rollout stage's window.
     pub(crate) rollout_tallies: Mutex<HashMap<(baton_model::PackKey, u64, u32, RefTime), Tally>>,
     /// The `rollout:` sections of the versions seen, parsed once each.
@@ -227,7 +229,7 @@ impl App {
             metrics: metrics::Metrics::default(),
             events,
             lateness: Mutex::new(HashMap::new()),
-            outbox: Mutex::new(HashMap::new()),
+            health: Mutex::new(HashMap::new()),
             ingest: tokio::sync::Semaphore::new(INGEST_AT_ONCE),
             replica,
             relay,
@@ -421,21 +423,38 @@ impl App {
         (batches, pushes, self.hub.connected())
     }
 
+    /// Change what `agent`'s stream measured of its health.
+    fn measure(&self, agent: &str, f: impl FnOnce(&mut Measured)) {
+        let mut m = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get_mut(agent) {
+            Some(h) => f(h),
+            None => f(m.entry(agent.to_string()).or_default()),
+        }
+    }
+
     /// An agent's outbox backlog as it reported it at `at`.
     pub fn record_outbox(&self, agent: &str, entries: u64, at: RefTime) {
-        self.outbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(agent.to_string(), (entries, at));
+        self.measure(agent, |m| m.outbox(entries, at));
+    }
+
+    /// An agent reported a firing skipped as late; heard at `at`.
+    pub fn record_late(&self, agent: &str, at: RefTime) {
+        self.measure(agent, |m| m.late(at));
     }
 
     /// The backlog an agent streaming here last reported: (entries, when).
     pub fn outbox_of(&self, agent: &str) -> Option<(u64, RefTime)> {
-        self.outbox
+        self.measured(agent).outbox
+    }
+
+    /// What `agent`'s stream here measured of it (nothing: default).
+    pub fn measured(&self, agent: &str) -> Measured {
+        self.health
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(agent)
             .copied()
+            .unwrap_or_default()
     }
 
     /// An agent's stream ended for good (not replaced): what the
@@ -445,7 +464,7 @@ impl App {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(agent);
-        self.outbox
+        self.health
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(agent);

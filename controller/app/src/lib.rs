@@ -49,6 +49,7 @@ pub mod revocations;
 pub mod rollout_view;
 pub mod rollouts;
 pub mod sessions;
+pub mod stream_health;
 mod tally;
 pub mod texts;
 

@@ -397,3 +397,69 @@ async fn rollouts_stay_within_their_tenant_and_role() {
         "{pauses:?}"
     );
 }
+
+/// What a stream measures of its agent (a late firing, an outbox that
+/// rises report after report) is written with its last-seen mark and
+/// makes the agent "unhealthy" in the fleet filter, for every replica;
+/// a stream that ends leaves the last measure.
+#[tokio::test]
+async fn a_streams_measures_reach_the_unhealthy_filter() {
+    use crate::link::Effect;
+    use baton_model::{AgentFilter, FleetState};
+    let app = app(Binding::Tenants);
+    for id in ["a1", "a2", "a3"] {
+        hello(&app, id, &["t"], &[]).await;
+        let locked = baton_store::ClockRow {
+            source: "ptp".into(),
+            state: "locked".into(),
+            offset: time::span(-12),
+            jitter: time::span(3),
+            uncertainty: time::span(250),
+            frequency_ppm: 0.0,
+            at: RefTime::from_nanos(1),
+        };
+        app.store.record_clock(id, 1, locked).await.expect("clock");
+    }
+    let unhealthy = || async {
+        let f = AgentFilter {
+            tenant: Some("t".into()),
+            state: Some(FleetState::Unhealthy),
+            ..AgentFilter::default()
+        };
+        let agents = app.store.agents(f).await.expect("agents");
+        agents
+            .into_iter()
+            .filter(|a| a.connected)
+            .map(|a| a.id)
+            .collect::<Vec<_>>()
+    };
+    let seen = |id: &'static str, at_s: i64| {
+        let app = app.clone();
+        async move {
+            let at = RefTime::from_nanos(at_s * 1_000_000_000);
+            app.perform(id, Effect::Seen { session: 1, at })
+                .await
+                .expect("seen");
+        }
+    };
+    for id in ["a1", "a2", "a3"] {
+        seen(id, 1).await;
+    }
+    assert!(unhealthy().await.is_empty());
+    app.record_late("a2", RefTime::from_nanos(2_000_000_000));
+    for (i, n) in [500_u64, 2_000, 3_000, 4_000].into_iter().enumerate() {
+        app.record_outbox("a3", n, RefTime::from_nanos((i as i64 + 2) * 5_000_000_000));
+    }
+    for id in ["a1", "a2", "a3"] {
+        seen(id, 20).await;
+    }
+    assert_eq!(unhealthy().await, ["a2", "a3"]);
+    let a3 = app.store.agent("a3").await.expect("read").expect("a3");
+    assert_eq!(a3.health.outbox_entries, 4_000);
+    // A minute after the late firing, a2 is well again; a3's backlog fell.
+    app.record_outbox("a3", 100, RefTime::from_nanos(30_000_000_000));
+    for id in ["a2", "a3"] {
+        seen(id, 63).await;
+    }
+    assert!(unhealthy().await.is_empty());
+}

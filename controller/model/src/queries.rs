@@ -125,8 +125,9 @@ pub enum FleetState {
     /// last report says nothing of its clock now).
     ClockNotLocked,
     /// Needs a look: its clock is not locked or it is offline (as
-    /// [`FleetState::ClockNotLocked`]), or it refused a delivery (of the
-    /// filter's tenant).
+    /// [`FleetState::ClockNotLocked`]), its stream measured an outbox
+    /// that only grows or a late firing ([`crate::StreamHealth`]), or it
+    /// refused a delivery (of the filter's tenant).
     Unhealthy,
 }
 
@@ -199,7 +200,9 @@ impl AgentFilter {
                 FleetState::Connected => agent.connected,
                 FleetState::Offline => !agent.connected,
                 FleetState::ClockNotLocked => !clock_locked(agent),
-                FleetState::Unhealthy => !clock_locked(agent) || refused,
+                FleetState::Unhealthy => {
+                    !clock_locked(agent) || agent.health.needs_a_look() || refused
+                }
             };
             if !ok {
                 return false;

@@ -120,6 +120,58 @@ pub struct AgentRow {
     /// wrote it (every few seconds): what other replicas show (zero:
     /// none yet).
     pub lateness_p99: SignedDuration,
+    /// What its stream last measured of its health beside the clock.
+    pub health: StreamHealth,
+}
+
+/// What the stream serving an agent measures of its health beside the
+/// clock, written with its last-seen mark so that every replica's fleet
+/// filter sees it ("unhealthy"): an outbox that only grows (feedback not
+/// reaching the store) and firings skipped as later than their
+/// instruction's `max_lateness`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamHealth {
+    /// Feedback entries in the agent's outbox, not yet acknowledged, at
+    /// its last report.
+    pub outbox_entries: u64,
+    /// The backlog rose report after report.
+    pub outbox_growing: bool,
+    /// A firing was skipped as late within the last minute.
+    pub late_recently: bool,
+}
+
+impl StreamHealth {
+    /// Anything to look at.
+    pub fn needs_a_look(self) -> bool {
+        self.outbox_growing || self.late_recently
+    }
+}
+
+/// A stream's periodic mark of its agent.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SeenRow {
+    /// A stream is open (`false`: the stream ended).
+    pub connected: bool,
+    /// When.
+    pub at: RefTime,
+    /// Start lateness p99 of its recent executions (`None`: leave it as
+    /// stored).
+    pub lateness_p99: Option<SignedDuration>,
+    /// Its health as the stream measured it (`None`: leave it as stored;
+    /// a stream that ended says nothing new of it).
+    pub health: Option<StreamHealth>,
+}
+
+impl SeenRow {
+    /// A stream that ended, at `at`: only the connection changes.
+    pub fn ended(at: RefTime) -> SeenRow {
+        SeenRow {
+            connected: false,
+            at,
+            lateness_p99: None,
+            health: None,
+        }
+    }
 }
 
 impl AgentRow {
@@ -138,6 +190,7 @@ impl AgentRow {
             session_gen: 0,
             owner: String::new(),
             lateness_p99: SignedDuration::ZERO,
+            health: StreamHealth::default(),
         }
     }
 

@@ -173,7 +173,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 18,
-        sql: include_str!("migrations/0018_pack_stops.sql"),
+        sql: include_str!("migrations/0018_stops_and_health.sql"),
         postgres_only: "",
         sqlite_only: "",
     },

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use baton_model::{
     AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     HeldPackRow, HelloRow, LabelOverrides, PackKey, PackVersionRow, PutPack, RefTime,
-    RevocationRow, RolloutChange, SessionOpened, SessionRow, SignedDuration,
+    RevocationRow, RolloutChange, SeenRow, SessionOpened, SessionRow,
 };
 
 use crate::decide;
@@ -50,20 +50,12 @@ pub trait StoreOps: Store {
     }
 
     /// Connection state and last-seen instant, from the stream of
-    /// generation `session`, with the start lateness p99 of its recent
-    /// executions as that stream measures it (`None`: leave it), for the
-    /// other replicas to show. An agent that never said hello is
+    /// generation `session`, with what that stream measures of the agent
+    /// (start lateness p99, health; `None`: leave it), for the other
+    /// replicas to show and filter on. An agent that never said hello is
     /// [`StoreError::NoSuchAgent`]: nothing is created.
-    async fn agent_seen(
-        &self,
-        id: &str,
-        session: u64,
-        connected: bool,
-        at: RefTime,
-        lateness_p99: Option<SignedDuration>,
-    ) -> StoreResult<()> {
-        self.append_seen(id, session, connected, at, lateness_p99)
-            .await
+    async fn agent_seen(&self, id: &str, session: u64, seen: SeenRow) -> StoreResult<()> {
+        self.append_seen(id, session, seen).await
     }
 
     /// At start-up: the agents whose stream no live replica holds (on a

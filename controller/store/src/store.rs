@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use baton_model::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
     FeedbackFilter, FeedbackRow, FeedbackStored, FleetCounts, Mark, PackKey, PackSummaryRow,
-    PackVersionRow, RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration,
+    PackVersionRow, RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -85,15 +85,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Store when `id`'s stream of generation `session` was last seen
     /// (the rules: [`crate::StoreOps::agent_seen`]); as
     /// [`Store::append_clock`], a backend may write many together.
-    async fn append_seen(
-        &self,
-        id: &str,
-        session: u64,
-        connected: bool,
-        at: RefTime,
-        lateness_p99: Option<SignedDuration>,
-    ) -> StoreResult<()> {
-        seen_in_transaction(self, id, session, connected, at, lateness_p99).await
+    async fn append_seen(&self, id: &str, session: u64, seen: SeenRow) -> StoreResult<()> {
+        seen_in_transaction(self, id, session, seen).await
     }
 
     /// Drops, whole, the partitions of `what` whose rows are all older
@@ -251,14 +244,12 @@ pub async fn seen_in_transaction<S: Store + ?Sized>(
     store: &S,
     id: &str,
     session: u64,
-    connected: bool,
-    at: RefTime,
-    lateness_p99: Option<SignedDuration>,
+    seen: SeenRow,
 ) -> StoreResult<()> {
     let id = id.to_owned();
     transact(store, move |tx| {
         crate::decide::check_session(tx, &id, session)?;
-        tx.write_seen(&id, connected, at, lateness_p99)
+        tx.write_seen(&id, &seen)
     })
     .await
 }

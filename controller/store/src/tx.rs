@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use baton_model::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
-    RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration, TargetsRow,
+    RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, TargetsRow,
 };
 
 use crate::error::StoreResult;
@@ -96,15 +96,9 @@ pub trait Tx {
     /// [`crate::StoreError::IdInUse`] while another live owner holds the
     /// id from another journal.
     fn write_hello(&mut self, hello: &HelloRow) -> StoreResult<()>;
-    /// Connection state, last seen and (`Some`) the recent lateness p99 of
-    /// a stored agent.
-    fn write_seen(
-        &mut self,
-        id: &str,
-        connected: bool,
-        at: RefTime,
-        lateness_p99: Option<SignedDuration>,
-    ) -> StoreResult<()>;
+    /// Connection state, last seen and (each `Some`) the recent lateness
+    /// p99 and health of a stored agent.
+    fn write_seen(&mut self, id: &str, seen: &SeenRow) -> StoreResult<()>;
     /// Every agent no live writer holds is marked not connected.
     fn disconnect_unowned(&mut self) -> StoreResult<()>;
     /// A clock report of a stored agent: its latest unless one as new or

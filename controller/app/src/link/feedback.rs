@@ -76,6 +76,12 @@ impl Session {
             .map(|r| r.lateness.nanos())
             .collect();
         self.note(Note::Lateness(lateness));
+        if rows
+            .iter()
+            .any(|r| r.reason == baton_proto::wire::Reason::Late)
+        {
+            self.note(Note::Late);
+        }
         let session = self.agent.session_gen;
         self.effect(
             Effect::Feedback {

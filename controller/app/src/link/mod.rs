@@ -336,6 +336,8 @@ pub enum Note {
     Lateness(Vec<i64>),
     /// The agent's clock, for `/metrics`.
     Clock(AgentClock),
+    /// The agent reported a firing skipped as later than its bound.
+    Late,
     /// The agent's outbox backlog, as its report said.
     Outbox {
         /// Entries.

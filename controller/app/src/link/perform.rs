@@ -8,6 +8,7 @@ use super::{Done, Effect, End, Note};
 use crate::app::{App, now};
 use crate::events::{AgentEvent, AgentEventKind, Event};
 use crate::hub::Conflict;
+use baton_model::SeenRow;
 use baton_store::StoreError;
 use baton_store::StoreOps;
 
@@ -51,8 +52,13 @@ impl App {
                 }
             }
             Effect::Seen { session, at } => {
-                let p99 = Some(self.lateness_p99(agent));
-                s.agent_seen(agent, session, true, at, p99).await?;
+                let seen = SeenRow {
+                    connected: true,
+                    at,
+                    lateness_p99: Some(self.lateness_p99(agent)),
+                    health: Some(self.measured(agent).health(at)),
+                };
+                s.agent_seen(agent, session, seen).await?;
                 Done::Written
             }
             Effect::Clock { session, row } => {
@@ -98,6 +104,7 @@ impl App {
             Note::Lateness(ns) => self.record_lateness(agent, ns.into_iter()),
             Note::Clock(c) => m.clock(agent, c),
             Note::Outbox { entries, at } => self.record_outbox(agent, entries, at),
+            Note::Late => self.record_late(agent, now()),
         }
     }
 
@@ -125,7 +132,7 @@ impl App {
         }
         let ours = match self
             .store
-            .agent_seen(agent, session_gen, false, now(), None)
+            .agent_seen(agent, session_gen, SeenRow::ended(now()))
             .await
         {
             Ok(()) => true,

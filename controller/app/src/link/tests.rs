@@ -422,6 +422,28 @@ fn a_gap_not_explained_by_the_agents_drops_is_reported_lost() {
 }
 
 #[test]
+fn a_firing_skipped_as_late_is_noted_once_per_batch() {
+    let mut r = Run::start(Fake::new(vec![pending("p", 1)]), 1);
+    let late_notes = |a: &[Action]| {
+        a.iter()
+            .filter(|a| matches!(a, Action::Note(Note::Late)))
+            .count()
+    };
+    let a = r.agent(FromAgent::Feedback(vec![entry(1, "p"), entry(2, "p")]));
+    assert_eq!(late_notes(&a), 0, "on time");
+    let late = |seq| FeedbackRow {
+        event: "skipped".into(),
+        reason: wire::Reason::Late,
+        ..entry(seq, "p")
+    };
+    let a = r.agent(FromAgent::Feedback(vec![late(3), entry(4, "p"), late(5)]));
+    assert_eq!(late_notes(&a), 1);
+    // Sent again (the ack was lost): not new, not noted again.
+    let a = r.agent(FromAgent::Feedback(vec![late(3), late(5)]));
+    assert_eq!(late_notes(&a), 0);
+}
+
+#[test]
 fn a_refusal_for_now_is_retried_with_backoff_and_a_final_one_is_not() {
     let mut r = Run::start(Fake::new(vec![pending("p", 1)]), 1);
     assert_eq!(pushes(&r.seen).len(), 1);

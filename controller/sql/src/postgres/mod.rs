@@ -380,11 +380,9 @@ impl Engine for PgStore {
         &self,
         id: &str,
         session: u64,
-        connected: bool,
-        at: baton_model::RefTime,
-        lateness_p99: Option<baton_store::SignedDuration>,
+        seen: baton_model::SeenRow,
     ) -> impl std::future::Future<Output = StoreResult<()>> + Send {
-        self.ingest.seen(id, session, connected, at, lateness_p99)
+        self.ingest.seen(id, session, seen)
     }
 
     fn partitioned(&self) -> bool {
@@ -963,7 +961,7 @@ mod tests {
                     // Older, and a re-send: the latest stays at 2 000.
                     s.record_clock(&id, session, clock(1_000)).await.unwrap();
                     s.record_clock(&id, session, clock(2_000)).await.unwrap();
-                    s.agent_seen(&id, session, true, RefTime::from_nanos(3_000), None)
+                    s.agent_seen(&id, session, baton_store::contract::seen_live(3_000))
                         .await
                         .unwrap();
                 })
@@ -1001,7 +999,11 @@ mod tests {
             "{unknown:?}"
         );
         let gone = store
-            .agent_seen("nobody", 1, false, RefTime::from_nanos(1), None)
+            .agent_seen(
+                "nobody",
+                1,
+                baton_model::SeenRow::ended(RefTime::from_nanos(1)),
+            )
             .await;
         assert!(
             matches!(gone, Err(StoreError::NoSuchAgent { .. })),

@@ -9,7 +9,7 @@ use super::db::{Db, Param, Row, chunks, col, params, placeholders, query_all, qu
 use baton_model::time::{self, span_ns};
 use baton_store::{
     AgentFilter, AgentRow, Binding, ClockRow, FleetCounts, FleetState, HelloRow, LabelMatch,
-    LabelOverrides, MAX_PAGE, StoreError, StoreResult, page,
+    LabelOverrides, MAX_PAGE, StoreError, StoreResult, StreamHealth, page,
 };
 
 /// Now on the clock leases are measured with, in microseconds since the
@@ -18,7 +18,7 @@ pub type LeaseClock = fn(&dyn Db) -> StoreResult<i64>;
 
 const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
      session_gen, owner, lateness_p99_ns, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
-     clock_frequency_ppm, clock_at_ns";
+     clock_frequency_ppm, clock_at_ns, outbox_entries, outbox_growing, late_recently";
 
 fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
     let id: String = col(row, "id")?;
@@ -44,6 +44,11 @@ fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
         a.session_gen = u64_from_db(col(row, "session_gen")?, "session_gen")?;
         a.owner = col(row, "owner")?;
         a.lateness_p99 = span_col(row, "lateness_p99_ns")?;
+        a.health = StreamHealth {
+            outbox_entries: u64_from_db(col(row, "outbox_entries")?, "outbox entries")?,
+            outbox_growing: col::<i64>(row, "outbox_growing")? != 0,
+            late_recently: col::<i64>(row, "late_recently")? != 0,
+        };
         a.clock = clock;
         Ok(a)
     })();
@@ -253,6 +258,11 @@ fn agent_columns_of_a() -> String {
 /// says nothing of now), no report, or another state.
 const NOT_LOCKED: &str = "(a.connected = 0 OR a.clock_at_ns IS NULL OR a.clock_state <> 'locked')";
 
+/// An agent (`a`) whose stream measured something to look at: an outbox
+/// that only grows, or a firing skipped as late within the last minute
+/// ([`baton_model::StreamHealth`]).
+const STREAM_UNHEALTHY: &str = "(a.outbox_growing <> 0 OR a.late_recently <> 0)";
+
 /// The tenant whose agents alone `f` sees under `binding` (`None`: all).
 fn visible_to(f: &AgentFilter, binding: Binding) -> Option<&str> {
     match binding {
@@ -373,7 +383,7 @@ fn state_condition<'a>(
                 None => String::new(),
             };
             format!(
-                "({NOT_LOCKED} OR EXISTS (SELECT 1 FROM deliveries d \
+                "({NOT_LOCKED} OR {STREAM_UNHEALTHY} OR EXISTS (SELECT 1 FROM deliveries d \
                  WHERE d.agent_id = a.id AND d.state = 'nacked'{tenant}))"
             )
         }

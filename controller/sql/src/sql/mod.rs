@@ -130,14 +130,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         &self,
         id: &str,
         session: u64,
-        connected: bool,
-        at: baton_model::RefTime,
-        lateness_p99: Option<baton_store::SignedDuration>,
+        seen: baton_model::SeenRow,
     ) -> impl Future<Output = StoreResult<()>> + Send
     where
         Self: baton_store::Store + Sized,
     {
-        baton_store::seen_in_transaction(self, id, session, connected, at, lateness_p99)
+        baton_store::seen_in_transaction(self, id, session, seen)
     }
 
     /// Events were committed: tell the other writers' followers (the

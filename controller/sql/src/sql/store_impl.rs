@@ -81,11 +81,9 @@ impl Store for $engine {
         &self,
         id: &str,
         session: u64,
-        connected: bool,
-        at: RefTime,
-        lateness_p99: Option<baton_store::SignedDuration>,
+        seen: baton_model::SeenRow,
     ) -> StoreResult<()> {
-        Engine::stream_seen(self, id, session, connected, at, lateness_p99).await
+        Engine::stream_seen(self, id, session, seen).await
     }
 
     async fn drop_partitions_before(

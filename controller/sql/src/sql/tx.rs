@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use baton_store::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, Grows, HelloRow, LabelOverrides, Member, PackHead, PackKey, PackTargets,
-    PackVersionRow, PutPack, RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration,
-    StoreResult, TargetsRow, Tx,
+    PackVersionRow, PutPack, RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, StoreResult,
+    TargetsRow, Tx,
 };
 
 use super::agents::{self, LeaseClock, Owner};
@@ -112,20 +112,31 @@ impl Tx for SqlTx<'_> {
         agents::write_hello(self.conn, h, self.owner)
     }
 
-    fn write_seen(
-        &mut self,
-        id: &str,
-        connected: bool,
-        at: RefTime,
-        lateness_p99: Option<SignedDuration>,
-    ) -> StoreResult<()> {
-        let p99 = lateness_p99.map(baton_model::time::span_ns);
+    fn write_seen(&mut self, id: &str, seen: &SeenRow) -> StoreResult<()> {
+        let p99 = seen.lateness_p99.map(baton_model::time::span_ns);
+        let h = seen.health;
+        let outbox = h
+            .map(|h| baton_store::fits(h.outbox_entries, "outbox entries"))
+            .transpose()?;
+        let growing = h.map(|h| i64::from(h.outbox_growing));
+        let late = h.map(|h| i64::from(h.late_recently));
         agents::update_agent(
             self.conn,
             id,
             "UPDATE agents SET connected = ?2, last_seen_ns = ?3, \
-             lateness_p99_ns = COALESCE(?4, lateness_p99_ns) WHERE id = ?1",
-            params![id, i64::from(connected), at.as_nanos(), p99],
+             lateness_p99_ns = COALESCE(?4, lateness_p99_ns), \
+             outbox_entries = COALESCE(?5, outbox_entries), \
+             outbox_growing = COALESCE(?6, outbox_growing), \
+             late_recently = COALESCE(?7, late_recently) WHERE id = ?1",
+            params![
+                id,
+                i64::from(seen.connected),
+                seen.at.as_nanos(),
+                p99,
+                outbox,
+                growing,
+                late
+            ],
         )
     }
 

@@ -43,7 +43,7 @@ pub async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     // journal updated, a hello without a certificate leaves the tenants,
     // the clock stays, connected again.
     s.record_clock("a1", 1, clock(50)).await.unwrap();
-    s.agent_seen("a1", 1, false, RefTime::from_nanos(150), None)
+    s.agent_seen("a1", 1, SeenRow::ended(RefTime::from_nanos(150)))
         .await
         .unwrap();
     let mut h = hello("a1", 200);
@@ -115,7 +115,7 @@ pub async fn stale_streams_are_fenced(s: &dyn Store, _: Binding) {
         other => panic!("{what} from the old stream: {other:?}"),
     };
     fenced(
-        s.agent_seen("a1", 1, false, RefTime::from_nanos(120), None)
+        s.agent_seen("a1", 1, SeenRow::ended(RefTime::from_nanos(120)))
             .await,
         "seen",
     );
@@ -288,26 +288,49 @@ pub async fn revocations_once_per_serial(s: &dyn Store, _: Binding) {
 pub async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
     s.agent_hello(hello("a1", 100)).await.unwrap();
     s.agent_hello(hello("b2", 110)).await.unwrap();
-    s.agent_seen("a1", 1, false, RefTime::from_nanos(150), None)
+    s.agent_seen("a1", 1, SeenRow::ended(RefTime::from_nanos(150)))
         .await
         .unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen.as_nanos()), (false, 150));
-    s.agent_seen(
-        "a1",
-        1,
-        true,
-        RefTime::from_nanos(155),
-        Some(SignedDuration::from_nanos(2_500)),
-    )
-    .await
-    .unwrap();
-    s.agent_seen("a1", 1, true, RefTime::from_nanos(160), None)
-        .await
-        .unwrap();
+    let sick = StreamHealth {
+        outbox_entries: 4_000,
+        outbox_growing: true,
+        late_recently: true,
+    };
+    let measured = SeenRow {
+        lateness_p99: Some(SignedDuration::from_nanos(2_500)),
+        health: Some(sick),
+        ..seen_live(155)
+    };
+    s.agent_seen("a1", 1, measured).await.unwrap();
+    s.agent_seen("a1", 1, seen_live(160)).await.unwrap();
     let a = s.agent("a1").await.unwrap().unwrap();
     assert_eq!((a.connected, a.last_seen.as_nanos()), (true, 160));
     assert_eq!(a.lateness_p99.nanos(), 2_500, "kept when not given");
+    assert_eq!(a.health, sick, "kept when not given");
+    let well = SeenRow {
+        health: Some(StreamHealth::default()),
+        ..seen_live(161)
+    };
+    s.agent_seen("a1", 1, well).await.unwrap();
+    let a = s.agent("a1").await.unwrap().unwrap();
+    assert_eq!(a.health, StreamHealth::default());
+    assert_eq!(a.lateness_p99.nanos(), 2_500);
+    let r = s
+        .agent_seen(
+            "a1",
+            1,
+            SeenRow {
+                health: Some(StreamHealth {
+                    outbox_entries: u64::MAX,
+                    ..sick
+                }),
+                ..seen_live(162)
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(StoreError::OutOfRange { .. })), "{r:?}");
 
     s.all_disconnected().await.unwrap();
     let all = s.agents(AgentFilter::default()).await.unwrap();
@@ -315,13 +338,9 @@ pub async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
         .iter()
         .map(|a| (a.id.clone(), a.connected, a.last_seen.as_nanos()))
         .collect();
-    assert_eq!(got, [("a1".into(), false, 160), ("b2".into(), false, 110)]);
+    assert_eq!(got, [("a1".into(), false, 161), ("b2".into(), false, 110)]);
 
-    assert!(
-        s.agent_seen("ghost", 1, true, RefTime::from_nanos(1), None)
-            .await
-            .is_err()
-    );
+    assert!(s.agent_seen("ghost", 1, seen_live(1)).await.is_err());
     assert_eq!(s.agent("ghost").await.unwrap(), None);
     assert_eq!(ids(s, AgentFilter::default()).await, ["a1", "b2"]);
 }

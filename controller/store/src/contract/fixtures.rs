@@ -296,3 +296,14 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
+
+/// A live stream's mark at `at_ns` that says nothing of lateness or
+/// health (kept as stored).
+pub fn seen_live(at_ns: i64) -> SeenRow {
+    SeenRow {
+        connected: true,
+        at: RefTime::from_nanos(at_ns),
+        lateness_p99: None,
+        health: None,
+    }
+}

@@ -79,9 +79,13 @@ async fn random_fleet(s: &dyn Store, seed: u64, n: usize) {
                 .unwrap();
         }
         if rng.random_bool(0.4) {
-            s.agent_seen(&id, agent.session_gen, false, RefTime::from_nanos(13), None)
-                .await
-                .unwrap();
+            s.agent_seen(
+                &id,
+                agent.session_gen,
+                SeenRow::ended(RefTime::from_nanos(13)),
+            )
+            .await
+            .unwrap();
         }
         match rng.random_range(0..3) {
             0 => {}
@@ -401,12 +405,13 @@ pub async fn fleet_text_is_literal(s: &dyn Store, _binding: Binding) {
     assert_eq!(find("").await.len(), 7);
 }
 
-/// "Unhealthy": offline, clock not locked (an offline agent's is not), or
-/// a refused delivery of the asking tenant's (another tenant's refusal is
-/// not its to see).
+/// "Unhealthy": offline, clock not locked (an offline agent's is not), an
+/// outbox that only grows or a late firing as its stream measured them,
+/// or a refused delivery of the asking tenant's (another tenant's refusal
+/// is not its to see).
 pub async fn fleet_unhealthy_is_offline_unlocked_or_refusing(s: &dyn Store, _: Binding) {
     let mut gens = BTreeMap::new();
-    for id in ["a1", "a2", "a3", "a4"] {
+    for id in ["a1", "a2", "a3", "a4", "a5", "a6"] {
         let (agent, _) = s
             .agent_hello(hello_in(id, &["t", "u"], &[], 10))
             .await
@@ -418,9 +423,32 @@ pub async fn fleet_unhealthy_is_offline_unlocked_or_refusing(s: &dyn Store, _: B
         }
         gens.insert(id, agent.session_gen);
     }
-    s.agent_seen("a3", gens["a3"], false, RefTime::from_nanos(12), None)
+    s.agent_seen("a3", gens["a3"], SeenRow::ended(RefTime::from_nanos(12)))
         .await
         .unwrap();
+    for (id, growing, late) in [("a5", true, false), ("a6", false, true)] {
+        let health = StreamHealth {
+            outbox_entries: 5_000,
+            outbox_growing: growing,
+            late_recently: late,
+        };
+        let seen = SeenRow {
+            health: Some(health),
+            ..seen_live(12)
+        };
+        s.agent_seen(id, gens[id], seen).await.unwrap();
+    }
+    // A healthy report clears what an earlier one said.
+    let sick_then_well = [true, false].map(|sick| SeenRow {
+        health: Some(StreamHealth {
+            outbox_growing: sick,
+            ..StreamHealth::default()
+        }),
+        ..seen_live(13)
+    });
+    for seen in sick_then_well {
+        s.agent_seen("a1", gens["a1"], seen).await.unwrap();
+    }
     let k = key("t", "p");
     push(s, pack("t", "p", 1, to_ids(&["a1", "a2"])), 20).await;
     s.answer(ack("a1", &k, 1, 21)).await.unwrap();
@@ -434,9 +462,12 @@ pub async fn fleet_unhealthy_is_offline_unlocked_or_refusing(s: &dyn Store, _: B
     };
     assert_eq!(
         ids(s, of("t", FleetState::Unhealthy)).await,
-        ["a2", "a3", "a4"]
+        ["a2", "a3", "a4", "a5", "a6"]
     );
-    assert_eq!(ids(s, of("u", FleetState::Unhealthy)).await, ["a3", "a4"]);
+    assert_eq!(
+        ids(s, of("u", FleetState::Unhealthy)).await,
+        ["a3", "a4", "a5", "a6"]
+    );
     assert_eq!(
         ids(s, of("t", FleetState::ClockNotLocked)).await,
         ["a3", "a4"],

@@ -4,7 +4,7 @@ use super::*;
 use crate::contract::{
     ack, audit_row, clock, fb, hello_in, key, pack, push, refusal, refuse, to_ids,
 };
-use crate::{LabelOverrides, StoreOps};
+use crate::{LabelOverrides, SeenRow, StoreOps};
 
 fn open(binding: Binding) -> (MemoryStore, ()) {
     (MemoryStore::new(binding), ())
@@ -35,7 +35,7 @@ async fn failing_writes_change_nothing() {
             .map(drop),
     );
     failed(
-        s.agent_seen("a1", 1, false, RefTime::from_nanos(4), None)
+        s.agent_seen("a1", 1, SeenRow::ended(RefTime::from_nanos(4)))
             .await,
     );
     failed(s.all_disconnected().await);

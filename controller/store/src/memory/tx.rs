@@ -11,8 +11,8 @@ use crate::tx::{Grows, PackHead, Tx};
 use crate::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
-    RefTime, RevocationRow, RolloutRow, SessionRow, SignedDuration, StoreError, StoreResult,
-    TargetsRow, fits,
+    RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, StoreError, StoreResult, TargetsRow,
+    fits,
 };
 
 /// A transaction on the memory store's state (the store keeps a copy to
@@ -83,18 +83,19 @@ impl Tx for MemTx<'_> {
         Ok(())
     }
 
-    fn write_seen(
-        &mut self,
-        id: &str,
-        connected: bool,
-        at: RefTime,
-        lateness_p99: Option<SignedDuration>,
-    ) -> StoreResult<()> {
+    fn write_seen(&mut self, id: &str, seen: &SeenRow) -> StoreResult<()> {
+        fits(
+            seen.health.map_or(0, |h| h.outbox_entries),
+            "outbox entries",
+        )?;
         let a = self.s.agents.get_mut(id).ok_or_else(|| no_agent(id))?;
-        a.connected = connected;
-        a.last_seen = at;
-        if let Some(p99) = lateness_p99 {
+        a.connected = seen.connected;
+        a.last_seen = seen.at;
+        if let Some(p99) = seen.lateness_p99 {
             a.lateness_p99 = p99;
+        }
+        if let Some(h) = seen.health {
+            a.health = h;
         }
         Ok(())
     }

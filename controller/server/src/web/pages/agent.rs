@@ -103,10 +103,17 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                 } }
                 div { dt { "Lateness p99" } dd { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } } }
                 div { dt { "Outbox backlog" } dd #outbox {
+                    @if a.health.outbox_growing { (badge(Tone::Bad, "growing")) " " }
                     @match web.app.outbox_of(&a.id) {
-                        Some((n, at)) => { (n) " entr" @if n == 1 { "y" } @else { "ies" } " not yet acknowledged (" (ago(at.as_nanos(), now)) ")" }
-                        None => { "not reported (agent offline, on another replica, or older than this controller)" }
+                        Some((n, at)) => { (entries(n)) " not yet acknowledged (" (ago(at.as_nanos(), now)) ")" }
+                        // Streaming to another replica: as that one last wrote it.
+                        None if v.connected => { (entries(a.health.outbox_entries)) " not yet acknowledged (as of " (ago(a.last_seen.as_nanos(), now)) ")" }
+                        None => { "not reported (agent offline, or older than this controller)" }
                     }
+                } }
+                div { dt { "Late firings" } dd #late {
+                    @if a.health.late_recently { (badge(Tone::Bad, "late")) " a firing was skipped as later than its max_lateness within the last minute" }
+                    @else { "none in the last minute" }
                 } }
                 div { dt { "Dropped at the agent (outbox full), last " (last) } dd { (dropped) } }
             }
@@ -262,6 +269,11 @@ pub async fn clock_json(
         Ok(rows) => Json(clock_series(&rows)).into_response(),
         Err(e) => app_error(e),
     }
+}
+
+/// A count of outbox entries in words.
+fn entries(n: u64) -> String {
+    format!("{n} entr{}", if n == 1 { "y" } else { "ies" })
 }
 
 #[cfg(test)]

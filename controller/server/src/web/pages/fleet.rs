@@ -268,7 +268,11 @@ fn row(v: &AgentView, now: i64) -> Markup {
                 Some(c) => { td data-label="Offset" { (span(c.offset.nanos())) " ± " (span(c.uncertainty.nanos())) } }
                 None => { td data-label="Offset" { "-" } }
             }
-            td data-label="Lateness p99" { @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" } }
+            td data-label="Lateness p99" {
+                @if v.lateness_p99.nanos() > 0 { (span(v.lateness_p99.nanos())) } @else { "-" }
+                @if a.health.late_recently { " " (badge(Tone::Bad, "late firing")) }
+                @if a.health.outbox_growing { " " (badge(Tone::Bad, "outbox growing")) }
+            }
             td data-label="Packs" {
                 @for d in &v.packs {
                     span.pack {

@@ -5,7 +5,8 @@
 
 use super::*;
 use baton_app::events::Event;
-use baton_model::Intent;
+use baton_app::now_ns;
+use baton_model::{Intent, SeenRow, StreamHealth};
 
 const BLINK: &str = "tenant: plant-a\npack: blink\nversion: 1\ntargets: {agents: [press-a]}\ninstructions:\n  - {id: t, action: noop, every: 1s}\n";
 
@@ -454,4 +455,61 @@ async fn an_offline_agent_is_not_locked_and_needs_a_look() {
     let (code, h, _) = call(&f.web, get("/favicon.ico", None)).await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(h[header::CONTENT_TYPE], "image/svg+xml");
+}
+
+/// A connected agent with a locked clock whose stream measured a late
+/// firing and an outbox that keeps rising: counted unhealthy, and both
+/// named on its fleet row and its page.
+#[tokio::test]
+async fn a_late_firing_and_a_growing_outbox_need_a_look() {
+    let f = fixture().await;
+    let boss = token(&f.ca, "boss", "plant-a", Role::Admin);
+    let (agent, _) = f
+        .store
+        .agent_hello(contract::hello_in("press-a", &["plant-a"], &[], 2))
+        .await
+        .unwrap();
+    let session = agent.session_gen;
+    f.store
+        .record_clock("press-a", session, contract::clock(3))
+        .await
+        .unwrap();
+    let seen = |health| SeenRow {
+        health: Some(health),
+        ..contract::seen_live(now_ns())
+    };
+    f.store
+        .agent_seen("press-a", session, seen(StreamHealth::default()))
+        .await
+        .unwrap();
+    let (_, _, page) = call(&f.web, get("/?state=unhealthy", Some(&boss))).await;
+    assert!(!page.contains("data-agent=\"press-a\""), "healthy: {page}");
+    let sick = StreamHealth {
+        outbox_entries: 12_000,
+        outbox_growing: true,
+        late_recently: true,
+    };
+    f.store
+        .agent_seen("press-a", session, seen(sick))
+        .await
+        .unwrap();
+    let (_, _, page) = call(&f.web, get("/?state=unhealthy", Some(&boss))).await;
+    let row = page
+        .split("data-agent=\"press-a\"")
+        .nth(1)
+        .and_then(|s| s.split("</tr>").next())
+        .unwrap_or_else(|| panic!("press-a is not listed unhealthy: {page}"));
+    assert!(
+        row.contains(">late firing<") && row.contains(">outbox growing<"),
+        "{row}"
+    );
+    let (_, _, page) = call(&f.web, get("/agents/press-a", Some(&boss))).await;
+    assert!(
+        page.contains("id=\"outbox\"><span class=\"badge bad\">growing<"),
+        "{page}"
+    );
+    assert!(
+        page.contains("skipped as later than its max_lateness"),
+        "{page}"
+    );
 }

@@ -34,8 +34,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::conn::detailed;
 use super::lease::{Lease, NOW_US};
 use super::{Target, connect};
-use baton_model::RefTime;
-use baton_store::{ClockRow, FeedbackRow, FeedbackStored, SignedDuration, StoreError, StoreResult};
+use baton_model::SeenRow;
+use baton_store::{ClockRow, FeedbackRow, FeedbackStored, StoreError, StoreResult};
 
 /// Batches waiting at most per thread (past it, callers wait to queue).
 const QUEUE_DEPTH: usize = 1024;
@@ -205,19 +205,12 @@ impl Lane {
 
     /// Stores when `agent`'s stream `session` was last seen (see
     /// `StoreOps::agent_seen`).
-    pub async fn seen(
-        &self,
-        agent: &str,
-        session: u64,
-        connected: bool,
-        at: RefTime,
-        lateness_p99: Option<SignedDuration>,
-    ) -> StoreResult<()> {
+    pub async fn seen(&self, agent: &str, session: u64, row: SeenRow) -> StoreResult<()> {
+        // Refused here, alone: in the batch it would fail its neighbours.
+        baton_store::fits(row.health.map_or(0, |h| h.outbox_entries), "outbox entries")?;
         let seen = status::Seen {
             agent: agent.to_owned(),
-            connected,
-            at,
-            lateness_p99,
+            row,
         };
         self.send(|reply| Work::Seen {
             session,

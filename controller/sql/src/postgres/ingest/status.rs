@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use postgres::{Statement, Transaction};
 
 use super::fail;
-use baton_model::RefTime;
+use baton_model::SeenRow;
 use baton_model::time::span_ns;
-use baton_store::{ClockRow, SignedDuration, StoreResult};
+use baton_store::{ClockRow, StoreResult, fits};
 
 /// This part's statements, prepared once per connection.
 pub(super) struct Statements {
@@ -38,9 +38,7 @@ pub(super) struct Clock {
 /// One last-seen mark of an agent's stream.
 pub(super) struct Seen {
     pub agent: String,
-    pub connected: bool,
-    pub at: RefTime,
-    pub lateness_p99: Option<SignedDuration>,
+    pub row: SeenRow,
 }
 
 /// Stores the clock reports the fence let through (`ok`), in two
@@ -95,14 +93,11 @@ pub(super) fn write_seen(
     for s in seen {
         last.insert(s.agent.as_str(), s);
     }
-    let (mut id, mut connected, mut at, mut p99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut c = SeenColumns::default();
     for s in last.values() {
-        id.push(s.agent.as_str());
-        connected.push(i32::from(s.connected));
-        at.push(s.at.as_nanos());
-        p99.push(s.lateness_p99.map(span_ns));
+        c.push(s)?;
     }
-    tx.execute(&st.seen, &[&id, &connected, &at, &p99])
+    tx.execute(&st.seen, &c.params())
         .map_err(fail("store when agents were seen"))?;
     count(1);
     Ok(())
@@ -177,6 +172,51 @@ const LATEST_SQL: &str = concat!(
 /// Each agent's connection state and last-seen instant (its lateness
 /// p99 where the stream measured one).
 const SEEN_SQL: &str = "UPDATE agents a SET connected = u.connected, last_seen_ns = u.at_ns, \
-    lateness_p99_ns = COALESCE(u.p99, a.lateness_p99_ns) \
-    FROM unnest($1::text[], $2::int4[], $3::bigint[], $4::bigint[]) AS u(id, connected, at_ns, p99) \
+    lateness_p99_ns = COALESCE(u.p99, a.lateness_p99_ns), \
+    outbox_entries = COALESCE(u.outbox, a.outbox_entries), \
+    outbox_growing = COALESCE(u.growing, a.outbox_growing), \
+    late_recently = COALESCE(u.late, a.late_recently) \
+    FROM unnest($1::text[], $2::int4[], $3::bigint[], $4::bigint[], $5::bigint[], $6::int4[], $7::int4[]) \
+    AS u(id, connected, at_ns, p99, outbox, growing, late) \
     WHERE a.id = u.id";
+
+/// [`SEEN_SQL`]'s arrays, one element per agent.
+#[derive(Default)]
+struct SeenColumns<'a> {
+    id: Vec<&'a str>,
+    connected: Vec<i32>,
+    at: Vec<i64>,
+    p99: Vec<Option<i64>>,
+    outbox: Vec<Option<i64>>,
+    growing: Vec<Option<i32>>,
+    late: Vec<Option<i32>>,
+}
+
+impl<'a> SeenColumns<'a> {
+    fn push(&mut self, s: &'a Seen) -> StoreResult<()> {
+        let (r, h) = (&s.row, s.row.health);
+        self.id.push(&s.agent);
+        self.connected.push(i32::from(r.connected));
+        self.at.push(r.at.as_nanos());
+        self.p99.push(r.lateness_p99.map(span_ns));
+        self.outbox.push(
+            h.map(|h| fits(h.outbox_entries, "outbox entries"))
+                .transpose()?,
+        );
+        self.growing.push(h.map(|h| i32::from(h.outbox_growing)));
+        self.late.push(h.map(|h| i32::from(h.late_recently)));
+        Ok(())
+    }
+
+    fn params(&self) -> [&(dyn postgres::types::ToSql + Sync); 7] {
+        [
+            &self.id,
+            &self.connected,
+            &self.at,
+            &self.p99,
+            &self.outbox,
+            &self.growing,
+            &self.late,
+        ]
+    }
+}
