@@ -294,10 +294,21 @@ impl App {
             return;
         };
         let row = match e {
-            // This replica's pages only (see [`Event::Action`]).
+            // This replica's pages at once, the others' through the store
+            // (their followers tell their pages; this one's skips it).
             Event::Action(a) => {
+                let row = EventRow {
+                    id: 0,
+                    replica: replica.clone(),
+                    kind: EventKind::Action,
+                    agent_id: a.agent.clone(),
+                    tenant: a.tenant.clone(),
+                    pack: a.pack.clone(),
+                    detail: a.text.clone(),
+                    at: a.at,
+                };
                 let _ = self.events.send(Event::Action(a));
-                return;
+                row
             }
             // Followed from the feedback table itself.
             Event::Feedback(_) => return,

@@ -19,8 +19,8 @@ pub enum Event {
     Agent(AgentEvent),
     /// An operator acted on a pack, a rollout or an agent (dashboard or
     /// CLI): open pages say so at once and read their parts again. Told
-    /// to this replica's watchers only; what the action changed reaches
-    /// the other replicas' pages as the delivery rows it wrote.
+    /// to this replica's watchers at once and, through the store's events,
+    /// to the other replicas' (their followers).
     Action(ActionEvent),
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::app::App;
-use crate::events::{AgentEvent, AgentEventKind, Event};
+use crate::events::{ActionEvent, AgentEvent, AgentEventKind, Event};
 use crate::hub::SessionCmd;
 use crate::texts::PackText;
 use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey};
@@ -274,6 +274,17 @@ async fn told(app: &App, me: &str, e: &EventRow, read: &Told) -> StoreResult<()>
                 );
             }
         }
+        // Told here when it was done here.
+        EventKind::Action if watched && e.replica != me => {
+            app.broadcast(Event::Action(ActionEvent {
+                tenant: e.tenant.clone(),
+                pack: e.pack.clone(),
+                agent: e.agent_id.clone(),
+                text: e.detail.clone(),
+                at: e.at,
+            }));
+        }
+        EventKind::Action => {}
         kind => {
             if !watched {
                 return Ok(());

@@ -698,6 +698,9 @@ pub enum EventKind {
     Clock,
     /// A second machine tried an agent's id, or its feedback was lost.
     Conflict,
+    /// An operator acted on a pack or an agent (`detail`: what, in words),
+    /// for the other replicas' open pages.
+    Action,
 }
 
 impl EventKind {
@@ -709,6 +712,7 @@ impl EventKind {
             EventKind::Disconnected => "disconnected",
             EventKind::Clock => "clock",
             EventKind::Conflict => "conflict",
+            EventKind::Action => "action",
         }
     }
 
@@ -720,6 +724,7 @@ impl EventKind {
             "disconnected" => EventKind::Disconnected,
             "clock" => EventKind::Clock,
             "conflict" => EventKind::Conflict,
+            "action" => EventKind::Action,
             _ => return None,
         })
     }

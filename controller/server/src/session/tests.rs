@@ -648,7 +648,8 @@ async fn a_stream_whose_agent_said_hello_elsewhere_is_fenced() {
 
 /// Two replicas on one PostgreSQL database: a push made through one
 /// reaches an agent streaming to the other within a follow, not at its
-/// resync; a watcher on either sees the other's agents come and go, once.
+/// resync; a watcher on either sees the other's agents come and go, and
+/// an operator's action on the other, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_hear_of_each_other_through_the_store() {
     let Some(stores) = baton_sql::postgres::test_replicas(&["ra", "rb"]) else {
@@ -703,6 +704,50 @@ async fn replicas_hear_of_each_other_through_the_store() {
         .await;
     let acked = b.until_state(&mut on_b, "a1", DeliveryState::Acked).await;
     assert_eq!(acked.version, 1);
+
+    // An operator's action on a: a's pages hear it at once, b's through
+    // the store, each once.
+    let mut on_a = a.app().subscribe();
+    let operator = Caller::new(Identity::Insecure);
+    a.app()
+        .cancel_as(&operator, "default", "p", &["a1".to_string()])
+        .await
+        .expect("cancel on a1");
+    let action = |e: &Event| match e {
+        Event::Action(x) => Some(x.text.clone()),
+        _ => None,
+    };
+    let next_action = |rx: &mut tokio::sync::broadcast::Receiver<Event>| {
+        let mut rx = rx.resubscribe();
+        async move {
+            loop {
+                let e = rx.recv().await.expect("events");
+                if let Some(t) = action(&e) {
+                    return t;
+                }
+            }
+        }
+    };
+    let heard_b = tokio::time::timeout(Duration::from_secs(10), next_action(&mut on_b))
+        .await
+        .expect("b's watcher hears a's action");
+    assert!(heard_b.contains("cancelled the pack on a1"), "{heard_b}");
+    // Ordered after a's action row (b already read it): a push through b.
+    // Until its row reaches a, a's watcher hears the action once.
+    b.push(&pack_yaml("default", "p", 2, "{agents: [a1]}"))
+        .await;
+    let mut actions_on_a = Vec::new();
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(10), on_a.recv())
+            .await
+            .expect("a hears b's push")
+            .expect("events");
+        actions_on_a.extend(action(&e));
+        if matches!(&e, Event::Delivery(d) if d.version == 2) {
+            break;
+        }
+    }
+    assert_eq!(actions_on_a.len(), 1, "{actions_on_a:?}");
     let _ = a._stop.send(true);
     let _ = b._stop.send(true);
 }

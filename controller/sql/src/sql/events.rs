@@ -5,7 +5,7 @@ use super::codec::{instant_col, u64_from_db};
 use super::db::{
     Db, Param, Row, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
-use baton_store::{EventKind, EventRow, MAX_PAGE, Mark, StoreError, StoreResult, page};
+use baton_store::{EventKind, EventRow, MAX_PAGE, Mark, StoreResult, page};
 
 pub(crate) const DELETE_EVENTS: &str = "DELETE FROM events WHERE id IN \
      (SELECT id FROM events WHERE at_ns < ?1 ORDER BY id LIMIT ?2)";
@@ -41,21 +41,26 @@ pub(crate) fn put_events(conn: &dyn Db, rows: &[EventRow]) -> StoreResult<()> {
     Ok(())
 }
 
-fn decode(row: &dyn Row) -> StoreResult<EventRow> {
+/// An event, or `None` for a kind this build does not know: a newer
+/// replica's (during a rolling upgrade), passed over, not a reason to stop
+/// following.
+fn decode(row: &dyn Row) -> StoreResult<Option<EventRow>> {
     let id: i64 = col(row, "id")?;
     let r = (|| {
         let kind: String = col(row, "kind")?;
-        Ok(EventRow {
+        let Some(kind) = EventKind::parse(&kind) else {
+            return Ok(None);
+        };
+        Ok(Some(EventRow {
             id: u64_from_db(id, "id")?,
             replica: col(row, "replica")?,
-            kind: EventKind::parse(&kind)
-                .ok_or_else(|| StoreError::corrupt("event kind", format!("unknown: {kind:?}")))?,
+            kind,
             agent_id: col(row, "agent_id")?,
             tenant: col(row, "tenant")?,
             pack: col(row, "pack")?,
             detail: col(row, "detail")?,
             at: instant_col(row, "at_ns")?,
-        })
+        }))
     })();
     with_row(format_args!("event {id}"), r)
 }
@@ -67,7 +72,7 @@ pub(crate) fn events_after(
     limit: u32,
     horizon: Option<i64>,
 ) -> StoreResult<(Vec<EventRow>, Mark)> {
-    follow_page(
+    let (rows, next) = follow_page(
         conn,
         &Followed {
             from: "events",
@@ -78,7 +83,8 @@ pub(crate) fn events_after(
         limit,
         horizon,
         decode,
-    )
+    )?;
+    Ok((rows.into_iter().flatten().collect(), next))
 }
 
 /// A followed table as a query reads it.

@@ -1154,3 +1154,36 @@ async fn a_v4_database_is_migrated() {
     let p = rows.iter().find(|r| r.pack == "p").unwrap();
     assert_eq!((p.state, p.attempts), (DeliveryState::Acked, 2));
 }
+
+/// An event of a kind this build does not know (a newer replica's, during
+/// a rolling upgrade) is passed over: the events around it are read and
+/// the follower's mark moves past it, so following goes on.
+#[tokio::test]
+async fn an_event_of_an_unknown_kind_is_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path(), Binding::Open).unwrap();
+    exec(
+        &store,
+        "INSERT INTO events (replica, kind, agent_id, tenant, pack, detail, at_ns) VALUES \
+         ('r1', 'clock', 'a1', '', '', '', 1), ('r2', 'from-the-future', 'a1', '', '', '', 2), \
+         ('r1', 'connected', 'a2', '', '', '', 3)",
+    )
+    .await
+    .unwrap();
+    let (rows, mark) = store
+        .events_after(baton_store::Mark::default(), 10)
+        .await
+        .unwrap();
+    let got: Vec<(&str, baton_store::EventKind)> =
+        rows.iter().map(|e| (e.agent_id.as_str(), e.kind)).collect();
+    assert_eq!(
+        got,
+        [
+            ("a1", baton_store::EventKind::Clock),
+            ("a2", baton_store::EventKind::Connected)
+        ]
+    );
+    assert_eq!(mark.id, 3, "past every row read");
+    let (more, _) = store.events_after(mark, 10).await.unwrap();
+    assert!(more.is_empty());
+}
