@@ -409,16 +409,6 @@ async fn a_streams_measures_reach_the_unhealthy_filter() {
     let app = app(Binding::Tenants);
     for id in ["a1", "a2", "a3"] {
         hello(&app, id, &["t"], &[]).await;
-        let locked = baton_store::ClockRow {
-            source: "ptp".into(),
-            state: "locked".into(),
-            offset: time::span(-12),
-            jitter: time::span(3),
-            uncertainty: time::span(250),
-            frequency_ppm: 0.0,
-            at: RefTime::from_nanos(1),
-        };
-        app.store.record_clock(id, 1, locked).await.expect("clock");
     }
     let unhealthy = || async {
         let f = AgentFilter {
@@ -433,10 +423,21 @@ async fn a_streams_measures_reach_the_unhealthy_filter() {
             .map(|a| a.id)
             .collect::<Vec<_>>()
     };
+    // Each mark after a fresh, locked clock report.
     let seen = |id: &'static str, at_s: i64| {
         let app = app.clone();
         async move {
             let at = RefTime::from_nanos(at_s * 1_000_000_000);
+            let locked = baton_store::ClockRow {
+                source: "ptp".into(),
+                state: "locked".into(),
+                offset: time::span(-12),
+                jitter: time::span(3),
+                uncertainty: time::span(250),
+                frequency_ppm: 0.0,
+                at,
+            };
+            app.store.record_clock(id, 1, locked).await.expect("clock");
             app.perform(id, Effect::Seen { session: 1, at })
                 .await
                 .expect("seen");

@@ -218,11 +218,21 @@ impl AgentFilter {
     }
 }
 
-/// Whether the agent is connected and its latest clock report says
-/// `locked`: an offline agent's last report says nothing of its clock now,
-/// and counting it as locked would hide the agent that went away.
+/// A clock report more than this older than the agent's last-seen mark
+/// is stale: a connected agent reports every few seconds, so one whose
+/// reports stopped says nothing of its clock now.
+pub const CLOCK_STALE_NS: i64 = 30_000_000_000;
+
+/// Whether the agent is connected and its latest clock report, not stale
+/// ([`CLOCK_STALE_NS`] before it was last seen), says `locked`: an
+/// offline agent's last report says nothing of its clock now, and
+/// counting it as locked would hide the agent that went away.
 pub fn clock_locked(agent: &AgentRow) -> bool {
-    agent.connected && agent.clock.as_ref().is_some_and(|c| c.state == "locked")
+    agent.connected
+        && agent.clock.as_ref().is_some_and(|c| {
+            c.state == "locked"
+                && c.at.as_nanos() >= agent.last_seen.as_nanos().saturating_sub(CLOCK_STALE_NS)
+        })
 }
 
 /// Whether `hay` contains `needle`, ASCII letters in either case (what

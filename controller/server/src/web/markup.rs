@@ -47,8 +47,8 @@ pub fn clock_cell(v: &AgentView, now: i64) -> Markup {
 }
 
 /// A clock report older than this is stale (agents report every few
-/// seconds while connected).
-pub const STALE_NS: i64 = 30 * 1_000_000_000;
+/// seconds while connected): the fleet filter's bound too.
+pub const STALE_NS: i64 = baton_model::CLOCK_STALE_NS;
 
 /// How a delivery's state reads at a glance.
 pub fn delivery_tone(s: DeliveryState) -> Tone {

@@ -255,8 +255,11 @@ fn agent_columns_of_a() -> String {
 }
 
 /// An agent (`a`) whose clock is not locked: offline (its last report
-/// says nothing of now), no report, or another state.
-const NOT_LOCKED: &str = "(a.connected = 0 OR a.clock_at_ns IS NULL OR a.clock_state <> 'locked')";
+/// says nothing of now), no report, a stale one (older than
+/// [`baton_model::CLOCK_STALE_NS`] before it was last seen), or another
+/// state.
+const NOT_LOCKED: &str = "(a.connected = 0 OR a.clock_at_ns IS NULL OR a.clock_state <> 'locked' \
+     OR a.clock_at_ns < a.last_seen_ns - 30000000000)";
 
 /// An agent (`a`) whose stream measured something to look at: an outbox
 /// that only grows, or a firing skipped as late within the last minute
@@ -774,4 +777,14 @@ pub(crate) fn clock_history(
         params![id, since_ns, i64::from(page(limit, MAX_PAGE * 10))],
         |row| with_row(format_args!("clock report of {id}"), decode_clock(row)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// The SQL's stale bound is the model's (the memory store's rule).
+    #[test]
+    fn not_locked_uses_the_models_stale_bound() {
+        let bound = format!("a.last_seen_ns - {}", baton_model::CLOCK_STALE_NS);
+        assert!(super::NOT_LOCKED.contains(&bound), "{}", super::NOT_LOCKED);
+    }
 }

@@ -405,13 +405,14 @@ pub async fn fleet_text_is_literal(s: &dyn Store, _binding: Binding) {
     assert_eq!(find("").await.len(), 7);
 }
 
-/// "Unhealthy": offline, clock not locked (an offline agent's is not), an
+/// "Unhealthy": offline, clock not locked (an offline agent's is not, nor
+/// is a report older than [`CLOCK_STALE_NS`] before the last-seen mark), an
 /// outbox that only grows or a late firing as its stream measured them,
 /// or a refused delivery of the asking tenant's (another tenant's refusal
 /// is not its to see).
 pub async fn fleet_unhealthy_is_offline_unlocked_or_refusing(s: &dyn Store, _: Binding) {
     let mut gens = BTreeMap::new();
-    for id in ["a1", "a2", "a3", "a4", "a5", "a6"] {
+    for id in ["a1", "a2", "a3", "a4", "a5", "a6", "a7"] {
         let (agent, _) = s
             .agent_hello(hello_in(id, &["t", "u"], &[], 10))
             .await
@@ -438,6 +439,11 @@ pub async fn fleet_unhealthy_is_offline_unlocked_or_refusing(s: &dyn Store, _: B
         };
         s.agent_seen(id, gens[id], seen).await.unwrap();
     }
+    // a7's reports stopped while its stream lives on: its last one is stale.
+    let later = 11 + CLOCK_STALE_NS + 1;
+    s.agent_seen("a7", gens["a7"], seen_live(later))
+        .await
+        .unwrap();
     // A healthy report clears what an earlier one said.
     let sick_then_well = [true, false].map(|sick| SeenRow {
         health: Some(StreamHealth {
@@ -462,21 +468,21 @@ pub async fn fleet_unhealthy_is_offline_unlocked_or_refusing(s: &dyn Store, _: B
     };
     assert_eq!(
         ids(s, of("t", FleetState::Unhealthy)).await,
-        ["a2", "a3", "a4", "a5", "a6"]
+        ["a2", "a3", "a4", "a5", "a6", "a7"]
     );
     assert_eq!(
         ids(s, of("u", FleetState::Unhealthy)).await,
-        ["a3", "a4", "a5", "a6"]
+        ["a3", "a4", "a5", "a6", "a7"]
     );
     assert_eq!(
         ids(s, of("t", FleetState::ClockNotLocked)).await,
-        ["a3", "a4"],
-        "offline a3's last report said locked"
+        ["a3", "a4", "a7"],
+        "offline a3's and stale a7's last reports said locked"
     );
     let counts = s
         .agent_counts(of("t", FleetState::Unhealthy))
         .await
         .unwrap();
-    assert_eq!(counts.clock_not_locked, 2);
+    assert_eq!(counts.clock_not_locked, 3);
     assert_eq!(counts.offline, 1);
 }

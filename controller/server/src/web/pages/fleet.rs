@@ -203,7 +203,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Query(q): Query<FleetQu
                 (card("Deliveries pending", "count-pending", pending, "/packs", Tone::Neutral))
                 (card("Deliveries refused", "count-refused", refused, "/?state=unhealthy", if refused > 0 { Tone::Bad } else { Tone::Good }))
             }
-            p { a #show-unhealthy href="/?state=unhealthy" { "Show agents that need a look" } " (offline, clock not locked, or a refused delivery)" }
+            p { a #show-unhealthy href="/?state=unhealthy" { "Show agents that need a look" } " (offline, clock not locked or stale, a late firing, an outbox that keeps growing, or a refused delivery)" }
         }
         form.filters method="get" action="/" role="search" {
             label { "Label " input name="label" value=(q.label) placeholder="line=3"; }

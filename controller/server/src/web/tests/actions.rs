@@ -471,7 +471,7 @@ async fn a_late_firing_and_a_growing_outbox_need_a_look() {
         .unwrap();
     let session = agent.session_gen;
     f.store
-        .record_clock("press-a", session, contract::clock(3))
+        .record_clock("press-a", session, contract::clock(now_ns()))
         .await
         .unwrap();
     let seen = |health| SeenRow {
