@@ -568,3 +568,95 @@ fn a_local_pack_on_absolute_time_waits_for_the_clock_instead_of_failing() {
     assert_eq!(fired.lines().count(), 1, "{fired}");
     a.wind_down();
 }
+
+/// A device whose submissions of safe-state jobs fail once `failing` is
+/// set (a dispatcher gone, a bug): everything else goes to the in-memory
+/// device.
+struct FailingSafeState {
+    inner: baton_agent::runtime::ports::DirectDevice,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl baton_agent::runtime::ports::Device for FailingSafeState {
+    fn credits(&self) -> &baton_agent::dispatcher::Credits {
+        self.inner.credits()
+    }
+    fn submit(
+        &mut self,
+        job: baton_agent::dispatcher::Job,
+    ) -> Result<(), baton_agent::dispatcher::DispatchError> {
+        if job.kind == baton_agent::dispatcher::JobKind::Safe
+            && self.failing.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(baton_agent::dispatcher::DispatchError::NoCredit(job.id));
+        }
+        self.inner.submit(job)
+    }
+    fn wake(&mut self) {
+        self.inner.wake()
+    }
+    fn try_done(&mut self) -> Option<baton_agent::dispatcher::Done> {
+        self.inner.try_done()
+    }
+    fn request_lines(
+        &mut self,
+        lines: &[(baton_proto::pack::LineRef, baton_gpio::Direction)],
+    ) -> Result<Vec<baton_gpio::LineHandle>, baton_agent::dispatcher::DispatchError> {
+        self.inner.request_lines(lines)
+    }
+    fn stop(&mut self, timeout: Duration) -> bool {
+        self.inner.stop(timeout)
+    }
+}
+
+/// A safe state whose write cannot be handed to the device still settles
+/// the exec firing it withdrew (journalled not run) and journals the
+/// pack's stop: after a restart the cancelled pack stays stopped.
+#[test]
+fn a_failing_safe_state_still_settles_its_withdrawn_firings_and_journals_the_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    let file = baton_agent::config::parse_file("agent.yaml", "exec-allowlist: [/bin/true]\n")
+        .expect("config");
+    let cfg = config(dir.path(), file, Overrides::default());
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = failing.clone();
+    let mut agent = build_with_device(dir.path(), clock.clone(), cfg, move |inner| {
+        Box::new(FailingSafeState { inner, failing: f })
+    });
+    let yaml = pack(
+        "p",
+        1,
+        &format!(
+            "safe_state:\n  - {{action: gpio.write, params: {{line: 5, value: 0}}}}\n\
+             instructions:\n  - {{id: x, action: exec, params: {{program: /bin/true}}, at: {}}}\n",
+            t(200)
+        ),
+    );
+    let parsed = parse_pack(&yaml).expect("pack");
+    agent.accept(yaml, parsed).expect("accepted");
+    // Armed ahead: the exec firing waits for its instant.
+    for ms in 0..=170 {
+        clock.set(t(ms));
+        agent.step().expect("step");
+    }
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    let key = baton_sched::PackKey {
+        tenant: "default".into(),
+        pack: "p".into(),
+    };
+    assert!(agent.cancel_local(&key).is_err(), "the safe state failed");
+    let id = format!("default/p/v1/x/{}/a1", t(200).as_nanos());
+    assert_eq!(
+        agent.journal().outcome(&id),
+        Some(baton_journal::Outcome::NotRun),
+        "settled, not left open"
+    );
+    drop(agent);
+    let (_, recovered) = Journal::open(JournalConfig::new(dir.path().join("data"))).expect("open");
+    assert_eq!(
+        recovered.packs[0].stopped,
+        Some(baton_journal::StopReason::Cancel),
+        "the stop was journalled"
+    );
+}

@@ -338,21 +338,21 @@ impl Agent {
             // Stopped for good: the controller hears it in the next `Held`.
             self.held.mark_changed();
         }
-        self.pump()?;
-        if let Some(e) = first_err {
-            return Err(e);
+        // Every step below runs whatever failed before it, and the first
+        // error is returned at the end: a firing withdrawn but never
+        // settled stays open, and a stop never journalled brings a
+        // cancelled pack back running after a restart.
+        if let Err(e) = self.pump() {
+            first_err.get_or_insert(e);
         }
         for p in gone {
             if let Some(s) = p.req.live.clone() {
                 self.arming.free_slot(s);
             }
-            self.settle(
-                &p.id,
-                &p.req.execution_id,
-                AttemptResult::Late { actual: now },
-                now,
-                more,
-            )?;
+            let late = AttemptResult::Late { actual: now };
+            if let Err(e) = self.settle(&p.id, &p.req.execution_id, late, now, more) {
+                first_err.get_or_insert(e);
+            }
         }
         // A give-up, cancel or lease loss is for good: the pack must not
         // come back running after a restart (only a higher version brings
@@ -366,11 +366,13 @@ impl Agent {
         };
         if let Some(stop) = stop
             && let Some((version, _)) = self.core.held(pack)
+            && let Err(e) = self
+                .journal
+                .stop_pack(&pack.tenant, &pack.pack, version, stop)
         {
-            self.journal
-                .stop_pack(&pack.tenant, &pack.pack, version, stop)?;
+            first_err.get_or_insert(e.into());
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// A safe-state or on_failure action: now, best effort, never retried,

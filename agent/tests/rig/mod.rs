@@ -9,7 +9,7 @@ use std::time::Duration;
 use baton_agent::config::{self, AgentConfig, ConfigFile, Overrides};
 use baton_agent::exec::ExecPool;
 use baton_agent::runtime::admission::Verdict;
-use baton_agent::runtime::ports::{Clock, DirectDevice, ManualClock};
+use baton_agent::runtime::ports::{Clock, Device, DirectDevice, ManualClock};
 use baton_agent::runtime::safety::SafeTable;
 use baton_agent::runtime::{Agent, Parts};
 use baton_gpio::Allowlist;
@@ -57,6 +57,17 @@ pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
 
 /// An agent of `cfg` (see [`config`]) on `clock`.
 pub fn build_with(dir: &Path, clock: Arc<ManualClock>, cfg: AgentConfig) -> Agent {
+    build_with_device(dir, clock, cfg, |d| Box::new(d))
+}
+
+/// [`build_with`], its in-memory device wrapped by `wrap` (a test's
+/// double that fails or stalls some jobs).
+pub fn build_with_device(
+    dir: &Path,
+    clock: Arc<ManualClock>,
+    cfg: AgentConfig,
+    wrap: impl FnOnce(DirectDevice) -> Box<dyn Device>,
+) -> Agent {
     let data = dir.join("data");
     let log = dir.join("gpio.jsonl");
     let jcfg = JournalConfig {
@@ -74,7 +85,7 @@ pub fn build_with(dir: &Path, clock: Arc<ManualClock>, cfg: AgentConfig) -> Agen
             clock,
             journal,
             recovered,
-            device: Box::new(device),
+            device: wrap(device),
             exec,
             exec_rx,
             safe_table: Arc::new(Mutex::new(SafeTable::default())),
