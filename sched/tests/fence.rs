@@ -342,6 +342,40 @@ fn a_moved_fence_releases_what_is_now_before_it() {
     assert_eq!(occ, expected);
 }
 
+/// A version accepted to run now in place of the fenced one (a local
+/// pack file) keeps the fence: nothing of it past the instant is armed
+/// ahead, whatever the horizon, until the switch or a lift.
+#[test]
+fn a_version_replacing_the_fenced_one_to_run_now_keeps_the_fence() {
+    let mut m = Model::new(pack(1, 10, 1_000));
+    m.core.switch_fence(&key(), Some(ms(205)));
+    m.run(ms(0), ms(100), dur(50));
+    m.core
+        .accept(pack(2, 10, 1_000), ms(100))
+        .drain_into(&mut m.out)
+        .expect("v2 accepted");
+    m.settle(ms(100));
+    assert_eq!(m.core.switch_fence_at(&key()), Some(ms(205)));
+    m.run(ms(100), ms(10_000), dur(50));
+    let v2: Vec<i64> = m
+        .seen
+        .fired
+        .iter()
+        .filter(|&&(v, _)| v == 2)
+        .map(|&(_, o)| o)
+        .collect();
+    assert!(!v2.is_empty(), "v2 runs up to the instant");
+    assert!(v2.iter().all(|&o| o <= 205), "past the fence: {v2:?}");
+    // (v1 was armed 50 ms ahead of 100 before it was replaced.)
+    assert!(m.v1_after(150).is_empty(), "v1 replaced at 100");
+    // The staged version goes without switching: the fence is lifted and
+    // v2 carries on from where it was held.
+    m.core.switch_fence(&key(), None);
+    m.run(ms(10_000), ms(10_100), dur(50));
+    let last = m.seen.fired.iter().map(|&(_, o)| o).max();
+    assert!(last.is_some_and(|o| o > 10_000), "{last:?}");
+}
+
 #[test]
 fn a_cancelled_pack_reports_what_its_fence_held_as_skipped() {
     let mut m = Model::new(pack(1, 10, 1_000));

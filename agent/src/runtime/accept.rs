@@ -262,6 +262,14 @@ impl Agent {
             Some(at) => self.core.accept_at(pack, at, now).drain_into(&mut out)?,
             None => self.core.accept(pack, now).drain_into(&mut out)?,
         };
+        // Accepted to run now over a version fenced for a staged switch:
+        // the core keeps the fence for it, unless the staged version is
+        // no newer (it can never switch in: its instant is refused as
+        // older and said so), when this one must not wait for it.
+        let staged = self.uplink.as_ref().and_then(|u| u.staged_version(&key));
+        if at.is_none() && staged.is_some_and(|s| s <= version) {
+            self.core.switch_fence(&key, None);
+        }
         self.safe.owed_again(&key);
         tracing::info!(pack = %key, version, "accepted");
         self.process(out)

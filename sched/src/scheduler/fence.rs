@@ -8,7 +8,10 @@
 //!
 //! An occurrence (or catch-up replay) that comes due past the fence is
 //! taken out of the queue as it is popped and kept with the fence, so
-//! the control loop is not woken for it again. Three things end a fence:
+//! the control loop is not woken for it again. A version that replaces
+//! the held one to run now ([`Scheduler::accept`]: a local pack file)
+//! keeps the fence: the staged version still switches at the instant.
+//! Three things end a fence:
 //! - the switch: the version is replaced ([`Scheduler::accept_at`]) and
 //!   the fence goes with the old version's state; an unchanged
 //!   instruction's held occurrence carries over like any pending one, a
@@ -42,6 +45,17 @@ pub(super) struct Fence {
     /// Entries taken out of the queue at the fence, in the order they
     /// came due.
     held: Vec<Held>,
+}
+
+impl Fence {
+    /// The same instant for the version that replaces this one to run
+    /// now: nothing of the old version's held entries (they went with it).
+    pub(super) fn carried(&self) -> Fence {
+        Fence {
+            at: self.at,
+            held: Vec::new(),
+        }
+    }
 }
 
 /// A queue entry kept at a fence, with what it needs to go back.
@@ -84,9 +98,10 @@ impl Scheduler {
     /// version to switch at `at`, moves it when the stage is named again,
     /// and lifts it when the staged version goes without switching: what
     /// was held is then released on the next tick as any occurrence that
-    /// comes due late. Replacing the version (the switch), cancelling or
-    /// stopping the pack ends the fence with the version. Nothing happens
-    /// for a pack not held or not active.
+    /// comes due late. The switch (replacing the version as of the
+    /// instant), cancelling or stopping the pack ends the fence with the
+    /// version; a version accepted to run now in its place keeps it.
+    /// Nothing happens for a pack not held or not active.
     pub fn switch_fence(&mut self, key: &PackKey, at: Option<RefTime>) {
         let Some(&slot) = self.by_key.get(key) else {
             return;

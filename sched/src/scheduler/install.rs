@@ -8,6 +8,7 @@ use baton_proto::RefTime;
 use baton_proto::pack::{Instruction, Pack, Schedule, dependents, upstream};
 use jiff::tz::TimeZone;
 
+use super::fence::Fence;
 use super::{
     AcceptError, Accepted, EntryKind, InstrState, PackState, Scheduler, Status, just_before,
 };
@@ -309,8 +310,21 @@ impl Scheduler {
         // A switch as of an instant (`accept_at`) that comes after it.
         let switched_late =
             anchor.filter(|at| old.is_some() && resume_after.is_none() && *at < now);
+        // Replaced to run now (`accept`: a local pack file, a clock wait
+        // ended), not switched nor restored.
+        let plain = anchor.is_none();
         let anchor = anchor.or(old.as_ref().map(|o| o.anchor)).unwrap_or(now);
         let mut ps = self.new_state(key, pack, anchor, resume_after);
+        if plain {
+            // A staged version still waits to switch at the old one's
+            // fence: the replacement keeps it, or its occurrences after
+            // the instant would be armed ahead and could lose the race
+            // with the switch's withdrawal.
+            ps.fence = old
+                .as_ref()
+                .and_then(|o| o.fence.as_ref())
+                .map(Fence::carried);
+        }
         let carried = carry_over(old.as_ref(), &mut ps, now);
         let mut held = Vec::new();
         if let Some(o) = old.as_ref() {

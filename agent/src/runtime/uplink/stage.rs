@@ -267,6 +267,13 @@ impl Agent {
     }
 }
 
+impl Uplink {
+    /// The version staged for `key`, if any.
+    pub(in crate::runtime) fn staged_version(&self, key: &PackKey) -> Option<u64> {
+        self.staged.get(key).map(|s| s.pack.version)
+    }
+}
+
 /// The nack of a switch the acceptance refused.
 fn switch_nack_reason(e: &AcceptError) -> wire::NackReason {
     match e {
