@@ -1,7 +1,7 @@
 //! Taking a pack: the version decision, carrying state over from the
 //! replaced version, settling one-shots, first occurrences.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use baton_proto::RefTime;
@@ -83,14 +83,14 @@ fn carry_over(old: Option<&PackState>, ps: &mut PackState, now: RefTime) -> Carr
         // repeating instruction it also had starts after now, as a changed
         // one does. One-shots are settled by `settle_one_shots`/`shots_of`.
         for (i, ins) in ps.pack.instructions.iter().enumerate() {
-            if o.pack.instructions.iter().any(|x| x.id == ins.id) {
+            if o.position(&ins.id).is_some() {
                 c.floor[i] = Some(now);
             }
         }
         return c;
     }
     for (i, ins) in ps.pack.instructions.iter().enumerate() {
-        let Some(j) = o.pack.instructions.iter().position(|x| x.id == ins.id) else {
+        let Some(j) = o.position(&ins.id) else {
             continue;
         };
         let prev = &o.pack.instructions[j];
@@ -430,6 +430,7 @@ impl Scheduler {
                     ..InstrState::default()
                 })
                 .collect(),
+            by_id: by_id(&pack),
             pack: Arc::new(pack),
             resumed,
             fence: None,
@@ -550,11 +551,9 @@ impl Scheduler {
             let ins = &ps.pack.instructions[i];
             let fired_before = old.is_some_and(|o| {
                 o.pack.version == ps.pack.version
-                    && o.pack
-                        .instructions
-                        .iter()
-                        .zip(&o.ins)
-                        .any(|(x, s)| s.fired && x.id == ins.id && x.schedule == ins.schedule)
+                    && o.position(&ins.id).is_some_and(|j| {
+                        o.ins[j].fired && o.pack.instructions[j].schedule == ins.schedule
+                    })
             });
             if fired_before {
                 ps.ins[i].done = true;
@@ -642,6 +641,18 @@ impl Scheduler {
     }
 }
 
+/// [`PackState::by_id`] of `pack`.
+fn by_id(pack: &Pack) -> HashMap<u64, u32, foldhash::fast::FixedState> {
+    let mut m = HashMap::with_capacity_and_hasher(pack.instructions.len(), Default::default());
+    for (i, x) in pack.instructions.iter().enumerate() {
+        // Past u32 (never, in practice): found by the search.
+        if let Ok(i) = u32::try_from(i) {
+            m.entry(super::print(&x.id)).or_insert(i);
+        }
+    }
+    m
+}
+
 #[cfg(test)]
 mod tests {
     use baton_proto::pack::parse_pack;
@@ -666,6 +677,29 @@ mod tests {
 
     fn t(s: i64) -> RefTime {
         RefTime::from_nanos(s * 1_000_000_000)
+    }
+
+    /// An instruction is found by its id's fingerprint, and by a search
+    /// when another id shares the fingerprint; an id not held is none.
+    #[test]
+    fn an_instruction_is_found_by_id_even_when_fingerprints_collide() {
+        let p = parse_pack(
+            "pack: p\nversion: 1\ninstructions:\n  - {id: a, action: noop, every: 1s}\n  - {id: b, action: noop, every: 1s}\n  - {id: c, action: noop, every: 1s}\n",
+        )
+        .expect("pack");
+        let mut s = Scheduler::new(crate::Config::default(), HashMap::new());
+        let mut ps = s.new_state(PackKey::of(&p), p, t(0), None);
+        assert_eq!(
+            ["a", "b", "c", "zz"].map(|id| ps.position(id)),
+            [Some(0), Some(1), Some(2), None]
+        );
+        // As if "b" and "c" shared "a"'s fingerprint: "a" kept.
+        ps.by_id.insert(super::super::print("b"), 0);
+        ps.by_id.remove(&super::super::print("c"));
+        assert_eq!(
+            ["a", "b", "c", "zz"].map(|id| ps.position(id)),
+            [Some(0), Some(1), Some(2), None]
+        );
     }
 
     #[test]

@@ -53,11 +53,7 @@ impl Scheduler {
     fn running_attempt(&self, id: &ExecutionId) -> Option<Occurrence> {
         let &slot = self.by_key.get(&id.pack)?;
         let ps = self.packs[slot].as_ref()?;
-        let i = ps
-            .pack
-            .instructions
-            .iter()
-            .position(|x| x.id == id.instruction)?;
+        let i = ps.position(&id.instruction)?;
         ps.ins[i]
             .attempts
             .get(&id.occurrence)
