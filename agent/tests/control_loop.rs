@@ -660,3 +660,91 @@ fn a_failing_safe_state_still_settles_its_withdrawn_firings_and_journals_the_sto
         "the stop was journalled"
     );
 }
+
+/// A device whose calls for attempts never return (a hung device call):
+/// it takes each attempt's slot, as the dispatcher does right before the
+/// call, and keeps the job. Everything else goes to the in-memory device.
+struct HangingAttempts {
+    inner: baton_agent::runtime::ports::DirectDevice,
+    taken: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl baton_agent::runtime::ports::Device for HangingAttempts {
+    fn credits(&self) -> &baton_agent::dispatcher::Credits {
+        self.inner.credits()
+    }
+    fn submit(
+        &mut self,
+        job: baton_agent::dispatcher::Job,
+    ) -> Result<(), baton_agent::dispatcher::DispatchError> {
+        if job.kind == baton_agent::dispatcher::JobKind::Attempt {
+            if job.live.as_ref().is_some_and(|s| s.claim()) {
+                self.taken.lock().expect("taken").push(job.id.to_string());
+            }
+            return Ok(());
+        }
+        self.inner.submit(job)
+    }
+    fn wake(&mut self) {
+        self.inner.wake()
+    }
+    fn try_done(&mut self) -> Option<baton_agent::dispatcher::Done> {
+        self.inner.try_done()
+    }
+    fn request_lines(
+        &mut self,
+        lines: &[(baton_proto::pack::LineRef, baton_gpio::Direction)],
+    ) -> Result<Vec<baton_gpio::LineHandle>, baton_agent::dispatcher::DispatchError> {
+        self.inner.request_lines(lines)
+    }
+    fn stop(&mut self, timeout: Duration) -> bool {
+        self.inner.stop(timeout)
+    }
+}
+
+/// A device call that never returns: one timeout after the attempt's own
+/// it is ended (journalled failed, not left open), never retried beside
+/// itself, and the pack gives up into its safe state.
+#[test]
+fn an_attempt_whose_device_call_hangs_is_ended_and_not_retried() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    let cfg = config(dir.path(), ConfigFile::default(), Overrides::default());
+    let taken = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = taken.clone();
+    let mut agent = build_with_device(dir.path(), clock.clone(), cfg, move |inner| {
+        Box::new(HangingAttempts { inner, taken: seen })
+    });
+    let yaml = pack(
+        "p",
+        1,
+        &format!(
+            "safe_state:\n  - {{action: gpio.write, params: {{line: 6, value: 0}}}}\n\
+             instructions:\n  - {{id: w, action: gpio.write, params: {{line: 5, value: 1}}, at: {}, timeout: 50ms, retry: {{max_attempts: 3, backoff: 1ms}}}}\n",
+            t(100)
+        ),
+    );
+    let parsed = parse_pack(&yaml).expect("pack");
+    agent.accept(yaml, parsed).expect("accepted");
+    for ms in 0..=1_000 {
+        clock.set(t(ms));
+        agent.step().expect("step");
+    }
+    let id = format!("default/p/v1/w/{}/a1", t(100).as_nanos());
+    assert_eq!(
+        taken.lock().expect("taken").as_slice(),
+        std::slice::from_ref(&id),
+        "one attempt, never retried"
+    );
+    assert_eq!(
+        agent.journal().outcome(&id),
+        Some(baton_journal::Outcome::Failed),
+        "ended, not left open"
+    );
+    let log = std::fs::read_to_string(dir.path().join("gpio.jsonl")).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"line\":6") && l.contains("safe_state")),
+        "the pack gave up into its safe state: {log}"
+    );
+}

@@ -229,7 +229,10 @@ impl Event {
 pub enum Output {
     /// Perform an attempt; report with [`crate::Scheduler::attempt_result`].
     Fire(Firing),
-    /// An attempt ran out of time: kill it (exec) and ignore its result.
+    /// An attempt ran out of time: kill it (exec) and ignore its result;
+    /// for a device attempt, its call has not returned one timeout after
+    /// it could not be withdrawn: the core ended it (outcome unknown),
+    /// and its result, if the call ever returns, is ignored.
     Abort(ExecutionId),
     /// Keep an attempt handed out earlier (armed ahead) from the device:
     /// a newer version of its pack does not keep it, or it timed out before

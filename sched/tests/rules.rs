@@ -571,6 +571,83 @@ fn a_timed_out_device_attempt_is_retried_only_once_withdrawn() {
     }
 }
 
+/// A device attempt that could not be withdrawn at its timeout and whose
+/// call never returns (a hung device) is ended one timeout later: aborted,
+/// failed for its timeout, given up (its `on_give_up` applies), never
+/// retried beside itself; a result that comes after that changes nothing.
+/// A result within the grace ends it as usual.
+#[test]
+fn a_device_attempt_whose_call_hangs_is_ended_one_timeout_after_it() {
+    let p = "pack: p\nversion: 1\nsafe_state:\n  - {action: gpio.write, params: {line: 1, value: 0}}\ninstructions:\n  - {id: w, action: gpio.write, params: {line: 1, value: 1}, at: 2026-12-01T10:00:00Z, timeout: 20ms, retry: {max_attempts: 2, backoff: 1ms}}\n";
+    let ms = std::time::Duration::from_millis;
+    for result_in_grace in [false, true] {
+        let mut core = Scheduler::new(Config::default(), HashMap::new());
+        let mut out = Vec::new();
+        let t0 = t("2026-12-01T10:00:00Z");
+        core.accept(pack(p), t0)
+            .drain_into(&mut out)
+            .expect("accepted");
+        out.clear();
+        core.tick(t0).drain_into(&mut out);
+        let id = out
+            .iter()
+            .find_map(|o| match o {
+                Output::Fire(f) => Some(f.id.clone()),
+                _ => None,
+            })
+            .expect("fired");
+        core.tick(t0 + ms(20)).drain_into(&mut out);
+        core.withdrawal(&id, Withdrawal::TooLate, t0 + ms(20))
+            .drain_into(&mut out);
+        out.clear();
+        if result_in_grace {
+            core.attempt_result(&id, AttemptResult::Ok { value: None }, t0 + ms(30))
+                .drain_into(&mut out);
+        }
+        core.tick(t0 + ms(39)).drain_into(&mut out);
+        assert!(
+            !out.iter().any(|o| matches!(o, Output::Abort(_))),
+            "not before the grace ends: {out:?}"
+        );
+        core.tick(t0 + ms(1_000)).drain_into(&mut out);
+        let names: Vec<&str> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Event(e) => Some(e.kind.name()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !out.iter().any(|o| matches!(o, Output::Fire(_))),
+            "never retried: {out:?}"
+        );
+        if result_in_grace {
+            assert_eq!(names, ["ok"], "{out:?}");
+            continue;
+        }
+        assert!(out.contains(&Output::Abort(id.clone())), "{out:?}");
+        let fail = out.iter().find_map(|o| match o {
+            Output::Event(e) if e.kind.name() == "fail" => Some(format!("{:?}", e.kind)),
+            _ => None,
+        });
+        assert!(
+            fail.is_some_and(
+                |f| f.contains("did not return within 20ms") && f.contains("outcome unknown")
+            ),
+            "{out:?}"
+        );
+        assert!(
+            names.contains(&"give_up") && names.contains(&"safe_state"),
+            "{names:?}"
+        );
+        // The call returns after all: nothing more.
+        out.clear();
+        core.attempt_result(&id, AttemptResult::Ok { value: None }, t0 + ms(2_000))
+            .drain_into(&mut out);
+        assert!(out.is_empty(), "{out:?}");
+    }
+}
+
 /// Armed ahead, an attempt's timeout is not: a pass 50 ms ahead of a
 /// firing with a 20 ms timeout arms it and leaves the timeout for its own
 /// instant (taken ahead, it aborted the attempt before it could run and

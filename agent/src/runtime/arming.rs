@@ -221,6 +221,24 @@ impl Arming {
         self.tickets.remove(&n)
     }
 
+    /// Give up on the device attempt `text` whose call has not returned
+    /// (the core ended it, outcome unknown): its ticket is settled, so its
+    /// result, if the call ever returns, only frees its slot. Whether it
+    /// was waiting.
+    pub fn abandon(&mut self, text: &str) -> bool {
+        let n = self.tickets.iter().find_map(|(n, t)| match t {
+            Ticket::Attempt { text: t, .. } if &**t == text => Some(*n),
+            _ => None,
+        });
+        let Some(n) = n else {
+            return false;
+        };
+        if let Some(Ticket::Attempt { id, slot, line, .. }) = self.tickets.remove(&n) {
+            self.tickets.insert(n, Ticket::Settled { id, slot, line });
+        }
+        true
+    }
+
     /// Put a ticket back under its number (a pulse's end still to come).
     pub fn keep_ticket(&mut self, n: u64, t: Ticket) {
         self.tickets.insert(n, t);

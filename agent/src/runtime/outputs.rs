@@ -191,8 +191,16 @@ impl Agent {
                 // Exec attempts are killed by the pool at the same timeout.
                 // Its result, when it comes, is not reported (it only frees
                 // the attempt's slot).
-                if let Some(r) = self.arming.exec_running.get_mut(&id.to_string()) {
+                let text = id.to_string();
+                if let Some(r) = self.arming.exec_running.get_mut(&text) {
                     r.settled = true;
+                } else if self.arming.abandon(&text) {
+                    // A device call that has not returned one timeout past
+                    // its own: the core reported it failed, outcome
+                    // unknown. Journalled failed, so a restart neither
+                    // fires it again nor reports it a second time.
+                    let failed = AttemptResult::Failed("the device call did not return".into());
+                    journal_result(&mut self.journal, &text, &failed)?;
                 }
             }
             Output::Withdraw { id, reason } => self.batch.asked_back.push((id, reason)),

@@ -563,6 +563,7 @@ impl Scheduler {
                 running: true,
                 timer: Some(timer),
                 deadline: now + timeout,
+                too_late: false,
             };
             ps.ins[i].attempts.insert(occ, a);
             if matches!(ps.pack.instructions[i].schedule, Schedule::At(_)) {

@@ -182,6 +182,10 @@ struct Attempt {
     /// not one counted from the replacement (an attempt armed ahead would
     /// otherwise time out before its own instant).
     deadline: RefTime,
+    /// A device attempt past its timeout that the runtime could not
+    /// withdraw (the device had it): its own result decides if it comes
+    /// within one more timeout, else it is ended, outcome unknown.
+    too_late: bool,
 }
 
 /// A missed occurrence waiting to be replayed.

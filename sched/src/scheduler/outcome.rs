@@ -65,6 +65,33 @@ impl Scheduler {
             })
     }
 
+    /// A device attempt past its timeout that the runtime could not
+    /// withdraw: its own result decides if it comes within one more
+    /// timeout; if not, [`Scheduler::timeout_due`] ends it (a device call
+    /// that hangs must not leave the occurrence open for ever). Never
+    /// retried: the call may still reach the device.
+    fn await_result(&mut self, id: &ExecutionId, now: RefTime) {
+        let Some(o) = self.running_attempt(id) else {
+            return;
+        };
+        let Some(ps) = self.packs[o.slot].as_mut() else {
+            return;
+        };
+        let at = now + ps.pack.instructions[o.instr].policy.timeout;
+        let kind = EntryKind::Timeout {
+            occ: o.at,
+            attempt: id.attempt,
+        };
+        let timer = Self::enqueue(&mut self.queue, ps, o.slot, o.instr, at, kind);
+        if let Some(a) = ps.ins[o.instr].attempts.get_mut(&o.at) {
+            if let Some(old) = a.timer.replace(timer) {
+                self.queue.cancel(old);
+            }
+            a.deadline = at;
+            a.too_late = true;
+        }
+    }
+
     /// The runtime's answer to an [`Output::Withdraw`] of attempt `id`.
     ///
     /// - An attempt of a replaced version: withdrawn, the occurrence is the
@@ -105,6 +132,7 @@ impl Scheduler {
             return;
         }
         if answer == Withdrawal::TooLate {
+            self.await_result(id, now);
             return;
         }
         let Some(o) = self.running_attempt(id) else {
@@ -285,7 +313,7 @@ impl Scheduler {
     }
 
     /// An event about attempt `id` of occurrence `o`.
-    fn attempt_event(
+    pub(super) fn attempt_event(
         &self,
         o: Occurrence,
         id: &ExecutionId,
@@ -351,6 +379,7 @@ impl Scheduler {
                     running: false,
                     timer,
                     deadline: at,
+                    too_late: false,
                 },
             );
         }

@@ -12,7 +12,7 @@ use super::{
     tiebreak,
 };
 use crate::id::ExecutionId;
-use crate::output::{Output, Reason};
+use crate::output::{EventKind, Output, Reason};
 use crate::outputs::Outputs;
 use crate::timing::TimerId;
 
@@ -213,9 +213,33 @@ impl Scheduler {
         if a.id.attempt != attempt || !a.running {
             return;
         }
-        let id = a.id.clone();
+        let (id, too_late) = (a.id.clone(), a.too_late);
+        let active = ps.status == Status::Active;
         let ins = &ps.pack.instructions[i];
         let timeout = ins.policy.timeout;
+        if too_late {
+            // Its device call has not returned one more timeout after it
+            // could not be withdrawn: ended, outcome unknown, never retried
+            // (the call may still reach the device).
+            let detail = format!(
+                "the device call did not return within {} after its timeout: outcome unknown, not retried",
+                fmt_d(timeout)
+            );
+            out.push(Output::Abort(id.clone()));
+            let failed = AttemptResult::Failed(detail.clone());
+            if active {
+                let fail = EventKind::Fail {
+                    reason: Some(Reason::Timeout),
+                    detail: detail.clone(),
+                };
+                out.push(self.attempt_event(o, &id, fail, now));
+                self.give_up(o, Some(id), (Reason::Timeout, detail), now, out);
+            } else {
+                // In its safe state already: ended, nothing retried.
+                self.finish_attempt(o, &id, failed, Some(Reason::Timeout), now, out);
+            }
+            return;
+        }
         if !matches!(ins.action, Action::Exec { .. }) {
             // A device attempt cannot be killed, only kept from starting:
             // the runtime withdraws it if it can, and a retry follows only
