@@ -67,6 +67,7 @@ pub fn latency(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut agent = bench_agent(&dir, interval, cpu, spin_budget)?;
     agent.exit_after(count);
+    agent.measure_breakdown();
     let expected = period.saturating_mul(u32::try_from(count).unwrap_or(u32::MAX));
     let (finished, dispatch_seen) = watch_progress(expected);
     let cpu0 = cpu_ns();
@@ -184,6 +185,12 @@ fn watch_progress(expected: Duration) -> (Arc<AtomicBool>, Arc<AtomicI64>) {
 fn print_json(tally: &Tally, period: Duration, c: &Cost) {
     let h = &tally.hist;
     let q = |p: f64| h.value_at_quantile(p);
+    let breakdown: serde_json::Map<String, serde_json::Value> = tally
+        .breakdown
+        .iter()
+        .flat_map(|b| b.rows())
+        .map(|(name, v)| (name.to_string(), serde_json::json!(v)))
+        .collect();
     println!(
         "{}",
         serde_json::json!({
@@ -193,6 +200,7 @@ fn print_json(tally: &Tally, period: Duration, c: &Cost) {
             "spin_cpu_pct": 100.0 * c.spin as f64 / c.wall as f64,
             "dispatch_cpu_pct": 100.0 * c.dispatch_cpu as f64 / c.wall as f64,
             "process_cpu_pct": 100.0 * c.cpu as f64 / c.wall as f64,
+            "breakdown_ns": breakdown,
         })
     );
 }
@@ -220,4 +228,13 @@ fn print_text(tally: &Tally, interval: &str, c: &Cost) {
         100.0 * c.dispatch_cpu as f64 / c.wall as f64,
         100.0 * c.cpu as f64 / c.wall as f64
     );
+    if let Some(b) = &tally.breakdown {
+        println!(
+            "breakdown ns (p50 p99 max; {} job(s) reached the dispatcher late)",
+            b.arrived_late
+        );
+        for (name, [a, b, c]) in b.rows() {
+            println!("  {name:<36} {a:>10} {b:>10} {c:>10}");
+        }
+    }
 }

@@ -186,6 +186,25 @@ pub struct Done {
     pub actual: MonoTime,
     /// Result.
     pub outcome: JobOutcome,
+    /// Where its lateness came from (`bench-latency`'s breakdown).
+    pub timing: Timing,
+}
+
+/// One job's way through this thread, ns: where a firing's lateness came
+/// from, measured rather than guessed (`baton-agent bench-latency` reports
+/// each as percentiles). Zero where a step did not happen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// How far before its deadline the job reached this thread (negative:
+    /// after it): the control thread's arming, seen from here.
+    pub lead_ns: i64,
+    /// How late the thread's timed wake-up before the job came, against
+    /// the time it asked to wake at (the kernel's wake-up latency).
+    pub wake_late_ns: i64,
+    /// How long the thread spun to the deadline.
+    pub spin_ns: i64,
+    /// How long the device call took.
+    pub call_ns: i64,
 }
 
 /// Counters the dispatcher keeps for telemetry.

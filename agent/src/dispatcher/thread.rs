@@ -14,13 +14,15 @@ use baton_gpio::{Direction, Gpio, GpioError, LineHandle};
 
 use super::margin::Pacing;
 use super::{
-    Done, Job, JobKind, JobOutcome, NotRun, Op, QUEUE_CAPACITY, Shared, apply, results_now,
+    Done, Job, JobKind, JobOutcome, NotRun, Op, QUEUE_CAPACITY, Shared, Timing, apply, results_now,
 };
 
 /// Heap entry: min-order by (deadline, arrival sequence).
 struct Queued {
     key: Reverse<(i64, u64)>,
     job: Job,
+    /// How far before its deadline it reached this thread.
+    lead_ns: i64,
 }
 
 impl PartialEq for Queued {
@@ -66,6 +68,10 @@ struct Local<'a> {
     urgent: std::cell::Cell<bool>,
     /// The sleep margin and what it learns from.
     pace: Pacing,
+    /// The last timed wake-up's lateness and the last spin, for the next
+    /// job's [`Timing`] (then cleared).
+    woke_late: std::cell::Cell<i64>,
+    spun: std::cell::Cell<i64>,
 }
 
 /// The thread's loop: take new jobs, serve line requests, then sleep, spin
@@ -82,6 +88,8 @@ pub(super) fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify
         unnotified: std::cell::Cell::new(0),
         urgent: std::cell::Cell::new(false),
         pace: Pacing::new(s.spin_budget_ppm),
+        woke_late: std::cell::Cell::new(0),
+        spun: std::cell::Cell::new(0),
     };
     loop {
         let seen = s.word.load(Ordering::Acquire);
@@ -109,7 +117,7 @@ pub(super) fn run(s: &Shared, gpio: Box<dyn Gpio>, clock: &ClockEstimate, notify
             continue; // an earlier job may have arrived
         }
         if let Some(q) = l.heap.pop() {
-            l.execute(q.job, MonoTime::from_nanos(t));
+            l.execute(q.job, q.lead_ns, MonoTime::from_nanos(t));
         }
     }
 }
@@ -146,7 +154,7 @@ impl Local<'_> {
     fn run_down_one(&mut self, deadline: i64, now: MonoTime) {
         let Some(q) = self.heap.pop() else { return };
         if q.job.kind == JobKind::PulseEnd || deadline <= now.as_nanos() {
-            self.execute(q.job, now);
+            self.execute(q.job, q.lead_ns, now);
         } else {
             self.not_run(q.job, now, NotRun::Stopped);
         }
@@ -167,6 +175,7 @@ impl Local<'_> {
         s.sleep(seen, Some(wake_at));
         s.stats.heartbeat.awake();
         let woke = mono_now().as_nanos();
+        self.woke_late.set((woke - wake_at).max(0));
         if woke >= wake_at && s.word.load(Ordering::Acquire) == seen {
             // Timed wake: learn the latency, and the pace.
             let margin = self.pace.learn(woke - wake_at, deadline);
@@ -191,9 +200,9 @@ impl Local<'_> {
             std::hint::spin_loop();
             t = mono_now().as_nanos();
         }
-        s.stats
-            .spin_ns
-            .fetch_add((t - spin_start).max(0) as u64, Ordering::Relaxed);
+        let spun = (t - spin_start).max(0);
+        self.spun.set(self.spun.get() + spun);
+        s.stats.spin_ns.fetch_add(spun as u64, Ordering::Relaxed);
         t
     }
 }
@@ -201,9 +210,11 @@ impl Local<'_> {
 impl Local<'_> {
     fn push(&mut self, job: Job) {
         self.seq += 1;
+        let lead_ns = job.deadline.as_nanos() - mono_now().as_nanos();
         self.heap.push(Queued {
             key: Reverse((job.deadline.as_nanos(), self.seq)),
             job,
+            lead_ns,
         });
     }
 
@@ -238,7 +249,7 @@ impl Local<'_> {
             i -= 1;
             if v[i].job.kind == JobKind::PulseEnd && v[i].job.withdrawn() {
                 let q = v.swap_remove(i);
-                self.execute(q.job, now);
+                self.execute(q.job, q.lead_ns, now);
             }
         }
         self.heap = BinaryHeap::from(v);
@@ -281,6 +292,18 @@ impl Local<'_> {
     /// `job`'s result (as `kind`: a pulse's end reports under its pulse's
     /// ticket), reached at `now`.
     fn push_done(&self, job: &Job, kind: JobKind, now: MonoTime, outcome: JobOutcome) {
+        self.push_done_timed(job, kind, now, outcome, Timing::default());
+    }
+
+    /// [`Local::push_done`] of a job that ran, with where its time went.
+    fn push_done_timed(
+        &self,
+        job: &Job,
+        kind: JobKind,
+        now: MonoTime,
+        outcome: JobOutcome,
+        timing: Timing,
+    ) {
         // Failures, safe-state writes and not-run jobs are rare and acted on
         // (retries, reports): never deferred.
         let prompt = job.prompt || kind == JobKind::Safe || !matches!(outcome, JobOutcome::Ok(_));
@@ -290,6 +313,7 @@ impl Local<'_> {
             deadline: job.deadline,
             actual: now,
             outcome,
+            timing,
         };
         // The credit rule makes a full queue impossible; if it ever were,
         // count the loss rather than wait for the control thread.
@@ -347,7 +371,15 @@ impl Local<'_> {
         );
     }
 
-    fn execute(&mut self, job: Job, now: MonoTime) {
+    fn execute(&mut self, job: Job, lead_ns: i64, now: MonoTime) {
+        // Where this job's time went since it was queued, then cleared for
+        // the next one.
+        let mut timing = Timing {
+            lead_ns,
+            wake_late_ns: self.woke_late.replace(0),
+            spin_ns: self.spun.replace(0),
+            call_ns: 0,
+        };
         // Not run at all: withdrawn (a newer version, a timeout, its pack's
         // safe state), or past the instant after which it must not run.
         // (A started pulse always ends.)
@@ -373,7 +405,9 @@ impl Local<'_> {
             fence.in_call.store(false, Ordering::SeqCst);
             return self.not_run(job, now, NotRun::Withdrawn);
         }
+        let call = mono_now();
         let (outcome, pulse_end) = apply(&mut *self.gpio, &job, t_ref);
+        timing.call_ns = mono_now().nanos_since(call);
         if attempt && let Some(s) = &job.live {
             s.finish(outcome.is_ok());
         }
@@ -385,7 +419,7 @@ impl Local<'_> {
             Ok(v) => JobOutcome::Ok(v),
             Err(e) => JobOutcome::Failed(e),
         };
-        self.push_done(&job, job.kind, now, outcome);
+        self.push_done_timed(&job, job.kind, now, outcome, timing);
         if failed_pulse {
             self.give_back_pulse_end(&job, now);
         }

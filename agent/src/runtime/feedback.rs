@@ -51,6 +51,8 @@ pub struct Tally {
     pub give_ups: u64,
     /// Safe-state entries by reason (`SafeReason::as_str`).
     pub safe_states: HashMap<&'static str, u64>,
+    /// Where each firing's time went, when measured.
+    pub breakdown: Option<Box<crate::runtime::breakdown::Breakdown>>,
     /// Reused for encoding feedback records.
     buf: Vec<u8>,
 }
@@ -104,6 +106,7 @@ impl Default for Tally {
             skips: 0,
             give_ups: 0,
             safe_states: HashMap::new(),
+            breakdown: None,
             buf: Vec::with_capacity(512),
         }
     }

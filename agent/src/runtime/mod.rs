@@ -36,6 +36,7 @@
 mod accept;
 pub mod admission;
 pub mod arming;
+pub mod breakdown;
 mod buffers;
 mod build;
 pub mod cancel;
@@ -540,6 +541,12 @@ impl Agent {
     /// Lateness histogram and counters so far.
     pub fn tally(&self) -> &Tally {
         &self.tally
+    }
+
+    /// Keep the breakdown of each firing's time from now on
+    /// ([`breakdown::Breakdown`], read through [`Agent::tally`]).
+    pub fn measure_breakdown(&mut self) {
+        self.tally.breakdown = Some(Box::default());
     }
 
     /// Dispatcher telemetry.

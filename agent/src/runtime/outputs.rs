@@ -96,7 +96,12 @@ impl Agent {
                 }
                 // If this fails nothing may fire: the error ends the loop,
                 // whose way out drives the safe state.
+                let started = self.tally.breakdown.is_some().then(baton_clock::mono_now);
                 self.journal.record_started(&refs)?;
+                if let (Some(t), Some(b)) = (started, self.tally.breakdown.as_mut()) {
+                    let ns = baton_clock::mono_now().nanos_since(t);
+                    b.journal.saturating_record(ns.max(0) as u64);
+                }
             }
             drop(refs);
             // Consumed in place: a burst of thousands of outputs is never

@@ -224,6 +224,7 @@ impl DirectDevice {
             deadline: job.deadline,
             actual: now,
             outcome: JobOutcome::Ok(None),
+            timing: Default::default(),
         };
         if let Some(why) = not_run {
             if matches!(job.op, Op::Pulse { .. }) {

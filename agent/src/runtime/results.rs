@@ -76,6 +76,12 @@ impl Agent {
             return Ok(());
         };
         let pulse_runs = matches!(done.outcome, JobOutcome::Ok(_));
+        if let Some(b) = self.tally.breakdown.as_mut()
+            && done.kind == JobKind::Attempt
+            && pulse_runs
+        {
+            b.record(&done.timing);
+        }
         // Lateness on the dispatcher's own (monotonic) scale: immune to the
         // estimate moving between arming and firing.
         let lateness_ns = done.actual.nanos_since(done.deadline);
