@@ -23,6 +23,9 @@ impl Journal {
     /// compaction call it first, so the log keeps the records' order.
     pub fn flush(&mut self) -> Result<(), JournalError> {
         self.check_poisoned()?;
+        // The pass's feedback before its results: a durable result implies
+        // its feedback is durable too (the prefix property).
+        self.seal_pushes()?;
         if !self.fin.is_empty() {
             let start = self.lazy.len();
             // Bounded far below the frame limit (sealed at half the lazy
@@ -81,8 +84,34 @@ impl Journal {
         Ok(())
     }
 
+    /// Frames this pass's feedback (if any) into the lazy buffer as one
+    /// `PushMany` record, and gives its entries their offset. Called before
+    /// any other record is framed, so the log keeps the calls' order.
+    pub(crate) fn seal_pushes(&mut self) -> Result<(), JournalError> {
+        if self.pushes.is_empty() {
+            return Ok(());
+        }
+        let start = self.lazy.len();
+        let raw = self.pushes.raw_len();
+        let (first, count) = self.pushes.seal(&mut self.lazy, self.salt).map_err(|e| {
+            // Cannot happen (a batch is sealed far below the limit), but
+            // its entries are in the state already: nothing may follow.
+            self.poisoned = true;
+            JournalError::TooLarge {
+                what: "batch of feedback",
+                len: e.len.max(raw),
+                limit: MAX_PAYLOAD,
+            }
+        })?;
+        let offset = self.len;
+        self.len += (self.lazy.len() - start) as u64;
+        self.state.outbox.settle(first, count, offset);
+        Ok(())
+    }
+
     /// A lazy record joins the buffer; its offset is where it will land.
     fn commit_lazy(&mut self, rec: &Rec<'_>) -> Result<(), JournalError> {
+        self.seal_pushes()?;
         let start = self.lazy.len();
         record::frame(&mut self.lazy, self.salt, rec).map_err(|e| JournalError::TooLarge {
             what: rec.what(),

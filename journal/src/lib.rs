@@ -189,7 +189,7 @@ pub use reports::{Heartbeat, Held, LogSummary, Origin, Recovered, StoredPack};
 #[cfg(any(test, feature = "test-support"))]
 use std::path::Path;
 
-use record::{FinishedBatch, Ids, Rec};
+use record::{FinishedBatch, Ids, PushBatch, Rec};
 use state::State;
 
 /// The log file's name inside [`JournalConfig::dir`].
@@ -238,6 +238,9 @@ pub struct Journal {
     /// Results of this pass, written as one `Finished` record with the
     /// next flush (see `record::FinishedBatch`).
     fin: FinishedBatch,
+    /// Feedback of this pass, written as one `PushMany` record before the
+    /// next record of any other kind (see `record::PushBatch`).
+    pushes: PushBatch,
     /// Bytes in the log.
     len: u64,
     /// Bytes known to be on stable storage.
@@ -533,7 +536,7 @@ impl Journal {
         } else {
             self.fin.frame_len() as u64
         };
-        self.len + pending
+        self.len + pending + self.pushes.frame_len() as u64
     }
 
     /// fdatasync calls on the log since it was opened.
@@ -565,7 +568,9 @@ impl Drop for Journal {
     /// Best-effort flush on a clean drop; a crash relies on the durable
     /// calls instead, and errors here have nowhere to go.
     fn drop(&mut self) {
-        if !self.poisoned && (self.synced_len < self.len || !self.fin.is_empty()) {
+        if !self.poisoned
+            && (self.synced_len < self.len || !self.fin.is_empty() || !self.pushes.is_empty())
+        {
             let _ = self.flush();
             let _ = self.file.sync_data();
         }

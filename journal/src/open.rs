@@ -11,7 +11,7 @@ use crate::compaction::trigger;
 use crate::files::{exists, remove_if_exists, sync_dir};
 use crate::lock;
 use crate::packed::PackedPack;
-use crate::record::{FinishedBatch, Rec};
+use crate::record::{FinishedBatch, PushBatch, Rec};
 use crate::replay::{Replayed, replay};
 use crate::snapshot::write_snapshot;
 use crate::state::State;
@@ -70,6 +70,7 @@ impl Journal {
             salt,
             version,
             fin: FinishedBatch::default(),
+            pushes: PushBatch::default(),
             len: valid_end as u64,
             synced_len: valid_end as u64,
             syncs: 0,

@@ -3,15 +3,21 @@
 //! cap until it is reported.
 
 use crate::record::Rec;
-use crate::snapshot::{OldLog, read_push};
-use crate::{Journal, JournalError};
+use crate::snapshot::{OldLog, OutboxReader};
+use crate::{Journal, JournalError, LAZY_FLUSH_BYTES};
 
 impl Journal {
     /// Appends a feedback record (opaque bytes, JSON by convention) to the
     /// outbox and returns its seq (1, 2, ...; monotonic across restarts).
     /// If the outbox is full, the oldest entries are dropped and counted in
     /// [`Journal::dropped`]. Lazily synced. The payload stays on disk only.
+    ///
+    /// The records pushed in a row are written as one deflated record
+    /// (`record::PushBatch`) before the next record of another kind, at
+    /// the latest by the next [`Journal::flush`]; a large one (half the
+    /// lazy buffer or more) is written alone, as before.
     pub fn push_feedback(&mut self, record: &[u8]) -> Result<u64, JournalError> {
+        self.check_poisoned()?;
         let seq = self.state.next_seq;
         let len = self.state.outbox.len();
         let cap = self.cfg.outbox_cap;
@@ -20,14 +26,23 @@ impl Journal {
         } else {
             0
         };
-        self.commit(
-            &Rec::Push {
-                seq,
-                dropped_through,
-                record,
-            },
-            false,
-        )?;
+        if record.len() >= LAZY_FLUSH_BYTES / 2 {
+            self.commit(
+                &Rec::Push {
+                    seq,
+                    dropped_through,
+                    record,
+                },
+                false,
+            )?;
+            return Ok(seq);
+        }
+        self.pushes.push(seq, dropped_through, record);
+        self.state.push_pending(seq, dropped_through);
+        if self.pushes.raw_len() >= LAZY_FLUSH_BYTES / 2 {
+            self.flush()?;
+        }
+        self.maybe_compact();
         Ok(seq)
     }
 
@@ -125,16 +140,15 @@ impl Journal {
         self.check_poisoned()?;
         self.flush()?;
         let mut out = Vec::with_capacity(max.min(self.state.outbox.len()).min(1024));
-        let mut buf = Vec::new();
+        let mut reader = OutboxReader::default();
+        let log = OldLog {
+            file: &self.file,
+            path: &self.log_path,
+            salt: self.salt,
+            version: self.version,
+        };
         for (seq, offset) in self.state.outbox.page(from_seq, max) {
-            let log = OldLog {
-                file: &self.file,
-                path: &self.log_path,
-                salt: self.salt,
-                version: self.version,
-            };
-            let record = read_push(&log, offset, seq, &mut buf)?;
-            out.push((seq, record.to_vec()));
+            out.push((seq, reader.read(&log, offset, seq)?.to_vec()));
         }
         Ok(out)
     }

@@ -9,52 +9,98 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::files::{remove_if_exists, sync_dir};
-use crate::record::{self, FRAME_LEN, HEADER_LEN, Ids, MAX_PAYLOAD, Rec};
+use crate::record::{self, Entries, FRAME_LEN, HEADER_LEN, Ids, MAX_PAYLOAD, PushBatch, Rec};
 use crate::state::State;
 use crate::{JournalError, KEEP_BUF_BYTES, SNAPSHOT_CHUNK_BYTES};
 
-/// Reads back the `Push` frame of feedback `seq` at `offset` of `log`,
-/// verifying its checksum again. Returns the record (borrowed from `buf`).
-pub(crate) fn read_push<'b>(
+/// Reads feedback back from a log by seq and offset, verifying each
+/// record's checksum again; keeps the last `PushMany` record inflated, so
+/// a page of its entries costs one read and one inflate.
+#[derive(Default)]
+pub(crate) struct OutboxReader {
+    buf: Vec<u8>,
+    /// The record last inflated: its offset, first seq and entries.
+    batch: Option<(u64, u64, Entries)>,
+}
+
+impl OutboxReader {
+    /// The bytes of feedback `seq`, whose record is at `offset` of `log`.
+    pub(crate) fn read(
+        &mut self,
+        log: &OldLog<'_>,
+        offset: u64,
+        seq: u64,
+    ) -> Result<&[u8], JournalError> {
+        let corrupt = |reason: String| JournalError::Corrupt {
+            path: log.path.to_owned(),
+            offset,
+            reason,
+        };
+        if !matches!(&self.batch, Some((o, _, _)) if *o == offset) {
+            self.batch = None;
+            read_frame_at(log, offset, seq, &mut self.buf)?;
+            let Some((payload, _)) = record::read_frame(&self.buf, 0, log.salt) else {
+                return Err(corrupt(format!(
+                    "feedback seq {seq} fails its checksum on re-read"
+                )));
+            };
+            let (first, entries) = match record::decode(payload, log.version).map_err(corrupt)? {
+                Rec::Push {
+                    seq: found, record, ..
+                } if found == seq => (seq, Entries::one(record.to_vec())),
+                Rec::PushMany {
+                    first_seq,
+                    count,
+                    block,
+                    ..
+                } if (first_seq..first_seq.saturating_add(count)).contains(&seq) => {
+                    (first_seq, Entries::inflate(block, count).map_err(corrupt)?)
+                }
+                _ => {
+                    return Err(corrupt(format!(
+                        "expected the record of feedback seq {seq} here"
+                    )));
+                }
+            };
+            self.batch = Some((offset, first, entries));
+        }
+        let Some((_, first, entries)) = &self.batch else {
+            return Err(corrupt(format!("feedback seq {seq} not read")));
+        };
+        seq.checked_sub(*first)
+            .and_then(|i| entries.get(i))
+            .ok_or_else(|| corrupt(format!("feedback seq {seq} not in its batch")))
+    }
+}
+
+/// Reads the frame at `offset` of `log` into `buf` (length checked).
+fn read_frame_at(
     log: &OldLog<'_>,
     offset: u64,
     seq: u64,
-    buf: &'b mut Vec<u8>,
-) -> Result<&'b [u8], JournalError> {
-    let (file, path, salt) = (log.file, log.path, log.salt);
-    let corrupt = |reason: String| JournalError::Corrupt {
-        path: path.to_owned(),
-        offset,
-        reason,
-    };
+    buf: &mut Vec<u8>,
+) -> Result<(), JournalError> {
+    let (file, path) = (log.file, log.path);
     let mut head = [0u8; FRAME_LEN];
     file.read_exact_at(&mut head, offset)
         .map_err(|e| JournalError::io("read feedback from", path, e))?;
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
     if len == 0 || len > MAX_PAYLOAD {
-        return Err(corrupt(format!(
-            "feedback seq {seq}: implausible record length {len} on re-read"
-        )));
+        return Err(JournalError::Corrupt {
+            path: path.to_owned(),
+            offset,
+            reason: format!("feedback seq {seq}: implausible record length {len} on re-read"),
+        });
     }
     buf.clear();
     buf.resize(FRAME_LEN + len, 0);
     buf[..FRAME_LEN].copy_from_slice(&head);
     file.read_exact_at(&mut buf[FRAME_LEN..], offset + FRAME_LEN as u64)
         .map_err(|e| JournalError::io("read feedback from", path, e))?;
-    let Some((payload, _)) = record::read_frame(buf, 0, salt) else {
-        return Err(corrupt(format!(
-            "feedback seq {seq} fails its checksum on re-read"
-        )));
-    };
-    match record::decode(payload, log.version) {
-        Ok(Rec::Push {
-            seq: found, record, ..
-        }) if found == seq => Ok(record),
-        Ok(_) => Err(corrupt(format!(
-            "expected the record of feedback seq {seq} here"
-        ))),
-        Err(reason) => Err(corrupt(reason)),
+    if buf.capacity() > KEEP_BUF_BYTES && len < KEEP_BUF_BYTES / 2 {
+        buf.shrink_to(KEEP_BUF_BYTES);
     }
+    Ok(())
 }
 
 /// A snapshot failed before its rename (the old log is untouched) or after
@@ -292,7 +338,9 @@ impl Snapshot {
     }
 
     /// The outbox's records, read back from `old` and copied byte for
-    /// byte. Returns their offsets in the new log.
+    /// byte, in batches of consecutive entries (`PushMany`, as a pass
+    /// writes them) of at most [`SNAPSHOT_CHUNK_BYTES`] before deflating.
+    /// Returns their offsets in the new log.
     fn copy_outbox(
         &mut self,
         state: &State,
@@ -300,20 +348,60 @@ impl Snapshot {
         tmp: &Path,
     ) -> Result<VecDeque<u64>, JournalError> {
         let mut offsets = VecDeque::with_capacity(state.outbox.len());
-        let mut rbuf = Vec::new();
+        let mut reader = OutboxReader::default();
+        let mut batch = PushBatch::default();
+        let mut in_batch = 0;
+        let write_err = |e| JournalError::io("write", tmp, e);
         for (seq, offset) in state.outbox.page(0, usize::MAX) {
-            let record = read_push(old, offset, seq, &mut rbuf)?;
-            offsets.push_back(self.len);
-            self.emit(&Rec::Push {
-                seq,
-                dropped_through: 0,
-                record,
-            })
-            .map_err(|e| JournalError::io("write", tmp, e))?;
-            if rbuf.capacity() > KEEP_BUF_BYTES {
-                rbuf = Vec::new();
+            let record = reader.read(old, offset, seq)?;
+            if record.len() >= SNAPSHOT_CHUNK_BYTES {
+                // Alone, as it was pushed: a batch stays far below the
+                // frame limit.
+                self.emit_pushes(&mut batch, &mut offsets, in_batch)
+                    .map_err(write_err)?;
+                in_batch = 0;
+                offsets.push_back(self.len);
+                self.emit(&Rec::Push {
+                    seq,
+                    dropped_through: 0,
+                    record,
+                })
+                .map_err(write_err)?;
+                continue;
+            }
+            batch.push(seq, 0, record);
+            in_batch += 1;
+            if batch.raw_len() >= SNAPSHOT_CHUNK_BYTES {
+                self.emit_pushes(&mut batch, &mut offsets, in_batch)
+                    .map_err(write_err)?;
+                in_batch = 0;
             }
         }
+        self.emit_pushes(&mut batch, &mut offsets, in_batch)
+            .map_err(write_err)?;
         Ok(offsets)
+    }
+
+    /// Writes `batch` (its `n` entries) as one record, their offset noted.
+    fn emit_pushes(
+        &mut self,
+        batch: &mut PushBatch,
+        offsets: &mut VecDeque<u64>,
+        n: usize,
+    ) -> io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.buf.clear();
+        batch.seal(&mut self.buf, self.salt).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("snapshot record of {} bytes over the limit", e.len),
+            )
+        })?;
+        offsets.extend(std::iter::repeat_n(self.len, n));
+        self.out.write_all(&self.buf)?;
+        self.len += self.buf.len() as u64;
+        Ok(())
     }
 }

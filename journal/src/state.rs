@@ -85,6 +85,20 @@ impl Outbox {
             .map(|(i, off)| (self.first_seq + i as u64, *off))
     }
 
+    /// The entries `first..first + count` still held (a cap may have
+    /// dropped some before their batch was framed) now have their record
+    /// at `offset`.
+    pub(crate) fn settle(&mut self, first: u64, count: u64, offset: u64) {
+        let Some(front) = self.front_seq() else {
+            return;
+        };
+        let from = first.max(front) - front;
+        let to = (first + count).saturating_sub(front);
+        for i in from..to.min(self.offsets.len() as u64) {
+            self.offsets[i as usize] = offset;
+        }
+    }
+
     /// Replaces the offsets (after a compaction moved every record).
     pub(crate) fn set_offsets(&mut self, offsets: VecDeque<u64>) {
         debug_assert_eq!(offsets.len(), self.offsets.len());
@@ -96,6 +110,9 @@ impl Outbox {
         self.offsets.capacity() * 8
     }
 }
+
+/// The offset of an outbox entry whose batch is not framed yet.
+pub(crate) const PENDING: u64 = u64::MAX;
 
 /// Keyed by execution id (or once-only key): touched per firing.
 pub(crate) type IdMap<V> = std::collections::HashMap<Box<str>, V, foldhash::fast::RandomState>;
@@ -159,13 +176,36 @@ impl State {
         before - self.attempts.len() - self.once.len()
     }
 
+    /// Feedback `seq` joined the outbox as the journal's batch of this
+    /// pass (its record is framed at the next flush: [`PENDING`] until
+    /// [`Outbox::settle`]); entries up to `dropped_through` were dropped
+    /// to make room. What applying its `Push` would do.
+    pub(crate) fn push_pending(&mut self, seq: u64, dropped_through: u64) {
+        self.drop_through(dropped_through);
+        self.outbox.push(seq, PENDING);
+        self.next_seq = self.next_seq.max(seq.saturating_add(1));
+    }
+
     /// Checks what replay must not accept although its checksum matched:
     /// feedback seqs that are not strictly increasing and contiguous (the
     /// outbox index relies on it).
     pub(crate) fn check(&self, rec: &Rec<'_>) -> Result<(), String> {
-        if let Rec::Push { seq, .. } = rec {
+        let first = match rec {
+            Rec::Push { seq, .. } => Some((*seq, 1)),
+            Rec::PushMany {
+                first_seq, count, ..
+            } => Some((*first_seq, *count)),
+            _ => None,
+        };
+        if let Some((seq, count)) = first {
             let expect = self.outbox.back_seq().map(|b| b.saturating_add(1));
-            let ok = *seq >= self.next_seq && *seq < u64::MAX && expect.is_none_or(|e| *seq == e);
+            let ok = seq >= self.next_seq
+                && count >= 1
+                // An entry is at least its length's byte: no more entries
+                // than a record's bytes inflate to.
+                && count <= crate::record::MAX_PAYLOAD as u64
+                && seq.checked_add(count).is_some_and(|end| end < u64::MAX)
+                && expect.is_none_or(|e| seq == e);
             if !ok {
                 return Err(format!(
                     "feedback seq {seq} out of order (next seq {}, last held {:?})",
@@ -312,6 +352,21 @@ impl State {
                 self.drop_through(*dropped_through);
                 self.outbox.push(*seq, offset);
                 self.next_seq = self.next_seq.max(seq.saturating_add(1));
+            }
+            Rec::PushMany {
+                first_seq,
+                count,
+                dropped_through,
+                ..
+            } => {
+                // Live, each entry dropped what it made room for before it
+                // joined; adding them all, then dropping up to the last
+                // one's mark, leaves the same entries and the same count.
+                for seq in *first_seq..first_seq.saturating_add(*count) {
+                    self.outbox.push(seq, offset);
+                }
+                self.drop_through(*dropped_through);
+                self.next_seq = self.next_seq.max(first_seq.saturating_add(*count));
             }
             Rec::Ack { up_to_seq } => self.ack(*up_to_seq),
             Rec::DropsSent { seq, count } => {

@@ -48,6 +48,12 @@ pub(crate) fn decode(payload: &[u8], version: u32) -> Result<Rec<'_>, String> {
             dropped_through: r.u64()?,
             record: r.bytes()?,
         },
+        K_PUSH_MANY if v3 => Rec::PushMany {
+            first_seq: r.varint()?,
+            count: r.varint()?,
+            dropped_through: r.varint()?,
+            block: std::mem::take(&mut r.buf),
+        },
         K_ACK => Rec::Ack {
             up_to_seq: if v3 { r.varint()? } else { r.u64()? },
         },
@@ -81,12 +87,12 @@ pub(crate) fn decode(payload: &[u8], version: u32) -> Result<Rec<'_>, String> {
     Ok(rec)
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
+pub(super) struct Reader<'a> {
+    pub(super) buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         if self.buf.len() < n {
             return Err(format!(
                 "record ends early: needs {n} more bytes, has {}",
@@ -121,7 +127,7 @@ impl<'a> Reader<'a> {
     fn str(&mut self) -> Result<&'a str, String> {
         utf8(self.bytes()?)
     }
-    fn varint(&mut self) -> Result<u64, String> {
+    pub(super) fn varint(&mut self) -> Result<u64, String> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.u8()?;

@@ -74,6 +74,18 @@ impl Rec<'_> {
                 put_varint(out, *dropped_through);
                 out.extend_from_slice(record);
             }
+            Rec::PushMany {
+                first_seq,
+                count,
+                dropped_through,
+                block,
+            } => {
+                out.push(K_PUSH_MANY);
+                put_varint(out, *first_seq);
+                put_varint(out, *count);
+                put_varint(out, *dropped_through);
+                out.extend_from_slice(block);
+            }
             Rec::Ack { up_to_seq } => {
                 out.push(K_ACK);
                 put_varint(out, *up_to_seq);
@@ -167,7 +179,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     put_bytes(out, s.as_bytes());
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;

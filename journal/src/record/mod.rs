@@ -16,6 +16,7 @@
 //! | `Started` | id table, then per id: [`put_id`] + scheduled (delta from the occurrence) |
 //! | `Finished` | id table, then per id: [`put_id`] + dating ns (delta) + outcome u8; one record per loop pass (a batch) |
 //! | `Push` | seq, dropped-through (varints), then the feedback bytes to the end |
+//! | `PushMany` | first seq, count, dropped-through (varints), then the deflated entries (each a varint length and its bytes) to the end |
 //! | `Ack` | seq (varint) |
 //! | `Meta` | next seq, dropped (varints), alive flag u8 + i64, acked-through (varint) |
 //! | `SessionGen` | the generation (varint) |
@@ -35,7 +36,11 @@
 //! `lease_lost` stop reason (3). Within version 3 likewise: the
 //! `SessionGen` record (kind 15; a log without one reads as generation 0,
 //! and a snapshot writes it only once a fencing controller was seen, so a
-//! journal that never met one stays readable by an agent built before it).
+//! journal that never met one stays readable by an agent built before it),
+//! and the `PushMany` record (kind 16: a pass's feedback in one deflated
+//! record, see `pushes.rs`; an agent built before it refuses the log by
+//! name, so a downgrade across it fails at open instead of dropping
+//! feedback).
 //! A version-2 log is read here and rewritten
 //! as version 3 at open (a compaction; its outbox records are copied byte
 //! for byte, whatever their format); a version-3 log is not readable by an
@@ -57,11 +62,13 @@ use crate::{Outcome, StopReason};
 
 mod decode;
 mod encode;
+mod pushes;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use decode::decode;
 pub(crate) use encode::FinishedBatch;
+pub(crate) use pushes::{Entries, PushBatch};
 
 /// First bytes of every journal file.
 pub(crate) const MAGIC: &[u8; 8] = b"BATONJNL";
@@ -92,6 +99,7 @@ const K_ONCE: u8 = 12;
 const K_JOURNAL_ID: u8 = 13;
 const K_DROPS_SENT: u8 = 14;
 const K_SESSION_GEN: u8 = 15;
+const K_PUSH_MANY: u8 = 16;
 
 const OUTCOME_SUCCEEDED: u8 = 1;
 const OUTCOME_FAILED: u8 = 2;
@@ -161,6 +169,17 @@ pub(crate) enum Rec<'a> {
         seq: u64,
         dropped_through: u64,
         record: &'a [u8],
+    },
+    /// `count` feedback records joined the outbox, seqs `first_seq..`, in
+    /// one record: their bytes deflated together (`block`, see
+    /// `pushes.rs`); entries with a seq up to `dropped_through` were
+    /// dropped to make room, those of this record included (0: none).
+    /// Version 3, kind 16.
+    PushMany {
+        first_seq: u64,
+        count: u64,
+        dropped_through: u64,
+        block: &'a [u8],
     },
     /// The controller acknowledged feedback up to this seq.
     Ack { up_to_seq: u64 },
