@@ -635,8 +635,9 @@ fn a_failing_safe_state_still_settles_its_withdrawn_firings_and_journals_the_sto
     );
     let parsed = parse_pack(&yaml).expect("pack");
     agent.accept(yaml, parsed).expect("accepted");
-    // Armed ahead: the exec firing waits for its instant.
-    for ms in 0..=170 {
+    // Armed ahead (its pass starts a lead before it): the exec firing
+    // waits for its instant.
+    for ms in 0..=198 {
         clock.set(t(ms));
         agent.step().expect("step");
     }

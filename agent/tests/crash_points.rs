@@ -36,7 +36,8 @@ fn no_crash_point_leaves_an_outcome_unknown_key_without_its_report() {
         build_with(dir.path(), clock.clone(), cfg)
     };
     // One-shots at 100, 110, 120 ms, armed ahead (start records durable)
-    // by a pass at 80 ms; the agent dies before any is due. Each has a
+    // by a pass at 98 ms (a lead before the first); the agent dies before
+    // any is due. Each has a
     // dependent, skipped when its upstream's outcome is unknown.
     let mut shots = String::from("instructions:\n");
     for i in 0..SHOTS {
@@ -51,7 +52,7 @@ fn no_crash_point_leaves_an_outcome_unknown_key_without_its_report() {
         let mut a = new_agent();
         a.accept(y.clone(), parse_pack(&y).expect("pack"))
             .expect("accepted");
-        clock.set(t(80));
+        clock.set(t(98));
         a.step().expect("step");
     }
     let data = dir.path().join("data");

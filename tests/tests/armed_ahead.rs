@@ -1,6 +1,7 @@
 //! Issue 24's repro on the real binaries: a one-shot changed by a new
 //! version pushed while the old version's firing is already armed (inside
-//! the arming horizon, here `arm-horizon: 1s`). Before, the sim GPIO log
+//! the arming horizon, here `arm-horizon: 1s` with `arm-lead: 900ms`: the
+//! pass that arms it comes 900 ms before its instant). Before, the sim GPIO log
 //! showed `p/v1/x/T/a1` writing 1 and, 26 µs later, `p/v2/x/T/a1` writing
 //! 0, both reported ok. Now the core asks the old attempt back, the agent
 //! withdraws it from the dispatcher before its instant, and the instant
@@ -25,7 +26,7 @@ fn pack(version: u64, value: u8, at: &str) -> String {
 fn a_one_shot_changed_inside_the_arming_horizon_is_written_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("agent.yaml");
-    std::fs::write(&config, "arm-horizon: 1s\n").expect("config");
+    std::fs::write(&config, "arm-horizon: 1s\narm-lead: 900ms\n").expect("config");
     let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
     let a = start_agent_clock(
         &dir.path().join("a1"),
@@ -39,8 +40,8 @@ fn a_one_shot_changed_inside_the_arming_horizon_is_written_once() {
         a.log()
     );
     // T far enough ahead for v1's push and ack, then v2 is pushed 400 ms
-    // before T: by then v1's firing has been armed (every pass, at least
-    // one every 100 ms, arms what falls within the next second).
+    // before T: by then v1's firing has been armed (the pass a lead before
+    // it, 900 ms, arms what falls within the next second).
     let t = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(3000);
     let at = format!("{t:.9}");
     let v1 = dir.path().join("v1.yaml");

@@ -81,16 +81,23 @@ pub struct AgentConfig {
     pub metrics: Option<std::net::SocketAddr>,
 }
 
-/// Default [`AgentConfig::arm_horizon`]. The cost of a firing pass is
-/// mostly its fdatasync: at 1 000 firings/s, arming 5 ms ahead meant ~100
-/// passes a second and ~4 % of a core outside the dispatcher; 50 ms means
-/// ~20 and 1.65–1.90 % (docs/bench/load.md, "Before issue 24"). The price
-/// is what one crash can leave `outcome unknown`: the firings due within
-/// about a horizon either side of it (README, "Guarantees").
-pub const DEFAULT_ARM_HORIZON: Duration = Duration::from_millis(50);
+/// Default [`AgentConfig::arm_horizon`]. The cost of an arming pass is
+/// mostly its fdatasync, and each fdatasync rewrites the log's last flash
+/// page: at 1 000 firings/s, arming 5 ms ahead meant ~100 passes a second
+/// and ~4 % of a core outside the dispatcher; 50 ms meant ~20 passes and
+/// 108 bytes written to the disk per firing; 150 ms means ~7 and 50 bytes
+/// (docs/bench/load.md, "Flash wear"). The price is what a power cut can
+/// leave `outcome unknown`: the firings due within about a horizon either
+/// side of it (README, "Guarantees"); `kill -9` leaves none (the ledger).
+pub const DEFAULT_ARM_HORIZON: Duration = Duration::from_millis(150);
 
 /// Default [`AgentConfig::arm_lead`] (half the horizon if that is less).
-pub const DEFAULT_ARM_LEAD: Duration = Duration::from_micros(2_500);
+/// The arming pass must have journalled (fdatasync) and handed over its
+/// first firing by then, on a control thread that shares its CPU: at
+/// 2.5 ms, with a busy loop on that CPU, the first firing of most passes
+/// reached the dispatcher late (17 of 20 passes; the p99 lateness went from
+/// 9 µs to 25–250 µs); an SD card's fdatasync alone takes milliseconds.
+pub const DEFAULT_ARM_LEAD: Duration = Duration::from_millis(20);
 
 /// Default [`AgentConfig::max_packs`].
 pub const DEFAULT_MAX_PACKS: usize = 256;

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use baton_journal::Journal;
 
 use super::safety::{self, SafeTable, SharedSafeTable};
-use super::{JOURNAL_RETENTION, Parts, RuntimeError, keep_large_allocations_returnable};
+use super::{
+    JOURNAL_RETENTION, Parts, RuntimeError, keep_large_allocations_returnable, results_window,
+};
 use crate::config::AgentConfig;
 use crate::exec::ExecPool;
 
@@ -41,9 +43,10 @@ pub fn real_parts(cfg: &AgentConfig) -> Result<Parts, RuntimeError> {
     let (dispatcher, direct) =
         crate::dispatcher::Dispatcher::start(gpio, clock.shared(), cfg.rt, std::thread::current())
             .map_err(|e| RuntimeError::start("starting the dispatcher thread", e))?;
-    // Under a dense load the arming passes are about a horizon apart:
-    // successes wait for them rather than waking the loop per instant.
-    dispatcher.defer_results_within(cfg.arm_horizon);
+    // Under a dense load the loop's passes are a results window apart
+    // (arming passes a horizon apart, see `next_pass`): successes wait for
+    // them rather than waking the loop per instant.
+    dispatcher.defer_results_within(results_window(cfg.arm_horizon));
     // The dispatcher's CPU is its own: move this thread (and the exec
     // workers it spawns next) elsewhere.
     if let Some(cpu) = cfg.rt.cpu

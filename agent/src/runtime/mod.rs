@@ -94,6 +94,15 @@ const DEVICE_STOP_WAIT: Duration = Duration::from_secs(2);
 const STALL_GRACE: Duration = Duration::from_millis(250);
 /// Journal heartbeat (last-alive instant, group commit of lazy records).
 const HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// How long a firing's result may wait for the loop's next pass: the
+/// horizon, at most 50 ms. Its passes for results write the journal's lazy
+/// records but sync nothing and arm nothing (the arming passes, a horizon
+/// apart, do): so a longer horizon means fewer fdatasyncs, not later
+/// feedback.
+pub(crate) fn results_window(arm_horizon: Duration) -> Duration {
+    arm_horizon.min(Duration::from_millis(50))
+}
 /// How long the journal remembers attempts and once-only keys, by their
 /// reference instant. After a restart the core consults the journal only
 /// for occurrences after the last durable heartbeat (earlier ones are
@@ -423,6 +432,12 @@ impl Agent {
                 return None;
             }
         }
+        // Results of what is armed are collected (journalled, written, sent)
+        // a results window apart, not only on the arming passes a horizon
+        // apart: feedback is no later for a longer horizon.
+        if self.device.credits().in_flight() > 0 {
+            until = until.min(now + results_window(self.cfg.arm_horizon));
+        }
         if let Some(e) = self.arming.next_exec() {
             until = until.min(e);
         }
@@ -468,7 +483,17 @@ impl Agent {
         // asked for more. What falls behind stays in the core, which then
         // fires it late within max_lateness or reports it skipped; memory
         // stays bounded however far the load exceeds what the box can do.
-        if self.arming.backlog_len() < MAX_BACKLOG {
+        // Arm only on a pass the core asks for (its next entry within the
+        // lead): a pass for results, the link or the heartbeat arms
+        // nothing, so under a dense load one fdatasync of start records
+        // covers a whole horizon of firings whatever else wakes the loop
+        // (each fdatasync rewrites the log's last flash page:
+        // docs/bench/load.md).
+        let core_due = self
+            .core
+            .next_wake()
+            .is_some_and(|w| w <= now + self.cfg.arm_lead);
+        if core_due && self.arming.backlog_len() < MAX_BACKLOG {
             self.core
                 .tick_ahead(now, self.cfg.arm_horizon)
                 .drain_into(&mut out);
