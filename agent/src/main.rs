@@ -80,6 +80,11 @@ enum Command {
         /// `0.5%`); default the agent's default.
         #[arg(long)]
         spin_budget: Option<String>,
+        /// The CPU idle latency the agent holds (as
+        /// `realtime.idle-latency`: `0us`, `50us`, `off`); default the
+        /// agent's default.
+        #[arg(long)]
+        idle_latency: Option<String>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -210,12 +215,18 @@ fn main() -> ExitCode {
             interval,
             cpu,
             spin_budget,
+            idle_latency,
             json,
         } => {
             // The agent's own warnings (and the bench's "still running")
             // on stderr; the figures alone on stdout.
             init_tracing(None, LogFormat::Auto);
-            baton_agent::bench::latency(count, &interval, cpu, spin_budget, json)
+            let realtime = baton_agent::bench::Realtime {
+                cpu,
+                spin_budget,
+                idle_latency,
+            };
+            baton_agent::bench::latency(count, &interval, realtime, json)
                 .map_err(|e| (1, format!("error: {e:#}")))
         }
         Command::Simulate {

@@ -26,6 +26,10 @@ pub struct RtConfig {
     /// How much of a core the dispatcher may spend spinning before
     /// deadlines, in millionths (default 10 000: 1 %).
     pub spin_budget_ppm: u32,
+    /// The slowest CPU idle state to leave the agent allows while its
+    /// dispatcher runs, in µs (a PM QoS request, [`hold_idle_latency`]);
+    /// `None`: the kernel's idle governor decides.
+    pub idle_latency_us: Option<u32>,
 }
 
 /// Default [`RtConfig::spin_budget_ppm`]: 1 % of a core.
@@ -38,6 +42,7 @@ impl Default for RtConfig {
             cpu: None,
             mlockall: true,
             spin_budget_ppm: DEFAULT_SPIN_BUDGET_PPM,
+            idle_latency_us: Some(0),
         }
     }
 }
@@ -51,6 +56,8 @@ pub struct RtStatus {
     pub pinned: bool,
     /// Memory locked.
     pub locked: bool,
+    /// The CPU idle latency request is in force.
+    pub idle_held: bool,
     /// Human-readable refusals.
     pub refused: Vec<String>,
 }
@@ -285,6 +292,53 @@ pub fn apply_to_current_thread(cfg: &RtConfig) -> RtStatus {
     st
 }
 
+/// The kernel's PM QoS interface for CPU wake-up latency (the name is
+/// historical: it bounds every CPU's idle exit, not DMA).
+const PM_QOS_CPU_LATENCY: &str = "/dev/cpu_dma_latency";
+
+/// Ask the kernel to keep every CPU out of idle states slower than `us` to
+/// leave, for as long as the returned file stays open (the request ends
+/// when it is closed, whatever way the process ends: nothing to undo).
+///
+/// Why: the dispatcher's wake-up is a timer interrupt on a CPU that is
+/// usually idle, and leaving a deep idle state (a halted vCPU, a
+/// powered-down core) adds its exit latency to every firing, tens of µs on
+/// the boxes measured (docs/bench/latency.md) — the gap between the
+/// agent's wake-up and cyclictest's, which makes the same request by
+/// default. The price is power: the CPUs poll instead of sleeping
+/// (`realtime.idle-latency: off` gives it back). Needs root (the device
+/// is 0600): a refusal joins the others in [`RtStatus::refused`].
+pub fn hold_idle_latency(us: u32, st: &mut RtStatus) -> Option<std::fs::File> {
+    use std::io::Write;
+    let request = i32::try_from(us).unwrap_or(i32::MAX).to_ne_bytes();
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .open(PM_QOS_CPU_LATENCY)
+        .and_then(|mut f| f.write_all(&request).map(|()| f));
+    match held {
+        Ok(f) => {
+            st.idle_held = true;
+            Some(f)
+        }
+        Err(e) => {
+            st.refused.push(format!(
+                "CPU idle latency {us} µs ({PM_QOS_CPU_LATENCY}): {e}"
+            ));
+            None
+        }
+    }
+}
+
+/// The CPU wake-up latency every request together allows now, in µs (what
+/// [`hold_idle_latency`] changes), if the kernel says.
+pub fn idle_latency_in_force() -> Option<i32> {
+    use std::io::Read;
+    let mut b = [0u8; 4];
+    let mut f = std::fs::File::open(PM_QOS_CPU_LATENCY).ok()?;
+    f.read_exact(&mut b).ok()?;
+    Some(i32::from_ne_bytes(b))
+}
+
 /// Keep the calling thread (and the threads it spawns later) off `cpu`, so
 /// the dispatcher pinned there has it to itself. The thread keeps every
 /// other CPU it was allowed; if `cpu` is not among them (or is no CPU at
@@ -350,6 +404,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_idle_latency_request_is_in_force_while_held_and_named_when_refused() {
+        let mut st = RtStatus::default();
+        let held = hold_idle_latency(0, &mut st);
+        if nix::unistd::geteuid().is_root() {
+            // The kernel's aggregate is the smallest request: ours, 0.
+            assert!(held.is_some() && st.idle_held, "{:?}", st.refused);
+            assert_eq!(idle_latency_in_force(), Some(0));
+        } else {
+            assert!(held.is_none() && !st.idle_held);
+            assert!(
+                st.refused[0].contains("/dev/cpu_dma_latency"),
+                "{:?}",
+                st.refused
+            );
+        }
+    }
+
+    #[test]
     fn sched_fifo_is_in_force_when_granted_and_named_when_refused() {
         let st = std::thread::spawn(|| {
             let st = apply_to_current_thread(&RtConfig {
@@ -357,6 +429,7 @@ mod tests {
                 cpu: None,
                 mlockall: false,
                 spin_budget_ppm: crate::rt::DEFAULT_SPIN_BUDGET_PPM,
+                idle_latency_us: None,
             });
             // The policy as the kernel has it.
             let policy = baton_sys::sched::current_policy().expect("sched_getscheduler");
@@ -441,6 +514,7 @@ mod tests {
                     cpu: Some(cpu),
                     mlockall: false,
                     spin_budget_ppm: crate::rt::DEFAULT_SPIN_BUDGET_PPM,
+                    idle_latency_us: None,
                 })
             });
             assert!(!st.pinned);
@@ -464,6 +538,7 @@ mod tests {
                 cpu: Some(first),
                 mlockall: false,
                 spin_budget_ppm: crate::rt::DEFAULT_SPIN_BUDGET_PPM,
+                idle_latency_us: None,
             });
             let now = allowed_cpus().expect("sched_getaffinity");
             assert_eq!(describe(&now), first.to_string());

@@ -36,6 +36,7 @@ fn no_rt() -> RtConfig {
         cpu: None,
         mlockall: false,
         spin_budget_ppm: baton_agent::rt::DEFAULT_SPIN_BUDGET_PPM,
+        idle_latency_us: None,
     }
 }
 

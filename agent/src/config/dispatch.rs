@@ -73,12 +73,28 @@ pub(super) fn rt_config(realtime: &RealtimeFile, no_rt: bool) -> Result<RtConfig
             ))
         })?,
     };
+    let idle_latency_us = match realtime.idle_latency.as_deref().map(str::trim) {
+        None => Some(0),
+        Some("off") => None,
+        Some(t) => {
+            let d = parse_duration(t).map_err(|e| {
+                ConfigError::Value(format!(
+                    "realtime.idle-latency: {e} (a duration such as 0us or 50us, or off)"
+                ))
+            })?;
+            Some(u32::try_from(d.as_micros()).map_err(|_| {
+                ConfigError::Value(format!("realtime.idle-latency: {t:?} is too long"))
+            })?)
+        }
+    };
     let priority = realtime.priority;
     Ok(RtConfig {
         priority: (priority > 0 && !no_rt).then_some(i32::from(priority)),
         cpu: realtime.cpu,
         mlockall: realtime.mlockall && !no_rt,
         spin_budget_ppm,
+        // Like SCHED_FIFO, a request only root may make: --no-rt skips it.
+        idle_latency_us: idle_latency_us.filter(|_| !no_rt),
     })
 }
 

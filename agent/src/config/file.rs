@@ -35,9 +35,10 @@ pub struct ConfigFile {
     #[serde(default)]
     pub realtime: RealtimeFile,
     /// How far ahead one pass journals firings and hands them to the
-    /// dispatcher (default 50ms): under a dense load the firings of one
-    /// horizon share one fdatasync. Smaller means fewer firings a crash
-    /// can leave `outcome unknown`, at more fsyncs (CPU, flash writes).
+    /// dispatcher (default 150ms): under a dense load the firings of one
+    /// horizon share one fdatasync. Smaller means fewer firings a power cut
+    /// can leave `outcome unknown`, at more fsyncs (CPU, flash writes);
+    /// feedback is collected every 50 ms whatever the horizon.
     pub arm_horizon: Option<String>,
     /// How long before a firing the pass that arms it starts (default
     /// 2.5ms, or half the horizon if less; at most the horizon): its
@@ -229,6 +230,12 @@ pub struct RealtimeFile {
     /// exactly on their instant; `0%`: no spinning (each firing as late as
     /// its wake-up).
     pub spin_budget: Option<String>,
+    /// The slowest CPU idle state to leave while the agent runs: `0us`
+    /// (the default: the CPUs poll when idle, so a firing's wake-up costs
+    /// the timer and nothing else, as cyclictest measures it), a longer
+    /// bound (e.g. `50us`), or `off` (the kernel's idle governor decides:
+    /// less power, wake-ups later by each idle state's exit latency).
+    pub idle_latency: Option<String>,
 }
 
 fn default_priority() -> u8 {
@@ -245,6 +252,7 @@ impl Default for RealtimeFile {
             cpu: None,
             mlockall: true,
             spin_budget: None,
+            idle_latency: None,
         }
     }
 }

@@ -19,6 +19,31 @@ fn the_spin_budget_is_a_share_of_a_core() {
 }
 
 #[test]
+fn the_idle_latency_is_held_at_zero_unless_a_bound_or_off_is_given() {
+    let idle = |text: &str, no_rt: bool| {
+        let f = parse_file("a.yaml", text).expect("syntax ok");
+        let o = Overrides {
+            no_rt,
+            ..Overrides::default()
+        };
+        resolve(f, o).map(|c| c.rt.idle_latency_us)
+    };
+    assert_eq!(idle("{}\n", false).expect("default"), Some(0));
+    assert_eq!(
+        idle("realtime: {idle-latency: 50us}\n", false).expect("bound"),
+        Some(50)
+    );
+    assert_eq!(
+        idle("realtime: {idle-latency: off}\n", false).expect("off"),
+        None
+    );
+    // --no-rt asks for nothing only root may have.
+    assert_eq!(idle("{}\n", true).expect("no rt"), None);
+    let e = idle("realtime: {idle-latency: soon}\n", false).expect_err("not a duration");
+    assert!(e.to_string().contains("realtime.idle-latency"), "{e}");
+}
+
+#[test]
 fn metrics_address_from_the_file_or_the_flag() {
     let f = parse_file("agent.yaml", "metrics: 127.0.0.1:9187\n").expect("valid");
     let c = resolve(f.clone(), Overrides::default()).expect("resolves");
@@ -113,7 +138,7 @@ fn the_arming_lead_defaults_to_2_5ms_within_the_horizon_and_never_exceeds_it() {
     let ms = Duration::from_millis;
     assert_eq!(
         lead("{}\n").expect("defaults"),
-        (ms(50), Duration::from_micros(2_500))
+        (ms(150), Duration::from_micros(2_500))
     );
     assert_eq!(lead("arm-horizon: 2ms\n").expect("short"), (ms(2), ms(1)));
     assert_eq!(

@@ -438,7 +438,11 @@ impl Dispatcher {
             .stack_size(256 * 1024)
             .spawn(move || {
                 let _exit = exit_tx; // dropped when the thread ends
-                let status = crate::rt::apply_to_current_thread(&rt);
+                let mut status = crate::rt::apply_to_current_thread(&rt);
+                // Held while this thread runs: released when it ends.
+                let _idle = rt
+                    .idle_latency_us
+                    .and_then(|us| crate::rt::hold_idle_latency(us, &mut status));
                 baton_sys::pages::prefault_stack(64 * 1024);
                 let _ = status_tx.send(status);
                 thread::run(&s, gpio, &clock, &notify);
