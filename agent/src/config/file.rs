@@ -41,7 +41,7 @@ pub struct ConfigFile {
     /// feedback is collected every 50 ms whatever the horizon.
     pub arm_horizon: Option<String>,
     /// How long before a firing the pass that arms it starts (default
-    /// 2.5ms, or half the horizon if less; at most the horizon): its
+    /// 20ms, or half the horizon if less; at most the horizon): its
     /// journal write and fsync must fit in it. A disk whose fdatasync takes
     /// longer (an SD card) needs more, or the first firing of each pass
     /// arrives late.

@@ -130,20 +130,21 @@ fn bad_values_are_refused() {
 }
 
 #[test]
-fn the_arming_lead_defaults_to_2_5ms_within_the_horizon_and_never_exceeds_it() {
+fn the_arming_lead_defaults_to_20ms_within_the_horizon_and_never_exceeds_it() {
     let lead = |yaml: &str| {
         let f = parse_file("a.yaml", yaml).expect("syntax ok");
         resolve(f, Overrides::default()).map(|c| (c.arm_horizon, c.arm_lead))
     };
     let ms = Duration::from_millis;
-    assert_eq!(
-        lead("{}\n").expect("defaults"),
-        (ms(150), Duration::from_micros(2_500))
-    );
+    assert_eq!(lead("{}\n").expect("defaults"), (ms(150), ms(20)));
     assert_eq!(lead("arm-horizon: 2ms\n").expect("short"), (ms(2), ms(1)));
     assert_eq!(
-        lead("arm-horizon: 100ms\narm-lead: 20ms\n").expect("slow disk"),
-        (ms(100), ms(20))
+        lead("arm-horizon: 30ms\n").expect("half the horizon"),
+        (ms(30), ms(15))
+    );
+    assert_eq!(
+        lead("arm-horizon: 100ms\narm-lead: 40ms\n").expect("slow disk"),
+        (ms(100), ms(40))
     );
     let e = lead("arm-horizon: 10ms\narm-lead: 20ms\n").expect_err("lead past the horizon");
     assert!(e.to_string().contains("arm-lead"), "{e}");
