@@ -110,6 +110,38 @@ fn a_full_backlog_with_an_overdue_entry_waits_for_credits_instead_of_spinning() 
     assert_eq!(ids.len(), 7000, "each exactly once");
 }
 
+/// While a firing is in flight (here a pulse's 200 ms width) the loop
+/// passes for its result a results window apart, never at once: even with
+/// `arm-horizon: 0ms` the window is 10 ms (it would spin the control
+/// thread for the pulse's whole width).
+#[test]
+fn a_firing_in_flight_never_makes_the_loop_pass_without_pause() {
+    let mut r = rig_with(
+        ConfigFile {
+            arm_horizon: Some("0ms".into()),
+            ..ConfigFile::default()
+        },
+        Overrides::default(),
+    );
+    r.accept(&pack(
+        "a",
+        1,
+        &format!(
+            "instructions:\n  - {{id: p, action: gpio.pulse, params: {{line: 5, width: 200ms}}, at: {}}}\n",
+            t(100)
+        ),
+    ))
+    .expect("accepted");
+    r.run_until(t(150), Duration::from_millis(5));
+    assert_eq!(r.level(5), Some(1), "the pulse started");
+    let now = r.clock.now();
+    let next = r.agent.next_pass();
+    assert!(
+        next.is_some_and(|w| w.since(now) >= Duration::from_millis(10)),
+        "the pulse's end is in flight: the next pass {next:?} is a results window away"
+    );
+}
+
 #[test]
 fn the_way_out_drives_every_held_pack_safe_state_and_nothing_after() {
     let mut r = rig();

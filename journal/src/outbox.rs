@@ -39,7 +39,7 @@ impl Journal {
         }
         self.pushes.push(seq, dropped_through, record);
         self.state.push_pending(seq, dropped_through);
-        if self.pushes.raw_len() >= LAZY_FLUSH_BYTES / 2 {
+        if self.pushes.raw_len() >= LAZY_FLUSH_BYTES / 2 || self.pushes.is_full() {
             self.flush()?;
         }
         self.maybe_compact();

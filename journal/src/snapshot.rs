@@ -371,7 +371,7 @@ impl Snapshot {
             }
             batch.push(seq, 0, record);
             in_batch += 1;
-            if batch.raw_len() >= SNAPSHOT_CHUNK_BYTES {
+            if batch.raw_len() >= SNAPSHOT_CHUNK_BYTES || batch.is_full() {
                 self.emit_pushes(&mut batch, &mut offsets, in_batch)
                     .map_err(write_err)?;
                 in_batch = 0;

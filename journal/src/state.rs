@@ -200,10 +200,7 @@ impl State {
         if let Some((seq, count)) = first {
             let expect = self.outbox.back_seq().map(|b| b.saturating_add(1));
             let ok = seq >= self.next_seq
-                && count >= 1
-                // An entry is at least its length's byte: no more entries
-                // than a record's bytes inflate to.
-                && count <= crate::record::MAX_PAYLOAD as u64
+                && (1..=crate::record::MAX_ENTRIES).contains(&count)
                 && seq.checked_add(count).is_some_and(|end| end < u64::MAX)
                 && expect.is_none_or(|e| seq == e);
             if !ok {

@@ -112,3 +112,28 @@ proptest! {
         agrees(&mut j, &m)?;
     }
 }
+
+/// A long run of pushes in one pass is cut into records of at most
+/// `MAX_ENTRIES` (4 096): replay refuses a record claiming more, so a
+/// longer one would make the journal unreadable at the next open.
+#[test]
+fn a_long_run_of_pushes_reopens_whole() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = JournalConfig::new(tmp.path());
+    let (mut j, _) = Journal::open(cfg.clone()).expect("open");
+    for seq in 1..=10_000u64 {
+        assert_eq!(j.push_feedback(&[seq as u8]).expect("push"), seq);
+    }
+    j.flush().expect("flush");
+    drop(j);
+    let (mut j, rec) = Journal::open(cfg.clone()).expect("reopen");
+    assert_eq!(rec.outbox_len, 10_000);
+    let page = j.outbox_page(4_090, 20).expect("page");
+    assert_eq!(page.first(), Some(&(4_090, vec![4_090u64 as u8])));
+    assert_eq!(page.len(), 20);
+    // Compaction batches the outbox again, within the same bound.
+    j.compact().expect("compact");
+    drop(j);
+    let (_, rec) = Journal::open(cfg).expect("reopen after compaction");
+    assert_eq!(rec.outbox_len, 10_000);
+}

@@ -96,12 +96,15 @@ const STALL_GRACE: Duration = Duration::from_millis(250);
 const HEARTBEAT: Duration = Duration::from_millis(100);
 
 /// How long a firing's result may wait for the loop's next pass: the
-/// horizon, at most 50 ms. Its passes for results write the journal's lazy
+/// horizon, within 10–50 ms. Its passes for results write the journal's lazy
 /// records but sync nothing and arm nothing (the arming passes, a horizon
 /// apart, do): so a longer horizon means fewer fdatasyncs, not later
 /// feedback.
 pub(crate) fn results_window(arm_horizon: Duration) -> Duration {
-    arm_horizon.min(Duration::from_millis(50))
+    // Never under the dispatcher's own deferral (10 ms): a horizon of 0
+    // would otherwise make the loop pass without pause while anything is
+    // in flight (a pulse's width, a slow device call).
+    arm_horizon.clamp(Duration::from_millis(10), Duration::from_millis(50))
 }
 /// How long the journal remembers attempts and once-only keys, by their
 /// reference instant. After a restart the core consults the journal only
@@ -523,6 +526,9 @@ impl Agent {
                 tracing::error!("journal compaction failed (will retry): {e}");
             }
             self.last_heartbeat = now;
+            // A pass arms only when the core has something due; what it
+            // keeps against repeats is pruned whether or not.
+            self.core.prune_if_due(now);
             self.arming.release_lingering(now);
             self.serve_cancel_requests()?;
             self.check_clock_loss()?;

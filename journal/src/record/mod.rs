@@ -68,7 +68,7 @@ mod tests;
 
 pub(crate) use decode::decode;
 pub(crate) use encode::FinishedBatch;
-pub(crate) use pushes::{Entries, PushBatch};
+pub(crate) use pushes::{Entries, MAX_ENTRIES, PushBatch};
 
 /// First bytes of every journal file.
 pub(crate) const MAGIC: &[u8; 8] = b"BATONJNL";

@@ -18,6 +18,11 @@ use super::{FRAME_LEN, MAX_PAYLOAD, Rec, TooLarge, frame};
 /// worth the CPU.
 const LEVEL: u8 = 6;
 
+/// The most entries one `PushMany` record holds (replay refuses more): a
+/// record's bytes bound the outbox index it can make (8 bytes an entry),
+/// whatever its block inflates to.
+pub(crate) const MAX_ENTRIES: u64 = 4096;
+
 /// Feedback pushed since the last seal, in push order (contiguous seqs).
 #[derive(Debug, Default)]
 pub(crate) struct PushBatch {
@@ -44,6 +49,11 @@ impl PushBatch {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Holds [`MAX_ENTRIES`]: seal it before the next push.
+    pub(crate) fn is_full(&self) -> bool {
+        self.count >= MAX_ENTRIES
     }
 
     /// Bytes of the entries before deflating (what bounds the batch).

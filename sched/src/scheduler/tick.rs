@@ -32,10 +32,7 @@ impl Scheduler {
                 self.handle_entry(at, timer, entry, now, out);
             }
         }
-        if now > self.last_prune + PRUNE_EVERY {
-            self.last_prune = now;
-            self.prune(now);
-        }
+        self.prune_if_due(now);
     }
 
     /// [`Scheduler::tick`] for a runtime that arms firings ahead: handle
@@ -74,6 +71,15 @@ impl Scheduler {
         for (deadline, entry) in later {
             self.requeue_timeout(deadline, entry);
         }
+        self.prune_if_due(now);
+    }
+
+    /// Forgets what only guards against repeats long past, at most once
+    /// per `PRUNE_EVERY`. [`Self::tick`] and [`Self::tick_ahead`] do it; a
+    /// caller that ticks only when an entry is due calls this on its
+    /// heartbeat too, so that memory follows the retained set down while
+    /// nothing is due (after a burst, once every pack is done).
+    pub fn prune_if_due(&mut self, now: RefTime) {
         if now > self.last_prune + PRUNE_EVERY {
             self.last_prune = now;
             self.prune(now);
