@@ -102,7 +102,7 @@ impl LiveView {
             tty: std::io::stdout().is_terminal(),
             quiet,
             state: Mutex::new(State {
-                hist: crate::runtime::feedback::lateness_histogram(),
+                hist: crate::runtime::breakdown::lateness_histogram(),
                 broken: false,
             }),
         }

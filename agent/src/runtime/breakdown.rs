@@ -8,7 +8,15 @@
 use hdrhistogram::Histogram;
 
 use crate::dispatcher::Timing;
-use crate::runtime::feedback::lateness_histogram;
+
+/// A firing-lateness histogram: 1 ns .. 60 s at 2 significant digits, a
+/// fixed bound (the run's tally, the breakdown's steps and the live view's
+/// status line).
+pub fn lateness_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 2)
+        .or_else(|_| Histogram::new(2))
+        .unwrap_or_else(|_| unreachable!("2 significant digits are valid"))
+}
 
 /// One histogram per step, ns.
 #[derive(Debug)]

@@ -19,6 +19,7 @@ use hdrhistogram::Histogram;
 
 use crate::dispatcher::NotRun;
 use crate::outbox;
+use crate::runtime::breakdown::lateness_histogram;
 use crate::runtime::record::{FiringRecord, FiringResult, Origin};
 use baton_journal::{Journal, JournalError};
 
@@ -83,14 +84,6 @@ impl Tally {
             _ => {}
         }
     }
-}
-
-/// A firing-lateness histogram: 1 ns .. 60 s at 2 significant digits, a
-/// fixed bound (the run's tally and the live view's status line).
-pub fn lateness_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 2)
-        .or_else(|_| Histogram::new(2))
-        .unwrap_or_else(|_| unreachable!("2 significant digits are valid"))
 }
 
 impl Default for Tally {
