@@ -2,8 +2,8 @@
 //! `simulate --json` over a window and through the live agent (sim GPIO,
 //! real time) over the same window gives the same GPIO writes — the same
 //! execution ids in the same order — and the same core events per
-//! instruction (fire, ok, fail, retry, give_up, skip, on_failure) and the
-//! same safe states. Every schedule is absolute (`at`, `start_at`), a
+//! execution of each instruction (fire, ok, fail, retry, give_up, skip,
+//! on_failure) and the same safe states. Every schedule is absolute (`at`, `start_at`), a
 //! second or two ahead, so acceptance time does not matter.
 //!
 //! The live agent's core events are read from its log on stderr
@@ -199,13 +199,21 @@ impl Runs {
             .collect()
     }
 
-    /// Per instruction, its events in order (simulate / live).
-    fn per_instruction(evs: &[Ev]) -> BTreeMap<String, Vec<(String, String)>> {
-        let mut m: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    /// Per instruction, its executions in the order they first appear,
+    /// each with its events in order (simulate / live). Not one list per
+    /// instruction: the live agent arms a horizon ahead (150 ms by
+    /// default), so an occurrence's `fire` (handed to the device) may come
+    /// before the previous occurrence's result, which `simulate` (no
+    /// horizon) never shows; the device's writes themselves are compared
+    /// in order, whole.
+    fn per_instruction(evs: &[Ev]) -> BTreeMap<String, Vec<(String, Vec<String>)>> {
+        let mut m: BTreeMap<String, Vec<(String, Vec<String>)>> = BTreeMap::new();
         for e in evs {
-            m.entry(e.instruction.clone())
-                .or_default()
-                .push((e.event.clone(), e.id.clone()));
+            let runs = m.entry(e.instruction.clone()).or_default();
+            match runs.iter_mut().find(|(id, _)| *id == e.id) {
+                Some((_, events)) => events.push(e.event.clone()),
+                None => runs.push((e.id.clone(), vec![e.event.clone()])),
+            }
         }
         m
     }
