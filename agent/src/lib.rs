@@ -9,14 +9,14 @@
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub mod bench;
+// The firing path lives in its own crate (Cargo holds the layer); its
+// modules keep their paths here.
+pub use baton_dispatch::{dispatcher, ledger, rt};
 pub mod config;
-pub mod dispatcher;
 pub mod exec;
-pub mod ledger;
 pub mod link;
 pub mod live;
 pub mod metrics;
 pub mod outbox;
-pub mod rt;
 pub mod runtime;
 pub mod simulate;

@@ -260,11 +260,15 @@ impl Credits {
         self.in_flight
     }
 
-    pub(crate) fn take(&mut self, n: usize) {
+    /// `n` credits taken by a job handed over. Public for the agent's
+    /// device ports, which account for the jobs they hand over as the
+    /// dispatcher itself does.
+    pub fn take(&mut self, n: usize) {
         self.in_flight += n;
     }
 
-    pub(crate) fn give_back(&mut self) {
+    /// A job's result came back: its credit is free again.
+    pub fn give_back(&mut self) {
         debug_assert!(self.in_flight > 0, "more results than jobs");
         self.in_flight = self.in_flight.saturating_sub(1);
     }
