@@ -12,11 +12,11 @@ pub mod bench;
 // The firing path lives in its own crate (Cargo holds the layer); its
 // modules keep their paths here.
 pub use baton_dispatch::{dispatcher, ledger, rt};
+// So is the controller link's side of the agent.
+pub use baton_agent_link::{link, outbox};
 pub mod config;
 pub mod exec;
-pub mod link;
 pub mod live;
 pub mod metrics;
-pub mod outbox;
 pub mod runtime;
 pub mod simulate;
