@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_agent::config::{ConfigFile, Overrides};
+use baton_agent::dispatcher::{DispatchError, Job, JobKind};
 use baton_agent::runtime::admission::Verdict;
 use baton_agent::runtime::ports::{Clock, ManualClock};
 use baton_agent::runtime::{StopCause, StopFlag};
@@ -601,46 +602,6 @@ fn a_local_pack_on_absolute_time_waits_for_the_clock_instead_of_failing() {
     a.wind_down();
 }
 
-/// A device whose submissions of safe-state jobs fail once `failing` is
-/// set (a dispatcher gone, a bug): everything else goes to the in-memory
-/// device.
-struct FailingSafeState {
-    inner: baton_agent::runtime::ports::DirectDevice,
-    failing: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl baton_agent::runtime::ports::Device for FailingSafeState {
-    fn credits(&self) -> &baton_agent::dispatcher::Credits {
-        self.inner.credits()
-    }
-    fn submit(
-        &mut self,
-        job: baton_agent::dispatcher::Job,
-    ) -> Result<(), baton_agent::dispatcher::DispatchError> {
-        if job.kind == baton_agent::dispatcher::JobKind::Safe
-            && self.failing.load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(baton_agent::dispatcher::DispatchError::NoCredit(job.id));
-        }
-        self.inner.submit(job)
-    }
-    fn wake(&mut self) {
-        self.inner.wake()
-    }
-    fn try_done(&mut self) -> Option<baton_agent::dispatcher::Done> {
-        self.inner.try_done()
-    }
-    fn request_lines(
-        &mut self,
-        lines: &[(baton_proto::pack::LineRef, baton_gpio::Direction)],
-    ) -> Result<Vec<baton_gpio::LineHandle>, baton_agent::dispatcher::DispatchError> {
-        self.inner.request_lines(lines)
-    }
-    fn stop(&mut self, timeout: Duration) -> bool {
-        self.inner.stop(timeout)
-    }
-}
-
 /// A safe state whose write cannot be handed to the device still settles
 /// the exec firing it withdrew (journalled not run) and journals the
 /// pack's stop: after a restart the cancelled pack stays stopped.
@@ -653,8 +614,16 @@ fn a_failing_safe_state_still_settles_its_withdrawn_firings_and_journals_the_sto
     let cfg = config(dir.path(), file, Overrides::default());
     let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let f = failing.clone();
+    // Safe-state jobs fail to be handed over once `failing` is set (a
+    // dispatcher gone, a bug); everything else reaches the device.
     let mut agent = build_with_device(dir.path(), clock.clone(), cfg, move |inner| {
-        Box::new(FailingSafeState { inner, failing: f })
+        Box::new(Intercept {
+            inner,
+            answer: move |job: &Job| {
+                (job.kind == JobKind::Safe && f.load(std::sync::atomic::Ordering::SeqCst))
+                    .then(|| Err(DispatchError::NoCredit(job.id.clone())))
+            },
+        })
     });
     let yaml = pack(
         "p",
@@ -694,47 +663,6 @@ fn a_failing_safe_state_still_settles_its_withdrawn_firings_and_journals_the_sto
     );
 }
 
-/// A device whose calls for attempts never return (a hung device call):
-/// it takes each attempt's slot, as the dispatcher does right before the
-/// call, and keeps the job. Everything else goes to the in-memory device.
-struct HangingAttempts {
-    inner: baton_agent::runtime::ports::DirectDevice,
-    taken: Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl baton_agent::runtime::ports::Device for HangingAttempts {
-    fn credits(&self) -> &baton_agent::dispatcher::Credits {
-        self.inner.credits()
-    }
-    fn submit(
-        &mut self,
-        job: baton_agent::dispatcher::Job,
-    ) -> Result<(), baton_agent::dispatcher::DispatchError> {
-        if job.kind == baton_agent::dispatcher::JobKind::Attempt {
-            if job.live.as_ref().is_some_and(|s| s.claim()) {
-                self.taken.lock().expect("taken").push(job.id.to_string());
-            }
-            return Ok(());
-        }
-        self.inner.submit(job)
-    }
-    fn wake(&mut self) {
-        self.inner.wake()
-    }
-    fn try_done(&mut self) -> Option<baton_agent::dispatcher::Done> {
-        self.inner.try_done()
-    }
-    fn request_lines(
-        &mut self,
-        lines: &[(baton_proto::pack::LineRef, baton_gpio::Direction)],
-    ) -> Result<Vec<baton_gpio::LineHandle>, baton_agent::dispatcher::DispatchError> {
-        self.inner.request_lines(lines)
-    }
-    fn stop(&mut self, timeout: Duration) -> bool {
-        self.inner.stop(timeout)
-    }
-}
-
 /// A device call that never returns: one timeout after the attempt's own
 /// it is ended (journalled failed, not left open), never retried beside
 /// itself, and the pack gives up into its safe state.
@@ -745,8 +673,21 @@ fn an_attempt_whose_device_call_hangs_is_ended_and_not_retried() {
     let cfg = config(dir.path(), ConfigFile::default(), Overrides::default());
     let taken = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = taken.clone();
+    // Calls for attempts never return (a hung device call): each takes
+    // its attempt's slot, as the dispatcher does right before the call,
+    // and the job is kept; everything else reaches the device.
     let mut agent = build_with_device(dir.path(), clock.clone(), cfg, move |inner| {
-        Box::new(HangingAttempts { inner, taken: seen })
+        Box::new(Intercept {
+            inner,
+            answer: move |job: &Job| {
+                (job.kind == JobKind::Attempt).then(|| {
+                    if job.live.as_ref().is_some_and(|s| s.claim()) {
+                        seen.lock().expect("taken").push(job.id.to_string());
+                    }
+                    Ok(())
+                })
+            },
+        })
     });
     let yaml = pack(
         "p",

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_agent::config::{self, AgentConfig, ConfigFile, Overrides};
+use baton_agent::dispatcher::{Credits, DispatchError, Done, Job};
 use baton_agent::exec::ExecPool;
 use baton_agent::runtime::admission::Verdict;
 use baton_agent::runtime::ports::{Clock, Device, DirectDevice, ManualClock};
@@ -58,6 +59,45 @@ pub fn build(dir: &Path, clock: Arc<ManualClock>) -> Agent {
 /// An agent of `cfg` (see [`config`]) on `clock`.
 pub fn build_with(dir: &Path, clock: Arc<ManualClock>, cfg: AgentConfig) -> Agent {
     build_with_device(dir, clock, cfg, |d| Box::new(d))
+}
+
+/// A test's device double: each job goes to `answer` first, which either
+/// answers it (`Some`: the job goes no further: a failed hand-over, a
+/// call that never returns) or lets it through (`None`) to the in-memory
+/// device, which serves every other call.
+pub struct Intercept<F> {
+    pub inner: DirectDevice,
+    pub answer: F,
+}
+
+impl<F> Device for Intercept<F>
+where
+    F: FnMut(&Job) -> Option<Result<(), DispatchError>> + Send,
+{
+    fn credits(&self) -> &Credits {
+        self.inner.credits()
+    }
+    fn submit(&mut self, job: Job) -> Result<(), DispatchError> {
+        match (self.answer)(&job) {
+            Some(answer) => answer,
+            None => self.inner.submit(job),
+        }
+    }
+    fn wake(&mut self) {
+        self.inner.wake()
+    }
+    fn try_done(&mut self) -> Option<Done> {
+        self.inner.try_done()
+    }
+    fn request_lines(
+        &mut self,
+        lines: &[(baton_proto::pack::LineRef, baton_gpio::Direction)],
+    ) -> Result<Vec<baton_gpio::LineHandle>, DispatchError> {
+        self.inner.request_lines(lines)
+    }
+    fn stop(&mut self, timeout: Duration) -> bool {
+        self.inner.stop(timeout)
+    }
 }
 
 /// [`build_with`], its in-memory device wrapped by `wrap` (a test's
