@@ -559,7 +559,11 @@ fn a_member_cut_off_across_the_instant_settles_when_it_is_back() {
     assert!(wait_until(WAIT, || ["a1", "a2", "a3"]
         .iter()
         .all(|id| held(&c, id) == Some(1))));
-    let together = "rollout:\n  stages: [{percent: 100}]\n  soak: 1s\n  min_firings: 5\n  activate: together\n";
+    // The bound is wide: this is about a member cut off, not about the
+    // clock; on a busy 2-core runner the link clock's uncertainty on
+    // loopback passes the default 1 ms, and a member held back for it
+    // pauses the stage (as designed, and tested elsewhere).
+    let together = "rollout:\n  stages: [{percent: 100}]\n  soak: 1s\n  min_firings: 5\n  activate: together\n  max_uncertainty: 50ms\n";
     push(&c, &write(dir.path(), "v2.yaml", &toggling(2, together)));
     // The instant, once named (SWITCH_LEAD, 2 s, ahead): a3's link is cut
     // before it comes.
@@ -615,7 +619,13 @@ fn a_member_cut_off_across_the_instant_settles_when_it_is_back() {
     let settled = at + 12_000_000_000;
     assert!(wait_until(WAIT, || now() > settled));
     let st = status(&c);
-    assert_eq!(st["state"], "running", "{st}");
+    assert_eq!(
+        st["state"],
+        "running",
+        "{st}\n{}\n{}",
+        agents[0].log(),
+        agents[1].log()
+    );
     // a3 is back: its hello says it holds v2, and the rollout completes
     // by itself.
     relay.restore();
