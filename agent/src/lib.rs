@@ -14,8 +14,9 @@ pub mod bench;
 pub use baton_dispatch::{dispatcher, ledger, rt};
 // So is the controller link's side of the agent.
 pub use baton_agent_link::{link, outbox};
+// And the pool that runs `exec` actions.
+pub use baton_exec as exec;
 pub mod config;
-pub mod exec;
 pub mod live;
 pub mod metrics;
 pub mod runtime;

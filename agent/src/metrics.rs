@@ -116,15 +116,7 @@ pub struct DispatchSnap {
 /// Refusals of a stale controller (a session generation below the highest
 /// seen): an operator alerts on these, since each means a controller
 /// replica tried to act after it lost the agent, or a store went back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StaleSnap {
-    /// Welcomes refused (their sessions dropped).
-    pub welcomes: u64,
-    /// Pushes nacked `STALE`.
-    pub pushes: u64,
-    /// Cancels not acted on.
-    pub cancels: u64,
-}
+pub use baton_control::session::StaleCounts as StaleSnap;
 
 /// Everything `/metrics` shows, as of one heartbeat of the control loop.
 #[derive(Clone, Debug, Default, PartialEq)]

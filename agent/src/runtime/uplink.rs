@@ -3,6 +3,12 @@
 //! from [`Agent::step`] with bounded work per call; nothing here blocks or
 //! awaits (the link thread does the IO).
 //!
+//! The session's rules (fencing, the feedback window, leases, when the
+//! clock is reported) are a value of their own, sans IO:
+//! [`baton_control::Session`] takes each link event with the journal's
+//! facts and returns commands; this module carries them out (journal,
+//! link, core) in order, the first failing one ending the loop.
+//!
 //! # A session
 //!
 //! `Connected` → Hello (agent id, labels, version, capabilities, the held
@@ -10,9 +16,9 @@
 //! last seq, `max-packs`). `Welcome` → the outbox is acknowledged up to the
 //! controller's `feedback_acked_seq`, the send window opens at the outbox
 //! front, a clock report goes out. From then on feedback flows in seq
-//! order, [`window::PAGE`] records per batch, at most
-//! [`window::MAX_IN_FLIGHT`] unacknowledged; an entry leaves the journal
-//! only when a `FeedbackAck` covers it. Every reconnect starts again at
+//! order, [`PAGE`] records per batch, at most [`MAX_IN_FLIGHT`]
+//! unacknowledged; an entry leaves the journal only when a `FeedbackAck`
+//! covers it. Every reconnect starts again at
 //! the outbox front: whatever was in flight is sent again (the controller
 //! de-duplicates by seq within the journal id).
 //!
@@ -35,7 +41,7 @@
 //! and nothing it sends is acted on), one above it is journalled before
 //! anything else of the session is handled; a push or cancel sent on
 //! another generation than its session's is refused (`STALE` nack; a
-//! cancel is logged and counted). See [`fence`].
+//! cancel is logged and counted). See [`baton_control::session::fence`].
 //!
 //! # Leases
 //!
@@ -44,14 +50,14 @@
 //! like every safe state) — that pack only. It is journalled stopped, so
 //! it stays stopped across restarts; **a higher version of the pack brings
 //! it back** (a re-push of the same version is `unchanged` and leaves it
-//! stopped). See [`lease`] for what counts as contact. Only an agent with
-//! a controller configured enforces leases.
+//! stopped). See [`baton_control::session::lease`] for what counts as
+//! contact. Only an agent with a controller configured enforces leases.
+//!
+//! [`PAGE`]: baton_control::session::window::PAGE
+//! [`MAX_IN_FLIGHT`]: baton_control::session::window::MAX_IN_FLIGHT
 
-pub mod fence;
-mod lease;
 mod push;
 mod stage;
-mod window;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -64,11 +70,7 @@ use baton_sched::PackKey;
 use super::{Agent, RuntimeError};
 use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
 use baton_clock::MonoTime;
-use baton_clock::estimator::ClockState;
-use baton_clock::sample::SourceKind;
-use fence::{Fence, Welcomed};
-use lease::{LeaseClock, Leased};
-use window::SendWindow;
+use baton_control::session::{Cmd, Facts, Input, Leased, Order, Session};
 
 /// What the agent tells the controller it can do.
 pub const CAPABILITIES: &[&str] = &["gpio", "exec", "lease"];
@@ -80,8 +82,6 @@ const EVENTS_PER_STEP: usize = 32;
 const PENDING_CAP: usize = 32;
 /// Feedback pages read from the journal per step, at most.
 const PAGES_PER_STEP: usize = 4;
-/// Clock reports, this often (and after every Welcome).
-const CLOCK_REPORT_EVERY: Duration = Duration::from_secs(5);
 /// How long the way out waits for the link thread.
 const LINK_STOP_WAIT: Duration = Duration::from_secs(1);
 /// Retry interval while the link's channel is full.
@@ -91,27 +91,36 @@ const RETRY_FULL: Duration = Duration::from_millis(5);
 #[derive(Debug)]
 pub(super) struct Uplink {
     link: Link,
-    /// The session Hello was sent on, while it lasts.
-    session: Option<u64>,
-    /// The current session was welcomed: feedback and clock reports flow.
-    welcomed: bool,
-    window: SendWindow,
+    /// The session's rules and state (sans IO).
+    session: Session,
     /// Messages the link's channel had no room for, in order.
     pending: VecDeque<Outgoing>,
-    lease: LeaseClock,
-    next_clock_report: MonoTime,
-    /// Source and state of the last clock report.
-    last_clock: Option<(SourceKind, ClockState)>,
     /// The last step left link events waiting: step again at once.
     backlog: bool,
     /// The link thread is gone (logged once).
     closed: bool,
-    /// How the current session's Welcome was decided (fencing).
-    fence: Fence,
-    /// Refusals of a stale controller, for `/metrics`.
-    stale: crate::metrics::StaleSnap,
     /// Versions staged for a switch at an instant (`activate: together`).
     staged: stage::StagedPacks,
+}
+
+/// What a push or cancel carries, held while the session decides whether
+/// it may be acted on.
+enum OrderBody {
+    Push {
+        pack: wire::PackRef,
+        yaml: String,
+        stage: Option<crate::link::StageAt>,
+    },
+    Cancel {
+        pack: wire::PackRef,
+    },
+}
+
+impl OrderBody {
+    fn label(&self) -> String {
+        let (Self::Push { pack, .. } | Self::Cancel { pack }) = self;
+        format!("{}/{} v{}", pack.tenant, pack.pack, pack.version)
+    }
 }
 
 impl Uplink {
@@ -140,18 +149,6 @@ impl Uplink {
                 }
             }
         }
-    }
-}
-
-/// The session ended: nothing more goes out on it.
-fn on_disconnected(up: &mut Uplink, session: u64, reason: &str) {
-    up.fence.ended(session);
-    if up.session == Some(session) {
-        up.session = None;
-        up.welcomed = false;
-        up.window.close();
-        up.pending.clear();
-        tracing::info!(session, "controller link: disconnected ({reason})");
     }
 }
 
@@ -184,17 +181,10 @@ impl Agent {
         let now = self.mono_now();
         self.uplink = Some(Uplink {
             link,
-            session: None,
-            welcomed: false,
-            window: SendWindow::default(),
+            session: Session::new(now),
             pending: VecDeque::new(),
-            lease: LeaseClock::new(now),
-            next_clock_report: now,
-            last_clock: None,
             backlog: false,
             closed: false,
-            fence: Fence::default(),
-            stale: crate::metrics::StaleSnap::default(),
             staged: stage::StagedPacks::new(),
         });
         Ok(())
@@ -205,7 +195,11 @@ impl Agent {
     /// controllers; `None` without a controller.
     pub(super) fn link_metrics(&self) -> Option<(bool, usize, crate::metrics::StaleSnap)> {
         let up = self.uplink.as_ref()?;
-        Some((up.welcomed && !up.closed, up.pending.len(), up.stale))
+        Some((
+            up.session.welcomed() && !up.closed,
+            up.pending.len(),
+            up.session.stale(),
+        ))
     }
 
     /// Stop the link thread (the way out), waiting at most a second.
@@ -255,21 +249,15 @@ impl Agent {
             }
         }
         self.check_leases(up)?;
-        if let Some(session) = up.session
+        if let Some(session) = up.session.current()
             && self.held.take_changed()
         {
             up.queue(session, ToLink::Held(self.held_list()));
         }
         let now = self.mono_now();
-        // Every few seconds, and at once when the source or state changes.
         let clock_now = self.clock.status().map(|e| (e.source, e.state));
-        if let Some(session) = up.session
-            && up.welcomed
-            && (now >= up.next_clock_report || clock_now != up.last_clock)
-        {
-            up.last_clock = clock_now;
+        if let Some(Cmd::ClockReport { session }) = up.session.clock_report_due(now, clock_now) {
             up.queue(session, ToLink::ClockReport(self.clock_report()));
-            up.next_clock_report = now + CLOCK_REPORT_EVERY;
         }
         up.flush();
         self.send_feedback(up)
@@ -286,7 +274,7 @@ impl Agent {
         }
         let back = self.journal.outbox_range().map(|(_, b)| b);
         if up
-            .window
+            .session
             .next_page(None)
             .is_some_and(|(from, _)| back.is_some_and(|b| b >= from))
         {
@@ -297,16 +285,13 @@ impl Agent {
             // a lease or a report may come later.
             return Some(t.max(now));
         }
-        let mut at: Option<MonoTime> = None;
-        if up.welcomed {
-            at = Some(up.next_clock_report);
-        }
+        let mut at: Option<MonoTime> = up.session.next_wake();
         for (key, h) in self.held.iter() {
             let Some(lease) = h.lease else { continue };
             if !self.core.held(key).is_some_and(|(_, active)| active) {
                 continue;
             }
-            let t = up.lease.expiry(&Leased {
+            let t = up.session.lease_expiry(&Leased {
                 lease,
                 since: h.since,
             });
@@ -317,138 +302,163 @@ impl Agent {
 
     fn on_link(&mut self, up: &mut Uplink, ev: FromLink) -> Result<(), RuntimeError> {
         let now = self.mono_now();
-        match ev {
-            FromLink::Connected { session } => {
-                self.on_connected(up, session);
-                Ok(())
-            }
+        let mut body = None;
+        let mut reason = String::new();
+        let input = match ev {
+            FromLink::Connected { session } => Input::Connected { session },
             FromLink::Welcome {
                 session,
                 acked_seq,
                 session_gen,
                 ..
-            } => self.on_welcome(up, session, acked_seq, session_gen, now),
+            } => Input::Welcome {
+                session,
+                acked_seq,
+                generation: session_gen,
+            },
             FromLink::Push {
                 session,
                 pack,
                 yaml,
                 session_gen,
                 stage,
-            } => self.on_push_event(up, (session, session_gen), pack, yaml, stage, now),
+            } => {
+                body = Some(OrderBody::Push { pack, yaml, stage });
+                Input::Order {
+                    session,
+                    generation: session_gen,
+                    order: Order::Push,
+                }
+            }
             FromLink::Cancel {
                 session,
                 pack,
                 session_gen,
-            } => self.on_cancel_event(up, (session, session_gen), pack, now),
-            FromLink::FeedbackAck { session, seq } => self.on_feedback_ack(up, session, seq, now),
-            FromLink::Alive { session } => {
-                if up.fence.accepted(session) {
-                    up.lease.contact(now);
+            } => {
+                body = Some(OrderBody::Cancel { pack });
+                Input::Order {
+                    session,
+                    generation: session_gen,
+                    order: Order::Cancel,
                 }
-                Ok(())
             }
-            FromLink::Disconnected { session, reason } => {
-                on_disconnected(up, session, &reason);
-                Ok(())
+            FromLink::FeedbackAck { session, seq } => Input::FeedbackAck { session, seq },
+            FromLink::Alive { session } => Input::Alive { session },
+            FromLink::Disconnected { session, reason: r } => {
+                reason = r;
+                Input::Disconnected { session }
             }
+        };
+        let facts = self.session_facts();
+        for cmd in up.session.handle(now, input, facts) {
+            self.carry_out(up, cmd, &mut body, &reason)?;
         }
-    }
-
-    /// A new session: Hello says where things stand.
-    fn on_connected(&mut self, up: &mut Uplink, session: u64) {
-        up.session = Some(session);
-        up.welcomed = false;
-        up.fence.connected(session);
-        up.window.close();
-        // Whatever waited for an earlier session is moot: Hello
-        // says where things stand.
-        up.pending.retain(|o| o.session == session);
-        let hello = self.hello();
-        tracing::info!(
-            session,
-            packs = hello.packs.len(),
-            journal_id = %hello.journal_id,
-            session_gen = hello.session_gen,
-            feedback_first_seq = hello.feedback_first_seq,
-            feedback_last_seq = hello.feedback_last_seq,
-            "controller link: connected, hello sent"
-        );
-        up.queue(session, ToLink::Hello(Box::new(hello)));
-        self.held.told();
-    }
-
-    /// The controller's Welcome: fenced (journalled when it raises the
-    /// generation), then the outbox is acknowledged and the window opens.
-    fn on_welcome(
-        &mut self,
-        up: &mut Uplink,
-        session: u64,
-        acked_seq: u64,
-        session_gen: u64,
-        now: MonoTime,
-    ) -> Result<(), RuntimeError> {
-        if up.session != Some(session) {
-            return Ok(());
-        }
-        // Journalled (when it raises the fence) before anything
-        // else of this session is looked at.
-        match up.fence.welcome(&mut self.journal, session, session_gen)? {
-            Welcomed::Refused(stale) => {
-                // Not contact: a stale controller cannot cancel
-                // anything either, so leases keep running.
-                up.stale.welcomes += 1;
-                tracing::error!(session, "{stale}");
-                up.queue(session, ToLink::Refuse(stale.to_string()));
-                return Ok(());
-            }
-            Welcomed::Accepted {
-                generation,
-                raised: true,
-            } => tracing::info!(
-                session,
-                session_gen = generation,
-                "controller link: a new session generation, journalled"
-            ),
-            Welcomed::Accepted { .. } => {}
-        }
-        up.lease.contact(now);
-        let acked_seq = self.known_seq(acked_seq);
-        self.ack(acked_seq)?;
-        let front = self
-            .journal
-            .outbox_range()
-            .map_or(acked_seq.saturating_add(1), |(f, _)| f);
-        up.window.open(front, acked_seq);
-        up.welcomed = true;
-        up.queue(session, ToLink::ClockReport(self.clock_report()));
-        up.next_clock_report = now + CLOCK_REPORT_EVERY;
         Ok(())
     }
 
-    /// The controller stored feedback up to `seq`.
-    fn on_feedback_ack(
+    /// What the journal holds, as the session's rules read it.
+    fn session_facts(&self) -> Facts {
+        Facts {
+            highest_gen: self.journal.session_gen(),
+            last_seq: self.journal.next_seq().saturating_sub(1),
+            outbox_front: self.journal.outbox_range().map(|(front, _)| front),
+        }
+    }
+
+    /// One command of the session's rules (see [`Cmd`]); an error ends the
+    /// loop, so nothing after it runs.
+    fn carry_out(
         &mut self,
         up: &mut Uplink,
-        session: u64,
-        seq: u64,
-        now: MonoTime,
+        cmd: Cmd,
+        body: &mut Option<OrderBody>,
+        reason: &str,
     ) -> Result<(), RuntimeError> {
-        // A refused (or not yet welcomed) controller's store is not
-        // where feedback must land: its acks drop nothing.
-        if !up.fence.accepted(session) {
-            tracing::warn!(
+        match cmd {
+            Cmd::Discard {
+                keep: Some(session),
+            } => up.pending.retain(|o| o.session == session),
+            Cmd::Discard { keep: None } => up.pending.clear(),
+            Cmd::Hello { session } => {
+                let hello = self.hello();
+                tracing::info!(
+                    session,
+                    packs = hello.packs.len(),
+                    journal_id = %hello.journal_id,
+                    session_gen = hello.session_gen,
+                    feedback_first_seq = hello.feedback_first_seq,
+                    feedback_last_seq = hello.feedback_last_seq,
+                    "controller link: connected, hello sent"
+                );
+                up.queue(session, ToLink::Hello(Box::new(hello)));
+                self.held.told();
+            }
+            Cmd::JournalGeneration {
+                session,
+                generation,
+            } => {
+                // Durable before anything else of this session is
+                // looked at.
+                self.journal.record_session_gen(generation)?;
+                tracing::info!(
+                    session,
+                    session_gen = generation,
+                    "controller link: a new session generation, journalled"
+                );
+            }
+            Cmd::Refuse { session, stale } => {
+                tracing::error!(session, "{stale}");
+                up.queue(session, ToLink::Refuse(stale.to_string()));
+            }
+            Cmd::AckFeedback { seq, claimed } => {
+                if let Some(claimed) = claimed {
+                    tracing::warn!(
+                        acked = claimed,
+                        last = seq,
+                        journal_id = %self.journal.id(),
+                        "the controller acknowledged feedback this journal never wrote; taken as up to the last written"
+                    );
+                }
+                // An entry leaves the journal only once acknowledged.
+                self.ack(seq)?;
+            }
+            Cmd::ClockReport { session } => {
+                up.queue(session, ToLink::ClockReport(self.clock_report()));
+            }
+            Cmd::IgnoreAck { session, seq } => tracing::warn!(
                 session,
                 acked = seq,
                 "controller link: feedback ack from a session not accepted, ignored"
-            );
-            return Ok(());
-        }
-        up.lease.contact(now);
-        // An entry leaves the journal only once acknowledged.
-        let seq = self.known_seq(seq);
-        self.ack(seq)?;
-        if up.session == Some(session) {
-            up.window.acked(seq);
+            ),
+            Cmd::Ended { session } => {
+                tracing::info!(session, "controller link: disconnected ({reason})");
+            }
+            Cmd::Act { reply_on, .. } => match body.take() {
+                Some(OrderBody::Push { pack, yaml, stage }) => {
+                    self.act_on_push(up, reply_on, pack, yaml, stage)?;
+                }
+                Some(OrderBody::Cancel { pack }) => self.act_on_cancel(up, pack)?,
+                None => {}
+            },
+            Cmd::RefuseOrder {
+                stale, reply_on, ..
+            } => match body.take() {
+                Some(b @ OrderBody::Push { .. }) => {
+                    let label = b.label();
+                    tracing::error!(pack = %label, "pushed pack refused: {stale}");
+                    if let (Some(session), OrderBody::Push { pack, .. }) = (reply_on, b) {
+                        let message = format!("pack {label}: {stale}");
+                        up.queue(
+                            session,
+                            nack(&pack, wire::NackReason::Stale, message, Vec::new()),
+                        );
+                    }
+                }
+                Some(b @ OrderBody::Cancel { .. }) => {
+                    tracing::error!(pack = %b.label(), "controller cancel ignored: {stale}");
+                }
+                None => {}
+            },
         }
         Ok(())
     }
@@ -467,22 +477,6 @@ impl Agent {
             );
         }
         Ok(())
-    }
-
-    /// An acknowledged seq, at most the last this journal handed out: an
-    /// ack beyond it (a confused controller) must not swallow feedback
-    /// that does not exist yet.
-    fn known_seq(&self, seq: u64) -> u64 {
-        let last = self.journal.next_seq().saturating_sub(1);
-        if seq > last {
-            tracing::warn!(
-                acked = seq,
-                last,
-                journal_id = %self.journal.id(),
-                "the controller acknowledged feedback this journal never wrote; taken as up to the last written"
-            );
-        }
-        seq.min(last)
     }
 
     /// The Hello of a new session.
@@ -574,7 +568,9 @@ impl Agent {
                     lease,
                     since: h.since,
                 };
-                up.lease.expired(&p, now).then(|| (k.clone(), lease))
+                up.session
+                    .lease_expired(&p, now)
+                    .then(|| (k.clone(), lease))
             })
             .filter(|(k, _)| self.core.held(k).is_some_and(|(_, active)| active))
             .collect();
@@ -598,7 +594,7 @@ impl Agent {
 
     /// Feedback pages to the link, as the window allows (bounded per step).
     fn send_feedback(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
-        let Some(session) = up.session else {
+        let Some(session) = up.session.current() else {
             return Ok(());
         };
         for _ in 0..PAGES_PER_STEP {
@@ -609,7 +605,7 @@ impl Agent {
             let Some((front, back)) = self.journal.outbox_range() else {
                 break;
             };
-            let Some((from, n)) = up.window.next_page(Some(front)) else {
+            let Some((from, n)) = up.session.next_page(Some(front)) else {
                 break;
             };
             if from > back {
@@ -635,7 +631,7 @@ impl Agent {
                     "controller link: feedback entries dropped at the outbox cap (outbox-cap); the controller is told on this entry"
                 );
             }
-            up.window.sent_through(last);
+            up.session.sent_through(last);
             up.queue(
                 session,
                 ToLink::Feedback(FeedbackPage {

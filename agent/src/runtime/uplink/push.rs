@@ -3,7 +3,6 @@
 //! with an ack or a nack; a cancel, which drives the pack's safe state and
 //! removes it. Both are fenced first (a stale session's are refused).
 
-use baton_clock::MonoTime;
 use baton_proto::pack::{Pack, parse_pack};
 use baton_proto::wire;
 use baton_sched::PackKey;
@@ -27,31 +26,17 @@ fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
 }
 
 impl Agent {
-    /// A pushed pack (`(session, session_gen)`: where it came from).
-    pub(super) fn on_push_event(
+    /// A pushed pack the session's fence let through; its answer goes on
+    /// `reply_on` (`None`: its session ended, the next Hello says where
+    /// things stand).
+    pub(super) fn act_on_push(
         &mut self,
         up: &mut Uplink,
-        (session, session_gen): (u64, u64),
+        reply_on: Option<u64>,
         pack: wire::PackRef,
         yaml: String,
         stage: Option<StageAt>,
-        now: MonoTime,
     ) -> Result<(), RuntimeError> {
-        if let Err(stale) = up.fence.check(&self.journal, session, session_gen) {
-            // Not contact, not parsed, nothing journalled.
-            up.stale.pushes += 1;
-            let label = format!("{}/{} v{}", pack.tenant, pack.pack, pack.version);
-            tracing::error!(session, pack = %label, "pushed pack refused: {stale}");
-            if up.session == Some(session) {
-                let message = format!("pack {label}: {stale}");
-                up.queue(
-                    session,
-                    nack(&pack, wire::NackReason::Stale, message, Vec::new()),
-                );
-            }
-            return Ok(());
-        }
-        up.lease.contact(now);
         let (reply, fault) = match stage {
             Some(stage) => (self.stage_push(up, &pack, yaml, stage), None),
             None => {
@@ -65,7 +50,7 @@ impl Agent {
                 self.on_push(&pack, yaml)
             }
         };
-        if up.session == Some(session) {
+        if let Some(session) = reply_on {
             up.queue(session, reply);
         }
         if let Some(e) = fault {
@@ -74,22 +59,12 @@ impl Agent {
         Ok(())
     }
 
-    /// A controller's cancel (`(session, session_gen)`: where it came
-    /// from).
-    pub(super) fn on_cancel_event(
+    /// A controller's cancel the session's fence let through.
+    pub(super) fn act_on_cancel(
         &mut self,
         up: &mut Uplink,
-        (session, session_gen): (u64, u64),
         pack: wire::PackRef,
-        now: MonoTime,
     ) -> Result<(), RuntimeError> {
-        if let Err(stale) = up.fence.check(&self.journal, session, session_gen) {
-            up.stale.cancels += 1;
-            let label = format!("{}/{} v{}", pack.tenant, pack.pack, pack.version);
-            tracing::error!(session, pack = %label, "controller cancel ignored: {stale}");
-            return Ok(());
-        }
-        up.lease.contact(now);
         let key = PackKey {
             tenant: pack.tenant.clone(),
             pack: pack.pack.clone(),

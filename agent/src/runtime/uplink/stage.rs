@@ -7,12 +7,12 @@
 //!
 //! While a version is staged with an instant, the held version is fenced
 //! there ([`baton_sched::Scheduler::switch_fence`]; not the session's
-//! fencing of `uplink/fence.rs`): nothing of it due after the instant is
-//! armed ahead or handed out, so a loop that gets to the switch late
-//! (under load) cannot have given the device an old-program stroke past
-//! it. A staged version that goes without switching lifts the fence
-//! ([`Agent::drop_staged`]; a refused switch too): what was held then
-//! fires late within `max_lateness` or is reported skipped.
+//! fencing of `baton_control::session::fence`): nothing of it due after
+//! the instant is armed ahead or handed out, so a loop that gets to the
+//! switch late (under load) cannot have given the device an old-program
+//! stroke past it. A staged version that goes without switching lifts
+//! the fence ([`Agent::drop_staged`]; a refused switch too): what was
+//! held then fires late within `max_lateness` or is reported skipped.
 //!
 //! A staged copy lives in memory only: a restart drops it (the held
 //! version runs on, as it would have until the instant) and the
@@ -261,7 +261,7 @@ impl Agent {
     /// current session; none: the Hello of the next one says where things
     /// stand.
     fn answer_later(&mut self, up: &mut Uplink, msg: ToLink) {
-        if let Some(session) = up.session {
+        if let Some(session) = up.session.current() {
             up.queue(session, msg);
         }
     }

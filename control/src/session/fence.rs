@@ -17,10 +17,11 @@
 //!   session was welcomed at (or sent on a session not welcomed, or
 //!   refused): a push is nacked `STALE`, a cancel is not acted on.
 //!
-//! The journal is the fence's memory; this type only remembers how the
-//! current session's Welcome was decided.
-
-use baton_journal::{Journal, JournalError};
+//! The journal is the fence's memory: its highest generation comes in
+//! with every call, and an `Accepted { raised: true }` is the agent's
+//! order to journal the new one before it acts on anything else of the
+//! session. This type only remembers how the current session's Welcome
+//! was decided.
 
 /// Why a session, push or cancel is refused: the sender is not (or no
 /// longer) this agent's controller.
@@ -83,11 +84,11 @@ enum Decided {
 #[must_use]
 pub enum Welcomed {
     /// The session is the agent's controller. `raised`: its generation
-    /// was above the highest seen, and is journalled now.
+    /// is above the highest seen, and must be journalled first.
     Accepted {
         /// The session's generation.
         generation: u64,
-        /// The journal's fence rose to it.
+        /// Above the journal's: journal it before anything else.
         raised: bool,
     },
     /// A stale controller: drop the session, nothing of it is acted on.
@@ -116,41 +117,33 @@ impl Fence {
         }
     }
 
-    /// The controller welcomed `session` at `generation`. A generation
-    /// above the journal's is journalled (durably) before this returns
-    /// `Accepted`, so the pushes that follow see the new fence; a journal
-    /// failure accepts nothing.
-    pub fn welcome(
-        &mut self,
-        journal: &mut Journal,
-        session: u64,
-        generation: u64,
-    ) -> Result<Welcomed, JournalError> {
-        let highest = journal.session_gen();
+    /// The controller welcomed `session` at `generation`; `highest` is
+    /// the journal's. `Accepted { raised: true }` must be journalled
+    /// (durably) before anything after it is acted on, so the pushes that
+    /// follow see the new fence; a journal failure there ends the agent's
+    /// loop, so nothing of the session is acted on.
+    pub fn welcome(&mut self, session: u64, generation: u64, highest: u64) -> Welcomed {
         // 0 below a journalled generation is refused the same way: a
         // controller that stopped fencing may be a store restored from
         // before fencing.
         if generation < highest {
             self.current = Some((session, Decided::Refused));
-            return Ok(Welcomed::Refused(Stale::Welcome {
+            return Welcomed::Refused(Stale::Welcome {
                 got: generation,
                 highest,
-            }));
+            });
         }
-        self.current = None;
-        journal.record_session_gen(generation)?;
         self.current = Some((session, Decided::Accepted(generation)));
-        Ok(Welcomed::Accepted {
+        Welcomed::Accepted {
             generation,
             raised: generation > highest,
-        })
+        }
     }
 
     /// Whether a push or cancel of `session` sent on `generation` may be
     /// acted on: only on a welcomed session, at its generation, never
     /// below the journal's.
-    pub fn check(&self, journal: &Journal, session: u64, generation: u64) -> Result<(), Stale> {
-        let highest = journal.session_gen();
+    pub fn check(&self, session: u64, generation: u64, highest: u64) -> Result<(), Stale> {
         match self.current {
             Some((s, Decided::Accepted(g))) if s == session => {
                 if generation == g && generation >= highest {
@@ -184,31 +177,28 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use baton_journal::open_retrying;
 
     /// Welcome at 3, then a push at 2: refused, naming both generations
     /// and the fence; the session's own generation passes.
     #[test]
     fn a_push_below_its_sessions_generation_is_stale() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut j = open_retrying(tmp.path());
         let mut f = Fence::default();
         f.connected(1);
         assert_eq!(
-            f.check(&j, 1, 0),
+            f.check(1, 0, 0),
             Err(Stale::NotWelcomed { got: 0, highest: 0 }),
             "nothing before the Welcome"
         );
         assert_eq!(
-            f.welcome(&mut j, 1, 3).expect("journal"),
+            f.welcome(1, 3, 0),
             Welcomed::Accepted {
                 generation: 3,
                 raised: true
-            }
+            },
+            "to be journalled before any push"
         );
-        assert_eq!(j.session_gen(), 3, "journalled before any push");
         assert!(f.accepted(1));
-        let e = f.check(&j, 1, 2).expect_err("stale");
+        let e = f.check(1, 2, 3).expect_err("stale");
         assert_eq!(
             e,
             Stale::Generation {
@@ -222,38 +212,25 @@ mod tests {
             text.contains("generation 2") && text.contains("generation 3"),
             "{text}"
         );
-        assert_eq!(
-            f.check(&j, 1, 4).map_err(|_| ()),
-            Err(()),
-            "above is not it either"
-        );
-        assert_eq!(f.check(&j, 1, 3), Ok(()));
+        assert!(f.check(1, 4, 3).is_err(), "above is not it either");
+        assert_eq!(f.check(1, 3, 3), Ok(()));
         // Another session's messages are not this one's.
-        assert!(f.check(&j, 2, 3).is_err());
+        assert!(f.check(2, 3, 3).is_err());
+        // A higher generation journalled since (another session of a
+        // newer owner, then this one's message late): below it, refused.
+        assert!(f.check(1, 3, 4).is_err());
         f.ended(1);
         assert!(!f.accepted(1));
-        assert!(f.check(&j, 1, 3).is_err(), "the session is over");
+        assert!(f.check(1, 3, 3).is_err(), "the session is over");
     }
 
-    /// Gen 3 journalled, then (after a restart) a Welcome at 2: refused,
-    /// the push after it too; the fence is still 3.
+    /// A journal at 3 (say, after a restart), then a Welcome at 2:
+    /// refused, the push after it too; a later session at 3 is fine.
     #[test]
-    fn a_welcome_below_the_journalled_generation_is_refused_after_a_restart() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        {
-            let mut j = open_retrying(tmp.path());
-            let mut f = Fence::default();
-            f.connected(1);
-            assert!(matches!(
-                f.welcome(&mut j, 1, 3),
-                Ok(Welcomed::Accepted { .. })
-            ));
-        }
-        let mut j = open_retrying(tmp.path());
-        assert_eq!(j.session_gen(), 3, "survives the restart");
+    fn a_welcome_below_the_journalled_generation_is_refused() {
         let mut f = Fence::default();
         f.connected(1);
-        let w = f.welcome(&mut j, 1, 2).expect("journal");
+        let w = f.welcome(1, 2, 3);
         let Welcomed::Refused(e) = w else {
             panic!("accepted: {w:?}")
         };
@@ -263,27 +240,19 @@ mod tests {
         );
         assert!(!f.accepted(1), "not contact");
         assert_eq!(
-            f.check(&j, 1, 2),
+            f.check(1, 2, 3),
             Err(Stale::RefusedSession { got: 2, highest: 3 })
         );
-        assert_eq!(j.session_gen(), 3, "not lowered");
-        // A later session at the journalled generation is fine (the same
-        // owner reconnecting), and compaction keeps the fence.
+        // The same owner reconnecting at the journalled generation:
+        // nothing to journal.
         f.connected(2);
         assert_eq!(
-            f.welcome(&mut j, 2, 3).expect("journal"),
+            f.welcome(2, 3, 3),
             Welcomed::Accepted {
                 generation: 3,
                 raised: false
             }
         );
-        j.compact().expect("compact");
-        drop(j);
-        let mut j = open_retrying(tmp.path());
-        assert_eq!(j.session_gen(), 3, "after compaction and restart");
-        let mut f = Fence::default();
-        f.connected(1);
-        assert!(matches!(f.welcome(&mut j, 1, 2), Ok(Welcomed::Refused(_))));
     }
 
     /// A controller that does not fence (generation 0) is accepted while
@@ -291,29 +260,27 @@ mod tests {
     /// generation.
     #[test]
     fn an_unfenced_controller_is_accepted_only_while_nothing_higher_was_seen() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut j = open_retrying(tmp.path());
         let mut f = Fence::default();
         f.connected(1);
         assert_eq!(
-            f.welcome(&mut j, 1, 0).expect("journal"),
+            f.welcome(1, 0, 0),
             Welcomed::Accepted {
                 generation: 0,
                 raised: false
-            }
+            },
+            "nothing to journal"
         );
-        assert_eq!(f.check(&j, 1, 0), Ok(()), "its pushes carry 0");
-        assert_eq!(j.session_gen(), 0, "nothing journalled");
+        assert_eq!(f.check(1, 0, 0), Ok(()), "its pushes carry 0");
         f.connected(2);
         assert!(matches!(
-            f.welcome(&mut j, 2, 1),
-            Ok(Welcomed::Accepted { raised: true, .. })
+            f.welcome(2, 1, 0),
+            Welcomed::Accepted { raised: true, .. }
         ));
         f.connected(3);
         assert_eq!(
-            f.welcome(&mut j, 3, 0).expect("journal"),
+            f.welcome(3, 0, 1),
             Welcomed::Refused(Stale::Welcome { got: 0, highest: 1 })
         );
-        assert!(f.check(&j, 3, 0).is_err());
+        assert!(f.check(3, 0, 1).is_err());
     }
 }

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use baton_agent::exec::{
+use baton_clock::MonoTime;
+use baton_exec::{
     ExecError, ExecOutcome, ExecPolicy, ExecPool, ExecRequest, ExecResult, NotStartedReason,
 };
-use baton_clock::MonoTime;
 
 const SH: &str = "/bin/sh";
 const LONG: Duration = Duration::from_secs(20);
@@ -216,7 +216,7 @@ fn non_zero_exit_is_failed_with_code_and_stderr_tail() {
                 stderr_tail.ends_with("noise 9999\nrelay driver: EIO on /dev/relay0\n"),
                 "{stderr_tail:?}"
             );
-            assert!(stderr_tail.len() <= baton_agent::exec::STDERR_TAIL);
+            assert!(stderr_tail.len() <= baton_exec::STDERR_TAIL);
             assert!(!stderr_tail.contains("noise 0\n"));
         }
         other => panic!("expected Failed, got {other:?}"),
@@ -469,7 +469,7 @@ fn a_withdrawn_request_never_starts() {
     let marker = dir.path().join("ran");
     let (p, rx) = pool(1, &[SH]);
     p.submit(blocker(&started)).expect("submitted");
-    let live = baton_agent::ledger::Slot::standalone();
+    let live = baton_dispatch::ledger::Slot::standalone();
     let mut queued = sh("queued", &format!("touch {}", marker.display()), LONG);
     queued.live = Some(live.clone());
     p.submit(queued).expect("submitted");
@@ -620,7 +620,7 @@ fn a_full_queue_refuses_at_submit() {
     p.submit(blocker(&started)).expect("submitted");
     started.line(LONG);
     let capacity = p.capacity();
-    assert_eq!(capacity, baton_agent::exec::QUEUE_PER_WORKER);
+    assert_eq!(capacity, baton_exec::QUEUE_PER_WORKER);
     for i in 0..capacity {
         p.submit(sh(&format!("q{i}"), "exit 0", LONG))
             .expect("room in the queue");

@@ -59,6 +59,8 @@
 //! the exit is checked every [`FALLBACK_SLICE`] instead — no event exists
 //! there short of a process-wide `SIGCHLD` handler.
 
+#![forbid(unsafe_code)]
+
 mod error;
 pub mod policy;
 mod supervise;
@@ -129,7 +131,7 @@ pub struct ExecRequest {
     /// The attempt's slot in the dispatch ledger: claimed right before the
     /// spawn; withdrawn before that, the request is not started and is
     /// reported as [`NotStartedReason::Withdrawn`]. `None`: always live.
-    pub live: Option<crate::ledger::Slot>,
+    pub live: Option<baton_dispatch::ledger::Slot>,
 }
 
 /// Why a request was never started.
