@@ -14,6 +14,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod clock_watch;
+pub mod held;
 pub mod session;
+pub mod staging;
 
 pub use session::{Cmd, Facts, Input, Session};

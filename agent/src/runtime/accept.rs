@@ -12,10 +12,10 @@ use baton_proto::time::fmt_ns;
 use baton_sched::{PackKey, SafeReason};
 
 use super::admission::{self, Admission, AdmissionError, Verdict};
-use super::held::HeldPack;
 use super::record::Origin;
 use super::{Agent, RuntimeError, clock_loss};
 use crate::exec::ExecPool;
+use baton_control::held::HeldPack;
 
 /// Why a pack was not taken by [`Agent::accept`]. The variants say who
 /// must act: the sender (`Refused`, `NotLive`, `Core`), time (`Clock`:

@@ -1,19 +1,14 @@
 //! What the runtime does with the clock's quality: the admission limit, the
-//! packs' `on_clock_loss` policy when sync is lost past it, and the
-//! description messages and reports use.
+//! packs' `on_clock_loss` policy when sync is lost past it (the verdict is
+//! `baton_control::clock_watch`'s), and the description messages and
+//! reports use.
 
-use baton_proto::pack::ClockLoss;
+use baton_clock::estimator::{ClockState, Estimate};
+use baton_clock::sample::SourceKind;
+use baton_control::clock_watch::Change;
 use baton_sched::PackKey;
 
 use super::{AcceptError, Agent, RuntimeError};
-use baton_clock::MonoTime;
-
-/// How long configured clock sources get to lock after a start before a
-/// clock still past the limit counts as lost (NTP locks in ~10 s, PTP and
-/// the link in a few).
-pub const CLOCK_START_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-use baton_clock::estimator::{ClockState, Estimate};
-use baton_clock::sample::SourceKind;
 
 /// "system clock, free-running": which source, in which state.
 pub fn describe(status: Option<Estimate>) -> String {
@@ -34,59 +29,6 @@ pub fn describe(status: Option<Estimate>) -> String {
             };
             format!("{source}, {}{hint}", e.state.name())
         }
-    }
-}
-
-/// What the loop knows of the clock's health over this run, and the
-/// local packs waiting for it.
-#[derive(Debug)]
-pub(super) struct ClockWatch {
-    /// The clock's uncertainty was past the limit at the last check.
-    lost: bool,
-    /// It has been within the limit at some check of this run.
-    was_good: bool,
-    /// When this run started (the clock sources' grace runs from here).
-    started: MonoTime,
-    /// Local packs (file name, text) waiting for the clock to be known.
-    waiting: Vec<(String, String)>,
-}
-
-impl ClockWatch {
-    /// A run started at `started`: nothing known of the clock yet.
-    pub(super) fn new(started: MonoTime) -> Self {
-        ClockWatch {
-            lost: false,
-            was_good: false,
-            started,
-            waiting: Vec::new(),
-        }
-    }
-
-    /// A local pack (`file`, its text) waits for the clock.
-    pub(super) fn wait(&mut self, file: String, yaml: String) {
-        self.waiting.push((file, yaml));
-    }
-
-    /// Whether no pack waits for the clock.
-    pub(super) fn nothing_waits(&self) -> bool {
-        self.waiting.is_empty()
-    }
-
-    /// The waiting packs, to try again (those still waiting come back
-    /// through [`ClockWatch::wait`]).
-    fn take_waiting(&mut self) -> Vec<(String, String)> {
-        std::mem::take(&mut self.waiting)
-    }
-
-    /// This check's verdict; when it changed, whether the clock had been
-    /// good before in this run (for the log line).
-    fn note(&mut self, lost: bool) -> Option<bool> {
-        let changed = (lost != self.lost).then_some(self.was_good);
-        self.lost = lost;
-        if !lost {
-            self.was_good = true;
-        }
-        changed
     }
 }
 
@@ -122,14 +64,11 @@ impl Agent {
         Ok(())
     }
 
-    /// Whether this run is still within the grace its configured sources
-    /// get to lock at start ([`CLOCK_START_GRACE`]).
-    fn clock_grace_left(&self) -> bool {
+    /// Whether this agent has clock sources that take a moment to lock
+    /// (the start's grace is for them).
+    fn clock_sources_to_lock(&self) -> bool {
         let c = &self.cfg.clock;
-        let waiting_for_source = c.ptp.is_some()
-            || !c.ntp_servers.is_empty()
-            || (c.link && !self.cfg.controllers.is_empty());
-        waiting_for_source && self.mono_now().since(self.clock_watch.started) < CLOCK_START_GRACE
+        c.ptp.is_some() || !c.ntp_servers.is_empty() || (c.link && !self.cfg.controllers.is_empty())
     }
 
     /// Sync lost past the limit: packs that need absolute time and asked
@@ -139,44 +78,34 @@ impl Agent {
     pub(super) fn check_clock_loss(&mut self) -> Result<(), RuntimeError> {
         let uncertainty = self.clock.uncertainty_ns();
         let limit = self.clock_limit_ns();
-        let lost = uncertainty > limit;
-        if let Some(was_good) = self.clock_watch.note(lost) {
-            let what = if was_good {
-                "clock sync lost"
-            } else {
-                "clock not synchronised"
-            };
-            if lost {
+        let sources = self.clock_sources_to_lock();
+        let checked = self
+            .clock_watch
+            .check(self.mono_now(), uncertainty, limit, sources);
+        match checked.change {
+            Some(Change::Lost { was_good }) => {
+                let what = if was_good {
+                    "clock sync lost"
+                } else {
+                    "clock not synchronised"
+                };
                 tracing::warn!(
                     "{what}: uncertainty {} exceeds the limit {} ({}); packs that need absolute time are refused, running ones with on_clock_loss: safe_state stop, others continue with each firing's uncertainty in its feedback",
                     baton_proto::time::fmt_ns(uncertainty),
                     baton_proto::time::fmt_ns(limit),
                     describe(self.clock.status())
                 );
-            } else {
-                tracing::info!(
-                    "clock back within the limit: uncertainty {}",
-                    baton_proto::time::fmt_ns(uncertainty)
-                );
             }
+            Some(Change::Back) => tracing::info!(
+                "clock back within the limit: uncertainty {}",
+                baton_proto::time::fmt_ns(uncertainty)
+            ),
+            None => {}
         }
-        if !lost {
+        if !checked.stop_packs {
             return Ok(());
         }
-        // Just started with sources that need a moment to lock (NTP's
-        // first polls, PTP's first syncs, the link's exchange): not a loss
-        // yet. Without this grace a restart would stop, for good, every
-        // `safe_state` pack before its clock had a chance.
-        if !self.clock_watch.was_good && self.clock_grace_left() {
-            return Ok(());
-        }
-        let stop: Vec<PackKey> = self
-            .held
-            .iter()
-            .filter(|(_, h)| h.clock_loss == Some(ClockLoss::SafeState))
-            .map(|(k, _)| k.clone())
-            .filter(|k| self.core.held(k).is_some_and(|(_, active)| active))
-            .collect();
+        let stop = self.held.stop_on_clock_loss(|k| self.running(k));
         for key in stop {
             let mut out = Vec::new();
             if self

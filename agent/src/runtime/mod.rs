@@ -46,7 +46,6 @@ pub mod error;
 mod exit;
 pub mod feedback;
 mod heap_trim;
-mod held;
 mod metrics;
 mod outputs;
 pub mod ports;
@@ -71,12 +70,12 @@ use crate::exec::{ExecPool, ExecResult};
 use accept::{exec_check, shared_lines};
 use admission::{Admission, Verdict};
 use arming::Arming;
+use baton_control::clock_watch::ClockWatch;
+use baton_control::held::HeldPacks;
 use baton_journal::{Journal, JournalError, Outcome, Recovered};
 use baton_proto::time::fmt_ns;
 use buffers::OutputBufs;
-use clock_loss::ClockWatch;
 use feedback::Tally;
-use held::HeldPacks;
 use ports::{Clock, Device};
 use safe_states::SafeStates;
 use safety::SharedSafeTable;
@@ -336,6 +335,12 @@ impl Agent {
         }
         agent.restore(recovered)?;
         Ok(agent)
+    }
+
+    /// Whether the core holds `key` and runs it (not stopped in its safe
+    /// state): what the leases and the clock's loss may stop.
+    fn running(&self, key: &baton_sched::PackKey) -> bool {
+        self.core.held(key).is_some_and(|(_, active)| active)
     }
 
     pub fn idle(&self) -> bool {

@@ -70,7 +70,7 @@ use baton_sched::PackKey;
 use super::{Agent, RuntimeError};
 use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
 use baton_clock::MonoTime;
-use baton_control::session::{Cmd, Facts, Input, Leased, Order, Session};
+use baton_control::session::{Cmd, Facts, Input, Order, Session};
 
 /// What the agent tells the controller it can do.
 pub const CAPABILITIES: &[&str] = &["gpio", "exec", "lease"];
@@ -185,7 +185,7 @@ impl Agent {
             pending: VecDeque::new(),
             backlog: false,
             closed: false,
-            staged: stage::StagedPacks::new(),
+            staged: stage::StagedPacks::default(),
         });
         Ok(())
     }
@@ -285,18 +285,13 @@ impl Agent {
             // a lease or a report may come later.
             return Some(t.max(now));
         }
-        let mut at: Option<MonoTime> = up.session.next_wake();
-        for (key, h) in self.held.iter() {
-            let Some(lease) = h.lease else { continue };
-            if !self.core.held(key).is_some_and(|(_, active)| active) {
-                continue;
-            }
-            let t = up.session.lease_expiry(&Leased {
-                lease,
-                since: h.since,
-            });
-            at = Some(at.map_or(t, |a| a.min(t)));
-        }
+        let leases = self
+            .held
+            .next_lease_expiry(&up.session, |k| self.running(k));
+        let at = match (up.session.next_wake(), leases) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         at.map(|m| self.clock.to_ref(m))
     }
 
@@ -559,21 +554,7 @@ impl Agent {
     /// Packs whose lease ran out: their safe state (that pack only).
     fn check_leases(&mut self, up: &Uplink) -> Result<(), RuntimeError> {
         let now = self.mono_now();
-        let expired: Vec<(PackKey, Duration)> = self
-            .held
-            .iter()
-            .filter_map(|(k, h)| {
-                let lease = h.lease?;
-                let p = Leased {
-                    lease,
-                    since: h.since,
-                };
-                up.session
-                    .lease_expired(&p, now)
-                    .then(|| (k.clone(), lease))
-            })
-            .filter(|(k, _)| self.core.held(k).is_some_and(|(_, active)| active))
-            .collect();
+        let expired = self.held.leases_out(&up.session, now, |k| self.running(k));
         for (key, lease) in expired {
             let mut out = Vec::new();
             if self

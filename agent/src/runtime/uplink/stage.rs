@@ -21,8 +21,7 @@
 //! [`Agent::accept_as_of`] at its instant, with every check of an
 //! acceptance made again there.
 
-use std::collections::BTreeMap;
-
+use baton_control::staging::{self, StageVerdict, Staged, SwitchFence, SwitchVerdict};
 use baton_proto::RefTime;
 use baton_proto::pack::Pack;
 use baton_proto::wire;
@@ -32,27 +31,19 @@ use super::{Agent, Uplink, nack};
 use crate::link::{StageAt, ToLink};
 use crate::runtime::{AcceptError, RuntimeError, Verdict};
 
-/// A version kept aside.
+/// The agent's part of a version kept aside.
 #[derive(Debug)]
-pub(in crate::runtime) struct Staged {
+pub(in crate::runtime) struct StagedBody {
     /// Its source, as pushed.
     yaml: String,
     /// Checked.
     pack: Pack,
-    /// When to switch (`None`: not named yet).
-    at: Option<RefTime>,
-    /// Not switched while the clock is less certain than this (ns).
-    max_uncertainty_ns: i64,
     /// As the controller named it.
     wire_ref: wire::PackRef,
-    /// The pack ran (held and active) when this version was staged: if it
-    /// is stopped by the instant (a local cancel, its lease or the clock
-    /// lost), the switch must not bring it back without the controller.
-    replaces_running: bool,
 }
 
-/// Staged versions by pack.
-pub(in crate::runtime) type StagedPacks = BTreeMap<PackKey, Staged>;
+/// Staged versions by pack (`baton_control::staging`'s rules).
+pub(in crate::runtime) type StagedPacks = staging::Staging<StagedBody>;
 
 impl Agent {
     /// A staged push, parsed and matched to its reference by the caller:
@@ -69,8 +60,8 @@ impl Agent {
         use wire::NackReason as R;
         let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
         let key = PackKey::of(&pack);
-        if let Some((held, active)) = self.core.held(&key) {
-            if held == pack.version && active {
+        let replaces_running = match staging::stage_verdict(self.core.held(&key), pack.version) {
+            StageVerdict::Running => {
                 // Switched already (a re-sent push): nothing to stage.
                 self.drop_staged(up, &key);
                 return ToLink::Ack(wire::PackAck {
@@ -80,14 +71,15 @@ impl Agent {
                     activate_at_ns: 0,
                 });
             }
-            if held > pack.version {
+            StageVerdict::Older { held } => {
                 let message = format!(
                     "pack {label}: version {} is older than version {held} held by this agent (versions only go up)",
                     pack.version
                 );
                 return nack(r, R::Refused, message, Vec::new());
             }
-        }
+            StageVerdict::Stage { replaces_running } => replaces_running,
+        };
         let uncertainty = self.clock.uncertainty_ns();
         if pack.needs_absolute_time() && uncertainty > self.clock_limit_ns() {
             let message = format!(
@@ -114,14 +106,16 @@ impl Agent {
             at = ?at,
             "staged: the held version runs until the switch"
         );
-        let replaces_running = self.core.held(&key).is_some_and(|(_, active)| active);
         let staged = Staged {
-            yaml,
-            pack,
+            version: pack.version,
             at,
             max_uncertainty_ns: stage.max_uncertainty_ns,
-            wire_ref: r.clone(),
             replaces_running,
+            body: StagedBody {
+                yaml,
+                pack,
+                wire_ref: r.clone(),
+            },
         };
         self.keep_staged(up, key, staged);
         ToLink::Ack(wire::PackAck {
@@ -134,7 +128,7 @@ impl Agent {
 
     /// The earliest instant a staged version switches at.
     pub(in crate::runtime) fn next_switch(up: &Uplink) -> Option<RefTime> {
-        up.staged.values().filter_map(|s| s.at).min()
+        up.staged.next_switch()
     }
 
     /// Switches every staged version whose instant came: accepted as of
@@ -148,22 +142,13 @@ impl Agent {
     /// version and is nacked. A journal fault ends the loop, as anywhere.
     pub(in crate::runtime) fn switch_due(&mut self, up: &mut Uplink) -> Result<(), RuntimeError> {
         let now = self.clock.now();
-        let due: Vec<PackKey> = up
-            .staged
-            .iter()
-            .filter(|(_, s)| s.at.is_some_and(|at| at <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in due {
-            // Taken out without lifting the fence: the switch replaces the
-            // version the fence is on (what it held that was due by now
-            // is reported not run, `Scheduler::accept_at`); lifted after a
-            // switch that did not happen, what it held goes out late.
-            let Some(s) = up.staged.remove(&key) else {
-                continue;
-            };
+        // Taken out without lifting the fence: the switch replaces the
+        // version the fence is on (what it held that was due by now is
+        // reported not run, `Scheduler::accept_at`); lifted after a switch
+        // that did not happen, what it held goes out late.
+        for (key, s) in up.staged.take_due(now) {
             let switched = self.switch_one(up, &key, s, now);
-            self.core.switch_fence(&key, None);
+            self.set_fence(staging::lift(&key));
             switched?;
         }
         Ok(())
@@ -175,43 +160,57 @@ impl Agent {
         &mut self,
         up: &mut Uplink,
         key: &PackKey,
-        s: Staged,
+        s: Staged<StagedBody>,
         now: RefTime,
     ) -> Result<(), RuntimeError> {
-        let at = s.at.unwrap_or(now);
-        let label = format!("{key} v{}", s.pack.version);
-        if s.replaces_running && !self.core.held(key).is_some_and(|(_, active)| active) {
-            // Stopped since it was staged (cancelled on the box, its lease
-            // or the clock lost): it stays stopped, in its safe state,
-            // until the controller pushes again.
-            let message = format!(
-                "pack {label}: not switched at its instant: the version it replaces was stopped (cancelled, lease or clock lost) since it was staged; push again to bring the pack back"
-            );
-            tracing::warn!(pack = %label, "{message}");
-            self.answer_later(
-                up,
-                nack(&s.wire_ref, wire::NackReason::Refused, message, Vec::new()),
-            );
-            return Ok(());
-        }
-        let bound = match s.max_uncertainty_ns {
-            0 => self.clock_limit_ns(),
-            b => b,
-        };
+        let label = format!("{key} v{}", s.version);
+        let active = self.running(key);
         let uncertainty = self.clock.uncertainty_ns();
-        if uncertainty > bound {
-            let message = format!(
-                "pack {label}: not switched at its instant: clock uncertainty {uncertainty} ns is above the rollout's bound of {bound} ns; the held version runs on"
-            );
-            tracing::warn!(pack = %label, "{message}");
-            self.answer_later(
-                up,
-                nack(&s.wire_ref, wire::NackReason::Clock, message, Vec::new()),
-            );
-            return Ok(());
-        }
+        let at = match staging::switch_verdict(&s, now, active, uncertainty, self.clock_limit_ns())
+        {
+            SwitchVerdict::Switch { at } => at,
+            SwitchVerdict::Stopped => {
+                // Stopped since it was staged (cancelled on the box, its
+                // lease or the clock lost): it stays stopped, in its safe
+                // state, until the controller pushes again.
+                let message = format!(
+                    "pack {label}: not switched at its instant: the version it replaces was stopped (cancelled, lease or clock lost) since it was staged; push again to bring the pack back"
+                );
+                tracing::warn!(pack = %label, "{message}");
+                let reply = nack(
+                    &s.body.wire_ref,
+                    wire::NackReason::Refused,
+                    message,
+                    Vec::new(),
+                );
+                self.answer_later(up, reply);
+                return Ok(());
+            }
+            SwitchVerdict::ClockUncertain {
+                uncertainty_ns,
+                bound_ns,
+            } => {
+                let message = format!(
+                    "pack {label}: not switched at its instant: clock uncertainty {uncertainty_ns} ns is above the rollout's bound of {bound_ns} ns; the held version runs on"
+                );
+                tracing::warn!(pack = %label, "{message}");
+                let reply = nack(
+                    &s.body.wire_ref,
+                    wire::NackReason::Clock,
+                    message,
+                    Vec::new(),
+                );
+                self.answer_later(up, reply);
+                return Ok(());
+            }
+        };
         let late = now.since(at);
-        match self.accept_as_of(s.yaml, s.pack, Some(at)) {
+        let StagedBody {
+            yaml,
+            pack,
+            wire_ref,
+        } = s.body;
+        match self.accept_as_of(yaml, pack, Some(at)) {
             Ok(Verdict::Unchanged) => {}
             Ok(_) => {
                 self.held.mark_changed();
@@ -226,7 +225,7 @@ impl Agent {
                 tracing::warn!(pack = %label, "staged version not switched: {e}");
                 let fault = e.is_fault();
                 let message = format!("pack {label}: not switched: {e}");
-                self.answer_later(up, nack(&s.wire_ref, reason, message, Vec::new()));
+                self.answer_later(up, nack(&wire_ref, reason, message, Vec::new()));
                 if fault {
                     return Err(RuntimeError::from(e));
                 }
@@ -241,20 +240,29 @@ impl Agent {
     /// stroke cannot follow the switch however late the loop gets to it.
     ///
     /// [`Scheduler::switch_fence`]: baton_sched::Scheduler::switch_fence
-    pub(in crate::runtime) fn keep_staged(&mut self, up: &mut Uplink, key: PackKey, s: Staged) {
-        self.core.switch_fence(&key, s.at);
-        up.staged.insert(key, s);
+    pub(in crate::runtime) fn keep_staged(
+        &mut self,
+        up: &mut Uplink,
+        key: PackKey,
+        s: Staged<StagedBody>,
+    ) {
+        let fence = up.staged.keep(key, s);
+        self.set_fence(fence);
     }
 
     /// Drop a staged version that goes without switching (superseded by a
-    /// push, a new staging or a cancel, or switched already): the fence on
-    /// the held version lifts, and what it held goes out late (or is
-    /// reported skipped) on the next pass, as anything that comes due
-    /// late.
+    /// push, a new staging or a cancel): the fence on the held version
+    /// lifts, and what it held goes out late (or is reported skipped) on
+    /// the next pass, as anything that comes due late.
     pub(in crate::runtime) fn drop_staged(&mut self, up: &mut Uplink, key: &PackKey) {
-        if up.staged.remove(key).is_some() {
-            self.core.switch_fence(key, None);
+        if let Some(fence) = up.staged.drop(key) {
+            self.set_fence(fence);
         }
+    }
+
+    /// The core's switch fence where the staging rules put it.
+    fn set_fence(&mut self, f: SwitchFence) {
+        self.core.switch_fence(&f.key, f.at);
     }
 
     /// An answer that comes after the push it answers (a switch), on the
@@ -270,7 +278,7 @@ impl Agent {
 impl Uplink {
     /// The version staged for `key`, if any.
     pub(in crate::runtime) fn staged_version(&self, key: &PackKey) -> Option<u64> {
-        self.staged.get(key).map(|s| s.pack.version)
+        self.staged.version(key)
     }
 }
 
