@@ -14,9 +14,9 @@ pub mod bench;
 pub use baton_dispatch::{dispatcher, ledger, rt};
 // So is the controller link's side of the agent.
 pub use baton_agent_link::{link, outbox};
-// And the pool that runs `exec` actions.
+// And the pool that runs `exec` actions, and the configuration.
+pub use baton_agent_config as config;
 pub use baton_exec as exec;
-pub mod config;
 pub mod live;
 pub mod metrics;
 pub mod runtime;

@@ -24,7 +24,7 @@ use baton_e2e::{Lcg, bin, lines, wait_exit};
 
 const COUNT: usize = 400;
 const SPACING_MS: i64 = 5;
-/// `DEFAULT_ARM_HORIZON` in agent/src/config/mod.rs.
+/// `DEFAULT_ARM_HORIZON` in agentconfig/src/lib.rs.
 const DEFAULT_HORIZON_MS: i64 = 150;
 
 /// The bound on `outcome unknown` per `kill -9` without the ledger, for

@@ -8,7 +8,7 @@ use baton_proto::time::parse_duration;
 
 use super::file::RealtimeFile;
 use super::{ConfigError, DEFAULT_ARM_HORIZON, DEFAULT_ARM_LEAD};
-use crate::rt::RtConfig;
+use baton_dispatch::rt::RtConfig;
 
 /// The arming horizon and lead, checked: the horizon at most 1 s (what a
 /// crash can leave `outcome unknown`), the lead at most the horizon.
@@ -66,7 +66,7 @@ pub(super) fn check_realtime(realtime: &RealtimeFile) -> Result<(), ConfigError>
 /// SCHED_FIFO and the memory lock.
 pub(super) fn rt_config(realtime: &RealtimeFile, no_rt: bool) -> Result<RtConfig, ConfigError> {
     let spin_budget_ppm = match realtime.spin_budget.as_deref() {
-        None => crate::rt::DEFAULT_SPIN_BUDGET_PPM,
+        None => baton_dispatch::rt::DEFAULT_SPIN_BUDGET_PPM,
         Some(t) => parse_share(t).ok_or_else(|| {
             ConfigError::Value(format!(
                 "realtime.spin-budget: {t:?} is not a share of a core between 0% and 50% (e.g. 1%)"

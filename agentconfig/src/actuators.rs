@@ -5,7 +5,7 @@ use baton_gpio::{Allowlist, BackendSpec};
 
 use super::ConfigError;
 use super::file::ExecAllowEntry;
-use crate::exec::policy::ExecPolicy;
+use baton_exec::policy::ExecPolicy;
 
 /// The GPIO backend named (default `cdev`).
 pub(super) fn gpio_backend(name: Option<String>) -> Result<BackendSpec, ConfigError> {

@@ -8,6 +8,8 @@
 //! (`dispatch`), the controller link and labels (`controller`), and the
 //! clock sources (`clock`).
 
+#![forbid(unsafe_code)]
+
 mod actuators;
 mod clock;
 mod controller;
@@ -18,9 +20,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::exec::policy::ExecPolicy;
-use crate::rt::RtConfig;
 pub use baton_clock::settings::{ClockConfig, DEFAULT_CLOCK_LIMIT, PtpConfig, SystemClock};
+use baton_dispatch::rt::RtConfig;
+use baton_exec::policy::ExecPolicy;
 use baton_gpio::{Allowlist, BackendSpec};
 
 use clock::{ClockOverrides, resolve_clock};
@@ -282,7 +284,7 @@ pub fn default_ledger(data_dir: &std::path::Path) -> PathBuf {
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
         let abs = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_owned());
-        let print = crate::ledger::fingerprint(&abs.to_string_lossy());
+        let print = baton_dispatch::ledger::fingerprint(&abs.to_string_lossy());
         shm.join(format!("baton-{print:016x}.ledger"))
     } else {
         data_dir.join("dispatch.ledger")
