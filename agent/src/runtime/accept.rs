@@ -5,68 +5,17 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use baton_journal::{JournalError, Recovered, StopReason, StoredPack};
+use baton_journal::{Recovered, StopReason, StoredPack};
 use baton_proto::RefTime;
-use baton_proto::pack::{LineRef, Pack, parse_pack, read_pack_file};
-use baton_proto::time::fmt_ns;
+use baton_proto::pack::{Pack, parse_pack, read_pack_file};
 use baton_sched::{PackKey, SafeReason};
 
-use super::admission::{self, Admission, AdmissionError, Verdict};
+use super::admission::{self, Admission, AdmissionError, Verdict, exec_check, shared_lines};
+use super::agent::Agent;
+use super::clock_loss;
+use super::error::{AcceptError, RuntimeError};
 use super::record::Origin;
-use super::{Agent, RuntimeError, clock_loss};
-use crate::exec::ExecPool;
 use baton_control::held::HeldPack;
-
-/// Why a pack was not taken by [`Agent::accept`]. The variants say who
-/// must act: the sender (`Refused`, `NotLive`, `Core`), time (`Clock`:
-/// retry once the clock is known), or the agent itself (`Journal`,
-/// `Fault`: the control loop cannot go on, see [`AcceptError::is_fault`]).
-#[derive(Debug, thiserror::Error)]
-pub enum AcceptError {
-    /// The clock is not known well enough to honour the pack (docs/design.md
-    /// principle 3).
-    #[error(
-        "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
-        fmt_ns(*uncertainty_ns),
-        baton_proto::time::format_duration(std::time::Duration::from_nanos((*limit_ns).max(0) as u64)),
-        clock
-    )]
-    Clock {
-        /// The clock's uncertainty now, ns.
-        uncertainty_ns: i64,
-        /// The agent's limit (`clock.limit`), ns.
-        limit_ns: i64,
-        /// Which source, in which state (`system clock, free-running`).
-        clock: String,
-    },
-    /// The pack can never fire again (a cron of past years, say); each
-    /// problem with its position.
-    #[error("{}", .0.render("pack").trim_end())]
-    NotLive(baton_proto::PackErrors),
-    /// This agent's own checks refuse it: versions, exec allowlist, lines,
-    /// line owners.
-    #[error(transparent)]
-    Refused(#[from] AdmissionError),
-    /// The core refuses it (an older version than held).
-    #[error(transparent)]
-    Core(#[from] baton_sched::AcceptError),
-    /// The pack could not be made durable: nothing of it took effect, and
-    /// the journal is broken (the loop's fault).
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    /// The pack was taken, but performing its first outputs failed (a
-    /// journal or device error): the loop's fault.
-    #[error(transparent)]
-    Fault(Box<RuntimeError>),
-}
-
-impl AcceptError {
-    /// Whether the control loop must stop on it (through its one way out),
-    /// as on any journal failure: not the pack's fault.
-    pub fn is_fault(&self) -> bool {
-        matches!(self, AcceptError::Journal(_) | AcceptError::Fault(_))
-    }
-}
 
 /// A pack that passed admission, not yet committed.
 #[derive(Debug)]
@@ -162,8 +111,9 @@ impl Agent {
         let key = PackKey::of(pack);
         for a in &pack.safe_state {
             let Some(line) = a.line() else { continue };
-            let ok = self.admission.handle(line).is_some()
+            let ok = self.plane.admission.handle(line).is_some()
                 || self
+                    .ports
                     .device
                     .request_lines(&[(line.clone(), baton_gpio::Direction::Output)])
                     .is_ok();
@@ -193,7 +143,7 @@ impl Agent {
             // sources could ever lock).
             Err(e @ AcceptError::Clock { .. }) => {
                 tracing::warn!(pack = %key, file = %name, "waiting for the clock: {e}");
-                self.clock_watch.wait(name, yaml);
+                self.plane.clock_watch.wait(name, yaml);
                 Ok(())
             }
             Err(error) => Err(RuntimeError::PackRefused {
@@ -242,7 +192,7 @@ impl Agent {
             return Ok(verdict);
         }
         let key = PackKey::of(&pack);
-        let anchor = at.unwrap_or_else(|| self.held.get(&key).map_or(now, |h| h.anchor));
+        let anchor = at.unwrap_or_else(|| self.plane.held.get(&key).map_or(now, |h| h.anchor));
         // Durable before it takes effect: a crash right after acceptance
         // must not lose the pack. The anchor is the first acceptance, so a
         // restart keeps the phase exactly as a live replacement does.
@@ -266,7 +216,11 @@ impl Agent {
         // the core keeps the fence for it, unless the staged version is
         // no newer (it can never switch in: its instant is refused as
         // older and said so), when this one must not wait for it.
-        let staged = self.uplink.as_ref().and_then(|u| u.staged_version(&key));
+        let staged = self
+            .plane
+            .uplink
+            .as_ref()
+            .and_then(|u| u.staged_version(&key));
         if at.is_none() && staged.is_some_and(|s| s <= version) {
             self.core.switch_fence(&key, None);
         }
@@ -287,7 +241,10 @@ impl Agent {
     ) -> Result<Admitted, AdmissionError> {
         let key = PackKey::of(pack);
         let digest = admission::digest(yaml);
-        let verdict = self.admission.check_version(&key, pack.version, digest)?;
+        let verdict = self
+            .plane
+            .admission
+            .check_version(&key, pack.version, digest)?;
         if verdict == Verdict::Unchanged {
             return Ok(Admitted {
                 verdict,
@@ -295,14 +252,15 @@ impl Agent {
                 resolved: None,
             });
         }
-        let exec = &self.exec;
+        let exec = &self.ports.exec;
         Admission::check_exec(pack, &|program, args, env| {
             exec_check(exec, program, args, env)
         })?;
-        let resolved = self
-            .admission
-            .resolve(pack, shared_lines(pack), self.device.as_mut())?;
-        self.admission.check_owners(&key, &resolved)?;
+        let resolved =
+            self.plane
+                .admission
+                .resolve(pack, shared_lines(pack), self.ports.device.as_mut())?;
+        self.plane.admission.check_owners(&key, &resolved)?;
         Ok(Admitted {
             verdict,
             digest,
@@ -313,7 +271,8 @@ impl Agent {
     /// The pack is journalled: it owns its lines now.
     fn commit_admission(&mut self, pack: &Pack, admitted: Admitted) {
         if let Some(resolved) = admitted.resolved {
-            self.admission
+            self.plane
+                .admission
                 .commit(PackKey::of(pack), pack.version, admitted.digest, resolved);
         }
     }
@@ -321,9 +280,9 @@ impl Agent {
     /// Remember what the way out needs of a held pack.
     fn hold(&mut self, pack: &Pack, anchor: RefTime) {
         let key = PackKey::of(pack);
-        let writes = self.admission.safe_writes(&pack.safe_state);
+        let writes = self.plane.admission.safe_writes(&pack.safe_state);
         self.safe.hold(key.clone(), writes);
-        self.held.insert(
+        self.plane.held.insert(
             key,
             HeldPack {
                 safe_state: Arc::new(pack.safe_state.clone()),
@@ -338,23 +297,6 @@ impl Agent {
             },
         );
     }
-}
-
-/// Lines a pack declares shared with other packs (`shared_lines`).
-pub(super) fn shared_lines(pack: &Pack) -> &[LineRef] {
-    &pack.shared_lines
-}
-
-/// Whether the exec allowlist lets `program` run with `args` and `env`.
-pub(super) fn exec_check(
-    exec: &ExecPool,
-    program: &str,
-    args: &[String],
-    env: &std::collections::BTreeMap<String, String>,
-) -> Result<(), String> {
-    exec.policy()
-        .check(program, args, env)
-        .map_err(|e| e.to_string())
 }
 
 /// Until when the previous runs surely handled the due occurrences of a

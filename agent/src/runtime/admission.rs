@@ -427,3 +427,20 @@ impl Admission {
             .collect()
     }
 }
+
+/// Lines a pack declares shared with other packs (`shared_lines`).
+pub(super) fn shared_lines(pack: &Pack) -> &[LineRef] {
+    &pack.shared_lines
+}
+
+/// Whether the exec allowlist lets `program` run with `args` and `env`.
+pub(super) fn exec_check(
+    exec: &crate::exec::ExecPool,
+    program: &str,
+    args: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    exec.policy()
+        .check(program, args, env)
+        .map_err(|e| e.to_string())
+}

@@ -1,8 +1,13 @@
 //! Output buffers reused pass after pass: a pass's outputs (an instant's
 //! firings and their events, a few hundred bytes each) no longer grow a
-//! new vector a handful of reallocations at a time.
+//! new vector a handful of reallocations at a time; and what one batch of
+//! outputs carries between its steps.
 
-use baton_sched::Output;
+use std::collections::VecDeque;
+
+use baton_sched::{ExecutionId, OnceKey, Output, Reason};
+
+use crate::ledger::Slot;
 
 /// Outputs a reused buffer may hold room for; a burst's larger buffer is
 /// freed instead of kept.
@@ -30,4 +35,19 @@ impl OutputBufs {
             self.spare.push(buf);
         }
     }
+}
+
+/// What one batch of outputs carries between its steps; only performing
+/// outputs touches it.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// Ledger slots armed for a batch's firings before their start record,
+    /// taken in order as the firings are performed; kept only for its
+    /// capacity between batches (see `process_in`).
+    pub(super) slots: VecDeque<Slot>,
+    /// Attempts the core asked back in the batch being performed.
+    pub(super) asked_back: Vec<(ExecutionId, Reason)>,
+    /// Once keys of the batch's reports, journalled after all of them (see
+    /// `Agent::events`).
+    pub(super) keys: Vec<OnceKey>,
 }

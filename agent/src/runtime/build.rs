@@ -4,10 +4,10 @@ use std::sync::{Arc, Mutex};
 
 use baton_journal::Journal;
 
+use super::agent::{JOURNAL_RETENTION, keep_large_allocations_returnable, results_window};
+use super::error::RuntimeError;
+use super::parts::Parts;
 use super::safety::{self, SafeTable, SharedSafeTable};
-use super::{
-    JOURNAL_RETENTION, Parts, RuntimeError, keep_large_allocations_returnable, results_window,
-};
 use crate::config::AgentConfig;
 use crate::exec::ExecPool;
 

@@ -263,7 +263,7 @@ fn online(data: &Path, key: &PackKey, wait: Duration) -> Result<String, CancelEr
     }
 }
 
-use super::Agent;
+use super::agent::Agent;
 
 impl Agent {
     /// `baton-agent cancel` requests dropped in the data directory.
@@ -307,8 +307,8 @@ impl Agent {
         self.process(out)?;
         self.pump()?;
         self.journal.remove_pack(&key.tenant, &key.pack)?;
-        self.admission.release(key);
-        self.held.remove(key);
+        self.plane.admission.release(key);
+        self.plane.held.remove(key);
         self.safe.forget(key);
         tracing::info!(pack = %key, version, "cancelled locally and removed");
         Ok(format!(

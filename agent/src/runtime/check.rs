@@ -53,10 +53,10 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
             .check_version(&key, pack.version, admission::digest(&yaml))
             .and_then(|_| {
                 Admission::check_exec(&pack, &|p, args, env| {
-                    super::exec_check(&exec, p, args, env)
+                    admission::exec_check(&exec, p, args, env)
                 })
             })
-            .and_then(|()| adm.resolve(&pack, super::shared_lines(&pack), &mut device))
+            .and_then(|()| adm.resolve(&pack, admission::shared_lines(&pack), &mut device))
             .and_then(|res| adm.check_owners(&key, &res).map(|()| res));
         match r {
             Ok(res) => adm.commit(key, pack.version, admission::digest(&yaml), res),

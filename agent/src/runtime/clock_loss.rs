@@ -8,7 +8,8 @@ use baton_clock::sample::SourceKind;
 use baton_control::clock_watch::Change;
 use baton_sched::PackKey;
 
-use super::{AcceptError, Agent, RuntimeError};
+use super::agent::Agent;
+use super::error::{AcceptError, RuntimeError};
 
 /// "system clock, free-running": which source, in which state.
 pub fn describe(status: Option<Estimate>) -> String {
@@ -40,16 +41,18 @@ impl Agent {
 
     /// Local packs that waited for the clock: taken once it is known.
     pub(super) fn retry_clock_wait(&mut self) -> Result<(), RuntimeError> {
-        if self.clock_watch.nothing_waits() || self.clock.uncertainty_ns() > self.clock_limit_ns() {
+        if self.plane.clock_watch.nothing_waits()
+            || self.clock.uncertainty_ns() > self.clock_limit_ns()
+        {
             return Ok(());
         }
-        for (name, yaml) in self.clock_watch.take_waiting() {
+        for (name, yaml) in self.plane.clock_watch.take_waiting() {
             let pack = baton_proto::parse_pack(&yaml)
                 .map_err(|e| RuntimeError::PackFile(e.render(&name)))?;
             let key = PackKey::of(&pack);
             match self.accept(yaml.clone(), pack) {
                 Ok(_) => tracing::info!(pack = %key, file = %name, "clock known: pack taken"),
-                Err(AcceptError::Clock { .. }) => self.clock_watch.wait(name, yaml),
+                Err(AcceptError::Clock { .. }) => self.plane.clock_watch.wait(name, yaml),
                 Err(error) if error.is_fault() => {
                     return Err(RuntimeError::ClockWaitFault {
                         file: name,
@@ -80,6 +83,7 @@ impl Agent {
         let limit = self.clock_limit_ns();
         let sources = self.clock_sources_to_lock();
         let checked = self
+            .plane
             .clock_watch
             .check(self.mono_now(), uncertainty, limit, sources);
         match checked.change {
@@ -105,7 +109,7 @@ impl Agent {
         if !checked.stop_packs {
             return Ok(());
         }
-        let stop = self.held.stop_on_clock_loss(|k| self.running(k));
+        let stop = self.plane.held.stop_on_clock_loss(|k| self.running(k));
         for key in stop {
             let mut out = Vec::new();
             if self

@@ -8,7 +8,9 @@ use std::fmt;
 use baton_journal::JournalError;
 use baton_sched::PackKey;
 
-use super::AcceptError;
+use baton_proto::time::fmt_ns;
+
+use super::admission::AdmissionError;
 use super::safety::GpioHung;
 use crate::dispatcher::DispatchError;
 
@@ -136,5 +138,56 @@ impl fmt::Display for Chain<'_> {
             next = e.source();
         }
         Ok(())
+    }
+}
+
+/// Why a pack was not taken by `Agent::accept`. The variants say who
+/// must act: the sender (`Refused`, `NotLive`, `Core`), time (`Clock`:
+/// retry once the clock is known), or the agent itself (`Journal`,
+/// `Fault`: the control loop cannot go on, see [`AcceptError::is_fault`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// The clock is not known well enough to honour the pack (docs/design.md
+    /// principle 3).
+    #[error(
+        "the pack needs absolute time (at, cron, start_at or until) and the clock's uncertainty {} exceeds the agent's limit {} ({}); it is accepted once a clock source is locked",
+        fmt_ns(*uncertainty_ns),
+        baton_proto::time::format_duration(std::time::Duration::from_nanos((*limit_ns).max(0) as u64)),
+        clock
+    )]
+    Clock {
+        /// The clock's uncertainty now, ns.
+        uncertainty_ns: i64,
+        /// The agent's limit (`clock.limit`), ns.
+        limit_ns: i64,
+        /// Which source, in which state (`system clock, free-running`).
+        clock: String,
+    },
+    /// The pack can never fire again (a cron of past years, say); each
+    /// problem with its position.
+    #[error("{}", .0.render("pack").trim_end())]
+    NotLive(baton_proto::PackErrors),
+    /// This agent's own checks refuse it: versions, exec allowlist, lines,
+    /// line owners.
+    #[error(transparent)]
+    Refused(#[from] AdmissionError),
+    /// The core refuses it (an older version than held).
+    #[error(transparent)]
+    Core(#[from] baton_sched::AcceptError),
+    /// The pack could not be made durable: nothing of it took effect, and
+    /// the journal is broken (the loop's fault).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The pack was taken, but performing its first outputs failed (a
+    /// journal or device error): the loop's fault.
+    #[error(transparent)]
+    Fault(Box<RuntimeError>),
+}
+
+impl AcceptError {
+    /// Whether the control loop must stop on it (through its one way out),
+    /// as on any journal failure: not the pack's fault.
+    pub fn is_fault(&self) -> bool {
+        matches!(self, AcceptError::Journal(_) | AcceptError::Fault(_))
     }
 }

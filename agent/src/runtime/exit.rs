@@ -8,12 +8,12 @@ use baton_proto::RefTime;
 use baton_proto::pack::{Action, parse_pack};
 use baton_sched::{AttemptResult, Event, Output, PackKey, SafeReason};
 
-use super::accept::shared_lines;
+use super::admission::shared_lines;
+use super::agent::{Agent, DEVICE_STOP_WAIT, SAFE_STATE_WAIT, STALL_GRACE, journal_result};
 use super::arming::Ticket;
+use super::error::RuntimeError;
 use super::record::Origin;
-use super::{
-    Agent, DEVICE_STOP_WAIT, RuntimeError, SAFE_STATE_WAIT, STALL_GRACE, journal_result, safety,
-};
+use super::safety;
 use crate::dispatcher::Done;
 
 impl Agent {
@@ -31,14 +31,14 @@ impl Agent {
             // Fenced first: whatever the dispatcher still holds (a pulse
             // end, an on_failure write) can no longer land after the
             // direct writes below.
-            self.device.fence();
+            self.ports.device.fence();
             self.drive_safe_states_directly();
         }
         self.journal_unsent(now);
-        if !self.device.stop(DEVICE_STOP_WAIT) {
+        if !self.ports.device.stop(DEVICE_STOP_WAIT) {
             tracing::error!("the dispatcher thread did not stop within {DEVICE_STOP_WAIT:?}");
         }
-        while let Some(done) = self.device.try_done() {
+        while let Some(done) = self.ports.device.try_done() {
             self.wind_down_done(done);
         }
         self.close_journal(events);
@@ -65,6 +65,7 @@ impl Agent {
             }
         }
         let rest: Vec<(PackKey, Arc<Vec<Action>>)> = self
+            .plane
             .held
             .iter()
             .filter(|(k, _)| !self.safe.is_driven(k))
@@ -85,15 +86,15 @@ impl Agent {
         let end = start + SAFE_STATE_WAIT.as_nanos() as i64;
         let grace = STALL_GRACE.as_nanos() as i64;
         let mut last: Option<(u64, i64)> = None;
-        while self.arming.side_in_flight() && baton_clock::mono_now().as_nanos() < end {
-            if let Err(e) = self.arming.pump(self.device.as_mut()) {
+        while self.firing.arming.side_in_flight() && baton_clock::mono_now().as_nanos() < end {
+            if let Err(e) = self.firing.arming.pump(self.ports.device.as_mut()) {
                 tracing::error!("safe state: {e}");
                 break;
             }
-            while let Some(done) = self.device.try_done() {
+            while let Some(done) = self.ports.device.try_done() {
                 self.wind_down_done(done);
             }
-            if let Some(stats) = self.device.stats() {
+            if let Some(stats) = self.ports.device.stats() {
                 let pulse = stats.heartbeat.pulse();
                 let now = baton_clock::mono_now().as_nanos();
                 match last {
@@ -112,7 +113,7 @@ impl Agent {
             }
             std::thread::park_timeout(Duration::from_millis(1));
         }
-        if self.arming.side_in_flight() {
+        if self.firing.arming.side_in_flight() {
             tracing::error!("safe-state writes did not all land within {SAFE_STATE_WAIT:?}");
             return false;
         }
@@ -130,7 +131,7 @@ impl Agent {
         let Some(driver) = self.safe.driver() else {
             return;
         };
-        let quiet = self.device.quiet_within(safety::QUIET_WAIT);
+        let quiet = self.ports.device.quiet_within(safety::QUIET_WAIT);
         let label = "stuck-dispatcher-safe-state";
         match safety::last_resort(quiet, &driver, label, &self.cfg.data_dir) {
             safety::Driven::Done { ok, failed } => {
@@ -178,9 +179,10 @@ impl Agent {
                 continue;
             };
             let key = PackKey::of(&pack);
-            if let Err(e) = self
-                .admission
-                .resolve(&pack, shared_lines(&pack), self.device.as_mut())
+            if let Err(e) =
+                self.plane
+                    .admission
+                    .resolve(&pack, shared_lines(&pack), self.ports.device.as_mut())
             {
                 tracing::error!(pack = %key, "owed safe state: {e}");
                 return Err(RuntimeError::gpio_hung(e.to_string()));
@@ -205,7 +207,7 @@ impl Agent {
     /// What never reached the device provably did not run: journalled not
     /// run, it may fire after a restart (not "outcome unknown").
     fn journal_unsent(&mut self, now: RefTime) {
-        let (tickets, execs) = self.arming.drain_unsent();
+        let (tickets, execs) = self.firing.arming.drain_unsent();
         let ids = tickets
             .into_iter()
             .filter_map(|t| match t {
@@ -233,14 +235,14 @@ impl Agent {
         if let Err(err) = self.events(&events) {
             tracing::warn!("journal unavailable on the way out: {err}");
         }
-        for t in self.arming.tickets() {
+        for t in self.firing.arming.tickets() {
             if let Ticket::Attempt { text, .. } = t {
                 tracing::warn!(execution_id = %text, "no result from the dispatcher: its ledger slot says after a restart whether it ran");
             }
         }
         match self.journal.sync() {
             Ok(()) => {
-                self.arming.remove_ledger_if_settled();
+                self.firing.arming.remove_ledger_if_settled();
                 tracing::info!("safe state entered, journal flushed");
             }
             Err(e) => tracing::error!("safe state entered; the journal could not be flushed: {e}"),
@@ -252,7 +254,7 @@ impl Agent {
         if self.safe.is_driven(pack) {
             return;
         }
-        self.arming.withdraw(pack, &[]);
+        self.firing.arming.withdraw(pack, &[]);
         for a in actions {
             if let Err(e) = self.side_action(pack, Origin::SafeState(SafeReason::Shutdown), a, now)
             {

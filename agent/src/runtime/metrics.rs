@@ -9,25 +9,25 @@ use crate::metrics::{ClockSnap, DispatchSnap, Published, Snapshot};
 use baton_clock::estimator::ClockState;
 use baton_clock::sample::SourceKind;
 
-use super::Agent;
+use super::agent::Agent;
 
 impl Agent {
     /// Publish metrics to `p` (from now on, at each heartbeat).
     pub fn publish_metrics_to(&mut self, p: Arc<Published>) {
         p.try_publish(self.metrics_snapshot());
-        self.metrics = Some(p);
+        self.upkeep.metrics = Some(p);
     }
 
     /// A heartbeat's publication (a no-op without `--metrics`).
     pub(super) fn publish_metrics(&self) {
-        if let Some(p) = &self.metrics {
+        if let Some(p) = &self.upkeep.metrics {
             // Skipped if the metrics thread holds the slot just now.
             p.try_publish(self.metrics_snapshot());
         }
     }
 
     fn metrics_snapshot(&self) -> Snapshot {
-        let t = &self.tally;
+        let t = &self.firing.tally;
         let mut executions = BTreeMap::new();
         for (k, by) in &t.executions {
             executions.insert(
@@ -35,7 +35,7 @@ impl Agent {
                 by.iter().copied().collect::<BTreeMap<_, _>>(),
             );
         }
-        let dispatch = self.device.stats().map(|s| DispatchSnap {
+        let dispatch = self.ports.device.stats().map(|s| DispatchSnap {
             jobs: s.jobs.load(Ordering::Relaxed),
             spin_ns: s.spin_ns.load(Ordering::Relaxed),
             margin_ns: s.margin_ns.load(Ordering::Relaxed),
@@ -55,12 +55,12 @@ impl Agent {
             skips: t.skips,
             give_ups: t.give_ups,
             safe_states: t.safe_states.iter().map(|(k, v)| (*k, *v)).collect(),
-            packs: self.held.len(),
+            packs: self.plane.held.len(),
             outbox_depth: self.journal.outbox_len(),
             outbox_dropped: self.journal.dropped(),
             journal_bytes: self.journal.log_bytes(),
             journal_syncs: self.journal.syncs(),
-            dispatch_backlog: self.arming.backlog_len(),
+            dispatch_backlog: self.firing.arming.backlog_len(),
             dispatch,
             clock: Some(self.clock_snap()),
             link_connected,

@@ -13,30 +13,14 @@ use baton_sched::{
     Withdrawal,
 };
 
+use super::agent::{Agent, journal_once, journal_result, linger_until, panic_hook_test_point};
 use super::arming::{PendingExec, Ticket};
+use super::error::RuntimeError;
 use super::feedback;
 use super::record::{FiringRecord, FiringResult, Origin};
-use super::{
-    Agent, RuntimeError, journal_once, journal_result, linger_until, panic_hook_test_point,
-};
 use crate::dispatcher::{Job, JobKind, NotRun, Op};
 use crate::exec::ExecRequest;
 use crate::ledger::Slot;
-
-/// What one batch of outputs carries between its steps; only performing
-/// outputs touches it.
-#[derive(Debug, Default)]
-pub(super) struct Batch {
-    /// Ledger slots armed for a batch's firings before their start record,
-    /// taken in order as the firings are performed; kept only for its
-    /// capacity between batches (see `process_in`).
-    slots: VecDeque<Slot>,
-    /// Attempts the core asked back in the batch being performed.
-    asked_back: Vec<(ExecutionId, Reason)>,
-    /// Once keys of the batch's reports, journalled after all of them (see
-    /// [`Agent::events`]).
-    keys: Vec<OnceKey>,
-}
 
 impl Agent {
     /// Perform the core's outputs in order, and what follows from them, as
@@ -44,7 +28,7 @@ impl Agent {
     /// durable record before any of them reaches the device.
     pub(super) fn process(&mut self, mut first: Vec<Output>) -> Result<(), RuntimeError> {
         self.process_in(&mut first)?;
-        self.bufs.give_back(first);
+        self.firing.bufs.give_back(first);
         Ok(())
     }
 
@@ -52,21 +36,21 @@ impl Agent {
     /// with its capacity, so the loop's every pass does not grow a new one
     /// (a firing instant's outputs were a handful of reallocations).
     pub(super) fn process_in(&mut self, batch: &mut Vec<Output>) -> Result<(), RuntimeError> {
-        let mut more = self.bufs.take();
+        let mut more = self.firing.bufs.take();
         // Each batch's ledger slots, in its firings' order. Out of `self`
         // while in use, and emptied on every way out: a batch that fails
         // part-way (the loop then ends) leaves no slot of its firings for
         // another firing to take.
-        let mut slots = std::mem::take(&mut self.batch.slots);
+        let mut slots = std::mem::take(&mut self.firing.batch.slots);
         slots.clear();
         let done = self.process_batches(batch, &mut more, &mut slots);
         slots.clear();
-        self.batch.slots = slots;
+        self.firing.batch.slots = slots;
         // Left only by a batch that failed part-way (the loop then ends):
         // those reports are made again at the next start.
-        self.batch.keys.clear();
+        self.firing.batch.keys.clear();
         done?;
-        self.bufs.give_back(more);
+        self.firing.bufs.give_back(more);
         Ok(())
     }
 
@@ -92,13 +76,18 @@ impl Agent {
                 // says whether an attempt whose start record is durable
                 // ever touched the device.
                 for (text, _) in &refs {
-                    slots.push_back(self.arming.arm_slot(text));
+                    slots.push_back(self.firing.arming.arm_slot(text));
                 }
                 // If this fails nothing may fire: the error ends the loop,
                 // whose way out drives the safe state.
-                let started = self.tally.breakdown.is_some().then(baton_clock::mono_now);
+                let started = self
+                    .firing
+                    .tally
+                    .breakdown
+                    .is_some()
+                    .then(baton_clock::mono_now);
                 self.journal.record_started(&refs)?;
-                if let (Some(t), Some(b)) = (started, self.tally.breakdown.as_mut()) {
+                if let (Some(t), Some(b)) = (started, self.firing.tally.breakdown.as_mut()) {
                     let ns = baton_clock::mono_now().nanos_since(t);
                     b.journal.saturating_record(ns.max(0) as u64);
                 }
@@ -140,10 +129,10 @@ impl Agent {
     /// yet started is withdrawn (reported not run, journalled), the others
     /// are too late (their results come as usual).
     fn answer_withdrawals(&mut self, more: &mut Vec<Output>) -> Result<(), RuntimeError> {
-        if self.batch.asked_back.is_empty() {
+        if self.firing.batch.asked_back.is_empty() {
             return Ok(());
         }
-        let asked = std::mem::take(&mut self.batch.asked_back);
+        let asked = std::mem::take(&mut self.firing.batch.asked_back);
         let ids: HashMap<String, ExecutionId> = asked
             .iter()
             .map(|(id, _)| (id.to_string(), id.clone()))
@@ -153,7 +142,7 @@ impl Agent {
             .map(|(id, r)| (id.to_string(), r))
             .collect();
         let now = self.clock.now();
-        for t in self.arming.take_back(&ids) {
+        for t in self.firing.arming.take_back(&ids) {
             if t.answer == Withdrawal::Withdrawn {
                 let not_run = match why.get(&*t.text) {
                     Some(Reason::Timeout) => NotRun::TimedOut,
@@ -188,7 +177,7 @@ impl Agent {
             Output::Fire(f) => {
                 let slot = match slots.pop_front() {
                     Some(s) => s,
-                    None => self.arming.arm_slot(&f.text),
+                    None => self.firing.arming.arm_slot(&f.text),
                 };
                 self.fire(f, slot, more)?
             }
@@ -197,9 +186,9 @@ impl Agent {
                 // Its result, when it comes, is not reported (it only frees
                 // the attempt's slot).
                 let text = id.to_string();
-                if let Some(r) = self.arming.exec_running.get_mut(&text) {
+                if let Some(r) = self.firing.arming.exec_running.get_mut(&text) {
                     r.settled = true;
-                } else if self.arming.abandon(&text) {
+                } else if self.firing.arming.abandon(&text) {
                     // A device call that has not returned one timeout past
                     // its own: the core reported it failed, outcome
                     // unknown. Journalled failed, so a restart neither
@@ -208,7 +197,7 @@ impl Agent {
                     journal_result(&mut self.journal, &text, &failed)?;
                 }
             }
-            Output::Withdraw { id, reason } => self.batch.asked_back.push((id, reason)),
+            Output::Withdraw { id, reason } => self.firing.batch.asked_back.push((id, reason)),
             Output::OnFailure {
                 pack, action, once, ..
             } => {
@@ -233,7 +222,7 @@ impl Agent {
             Output::Event(e) => {
                 self.report_event(&e)?;
                 if let Some(k) = e.once {
-                    self.batch.keys.push(k);
+                    self.firing.batch.keys.push(k);
                 }
             }
         }
@@ -246,7 +235,7 @@ impl Agent {
         let Action::Exec { program, args, env } = &*f.action else {
             return;
         };
-        self.arming.exec_pending.push(PendingExec {
+        self.firing.arming.exec_pending.push(PendingExec {
             at: f.scheduled,
             id: f.id.clone(),
             req: ExecRequest {
@@ -274,8 +263,8 @@ impl Agent {
         slot: Slot,
         more: &mut Vec<Output>,
     ) -> Result<(), RuntimeError> {
-        let Some(op) = self.admission.op_for(action) else {
-            self.arming.free_slot(slot);
+        let Some(op) = self.plane.admission.op_for(action) else {
+            self.firing.arming.free_slot(slot);
             let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
             return self.settle(&f.id, &f.text, r, now, more);
         };
@@ -286,7 +275,7 @@ impl Agent {
     /// An attempt becomes a dispatcher job carrying its ledger slot (its
     /// own flag: claimed at its instant, withdrawn by the control thread).
     fn arm(&mut self, f: Firing, op: Op, action: &'static str, live: Slot) {
-        let prompt = self.held.get(&f.id.pack).is_none_or(|h| h.chained);
+        let prompt = self.plane.held.get(&f.id.pack).is_none_or(|h| h.chained);
         let Firing {
             id,
             text,
@@ -295,7 +284,7 @@ impl Agent {
             ..
         } = f;
         // The id moves into the ticket: no copy of its strings per firing.
-        let ticket = self.arming.ticket(Ticket::Attempt {
+        let ticket = self.firing.arming.ticket(Ticket::Attempt {
             id,
             text: text.clone(),
             scheduled,
@@ -307,7 +296,7 @@ impl Agent {
             Op::Pulse { width_ns, .. } => width_ns,
             _ => 0,
         };
-        self.arming.enqueue(
+        self.firing.arming.enqueue(
             Job {
                 deadline: self.clock.to_mono(scheduled),
                 not_after: self.clock.to_mono(not_after),
@@ -334,12 +323,13 @@ impl Agent {
         more: &mut Vec<Output>,
     ) -> Result<(), RuntimeError> {
         let shared: Vec<_> = self
+            .plane
             .admission
             .shared_of(pack)
             .into_iter()
-            .map(|l| (l, self.admission.sharers(pack, l)))
+            .map(|l| (l, self.plane.admission.sharers(pack, l)))
             .collect();
-        let gone = self.arming.withdraw(pack, &shared);
+        let gone = self.firing.arming.withdraw(pack, &shared);
         let mut first_err = None;
         for a in actions {
             if let Err(e) = self.side_action(pack, Origin::SafeState(reason), a, now) {
@@ -349,7 +339,7 @@ impl Agent {
         self.safe.driven(pack);
         if reason != SafeReason::Shutdown {
             // Stopped for good: the controller hears it in the next `Held`.
-            self.held.mark_changed();
+            self.plane.held.mark_changed();
         }
         // Every step below runs whatever failed before it, and the first
         // error is returned at the end: a firing withdrawn but never
@@ -360,7 +350,7 @@ impl Agent {
         }
         for p in gone {
             if let Some(s) = p.req.live.clone() {
-                self.arming.free_slot(s);
+                self.firing.arming.free_slot(s);
             }
             let late = AttemptResult::Late { actual: now };
             if let Err(e) = self.settle(&p.id, &p.req.execution_id, late, now, more) {
@@ -417,14 +407,14 @@ impl Agent {
                     not_after: None,
                     live: None,
                 };
-                if let Err(e) = self.exec.submit(req) {
+                if let Err(e) = self.ports.exec.submit(req) {
                     tracing::error!(pack = %pack, "{what} exec {program}: {e}");
                 }
             }
             Action::Noop => {}
-            a => match self.admission.op_for(a) {
+            a => match self.plane.admission.op_for(a) {
                 Some(op) => {
-                    let ticket = self.arming.ticket(Ticket::Side {
+                    let ticket = self.firing.arming.ticket(Ticket::Side {
                         pack: pack.clone(),
                         line: op.line(),
                         origin,
@@ -436,7 +426,7 @@ impl Agent {
                         crate::dispatcher::Op::Pulse { width_ns, .. } => width_ns,
                         _ => 0,
                     };
-                    self.arming.enqueue(
+                    self.firing.arming.enqueue(
                         Job {
                             deadline: self.clock.to_mono(now),
                             not_after: self.clock.to_mono(RefTime::MAX),
@@ -463,7 +453,7 @@ impl Agent {
     /// Hand jobs over as credits allow; attempts withdrawn while waiting
     /// are settled as not run.
     pub(super) fn pump(&mut self) -> Result<(), RuntimeError> {
-        let withheld = self.arming.pump(self.device.as_mut())?;
+        let withheld = self.firing.arming.pump(self.ports.device.as_mut())?;
         if withheld.is_empty() {
             return Ok(());
         }
@@ -479,7 +469,7 @@ impl Agent {
                 ..
             } = t
             {
-                self.arming.free_slot(slot);
+                self.firing.arming.free_slot(slot);
                 self.report(FiringRecord::attempt(
                     &id,
                     &text,
@@ -540,10 +530,16 @@ impl Agent {
     /// [`Agent::events`]). The batch's actions journalled their own keys
     /// already (before an `on_failure`, after a safe state's device writes).
     fn journal_batch_keys(&mut self) -> Result<(), JournalError> {
-        if self.batch.keys.is_empty() {
+        if self.firing.batch.keys.is_empty() {
             return Ok(());
         }
-        let keys: Vec<(String, i64)> = self.batch.keys.drain(..).map(|k| once_entry(&k)).collect();
+        let keys: Vec<(String, i64)> = self
+            .firing
+            .batch
+            .keys
+            .drain(..)
+            .map(|k| once_entry(&k))
+            .collect();
         record_keys(&mut self.journal, &keys)
     }
 
@@ -555,7 +551,7 @@ impl Agent {
             None => self.core.held(&e.pack).map(|(v, _)| v),
         };
         let c = self.clock_stamp();
-        feedback::event(&mut self.journal, &mut self.tally, e, version, c)
+        feedback::event(&mut self.journal, &mut self.firing.tally, e, version, c)
     }
 
     pub(super) fn report(&mut self, rec: FiringRecord) -> Result<(), JournalError> {
@@ -565,7 +561,7 @@ impl Agent {
             _ => self.core.held(rec.pack).map(|(v, _)| v),
         };
         let c = self.clock_stamp();
-        let r = feedback::executed(&mut self.journal, &mut self.tally, &rec, version, c);
+        let r = feedback::executed(&mut self.journal, &mut self.firing.tally, &rec, version, c);
         panic_hook_test_point();
         r
     }

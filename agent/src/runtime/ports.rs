@@ -300,3 +300,20 @@ impl Device for DirectDevice {
         true
     }
 }
+
+/// The ports the loop drives: the device (the dispatcher thread, or a
+/// test's double) and the exec pool with its results.
+pub(super) struct Ports {
+    /// Where GPIO jobs go.
+    pub(super) device: Box<dyn Device>,
+    /// Exec workers.
+    pub(super) exec: crate::exec::ExecPool,
+    /// Their results.
+    pub(super) exec_rx: std::sync::mpsc::Receiver<crate::exec::ExecResult>,
+}
+
+impl std::fmt::Debug for Ports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ports").finish_non_exhaustive()
+    }
+}

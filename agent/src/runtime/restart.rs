@@ -10,7 +10,7 @@ use baton_sched::{Config as CoreConfig, ExecutionId, Prior, PriorOutcome, Schedu
 
 use crate::ledger::{Fate, Ledger, Slots};
 
-use super::RuntimeError;
+use super::error::RuntimeError;
 use super::feedback::{self, Tally};
 use super::record::{FiringRecord, FiringResult};
 

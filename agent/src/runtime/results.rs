@@ -4,24 +4,25 @@
 use baton_proto::RefTime;
 use baton_sched::{AttemptResult, Output};
 
+use super::agent::Agent;
 use super::arming::{self, Ticket};
+use super::error::RuntimeError;
 use super::record::{FiringRecord, FiringResult, Origin};
-use super::{Agent, RuntimeError};
 use crate::dispatcher::{Done, JobKind, JobOutcome, NotRun};
 use crate::exec::{ExecOutcome, ExecResult, NotStartedReason};
 
 impl Agent {
     /// Results from the device and the exec pool, into the core.
     pub(super) fn collect(&mut self) -> Result<(), RuntimeError> {
-        let mut more = self.bufs.take();
-        while let Some(done) = self.device.try_done() {
+        let mut more = self.firing.bufs.take();
+        while let Some(done) = self.ports.device.try_done() {
             self.on_done(done, &mut more)?;
         }
-        while let Ok(r) = self.exec_rx.try_recv() {
+        while let Ok(r) = self.ports.exec_rx.try_recv() {
             self.on_exec(r, &mut more)?;
         }
         if more.is_empty() {
-            self.bufs.give_back(more);
+            self.firing.bufs.give_back(more);
         } else {
             self.process(more)?;
             self.pump()?;
@@ -34,11 +35,11 @@ impl Agent {
         r: ExecResult,
         more: &mut Vec<Output>,
     ) -> Result<(), RuntimeError> {
-        let Some(run) = self.arming.exec_running.remove(&r.execution_id) else {
+        let Some(run) = self.firing.arming.exec_running.remove(&r.execution_id) else {
             return Ok(());
         };
         if let Some(s) = run.slot {
-            self.arming.free_slot(s);
+            self.firing.arming.free_slot(s);
         }
         if run.settled {
             // Withdrawn or aborted: reported and settled already.
@@ -72,11 +73,11 @@ impl Agent {
             self.on_pulse_end(&done);
             return Ok(());
         }
-        let Some(ticket) = self.arming.take_ticket(done.ticket) else {
+        let Some(ticket) = self.firing.arming.take_ticket(done.ticket) else {
             return Ok(());
         };
         let pulse_runs = matches!(done.outcome, JobOutcome::Ok(_));
-        if let Some(b) = self.tally.breakdown.as_mut()
+        if let Some(b) = self.firing.tally.breakdown.as_mut()
             && done.kind == JobKind::Attempt
             && pulse_runs
         {
@@ -108,14 +109,15 @@ impl Agent {
                     // A pulse that started still holds its line (and its
                     // slot) until its end has run.
                     Some(line) if pulse_runs && action == "gpio.pulse" => {
-                        self.arming
+                        self.firing
+                            .arming
                             .keep_ticket(done.ticket, Ticket::PulseEnd { id, slot, line });
                     }
-                    _ => self.arming.free_slot(slot),
+                    _ => self.firing.arming.free_slot(slot),
                 }
             }
             Ticket::Settled { slot, .. } | Ticket::PulseEnd { slot, .. } => {
-                self.arming.free_slot(slot);
+                self.firing.arming.free_slot(slot);
             }
             Ticket::Side {
                 pack,
@@ -151,8 +153,8 @@ impl Agent {
         if let JobOutcome::Failed(e) = &done.outcome {
             tracing::error!("pulse end failed: {e}");
         }
-        if let Some(Ticket::PulseEnd { slot, .. }) = self.arming.take_ticket(done.ticket) {
-            self.arming.free_slot(slot);
+        if let Some(Ticket::PulseEnd { slot, .. }) = self.firing.arming.take_ticket(done.ticket) {
+            self.firing.arming.free_slot(slot);
         }
     }
 
@@ -161,10 +163,10 @@ impl Agent {
     pub(super) fn start_due_exec(&mut self) -> Result<(), RuntimeError> {
         let now = self.clock.now();
         let mut more = Vec::new();
-        for p in self.arming.due_exec(now) {
+        for p in self.firing.arming.due_exec(now) {
             let text = p.req.execution_id.clone();
             let slot = p.req.live.clone();
-            match self.exec.submit(p.req) {
+            match self.ports.exec.submit(p.req) {
                 Ok(()) => {
                     let run = arming::RunningExec {
                         id: p.id,
@@ -172,11 +174,11 @@ impl Agent {
                         slot,
                         settled: false,
                     };
-                    self.arming.exec_running.insert(text, run);
+                    self.firing.arming.exec_running.insert(text, run);
                 }
                 Err(e) => {
                     if let Some(s) = slot {
-                        self.arming.free_slot(s);
+                        self.firing.arming.free_slot(s);
                     }
                     tracing::error!(execution_id = %text, "exec not started: {e}");
                     let r = AttemptResult::Failed(e.to_string());

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use baton_gpio::LineHandle;
 use baton_sched::PackKey;
 
+use super::error::RuntimeError;
 use super::safety::{SafeDriver, SharedSafeTable};
-use super::{RuntimeError, StopCause};
+use super::stop::StopCause;
 
 /// The control loop's safe-state book.
 pub(super) struct SafeStates {

@@ -16,23 +16,8 @@ use baton_proto::RefTime;
 use baton_service::notify::{Notifier, State};
 use baton_service::watchdog::Watchdog;
 
-use super::Agent;
-
-/// The notifier and the watchdog schedule, if any.
-#[derive(Debug)]
-pub(super) struct Systemd {
-    notifier: Notifier,
-    watchdog: Option<Watchdog>,
-}
-
-impl Default for Systemd {
-    fn default() -> Self {
-        Systemd {
-            notifier: Notifier::disabled(),
-            watchdog: None,
-        }
-    }
-}
+use super::agent::Agent;
+use super::upkeep::Systemd;
 
 impl Agent {
     /// Report to systemd through `notifier`, pinging its watchdog every
@@ -40,7 +25,7 @@ impl Agent {
     /// this call nothing is sent.
     pub fn notify_systemd(&mut self, notifier: Notifier, watchdog: Option<Duration>) {
         let now = baton_clock::mono_now().as_nanos();
-        self.systemd = Systemd {
+        self.upkeep.systemd = Systemd {
             watchdog: watchdog
                 .filter(|_| notifier.enabled())
                 .map(|p| Watchdog::new(p, now)),
@@ -50,8 +35,9 @@ impl Agent {
 
     /// The loop is about to run: ready.
     pub(super) fn systemd_ready(&mut self) {
-        let status = format!("running: {} pack(s) held", self.held.len());
-        self.systemd
+        let status = format!("running: {} pack(s) held", self.plane.held.len());
+        self.upkeep
+            .systemd
             .notifier
             .notify(&[State::Ready, State::Status(&status)]);
         self.systemd_tick();
@@ -59,8 +45,8 @@ impl Agent {
 
     /// The way out has begun.
     pub(super) fn systemd_stopping(&mut self) {
-        self.systemd.watchdog = None;
-        self.systemd.notifier.notify(&[
+        self.upkeep.systemd.watchdog = None;
+        self.upkeep.systemd.notifier.notify(&[
             State::Stopping,
             State::Status("stopping: driving every held pack's safe state"),
         ]);
@@ -68,14 +54,14 @@ impl Agent {
 
     /// A watchdog ping if one is due and the dispatcher is alive.
     pub(super) fn systemd_tick(&mut self) {
-        let Some(w) = self.systemd.watchdog.as_mut() else {
+        let Some(w) = self.upkeep.systemd.watchdog.as_mut() else {
             return;
         };
-        let pulse = self.device.stats().map(|s| s.heartbeat.pulse());
+        let pulse = self.ports.device.stats().map(|s| s.heartbeat.pulse());
         let Some(d) = w.poll(baton_clock::mono_now().as_nanos(), pulse) else {
             return;
         };
-        let n = &self.systemd.notifier;
+        let n = &self.upkeep.systemd.notifier;
         match (d.ping, d.changed) {
             (true, false) => {
                 n.notify(&[State::Watchdog]);
@@ -98,7 +84,7 @@ impl Agent {
     /// When the next watchdog decision is due, on the reference scale
     /// (for the loop's sleep).
     pub(super) fn systemd_wake(&self, now: RefTime) -> Option<RefTime> {
-        let w = self.systemd.watchdog.as_ref()?;
+        let w = self.upkeep.systemd.watchdog.as_ref()?;
         let left = w
             .next_due()
             .saturating_sub(baton_clock::mono_now().as_nanos());

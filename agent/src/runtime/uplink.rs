@@ -67,8 +67,10 @@ use baton_proto::RefTime;
 use baton_proto::wire;
 use baton_sched::PackKey;
 
-use super::{Agent, RuntimeError};
-use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, Outgoing, SendError, ToLink};
+use super::agent::Agent;
+use super::error::RuntimeError;
+use super::link_state::{StagedPacks, Uplink};
+use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, ToLink};
 use baton_clock::MonoTime;
 use baton_control::session::{Cmd, Facts, Input, Order, Session};
 
@@ -87,22 +89,6 @@ const LINK_STOP_WAIT: Duration = Duration::from_secs(1);
 /// Retry interval while the link's channel is full.
 const RETRY_FULL: Duration = Duration::from_millis(5);
 
-/// The control thread's link state.
-#[derive(Debug)]
-pub(super) struct Uplink {
-    link: Link,
-    /// The session's rules and state (sans IO).
-    session: Session,
-    /// Messages the link's channel had no room for, in order.
-    pending: VecDeque<Outgoing>,
-    /// The last step left link events waiting: step again at once.
-    backlog: bool,
-    /// The link thread is gone (logged once).
-    closed: bool,
-    /// Versions staged for a switch at an instant (`activate: together`).
-    staged: stage::StagedPacks,
-}
-
 /// What a push or cancel carries, held while the session decides whether
 /// it may be acted on.
 enum OrderBody {
@@ -120,35 +106,6 @@ impl OrderBody {
     fn label(&self) -> String {
         let (Self::Push { pack, .. } | Self::Cancel { pack }) = self;
         format!("{}/{} v{}", pack.tenant, pack.pack, pack.version)
-    }
-}
-
-impl Uplink {
-    fn queue(&mut self, session: u64, msg: ToLink) {
-        self.pending.push_back(Outgoing { session, msg });
-    }
-
-    /// Hand queued messages to the link, in order, as far as it has room.
-    fn flush(&mut self) {
-        while let Some(o) = self.pending.pop_front() {
-            match self.link.try_send(o) {
-                Ok(()) => {}
-                Err(SendError::Full(o)) => {
-                    self.pending.push_front(o);
-                    break;
-                }
-                Err(SendError::Closed(_)) => {
-                    if !self.closed {
-                        tracing::error!(
-                            "the controller link thread ended: running without a controller (leases will run out)"
-                        );
-                        self.closed = true;
-                    }
-                    self.pending.clear();
-                    break;
-                }
-            }
-        }
     }
 }
 
@@ -179,13 +136,13 @@ impl Agent {
         let link = Link::start(link_cfg, self.clock.clone(), std::thread::current())
             .map_err(RuntimeError::LinkStart)?;
         let now = self.mono_now();
-        self.uplink = Some(Uplink {
+        self.plane.uplink = Some(Uplink {
             link,
             session: Session::new(now),
             pending: VecDeque::new(),
             backlog: false,
             closed: false,
-            staged: stage::StagedPacks::default(),
+            staged: StagedPacks::default(),
         });
         Ok(())
     }
@@ -194,7 +151,7 @@ impl Agent {
     /// messages waiting for the link, and the refusals of stale
     /// controllers; `None` without a controller.
     pub(super) fn link_metrics(&self) -> Option<(bool, usize, crate::metrics::StaleSnap)> {
-        let up = self.uplink.as_ref()?;
+        let up = self.plane.uplink.as_ref()?;
         Some((
             up.session.welcomed() && !up.closed,
             up.pending.len(),
@@ -204,7 +161,7 @@ impl Agent {
 
     /// Stop the link thread (the way out), waiting at most a second.
     pub(super) fn stop_uplink(&mut self) {
-        if let Some(up) = &mut self.uplink
+        if let Some(up) = &mut self.plane.uplink
             && !up.link.stop(LINK_STOP_WAIT)
         {
             tracing::warn!("the controller link thread did not stop within {LINK_STOP_WAIT:?}");
@@ -219,12 +176,12 @@ impl Agent {
     /// One pass of the link's control side: link events (bounded), leases,
     /// `Held` after changes, clock reports, feedback pages (bounded).
     pub(super) fn uplink_step(&mut self) -> Result<(), RuntimeError> {
-        let Some(mut up) = self.uplink.take() else {
+        let Some(mut up) = self.plane.uplink.take() else {
             return Ok(());
         };
         let r = self.uplink_pass(&mut up);
         up.flush();
-        self.uplink = Some(up);
+        self.plane.uplink = Some(up);
         r
     }
 
@@ -250,7 +207,7 @@ impl Agent {
         }
         self.check_leases(up)?;
         if let Some(session) = up.session.current()
-            && self.held.take_changed()
+            && self.plane.held.take_changed()
         {
             up.queue(session, ToLink::Held(self.held_list()));
         }
@@ -265,7 +222,7 @@ impl Agent {
 
     /// The earliest instant the link side has work (for the loop's sleep).
     pub(super) fn uplink_wake(&self, now: RefTime) -> Option<RefTime> {
-        let up = self.uplink.as_ref()?;
+        let up = self.plane.uplink.as_ref()?;
         if up.backlog {
             return Some(now);
         }
@@ -286,6 +243,7 @@ impl Agent {
             return Some(t.max(now));
         }
         let leases = self
+            .plane
             .held
             .next_lease_expiry(&up.session, |k| self.running(k));
         let at = match (up.session.next_wake(), leases) {
@@ -386,7 +344,7 @@ impl Agent {
                     "controller link: connected, hello sent"
                 );
                 up.queue(session, ToLink::Hello(Box::new(hello)));
-                self.held.told();
+                self.plane.held.told();
             }
             Cmd::JournalGeneration {
                 session,
@@ -499,7 +457,7 @@ impl Agent {
     /// Every held pack, its version, and whether it is stopped in its safe
     /// state; in (tenant, pack) order.
     fn held_list(&self) -> Vec<wire::HeldPack> {
-        let mut keys: Vec<&PackKey> = self.held.keys().collect();
+        let mut keys: Vec<&PackKey> = self.plane.held.keys().collect();
         keys.sort();
         keys.into_iter()
             .filter_map(|k| {
@@ -554,7 +512,10 @@ impl Agent {
     /// Packs whose lease ran out: their safe state (that pack only).
     fn check_leases(&mut self, up: &Uplink) -> Result<(), RuntimeError> {
         let now = self.mono_now();
-        let expired = self.held.leases_out(&up.session, now, |k| self.running(k));
+        let expired = self
+            .plane
+            .held
+            .leases_out(&up.session, now, |k| self.running(k));
         for (key, lease) in expired {
             let mut out = Vec::new();
             if self

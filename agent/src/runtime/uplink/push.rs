@@ -7,10 +7,12 @@ use baton_proto::pack::{Pack, parse_pack};
 use baton_proto::wire;
 use baton_sched::PackKey;
 
-use super::{Uplink, nack};
+use super::nack;
 use crate::link::{StageAt, ToLink};
 use crate::runtime::admission::Verdict;
-use crate::runtime::{AcceptError, Agent, RuntimeError};
+use crate::runtime::agent::Agent;
+use crate::runtime::error::{AcceptError, RuntimeError};
+use crate::runtime::link_state::Uplink;
 
 /// Pack errors with their positions, as the wire carries them.
 fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {
@@ -73,7 +75,7 @@ impl Agent {
         self.on_cancel(pack)?;
         // Held again even when nothing changed: it is how the
         // controller learns that the cancel took effect.
-        self.held.mark_changed();
+        self.plane.held.mark_changed();
         Ok(())
     }
 
@@ -115,7 +117,7 @@ impl Agent {
         use wire::NackReason as R;
         let label = format!("{}/{} v{}", r.tenant, r.pack, r.version);
         // Valid or not, the parse tree is garbage now.
-        self.heap_trim.parsed();
+        self.upkeep.heap_trim.parsed();
         let pack = match parse_pack(yaml) {
             Ok(p) => p,
             Err(errs) => {
@@ -144,10 +146,10 @@ impl Agent {
             return Err(nack(r, R::Invalid, message, Vec::new()));
         }
         let key = PackKey::of(&pack);
-        if !self.held.contains(&key) && self.held.len() >= self.cfg.max_packs {
+        if !self.plane.held.contains(&key) && self.plane.held.len() >= self.cfg.max_packs {
             let message = format!(
                 "this agent holds {} packs, its limit (max-packs): retry once one is cancelled",
-                self.held.len()
+                self.plane.held.len()
             );
             tracing::warn!(pack = %label, "pushed pack refused: {message}");
             return Err(nack(r, R::ResourceExhausted, message, Vec::new()));
@@ -172,7 +174,7 @@ impl Agent {
                 if unchanged {
                     tracing::info!(pack = %label, "pushed again with the same content: unchanged");
                 } else {
-                    self.held.mark_changed();
+                    self.plane.held.mark_changed();
                 }
                 (
                     ToLink::Ack(wire::PackAck {

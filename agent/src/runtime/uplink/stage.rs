@@ -27,23 +27,12 @@ use baton_proto::pack::Pack;
 use baton_proto::wire;
 use baton_sched::PackKey;
 
-use super::{Agent, Uplink, nack};
+use super::nack;
 use crate::link::{StageAt, ToLink};
-use crate::runtime::{AcceptError, RuntimeError, Verdict};
-
-/// The agent's part of a version kept aside.
-#[derive(Debug)]
-pub(in crate::runtime) struct StagedBody {
-    /// Its source, as pushed.
-    yaml: String,
-    /// Checked.
-    pack: Pack,
-    /// As the controller named it.
-    wire_ref: wire::PackRef,
-}
-
-/// Staged versions by pack (`baton_control::staging`'s rules).
-pub(in crate::runtime) type StagedPacks = staging::Staging<StagedBody>;
+use crate::runtime::admission::Verdict;
+use crate::runtime::agent::Agent;
+use crate::runtime::error::{AcceptError, RuntimeError};
+use crate::runtime::link_state::{StagedBody, Uplink};
 
 impl Agent {
     /// A staged push, parsed and matched to its reference by the caller:
@@ -213,7 +202,7 @@ impl Agent {
         match self.accept_as_of(yaml, pack, Some(at)) {
             Ok(Verdict::Unchanged) => {}
             Ok(_) => {
-                self.held.mark_changed();
+                self.plane.held.mark_changed();
                 tracing::info!(
                     pack = %label,
                     late_ns = late.as_nanos() as u64,
@@ -272,13 +261,6 @@ impl Agent {
         if let Some(session) = up.session.current() {
             up.queue(session, msg);
         }
-    }
-}
-
-impl Uplink {
-    /// The version staged for `key`, if any.
-    pub(in crate::runtime) fn staged_version(&self, key: &PackKey) -> Option<u64> {
-        self.staged.version(key)
     }
 }
 
