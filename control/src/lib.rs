@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod clock_watch;
 pub mod held;
 pub mod session;

@@ -10,7 +10,9 @@ use baton_proto::RefTime;
 use baton_proto::pack::{Pack, parse_pack, read_pack_file};
 use baton_sched::{PackKey, SafeReason};
 
-use super::admission::{self, Admission, AdmissionError, Verdict, exec_check, shared_lines};
+use baton_control::admission::{self, Admission, AdmissionError, Verdict};
+
+use super::admit::{exec_check, open_and_resolve};
 use super::agent::Agent;
 use super::clock_loss;
 use super::error::{AcceptError, RuntimeError};
@@ -257,9 +259,7 @@ impl Agent {
             exec_check(exec, program, args, env)
         })?;
         let resolved =
-            self.plane
-                .admission
-                .resolve(pack, shared_lines(pack), self.ports.device.as_mut())?;
+            open_and_resolve(&mut self.plane.admission, pack, self.ports.device.as_mut())?;
         self.plane.admission.check_owners(&key, &resolved)?;
         Ok(Admitted {
             verdict,

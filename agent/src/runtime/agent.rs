@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton_control::admission::Admission;
 use baton_control::clock_watch::ClockWatch;
 use baton_control::held::HeldPacks;
 use baton_journal::{Journal, JournalError, Outcome};
@@ -16,7 +17,6 @@ use baton_proto::RefTime;
 use baton_proto::time::fmt_ns;
 use baton_sched::{AttemptResult, OnceKey, Scheduler};
 
-use super::admission::Admission;
 use super::arming::Arming;
 use super::buffers::{Batch, OutputBufs};
 use super::error::RuntimeError;

@@ -13,7 +13,9 @@ use baton_sched::PackKey;
 
 use crate::config::AgentConfig;
 use crate::exec::ExecPool;
-use crate::runtime::admission::{self, Admission};
+use baton_control::admission::{self, Admission};
+
+use crate::runtime::admit::{exec_check, open_and_resolve};
 use crate::runtime::ports::{DirectDevice, ManualClock};
 
 /// Every problem found, each naming its file and pack; empty when `run`
@@ -52,11 +54,9 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
         let r = adm
             .check_version(&key, pack.version, admission::digest(&yaml))
             .and_then(|_| {
-                Admission::check_exec(&pack, &|p, args, env| {
-                    admission::exec_check(&exec, p, args, env)
-                })
+                Admission::check_exec(&pack, &|p, args, env| exec_check(&exec, p, args, env))
             })
-            .and_then(|()| adm.resolve(&pack, admission::shared_lines(&pack), &mut device))
+            .and_then(|()| open_and_resolve(&mut adm, &pack, &mut device))
             .and_then(|res| adm.check_owners(&key, &res).map(|()| res));
         match r {
             Ok(res) => adm.commit(key, pack.version, admission::digest(&yaml), res),

@@ -10,9 +10,9 @@ use baton_sched::PackKey;
 
 use baton_proto::time::fmt_ns;
 
-use super::admission::AdmissionError;
 use super::safety::GpioHung;
 use crate::dispatcher::DispatchError;
+use baton_control::admission::AdmissionError;
 
 /// A failure of the control loop, its start or its way out.
 #[derive(Debug, thiserror::Error)]

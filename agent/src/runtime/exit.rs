@@ -8,7 +8,7 @@ use baton_proto::RefTime;
 use baton_proto::pack::{Action, parse_pack};
 use baton_sched::{AttemptResult, Event, Output, PackKey, SafeReason};
 
-use super::admission::shared_lines;
+use super::admit::open_and_resolve;
 use super::agent::{Agent, DEVICE_STOP_WAIT, SAFE_STATE_WAIT, STALL_GRACE, journal_result};
 use super::arming::Ticket;
 use super::error::RuntimeError;
@@ -180,9 +180,7 @@ impl Agent {
             };
             let key = PackKey::of(&pack);
             if let Err(e) =
-                self.plane
-                    .admission
-                    .resolve(&pack, shared_lines(&pack), self.ports.device.as_mut())
+                open_and_resolve(&mut self.plane.admission, &pack, self.ports.device.as_mut())
             {
                 tracing::error!(pack = %key, "owed safe state: {e}");
                 return Err(RuntimeError::gpio_hung(e.to_string()));

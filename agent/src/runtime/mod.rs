@@ -37,7 +37,7 @@
 //! drive the whole loop on a [`ports::ManualClock`] and an in-memory device.
 
 mod accept;
-pub mod admission;
+mod admit;
 mod agent;
 pub mod arming;
 pub mod breakdown;
@@ -70,6 +70,8 @@ mod uplink;
 pub use agent::Agent;
 #[cfg(feature = "fault-injection")]
 pub use agent::inject_panic_after;
+/// Admission's rules are the control plane's (`baton_control`).
+pub use baton_control::admission;
 pub use build::real_parts;
 pub use error::{AcceptError, RuntimeError};
 pub use parts::Parts;

@@ -13,6 +13,7 @@ use baton_sched::{
     Withdrawal,
 };
 
+use super::admit::op_for;
 use super::agent::{Agent, journal_once, journal_result, linger_until, panic_hook_test_point};
 use super::arming::{PendingExec, Ticket};
 use super::error::RuntimeError;
@@ -263,7 +264,7 @@ impl Agent {
         slot: Slot,
         more: &mut Vec<Output>,
     ) -> Result<(), RuntimeError> {
-        let Some(op) = self.plane.admission.op_for(action) else {
+        let Some(op) = op_for(&self.plane.admission, action) else {
             self.firing.arming.free_slot(slot);
             let r = AttemptResult::Failed(format!("line of {} was not requested", action.name()));
             return self.settle(&f.id, &f.text, r, now, more);
@@ -412,7 +413,7 @@ impl Agent {
                 }
             }
             Action::Noop => {}
-            a => match self.plane.admission.op_for(a) {
+            a => match op_for(&self.plane.admission, a) {
                 Some(op) => {
                     let ticket = self.firing.arming.ticket(Ticket::Side {
                         pack: pack.clone(),

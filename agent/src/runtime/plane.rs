@@ -5,8 +5,8 @@
 use baton_control::clock_watch::ClockWatch;
 use baton_control::held::HeldPacks;
 
-use super::admission::Admission;
 use super::link_state::Uplink;
+use baton_control::admission::Admission;
 
 /// The loop's control-plane state.
 #[derive(Debug)]

@@ -9,10 +9,10 @@ use baton_sched::PackKey;
 
 use super::nack;
 use crate::link::{StageAt, ToLink};
-use crate::runtime::admission::Verdict;
 use crate::runtime::agent::Agent;
 use crate::runtime::error::{AcceptError, RuntimeError};
 use crate::runtime::link_state::Uplink;
+use baton_control::admission::Verdict;
 
 /// Pack errors with their positions, as the wire carries them.
 fn wire_errors(errs: &baton_proto::PackErrors) -> Vec<wire::PackError> {

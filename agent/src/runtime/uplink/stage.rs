@@ -29,10 +29,10 @@ use baton_sched::PackKey;
 
 use super::nack;
 use crate::link::{StageAt, ToLink};
-use crate::runtime::admission::Verdict;
 use crate::runtime::agent::Agent;
 use crate::runtime::error::{AcceptError, RuntimeError};
 use crate::runtime::link_state::{StagedBody, Uplink};
+use baton_control::admission::Verdict;
 
 impl Agent {
     /// A staged push, parsed and matched to its reference by the caller:

@@ -14,15 +14,18 @@
 //! Only then is it committed here (lines owned, safe state known). A refused
 //! pack leaves no trace but lines the backend opened for it (opening never
 //! moves a line; they are kept for a later pack).
+//!
+//! Sans IO: step 3 names the lines the device must open
+//! ([`Admission::lines_to_open`]); the agent opens them, tells each handle
+//! ([`Admission::opened`]), and only then is the pack resolved against
+//! them ([`Admission::resolve`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use baton_proto::pack::{Action, LineRef, Pack};
 use baton_sched::PackKey;
 
-use crate::dispatcher::{DispatchError, Op};
-use crate::runtime::ports::Device;
 use baton_gpio::{Direction, LineHandle};
 
 /// Why a pack was refused.
@@ -55,14 +58,14 @@ pub enum AdmissionError {
         /// Why.
         reason: String,
     },
-    /// A line could not be requested.
+    /// A line could not be opened.
     #[error("{place}: {source}")]
     Line {
         /// Instruction or safe_state.
         place: String,
-        /// Why.
+        /// Why (the device's error).
         #[source]
-        source: DispatchError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A line is driven by another pack.
     #[error(
@@ -127,6 +130,19 @@ fn drives(action: &Action) -> bool {
         action,
         Action::GpioWrite { .. } | Action::GpioToggle { .. } | Action::GpioPulse { .. }
     )
+}
+
+/// A line the device must open before a pack is resolved
+/// ([`Admission::lines_to_open`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineToOpen {
+    /// As the pack names it.
+    pub line: LineRef,
+    /// Driven, or only read.
+    pub direction: Direction,
+    /// Where the pack names it (`instruction `x``, `safe_state`,
+    /// `shared_lines`), for messages.
+    pub place: String,
 }
 
 /// A line as a pack names it (`gpiochip0:17`, `RELAY_MAIN`).
@@ -215,66 +231,84 @@ impl Admission {
         Ok(())
     }
 
-    /// Step 3: request every line the pack touches.
-    pub fn resolve(
-        &mut self,
-        pack: &Pack,
-        shared_lines: &[LineRef],
-        device: &mut dyn Device,
-    ) -> Result<Resolved, AdmissionError> {
-        let mut r = Resolved::default();
+    /// Step 3, first half: the lines `pack` touches (and declares
+    /// shared) that the device has not opened yet, in the order the pack
+    /// names them, each with the direction it needs and where the pack
+    /// names it (for messages). The agent opens them in this order, tells
+    /// each handle to [`Admission::opened`], and stops at the first that
+    /// fails ([`AdmissionError::Line`]).
+    pub fn lines_to_open(&self, pack: &Pack) -> Vec<LineToOpen> {
+        let mut out: Vec<LineToOpen> = Vec::new();
+        let mut outputs: HashSet<&LineRef> = HashSet::new();
+        let mut inputs: HashSet<&LineRef> = HashSet::new();
         for (ins, action) in pack.all_actions() {
             let Some(line) = action.line() else { continue };
-            let dir = if drives(action) {
-                Direction::Output
+            let output = self.handles.contains_key(line) || outputs.contains(line);
+            let (known, direction) = if drives(action) {
+                (output, Direction::Output)
             } else {
-                Direction::Input
+                let input = self.inputs.contains_key(line) || inputs.contains(line);
+                (output || input, Direction::Input)
             };
-            let known = match dir {
-                Direction::Output => self.handles.get(line),
-                Direction::Input => self.handles.get(line).or(self.inputs.get(line)),
+            if known {
+                continue;
+            }
+            match direction {
+                Direction::Output => outputs.insert(line),
+                Direction::Input => inputs.insert(line),
             };
-            let h = match known {
-                Some(h) => *h,
-                None => {
-                    let hs = device
-                        .request_lines(&[(line.clone(), dir)])
-                        .map_err(|source| AdmissionError::Line {
-                            place: place(ins),
-                            source,
-                        })?;
-                    let Some(&h) = hs.first() else { continue };
-                    match dir {
-                        Direction::Output => self.handles.insert(line.clone(), h),
-                        Direction::Input => self.inputs.insert(line.clone(), h),
-                    };
-                    h
-                }
+            out.push(LineToOpen {
+                line: line.clone(),
+                direction,
+                place: place(ins),
+            });
+        }
+        for line in &pack.shared_lines {
+            // Validation made sure the pack drives it; the backend gives
+            // one handle per physical line, however the entry spells it.
+            if self.handles.contains_key(line) || !outputs.insert(line) {
+                continue;
+            }
+            out.push(LineToOpen {
+                line: line.clone(),
+                direction: Direction::Output,
+                place: "shared_lines".into(),
+            });
+        }
+        out
+    }
+
+    /// The device opened `l` as handle `h`.
+    pub fn opened(&mut self, l: &LineToOpen, h: LineHandle) {
+        match l.direction {
+            Direction::Output => self.handles.insert(l.line.clone(), h),
+            Direction::Input => self.inputs.insert(l.line.clone(), h),
+        };
+    }
+
+    /// Step 3, second half: the lines `pack` touches, resolved against
+    /// those opened (a line the device gave no handle for is left out).
+    pub fn resolve(&self, pack: &Pack) -> Resolved {
+        let mut r = Resolved::default();
+        for (_, action) in pack.all_actions() {
+            let Some(line) = action.line() else { continue };
+            let h = if drives(action) {
+                self.handles.get(line)
+            } else {
+                self.handles.get(line).or_else(|| self.inputs.get(line))
             };
+            let Some(&h) = h else { continue };
             r.handles.push((line.clone(), h));
             if drives(action) {
                 r.driven.entry(h).or_insert_with(|| line_name(line));
             }
         }
-        for line in shared_lines {
-            // The backend gives one handle per physical line, however the
-            // entry spells it (validation made sure the pack drives it).
-            let h = match self.handles.get(line) {
-                Some(h) => *h,
-                None => {
-                    let hs = device
-                        .request_lines(&[(line.clone(), Direction::Output)])
-                        .map_err(|source| AdmissionError::Line {
-                            place: "shared_lines".into(),
-                            source,
-                        })?;
-                    let Some(&h) = hs.first() else { continue };
-                    h
-                }
-            };
-            r.shared.insert(h);
+        for line in &pack.shared_lines {
+            if let Some(&h) = self.handles.get(line) {
+                r.shared.insert(h);
+            }
         }
-        Ok(r)
+        r
     }
 
     /// Step 4: no line is driven by two packs unless both share it.
@@ -390,24 +424,9 @@ impl Admission {
         self.handles.get(line).copied()
     }
 
-    /// The dispatcher op for a GPIO action (None: not GPIO, or its line
-    /// was never requested).
-    pub fn op_for(&self, action: &Action) -> Option<Op> {
-        let h = |l: &LineRef| self.handles.get(l).copied();
-        Some(match action {
-            Action::GpioWrite { line, value } => Op::Write(h(line)?, *value),
-            Action::GpioToggle { line } => Op::Toggle(h(line)?),
-            Action::GpioRead { line } => Op::Read(self.read_handle(line)?),
-            Action::GpioPulse { line, width, value } => Op::Pulse {
-                line: h(line)?,
-                value: *value,
-                width_ns: i64::try_from(width.as_nanos()).unwrap_or(i64::MAX),
-            },
-            Action::Exec { .. } | Action::Noop => return None,
-        })
-    }
-
-    fn read_handle(&self, line: &LineRef) -> Option<LineHandle> {
+    /// The handle a read of `line` uses: the driven line's if it is
+    /// driven, else the input's.
+    pub fn read_handle(&self, line: &LineRef) -> Option<LineHandle> {
         self.handles
             .get(line)
             .or_else(|| self.inputs.get(line))
@@ -426,21 +445,4 @@ impl Admission {
             })
             .collect()
     }
-}
-
-/// Lines a pack declares shared with other packs (`shared_lines`).
-pub(super) fn shared_lines(pack: &Pack) -> &[LineRef] {
-    &pack.shared_lines
-}
-
-/// Whether the exec allowlist lets `program` run with `args` and `env`.
-pub(super) fn exec_check(
-    exec: &crate::exec::ExecPool,
-    program: &str,
-    args: &[String],
-    env: &std::collections::BTreeMap<String, String>,
-) -> Result<(), String> {
-    exec.policy()
-        .check(program, args, env)
-        .map_err(|e| e.to_string())
 }
