@@ -722,3 +722,57 @@ fn an_attempt_whose_device_call_hangs_is_ended_and_not_retried() {
         "the pack gave up into its safe state: {log}"
     );
 }
+
+/// A journalled pack this agent refuses after a restart (its program left
+/// the exec allowlist) is kept stopped, and its safe state is driven on
+/// lines no other pack had opened: a relay it left energised goes low.
+#[test]
+fn a_journalled_pack_refused_after_a_restart_has_its_safe_state_driven() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(t(0)));
+    let allowing = baton_agent::config::parse_file("agent.yaml", "exec-allowlist: [/bin/true]\n")
+        .expect("config");
+    let yaml = pack(
+        "p",
+        1,
+        "safe_state:\n  - {action: gpio.write, params: {line: 6, value: 0}}\n\
+         instructions:\n  - {id: on, action: gpio.write, params: {line: 6, value: 1}, every: 100ms}\n  \
+         - {id: x, action: exec, params: {program: /bin/true}, every: 1h}\n",
+    );
+    {
+        let mut a = build_with(
+            dir.path(),
+            clock.clone(),
+            config(dir.path(), allowing, Overrides::default()),
+        );
+        let parsed = parse_pack(&yaml).expect("pack");
+        a.accept(yaml.clone(), parsed).expect("accepted");
+        for ms in (0..=150).step_by(5) {
+            clock.set(t(ms));
+            a.step().expect("step");
+        }
+        // Killed: no way out, the line stays high.
+    }
+    let log = dir.path().join("gpio.jsonl");
+    let level = |log: &Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json"))
+            .rfind(|w| w["line"] == 6)
+            .and_then(|w| w["value"].as_i64())
+    };
+    assert_eq!(level(&log), Some(1), "energised before the restart");
+    // Restarted without /bin/true on the allowlist: the pack is refused.
+    let mut a = build_with(
+        dir.path(),
+        clock.clone(),
+        config(dir.path(), ConfigFile::default(), Overrides::default()),
+    );
+    for ms in (150..=200).step_by(5) {
+        clock.set(t(ms));
+        a.step().expect("step");
+    }
+    assert_eq!(level(&log), Some(0), "the refused pack's safe state ran");
+    a.wind_down();
+}

@@ -162,19 +162,18 @@ impl<B> Staging<B> {
         })
     }
 
-    /// Every staged version whose instant came, taken out in pack order.
-    /// The fence stays: the switch replaces the version it is on; the
-    /// agent lifts it once the switch is done or refused ([`lift`]).
-    pub fn take_due(&mut self, now: RefTime) -> Vec<(PackKey, Staged<B>)> {
-        let due: Vec<PackKey> = self
+    /// The first staged version (in pack order) whose instant came, taken
+    /// out; one at a time, so a switch that fails (and ends the loop)
+    /// leaves the others staged. The fence stays: the switch replaces the
+    /// version it is on; the agent lifts it once the switch is done or
+    /// refused ([`lift`]).
+    pub fn take_next_due(&mut self, now: RefTime) -> Option<(PackKey, Staged<B>)> {
+        let key = self
             .staged
             .iter()
-            .filter(|(_, s)| s.at.is_some_and(|at| at <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
-        due.into_iter()
-            .filter_map(|k| self.staged.remove(&k).map(|s| (k, s)))
-            .collect()
+            .find(|(_, s)| s.at.is_some_and(|at| at <= now))
+            .map(|(k, _)| k.clone())?;
+        self.staged.remove(&key).map(|s| (key, s))
     }
 
     /// The earliest instant a staged version switches at.
@@ -188,7 +187,8 @@ impl<B> Staging<B> {
     }
 }
 
-/// The fence of a pack whose staged version was taken by [`Staging::take_due`],
+/// The fence of a pack whose staged version was taken by
+/// [`Staging::take_next_due`],
 /// lifted once its switch is done or refused.
 pub fn lift(key: &PackKey) -> SwitchFence {
     SwitchFence {

@@ -164,7 +164,7 @@ proptest! {
                 Step::Pass { ms: d, uncertainty_ns } => {
                     w.now += d;
                     let now = ms(w.now);
-                    for (k, st) in s.take_due(now) {
+                    while let Some((k, st)) = s.take_next_due(now) {
                         let (id, at) = w.staged.remove(&k).expect("the model has it");
                         prop_assert_eq!(id, st.body);
                         let at = at.expect("only a named instant comes due");

@@ -10,9 +10,9 @@ use baton_proto::RefTime;
 use baton_proto::pack::{Pack, parse_pack, read_pack_file};
 use baton_sched::{PackKey, SafeReason};
 
-use baton_control::admission::{self, Admission, AdmissionError, Verdict};
+use baton_control::admission::{self, Admission, AdmissionError, LineToOpen, Verdict};
 
-use super::admit::{exec_check, open_and_resolve};
+use super::admit::{exec_check, open_and_resolve, open_line};
 use super::agent::Agent;
 use super::clock_loss;
 use super::error::{AcceptError, RuntimeError};
@@ -108,17 +108,30 @@ impl Agent {
     }
 
     /// A journalled pack this agent now refuses: drive the `gpio.write`s
-    /// of its safe state whose lines can still be requested.
+    /// of its safe state whose lines can still be opened (admission learns
+    /// each handle, or the write would have no line to name and be
+    /// dropped: a relay the pack left energised would stay so).
     fn drive_refused_safe_state(&mut self, pack: &Pack, now: RefTime) {
         let key = PackKey::of(pack);
         for a in &pack.safe_state {
             let Some(line) = a.line() else { continue };
+            let to_open = LineToOpen {
+                line: line.clone(),
+                direction: baton_gpio::Direction::Output,
+                place: "safe_state".into(),
+            };
             let ok = self.plane.admission.handle(line).is_some()
-                || self
-                    .ports
-                    .device
-                    .request_lines(&[(line.clone(), baton_gpio::Direction::Output)])
-                    .is_ok();
+                || match open_line(
+                    &mut self.plane.admission,
+                    &to_open,
+                    self.ports.device.as_mut(),
+                ) {
+                    Ok(()) => self.plane.admission.handle(line).is_some(),
+                    Err(e) => {
+                        tracing::error!(pack = %key, "safe state of a refused pack: {e}");
+                        false
+                    }
+                };
             if ok
                 && let Err(e) =
                     self.side_action(&key, Origin::SafeState(SafeReason::GiveUp), a, now)

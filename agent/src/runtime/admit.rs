@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use baton_control::admission::{Admission, AdmissionError, Resolved};
+use baton_control::admission::{Admission, AdmissionError, LineToOpen, Resolved};
 use baton_proto::pack::{Action, LineRef, Pack};
 
 use super::ports::Device;
@@ -23,17 +23,29 @@ pub(super) fn open_and_resolve(
     device: &mut dyn Device,
 ) -> Result<Resolved, AdmissionError> {
     for l in adm.lines_to_open(pack) {
-        let handles = device
-            .request_lines(&[(l.line.clone(), l.direction)])
-            .map_err(|source| AdmissionError::Line {
-                place: l.place.clone(),
-                source: Box::new(source),
-            })?;
-        if let Some(&h) = handles.first() {
-            adm.opened(&l, h);
-        }
+        open_line(adm, &l, device)?;
     }
     Ok(adm.resolve(pack))
+}
+
+/// The device opens one line, and admission learns its handle (so the
+/// dispatcher's ops can name it); the device's refusal names where the
+/// pack names the line.
+pub(super) fn open_line(
+    adm: &mut Admission,
+    l: &LineToOpen,
+    device: &mut dyn Device,
+) -> Result<(), AdmissionError> {
+    let handles = device
+        .request_lines(&[(l.line.clone(), l.direction)])
+        .map_err(|source| AdmissionError::Line {
+            place: l.place.clone(),
+            source: Box::new(source),
+        })?;
+    if let Some(&h) = handles.first() {
+        adm.opened(l, h);
+    }
+    Ok(())
 }
 
 /// The dispatcher op for a GPIO action (`None`: not GPIO, or its line was

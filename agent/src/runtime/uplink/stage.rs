@@ -135,7 +135,7 @@ impl Agent {
         // version the fence is on (what it held that was due by now is
         // reported not run, `Scheduler::accept_at`); lifted after a switch
         // that did not happen, what it held goes out late.
-        for (key, s) in up.staged.take_due(now) {
+        while let Some((key, s)) = up.staged.take_next_due(now) {
             let switched = self.switch_one(up, &key, s, now);
             self.set_fence(staging::lift(&key));
             switched?;
