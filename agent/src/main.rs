@@ -189,6 +189,10 @@ struct CommonFlags {
     /// and unauthenticated, read-only).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// The fleet's trust (root.pub, trust.json): packs must pass its
+    /// newest trust list (signatures where a tenant requires them).
+    #[arg(long, value_name = "DIR")]
+    trust_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -467,6 +471,7 @@ fn run_config(f: CommonFlags) -> Result<config::AgentConfig, (u8, String)> {
             system_clock: f.system_clock,
             log_format: f.log_format,
             metrics: f.metrics,
+            trust_dir: f.trust_dir,
         },
     )
     .map_err(|e| fault(e.into()))

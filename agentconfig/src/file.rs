@@ -94,6 +94,13 @@ pub struct ConfigFile {
     /// Serve Prometheus metrics on `HOST:PORT` (`/metrics`, plaintext and
     /// unauthenticated; read-only). Default: none.
     pub metrics: Option<String>,
+    /// Where the fleet's trust lives (`/etc/baton/trust`): `root.pub`, the
+    /// root's public key (base64), installed with the agent; `trust.json`,
+    /// the chain of root-signed trust lists. With it, a pack runs only if
+    /// it passes the newest list (signed by one of its tenant's keys where
+    /// the tenant requires it). Default: none (packs are not checked for
+    /// signatures).
+    pub trust_dir: Option<PathBuf>,
 }
 
 /// `clock:` section (docs/design.md "Clock sources, best first").

@@ -81,6 +81,9 @@ pub struct AgentConfig {
     pub log_format: baton_service::log::LogFormat,
     /// Where `/metrics` is served (`None`: not served).
     pub metrics: Option<std::net::SocketAddr>,
+    /// Where the fleet's trust lives (see `ConfigFile::trust_dir`); `None`:
+    /// packs are not checked for signatures.
+    pub trust_dir: Option<PathBuf>,
 }
 
 /// Default [`AgentConfig::arm_horizon`]. The cost of an arming pass is
@@ -148,6 +151,8 @@ pub struct Overrides {
     pub log_format: Option<String>,
     /// `--metrics ADDR`.
     pub metrics: Option<String>,
+    /// `--trust-dir DIR`.
+    pub trust_dir: Option<PathBuf>,
 }
 
 /// Why a configuration was refused.
@@ -244,6 +249,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         labels,
         max_packs,
         clock,
+        trust_dir: o.trust_dir.or(file.trust_dir),
     })
 }
 

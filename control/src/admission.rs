@@ -67,6 +67,11 @@ pub enum AdmissionError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The pack does not pass the trust list (unsigned where its tenant
+    /// requires a signature, a key not the tenant's, other bytes, an
+    /// expired list).
+    #[error("{0}")]
+    Signature(#[from] baton_trust::PackSignatureError),
     /// A line is driven by another pack.
     #[error(
         "line {line} is driven by pack {other} too; a line is driven by one pack at a time unless both packs list it in `shared_lines`"

@@ -62,6 +62,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         cmd: crate::ca_cmd::CaCmd,
     },
+    /// Signing keys and trust lists (who may sign the packs a box runs).
+    Keys {
+        #[command(subcommand)]
+        cmd: crate::keys_cmd::KeysCmd,
+    },
     /// Push pack files to their targets: validated here first, stored by the
     /// controller, then delivered; waits for each agent's answer.
     Push(PushArgs),
@@ -403,6 +408,12 @@ pub(crate) struct PushArgs {
     /// One JSON object per line.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Sign each pack with this key (NAME.key, from `keys new`): its
+    /// signature of the tenant and the pack's bytes goes as the text's
+    /// last line; agents whose trust list names the key for the tenant
+    /// take it.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) sign: Option<PathBuf>,
 }
 
 // `watch` (help: the variant's doc comment).

@@ -34,6 +34,7 @@ pub(crate) fn run(command: Command, out: &mut dyn Write, err: &mut dyn Write) ->
             migrate(&from, &to, store_ca.as_deref(), out, err)
         }
         Command::Ca { cmd } => ca_cmd::run(cmd, out, err),
+        Command::Keys { cmd } => crate::keys_cmd::run(cmd, out, err),
         Command::Validate { files } => cli::validate(&files, out, err),
         Command::Plan {
             file,

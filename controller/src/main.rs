@@ -14,6 +14,7 @@ use clap::Parser;
 mod args;
 mod ca_cmd;
 mod commands;
+mod keys_cmd;
 mod operator;
 mod serve;
 

@@ -21,8 +21,15 @@ impl PushArgs {
             no_wait,
             wait,
             json,
+            sign,
         } = self;
         run(err, async move {
+            let sign = match sign {
+                Some(path) => Some(std::sync::Arc::new(
+                    crate::keys_cmd::read_key(&path).map_err(ops::OpError::fail)?,
+                )),
+                None => None,
+            };
             ops::push(
                 &conn.conn()?,
                 &files,
@@ -30,6 +37,7 @@ impl PushArgs {
                     no_wait,
                     wait,
                     json,
+                    sign,
                 },
                 &mut std::io::stdout(),
                 &mut std::io::stderr(),

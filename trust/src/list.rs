@@ -171,6 +171,23 @@ impl Trust {
         }
     }
 
+    /// Whether `tenant`'s pack `text` (its signature line, if any, last)
+    /// may run under the newest list at `now`: without a list nothing is
+    /// checked (a site starts without); with an expired one nothing
+    /// passes.
+    pub fn check_pack(
+        &self,
+        tenant: &str,
+        text: &str,
+        now_ns: i64,
+    ) -> Result<crate::pack::PackVerdict, crate::pack::PackSignatureError> {
+        let Some(list) = self.current(now_ns)? else {
+            return Ok(crate::pack::PackVerdict::Unchecked);
+        };
+        let (body, sig) = crate::pack::split(text)?;
+        crate::pack::verify(list, tenant, body, sig.as_ref())
+    }
+
     /// Take a new list: signed by the root in force, newer than the list
     /// held, not expired at `now`. Nothing changes on a refusal.
     pub fn accept(&mut self, signed: &SignedList, now_ns: i64) -> Result<&TrustList, TrustError> {

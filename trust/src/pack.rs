@@ -2,6 +2,11 @@
 //! exact bytes (its name and version are inside them), so a signature
 //! cannot be moved to another tenant, another pack or another version, and
 //! a replayed old version is refused by the version rules already there.
+//!
+//! A signature travels with the pack as its text's last line, a YAML
+//! comment ([`SIGNATURE_LINE`]): the controller stores and relays the text
+//! as it is, validates it as YAML (a comment is nothing to it) and needs
+//! no key; the box splits the line off ([`split`]) and checks the rest.
 
 use crate::keys::{KeyId, PublicKey, Signature, SigningKey};
 use crate::list::TrustList;
@@ -16,6 +21,53 @@ fn message(tenant: &str, yaml: &str) -> Vec<u8> {
     m.push(0);
     m.extend_from_slice(yaml.as_bytes());
     m
+}
+
+/// How a pack's last line starts when it carries a signature: then the
+/// key's id and the signature, space-separated.
+pub const SIGNATURE_LINE: &str = "# baton-signature: ";
+
+/// A pack's text split into what was signed and its signature line, if
+/// it ends with one; a line that starts like one but does not read as one
+/// is an error (never taken as unsigned).
+pub fn split(text: &str) -> Result<(&str, Option<PackSignature>), PackSignatureError> {
+    let trimmed = text.strip_suffix('\n').unwrap_or(text);
+    let (body, last) = match trimmed.rfind('\n') {
+        Some(i) => (&text[..=i], &trimmed[i + 1..]),
+        None => ("", trimmed),
+    };
+    let Some(rest) = last.strip_prefix(SIGNATURE_LINE) else {
+        return Ok((text, None));
+    };
+    let malformed = || PackSignatureError::Malformed {
+        line: last.to_string(),
+    };
+    let mut words = rest.split(' ');
+    let (Some(key), Some(sig), None) = (words.next(), words.next(), words.next()) else {
+        return Err(malformed());
+    };
+    let key = KeyId::from_hex(key).ok_or_else(malformed)?;
+    let signature = Signature::from_base64(sig).map_err(|_| malformed())?;
+    Ok((body, Some(PackSignature { key, signature })))
+}
+
+/// `text` with `sig`'s line appended (the text gets its final newline
+/// first if it lacks one: what is signed is the text as it then is).
+pub fn append(text: &str, sig: &PackSignature) -> String {
+    format!(
+        "{text}{SIGNATURE_LINE}{} {}\n",
+        sig.key,
+        sig.signature.to_base64()
+    )
+}
+
+/// `text` as it will be signed: with its final newline.
+pub fn signable(text: &str) -> String {
+    if text.ends_with('\n') {
+        text.to_string()
+    } else {
+        format!("{text}\n")
+    }
 }
 
 /// A pack's signature and the key that made it.
@@ -41,6 +93,15 @@ impl PackSignature {
 /// Why a pack's signature does not let it run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PackSignatureError {
+    /// The newest trust list cannot be used (expired).
+    #[error(transparent)]
+    TrustList(#[from] crate::list::TrustError),
+    /// A last line that starts like a signature but is not one.
+    #[error("malformed signature line {line:?}: expected `{SIGNATURE_LINE}KEY-ID SIGNATURE`")]
+    Malformed {
+        /// The line.
+        line: String,
+    },
     /// The tenant requires signed packs and this one carries none.
     #[error(
         "unsigned: tenant {tenant} requires packs signed by one of its keys (trust list version {list})"
@@ -83,6 +144,8 @@ pub enum PackVerdict {
     Signed(KeyId),
     /// Unsigned, and the tenant does not require signatures.
     Unsigned,
+    /// No trust list yet: nothing checked.
+    Unchecked,
 }
 
 /// Whether `tenant`'s pack `yaml` with `sig` may run under `list`. A
@@ -209,5 +272,28 @@ mod tests {
         let other = SigningKey::generate().expect("key");
         let sig = PackSignature::sign(&other, "plant-a", PACK);
         assert!(verify(&l, "plant-a", PACK, Some(&sig)).is_err());
+    }
+
+    /// A signed text splits back into what was signed and its signature;
+    /// a text without the line is unsigned; a broken line is an error.
+    #[test]
+    fn the_signature_line_splits_off_and_round_trips() {
+        let a = SigningKey::generate().expect("key");
+        let body = signable(PACK.trim_end());
+        assert_eq!(body, PACK);
+        let sig = PackSignature::sign(&a, "plant-a", &body);
+        let text = append(&body, &sig);
+        let (got, got_sig) = split(&text).expect("split");
+        assert_eq!(got, PACK);
+        assert_eq!(got_sig.as_ref(), Some(&sig));
+        assert_eq!(split(PACK).expect("plain"), (PACK, None));
+        let broken = format!("{PACK}{SIGNATURE_LINE}nothex AAAA\n");
+        assert!(matches!(
+            split(&broken),
+            Err(PackSignatureError::Malformed { .. })
+        ));
+        // Without its final newline too.
+        let (got, s2) = split(text.trim_end()).expect("split");
+        assert_eq!((got, s2.is_some()), (PACK, true));
     }
 }

@@ -267,6 +267,10 @@ impl Agent {
                 resolved: None,
             });
         }
+        if let Some(trust) = &self.plane.trust {
+            let verdict = trust.check_pack(&pack.tenant, yaml, self.clock.now().as_nanos())?;
+            tracing::debug!(pack = %key, ?verdict, "trust list passed");
+        }
         let exec = &self.ports.exec;
         Admission::check_exec(pack, &|program, args, env| {
             exec_check(exec, program, args, env)

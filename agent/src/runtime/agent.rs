@@ -157,6 +157,10 @@ impl Agent {
         };
         restart::log_opened(&recovered);
         let now = clock.now();
+        let trust = match &cfg.trust_dir {
+            Some(dir) => Some(super::trust::load(dir, &cfg.data_dir, now.as_nanos())?),
+            None => None,
+        };
         let mut agent = Agent {
             core: restart::core_for(&recovered, now),
             cfg,
@@ -181,6 +185,7 @@ impl Agent {
                 held: HeldPacks::default(),
                 clock_watch: ClockWatch::new(started),
                 uplink: None,
+                trust,
             },
             safe: SafeStates::new(safe_table, safe_driver),
             upkeep: Upkeep {

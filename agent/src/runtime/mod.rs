@@ -64,6 +64,7 @@ mod safe_states;
 pub mod safety;
 mod stop;
 mod systemd;
+mod trust;
 mod upkeep;
 mod uplink;
 

@@ -19,4 +19,7 @@ pub(super) struct Plane {
     pub(super) clock_watch: ClockWatch,
     /// The controller link's control side; `None` without a controller.
     pub(super) uplink: Option<Uplink>,
+    /// The fleet's trust (`trust-dir`); `None`: packs are not checked for
+    /// signatures.
+    pub(super) trust: Option<baton_trust::Trust>,
 }

@@ -24,6 +24,8 @@ pub struct PushOpts {
     pub wait: Duration,
     /// JSON lines.
     pub json: bool,
+    /// Sign each pack with this key (its signature line appended).
+    pub sign: Option<std::sync::Arc<baton_trust::SigningKey>>,
 }
 
 /// Push `files`. Exit 0 when every targeted agent acked, 1 when one
@@ -38,7 +40,19 @@ pub async fn push(
     out: &mut dyn Write,
     warn: &mut dyn Write,
 ) -> Result<(), OpError> {
-    let packs = read_all(files)?;
+    let mut packs = read_all(files)?;
+    if let Some(key) = &opts.sign {
+        for (name, yaml, pack) in &mut packs {
+            if baton_trust::pack::split(yaml).is_ok_and(|(_, s)| s.is_some()) {
+                return Err(OpError::fail(format!(
+                    "{name}: already signed (its last line is a signature); nothing pushed"
+                )));
+            }
+            let body = baton_trust::pack::signable(yaml);
+            let sig = baton_trust::PackSignature::sign(key, &pack.tenant, &body);
+            *yaml = baton_trust::pack::append(&body, &sig);
+        }
+    }
     let mut c = client(conn).await?;
     let deadline = Instant::now() + opts.wait;
     let mut outcome = Outcome::default();

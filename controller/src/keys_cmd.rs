@@ -1,0 +1,133 @@
+//! `baton-controller keys ...`: the fleet's signing keys and trust lists
+//! (issue 39). Run on an operator's or a release engineer's machine, never
+//! by the controller: a private key never passes through its store, which
+//! only relays what was signed.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use baton_trust::{SignedList, SigningKey, TrustList};
+use clap::Subcommand;
+
+/// `keys` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum KeysCmd {
+    /// A new Ed25519 key: DIR/NAME.key (private, PKCS#8, readable by its
+    /// owner only) and DIR/NAME.pub (the public key, base64); never
+    /// overwrites a key.
+    New {
+        /// The key's name.
+        name: String,
+        /// Where to write it.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Sign a trust list (JSON: version, expires_ns, next_root, tenants:
+    /// {TENANT: {require_signed, pack_keys}}, release_keys) with the root
+    /// key and append it to a chain file (the `trust.json` of an agent's
+    /// trust directory); the chain's newest list must be older.
+    SignList {
+        /// The root's private key (NAME.key).
+        #[arg(long)]
+        root: PathBuf,
+        /// The list's body.
+        #[arg(long)]
+        list: PathBuf,
+        /// The chain to append to (made if missing).
+        #[arg(long)]
+        chain: PathBuf,
+    },
+}
+
+/// A signing key from its file (`NAME.key`).
+pub(crate) fn read_key(path: &Path) -> Result<SigningKey, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    SigningKey::from_pkcs8(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn new_key(name: &str, dir: &Path) -> Result<Vec<PathBuf>, String> {
+    if name.is_empty() || name.contains(['/', '\0']) || name.starts_with('.') {
+        return Err(format!("key name {name:?}: a plain file name"));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let key = SigningKey::generate().map_err(|e| e.to_string())?;
+    let private = dir.join(format!("{name}.key"));
+    let public = dir.join(format!("{name}.pub"));
+    if public.exists() {
+        return Err(format!(
+            "{}: exists; a key is never overwritten",
+            public.display()
+        ));
+    }
+    write_new(&private, key.pkcs8(), 0o600)?;
+    write_new(&public, format!("{}\n", key.public()).as_bytes(), 0o644)?;
+    Ok(vec![private, public])
+}
+
+fn sign_list(root: &Path, list: &Path, chain: &Path) -> Result<u64, String> {
+    let key = read_key(root)?;
+    let text = std::fs::read_to_string(list)
+        .map_err(|e| format!("{}: cannot read: {e}", list.display()))?;
+    let body: TrustList = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not a trust list: {e}", list.display()))?;
+    let mut lists: Vec<SignedList> = match std::fs::read_to_string(chain) {
+        Ok(t) => serde_json::from_str(&t)
+            .map_err(|e| format!("{}: not a chain: {e}", chain.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("{}: cannot read: {e}", chain.display())),
+    };
+    if let Some(last) = lists.last()
+        && let Ok(prev) = serde_json::from_str::<TrustList>(&last.body)
+        && prev.version >= body.version
+    {
+        return Err(format!(
+            "version {} is not above the chain's newest, {}: a box would refuse it",
+            body.version, prev.version
+        ));
+    }
+    lists.push(SignedList::sign(&body, &key));
+    let out = serde_json::to_string_pretty(&lists).map_err(|e| e.to_string())?;
+    let tmp = chain.with_extension("json.tmp");
+    std::fs::write(&tmp, out)
+        .and_then(|()| std::fs::rename(&tmp, chain))
+        .map_err(|e| format!("{}: {e}", chain.display()))?;
+    Ok(body.version)
+}
+
+/// Run a `keys` subcommand; the exit status.
+pub fn run(cmd: KeysCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let result = match cmd {
+        KeysCmd::New { name, dir } => new_key(&name, &dir).map(|files| {
+            for f in files {
+                let _ = writeln!(out, "wrote {}", f.display());
+            }
+        }),
+        KeysCmd::SignList { root, list, chain } => sign_list(&root, &list, &chain).map(|v| {
+            let _ = writeln!(
+                out,
+                "signed trust list version {v} into {}",
+                chain.display()
+            );
+        }),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Signed packs end to end (issue 39): keys and trust lists made with
+//! `baton-controller keys`, packs signed by `push --sign`, a real agent
+//! with `--trust-dir` checking each on the device and the refusal's
+//! reason reaching the operator's `push`; a key revoked by a newer list,
+//! an older list put back (a rollback), and the root handed over.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use baton_e2e::fleet::{Controller, start_agent_clock, start_controller};
+use baton_e2e::{bin, run, wait_until};
+
+const WAIT: Duration = Duration::from_secs(60);
+const DAY_NS: i64 = 86_400_000_000_000;
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `baton-controller ARGS` (no controller to dial).
+fn tool(args: &[&str]) -> Output {
+    run(
+        std::process::Command::new(bin("baton-controller")).args(args),
+        Duration::from_secs(60),
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8")
+}
+
+/// A new key `name` in `keys/`; its public half's text.
+fn new_key(keys: &Path, name: &str) -> String {
+    let o = tool(&["keys", "new", name, "--dir", s(keys)]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::read_to_string(keys.join(format!("{name}.pub")))
+        .expect("pub")
+        .trim()
+        .to_string()
+}
+
+/// Sign a list of `version` (default tenant's keys `keys`, required;
+/// `next_root` if handing over) by `root` into `chain`.
+fn sign_list(
+    dir: &Path,
+    root: &Path,
+    chain: &Path,
+    version: u64,
+    keys: &[&str],
+    next_root: Option<&str>,
+) -> Output {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as i64;
+    let body = serde_json::json!({
+        "version": version,
+        "expires_ns": now + DAY_NS,
+        "next_root": next_root,
+        "tenants": {"default": {"require_signed": true, "pack_keys": keys}},
+    });
+    let list = dir.join(format!("list-{version}.json"));
+    std::fs::write(&list, body.to_string()).expect("list");
+    tool(&[
+        "keys",
+        "sign-list",
+        "--root",
+        s(root),
+        "--list",
+        s(&list),
+        "--chain",
+        s(chain),
+    ])
+}
+
+fn pack(dir: &Path, version: u64) -> PathBuf {
+    let p = dir.join(format!("p-v{version}.yaml"));
+    std::fs::write(
+        &p,
+        format!(
+            "pack: p\nversion: {version}\ntargets: {{agents: [a1]}}\n\
+             safe_state:\n  - {{action: gpio.write, params: {{line: 4, value: 0}}}}\n\
+             instructions:\n  - {{id: on, action: gpio.write, params: {{line: 4, value: 1}}, every: 200ms}}\n"
+        ),
+    )
+    .expect("pack");
+    p
+}
+
+fn push(c: &Controller, file: &Path, key: Option<&Path>) -> Output {
+    let mut args = vec!["push", s(file), "--wait", "20s"];
+    if let Some(k) = key {
+        args.extend(["--sign", s(k)]);
+    }
+    c.ctl(&args)
+}
+
+fn held(c: &Controller) -> Option<u64> {
+    c.agents()
+        .iter()
+        .filter(|a| a["id"] == "a1")
+        .flat_map(|a| a["packs"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["pack"] == "p" && p["stopped"] != true)
+        .and_then(|p| p["version"].as_u64())
+}
+
+#[test]
+fn only_packs_the_trust_list_names_run_and_old_lists_do_not_come_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let keys = d.join("keys");
+    let trust = d.join("trust");
+    std::fs::create_dir_all(&trust).expect("trust dir");
+    let root_pub = new_key(&keys, "root");
+    let a_pub = new_key(&keys, "op-a");
+    let b_pub = new_key(&keys, "op-b");
+    let root2_pub = new_key(&keys, "root2");
+    let (root, root2) = (keys.join("root.key"), keys.join("root2.key"));
+    let (op_a, op_b) = (keys.join("op-a.key"), keys.join("op-b.key"));
+    std::fs::write(trust.join("root.pub"), format!("{root_pub}\n")).expect("root.pub");
+    let chain = trust.join("trust.json");
+    let o = sign_list(d, &root, &chain, 1, &[&a_pub], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let v1_chain = std::fs::read_to_string(&chain).expect("chain");
+
+    let c = start_controller(&d.join("ctl"), "127.0.0.1:0");
+    let mut a = start_agent_clock(&d.join("a1"), "a1", &c.url, &["--trust-dir", s(&trust)]);
+    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
+
+    // Signed by the tenant's key: runs.
+    let o = push(&c, &pack(d, 1), Some(&op_a));
+    assert!(o.status.success(), "{}\n{}", text(&o), a.log());
+    assert!(wait_until(WAIT, || held(&c) == Some(1)));
+
+    // Unsigned, another tenant's key (not the tenant's), other bytes:
+    // refused on the device, the reason at the operator's push.
+    let o = push(&c, &pack(d, 2), None);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("unsigned: tenant default requires packs signed"),
+        "{}",
+        text(&o)
+    );
+    let o = push(&c, &pack(d, 3), Some(&op_b));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("does not name for tenant default"),
+        "{}",
+        text(&o)
+    );
+    let key_a =
+        baton_trust::SigningKey::from_pkcs8(&std::fs::read(&op_a).expect("key")).expect("pkcs8");
+    let body = std::fs::read_to_string(pack(d, 4)).expect("v4");
+    let sig = baton_trust::PackSignature::sign(&key_a, "default", &body);
+    let tampered = baton_trust::pack::append(&body.replace("every: 200ms", "every: 10ms"), &sig);
+    let v4t = d.join("p-v4-tampered.yaml");
+    std::fs::write(&v4t, tampered).expect("tampered");
+    let o = push(&c, &v4t, None);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("does not match this pack's bytes"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(held(&c), Some(1), "v1 runs on");
+
+    // A's key revoked by list 2 (B's now): after a restart the held v1,
+    // signed by A, is refused and stopped in its safe state; a new
+    // version signed by A is refused, one by B runs.
+    let o = sign_list(d, &root, &chain, 2, &[&b_pub], None);
+    assert!(o.status.success(), "{}", text(&o));
+    a.restart();
+    assert!(
+        wait_until(WAIT, || a
+            .log()
+            .contains("refused by this agent's checks now")),
+        "{}",
+        a.log()
+    );
+    assert!(
+        wait_until(WAIT, || {
+            a.writes()
+                .iter()
+                .rev()
+                .find(|w| w["line"] == 4)
+                .and_then(|w| w["value"].as_i64())
+                == Some(0)
+        }),
+        "the refused pack's safe state: {:?}",
+        a.writes().last()
+    );
+    assert!(wait_until(WAIT, || c.connected("a1")));
+    let o = push(&c, &pack(d, 5), Some(&op_a));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("trust list version 2 does not name"),
+        "{}",
+        text(&o)
+    );
+    let o = push(&c, &pack(d, 6), Some(&op_b));
+    assert!(o.status.success(), "{}\n{}", text(&o), a.log());
+    assert!(wait_until(WAIT, || held(&c) == Some(6)));
+
+    // An older list put back (A's key again): refused, list 2 stays.
+    std::fs::write(&chain, &v1_chain).expect("rollback");
+    a.restart();
+    assert!(
+        wait_until(WAIT, || a.log().contains("a rollback, refused")),
+        "{}",
+        a.log()
+    );
+    assert!(wait_until(WAIT, || c.connected("a1")));
+    let o = push(&c, &pack(d, 7), Some(&op_a));
+    assert!(!o.status.success(), "{}", text(&o));
+
+    // The root handed over (list 3 by the old root names root2), then list
+    // 4 by root2 gives A back; a list by the old root after that is not
+    // taken.
+    std::fs::remove_file(&chain).expect("rm");
+    for (v, by, keys_, next) in [
+        (1, &root, vec![a_pub.as_str()], None),
+        (2, &root, vec![b_pub.as_str()], None),
+        (3, &root, vec![b_pub.as_str()], Some(root2_pub.as_str())),
+        (4, &root2, vec![a_pub.as_str()], None),
+    ] {
+        let o = sign_list(d, by, &chain, v, &keys_, next);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    a.restart();
+    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
+    let o = push(&c, &pack(d, 8), Some(&op_a));
+    assert!(o.status.success(), "{}\n{}", text(&o), a.log());
+    let o = sign_list(d, &root, &chain, 5, &[&b_pub], None);
+    assert!(
+        o.status.success(),
+        "the tool does not check signers: {}",
+        text(&o)
+    );
+    a.restart();
+    assert!(
+        wait_until(WAIT, || a
+            .log()
+            .contains("refused: trust list signed by key")),
+        "{}",
+        a.log()
+    );
+    assert!(wait_until(WAIT, || c.connected("a1")));
+    let o = push(&c, &pack(d, 9), Some(&op_a));
+    assert!(
+        o.status.success(),
+        "list 4 stays in force: {}\n{}",
+        text(&o),
+        a.log()
+    );
+}
