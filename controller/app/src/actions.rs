@@ -22,6 +22,18 @@ pub struct Reach {
     pub holding: usize,
 }
 
+/// A stored version as the next one, to push (`next_from_stored`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FromStored {
+    /// Its text, every byte kept but the version (and a signature line).
+    pub yaml: String,
+    /// The version it is now.
+    pub version: u64,
+    /// The key whose signature the stored version carried and this text
+    /// no longer does.
+    pub dropped_signature: Option<String>,
+}
+
 impl App {
     /// [`App::push`], audited and announced.
     pub async fn push_as(&self, caller: &Caller, yaml: String, source: &str) -> AppResult<Pushed> {
@@ -133,7 +145,7 @@ impl App {
         tenant: &str,
         pack: &str,
         version: u64,
-    ) -> AppResult<(String, u64)> {
+    ) -> AppResult<FromStored> {
         caller.may_change()?;
         let newest = self.pack_versions(caller, tenant, pack, 1).await?;
         let key = newest[0].key();
@@ -143,9 +155,20 @@ impl App {
             .pack_version(&key, Some(version))
             .await?
             .ok_or_else(|| AppError::NotFound(format!("{key} v{version} is not stored")))?;
-        let yaml = with_version(&text.yaml, next)
+        // A signature covered the stored version's bytes, never the next
+        // one's: it is left out (boxes that require one refuse the pack
+        // until its operator signs it, `push --sign`).
+        let (body, dropped) = match baton_trust::pack::split(&text.yaml) {
+            Ok((body, sig)) => (body, sig.map(|s| s.key.to_string())),
+            Err(_) => (text.yaml.as_str(), None),
+        };
+        let yaml = with_version(body, next)
             .map_err(|e| AppError::Invalid(e.render("stored pack").trim_end().to_string()))?;
-        Ok((yaml, next))
+        Ok(FromStored {
+            yaml,
+            version: next,
+            dropped_signature: dropped,
+        })
     }
 
     /// Tell the pack's pages what `caller` did.

@@ -104,12 +104,15 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Query(q): Query<FromSto
             Err(e) => return app_error(e),
         }
     };
-    let yaml = start.as_ref().map_or("", |(y, _)| y.as_str());
+    let yaml = start.as_ref().map_or("", |s| s.yaml.as_str());
     let body = if who.may_change() {
         html! {
             h1 { "Push a pack" }
-            @if let Some((_, next)) = &start {
-                p #from-stored role="status" { "Version " (q.version) " of " (q.from) " as version " (next) ": check it, change what you need, then push." }
+            @if let Some(s) = &start {
+                p #from-stored role="status" { "Version " (q.version) " of " (q.from) " as version " (s.version) ": check it, change what you need, then push." }
+                @if let Some(key) = &s.dropped_signature {
+                    p #signature-dropped role="status" { "Version " (q.version) " was signed (key " code { (key) } "); the signature covered its bytes, not these, and is left out. Agents whose tenant requires signed packs refuse this one: sign it with " code { "baton-controller push --sign KEY" } " instead." }
+                }
             }
             form #push-form method="post" action="/push" {
                 input type="hidden" name="csrf" value=(who.csrf);

@@ -513,3 +513,49 @@ async fn a_late_firing_and_a_growing_outbox_need_a_look() {
         "{page}"
     );
 }
+
+/// Pushing again from a signed stored version leaves the signature out
+/// (it covered the old version's bytes) and says so, naming the key.
+#[tokio::test]
+async fn a_signed_version_pushed_again_drops_its_signature_and_says_so() {
+    let f = fixture().await;
+    let olga = token(&f.ca, "olga", "plant-a", Role::Operator);
+    // A signature line as `push --sign` writes it (its bytes are not
+    // checked here: the controller never verifies).
+    let signed = format!(
+        "{BLINK}# baton-signature: 0123456789abcdef {}\n",
+        "A".repeat(86) + "=="
+    );
+    push_as(&f, &olga, &signed).await;
+    let (code, _, page) = call(
+        &f.web,
+        get("/push?from=blink&tenant=plant-a&version=1", Some(&olga)),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{page}");
+    assert!(page.contains("version: 2"), "{page}");
+    assert!(
+        !page.contains("baton-signature"),
+        "the line is left out: {page}"
+    );
+    let note = page
+        .split("id=\"signature-dropped\"")
+        .nth(1)
+        .expect("the dropped signature said")
+        .split("</p>")
+        .next()
+        .unwrap();
+    assert!(
+        note.contains("0123456789abcdef") && note.contains("push --sign"),
+        "{note}"
+    );
+    // An unsigned stored version says nothing of signatures.
+    let v2 = BLINK.replace("version: 1", "version: 2");
+    push_as(&f, &olga, &v2).await;
+    let (_, _, page) = call(
+        &f.web,
+        get("/push?from=blink&tenant=plant-a&version=2", Some(&olga)),
+    )
+    .await;
+    assert!(!page.contains("signature-dropped"), "{page}");
+}
