@@ -53,6 +53,32 @@ impl Journal {
     }
 }
 
+/// One event as the agent handles it: the commands carried out on the
+/// journal in order, a journalled generation said back to the session
+/// (`Journalled`), every command returned.
+fn drive(s: &mut Session, now: MonoTime, input: Input, j: &mut Journal) -> Vec<Cmd> {
+    let cmds = s.handle(now, input, j.facts());
+    let mut out = Vec::new();
+    for c in cmds {
+        j.apply(std::slice::from_ref(&c));
+        let back = match &c {
+            Cmd::JournalGeneration {
+                session,
+                generation,
+            } => Some(Input::Journalled {
+                session: *session,
+                generation: *generation,
+            }),
+            _ => None,
+        };
+        out.push(c);
+        if let Some(b) = back {
+            out.extend(drive(s, now, b, j));
+        }
+    }
+    out
+}
+
 /// A session welcomed at generation 2 with five entries written.
 fn welcomed() -> (Session, Journal) {
     let mut s = Session::new(at(0));
@@ -65,16 +91,16 @@ fn welcomed() -> (Session, Journal) {
         c,
         vec![Cmd::Discard { keep: Some(1) }, Cmd::Hello { session: 1 }]
     );
-    let c = s.handle(
+    let _ = drive(
+        &mut s,
         at(2),
         Input::Welcome {
             session: 1,
             acked_seq: 0,
             generation: 2,
         },
-        j.facts(),
+        &mut j,
     );
-    j.apply(&c);
     (s, j)
 }
 
@@ -83,7 +109,7 @@ fn welcomed() -> (Session, Journal) {
 #[test]
 fn a_raised_generation_is_journalled_before_anything_else() {
     let mut s = Session::new(at(0));
-    let j = Journal {
+    let mut j = Journal {
         highest_gen: 1,
         last_seq: 9,
         acked: 3,
@@ -100,11 +126,40 @@ fn a_raised_generation_is_journalled_before_anything_else() {
     );
     assert_eq!(
         c,
+        vec![Cmd::JournalGeneration {
+            session: 7,
+            generation: 2
+        }],
+        "the journal first, nothing else"
+    );
+    // Until the journal holds it, the session is not the controller: an
+    // order is refused, an ack drops nothing, nothing is sent.
+    let order = Input::Order {
+        session: 7,
+        generation: 2,
+        order: Order::Push,
+    };
+    assert!(matches!(
+        s.handle(at(3), order.clone(), j.facts()).as_slice(),
+        [Cmd::RefuseOrder { .. }]
+    ));
+    assert_eq!(
+        s.handle(at(3), Input::FeedbackAck { session: 7, seq: 5 }, j.facts()),
+        vec![Cmd::IgnoreAck { session: 7, seq: 5 }]
+    );
+    assert_eq!(s.next_page(Some(4)), None);
+    j.apply(&c);
+    let c = s.handle(
+        at(4),
+        Input::Journalled {
+            session: 7,
+            generation: 2,
+        },
+        j.facts(),
+    );
+    assert_eq!(
+        c,
         vec![
-            Cmd::JournalGeneration {
-                session: 7,
-                generation: 2
-            },
             Cmd::AckFeedback {
                 seq: 5,
                 claimed: None
@@ -114,6 +169,10 @@ fn a_raised_generation_is_journalled_before_anything_else() {
     );
     assert!(s.welcomed());
     assert_eq!(s.next_page(Some(6)), Some((6, 256)));
+    assert!(matches!(
+        s.handle(at(5), order, j.facts()).as_slice(),
+        [Cmd::Act { .. }]
+    ));
 }
 
 /// A controller claiming more than the journal ever wrote acknowledges
@@ -172,16 +231,16 @@ fn a_reconnect_with_a_higher_generation_fences_the_old_session() {
     let (mut s, mut j) = welcomed();
     let _ = s.handle(at(3), Input::Disconnected { session: 1 }, j.facts());
     let _ = s.handle(at(4), Input::Connected { session: 2 }, j.facts());
-    let c = s.handle(
+    let _ = drive(
+        &mut s,
         at(5),
         Input::Welcome {
             session: 2,
             acked_seq: 0,
             generation: 3,
         },
-        j.facts(),
+        &mut j,
     );
-    j.apply(&c);
     assert_eq!(j.highest_gen, 3);
     let c = s.handle(
         at(6),
@@ -305,7 +364,12 @@ enum Step {
         who: u8,
         acked_back: u64,
         generation: u64,
+        /// A raised generation's `Journalled` comes at a later step.
+        delay: bool,
     },
+    /// The journalled generation a Welcome waits for is said now (or one
+    /// whose Welcome is gone).
+    Journalled,
     Ack {
         who: u8,
         seq_back: u64,
@@ -332,11 +396,13 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         2 => Just(Step::Connect),
-        3 => (0u8..3, 0u64..8, 0u64..5).prop_map(|(who, acked_back, generation)| Step::Welcome {
+        3 => (0u8..3, 0u64..8, 0u64..5, any::<bool>()).prop_map(|(who, acked_back, generation, delay)| Step::Welcome {
             who,
             acked_back,
-            generation
+            generation,
+            delay,
         }),
+        1 => Just(Step::Journalled),
         3 => (0u8..3, 0u64..300).prop_map(|(who, seq_back)| Step::Ack { who, seq_back }),
         1 => (0u8..3).prop_map(|who| Step::Alive { who }),
         1 => (0u8..3).prop_map(|who| Step::Disconnect { who }),
@@ -368,9 +434,33 @@ struct Model {
     /// window is open.
     sent: u64,
     open: bool,
+    /// A Welcome waiting for its generation's journalling: session,
+    /// generation.
+    raising: Option<(u64, u64)>,
+    /// The last one that waited (said again later: ignored).
+    last_raised: Option<(u64, u64)>,
 }
 
 impl Model {
+    /// `session` accepted at `generation` (its Welcome's last commands
+    /// `c`): acked, the window open at the outbox front, a report.
+    fn finish(
+        &mut self,
+        session: u64,
+        generation: u64,
+        now: i64,
+        c: &[Cmd],
+    ) -> Result<(), TestCaseError> {
+        let acked = matches!(c, [Cmd::AckFeedback { .. }, Cmd::ClockReport { session: s }] if *s == session);
+        prop_assert!(acked, "{:?}", c);
+        self.journal.apply(c);
+        self.accepted = Some((session, generation));
+        self.last_contact = now;
+        self.open = true;
+        self.sent = self.journal.acked;
+        Ok(())
+    }
+
     fn who(&self, who: u8) -> u64 {
         match who {
             0 => self.latest,
@@ -405,10 +495,11 @@ proptest! {
                     m.accepted = None;
                     m.refused = None;
                     m.open = false;
+                    m.raising = None;
                     let c = s.handle(at(now), Input::Connected { session: m.latest }, facts);
                     prop_assert_eq!(c, vec![Cmd::Discard { keep: Some(m.latest) }, Cmd::Hello { session: m.latest }]);
                 }
-                Step::Welcome { who, acked_back, generation } => {
+                Step::Welcome { who, acked_back, generation, delay } => {
                     let session = m.who(who);
                     let acked_seq = m.journal.last_seq.saturating_sub(acked_back);
                     let c = s.handle(at(now), Input::Welcome { session, acked_seq, generation }, facts);
@@ -416,6 +507,7 @@ proptest! {
                         prop_assert!(c.is_empty(), "{:?}", c);
                         continue;
                     }
+                    m.raising = None;
                     if generation < m.journal.highest_gen {
                         m.refused = Some(session);
                         m.accepted = None;
@@ -424,20 +516,38 @@ proptest! {
                         prop_assert!(refused, "{:?}", c);
                         continue;
                     }
-                    let raised = generation > m.journal.highest_gen;
-                    prop_assert_eq!(
-                        matches!(c.first(), Some(Cmd::JournalGeneration { .. })),
-                        raised,
-                        "{:?}", c
-                    );
-                    m.journal.apply(&c);
-                    m.accepted = Some((session, generation));
                     m.refused = None;
-                    m.last_contact = now;
-                    m.open = true;
-                    m.sent = m.journal.acked;
-                    let reported = c.contains(&Cmd::ClockReport { session });
-                    prop_assert!(reported, "{:?}", c);
+                    if generation > m.journal.highest_gen {
+                        // The journal first, and nothing else until it
+                        // holds it.
+                        prop_assert_eq!(&c, &vec![Cmd::JournalGeneration { session, generation }]);
+                        m.journal.apply(&c);
+                        m.accepted = None;
+                        m.open = false;
+                        m.raising = Some((session, generation));
+                        m.last_raised = m.raising;
+                        if delay {
+                            continue;
+                        }
+                        let c = s.handle(at(now), Input::Journalled { session, generation }, m.journal.facts());
+                        m.raising = None;
+                        m.finish(session, generation, now, &c)?;
+                    } else {
+                        m.finish(session, generation, now, &c)?;
+                    }
+                }
+                Step::Journalled => {
+                    let (said, live) = match m.raising.take() {
+                        Some(r) => (Some(r), true),
+                        None => (m.last_raised, false),
+                    };
+                    let Some((session, generation)) = said else { continue };
+                    let c = s.handle(at(now), Input::Journalled { session, generation }, facts);
+                    if live {
+                        m.finish(session, generation, now, &c)?;
+                    } else {
+                        prop_assert!(c.is_empty(), "a journalling nobody waits for: {:?}", c);
+                    }
                 }
                 Step::Ack { who, seq_back } => {
                     let session = m.who(who);
@@ -469,6 +579,9 @@ proptest! {
                     }
                     if m.refused == Some(session) {
                         m.refused = None;
+                    }
+                    if m.raising.is_some_and(|(r, _)| r == session) {
+                        m.raising = None;
                     }
                     if m.live && session == m.latest {
                         m.live = false;

@@ -358,6 +358,15 @@ impl Agent {
                     session_gen = generation,
                     "controller link: a new session generation, journalled"
                 );
+                // Only now is the session accepted.
+                let (now, facts) = (self.mono_now(), self.session_facts());
+                let journalled = Input::Journalled {
+                    session,
+                    generation,
+                };
+                for cmd in up.session.handle(now, journalled, facts) {
+                    self.carry_out(up, cmd, body, reason)?;
+                }
             }
             Cmd::Refuse { session, stale } => {
                 tracing::error!(session, "{stale}");

@@ -74,6 +74,9 @@ pub enum Stale {
 /// How a session's Welcome was decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Decided {
+    /// Accepted at this generation, above the journal's: not acted on
+    /// until the journal holds it ([`Fence::journalled`]).
+    Raising(u64),
     /// Accepted at this generation (0: an unfenced controller).
     Accepted(u64),
     Refused,
@@ -119,9 +122,9 @@ impl Fence {
 
     /// The controller welcomed `session` at `generation`; `highest` is
     /// the journal's. `Accepted { raised: true }` must be journalled
-    /// (durably) before anything after it is acted on, so the pushes that
-    /// follow see the new fence; a journal failure there ends the agent's
-    /// loop, so nothing of the session is acted on.
+    /// (durably) and said with [`Fence::journalled`] before the session is
+    /// accepted: until then nothing of it is acted on or taken as contact,
+    /// and a journal failure leaves it so.
     pub fn welcome(&mut self, session: u64, generation: u64, highest: u64) -> Welcomed {
         // 0 below a journalled generation is refused the same way: a
         // controller that stopped fencing may be a store restored from
@@ -133,11 +136,25 @@ impl Fence {
                 highest,
             });
         }
-        self.current = Some((session, Decided::Accepted(generation)));
-        Welcomed::Accepted {
-            generation,
-            raised: generation > highest,
+        let raised = generation > highest;
+        let decided = if raised {
+            Decided::Raising(generation)
+        } else {
+            Decided::Accepted(generation)
+        };
+        self.current = Some((session, decided));
+        Welcomed::Accepted { generation, raised }
+    }
+
+    /// The journal holds `generation`, which `session`'s Welcome raised:
+    /// from now on the session is the agent's controller. `false`: not
+    /// the welcome waiting for it (the session ended since).
+    pub fn journalled(&mut self, session: u64, generation: u64) -> bool {
+        if self.current == Some((session, Decided::Raising(generation))) {
+            self.current = Some((session, Decided::Accepted(generation)));
+            return true;
         }
+        false
     }
 
     /// Whether a push or cancel of `session` sent on `generation` may be
@@ -197,6 +214,10 @@ mod tests {
             },
             "to be journalled before any push"
         );
+        assert!(!f.accepted(1), "not before the journal holds it");
+        assert!(f.check(1, 3, 0).is_err());
+        assert!(!f.journalled(1, 2), "another generation");
+        assert!(f.journalled(1, 3));
         assert!(f.accepted(1));
         let e = f.check(1, 2, 3).expect_err("stale");
         assert_eq!(

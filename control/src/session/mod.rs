@@ -7,10 +7,13 @@
 //! decoded), the monotonic time and the journal's [`Facts`], changes the
 //! session's state, and returns the [`Cmd`]s the agent carries out, in
 //! order. A command that fails (the journal) ends the agent's control loop
-//! through its one way out, so nothing after it runs: in particular a
-//! [`Cmd::JournalGeneration`] comes before anything else of the session
-//! that raised it, and a session whose generation could not be journalled
-//! commands nothing.
+//! through its one way out, so nothing after it runs. A Welcome that
+//! raises the generation is taken in two steps: it returns only
+//! [`Cmd::JournalGeneration`]; once the journal holds it the agent says so
+//! ([`Input::Journalled`]) and only then is the session accepted (contact,
+//! acks, the window, orders), so a session whose generation could not be
+//! journalled is never accepted, whatever the agent does after the
+//! failure.
 //!
 //! # A session
 //!
@@ -100,6 +103,14 @@ pub enum Input {
         /// The session that ended.
         session: u64,
     },
+    /// The journal holds the generation a Welcome raised (after
+    /// [`Cmd::JournalGeneration`] was carried out).
+    Journalled {
+        /// The session whose Welcome raised it.
+        session: u64,
+        /// The generation.
+        generation: u64,
+    },
     /// A push or cancel, before anything of it is looked at.
     Order {
         /// Its session.
@@ -128,7 +139,8 @@ pub enum Cmd {
         /// Where.
         session: u64,
     },
-    /// Journal `generation` durably, before anything after this command.
+    /// Journal `generation` durably, then say [`Input::Journalled`]: the
+    /// session is accepted only then.
     JournalGeneration {
         /// The session that raised it.
         session: u64,
@@ -215,6 +227,9 @@ pub struct Session {
     /// Source and state of the last clock report.
     last_clock: Option<ClockKind>,
     stale: StaleCounts,
+    /// A Welcome waiting for its generation to be journalled: its
+    /// session, acknowledged seq and generation.
+    raising: Option<(u64, u64, u64)>,
 }
 
 impl Session {
@@ -230,6 +245,7 @@ impl Session {
             next_clock_report: now,
             last_clock: None,
             stale: StaleCounts::default(),
+            raising: None,
         }
     }
 
@@ -237,6 +253,7 @@ impl Session {
     pub fn handle(&mut self, now: MonoTime, input: Input, facts: Facts) -> Vec<Cmd> {
         match input {
             Input::Connected { session } => {
+                self.raising = None;
                 self.current = Some(session);
                 self.welcomed = false;
                 self.fence.connected(session);
@@ -276,6 +293,9 @@ impl Session {
             }
             Input::Disconnected { session } => {
                 self.fence.ended(session);
+                if self.raising.is_some_and(|(s, _, _)| s == session) {
+                    self.raising = None;
+                }
                 if self.current != Some(session) {
                     return Vec::new();
                 }
@@ -284,6 +304,20 @@ impl Session {
                 self.window.close();
                 vec![Cmd::Discard { keep: None }, Cmd::Ended { session }]
             }
+            Input::Journalled {
+                session,
+                generation,
+            } => match self.raising {
+                Some((s, acked_seq, g))
+                    if s == session
+                        && g == generation
+                        && self.fence.journalled(session, generation) =>
+                {
+                    self.raising = None;
+                    self.welcomed_now(now, session, acked_seq, facts)
+                }
+                _ => Vec::new(),
+            },
             Input::Order {
                 session,
                 generation,
@@ -323,7 +357,6 @@ impl Session {
         if self.current != Some(session) {
             return Vec::new();
         }
-        let mut out = Vec::with_capacity(3);
         match self.fence.welcome(session, generation, facts.highest_gen) {
             Welcomed::Refused(stale) => {
                 // Not contact: a stale controller cannot cancel anything
@@ -332,17 +365,38 @@ impl Session {
                 // (nothing more goes to a store it refuses).
                 self.welcomed = false;
                 self.window.close();
+                self.raising = None;
                 self.stale.welcomes += 1;
                 return vec![Cmd::Refuse { session, stale }];
             }
             Welcomed::Accepted { raised: true, .. } => {
-                out.push(Cmd::JournalGeneration {
+                // Accepted once the journal holds it (`Journalled`);
+                // until then nothing flows (a second Welcome of a session
+                // closes what the first opened).
+                self.welcomed = false;
+                self.window.close();
+                self.raising = Some((session, acked_seq, generation));
+                return vec![Cmd::JournalGeneration {
                     session,
                     generation,
-                });
+                }];
             }
             Welcomed::Accepted { .. } => {}
         }
+        self.raising = None;
+        self.welcomed_now(now, session, acked_seq, facts)
+    }
+
+    /// The session is accepted: contact, the outbox acknowledged, the
+    /// window open at its front, a clock report.
+    fn welcomed_now(
+        &mut self,
+        now: MonoTime,
+        session: u64,
+        acked_seq: u64,
+        facts: Facts,
+    ) -> Vec<Cmd> {
+        let mut out = Vec::with_capacity(2);
         self.lease.contact(now);
         let (acked, claimed) = known_seq(acked_seq, facts.last_seq);
         out.push(Cmd::AckFeedback {
