@@ -59,6 +59,10 @@ pub struct DeliveriesPage {
     pub rows: Vec<DeliveryRow>,
     /// The agent to continue after, when there may be more.
     pub next: Option<String>,
+    /// The key whose signature this version's text carries (`push
+    /// --sign`): each agent checks it against its trust list; the
+    /// controller only reads whose it says it is. `None`: unsigned.
+    pub signed_by: Option<String>,
 }
 
 /// The targets as stored.
@@ -352,12 +356,11 @@ impl App {
             .tenant_of(tenant)
             .ok_or_else(|| AppError::NotFound(format!("no pack {tenant}/{pack}")))?;
         let key = PackKey::new(&tenant, pack);
-        let version = if version == 0 {
+        let stored = if version == 0 {
             self.store
                 .pack_version(&key, None)
                 .await?
                 .ok_or_else(|| AppError::NotFound(format!("no pack {key}")))?
-                .version
         } else {
             // A version never stored is not an empty page (issue 36: it
             // answered 200 with no rows).
@@ -365,8 +368,12 @@ impl App {
                 .pack_version(&key, Some(version))
                 .await?
                 .ok_or_else(|| AppError::NotFound(format!("no version {version} of pack {key}")))?
-                .version
         };
+        let version = stored.version;
+        let signed_by = baton_trust::pack::split(&stored.yaml)
+            .ok()
+            .and_then(|(_, s)| s)
+            .map(|s| s.key.to_string());
         let limit = baton_store::page(limit, MAX_PAGE);
         let rows: Vec<DeliveryRow> = self
             .store
@@ -383,6 +390,7 @@ impl App {
             version,
             rows,
             next,
+            signed_by,
         })
     }
 }

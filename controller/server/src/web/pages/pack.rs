@@ -139,6 +139,13 @@ pub async fn page(
         };
     let body = html! {
         h1 { "Pack " (page.key) }
+        p #signature {
+            "v" (page.version) ": "
+            @match &page.signed_by {
+                Some(key) => { "signed with key " code { (key) } " (each agent checks it against its trust list)" }
+                None => { "unsigned (agents whose tenant requires signed packs refuse it)" }
+            }
+        }
         (refusals(&page))
         @if who.may_change() { (actions_bar(rollout.as_ref(), &name, &tenant)) }
         (rollout_section(rollout.as_ref(), &name, &tenant, now))

@@ -558,4 +558,26 @@ async fn a_signed_version_pushed_again_drops_its_signature_and_says_so() {
     )
     .await;
     assert!(!page.contains("signature-dropped"), "{page}");
+    // The pack's page says whose signature each version carries.
+    let signature = |page: &str| {
+        page.split("id=\"signature\"")
+            .nth(1)
+            .expect("the signature line")
+            .split("</p>")
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (_, _, page) = call(
+        &f.web,
+        get("/packs/blink?tenant=plant-a&version=1", Some(&olga)),
+    )
+    .await;
+    let line = signature(&page);
+    assert!(
+        line.contains("signed with key") && line.contains("0123456789abcdef"),
+        "{line}"
+    );
+    let (_, _, page) = call(&f.web, get("/packs/blink?tenant=plant-a", Some(&olga))).await;
+    assert!(signature(&page).contains("v2: unsigned"), "{page}");
 }
