@@ -38,6 +38,19 @@ pub enum KeysCmd {
         #[arg(long)]
         chain: PathBuf,
     },
+    /// Sign a pack file for a box's own packs (`packs:` in its
+    /// configuration; pushes sign with `push --sign`): the signature of
+    /// its tenant and bytes goes as its last line, written to `--out`.
+    SignPack {
+        /// The operator's private key (NAME.key).
+        #[arg(long)]
+        key: PathBuf,
+        /// The pack file.
+        file: PathBuf,
+        /// Where the signed pack goes (may be the file itself).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// A signing key from its file (`NAME.key`).
@@ -107,6 +120,24 @@ fn sign_list(root: &Path, list: &Path, chain: &Path) -> Result<u64, String> {
     Ok(body.version)
 }
 
+fn sign_pack(key: &Path, file: &Path, out: &Path) -> Result<String, String> {
+    let key = read_key(key)?;
+    let (yaml, pack) = baton_proto::pack::read_pack_file(file)?;
+    if baton_trust::pack::split(&yaml).is_ok_and(|(_, s)| s.is_some()) {
+        return Err(format!(
+            "{}: already signed (its last line is a signature)",
+            file.display()
+        ));
+    }
+    let body = baton_trust::pack::signable(&yaml);
+    let sig = baton_trust::PackSignature::sign(&key, &pack.tenant, &body);
+    let tmp = out.with_extension("signing.tmp");
+    std::fs::write(&tmp, baton_trust::pack::append(&body, &sig))
+        .and_then(|()| std::fs::rename(&tmp, out))
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(format!("{}/{} v{}", pack.tenant, pack.id, pack.version))
+}
+
 /// Run a `keys` subcommand; the exit status.
 pub fn run(cmd: KeysCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let result = match cmd {
@@ -121,6 +152,9 @@ pub fn run(cmd: KeysCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                 "signed trust list version {v} into {}",
                 chain.display()
             );
+        }),
+        KeysCmd::SignPack { key, file, out: to } => sign_pack(&key, &file, &to).map(|p| {
+            let _ = writeln!(out, "signed pack {p} into {}", to.display());
         }),
     };
     match result {

@@ -258,3 +258,92 @@ fn only_packs_the_trust_list_names_run_and_old_lists_do_not_come_back() {
         a.log()
     );
 }
+
+/// A box's own pack files under a trust directory: `check-config` says an
+/// unsigned one is refused and why, `keys sign-pack` signs it, and then
+/// both `check-config` and `run` take it.
+#[test]
+fn a_boxs_own_packs_are_checked_and_signed_with_keys_sign_pack() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let keys = d.join("keys");
+    let trust = d.join("trust");
+    std::fs::create_dir_all(&trust).expect("trust dir");
+    let root_pub = new_key(&keys, "root");
+    let a_pub = new_key(&keys, "op-a");
+    std::fs::write(trust.join("root.pub"), format!("{root_pub}\n")).expect("root.pub");
+    let o = sign_list(
+        d,
+        &keys.join("root.key"),
+        &trust.join("trust.json"),
+        1,
+        &[&a_pub],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let p = pack(d, 1);
+    let config = d.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "id: a1\ndata-dir: {}\ngpio: sim:{}\ntrust-dir: {}\npacks: [{}]\n",
+            s(&d.join("data")),
+            s(&d.join("gpio.jsonl")),
+            s(&trust),
+            s(&p)
+        ),
+    )
+    .expect("config");
+    let check = || {
+        run(
+            std::process::Command::new(bin("baton-agent")).args(["check-config", s(&config)]),
+            Duration::from_secs(60),
+        )
+    };
+    let o = check();
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("unsigned: tenant default requires packs signed"),
+        "{}",
+        text(&o)
+    );
+    let o = tool(&[
+        "keys",
+        "sign-pack",
+        "--key",
+        s(&keys.join("op-a.key")),
+        s(&p),
+        "--out",
+        s(&p),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        std::fs::read_to_string(&p)
+            .expect("pack")
+            .contains(baton_trust::pack::SIGNATURE_LINE),
+        "signed in place"
+    );
+    let o = check();
+    assert!(o.status.success(), "{}", text(&o));
+    // And the agent runs it.
+    let _agent = baton_e2e::Running(
+        std::process::Command::new(bin("baton-agent"))
+            .args([
+                "run",
+                "--config",
+                s(&config),
+                "--system-clock",
+                "reference",
+                "--no-rt",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("agent"),
+    );
+    assert!(
+        wait_until(WAIT, || std::fs::read_to_string(d.join("gpio.jsonl"))
+            .is_ok_and(|l| l.contains("\"value\":1"))),
+        "the signed pack fired"
+    );
+}

@@ -2,8 +2,10 @@
 //! anything, without running: the GPIO backend opens, every configured
 //! pack parses, passes the exec allowlist (programs and environment keys),
 //! gets every line it touches from the backend under the line allowlist,
-//! and shares no driven line with another pack. Lines are requested and
-//! released again (requesting never moves a line).
+//! and shares no driven line with another pack; with a trust directory,
+//! its root and trust lists read and check, and every pack passes them.
+//! Lines are requested and released again (requesting never moves a
+//! line).
 
 use std::sync::Arc;
 
@@ -36,6 +38,17 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
     let (tx, _rx) = std::sync::mpsc::channel();
     let exec = ExecPool::new(1, cfg.exec_allowlist.clone(), tx, Arc::new(|| {}));
     let mut adm = Admission::default();
+    let now_ns = baton_clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME);
+    let trust = match &cfg.trust_dir {
+        Some(dir) => match super::trust::read(dir, now_ns) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                bad.push(e);
+                None
+            }
+        },
+        None => None,
+    };
     for path in &cfg.packs {
         let name = path.display().to_string();
         let (yaml, pack) = match read_pack_file(path) {
@@ -53,7 +66,14 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
         }
         let r = adm
             .check_version(&key, pack.version, admission::digest(&yaml))
-            .and_then(|_| {
+            .and_then(|_| match &trust {
+                Some(t) => t
+                    .check_pack(&pack.tenant, &yaml, now_ns)
+                    .map(|_| ())
+                    .map_err(Into::into),
+                None => Ok(()),
+            })
+            .and_then(|()| {
                 Admission::check_exec(&pack, &|p, args, env| exec_check(&exec, p, args, env))
             })
             .and_then(|()| open_and_resolve(&mut adm, &pack, &mut device))

@@ -104,6 +104,24 @@ pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<Trust, Ru
     Ok(trust)
 }
 
+/// The trust `dir` gives, read and checked without keeping anything (for
+/// `check-config`); an error names the file and what is wrong.
+pub(super) fn read(dir: &Path, now_ns: i64) -> Result<Trust, String> {
+    let root_path = dir.join(ROOT_FILE);
+    let root = std::fs::read_to_string(&root_path)
+        .map_err(|e| format!("trust root {}: {e}", root_path.display()))
+        .and_then(|t| {
+            PublicKey::from_base64(&t)
+                .map_err(|e| format!("trust root {}: {e}", root_path.display()))
+        })?;
+    let chain_path = dir.join(CHAIN_FILE);
+    let chain = read_chain(&chain_path)
+        .map_err(|e| super::error::Chain(&e).to_string())?
+        .unwrap_or_default();
+    Trust::load(root, &chain, now_ns)
+        .map_err(|e| format!("trust lists {}: {e}", chain_path.display()))
+}
+
 /// Keep `chain` in `path`, replacing it whole (written beside, then
 /// renamed).
 fn write_chain(path: &Path, chain: &[SignedList]) -> Result<(), RuntimeError> {
