@@ -389,6 +389,12 @@ pub(crate) struct ServeArgs {
     /// max-packs is the tighter bound when smaller); more is refused.
     #[arg(long, default_value_t = 1024, value_parser = count_arg, allow_hyphen_values = true)]
     pub(crate) max_held_packs: u32,
+    /// The fleet's trust lists (a chain made by `keys sign-list`), relayed
+    /// to every agent after its Welcome: agents take the lists newer than
+    /// theirs that their root verifies (revocations reach boxes without a
+    /// visit). Read at start.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trust_chain: Option<PathBuf>,
 }
 
 // `push` (help: the variant's doc comment).

@@ -39,6 +39,7 @@ pub struct Opts {
     pub http: Option<std::net::SocketAddr>,
     pub retention: baton_app::retention::Retention,
     pub max_held: usize,
+    pub trust_chain: Option<PathBuf>,
 }
 
 impl From<ServeArgs> for Opts {
@@ -73,6 +74,7 @@ impl From<ServeArgs> for Opts {
             retain_clock,
             retain_audit,
             max_held_packs,
+            trust_chain,
         } = a;
         Opts {
             listen,
@@ -105,6 +107,7 @@ impl From<ServeArgs> for Opts {
                 ..Default::default()
             },
             max_held: max_held_packs as usize,
+            trust_chain,
         }
     }
 }
@@ -172,6 +175,21 @@ fn check_flags(
     Ok((handshakes, ping_interval))
 }
 
+/// `--trust-chain FILE`: a chain of signed trust lists, its form checked
+/// (the controller holds no root: the agents verify the signatures).
+fn read_trust_chain(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<str>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--trust-chain {}: cannot read: {e}", path.display()))?;
+    let lists: Vec<baton_trust::SignedList> = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "--trust-chain {}: not a chain of signed trust lists (keys sign-list makes one): {e}",
+            path.display()
+        )
+    })?;
+    tracing::info!(lists = lists.len(), file = %path.display(), "trust lists relayed to agents");
+    Ok(std::sync::Arc::from(text))
+}
+
 fn serve(o: Opts) -> anyhow::Result<()> {
     check_transport(&o)?;
     let (handshakes, ping_interval) = check_flags(&o)?;
@@ -202,6 +220,10 @@ fn serve(o: Opts) -> anyhow::Result<()> {
         cfg.http = o.http;
         cfg.retention = o.retention;
         cfg.max_held = o.max_held;
+        cfg.trust_chain = match &o.trust_chain {
+            Some(path) => Some(read_trust_chain(path)?),
+            None => None,
+        };
         cfg.accept = server::accept::AcceptOptions {
             max_connections: o.max_connections,
             handshakes,

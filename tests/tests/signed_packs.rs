@@ -347,3 +347,94 @@ fn a_boxs_own_packs_are_checked_and_signed_with_keys_sign_pack() {
         "the signed pack fired"
     );
 }
+
+/// The controller relays the fleet's trust lists (`serve --trust-chain`):
+/// an agent takes the newer ones its root verifies without a visit (a key
+/// revoked that way is refused from then on) and refuses a list its root
+/// did not sign, whoever relays it.
+#[test]
+fn the_controller_relays_trust_lists_and_cannot_forge_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let keys = d.join("keys");
+    let trust = d.join("trust");
+    std::fs::create_dir_all(&trust).expect("trust dir");
+    let root_pub = new_key(&keys, "root");
+    let a_pub = new_key(&keys, "op-a");
+    let b_pub = new_key(&keys, "op-b");
+    let _ = new_key(&keys, "mallory");
+    std::fs::write(trust.join("root.pub"), format!("{root_pub}\n")).expect("root.pub");
+    // The box has list 1 (A); the controller relays 1 and 2 (B only).
+    let boxed = trust.join("trust.json");
+    let relayed = d.join("relayed.json");
+    let root = keys.join("root.key");
+    assert!(
+        sign_list(d, &root, &boxed, 1, &[&a_pub], None)
+            .status
+            .success()
+    );
+    std::fs::copy(&boxed, &relayed).expect("copy");
+    assert!(
+        sign_list(d, &root, &relayed, 2, &[&b_pub], None)
+            .status
+            .success()
+    );
+
+    let c = baton_e2e::fleet::start_controller_args(
+        &d.join("ctl"),
+        "127.0.0.1:0",
+        &["--trust-chain", s(&relayed)],
+    );
+    let a = start_agent_clock(&d.join("a1"), "a1", &c.url, &["--trust-dir", s(&trust)]);
+    assert!(
+        wait_until(WAIT, || a
+            .log()
+            .contains("trust list taken from the controller")),
+        "{}",
+        a.log()
+    );
+    let o = push(&c, &pack(d, 1), Some(&keys.join("op-a.key")));
+    assert!(
+        !o.status.success(),
+        "A's key is revoked by list 2: {}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains("trust list version 2 does not name"),
+        "{}",
+        text(&o)
+    );
+    let o = push(&c, &pack(d, 2), Some(&keys.join("op-b.key")));
+    assert!(o.status.success(), "{}\n{}", text(&o), a.log());
+    drop(c);
+
+    // A controller that appends a list of its own making (signed by a key
+    // that is not the root): refused on the box, list 2 stays in force.
+    assert!(
+        sign_list(d, &keys.join("mallory.key"), &relayed, 3, &[&a_pub], None)
+            .status
+            .success()
+    );
+    let c = baton_e2e::fleet::start_controller_args(
+        &d.join("ctl2"),
+        "127.0.0.1:0",
+        &["--trust-chain", s(&relayed)],
+    );
+    let mut a = a;
+    a.url = c.url.clone();
+    a.restart();
+    assert!(
+        wait_until(WAIT, || a
+            .log()
+            .contains("trust list from the controller refused")),
+        "{}",
+        a.log()
+    );
+    let o = push(&c, &pack(d, 3), Some(&keys.join("op-a.key")));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("trust list version 2 does not name"),
+        "{}",
+        text(&o)
+    );
+}

@@ -21,5 +21,5 @@ pub(super) struct Plane {
     pub(super) uplink: Option<Uplink>,
     /// The fleet's trust (`trust-dir`); `None`: packs are not checked for
     /// signatures.
-    pub(super) trust: Option<baton_trust::Trust>,
+    pub(super) trust: Option<super::trust::BoxTrust>,
 }

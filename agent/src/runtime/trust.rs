@@ -39,10 +39,75 @@ fn read_chain(path: &Path) -> Result<Option<Vec<SignedList>>, RuntimeError> {
         .map_err(|e| start_error(format!("{}: not a chain of trust lists", path.display()), e))
 }
 
+/// The box's trust, and the chain behind it, kept in the data directory
+/// as it grows.
+#[derive(Debug)]
+pub(super) struct BoxTrust {
+    trust: Trust,
+    chain: Vec<SignedList>,
+    keep: PathBuf,
+}
+
+impl BoxTrust {
+    /// Whether `tenant`'s pack `text` may run (see `Trust::check_pack`).
+    pub(super) fn check_pack(
+        &self,
+        tenant: &str,
+        text: &str,
+        now_ns: i64,
+    ) -> Result<baton_trust::PackVerdict, baton_trust::PackSignatureError> {
+        self.trust.check_pack(tenant, text, now_ns)
+    }
+
+    /// Lists the controller relays (`chain`, JSON): those newer than the
+    /// newest held are taken in order, each only if the root in force
+    /// signed it; the sender is not trusted, so anything else is refused
+    /// and said. The grown chain is kept in the data directory (a failure
+    /// to write it is said: the lists stay in force in this run, and the
+    /// controller offers them again after a restart).
+    pub(super) fn offer(&mut self, chain: &str, now_ns: i64) {
+        let lists: Vec<SignedList> = match serde_json::from_str(chain) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(
+                    "trust lists from the controller are not a chain of signed lists: {e}"
+                );
+                return;
+            }
+        };
+        let held = self.trust.list().map_or(0, |l| l.version);
+        let mut taken = false;
+        for s in lists {
+            let version =
+                serde_json::from_str::<baton_trust::TrustList>(&s.body).map_or(0, |l| l.version);
+            if self.trust.list().is_some() && version <= held {
+                continue;
+            }
+            match self.trust.accept(&s, now_ns) {
+                Ok(l) => {
+                    tracing::info!(
+                        version = l.version,
+                        "trust: trust list taken from the controller"
+                    );
+                    self.chain.push(s);
+                    taken = true;
+                }
+                Err(e) => {
+                    tracing::error!("trust list from the controller refused: {e}");
+                    break;
+                }
+            }
+        }
+        if taken && let Err(e) = write_chain(&self.keep, &self.chain) {
+            tracing::error!("{}", super::error::Chain(&e));
+        }
+    }
+}
+
 /// The box's trust from `dir` (configured) and what `data_dir` kept; the
 /// chain chosen is written back to `data_dir`. `now_ns`: the expiry
 /// check's now.
-pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<Trust, RuntimeError> {
+pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust, RuntimeError> {
     let root_path = dir.join(ROOT_FILE);
     let root_text = std::fs::read_to_string(&root_path)
         .map_err(|e| start_error(format!("reading the trust root {}", root_path.display()), e))?;
@@ -91,7 +156,11 @@ pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<Trust, Ru
     };
     let Some((trust, chain)) = chosen else {
         tracing::info!(root = %root.id(), "trust: root installed, no trust list yet (packs are not checked until one is)");
-        return Ok(Trust::new(root));
+        return Ok(BoxTrust {
+            trust: Trust::new(root),
+            chain: Vec::new(),
+            keep: kept_path,
+        });
     };
     write_chain(&kept_path, &chain)?;
     if let Some(l) = trust.list() {
@@ -101,7 +170,11 @@ pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<Trust, Ru
             "trust: trust list in force"
         );
     }
-    Ok(trust)
+    Ok(BoxTrust {
+        trust,
+        chain,
+        keep: kept_path,
+    })
 }
 
 /// The trust `dir` gives, read and checked without keeping anything (for

@@ -296,6 +296,14 @@ impl Agent {
                 }
             }
             FromLink::FeedbackAck { session, seq } => Input::FeedbackAck { session, seq },
+            FromLink::TrustLists { chain, .. } => {
+                // Not the session's business: a list is taken for its root
+                // signature, whoever relays it.
+                if let Some(t) = &mut self.plane.trust {
+                    t.offer(&chain, self.clock.now().as_nanos());
+                }
+                return Ok(());
+            }
             FromLink::Alive { session } => Input::Alive { session },
             FromLink::Disconnected { session, reason: r } => {
                 reason = r;

@@ -140,6 +140,15 @@ pub enum FromLink {
         /// Session.
         session: u64,
     },
+    /// The fleet's trust lists as the controller relays them (a JSON
+    /// chain of root-signed lists): the control thread takes those newer
+    /// than its own that its root verifies; the sender is not trusted.
+    TrustLists {
+        /// Session.
+        session: u64,
+        /// The chain's text.
+        chain: String,
+    },
     /// The session ended (stream closed, refused, dead peer...). Sent once
     /// per session that was [`FromLink::Connected`].
     Disconnected {
@@ -160,6 +169,7 @@ impl FromLink {
             | FromLink::Cancel { session, .. }
             | FromLink::FeedbackAck { session, .. }
             | FromLink::Alive { session }
+            | FromLink::TrustLists { session, .. }
             | FromLink::Disconnected { session, .. } => *session,
         }
     }

@@ -677,6 +677,10 @@ impl Session {
                     max_uncertainty_ns: p.max_uncertainty_ns,
                 }),
             }),
+            Some(In::TrustLists(t)) => Some(FromLink::TrustLists {
+                session,
+                chain: t.chain,
+            }),
             Some(In::PackCancel(c)) => Some(FromLink::Cancel {
                 session,
                 pack: c.pack.unwrap_or_default(),

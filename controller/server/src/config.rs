@@ -49,6 +49,9 @@ pub struct ServerConfig {
     /// Whether agents belong to tenants: set with `tls` by
     /// [`ServerConfig::with_tls`] (identities make tenants bindable).
     pub binding: Binding,
+    /// The fleet's trust lists relayed to every agent after its Welcome
+    /// (`--trust-chain`; `None`: none).
+    pub trust_chain: Option<std::sync::Arc<str>>,
 }
 
 impl ServerConfig {
@@ -68,6 +71,7 @@ impl ServerConfig {
             accept: accept::AcceptOptions::default(),
             admit: None,
             binding: Binding::Open,
+            trust_chain: None,
         }
     }
 

@@ -102,6 +102,7 @@ where
     let cfg = LinkConfig {
         ping_interval: shared.cfg.ping_interval,
         binding: app.cfg.binding,
+        trust_chain: shared.cfg.trust_chain.clone(),
     };
     let (session, first) = Session::start(
         clocks(),

@@ -83,13 +83,17 @@ pub struct Now {
 }
 
 /// The session's settings.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LinkConfig {
     /// How often the agent is pinged; three silent intervals end the
     /// stream.
     pub ping_interval: Duration,
     /// Whether agents belong to tenants.
     pub binding: Binding,
+    /// The fleet's root-signed trust lists (a JSON chain), relayed to
+    /// every agent after its Welcome (`serve --trust-chain`); the
+    /// controller cannot sign or verify them, the agents' roots do.
+    pub trust_chain: Option<Arc<str>>,
 }
 
 /// What a session is told.
@@ -204,6 +208,8 @@ pub enum Action {
 /// A message for the agent.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ToAgent {
+    /// The fleet's trust lists (after the Welcome).
+    TrustLists(Arc<str>),
     /// The answer to its hello.
     Welcome {
         /// Its id.
@@ -460,6 +466,7 @@ impl Session {
         first_held_seq: u64,
     ) -> (Session, Vec<Action>) {
         hello.cert_tenants = cert_tenants.clone();
+        let ping_interval = cfg.ping_interval;
         let mut s = Session {
             cfg,
             agent: AgentRow::new(&hello.id, &hello.journal_id),
@@ -473,7 +480,7 @@ impl Session {
             first_held_seq,
             last_heard: now.mono,
             next_ping_id: 1,
-            next_ping: now.mono + cfg.ping_interval,
+            next_ping: now.mono + ping_interval,
             next_seen: now.mono + SEEN_EVERY,
             next_resync: now.mono + RESYNC,
             time_requests: Limited::new("time requests", TIME_REQUESTS, now.mono),
@@ -845,6 +852,9 @@ impl Session {
             ping_interval: self.cfg.ping_interval,
             session_gen: self.agent.session_gen,
         });
+        if let Some(chain) = &self.cfg.trust_chain {
+            self.send(ToAgent::TrustLists(chain.clone()));
+        }
         let detail = format!("agent {}", self.agent.agent_version);
         self.agent_event(now, AgentEventKind::Connected, None, detail);
         self.act_all();

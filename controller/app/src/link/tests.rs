@@ -201,6 +201,7 @@ impl Run {
         let cfg = LinkConfig {
             ping_interval: PING,
             binding: Binding::Open,
+            trust_chain: None,
         };
         let hello = HelloRow {
             id: "a1".into(),
@@ -509,6 +510,7 @@ fn a_replaced_or_forgotten_stream_ends_and_a_held_set_is_filtered_to_its_own() {
     let cfg_tenants = LinkConfig {
         ping_interval: PING,
         binding: Binding::Tenants,
+        trust_chain: None,
     };
     let mut r = Run::start(Fake::new(vec![pending("p", 1)]), 1);
     r.s.cfg = cfg_tenants;

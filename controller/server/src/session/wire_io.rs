@@ -67,6 +67,9 @@ pub(super) fn from_wire(
 /// leaves, stamped now).
 pub(super) fn to_wire(m: ToAgent) -> Out {
     match m {
+        ToAgent::TrustLists(chain) => Out::TrustLists(wire::TrustLists {
+            chain: chain.to_string(),
+        }),
         ToAgent::Welcome {
             agent_id,
             feedback_acked_seq,
