@@ -188,6 +188,29 @@ impl Trust {
         crate::pack::verify(list, tenant, body, sig.as_ref())
     }
 
+    /// Take the lists of `chain` newer than the one held, in order, each
+    /// signed by the root in force then; only the newest taken must not
+    /// have expired at `now` (the ones before it were in force when made,
+    /// and a box that was away past one of them must still catch up).
+    /// Nothing changes on a refusal; the number taken otherwise.
+    pub fn accept_chain(&mut self, chain: &[SignedList], now_ns: i64) -> Result<usize, TrustError> {
+        let held = self.list.as_ref().map(|l| l.version);
+        let newer: Vec<&SignedList> = chain
+            .iter()
+            .filter(|s| {
+                let v = serde_json::from_str::<TrustList>(&s.body).map_or(u64::MAX, |l| l.version);
+                held.is_none_or(|h| v > h)
+            })
+            .collect();
+        let mut next = self.clone();
+        for (i, s) in newer.iter().enumerate() {
+            let last = i + 1 == newer.len();
+            next.take(s, last.then_some(now_ns))?;
+        }
+        *self = next;
+        Ok(newer.len())
+    }
+
     /// Take a new list: signed by the root in force, newer than the list
     /// held, not expired at `now`. Nothing changes on a refusal.
     pub fn accept(&mut self, signed: &SignedList, now_ns: i64) -> Result<&TrustList, TrustError> {

@@ -42,10 +42,20 @@ pub fn split(text: &str) -> Result<(&str, Option<PackSignature>), PackSignatureE
     let malformed = || PackSignatureError::Malformed {
         line: last.to_string(),
     };
+    // Exactly `KEYID SIGNATURE`: lowercase hex, one space, base64; no
+    // other byte (a `\r` or a tab would give one signature many
+    // spellings, and a `\r` is a line break to YAML).
+    let base64 = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=');
+    if !rest.bytes().all(|b| b == b' ' || base64(b)) {
+        return Err(malformed());
+    }
     let mut words = rest.split(' ');
     let (Some(key), Some(sig), None) = (words.next(), words.next(), words.next()) else {
         return Err(malformed());
     };
+    if key.len() != 16 || !key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(malformed());
+    }
     let key = KeyId::from_hex(key).ok_or_else(malformed)?;
     let signature = Signature::from_base64(sig).map_err(|_| malformed())?;
     Ok((body, Some(PackSignature { key, signature })))
@@ -96,6 +106,22 @@ pub enum PackSignatureError {
     /// The newest trust list cannot be used (expired).
     #[error(transparent)]
     TrustList(#[from] crate::list::TrustError),
+    /// The list does not name the tenant: once a box has a trust list,
+    /// only the tenants it names may run packs there (a site that starts
+    /// without signatures names its tenants with `require_signed: false`).
+    #[error(
+        "tenant {tenant} is not in trust list version {list}: its packs do not run on this box"
+    )]
+    UnknownTenant {
+        /// The tenant.
+        tenant: String,
+        /// The trust list's version.
+        list: u64,
+    },
+    /// The box's trust could not be established (its kept lists do not
+    /// load): nothing runs until it is mended.
+    #[error("this box's trust lists are unusable ({0}): no pack runs until they are mended")]
+    Unusable(String),
     /// A last line that starts like a signature but is not one.
     #[error("malformed signature line {line:?}: expected `{SIGNATURE_LINE}KEY-ID SIGNATURE`")]
     Malformed {
@@ -157,9 +183,14 @@ pub fn verify(
     yaml: &str,
     sig: Option<&PackSignature>,
 ) -> Result<PackVerdict, PackSignatureError> {
-    let trust = list.tenants.get(tenant);
+    let Some(trust) = list.tenants.get(tenant) else {
+        return Err(PackSignatureError::UnknownTenant {
+            tenant: tenant.to_string(),
+            list: list.version,
+        });
+    };
     let Some(sig) = sig else {
-        if trust.is_some_and(|t| t.require_signed) {
+        if trust.require_signed {
             return Err(PackSignatureError::Unsigned {
                 tenant: tenant.to_string(),
                 list: list.version,
@@ -167,10 +198,7 @@ pub fn verify(
         }
         return Ok(PackVerdict::Unsigned);
     };
-    let key: Option<&PublicKey> = trust
-        .into_iter()
-        .flat_map(|t| t.pack_keys.iter())
-        .find(|k| k.id() == sig.key);
+    let key: Option<&PublicKey> = trust.pack_keys.iter().find(|k| k.id() == sig.key);
     let Some(key) = key else {
         return Err(PackSignatureError::UnknownKey {
             key: sig.key,
@@ -268,7 +296,11 @@ mod tests {
         let a = SigningKey::generate().expect("key");
         let l = list(1, &[("plant-a", false, &[&a])]);
         assert_eq!(verify(&l, "plant-a", PACK, None), Ok(PackVerdict::Unsigned));
-        assert_eq!(verify(&l, "nobody", PACK, None), Ok(PackVerdict::Unsigned));
+        // A tenant the list does not name runs nothing, signed or not.
+        assert!(matches!(
+            verify(&l, "nobody", PACK, None),
+            Err(PackSignatureError::UnknownTenant { .. })
+        ));
         let other = SigningKey::generate().expect("key");
         let sig = PackSignature::sign(&other, "plant-a", PACK);
         assert!(verify(&l, "plant-a", PACK, Some(&sig)).is_err());
@@ -292,6 +324,16 @@ mod tests {
             split(&broken),
             Err(PackSignatureError::Malformed { .. })
         ));
+        // One spelling only: a CR, a tab, upper-case hex are refused.
+        let line = text.lines().last().expect("line").to_string();
+        for bad in [
+            line.replacen(&format!("{} ", sig.key), &format!("{}\t", sig.key), 1),
+            format!("{line}\r"),
+            line.replace(&sig.key.to_string(), &sig.key.to_string().to_uppercase()),
+        ] {
+            let t = format!("{PACK}{bad}\n");
+            assert!(split(&t).is_err(), "{bad:?}");
+        }
         // Without its final newline too.
         let (got, s2) = split(text.trim_end()).expect("split");
         assert_eq!((got, s2.is_some()), (PACK, true));

@@ -158,7 +158,7 @@ impl Agent {
         restart::log_opened(&recovered);
         let now = clock.now();
         let trust = match &cfg.trust_dir {
-            Some(dir) => Some(super::trust::load(dir, &cfg.data_dir, now.as_nanos())?),
+            Some(dir) => Some(super::trust::load(dir, &cfg.data_dir)?),
             None => None,
         };
         let mut agent = Agent {

@@ -46,6 +46,9 @@ pub(super) struct BoxTrust {
     trust: Trust,
     chain: Vec<SignedList>,
     keep: PathBuf,
+    /// Lists were there but none could be taken: nothing runs (never
+    /// "no list, nothing checked").
+    unusable: Option<String>,
 }
 
 impl BoxTrust {
@@ -56,15 +59,19 @@ impl BoxTrust {
         text: &str,
         now_ns: i64,
     ) -> Result<baton_trust::PackVerdict, baton_trust::PackSignatureError> {
+        if let Some(why) = &self.unusable {
+            return Err(baton_trust::PackSignatureError::Unusable(why.clone()));
+        }
         self.trust.check_pack(tenant, text, now_ns)
     }
 
     /// Lists the controller relays (`chain`, JSON): those newer than the
     /// newest held are taken in order, each only if the root in force
-    /// signed it; the sender is not trusted, so anything else is refused
-    /// and said. The grown chain is kept in the data directory (a failure
-    /// to write it is said: the lists stay in force in this run, and the
-    /// controller offers them again after a restart).
+    /// signed it (the newest not expired); the sender is not trusted, so
+    /// anything else is refused, whole, and said. The grown chain is kept
+    /// in the data directory (a failure to write it is said: the lists
+    /// stay in force in this run, and the controller offers them again
+    /// after a restart).
     pub(super) fn offer(&mut self, chain: &str, now_ns: i64) {
         let lists: Vec<SignedList> = match serde_json::from_str(chain) {
             Ok(l) => l,
@@ -75,71 +82,69 @@ impl BoxTrust {
                 return;
             }
         };
-        let held = self.trust.list().map_or(0, |l| l.version);
-        let mut taken = false;
-        for s in lists {
-            let version =
-                serde_json::from_str::<baton_trust::TrustList>(&s.body).map_or(0, |l| l.version);
-            if self.trust.list().is_some() && version <= held {
-                continue;
-            }
-            match self.trust.accept(&s, now_ns) {
-                Ok(l) => {
+        let held = self.trust.list().map(|l| l.version);
+        match self.trust.accept_chain(&lists, now_ns) {
+            Ok(0) => {}
+            Ok(n) => {
+                self.unusable = None;
+                let newer = lists.into_iter().filter(|s| {
+                    serde_json::from_str::<baton_trust::TrustList>(&s.body)
+                        .is_ok_and(|l| held.is_none_or(|h| l.version > h))
+                });
+                self.chain.extend(newer);
+                if let Some(l) = self.trust.list() {
                     tracing::info!(
                         version = l.version,
+                        taken = n,
                         "trust: trust list taken from the controller"
                     );
-                    self.chain.push(s);
-                    taken = true;
                 }
-                Err(e) => {
-                    tracing::error!("trust list from the controller refused: {e}");
-                    break;
+                if let Err(e) = write_chain(&self.keep, &self.chain) {
+                    tracing::error!("{}", super::error::Chain(&e));
                 }
             }
-        }
-        if taken && let Err(e) = write_chain(&self.keep, &self.chain) {
-            tracing::error!("{}", super::error::Chain(&e));
+            Err(e) => tracing::error!("trust list from the controller refused: {e}"),
         }
     }
 }
 
-/// The box's trust from `dir` (configured) and what `data_dir` kept; the
-/// chain chosen is written back to `data_dir`. `now_ns`: the expiry
-/// check's now.
-pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust, RuntimeError> {
+/// A chain file loaded against `root` (expiry aside: it is checked when a
+/// pack is, so an expired newest list refuses everything rather than
+/// letting an older one back); `None` where there is no file.
+fn load_chain(root: PublicKey, path: &Path) -> Result<Option<(Trust, Vec<SignedList>)>, String> {
+    let chain = read_chain(path).map_err(|e| super::error::Chain(&e).to_string())?;
+    let Some(chain) = chain else {
+        return Ok(None);
+    };
+    Trust::load(root, &chain, i64::MIN)
+        .map(|t| Some((t, chain)))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The box's trust from `dir` (configured) and what `data_dir` kept: the
+/// newer chain of the two that load, written back to `data_dir`; an older
+/// one put back in `dir` is refused as a rollback. Lists that exist but
+/// none of which loads leave the box unusable (nothing runs), never
+/// unchecked.
+pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError> {
     let root_path = dir.join(ROOT_FILE);
     let root_text = std::fs::read_to_string(&root_path)
         .map_err(|e| start_error(format!("reading the trust root {}", root_path.display()), e))?;
     let root = PublicKey::from_base64(&root_text)
         .map_err(|e| start_error(format!("the trust root {}", root_path.display()), e))?;
     let kept_path = data_dir.join(CHAIN_FILE);
-    let kept = match read_chain(&kept_path)? {
-        Some(chain) => match Trust::load(root, &chain, now_ns) {
-            Ok(t) => Some((t, chain)),
-            Err(e) => {
-                // Not this box's root any more (the root file was replaced)
-                // or expired: the configured chain decides.
-                tracing::warn!(
-                    "the trust lists this box kept ({}): {e}",
-                    kept_path.display()
-                );
-                None
-            }
-        },
-        None => None,
-    };
     let given_path = dir.join(CHAIN_FILE);
-    let given = match read_chain(&given_path)? {
-        Some(chain) => match Trust::load(root, &chain, now_ns) {
-            Ok(t) => Some((t, chain)),
-            Err(e) => {
-                tracing::error!("trust lists in {} refused: {e}", given_path.display());
-                None
-            }
-        },
-        None => None,
+    let mut problems = Vec::new();
+    let mut loaded = |path: &Path| match load_chain(root, path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("trust lists refused: {e}");
+            problems.push(e);
+            None
+        }
     };
+    let kept = loaded(&kept_path);
+    let given = loaded(&given_path);
     let version = |t: &Option<(Trust, Vec<SignedList>)>| {
         t.as_ref().and_then(|(t, _)| t.list()).map(|l| l.version)
     };
@@ -155,11 +160,20 @@ pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust,
         (None, _) => kept,
     };
     let Some((trust, chain)) = chosen else {
-        tracing::info!(root = %root.id(), "trust: root installed, no trust list yet (packs are not checked until one is)");
+        let unusable = (!problems.is_empty()).then(|| problems.join("; "));
+        match &unusable {
+            Some(why) => {
+                tracing::error!("trust: no usable trust list ({why}): no pack runs until one is")
+            }
+            None => {
+                tracing::info!(root = %root.id(), "trust: root installed, no trust list yet (packs are not checked until one is)")
+            }
+        }
         return Ok(BoxTrust {
             trust: Trust::new(root),
             chain: Vec::new(),
             keep: kept_path,
+            unusable,
         });
     };
     write_chain(&kept_path, &chain)?;
@@ -174,6 +188,7 @@ pub(super) fn load(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust,
         trust,
         chain,
         keep: kept_path,
+        unusable: None,
     })
 }
 
@@ -205,4 +220,82 @@ fn write_chain(path: &Path, chain: &[SignedList]) -> Result<(), RuntimeError> {
         .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| start_error(format!("keeping the trust chain in {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_trust::{PackSignatureError, SigningKey, TenantTrust, TrustList};
+
+    const PACK: &str = "pack: p\nversion: 1\ninstructions:\n  - {id: n, action: noop, every: 1s}\n";
+
+    fn list(version: u64, expires_ns: i64) -> TrustList {
+        TrustList {
+            version,
+            expires_ns,
+            next_root: None,
+            tenants: [(
+                "default".to_string(),
+                TenantTrust {
+                    require_signed: false,
+                    pack_keys: Vec::new(),
+                },
+            )]
+            .into_iter()
+            .collect(),
+            release_keys: Vec::new(),
+        }
+    }
+
+    fn write(path: &Path, chain: &[SignedList]) {
+        std::fs::write(path, serde_json::to_string(chain).expect("json")).expect("write");
+    }
+
+    /// The box kept list 2, now expired; the trust directory holds list 1,
+    /// still valid: list 2 stays (an older list never comes back), and
+    /// being expired it lets nothing run, before and after a restart.
+    #[test]
+    fn an_expired_newest_list_refuses_everything_and_an_older_one_does_not_come_back() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (dir, data) = (tmp.path().join("trust"), tmp.path().join("data"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::create_dir_all(&data).expect("data");
+        let root = SigningKey::generate().expect("key");
+        std::fs::write(dir.join(ROOT_FILE), root.public().to_base64()).expect("root");
+        let v1 = SignedList::sign(&list(1, i64::MAX), &root);
+        let v2 = SignedList::sign(&list(2, 1_000), &root);
+        write(&dir.join(CHAIN_FILE), std::slice::from_ref(&v1));
+        write(&data.join(CHAIN_FILE), &[v1, v2]);
+        for _restart in 0..2 {
+            let t = load(&dir, &data).expect("load");
+            assert_eq!(t.trust.list().map(|l| l.version), Some(2));
+            let e = t.check_pack("default", PACK, 2_000).expect_err("expired");
+            assert!(matches!(e, PackSignatureError::TrustList(_)), "{e}");
+        }
+    }
+
+    /// Lists that are there but do not load leave the box unusable, never
+    /// unchecked; no list at all is unchecked (a site starting).
+    #[test]
+    fn unusable_lists_run_nothing_and_no_lists_check_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (dir, data) = (tmp.path().join("trust"), tmp.path().join("data"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::create_dir_all(&data).expect("data");
+        let root = SigningKey::generate().expect("key");
+        std::fs::write(dir.join(ROOT_FILE), root.public().to_base64()).expect("root");
+        let t = load(&dir, &data).expect("load");
+        assert_eq!(
+            t.check_pack("anyone", PACK, 0),
+            Ok(baton_trust::PackVerdict::Unchecked)
+        );
+        let other = SigningKey::generate().expect("key");
+        write(
+            &data.join(CHAIN_FILE),
+            &[SignedList::sign(&list(1, i64::MAX), &other)],
+        );
+        let t = load(&dir, &data).expect("load");
+        let e = t.check_pack("default", PACK, 0).expect_err("unusable");
+        assert!(matches!(e, PackSignatureError::Unusable(_)), "{e}");
+    }
 }

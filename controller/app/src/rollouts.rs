@@ -364,7 +364,12 @@ impl App {
             .await?
             .map_or(row.version, |p| p.version);
         let version = latest.max(row.version) + 1;
-        let yaml = with_version(&old.yaml, version).map_err(|e| {
+        // A signature covered the old version's bytes, not the renumbered
+        // ones: left out, a box that requires signatures refuses the
+        // rollback as unsigned (said in the deliveries) rather than as a
+        // forgery. (The fix is an operator-signed rollback; issue 39's note.)
+        let text = baton_trust::pack::split(&old.yaml).map_or(old.yaml.as_str(), |(body, _)| body);
+        let yaml = with_version(text, version).map_err(|e| {
             AppError::Invalid(format!(
                 "{key} v{from} cannot be numbered v{version}: {}",
                 e.render("its text").trim_end()
