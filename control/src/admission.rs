@@ -72,6 +72,15 @@ pub enum AdmissionError {
     /// expired list).
     #[error("{0}")]
     Signature(#[from] baton_trust::PackSignatureError),
+    /// With a trust list, a pack that names the agents it is for runs only
+    /// on those: a signed pack replayed to another box is refused there.
+    #[error("the pack is for agents {targets} (its signed `targets`), not this agent ({agent})")]
+    NotTargeted {
+        /// This agent.
+        agent: String,
+        /// The agents the pack names.
+        targets: String,
+    },
     /// A line is driven by another pack.
     #[error(
         "line {line} is driven by pack {other} too; a line is driven by one pack at a time unless both packs list it in `shared_lines`"

@@ -323,7 +323,44 @@ fn a_boxs_own_packs_are_checked_and_signed_with_keys_sign_pack() {
     );
     let o = check();
     assert!(o.status.success(), "{}", text(&o));
-    // And the agent runs it.
+    // Signed but for another agent (its `targets`, inside what was
+    // signed): refused on this box, the reason said at start.
+    let elsewhere = d.join("elsewhere.yaml");
+    std::fs::write(
+        &elsewhere,
+        std::fs::read_to_string(pack(d, 2))
+            .expect("v2")
+            .replace("targets: {agents: [a1]}", "targets: {agents: [a2]}"),
+    )
+    .expect("elsewhere");
+    let o = tool(&[
+        "keys",
+        "sign-pack",
+        "--key",
+        s(&keys.join("op-a.key")),
+        s(&elsewhere),
+        "--out",
+        s(&elsewhere),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(
+        std::process::Command::new(bin("baton-agent")).args([
+            "run",
+            "--config",
+            s(&config),
+            "--system-clock",
+            "reference",
+            "--no-rt",
+            "--data",
+            s(&d.join("data-elsewhere")),
+            "--pack",
+            s(&elsewhere),
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("not this agent (a1)"), "{}", text(&o));
+    // And the agent runs its own.
     let _agent = baton_e2e::Running(
         std::process::Command::new(bin("baton-agent"))
             .args([

@@ -270,6 +270,18 @@ impl Agent {
         if let Some(trust) = &self.plane.trust {
             let verdict = trust.check_pack(&pack.tenant, yaml, self.clock.now().as_nanos())?;
             tracing::debug!(pack = %key, ?verdict, "trust list passed");
+            // Agent ids in `targets` are inside what was signed: a pack
+            // replayed to a box it does not name is refused there. (Label
+            // targets are not checked here: operators' labels on the
+            // controller may differ from the box's own.)
+            if let Some(baton_proto::pack::Targets::Agents(ids)) = &pack.targets
+                && !ids.iter().any(|a| a == &self.cfg.id)
+            {
+                return Err(AdmissionError::NotTargeted {
+                    agent: self.cfg.id.clone(),
+                    targets: ids.join(", "),
+                });
+            }
         }
         let exec = &self.ports.exec;
         Admission::check_exec(pack, &|program, args, env| {
