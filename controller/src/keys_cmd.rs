@@ -123,16 +123,14 @@ fn sign_list(root: &Path, list: &Path, chain: &Path) -> Result<u64, String> {
 fn sign_pack(key: &Path, file: &Path, out: &Path) -> Result<String, String> {
     let key = read_key(key)?;
     let (yaml, pack) = baton_proto::pack::read_pack_file(file)?;
-    if baton_trust::pack::split(&yaml).is_ok_and(|(_, s)| s.is_some()) {
-        return Err(format!(
+    let signed = baton_trust::pack::sign_text(&key, &pack.tenant, &yaml).ok_or_else(|| {
+        format!(
             "{}: already signed (its last line is a signature)",
             file.display()
-        ));
-    }
-    let body = baton_trust::pack::signable(&yaml);
-    let sig = baton_trust::PackSignature::sign(&key, &pack.tenant, &body);
+        )
+    })?;
     let tmp = out.with_extension("signing.tmp");
-    std::fs::write(&tmp, baton_trust::pack::append(&body, &sig))
+    std::fs::write(&tmp, signed)
         .and_then(|()| std::fs::rename(&tmp, out))
         .map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(format!("{}/{} v{}", pack.tenant, pack.id, pack.version))

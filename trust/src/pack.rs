@@ -71,6 +71,18 @@ pub fn append(text: &str, sig: &PackSignature) -> String {
     )
 }
 
+/// `tenant`'s pack `text` signed by `key`: its final newline, then its
+/// signature line. `None`: it ends with a signature line already (one
+/// signature per text; signing again would sign the first).
+pub fn sign_text(key: &SigningKey, tenant: &str, text: &str) -> Option<String> {
+    if split(text).is_ok_and(|(_, s)| s.is_some()) {
+        return None;
+    }
+    let body = signable(text);
+    let sig = PackSignature::sign(key, tenant, &body);
+    Some(append(&body, &sig))
+}
+
 /// `text` as it will be signed: with its final newline.
 pub fn signable(text: &str) -> String {
     if text.ends_with('\n') {
@@ -319,6 +331,11 @@ mod tests {
         assert_eq!(got, PACK);
         assert_eq!(got_sig.as_ref(), Some(&sig));
         assert_eq!(split(PACK).expect("plain"), (PACK, None));
+        assert_eq!(
+            sign_text(&a, "plant-a", PACK.trim_end()),
+            Some(text.clone())
+        );
+        assert_eq!(sign_text(&a, "plant-a", &text), None, "signed once");
         let broken = format!("{PACK}{SIGNATURE_LINE}nothex AAAA\n");
         assert!(matches!(
             split(&broken),

@@ -43,14 +43,11 @@ pub async fn push(
     let mut packs = read_all(files)?;
     if let Some(key) = &opts.sign {
         for (name, yaml, pack) in &mut packs {
-            if baton_trust::pack::split(yaml).is_ok_and(|(_, s)| s.is_some()) {
-                return Err(OpError::fail(format!(
+            *yaml = baton_trust::pack::sign_text(key, &pack.tenant, yaml).ok_or_else(|| {
+                OpError::fail(format!(
                     "{name}: already signed (its last line is a signature); nothing pushed"
-                )));
-            }
-            let body = baton_trust::pack::signable(yaml);
-            let sig = baton_trust::PackSignature::sign(key, &pack.tenant, &body);
-            *yaml = baton_trust::pack::append(&body, &sig);
+                ))
+            })?;
         }
     }
     let mut c = client(conn).await?;
