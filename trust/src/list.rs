@@ -192,8 +192,12 @@ impl Trust {
     /// signed by the root in force then; only the newest taken must not
     /// have expired at `now` (the ones before it were in force when made,
     /// and a box that was away past one of them must still catch up).
-    /// Nothing changes on a refusal; the number taken otherwise.
-    pub fn accept_chain(&mut self, chain: &[SignedList], now_ns: i64) -> Result<usize, TrustError> {
+    /// Nothing changes on a refusal; the lists taken otherwise, in order.
+    pub fn accept_chain(
+        &mut self,
+        chain: &[SignedList],
+        now_ns: i64,
+    ) -> Result<Vec<SignedList>, TrustError> {
         let held = self.list.as_ref().map(|l| l.version);
         let newer: Vec<&SignedList> = chain
             .iter()
@@ -208,7 +212,7 @@ impl Trust {
             next.take(s, last.then_some(now_ns))?;
         }
         *self = next;
-        Ok(newer.len())
+        Ok(newer.into_iter().cloned().collect())
     }
 
     /// Take a new list: signed by the root in force, newer than the list

@@ -82,16 +82,12 @@ impl BoxTrust {
                 return;
             }
         };
-        let held = self.trust.list().map(|l| l.version);
         match self.trust.accept_chain(&lists, now_ns) {
-            Ok(0) => {}
-            Ok(n) => {
+            Ok(taken) if taken.is_empty() => {}
+            Ok(taken) => {
                 self.unusable = None;
-                let newer = lists.into_iter().filter(|s| {
-                    serde_json::from_str::<baton_trust::TrustList>(&s.body)
-                        .is_ok_and(|l| held.is_none_or(|h| l.version > h))
-                });
-                self.chain.extend(newer);
+                let n = taken.len();
+                self.chain.extend(taken);
                 if let Some(l) = self.trust.list() {
                     tracing::info!(
                         version = l.version,
@@ -106,6 +102,13 @@ impl BoxTrust {
             Err(e) => tracing::error!("trust list from the controller refused: {e}"),
         }
     }
+}
+
+/// The root's public key in `dir` (the caller names the file in its
+/// error).
+fn read_root(dir: &Path) -> Result<PublicKey, Box<dyn std::error::Error + Send + Sync>> {
+    let text = std::fs::read_to_string(dir.join(ROOT_FILE))?;
+    Ok(PublicKey::from_base64(&text)?)
 }
 
 /// A chain file loaded against `root` (expiry aside: it is checked when a
@@ -127,11 +130,12 @@ fn load_chain(root: PublicKey, path: &Path) -> Result<Option<(Trust, Vec<SignedL
 /// none of which loads leave the box unusable (nothing runs), never
 /// unchecked.
 pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError> {
-    let root_path = dir.join(ROOT_FILE);
-    let root_text = std::fs::read_to_string(&root_path)
-        .map_err(|e| start_error(format!("reading the trust root {}", root_path.display()), e))?;
-    let root = PublicKey::from_base64(&root_text)
-        .map_err(|e| start_error(format!("the trust root {}", root_path.display()), e))?;
+    let root = read_root(dir).map_err(|e| {
+        start_error(
+            format!("the trust root {}", dir.join(ROOT_FILE).display()),
+            e,
+        )
+    })?;
     let kept_path = data_dir.join(CHAIN_FILE);
     let given_path = dir.join(CHAIN_FILE);
     let mut problems = Vec::new();
@@ -195,13 +199,8 @@ pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError
 /// The trust `dir` gives, read and checked without keeping anything (for
 /// `check-config`); an error names the file and what is wrong.
 pub(super) fn read(dir: &Path, now_ns: i64) -> Result<Trust, String> {
-    let root_path = dir.join(ROOT_FILE);
-    let root = std::fs::read_to_string(&root_path)
-        .map_err(|e| format!("trust root {}: {e}", root_path.display()))
-        .and_then(|t| {
-            PublicKey::from_base64(&t)
-                .map_err(|e| format!("trust root {}: {e}", root_path.display()))
-        })?;
+    let root =
+        read_root(dir).map_err(|e| format!("trust root {}: {e}", dir.join(ROOT_FILE).display()))?;
     let chain_path = dir.join(CHAIN_FILE);
     let chain = read_chain(&chain_path)
         .map_err(|e| super::error::Chain(&e).to_string())?
@@ -247,6 +246,17 @@ mod tests {
         }
     }
 
+    /// A trust directory with a new root installed, and a data directory.
+    fn site() -> (tempfile::TempDir, PathBuf, PathBuf, SigningKey) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (dir, data) = (tmp.path().join("trust"), tmp.path().join("data"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::create_dir_all(&data).expect("data");
+        let root = SigningKey::generate().expect("key");
+        std::fs::write(dir.join(ROOT_FILE), root.public().to_base64()).expect("root");
+        (tmp, dir, data, root)
+    }
+
     fn write(path: &Path, chain: &[SignedList]) {
         std::fs::write(path, serde_json::to_string(chain).expect("json")).expect("write");
     }
@@ -256,12 +266,7 @@ mod tests {
     /// being expired it lets nothing run, before and after a restart.
     #[test]
     fn an_expired_newest_list_refuses_everything_and_an_older_one_does_not_come_back() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let (dir, data) = (tmp.path().join("trust"), tmp.path().join("data"));
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::create_dir_all(&data).expect("data");
-        let root = SigningKey::generate().expect("key");
-        std::fs::write(dir.join(ROOT_FILE), root.public().to_base64()).expect("root");
+        let (_tmp, dir, data, root) = site();
         let v1 = SignedList::sign(&list(1, i64::MAX), &root);
         let v2 = SignedList::sign(&list(2, 1_000), &root);
         write(&dir.join(CHAIN_FILE), std::slice::from_ref(&v1));
@@ -278,12 +283,7 @@ mod tests {
     /// unchecked; no list at all is unchecked (a site starting).
     #[test]
     fn unusable_lists_run_nothing_and_no_lists_check_nothing() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let (dir, data) = (tmp.path().join("trust"), tmp.path().join("data"));
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::create_dir_all(&data).expect("data");
-        let root = SigningKey::generate().expect("key");
-        std::fs::write(dir.join(ROOT_FILE), root.public().to_base64()).expect("root");
+        let (_tmp, dir, data, _root) = site();
         let t = load(&dir, &data).expect("load");
         assert_eq!(
             t.check_pack("anyone", PACK, 0),
