@@ -109,20 +109,26 @@ fn held(c: &Controller) -> Option<u64> {
         .and_then(|p| p["version"].as_u64())
 }
 
+/// `keys/` with a new root key, and `trust/` with its public half
+/// installed, as on a box.
+fn site(d: &Path) -> (PathBuf, PathBuf) {
+    let (keys, trust) = (d.join("keys"), d.join("trust"));
+    std::fs::create_dir_all(&trust).expect("trust dir");
+    let root_pub = new_key(&keys, "root");
+    std::fs::write(trust.join("root.pub"), format!("{root_pub}\n")).expect("root.pub");
+    (keys, trust)
+}
+
 #[test]
 fn only_packs_the_trust_list_names_run_and_old_lists_do_not_come_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let keys = d.join("keys");
-    let trust = d.join("trust");
-    std::fs::create_dir_all(&trust).expect("trust dir");
-    let root_pub = new_key(&keys, "root");
+    let (keys, trust) = site(d);
     let a_pub = new_key(&keys, "op-a");
     let b_pub = new_key(&keys, "op-b");
     let root2_pub = new_key(&keys, "root2");
     let (root, root2) = (keys.join("root.key"), keys.join("root2.key"));
     let (op_a, op_b) = (keys.join("op-a.key"), keys.join("op-b.key"));
-    std::fs::write(trust.join("root.pub"), format!("{root_pub}\n")).expect("root.pub");
     let chain = trust.join("trust.json");
     let o = sign_list(d, &root, &chain, 1, &[&a_pub], None);
     assert!(o.status.success(), "{}", text(&o));
@@ -264,12 +270,8 @@ fn only_packs_the_trust_list_names_run_and_old_lists_do_not_come_back() {
 fn a_boxs_own_packs_are_checked_and_signed_with_keys_sign_pack() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let keys = d.join("keys");
-    let trust = d.join("trust");
-    std::fs::create_dir_all(&trust).expect("trust dir");
-    let root_pub = new_key(&keys, "root");
+    let (keys, trust) = site(d);
     let a_pub = new_key(&keys, "op-a");
-    std::fs::write(trust.join("root.pub"), format!("{root_pub}\n")).expect("root.pub");
     let o = sign_list(
         d,
         &keys.join("root.key"),
@@ -391,14 +393,10 @@ fn a_boxs_own_packs_are_checked_and_signed_with_keys_sign_pack() {
 fn the_controller_relays_trust_lists_and_cannot_forge_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let keys = d.join("keys");
-    let trust = d.join("trust");
-    std::fs::create_dir_all(&trust).expect("trust dir");
-    let root_pub = new_key(&keys, "root");
+    let (keys, trust) = site(d);
     let a_pub = new_key(&keys, "op-a");
     let b_pub = new_key(&keys, "op-b");
     let _ = new_key(&keys, "mallory");
-    std::fs::write(trust.join("root.pub"), format!("{root_pub}\n")).expect("root.pub");
     // The box has list 1 (A); the controller relays 1 and 2 (B only).
     let boxed = trust.join("trust.json");
     let relayed = d.join("relayed.json");
