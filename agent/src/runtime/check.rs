@@ -40,7 +40,7 @@ pub fn check(cfg: &AgentConfig) -> Vec<String> {
     let mut adm = Admission::default();
     let now_ns = baton_clock::clock_ns(nix::time::ClockId::CLOCK_REALTIME);
     let trust = match &cfg.trust_dir {
-        Some(dir) => match super::trust::read(dir, now_ns) {
+        Some(dir) => match super::trust::read(dir, &cfg.data_dir, now_ns) {
             Ok(t) => Some(t),
             Err(e) => {
                 bad.push(e);

@@ -125,17 +125,11 @@ fn load_chain(root: PublicKey, path: &Path) -> Result<Option<(Trust, Vec<SignedL
 }
 
 /// The box's trust from `dir` (configured) and what `data_dir` kept: the
-/// newer chain of the two that load, written back to `data_dir`; an older
-/// one put back in `dir` is refused as a rollback. Lists that exist but
-/// none of which loads leave the box unusable (nothing runs), never
-/// unchecked.
-pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError> {
-    let root = read_root(dir).map_err(|e| {
-        start_error(
-            format!("the trust root {}", dir.join(ROOT_FILE).display()),
-            e,
-        )
-    })?;
+/// newer chain of the two that load against `root`; an older one put back
+/// in `dir` is refused as a rollback. Lists that exist but none of which
+/// loads leave the box unusable (nothing runs), never unchecked. Nothing
+/// is written.
+fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
     let kept_path = data_dir.join(CHAIN_FILE);
     let given_path = dir.join(CHAIN_FILE);
     let mut problems = Vec::new();
@@ -163,50 +157,63 @@ pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError
         (Some(_), _) => given,
         (None, _) => kept,
     };
-    let Some((trust, chain)) = chosen else {
-        let unusable = (!problems.is_empty()).then(|| problems.join("; "));
-        match &unusable {
-            Some(why) => {
-                tracing::error!("trust: no usable trust list ({why}): no pack runs until one is")
-            }
-            None => {
-                tracing::info!(root = %root.id(), "trust: root installed, no trust list yet (packs are not checked until one is)")
-            }
-        }
-        return Ok(BoxTrust {
+    match chosen {
+        Some((trust, chain)) => BoxTrust {
+            trust,
+            chain,
+            keep: kept_path,
+            unusable: None,
+        },
+        None => BoxTrust {
             trust: Trust::new(root),
             chain: Vec::new(),
             keep: kept_path,
-            unusable,
-        });
-    };
-    write_chain(&kept_path, &chain)?;
-    if let Some(l) = trust.list() {
-        tracing::info!(
-            version = l.version,
-            tenants = l.tenants.len(),
-            "trust: trust list in force"
-        );
+            unusable: (!problems.is_empty()).then(|| problems.join("; ")),
+        },
     }
-    Ok(BoxTrust {
-        trust,
-        chain,
-        keep: kept_path,
-        unusable: None,
-    })
 }
 
-/// The trust `dir` gives, read and checked without keeping anything (for
-/// `check-config`); an error names the file and what is wrong.
-pub(super) fn read(dir: &Path, now_ns: i64) -> Result<Trust, String> {
+/// The box's trust at start ([`choose`]), the chain chosen written back
+/// to `data_dir`.
+pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError> {
+    let root = read_root(dir).map_err(|e| {
+        start_error(
+            format!("the trust root {}", dir.join(ROOT_FILE).display()),
+            e,
+        )
+    })?;
+    let t = choose(root, dir, data_dir);
+    match (&t.unusable, t.trust.list()) {
+        (Some(why), _) => {
+            tracing::error!("trust: no usable trust list ({why}): no pack runs until one is")
+        }
+        (None, None) => {
+            tracing::info!(root = %root.id(), "trust: root installed, no trust list yet (packs are not checked until one is)")
+        }
+        (None, Some(l)) => {
+            write_chain(&t.keep, &t.chain)?;
+            tracing::info!(
+                version = l.version,
+                tenants = l.tenants.len(),
+                "trust: trust list in force"
+            );
+        }
+    }
+    Ok(t)
+}
+
+/// The trust `run` would start with ([`choose`]: the trust directory and
+/// the chain the box kept), for `check-config`: nothing written; an error
+/// names what is wrong (no usable list, the newest expired at `now`).
+pub(super) fn read(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust, String> {
     let root =
         read_root(dir).map_err(|e| format!("trust root {}: {e}", dir.join(ROOT_FILE).display()))?;
-    let chain_path = dir.join(CHAIN_FILE);
-    let chain = read_chain(&chain_path)
-        .map_err(|e| super::error::Chain(&e).to_string())?
-        .unwrap_or_default();
-    Trust::load(root, &chain, now_ns)
-        .map_err(|e| format!("trust lists {}: {e}", chain_path.display()))
+    let t = choose(root, dir, data_dir);
+    if let Some(why) = &t.unusable {
+        return Err(format!("trust lists unusable: {why}"));
+    }
+    t.trust.current(now_ns).map_err(|e| e.to_string())?;
+    Ok(t)
 }
 
 /// Keep `chain` in `path`, replacing it whole (written beside, then
@@ -277,6 +284,11 @@ mod tests {
             let e = t.check_pack("default", PACK, 2_000).expect_err("expired");
             assert!(matches!(e, PackSignatureError::TrustList(_)), "{e}");
         }
+        // check-config sees what run would: list 2, expired by then.
+        let t = read(&dir, &data, 500).expect("in force at 500");
+        assert_eq!(t.trust.list().map(|l| l.version), Some(2));
+        let e = read(&dir, &data, 2_000).expect_err("expired");
+        assert!(e.contains("version 2 expired"), "{e}");
     }
 
     /// Lists that are there but do not load leave the box unusable, never
