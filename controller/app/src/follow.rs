@@ -28,7 +28,7 @@ use crate::hub::SessionCmd;
 use crate::texts::PackText;
 use baton_model::{DeliveryRow, EventKind, EventRow, Intent, PackKey};
 use baton_store::StoreOps;
-use baton_store::{MAX_PAGE, Mark, StoreResult};
+use baton_store::{FeedbackScope, MAX_PAGE, Mark, StoreResult};
 
 /// After stop, the relay ends once nothing was queued this long.
 const STOP_QUIET: Duration = Duration::from_millis(300);
@@ -165,7 +165,10 @@ async fn step(app: &App, me: &str, mut at: Cursor) -> StoreResult<Cursor> {
     }
     if app.watched() {
         loop {
-            let (rows, next) = app.store.feedback_after(at.feedback, MAX_PAGE).await?;
+            let (rows, next) = app
+                .store
+                .feedback_after(at.feedback, FeedbackScope::All, MAX_PAGE)
+                .await?;
             let full = rows.len() == MAX_PAGE as usize;
             for r in rows {
                 app.broadcast(Event::Feedback(Arc::new(r)));

@@ -22,7 +22,7 @@ use baton_model::{
     RefTime, RolloutChange, RolloutRow,
 };
 use baton_store::StoreOps;
-use baton_store::{AgentFilter, FeedbackFilter, MAX_PAGE};
+use baton_store::{AgentFilter, FeedbackScope, MAX_PAGE};
 
 /// How often the driver looks at open rollouts when nothing wakes it.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -238,21 +238,18 @@ impl App {
             .filter(|a| !a.skipped)
             .map(|a| (a.view.id.as_str(), a.stage))
             .collect();
+        // Followed by mark, not paged by id: with writers in parallel a
+        // row can commit after one with a higher id was read, and a
+        // failure the gates never count could pass a stage.
+        let scope = FeedbackScope::Pack { key: &key, since };
         loop {
-            let page = self
+            let (page, next) = self
                 .store
-                .feedback(FeedbackFilter {
-                    tenant: Some(key.tenant.clone()),
-                    pack: Some(key.pack.clone()),
-                    agent_id: None,
-                    since: Some(since),
-                    after_id: tally.after_id,
-                    limit: MAX_PAGE,
-                })
+                .feedback_after(tally.read_to, scope, MAX_PAGE)
                 .await?;
             let done = page.len() < MAX_PAGE as usize;
+            tally.read_to = next;
             for f in &page {
-                tally.after_id = tally.after_id.max(f.id);
                 match member.get(f.agent_id.as_str()) {
                     Some(Some(stage)) if f.version == row.version => {
                         let before = tally.cohort.settled;

@@ -3,7 +3,7 @@
 //! was stored since its last look.
 
 use baton_model::time::{self, SignedDuration};
-use baton_model::{CohortFigures, FeedbackRow};
+use baton_model::{CohortFigures, FeedbackRow, Mark};
 use baton_proto::wire::Outcome;
 use hdrhistogram::Histogram;
 
@@ -11,7 +11,8 @@ use hdrhistogram::Histogram;
 /// what was stored since its last look.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
-    pub(crate) after_id: u64,
+    /// Where the stage's feedback has been read to.
+    pub(crate) read_to: Mark,
     pub(crate) cohort: Acc,
     pub(crate) baseline: Acc,
     /// Settled firings of the agents the current stage admitted.

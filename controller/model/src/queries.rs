@@ -3,10 +3,7 @@
 //! and page sizes of list queries.
 
 use crate::identity::DEFAULT_TENANT;
-use crate::records::{AgentRow, Answer, Binding, HeldPackRow, PackKey};
-
-#[cfg(doc)]
-use crate::records::FeedbackRow;
+use crate::records::{AgentRow, Answer, Binding, FeedbackRow, HeldPackRow, PackKey};
 use crate::time::RefTime;
 
 /// Most rows one page of a list query returns, whatever is asked: a
@@ -266,6 +263,37 @@ pub struct Mark {
     pub txid: u64,
     /// The row's id.
     pub id: u64,
+}
+
+/// The feedback a follower reads: every row, or one pack's received
+/// since an instant (a rollout stage's window, tallied as it is stored:
+/// paging such a window by id alone would pass a row a parallel writer
+/// committed after a higher id, and the stage's gates would never count
+/// it).
+#[derive(Clone, Copy, Debug, Default)]
+pub enum FeedbackScope<'a> {
+    /// Every row.
+    #[default]
+    All,
+    /// One pack's rows received at or after `since`.
+    Pack {
+        /// The pack.
+        key: &'a PackKey,
+        /// The window's start.
+        since: RefTime,
+    },
+}
+
+impl FeedbackScope<'_> {
+    /// Whether `row` is among the rows followed.
+    pub fn takes(&self, row: &FeedbackRow) -> bool {
+        match self {
+            FeedbackScope::All => true,
+            FeedbackScope::Pack { key, since } => {
+                row.tenant == key.tenant && row.pack == key.pack && row.received >= *since
+            }
+        }
+    }
 }
 
 /// A dashboard session as the store keeps it, so that every replica

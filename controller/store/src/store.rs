@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use baton_model::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, FeedbackStored, FleetCounts, Mark, PackKey, PackSummaryRow,
-    PackVersionRow, RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow,
+    FeedbackFilter, FeedbackRow, FeedbackScope, FeedbackStored, FleetCounts, Mark, PackKey,
+    PackSummaryRow, PackVersionRow, RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -171,12 +171,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// after it: a row committed late by a parallel writer is never
     /// skipped (see [`Mark`]).
     async fn events_after(&self, after: Mark, limit: u32) -> StoreResult<(Vec<EventRow>, Mark)>;
-    /// One page of feedback after `after`, in [`Mark`] order (not the
-    /// storage order of [`Store::feedback`]'s pages), and the mark after
-    /// it: what a follower reads.
+    /// One page of the feedback `scope` names after `after`, in [`Mark`]
+    /// order (not the storage order of [`Store::feedback`]'s pages), and
+    /// the mark after it: what a follower reads, and a rollout's tally.
     async fn feedback_after(
         &self,
         after: Mark,
+        scope: FeedbackScope<'_>,
         limit: u32,
     ) -> StoreResult<(Vec<FeedbackRow>, Mark)>;
     /// Where a follower starting now begins, for events and for feedback:

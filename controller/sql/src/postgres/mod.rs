@@ -890,6 +890,58 @@ mod tests {
         assert!(rows[0].id < rows[1].id);
     }
 
+    /// A rollout stage's tally follows its pack's feedback by mark: a row
+    /// of the pack whose transaction took its id first and commits last
+    /// (the lane's other thread, another replica) is counted once when it
+    /// commits, never passed over as paging by id would.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_packs_feedback_committed_late_is_followed_not_skipped() {
+        if !available() {
+            return;
+        }
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let (_, start) = b.high_water().await.unwrap();
+        let key = baton_store::PackKey {
+            tenant: "t".into(),
+            pack: "p".into(),
+        };
+        let scope = baton_store::FeedbackScope::Pack {
+            key: &key,
+            since: RefTime::from_nanos(0),
+        };
+        let (late, answers) = raw_session(&target);
+        for sql in [
+            "BEGIN",
+            "INSERT INTO journals (agent_id, journal_id, acked_seq) VALUES ('late', 'j', 1)",
+            "INSERT INTO feedback (journal, seq, tenant, pack, version, instruction, \
+             attempt, scheduled_ns, actual_ns, lateness_ns, outcome, reason, event, action, \
+             detail, dropped_before, uncertainty_ns, clock_source, clock_state, received_ns) \
+             SELECT id, 1, 't', 'p', 1, 'blink', 1, 5, 5, 0, 1, 0, 'executed', 'gpio.write', \
+             '', 0, 0, 0, 0, 5 FROM journals WHERE agent_id = 'late'",
+        ] {
+            late.send(sql.into()).unwrap();
+            answers.recv().unwrap().unwrap();
+        }
+        let rows = (1..=3)
+            .map(|q| baton_store::contract::fb("a1", "j1", q, 10))
+            .collect();
+        a.put_feedback(1, rows).await.unwrap();
+        let (seen, held) = b.feedback_after(start, scope, 0).await.unwrap();
+        assert_eq!(seen, [], "rows past an open transaction are not final yet");
+        late.send("COMMIT".into()).unwrap();
+        answers.recv().unwrap().unwrap();
+        let (rows, end) =
+            baton_store::contract::followed(4, || b.feedback_after(held, scope, 0)).await;
+        let agents: Vec<&str> = rows.iter().map(|r| r.agent_id.as_str()).collect();
+        assert_eq!(
+            agents,
+            ["late", "a1", "a1", "a1"],
+            "each once, the late one first"
+        );
+        assert_eq!(b.feedback_after(end, scope, 0).await.unwrap().0, []);
+        assert!(rows[0].id < rows[1].id, "paging by id would have passed it");
+    }
+
     /// Feedback of many streams at once is written together: three
     /// statements a transaction whatever the number of agents in it, and
     /// fewer transactions than batches; each agent's rows stored once.

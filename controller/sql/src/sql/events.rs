@@ -78,6 +78,8 @@ pub(crate) fn events_after(
             from: "events",
             t: "",
             columns: "id, txid, replica, kind, agent_id, tenant, pack, detail, at_ns",
+            scope: "",
+            scope_args: &[],
         },
         after,
         limit,
@@ -95,6 +97,11 @@ pub(crate) struct Followed<'a> {
     pub(crate) t: &'a str,
     /// What to read; it must name `txid` and `id`.
     pub(crate) columns: &'a str,
+    /// Conditions beyond the mark (`AND …`, its values numbered from
+    /// `?5`), or empty.
+    pub(crate) scope: &'a str,
+    /// The values `scope` names.
+    pub(crate) scope_args: &'a [Param<'a>],
 }
 
 /// One page of a followed table's rows after `after`, in (txid, id) order,
@@ -117,25 +124,29 @@ pub(crate) fn follow_page<T>(
     let (Ok(txid), Ok(id)) = (i64::try_from(after.txid), i64::try_from(after.id)) else {
         return Ok((Vec::new(), after));
     };
-    let Followed { from, t, columns } = table;
+    let Followed {
+        from,
+        t,
+        columns,
+        scope,
+        scope_args,
+    } = table;
     let sql = format!(
         "SELECT {columns} FROM {from} \
          WHERE ({t}txid > ?1 OR ({t}txid = ?1 AND {t}id > ?2)) \
-         AND (CAST(?3 AS BIGINT) IS NULL OR {t}txid < ?3) \
+         AND (CAST(?3 AS BIGINT) IS NULL OR {t}txid < ?3) {scope} \
          ORDER BY {t}txid, {t}id LIMIT ?4"
     );
-    let rows = query_all(
-        conn,
-        &sql,
-        params![txid, id, horizon, i64::from(limit)],
-        |r| {
-            let mark = Mark {
-                txid: u64_from_db(col(r, "txid")?, "txid")?,
-                id: u64_from_db(col(r, "id")?, "id")?,
-            };
-            Ok((mark, decode(r)?))
-        },
-    )?;
+    let limit_arg = i64::from(limit);
+    let mut args = params![txid, id, horizon, limit_arg].to_vec();
+    args.extend_from_slice(scope_args);
+    let rows = query_all(conn, &sql, &args, |r| {
+        let mark = Mark {
+            txid: u64_from_db(col(r, "txid")?, "txid")?,
+            id: u64_from_db(col(r, "id")?, "id")?,
+        };
+        Ok((mark, decode(r)?))
+    })?;
     let last = rows.last().map(|(m, _)| *m);
     let mut next = last.unwrap_or(after);
     if rows.len() < limit as usize

@@ -7,7 +7,8 @@ use super::db::{
 };
 use baton_model::time::span_ns;
 use baton_store::{
-    FeedbackFilter, FeedbackRow, FeedbackStored, MAX_PAGE, Mark, StoreError, StoreResult, page,
+    FeedbackFilter, FeedbackRow, FeedbackScope, FeedbackStored, MAX_PAGE, Mark, StoreError,
+    StoreResult, page,
 };
 
 /// Stores one journal's rows; every value is checked before anything is
@@ -289,19 +290,33 @@ pub(crate) const DELETE_CLOCK_DEFAULT: &str = "DELETE FROM clock_reports_default
 pub(crate) const DELETE_AUDIT: &str = "DELETE FROM audit WHERE id IN \
      (SELECT id FROM audit WHERE at_ns < ?1 ORDER BY at_ns, id LIMIT ?2)";
 
-/// One page of feedback after `after`, in mark order (see
-/// [`super::events::follow_page`]).
+/// One page of the feedback `scope` names after `after`, in mark order
+/// (see [`super::events::follow_page`]).
 pub(crate) fn feedback_after(
     conn: &dyn Db,
     after: Mark,
+    scope: FeedbackScope<'_>,
     limit: u32,
     horizon: Option<i64>,
 ) -> StoreResult<(Vec<FeedbackRow>, Mark)> {
     let columns = format!("{FEEDBACK_COLUMNS}, f.txid");
+    let (clause, args) = match scope {
+        FeedbackScope::All => ("", Vec::new()),
+        FeedbackScope::Pack { key, since } => (
+            "AND f.tenant = ?5 AND f.pack = ?6 AND f.received_ns >= ?7",
+            vec![
+                Param::Text(&key.tenant),
+                Param::Text(&key.pack),
+                Param::Int(since.as_nanos()),
+            ],
+        ),
+    };
     let table = super::events::Followed {
         from: "feedback f JOIN journals j ON j.id = f.journal",
         t: "f.",
         columns: &columns,
+        scope: clause,
+        scope_args: &args,
     };
     super::events::follow_page(conn, &table, after, limit, horizon, decode_feedback)
 }

@@ -15,8 +15,8 @@ pub(crate) use super::{Engine, audit, deliveries, events, packs, rollouts, sessi
 pub(crate) use baton_model::RefTime;
 pub(crate) use baton_store::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, MAX_PAGE, Mark, PackKey, PackSummaryRow, PackVersionRow,
-    RolloutRow, Store, StoreError, StoreResult, TxJob, page,
+    FeedbackFilter, FeedbackRow, FeedbackScope, MAX_PAGE, Mark, PackKey, PackSummaryRow,
+    PackVersionRow, RolloutRow, Store, StoreError, StoreResult, TxJob, page,
 };
 
 /// [`Store`] for an [`Engine`]: written once, implemented for each
@@ -309,11 +309,25 @@ impl Store for $engine {
     async fn feedback_after(
         &self,
         after: Mark,
+        scope: FeedbackScope<'_>,
         limit: u32,
     ) -> StoreResult<(Vec<FeedbackRow>, Mark)> {
         let horizon = self.horizon();
-        self.read(move |conn| feedback::feedback_after(conn, after, limit, horizon(conn)?))
-            .await
+        // The read runs on a pool thread: it owns what it names.
+        let pack = match scope {
+            FeedbackScope::All => None,
+            FeedbackScope::Pack { key, since } => Some((key.clone(), since)),
+        };
+        self.read(move |conn| {
+            let scope = pack
+                .as_ref()
+                .map_or(FeedbackScope::All, |(key, since)| FeedbackScope::Pack {
+                    key,
+                    since: *since,
+                });
+            feedback::feedback_after(conn, after, scope, limit, horizon(conn)?)
+        })
+        .await
     }
 
     async fn high_water(&self) -> StoreResult<(Mark, Mark)> {

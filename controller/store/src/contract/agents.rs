@@ -209,16 +209,31 @@ pub async fn events_page_by_mark(s: &dyn Store, _: Binding) {
     s.put_feedback(1, vec![fb("a1", "j1", 1, 10)])
         .await
         .unwrap();
-    let (fed, fed_end) = followed(1, || s.feedback_after(feedback_start, 0)).await;
+    let (fed, fed_end) = followed(1, || {
+        s.feedback_after(feedback_start, FeedbackScope::All, 0)
+    })
+    .await;
     assert_eq!(
         fed.iter()
             .map(|r| (r.agent_id.as_str(), r.seq))
             .collect::<Vec<_>>(),
         [("a1", 1)]
     );
-    assert_eq!(s.feedback_after(fed_end, 0).await.unwrap().0, []);
+    assert_eq!(
+        s.feedback_after(fed_end, FeedbackScope::All, 0)
+            .await
+            .unwrap()
+            .0,
+        []
+    );
     let (_, feedback_now) = s.high_water().await.unwrap();
-    assert_eq!(s.feedback_after(feedback_now, 0).await.unwrap().0, []);
+    assert_eq!(
+        s.feedback_after(feedback_now, FeedbackScope::All, 0)
+            .await
+            .unwrap()
+            .0,
+        []
+    );
     assert_eq!(
         s.delete_events_before(RefTime::from_nanos(3), 100)
             .await

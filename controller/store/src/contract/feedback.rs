@@ -354,3 +354,60 @@ pub async fn feedback_pages_and_filters(s: &dyn Store, _: Binding) {
         []
     );
 }
+
+/// A pack's window is followed by [`Mark`] like the whole table: from any
+/// mark only that pack's rows received since the window's start, each
+/// once, in pages; rows stored after the end are read from the mark the
+/// last read left.
+pub async fn feedback_of_a_pack_followed_by_mark(s: &dyn Store, _: Binding) {
+    let (_, start) = s.high_water().await.unwrap();
+    let of = |agent: &str, pack: &str, seq: u64, received_ns: i64| FeedbackRow {
+        pack: pack.into(),
+        ..fb(agent, "j1", seq, received_ns)
+    };
+    // The window: pack p from 150 on.
+    let key = PackKey {
+        tenant: "t".into(),
+        pack: "p".into(),
+    };
+    let scope = FeedbackScope::Pack {
+        key: &key,
+        since: RefTime::from_nanos(150),
+    };
+    for put in [
+        vec![of("a1", "p", 1, 100), of("a1", "p", 2, 150)],
+        vec![of("b2", "q", 1, 200)],
+        vec![of("a1", "p", 3, 210), of("a1", "p", 4, 220)],
+    ] {
+        s.put_feedback(1, put).await.unwrap();
+    }
+    let seqs = |rows: &[FeedbackRow]| -> Vec<(String, String, u64)> {
+        rows.iter()
+            .map(|r| (r.agent_id.clone(), r.pack.clone(), r.seq))
+            .collect()
+    };
+    let want = |v: &[u64]| -> Vec<(String, String, u64)> {
+        v.iter().map(|&q| ("a1".into(), "p".into(), q)).collect()
+    };
+    let (all, end) = followed(3, || s.feedback_after(start, scope, 0)).await;
+    assert_eq!(seqs(&all), want(&[2, 3, 4]), "the window's rows, in order");
+    let (first, m1) = s.feedback_after(start, scope, 2).await.unwrap();
+    assert_eq!(seqs(&first), want(&[2, 3]));
+    let (second, _) = s.feedback_after(m1, scope, 2).await.unwrap();
+    assert_eq!(seqs(&second), want(&[4]));
+    assert_eq!(s.feedback_after(end, scope, 0).await.unwrap().0, []);
+    // Another pack's rows later move nothing; the window's next one is
+    // read from the end, once.
+    s.put_feedback(1, vec![of("b2", "q", 2, 300)])
+        .await
+        .unwrap();
+    s.put_feedback(1, vec![of("a1", "p", 5, 310)])
+        .await
+        .unwrap();
+    let (more, end2) = followed(1, || s.feedback_after(end, scope, 0)).await;
+    assert_eq!(seqs(&more), want(&[5]));
+    assert_eq!(s.feedback_after(end2, scope, 0).await.unwrap().0, []);
+    // The whole table is still there for a follower of everything.
+    let (every, _) = followed(7, || s.feedback_after(start, FeedbackScope::All, 0)).await;
+    assert_eq!(every.len(), 7);
+}

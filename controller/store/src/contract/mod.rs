@@ -92,6 +92,7 @@ macro_rules! contract_suite {
             feedback_all_or_nothing: [tenants];
             feedback_through_retention: [tenants];
             feedback_pages_and_filters: [tenants];
+            feedback_of_a_pack_followed_by_mark: [tenants];
             retention_oldest_first: [tenants];
             audit_newest_oldest_first: [tenants];
             pages_capped: [tenants];

@@ -19,9 +19,9 @@ use async_trait::async_trait;
 use crate::store::{Store, TxJob};
 use crate::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, FleetCounts, MAX_PAGE, Mark, PackKey, PackSummaryRow,
-    PackVersionRow, RefTime, RevocationRow, RolloutRow, SessionRow, StoreError, StoreResult,
-    clock_locked, page,
+    FeedbackFilter, FeedbackRow, FeedbackScope, FleetCounts, MAX_PAGE, Mark, PackKey,
+    PackSummaryRow, PackVersionRow, RefTime, RevocationRow, RolloutRow, SessionRow, StoreError,
+    StoreResult, clock_locked, page,
 };
 
 mod feedback;
@@ -331,6 +331,7 @@ impl Store for MemoryStore {
     async fn feedback_after(
         &self,
         after: Mark,
+        scope: FeedbackScope<'_>,
         limit: u32,
     ) -> StoreResult<(Vec<FeedbackRow>, Mark)> {
         let limit = page(limit, MAX_PAGE) as usize;
@@ -338,6 +339,7 @@ impl Store for MemoryStore {
             let rows: Vec<FeedbackRow> = s
                 .feedback
                 .range(after.id.saturating_add(1)..)
+                .filter(|(_, r)| scope.takes(r))
                 .take(limit)
                 .map(|(_, r)| r.clone())
                 .collect();
