@@ -942,6 +942,53 @@ mod tests {
         assert!(rows[0].id < rows[1].id, "paging by id would have passed it");
     }
 
+    /// The lane inserts feedback rows plainly, as new (each journal's acked
+    /// seq is raised with its rows); should a row be stored already all
+    /// the same — here the journal's acked seq is set back by hand — the
+    /// transaction is written again skipping stored rows: each row once,
+    /// the answer counting the stored ones as duplicates.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_stored_already_is_written_again_skipping_it() {
+        if !available() {
+            return;
+        }
+        use baton_store::contract::fb;
+        use baton_store::{FeedbackFilter, FeedbackRow};
+        let (a, _b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let rows = |seqs: std::ops::RangeInclusive<u64>| -> Vec<FeedbackRow> {
+            seqs.map(|q| fb("a1", "j1", q, 10)).collect()
+        };
+        let first = a.put_feedback(1, rows(1..=3)).await.unwrap();
+        assert_eq!((first.inserted, first.acked_seq), (3, 3));
+        assert_eq!(a.ingest_stats().stored_already, 0);
+        let (raw, answers) = raw_session(&target);
+        raw.send("UPDATE journals SET acked_seq = 1 WHERE agent_id = 'a1'".into())
+            .unwrap();
+        answers.recv().unwrap().unwrap();
+        let again = a.put_feedback(1, rows(2..=5)).await.unwrap();
+        assert_eq!(
+            (again.inserted, again.duplicates, again.acked_seq),
+            (2, 2, 5)
+        );
+        assert_eq!(a.ingest_stats().stored_already, 1);
+        let stored = a
+            .feedback(FeedbackFilter {
+                agent_id: Some("a1".into()),
+                ..FeedbackFilter::default()
+            })
+            .await
+            .unwrap();
+        let seqs: Vec<u64> = stored.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5], "each once");
+        // A seq twice in one batch is stored once, on the plain path.
+        let twice = a
+            .put_feedback(1, vec![fb("a1", "j1", 6, 10), fb("a1", "j1", 6, 10)])
+            .await
+            .unwrap();
+        assert_eq!((twice.inserted, twice.duplicates), (1, 1));
+        assert_eq!(a.ingest_stats().stored_already, 1);
+    }
+
     /// Feedback of many streams at once is written together: three
     /// statements a transaction whatever the number of agents in it, and
     /// fewer transactions than batches; each agent's rows stored once.

@@ -5,8 +5,8 @@
 //! fence (every agent's session generation, locked `FOR SHARE` so a
 //! takeover's hello waits for this commit, with the replica's lease in the
 //! same look), then for feedback the journals (each one's acked seq before
-//! and after, in one upsert) and the rows (one `INSERT … SELECT FROM
-//! unnest(…) ON CONFLICT DO NOTHING`), for clocks the history and each
+//! and after, in one upsert) and the rows (one plain `INSERT … SELECT FROM
+//! unnest(…)`: see `feedback`'s doc), for clocks the history and each
 //! agent's latest (one statement each), for last-seen marks one update.
 //! A re-sent entry carrying a count of drops costs a few more, only then.
 //!
@@ -21,6 +21,8 @@
 
 mod feedback;
 mod status;
+
+use feedback::{Failure, Insert};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -105,6 +107,9 @@ pub struct IngestStats {
     pub batches: u64,
     /// Statements sent in them, `BEGIN` and `COMMIT` left out.
     pub statements: u64,
+    /// Transactions written again because a plain insert met a feedback
+    /// row stored already (see `feedback`'s doc: none expected).
+    pub stored_already: u64,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +117,7 @@ struct Counters {
     transactions: AtomicU64,
     batches: AtomicU64,
     statements: AtomicU64,
+    stored_already: AtomicU64,
 }
 
 /// The lane: [`THREADS`] threads, each with its own connection (see the
@@ -226,6 +232,7 @@ impl Lane {
             transactions: self.counters.transactions.load(Ordering::Relaxed),
             batches: self.counters.batches.load(Ordering::Relaxed),
             statements: self.counters.statements.load(Ordering::Relaxed),
+            stored_already: self.counters.stored_already.load(Ordering::Relaxed),
         }
     }
 }
@@ -317,17 +324,7 @@ impl Ingest {
                 }
             }
             let n = drain.len() as u64;
-            let mut written = self.write(&drain);
-            for _ in 0..AGAIN {
-                match &written {
-                    Err(StoreError::Contended(why)) => {
-                        tracing::debug!(%why, "store: the streams' writes run again");
-                        written = self.write(&drain);
-                    }
-                    _ => break,
-                }
-            }
-            match written {
+            match self.write_again_if_need_be(&drain) {
                 Ok(answers) => {
                     if answers
                         .feedback
@@ -374,6 +371,35 @@ impl Ingest {
         }
     }
 
+    /// [`Ingest::write`] of `drain`, again while the server aborts it for
+    /// another transaction (up to [`AGAIN`] times), and again skipping
+    /// rows stored already should a plain insert meet one.
+    fn write_again_if_need_be(&mut self, drain: &[Work]) -> StoreResult<Answers> {
+        let mut insert = Insert::New;
+        let mut again = 0;
+        loop {
+            match self.write(drain, insert) {
+                Ok(answers) => return Ok(answers),
+                Err(Failure::StoredAlready(why)) if insert == Insert::New => {
+                    // Not expected (see `feedback`'s doc): said, counted,
+                    // and written again the careful way.
+                    tracing::warn!(%why, "store: a feedback row was stored already; \
+                        writing the batch again skipping stored rows");
+                    self.counters.stored_already.fetch_add(1, Ordering::Relaxed);
+                    insert = Insert::SkipStored;
+                }
+                Err(Failure::StoredAlready(why)) => {
+                    return Err(StoreError::unavailable("store feedback", why));
+                }
+                Err(Failure::Store(StoreError::Contended(why))) if again < AGAIN => {
+                    tracing::debug!(%why, "store: the streams' writes run again");
+                    again += 1;
+                }
+                Err(Failure::Store(e)) => return Err(e),
+            }
+        }
+    }
+
     fn connect(&mut self) -> StoreResult<&mut (Client, Prepared)> {
         if self.conn.as_ref().is_none_or(|(c, _)| c.is_closed()) {
             let mut c = connect(&self.target)?;
@@ -396,7 +422,7 @@ impl Ingest {
 
     /// One transaction for `drain`: each caller's answer, or why none of
     /// it was stored.
-    fn write(&mut self, drain: &[Work]) -> StoreResult<Answers> {
+    fn write(&mut self, drain: &[Work], insert: Insert) -> Result<Answers, Failure> {
         let lease = Arc::clone(&self.lease);
         let counters = Arc::clone(&self.counters);
         let (client, prep) = self.connect()?;
@@ -444,7 +470,7 @@ impl Ingest {
         if !live {
             let e = StoreError::LeaseLost("it ran out before these writes".into());
             lease.mark_lost(&e.to_string());
-            return Err(e);
+            return Err(e.into());
         }
         let gens: HashMap<String, i64> = fenced
             .iter()
@@ -483,7 +509,7 @@ impl Ingest {
             .collect();
 
         // 2. Feedback; 3. clocks; 4. marks.
-        let feedback = feedback::write(&mut tx, &prep.feedback, &puts, results, &count)?;
+        let feedback = feedback::write(&mut tx, &prep.feedback, insert, &puts, results, &count)?;
         let ok_clocks: Vec<&status::Clock> = clocks
             .iter()
             .zip(&clock_answers)
