@@ -242,13 +242,15 @@ impl App {
         // row can commit after one with a higher id was read, and a
         // failure the gates never count could pass a stage.
         let scope = FeedbackScope::Pack { key: &key, since };
+        let mut read_to = match tally.read_to {
+            Some(m) => m,
+            None => self.store.feedback_mark_at(since).await?,
+        };
         loop {
-            let (page, next) = self
-                .store
-                .feedback_after(tally.read_to, scope, MAX_PAGE)
-                .await?;
+            let (page, next) = self.store.feedback_after(read_to, scope, MAX_PAGE).await?;
             let done = page.len() < MAX_PAGE as usize;
-            tally.read_to = next;
+            read_to = next;
+            tally.read_to = Some(next);
             for f in &page {
                 match member.get(f.agent_id.as_str()) {
                     Some(Some(stage)) if f.version == row.version => {

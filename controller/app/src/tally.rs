@@ -11,8 +11,9 @@ use hdrhistogram::Histogram;
 /// what was stored since its last look.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
-    /// Where the stage's feedback has been read to.
-    pub(crate) read_to: Mark,
+    /// Where the stage's feedback has been read to (`None`: nothing read
+    /// yet, start at the window's beginning).
+    pub(crate) read_to: Option<Mark>,
     pub(crate) cohort: Acc,
     pub(crate) baseline: Acc,
     /// Settled firings of the agents the current stage admitted.

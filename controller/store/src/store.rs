@@ -180,6 +180,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         scope: FeedbackScope<'_>,
         limit: u32,
     ) -> StoreResult<(Vec<FeedbackRow>, Mark)>;
+    /// A mark before every feedback row received at or after `since` and
+    /// every row still to commit: where a follower of a window (a
+    /// rollout stage's tally) starts, rather than at the table's
+    /// beginning.
+    async fn feedback_mark_at(&self, since: RefTime) -> StoreResult<Mark>;
     /// Where a follower starting now begins, for events and for feedback:
     /// after everything committed.
     async fn high_water(&self) -> StoreResult<(Mark, Mark)>;

@@ -105,6 +105,11 @@ pub(crate) struct Followed<'a> {
 }
 
 /// One page of a followed table's rows after `after`, in (txid, id) order,
+/// the mark compared as a row value (an index range on `(txid, id)` even
+/// in PostgreSQL's generic plan of the prepared statement, where an `OR`
+/// of the two columns scanned the whole index on every read: 52 ms at
+/// 300 000 events against 0.2 ms) beside `txid >= ?1` (what a BRIN on
+/// `txid` can use),
 /// and the mark after it. With a `horizon` (the oldest transaction still
 /// running when the read began: PostgreSQL, replicas writing in
 /// parallel), only rows of transactions below it, which are final: a row
@@ -133,7 +138,7 @@ pub(crate) fn follow_page<T>(
     } = table;
     let sql = format!(
         "SELECT {columns} FROM {from} \
-         WHERE ({t}txid > ?1 OR ({t}txid = ?1 AND {t}id > ?2)) \
+         WHERE ({t}txid, {t}id) > (?1, ?2) AND {t}txid >= ?1 \
          AND (CAST(?3 AS BIGINT) IS NULL OR {t}txid < ?3) {scope} \
          ORDER BY {t}txid, {t}id LIMIT ?4"
     );

@@ -5,6 +5,7 @@ use super::codec::{FEEDBACK_COLUMNS, canonical_execution_id, decode_feedback, to
 use super::db::{
     ByShape, Db, Param, chunks, col, params, query_all, query_first, run, values_rows, with_row,
 };
+use baton_model::RefTime;
 use baton_model::time::span_ns;
 use baton_store::{
     FeedbackFilter, FeedbackRow, FeedbackScope, FeedbackStored, MAX_PAGE, Mark, StoreError,
@@ -319,4 +320,44 @@ pub(crate) fn feedback_after(
         scope_args: &args,
     };
     super::events::follow_page(conn, &table, after, limit, horizon, decode_feedback)
+}
+
+/// A mark before every feedback row received at or after `since`, and
+/// before every row still to commit: where a follower of a window starts
+/// without reading the table from its beginning. With a `horizon` (read
+/// before this, see [`super::events::follow_page`]) a row still to commit
+/// is of a transaction at or above it; a committed row of the window is at
+/// or above the lowest transaction among the window's rows. Without one
+/// (a single writer, ids in commit order), before the window's lowest id,
+/// or past every row where it has none yet.
+pub(crate) fn feedback_mark_at(
+    conn: &dyn Db,
+    since: RefTime,
+    horizon: Option<i64>,
+) -> StoreResult<Mark> {
+    let lowest = |column: &str| -> StoreResult<Option<i64>> {
+        Ok(query_first(
+            conn,
+            &format!("SELECT MIN({column}) AS n FROM feedback WHERE received_ns >= ?1"),
+            params![since.as_nanos()],
+            |r| col::<Option<i64>>(r, "n"),
+        )?
+        .flatten())
+    };
+    match horizon {
+        Some(h) => {
+            let start = lowest("txid")?.map_or(h, |t| t.min(h));
+            Ok(Mark {
+                txid: u64_from_db(start, "txid")?.saturating_sub(1),
+                id: i64::MAX as u64,
+            })
+        }
+        None => match lowest("id")? {
+            Some(id) => Ok(Mark {
+                txid: 0,
+                id: u64_from_db(id, "id")?.saturating_sub(1),
+            }),
+            None => super::events::high_water(conn, "feedback", None),
+        },
+    }
 }

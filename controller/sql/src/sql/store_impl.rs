@@ -330,6 +330,15 @@ impl Store for $engine {
         .await
     }
 
+    async fn feedback_mark_at(&self, since: RefTime) -> StoreResult<Mark> {
+        let horizon = self.horizon();
+        self.read(move |conn| {
+            let h = horizon(conn)?;
+            feedback::feedback_mark_at(conn, since, h)
+        })
+        .await
+    }
+
     async fn high_water(&self) -> StoreResult<(Mark, Mark)> {
         let horizon = self.horizon();
         self.read(move |conn| {

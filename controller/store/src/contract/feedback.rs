@@ -391,6 +391,22 @@ pub async fn feedback_of_a_pack_followed_by_mark(s: &dyn Store, _: Binding) {
     };
     let (all, end) = followed(3, || s.feedback_after(start, scope, 0)).await;
     assert_eq!(seqs(&all), want(&[2, 3, 4]), "the window's rows, in order");
+    // From the window's own start mark: the same rows.
+    let at = s.feedback_mark_at(RefTime::from_nanos(150)).await.unwrap();
+    let (from_at, _) = followed(3, || s.feedback_after(at, scope, 0)).await;
+    assert_eq!(seqs(&from_at), want(&[2, 3, 4]));
+    // A window with no rows yet starts past every row stored.
+    let later = s
+        .feedback_mark_at(RefTime::from_nanos(1_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.feedback_after(later, FeedbackScope::All, 0)
+            .await
+            .unwrap()
+            .0,
+        []
+    );
     let (first, m1) = s.feedback_after(start, scope, 2).await.unwrap();
     assert_eq!(seqs(&first), want(&[2, 3]));
     let (second, _) = s.feedback_after(m1, scope, 2).await.unwrap();
@@ -406,6 +422,17 @@ pub async fn feedback_of_a_pack_followed_by_mark(s: &dyn Store, _: Binding) {
         .unwrap();
     let (more, end2) = followed(1, || s.feedback_after(end, scope, 0)).await;
     assert_eq!(seqs(&more), want(&[5]));
+    let later_scope = FeedbackScope::Pack {
+        key: &key,
+        since: RefTime::from_nanos(1_000),
+    };
+    assert_eq!(
+        s.feedback_after(later, later_scope, 0).await.unwrap().0,
+        [],
+        "received before the later window"
+    );
+    let (all_later, _) = followed(2, || s.feedback_after(later, FeedbackScope::All, 0)).await;
+    assert_eq!(all_later.len(), 2, "stored after the later window's mark");
     assert_eq!(s.feedback_after(end2, scope, 0).await.unwrap().0, []);
     // The whole table is still there for a follower of everything.
     let (every, _) = followed(7, || s.feedback_after(start, FeedbackScope::All, 0)).await;

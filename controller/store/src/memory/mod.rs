@@ -348,6 +348,17 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn feedback_mark_at(&self, since: RefTime) -> StoreResult<Mark> {
+        self.read(|s| {
+            let first = s.feedback.iter().find(|(_, r)| r.received >= since);
+            let id = match first {
+                Some((&id, _)) => id.saturating_sub(1),
+                None => s.feedback.keys().next_back().copied().unwrap_or(0),
+            };
+            Ok(Mark { txid: 0, id })
+        })
+    }
+
     async fn high_water(&self) -> StoreResult<(Mark, Mark)> {
         self.read(|s| {
             let last = |id: Option<&u64>| Mark {
