@@ -72,6 +72,29 @@ pub enum AdmissionError {
     /// expired list).
     #[error("{0}")]
     Signature(#[from] baton_trust::PackSignatureError),
+    /// A signed version below the highest signed version of the pack this
+    /// box ever took: the operator signed a newer one, so an older one
+    /// offered now (after a cancel, or a restart, when nothing is held to
+    /// compare with) is a replay.
+    #[error(
+        "version {offered} is older than signed version {highest} this agent took before (signed versions only go up, across cancels and restarts; push version {} or higher)",
+        highest + 1
+    )]
+    SignedOlder {
+        /// Offered.
+        offered: u64,
+        /// The highest signed version taken.
+        highest: u64,
+    },
+    /// The highest signed version could not be kept on disk: refused, or
+    /// after a restart an older one could no longer be refused.
+    #[error("keeping the highest signed version in {path}: {cause}")]
+    SignedNotKept {
+        /// The file.
+        path: String,
+        /// Why.
+        cause: String,
+    },
     /// With a trust list, a pack that names the agents it is for runs only
     /// on those: a signed pack replayed to another box is refused there.
     #[error("the pack is for agents {targets} (its signed `targets`), not this agent ({agent})")]

@@ -267,9 +267,14 @@ impl Agent {
                 resolved: None,
             });
         }
+        let mut signed = false;
         if let Some(trust) = &self.plane.trust {
             let verdict = trust.check_pack(&pack.tenant, yaml, self.clock.now().as_nanos())?;
             tracing::debug!(pack = %key, ?verdict, "trust list passed");
+            if matches!(verdict, baton_trust::PackVerdict::Signed(_)) {
+                trust.check_signed_version(&key, pack.version)?;
+                signed = true;
+            }
             // Agent ids in `targets` are inside what was signed: a pack
             // replayed to a box it does not name is refused there. (Label
             // targets are not checked here: operators' labels on the
@@ -290,6 +295,9 @@ impl Agent {
         let resolved =
             open_and_resolve(&mut self.plane.admission, pack, self.ports.device.as_mut())?;
         self.plane.admission.check_owners(&key, &resolved)?;
+        if signed && let Some(trust) = self.plane.trust.as_mut() {
+            trust.keep_signed_version(&key, pack.version)?;
+        }
         Ok(Admitted {
             verdict,
             digest,

@@ -4,9 +4,18 @@
 //! (`baton_trust::Trust::load`). The chain this box took is kept in its
 //! data directory too, so a trust directory put back to an older chain (a
 //! rollback) is refused and the newer one kept.
+//!
+//! So is the highest signed version of each pack the box took
+//! ([`SIGNED_FILE`]): held packs' versions only go up, but a pack
+//! cancelled (by whoever holds the controller) or a box restarted holds
+//! nothing to compare with, and an old signed version offered then would
+//! run again. The file is written before the pack is journalled.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use baton_control::admission::AdmissionError;
+use baton_sched::PackKey;
 use baton_trust::{PublicKey, SignedList, Trust};
 
 use super::error::RuntimeError;
@@ -26,6 +35,9 @@ fn start_error(
         cause: cause.into(),
     }
 }
+
+/// The highest signed version of each pack taken, in the data directory.
+pub(super) const SIGNED_FILE: &str = "signed-versions.json";
 
 /// A chain file: `None` where there is none.
 fn read_chain(path: &Path) -> Result<Option<Vec<SignedList>>, RuntimeError> {
@@ -49,6 +61,15 @@ pub(super) struct BoxTrust {
     /// Lists were there but none could be taken: nothing runs (never
     /// "no list, nothing checked").
     unusable: Option<String>,
+    /// The highest signed version taken of each pack (`tenant/pack`).
+    signed: BTreeMap<String, u64>,
+    /// Where `signed` is kept.
+    signed_path: PathBuf,
+}
+
+/// `signed`'s key for a pack.
+fn signed_key(key: &PackKey) -> String {
+    format!("{}/{}", key.tenant, key.pack)
 }
 
 impl BoxTrust {
@@ -63,6 +84,49 @@ impl BoxTrust {
             return Err(baton_trust::PackSignatureError::Unusable(why.clone()));
         }
         self.trust.check_pack(tenant, text, now_ns)
+    }
+
+    /// Whether signed `version` of `key` may be taken: not below the
+    /// highest signed version of it this box took.
+    pub(super) fn check_signed_version(
+        &self,
+        key: &PackKey,
+        version: u64,
+    ) -> Result<(), AdmissionError> {
+        match self.signed.get(&signed_key(key)) {
+            Some(&highest) if version < highest => Err(AdmissionError::SignedOlder {
+                offered: version,
+                highest,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Signed `version` of `key` is about to be taken: kept on disk (fsync
+    /// and rename) before it is journalled, when higher than the highest so
+    /// far. A failure refuses the pack.
+    pub(super) fn keep_signed_version(
+        &mut self,
+        key: &PackKey,
+        version: u64,
+    ) -> Result<(), AdmissionError> {
+        let name = signed_key(key);
+        if self.signed.get(&name).is_some_and(|&h| h >= version) {
+            return Ok(());
+        }
+        let mut next = self.signed.clone();
+        next.insert(name, version);
+        let text = serde_json::to_string_pretty(&next).map_err(|e| self.not_kept(e))?;
+        write_atomically(&self.signed_path, &text).map_err(|e| self.not_kept(e))?;
+        self.signed = next;
+        Ok(())
+    }
+
+    fn not_kept(&self, e: impl std::fmt::Display) -> AdmissionError {
+        AdmissionError::SignedNotKept {
+            path: self.signed_path.display().to_string(),
+            cause: e.to_string(),
+        }
     }
 
     /// Lists the controller relays (`chain`, JSON): those newer than the
@@ -132,7 +196,16 @@ fn load_chain(root: PublicKey, path: &Path) -> Result<Option<(Trust, Vec<SignedL
 fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
     let kept_path = data_dir.join(CHAIN_FILE);
     let given_path = dir.join(CHAIN_FILE);
+    let signed_path = data_dir.join(SIGNED_FILE);
     let mut problems = Vec::new();
+    // Unreadable, it cannot say which versions are replays: nothing runs.
+    let (signed, signed_problem) = match read_signed(&signed_path) {
+        Ok(m) => (m, None),
+        Err(e) => {
+            tracing::error!("trust: {e}");
+            (BTreeMap::new(), Some(e))
+        }
+    };
     let mut loaded = |path: &Path| match load_chain(root, path) {
         Ok(c) => c,
         Err(e) => {
@@ -162,14 +235,36 @@ fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
             trust,
             chain,
             keep: kept_path,
-            unusable: None,
+            unusable: signed_problem,
+            signed,
+            signed_path,
         },
-        None => BoxTrust {
-            trust: Trust::new(root),
-            chain: Vec::new(),
-            keep: kept_path,
-            unusable: (!problems.is_empty()).then(|| problems.join("; ")),
-        },
+        None => {
+            problems.extend(signed_problem);
+            BoxTrust {
+                trust: Trust::new(root),
+                chain: Vec::new(),
+                keep: kept_path,
+                unusable: (!problems.is_empty()).then(|| problems.join("; ")),
+                signed,
+                signed_path,
+            }
+        }
+    }
+}
+
+/// The highest signed versions kept in `path` (none where there is no
+/// file).
+fn read_signed(path: &Path) -> Result<BTreeMap<String, u64>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{}: not a record of signed versions ({e}): no pack runs until it is mended or removed",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
     }
 }
 
@@ -216,16 +311,25 @@ pub(super) fn read(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust,
     Ok(t)
 }
 
-/// Keep `chain` in `path`, replacing it whole (written beside, then
-/// renamed).
+/// Keep `chain` in `path`, replacing it whole.
 fn write_chain(path: &Path, chain: &[SignedList]) -> Result<(), RuntimeError> {
-    let tmp: PathBuf = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(chain)
         .map_err(|e| start_error("writing the trust chain".into(), e))?;
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path))
+    write_atomically(path, &text)
         .map_err(|e| start_error(format!("keeping the trust chain in {}", path.display()), e))
+}
+
+/// `text` in `path`, whole or not at all: written beside, synced, renamed
+/// over it, and the directory synced (the rename itself durable).
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp: PathBuf = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -309,5 +413,21 @@ mod tests {
         let t = load(&dir, &data).expect("load");
         let e = t.check_pack("default", PACK, 0).expect_err("unusable");
         assert!(matches!(e, PackSignatureError::Unusable(_)), "{e}");
+    }
+
+    /// A record of signed versions that cannot be read cannot say which
+    /// versions are replays: nothing runs until it is mended or removed.
+    #[test]
+    fn an_unreadable_record_of_signed_versions_runs_nothing() {
+        let (_tmp, dir, data, root) = site();
+        let v1 = SignedList::sign(&list(1, i64::MAX), &root);
+        write(&dir.join(CHAIN_FILE), &[v1]);
+        std::fs::write(data.join(SIGNED_FILE), "{ torn").expect("torn");
+        let t = load(&dir, &data).expect("load");
+        let e = t.check_pack("default", PACK, 0).expect_err("unusable");
+        assert!(
+            matches!(&e, PackSignatureError::Unusable(w) if w.contains(SIGNED_FILE)),
+            "{e}"
+        );
     }
 }
