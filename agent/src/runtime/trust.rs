@@ -61,6 +61,9 @@ pub(super) struct BoxTrust {
     /// Lists were there but none could be taken: nothing runs (never
     /// "no list, nothing checked").
     unusable: Option<String>,
+    /// The record of signed versions could not be read: nothing runs
+    /// (a list taken later does not mend it).
+    signed_unreadable: Option<String>,
     /// The highest signed version taken of each pack (`tenant/pack`).
     signed: BTreeMap<String, u64>,
     /// Where `signed` is kept.
@@ -80,7 +83,7 @@ impl BoxTrust {
         text: &str,
         now_ns: i64,
     ) -> Result<baton_trust::PackVerdict, baton_trust::PackSignatureError> {
-        if let Some(why) = &self.unusable {
+        if let Some(why) = self.unusable.as_ref().or(self.signed_unreadable.as_ref()) {
             return Err(baton_trust::PackSignatureError::Unusable(why.clone()));
         }
         self.trust.check_pack(tenant, text, now_ns)
@@ -235,21 +238,20 @@ fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
             trust,
             chain,
             keep: kept_path,
-            unusable: signed_problem,
+            unusable: None,
+            signed_unreadable: signed_problem,
             signed,
             signed_path,
         },
-        None => {
-            problems.extend(signed_problem);
-            BoxTrust {
-                trust: Trust::new(root),
-                chain: Vec::new(),
-                keep: kept_path,
-                unusable: (!problems.is_empty()).then(|| problems.join("; ")),
-                signed,
-                signed_path,
-            }
-        }
+        None => BoxTrust {
+            trust: Trust::new(root),
+            chain: Vec::new(),
+            keep: kept_path,
+            unusable: (!problems.is_empty()).then(|| problems.join("; ")),
+            signed_unreadable: signed_problem,
+            signed,
+            signed_path,
+        },
     }
 }
 
@@ -278,7 +280,10 @@ pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError
         )
     })?;
     let t = choose(root, dir, data_dir);
-    match (&t.unusable, t.trust.list()) {
+    match (
+        t.unusable.as_ref().or(t.signed_unreadable.as_ref()),
+        t.trust.list(),
+    ) {
         (Some(why), _) => {
             tracing::error!("trust: no usable trust list ({why}): no pack runs until one is")
         }
@@ -304,7 +309,7 @@ pub(super) fn read(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust,
     let root =
         read_root(dir).map_err(|e| format!("trust root {}: {e}", dir.join(ROOT_FILE).display()))?;
     let t = choose(root, dir, data_dir);
-    if let Some(why) = &t.unusable {
+    if let Some(why) = t.unusable.as_ref().or(t.signed_unreadable.as_ref()) {
         return Err(format!("trust lists unusable: {why}"));
     }
     t.trust.current(now_ns).map_err(|e| e.to_string())?;
@@ -423,11 +428,20 @@ mod tests {
         let v1 = SignedList::sign(&list(1, i64::MAX), &root);
         write(&dir.join(CHAIN_FILE), &[v1]);
         std::fs::write(data.join(SIGNED_FILE), "{ torn").expect("torn");
-        let t = load(&dir, &data).expect("load");
-        let e = t.check_pack("default", PACK, 0).expect_err("unusable");
-        assert!(
-            matches!(&e, PackSignatureError::Unusable(w) if w.contains(SIGNED_FILE)),
-            "{e}"
-        );
+        let mut t = load(&dir, &data).expect("load");
+        let refused = |t: &BoxTrust| {
+            let e = t.check_pack("default", PACK, 0).expect_err("unusable");
+            assert!(
+                matches!(&e, PackSignatureError::Unusable(w) if w.contains(SIGNED_FILE)),
+                "{e}"
+            );
+        };
+        refused(&t);
+        // A newer list taken from the controller does not mend it.
+        let v1 = SignedList::sign(&list(1, i64::MAX), &root);
+        let v2 = SignedList::sign(&list(2, i64::MAX), &root);
+        t.offer(&serde_json::to_string(&[v1, v2]).expect("json"), 0);
+        assert_eq!(t.trust.list().map(|l| l.version), Some(2));
+        refused(&t);
     }
 }
