@@ -171,23 +171,6 @@ impl Trust {
         }
     }
 
-    /// Whether `tenant`'s pack `text` (its signature line, if any, last)
-    /// may run under the newest list at `now`: without a list nothing is
-    /// checked (a site starts without); with an expired one nothing
-    /// passes.
-    pub fn check_pack(
-        &self,
-        tenant: &str,
-        text: &str,
-        now_ns: i64,
-    ) -> Result<crate::pack::PackVerdict, crate::pack::PackSignatureError> {
-        let Some(list) = self.current(now_ns)? else {
-            return Ok(crate::pack::PackVerdict::Unchecked);
-        };
-        let (body, sig) = crate::pack::split(text)?;
-        crate::pack::verify(list, tenant, body, sig.as_ref())
-    }
-
     /// Take the lists of `chain` newer than the one held, in order, each
     /// signed by the root in force then; only the newest taken must not
     /// have expired at `now` (the ones before it were in force when made,

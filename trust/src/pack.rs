@@ -9,7 +9,7 @@
 //! no key; the box splits the line off ([`split`]) and checks the rest.
 
 use crate::keys::{KeyId, PublicKey, Signature, SigningKey};
-use crate::list::TrustList;
+use crate::list::{Trust, TrustList};
 
 /// What a signature is over: a fixed prefix, the tenant, and the pack's
 /// text, separated by NUL (which neither a tenant nor YAML text holds).
@@ -184,6 +184,26 @@ pub enum PackVerdict {
     Unsigned,
     /// No trust list yet: nothing checked.
     Unchecked,
+}
+
+impl Trust {
+    /// Whether `tenant`'s pack `text` (its signature line, if any, last)
+    /// may run under the newest list at `now`: without a list nothing is
+    /// checked (a site starts without); with an expired one nothing
+    /// passes. (Here, not beside the rest of `Trust`: the lists know
+    /// nothing of packs.)
+    pub fn check_pack(
+        &self,
+        tenant: &str,
+        text: &str,
+        now_ns: i64,
+    ) -> Result<PackVerdict, PackSignatureError> {
+        let Some(list) = self.current(now_ns)? else {
+            return Ok(PackVerdict::Unchecked);
+        };
+        let (body, sig) = split(text)?;
+        verify(list, tenant, body, sig.as_ref())
+    }
 }
 
 /// Whether `tenant`'s pack `yaml` with `sig` may run under `list`. A
