@@ -890,6 +890,52 @@ mod tests {
         assert!(rows[0].id < rows[1].id);
     }
 
+    /// The follower's query is an index range on `(txid, id)` in the
+    /// generic plan PostgreSQL keeps for a prepared statement, not a walk
+    /// of the whole index from its start (what `txid > $1 OR (txid = $1
+    /// AND id > $2)` was: the top statement of every push round across
+    /// replicas, growing with the table).
+    #[test]
+    fn the_follower_reads_an_index_range_in_a_generic_plan() {
+        if !available() {
+            return;
+        }
+        let (_store, target) = std::thread::spawn(|| {
+            let url = baton_testpg::fresh_database().expect("a test database");
+            let target = Target::new(&url, None).expect("target");
+            (
+                PgStore::open(&target, Binding::Open).expect("store"),
+                target,
+            )
+        })
+        .join()
+        .expect("open thread");
+        let sql = crate::sql::db::numbered_placeholders(&crate::sql::events::follow_sql(
+            &crate::sql::events::EVENTS_FOLLOWED,
+        ));
+        let plan = std::thread::spawn(move || {
+            let mut c = connect(&target).expect("connect");
+            c.batch_execute(&format!(
+                "SET plan_cache_mode = force_generic_plan; \
+                 PREPARE follow (bigint, bigint, bigint, bigint) AS {sql}"
+            ))
+            .expect("prepare");
+            c.query("EXPLAIN EXECUTE follow (0, 0, NULL, 10)", &[])
+                .expect("explain")
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .join()
+        .expect("explain thread");
+        assert!(
+            plan.lines()
+                .any(|l| l.contains("Index Cond") && l.contains("ROW(txid, id) > ROW($1, $2)")),
+            "{plan}"
+        );
+    }
+
     /// A rollout stage's tally follows its pack's feedback by mark: a row
     /// of the pack whose transaction took its id first and commits last
     /// (the lane's other thread, another replica) is counted once when it

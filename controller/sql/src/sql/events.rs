@@ -72,20 +72,7 @@ pub(crate) fn events_after(
     limit: u32,
     horizon: Option<i64>,
 ) -> StoreResult<(Vec<EventRow>, Mark)> {
-    let (rows, next) = follow_page(
-        conn,
-        &Followed {
-            from: "events",
-            t: "",
-            columns: "id, txid, replica, kind, agent_id, tenant, pack, detail, at_ns",
-            scope: "",
-            scope_args: &[],
-        },
-        after,
-        limit,
-        horizon,
-        decode,
-    )?;
+    let (rows, next) = follow_page(conn, &EVENTS_FOLLOWED, after, limit, horizon, decode)?;
     Ok((rows.into_iter().flatten().collect(), next))
 }
 
@@ -129,22 +116,10 @@ pub(crate) fn follow_page<T>(
     let (Ok(txid), Ok(id)) = (i64::try_from(after.txid), i64::try_from(after.id)) else {
         return Ok((Vec::new(), after));
     };
-    let Followed {
-        from,
-        t,
-        columns,
-        scope,
-        scope_args,
-    } = table;
-    let sql = format!(
-        "SELECT {columns} FROM {from} \
-         WHERE ({t}txid, {t}id) > (?1, ?2) AND {t}txid >= ?1 \
-         AND (CAST(?3 AS BIGINT) IS NULL OR {t}txid < ?3) {scope} \
-         ORDER BY {t}txid, {t}id LIMIT ?4"
-    );
+    let sql = follow_sql(table);
     let limit_arg = i64::from(limit);
     let mut args = params![txid, id, horizon, limit_arg].to_vec();
-    args.extend_from_slice(scope_args);
+    args.extend_from_slice(table.scope_args);
     let rows = query_all(conn, &sql, &args, |r| {
         let mark = Mark {
             txid: u64_from_db(col(r, "txid")?, "txid")?,
@@ -165,6 +140,33 @@ pub(crate) fn follow_page<T>(
     }
     Ok((rows.into_iter().map(|(_, r)| r).collect(), next))
 }
+
+/// [`follow_page`]'s query: after the mark `(?1, ?2)`, below the horizon
+/// `?3` if any, at most `?4` rows, then `table`'s scope.
+pub(crate) fn follow_sql(table: &Followed<'_>) -> String {
+    let Followed {
+        from,
+        t,
+        columns,
+        scope,
+        ..
+    } = table;
+    format!(
+        "SELECT {columns} FROM {from} \
+         WHERE ({t}txid, {t}id) > (?1, ?2) AND {t}txid >= ?1 \
+         AND (CAST(?3 AS BIGINT) IS NULL OR {t}txid < ?3) {scope} \
+         ORDER BY {t}txid, {t}id LIMIT ?4"
+    )
+}
+
+/// The events table as a follower reads it.
+pub(crate) const EVENTS_FOLLOWED: Followed<'static> = Followed {
+    from: "events",
+    t: "",
+    columns: "id, txid, replica, kind, agent_id, tenant, pack, detail, at_ns",
+    scope: "",
+    scope_args: &[],
+};
 
 /// Where a follower starting now begins in `table`: past every row
 /// committed (`horizon`: see [`follow_page`]).
