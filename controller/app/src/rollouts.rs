@@ -250,7 +250,6 @@ impl App {
             let (page, next) = self.store.feedback_after(read_to, scope, MAX_PAGE).await?;
             let done = page.len() < MAX_PAGE as usize;
             read_to = next;
-            tally.read_to = Some(next);
             for f in &page {
                 match member.get(f.agent_id.as_str()) {
                     Some(Some(stage)) if f.version == row.version => {
@@ -268,6 +267,7 @@ impl App {
                 break;
             }
         }
+        tally.read_to = Some(read_to);
         let out = (
             tally.cohort.clone(),
             tally.baseline.clone(),

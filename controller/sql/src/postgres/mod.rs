@@ -900,16 +900,8 @@ mod tests {
         if !available() {
             return;
         }
-        let (_store, target) = std::thread::spawn(|| {
-            let url = baton_testpg::fresh_database().expect("a test database");
-            let target = Target::new(&url, None).expect("target");
-            (
-                PgStore::open(&target, Binding::Open).expect("store"),
-                target,
-            )
-        })
-        .join()
-        .expect("open thread");
+        // A migrated database (the replicas are not used).
+        let (_a, _b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
         let sql = crate::sql::db::numbered_placeholders(&crate::sql::events::follow_sql(
             &crate::sql::events::EVENTS_FOLLOWED,
         ));

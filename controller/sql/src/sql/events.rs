@@ -132,11 +132,7 @@ pub(crate) fn follow_page<T>(
     if rows.len() < limit as usize
         && let Some(h) = horizon
     {
-        let past = Mark {
-            txid: u64_from_db(h, "horizon")?.saturating_sub(1),
-            id: i64::MAX as u64,
-        };
-        next = next.max(past);
+        next = next.max(before_transaction(h, "horizon")?);
     }
     Ok((rows.into_iter().map(|(_, r)| r).collect(), next))
 }
@@ -168,14 +164,21 @@ pub(crate) const EVENTS_FOLLOWED: Followed<'static> = Followed {
     scope_args: &[],
 };
 
+/// The mark past every row of the transactions below `txid` (`what`
+/// names it in an error: the value is the database's), before any of
+/// its own.
+pub(crate) fn before_transaction(txid: i64, what: &str) -> StoreResult<Mark> {
+    Ok(Mark {
+        txid: u64_from_db(txid, what)?.saturating_sub(1),
+        id: i64::MAX as u64,
+    })
+}
+
 /// Where a follower starting now begins in `table`: past every row
 /// committed (`horizon`: see [`follow_page`]).
 pub(crate) fn high_water(conn: &dyn Db, table: &str, horizon: Option<i64>) -> StoreResult<Mark> {
     if let Some(h) = horizon {
-        return Ok(Mark {
-            txid: u64_from_db(h, "horizon")?.saturating_sub(1),
-            id: i64::MAX as u64,
-        });
+        return before_transaction(h, "horizon");
     }
     let n: Option<Option<i64>> = query_first(
         conn,

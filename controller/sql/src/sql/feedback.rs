@@ -347,10 +347,7 @@ pub(crate) fn feedback_mark_at(
     match horizon {
         Some(h) => {
             let start = lowest("txid")?.map_or(h, |t| t.min(h));
-            Ok(Mark {
-                txid: u64_from_db(start, "txid")?.saturating_sub(1),
-                id: i64::MAX as u64,
-            })
+            super::events::before_transaction(start, "txid")
         }
         None => match lowest("id")? {
             Some(id) => Ok(Mark {
