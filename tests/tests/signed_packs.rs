@@ -92,6 +92,19 @@ fn pack(dir: &Path, version: u64) -> PathBuf {
     p
 }
 
+/// `keys sign-pack` of `file` by `key`, written over it.
+fn sign_pack_in_place(key: &Path, file: &Path) -> Output {
+    tool(&[
+        "keys",
+        "sign-pack",
+        "--key",
+        s(key),
+        s(file),
+        "--out",
+        s(file),
+    ])
+}
+
 fn push(c: &Controller, file: &Path, key: Option<&Path>) -> Output {
     let mut args = vec!["push", s(file), "--wait", "20s"];
     if let Some(k) = key {
@@ -307,15 +320,7 @@ fn a_boxs_own_packs_are_checked_and_signed_with_keys_sign_pack() {
         "{}",
         text(&o)
     );
-    let o = tool(&[
-        "keys",
-        "sign-pack",
-        "--key",
-        s(&keys.join("op-a.key")),
-        s(&p),
-        "--out",
-        s(&p),
-    ]);
+    let o = sign_pack_in_place(&keys.join("op-a.key"), &p);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         std::fs::read_to_string(&p)
@@ -335,15 +340,7 @@ fn a_boxs_own_packs_are_checked_and_signed_with_keys_sign_pack() {
             .replace("targets: {agents: [a1]}", "targets: {agents: [a2]}"),
     )
     .expect("elsewhere");
-    let o = tool(&[
-        "keys",
-        "sign-pack",
-        "--key",
-        s(&keys.join("op-a.key")),
-        s(&elsewhere),
-        "--out",
-        s(&elsewhere),
-    ]);
+    let o = sign_pack_in_place(&keys.join("op-a.key"), &elsewhere);
     assert!(o.status.success(), "{}", text(&o));
     let o = run(
         std::process::Command::new(bin("baton-agent")).args([

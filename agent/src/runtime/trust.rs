@@ -76,6 +76,12 @@ fn signed_key(key: &PackKey) -> String {
 }
 
 impl BoxTrust {
+    /// Why no pack may run on this box, if none may: lists there but none
+    /// usable, or an unreadable record of signed versions.
+    fn nothing_runs(&self) -> Option<&String> {
+        self.unusable.as_ref().or(self.signed_unreadable.as_ref())
+    }
+
     /// Whether `tenant`'s pack `text` may run (see `Trust::check_pack`).
     pub(super) fn check_pack(
         &self,
@@ -83,7 +89,7 @@ impl BoxTrust {
         text: &str,
         now_ns: i64,
     ) -> Result<baton_trust::PackVerdict, baton_trust::PackSignatureError> {
-        if let Some(why) = self.unusable.as_ref().or(self.signed_unreadable.as_ref()) {
+        if let Some(why) = self.nothing_runs() {
             return Err(baton_trust::PackSignatureError::Unusable(why.clone()));
         }
         self.trust.check_pack(tenant, text, now_ns)
@@ -280,10 +286,7 @@ pub(super) fn load(dir: &Path, data_dir: &Path) -> Result<BoxTrust, RuntimeError
         )
     })?;
     let t = choose(root, dir, data_dir);
-    match (
-        t.unusable.as_ref().or(t.signed_unreadable.as_ref()),
-        t.trust.list(),
-    ) {
+    match (t.nothing_runs(), t.trust.list()) {
         (Some(why), _) => {
             tracing::error!("trust: no usable trust list ({why}): no pack runs until one is")
         }
@@ -309,7 +312,7 @@ pub(super) fn read(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust,
     let root =
         read_root(dir).map_err(|e| format!("trust root {}: {e}", dir.join(ROOT_FILE).display()))?;
     let t = choose(root, dir, data_dir);
-    if let Some(why) = t.unusable.as_ref().or(t.signed_unreadable.as_ref()) {
+    if let Some(why) = t.nothing_runs() {
         return Err(format!("trust lists unusable: {why}"));
     }
     t.trust.current(now_ns).map_err(|e| e.to_string())?;
