@@ -101,6 +101,10 @@ pub enum Event {
         version: u64,
         /// When the ack was handed to the link.
         acked_ns: i64,
+        /// The controller it came through (an index into the fleet's
+        /// URLs): a push made through one replica reaches the others'
+        /// agents later, through the store.
+        via: usize,
     },
     /// The agent failed (a protocol surprise, or no controller would take
     /// it): its task is over.
@@ -367,7 +371,7 @@ async fn run(
                     }
                 }
                 refused = 0;
-                match session(link, &mut cmds, &events, &mut kept).await {
+                match session(link, target, &mut cmds, &events, &mut kept).await {
                     Ended::Closed => return,
                     Ended::Failed(e) => return fail(&events, &mut first, e),
                     Ended::Lost(e) => {
@@ -422,6 +426,7 @@ struct Ingest {
 /// close) or the stream is lost.
 async fn session(
     mut link: Link,
+    via: usize,
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     events: &mpsc::UnboundedSender<Event>,
     kept: &mut Kept,
@@ -466,7 +471,11 @@ async fn session(
                         if let Err(e) = link.send(held).await {
                             return e;
                         }
-                        let _ = events.send(Event::PackAcked { version, acked_ns });
+                        let _ = events.send(Event::PackAcked {
+                            version,
+                            acked_ns,
+                            via,
+                        });
                     }
                     Some(Out::FeedbackAck(a)) => {
                         let Some(ing) = ingest.as_mut() else {
@@ -617,13 +626,17 @@ impl Fleet {
     }
 
     /// The next push acknowledged, failing on an agent's failure or loss.
-    pub async fn next_event(&mut self, until: Instant) -> Result<(u64, i64)> {
+    pub async fn next_event(&mut self, until: Instant) -> Result<(u64, i64, usize)> {
         let ev = tokio::time::timeout_at(until.into(), self.events.recv())
             .await
             .context("timed out waiting for the agents")?
             .context("every agent task ended")?;
         match ev {
-            Event::PackAcked { version, acked_ns } => Ok((version, acked_ns)),
+            Event::PackAcked {
+                version,
+                acked_ns,
+                via,
+            } => Ok((version, acked_ns, via)),
             other => Err(unexpected(other)),
         }
     }

@@ -533,6 +533,9 @@ struct PushFig {
     agent_p50: f64,
     agent_p99: f64,
     agent_max: f64,
+    /// With replicas, the agents' send p50 and p99 (ms): those of the
+    /// replica pushed through, then the others'.
+    by_replica: Option<[(f64, f64); 2]>,
     /// The Push call itself (ms).
     call: f64,
     /// Until Deliveries showed every ack stored (ms).
@@ -577,13 +580,21 @@ async fn push_round(
     }
     let until = Instant::now() + PHASE_TIMEOUT;
     let mut agent_lat = Vec::with_capacity(agents);
+    // The agents of the replica pushed through, and the others'.
+    let (mut here, mut elsewhere) = (Vec::new(), Vec::new());
     while agent_lat.len() < agents {
-        let (v, acked_ns) = fleet.next_event(until).await?;
+        let (v, acked_ns, via) = fleet.next_event(until).await?;
         if v != version {
             bail!("agent acked v{v} during the push of v{version}");
         }
         agent_lat.push(acked_ns - t0_ns);
+        match via {
+            0 => here.push(acked_ns - t0_ns),
+            _ => elsewhere.push(acked_ns - t0_ns),
+        }
     }
+    here.sort_unstable();
+    elsewhere.sort_unstable();
     // Every agent has sent its ack: wait until the controller stored them.
     let (ds, all_stored) = loop {
         let mut ds = Vec::with_capacity(agents);
@@ -638,6 +649,8 @@ async fn push_round(
         agent_p50: ms(pct(&agent_lat, 0.50)),
         agent_p99: ms(pct(&agent_lat, 0.99)),
         agent_max: ms(pct(&agent_lat, 1.0)),
+        by_replica: (!elsewhere.is_empty())
+            .then(|| [&here, &elsewhere].map(|l| (ms(pct(l, 0.50)), ms(pct(l, 0.99))))),
         call: call.as_secs_f64() * 1e3,
         all_stored: all_stored.as_secs_f64() * 1e3,
         ctl_cpu,
@@ -966,13 +979,16 @@ fn per_event(statements: Option<f64>, event: &str) -> String {
 impl PushFig {
     fn line(&self) -> String {
         format!(
-            "acked (controller stamp) p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms | agent send p50 {:.1} / p99 {:.1} / max {:.1} ms | Push call {:.1} ms, all stored visible {:.1} ms | CPU controllers {:.2} s, bench {:.2} s{}",
+            "acked (controller stamp) p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms | agent send p50 {:.1} / p99 {:.1} / max {:.1} ms{} | Push call {:.1} ms, all stored visible {:.1} ms | CPU controllers {:.2} s, bench {:.2} s{}",
             self.p50,
             self.p99,
             self.max,
             self.agent_p50,
             self.agent_p99,
             self.agent_max,
+            self.by_replica.map_or_else(String::new, |[(h50, h99), (e50, e99)]| format!(
+                " (the replica pushed through: p50 {h50:.1} / p99 {h99:.1}; the others: {e50:.1} / {e99:.1})"
+            )),
             self.call,
             self.all_stored,
             self.ctl_cpu,

@@ -177,6 +177,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: "",
         sqlite_only: "",
     },
+    Migration {
+        version: 19,
+        sql: "",
+        postgres_only: include_str!("migrations/0019_deliveries_hot.pg.sql"),
+        sqlite_only: "",
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

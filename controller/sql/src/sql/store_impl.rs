@@ -263,8 +263,10 @@ impl Store for $engine {
         .await
     }
 
-    /// One scan of the state index (a few hundred thousand rows for a
-    /// large fleet: milliseconds, once per scrape, on the read pool).
+    /// One scan of the state index on SQLite, of the table on PostgreSQL
+    /// (which keeps no state index: see migration 19), a few hundred
+    /// thousand rows for a large fleet: tens of milliseconds, once per
+    /// scrape, on the read pool.
     async fn delivery_counts(&self) -> StoreResult<Vec<(DeliveryState, u64)>> {
         self.read(|conn| {
             query_all(
