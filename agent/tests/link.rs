@@ -37,7 +37,7 @@ enum Ev {
     /// the stream from the controller's side).
     Opened { stream: u64, tx: ToAgent },
     /// A message on a stream.
-    Msg { stream: u64, msg: AgentMessage },
+    Msg { stream: u64, msg: Box<AgentMessage> },
     /// The agent's side of a stream ended.
     Closed { stream: u64 },
     /// A stream was refused RESOURCE_EXHAUSTED.
@@ -87,7 +87,10 @@ impl Link for Svc {
                 let Ok(Some(msg)) = inbound.message().await else {
                     break;
                 };
-                let _ = events.send(Ev::Msg { stream, msg });
+                let _ = events.send(Ev::Msg {
+                    stream,
+                    msg: Box::new(msg),
+                });
             }
             let _ = events.send(Ev::Closed { stream });
         });

@@ -66,6 +66,7 @@ async fn clock_weight(base: &str) -> Res<f64> {
                 cert_tenants: None,
                 held: Vec::new(),
                 session_gen_seen: 0,
+                trust: None,
                 at: RefTime::from_nanos(1),
             })
             .await?;

@@ -461,6 +461,15 @@ async fn steps(c: &Client, f: &mut Fleet) {
             .is_some_and(|n| n.parse::<u64>().is_ok()),
         "the backlog is a count: {backlog}"
     );
+    // What it checks packs against, as its hello said: a box with no
+    // trust root installed runs packs unchecked, and the page says so.
+    let trust = js(c, "return document.querySelector('#trust').textContent;").await;
+    assert!(
+        trust
+            .as_str()
+            .is_some_and(|t| t.contains("no trust root installed")),
+        "{trust}"
+    );
     let plotted = wait_js(
         c,
         "the clock plot",

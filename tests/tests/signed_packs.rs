@@ -122,6 +122,15 @@ fn held(c: &Controller) -> Option<u64> {
         .and_then(|p| p["version"].as_u64())
 }
 
+/// What agent `a1` last said of its trust, as `agents --json` shows it.
+fn trust_of(c: &Controller) -> serde_json::Value {
+    c.agents()
+        .into_iter()
+        .find(|a| a["id"] == "a1")
+        .map(|a| a["trust"].clone())
+        .unwrap_or_default()
+}
+
 /// `keys/` with a new root key, and `trust/` with its public half
 /// installed, as on a box.
 fn site(d: &Path) -> (PathBuf, PathBuf) {
@@ -155,6 +164,13 @@ fn only_packs_the_trust_list_names_run_and_old_lists_do_not_come_back() {
     let o = push(&c, &pack(d, 1), Some(&op_a));
     assert!(o.status.success(), "{}\n{}", text(&o), a.log());
     assert!(wait_until(WAIT, || held(&c) == Some(1)));
+    // Its trust as the operator sees it: the list, whose packs must be
+    // signed.
+    let t = trust_of(&c);
+    assert_eq!(t["root"], true, "{t}");
+    assert_eq!(t["list_version"], 1, "{t}");
+    assert_eq!(t["signed_tenants"], serde_json::json!(["default"]), "{t}");
+    assert_eq!(t["nothing_runs"], serde_json::Value::Null, "{t}");
 
     // Unsigned, another tenant's key (not the tenant's), other bytes:
     // refused on the device, the reason at the operator's push.
@@ -423,6 +439,12 @@ fn the_controller_relays_trust_lists_and_cannot_forge_one() {
         "{}",
         a.log()
     );
+    // The operator sees the list it took (its hello said list 1).
+    assert!(
+        wait_until(WAIT, || trust_of(&c)["list_version"] == 2),
+        "{}",
+        trust_of(&c)
+    );
     let o = push(&c, &pack(d, 1), Some(&keys.join("op-a.key")));
     assert!(
         !o.status.success(),
@@ -460,6 +482,16 @@ fn the_controller_relays_trust_lists_and_cannot_forge_one() {
         "{}",
         a.log()
     );
+    // The refusal reaches the operator; list 2 stays in force.
+    assert!(
+        wait_until(WAIT, || trust_of(&c)["refused"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty())),
+        "{}",
+        trust_of(&c)
+    );
+    assert_eq!(trust_of(&c)["list_version"], 2);
+    assert_eq!(trust_of(&c)["root"], true);
     let o = push(&c, &pack(d, 3), Some(&keys.join("op-a.key")));
     assert!(!o.status.success(), "{}", text(&o));
     assert!(

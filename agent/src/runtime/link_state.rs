@@ -41,6 +41,9 @@ pub(super) struct Uplink {
     pub(super) closed: bool,
     /// Versions staged for a switch at an instant (`activate: together`).
     pub(super) staged: StagedPacks,
+    /// The box's trust as the current session was last told it (its
+    /// Hello, then each change).
+    pub(super) trust_told: Option<super::trust::TrustStatus>,
 }
 
 impl Uplink {

@@ -68,6 +68,23 @@ pub(super) struct BoxTrust {
     signed: BTreeMap<String, u64>,
     /// Where `signed` is kept.
     signed_path: PathBuf,
+    /// The last list a controller relayed that was refused, and why.
+    refused: Option<String>,
+}
+
+/// What the box checks packs against, as operators see it (the link's
+/// `TrustState`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct TrustStatus {
+    /// The newest list's version and expiry (0, 0: none).
+    pub list_version: u64,
+    pub list_expires_ns: i64,
+    /// Tenants whose packs must be signed, in order.
+    pub signed_tenants: Vec<String>,
+    /// Why nothing runs, if nothing may.
+    pub nothing_runs: Option<String>,
+    /// The last list relayed and refused, and why.
+    pub refused: Option<String>,
 }
 
 /// `signed`'s key for a pack.
@@ -80,6 +97,32 @@ impl BoxTrust {
     /// usable, or an unreadable record of signed versions.
     fn nothing_runs(&self) -> Option<&String> {
         self.unusable.as_ref().or(self.signed_unreadable.as_ref())
+    }
+
+    /// The box's trust at `now`: its list, and why nothing runs if
+    /// nothing may (an expired newest list included, found here as
+    /// `check_pack` would find it).
+    pub(super) fn status(&self, now_ns: i64) -> TrustStatus {
+        let list = self.trust.list();
+        let nothing_runs = self.nothing_runs().cloned().or_else(|| {
+            self.trust
+                .current(now_ns)
+                .err()
+                .map(|e| format!("the newest trust list is not in force: {e}"))
+        });
+        TrustStatus {
+            list_version: list.map_or(0, |l| l.version),
+            list_expires_ns: list.map_or(0, |l| l.expires_ns),
+            signed_tenants: list.map_or_else(Vec::new, |l| {
+                l.tenants
+                    .iter()
+                    .filter(|(_, t)| t.require_signed)
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            }),
+            nothing_runs,
+            refused: self.refused.clone(),
+        }
     }
 
     /// Whether `tenant`'s pack `text` may run (see `Trust::check_pack`).
@@ -149,9 +192,9 @@ impl BoxTrust {
         let lists: Vec<SignedList> = match serde_json::from_str(chain) {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(
-                    "trust lists from the controller are not a chain of signed lists: {e}"
-                );
+                let why = format!("not a chain of signed lists: {e}");
+                tracing::error!("trust lists from the controller refused: {why}");
+                self.refused = Some(why);
                 return;
             }
         };
@@ -172,7 +215,10 @@ impl BoxTrust {
                     tracing::error!("{}", super::error::Chain(&e));
                 }
             }
-            Err(e) => tracing::error!("trust list from the controller refused: {e}"),
+            Err(e) => {
+                tracing::error!("trust list from the controller refused: {e}");
+                self.refused = Some(e.to_string());
+            }
         }
     }
 }
@@ -248,6 +294,7 @@ fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
             signed_unreadable: signed_problem,
             signed,
             signed_path,
+            refused: None,
         },
         None => BoxTrust {
             trust: Trust::new(root),
@@ -257,6 +304,7 @@ fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
             signed_unreadable: signed_problem,
             signed,
             signed_path,
+            refused: None,
         },
     }
 }
@@ -446,5 +494,62 @@ mod tests {
         t.offer(&serde_json::to_string(&[v1, v2]).expect("json"), 0);
         assert_eq!(t.trust.list().map(|l| l.version), Some(2));
         refused(&t);
+    }
+
+    /// What operators are told of the box: the list and the tenants it
+    /// requires signed; a list relayed and refused, and why; nothing
+    /// running once the newest list expired (found at the time asked, as
+    /// a pack's check would find it).
+    #[test]
+    fn the_status_says_the_list_its_refusals_and_when_nothing_runs() {
+        let (_tmp, dir, data, root) = site();
+        let mut signed = list(1, 5_000);
+        signed.tenants.insert(
+            "acme".into(),
+            TenantTrust {
+                require_signed: true,
+                pack_keys: Vec::new(),
+            },
+        );
+        write(&dir.join(CHAIN_FILE), &[SignedList::sign(&signed, &root)]);
+        let mut t = load(&dir, &data).expect("load");
+        let s = t.status(1_000);
+        assert_eq!(
+            s,
+            TrustStatus {
+                list_version: 1,
+                list_expires_ns: 5_000,
+                signed_tenants: vec!["acme".into()],
+                nothing_runs: None,
+                refused: None,
+            }
+        );
+
+        let other = SigningKey::generate().expect("key");
+        let forged = SignedList::sign(&list(2, i64::MAX), &other);
+        t.offer(&serde_json::to_string(&[forged]).expect("json"), 1_000);
+        let s = t.status(1_000);
+        assert_eq!(s.list_version, 1, "the forged list is not taken");
+        assert!(s.refused.as_ref().is_some_and(|r| !r.is_empty()), "{s:?}");
+        t.offer("not json", 1_000);
+        let s = t.status(1_000);
+        assert!(
+            s.refused
+                .as_ref()
+                .is_some_and(|r| r.contains("not a chain")),
+            "{s:?}"
+        );
+
+        let s = t.status(6_000);
+        assert!(
+            s.nothing_runs
+                .as_ref()
+                .is_some_and(|w| w.contains("expired")),
+            "{s:?}"
+        );
+        assert!(
+            t.check_pack("acme", PACK, 6_000).is_err(),
+            "as the check finds it"
+        );
     }
 }

@@ -70,6 +70,7 @@ use baton_sched::PackKey;
 use super::agent::Agent;
 use super::error::RuntimeError;
 use super::link_state::{StagedPacks, Uplink};
+use super::trust::TrustStatus;
 use crate::link::{FeedbackPage, FromLink, Link, LinkConfig, ToLink};
 use baton_clock::MonoTime;
 use baton_control::session::{Cmd, Facts, Input, Order, Session};
@@ -143,6 +144,7 @@ impl Agent {
             backlog: false,
             closed: false,
             staged: StagedPacks::default(),
+            trust_told: None,
         });
         Ok(())
     }
@@ -215,6 +217,8 @@ impl Agent {
         let clock_now = self.clock.status().map(|e| (e.source, e.state));
         if let Some(Cmd::ClockReport { session }) = up.session.clock_report_due(now, clock_now) {
             up.queue(session, ToLink::ClockReport(self.clock_report()));
+            // At the clock's pace: a list that expired meanwhile is said.
+            self.tell_trust(up);
         }
         up.flush();
         self.send_feedback(up)
@@ -302,6 +306,7 @@ impl Agent {
                 if let Some(t) = &mut self.plane.trust {
                     t.offer(&chain, self.clock.now().as_nanos());
                 }
+                self.tell_trust(up);
                 return Ok(());
             }
             FromLink::Alive { session } => Input::Alive { session },
@@ -341,7 +346,10 @@ impl Agent {
             } => up.pending.retain(|o| o.session == session),
             Cmd::Discard { keep: None } => up.pending.clear(),
             Cmd::Hello { session } => {
-                let hello = self.hello();
+                let trust = self.trust_status();
+                let mut hello = self.hello();
+                hello.trust = Some(wire_trust(trust.as_ref()));
+                up.trust_told = Some(trust.unwrap_or_default());
                 tracing::info!(
                     session,
                     packs = hello.packs.len(),
@@ -449,7 +457,29 @@ impl Agent {
         Ok(())
     }
 
-    /// The Hello of a new session.
+    /// The box's trust now (`None`: no root installed, nothing checked).
+    fn trust_status(&self) -> Option<TrustStatus> {
+        let t = self.plane.trust.as_ref()?;
+        Some(t.status(self.clock.now().as_nanos()))
+    }
+
+    /// Tells the session the box's trust when it changed since it was
+    /// last told (its Hello included).
+    fn tell_trust(&self, up: &mut Uplink) {
+        let Some(session) = up.session.current() else {
+            return;
+        };
+        let Some(now) = self.trust_status() else {
+            return;
+        };
+        if up.trust_told.as_ref() == Some(&now) {
+            return;
+        }
+        up.queue(session, ToLink::TrustState(wire_trust(Some(&now))));
+        up.trust_told = Some(now);
+    }
+
+    /// The Hello of a new session (its trust filled in by the caller).
     fn hello(&self) -> wire::Hello {
         let (first, last) = self.journal.outbox_range().unwrap_or((0, 0));
         wire::Hello {
@@ -468,6 +498,7 @@ impl Agent {
             feedback_last_seq: last,
             max_packs: u32::try_from(self.cfg.max_packs).unwrap_or(u32::MAX),
             session_gen: self.journal.session_gen(),
+            trust: None,
         }
     }
 
@@ -601,5 +632,20 @@ impl Agent {
             up.flush();
         }
         Ok(())
+    }
+}
+
+/// The box's trust as the link says it (`None`: no root installed).
+fn wire_trust(t: Option<&TrustStatus>) -> wire::TrustState {
+    let Some(t) = t else {
+        return wire::TrustState::default();
+    };
+    wire::TrustState {
+        root: true,
+        list_version: t.list_version,
+        list_expires_ns: t.list_expires_ns,
+        signed_tenants: t.signed_tenants.clone(),
+        nothing_runs: t.nothing_runs.clone().unwrap_or_default(),
+        refused: t.refused.clone().unwrap_or_default(),
     }
 }

@@ -191,6 +191,8 @@ pub enum ToLink {
     Feedback(FeedbackPage),
     /// The clock's state.
     ClockReport(wire::ClockReport),
+    /// The box's trust, changed since the Hello.
+    TrustState(wire::TrustState),
     /// End this session now, for this reason (a controller whose Welcome
     /// the control thread refused: a stale generation). Counted as a failed
     /// attempt: the link backs off and dials the next controller.

@@ -767,6 +767,7 @@ fn encode(msg: ToLink) -> Option<wire::AgentMessage> {
                 .collect(),
         }),
         ToLink::ClockReport(r) => Out::ClockReport(r),
+        ToLink::TrustState(t) => Out::TrustState(t),
         ToLink::Refuse(_) => return None,
     };
     Some(wire::AgentMessage { body: Some(body) })

@@ -131,6 +131,10 @@ impl App {
         a.overrides.clear();
         if let Some(t) = caller.tenant() {
             a.tenants.retain(|x| x == t);
+            // Which other tenants' packs it requires signed is theirs.
+            if let Some(trust) = &mut a.trust {
+                trust.signed_tenants.retain(|x| x == t);
+            }
         }
         // An agent streaming to another replica: as that replica last
         // wrote it.

@@ -49,6 +49,7 @@ pub(crate) async fn hello(app: &App, id: &str, tenants: &[&str], held: &[(&str, 
             journal_id: format!("j-{id}"),
             cert_tenants: Some(tenants.iter().map(|t| t.to_string()).collect()),
             session_gen_seen: 0,
+            trust: None,
             held: held
                 .iter()
                 .map(|(t, p, v)| HeldPackRow {

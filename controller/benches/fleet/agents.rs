@@ -234,6 +234,7 @@ async fn connect(
         feedback_last_seq: 0,
         max_packs: 0,
         session_gen: kept.session_gen,
+        trust: None,
     })))
     .await
     .map_err(|_| fail(anyhow!("hello not queued")))?;

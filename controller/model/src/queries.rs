@@ -29,6 +29,8 @@ pub struct HelloRow {
     /// The highest session generation the agent has journalled: its new
     /// generation is above both this and the stored one.
     pub session_gen_seen: u64,
+    /// What it checks packs against (`None`: it did not say).
+    pub trust: Option<crate::TrustRow>,
     /// When.
     pub at: RefTime,
 }

@@ -122,6 +122,30 @@ pub struct AgentRow {
     pub lateness_p99: SignedDuration,
     /// What its stream last measured of its health beside the clock.
     pub health: StreamHealth,
+    /// What it checks packs against, as it last said (`None`: it has not
+    /// said: an agent older than signed packs).
+    pub trust: Option<TrustRow>,
+}
+
+/// What an agent checks packs against, as it says (its hello, then each
+/// change): an operator sees which boxes refuse unsigned packs, which
+/// hold an old trust list, and which run nothing, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TrustRow {
+    /// A trust root is installed: packs are checked (otherwise nothing is,
+    /// and the rest is empty).
+    pub root: bool,
+    /// The newest root-signed list it holds (0: none yet).
+    pub list_version: u64,
+    /// That list's expiry (ns since the epoch; 0: no list).
+    pub list_expires_ns: i64,
+    /// The tenants whose packs it requires signed.
+    pub signed_tenants: Vec<String>,
+    /// Why no pack may run on it, if none may (empty otherwise).
+    pub nothing_runs: String,
+    /// The last list relayed to it that it refused, and why (empty:
+    /// none).
+    pub refused: String,
 }
 
 /// What the stream serving an agent measures of its health beside the
@@ -191,6 +215,7 @@ impl AgentRow {
             owner: String::new(),
             lateness_p99: SignedDuration::ZERO,
             health: StreamHealth::default(),
+            trust: None,
         }
     }
 

@@ -73,6 +73,7 @@ fn agent_summary(v: AgentView) -> wire::AgentSummary {
         agent_version: a.agent_version,
         last_seen_ns: a.last_seen.as_nanos(),
         clock: a.clock.as_ref().map(convert::clock_to_wire),
+        trust: a.trust.map(convert::trust_to_wire),
         packs: convert::held_to_wire(&held),
         tenants: a.tenants.into_iter().collect(),
         conflict: v

@@ -13,7 +13,7 @@ use baton_app::AppError;
 use baton_model::HelloRow;
 use baton_model::time;
 use baton_model::{ClockRow, DeliveryRow, DeliveryState, ErrorRow, FeedbackRow, HeldPackRow};
-use baton_model::{RefTime, SpanNanos};
+use baton_model::{RefTime, SpanNanos, TrustRow};
 
 /// Longest label key or value, and most labels.
 const MAX_LABEL_LEN: usize = 256;
@@ -169,7 +169,45 @@ pub fn hello(h: &wire::Hello, max_held: usize, now_ns: i64) -> Result<HelloRow, 
         cert_tenants: None,
         held: held(&h.packs, held_cap(h, max_held))?,
         session_gen_seen: session_gen_seen(h.session_gen)?,
+        trust: h.trust.as_ref().map(trust).transpose()?,
         at: RefTime::from_nanos(now_ns),
+    })
+}
+
+/// What an agent said of its trust, for the operators' API.
+pub fn trust_to_wire(t: TrustRow) -> wire::TrustState {
+    wire::TrustState {
+        root: t.root,
+        list_version: t.list_version,
+        list_expires_ns: t.list_expires_ns,
+        signed_tenants: t.signed_tenants,
+        nothing_runs: t.nothing_runs,
+        refused: t.refused,
+    }
+}
+
+/// Tenants a trust report may name at most.
+const MAX_SIGNED_TENANTS: usize = 1_000;
+
+/// What an agent says it checks packs against, checked: tenant names as
+/// ids, and a bounded number of them; its words cut to a readable length.
+pub fn trust(t: &wire::TrustState) -> Result<TrustRow, BadMessage> {
+    if t.signed_tenants.len() > MAX_SIGNED_TENANTS {
+        return Err(bad(format!(
+            "trust: {} tenants requiring signed packs, more than {MAX_SIGNED_TENANTS}",
+            t.signed_tenants.len()
+        )));
+    }
+    for tenant in &t.signed_tenants {
+        check_ident("trust: tenant", tenant)?;
+    }
+    Ok(TrustRow {
+        root: t.root,
+        list_version: t.list_version,
+        list_expires_ns: t.list_expires_ns,
+        signed_tenants: t.signed_tenants.clone(),
+        nothing_runs: clean_text(&t.nothing_runs),
+        refused: clean_text(&t.refused),
     })
 }
 
@@ -444,6 +482,25 @@ pub fn status(e: AppError) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trust_report_names_tenants_as_ids_and_its_words_are_cut() {
+        let mut t = wire::TrustState {
+            root: true,
+            list_version: 3,
+            signed_tenants: vec!["plant-a".into()],
+            refused: "x".repeat(10 * MAX_TEXT),
+            ..Default::default()
+        };
+        let row = trust(&t).expect("fine");
+        assert_eq!(row.signed_tenants, ["plant-a"]);
+        assert!(row.refused.len() <= MAX_TEXT + '…'.len_utf8(), "cut");
+        t.signed_tenants.push("Not An Id".into());
+        let e = trust(&t).expect_err("bad tenant");
+        assert!(e.0.contains("trust: tenant"), "{}", e.0);
+        t.signed_tenants = vec!["t".into(); MAX_SIGNED_TENANTS + 1];
+        assert!(trust(&t).is_err(), "too many");
+    }
 
     fn entry(seq: u64, outcome: i32) -> wire::Feedback {
         wire::Feedback {

@@ -183,6 +183,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: include_str!("migrations/0019_deliveries_hot.pg.sql"),
         sqlite_only: "",
     },
+    Migration {
+        version: 20,
+        sql: include_str!("migrations/0020_agent_trust.sql"),
+        postgres_only: "",
+        sqlite_only: "",
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

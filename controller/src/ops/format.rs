@@ -65,6 +65,33 @@ pub fn clock(c: Option<&wire::ClockReport>) -> (String, String, String) {
     (source, state, span(c.offset_ns))
 }
 
+/// What an agent checks packs against, in a few words: nothing running
+/// first (what needs a look), then its list and the tenants it requires
+/// signed packs of.
+pub fn trust(t: Option<&wire::TrustState>) -> String {
+    let Some(t) = t else {
+        // An agent older than signed packs.
+        return "-".into();
+    };
+    if !t.nothing_runs.is_empty() {
+        return format!("NOTHING RUNS: {}", t.nothing_runs);
+    }
+    if !t.root {
+        return "no root: not checked".into();
+    }
+    let mut s = match t.list_version {
+        0 => "no list".to_string(),
+        v => format!("list v{v}"),
+    };
+    if !t.signed_tenants.is_empty() {
+        s.push_str(&format!(", signed: {}", t.signed_tenants.join(",")));
+    }
+    if !t.refused.is_empty() {
+        s.push_str(&format!(" (refused a list: {})", t.refused));
+    }
+    s
+}
+
 /// The operator's word for a delivery state.
 pub fn delivery_state(s: i32) -> &'static str {
     match wire::DeliveryState::try_from(s) {

@@ -128,7 +128,7 @@ pub async fn agents(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), 
     print_listing(out, json, &agents, &AGENTS_HEADER, agent_json, agent_row)
 }
 
-const AGENTS_HEADER: [&str; 8] = [
+const AGENTS_HEADER: [&str; 9] = [
     "ID",
     "CONNECTED",
     "LAST SEEN",
@@ -137,6 +137,7 @@ const AGENTS_HEADER: [&str; 8] = [
     "LATENESS P99",
     "LABELS",
     "PACKS",
+    "TRUST",
 ];
 
 fn agent_json(a: &wire::AgentSummary) -> serde_json::Value {
@@ -159,6 +160,14 @@ fn agent_json(a: &wire::AgentSummary) -> serde_json::Value {
         "clock_uncertainty_ns": a.clock.as_ref().map(|c| c.uncertainty_ns),
         "packs": packs, "lateness_p99_ns": a.lateness_p99_ns,
         "tenants": a.tenants,
+        "trust": a.trust.as_ref().map(|t| serde_json::json!({
+            "root": t.root,
+            "list_version": t.list_version,
+            "list_expires": (t.list_expires_ns != 0).then(|| format::instant(t.list_expires_ns)),
+            "signed_tenants": t.signed_tenants,
+            "nothing_runs": (!t.nothing_runs.is_empty()).then_some(&t.nothing_runs),
+            "refused": (!t.refused.is_empty()).then_some(&t.refused),
+        })),
         "conflict": if a.conflict.is_empty() { None } else { Some(&a.conflict) },
         "deliveries": a.deliveries.iter().map(|d| serde_json::json!({
             "pack": format::pack_ref(d.pack.as_ref()),
@@ -215,6 +224,7 @@ fn agent_row(a: &wire::AgentSummary) -> Vec<String> {
         },
         or_dash(labels, ","),
         or_dash(packs, ", "),
+        format::trust(a.trust.as_ref()),
     ]
 }
 

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use baton_model::{
     AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     HeldPackRow, HelloRow, LabelOverrides, PackKey, PackVersionRow, PutPack, RefTime,
-    RevocationRow, RolloutChange, SeenRow, SessionOpened, SessionRow,
+    RevocationRow, RolloutChange, SeenRow, SessionOpened, SessionRow, TrustRow,
 };
 
 use crate::decide;
@@ -72,6 +72,18 @@ pub trait StoreOps: Store {
     /// [`StoreError::NoSuchAgent`].
     async fn record_clock(&self, id: &str, session: u64, clock: ClockRow) -> StoreResult<()> {
         self.append_clock(id, session, clock).await
+    }
+
+    /// What the agent checks packs against, as the stream of generation
+    /// `session` heard it say (a list taken or refused, one expired). An
+    /// agent that never said hello is [`StoreError::NoSuchAgent`].
+    async fn record_trust(&self, id: &str, session: u64, trust: TrustRow) -> StoreResult<()> {
+        let id = id.to_owned();
+        transact(self, move |tx| {
+            decide::check_session(tx, &id, session)?;
+            tx.write_trust(&id, &trust)
+        })
+        .await
     }
 
     /// Change one tenant's operator labels on an agent: `set` (a value, or

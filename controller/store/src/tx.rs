@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use baton_model::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
-    RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, TargetsRow,
+    RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, TargetsRow, TrustRow,
 };
 
 use crate::error::StoreResult;
@@ -101,6 +101,8 @@ pub trait Tx {
     fn write_seen(&mut self, id: &str, seen: &SeenRow) -> StoreResult<()>;
     /// Every agent no live writer holds is marked not connected.
     fn disconnect_unowned(&mut self) -> StoreResult<()>;
+    /// What a stored agent checks packs against, as it now says.
+    fn write_trust(&mut self, id: &str, trust: &TrustRow) -> StoreResult<()>;
     /// A clock report of a stored agent: its latest unless one as new or
     /// newer is kept, and its history (once per instant).
     fn write_clock(&mut self, id: &str, clock: &ClockRow) -> StoreResult<()>;

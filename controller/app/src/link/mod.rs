@@ -45,7 +45,7 @@ use super::pace::{Pace, TokenBucket};
 use crate::texts::PackText;
 use baton_model::{
     AgentRow, Binding, ClockRow, DeliveryRow, ErrorRow, FeedbackRow, FeedbackStored, HeldPackRow,
-    PackKey, RefTime, SignedDuration, SpanNanos,
+    PackKey, RefTime, SignedDuration, SpanNanos, TrustRow,
 };
 use baton_store::{AnswerRow, HelloRow};
 
@@ -64,6 +64,13 @@ pub const SEEN_EVERY: Duration = Duration::from_secs(10);
 pub const TIME_REQUESTS: Pace = Pace {
     rate: 8.0,
     burst: 16.0,
+};
+
+/// Reports of its trust an agent's stream may have stored: it sends one
+/// with its hello and one on each change (a list relayed, one expired).
+pub const TRUST_REPORTS: Pace = Pace {
+    rate: 0.2,
+    burst: 4.0,
 };
 
 /// Clock reports an agent's stream may have stored: it sends one on each
@@ -147,6 +154,8 @@ pub enum FromAgent {
     },
     /// What it holds now.
     Held(Vec<HeldPackRow>),
+    /// What it checks packs against, changed since its hello.
+    Trust(TrustRow),
     /// A time request (its `t1`).
     TimeRequest {
         /// The request's id.
@@ -283,6 +292,13 @@ pub enum Effect {
         session: u64,
         /// The report.
         row: ClockRow,
+    },
+    /// Store what the agent checks packs against.
+    Trust {
+        /// The stream's generation.
+        session: u64,
+        /// As it says.
+        row: TrustRow,
     },
     /// Store what the agent holds (re-planned by the store).
     Held {
@@ -442,6 +458,7 @@ pub struct Session {
     next_resync: Instant,
     time_requests: Limited,
     clock_reports: Limited,
+    trust_reports: Limited,
     /// Entries dropped for naming what is not the agent's.
     foreign: u64,
     /// Whether the hello is stored (the stream is live).
@@ -485,6 +502,7 @@ impl Session {
             next_resync: now.mono + RESYNC,
             time_requests: Limited::new("time requests", TIME_REQUESTS, now.mono),
             clock_reports: Limited::new("clock reports", CLOCK_REPORTS, now.mono),
+            trust_reports: Limited::new("trust reports", TRUST_REPORTS, now.mono),
             foreign: 0,
             live: false,
             wait: None,
@@ -519,11 +537,12 @@ impl Session {
 
     /// Entries dropped on this stream for naming what is not the agent's,
     /// and the messages dropped over each rate limit.
-    pub fn dropped(&self) -> [(&'static str, u64); 3] {
+    pub fn dropped(&self) -> [(&'static str, u64); 4] {
         [
             ("entries for packs not the agent's", self.foreign),
             (self.time_requests.what, self.time_requests.dropped),
             (self.clock_reports.what, self.clock_reports.dropped),
+            (self.trust_reports.what, self.trust_reports.dropped),
         ]
     }
 
@@ -627,6 +646,7 @@ impl Session {
             FromAgent::Feedback(rows) => self.on_feedback(now, rows),
             FromAgent::Clock { row, outbox } => self.on_clock(now, row, outbox),
             FromAgent::Held(held) => self.on_held(now, held),
+            FromAgent::Trust(row) => self.on_trust(now, row),
             FromAgent::TimeRequest { id, t1_ns } => {
                 // t2 as soon as the request is seen; t3 as the reply
                 // leaves (the shell stamps it).
@@ -689,6 +709,19 @@ impl Session {
             },
             Wait::Clock(row),
         );
+    }
+
+    /// What the agent checks packs against now: stored, for every
+    /// replica's pages (past the stream's rate, dropped and counted: an
+    /// agent says it once per change).
+    fn on_trust(&mut self, now: Now, row: TrustRow) {
+        let agent = self.agent.id.clone();
+        if !self.trust_reports.allow(&agent, now.mono) {
+            return;
+        }
+        self.agent.trust = Some(row.clone());
+        let session = self.agent.session_gen;
+        self.effect(Effect::Trust { session, row }, Wait::Written);
     }
 
     /// What the agent holds now: the store re-plans its rows, and they

@@ -65,6 +65,10 @@ impl App {
                 s.record_clock(agent, session, row).await?;
                 Done::Written
             }
+            Effect::Trust { session, row } => {
+                s.record_trust(agent, session, row).await?;
+                Done::Written
+            }
             Effect::Held { session, held, at } => {
                 Done::Rows(s.agent_held(agent, session, held, at).await?)
             }

@@ -129,7 +129,7 @@ impl Fake {
                     acked: self.acked(),
                 }
             }
-            Effect::Seen { .. } | Effect::Clock { .. } => Done::Written,
+            Effect::Seen { .. } | Effect::Clock { .. } | Effect::Trust { .. } => Done::Written,
             Effect::Held { .. } => Done::Rows(Vec::new()),
             Effect::Rows => Done::Rows(self.rows.clone()),
             Effect::Agent => Done::Agent(None),
@@ -211,6 +211,7 @@ impl Run {
             cert_tenants: None,
             held: Vec::new(),
             session_gen_seen: 0,
+            trust: None,
             at: now.wall,
         };
         let (s, first) = Session::start(now, cfg, hello, None, first_held_seq);
@@ -499,6 +500,26 @@ fn time_requests_past_the_rate_limit_go_unanswered() {
     }
     assert_eq!(answered, TIME_REQUESTS.burst as usize);
     assert_eq!(r.s.dropped()[1].1, 40 - TIME_REQUESTS.burst as u64);
+}
+
+#[test]
+fn trust_reports_are_stored_from_the_stream_up_to_a_rate() {
+    let mut r = Run::start(Fake::new(Vec::new()), 1);
+    for v in 0..20 {
+        r.agent(FromAgent::Trust(baton_model::TrustRow {
+            root: true,
+            list_version: v,
+            ..Default::default()
+        }));
+    }
+    let stored = r
+        .fake
+        .effects
+        .iter()
+        .filter(|e| e.starts_with("Trust { session: 1"))
+        .count();
+    assert_eq!(stored, TRUST_REPORTS.burst as usize, "{:?}", r.fake.effects);
+    assert_eq!(r.s.dropped()[3].1, 20 - TRUST_REPORTS.burst as u64);
 }
 
 #[test]

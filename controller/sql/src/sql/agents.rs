@@ -9,7 +9,7 @@ use super::db::{Db, Param, Row, chunks, col, params, placeholders, query_all, qu
 use baton_model::time::{self, span_ns};
 use baton_store::{
     AgentFilter, AgentRow, Binding, ClockRow, FleetCounts, FleetState, HelloRow, LabelMatch,
-    LabelOverrides, MAX_PAGE, StoreError, StoreResult, StreamHealth, page,
+    LabelOverrides, MAX_PAGE, StoreError, StoreResult, StreamHealth, TrustRow, page,
 };
 
 /// Now on the clock leases are measured with, in microseconds since the
@@ -18,7 +18,7 @@ pub type LeaseClock = fn(&dyn Db) -> StoreResult<i64>;
 
 const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
      session_gen, owner, lateness_p99_ns, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
-     clock_frequency_ppm, clock_at_ns, outbox_entries, outbox_growing, late_recently";
+     clock_frequency_ppm, clock_at_ns, outbox_entries, outbox_growing, late_recently, trust";
 
 fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
     let id: String = col(row, "id")?;
@@ -50,6 +50,9 @@ fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
             late_recently: col::<i64>(row, "late_recently")? != 0,
         };
         a.clock = clock;
+        a.trust = col::<Option<String>>(row, "trust")?
+            .map(|t| from_json(&t, "trust"))
+            .transpose()?;
         Ok(a)
     })();
     with_row(format_args!("agent {id}"), r)
@@ -503,16 +506,18 @@ pub(crate) fn refuse_a_second_machine(
 /// (one row each, for targeting) and its certificate's tenants.
 pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreResult<()> {
     let labels = to_json(&h.labels, "labels")?;
+    let trust = h.trust.as_ref().map(|t| to_json(t, "trust")).transpose()?;
     let seen = baton_store::fits(h.session_gen_seen, "session generation")?;
     // `CASE` rather than MAX/GREATEST: the engines spell those otherwise.
     run(
         conn,
         "store an agent",
         "INSERT INTO agents (id, labels, agent_version, journal_id, connected, last_seen_ns, \
-         session_gen, owner, owner_epoch) \
-         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6 + 1, ?7, ?8) \
+         session_gen, owner, owner_epoch, trust) \
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6 + 1, ?7, ?8, ?9) \
          ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
          agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
+         trust = excluded.trust, \
          connected = excluded.connected, last_seen_ns = excluded.last_seen_ns, \
          session_gen = CASE WHEN agents.session_gen > ?6 THEN agents.session_gen ELSE ?6 END + 1, \
          owner = excluded.owner, owner_epoch = excluded.owner_epoch",
@@ -524,7 +529,8 @@ pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreRe
             h.at.as_nanos(),
             seen,
             owner.replica,
-            owner.epoch
+            owner.epoch,
+            trust
         ],
     )?;
     run(
@@ -712,6 +718,21 @@ pub(crate) fn write_forget(conn: &dyn Db, id: &str, tenant: Option<&str>) -> Sto
         };
     }
     Ok(existed)
+}
+
+/// What a stored agent checks packs against, as it now says.
+pub(crate) fn write_trust(conn: &dyn Db, id: &str, trust: &TrustRow) -> StoreResult<()> {
+    let trust = to_json(trust, "trust")?;
+    let n = run(
+        conn,
+        "store an agent's trust",
+        "UPDATE agents SET trust = ?2 WHERE id = ?1",
+        params![id, trust],
+    )?;
+    match n {
+        0 => Err(unknown_agent(id)),
+        _ => Ok(()),
+    }
 }
 
 /// The latest-clock columns and the history row; a report not newer than

@@ -145,6 +145,10 @@ impl Tx for SqlTx<'_> {
     /// (at the epoch it took the hello under) is live, and not by this
     /// one, which is starting: on a single controller, which has no lease
     /// rows, none.
+    fn write_trust(&mut self, id: &str, trust: &baton_model::TrustRow) -> StoreResult<()> {
+        agents::write_trust(self.conn, id, trust)
+    }
+
     fn disconnect_unowned(&mut self) -> StoreResult<()> {
         let now_us = (self.lease_clock)(self.conn)?;
         agents::disconnect_unowned(self.conn, now_us, Some(&self.owner.replica))?;

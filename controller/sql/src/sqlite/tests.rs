@@ -814,7 +814,7 @@ async fn a_v4_database_is_migrated() {
     let store = SqliteStore::open(dir.path(), Binding::Open).unwrap();
     assert_eq!(
         scalar(&store, "SELECT MAX(version) FROM schema_migrations").await,
-        19
+        20
     );
     // The feedback's (txid, id) index is PostgreSQL's (replicas) alone.
     assert_eq!(
@@ -853,6 +853,7 @@ async fn a_v4_database_is_migrated() {
     assert_eq!(a1.clock, Some(clock(20)));
     assert_eq!(a1.overrides["t"]["zone"], Some("z".into()));
     assert!(a1.tenants.is_empty());
+    assert_eq!(a1.trust, None, "its trust unsaid until its next hello");
     let a2 = store.agent("a2").await.unwrap().unwrap();
     assert_eq!(a2.overrides["t"]["line"], None);
     assert_eq!(

@@ -360,6 +360,49 @@ pub async fn agent_seen_and_all_disconnected(s: &dyn Store, _: Binding) {
     assert_eq!(ids(s, AgentFilter::default()).await, ["a1", "b2"]);
 }
 
+/// What an agent checks packs against: as its hello says (nothing: an
+/// older agent, `None` again), then as each report says, from its current
+/// stream only; an agent never heard of is refused, nothing created.
+pub async fn trust_said_at_hello_and_after(s: &dyn Store, _: Binding) {
+    let said = TrustRow {
+        root: true,
+        list_version: 2,
+        list_expires_ns: 9_000,
+        signed_tenants: vec!["t".into()],
+        nothing_runs: String::new(),
+        refused: String::new(),
+    };
+    let mut h = hello("a1", 1);
+    h.trust = Some(said.clone());
+    let (a, _) = s.agent_hello(h).await.unwrap();
+    assert_eq!(a.trust, Some(said.clone()));
+    assert_eq!(s.agent("a1").await.unwrap().unwrap().trust, Some(said));
+
+    let later = TrustRow {
+        list_version: 3,
+        refused: "list 4: not signed by the root".into(),
+        ..TrustRow::default()
+    };
+    s.record_trust("a1", 1, later.clone()).await.unwrap();
+    let a = s.agent("a1").await.unwrap().unwrap();
+    assert_eq!(a.trust, Some(later.clone()));
+    assert_eq!(a.session_gen, 1, "a report is no hello");
+
+    // A later stream took the agent: the old one's report is fenced.
+    s.agent_hello(hello("a1", 2)).await.unwrap();
+    let stale = s.record_trust("a1", 1, TrustRow::default()).await;
+    assert!(matches!(stale, Err(StoreError::Fenced { .. })), "{stale:?}");
+    // That hello said nothing of its trust (an older agent): not known.
+    assert_eq!(s.agent("a1").await.unwrap().unwrap().trust, None);
+
+    let unknown = s.record_trust("zz", 1, later).await;
+    assert!(
+        matches!(unknown, Err(StoreError::NoSuchAgent { .. })),
+        "{unknown:?}"
+    );
+    assert_eq!(s.agent("zz").await.unwrap(), None);
+}
+
 /// The latest report is the newest measured; the history keeps each
 /// instant once (the first report of it), newest `limit`, oldest first.
 pub async fn clock_latest_and_history(s: &dyn Store, _: Binding) {

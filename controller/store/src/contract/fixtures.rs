@@ -36,6 +36,7 @@ pub fn hello(id: &str, at_ns: i64) -> HelloRow {
         cert_tenants: None,
         held: Vec::new(),
         session_gen_seen: 0,
+        trust: None,
         at: RefTime::from_nanos(at_ns),
     }
 }

@@ -68,6 +68,7 @@ macro_rules! contract_suite {
             revocations_once_per_serial: [tenants];
             agent_seen_and_all_disconnected: [tenants];
             clock_latest_and_history: [tenants];
+            trust_said_at_hello_and_after: [tenants];
             agents_paging: [tenants, open];
             labels_set_hide_reset: [tenants, open];
             grants_replan: [tenants, open];

@@ -521,6 +521,7 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             let mut a = prev.unwrap_or_else(|| AgentRow::new(&h.id, &h.journal_id));
             a.labels = h.labels.clone();
             a.agent_version = h.agent_version.clone();
+            a.trust = h.trust.clone();
             a.journal_id = h.journal_id.clone();
             a.connected = true;
             a.last_seen = h.at;

@@ -12,7 +12,7 @@ use crate::{
     AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
     GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
     RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, StoreError, StoreResult, TargetsRow,
-    fits,
+    TrustRow, fits,
 };
 
 /// A transaction on the memory store's state (the store keeps a copy to
@@ -71,6 +71,7 @@ impl Tx for MemTx<'_> {
         fits(a.session_gen, "session generation")?;
         a.labels = h.labels.clone();
         a.agent_version = h.agent_version.clone();
+        a.trust = h.trust.clone();
         a.journal_id = h.journal_id.clone();
         a.connected = true;
         a.last_seen = h.at;
@@ -97,6 +98,12 @@ impl Tx for MemTx<'_> {
         if let Some(h) = seen.health {
             a.health = h;
         }
+        Ok(())
+    }
+
+    fn write_trust(&mut self, id: &str, trust: &TrustRow) -> StoreResult<()> {
+        let a = self.s.agents.get_mut(id).ok_or_else(|| no_agent(id))?;
+        a.trust = Some(trust.clone());
         Ok(())
     }
 

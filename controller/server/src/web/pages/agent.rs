@@ -96,6 +96,7 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
                 div { dt { "Connection" } dd { @if v.connected { (badge(Tone::Good, "connected")) } @else { (badge(Tone::Bad, "offline")) } } }
                 div { dt { "Last seen" } dd title=(instant(a.last_seen.as_nanos())) { (ago(a.last_seen.as_nanos(), now)) } }
                 div { dt { "Agent version" } dd { (a.agent_version) } }
+                div { dt { "Pack signatures" } dd #trust { (trust_cell(a.trust.as_ref())) } }
                 div { dt { "Labels" } dd { @for (k, val) in &a.labels { code { (k) "=" (val) } " " } } }
                 div { dt { "Clock" } dd #clock-now {
                     (clock_cell(&v, now))
@@ -274,6 +275,35 @@ pub async fn clock_json(
 /// A count of outbox entries in words.
 fn entries(n: u64) -> String {
     format!("{n} entr{}", if n == 1 { "y" } else { "ies" })
+}
+
+/// What the agent checks packs against, as it last said: a box that runs
+/// nothing (and why) stands out; then its trust list and the tenants
+/// whose packs it requires signed.
+fn trust_cell(t: Option<&baton_model::TrustRow>) -> Markup {
+    let Some(t) = t else {
+        return html! { "not reported (an agent older than signed packs)" };
+    };
+    html! {
+        @if !t.nothing_runs.is_empty() {
+            (badge(Tone::Bad, "runs nothing")) " " (t.nothing_runs)
+        } @else if !t.root {
+            (badge(Tone::Neutral, "not checked")) " no trust root installed: packs run unsigned"
+        } @else {
+            @if t.list_version == 0 { "no trust list yet" } @else {
+                "trust list v" (t.list_version)
+                @if t.list_expires_ns > 0 { ", expires " (instant(t.list_expires_ns)) }
+            }
+            @if t.signed_tenants.is_empty() {
+                "; signatures checked where present, none required"
+            } @else {
+                "; signed packs required for " (t.signed_tenants.join(", "))
+            }
+        }
+        @if !t.refused.is_empty() {
+            br; (badge(Tone::Bad, "list refused")) " " (t.refused)
+        }
+    }
 }
 
 #[cfg(test)]
