@@ -245,6 +245,42 @@ async fn an_agent_certificate_cannot_write_into_another_tenants_data() {
     );
 }
 
+/// An agent serving two tenants says it requires signed packs of both:
+/// each tenant's operator sees its own tenant there, never the other.
+#[tokio::test]
+async fn a_tenant_sees_only_its_own_tenant_in_an_agents_trust() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, c) = start_mtls(dir.path(), "ops", &[]);
+    let ann = ca.operator("ann", "plant-a", "admin");
+    let bob = ca.operator("bob", "plant-b", "admin");
+    let s1 = ca.agent("s1", &["--tenant", "plant-a", "--tenant", "plant-b"]);
+    let mut p = Peer::open(&c.url, Some((&ca, &s1))).await;
+    p.send(In::Hello(wire::Hello {
+        agent_id: "s1".into(),
+        journal_id: "j-s1".into(),
+        trust: Some(wire::TrustState {
+            root: true,
+            list_version: 4,
+            signed_tenants: vec!["plant-a".into(), "plant-b".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }))
+    .await;
+    assert!(matches!(p.next().await, Ok(Out::Welcome(_))));
+    let seen = |who| {
+        let o = c.ctl_as(who, &["agents", "--json"]);
+        let rows = json_lines(&o.stdout);
+        assert_eq!(rows.len(), 1, "{}", text(&o));
+        rows[0]["trust"].clone()
+    };
+    let a = seen(&ann);
+    assert_eq!(a["list_version"], 4, "{a}");
+    assert_eq!(a["signed_tenants"], serde_json::json!(["plant-a"]), "{a}");
+    let b = seen(&bob);
+    assert_eq!(b["signed_tenants"], serde_json::json!(["plant-b"]), "{b}");
+}
+
 #[tokio::test]
 async fn a_query_over_400_000_rows_holds_a_page_at_a_time() {
     let dir = tempfile::tempdir().expect("tempdir");
