@@ -500,3 +500,72 @@ fn the_controller_relays_trust_lists_and_cannot_forge_one() {
         text(&o)
     );
 }
+
+/// A key revoked by a list the box takes live (the controller restarted
+/// with a newer chain; the agent itself runs on): the pack that key
+/// signed is withdrawn at once, its safe state driven, not left running
+/// until the box restarts; pushed again, it is refused with why.
+#[test]
+fn a_key_revoked_by_a_list_taken_live_withdraws_what_it_signed_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let (keys, trust) = site(d);
+    let a_pub = new_key(&keys, "op-a");
+    let b_pub = new_key(&keys, "op-b");
+    let root = keys.join("root.key");
+    let boxed = trust.join("trust.json");
+    assert!(
+        sign_list(d, &root, &boxed, 1, &[&a_pub], None)
+            .status
+            .success()
+    );
+    // The controller relays list 1 only, then (restarted) 1 and 2.
+    let relayed = d.join("relayed.json");
+    std::fs::copy(&boxed, &relayed).expect("copy");
+    let mut c = baton_e2e::fleet::start_controller_args(
+        &d.join("ctl"),
+        "127.0.0.1:0",
+        &["--trust-chain", s(&relayed)],
+    );
+    let a = start_agent_clock(&d.join("a1"), "a1", &c.url, &["--trust-dir", s(&trust)]);
+    assert!(wait_until(WAIT, || c.connected("a1")), "{}", a.log());
+    let o = push(&c, &pack(d, 1), Some(&keys.join("op-a.key")));
+    assert!(o.status.success(), "{}\n{}", text(&o), a.log());
+    assert!(
+        wait_until(WAIT, || std::fs::read_to_string(&a.gpio)
+            .is_ok_and(|l| l.contains("\"value\":1"))),
+        "v1 fires"
+    );
+
+    assert!(
+        sign_list(d, &root, &relayed, 2, &[&b_pub], None)
+            .status
+            .success()
+    );
+    c.restart();
+    assert!(
+        wait_until(WAIT, || a.log().contains("no longer allows this pack")),
+        "{}",
+        a.log()
+    );
+    assert!(
+        a.log().contains("withdrawn, its safe state driven"),
+        "{}",
+        a.log()
+    );
+    assert!(wait_until(WAIT, || held(&c).is_none()), "{:?}", c.agents());
+    // The safe state was written after the last firing: line 4 low.
+    let writes = std::fs::read_to_string(&a.gpio).expect("gpio log");
+    let last = writes
+        .lines()
+        .rfind(|l| l.contains("\"value\":"))
+        .expect("a write");
+    assert!(last.contains("\"value\":0"), "{last}");
+    let o = push(&c, &pack(d, 2), Some(&keys.join("op-a.key")));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("trust list version 2 does not name"),
+        "{}",
+        text(&o)
+    );
+}

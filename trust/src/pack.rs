@@ -204,6 +204,25 @@ impl Trust {
         let (body, sig) = split(text)?;
         verify(list, tenant, body, sig.as_ref())
     }
+
+    /// Whether a pack of `tenant` taken with `verdict` may go on running
+    /// under the newest list at `now` ([`still_allowed`]; an expired list
+    /// allows nothing, no list everything).
+    pub fn still_allows(
+        &self,
+        tenant: &str,
+        verdict: &PackVerdict,
+        now_ns: i64,
+    ) -> Result<(), PackSignatureError> {
+        let Some(list) = self.current(now_ns)? else {
+            return Ok(());
+        };
+        let signer = match verdict {
+            PackVerdict::Signed(k) => Some(*k),
+            PackVerdict::Unsigned | PackVerdict::Unchecked => None,
+        };
+        still_allowed(list, tenant, signer)
+    }
 }
 
 /// Whether `tenant`'s pack `yaml` with `sig` may run under `list`. A
@@ -215,29 +234,15 @@ pub fn verify(
     yaml: &str,
     sig: Option<&PackSignature>,
 ) -> Result<PackVerdict, PackSignatureError> {
-    let Some(trust) = list.tenants.get(tenant) else {
-        return Err(PackSignatureError::UnknownTenant {
-            tenant: tenant.to_string(),
-            list: list.version,
-        });
-    };
     let Some(sig) = sig else {
-        if trust.require_signed {
-            return Err(PackSignatureError::Unsigned {
-                tenant: tenant.to_string(),
-                list: list.version,
-            });
-        }
+        admitted(list, tenant, None)?;
         return Ok(PackVerdict::Unsigned);
     };
-    let key: Option<&PublicKey> = trust.pack_keys.iter().find(|k| k.id() == sig.key);
-    let Some(key) = key else {
-        return Err(PackSignatureError::UnknownKey {
-            key: sig.key,
-            tenant: tenant.to_string(),
-            list: list.version,
-        });
-    };
+    let key = admitted(list, tenant, Some(sig.key))?.ok_or(PackSignatureError::UnknownKey {
+        key: sig.key,
+        tenant: tenant.to_string(),
+        list: list.version,
+    })?;
     if !key.verify(&message(tenant, yaml), &sig.signature) {
         return Err(PackSignatureError::BadSignature {
             key: sig.key,
@@ -245,6 +250,54 @@ pub fn verify(
         });
     }
     Ok(PackVerdict::Signed(sig.key))
+}
+
+/// Whether a pack of `tenant` signed by `signer` (`None`: unsigned) may
+/// run under `list`, its bytes already checked against the signer when
+/// it was taken: the tenant named, the signer still one of its keys, an
+/// unsigned pack only where none is required. What a box asks of the
+/// packs it holds when a new list comes (a key revoked, a tenant that now
+/// requires signatures).
+pub fn still_allowed(
+    list: &TrustList,
+    tenant: &str,
+    signer: Option<KeyId>,
+) -> Result<(), PackSignatureError> {
+    match signer {
+        None => admitted(list, tenant, None).map(|_| ()),
+        Some(key) => match admitted(list, tenant, Some(key))? {
+            Some(_) => Ok(()),
+            None => Err(PackSignatureError::UnknownKey {
+                key,
+                tenant: tenant.to_string(),
+                list: list.version,
+            }),
+        },
+    }
+}
+
+/// The list's word on `tenant` and `signer`: the tenant must be named; an
+/// unsigned pack (`None`) only where signatures are not required; a
+/// signer's key as the tenant's (`None` when it is not one of them).
+fn admitted<'l>(
+    list: &'l TrustList,
+    tenant: &str,
+    signer: Option<KeyId>,
+) -> Result<Option<&'l PublicKey>, PackSignatureError> {
+    let Some(trust) = list.tenants.get(tenant) else {
+        return Err(PackSignatureError::UnknownTenant {
+            tenant: tenant.to_string(),
+            list: list.version,
+        });
+    };
+    match signer {
+        None if trust.require_signed => Err(PackSignatureError::Unsigned {
+            tenant: tenant.to_string(),
+            list: list.version,
+        }),
+        None => Ok(None),
+        Some(id) => Ok(trust.pack_keys.iter().find(|k| k.id() == id)),
+    }
 }
 
 #[cfg(test)]
@@ -276,6 +329,31 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             release_keys: Vec::new(),
         }
+    }
+
+    /// A held pack under a newer list: its signer still the tenant's
+    /// key, or not (revoked); unsigned where the tenant now requires
+    /// signatures; its tenant no longer named.
+    #[test]
+    fn a_held_pack_is_judged_again_by_its_signer() {
+        let a = SigningKey::generate().expect("key");
+        let b = SigningKey::generate().expect("key");
+        let (ida, idb) = (a.public().id(), b.public().id());
+        let l = list(5, &[("plant-a", true, &[&b]), ("plant-b", false, &[])]);
+        assert_eq!(still_allowed(&l, "plant-a", Some(idb)), Ok(()));
+        assert!(matches!(
+            still_allowed(&l, "plant-a", Some(ida)),
+            Err(PackSignatureError::UnknownKey { .. })
+        ));
+        assert!(matches!(
+            still_allowed(&l, "plant-a", None),
+            Err(PackSignatureError::Unsigned { .. })
+        ));
+        assert_eq!(still_allowed(&l, "plant-b", None), Ok(()));
+        assert!(matches!(
+            still_allowed(&l, "plant-c", Some(ida)),
+            Err(PackSignatureError::UnknownTenant { .. })
+        ));
     }
 
     /// The tenant's key over these bytes passes; unsigned, another

@@ -25,6 +25,8 @@ pub(super) struct Admitted {
     verdict: Verdict,
     digest: u64,
     resolved: Option<admission::Resolved>,
+    /// What the trust list said of it (a box with a trust root).
+    trusted: Option<baton_trust::PackVerdict>,
 }
 
 impl Agent {
@@ -265,12 +267,15 @@ impl Agent {
                 verdict,
                 digest,
                 resolved: None,
+                trusted: None,
             });
         }
         let mut signed = false;
+        let mut trusted = None;
         if let Some(trust) = &self.plane.trust {
             let verdict = trust.check_pack(&pack.tenant, yaml, self.clock.now().as_nanos())?;
             tracing::debug!(pack = %key, ?verdict, "trust list passed");
+            trusted = Some(verdict);
             if matches!(verdict, baton_trust::PackVerdict::Signed(_)) {
                 trust.check_signed_version(&key, pack.version)?;
                 signed = true;
@@ -302,15 +307,20 @@ impl Agent {
             verdict,
             digest,
             resolved: Some(resolved),
+            trusted,
         })
     }
 
     /// The pack is journalled: it owns its lines now.
     fn commit_admission(&mut self, pack: &Pack, admitted: Admitted) {
+        let key = PackKey::of(pack);
+        if let (Some(trust), Some(verdict)) = (self.plane.trust.as_mut(), admitted.trusted) {
+            trust.taken(&key, &pack.tenant, verdict);
+        }
         if let Some(resolved) = admitted.resolved {
             self.plane
                 .admission
-                .commit(PackKey::of(pack), pack.version, admitted.digest, resolved);
+                .commit(key, pack.version, admitted.digest, resolved);
         }
     }
 

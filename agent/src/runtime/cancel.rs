@@ -309,6 +309,9 @@ impl Agent {
         self.journal.remove_pack(&key.tenant, &key.pack)?;
         self.plane.admission.release(key);
         self.plane.held.remove(key);
+        if let Some(t) = self.plane.trust.as_mut() {
+            t.dropped(key);
+        }
         self.safe.forget(key);
         tracing::info!(pack = %key, version, "cancelled locally and removed");
         Ok(format!(

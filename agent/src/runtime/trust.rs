@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use baton_control::admission::AdmissionError;
 use baton_sched::PackKey;
-use baton_trust::{PublicKey, SignedList, Trust};
+use baton_trust::{PackVerdict, PublicKey, SignedList, Trust};
 
 use super::error::RuntimeError;
 
@@ -70,6 +70,9 @@ pub(super) struct BoxTrust {
     signed_path: PathBuf,
     /// The last list a controller relayed that was refused, and why.
     refused: Option<String>,
+    /// How each pack running here was taken (its tenant and signer), to
+    /// judge it again when a newer list comes.
+    taken: BTreeMap<PackKey, (String, PackVerdict)>,
 }
 
 /// What the box checks packs against, as operators see it (the link's
@@ -174,6 +177,30 @@ impl BoxTrust {
         Ok(())
     }
 
+    /// `key` (of `tenant`) runs from now on as `verdict` said when it was
+    /// taken.
+    pub(super) fn taken(&mut self, key: &PackKey, tenant: &str, verdict: PackVerdict) {
+        self.taken.insert(key.clone(), (tenant.to_owned(), verdict));
+    }
+
+    /// `key` runs no more here.
+    pub(super) fn dropped(&mut self, key: &PackKey) {
+        self.taken.remove(key);
+    }
+
+    /// The packs taken here that the newest list no longer allows at `now`
+    /// (a key revoked, a tenant that now requires signatures or is no
+    /// longer named), each with why.
+    pub(super) fn no_longer_allowed(&self, now_ns: i64) -> Vec<(PackKey, String)> {
+        self.taken
+            .iter()
+            .filter_map(|(key, (tenant, verdict))| {
+                let why = self.trust.still_allows(tenant, verdict, now_ns).err()?;
+                Some((key.clone(), why.to_string()))
+            })
+            .collect()
+    }
+
     fn not_kept(&self, e: impl std::fmt::Display) -> AdmissionError {
         AdmissionError::SignedNotKept {
             path: self.signed_path.display().to_string(),
@@ -187,19 +214,19 @@ impl BoxTrust {
     /// anything else is refused, whole, and said. The grown chain is kept
     /// in the data directory (a failure to write it is said: the lists
     /// stay in force in this run, and the controller offers them again
-    /// after a restart).
-    pub(super) fn offer(&mut self, chain: &str, now_ns: i64) {
+    /// after a restart). Whether a list was taken.
+    pub(super) fn offer(&mut self, chain: &str, now_ns: i64) -> bool {
         let lists: Vec<SignedList> = match serde_json::from_str(chain) {
             Ok(l) => l,
             Err(e) => {
                 let why = format!("not a chain of signed lists: {e}");
                 tracing::error!("trust lists from the controller refused: {why}");
                 self.refused = Some(why);
-                return;
+                return false;
             }
         };
         match self.trust.accept_chain(&lists, now_ns) {
-            Ok(taken) if taken.is_empty() => {}
+            Ok(taken) if taken.is_empty() => false,
             Ok(taken) => {
                 self.unusable = None;
                 let n = taken.len();
@@ -214,10 +241,12 @@ impl BoxTrust {
                 if let Err(e) = write_chain(&self.keep, &self.chain) {
                     tracing::error!("{}", super::error::Chain(&e));
                 }
+                true
             }
             Err(e) => {
                 tracing::error!("trust list from the controller refused: {e}");
                 self.refused = Some(e.to_string());
+                false
             }
         }
     }
@@ -295,6 +324,7 @@ fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
             signed,
             signed_path,
             refused: None,
+            taken: BTreeMap::new(),
         },
         None => BoxTrust {
             trust: Trust::new(root),
@@ -305,6 +335,7 @@ fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
             signed,
             signed_path,
             refused: None,
+            taken: BTreeMap::new(),
         },
     }
 }
@@ -551,5 +582,42 @@ mod tests {
             t.check_pack("acme", PACK, 6_000).is_err(),
             "as the check finds it"
         );
+    }
+
+    /// A newer list that drops the key a running pack was signed by names
+    /// that pack (with why); a pack no longer running is not named.
+    #[test]
+    fn a_newer_list_names_the_running_packs_it_no_longer_allows() {
+        let (_tmp, dir, data, root) = site();
+        let op = SigningKey::generate().expect("key");
+        let with = |version, keys: Vec<PublicKey>| {
+            let mut l = list(version, i64::MAX);
+            l.tenants.insert(
+                "acme".into(),
+                TenantTrust {
+                    require_signed: true,
+                    pack_keys: keys,
+                },
+            );
+            SignedList::sign(&l, &root)
+        };
+        let v1 = with(1, vec![op.public()]);
+        write(&dir.join(CHAIN_FILE), std::slice::from_ref(&v1));
+        let mut t = load(&dir, &data).expect("load");
+        let key = |p: &str| PackKey {
+            tenant: "acme".into(),
+            pack: p.into(),
+        };
+        let signed = PackVerdict::Signed(op.public().id());
+        t.taken(&key("press"), "acme", signed);
+        t.taken(&key("valve"), "acme", signed);
+        t.dropped(&key("valve"));
+        assert!(t.no_longer_allowed(0).is_empty(), "list 1 names the key");
+        let v2 = with(2, Vec::new());
+        assert!(t.offer(&serde_json::to_string(&[v1, v2]).expect("json"), 0));
+        let gone = t.no_longer_allowed(0);
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert_eq!(gone[0].0, key("press"));
+        assert!(gone[0].1.contains("does not name"), "{}", gone[0].1);
     }
 }

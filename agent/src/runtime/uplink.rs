@@ -303,8 +303,13 @@ impl Agent {
             FromLink::TrustLists { chain, .. } => {
                 // Not the session's business: a list is taken for its root
                 // signature, whoever relays it.
-                if let Some(t) = &mut self.plane.trust {
-                    t.offer(&chain, self.clock.now().as_nanos());
+                let now_ns = self.clock.now().as_nanos();
+                let taken = match &mut self.plane.trust {
+                    Some(t) => t.offer(&chain, now_ns),
+                    None => false,
+                };
+                if taken {
+                    self.stop_no_longer_allowed(now_ns)?;
                 }
                 self.tell_trust(up);
                 return Ok(());
@@ -453,6 +458,34 @@ impl Agent {
                 acked = seq,
                 "controller link: outbox drops acknowledged by the controller"
             );
+        }
+        Ok(())
+    }
+
+    /// A newer list taken: each running pack it no longer allows (its
+    /// signer's key revoked, its tenant now requiring signatures or no
+    /// longer named) is withdrawn as a cancel withdraws it, at once: its
+    /// safe state driven, removed from the journal, the controller told
+    /// by the next Held (and a push of it again refused, with why).
+    fn stop_no_longer_allowed(&mut self, now_ns: i64) -> Result<(), RuntimeError> {
+        let Some(t) = &self.plane.trust else {
+            return Ok(());
+        };
+        for (key, why) in t.no_longer_allowed(now_ns) {
+            if self.core.held(&key).is_none() {
+                continue;
+            }
+            tracing::error!(
+                pack = %key,
+                "trust: the trust list taken no longer allows this pack ({why}): withdrawn, its safe state driven"
+            );
+            match self.cancel_local(&key) {
+                Ok(_) | Err(RuntimeError::NotHeld(_)) => {}
+                // Half-way through: the loop's fault, and the way out
+                // drives every safe state.
+                Err(e) => return Err(e),
+            }
+            self.plane.held.mark_changed();
         }
         Ok(())
     }
