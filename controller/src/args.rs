@@ -392,7 +392,8 @@ pub(crate) struct ServeArgs {
     /// The fleet's trust lists (a chain made by `keys sign-list`), relayed
     /// to every agent after its Welcome: agents take the lists newer than
     /// theirs that their root verifies (revocations reach boxes without a
-    /// visit). Read at start.
+    /// visit). Read at start and whenever the file changes, then relayed
+    /// to every agent connected.
     #[arg(long, value_name = "FILE")]
     pub(crate) trust_chain: Option<PathBuf>,
 }

@@ -190,6 +190,54 @@ fn read_trust_chain(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<str
     Ok(std::sync::Arc::from(text))
 }
 
+/// How often `--trust-chain`'s file is looked at for a change.
+const TRUST_CHAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Re-reads `--trust-chain` when its file changes (length or time) and
+/// hands a new chain to the server, which relays it to every stream open:
+/// `keys sign-list` on the controller's host reaches the boxes without a
+/// restart. A change that cannot be read or is no chain is said, and the
+/// chain before it stays relayed.
+async fn watch_trust_chain(
+    path: PathBuf,
+    chain: tokio::sync::watch::Sender<Option<std::sync::Arc<str>>>,
+) {
+    let stamp = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .ok()
+            .and_then(|m| Some((m.len(), m.modified().ok()?)))
+    };
+    let mut seen = stamp(&path);
+    let mut tick = tokio::time::interval(TRUST_CHAIN_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let p = path.clone();
+        let Ok((now, read)) = tokio::task::spawn_blocking(move || {
+            let now = stamp(&p);
+            (now, (now != seen).then(|| read_trust_chain(&p)))
+        })
+        .await
+        else {
+            continue;
+        };
+        seen = now;
+        match read {
+            None => {}
+            Some(Ok(text)) => {
+                chain.send_if_modified(|cur| {
+                    let new = cur.as_deref() != Some(&*text);
+                    if new {
+                        *cur = Some(text);
+                    }
+                    new
+                });
+            }
+            Some(Err(e)) => tracing::error!("{e:#} (the chain before stays relayed)"),
+        }
+    }
+}
+
 fn serve(o: Opts) -> anyhow::Result<()> {
     check_transport(&o)?;
     let (handshakes, ping_interval) = check_flags(&o)?;
@@ -220,10 +268,14 @@ fn serve(o: Opts) -> anyhow::Result<()> {
         cfg.http = o.http;
         cfg.retention = o.retention;
         cfg.max_held = o.max_held;
-        cfg.trust_chain = match &o.trust_chain {
+        let (chain_tx, chain_rx) = tokio::sync::watch::channel(match &o.trust_chain {
             Some(path) => Some(read_trust_chain(path)?),
             None => None,
-        };
+        });
+        cfg.trust_chain = chain_rx;
+        if let Some(path) = o.trust_chain.clone() {
+            tokio::spawn(watch_trust_chain(path, chain_tx));
+        }
         cfg.accept = server::accept::AcceptOptions {
             max_connections: o.max_connections,
             handshakes,

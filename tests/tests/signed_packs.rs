@@ -501,10 +501,11 @@ fn the_controller_relays_trust_lists_and_cannot_forge_one() {
     );
 }
 
-/// A key revoked by a list the box takes live (the controller restarted
-/// with a newer chain; the agent itself runs on): the pack that key
-/// signed is withdrawn at once, its safe state driven, not left running
-/// until the box restarts; pushed again, it is refused with why.
+/// A key revoked by a list the box takes live (`keys sign-list` adds it
+/// to the controller's `--trust-chain` file; nothing restarts: the
+/// controller relays it on the open stream): the pack that key signed is
+/// withdrawn at once, its safe state driven, not left running until the
+/// box restarts; pushed again, it is refused with why.
 #[test]
 fn a_key_revoked_by_a_list_taken_live_withdraws_what_it_signed_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -519,10 +520,10 @@ fn a_key_revoked_by_a_list_taken_live_withdraws_what_it_signed_at_once() {
             .status
             .success()
     );
-    // The controller relays list 1 only, then (restarted) 1 and 2.
+    // The controller relays list 1 only, then 1 and 2.
     let relayed = d.join("relayed.json");
     std::fs::copy(&boxed, &relayed).expect("copy");
-    let mut c = baton_e2e::fleet::start_controller_args(
+    let c = baton_e2e::fleet::start_controller_args(
         &d.join("ctl"),
         "127.0.0.1:0",
         &["--trust-chain", s(&relayed)],
@@ -542,7 +543,6 @@ fn a_key_revoked_by_a_list_taken_live_withdraws_what_it_signed_at_once() {
             .status
             .success()
     );
-    c.restart();
     assert!(
         wait_until(WAIT, || a.log().contains("no longer allows this pack")),
         "{}",
@@ -552,6 +552,11 @@ fn a_key_revoked_by_a_list_taken_live_withdraws_what_it_signed_at_once() {
         a.log().contains("withdrawn, its safe state driven"),
         "{}",
         a.log()
+    );
+    assert!(
+        c.log().contains("new trust lists relayed"),
+        "relayed on the open stream: {}",
+        c.log()
     );
     assert!(wait_until(WAIT, || held(&c).is_none()), "{:?}", c.agents());
     // The safe state was written after the last firing: line 4 low.
@@ -568,4 +573,14 @@ fn a_key_revoked_by_a_list_taken_live_withdraws_what_it_signed_at_once() {
         "{}",
         text(&o)
     );
+    // A torn chain file is said; the chain before stays relayed.
+    std::fs::write(&relayed, "[{ torn").expect("torn");
+    assert!(
+        wait_until(WAIT, || c
+            .log()
+            .contains("not a chain of signed trust lists")),
+        "{}",
+        c.log()
+    );
+    assert!(c.connected("a1"));
 }

@@ -38,6 +38,8 @@ pub enum SessionCmd {
     Forgotten,
     /// The agent's tenants changed (a grant): re-read them.
     Regranted,
+    /// The fleet's trust lists changed: relay them to the agent.
+    TrustLists(Arc<str>),
 }
 
 #[derive(Debug)]
@@ -175,6 +177,27 @@ impl Hub {
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
+    }
+
+    /// Send `cmd()` to every stream (as [`Hub::send`] does to one); how
+    /// many.
+    pub fn send_all(&self, cmd: impl Fn() -> SessionCmd) -> usize {
+        let txs: Vec<mpsc::Sender<SessionCmd>> =
+            self.lock().values().map(|e| e.tx.clone()).collect();
+        let mut n = 0;
+        for tx in txs {
+            match tx.try_send(cmd()) {
+                Ok(()) => n += 1,
+                Err(mpsc::error::TrySendError::Full(c)) => {
+                    n += 1;
+                    tokio::spawn(async move {
+                        let _ = tx.send(c).await;
+                    });
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {}
+            }
+        }
+        n
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {

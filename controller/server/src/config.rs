@@ -50,8 +50,10 @@ pub struct ServerConfig {
     /// [`ServerConfig::with_tls`] (identities make tenants bindable).
     pub binding: Binding,
     /// The fleet's trust lists relayed to every agent after its Welcome
-    /// (`--trust-chain`; `None`: none).
-    pub trust_chain: Option<std::sync::Arc<str>>,
+    /// (`--trust-chain`; `None`: none), as they are now: a new chain is
+    /// relayed at once to every stream open (a revocation reaches the
+    /// boxes without a restart of anything).
+    pub trust_chain: tokio::sync::watch::Receiver<Option<std::sync::Arc<str>>>,
 }
 
 impl ServerConfig {
@@ -71,7 +73,7 @@ impl ServerConfig {
             accept: accept::AcceptOptions::default(),
             admit: None,
             binding: Binding::Open,
-            trust_chain: None,
+            trust_chain: tokio::sync::watch::Sender::new(None).subscribe(),
         }
     }
 

@@ -36,6 +36,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared::new(app, cfg, stop_rx.clone());
     let background = Background::spawn(&shared, &stop_rx);
+    tokio::spawn(relay_trust_chain(shared.clone(), stop_rx.clone()));
     let tls_state = match &shared.cfg.tls {
         Some(t) => {
             let state =
@@ -101,6 +102,35 @@ pub async fn serve(
 /// The gRPC side served on `listener`, plaintext or mTLS (then with the
 /// watchers of its certificate files and revocations): the accept loop's
 /// task and the server's.
+/// A new trust chain (the binary re-read `--trust-chain`) relayed to
+/// every stream open, until `stop`; streams welcomed later read it at
+/// their Welcome.
+async fn relay_trust_chain(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut chain = shared.cfg.trust_chain.clone();
+    chain.mark_unchanged();
+    loop {
+        tokio::select! {
+            changed = chain.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stop.changed() => return,
+        }
+        let Some(c) = chain.borrow_and_update().clone() else {
+            continue;
+        };
+        let n = shared
+            .app
+            .hub
+            .send_all(|| baton_app::hub::SessionCmd::TrustLists(c.clone()));
+        tracing::info!(
+            streams = n,
+            "new trust lists relayed to the agents connected"
+        );
+    }
+}
+
 fn spawn_grpc(
     listener: tokio::net::TcpListener,
     addr: SocketAddr,

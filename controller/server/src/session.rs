@@ -102,7 +102,7 @@ where
     let cfg = LinkConfig {
         ping_interval: shared.cfg.ping_interval,
         binding: app.cfg.binding,
-        trust_chain: shared.cfg.trust_chain.clone(),
+        trust_chain: shared.cfg.trust_chain.borrow().clone(),
     };
     let (session, first) = Session::start(
         clocks(),

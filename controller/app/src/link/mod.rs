@@ -675,6 +675,15 @@ impl Session {
                     self.work.push_back(Work::Act(key));
                 }
             }
+            SessionCmd::TrustLists(chain) => {
+                // Streams welcomed from now on get it after their Welcome;
+                // this one at once if welcomed already (else at its
+                // Welcome).
+                self.cfg.trust_chain = Some(chain.clone());
+                if self.live {
+                    self.send(ToAgent::TrustLists(chain));
+                }
+            }
             SessionCmd::Replaced => self.end(End::Replaced),
             SessionCmd::Forgotten => self.end(End::Forgotten),
             SessionCmd::Regranted => {

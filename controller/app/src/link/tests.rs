@@ -503,6 +503,20 @@ fn time_requests_past_the_rate_limit_go_unanswered() {
 }
 
 #[test]
+fn new_trust_lists_are_relayed_on_a_live_stream() {
+    let mut r = Run::start(Fake::new(Vec::new()), 1);
+    let chain: Arc<str> = Arc::from("[]");
+    let a = r.input(Input::Hub(SessionCmd::TrustLists(chain.clone())));
+    assert!(
+        sends(&a)
+            .iter()
+            .any(|m| matches!(m, ToAgent::TrustLists(c) if **c == *chain)),
+        "{a:?}"
+    );
+    assert_eq!(r.s.cfg.trust_chain.as_deref(), Some("[]"), "kept for later");
+}
+
+#[test]
 fn trust_reports_are_stored_from_the_stream_up_to_a_rate() {
     let mut r = Run::start(Fake::new(Vec::new()), 1);
     for v in 0..20 {
