@@ -96,6 +96,12 @@ fn sign_list(root: &Path, list: &Path, chain: &Path) -> Result<u64, String> {
         .map_err(|e| format!("{}: cannot read: {e}", list.display()))?;
     let body: TrustList = serde_json::from_str(&text)
         .map_err(|e| format!("{}: not a trust list: {e}", list.display()))?;
+    // A pack's tenant is an id: a list naming anything else would sign a
+    // tenant no pack can be of (a typo taken by every box).
+    for tenant in body.tenants.keys() {
+        baton_proto::pack::check_ident("tenant", tenant)
+            .map_err(|e| format!("{}: {e}", list.display()))?;
+    }
     let mut lists: Vec<SignedList> = match std::fs::read_to_string(chain) {
         Ok(t) => serde_json::from_str(&t)
             .map_err(|e| format!("{}: not a chain: {e}", chain.display()))?,
@@ -161,5 +167,29 @@ pub fn run(cmd: KeysCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             let _ = writeln!(err, "error: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A list naming a tenant no pack can be of is not signed: every box
+    /// would take the typo.
+    #[test]
+    fn a_list_naming_a_tenant_that_is_no_id_is_not_signed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        new_key("root", d).expect("root");
+        let list = d.join("list.json");
+        std::fs::write(
+            &list,
+            r#"{"version": 1, "expires_ns": 9000000000000000000, "tenants": {"Plant A": {"require_signed": true}}}"#,
+        )
+        .expect("list");
+        let chain = d.join("chain.json");
+        let e = sign_list(&d.join("root.key"), &list, &chain).expect_err("refused");
+        assert!(e.contains("Plant A"), "{e}");
+        assert!(!chain.exists(), "nothing written");
     }
 }

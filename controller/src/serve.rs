@@ -180,60 +180,70 @@ fn check_flags(
 fn read_trust_chain(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<str>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("--trust-chain {}: cannot read: {e}", path.display()))?;
-    let lists: Vec<baton_trust::SignedList> = serde_json::from_str(&text).map_err(|e| {
+    check_trust_chain(path, &text)?;
+    Ok(std::sync::Arc::from(text))
+}
+
+/// `text` (of `path`) is a chain of signed trust lists.
+fn check_trust_chain(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    let lists: Vec<baton_trust::SignedList> = serde_json::from_str(text).map_err(|e| {
         anyhow::anyhow!(
             "--trust-chain {}: not a chain of signed trust lists (keys sign-list makes one): {e}",
             path.display()
         )
     })?;
     tracing::info!(lists = lists.len(), file = %path.display(), "trust lists relayed to agents");
-    Ok(std::sync::Arc::from(text))
+    Ok(())
 }
 
 /// How often `--trust-chain`'s file is looked at for a change.
 const TRUST_CHAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Re-reads `--trust-chain` when its file changes (length or time) and
-/// hands a new chain to the server, which relays it to every stream open:
+/// Re-reads `--trust-chain` each [`TRUST_CHAIN_EVERY`] and hands a new
+/// chain to the server, which relays it to every stream open:
 /// `keys sign-list` on the controller's host reaches the boxes without a
-/// restart. A change that cannot be read or is no chain is said, and the
-/// chain before it stays relayed.
+/// restart. The text itself is compared (a few KB), not the file's time
+/// or length: a write caught half-way is read again whole the next time.
+/// A text that is no chain is said once, and the chain before stays
+/// relayed.
 async fn watch_trust_chain(
     path: PathBuf,
     chain: tokio::sync::watch::Sender<Option<std::sync::Arc<str>>>,
 ) {
-    let stamp = |p: &std::path::Path| {
-        std::fs::metadata(p)
-            .ok()
-            .and_then(|m| Some((m.len(), m.modified().ok()?)))
-    };
-    let mut seen = stamp(&path);
     let mut tick = tokio::time::interval(TRUST_CHAIN_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut refused: Option<String> = None;
     loop {
         tick.tick().await;
         let p = path.clone();
-        let Ok((now, read)) = tokio::task::spawn_blocking(move || {
-            let now = stamp(&p);
-            (now, (now != seen).then(|| read_trust_chain(&p)))
-        })
-        .await
+        let Ok(text) = tokio::task::spawn_blocking(move || std::fs::read_to_string(&p)).await
         else {
             continue;
         };
-        seen = now;
-        match read {
-            None => {}
-            Some(Ok(text)) => {
-                chain.send_if_modified(|cur| {
-                    let new = cur.as_deref() != Some(&*text);
-                    if new {
-                        *cur = Some(text);
-                    }
-                    new
-                });
+        let text = match text {
+            Ok(t) => t,
+            Err(e) => {
+                let why = format!("--trust-chain {}: cannot read: {e}", path.display());
+                if refused.as_deref() != Some(why.as_str()) {
+                    tracing::error!("{why} (the chain before stays relayed)");
+                    refused = Some(why);
+                }
+                continue;
             }
-            Some(Err(e)) => tracing::error!("{e:#} (the chain before stays relayed)"),
+        };
+        let relayed = chain.borrow().as_deref() == Some(text.as_str());
+        if relayed || refused.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        match check_trust_chain(&path, &text) {
+            Ok(()) => {
+                refused = None;
+                chain.send_replace(Some(std::sync::Arc::from(text)));
+            }
+            Err(e) => {
+                tracing::error!("{e:#} (the chain before stays relayed)");
+                refused = Some(text);
+            }
         }
     }
 }

@@ -26,7 +26,7 @@ pub(super) struct Admitted {
     digest: u64,
     resolved: Option<admission::Resolved>,
     /// What the trust list said of it (a box with a trust root).
-    trusted: Option<baton_trust::PackVerdict>,
+    trusted: Option<super::trust::Taken>,
 }
 
 impl Agent {
@@ -275,7 +275,7 @@ impl Agent {
         if let Some(trust) = &self.plane.trust {
             let verdict = trust.check_pack(&pack.tenant, yaml, self.clock.now().as_nanos())?;
             tracing::debug!(pack = %key, ?verdict, "trust list passed");
-            trusted = Some(verdict);
+            trusted = Some(super::trust::Taken::of(verdict, yaml));
             if matches!(verdict, baton_trust::PackVerdict::Signed(_)) {
                 trust.check_signed_version(&key, pack.version)?;
                 signed = true;

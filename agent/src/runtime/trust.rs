@@ -70,9 +70,30 @@ pub(super) struct BoxTrust {
     signed_path: PathBuf,
     /// The last list a controller relayed that was refused, and why.
     refused: Option<String>,
-    /// How each pack running here was taken (its tenant and signer), to
-    /// judge it again when a newer list comes.
-    taken: BTreeMap<PackKey, (String, PackVerdict)>,
+    /// How each pack running here was taken (its tenant, and its signer
+    /// or its text), to judge it again when a newer list comes.
+    taken: BTreeMap<PackKey, (String, Taken)>,
+}
+
+/// How a running pack was taken.
+#[derive(Debug)]
+pub(super) enum Taken {
+    /// Checked against a list: what it said (the bytes were checked
+    /// then; the signer is what a newer list may revoke).
+    Checked(PackVerdict),
+    /// Taken before any list: nothing was checked, not even its signature
+    /// line, so a list that comes is asked of the text itself.
+    Unchecked(String),
+}
+
+impl Taken {
+    /// What a check that said `verdict` of `text` leaves to judge later.
+    pub(super) fn of(verdict: PackVerdict, text: &str) -> Taken {
+        match verdict {
+            PackVerdict::Unchecked => Taken::Unchecked(text.to_owned()),
+            v => Taken::Checked(v),
+        }
+    }
 }
 
 /// What the box checks packs against, as operators see it (the link's
@@ -107,12 +128,22 @@ impl BoxTrust {
     /// `check_pack` would find it).
     pub(super) fn status(&self, now_ns: i64) -> TrustStatus {
         let list = self.trust.list();
-        let nothing_runs = self.nothing_runs().cloned().or_else(|| {
-            self.trust
-                .current(now_ns)
-                .err()
-                .map(|e| format!("the newest trust list is not in force: {e}"))
-        });
+        // Worded without `now`: the status changes when the list does, not
+        // at every look (each change is a report and a store write).
+        let nothing_runs = self
+            .nothing_runs()
+            .cloned()
+            .or_else(|| match self.trust.current(now_ns) {
+                Ok(_) => None,
+                Err(baton_trust::TrustError::Expired {
+                    version,
+                    expires_ns,
+                    ..
+                }) => Some(format!(
+                    "trust list version {version} expired at {expires_ns} ns since the epoch: no pack is taken or restored until a newer list comes"
+                )),
+                Err(e) => Some(e.to_string()),
+            });
         TrustStatus {
             list_version: list.map_or(0, |l| l.version),
             list_expires_ns: list.map_or(0, |l| l.expires_ns),
@@ -179,8 +210,8 @@ impl BoxTrust {
 
     /// `key` (of `tenant`) runs from now on as `verdict` said when it was
     /// taken.
-    pub(super) fn taken(&mut self, key: &PackKey, tenant: &str, verdict: PackVerdict) {
-        self.taken.insert(key.clone(), (tenant.to_owned(), verdict));
+    pub(super) fn taken(&mut self, key: &PackKey, tenant: &str, how: Taken) {
+        self.taken.insert(key.clone(), (tenant.to_owned(), how));
     }
 
     /// `key` runs no more here.
@@ -194,8 +225,14 @@ impl BoxTrust {
     pub(super) fn no_longer_allowed(&self, now_ns: i64) -> Vec<(PackKey, String)> {
         self.taken
             .iter()
-            .filter_map(|(key, (tenant, verdict))| {
-                let why = self.trust.still_allows(tenant, verdict, now_ns).err()?;
+            .filter_map(|(key, (tenant, how))| {
+                let judged = match how {
+                    Taken::Checked(verdict) => self.trust.still_allows(tenant, verdict, now_ns),
+                    Taken::Unchecked(text) => {
+                        self.trust.check_pack(tenant, text, now_ns).map(|_| ())
+                    }
+                };
+                let why = judged.err()?;
                 Some((key.clone(), why.to_string()))
             })
             .collect()
@@ -229,6 +266,7 @@ impl BoxTrust {
             Ok(taken) if taken.is_empty() => false,
             Ok(taken) => {
                 self.unusable = None;
+                self.refused = None;
                 let n = taken.len();
                 self.chain.extend(taken);
                 if let Some(l) = self.trust.list() {
@@ -582,6 +620,12 @@ mod tests {
             t.check_pack("acme", PACK, 6_000).is_err(),
             "as the check finds it"
         );
+        // The same status asked again is the same (no report each look).
+        assert_eq!(t.status(6_000), t.status(7_000));
+        // A list taken clears the refusal shown.
+        let v2 = SignedList::sign(&list(2, i64::MAX), &root);
+        assert!(t.offer(&serde_json::to_string(&[v2]).expect("json"), 1_000));
+        assert_eq!(t.status(1_000).refused, None);
     }
 
     /// A newer list that drops the key a running pack was signed by names
@@ -608,9 +652,9 @@ mod tests {
             tenant: "acme".into(),
             pack: p.into(),
         };
-        let signed = PackVerdict::Signed(op.public().id());
-        t.taken(&key("press"), "acme", signed);
-        t.taken(&key("valve"), "acme", signed);
+        let signed = || Taken::Checked(PackVerdict::Signed(op.public().id()));
+        t.taken(&key("press"), "acme", signed());
+        t.taken(&key("valve"), "acme", signed());
         t.dropped(&key("valve"));
         assert!(t.no_longer_allowed(0).is_empty(), "list 1 names the key");
         let v2 = with(2, Vec::new());
@@ -619,5 +663,37 @@ mod tests {
         assert_eq!(gone.len(), 1, "{gone:?}");
         assert_eq!(gone[0].0, key("press"));
         assert!(gone[0].1.contains("does not name"), "{}", gone[0].1);
+    }
+
+    /// Packs taken before the box had any list are judged by their text
+    /// when the first list comes: one signed by a key the list names runs
+    /// on, an unsigned one where signatures are now required does not.
+    #[test]
+    fn packs_taken_before_any_list_are_judged_by_their_text() {
+        let (_tmp, dir, data, root) = site();
+        let op = SigningKey::generate().expect("key");
+        let mut t = load(&dir, &data).expect("load");
+        let key = |p: &str| PackKey {
+            tenant: "acme".into(),
+            pack: p.into(),
+        };
+        let signed = baton_trust::pack::sign_text(&op, "acme", PACK).expect("sign");
+        for (name, text) in [("signed", signed.as_str()), ("unsigned", PACK)] {
+            let verdict = t.check_pack("acme", text, 0).expect("no list: unchecked");
+            assert_eq!(verdict, PackVerdict::Unchecked);
+            t.taken(&key(name), "acme", Taken::of(verdict, text));
+        }
+        let mut l = list(1, i64::MAX);
+        l.tenants.insert(
+            "acme".into(),
+            TenantTrust {
+                require_signed: true,
+                pack_keys: vec![op.public()],
+            },
+        );
+        let v1 = SignedList::sign(&l, &root);
+        assert!(t.offer(&serde_json::to_string(&[v1]).expect("json"), 0));
+        let gone: Vec<PackKey> = t.no_longer_allowed(0).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(gone, [key("unsigned")]);
     }
 }

@@ -309,7 +309,7 @@ impl Agent {
                     None => false,
                 };
                 if taken {
-                    self.stop_no_longer_allowed(now_ns)?;
+                    self.stop_no_longer_allowed(up, now_ns)?;
                 }
                 self.tell_trust(up);
                 return Ok(());
@@ -467,7 +467,7 @@ impl Agent {
     /// longer named) is withdrawn as a cancel withdraws it, at once: its
     /// safe state driven, removed from the journal, the controller told
     /// by the next Held (and a push of it again refused, with why).
-    fn stop_no_longer_allowed(&mut self, now_ns: i64) -> Result<(), RuntimeError> {
+    fn stop_no_longer_allowed(&mut self, up: &mut Uplink, now_ns: i64) -> Result<(), RuntimeError> {
         let Some(t) = &self.plane.trust else {
             return Ok(());
         };
@@ -475,6 +475,9 @@ impl Agent {
             if self.core.held(&key).is_none() {
                 continue;
             }
+            // A copy kept aside for a switch goes too (it is checked again
+            // at its instant, but must not stay armed meanwhile).
+            self.drop_staged(up, &key);
             tracing::error!(
                 pack = %key,
                 "trust: the trust list taken no longer allows this pack ({why}): withdrawn, its safe state driven"

@@ -141,7 +141,8 @@ pub struct TrustRow {
     pub list_expires_ns: i64,
     /// The tenants whose packs it requires signed.
     pub signed_tenants: Vec<String>,
-    /// Why no pack may run on it, if none may (empty otherwise).
+    /// Why it takes no pack (and restores none at a restart), if so
+    /// (empty otherwise).
     pub nothing_runs: String,
     /// The last list relayed to it that it refused, and why (empty:
     /// none).

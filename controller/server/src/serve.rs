@@ -99,15 +99,13 @@ pub async fn serve(
     Ok(())
 }
 
-/// The gRPC side served on `listener`, plaintext or mTLS (then with the
-/// watchers of its certificate files and revocations): the accept loop's
-/// task and the server's.
 /// A new trust chain (the binary re-read `--trust-chain`) relayed to
 /// every stream open, until `stop`; streams welcomed later read it at
 /// their Welcome.
 async fn relay_trust_chain(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    // A chain sent before this task first looks is relayed again:
+    // harmless (an agent takes only lists newer than its own).
     let mut chain = shared.cfg.trust_chain.clone();
-    chain.mark_unchanged();
     loop {
         tokio::select! {
             changed = chain.changed() => {
@@ -131,6 +129,9 @@ async fn relay_trust_chain(shared: Arc<Shared>, mut stop: watch::Receiver<bool>)
     }
 }
 
+/// The gRPC side served on `listener`, plaintext or mTLS (then with the
+/// watchers of its certificate files and revocations): the accept loop's
+/// task and the server's.
 fn spawn_grpc(
     listener: tokio::net::TcpListener,
     addr: SocketAddr,

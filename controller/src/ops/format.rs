@@ -65,8 +65,8 @@ pub fn clock(c: Option<&wire::ClockReport>) -> (String, String, String) {
     (source, state, span(c.offset_ns))
 }
 
-/// What an agent checks packs against, in a few words: nothing running
-/// first (what needs a look), then its list and the tenants it requires
+/// What an agent checks packs against, in a few words: a box that takes
+/// no pack first (what needs a look), then its list and the tenants it requires
 /// signed packs of.
 pub fn trust(t: Option<&wire::TrustState>) -> String {
     let Some(t) = t else {
@@ -74,7 +74,7 @@ pub fn trust(t: Option<&wire::TrustState>) -> String {
         return "-".into();
     };
     if !t.nothing_runs.is_empty() {
-        return format!("NOTHING RUNS: {}", t.nothing_runs);
+        return format!("TAKES NO PACK: {}", t.nothing_runs);
     }
     if !t.root {
         return "no root: not checked".into();

@@ -80,6 +80,9 @@ pub trait StoreOps: Store {
     async fn record_trust(&self, id: &str, session: u64, trust: TrustRow) -> StoreResult<()> {
         let id = id.to_owned();
         transact(self, move |tx| {
+            // Under the agent's lock, as a hello takes it: a takeover's
+            // hello cannot commit between the check and the write.
+            tx.lock_agent(&id)?;
             decide::check_session(tx, &id, session)?;
             tx.write_trust(&id, &trust)
         })

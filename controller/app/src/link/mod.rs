@@ -459,6 +459,10 @@ pub struct Session {
     time_requests: Limited,
     clock_reports: Limited,
     trust_reports: Limited,
+    /// The agent's latest trust report past the rate, stored when the rate
+    /// allows (the agent says a change once: a report dropped for good
+    /// would leave its trust shown stale).
+    trust_held_back: Option<TrustRow>,
     /// Entries dropped for naming what is not the agent's.
     foreign: u64,
     /// Whether the hello is stored (the stream is live).
@@ -503,6 +507,7 @@ impl Session {
             time_requests: Limited::new("time requests", TIME_REQUESTS, now.mono),
             clock_reports: Limited::new("clock reports", CLOCK_REPORTS, now.mono),
             trust_reports: Limited::new("trust reports", TRUST_REPORTS, now.mono),
+            trust_held_back: None,
             foreign: 0,
             live: false,
             wait: None,
@@ -725,10 +730,12 @@ impl Session {
     /// agent says it once per change).
     fn on_trust(&mut self, now: Now, row: TrustRow) {
         let agent = self.agent.id.clone();
+        self.agent.trust = Some(row.clone());
         if !self.trust_reports.allow(&agent, now.mono) {
+            self.trust_held_back = Some(row);
             return;
         }
-        self.agent.trust = Some(row.clone());
+        self.trust_held_back = None;
         let session = self.agent.session_gen;
         self.effect(Effect::Trust { session, row }, Wait::Written);
     }
@@ -801,6 +808,9 @@ impl Session {
         if now.mono >= self.next_seen {
             self.next_seen = now.mono + SEEN_EVERY;
             self.work.push_back(Work::Seen);
+            if self.trust_held_back.is_some() && self.trust_reports.bucket.take(now.mono).is_ok() {
+                self.work.push_back(Work::Trust);
+            }
         }
         self.work.push_back(Work::RetriesDue);
         if now.mono >= self.next_resync {
@@ -918,6 +928,12 @@ impl Session {
                         },
                         Wait::Written,
                     );
+                }
+                Work::Trust => {
+                    if let Some(row) = self.trust_held_back.take() {
+                        let session = self.agent.session_gen;
+                        self.effect(Effect::Trust { session, row }, Wait::Written);
+                    }
                 }
                 Work::RetriesDue => self.retries_due(now),
                 Work::Resync => self.effect(Effect::Rows, Wait::Resync),

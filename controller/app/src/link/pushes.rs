@@ -45,6 +45,8 @@ pub(super) enum Work {
     },
     /// Mark the agent seen.
     Seen,
+    /// Store the agent's trust report held back by the rate.
+    Trust,
     /// Send again what was refused for now and is due.
     RetriesDue,
     /// Read every row again, and act on them.

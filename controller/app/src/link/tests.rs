@@ -534,6 +534,17 @@ fn trust_reports_are_stored_from_the_stream_up_to_a_rate() {
         .count();
     assert_eq!(stored, TRUST_REPORTS.burst as usize, "{:?}", r.fake.effects);
     assert_eq!(r.s.dropped()[3].1, 20 - TRUST_REPORTS.burst as u64);
+    // The latest, held back, is stored once the rate allows: what the
+    // agent said last is what is shown, though it says it only once.
+    r.advance(SEEN_EVERY);
+    let last = r
+        .fake
+        .effects
+        .iter()
+        .filter(|e| e.starts_with("Trust { session: 1"))
+        .count();
+    assert_eq!(last, stored + 1, "{:?}", r.fake.effects);
+    assert_eq!(r.s.agent.trust.as_ref().map(|t| t.list_version), Some(19));
 }
 
 #[test]

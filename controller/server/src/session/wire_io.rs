@@ -55,7 +55,7 @@ pub(super) fn from_wire(
             outbox: c.outbox_entries,
         },
         Some(In::Held(h)) => FromAgent::Held(convert::held(&h.packs, held_cap)?),
-        Some(In::TrustState(t)) => FromAgent::Trust(convert::trust(&t)?),
+        Some(In::TrustState(t)) => FromAgent::Trust(convert::trust(&t)),
         Some(In::TimeRequest(r)) => FromAgent::TimeRequest {
             id: r.id,
             t1_ns: r.t1_ns,

@@ -277,8 +277,8 @@ fn entries(n: u64) -> String {
     format!("{n} entr{}", if n == 1 { "y" } else { "ies" })
 }
 
-/// What the agent checks packs against, as it last said: a box that runs
-/// nothing (and why) stands out; then its trust list and the tenants
+/// What the agent checks packs against, as it last said: a box that takes
+/// no pack (and why) stands out; then its trust list and the tenants
 /// whose packs it requires signed.
 fn trust_cell(t: Option<&baton_model::TrustRow>) -> Markup {
     let Some(t) = t else {
@@ -286,7 +286,7 @@ fn trust_cell(t: Option<&baton_model::TrustRow>) -> Markup {
     };
     html! {
         @if !t.nothing_runs.is_empty() {
-            (badge(Tone::Bad, "runs nothing")) " " (t.nothing_runs)
+            (badge(Tone::Bad, "takes no pack")) " " (t.nothing_runs)
         } @else if !t.root {
             (badge(Tone::Neutral, "not checked")) " no trust root installed: packs run unsigned"
         } @else {
