@@ -82,7 +82,9 @@ pub trait StoreOps: Store {
         transact(self, move |tx| {
             // Under the agent's lock, as a hello takes it: a takeover's
             // hello cannot commit between the check and the write.
-            tx.lock_agent(&id)?;
+            if tx.locking() {
+                tx.lock_agent(&id)?;
+            }
             decide::check_session(tx, &id, session)?;
             tx.write_trust(&id, &trust)
         })
