@@ -178,10 +178,15 @@ fn check_flags(
 /// `--trust-chain FILE`: a chain of signed trust lists, its form checked
 /// (the controller holds no root: the agents verify the signatures).
 fn read_trust_chain(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<str>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("--trust-chain {}: cannot read: {e}", path.display()))?;
+    let text = read_chain_text(path)?;
     check_trust_chain(path, &text)?;
     Ok(std::sync::Arc::from(text))
+}
+
+/// `--trust-chain`'s text, unchecked.
+fn read_chain_text(path: &std::path::Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--trust-chain {}: cannot read: {e}", path.display()))
 }
 
 /// `text` (of `path`) is a chain of signed trust lists.
@@ -216,14 +221,13 @@ async fn watch_trust_chain(
     loop {
         tick.tick().await;
         let p = path.clone();
-        let Ok(text) = tokio::task::spawn_blocking(move || std::fs::read_to_string(&p)).await
-        else {
+        let Ok(text) = tokio::task::spawn_blocking(move || read_chain_text(&p)).await else {
             continue;
         };
         let text = match text {
             Ok(t) => t,
             Err(e) => {
-                let why = format!("--trust-chain {}: cannot read: {e}", path.display());
+                let why = format!("{e:#}");
                 if refused.as_deref() != Some(why.as_str()) {
                     tracing::error!("{why} (the chain before stays relayed)");
                     refused = Some(why);

@@ -105,7 +105,7 @@ pub(super) struct TrustStatus {
     pub list_expires_ns: i64,
     /// Tenants whose packs must be signed, in order.
     pub signed_tenants: Vec<String>,
-    /// Why nothing runs, if nothing may.
+    /// Why the box takes no pack (and restores none at a restart), if so.
     pub nothing_runs: Option<String>,
     /// The last list relayed and refused, and why.
     pub refused: Option<String>,
@@ -352,29 +352,24 @@ fn choose(root: PublicKey, dir: &Path, data_dir: &Path) -> BoxTrust {
         (Some(_), _) => given,
         (None, _) => kept,
     };
-    match chosen {
-        Some((trust, chain)) => BoxTrust {
-            trust,
-            chain,
-            keep: kept_path,
-            unusable: None,
-            signed_unreadable: signed_problem,
-            signed,
-            signed_path,
-            refused: None,
-            taken: BTreeMap::new(),
-        },
-        None => BoxTrust {
-            trust: Trust::new(root),
-            chain: Vec::new(),
-            keep: kept_path,
-            unusable: (!problems.is_empty()).then(|| problems.join("; ")),
-            signed_unreadable: signed_problem,
-            signed,
-            signed_path,
-            refused: None,
-            taken: BTreeMap::new(),
-        },
+    let (trust, chain, unusable) = match chosen {
+        Some((trust, chain)) => (trust, chain, None),
+        None => (
+            Trust::new(root),
+            Vec::new(),
+            (!problems.is_empty()).then(|| problems.join("; ")),
+        ),
+    };
+    BoxTrust {
+        trust,
+        chain,
+        keep: kept_path,
+        unusable,
+        signed_unreadable: signed_problem,
+        signed,
+        signed_path,
+        refused: None,
+        taken: BTreeMap::new(),
     }
 }
 

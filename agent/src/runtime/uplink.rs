@@ -482,13 +482,13 @@ impl Agent {
                 pack = %key,
                 "trust: the trust list taken no longer allows this pack ({why}): withdrawn, its safe state driven"
             );
+            // Removed from the held set, which owes the controller a Held.
             match self.cancel_local(&key) {
                 Ok(_) | Err(RuntimeError::NotHeld(_)) => {}
                 // Half-way through: the loop's fault, and the way out
                 // drives every safe state.
                 Err(e) => return Err(e),
             }
-            self.plane.held.mark_changed();
         }
         Ok(())
     }

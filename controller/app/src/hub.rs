@@ -167,16 +167,7 @@ impl Hub {
         let Some(tx) = self.lock().get(agent).map(|e| e.tx.clone()) else {
             return false;
         };
-        match tx.try_send(cmd) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(cmd)) => {
-                tokio::spawn(async move {
-                    let _ = tx.send(cmd).await;
-                });
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        }
+        deliver(&tx, cmd)
     }
 
     /// Send `cmd()` to every stream (as [`Hub::send`] does to one); how
@@ -184,24 +175,27 @@ impl Hub {
     pub fn send_all(&self, cmd: impl Fn() -> SessionCmd) -> usize {
         let txs: Vec<mpsc::Sender<SessionCmd>> =
             self.lock().values().map(|e| e.tx.clone()).collect();
-        let mut n = 0;
-        for tx in txs {
-            match tx.try_send(cmd()) {
-                Ok(()) => n += 1,
-                Err(mpsc::error::TrySendError::Full(c)) => {
-                    n += 1;
-                    tokio::spawn(async move {
-                        let _ = tx.send(c).await;
-                    });
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => {}
-            }
-        }
-        n
+        txs.into_iter().filter(|tx| deliver(tx, cmd())).count()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `cmd` to a stream's queue without waiting (a full queue gets it from a
+/// task); whether the stream is still there.
+fn deliver(tx: &mpsc::Sender<SessionCmd>, cmd: SessionCmd) -> bool {
+    match tx.try_send(cmd) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Full(cmd)) => {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(cmd).await;
+            });
+            true
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
     }
 }
 

@@ -736,6 +736,10 @@ impl Session {
             return;
         }
         self.trust_held_back = None;
+        self.store_trust(row);
+    }
+
+    fn store_trust(&mut self, row: TrustRow) {
         let session = self.agent.session_gen;
         self.effect(Effect::Trust { session, row }, Wait::Written);
     }
@@ -931,8 +935,7 @@ impl Session {
                 }
                 Work::Trust => {
                     if let Some(row) = self.trust_held_back.take() {
-                        let session = self.agent.session_gen;
-                        self.effect(Effect::Trust { session, row }, Wait::Written);
+                        self.store_trust(row);
                     }
                 }
                 Work::RetriesDue => self.retries_due(now),

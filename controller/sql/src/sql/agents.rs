@@ -723,16 +723,12 @@ pub(crate) fn write_forget(conn: &dyn Db, id: &str, tenant: Option<&str>) -> Sto
 /// What a stored agent checks packs against, as it now says.
 pub(crate) fn write_trust(conn: &dyn Db, id: &str, trust: &TrustRow) -> StoreResult<()> {
     let trust = to_json(trust, "trust")?;
-    let n = run(
+    update_agent(
         conn,
-        "store an agent's trust",
+        id,
         "UPDATE agents SET trust = ?2 WHERE id = ?1",
         params![id, trust],
-    )?;
-    match n {
-        0 => Err(unknown_agent(id)),
-        _ => Ok(()),
-    }
+    )
 }
 
 /// The latest-clock columns and the history row; a report not newer than
