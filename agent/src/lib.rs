@@ -17,7 +17,9 @@ pub use baton_agent_link::{link, outbox};
 // And the pool that runs `exec` actions, and the configuration.
 pub use baton_agent_config as config;
 pub use baton_exec as exec;
+pub mod launch;
 pub mod live;
 pub mod metrics;
 pub mod runtime;
 pub mod simulate;
+pub mod version;

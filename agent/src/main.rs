@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use signal_hook::iterator::Signals;
 
 #[derive(Parser, Debug)]
-#[command(name = "baton-agent", version, about = "baton edge agent")]
+#[command(name = "baton-agent", version = baton_agent::version::version(), about = "baton edge agent")]
 struct Args {
     #[command(subcommand)]
     command: Command,
@@ -30,18 +30,12 @@ struct Args {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the agent: journal, scheduler core, dispatcher, GPIO.
-    Run {
-        #[command(flatten)]
-        common: Box<CommonFlags>,
-        /// Exit (after the safe state) once nothing is left to do.
-        #[arg(long)]
-        exit_when_idle: bool,
-        /// Only notes and the final summary, no line per firing.
-        #[arg(long)]
-        quiet: bool,
-        #[command(flatten)]
-        faults: FaultFlags,
-    },
+    Run(Box<RunArgs>),
+    /// Run the agent version this box settled on, or the one on trial
+    /// after an update, or this binary: what systemd starts. Takes `run`'s
+    /// flags and hands them on; a trial that ends before it confirmed
+    /// itself healthy is rolled back at the next start.
+    Launch(Box<RunArgs>),
     /// Remove a pack from this agent after driving its safe state, whether
     /// the agent is running (it is asked through its data directory) or not.
     Cancel {
@@ -114,8 +108,23 @@ enum Command {
     },
 }
 
-/// Flags shared by `run` (each overrides the config file).
+/// `run`'s flags (and `launch`'s, which hands them on).
 #[derive(clap::Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    common: CommonFlags,
+    /// Exit (after the safe state) once nothing is left to do.
+    #[arg(long)]
+    exit_when_idle: bool,
+    /// Only notes and the final summary, no line per firing.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    faults: FaultFlags,
+}
+
+/// Flags shared by `run` (each overrides the config file).
+#[derive(clap::Args, Debug, Clone)]
 struct CommonFlags {
     /// Config file (YAML); optional.
     #[arg(long)]
@@ -198,12 +207,8 @@ struct CommonFlags {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.command {
-        Command::Run {
-            common,
-            exit_when_idle,
-            quiet,
-            faults,
-        } => run_agent(*common, exit_when_idle, quiet, faults),
+        Command::Run(run) => run_agent(*run),
+        Command::Launch(run) => launch_agent(*run),
         Command::Cancel {
             pack,
             tenant,
@@ -535,13 +540,51 @@ fn exit_for(cause: StopCause) -> Result<(), (u8, String)> {
     }
 }
 
-fn run_agent(
-    f: CommonFlags,
-    exit_when_idle: bool,
-    quiet: bool,
-    faults: FaultFlags,
-) -> Result<(), (u8, String)> {
-    let cfg = run_config(f)?;
+/// `launch`: the binary this start runs ([`baton_agent::launch`]), then
+/// `run` in this process or in its place. The launcher's own lines go to
+/// stderr as `run`'s do; a configuration that cannot be read is `run`'s to
+/// report.
+fn launch_agent(run: RunArgs) -> Result<(), (u8, String)> {
+    use baton_agent::launch::{self, Target};
+    let Ok(cfg) = run_config(run.common.clone()) else {
+        return run_agent(run);
+    };
+    let log = || {
+        use tracing_subscriber::prelude::*;
+        let out = cfg
+            .log_format
+            .resolve(baton_service::log::stderr_is_journal());
+        tracing_subscriber::registry().with(baton_service::log::layer(
+            out,
+            std::io::stderr().is_terminal(),
+        ))
+    };
+    match tracing::subscriber::with_default(log(), || launch::decide(&cfg.data_dir)) {
+        Target::Packaged => run_agent(run),
+        Target::Installed { version, binary } => {
+            let why = match launch::run_argv(&binary, launch::launch_args()) {
+                // This process is the launcher: the version is told so.
+                Ok(argv) => match std::env::current_exe() {
+                    Ok(me) => launch::exec(&binary, &argv, &me),
+                    Err(e) => format!("this launcher's own path: {e}"),
+                },
+                Err(e) => e,
+            };
+            let line = launch::exec_failed(&cfg.data_dir, &version, &why);
+            tracing::subscriber::with_default(log(), || tracing::error!("{line}"));
+            run_agent(run)
+        }
+    }
+}
+
+fn run_agent(run: RunArgs) -> Result<(), (u8, String)> {
+    let RunArgs {
+        common,
+        exit_when_idle,
+        quiet,
+        faults,
+    } = run;
+    let cfg = run_config(common)?;
     let view = Arc::new(LiveView::new(quiet));
     init_tracing(Some(LiveLayer(view.clone())), cfg.log_format);
     // Bound before anything is armed: a busy or bad address is an error
@@ -572,7 +615,32 @@ fn run_agent(
     faults.arm_late();
     let cause = agent.run(&stop, exit_when_idle);
     view.finish(&agent.tally().hist);
+    if let StopCause::Update(version) = cause {
+        // The way out ran (safe states driven, the journal flushed, the
+        // threads stopped); the files it held close with the exec.
+        drop(agent);
+        return Err(restart_into(&version));
+    }
     exit_for(cause)
+}
+
+/// Hands over to the launcher, which starts `version` on trial; returns
+/// only if that failed (exit 1: systemd's restart runs the launcher).
+fn restart_into(version: &str) -> (u8, String) {
+    use baton_agent::launch;
+    let launcher = launch::launcher();
+    let argv = launch::launch_argv(&launcher, std::env::args_os().skip(2).collect());
+    let why = match argv {
+        Ok(argv) => launch::exec(&launcher, &argv, &launcher),
+        Err(e) => e,
+    };
+    (
+        1,
+        format!(
+            "error: agent update: restarting into version {version} through the launcher {}: {why}",
+            launcher.display()
+        ),
+    )
 }
 
 fn cancel_pack(

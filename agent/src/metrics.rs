@@ -242,7 +242,7 @@ fn render_executions(e: &mut Encoder, s: &Snapshot) {
     );
     e.sample(
         "baton_agent_info",
-        &[("id", &s.id), ("version", env!("CARGO_PKG_VERSION"))],
+        &[("id", &s.id), ("version", crate::version::version())],
         1.0,
     );
 

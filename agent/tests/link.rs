@@ -9,10 +9,9 @@
 
 mod rig;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use baton_agent::config::{ConfigFile, Overrides};
@@ -20,133 +19,12 @@ use baton_agent::runtime::StopFlag;
 use baton_agent::runtime::ports::Clock;
 use baton_proto::wire::agent_message::Body as A;
 use baton_proto::wire::controller_message::Body as C;
-use baton_proto::wire::link_server::{Link, LinkServer};
-use baton_proto::wire::{self, AgentMessage, ControllerMessage};
+use baton_proto::wire::{self, ControllerMessage};
+use rig::fake::{Ev, Fake, ToAgent, fake};
 use rig::*;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::{Request, Response, Status, Streaming};
 
 /// The longest any single wait may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-type ToAgent = tokio::sync::mpsc::Sender<Result<ControllerMessage, Status>>;
-
-/// What the fake controller saw.
-enum Ev {
-    /// An agent opened stream `stream`; `tx` talks to it (drop it to close
-    /// the stream from the controller's side).
-    Opened { stream: u64, tx: ToAgent },
-    /// A message on a stream.
-    Msg { stream: u64, msg: Box<AgentMessage> },
-    /// The agent's side of a stream ended.
-    Closed { stream: u64 },
-    /// A stream was refused RESOURCE_EXHAUSTED.
-    Exhausted,
-}
-
-struct Svc {
-    events: Sender<Ev>,
-    refuse: Arc<AtomicBool>,
-    /// Refuse streams as a replica admitting sessions at a bounded rate
-    /// does (RESOURCE_EXHAUSTED).
-    exhausted: Arc<AtomicBool>,
-    /// Stop reading the agents' streams (HTTP/2 flow control then holds
-    /// the agent back).
-    deaf: Arc<AtomicBool>,
-    next: AtomicU64,
-}
-
-#[tonic::async_trait]
-impl Link for Svc {
-    type ConnectStream = ReceiverStream<Result<ControllerMessage, Status>>;
-
-    async fn connect(
-        &self,
-        req: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<Self::ConnectStream>, Status> {
-        if self.refuse.load(Ordering::Acquire) {
-            return Err(Status::unavailable("test: refusing streams"));
-        }
-        if self.exhausted.load(Ordering::Acquire) {
-            let _ = self.events.send(Ev::Exhausted);
-            return Err(Status::resource_exhausted(
-                "test: admitting no more sessions",
-            ));
-        }
-        let stream = self.next.fetch_add(1, Ordering::AcqRel) + 1;
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let _ = self.events.send(Ev::Opened { stream, tx });
-        let mut inbound = req.into_inner();
-        let events = self.events.clone();
-        let deaf = self.deaf.clone();
-        tokio::spawn(async move {
-            loop {
-                while deaf.load(Ordering::Acquire) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                let Ok(Some(msg)) = inbound.message().await else {
-                    break;
-                };
-                let _ = events.send(Ev::Msg {
-                    stream,
-                    msg: Box::new(msg),
-                });
-            }
-            let _ = events.send(Ev::Closed { stream });
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-/// The fake controller: a server on its own runtime.
-struct Fake {
-    addr: SocketAddr,
-    events: Receiver<Ev>,
-    refuse: Arc<AtomicBool>,
-    exhausted: Arc<AtomicBool>,
-    deaf: Arc<AtomicBool>,
-    _rt: tokio::runtime::Runtime,
-}
-
-fn fake() -> Fake {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, events) = std::sync::mpsc::channel();
-    let refuse = Arc::new(AtomicBool::new(false));
-    let exhausted = Arc::new(AtomicBool::new(false));
-    let deaf = Arc::new(AtomicBool::new(false));
-    let svc = Svc {
-        events: tx,
-        refuse: refuse.clone(),
-        exhausted: exhausted.clone(),
-        deaf: deaf.clone(),
-        next: AtomicU64::new(0),
-    };
-    rt.spawn(
-        tonic::transport::Server::builder()
-            // Small HTTP/2 windows: a deaf controller holds the agent back
-            // after a few kilobytes.
-            .initial_stream_window_size(16 * 1024)
-            .initial_connection_window_size(16 * 1024)
-            .add_service(LinkServer::new(svc))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    Fake {
-        addr,
-        events,
-        refuse,
-        exhausted,
-        deaf,
-        _rt: rt,
-    }
-}
 
 /// An agent linked to a fake controller.
 struct H {
@@ -1471,4 +1349,377 @@ fn a_late_switch_joins_the_stages_grid() {
             "v2 fired {off} ns past the stage's grid ({since} ns after the instant)"
         );
     }
+}
+
+/// An agent that is a new version on trial (the launcher started it and
+/// wrote so), dialling a fake controller.
+fn trial_harness() -> H {
+    use baton_update::{BootState, Trial, Versions};
+    let fake = fake();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let state = BootState {
+        packaged: baton_agent::version::version().into(),
+        trial: Some(Trial {
+            version: baton_agent::version::version().into(),
+            started: true,
+        }),
+        ..BootState::default()
+    };
+    Versions::of_data_dir(&data)
+        .write_state(&state)
+        .expect("state");
+    let clock = Arc::new(baton_agent::runtime::ports::ManualClock::new(t(0)));
+    let cfg = config(
+        dir.path(),
+        ConfigFile::default(),
+        Overrides {
+            controllers: vec![format!("http://{}", fake.addr)],
+            insecure: true,
+            ..Overrides::default()
+        },
+    );
+    let agent = build_with(dir.path(), clock.clone(), cfg);
+    H {
+        r: Rig {
+            log: dir.path().join("gpio.jsonl"),
+            data,
+            _dir: dir,
+            clock,
+            agent,
+        },
+        fake,
+        tx: None,
+        stream: 0,
+    }
+}
+
+fn boot_state(h: &H) -> baton_update::BootState {
+    baton_update::Versions::of_data_dir(&h.r.data)
+        .read_state()
+        .expect("read")
+        .expect("a state")
+}
+
+/// A new version on trial is settled once a controller welcomes it, and
+/// not before: the launcher's next start runs it again instead of rolling
+/// it back.
+#[test]
+fn a_version_on_trial_is_settled_when_a_controller_welcomes_it() {
+    let mut h = trial_harness();
+    h.connected();
+    h.r.agent.step().expect("step");
+    assert!(boot_state(&h).trial.is_some(), "a hello is no welcome");
+    h.send(welcome(0, 0));
+    let end = Instant::now() + PATIENCE;
+    while boot_state(&h).trial.is_some() {
+        assert!(Instant::now() < end, "not settled within {PATIENCE:?}");
+        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
+        h.r.agent.step().expect("step");
+    }
+    let s = boot_state(&h);
+    assert_eq!(s.settled.as_deref(), Some(baton_agent::version::version()));
+    assert_eq!(
+        baton_update::boot::at_launch(Some(&s), baton_agent::version::version(), |_| true).1,
+        baton_update::Launch::Version(baton_agent::version::version().into())
+    );
+}
+
+/// A trial no controller welcomed within its deadline ends the loop (its
+/// way out drives the safe state), unconfirmed: the launcher rolls it back.
+#[test]
+fn a_version_on_trial_no_controller_welcomes_stops_at_its_deadline() {
+    let mut h = trial_harness();
+    h.fake.refuse.store(true, Ordering::Release);
+    h.run_for(Duration::from_secs(299), Duration::from_secs(1));
+    h.r.clock.advance(Duration::from_secs(2));
+    let e = h.r.agent.step().expect_err("past the deadline");
+    assert!(
+        matches!(
+            e,
+            baton_agent::runtime::RuntimeError::TrialUnconfirmed { .. }
+        ),
+        "{e}"
+    );
+    assert!(boot_state(&h).trial.is_some_and(|t| t.started));
+}
+
+/// A box whose trust list names `release` as a release key.
+fn trust_dir_with_release_key(
+    dir: &std::path::Path,
+    release: &baton_trust::SigningKey,
+) -> std::path::PathBuf {
+    use baton_trust::{SignedList, SigningKey, TrustList};
+    let root = SigningKey::generate().expect("root");
+    let trust = dir.join("trust");
+    std::fs::create_dir_all(&trust).expect("mkdir");
+    std::fs::write(trust.join("root.pub"), root.public().to_base64()).expect("root.pub");
+    let list = TrustList {
+        version: 1,
+        expires_ns: i64::MAX,
+        next_root: None,
+        tenants: [("default".to_string(), Default::default())]
+            .into_iter()
+            .collect(),
+        release_keys: vec![release.public()],
+    };
+    let chain = vec![SignedList::sign(&list, &root)];
+    std::fs::write(
+        trust.join("trust.json"),
+        serde_json::to_string(&chain).expect("json"),
+    )
+    .expect("trust.json");
+    trust
+}
+
+/// An agent with a trust directory naming a release key, dialling a fake
+/// controller that will offer releases; and that key.
+fn update_harness(update: &str) -> (H, baton_trust::SigningKey, tempfile::TempDir) {
+    let release = baton_trust::SigningKey::generate().expect("release key");
+    let keep = tempfile::tempdir().expect("tempdir");
+    let trust = trust_dir_with_release_key(keep.path(), &release);
+    let file = baton_agent::config::parse_file("a.yaml", update).expect("config");
+    let fake = fake();
+    let url = format!("http://{}", fake.addr);
+    let r = rig_with_clock(
+        file,
+        Overrides {
+            controllers: vec![url],
+            insecure: true,
+            trust_dir: Some(trust),
+            ..Overrides::default()
+        },
+        baton_agent::runtime::ports::ManualClock::new(t(0)),
+    );
+    (
+        H {
+            r,
+            fake,
+            tx: None,
+            stream: 0,
+        },
+        release,
+        keep,
+    )
+}
+
+/// A release of `bin` as `version` for this box, signed by `key`.
+fn offer(key: &baton_trust::SigningKey, version: &str, bin: &[u8]) -> ControllerMessage {
+    let m =
+        baton_trust::ReleaseManifest::of(version, std::env::consts::ARCH, bin).expect("manifest");
+    let s = baton_trust::SignedRelease::sign(&m, key);
+    msg(C::ReleaseOffer(wire::ReleaseOffer {
+        manifest: s.body,
+        key: s.key.to_string(),
+        signature: s.signature.to_base64(),
+    }))
+}
+
+fn update_state(h: &mut H) -> wire::UpdateState {
+    h.expect("update state", |b| match b {
+        A::UpdateState(u) => Some(u.clone()),
+        _ => None,
+    })
+}
+
+impl H {
+    /// Steps the agent (its clock a second on at each step, so the
+    /// download's pace allows the next piece) until it asks for a piece.
+    fn next_request(&mut self) -> wire::ReleaseRequest {
+        let end = Instant::now() + PATIENCE;
+        loop {
+            assert!(
+                Instant::now() < end,
+                "no release request within {PATIENCE:?}"
+            );
+            if let Ok(Ev::Msg { stream, msg }) =
+                self.fake.events.recv_timeout(Duration::from_millis(2))
+                && stream == self.stream
+                && let Some(A::ReleaseRequest(r)) = msg.body
+            {
+                return r;
+            }
+            self.r.clock.advance(Duration::from_millis(250));
+            self.r.agent.step().expect("step");
+        }
+    }
+
+    /// Answers requests with `bin`'s bytes (as a controller would) until
+    /// the agent says where the release stands other than downloading.
+    fn serve_release(&mut self, version: &str, bin: &[u8]) -> wire::UpdateState {
+        let end = Instant::now() + PATIENCE;
+        loop {
+            assert!(
+                Instant::now() < end,
+                "download not done within {PATIENCE:?}"
+            );
+            self.r.agent.step().expect("step");
+            match self.fake.events.recv_timeout(Duration::from_millis(2)) {
+                Ok(Ev::Msg { stream, msg }) if stream == self.stream => match msg.body {
+                    Some(A::ReleaseRequest(r)) => {
+                        assert_eq!(r.version, version);
+                        let from = r.offset as usize;
+                        let to = (from + r.length as usize).min(bin.len());
+                        self.send(msg_chunk(version, r.offset, &bin[from..to]));
+                    }
+                    Some(A::UpdateState(u))
+                        if u.phase != wire::update_state::Phase::Downloading as i32 =>
+                    {
+                        return u;
+                    }
+                    _ => {}
+                },
+                _ => self.r.clock.advance(Duration::from_millis(250)),
+            }
+        }
+    }
+}
+
+fn msg_chunk(version: &str, offset: u64, data: &[u8]) -> ControllerMessage {
+    msg(C::ReleaseChunk(wire::ReleaseChunk {
+        version: version.into(),
+        offset,
+        data: data.to_vec(),
+    }))
+}
+
+/// A binary of `n` bytes that is not all one byte.
+fn binary(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+/// An offered release is checked, downloaded a piece at a time, installed
+/// beside the running version and put on trial; the loop then ends only
+/// at a quiet moment (never while a pack fires within the margin).
+#[test]
+fn an_offered_release_is_downloaded_installed_on_trial_and_restarted_into_when_quiet() {
+    let (mut h, key, _keep) = update_harness("update: {download-rate: 131072}\n");
+    h.session();
+    h.r.agent.step().expect("step");
+    let bin = binary(200_000);
+    h.send(offer(&key, "9.9.9", &bin));
+    let said = h.serve_release("9.9.9", &bin);
+    assert_eq!(
+        said.phase,
+        wire::update_state::Phase::Installed as i32,
+        "{said:?}"
+    );
+    let versions = baton_update::Versions::of_data_dir(&h.r.data);
+    assert_eq!(
+        std::fs::read(versions.binary("9.9.9")).expect("installed"),
+        bin
+    );
+    let state = versions.read_state().expect("read").expect("state");
+    assert_eq!(
+        state.trial,
+        Some(baton_update::Trial {
+            version: "9.9.9".into(),
+            started: false
+        })
+    );
+    // A pack firing every 100 ms: never 2 s of quiet.
+    h.send(push("blink", 1, &pack("blink", 1, BLINK)));
+    h.ack();
+    for _ in 0..30 {
+        h.run_for(Duration::from_millis(100), Duration::from_millis(10));
+        assert_eq!(
+            h.r.agent.update_restart_due(),
+            None,
+            "a firing is due within the margin"
+        );
+    }
+    // Cancelled (its safe state driven): quiet, the restart is due.
+    h.send(msg(C::PackCancel(wire::PackCancel {
+        session_gen: 0,
+        pack: Some(pack_ref("blink", 1)),
+    })));
+    let end = Instant::now() + PATIENCE;
+    while h.r.agent.update_restart_due().is_none() {
+        assert!(Instant::now() < end, "no quiet moment after the cancel");
+        let _ = h.fake.events.recv_timeout(Duration::from_millis(2));
+        h.r.clock.advance(Duration::from_millis(10));
+        h.r.agent.step().expect("step");
+    }
+    assert_eq!(h.r.agent.update_restart_due().as_deref(), Some("9.9.9"));
+}
+
+/// A download cut mid-way (the stream lost) goes on from the bytes kept
+/// when the release is offered again, never from the start; and the box
+/// asks one piece at a time at its configured rate.
+#[test]
+fn a_download_cut_midway_resumes_from_what_was_kept() {
+    let (mut h, key, _keep) = update_harness("update: {download-rate: 65536}\n");
+    h.session();
+    let bin = binary(300_000);
+    h.send(offer(&key, "9.9.9", &bin));
+    let first = h.next_request();
+    assert_eq!((first.offset, first.length), (0, 65536));
+    h.send(msg_chunk("9.9.9", 0, &bin[..65536]));
+    let second = h.next_request();
+    assert_eq!(second.offset, 65536);
+    h.drop_stream();
+    h.session();
+    h.send(offer(&key, "9.9.9", &bin));
+    let again = h.next_request();
+    assert_eq!(again.offset, 65536, "resumed from what was kept");
+    h.send(msg_chunk("9.9.9", 65536, &bin[65536..131072]));
+    let said = h.serve_release("9.9.9", &bin);
+    assert_eq!(
+        said.phase,
+        wire::update_state::Phase::Installed as i32,
+        "{said:?}"
+    );
+    let versions = baton_update::Versions::of_data_dir(&h.r.data);
+    assert_eq!(
+        std::fs::read(versions.binary("9.9.9")).expect("installed"),
+        bin
+    );
+}
+
+/// What a box must not install is refused with the reason, and nothing is
+/// put on trial: another key's signature, bytes that are not the signed
+/// ones, no trust directory at all.
+#[test]
+fn a_release_the_box_must_not_install_is_refused_with_the_reason() {
+    let (mut h, _key, _keep) = update_harness("{}\n");
+    h.session();
+    let bin = binary(10_000);
+    let stranger = baton_trust::SigningKey::generate().expect("key");
+    h.send(offer(&stranger, "9.9.9", &bin));
+    let said = update_state(&mut h);
+    assert_eq!(said.phase, wire::update_state::Phase::Refused as i32);
+    assert!(
+        said.reason.contains("does not name as a release key"),
+        "{}",
+        said.reason
+    );
+
+    // Signed right, but the controller serves other bytes.
+    let (mut h, key, _keep) = update_harness("{}\n");
+    h.session();
+    h.send(offer(&key, "9.9.9", &bin));
+    let mut evil = bin.clone();
+    evil[9_999] ^= 0xff;
+    let said = h.serve_release("9.9.9", &evil);
+    assert_eq!(said.phase, wire::update_state::Phase::Refused as i32);
+    assert!(said.reason.contains("SHA-256"), "{}", said.reason);
+    let versions = baton_update::Versions::of_data_dir(&h.r.data);
+    assert!(!versions.is_installed("9.9.9"));
+    assert_eq!(
+        versions.read_state().expect("read"),
+        None,
+        "nothing on trial"
+    );
+
+    // No trust directory: no release key, nothing taken.
+    let mut h = harness();
+    h.session();
+    h.send(offer(&key, "9.9.9", &bin));
+    let said = update_state(&mut h);
+    assert_eq!(said.phase, wire::update_state::Phase::Refused as i32);
+    assert!(
+        said.reason.contains("no trust directory"),
+        "{}",
+        said.reason
+    );
 }

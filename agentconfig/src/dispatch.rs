@@ -33,7 +33,11 @@ pub(super) fn arming(
 
 /// The duration setting `key` if given (an error names the key), else
 /// `default`.
-fn duration_or(key: &str, value: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+pub(super) fn duration_or(
+    key: &str,
+    value: Option<&str>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
     value.map_or(Ok(default), |t| {
         parse_duration(t).map_err(|e| ConfigError::Value(format!("{key}: {e}")))
     })

@@ -101,6 +101,9 @@ pub struct ConfigFile {
     /// the tenant requires it). Default: none (packs are not checked for
     /// signatures).
     pub trust_dir: Option<PathBuf>,
+    /// Agent updates (`download-rate`, `quiet-margin`, `confirm-within`).
+    #[serde(default)]
+    pub update: crate::update::UpdateFile,
 }
 
 /// `clock:` section (docs/design.md "Clock sources, best first").

@@ -6,7 +6,7 @@
 //! settings group checked by its own module: what packs may touch
 //! (`actuators`), arming and the dispatcher's real-time settings
 //! (`dispatch`), the controller link and labels (`controller`), and the
-//! clock sources (`clock`).
+//! clock sources (`clock`), agent updates (`update`).
 
 #![forbid(unsafe_code)]
 
@@ -15,6 +15,7 @@ mod clock;
 mod controller;
 mod dispatch;
 mod file;
+mod update;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ pub use controller::{
 pub use file::{
     ClockFile, ConfigFile, ExecAllowEntry, PtpFile, RealtimeFile, parse_file, read_file,
 };
+pub use update::{DEFAULT_DOWNLOAD_RATE, UpdateConfig, UpdateFile};
 
 /// The effective configuration.
 #[derive(Clone, Debug)]
@@ -84,6 +86,8 @@ pub struct AgentConfig {
     /// Where the fleet's trust lives (see `ConfigFile::trust_dir`); `None`:
     /// packs are not checked for signatures.
     pub trust_dir: Option<PathBuf>,
+    /// Agent updates: download rate, quiet margin, the trial's deadline.
+    pub update: UpdateConfig,
 }
 
 /// Default [`AgentConfig::arm_horizon`]. The cost of an arming pass is
@@ -219,6 +223,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
             system: o.system_clock,
         },
     )?;
+    let update = update::resolve_update(file.update)?;
     let log_format = log_format(o.log_format.or(file.log_format))?;
     let metrics = metrics_address(o.metrics.or(file.metrics))?;
     let rt = dispatch::rt_config(&file.realtime, o.no_rt)?;
@@ -250,6 +255,7 @@ pub fn resolve(file: ConfigFile, o: Overrides) -> Result<AgentConfig, ConfigErro
         max_packs,
         clock,
         trust_dir: o.trust_dir.or(file.trust_dir),
+        update,
     })
 }
 

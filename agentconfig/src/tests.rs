@@ -532,3 +532,35 @@ fn the_ptp_section_has_no_option_to_steer_the_system_clock() {
     .expect_err("no such option");
     assert!(e.to_string().contains("discipline-system-clock"), "{e}");
 }
+
+#[test]
+fn update_settings_default_and_are_checked() {
+    let update = |text: &str| {
+        let f = parse_file("a.yaml", text).expect("syntax ok");
+        resolve(f, Overrides::default()).map(|c| c.update)
+    };
+    assert_eq!(update("{}\n").expect("default"), UpdateConfig::default());
+    let u = update("update: {download-rate: 65536, quiet-margin: 500ms, confirm-within: 1m}\n")
+        .expect("valid");
+    assert_eq!(
+        u,
+        UpdateConfig {
+            download_rate: 65536,
+            quiet_margin: Duration::from_millis(500),
+            confirm_within: Duration::from_secs(60),
+        }
+    );
+    for (bad, says) in [
+        ("update: {download-rate: 10}\n", "update.download-rate"),
+        ("update: {quiet-margin: 2h}\n", "update.quiet-margin"),
+        ("update: {confirm-within: 1s}\n", "update.confirm-within"),
+        ("update: {confirm-within: soon}\n", "update.confirm-within"),
+    ] {
+        let e = update(bad).expect_err(bad);
+        assert!(e.to_string().contains(says), "{bad}: {e}");
+    }
+    assert!(
+        parse_file("a.yaml", "update: {rate: 1}\n").is_err(),
+        "unknown key"
+    );
+}

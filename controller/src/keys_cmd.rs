@@ -1,5 +1,5 @@
 //! `baton-controller keys ...`: the fleet's signing keys and trust lists
-//! (issue 39). Run on an operator's or a release engineer's machine, never
+//! and agent releases (issue 39). Run on an operator's or a release engineer's machine, never
 //! by the controller: a private key never passes through its store, which
 //! only relays what was signed.
 
@@ -48,6 +48,27 @@ pub enum KeysCmd {
         /// The pack file.
         file: PathBuf,
         /// Where the signed pack goes (may be the file itself).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sign an agent build with a release key (one the trust list names
+    /// in `release_keys`): its version, architecture, size and SHA-256,
+    /// written as a signed manifest to `--out` (what a box checks the
+    /// binary against before it installs it).
+    SignRelease {
+        /// The release key (NAME.key).
+        #[arg(long)]
+        key: PathBuf,
+        /// The agent binary.
+        file: PathBuf,
+        /// The version it reports on its link (`baton-agent --version`).
+        #[arg(long)]
+        version: String,
+        /// The architecture it was built for, as Rust names it
+        /// (`aarch64`, `x86_64`, `arm`).
+        #[arg(long)]
+        arch: String,
+        /// Where the signed manifest goes (JSON).
         #[arg(long)]
         out: PathBuf,
     },
@@ -142,6 +163,30 @@ fn sign_pack(key: &Path, file: &Path, out: &Path) -> Result<String, String> {
     Ok(format!("{}/{} v{}", pack.tenant, pack.id, pack.version))
 }
 
+fn sign_release(
+    key: &Path,
+    file: &Path,
+    version: &str,
+    arch: &str,
+    out: &Path,
+) -> Result<String, String> {
+    let key = read_key(key)?;
+    let binary =
+        std::fs::read(file).map_err(|e| format!("{}: cannot read: {e}", file.display()))?;
+    let manifest = baton_trust::ReleaseManifest::of(version, arch, &binary)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let signed = baton_trust::SignedRelease::sign(&manifest, &key);
+    let text = serde_json::to_string_pretty(&signed).map_err(|e| e.to_string())?;
+    let tmp = out.with_extension("signing.tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, out))
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(format!(
+        "{} for {} ({} bytes, sha256 {})",
+        manifest.version, manifest.arch, manifest.size, manifest.sha256
+    ))
+}
+
 /// Run a `keys` subcommand; the exit status.
 pub fn run(cmd: KeysCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let result = match cmd {
@@ -159,6 +204,15 @@ pub fn run(cmd: KeysCmd, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         }),
         KeysCmd::SignPack { key, file, out: to } => sign_pack(&key, &file, &to).map(|p| {
             let _ = writeln!(out, "signed pack {p} into {}", to.display());
+        }),
+        KeysCmd::SignRelease {
+            key,
+            file,
+            version,
+            arch,
+            out: to,
+        } => sign_release(&key, &file, &version, &arch, &to).map(|r| {
+            let _ = writeln!(out, "signed release {r} into {}", to.display());
         }),
     };
     match result {
@@ -191,5 +245,49 @@ mod tests {
         let e = sign_list(&d.join("root.key"), &list, &chain).expect_err("refused");
         assert!(e.contains("Plant A"), "{e}");
         assert!(!chain.exists(), "nothing written");
+    }
+
+    /// A release signed here is what a box whose list names the key
+    /// installs; a version that cannot name a directory is not signed.
+    #[test]
+    fn a_signed_release_passes_a_box_whose_list_names_its_key() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        new_key("root", d).expect("root");
+        new_key("release", d).expect("release");
+        let bin = d.join("baton-agent");
+        std::fs::write(&bin, b"\x7fELF not really").expect("bin");
+        let out = d.join("release.json");
+        let said =
+            sign_release(&d.join("release.key"), &bin, "0.2.0", "aarch64", &out).expect("signed");
+        assert!(said.starts_with("0.2.0 for aarch64 (15 bytes"), "{said}");
+        let signed: baton_trust::SignedRelease =
+            serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
+        let root = read_key(&d.join("root.key")).expect("root");
+        let release = read_key(&d.join("release.key")).expect("release");
+        let list = TrustList {
+            version: 1,
+            expires_ns: i64::MAX,
+            next_root: None,
+            tenants: Default::default(),
+            release_keys: vec![release.public()],
+        };
+        let mut trust = baton_trust::Trust::new(root.public());
+        trust
+            .accept(&SignedList::sign(&list, &root), 0)
+            .expect("list");
+        let m = signed.check(&trust, 0, "aarch64").expect("installable");
+        assert_eq!((m.version.as_str(), m.size), ("0.2.0", 15));
+
+        let e = sign_release(
+            &d.join("release.key"),
+            &bin,
+            "../x",
+            "aarch64",
+            &d.join("x.json"),
+        )
+        .expect_err("refused");
+        assert!(e.contains("version"), "{e}");
+        assert!(!d.join("x.json").exists());
     }
 }

@@ -3,7 +3,8 @@
 //! tenant the operator keys whose packs the agent takes and the release
 //! keys of agent builds, with a version that only goes up, an expiry and
 //! root rotation ([`list`]); and pack signatures over the tenant and the
-//! pack's exact bytes ([`pack`]).
+//! pack's exact bytes ([`pack`]); release signatures over an agent
+//! build's manifest ([`release`]).
 //!
 //! In the spirit of TUF and Uptane, kept small: one root role whose key
 //! stays offline and signs the list, and the roles it names. A controller
@@ -19,7 +20,9 @@
 pub mod keys;
 pub mod list;
 pub mod pack;
+pub mod release;
 
 pub use keys::{KeyError, KeyId, PublicKey, Signature, SigningKey};
 pub use list::{SignedList, TenantTrust, Trust, TrustError, TrustList};
 pub use pack::{PackSignature, PackSignatureError, PackVerdict};
+pub use release::{ReleaseError, ReleaseManifest, SignedRelease};

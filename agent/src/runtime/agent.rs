@@ -186,6 +186,7 @@ impl Agent {
                 clock_watch: ClockWatch::new(started),
                 uplink: None,
                 trust,
+                update: Default::default(),
             },
             safe: SafeStates::new(safe_table, safe_driver),
             upkeep: Upkeep {
@@ -193,10 +194,17 @@ impl Agent {
                 last_heartbeat: now,
                 systemd: Systemd::default(),
                 metrics: None,
+                trial: None,
+                rolled_back: None,
             },
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
+        (agent.upkeep.trial, agent.upkeep.rolled_back) = super::update::Trial::at_start(
+            &agent.cfg.data_dir,
+            agent.mono_now(),
+            agent.cfg.update.confirm_within,
+        );
         agent.start_uplink()?;
         if safety::marker(&agent.cfg.data_dir).exists() {
             agent.drive_owed_safe_states(&recovered)?;
@@ -254,6 +262,9 @@ impl Agent {
                 return Ok(StopCause::Idle);
             }
             self.step()?;
+            if let Some(version) = self.update_restart_due() {
+                return Ok(StopCause::Update(version));
+            }
             self.systemd_tick();
             self.wait();
         }
@@ -410,6 +421,7 @@ impl Agent {
             self.firing.arming.release_lingering(now);
             self.serve_cancel_requests()?;
             self.check_clock_loss()?;
+            self.check_trial_deadline(self.mono_now())?;
             self.retry_clock_wait()?;
             self.publish_metrics();
             self.maybe_return_free_heap();

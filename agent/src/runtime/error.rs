@@ -81,6 +81,18 @@ pub enum RuntimeError {
     /// A cancel of a pack this agent does not hold.
     #[error("pack {0} is not held by this agent")]
     NotHeld(PackKey),
+    /// This agent is a new version on trial and was not welcomed by a
+    /// controller in time: it stops (safe state first) so the launcher
+    /// runs the version before it again.
+    #[error(
+        "agent update: version {version} on trial was not welcomed by a controller within {within_s} s; stopping so the launcher rolls it back"
+    )]
+    TrialUnconfirmed {
+        /// This build's version.
+        version: String,
+        /// The deadline, seconds after the start.
+        within_s: u64,
+    },
     /// A part of the real agent could not be started (`what`: which).
     #[error("{what}")]
     Start {

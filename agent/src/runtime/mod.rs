@@ -65,6 +65,7 @@ pub mod safety;
 mod stop;
 mod systemd;
 mod trust;
+mod update;
 mod upkeep;
 mod uplink;
 

@@ -22,4 +22,6 @@ pub(super) struct Plane {
     /// The fleet's trust (`trust-dir`); `None`: packs are not checked for
     /// signatures.
     pub(super) trust: Option<super::trust::BoxTrust>,
+    /// Agent updates: the release being downloaded, the one installed.
+    pub(super) update: super::update::Update,
 }

@@ -97,7 +97,7 @@ impl SafeStates {
             return StopCause::Fault(RuntimeError::gpio_hung(why));
         }
         match (self.degraded.take(), cause) {
-            (Some(why), StopCause::Requested(_) | StopCause::Idle) => {
+            (Some(why), StopCause::Requested(_) | StopCause::Idle | StopCause::Update(_)) => {
                 StopCause::Fault(RuntimeError::Degraded { why, cause: None })
             }
             (Some(why), StopCause::Fault(e)) => StopCause::Fault(RuntimeError::Degraded {

@@ -13,6 +13,9 @@ pub enum StopCause {
     Idle,
     /// Something failed; the safe state ran on the way out.
     Fault(RuntimeError),
+    /// A new agent version is installed and on trial: the way out ran at a
+    /// quiet moment, and the launcher starts the new version next.
+    Update(String),
 }
 
 impl StopCause {

@@ -159,6 +159,23 @@ impl BoxTrust {
         }
     }
 
+    /// The manifest of a release this box may install (see
+    /// `SignedRelease::check`); never while the box takes no pack for want
+    /// of a usable list.
+    pub(super) fn check_release(
+        &self,
+        signed: &baton_trust::SignedRelease,
+        now_ns: i64,
+        arch: &str,
+    ) -> Result<baton_trust::ReleaseManifest, String> {
+        if let Some(why) = self.nothing_runs() {
+            return Err(why.clone());
+        }
+        signed
+            .check(&self.trust, now_ns, arch)
+            .map_err(|e| e.to_string())
+    }
+
     /// Whether `tenant`'s pack `text` may run (see `Trust::check_pack`).
     pub(super) fn check_pack(
         &self,
@@ -203,7 +220,8 @@ impl BoxTrust {
         let mut next = self.signed.clone();
         next.insert(name, version);
         let text = serde_json::to_string_pretty(&next).map_err(|e| self.not_kept(e))?;
-        write_atomically(&self.signed_path, &text).map_err(|e| self.not_kept(e))?;
+        baton_update::files::write_atomically(&self.signed_path, text.as_bytes())
+            .map_err(|e| self.not_kept(e))?;
         self.signed = next;
         Ok(())
     }
@@ -435,21 +453,8 @@ pub(super) fn read(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust,
 fn write_chain(path: &Path, chain: &[SignedList]) -> Result<(), RuntimeError> {
     let text = serde_json::to_string_pretty(chain)
         .map_err(|e| start_error("writing the trust chain".into(), e))?;
-    write_atomically(path, &text)
+    baton_update::files::write_atomically(path, text.as_bytes())
         .map_err(|e| start_error(format!("keeping the trust chain in {}", path.display()), e))
-}
-
-/// `text` in `path`, whole or not at all: written beside, synced, renamed
-/// over it, and the directory synced (the rename itself durable).
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp: PathBuf = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -208,6 +208,7 @@ impl Agent {
             }
         }
         self.check_leases(up)?;
+        self.update_step(up);
         if let Some(session) = up.session.current()
             && self.plane.held.take_changed()
         {
@@ -250,10 +251,10 @@ impl Agent {
             .plane
             .held
             .next_lease_expiry(&up.session, |k| self.running(k));
-        let at = match (up.session.next_wake(), leases) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let at = [up.session.next_wake(), leases, self.update_wake()]
+            .into_iter()
+            .flatten()
+            .min();
         at.map(|m| self.clock.to_ref(m))
     }
 
@@ -314,6 +315,17 @@ impl Agent {
                 self.tell_trust(up);
                 return Ok(());
             }
+            FromLink::ReleaseOffer { session, offer } => {
+                // Not the session's business either: taken for its
+                // release key's signature, whoever relays it.
+                self.upkeep.rolled_back = None;
+                self.on_release_offer(up, session, offer);
+                return Ok(());
+            }
+            FromLink::ReleaseChunk { chunk, .. } => {
+                self.on_release_chunk(chunk);
+                return Ok(());
+            }
             FromLink::Alive { session } => Input::Alive { session },
             FromLink::Disconnected { session, reason: r } => {
                 reason = r;
@@ -323,6 +335,9 @@ impl Agent {
         let facts = self.session_facts();
         for cmd in up.session.handle(now, input, facts) {
             self.carry_out(up, cmd, &mut body, &reason)?;
+        }
+        if self.upkeep.trial.is_some() && up.session.welcomed() {
+            self.confirm_trial();
         }
         Ok(())
     }
@@ -354,6 +369,7 @@ impl Agent {
                 let trust = self.trust_status();
                 let mut hello = self.hello();
                 hello.trust = Some(wire_trust(trust.as_ref()));
+                hello.update = self.hello_update();
                 up.trust_told = Some(trust.unwrap_or_default());
                 tracing::info!(
                     session,
@@ -526,7 +542,7 @@ impl Agent {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            agent_version: crate::version::version().to_string(),
             capabilities: CAPABILITIES.iter().map(|c| (*c).to_string()).collect(),
             packs: self.held_list(),
             journal_id: self.journal.id().to_string(),
@@ -535,6 +551,7 @@ impl Agent {
             max_packs: u32::try_from(self.cfg.max_packs).unwrap_or(u32::MAX),
             session_gen: self.journal.session_gen(),
             trust: None,
+            update: None,
         }
     }
 

@@ -2,6 +2,8 @@
 //! the sim GPIO backend, a real journal in a temp dir and a real exec pool.
 #![allow(dead_code)] // each test binary uses its own part of the rig
 
+pub mod fake;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

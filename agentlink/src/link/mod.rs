@@ -149,6 +149,21 @@ pub enum FromLink {
         /// The chain's text.
         chain: String,
     },
+    /// An agent release offered (its signed manifest): the control thread
+    /// checks it against the box's trust list; the sender is not trusted.
+    ReleaseOffer {
+        /// Session.
+        session: u64,
+        /// The offer.
+        offer: wire::ReleaseOffer,
+    },
+    /// A piece of an offered release's binary.
+    ReleaseChunk {
+        /// Session.
+        session: u64,
+        /// The piece.
+        chunk: wire::ReleaseChunk,
+    },
     /// The session ended (stream closed, refused, dead peer...). Sent once
     /// per session that was [`FromLink::Connected`].
     Disconnected {
@@ -170,6 +185,8 @@ impl FromLink {
             | FromLink::FeedbackAck { session, .. }
             | FromLink::Alive { session }
             | FromLink::TrustLists { session, .. }
+            | FromLink::ReleaseOffer { session, .. }
+            | FromLink::ReleaseChunk { session, .. }
             | FromLink::Disconnected { session, .. } => *session,
         }
     }
@@ -193,6 +210,10 @@ pub enum ToLink {
     ClockReport(wire::ClockReport),
     /// The box's trust, changed since the Hello.
     TrustState(wire::TrustState),
+    /// Ask for a piece of an offered release.
+    ReleaseRequest(wire::ReleaseRequest),
+    /// Where an offered release stands on the box.
+    UpdateState(wire::UpdateState),
     /// End this session now, for this reason (a controller whose Welcome
     /// the control thread refused: a stale generation). Counted as a failed
     /// attempt: the link backs off and dials the next controller.

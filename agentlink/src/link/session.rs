@@ -681,6 +681,8 @@ impl Session {
                 session,
                 chain: t.chain,
             }),
+            Some(In::ReleaseOffer(offer)) => Some(FromLink::ReleaseOffer { session, offer }),
+            Some(In::ReleaseChunk(chunk)) => Some(FromLink::ReleaseChunk { session, chunk }),
             Some(In::PackCancel(c)) => Some(FromLink::Cancel {
                 session,
                 pack: c.pack.unwrap_or_default(),
@@ -768,6 +770,8 @@ fn encode(msg: ToLink) -> Option<wire::AgentMessage> {
         }),
         ToLink::ClockReport(r) => Out::ClockReport(r),
         ToLink::TrustState(t) => Out::TrustState(t),
+        ToLink::ReleaseRequest(r) => Out::ReleaseRequest(r),
+        ToLink::UpdateState(u) => Out::UpdateState(u),
         ToLink::Refuse(_) => return None,
     };
     Some(wire::AgentMessage { body: Some(body) })

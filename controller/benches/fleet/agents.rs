@@ -235,6 +235,7 @@ async fn connect(
         max_packs: 0,
         session_gen: kept.session_gen,
         trust: None,
+        update: None,
     })))
     .await
     .map_err(|_| fail(anyhow!("hello not queued")))?;
@@ -516,6 +517,9 @@ async fn session(
                     }
                     // The simulated agents hold no trust root.
                     Some(Out::TrustLists(_)) => {}
+                    Some(Out::ReleaseOffer(_) | Out::ReleaseChunk(_)) => {
+                        return Ended::Failed(anyhow!("a release offered in the fleet bench"));
+                    }
                     None => return Ended::Failed(anyhow!("empty controller message")),
                 }
             }

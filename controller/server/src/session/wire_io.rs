@@ -61,6 +61,13 @@ pub(super) fn from_wire(
             t1_ns: r.t1_ns,
         },
         Some(In::TimeExchangeReply(_)) | Some(In::Pong(_)) => FromAgent::Heard,
+        // An agent speaks of releases only on a stream that offered one,
+        // and this controller offers none yet (issue 39).
+        Some(In::ReleaseRequest(_)) | Some(In::UpdateState(_)) => {
+            return Err(End::bad(
+                "a release message, but no release was offered on this stream",
+            ));
+        }
     })
 }
 
