@@ -30,10 +30,13 @@ pub enum Target {
 }
 
 /// The launcher's decision for the agent whose data directory is
-/// `data_dir`, with the state it needs written first. A state that cannot
-/// be read or written runs the packaged binary: the floor, never a trial
-/// that could not be recorded as started.
-pub fn decide(data_dir: &Path) -> Target {
+/// `data_dir` (and trust, `trust_dir`), with the state it needs written
+/// first. A state that cannot be read or written runs the packaged
+/// binary: the floor, never a trial that could not be recorded as started.
+/// An installed version runs only if its binary is still the release its
+/// signed manifest names (checked against the box's newest trust list):
+/// one that is not is given up as a binary that cannot be started is.
+pub fn decide(data_dir: &Path, trust_dir: Option<&Path>) -> Target {
     let versions = Versions::of_data_dir(data_dir);
     let state = match versions.read_state() {
         Ok(s) => s,
@@ -44,48 +47,104 @@ pub fn decide(data_dir: &Path) -> Target {
     };
     let (next, launch) = boot::at_launch(state.as_ref(), version(), |v| versions.is_installed(v));
     if let Some(next) = next {
-        if let Some(r) = next
-            .rolled_back
-            .as_ref()
-            .filter(|r| state.as_ref().and_then(|s| s.rolled_back.as_ref()) != Some(*r))
-        {
-            tracing::error!("{}", rolled_back_line(r));
-        }
+        say_rollback(state.as_ref(), &next);
         if let Err(e) = versions.write_state(&next) {
             tracing::error!("launch: {e}; running the packaged agent {}", version());
             return Target::Packaged;
         }
     }
-    match launch {
-        Launch::Packaged => Target::Packaged,
-        Launch::Version(v) if v == version() => Target::Packaged,
-        Launch::Version(version) => Target::Installed {
-            binary: versions.binary(&version),
-            version,
-        },
-    }
+    checked(&versions, trust_dir, data_dir, launch)
 }
 
-/// After `execv` of `version` failed: the state rolled back to the
-/// packaged binary (never the same failure at every start), and the line
-/// to log.
-pub fn exec_failed(data_dir: &Path, version: &str, why: &str) -> String {
+/// After `execve` of `version` failed (`why`): what this start runs
+/// instead (`baton_update::boot::exec_failed`: a trial given up for the
+/// version settled before it; a settled version kept, and the packaged
+/// binary this once).
+pub fn exec_failed(data_dir: &Path, trust_dir: Option<&Path>, version: &str, why: &str) -> Target {
     let versions = Versions::of_data_dir(data_dir);
-    let rolled = RolledBack {
-        from: version.to_string(),
-        to: None,
-        why: format!("it could not be started ({why})"),
+    let launch = give_up(
+        &versions,
+        version,
+        &format!("it could not be started ({why})"),
+    );
+    checked(&versions, trust_dir, data_dir, launch)
+}
+
+/// `launch` as a target, each installed version checked first (at most
+/// two: a trial that fails its check falls back to the settled version,
+/// and that one's failure to the packaged binary).
+fn checked(
+    versions: &Versions,
+    trust_dir: Option<&Path>,
+    data_dir: &Path,
+    mut launch: Launch,
+) -> Target {
+    for _ in 0..2 {
+        let v = match launch {
+            Launch::Version(v) if v != version() => v,
+            _ => return Target::Packaged,
+        };
+        let check = match trust_dir {
+            None => Err("this box has no trust directory to check it against".to_string()),
+            Some(dir) => crate::runtime::newest_list(dir, data_dir).and_then(|list| {
+                versions.verify_installed(&v, |s| {
+                    s.check_with(&list, std::env::consts::ARCH)
+                        .map_err(|e| e.to_string())
+                })
+            }),
+        };
+        match check {
+            Ok(()) => {
+                return Target::Installed {
+                    binary: versions.binary(&v),
+                    version: v,
+                };
+            }
+            Err(why) => {
+                launch = give_up(
+                    versions,
+                    &v,
+                    &format!("its binary is not its signed release: {why}"),
+                );
+            }
+        }
+    }
+    Target::Packaged
+}
+
+/// `version` not run this start (`why`): the state as
+/// `boot::exec_failed` leaves it, written, and what to run instead.
+fn give_up(versions: &Versions, version: &str, why: &str) -> Launch {
+    tracing::error!("launch: agent version {version} not run: {why}");
+    let state = match versions.read_state() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("launch: {e}");
+            return Launch::Packaged;
+        }
     };
-    let line = rolled_back_line(&rolled);
-    let state = BootState {
-        packaged: crate::version::version().to_string(),
-        settled: None,
-        trial: None,
-        rolled_back: Some(rolled),
-    };
-    match versions.write_state(&state) {
-        Ok(()) => line,
-        Err(e) => format!("{line}; and the launcher's state could not be written: {e}"),
+    let (next, launch) = boot::exec_failed(state.as_ref(), version, why);
+    if let Some(next) = next {
+        say_rollback(state.as_ref(), &next);
+        if let Err(e) = versions.write_state(&next) {
+            tracing::error!(
+                "launch: {e}; running the packaged agent {}",
+                crate::version::version()
+            );
+            return Launch::Packaged;
+        }
+    }
+    launch
+}
+
+/// Logs a rollback `next` records that `before` did not.
+fn say_rollback(before: Option<&BootState>, next: &BootState) {
+    if let Some(r) = next
+        .rolled_back
+        .as_ref()
+        .filter(|r| before.and_then(|s| s.rolled_back.as_ref()) != Some(*r))
+    {
+        tracing::error!("{}", rolled_back_line(r));
     }
 }
 
@@ -130,13 +189,17 @@ fn argv(binary: &Path, command: &str, args: Vec<OsString>) -> Result<Vec<CString
 pub const LAUNCHER_ENV: &str = "BATON_AGENT_LAUNCHER";
 
 /// The launcher to hand over to for an update: the one that started this
-/// process, as it said ([`LAUNCHER_ENV`]: an absolute path to a file),
-/// else this binary (started as `run`, it is the packaged one).
+/// process, as it said ([`LAUNCHER_ENV`]: an absolute path to a file);
+/// else this binary when it is not an installed version (started as
+/// `run`, it is the packaged one); else the packaged binary's path.
 pub fn launcher() -> PathBuf {
     let said = std::env::var_os(LAUNCHER_ENV)
         .map(PathBuf::from)
         .filter(|p| p.is_absolute() && p.is_file());
-    said.or_else(|| std::env::current_exe().ok())
+    let me = std::env::current_exe()
+        .ok()
+        .filter(|p| !p.components().any(|c| c.as_os_str() == "agent-versions"));
+    said.or(me)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/baton-agent"))
 }
 

@@ -559,22 +559,27 @@ fn launch_agent(run: RunArgs) -> Result<(), (u8, String)> {
             std::io::stderr().is_terminal(),
         ))
     };
-    match tracing::subscriber::with_default(log(), || launch::decide(&cfg.data_dir)) {
-        Target::Packaged => run_agent(run),
-        Target::Installed { version, binary } => {
-            let why = match launch::run_argv(&binary, launch::launch_args()) {
-                // This process is the launcher: the version is told so.
-                Ok(argv) => match std::env::current_exe() {
-                    Ok(me) => launch::exec(&binary, &argv, &me),
-                    Err(e) => format!("this launcher's own path: {e}"),
-                },
-                Err(e) => e,
-            };
-            let line = launch::exec_failed(&cfg.data_dir, &version, &why);
-            tracing::subscriber::with_default(log(), || tracing::error!("{line}"));
-            run_agent(run)
-        }
+    let trust_dir = cfg.trust_dir.as_deref();
+    let mut target =
+        tracing::subscriber::with_default(log(), || launch::decide(&cfg.data_dir, trust_dir));
+    // At most a trial, then the version settled before it.
+    for _ in 0..2 {
+        let Target::Installed { version, binary } = target else {
+            break;
+        };
+        let why = match launch::run_argv(&binary, launch::launch_args()) {
+            // This process is the launcher: the version is told so.
+            Ok(argv) => match std::env::current_exe() {
+                Ok(me) => launch::exec(&binary, &argv, &me),
+                Err(e) => format!("this launcher's own path: {e}"),
+            },
+            Err(e) => e,
+        };
+        target = tracing::subscriber::with_default(log(), || {
+            launch::exec_failed(&cfg.data_dir, trust_dir, &version, &why)
+        });
     }
+    run_agent(run)
 }
 
 fn run_agent(run: RunArgs) -> Result<(), (u8, String)> {
@@ -619,6 +624,15 @@ fn run_agent(run: RunArgs) -> Result<(), (u8, String)> {
         // The way out ran (safe states driven, the journal flushed, the
         // threads stopped); the files it held close with the exec.
         drop(agent);
+        if let Some(sig) = stop.requested() {
+            // A stop asked for meanwhile wins: the version on trial runs
+            // at the next start.
+            tracing::info!(
+                signal = sig,
+                "stopped before restarting into agent version {version}"
+            );
+            return Ok(());
+        }
         return Err(restart_into(&version));
     }
     exit_for(cause)

@@ -18,36 +18,65 @@ struct Device {
     _dir: tempfile::TempDir,
     data: PathBuf,
     gpio: PathBuf,
+    trust: PathBuf,
+    release_key: baton_trust::SigningKey,
     versions: Versions,
 }
 
+/// A box whose trust list names a release key.
 fn a_device() -> Device {
+    use baton_trust::{SignedList, SigningKey, TrustList};
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
+    let trust = dir.path().join("trust");
+    std::fs::create_dir_all(&trust).expect("mkdir");
+    let root = SigningKey::generate().expect("root");
+    let release_key = SigningKey::generate().expect("release key");
+    std::fs::write(trust.join("root.pub"), root.public().to_base64()).expect("root.pub");
+    let list = TrustList {
+        version: 1,
+        expires_ns: i64::MAX,
+        next_root: None,
+        tenants: Default::default(),
+        release_keys: vec![release_key.public()],
+    };
+    std::fs::write(
+        trust.join("trust.json"),
+        serde_json::to_string(&[SignedList::sign(&list, &root)]).expect("json"),
+    )
+    .expect("trust.json");
     Device {
         gpio: dir.path().join("gpio.jsonl"),
         versions: Versions::of_data_dir(&data),
         data,
+        trust,
+        release_key,
         _dir: dir,
     }
 }
 
 impl Device {
     /// Installs a "version" whose binary appends `$$ $*` to `started`
-    /// beside it and exits `status`.
+    /// beside it and exits `status`, with its signed release as an update
+    /// leaves it.
     fn install_script(&self, version: &str, status: u8) -> PathBuf {
         let bin = self.versions.binary(version);
         std::fs::create_dir_all(bin.parent().expect("dir")).expect("mkdir");
         let started = bin.with_file_name("started");
-        std::fs::write(
-            &bin,
-            format!(
-                "#!/bin/sh\necho \"$$ $*\" >> '{}'\nexit {status}\n",
-                started.display()
-            ),
-        )
-        .expect("write");
+        let text = format!(
+            "#!/bin/sh\necho \"$$ $*\" >> '{}'\nexit {status}\n",
+            started.display()
+        );
+        std::fs::write(&bin, &text).expect("write");
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let m = baton_trust::ReleaseManifest::of(version, std::env::consts::ARCH, text.as_bytes())
+            .expect("manifest");
+        let signed = baton_trust::SignedRelease::sign(&m, &self.release_key);
+        std::fs::write(
+            bin.with_file_name("release.json"),
+            serde_json::to_string(&signed).expect("json"),
+        )
+        .expect("release.json");
         bin
     }
 
@@ -73,6 +102,8 @@ impl Device {
             .arg(&self.data)
             .arg("--gpio")
             .arg(format!("sim:{}", self.gpio.display()))
+            .arg("--trust-dir")
+            .arg(&self.trust)
             .args(["--no-rt", "--exit-when-idle", "--quiet"])
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::piped())
@@ -111,8 +142,9 @@ fn a_trial_that_ends_unconfirmed_runs_once_then_the_version_before_runs() {
     assert_eq!(
         starts[0],
         format!(
-            "{pid} run --data {data} --gpio sim:{} --no-rt --exit-when-idle --quiet",
-            b.gpio.display()
+            "{pid} run --data {data} --gpio sim:{} --trust-dir {} --no-rt --exit-when-idle --quiet",
+            b.gpio.display(),
+            b.trust.display()
         ),
         "execv: the launcher's PID, `run` and its flags"
     );
@@ -225,4 +257,47 @@ fn the_binary_carries_one_version_slot_that_a_copy_can_be_stamped_in() {
         format!("baton-agent {VERSION}")
     );
     assert_eq!(said(&copy), "baton-agent 9.9.9");
+}
+
+/// A binary that is not its signed release any more (replaced after its
+/// install, by anything that can write the data directory) is never run:
+/// a trial is given up for the version before, a settled version is kept
+/// for the next start and this one runs the packaged agent.
+#[test]
+fn an_installed_binary_that_is_not_its_signed_release_is_never_run() {
+    let b = a_device();
+    b.install_script("9.9.8", 0);
+    let trial = b.install_script("9.9.9", 0);
+    b.versions
+        .write_state(&BootState {
+            packaged: VERSION.into(),
+            settled: Some("9.9.8".into()),
+            ..BootState::default()
+        })
+        .expect("state");
+    stage(&b, "9.9.9");
+    let planted = "#!/bin/sh\necho planted >> /dev/null\nexit 0\n";
+    std::fs::write(&trial, planted).expect("plant");
+    let (out, _) = b.launch();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(b.starts("9.9.9").is_empty(), "the planted binary ran");
+    assert_eq!(b.starts("9.9.8").len(), 1, "the version before ran");
+    let s = b.state();
+    assert!(s.gave_up("9.9.9"));
+    assert!(
+        s.rolled_back
+            .expect("said")
+            .why
+            .contains("not its signed release"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The settled one tampered with: not run this start, kept for the next.
+    let settled = b.versions.binary("9.9.8");
+    std::fs::write(&settled, planted).expect("plant");
+    let (out, _) = b.launch();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(b.starts("9.9.8").len(), 1, "not run again");
+    assert_eq!(b.state().settled.as_deref(), Some("9.9.8"));
 }

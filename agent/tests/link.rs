@@ -1583,9 +1583,14 @@ fn msg_chunk(version: &str, offset: u64, data: &[u8]) -> ControllerMessage {
     }))
 }
 
-/// A binary of `n` bytes that is not all one byte.
-fn binary(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i * 31 % 251) as u8).collect()
+/// A "build" of `n` bytes that is not all one byte, reporting `version`
+/// (its version slot at the end).
+fn binary(n: usize, version: &str) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
+    b.extend_from_slice(baton_trust::release::SLOT_MARK);
+    b.extend_from_slice(version.as_bytes());
+    b.resize(n + baton_trust::release::SLOT_LEN, 0);
+    b
 }
 
 /// An offered release is checked, downloaded a piece at a time, installed
@@ -1596,7 +1601,7 @@ fn an_offered_release_is_downloaded_installed_on_trial_and_restarted_into_when_q
     let (mut h, key, _keep) = update_harness("update: {download-rate: 131072}\n");
     h.session();
     h.r.agent.step().expect("step");
-    let bin = binary(200_000);
+    let bin = binary(200_000, "9.9.9");
     h.send(offer(&key, "9.9.9", &bin));
     let said = h.serve_release("9.9.9", &bin);
     assert_eq!(
@@ -1650,7 +1655,7 @@ fn an_offered_release_is_downloaded_installed_on_trial_and_restarted_into_when_q
 fn a_download_cut_midway_resumes_from_what_was_kept() {
     let (mut h, key, _keep) = update_harness("update: {download-rate: 65536}\n");
     h.session();
-    let bin = binary(300_000);
+    let bin = binary(300_000, "9.9.9");
     h.send(offer(&key, "9.9.9", &bin));
     let first = h.next_request();
     assert_eq!((first.offset, first.length), (0, 65536));
@@ -1683,7 +1688,7 @@ fn a_download_cut_midway_resumes_from_what_was_kept() {
 fn a_release_the_box_must_not_install_is_refused_with_the_reason() {
     let (mut h, _key, _keep) = update_harness("{}\n");
     h.session();
-    let bin = binary(10_000);
+    let bin = binary(10_000, "9.9.9");
     let stranger = baton_trust::SigningKey::generate().expect("key");
     h.send(offer(&stranger, "9.9.9", &bin));
     let said = update_state(&mut h);
@@ -1710,6 +1715,22 @@ fn a_release_the_box_must_not_install_is_refused_with_the_reason() {
         None,
         "nothing on trial"
     );
+
+    // Signed right, but the build reports another version: never
+    // installed (it would never confirm itself).
+    let (mut h, key, _keep) = update_harness("{}\n");
+    h.session();
+    let other = binary(10_000, "9.9.8");
+    h.send(offer(&key, "9.9.9", &other));
+    let said = h.serve_release("9.9.9", &other);
+    assert_eq!(said.phase, wire::update_state::Phase::Refused as i32);
+    assert!(
+        said.reason.contains("reports version 9.9.8"),
+        "{}",
+        said.reason
+    );
+    let versions = baton_update::Versions::of_data_dir(&h.r.data);
+    assert!(!versions.is_installed("9.9.9"));
 
     // No trust directory: no release key, nothing taken.
     let mut h = harness();

@@ -175,6 +175,23 @@ fn sign_release(
         std::fs::read(file).map_err(|e| format!("{}: cannot read: {e}", file.display()))?;
     let manifest = baton_trust::ReleaseManifest::of(version, arch, &binary)
         .map_err(|e| format!("{}: {e}", file.display()))?;
+    // The box checks it too: a build that reports another version would
+    // never confirm itself there.
+    match baton_trust::release::slot_version(&binary) {
+        Some(v) if v == version => {}
+        Some(v) => {
+            return Err(format!(
+                "{}: the build reports version {v}, not {version} (stamp it, or sign it as {v})",
+                file.display()
+            ));
+        }
+        None => {
+            return Err(format!(
+                "{}: not an agent build (no version slot, or more than one)",
+                file.display()
+            ));
+        }
+    }
     let signed = baton_trust::SignedRelease::sign(&manifest, &key);
     let text = serde_json::to_string_pretty(&signed).map_err(|e| e.to_string())?;
     let tmp = out.with_extension("signing.tmp");
@@ -256,11 +273,18 @@ mod tests {
         new_key("root", d).expect("root");
         new_key("release", d).expect("release");
         let bin = d.join("baton-agent");
-        std::fs::write(&bin, b"\x7fELF not really").expect("bin");
+        let mut bytes = b"\x7fELF not really".to_vec();
+        bytes.extend_from_slice(baton_trust::release::SLOT_MARK);
+        bytes.extend_from_slice(b"0.2.0");
+        bytes.resize(15 + baton_trust::release::SLOT_LEN, 0);
+        std::fs::write(&bin, &bytes).expect("bin");
         let out = d.join("release.json");
         let said =
             sign_release(&d.join("release.key"), &bin, "0.2.0", "aarch64", &out).expect("signed");
-        assert!(said.starts_with("0.2.0 for aarch64 (15 bytes"), "{said}");
+        assert!(
+            said.starts_with(&format!("0.2.0 for aarch64 ({} bytes", bytes.len())),
+            "{said}"
+        );
         let signed: baton_trust::SignedRelease =
             serde_json::from_str(&std::fs::read_to_string(&out).expect("read")).expect("json");
         let root = read_key(&d.join("root.key")).expect("root");
@@ -277,7 +301,7 @@ mod tests {
             .accept(&SignedList::sign(&list, &root), 0)
             .expect("list");
         let m = signed.check(&trust, 0, "aarch64").expect("installable");
-        assert_eq!((m.version.as_str(), m.size), ("0.2.0", 15));
+        assert_eq!((m.version.as_str(), m.size), ("0.2.0", bytes.len() as u64));
 
         let e = sign_release(
             &d.join("release.key"),
@@ -288,6 +312,17 @@ mod tests {
         )
         .expect_err("refused");
         assert!(e.contains("version"), "{e}");
+        assert!(!d.join("x.json").exists());
+        // A build that reports another version than the one signed for.
+        let e = sign_release(
+            &d.join("release.key"),
+            &bin,
+            "0.3.0",
+            "aarch64",
+            &d.join("x.json"),
+        )
+        .expect_err("refused");
+        assert!(e.contains("reports version 0.2.0"), "{e}");
         assert!(!d.join("x.json").exists());
     }
 }

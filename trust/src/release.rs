@@ -10,7 +10,7 @@
 //! it arrives, never trusted before.
 
 use crate::keys::{KeyId, Signature, SigningKey};
-use crate::list::{Trust, TrustError};
+use crate::list::{Trust, TrustError, TrustList};
 
 /// What a release signature is over: a fixed prefix and the manifest's
 /// text (the prefix keeps a release signature from ever reading as a
@@ -198,6 +198,17 @@ impl SignedRelease {
         here: &str,
     ) -> Result<ReleaseManifest, ReleaseError> {
         let list = trust.current(now_ns)?.ok_or(ReleaseError::NoList)?;
+        self.check_with(list, here)
+    }
+
+    /// [`SignedRelease::check`] against `list` whatever its expiry: what
+    /// the launcher asks of a binary installed under a list in force then
+    /// (an expired list stops new releases, not the one running).
+    pub fn check_with(
+        &self,
+        list: &TrustList,
+        here: &str,
+    ) -> Result<ReleaseManifest, ReleaseError> {
         let key = list
             .release_keys
             .iter()
@@ -218,6 +229,56 @@ impl SignedRelease {
         }
         Ok(manifest)
     }
+}
+
+/// What an agent build's version slot starts with: the build reports the
+/// version that follows (NUL-padded to [`SLOT_LEN`]), so a release
+/// pipeline can stamp a build and a signer can check what it signs.
+pub const SLOT_MARK: &[u8] = b"baton-agent-version=";
+
+/// A version slot's length: the mark, the version, NUL padding (at
+/// least one NUL: the mark followed by any 64 printable bytes is no slot).
+pub const SLOT_LEN: usize = SLOT_MARK.len() + MAX_VERSION_LEN + 1;
+
+/// The version a slot holds, if it reads as one: the mark, a version,
+/// and NUL to the slot's end (the mark alone, as code that looks for it
+/// carries it, is no slot).
+pub fn read_slot(slot: &[u8]) -> Option<&str> {
+    let rest = slot.get(..SLOT_LEN)?.strip_prefix(SLOT_MARK)?;
+    let end = rest.iter().position(|&b| b == 0)?;
+    if rest[end..].iter().any(|&b| b != 0) {
+        return None;
+    }
+    let v = std::str::from_utf8(&rest[..end]).ok()?;
+    check_version(v).ok().map(|()| v)
+}
+
+/// Where `binary`'s one version slot is (`None`: none, or more than one).
+fn slot_at(binary: &[u8]) -> Option<usize> {
+    let mut at = binary
+        .windows(SLOT_MARK.len())
+        .enumerate()
+        .filter(|(_, w)| *w == SLOT_MARK)
+        .map(|(i, _)| i)
+        .filter(|&i| binary.get(i..).and_then(read_slot).is_some());
+    let i = at.next()?;
+    at.next().is_none().then_some(i)
+}
+
+/// The version `binary` reports, from its one version slot.
+pub fn slot_version(binary: &[u8]) -> Option<&str> {
+    slot_at(binary).and_then(|i| read_slot(&binary[i..]))
+}
+
+/// `binary` with its one slot stamped `version`.
+pub fn stamp(binary: &[u8], version: &str) -> Option<Vec<u8>> {
+    check_version(version).ok()?;
+    let i = slot_at(binary)?;
+    let mut out = binary.to_vec();
+    let slot = &mut out[i + SLOT_MARK.len()..i + SLOT_LEN];
+    slot.fill(0);
+    slot[..version.len()].copy_from_slice(version.as_bytes());
+    Some(out)
 }
 
 #[cfg(test)]
@@ -332,5 +393,41 @@ mod tests {
         for bad in ["", ".", "..", "-x", "a/b", "a b", "é"] {
             assert!(check_version(bad).is_err(), "{bad:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    fn slot(v: &str) -> Vec<u8> {
+        let mut s = SLOT_MARK.to_vec();
+        s.extend_from_slice(v.as_bytes());
+        s.resize(SLOT_LEN, 0);
+        s
+    }
+
+    #[test]
+    fn one_slot_is_read_and_stamped_the_mark_alone_is_none() {
+        let mut bin = b"ELF...".to_vec();
+        bin.extend_from_slice(SLOT_MARK);
+        bin.extend_from_slice(b"code that looks for the mark");
+        bin.extend_from_slice(&slot("0.1.0"));
+        bin.extend_from_slice(b"...");
+        assert_eq!(slot_version(&bin), Some("0.1.0"));
+        let stamped = stamp(&bin, "9.9.9-rc.1").expect("one slot");
+        assert_eq!(
+            (slot_version(&stamped), stamped.len()),
+            (Some("9.9.9-rc.1"), bin.len())
+        );
+        assert_eq!(stamp(&bin, "../x"), None, "not a version");
+        let mut two = bin.clone();
+        two.extend_from_slice(&slot("0.1.0"));
+        assert_eq!((slot_version(&two), stamp(&two, "1.0.0")), (None, None));
+        assert_eq!(slot_version(b"#!/bin/sh\nexit 1\n"), None);
+        // The mark followed by text (code that names it), no NUL: no slot.
+        let mut text = SLOT_MARK.to_vec();
+        text.extend_from_slice(&[b'a'; SLOT_LEN]);
+        assert_eq!(read_slot(&text), None);
     }
 }

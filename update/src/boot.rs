@@ -30,9 +30,34 @@ pub struct BootState {
     /// A version on trial, and whether the launcher started it already.
     #[serde(default)]
     pub trial: Option<Trial>,
-    /// The last version given up, for the agent to report.
+    /// The last version given up, for the agent to report (cleared when
+    /// a new version is settled).
     #[serde(default)]
     pub rolled_back: Option<RolledBack>,
+    /// The versions given up on this box, newest last (at most
+    /// [`GIVEN_UP_KEPT`]): never run again here; a fixed build comes under
+    /// a new version.
+    #[serde(default)]
+    pub given_up: Vec<String>,
+}
+
+/// How many versions given up a box remembers.
+pub const GIVEN_UP_KEPT: usize = 16;
+
+impl BootState {
+    /// Whether `version` was given up on this box.
+    pub fn gave_up(&self, version: &str) -> bool {
+        self.given_up.iter().any(|v| v == version)
+    }
+
+    fn give_up(&mut self, r: RolledBack) {
+        if !self.gave_up(&r.from) {
+            self.given_up.push(r.from.clone());
+        }
+        let over = self.given_up.len().saturating_sub(GIVEN_UP_KEPT);
+        self.given_up.drain(..over);
+        self.rolled_back = Some(r);
+    }
 }
 
 /// A version on trial.
@@ -105,9 +130,10 @@ pub fn at_launch(
             }
             Some(why) => {
                 next.trial = None;
-                next.rolled_back = Some(RolledBack {
+                let to = state.settled.clone().filter(|v| installed(v));
+                next.give_up(RolledBack {
                     from: trial.version.clone(),
-                    to: state.settled.clone(),
+                    to,
                     why: why.to_string(),
                 });
             }
@@ -125,12 +151,41 @@ pub fn at_launch(
     (changed, launch)
 }
 
+/// After the launcher could not execute `version` (`why`): the state
+/// to write (`None`: unchanged) and what to run instead. A trial is given
+/// up for the version settled before it; a settled version that could not
+/// be executed is kept (the failure may pass: a full process table, say)
+/// and this start runs the packaged binary.
+pub fn exec_failed(
+    state: Option<&BootState>,
+    version: &str,
+    why: &str,
+) -> (Option<BootState>, Launch) {
+    let Some(s) = state else {
+        return (None, Launch::Packaged);
+    };
+    if s.trial.as_ref().is_none_or(|t| t.version != version) {
+        return (None, Launch::Packaged);
+    }
+    let mut next = s.clone();
+    next.trial = None;
+    next.give_up(RolledBack {
+        from: version.to_string(),
+        to: s.settled.clone(),
+        why: format!("it could not be started ({why})"),
+    });
+    let launch = s.settled.clone().map_or(Launch::Packaged, Launch::Version);
+    (Some(next), launch)
+}
+
 /// The state once `version` is on trial (installed and verified): the
-/// next start runs it once.
+/// next start runs it once. `packaged` names the packaged binary only
+/// when there is no state yet (the running binary is then the packaged
+/// one); a state keeps the one it names.
 pub fn stage(state: Option<&BootState>, packaged: &str, version: &str) -> BootState {
     let mut next = match state {
-        Some(s) if s.packaged == packaged => s.clone(),
-        _ => BootState {
+        Some(s) => s.clone(),
+        None => BootState {
             packaged: packaged.to_string(),
             ..BootState::default()
         },
@@ -153,6 +208,7 @@ pub fn confirm(state: Option<&BootState>, version: &str) -> Option<BootState> {
     Some(BootState {
         settled: Some(version.to_string()),
         trial: None,
+        rolled_back: None,
         ..state.clone()
     })
 }
@@ -244,6 +300,69 @@ mod tests {
         assert_eq!(start(&mut s, all), Launch::Version("0.2.0".into()));
     }
 
+    /// The second update of a box, made by a settled version (not the
+    /// packaged one): the packaged version and the settled one are kept,
+    /// so a failure rolls back to the settled one.
+    #[test]
+    fn a_second_update_keeps_what_runs_now_as_the_version_to_roll_back_to() {
+        let mut s = Some(BootState {
+            packaged: PKG.into(),
+            settled: Some("0.2.0".into()),
+            ..BootState::default()
+        });
+        // Staged by 0.2.0 (the running build).
+        s = Some(stage(s.as_ref(), "0.2.0", "0.3.0"));
+        let st = s.clone().expect("state");
+        assert_eq!(
+            (st.packaged.as_str(), st.settled.as_deref()),
+            (PKG, Some("0.2.0"))
+        );
+        assert_eq!(
+            kept(s.as_ref()),
+            vec!["0.2.0".to_string(), "0.3.0".to_string()]
+        );
+        assert_eq!(start(&mut s, all), Launch::Version("0.3.0".into()));
+        assert_eq!(start(&mut s, all), Launch::Version("0.2.0".into()));
+        // Given up for good on this box; a settled version clears the
+        // report, not the memory.
+        let st = s.clone().expect("state");
+        assert!(st.gave_up("0.3.0"));
+        s = Some(stage(s.as_ref(), "0.2.0", "0.4.0"));
+        start(&mut s, all);
+        s = confirm(s.as_ref(), "0.4.0");
+        let st = s.expect("state");
+        assert_eq!(
+            (st.rolled_back.is_none(), st.gave_up("0.3.0")),
+            (true, true)
+        );
+    }
+
+    /// A trial that cannot be executed falls back to the settled version;
+    /// a settled version that cannot be executed is kept for the next
+    /// start, and this one runs the packaged binary.
+    #[test]
+    fn an_exec_failure_rolls_a_trial_back_to_the_settled_version_and_keeps_a_settled_one() {
+        let settled = BootState {
+            packaged: PKG.into(),
+            settled: Some("0.2.0".into()),
+            ..BootState::default()
+        };
+        let mut s = Some(stage(Some(&settled), PKG, "0.3.0"));
+        assert_eq!(start(&mut s, all), Launch::Version("0.3.0".into()));
+        let (next, launch) = exec_failed(s.as_ref(), "0.3.0", "Exec format error");
+        assert_eq!(launch, Launch::Version("0.2.0".into()));
+        let next = next.expect("written");
+        assert_eq!(next.settled.as_deref(), Some("0.2.0"));
+        assert!(next.gave_up("0.3.0"));
+        let r = next.rolled_back.clone().expect("said");
+        assert_eq!(r.to.as_deref(), Some("0.2.0"));
+        assert!(r.why.contains("Exec format error"), "{}", r.why);
+        assert_eq!(
+            exec_failed(Some(&settled), "0.2.0", "Resource temporarily unavailable"),
+            (None, Launch::Packaged)
+        );
+    }
+
     #[test]
     fn the_packaged_binary_is_the_floor() {
         // A trial whose binary is missing: rolled back before it runs.
@@ -272,6 +391,7 @@ mod tests {
                 started: false,
             }),
             rolled_back: None,
+            given_up: vec!["0.1.5".into()],
         });
         let (next, launch) = at_launch(s.as_ref(), PKG, all);
         assert_eq!(launch, Launch::Packaged);

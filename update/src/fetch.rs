@@ -44,7 +44,15 @@ pub struct Fetch {
     next_offset: u64,
     /// No request before this.
     next_at: u64,
+    /// Times the window was asked again with nothing kept since the last.
+    stalls: u32,
+    /// What was held when the window was last asked again.
+    held_at_stall: u64,
 }
+
+/// How many times in a row the window is asked again with nothing kept
+/// before the download is given up ([`Fetch::stalled`]).
+pub const STALLS: u32 = 6;
 
 impl Fetch {
     /// A download of `size` bytes with `held` kept already, at most `rate`
@@ -58,6 +66,8 @@ impl Fetch {
             asked: VecDeque::new(),
             next_offset: held,
             next_at: now,
+            stalls: 0,
+            held_at_stall: held,
         }
     }
 
@@ -96,6 +106,12 @@ impl Fetch {
         if let Some((_, at)) = self.asked.front()
             && now >= at.saturating_add(self.patience())
         {
+            self.stalls = if self.held == self.held_at_stall {
+                self.stalls + 1
+            } else {
+                1
+            };
+            self.held_at_stall = self.held;
             self.ask_again();
         }
         if self.asked.len() >= WINDOW || now < self.next_at || self.next_offset >= self.size {
@@ -134,8 +150,17 @@ impl Fetch {
         self.next_offset = self.held;
     }
 
+    /// Whether the window was asked again [`STALLS`] times in a row with
+    /// nothing kept: the controller does not answer (or answers wrongly);
+    /// the download is given up.
+    pub fn stalled(&self) -> bool {
+        self.stalls >= STALLS
+    }
+
     /// The download now holds `held` bytes: the requests it answered leave
-    /// the window.
+    /// the window. An answer shorter than asked (the oldest request only
+    /// partly kept) leaves the rest of the window as gaps: it is asked
+    /// again at once from what is held.
     pub fn kept(&mut self, held: u64) {
         self.held = held.min(self.size).max(self.held);
         while self
@@ -144,6 +169,13 @@ impl Fetch {
             .is_some_and(|(r, _)| r.end() <= self.held)
         {
             self.asked.pop_front();
+        }
+        if self
+            .asked
+            .front()
+            .is_some_and(|(r, _)| r.offset < self.held)
+        {
+            self.ask_again();
         }
         self.next_offset = self.next_offset.max(self.held);
     }
@@ -198,6 +230,29 @@ mod tests {
         let patience_end = S / 10 + 10 * S;
         assert_eq!(f.wake_at(), Some(patience_end));
         assert_eq!(f.due(patience_end).map(|r| r.offset), Some(K));
+    }
+
+    #[test]
+    fn a_short_answer_is_asked_again_at_once_and_silence_is_given_up() {
+        let mut f = Fetch::new(10 * K, 0, 100 * K, 0);
+        for i in 0..4 {
+            assert!(f.due(i * S).is_some());
+        }
+        // Half the first piece came.
+        f.kept(K / 2);
+        assert_eq!(
+            f.due(4 * S).map(|r| r.offset),
+            Some(K / 2),
+            "the rest, at once"
+        );
+        // Then nothing, ever: given up after STALLS patiences.
+        let mut now = 4 * S;
+        for _ in 0..STALLS {
+            assert!(!f.stalled());
+            now += 11 * S;
+            while f.due(now).is_some() {}
+        }
+        assert!(f.stalled());
     }
 
     #[test]

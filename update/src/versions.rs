@@ -213,6 +213,79 @@ impl Versions {
         Ok(binary)
     }
 
+    /// Whether `version`'s installed binary is still its signed release:
+    /// its `release.json` passes `check` (the signature, against the box's
+    /// trust), and the binary's size and SHA-256 are the manifest's (read a
+    /// block at a time). What the launcher asks before it runs a version,
+    /// so a binary put there by anything else is never run.
+    pub fn verify_installed(
+        &self,
+        version: &str,
+        check: impl FnOnce(&SignedRelease) -> Result<ReleaseManifest, String>,
+    ) -> Result<(), String> {
+        check_version(version)?;
+        let dir = self.dir.join(version);
+        let release = dir.join("release.json");
+        let text = std::fs::read(&release).map_err(|e| format!("{}: {e}", release.display()))?;
+        let signed: SignedRelease = serde_json::from_slice(&text)
+            .map_err(|e| format!("{}: not a signed release ({e})", release.display()))?;
+        let manifest = check(&signed)?;
+        if manifest.version != version {
+            return Err(format!(
+                "{} names version {}, its directory {version}",
+                release.display(),
+                manifest.version
+            ));
+        }
+        let binary = dir.join(BINARY);
+        let mut file = File::open(&binary).map_err(|e| format!("{}: {e}", binary.display()))?;
+        let mut download = Download::new(&manifest).map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = file
+                .read(&mut buf)
+                .map_err(|e| format!("{}: {e}", binary.display()))?;
+            if n == 0 {
+                break;
+            }
+            download
+                .take(download.offset(), &buf[..n])
+                .map_err(|e| format!("{}: {e}", binary.display()))?;
+        }
+        download.verify().map_err(|e| e.to_string())
+    }
+
+    /// The version `version`'s installed binary reports (its one version
+    /// slot, `baton_trust::release::read_slot`), read a block at a time;
+    /// `None`: no slot, or more than one.
+    pub fn reported_version(&self, version: &str) -> Result<Option<String>, UpdateError> {
+        use baton_trust::release::{SLOT_LEN, SLOT_MARK, read_slot};
+        let path = self.binary(version);
+        let mut file = File::open(&path).map_err(io("reading", &path))?;
+        let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024 + SLOT_LEN);
+        let mut block = vec![0u8; 64 * 1024];
+        let mut found: Vec<String> = Vec::new();
+        loop {
+            let n = file.read(&mut block).map_err(io("reading", &path))?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&block[..n]);
+            // Every start with a whole slot's bytes after it is looked at
+            // now; the rest (fewer than a slot's bytes) with the next block.
+            let whole = buf.len().saturating_sub(SLOT_LEN - 1);
+            for i in 0..whole {
+                if buf[i..].starts_with(SLOT_MARK)
+                    && let Some(v) = read_slot(&buf[i..])
+                {
+                    found.push(v.to_string());
+                }
+            }
+            buf.drain(..whole);
+        }
+        Ok((found.len() == 1).then(|| found.remove(0)))
+    }
+
     /// Removes every version's directory but `keep` (what the state names,
     /// and a download in progress).
     pub fn prune(&self, keep: &[String]) -> Result<Vec<String>, UpdateError> {

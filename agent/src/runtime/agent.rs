@@ -200,11 +200,16 @@ impl Agent {
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
-        (agent.upkeep.trial, agent.upkeep.rolled_back) = super::update::Trial::at_start(
+        let (trial, boot) = super::update::Trial::at_start(
             &agent.cfg.data_dir,
             agent.mono_now(),
             agent.cfg.update.confirm_within,
         );
+        agent.upkeep.trial = trial;
+        if let Some(b) = boot {
+            agent.upkeep.rolled_back = b.rolled_back;
+            agent.plane.update.given_up = b.given_up;
+        }
         agent.start_uplink()?;
         if safety::marker(&agent.cfg.data_dir).exists() {
             agent.drive_owed_safe_states(&recovered)?;
@@ -236,7 +241,10 @@ impl Agent {
         if let StopCause::Fault(e) = &cause {
             tracing::error!("stopping on a fault: {}", super::error::Chain(e));
         }
-        self.wind_down();
+        match &cause {
+            StopCause::Update(version) => self.wind_down_to_restart(version),
+            _ => self.wind_down(),
+        }
         self.safe.exit_cause(cause)
     }
 

@@ -25,6 +25,19 @@ impl Agent {
     /// the controller link's thread is stopped (bounded).
     pub fn wind_down(&mut self) {
         self.systemd_stopping();
+        self.wind_down_quietly();
+    }
+
+    /// The way out before this process becomes agent `version` (the same
+    /// PID): systemd is told a status and pinged, not told it stops (it
+    /// would then kill the new version at its stop timeout); the new
+    /// version says READY and pings on.
+    pub(super) fn wind_down_to_restart(&mut self, version: &str) {
+        self.systemd_restarting(version);
+        self.wind_down_quietly();
+    }
+
+    fn wind_down_quietly(&mut self) {
         let now = self.clock.now();
         let events = self.drive_all_safe_states(now);
         if !self.await_safe_writes() {

@@ -65,6 +65,7 @@ pub mod safety;
 mod stop;
 mod systemd;
 mod trust;
+pub use trust::newest_list;
 mod update;
 mod upkeep;
 mod uplink;

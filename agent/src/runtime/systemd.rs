@@ -52,6 +52,21 @@ impl Agent {
         ]);
     }
 
+    /// The way out before a restart into `version` in this process: a
+    /// last ping (the new version pings within the watchdog's period) and
+    /// a status; no more pings from this image.
+    pub(super) fn systemd_restarting(&mut self, version: &str) {
+        let status = format!(
+            "restarting into agent version {version}: driving every held pack's safe state"
+        );
+        let n = &self.upkeep.systemd.notifier;
+        if self.upkeep.systemd.watchdog.take().is_some() {
+            n.notify(&[State::Watchdog, State::Status(&status)]);
+        } else {
+            n.notify(&[State::Status(&status)]);
+        }
+    }
+
     /// A watchdog ping if one is due and the dispatcher is alive.
     pub(super) fn systemd_tick(&mut self) {
         let Some(w) = self.upkeep.systemd.watchdog.as_mut() else {

@@ -449,6 +449,21 @@ pub(super) fn read(dir: &Path, data_dir: &Path, now_ns: i64) -> Result<BoxTrust,
     Ok(t)
 }
 
+/// The newest trust list this box took (whatever its expiry): what the
+/// launcher checks an installed version's signed release against.
+pub fn newest_list(dir: &Path, data_dir: &Path) -> Result<baton_trust::TrustList, String> {
+    let root =
+        read_root(dir).map_err(|e| format!("trust root {}: {e}", dir.join(ROOT_FILE).display()))?;
+    let t = choose(root, dir, data_dir);
+    if let Some(why) = &t.unusable {
+        return Err(format!("trust lists unusable: {why}"));
+    }
+    t.trust
+        .list()
+        .cloned()
+        .ok_or_else(|| "no trust list: no release key".to_string())
+}
+
 /// Keep `chain` in `path`, replacing it whole.
 fn write_chain(path: &Path, chain: &[SignedList]) -> Result<(), RuntimeError> {
     let text = serde_json::to_string_pretty(chain)

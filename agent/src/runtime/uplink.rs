@@ -251,10 +251,14 @@ impl Agent {
             .plane
             .held
             .next_lease_expiry(&up.session, |k| self.running(k));
-        let at = [up.session.next_wake(), leases, self.update_wake()]
-            .into_iter()
-            .flatten()
-            .min();
+        let at = [
+            up.session.next_wake(),
+            leases,
+            self.update_wake(up.session.current()),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         at.map(|m| self.clock.to_ref(m))
     }
 
@@ -322,8 +326,8 @@ impl Agent {
                 self.on_release_offer(up, session, offer);
                 return Ok(());
             }
-            FromLink::ReleaseChunk { chunk, .. } => {
-                self.on_release_chunk(chunk);
+            FromLink::ReleaseChunk { session, chunk } => {
+                self.on_release_chunk(session, chunk);
                 return Ok(());
             }
             FromLink::Alive { session } => Input::Alive { session },

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part of the rig
 
 pub mod fake;
+pub mod update_site;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -43,7 +43,14 @@ pub(super) struct Update {
     installed: Option<String>,
     /// The quiet moment was found: the loop's way out runs now.
     restarting: bool,
+    /// Versions given up on this box (the launcher's state at start):
+    /// never taken again.
+    pub(super) given_up: Vec<String>,
 }
+
+/// The longest manifest read: a few fields (a controller's garbage is
+/// refused before it is parsed).
+const MANIFEST_MAX: usize = 4096;
 
 #[derive(Debug)]
 struct Offer {
@@ -119,6 +126,15 @@ impl Agent {
         session: u64,
         offer: &wire::ReleaseOffer,
     ) -> Result<Option<wire::UpdateState>, wire::UpdateState> {
+        if offer.manifest.len() > MANIFEST_MAX {
+            return Err(refused(
+                "",
+                format!(
+                    "a release manifest of {} bytes; at most {MANIFEST_MAX}",
+                    offer.manifest.len()
+                ),
+            ));
+        }
         let named = named_version(offer);
         let signed = signed_release(offer).map_err(|e| refused(&named, e))?;
         let now_ns = self.clock.now().as_nanos();
@@ -132,6 +148,14 @@ impl Agent {
             return Ok(Some(state(&version, Phase::Running)));
         }
         let u = &mut self.plane.update;
+        if u.given_up.contains(&version) {
+            return Err(refused(
+                &version,
+                format!(
+                    "version {version} was rolled back on this box and is not run here again; a fixed build comes under a new version"
+                ),
+            ));
+        }
         if u.installed.as_deref() == Some(&version) {
             return Ok(Some(state(&version, Phase::Installed)));
         }
@@ -167,23 +191,19 @@ impl Agent {
         manifest: ReleaseManifest,
     ) -> Result<(), wire::UpdateState> {
         let version = manifest.version.clone();
-        let u = &mut self.plane.update;
-        if u.worker.is_none() {
-            let versions = Versions::of_data_dir(&self.cfg.data_dir);
-            let w = Worker::start(versions, std::thread::current())
-                .map_err(|e| refused(&version, format!("starting the update worker: {e}")))?;
-            u.worker = Some(w);
-        }
         let size = manifest.size;
         let job = Job::Begin {
             signed: Box::new(signed),
             manifest,
         };
-        if !u.worker.as_ref().is_some_and(|w| w.give(job)) {
-            return Err(refused(&version, "the update worker is busy; offer again"));
+        if !self.ask_worker(job) {
+            return Err(refused(
+                &version,
+                "the update worker is busy or could not start; offer again",
+            ));
         }
         tracing::info!(version = %version, size, "agent update: release offered and its signature checked; downloading");
-        u.offer = Some(Offer {
+        self.plane.update.offer = Some(Offer {
             version,
             size,
             session,
@@ -193,13 +213,35 @@ impl Agent {
         Ok(())
     }
 
-    /// A piece of the release being downloaded.
-    pub(super) fn on_release_chunk(&mut self, chunk: wire::ReleaseChunk) {
+    /// Hands `job` to the update worker, started at the first job;
+    /// `false` when it has no room or could not start (said).
+    fn ask_worker(&mut self, job: Job) -> bool {
+        let u = &mut self.plane.update;
+        if u.worker.is_none() {
+            let versions = Versions::of_data_dir(&self.cfg.data_dir);
+            match Worker::start(versions, std::thread::current()) {
+                Ok(w) => u.worker = Some(w),
+                Err(e) => {
+                    tracing::error!("agent update: starting the update worker: {e}");
+                    return false;
+                }
+            }
+        }
+        u.worker.as_ref().is_some_and(|w| w.give(job))
+    }
+
+    /// A piece of the release being downloaded: only on the offer's
+    /// stream, at most a piece's length (a controller cannot push more
+    /// than the box asks at its pace).
+    pub(super) fn on_release_chunk(&mut self, session: u64, chunk: wire::ReleaseChunk) {
         let u = &mut self.plane.update;
         let (Some(o), Some(w)) = (&u.offer, &u.worker) else {
             return;
         };
-        if o.version != chunk.version {
+        if o.version != chunk.version
+            || o.session != session
+            || chunk.data.len() > baton_update::fetch::CHUNK as usize
+        {
             return;
         }
         // No room: dropped, asked again after the fetch's patience.
@@ -226,6 +268,13 @@ impl Agent {
         else {
             return;
         };
+        if f.stalled() {
+            let why = "no piece kept after asking again several times: the download is given up (offer again)";
+            tracing::warn!(version = %o.version, "agent update: {why}");
+            up.queue(o.session, ToLink::UpdateState(refused(&o.version, why)));
+            self.plane.update.offer = None;
+            return;
+        }
         while let Some(r) = f.due(now.as_nanos().max(0) as u64) {
             up.queue(
                 o.session,
@@ -263,13 +312,27 @@ impl Agent {
                 }
             }
             Done::Installed { version } => {
-                let session = u.offer.take().map(|o| o.session);
+                // Installed is on trial in the launcher's state: it is what
+                // the box restarts into, even when another offer came
+                // meanwhile (that one is refused: offered again once this
+                // runs).
+                let o = u.offer.take();
                 tracing::info!(version = %version, "agent update: installed and checked; restarting into it at a quiet moment");
                 u.installed = Some(version.clone());
-                if let Some(s) = session {
-                    up.queue(s, ToLink::UpdateState(state(&version, Phase::Installed)));
+                if let Some(o) = o {
+                    up.queue(
+                        o.session,
+                        ToLink::UpdateState(state(&version, Phase::Installed)),
+                    );
+                    if o.version != version {
+                        let why = format!(
+                            "version {version} was installed first and waits to run; offer again after it runs"
+                        );
+                        up.queue(o.session, ToLink::UpdateState(refused(&o.version, why)));
+                    }
                 }
             }
+            Done::Confirmed { version, result } => self.trial_confirmed(&version, result),
             Done::Failed { version, why } => {
                 let Some(o) = u.offer.take_if(|o| o.version == version) else {
                     return;
@@ -280,9 +343,15 @@ impl Agent {
         }
     }
 
-    /// When the next request may be due (for the loop's wake-up).
-    pub(super) fn update_wake(&self) -> Option<MonoTime> {
-        let f = self.plane.update.offer.as_ref()?.fetch.as_ref()?;
+    /// When the next request may be due (for the loop's wake-up): only
+    /// while the offer's stream is the current one (requests go nowhere
+    /// else, so a wake-up for them would spin).
+    pub(super) fn update_wake(&self, current: Option<u64>) -> Option<MonoTime> {
+        let o = self.plane.update.offer.as_ref()?;
+        if current != Some(o.session) {
+            return None;
+        }
+        let f = o.fetch.as_ref()?;
         f.wake_at()
             .map(|ns| MonoTime::from_nanos(i64::try_from(ns).unwrap_or(i64::MAX)))
     }

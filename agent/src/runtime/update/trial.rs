@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use baton_clock::MonoTime;
-use baton_update::{BootState, RolledBack, Versions, boot};
+use baton_update::{BootState, Versions};
 
 use super::super::agent::Agent;
 use super::super::error::RuntimeError;
@@ -16,22 +16,23 @@ use super::super::error::RuntimeError;
 /// A trial this agent is, until confirmed.
 #[derive(Debug)]
 pub(in crate::runtime) struct Trial {
-    versions: Versions,
     version: String,
     deadline: MonoTime,
     within: Duration,
+    /// The worker was asked to confirm it.
+    asked: bool,
 }
 
 impl Trial {
     /// The trial this start is, if the launcher's state says so (this
     /// build's version, started by the launcher and not yet confirmed),
-    /// with `within` to be welcomed; and the last rollback the launcher
-    /// made, for the Hello to say.
+    /// with `within` to be welcomed; and the launcher's state, for the
+    /// last rollback the Hello says and the versions given up.
     pub(in crate::runtime) fn at_start(
         data_dir: &std::path::Path,
         now: MonoTime,
         within: Duration,
-    ) -> (Option<Trial>, Option<RolledBack>) {
+    ) -> (Option<Trial>, Option<BootState>) {
         let versions = Versions::of_data_dir(data_dir);
         let state: Option<BootState> = match versions.read_state() {
             Ok(s) => s,
@@ -43,13 +44,13 @@ impl Trial {
         let Some(state) = state else {
             return (None, None);
         };
-        let rolled_back = state.rolled_back.clone();
+        let boot = Some(state.clone());
         let trial = state
             .trial
             .as_ref()
             .filter(|t| t.version == crate::version::version() && t.started);
         let Some(trial) = trial else {
-            return (None, rolled_back);
+            return (None, boot);
         };
         tracing::info!(
             version = %trial.version,
@@ -57,42 +58,57 @@ impl Trial {
             "agent update: this version is on trial until a controller welcomes it"
         );
         let trial = Trial {
-            versions,
             version: trial.version.clone(),
             deadline: now + within,
             within,
+            asked: false,
         };
-        (Some(trial), rolled_back)
+        (Some(trial), boot)
     }
 }
 
 impl Agent {
-    /// A welcomed link confirms a trial: the launcher settles on this
-    /// version. A state that cannot be written is said and tried again at
-    /// the next welcome (the trial's deadline still stands).
+    /// A welcomed link confirms a trial: the update worker settles the
+    /// launcher on this version (the state's file is the worker's alone;
+    /// no file IO on this thread). A confirmation that fails is said and
+    /// asked again at the next welcome (the trial's deadline still stands).
     pub(in crate::runtime) fn confirm_trial(&mut self) {
-        let Some(t) = &self.upkeep.trial else {
+        let Some(version) = self
+            .upkeep
+            .trial
+            .as_ref()
+            .filter(|t| !t.asked)
+            .map(|t| t.version.clone())
+        else {
             return;
         };
-        let written =
-            t.versions
-                .read_state()
-                .and_then(|s| match boot::confirm(s.as_ref(), &t.version) {
-                    Some(next) => t.versions.write_state(&next).map(|()| true),
-                    None => Ok(false),
-                });
-        match written {
-            Ok(true) => {
-                tracing::info!(version = %t.version, "agent update: welcomed by a controller; this version is settled");
-                let keep = boot::kept(t.versions.read_state().ok().flatten().as_ref());
-                if let Err(e) = t.versions.prune(&keep) {
-                    tracing::warn!("agent update: removing versions no longer kept: {e}");
-                }
+        if self.ask_worker(super::worker::Job::Confirm { version })
+            && let Some(t) = self.upkeep.trial.as_mut()
+        {
+            t.asked = true;
+        }
+    }
+
+    /// The worker's answer to a confirmation.
+    pub(in crate::runtime) fn trial_confirmed(
+        &mut self,
+        version: &str,
+        result: Result<(), String>,
+    ) {
+        match result {
+            Ok(()) => {
+                tracing::info!(
+                    version,
+                    "agent update: welcomed by a controller; this version is settled"
+                );
                 self.upkeep.trial = None;
             }
-            // Not the trial any more (the state was changed by hand).
-            Ok(false) => self.upkeep.trial = None,
-            Err(e) => tracing::error!("agent update: confirming version {}: {e}", t.version),
+            Err(e) => {
+                tracing::error!("agent update: confirming version {version}: {e}");
+                if let Some(t) = self.upkeep.trial.as_mut() {
+                    t.asked = false;
+                }
+            }
         }
     }
 

@@ -27,6 +27,8 @@ pub(super) enum Job {
         offset: u64,
         data: Vec<u8>,
     },
+    /// The running version, on trial, was welcomed: settle on it.
+    Confirm { version: String },
 }
 
 /// What the worker answers.
@@ -40,6 +42,11 @@ pub(super) enum Done {
     /// Not installed, and why (a part whose bytes were wrong is removed:
     /// the next offer begins again).
     Failed { version: String, why: String },
+    /// The trial of `version` confirmed (settled), or why not.
+    Confirmed {
+        version: String,
+        result: Result<(), String>,
+    },
 }
 
 /// The worker's handle.
@@ -98,9 +105,16 @@ struct Work {
 impl Work {
     fn job(&mut self, job: Job) -> Done {
         match job {
+            Job::Confirm { version } => {
+                let result = self.confirm(&version);
+                Done::Confirmed { version, result }
+            }
             Job::Begin { signed, manifest } => {
                 let version = manifest.version.clone();
                 self.partial = None;
+                // One download at a time on the disk: any other part (an
+                // earlier offer's) goes; what the state names stays.
+                self.prune(Some(&version));
                 match self.versions.begin(&signed, &manifest) {
                     Ok(p) => self.progress(version, p),
                     Err(e) => Done::Failed {
@@ -154,8 +168,53 @@ impl Work {
         }
     }
 
+    /// The trial of `version` settled, and what no longer needs keeping
+    /// removed (never a download in progress).
+    fn confirm(&self, version: &str) -> Result<(), String> {
+        let state = self.versions.read_state().map_err(|e| e.to_string())?;
+        if let Some(next) = boot::confirm(state.as_ref(), version) {
+            self.versions
+                .write_state(&next)
+                .map_err(|e| e.to_string())?;
+        }
+        let downloading = self.partial.as_ref().map(|(v, _)| v.as_str());
+        self.prune(downloading);
+        Ok(())
+    }
+
+    /// Removes the versions the state does not name, but `also`.
+    fn prune(&self, also: Option<&str>) {
+        let state = match self.versions.read_state() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("agent update: not removing old versions: {e}");
+                return;
+            }
+        };
+        let mut keep = boot::kept(state.as_ref());
+        keep.extend(also.map(str::to_string));
+        if let Err(e) = self.versions.prune(&keep) {
+            tracing::warn!("agent update: removing versions no longer kept: {e}");
+        }
+    }
+
     fn install(&self, version: &str, p: Partial) -> Result<(), String> {
         self.versions.install(p).map_err(|e| e.to_string())?;
+        // A build that reports another version than its manifest names
+        // would never confirm itself (nor be told apart on the link).
+        let reported = self
+            .versions
+            .reported_version(version)
+            .map_err(|e| e.to_string())?;
+        if reported.as_deref() != Some(version) {
+            let _ = self.versions.prune(&boot::kept(
+                self.versions.read_state().ok().flatten().as_ref(),
+            ));
+            return Err(format!(
+                "the build reports {}, its signed manifest names {version}: not installed",
+                reported.map_or_else(|| "no version".to_string(), |v| format!("version {v}"))
+            ));
+        }
         let state = self.versions.read_state().map_err(|e| e.to_string())?;
         let next = boot::stage(state.as_ref(), crate::version::version(), version);
         self.versions
