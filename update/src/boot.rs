@@ -17,9 +17,11 @@
 //! package itself was upgraded since the state was written (a package
 //! installed by hand wins over an earlier self-update).
 
-/// What the launcher keeps between starts.
+/// What the launcher keeps between starts. Unknown fields are ignored,
+/// not refused: the launcher is the packaged binary, usually older than
+/// the versions that write this, and a state it could not read would pin
+/// the box to it.
 #[derive(Clone, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct BootState {
     /// The packaged binary's version when this was written.
     pub packaged: String,
@@ -62,7 +64,6 @@ impl BootState {
 
 /// A version on trial.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Trial {
     /// Its version.
     pub version: String,
@@ -72,7 +73,6 @@ pub struct Trial {
 
 /// A version given up.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RolledBack {
     /// The version given up.
     pub from: String,
@@ -360,6 +360,18 @@ mod tests {
         assert_eq!(
             exec_failed(Some(&settled), "0.2.0", "Resource temporarily unavailable"),
             (None, Launch::Packaged)
+        );
+    }
+
+    /// A state written by a newer version (a field this launcher does not
+    /// know) is read, not refused.
+    #[test]
+    fn a_state_from_a_newer_version_is_read() {
+        let text = r#"{"packaged": "0.1.0", "settled": "0.3.0", "trial": null, "future": [1, 2]}"#;
+        let s: BootState = serde_json::from_str(text).expect("read");
+        assert_eq!(
+            at_launch(Some(&s), PKG, all),
+            (None, Launch::Version("0.3.0".into()))
         );
     }
 

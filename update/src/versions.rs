@@ -62,6 +62,18 @@ pub enum UpdateError {
     Version(String),
 }
 
+/// Whether `version` can name its directory here: a release version
+/// (`check_version`) that is not one of the directory's own files.
+fn dir_name(version: &str) -> Result<(), String> {
+    check_version(version)?;
+    if version == "state.json" || version.ends_with(".tmp") {
+        return Err(format!(
+            "version {version:?} names a file of the versions directory"
+        ));
+    }
+    Ok(())
+}
+
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> UpdateError + 'a {
     move |source| UpdateError::Io {
         what,
@@ -108,7 +120,7 @@ impl Versions {
     /// Whether `version`'s binary is installed (a file; what makes one is
     /// only [`Versions::install`]).
     pub fn is_installed(&self, version: &str) -> bool {
-        check_version(version).is_ok() && self.binary(version).is_file()
+        dir_name(version).is_ok() && self.binary(version).is_file()
     }
 
     fn state_path(&self) -> PathBuf {
@@ -149,7 +161,7 @@ impl Versions {
         signed: &SignedRelease,
         manifest: &ReleaseManifest,
     ) -> Result<Partial, UpdateError> {
-        check_version(&manifest.version).map_err(UpdateError::Version)?;
+        dir_name(&manifest.version).map_err(UpdateError::Version)?;
         let dir = self.dir.join(&manifest.version);
         std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
         let release = dir.join("release.json");
@@ -223,7 +235,7 @@ impl Versions {
         version: &str,
         check: impl FnOnce(&SignedRelease) -> Result<ReleaseManifest, String>,
     ) -> Result<(), String> {
-        check_version(version)?;
+        dir_name(version)?;
         let dir = self.dir.join(version);
         let release = dir.join("release.json");
         let text = std::fs::read(&release).map_err(|e| format!("{}: {e}", release.display()))?;
@@ -301,7 +313,7 @@ impl Versions {
                 continue;
             };
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            if !is_dir || check_version(&name).is_err() || keep.contains(&name) {
+            if !is_dir || dir_name(&name).is_err() || keep.contains(&name) {
                 continue;
             }
             let path = entry.path();
@@ -431,6 +443,9 @@ mod tests {
             .expect("prune");
         assert_eq!(removed, vec!["0.2.0".to_string()]);
         assert!(v.dir().join("0.3.0").is_dir() && v.dir().join("state.json").is_file());
+        // A version named like the directory's own files is no directory.
+        let (signed, m) = release(b"x", "state.json");
+        assert!(matches!(v.begin(&signed, &m), Err(UpdateError::Version(_))));
         // A state file that is not one says so, never read as none.
         std::fs::write(v.dir().join("state.json"), b"{").expect("write");
         assert!(matches!(v.read_state(), Err(UpdateError::State { .. })));

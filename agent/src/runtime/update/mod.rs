@@ -289,6 +289,7 @@ impl Agent {
 
     fn on_worker(&mut self, up: &mut Uplink, done: Done, now: MonoTime) {
         let rate = self.cfg.update.download_rate;
+        let margin = self.cfg.update.quiet_margin;
         let u = &mut self.plane.update;
         match done {
             Done::Held { version, held } => {
@@ -320,10 +321,14 @@ impl Agent {
                 tracing::info!(version = %version, "agent update: installed and checked; restarting into it at a quiet moment");
                 u.installed = Some(version.clone());
                 if let Some(o) = o {
-                    up.queue(
-                        o.session,
-                        ToLink::UpdateState(state(&version, Phase::Installed)),
-                    );
+                    let waits = wire::UpdateState {
+                        reason: format!(
+                            "restarts into it at the first moment with no firing due within {} and nothing armed (a pack firing more often keeps it waiting)",
+                            baton_proto::time::format_duration(margin)
+                        ),
+                        ..state(&version, Phase::Installed)
+                    };
+                    up.queue(o.session, ToLink::UpdateState(waits));
                     if o.version != version {
                         let why = format!(
                             "version {version} was installed first and waits to run; offer again after it runs"
