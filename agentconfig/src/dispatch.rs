@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use baton_proto::time::parse_duration;
-
 use super::file::RealtimeFile;
+use super::value::duration_or;
 use super::{ConfigError, DEFAULT_ARM_HORIZON, DEFAULT_ARM_LEAD};
 use baton_dispatch::rt::RtConfig;
+use baton_proto::time::parse_duration;
 
 /// The arming horizon and lead, checked: the horizon at most 1 s (what a
 /// crash can leave `outcome unknown`), the lead at most the horizon.
@@ -29,18 +29,6 @@ pub(super) fn arming(
         )));
     }
     Ok((arm_horizon, arm_lead))
-}
-
-/// The duration setting `key` if given (an error names the key), else
-/// `default`.
-pub(super) fn duration_or(
-    key: &str,
-    value: Option<&str>,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
-    value.map_or(Ok(default), |t| {
-        parse_duration(t).map_err(|e| ConfigError::Value(format!("{key}: {e}")))
-    })
 }
 
 /// The priority is a SCHED_FIFO one (0..=99) and the CPU one this machine

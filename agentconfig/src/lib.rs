@@ -16,6 +16,7 @@ mod controller;
 mod dispatch;
 mod file;
 mod update;
+mod value;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

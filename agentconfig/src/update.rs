@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ConfigError;
-use super::dispatch::duration_or;
+use super::value::duration_or;
 
 /// `update:` section.
 #[derive(Clone, Debug, Default, Deserialize)]

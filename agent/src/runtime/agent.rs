@@ -200,7 +200,7 @@ impl Agent {
         };
         // Before anything is restored (and so armed): a failure here leaves
         // nothing that would need the way out.
-        let (trial, boot) = super::update::Trial::at_start(
+        let (trial, boot) = super::update::state::Trial::at_start(
             &agent.cfg.data_dir,
             agent.mono_now(),
             agent.cfg.update.confirm_within,

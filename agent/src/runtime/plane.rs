@@ -23,5 +23,5 @@ pub(super) struct Plane {
     /// signatures.
     pub(super) trust: Option<super::trust::BoxTrust>,
     /// Agent updates: the release being downloaded, the one installed.
-    pub(super) update: super::update::Update,
+    pub(super) update: super::update::state::Update,
 }

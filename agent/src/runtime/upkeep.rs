@@ -24,7 +24,7 @@ pub(super) struct Upkeep {
     pub(super) metrics: Option<Arc<crate::metrics::Published>>,
     /// This start is a new version on trial, until a controller welcomes
     /// it (`None`: it is not, or it was confirmed).
-    pub(super) trial: Option<super::update::Trial>,
+    pub(super) trial: Option<super::update::state::Trial>,
     /// The last update rolled back, said in each Hello until an offer.
     pub(super) rolled_back: Option<baton_update::RolledBack>,
 }

@@ -14,6 +14,7 @@
 //! on; a box that was rolled back says so in each Hello until the next
 //! offer.
 
+pub(super) mod state;
 mod trial;
 mod worker;
 
@@ -26,43 +27,15 @@ use baton_update::{Fetch, Versions};
 use super::agent::Agent;
 use super::link_state::Uplink;
 use crate::link::ToLink;
-pub(super) use trial::Trial;
+use state::Offer;
 use worker::{Done, Job, Worker};
 
 /// How often a download's progress is said, at most.
 const PROGRESS_EVERY_NS: i64 = 5_000_000_000;
 
-/// The box's side of updates.
-#[derive(Debug, Default)]
-pub(super) struct Update {
-    /// Started at the first offer.
-    worker: Option<Worker>,
-    /// The release being downloaded.
-    offer: Option<Offer>,
-    /// Installed and on trial: the loop ends at the next quiet moment.
-    installed: Option<String>,
-    /// The quiet moment was found: the loop's way out runs now.
-    restarting: bool,
-    /// Versions given up on this box (the launcher's state at start):
-    /// never taken again.
-    pub(super) given_up: Vec<String>,
-}
-
 /// The longest manifest read: a few fields (a controller's garbage is
 /// refused before it is parsed).
 const MANIFEST_MAX: usize = 4096;
-
-#[derive(Debug)]
-struct Offer {
-    version: String,
-    size: u64,
-    /// The stream it came on: requests and states go there.
-    session: u64,
-    /// Paced requests, once the worker said what it holds.
-    fetch: Option<Fetch>,
-    /// When progress was last said.
-    said_at: Option<MonoTime>,
-}
 
 fn state(version: &str, phase: Phase) -> wire::UpdateState {
     wire::UpdateState {
