@@ -60,12 +60,18 @@ pub fn decide(data_dir: &Path, trust_dir: Option<&Path>) -> Target {
 /// instead (`baton_update::boot::exec_failed`: a trial given up for the
 /// version settled before it; a settled version kept, and the packaged
 /// binary this once).
-pub fn exec_failed(data_dir: &Path, trust_dir: Option<&Path>, version: &str, why: &str) -> Target {
+pub fn exec_failed(
+    data_dir: &Path,
+    trust_dir: Option<&Path>,
+    version: &str,
+    why: &ExecError,
+) -> Target {
     let versions = Versions::of_data_dir(data_dir);
     let launch = give_up(
         &versions,
         version,
         &format!("it could not be started ({why})"),
+        why.lasting(),
     );
     checked(&versions, trust_dir, data_dir, launch)
 }
@@ -105,6 +111,7 @@ fn checked(
                     versions,
                     &v,
                     &format!("its binary is not its signed release: {why}"),
+                    true,
                 );
             }
         }
@@ -114,7 +121,7 @@ fn checked(
 
 /// `version` not run this start (`why`): the state as
 /// `boot::exec_failed` leaves it, written, and what to run instead.
-fn give_up(versions: &Versions, version: &str, why: &str) -> Launch {
+fn give_up(versions: &Versions, version: &str, why: &str, lasting: bool) -> Launch {
     tracing::error!("launch: agent version {version} not run: {why}");
     let state = match versions.read_state() {
         Ok(s) => s,
@@ -123,7 +130,7 @@ fn give_up(versions: &Versions, version: &str, why: &str) -> Launch {
             return Launch::Packaged;
         }
     };
-    let (next, launch) = boot::exec_failed(state.as_ref(), version, why);
+    let (next, launch) = boot::exec_failed(state.as_ref(), version, why, lasting);
     if let Some(next) = next {
         say_rollback(state.as_ref(), &next);
         if let Err(e) = versions.write_state(&next) {
@@ -214,10 +221,15 @@ pub fn launch_args() -> Vec<OsString> {
 /// Replaces this process with `binary` and `argv`, telling it that the
 /// launcher is `launcher` ([`LAUNCHER_ENV`], replacing what this process
 /// was told); returns only on failure, saying why.
-pub fn exec(binary: &Path, argv: &[CString], launcher: &Path) -> String {
+pub fn exec(binary: &Path, argv: &[CString], launcher: &Path) -> ExecError {
     let path = match CString::new(binary.as_os_str().to_owned().into_vec()) {
         Ok(p) => p,
-        Err(_) => return "its path holds a NUL byte".to_string(),
+        Err(_) => {
+            return ExecError {
+                why: "its path holds a NUL byte".to_string(),
+                errno: None,
+            };
+        }
     };
     let mut env: Vec<CString> = std::env::vars_os()
         .filter(|(k, _)| k != LAUNCHER_ENV)
@@ -235,6 +247,51 @@ pub fn exec(binary: &Path, argv: &[CString], launcher: &Path) -> String {
     }
     match nix::unistd::execve(&path, argv, &env) {
         Ok(never) => match never {},
-        Err(e) => e.to_string(),
+        Err(e) => ExecError {
+            why: e.to_string(),
+            errno: Some(e),
+        },
+    }
+}
+
+/// Why `execve` failed.
+#[derive(Debug)]
+pub struct ExecError {
+    /// In words.
+    pub why: String,
+    errno: Option<nix::errno::Errno>,
+}
+
+impl ExecError {
+    /// A failure before any `execve` (lasting).
+    pub fn new(why: impl Into<String>) -> ExecError {
+        ExecError {
+            why: why.into(),
+            errno: None,
+        }
+    }
+
+    /// Whether it will fail again (the kernel refuses the binary) rather
+    /// than pass (memory, the process table).
+    pub fn lasting(&self) -> bool {
+        use nix::errno::Errno;
+        !matches!(
+            self.errno,
+            Some(
+                Errno::EAGAIN
+                    | Errno::ENOMEM
+                    | Errno::ENFILE
+                    | Errno::EMFILE
+                    | Errno::ETXTBSY
+                    | Errno::EINTR
+                    | Errno::EIO
+            )
+        )
+    }
+}
+
+impl std::fmt::Display for ExecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
     }
 }

@@ -18,7 +18,7 @@ use baton_proto::pack::read_pack_file;
 use baton_proto::time::parse_instant_arg;
 use baton_service::log::LogFormat;
 use clap::{Parser, Subcommand};
-use signal_hook::iterator::Signals;
+use nix::sys::signal::{SigSet, Signal};
 
 #[derive(Parser, Debug)]
 #[command(name = "baton-agent", version = baton_agent::version::version(), about = "baton edge agent")]
@@ -317,13 +317,13 @@ fn run_simulate(
 
 /// Signals that stop the agent through its one way out (safe state,
 /// journal flushed). None of them kills it without the safe state.
-const STOP_SIGNALS: [i32; 6] = [
-    signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGQUIT,
-    signal_hook::consts::SIGUSR1,
-    signal_hook::consts::SIGUSR2,
+const STOP_SIGNALS: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
 ];
 
 /// Logs to stderr through `tracing` (`RUST_LOG` filters; default `info`)
@@ -497,26 +497,92 @@ fn serve_metrics(
     Ok(Some(published))
 }
 
-/// A thread (`baton-signals`) that turns the stop signals into a stop
-/// request and wakes the calling (control) thread.
-fn watch_signals(stop: &Arc<StopFlag>) -> Result<(), (u8, String)> {
-    let control = std::thread::current();
-    let mut signals = Signals::new(STOP_SIGNALS)
-        .context("installing signal handlers")
+/// The signal that asks the signal thread to replace the process (an
+/// update's restart): one no one sends an agent, numbered above every stop
+/// signal, so a stop already pending is taken first (`sigwait` returns the
+/// lowest pending signal).
+const EXEC_REQUEST: Signal = Signal::SIGURG;
+
+/// The stop signals' thread (`baton-signals`). The stop signals are
+/// blocked in every thread (the mask is set here, before any other thread
+/// exists, and inherited) and taken by this one with `sigwait`, so a stop
+/// is never handled by a thread that is about to vanish: an update's
+/// restart `execve`s from this thread ([`SignalWatch::exec`]), after any
+/// stop pending, and a stop that comes later stays pending across the exec
+/// for the new image, which blocks and takes them the same way (the
+/// children the agent starts get an empty mask from `std::process`).
+struct SignalWatch {
+    thread: std::thread::JoinHandle<Option<String>>,
+    pthread: nix::sys::pthread::Pthread,
+    exec: ExecSlot,
+}
+
+/// The binary and arguments the signal thread is asked to `execve`.
+type ExecSlot = Arc<std::sync::Mutex<Option<(PathBuf, Vec<std::ffi::CString>)>>>;
+
+fn watch_signals(stop: &Arc<StopFlag>) -> Result<SignalWatch, (u8, String)> {
+    let mut set = SigSet::empty();
+    for s in STOP_SIGNALS {
+        set.add(s);
+    }
+    set.add(EXEC_REQUEST);
+    set.thread_block()
+        .context("blocking the stop signals")
         .map_err(fault)?;
+    let control = std::thread::current();
     let sig_stop = stop.clone();
-    std::thread::Builder::new()
+    let exec: ExecSlot = Arc::default();
+    let plan = exec.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
         .name("baton-signals".into())
         .spawn(move || {
-            for sig in signals.forever() {
-                tracing::info!(signal = sig, "stop requested by signal");
-                sig_stop.request(sig);
+            let _ = tx.send(nix::sys::pthread::pthread_self());
+            loop {
+                let Ok(sig) = set.wait() else { continue };
+                if sig == EXEC_REQUEST {
+                    let Some((binary, argv)) = plan.lock().ok().and_then(|mut p| p.take()) else {
+                        continue;
+                    };
+                    if sig_stop.requested().is_some() {
+                        return None;
+                    }
+                    return Some(baton_agent::launch::exec(&binary, &argv, &binary).why);
+                }
+                tracing::info!(signal = sig as i32, "stop requested by signal");
+                sig_stop.request(sig as i32);
                 control.unpark();
             }
         })
         .context("starting the signal thread")
         .map_err(fault)?;
-    Ok(())
+    let pthread = rx
+        .recv()
+        .context("starting the signal thread")
+        .map_err(fault)?;
+    Ok(SignalWatch {
+        thread,
+        pthread,
+        exec,
+    })
+}
+
+impl SignalWatch {
+    /// Replaces this process with `binary` and `argv` from the signal
+    /// thread, unless a stop came first: `Ok(())` for that stop, the
+    /// reason when the exec failed.
+    fn exec(self, binary: PathBuf, argv: Vec<std::ffi::CString>) -> Result<(), String> {
+        if let Ok(mut p) = self.exec.lock() {
+            *p = Some((binary, argv));
+        }
+        nix::sys::pthread::pthread_kill(self.pthread, EXEC_REQUEST)
+            .map_err(|e| format!("asking the signal thread to restart: {e}"))?;
+        match self.thread.join() {
+            Ok(None) => Ok(()),
+            Ok(Some(why)) => Err(why),
+            Err(_) => Err("the signal thread panicked".into()),
+        }
+    }
 }
 
 /// Lock the agent's memory (`realtime.mlockall`), warning if refused.
@@ -571,9 +637,9 @@ fn launch_agent(run: RunArgs) -> Result<(), (u8, String)> {
             // This process is the launcher: the version is told so.
             Ok(argv) => match std::env::current_exe() {
                 Ok(me) => launch::exec(&binary, &argv, &me),
-                Err(e) => format!("this launcher's own path: {e}"),
+                Err(e) => launch::ExecError::new(format!("this launcher's own path: {e}")),
             },
-            Err(e) => e,
+            Err(e) => launch::ExecError::new(e),
         };
         target = tracing::subscriber::with_default(log(), || {
             launch::exec_failed(&cfg.data_dir, trust_dir, &version, &why)
@@ -592,11 +658,12 @@ fn run_agent(run: RunArgs) -> Result<(), (u8, String)> {
     let cfg = run_config(common)?;
     let view = Arc::new(LiveView::new(quiet));
     init_tracing(Some(LiveLayer(view.clone())), cfg.log_format);
+    // First: the signals' mask is inherited by every thread started after.
+    let stop = Arc::new(StopFlag::default());
+    let signals = watch_signals(&stop)?;
     // Bound before anything is armed: a busy or bad address is an error
     // with nothing to undo.
     let metrics = serve_metrics(cfg.metrics)?;
-    let stop = Arc::new(StopFlag::default());
-    watch_signals(&stop)?;
     let mlock = cfg.rt.mlockall;
     let parts = baton_agent::runtime::real_parts(&cfg).map_err(runtime_fault)?;
     faults.arm_early();
@@ -624,37 +691,35 @@ fn run_agent(run: RunArgs) -> Result<(), (u8, String)> {
         // The way out ran (safe states driven, the journal flushed, the
         // threads stopped); the files it held close with the exec.
         drop(agent);
-        if let Some(sig) = stop.requested() {
-            // A stop asked for meanwhile wins: the version on trial runs
-            // at the next start.
-            tracing::info!(
-                signal = sig,
-                "stopped before restarting into agent version {version}"
-            );
-            return Ok(());
-        }
-        return Err(restart_into(&version));
+        return restart_into(&version, signals);
     }
     exit_for(cause)
 }
 
 /// Hands over to the launcher, which starts `version` on trial; returns
 /// only if that failed (exit 1: systemd's restart runs the launcher).
-fn restart_into(version: &str) -> (u8, String) {
+fn restart_into(version: &str, signals: SignalWatch) -> Result<(), (u8, String)> {
     use baton_agent::launch;
     let launcher = launch::launcher();
-    let argv = launch::launch_argv(&launcher, std::env::args_os().skip(2).collect());
-    let why = match argv {
-        Ok(argv) => launch::exec(&launcher, &argv, &launcher),
+    let why = match launch::launch_argv(&launcher, std::env::args_os().skip(2).collect()) {
+        // A stop asked for before the exec wins (the signal thread takes
+        // it first): the version on trial runs at the next start.
+        Ok(argv) => match signals.exec(launcher.clone(), argv) {
+            Ok(()) => {
+                tracing::info!("stopped before restarting into agent version {version}");
+                return Ok(());
+            }
+            Err(why) => why,
+        },
         Err(e) => e,
     };
-    (
+    Err((
         1,
         format!(
             "error: agent update: restarting into version {version} through the launcher {}: {why}",
             launcher.display()
         ),
-    )
+    ))
 }
 
 fn cancel_pack(

@@ -261,8 +261,8 @@ fn the_binary_carries_one_version_slot_that_a_copy_can_be_stamped_in() {
 
 /// A binary that is not its signed release any more (replaced after its
 /// install, by anything that can write the data directory) is never run:
-/// a trial is given up for the version before, a settled version is kept
-/// for the next start and this one runs the packaged agent.
+/// a trial is given up for the version before, a settled version is
+/// dropped (said as a rollback) and the packaged agent runs.
 #[test]
 fn an_installed_binary_that_is_not_its_signed_release_is_never_run() {
     let b = a_device();
@@ -293,11 +293,68 @@ fn an_installed_binary_that_is_not_its_signed_release_is_never_run() {
         stderr(&out)
     );
 
-    // The settled one tampered with: not run this start, kept for the next.
+    // The settled one tampered with: not run, dropped and said (not given
+    // up: the same version signed again may come back).
     let settled = b.versions.binary("9.9.8");
     std::fs::write(&settled, planted).expect("plant");
     let (out, _) = b.launch();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(b.starts("9.9.8").len(), 1, "not run again");
-    assert_eq!(b.state().settled.as_deref(), Some("9.9.8"));
+    let s = b.state();
+    assert_eq!(s.settled, None);
+    assert!(!s.gave_up("9.9.8"));
+    assert_eq!(s.rolled_back.map(|r| r.from).as_deref(), Some("9.9.8"));
+}
+
+/// A stop that comes while the agent replaces itself (an update's
+/// restart) stays pending across the `execve`, blocked, and the new image
+/// takes it: here the agent starts with SIGTERM blocked and pending, as it
+/// would be then, and stops through its way out at once (a signal thread
+/// with handlers alone would never see it, and the agent would run on).
+#[test]
+fn a_stop_pending_across_an_exec_stops_the_new_image() {
+    use nix::sys::signal::{SigSet, Signal};
+    use std::os::unix::process::CommandExt as _;
+    let b = a_device();
+    let mut cmd = Command::new(AGENT);
+    cmd.arg("run")
+        .arg("--data")
+        .arg(&b.data)
+        .arg("--gpio")
+        .arg(format!("sim:{}", b.gpio.display()))
+        .args(["--no-rt", "--quiet"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: between fork and exec only async-signal-safe calls:
+    // pthread_sigmask, getpid and kill (to the process, as systemd sends
+    // it, not to the thread).
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set = SigSet::empty();
+            set.add(Signal::SIGTERM);
+            set.thread_block().map_err(std::io::Error::from)?;
+            nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let child = cmd.spawn().expect("spawn");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    // A bound: an agent that never sees the stop is killed, and fails.
+    let guard = std::thread::spawn(move || {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let timed_out = rx.recv_timeout(std::time::Duration::from_secs(60)).is_err();
+        drop(tx);
+        if timed_out {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+    });
+    let out = child.wait_with_output().expect("wait");
+    drop(guard);
+    assert!(out.status.success(), "{:?} {}", out.status, stderr(&out));
+    assert!(
+        stderr(&out).contains("stop requested by signal"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -151,31 +151,52 @@ pub fn at_launch(
     (changed, launch)
 }
 
-/// After the launcher could not execute `version` (`why`): the state
-/// to write (`None`: unchanged) and what to run instead. A trial is given
-/// up for the version settled before it; a settled version that could not
-/// be executed is kept (the failure may pass: a full process table, say)
-/// and this start runs the packaged binary.
+/// After the launcher could not run `version` (`why`): the state to
+/// write (`None`: unchanged) and what to run instead. `lasting`: the
+/// failure will come again (its binary is not its signed release, the
+/// kernel refuses it) rather than pass (a full process table).
+///
+/// A trial is rolled back to the version settled before it, and given up
+/// on this box only when the failure is lasting. A settled version whose
+/// failure is lasting is dropped (said as a rollback to the packaged
+/// binary, not given up: the same version signed again may mend it); one
+/// whose failure may pass is kept, and this start runs the packaged
+/// binary.
 pub fn exec_failed(
     state: Option<&BootState>,
     version: &str,
     why: &str,
+    lasting: bool,
 ) -> (Option<BootState>, Launch) {
     let Some(s) = state else {
         return (None, Launch::Packaged);
     };
-    if s.trial.as_ref().is_none_or(|t| t.version != version) {
-        return (None, Launch::Packaged);
-    }
     let mut next = s.clone();
-    next.trial = None;
-    next.give_up(RolledBack {
-        from: version.to_string(),
-        to: s.settled.clone(),
-        why: format!("it could not be started ({why})"),
-    });
-    let launch = s.settled.clone().map_or(Launch::Packaged, Launch::Version);
-    (Some(next), launch)
+    if s.trial.as_ref().is_some_and(|t| t.version == version) {
+        next.trial = None;
+        let r = RolledBack {
+            from: version.to_string(),
+            to: s.settled.clone(),
+            why: why.to_string(),
+        };
+        if lasting {
+            next.give_up(r);
+        } else {
+            next.rolled_back = Some(r);
+        }
+        let launch = s.settled.clone().map_or(Launch::Packaged, Launch::Version);
+        return (Some(next), launch);
+    }
+    if lasting && s.settled.as_deref() == Some(version) {
+        next.settled = None;
+        next.rolled_back = Some(RolledBack {
+            from: version.to_string(),
+            to: None,
+            why: why.to_string(),
+        });
+        return (Some(next), Launch::Packaged);
+    }
+    (None, Launch::Packaged)
 }
 
 /// The state once `version` is on trial (installed and verified): the
@@ -194,6 +215,8 @@ pub fn stage(state: Option<&BootState>, packaged: &str, version: &str) -> BootSt
         version: version.to_string(),
         started: false,
     });
+    // A new version's trial: an older rollback is no longer news.
+    next.rolled_back = None;
     next
 }
 
@@ -349,7 +372,7 @@ mod tests {
         };
         let mut s = Some(stage(Some(&settled), PKG, "0.3.0"));
         assert_eq!(start(&mut s, all), Launch::Version("0.3.0".into()));
-        let (next, launch) = exec_failed(s.as_ref(), "0.3.0", "Exec format error");
+        let (next, launch) = exec_failed(s.as_ref(), "0.3.0", "Exec format error", true);
         assert_eq!(launch, Launch::Version("0.2.0".into()));
         let next = next.expect("written");
         assert_eq!(next.settled.as_deref(), Some("0.2.0"));
@@ -358,9 +381,29 @@ mod tests {
         assert_eq!(r.to.as_deref(), Some("0.2.0"));
         assert!(r.why.contains("Exec format error"), "{}", r.why);
         assert_eq!(
-            exec_failed(Some(&settled), "0.2.0", "Resource temporarily unavailable"),
+            exec_failed(
+                Some(&settled),
+                "0.2.0",
+                "Resource temporarily unavailable",
+                false
+            ),
             (None, Launch::Packaged)
         );
+        // A settled binary that is not its release any more: dropped,
+        // said, not given up (signed again, it may come back).
+        let (next, launch) = exec_failed(Some(&settled), "0.2.0", "digest", true);
+        let next = next.expect("written");
+        assert_eq!(
+            (launch, next.settled.clone(), next.gave_up("0.2.0")),
+            (Launch::Packaged, None, false)
+        );
+        assert_eq!(next.rolled_back.map(|r| r.from), Some("0.2.0".to_string()));
+        // A trial's passing failure: rolled back, not given up.
+        let mut s = Some(stage(Some(&settled), PKG, "0.3.0"));
+        start(&mut s, all);
+        let (next, _) = exec_failed(s.as_ref(), "0.3.0", "Cannot allocate memory", false);
+        let next = next.expect("written");
+        assert!(next.trial.is_none() && !next.gave_up("0.3.0") && next.rolled_back.is_some());
     }
 
     /// A state written by a newer version (a field this launcher does not

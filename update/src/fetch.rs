@@ -112,6 +112,11 @@ impl Fetch {
                 1
             };
             self.held_at_stall = self.held;
+            if self.stalled() {
+                // The last asking had its patience: given up.
+                self.asked.clear();
+                return None;
+            }
             self.ask_again();
         }
         if self.asked.len() >= WINDOW || now < self.next_at || self.next_offset >= self.size {
@@ -150,11 +155,19 @@ impl Fetch {
         self.next_offset = self.held;
     }
 
+    /// A new stream (the release offered again): asked again from what is
+    /// held, the silences of the stream before forgotten.
+    pub fn new_stream(&mut self) {
+        self.ask_again();
+        self.stalls = 0;
+        self.held_at_stall = self.held;
+    }
+
     /// Whether the window was asked again [`STALLS`] times in a row with
     /// nothing kept: the controller does not answer (or answers wrongly);
     /// the download is given up.
     pub fn stalled(&self) -> bool {
-        self.stalls >= STALLS
+        self.stalls > STALLS
     }
 
     /// The download now holds `held` bytes: the requests it answered leave
@@ -248,11 +261,19 @@ mod tests {
         // Then nothing, ever: given up after STALLS patiences.
         let mut now = 4 * S;
         for _ in 0..STALLS {
-            assert!(!f.stalled());
             now += 11 * S;
+            assert!(f.due(now).is_some(), "asked again");
             while f.due(now).is_some() {}
+            assert!(!f.stalled());
         }
+        // The last asking had its patience too: given up, nothing asked.
+        now += 11 * S;
+        assert_eq!(f.due(now), None);
         assert!(f.stalled());
+        // A new stream starts afresh.
+        f.new_stream();
+        assert!(!f.stalled());
+        assert_eq!(f.due(now).map(|r| r.offset), Some(K / 2));
     }
 
     #[test]

@@ -120,6 +120,12 @@ impl Agent {
         if version == crate::version::version() {
             return Ok(Some(state(&version, Phase::Running)));
         }
+        if self.upkeep.trial.is_some() {
+            return Err(refused(
+                &version,
+                "this agent is itself a version on trial until a controller welcomes it; offer again after",
+            ));
+        }
         let u = &mut self.plane.update;
         if u.given_up.contains(&version) {
             return Err(refused(
@@ -148,7 +154,7 @@ impl Agent {
             // resend): go on from what is held, on this stream.
             o.session = session;
             if let Some(f) = &mut o.fetch {
-                f.ask_again();
+                f.new_stream();
                 return Ok(Some(downloading(&version, f.held(), o.size)));
             }
             return Ok(None);
@@ -241,13 +247,6 @@ impl Agent {
         else {
             return;
         };
-        if f.stalled() {
-            let why = "no piece kept after asking again several times: the download is given up (offer again)";
-            tracing::warn!(version = %o.version, "agent update: {why}");
-            up.queue(o.session, ToLink::UpdateState(refused(&o.version, why)));
-            self.plane.update.offer = None;
-            return;
-        }
         while let Some(r) = f.due(now.as_nanos().max(0) as u64) {
             up.queue(
                 o.session,
@@ -257,6 +256,12 @@ impl Agent {
                     length: r.len,
                 }),
             );
+        }
+        if f.stalled() {
+            let why = "no piece kept after asking again several times: the download is given up (offer again)";
+            tracing::warn!(version = %o.version, "agent update: {why}");
+            up.queue(o.session, ToLink::UpdateState(refused(&o.version, why)));
+            self.plane.update.offer = None;
         }
     }
 

@@ -111,6 +111,19 @@ impl Work {
             }
             Job::Begin { signed, manifest } => {
                 let version = manifest.version.clone();
+                // A version installed and waiting to run is not replaced
+                // by a download begun after it.
+                if let Ok(Some(s)) = self.versions.read_state()
+                    && let Some(t) = s.trial.filter(|t| !t.started && t.version != version)
+                {
+                    return Done::Failed {
+                        version,
+                        why: format!(
+                            "version {} is installed and waits to run; offer again after it runs",
+                            t.version
+                        ),
+                    };
+                }
                 self.partial = None;
                 // One download at a time on the disk: any other part (an
                 // earlier offer's) goes; what the state names stays.
@@ -172,10 +185,17 @@ impl Work {
     /// removed (never a download in progress).
     fn confirm(&self, version: &str) -> Result<(), String> {
         let state = self.versions.read_state().map_err(|e| e.to_string())?;
-        if let Some(next) = boot::confirm(state.as_ref(), version) {
-            self.versions
+        match boot::confirm(state.as_ref(), version) {
+            Some(next) => self
+                .versions
                 .write_state(&next)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| e.to_string())?,
+            None if state.as_ref().and_then(|s| s.settled.as_deref()) == Some(version) => {}
+            None => {
+                return Err(format!(
+                    "the launcher's state does not name version {version} on trial any more"
+                ));
+            }
         }
         let downloading = self.partial.as_ref().map(|(v, _)| v.as_str());
         self.prune(downloading);
