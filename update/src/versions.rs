@@ -74,6 +74,19 @@ fn dir_name(version: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `file`'s bytes from where it stands, through `download` (its digest and
+/// its bound), a block at a time: bounded memory whatever the size.
+fn read_through(file: &mut File, path: &Path, download: &mut Download) -> Result<(), UpdateError> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file.read(&mut buf).map_err(io("reading", path))?;
+        if n == 0 {
+            return Ok(());
+        }
+        download.take(download.offset(), &buf[..n])?;
+    }
+}
+
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> UpdateError + 'a {
     move |source| UpdateError::Io {
         what,
@@ -182,15 +195,7 @@ impl Versions {
         if len > download.size() {
             file.set_len(0).map_err(io("truncating", &path))?;
         } else {
-            // Bounded memory: the part is read back a block at a time.
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = file.read(&mut buf).map_err(io("reading", &path))?;
-                if n == 0 {
-                    break;
-                }
-                download.take(download.offset(), &buf[..n])?;
-            }
+            read_through(&mut file, &path, &mut download)?;
         }
         file.seek(SeekFrom::Start(download.offset()))
             .map_err(io("seeking", &path))?;
@@ -252,18 +257,7 @@ impl Versions {
         let binary = dir.join(BINARY);
         let mut file = File::open(&binary).map_err(|e| format!("{}: {e}", binary.display()))?;
         let mut download = Download::new(&manifest).map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = file
-                .read(&mut buf)
-                .map_err(|e| format!("{}: {e}", binary.display()))?;
-            if n == 0 {
-                break;
-            }
-            download
-                .take(download.offset(), &buf[..n])
-                .map_err(|e| format!("{}: {e}", binary.display()))?;
-        }
+        read_through(&mut file, &binary, &mut download).map_err(|e| e.to_string())?;
         download.verify().map_err(|e| e.to_string())
     }
 

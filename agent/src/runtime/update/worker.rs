@@ -227,9 +227,8 @@ impl Work {
             .reported_version(version)
             .map_err(|e| e.to_string())?;
         if reported.as_deref() != Some(version) {
-            let _ = self.versions.prune(&boot::kept(
-                self.versions.read_state().ok().flatten().as_ref(),
-            ));
+            // Not in the state: removed with what it no longer names.
+            self.prune(None);
             return Err(format!(
                 "the build reports {}, its signed manifest names {version}: not installed",
                 reported.map_or_else(|| "no version".to_string(), |v| format!("version {v}"))
@@ -242,9 +241,7 @@ impl Work {
             .map_err(|e| e.to_string())?;
         // Only what the state names stays: the settled version (what a
         // rollback runs) and this one.
-        if let Err(e) = self.versions.prune(&boot::kept(Some(&next))) {
-            tracing::warn!("agent update: removing versions no longer kept: {e}");
-        }
+        self.prune(None);
         Ok(())
     }
 }
