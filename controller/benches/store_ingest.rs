@@ -67,6 +67,8 @@ async fn clock_weight(base: &str) -> Res<f64> {
                 held: Vec::new(),
                 session_gen_seen: 0,
                 trust: None,
+                arch: String::new(),
+                update: None,
                 at: RefTime::from_nanos(1),
             })
             .await?;

@@ -111,6 +111,19 @@ pub(crate) enum Command {
         #[command(subcommand)]
         cmd: RolloutCmd,
     },
+    /// Agent releases (admins): `upload FILE` (with its signed manifest,
+    /// or signed here with `--sign KEY`), `list`.
+    Release {
+        #[command(subcommand)]
+        cmd: ReleaseCmd,
+    },
+    /// Agent updates: a stored release rolled out over agents in stages,
+    /// as a pack's rollout: `start VERSION --plan FILE`, `status [ID]`,
+    /// `list`, `pause|resume|abort [ID]` (admins to act; audited).
+    AgentUpdate {
+        #[command(subcommand)]
+        cmd: UpdateCmd,
+    },
     /// Live feedback, deliveries and agent events until interrupted.
     Watch(WatchArgs),
     /// Stored feedback of a pack.
@@ -121,6 +134,95 @@ pub(crate) enum Command {
     /// The audit log (admins): every push, cancel, label change and forget,
     /// refused ones included, and revocations the controller picked up.
     Audit(AuditArgs),
+}
+
+/// Release commands.
+#[derive(Subcommand, Debug)]
+pub(crate) enum ReleaseCmd {
+    /// Store an agent build on the controller, which relays it to the
+    /// boxes an update admits (they check its signature themselves).
+    Upload {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The agent binary.
+        file: PathBuf,
+        /// Its signed manifest (`keys sign-release … --out M.json`).
+        #[arg(long, conflicts_with_all = ["sign", "version", "arch"])]
+        manifest: Option<PathBuf>,
+        /// Sign it here with this release key (NAME.key) instead; with
+        /// --version and --arch. The key never leaves this machine.
+        #[arg(long, requires_all = ["version", "arch"])]
+        sign: Option<PathBuf>,
+        /// The version the build reports (with --sign).
+        #[arg(long)]
+        version: Option<String>,
+        /// The architecture it was built for (with --sign).
+        #[arg(long)]
+        arch: Option<String>,
+    },
+    /// Every stored release, newest upload first.
+    List {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// One agent update, by id (default: the newest).
+#[derive(clap::Args, Debug)]
+pub(crate) struct UpdateRef {
+    #[command(flatten)]
+    pub(crate) conn: ConnArgs,
+    /// The update's id (`agent-update list`); default the newest.
+    pub(crate) id: Option<u64>,
+    /// Why (pause, abort): kept in its reason and the audit log.
+    #[arg(long, default_value = "")]
+    pub(crate) reason: String,
+    /// One JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Agent update commands.
+#[derive(Subcommand, Debug)]
+pub(crate) enum UpdateCmd {
+    /// Start updating agents to a stored release (every open update is
+    /// superseded).
+    Start {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The release's version (`release list`).
+        version: String,
+        /// The plan: YAML with a pack's `rollout:` section (stages, soak,
+        /// stage_deadline, windows, abort_if, max_uncertainty) and
+        /// optional `targets:` (agents or labels; default every agent
+        /// you see).
+        #[arg(long)]
+        plan: PathBuf,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// State, stage, verdicts, and each target's version and word on the
+    /// update.
+    Status(UpdateRef),
+    /// The newest updates.
+    List {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hold an update where it is.
+    Pause(UpdateRef),
+    /// Let a paused update go on.
+    Resume(UpdateRef),
+    /// End an update for good: no box is offered its release any more
+    /// (name it: `agent-update list`).
+    Abort(UpdateRef),
 }
 
 /// One pack's rollout, named by pack id.

@@ -26,6 +26,8 @@ pub(crate) fn run(command: Command, out: &mut dyn Write, err: &mut dyn Write) ->
         }),
         Command::Agents { conn, json, cmd } => operator::agents(conn, json, cmd, err),
         Command::Rollout { cmd } => operator::rollout(cmd, err),
+        Command::Release { cmd } => operator::release(cmd, err),
+        Command::AgentUpdate { cmd } => operator::agent_update(cmd, err),
         Command::Watch(w) => w.run(err),
         Command::Feedback(f) => f.run(err),
         Command::Clock(c) => c.run(err),

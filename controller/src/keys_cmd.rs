@@ -170,14 +170,36 @@ fn sign_release(
     arch: &str,
     out: &Path,
 ) -> Result<String, String> {
-    let key = read_key(key)?;
     let binary =
         std::fs::read(file).map_err(|e| format!("{}: cannot read: {e}", file.display()))?;
-    let manifest = baton_trust::ReleaseManifest::of(version, arch, &binary)
+    let signed = signed_release(key, file, &binary, version, arch)?;
+    let text = serde_json::to_string_pretty(&signed).map_err(|e| e.to_string())?;
+    let tmp = out.with_extension("signing.tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, out))
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    let m = signed.unverified_manifest()?;
+    Ok(format!(
+        "{} for {} ({} bytes, sha256 {})",
+        m.version, m.arch, m.size, m.sha256
+    ))
+}
+
+/// `binary` (read from `file`) signed with the release key at `key` as
+/// `version` for `arch`; refused when the build reports another version.
+pub(crate) fn signed_release(
+    key: &Path,
+    file: &Path,
+    binary: &[u8],
+    version: &str,
+    arch: &str,
+) -> Result<baton_trust::SignedRelease, String> {
+    let key = read_key(key)?;
+    let manifest = baton_trust::ReleaseManifest::of(version, arch, binary)
         .map_err(|e| format!("{}: {e}", file.display()))?;
     // The box checks it too: a build that reports another version would
     // never confirm itself there.
-    match baton_trust::release::slot_version(&binary) {
+    match baton_trust::release::slot_version(binary) {
         Some(v) if v == version => {}
         Some(v) => {
             return Err(format!(
@@ -192,16 +214,7 @@ fn sign_release(
             ));
         }
     }
-    let signed = baton_trust::SignedRelease::sign(&manifest, &key);
-    let text = serde_json::to_string_pretty(&signed).map_err(|e| e.to_string())?;
-    let tmp = out.with_extension("signing.tmp");
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, out))
-        .map_err(|e| format!("{}: {e}", out.display()))?;
-    Ok(format!(
-        "{} for {} ({} bytes, sha256 {})",
-        manifest.version, manifest.arch, manifest.size, manifest.sha256
-    ))
+    Ok(baton_trust::SignedRelease::sign(&manifest, &key))
 }
 
 /// Run a `keys` subcommand; the exit status.

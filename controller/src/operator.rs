@@ -7,8 +7,8 @@ use std::io::Write;
 use baton_controller::ops;
 
 use crate::args::{
-    AgentsCmd, AuditArgs, ClockArgs, ConnArgs, FeedbackArgs, PushArgs, RolloutCmd, RolloutPack,
-    WatchArgs,
+    AgentsCmd, AuditArgs, ClockArgs, ConnArgs, FeedbackArgs, PushArgs, ReleaseCmd, RolloutCmd,
+    RolloutPack, UpdateCmd, UpdateRef, WatchArgs,
 };
 
 impl PushArgs {
@@ -128,6 +128,114 @@ pub(crate) fn rollout(cmd: RolloutCmd, err: &mut dyn Write) -> i32 {
             &p.tenant,
             &p.pack,
             p.json,
+            &mut std::io::stdout(),
+        )
+        .await
+    })
+}
+
+/// `release upload|list`.
+pub(crate) fn release(cmd: ReleaseCmd, err: &mut dyn Write) -> i32 {
+    match cmd {
+        ReleaseCmd::List { conn, json } => run(err, async move {
+            ops::releases(&conn.conn()?, json, &mut std::io::stdout()).await
+        }),
+        ReleaseCmd::Upload {
+            conn,
+            file,
+            manifest,
+            sign,
+            version,
+            arch,
+        } => run(err, async move {
+            let binary = std::fs::read(&file)
+                .map_err(|e| ops::OpError::fail(format!("{}: cannot read: {e}", file.display())))?;
+            let signed = match (manifest, sign, version, arch) {
+                (Some(m), None, _, _) => {
+                    let text = std::fs::read_to_string(&m).map_err(|e| {
+                        ops::OpError::fail(format!("{}: cannot read: {e}", m.display()))
+                    })?;
+                    serde_json::from_str::<baton_trust::SignedRelease>(&text).map_err(|e| {
+                        ops::OpError::fail(format!(
+                            "{}: not a signed release manifest: {e}",
+                            m.display()
+                        ))
+                    })?
+                }
+                (None, Some(key), Some(version), Some(arch)) => {
+                    crate::keys_cmd::signed_release(&key, &file, &binary, &version, &arch)
+                        .map_err(ops::OpError::fail)?
+                }
+                _ => {
+                    return Err(ops::OpError::usage(
+                        "release upload: give --manifest M.json, or --sign KEY --version V --arch A",
+                    ));
+                }
+            };
+            ops::upload_release(&conn.conn()?, &signed, binary, &mut std::io::stdout()).await
+        }),
+    }
+}
+
+/// `agent-update …`.
+pub(crate) fn agent_update(cmd: UpdateCmd, err: &mut dyn Write) -> i32 {
+    let (op, r) = match cmd {
+        UpdateCmd::Start {
+            conn,
+            version,
+            plan,
+            json,
+        } => {
+            let text = match std::fs::read_to_string(&plan) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = writeln!(err, "error: {}: cannot read: {e}", plan.display());
+                    return 1;
+                }
+            };
+            (
+                ops::UpdateOp::Start {
+                    version,
+                    plan: text,
+                },
+                UpdateRef {
+                    conn,
+                    id: None,
+                    reason: String::new(),
+                    json,
+                },
+            )
+        }
+        UpdateCmd::List { conn, json } => (
+            ops::UpdateOp::List,
+            UpdateRef {
+                conn,
+                id: None,
+                reason: String::new(),
+                json,
+            },
+        ),
+        UpdateCmd::Status(r) => (ops::UpdateOp::Status, r),
+        UpdateCmd::Pause(r) => (ops::UpdateOp::Pause, r),
+        UpdateCmd::Resume(r) => (ops::UpdateOp::Resume, r),
+        UpdateCmd::Abort(r) => {
+            if r.id.is_none() {
+                let _ = writeln!(
+                    err,
+                    "error: agent-update abort: name the update (agent-update list): an abort is final"
+                );
+                return 2;
+            }
+            (ops::UpdateOp::Abort, r)
+        }
+    };
+    run(err, async move {
+        ops::agent_update(
+            &r.conn.conn()?,
+            op,
+            r.id.unwrap_or(0),
+            &r.reason,
+            r.json,
             &mut std::io::stdout(),
         )
         .await

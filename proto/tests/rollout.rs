@@ -230,3 +230,39 @@ fn each_mistake_is_reported_at_its_line() {
         );
     }
 }
+
+/// An agent update's plan: a pack's `rollout:` section and optional
+/// `targets:`; a stage may pass on no firing there (a box may run no
+/// pack), and what is wrong is said with its place.
+#[test]
+fn an_update_plan_is_a_rollout_section_with_targets() {
+    use baton_proto::pack::{Targets, parse_update_plan};
+    let p = parse_update_plan(
+        "targets: {labels: {site: north}}\nrollout:\n  stages: [{agents: 1}, {percent: 100}]\n  soak: 30s\n",
+    )
+    .expect("valid");
+    assert_eq!(p.rollout.stages.len(), 2);
+    assert_eq!(
+        p.rollout.min_firings, 0,
+        "silence may pass an update's stage"
+    );
+    assert!(matches!(p.targets, Some(Targets::Labels(l)) if l["site"] == "north"));
+    let p = parse_update_plan("rollout:\n  stages: [{percent: 100}]\n  min_firings: 5\n")
+        .expect("valid");
+    assert_eq!((p.rollout.min_firings, p.targets.is_none()), (5, true));
+
+    let e = parse_update_plan("targets: {agents: [a1]}\n").expect_err("no rollout");
+    assert!(
+        e.render("plan")
+            .contains("plan:1:1: an update plan is missing required key `rollout`"),
+        "{}",
+        e.render("plan")
+    );
+    let e = parse_update_plan("rollout:\n  stages: [{percent: 100}]\ninstructions: []\n")
+        .expect_err("a pack's key");
+    assert!(
+        e.render("plan").contains("plan:3:1"),
+        "{}",
+        e.render("plan")
+    );
+}

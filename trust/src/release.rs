@@ -201,6 +201,17 @@ impl SignedRelease {
         self.check_with(list, here)
     }
 
+    /// The manifest as it reads, its signature **not** checked: what a
+    /// controller, which relays releases and holds no trust list, keeps
+    /// of one (its bytes are checked against it; the boxes check the
+    /// signature).
+    pub fn unverified_manifest(&self) -> Result<ReleaseManifest, String> {
+        let manifest: ReleaseManifest =
+            serde_json::from_str(&self.body).map_err(|e| format!("release manifest: {e}"))?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
     /// [`SignedRelease::check`] against `list` whatever its expiry: what
     /// the launcher asks of a binary installed under a list in force then
     /// (an expired list stops new releases, not the one running).

@@ -556,6 +556,7 @@ impl Agent {
             session_gen: self.journal.session_gen(),
             trust: None,
             update: None,
+            arch: std::env::consts::ARCH.to_string(),
         }
     }
 

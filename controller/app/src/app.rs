@@ -45,9 +45,9 @@ pub enum AppError {
 impl From<StoreError> for AppError {
     fn from(e: StoreError) -> AppError {
         match e {
-            StoreError::VersionTaken { .. } | StoreError::VersionOlder { .. } => {
-                AppError::Conflict(e.to_string())
-            }
+            StoreError::VersionTaken { .. }
+            | StoreError::VersionOlder { .. }
+            | StoreError::ReleaseTaken { .. } => AppError::Conflict(e.to_string()),
             StoreError::NoSuchPack { .. } | StoreError::NoSuchAgent { .. } => {
                 AppError::NotFound(e.to_string())
             }
@@ -181,6 +181,10 @@ pub struct App {
     pub(crate) health: Mutex<HashMap<String, Measured>>,
     /// Feedback already read of each open rollout stage's window.
     pub(crate) rollout_tallies: Mutex<HashMap<(baton_model::PackKey, u64, u32, RefTime), Tally>>,
+    /// Feedback already read of each open agent update's stage window.
+    pub(crate) update_tallies: Mutex<HashMap<(u64, u32, RefTime), Tally>>,
+    /// One release upload at a time (each holds its binary in memory).
+    pub(crate) uploads: tokio::sync::Semaphore,
     /// The `rollout:` sections of the versions seen, parsed once each.
     pub(crate) specs: Specs,
     /// Agents' answers, decided in batches.
@@ -235,6 +239,8 @@ impl App {
             relay,
             relay_rx: Mutex::new(relay_rx),
             rollout_tallies: Mutex::new(HashMap::new()),
+            update_tallies: Mutex::new(HashMap::new()),
+            uploads: tokio::sync::Semaphore::new(1),
             specs: Specs::default(),
             answers: crate::answers::Answers::default(),
         })
@@ -336,6 +342,34 @@ impl App {
             && relay.try_send(row).is_err()
         {
             self.metrics.relay_dropped(1);
+        }
+    }
+
+    /// Tell the other replicas' streams that the release these agents
+    /// (`None`: any agent) are to be offered changed; this replica's
+    /// streams are told by the caller.
+    pub(crate) fn announce_release_change(&self, agents: Option<&[String]>) {
+        let (Some(replica), Some(relay)) = (&self.replica, &self.relay) else {
+            return;
+        };
+        let ids: Vec<String> = match agents {
+            Some(ids) => ids.to_vec(),
+            None => vec![String::new()],
+        };
+        for agent_id in ids {
+            let row = EventRow {
+                id: 0,
+                replica: replica.clone(),
+                kind: EventKind::Release,
+                agent_id,
+                tenant: String::new(),
+                pack: String::new(),
+                detail: String::new(),
+                at: now(),
+            };
+            if relay.try_send(row).is_err() {
+                self.metrics.relay_dropped(1);
+            }
         }
     }
 

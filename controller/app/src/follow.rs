@@ -288,6 +288,14 @@ async fn told(app: &App, me: &str, e: &EventRow, read: &Told) -> StoreResult<()>
             }));
         }
         EventKind::Action => {}
+        EventKind::Release if e.replica != me => {
+            if e.agent_id.is_empty() {
+                app.hub.send_all(|| SessionCmd::Release);
+            } else {
+                app.hub.send(&e.agent_id, SessionCmd::Release);
+            }
+        }
+        EventKind::Release => {}
         kind => {
             if !watched {
                 return Ok(());

@@ -40,6 +40,9 @@ pub enum SessionCmd {
     Regranted,
     /// The fleet's trust lists changed: relay them to the agent.
     TrustLists(Arc<str>),
+    /// The release the agent is to be offered may have changed (an
+    /// update admitted it, or was withdrawn): read it again.
+    Release,
 }
 
 #[derive(Debug)]

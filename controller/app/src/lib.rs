@@ -52,6 +52,7 @@ pub mod sessions;
 pub mod stream_health;
 mod tally;
 pub mod texts;
+pub mod updates;
 
 #[cfg(test)]
 mod tests;

@@ -50,6 +50,8 @@ pub(crate) async fn hello(app: &App, id: &str, tenants: &[&str], held: &[(&str, 
             cert_tenants: Some(tenants.iter().map(|t| t.to_string()).collect()),
             session_gen_seen: 0,
             trust: None,
+            arch: "x86_64".into(),
+            update: None,
             held: held
                 .iter()
                 .map(|(t, p, v)| HeldPackRow {

@@ -236,6 +236,7 @@ async fn connect(
         session_gen: kept.session_gen,
         trust: None,
         update: None,
+        arch: String::new(),
     })))
     .await
     .map_err(|_| fail(anyhow!("hello not queued")))?;

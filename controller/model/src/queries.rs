@@ -31,6 +31,11 @@ pub struct HelloRow {
     pub session_gen_seen: u64,
     /// What it checks packs against (`None`: it did not say).
     pub trust: Option<crate::TrustRow>,
+    /// Its architecture (empty: it did not say).
+    pub arch: String,
+    /// Its last update when it was rolled back, as its hello says
+    /// (`None`: leave what is stored).
+    pub update: Option<crate::UpdateRow>,
     /// When.
     pub at: RefTime,
 }

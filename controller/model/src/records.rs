@@ -125,6 +125,11 @@ pub struct AgentRow {
     /// What it checks packs against, as it last said (`None`: it has not
     /// said: an agent older than signed packs).
     pub trust: Option<TrustRow>,
+    /// Its architecture as its hello said (empty: an agent older than
+    /// updates, never offered a release).
+    pub arch: String,
+    /// Its last word on an agent update (`None`: none).
+    pub update: Option<crate::UpdateRow>,
 }
 
 /// What an agent checks packs against, as it says (its hello, then each
@@ -217,6 +222,8 @@ impl AgentRow {
             lateness_p99: SignedDuration::ZERO,
             health: StreamHealth::default(),
             trust: None,
+            arch: String::new(),
+            update: None,
         }
     }
 
@@ -727,6 +734,10 @@ pub enum EventKind {
     /// An operator acted on a pack or an agent (`detail`: what, in words),
     /// for the other replicas' open pages.
     Action,
+    /// The release an agent is to be offered changed (an update admitted
+    /// it, or was withdrawn; an empty agent: any agent): its stream reads
+    /// it again.
+    Release,
 }
 
 impl EventKind {
@@ -739,6 +750,7 @@ impl EventKind {
             EventKind::Clock => "clock",
             EventKind::Conflict => "conflict",
             EventKind::Action => "action",
+            EventKind::Release => "release",
         }
     }
 
@@ -751,6 +763,7 @@ impl EventKind {
             "clock" => EventKind::Clock,
             "conflict" => EventKind::Conflict,
             "action" => EventKind::Action,
+            "release" => EventKind::Release,
             _ => return None,
         })
     }

@@ -74,6 +74,8 @@ fn agent_summary(v: AgentView) -> wire::AgentSummary {
         last_seen_ns: a.last_seen.as_nanos(),
         clock: a.clock.as_ref().map(convert::clock_to_wire),
         trust: a.trust.map(convert::trust_to_wire),
+        update: a.update.as_ref().map(convert::update_to_wire),
+        arch: a.arch,
         packs: convert::held_to_wire(&held),
         tenants: a.tenants.into_iter().collect(),
         conflict: v
@@ -435,6 +437,36 @@ impl wire::admin_server::Admin for AdminService {
     ) -> Result<Response<wire::RolloutReply>, Status> {
         let (caller, _) = self.caller(request.extensions())?;
         let reply = super::rollouts::rollout(self.app(), &caller, request.into_inner()).await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn upload_release(
+        &self,
+        request: Request<tonic::Streaming<wire::ReleaseUploadPart>>,
+    ) -> Result<Response<wire::ReleaseInfo>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let info = super::releases::upload(self.app(), &caller, request.into_inner()).await?;
+        Ok(Response::new(info))
+    }
+
+    async fn list_releases(
+        &self,
+        request: Request<wire::ListReleasesRequest>,
+    ) -> Result<Response<wire::ListReleasesReply>, Status> {
+        let _ = self.caller(request.extensions())?;
+        let rows = self.app().releases().await.map_err(status)?;
+        Ok(Response::new(wire::ListReleasesReply {
+            releases: rows.iter().map(super::releases::release_info).collect(),
+        }))
+    }
+
+    async fn agent_update(
+        &self,
+        request: Request<wire::AgentUpdateRequest>,
+    ) -> Result<Response<wire::AgentUpdateReply>, Status> {
+        let (caller, _) = self.caller(request.extensions())?;
+        let reply =
+            super::releases::agent_update(self.app(), &caller, request.into_inner()).await?;
         Ok(Response::new(reply))
     }
 

@@ -170,8 +170,70 @@ pub fn hello(h: &wire::Hello, max_held: usize, now_ns: i64) -> Result<HelloRow, 
         held: held(&h.packs, held_cap(h, max_held))?,
         session_gen_seen: session_gen_seen(h.session_gen)?,
         trust: h.trust.as_ref().map(trust),
+        arch: arch(&h.arch)?,
+        update: h.update.as_ref().and_then(|u| update(u, now_ns)),
         at: RefTime::from_nanos(now_ns),
     })
+}
+
+/// An architecture as a hello says it: the word a release names (Rust's
+/// `std::env::consts::ARCH`), bounded; empty for an older agent.
+fn arch(a: &str) -> Result<String, BadMessage> {
+    let ok = a.len() <= 32
+        && a.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !ok {
+        return Err(bad(format!(
+            "hello: architecture {:?} is not a word of lowercase letters, digits and `_` (at most 32)",
+            truncate(a, 40)
+        )));
+    }
+    Ok(a.to_string())
+}
+
+/// What a box says of an update, its words bounded (`None`: a phase this
+/// controller does not know, said by a newer agent: not stored).
+pub fn update(u: &wire::UpdateState, now_ns: i64) -> Option<baton_model::UpdateRow> {
+    use baton_model::UpdatePhase as P;
+    use wire::update_state::Phase;
+    let phase = match Phase::try_from(u.phase).ok()? {
+        Phase::Unspecified => return None,
+        Phase::Downloading => P::Downloading,
+        Phase::Installed => P::Installed,
+        Phase::Restarting => P::Restarting,
+        Phase::Refused => P::Refused,
+        Phase::RolledBack => P::RolledBack,
+        Phase::Running => P::Running,
+    };
+    Some(baton_model::UpdateRow {
+        version: truncate(&u.version, 64),
+        phase,
+        held_bytes: u.held_bytes.min(i64::MAX as u64),
+        size: u.size.min(i64::MAX as u64),
+        reason: clean_text(&u.reason),
+        at: RefTime::from_nanos(now_ns),
+    })
+}
+
+/// What a box said of an update, for the operators' API.
+pub fn update_to_wire(u: &baton_model::UpdateRow) -> wire::UpdateState {
+    use baton_model::UpdatePhase as P;
+    use wire::update_state::Phase;
+    let phase = match u.phase {
+        P::Downloading => Phase::Downloading,
+        P::Installed => Phase::Installed,
+        P::Restarting => Phase::Restarting,
+        P::Refused => Phase::Refused,
+        P::RolledBack => Phase::RolledBack,
+        P::Running => Phase::Running,
+    };
+    wire::UpdateState {
+        version: u.version.clone(),
+        phase: phase as i32,
+        held_bytes: u.held_bytes,
+        size: u.size,
+        reason: u.reason.clone(),
+    }
 }
 
 /// What an agent said of its trust, for the operators' API.

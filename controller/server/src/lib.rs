@@ -23,6 +23,7 @@ mod config;
 pub mod convert;
 mod link;
 pub mod metrics;
+pub mod releases;
 pub mod revocations;
 pub mod rollouts;
 mod serve;

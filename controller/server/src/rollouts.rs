@@ -65,7 +65,7 @@ fn figures(f: &CohortFigures) -> wire::RolloutFigures {
     }
 }
 
-fn verdict(v: &VerdictRow) -> wire::RolloutVerdict {
+pub(crate) fn verdict(v: &VerdictRow) -> wire::RolloutVerdict {
     wire::RolloutVerdict {
         stage: v.stage,
         kind: v.kind.as_str().into(),

@@ -292,13 +292,14 @@ fn spawn_web(
 struct Background {
     retention: tokio::task::JoinHandle<()>,
     rollouts: tokio::task::JoinHandle<()>,
+    updates: tokio::task::JoinHandle<()>,
     relay: tokio::task::JoinHandle<()>,
     follow: tokio::task::JoinHandle<()>,
     heap: tokio::task::JoinHandle<()>,
 }
 
 impl Background {
-    /// Retention, rollouts, the relay of events to other replicas and
+    /// Retention, rollouts, agent updates, the relay of events to other replicas and
     /// the follower of theirs, and the heap's release after bursts.
     fn spawn(shared: &Arc<Shared>, stop_rx: &watch::Receiver<bool>) -> Background {
         let retention = tokio::spawn(baton_app::retention::run(
@@ -311,6 +312,8 @@ impl Background {
             shared.app.clone(),
             stop_rx.clone(),
         ));
+        // Agent updates likewise.
+        let updates = tokio::spawn(baton_app::updates::run(shared.app.clone(), stop_rx.clone()));
         // Replicas sharing the store: their events go through it.
         let relay = tokio::spawn(baton_app::follow::relay(
             shared.app.clone(),
@@ -327,6 +330,7 @@ impl Background {
         Background {
             retention,
             rollouts,
+            updates,
             relay,
             follow,
             heap,
@@ -339,12 +343,14 @@ impl Background {
         let Background {
             retention,
             rollouts,
+            updates,
             relay,
             follow,
             heap,
         } = self;
         retention.abort();
         rollouts.abort();
+        updates.abort();
         heap.abort();
         follow.abort();
         // The streams' last events (disconnected) for the other replicas.

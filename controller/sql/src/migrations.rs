@@ -189,6 +189,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: "",
         sqlite_only: "",
     },
+    Migration {
+        version: 21,
+        sql: include_str!("migrations/0021_agent_updates.sql"),
+        postgres_only: include_str!("migrations/0021_release_pieces.pg.sql"),
+        sqlite_only: include_str!("migrations/0021_release_pieces.sqlite.sql"),
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

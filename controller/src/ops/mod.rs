@@ -1,6 +1,6 @@
 //! Operator subcommands that talk to a running controller: `push`,
 //! `cancel`, `packs`, `agents` (and `agents label`, `agents forget`),
-//! `watch`, `feedback`, `audit`. Readable tables by
+//! `watch`, `feedback`, `audit`, `release`, `agent-update`. Readable tables by
 //! default; `--json` prints one object per line.
 //!
 //! The controller is reached over mTLS (`https://`, with `--cert`,
@@ -16,6 +16,7 @@ pub mod format;
 pub mod profile;
 mod push;
 mod query;
+mod release;
 mod rollout;
 mod watch;
 
@@ -26,5 +27,6 @@ pub use query::{
     LabelChange, agents, audit, cancel, clock, feedback, forget_agent, grant_agent, label_agent,
     packs,
 };
+pub use release::{UpdateOp, agent_update, phase_word, releases, update_text, upload_release};
 pub use rollout::{RolloutOp, rollout};
 pub use watch::watch;

@@ -128,8 +128,9 @@ pub async fn agents(conn: &Conn, json: bool, out: &mut dyn Write) -> Result<(), 
     print_listing(out, json, &agents, &AGENTS_HEADER, agent_json, agent_row)
 }
 
-const AGENTS_HEADER: [&str; 9] = [
+const AGENTS_HEADER: [&str; 11] = [
     "ID",
+    "VERSION",
     "CONNECTED",
     "LAST SEEN",
     "CLOCK",
@@ -138,6 +139,7 @@ const AGENTS_HEADER: [&str; 9] = [
     "LABELS",
     "PACKS",
     "TRUST",
+    "UPDATE",
 ];
 
 fn agent_json(a: &wire::AgentSummary) -> serde_json::Value {
@@ -153,7 +155,12 @@ fn agent_json(a: &wire::AgentSummary) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({
-        "id": a.id, "labels": labels, "version": a.agent_version,
+        "id": a.id, "labels": labels, "version": a.agent_version, "arch": a.arch,
+        "update": a.update.as_ref().map(|u| serde_json::json!({
+            "version": u.version,
+            "phase": super::phase_word(u.phase),
+            "held_bytes": u.held_bytes, "size": u.size, "reason": u.reason,
+        })),
         "connected": a.connected, "last_seen": format::instant(a.last_seen_ns),
         "clock_source": source, "clock_state": state,
         "clock_offset_ns": a.clock.as_ref().map(|c| c.offset_ns),
@@ -204,6 +211,11 @@ fn agent_row(a: &wire::AgentSummary) -> Vec<String> {
     };
     vec![
         a.id.clone(),
+        if a.arch.is_empty() {
+            a.agent_version.clone()
+        } else {
+            format!("{} ({})", a.agent_version, a.arch)
+        },
         match (a.connected, a.conflict.is_empty()) {
             (true, true) => "yes".into(),
             (false, true) => "no".into(),
@@ -225,6 +237,10 @@ fn agent_row(a: &wire::AgentSummary) -> Vec<String> {
         or_dash(labels, ","),
         or_dash(packs, ", "),
         format::trust(a.trust.as_ref()),
+        match super::update_text(a.update.as_ref()) {
+            t if t.is_empty() => "-".into(),
+            t => t,
+        },
     ]
 }
 

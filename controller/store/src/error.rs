@@ -18,6 +18,16 @@ pub enum StoreError {
         /// The version pushed.
         version: u64,
     },
+    /// This release is stored already, with other bytes.
+    #[error(
+        "release {version} for {arch} is already stored with other bytes; upload it under a new version"
+    )]
+    ReleaseTaken {
+        /// The release's version.
+        version: String,
+        /// Its architecture.
+        arch: String,
+    },
     /// A higher version is stored.
     #[error("{tenant}/{pack} v{version} is older than the stored v{latest}")]
     VersionOlder {

@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use baton_model::{
-    AgentRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
-    HeldPackRow, HelloRow, LabelOverrides, PackKey, PackVersionRow, PutPack, RefTime,
-    RevocationRow, RolloutChange, SeenRow, SessionOpened, SessionRow, TrustRow,
+    AgentRow, AgentUpdateRow, AnswerRow, AuditRow, ClockRow, DeliveryRow, EventRow, FeedbackRow,
+    FeedbackStored, HeldPackRow, HelloRow, LabelOverrides, PackKey, PackVersionRow, PutPack,
+    RefTime, ReleaseRow, RevocationRow, RolloutChange, SeenRow, SessionOpened, SessionRow,
+    TrustRow, UpdateRow,
 };
 
 use crate::decide;
@@ -87,6 +88,21 @@ pub trait StoreOps: Store {
             }
             decide::check_session(tx, &id, session)?;
             tx.write_trust(&id, &trust)
+        })
+        .await
+    }
+
+    /// What the agent last said of an update, as the stream of generation
+    /// `session` heard it. An agent that never said hello is
+    /// [`StoreError::NoSuchAgent`].
+    async fn record_update(&self, id: &str, session: u64, update: UpdateRow) -> StoreResult<()> {
+        let id = id.to_owned();
+        transact(self, move |tx| {
+            if tx.locking() {
+                tx.lock_agent(&id)?;
+            }
+            decide::check_session(tx, &id, session)?;
+            tx.write_update(&id, &update)
         })
         .await
     }
@@ -342,6 +358,82 @@ pub trait StoreOps: Store {
             let new = tx.revoke(&rows)?;
             tx.delete_sessions_of(&new)?;
             Ok(new)
+        })
+        .await
+    }
+
+    // ---- agent releases and updates
+
+    /// Store a release: its row and its binary's pieces (each
+    /// [`baton_model::RELEASE_PIECE`] long but the last), in one
+    /// transaction. The same version and architecture stored with the
+    /// same digest is `false` (nothing written); with another,
+    /// [`StoreError::ReleaseTaken`].
+    async fn put_release(&self, row: ReleaseRow, pieces: Vec<Vec<u8>>) -> StoreResult<bool> {
+        transact(self, move |tx| {
+            if let Some(old) = tx.release(&row.version, &row.arch)? {
+                if old.sha256 != row.sha256 || old.size != row.size {
+                    return Err(StoreError::ReleaseTaken {
+                        version: row.version.clone(),
+                        arch: row.arch.clone(),
+                    });
+                }
+                return Ok(false);
+            }
+            tx.put_release(&row)?;
+            for (i, piece) in pieces.iter().enumerate() {
+                tx.put_release_piece(&row.version, &row.arch, i as u64, piece)?;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Start an agent update: every open one is superseded (its agents no
+    /// longer offered its release) and `row` stored; its id.
+    async fn start_agent_update(&self, row: AgentUpdateRow) -> StoreResult<u64> {
+        transact(self, move |tx| {
+            if tx.locking() {
+                tx.lock_agent_updates()?;
+            }
+            for mut old in tx.open_agent_updates()? {
+                old.machine.state = baton_model::RolloutState::Superseded;
+                old.machine.reason = format!("superseded by the update to {}", row.version);
+                old.machine.updated = row.machine.created;
+                if !tx.cas_agent_update(&old)? {
+                    return Err(StoreError::Contended(format!(
+                        "agent update {} changed while a new one started",
+                        old.id
+                    )));
+                }
+                tx.clear_release_targets(old.id)?;
+            }
+            tx.insert_agent_update(&row)
+        })
+        .await
+    }
+
+    /// Apply a step of an agent update if no other writer stepped it
+    /// first (`false`: one did, nothing written): the row, the agents
+    /// `admit` now offered its release, and every offer withdrawn with
+    /// `withdraw`.
+    async fn advance_agent_update(
+        &self,
+        row: AgentUpdateRow,
+        admit: Vec<String>,
+        withdraw: bool,
+    ) -> StoreResult<bool> {
+        transact(self, move |tx| {
+            if !tx.cas_agent_update(&row)? {
+                return Ok(false);
+            }
+            if !admit.is_empty() {
+                tx.set_release_targets(row.id, &row.version, &admit)?;
+            }
+            if withdraw {
+                tx.clear_release_targets(row.id)?;
+            }
+            Ok(true)
         })
         .await
     }

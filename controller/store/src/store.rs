@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use baton_model::{
-    AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, FeedbackScope, FeedbackStored, FleetCounts, Mark, PackKey,
-    PackSummaryRow, PackVersionRow, RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow,
+    AgentFilter, AgentRow, AgentUpdateRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
+    EventRow, FeedbackFilter, FeedbackRow, FeedbackScope, FeedbackStored, FleetCounts, Mark,
+    PackKey, PackSummaryRow, PackVersionRow, RefTime, ReleaseRow, RevocationRow, RolloutRow,
+    SeenRow, SessionRow,
 };
 
 use crate::error::{StoreError, StoreResult};
@@ -188,6 +189,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Where a follower starting now begins, for events and for feedback:
     /// after everything committed.
     async fn high_water(&self) -> StoreResult<(Mark, Mark)>;
+    /// Every release stored, newest upload first.
+    async fn releases(&self) -> StoreResult<Vec<ReleaseRow>>;
+    /// Piece `index` of a release's binary (`None`: not stored).
+    async fn release_piece(
+        &self,
+        version: &str,
+        arch: &str,
+        index: u64,
+    ) -> StoreResult<Option<Vec<u8>>>;
+    /// The release agent `id` is to be offered: its target's version for
+    /// the architecture its hello said (`None`: no target, or none stored
+    /// for its architecture).
+    async fn release_offer(&self, id: &str) -> StoreResult<Option<ReleaseRow>>;
+    /// Agent updates, newest first: every one not final with
+    /// `open_only`, else the newest [`baton_model::MAX_PAGE`]. With their
+    /// cohorts.
+    async fn agent_updates(&self, open_only: bool) -> StoreResult<Vec<AgentUpdateRow>>;
+    /// One agent update (`None`: the newest).
+    async fn agent_update(&self, id: Option<u64>) -> StoreResult<Option<AgentUpdateRow>>;
     /// Every revoked serial recorded, by serial.
     async fn revocations(&self) -> StoreResult<Vec<RevocationRow>>;
     /// Audit records at or after `since` (of one tenant, or all), oldest

@@ -11,9 +11,10 @@
 use std::collections::BTreeMap;
 
 use baton_model::{
-    AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
-    GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
-    RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, TargetsRow, TrustRow,
+    AgentRow, AgentUpdateRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow,
+    FeedbackStored, GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets,
+    PackVersionRow, PutPack, RefTime, ReleaseRow, RevocationRow, RolloutRow, SeenRow, SessionRow,
+    TargetsRow, TrustRow, UpdateRow,
 };
 
 use crate::error::StoreResult;
@@ -235,6 +236,51 @@ pub trait Tx {
     /// Delete at most `max` records of `what` before `before`, oldest
     /// first; how many went.
     fn delete_before(&mut self, what: Grows, before: RefTime, max: u32) -> StoreResult<u64>;
+
+    // ---- agent releases and updates
+
+    /// Hold, to the end of the transaction, the lock of starting agent
+    /// updates (exclusive): two replicas starting one at once would each
+    /// supersede what was open and leave both open. Only where
+    /// [`Tx::locking`].
+    fn lock_agent_updates(&mut self) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// A stored release (`None`: not stored).
+    fn release(&mut self, version: &str, arch: &str) -> StoreResult<Option<ReleaseRow>>;
+    /// Store a release's row (the caller checked it is not stored).
+    fn put_release(&mut self, row: &ReleaseRow) -> StoreResult<()>;
+    /// Store piece `index` of a release's binary (bytes from `index` ×
+    /// [`baton_model::RELEASE_PIECE`]).
+    fn put_release_piece(
+        &mut self,
+        version: &str,
+        arch: &str,
+        index: u64,
+        data: &[u8],
+    ) -> StoreResult<()>;
+    /// What a stored agent last said of an update.
+    fn write_update(&mut self, id: &str, update: &UpdateRow) -> StoreResult<()>;
+    /// The updates that are not final, oldest first, with their cohorts.
+    fn open_agent_updates(&mut self) -> StoreResult<Vec<AgentUpdateRow>>;
+    /// A new update (its id assigned here, above every stored one); its
+    /// id.
+    fn insert_agent_update(&mut self, row: &AgentUpdateRow) -> StoreResult<u64>;
+    /// Write `row` (its machine with its cohort) over the stored one if
+    /// that is still at `row.machine.rev`; the stored rev is then one
+    /// more. Whether it was.
+    fn cas_agent_update(&mut self, row: &AgentUpdateRow) -> StoreResult<bool>;
+    /// These agents are to be offered release `version` (of update
+    /// `update`), over whatever they were offered.
+    fn set_release_targets(
+        &mut self,
+        update: u64,
+        version: &str,
+        ids: &[String],
+    ) -> StoreResult<()>;
+    /// No agent is offered update `update`'s release any more.
+    fn clear_release_targets(&mut self, update: u64) -> StoreResult<()>;
 
     // ---- dashboard sessions and log-in throttling
 

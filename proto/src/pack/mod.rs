@@ -94,6 +94,20 @@ pub fn parse_pack(text: &str) -> Result<Pack, PackErrors> {
     decode::pack(&root)
 }
 
+/// Parse and validate an agent update's plan ([`UpdatePlan`]) from YAML
+/// text, with the same limits and messages as a pack.
+pub fn parse_update_plan(text: &str) -> Result<UpdatePlan, PackErrors> {
+    if text.len() > MAX_PACK_BYTES {
+        return Err(PackErrors::single(
+            Pos { line: 1, col: 1 },
+            format!("plan is too large: {} bytes", text.len()),
+        ));
+    }
+    let root =
+        yaml::parse(text, Limits::default()).map_err(|e| PackErrors::single(e.pos, e.message))?;
+    decode::update_plan(&root)
+}
+
 /// Read and validate a pack file: at most [`MAX_PACK_BYTES`] + 1 bytes are
 /// read, so a huge file is refused without reading it all. Returns the
 /// source text (what gets journalled or pushed) with the pack; errors come

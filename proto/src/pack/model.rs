@@ -87,6 +87,16 @@ impl Pack {
     }
 }
 
+/// An agent update's plan: which agents, and the stages, soak, gates,
+/// windows and deadline of its rollout (a pack's `rollout:` section).
+#[derive(Clone, Debug)]
+pub struct UpdatePlan {
+    /// The agents it is for (`None`: every agent the operator sees).
+    pub targets: Option<Targets>,
+    /// How it reaches them.
+    pub rollout: crate::pack::rollout::Rollout,
+}
+
 /// Which agents a pack is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Targets {

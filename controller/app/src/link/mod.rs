@@ -26,6 +26,7 @@
 mod feedback;
 mod perform;
 mod pushes;
+mod releases;
 
 #[cfg(test)]
 mod tests;
@@ -45,7 +46,7 @@ use super::pace::{Pace, TokenBucket};
 use crate::texts::PackText;
 use baton_model::{
     AgentRow, Binding, ClockRow, DeliveryRow, ErrorRow, FeedbackRow, FeedbackStored, HeldPackRow,
-    PackKey, RefTime, SignedDuration, SpanNanos, TrustRow,
+    PackKey, RefTime, ReleaseRow, SignedDuration, SpanNanos, TrustRow, UpdateRow,
 };
 use baton_store::{AnswerRow, HelloRow};
 
@@ -71,6 +72,29 @@ pub const TIME_REQUESTS: Pace = Pace {
 pub const TRUST_REPORTS: Pace = Pace {
     rate: 0.2,
     burst: 4.0,
+};
+
+/// Release pieces an agent's stream answers: its download asks a window
+/// of four pieces at a time at a few hundred KiB/s by default (four
+/// pieces a second); sixty-four a second (4 MiB/s) at most, what the
+/// store reads for one box. Requests past the pace wait their turn
+/// ([`RELEASE_QUEUE`]), they are not dropped: an agent that asks faster
+/// (a site that raised its `download-rate`) is slowed, not stalled.
+pub const RELEASE_REQUESTS: Pace = Pace {
+    rate: 64.0,
+    burst: 16.0,
+};
+
+/// Release requests waiting for their turn at most: an agent's fetch has
+/// four in flight; past this many (an agent not following the protocol)
+/// they are dropped and counted.
+pub const RELEASE_QUEUE: usize = 16;
+
+/// Update reports an agent's stream may have stored: one per step of an
+/// update (downloading is said every few pieces).
+pub const UPDATE_REPORTS: Pace = Pace {
+    rate: 2.0,
+    burst: 8.0,
 };
 
 /// Clock reports an agent's stream may have stored: it sends one on each
@@ -156,6 +180,17 @@ pub enum FromAgent {
     Held(Vec<HeldPackRow>),
     /// What it checks packs against, changed since its hello.
     Trust(TrustRow),
+    /// It asks for bytes of an offered release's binary.
+    ReleaseRequest {
+        /// The release's version.
+        version: String,
+        /// From.
+        offset: u64,
+        /// At most this many.
+        length: u32,
+    },
+    /// Where an offered update stands on it.
+    Update(UpdateRow),
     /// A time request (its `t1`).
     TimeRequest {
         /// The request's id.
@@ -199,6 +234,10 @@ pub enum Done {
     Agent(Option<Box<AgentRow>>),
     /// [`Effect::Pack`].
     Pack(Option<Arc<PackText>>),
+    /// [`Effect::Offer`].
+    Offer(Option<Arc<ReleaseRow>>),
+    /// [`Effect::Piece`].
+    Piece(Option<Vec<u8>>),
 }
 
 /// What a session asks the controller to do.
@@ -268,6 +307,17 @@ pub enum ToAgent {
     },
     /// Are you there.
     Ping(u64),
+    /// A release offered: its signed manifest, relayed as signed.
+    ReleaseOffer(Arc<ReleaseRow>),
+    /// Bytes of the offered release's binary, as asked.
+    ReleaseChunk {
+        /// The release's version.
+        version: String,
+        /// Where they start.
+        offset: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
 }
 
 /// A store operation the session needs, performed for its agent through
@@ -332,6 +382,24 @@ pub enum Effect {
         key: PackKey,
         /// The version.
         version: u64,
+    },
+    /// Read the release the agent is to be offered.
+    Offer,
+    /// Read a piece of a release's binary.
+    Piece {
+        /// The release's version.
+        version: String,
+        /// Its architecture.
+        arch: String,
+        /// The piece.
+        index: u64,
+    },
+    /// Store what the agent says of an update.
+    Update {
+        /// The stream's generation.
+        session: u64,
+        /// As it says.
+        row: UpdateRow,
     },
 }
 
@@ -408,7 +476,10 @@ impl std::fmt::Display for End {
 enum Wait {
     Known(Box<HelloRow>),
     Hello,
-    Answered { key: PackKey, clear: bool },
+    Answered {
+        key: PackKey,
+        clear: bool,
+    },
     Clock(ClockRow),
     Rows,
     Resync,
@@ -416,6 +487,12 @@ enum Wait {
     Feedback(feedback::Pending),
     Text(Work),
     Written,
+    Offer,
+    Piece {
+        version: String,
+        offset: u64,
+        length: u32,
+    },
 }
 
 /// A per-stream rate limit on one kind of message: past it the message is
@@ -463,6 +540,18 @@ pub struct Session {
     /// allows (the agent says a change once: a report dropped for good
     /// would leave its trust shown stale).
     trust_held_back: Option<TrustRow>,
+    release_requests: Limited,
+    update_reports: Limited,
+    /// The release offered on this stream (pieces of it only are
+    /// served).
+    offered: Option<Arc<ReleaseRow>>,
+    /// The agent's latest update report past the rate, stored when the
+    /// rate allows.
+    update_held_back: Option<UpdateRow>,
+    /// Release requests waiting for the pace: (version, offset, length).
+    release_queue: VecDeque<(String, u64, u32)>,
+    /// When the next waiting request may be served.
+    release_due: Option<Instant>,
     /// Entries dropped for naming what is not the agent's.
     foreign: u64,
     /// Whether the hello is stored (the stream is live).
@@ -508,6 +597,12 @@ impl Session {
             clock_reports: Limited::new("clock reports", CLOCK_REPORTS, now.mono),
             trust_reports: Limited::new("trust reports", TRUST_REPORTS, now.mono),
             trust_held_back: None,
+            release_requests: Limited::new("release requests", RELEASE_REQUESTS, now.mono),
+            update_reports: Limited::new("update reports", UPDATE_REPORTS, now.mono),
+            offered: None,
+            update_held_back: None,
+            release_queue: VecDeque::new(),
+            release_due: None,
             foreign: 0,
             live: false,
             wait: None,
@@ -542,12 +637,14 @@ impl Session {
 
     /// Entries dropped on this stream for naming what is not the agent's,
     /// and the messages dropped over each rate limit.
-    pub fn dropped(&self) -> [(&'static str, u64); 4] {
+    pub fn dropped(&self) -> [(&'static str, u64); 6] {
         [
             ("entries for packs not the agent's", self.foreign),
             (self.time_requests.what, self.time_requests.dropped),
             (self.clock_reports.what, self.clock_reports.dropped),
             (self.trust_reports.what, self.trust_reports.dropped),
+            (self.release_requests.what, self.release_requests.dropped),
+            (self.update_reports.what, self.update_reports.dropped),
         ]
     }
 
@@ -558,6 +655,7 @@ impl Session {
         [self.next_ping, self.next_seen, self.next_resync, dead]
             .into_iter()
             .chain(retry)
+            .chain(self.release_due)
             .min()
             .unwrap_or(dead)
     }
@@ -652,6 +750,12 @@ impl Session {
             FromAgent::Clock { row, outbox } => self.on_clock(now, row, outbox),
             FromAgent::Held(held) => self.on_held(now, held),
             FromAgent::Trust(row) => self.on_trust(now, row),
+            FromAgent::ReleaseRequest {
+                version,
+                offset,
+                length,
+            } => self.on_release_request(now, version, offset, length),
+            FromAgent::Update(row) => self.on_update(now, row),
             FromAgent::TimeRequest { id, t1_ns } => {
                 // t2 as soon as the request is seen; t3 as the reply
                 // leaves (the shell stamps it).
@@ -693,6 +797,11 @@ impl Session {
             SessionCmd::Forgotten => self.end(End::Forgotten),
             SessionCmd::Regranted => {
                 self.effect(Effect::Agent, Wait::Agent);
+            }
+            SessionCmd::Release => {
+                if self.live {
+                    self.work.push_back(Work::Offer);
+                }
             }
         }
     }
@@ -815,11 +924,24 @@ impl Session {
             if self.trust_held_back.is_some() && self.trust_reports.bucket.take(now.mono).is_ok() {
                 self.work.push_back(Work::Trust);
             }
+            if self.update_held_back.is_some()
+                && self.update_reports.bucket.take(now.mono).is_ok()
+                && let Some(row) = self.update_held_back.take()
+            {
+                self.work.push_back(Work::Update(row));
+            }
         }
         self.work.push_back(Work::RetriesDue);
+        if self.release_due.is_some_and(|t| now.mono >= t) {
+            self.release_due = None;
+            self.work.push_back(Work::ReleaseDue);
+        }
         if now.mono >= self.next_resync {
             self.next_resync = now.mono + RESYNC;
             self.work.push_back(Work::Resync);
+            // An offer whose word from another replica was lost, or one
+            // refused for now, is read again.
+            self.work.push_back(Work::Offer);
         }
     }
 
@@ -871,6 +993,15 @@ impl Session {
             (Wait::Feedback(p), Done::Feedback(stored)) => self.feedback_stored(p, stored),
             (Wait::Text(work), Done::Pack(text)) => self.text_read(now, work, text),
             (Wait::Written, Done::Written) => {}
+            (Wait::Offer, Done::Offer(release)) => self.offer(release),
+            (
+                Wait::Piece {
+                    version,
+                    offset,
+                    length,
+                },
+                Done::Piece(piece),
+            ) => self.piece_read(version, offset, length, piece),
             (w, d) => {
                 debug_assert!(false, "answer {d:?} does not fit {w:?}");
                 tracing::error!(agent = %self.agent.id, "link session: an answer of the wrong kind (dropped)");
@@ -914,6 +1045,7 @@ impl Session {
         let detail = format!("agent {}", self.agent.agent_version);
         self.agent_event(now, AgentEventKind::Connected, None, detail);
         self.act_all();
+        self.update_at_welcome(now);
     }
 
     /// Work queued behind effects, until it needs one or is done.
@@ -937,6 +1069,12 @@ impl Session {
                     if let Some(row) = self.trust_held_back.take() {
                         self.store_trust(row);
                     }
+                }
+                Work::Offer => self.effect(Effect::Offer, Wait::Offer),
+                Work::ReleaseDue => self.release_due(now),
+                Work::Update(row) => {
+                    let session = self.agent.session_gen;
+                    self.effect(Effect::Update { session, row }, Wait::Written);
                 }
                 Work::RetriesDue => self.retries_due(now),
                 Work::Resync => self.effect(Effect::Rows, Wait::Resync),

@@ -90,6 +90,16 @@ impl App {
             Effect::Rows => Done::Rows(s.deliveries_of_agent(agent).await?),
             Effect::Agent => Done::Agent(s.agent(agent).await?.map(Box::new)),
             Effect::Pack { key, version } => Done::Pack(self.pack_text(&key, version).await?),
+            Effect::Offer => Done::Offer(s.release_offer(agent).await?.map(Arc::new)),
+            Effect::Piece {
+                version,
+                arch,
+                index,
+            } => Done::Piece(s.release_piece(&version, &arch, index).await?),
+            Effect::Update { session, row } => {
+                s.record_update(agent, session, row).await?;
+                Done::Written
+            }
         })
     }
 

@@ -53,6 +53,12 @@ pub(super) enum Work {
     Resync,
     /// Acknowledge feedback up to this seq (stored).
     Ack(u64),
+    /// Read the release the agent is to be offered, and offer it.
+    Offer,
+    /// Serve the release request that waited for the pace, if any.
+    ReleaseDue,
+    /// Store what the agent says of an update.
+    Update(baton_model::UpdateRow),
 }
 
 impl Session {

@@ -90,6 +90,9 @@ struct Fake {
     offered: Vec<u64>,
     effects: Vec<String>,
     session_gen: u64,
+    /// The release the agent is to be offered, and its pieces.
+    release: Option<Arc<baton_model::ReleaseRow>>,
+    pieces: Vec<Vec<u8>>,
 }
 
 impl Fake {
@@ -100,6 +103,8 @@ impl Fake {
             offered: Vec::new(),
             effects: Vec::new(),
             session_gen: 0,
+            release: None,
+            pieces: Vec::new(),
         }
     }
 
@@ -123,13 +128,19 @@ impl Fake {
                 self.session_gen = self.session_gen.max(h.session_gen_seen) + 1;
                 let mut a = AgentRow::new(&h.id, &h.journal_id);
                 a.session_gen = self.session_gen;
+                a.agent_version = h.agent_version.clone();
                 Done::Hello {
                     agent: Box::new(a),
                     rows: self.rows.clone(),
                     acked: self.acked(),
                 }
             }
-            Effect::Seen { .. } | Effect::Clock { .. } | Effect::Trust { .. } => Done::Written,
+            Effect::Seen { .. }
+            | Effect::Clock { .. }
+            | Effect::Trust { .. }
+            | Effect::Update { .. } => Done::Written,
+            Effect::Offer => Done::Offer(self.release.clone()),
+            Effect::Piece { index, .. } => Done::Piece(self.pieces.get(index as usize).cloned()),
             Effect::Held { .. } => Done::Rows(Vec::new()),
             Effect::Rows => Done::Rows(self.rows.clone()),
             Effect::Agent => Done::Agent(None),
@@ -212,6 +223,8 @@ impl Run {
             held: Vec::new(),
             session_gen_seen: 0,
             trust: None,
+            arch: "x86_64".into(),
+            update: None,
             at: now.wall,
         };
         let (s, first) = Session::start(now, cfg, hello, None, first_held_seq);
@@ -361,7 +374,7 @@ fn a_hello_is_welcomed_with_what_is_stored_and_pending_rows_are_pushed() {
     assert_eq!(pushes(&r.seen), vec![("p".to_string(), 2)]);
     // The text was read once, through an effect, after the hello.
     let order: Vec<&str> = r.fake.effects.iter().map(|e| &e[..5]).collect();
-    assert_eq!(order, ["Known", "Hello", "Pack "]);
+    assert_eq!(order, ["Known", "Hello", "Pack ", "Offer"]);
 }
 
 #[test]
@@ -723,4 +736,276 @@ proptest! {
             }
         }
     }
+}
+
+fn release(version: &str, size: u64) -> Arc<baton_model::ReleaseRow> {
+    Arc::new(baton_model::ReleaseRow {
+        version: version.into(),
+        arch: "x86_64".into(),
+        manifest: format!("{{\"version\":\"{version}\"}}"),
+        key: "00112233aabbccdd".into(),
+        signature: "c2ln".into(),
+        size,
+        sha256: "ab".repeat(32),
+        uploaded: RefTime::from_nanos(0),
+        by: "ann".into(),
+    })
+}
+
+fn offers(a: &[Action]) -> Vec<String> {
+    sends(a)
+        .into_iter()
+        .filter_map(|m| match m {
+            ToAgent::ReleaseOffer(r) => Some(r.version.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn chunks(a: &[Action]) -> Vec<(u64, Vec<u8>)> {
+    sends(a)
+        .into_iter()
+        .filter_map(|m| match m {
+            ToAgent::ReleaseChunk { offset, data, .. } => Some((*offset, data.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ask(version: &str, offset: u64, length: u32) -> FromAgent {
+    FromAgent::ReleaseRequest {
+        version: version.into(),
+        offset,
+        length,
+    }
+}
+
+#[test]
+fn a_release_is_offered_at_the_welcome_and_its_pieces_served_as_asked() {
+    let piece = baton_model::RELEASE_PIECE;
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", piece + 10));
+    fake.pieces = vec![(0..piece).map(|i| (i % 251) as u8).collect(), vec![7; 10]];
+    let mut r = Run::start(fake, 1);
+    assert_eq!(offers(&r.seen), ["2.0.0"]);
+
+    // A whole piece, part of one, across two (answered short), the tail.
+    let a = r.agent(ask("2.0.0", 0, piece as u32));
+    assert_eq!(chunks(&a), [(0, r.fake.pieces[0].clone())]);
+    let a = r.agent(ask("2.0.0", 100, 50));
+    assert_eq!(chunks(&a), [(100, r.fake.pieces[0][100..150].to_vec())]);
+    let a = r.agent(ask("2.0.0", piece - 4, 64));
+    assert_eq!(
+        chunks(&a),
+        [(piece - 4, r.fake.pieces[0][piece as usize - 4..].to_vec())]
+    );
+    let a = r.agent(ask("2.0.0", piece, 64 * 1024));
+    assert_eq!(chunks(&a), [(piece, vec![7; 10])]);
+    assert!(ended(&r.seen).is_none());
+
+    // Past its end: a box that does not follow the protocol.
+    let a = r.agent(ask("2.0.0", piece + 10, 1));
+    assert!(matches!(ended(&a), Some(End::Bad(_))), "{a:?}");
+}
+
+#[test]
+fn only_the_offered_release_is_served_and_a_withdrawn_one_no_more() {
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    fake.pieces = vec![vec![1; 10]];
+    let mut r = Run::start(fake, 1);
+    // Another version (in flight from an offer superseded): dropped,
+    // counted, the stream goes on.
+    let a = r.agent(ask("1.9.0", 0, 10));
+    assert!(chunks(&a).is_empty() && ended(&a).is_none(), "{a:?}");
+    assert_eq!(r.s.dropped()[4].1, 1);
+
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    fake.pieces = vec![vec![1; 10]];
+    let mut r = Run::start(fake, 1);
+    // Withdrawn (an abort): read again on the hub's word, nothing more
+    // served, the stream goes on.
+    r.fake.release = None;
+    r.input(Input::Hub(SessionCmd::Release));
+    let a = r.agent(ask("2.0.0", 0, 10));
+    assert!(chunks(&a).is_empty() && ended(&a).is_none(), "{a:?}");
+    // Offered again (a new update): sent once however often it is told.
+    r.fake.release = Some(release("2.0.1", 10));
+    let a = r.input(Input::Hub(SessionCmd::Release));
+    assert_eq!(offers(&a), ["2.0.1"]);
+    let a = r.input(Input::Hub(SessionCmd::Release));
+    assert!(offers(&a).is_empty(), "{a:?}");
+}
+
+#[test]
+fn a_release_the_agent_runs_or_gave_up_is_not_offered() {
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("test", 10));
+    let r = Run::start(fake, 1);
+    assert!(offers(&r.seen).is_empty(), "it runs version `test`");
+
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    let mut r = Run::start(fake, 1);
+    r.agent(FromAgent::Update(baton_model::UpdateRow {
+        version: "2.0.0".into(),
+        phase: baton_model::UpdatePhase::RolledBack,
+        held_bytes: 10,
+        size: 10,
+        reason: "not welcomed within 5m".into(),
+        at: RefTime::from_nanos(5),
+    }));
+    assert!(
+        r.fake
+            .effects
+            .iter()
+            .any(|e| e.starts_with("Update { session: 1"))
+    );
+    r.s.offered = None;
+    let a = r.input(Input::Hub(SessionCmd::Release));
+    assert!(offers(&a).is_empty(), "rolled back here: {a:?}");
+}
+
+#[test]
+fn update_reports_are_stored_up_to_a_rate_and_requests_past_theirs_dropped() {
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    fake.pieces = vec![vec![1; 10]];
+    let mut r = Run::start(fake, 1);
+    for held in 0..20 {
+        r.agent(FromAgent::Update(baton_model::UpdateRow {
+            version: "2.0.0".into(),
+            phase: baton_model::UpdatePhase::Downloading,
+            held_bytes: held,
+            size: 10,
+            reason: String::new(),
+            at: RefTime::from_nanos(5),
+        }));
+    }
+    let stored = r
+        .fake
+        .effects
+        .iter()
+        .filter(|e| e.starts_with("Update {"))
+        .count();
+    assert_eq!(stored, UPDATE_REPORTS.burst as usize);
+    // A burst at once: the pace's burst served now, the queue's worth
+    // waits its turn (served as time passes, none dropped), the rest of an
+    // agent asking far more than its window is dropped.
+    let mut served = 0;
+    for _ in 0..200 {
+        served += chunks(&r.agent(ask("2.0.0", 0, 10))).len();
+    }
+    let burst = RELEASE_REQUESTS.burst as usize;
+    assert_eq!(served, burst);
+    assert_eq!(r.s.dropped()[4].1, (200 - burst - RELEASE_QUEUE) as u64);
+    let mut later = 0;
+    for _ in 0..100 {
+        later += chunks(&r.advance(Duration::from_millis(10))).len();
+    }
+    assert_eq!(later, RELEASE_QUEUE, "the waiting ones, at the pace");
+    assert!(ended(&r.seen).is_none());
+}
+
+#[test]
+fn a_download_faster_than_the_pace_is_slowed_not_dropped() {
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    fake.pieces = vec![vec![1; 10]];
+    let mut r = Run::start(fake, 1);
+    // An agent whose download-rate is far above the pace keeps a window
+    // of four in flight and asks again as each answer comes: every
+    // request is answered, at the pace.
+    let mut answered = 0;
+    let mut asked = 0;
+    let mut in_flight = 0;
+    for _ in 0..2_000 {
+        while in_flight < 4 {
+            let a = r.agent(ask("2.0.0", 0, 10));
+            asked += 1;
+            in_flight += 1;
+            let n = chunks(&a).len();
+            answered += n;
+            in_flight -= n;
+        }
+        let n = chunks(&r.advance(Duration::from_millis(1))).len();
+        answered += n;
+        in_flight -= n;
+    }
+    assert_eq!(r.s.dropped()[4].1, 0, "none dropped");
+    assert!(
+        answered + 4 >= asked && answered <= asked,
+        "{answered} of {asked}"
+    );
+    // Two seconds at 64 a second, and the first burst.
+    let most = (2.0 * RELEASE_REQUESTS.rate + RELEASE_REQUESTS.burst) as usize + 1;
+    assert!(
+        answered <= most && answered >= most - 8,
+        "{answered}, about {most}"
+    );
+}
+
+#[test]
+fn a_refused_offer_is_made_again_at_the_next_resync_and_held_back_reports_stored() {
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    let mut r = Run::start(fake, 1);
+    assert_eq!(offers(&r.seen), ["2.0.0"]);
+    let said = |phase, held| baton_model::UpdateRow {
+        version: "2.0.0".into(),
+        phase,
+        held_bytes: held,
+        size: 10,
+        reason: String::new(),
+        at: RefTime::from_nanos(5),
+    };
+    // Refused for now (the box was itself on trial): offered again on
+    // the next word of a step, and at the resync.
+    r.agent(FromAgent::Update(said(
+        baton_model::UpdatePhase::Refused,
+        0,
+    )));
+    let a = r.input(Input::Hub(SessionCmd::Release));
+    assert_eq!(offers(&a), ["2.0.0"], "a word of a step reads it again");
+    r.agent(FromAgent::Update(said(
+        baton_model::UpdatePhase::Refused,
+        0,
+    )));
+    let mut again = Vec::new();
+    while r.at < RESYNC + PING {
+        again.extend(offers(&r.advance(PING / 2)));
+        // The agent answers pings (the stream stays live).
+        r.agent(FromAgent::Heard);
+    }
+    assert_eq!(again, ["2.0.0"], "offered again at the resync");
+    // Not after a rollback: the box never takes that version again.
+    r.agent(FromAgent::Update(said(
+        baton_model::UpdatePhase::RolledBack,
+        10,
+    )));
+    let a = r.advance(RESYNC);
+    assert!(offers(&a).is_empty(), "{a:?}");
+    // A burst of reports past the rate: the latest is stored later.
+    for held in 0..20 {
+        r.agent(FromAgent::Update(said(
+            baton_model::UpdatePhase::Downloading,
+            held,
+        )));
+    }
+    let stored = |r: &Run| {
+        r.fake
+            .effects
+            .iter()
+            .filter(|e| e.starts_with("Update {"))
+            .count()
+    };
+    let before = stored(&r);
+    r.advance(SEEN_EVERY);
+    assert_eq!(stored(&r), before + 1, "{:?}", r.fake.effects);
+    assert_eq!(
+        r.s.agent.update.as_ref().map(|u| u.held_bytes),
+        Some(19),
+        "the latest word kept"
+    );
 }

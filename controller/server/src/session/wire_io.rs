@@ -61,13 +61,17 @@ pub(super) fn from_wire(
             t1_ns: r.t1_ns,
         },
         Some(In::TimeExchangeReply(_)) | Some(In::Pong(_)) => FromAgent::Heard,
-        // An agent speaks of releases only on a stream that offered one,
-        // and this controller offers none yet (issue 39).
-        Some(In::ReleaseRequest(_)) | Some(In::UpdateState(_)) => {
-            return Err(End::bad(
-                "a release message, but no release was offered on this stream",
-            ));
-        }
+        // Whether a release was offered on this stream is the session's
+        // to check.
+        Some(In::ReleaseRequest(r)) => FromAgent::ReleaseRequest {
+            version: r.version,
+            offset: r.offset,
+            length: r.length,
+        },
+        Some(In::UpdateState(u)) => match convert::update(&u, now_ns()) {
+            Some(row) => FromAgent::Update(row),
+            None => FromAgent::Heard,
+        },
     })
 }
 
@@ -124,5 +128,19 @@ pub(super) fn to_wire(m: ToAgent) -> Out {
             t3_ns: now_ns(),
         }),
         ToAgent::Ping(id) => Out::Ping(wire::Ping { id }),
+        ToAgent::ReleaseOffer(r) => Out::ReleaseOffer(wire::ReleaseOffer {
+            manifest: r.manifest.clone(),
+            key: r.key.clone(),
+            signature: r.signature.clone(),
+        }),
+        ToAgent::ReleaseChunk {
+            version,
+            offset,
+            data,
+        } => Out::ReleaseChunk(wire::ReleaseChunk {
+            version,
+            offset,
+            data,
+        }),
     }
 }

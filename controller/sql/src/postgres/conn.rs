@@ -43,6 +43,10 @@ impl ToSql for Param<'_> {
                 }
                 t.to_sql(ty, out)
             }
+            Param::Blob(b) => match *ty {
+                Type::BYTEA => b.to_sql(ty, out),
+                _ => Err(format!("bytes bound to a {ty} parameter").into()),
+            },
         }
     }
 
@@ -83,6 +87,9 @@ impl Row for postgres::Row {
             Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => self
                 .try_get::<_, Option<String>>(i)
                 .map(|v| v.map(Value::Text)),
+            Type::BYTEA => self
+                .try_get::<_, Option<Vec<u8>>>(i)
+                .map(|v| v.map(Value::Blob)),
             other => return Err(bad(&format!("a {other} column is not read by the store"))),
         };
         Ok(v.map_err(|e| bad(&e))?.unwrap_or(Value::Null))

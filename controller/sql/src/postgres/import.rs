@@ -1,7 +1,7 @@
 //! `baton-controller migrate --from DIR --to URL`: a single-node site's
 //! embedded store copied into PostgreSQL, history and all (agents and
 //! their labels and tenants, packs and every version, deliveries,
-//! rollouts and their cohorts,
+//! rollouts and their cohorts, agent releases and updates,
 //! journals and feedback, clock history, the audit log).
 //!
 //! One transaction, every table it writes locked `EXCLUSIVE` first, so
@@ -40,6 +40,10 @@ const TABLES: &[&str] = &[
     // nor dashboard sessions and failed log-ins (operators log in again
     // on the moved site, as after any move of a controller).
     "revocations",
+    "releases",
+    "release_pieces",
+    "agent_updates",
+    "release_targets",
 ];
 
 /// The tables whose ids come from a sequence.
@@ -180,12 +184,6 @@ fn copy_table(source: &rusqlite::Connection, target: &PgConn, table: &str) -> St
                         .map_err(|e| StoreError::corrupt(format!("{table}.{name}"), e))?
                         .to_owned(),
                 ),
-                ValueRef::Blob(_) => {
-                    return Err(StoreError::corrupt(
-                        format!("{table}.{name}"),
-                        "a blob, which the store never writes",
-                    ));
-                }
                 _ => None,
             };
             cells.push((v, text));
@@ -196,6 +194,7 @@ fn copy_table(source: &rusqlite::Connection, target: &PgConn, table: &str) -> St
                 (_, Some(t)) => Param::Text(t),
                 (ValueRef::Integer(i), _) => Param::Int(*i),
                 (ValueRef::Real(f), _) => Param::Real(*f),
+                (ValueRef::Blob(b), _) => Param::Blob(b),
                 _ => Param::Null,
             })
             .collect();

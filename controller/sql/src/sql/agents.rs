@@ -9,7 +9,7 @@ use super::db::{Db, Param, Row, chunks, col, params, placeholders, query_all, qu
 use baton_model::time::{self, span_ns};
 use baton_store::{
     AgentFilter, AgentRow, Binding, ClockRow, FleetCounts, FleetState, HelloRow, LabelMatch,
-    LabelOverrides, MAX_PAGE, StoreError, StoreResult, StreamHealth, TrustRow, page,
+    LabelOverrides, MAX_PAGE, StoreError, StoreResult, StreamHealth, TrustRow, UpdateRow, page,
 };
 
 /// Now on the clock leases are measured with, in microseconds since the
@@ -18,7 +18,7 @@ pub type LeaseClock = fn(&dyn Db) -> StoreResult<i64>;
 
 const AGENT_COLUMNS: &str = "id, labels, agent_version, journal_id, connected, last_seen_ns, \
      session_gen, owner, lateness_p99_ns, clock_source, clock_state, clock_offset_ns, clock_jitter_ns, clock_uncertainty_ns, \
-     clock_frequency_ppm, clock_at_ns, outbox_entries, outbox_growing, late_recently, trust";
+     clock_frequency_ppm, clock_at_ns, outbox_entries, outbox_growing, late_recently, trust, arch, agent_update";
 
 fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
     let id: String = col(row, "id")?;
@@ -52,6 +52,10 @@ fn decode_agent(row: &dyn Row) -> StoreResult<AgentRow> {
         a.clock = clock;
         a.trust = col::<Option<String>>(row, "trust")?
             .map(|t| from_json(&t, "trust"))
+            .transpose()?;
+        a.arch = col(row, "arch")?;
+        a.update = col::<Option<String>>(row, "agent_update")?
+            .map(|u| from_json(&u, "agent_update"))
             .transpose()?;
         Ok(a)
     })();
@@ -507,17 +511,23 @@ pub(crate) fn refuse_a_second_machine(
 pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreResult<()> {
     let labels = to_json(&h.labels, "labels")?;
     let trust = h.trust.as_ref().map(|t| to_json(t, "trust")).transpose()?;
+    let update = h
+        .update
+        .as_ref()
+        .map(|u| to_json(u, "agent_update"))
+        .transpose()?;
     let seen = baton_store::fits(h.session_gen_seen, "session generation")?;
     // `CASE` rather than MAX/GREATEST: the engines spell those otherwise.
     run(
         conn,
         "store an agent",
         "INSERT INTO agents (id, labels, agent_version, journal_id, connected, last_seen_ns, \
-         session_gen, owner, owner_epoch, trust) \
-         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6 + 1, ?7, ?8, ?9) \
+         session_gen, owner, owner_epoch, trust, arch, agent_update) \
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6 + 1, ?7, ?8, ?9, ?10, ?11) \
          ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, \
          agent_version = excluded.agent_version, journal_id = excluded.journal_id, \
-         trust = excluded.trust, \
+         trust = excluded.trust, arch = excluded.arch, \
+         agent_update = COALESCE(excluded.agent_update, agents.agent_update), \
          connected = excluded.connected, last_seen_ns = excluded.last_seen_ns, \
          session_gen = CASE WHEN agents.session_gen > ?6 THEN agents.session_gen ELSE ?6 END + 1, \
          owner = excluded.owner, owner_epoch = excluded.owner_epoch",
@@ -530,7 +540,9 @@ pub(crate) fn write_hello(conn: &dyn Db, h: &HelloRow, owner: &Owner) -> StoreRe
             seen,
             owner.replica,
             owner.epoch,
-            trust
+            trust,
+            h.arch,
+            update
         ],
     )?;
     run(
@@ -708,6 +720,10 @@ pub(crate) fn write_forget(conn: &dyn Db, id: &str, tenant: Option<&str>) -> Sto
                 "DELETE FROM clock_reports WHERE agent_id = ?1",
                 "forget an agent's clock history",
             ),
+            (
+                "DELETE FROM release_targets WHERE agent_id = ?1",
+                "forget the release an agent is offered",
+            ),
             ("DELETE FROM agents WHERE id = ?1", "forget an agent"),
         ],
     };
@@ -728,6 +744,19 @@ pub(crate) fn write_trust(conn: &dyn Db, id: &str, trust: &TrustRow) -> StoreRes
         id,
         "UPDATE agents SET trust = ?2 WHERE id = ?1",
         params![id, trust],
+    )
+}
+
+/// What a stored agent last said of an update.
+pub(crate) fn write_update(conn: &dyn Db, id: &str, update: &UpdateRow) -> StoreResult<()> {
+    baton_store::fits(update.held_bytes, "held bytes")?;
+    baton_store::fits(update.size, "release size")?;
+    let update = to_json(update, "agent_update")?;
+    update_agent(
+        conn,
+        id,
+        "UPDATE agents SET agent_update = ?2 WHERE id = ?1",
+        params![id, update],
     )
 }
 

@@ -23,6 +23,8 @@ pub enum Param<'a> {
     Real(f64),
     /// A TEXT column.
     Text(&'a str),
+    /// A BLOB (SQLite) or BYTEA (PostgreSQL) column: a release's pieces.
+    Blob(&'a [u8]),
 }
 
 /// A Rust value bound as a parameter.
@@ -55,6 +57,8 @@ to_param! {
     Option<i64> => |v| v.map_or(Param::Null, Param::Int),
     Option<f64> => |v| v.map_or(Param::Null, Param::Real),
     Param<'_> => |v| *v,
+    [u8] => |v| Param::Blob(v),
+    Vec<u8> => |v| Param::Blob(v.as_slice()),
 }
 
 impl<T: ToParam + ?Sized> ToParam for &T {
@@ -182,6 +186,8 @@ pub enum Value {
     Real(f64),
     /// A TEXT column.
     Text(String),
+    /// A BLOB / BYTEA column.
+    Blob(Vec<u8>),
 }
 
 impl Value {
@@ -191,6 +197,7 @@ impl Value {
             Value::Int(_) => "an integer",
             Value::Real(_) => "a real",
             Value::Text(_) => "text",
+            Value::Blob(_) => "bytes",
         }
     }
 }
@@ -243,6 +250,15 @@ impl FromValue for String {
         match v {
             Value::Text(s) => Ok(s),
             other => Err(wrong("text", &other)),
+        }
+    }
+}
+
+impl FromValue for Vec<u8> {
+    fn from_value(v: Value) -> Result<Vec<u8>, String> {
+        match v {
+            Value::Blob(b) => Ok(b),
+            other => Err(wrong("bytes", &other)),
         }
     }
 }

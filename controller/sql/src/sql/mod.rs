@@ -22,6 +22,7 @@ pub(crate) mod events;
 pub(crate) mod feedback;
 pub(crate) mod members;
 pub(crate) mod packs;
+pub(crate) mod releases;
 pub(crate) mod rollouts;
 pub(crate) mod sessions;
 pub(crate) mod store_impl;

@@ -11,7 +11,7 @@ pub(crate) use super::codec::{DELIVERY_COLUMNS, decode_delivery, u64_from_db};
 pub(crate) use super::db::{col, params, query_all};
 pub(crate) use super::feedback;
 pub(crate) use super::tx::SqlTx;
-pub(crate) use super::{Engine, audit, deliveries, events, packs, rollouts, sessions};
+pub(crate) use super::{Engine, audit, deliveries, events, packs, releases, rollouts, sessions};
 pub(crate) use baton_model::RefTime;
 pub(crate) use baton_store::{
     AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
@@ -351,6 +351,41 @@ impl Store for $engine {
             ))
         })
         .await
+    }
+
+    async fn releases(&self) -> StoreResult<Vec<baton_store::ReleaseRow>> {
+        self.read(releases::releases).await
+    }
+
+    async fn release_piece(
+        &self,
+        version: &str,
+        arch: &str,
+        index: u64,
+    ) -> StoreResult<Option<Vec<u8>>> {
+        let (version, arch) = (version.to_owned(), arch.to_owned());
+        self.read(move |conn| releases::piece(conn, &version, &arch, index))
+            .await
+    }
+
+    async fn release_offer(&self, id: &str) -> StoreResult<Option<baton_store::ReleaseRow>> {
+        let id = id.to_owned();
+        self.read(move |conn| releases::offer(conn, &id)).await
+    }
+
+    async fn agent_updates(
+        &self,
+        open_only: bool,
+    ) -> StoreResult<Vec<baton_store::AgentUpdateRow>> {
+        self.read(move |conn| releases::updates(conn, open_only))
+            .await
+    }
+
+    async fn agent_update(
+        &self,
+        id: Option<u64>,
+    ) -> StoreResult<Option<baton_store::AgentUpdateRow>> {
+        self.read(move |conn| releases::update(conn, id)).await
     }
 
     async fn revocations(&self) -> StoreResult<Vec<baton_store::RevocationRow>> {

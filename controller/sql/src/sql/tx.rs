@@ -4,16 +4,16 @@
 use std::collections::BTreeMap;
 
 use baton_store::{
-    AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
-    GateRow, Grows, HelloRow, LabelOverrides, Member, PackHead, PackKey, PackTargets,
-    PackVersionRow, PutPack, RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, StoreResult,
-    TargetsRow, Tx,
+    AgentRow, AgentUpdateRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow,
+    FeedbackStored, GateRow, Grows, HelloRow, LabelOverrides, Member, PackHead, PackKey,
+    PackTargets, PackVersionRow, PutPack, RefTime, ReleaseRow, RevocationRow, RolloutRow, SeenRow,
+    SessionRow, StoreResult, TargetsRow, Tx, UpdateRow,
 };
 
 use super::agents::{self, LeaseClock, Owner};
 use super::db::{Db, params, run};
 use super::feedback::{self, DELETE_AUDIT, DELETE_CLOCK, DELETE_FEEDBACK, delete_oldest};
-use super::{audit, deliveries, events, packs, rollouts, sessions};
+use super::{audit, deliveries, events, packs, releases, rollouts, sessions};
 
 /// One transaction of an engine's writer.
 pub(crate) struct SqlTx<'a> {
@@ -371,6 +371,65 @@ impl Tx for SqlTx<'_> {
 
     fn add_login_failure(&mut self, source: &str, window: RefTime) -> StoreResult<u64> {
         sessions::add_login_failure(self.conn, source, window.as_nanos())
+    }
+
+    fn release(&mut self, version: &str, arch: &str) -> StoreResult<Option<ReleaseRow>> {
+        releases::release(self.conn, version, arch)
+    }
+
+    fn put_release(&mut self, row: &ReleaseRow) -> StoreResult<()> {
+        releases::put_release(self.conn, row)
+    }
+
+    fn put_release_piece(
+        &mut self,
+        version: &str,
+        arch: &str,
+        index: u64,
+        data: &[u8],
+    ) -> StoreResult<()> {
+        releases::put_piece(self.conn, version, arch, index, data)
+    }
+
+    fn write_update(&mut self, id: &str, update: &UpdateRow) -> StoreResult<()> {
+        agents::write_update(self.conn, id, update)
+    }
+
+    fn open_agent_updates(&mut self) -> StoreResult<Vec<AgentUpdateRow>> {
+        releases::open_updates(self.conn)
+    }
+
+    fn lock_agent_updates(&mut self) -> StoreResult<()> {
+        // Taken before the open updates are read: a second start waits,
+        // then sees the first's update open and supersedes it.
+        run(
+            self.conn,
+            "serialize new agent updates",
+            "LOCK TABLE agent_updates IN SHARE ROW EXCLUSIVE MODE",
+            &[],
+        )?;
+        Ok(())
+    }
+
+    fn insert_agent_update(&mut self, row: &AgentUpdateRow) -> StoreResult<u64> {
+        releases::insert_update(self.conn, row)
+    }
+
+    fn cas_agent_update(&mut self, row: &AgentUpdateRow) -> StoreResult<bool> {
+        releases::cas_update(self.conn, row)
+    }
+
+    fn set_release_targets(
+        &mut self,
+        update: u64,
+        version: &str,
+        ids: &[String],
+    ) -> StoreResult<()> {
+        releases::set_targets(self.conn, update, version, ids)
+    }
+
+    fn clear_release_targets(&mut self, update: u64) -> StoreResult<()> {
+        releases::clear_targets(self.conn, update)
     }
 
     fn delete_login_failures_before(&mut self, before: RefTime, max: u32) -> StoreResult<u64> {

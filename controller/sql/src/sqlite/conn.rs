@@ -26,6 +26,7 @@ impl ToSql for Param<'_> {
             Param::Int(i) => ValueRef::Integer(i),
             Param::Real(f) => ValueRef::Real(f),
             Param::Text(t) => ValueRef::Text(t.as_bytes()),
+            Param::Blob(b) => ValueRef::Blob(b),
         }))
     }
 }
@@ -44,12 +45,7 @@ impl Row for rusqlite::Row<'_> {
                     .map_err(|e| corrupt(&format!("column {name}"), e))?
                     .to_owned(),
             ),
-            ValueRef::Blob(_) => {
-                return Err(corrupt(
-                    &format!("column {name}"),
-                    "a blob where none is stored",
-                ));
-            }
+            ValueRef::Blob(b) => Value::Blob(b.to_vec()),
         })
     }
 }

@@ -26,6 +26,7 @@ pub async fn hello_creates_and_updates(s: &dyn Store, _: Binding) {
     want.labels = labels(&[("line", "3")]);
     want.agent_version = "1.0.0".into();
     want.connected = true;
+    want.arch = "x86_64".into();
     want.last_seen = RefTime::from_nanos(100);
     want.tenants = set(&["t"]);
     want.session_gen = 1;

@@ -37,6 +37,8 @@ pub fn hello(id: &str, at_ns: i64) -> HelloRow {
         held: Vec::new(),
         session_gen_seen: 0,
         trust: None,
+        arch: "x86_64".into(),
+        update: None,
         at: RefTime::from_nanos(at_ns),
     }
 }

@@ -28,6 +28,7 @@ mod fixtures;
 mod fleet;
 mod packs;
 mod random;
+mod releases;
 mod retention;
 mod rollouts;
 mod sessions;
@@ -39,6 +40,7 @@ pub use fixtures::*;
 pub use fleet::*;
 pub use packs::*;
 pub use random::*;
+pub use releases::*;
 pub use retention::*;
 pub use rollouts::*;
 pub use sessions::*;
@@ -106,6 +108,10 @@ macro_rules! contract_suite {
             sessions_capped_per_certificate_and_in_all: [tenants];
             sessions_end_with_their_certificate: [tenants];
             login_failures_counted_per_source_and_window: [tenants];
+            releases_stored_once_and_served_by_piece: [tenants];
+            release_offered_by_target_and_arch: [tenants];
+            agent_updates_step_once_and_supersede: [tenants];
+            update_said_and_fenced: [tenants];
         );
         mod random_equivalence {
             $crate::contract_suite!(@random $open, $available; tenants, open);

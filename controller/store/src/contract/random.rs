@@ -522,6 +522,10 @@ async fn apply(s: &dyn Store, m: &mut Model, trail: &Trail, step: Step, at_ns: i
             a.labels = h.labels.clone();
             a.agent_version = h.agent_version.clone();
             a.trust = h.trust.clone();
+            a.arch = h.arch.clone();
+            if let Some(u) = &h.update {
+                a.update = Some(u.clone());
+            }
             a.journal_id = h.journal_id.clone();
             a.connected = true;
             a.last_seen = h.at;

@@ -18,14 +18,15 @@ use async_trait::async_trait;
 
 use crate::store::{Store, TxJob};
 use crate::{
-    AgentFilter, AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState, EventRow,
-    FeedbackFilter, FeedbackRow, FeedbackScope, FleetCounts, MAX_PAGE, Mark, PackKey,
-    PackSummaryRow, PackVersionRow, RefTime, RevocationRow, RolloutRow, SessionRow, StoreError,
-    StoreResult, clock_locked, page,
+    AgentFilter, AgentRow, AgentUpdateRow, AuditRow, Binding, ClockRow, DeliveryRow, DeliveryState,
+    EventRow, FeedbackFilter, FeedbackRow, FeedbackScope, FleetCounts, MAX_PAGE, Mark, PackKey,
+    PackSummaryRow, PackVersionRow, RefTime, ReleaseRow, RevocationRow, RolloutRow, SessionRow,
+    StoreError, StoreResult, clock_locked, page,
 };
 
 mod feedback;
 mod records;
+mod releases;
 mod rollouts;
 mod state;
 mod tx;
@@ -392,6 +393,36 @@ impl Store for MemoryStore {
                 .map(|((_, w), n)| (RefTime::from_nanos(*w), *n))
                 .collect())
         })
+    }
+
+    async fn releases(&self) -> StoreResult<Vec<ReleaseRow>> {
+        self.read(|s| Ok(s.releases.list()))
+    }
+
+    async fn release_piece(
+        &self,
+        version: &str,
+        arch: &str,
+        index: u64,
+    ) -> StoreResult<Option<Vec<u8>>> {
+        self.read(|s| Ok(s.releases.piece(version, arch, index)))
+    }
+
+    async fn release_offer(&self, id: &str) -> StoreResult<Option<ReleaseRow>> {
+        self.read(|s| {
+            let Some(a) = s.agents.get(id) else {
+                return Ok(None);
+            };
+            Ok(s.releases.offer(id, &a.arch))
+        })
+    }
+
+    async fn agent_updates(&self, open_only: bool) -> StoreResult<Vec<AgentUpdateRow>> {
+        self.read(|s| Ok(s.releases.updates(open_only)))
+    }
+
+    async fn agent_update(&self, id: Option<u64>) -> StoreResult<Option<AgentUpdateRow>> {
+        self.read(|s| Ok(s.releases.update(id)))
     }
 
     async fn revocations(&self) -> StoreResult<Vec<RevocationRow>> {

@@ -38,6 +38,8 @@ pub(super) struct State {
     pub(super) sessions: BTreeMap<String, SessionRow>,
     /// Failed log-ins, by source and window start.
     pub(super) login_failures: BTreeMap<(String, i64), u64>,
+    /// Agent releases, updates and who is offered which.
+    pub(super) releases: super::releases::Releases,
 }
 
 #[derive(Clone, Debug)]

@@ -9,10 +9,10 @@ use super::state::{PackRec, State};
 use super::{feedback, records, rollouts};
 use crate::tx::{Grows, PackHead, Tx};
 use crate::{
-    AgentRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow, FeedbackStored,
-    GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets, PackVersionRow, PutPack,
-    RefTime, RevocationRow, RolloutRow, SeenRow, SessionRow, StoreError, StoreResult, TargetsRow,
-    TrustRow, fits,
+    AgentRow, AgentUpdateRow, AuditRow, Binding, ClockRow, DeliveryRow, EventRow, FeedbackRow,
+    FeedbackStored, GateRow, HelloRow, LabelOverrides, Member, PackKey, PackTargets,
+    PackVersionRow, PutPack, RefTime, ReleaseRow, RevocationRow, RolloutRow, SeenRow, SessionRow,
+    StoreError, StoreResult, TargetsRow, TrustRow, UpdateRow, fits,
 };
 
 /// A transaction on the memory store's state (the store keeps a copy to
@@ -72,6 +72,10 @@ impl Tx for MemTx<'_> {
         a.labels = h.labels.clone();
         a.agent_version = h.agent_version.clone();
         a.trust = h.trust.clone();
+        a.arch = h.arch.clone();
+        if let Some(u) = &h.update {
+            a.update = Some(u.clone());
+        }
         a.journal_id = h.journal_id.clone();
         a.connected = true;
         a.last_seen = h.at;
@@ -183,6 +187,7 @@ impl Tx for MemTx<'_> {
                 s.cert_tenants.remove(id);
                 s.grants.remove(id);
                 s.clock.retain(|(a, _), _| a != id);
+                s.releases.forget_agent(id);
             }
         }
         Ok(existed)
@@ -491,6 +496,61 @@ impl Tx for MemTx<'_> {
 
     fn delete_login_failures_before(&mut self, before: RefTime, max: u32) -> StoreResult<u64> {
         Ok(records::delete_login_failures_before(self.s, before, max))
+    }
+
+    fn release(&mut self, version: &str, arch: &str) -> StoreResult<Option<ReleaseRow>> {
+        Ok(self.s.releases.release(version, arch))
+    }
+
+    fn put_release(&mut self, row: &ReleaseRow) -> StoreResult<()> {
+        self.s.releases.put_release(row)
+    }
+
+    fn put_release_piece(
+        &mut self,
+        version: &str,
+        arch: &str,
+        index: u64,
+        data: &[u8],
+    ) -> StoreResult<()> {
+        fits(index, "piece index")?;
+        self.s.releases.put_piece(version, arch, index, data);
+        Ok(())
+    }
+
+    fn write_update(&mut self, id: &str, update: &UpdateRow) -> StoreResult<()> {
+        fits(update.held_bytes, "held bytes")?;
+        fits(update.size, "release size")?;
+        let a = self.s.agents.get_mut(id).ok_or_else(|| no_agent(id))?;
+        a.update = Some(update.clone());
+        Ok(())
+    }
+
+    fn open_agent_updates(&mut self) -> StoreResult<Vec<AgentUpdateRow>> {
+        Ok(self.s.releases.open_updates())
+    }
+
+    fn insert_agent_update(&mut self, row: &AgentUpdateRow) -> StoreResult<u64> {
+        self.s.releases.insert_update(row)
+    }
+
+    fn cas_agent_update(&mut self, row: &AgentUpdateRow) -> StoreResult<bool> {
+        self.s.releases.cas_update(row)
+    }
+
+    fn set_release_targets(
+        &mut self,
+        update: u64,
+        version: &str,
+        ids: &[String],
+    ) -> StoreResult<()> {
+        self.s.releases.set_targets(update, version, ids);
+        Ok(())
+    }
+
+    fn clear_release_targets(&mut self, update: u64) -> StoreResult<()> {
+        self.s.releases.clear_targets(update);
+        Ok(())
     }
 
     fn delete_before(&mut self, what: Grows, before: RefTime, max: u32) -> StoreResult<u64> {

@@ -23,6 +23,11 @@ pub(super) struct Ctx {
     /// Some action (instruction, `on_failure`, `safe_state`) failed to
     /// decode, so the set of driven lines is incomplete.
     pub(super) actions_incomplete: bool,
+    /// Decoding an agent update's plan: a stage may pass on no firing
+    /// (`min_firings` 0, its default there): a box may run no pack, and
+    /// what an update waits for is the box back on its link, its clock
+    /// locked.
+    pub(super) silent_stages: bool,
 }
 
 impl Ctx {
@@ -34,6 +39,7 @@ impl Ctx {
             tz_name: "UTC".to_string(),
             policies: HashMap::new(),
             actions_incomplete: false,
+            silent_stages: false,
         }
     }
 

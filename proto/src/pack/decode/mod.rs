@@ -90,6 +90,31 @@ pub const ACTIONS: &[&str] = &[
     "noop",
 ];
 
+/// Keys of an agent update's plan.
+const PLAN_KEYS: &[&str] = &["targets", "rollout"];
+
+/// Decode and validate an agent update's plan: which agents (`targets:`,
+/// as a pack's; absent: every agent the operator sees) and how the
+/// release reaches them (`rollout:`, as a pack's, required).
+pub(crate) fn update_plan(root: &Node) -> Result<UpdatePlan, PackErrors> {
+    let mut cx = Ctx::new();
+    cx.silent_stages = true;
+    let Some(f) = Fields::new(&mut cx, root, "an update plan", PLAN_KEYS) else {
+        return Err(PackErrors(cx.errors));
+    };
+    let targets = f.get("targets").and_then(|n| targets(&mut cx, n));
+    let rollout = f
+        .required(&mut cx, "rollout", "an update plan")
+        .and_then(|n| rollout::rollout(&mut cx, n));
+    match rollout {
+        Some(rollout) if cx.errors.is_empty() => Ok(UpdatePlan { targets, rollout }),
+        _ => {
+            cx.errors.sort_by_key(|e| e.pos);
+            Err(PackErrors(cx.errors))
+        }
+    }
+}
+
 /// Decode and validate a whole pack tree.
 pub(crate) fn pack(root: &Node) -> Result<Pack, PackErrors> {
     let mut cx = Ctx::new();

@@ -36,9 +36,14 @@ pub(super) fn rollout(cx: &mut Ctx, node: &Node) -> Option<Rollout> {
     let soak = f
         .get("soak")
         .map_or(Some(DEFAULT_SOAK), |n| duration(cx, n, "rollout.soak"));
-    let min_firings = f.get("min_firings").map_or(Some(DEFAULT_MIN_FIRINGS), |n| {
+    let default_min = if cx.silent_stages {
+        0
+    } else {
+        DEFAULT_MIN_FIRINGS
+    };
+    let min_firings = f.get("min_firings").map_or(Some(default_min), |n| {
         let v = uint(cx, n, "rollout.min_firings", u64::from(u32::MAX))?;
-        if v == 0 {
+        if v == 0 && !cx.silent_stages {
             cx.err(
                 n.pos,
                 "rollout.min_firings must be at least 1: a stage passes on what its agents fired, never on silence",

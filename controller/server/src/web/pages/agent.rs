@@ -95,7 +95,8 @@ pub async fn page(State(web): State<Arc<Web>>, who: Who, Path(id): Path<String>)
             dl.facts {
                 div { dt { "Connection" } dd { @if v.connected { (badge(Tone::Good, "connected")) } @else { (badge(Tone::Bad, "offline")) } } }
                 div { dt { "Last seen" } dd title=(instant(a.last_seen.as_nanos())) { (ago(a.last_seen.as_nanos(), now)) } }
-                div { dt { "Agent version" } dd { (a.agent_version) } }
+                div { dt { "Agent version" } dd #version { (a.agent_version) @if !a.arch.is_empty() { " (" (a.arch) ")" } } }
+                div { dt { "Agent update" } dd #update { (update_cell(a.update.as_ref())) } }
                 div { dt { "Pack signatures" } dd #trust { (trust_cell(a.trust.as_ref())) } }
                 div { dt { "Labels" } dd { @for (k, val) in &a.labels { code { (k) "=" (val) } " " } } }
                 div { dt { "Clock" } dd #clock-now {
@@ -277,6 +278,27 @@ fn entries(n: u64) -> String {
     format!("{n} entr{}", if n == 1 { "y" } else { "ies" })
 }
 
+/// The box's last word on an agent update: a refusal or a rollback
+/// stands out, with its reason; a download shows how far it got.
+fn update_cell(u: Option<&baton_model::UpdateRow>) -> Markup {
+    use baton_model::UpdatePhase as P;
+    let Some(u) = u else {
+        return html! { "none offered" };
+    };
+    let tone = match u.phase {
+        P::Refused | P::RolledBack => Tone::Bad,
+        P::Running => Tone::Good,
+        _ => Tone::Neutral,
+    };
+    html! {
+        (badge(tone, u.phase.as_str())) " " (u.version)
+        @if u.phase == P::Downloading && u.size > 0 {
+            " (" (u.held_bytes.saturating_mul(100) / u.size) "%)"
+        }
+        @if !u.reason.is_empty() { ": " (u.reason) }
+    }
+}
+
 /// What the agent checks packs against, as it last said: a box that takes
 /// no pack (and why) stands out; then its trust list and the tenants
 /// whose packs it requires signed.
@@ -322,6 +344,31 @@ mod tests {
             frequency_ppm: 0.0,
             at: RefTime::from_nanos(at_s * 1_000_000_000),
         }
+    }
+
+    #[test]
+    fn an_update_cell_says_how_far_and_why_escaped() {
+        use baton_model::{UpdatePhase, UpdateRow};
+        let mut u = UpdateRow {
+            version: "2.0.0".into(),
+            phase: UpdatePhase::Downloading,
+            held_bytes: 250,
+            size: 1000,
+            reason: String::new(),
+            at: RefTime::from_nanos(0),
+        };
+        let html = update_cell(Some(&u)).into_string();
+        assert!(
+            html.contains("downloading") && html.contains("2.0.0 (25%)"),
+            "{html}"
+        );
+        u.phase = UpdatePhase::RolledBack;
+        u.reason = "<b>not welcomed</b>".into();
+        let html = update_cell(Some(&u)).into_string();
+        assert!(html.contains("rolled_back"), "{html}");
+        assert!(html.contains("&lt;b&gt;not welcomed"), "escaped: {html}");
+        assert!(!html.contains("%)"), "{html}");
+        assert_eq!(update_cell(None).into_string(), "none offered");
     }
 
     #[test]

@@ -1,0 +1,198 @@
+//! The Admin service's release and agent-update calls: an upload taken
+//! from its stream of parts (the manifest first, then the binary, bounded
+//! before anything is held), the list, and the update rollouts' commands
+//! in wire types.
+
+use baton_proto::wire;
+use tokio_stream::StreamExt;
+use tonic::{Status, Streaming};
+
+use super::convert::{self, status};
+use super::rollouts::verdict;
+use baton_app::rollouts::RolloutCommand;
+use baton_app::updates::{MAX_MANIFEST_BYTES, MAX_RELEASE_BYTES, UpdateStatus};
+use baton_app::{App, AppError, Caller};
+use baton_model::{AgentUpdateRow, ReleaseRow};
+use baton_trust::release::SignedRelease;
+use baton_trust::{KeyId, Signature};
+
+/// Most bytes one part of an upload carries.
+const MAX_PART: usize = 1 << 20;
+
+/// A manifest as the wire carries it, read back into its signed form.
+fn signed(o: &wire::ReleaseOffer) -> Result<SignedRelease, AppError> {
+    let key = KeyId::from_hex(&o.key)
+        .ok_or_else(|| AppError::Invalid(format!("release key id {:?}: 16 hex digits", o.key)))?;
+    let signature = Signature::from_base64(&o.signature)
+        .map_err(|e| AppError::Invalid(format!("release signature: {e}")))?;
+    Ok(SignedRelease {
+        body: o.manifest.clone(),
+        key,
+        signature,
+    })
+}
+
+/// Reads an upload: its manifest, then its binary (never more than the
+/// manifest's size, nor [`MAX_RELEASE_BYTES`]), and stores it.
+pub async fn upload(
+    app: &App,
+    caller: &Caller,
+    mut parts: Streaming<wire::ReleaseUploadPart>,
+) -> Result<wire::ReleaseInfo, Status> {
+    use wire::release_upload_part::Part;
+    // Who may, and one at a time, before a byte is held.
+    let _permit = app.upload_permit(caller).map_err(status)?;
+    let first = parts
+        .next()
+        .await
+        .ok_or_else(|| Status::invalid_argument("release upload: no parts"))??;
+    let Some(Part::Manifest(offer)) = first.part else {
+        return Err(Status::invalid_argument(
+            "release upload: the first part must be the signed manifest",
+        ));
+    };
+    if offer.manifest.len() > MAX_MANIFEST_BYTES {
+        return Err(status(AppError::Invalid(format!(
+            "a release manifest of {} bytes; a box takes at most {MAX_MANIFEST_BYTES}",
+            offer.manifest.len()
+        ))));
+    }
+    let signed = signed(&offer).map_err(status)?;
+    let manifest = signed
+        .unverified_manifest()
+        .map_err(|e| status(AppError::Invalid(e)))?;
+    if manifest.size > MAX_RELEASE_BYTES {
+        return Err(status(AppError::Limit(format!(
+            "release {} is {} bytes; the controller stores at most {MAX_RELEASE_BYTES}",
+            manifest.version, manifest.size
+        ))));
+    }
+    let mut binary = Vec::new();
+    while let Some(part) = parts.next().await {
+        match part?.part {
+            Some(Part::Data(d)) => {
+                if d.len() > MAX_PART || (binary.len() + d.len()) as u64 > manifest.size {
+                    return Err(Status::invalid_argument(format!(
+                        "release upload: more bytes than the manifest's {} (or a part over {MAX_PART})",
+                        manifest.size
+                    )));
+                }
+                binary.extend_from_slice(&d);
+            }
+            _ => {
+                return Err(Status::invalid_argument(
+                    "release upload: a second manifest, or an empty part",
+                ));
+            }
+        }
+    }
+    let (row, _new) = app
+        .upload_release(caller, &signed, binary)
+        .await
+        .map_err(status)?;
+    Ok(release_info(&row))
+}
+
+/// A stored release on the wire.
+pub fn release_info(r: &ReleaseRow) -> wire::ReleaseInfo {
+    wire::ReleaseInfo {
+        version: r.version.clone(),
+        arch: r.arch.clone(),
+        size: r.size,
+        sha256: r.sha256.clone(),
+        key: r.key.clone(),
+        uploaded_ns: r.uploaded.as_nanos(),
+        uploaded_by: r.by.clone(),
+    }
+}
+
+/// Runs one `AgentUpdate` request for `caller`.
+pub async fn agent_update(
+    app: &App,
+    caller: &Caller,
+    req: wire::AgentUpdateRequest,
+) -> Result<wire::AgentUpdateReply, Status> {
+    use wire::AgentUpdateCommand as C;
+    let id = (req.id != 0).then_some(req.id);
+    let command = match C::try_from(req.command).unwrap_or(C::Unspecified) {
+        C::Unspecified => {
+            return Err(Status::invalid_argument(
+                "agent-update: name a command (start, status, list, pause, resume, abort)",
+            ));
+        }
+        C::Start => {
+            let (row, left_out) = app
+                .start_agent_update(caller, &req.version, &req.plan)
+                .await
+                .map_err(status)?;
+            let mut info = info(&row);
+            if !left_out.is_empty() {
+                info.reason = format!("left out: {}", left_out.join("; "));
+            }
+            return Ok(wire::AgentUpdateReply {
+                updates: vec![info],
+            });
+        }
+        C::List => {
+            let rows = app.agent_update_list(caller).await.map_err(status)?;
+            return Ok(wire::AgentUpdateReply {
+                updates: rows.iter().map(info).collect(),
+            });
+        }
+        C::Status => {
+            let s = app.agent_update_status(caller, id).await.map_err(status)?;
+            return Ok(wire::AgentUpdateReply {
+                updates: vec![status_info(&s)],
+            });
+        }
+        C::Pause => RolloutCommand::Pause,
+        C::Resume => RolloutCommand::Resume,
+        C::Abort => RolloutCommand::Abort,
+    };
+    let row = app
+        .agent_update_command(caller, id, command, &req.reason)
+        .await
+        .map_err(status)?;
+    Ok(wire::AgentUpdateReply {
+        updates: vec![info(&row)],
+    })
+}
+
+fn info(r: &AgentUpdateRow) -> wire::AgentUpdateInfo {
+    let m = &r.machine;
+    wire::AgentUpdateInfo {
+        id: r.id,
+        version: r.version.clone(),
+        state: m.state.as_str().into(),
+        stage: m.stage,
+        stages: 0,
+        reason: m.reason.clone(),
+        created_ns: m.created.as_nanos(),
+        updated_ns: m.updated.as_nanos(),
+        created_by: r.by.clone(),
+        verdicts: m.verdicts.iter().map(verdict).collect(),
+        targets: r.targets.len() as u64,
+        members: m.members.len() as u64,
+        agents: Vec::new(),
+    }
+}
+
+fn status_info(s: &UpdateStatus) -> wire::AgentUpdateInfo {
+    wire::AgentUpdateInfo {
+        stages: u32::try_from(s.stages).unwrap_or(u32::MAX),
+        agents: s
+            .agents
+            .iter()
+            .map(|a| wire::AgentUpdateAgent {
+                id: a.view.id.clone(),
+                agent_version: a.agent.agent_version.clone(),
+                arch: a.agent.arch.clone(),
+                connected: a.view.connected,
+                stage: a.stage,
+                skipped: a.skipped,
+                update: a.agent.update.as_ref().map(convert::update_to_wire),
+            })
+            .collect(),
+        ..info(&s.row)
+    }
+}
