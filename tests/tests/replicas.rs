@@ -836,3 +836,93 @@ fn a_rollout_moves_on_once_across_replicas_and_survives_a_replica_kill() {
     }
     exactly_once(&site, &second.owner);
 }
+
+/// An agent update started through one replica reaches the agent whatever
+/// replica holds its stream (every replica's driver may take the step;
+/// the offer goes to the stream through the store's events), and the
+/// box's word on it is read through any replica: here the box has no
+/// trust directory, so it refuses the release (it takes none it cannot
+/// check), and says why. The release is stored once and listed by each.
+#[test]
+fn an_update_started_through_any_replica_reaches_the_agent_and_its_word_every_replica() {
+    let _serial = serial();
+    let Some(mut site) = Site::start(["10s", "10s", "10s"]) else {
+        return; // not installed and not required: `baton_testpg` said so
+    };
+    let owner = site.owned(&[], 0).owner;
+    let via = ["r0", "r1", "r2"]
+        .into_iter()
+        .find(|r| *r != owner)
+        .expect("another replica");
+    let d = site.dir.path().to_path_buf();
+    let keys = d.join("keys");
+    let o = std::process::Command::new(baton_e2e::bin("baton-controller"))
+        .args(["keys", "new", "release", "--dir"])
+        .arg(&keys)
+        .output()
+        .expect("keys new");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stamped = baton_trust::release::stamp(
+        &std::fs::read(baton_e2e::bin("baton-agent")).expect("agent"),
+        "9.9.9",
+    )
+    .expect("one version slot");
+    let file = d.join("baton-agent-9.9.9");
+    std::fs::write(&file, &stamped).expect("release");
+    let s = |p: &Path| p.to_str().expect("utf-8").to_string();
+    let o = site.replica(via).ctl(&[
+        "release",
+        "upload",
+        &s(&file),
+        "--sign",
+        &s(&keys.join("release.key")),
+        "--version",
+        "9.9.9",
+        "--arch",
+        std::env::consts::ARCH,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for r in ["r0", "r1", "r2"] {
+        let o = site.replica(r).ctl(&["release", "list", "--json"]);
+        assert_eq!(json_lines(&o.stdout).len(), 1, "{r}");
+    }
+    let plan = d.join("plan.yaml");
+    std::fs::write(&plan, "rollout:\n  stages: [{percent: 100}]\n").expect("plan");
+    let o = site
+        .replica(via)
+        .ctl(&["agent-update", "start", "9.9.9", "--plan", &s(&plan)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let word = |site: &Site, r: &str| -> serde_json::Value {
+        site.replica(r)
+            .agents()
+            .into_iter()
+            .find(|a| a["id"] == "a1")
+            .map(|a| a["update"].clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(WAIT, || word(&site, via)["phase"] == "refused"),
+        "{}\n{}",
+        word(&site, via),
+        site.logs()
+    );
+    for r in ["r0", "r1", "r2"] {
+        let w = word(&site, r);
+        assert_eq!(w["version"], "9.9.9", "{r}: {w}");
+        assert!(
+            w["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("no trust directory"),
+            "{r}: {w}"
+        );
+    }
+    // A refusal is no rollback: the update waits for the box (missing),
+    // it does not abort.
+    let o = site
+        .replica(&owner)
+        .ctl(&["agent-update", "status", "--json"]);
+    let st = json_lines(&o.stdout).pop().unwrap_or_default();
+    assert_eq!(st["state"], "running", "{st}");
+    site.agent.kill9();
+}

@@ -81,6 +81,7 @@ pub fn router(web: Arc<Web>) -> Router {
         .route("/push", get(pages::push::page).post(pages::push::submit))
         .route("/push/check", post(pages::push::check))
         .route("/audit", get(pages::audit::page))
+        .route("/updates", get(pages::updates::page))
         .route("/live", get(live::stream))
         .route(
             "/login",

@@ -717,3 +717,71 @@ async fn a_failed_log_in_writes_the_line_log_watchers_match() {
     assert_eq!(json["fields"]["source"], "198.51.100.42");
     assert_eq!(json["level"], "WARN");
 }
+
+#[tokio::test]
+async fn the_updates_page_shows_the_update_and_each_boxs_word_to_its_tenant_only() {
+    let f = fixture().await;
+    let ann = token(&f.ca, "ann", "plant-a", Role::Viewer);
+    let bob = token(&f.ca, "bob", "plant-b", Role::Viewer);
+    let (code, _, page) = call(&f.web, get("/updates", Some(&ann))).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(page.contains("No agent update yet"), "{page}");
+    let release = baton_model::ReleaseRow {
+        version: "2.0.0".into(),
+        arch: "x86_64".into(),
+        manifest: "{}".into(),
+        key: "00112233aabbccdd".into(),
+        signature: "c2ln".into(),
+        size: 4,
+        sha256: "ab".repeat(32),
+        uploaded: RefTime::from_nanos(1),
+        by: "ann".into(),
+    };
+    f.store
+        .put_release(release, vec![vec![1, 2, 3, 4]])
+        .await
+        .unwrap();
+    let admin = baton_app::Caller::new(baton_model::identity::Identity::Operator {
+        name: "ada".into(),
+        tenant: "plant-a".into(),
+        role: baton_model::identity::Role::Admin,
+    });
+    f.web
+        .app
+        .start_agent_update(&admin, "2.0.0", "rollout:\n  stages: [{percent: 100}]\n")
+        .await
+        .unwrap();
+    let a = f.store.agent("press-a").await.unwrap().unwrap();
+    f.store
+        .record_update(
+            "press-a",
+            a.session_gen,
+            baton_model::UpdateRow {
+                version: "2.0.0".into(),
+                phase: baton_model::UpdatePhase::Downloading,
+                held_bytes: 2,
+                size: 4,
+                reason: String::new(),
+                at: RefTime::from_nanos(2),
+            },
+        )
+        .await
+        .unwrap();
+    let (code, _, page) = call(&f.web, get("/updates", Some(&ann))).await;
+    assert_eq!(code, StatusCode::OK);
+    for want in [
+        "Update 1 to 2.0.0",
+        "press-a",
+        "downloading",
+        "50%",
+        "waiting_window",
+    ] {
+        assert!(page.contains(want), "{want}: {page}");
+    }
+    assert!(!page.contains("press-b"), "{page}");
+    // Another tenant's operator does not see it.
+    let (code, _, page) = call(&f.web, get("/updates", Some(&bob))).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(page.contains("No agent update yet"), "{page}");
+    assert!(!page.contains("2.0.0"), "{page}");
+}

@@ -31,6 +31,8 @@ pub enum Nav {
     Push,
     /// `/audit`.
     Audit,
+    /// `/updates`.
+    Updates,
     /// None of them.
     None,
 }
@@ -88,6 +90,7 @@ fn frame(
                         a.brand href="/" { "baton" }
                         a href="/" aria-current=[current(Nav::Fleet)] { "Fleet" }
                         a href="/packs" aria-current=[current(Nav::Packs)] { "Packs" }
+                        a href="/updates" aria-current=[current(Nav::Updates)] { "Updates" }
                         @if who.may_change {
                             a href="/push" aria-current=[current(Nav::Push)] { "Push" }
                         }

@@ -10,6 +10,7 @@ pub mod layout;
 pub mod metrics;
 pub mod pack;
 pub mod push;
+pub mod updates;
 
 use std::sync::Arc;
 
