@@ -170,25 +170,21 @@ pub fn hello(h: &wire::Hello, max_held: usize, now_ns: i64) -> Result<HelloRow, 
         held: held(&h.packs, held_cap(h, max_held))?,
         session_gen_seen: session_gen_seen(h.session_gen)?,
         trust: h.trust.as_ref().map(trust),
-        arch: arch(&h.arch)?,
+        arch: arch(&h.arch),
         update: h.update.as_ref().and_then(|u| update(u, now_ns)),
         at: RefTime::from_nanos(now_ns),
     })
 }
 
 /// An architecture as a hello says it: the word a release names (Rust's
-/// `std::env::consts::ARCH`), bounded; empty for an older agent.
-fn arch(a: &str) -> Result<String, BadMessage> {
+/// `std::env::consts::ARCH`), bounded; empty for an older agent, and for
+/// one that says something else (it is then offered no release: never a
+/// reason to refuse the box its stream).
+fn arch(a: &str) -> String {
     let ok = a.len() <= 32
         && a.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if !ok {
-        return Err(bad(format!(
-            "hello: architecture {:?} is not a word of lowercase letters, digits and `_` (at most 32)",
-            truncate(a, 40)
-        )));
-    }
-    Ok(a.to_string())
+    if ok { a.to_string() } else { String::new() }
 }
 
 /// What a box says of an update, its words bounded (`None`: a phase this
@@ -629,6 +625,27 @@ mod tests {
         h.labels.insert("line".into(), "3".into());
         let row = hello(&h, 8, 5).expect("valid");
         assert_eq!(row.labels.get("line").map(String::as_str), Some("3"));
+        assert_eq!(row.arch, "", "an agent older than updates says none");
+        // Its architecture and its last rollback; an architecture that is
+        // no word a release names is none (no offer), never a refusal.
+        h.arch = "aarch64".into();
+        h.update = Some(wire::UpdateState {
+            version: "2.0.0".into(),
+            phase: wire::update_state::Phase::RolledBack as i32,
+            reason: "x".repeat(10 * MAX_TEXT),
+            ..Default::default()
+        });
+        let row = hello(&h, 8, 5).expect("valid");
+        assert_eq!(row.arch, "aarch64");
+        let u = row.update.expect("said");
+        assert_eq!(u.phase, baton_model::UpdatePhase::RolledBack);
+        assert!(u.reason.len() <= MAX_TEXT + 4, "cut: {}", u.reason.len());
+        h.arch = "Z80; DROP".into();
+        h.update.as_mut().expect("set").phase = 99;
+        let row = hello(&h, 8, 5).expect("never a refusal");
+        assert_eq!((row.arch.as_str(), row.update), ("", None));
+        h.arch.clear();
+        h.update = None;
         // Held packs: at most the agent's own max-packs, at most the
         // controller's cap.
         let held = |n: usize| {
