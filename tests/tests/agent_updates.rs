@@ -458,4 +458,23 @@ fn a_build_that_exits_at_start_is_rolled_back_and_the_update_aborts() {
     let o = c.ctl(&["audit", "--json"]);
     let audit = String::from_utf8_lossy(&o.stdout);
     assert!(audit.contains("offers of 9.9.9 withdrawn"), "{audit}");
+    // The command line: an abort names its update; an upload says how it
+    // is signed; a resume of an aborted update is refused (final).
+    let o = c.ctl(&["agent-update", "abort"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("name the update"), "{}", text(&o));
+    let o = c.ctl(&["release", "upload", s(&d.join("broken"))]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--manifest M.json, or --sign KEY"),
+        "{}",
+        text(&o)
+    );
+    let o = c.ctl(&["agent-update", "resume", "1"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("only a paused rollout can be resumed"),
+        "{}",
+        text(&o)
+    );
 }
