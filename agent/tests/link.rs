@@ -1575,6 +1575,24 @@ impl H {
     }
 }
 
+/// Offers `bin` as `version`, serves it until the box says it is
+/// installed, and returns the box's versions directory.
+fn install(
+    h: &mut H,
+    key: &baton_trust::SigningKey,
+    version: &str,
+    bin: &[u8],
+) -> baton_update::Versions {
+    h.send(offer(key, version, bin));
+    let said = h.serve_release(version, bin);
+    assert_eq!(
+        said.phase,
+        wire::update_state::Phase::Installed as i32,
+        "{said:?}"
+    );
+    baton_update::Versions::of_data_dir(&h.r.data)
+}
+
 fn msg_chunk(version: &str, offset: u64, data: &[u8]) -> ControllerMessage {
     msg(C::ReleaseChunk(wire::ReleaseChunk {
         version: version.into(),
@@ -1602,14 +1620,7 @@ fn an_offered_release_is_downloaded_installed_on_trial_and_restarted_into_when_q
     h.session();
     h.r.agent.step().expect("step");
     let bin = binary(200_000, "9.9.9");
-    h.send(offer(&key, "9.9.9", &bin));
-    let said = h.serve_release("9.9.9", &bin);
-    assert_eq!(
-        said.phase,
-        wire::update_state::Phase::Installed as i32,
-        "{said:?}"
-    );
-    let versions = baton_update::Versions::of_data_dir(&h.r.data);
+    let versions = install(&mut h, &key, "9.9.9", &bin);
     assert_eq!(
         std::fs::read(versions.binary("9.9.9")).expect("installed"),
         bin
@@ -1742,5 +1753,70 @@ fn a_release_the_box_must_not_install_is_refused_with_the_reason() {
         said.reason.contains("no trust directory"),
         "{}",
         said.reason
+    );
+}
+
+/// A release withdrawn by the controller after the box installed it, and
+/// before a quiet moment came: its trial is undone in the launcher's
+/// state, the box never restarts into it, and says so; a download
+/// withdrawn stops.
+#[test]
+fn a_release_withdrawn_before_it_ran_is_undone_and_never_restarted_into() {
+    let (mut h, key, _keep) = update_harness("update: {download-rate: 131072}\n");
+    h.session();
+    h.r.agent.step().expect("step");
+    // A pack firing every 100 ms keeps the box from a quiet moment.
+    h.send(push("blink", 1, &pack("blink", 1, BLINK)));
+    h.ack();
+    let bin = binary(200_000, "9.9.9");
+    let versions = install(&mut h, &key, "9.9.9", &bin);
+    assert!(
+        versions
+            .read_state()
+            .expect("read")
+            .expect("state")
+            .trial
+            .is_some()
+    );
+    h.send(msg(C::ReleaseWithdraw(wire::ReleaseWithdraw {
+        version: "9.9.9".into(),
+    })));
+    let said = h.serve_release("9.9.9", &bin);
+    assert_eq!(
+        said.phase,
+        wire::update_state::Phase::Refused as i32,
+        "{said:?}"
+    );
+    assert!(
+        said.reason
+            .contains("withdrawn by the controller before it ran"),
+        "{said:?}"
+    );
+    let state = versions.read_state().expect("read").expect("state");
+    assert_eq!(state.trial, None, "the trial undone: {state:?}");
+    assert!(!versions.binary("9.9.9").exists(), "its files removed");
+    // Quiet now (the pack cancelled): still no restart.
+    h.send(msg(C::PackCancel(wire::PackCancel {
+        session_gen: 0,
+        pack: Some(pack_ref("blink", 1)),
+    })));
+    for _ in 0..50 {
+        h.run_for(Duration::from_millis(100), Duration::from_millis(10));
+        assert_eq!(h.r.agent.update_restart_due(), None);
+    }
+
+    // A download withdrawn mid-way stops: no more requests.
+    let bin = binary(300_000, "9.9.10");
+    h.send(offer(&key, "9.9.10", &bin));
+    let first = h.next_request();
+    assert_eq!(first.version, "9.9.10");
+    h.send(msg(C::ReleaseWithdraw(wire::ReleaseWithdraw {
+        version: "9.9.10".into(),
+    })));
+    let said = h.serve_release("9.9.10", &bin);
+    assert!(
+        said.reason
+            .contains("withdrawn by the controller during its download"),
+        "{said:?}"
     );
 }

@@ -220,6 +220,22 @@ pub fn stage(state: Option<&BootState>, packaged: &str, version: &str) -> BootSt
     next
 }
 
+/// The state once an installed `version` no longer runs (its release
+/// withdrawn before the box restarted into it): its trial undone if the
+/// launcher has not started it (`None`: nothing to write — not on trial,
+/// or started already, when it is the running agent's to decide).
+pub fn unstage(state: Option<&BootState>, version: &str) -> Option<BootState> {
+    let state = state?;
+    let trial = state.trial.as_ref()?;
+    if trial.version != version || trial.started {
+        return None;
+    }
+    Some(BootState {
+        trial: None,
+        ..state.clone()
+    })
+}
+
 /// The state once the running agent, of `version`, is healthy: settled
 /// if it was the trial (`None`: nothing to write).
 pub fn confirm(state: Option<&BootState>, version: &str) -> Option<BootState> {
@@ -253,6 +269,25 @@ pub fn kept(state: Option<&BootState>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_withdrawn_trial_is_undone_only_before_it_ran() {
+        let staged = stage(None, "0.1.0", "0.2.0");
+        let undone = unstage(Some(&staged), "0.2.0").expect("undone");
+        assert_eq!(undone.trial, None);
+        assert_eq!(undone.packaged, "0.1.0");
+        assert_eq!(unstage(Some(&staged), "0.3.0"), None, "another version");
+        let mut started = staged.clone();
+        if let Some(t) = started.trial.as_mut() {
+            t.started = true;
+        }
+        assert_eq!(
+            unstage(Some(&started), "0.2.0"),
+            None,
+            "it runs: its own to decide"
+        );
+        assert_eq!(unstage(None, "0.2.0"), None);
+    }
 
     const PKG: &str = "0.1.0";
 

@@ -330,6 +330,10 @@ impl Agent {
                 self.on_release_chunk(session, chunk);
                 return Ok(());
             }
+            FromLink::ReleaseWithdraw { session, version } => {
+                self.on_release_withdraw(up, session, &version);
+                return Ok(());
+            }
             FromLink::Alive { session } => Input::Alive { session },
             FromLink::Disconnected { session, reason: r } => {
                 reason = r;

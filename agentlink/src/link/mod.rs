@@ -164,6 +164,13 @@ pub enum FromLink {
         /// The piece.
         chunk: wire::ReleaseChunk,
     },
+    /// A release no longer offered to this box.
+    ReleaseWithdraw {
+        /// Session.
+        session: u64,
+        /// Its version.
+        version: String,
+    },
     /// The session ended (stream closed, refused, dead peer...). Sent once
     /// per session that was [`FromLink::Connected`].
     Disconnected {
@@ -187,6 +194,7 @@ impl FromLink {
             | FromLink::TrustLists { session, .. }
             | FromLink::ReleaseOffer { session, .. }
             | FromLink::ReleaseChunk { session, .. }
+            | FromLink::ReleaseWithdraw { session, .. }
             | FromLink::Disconnected { session, .. } => *session,
         }
     }

@@ -683,6 +683,10 @@ impl Session {
             }),
             Some(In::ReleaseOffer(offer)) => Some(FromLink::ReleaseOffer { session, offer }),
             Some(In::ReleaseChunk(chunk)) => Some(FromLink::ReleaseChunk { session, chunk }),
+            Some(In::ReleaseWithdraw(w)) => Some(FromLink::ReleaseWithdraw {
+                session,
+                version: w.version,
+            }),
             Some(In::PackCancel(c)) => Some(FromLink::Cancel {
                 session,
                 pack: c.pack.unwrap_or_default(),

@@ -518,7 +518,7 @@ async fn session(
                     }
                     // The simulated agents hold no trust root.
                     Some(Out::TrustLists(_)) => {}
-                    Some(Out::ReleaseOffer(_) | Out::ReleaseChunk(_)) => {
+                    Some(Out::ReleaseOffer(_) | Out::ReleaseChunk(_) | Out::ReleaseWithdraw(_)) => {
                         return Ended::Failed(anyhow!("a release offered in the fleet bench"));
                     }
                     None => return Ended::Failed(anyhow!("empty controller message")),

@@ -19,6 +19,9 @@ use baton_trust::{KeyId, Signature};
 /// Most bytes one part of an upload carries.
 const MAX_PART: usize = 1 << 20;
 
+/// The longest silence between two parts of an upload.
+const PART_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A manifest as the wire carries it, read back into its signed form.
 fn signed(o: &wire::ReleaseOffer) -> Result<SignedRelease, AppError> {
     let key = KeyId::from_hex(&o.key)
@@ -67,8 +70,21 @@ pub async fn upload(
             manifest.version, manifest.size
         ))));
     }
-    let mut binary = Vec::new();
-    while let Some(part) = parts.next().await {
+    // Bounded above (the manifest's size, at most MAX_RELEASE_BYTES), and
+    // the caller may store releases: held once, not grown by doubling.
+    let mut binary = Vec::with_capacity(manifest.size as usize);
+    loop {
+        // A client that stops sending holds the one upload permit: it
+        // is given up after a minute of silence.
+        let part = match tokio::time::timeout(PART_PATIENCE, parts.next()).await {
+            Ok(Some(p)) => p,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(Status::deadline_exceeded(format!(
+                    "release upload: no part for {PART_PATIENCE:?}; the upload is given up"
+                )));
+            }
+        };
         match part?.part {
             Some(Part::Data(d)) => {
                 if d.len() > MAX_PART || (binary.len() + d.len()) as u64 > manifest.size {

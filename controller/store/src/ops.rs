@@ -390,13 +390,25 @@ pub trait StoreOps: Store {
     }
 
     /// Start an agent update: every open one is superseded (its agents no
-    /// longer offered its release) and `row` stored; its id.
-    async fn start_agent_update(&self, row: AgentUpdateRow) -> StoreResult<u64> {
+    /// longer offered its release) and `row` stored; its id. `expect`: the
+    /// ids of the open updates the caller checked it may supersede; any
+    /// other set open now is [`StoreError::Contended`], nothing written.
+    async fn start_agent_update(&self, row: AgentUpdateRow, expect: Vec<u64>) -> StoreResult<u64> {
         transact(self, move |tx| {
             if tx.locking() {
                 tx.lock_agent_updates()?;
             }
-            for mut old in tx.open_agent_updates()? {
+            let open = tx.open_agent_updates()?;
+            let mut ids: Vec<u64> = open.iter().map(|u| u.id).collect();
+            let mut want = expect.clone();
+            ids.sort_unstable();
+            want.sort_unstable();
+            if ids != want {
+                return Err(StoreError::Contended(format!(
+                    "the open agent updates changed ({ids:?}, {want:?} checked) while this one started; try again"
+                )));
+            }
+            for mut old in open {
                 old.machine.state = baton_model::RolloutState::Superseded;
                 old.machine.reason = format!("superseded by the update to {}", row.version);
                 old.machine.updated = row.machine.created;

@@ -316,6 +316,28 @@ impl Agent {
                 }
             }
             Done::Confirmed { version, result } => self.trial_confirmed(&version, result),
+            Done::Withdrawn { version, result } => {
+                u.withdrawing = false;
+                let why = match result {
+                    Ok(_) => {
+                        if u.installed.as_deref() == Some(version.as_str()) {
+                            u.installed = None;
+                        }
+                        tracing::info!(version = %version, "agent update: withdrawn by the controller before it ran; this version runs on");
+                        "withdrawn by the controller before it ran; the running version runs on"
+                            .to_string()
+                    }
+                    Err(e) => {
+                        // Not undone: it stays installed and runs at the
+                        // quiet moment, as before the withdrawal.
+                        tracing::warn!(version = %version, "agent update: withdrawal not written: {e}");
+                        format!("withdrawal not written ({e}): it still restarts into it")
+                    }
+                };
+                if let Some(session) = up.session.current() {
+                    up.queue(session, ToLink::UpdateState(refused(&version, why)));
+                }
+            }
             Done::Failed { version, why } => {
                 let Some(o) = u.offer.take_if(|o| o.version == version) else {
                     return;
@@ -339,10 +361,42 @@ impl Agent {
             .map(|ns| MonoTime::from_nanos(i64::try_from(ns).unwrap_or(i64::MAX)))
     }
 
+    /// The controller no longer offers `version`: a download of it stops
+    /// (what was kept stays for a later offer), and an install of it not
+    /// yet run is undone by the worker (no restart into it meanwhile). A
+    /// version this agent already runs is the trial's to decide, not this.
+    pub(super) fn on_release_withdraw(&mut self, up: &mut Uplink, session: u64, version: &str) {
+        let u = &mut self.plane.update;
+        if u.offer.take_if(|o| o.version == version).is_some() {
+            tracing::info!(version = %version, "agent update: download stopped, the release withdrawn by the controller");
+            up.queue(
+                session,
+                ToLink::UpdateState(refused(
+                    version,
+                    "withdrawn by the controller during its download",
+                )),
+            );
+        }
+        if u.installed.as_deref() == Some(version) && !u.restarting && !u.withdrawing {
+            let asked = u.worker.as_ref().is_some_and(|w| {
+                w.give(Job::Withdraw {
+                    version: version.to_string(),
+                })
+            });
+            u.withdrawing = asked;
+            if !asked {
+                tracing::warn!(version = %version, "agent update: the withdrawal could not be handed to the worker; it still restarts into it");
+            }
+        }
+    }
+
     /// The version to restart into now, if one is installed and the box is
     /// quiet: no firing, retry or timeout due within the quiet margin,
     /// nothing armed or running, no version staged for a switch.
     pub fn update_restart_due(&mut self) -> Option<String> {
+        if self.plane.update.withdrawing {
+            return None;
+        }
         let version = self.plane.update.installed.clone()?;
         let now = self.clock.now();
         let margin = self.cfg.update.quiet_margin;

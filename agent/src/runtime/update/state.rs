@@ -21,6 +21,9 @@ pub(in crate::runtime) struct Update {
     pub(super) installed: Option<String>,
     /// The quiet moment was found: the loop's way out runs now.
     pub(super) restarting: bool,
+    /// The installed version's withdrawal is being written (the worker
+    /// undoes its trial): no restart into it meanwhile.
+    pub(super) withdrawing: bool,
     /// Versions given up on this box (the launcher's state at start):
     /// never taken again.
     pub(in crate::runtime) given_up: Vec<String>,

@@ -29,6 +29,9 @@ pub(super) enum Job {
     },
     /// The running version, on trial, was welcomed: settle on it.
     Confirm { version: String },
+    /// `version`, installed and not yet run, is withdrawn: undo its
+    /// trial in the launcher's state.
+    Withdraw { version: String },
 }
 
 /// What the worker answers.
@@ -46,6 +49,12 @@ pub(super) enum Done {
     Confirmed {
         version: String,
         result: Result<(), String>,
+    },
+    /// The trial of `version` undone (`Ok(true)`), not on trial any more
+    /// (`Ok(false)`), or why not.
+    Withdrawn {
+        version: String,
+        result: Result<bool, String>,
     },
 }
 
@@ -108,6 +117,10 @@ impl Work {
             Job::Confirm { version } => {
                 let result = self.confirm(&version);
                 Done::Confirmed { version, result }
+            }
+            Job::Withdraw { version } => {
+                let result = self.withdraw(&version);
+                Done::Withdrawn { version, result }
             }
             Job::Begin { signed, manifest } => {
                 let version = manifest.version.clone();
@@ -179,6 +192,26 @@ impl Work {
             Ok(()) => Done::Installed { version },
             Err(why) => Done::Failed { version, why },
         }
+    }
+
+    /// The trial of `version`, not yet started, undone (the launcher runs
+    /// what it ran before) and its files removed; `Ok(false)` when the
+    /// state names no such trial (nothing written).
+    fn withdraw(&mut self, version: &str) -> Result<bool, String> {
+        let state = self.versions.read_state().map_err(|e| e.to_string())?;
+        let Some(next) = boot::unstage(state.as_ref(), version) else {
+            return Ok(false);
+        };
+        self.versions
+            .write_state(&next)
+            .map_err(|e| e.to_string())?;
+        if self.partial.as_ref().is_some_and(|(v, _)| v == version) {
+            self.partial = None;
+        }
+        // Another version's download in progress stays.
+        let downloading = self.partial.as_ref().map(|(v, _)| v.clone());
+        self.prune(downloading.as_deref());
+        Ok(true)
     }
 
     /// The trial of `version` settled, and what no longer needs keeping

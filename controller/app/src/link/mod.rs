@@ -309,6 +309,9 @@ pub enum ToAgent {
     Ping(u64),
     /// A release offered: its signed manifest, relayed as signed.
     ReleaseOffer(Arc<ReleaseRow>),
+    /// A release no longer offered: the box stops its download, and
+    /// undoes an install of it not yet run.
+    ReleaseWithdraw(String),
     /// Bytes of the offered release's binary, as asked.
     ReleaseChunk {
         /// The release's version.
@@ -548,6 +551,8 @@ pub struct Session {
     /// The agent's latest update report past the rate, stored when the
     /// rate allows.
     update_held_back: Option<UpdateRow>,
+    /// The version withdrawn on this stream (said once).
+    withdrawn: Option<String>,
     /// Release requests waiting for the pace: (version, offset, length).
     release_queue: VecDeque<(String, u64, u32)>,
     /// When the next waiting request may be served.
@@ -601,6 +606,7 @@ impl Session {
             update_reports: Limited::new("update reports", UPDATE_REPORTS, now.mono),
             offered: None,
             update_held_back: None,
+            withdrawn: None,
             release_queue: VecDeque::new(),
             release_due: None,
             foreign: 0,

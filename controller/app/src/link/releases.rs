@@ -38,6 +38,7 @@ impl Session {
     /// again after a refusal (read at each resync), which may have been
     /// for now only.
     pub(super) fn offer(&mut self, release: Option<Arc<ReleaseRow>>) {
+        self.withdraw_other(release.as_deref());
         let Some(r) = release else {
             self.offered = None;
             return;
@@ -58,6 +59,28 @@ impl Session {
         tracing::info!(agent = %self.agent.id, version = %r.version, "release offered");
         self.offered = Some(r.clone());
         self.send(ToAgent::ReleaseOffer(r));
+    }
+
+    /// A release the box says it is downloading or has installed (not yet
+    /// run) that it is no longer to be offered (its update aborted or
+    /// superseded): withdrawn, once per stream, so the box neither goes on
+    /// downloading it nor restarts into it.
+    fn withdraw_other(&mut self, target: Option<&ReleaseRow>) {
+        let Some(u) = &self.agent.update else {
+            return;
+        };
+        let pending = matches!(u.phase, UpdatePhase::Downloading | UpdatePhase::Installed);
+        let other = target.is_none_or(|t| t.version != u.version);
+        if !pending || !other || self.withdrawn.as_deref() == Some(u.version.as_str()) {
+            return;
+        }
+        let version = u.version.clone();
+        tracing::info!(agent = %self.agent.id, version = %version, "release withdrawn from the agent");
+        self.withdrawn = Some(version.clone());
+        if self.offered.as_ref().is_some_and(|o| o.version == version) {
+            self.offered = None;
+        }
+        self.send(ToAgent::ReleaseWithdraw(version));
     }
 
     /// The box asks for bytes of a release: served from the release
@@ -133,8 +156,13 @@ impl Session {
         {
             match self.offered.clone() {
                 Some(r) if r.version == version => self.read_piece(&r, version, offset, length),
-                // Withdrawn while it waited.
-                _ => self.release_queue.clear(),
+                // Withdrawn or superseded while it waited: only the
+                // requests for what is offered now wait on.
+                other => {
+                    let now_offered = other.map(|r| r.version.clone());
+                    self.release_queue
+                        .retain(|(v, _, _)| now_offered.as_ref() == Some(v));
+                }
             }
         }
         self.schedule_release(now);

@@ -752,6 +752,18 @@ fn release(version: &str, size: u64) -> Arc<baton_model::ReleaseRow> {
     })
 }
 
+/// What a box says of update `version`.
+fn word(version: &str, phase: baton_model::UpdatePhase, held: u64) -> baton_model::UpdateRow {
+    baton_model::UpdateRow {
+        version: version.into(),
+        phase,
+        held_bytes: held,
+        size: 10,
+        reason: String::new(),
+        at: RefTime::from_nanos(5),
+    }
+}
+
 fn offers(a: &[Action]) -> Vec<String> {
     sends(a)
         .into_iter()
@@ -849,12 +861,8 @@ fn a_release_the_agent_runs_or_gave_up_is_not_offered() {
     fake.release = Some(release("2.0.0", 10));
     let mut r = Run::start(fake, 1);
     r.agent(FromAgent::Update(baton_model::UpdateRow {
-        version: "2.0.0".into(),
-        phase: baton_model::UpdatePhase::RolledBack,
-        held_bytes: 10,
-        size: 10,
         reason: "not welcomed within 5m".into(),
-        at: RefTime::from_nanos(5),
+        ..word("2.0.0", baton_model::UpdatePhase::RolledBack, 10)
     }));
     assert!(
         r.fake
@@ -874,14 +882,11 @@ fn update_reports_are_stored_up_to_a_rate_and_requests_past_theirs_dropped() {
     fake.pieces = vec![vec![1; 10]];
     let mut r = Run::start(fake, 1);
     for held in 0..20 {
-        r.agent(FromAgent::Update(baton_model::UpdateRow {
-            version: "2.0.0".into(),
-            phase: baton_model::UpdatePhase::Downloading,
-            held_bytes: held,
-            size: 10,
-            reason: String::new(),
-            at: RefTime::from_nanos(5),
-        }));
+        r.agent(FromAgent::Update(word(
+            "2.0.0",
+            baton_model::UpdatePhase::Downloading,
+            held,
+        )));
     }
     let stored = r
         .fake
@@ -952,14 +957,7 @@ fn a_refused_offer_is_made_again_at_the_next_resync_and_held_back_reports_stored
     fake.release = Some(release("2.0.0", 10));
     let mut r = Run::start(fake, 1);
     assert_eq!(offers(&r.seen), ["2.0.0"]);
-    let said = |phase, held| baton_model::UpdateRow {
-        version: "2.0.0".into(),
-        phase,
-        held_bytes: held,
-        size: 10,
-        reason: String::new(),
-        at: RefTime::from_nanos(5),
-    };
+    let said = |phase, held| word("2.0.0", phase, held);
     // Refused for now (the box was itself on trial): offered again on
     // the next word of a step, and at the resync.
     r.agent(FromAgent::Update(said(
@@ -1008,4 +1006,57 @@ fn a_refused_offer_is_made_again_at_the_next_resync_and_held_back_reports_stored
         Some(19),
         "the latest word kept"
     );
+}
+
+#[test]
+fn a_release_the_box_holds_but_is_no_longer_offered_is_withdrawn_once() {
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    let mut r = Run::start(fake, 1);
+    r.agent(FromAgent::Update(baton_model::UpdateRow {
+        reason: "restarts into it at the first quiet moment".into(),
+        ..word("2.0.0", baton_model::UpdatePhase::Installed, 10)
+    }));
+    // Still its target: nothing withdrawn.
+    let a = r.input(Input::Hub(SessionCmd::Release));
+    assert!(
+        !sends(&a)
+            .iter()
+            .any(|m| matches!(m, ToAgent::ReleaseWithdraw(_))),
+        "{a:?}"
+    );
+    // Aborted: withdrawn, once.
+    r.fake.release = None;
+    let a = r.input(Input::Hub(SessionCmd::Release));
+    let withdrawn: Vec<&ToAgent> = sends(&a)
+        .into_iter()
+        .filter(|m| matches!(m, ToAgent::ReleaseWithdraw(v) if v == "2.0.0"))
+        .collect();
+    assert_eq!(withdrawn.len(), 1, "{a:?}");
+    let a = r.advance(RESYNC);
+    assert!(
+        !sends(&a)
+            .iter()
+            .any(|m| matches!(m, ToAgent::ReleaseWithdraw(_))),
+        "{a:?}"
+    );
+    // Another release now: the one installed is withdrawn, the new one
+    // offered.
+    let mut fake = Fake::new(Vec::new());
+    fake.release = Some(release("2.0.0", 10));
+    let mut r = Run::start(fake, 1);
+    r.agent(FromAgent::Update(word(
+        "2.0.0",
+        baton_model::UpdatePhase::Downloading,
+        4,
+    )));
+    r.fake.release = Some(release("2.0.1", 10));
+    let a = r.input(Input::Hub(SessionCmd::Release));
+    assert!(
+        sends(&a)
+            .iter()
+            .any(|m| matches!(m, ToAgent::ReleaseWithdraw(v) if v == "2.0.0")),
+        "{a:?}"
+    );
+    assert_eq!(offers(&a), ["2.0.1"]);
 }

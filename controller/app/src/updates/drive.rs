@@ -18,12 +18,11 @@
 //!   from when each ran the new version; the **baseline** the targets not
 //!   yet admitted, same window: `abort_if` and `compare: baseline` judge
 //!   lateness p99 and clock offset as for a pack;
-//! - an **abort** withdraws the offers: a box still downloading stops
-//!   (no more pieces are served), a box that failed rolled itself back, a
-//!   box updated stays on the new version (an update to the older
-//!   release takes it back); a box that already installed the release
-//!   still restarts into it at its quiet moment (the link has no word to
-//!   take an installed release back yet).
+//! - an **abort** withdraws the offers, and each session tells its box
+//!   (`ReleaseWithdraw`): a box still downloading stops, a box that
+//!   installed the release and had not restarted into it undoes its trial;
+//!   a box that failed rolled itself back; a box updated stays on the new
+//!   version (an update to the older release takes it back).
 
 use std::collections::HashMap;
 
@@ -241,13 +240,15 @@ impl App {
         let who = self.replica().unwrap_or("controller").to_string();
         let plan = plan_of(&row.plan)?;
         for _ in 0..8 {
-            if row.machine.stage_started.is_none() && !rollout::window_open(&plan.rollout, now()) {
+            // One instant for the window's check and the step it decides.
+            let at = now();
+            if row.machine.stage_started.is_none() && !rollout::window_open(&plan.rollout, at) {
                 if row.machine.state != baton_model::RolloutState::WaitingWindow {
                     let step = rollout::step(
                         &plan.rollout,
                         &row.machine,
                         &Observed {
-                            now: now(),
+                            now: at,
                             targets: Vec::new(),
                             cohort: Default::default(),
                             baseline: None,

@@ -232,9 +232,16 @@ impl App {
             let wanted = match &plan.targets {
                 None => true,
                 Some(baton_proto::pack::Targets::Agents(ids)) => ids.contains(&a.id),
-                Some(baton_proto::pack::Targets::Labels(want)) => want
-                    .iter()
-                    .all(|(k, v)| a.labels.get(k).is_some_and(|x| x == v)),
+                Some(baton_proto::pack::Targets::Labels(want)) => {
+                    // A tenant's operator targets by its tenant's labels
+                    // (its own overrides), as its packs do.
+                    let labels = match caller.tenant() {
+                        Some(t) => a.labels_for(t).into_owned(),
+                        None => a.labels.clone(),
+                    };
+                    want.iter()
+                        .all(|(k, v)| labels.get(k).is_some_and(|x| x == v))
+                }
             };
             if !wanted {
                 continue;
@@ -279,7 +286,11 @@ impl App {
             }
         }
         let row = AgentUpdateRow::new(version, text, targets, caller.who.to_string(), now());
-        let id = self.store.start_agent_update(row).await?;
+        // The updates checked above are the ones superseded: if another
+        // started or ended meanwhile (another replica), the store refuses
+        // and the operator tries again.
+        let expect: Vec<u64> = open.iter().map(|u| u.id).collect();
+        let id = self.store.start_agent_update(row, expect).await?;
         for u in &open {
             let audit = baton_model::AuditRow {
                 at: now(),
@@ -336,7 +347,7 @@ impl App {
         };
         for t in &row.targets {
             if let Some(a) = self.store.agent(t).await?
-                && a.tenants.iter().any(|x| x != own)
+                && (a.tenants.iter().any(|x| x != own) || !caller.sees_agent(&a, self.cfg.binding))
             {
                 return Ok(false);
             }

@@ -133,6 +133,9 @@ pub(super) fn to_wire(m: ToAgent) -> Out {
             key: r.key.clone(),
             signature: r.signature.clone(),
         }),
+        ToAgent::ReleaseWithdraw(version) => {
+            Out::ReleaseWithdraw(wire::ReleaseWithdraw { version })
+        }
         ToAgent::ReleaseChunk {
             version,
             offset,

@@ -718,6 +718,15 @@ async fn a_failed_log_in_writes_the_line_log_watchers_match() {
     assert_eq!(json["level"], "WARN");
 }
 
+/// An admin of `tenant`, as the application takes a caller.
+fn admin_of(name: &str, tenant: &str) -> baton_app::Caller {
+    baton_app::Caller::new(baton_model::identity::Identity::Operator {
+        name: name.into(),
+        tenant: tenant.into(),
+        role: baton_model::identity::Role::Admin,
+    })
+}
+
 #[tokio::test]
 async fn the_updates_page_shows_the_update_and_each_boxs_word_to_its_tenant_only() {
     let f = fixture().await;
@@ -741,11 +750,7 @@ async fn the_updates_page_shows_the_update_and_each_boxs_word_to_its_tenant_only
         .put_release(release, vec![vec![1, 2, 3, 4]])
         .await
         .unwrap();
-    let admin = baton_app::Caller::new(baton_model::identity::Identity::Operator {
-        name: "ada".into(),
-        tenant: "plant-a".into(),
-        role: baton_model::identity::Role::Admin,
-    });
+    let admin = admin_of("ada", "plant-a");
     f.web
         .app
         .start_agent_update(&admin, "2.0.0", "rollout:\n  stages: [{percent: 100}]\n")
@@ -784,4 +789,37 @@ async fn the_updates_page_shows_the_update_and_each_boxs_word_to_its_tenant_only
     assert_eq!(code, StatusCode::OK);
     assert!(page.contains("No agent update yet"), "{page}");
     assert!(!page.contains("2.0.0"), "{page}");
+    // Ended, and plant-b's own newer one started: each tenant's page shows
+    // its own newest, never the other's.
+    f.web
+        .app
+        .agent_update_command(
+            &admin,
+            Some(1),
+            baton_app::rollouts::RolloutCommand::Abort,
+            "",
+        )
+        .await
+        .unwrap();
+    let admin_b = admin_of("bea", "plant-b");
+    f.web
+        .app
+        .start_agent_update(&admin_b, "2.0.0", "rollout:\n  stages: [{percent: 100}]\n")
+        .await
+        .unwrap();
+    let (_, _, page) = call(&f.web, get("/updates", Some(&ann))).await;
+    assert!(
+        page.contains("Update 1 to 2.0.0") && page.contains("aborted"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("press-b") && !page.contains("Update 2"),
+        "{page}"
+    );
+    let (_, _, page) = call(&f.web, get("/updates", Some(&bob))).await;
+    assert!(
+        page.contains("Update 2 to 2.0.0") && page.contains("press-b"),
+        "{page}"
+    );
+    assert!(!page.contains("press-a"), "{page}");
 }

@@ -105,7 +105,7 @@ pub async fn release_offered_by_target_and_arch(s: &dyn Store, _: Binding) {
     assert_eq!(s.release_offer("a1").await.unwrap(), None, "no target yet");
 
     let id = s
-        .start_agent_update(update("2.0.0", &["a1", "b2", "c3"], 2))
+        .start_agent_update(update("2.0.0", &["a1", "b2", "c3"], 2), Vec::new())
         .await
         .unwrap();
     let mut u = s.agent_update(Some(id)).await.unwrap().unwrap();
@@ -155,7 +155,7 @@ pub async fn agent_updates_step_once_and_supersede(s: &dyn Store, _: Binding) {
     s.put_release(row, pieces).await.unwrap();
     s.agent_hello(hello("a1", 1)).await.unwrap();
     let first = s
-        .start_agent_update(update("3.0.0", &["a1"], 2))
+        .start_agent_update(update("3.0.0", &["a1"], 2), Vec::new())
         .await
         .unwrap();
     let stored = s.agent_update(None).await.unwrap().unwrap();
@@ -190,8 +190,15 @@ pub async fn agent_updates_step_once_and_supersede(s: &dyn Store, _: Binding) {
     assert!(now.members().contains_key("a1"));
     assert!(s.release_offer("a1").await.unwrap().is_some());
 
+    // Started by a caller that checked no open update: refused, nothing
+    // written (another replica started one meanwhile).
+    let raced = s
+        .start_agent_update(update("3.0.0", &["a1"], 4), Vec::new())
+        .await;
+    assert!(matches!(raced, Err(StoreError::Contended(_))), "{raced:?}");
+    assert_eq!(s.agent_update(None).await.unwrap().unwrap().id, first);
     let second = s
-        .start_agent_update(update("3.0.0", &["a1"], 4))
+        .start_agent_update(update("3.0.0", &["a1"], 4), vec![first])
         .await
         .unwrap();
     assert!(second > first);

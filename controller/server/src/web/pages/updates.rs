@@ -23,14 +23,19 @@ use baton_model::{AgentUpdateRow, RolloutState, UpdatePhase};
 
 /// `GET /updates`.
 pub async fn page(State(web): State<Arc<Web>>, who: Who) -> Response {
-    let current = match web.app.agent_update_status(&who.caller, None).await {
-        Ok(s) => Some(s),
-        Err(AppError::NotFound(_)) => None,
-        Err(e) => return app_error(e),
-    };
+    // The newest update the caller sees (not the newest of all: another
+    // tenant's may be newer).
     let list = match web.app.agent_update_list(&who.caller).await {
         Ok(l) => l,
         Err(e) => return app_error(e),
+    };
+    let current = match list.first() {
+        None => None,
+        Some(u) => match web.app.agent_update_status(&who.caller, Some(u.id)).await {
+            Ok(s) => Some(s),
+            Err(AppError::NotFound(_)) => None,
+            Err(e) => return app_error(e),
+        },
     };
     let body = html! {
         h1 { "Agent updates" }
