@@ -24,7 +24,7 @@ pkgs=("$@")
 # baton-sched is left out by default: its unit tests (property tests of
 # pure integer maths, as on the host) take ~50 s under qemu; pass it to run
 # them too. Measured from scratch on 2 cores: ~5.5 min with it.
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(baton-agent baton-dispatch baton-agent-link baton-control baton-exec baton-agent-config baton-trust baton-journal baton-clock baton-gpio baton-sys baton-link-client baton-cron baton-proto)
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(baton-agent baton-dispatch baton-agent-link baton-control baton-exec baton-agent-config baton-trust baton-update baton-journal baton-clock baton-gpio baton-sys baton-link-client baton-cron baton-proto)
 args=()
 for p in "${pkgs[@]}"; do args+=(-p "$p"); done
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}/aarch64
