@@ -203,3 +203,31 @@ impl Lcg {
         (self.0 >> 33) % n
     }
 }
+
+/// A command's stdout then stderr, as text (for an assertion's message).
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `baton-controller ARGS` that dials no controller (`keys`, `validate`).
+pub fn controller_tool(args: &[&str]) -> Output {
+    run(
+        Command::new(bin("baton-controller")).args(args),
+        Duration::from_secs(60),
+    )
+}
+
+/// A new signing key `name` in `dir` (`keys new`); its public half's text.
+pub fn new_key(dir: &std::path::Path, name: &str) -> String {
+    let dir = dir.to_str().expect("utf-8");
+    let o = controller_tool(&["keys", "new", name, "--dir", dir]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    std::fs::read_to_string(std::path::Path::new(dir).join(format!("{name}.pub")))
+        .expect("pub")
+        .trim()
+        .to_string()
+}

@@ -21,29 +21,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use baton_e2e::fleet::{Controller, json_lines, start_controller};
-use baton_e2e::{bin, run, wait_until};
+use baton_e2e::{bin, controller_tool as tool, new_key, output_text as text, run, wait_until};
 
 const WAIT: Duration = Duration::from_secs(120);
 const DAY_NS: i64 = 86_400_000_000_000;
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8")
-}
-
-/// `baton-controller ARGS` (no controller to dial).
-fn tool(args: &[&str]) -> Output {
-    run(
-        Command::new(bin("baton-controller")).args(args),
-        Duration::from_secs(60),
-    )
 }
 
 /// A site's keys: a root, a release key, and the root-signed list naming
@@ -56,16 +40,8 @@ struct Keys {
 
 fn keys(d: &Path) -> Keys {
     let dir = d.join("keys");
-    let public = |name: &str| {
-        let o = tool(&["keys", "new", name, "--dir", s(&dir)]);
-        assert!(o.status.success(), "{}", text(&o));
-        std::fs::read_to_string(dir.join(format!("{name}.pub")))
-            .expect("pub")
-            .trim()
-            .to_string()
-    };
-    let root_pub = public("root");
-    let release_pub = public("release");
+    let root_pub = new_key(&dir, "root");
+    let release_pub = new_key(&dir, "release");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")

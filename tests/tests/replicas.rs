@@ -856,12 +856,7 @@ fn an_update_started_through_any_replica_reaches_the_agent_and_its_word_every_re
         .expect("another replica");
     let d = site.dir.path().to_path_buf();
     let keys = d.join("keys");
-    let o = std::process::Command::new(baton_e2e::bin("baton-controller"))
-        .args(["keys", "new", "release", "--dir"])
-        .arg(&keys)
-        .output()
-        .expect("keys new");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    baton_e2e::new_key(&keys, "release");
     let stamped = baton_trust::release::stamp(
         &std::fs::read(baton_e2e::bin("baton-agent")).expect("agent"),
         "9.9.9",

@@ -9,39 +9,13 @@ use std::process::Output;
 use std::time::Duration;
 
 use baton_e2e::fleet::{Controller, start_agent_clock, start_controller};
-use baton_e2e::{bin, run, wait_until};
+use baton_e2e::{bin, controller_tool as tool, new_key, output_text as text, run, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
 const DAY_NS: i64 = 86_400_000_000_000;
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// `baton-controller ARGS` (no controller to dial).
-fn tool(args: &[&str]) -> Output {
-    run(
-        std::process::Command::new(bin("baton-controller")).args(args),
-        Duration::from_secs(60),
-    )
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8")
-}
-
-/// A new key `name` in `keys/`; its public half's text.
-fn new_key(keys: &Path, name: &str) -> String {
-    let o = tool(&["keys", "new", name, "--dir", s(keys)]);
-    assert!(o.status.success(), "{}", text(&o));
-    std::fs::read_to_string(keys.join(format!("{name}.pub")))
-        .expect("pub")
-        .trim()
-        .to_string()
 }
 
 /// Sign a list of `version` (default tenant's keys `keys`, required;

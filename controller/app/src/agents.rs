@@ -67,6 +67,35 @@ pub struct Forgotten {
 }
 
 impl App {
+    /// Every agent (of `tenant`'s, or all) that `keep` keeps, reading all
+    /// pages and holding only those kept: what a rollout and an agent
+    /// update observe each step.
+    pub(crate) async fn agents_where(
+        &self,
+        tenant: Option<String>,
+        mut keep: impl FnMut(&AgentRow) -> bool,
+    ) -> AppResult<Vec<AgentRow>> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .agents(AgentFilter {
+                    tenant: tenant.clone(),
+                    after_id: after.clone(),
+                    limit: MAX_PAGE,
+                    ..AgentFilter::default()
+                })
+                .await?;
+            let done = page.len() < MAX_PAGE as usize;
+            after = page.last().map(|a| a.id.clone());
+            out.extend(page.into_iter().filter(|a| keep(a)));
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+
     /// The agent `id` if the caller sees it; otherwise "no agent", word for
     /// word like one that does not exist.
     pub async fn visible_agent(&self, caller: &Caller, id: &str) -> AppResult<AgentRow> {

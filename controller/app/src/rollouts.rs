@@ -22,7 +22,7 @@ use baton_model::{
     RefTime, RolloutChange, RolloutRow,
 };
 use baton_store::StoreOps;
-use baton_store::{AgentFilter, FeedbackScope, MAX_PAGE};
+use baton_store::{FeedbackScope, MAX_PAGE};
 
 /// How often the driver looks at open rollouts when nothing wakes it.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -182,29 +182,12 @@ impl App {
         // targets: never admitted, never waited for.
         let withdrawn = self.store.withdrawn_from(key).await?;
         let stopped = |id: &str| withdrawn.get(id).is_some_and(|&v| pack.version <= v);
-        let mut agents: Vec<AgentRow> = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .agents(AgentFilter {
-                    tenant: Some(key.tenant.clone()),
-                    after_id: after.clone(),
-                    limit: MAX_PAGE,
-                    ..AgentFilter::default()
-                })
-                .await?;
-            let done = page.len() < MAX_PAGE as usize;
-            after = page.last().map(|a| a.id.clone());
-            agents.extend(page.into_iter().filter(|a| {
-                a.serves(&key.tenant, self.cfg.binding)
-                    && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
-                    && !stopped(&a.id)
-            }));
-            if done {
-                return Ok(agents);
-            }
-        }
+        self.agents_where(Some(key.tenant.clone()), |a| {
+            a.serves(&key.tenant, self.cfg.binding)
+                && pack.targets.matches(&a.id, &a.labels_for(&key.tenant))
+                && !stopped(&a.id)
+        })
+        .await
     }
 
     /// Every delivery row of the pack, by agent, all pages.

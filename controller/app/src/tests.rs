@@ -15,15 +15,15 @@ use baton_store::StoreOps;
 use baton_store::memory::MemoryStore;
 use baton_store::{HelloRow, MAX_PAGE};
 
-fn app(binding: Binding) -> Arc<App> {
+pub(crate) fn app(binding: Binding) -> Arc<App> {
     App::new(Arc::new(MemoryStore::new(binding)), AppConfig::new(binding))
 }
 
-fn open() -> Caller {
+pub(crate) fn open() -> Caller {
     Caller::new(Identity::Insecure)
 }
 
-fn op(tenant: &str, role: Role) -> Caller {
+pub(crate) fn op(tenant: &str, role: Role) -> Caller {
     Caller::new(Identity::Operator {
         name: format!("{tenant}-{}", role.as_str()),
         tenant: tenant.into(),

@@ -249,26 +249,14 @@ fn status_text(i: &wire::AgentUpdateInfo) -> String {
             format!(": {}", i.reason)
         }
     );
-    for v in &i.verdicts {
-        s.push_str(&format!(
-            "stage {} {} at {}: {}\n",
-            v.stage + 1,
-            v.kind,
-            format::instant(v.at_ns),
-            v.reason
-        ));
-    }
+    s.push_str(&super::rollout::verdict_lines(&i.verdicts));
     let rows: Vec<Vec<String>> = i
         .agents
         .iter()
         .map(|a| {
             vec![
                 a.id.clone(),
-                match (a.stage, a.skipped) {
-                    (Some(st), false) => format!("stage {}", st + 1),
-                    (Some(st), true) => format!("stage {} (skipped)", st + 1),
-                    (None, _) => "-".into(),
-                },
+                super::rollout::cohort_cell(a.stage, a.skipped),
                 a.agent_version.clone(),
                 a.arch.clone(),
                 if a.connected { "yes" } else { "no" }.into(),

@@ -133,26 +133,14 @@ fn status_text(i: &wire::RolloutInfo) -> String {
         "baseline: {}\n",
         figures_text(i.baseline.as_ref())
     ));
-    for v in &i.verdicts {
-        s.push_str(&format!(
-            "stage {} {} at {}: {}\n",
-            v.stage + 1,
-            v.kind,
-            format::instant(v.at_ns),
-            v.reason
-        ));
-    }
+    s.push_str(&verdict_lines(&i.verdicts));
     let rows: Vec<Vec<String>> = i
         .agents
         .iter()
         .map(|a| {
             vec![
                 a.id.clone(),
-                match (a.stage, a.skipped) {
-                    (Some(st), false) => format!("stage {}", st + 1),
-                    (Some(st), true) => format!("stage {} (skipped)", st + 1),
-                    (None, _) => "-".into(),
-                },
+                cohort_cell(a.stage, a.skipped),
                 a.held.map_or("-".into(), |v| format!("v{v}")),
                 if a.connected { "yes" } else { "no" }.into(),
                 if a.canary { "yes" } else { "" }.into(),
@@ -165,6 +153,31 @@ fn status_text(i: &wire::RolloutInfo) -> String {
         &rows,
     ));
     s
+}
+
+/// A rollout's (or an agent update's) verdicts, a line each.
+pub(super) fn verdict_lines(verdicts: &[wire::RolloutVerdict]) -> String {
+    verdicts
+        .iter()
+        .map(|v| {
+            format!(
+                "stage {} {} at {}: {}\n",
+                v.stage + 1,
+                v.kind,
+                format::instant(v.at_ns),
+                v.reason
+            )
+        })
+        .collect()
+}
+
+/// The stage that admitted an agent into a cohort, in a table's cell.
+pub(super) fn cohort_cell(stage: Option<u32>, skipped: bool) -> String {
+    match (stage, skipped) {
+        (Some(st), false) => format!("stage {}", st + 1),
+        (Some(st), true) => format!("stage {} (skipped)", st + 1),
+        (None, _) => "-".into(),
+    }
 }
 
 fn list_text(rows: &[wire::RolloutInfo]) -> String {

@@ -111,12 +111,12 @@ impl App {
         let bound = time::span(i64::try_from(spec.max_uncertainty.as_nanos()).unwrap_or(i64::MAX));
         let targets: std::collections::HashSet<&str> =
             row.targets.iter().map(String::as_str).collect();
-        let mut out = Vec::with_capacity(row.targets.len());
-        for a in self.all_agents().await? {
-            if targets.contains(a.id.as_str()) {
-                out.push(view(row, &a, bound));
-            }
-        }
+        let mut out: Vec<UpdateAgent> = self
+            .agents_where(None, |a| targets.contains(a.id.as_str()))
+            .await?
+            .iter()
+            .map(|a| view(row, a, bound))
+            .collect();
         out.sort_by(|a, b| (a.stage.is_none(), &a.view.id).cmp(&(b.stage.is_none(), &b.view.id)));
         let offset = |u: &UpdateAgent| {
             u.agent

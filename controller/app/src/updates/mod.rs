@@ -12,9 +12,7 @@ mod drive;
 use std::collections::BTreeSet;
 
 use baton_model::rollout::{self, AgentView};
-use baton_model::{
-    AgentFilter, AgentRow, AgentUpdateRow, CohortFigures, MAX_PAGE, RELEASE_PIECE, ReleaseRow,
-};
+use baton_model::{AgentRow, AgentUpdateRow, CohortFigures, RELEASE_PIECE, ReleaseRow};
 use baton_proto::pack::UpdatePlan;
 use baton_store::StoreOps;
 use baton_trust::release::SignedRelease;
@@ -225,7 +223,7 @@ impl App {
         }
         let mut targets = Vec::new();
         let mut left_out = Vec::new();
-        for a in self.all_agents().await? {
+        for a in self.agents_where(None, |_| true).await? {
             if !caller.sees_agent(&a, self.cfg.binding) {
                 continue;
             }
@@ -314,28 +312,6 @@ impl App {
         self.hub.send_all(|| crate::hub::SessionCmd::Release);
         self.announce_release_change(None);
         Ok((row, left_out))
-    }
-
-    /// Every agent, all pages.
-    pub(crate) async fn all_agents(&self) -> AppResult<Vec<AgentRow>> {
-        let mut out = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .agents(AgentFilter {
-                    after_id: after.clone(),
-                    limit: MAX_PAGE,
-                    ..AgentFilter::default()
-                })
-                .await?;
-            let done = page.len() < MAX_PAGE as usize;
-            after = page.last().map(|a| a.id.clone());
-            out.extend(page);
-            if done {
-                return Ok(out);
-            }
-        }
     }
 
     /// Whether the caller may act on `row` (pause, resume, abort,

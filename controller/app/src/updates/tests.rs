@@ -6,33 +6,14 @@
 
 #![allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 
-use std::sync::Arc;
-
-use baton_model::identity::{Identity, Role};
+use baton_model::identity::Role;
 use baton_model::{Binding, ClockRow, RefTime, RolloutState, UpdatePhase, UpdateRow, time};
-use baton_store::memory::MemoryStore;
 use baton_store::{HelloRow, StoreOps};
 use baton_trust::{ReleaseManifest, SignedRelease, SigningKey};
 
-use crate::app::{App, AppConfig, AppError, now};
-use crate::caller::Caller;
+use crate::app::{App, AppError, now};
 use crate::rollouts::RolloutCommand;
-
-fn app(binding: Binding) -> Arc<App> {
-    App::new(Arc::new(MemoryStore::new(binding)), AppConfig::new(binding))
-}
-
-fn open() -> Caller {
-    Caller::new(Identity::Insecure)
-}
-
-fn op(tenant: &str, role: Role) -> Caller {
-    Caller::new(Identity::Operator {
-        name: format!("{tenant}-{}", role.as_str()),
-        tenant: tenant.into(),
-        role,
-    })
-}
+use crate::tests::{app, op, open};
 
 fn signed(version: &str, binary: &[u8]) -> SignedRelease {
     let key = SigningKey::generate().unwrap();
@@ -85,6 +66,18 @@ async fn hello_saying(
         .record_clock(id, a.session_gen, clock)
         .await
         .unwrap();
+}
+
+/// What a box says of release 2.0.0 (10 bytes).
+fn word(phase: UpdatePhase, reason: &str) -> UpdateRow {
+    UpdateRow {
+        version: "2.0.0".into(),
+        phase,
+        held_bytes: 10,
+        size: 10,
+        reason: reason.into(),
+        at: now(),
+    }
 }
 
 async fn offered(app: &App, id: &str) -> Option<String> {
@@ -266,14 +259,7 @@ async fn stages_offer_the_release_in_turn_and_a_rollback_aborts_and_withdraws() 
         "x86_64",
         &[],
         true,
-        Some(UpdateRow {
-            version: "2.0.0".into(),
-            phase: UpdatePhase::RolledBack,
-            held_bytes: 10,
-            size: 10,
-            reason: "not welcomed within 5m".into(),
-            at: now(),
-        }),
+        Some(word(UpdatePhase::RolledBack, "not welcomed within 5m")),
     )
     .await;
     super::step_agent_updates(&app).await.unwrap();
@@ -395,14 +381,10 @@ async fn a_refusal_for_now_leaves_the_box_missing_and_another_tenants_update_is_
         "x86_64",
         &["plant-a"],
         true,
-        Some(UpdateRow {
-            version: "2.0.0".into(),
-            phase: UpdatePhase::Refused,
-            held_bytes: 0,
-            size: 10,
-            reason: "this agent is itself a version on trial".into(),
-            at: now(),
-        }),
+        Some(word(
+            UpdatePhase::Refused,
+            "this agent is itself a version on trial",
+        )),
     )
     .await;
     super::step_agent_updates(&app).await.unwrap();

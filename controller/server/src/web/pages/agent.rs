@@ -280,7 +280,7 @@ fn entries(n: u64) -> String {
 
 /// The box's last word on an agent update: a refusal or a rollback
 /// stands out, with its reason; a download shows how far it got.
-fn update_cell(u: Option<&baton_model::UpdateRow>) -> Markup {
+pub(super) fn update_cell(u: Option<&baton_model::UpdateRow>) -> Markup {
     use baton_model::UpdatePhase as P;
     let Some(u) = u else {
         return html! { "none offered" };

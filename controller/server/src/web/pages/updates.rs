@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
+use super::agent::update_cell;
 use super::layout::{self, Nav};
 use super::{badge, when};
 use crate::web::auth::{Who, percent};
@@ -19,7 +20,7 @@ use crate::web::{Web, app_error};
 use baton_app::AppError;
 use baton_app::rollout_view::Tone;
 use baton_app::updates::UpdateStatus;
-use baton_model::{AgentUpdateRow, RolloutState, UpdatePhase};
+use baton_model::{AgentUpdateRow, RolloutState};
 
 /// `GET /updates`.
 pub async fn page(State(web): State<Arc<Web>>, who: Who) -> Response {
@@ -93,11 +94,7 @@ fn status(s: &UpdateStatus) -> Markup {
                             td { (a.agent.agent_version) @if !a.agent.arch.is_empty() { " (" (a.agent.arch) ")" } }
                             td { @if a.view.connected { "yes" } @else { (badge(Tone::Bad, "offline")) } }
                             td { @match &a.agent.update {
-                                Some(u) if u.version == s.row.version => {
-                                    (badge(match u.phase { UpdatePhase::RolledBack | UpdatePhase::Refused => Tone::Bad, UpdatePhase::Running => Tone::Good, _ => Tone::Neutral }, u.phase.as_str()))
-                                    @if u.phase == UpdatePhase::Downloading && u.size > 0 { " " (u.held_bytes.saturating_mul(100) / u.size) "%" }
-                                    @if !u.reason.is_empty() { " " (u.reason) }
-                                }
+                                Some(u) if u.version == s.row.version => (update_cell(Some(u))),
                                 _ => "-",
                             } }
                         }
