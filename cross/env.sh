@@ -67,3 +67,31 @@ cross_setup() {
   fi
   export CROSS_DEB_ARCH CROSS_QEMU CROSS_STRIP
 }
+
+# cross_binfmt: the kernel runs aarch64 ELF images through qemu-user
+# (binfmt_misc), so that an aarch64 process under test can execute another
+# aarch64 image: the launcher's `execve` of an installed build, which
+# cargo's runner (it wraps the test executable only) does not cover.
+# Registers the entry qemu-user-static ships in binfmt.d (no systemd runs
+# it where CI runs), mounting binfmt_misc first if need be: root. The
+# images are dynamic: QEMU_LD_PREFIX points qemu at the cross libc.
+cross_binfmt() {
+  local fs=/proc/sys/fs/binfmt_misc conf=/usr/lib/binfmt.d/qemu-aarch64.conf
+  if [ ! -e "$fs/qemu-aarch64" ]; then
+    if [ "$(id -u)" != 0 ]; then
+      echo "cross: no qemu-aarch64 binfmt_misc entry (register it as root: $conf)" >&2
+      return 1
+    fi
+    [ -e "$fs/register" ] || mount -t binfmt_misc binfmt_misc "$fs"
+    [ -e "$conf" ] || {
+      echo "cross: $conf missing (Debian qemu-user-static)" >&2
+      return 1
+    }
+    cat "$conf" >"$fs/register"
+  fi
+  if [ "$(head -n1 "$fs/qemu-aarch64")" != enabled ]; then
+    echo "cross: the qemu-aarch64 binfmt_misc entry is disabled" >&2
+    return 1
+  fi
+  export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
+}

@@ -5,6 +5,7 @@
 pub mod fleet;
 pub mod local;
 pub mod relay;
+pub mod update_site;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
