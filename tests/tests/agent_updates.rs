@@ -206,3 +206,99 @@ fn a_build_that_exits_at_start_is_rolled_back_and_the_update_aborts() {
         text(&o)
     );
 }
+
+/// An upload the server refuses while reading it (before the application
+/// checks the release against its manifest), each with its reason, and
+/// audited like the application's refusals; nothing stored.
+#[test]
+fn an_upload_refused_while_read_says_why_and_is_audited() {
+    use baton_proto::wire;
+    use wire::release_upload_part::Part;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_controller(&dir.path().join("ctl"), "127.0.0.1:0");
+    let key = baton_trust::SigningKey::generate().expect("key");
+    let binary = vec![7u8; 1000];
+    let m = baton_trust::ReleaseManifest::of("9.9.9", ARCH, &binary).expect("manifest");
+    let signed = baton_trust::SignedRelease::sign(&m, &key);
+    let offer = wire::ReleaseOffer {
+        manifest: signed.body.clone(),
+        key: signed.key.to_string(),
+        signature: signed.signature.to_base64(),
+    };
+    let manifest = |o: &wire::ReleaseOffer| wire::ReleaseUploadPart {
+        part: Some(Part::Manifest(o.clone())),
+    };
+    let data = |n: usize| wire::ReleaseUploadPart {
+        part: Some(Part::Data(vec![7u8; n])),
+    };
+    let long = wire::ReleaseOffer {
+        manifest: format!("{}{}", offer.manifest, " ".repeat(5000)),
+        ..offer.clone()
+    };
+    let bad_key = wire::ReleaseOffer {
+        key: "not hex".into(),
+        ..offer.clone()
+    };
+    let cases: Vec<(Vec<wire::ReleaseUploadPart>, &str)> = vec![
+        (vec![], "release upload: no parts"),
+        (vec![data(10)], "the first part must be the signed manifest"),
+        (vec![manifest(&long)], "a box takes at most 4096"),
+        (vec![manifest(&bad_key)], "release key id \"not hex\""),
+        (
+            vec![manifest(&offer), data(600), data(600)],
+            "more bytes than the manifest's 1000",
+        ),
+        (
+            vec![manifest(&offer), data(10), manifest(&offer)],
+            "a second manifest",
+        ),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(c.url.clone())
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
+        let mut admin = wire::admin_client::AdminClient::new(ch);
+        for (parts, why) in cases {
+            let e = admin
+                .upload_release(tokio_stream::iter(parts))
+                .await
+                .expect_err(why);
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{why}: {e:?}");
+            assert!(e.message().contains(why), "{why}: {e:?}");
+        }
+    });
+    let o = c.ctl(&["release", "list", "--json"]);
+    assert!(
+        json_lines(&o.stdout).is_empty(),
+        "nothing stored: {}",
+        text(&o)
+    );
+    let o = c.ctl(&["audit", "--json"]);
+    let refused: Vec<serde_json::Value> = json_lines(&o.stdout)
+        .into_iter()
+        .filter(|a| a["action"] == "release.upload")
+        .collect();
+    assert_eq!(refused.len(), 6, "{}", text(&o));
+    for a in &refused {
+        assert!(
+            a["result"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("InvalidArgument: "),
+            "{a}"
+        );
+    }
+    // Once the manifest named it, the record names the release.
+    assert!(
+        refused
+            .iter()
+            .any(|a| a["target"] == format!("release 9.9.9 {ARCH}")),
+        "{refused:?}"
+    );
+}

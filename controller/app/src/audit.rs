@@ -22,6 +22,37 @@ impl App {
         target: &str,
         result: AppResult<T>,
     ) -> AppResult<T> {
+        let text = match &result {
+            Ok(_) => "ok".into(),
+            Err(e) => format!("{}: {e}", kind(e)),
+        };
+        self.put_audit(caller, tenant, action, target, text).await?;
+        result
+    }
+
+    /// Record a refusal made before the request reached the application
+    /// (the server reading an upload's stream): the record [`App::audited`]
+    /// writes for `Err(refused)`. Only the audit's own failure is an error.
+    pub async fn audit_refusal(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        action: &str,
+        target: &str,
+        refused: &AppError,
+    ) -> AppResult<()> {
+        let text = format!("{}: {refused}", kind(refused));
+        self.put_audit(caller, tenant, action, target, text).await
+    }
+
+    async fn put_audit(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        action: &str,
+        target: &str,
+        result: String,
+    ) -> AppResult<()> {
         let (who, tenant, role) = caller.audit_fields(tenant);
         let row = AuditRow {
             at: now(),
@@ -30,13 +61,10 @@ impl App {
             role,
             action: action.into(),
             target: target.into(),
-            result: match &result {
-                Ok(_) => "ok".into(),
-                Err(e) => format!("{}: {e}", kind(e)),
-            },
+            result,
         };
         self.store.put_audit(row).await?;
-        result
+        Ok(())
     }
 
     /// Record a refused dashboard log-in from `source`: action `login`,

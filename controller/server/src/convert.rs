@@ -187,12 +187,12 @@ fn arch(a: &str) -> String {
     if ok { a.to_string() } else { String::new() }
 }
 
-/// What a box says of an update, its words bounded (`None`: a phase this
-/// controller does not know, said by a newer agent: not stored).
-pub fn update(u: &wire::UpdateState, now_ns: i64) -> Option<baton_model::UpdateRow> {
+/// The wire's phase of an update as the model's (`None`: unspecified, or
+/// a phase a newer agent says that this controller does not know).
+pub fn update_phase(p: i32) -> Option<baton_model::UpdatePhase> {
     use baton_model::UpdatePhase as P;
     use wire::update_state::Phase;
-    let phase = match Phase::try_from(u.phase).ok()? {
+    Some(match Phase::try_from(p).ok()? {
         Phase::Unspecified => return None,
         Phase::Downloading => P::Downloading,
         Phase::Installed => P::Installed,
@@ -200,7 +200,13 @@ pub fn update(u: &wire::UpdateState, now_ns: i64) -> Option<baton_model::UpdateR
         Phase::Refused => P::Refused,
         Phase::RolledBack => P::RolledBack,
         Phase::Running => P::Running,
-    };
+    })
+}
+
+/// What a box says of an update, its words bounded (`None`: a phase this
+/// controller does not know, said by a newer agent: not stored).
+pub fn update(u: &wire::UpdateState, now_ns: i64) -> Option<baton_model::UpdateRow> {
+    let phase = update_phase(u.phase)?;
     Some(baton_model::UpdateRow {
         version: truncate(&u.version, 64),
         phase,

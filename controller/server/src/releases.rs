@@ -35,40 +35,75 @@ fn signed(o: &wire::ReleaseOffer) -> Result<SignedRelease, AppError> {
     })
 }
 
-/// Reads an upload: its manifest, then its binary (never more than the
-/// manifest's size, nor [`MAX_RELEASE_BYTES`]), and stores it.
+/// Reads an upload (see [`read_upload`]) and stores it. A refusal while
+/// reading is audited as the application's are.
 pub async fn upload(
     app: &App,
     caller: &Caller,
     mut parts: Streaming<wire::ReleaseUploadPart>,
 ) -> Result<wire::ReleaseInfo, Status> {
-    use wire::release_upload_part::Part;
     // Who may, and one at a time, before a byte is held.
     let _permit = app.upload_permit(caller).map_err(status)?;
-    let first = parts
-        .next()
+    let (signed, binary) = match read_upload(&mut parts).await {
+        Ok(read) => read,
+        Err((target, refused)) => {
+            // Audited as the application's refusals are, in its words; the
+            // caller gets the status as it was (a cancelled stream, a
+            // deadline).
+            let e = match refused.code() {
+                tonic::Code::InvalidArgument => AppError::Invalid(refused.message().into()),
+                tonic::Code::ResourceExhausted => AppError::Limit(refused.message().into()),
+                _ => AppError::Unavailable(refused.message().into()),
+            };
+            let tenant = caller.audit_tenant("");
+            app.audit_refusal(caller, &tenant, "release.upload", &target, &e)
+                .await
+                .map_err(status)?;
+            return Err(refused);
+        }
+    };
+    let (row, _new) = app
+        .upload_release(caller, &signed, binary)
         .await
-        .ok_or_else(|| Status::invalid_argument("release upload: no parts"))??;
+        .map_err(status)?;
+    Ok(release_info(&row))
+}
+
+/// An upload's manifest, then its binary: never more than the manifest's
+/// size, nor [`MAX_RELEASE_BYTES`]. A refusal names what it refused
+/// (the release, once the manifest said which) for the audit.
+async fn read_upload(
+    parts: &mut Streaming<wire::ReleaseUploadPart>,
+) -> Result<(SignedRelease, Vec<u8>), (String, Status)> {
+    use wire::release_upload_part::Part;
+    let mut target = "release".to_string();
+    let invalid = |m: String| Status::invalid_argument(m);
+    let first = match parts.next().await {
+        None => return Err((target, invalid("release upload: no parts".into()))),
+        Some(p) => p.map_err(|e| (target.clone(), e))?,
+    };
     let Some(Part::Manifest(offer)) = first.part else {
-        return Err(Status::invalid_argument(
-            "release upload: the first part must be the signed manifest",
-        ));
+        let m = "release upload: the first part must be the signed manifest";
+        return Err((target, invalid(m.into())));
     };
     if offer.manifest.len() > MAX_MANIFEST_BYTES {
-        return Err(status(AppError::Invalid(format!(
+        let m = format!(
             "a release manifest of {} bytes; a box takes at most {MAX_MANIFEST_BYTES}",
             offer.manifest.len()
-        ))));
+        );
+        return Err((target, invalid(m)));
     }
-    let signed = signed(&offer).map_err(status)?;
+    let signed = signed(&offer).map_err(|e| (target.clone(), status(e)))?;
     let manifest = signed
         .unverified_manifest()
-        .map_err(|e| status(AppError::Invalid(e)))?;
+        .map_err(|e| (target.clone(), invalid(e)))?;
+    target = format!("release {} {}", manifest.version, manifest.arch);
     if manifest.size > MAX_RELEASE_BYTES {
-        return Err(status(AppError::Limit(format!(
+        let e = AppError::Limit(format!(
             "release {} is {} bytes; the controller stores at most {MAX_RELEASE_BYTES}",
             manifest.version, manifest.size
-        ))));
+        ));
+        return Err((target, status(e)));
     }
     // Bounded above (the manifest's size, at most MAX_RELEASE_BYTES), and
     // the caller may store releases: held once, not grown by doubling.
@@ -77,36 +112,33 @@ pub async fn upload(
         // A client that stops sending holds the one upload permit: it
         // is given up after a minute of silence.
         let part = match tokio::time::timeout(PART_PATIENCE, parts.next()).await {
-            Ok(Some(p)) => p,
+            Ok(Some(p)) => p.map_err(|e| (target.clone(), e))?,
             Ok(None) => break,
             Err(_) => {
-                return Err(Status::deadline_exceeded(format!(
+                let s = Status::deadline_exceeded(format!(
                     "release upload: no part for {PART_PATIENCE:?}; the upload is given up"
-                )));
+                ));
+                return Err((target, s));
             }
         };
-        match part?.part {
+        match part.part {
             Some(Part::Data(d)) => {
                 if d.len() > MAX_PART || (binary.len() + d.len()) as u64 > manifest.size {
-                    return Err(Status::invalid_argument(format!(
+                    let m = format!(
                         "release upload: more bytes than the manifest's {} (or a part over {MAX_PART})",
                         manifest.size
-                    )));
+                    );
+                    return Err((target, invalid(m)));
                 }
                 binary.extend_from_slice(&d);
             }
             _ => {
-                return Err(Status::invalid_argument(
-                    "release upload: a second manifest, or an empty part",
-                ));
+                let m = "release upload: a second manifest, or an empty part";
+                return Err((target, invalid(m.into())));
             }
         }
     }
-    let (row, _new) = app
-        .upload_release(caller, &signed, binary)
-        .await
-        .map_err(status)?;
-    Ok(release_info(&row))
+    Ok((signed, binary))
 }
 
 /// A stored release on the wire.

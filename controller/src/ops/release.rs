@@ -181,16 +181,7 @@ pub async fn agent_update(
 
 /// An update phase's word.
 pub fn phase_word(p: i32) -> &'static str {
-    use wire::update_state::Phase;
-    match Phase::try_from(p).unwrap_or(Phase::Unspecified) {
-        Phase::Unspecified => "-",
-        Phase::Downloading => "downloading",
-        Phase::Installed => "installed",
-        Phase::Restarting => "restarting",
-        Phase::Refused => "refused",
-        Phase::RolledBack => "rolled_back",
-        Phase::Running => "running",
-    }
+    baton_server::convert::update_phase(p).map_or("-", baton_model::UpdatePhase::as_str)
 }
 
 /// An agent's word on an update, in a few words.

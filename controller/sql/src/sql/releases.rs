@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use super::codec::{from_json, instant_col, to_db, to_json, u64_from_db, with_row};
-use super::db::{Db, Row, col, params, query_all, query_first, run};
+use super::db::{
+    ByShape, Db, Param, Row, chunks, col, params, query_all, query_first, run, values_rows,
+};
 use baton_store::{
     AgentUpdateRow, MAX_PAGE, Member, ReleaseRow, RolloutRow, StoreError, StoreResult,
 };
@@ -241,15 +243,32 @@ pub(crate) fn set_targets(
     version: &str,
     ids: &[String],
 ) -> StoreResult<()> {
-    let update = to_db(update, "update id")?;
-    for id in ids {
-        run(
-            conn,
-            "offer an agent a release",
-            "INSERT INTO release_targets (agent_id, version, update_id) VALUES (?1, ?2, ?3) \
+    /// Several offers a statement: a stage admitting thousands of boxes
+    /// is a few dozen statements, not one per box.
+    static SET: ByShape = ByShape::new(|n| {
+        format!(
+            "INSERT INTO release_targets (agent_id, version, update_id) VALUES {} \
              ON CONFLICT (agent_id) DO UPDATE SET version = excluded.version, \
              update_id = excluded.update_id",
-            params![id, version, update],
+            values_rows(n, 3)
+        )
+    });
+    let update = to_db(update, "update id")?;
+    // Each agent once (PostgreSQL refuses a statement that would update
+    // one row twice), in one order for every writer.
+    let mut ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for chunk in chunks(&ids) {
+        let mut values = Vec::with_capacity(chunk.len() * 3);
+        for id in chunk {
+            values.extend([Param::Text(id), Param::Text(version), Param::Int(update)]);
+        }
+        run(
+            conn,
+            "offer agents a release",
+            &SET.get(chunk.len()),
+            &values,
         )?;
     }
     Ok(())

@@ -110,6 +110,7 @@ macro_rules! contract_suite {
             login_failures_counted_per_source_and_window: [tenants];
             releases_stored_once_and_served_by_piece: [tenants];
             release_offered_by_target_and_arch: [tenants];
+            a_stage_of_many_boxes_offers_each_once: [tenants];
             agent_updates_step_once_and_supersede: [tenants];
             update_said_and_fenced: [tenants];
         );

@@ -147,6 +147,32 @@ pub async fn release_offered_by_target_and_arch(s: &dyn Store, _: Binding) {
     assert_eq!(offered("a1").await, None);
 }
 
+/// A stage admitting more boxes than one statement takes (and naming one
+/// twice) offers each of them the release, once.
+pub async fn a_stage_of_many_boxes_offers_each_once(s: &dyn Store, _: Binding) {
+    let (row, pieces) = release("2.0.0", "x86_64", &binary(10), 1);
+    s.put_release(row, pieces).await.unwrap();
+    let ids: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
+    for id in &ids {
+        s.agent_hello(hello(id, 1)).await.unwrap();
+    }
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let id = s
+        .start_agent_update(update("2.0.0", &names, 2), Vec::new())
+        .await
+        .unwrap();
+    let mut u = s.agent_update(Some(id)).await.unwrap().unwrap();
+    u.machine.state = RolloutState::Running;
+    let mut admit = ids[..130].to_vec();
+    admit.push(ids[7].clone());
+    assert!(s.advance_agent_update(u, admit, false).await.unwrap());
+    for (i, a) in ids.iter().enumerate() {
+        let offer = s.release_offer(a).await.unwrap().map(|r| r.version);
+        let want = (i < 130).then(|| "2.0.0".to_string());
+        assert_eq!(offer, want, "{a}");
+    }
+}
+
 /// Updates step by compare-and-set on their rev (a step computed from an
 /// older rev changes nothing), keep their cohort, and a new one
 /// supersedes every open one (their offers withdrawn); ids increase.
