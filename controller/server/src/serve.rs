@@ -29,9 +29,11 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
-    write_addr(&cfg.data_dir, addr)?;
     let metrics_listener = bind_metrics(&cfg).await?;
     let http_listener = bind_http(&cfg).await?;
+    // Last of the address files: whoever waits for it (a script, a test)
+    // finds the dashboard's and the metrics' written already.
+    write_addr(&cfg.data_dir, addr)?;
     app.mark_all_disconnected().await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let shared = Shared::new(app, cfg, stop_rx.clone());
