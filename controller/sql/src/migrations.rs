@@ -195,6 +195,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres_only: include_str!("migrations/0021_release_pieces.pg.sql"),
         sqlite_only: include_str!("migrations/0021_release_pieces.sqlite.sql"),
     },
+    Migration {
+        version: 22,
+        sql: "",
+        postgres_only: include_str!("migrations/0022_event_groups.pg.sql"),
+        sqlite_only: "",
+    },
 ];
 
 /// What a migration needs beyond its SQL, in its transaction.

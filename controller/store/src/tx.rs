@@ -218,8 +218,8 @@ pub trait Tx {
     fn put_feedback(&mut self, rows: &[FeedbackRow]) -> StoreResult<FeedbackStored>;
     /// Events for the other replicas, in order.
     /// Tell the store's other writers' followers, in this transaction,
-    /// that these rows changed (where writers run in parallel: a delivery
-    /// event per row, committed with the change, so a push reaches the
+    /// that these rows changed (where writers run in parallel: delivery
+    /// events naming each row, committed with the change, so a push reaches the
     /// agents streaming to other replicas as soon as it is stored, and no
     /// crash between the two loses the word). The default, for a store
     /// with one writer, tells no one.

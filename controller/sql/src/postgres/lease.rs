@@ -105,9 +105,10 @@ fn acquire(db: &dyn Db, cfg: &LeaseConfig) -> StoreResult<i64> {
     let epoch = query_first(
         db,
         &format!(
-            "INSERT INTO replicas (id, epoch, expires_us) VALUES (?1, 1, {NOW_US} + ?2) \
+            "INSERT INTO replicas (id, epoch, expires_us, reads_event_groups) \
+             VALUES (?1, 1, {NOW_US} + ?2, TRUE) \
              ON CONFLICT (id) DO UPDATE SET epoch = replicas.epoch + 1, \
-             expires_us = excluded.expires_us RETURNING epoch"
+             expires_us = excluded.expires_us, reads_event_groups = TRUE RETURNING epoch"
         ),
         params![cfg.replica_id, cfg.ttl_us()],
         |r| col::<i64>(r, "epoch"),

@@ -1328,6 +1328,137 @@ mod tests {
         }
     }
 
+    /// The kinds of the events stored for pack `p`, counted.
+    fn event_kinds(target: &Target) -> Vec<(String, i64)> {
+        let target = target.clone();
+        std::thread::spawn(move || {
+            let raw = PgConn::new(connect(&target).expect("connect"));
+            crate::sql::db::query_all(
+                &raw,
+                "SELECT kind, COUNT(*) AS n FROM events WHERE pack = 'p' GROUP BY kind ORDER BY kind",
+                &[],
+                |r| Ok((col::<String>(r, "kind")?, col::<i64>(r, "n")?)),
+            )
+            .expect("kinds")
+        })
+        .join()
+        .expect("thread")
+    }
+
+    /// A decision's rows of one pack are one event row naming the agents,
+    /// read back as an event per agent; but while a replica of an older
+    /// build (which would pass a group over) holds a live lease, a row
+    /// each, as before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn delivery_events_are_grouped_once_no_older_replica_is_live() {
+        if !available() {
+            return;
+        }
+        use baton_store::contract::{hello_in, key, pack, to_ids};
+        let (a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        // An older build's lease: live, silent on groups (the column's
+        // default).
+        let (raw, answers) = raw_session(&target);
+        raw.send(
+            "INSERT INTO replicas (id, epoch, expires_us) VALUES ('old', 1, 9223372036854775807)"
+                .into(),
+        )
+        .unwrap();
+        answers.recv().unwrap().unwrap();
+        let ids = ["x1", "x2", "x3"];
+        for id in ids {
+            a.agent_hello(hello_in(id, &[], &[], 1)).await.unwrap();
+        }
+        let push = |v: u64| {
+            let a = &a;
+            async move {
+                a.put_pack(pack("default", "p", v, to_ids(&ids)))
+                    .await
+                    .unwrap();
+                a.reconcile_pack(&key("default", "p"), RefTime::from_nanos(5))
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(push(1).await.len(), 3);
+        assert_eq!(event_kinds(&target), vec![("delivery".to_string(), 3)]);
+
+        expire(&target, "old");
+        let (from, _) = b.high_water().await.unwrap();
+        assert_eq!(push(2).await.len(), 3);
+        assert_eq!(
+            event_kinds(&target),
+            vec![("deliveries".to_string(), 1), ("delivery".to_string(), 3)]
+        );
+        // Read back as a delivery event per agent, each once (below the
+        // oldest open transaction: waited for, not slept for).
+        let want: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (events, _) = b.events_after(from, 100).await.unwrap();
+            let mut told: Vec<String> = events
+                .iter()
+                .filter(|e| e.kind == baton_store::EventKind::Delivery && e.pack == "p")
+                .map(|e| e.agent_id.clone())
+                .collect();
+            told.sort();
+            if told == want {
+                break;
+            }
+            assert!(
+                told.is_empty() && std::time::Instant::now() < deadline,
+                "{told:?}"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A page of events holds `limit` stored rows at most, and stops at
+    /// the row whose agents bring it to `limit` events: a follower never
+    /// holds a page of thousands of groups at once, and reads on from the
+    /// row after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_page_of_groups_is_cut_at_the_limit_and_read_on() {
+        if !available() {
+            return;
+        }
+        let (_a, b, target) = replicas(LeaseConfig::new("ra"), LeaseConfig::new("rb"));
+        let (from, _) = b.high_water().await.unwrap();
+        let (raw, answers) = raw_session(&target);
+        // Three groups of four agents, then a single event.
+        let mut sql = String::from("BEGIN;");
+        for g in 0..3 {
+            let agents: Vec<String> = (0..4).map(|i| format!("\"g{g}a{i}\"")).collect();
+            sql.push_str(&format!(
+                "INSERT INTO events (replica, kind, agent_id, tenant, pack, detail, at_ns) \
+                 VALUES ('x', 'deliveries', '', 't', 'p', '[{}]', 0);",
+                agents.join(",")
+            ));
+        }
+        sql.push_str(
+            "INSERT INTO events (replica, kind, agent_id, tenant, pack, detail, at_ns) \
+             VALUES ('x', 'delivery', 'solo', 't', 'p', '', 0); COMMIT",
+        );
+        raw.send(sql).unwrap();
+        answers.recv().unwrap().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut at = from;
+        let mut pages = Vec::new();
+        while pages.iter().map(Vec::len).sum::<usize>() < 13 {
+            assert!(std::time::Instant::now() < deadline, "{pages:?}");
+            let (events, next) = b.events_after(at, 6).await.unwrap();
+            at = next;
+            if !events.is_empty() {
+                pages.push(events.into_iter().map(|e| e.agent_id).collect::<Vec<_>>());
+            }
+            tokio::task::yield_now().await;
+        }
+        let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+        // 4 + 4 reach the limit of 6: cut there; then 4 + 1.
+        assert_eq!(sizes, [8, 5], "{pages:?}");
+        assert_eq!(pages[1].last().map(String::as_str), Some("solo"));
+    }
+
     /// A decision on one replica waits for another replica's decision
     /// about the same packs in flight, and then reads what it committed:
     /// a hello that came while a retarget was being decided elsewhere

@@ -152,6 +152,25 @@ pub(crate) fn load_agents(conn: &dyn Db, ids: &[&str]) -> StoreResult<Vec<AgentR
     Ok(out)
 }
 
+/// [`load_agents`] on PostgreSQL: three statements for any number of
+/// ids, passed as one JSON array (the fleet bench's replicas spent
+/// 50–70 ms of server time a push round to 3 000 agents reading their
+/// records 64 at a time).
+pub(crate) fn load_agents_as_array(conn: &dyn Db, ids: &[&str]) -> StoreResult<Vec<AgentRow>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = serde_json::to_string(ids)
+        .map_err(|e| baton_store::StoreError::Invalid(format!("agent ids as JSON: {e}")))?;
+    const IDS: &str = "(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json))";
+    let p = [Param::Text(&list)];
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id IN {IDS}");
+    let mut rows = query_all(conn, &sql, &p, decode_agent)?;
+    attach_where(conn, &mut rows, &format!("agent_id IN {IDS}"), &p)?;
+    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(rows)
+}
+
 pub(crate) fn load_agent(conn: &dyn Db, id: &str) -> StoreResult<Option<AgentRow>> {
     let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = ?1");
     let mut rows = query_all(conn, &sql, params![id], decode_agent)?;

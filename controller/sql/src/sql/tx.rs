@@ -33,6 +33,16 @@ pub(crate) struct SqlTx<'a> {
     pub(crate) told: &'a std::sync::atomic::AtomicBool,
 }
 
+impl SqlTx<'_> {
+    fn put_stored_events(&mut self, rows: &[events::StoredEvent]) -> StoreResult<()> {
+        events::put_events(self.conn, rows)?;
+        // The other replicas' followers are told once this commits
+        // (`Engine::told`): they read at once, not at their next poll.
+        self.told.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// Advisory lock namespaces (the first key of the two-key form).
 const AGENT_LOCKS: i64 = 1;
 const TENANT_LOCKS: i64 = 2;
@@ -100,7 +110,12 @@ impl Tx for SqlTx<'_> {
     }
 
     fn agents(&mut self, ids: &[&str]) -> StoreResult<Vec<AgentRow>> {
-        agents::load_agents(self.conn, ids)
+        // `locks`: PostgreSQL's replicas (its JSON functions).
+        if self.locks {
+            agents::load_agents_as_array(self.conn, ids)
+        } else {
+            agents::load_agents(self.conn, ids)
+        }
     }
 
     fn session_gen(&mut self, id: &str) -> StoreResult<Option<u64>> {
@@ -287,28 +302,17 @@ impl Tx for SqlTx<'_> {
         if !self.locks || rows.is_empty() {
             return Ok(());
         }
-        let events: Vec<EventRow> = rows
+        let changed = rows
             .iter()
-            .map(|r| EventRow {
-                id: 0,
-                replica: self.owner.replica.clone(),
-                kind: baton_store::EventKind::Delivery,
-                agent_id: r.agent_id.clone(),
-                tenant: r.tenant.clone(),
-                pack: r.pack.clone(),
-                detail: String::new(),
-                at,
-            })
-            .collect();
-        self.put_events(&events)
+            .map(|r| (r.agent_id.as_str(), r.tenant.as_str(), r.pack.as_str()));
+        let grouped = rows.len() > 1 && events::every_replica_reads_groups(self.conn)?;
+        let events = events::delivery_groups(&self.owner.replica, changed, grouped, at)?;
+        self.put_stored_events(&events)
     }
 
     fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()> {
-        events::put_events(self.conn, rows)?;
-        // The other replicas' followers are told once this commits
-        // (`Engine::told`): they read at once, not at their next poll.
-        self.told.store(true, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        let rows: Vec<events::StoredEvent> = rows.iter().map(events::StoredEvent::of).collect();
+        self.put_stored_events(&rows)
     }
 
     fn put_audit(&mut self, row: &AuditRow) -> StoreResult<()> {

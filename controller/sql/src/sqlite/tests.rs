@@ -154,7 +154,7 @@ async fn open_sets_durability_pragmas_and_reopen_is_idempotent() {
     assert_eq!(
         all,
         [
-            1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21
+            1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22
         ]
     );
     for _ in 0..2 {
@@ -814,7 +814,7 @@ async fn a_v4_database_is_migrated() {
     let store = SqliteStore::open(dir.path(), Binding::Open).unwrap();
     assert_eq!(
         scalar(&store, "SELECT MAX(version) FROM schema_migrations").await,
-        21
+        22
     );
     // The feedback's (txid, id) index is PostgreSQL's (replicas) alone.
     assert_eq!(
