@@ -5,7 +5,10 @@ use std::collections::{BTreeSet, HashMap};
 use super::codec::{
     CLOCK_COLUMNS, decode_clock, from_json, instant_col, span_col, to_json, u64_from_db, with_row,
 };
-use super::db::{Db, Param, Row, chunks, col, params, placeholders, query_all, query_first, run};
+use super::db::{
+    Db, Param, Row, chunks, col, json_array, json_array_values, params, placeholders, query_all,
+    query_first, run,
+};
 use baton_model::time::{self, span_ns};
 use baton_store::{
     AgentFilter, AgentRow, Binding, ClockRow, FleetCounts, FleetState, HelloRow, LabelMatch,
@@ -160,13 +163,12 @@ pub(crate) fn load_agents_as_array(conn: &dyn Db, ids: &[&str]) -> StoreResult<V
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let list = serde_json::to_string(ids)
-        .map_err(|e| baton_store::StoreError::Invalid(format!("agent ids as JSON: {e}")))?;
-    const IDS: &str = "(SELECT json_array_elements_text(CAST(?1 AS TEXT)::json))";
+    let list = json_array(ids)?;
     let p = [Param::Text(&list)];
-    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id IN {IDS}");
+    let ids = json_array_values(1);
+    let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id IN {ids}");
     let mut rows = query_all(conn, &sql, &p, decode_agent)?;
-    attach_where(conn, &mut rows, &format!("agent_id IN {IDS}"), &p)?;
+    attach_where(conn, &mut rows, &format!("agent_id IN {ids}"), &p)?;
     rows.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(rows)
 }

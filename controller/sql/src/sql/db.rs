@@ -106,6 +106,19 @@ pub(crate) fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
     })
 }
 
+/// `(SELECT … )`: the texts of the JSON array placeholder `?N` holds,
+/// for `x IN` that list on PostgreSQL: one statement for any number of
+/// values, where [`chunks`] make one per 64 (each a round trip).
+pub(crate) fn json_array_values(n: usize) -> String {
+    format!("(SELECT json_array_elements_text(CAST(?{n} AS TEXT)::json))")
+}
+
+/// `values` as the JSON array [`json_array_values`] reads.
+pub(crate) fn json_array(values: &[&str]) -> StoreResult<String> {
+    serde_json::to_string(values)
+        .map_err(|e| baton_store::StoreError::Invalid(format!("values as JSON: {e}")))
+}
+
 /// `(?F, ?F+1, …)` for `n` values starting at placeholder `first`: one
 /// row of a multi-row `VALUES`, or an `IN` list.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {

@@ -74,13 +74,7 @@ pub(crate) fn delivery_groups<'a>(
         for group in agents.chunks(size) {
             let (kind, agent_id, detail) = match group {
                 [one] => (EventKind::Delivery.as_str(), *one, String::new()),
-                many => (
-                    DELIVERIES,
-                    "",
-                    serde_json::to_string(many).map_err(|e| {
-                        baton_store::StoreError::Invalid(format!("agent ids as JSON: {e}"))
-                    })?,
-                ),
+                many => (DELIVERIES, "", super::db::json_array(many)?),
             };
             out.push(StoredEvent {
                 replica: replica.to_owned(),

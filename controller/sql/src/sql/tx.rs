@@ -75,8 +75,7 @@ impl Tx for SqlTx<'_> {
         if ids.is_empty() {
             return Ok(());
         }
-        let list = serde_json::to_string(ids)
-            .map_err(|e| baton_store::StoreError::Invalid(format!("agent ids as JSON: {e}")))?;
+        let list = super::db::json_array(ids)?;
         run(
             self.conn,
             "lock agents' decisions",
