@@ -38,7 +38,8 @@ trap stop INT TERM EXIT
 setsid "$bin/baton-controller" serve --insecure --listen 127.0.0.1:0 \
   --http 127.0.0.1:0 --data "$dir/controller" 2>"$dir/controller.log" &
 pids+=($!)
-for _ in $(seq 200); do [ -s "$dir/controller/http.addr" ] && break; sleep 0.05; done
+# listen.addr is written last, once the dashboard's listener is bound too.
+for _ in $(seq 200); do [ -s "$dir/controller/listen.addr" ] && break; sleep 0.05; done
 url="http://$(cat "$dir/controller/listen.addr")"
 echo "controller on $url (store: $dir/controller/controller.db)"
 echo "dashboard on http://$(cat "$dir/controller/http.addr")/ (open it in a browser)"

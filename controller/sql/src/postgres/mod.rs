@@ -1380,37 +1380,53 @@ mod tests {
                     .unwrap()
             }
         };
+        let (from, _) = b.high_water().await.unwrap();
         assert_eq!(push(1).await.len(), 3);
         assert_eq!(event_kinds(&target), vec![("delivery".to_string(), 3)]);
+        let (first, after_first) = delivery_events_of_p(&b, from, 3).await;
+        let rows: std::collections::BTreeSet<u64> = first.iter().map(|e| e.id).collect();
+        assert_eq!(rows.len(), 3, "a row each: {first:?}");
 
         expire(&target, "old");
-        let (from, _) = b.high_water().await.unwrap();
         assert_eq!(push(2).await.len(), 3);
         assert_eq!(
             event_kinds(&target),
             vec![("deliveries".to_string(), 1), ("delivery".to_string(), 3)]
         );
-        // Read back as a delivery event per agent, each once (below the
-        // oldest open transaction: waited for, not slept for).
-        let want: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        // Read back as a delivery event per agent, each once, from one
+        // stored row.
+        let (second, _) = delivery_events_of_p(&b, after_first, 3).await;
+        let mut agents: Vec<&str> = second.iter().map(|e| e.agent_id.as_str()).collect();
+        agents.sort_unstable();
+        assert_eq!(agents, ids, "{second:?}");
+        assert!(second.iter().all(|e| e.id == second[0].id), "{second:?}");
+    }
+
+    /// The delivery events of pack `p` a follower reads after `from`,
+    /// page by page until `n` came (waited for, not slept for: a follower
+    /// reads below the oldest transaction open on the shared cluster),
+    /// never more; and the mark after them.
+    async fn delivery_events_of_p(
+        s: &PgStore,
+        from: baton_store::Mark,
+        n: usize,
+    ) -> (Vec<baton_store::EventRow>, baton_store::Mark) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
-            let (events, _) = b.events_after(from, 100).await.unwrap();
-            let mut told: Vec<String> = events
-                .iter()
-                .filter(|e| e.kind == baton_store::EventKind::Delivery && e.pack == "p")
-                .map(|e| e.agent_id.clone())
-                .collect();
-            told.sort();
-            if told == want {
-                break;
-            }
-            assert!(
-                told.is_empty() && std::time::Instant::now() < deadline,
-                "{told:?}"
+        let mut at = from;
+        let mut seen = Vec::new();
+        while seen.len() < n {
+            assert!(std::time::Instant::now() < deadline, "{seen:?}");
+            let (events, next) = s.events_after(at, 100).await.unwrap();
+            at = next;
+            seen.extend(
+                events
+                    .into_iter()
+                    .filter(|e| e.kind == baton_store::EventKind::Delivery && e.pack == "p"),
             );
             tokio::task::yield_now().await;
         }
+        assert_eq!(seen.len(), n, "{seen:?}");
+        (seen, at)
     }
 
     /// A page of events holds `limit` stored rows at most, and stops at

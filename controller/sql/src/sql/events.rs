@@ -133,83 +133,111 @@ impl StoredEvent {
     }
 }
 
-/// A stored row's events: none for a kind this build does not know (a
-/// newer replica's, during a rolling upgrade: passed over, not a reason
-/// to stop following), one `delivery` per agent a group names.
-fn decode(row: &dyn Row) -> StoreResult<Vec<EventRow>> {
+/// A stored event row as read, before a group is expanded: the row's
+/// event (for a group, its agents' common part), its mark, and a group's
+/// agents as stored. `event` is `None` for a kind this build does not
+/// know (a newer replica's, during a rolling upgrade: passed over, not a
+/// reason to stop following).
+struct ReadRow {
+    mark: Mark,
+    event: Option<EventRow>,
+    group: Option<String>,
+}
+
+fn decode(row: &dyn Row) -> StoreResult<ReadRow> {
     let id: i64 = col(row, "id")?;
     let r = (|| {
+        let mark = Mark {
+            txid: u64_from_db(col(row, "txid")?, "txid")?,
+            id: u64_from_db(id, "id")?,
+        };
         let kind: String = col(row, "kind")?;
-        let event = |kind, agent_id, detail| -> StoreResult<EventRow> {
-            Ok(EventRow {
-                id: u64_from_db(id, "id")?,
-                replica: col(row, "replica")?,
-                kind,
-                agent_id,
-                tenant: col(row, "tenant")?,
-                pack: col(row, "pack")?,
-                detail,
-                at: instant_col(row, "at_ns")?,
-            })
+        let (kind, group) = match (kind.as_str(), EventKind::parse(&kind)) {
+            (DELIVERIES, _) => (EventKind::Delivery, Some(col(row, "detail")?)),
+            (_, Some(kind)) => (kind, None),
+            (_, None) => {
+                return Ok(ReadRow {
+                    mark,
+                    event: None,
+                    group: None,
+                });
+            }
         };
-        if kind == DELIVERIES {
-            let detail: String = col(row, "detail")?;
-            let agents: Vec<String> = match serde_json::from_str(&detail) {
-                Ok(agents) => agents,
-                // Passed over like a kind not known (a later build's
-                // form, say): the agents it names catch up at their
-                // streams' resync; following goes on.
-                Err(e) => {
-                    tracing::warn!(event = id, "events: a group's agents do not read: {e}");
-                    return Ok(Vec::new());
-                }
-            };
-            return agents
-                .into_iter()
-                .map(|a| event(EventKind::Delivery, a, String::new()))
-                .collect();
-        }
-        let Some(kind) = EventKind::parse(&kind) else {
-            return Ok(Vec::new());
-        };
-        Ok(vec![event(
+        let event = EventRow {
+            id: mark.id,
+            replica: col(row, "replica")?,
             kind,
-            col(row, "agent_id")?,
-            col(row, "detail")?,
-        )?])
+            agent_id: col(row, "agent_id")?,
+            tenant: col(row, "tenant")?,
+            pack: col(row, "pack")?,
+            detail: if group.is_some() {
+                String::new()
+            } else {
+                col(row, "detail")?
+            },
+            at: instant_col(row, "at_ns")?,
+        };
+        Ok(ReadRow {
+            mark,
+            event: Some(event),
+            group,
+        })
     })();
     with_row(format_args!("event {id}"), r)
 }
 
+/// A read row's events: its own, or a `delivery` event per agent its
+/// group names (none for a group that does not read: passed over like a
+/// kind not known, a later build's form, say; its agents catch up at
+/// their streams' resync, and following goes on).
+fn expand(read: ReadRow) -> Vec<EventRow> {
+    let Some(event) = read.event else {
+        return Vec::new();
+    };
+    let Some(group) = read.group else {
+        return vec![event];
+    };
+    match serde_json::from_str::<Vec<String>>(&group) {
+        Ok(agents) => agents
+            .into_iter()
+            .map(|agent_id| EventRow {
+                agent_id,
+                ..event.clone()
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(
+                event = event.id,
+                "events: a group's agents do not read: {e}"
+            );
+            Vec::new()
+        }
+    }
+}
+
 /// One page of events after `after` (see [`follow_page`]): `limit`
-/// stored rows at most, and no more rows once their events (a group's
-/// agents each) reach `limit`, the mark then after the last row taken. A
-/// page cut short that way holds at least `limit` events (a follower
-/// reads on), and at most `limit + GROUP - 1`.
+/// stored rows at most, expanded in order until their events (a group's
+/// agents each) reach `limit`; the mark then after the last row
+/// expanded, the rows after it read again by the next page. A page cut
+/// short that way holds at least `limit` events (a follower reads on),
+/// and at most `limit + GROUP - 1`. (A push to 100 000 agents, a hundred
+/// groups, is thus read a group a page, each page fetching the rows left:
+/// some 5 000 rows over its hundred pages.)
 pub(crate) fn events_after(
     conn: &dyn Db,
     after: Mark,
     limit: u32,
     horizon: Option<i64>,
 ) -> StoreResult<(Vec<EventRow>, Mark)> {
-    let marked = |r: &dyn Row| -> StoreResult<(Mark, Vec<EventRow>)> {
-        let mark = Mark {
-            txid: u64_from_db(col(r, "txid")?, "txid")?,
-            id: u64_from_db(col(r, "id")?, "id")?,
-        };
-        Ok((mark, decode(r)?))
-    };
     let limit = page(limit, MAX_PAGE);
-    let (rows, next) = follow_page(conn, &EVENTS_FOLLOWED, after, limit, horizon, marked)?;
+    let (rows, next) = follow_page(conn, &EVENTS_FOLLOWED, after, limit, horizon, decode)?;
     let mut out = Vec::new();
     let mut rows = rows.into_iter();
-    for (mark, events) in rows.by_ref() {
-        out.extend(events);
-        if out.len() >= limit as usize {
-            if !rows.as_slice().is_empty() {
-                return Ok((out, mark));
-            }
-            break;
+    while let Some(read) = rows.next() {
+        let mark = read.mark;
+        out.extend(expand(read));
+        if out.len() >= limit as usize && !rows.as_slice().is_empty() {
+            return Ok((out, mark));
         }
     }
     Ok((out, next))
