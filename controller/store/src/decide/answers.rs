@@ -1,13 +1,14 @@
 //! Agents' answers (ack, nack, pending) decided many at once: one batch
 //! of answers from many streams takes the locks, reads the agents and
 //! their rows, and writes what changed in a constant number of
-//! statements (each answer's pack targets are still read one by one),
-//! where one decision per answer took a dozen round trips each.
+//! statements (a pack's targets once per batch, a gated pack's cohort
+//! once per answer), where one decision per answer took a dozen round
+//! trips each.
 
 use std::collections::{BTreeSet, HashMap};
 
 use baton_model::planner;
-use baton_model::{AgentRow, AnswerRow, DeliveryRow, PackKey};
+use baton_model::{AgentRow, AnswerRow, DeliveryRow, PackKey, PackTargets};
 
 use super::locks;
 use crate::error::{StoreError, StoreResult};
@@ -45,6 +46,7 @@ pub fn answers(
     // What each pair ends as: `Some` written, `None` deleted.
     let mut changed: HashMap<(String, PackKey), Option<DeliveryRow>> = HashMap::new();
     let binding = tx.binding();
+    let mut plain: HashMap<PackKey, Option<PackTargets>> = HashMap::new();
     let mut out = Vec::with_capacity(answers.len());
     for a in answers {
         let Some(agent) = agents.get(&a.agent_id) else {
@@ -64,16 +66,25 @@ pub fn answers(
             out.push(Ok(None));
             continue;
         };
-        let pack = tx.pack_targets(&a.key, Some(&a.agent_id))?;
+        // A pack without a rollout's gate reads the same for every
+        // agent: read once per batch (a push's acks arrive together),
+        // not once per answer. A gated pack's cohort is read for the
+        // agent alone, as before.
+        let mut gated: Option<Option<PackTargets>> = None;
+        if !plain.contains_key(&a.key) {
+            let p = tx.pack_targets(&a.key, Some(&a.agent_id))?;
+            if p.as_ref().is_some_and(|p| p.gate.is_some()) {
+                gated = Some(p);
+            } else {
+                plain.insert(a.key.clone(), p);
+            }
+        }
+        let pack = match &gated {
+            Some(p) => p.as_ref(),
+            None => plain.get(&a.key).and_then(Option::as_ref),
+        };
         let next = planner::answered(
-            agent,
-            pack.as_ref(),
-            row,
-            a.version,
-            &a.answer,
-            a.attempts,
-            binding,
-            a.at,
+            agent, pack, row, a.version, &a.answer, a.attempts, binding, a.at,
         );
         match &next {
             Some(n) if n == row => {}
