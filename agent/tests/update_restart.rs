@@ -56,7 +56,7 @@ fn a_new_version_is_installed_and_restarted_into_with_its_pack_and_nothing_twice
     assert_eq!(hello.agent_version, "9.9.9");
     assert_eq!(held(&hello), vec![("tick".to_string(), 1)]);
     assert_eq!(
-        exe_of(pid),
+        baton_e2e::running_image(pid),
         site.path("data/agent-versions/9.9.9/baton-agent"),
         "the same process, now the installed binary"
     );

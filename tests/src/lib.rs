@@ -232,3 +232,27 @@ pub fn new_key(dir: &std::path::Path, name: &str) -> String {
         .trim()
         .to_string()
 }
+
+/// The file process `pid` runs. Under qemu-user (an aarch64 build of the
+/// agent on this host: `cross/test-aarch64.sh`) the kernel runs the
+/// emulator for the image through binfmt_misc, so `/proc/PID/exe` names
+/// qemu; the image is then the second word of the command line, where
+/// binfmt_misc puts the file it was asked to execute (qemu's own
+/// `/proc/self/exe` is emulated for the process itself only).
+pub fn running_image(pid: u32) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt as _;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
+    let emulated = exe
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("qemu-"));
+    if !emulated {
+        return exe;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let image = cmdline
+        .split(|b| *b == 0)
+        .nth(1)
+        .expect("binfmt_misc names the image");
+    PathBuf::from(std::ffi::OsStr::from_bytes(image))
+}

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use baton_e2e::fleet::start_controller;
 use baton_e2e::update_site::*;
-use baton_e2e::{bin, output_text as text, run, wait_until};
+use baton_e2e::{bin, output_text as text, run, running_image, wait_until};
 
 const NAME: &str = "agent_update_aarch64";
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use baton_e2e::fleet::{json_lines, start_controller};
 use baton_e2e::update_site::*;
-use baton_e2e::{bin, output_text as text, wait_until};
+use baton_e2e::{bin, output_text as text, running_image, wait_until};
 
 const ARCH: &str = std::env::consts::ARCH;
 

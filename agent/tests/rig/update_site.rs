@@ -4,7 +4,6 @@
 //! acknowledged and kept by seq, release pieces served).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::RecvTimeoutError;
@@ -308,29 +307,6 @@ pub fn cancel(c: &Controller, id: &str, version: u64) {
             version,
         }),
     })));
-}
-
-/// The file a process runs. Under qemu-user (the aarch64 build of these
-/// tests, `cross/test-aarch64.sh`) the kernel runs the emulator for an
-/// aarch64 image through binfmt_misc, so `/proc/PID/exe` names qemu; the
-/// image is then the second word of the command line, where binfmt_misc
-/// puts the file it was asked to execute (qemu's own `/proc/self/exe` is
-/// emulated for the process itself only).
-pub fn exe_of(pid: u32) -> PathBuf {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
-    let emulated = exe
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("qemu-"));
-    if !emulated {
-        return exe;
-    }
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
-    let image = cmdline
-        .split(|b| *b == 0)
-        .nth(1)
-        .expect("binfmt_misc names the image");
-    PathBuf::from(std::ffi::OsStr::from_bytes(image))
 }
 
 /// The agent's process: killed if the test ends before it stops it.

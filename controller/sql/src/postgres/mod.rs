@@ -793,19 +793,28 @@ mod tests {
     /// Ends `id`'s lease now, as the database sees it: what a replica
     /// paused (SIGSTOP) past its lease finds when it wakes.
     fn expire(target: &Target, id: &str) {
-        let (target, id) = (target.clone(), id.to_owned());
-        std::thread::spawn(move || {
-            let raw = PgConn::new(connect(&target).expect("connect"));
+        let id = id.to_owned();
+        on_own_connection(target, move |raw| {
             run(
-                &raw,
+                raw,
                 "expire a lease",
                 "UPDATE replicas SET expires_us = 0 WHERE id = ?1",
                 params![id],
             )
             .expect("expire");
-        })
-        .join()
-        .expect("expire thread");
+        });
+    }
+
+    /// `f` on a connection of its own to the replicas' database, on a
+    /// thread of its own (the sync client's runtime), waited for.
+    fn on_own_connection<T: Send + 'static>(
+        target: &Target,
+        f: impl FnOnce(&PgConn) -> T + Send + 'static,
+    ) -> T {
+        let target = target.clone();
+        std::thread::spawn(move || f(&PgConn::new(connect(&target).expect("connect"))))
+            .join()
+            .expect("a connection's thread")
     }
 
     fn hello(id: &str) -> baton_store::HelloRow {
@@ -1243,11 +1252,9 @@ mod tests {
             })
             .collect();
         let on_server = |target: &Target| {
-            let target = target.clone();
-            std::thread::spawn(move || {
-                let raw = PgConn::new(connect(&target).unwrap());
+            on_own_connection(target, |raw| {
                 query_first(
-                    &raw,
+                    raw,
                     "SELECT count(*) AS n FROM pg_stat_activity \
                      WHERE wait_event_type = 'Lock' AND datname = current_database()",
                     &[],
@@ -1256,8 +1263,6 @@ mod tests {
                 .unwrap()
                 .unwrap_or(0)
             })
-            .join()
-            .unwrap()
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while store.reads() != (2, 4) || on_server(&target) != 2 {
@@ -1330,19 +1335,15 @@ mod tests {
 
     /// The kinds of the events stored for pack `p`, counted.
     fn event_kinds(target: &Target) -> Vec<(String, i64)> {
-        let target = target.clone();
-        std::thread::spawn(move || {
-            let raw = PgConn::new(connect(&target).expect("connect"));
+        on_own_connection(target, |raw| {
             crate::sql::db::query_all(
-                &raw,
+                raw,
                 "SELECT kind, COUNT(*) AS n FROM events WHERE pack = 'p' GROUP BY kind ORDER BY kind",
                 &[],
                 |r| Ok((col::<String>(r, "kind")?, col::<i64>(r, "n")?)),
             )
             .expect("kinds")
         })
-        .join()
-        .expect("thread")
     }
 
     /// A decision's rows of one pack are one event row naming the agents,

@@ -1,6 +1,8 @@
 //! Events between replicas: stored by the replica they happened on, read
 //! by the others in mark order (see the `follow_marks` migration).
 
+use std::borrow::Cow;
+
 use super::codec::{instant_col, u64_from_db};
 use super::db::{
     Db, Param, Row, chunks, col, params, query_all, query_first, run, values_rows, with_row,
@@ -11,17 +13,17 @@ pub(crate) const DELETE_EVENTS: &str = "DELETE FROM events WHERE id IN \
      (SELECT id FROM events WHERE at_ns < ?1 ORDER BY id LIMIT ?2)";
 
 /// Several events per statement (in order: their ids follow it).
-pub(crate) fn put_events(conn: &dyn Db, rows: &[StoredEvent]) -> StoreResult<()> {
+pub(crate) fn put_events(conn: &dyn Db, rows: &[StoredEvent<'_>]) -> StoreResult<()> {
     const COLUMNS: usize = 7;
     for chunk in chunks(rows) {
         let mut values: Vec<Param<'_>> = Vec::with_capacity(chunk.len() * COLUMNS);
         for e in chunk {
             values.extend([
-                Param::Text(&e.replica),
+                Param::Text(e.replica),
                 Param::Text(e.kind),
-                Param::Text(&e.agent_id),
-                Param::Text(&e.tenant),
-                Param::Text(&e.pack),
+                Param::Text(e.agent_id),
+                Param::Text(e.tenant),
+                Param::Text(e.pack),
                 Param::Text(&e.detail),
                 Param::Int(e.at.as_nanos()),
             ]);
@@ -52,36 +54,38 @@ const GROUP: usize = 1000;
 
 /// The events that say the delivery rows of `changed` (agent, tenant,
 /// pack) changed: one `delivery` event for a pack with one changed row,
-/// and, when `grouped` (every live replica reads groups:
+/// and, when `grouped` says so (every live replica reads groups:
 /// [`every_replica_reads_groups`]), one row naming the agents (a JSON
 /// array in `detail`, [`GROUP`] at most) for more. A push to thousands of
 /// agents wrote an event each, a statement per 64: the fleet bench's
 /// replicas spent 40–55 ms of server time a push round there.
 pub(crate) fn delivery_groups<'a>(
-    replica: &str,
+    replica: &'a str,
     changed: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>,
-    grouped: bool,
+    grouped: impl FnOnce() -> StoreResult<bool>,
     at: baton_store::RefTime,
-) -> StoreResult<Vec<StoredEvent>> {
+) -> StoreResult<Vec<StoredEvent<'a>>> {
     use std::collections::BTreeMap;
     let mut by_pack: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
     for (agent, tenant, pack) in changed {
         by_pack.entry((tenant, pack)).or_default().push(agent);
     }
+    // Asked only when a pack has more than one row (a statement).
+    let grouped = by_pack.values().any(|a| a.len() > 1) && grouped()?;
     let size = if grouped { GROUP } else { 1 };
     let mut out = Vec::new();
     for ((tenant, pack), agents) in by_pack {
         for group in agents.chunks(size) {
             let (kind, agent_id, detail) = match group {
-                [one] => (EventKind::Delivery.as_str(), *one, String::new()),
-                many => (DELIVERIES, "", super::db::json_array(many)?),
+                [one] => (EventKind::Delivery.as_str(), *one, Cow::Borrowed("")),
+                many => (DELIVERIES, "", Cow::Owned(super::db::json_array(many)?)),
             };
             out.push(StoredEvent {
-                replica: replica.to_owned(),
+                replica,
                 kind,
-                agent_id: agent_id.to_owned(),
-                tenant: tenant.to_owned(),
-                pack: pack.to_owned(),
+                agent_id,
+                tenant,
+                pack,
                 detail,
                 at,
             });
@@ -106,28 +110,28 @@ pub(crate) fn every_replica_reads_groups(conn: &dyn Db) -> StoreResult<bool> {
     Ok(older == Some(0))
 }
 
-/// An event row as stored: its kind as its word (a group of deliveries
-/// has no [`EventKind`] of its own).
+/// An event row as stored, borrowed from what it tells: its kind as its
+/// word (a group of deliveries has no [`EventKind`] of its own).
 #[derive(Debug)]
-pub(crate) struct StoredEvent {
-    pub(crate) replica: String,
+pub(crate) struct StoredEvent<'a> {
+    pub(crate) replica: &'a str,
     pub(crate) kind: &'static str,
-    pub(crate) agent_id: String,
-    pub(crate) tenant: String,
-    pub(crate) pack: String,
-    pub(crate) detail: String,
+    pub(crate) agent_id: &'a str,
+    pub(crate) tenant: &'a str,
+    pub(crate) pack: &'a str,
+    pub(crate) detail: Cow<'a, str>,
     pub(crate) at: baton_store::RefTime,
 }
 
-impl StoredEvent {
-    pub(crate) fn of(e: &EventRow) -> StoredEvent {
+impl<'a> StoredEvent<'a> {
+    pub(crate) fn of(e: &'a EventRow) -> StoredEvent<'a> {
         StoredEvent {
-            replica: e.replica.clone(),
+            replica: &e.replica,
             kind: e.kind.as_str(),
-            agent_id: e.agent_id.clone(),
-            tenant: e.tenant.clone(),
-            pack: e.pack.clone(),
-            detail: e.detail.clone(),
+            agent_id: &e.agent_id,
+            tenant: &e.tenant,
+            pack: &e.pack,
+            detail: Cow::Borrowed(&e.detail),
             at: e.at,
         }
     }
@@ -371,7 +375,7 @@ mod tests {
             .map(|a| (a.as_str(), "t", "big"))
             .chain([("b", "t", "small")]);
         let at = baton_store::RefTime::from_nanos(5);
-        let events = delivery_groups("r1", changed.clone(), true, at).expect("grouped");
+        let events = delivery_groups("r1", changed.clone(), || Ok(true), at).expect("grouped");
         let sizes: Vec<(&str, &str, usize)> = events
             .iter()
             .map(|e| {
@@ -381,7 +385,7 @@ mod tests {
                         .len(),
                     _ => 1,
                 };
-                (e.pack.as_str(), e.kind, n)
+                (e.pack, e.kind, n)
             })
             .collect();
         assert_eq!(
@@ -401,7 +405,7 @@ mod tests {
         assert_eq!(named, many, "each agent once, in order");
 
         // Not grouped (an older replica still serving): a row each.
-        let each = delivery_groups("r1", changed, false, at).expect("a row each");
+        let each = delivery_groups("r1", changed, || Ok(false), at).expect("a row each");
         assert_eq!(each.len(), 2501);
         assert!(
             each.iter()

@@ -34,12 +34,11 @@ pub(crate) struct SqlTx<'a> {
 }
 
 impl SqlTx<'_> {
-    fn put_stored_events(&mut self, rows: &[events::StoredEvent]) -> StoreResult<()> {
-        events::put_events(self.conn, rows)?;
-        // The other replicas' followers are told once this commits
-        // (`Engine::told`): they read at once, not at their next poll.
+    /// Events were written: the other replicas' followers are told once
+    /// this commits (`Engine::told`), and read at once, not at their next
+    /// poll.
+    fn tell_followers(&self) {
         self.told.store(true, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
     }
 }
 
@@ -304,14 +303,19 @@ impl Tx for SqlTx<'_> {
         let changed = rows
             .iter()
             .map(|r| (r.agent_id.as_str(), r.tenant.as_str(), r.pack.as_str()));
-        let grouped = rows.len() > 1 && events::every_replica_reads_groups(self.conn)?;
+        let conn = self.conn;
+        let grouped = || events::every_replica_reads_groups(conn);
         let events = events::delivery_groups(&self.owner.replica, changed, grouped, at)?;
-        self.put_stored_events(&events)
+        events::put_events(self.conn, &events)?;
+        self.tell_followers();
+        Ok(())
     }
 
     fn put_events(&mut self, rows: &[EventRow]) -> StoreResult<()> {
-        let rows: Vec<events::StoredEvent> = rows.iter().map(events::StoredEvent::of).collect();
-        self.put_stored_events(&rows)
+        let rows: Vec<events::StoredEvent<'_>> = rows.iter().map(events::StoredEvent::of).collect();
+        events::put_events(self.conn, &rows)?;
+        self.tell_followers();
+        Ok(())
     }
 
     fn put_audit(&mut self, row: &AuditRow) -> StoreResult<()> {
