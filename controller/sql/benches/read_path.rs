@@ -35,7 +35,15 @@ fn main() {
     let store = {
         let url = url.clone();
         std::thread::spawn(move || {
-            PgStore::open(&Target::new(&url, None).expect("url"), Binding::Open).expect("open")
+            // `READ_PATH_READERS`: the store's bound on reads at once
+            // (its default otherwise), to tell the bound's share of the
+            // difference from the client's.
+            let readers = std::env::var("READ_PATH_READERS")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(baton_sql::postgres::DEFAULT_READERS);
+            let target = Target::new(&url, None).expect("url").readers(readers);
+            PgStore::open(&target, Binding::Open).expect("open")
         })
         .join()
         .expect("open thread")

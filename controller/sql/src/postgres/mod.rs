@@ -1474,6 +1474,14 @@ mod tests {
         // 4 + 4 reach the limit of 6: cut there; then 4 + 1.
         assert_eq!(sizes, [8, 5], "{pages:?}");
         assert_eq!(pages[1].last().map(String::as_str), Some("solo"));
+        // A limit of events past the store's page of rows (a follower's):
+        // the four rows in one page, as the two pages read them.
+        let (one, _) = b
+            .events_after(from, 10 * baton_store::MAX_PAGE)
+            .await
+            .unwrap();
+        let one: Vec<String> = one.into_iter().map(|e| e.agent_id).collect();
+        assert_eq!(one, pages.concat());
     }
 
     /// A decision on one replica waits for another replica's decision

@@ -220,27 +220,31 @@ fn expand(read: ReadRow) -> Vec<EventRow> {
 }
 
 /// One page of events after `after` (see [`follow_page`]): `limit`
-/// stored rows at most, expanded in order until their events (a group's
-/// agents each) reach `limit`; the mark then after the last row
-/// expanded, the rows after it read again by the next page. A page cut
-/// short that way holds at least `limit` events (a follower reads on),
-/// and at most `limit + GROUP - 1`. (A push to 100 000 agents, a hundred
-/// groups, is thus read a group a page, each page fetching the rows left:
-/// some 5 000 rows over its hundred pages.)
+/// stored rows at most ([`MAX_PAGE`] at most), expanded in order until
+/// their events (a group's agents each) reach `limit` (not bound by
+/// [`MAX_PAGE`]: a follower asks for a push's few groups at once); the
+/// mark then after the last row expanded, the rows after it read again
+/// by the next page. A page cut short that way holds at least `limit`
+/// events (a follower reads on), and at most `limit + GROUP - 1`. (A
+/// push to 100 000 agents, a hundred groups, read 10 000 events a page,
+/// is ten pages, each fetching the rows left.)
 pub(crate) fn events_after(
     conn: &dyn Db,
     after: Mark,
     limit: u32,
     horizon: Option<i64>,
 ) -> StoreResult<(Vec<EventRow>, Mark)> {
-    let limit = page(limit, MAX_PAGE);
+    let limit_rows = page(limit, MAX_PAGE);
+    // 0: the store's page, as for every list.
+    let events = if limit == 0 { limit_rows } else { limit } as usize;
+    let limit = limit_rows;
     let (rows, next) = follow_page(conn, &EVENTS_FOLLOWED, after, limit, horizon, decode)?;
     let mut out = Vec::new();
     let mut rows = rows.into_iter();
     while let Some(read) = rows.next() {
         let mark = read.mark;
         out.extend(expand(read));
-        if out.len() >= limit as usize && !rows.as_slice().is_empty() {
+        if out.len() >= events && !rows.as_slice().is_empty() {
             return Ok((out, mark));
         }
     }

@@ -229,8 +229,14 @@ impl Store for $engine {
         let mut pairs = pairs.to_vec();
         pairs.sort();
         pairs.dedup();
-        self.read(move |conn| deliveries::rows_of_pairs(conn, &pairs))
-            .await
+        // `locks`: PostgreSQL's replicas (its JSON functions).
+        if Engine::locks(self) {
+            self.read(move |conn| deliveries::rows_of_pairs_as_array(conn, &pairs))
+                .await
+        } else {
+            self.read(move |conn| deliveries::rows_of_pairs(conn, &pairs))
+                .await
+        }
     }
 
     async fn deliveries_of_pack(

@@ -278,7 +278,12 @@ impl Tx for SqlTx<'_> {
     }
 
     fn rows_of_pairs(&mut self, pairs: &[(String, PackKey)]) -> StoreResult<Vec<DeliveryRow>> {
-        deliveries::rows_of_pairs(self.conn, pairs)
+        // `locks`: PostgreSQL's replicas (its JSON functions).
+        if self.locks {
+            deliveries::rows_of_pairs_as_array(self.conn, pairs)
+        } else {
+            deliveries::rows_of_pairs(self.conn, pairs)
+        }
     }
 
     fn delete_rows(&mut self, pairs: &[(String, PackKey)]) -> StoreResult<()> {
