@@ -403,8 +403,8 @@ pub(crate) struct ServeArgs {
         requires = "store"
     )]
     pub(crate) lease: String,
-    /// Reads this replica runs at once on the PostgreSQL store, each on
-    /// a connection of its own (a server process); more wait their turn.
+    /// Reads this replica runs at once on the PostgreSQL store; more
+    /// wait their turn.
     #[arg(
         long,
         default_value_t = baton_sql::postgres::DEFAULT_READERS,
@@ -412,6 +412,16 @@ pub(crate) struct ServeArgs {
         requires = "store"
     )]
     pub(crate) store_readers: usize,
+    /// Connections (server processes) the reads share on the PostgreSQL
+    /// store, their statements pipelined; at most one per read at once.
+    /// More when slow pages hold up quick reads queued behind them.
+    #[arg(
+        long,
+        default_value_t = baton_sql::postgres::DEFAULT_READ_CONNECTIONS,
+        value_name = "N",
+        requires = "store"
+    )]
+    pub(crate) store_read_connections: usize,
     /// New agent streams admitted per second (0: no bound); past it a
     /// stream is refused UNAVAILABLE and the agent retries after its
     /// jittered backoff (a replica taking over a dead one's agents).

@@ -21,6 +21,7 @@ pub struct Opts {
     pub replica_id: Option<String>,
     pub lease: String,
     pub store_readers: usize,
+    pub store_read_connections: usize,
     pub admit_rate: f64,
     pub admit_burst: f64,
     pub insecure: bool,
@@ -54,6 +55,7 @@ impl From<ServeArgs> for Opts {
             replica_id,
             lease,
             store_readers,
+            store_read_connections,
             admit_rate,
             admit_burst,
             tls_dir,
@@ -84,6 +86,7 @@ impl From<ServeArgs> for Opts {
             replica_id,
             lease,
             store_readers,
+            store_read_connections,
             admit_rate,
             admit_burst,
             insecure,
@@ -337,6 +340,7 @@ async fn open_store(
     let url = o.store.clone();
     let ca = o.store_ca.clone();
     let readers = o.store_readers;
+    let read_connections = o.store_read_connections;
     let mut lease = LeaseConfig::new(o.replica_id.clone().unwrap_or_else(LeaseConfig::unique_id));
     lease.ttl = baton_proto::time::parse_duration(&o.lease)
         .map_err(|e| anyhow::anyhow!("--lease {}: {e}", o.lease))?;
@@ -346,7 +350,7 @@ async fn open_store(
         .map_err(|e| anyhow::anyhow!("--replica-id / --lease: {e}"))?;
     tokio::task::spawn_blocking(move || match url {
         Some(url) => Target::new(&url, ca.as_deref())
-            .map(|t| t.readers(readers))
+            .map(|t| t.readers(readers).read_connections(read_connections))
             .and_then(|t| PgStore::open_replica(&t, binding, lease))
             .map(|s| {
                 let (replica, epoch) = s.replica();

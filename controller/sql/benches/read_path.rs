@@ -1,9 +1,8 @@
 //! What a read costs on the PostgreSQL store's path (a turn of the
-//! bounded pool, a hop to a blocking thread, the synchronous client)
-//! beside the same query sent by the asynchronous client from the
-//! runtime itself, in the same run, on the same database: the figure
-//! behind keeping reads on the shared synchronous SQL (see
-//! `postgres`'s module doc).
+//! bounded reads, the shared SQL replayed on the asynchronous client over
+//! the store's shared connections; `postgres/reads.rs`) beside the same
+//! query sent by the asynchronous client from the runtime itself, in the
+//! same run, on the same database.
 //!
 //! `cargo bench -p baton-sql --bench read_path` (needs Debian's
 //! postgresql: a throwaway cluster is started). Prints, for 1 and for 16
@@ -35,14 +34,25 @@ fn main() {
     let store = {
         let url = url.clone();
         std::thread::spawn(move || {
-            // `READ_PATH_READERS`: the store's bound on reads at once
-            // (its default otherwise), to tell the bound's share of the
-            // difference from the client's.
-            let readers = std::env::var("READ_PATH_READERS")
-                .ok()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(baton_sql::postgres::DEFAULT_READERS);
-            let target = Target::new(&url, None).expect("url").readers(readers);
+            // `READ_PATH_READERS`, `READ_PATH_CONNECTIONS`: the store's
+            // bound on reads at once and the connections they share (its
+            // defaults otherwise).
+            let setting = |name: &str, default: usize| {
+                std::env::var(name)
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(default)
+            };
+            let target = Target::new(&url, None)
+                .expect("url")
+                .readers(setting(
+                    "READ_PATH_READERS",
+                    baton_sql::postgres::DEFAULT_READERS,
+                ))
+                .read_connections(setting(
+                    "READ_PATH_CONNECTIONS",
+                    baton_sql::postgres::DEFAULT_READ_CONNECTIONS,
+                ));
             PgStore::open(&target, Binding::Open).expect("open")
         })
         .join()
@@ -108,7 +118,7 @@ fn main() {
                 })
                 .await;
                 let name = if store_path {
-                    "store (pool, blocking thread, sync client)"
+                    "store (its turn, replayed on shared connections)"
                 } else {
                     "async client on the runtime"
                 };

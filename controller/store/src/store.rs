@@ -173,7 +173,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// skipped (see [`Mark`]). `limit`: events at most, beyond which a
     /// page is cut, though a store reads [`MAX_PAGE`] stored rows at most
     /// (a row that names a pack's agents together is not cut): a page
-    /// with fewer than `MAX_PAGE` events is the last for now.
+    /// with fewer events than `limit` and `MAX_PAGE` (`limit` 0: the
+    /// store's page) is the last for now.
     async fn events_after(&self, after: Mark, limit: u32) -> StoreResult<(Vec<EventRow>, Mark)>;
     /// One page of the feedback `scope` names after `after`, in [`Mark`]
     /// order (not the storage order of [`Store::feedback`]'s pages), and

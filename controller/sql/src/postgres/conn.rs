@@ -147,7 +147,7 @@ impl PgConn {
 /// A failed statement as the store's error: a transaction the server
 /// aborted for a conflicting one (deadlock, serialization failure) is
 /// [`StoreError::Contended`], to be run again; anything else unavailable.
-fn pg_failed(what: &str, sql: &str, e: &postgres::Error) -> StoreError {
+pub(super) fn pg_failed(what: &str, sql: &str, e: &postgres::Error) -> StoreError {
     use postgres::error::SqlState;
     match e.code() {
         Some(c)
@@ -180,7 +180,7 @@ pub(super) fn detailed(e: &postgres::Error) -> String {
     }
 }
 
-fn as_sql<'p>(params: &'p [Param<'_>]) -> Vec<&'p (dyn ToSql + Sync)> {
+pub(super) fn as_sql<'p>(params: &'p [Param<'_>]) -> Vec<&'p (dyn ToSql + Sync)> {
     params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
 }
 

@@ -4,15 +4,15 @@
 //!
 //! # Shape
 //!
-//! * **The same SQL** as the embedded store ([`crate::sql`]), on
-//!   the sync `postgres` client: the writer is a thread like SQLite's
-//!   (`writer`'s group commit), and reads run on a pool bounded by
-//!   [`Target::readers`], each in `spawn_blocking` once its turn came (a
-//!   read waiting holds no thread and no connection). The async
-//!   `tokio-postgres` would spare the blocking thread, but every read's
-//!   SQL and decoder are shared with SQLite through the synchronous
-//!   [`crate::sql::db::Db`]; the hop costs microseconds against a round
-//!   trip's hundreds.
+//! * **The same SQL** as the embedded store ([`crate::sql`]): the
+//!   writer on the sync `postgres` client, a thread like SQLite's
+//!   (`writer`'s group commit); reads ([`reads`]) at most
+//!   [`Target::readers`] at once, each once its turn came (a read waiting
+//!   holds no thread and no connection), on the asynchronous client over
+//!   a few shared connections, pipelined. Every read's SQL and decoder
+//!   are shared with SQLite through the synchronous [`crate::sql::db::Db`],
+//!   so a read runs on a blocking thread that waits for the client's
+//!   answers: the hop costs microseconds against a round trip's hundreds.
 //! * **What agents' streams write** (feedback, clock reports, last-seen
 //!   marks) goes on a lane of its own ([`ingest`]): many agents' writes in
 //!   one transaction of a few statements. Beside the writer and the lane,
@@ -44,9 +44,10 @@ pub mod ingest;
 mod lease;
 mod news;
 pub mod partitions;
+mod reads;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use postgres::{Client, NoTls};
 use rustls_pki_types::pem::PemObject;
@@ -71,10 +72,19 @@ pub const MAX_BATCH: usize = 64;
 const MIGRATION_LOCK: i64 = 0x6261_746f_6e4d; // "batonM"
 
 /// Reads running at once on one replica, unless its target says
-/// otherwise ([`Target::readers`]): each holds a connection (a
-/// PostgreSQL backend process, a few MB of the server's memory) and a
-/// blocking thread while it runs; more wait for one to end.
+/// otherwise ([`Target::readers`]): each holds a blocking thread while it
+/// runs; more wait for one to end.
 pub const DEFAULT_READERS: usize = 8;
+
+/// Connections a replica's reads share, unless its target says otherwise
+/// ([`Target::read_connections`]): each a PostgreSQL backend process (a
+/// few MB of the server's memory). As many as reads at once by default:
+/// with two, the reads' statements pipelined behind each other, the fleet
+/// bench's push p99 on replicas went from 190–240 ms to 270–340 (one
+/// server process each serving a connection's queue in turn, beside the
+/// agents' own writes), where the read bench gained only 0.9–1.1× against
+/// 0.8–0.9× (`docs/bench/fleet.md`).
+pub const DEFAULT_READ_CONNECTIONS: usize = 8;
 
 /// The store on a PostgreSQL database. Cheap to clone; every clone talks
 /// to the same writer.
@@ -90,7 +100,7 @@ pub struct PgStore {
     notifier: Arc<news::Notifier>,
     /// Day partitions made ahead, and dropped by retention.
     partitions: Arc<partitions::Partitions>,
-    readers: Arc<ReadPool>,
+    readers: Arc<reads::Reads>,
     binding: Binding,
     lease: Arc<Lease>,
 }
@@ -112,8 +122,11 @@ fn backend(what: &str, e: &postgres::Error) -> StoreError {
 #[derive(Clone)]
 pub struct Target {
     config: postgres::Config,
+    /// The same, for the asynchronous client ([`reads`]).
+    async_config: tokio_postgres::Config,
     tls: Option<MakeRustlsConnect>,
     readers: usize,
+    read_connections: usize,
 }
 
 impl fmt::Debug for Target {
@@ -122,6 +135,7 @@ impl fmt::Debug for Target {
         f.debug_struct("Target")
             .field("tls", &self.tls.is_some())
             .field("readers", &self.readers)
+            .field("read_connections", &self.read_connections)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +149,9 @@ impl Target {
     /// blindly.
     pub fn new(url: &str, ca: Option<&std::path::Path>) -> StoreResult<Target> {
         let mut config: postgres::Config = url.parse().map_err(|e| {
+            StoreError::Unusable(format!("the store URL is not a PostgreSQL URL: {e}"))
+        })?;
+        let mut async_config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::Unusable(format!("the store URL is not a PostgreSQL URL: {e}"))
         })?;
         let tls = match ca {
@@ -165,6 +182,7 @@ impl Target {
                 .with_root_certificates(roots)
                 .with_no_client_auth();
                 config.ssl_mode(postgres::config::SslMode::Require);
+                async_config.ssl_mode(postgres::config::SslMode::Require);
                 Some(MakeRustlsConnect::new(client))
             }
             None => {
@@ -176,13 +194,16 @@ impl Target {
                     ));
                 }
                 config.ssl_mode(postgres::config::SslMode::Disable);
+                async_config.ssl_mode(postgres::config::SslMode::Disable);
                 None
             }
         };
         Ok(Target {
             config,
+            async_config,
             tls,
             readers: DEFAULT_READERS,
+            read_connections: DEFAULT_READ_CONNECTIONS,
         })
     }
 
@@ -205,10 +226,19 @@ impl Target {
             .join(", ")
     }
 
-    /// At most `n` reads at once (each on a connection of its own; at
-    /// least 1), instead of [`DEFAULT_READERS`].
+    /// At most `n` reads at once (at least 1), instead of
+    /// [`DEFAULT_READERS`].
     pub fn readers(mut self, n: usize) -> Target {
         self.readers = n.max(1);
+        self
+    }
+
+    /// Reads share `n` connections (at least 1, at most one per read at
+    /// once), instead of [`DEFAULT_READ_CONNECTIONS`]: fewer spare the
+    /// server processes, and a read then waits behind those sent before it
+    /// on its connection.
+    pub fn read_connections(mut self, n: usize) -> Target {
+        self.read_connections = n.max(1);
         self
     }
 }
@@ -252,12 +282,7 @@ impl PgStore {
         let idle_limit = lease.ttl;
         let lease = Arc::new(Lease::start(&conn, target, lease)?);
         bound_idle_transactions(&conn, idle_limit)?;
-        let readers = Arc::new(ReadPool {
-            target: target.clone(),
-            idle: Mutex::new(Vec::new()),
-            permits: Arc::new(tokio::sync::Semaphore::new(target.readers)),
-            queued: std::sync::atomic::AtomicUsize::new(0),
-        });
+        let readers = Arc::new(reads::Reads::new(target.clone()));
         let batches = PgBatches {
             target: target.clone(),
             conn: Some(conn),
@@ -289,11 +314,7 @@ impl PgStore {
 
     /// Reads running and reads waiting for a turn, now.
     pub fn reads(&self) -> (usize, usize) {
-        let r = &self.readers;
-        (
-            r.target.readers - r.permits.available_permits(),
-            r.queued.load(std::sync::atomic::Ordering::SeqCst),
-        )
+        self.readers.now()
     }
 
     /// What the streams' lane has committed so far.
@@ -430,20 +451,7 @@ impl Engine for PgStore {
         T: Send + 'static,
         F: Fn(&dyn Db) -> StoreResult<T> + Send + 'static,
     {
-        let pool = Arc::clone(&self.readers);
-        // The turn is awaited here, on the runtime: a read waiting for a
-        // connection holds no thread.
-        pool.queued
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let turn = Arc::clone(&pool.permits).acquire_owned().await;
-        pool.queued
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        let turn = turn.map_err(|_| StoreError::Closed)?;
-        off_runtime(move || {
-            let _turn = turn;
-            pool.with(f)
-        })
-        .await
+        self.readers.run(f).await
     }
 }
 
@@ -571,56 +579,6 @@ impl Batches<PgConn> for PgBatches {
             && let Err(e) = c.close()
         {
             tracing::warn!(error = %detailed(&e), "store: closing the write connection");
-        }
-    }
-}
-
-/// Read connections, opened on demand and kept for reuse, at most
-/// [`Target::readers`] of them (and as many reads at once).
-struct ReadPool {
-    target: Target,
-    idle: Mutex<Vec<PgConn>>,
-    /// One per read running.
-    permits: Arc<tokio::sync::Semaphore>,
-    /// Reads waiting for a turn.
-    queued: std::sync::atomic::AtomicUsize,
-}
-
-impl ReadPool {
-    /// Runs `f` on a pooled connection. A pooled connection the server
-    /// has closed since (a restart, a cut) is found out only when used:
-    /// then `f` runs once more on a new one (reads change nothing).
-    fn with<T>(&self, f: impl Fn(&dyn Db) -> StoreResult<T>) -> StoreResult<T> {
-        let pooled = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let (mut conn, fresh) = match pooled {
-            Some(c) if !c.is_closed() => (c, false),
-            _ => (PgConn::new(connect(&self.target)?), true),
-        };
-        let mut out = f(&conn);
-        if out.is_err() && !fresh && conn.is_closed() {
-            conn = PgConn::new(connect(&self.target)?);
-            out = f(&conn);
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < self.target.readers && !conn.is_closed() {
-            idle.push(conn);
-        }
-        out
-    }
-}
-
-impl Drop for ReadPool {
-    fn drop(&mut self) {
-        // Each sync client owns a small runtime, which may not be dropped
-        // on an async runtime's thread (where the last clone of the store
-        // often goes): they go on a thread of their own.
-        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
-        if !idle.is_empty() {
-            let _ = std::thread::spawn(move || drop(idle)).join();
         }
     }
 }
@@ -1224,18 +1182,43 @@ mod tests {
         assert!(a.notifier.sent() >= 1);
     }
 
-    /// Reads beyond the pool's bound wait their turn without a connection:
-    /// with the table locked by another session, six reads at once put
-    /// two on the server (both waiting on the lock) and four in line;
-    /// once it is released all six answer.
+    /// Reads beyond the bound wait their turn without a connection:
+    /// with the table locked by another session, six reads at once with
+    /// two at a time on two connections put two on the server (both
+    /// waiting on the lock) and four in line; once it is released all six
+    /// answer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reads_past_the_pools_bound_wait_their_turn_without_a_connection() {
+    async fn reads_past_the_bound_wait_their_turn_without_a_connection() {
+        reads_while_locked(2, 2, (2, 4), 2).await;
+    }
+
+    /// Reads share their connections: four at a time on one connection
+    /// are one server process (its first statement waiting on the lock,
+    /// the next three sent behind it), two more in line.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_share_their_connections_pipelined() {
+        reads_while_locked(4, 1, (4, 2), 1).await;
+    }
+
+    /// Six reads of the agents while another session holds their table
+    /// locked, `readers` at a time on `connections`: `reads` (running,
+    /// waiting) and `on_server` read connections, each waiting on the lock,
+    /// until it is released; then all six answer.
+    async fn reads_while_locked(
+        readers: usize,
+        connections: usize,
+        reads: (usize, usize),
+        on_server: i64,
+    ) {
         if !available() {
             return;
         }
-        let (store, target) = std::thread::spawn(|| {
+        let (store, target) = std::thread::spawn(move || {
             let url = baton_testpg::fresh_database().expect("a test database");
-            let target = Target::new(&url, None).unwrap().readers(2);
+            let target = Target::new(&url, None)
+                .unwrap()
+                .readers(readers)
+                .read_connections(connections);
             (PgStore::open(&target, Binding::Open).unwrap(), target)
         })
         .join()
@@ -1245,41 +1228,148 @@ mod tests {
             steps.send(sql.into()).unwrap();
             answers.recv().unwrap().unwrap();
         }
-        let reads: Vec<_> = (0..6)
+        let running: Vec<_> = (0..6)
             .map(|i| {
                 let s = store.clone();
                 tokio::spawn(async move { s.agent(&format!("a{i}")).await })
             })
             .collect();
-        let on_server = |target: &Target| {
+        // Read connections, and those of them waiting on a lock.
+        let seen = |target: &Target| {
             on_own_connection(target, |raw| {
                 query_first(
                     raw,
-                    "SELECT count(*) AS n FROM pg_stat_activity \
-                     WHERE wait_event_type = 'Lock' AND datname = current_database()",
-                    &[],
-                    |r| col::<i64>(r, "n"),
+                    "SELECT count(*) AS n, \
+                     count(*) FILTER (WHERE wait_event_type = 'Lock') AS waiting \
+                     FROM pg_stat_activity \
+                     WHERE application_name = ?1 AND datname = current_database()",
+                    params![reads::READ_APPLICATION],
+                    |r| Ok((col::<i64>(r, "n")?, col::<i64>(r, "waiting")?)),
                 )
                 .unwrap()
-                .unwrap_or(0)
+                .unwrap_or((0, 0))
             })
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while store.reads() != (2, 4) || on_server(&target) != 2 {
+        while store.reads() != reads || seen(&target) != (on_server, on_server) {
             assert!(
                 std::time::Instant::now() < deadline,
-                "reads {:?}, {} on the server",
+                "reads {:?}, read connections (all, waiting) {:?}",
                 store.reads(),
-                on_server(&target)
+                seen(&target)
             );
             tokio::task::yield_now().await;
         }
         steps.send("COMMIT".into()).unwrap();
         answers.recv().unwrap().unwrap();
-        for r in reads {
+        for r in running {
             assert_eq!(r.await.unwrap().unwrap(), None);
         }
         assert_eq!(store.reads(), (0, 0));
+    }
+
+    /// A read is replayed with its statements' answers: each answered in
+    /// order, past the replays' bound too (then on a blocking thread); a
+    /// read that asks otherwise when replayed (not a pure one) still
+    /// answers; a statement's failure is the read's to handle, as on the
+    /// synchronous path.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_are_replayed_with_their_answers() {
+        if !available() {
+            return;
+        }
+        let store = std::thread::spawn(|| {
+            let url = baton_testpg::fresh_database().expect("a test database");
+            PgStore::open(&Target::new(&url, None).unwrap(), Binding::Open).unwrap()
+        })
+        .join()
+        .unwrap();
+        let number = |db: &dyn Db, n: i64| {
+            query_first(db, "SELECT CAST(?1 AS BIGINT) AS n", params![n], |r| {
+                col::<i64>(r, "n")
+            })
+        };
+        for many in [3, 16, 17, 40] {
+            let got = Engine::read(&store, move |db| {
+                (0..many)
+                    .map(|i| number(db, i * 7))
+                    .collect::<StoreResult<Vec<_>>>()
+            })
+            .await
+            .unwrap();
+            assert_eq!(got, (0..many).map(|i| Some(i * 7)).collect::<Vec<_>>());
+        }
+        // A big answer (decoded once, on a blocking thread), then more.
+        let got = Engine::read(&store, move |db| {
+            let many = crate::sql::db::query_all(
+                db,
+                "SELECT CAST(generate_series(1, 300) AS BIGINT) AS n",
+                &[],
+                |r| col::<i64>(r, "n"),
+            )?;
+            Ok((many.iter().sum::<i64>(), number(db, 9)?, number(db, 10)?))
+        })
+        .await
+        .unwrap();
+        assert_eq!(got, (45_150, Some(9), Some(10)));
+        let runs = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let r = Arc::clone(&runs);
+        let got = Engine::read(&store, move |db| {
+            let run = r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok((run, number(db, run)?))
+        })
+        .await
+        .unwrap();
+        assert_eq!(got.1, Some(got.0), "each run's own answer");
+        assert!(runs.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+        let got = Engine::read(&store, move |db| {
+            let failed = query_first(db, "SELECT nothing FROM nowhere", &[], |r| {
+                col::<i64>(r, "nothing")
+            })
+            .map_err(|e| e.to_string());
+            Ok((failed, number(db, 5)?))
+        })
+        .await
+        .unwrap();
+        assert!(
+            got.0.as_ref().is_err_and(|e| e.contains("nowhere")),
+            "{got:?}"
+        );
+        assert_eq!(got.1, Some(5));
+    }
+
+    /// A read connection the server ended (a restart, an administrator's
+    /// `pg_terminate_backend`) is found out by the next read on it, which
+    /// runs again on a new connection and answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_connection_the_server_ended_is_opened_again() {
+        if !available() {
+            return;
+        }
+        let (store, target) = std::thread::spawn(move || {
+            let url = baton_testpg::fresh_database().expect("a test database");
+            let target = Target::new(&url, None).unwrap().read_connections(1);
+            (PgStore::open(&target, Binding::Open).unwrap(), target)
+        })
+        .join()
+        .unwrap();
+        store.agent_hello(hello("a1")).await.unwrap();
+        assert!(store.agent("a1").await.unwrap().is_some());
+        let ended = on_own_connection(&target, |raw| {
+            query_first(
+                raw,
+                "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
+                 WHERE application_name = ?1 AND datname = current_database()",
+                params![reads::READ_APPLICATION],
+                |r| col::<i64>(r, "n"),
+            )
+            .unwrap()
+        });
+        assert_eq!(ended, Some(1));
+        for _ in 0..3 {
+            let a1 = store.agent("a1").await.expect("read on a new connection");
+            assert_eq!(a1.map(|a| a.id).as_deref(), Some("a1"));
+        }
     }
 
     /// A decision's changed rows are announced in its own transaction: as

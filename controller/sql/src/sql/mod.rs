@@ -163,9 +163,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         T: Send + 'static,
         F: FnMut(&dyn db::Db) -> StoreResult<T> + Send + 'static;
 
-    /// Runs `f` on a read connection, off the async runtime. `Fn`: an
-    /// engine may run a read again on a new connection when the one it
-    /// took turns out to be gone.
+    /// Runs `f` on a read connection. `f` must be a pure function of what
+    /// its statements answer (no writes, no clock, no randomness: what it
+    /// needs of those is captured before): an engine may run it again, on
+    /// a new connection when the one it took turns out to be gone, or
+    /// replayed with its statements' answers on the async runtime
+    /// (PostgreSQL: `postgres/reads.rs`).
     fn read<T, F>(&self, f: F) -> impl Future<Output = StoreResult<T>> + Send
     where
         T: Send + 'static,
