@@ -198,7 +198,11 @@ impl Reads {
                 break;
             }
             let answer = ask.send(&conn).await;
-            if answer.is_err() && conn.client.is_closed() && !reopened {
+            let gone = match &answer {
+                Err(f) => f.gone() || conn.client.is_closed(),
+                Ok(_) => false,
+            };
+            if gone && !reopened {
                 // Found out here that the server closed it: once more on
                 // a new one, from the start (what it answered before is
                 // still what it answered).
@@ -224,23 +228,29 @@ impl Reads {
             "store: a read past its replays (or not asking the same again) runs on a blocking thread"
         );
         let handle = Handle::current();
-        off_runtime(move || {
-            let on = |conn: &ReadConn| {
-                f(&OnConn {
-                    conn,
+        // The read and its answers go to the thread and come back, for
+        // a second run on a new connection.
+        let on_thread = |f: F, answers: Vec<Answered>, conn: Arc<ReadConn>| {
+            let handle = handle.clone();
+            off_runtime(move || {
+                let out = f(&OnConn {
+                    conn: &conn,
                     handle: &handle,
                     known: &answers,
                     next: std::cell::Cell::new(0),
-                })
-            };
-            let out = on(&conn);
-            if out.is_err() && conn.client.is_closed() && !reopened {
-                let fresh = handle.block_on(slot.0.conn(&self.target, Some(&conn)))?;
-                return on(&fresh);
-            }
-            out
-        })
-        .await
+                });
+                Ok((f, answers, out))
+            })
+        };
+        let (f, answers, out) = on_thread(f, answers, Arc::clone(&conn)).await?;
+        if out.is_err() && conn.client.is_closed() && !reopened {
+            // Reopened here, on the runtime: on the blocking thread, the
+            // connection's name look-up would wait for a blocking thread
+            // of its own, which reads waiting there could all be holding.
+            let fresh = slot.0.conn(&self.target, Some(&conn)).await?;
+            return on_thread(f, answers, fresh).await?.2;
+        }
+        out
     }
 
     /// The slot with the fewest reads, counted in for this one.
@@ -271,16 +281,35 @@ async fn connect(target: &Target) -> StoreResult<ReadConn> {
             detailed(&e),
         )
     };
+    // The whole of it bounded (the client's own timeout is each host's
+    // TCP connect only: a server that accepts and then hangs would hold
+    // the slot, and the reads waiting on it, for ever): each host's
+    // connect, then as long again for TLS and the log-in.
+    let per_host = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(READ_CONNECT_TIMEOUT);
+    let hosts = u32::try_from(config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+    let whole = per_host.saturating_mul(hosts).saturating_add(per_host);
+    let timed_out = || {
+        StoreError::unavailable(
+            format!("connect to PostgreSQL at {}", target.address()),
+            format!("no answer within {whole:?}"),
+        )
+    };
     let client = match &target.tls {
         Some(tls) => {
-            let (client, conn) = config.connect(tls.clone()).await.map_err(failed)?;
+            let (client, conn) = tokio::time::timeout(whole, config.connect(tls.clone()))
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(failed)?;
             tokio::spawn(drive(conn));
             client
         }
         None => {
-            let (client, conn) = config
-                .connect(tokio_postgres::NoTls)
+            let (client, conn) = tokio::time::timeout(whole, config.connect(tokio_postgres::NoTls))
                 .await
+                .map_err(|_| timed_out())?
                 .map_err(failed)?;
             tokio::spawn(drive(conn));
             client
@@ -404,6 +433,18 @@ struct Failed {
 }
 
 impl Failed {
+    /// Whether it says the connection is gone (the server shut it, or it
+    /// broke), before the client may have seen it close.
+    fn gone(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        self.error.is_closed()
+            || self.error.code().is_some_and(|c| {
+                *c == SqlState::ADMIN_SHUTDOWN
+                    || *c == SqlState::CRASH_SHUTDOWN
+                    || *c == SqlState::CANNOT_CONNECT_NOW
+            })
+    }
+
     /// The error the synchronous path gives for the same failure.
     fn error(&self, sql: &str) -> StoreError {
         match self.what {
