@@ -88,6 +88,50 @@ impl Drop for Waiting<'_> {
     }
 }
 
+impl ReadConn {
+    /// `sql` run with `params` (prepared on this connection once), as a
+    /// query (`rows`) or a statement: one way for the replays and for a
+    /// read finishing on a blocking thread.
+    async fn answer(&self, sql: &str, params: &[Param<'_>], rows: bool) -> Result<Answer, Failed> {
+        let known = self
+            .statements
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sql)
+            .cloned();
+        let stmt = match known {
+            Some(s) => s,
+            None => {
+                let s = self
+                    .client
+                    .prepare(&numbered_placeholders(sql))
+                    .await
+                    .map_err(|error| Failed {
+                        what: PREPARE,
+                        error,
+                    })?;
+                self.statements
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(sql.to_owned(), s.clone());
+                s
+            }
+        };
+        let params = as_sql(params);
+        if rows {
+            let rows = self.client.query(&stmt, &params).await;
+            rows.map(Answer::Rows)
+                .map_err(|error| Failed { what: QUERY, error })
+        } else {
+            let n = self.client.execute(&stmt, &params).await;
+            n.map(Answer::Count).map_err(|error| Failed {
+                what: EXECUTE,
+                error,
+            })
+        }
+    }
+}
+
 /// A read's count on its slot, while it runs.
 struct InFlight(Arc<Slot>);
 
@@ -352,29 +396,6 @@ impl OnConn<'_> {
             .set(if a.is_some() { index + 1 } else { usize::MAX });
         a
     }
-
-    fn statement(&self, sql: &str) -> StoreResult<Statement> {
-        let known = self
-            .conn
-            .statements
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(sql)
-            .cloned();
-        if let Some(s) = known {
-            return Ok(s);
-        }
-        let s = self
-            .handle
-            .block_on(self.conn.client.prepare(&numbered_placeholders(sql)))
-            .map_err(|e| failed(PREPARE, sql, detailed(&e)))?;
-        self.conn
-            .statements
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(sql.to_owned(), s.clone());
-        Ok(s)
-    }
 }
 
 impl Db for OnConn<'_> {
@@ -384,28 +405,24 @@ impl Db for OnConn<'_> {
         params: &[Param<'_>],
         each: &mut dyn FnMut(&dyn Row) -> StoreResult<()>,
     ) -> StoreResult<()> {
-        if let Some(a) = self.known(sql, params, true) {
-            return a.rows(sql, each);
+        match self.known(sql, params, true) {
+            Some(a) => a.rows(sql, each),
+            None => rows_of(
+                &self.handle.block_on(self.conn.answer(sql, params, true)),
+                sql,
+                each,
+            ),
         }
-        let stmt = self.statement(sql)?;
-        let rows = self
-            .handle
-            .block_on(self.conn.client.query(&stmt, &as_sql(params)))
-            .map_err(|e| pg_failed(QUERY, sql, &e))?;
-        for row in &rows {
-            each(row)?;
-        }
-        Ok(())
     }
 
     fn execute(&self, sql: &str, params: &[Param<'_>]) -> StoreResult<u64> {
-        if let Some(a) = self.known(sql, params, false) {
-            return a.count(sql);
+        match self.known(sql, params, false) {
+            Some(a) => a.count(sql),
+            None => count_of(
+                &self.handle.block_on(self.conn.answer(sql, params, false)),
+                sql,
+            ),
         }
-        let stmt = self.statement(sql)?;
-        self.handle
-            .block_on(self.conn.client.execute(&stmt, &as_sql(params)))
-            .map_err(|e| pg_failed(EXECUTE, sql, &e))
     }
 }
 
@@ -485,25 +502,41 @@ impl Answered {
         sql: &str,
         each: &mut dyn FnMut(&dyn Row) -> StoreResult<()>,
     ) -> StoreResult<()> {
-        match &self.answer {
-            Ok(Answer::Rows(rows)) => {
-                for row in rows {
-                    each(row)?;
-                }
-                Ok(())
-            }
-            Ok(Answer::Count(_)) => Err(not_yet()),
-            Err(f) => Err(f.error(sql)),
-        }
+        rows_of(&self.answer, sql, each)
     }
 
     /// The rows it changed (a statement's answer, [`Answered::same`]).
     fn count(&self, sql: &str) -> StoreResult<u64> {
-        match &self.answer {
-            Ok(Answer::Count(n)) => Ok(*n),
-            Ok(Answer::Rows(_)) => Err(not_yet()),
-            Err(f) => Err(f.error(sql)),
+        count_of(&self.answer, sql)
+    }
+}
+
+/// A query's answer, its rows to `each`, as the shared SQL reads them.
+fn rows_of(
+    answer: &Result<Answer, Failed>,
+    sql: &str,
+    each: &mut dyn FnMut(&dyn Row) -> StoreResult<()>,
+) -> StoreResult<()> {
+    match answer {
+        Ok(Answer::Rows(rows)) => {
+            for row in rows {
+                each(row)?;
+            }
+            Ok(())
         }
+        // Asked as a query: a statement's count is never its answer.
+        Ok(Answer::Count(_)) => Err(not_yet()),
+        Err(f) => Err(f.error(sql)),
+    }
+}
+
+/// A statement's answer, the rows it changed.
+fn count_of(answer: &Result<Answer, Failed>, sql: &str) -> StoreResult<u64> {
+    match answer {
+        Ok(Answer::Count(n)) => Ok(*n),
+        // Asked as a statement: a query's rows are never its answer.
+        Ok(Answer::Rows(_)) => Err(not_yet()),
+        Err(f) => Err(f.error(sql)),
     }
 }
 
@@ -517,45 +550,10 @@ struct Ask {
 }
 
 impl Ask {
-    /// Sends it on `conn` (prepared there once) and awaits its answer.
+    /// Sends it on `conn` and awaits its answer.
     async fn send(&self, conn: &ReadConn) -> Result<Answer, Failed> {
-        let known = conn
-            .statements
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&self.sql)
-            .cloned();
-        let stmt = match known {
-            Some(s) => s,
-            None => {
-                let s = conn
-                    .client
-                    .prepare(&numbered_placeholders(&self.sql))
-                    .await
-                    .map_err(|error| Failed {
-                        what: PREPARE,
-                        error,
-                    })?;
-                conn.statements
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(self.sql.clone(), s.clone());
-                s
-            }
-        };
         let views: Vec<Param<'_>> = self.params.iter().map(OwnedParam::view).collect();
-        let params = as_sql(&views);
-        if self.rows {
-            let rows = conn.client.query(&stmt, &params).await;
-            rows.map(Answer::Rows)
-                .map_err(|error| Failed { what: QUERY, error })
-        } else {
-            let n = conn.client.execute(&stmt, &params).await;
-            n.map(Answer::Count).map_err(|error| Failed {
-                what: EXECUTE,
-                error,
-            })
-        }
+        conn.answer(&self.sql, &views, self.rows).await
     }
 }
 
